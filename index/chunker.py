@@ -1,0 +1,501 @@
+"""Heading-aware chunking of pages into retrievable chunks.
+
+Markdown pages are cut at ATX headings (``#`` .. ``###`` by default), each heading section is its
+own chunk unless it is larger than the target, in which case it is packed from whole blocks
+(paragraphs, lists, fenced code, tables) with a bounded overlap of trailing blocks. Fenced code
+and tables are atomic: they are never split, even when larger than the target. A paragraph larger
+than the target is split at sentence boundaries, then line breaks, then words.
+
+Every chunk's text is a verbatim slice of the page text, so Markdown is kept as it was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from index.types import Chunk, Page
+
+__all__ = ["ChunkOptions", "Heading", "chunk_page", "count_tokens", "markdown_headings"]
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+_ATX_RE = re.compile(r" {0,3}(#{1,6})(?=[ \t]|$)(.*)")
+_ATX_CLOSE_RE = re.compile(r"(?:^|[ \t]+)#+[ \t]*$")
+_HEADING_ATTRS_RE = re.compile(r"[ \t]*\{[#.][^{}]*\}[ \t]*$")
+_FENCE_OPEN_RE = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)")
+_FENCE_CLOSE_RE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*")
+_LIST_ITEM_RE = re.compile(r"([ \t]*)(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
+_SENTENCE_END_RE = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+_NON_SPACE_RE = re.compile(r"\S+")
+
+
+@dataclass(frozen=True)
+class ChunkOptions:
+    """How pages are cut: the token target, the overlap carried between pieces of one section, and
+    the deepest heading level that starts a new section (deeper headings stay inside the text)."""
+
+    target_tokens: int = 256
+    overlap_tokens: int = 32
+    heading_levels: int = 3
+
+    def __post_init__(self) -> None:
+        if self.target_tokens < 1:
+            raise ValueError(f"target_tokens must be >= 1, got {self.target_tokens}")
+        if self.overlap_tokens < 0:
+            raise ValueError(f"overlap_tokens must be >= 0, got {self.overlap_tokens}")
+        if not 0 <= self.heading_levels <= 6:
+            raise ValueError(f"heading_levels must be in 0..6, got {self.heading_levels}")
+
+
+_DEFAULT_OPTIONS = ChunkOptions()
+
+
+def count_tokens(text: str) -> int:
+    """Offline token estimate: runs of word characters and single punctuation marks.
+
+    Close enough to a BPE tokenizer's count for sizing chunks, and needs no model files.
+    """
+    return len(_TOKEN_RE.findall(text))
+
+
+def _count(text: str, start: int, end: int) -> int:
+    return len(_TOKEN_RE.findall(text, start, end))
+
+
+# --- Markdown line classification ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heading:
+    """An ATX heading found outside fenced code: its level, its cleaned title and its line index."""
+
+    level: int
+    title: str
+    line: int
+
+
+def _atx(line: str) -> tuple[int, str] | None:
+    """Level and title of an ATX heading line, or None. Closing ``#``s and ``{#id}`` go."""
+    m = _ATX_RE.fullmatch(line)
+    if m is None:
+        return None
+    title = _ATX_CLOSE_RE.sub("", m.group(2).strip())
+    title = _HEADING_ATTRS_RE.sub("", title).strip()
+    return len(m.group(1)), title
+
+
+def _fence_open(line: str) -> tuple[str, int] | None:
+    m = _FENCE_OPEN_RE.fullmatch(line)
+    if m is None:
+        return None
+    marker = m.group(1)
+    if marker[0] == "`" and "`" in m.group(2):
+        return None  # an info string may not contain backticks: this is inline code
+    return marker[0], len(marker)
+
+
+def _fence_closes(line: str, fence: tuple[str, int]) -> bool:
+    m = _FENCE_CLOSE_RE.fullmatch(line)
+    if m is None:
+        return False
+    marker = m.group(1)
+    return marker[0] == fence[0] and len(marker) >= fence[1]
+
+
+def _is_table(line: str) -> bool:
+    return line.lstrip(" \t").startswith("|")
+
+
+def _indented(line: str) -> bool:
+    return line[:1] in (" ", "\t")
+
+
+class _Lines:
+    """The page text cut at ``\\n``, with each line's offsets (the ``\\r`` of CRLF is dropped)."""
+
+    __slots__ = ("ends", "starts", "texts")
+
+    def __init__(self, text: str) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.texts: list[str] = []
+        pos = 0
+        for piece in text.split("\n"):
+            end = pos + len(piece)
+            line = piece[:-1] if piece.endswith("\r") else piece
+            self.starts.append(pos)
+            self.ends.append(pos + len(line))
+            self.texts.append(line)
+            pos = end + 1
+
+
+def _fence_end(texts: Sequence[str], i: int, hi: int, fence: tuple[str, int]) -> int:
+    """Index one past the closing line of the fence opened at line ``i`` (``hi`` if unclosed)."""
+    j = i + 1
+    while j < hi:
+        if _fence_closes(texts[j], fence):
+            return j + 1
+        j += 1
+    return hi
+
+
+def markdown_headings(text: str) -> list[Heading]:
+    """Every ATX heading of a Markdown text that is not inside fenced code, in order."""
+    return _headings(_Lines(text))
+
+
+def _headings(lines: _Lines) -> list[Heading]:
+    out: list[Heading] = []
+    fence: tuple[str, int] | None = None
+    for i, line in enumerate(lines.texts):
+        if fence is not None:
+            if _fence_closes(line, fence):
+                fence = None
+            continue
+        fence = _fence_open(line)
+        if fence is not None:
+            continue
+        h = _atx(line)
+        if h is not None:
+            out.append(Heading(h[0], h[1], i))
+    return out
+
+
+# --- blocks and units ------------------------------------------------------------------------
+
+_FENCE, _TABLE, _HEADING, _LIST, _ITEM, _PARA = "fence", "table", "heading", "list", "item", "para"
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    kind: str
+    lo: int  # first line
+    hi: int  # one past the last line
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """The smallest piece the packer moves: a slice of the page text."""
+
+    start: int
+    end: int
+    tokens: int
+    sticky: bool = False  # a heading line: keep it with what follows
+
+
+def _list_end(texts: Sequence[str], i: int, hi: int) -> int:
+    j = i + 1
+    while j < hi:
+        line = texts[j]
+        if not line.strip():
+            k = j + 1
+            while k < hi and not texts[k].strip():
+                k += 1
+            if k < hi and (_LIST_ITEM_RE.match(texts[k]) or _indented(texts[k])):
+                j = k
+                continue
+            return j
+        fence = _fence_open(line)
+        if fence is not None:
+            if not _indented(line):
+                return j
+            j = _fence_end(texts, j, hi, fence)
+            continue
+        if _atx(line) is not None or (_is_table(line) and not _indented(line)):
+            return j
+        j += 1
+    return hi
+
+
+def _parse_blocks(
+    texts: Sequence[str], lo: int, hi: int, *, markdown: bool, lists: bool
+) -> list[_Block]:
+    """Cut lines ``lo:hi`` into blocks. Text pages only know blank-line paragraphs."""
+    blocks: list[_Block] = []
+    i = lo
+    while i < hi:
+        line = texts[i]
+        if not line.strip():
+            i += 1
+            continue
+        if not markdown:
+            j = i + 1
+            while j < hi and texts[j].strip():
+                j += 1
+            blocks.append(_Block(_PARA, i, j))
+            i = j
+            continue
+        fence = _fence_open(line)
+        if fence is not None:
+            j = _fence_end(texts, i, hi, fence)
+            blocks.append(_Block(_FENCE, i, j))
+        elif _is_table(line):
+            j = i + 1
+            while j < hi and _is_table(texts[j]):
+                j += 1
+            blocks.append(_Block(_TABLE, i, j))
+        elif _atx(line) is not None:
+            j = i + 1
+            blocks.append(_Block(_HEADING, i, j))
+        elif lists and _LIST_ITEM_RE.match(line):
+            j = _list_end(texts, i, hi)
+            blocks.append(_Block(_LIST, i, j))
+        else:
+            j = i + 1
+            while j < hi:
+                nxt = texts[j]
+                if (
+                    not nxt.strip()
+                    or _fence_open(nxt) is not None
+                    or _is_table(nxt)
+                    or _atx(nxt) is not None
+                ):
+                    break
+                j += 1
+            blocks.append(_Block(_PARA, i, j))
+        i = j
+    return blocks
+
+
+def _list_items(texts: Sequence[str], block: _Block) -> list[_Block]:
+    """The top-level items of a list block (lines inside fences never start an item)."""
+    m = _LIST_ITEM_RE.match(texts[block.lo])
+    base = len(m.group(1).expandtabs(4)) if m else 0
+    starts: list[int] = []
+    j = block.lo
+    while j < block.hi:
+        line = texts[j]
+        fence = _fence_open(line)
+        if fence is not None:
+            j = _fence_end(texts, j, block.hi, fence)
+            continue
+        m = _LIST_ITEM_RE.match(line)
+        if m is not None and len(m.group(1).expandtabs(4)) <= base:
+            starts.append(j)
+        j += 1
+    if not starts or starts[0] != block.lo:
+        starts.insert(0, block.lo)
+    bounds = [*starts, block.hi]
+    return [_Block(_ITEM, a, b) for a, b in pairwise(bounds)]
+
+
+class _Splitter:
+    """Turns blocks into units no larger than the target (atomic blocks excepted)."""
+
+    def __init__(self, text: str, lines: _Lines, target: int) -> None:
+        self.text = text
+        self.lines = lines
+        self.target = target
+
+    def _range(self, block: _Block) -> tuple[int, int] | None:
+        texts = self.lines.texts
+        lo, hi = block.lo, block.hi
+        while lo < hi and not texts[lo].strip():
+            lo += 1
+        while hi > lo and not texts[hi - 1].strip():
+            hi -= 1
+        if lo >= hi:
+            return None
+        start = self.lines.starts[lo]
+        end = self.lines.ends[hi - 1]
+        while end > start and self.text[end - 1].isspace():
+            end -= 1
+        return start, end
+
+    def units(self, blocks: Sequence[_Block]) -> Iterator[_Unit]:
+        for block in blocks:
+            yield from self._block_units(block)
+
+    def _block_units(self, block: _Block) -> Iterator[_Unit]:
+        rng = self._range(block)
+        if rng is None:
+            return
+        start, end = rng
+        tokens = _count(self.text, start, end)
+        if block.kind == _HEADING and tokens <= self.target:
+            yield _Unit(start, end, tokens, sticky=True)
+        elif block.kind in (_FENCE, _TABLE) or tokens <= self.target:
+            yield _Unit(start, end, tokens)
+        elif block.kind == _LIST:
+            for item in _list_items(self.lines.texts, block):
+                yield from self._block_units(item)
+        elif block.kind == _ITEM:
+            inner = _parse_blocks(self.lines.texts, block.lo, block.hi, markdown=True, lists=False)
+            if len(inner) == 1 and inner[0].kind == _PARA:
+                yield from self._split_text(start, end, 0)
+            else:
+                yield from self.units(inner)
+        else:
+            yield from self._split_text(start, end, 0)
+
+    def _pieces(self, start: int, end: int, level: int) -> Iterator[tuple[int, int]]:
+        text = self.text
+        if level == 0:  # sentences
+            pos = start
+            for m in _SENTENCE_END_RE.finditer(text, start, end):
+                yield pos, m.end()
+                pos = m.end()
+                while pos < end and text[pos].isspace():
+                    pos += 1
+            if pos < end:
+                yield pos, end
+        elif level == 1:  # lines
+            pos = start
+            while pos < end:
+                nl = text.find("\n", pos, end)
+                stop = end if nl < 0 else nl
+                if text[pos:stop].strip():
+                    yield pos, stop
+                pos = stop + 1
+        else:  # words
+            for m in _NON_SPACE_RE.finditer(text, start, end):
+                yield m.start(), m.end()
+
+    def _split_text(self, start: int, end: int, level: int) -> Iterator[_Unit]:
+        if level > 2:  # a single "word" with more tokens than the target: cut between tokens
+            toks = list(_TOKEN_RE.finditer(self.text, start, end))
+            step = self.target
+            for k in range(0, len(toks), step):
+                group = toks[k : k + step]
+                yield _Unit(group[0].start(), group[-1].end(), len(group))
+            return
+        for a, b in self._pieces(start, end, level):
+            while b > a and self.text[b - 1].isspace():
+                b -= 1
+            while a < b and self.text[a].isspace():
+                a += 1
+            if a >= b:
+                continue
+            tokens = _count(self.text, a, b)
+            if tokens <= self.target:
+                yield _Unit(a, b, tokens)
+            else:
+                yield from self._split_text(a, b, level + 1)
+
+
+def _pack(units: Sequence[_Unit], target: int, overlap: int) -> list[tuple[int, int]]:
+    """Group consecutive units into chunks as ``[first, last)`` unit index ranges.
+
+    A chunk takes units while they fit in ``target``; the next chunk starts with the trailing whole
+    units of the previous one that fit in ``overlap`` (dropped from the front when they would push
+    the chunk past the target). A unit larger than the target forms a chunk of its own. A sticky
+    unit (a heading line) at the end of a chunk moves to the next one, with what it introduces.
+    """
+    out: list[tuple[int, int]] = []
+    first = 0  # first unit of the current chunk
+    fresh = 0  # first unit of the current chunk that no earlier chunk holds
+    total = 0  # tokens of units[first:i]
+    for i, unit in enumerate(units):
+        t = unit.tokens
+        if fresh == i:  # only overlap so far: make room, then always take the unit
+            while first < i and total + t > target:
+                total -= units[first].tokens
+                first += 1
+            total += t
+            continue
+        if total + t <= target:
+            total += t
+            continue
+        cut = i
+        while cut > fresh + 1 and units[cut - 1].sticky:
+            cut -= 1
+        tail = sum(u.tokens for u in units[cut:i])
+        if cut == i or tail + t > target:
+            cut, tail = i, 0
+        out.append((first, cut))
+        # trailing whole units of the emitted chunk, up to the overlap budget
+        ov_first, ov_tokens = cut, 0
+        while ov_first > first and ov_tokens + units[ov_first - 1].tokens <= overlap:
+            ov_first -= 1
+            ov_tokens += units[ov_first].tokens
+        first, fresh, total = ov_first, cut, ov_tokens + tail
+        while first < cut and total + t > target:
+            total -= units[first].tokens
+            first += 1
+        total += t
+    if fresh < len(units):
+        out.append((first, len(units)))
+    return out
+
+
+# --- sections and chunks -----------------------------------------------------------------------
+
+
+def _norm(title: str) -> str:
+    return " ".join(title.split()).casefold()
+
+
+def _sections(page: Page, lines: _Lines, levels: int) -> list[tuple[tuple[str, ...], int, int]]:
+    """(breadcrumbs, first body line, one past the last body line) of each heading section."""
+    base: tuple[str, ...] = (page.title,) if page.title else ()
+    n = len(lines.texts)
+    if page.kind != "markdown":
+        return [(base, 0, n)]
+    sections: list[tuple[tuple[str, ...], int, int]] = []
+    stack: dict[int, str] = {}
+    crumbs, body_lo = base, 0
+    for h in _headings(lines):
+        if h.level > levels:
+            continue
+        sections.append((crumbs, body_lo, h.line))
+        stack = {lvl: t for lvl, t in stack.items() if lvl < h.level}
+        stack[h.level] = h.title
+        trail = [
+            t
+            for lvl, t in sorted(stack.items())
+            if t and not (lvl == 1 and _norm(t) == _norm(page.title))
+        ]
+        crumbs, body_lo = base + tuple(trail), h.line + 1
+    sections.append((crumbs, body_lo, n))
+    return sections
+
+
+def _chunk_id(page: Page, breadcrumbs: tuple[str, ...], text: str) -> str:
+    key = "\x00".join((page.source, page.source_path, *breadcrumbs, text))
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chunk]:
+    """Cut one page into chunks, in page order.
+
+    Each Markdown heading section (down to ``options.heading_levels``) is its own chunk, or several
+    when it is larger than ``options.target_tokens``; a section without body text gives none.
+    Breadcrumbs are the page title followed by the headings above the section (an H1 equal to the
+    title is not repeated). ``embed_text`` is ``page.context`` (or the breadcrumbs joined with
+    " > ") followed by a blank line and the text. Identical chunks of one page get ids suffixed
+    "-2", "-3", ... in page order.
+    """
+    text = page.text
+    markdown = page.kind == "markdown"
+    lines = _Lines(text)
+    splitter = _Splitter(text, lines, options.target_tokens)
+    chunks: list[Chunk] = []
+    seen: dict[str, int] = {}
+    for crumbs, lo, hi in _sections(page, lines, options.heading_levels):
+        blocks = _parse_blocks(lines.texts, lo, hi, markdown=markdown, lists=markdown)
+        units = list(splitter.units(blocks))
+        if not units:
+            continue
+        prefix = page.context or " > ".join(crumbs)
+        for a, b in _pack(units, options.target_tokens, options.overlap_tokens):
+            body = text[units[a].start : units[b - 1].end]
+            cid = _chunk_id(page, crumbs, body)
+            count = seen.get(cid, 0) + 1
+            seen[cid] = count
+            chunks.append(
+                Chunk(
+                    chunk_id=cid if count == 1 else f"{cid}-{count}",
+                    source=page.source,
+                    source_path=page.source_path,
+                    title=page.title,
+                    breadcrumbs=crumbs,
+                    text=body,
+                    embed_text=f"{prefix}\n\n{body}" if prefix else body,
+                    url=page.url,
+                    metadata=page.metadata,
+                )
+            )
+    return chunks

@@ -1,0 +1,82 @@
+"""The embedder interface, and a deterministic fake for unit tests of single pieces."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+Vectors = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderInfo:
+    """What a snapshot records about the model that made its vectors.
+
+    Two embedders are interchangeable only when ``name`` and ``dimension`` are both equal: the
+    sidecar refuses a snapshot whose info differs from its own embedder's.
+    """
+
+    name: str
+    dimension: int
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into L2-normalised float32 row vectors of shape ``(len(texts), dimension)``."""
+
+    @property
+    def info(self) -> EmbedderInfo: ...
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """Embed on the hot path without blocking the event loop; callers bound it with a deadline."""
+        ...
+
+    def embed_batch(self, texts: Sequence[str]) -> Vectors:
+        """Embed in bulk from a worker thread (index builds)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
+    """Scale each row to unit length so inner product equals cosine similarity."""
+    out = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return np.ascontiguousarray(out / norms, dtype=np.float32)
+
+
+class HashEmbedder:
+    """A fake embedder for unit tests: bag of hashed words, deterministic, instant.
+
+    Texts that share words get similar vectors, which is enough to exercise search plumbing. It is
+    never a default and never used by end-to-end tests.
+    """
+
+    def __init__(self, dimension: int = 64, name: str = "test/hash") -> None:
+        self._info = EmbedderInfo(name=name, dimension=dimension)
+
+    @property
+    def info(self) -> EmbedderInfo:
+        return self._info
+
+    def embed_batch(self, texts: Sequence[str]) -> Vectors:
+        out = np.zeros((len(texts), self._info.dimension), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in text.lower().split():
+                digest = hashlib.blake2b(word.strip(".,?!:;\"'()").encode(), digest_size=8).digest()
+                out[row, int.from_bytes(digest[:4], "little") % self._info.dimension] += 1.0
+        return normalise(out)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        await asyncio.sleep(0)
+        return self.embed_batch(texts)
+
+    async def aclose(self) -> None:
+        return None

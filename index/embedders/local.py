@@ -1,0 +1,180 @@
+"""The embedded default embedder: all-MiniLM-L6-v2, int8 ONNX, on onnxruntime's CPU provider.
+
+The model ships inside the ``index`` package (``index/model/``, written once by
+``scripts/export_model.py``), so the sidecar embeds queries with no network and no torch. The
+graph pools and normalises itself: it maps ``input_ids``, ``attention_mask`` and
+``token_type_ids`` to ``sentence_embedding`` of shape ``(batch, 384)``.
+
+Nothing is loaded at import time; the constructor verifies both files against the sha256 pinned
+here before it loads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.resources
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from index.embedders.base import EmbedderInfo, Vectors, normalise
+from index.errors import EmbedderError
+
+MODEL_FILE = "all-MiniLM-L6-v2-int8.onnx"
+TOKENIZER_FILE = "tokenizer.json"
+MODEL_SHA256 = "be7b87ab6d8e88275fac5486d94ac7155a7f1842af4e9526e1efa62478a35b32"
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+NAME = "local/all-MiniLM-L6-v2-int8"
+DIMENSION = 384
+MAX_POSITIONS = 512  # the model's position embeddings: a hard limit on max_tokens
+_OUTPUT = "sentence_embedding"
+
+
+def default_model_dir() -> Path:
+    """The ``model/`` folder shipped inside the installed ``index`` package."""
+    return Path(str(importlib.resources.files("index").joinpath("model")))
+
+
+def _read_verified(path: Path, expected_sha256: str, constant: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EmbedderError(
+            f"cannot read the embedder file {path.name} ({path}): {exc}; reinstall voxrecall, "
+            "or regenerate index/model/ with `python scripts/export_model.py`"
+        ) from exc
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected_sha256:
+        raise EmbedderError(
+            f"embedder file {path.name} ({path}) has sha256 {actual}, expected {expected_sha256}: "
+            "the file is corrupt or from another export; reinstall voxrecall, or regenerate "
+            f"index/model/ with `python scripts/export_model.py` and update {constant} in "
+            "index/embedders/local.py"
+        )
+    return data
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 (int8) in process: 384-d unit vectors, ~2 ms for a short query.
+
+    ``threads`` is onnxruntime's intra-op thread count (1 keeps a sidecar's CPU use flat and is
+    enough for one short query). ``max_tokens`` truncates long texts, counting [CLS] and [SEP].
+
+    Each text runs through the model on its own, unpadded. The int8 graph quantises activations
+    dynamically with one scale per tensor, so a row embedded in a padded batch depends on its
+    batchmates (cosine ~0.993 to the same text alone); one text at a time makes a vector a pure
+    function of its text, whichever batch it came in, and on one thread it is also faster than
+    padded batches (~0.6x the time for 16 chunks of 80-160 tokens). ``batch_size`` is the unit of
+    work: ``embed`` hands texts to the worker ``batch_size`` at a time, so a cancelled call stops
+    within one slice.
+
+    ``embed_batch`` runs in the calling thread (index builds, from worker threads); ``embed`` runs
+    on a dedicated single worker thread so the event loop never blocks.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path | None = None,
+        *,
+        threads: int = 1,
+        max_tokens: int = 256,
+        batch_size: int = 16,
+    ) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        if not 2 <= max_tokens <= MAX_POSITIONS:
+            raise ValueError(f"max_tokens must be in [2, {MAX_POSITIONS}], got {max_tokens}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        folder = default_model_dir() if model_dir is None else Path(model_dir)
+        # verify and load the same bytes, so nothing can change between the check and the load
+        model_bytes = _read_verified(folder / MODEL_FILE, MODEL_SHA256, "MODEL_SHA256")
+        tokenizer_bytes = _read_verified(
+            folder / TOKENIZER_FILE, TOKENIZER_SHA256, "TOKENIZER_SHA256"
+        )
+
+        tokenizer = Tokenizer.from_str(tokenizer_bytes.decode("utf-8"))
+        # the shipped tokenizer.json pads every input to 128 tokens: wrong here, and 10x slower
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=max_tokens)
+        self._tokenizer = tokenizer
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # the arena keeps the peak of the largest input ever seen (~1.5 GB after a 64-chunk
+        # batch); with one unpadded text per run it buys nothing measurable, so leave it off
+        options.enable_cpu_mem_arena = False
+        options.log_severity_level = 3
+        self._session = ort.InferenceSession(
+            model_bytes, sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        outputs = {o.name: o.shape for o in self._session.get_outputs()}
+        if _OUTPUT not in outputs or outputs[_OUTPUT][-1] != DIMENSION:
+            raise EmbedderError(f"{MODEL_FILE} has outputs {outputs}, expected {_OUTPUT} x 384")
+
+        self._info = EmbedderInfo(name=NAME, dimension=DIMENSION)
+        self._batch_size = batch_size
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrecall-embed")
+        self._closed = False
+
+    @property
+    def info(self) -> EmbedderInfo:
+        return self._info
+
+    def embed_batch(self, texts: Sequence[str]) -> Vectors:
+        """Embed synchronously in the calling thread; safe to call from several threads."""
+        if isinstance(texts, str):
+            raise TypeError("embed_batch takes a sequence of texts, not one str")
+        return self._embed_rows(list(texts))
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """Embed on the dedicated worker thread, ``batch_size`` texts per hand-off."""
+        if self._closed:
+            raise EmbedderError("LocalEmbedder is closed")
+        if isinstance(texts, str):
+            raise TypeError("embed takes a sequence of texts, not one str")
+        items = list(texts)
+        if len(items) <= self._batch_size:
+            return await self._on_worker(items)
+        parts = [
+            await self._on_worker(items[start : start + self._batch_size])
+            for start in range(0, len(items), self._batch_size)
+        ]
+        return np.concatenate(parts)
+
+    async def aclose(self) -> None:
+        """Stop the worker: queued calls are cancelled, a running one finishes off the loop."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+    async def _on_worker(self, texts: list[str]) -> Vectors:
+        # cancelling the await cancels the hand-off too when the worker has not started it
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._embed_rows, texts)
+
+    def _embed_rows(self, texts: list[str]) -> Vectors:
+        out = np.empty((len(texts), DIMENSION), dtype=np.float32)
+        for row, text in enumerate(texts):
+            out[row] = self._embed_one(text)
+        return normalise(out)
+
+    def _embed_one(self, text: str) -> Vectors:
+        encoding = self._tokenizer.encode(text)
+        ids = np.asarray([encoding.ids], dtype=np.int64)
+        feeds = {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "token_type_ids": np.asarray([encoding.type_ids], dtype=np.int64),
+        }
+        (vectors,) = self._session.run([_OUTPUT], feeds)
+        return np.asarray(vectors, dtype=np.float32)

@@ -1,0 +1,170 @@
+"""OpenAI embeddings (``text-embedding-3-small`` by default) or any OpenAI-compatible server.
+
+On the hot path (``embed``) the client makes no retries (they multiply waits) and the caller
+bounds the call with its own deadline: the client's ``timeout`` applies per read, so it does not
+bound a body that trickles in. Index builds (``embed_batch``) use a separate client, retry 429,
+5xx and connection errors with exponential backoff, and send up to ``max_concurrency`` requests
+side by side when given more than ``batch_size`` texts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openai
+
+from index.config import EmbedderConfig
+from index.embedders.base import EmbedderInfo, Vectors, normalise
+from index.errors import ConfigError, EmbedderError
+
+NATIVE_DIMENSIONS = {
+    "text-embedding-3-small": 1536,
+    "text-embedding-3-large": 3072,
+    "text-embedding-ada-002": 1536,
+}
+BUILD_RETRIES = 6  # 429s under a bulk build are routine; six doublings from 0.5 s span ~30 s
+BUILD_BACKOFF_S = 0.5  # the first wait; each retry doubles it, up to MAX_BACKOFF_S
+MAX_BACKOFF_S = 16.0  # also caps a server's Retry-After, so one answer cannot stall a build
+BUILD_TIMEOUT_S = 60.0  # a 16-text batch normally answers in well under a second
+HOT_TIMEOUT_S = 10.0  # an outer bound only: the turn's budget cuts far earlier
+# Hot-path requests overlap on the server; this many still running past their turns' deadlines
+# means the server is down or drowning, and the sidecar stops adding to it until one ends.
+HOT_PARALLEL_CALLS = 8
+_RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
+
+
+class OpenAIEmbedder:
+    """The OpenAI embeddings API through the official client (``base_url`` for compatible servers).
+
+    ``dimensions`` (config) is sent with every request and recorded in the snapshot, so vectors of
+    one length are never compared with another's. ``retries`` and ``backoff_s`` shape the build
+    path only.
+    """
+
+    def __init__(
+        self,
+        config: EmbedderConfig,
+        *,
+        retries: int = BUILD_RETRIES,
+        backoff_s: float = BUILD_BACKOFF_S,
+    ) -> None:
+        if not config.api_key and not config.base_url:
+            raise ConfigError(
+                f'[embedder] provider = "openai" needs an API key in ${config.api_key_env} '
+                "(or a base_url of a compatible server that needs none)"
+            )
+        dimension = config.dimensions or NATIVE_DIMENSIONS.get(config.model, 0)
+        if dimension <= 0:
+            raise ConfigError(f"[embedder] dimensions is required for model {config.model!r}")
+        if config.batch_size < 1 or config.max_concurrency < 1:
+            raise ConfigError("[embedder] batch_size and max_concurrency must be at least 1")
+        self._config = config
+        self._retries = retries
+        self._backoff_s = backoff_s
+        self._info = EmbedderInfo(name=f"openai/{config.model}", dimension=dimension)
+        key = config.api_key or "unused"
+        base_url = config.base_url or None
+        self._hot = openai.AsyncOpenAI(
+            api_key=key, base_url=base_url, max_retries=0, timeout=HOT_TIMEOUT_S
+        )
+        self._bulk = openai.OpenAI(
+            api_key=key, base_url=base_url, max_retries=0, timeout=BUILD_TIMEOUT_S
+        )
+
+    @property
+    def info(self) -> EmbedderInfo:
+        return self._info
+
+    @property
+    def parallel_calls(self) -> int:
+        """How many hot-path calls may run side by side (see HOT_PARALLEL_CALLS)."""
+        return HOT_PARALLEL_CALLS
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """One request, no retries; bound it with a deadline (``asyncio.timeout``)."""
+        if not texts:
+            return np.zeros((0, self._info.dimension), dtype=np.float32)
+        try:
+            resp = await self._hot.embeddings.create(
+                model=self._config.model,
+                input=list(texts),
+                encoding_format="float",
+                dimensions=self._dimensions(),
+            )
+        except openai.OpenAIError as exc:
+            raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
+        return self._vectors(resp.data, len(texts))
+
+    def embed_batch(self, texts: Sequence[str]) -> Vectors:
+        """Embed for a build: ``batch_size`` texts per request, up to ``max_concurrency`` requests
+        in flight, each retried on 429, 5xx and connection errors; rows in input order."""
+        if isinstance(texts, str):
+            raise TypeError("embed_batch takes a sequence of texts, not one str")
+        items = list(texts)
+        if not items:
+            return np.zeros((0, self._info.dimension), dtype=np.float32)
+        size = self._config.batch_size
+        batches = [items[i : i + size] for i in range(0, len(items), size)]
+        if len(batches) == 1:
+            return self._with_retries(batches[0])
+        workers = min(self._config.max_concurrency, len(batches))
+        with ThreadPoolExecutor(workers, thread_name_prefix="voxrecall-openai") as pool:
+            return np.concatenate(list(pool.map(self._with_retries, batches)))
+
+    async def aclose(self) -> None:
+        await self._hot.close()
+        await asyncio.to_thread(self._bulk.close)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _dimensions(self) -> int | openai.Omit:
+        return self._config.dimensions or openai.omit
+
+    def _vectors(self, data: Sequence[openai.types.Embedding], count: int) -> Vectors:
+        rows = sorted(data, key=lambda e: e.index)
+        if len(rows) != count:
+            raise EmbedderError(f"embedder returned {len(rows)} vectors for {count} texts")
+        out = np.asarray([r.embedding for r in rows], dtype=np.float32)
+        if out.ndim != 2 or out.shape[1] != self._info.dimension:
+            raise EmbedderError(
+                f"embedder returned vectors of shape {out.shape}, expected {self._info.dimension}-d"
+            )
+        return normalise(out)
+
+    def _with_retries(self, texts: list[str]) -> Vectors:
+        delay = self._backoff_s
+        for attempt in range(self._retries + 1):
+            try:
+                resp = self._bulk.embeddings.create(
+                    model=self._config.model,
+                    input=texts,
+                    encoding_format="float",
+                    dimensions=self._dimensions(),
+                )
+                return self._vectors(resp.data, len(texts))
+            except _RETRYABLE as exc:
+                if attempt == self._retries:
+                    raise EmbedderError(
+                        f"{self._info.name}: gave up after {attempt + 1} tries: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                time.sleep(min(_retry_after(exc) or delay, MAX_BACKOFF_S))
+                delay = min(delay * 2, MAX_BACKOFF_S)
+            except openai.OpenAIError as exc:
+                raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+
+def _retry_after(exc: openai.OpenAIError) -> float | None:
+    """The server's ``Retry-After`` in seconds, when it sent one as a number."""
+    if not isinstance(exc, openai.APIStatusError):
+        return None
+    value = exc.response.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,64 @@
+"""Every error voxrecall raises on purpose, in one tree.
+
+    VoxrecallError
+    ├── ConfigError            the config file or a flag is wrong; says which key
+    ├── SourceError            a page could not be read; the build skips it unless strict
+    ├── EmbedderError          the model could not be loaded or did not answer
+    ├── SnapshotError
+    │   ├── SnapshotNotFound   the store has no published snapshot for a base yet
+    │   ├── CorruptSnapshot    a file is missing, or its checksum or counts disagree
+    │   ├── IncompatibleSnapshot  another format version, embedder or dimension
+    │   ├── IncompleteSnapshot the pointer names a version whose files are not all there (yet)
+    │   ├── StoreUnavailable   the store did not answer, or answered an error; retried later
+    │   └── CacheWriteError    a download could not be written locally (disk full, permissions)
+    └── RequestError (sidecar.errors)  a call's input or state; mapped to gRPC status codes
+
+Lower-level errors (hnswlib, onnxruntime, openai, OSError) are wrapped where they arise with
+``raise ... from exc``, so a caller handles one family and still sees the cause.
+"""
+
+from __future__ import annotations
+
+
+class VoxrecallError(Exception):
+    """Base of every error voxrecall raises on purpose."""
+
+
+class ConfigError(VoxrecallError):
+    """The configuration is invalid: the message names the file and key."""
+
+
+class SourceError(VoxrecallError):
+    """A source or one of its pages could not be read."""
+
+
+class EmbedderError(VoxrecallError):
+    """The embedder could not be loaded, failed, or returned something unusable."""
+
+
+class SnapshotError(VoxrecallError):
+    """A snapshot could not be found, read or trusted."""
+
+
+class SnapshotNotFound(SnapshotError):
+    """The store holds no published snapshot for the knowledge base."""
+
+
+class CorruptSnapshot(SnapshotError):
+    """A snapshot's files disagree with its manifest (missing file, checksum, counts)."""
+
+
+class IncompatibleSnapshot(SnapshotError):
+    """A snapshot was written in another format or with another embedder than ours."""
+
+
+class IncompleteSnapshot(SnapshotError):
+    """A published version's manifest or files are missing: half-uploaded, so retried later."""
+
+
+class StoreUnavailable(SnapshotError):
+    """The store could not be reached or answered an error; the next poll tries again."""
+
+
+class CacheWriteError(SnapshotError):
+    """A downloaded snapshot could not be written to the local cache (disk full, permissions)."""

@@ -1,0 +1,279 @@
+"""A folder of HTML files (``*.html``, ``*.htm``), reduced to their readable text.
+
+Scripts, styles, navigation, headers, footers, asides, ``noscript``, templates, inline SVG and
+elements marked ``hidden`` are dropped. Headings become Markdown headings (so the chunker splits
+at them and carries them as breadcrumbs), lists become ``-`` items, ``<pre>`` becomes a fenced
+block and tables become Markdown tables (kept whole by the chunker). The title is ``<title>``,
+else the first ``<h1>``, else the file name's stem. Uses only the standard library's parser.
+"""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+from index.errors import SourceError
+from index.sources import SkippedPage
+from index.sources.text import list_files, read_file
+from index.types import Page
+
+__all__ = ["HTML_SUFFIXES", "decode_html", "html_to_markdown", "load_html"]
+
+HTML_SUFFIXES = (".html", ".htm")
+SKIP_TAGS = frozenset(
+    {"script", "style", "nav", "header", "footer", "aside", "noscript", "template", "svg"}
+)
+_BLOCK_TAGS = frozenset(
+    {
+        "address", "article", "blockquote", "br", "dd", "details", "dialog", "div", "dl", "dt",
+        "fieldset", "figcaption", "figure", "form", "hr", "li", "main", "ol", "p", "section",
+        "summary", "ul", "body", "html",
+    }
+)  # fmt: skip
+_HEADINGS = {f"h{n}": n for n in range(1, 7)}
+_CELLS = frozenset({"td", "th"})
+# A charset declared in the first bytes of a document (HTML5 asks for it within 1024 bytes).
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
+_SNIFF_BYTES = 4096
+# A leading "#" or code fence in plain prose would turn into structure for the chunker.
+_MARKDOWN_START = re.compile(r"^( {0,3})(#|`{3}|~{3})")
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _escape(text: str) -> str:
+    return _MARKDOWN_START.sub(r"\1\\\2", text)
+
+
+class _Reader(HTMLParser):
+    """Collects readable blocks; ``blocks`` holds (markdown text, joins-to-previous-with-newline)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.title = ""
+        self.first_h1 = ""
+        self.blocks: list[tuple[str, bool]] = []
+        self._skip: list[str] = []
+        self._in_title = False
+        self._title_parts: list[str] = []
+        self._inline: list[str] = []
+        self._heading = 0
+        self._list_depth = 0
+        self._item = False
+        self._pre: list[str] | None = None
+        self._table_depth = 0
+        self._rows: list[list[str]] = []
+
+    # -- structure ---------------------------------------------------------------------------
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self._skip or tag in SKIP_TAGS or _hidden(attrs):
+            if tag not in _VOID:
+                self._skip.append(tag)
+            return
+        if tag == "title" and not self.title:
+            self._in_title = True
+        elif self._pre is not None:
+            return
+        elif tag == "pre":
+            self._flush()
+            self._pre = []
+        elif tag == "table":
+            self._table_depth += 1
+            if self._table_depth == 1:
+                self._flush()
+                self._rows = []
+        elif self._table_depth == 1 and tag == "tr":
+            self._rows.append([])
+        elif self._table_depth == 1 and tag in _CELLS:
+            self._end_cell()
+            if not self._rows:
+                self._rows.append([])
+            self._rows[-1].append("")
+        elif self._table_depth:
+            self._inline.append(" ")
+        elif tag in _HEADINGS:
+            self._flush()
+            self._heading = _HEADINGS[tag]
+        elif tag in ("ul", "ol"):
+            self._flush()
+            self._list_depth += 1
+        elif tag == "li":
+            self._flush()
+            self._item = True
+        elif tag in _BLOCK_TAGS:
+            self._flush()
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._skip:
+            if tag in self._skip:
+                while self._skip.pop() != tag:
+                    pass
+            return
+        if tag == "title" and self._in_title:
+            self._in_title = False
+            self.title = _clean("".join(self._title_parts))
+        elif tag == "pre" and self._pre is not None:
+            self._emit_pre("".join(self._pre))
+            self._pre = None
+        elif self._pre is not None:
+            return
+        elif tag == "table" and self._table_depth:
+            self._table_depth -= 1
+            if self._table_depth == 0:
+                self._end_cell()
+                self._emit_table()
+        elif self._table_depth == 1 and tag in _CELLS:
+            self._end_cell()
+        elif self._table_depth:
+            return
+        elif tag in _HEADINGS or tag == "li":
+            self._flush()
+            self._heading, self._item = 0, False
+        elif tag in ("ul", "ol"):
+            self._flush()
+            self._list_depth = max(0, self._list_depth - 1)
+        elif tag in _BLOCK_TAGS:
+            self._flush()
+
+    def handle_data(self, data: str) -> None:
+        if self._skip:
+            return
+        if self._in_title:
+            self._title_parts.append(data)
+        elif self._pre is not None:
+            self._pre.append(data)
+        else:
+            self._inline.append(data)
+
+    def close(self) -> None:
+        super().close()
+        if self._pre is not None:
+            self._emit_pre("".join(self._pre))
+            self._pre = None
+        if self._table_depth:
+            self._end_cell()
+            self._emit_table()
+            self._table_depth = 0
+        self._flush()
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        text = _clean("".join(self._inline))
+        self._inline = []
+        if not text:
+            return  # an empty block keeps a pending heading or list item for the text inside
+        level, self._heading = self._heading, 0
+        item, self._item = self._item, False
+        if level:
+            if level == 1 and not self.first_h1:
+                self.first_h1 = text
+            self.blocks.append((f"{'#' * level} {text}", False))
+        elif item:
+            indent = "  " * max(0, self._list_depth - 1)
+            self.blocks.append((f"{indent}- {text}", True))
+        else:
+            self.blocks.append((_escape(text), False))
+
+    def _emit_pre(self, raw: str) -> None:
+        body = raw.strip("\n")
+        if not body.strip():
+            return
+        longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
+        fence = "`" * max(3, longest + 1)
+        self.blocks.append((f"{fence}\n{body}\n{fence}", False))
+
+    def _end_cell(self) -> None:
+        if self._rows and self._rows[-1]:
+            self._rows[-1][-1] = _clean(self._rows[-1][-1] + " " + "".join(self._inline))
+        self._inline = []
+
+    def _emit_table(self) -> None:
+        rows = [[c.replace("|", "\\|") for c in r] for r in self._rows if any(r)]
+        self._rows = []
+        if not rows:
+            return
+        width = max(len(r) for r in rows)
+        lines = [
+            "| " + " | ".join(r + [""] * (width - len(r))) + " |"
+            for r in rows[:1] + [["---"] * width] + rows[1:]
+        ]
+        self.blocks.append(("\n".join(lines), False))
+
+
+_VOID = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+)
+
+
+def _hidden(attrs: list[tuple[str, str | None]]) -> bool:
+    for name, value in attrs:
+        if name == "hidden" or (name == "aria-hidden" and (value or "").lower() == "true"):
+            return True
+    return False
+
+
+def html_to_markdown(markup: str) -> tuple[str, str]:
+    """``(title, text)``: the document's title (``<title>``, else the first ``<h1>``, else "")
+    and its readable text as Markdown."""
+    reader = _Reader()
+    reader.feed(markup)
+    reader.close()
+    parts: list[str] = []
+    for text, tight in reader.blocks:
+        if parts:
+            parts.append("\n" if tight and parts[-1].lstrip().startswith("- ") else "\n\n")
+        parts.append(text)
+    return reader.title or reader.first_h1, "".join(parts) + ("\n" if parts else "")
+
+
+def decode_html(data: bytes, declared: str | None = None) -> str:
+    """Decode a document by its byte-order mark, else the declared charset (an HTTP header),
+    else a ``<meta charset>``, else UTF-8. Raises UnicodeDecodeError or LookupError."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        return data[3:].decode("utf-8")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16")
+    charset = declared
+    if not charset:
+        match = _META_CHARSET.search(data[:_SNIFF_BYTES])
+        charset = match.group(1).decode("ascii") if match else "utf-8"
+    return data.decode(charset)
+
+
+def html_page_text(rel: str, data: bytes, declared: str | None = None) -> tuple[str, str] | SkippedPage:
+    """``(title, markdown text)`` of an HTML document, or why it cannot be used."""
+    try:
+        markup = decode_html(data, declared)
+    except UnicodeDecodeError as exc:
+        return SkippedPage(rel, f"not valid {exc.encoding}: {exc.reason} at byte {exc.start}")
+    except LookupError as exc:
+        return SkippedPage(rel, f"unknown charset: {exc}")
+    title, text = html_to_markdown(markup.replace("\r\n", "\n").replace("\r", "\n"))
+    if not text.strip():
+        return SkippedPage(rel, "no readable text (only scripts, navigation or markup)")
+    return title, text
+
+
+def load_html(source: str, root: Path) -> tuple[list[Page], list[SkippedPage]]:
+    """Read every HTML file under ``root``; a bad file is skipped, never raised.
+
+    Raises SourceError only when ``root`` is not a folder.
+    """
+    if not root.is_dir():
+        raise SourceError(f"html source {source!r}: {root} is not a folder")
+    pages: list[Page] = []
+    skipped: list[SkippedPage] = []
+    for rel, path in list_files(root, HTML_SUFFIXES):
+        data = read_file(rel, path)
+        got = data if isinstance(data, SkippedPage) else html_page_text(rel, data)
+        if isinstance(got, SkippedPage):
+            skipped.append(got)
+            continue
+        title, text = got
+        pages.append(Page(source=source, source_path=rel, title=title or path.stem, text=text))
+    return pages, skipped

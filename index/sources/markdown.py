@@ -1,0 +1,154 @@
+"""A folder of Markdown files (``*.md``, ``*.markdown``) with optional YAML frontmatter.
+
+Each file is one page: ``source_path`` is its POSIX path relative to the folder, its frontmatter
+keys become the page's metadata (every value as a string), and its title is the frontmatter
+``title``, else the first H1, else the file name's stem. A file that is not UTF-8, or whose
+frontmatter is not a YAML mapping, is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+
+from index.chunker import markdown_headings
+from index.errors import SourceError
+from index.sources import SkippedPage
+from index.types import Page
+
+__all__ = ["MARKDOWN_SUFFIXES", "FrontmatterError", "load_markdown", "split_frontmatter"]
+
+MARKDOWN_SUFFIXES = (".md", ".markdown")
+
+_FENCE = "---"
+_CLOSERS = ("---", "...")
+
+
+class FrontmatterError(SourceError):
+    """The frontmatter is unterminated, not valid YAML, or not a mapping; the message says which."""
+
+
+def split_frontmatter(raw: str) -> tuple[dict[str, object] | None, str, int]:
+    """Split a Markdown text into its YAML frontmatter and its body.
+
+    Returns ``(mapping, body, lines)``: ``mapping`` is None when the text does not start with a
+    ``---`` line (then ``body`` is the whole text and ``lines`` is 0); otherwise it is the parsed
+    frontmatter (``{}`` when empty), ``body`` is the text after the closing ``---`` (or ``...``)
+    line and ``lines`` counts the frontmatter's lines, both fence lines included, so body line
+    ``n`` is file line ``n + lines``. Raises FrontmatterError when the closing line is missing,
+    the YAML is malformed, or it is not a mapping.
+    """
+    text = raw.removeprefix("\ufeff")
+    lines = text.split("\n")
+    if lines[0].rstrip() != _FENCE:
+        return None, text, 0
+    close = next((i for i in range(1, len(lines)) if lines[i].rstrip() in _CLOSERS), None)
+    if close is None:
+        raise FrontmatterError("malformed frontmatter: no closing '---' line")
+    try:
+        data = yaml.safe_load("\n".join(lines[1:close]))
+    except yaml.MarkedYAMLError as exc:
+        problem = exc.problem or str(exc).strip().split("\n", 1)[0]
+        where = f" (line {exc.problem_mark.line + 2})" if exc.problem_mark is not None else ""
+        raise FrontmatterError(f"malformed frontmatter: {problem}{where}") from exc
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        first = str(exc).strip().split("\n", 1)[0] or type(exc).__name__
+        raise FrontmatterError(f"malformed frontmatter: {first}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise FrontmatterError(
+            f"malformed frontmatter: not a mapping (a YAML {type(data).__name__})"
+        )
+    body = "\n".join(lines[close + 1 :])
+    return {str(k): v for k, v in data.items()}, body, close + 1
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, dt.date | dt.time):
+        return value.isoformat()
+    return str(value)
+
+
+def metadata_value(value: object) -> str:
+    """One frontmatter value as a metadata string: lists joined with ", ", dates in ISO format,
+    mappings as compact JSON, booleans as YAML writes them, None as ""."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, list | tuple | set | frozenset):
+        return ", ".join(metadata_value(v) for v in value)
+    if isinstance(value, Mapping):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _title(frontmatter: Mapping[str, object], body: str, path: Path) -> str:
+    title = metadata_value(frontmatter.get("title")).strip()
+    if title:
+        return title
+    for heading in markdown_headings(body):
+        if heading.level == 1 and heading.title:
+            return heading.title
+    return path.stem
+
+
+def _files(root: Path) -> list[tuple[str, Path]]:
+    found = [
+        (p.relative_to(root).as_posix(), p)
+        for p in root.rglob("*")
+        if p.suffix.lower() in MARKDOWN_SUFFIXES and p.is_file()
+    ]
+    return sorted(found)
+
+
+def load_markdown(source: str, root: Path) -> tuple[list[Page], list[SkippedPage]]:
+    """Read every Markdown file under ``root`` (recursively, sorted by relative path).
+
+    Returns the pages and the files skipped with their reasons; a bad file never raises.
+    Raises SourceError only when ``root`` is not a folder.
+    """
+    if not root.is_dir():
+        raise SourceError(f"markdown source {source!r}: {root} is not a folder")
+    pages: list[Page] = []
+    skipped: list[SkippedPage] = []
+    for rel, path in _files(root):
+        try:
+            raw = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            skipped.append(SkippedPage(rel, f"not valid UTF-8: {exc.reason} at byte {exc.start}"))
+            continue
+        except OSError as exc:
+            skipped.append(SkippedPage(rel, f"unreadable: {exc.strerror or exc}"))
+            continue
+        raw = raw.replace("\r\n", "\n").replace("\r", "\n")
+        try:
+            frontmatter, body, _ = split_frontmatter(raw)
+        except FrontmatterError as exc:
+            skipped.append(SkippedPage(rel, str(exc)))
+            continue
+        fm = frontmatter or {}
+        metadata = MappingProxyType({k: metadata_value(v) for k, v in fm.items()})
+        pages.append(
+            Page(
+                source=source,
+                source_path=rel,
+                title=_title(fm, body, path),
+                text=body,
+                kind="markdown",
+                metadata=metadata,
+            )
+        )
+    return pages, skipped

@@ -1,0 +1,114 @@
+"""Which loader reads which ``type`` of ``[[knowledge_base.source]]``, and the options each takes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from index.config import SourceConfig
+from index.errors import ConfigError
+from index.sources import SkippedPage
+from index.sources.html import load_html
+from index.sources.markdown import load_markdown
+from index.sources.pdf import load_pdf
+from index.sources.records import RecordFields, load_records
+from index.sources.text import load_text
+from index.sources.url import UrlOptions, crawl_urls, state_path
+from index.types import Page
+
+__all__ = ["LOADERS", "OPTIONS", "LoadContext", "check_options", "load_source"]
+
+Loaded = tuple[list[Page], list[SkippedPage]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadContext:
+    """What a load needs beyond the source's own config: the base it belongs to, where state
+    is cached (the crawl state of ``url`` sources) and the time the load counts from."""
+
+    knowledge_base: str
+    cache_dir: Path
+    now: float = field(default_factory=time.time)
+
+
+Loader = Callable[[SourceConfig, LoadContext], Loaded]
+
+_RECORD_OPTIONS = frozenset(
+    {"id_field", "title_field", "text_field", "context_fields", "metadata_fields"}
+)
+# The options each type accepts; markdown's are read by `voxrecall index validate`.
+OPTIONS: dict[str, frozenset[str]] = {
+    "markdown": frozenset({"required_files", "require_last_updated"}),
+    "text": frozenset(),
+    "html": frozenset(),
+    "pdf": frozenset(),
+    "url": frozenset({"urls", "refresh"}),
+    "jsonl": _RECORD_OPTIONS,
+    "csv": _RECORD_OPTIONS,
+}
+
+
+def check_options(source: SourceConfig) -> None:
+    """Raise ConfigError for an unknown type, an option the type does not take, or a path that
+    the type needs and lacks (or does not take)."""
+    allowed = OPTIONS.get(source.type)
+    if allowed is None:
+        raise ConfigError(f"source {source.name!r}: type {source.type!r} is not supported")
+    unknown = sorted(set(source.options) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"source {source.name!r}: unknown option(s) {', '.join(unknown)} for type "
+            f"{source.type} (it takes: {', '.join(sorted(allowed)) or 'none'})"
+        )
+    if source.type == "url":
+        if source.path is not None:
+            raise ConfigError(f"source {source.name!r}: type url takes urls, not a path")
+    elif source.path is None:
+        what = "file" if source.type in ("jsonl", "csv") else "folder"
+        raise ConfigError(f"source {source.name!r}: type {source.type} needs a path (a {what})")
+
+
+def _folder(load: Callable[[str, Path], Loaded]) -> Loader:
+    def loader(source: SourceConfig, context: LoadContext) -> Loaded:
+        assert source.path is not None  # check_options ran
+        if not source.path.is_dir():
+            raise ConfigError(f"source {source.name!r}: {source.path} is not a folder")
+        return load(source.name, source.path)
+
+    return loader
+
+
+def _records(source: SourceConfig, context: LoadContext) -> Loaded:
+    assert source.path is not None  # check_options ran
+    fields = RecordFields.from_options(source.name, source.options)
+    return load_records(source.name, source.path, source.type, fields)
+
+
+def _url(source: SourceConfig, context: LoadContext) -> Loaded:
+    options = UrlOptions.from_options(source.name, source.options)
+    state = state_path(context.cache_dir, context.knowledge_base, source.name)
+    pages, skipped, _ = crawl_urls(source.name, options, state, context.now)
+    return pages, skipped
+
+
+LOADERS: dict[str, Loader] = {
+    "markdown": _folder(load_markdown),
+    "text": _folder(load_text),
+    "html": _folder(load_html),
+    "pdf": _folder(load_pdf),
+    "url": _url,
+    "jsonl": _records,
+    "csv": _records,
+}
+
+
+def load_source(source: SourceConfig, context: LoadContext) -> Loaded:
+    """Every page of one source, and the pages skipped with their reasons.
+
+    Raises ConfigError for a wrong option or path, SourceError when the source as a whole
+    cannot be read; a single bad page is only ever skipped.
+    """
+    check_options(source)
+    return LOADERS[source.type](source, context)

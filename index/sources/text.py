@@ -1,0 +1,85 @@
+"""A folder of plain-text files (``*.txt``), one page each.
+
+A page's title is its first line when that line reads like a title (short, and followed by a blank
+line or nothing), and the title line is then not repeated in the text; otherwise the title is the
+file name's stem. A file that is not UTF-8 is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from index.errors import SourceError
+from index.sources import SkippedPage
+from index.types import Page
+
+__all__ = ["TEXT_SUFFIXES", "decode_utf8", "list_files", "load_text", "split_title_line"]
+
+TEXT_SUFFIXES = (".txt",)
+# A first line longer than this is a paragraph, not a title (titles run 3-12 words).
+MAX_TITLE_CHARS = 120
+
+
+def list_files(root: Path, suffixes: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """Files under ``root`` with one of ``suffixes`` (any case), as (POSIX relative path, path),
+    sorted by relative path so builds are deterministic."""
+    found = [
+        (p.relative_to(root).as_posix(), p)
+        for p in root.rglob("*")
+        if p.suffix.lower() in suffixes and p.is_file()
+    ]
+    return sorted(found)
+
+
+def decode_utf8(rel: str, data: bytes) -> str | SkippedPage:
+    """The text of a UTF-8 file with line endings normalised and a BOM dropped, or the reason
+    it cannot be read."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return SkippedPage(rel, f"not valid UTF-8: {exc.reason} at byte {exc.start}")
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_file(rel: str, path: Path) -> bytes | SkippedPage:
+    """The bytes of a file, or the reason it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        return SkippedPage(rel, f"unreadable: {exc.strerror or exc}")
+
+
+def split_title_line(text: str) -> tuple[str, str]:
+    """``(title, body)`` when the first non-blank line reads like a title, else ``("", text)``."""
+    stripped = text.lstrip("\n")
+    first, _, rest = stripped.partition("\n")
+    title = " ".join(first.split())
+    if not title or len(title) > MAX_TITLE_CHARS:
+        return "", text
+    if rest and rest.split("\n", 1)[0].strip():
+        return "", text  # the next line continues a paragraph
+    return title, rest.lstrip("\n")
+
+
+def load_text(source: str, root: Path) -> tuple[list[Page], list[SkippedPage]]:
+    """Read every ``.txt`` file under ``root``; a bad file is skipped, never raised.
+
+    Raises SourceError only when ``root`` is not a folder.
+    """
+    if not root.is_dir():
+        raise SourceError(f"text source {source!r}: {root} is not a folder")
+    pages: list[Page] = []
+    skipped: list[SkippedPage] = []
+    for rel, path in list_files(root, TEXT_SUFFIXES):
+        data = read_file(rel, path)
+        text = data if isinstance(data, SkippedPage) else decode_utf8(rel, data)
+        if isinstance(text, SkippedPage):
+            skipped.append(text)
+            continue
+        title, body = split_title_line(text)
+        if not body.strip() and title:
+            body = title  # a one-line file: its line is its content
+        pages.append(
+            Page(source=source, source_path=rel, title=title or path.stem, text=body, kind="text")
+        )
+    return pages, skipped

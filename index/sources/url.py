@@ -1,0 +1,326 @@
+"""A list of web pages (``urls``), crawled with conditional requests and re-crawled on ``refresh``.
+
+Each URL is one page (a PDF: one page per PDF page) whose ``source_path`` is the URL as
+configured. A crawl state file under ``[index] cache_dir`` keeps, per URL, the ``ETag``,
+``Last-Modified``, a hash of the body, when it was fetched and the text it yielded. A URL is
+fetched again only when its ``refresh`` interval has passed, and then with ``If-None-Match`` /
+``If-Modified-Since``: an unchanged page answers 304, so it is neither downloaded nor (its text
+being the same) re-embedded. A page that answers 404 or 410 is gone and is dropped; any other
+failure keeps the last text fetched (logged), or skips the page when there is none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+
+from index.chunker import markdown_headings
+from index.errors import ConfigError
+from index.snapshot import write_atomic
+from index.sources import SkippedPage
+from index.sources.html import html_page_text
+from index.sources.pdf import pdf_pages
+from index.sources.text import split_title_line
+from index.types import Page
+
+__all__ = ["UrlOptions", "crawl_urls", "next_due", "state_path"]
+
+log = logging.getLogger("voxrecall.index.url")
+
+DEFAULT_REFRESH_S = 3600.0  # public docs change daily at most; conditional requests keep it cheap
+FETCH_TIMEOUT_S = 15.0  # one slow page must not hold a build; a healthy docs site answers in <1 s
+MAX_WORKERS = 8  # concurrent fetches: enough to hide latency, few enough to be polite to one host
+MAX_BODY_BYTES = 20 << 20  # a knowledge page over 20 MiB is a mistake (a video, an archive)
+USER_AGENT = "voxrecall-indexer/0.1"
+_STATE_VERSION = 1
+_GONE = frozenset({404, 410})
+_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+_MARKDOWN_TYPES = frozenset({"text/markdown", "text/x-markdown"})
+
+
+@dataclass(frozen=True, slots=True)
+class UrlOptions:
+    """The options of a ``url`` source."""
+
+    urls: tuple[str, ...]
+    refresh_s: float = DEFAULT_REFRESH_S
+
+    @classmethod
+    def from_options(cls, source: str, options: Mapping[str, Any]) -> UrlOptions:
+        """Read ``urls`` and ``refresh``; raises ConfigError naming what is wrong."""
+        urls = options.get("urls")
+        if not isinstance(urls, list) or not urls:
+            raise ConfigError(f"source {source!r}: type url needs urls = [\"https://...\", ...]")
+        for url in urls:
+            parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(f"source {source!r}: {url!r} is not an http(s) URL")
+        if len(set(urls)) != len(urls):
+            raise ConfigError(f"source {source!r}: urls lists a URL twice")
+        refresh = options.get("refresh", DEFAULT_REFRESH_S)
+        if isinstance(refresh, bool) or not isinstance(refresh, int | float) or refresh < 0:
+            raise ConfigError(f"source {source!r}: refresh must be seconds >= 0, got {refresh!r}")
+        return cls(urls=tuple(urls), refresh_s=float(refresh))
+
+
+def _slug(name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60]
+    return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def state_path(cache_dir: Path, knowledge_base: str, source: str) -> Path:
+    """The crawl state file of one ``url`` source of one knowledge base."""
+    return cache_dir / "crawl" / _slug(knowledge_base) / f"{_slug(source)}.json"
+
+
+def _read_state(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        raw = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, orjson.JSONDecodeError) as exc:
+        log.warning("crawl state %s unreadable (%s): crawling every URL afresh", path, exc)
+        return {}
+    if not isinstance(raw, dict) or raw.get("version") != _STATE_VERSION:
+        return {}
+    entries = raw.get("urls", {})
+    return entries if isinstance(entries, dict) else {}
+
+
+def next_due(cache_dir: Path, knowledge_base: str, source: str, options: UrlOptions) -> float:
+    """When the first URL of the source is due for a re-crawl (epoch seconds; 0: now)."""
+    state = _read_state(state_path(cache_dir, knowledge_base, source))
+    due = [
+        float(state[url].get("fetched_at", 0.0)) + options.refresh_s if url in state else 0.0
+        for url in options.urls
+    ]
+    return min(due, default=0.0)
+
+
+# --- fetching ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A 200 answer: the body and what is needed to parse it and ask again conditionally."""
+
+    body: bytes
+    content_type: str
+    charset: str | None
+    etag: str
+    last_modified: str
+    final_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotModified:
+    """A 304 answer: the stored text is still current."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """No usable answer; ``gone`` when the server says the page no longer exists."""
+
+    reason: str
+    gone: bool = False
+
+
+FetchResult = Fetched | NotModified | Failed
+Fetcher = Callable[[str, Mapping[str, Any] | None], FetchResult]
+
+
+def fetch(url: str, previous: Mapping[str, Any] | None, timeout: float = FETCH_TIMEOUT_S) -> FetchResult:
+    """GET one URL, conditionally when ``previous`` holds an ETag or Last-Modified; blocking."""
+    headers = {"User-Agent": USER_AGENT, "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}
+    if previous:
+        if previous.get("etag"):
+            headers["If-None-Match"] = str(previous["etag"])
+        if previous.get("last_modified"):
+            headers["If-Modified-Since"] = str(previous["last_modified"])
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read(MAX_BODY_BYTES + 1)
+            if len(body) > MAX_BODY_BYTES:
+                return Failed(f"larger than {MAX_BODY_BYTES >> 20} MiB")
+            return Fetched(
+                body=body,
+                content_type=response.headers.get_content_type(),
+                charset=response.headers.get_content_charset(),
+                etag=response.headers.get("ETag", ""),
+                last_modified=response.headers.get("Last-Modified", ""),
+                final_url=response.geturl(),
+            )
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 304:
+            return NotModified()
+        return Failed(f"HTTP {exc.code} {exc.reason}", gone=exc.code in _GONE)
+    except urllib.error.URLError as exc:
+        return Failed(f"cannot fetch: {exc.reason}")
+    except (TimeoutError, OSError, http.client.HTTPException, ValueError) as exc:
+        return Failed(f"cannot fetch: {type(exc).__name__}: {exc}")
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+
+def _fallback_title(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    segment = next((s for s in reversed(parts.path.split("/")) if s), "")
+    return urllib.parse.unquote(segment.rsplit(".", 1)[0]) or parts.netloc
+
+
+def _parse(source: str, url: str, got: Fetched) -> list[Page] | SkippedPage:
+    fallback = _fallback_title(url)
+    if got.content_type == "application/pdf":
+        return pdf_pages(source, url, got.body, fallback, url=got.final_url)
+    if got.content_type in _HTML_TYPES:
+        parsed = html_page_text(url, got.body, got.charset)
+        if isinstance(parsed, SkippedPage):
+            return parsed
+        title, text = parsed
+        return [Page(source, url, title or fallback, text, kind="markdown", url=got.final_url)]
+    if not got.content_type.startswith("text/"):
+        return SkippedPage(url, f"unsupported content type {got.content_type}")
+    try:
+        text = got.body.decode(got.charset or "utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except (UnicodeDecodeError, LookupError) as exc:
+        return SkippedPage(url, f"cannot decode as {got.charset or 'utf-8'}: {exc}")
+    if got.content_type in _MARKDOWN_TYPES:
+        h1 = next((h.title for h in markdown_headings(text) if h.level == 1 and h.title), "")
+        return [Page(source, url, h1 or fallback, text, kind="markdown", url=got.final_url)]
+    title, body = split_title_line(text)
+    return [Page(source, url, title or fallback, body or text, kind="text", url=got.final_url)]
+
+
+def _page_to_dict(page: Page) -> dict[str, Any]:
+    return {
+        "path": page.source_path,
+        "title": page.title,
+        "text": page.text,
+        "kind": page.kind,
+        "url": page.url,
+        "metadata": dict(page.metadata),
+    }
+
+
+def _pages_from(source: str, entry: Mapping[str, Any]) -> list[Page]:
+    return [
+        Page(
+            source=source,
+            source_path=p["path"],
+            title=p["title"],
+            text=p["text"],
+            kind=p["kind"],
+            url=p["url"],
+            metadata=MappingProxyType(dict(p["metadata"])),
+        )
+        for p in entry.get("pages", [])
+    ]
+
+
+# --- crawling ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CrawlStats:
+    """What one crawl did, for logs and tests."""
+
+    requested: int = 0
+    not_modified: int = 0
+    downloaded: int = 0
+    failed: int = 0
+    not_due: int = 0
+
+
+def _fetch_all(
+    due: Sequence[str], state: Mapping[str, Mapping[str, Any]], fetcher: Fetcher
+) -> list[FetchResult]:
+    if not due:
+        return []
+    with ThreadPoolExecutor(
+        max_workers=min(MAX_WORKERS, len(due)), thread_name_prefix="voxrecall-crawl"
+    ) as pool:
+        return list(pool.map(lambda u: fetcher(u, state.get(u)), due))
+
+
+def crawl_urls(
+    source: str,
+    options: UrlOptions,
+    state_file: Path,
+    now: float,
+    fetcher: Fetcher = fetch,
+) -> tuple[list[Page], list[SkippedPage], CrawlStats]:
+    """The pages of every URL: fetched (conditionally) when due, else from the crawl state.
+
+    Writes the updated crawl state atomically before returning.
+    """
+    old = _read_state(state_file)
+    state: dict[str, dict[str, Any]] = {u: dict(old[u]) for u in options.urls if u in old}
+    stats = CrawlStats()
+    due = [
+        u for u in options.urls
+        if u not in state or now - float(state[u].get("fetched_at", 0.0)) >= options.refresh_s
+    ]  # fmt: skip
+    stats.not_due = len(options.urls) - len(due)
+    stats.requested = len(due)
+    for url, result in zip(due, _fetch_all(due, state, fetcher), strict=True):
+        entry = state.get(url)
+        if isinstance(result, NotModified) and entry is not None:
+            stats.not_modified += 1
+            entry["fetched_at"] = now
+        elif isinstance(result, Fetched):
+            stats.downloaded += 1
+            state[url] = _entry(source, url, result, entry, now)
+        elif isinstance(result, Failed) and result.gone:
+            stats.failed += 1
+            state[url] = {"fetched_at": now, "skipped": result.reason, "pages": []}
+        else:
+            stats.failed += 1
+            reason = result.reason if isinstance(result, Failed) else "304 with no stored copy"
+            if entry is not None and entry.get("pages"):
+                log.warning("%s: %s; keeping the copy fetched before", url, reason)
+            else:  # fetched_at 0: due again at the next crawl
+                state[url] = {"fetched_at": 0.0, "skipped": reason, "pages": []}
+    pages: list[Page] = []
+    skipped: list[SkippedPage] = []
+    for url in options.urls:
+        entry = state[url]
+        if entry.get("skipped"):
+            skipped.append(SkippedPage(url, str(entry["skipped"])))
+        pages.extend(_pages_from(source, entry))
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(state_file, orjson.dumps({"version": _STATE_VERSION, "urls": state}))
+    log.info(
+        "%s: %d URLs: %d not due, %d requested (%d not modified, %d downloaded, %d failed)",
+        source, len(options.urls), stats.not_due, stats.requested, stats.not_modified,
+        stats.downloaded, stats.failed,
+    )  # fmt: skip
+    return pages, skipped, stats
+
+
+def _entry(
+    source: str, url: str, got: Fetched, previous: Mapping[str, Any] | None, now: float
+) -> dict[str, Any]:
+    digest = hashlib.sha256(got.body).hexdigest()
+    base = {"etag": got.etag, "last_modified": got.last_modified, "sha256": digest}
+    if previous is not None and previous.get("sha256") == digest and previous.get("pages"):
+        return {**previous, **base, "fetched_at": now}  # same bytes: keep the parsed text
+    parsed = _parse(source, url, got)
+    if isinstance(parsed, SkippedPage):
+        return {**base, "fetched_at": now, "skipped": parsed.reason, "pages": []}
+    return {**base, "fetched_at": now, "pages": [_page_to_dict(p) for p in parsed]}

@@ -1,0 +1,247 @@
+"""Where snapshots are published, and the one interface a sidecar reads them through.
+
+A store is laid out as (a local folder, a shared volume, or the same tree behind HTTP)
+
+    <root>/<knowledge_base>/LATEST            the current version id, written last
+    <root>/<knowledge_base>/<version>/        an immutable snapshot folder
+    <root>/<knowledge_base>/.staging-*/       a build in progress, invisible to readers
+
+Version ids sort by creation time, so "newer" is a string comparison. ``SnapshotStore`` is what
+the sidecar's refresher needs: the pointer, and a local folder of one version whose files match
+its manifest. ``LocalStore`` reads the folder in place; ``index.http_store.HttpStore`` downloads
+it into a local cache first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from index.errors import CorruptSnapshot, IncompleteSnapshot, SnapshotError, SnapshotNotFound
+from index.snapshot import (
+    MANIFEST,
+    Manifest,
+    fsync_dir,
+    read_manifest,
+    verify_snapshot,
+    write_atomic,
+)
+
+LATEST = "LATEST"
+MAX_POINTER_BYTES = 256  # a version id is ~33 characters; anything longer is not a pointer
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # one safe path component, no ".."
+
+
+def new_version_id(content_hash: str, now: float | None = None) -> str:
+    """A sortable id: UTC time to the microsecond, then a short content hash."""
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"{stamp}{int(now % 1 * 1e6):06d}Z-{content_hash[:8]}"
+
+
+def check_name(name: str, what: str, where: str) -> str:
+    """``name`` when it is one safe path component; else CorruptSnapshot (never a path escape)."""
+    if not _NAME.fullmatch(name):
+        raise CorruptSnapshot(f"{where}: {what} {name[:80]!r} is not a valid name")
+    return name
+
+
+def parse_pointer(data: bytes, where: str) -> str | None:
+    """The version a LATEST file names, None when it is empty; CorruptSnapshot when garbled."""
+    if len(data) > MAX_POINTER_BYTES:
+        raise CorruptSnapshot(f"{where}: {LATEST} is {len(data)} bytes, not a version id")
+    try:
+        text = data.decode("ascii").strip()
+    except UnicodeDecodeError as exc:
+        raise CorruptSnapshot(f"{where}: {LATEST} is not ASCII") from exc
+    return check_name(text, "version", where) if text else None
+
+
+def manifest_files(manifest: Manifest, where: str) -> list[str]:
+    """The files a manifest lists, each checked to be a plain name inside the version folder."""
+    return [check_name(name, "file", where) for name in sorted(manifest.files)]
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """A store the sidecar reads: blocking calls (disk, network), made from a worker thread.
+
+    Errors are ``SnapshotError``s: ``StoreUnavailable`` and ``IncompleteSnapshot`` may clear by
+    the next poll; ``CorruptSnapshot`` does not for that version; ``CacheWriteError`` is local.
+    """
+
+    def latest(self, knowledge_base: str) -> str | None:
+        """The version LATEST names, or None when nothing is published; as written, not judged."""
+        ...
+
+    def fetch(self, knowledge_base: str, version: str) -> Path:
+        """A local folder of ``version`` whose every file matches its manifest's sha256."""
+        ...
+
+    def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
+        """Let go of local copies of every version but these (a no-op where nothing is copied)."""
+        ...
+
+    def knowledge_bases(self) -> frozenset[str]:
+        """The bases the store holds, where it can list them (empty where it cannot)."""
+        ...
+
+    def close(self) -> None:
+        """Abandon waits in progress (retry backoff) so a stopping sidecar is not held up."""
+        ...
+
+
+class LocalStore:
+    """A snapshot store on a local or shared file system; the sidecar reads folders in place."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.root)!r})"
+
+    def base_dir(self, knowledge_base: str) -> Path:
+        return self.root / knowledge_base
+
+    def staging_dir(self, knowledge_base: str) -> Path:
+        """A fresh folder to write a snapshot into before ``publish``."""
+        base = self.base_dir(knowledge_base)
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=".staging-", dir=base))
+
+    def latest(self, knowledge_base: str) -> str | None:
+        """The published version id, or None when nothing is published yet."""
+        pointer = self.base_dir(knowledge_base) / LATEST
+        try:
+            data = pointer.read_bytes()
+        except FileNotFoundError:
+            return None
+        return parse_pointer(data, str(pointer))
+
+    def version_dir(self, knowledge_base: str, version: str) -> Path:
+        return self.base_dir(knowledge_base) / version
+
+    def latest_dir(self, knowledge_base: str) -> Path:
+        version = self.latest(knowledge_base)
+        if version is None:
+            raise SnapshotNotFound(
+                f"no snapshot of {knowledge_base!r} in {self.root}: run `voxrecall index build`"
+            )
+        return self.version_dir(knowledge_base, version)
+
+    def versions(self, knowledge_base: str) -> list[str]:
+        base = self.base_dir(knowledge_base)
+        if not base.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in base.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).is_file()
+        )
+
+    def fetch(self, knowledge_base: str, version: str) -> Path:
+        """The version's folder in place, once its manifest and every file are there and match."""
+        folder = self.version_dir(knowledge_base, check_name(version, "version", str(self.root)))
+        if not (folder / MANIFEST).is_file():
+            raise IncompleteSnapshot(
+                f"{folder}: {LATEST} names {version} but it has no {MANIFEST} (half-uploaded?)"
+            )
+        manifest = read_manifest(folder)
+        missing = [n for n in manifest_files(manifest, str(folder)) if not (folder / n).is_file()]
+        if missing:
+            raise IncompleteSnapshot(f"{folder}: missing {', '.join(missing)} (half-uploaded?)")
+        verify_snapshot(folder)
+        return folder
+
+    def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
+        """Nothing: a sidecar never deletes from a shared store; builds prune it (keep_versions)."""
+
+    def knowledge_bases(self) -> frozenset[str]:
+        if not self.root.is_dir():
+            return frozenset()
+        return frozenset(
+            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
+        )
+
+    def close(self) -> None:
+        """Nothing to abandon: local reads do not wait."""
+
+    def publish(self, knowledge_base: str, staging: Path, version: str, keep: int = 3) -> Path:
+        """Move a finished staging folder into place, then point LATEST at it, then prune."""
+        if not (staging / MANIFEST).is_file():
+            raise SnapshotError(f"{staging}: refusing to publish a snapshot with no manifest")
+        current = self.latest(knowledge_base)
+        if current is not None and version <= current:
+            raise SnapshotError(f"version {version} is not newer than the published {current}")
+        target = self.version_dir(knowledge_base, version)
+        staging.rename(target)
+        fsync_dir(target.parent)
+        write_atomic(target.parent / LATEST, f"{version}\n".encode())
+        self.prune(knowledge_base, keep)
+        return target
+
+    def publish_copy(self, knowledge_base: str, source: Path, keep: int = 3) -> Path | None:
+        """Copy a verified snapshot folder in and publish it; None when this store is as new.
+
+        The files are copied first, the manifest last, then the folder is renamed into place and
+        LATEST written, so a reader polling this store (or an HTTP server over it) never sees a
+        version before all of its files.
+        """
+        manifest = verify_snapshot(source)
+        if manifest.knowledge_base != knowledge_base:
+            raise SnapshotError(f"{source} is a snapshot of {manifest.knowledge_base!r}")
+        current = self.latest(knowledge_base)
+        if current is not None and manifest.version <= current:
+            return None
+        staging = self.staging_dir(knowledge_base)
+        try:
+            for name in [*manifest_files(manifest, str(source)), MANIFEST]:
+                _copy_durably(source / name, staging / name)
+            fsync_dir(staging)
+            return self.publish(knowledge_base, staging, manifest.version, keep)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise SnapshotError(f"cannot copy {source} into {self.root}: {exc}") from exc
+
+    def prune(self, knowledge_base: str, keep: int) -> list[str]:
+        """Delete all but the newest ``keep`` versions (never the published one) and stale staging."""
+        published = self.latest(knowledge_base)
+        versions = self.versions(knowledge_base)
+        doomed = [v for v in versions[: max(0, len(versions) - keep)] if v != published]
+        for version in doomed:
+            shutil.rmtree(self.version_dir(knowledge_base, version), ignore_errors=True)
+        day_ago = time.time() - 86_400
+        for stale in self.base_dir(knowledge_base).glob(".staging-*"):
+            if stale.stat().st_mtime < day_ago:
+                shutil.rmtree(stale, ignore_errors=True)
+        return doomed
+
+
+def _copy_durably(source: Path, target: Path) -> None:
+    shutil.copyfile(source, target)
+    with target.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def is_url(location: Path | str) -> bool:
+    return isinstance(location, str) and location.startswith(("http://", "https://"))
+
+
+def open_store(location: Path | str, *, cache_dir: Path, timeout_s: float = 10.0) -> SnapshotStore:
+    """The store a sidecar reads: an http(s) URL downloads into ``cache_dir``; else a folder."""
+    if is_url(location):
+        from index.http_store import HttpOptions, HttpStore
+
+        return HttpStore(str(location), cache_dir, HttpOptions(timeout_s=timeout_s))
+    return LocalStore(Path(location))
+
+
+def is_version(name: str) -> bool:
+    """Whether a folder name can be a version id (not a dot-folder, not LATEST)."""
+    return bool(_NAME.fullmatch(name)) and name != LATEST

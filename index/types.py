@@ -1,0 +1,51 @@
+"""Value types that flow through an index build: a source yields pages, a page yields chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+PageKind = Literal["markdown", "text"]
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a knowledge base as its source read it, before chunking.
+
+    ``source_path`` is the page's stable identity inside its source: a path relative to the source
+    folder, a URL, or a record id of an export. ``context``, when set, replaces the title and
+    breadcrumbs as the contextual prefix of every chunk (jsonl ``context_fields``).
+    """
+
+    source: str
+    source_path: str
+    title: str
+    text: str
+    kind: PageKind = "markdown"
+    url: str = ""
+    context: str = ""
+    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A retrievable piece of a page.
+
+    ``text`` is what the agent is given; ``embed_text`` is the contextual prefix plus ``text``,
+    which is what gets embedded. ``chunk_id`` depends only on the source, the page path, the
+    breadcrumbs and the text, so an unchanged page always yields the same ids.
+    """
+
+    chunk_id: str
+    source: str
+    source_path: str
+    title: str
+    breadcrumbs: tuple[str, ...]
+    text: str
+    embed_text: str
+    url: str = ""
+    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY)

@@ -1,0 +1,44 @@
+"""A typed latency budget for one call, measured on the monotonic clock.
+
+    budget = Budget.start(total_ms=150)
+    async with asyncio.timeout(budget.deadline_for_embed()):
+        ...
+
+The budget bounds the whole turn on the server. Embedding gets what is left of it minus a
+reserve for the lexical fallback, search and serialisation, so that missing the embedder still
+leaves time to answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+# What the fallback path needs after the embedder is abandoned: a BM25 query over a few thousand
+# chunks takes ~1-5 ms here, plus response building; 15 ms keeps a 150 ms budget honest.
+FALLBACK_RESERVE_MS = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    total_ms: float
+    started: float  # loop.time() / time.monotonic() at the start of the call
+    reserve_ms: float = FALLBACK_RESERVE_MS
+
+    @classmethod
+    def start(cls, total_ms: float, reserve_ms: float = FALLBACK_RESERVE_MS) -> Budget:
+        return cls(
+            total_ms=total_ms, started=time.monotonic(), reserve_ms=min(reserve_ms, total_ms / 3)
+        )
+
+    def elapsed_ms(self) -> float:
+        return (time.monotonic() - self.started) * 1000.0
+
+    def remaining_ms(self) -> float:
+        return max(0.0, self.total_ms - self.elapsed_ms())
+
+    def embed_deadline(self) -> float:
+        """An absolute ``loop.time()`` for ``asyncio.timeout_at``: the end of the budget less the reserve."""
+        left_s = max(0.0, self.remaining_ms() - self.reserve_ms) / 1000.0
+        return asyncio.get_running_loop().time() + left_s

@@ -1,0 +1,78 @@
+"""Request errors, and the one place where every voxrecall error becomes a gRPC status.
+
+    VoxrecallError (index.errors)
+    ├── ConfigError, SourceError          -> INTERNAL (a server-side fault)
+    ├── EmbedderError                     -> UNAVAILABLE (only where no fallback could answer)
+    ├── SnapshotError
+    │   └── SnapshotNotFound               -> UNAVAILABLE, the message says what to run
+    └── RequestError
+        ├── InvalidArgument                -> INVALID_ARGUMENT
+        ├── NotFound                       -> NOT_FOUND
+        ├── Unavailable                    -> UNAVAILABLE
+        ├── ResourceExhausted              -> RESOURCE_EXHAUSTED
+        ├── Unauthenticated                -> UNAUTHENTICATED
+        └── PermissionDenied               -> PERMISSION_DENIED
+
+Handlers raise; ``status_for`` maps; the servicer aborts with the mapped code and the message.
+No handler builds a status code itself.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from index.errors import (
+    EmbedderError,
+    SnapshotError,
+    SnapshotNotFound,
+    VoxrecallError,
+)
+
+
+class RequestError(VoxrecallError):
+    """A call that cannot be answered as asked; the message tells the caller what to change."""
+
+
+class InvalidArgument(RequestError):
+    pass
+
+
+class NotFound(RequestError):
+    pass
+
+
+class Unavailable(RequestError):
+    pass
+
+
+class ResourceExhausted(RequestError):
+    pass
+
+
+class Unauthenticated(RequestError):
+    pass
+
+
+class PermissionDenied(RequestError):
+    pass
+
+
+_STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode], ...] = (
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (SnapshotNotFound, grpc.StatusCode.UNAVAILABLE),
+    (EmbedderError, grpc.StatusCode.UNAVAILABLE),
+    (SnapshotError, grpc.StatusCode.INTERNAL),
+)
+
+
+def status_for(error: VoxrecallError) -> grpc.StatusCode:
+    """The gRPC status code for one of our errors (the most specific class listed wins)."""
+    for cls, code in _STATUS:
+        if isinstance(error, cls):
+            return code
+    return grpc.StatusCode.INTERNAL

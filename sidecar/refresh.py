@@ -1,0 +1,185 @@
+"""Pull, verify, warm, swap: keeps the holder at the newest good snapshot of every base.
+
+For each base: read the store's pointer; when it names a version newer than the one served,
+fetch it (a download, for an HTTP store: every file checked against the manifest), load and
+verify it (format, embedder name and dimension, sha256 of every file, hnsw count against the
+chunk store), run warm-up queries, and publish it with one reference swap. All of it runs off
+the event loop, one refresh at a time.
+
+A version that fails is refused: a log line, ``holder.refusals[kind] += 1`` and the last refusal
+in ``Status``; the last good snapshot keeps serving. A corrupt or incompatible version, or a
+pointer that went backwards, is not tried again; a store that did not answer or a half-uploaded
+version is tried again on the next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+
+import numpy as np
+
+from index.embedders.base import EmbedderInfo
+from index.errors import (
+    CacheWriteError,
+    CorruptSnapshot,
+    IncompatibleSnapshot,
+    IncompleteSnapshot,
+    SnapshotError,
+    StoreUnavailable,
+)
+from index.snapshot import LoadedSnapshot, load_snapshot
+from index.store import SnapshotStore
+from sidecar.holder import SnapshotHolder
+
+log = logging.getLogger("voxrecall.refresh")
+
+WARMUP_QUERIES = 8  # enough to touch the upper graph layers and the lexical arrays once
+
+# (error class, refusal kind, retried on the next poll); the first match wins
+_KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
+    (StoreUnavailable, "unavailable", True),
+    (IncompleteSnapshot, "incomplete", True),
+    (CacheWriteError, "cache_write", True),
+    (IncompatibleSnapshot, "incompatible", False),
+    (CorruptSnapshot, "corrupt", False),
+    (SnapshotError, "invalid", False),
+)
+
+
+def refusal_kind(exc: SnapshotError) -> tuple[str, bool]:
+    """The metric label for a failed refresh, and whether the same version is worth a retry."""
+    for cls, kind, retry in _KINDS:
+        if isinstance(exc, cls):
+            cause = exc.__cause__
+            if kind == "cache_write" and isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+                return "disk_full", retry
+            return kind, retry
+    return "invalid", False
+
+
+def warm_up(snapshot: LoadedSnapshot) -> None:
+    """Run a few queries so the first caller after a swap does not pay for cold pages."""
+    if not snapshot.chunks:
+        return
+    rng = np.random.default_rng(0)
+    dim = snapshot.manifest.embedder.dimension
+    for _ in range(WARMUP_QUERIES):
+        v = rng.normal(size=dim).astype(np.float32)
+        snapshot.search_dense(v / np.linalg.norm(v), 3)
+    for chunk in snapshot.chunks[:WARMUP_QUERIES]:
+        snapshot.lexical.search(chunk.title, 3)
+
+
+class Refresher:
+    """Keeps ``holder`` at the newest good snapshot of each base in ``store``.
+
+    ``refresh()`` runs one pass (tests call it to refresh now); ``poll_forever`` runs passes
+    every ``poll_seconds`` with jitter. ``keep_downloaded`` served versions per base stay in the
+    store's local cache (the current and the previous one by default); older ones are deleted.
+    """
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        holder: SnapshotHolder,
+        embedder: EmbedderInfo,
+        knowledge_bases: Iterable[str],
+        on_change: Callable[[], Awaitable[None]] | None = None,
+        keep_downloaded: int = 2,
+    ) -> None:
+        self.store = store
+        self.holder = holder
+        self.embedder = embedder
+        self.knowledge_bases = tuple(knowledge_bases)
+        self.on_change = on_change
+        self._lock = asyncio.Lock()
+        self._rejected: dict[str, str] = {}  # kb -> the newest version refused for good
+        self._served: dict[str, deque[str]] = {
+            kb: deque(maxlen=max(1, keep_downloaded)) for kb in self.knowledge_bases
+        }
+
+    async def refresh(self) -> list[str]:
+        """Load every base whose published version is newer than the one served; returns them."""
+        swapped: list[str] = []
+        async with self._lock:
+            for kb in self.knowledge_bases:
+                if await self._refresh_one(kb):
+                    swapped.append(kb)
+        if swapped and self.on_change is not None:
+            await self.on_change()
+        return swapped
+
+    async def _refresh_one(self, kb: str) -> bool:
+        try:
+            version = await asyncio.to_thread(self.store.latest, kb)
+        except SnapshotError as exc:
+            self._refuse(kb, "", exc)
+            return False
+        current = self.holder.get(kb)
+        if version is None or self._rejected.get(kb) == version:
+            return False
+        if current is not None and version <= current.version:
+            if version < current.version:
+                self._rejected[kb] = version
+                self._record(
+                    kb,
+                    version,
+                    "backwards",
+                    f"the store's pointer went back from {current.version} (served) to {version}",
+                )
+            return False
+        try:
+            snapshot = await self._load(kb, version)
+        except SnapshotError as exc:
+            self._refuse(kb, version, exc)
+            return False
+        self.holder.publish(snapshot)  # the swap: one reference assignment, on the loop
+        log.info("serving %s version %s (%d chunks)", kb, version, len(snapshot.chunks))
+        served = self._served.setdefault(kb, deque(maxlen=2))
+        served.append(version)
+        try:
+            await asyncio.to_thread(self.store.retain, kb, tuple(served))
+        except OSError as exc:
+            log.warning("could not prune the snapshot cache of %s: %s", kb, exc)
+        return True
+
+    async def _load(self, kb: str, version: str) -> LoadedSnapshot:
+        """Fetch, load and verify, check it is the version asked for, warm: all off the loop."""
+        folder = await asyncio.to_thread(self.store.fetch, kb, version)
+        snapshot = await asyncio.to_thread(load_snapshot, folder, self.embedder)
+        manifest = snapshot.manifest
+        if (manifest.knowledge_base, manifest.version) != (kb, version):
+            raise CorruptSnapshot(
+                f"{folder}: the pointer names {kb} {version} but the manifest says "
+                f"{manifest.knowledge_base} {manifest.version}"
+            )
+        await asyncio.to_thread(warm_up, snapshot)
+        return snapshot
+
+    def _refuse(self, kb: str, version: str, exc: SnapshotError) -> None:
+        kind, retry = refusal_kind(exc)
+        if not retry:
+            self._rejected[kb] = version
+        self._record(kb, version, kind, str(exc))
+
+    def _record(self, kb: str, version: str, kind: str, reason: str) -> None:
+        served = self.holder.get(kb)
+        keeps = f"still serving {served.version}" if served else "nothing to serve yet"
+        if self.holder.refuse(kb, version, kind, reason):
+            log.error("refused %s snapshot %s (%s): %s; %s", kb, version or "?", kind, reason, keeps)
+        else:
+            log.debug("still refusing %s snapshot %s (%s): %s", kb, version or "?", kind, reason)
+
+    async def poll_forever(self, every_s: float) -> None:
+        """Refresh every ``every_s`` seconds with +-10% jitter, so a fleet does not poll in step."""
+        while True:
+            await asyncio.sleep(every_s * random.uniform(0.9, 1.1))
+            try:
+                await self.refresh()
+            except Exception:  # keep polling: the last good snapshot serves meanwhile
+                log.exception("snapshot refresh failed")

@@ -1,0 +1,174 @@
+"""Building and running the sidecar: ``create_server`` (tests bind port 0) apart from ``serve``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from index.config import Config
+from index.embedders import Embedder
+from index.embedders.factory import make_embedder
+from index.store import SnapshotStore, open_store
+from sidecar.engine import Engine
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.holder import SnapshotHolder
+from sidecar.lifecycle import Lifecycle, State
+from sidecar.refresh import Refresher
+from sidecar.service import RetrievalService
+from sidecar.sessions import SessionStore
+
+log = logging.getLogger("voxrecall.server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Retrieval"].full_name
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class Sidecar:
+    """A built, started sidecar. ``stop`` drains it."""
+
+    server: grpc.aio.Server
+    port: int
+    config: Config
+    engine: Engine
+    holder: SnapshotHolder
+    lifecycle: Lifecycle
+    health: HealthServicer
+    refresher: Refresher
+    owns_embedder: bool = True
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def update_health(self) -> None:
+        ready = all(self.holder.get(kb) is not None for kb in self.engine.known_bases)
+        if self.lifecycle.state is State.DRAINING:
+            return
+        if ready and self.engine.known_bases:
+            self.lifecycle.state = State.SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.lifecycle.state is State.SERVING
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Refuse new calls, let calls in flight finish within the grace period, then stop."""
+        self.lifecycle.state = State.DRAINING
+        await self.health.enter_graceful_shutdown()
+        self.refresher.store.close()  # a download waiting out a retry gives up now
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.server.stop(self.config.sidecar.grace_s if grace_s is None else grace_s)
+        if self.owns_embedder:
+            await self.engine.embedder.aclose()
+
+
+def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]:
+    """The configured bases, or, for a config that names none, those already in the store."""
+    if config.knowledge_bases:
+        return frozenset(kb.name for kb in config.knowledge_bases)
+    return store.knowledge_bases()
+
+
+async def create_server(
+    config: Config,
+    *,
+    embedder: Embedder | None = None,
+    listen: str | None = None,
+    poll: bool = True,
+    store: SnapshotStore | None = None,
+) -> Sidecar:
+    """Build the service, load what the store has, bind, and start. The port may be 0.
+
+    ``store`` replaces the one ``[sidecar] store`` names (tests inject faults through it).
+    """
+    owns_embedder = embedder is None
+    if embedder is None:
+        embedder = await asyncio.to_thread(make_embedder, config.embedder)
+    if store is None:
+        store = open_store(
+            config.sidecar.store,
+            cache_dir=config.sidecar.cache_dir,
+            timeout_s=config.sidecar.http_timeout_s,
+        )
+    names = knowledge_base_names(config, store)
+    holder = SnapshotHolder()
+    lifecycle = Lifecycle()
+    sessions = SessionStore(
+        max_sessions=config.sidecar.max_sessions,
+        ttl_s=config.sidecar.session_ttl_s,
+        context_turns=config.sidecar.context_turns,
+    )
+    engine = Engine(
+        config.sidecar,
+        embedder,
+        holder,
+        names,
+        sessions,
+        hybrid_bases=frozenset(kb.name for kb in config.knowledge_bases if kb.hybrid),
+        default_knowledge_base=config.default_knowledge_base
+        or (min(names) if len(names) == 1 else ""),
+    )
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    health = HealthServicer()
+    pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]
+        RetrievalService(engine, holder, lifecycle), server
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    port = server.add_insecure_port(listen or config.sidecar.listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen or config.sidecar.listen}")
+    refresher = Refresher(
+        store, holder, embedder.info, sorted(names), keep_downloaded=config.sidecar.keep_downloaded
+    )
+    sidecar = Sidecar(
+        server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder
+    )
+    refresher.on_change = sidecar.update_health
+    await sidecar.update_health()
+    await server.start()
+    await refresher.refresh()
+    if poll:
+        sidecar._tasks.append(
+            asyncio.create_task(refresher.poll_forever(config.sidecar.poll_seconds))
+        )
+    return sidecar
+
+
+async def serve(config: Config, listen: str | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then drain: health NOT_SERVING, in-flight calls finish."""
+    sidecar = await create_server(config, listen=listen)
+    log.info(
+        "voxrecall sidecar listening on port %d (%s)", sidecar.port, sidecar.lifecycle.state.name
+    )
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("draining (grace %.1f s)", config.sidecar.grace_s)
+    await sidecar.stop()

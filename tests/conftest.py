@@ -1,0 +1,71 @@
+"""Shared fixtures: the real embedded model, real snapshots, a real grpc.aio server on port 0."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from index.build import build_knowledge_base
+from index.config import Config, parse_config
+from index.embedders.base import Embedder
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+WT_DOCS = SHARED_DATA / "docs-windows-terminal" / "docs"
+
+
+def shared(*parts: str) -> Path:
+    """A path under ../shared/data; the test is skipped where that data is absent."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"shared data not present: {path}")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never see the developer's API keys or proxies (httpx's habit)."""
+    for key in list(os.environ):
+        if key.endswith("_API_KEY") or key.lower().endswith("_proxy"):
+            monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(scope="session")
+def local_embedder() -> Embedder:
+    from index.embedders.local import LocalEmbedder
+
+    return LocalEmbedder()
+
+
+def make_config(
+    store: Path, sources: list[dict[str, Any]], kb: str = "docs", **sidecar: Any
+) -> Config:
+    raw = {
+        "knowledge_base": [{"name": kb, "source": sources}],
+        "index": {"store": str(store)},
+        "sidecar": {"store": str(store), "listen": "127.0.0.1:0", **sidecar},
+    }
+    return parse_config(raw, base=store.parent)
+
+
+@pytest.fixture(scope="session")
+def wt_config(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) -> Config:
+    """A store holding a snapshot of the Windows Terminal docs, built once per test session."""
+    docs = shared("docs-windows-terminal", "docs")
+    store = tmp_path_factory.mktemp("wt") / "store"
+    config = make_config(store, [{"name": "terminal-docs", "type": "markdown", "path": str(docs)}])
+    build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
+    return config
+
+
+@pytest.fixture
+async def wt_sidecar(wt_config: Config, local_embedder: Embedder) -> AsyncIterator[Any]:
+    from sidecar.server import create_server
+
+    sidecar = await create_server(wt_config, embedder=local_embedder, poll=False)
+    yield sidecar
+    await sidecar.stop(0.5)

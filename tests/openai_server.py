@@ -1,0 +1,237 @@
+"""A local HTTP server that speaks the OpenAI embeddings API, and misbehaves on request.
+
+    server = OpenAIServer().start()          # a daemon thread on 127.0.0.1, port chosen by the OS
+    config = EmbedderConfig(provider="openai", base_url=server.base_url, dimensions=64)
+    server.set(Behaviour(latency="lognormal:120:0.35"))  # or trickle_s=, fail_status=, close=, hang=
+    ...
+    server.stop()
+
+    python -m tests.openai_server [--port 0] [--dimension 64]   # prints the port, serves until killed
+
+``POST /v1/embeddings`` answers with deterministic vectors (``HashEmbedder``, in the dimension the
+request's ``dimensions`` asks for), so a snapshot built through this server and a query embedded
+through it agree. ``POST /_control`` with a JSON ``Behaviour`` changes how the next requests are
+answered; ``GET /_stats`` returns the request count and the last request's body. Each request
+runs on its own thread, so slow answers overlap as a real server's do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import threading
+from dataclasses import asdict, dataclass, fields, replace
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+
+from index.embedders.base import HashEmbedder
+
+DEFAULT_DIMENSION = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Behaviour:
+    """How the server answers: the defaults answer at once.
+
+    ``latency`` is milliseconds before the answer: ``"0"``, a fixed ``"120"``, ``"uniform:80:200"``,
+    or ``"lognormal:MEDIAN:SIGMA"`` (a long tail: sigma 0.35 puts p99 at ~2.3x the median).
+    """
+
+    latency: str = "0"
+    trickle_s: float = 0.0  # > 0: send the body in 16-byte pieces this far apart
+    fail_status: int = 0  # e.g. 429 or 500: answer the next ``fail_times`` requests with it
+    fail_times: int = 0  # -1: every request
+    close: bool = False  # close the connection without answering
+    hang: bool = False  # never answer (until the server stops)
+
+
+def sample_latency_ms(spec: str, rng: random.Random) -> float:
+    """One latency in milliseconds drawn from a ``Behaviour.latency`` spec."""
+    kind, _, args = spec.partition(":")
+    if not args:
+        return float(kind)
+    a, b = (float(x) for x in args.split(":"))
+    if kind == "uniform":
+        return rng.uniform(a, b)
+    if kind == "lognormal":
+        return a * math.exp(rng.gauss(0.0, b))
+    raise ValueError(f"unknown latency spec {spec!r}")
+
+
+class OpenAIServer:
+    """The server and its switches; thread-safe."""
+
+    def __init__(
+        self, port: int = 0, dimension: int = DEFAULT_DIMENSION, seed: int = 0
+    ) -> None:
+        self.dimension = dimension
+        self._behaviour = Behaviour()
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self._stopping = threading.Event()
+        self._embedders: dict[int, HashEmbedder] = {}
+        self.requests = 0  # embedding requests received
+        self.last_request: dict[str, Any] = {}
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> OpenAIServer:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="openai-server", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes hanging and trickling handlers
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def set(self, behaviour: Behaviour | None = None, **changes: Any) -> None:
+        """Replace the behaviour, or change some of its fields."""
+        with self._lock:
+            self._behaviour = replace(behaviour or self._behaviour, **changes)
+
+    # -- used by the handler threads -------------------------------------------------------
+
+    def _next(self, body: dict[str, Any]) -> tuple[Behaviour, float, int]:
+        """The behaviour for one request, its latency in seconds and the status to fail with."""
+        with self._lock:
+            self.requests += 1
+            self.last_request = body
+            b = self._behaviour
+            status = 0
+            if b.fail_status and b.fail_times != 0:
+                status = b.fail_status
+                if b.fail_times > 0:
+                    self._behaviour = replace(b, fail_times=b.fail_times - 1)
+            latency_s = sample_latency_ms(b.latency, self._rng) / 1000.0
+        return b, latency_s, status
+
+    def _embeddings(self, body: dict[str, Any]) -> bytes:
+        texts = body.get("input", [])
+        if isinstance(texts, str):
+            texts = [texts]
+        dimension = int(body.get("dimensions") or self.dimension)
+        with self._lock:
+            embedder = self._embedders.setdefault(
+                dimension, HashEmbedder(dimension=dimension, name="openai-server")
+            )
+        vectors = embedder.embed_batch([str(t) for t in texts])
+        tokens = sum(len(str(t).split()) for t in texts)
+        return orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": row.tolist()}
+                    for i, row in enumerate(vectors)
+                ],
+                "model": body.get("model", ""),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+
+def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return  # quiet: tests and benchmarks read their own output
+
+        def _read_json(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b"{}"
+            data = orjson.loads(raw)
+            return data if isinstance(data, dict) else {}
+
+        def _send(self, status: int, body: bytes, trickle_s: float = 0.0) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                if trickle_s <= 0:
+                    self.wfile.write(body)
+                    return
+                self.wfile.flush()
+                for start in range(0, len(body), 16):
+                    if server._stopping.wait(trickle_s):
+                        self.close_connection = True
+                        return
+                    self.wfile.write(body[start : start + 16])
+                    self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client gave up: nothing to finish
+
+        def do_GET(self) -> None:
+            if self.path != "/_stats":
+                self._send(HTTPStatus.NOT_FOUND, b'{"error": {"message": "not found"}}')
+                return
+            with server._lock:
+                stats = {"requests": server.requests, "last_request": server.last_request}
+            self._send(HTTPStatus.OK, orjson.dumps(stats))
+
+        def do_POST(self) -> None:
+            body = self._read_json()
+            if self.path == "/_control":
+                known = {f.name for f in fields(Behaviour)}
+                server.set(Behaviour(**{k: v for k, v in body.items() if k in known}))
+                self._send(HTTPStatus.OK, orjson.dumps(asdict(server._behaviour)))
+                return
+            if self.path != "/v1/embeddings":
+                self._send(HTTPStatus.NOT_FOUND, b'{"error": {"message": "not found"}}')
+                return
+            behaviour, latency_s, status = server._next(body)
+            if behaviour.hang:
+                server._stopping.wait()
+                self.close_connection = True
+                return
+            if latency_s > 0 and server._stopping.wait(latency_s):
+                self.close_connection = True
+                return
+            if behaviour.close:
+                self.close_connection = True  # finish() closes the socket: no response at all
+                return
+            if status:
+                error = {"error": {"message": f"injected {status}", "type": "server_error"}}
+                self._send(status, orjson.dumps(error))
+                return
+            self._send(HTTPStatus.OK, server._embeddings(body), behaviour.trickle_s)
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A local OpenAI embeddings API server.")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--dimension", type=int, default=DEFAULT_DIMENSION)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    server = OpenAIServer(port=args.port, dimension=args.dimension, seed=args.seed)
+    print(server.port, flush=True)
+    try:
+        server._httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server._httpd.server_close()
+
+
+if __name__ == "__main__":
+    main()

