@@ -151,16 +151,19 @@ def build_knowledge_base(
     embedder: Embedder,
     *,
     progress: Callable[[int, int], None] = _progress,
+    now: float | None = None,
 ) -> BuildSummary:
     """Build one base and publish it if anything changed.
 
+    ``now`` is the time sources count from (when a URL is due for a re-crawl); default: now.
     ``progress(done, total)`` follows the embedding; an exception it raises abandons the build
     before anything is written (``voxrecall index watch`` stops this way on SIGTERM).
     """
     store = LocalStore(config.index.store)
     summary = BuildSummary(knowledge_base=kb.name)
     with _phase(summary, "load"):
-        pages, skipped = collect_pages(kb, LoadContext(kb.name, config.index.cache_dir))
+        context = LoadContext(kb.name, config.index.cache_dir, time.time() if now is None else now)
+        pages, skipped = collect_pages(kb, context)
     summary.pages = len(pages)
     summary.skipped_pages = [{"path": s.path, "reason": s.reason} for s in skipped]
     options = ChunkOptions(

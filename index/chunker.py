@@ -437,7 +437,11 @@ def _sections(page: Page, lines: _Lines, levels: int) -> list[tuple[tuple[str, .
     sections: list[tuple[tuple[str, ...], int, int]] = []
     stack: dict[int, str] = {}
     crumbs, body_lo = base, 0
-    for h in _headings(lines):
+    headings = _headings(lines)
+    # The page's first H1 is its own heading: the title stands for it in the breadcrumbs, even
+    # when the two are worded differently ("Panes in Windows Terminal" vs "Windows Terminal Panes").
+    first_h1 = next((h.title for h in headings if h.level == 1), None)
+    for h in headings:
         if h.level > levels:
             continue
         sections.append((crumbs, body_lo, h.line))
@@ -446,7 +450,7 @@ def _sections(page: Page, lines: _Lines, levels: int) -> list[tuple[tuple[str, .
         trail = [
             t
             for lvl, t in sorted(stack.items())
-            if t and not (lvl == 1 and _norm(t) == _norm(page.title))
+            if t and not (lvl == 1 and (_norm(t) == _norm(page.title) or t == first_h1))
         ]
         crumbs, body_lo = base + tuple(trail), h.line + 1
     sections.append((crumbs, body_lo, n))
@@ -463,8 +467,8 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
 
     Each Markdown heading section (down to ``options.heading_levels``) is its own chunk, or several
     when it is larger than ``options.target_tokens``; a section without body text gives none.
-    Breadcrumbs are the page title followed by the headings above the section (an H1 equal to the
-    title is not repeated). ``embed_text`` is ``page.context`` (or the breadcrumbs joined with
+    Breadcrumbs are the page title followed by the headings above the section (the page's first
+    H1, and any H1 equal to the title, are not repeated). ``embed_text`` is ``page.context`` (or the breadcrumbs joined with
     " > ") followed by a blank line and the text. Identical chunks of one page get ids suffixed
     "-2", "-3", ... in page order.
     """

@@ -8,6 +8,7 @@ environment: the API key is looked up here, by the variable name the file gives.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,15 @@ from index.errors import ConfigError
 
 SOURCE_TYPES = ("markdown", "text", "html", "pdf", "url", "jsonl", "csv")
 LOCAL_MODEL = "all-MiniLM-L6-v2-int8"
+# OpenAI's rule for function names (Realtime, Responses and Chat Completions alike).
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_FUNCTION_LIMIT = 50  # the sidecar's largest search limit (sidecar.engine.MAX_LIMIT)
+MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
+SKIP_LANGUAGES = ("en",)  # the languages sidecar/skip.py ships word lists for
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+MIN_TOKEN_CHARS = 16  # shorter bearer tokens can be guessed; `openssl rand -hex 32` makes one
+# A page read whole (ReadPage) must fit; more lets one call pin that much memory per RPC.
+MESSAGE_BYTES_RANGE = (64 * 1024, 64 * 1024 * 1024)
 _T = TypeVar("_T")
 
 
@@ -67,11 +77,74 @@ class KnowledgeBaseConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionConfig:
+    """A knowledge function a model can call: one base, optionally only some of its sources."""
+
+    name: str
+    description: str  # written for the model: what it finds and when to call it
+    knowledge_base: str
+    sources: tuple[str, ...] = ()  # empty: every source of the base
+    limit: int = 0  # results per call; 0: [sidecar] max_results
+
+
+@dataclass(frozen=True, slots=True)
 class IndexConfig:
     store: Path = Path("store")
     keep_versions: int = 3
     cache_dir: Path = Path("store/.embedding-cache")
     strict: bool = False  # exit non-zero when any page is skipped
+
+
+@dataclass(frozen=True, slots=True)
+class SkipConfig:
+    """``[sidecar.skip]``: which turns need no search (sidecar/skip.py)."""
+
+    max_words: int = 16  # longer turns are never skipped; the labelled closings fit in 16
+    phrases: tuple[str, ...] = ()  # closings to skip beside the language's built-in ones
+    language: str = "en"  # selects the built-in word lists (SKIP_LANGUAGES)
+
+
+@dataclass(frozen=True, slots=True)
+class FollowupConfig:
+    """``[sidecar.followups]``: how a follow-up turn's query is completed (sidecar/followups.py)."""
+
+    enabled: bool = True
+    fold: Literal["always", "referring"] = "always"  # when to fold the current entity in
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """``[sidecar.tls]``: serve TLS from PEM files; ``client_ca_file`` makes it mutual TLS."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    client_ca_file: Path | None = None  # set: every client must present a cert signed by it
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+
+@dataclass(frozen=True, slots=True)
+class CallerConfig:
+    """One bearer token and what it may reach; an empty scope reaches everything."""
+
+    name: str  # shown in logs and metrics instead of the token
+    token_env: str
+    knowledge_bases: tuple[str, ...] = ()
+    functions: tuple[str, ...] = ()
+    token: str = field(default="", repr=False)  # resolved from token_env; never logged
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """``[sidecar.auth]``: the tokens callers present; none configured means no token is asked."""
+
+    callers: tuple[CallerConfig, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.callers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +160,27 @@ class SidecarConfig:
     session_ttl_s: float = 900.0
     max_sessions: int = 10_000
     query_cache_size: int = 2048
+    context_bonus: float = 0.05  # cosine added to chunks whose related_urls match context_url
+    prefetch_stable_ms: int = (
+        200  # Converse: an interim unchanged this long is searched ahead; 0: off
+    )
     poll_seconds: float = 30.0
     grace_s: float = 5.0
     cache_dir: Path = Path(".snapshot-cache")  # where an http(s) store's downloads are kept
     keep_downloaded: int = 2  # downloaded versions kept per base: the current and the previous
     http_timeout_s: float = 10.0  # per connect and per read against an http(s) store
+    tool_output_chars: int = 2000  # the most characters one knowledge function call returns
+    skip: SkipConfig = SkipConfig()
+    followups: FollowupConfig = FollowupConfig()
+    # A sidecar serves one pod's agent: a few calls per live phone call. Beyond this many at once
+    # a call is refused (RESOURCE_EXHAUSTED) rather than queued behind one embedder thread.
+    max_concurrent_rpcs: int = 64
+    max_message_bytes: int = 4 * 1024 * 1024
+    metrics_listen: str = ""  # host:port for Prometheus; empty: no metrics endpoint
+    log_level: str = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    tls: TlsConfig = TlsConfig()
+    auth: AuthConfig = AuthConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +190,7 @@ class Config:
     index: IndexConfig = IndexConfig()
     sidecar: SidecarConfig = SidecarConfig()
     path: Path | None = None
+    functions: tuple[FunctionConfig, ...] = ()
 
     def knowledge_base(self, name: str) -> KnowledgeBaseConfig:
         for kb in self.knowledge_bases:
@@ -143,6 +233,55 @@ def _path(base: Path, value: Any, where: str) -> Path:
         raise ConfigError(f"{where}: expected a path string, got {value!r}")
     p = Path(value).expanduser()
     return p if p.is_absolute() else (base / p).resolve()
+
+
+def _functions(
+    raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: str
+) -> tuple[FunctionConfig, ...]:
+    """The [[function]] tables; each may reach only a configured base and sources of it."""
+    fn_list = raw.get("function", [])
+    if not isinstance(fn_list, list):
+        raise ConfigError(f"{where}: function must be an array of tables [[function]]")
+    sources_of = {kb.name: [s.name for s in kb.sources] for kb in kbs}
+    functions: list[FunctionConfig] = []
+    for i, fn_raw in enumerate(fn_list):
+        fn_where = f"{where} [[function]] #{i + 1}"
+        if not isinstance(fn_raw, dict):
+            raise ConfigError(f"{fn_where}: must be a table")
+        fn = _build(FunctionConfig, {**fn_raw, "sources": ()}, fn_where)
+        if not isinstance(fn.name, str) or not FUNCTION_NAME.fullmatch(fn.name):
+            raise ConfigError(f"{fn_where}: name must be 1-64 of a-z A-Z 0-9 _ -, got {fn.name!r}")
+        if not isinstance(fn.description, str) or not fn.description.strip():
+            raise ConfigError(
+                f"{fn_where}: a description is required: tell the model when to call it"
+            )
+        if fn.knowledge_base not in sources_of:
+            known = ", ".join(sorted(sources_of)) or "none"
+            raise ConfigError(
+                f"{fn_where}: knowledge_base {fn.knowledge_base!r} is not a configured "
+                f"[[knowledge_base]] (known: {known})"
+            )
+        sources = fn_raw.get("sources", [])
+        if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+            raise ConfigError(f"{fn_where}: sources must be a list of source names")
+        allowed = sources_of[fn.knowledge_base]
+        unknown = sorted(set(sources) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"{fn_where}: source(s) {', '.join(unknown)} not in knowledge base "
+                f"{fn.knowledge_base!r} (its sources: {', '.join(allowed)})"
+            )
+        if len(set(sources)) != len(sources):
+            raise ConfigError(f"{fn_where}: sources must be unique, got {sources}")
+        if isinstance(fn.limit, bool) or not isinstance(fn.limit, int):
+            raise ConfigError(f"{fn_where}: limit must be an integer, got {fn.limit!r}")
+        if not 0 <= fn.limit <= MAX_FUNCTION_LIMIT:
+            raise ConfigError(f"{fn_where}: limit must be 0..{MAX_FUNCTION_LIMIT}, got {fn.limit}")
+        functions.append(replace(fn, sources=tuple(sources)))
+    names = [fn.name for fn in functions]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: [[function]] names must be unique, got {names}")
+    return tuple(functions)
 
 
 def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -> Config:
@@ -220,14 +359,153 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
     sc_raw["cache_dir"] = _path(
         base, sc_raw.get("cache_dir", ".snapshot-cache"), f"{where} [sidecar] cache_dir"
     )
+    sc_where = f"{where} [sidecar]"
+    sc_raw["skip"] = _skip_config(_table(sc_raw, "skip", sc_where), f"{where} [sidecar.skip]")
+    sc_raw["followups"] = _followup_config(
+        _table(sc_raw, "followups", sc_where), f"{where} [sidecar.followups]"
+    )
+    sc_raw["tls"] = _tls_config(_table(sc_raw, "tls", sc_where), base, f"{where} [sidecar.tls]")
+    sc_raw["auth"] = _auth_config(_table(sc_raw, "auth", sc_where), f"{where} [sidecar.auth]")
     sidecar = _build(SidecarConfig, sc_raw, f"{where} [sidecar]")
+    _check_operations(sidecar, sc_where)
     if sidecar.keep_downloaded < 1:
         raise ConfigError(f"{where} [sidecar] keep_downloaded must be >= 1 (the serving version)")
     if sidecar.poll_seconds <= 0 or sidecar.http_timeout_s <= 0:
         raise ConfigError(f"{where} [sidecar] poll_seconds and http_timeout_s must be > 0")
+    chars = sidecar.tool_output_chars
+    if isinstance(chars, bool) or not isinstance(chars, int) or chars < MIN_TOOL_OUTPUT_CHARS:
+        raise ConfigError(
+            f"{where} [sidecar] tool_output_chars must be at least {MIN_TOOL_OUTPUT_CHARS} (an integer)"
+        )
+    functions = _functions(raw, kbs, where)
+    _check_scopes(sidecar.auth, kbs, functions, f"{where} [sidecar.auth]")
     return Config(
-        embedder=embedder, knowledge_bases=tuple(kbs), index=index, sidecar=sidecar, path=path
+        embedder=embedder,
+        knowledge_bases=tuple(kbs),
+        index=index,
+        sidecar=sidecar,
+        path=path,
+        functions=functions,
     )
+
+
+def _skip_config(raw: Mapping[str, Any], where: str) -> SkipConfig:
+    phrases = raw.get("phrases", [])
+    if not isinstance(phrases, list) or not all(isinstance(p, str) and p.strip() for p in phrases):
+        raise ConfigError(f"{where}: phrases must be a list of non-empty strings")
+    skip = _build(SkipConfig, {**raw, "phrases": tuple(phrases)}, where)
+    if not isinstance(skip.max_words, int) or skip.max_words < 1:
+        raise ConfigError(f"{where}: max_words must be a whole number >= 1")
+    if skip.language not in SKIP_LANGUAGES:
+        raise ConfigError(
+            f"{where}: language {skip.language!r} has no built-in word lists; "
+            f"known: {', '.join(SKIP_LANGUAGES)}"
+        )
+    return skip
+
+
+def _followup_config(raw: Mapping[str, Any], where: str) -> FollowupConfig:
+    followups = _build(FollowupConfig, raw, where)
+    if not isinstance(followups.enabled, bool):
+        raise ConfigError(f"{where}: enabled must be true or false")
+    if followups.fold not in ("always", "referring"):
+        raise ConfigError(f'{where}: fold must be "always" or "referring"')
+    return followups
+
+
+def _check_operations(sidecar: SidecarConfig, where: str) -> None:
+    if not isinstance(sidecar.max_concurrent_rpcs, int) or sidecar.max_concurrent_rpcs < 1:
+        raise ConfigError(f"{where}: max_concurrent_rpcs must be a whole number >= 1")
+    low, high = MESSAGE_BYTES_RANGE
+    if (
+        not isinstance(sidecar.max_message_bytes, int)
+        or not low <= sidecar.max_message_bytes <= high
+    ):
+        raise ConfigError(f"{where}: max_message_bytes must be between {low} and {high}")
+    if sidecar.log_level not in LOG_LEVELS:
+        raise ConfigError(f"{where}: log_level must be one of {', '.join(LOG_LEVELS)}")
+    if sidecar.log_format not in ("json", "text"):
+        raise ConfigError(f'{where}: log_format must be "json" or "text"')
+    if sidecar.metrics_listen:
+        host, _, port = str(sidecar.metrics_listen).rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"{where}: metrics_listen must be host:port, e.g. 127.0.0.1:9464")
+
+
+def _tls_config(raw: Mapping[str, Any], base: Path, where: str) -> TlsConfig:
+    files = {
+        key: _path(base, raw[key], f"{where} {key}")
+        for key in ("cert_file", "key_file", "client_ca_file")
+        if key in raw
+    }
+    tls = _build(TlsConfig, {**raw, **files}, where)
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise ConfigError(f"{where}: cert_file and key_file go together")
+    if tls.client_ca_file is not None and tls.cert_file is None:
+        raise ConfigError(f"{where}: mutual TLS (client_ca_file) needs cert_file and key_file too")
+    return tls
+
+
+def _names(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of names")
+    return tuple(value)
+
+
+def _auth_config(raw: Mapping[str, Any], where: str) -> AuthConfig:
+    """The default token (``token_env`` in ``[sidecar.auth]``) and ``[[sidecar.auth.caller]]``s.
+
+    Tokens are read from the environment here, once; an unset variable leaves the token empty
+    and the sidecar refuses to start (an index build with the same file does not need it)."""
+    callers_raw = raw.get("caller", [])
+    if not isinstance(callers_raw, list):
+        raise ConfigError(f"{where}: caller must be an array of tables [[sidecar.auth.caller]]")
+    top = {k: v for k, v in raw.items() if k != "caller"}
+    entries = [(where, {"name": "default", **top})] if top else []
+    entries += [(f"{where} caller #{i + 1}", c) for i, c in enumerate(callers_raw)]
+    callers = []
+    for c_where, c_raw in entries:
+        if not isinstance(c_raw, dict):
+            raise ConfigError(f"{c_where}: must be a table")
+        if "token" in c_raw:
+            raise ConfigError(
+                f"{c_where}: a token never goes in the file: put it in an environment variable "
+                "and name that with token_env"
+            )
+        for key in ("name", "token_env"):
+            if not isinstance(c_raw.get(key), str) or not c_raw[key]:
+                raise ConfigError(f"{c_where}: {key} is required")
+        scope = {key: _names(c_raw, key, c_where) for key in ("knowledge_bases", "functions")}
+        caller = _build(CallerConfig, {**c_raw, **scope}, c_where)
+        callers.append(replace(caller, token=os.environ.get(caller.token_env, "")))
+    names = [c.name for c in callers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: caller names must be unique, got {names}")
+    return AuthConfig(callers=tuple(callers))
+
+
+def _check_scopes(
+    auth: AuthConfig,
+    kbs: list[KnowledgeBaseConfig],
+    functions: tuple[FunctionConfig, ...],
+    where: str,
+) -> None:
+    """A scope may name only configured bases and functions, so a typo never locks a caller out
+    silently (a config that names no base serves what the store has: bases are not checked)."""
+    known_fns = {fn.name for fn in functions}
+    for caller in auth.callers:
+        unknown_fns = sorted(set(caller.functions) - known_fns)
+        if unknown_fns:
+            raise ConfigError(
+                f"{where} {caller.name}: function(s) {', '.join(unknown_fns)} are not [[function]]s"
+            )
+        unknown_kbs = sorted(set(caller.knowledge_bases) - {kb.name for kb in kbs})
+        if kbs and unknown_kbs:
+            raise ConfigError(
+                f"{where} {caller.name}: knowledge base(s) {', '.join(unknown_kbs)} are not "
+                "configured"
+            )
 
 
 def load_config(path: Path) -> Config:

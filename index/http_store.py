@@ -105,7 +105,10 @@ class HttpStore:
     def latest(self, knowledge_base: str) -> str | None:
         url = self._url(knowledge_base, LATEST)
         known = self._pointers.get(knowledge_base)
-        headers = {"If-None-Match": known.etag} if known else {}
+        # no-cache: a CDN in between must revalidate the pointer, not answer from its copy
+        headers = {"Cache-Control": "no-cache"}
+        if known is not None:
+            headers["If-None-Match"] = known.etag
         try:
             with self._open(url, headers) as resp:
                 data = resp.read(MAX_POINTER_BYTES + 1)

@@ -4,7 +4,7 @@
       manifest.json   format version, base, version id, created-at, embedder, hnsw parameters,
                       counts and the sha256 of every other file; written last
       vectors.hnsw    hnswlib index (inner product on unit vectors = cosine); label i = chunk i
-      chunks.json     the chunks in label order (what a search returns)
+      chunks.jsonl    the chunks in label order, one JSON object a line (what a search returns)
       pages.json      source_path -> whole page text, for reading a page later
       lexical.bin     the BM25 index over the chunks' embedded text, for fallback and hybrid
 
@@ -32,10 +32,10 @@ from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
 from index.lexical import LexicalIndex
 from index.types import Chunk
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: chunks stored as JSON lines
 MANIFEST = "manifest.json"
 VECTORS = "vectors.hnsw"
-CHUNKS = "chunks.json"
+CHUNKS = "chunks.jsonl"
 PAGES = "pages.json"
 LEXICAL = "lexical.bin"
 DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL)
@@ -234,7 +234,7 @@ def write_snapshot(
     index = build_hnsw(vectors, hnsw_m, hnsw_ef_construction)
     ef, recall = choose_ef(index, vectors, target_recall)
     index.save_index(str(folder / VECTORS))
-    write_atomic(folder / CHUNKS, orjson.dumps([chunk_to_dict(c) for c in chunks]))
+    write_atomic(folder / CHUNKS, b"".join(orjson.dumps(chunk_to_dict(c)) + b"\n" for c in chunks))
     write_atomic(folder / PAGES, orjson.dumps(dict(pages)))
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     write_atomic(folder / LEXICAL, lexical.to_bytes())
@@ -292,9 +292,38 @@ def verify_snapshot(folder: Path, expected: EmbedderInfo | None = None) -> Manif
     return manifest
 
 
+# Exact search over a partition costs rows x dimension multiply-adds: 20,000 x 384 is ~1-2 ms on
+# one thread, about what an hnswlib query over a few hundred thousand vectors costs.
+PARTITION_MAX_ROWS = 20_000
+# A filter letting through at least this share of chunks is served by over-fetching from the
+# shared graph (about 1 / share x k candidates suffice); below it, exact search over partitions.
+OVERFETCH_MIN_SHARE = 0.5
+OVERFETCH_FACTOR = 3  # candidates fetched per expected survivor, for the luck of the draw
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One source's chunks in a brute-force hnswlib index (exact, same labels as the graph).
+
+    hnswlib's brute force runs on the calling thread; a numpy product of this size would hand
+    the work to OpenBLAS's thread pool, which on a busy machine was measured at 10-20 ms a query
+    instead of 0.05.
+    """
+
+    index: hnswlib.BFIndex
+    size: int
+
+
 @dataclass(slots=True)
 class LoadedSnapshot:
-    """A verified snapshot in memory, immutable once built; what one sidecar request reads."""
+    """A verified snapshot in memory, immutable once built; what one sidecar request reads.
+
+    With more than one source, ``partitions`` holds an exact-search copy of each source's vectors
+    (sources of at most PARTITION_MAX_ROWS chunks), so that a selective source filter never goes
+    through hnswlib's ``filter=`` callable, which takes the GIL for every candidate and was
+    measured 15-80x slower (``python -m bench.source_filter``). The cost is one more copy of
+    those vectors in memory.
+    """
 
     folder: Path
     manifest: Manifest
@@ -304,62 +333,129 @@ class LoadedSnapshot:
     lexical: LexicalIndex
     source_of: npt.NDArray[np.int32]  # chunk label -> index into source_names
     source_names: tuple[str, ...]
+    partitions: Mapping[int, Partition] = field(default_factory=dict)  # source index -> copy
 
     @property
     def version(self) -> str:
         return self.manifest.version
 
+    def source_ids(self, sources: Sequence[str]) -> list[int]:
+        """Indexes into ``source_names`` of the given names (unknown names match nothing)."""
+        wanted = set(sources)
+        return [i for i, name in enumerate(self.source_names) if name in wanted]
+
     def source_mask(self, sources: Sequence[str]) -> npt.NDArray[np.bool_] | None:
         """A boolean mask of chunks in the given sources, or None for no filter."""
         if not sources:
             return None
-        wanted = [i for i, name in enumerate(self.source_names) if name in set(sources)]
-        return np.isin(self.source_of, np.asarray(wanted, dtype=np.int32))
+        wanted = np.asarray(self.source_ids(sources), dtype=np.int32)
+        return np.isin(self.source_of, wanted)
 
     def search_dense(
-        self, vector: Vectors, k: int, mask: npt.NDArray[np.bool_] | None = None
+        self, vector: Vectors, k: int, sources: Sequence[str] = ()
     ) -> list[tuple[int, float]]:
-        """Top-k chunk labels by cosine similarity, optionally only among ``mask``.
+        """Top-k chunk labels by cosine similarity, best first, optionally only from ``sources``.
 
-        A selective filter is not handed to hnswlib's ``filter=`` callable (it takes the GIL per
-        candidate: ~15x slower at 10% selectivity); we over-fetch and post-filter, and fall back
-        to exact search over the allowed subset when too few survive.
+        A filter letting most chunks through over-fetches from the shared graph and drops the
+        rest; a selective one searches the allowed sources' partitions exactly. Either way, when
+        too few survive, the allowed chunks are searched exactly.
         """
         n = len(self.chunks)
-        if n == 0:
+        if n == 0 or k <= 0:
             return []
+        if not sources:
+            return self._knn(vector, min(k, n))
+        ids = self.source_ids(sources)
+        if len(ids) == len(self.source_names):
+            return self._knn(vector, min(k, n))
+        allowed = int(np.isin(self.source_of, ids).sum()) if ids else 0
+        if allowed == 0:
+            return []
+        if allowed / n < OVERFETCH_MIN_SHARE and all(i in self.partitions for i in ids):
+            return self._exact_partitions(vector, k, ids)
+        fetch = min(n, int(k * n / allowed * OVERFETCH_FACTOR) + k)
+        wanted = set(ids)
+        hits = [
+            (label, score)
+            for label, score in self._knn(vector, fetch)
+            if int(self.source_of[label]) in wanted
+        ]
+        if len(hits) >= min(k, allowed):
+            return hits[:k]
+        return self._exact(vector, k, np.flatnonzero(np.isin(self.source_of, ids)))
+
+    def _knn(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
+        labels, distances = self.index.knn_query(vector.reshape(1, -1), k=k)
+        return [
+            (int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0], strict=True)
+        ]
+
+    def _exact_partitions(
+        self, vector: Vectors, k: int, ids: Sequence[int]
+    ) -> list[tuple[int, float]]:
+        best: list[tuple[int, float]] = []
         query = vector.reshape(1, -1)
-        if mask is None:
-            k = min(k, n)
-            labels, distances = self.index.knn_query(query, k=k)
-            return [
+        for i in ids:
+            part = self.partitions[i]
+            labels, distances = part.index.knn_query(query, k=min(k, part.size), num_threads=1)
+            best.extend(
                 (int(label), 1.0 - float(d))
                 for label, d in zip(labels[0], distances[0], strict=True)
-            ]
-        allowed = np.flatnonzero(mask)
-        if allowed.size == 0:
-            return []
-        fetch = min(n, max(k * 8, int(k * n / allowed.size) + k))
-        if fetch < n // 2:
-            labels, distances = self.index.knn_query(query, k=fetch)
-            hits = [
-                (int(label), 1.0 - float(d))
-                for label, d in zip(labels[0], distances[0], strict=True)
-                if mask[label]
-            ]
-            if len(hits) >= min(k, allowed.size):
-                return hits[:k]
-        vectors = np.asarray(self.index.get_items(allowed), dtype=np.float32)
-        scores = vectors @ query[0]
-        top = np.argsort(-scores)[:k]
-        return [(int(allowed[i]), float(scores[i])) for i in top]
+            )
+        best.sort(key=lambda hit: (-hit[1], hit[0]))
+        return best[:k]
+
+    def _exact(
+        self, vector: Vectors, k: int, labels: npt.NDArray[np.int64]
+    ) -> list[tuple[int, float]]:
+        vectors = np.asarray(self.index.get_items(labels, return_type="numpy"), dtype=np.float32)
+        scores = np.einsum("ij,j->i", vectors, vector)  # one thread, unlike a BLAS product
+        return _top(scores, labels, k)
+
+
+def _top(
+    scores: npt.NDArray[np.float32], labels: npt.NDArray[np.int64], k: int
+) -> list[tuple[int, float]]:
+    """The k best (label, score) pairs of one exact scoring, best first."""
+    keep = np.argpartition(-scores, k - 1)[:k] if scores.size > k else np.arange(scores.size)
+    order = keep[np.argsort(-scores[keep], kind="stable")]
+    return [(int(labels[i]), float(scores[i])) for i in order]
+
+
+def build_partitions(
+    index: hnswlib.Index, source_of: npt.NDArray[np.int32], sources: int
+) -> dict[int, Partition]:
+    """Exact-search copies of each source's vectors, for snapshots with more than one source."""
+    if sources < 2:
+        return {}
+    out: dict[int, Partition] = {}
+    for i in range(sources):
+        labels = np.flatnonzero(source_of == i).astype(np.int64)
+        if 0 < labels.size <= PARTITION_MAX_ROWS:
+            vectors = np.asarray(index.get_items(labels, return_type="numpy"), dtype=np.float32)
+            brute = hnswlib.BFIndex(space="ip", dim=vectors.shape[1])
+            brute.init_index(max_elements=labels.size)
+            brute.add_items(vectors, labels)
+            out[i] = Partition(index=brute, size=int(labels.size))
+    return out
+
+
+def read_chunks(path: Path) -> tuple[Chunk, ...]:
+    """Parse the chunk store one line at a time.
+
+    One ``orjson.loads`` over the whole store would hold the GIL for about a second at 100k
+    chunks and stall the sidecar's event loop mid-swap; line by line, the interpreter switches to
+    the loop thread every few milliseconds.
+    """
+    with path.open("rb") as f:
+        return tuple(chunk_from_dict(orjson.loads(line)) for line in f if line.strip())
 
 
 def load_snapshot(folder: Path, expected: EmbedderInfo | None = None) -> LoadedSnapshot:
     """Verify, then load a snapshot; blocking (seconds for large ones): call it off the event loop."""
     manifest = verify_snapshot(folder, expected)
     try:
-        chunks = tuple(chunk_from_dict(raw) for raw in orjson.loads((folder / CHUNKS).read_bytes()))
+        chunks = read_chunks(folder / CHUNKS)
         pages = orjson.loads((folder / PAGES).read_bytes())
         lexical = LexicalIndex.from_bytes((folder / LEXICAL).read_bytes())
         index = hnswlib.Index(space="ip", dim=manifest.embedder.dimension)
@@ -377,6 +473,10 @@ def load_snapshot(folder: Path, expected: EmbedderInfo | None = None) -> LoadedS
     names = tuple(sorted({c.source for c in chunks}))
     position = {name: i for i, name in enumerate(names)}
     source_of = np.fromiter((position[c.source] for c in chunks), dtype=np.int32, count=len(chunks))
+    try:
+        partitions = build_partitions(index, source_of, len(names))
+    except (RuntimeError, ValueError) as exc:
+        raise CorruptSnapshot(f"{folder}: cannot read vectors back: {exc}") from exc
     return LoadedSnapshot(
         folder=folder,
         manifest=manifest,
@@ -386,4 +486,5 @@ def load_snapshot(folder: Path, expected: EmbedderInfo | None = None) -> LoadedS
         lexical=lexical,
         source_of=source_of,
         source_names=names,
+        partitions=partitions,
     )

@@ -1,12 +1,13 @@
 """A typed latency budget for one call, measured on the monotonic clock.
 
     budget = Budget.start(total_ms=150)
-    async with asyncio.timeout(budget.deadline_for_embed()):
+    async with asyncio.timeout_at(budget.embed_deadline()):
         ...
 
 The budget bounds the whole turn on the server. Embedding gets what is left of it minus a
 reserve for the lexical fallback, search and serialisation, so that missing the embedder still
-leaves time to answer.
+leaves time to answer. The cut is the sidecar's own (``asyncio.timeout_at``): a client library's
+timeout applies per read and does not bound a response that trickles in.
 """
 
 from __future__ import annotations
@@ -22,12 +23,17 @@ FALLBACK_RESERVE_MS = 15.0
 
 @dataclass(frozen=True, slots=True)
 class Budget:
+    """``total_ms`` from ``started`` (``time.monotonic()``); ``reserve_ms`` is kept for the
+    fallback, at most a third of the total so that a small budget still leaves time to embed."""
+
     total_ms: float
-    started: float  # loop.time() / time.monotonic() at the start of the call
+    started: float
     reserve_ms: float = FALLBACK_RESERVE_MS
 
     @classmethod
     def start(cls, total_ms: float, reserve_ms: float = FALLBACK_RESERVE_MS) -> Budget:
+        if total_ms <= 0:
+            raise ValueError(f"a budget must be positive, got {total_ms} ms")
         return cls(
             total_ms=total_ms, started=time.monotonic(), reserve_ms=min(reserve_ms, total_ms / 3)
         )
@@ -39,6 +45,7 @@ class Budget:
         return max(0.0, self.total_ms - self.elapsed_ms())
 
     def embed_deadline(self) -> float:
-        """An absolute ``loop.time()`` for ``asyncio.timeout_at``: the end of the budget less the reserve."""
+        """An absolute ``loop.time()`` for ``asyncio.timeout_at``: the end of the budget less the
+        reserve (now, when nothing is left)."""
         left_s = max(0.0, self.remaining_ms() - self.reserve_ms) / 1000.0
         return asyncio.get_running_loop().time() + left_s

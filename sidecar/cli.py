@@ -57,8 +57,74 @@ def cmd_index_build(args: argparse.Namespace) -> int:
             )
             for skipped in s.skipped_pages:
                 print(f"  skipped {skipped['path']}: {skipped['reason']}")
-    skipped_any = any(s.skipped_pages for s in summaries)
-    return 1 if (config.index.strict and skipped_any) else 0
+    skipped_count = sum(len(s.skipped_pages) for s in summaries)
+    if config.index.strict and skipped_count:
+        print(f"error: [index] strict: {skipped_count} page(s) skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {value!r}")
+    return seconds
+
+
+def cmd_index_validate(args: argparse.Namespace) -> int:
+    from index.validate import ValidateOptions, validate_docs, write_manifest
+
+    flags = ValidateOptions(tuple(args.require), args.require_last_updated)
+    targets: list[tuple[Path, ValidateOptions]] = []
+    if args.config is not None:
+        config = _config(args.config)
+        wanted = args.dir.resolve() if args.dir is not None else None
+        for kb in config.knowledge_bases:
+            for source in kb.sources:
+                if source.type != "markdown" or source.path is None:
+                    continue
+                if wanted is None or source.path.resolve() == wanted:
+                    own = ValidateOptions.from_options(source.name, source.options)
+                    shown = args.dir if wanted is not None else source.path
+                    targets.append((shown, own.merged(flags)))
+        if args.dir is None and not targets:
+            raise SystemExit(f"{args.config}: no markdown source to validate")
+    if args.dir is not None and not targets:
+        targets.append((args.dir, flags))
+    if not targets:
+        raise SystemExit("voxrecall index validate: give a DIR or --config")
+    total = 0
+    for root, options in targets:
+        report = validate_docs(root, options)
+        if args.write_manifest:
+            written = write_manifest(root, report.pages)
+            report.problems = [p for p in report.problems if p.kind != "stale-manifest"]
+            print(f"wrote {written} ({len(report.pages)} pages)", file=sys.stderr)
+        for problem in report.problems:
+            print(f"{root / problem.path}:{problem.line}: {problem.message}")
+        counts = ", ".join(f"{kind} {n}" for kind, n in sorted(report.counts().items()))
+        print(
+            f"{root}: {len(report.pages)} pages, {len(report.problems)} problem(s)"
+            + (f" ({counts})" if counts else ""),
+            file=sys.stderr,
+        )
+        total += len(report.problems)
+    return 1 if total else 0
+
+
+def cmd_index_watch(args: argparse.Namespace) -> int:
+    from index.embedders.factory import make_embedder
+    from index.watch import WatchOptions, run_watch
+
+    config = _config(args.config)
+    if not config.knowledge_bases:
+        raise SystemExit(f"{args.config}: no [[knowledge_base]] to watch")
+    embedder = make_embedder(config.embedder, threads=os.cpu_count())
+    run_watch(config, embedder, WatchOptions(interval_s=args.interval, poll_s=args.poll))
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -67,8 +133,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sidecar.server import serve
 
     config = _config(args.config)
-    overrides = {"store": args.store.resolve() if args.store else None, "listen": args.listen}
+    store: Path | str | None = args.store
+    if args.store is not None and not args.store.startswith(("http://", "https://")):
+        store = Path(args.store).resolve()
+    overrides = {"store": store, "listen": args.listen}
     config = config.with_overrides(**overrides)
+    from sidecar import logs
+
+    logs.configure(
+        level="DEBUG" if args.verbose else config.sidecar.log_level,
+        fmt=config.sidecar.log_format,
+        secrets=[c.token for c in config.sidecar.auth.callers] + [config.embedder.api_key],
+    )
     uvloop.run(serve(config))
     return 0
 
@@ -93,10 +169,33 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_snapshot_verify(args: argparse.Namespace) -> int:
-    from index.snapshot import verify_snapshot
+def cmd_index_publish(args: argparse.Namespace) -> int:
+    from index.store import LocalStore
 
-    manifest = verify_snapshot(args.path)
+    config = _config(args.config)
+    names = args.kb or [kb.name for kb in config.knowledge_bases]
+    source = LocalStore(config.index.store)
+    target = LocalStore(args.to.resolve())
+    for name in names:
+        folder = source.latest_dir(name)
+        copied = target.publish_copy(name, folder, keep=config.index.keep_versions)
+        if copied is None:
+            print(f"{name}: {target.root} already has {folder.name} or newer")
+        else:
+            print(f"{name}: published {folder.name} to {copied}")
+    return 0
+
+
+def cmd_snapshot_verify(args: argparse.Namespace) -> int:
+    from index.snapshot import load_snapshot, verify_snapshot
+
+    if args.config is None:
+        manifest = verify_snapshot(args.path)
+    else:
+        from index.embedders.factory import make_embedder
+
+        expected = make_embedder(_config(args.config).embedder).info
+        manifest = load_snapshot(args.path, expected).manifest  # also the hnsw and chunk counts
     print(
         f"ok: {manifest.knowledge_base} {manifest.version}: {manifest.chunks} chunks, "
         f"{manifest.embedder.name} ({manifest.embedder.dimension}-d), ef {manifest.hnsw.ef}"
@@ -130,6 +229,73 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--json", action="store_true", help="print the build summary as JSON")
     build.set_defaults(func=cmd_index_build)
 
+    validate = index_sub.add_parser(
+        "validate",
+        help="check a Markdown docs folder: links, titles, required files, manifest",
+        description="Check a docs folder: required files, duplicate titles, 'Last updated' "
+        "dates, broken relative links, sidebar links, and a stale docs-manifest.json. Prints one "
+        "'path:line: message' per problem; exits 1 when any was found.",
+    )
+    validate.add_argument(
+        "dir",
+        type=Path,
+        nargs="?",
+        help="the docs folder (default: every markdown source of --config)",
+    )
+    validate.add_argument(
+        "--config",
+        type=Path,
+        help="also apply the validation options of this config's markdown sources",
+    )
+    validate.add_argument(
+        "--write-manifest", action="store_true", help="(re)write DIR/docs-manifest.json"
+    )
+    validate.add_argument(
+        "--require", action="extend", nargs="+", default=[], metavar="FILE",
+        help="a file the folder must have, e.g. Home.md _Sidebar.md",
+    )  # fmt: skip
+    validate.add_argument(
+        "--require-last-updated", action="store_true",
+        help="every page must say 'Last updated: YYYY-MM-DD'",
+    )  # fmt: skip
+    validate.set_defaults(func=cmd_index_validate)
+
+    watch = index_sub.add_parser(
+        "watch",
+        help="rebuild on a schedule, when local files change, and when URLs are due",
+        description="The periodic batch indexer: polls local sources for changes, re-crawls url "
+        "sources when their refresh is due, rebuilds every --interval seconds, and publishes only "
+        "when something changed. SIGTERM or SIGINT stops it cleanly.",
+    )
+    watch.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=config_help)
+    watch.add_argument(
+        "--interval",
+        type=_seconds,
+        default=3600.0,
+        help="seconds between scheduled rebuilds (default 3600)",
+    )
+    watch.add_argument(
+        "--poll",
+        type=_seconds,
+        default=10.0,
+        help="seconds between checks for changes (default 10)",
+    )
+    watch.set_defaults(func=cmd_index_watch)
+
+    publish = index_sub.add_parser(
+        "publish",
+        help="copy the newest snapshot of each base into a folder an HTTP server serves",
+        description="Copy each base's newest verified snapshot from [index] store into DIR, files "
+        "first and the LATEST pointer last, so sidecars polling DIR (or an HTTP server over it) "
+        "never see a partial version. Older versions beyond [index] keep_versions are pruned.",
+    )
+    publish.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=config_help)
+    publish.add_argument("--to", type=Path, required=True, help="the folder to publish into")
+    publish.add_argument(
+        "--kb", action="append", default=[], help="only this knowledge base (repeatable)"
+    )
+    publish.set_defaults(func=cmd_index_publish)
+
     serve = sub.add_parser(
         "serve",
         help="run the gRPC sidecar",
@@ -140,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
         "--listen", help="address to listen on, e.g. 127.0.0.1:50051 (overrides [sidecar] listen)"
     )
     serve.add_argument(
-        "--store", type=Path, help="snapshot store folder (overrides [sidecar] store)"
+        "--store", help="snapshot store folder or http(s) URL (overrides [sidecar] store)"
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -170,6 +336,11 @@ def parser() -> argparse.ArgumentParser:
         "verify", help="check a snapshot folder's files against its manifest"
     )
     verify.add_argument("path", type=Path, help="a snapshot version folder")
+    verify.add_argument(
+        "--config",
+        type=Path,
+        help="also check the embedder name and dimension against this config's, and load it",
+    )
     verify.set_defaults(func=cmd_snapshot_verify)
     return p
 

@@ -1,31 +1,33 @@
 """The turn engine: what happens to one caller turn or one explicit search, free of gRPC.
 
-A turn's hot path is: skip? -> follow-up query -> embed (under the budget) -> search -> threshold.
-When the embedder misses its share of the budget, or fails, the snapshot's lexical index answers
-and the result says ``degraded``. Searches run inline: an hnswlib query is well under a
-millisecond and a BM25 query a few, cheaper than a hop to a thread.
+A turn's hot path is: skip? -> follow-up query -> embed (under the budget) -> rank (threshold,
+hybrid, context_url: ``sidecar/relevance.py``). The budget bounds the whole turn: embedding gets
+what is left of it less a reserve (``sidecar/budget.py``), and when the embedder misses that, or
+fails, the snapshot's lexical index answers and the result says ``degraded``. Query vectors are
+cached, and a late one is bounded (``sidecar/query_embedder.py``). Converse streams may hand a
+turn a result searched ahead on an interim transcript (``sidecar/prefetch.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
-from cachetools import LRUCache
 
 from index.config import SidecarConfig
 from index.embedders.base import Embedder, Vectors
-from index.errors import EmbedderError, SnapshotNotFound
-from index.lexical import reciprocal_rank_fusion
+from index.errors import SnapshotNotFound
 from index.snapshot import LoadedSnapshot
-from sidecar import followups
+from sidecar import followups, relevance
 from sidecar.budget import Budget
 from sidecar.errors import InvalidArgument, NotFound
 from sidecar.holder import SnapshotHolder
+from sidecar.limits import truncated as input_truncated
+from sidecar.query_embedder import QueryEmbedder
 from sidecar.sessions import Hit, Session, SessionStore
 from sidecar.skip import Skip, SkipPolicy
 
@@ -35,7 +37,6 @@ MAX_TEXT_CHARS = 4000  # a spoken turn is a few hundred characters; more is a cl
 MAX_LIMIT = 50
 MAX_BUDGET_MS = 10_000
 MAX_SESSION_ID = 256
-FUSION_DEPTH = 20  # candidates per retriever before reciprocal rank fusion
 
 
 class Speaker:
@@ -92,6 +93,37 @@ class TurnResult:
     snapshot_version: str
     degraded: bool = False
     timings: Timings = Timings()
+    prefetched: bool = False  # answered from a search started on an interim transcript
+    truncated: bool = False  # the query was longer than the embedder reads: it was cut there
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """What a final user turn with some text would search now (computed ahead by Converse)."""
+
+    knowledge_base: str
+    snapshot: LoadedSnapshot
+    query: str
+    sources: tuple[str, ...]
+    context_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A prefetch matching a final turn: its result, or None when it is still embedding past
+    the turn's embedding deadline (the turn then falls back rather than embed the words again)."""
+
+    query: str
+    result: SearchResult | None
+
+
+class Prefetch(Protocol):
+    """A source of results searched ahead (``sidecar.prefetch.Prefetcher``)."""
+
+    async def take(self, req: TurnInput, snapshot: LoadedSnapshot, budget: Budget) -> Taken | None:
+        """The prefetch matching this final turn, waited for until the embedding deadline at
+        most, or None when none matches."""
+        ...
 
 
 @dataclass(slots=True)
@@ -99,8 +131,8 @@ class Counters:
     turns: int = 0
     skipped: int = 0
     degraded: int = 0
-    query_cache_hits: int = 0
-    query_cache_misses: int = 0
+    prefetched: int = 0  # final turns answered from a prefetch
+    prefetch_started: int = 0  # prefetches started on interim transcripts
     by_skip: dict[str, int] = field(default_factory=dict)
 
 
@@ -125,13 +157,12 @@ class Engine:
         self.hybrid_bases = hybrid_bases
         self.default_knowledge_base = default_knowledge_base
         self.counters = Counters()
-        self._query_cache: LRUCache[str, Vectors] = LRUCache(
-            maxsize=max(1, config.query_cache_size)
-        )
+        self.vectors = QueryEmbedder(embedder, config.query_cache_size)
 
     # -- entry points -------------------------------------------------------------------------
 
-    async def turn(self, req: TurnInput) -> TurnResult:
+    async def turn(self, req: TurnInput, prefetch: Prefetch | None = None) -> TurnResult:
+        """One transcript event; ``prefetch`` offers results searched ahead (Converse)."""
         budget = Budget.start(self._budget_ms(req.budget_ms))
         self._check_text(req.text, allow_empty=True)
         self._check_session(req.session_id)
@@ -150,17 +181,24 @@ class Engine:
             session.record_turn(Speaker.USER, req.text)
             return self._skipped(session, skip, snapshot, budget)
 
-        query = followups.rewrite(session, req.text)
+        query = self._query_for(session, req.text, snapshot)
         session.record_turn(Speaker.USER, req.text)
-        result = await self._search(
-            snapshot,
-            kb,
-            query,
-            budget,
-            limit=self.config.max_results,
-            min_score=self.config.min_score,
-            sources=req.sources,
-        )
+        taken = await prefetch.take(req, snapshot, budget) if prefetch is not None else None
+        if taken is not None and taken.result is not None:
+            query, result = taken.query, taken.result
+            self.counters.prefetched += 1
+        else:
+            result = await self._search(
+                snapshot,
+                kb,
+                query,
+                budget,
+                limit=self.config.max_results,
+                min_score=self.config.min_score,
+                sources=req.sources,
+                context_url=req.context_url,
+                embed=taken is None,
+            )
         self._remember(session, result.hits)
         if result.degraded:
             self.counters.degraded += 1
@@ -176,7 +214,47 @@ class Engine:
                 search_ms=result.timings.search_ms,
                 total_ms=budget.elapsed_ms(),
             ),
+            prefetched=taken is not None and taken.result is not None,
+            truncated=input_truncated(self.embedder, query),
         )
+
+    def plan(self, req: TurnInput) -> Planned | None:
+        """What a final user turn with ``req.text`` would search now, or None when it would not
+        search; validates like ``turn`` and records nothing."""
+        self._check_text(req.text, allow_empty=True)
+        self._check_session(req.session_id)
+        kb = req.knowledge_base or self.default_knowledge_base
+        snapshot = self._snapshot(kb)
+        if req.speaker == Speaker.AGENT:
+            return None
+        if self.skip_policy.classify(req.text) is not Skip.NOT_SKIPPED:
+            return None
+        query = self._query_for(self.sessions.get(req.session_id), req.text, snapshot)
+        return Planned(kb, snapshot, query, req.sources, req.context_url)
+
+    async def search_ahead(self, planned: Planned, deadline: float) -> SearchResult | None:
+        """Embed and rank a planned query ahead of its turn; None when the embedder missed
+        ``deadline`` (``loop.time()``) or failed: the turn itself then decides."""
+        start = time.perf_counter()
+        vector = await self.vectors.get(planned.query, deadline)
+        if vector is None:
+            return None
+        embed_ms = (time.perf_counter() - start) * 1000.0
+        return self._rank(
+            planned.snapshot,
+            planned.knowledge_base,
+            planned.query,
+            vector,
+            limit=self.config.max_results,
+            min_score=self.config.min_score,
+            sources=planned.sources,
+            context_url=planned.context_url,
+            embed_ms=embed_ms,
+        )
+
+    async def aclose(self) -> None:
+        """Cancel query embeddings still running in the background."""
+        await self.vectors.aclose()
 
     async def search(self, req: SearchInput) -> SearchResult:
         budget = Budget.start(self._budget_ms(req.budget_ms))
@@ -200,6 +278,7 @@ class Engine:
             limit=req.limit or self.config.max_results,
             min_score=req.min_score or self.config.min_score,
             sources=req.sources,
+            context_url=req.context_url,
             vector=vector,
         )
         if req.session_id:
@@ -227,68 +306,64 @@ class Engine:
         limit: int,
         min_score: float,
         sources: Sequence[str],
+        context_url: str = "",
         vector: Vectors | None = None,
+        embed: bool = True,
     ) -> SearchResult:
-        embed_start = time.perf_counter()
-        if vector is None:
-            vector = await self._embed_query(query, budget)
-        embed_ms = (time.perf_counter() - embed_start) * 1000.0
+        """Embed under the budget (unless given a vector, or told not to), then rank."""
+        start = time.perf_counter()
+        if vector is None and embed:
+            vector = await self.vectors.get(query, budget.embed_deadline())
+        return self._rank(
+            snapshot,
+            kb,
+            query,
+            vector,
+            limit=limit,
+            min_score=min_score,
+            sources=sources,
+            context_url=context_url,
+            embed_ms=(time.perf_counter() - start) * 1000.0,
+        )
 
-        search_start = time.perf_counter()
-        mask = snapshot.source_mask(sources)
-        degraded = vector is None
-        if vector is None:
-            ranked = [
-                (label, score)
-                for label, score in snapshot.lexical.search(query, limit, mask)
-                if score >= self.config.min_lexical_score
-            ]
-        elif kb in self.hybrid_bases:
-            dense = snapshot.search_dense(vector, FUSION_DEPTH, mask)
-            lexical = snapshot.lexical.search(query, FUSION_DEPTH, mask) if query else []
-            relevant = {label for label, score in dense if score >= min_score}
-            relevant |= {
-                label for label, score in lexical if score >= self.config.min_lexical_score
-            }
-            fused = reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in lexical]])
-            ranked = [(label, score) for label, score in fused if label in relevant][:limit]
-        else:
-            ranked = [
-                (label, s)
-                for label, s in snapshot.search_dense(vector, limit, mask)
-                if s >= min_score
-            ]
+    def _rank(
+        self,
+        snapshot: LoadedSnapshot,
+        kb: str,
+        query: str,
+        vector: Vectors | None,
+        *,
+        limit: int,
+        min_score: float,
+        sources: Sequence[str],
+        context_url: str,
+        embed_ms: float,
+    ) -> SearchResult:
+        start = time.perf_counter()
+        ranked = relevance.rank(
+            snapshot,
+            relevance.Query(
+                text=query,
+                vector=vector,
+                limit=limit,
+                min_score=min_score,
+                min_lexical_score=self.config.min_lexical_score,
+                sources=sources,
+                hybrid=kb in self.hybrid_bases,
+                context_url=context_url,
+                context_bonus=self.config.context_bonus,
+            ),
+        )
         hits = [
             Hit(knowledge_base=kb, chunk=snapshot.chunks[label], score=score)
             for label, score in ranked
         ]
-        search_ms = (time.perf_counter() - search_start) * 1000.0
         return SearchResult(
             hits=hits,
             snapshot_version=snapshot.version,
-            degraded=degraded,
-            timings=Timings(embed_ms=embed_ms, search_ms=search_ms),
+            degraded=vector is None,
+            timings=Timings(embed_ms=embed_ms, search_ms=(time.perf_counter() - start) * 1000.0),
         )
-
-    async def _embed_query(self, query: str, budget: Budget) -> Vectors | None:
-        """The query's vector, or None when the embedder missed its share of the budget or failed."""
-        cached = self._query_cache.get(query)
-        if cached is not None:
-            self.counters.query_cache_hits += 1
-            return cached
-        self.counters.query_cache_misses += 1
-        try:
-            async with asyncio.timeout_at(budget.embed_deadline()):
-                vectors = await self.embedder.embed([query])
-        except TimeoutError:
-            log.warning("embedder missed the budget (%.0f ms): lexical fallback", budget.total_ms)
-            return None
-        except EmbedderError as exc:
-            log.warning("embedder failed: %s: lexical fallback", exc)
-            return None
-        vector: Vectors = vectors[0]
-        self._query_cache[query] = vector
-        return vector
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -320,6 +395,11 @@ class Engine:
             snapshot_version=snapshot.version,
             timings=Timings(total_ms=budget.elapsed_ms()),
         )
+
+    def _query_for(self, session: Session, text: str, snapshot: LoadedSnapshot) -> str:
+        """The query a user turn searches, given its session (the follow-up rewrite)."""
+        gazetteer = followups.gazetteer(snapshot)
+        return followups.rewrite(session, text, gazetteer, self.config.followups)
 
     def _remember(self, session: Session, hits: list[Hit]) -> None:
         session.retain(hits)

@@ -24,12 +24,13 @@ class Refusal:
     """Why a base's newest offered snapshot is not served: ``kind`` is the metric's label."""
 
     version: str  # empty when the store could not even say which version it has
-    kind: str  # corrupt, incompatible, incomplete, unavailable, disk_full, cache_write, backwards
+    kind: str  # corrupt, incompatible, invalid, incomplete, unavailable, disk_full, cache_write, backwards
     reason: str
     at: float
 
     def __str__(self) -> str:
-        return f"{self.version or 'store'}: {self.kind}: {self.reason}"
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
+        return f"{self.version or 'store'}: {self.kind}: {self.reason} (last seen {at})"
 
 
 class SnapshotHolder:

@@ -171,7 +171,9 @@ class Refresher:
         served = self.holder.get(kb)
         keeps = f"still serving {served.version}" if served else "nothing to serve yet"
         if self.holder.refuse(kb, version, kind, reason):
-            log.error("refused %s snapshot %s (%s): %s; %s", kb, version or "?", kind, reason, keeps)
+            log.error(
+                "refused %s snapshot %s (%s): %s; %s", kb, version or "?", kind, reason, keeps
+            )
         else:
             log.debug("still refusing %s snapshot %s (%s): %s", kb, version or "?", kind, reason)
 

@@ -16,19 +16,23 @@ from index.config import Config
 from index.embedders import Embedder
 from index.embedders.factory import make_embedder
 from index.store import SnapshotStore, open_store
+from sidecar import tls
 from sidecar.engine import Engine
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.guards import Guards
 from sidecar.holder import SnapshotHolder
 from sidecar.lifecycle import Lifecycle, State
 from sidecar.refresh import Refresher
 from sidecar.service import RetrievalService
 from sidecar.sessions import SessionStore
+from sidecar.skip import SkipPolicy
+from sidecar.tools import Toolbox
 
 log = logging.getLogger("voxrecall.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Retrieval"].full_name
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the [sidecar] max_message_bytes default, for clients
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Sidecar:
     health: HealthServicer
     refresher: Refresher
     owns_embedder: bool = True
+    guards: Guards | None = None
+    metrics_port: int = 0  # 0: no metrics endpoint
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def update_health(self) -> None:
@@ -69,8 +75,11 @@ class Sidecar:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.server.stop(self.config.sidecar.grace_s if grace_s is None else grace_s)
+        await self.engine.aclose()  # query embeddings still running in the background
         if self.owns_embedder:
             await self.engine.embedder.aclose()
+        if self.guards is not None:
+            await asyncio.to_thread(self.guards.metrics.close)
 
 
 def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]:
@@ -102,6 +111,8 @@ async def create_server(
             timeout_s=config.sidecar.http_timeout_s,
         )
     names = knowledge_base_names(config, store)
+    if not names:
+        log.warning("no knowledge base to serve: name them with [[knowledge_base]] (%r)", store)
     holder = SnapshotHolder()
     lifecycle = Lifecycle()
     sessions = SessionStore(
@@ -115,20 +126,18 @@ async def create_server(
         holder,
         names,
         sessions,
+        skip_policy=SkipPolicy.from_config(config.sidecar.skip),
         hybrid_bases=frozenset(kb.name for kb in config.knowledge_bases if kb.hybrid),
         default_knowledge_base=config.default_knowledge_base
         or (min(names) if len(names) == 1 else ""),
     )
+    guards = Guards.build(config, engine, holder, lifecycle)
     server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-        ]
+        interceptors=guards.interceptors, options=[*guards.options, ("grpc.so_reuseport", 0)]
     )
     health = HealthServicer()
     pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]
-        RetrievalService(engine, holder, lifecycle), server
+        RetrievalService(engine, holder, lifecycle, Toolbox.from_config(config)), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -139,15 +148,15 @@ async def create_server(
         ),
         server,
     )
-    port = server.add_insecure_port(listen or config.sidecar.listen)
-    if port == 0:
-        raise OSError(f"cannot listen on {listen or config.sidecar.listen}")
+    port = tls.add_port(server, listen or config.sidecar.listen, config.sidecar.tls)
     refresher = Refresher(
         store, holder, embedder.info, sorted(names), keep_downloaded=config.sidecar.keep_downloaded
     )
     sidecar = Sidecar(
-        server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder
+        server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder, guards
     )
+    if config.sidecar.metrics_listen:
+        sidecar.metrics_port = guards.metrics.serve(config.sidecar.metrics_listen)
     refresher.on_change = sidecar.update_health
     await sidecar.update_health()
     await server.start()
@@ -160,15 +169,20 @@ async def create_server(
 
 
 async def serve(config: Config, listen: str | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then drain: health NOT_SERVING, in-flight calls finish."""
-    sidecar = await create_server(config, listen=listen)
-    log.info(
-        "voxrecall sidecar listening on port %d (%s)", sidecar.port, sidecar.lifecycle.state.name
-    )
+    """Run until SIGTERM or SIGINT, then drain: health NOT_SERVING, in-flight calls finish.
+
+    The handlers go in first, so a signal during the start (loading snapshots) drains too."""
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    sidecar = await create_server(config, listen=listen)
+    log.info(
+        "voxrecall sidecar listening on port %d (%s)%s",
+        sidecar.port,
+        sidecar.lifecycle.state.name,
+        f", metrics on port {sidecar.metrics_port}" if sidecar.metrics_port else "",
+    )
     await stopping.wait()
     log.info("draining (grace %.1f s)", config.sidecar.grace_s)
     await sidecar.stop()

@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from functools import wraps
 from typing import Any, TypeVar
 
 import grpc
 
-from index.errors import VoxrecallError
+from index.errors import SnapshotNotFound, VoxrecallError
 from sidecar import __version__
-from sidecar.engine import Engine, SearchInput, Speaker, TurnInput
-from sidecar.errors import InvalidArgument, status_for
+from sidecar.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.errors import InvalidArgument, NotFound, status_for
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
 from sidecar.lifecycle import Lifecycle
+from sidecar.prefetch import Prefetcher
 from sidecar.sessions import Hit
+from sidecar.tools import PageReader, Toolbox
 
 log = logging.getLogger("voxrecall.service")
 
@@ -68,47 +70,107 @@ def _chunks(hits: Iterable[Hit]) -> list[pb.Chunk]:
     return [chunk_message(h) for h in hits]
 
 
+MAX_CALL_ID = 256  # a model's call ids are a few dozen characters
+# ListToolsRequest.format -> the formats its answer fills in.
+_TOOL_FORMATS = {
+    pb.TOOL_FORMAT_UNSPECIFIED: frozenset({pb.REALTIME, pb.RESPONSES, pb.CHAT_COMPLETIONS}),
+    pb.REALTIME: frozenset({pb.REALTIME}),
+    pb.RESPONSES: frozenset({pb.RESPONSES}),
+    pb.CHAT_COMPLETIONS: frozenset({pb.CHAT_COMPLETIONS}),
+}
 _SPEAKERS = {pb.SPEAKER_UNSPECIFIED: Speaker.USER, pb.USER: Speaker.USER, pb.AGENT: Speaker.AGENT}
 
 
+def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
+    """``session_id``, when given, stands in for an empty ``request.session_id`` (Converse)."""
+    speaker = _SPEAKERS.get(request.speaker)
+    if speaker is None:
+        raise InvalidArgument(f"unknown speaker {request.speaker}: use USER or AGENT")
+    return TurnInput(
+        session_id=request.session_id or session_id,
+        text=request.text,
+        knowledge_base=request.knowledge_base,
+        speaker=speaker,
+        is_final=request.is_final,
+        budget_ms=request.budget_ms,
+        sources=tuple(request.sources),
+        context_url=request.context_url,
+    )
+
+
+def turn_response(result: TurnResult) -> pb.TurnResponse:
+    return pb.TurnResponse(
+        chunks=_chunks(result.hits),
+        context=_chunks(result.context),
+        skipped=result.skipped.name,
+        degraded=result.degraded,
+        query=result.query,
+        timings=pb.Timings(
+            embed_ms=result.timings.embed_ms,
+            search_ms=result.timings.search_ms,
+            total_ms=result.timings.total_ms,
+        ),
+        snapshot_version=result.snapshot_version,
+        truncated=result.truncated,
+    )
+
+
 class RetrievalService(pb_grpc.RetrievalServicer):
-    def __init__(self, engine: Engine, holder: SnapshotHolder, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        holder: SnapshotHolder,
+        lifecycle: Lifecycle,
+        toolbox: Toolbox | None = None,
+    ) -> None:
         self.engine = engine
         self.holder = holder
         self.lifecycle = lifecycle
+        self.toolbox = toolbox if toolbox is not None else Toolbox((), 0)
+        self.pages = PageReader()
         self.started = time.monotonic()
 
     @_errors
     async def Turn(self, request: pb.TurnRequest, context: Context) -> pb.TurnResponse:
         self.lifecycle.check_accepting()
-        speaker = _SPEAKERS.get(request.speaker)
-        if speaker is None:
-            raise InvalidArgument(f"unknown speaker {request.speaker}: use USER or AGENT")
-        result = await self.engine.turn(
-            TurnInput(
-                session_id=request.session_id,
-                text=request.text,
-                knowledge_base=request.knowledge_base,
-                speaker=speaker,
-                is_final=request.is_final,
-                budget_ms=request.budget_ms,
-                sources=tuple(request.sources),
-                context_url=request.context_url,
-            )
-        )
-        return pb.TurnResponse(
-            chunks=_chunks(result.hits),
-            context=_chunks(result.context),
-            skipped=result.skipped.name,
-            degraded=result.degraded,
-            query=result.query,
-            timings=pb.Timings(
-                embed_ms=result.timings.embed_ms,
-                search_ms=result.timings.search_ms,
-                total_ms=result.timings.total_ms,
-            ),
-            snapshot_version=result.snapshot_version,
-        )
+        return turn_response(await self.engine.turn(turn_input(request)))
+
+    async def Converse(
+        self, request_iterator: AsyncIterator[pb.ConverseRequest], context: Context
+    ) -> None:
+        """One stream per call. A user interim transcript may start a prefetch and gets no
+        answer; every other request (a final user transcript, an agent turn) gets one."""
+        prefetcher = Prefetcher(self.engine, self.engine.config.prefetch_stable_ms)
+        session_id = ""
+        try:
+            async for request in request_iterator:
+                self.lifecycle.check_accepting()
+                turn = turn_input(request.turn, session_id)
+                if session_id and turn.session_id != session_id:
+                    raise InvalidArgument(
+                        f"this stream is session {session_id!r}; got {turn.session_id!r}: "
+                        "open one Converse stream per session"
+                    )
+                session_id = turn.session_id
+                if turn.speaker == Speaker.USER and not turn.is_final:
+                    prefetcher.interim(turn)
+                    continue
+                result = await self.engine.turn(turn, prefetch=prefetcher)
+                await context.write(
+                    pb.ConverseResponse(
+                        turn=turn_response(result),
+                        prefetched=result.prefetched,
+                        transcript=turn.text,
+                    )
+                )
+        except VoxrecallError as exc:
+            code = status_for(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.error("Converse failed: %s", exc)
+            await context.abort(code, str(exc))
+        finally:
+            # a cancelled stream arrives here as CancelledError: nothing it started outlives it
+            await prefetcher.aclose()
 
     @_errors
     async def Search(self, request: pb.SearchRequest, context: Context) -> pb.SearchResponse:
@@ -170,4 +232,67 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             uptime_seconds=time.monotonic() - self.started,
             sessions=len(self.engine.sessions),
             version=__version__,
+        )
+
+    # -- knowledge functions -------------------------------------------------------------------
+
+    @_errors
+    async def ListTools(
+        self, request: pb.ListToolsRequest, context: Context
+    ) -> pb.ListToolsResponse:
+        wanted = _TOOL_FORMATS.get(request.format)
+        if wanted is None:
+            raise InvalidArgument(f"unknown tool format {request.format}")
+        tools = []
+        for fn in self.toolbox:
+            realtime, responses, chat = self.toolbox.definitions_json(fn.name)
+            tools.append(
+                pb.Tool(
+                    name=fn.name,
+                    description=fn.config.description,
+                    knowledge_base=fn.config.knowledge_base,
+                    sources=list(fn.searchable),
+                    realtime_json=realtime if pb.REALTIME in wanted else "",
+                    responses_json=responses if pb.RESPONSES in wanted else "",
+                    chat_completions_json=chat if pb.CHAT_COMPLETIONS in wanted else "",
+                )
+            )
+        return pb.ListToolsResponse(tools=tools)
+
+    @_errors
+    async def InvokeTool(
+        self, request: pb.InvokeToolRequest, context: Context
+    ) -> pb.InvokeToolResponse:
+        self.lifecycle.check_accepting()
+        if len(request.call_id) > MAX_CALL_ID:
+            raise InvalidArgument(f"call_id is longer than {MAX_CALL_ID} characters")
+        result = await self.toolbox.invoke(
+            self.engine, request.name, request.arguments_json, request.session_id
+        )
+        return pb.InvokeToolResponse(
+            output=result.output,
+            is_error=result.is_error,
+            call_id=request.call_id,
+            chunks=_chunks(result.hits),
+        )
+
+    @_errors
+    async def ReadPage(self, request: pb.ReadPageRequest, context: Context) -> pb.ReadPageResponse:
+        self.lifecycle.check_accepting()
+        kb = request.knowledge_base or self.engine.default_knowledge_base
+        if not kb:
+            raise InvalidArgument("knowledge_base is empty and no default is configured")
+        if kb not in self.engine.known_bases:
+            raise NotFound(f"unknown knowledge base {kb!r}")
+        snapshot = self.holder.get(kb)
+        if snapshot is None:
+            raise SnapshotNotFound(f"knowledge base {kb!r} has no snapshot loaded yet")
+        page = await self.pages.read(snapshot, request.source_path, request.source)
+        return pb.ReadPageResponse(
+            title=page.title,
+            text=page.text,
+            source=page.source,
+            source_path=page.source_path,
+            url=page.url,
+            snapshot_version=snapshot.version,
         )

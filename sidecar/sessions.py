@@ -1,16 +1,19 @@
-"""Per-call memory: recent turns, the chunks recently retrieved, and the current topic.
+"""Per-call memory: recent turns, the chunks recently retrieved, and what the call is about.
 
-Sessions live in a bounded TTL cache: memory stays bounded under any number of calls, and a
-session nobody ends is forgotten ``ttl_s`` after its last turn.
+Sessions live in a bounded TTL cache: memory stays bounded under any number of calls (at most
+``max_sessions`` sessions of at most ``RECENT_TURNS`` turns and ``context_turns`` searches each),
+the least recently used goes first when it is full, and a session nobody ends is forgotten
+``ttl_s`` after its last turn.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from cachetools import TTLCache
+from cachetools import Cache, TTLCache
 
 from index.types import Chunk
 
@@ -28,13 +31,15 @@ class Hit:
 
 @dataclass(slots=True)
 class Session:
+    """One call's memory: its recent turns (user and agent), the hits of its last
+    ``context_turns`` searches, and the entity and topic follow-ups fold in."""
+
     session_id: str
     context_turns: int
     turns: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=RECENT_TURNS))
     retained: deque[tuple[Hit, ...]] = field(init=False)
     topic: str = ""  # the title of the last top hit: a follow-up's fallback referent
-    entities: tuple[str, ...] = ()  # the entities the conversation is about now (followups.py)
-    subject: str = ""  # the content words of the caller's last self-contained turn
+    entity: str = ""  # the entity the conversation is about now (followups.py)
     turn_count: int = 0  # turns ever recorded; ``turns`` keeps only the recent ones
     scanned: int = 0  # turn_count when follow-ups last scanned the turns for entities
 
@@ -66,8 +71,14 @@ class Session:
 class SessionStore:
     """A bounded, expiring map of session id -> Session. Used from the event loop only."""
 
-    def __init__(self, max_sessions: int, ttl_s: float, context_turns: int) -> None:
-        self._cache: TTLCache[str, Session] = TTLCache(maxsize=max_sessions, ttl=ttl_s)
+    def __init__(
+        self,
+        max_sessions: int,
+        ttl_s: float,
+        context_turns: int,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cache: TTLCache[str, Session] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=timer)
         self._context_turns = context_turns
 
     def get(self, session_id: str) -> Session:
@@ -80,7 +91,14 @@ class SessionStore:
         self._cache[session_id] = session  # re-inserting refreshes the TTL
         return session
 
+    def peek(self, session_id: str) -> Session | None:
+        """The live session, if any, without refreshing its TTL or its place in the LRU order."""
+        if session_id not in self._cache:  # checks expiry, leaves the order alone
+            return None
+        return Cache.__getitem__(self._cache, session_id)  # TTLCache's own getitem reorders
+
     def end(self, session_id: str) -> bool:
+        """Forget a session now; False when there was none (never seen, ended or expired)."""
         return self._cache.pop(session_id, None) is not None
 
     def __len__(self) -> int:

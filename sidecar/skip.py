@@ -1,16 +1,22 @@
-"""Should this turn search at all? Backchannels and closings need no knowledge.
+"""Should this turn search at all? Backchannels, acknowledgements and closings need no knowledge.
 
 Short is not the same as skippable: "Is it quiet?" needs the base, "Thank you very much." does
-not. A turn is skipped only when every word of it belongs to the acknowledgement vocabulary (or
-it is one of the closing phrases), and it has at most ``max_words`` words.
+not. A turn is skipped only when all of it is made of the language's closing phrases ("thank you
+for your help", "that's all I need", "have a nice day") and backchannel words ("yeah", "ok",
+"mm-hmm"), and it has at most ``max_words`` words. One other word ("quiet", "parking", "what")
+and the turn is searched: a wrongly skipped question costs more than a wasted search.
+
+Measured on the 4,173 labelled DSTC11 user turns by ``python -m bench.quality_turns``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
+
+from index.config import SkipConfig
+from index.errors import ConfigError
 
 
 class Skip(IntEnum):
@@ -24,76 +30,125 @@ class Skip(IntEnum):
     CLOSING = 5
 
 
-BACKCHANNEL_WORDS_EN = frozenset(
+@dataclass(frozen=True, slots=True)
+class Lexicon:
+    """One language's words that carry no request, and its closing phrases (regular
+    expressions over the turn's words, lower case, apostrophes dropped, one space apart)."""
+
+    backchannel: frozenset[str]
+    closings: tuple[str, ...]
+
+
+_EN_BACKCHANNEL = frozenset(
     """
-    yeah yes yep yup ya yea ok okay k sure right alright allright uh huh uhhuh uh-huh mm mhm mmhm
-    mm-hmm hmm hm um umm er erm ah oh ooh aha wow cool great good nice fine perfect awesome
-    excellent wonderful lovely gotcha got it i see see understood sounds makes sense correct
-    exactly indeed totally absolutely definitely no nope nah well so and then go on really
+    yeah yes yep yup ya yea yah ok okay okey k kk sure right alright allright aight uh huh uhhuh
+    uh-huh mm mhm mmhm mm-hmm mmm hmm hm um umm er erm ah oh ooh aha wow cool great good nice
+    fine perfect awesome excellent wonderful lovely fantastic brilliant super gotcha understood
+    correct exactly indeed totally absolutely definitely certainly no nope nah well so really
+    and please thanks thank cheers bye goodbye oops sorry hey hi hello
     """.split()
 )
 
-CLOSING_PHRASES_EN = (
-    "thank you",
-    "thanks",
-    "thank you very much",
-    "thank you so much",
-    "thanks a lot",
-    "many thanks",
-    "bye",
-    "goodbye",
-    "good bye",
-    "bye bye",
-    "have a nice day",
-    "have a good day",
-    "that's all",
-    "that is all",
-    "that's it",
-    "that will be all",
-    "that's all i need",
-    "no that's all",
-    "nothing else",
-    "no thanks",
-    "no thank you",
+_GOOD = r"(good|great|nice|fine|perfect|lovely|wonderful|excellent|fantastic|awesome|ideal|ok|okay)"
+_FOR_HELP = (
+    r"( (for|with) (all )?(of )?((your|the|my|this) (help|time|assistance|information|info|"
+    r"effort|patience|service|booking)|everything|that|it))"
 )
+
+_EN_CLOSINGS = (
+    # thanks, with what for and how much
+    rf"(thank you|thank u|thankyou|thanks|thanx|thx|ty|many thanks|much appreciated|i appreciate it)"
+    rf"( (so|very) much| a lot| a bunch| much| again| kindly)?{_FOR_HELP}?( today| though| anyway)?",
+    rf"(you have|youve) been( (so|very|really))? (helpful|great|a great help|a big help){_FOR_HELP}?",
+    # goodbyes
+    r"(good ?bye|bye( bye)?|bye now|see (you|ya)( later)?|take care|adios|ciao|farewell)",
+    r"(have a|you have a)( (nice|good|great|wonderful|lovely|pleasant))? (day|one|evening|night|weekend|afternoon|morning)",
+    r"good (night|day|evening|afternoon)|goodnight",
+    # that's all
+    r"(no )?(that|thats|thatll|this|it|its|i think that|i think thats)"
+    r"( is| was| will| will be| would be| should be| should| about| just)?"
+    r" (all|it|everything|enough|do it|does it|do|covers it|cover it)( else)?"
+    r"( (of )?the (information|info|help))?( for me)?"
+    r"( (that )?i (need|needed|want|wanted|require|required)( to know)?)?"
+    r"( (for|at) (now|today|the day|tonight|this time|the moment))?( today| then)?",
+    r"(i dont|i do not) need (anything|any thing|nothing) (else|more|further)( today| for now)?",
+    r"(no )?(there is |theres )?nothing (else|more|further)( for (me|now|today))?",
+    r"(i am|im|i think im|i think i am) (all set|good|fine|done)( for now| then| today)?",
+    r"all set",
+    # acknowledgements
+    rf"(that |it |this )?(sounds|sound|seems|looks)( really| very)? {_GOOD}",
+    rf"(that|thats|it|its|this)( (is|was|will be|would be|is just))?( really| very| so)? {_GOOD}",
+    r"(that|it|this) (works|will work|would work|is correct|is right|is fine with me)( for me)?",
+    r"(got it|i see|makes sense|fair enough|of course|no problem|no worries|will do|go ahead|go on)",
+    r"(you are|youre) welcome",
+    # no preference
+    r"(i dont|i do not) (care|mind|have a preference)",
+    r"(it |that )?(doesnt|does not) matter( to me)?",
+    r"no (preference|particular preference)",
+    r"(anything|either|either one|any|whatever) (is|would be|will be|works) (fine|ok|okay|good)",
+)
+
+LEXICONS: dict[str, Lexicon] = {
+    "en": Lexicon(backchannel=_EN_BACKCHANNEL, closings=_EN_CLOSINGS),
+}
 
 _WORD = re.compile(r"[\w'-]+")
 
 
 def words(text: str) -> list[str]:
+    """A turn's words, lower case, with typographic apostrophes made plain."""
     return _WORD.findall(text.lower().replace("’", "'"))
+
+
+def _normal(text: str) -> str:
+    """Words one space apart, apostrophes dropped ("That's all!" -> "thats all")."""
+    return " ".join(w.replace("'", "") for w in words(text))
 
 
 @dataclass(frozen=True, slots=True)
 class SkipPolicy:
-    """A configurable skip rule; ``language`` selects the built-in word lists."""
+    """A configurable skip rule: ``language`` selects the built-in lexicon, ``extra_phrases``
+    add closings (said as plain words), ``max_words`` caps what can be skipped.
 
-    max_words: int = 6
-    backchannel_words: frozenset[str] = BACKCHANNEL_WORDS_EN
-    closing_phrases: tuple[str, ...] = CLOSING_PHRASES_EN
-    extra_phrases: tuple[str, ...] = field(default=())
+    >>> policy = SkipPolicy()
+    >>> policy.classify("Thank you very much."), policy.classify("Is it quiet?")
+    (<Skip.CLOSING: 5>, <Skip.NOT_SKIPPED: 0>)
+    """
+
+    max_words: int = SkipConfig().max_words
+    extra_phrases: tuple[str, ...] = ()
     language: str = "en"
+    _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lexicon = LEXICONS.get(self.language)
+        if lexicon is None:
+            raise ConfigError(
+                f"skip language {self.language!r} has no built-in word lists; known: {', '.join(LEXICONS)}"
+            )
+        extra = [re.escape(_normal(p)) for p in self.extra_phrases if _normal(p)]
+        alternatives = "|".join(f"(?:{p})" for p in (*extra, *lexicon.closings))
+        object.__setattr__(self, "_pattern", re.compile(rf"(?<!\S)(?:{alternatives})(?!\S)"))
+
+    @classmethod
+    def from_config(cls, config: SkipConfig) -> SkipPolicy:
+        return cls(
+            max_words=config.max_words, extra_phrases=config.phrases, language=config.language
+        )
+
+    @property
+    def backchannel(self) -> frozenset[str]:
+        return LEXICONS[self.language].backchannel
 
     def classify(self, text: str) -> Skip:
-        tokens = words(text)
-        if not tokens:
+        """Why this user turn needs no search, or ``NOT_SKIPPED``."""
+        normal = _normal(text)
+        if not normal:
             return Skip.EMPTY
-        if len(tokens) > self.max_words:
+        count = normal.count(" ") + 1
+        if count > self.max_words:
             return Skip.NOT_SKIPPED
-        joined = " ".join(tokens)
-        rest = _strip_phrases(joined, (*self.closing_phrases, *self.extra_phrases))
-        if rest != joined:
-            leftover = rest.split()
-            if all(t in self.backchannel_words for t in leftover):
-                return Skip.CLOSING
+        rest = self._pattern.sub(" ", normal).split()
+        if any(w not in self.backchannel for w in rest):
             return Skip.NOT_SKIPPED
-        if all(t in self.backchannel_words for t in tokens):
-            return Skip.BACKCHANNEL
-        return Skip.NOT_SKIPPED
-
-
-def _strip_phrases(text: str, phrases: Iterable[str]) -> str:
-    padded = f" {text} "
-    for phrase in sorted(phrases, key=len, reverse=True):
-        padded = padded.replace(f" {phrase} ", " ")
-    return " ".join(padded.split())
+        return Skip.CLOSING if len(rest) < count else Skip.BACKCHANNEL

@@ -31,6 +31,7 @@ import orjson
 from index.embedders.base import HashEmbedder
 
 DEFAULT_DIMENSION = 64
+HOLD_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,7 @@ class Behaviour:
     fail_times: int = 0  # -1: every request
     close: bool = False  # close the connection without answering
     hang: bool = False  # never answer (until the server stops)
+    hold_until: int = 0  # hold every answer until this many requests are in flight at once
 
 
 def sample_latency_ms(spec: str, rng: random.Random) -> float:
@@ -65,9 +67,7 @@ def sample_latency_ms(spec: str, rng: random.Random) -> float:
 class OpenAIServer:
     """The server and its switches; thread-safe."""
 
-    def __init__(
-        self, port: int = 0, dimension: int = DEFAULT_DIMENSION, seed: int = 0
-    ) -> None:
+    def __init__(self, port: int = 0, dimension: int = DEFAULT_DIMENSION, seed: int = 0) -> None:
         self.dimension = dimension
         self._behaviour = Behaviour()
         self._lock = threading.Lock()
@@ -76,6 +76,9 @@ class OpenAIServer:
         self._embedders: dict[int, HashEmbedder] = {}
         self.requests = 0  # embedding requests received
         self.last_request: dict[str, Any] = {}
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most embedding requests in flight at once
+        self._gathered = threading.Condition(self._lock)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -97,6 +100,8 @@ class OpenAIServer:
 
     def stop(self) -> None:
         self._stopping.set()  # wakes hanging and trickling handlers
+        with self._lock:
+            self._gathered.notify_all()
         self._httpd.shutdown()
         self._httpd.server_close()
         if self._thread is not None:
@@ -108,6 +113,21 @@ class OpenAIServer:
             self._behaviour = replace(behaviour or self._behaviour, **changes)
 
     # -- used by the handler threads -------------------------------------------------------
+
+    def _enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self._gathered.notify_all()
+            hold = self._behaviour.hold_until
+            # HOLD_TIMEOUT_S: a client that never sends enough requests at once still gets answers
+            self._gathered.wait_for(
+                lambda: self.in_flight >= hold or self._stopping.is_set(), timeout=HOLD_TIMEOUT_S
+            )
+
+    def _exit(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
 
     def _next(self, body: dict[str, Any]) -> tuple[Behaviour, float, int]:
         """The behaviour for one request, its latency in seconds and the status to fail with."""
@@ -197,6 +217,13 @@ def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             if self.path != "/v1/embeddings":
                 self._send(HTTPStatus.NOT_FOUND, b'{"error": {"message": "not found"}}')
                 return
+            server._enter()
+            try:
+                self._embeddings_reply(body)
+            finally:
+                server._exit()
+
+        def _embeddings_reply(self, body: dict[str, Any]) -> None:
             behaviour, latency_s, status = server._next(body)
             if behaviour.hang:
                 server._stopping.wait()

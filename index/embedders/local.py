@@ -129,6 +129,15 @@ class LocalEmbedder:
     def info(self) -> EmbedderInfo:
         return self._info
 
+    def truncates(self, text: str) -> bool:
+        """Whether ``text`` has more tokens than the model reads (embedding cuts it there)."""
+        # WordPiece makes at most ~4 tokens of one character (NFD splits a Hangul syllable into
+        # its jamo), so a text this short cannot reach the limit and skips the tokenizer.
+        limit = self._tokenizer.truncation["max_length"] if self._tokenizer.truncation else 0
+        if not limit or len(text) * 4 <= limit - 2:
+            return False
+        return bool(self._tokenizer.encode(text).overflowing)
+
     def embed_batch(self, texts: Sequence[str]) -> Vectors:
         """Embed synchronously in the calling thread; safe to call from several threads."""
         if isinstance(texts, str):

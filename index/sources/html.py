@@ -200,13 +200,27 @@ class _Reader(HTMLParser):
         width = max(len(r) for r in rows)
         lines = [
             "| " + " | ".join(r + [""] * (width - len(r))) + " |"
-            for r in rows[:1] + [["---"] * width] + rows[1:]
+            for r in [*rows[:1], ["---"] * width, *rows[1:]]
         ]
         self.blocks.append(("\n".join(lines), False))
 
 
 _VOID = frozenset(
-    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+    {
+        "area",
+        "base",
+        "br",
+        "col",
+        "embed",
+        "hr",
+        "img",
+        "input",
+        "link",
+        "meta",
+        "source",
+        "track",
+        "wbr",
+    }
 )
 
 
@@ -245,7 +259,9 @@ def decode_html(data: bytes, declared: str | None = None) -> str:
     return data.decode(charset)
 
 
-def html_page_text(rel: str, data: bytes, declared: str | None = None) -> tuple[str, str] | SkippedPage:
+def html_page_text(
+    rel: str, data: bytes, declared: str | None = None
+) -> tuple[str, str] | SkippedPage:
     """``(title, markdown text)`` of an HTML document, or why it cannot be used."""
     try:
         markup = decode_html(data, declared)

@@ -27,6 +27,9 @@ MARKDOWN_SUFFIXES = (".md", ".markdown")
 
 _FENCE = "---"
 _CLOSERS = ("---", "...")
+# Frontmatter is a few fields. YAML aliases can make a few lines expand to billions of values
+# ("billion laughs") or into a cycle; metadata_value would walk either until memory runs out.
+MAX_FRONTMATTER_VALUES = 10_000
 
 
 class FrontmatterError(SourceError):
@@ -61,12 +64,32 @@ def split_frontmatter(raw: str) -> tuple[dict[str, object] | None, str, int]:
         raise FrontmatterError(f"malformed frontmatter: {first}") from exc
     if data is None:
         data = {}
+    _check_size(data)
     if not isinstance(data, dict):
         raise FrontmatterError(
             f"malformed frontmatter: not a mapping (a YAML {type(data).__name__})"
         )
     body = "\n".join(lines[close + 1 :])
     return {str(k): v for k, v in data.items()}, body, close + 1
+
+
+def _check_size(data: object) -> None:
+    """Raise FrontmatterError when ``data``, aliases expanded, holds too many values (a cycle
+    holds infinitely many); the walk stops at the limit, so it is cheap either way."""
+    todo, seen = [data], 0
+    while todo:
+        value = todo.pop()
+        seen += 1
+        if seen > MAX_FRONTMATTER_VALUES:
+            raise FrontmatterError(
+                f"malformed frontmatter: more than {MAX_FRONTMATTER_VALUES} values once its "
+                "YAML aliases are expanded (or an alias refers to itself)"
+            )
+        if isinstance(value, Mapping):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            todo.extend(value)
 
 
 def _json_default(value: object) -> str:

@@ -62,9 +62,7 @@ def _scalar(value: object) -> str | None:
     return metadata_value(value).strip()
 
 
-def _page(
-    source: str, record: Mapping[str, Any], fields: RecordFields
-) -> Page | str:
+def _page(source: str, record: Mapping[str, Any], fields: RecordFields) -> Page | str:
     """The page of one record, or the reason it is unusable."""
     rid = _scalar(record.get(fields.id_field))
     if not rid:

@@ -63,7 +63,7 @@ class UrlOptions:
         """Read ``urls`` and ``refresh``; raises ConfigError naming what is wrong."""
         urls = options.get("urls")
         if not isinstance(urls, list) or not urls:
-            raise ConfigError(f"source {source!r}: type url needs urls = [\"https://...\", ...]")
+            raise ConfigError(f'source {source!r}: type url needs urls = ["https://...", ...]')
         for url in urls:
             parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
             if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
@@ -142,7 +142,9 @@ FetchResult = Fetched | NotModified | Failed
 Fetcher = Callable[[str, Mapping[str, Any] | None], FetchResult]
 
 
-def fetch(url: str, previous: Mapping[str, Any] | None, timeout: float = FETCH_TIMEOUT_S) -> FetchResult:
+def fetch(
+    url: str, previous: Mapping[str, Any] | None, timeout: float = FETCH_TIMEOUT_S
+) -> FetchResult:
     """GET one URL, conditionally when ``previous`` holds an ETag or Last-Modified; blocking."""
     headers = {"User-Agent": USER_AGENT, "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}
     if previous:

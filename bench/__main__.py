@@ -1,0 +1,224 @@
+"""``python -m bench SUITE [--quick] [--out DIR]``: run a suite, write DIR/SUITE.json, print a table.
+
+SUITE is ``search``, ``turn``, ``quality``, ``scale`` or ``all``. ``--quick`` is the smoke mode
+CI runs: small sizes, no optional peer, a couple of minutes a suite on two cores; it checks that
+a suite still runs, never a timing. ``turn`` and ``quality`` call the entry points of
+``bench.turn_latency``, ``bench.quality_scifact`` and ``bench.quality_turns``. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# One BLAS thread: a single query's matrix-vector product gains nothing from more, and on a
+# loaded two-core machine OpenBLAS's spinning threads were measured to make it 3x slower. Set
+# before numpy is imported, here and in the sidecar processes that inherit the environment.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+SHARED_DATA = REPO.parent / "shared" / "data"
+SUITES = ("search", "turn", "quality", "scale")
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu or platform.processor(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _entry(module: str, function: str = "run") -> Callable[..., Any] | str:
+    """A suite's entry point, or why it is missing (the module is being written elsewhere)."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return f"not implemented yet: expected {module}.{function}(quick: bool) -> dict"
+    fn = getattr(mod, function, None)
+    if not callable(fn):
+        return f"not implemented yet: {module} has no {function}(quick: bool) -> dict"
+    return fn  # type: ignore[no-any-return]
+
+
+def _call(fn: Callable[..., Any], quick: bool) -> dict[str, Any]:
+    """Call ``fn(quick=...)`` (with ``data_dir`` when it takes one), awaiting it if async."""
+    kwargs: dict[str, Any] = {"quick": quick}
+    if "data_dir" in inspect.signature(fn).parameters:
+        if not SHARED_DATA.is_dir():
+            return {"skipped": f"shared data not present: {SHARED_DATA}"}
+        kwargs["data_dir"] = SHARED_DATA
+    result = fn(**kwargs)
+    if inspect.isawaitable(result):
+        result = asyncio.run(result)  # type: ignore[arg-type]
+    return dict(result)
+
+
+def run_turn(quick: bool) -> dict[str, Any]:
+    fn = _entry("bench.turn_latency")
+    if isinstance(fn, str):
+        return {"suite": "turn", "skipped": fn}
+    result = _call(fn, quick)
+    scenarios = result.pop("scenarios", None)
+    if scenarios is None:  # a flat {scenario: {p50_ms, ...}} is accepted too
+        scenarios = {k: v for k, v in result.items() if isinstance(v, dict) and "p50_ms" in v}
+        result = {k: v for k, v in result.items() if k not in scenarios}
+    return {"suite": "turn", "scenarios": scenarios, **result}
+
+
+def run_quality(quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"suite": "quality"}
+    scifact = _entry("bench.quality_scifact")
+    if isinstance(scifact, str):
+        out["scifact"] = {"skipped": scifact}
+    else:
+        result = _call(scifact, quick)
+        out["scifact"] = result.get("scifact", result)
+    turns = _entry("bench.quality_turns")
+    if isinstance(turns, str):
+        out["dstc11"] = out["skip"] = {"skipped": turns}
+    else:
+        result = _call(turns, quick)
+        if "skipped" in result:
+            out["dstc11"] = out["skip"] = result
+        else:
+            out.update({k: v for k, v in result.items() if k in ("dstc11", "skip", "cast")})
+    return out
+
+
+def run_suite(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    if name == "search":
+        from bench import search
+
+        systems = tuple(args.systems.split(",")) if args.systems else None
+        return search.run(args.quick, n=args.n, dim=args.dim, queries=args.queries, systems=systems)
+    if name == "scale":
+        from bench import scale
+
+        sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
+        return scale.run(args.quick, sizes=sizes)
+    if name == "turn":
+        return run_turn(args.quick)
+    return run_quality(args.quick)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def table(result: dict[str, Any]) -> str:
+    """A plain-text table of a suite's rows: systems, sizes, scenarios or modes."""
+    lines = []
+    for section in ("systems", "sizes", "scenarios", "scifact", "dstc11"):
+        rows = result.get(section)
+        if not isinstance(rows, dict):
+            continue
+        if isinstance(rows.get("skipped"), str):
+            lines.append(f"{section}: skipped: {rows['skipped']}")
+            continue
+        rows = {k: v for k, v in rows.items() if isinstance(v, dict)}
+        if not rows:
+            continue
+        cols: list[str] = []
+        for row in rows.values():
+            cols += [c for c, v in row.items() if c not in cols and not isinstance(v, dict | list)]
+        width = max(len(k) for k in rows) + 2
+        lines.append(f"{section:<{width}}" + "".join(f"{c:>18}" for c in cols))
+        for name, row in rows.items():
+            if "skipped" in row and len(row) == 1:
+                lines.append(f"{name:<{width}}  skipped: {row['skipped']}")
+            else:
+                lines.append(f"{name:<{width}}" + "".join(f"{_fmt(row.get(c)):>18}" for c in cols))
+        lines.append("")
+    for name, goal in result.get("goals", {}).items():
+        verdict = goal.get("skipped") or (
+            f"{goal['value']} (goal {goal['goal']}): {'met' if goal['met'] else 'MISSED'}"
+        )
+        lines.append(f"goal {name}: {verdict}")
+    if "skip" in result and isinstance(result["skip"], dict):
+        lines.append(f"skip policy: {json.dumps(result['skip'])[:200]}")
+    if "skipped" in result:
+        lines.append(f"skipped: {result['skipped']}")
+    return "\n".join(lines)
+
+
+def plot(name: str, result: dict[str, Any], out: Path) -> list[str]:
+    try:
+        from bench import plots
+    except ImportError as exc:  # pragma: no cover - matplotlib is in the bench extra
+        return [f"no plot: {exc}"]
+    try:
+        if name == "search" and "systems" in result:
+            return [str(plots.search_percentiles(result, out / "search.png"))]
+        if name == "scale" and "sizes" in result:
+            return [str(plots.scale_latency(result, out / "scale.png"))]
+    except ImportError as exc:
+        return [f"no plot: matplotlib is not installed ({exc}); pip install -e '.[bench]'"]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("suite", choices=(*SUITES, "all"))
+    parser.add_argument("--quick", action="store_true", help="smoke mode: small, no peers")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for SUITE.json")
+    search = parser.add_argument_group("search")
+    search.add_argument("--n", type=int, help="corpus size (default 100,000; quick 20,000)")
+    search.add_argument("--dim", type=int, help="dimension (default 1536; quick 384)")
+    search.add_argument("--queries", type=int, help="timed queries (default 1000; quick 200)")
+    search.add_argument("--systems", help="comma-separated systems (default: all; quick: no peer)")
+    parser.add_argument("--sizes", help="scale: comma-separated N to measure")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("httpx", "chromadb", "pgserver"):  # a line per request drowns the progress
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in SUITES if args.suite == "all" else (args.suite,):
+        started = time.perf_counter()
+        print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
+        info = {
+            "command": " ".join(["python -m bench", *(argv or sys.argv[1:])]),
+            "machine": machine(),
+        }
+        result = run_suite(name, args)
+        result = {**result, "quick": args.quick, **info}
+        result["elapsed_s"] = round(time.perf_counter() - started, 1)
+        path = args.out / f"{name}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(table(result))
+        for line in plot(name, result, args.out):
+            print(line)
+        print(f"wrote {path} in {result['elapsed_s']} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

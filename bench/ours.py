@@ -1,0 +1,196 @@
+"""voxrecall as a caller sees it: a real snapshot, a sidecar process, its Search RPC on loopback.
+
+``build_snapshot`` writes the synthetic corpus as a snapshot with ``write_snapshot`` (the build
+picks ``ef`` by measured recall, as a real build does) and publishes it in a cached store.
+``SidecarProcess`` runs ``bench.sidecar_proc`` on it. ``Voxrecall`` sends each query as
+``SearchRequest.vector`` (float32 little-endian bytes); ``GrpcEcho`` sends the same request to a
+method that answers with the same bytes and searches nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from bench.corpus import CACHE, F32, Corpus, digest
+from index.config import HnswConfig
+from index.embedders.base import EmbedderInfo
+from index.snapshot import write_snapshot
+from index.store import LocalStore, new_version_id
+from index.types import Chunk
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+
+KB = "bench"
+SOURCE = "synthetic"
+EMBEDDER_PREFIX = "bench/synthetic"  # the snapshot's embedder name; queries arrive as vectors
+CHUNKS_PER_PAGE = 8
+HNSW = HnswConfig()  # the product's defaults: M, ef_construction and the recall target
+STARTUP_TIMEOUT_S = 600.0  # loading a 1M-chunk snapshot verifies hundreds of MB of checksums
+CALL_TIMEOUT_S = 5.0  # far above any search; a stuck call fails the run instead of hanging it
+# ~200 characters a chunk, so that a top-10 response is a few KB as with real chunks
+FILLER = (
+    "This synthetic passage stands in for a help-centre chunk: its words do not matter to a "
+    "vector search, only its size on the wire."
+)
+
+
+def embedder_info(corpus: Corpus) -> EmbedderInfo:
+    return EmbedderInfo(name=f"{EMBEDDER_PREFIX}-{corpus.spec.dim}", dimension=corpus.spec.dim)
+
+
+def _chunks(n: int) -> list[Chunk]:
+    out = []
+    for i in range(n):
+        page = i // CHUNKS_PER_PAGE
+        title = f"Document {page}"
+        crumbs = (title, f"Section {i % CHUNKS_PER_PAGE}")
+        text = f"Chunk {i}. {FILLER}"
+        out.append(
+            Chunk(
+                chunk_id=f"c{i:08d}",
+                source=SOURCE,
+                source_path=f"doc-{page}.md",
+                title=title,
+                breadcrumbs=crumbs,
+                text=text,
+                embed_text=f"{' > '.join(crumbs)}\n{text}",
+            )
+        )
+    return out
+
+
+def store_root(corpus: Corpus, cache: Path = CACHE) -> Path:
+    return cache / f"voxrecall-{corpus.spec.key}-m{HNSW.m}-efc{HNSW.ef_construction}" / "store"
+
+
+def build_snapshot(corpus: Corpus, cache: Path = CACHE) -> tuple[Path, bool]:
+    """The published snapshot folder of this corpus, and whether it was built just now."""
+    store = LocalStore(store_root(corpus, cache))
+    if store.latest(KB) is not None:
+        return store.latest_dir(KB), False
+    chunks = _chunks(corpus.spec.n)
+    pages = {
+        f"{SOURCE}:doc-{p}.md": f"Document {p}" for p in range(-(-len(chunks) // CHUNKS_PER_PAGE))
+    }
+    version = new_version_id(digest(corpus.vectors))
+    staging = store.staging_dir(KB)
+    write_snapshot(
+        staging,
+        knowledge_base=KB,
+        version=version,
+        embedder=embedder_info(corpus),
+        chunks=chunks,
+        vectors=corpus.vectors,
+        pages=pages,
+        page_count=len(pages),
+        hnsw_m=HNSW.m,
+        hnsw_ef_construction=HNSW.ef_construction,
+        target_recall=HNSW.target_recall,
+        sources=[SOURCE],
+    )
+    return store.publish(KB, staging, version), True
+
+
+class SidecarProcess:
+    """``bench.sidecar_proc`` as a child process; ``close`` ends it (also when startup fails)."""
+
+    def __init__(self, store: Path, info: EmbedderInfo) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.sidecar_proc",
+                "--store",
+                str(store),
+                "--dim",
+                str(info.dimension),
+                "--embedder",
+                info.name,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[1],
+            text=True,
+        )
+        try:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"sidecar process exited with {self.proc.wait(5)}")
+            self.info: dict[str, Any] = json.loads(line)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def port(self) -> int:
+        return int(self.info["port"])
+
+    @property
+    def echo_port(self) -> int:
+        return int(self.info["echo_port"])
+
+    def close(self) -> None:
+        """Close its stdin (it drains and exits), wait, and kill it if it will not stop."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+def _request(query: F32) -> pb.SearchRequest:
+    return pb.SearchRequest(
+        vector=np.asarray(query, dtype="<f4").tobytes(), limit=10, min_score=-1.0
+    )
+
+
+class Voxrecall:
+    """The sidecar's Search RPC over a grpc.aio channel on 127.0.0.1."""
+
+    name = "voxrecall"
+
+    def __init__(self, port: int, setting: dict[str, Any]) -> None:
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = pb_grpc.RetrievalStub(self.channel)  # type: ignore[no-untyped-call]
+        self.setting = setting
+
+    async def asearch(self, query: F32) -> Sequence[int]:
+        resp: pb.SearchResponse = await self.stub.Search(_request(query), timeout=CALL_TIMEOUT_S)
+        return [int(c.chunk_id[1:]) for c in resp.chunks]
+
+    async def aclose(self) -> None:
+        await self.channel.close(None)
+
+
+class GrpcEcho:
+    """The same request and response bytes over the same kind of channel, with no search."""
+
+    name = "grpc-echo"
+
+    def __init__(self, port: int, response_bytes: int) -> None:
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.call = self.channel.unary_unary(
+            "/bench.Echo/Search",
+            request_serializer=pb.SearchRequest.SerializeToString,
+            response_deserializer=pb.SearchResponse.FromString,
+        )
+        self.setting: dict[str, Any] = {"response_bytes": response_bytes}
+
+    async def asearch(self, query: F32) -> Sequence[int]:
+        resp: pb.SearchResponse = await self.call(_request(query), timeout=CALL_TIMEOUT_S)
+        return [int(c.chunk_id[1:]) for c in resp.chunks]
+
+    async def aclose(self) -> None:
+        await self.channel.close(None)

@@ -1,0 +1,359 @@
+"""Quality of the turn engine: skip policy, follow-ups, query rewriting.
+
+    .venv/bin/python -m bench.quality_turns [--quick] [--data /work/shared/data]
+
+* ``skip``: precision and recall of "skip" against ``needs_retrieval == false`` on the 4,173
+  labelled DSTC11 user turns, overall and among short turns (at most ``SHORT_WORDS`` words).
+* ``dstc11``: a snapshot of the DSTC11 FAQ + review snippets, each embedded as "entity\\n\\ntext"
+  with the embedded model, served by a real sidecar engine. Every judged dialogue's history is
+  fed in order into one session (user turns as USER, system turns as AGENT), then its last user
+  turn is scored: hit@3 and MRR@10 against ``qrels/val.tsv``. Beside it, the same last turn
+  searched alone, with the two previous turns (user and system) prepended, and with the gold
+  entity prefixed as "entity: turn" (the entity of most judged snippets when there are several;
+  the ceiling of entity folding), all through the same engine.
+* ``cast``: TREC CAsT follow-ups: how close the query the session would search gets to the
+  human rewrite (recall of the rewrite's content words, and cosine of the embedded texts),
+  against the raw turn. No base knows these topics, so only the conversation's own words count.
+
+The snapshot is cached under ``bench/.cache/`` keyed by the corpus hash (the full one takes a few
+minutes to embed on two cores). ``--quick`` uses four entities and a few hundred turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import hashlib
+import json
+import platform
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from index.build import embed_chunks
+from index.chunker import chunk_page
+from index.config import Config, parse_config
+from index.embedders.base import Embedder
+from index.snapshot import write_snapshot
+from index.store import LocalStore, new_version_id
+from index.types import Page
+from sidecar import followups
+from sidecar.engine import Engine, SearchInput, Speaker, TurnInput
+from sidecar.sessions import Session
+from sidecar.skip import Skip, SkipPolicy, words
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results" / "quality_turns.json"
+CACHE = ROOT / ".cache"
+DEFAULT_DATA = Path("/work/shared/data")
+KB = "dstc11"
+SHORT_WORDS = 4  # "short" turns: backchannels, closings, and questions like "Is it quiet?"
+QUICK_ENTITIES = 4  # the most-judged entities: ~350 snippets, embedded in seconds
+QUICK_TURNS = 300
+EVAL_DEPTH = 10  # MRR@10 needs ten results; hit@3 reads the first three
+EVAL_BUDGET_MS = 10_000  # quality, not latency: the embedder must never miss the budget here
+
+
+# -- skip ---------------------------------------------------------------------------------------
+
+
+def skip_quality(path: Path, policy: SkipPolicy) -> dict[str, Any]:
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+    def score(subset: list[dict[str, Any]]) -> dict[str, Any]:
+        tp = fp = fn = 0
+        wrongly_skipped: list[str] = []
+        for row in subset:
+            skipped = policy.classify(row["text"]) is not Skip.NOT_SKIPPED
+            skippable = not row["needs_retrieval"]
+            tp += skipped and skippable
+            fp += skipped and not skippable
+            fn += skippable and not skipped
+            if skipped and not skippable:
+                wrongly_skipped.append(row["text"])
+        return {
+            "turns": len(subset),
+            "skippable": tp + fn,
+            "skipped": tp + fp,
+            "precision": round(tp / (tp + fp), 4) if tp + fp else None,
+            "recall": round(tp / (tp + fn), 4) if tp + fn else None,
+            "wrongly_skipped": wrongly_skipped[:20],
+        }
+
+    short = [r for r in rows if len(words(r["text"])) <= SHORT_WORDS]
+    return {
+        **score(rows),
+        "short": {"definition": f"at most {SHORT_WORDS} words", **score(short)},
+        "policy": {"max_words": policy.max_words, "language": policy.language},
+    }
+
+
+# -- DSTC11 ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dstc:
+    records: list[dict[str, Any]]
+    queries: list[dict[str, Any]]  # judged ones only
+    qrels: dict[str, set[str]]
+    entity: dict[str, str]  # doc id -> entity name
+
+
+def load_dstc(folder: Path, quick: bool) -> Dstc:
+    records = [orjson.loads(line) for line in (folder / "corpus.jsonl").read_bytes().splitlines()]
+    entity = {str(r["_id"]): str(r["entity_name"]) for r in records}
+    qrels: dict[str, set[str]] = defaultdict(set)
+    with (folder / "qrels" / "val.tsv").open(newline="") as f:
+        reader = csv.reader(f, delimiter="\t")
+        next(reader)
+        for qid, did, score in reader:
+            if int(score) > 0:
+                qrels[qid].add(did)
+    queries = [
+        q
+        for q in (
+            orjson.loads(line) for line in (folder / "queries_val.jsonl").read_bytes().splitlines()
+        )
+        if q["_id"] in qrels
+    ]
+    if quick:
+        judged = Counter(entity[d] for q in queries for d in qrels[q["_id"]])
+        keep = {name for name, _ in judged.most_common(QUICK_ENTITIES)}
+        records = [r for r in records if r["entity_name"] in keep]
+        queries = [q for q in queries if {entity[d] for d in qrels[q["_id"]]} <= keep]
+        queries = queries[:QUICK_TURNS]
+    return Dstc(records, queries, dict(qrels), entity)
+
+
+def dstc_store(data: Dstc, embedder: Embedder) -> Path:
+    """A store holding a snapshot of the records, built once and cached by their hash."""
+    digest = hashlib.sha256(embedder.info.name.encode())
+    for r in data.records:
+        digest.update(orjson.dumps(r, option=orjson.OPT_SORT_KEYS))
+    store_dir = CACHE / f"{KB}-{digest.hexdigest()[:16]}" / "store"
+    store = LocalStore(store_dir)
+    if store.latest(KB) is not None:
+        return store_dir
+    pages = [
+        Page(
+            source=KB,
+            source_path=str(r["_id"]),
+            title=str(r["title"]),
+            text=str(r["text"]),
+            kind="text",
+            context=str(r["entity_name"]),
+        )
+        for r in data.records
+    ]
+    chunks = [c for p in pages for c in chunk_page(p)]
+    start = time.perf_counter()
+    vectors, _ = embed_chunks(embedder, chunks, {}, batch_size=64, progress=_progress)
+    print(f"  embedded {len(chunks)} chunks in {time.perf_counter() - start:.0f} s")
+    staging = store.staging_dir(KB)
+    version = new_version_id(digest.hexdigest())
+    write_snapshot(
+        staging,
+        knowledge_base=KB,
+        version=version,
+        embedder=embedder.info,
+        chunks=chunks,
+        vectors=vectors,
+        pages={f"{p.source}:{p.source_path}": p.text for p in pages},
+        page_count=len(pages),
+        hnsw_m=16,
+        hnsw_ef_construction=200,
+        target_recall=0.98,
+        sources=[KB],
+    )
+    store.publish(KB, staging, version)
+    return store_dir
+
+
+def _progress(done: int, total: int) -> None:
+    if done % 1024 < 64 or done == total:
+        print(f"  embedding {done}/{total}", flush=True)
+
+
+def eval_config(store_dir: Path) -> Config:
+    return parse_config(
+        {
+            "index": {"store": str(store_dir)},
+            "sidecar": {
+                "store": str(store_dir),
+                "listen": "127.0.0.1:0",
+                "max_results": EVAL_DEPTH,
+                "min_score": 0.0,
+                "budget_ms": EVAL_BUDGET_MS,
+            },
+        },
+        base=store_dir.parent,
+    )
+
+
+class Ranking:
+    """hit@3 and MRR@10 accumulated over queries."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.rr = 0.0
+        self.n = 0
+
+    def add(self, ranked: list[str], relevant: set[str]) -> None:
+        self.n += 1
+        self.hits += any(d in relevant for d in ranked[:3])
+        self.rr += next((1.0 / (i + 1) for i, d in enumerate(ranked[:10]) if d in relevant), 0.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "hit_at_3": round(self.hits / self.n, 4) if self.n else None,
+            "mrr_at_10": round(self.rr / self.n, 4) if self.n else None,
+            "turns": self.n,
+        }
+
+
+async def dstc_quality(data: Dstc, engine: Engine) -> dict[str, Any]:
+    async def search(query: str) -> list[str]:
+        result = await engine.search(SearchInput(query=query, limit=EVAL_DEPTH))
+        return [h.chunk.source_path for h in result.hits]
+
+    last, previous, ceiling, session = Ranking(), Ranking(), Ranking(), Ranking()
+    skipped = degraded = 0
+    examples: list[dict[str, str]] = []
+    for q in data.queries:
+        relevant = data.qrels[q["_id"]]
+        text = q["text"]
+        last.add(await search(text), relevant)
+        before = [h["text"] for h in q["history"][-2:]]
+        previous.add(await search(" ".join([*before, text])), relevant)
+        gold, _ = Counter(data.entity[d] for d in relevant).most_common(1)[0]
+        ceiling.add(await search(f"{gold}: {text}"), relevant)
+
+        sid = f"dstc-{q['_id']}"
+        for turn in q["history"]:
+            speaker = Speaker.USER if turn["speaker"] == "U" else Speaker.AGENT
+            await engine.turn(TurnInput(session_id=sid, text=turn["text"], speaker=speaker))
+        result = await engine.turn(TurnInput(session_id=sid, text=text))
+        engine.end_session(sid)
+        skipped += result.skipped is not Skip.NOT_SKIPPED
+        degraded += result.degraded
+        ranked = [h.chunk.source_path for h in result.hits]
+        session.add(ranked, relevant)
+        if len(examples) < 8 and result.query != text:
+            examples.append({"turn": text, "query": result.query})
+    return {
+        "last_turn": last.as_dict(),
+        "last_turn_with_two_previous": previous.as_dict(),
+        "session": {**session.as_dict(), "skipped": skipped, "degraded": degraded},
+        "gold_entity_ceiling": ceiling.as_dict(),
+        "snippets": len(data.records),
+        "examples": examples,
+    }
+
+
+# -- TREC CAsT ------------------------------------------------------------------------------------
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in words(text) if w not in followups.FUNCTION_WORDS_EN}
+
+
+def cast_quality(path: Path, embedder: Embedder, quick: bool) -> dict[str, Any]:
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    rows = [r for r in rows if r["history"] and r["raw"].strip() != r["manual_rewrite"].strip()]
+    if quick:
+        rows = rows[:QUICK_TURNS]
+    raw_q, ours_q, rewrites = [], [], []
+    for r in rows:
+        session = Session(session_id="cast", context_turns=3)
+        for said in r["history"]:
+            followups.rewrite(session, said)
+            session.record_turn(Speaker.USER, said)
+        raw_q.append(r["raw"])
+        ours_q.append(followups.rewrite(session, r["raw"]))
+        rewrites.append(r["manual_rewrite"])
+
+    def recall(queries: Iterable[str]) -> float:
+        scores = []
+        for q, rw in zip(queries, rewrites, strict=True):
+            want = content_words(rw)
+            if want:
+                scores.append(len(want & content_words(q)) / len(want))
+        return round(float(np.mean(scores)), 4)
+
+    target = embedder.embed_batch(rewrites)
+    raw_cos = np.sum(embedder.embed_batch(raw_q) * target, axis=1)
+    ours_cos = np.sum(embedder.embed_batch(ours_q) * target, axis=1)
+    changed = sum(a != b for a, b in zip(raw_q, ours_q, strict=True))
+    return {
+        "turns": len(rows),
+        "rewritten": changed,
+        "raw_turn": {"content_recall": recall(raw_q), "cosine": round(float(raw_cos.mean()), 4)},
+        "session": {"content_recall": recall(ours_q), "cosine": round(float(ours_cos.mean()), 4)},
+        "examples": [
+            {"turn": a, "query": b, "rewrite": c}
+            for a, b, c in list(zip(raw_q, ours_q, rewrites, strict=True))[:6]
+        ],
+    }
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+async def run(data_dir: Path, quick: bool) -> dict[str, Any]:
+    from index.embedders.local import LocalEmbedder
+    from sidecar.server import create_server
+
+    started = time.perf_counter()
+    out: dict[str, Any] = {
+        "quick": quick,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+    out["skip"] = skip_quality(data_dir / "turns-dstc11" / "labeled_user_turns.jsonl", SkipPolicy())
+    print(f"skip: {json.dumps({k: out['skip'][k] for k in ('precision', 'recall')})}")
+
+    dstc = load_dstc(data_dir / "dstc11-faq-reviews", quick)
+    embedder = LocalEmbedder()
+    store_dir = await asyncio.to_thread(dstc_store, dstc, embedder)
+    sidecar = await create_server(eval_config(store_dir), embedder=embedder, poll=False)
+    try:
+        out["dstc11"] = await dstc_quality(dstc, sidecar.engine)
+    finally:
+        await sidecar.stop(0.5)
+    out["dstc11"]["engine"] = {
+        "max_results": EVAL_DEPTH,
+        "min_score": 0.0,
+        "budget_ms": EVAL_BUDGET_MS,
+    }
+    print("dstc11:", {k: v for k, v in out["dstc11"].items() if k != "examples"})
+
+    out["cast"] = cast_quality(
+        data_dir / "followups-trec-cast" / "followup_turns.jsonl", embedder, quick
+    )
+    print("cast:", {k: v for k, v in out["cast"].items() if k != "examples"})
+    await embedder.aclose()
+    out["seconds"] = round(time.perf_counter() - started, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a small subset (smoke mode)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    result = asyncio.run(run(args.data, args.quick))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    print(f"wrote {args.out} in {result['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

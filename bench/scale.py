@@ -1,0 +1,128 @@
+"""The ``scale`` suite: what a snapshot of N chunks costs the sidecar that serves it.
+
+For each N (10k, 100k, and 1M where this machine's memory allows): the snapshot's size on disk,
+the time a fresh sidecar process takes to verify and load it (``create_server`` until it
+serves), that process's resident memory, and Search p50/p99 over loopback gRPC (query vectors
+sent as bytes, as in the ``search`` suite). Vectors are the ``search`` suite's synthetic corpus
+at 384 dimensions, the embedded model's. A size that is not run is extrapolated from the two
+largest measured ones and marked so: linearly for size, load time and memory, and for latency
+by the same step per tenfold N (an HNSW search grows with log N).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import CACHE, CorpusSpec, load_or_generate
+from bench.measure import Plan, interleaved, percentiles_ms, throughput
+from bench.ours import SidecarProcess, Voxrecall, build_snapshot, embedder_info
+
+DIM = 384
+FULL_SIZES = (10_000, 100_000, 1_000_000)
+QUICK_SIZES = (2_000, 10_000)
+FULL_QUERIES = 500
+QUICK_QUERIES = 100
+# Peak bytes per chunk while building and then serving (vectors in the corpus, the build's
+# copy, the graph, chunk objects and JSON, the lexical index), measured at 100k with margin.
+BYTES_PER_CHUNK = DIM * 4 * 4 + 6_000
+
+
+def _available_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _rss_mb(pid: int) -> dict[str, float]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out["rss_mb" if key == "VmRSS" else "peak_rss_mb"] = round(
+                int(value.split()[0]) / 1024, 1
+            )
+    return out
+
+
+def _size_mb(folder: Path) -> float:
+    return round(sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20, 1)
+
+
+def measure(n: int, queries: int, cache: Path) -> dict[str, Any]:
+    corpus = load_or_generate(CorpusSpec(n=n, dim=DIM, queries=queries), cache)
+    started = time.perf_counter()
+    snapshot, built = build_snapshot(corpus, cache)
+    row: dict[str, Any] = {"snapshot_mb": _size_mb(snapshot)}
+    if built:
+        row["build_s"] = round(time.perf_counter() - started, 1)
+    proc = SidecarProcess(snapshot.parent.parent, embedder_info(corpus))
+    try:
+        row["load_s"] = round(proc.info["load_s"], 3)
+        row.update(_rss_mb(proc.proc.pid))
+        plan = Plan(latency_queries=queries, throughput_queries=queries)
+
+        async def timed() -> tuple[Any, float]:
+            system = Voxrecall(proc.port, {})
+            try:
+                lat = await interleaved([system], corpus.queries, plan, corpus.spec.k, {})
+                return lat[system.name][0], await throughput(system, corpus.queries, plan)
+            finally:
+                await system.aclose()
+
+        latencies, qps = asyncio.run(timed())
+    finally:
+        proc.close()
+    lat = percentiles_ms(latencies)
+    row.update(search_p50_ms=lat["p50_ms"], search_p99_ms=lat["p99_ms"])
+    row["qps_concurrent_16"] = round(qps, 1)
+    return row
+
+
+def extrapolate(n: int, rows: dict[int, dict[str, Any]], why: str) -> dict[str, Any]:
+    (n1, a), (n2, b) = sorted(rows.items())[-2:]
+    out: dict[str, Any] = {"extrapolated": why}
+    for key in ("snapshot_mb", "load_s", "rss_mb"):
+        slope = (b[key] - a[key]) / (n2 - n1)
+        out[key] = round(b[key] + slope * (n - n2), 1)
+    decades = math.log10(n / n2) / math.log10(n2 / n1)
+    for key in ("search_p50_ms", "search_p99_ms"):
+        out[key] = round(b[key] + (b[key] - a[key]) * decades, 3)
+    return out
+
+
+def run(
+    quick: bool, *, sizes: tuple[int, ...] | None = None, cache: Path = CACHE
+) -> dict[str, Any]:
+    """Measure each size that fits in memory; extrapolate (and mark) the rest."""
+    sizes = sizes or (QUICK_SIZES if quick else FULL_SIZES)
+    queries = QUICK_QUERIES if quick else FULL_QUERIES
+    planned = sizes if sizes != QUICK_SIZES else (*QUICK_SIZES, *FULL_SIZES[1:])
+    rows: dict[int, dict[str, Any]] = {}
+    for n in sorted(set(planned)):
+        need = n * BYTES_PER_CHUNK
+        if n not in sizes:
+            why = "--quick measures only the small sizes"
+        elif need > _available_bytes():
+            why = f"needs ~{need / 2**30:.1f} GiB, {_available_bytes() / 2**30:.1f} GiB available"
+        else:
+            rows[n] = measure(n, queries, cache)
+            continue
+        if len(rows) < 2:
+            rows[n] = {"skipped": f"{why}; too few measured sizes to extrapolate"}
+        else:
+            measured = {k: v for k, v in rows.items() if "extrapolated" not in v}
+            rows[n] = extrapolate(n, measured, why)
+    return {
+        "suite": "scale",
+        "dim": DIM,
+        "queries": queries,
+        "sizes": {str(n): r for n, r in rows.items()},
+    }

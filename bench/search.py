@@ -1,0 +1,235 @@
+"""The ``search`` suite: top-10 latency, recall and throughput of voxrecall beside its peers.
+
+Every system answers the same seeded queries over the same corpus (``bench.corpus``), measured
+the same way (``bench.measure``): a sequential single client, the systems taking turns query by
+query so that load elsewhere on the machine falls on all alike; then 16 concurrent clients, one
+system at a time. Servers (the sidecar, PostgreSQL, Chroma) run in their own processes on
+127.0.0.1 and are all stopped at the end, also on error. The goals of issue 7 are checked on the
+ratios of this one run, so a noisy machine moves the figures but not the verdicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import CACHE, Corpus, CorpusSpec, load_or_generate
+from bench.measure import (
+    AsyncSystem,
+    Plan,
+    SyncSystem,
+    System,
+    Unavailable,
+    interleaved,
+    summarise,
+    throughput,
+)
+from bench.ours import HNSW, GrpcEcho, SidecarProcess, Voxrecall, build_snapshot, embedder_info
+from bench.systems import Hnswlib, NumpyExact
+
+log = logging.getLogger("bench.search")
+
+FULL = {"n": 100_000, "dim": 1536, "queries": 1000, "throughput": 2000}
+QUICK = {"n": 20_000, "dim": 384, "queries": 200, "throughput": 400}
+EXACT_QUERIES = 200  # numpy-exact scans every vector: ~1 s a query at 1M, and its recall is 1
+PEERS = {  # name -> module under bench.peers
+    "faiss-hnsw": "faiss_hnsw",
+    "pgvector": "pgvector",
+    "chroma": "chroma",
+    "qdrant": "qdrant_edge",
+}
+CORE = ("numpy-exact", "hnswlib", "voxrecall", "grpc-echo")
+ALL = CORE + tuple(PEERS)
+APPROXIMATE = ("hnswlib", "voxrecall", "faiss-hnsw", "pgvector", "chroma", "qdrant")
+MIN_RECALL = 0.95
+
+
+def _open_peer(name: str, corpus: Corpus, cache: Path) -> SyncSystem | dict[str, Any]:
+    """The opened peer, or its ``{"skipped": reason}`` row."""
+    module = importlib.import_module(f"bench.peers.{PEERS[name]}")
+    opener: Callable[[Corpus, Path, float], SyncSystem] = module.open_system
+    started = time.perf_counter()
+    log.info("opening %s (a first run builds its index: minutes at 100k x 1536)", name)
+    try:
+        system = opener(corpus, cache, HNSW.target_recall)
+    except Unavailable as exc:
+        return {"skipped": str(exc)}
+    except Exception as exc:  # a peer that breaks is reported, and the others still run
+        traceback.print_exc()
+        return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
+    system.setting["open_s"] = round(time.perf_counter() - started, 1)
+    return system
+
+
+async def _measure(
+    sync: list[SyncSystem],
+    makers: list[Callable[[], AsyncSystem]],
+    corpus: Corpus,
+    plan: Plan,
+) -> dict[str, dict[str, Any]]:
+    opened = [make() for make in makers]  # grpc.aio channels belong to the loop they start on
+    try:
+        systems: list[System] = sorted([*sync, *opened], key=lambda s: ALL.index(s.name))
+        log.info("timing %s, taking turns query by query", ", ".join(s.name for s in systems))
+        limits = {"numpy-exact": EXACT_QUERIES}
+        timed = await interleaved(systems, corpus.queries, plan, corpus.spec.k, limits)
+        rows = {}
+        for system in systems:
+            log.info("throughput of %s", system.name)
+            own = replace(
+                plan,
+                throughput_queries=min(
+                    plan.throughput_queries, limits.get(system.name, plan.throughput_queries)
+                ),
+            )
+            qps = await throughput(system, corpus.queries, own)
+            rows[system.name] = {
+                **summarise(corpus, *timed[system.name]),
+                f"qps_concurrent_{plan.concurrency}": round(qps, 1),
+                "setting": system.setting,
+            }
+        return rows
+    finally:
+        for system in opened:
+            await system.aclose()
+
+
+def _measure_all(
+    corpus: Corpus, cache: Path, plan: Plan, wanted: set[str], quick: bool
+) -> dict[str, dict[str, Any]]:
+    """Open every wanted system, time them together, and close them all, also on error."""
+    rows: dict[str, dict[str, Any]] = {}
+    sync: list[SyncSystem] = []
+    makers: list[Callable[[], AsyncSystem]] = []
+    with contextlib.ExitStack() as stack:
+        if "numpy-exact" in wanted:
+            sync.append(NumpyExact(corpus))
+        if wanted & {"hnswlib", "voxrecall", "grpc-echo"}:
+            started = time.perf_counter()
+            snapshot, built = build_snapshot(corpus, cache)
+            build_s = round(time.perf_counter() - started, 1)
+            floor = Hnswlib(corpus, snapshot)
+            if "hnswlib" in wanted:
+                sync.append(floor)
+            setting = {**floor.setting, "transport": "grpc tcp 127.0.0.1"}
+            if built:
+                setting["build_s"] = build_s
+            if wanted & {"voxrecall", "grpc-echo"}:
+                proc = SidecarProcess(snapshot.parent.parent, embedder_info(corpus))
+                stack.callback(proc.close)
+                setting["load_s"] = round(proc.info["load_s"], 2)
+                if "voxrecall" in wanted:
+                    makers.append(lambda: Voxrecall(proc.port, setting))
+                if "grpc-echo" in wanted:
+                    makers.append(lambda: GrpcEcho(proc.echo_port, proc.info["response_bytes"]))
+        for name in PEERS:
+            if name not in wanted:
+                why = "--quick measures no peer" if quick else "not selected (--systems)"
+                rows[name] = {"skipped": why}
+                continue
+            peer = _open_peer(name, corpus, cache)
+            if isinstance(peer, dict):
+                rows[name] = peer
+            else:
+                stack.callback(peer.close)
+                sync.append(peer)
+        rows.update(asyncio.run(_measure(sync, makers, corpus, plan)))
+    if "grpc-echo" in rows:
+        rows["grpc-echo"]["recall_at_10"] = None  # it searches nothing
+    return rows
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else float("inf")
+
+
+def check_goals(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Issue 7's goals, each as the measured ratio, the goal, and whether it was met."""
+    ok = {name: row for name, row in systems.items() if "skipped" not in row}
+    goals: dict[str, Any] = {}
+    low = {n: ok[n]["recall_at_10"] for n in APPROXIMATE if n in ok}
+    goals["recall_at_10_min"] = {
+        "value": min(low.values(), default=None),
+        "goal": f">= {MIN_RECALL}",
+        "met": all(r >= MIN_RECALL for r in low.values()),
+        "per_system": low,
+    }
+    vox = ok.get("voxrecall")
+
+    def need(*names: str) -> str | None:
+        missing = [n for n in ("voxrecall", *names) if n not in ok]
+        return f"not measured: {', '.join(missing)}" if missing else None
+
+    if (why := need("grpc-echo", "hnswlib")) is None and vox:
+        floor = ok["grpc-echo"]["p50_ms"] + ok["hnswlib"]["p50_ms"]
+        value = _ratio(vox["p50_ms"], floor)
+        goals["voxrecall_p50_over_echo_plus_hnswlib"] = {"value": value, "goal": "<= 1.3"}
+        goals["voxrecall_p50_over_echo_plus_hnswlib"]["met"] = value <= 1.3
+    else:
+        goals["voxrecall_p50_over_echo_plus_hnswlib"] = {"skipped": why}
+    if (why := need("pgvector")) is None and vox:
+        pg = ok["pgvector"]
+        value = _ratio(vox["p50_ms"], pg["p50_ms"])
+        recall_ok = vox["recall_at_10"] >= pg["recall_at_10"]
+        goals["voxrecall_p50_over_pgvector"] = {
+            "value": value,
+            "goal": "<= 1.0 at equal or better recall",
+            "recall": {"voxrecall": vox["recall_at_10"], "pgvector": pg["recall_at_10"]},
+            "met": value <= 1.0 and recall_ok,
+        }
+        qps = _ratio(vox["qps_concurrent_16"], pg["qps_concurrent_16"])
+        goals["voxrecall_qps_over_pgvector"] = {"value": qps, "goal": ">= 1.0", "met": qps >= 1.0}
+    else:
+        goals["voxrecall_p50_over_pgvector"] = {"skipped": why}
+        goals["voxrecall_qps_over_pgvector"] = {"skipped": why}
+    if (why := need("chroma")) is None and vox:
+        value = _ratio(ok["chroma"]["p50_ms"], vox["p50_ms"])
+        goals["chroma_p50_over_voxrecall"] = {"value": value, "goal": ">= 3", "met": value >= 3}
+    else:
+        goals["chroma_p50_over_voxrecall"] = {"skipped": why}
+    return goals
+
+
+def run(
+    quick: bool,
+    *,
+    n: int | None = None,
+    dim: int | None = None,
+    queries: int | None = None,
+    systems: tuple[str, ...] | None = None,
+    cache: Path = CACHE,
+) -> dict[str, Any]:
+    """Measure ``systems`` (default: all; ``--quick``: no peer) and return the suite's JSON."""
+    size = QUICK if quick else FULL
+    spec = CorpusSpec(n=n or size["n"], dim=dim or size["dim"], queries=queries or size["queries"])
+    wanted = set(systems or (CORE if quick else ALL))
+    unknown = wanted - set(ALL)
+    if unknown:
+        raise ValueError(f"unknown system(s) {sorted(unknown)}; known: {', '.join(ALL)}")
+    started = time.perf_counter()
+    corpus = load_or_generate(spec, cache)
+    corpus_s = round(time.perf_counter() - started, 1)
+    plan = Plan(latency_queries=spec.queries, throughput_queries=size["throughput"])
+    results = _measure_all(corpus, cache, plan, wanted, quick)
+    ordered = {name: results[name] for name in ALL if name in results}
+    return {
+        "suite": "search",
+        "n": spec.n,
+        "dim": spec.dim,
+        "k": spec.k,
+        "queries": spec.queries,
+        "seed": spec.seed,
+        "concurrency": plan.concurrency,
+        "target_recall": HNSW.target_recall,
+        "corpus_s": corpus_s,
+        "systems": ordered,
+        "goals": check_goals(ordered),
+    }

@@ -1,0 +1,107 @@
+"""A sidecar and a gRPC echo server in a process of their own, as a deployment runs them.
+
+``python -m bench.sidecar_proc --store DIR --dim D --embedder NAME`` serves the store's
+snapshots with ``create_server`` on 127.0.0.1 (queries arrive as vectors, so a fake embedder whose
+info matches the snapshot's stands in for the model), and beside it, on a second server, a
+``bench.Echo/Search`` method that answers every request with the bytes of a real ``Search``
+response of the same store: the transport floor, the same sizes with no search behind them.
+It prints one JSON line (ports, response size, load time), then serves until its stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import uvloop
+
+from index.config import parse_config
+from index.embedders.base import HashEmbedder
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import MAX_MESSAGE_BYTES, create_server
+
+ECHO_METHOD = "/bench.Echo/Search"
+LIMIT = 10
+CALL_TIMEOUT_S = 10.0  # generous: only the first call waits for a connection
+
+
+async def _canned_response(port: int, dim: int) -> bytes:
+    """The bytes of a real top-10 Search response of this sidecar."""
+    vector = np.full(dim, 1.0 / np.sqrt(dim), dtype="<f4").tobytes()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        resp: pb.SearchResponse = await stub.Search(
+            pb.SearchRequest(vector=vector, limit=LIMIT, min_score=-1.0), timeout=CALL_TIMEOUT_S
+        )
+    return resp.SerializeToString()
+
+
+def echo_server(response: bytes) -> tuple[grpc.aio.Server, int]:
+    async def handle(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return response
+
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    handler = grpc.unary_unary_rpc_method_handler(handle)  # raw bytes in and out
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bench.Echo", {"Search": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    return server, port
+
+
+async def run(store: Path, dim: int, embedder_name: str) -> None:
+    raw: dict[str, Any] = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0"}}
+    config = parse_config(raw, base=store.parent)
+    started = time.perf_counter()
+    sidecar = await create_server(
+        config, embedder=HashEmbedder(dimension=dim, name=embedder_name), poll=False
+    )
+    load_s = time.perf_counter() - started
+    echo: grpc.aio.Server | None = None
+    try:
+        response = await _canned_response(sidecar.port, dim)
+        echo, echo_port = echo_server(response)
+        await echo.start()
+        print(
+            json.dumps(
+                {
+                    "port": sidecar.port,
+                    "echo_port": echo_port,
+                    "response_bytes": len(response),
+                    "load_s": load_s,
+                }
+            ),
+            flush=True,
+        )
+        await asyncio.to_thread(sys.stdin.read)  # until the parent closes our stdin
+    finally:
+        if echo is not None:
+            await echo.stop(0.5)
+        await sidecar.stop(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", type=Path, required=True)
+    parser.add_argument("--dim", type=int, required=True)
+    parser.add_argument("--embedder", required=True, help="the embedder name the snapshot records")
+    args = parser.parse_args()
+    uvloop.run(run(args.store, args.dim, args.embedder))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""Server-side Turn latency under the budget: ``python -m bench.turn_latency [--quick]``.
+
+A sidecar runs in a process of its own (``voxrecall serve``) over the Windows Terminal docs.
+Simulated callers (CONCURRENCY at once, five turns per call) speak real text: the docs' FAQ
+questions in five phrasings and a seeded sample of DSTC11 user turns (some of them backchannels
+and closings the skip policy answers without searching). Words arrive every WORD_S; the
+recogniser's final transcript follows the last word after ENDPOINT_S. A ``Turn`` scenario sends
+only the final transcript; a ``Converse`` scenario streams an interim transcript per word
+(unpunctuated, as recognisers send them) and then the final, so that a stable interim can be
+searched ahead.
+
+Scenarios: the embedded default model; the OpenAI provider pointed at a local server
+(``tests/openai_server.py``, in its own process) answering after a lognormal latency (median
+120 ms, sigma 0.4: p95 ~230 ms, p99 ~300 ms) under a 150 ms budget; and the same server at a
+uniform 80-200 ms under a budget wide enough never to fall back, to show how much of the turn
+prefetch removes. Per scenario: the server-side turn latency (``timings.total_ms``) p50/p95/p99
+over every final user turn and over the searched ones, the share within the budget, degraded,
+skipped and prefetched, and the client's round trip. Writes ``bench/results/turn_latency.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.corpus import CACHE
+from index.build import build_knowledge_base
+from index.config import Config, load_config
+from index.embedders.local import LocalEmbedder
+from index.embedders.remote import OpenAIEmbedder
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+
+RESULTS = Path(__file__).resolve().parent / "results" / "turn_latency.json"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DOCS = DATA / "docs-windows-terminal" / "docs"
+FAQ = DATA / "docs-windows-terminal" / "faq_questions.json"
+DSTC11 = DATA / "turns-dstc11" / "labeled_user_turns.jsonl"
+WORK = CACHE / "turn-latency"
+
+CONCURRENCY = 4  # calls in progress at once
+TURNS_PER_CALL = 5
+DSTC11_TURNS = 60
+PHRASINGS = ("{q}", "Hi, {q}", "Quick question: {q}", "Um, {q}", "{q} Thanks.")
+WORD_S = 0.06  # interim transcripts arrive this often while the caller speaks
+ENDPOINT_S = (0.3, 0.6)  # silence before the recogniser finalises: uniform in this range
+REALISTIC = "lognormal:120:0.4"
+STARTUP_S = 120.0  # a sidecar process loads its snapshot and model within this
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    embedder: str  # "local" or "openai"
+    budget_ms: int
+    converse: bool
+    latency: str = "0"  # the OpenAI server's answer latency
+
+
+SCENARIOS = (
+    Scenario("local_default", "local", 150, converse=False),
+    Scenario("local_default_prefetch", "local", 150, converse=True),
+    Scenario("openai_realistic", "openai", 150, converse=False, latency=REALISTIC),
+    Scenario("openai_realistic_prefetch", "openai", 150, converse=True, latency=REALISTIC),
+    Scenario("remote_80_200", "openai", 1000, converse=False, latency="uniform:80:200"),
+    Scenario("remote_80_200_prefetch", "openai", 1000, converse=True, latency="uniform:80:200"),
+)
+
+
+@dataclass(slots=True)
+class Sample:
+    server_ms: float
+    client_ms: float
+    degraded: bool
+    skipped: bool
+    prefetched: bool
+
+
+@dataclass(slots=True)
+class Run:
+    samples: list[Sample] = field(default_factory=list)
+
+
+# -- the workload ----------------------------------------------------------------------------
+
+
+def workload(quick: bool) -> list[list[str]]:
+    """Calls, each a list of user turns: real text, seeded order."""
+    faq = [q["question"] for q in json.loads(FAQ.read_text(encoding="utf-8"))]
+    turns = [p.format(q=q) for p in PHRASINGS for q in faq]
+    rows = [json.loads(line) for line in DSTC11.read_text(encoding="utf-8").splitlines()]
+    rng = random.Random(4)
+    turns += [row["text"] for row in rng.sample(rows, DSTC11_TURNS)]
+    rng.shuffle(turns)
+    if quick:
+        turns = turns[:30]
+    return [turns[i : i + TURNS_PER_CALL] for i in range(0, len(turns), TURNS_PER_CALL)]
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_openai_server() -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.openai_server", "--dimension", "384"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def set_latency(port: int, latency: str) -> None:
+    body = json.dumps({"latency": latency}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/_control", data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        resp.read()
+
+
+def write_config(folder: Path, embedder: str, openai_port: int) -> Config:
+    folder.mkdir(parents=True, exist_ok=True)
+    emb = (
+        '[embedder]\nprovider = "openai"\nmodel = "text-embedding-3-small"\n'
+        f'base_url = "http://127.0.0.1:{openai_port}/v1"\ndimensions = 384\n'
+        if embedder == "openai"
+        else '[embedder]\nprovider = "local"\n'
+    )
+    text = (
+        emb
+        + '\n[[knowledge_base]]\nname = "docs"\n\n[[knowledge_base.source]]\n'
+        + f'name = "terminal-docs"\ntype = "markdown"\npath = "{DOCS}"\n\n'
+        + '[index]\nstore = "store"\n\n[sidecar]\nlisten = "127.0.0.1:0"\n'
+    )
+    path = folder / "voxrecall.toml"
+    path.write_text(text, encoding="utf-8")
+    return load_config(path)
+
+
+def build(config: Config, embedder: str) -> None:
+    """Build (or find unchanged) the snapshot, with the embedder the sidecar will use."""
+    if embedder == "openai":
+        remote = OpenAIEmbedder(config.embedder)
+        build_knowledge_base(config, config.knowledge_bases[0], remote)
+        asyncio.run(remote.aclose())
+    else:
+        local = LocalEmbedder(threads=os.cpu_count() or 1)
+        build_knowledge_base(config, config.knowledge_bases[0], local)
+
+
+async def start_sidecar(config: Config, budget_ms: int) -> tuple[asyncio.subprocess.Process, int]:
+    assert config.path is not None
+    text = config.path.read_text(encoding="utf-8")
+    scenario = config.path.with_name("scenario.toml")
+    scenario.write_text(text + f"budget_ms = {budget_ms}\n", encoding="utf-8")
+    port = free_port()
+    listen = f"127.0.0.1:{port}"
+    proc = await asyncio.create_subprocess_exec(
+        *(
+            sys.executable,
+            "-m",
+            "sidecar.cli",
+            "serve",
+            "--config",
+            str(scenario),
+            "--listen",
+            listen,
+        ),
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + STARTUP_S
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                resp = await health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return proc, port
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline or proc.returncode is not None:
+                proc.kill()
+                raise RuntimeError(f"sidecar did not start serving ({config.path})")
+            await asyncio.sleep(0.2)
+
+
+# -- callers ---------------------------------------------------------------------------------
+
+
+def record(run: Run, resp: pb.TurnResponse, client_ms: float, prefetched: bool) -> None:
+    run.samples.append(
+        Sample(
+            server_ms=resp.timings.total_ms,
+            client_ms=client_ms,
+            degraded=resp.degraded,
+            skipped=resp.skipped != pb.NOT_SKIPPED,
+            prefetched=prefetched,
+        )
+    )
+
+
+def interim_text(words: list[str]) -> str:
+    return " ".join(words).rstrip("?.!,")
+
+
+async def call_with_turns(
+    stub: pb_grpc.RetrievalStub, session: str, turns: list[str], budget_ms: int, run: Run
+) -> None:
+    rng = random.Random(session)
+    for text in turns:
+        await asyncio.sleep(len(text.split()) * WORD_S + rng.uniform(*ENDPOINT_S))
+        start = time.perf_counter()
+        resp = await stub.Turn(
+            pb.TurnRequest(session_id=session, text=text, is_final=True, budget_ms=budget_ms),
+            timeout=10,
+        )
+        record(run, resp, (time.perf_counter() - start) * 1000.0, prefetched=False)
+
+
+async def call_with_converse(
+    stub: pb_grpc.RetrievalStub, session: str, turns: list[str], budget_ms: int, run: Run
+) -> None:
+    rng = random.Random(session)
+    stream = stub.Converse(timeout=600)
+    try:
+        for text in turns:
+            words = text.split()
+            for i in range(1, len(words) + 1):
+                await stream.write(
+                    pb.ConverseRequest(
+                        turn=pb.TurnRequest(session_id=session, text=interim_text(words[:i]))
+                    )
+                )
+                await asyncio.sleep(WORD_S)
+            await asyncio.sleep(rng.uniform(*ENDPOINT_S))
+            start = time.perf_counter()
+            await stream.write(
+                pb.ConverseRequest(
+                    turn=pb.TurnRequest(
+                        session_id=session, text=text, is_final=True, budget_ms=budget_ms
+                    )
+                )
+            )
+            resp = await stream.read()
+            record(run, resp.turn, (time.perf_counter() - start) * 1000.0, resp.prefetched)
+        await stream.done_writing()
+    finally:
+        stream.cancel()
+
+
+async def run_scenario(scenario: Scenario, config: Config, calls: list[list[str]]) -> Run:
+    proc, port = await start_sidecar(config, scenario.budget_ms)
+    run = Run()
+    gate = asyncio.Semaphore(CONCURRENCY)
+    caller = call_with_converse if scenario.converse else call_with_turns
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+
+            async def one(i: int, turns: list[str]) -> None:
+                async with gate:
+                    await caller(stub, f"{scenario.name}-{i}", turns, scenario.budget_ms, run)
+
+            await one(-1, ["How do I open a new tab?"])  # warm-up: connections, model pages
+            run.samples.clear()
+            await asyncio.gather(*(one(i, turns) for i, turns in enumerate(calls)))
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=30)
+    return run
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50_ms": 0.0, "p95_ms": 0.0, "p99_ms": 0.0}
+    a = np.asarray(values)
+    return {f"p{p}_ms": round(float(np.percentile(a, p)), 2) for p in (50, 95, 99)}
+
+
+def share(flags: list[bool]) -> float:
+    return round(sum(flags) / len(flags), 4) if flags else 0.0
+
+
+def summarise(scenario: Scenario, run: Run) -> dict[str, Any]:
+    s = run.samples
+    searched = [x for x in s if not x.skipped]
+    return {
+        "embedder": scenario.embedder,
+        "embedder_latency": scenario.latency if scenario.embedder == "openai" else "in process",
+        "rpc": "Converse" if scenario.converse else "Turn",
+        "budget_ms": scenario.budget_ms,
+        "turns": len(s),
+        **percentiles([x.server_ms for x in s]),
+        "within_budget": share([x.server_ms <= scenario.budget_ms for x in s]),
+        "degraded": share([x.degraded for x in s]),
+        "skipped": share([x.skipped for x in s]),
+        "prefetched": share([x.prefetched for x in s]),
+        "searched_turns": {
+            "turns": len(searched),
+            **percentiles([x.server_ms for x in searched]),
+            "degraded": share([x.degraded for x in searched]),
+            "prefetched": share([x.prefetched for x in searched]),
+        },
+        "client_round_trip": percentiles([x.client_ms for x in s]),
+    }
+
+
+def removed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """How much of the searched turns' server-side latency prefetch removed."""
+    out: dict[str, float] = {}
+    for p in ("p50_ms", "p95_ms"):
+        b, a = before["searched_turns"][p], after["searched_turns"][p]
+        out[f"{p}_without"] = b
+        out[f"{p}_with"] = a
+        out[f"{p}_share_removed"] = round(1 - a / b, 3) if b else 0.0
+    return out
+
+
+async def main_async(quick: bool) -> dict[str, Any]:
+    calls = workload(quick)
+    server, openai_port = start_openai_server()
+    try:
+        configs = {
+            name: write_config(WORK / name, name, openai_port) for name in ("local", "openai")
+        }
+        for name, config in configs.items():
+            await asyncio.to_thread(build, config, name)
+        results: dict[str, Any] = {}
+        for scenario in SCENARIOS:
+            set_latency(openai_port, scenario.latency)
+            run = await run_scenario(scenario, configs[scenario.embedder], calls)
+            results[scenario.name] = summarise(scenario, run)
+            print(scenario.name, json.dumps(results[scenario.name]), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return {
+        "quick": quick,
+        "calls": len(calls),
+        "turns": sum(len(c) for c in calls),
+        "concurrency": CONCURRENCY,
+        "word_s": WORD_S,
+        "endpoint_s": list(ENDPOINT_S),
+        "prefetch_stable_ms": configs["local"].sidecar.prefetch_stable_ms,
+        "scenarios": results,
+        "prefetch_removes": {
+            base: removed(results[base], results[f"{base}_prefetch"])
+            for base in ("local_default", "openai_realistic", "remote_80_200")
+        },
+        "env": {"python": platform.python_version(), "cpus": os.cpu_count()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="30 turns per scenario")
+    args = parser.parse_args()
+    out = asyncio.run(main_async(args.quick))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(out["prefetch_removes"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

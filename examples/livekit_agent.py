@@ -1,0 +1,68 @@
+"""A LiveKit Agents voice agent that answers from the example knowledge base through voxrecall.
+
+Run the sidecar first (README: "Run the example"), then, with a LiveKit server and OpenAI key:
+
+    pip install -e '.[livekit]' 'livekit-agents[openai,silero]==1.8.9'
+    LIVEKIT_URL=... LIVEKIT_API_KEY=... LIVEKIT_API_SECRET=... OPENAI_API_KEY=... \
+        python examples/livekit_agent.py dev
+
+Interim transcripts are searched ahead into the agent's chat context, so preemptive generation
+starts with the knowledge already there; ``on_user_turn_completed`` checks it against the final
+turn and only then (when it differs) changes the context. The LLM may also call
+``knowledge_search`` (the example config's ``[[function]]``) on its own.
+"""
+
+from __future__ import annotations
+
+from livekit.agents import (
+    Agent,
+    AgentServer,
+    AgentSession,
+    ChatContext,
+    ChatMessage,
+    JobContext,
+    cli,
+    llm,
+)
+from livekit.plugins import openai, silero
+
+from sidecar.adapters.client import Voxrecall
+from sidecar.adapters.livekit import LiveKitKnowledge, knowledge_tools
+
+INSTRUCTIONS = (
+    "You are Northwind Mobile's phone assistant. Answer in one or two short spoken sentences, "
+    "only from the knowledge you are given or that knowledge_search returns."
+)
+
+server = AgentServer()
+
+
+class Assistant(Agent):
+    def __init__(self, knowledge: LiveKitKnowledge, tools: list[llm.Tool | llm.Toolset]) -> None:
+        super().__init__(instructions=INSTRUCTIONS, tools=tools)
+        self.knowledge = knowledge
+
+    async def on_user_turn_completed(self, turn_ctx: ChatContext, new_message: ChatMessage) -> None:
+        await self.knowledge.on_user_turn_completed(turn_ctx, new_message)
+
+
+@server.rtc_session()
+async def entrypoint(ctx: JobContext) -> None:
+    voxrecall = Voxrecall("127.0.0.1:50051")
+    session_id = ctx.room.name  # one voxrecall session per room
+    knowledge = LiveKitKnowledge(voxrecall, session_id=session_id)
+    agent = Assistant(knowledge, [*await knowledge_tools(voxrecall, session_id=session_id)])
+    session: AgentSession[None] = AgentSession(
+        vad=silero.VAD.load(),
+        stt=openai.STT(),
+        llm=openai.LLM(model="gpt-4.1-mini"),
+        tts=openai.TTS(),
+        preemptive_generation=True,
+    )
+    knowledge.attach(session, agent)
+    ctx.add_shutdown_callback(voxrecall.close)
+    await session.start(agent=agent, room=ctx.room)
+
+
+if __name__ == "__main__":
+    cli.run_app(server)

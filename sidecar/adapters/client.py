@@ -1,0 +1,231 @@
+"""The async client the adapters share: one channel, a deadline on every call.
+
+``Voxrecall`` wraps the ``Retrieval`` stub; ``TurnStream`` is one call's ``Converse`` stream, where
+interim transcripts go ahead so the server can prefetch, and each final transcript waits for its
+answer. ``knowledge_text`` renders chunks as the message an LLM context takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+
+log = logging.getLogger("voxrecall.adapters")
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+# A turn answers within its budget (150 ms by default) or says why not; a second without an
+# answer means the sidecar is not there, and the agent should go on without knowledge.
+TURN_TIMEOUT_S = 1.0
+# A model waits for its tool call anyway, but a call must still end.
+TOOL_TIMEOUT_S = 3.0
+KNOWLEDGE_HEADER = (
+    "Knowledge base excerpts for the caller's last turn. Answer from them when they are "
+    "relevant; when they do not answer the question, say you do not know rather than guess."
+)
+
+
+def knowledge_text(chunks: Sequence[pb.Chunk]) -> str:
+    """The chunks as one message for an LLM context; empty when there are none."""
+    if not chunks:
+        return ""
+    parts = [KNOWLEDGE_HEADER]
+    for i, chunk in enumerate(chunks, 1):
+        where = " > ".join(chunk.breadcrumbs) or chunk.title
+        parts.append(f"[{i}] {where} ({chunk.source}:{chunk.source_path})\n{chunk.text.strip()}")
+    return "\n\n".join(parts)
+
+
+def is_knowledge(text: object) -> bool:
+    """Whether a message's content is one ``knowledge_text`` made."""
+    return isinstance(text, str) and text.startswith(KNOWLEDGE_HEADER)
+
+
+class Voxrecall:
+    """An async client of one sidecar, for adapters and agents.
+
+    Usage::
+
+        async with Voxrecall("127.0.0.1:50051") as vr:
+            resp = await vr.turn("call-1", "How much is roaming?")
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        knowledge_base: str = "",
+        turn_timeout_s: float = TURN_TIMEOUT_S,
+        tool_timeout_s: float = TOOL_TIMEOUT_S,
+    ) -> None:
+        self.target = target
+        self.knowledge_base = knowledge_base
+        self.turn_timeout_s = turn_timeout_s
+        self.tool_timeout_s = tool_timeout_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+
+    @property
+    def stub(self) -> Any:
+        """The ``Retrieval`` stub; the channel is opened on first use, inside the running loop."""
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.target)
+            self._stub = pb_grpc.RetrievalStub(self._channel)  # type: ignore[no-untyped-call]
+        return self._stub
+
+    async def turn(
+        self, session_id: str, text: str, *, sources: Sequence[str] = (), is_final: bool = True
+    ) -> pb.TurnResponse:
+        resp: pb.TurnResponse = await self.stub.Turn(
+            self.turn_request(session_id, text, sources=sources, is_final=is_final),
+            timeout=self.turn_timeout_s,
+        )
+        return resp
+
+    async def search(
+        self, query: str, *, sources: Sequence[str] = (), limit: int = 0, session_id: str = ""
+    ) -> pb.SearchResponse:
+        resp: pb.SearchResponse = await self.stub.Search(
+            pb.SearchRequest(
+                knowledge_base=self.knowledge_base,
+                query=query,
+                sources=list(sources),
+                limit=limit,
+                session_id=session_id,
+            ),
+            timeout=self.turn_timeout_s,
+        )
+        return resp
+
+    async def list_tools(self) -> list[pb.Tool]:
+        resp: pb.ListToolsResponse = await self.stub.ListTools(
+            pb.ListToolsRequest(), timeout=self.tool_timeout_s
+        )
+        return list(resp.tools)
+
+    async def invoke_tool(
+        self, name: str, arguments_json: str, *, session_id: str = "", call_id: str = ""
+    ) -> pb.InvokeToolResponse:
+        resp: pb.InvokeToolResponse = await self.stub.InvokeTool(
+            pb.InvokeToolRequest(
+                name=name, arguments_json=arguments_json, session_id=session_id, call_id=call_id
+            ),
+            timeout=self.tool_timeout_s,
+        )
+        return resp
+
+    async def end_session(self, session_id: str) -> bool:
+        resp: pb.EndSessionResponse = await self.stub.EndSession(
+            pb.EndSessionRequest(session_id=session_id), timeout=self.turn_timeout_s
+        )
+        return resp.existed
+
+    def turn_stream(self, session_id: str, *, sources: Sequence[str] = ()) -> TurnStream:
+        """A ``Converse`` stream for one call (opened on first use)."""
+        return TurnStream(self, session_id, sources=sources)
+
+    def turn_request(
+        self, session_id: str, text: str, *, sources: Sequence[str] = (), is_final: bool = True
+    ) -> pb.TurnRequest:
+        return pb.TurnRequest(
+            session_id=session_id,
+            knowledge_base=self.knowledge_base,
+            text=text,
+            speaker=pb.USER,
+            is_final=is_final,
+            sources=list(sources),
+        )
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(None)
+        self._channel = self._stub = None
+
+    async def __aenter__(self) -> Voxrecall:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class TurnStream:
+    """One call's ``Converse`` stream: interims go ahead (prefetch), a final waits for its answer.
+
+    Where the sidecar has no ``Converse`` (UNIMPLEMENTED), or the stream breaks, a final
+    transcript is sent as a plain ``Turn`` instead, so an answer never depends on the stream.
+    Feed it from one task: a final's answer is the next one the stream returns.
+    """
+
+    def __init__(self, client: Voxrecall, session_id: str, *, sources: Sequence[str] = ()) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.sources = tuple(sources)
+        self.streaming = True  # False once the sidecar said it has no Converse
+        self._call: Any = None
+
+    async def interim(self, text: str) -> None:
+        """Send an interim transcript ahead; nothing comes back for it."""
+        if not self.streaming or not text.strip():
+            return
+        try:
+            async with asyncio.timeout(self.client.turn_timeout_s):
+                await self._open().write(self._request(text, is_final=False))
+        except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as exc:
+            self._broken(exc)
+
+    async def final(self, text: str) -> tuple[pb.TurnResponse, bool]:
+        """This final transcript's answer, and whether it was answered from a prefetch.
+
+        Raises TimeoutError past ``turn_timeout_s`` and ``grpc.aio.AioRpcError`` when the
+        sidecar refuses the turn: the caller goes on without knowledge for this turn.
+        """
+        if self.streaming:
+            try:
+                async with asyncio.timeout(self.client.turn_timeout_s):
+                    call = self._open()
+                    await call.write(self._request(text, is_final=True))
+                    while True:
+                        resp = await call.read()
+                        if resp is grpc.aio.EOF:  # type: ignore[attr-defined]
+                            raise asyncio.InvalidStateError("the sidecar ended the stream")
+                        # An answer to an earlier final that missed its deadline is skipped.
+                        if not resp.transcript or resp.transcript.strip() == text.strip():
+                            return resp.turn, resp.prefetched
+            except TimeoutError as exc:
+                self._broken(exc)
+                raise
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                self._broken(exc)
+        return await self.client.turn(self.session_id, text, sources=self.sources), False
+
+    async def aclose(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    def _open(self) -> Any:
+        if self._call is None:
+            self._call = self.client.stub.Converse()
+        return self._call
+
+    def _request(self, text: str, *, is_final: bool) -> pb.ConverseRequest:
+        turn = self.client.turn_request(
+            self.session_id, text, sources=self.sources, is_final=is_final
+        )
+        return pb.ConverseRequest(turn=turn)
+
+    def _broken(self, exc: BaseException) -> None:
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            log.info("the sidecar has no Converse: finals go through Turn, without prefetch")
+            self.streaming = False
+        else:
+            log.warning("Converse stream broke (%s): reopening on the next transcript", exc)
+        if self._call is not None:
+            self._call.cancel()
+        self._call = None

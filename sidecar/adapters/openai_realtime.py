@@ -1,0 +1,124 @@
+"""OpenAI Realtime: answer a session's knowledge function calls from its server events.
+
+Feed every server event of a Realtime session, in order, to ``RealtimeToolBridge.handle``; send
+back the client events it returns. For a ``function_call`` of a knowledge function (seen in
+``response.function_call_arguments.done`` or ``response.output_item.done``, answered once) it
+returns a ``conversation.item.create`` holding the ``function_call_output``; at that response's
+``response.done`` it returns the ``response.create`` that lets the model speak the answer (sent
+earlier, it would collide with the response still in progress). Other events, and calls of
+functions that are not voxrecall's, return nothing. Needs no extra: only the core client.
+
+    bridge = await RealtimeToolBridge.create(Voxrecall(), session_id=call_id)
+    await ws.send(json.dumps(bridge.session_update()))
+    async for message in ws:
+        for event in await bridge.handle(json.loads(message)):
+            await ws.send(json.dumps(event))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+import orjson
+
+from sidecar.adapters.client import Voxrecall
+from sidecar.gen import retrieval_pb2 as pb
+
+log = logging.getLogger("voxrecall.adapters.openai_realtime")
+
+CALLS_REMEMBERED = 256  # call ids answered, so the second event of the same call is ignored
+UNAVAILABLE = orjson.dumps(
+    {
+        "error": {
+            "type": "unavailable",
+            "message": "the knowledge base did not answer; tell the caller you cannot look it "
+            "up right now",
+        }
+    }
+).decode()
+
+
+class RealtimeToolBridge:
+    """Turns a Realtime session's knowledge function calls into the client events answering them."""
+
+    def __init__(
+        self, client: Voxrecall, tools: Sequence[pb.Tool], *, session_id: str = ""
+    ) -> None:
+        self.client = client
+        self.tools = list(tools)
+        self.session_id = session_id
+        self._names = {t.name for t in tools}
+        self._answered: OrderedDict[str, None] = OrderedDict()
+        self._responses: set[str] = set()  # responses with an answered call, awaiting response.done
+
+    @classmethod
+    async def create(cls, client: Voxrecall, *, session_id: str = "") -> RealtimeToolBridge:
+        """A bridge for every knowledge function the sidecar has configured."""
+        return cls(client, await client.list_tools(), session_id=session_id)
+
+    def session_update(self, **session: Any) -> dict[str, Any]:
+        """The ``session.update`` that offers the knowledge functions (merge in your own keys)."""
+        tools = [orjson.loads(t.realtime_json) for t in self.tools]
+        return {
+            "type": "session.update",
+            "session": {"type": "realtime", "tools": tools, "tool_choice": "auto", **session},
+        }
+
+    async def handle(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The client events to send back for one server event (usually none)."""
+        kind = event.get("type")
+        if kind == "response.done":
+            response_id = (event.get("response") or {}).get("id", "")
+            if response_id in self._responses:
+                self._responses.discard(response_id)
+                return [{"type": "response.create"}]
+            return []
+        call = _function_call(event)
+        if call is None:
+            return []
+        name, call_id, arguments = call
+        if name not in self._names or not call_id or call_id in self._answered:
+            return []
+        self._answered[call_id] = None
+        while len(self._answered) > CALLS_REMEMBERED:
+            self._answered.popitem(last=False)
+        output = await self._invoke(name, arguments, call_id)
+        self._responses.add(str(event.get("response_id", "")))
+        return [
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "function_call_output", "call_id": call_id, "output": output},
+            }
+        ]
+
+    async def _invoke(self, name: str, arguments: str, call_id: str) -> str:
+        try:
+            resp = await self.client.invoke_tool(
+                name, arguments, session_id=self.session_id, call_id=call_id
+            )
+        except (grpc.aio.AioRpcError, TimeoutError) as exc:
+            log.warning("%s failed: %s", name, exc)
+            return UNAVAILABLE
+        return resp.output
+
+
+def _function_call(event: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(name, call_id, arguments) of a finished function call event, else None."""
+    kind = event.get("type")
+    if kind == "response.function_call_arguments.done":
+        source: Mapping[str, Any] = event
+    elif kind == "response.output_item.done" and (event.get("item") or {}).get("type") == (
+        "function_call"
+    ):
+        source = event["item"]
+    else:
+        return None
+    return (
+        str(source.get("name", "")),
+        str(source.get("call_id", "")),
+        str(source.get("arguments", "")),
+    )

@@ -1,0 +1,129 @@
+"""Bearer tokens on every call, and per-caller scopes over knowledge bases and functions.
+
+    auth = Authenticator(config.sidecar.auth, default_knowledge_base="help", functions=fn_bases)
+    server = grpc.aio.server(interceptors=[HookInterceptor([..., auth, ...])])
+
+A call presents ``authorization: Bearer <token>``; a missing or wrong token gets UNAUTHENTICATED.
+The token is compared with every configured one in constant time (``hmac.compare_digest``), all
+of them every time, so timing says neither whether nor which token matched. A call outside the
+caller's scope gets PERMISSION_DENIED; ``Status`` and ``ListTools`` answers show only what is in
+scope. Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
+and never appear in a message, a log line or a metric: callers are named by ``name``.
+Health checks are exempt (``sidecar.interceptor.EXEMPT_SERVICES``).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from typing import Any
+
+from index.config import MIN_TOKEN_CHARS, AuthConfig, CallerConfig
+from index.errors import ConfigError
+from sidecar.errors import PermissionDenied, Unauthenticated
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.interceptor import Call, Hook
+
+BEARER = "bearer"
+
+
+class Authenticator(Hook):
+    def __init__(
+        self,
+        auth: AuthConfig,
+        *,
+        default_knowledge_base: str = "",
+        functions: Mapping[str, str] | None = None,
+    ) -> None:
+        """``functions`` maps each knowledge function's name to its base."""
+        for caller in auth.callers:
+            if not caller.token:
+                raise ConfigError(
+                    f"[sidecar.auth] caller {caller.name!r}: the environment variable "
+                    f"{caller.token_env} is unset or empty: set it to the caller's token"
+                )
+            if len(caller.token) < MIN_TOKEN_CHARS:
+                raise ConfigError(
+                    f"[sidecar.auth] caller {caller.name!r}: the token in {caller.token_env} "
+                    f"is shorter than {MIN_TOKEN_CHARS} characters; make one with "
+                    "`openssl rand -hex 32`"
+                )
+        tokens = [c.token for c in auth.callers]
+        if len(set(tokens)) != len(tokens):
+            raise ConfigError("[sidecar.auth] two callers have the same token: give each its own")
+        self._callers = [(c.token.encode(), c) for c in auth.callers]
+        self.default_knowledge_base = default_knowledge_base
+        self.functions = dict(functions or {})
+
+    def start(self, call: Call) -> None:
+        header = call.metadata.get("authorization", "")
+        if not header:
+            raise Unauthenticated(
+                "no credentials: send the metadata `authorization: Bearer <token>`"
+            )
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != BEARER or not token.strip():
+            raise Unauthenticated("the authorization metadata must be `Bearer <token>`")
+        caller = self._match(token.strip().encode())
+        if caller is None:
+            raise Unauthenticated("the bearer token is not valid")
+        call.caller = caller
+
+    def _match(self, presented: bytes) -> CallerConfig | None:
+        found = None
+        for secret, caller in self._callers:  # no early exit: every token is compared
+            if hmac.compare_digest(presented, secret):
+                found = caller
+        return found
+
+    # -- scopes ------------------------------------------------------------------------------
+
+    def request(self, call: Call, message: Any) -> None:
+        caller: CallerConfig | None = call.caller
+        if caller is None or not (caller.knowledge_bases or caller.functions):
+            return
+        if isinstance(message, pb.ConverseRequest):
+            message = message.turn
+        if isinstance(message, pb.InvokeToolRequest):
+            self._check_function(caller, message.name)
+        elif isinstance(message, pb.TurnRequest | pb.SearchRequest | pb.ReadPageRequest):
+            self._check_base(caller, message.knowledge_base or self.default_knowledge_base)
+
+    def response(self, call: Call, message: Any) -> None:
+        caller: CallerConfig | None = call.caller
+        if caller is None or not (caller.knowledge_bases or caller.functions):
+            return
+        if isinstance(message, pb.StatusResponse):
+            kept = [kb for kb in message.knowledge_bases if self._base_allowed(caller, kb.name)]
+            del message.knowledge_bases[:]
+            message.knowledge_bases.extend(kept)
+        elif isinstance(message, pb.ListToolsResponse):
+            tools = [t for t in message.tools if self._function_allowed(caller, t.name)]
+            del message.tools[:]
+            message.tools.extend(tools)
+
+    @staticmethod
+    def _base_allowed(caller: CallerConfig, kb: str) -> bool:
+        return not caller.knowledge_bases or kb in caller.knowledge_bases
+
+    def _function_allowed(self, caller: CallerConfig, name: str) -> bool:
+        if caller.functions and name not in caller.functions:
+            return False
+        kb = self.functions.get(name)
+        return kb is None or self._base_allowed(caller, kb)
+
+    def _check_base(self, caller: CallerConfig, kb: str) -> None:
+        # an empty name with no default is the service's INVALID_ARGUMENT, not a scope question
+        if kb and not self._base_allowed(caller, kb):
+            raise PermissionDenied(
+                f"caller {caller.name!r} may not use knowledge base {kb!r}; "
+                f"its scope: {', '.join(caller.knowledge_bases)}"
+            )
+
+    def _check_function(self, caller: CallerConfig, name: str) -> None:
+        if not self._function_allowed(caller, name):
+            allowed = [f for f in self.functions if self._function_allowed(caller, f)]
+            raise PermissionDenied(
+                f"caller {caller.name!r} may not call function {name!r}; "
+                f"its scope: {', '.join(allowed) or 'no functions'}"
+            )

@@ -1,0 +1,267 @@
+"""One server interceptor that runs a list of hooks around every call (health checks excepted).
+
+    server = grpc.aio.server(interceptors=[HookInterceptor([logs, metrics, auth, limits])])
+
+A hook sees a call start (its metadata), each request message, each response message, and the
+end with the final status code. ``start`` and ``request`` may raise a ``RequestError``: the call
+is then refused with the status ``sidecar.errors.status_for`` maps it to. Hooks run in list
+order; ``end`` runs for every hook whose ``start`` returned, in reverse order, exactly once.
+
+Wrapping the method handler (rather than only reading ``handler_call_details``) is what lets a
+hook read request fields (a knowledge base, a session id) and responses (timings, skips).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from sidecar.errors import RequestError, status_for
+
+# Health stays callable without a token and under any load: a kubelet probing a busy sidecar
+# must see SERVING, not RESOURCE_EXHAUSTED.
+EXEMPT_SERVICES = ("/grpc.health.v1.Health/",)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+@dataclass(slots=True)
+class Call:
+    """One call as the hooks see it; hooks leave what they learn here for the others."""
+
+    method: str  # "Turn"
+    service: str  # "voxrecall.v1.Retrieval"
+    metadata: dict[str, str]
+    context: Context
+    started: float = field(default_factory=time.perf_counter)
+    call_id: str = ""
+    session_id: str = ""
+    caller: Any = None  # the authenticated caller (sidecar.auth), None without auth
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+
+class Hook:
+    """Override what a hook needs; every method is called from the event loop."""
+
+    def start(self, call: Call) -> None:
+        """Before the handler; raise a RequestError to refuse the call."""
+
+    def request(self, call: Call, message: Any) -> None:
+        """For each request message; raise a RequestError to refuse it."""
+
+    def response(self, call: Call, message: Any) -> None:
+        """For each response message sent."""
+
+    def end(self, call: Call) -> None:
+        """Once, with ``call.code`` final."""
+
+
+class _Observed:
+    """The servicer context, with ``write`` seen by the hooks (Converse writes its answers)."""
+
+    def __init__(self, context: Context, on_write: Callable[[Any], None]) -> None:
+        self._context = context
+        self._on_write = on_write
+
+    async def write(self, message: Any) -> None:
+        await self._context.write(message)
+        self._on_write(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+class _Run:
+    """The hooks around one call."""
+
+    def __init__(self, hooks: Sequence[Hook], call: Call) -> None:
+        self.hooks = hooks
+        self.call = call
+        self.started: list[Hook] = []
+
+    async def begin(self) -> None:
+        try:
+            for hook in self.hooks:
+                hook.start(self.call)
+                self.started.append(hook)
+        except RequestError as exc:
+            await self.refuse(exc)
+
+    async def check(self, message: Any) -> None:
+        try:
+            for hook in self.hooks:
+                hook.request(self.call, message)
+        except RequestError as exc:
+            await self.refuse(exc)
+
+    def check_in_stream(self, message: Any) -> None:
+        """A refusal inside a request stream reaches the handler, which maps it."""
+        for hook in self.hooks:
+            hook.request(self.call, message)
+
+    def sent(self, message: Any) -> None:
+        for hook in self.hooks:
+            hook.response(self.call, message)
+
+    async def refuse(self, exc: RequestError) -> None:
+        self.call.code = status_for(exc)
+        await self.call.context.abort(self.call.code, str(exc))
+
+    def finish(self, exc: BaseException | None) -> None:
+        call = self.call
+        if exc is None:
+            call.code = _code_of(call.context) or grpc.StatusCode.OK
+        elif call.code is grpc.StatusCode.OK:
+            call.code = _code_of(call.context) or _code_for(exc, call.context)
+        for hook in reversed(self.started):
+            hook.end(call)
+
+
+def _code_of(context: Context) -> grpc.StatusCode | None:
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return None
+
+
+def _code_for(exc: BaseException, context: Context) -> grpc.StatusCode:
+    if isinstance(exc, asyncio.CancelledError):
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN  # what grpc answers for an exception no handler mapped
+
+
+class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Wraps every non-exempt method handler so ``hooks`` run around it."""
+
+    def __init__(self, hooks: Sequence[Hook]) -> None:
+        self.hooks = tuple(hooks)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],  # type: ignore[type-arg]
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or method.startswith(EXEMPT_SERVICES) or not self.hooks:
+            return handler
+        service, _, name = method.lstrip("/").partition("/")
+        metadata = {
+            str(key).lower(): value
+            for key, value in (handler_call_details.invocation_metadata or ())
+            if isinstance(value, str)
+        }
+        return _wrap(handler, lambda ctx: _Run(self.hooks, Call(name, service, metadata, ctx)))
+
+
+def _wrap(handler: Any, new_run: Callable[[Context], _Run]) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        inner = handler.unary_unary
+
+        async def unary_unary(request: Any, context: Context) -> Any:
+            run = new_run(context)
+            error: BaseException | None = None
+            try:
+                await run.begin()
+                await run.check(request)
+                response = await inner(request, context)
+                run.sent(response)
+                return response
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                run.finish(error)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **kwargs)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(
+            _streaming(handler.unary_stream, new_run, stream_in=False), **kwargs
+        )
+    if handler.stream_unary:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(requests: AsyncIterator[Any], context: Context) -> Any:
+            run = new_run(context)
+            error: BaseException | None = None
+            try:
+                await run.begin()
+                response = await inner_su(_checked(requests, run), context)
+                run.sent(response)
+                return response
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                run.finish(error)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(
+        _streaming(handler.stream_stream, new_run, stream_in=True), **kwargs
+    )
+
+
+async def _checked(requests: AsyncIterator[Any], run: _Run) -> AsyncIterator[Any]:
+    async for message in requests:
+        run.check_in_stream(message)
+        yield message
+
+
+def _streaming(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: bool) -> Any:
+    """A response-streaming behaviour, as an async generator or a coroutine like ``inner``."""
+
+    async def prepare(run: _Run, arg: Any) -> Any:
+        await run.begin()
+        if stream_in:
+            return _checked(arg, run)
+        await run.check(arg)
+        return arg
+
+    if inspect.isasyncgenfunction(inner):
+
+        async def generator(arg: Any, context: Context) -> AsyncIterator[Any]:
+            run = new_run(context)
+            error: BaseException | None = None
+            try:
+                arg = await prepare(run, arg)
+                async for response in inner(arg, context):
+                    run.sent(response)
+                    yield response
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                run.finish(error)
+
+        return generator
+
+    async def coroutine(arg: Any, context: Context) -> None:
+        run = new_run(context)
+        error: BaseException | None = None
+        try:
+            arg = await prepare(run, arg)
+            await inner(arg, _Observed(context, run.sent))
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            run.finish(error)
+
+    return coroutine

@@ -1,0 +1,55 @@
+"""Limits that protect the sidecar as a whole: calls in flight, and the embedder's input.
+
+``ConcurrencyLimit`` refuses a call over ``[sidecar] max_concurrent_rpcs`` at once with
+RESOURCE_EXHAUSTED instead of queueing it: a voice turn answered late is worth nothing, and the
+caller can retry elsewhere. A Converse stream holds its slot for as long as it is open.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from sidecar.errors import ResourceExhausted
+from sidecar.interceptor import Call, Hook
+
+_SLOT = "limits.slot"
+
+
+class ConcurrencyLimit(Hook):
+    """Counts calls in flight; used from the event loop only, so a plain int is enough."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.limit = limit
+        self.in_flight = 0
+        self.refused = 0
+
+    def start(self, call: Call) -> None:
+        if self.in_flight >= self.limit:
+            self.refused += 1
+            raise ResourceExhausted(
+                f"{self.in_flight} calls in flight, the limit is {self.limit} "
+                "([sidecar] max_concurrent_rpcs): retry with backoff"
+            )
+        self.in_flight += 1
+        call.notes[_SLOT] = True
+
+    def end(self, call: Call) -> None:
+        if call.notes.pop(_SLOT, False):
+            self.in_flight -= 1
+
+
+@runtime_checkable
+class TokenLimited(Protocol):
+    """An embedder that cuts its input at a token limit (the embedded model does, at 256)."""
+
+    def truncates(self, text: str) -> bool:
+        """Whether ``text`` is longer than the embedder reads."""
+        ...
+
+
+def truncated(embedder: object, text: str) -> bool:
+    """Whether the embedder reads less than all of ``text``; False for one without a limit
+    a turn can reach (the OpenAI models read 8191 tokens, more than a turn may hold)."""
+    return isinstance(embedder, TokenLimited) and embedder.truncates(text)

@@ -1,0 +1,138 @@
+"""Structured logs: one JSON object a line, with the session id and call id of the call at hand.
+
+    logs.configure(level="INFO", fmt="json", secrets=[token, api_key])   # once, in the entry point
+    server = grpc.aio.server(interceptors=[HookInterceptor([CallLog(), ...])])
+
+``CallLog`` gives every call an id (the caller's ``x-call-id`` metadata when it sends a usable
+one, else a fresh one, returned in the trailing metadata) and puts it and the session id in
+context variables, so every log line written while the call runs carries them, in the engine as
+in the service. Any configured secret that finds its way into a message is replaced by
+``[redacted]`` before the line is written.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import secrets as _secrets
+import sys
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import orjson
+
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.interceptor import Call, Hook
+
+session_id: contextvars.ContextVar[str] = contextvars.ContextVar("session_id", default="")
+call_id: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")
+method: contextvars.ContextVar[str] = contextvars.ContextVar("method", default="")
+
+CALL_ID_HEADER = "x-call-id"
+# A caller's own id is kept only when it is short and plain, so it cannot forge log lines.
+_CALL_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+REDACTED = "[redacted]"
+_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({})))
+
+log = logging.getLogger("voxrecall.calls")
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"ts", "level", "logger", "msg", "session_id", "call_id", "method", ...}`` a line."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = tuple(s for s in secrets if s)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, var in (("session_id", session_id), ("call_id", call_id), ("method", method)):
+            value = var.get()
+            if value:
+                line[key] = value
+        for key, value in vars(record).items():
+            if key not in _RECORD_FIELDS and not key.startswith("_"):
+                line[key] = value  # extra={...}
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        text = orjson.dumps(line, default=str).decode()
+        return scrub(text, self.secrets)
+
+
+class TextFormatter(logging.Formatter):
+    """The plain format, with the call's ids appended when there are some."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.secrets = tuple(s for s in secrets if s)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        ids = [f"{k}={v.get()}" for k, v in (("session", session_id), ("call", call_id)) if v.get()]
+        return scrub(f"{text} [{' '.join(ids)}]" if ids else text, self.secrets)
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def configure(
+    level: str = "INFO",
+    fmt: str = "json",
+    secrets: Iterable[str] = (),
+    stream: TextIO | None = None,
+) -> None:
+    """Send every log line to ``stream`` (stderr) in ``fmt``; replaces the handlers there were."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    formatter = JsonFormatter(secrets) if fmt == "json" else TextFormatter(secrets)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _session_of(message: Any) -> str:
+    if isinstance(message, pb.ConverseRequest):
+        message = message.turn
+    value = getattr(message, "session_id", "")
+    return value if isinstance(value, str) else ""
+
+
+class CallLog(Hook):
+    """Sets the log context of each call, and logs its end at DEBUG (failures at INFO)."""
+
+    def start(self, call: Call) -> None:
+        given = call.metadata.get(CALL_ID_HEADER, "")
+        call.call_id = given if _CALL_ID.fullmatch(given) else _secrets.token_hex(8)
+        call_id.set(call.call_id)
+        method.set(call.method)
+        session_id.set("")
+        call.context.set_trailing_metadata(((CALL_ID_HEADER, call.call_id),))
+
+    def request(self, call: Call, message: Any) -> None:
+        sid = _session_of(message)
+        if sid and sid != call.session_id:
+            call.session_id = sid
+            session_id.set(sid)
+
+    def end(self, call: Call) -> None:
+        ok = call.code.name == "OK"
+        log.log(
+            logging.DEBUG if ok else logging.INFO,
+            "%s %s in %.1f ms",
+            call.method,
+            call.code.name,
+            call.elapsed_s() * 1000.0,
+            extra={"caller": getattr(call.caller, "name", "")} if call.caller else None,
+        )

@@ -1,0 +1,270 @@
+"""Prometheus metrics on their own port (``[sidecar] metrics_listen``).
+
+    metrics = Metrics(engine, holder, lifecycle, limit)      # a hook and a registry
+    server = grpc.aio.server(interceptors=[HookInterceptor([..., metrics, ...])])
+    metrics.serve("127.0.0.1:9464")  ...  metrics.close()
+
+Calls are measured by the hook as they end: ``voxrecall_rpcs_total{method,code}``, the
+server-side latency ``voxrecall_rpc_seconds{method}``, the per-stage latency each answer reports
+``voxrecall_stage_seconds{rpc,stage}`` (embed, search, total), and calls refused
+``voxrecall_refusals_total{reason}``. Everything else is read when Prometheus scrapes, from the
+counters the parts already keep: turns, skips by reason, degraded and prefetched turns
+(``Engine.counters``), query embeddings by outcome and the cache hit ratio
+(``QueryEmbedder.stats``), sessions, calls in flight, the lifecycle state, each base's snapshot
+version, age and size, and snapshot refusals by kind (``SnapshotHolder.refusals``).
+No label ever holds a token, a query or a session id.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sidecar.engine import Engine
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.holder import SnapshotHolder
+from sidecar.interceptor import Call, Hook
+from sidecar.lifecycle import Lifecycle, State
+from sidecar.limits import ConcurrencyLimit
+
+# Seconds. A turn's default budget is 150 ms and an embedding ~2-10 ms: the buckets are dense
+# there, with a tail to show calls that waited on a slow remote embedder or a full queue.
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
+# The codes that say a call was refused rather than failed: counted by reason as well.
+REFUSALS = frozenset(
+    {
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "UNAVAILABLE",
+        "RESOURCE_EXHAUSTED",
+        "UNAUTHENTICATED",
+        "PERMISSION_DENIED",
+    }
+)
+
+# QueryEmbedder.stats field -> the outcome label
+_OUTCOMES = (
+    ("hit", "hits"),
+    ("miss", "misses"),
+    ("joined", "joined"),
+    ("late", "late"),
+    ("busy", "busy"),
+    ("failed", "failed"),
+)
+
+
+class Metrics(Hook):
+    """The hook that measures calls, and the registry a scrape reads."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        holder: SnapshotHolder,
+        lifecycle: Lifecycle,
+        limit: ConcurrencyLimit | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.rpcs = Counter(
+            "voxrecall_rpcs",
+            "Calls ended, by method and status code.",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.rpc_seconds = Histogram(
+            "voxrecall_rpc_seconds",
+            "Server-side duration of a call (a Converse stream: of the whole stream).",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.stage_seconds = Histogram(
+            "voxrecall_stage_seconds",
+            "Per-stage latency each answer reports: embed, search, total (searched turns only "
+            "for embed and search).",
+            ["rpc", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "voxrecall_refusals",
+            "Calls refused, by reason (the status code).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.registry.register(_Read(engine, holder, lifecycle, limit))
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- the hook -----------------------------------------------------------------------------
+
+    def response(self, call: Call, message: Any) -> None:
+        if isinstance(message, pb.ConverseResponse):
+            message = message.turn
+        if isinstance(message, pb.TurnResponse):
+            self._timings(call.method, message.timings, searched=not message.skipped)
+        elif isinstance(message, pb.SearchResponse):
+            self._timings(call.method, message.timings, searched=True)
+
+    def _timings(self, rpc: str, timings: pb.Timings, *, searched: bool) -> None:
+        if searched:
+            self.stage_seconds.labels(rpc, "embed").observe(timings.embed_ms / 1000.0)
+            self.stage_seconds.labels(rpc, "search").observe(timings.search_ms / 1000.0)
+        self.stage_seconds.labels(rpc, "total").observe(timings.total_ms / 1000.0)
+
+    def end(self, call: Call) -> None:
+        code = call.code.name
+        self.rpcs.labels(call.method, code).inc()
+        self.rpc_seconds.labels(call.method).observe(call.elapsed_s())
+        if code in REFUSALS:
+            self.refusals.labels(code.lower()).inc()
+
+    # -- the endpoint -------------------------------------------------------------------------
+
+    def serve(self, listen: str) -> int:
+        """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the bound port."""
+        host, _, port = listen.rpartition(":")
+        server, thread = start_http_server(int(port), host.strip("[]"), registry=self.registry)
+        self._server, self._thread = server, thread
+        return int(server.server_port)
+
+    def close(self) -> None:
+        """Stop the endpoint (blocks until its thread ends: call it off the event loop)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join()
+        self._server = self._thread = None
+
+
+class _Read(Collector):
+    """What the parts already count, read at scrape time (from the endpoint's thread: every
+    read is of one int or a copied dict, each atomic under the GIL)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        holder: SnapshotHolder,
+        lifecycle: Lifecycle,
+        limit: ConcurrencyLimit | None,
+    ) -> None:
+        self.engine = engine
+        self.holder = holder
+        self.lifecycle = lifecycle
+        self.limit = limit
+
+    def collect(self) -> Iterator[Metric]:
+        counters = self.engine.counters
+        yield CounterMetricFamily(
+            "voxrecall_turns", "Turns received (Turn and Converse).", counters.turns
+        )
+        skips = CounterMetricFamily(
+            "voxrecall_skips", "Turns not searched, by reason.", labels=["reason"]
+        )
+        for reason, n in sorted(dict(counters.by_skip).items()):  # a copy: the loop writes it
+            skips.add_metric([reason.lower()], n)
+        yield skips
+        yield CounterMetricFamily(
+            "voxrecall_degraded_turns",
+            "Turns the lexical index answered because the embedder missed the budget or failed.",
+            counters.degraded,
+        )
+        yield CounterMetricFamily(
+            "voxrecall_prefetched_turns",
+            "Turns answered from a search started on an interim transcript.",
+            counters.prefetched,
+        )
+        yield from self._embeddings()
+        yield GaugeMetricFamily("voxrecall_sessions", "Sessions held.", len(self.engine.sessions))
+        if self.limit is not None:
+            yield GaugeMetricFamily(
+                "voxrecall_rpcs_in_flight",
+                "Calls in flight (health excepted).",
+                self.limit.in_flight,
+            )
+        state = GaugeMetricFamily(
+            "voxrecall_state", "The lifecycle state: 1 for the current one.", labels=["state"]
+        )
+        for s in State:
+            state.add_metric([s.name.lower()], 1.0 if self.lifecycle.state is s else 0.0)
+        yield state
+        yield from self._snapshots()
+
+    def _embeddings(self) -> Iterator[Metric]:
+        stats = self.engine.vectors.stats
+        outcomes = CounterMetricFamily(
+            "voxrecall_query_embeddings",
+            "Query vectors asked for, by outcome: hit (cache), miss, joined (a call in flight), "
+            "late (missed the deadline), busy (not submitted), failed.",
+            labels=["outcome"],
+        )
+        for label, field in _OUTCOMES:
+            outcomes.add_metric([label], getattr(stats, field))
+        yield outcomes
+        looked_up = stats.hits + stats.misses
+        yield GaugeMetricFamily(
+            "voxrecall_query_cache_hit_ratio",
+            "Share of query vectors answered from the cache since start (0 before any).",
+            stats.hits / looked_up if looked_up else 0.0,
+        )
+
+    def _snapshots(self) -> Iterator[Metric]:
+        now = time.time()
+        info = GaugeMetricFamily(
+            "voxrecall_snapshot_info",
+            "The snapshot version served, per base.",
+            labels=["knowledge_base", "version"],
+        )
+        age = GaugeMetricFamily(
+            "voxrecall_snapshot_age_seconds",
+            "Since the served snapshot was built.",
+            labels=["knowledge_base"],
+        )
+        chunks = GaugeMetricFamily(
+            "voxrecall_snapshot_chunks", "Chunks in the served snapshot.", labels=["knowledge_base"]
+        )
+        loaded = GaugeMetricFamily(
+            "voxrecall_snapshot_loaded",
+            "1 when the base has a snapshot to serve.",
+            labels=["knowledge_base"],
+        )
+        for kb in sorted(self.engine.known_bases):
+            snap = self.holder.get(kb)
+            loaded.add_metric([kb], 0.0 if snap is None else 1.0)
+            if snap is None:
+                continue
+            info.add_metric([kb, snap.version], 1.0)
+            age.add_metric([kb], max(0.0, now - snap.manifest.created_at))
+            chunks.add_metric([kb], float(len(snap.chunks)))
+        yield from (info, age, chunks, loaded)
+        refusals = CounterMetricFamily(
+            "voxrecall_snapshot_refusals",
+            "Snapshot versions refused (or a store that could not be read), by kind.",
+            labels=["kind"],
+        )
+        for kind, n in sorted(dict(self.holder.refusals).items()):
+            refusals.add_metric([kind], n)
+        yield refusals

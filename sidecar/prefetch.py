@@ -1,0 +1,189 @@
+"""Speculative prefetch for one Converse stream: search a stable interim transcript ahead of its
+final one, and answer the final from that search when the two match.
+
+**Stable** (a prefetch starts) when an interim transcript has at least MIN_WORDS words, would be
+searched as a final turn (not a backchannel or closing), and either
+
+- ends in pause-like punctuation (``?``, ``.`` or ``!``): recognisers punctuate a clause once
+  the speaker pauses, or
+- kept the same words for ``prefetch_stable_ms`` (default 200 ms): no new words for that long
+  means the speaker paused.
+
+Words compare normalised: lowercased, punctuation dropped, whitespace collapsed.
+
+**Match** (the final is answered from the prefetch, ``prefetched = true``) when the knowledge
+base, sources, context_url and snapshot are the same and the final's normalised words equal the
+prefetched ones or overlap them with a Jaccard index of at least MATCH_JACCARD (0.8: one word
+added to or changed in a turn of four or more words still matches; "split the pane" against
+"split the pane in two" does not). A matching prefetch still embedding when the final arrives is
+waited for until the final's embedding deadline; past it the turn falls back to the lexical index
+rather than embed the same words a second time. Otherwise the final is searched as usual.
+
+One prefetch runs at a time: a stable transcript with other words cancels the one before (its
+embedding may finish in the background and fill the query cache). ``aclose`` cancels everything
+the prefetcher started; the servicer calls it when the stream ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from index.errors import VoxrecallError
+from index.snapshot import LoadedSnapshot
+from sidecar.budget import Budget
+from sidecar.engine import Engine, Planned, SearchResult, Taken, Timings, TurnInput
+
+log = logging.getLogger("voxrecall.prefetch")
+
+MIN_WORDS = 3  # a shorter interim is most often the start of a longer question
+MATCH_JACCARD = 0.8
+PAUSE_PUNCTUATION = ("?", ".", "!")
+# A prefetch's own embedding deadline: a final transcript follows its stable interim within a
+# second or so; a prefetch still embedding after this is for a turn already answered.
+PREFETCH_TIMEOUT_S = 2.0
+
+_WORD = re.compile(r"[\w']+")
+_T = TypeVar("_T")
+
+
+def normalise(text: str) -> tuple[str, ...]:
+    """The words of a transcript: lowercased, without punctuation."""
+    return tuple(_WORD.findall(text.lower().replace("’", "'")))
+
+
+def words_match(ahead: tuple[str, ...], final: tuple[str, ...]) -> bool:
+    """Equal words, or word sets with a Jaccard index of at least MATCH_JACCARD."""
+    if ahead == final:
+        return True
+    a, b = set(ahead), set(final)
+    return bool(a | b) and len(a & b) / len(a | b) >= MATCH_JACCARD
+
+
+@dataclass(slots=True)
+class _Ahead:
+    words: tuple[str, ...]
+    planned: Planned
+    task: asyncio.Task[SearchResult | None]
+
+
+class Prefetcher:
+    """The speculative side of one Converse stream; used from the event loop only."""
+
+    def __init__(self, engine: Engine, stable_ms: int) -> None:
+        self._engine = engine
+        self._stable_s = stable_ms / 1000.0
+        self._seen: tuple[str, ...] = ()  # the words of the latest interim
+        self._timer: asyncio.Task[None] | None = None
+        self._ahead: _Ahead | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def interim(self, req: TurnInput) -> None:
+        """An interim transcript arrived: maybe start (or schedule) a prefetch."""
+        if self._stable_s <= 0:
+            return
+        words = normalise(req.text)
+        if words == self._seen:
+            return  # unchanged: a running stability timer keeps running
+        self._seen = words
+        self._cancel(self._timer)
+        self._timer = None
+        if len(words) < MIN_WORDS:
+            return
+        if req.text.rstrip().endswith(PAUSE_PUNCTUATION):
+            self._start(req, words)
+        else:
+            self._timer = self._spawn(self._when_stable(req, words), "voxrecall-prefetch-timer")
+
+    async def take(self, req: TurnInput, snapshot: LoadedSnapshot, budget: Budget) -> Taken | None:
+        """The prefetch for this final transcript, if one matches (see the module docstring)."""
+        ahead, self._ahead = self._ahead, None
+        self._cancel(self._timer)
+        self._timer, self._seen = None, ()
+        if ahead is None:
+            return None
+        if not self._matches(ahead, req, snapshot):
+            self._cancel(ahead.task)
+            return None
+        start = time.perf_counter()
+        if not ahead.task.done():
+            try:
+                async with asyncio.timeout_at(budget.embed_deadline()):
+                    await asyncio.shield(ahead.task)
+            except TimeoutError:
+                self._cancel(ahead.task)  # its embedding goes on in the background
+                return Taken(query=ahead.planned.query, result=None)
+        if ahead.task.cancelled() or ahead.task.exception() is not None:
+            return None
+        result = ahead.task.result()
+        if result is None:
+            return None  # the prefetch missed or failed: search as usual
+        waited_ms = (time.perf_counter() - start) * 1000.0
+        return Taken(
+            query=ahead.planned.query,
+            result=replace(result, timings=Timings(embed_ms=waited_ms)),
+        )
+
+    async def aclose(self) -> None:
+        """Cancel the timer and every prefetch still running, and wait for them to end."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._ahead = self._timer = None
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _when_stable(self, req: TurnInput, words: tuple[str, ...]) -> None:
+        await asyncio.sleep(self._stable_s)
+        self._timer = None
+        self._start(req, words)
+
+    def _start(self, req: TurnInput, words: tuple[str, ...]) -> None:
+        if self._ahead is not None and self._ahead.words == words:
+            return  # already searching these words
+        try:
+            planned = self._engine.plan(req)
+        except VoxrecallError as exc:
+            log.info("no prefetch: %s", exc)  # the final turn reports the error
+            return
+        if planned is None:
+            return
+        if self._ahead is not None:
+            self._cancel(self._ahead.task)
+        deadline = asyncio.get_running_loop().time() + PREFETCH_TIMEOUT_S
+        task = self._spawn(self._engine.search_ahead(planned, deadline), "voxrecall-prefetch")
+        self._ahead = _Ahead(words=words, planned=planned, task=task)
+        self._engine.counters.prefetch_started += 1
+
+    def _matches(self, ahead: _Ahead, req: TurnInput, snapshot: LoadedSnapshot) -> bool:
+        planned = ahead.planned
+        return (
+            planned.snapshot is snapshot
+            and planned.knowledge_base
+            == (req.knowledge_base or self._engine.default_knowledge_base)
+            and planned.sources == tuple(req.sources)
+            and planned.context_url == req.context_url
+            and words_match(ahead.words, normalise(req.text))
+        )
+
+    def _spawn(self, coro: Coroutine[Any, Any, _T], name: str) -> asyncio.Task[_T]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("prefetch failed", exc_info=task.exception())
+
+    @staticmethod
+    def _cancel(task: asyncio.Task[Any] | None) -> None:
+        if task is not None and not task.done():
+            task.cancel()

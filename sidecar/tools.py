@@ -1,0 +1,409 @@
+"""Knowledge functions: their definitions in the formats models take, and one call of them.
+
+A ``[[function]]`` is one knowledge base, optionally narrowed to some of its sources. Its
+definition is rendered once in three formats: OpenAI Realtime ``session.update`` tools (flat),
+the Responses API (flat, strict) and Chat Completions (nested under ``function``). A call takes
+the arguments exactly as the model emitted them. Anything wrong with them (bad JSON, an unknown
+function, no query, a filter the function does not allow) comes back as an error *output* the
+model can read and recover from: ``{"error": {"type": ..., "message": ...}}`` with
+``is_error``, never a failed RPC. Results are compact JSON cut to ``[sidecar] tool_output_chars``.
+
+``PageReader`` serves ``ReadPage``: a whole page, looked up by key in the snapshot's pages, so
+no path outside the snapshot can be read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
+
+from index.config import Config, FunctionConfig
+from index.errors import SnapshotError
+from index.snapshot import LoadedSnapshot
+from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput
+from sidecar.errors import InvalidArgument, NotFound
+from sidecar.sessions import Hit
+
+log = logging.getLogger("voxrecall.tools")
+
+# Error types a model sees in {"error": {"type": ...}}; each says what to change.
+INVALID_JSON = "invalid_json"
+UNKNOWN_FUNCTION = "unknown_function"
+INVALID_ARGUMENTS = "invalid_arguments"
+FILTER_NOT_ALLOWED = "filter_not_allowed"
+UNAVAILABLE = "unavailable"
+
+QUERY = "query"
+SOURCES = "sources"
+MIN_EXCERPT_CHARS = 80  # a shorter excerpt rarely answers anything: drop a result instead
+QUOTE_CHARS = 80  # how much of a model's bad input an error message repeats
+MAX_PAGE_PATH = 4096
+PAGE_INDEXES_KEPT = 8  # snapshots whose page -> chunk index is kept (bases x versions in use)
+NOTHING_FOUND = (
+    "Nothing in the knowledge base matched. Say you could not find it, or ask the caller to "
+    "rephrase; do not guess."
+)
+QUERY_DESCRIPTION = (
+    "What to look up: the caller's question or its key words, self-contained (spell out what "
+    "'it' or 'that' refers to from the conversation)."
+)
+SOURCES_DESCRIPTION = "Only search these sources; null or left out searches all of them."
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "...")
+
+
+class ToolCallError(Exception):
+    """A call the model made wrongly; becomes an error output, never a status code."""
+
+    def __init__(self, type_: str, message: str) -> None:
+        super().__init__(message)
+        self.type = type_
+        self.message = message
+
+
+def error_output(type_: str, message: str) -> str:
+    """The output for a failed call: what went wrong, in words the model can act on."""
+    return _dumps({"error": {"type": type_, "message": message}})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    query: str
+    sources: tuple[str, ...]  # what the search may reach; empty only for an unrestricted base
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeFunction:
+    """One configured function and the sources it may search."""
+
+    config: FunctionConfig
+    searchable: tuple[str, ...]  # the function's sources, or every source of its base
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def restricted(self) -> bool:
+        """Whether the function reaches only some of its base's sources."""
+        return bool(self.config.sources)
+
+    @property
+    def filterable(self) -> bool:
+        """Whether the model may narrow a call to some sources (it has more than one)."""
+        return len(self.searchable) > 1
+
+    def parameters(self, *, strict: bool) -> dict[str, Any]:
+        """The JSON Schema of the arguments; strict: every property required, optional ones nullable."""
+        properties: dict[str, Any] = {QUERY: {"type": "string", "description": QUERY_DESCRIPTION}}
+        required = [QUERY]
+        if self.filterable:
+            properties[SOURCES] = {
+                "type": ["array", "null"] if strict else "array",
+                "items": {"type": "string", "enum": list(self.searchable)},
+                "description": SOURCES_DESCRIPTION,
+            }
+            if strict:
+                required.append(SOURCES)
+        return {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        }
+
+    def realtime(self) -> dict[str, Any]:
+        """A tool of OpenAI Realtime ``session.update`` (``session.tools[]``)."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.config.description,
+            "parameters": self.parameters(strict=False),
+        }
+
+    def responses(self) -> dict[str, Any]:
+        """A function tool of the Responses API, in strict mode."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.config.description,
+            "parameters": self.parameters(strict=True),
+            "strict": True,
+        }
+
+    def chat_completions(self) -> dict[str, Any]:
+        """A tool of Chat Completions: ``{"type": "function", "function": {...}}``."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.config.description,
+                "parameters": self.parameters(strict=False),
+            },
+        }
+
+    def parse(self, arguments_json: str) -> ToolCall:
+        """The call the model meant, or ``ToolCallError`` saying what to change."""
+        try:
+            args = orjson.loads(arguments_json) if arguments_json.strip() else {}
+        except orjson.JSONDecodeError as exc:
+            raise ToolCallError(
+                INVALID_JSON,
+                f"arguments are not valid JSON ({exc}); send an object like "
+                '{"query": "how do I reset my password"}',
+            ) from exc
+        if not isinstance(args, dict):
+            raise ToolCallError(
+                INVALID_ARGUMENTS, 'arguments must be a JSON object like {"query": "..."}'
+            )
+        accepted = [QUERY, SOURCES] if self.filterable else [QUERY]
+        extra = sorted(k for k in args if k not in accepted)
+        if extra:
+            raise ToolCallError(
+                FILTER_NOT_ALLOWED,
+                f"{self.name} does not take {', '.join(_quote(k) for k in extra)}; "
+                f"it takes only {' and '.join(accepted)}",
+            )
+        return ToolCall(
+            query=self._query(args.get(QUERY)), sources=self._sources(args.get(SOURCES))
+        )
+
+    def _query(self, query: Any) -> str:
+        if query is None:
+            raise ToolCallError(INVALID_ARGUMENTS, "query is required: what to look up")
+        if not isinstance(query, str):
+            raise ToolCallError(INVALID_ARGUMENTS, "query must be a string")
+        if not query.strip():
+            raise ToolCallError(INVALID_ARGUMENTS, "query is empty: send the words to look up")
+        if len(query) > MAX_TEXT_CHARS:
+            raise ToolCallError(
+                INVALID_ARGUMENTS,
+                f"query is {len(query)} characters; keep it under {MAX_TEXT_CHARS}: the key words are enough",
+            )
+        return query
+
+    def _sources(self, sources: Any) -> tuple[str, ...]:
+        everything = self.searchable if self.restricted else ()
+        if sources is None or sources == []:
+            return everything
+        if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+            raise ToolCallError(
+                INVALID_ARGUMENTS, "sources must be a list of source names, or null"
+            )
+        refused = [s for s in dict.fromkeys(sources) if s not in self.searchable]
+        if refused:
+            raise ToolCallError(
+                FILTER_NOT_ALLOWED,
+                f"{self.name} cannot search {', '.join(_quote(s) for s in refused)}; "
+                f"its sources are {', '.join(self.searchable)}",
+            )
+        return tuple(dict.fromkeys(sources))
+
+
+def _result(hit: Hit) -> dict[str, Any]:
+    c = hit.chunk
+    out: dict[str, Any] = {
+        "title": c.title,
+        "source": c.source,
+        "path": c.source_path,
+        "breadcrumbs": list(c.breadcrumbs),
+        "excerpt": " ".join(c.text.split()),
+        "score": round(hit.score, 3),
+    }
+    if c.url:
+        out["url"] = c.url
+    return out
+
+
+def _trim(text: str, limit: int) -> str:
+    """At most ``limit`` characters, cut at a word boundary where one is near, marked with ...."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    space = cut.rfind(" ")
+    if space > limit * 0.6:
+        cut = cut[:space]
+    return cut.rstrip() + "..."
+
+
+def _render(results: Sequence[dict[str, Any]], excerpt_chars: int | None, truncated: bool) -> str:
+    if excerpt_chars is not None:
+        results = [{**r, "excerpt": _trim(r["excerpt"], excerpt_chars)} for r in results]
+    body: dict[str, Any] = {"results": list(results)}
+    if not results and not truncated:
+        body["note"] = NOTHING_FOUND
+    if truncated:
+        body["truncated"] = True
+    return _dumps(body)
+
+
+def format_results(hits: Sequence[Hit], max_chars: int) -> str:
+    """Compact JSON of the results in at most ``max_chars`` characters, always valid.
+
+    First the excerpts are trimmed (all to one length, found by bisection), then results are
+    dropped from the end (the lowest scores) while even ``MIN_EXCERPT_CHARS`` would not fit.
+    """
+    results = [_result(h) for h in hits]
+    whole = _render(results, None, truncated=False)
+    if len(whole) <= max_chars:
+        return whole
+    for n in range(len(results), 0, -1):
+        kept = results[:n]
+        if len(_render(kept, MIN_EXCERPT_CHARS, truncated=True)) > max_chars:
+            continue
+        lo, hi = MIN_EXCERPT_CHARS, max(len(r["excerpt"]) for r in kept)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(_render(kept, mid, truncated=True)) <= max_chars:
+                lo = mid
+            else:
+                hi = mid - 1
+        return _render(kept, lo, truncated=True)
+    return _render([], None, truncated=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    """One call's answer: the output string for the model, and the results behind it."""
+
+    output: str
+    is_error: bool = False
+    hits: list[Hit] = field(default_factory=list)
+
+
+class Toolbox:
+    """The configured knowledge functions, and the one way to call them."""
+
+    def __init__(self, functions: Sequence[KnowledgeFunction], max_chars: int) -> None:
+        self._functions = {fn.name: fn for fn in functions}
+        self.max_chars = max_chars
+        self._json = {
+            fn.name: (
+                _dumps(fn.realtime()),
+                _dumps(fn.responses()),
+                _dumps(fn.chat_completions()),
+            )
+            for fn in functions
+        }
+
+    @classmethod
+    def from_config(cls, config: Config) -> Toolbox:
+        functions = []
+        for fn in config.functions:
+            base_sources = tuple(s.name for s in config.knowledge_base(fn.knowledge_base).sources)
+            functions.append(KnowledgeFunction(fn, fn.sources or base_sources))
+        return cls(functions, config.sidecar.tool_output_chars)
+
+    def __iter__(self) -> Iterator[KnowledgeFunction]:
+        return iter(self._functions.values())
+
+    def definitions_json(self, name: str) -> tuple[str, str, str]:
+        """Realtime, Responses and Chat Completions definitions of one function, as JSON."""
+        return self._json[name]
+
+    async def invoke(
+        self, engine: Engine, name: str, arguments_json: str, session_id: str = ""
+    ) -> Invocation:
+        """Run one call. Model mistakes and a base without a snapshot come back as error outputs."""
+        fn = self._functions.get(name)
+        if fn is None:
+            known = ", ".join(self._functions) or "none are configured"
+            return self._error(
+                UNKNOWN_FUNCTION, f"no function named {_quote(name)}; known: {known}"
+            )
+        try:
+            call = fn.parse(arguments_json)
+        except ToolCallError as exc:
+            return self._error(exc.type, exc.message)
+        try:
+            result = await engine.search(
+                SearchInput(
+                    query=call.query,
+                    knowledge_base=fn.config.knowledge_base,
+                    limit=fn.config.limit,
+                    sources=call.sources,
+                    session_id=session_id,
+                )
+            )
+        except SnapshotError as exc:
+            log.warning("%s: %s", name, exc)
+            return self._error(
+                UNAVAILABLE,
+                "the knowledge base cannot be searched right now; tell the caller you cannot "
+                "look it up at the moment",
+            )
+        return Invocation(output=format_results(result.hits, self.max_chars), hits=result.hits)
+
+    def _error(self, type_: str, message: str) -> Invocation:
+        log.info("tool call refused: %s: %s", type_, message)
+        return Invocation(output=error_output(type_, message), is_error=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PageText:
+    title: str
+    text: str
+    source: str
+    source_path: str
+    url: str
+
+
+def _first_chunks(snapshot: LoadedSnapshot) -> dict[tuple[str, str], int]:
+    first: dict[tuple[str, str], int] = {}
+    for label, chunk in enumerate(snapshot.chunks):
+        first.setdefault((chunk.source, chunk.source_path), label)
+    return first
+
+
+class PageReader:
+    """Whole pages of a snapshot, found by key in its pages: never a file path."""
+
+    def __init__(self) -> None:
+        self._first: LRUCache[Path, Mapping[tuple[str, str], int]] = LRUCache(
+            maxsize=PAGE_INDEXES_KEPT
+        )
+
+    async def read(self, snapshot: LoadedSnapshot, source_path: str, source: str = "") -> PageText:
+        if not source_path:
+            raise InvalidArgument("source_path is empty: give the page's path, as chunks carry it")
+        if len(source_path) > MAX_PAGE_PATH:
+            raise InvalidArgument(f"source_path is longer than {MAX_PAGE_PATH} characters")
+        if source and source not in snapshot.source_names:
+            raise NotFound(
+                f"no source {source!r} in this snapshot; its sources: {', '.join(snapshot.source_names)}"
+            )
+        names = [source] if source else snapshot.source_names
+        found = [s for s in names if f"{s}:{source_path}" in snapshot.pages]
+        if not found:
+            raise NotFound(f"no page {source_path!r} in snapshot {snapshot.version}")
+        if len(found) > 1:
+            raise InvalidArgument(
+                f"sources {', '.join(found)} each have a page {source_path!r}: set source"
+            )
+        first = self._first.get(snapshot.folder)
+        if first is None:
+            # A scan over every chunk: off the event loop, once per snapshot.
+            first = await asyncio.to_thread(_first_chunks, snapshot)
+            self._first[snapshot.folder] = first
+        label = first.get((found[0], source_path))
+        chunk = snapshot.chunks[label] if label is not None else None
+        return PageText(
+            title=chunk.title if chunk else "",
+            text=snapshot.pages[f"{found[0]}:{source_path}"],
+            source=found[0],
+            source_path=source_path,
+            url=chunk.url if chunk else "",
+        )

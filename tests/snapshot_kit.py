@@ -1,0 +1,126 @@
+"""Small real snapshots for store and refresh tests, each version about its own topic.
+
+Every chunk id starts with the version id, so a test can tell which snapshot served a chunk.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from index.embedders.base import Embedder
+from index.http_store import HttpStore
+from index.snapshot import VECTORS, write_snapshot
+from index.store import LATEST, LocalStore, new_version_id
+from index.types import Chunk
+
+KB = "docs"
+EPOCH = 1_700_000_000.0
+
+TOPICS = {
+    "password": [
+        "To reset your password, open Settings, choose Security and press Reset password.",
+        "The reset link we email you expires after one hour; ask for a new one if it lapsed.",
+        "A new password needs twelve characters and may not repeat your last three passwords.",
+    ],
+    "roaming": [
+        "Roaming in the European Union costs nothing extra on the Plus and Max plans.",
+        "Outside the EU, a roaming day pass costs five euros and includes one gigabyte of data.",
+        "Turn data roaming on under Settings, Mobile network, Roaming before you travel.",
+    ],
+    "voicemail": [
+        "Call 1233 from your phone to listen to your voicemail messages.",
+        "Set a voicemail greeting by calling 1233 and pressing 3 for personal options.",
+        "Voicemail keeps messages for thirty days before deleting them.",
+    ],
+    "invoices": [
+        "Invoices are emailed on the first day of each month as a PDF attachment.",
+        "Download older invoices from the Billing page of your account for up to two years.",
+        "Pay an invoice by direct debit, card, or bank transfer within fourteen days.",
+    ],
+}
+
+
+def version_id(n: int) -> str:
+    """The n-th version id: sortable like the ones builds make."""
+    return new_version_id(f"{n:08x}", now=EPOCH + n)
+
+
+def write_version(
+    root: Path,
+    version: str,
+    embedder: Embedder,
+    topic: str = "password",
+    *,
+    kb: str = KB,
+    page_bytes: int = 0,
+    damage: Callable[[Path], None] | None = None,
+    point: bool = True,
+) -> Path:
+    """Write a snapshot of ``topic`` into ``root`` as ``version``; ``damage`` runs on the folder
+    before LATEST is written; ``point=False`` uploads the folder without moving LATEST."""
+    texts = TOPICS[topic]
+    chunks = [
+        Chunk(
+            chunk_id=f"{version}-{i}",
+            source="faq",
+            source_path=f"{topic}.md",
+            title=topic.title(),
+            breadcrumbs=(topic.title(),),
+            text=text,
+            embed_text=f"{topic.title()}\n{text}",
+        )
+        for i, text in enumerate(texts)
+    ]
+    vectors = embedder.embed_batch([c.embed_text for c in chunks])
+    store = LocalStore(root)
+    staging = store.staging_dir(kb)
+    write_snapshot(
+        staging,
+        knowledge_base=kb,
+        version=version,
+        embedder=embedder.info,
+        chunks=chunks,
+        vectors=vectors,
+        pages={f"faq:{topic}.md": " ".join(texts) + " " * page_bytes},
+        page_count=1,
+        hnsw_m=8,
+        hnsw_ef_construction=50,
+        target_recall=0.9,
+        sources=["faq"],
+    )
+    folder = store.version_dir(kb, version)
+    staging.rename(folder)
+    if damage is not None:
+        damage(folder)
+    if point:
+        point_at(root, version, kb)
+    return folder
+
+
+def point_at(root: Path, version: str, kb: str = KB) -> None:
+    """Write LATEST the way a publisher does: temp file, then rename."""
+    tmp = root / kb / f".{LATEST}.tmp"
+    tmp.write_text(f"{version}\n", encoding="utf-8")
+    tmp.replace(root / kb / LATEST)
+
+
+def flip_a_byte(folder: Path, name: str = VECTORS) -> None:
+    """Corrupt one file in place, keeping its size (what bit rot or a bad copy does)."""
+    path = folder / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+class DiskFullStore(HttpStore):
+    """An HttpStore whose cache disk is full while ``full`` is set: ENOSPC at its write seam."""
+
+    full = False
+
+    def _write(self, f: BinaryIO, data: bytes) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super()._write(f, data)

@@ -1,0 +1,129 @@
+"""A real static HTTP server on 127.0.0.1 for store tests, with switches that make it misbehave.
+
+It serves a folder the way nginx or a CDN would: ``ETag`` and ``If-None-Match`` (304),
+``Range: bytes=N-`` (206). Switches: ``fail_next`` answers 500 to that many requests,
+``cut_next`` sends the headers of that many answers for paths ending in ``cut_suffix`` but only
+half the body, and ``stop()`` closes the port (``start()`` reopens the same port).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote
+
+
+@dataclass(frozen=True, slots=True)
+class Logged:
+    method: str
+    path: str
+    status: int
+    range: str = ""
+
+
+class StaticServer:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.fail_next = 0
+        self.cut_next = 0
+        self.cut_suffix = ""
+        self.log: list[Logged] = []
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> StaticServer:
+        owner = self
+
+        class Handler(_Handler):
+            server_owner = owner
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def requests(self, suffix: str) -> list[Logged]:
+        with self._lock:
+            return [r for r in self.log if r.path.endswith(suffix)]
+
+    def _take(self, switch: str) -> bool:
+        with self._lock:
+            left = int(getattr(self, switch))
+            if left > 0:
+                setattr(self, switch, left - 1)
+            return left > 0
+
+    def _record(self, entry: Logged) -> None:
+        with self._lock:
+            self.log.append(entry)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_owner: StaticServer
+
+    def do_GET(self) -> None:
+        owner = self.server_owner
+        path = unquote(self.path.split("?", 1)[0])
+        wanted = self.headers.get("Range", "")
+        if owner._take("fail_next"):
+            self._answer(path, 500, b"injected failure", wanted)
+            return
+        file = (owner.root / path.lstrip("/")).resolve()
+        if not file.is_relative_to(owner.root.resolve()) or not file.is_file():
+            self._answer(path, 404, b"not found", wanted)
+            return
+        stat = file.stat()
+        etag = f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"'
+        if self.headers.get("If-None-Match") == etag:
+            owner._record(Logged("GET", path, 304, wanted))
+            self.send_response(304)
+            self.send_header("ETag", etag)
+            self.end_headers()
+            return
+        data = file.read_bytes()
+        start = int(wanted.removeprefix("bytes=").split("-")[0]) if wanted else 0
+        status = 206 if wanted else 200
+        body = data[start:]
+        owner._record(Logged("GET", path, status, wanted))
+        self.send_response(status)
+        self.send_header("ETag", etag)
+        self.send_header("Content-Length", str(len(body)))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        if path.endswith(owner.cut_suffix) and owner._take("cut_next"):
+            self.wfile.write(body[: len(body) // 2])
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+    def _answer(self, path: str, status: int, body: bytes, wanted: str) -> None:
+        self.server_owner._record(Logged("GET", path, status, wanted))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: tests read ``StaticServer.log`` instead."""

@@ -1,0 +1,136 @@
+"""The LiveKit Agents adapter with LiveKit's own objects, no network, against a real sidecar.
+
+The preemptive-generation check is LiveKit's own: a preemptive reply is kept only when
+``preemptive_chat_ctx.is_equivalent(turn_ctx)`` after ``on_user_turn_completed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+pytest.importorskip("livekit.agents")
+
+from livekit.agents import Agent, AgentSession, ChatMessage, RunContext, llm
+from livekit.agents.voice.events import UserInputTranscribedEvent
+from livekit.agents.voice.speech_handle import SpeechHandle
+
+from sidecar.adapters.client import Voxrecall
+from sidecar.adapters.livekit import (
+    KNOWLEDGE_ID,
+    LiveKitKnowledge,
+    knowledge_tools,
+)
+from tests.adapters import knowledge_sidecar_fixture  # noqa: F401
+
+INSTALL = "What alternative ways are there to install Windows Terminal?"
+THEME = "How do I change Windows Terminal theme back to system?"
+
+
+@pytest.fixture
+async def vr(knowledge_sidecar: Any) -> AsyncIterator[Voxrecall]:
+    async with Voxrecall(f"127.0.0.1:{knowledge_sidecar.port}", turn_timeout_s=10) as client:
+        yield client
+
+
+def user_says(text: str) -> ChatMessage:
+    return ChatMessage(role="user", content=[text])
+
+
+def knowledge_in(ctx: llm.ChatContext) -> str:
+    item = ctx.get_by_id(KNOWLEDGE_ID)
+    assert isinstance(item, ChatMessage)
+    return item.text_content or ""
+
+
+async def interim(session: AgentSession, knowledge: LiveKitKnowledge, text: str) -> None:
+    session.emit(
+        "user_input_transcribed", UserInputTranscribedEvent(transcript=text, is_final=False)
+    )
+    await knowledge.prefetched()
+
+
+async def test_turn_completed_adds_this_turns_knowledge(vr: Voxrecall) -> None:
+    agent = Agent(instructions="You are a helpful agent.")
+    knowledge = LiveKitKnowledge(vr, session_id="lk-1")
+    turn_ctx = agent.chat_ctx.copy()
+    await knowledge.on_user_turn_completed(turn_ctx, user_says(INSTALL))
+    assert "(terminal-docs:install.md)" in knowledge_in(turn_ctx)
+    assert knowledge.kept_prefetch == 0
+
+    before = turn_ctx.copy()
+    await knowledge.on_user_turn_completed(turn_ctx, user_says("yeah"))  # a backchannel
+    assert turn_ctx.is_equivalent(before)
+
+
+async def test_prefetched_knowledge_keeps_the_preemptive_generation(vr: Voxrecall) -> None:
+    session: AgentSession = AgentSession()
+    agent = Agent(instructions="You are a helpful agent.")
+    knowledge = LiveKitKnowledge(vr, session_id="lk-2")
+    knowledge.attach(session, agent)
+
+    await interim(session, knowledge, "What alternative ways are there")
+    await interim(session, knowledge, INSTALL)
+    assert "(terminal-docs:install.md)" in knowledge_in(agent.chat_ctx)
+
+    # What LiveKit does next: the final transcript starts a preemptive generation with a copy
+    # of the agent's context; the end of the turn runs the hook on another copy, then compares.
+    preemptive_ctx = agent.chat_ctx.copy()
+    turn_ctx = agent.chat_ctx.copy()
+    await knowledge.on_user_turn_completed(turn_ctx, user_says(INSTALL))
+    assert preemptive_ctx.is_equivalent(turn_ctx)
+    assert knowledge.kept_prefetch == 1
+
+
+async def test_stale_prefetched_knowledge_is_replaced(vr: Voxrecall) -> None:
+    session: AgentSession = AgentSession()
+    agent = Agent(instructions="You are a helpful agent.")
+    knowledge = LiveKitKnowledge(vr, session_id="lk-3")
+    knowledge.attach(session, agent)
+
+    await interim(session, knowledge, THEME)  # the caller then said something else
+    preemptive_ctx = agent.chat_ctx.copy()
+    turn_ctx = agent.chat_ctx.copy()
+    await knowledge.on_user_turn_completed(turn_ctx, user_says(INSTALL))
+    assert not preemptive_ctx.is_equivalent(turn_ctx)  # LiveKit regenerates with the right one
+    assert "(terminal-docs:install.md)" in knowledge_in(turn_ctx)
+    assert len([i for i in turn_ctx.items if i.id == KNOWLEDGE_ID]) == 1
+
+
+def run_context(session: AgentSession, name: str, call_id: str) -> RunContext[Any]:
+    call = llm.FunctionCall(call_id=call_id, name=name, arguments="{}")
+    return RunContext(session=session, speech_handle=SpeechHandle.create(), function_call=call)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "is_error"),
+    [
+        (orjson.dumps({"query": INSTALL}).decode(), False),
+        ('{"query": ""}', True),
+    ],
+)
+async def test_knowledge_tool_runs_through_livekits_function_executor(
+    vr: Voxrecall, arguments: str, is_error: bool
+) -> None:
+    tools = await knowledge_tools(vr, session_id="lk-4")
+    (tool,) = tools
+    assert tool.info.name == "knowledge_search"
+    assert tool.info.raw_schema["parameters"]["required"] == ["query"]
+
+    result = await llm.execute_function_call(
+        llm.FunctionToolCall(name="knowledge_search", arguments=arguments, call_id="call_9"),
+        llm.ToolContext(tools),
+        call_ctx=run_context(AgentSession(), "knowledge_search", "call_9"),
+    )
+    out = result.fnc_call_out
+    assert out is not None
+    assert out.call_id == "call_9"
+    assert out.is_error is is_error
+    body = orjson.loads(out.output)
+    if is_error:
+        assert body["error"]["type"] == "invalid_arguments"
+    else:
+        assert "install.md" in [r["path"] for r in body["results"]]

@@ -1,0 +1,226 @@
+"""Index builds with the real embedded model on small folders: incremental embedding, removed and
+bad pages, strict mode through the CLI, pruning, and the JSON summary."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from index.build import build_knowledge_base, embed_chunks, text_key
+from index.config import Config, parse_config
+from index.embedders.base import Embedder, HashEmbedder, Vectors
+from index.snapshot import LoadedSnapshot, load_snapshot
+from index.store import LocalStore
+from index.types import Chunk
+from sidecar.cli import main
+
+GUIDE = """---
+title: Router guide
+product_area: networking
+---
+# Router guide
+
+## Installing
+
+Plug the router into the wall socket and wait for the green light.
+
+## Resetting
+
+Hold the reset button for ten seconds until the light blinks.
+
+## Updating
+
+Open the app, choose Settings, then Firmware, then Update now.
+"""
+
+
+def docs_folder(root: Path) -> Path:
+    docs = root / "docs"
+    docs.mkdir(parents=True)
+    (docs / "guide.md").write_text(GUIDE)
+    (docs / "billing.md").write_text("# Billing\n\nInvoices are sent on the first of each month.\n")
+    (docs / "returns.md").write_text("# Returns\n\nYou can return a router within 30 days.\n")
+    return docs
+
+
+def config_for(tmp_path: Path, docs: Path, **index: Any) -> Config:
+    raw = {
+        "knowledge_base": [{"name": "kb", "source": [{"type": "markdown", "path": str(docs)}]}],
+        "index": {"store": str(tmp_path / "store"), **index},
+    }
+    return parse_config(raw, base=tmp_path)
+
+
+def build(config: Config, embedder: Embedder, **kwargs: Any) -> Any:
+    return build_knowledge_base(config, config.knowledge_bases[0], embedder, **kwargs)
+
+
+def latest(config: Config) -> LoadedSnapshot:
+    return load_snapshot(LocalStore(config.index.store).latest_dir("kb"))
+
+
+def vectors_by_id(snap: LoadedSnapshot) -> dict[str, Vectors]:
+    stored = np.asarray(snap.index.get_items(np.arange(len(snap.chunks))), dtype=np.float32)
+    return {c.chunk_id: stored[i] for i, c in enumerate(snap.chunks)}
+
+
+def test_unchanged_base_embeds_and_publishes_nothing(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    config = config_for(tmp_path, docs_folder(tmp_path))
+    first = build(config, local_embedder)
+    assert first.published
+    assert first.embedded == first.chunks == 5
+    second = build(config, local_embedder)
+    assert (second.published, second.embedded, second.reused) == (False, 0, 5)
+    assert second.version == first.version
+    assert LocalStore(config.index.store).versions("kb") == [first.version]
+
+
+def test_editing_one_page_reembeds_only_its_changed_chunks(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    docs = docs_folder(tmp_path)
+    config = config_for(tmp_path, docs)
+    build(config, local_embedder)
+    before = vectors_by_id(latest(config))
+
+    (docs / "guide.md").write_text(GUIDE.replace("ten seconds", "fifteen seconds"))
+    summary = build(config, local_embedder)
+    assert summary.published
+    assert (summary.embedded, summary.reused, summary.removed) == (1, 4, 1)
+    after = latest(config)
+    changed = [c for c in after.chunks if c.chunk_id not in before]
+    assert [c.breadcrumbs for c in changed] == [("Router guide", "Resetting")]
+    for chunk_id, vector in vectors_by_id(after).items():
+        if chunk_id in before:
+            assert np.array_equal(vector, before[chunk_id])  # reused, not recomputed
+
+
+def test_removed_page_disappears_from_the_next_snapshot(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    docs = docs_folder(tmp_path)
+    config = config_for(tmp_path, docs)
+    build(config, local_embedder)
+    (docs / "returns.md").unlink()
+    summary = build(config, local_embedder)
+    assert (summary.published, summary.pages, summary.removed, summary.embedded) == (True, 2, 1, 0)
+    snap = latest(config)
+    assert "returns.md" not in {c.source_path for c in snap.chunks}
+    assert set(snap.pages) == {"markdown:guide.md", "markdown:billing.md"}
+
+
+def test_bad_pages_are_skipped_with_reasons_while_the_rest_indexes(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    docs = docs_folder(tmp_path)
+    (docs / "latin1.md").write_bytes(b"# Caf\xe9\n\nMenu.\n")
+    (docs / "front.md").write_text("---\ntitle: [oops\n---\n# Front\n\nText.\n")
+    config = config_for(tmp_path, docs)
+    summary = build(config, local_embedder)
+    assert summary.published
+    assert summary.pages == 3
+    reasons = {s["path"]: s["reason"] for s in summary.skipped_pages}
+    assert set(reasons) == {"latin1.md", "front.md"}
+    assert reasons["latin1.md"].startswith("not valid UTF-8")
+    assert reasons["front.md"].startswith("malformed frontmatter")
+    assert {c.source_path for c in latest(config).chunks} == {
+        "guide.md",
+        "billing.md",
+        "returns.md",
+    }
+
+
+def write_config(tmp_path: Path, docs: Path, extra: str = "") -> Path:
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(
+        f'[[knowledge_base]]\nname = "kb"\n[[knowledge_base.source]]\ntype = "markdown"\n'
+        f'path = "{docs}"\n[index]\nstore = "store"\n{extra}'
+    )
+    return path
+
+
+@pytest.mark.parametrize(("strict", "code"), [(True, 1), (False, 0)])
+def test_strict_build_exits_non_zero_when_a_page_was_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], strict: bool, code: int
+) -> None:
+    docs = docs_folder(tmp_path)
+    (docs / "bad.md").write_bytes(b"\xff\xfe not utf-8")
+    config = write_config(tmp_path, docs, f"strict = {str(strict).lower()}\n")
+    assert main(["index", "build", "--config", str(config), "--json"]) == code
+    captured = capsys.readouterr()
+    (summary,) = json.loads(captured.out)
+    keys = {"knowledge_base", "version", "pages", "chunks", "embedded", "reused", "removed"}
+    assert keys | {"skipped_pages", "seconds"} <= set(summary)
+    assert summary["skipped_pages"] == [
+        {"path": "bad.md", "reason": "not valid UTF-8: invalid start byte at byte 0"}
+    ]
+    assert (summary["pages"], summary["chunks"], summary["embedded"]) == (3, 5, 5)
+    assert {"load", "chunk", "embed", "write"} <= set(summary["seconds"])
+    assert ("[index] strict: 1 page(s) skipped" in captured.err) is strict
+    assert (tmp_path / "store" / "kb" / "LATEST").is_file()  # strict still publishes the rest
+
+
+def test_pruning_keeps_keep_versions(tmp_path: Path, local_embedder: Embedder) -> None:
+    docs = docs_folder(tmp_path)
+    config = config_for(tmp_path, docs, keep_versions=2)
+    versions = []
+    for n in range(4):
+        (docs / "billing.md").write_text(f"# Billing\n\nInvoices go out on day {n + 1}.\n")
+        versions.append(build(config, local_embedder).version)
+    store = LocalStore(config.index.store)
+    assert store.versions("kb") == versions[-2:]
+    assert store.latest("kb") == versions[-1]
+
+
+def test_a_build_abandoned_while_embedding_publishes_nothing(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    config = config_for(tmp_path, docs_folder(tmp_path))
+
+    def stop(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(config, local_embedder, progress=stop)
+    store = LocalStore(config.index.store)
+    assert store.latest("kb") is None
+    assert store.versions("kb") == []
+
+
+class RecordingEmbedder(HashEmbedder):
+    """The fake, recording how many texts each embed_batch call got."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def embed_batch(self, texts: Sequence[str]) -> Vectors:
+        self.calls.append(len(texts))
+        return super().embed_batch(texts)
+
+
+def test_embed_chunks_hands_batch_size_times_concurrency_texts_per_call() -> None:
+    embedder = RecordingEmbedder()
+    chunks = [Chunk(f"c{i}", "s", "p", "t", (), f"text {i}", f"text {i}") for i in range(25)]
+    cached = embedder.embed_batch(["text 3"])[0]
+    embedder.calls.clear()
+    seen: list[tuple[int, int]] = []
+    vectors, embedded = embed_chunks(
+        embedder,
+        chunks,
+        {text_key(embedder.info, "text 3"): cached},
+        batch_size=4,
+        max_concurrency=3,
+        progress=lambda done, total: seen.append((done, total)),
+    )
+    assert embedder.calls == [12, 12]
+    assert embedded == 24
+    assert seen == [(12, 24), (24, 24)]
+    assert np.allclose(vectors, embedder.embed_batch([c.embed_text for c in chunks]))

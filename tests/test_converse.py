@@ -1,0 +1,231 @@
+"""Converse: interim transcripts searched ahead, finals answered from the prefetch when they
+match. A real grpc.aio server on port 0, the real embedded model, real Windows Terminal docs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import pytest
+
+from index.config import Config
+from index.embedders.base import Embedder, EmbedderInfo, Vectors
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.prefetch import normalise, words_match
+from sidecar.server import Sidecar, create_server
+
+WAIT_S = 10.0  # how long a test waits for background work before it fails (not a timing check)
+BUDGET_MS = 5000  # generous: these tests are about matching, not about the embedder's speed
+
+
+def interim(text: str, session: str = "call") -> pb.ConverseRequest:
+    return pb.ConverseRequest(turn=pb.TurnRequest(session_id=session, text=text, is_final=False))
+
+
+def final(text: str, session: str = "", **fields: Any) -> pb.ConverseRequest:
+    fields.setdefault("budget_ms", BUDGET_MS)
+    return pb.ConverseRequest(
+        turn=pb.TurnRequest(session_id=session, text=text, is_final=True, **fields)
+    )
+
+
+async def eventually(condition: Any) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "background work did not finish"
+        await asyncio.sleep(0.01)
+
+
+def prefetch_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("voxrecall-prefetch")]
+
+
+@pytest.fixture
+async def stream(wt_sidecar: Sidecar) -> AsyncIterator[Any]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{wt_sidecar.port}") as channel:
+        call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)
+        yield call
+        call.cancel()
+
+
+# -- the rules -------------------------------------------------------------------------------
+
+
+def test_normalised_words_ignore_case_and_punctuation() -> None:
+    assert normalise("How do I  split a PANE?") == ("how", "do", "i", "split", "a", "pane")
+    assert normalise("Don’t close it.") == ("don't", "close", "it")
+
+
+@pytest.mark.parametrize(
+    ("ahead", "final_text", "match"),
+    [
+        ("How do I split a pane?", "how do i split a pane", True),
+        (
+            "how do I split a pane in windows terminal",
+            "How do I split a pane in Windows Terminal please",
+            True,
+        ),
+        ("split the pane", "split the pane in two", False),
+        ("How do I split a pane?", "How do I change the color scheme?", False),
+    ],
+)
+def test_close_enough(ahead: str, final_text: str, match: bool) -> None:
+    assert words_match(normalise(ahead), normalise(final_text)) is match
+
+
+# -- over the wire ---------------------------------------------------------------------------
+
+
+async def plain_turn(sidecar: Sidecar, text: str) -> pb.TurnResponse:
+    """What the Turn RPC answers for these words in a fresh session."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        resp: pb.TurnResponse = await pb_grpc.RetrievalStub(channel).Turn(
+            pb.TurnRequest(session_id="plain", text=text, is_final=True, budget_ms=BUDGET_MS),
+            timeout=30,
+        )
+        return resp
+
+
+async def test_final_is_answered_from_a_prefetched_pause(wt_sidecar: Sidecar, stream: Any) -> None:
+    question = "Can I split a pane horizontally?"
+    await stream.write(interim("Can I split"))
+    await stream.write(interim(question))  # a pause: searched ahead at once
+    await stream.write(final(question))
+    resp = await stream.read()
+    assert resp.prefetched
+    assert resp.transcript == question
+    assert not resp.turn.degraded
+    plain = await plain_turn(wt_sidecar, question)
+    assert resp.turn.chunks
+    assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
+    assert wt_sidecar.engine.counters.prefetch_started == 1
+    assert wt_sidecar.engine.counters.prefetched == 1
+
+
+async def test_words_unchanged_for_a_while_are_prefetched(wt_sidecar: Sidecar, stream: Any) -> None:
+    await stream.write(interim("can I split a pane horizontally in windows terminal"))
+    await eventually(lambda: wt_sidecar.engine.counters.prefetch_started == 1)
+    await stream.write(final("Can I split a pane horizontally in Windows Terminal please"))
+    resp = await stream.read()
+    assert resp.prefetched
+    assert "please" not in resp.turn.query  # what was searched: the prefetched words
+    plain = await plain_turn(wt_sidecar, "can I split a pane horizontally in windows terminal")
+    assert resp.turn.chunks
+    assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
+
+
+async def test_a_different_final_is_searched_normally(wt_sidecar: Sidecar, stream: Any) -> None:
+    await stream.write(interim("Can I split a pane horizontally?"))
+    await stream.write(final("How do I change the color scheme of a profile?"))
+    resp = await stream.read()
+    assert not resp.prefetched
+    assert "color" in resp.turn.query.lower()
+    plain = await plain_turn(wt_sidecar, "How do I change the color scheme of a profile?")
+    assert resp.turn.chunks
+    assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
+    assert wt_sidecar.engine.counters.prefetch_started == 1
+    assert wt_sidecar.engine.counters.prefetched == 0
+
+
+async def test_stream_answers_every_final_and_agent_turn(stream: Any) -> None:
+    await stream.write(final("Can I split a pane horizontally?", session="call"))
+    await stream.write(
+        pb.ConverseRequest(turn=pb.TurnRequest(text="Sure, press Alt+Shift+D.", speaker=pb.AGENT))
+    )
+    await stream.write(final("Mm-hmm, okay."))
+    first, agent, ack = [await stream.read() for _ in range(3)]
+    assert first.turn.chunks
+    assert not first.prefetched
+    assert agent.turn.skipped == pb.AGENT_TURN
+    assert ack.turn.skipped == pb.BACKCHANNEL
+    # one stream is one session: the acknowledgement still carries the first turn's context
+    assert [c.chunk_id for c in ack.turn.context][: len(first.turn.chunks)] == [
+        c.chunk_id for c in first.turn.chunks
+    ]
+    await stream.done_writing()
+    assert await stream.read() == grpc.aio.EOF
+
+
+async def test_a_bad_request_ends_the_stream_with_a_status(stream: Any) -> None:
+    await stream.write(final("How do I split a pane?", session="a", budget_ms=-1))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stream.read()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_one_stream_is_one_session(stream: Any) -> None:
+    await stream.write(final("How do I split a pane?", session="a"))
+    await stream.read()
+    await stream.write(final("How do I open a tab?", session="b"))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stream.read()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "one Converse stream per session" in (err.value.details() or "")
+
+
+# -- nothing outlives the stream -------------------------------------------------------------
+
+
+class Hanging:
+    """The real model's identity, but ``embed`` never returns: prefetches stay in flight."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+
+    @property
+    def info(self) -> EmbedderInfo:
+        return self.inner.info
+
+    def embed_batch(self, texts: Sequence[str]) -> Vectors:
+        return self.inner.embed_batch(texts)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+async def hanging_sidecar(wt_config: Config, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+    sidecar = await create_server(wt_config, embedder=Hanging(local_embedder), poll=False)
+    yield sidecar
+    await sidecar.stop(0.5)
+
+
+@pytest.mark.parametrize("ending", ["cancel", "done_writing"])
+async def test_a_prefetch_in_flight_ends_with_its_stream(
+    hanging_sidecar: Sidecar, ending: str
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{hanging_sidecar.port}") as channel:
+        call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)
+        await call.write(interim("How do I split a pane?"))
+        await eventually(lambda: bool(prefetch_tasks()))
+        if ending == "cancel":
+            call.cancel()  # the server sees CancelledError
+        else:
+            await call.done_writing()
+            assert await call.read() == grpc.aio.EOF
+    await eventually(lambda: not prefetch_tasks())
+    assert hanging_sidecar.engine.counters.prefetch_started == 1
+
+
+async def test_a_prefetch_still_embedding_at_the_deadline_falls_back(
+    hanging_sidecar: Sidecar,
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{hanging_sidecar.port}") as channel:
+        call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)
+        await call.write(interim("Can I split a pane horizontally?"))
+        await call.write(final("Can I split a pane horizontally?", budget_ms=150))
+        resp = await call.read()
+        await call.done_writing()
+    assert resp.turn.degraded
+    assert not resp.prefetched
+    assert "panes.md" in [c.source_path for c in resp.turn.chunks]
+    # the final waited on the prefetch's embedding instead of asking the embedder again
+    assert hanging_sidecar.engine.vectors.stats.misses == 1

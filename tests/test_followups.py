@@ -1,0 +1,265 @@
+"""Follow-ups: the entity or topic a turn refers back to is folded into what gets searched."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import orjson
+import pytest
+
+from index.build import embed_chunks
+from index.chunker import chunk_page
+from index.config import Config, FollowupConfig, parse_config
+from index.embedders.base import Embedder
+from index.snapshot import load_snapshot, write_snapshot
+from index.store import LocalStore, new_version_id
+from index.types import Page
+from sidecar import followups
+from sidecar.followups import FUNCTION_WORDS_EN, Gazetteer
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import create_server
+from sidecar.sessions import Session
+from tests.conftest import shared
+
+HOTELS = ("THE LENSFIELD HOTEL", "HOBSONS HOUSE", "ACORN GUEST HOUSE", "GONVILLE HOTEL")
+KB = "hotels"
+
+# -- the gazetteer and the rewrite on their own ---------------------------------------------------
+
+NAMES = [
+    "THE LENSFIELD HOTEL",
+    "HOBSONS HOUSE",
+    "A AND B GUEST HOUSE",
+    "ACORN GUEST HOUSE",
+    "GONVILLE HOTEL",
+    "WORTH HOUSE",
+    "BRIDGE GUEST HOUSE",
+    "PIZZA HUT CHERRY HINTON",
+    "PIZZA HUT FEN DITTON",
+    "PIZZA EXPRESS FEN DITTON",
+    "CITYROOMZ",
+]
+
+
+def gaz(is_common: Any = None) -> Gazetteer:
+    return Gazetteer(NAMES, FUNCTION_WORDS_EN, is_common, followups.STREETS_EN)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("Does the Lensfield have parking?", ["THE LENSFIELD HOTEL"]),
+        ("the lensfield hotel", ["THE LENSFIELD HOTEL"]),
+        ("I'd like the A&B Guesthouse.", ["A AND B GUEST HOUSE"]),  # joined words, '&'
+        ("Hobson's house or the acorn?", ["HOBSONS HOUSE", "ACORN GUEST HOUSE"]),
+        ("I booked the Goonville for you.", ["GONVILLE HOTEL"]),  # one edit, 7+ letters
+        ("citycroomz is in the centre", ["CITYROOMZ"]),
+        ("pizza hut cherry hinton", ["PIZZA HUT CHERRY HINTON"]),
+        ("the one in fen ditton", []),  # shared by two entities: neither
+        ("It is at 30 Bridge Street.", []),  # an address, not Bridge Guest House
+        ("Is a guest house better than a hotel?", []),
+        ("Is it quiet?", []),
+    ],
+)
+def test_mentions(text: str, named: list[str]) -> None:
+    assert gaz().mentions(text) == named
+
+
+def test_a_common_word_is_no_partial_name() -> None:
+    assert gaz().mentions("Is it worth it?") == ["WORTH HOUSE"]
+    assert gaz(lambda word, name: word == "worth").mentions("Is it worth it?") == []
+    assert gaz(lambda word, name: word == "worth").mentions("worth house") == ["WORTH HOUSE"]
+
+
+def _session(*turns: tuple[str, str], g: Gazetteer | None = None) -> Session:
+    session = Session("s", context_turns=3)
+    for speaker, text in turns:
+        if speaker == "user":
+            followups.rewrite(session, text, g or gaz())
+        session.record_turn(speaker, text)
+    return session
+
+
+def test_the_newest_mention_wins_and_naming_one_is_searched_as_said() -> None:
+    g = gaz()
+    session = _session(
+        ("user", "Tell me about the Lensfield."),
+        ("agent", "It is in the south. Hobsons House is cheaper."),
+        g=g,
+    )
+    assert followups.rewrite(session, "Is it quiet?", g) == "HOBSONS HOUSE: Is it quiet?"
+    assert followups.rewrite(session, "And the Acorn?", g) == "And the Acorn?"
+    session.record_turn("user", "And the Acorn?")
+    assert followups.rewrite(session, "Is it quiet?", g) == "ACORN GUEST HOUSE: Is it quiet?"
+
+
+def test_rewriting_records_nothing_about_the_turn_itself() -> None:
+    """A planned interim transcript that is never finalised must not move the entity."""
+    g = gaz()
+    session = _session(("agent", "The Lensfield is nice."), g=g)
+    followups.rewrite(session, "what about the acorn", g)  # planned, never recorded
+    assert followups.rewrite(session, "Is it quiet?", g) == "THE LENSFIELD HOTEL: Is it quiet?"
+
+
+def test_fold_referring_leaves_self_contained_turns_alone() -> None:
+    g = gaz()
+    referring = FollowupConfig(fold="referring")
+    session = _session(("agent", "The Lensfield is nice."), g=g)
+    long_turn = "Do rooms come with breakfast included in the price of the booking?"
+    assert followups.rewrite(session, long_turn, g, referring) == long_turn
+    assert followups.rewrite(session, long_turn, g).startswith("THE LENSFIELD HOTEL: ")
+    assert followups.rewrite(session, "Do they have wifi?", g, referring).startswith(
+        "THE LENSFIELD HOTEL: "
+    )
+    off = FollowupConfig(enabled=False)
+    assert followups.rewrite(session, "Is it quiet?", g, off) == "Is it quiet?"
+
+
+def test_without_entities_a_referring_turn_gets_the_topic_or_the_subject() -> None:
+    session = _session(("user", "What is throat cancer?"), ("user", "Is it treatable?"))
+    assert followups.rewrite(session, "Is it treatable?") == "throat cancer: Is it treatable?"
+    session.topic = "Throat cancer treatment"  # the title of the last top hit
+    assert followups.rewrite(session, "How long?") == "Throat cancer treatment: How long?"
+    own_topic = "What are the early symptoms of lung cancer in adults?"
+    assert followups.rewrite(session, own_topic) == own_topic
+
+
+# -- through a real server over a real snapshot of DSTC11 hotels ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def hotels_config(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) -> Config:
+    corpus = shared("dstc11-faq-reviews", "corpus.jsonl")
+    records = [orjson.loads(line) for line in corpus.read_bytes().splitlines()]
+    pages = [
+        Page(
+            source="dstc11",
+            source_path=str(r["_id"]),
+            title=str(r["title"]),
+            text=str(r["text"]),
+            kind="text",
+            context=str(r["entity_name"]),
+        )
+        for r in records
+        if r["entity_name"] in HOTELS
+    ]
+    chunks = [c for p in pages for c in chunk_page(p)]
+    vectors, _ = embed_chunks(local_embedder, chunks, {}, 32, progress=lambda done, total: None)
+    store = LocalStore(tmp_path_factory.mktemp("hotels") / "store")
+    staging = store.staging_dir(KB)
+    version = new_version_id("hotels")
+    write_snapshot(
+        staging,
+        knowledge_base=KB,
+        version=version,
+        embedder=local_embedder.info,
+        chunks=chunks,
+        vectors=np.asarray(vectors),
+        pages={p.source_path: p.text for p in pages},
+        page_count=len(pages),
+        hnsw_m=16,
+        hnsw_ef_construction=100,
+        target_recall=0.95,
+    )
+    store.publish(KB, staging, version)
+    return parse_config(
+        {
+            "index": {"store": str(store.root)},
+            "sidecar": {"store": str(store.root), "listen": "127.0.0.1:0"},
+        },
+        base=store.root.parent,
+    )
+
+
+@pytest.fixture
+async def hotels(hotels_config: Config, local_embedder: Embedder) -> AsyncIterator[Any]:
+    sidecar = await create_server(hotels_config, embedder=local_embedder, poll=False)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        yield pb_grpc.RetrievalStub(channel)
+    await sidecar.stop(0.5)
+
+
+async def say(client: Any, session: str, text: str, **kw: Any) -> Any:
+    request = pb.TurnRequest(session_id=session, text=text, is_final=kw.pop("is_final", True), **kw)
+    return await client.Turn(request, timeout=30)
+
+
+async def test_the_entity_from_two_turns_ago_is_folded_in(hotels: Any) -> None:
+    await say(hotels, "a", "Can you tell me about the Lensfield Hotel?")
+    await say(hotels, "a", "It is an expensive hotel in the south.", speaker=pb.AGENT)
+    resp = await say(hotels, "a", "Are their bathrooms clean?")
+    assert resp.query == "THE LENSFIELD HOTEL: Are their bathrooms clean?"
+    assert [c.title for c in resp.chunks] == ["THE LENSFIELD HOTEL"] * len(resp.chunks)
+    assert resp.chunks
+    alone = await say(hotels, "", "Are their bathrooms clean?")
+    assert alone.query == "Are their bathrooms clean?"
+
+
+async def test_an_agent_turn_introduces_the_entity(hotels: Any) -> None:
+    first = await say(hotels, "b", "I need a guesthouse in the west.")
+    assert first.query == "I need a guesthouse in the west."
+    await say(hotels, "b", "Hobsons House has 3 stars. Shall I book it?", speaker=pb.AGENT)
+    resp = await say(hotels, "b", "Is parking free?")
+    assert resp.query == "HOBSONS HOUSE: Is parking free?"
+    assert resp.chunks[0].title == "HOBSONS HOUSE"
+
+
+async def test_naming_another_entity_changes_the_query(hotels: Any) -> None:
+    await say(hotels, "c", "I am staying at the Lensfield.")
+    named = await say(hotels, "c", "What about the Gonville, does it have parking?")
+    assert named.query == "What about the Gonville, does it have parking?"
+    assert named.chunks[0].title == "GONVILLE HOTEL"
+    resp = await say(hotels, "c", "Is it quiet?")
+    assert resp.query == "GONVILLE HOTEL: Is it quiet?"
+    await say(hotels, "c", "I can also offer the Acorns guesthouse.", speaker=pb.AGENT)
+    assert (await say(hotels, "c", "Is it quiet?")).query == "ACORN GUEST HOUSE: Is it quiet?"
+
+
+async def test_interim_transcripts_and_skipped_turns_keep_the_entity(hotels: Any) -> None:
+    await say(hotels, "d", "Tell me about Hobsons House.")
+    interim = await say(hotels, "d", "what about the acorn", is_final=False)
+    assert interim.skipped == pb.NOT_FINAL
+    thanks = await say(hotels, "d", "Thank you very much.")
+    assert thanks.skipped == pb.CLOSING
+    resp = await say(hotels, "d", "Is it quiet?")
+    assert resp.query == "HOBSONS HOUSE: Is it quiet?"
+
+
+async def test_followups_can_be_turned_off(hotels_config: Config, local_embedder: Embedder) -> None:
+    sidecar_config = replace(hotels_config.sidecar, followups=FollowupConfig(enabled=False))
+    sidecar = await create_server(
+        replace(hotels_config, sidecar=sidecar_config), embedder=local_embedder, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            client = pb_grpc.RetrievalStub(channel)
+            await say(client, "e", "Hobsons House has 3 stars.", speaker=pb.AGENT)
+            resp = await say(client, "e", "Is it quiet?")
+    finally:
+        await sidecar.stop(0.5)
+    assert resp.query == "Is it quiet?"
+
+
+def test_the_gazetteer_is_built_once_per_snapshot(hotels_config: Config) -> None:
+    store = LocalStore(Path(hotels_config.sidecar.store))
+    snapshot = load_snapshot(store.latest_dir(KB))
+    g = followups.gazetteer(snapshot)
+    assert g is followups.gazetteer(snapshot)
+    assert g.size == len(HOTELS)
+    assert g.mentions("the Lensfield or the Gonville") == ["THE LENSFIELD HOTEL", "GONVILLE HOTEL"]
+
+
+async def test_a_markdown_base_folds_the_title_of_what_was_last_retrieved(wt_sidecar: Any) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{wt_sidecar.port}") as channel:
+        client = pb_grpc.RetrievalStub(channel)
+        first = await say(client, "md", "How do I split the window into panes?")
+        follow = await say(client, "md", "Can I resize them?")
+    assert first.query == "How do I split the window into panes?"
+    assert first.chunks
+    assert follow.query == f"{first.chunks[0].title}: Can I resize them?"

@@ -1,0 +1,191 @@
+"""Limits against a real server: calls in flight, message size, long text cut to the embedder's
+input, deadlines only the caller's own; and the call's ids in the logs and the trailers."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from index.config import parse_config
+from index.embedders.base import Embedder
+from index.errors import ConfigError
+from sidecar import logs
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import Sidecar
+from tests.hardening_kit import build_store, running, sidecar_config
+
+WAIT_S = 30.0  # a bound on waiting for the server to notice a closed stream, not a timing
+QUESTION = "how do I reset my password"
+FORGED = 'x", "level": "ERROR' + "-" * 80  # quotes, spaces, too long
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) -> Path:
+    return build_store(tmp_path_factory.mktemp("limits"), local_embedder)
+
+
+@pytest.fixture
+async def sidecar(store: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+    config = sidecar_config(store, max_concurrent_rpcs=2, max_message_bytes=64 * 1024)
+    async with running(config, local_embedder) as sc:
+        yield sc
+
+
+def _turn(text: str = QUESTION, **fields: object) -> pb.TurnRequest:
+    return pb.TurnRequest(**{"session_id": "l", "text": text, "is_final": True, **fields})  # type: ignore[arg-type]
+
+
+async def test_over_the_concurrency_limit_a_call_is_refused_and_health_still_answers(
+    sidecar: Sidecar,
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        streams = [stub.Converse() for _ in range(2)]  # an open stream holds its slot
+        for i, stream in enumerate(streams):
+            await stream.write(pb.ConverseRequest(turn=_turn(session_id=f"c{i}")))
+            assert (await stream.read()).turn.chunks  # surely in flight now
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Turn(_turn())
+        assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_concurrent_rpcs" in (info.value.details() or "")
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = await health.Check(health_pb2.HealthCheckRequest())
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+        await streams[0].done_writing()
+        assert await streams[0].code() is grpc.StatusCode.OK
+        deadline = time.monotonic() + WAIT_S
+        while sidecar.guards is not None and sidecar.guards.limit.in_flight > 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert (await stub.Turn(_turn())).chunks  # a slot is free again
+        await streams[1].done_writing()
+        assert await streams[1].code() is grpc.StatusCode.OK
+    assert sidecar.guards is not None
+    assert sidecar.guards.limit.refused == 1
+
+
+async def test_a_message_over_max_message_bytes_is_refused(sidecar: Sidecar) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Turn(_turn("word " * 20_000))  # 100 KB > 64 KiB
+        assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (await stub.Turn(_turn())).chunks  # and the server carries on
+
+
+async def test_long_text_is_cut_to_the_embedders_input_and_the_answer_says_so(
+    sidecar: Sidecar,
+) -> None:
+    long_text = QUESTION + " " + "please tell me more about it " * 80  # ~2400 chars, > 256 tokens
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        cut = await stub.Turn(_turn(long_text, budget_ms=5000))  # room to embed it all
+        whole = await stub.Turn(_turn())
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Turn(_turn("x" * 4001))
+    assert cut.truncated
+    assert cut.chunks
+    assert not cut.degraded
+    assert not whole.truncated
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "limit is 4000" in (info.value.details() or "")
+
+
+async def test_deadline_exceeded_only_when_the_callers_own_deadline_passed(
+    sidecar: Sidecar,
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        tight = await stub.Turn(_turn("how do I export my data", budget_ms=1), timeout=30)
+        waiting = stub.Converse(timeout=0.2)  # the server waits on the caller's first turn
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await waiting.read()
+    # a budget the server cannot meet is answered (lexically), not failed
+    assert tight.degraded
+    assert tight.chunks
+    assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_each_call_has_an_id_in_its_trailers_and_its_log_lines(
+    sidecar: Sidecar, json_log: io.StringIO
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        call = stub.Turn(_turn(knowledge_base="nope", session_id="sess-42"),
+                         metadata=(("x-call-id", "agent-call-7"),))  # fmt: skip
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call
+        own = stub.Turn(_turn(session_id="sess-43"))
+        await own
+        trailers = dict(await own.trailing_metadata() or ())
+        forged = stub.Turn(_turn(), metadata=(("x-call-id", FORGED),))
+        await forged
+        forged_id = dict(await forged.trailing_metadata() or ())["x-call-id"]
+    assert len(trailers["x-call-id"]) == 16  # generated
+    assert forged_id != FORGED
+    assert len(forged_id) == 16
+    lines = [json.loads(line) for line in json_log.getvalue().splitlines()]
+    failed = [x for x in lines if x.get("call_id") == "agent-call-7"]
+    assert failed
+    assert failed[-1]["session_id"] == "sess-42"
+    assert failed[-1]["method"] == "Turn"
+    assert "NOT_FOUND" in failed[-1]["msg"]
+    assert any(x.get("call_id") == trailers["x-call-id"] for x in lines)
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers)
+    logs.configure("DEBUG", "json", stream=stream)
+    yield stream
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+
+
+def test_log_lines_outside_a_call_carry_no_ids_and_the_level_filters() -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers)
+    logs.configure("WARNING", "json", stream=stream)
+    try:
+        logging.getLogger("voxrecall.test").info("not shown")
+        logging.getLogger("voxrecall.test").warning("shown %d", 1, extra={"kb": "help"})
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+    (line,) = [json.loads(x) for x in stream.getvalue().splitlines()]
+    assert line["msg"] == "shown 1"
+    assert line["level"] == "WARNING"
+    assert line["kb"] == "help"
+    assert "call_id" not in line
+    assert "session_id" not in line
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("max_concurrent_rpcs", 0, "max_concurrent_rpcs"),
+        ("max_message_bytes", 10, "max_message_bytes"),
+        ("log_level", "LOUD", "log_level"),
+        ("log_format", "xml", "log_format"),
+        ("metrics_listen", "9464", "metrics_listen"),
+    ],
+)
+def test_the_config_refuses_bad_operations_keys(
+    tmp_path: Path, key: str, value: object, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"sidecar": {key: value}}, tmp_path)

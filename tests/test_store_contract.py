@@ -1,0 +1,331 @@
+"""One contract for every SnapshotStore (tantivy's directory tests), then what only HTTP does.
+
+The local store reads a folder in place; the HTTP store reads the same folder through a real
+HTTP server on 127.0.0.1 and downloads into a cache. Both must answer the same way. Snapshots
+here use the HashEmbedder: these are tests of the store alone, not of retrieval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from index.embedders.base import HashEmbedder
+from index.errors import (
+    CacheWriteError,
+    CorruptSnapshot,
+    IncompleteSnapshot,
+    StoreUnavailable,
+)
+from index.http_store import PARTIAL, HttpOptions, HttpStore
+from index.snapshot import CHUNKS, MANIFEST, VECTORS, load_snapshot, verify_snapshot
+from index.store import LocalStore, SnapshotStore
+from sidecar.cli import main
+from tests.snapshot_kit import (
+    KB,
+    DiskFullStore,
+    flip_a_byte,
+    point_at,
+    version_id,
+    write_version,
+)
+from tests.static_http import StaticServer
+
+EMBEDDER = HashEmbedder(dimension=32)
+FAST = HttpOptions(timeout_s=5.0, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
+
+
+@dataclass
+class Env:
+    root: Path  # where the publisher writes
+    store: SnapshotStore
+    server: StaticServer | None = None
+
+
+@pytest.fixture(params=["local", "http"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    root = tmp_path / "published"
+    root.mkdir()
+    if request.param == "local":
+        yield Env(root, LocalStore(root))
+        return
+    server = StaticServer(root).start()
+    try:
+        yield Env(root, HttpStore(server.url, tmp_path / "cache", FAST), server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def http(tmp_path: Path) -> Iterator[tuple[Path, StaticServer, HttpStore]]:
+    root = tmp_path / "published"
+    root.mkdir()
+    server = StaticServer(root).start()
+    try:
+        yield root, server, HttpStore(server.url, tmp_path / "cache", FAST)
+    finally:
+        server.stop()
+
+
+# -- the contract ----------------------------------------------------------------------------
+
+
+def test_latest_is_none_when_nothing_is_published(env: Env) -> None:
+    assert env.store.latest(KB) is None
+    (env.root / KB).mkdir()
+    assert env.store.latest(KB) is None
+
+
+def test_latest_names_the_newest_published_version(env: Env) -> None:
+    write_version(env.root, version_id(1), EMBEDDER, "password")
+    assert env.store.latest(KB) == version_id(1)
+    write_version(env.root, version_id(2), EMBEDDER, "roaming")
+    assert env.store.latest(KB) == version_id(2)
+
+
+def test_fetched_folder_holds_the_published_files(env: Env) -> None:
+    published = write_version(env.root, version_id(1), EMBEDDER, "roaming")
+    folder = env.store.fetch(KB, version_id(1))
+    for name in (MANIFEST, VECTORS, CHUNKS):
+        assert (folder / name).read_bytes() == (published / name).read_bytes()
+    assert verify_snapshot(folder, EMBEDDER.info).version == version_id(1)
+    snapshot = load_snapshot(folder, EMBEDDER.info)
+    assert next(c.chunk_id for c in snapshot.chunks) == f"{version_id(1)}-0"
+
+
+def test_a_pointer_at_a_version_that_is_not_there_is_incomplete(env: Env) -> None:
+    (env.root / KB).mkdir()
+    point_at(env.root, version_id(9))
+    assert env.store.latest(KB) == version_id(9)
+    with pytest.raises(IncompleteSnapshot):
+        env.store.fetch(KB, version_id(9))
+
+
+def test_a_version_missing_a_file_is_incomplete_until_the_file_arrives(env: Env) -> None:
+    folder = write_version(env.root, version_id(1), EMBEDDER)
+    kept = (folder / VECTORS).read_bytes()
+    (folder / VECTORS).unlink()
+    with pytest.raises(IncompleteSnapshot, match=VECTORS):
+        env.store.fetch(KB, version_id(1))
+    (folder / VECTORS).write_bytes(kept)
+    assert verify_snapshot(env.store.fetch(KB, version_id(1))).version == version_id(1)
+
+
+def test_a_corrupted_file_is_never_exposed(env: Env, tmp_path: Path) -> None:
+    write_version(env.root, version_id(1), EMBEDDER, damage=flip_a_byte)
+    with pytest.raises(CorruptSnapshot, match="sha256"):
+        env.store.fetch(KB, version_id(1))
+    if isinstance(env.store, HttpStore):
+        assert list((tmp_path / "cache" / KB).iterdir()) == []  # nothing kept, not even partial
+
+
+def test_a_pointer_going_backwards_is_reported_as_written(env: Env) -> None:
+    """The store does not judge the pointer; the refresher refuses a step back (test_refresh)."""
+    write_version(env.root, version_id(1), EMBEDDER)
+    write_version(env.root, version_id(2), EMBEDDER, "roaming")
+    assert env.store.latest(KB) == version_id(2)
+    point_at(env.root, version_id(1))
+    assert env.store.latest(KB) == version_id(1)
+    assert env.store.fetch(KB, version_id(1)).name == version_id(1)
+
+
+@pytest.mark.parametrize("pointer", ["../../etc", "a/b", "x" * 300, ".hidden"])
+def test_a_garbled_pointer_is_corrupt(env: Env, pointer: str) -> None:
+    (env.root / KB).mkdir()
+    (env.root / KB / "LATEST").write_text(pointer)
+    with pytest.raises(CorruptSnapshot):
+        env.store.latest(KB)
+
+
+def test_retain_keeps_the_named_versions(env: Env) -> None:
+    for n, topic in ((1, "password"), (2, "roaming"), (3, "voicemail")):
+        write_version(env.root, version_id(n), EMBEDDER, topic)
+        env.store.fetch(KB, version_id(n))
+    env.store.retain(KB, [version_id(2), version_id(3)])
+    for n in (2, 3):
+        assert verify_snapshot(env.store.fetch(KB, version_id(n))).version == version_id(n)
+
+
+# -- HTTP only ---------------------------------------------------------------------------------
+
+
+def test_an_unchanged_pointer_costs_one_304(http: tuple[Path, StaticServer, HttpStore]) -> None:
+    root, server, store = http
+    write_version(root, version_id(1), EMBEDDER)
+    assert store.latest(KB) == version_id(1)
+    assert store.latest(KB) == version_id(1)
+    write_version(root, version_id(2), EMBEDDER, "roaming")
+    assert store.latest(KB) == version_id(2)
+    assert [r.status for r in server.requests("/LATEST")] == [200, 304, 200]
+
+
+def test_retain_deletes_downloads_not_named(http: tuple[Path, StaticServer, HttpStore]) -> None:
+    root, _, store = http
+    for n in (1, 2, 3):
+        write_version(root, version_id(n), EMBEDDER)
+        store.fetch(KB, version_id(n))
+    store.retain(KB, [version_id(2), version_id(3)])
+    assert sorted(p.name for p in (store.cache_dir / KB).iterdir()) == [
+        version_id(2),
+        version_id(3),
+    ]
+
+
+def test_a_cached_version_is_not_downloaded_again(
+    http: tuple[Path, StaticServer, HttpStore],
+) -> None:
+    root, server, store = http
+    write_version(root, version_id(1), EMBEDDER)
+    first = store.fetch(KB, version_id(1))
+    assert store.fetch(KB, version_id(1)) == first
+    assert len(server.requests(f"/{VECTORS}")) == 1
+
+
+def test_answers_500_for_a_while_are_retried(http: tuple[Path, StaticServer, HttpStore]) -> None:
+    root, server, store = http
+    write_version(root, version_id(1), EMBEDDER)
+    server.fail_next = FAST.attempts - 1
+    assert store.fetch(KB, version_id(1)).name == version_id(1)
+    assert [r.status for r in server.requests(f"/{MANIFEST}")] == [500, 500, 200]
+
+
+def test_answers_500_beyond_the_retries_are_unavailable_then_recover(
+    http: tuple[Path, StaticServer, HttpStore],
+) -> None:
+    root, server, store = http
+    write_version(root, version_id(1), EMBEDDER)
+    server.fail_next = 1000
+    with pytest.raises(StoreUnavailable, match="500"):
+        store.latest(KB)
+    with pytest.raises(StoreUnavailable, match="3 attempts"):
+        store.fetch(KB, version_id(1))
+    server.fail_next = 0
+    assert store.fetch(KB, version_id(1)).name == version_id(1)
+
+
+def test_a_closed_port_is_unavailable(tmp_path: Path) -> None:
+    server = StaticServer(tmp_path).start()
+    server.stop()  # the port is closed now: connection refused
+    store = HttpStore(server.url, tmp_path / "cache", FAST)
+    with pytest.raises(StoreUnavailable):
+        store.latest(KB)
+    with pytest.raises(StoreUnavailable):
+        store.fetch(KB, version_id(1))
+
+
+def test_a_body_cut_off_midway_is_resumed_with_range(
+    http: tuple[Path, StaticServer, HttpStore],
+) -> None:
+    root, server, store = http
+    write_version(root, version_id(1), EMBEDDER)
+    server.cut_suffix, server.cut_next = f"/{VECTORS}", 1
+    folder = store.fetch(KB, version_id(1))
+    assert verify_snapshot(folder).version == version_id(1)
+    first, second = server.requests(f"/{VECTORS}")
+    assert (first.status, first.range) == (200, "")
+    assert second.status == 206
+    assert second.range.startswith("bytes=")
+    assert second.range != "bytes=0-"
+
+
+def test_a_download_broken_off_resumes_on_the_next_fetch(tmp_path: Path) -> None:
+    root = tmp_path / "published"
+    root.mkdir()
+    server = StaticServer(root).start()
+    try:
+        store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1, timeout_s=5))
+        write_version(root, version_id(1), EMBEDDER)
+        server.cut_suffix, server.cut_next = f"/{VECTORS}", 1
+        with pytest.raises(StoreUnavailable, match="cut off"):
+            store.fetch(KB, version_id(1))
+        assert (store.cache_dir / KB / f"{PARTIAL}{version_id(1)}" / VECTORS).is_file()
+        assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+        assert server.requests(f"/{VECTORS}")[-1].status == 206
+    finally:
+        server.stop()
+
+
+def test_a_full_disk_is_a_cache_write_error_and_frees_the_partial(tmp_path: Path) -> None:
+    root = tmp_path / "published"
+    root.mkdir()
+    server = StaticServer(root).start()
+    try:
+        store = DiskFullStore(server.url, tmp_path / "cache", FAST)
+        write_version(root, version_id(1), EMBEDDER)
+        served = store.fetch(KB, version_id(1))
+        write_version(root, version_id(2), EMBEDDER, "roaming")
+        store.full = True
+        with pytest.raises(CacheWriteError, match="disk full") as err:
+            store.fetch(KB, version_id(2))
+        assert isinstance(err.value.__cause__, OSError)
+        assert sorted(p.name for p in (tmp_path / "cache" / KB).iterdir()) == [version_id(1)]
+        assert verify_snapshot(served).version == version_id(1)
+        store.full = False
+        assert store.fetch(KB, version_id(2)).name == version_id(2)
+    finally:
+        server.stop()
+
+
+# -- publishing to a folder an HTTP server serves, and verifying -----------------------------
+
+
+def _config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(
+        f"""
+[[knowledge_base]]
+name = "{KB}"
+[[knowledge_base.source]]
+type = "markdown"
+path = "docs"
+
+[index]
+store = "{tmp_path / "built"}"
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_index_publish_copies_to_a_folder_an_http_store_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config_file(tmp_path)
+    write_version(tmp_path / "built", version_id(1), EMBEDDER)
+    served = tmp_path / "served"
+    assert main(["index", "publish", "--config", str(config), "--to", str(served)]) == 0
+    assert main(["index", "publish", "--config", str(config), "--to", str(served)]) == 0
+    out = capsys.readouterr().out
+    assert "published" in out
+    assert "already has" in out
+    server = StaticServer(served).start()
+    try:
+        store = HttpStore(server.url, tmp_path / "cache", FAST)
+        assert store.latest(KB) == version_id(1)
+        assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+    finally:
+        server.stop()
+
+
+def test_index_publish_refuses_a_corrupted_snapshot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config_file(tmp_path)
+    write_version(tmp_path / "built", version_id(1), EMBEDDER, damage=flip_a_byte)
+    served = tmp_path / "served"
+    assert main(["index", "publish", "--config", str(config), "--to", str(served)]) == 2
+    assert "sha256" in capsys.readouterr().err
+    assert LocalStore(served).latest(KB) is None
+
+
+def test_snapshot_verify_checks_the_embedder_when_given_a_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_version(tmp_path / "built", version_id(1), EMBEDDER)
+    assert main(["snapshot", "verify", str(folder)]) == 0
+    config = _config_file(tmp_path)
+    assert main(["snapshot", "verify", str(folder), "--config", str(config)]) == 2
+    assert "test/hash (32-d)" in capsys.readouterr().err
