@@ -232,7 +232,7 @@ def _plot(result: dict[str, Any], path: Path) -> bool:
         f"soak: {s['turns']:,} turns, {s['calls']:,} calls, {result['workers']} workers; "
         f"second half {s['second_half_mb_per_min']:+.2f} MB/min"
     )
-    fig.legend(loc="center right")
+    fig.legend(loc="lower left", bbox_to_anchor=(0.12, 0.14))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -404,7 +404,7 @@ class Engine:
     def _remember(self, session: Session, hits: list[Hit]) -> None:
         session.retain(hits)
         if hits:
-            session.topic = hits[0].chunk.title
+            session.topic = followups.chunk_entity(hits[0].chunk)
 
     def _context_limit(self) -> int:
         return self.config.context_turns * self.config.max_results

@@ -263,3 +263,26 @@ async def test_a_markdown_base_folds_the_title_of_what_was_last_retrieved(wt_sid
     assert first.query == "How do I split the window into panes?"
     assert first.chunks
     assert follow.query == f"{first.chunks[0].title}: Can I resize them?"
+
+
+async def test_the_quality_bench_runs_on_a_few_dialogues(
+    hotels_config: Config, local_embedder: Embedder
+) -> None:
+    """Smoke mode for bench/quality_turns.py: its DSTC11 loop through a real engine."""
+    from bench.quality_turns import dstc_quality, load_dstc
+
+    full = load_dstc(shared("dstc11-faq-reviews"), quick=False)
+    queries = [
+        q for q in full.queries if {full.entity[d] for d in full.qrels[q["_id"]]} <= set(HOTELS)
+    ][:8]
+    data = replace(full, queries=queries)
+    sidecar = await create_server(hotels_config, embedder=local_embedder, poll=False)
+    try:
+        result = await dstc_quality(data, sidecar.engine)
+    finally:
+        await sidecar.stop(0.5)
+    for row in ("last_turn", "last_turn_with_two_previous", "session", "gold_entity_ceiling"):
+        assert result[row]["turns"] == len(queries) == 8
+        assert 0.0 <= result[row]["hit_at_3"] <= 1.0
+    assert result["session"]["skipped"] == 0
+    assert all(ex["query"].endswith(ex["turn"]) for ex in result["examples"])
