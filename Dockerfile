@@ -3,6 +3,7 @@
 # Build: deploy/build-image.sh (podman, no Docker engine needed) or `docker build -t voxrecall .`
 # Run:   docker run -v $PWD/examples:/config:ro -v $PWD/var/store:/store:ro -p 50051:50051 voxrecall
 # The config and the snapshot store are mounts; the config's [sidecar] store is replaced by /store.
+# The image runs as uid 10001: the store must be readable by it (builds make version folders 0700).
 FROM python:3.11-slim-bookworm AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential=12.9 \
@@ -24,8 +25,10 @@ COPY sidecar ./sidecar
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && /opt/voxrecall/bin/pip install . \
- && /opt/voxrecall/bin/python -c "import hnswlib, onnxruntime, sidecar.server"
+ && /opt/voxrecall/bin/python -c "import hnswlib, onnxruntime, sidecar.server" \
+ && /opt/voxrecall/bin/pip uninstall -y -q pip setuptools
 
+# The run-time stage: the venv (no pip, no compiler) and a user; the sources stay behind.
 FROM python:3.11-slim-bookworm
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin voxrecall
 COPY --from=build /opt/voxrecall /opt/voxrecall

@@ -18,7 +18,6 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -70,11 +69,11 @@ async def _servers(folder: Path, embedder: LocalEmbedder) -> tuple[Sidecar, Side
     return guarded, bare
 
 
-async def _timed(calls: int, call: Callable[[], Awaitable[Any]]) -> list[int]:
+async def _timed(calls: int, stub: Any, rpc: str, turn: pb.TurnRequest, metadata: Any) -> list[int]:
     out = []
     for _ in range(calls):
         start = time.perf_counter_ns()
-        await call()
+        await _call(stub, rpc, turn, metadata)
         out.append(time.perf_counter_ns() - start)
     return out
 
@@ -108,13 +107,11 @@ async def _measure(calls: int) -> dict[str, Any]:
                 )
                 for rpc in ("Status", "Turn"):
                     samples: dict[str, list[int]] = {"guarded": [], "bare": []}
-                    for name, (stub, metadata) in stubs.items():  # warm both up
+                    for stub, metadata in stubs.values():  # warm both up
                         await _call(stub, rpc, turn, metadata)
                     for _ in range(calls // BLOCK):
                         for name, (stub, metadata) in stubs.items():
-                            samples[name] += await _timed(
-                                BLOCK, lambda s=stub, m=metadata: _call(s, rpc, turn, m)
-                            )
+                            samples[name] += await _timed(BLOCK, stub, rpc, turn, metadata)
                     g, b = _summary(samples["guarded"]), _summary(samples["bare"])
                     results[rpc] = {
                         "guarded": g,
@@ -140,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.guards_overhead", description=__doc__.split("\n")[0]
     )
     p.add_argument("--quick", action="store_true", help="400 calls per RPC and server, not 3000")
+    p.add_argument("--calls", type=int, default=0, help="calls per RPC and server (overrides)")
     p.add_argument("--out", type=Path, default=REPO / "bench/results/guards_overhead.json")
     args = p.parse_args(argv)
-    calls = 400 if args.quick else 3000
+    calls = args.calls or (400 if args.quick else 3000)
     results = {
         "calls_per_rpc_and_server": calls,
         "cpus": os.cpu_count(),

@@ -22,7 +22,7 @@ import numpy as np
 from bench.corpus import CACHE, F32, Corpus, digest
 from index.config import HnswConfig
 from index.embedders.base import EmbedderInfo
-from index.snapshot import write_snapshot
+from index.snapshot import FORMAT_VERSION, write_snapshot
 from index.store import LocalStore, new_version_id
 from index.types import Chunk
 from sidecar.gen import retrieval_pb2 as pb
@@ -68,7 +68,9 @@ def _chunks(n: int) -> list[Chunk]:
 
 
 def store_root(corpus: Corpus, cache: Path = CACHE) -> Path:
-    return cache / f"voxrecall-{corpus.spec.key}-m{HNSW.m}-efc{HNSW.ef_construction}" / "store"
+    """The cached store of this corpus; a new snapshot format or hnsw default makes a new one."""
+    name = f"voxrecall-{corpus.spec.key}-f{FORMAT_VERSION}-m{HNSW.m}-efc{HNSW.ef_construction}"
+    return cache / name / "store"
 
 
 def build_snapshot(corpus: Corpus, cache: Path = CACHE) -> tuple[Path, bool]:
@@ -140,7 +142,8 @@ class SidecarProcess:
 
     def close(self) -> None:
         """Close its stdin (it drains and exits), wait, and kill it if it will not stop."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.proc.stdin.close()
         try:
             self.proc.wait(30)
@@ -165,10 +168,20 @@ class Voxrecall:
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         self.stub = pb_grpc.RetrievalStub(self.channel)  # type: ignore[no-untyped-call]
         self.setting = setting
+        self.server_ms: list[tuple[float, float]] = []  # (total_ms, search_ms) the server reports
 
     async def asearch(self, query: F32) -> Sequence[int]:
         resp: pb.SearchResponse = await self.stub.Search(_request(query), timeout=CALL_TIMEOUT_S)
+        self.server_ms.append((resp.timings.total_ms, resp.timings.search_ms))
         return [int(c.chunk_id[1:]) for c in resp.chunks]
+
+    def server_timings(self, last: int) -> dict[str, float]:
+        """p50 of what the engine itself timed, over the last ``last`` sequential calls."""
+        total, search = zip(*self.server_ms[-last:], strict=True)
+        return {
+            "server_total_p50_ms": round(float(np.median(total)), 4),
+            "server_search_p50_ms": round(float(np.median(search)), 4),
+        }
 
     async def aclose(self) -> None:
         await self.channel.close(None)

@@ -41,7 +41,7 @@ from index.build import embed_chunks
 from index.chunker import chunk_page
 from index.config import Config, parse_config
 from index.embedders.base import Embedder
-from index.snapshot import write_snapshot
+from index.snapshot import FORMAT_VERSION, write_snapshot
 from index.store import LocalStore, new_version_id
 from index.types import Page
 from sidecar import followups
@@ -133,8 +133,9 @@ def load_dstc(folder: Path, quick: bool) -> Dstc:
 
 
 def dstc_store(data: Dstc, embedder: Embedder) -> Path:
-    """A store holding a snapshot of the records, built once and cached by their hash."""
-    digest = hashlib.sha256(embedder.info.name.encode())
+    """A store holding a snapshot of the records, built once and cached by their hash (with the
+    embedder and the snapshot format version, so a format change rebuilds it)."""
+    digest = hashlib.sha256(f"{embedder.info.name}\x00{FORMAT_VERSION}".encode())
     for r in data.records:
         digest.update(orjson.dumps(r, option=orjson.OPT_SORT_KEYS))
     store_dir = CACHE / f"{KB}-{digest.hexdigest()[:16]}" / "store"

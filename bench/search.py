@@ -83,6 +83,9 @@ async def _measure(
         timed = await interleaved(systems, corpus.queries, plan, corpus.spec.k, limits)
         rows = {}
         for system in systems:
+            engine = (
+                system.server_timings(plan.latency_queries) if isinstance(system, Voxrecall) else {}
+            )
             log.info("throughput of %s", system.name)
             own = replace(
                 plan,
@@ -94,6 +97,7 @@ async def _measure(
             rows[system.name] = {
                 **summarise(corpus, *timed[system.name]),
                 f"qps_concurrent_{plan.concurrency}": round(qps, 1),
+                **engine,
                 "setting": system.setting,
             }
         return rows

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -56,7 +57,7 @@ def snapshot(spec: CorpusSpec) -> LoadedSnapshot:
     try:
         return load_snapshot(folder)
     except SnapshotError:
-        pass
+        shutil.rmtree(folder, ignore_errors=True)  # a stale format: write it afresh
     corpus = load_or_generate(spec)
     names = assign_sources(spec.n)
     chunks = [

@@ -340,7 +340,8 @@ def removed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-async def main_async(quick: bool) -> dict[str, Any]:
+async def run(quick: bool) -> dict[str, Any]:
+    """The ``turn`` suite of ``python -m bench``: every scenario, and what prefetch removes."""
     calls = workload(quick)
     server, openai_port = start_openai_server()
     try:
@@ -359,6 +360,7 @@ async def main_async(quick: bool) -> dict[str, Any]:
         server.terminate()
         server.wait(timeout=30)
     return {
+        "suite": "turn",
         "quick": quick,
         "calls": len(calls),
         "turns": sum(len(c) for c in calls),
@@ -379,7 +381,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="30 turns per scenario")
     args = parser.parse_args()
-    out = asyncio.run(main_async(args.quick))
+    out = asyncio.run(run(args.quick))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(out["prefetch_removes"], indent=2))

@@ -180,6 +180,7 @@ class LocalStore:
         if current is not None and version <= current:
             raise SnapshotError(f"version {version} is not newer than the published {current}")
         target = self.version_dir(knowledge_base, version)
+        staging.chmod(0o755)  # mkdtemp made it 0700: a sidecar running as another user must read it
         staging.rename(target)
         fsync_dir(target.parent)
         write_atomic(target.parent / LATEST, f"{version}\n".encode())

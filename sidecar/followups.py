@@ -33,6 +33,7 @@ FUNCTION_WORDS_EN = frozenset(
     may might must what which who whom whose when where why how
     there here not no yes any some all each every either neither both one ones
     s about than then so if as also too just only very
+    tell know explain describe please want need like give get show find
     """.split()
 )
 

@@ -4,8 +4,8 @@
     server = grpc.aio.server(interceptors=guards.interceptors, options=guards.options)
 
 The order matters: the log context first (every later line carries the call's ids), metrics
-next (they see every refusal), then auth (an unauthenticated call never takes a slot), then the
-limit.
+next (they see every refusal), the drain gate, then auth (an unauthenticated call never takes a
+slot), then the limit.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sidecar.engine import Engine
 from sidecar.holder import SnapshotHolder
 from sidecar.interceptor import Hook, HookInterceptor
 from sidecar.lifecycle import Lifecycle
-from sidecar.limits import ConcurrencyLimit
+from sidecar.limits import ConcurrencyLimit, DrainGate
 from sidecar.logs import CallLog
 from sidecar.metrics import Metrics
 
@@ -50,7 +50,13 @@ class Guards:
             if sc.auth.enabled
             else None
         )
-        hooks: list[Hook] = [CallLog(), metrics, *([auth] if auth else []), limit]
+        hooks: list[Hook] = [
+            CallLog(),
+            metrics,
+            DrainGate(lifecycle),
+            *([auth] if auth else []),
+            limit,
+        ]
         options = (
             ("grpc.max_receive_message_length", sc.max_message_bytes),
             ("grpc.max_send_message_length", sc.max_message_bytes),

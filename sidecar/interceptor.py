@@ -148,6 +148,8 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def __init__(self, hooks: Sequence[Hook]) -> None:
         self.hooks = tuple(hooks)
+        # method -> (its handler, the wrapped one): built once, not on every call
+        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler]] = {}  # type: ignore[type-arg]
 
     async def intercept_service(
         self,
@@ -158,13 +160,23 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method: str = handler_call_details.method
         if handler is None or method.startswith(EXEMPT_SERVICES) or not self.hooks:
             return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
         service, _, name = method.lstrip("/").partition("/")
-        metadata = {
-            str(key).lower(): value
-            for key, value in (handler_call_details.invocation_metadata or ())
-            if isinstance(value, str)
-        }
-        return _wrap(handler, lambda ctx: _Run(self.hooks, Call(name, service, metadata, ctx)))
+        hooks = self.hooks
+
+        def new_run(context: Context) -> _Run:
+            metadata = {
+                str(key).lower(): value
+                for key, value in (context.invocation_metadata() or ())
+                if isinstance(value, str)
+            }
+            return _Run(hooks, Call(name, service, metadata, context))
+
+        wrapped = _wrap(handler, new_run)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
 
 def _wrap(handler: Any, new_run: Callable[[Context], _Run]) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]

@@ -3,14 +3,18 @@
 ``ConcurrencyLimit`` refuses a call over ``[sidecar] max_concurrent_rpcs`` at once with
 RESOURCE_EXHAUSTED instead of queueing it: a voice turn answered late is worth nothing, and the
 caller can retry elsewhere. A Converse stream holds its slot for as long as it is open.
+``DrainGate`` refuses new calls with UNAVAILABLE once the sidecar drains, and ``wait_idle``
+tells the drain when the calls in flight are done.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol, runtime_checkable
 
 from sidecar.errors import ResourceExhausted
 from sidecar.interceptor import Call, Hook
+from sidecar.lifecycle import Lifecycle
 
 _SLOT = "limits.slot"
 
@@ -24,6 +28,20 @@ class ConcurrencyLimit(Hook):
         self.limit = limit
         self.in_flight = 0
         self.refused = 0
+        self._idle: asyncio.Event | None = None  # made on the loop, when a drain waits
+
+    async def wait_idle(self, deadline: float) -> bool:
+        """Wait until no call is in flight or ``deadline`` (``loop.time()``) passes; whether
+        the calls finished."""
+        if self.in_flight == 0:
+            return True
+        self._idle = asyncio.Event()
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def start(self, call: Call) -> None:
         if self.in_flight >= self.limit:
@@ -38,6 +56,18 @@ class ConcurrencyLimit(Hook):
     def end(self, call: Call) -> None:
         if call.notes.pop(_SLOT, False):
             self.in_flight -= 1
+            if self.in_flight == 0 and self._idle is not None:
+                self._idle.set()
+
+
+class DrainGate(Hook):
+    """Refuses every new call once the sidecar is draining (health checks are never hooked)."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+
+    def start(self, call: Call) -> None:
+        self.lifecycle.check_accepting()
 
 
 @runtime_checkable

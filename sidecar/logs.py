@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+import grpc
 import orjson
 
 from sidecar.gen import retrieval_pb2 as pb
@@ -127,9 +128,11 @@ class CallLog(Hook):
             session_id.set(sid)
 
     def end(self, call: Call) -> None:
-        ok = call.code.name == "OK"
+        level = logging.DEBUG if call.code is grpc.StatusCode.OK else logging.INFO
+        if not log.isEnabledFor(level):
+            return
         log.log(
-            logging.DEBUG if ok else logging.INFO,
+            level,
             "%s %s in %.1f ms",
             call.method,
             call.code.name,

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
+import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -115,6 +116,8 @@ class Metrics(Hook):
             registry=self.registry,
         )
         self.registry.register(_Read(engine, holder, lifecycle, limit))
+        self._ended: dict[tuple[str, grpc.StatusCode], tuple[Any, Any, Any]] = {}
+        self._stages: dict[tuple[str, str], Any] = {}
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -130,16 +133,33 @@ class Metrics(Hook):
 
     def _timings(self, rpc: str, timings: pb.Timings, *, searched: bool) -> None:
         if searched:
-            self.stage_seconds.labels(rpc, "embed").observe(timings.embed_ms / 1000.0)
-            self.stage_seconds.labels(rpc, "search").observe(timings.search_ms / 1000.0)
-        self.stage_seconds.labels(rpc, "total").observe(timings.total_ms / 1000.0)
+            self._stage(rpc, "embed").observe(timings.embed_ms / 1000.0)
+            self._stage(rpc, "search").observe(timings.search_ms / 1000.0)
+        self._stage(rpc, "total").observe(timings.total_ms / 1000.0)
+
+    def _stage(self, rpc: str, stage: str) -> Any:
+        child = self._stages.get((rpc, stage))
+        if child is None:
+            child = self._stages[(rpc, stage)] = self.stage_seconds.labels(rpc, stage)
+        return child
 
     def end(self, call: Call) -> None:
-        code = call.code.name
-        self.rpcs.labels(call.method, code).inc()
-        self.rpc_seconds.labels(call.method).observe(call.elapsed_s())
-        if code in REFUSALS:
-            self.refusals.labels(code.lower()).inc()
+        key = (call.method, call.code)
+        ended = self._ended.get(key)
+        if ended is None:  # the labelled children, looked up once per method and code
+            code = call.code.name
+            refused = self.refusals.labels(code.lower()) if code in REFUSALS else None
+            ended = (
+                self.rpcs.labels(call.method, code),
+                self.rpc_seconds.labels(call.method),
+                refused,
+            )
+            self._ended[key] = ended
+        calls, seconds, refusals = ended
+        calls.inc()
+        seconds.observe(call.elapsed_s())
+        if refusals is not None:
+            refusals.inc()
 
     # -- the endpoint -------------------------------------------------------------------------
 

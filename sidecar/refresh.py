@@ -120,6 +120,9 @@ class Refresher:
         except SnapshotError as exc:
             self._refuse(kb, "", exc)
             return False
+        except OSError as exc:  # e.g. a store folder this user may not read: retried next poll
+            self._refuse(kb, "", StoreUnavailable(f"cannot read the pointer of {kb}: {exc}"))
+            return False
         current = self.holder.get(kb)
         if version is None or self._rejected.get(kb) == version:
             return False
@@ -137,6 +140,9 @@ class Refresher:
             snapshot = await self._load(kb, version)
         except SnapshotError as exc:
             self._refuse(kb, version, exc)
+            return False
+        except OSError as exc:
+            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
             return False
         self.holder.publish(snapshot)  # the swap: one reference assignment, on the loop
         log.info("serving %s version %s (%d chunks)", kb, version, len(snapshot.chunks))

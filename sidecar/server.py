@@ -67,14 +67,21 @@ class Sidecar:
             await self.health.set(name, status)
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Refuse new calls, let calls in flight finish within the grace period, then stop."""
+        """Refuse new calls, let calls in flight finish within the grace period, then stop.
+
+        Until the calls in flight are done the server keeps its port, so a new call gets a clear
+        UNAVAILABLE from the lifecycle rather than whatever a closing transport answers."""
+        grace = self.config.sidecar.grace_s if grace_s is None else grace_s
+        deadline = asyncio.get_running_loop().time() + grace
         self.lifecycle.state = State.DRAINING
         await self.health.enter_graceful_shutdown()
         self.refresher.store.close()  # a download waiting out a retry gives up now
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.server.stop(self.config.sidecar.grace_s if grace_s is None else grace_s)
+        if self.guards is not None:
+            await self.guards.limit.wait_idle(deadline)
+        await self.server.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
         await self.engine.aclose()  # query embeddings still running in the background
         if self.owns_embedder:
             await self.engine.embedder.aclose()

@@ -170,6 +170,9 @@ class OpenAIServer:
 def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+        # headers and body go out in two writes: with Nagle on, the body waits ~40 ms for the
+        # client's delayed ACK of the headers, which no real API server adds
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             return  # quiet: tests and benchmarks read their own output

@@ -54,9 +54,7 @@ def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(tmp_path: Path) -
     assert rows["grpc-echo"]["setting"]["response_bytes"] > 10 * 100  # ten real chunks
     for peer in search.PEERS:
         assert rows[peer] == {"skipped": "--quick measures no peer"}
-    assert result["goals"]["voxrecall_p50_over_pgvector"] == {
-        "skipped": "not measured: pgvector"
-    }
+    assert result["goals"]["voxrecall_p50_over_pgvector"] == {"skipped": "not measured: pgvector"}
 
 
 def _row(p50: float, recall: float | None = 0.99, qps: float = 1000.0) -> dict[str, object]:

@@ -28,7 +28,7 @@ from index.embedders.base import Embedder, EmbedderInfo, HashEmbedder, Vectors
 from index.embedders.local import NAME as LOCAL_NAME
 from index.http_store import PARTIAL, HttpOptions
 from index.snapshot import MANIFEST, VECTORS
-from index.store import SnapshotStore
+from index.store import LocalStore, SnapshotStore
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar, create_server
@@ -581,3 +581,36 @@ def test_swap_benchmark_runs_without_failed_calls(tmp_path: Path) -> None:
     cost = swap.swap_cost(300, cache=tmp_path)
     assert cost["chunks"] == 300
     assert cost["peak_rss_during_swap_mb"] >= cost["rss_serving_one_mb"] > 0
+
+
+class UnreadableStore(LocalStore):
+    """A local store whose version folders this user may not read (root cannot chmod itself out)."""
+
+    unreadable = True
+
+    def fetch(self, knowledge_base: str, version: str) -> Path:
+        if self.unreadable:
+            raise PermissionError(
+                13, "Permission denied", str(self.version_dir(knowledge_base, version))
+            )
+        return super().fetch(knowledge_base, version)
+
+
+async def test_an_unreadable_version_is_refused_not_a_crash(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    root = tmp_path / "published"
+    root.mkdir()
+    v1 = await publish(root, 1, local_embedder, "password")
+    store = UnreadableStore(root)
+    store.unreadable = False
+    async with running(
+        sidecar_config(Store(root, str(root)), tmp_path), local_embedder, store=store
+    ) as sidecar:
+        await eventually(lambda: serving(sidecar.port, v1), "v1 served")
+        store.unreadable = True
+        v2 = await publish(root, 2, local_embedder, "roaming")
+        await eventually(lambda: refused(sidecar.port, v2, "unavailable"), "v2 refused: unreadable")
+        await assert_still_serving(sidecar, v1)
+        store.unreadable = False  # permissions fixed: the next poll serves it
+        await eventually(lambda: serving(sidecar.port, v2), "v2 served once readable")
