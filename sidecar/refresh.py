@@ -34,6 +34,7 @@ from index.errors import (
 )
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import SnapshotStore
+from sidecar import followups
 from sidecar.holder import SnapshotHolder
 
 log = logging.getLogger("voxrecall.refresh")
@@ -73,6 +74,7 @@ def warm_up(snapshot: LoadedSnapshot) -> None:
         snapshot.search_dense(v / np.linalg.norm(v), 3)
     for chunk in snapshot.chunks[:WARMUP_QUERIES]:
         snapshot.lexical.search(chunk.title, 3)
+    followups.gazetteer(snapshot)  # the follow-up entity list: built here, off the event loop
 
 
 class Refresher:
