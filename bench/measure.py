@@ -3,7 +3,7 @@
 A system is either synchronous (``search`` from the calling thread; ``client`` makes an
 independent one for a worker thread) or asynchronous (``asearch`` on an event loop). Latency is a
 sequential single client, one query at a time, after a warm-up, with the systems taking turns
-query by query; throughput is ``concurrency`` clients at once (threads, or tasks on one loop)
+(in blocks of queries, warm, and query by query, cold); throughput is ``concurrency`` clients at once (threads, or tasks on one loop)
 over a fixed number of queries, one system at a time.
 """
 
@@ -24,6 +24,8 @@ from bench.corpus import F32, Corpus, recall_at_k
 
 SearchFn = Callable[[F32], Sequence[int]]
 WARMUP = 50  # queries before timing: connections open, caches and branch predictors warm
+WARM_BLOCK = 100  # queries a system answers in a row when timed warm
+REWARM = 10  # untimed queries before each warm block: the other systems' turns evicted caches
 # The ef values a system's setting is chosen from: the smallest reaching the target recall.
 EF_LADDER = (10, 16, 24, 32, 40, 48, 64, 80, 96, 128, 192, 256, 384, 512)
 
@@ -102,13 +104,21 @@ async def _one(system: System, query: F32) -> Sequence[int]:
 
 
 async def interleaved(
-    systems: Sequence[System], queries: F32, plan: Plan, k: int, limits: dict[str, int]
+    systems: Sequence[System],
+    queries: F32,
+    plan: Plan,
+    k: int,
+    limits: dict[str, int],
+    block: int = 1,
 ) -> dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
-    """Latency and results of each system, query by query in turn: system A answers query i,
-    then B answers query i, and so on, so that a burst of load elsewhere on the machine falls on
-    every system alike. Synchronous systems are called on this loop's thread, one at a time.
+    """Latency and results of each system, the systems taking turns: A answers queries i to
+    i + block, then B answers the same ones, and so on, so that a burst of load elsewhere on the
+    machine falls on every system alike. Synchronous systems are called on this loop's thread.
 
-    ``limits`` caps the timed queries of a slow system (exact search over a large corpus).
+    With ``block=1`` every call follows other systems' work (cold caches, a process woken from
+    sleep), as a sidecar called once per caller turn sees it; with a larger block each system
+    runs warm, as under steady traffic, after ``REWARM`` untimed queries at the start of each
+    block. ``limits`` caps the timed queries of a slow system (exact search over a large corpus).
     """
     for system in systems:
         for q in queries[: plan.warmup]:
@@ -118,15 +128,17 @@ async def interleaved(
     }
     lat = {s.name: np.empty(counts[s.name], dtype=np.int64) for s in systems}
     found = {s.name: np.empty((counts[s.name], k), dtype=np.int64) for s in systems}
-    for i in range(plan.latency_queries):
-        q = queries[i]
+    for first in range(0, plan.latency_queries, block):
         for system in systems:
-            if i >= counts[system.name]:
-                continue
-            start = time.perf_counter_ns()
-            ids = await _one(system, q)
-            lat[system.name][i] = time.perf_counter_ns() - start
-            found[system.name][i] = _pad(ids, k)
+            rows = range(first, min(first + block, counts[system.name]))
+            if block > 1 and len(rows):
+                for j in range(REWARM):
+                    await _one(system, queries[-1 - j])  # never timed, never scored
+            for i in rows:
+                start = time.perf_counter_ns()
+                ids = await _one(system, queries[i])
+                lat[system.name][i] = time.perf_counter_ns() - start
+                found[system.name][i] = _pad(ids, k)
     return {name: (lat[name], found[name]) for name in lat}
 
 

@@ -133,9 +133,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=200, help="as the corpus was cached with")
     parser.add_argument("--calls", type=int, default=3000, help="profiled sequential calls")
     args = parser.parse_args(argv)
-    corpus = load_or_generate(CorpusSpec(n=args.n, dim=args.dim, queries=200), CACHE)
+    corpus = load_or_generate(CorpusSpec(n=args.n, dim=args.dim, queries=args.queries), CACHE)
     snapshot, _ = build_snapshot(corpus, CACHE)
     info_e = embedder_info(corpus)
     store = snapshot.parent.parent

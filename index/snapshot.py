@@ -33,6 +33,9 @@ from index.lexical import LexicalIndex
 from index.types import Chunk
 
 FORMAT_VERSION = 2  # 2: chunks stored as JSON lines
+# A floor for the query-time ef: below it real-query recall drops fast (SciFact: 0.88 at ef 10,
+# 0.98 at 32) while an hnswlib query at ef 32 still takes well under a millisecond.
+MIN_EF = 32
 MANIFEST = "manifest.json"
 VECTORS = "vectors.hnsw"
 CHUNKS = "chunks.jsonl"
@@ -181,24 +184,26 @@ def build_hnsw(vectors: Vectors, m: int, ef_construction: int) -> hnswlib.Index:
 def choose_ef(
     index: hnswlib.Index, vectors: Vectors, target_recall: float, sample: int = 200, k: int = 10
 ) -> tuple[int, float]:
-    """The smallest ef whose recall@k against exact search reaches the target.
+    """The smallest ef (at least ``MIN_EF``) whose recall@k against exact search reaches the target.
 
-    Queries are a seeded sample of the snapshot's own vectors, slightly perturbed so that each is
-    not trivially its own nearest neighbour.
+    Calibration queries are a seeded sample of the snapshot's own vectors pushed about 45 degrees
+    away (cosine ~0.7), as far as a caller's question usually is from the chunk that answers it.
+    Nearer queries overstate recall: with a small perturbation SciFact calibrated to ef 10 at an
+    estimated 0.98 while its real queries got 0.88.
     """
     n = vectors.shape[0]
     if n == 0:
-        return 10, 1.0
+        return MIN_EF, 1.0
     k = min(k, n)
     rng = np.random.default_rng(7)
     rows = rng.choice(n, size=min(sample, n), replace=False)
-    queries = vectors[rows] + rng.normal(0, 0.02, size=(len(rows), vectors.shape[1])).astype(
-        np.float32
-    )
+    dim = vectors.shape[1]
+    noise = rng.normal(0, 1.0 / np.sqrt(dim), size=(len(rows), dim)).astype(np.float32)
+    queries = vectors[rows] + noise
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :k]
     recall = 0.0
-    for ef in (10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512):
+    for ef in (MIN_EF, 48, 64, 96, 128, 192, 256, 384, 512):
         index.set_ef(max(ef, k))
         labels, _ = index.knn_query(queries, k=k)
         recall = float(

@@ -13,10 +13,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "ARCHITECTURE.md", "CHANGELOG.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")), "bench/README.md"]
+DOCS = [
+    "README.md",
+    "ARCHITECTURE.md",
+    "CHANGELOG.md",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+    "bench/README.md",
+]
 LINK = re.compile(r"\[[^\]]*\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # `sidecar/engine.py`, `index/`, `proto/voxrecall/v1/retrieval.proto`: code spans that look like repo paths
-CODE_PATH = re.compile(r"`((?:index|sidecar|proto|bench|tests|scripts|examples|docs|deploy|\.ci)/[\w./-]*)`")
+CODE_PATH = re.compile(
+    r"`((?:index|sidecar|proto|bench|tests|scripts|examples|docs|deploy|\.ci)/[\w./-]*)`"
+)
 
 
 def main() -> int:
@@ -32,7 +40,11 @@ def main() -> int:
             for target in targets:
                 if "*" in target:
                     continue
-                path = (doc.parent / target) if not target.startswith("/") else ROOT / target.lstrip("/")
+                path = (
+                    (doc.parent / target)
+                    if not target.startswith("/")
+                    else ROOT / target.lstrip("/")
+                )
                 if not path.exists() and not (ROOT / target).exists():
                     problems.append(f"{name}:{lineno}: {target} does not exist")
     for problem in problems:

@@ -129,6 +129,13 @@ class Prefetcher:
             result=replace(result, timings=Timings(embed_ms=waited_ms)),
         )
 
+    def discard(self) -> None:
+        """A final transcript was answered: whatever it did not take is stale now."""
+        if self._ahead is not None:
+            self._cancel(self._ahead.task)
+        self._cancel(self._timer)
+        self._ahead, self._timer, self._seen = None, None, ()
+
     async def aclose(self) -> None:
         """Cancel the timer and every prefetch still running, and wait for them to end."""
         tasks = list(self._tasks)

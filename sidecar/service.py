@@ -143,8 +143,9 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         prefetcher = Prefetcher(self.engine, self.engine.config.prefetch_stable_ms)
         session_id = ""
         try:
+            # checked once: a call whose stream opened before a drain may finish within the grace
+            self.lifecycle.check_accepting()
             async for request in request_iterator:
-                self.lifecycle.check_accepting()
                 turn = turn_input(request.turn, session_id)
                 if session_id and turn.session_id != session_id:
                     raise InvalidArgument(
@@ -156,6 +157,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                     prefetcher.interim(turn)
                     continue
                 result = await self.engine.turn(turn, prefetch=prefetcher)
+                if turn.speaker == Speaker.USER:
+                    prefetcher.discard()  # e.g. a skipped final never took its prefetch
                 await context.write(
                     pb.ConverseResponse(
                         turn=turn_response(result),

@@ -131,6 +131,19 @@ async def test_a_different_final_is_searched_normally(wt_sidecar: Sidecar, strea
     assert wt_sidecar.engine.counters.prefetched == 0
 
 
+async def test_a_prefetch_not_taken_by_its_final_is_dropped(
+    wt_sidecar: Sidecar, stream: Any
+) -> None:
+    await stream.write(interim("Can I split a pane horizontally?"))
+    await stream.write(final("Mm-hmm, okay."))  # skipped: never takes the prefetch
+    await stream.write(final("Can I split a pane horizontally?"))  # no interim this time
+    ack, later = [await stream.read() for _ in range(2)]
+    assert ack.turn.skipped == pb.BACKCHANNEL
+    assert not later.prefetched
+    assert later.turn.chunks
+    assert wt_sidecar.engine.counters.prefetch_started == 1
+
+
 async def test_stream_answers_every_final_and_agent_turn(stream: Any) -> None:
     await stream.write(final("Can I split a pane horizontally?", session="call"))
     await stream.write(

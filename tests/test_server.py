@@ -72,8 +72,10 @@ async def test_faq_question_retrieves_the_answering_page(
     assert resp.query == question
     assert resp.snapshot_version
     top = resp.chunks[0]
-    assert top.knowledge_base == "docs" and top.source == "terminal-docs"
-    assert top.breadcrumbs and top.breadcrumbs[0] == top.title
+    assert top.knowledge_base == "docs"
+    assert top.source == "terminal-docs"
+    assert top.breadcrumbs
+    assert top.breadcrumbs[0] == top.title
     assert resp.timings.total_ms >= resp.timings.embed_ms > 0
 
 
@@ -89,9 +91,12 @@ async def test_search_and_status(wt_sidecar: Any) -> None:
     scores = [c.score for c in resp.chunks]
     assert scores == sorted(scores, reverse=True)
     assert status.state == "SERVING"
-    assert status.embedder == "local/all-MiniLM-L6-v2-int8" and status.dimension == 384
+    assert status.embedder == "local/all-MiniLM-L6-v2-int8"
+    assert status.dimension == 384
     (kb,) = status.knowledge_bases
-    assert kb.name == "docs" and kb.chunks > 100 and kb.pages == 37
+    assert kb.name == "docs"
+    assert kb.chunks > 100
+    assert kb.pages == 37
     assert kb.snapshot_version == resp.snapshot_version
 
 
@@ -196,7 +201,8 @@ async def test_empty_store_serves_not_serving_until_a_snapshot_arrives(
             resp = await client.Turn(
                 pb.TurnRequest(text="How do I set up a custom prompt?", is_final=True), timeout=10
             )
-            assert resp.chunks and resp.chunks[0].source_path.startswith("custom-prompt-setup")
+            assert resp.chunks
+            assert resp.chunks[0].source_path.startswith("custom-prompt-setup")
     finally:
         await sidecar.stop(0.5)
 
