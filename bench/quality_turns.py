@@ -45,7 +45,7 @@ from index.snapshot import FORMAT_VERSION, write_snapshot
 from index.store import LocalStore, new_version_id
 from index.types import Page
 from sidecar import followups
-from sidecar.engine import Engine, SearchInput, Speaker, TurnInput
+from sidecar.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.sessions import Session
 from sidecar.skip import Skip, SkipPolicy, words
 
@@ -224,7 +224,19 @@ async def dstc_quality(data: Dstc, engine: Engine) -> dict[str, Any]:
         result = await engine.search(SearchInput(query=query, limit=EVAL_DEPTH))
         return [h.chunk.source_path for h in result.hits]
 
+    async def in_session(q: dict[str, Any], hybrid: bool) -> TurnResult:
+        """Feed the dialogue's history into one session, then ask its last turn."""
+        engine.hybrid_bases = frozenset({KB}) if hybrid else frozenset()
+        sid = f"dstc-{q['_id']}-{'hybrid' if hybrid else 'dense'}"
+        for turn in q["history"]:
+            speaker = Speaker.USER if turn["speaker"] == "U" else Speaker.AGENT
+            await engine.turn(TurnInput(session_id=sid, text=turn["text"], speaker=speaker))
+        result = await engine.turn(TurnInput(session_id=sid, text=q["text"]))
+        engine.end_session(sid)
+        return result
+
     last, previous, ceiling, session = Ranking(), Ranking(), Ranking(), Ranking()
+    session_hybrid = Ranking()
     skipped = degraded = 0
     examples: list[dict[str, str]] = []
     for q in data.queries:
@@ -236,12 +248,9 @@ async def dstc_quality(data: Dstc, engine: Engine) -> dict[str, Any]:
         gold, _ = Counter(data.entity[d] for d in relevant).most_common(1)[0]
         ceiling.add(await search(f"{gold}: {text}"), relevant)
 
-        sid = f"dstc-{q['_id']}"
-        for turn in q["history"]:
-            speaker = Speaker.USER if turn["speaker"] == "U" else Speaker.AGENT
-            await engine.turn(TurnInput(session_id=sid, text=turn["text"], speaker=speaker))
-        result = await engine.turn(TurnInput(session_id=sid, text=text))
-        engine.end_session(sid)
+        hybrid = await in_session(q, hybrid=True)
+        session_hybrid.add([h.chunk.source_path for h in hybrid.hits], relevant)
+        result = await in_session(q, hybrid=False)
         skipped += result.skipped is not Skip.NOT_SKIPPED
         degraded += result.degraded
         ranked = [h.chunk.source_path for h in result.hits]
@@ -252,6 +261,7 @@ async def dstc_quality(data: Dstc, engine: Engine) -> dict[str, Any]:
         "last_turn": last.as_dict(),
         "last_turn_with_two_previous": previous.as_dict(),
         "session": {**session.as_dict(), "skipped": skipped, "degraded": degraded},
+        "session_hybrid": session_hybrid.as_dict(),
         "gold_entity_ceiling": ceiling.as_dict(),
         "snippets": len(data.records),
         "examples": examples,

@@ -9,6 +9,7 @@ keeps ARCHITECTURE.md, README.md and docs/ true.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +26,20 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)#\s]+)(?:#[^)]*)?\)")
 CODE_PATH = re.compile(
     r"`((?:index|sidecar|proto|bench|tests|scripts|examples|docs|deploy|\.ci)/[\w./-]*)`"
 )
+
+
+def ignored(target: str) -> bool:
+    """Outputs the project writes but never commits (bench/results/, caches) may be named."""
+    rel = target.lstrip("/").rstrip("/")
+    for candidate in (rel, f"{rel}/"):  # a folder pattern ("x/") matches only with the slash
+        if (
+            subprocess.run(
+                ["git", "check-ignore", "-q", candidate], cwd=ROOT, check=False
+            ).returncode
+            == 0
+        ):
+            return True
+    return False
 
 
 def main() -> int:
@@ -45,7 +60,7 @@ def main() -> int:
                     if not target.startswith("/")
                     else ROOT / target.lstrip("/")
                 )
-                if not path.exists() and not (ROOT / target).exists():
+                if not path.exists() and not (ROOT / target).exists() and not ignored(target):
                     problems.append(f"{name}:{lineno}: {target} does not exist")
     for problem in problems:
         print(problem)
