@@ -99,7 +99,9 @@ def run_quality(quick: bool) -> dict[str, Any]:
         out["scifact"] = {"skipped": scifact}
     else:
         result = _call(scifact, quick)
-        out["scifact"] = result.get("scifact", result)
+        out["scifact"] = result.pop("scifact", result)
+        if result is not out["scifact"]:
+            out["scifact_run"] = result  # the module's other figures (settings, references)
     turns = _entry("bench.quality_turns")
     if isinstance(turns, str):
         out["dstc11"] = out["skip"] = {"skipped": turns}
@@ -131,7 +133,8 @@ def run_suite(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return "-" if value is None else str(value)
+    text = "-" if value is None else str(value)
+    return text if len(text) <= 16 else text[:15] + "~"  # the JSON has it whole
 
 
 def table(result: dict[str, Any]) -> str:

@@ -24,8 +24,9 @@ from bench.corpus import F32, Corpus, recall_at_k
 
 SearchFn = Callable[[F32], Sequence[int]]
 WARMUP = 50  # queries before timing: connections open, caches and branch predictors warm
-WARM_BLOCK = 100  # queries a system answers in a row when timed warm
-REWARM = 10  # untimed queries before each warm block: the other systems' turns evicted caches
+WARM_BLOCK = 20  # queries a system answers in a row when timed warm: short, so a burst
+# of load elsewhere still lands on every system
+REWARM = 5  # untimed queries before each warm block: the other systems' turns evicted caches
 # The ef values a system's setting is chosen from: the smallest reaching the target recall.
 EF_LADDER = (10, 16, 24, 32, 40, 48, 64, 80, 96, 128, 192, 256, 384, 512)
 

@@ -155,7 +155,10 @@ class SidecarProcess:
 
 def _request(query: F32) -> pb.SearchRequest:
     return pb.SearchRequest(
-        vector=np.asarray(query, dtype="<f4").tobytes(), limit=10, min_score=-1.0
+        knowledge_base=KB,
+        vector=np.asarray(query, dtype="<f4").tobytes(),
+        limit=10,
+        min_score=-1.0,
     )
 
 

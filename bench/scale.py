@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import CACHE, CorpusSpec, load_or_generate
+from bench.corpus import CACHE, CorpusSpec, load_or_generate, recall_at_k
 from bench.measure import Plan, interleaved, percentiles_ms, throughput
 from bench.ours import SidecarProcess, Voxrecall, build_snapshot, embedder_info
+from index.snapshot import read_manifest
 
 DIM = 384
 FULL_SIZES = (10_000, 100_000, 1_000_000)
@@ -69,20 +70,23 @@ def measure(n: int, queries: int, cache: Path) -> dict[str, Any]:
         row.update(_rss_mb(proc.proc.pid))
         plan = Plan(latency_queries=queries, throughput_queries=queries)
 
-        async def timed() -> tuple[Any, float]:
+        async def timed() -> tuple[Any, Any, float]:
             system = Voxrecall(proc.port, {})
             try:
                 lat = await interleaved([system], corpus.queries, plan, corpus.spec.k, {})
-                return lat[system.name][0], await throughput(system, corpus.queries, plan)
+                qps = await throughput(system, corpus.queries, plan)
+                return *lat[system.name], qps
             finally:
                 await system.aclose()
 
-        latencies, qps = asyncio.run(timed())
+        latencies, found, qps = asyncio.run(timed())
     finally:
         proc.close()
     lat = percentiles_ms(latencies)
     row.update(search_p50_ms=lat["p50_ms"], search_p99_ms=lat["p99_ms"])
     row["qps_concurrent_16"] = round(qps, 1)
+    row["recall_at_10"] = round(recall_at_k(found, corpus.truth), 4)
+    row["ef_search"] = read_manifest(snapshot).hnsw.ef
     return row
 
 

@@ -2,7 +2,7 @@
 
 Every system answers the same seeded queries over the same corpus (``bench.corpus``), measured
 the same way (``bench.measure``): a sequential single client, the systems taking turns so that
-load elsewhere on the machine falls on all alike, first in blocks of 100 queries (warm: the
+load elsewhere on the machine falls on all alike, first in blocks of 20 queries (warm: the
 p50/p95/p99 the goals are judged on), then query by query (cold: every call after the other
 systems' work, as a sidecar called once per caller turn meets it); then 16 concurrent clients,
 one system at a time. Servers (the sidecar, PostgreSQL, Chroma) run in their own processes on

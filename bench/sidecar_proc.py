@@ -28,7 +28,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import MAX_MESSAGE_BYTES, create_server
 
-ECHO_METHOD = "/bench.Echo/Search"
+KB = "bench"  # the knowledge base bench.ours publishes; named in every request
 LIMIT = 10
 CALL_TIMEOUT_S = 10.0  # generous: only the first call waits for a connection
 
@@ -39,7 +39,8 @@ async def _canned_response(port: int, dim: int) -> bytes:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
         resp: pb.SearchResponse = await stub.Search(
-            pb.SearchRequest(vector=vector, limit=LIMIT, min_score=-1.0), timeout=CALL_TIMEOUT_S
+            pb.SearchRequest(knowledge_base=KB, vector=vector, limit=LIMIT, min_score=-1.0),
+            timeout=CALL_TIMEOUT_S,
         )
     return resp.SerializeToString()
 
