@@ -41,7 +41,7 @@ from index.build import embed_chunks
 from index.chunker import chunk_page
 from index.config import Config, parse_config
 from index.embedders.base import Embedder
-from index.snapshot import FORMAT_VERSION, write_snapshot
+from index.snapshot import FORMAT_VERSION, page_key, write_snapshot
 from index.store import LocalStore, new_version_id
 from index.types import Page
 from sidecar import followups
@@ -166,7 +166,7 @@ def dstc_store(data: Dstc, embedder: Embedder) -> Path:
         embedder=embedder.info,
         chunks=chunks,
         vectors=vectors,
-        pages={f"{p.source}:{p.source_path}": p.text for p in pages},
+        pages={page_key(p.source, p.source_path): p.text for p in pages},
         page_count=len(pages),
         hnsw_m=16,
         hnsw_ef_construction=200,

@@ -22,7 +22,7 @@ from index.chunker import ChunkOptions, chunk_page
 from index.config import Config, KnowledgeBaseConfig
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from index.errors import SnapshotError, VoxrecallError
-from index.snapshot import load_snapshot, read_manifest, write_snapshot
+from index.snapshot import load_snapshot, page_key, read_manifest, write_snapshot
 from index.sources import SkippedPage
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore, new_version_id
@@ -215,7 +215,7 @@ def build_knowledge_base(
             embedder=embedder.info,
             chunks=chunks,
             vectors=vectors,
-            pages={f"{p.source}:{p.source_path}": p.text for p in pages},
+            pages={page_key(p.source, p.source_path): p.text for p in pages},
             page_count=len(pages),
             hnsw_m=kb.hnsw.m,
             hnsw_ef_construction=kb.hnsw.ef_construction,

@@ -117,6 +117,11 @@ class Manifest:
             raise CorruptSnapshot(f"{where}: unreadable manifest: {exc}") from exc
 
 
+def page_key(source: str, source_path: str) -> str:
+    """How ``pages.json`` names a page: two sources may each hold a page at the same path."""
+    return f"{source}:{source_path}"
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:

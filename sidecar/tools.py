@@ -26,7 +26,7 @@ from cachetools import LRUCache
 
 from index.config import Config, FunctionConfig
 from index.errors import SnapshotError
-from index.snapshot import LoadedSnapshot
+from index.snapshot import LoadedSnapshot, page_key
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput
 from sidecar.errors import InvalidArgument, NotFound
 from sidecar.sessions import Hit
@@ -386,7 +386,7 @@ class PageReader:
                 f"no source {source!r} in this snapshot; its sources: {', '.join(snapshot.source_names)}"
             )
         names = [source] if source else snapshot.source_names
-        found = [s for s in names if f"{s}:{source_path}" in snapshot.pages]
+        found = [s for s in names if page_key(s, source_path) in snapshot.pages]
         if not found:
             raise NotFound(f"no page {source_path!r} in snapshot {snapshot.version}")
         if len(found) > 1:
@@ -402,7 +402,7 @@ class PageReader:
         chunk = snapshot.chunks[label] if label is not None else None
         return PageText(
             title=chunk.title if chunk else "",
-            text=snapshot.pages[f"{found[0]}:{source_path}"],
+            text=snapshot.pages[page_key(found[0], source_path)],
             source=found[0],
             source_path=source_path,
             url=chunk.url if chunk else "",
