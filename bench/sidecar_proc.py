@@ -22,11 +22,11 @@ import grpc
 import numpy as np
 import uvloop
 
-from index.config import parse_config
+from index.config import SidecarConfig, parse_config
 from index.embedders.base import HashEmbedder
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import MAX_MESSAGE_BYTES, create_server
+from sidecar.server import create_server
 
 KB = "bench"  # the knowledge base bench.ours publishes; named in every request
 LIMIT = 10
@@ -43,6 +43,9 @@ async def _canned_response(port: int, dim: int) -> bytes:
             timeout=CALL_TIMEOUT_S,
         )
     return resp.SerializeToString()
+
+
+MAX_MESSAGE_BYTES = SidecarConfig().max_message_bytes  # the sidecar's own default limit
 
 
 def echo_server(response: bytes) -> tuple[grpc.aio.Server, int]:

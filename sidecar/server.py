@@ -32,7 +32,6 @@ from sidecar.tools import Toolbox
 log = logging.getLogger("voxrecall.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Retrieval"].full_name
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the [sidecar] max_message_bytes default, for clients
 
 
 @dataclass

@@ -15,6 +15,7 @@ from index.config import Config
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.lifecycle import State
 from sidecar.prefetch import normalise, words_match
 from sidecar.server import Sidecar, create_server
 
@@ -242,3 +243,20 @@ async def test_a_prefetch_still_embedding_at_the_deadline_falls_back(
     assert "panes.md" in [c.source_path for c in resp.turn.chunks]
     # the final waited on the prefetch's embedding instead of asking the embedder again
     assert hanging_sidecar.engine.vectors.stats.misses == 1
+
+
+async def test_a_stream_opened_before_a_drain_finishes_its_call(
+    wt_sidecar: Sidecar, stream: Any
+) -> None:
+    await stream.write(final("How do I split a pane?", session="drain"))
+    assert (await stream.read()).turn.chunks
+    wt_sidecar.lifecycle.state = State.DRAINING  # what stop() sets first
+    await stream.write(final("How do I close a pane?", session="drain"))
+    answer = await stream.read()
+    assert answer.turn.chunks, "a call already under way is answered during the drain"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{wt_sidecar.port}") as channel:
+        late = pb_grpc.RetrievalStub(channel).Converse(timeout=10)  # type: ignore[no-untyped-call]
+        await late.write(final("How do I split a pane?", session="new"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await late.read()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
