@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +71,14 @@ async def wt_sidecar(wt_config: Config, local_embedder: Embedder) -> AsyncIterat
     sidecar = await create_server(wt_config, embedder=local_embedder, poll=False)
     yield sidecar
     await sidecar.stop(0.5)
+
+
+LIVENESS_S = 10.0  # how long a test waits for background work before it fails: not a timing check
+
+
+async def eventually(condition: Callable[[], bool], what: str = "background work") -> None:
+    """Wait (a bounded while) until ``condition()`` holds; fails rather than hangs."""
+    deadline = time.monotonic() + LIVENESS_S
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not finish"
+        await asyncio.sleep(0.01)

@@ -27,7 +27,7 @@ from sidecar.budget import FALLBACK_RESERVE_MS, Budget
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar, create_server
-from tests.conftest import make_config, shared
+from tests.conftest import eventually, make_config, shared
 from tests.openai_server import Behaviour, OpenAIServer
 
 QUESTION = "Can I split a pane horizontally?"
@@ -105,14 +105,6 @@ async def turn(sidecar: Sidecar, text: str, budget_ms: int = 150, session: str =
             pb.TurnRequest(session_id=session, text=text, is_final=True, budget_ms=budget_ms),
             timeout=30,
         )
-
-
-async def eventually(condition: Any) -> None:
-    """Wait (a bounded while) for background work; fails rather than hangs."""
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, "background work did not finish"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ match. A real grpc.aio server on port 0, the real embedded model, real Windows T
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -18,8 +17,8 @@ from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.lifecycle import State
 from sidecar.prefetch import normalise, words_match
 from sidecar.server import Sidecar, create_server
+from tests.conftest import eventually
 
-WAIT_S = 10.0  # how long a test waits for background work before it fails (not a timing check)
 BUDGET_MS = 5000  # generous: these tests are about matching, not about the embedder's speed
 
 
@@ -32,13 +31,6 @@ def final(text: str, session: str = "", **fields: Any) -> pb.ConverseRequest:
     return pb.ConverseRequest(
         turn=pb.TurnRequest(session_id=session, text=text, is_final=True, **fields)
     )
-
-
-async def eventually(condition: Any) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, "background work did not finish"
-        await asyncio.sleep(0.01)
 
 
 def prefetch_tasks() -> list[asyncio.Task[Any]]:
