@@ -7,7 +7,8 @@ A call presents ``authorization: Bearer <token>``; a missing or wrong token gets
 The token is compared with every configured one in constant time (``hmac.compare_digest``), all
 of them every time, so timing says neither whether nor which token matched. A call outside the
 caller's scope gets PERMISSION_DENIED; ``Status`` and ``ListTools`` answers show only what is in
-scope. Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
+scope. Sessions are per caller (``sidecar.sessions.owner``): the same session id from two callers
+names two sessions. Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
 and never appear in a message, a log line or a metric: callers are named by ``name``.
 Health checks are exempt (``sidecar.interceptor.EXEMPT_SERVICES``).
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from index.config import MIN_TOKEN_CHARS, AuthConfig, CallerConfig
 from index.errors import ConfigError
+from sidecar import sessions
 from sidecar.errors import PermissionDenied, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.interceptor import Call, Hook
@@ -68,6 +70,7 @@ class Authenticator(Hook):
         if caller is None:
             raise Unauthenticated("the bearer token is not valid")
         call.caller = caller
+        sessions.owner.set(caller.name)  # this caller's sessions are its own
 
     def _match(self, presented: bytes) -> CallerConfig | None:
         found = None

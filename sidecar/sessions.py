@@ -4,6 +4,10 @@ Sessions live in a bounded TTL cache: memory stays bounded under any number of c
 ``max_sessions`` sessions of at most ``RECENT_TURNS`` turns and ``context_turns`` searches each),
 the least recently used goes first when it is full, and a session nobody ends is forgotten
 ``ttl_s`` after its last turn.
+
+With authentication on, sessions belong to the caller that made them: the store keys each by
+``owner`` (the authenticated caller of the current call, set by ``sidecar.auth``) and its id, so
+two agents that pick the same session id never share memory and one cannot end the other's.
 """
 
 from __future__ import annotations
@@ -11,11 +15,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from cachetools import Cache, TTLCache
 
 from index.types import Chunk
+
+# The caller the current call belongs to ("": no authentication); set per call by sidecar.auth.
+owner: ContextVar[str] = ContextVar("owner", default="")
 
 RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this is rarely meant
 
@@ -69,7 +77,8 @@ class Session:
 
 
 class SessionStore:
-    """A bounded, expiring map of session id -> Session. Used from the event loop only."""
+    """A bounded, expiring map of (owner, session id) -> Session, the owner being the current
+    call's caller. Used from the event loop only."""
 
     def __init__(
         self,
@@ -78,28 +87,32 @@ class SessionStore:
         context_turns: int,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._cache: TTLCache[str, Session] = TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=timer)
+        self._cache: TTLCache[tuple[str, str], Session] = TTLCache(
+            maxsize=max_sessions, ttl=ttl_s, timer=timer
+        )
         self._context_turns = context_turns
 
     def get(self, session_id: str) -> Session:
         """The session, created on first use; an empty id gets a throwaway session."""
         if not session_id:
             return Session(session_id="", context_turns=self._context_turns)
-        session = self._cache.get(session_id)
+        key = (owner.get(), session_id)
+        session = self._cache.get(key)
         if session is None:
             session = Session(session_id=session_id, context_turns=self._context_turns)
-        self._cache[session_id] = session  # re-inserting refreshes the TTL
+        self._cache[key] = session  # re-inserting refreshes the TTL
         return session
 
     def peek(self, session_id: str) -> Session | None:
         """The live session, if any, without refreshing its TTL or its place in the LRU order."""
-        if session_id not in self._cache:  # checks expiry, leaves the order alone
+        key = (owner.get(), session_id)
+        if key not in self._cache:  # checks expiry, leaves the order alone
             return None
-        return Cache.__getitem__(self._cache, session_id)  # TTLCache's own getitem reorders
+        return Cache.__getitem__(self._cache, key)  # TTLCache's own getitem reorders
 
     def end(self, session_id: str) -> bool:
         """Forget a session now; False when there was none (never seen, ended or expired)."""
-        return self._cache.pop(session_id, None) is not None
+        return self._cache.pop((owner.get(), session_id), None) is not None
 
     def __len__(self) -> int:
         self._cache.expire()

@@ -139,6 +139,29 @@ async def test_a_scoped_caller_reaches_only_its_bases_and_functions(
     assert [kb.name for kb in status.knowledge_bases] == ["billing"]
 
 
+async def test_callers_never_share_a_session_id(stub: pb_grpc.RetrievalStub) -> None:
+    def turn(text: str) -> pb.TurnRequest:
+        return pb.TurnRequest(
+            session_id="call-1", text=text, knowledge_base="billing", is_final=True
+        )
+
+    searched = await stub.Turn(turn("when is my refund paid"), metadata=bearer(TOKEN_A))
+    assert searched.chunks
+    # a backchannel answers with the session's retained context: the other caller has none
+    mine = await stub.Turn(turn("okay"), metadata=bearer(TOKEN_A))
+    theirs = await stub.Turn(turn("okay"), metadata=bearer(TOKEN_B))
+    assert mine.skipped
+    assert theirs.skipped
+    assert [c.chunk_id for c in mine.context] == [c.chunk_id for c in searched.chunks]
+    assert not theirs.context
+    end = pb.EndSessionRequest(session_id="call-1")
+    assert (await stub.EndSession(end, metadata=bearer(TOKEN_B))).existed  # its own
+    assert not (await stub.EndSession(end, metadata=bearer(TOKEN_B))).existed
+    still = await stub.Turn(turn("okay"), metadata=bearer(TOKEN_A))
+    assert [c.chunk_id for c in still.context] == [c.chunk_id for c in searched.chunks]
+    assert (await stub.EndSession(end, metadata=bearer(TOKEN_A))).existed
+
+
 async def test_a_scoped_caller_is_refused_mid_stream(stub: pb_grpc.RetrievalStub) -> None:
     call = stub.Converse(metadata=bearer(TOKEN_B))
     await call.write(pb.ConverseRequest(turn=pb.TurnRequest(
