@@ -17,7 +17,6 @@ from typing import Any, Literal, TypeVar
 
 from index.errors import ConfigError
 
-SOURCE_TYPES = ("markdown", "text", "html", "pdf", "url", "jsonl", "csv")
 LOCAL_MODEL = "all-MiniLM-L6-v2-int8"
 # OpenAI's rule for function names (Realtime, Responses and Chat Completions alike).
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -53,6 +52,42 @@ class SourceConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
+_RECORD_OPTIONS = frozenset(
+    {"id_field", "title_field", "text_field", "context_fields", "metadata_fields"}
+)
+# The options each type accepts; markdown's are read by `voxrecall index validate`.
+SOURCE_OPTIONS: dict[str, frozenset[str]] = {
+    "markdown": frozenset({"required_files", "require_last_updated"}),
+    "text": frozenset(),
+    "html": frozenset(),
+    "pdf": frozenset(),
+    "url": frozenset({"urls", "refresh"}),
+    "jsonl": _RECORD_OPTIONS,
+    "csv": _RECORD_OPTIONS,
+}
+SOURCE_TYPES = tuple(SOURCE_OPTIONS)
+
+
+def check_options(source: SourceConfig) -> None:
+    """Raise ConfigError for an unknown type, an option the type does not take, or a path that
+    the type needs and lacks (or does not take)."""
+    allowed = SOURCE_OPTIONS.get(source.type)
+    if allowed is None:
+        raise ConfigError(f"source {source.name!r}: type {source.type!r} is not supported")
+    unknown = sorted(set(source.options) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"source {source.name!r}: unknown option(s) {', '.join(unknown)} for type "
+            f"{source.type} (it takes: {', '.join(sorted(allowed)) or 'none'})"
+        )
+    if source.type == "url":
+        if source.path is not None:
+            raise ConfigError(f"source {source.name!r}: type url takes urls, not a path")
+    elif source.path is None:
+        what = "file" if source.type in ("jsonl", "csv") else "folder"
+        raise ConfigError(f"source {source.name!r}: type {source.type} needs a path (a {what})")
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkingConfig:
     target_tokens: int = 256
@@ -71,7 +106,7 @@ class HnswConfig:
 class KnowledgeBaseConfig:
     name: str
     sources: tuple[SourceConfig, ...]
-    hybrid: bool = False  # fuse dense and lexical results by reciprocal rank
+    hybrid: bool = False  # fuse dense and lexical scores (convex, sidecar/relevance.py)
     chunking: ChunkingConfig = ChunkingConfig()
     hnsw: HnswConfig = HnswConfig()
 
@@ -319,7 +354,12 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
             s_name = src.get("name", s_type)
             s_path = _path(base, src["path"], s_where) if "path" in src else None
             options = {k: v for k, v in src.items() if k not in ("name", "type", "path")}
-            sources.append(SourceConfig(name=s_name, type=s_type, path=s_path, options=options))
+            source = SourceConfig(name=s_name, type=s_type, path=s_path, options=options)
+            try:
+                check_options(source)
+            except ConfigError as exc:
+                raise ConfigError(f"{kb_where}: {exc}") from None
+            sources.append(source)
         if not sources:
             raise ConfigError(f"{kb_where}: at least one [[knowledge_base.source]] is required")
         names = [s.name for s in sources]

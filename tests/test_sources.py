@@ -12,7 +12,7 @@ import pytest
 
 from index.build import build_knowledge_base
 from index.chunker import chunk_page, markdown_headings
-from index.config import SourceConfig
+from index.config import SourceConfig, parse_config
 from index.embedders.base import Embedder
 from index.errors import ConfigError, SourceError
 from index.snapshot import load_snapshot
@@ -58,6 +58,27 @@ def test_folder_source_needs_an_existing_folder(tmp_path: Path) -> None:
         load(tmp_path, "html")
     with pytest.raises(ConfigError, match=r"unknown option\(s\) urls"):
         load(tmp_path, "text", tmp_path, urls=["http://x"])
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            {"type": "jsonl", "path": "faq.jsonl", "text_feild": "answer"},
+            r"unknown option\(s\) text_feild",
+        ),
+        ({"type": "url", "path": "docs"}, "takes urls, not a path"),
+        ({"type": "markdown"}, "needs a path"),
+    ],
+)
+def test_a_wrong_source_option_is_refused_when_the_config_is_read(
+    tmp_path: Path, source: dict[str, object], message: str
+) -> None:
+    # before anything is loaded or embedded, and by a sidecar reading the same file
+    raw = {"knowledge_base": [{"name": "help", "source": [{"name": "faq", **source}]}]}
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_config(raw, base=tmp_path)
+    assert "[[knowledge_base]] #1" in str(info.value)
 
 
 # --- html --------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from index.config import SourceConfig
+from index.config import SOURCE_OPTIONS, SourceConfig, check_options
 from index.errors import ConfigError
 from index.sources import SkippedPage
 from index.sources.html import load_html
@@ -18,7 +18,7 @@ from index.sources.text import load_text
 from index.sources.url import UrlOptions, crawl_urls, state_path
 from index.types import Page
 
-__all__ = ["LOADERS", "OPTIONS", "LoadContext", "check_options", "load_source"]
+__all__ = ["LOADERS", "SOURCE_OPTIONS", "LoadContext", "check_options", "load_source"]
 
 Loaded = tuple[list[Page], list[SkippedPage]]
 
@@ -34,40 +34,6 @@ class LoadContext:
 
 
 Loader = Callable[[SourceConfig, LoadContext], Loaded]
-
-_RECORD_OPTIONS = frozenset(
-    {"id_field", "title_field", "text_field", "context_fields", "metadata_fields"}
-)
-# The options each type accepts; markdown's are read by `voxrecall index validate`.
-OPTIONS: dict[str, frozenset[str]] = {
-    "markdown": frozenset({"required_files", "require_last_updated"}),
-    "text": frozenset(),
-    "html": frozenset(),
-    "pdf": frozenset(),
-    "url": frozenset({"urls", "refresh"}),
-    "jsonl": _RECORD_OPTIONS,
-    "csv": _RECORD_OPTIONS,
-}
-
-
-def check_options(source: SourceConfig) -> None:
-    """Raise ConfigError for an unknown type, an option the type does not take, or a path that
-    the type needs and lacks (or does not take)."""
-    allowed = OPTIONS.get(source.type)
-    if allowed is None:
-        raise ConfigError(f"source {source.name!r}: type {source.type!r} is not supported")
-    unknown = sorted(set(source.options) - allowed)
-    if unknown:
-        raise ConfigError(
-            f"source {source.name!r}: unknown option(s) {', '.join(unknown)} for type "
-            f"{source.type} (it takes: {', '.join(sorted(allowed)) or 'none'})"
-        )
-    if source.type == "url":
-        if source.path is not None:
-            raise ConfigError(f"source {source.name!r}: type url takes urls, not a path")
-    elif source.path is None:
-        what = "file" if source.type in ("jsonl", "csv") else "folder"
-        raise ConfigError(f"source {source.name!r}: type {source.type} needs a path (a {what})")
 
 
 def _folder(load: Callable[[str, Path], Loaded]) -> Loader:
