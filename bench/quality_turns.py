@@ -10,7 +10,10 @@
   turn is scored: hit@3 and MRR@10 against ``qrels/val.tsv``. Beside it, the same last turn
   searched alone, with the two previous turns (user and system) prepended, and with the gold
   entity prefixed as "entity: turn" (the entity of most judged snippets when there are several;
-  the ceiling of entity folding), all through the same engine.
+  the ceiling of entity folding), all through the same engine. ``session_hybrid`` is the session
+  on a ``hybrid = true`` base (convex fusion). ``lexical_fallback``: what the BM25 fallback
+  (``sidecar.relevance.rank`` without a vector) finds for the last turn and for the gold-entity
+  prefixed one, with and without the spoken-query stopwords.
 * ``cast``: TREC CAsT follow-ups: how close the query the session would search gets to the
   human rewrite (recall of the rewrite's content words, and cosine of the embedded texts),
   against the raw turn. No base knows these topics, so only the conversation's own words count.
@@ -41,10 +44,11 @@ from index.build import embed_chunks
 from index.chunker import chunk_page
 from index.config import Config, parse_config
 from index.embedders.base import Embedder
-from index.snapshot import FORMAT_VERSION, page_key, write_snapshot
+from index.lexical import SPOKEN_STOPWORDS
+from index.snapshot import FORMAT_VERSION, LoadedSnapshot, page_key, write_snapshot
 from index.store import LocalStore, new_version_id
 from index.types import Page
-from sidecar import followups
+from sidecar import followups, relevance
 from sidecar.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.sessions import Session
 from sidecar.skip import Skip, SkipPolicy, words
@@ -268,6 +272,31 @@ async def dstc_quality(data: Dstc, engine: Engine) -> dict[str, Any]:
     }
 
 
+def lexical_fallback(data: Dstc, snapshot: LoadedSnapshot, min_lexical_score: float) -> Any:
+    """hit@3 / MRR@10 of the BM25 fallback alone: the product's (spoken-query stopwords dropped)
+    against Lucene's stopwords only, for the last turn and the gold-entity-prefixed one."""
+
+    def product(text: str) -> list[str]:
+        query = relevance.Query(text, None, EVAL_DEPTH, 0.0, min_lexical_score)
+        return [snapshot.chunks[label].source_path for label, _ in relevance.rank(snapshot, query)]
+
+    def stop33(text: str) -> list[str]:
+        hits = snapshot.lexical.search(text, EVAL_DEPTH)
+        return [snapshot.chunks[i].source_path for i, s in hits if s >= min_lexical_score]
+
+    out: dict[str, Any] = {}
+    for name, ranker in (("spoken_stopwords", product), ("lucene_stopwords_only", stop33)):
+        last, prefixed = Ranking(), Ranking()
+        for q in data.queries:
+            relevant = data.qrels[q["_id"]]
+            last.add(ranker(q["text"]), relevant)
+            gold, _ = Counter(data.entity[d] for d in relevant).most_common(1)[0]
+            prefixed.add(ranker(f"{gold}: {q['text']}"), relevant)
+        out[name] = {"last_turn": last.as_dict(), "gold_entity_prefixed": prefixed.as_dict()}
+    out["spoken_stopwords_dropped"] = len(SPOKEN_STOPWORDS)
+    return out
+
+
 # -- TREC CAsT ------------------------------------------------------------------------------------
 
 
@@ -336,6 +365,11 @@ async def run(data_dir: Path, quick: bool) -> dict[str, Any]:
     sidecar = await create_server(eval_config(store_dir), embedder=embedder, poll=False)
     try:
         out["dstc11"] = await dstc_quality(dstc, sidecar.engine)
+        snapshot = sidecar.engine.holder.get(KB)
+        assert snapshot is not None  # the server serves only once it is loaded
+        out["dstc11"]["lexical_fallback"] = lexical_fallback(
+            dstc, snapshot, sidecar.config.sidecar.min_lexical_score
+        )
     finally:
         await sidecar.stop(0.5)
     out["dstc11"]["engine"] = {

@@ -13,7 +13,7 @@ import math
 import re
 import struct
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Final
 
@@ -26,9 +26,11 @@ __all__ = [
     "ANALYZER",
     "DEFAULT_B",
     "DEFAULT_K1",
+    "SPOKEN_STOPWORDS",
     "STOPWORDS",
     "LexicalIndex",
     "analyze",
+    "convex_fusion",
     "reciprocal_rank_fusion",
 ]
 
@@ -80,6 +82,24 @@ STOPWORDS: Final = frozenset(
     }
 )
 
+# Dropped from queries only, never from the index: the frames of a spoken question ("how do I",
+# "can you tell me", "what's"), which otherwise rank the pages that happen to say them (an FAQ's
+# "How do I ...?" headings). Dropping them at query time needs no rebuild: a term absent from the
+# query adds nothing to any document's score. Wh-words, auxiliaries and modals, pronouns, request
+# verbs, fillers, and the fragments ``\w+`` leaves of contractions ("what's" -> "what", "s").
+# Words that are content in some bases ("like", "need", "get", "find", "show", "help") are kept.
+SPOKEN_STOPWORDS: Final = frozenset(
+    """
+    how what when where which who whom whose why
+    do does did doing done can could would should shall may might must
+    am were been being have has had having
+    i me my mine myself you your yours we us our he him his she her its them those
+    tell know please want wanna wonder wondering
+    hi hello hey um uh umm hmm ok okay so well just actually really basically
+    s t m re ve ll d
+    """.split()
+)
+
 _TOKEN_RE: Final = re.compile(r"\w+")
 _STEMMER: Final = snowballstemmer.stemmer("english")
 
@@ -91,6 +111,7 @@ _TF_MAX: Final = int(np.iinfo(np.uint16).max)
 
 IntArray = npt.NDArray[np.int32]
 BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float32]
 
 
 @lru_cache(maxsize=1 << 18)
@@ -99,9 +120,14 @@ def _stem(word: str) -> str:
     return stemmed
 
 
-def analyze(text: str) -> list[str]:
-    """Lowercase, split into Unicode word tokens, drop stopwords, Snowball-stem (English)."""
-    return [_stem(tok) for tok in _TOKEN_RE.findall(text.lower()) if tok not in STOPWORDS]
+def analyze(text: str, drop: frozenset[str] = frozenset()) -> list[str]:
+    """Lowercase, split into Unicode word tokens, drop stopwords (and the words in ``drop``),
+    Snowball-stem (English)."""
+    return [
+        _stem(tok)
+        for tok in _TOKEN_RE.findall(text.lower())
+        if tok not in STOPWORDS and tok not in drop
+    ]
 
 
 class LexicalIndex:
@@ -204,23 +230,27 @@ class LexicalIndex:
         return len(self._terms)
 
     def search(
-        self, query: str, k: int, allowed: BoolArray | None = None
+        self,
+        query: str,
+        k: int,
+        allowed: BoolArray | None = None,
+        *,
+        drop: frozenset[str] = frozenset(),
     ) -> list[tuple[int, float]]:
         """The ``k`` best documents for ``query`` as ``(doc id, BM25 score)``, best first.
 
         Only documents scoring above 0 (matching at least one query term) are returned; ties
         are broken by doc id. ``allowed``, when given, is a bool mask over doc ids; documents
-        where it is False are never returned.
+        where it is False are never returned. Words in ``drop`` are left out of the query
+        (e.g. :data:`SPOKEN_STOPWORDS`).
         """
-        n_docs = len(self._doc_len)
-        if allowed is not None and (allowed.dtype != np.bool_ or allowed.shape != (n_docs,)):
-            raise ValueError(f"allowed must be a bool array of shape ({n_docs},)")
-        if k <= 0 or n_docs == 0:
-            return []
-        qtf = Counter(t for t in analyze(query) if t in self._terms)
-        if not qtf:
-            return []
-        scores = np.zeros(n_docs, dtype=np.float32)
+        return self.top(self.scores(query, drop=drop), k, allowed)
+
+    def scores(self, query: str, *, drop: frozenset[str] = frozenset()) -> FloatArray:
+        """The BM25 score of ``query`` for every document (0 where no term matches): what
+        :meth:`top` ranks, and what fusion reads for candidates the other retriever found."""
+        scores = np.zeros(len(self._doc_len), dtype=np.float32)
+        qtf = Counter(t for t in analyze(query, drop) if t in self._terms)
         k1p1 = np.float32(self.k1 + 1.0)
         for term, count in qtf.items():
             tid = self._terms[term]
@@ -230,9 +260,20 @@ class LexicalIndex:
             weight = np.float32(self._idf[tid] * count) * k1p1
             # doc ids are unique within a posting list, so fancy += accumulates correctly
             scores[docs] += weight * tf / (tf + self._norm[docs])
-        if allowed is not None:
-            scores[~allowed] = 0.0
-        cand = np.flatnonzero(scores > 0.0)
+        return scores
+
+    def top(
+        self, scores: FloatArray, k: int, allowed: BoolArray | None = None
+    ) -> list[tuple[int, float]]:
+        """The ``k`` best of ``scores`` (from :meth:`scores`) above 0, as :meth:`search`."""
+        n_docs = len(self._doc_len)
+        if scores.shape != (n_docs,):
+            raise ValueError(f"scores must have shape ({n_docs},)")
+        if allowed is not None and (allowed.dtype != np.bool_ or allowed.shape != (n_docs,)):
+            raise ValueError(f"allowed must be a bool array of shape ({n_docs},)")
+        if k <= 0:
+            return []
+        cand = np.flatnonzero((scores > 0.0) if allowed is None else (scores > 0.0) & allowed)
         if cand.size > k:
             # keep everything tied with the k-th score so the tie-break by doc id is exact
             kth = np.partition(scores[cand], cand.size - k)[cand.size - k]
@@ -338,3 +379,36 @@ def reciprocal_rank_fusion(
                 best[doc] = rank
     fused = sorted(scores.items(), key=lambda item: (-item[1], best[item[0]], item[0]))
     return fused if limit is None else fused[:limit]
+
+
+def convex_fusion(
+    runs: Sequence[Mapping[int, float]], weights: Sequence[float] | None = None
+) -> list[tuple[int, float]]:
+    """Fuse scored runs by a convex combination of min-max-normalised scores, best first.
+
+    ``score(d) = sum_i w_i * (s_i(d) - min_i) / (max_i - min_i)`` (Bruch et al. 2023, "An
+    Analysis of Fusion Functions for Hybrid Retrieval": it beats reciprocal rank fusion, which
+    throws the scores' gaps away). Each run maps doc -> score; a doc missing from a run gets 0
+    from it, as if it scored that run's minimum. A run whose scores are all equal cannot tell
+    its docs apart: each gets 1. ``weights`` (default equal) are non-negative and sum to 1, so
+    fused scores lie in [0, 1]. Ties keep the order of first appearance: the first run's
+    insertion order, then the next run's new docs.
+    """
+    if weights is None:
+        weights = [1.0 / len(runs)] * len(runs) if runs else []
+    if len(weights) != len(runs):
+        raise ValueError(f"{len(weights)} weights for {len(runs)} runs")
+    if any(w < 0 or not math.isfinite(w) for w in weights) or (
+        runs and not math.isclose(math.fsum(weights), 1.0)
+    ):
+        raise ValueError(f"weights must be non-negative and sum to 1: {list(weights)}")
+    fused = {doc: 0.0 for run in runs for doc in run}
+    for run, weight in zip(runs, weights, strict=True):
+        if not run:
+            continue
+        if not all(math.isfinite(s) for s in run.values()):
+            raise ValueError("scores must be finite")
+        lo, hi = min(run.values()), max(run.values())
+        for doc, s in run.items():
+            fused[doc] += weight * ((s - lo) / (hi - lo) if hi > lo else 1.0)
+    return sorted(fused.items(), key=lambda item: -item[1])  # stable: ties keep their order

@@ -2,11 +2,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from index.lexical import (
     ANALYZER,
+    SPOKEN_STOPWORDS,
     LexicalIndex,
     analyze,
+    convex_fusion,
     reciprocal_rank_fusion,
 )
 
@@ -49,6 +53,37 @@ def test_stopwords_are_ignored(index: LexicalIndex) -> None:
     assert index.search("the and a of", 10) == []
     # adding stopwords to a query changes nothing
     assert index.search("the refund of a purchase", 10) == index.search("refund purchase", 10)
+
+
+def test_spoken_stopwords_leave_the_query_only() -> None:
+    faq = [
+        "How do I reset my password? Can you tell me what to do?",  # 0: a page of question frames
+        "Password reset: open Settings, then Security.",  # 1: the answer
+    ]
+    idx = LexicalIndex.build(faq)
+    question = "Um, can you tell me how do I reset my password?"
+    # the frames outweigh the content words with Lucene's stopwords alone
+    assert ids(idx.search(question, 2)) == [0, 1]
+    spoken = idx.search(question, 2, drop=SPOKEN_STOPWORDS)
+    assert spoken == idx.search("reset password", 2)
+    assert ids(spoken) == [1, 0]  # the same content words, in the shorter page
+    # never at index time: the frames stay searchable, the analyzer (and snapshots) unchanged
+    assert ids(idx.search("what to do", 2)) == [0]
+    assert analyze("what's it about", SPOKEN_STOPWORDS) == ["about"]
+    assert idx.search("what is it", 2, drop=SPOKEN_STOPWORDS) == []
+
+
+def test_scores_and_top_are_search_in_two_steps(index: LexicalIndex) -> None:
+    allowed = np.array([True, False, True, True, True, True])
+    for query in ["running", "cats dogs", "refund 30 days", "nothing here", ""]:
+        scores = index.scores(query)
+        assert scores.shape == (len(index),)
+        assert index.top(scores, 10) == index.search(query, 10)
+        assert index.top(scores, 10, allowed) == index.search(query, 10, allowed)
+        found = dict(index.search(query, 10))
+        assert all(scores[d] == pytest.approx(found.get(d, 0.0)) for d in range(len(index)))
+    with pytest.raises(ValueError, match="shape"):
+        index.top(np.zeros(len(index) + 1, dtype=np.float32), 3)
 
 
 def test_bm25_prefers_the_rarer_term() -> None:
@@ -180,3 +215,68 @@ def test_rrf_edge_cases() -> None:
     assert ids(reciprocal_rank_fusion([[7, 5, 7, 6]])) == [7, 5, 6]
     # a tie is broken by the better single rank: 8 and 9 both score 1/61 + 1/62
     assert ids(reciprocal_rank_fusion([[8, 9], [9, 8]])) == [8, 9]
+
+
+# -- convex fusion ---------------------------------------------------------------------------
+
+
+def test_convex_fusion_min_max_normalises_each_run() -> None:
+    dense = {1: 0.9, 2: 0.5, 3: 0.1}  # normalised: 1, 0.5, 0
+    bm25 = {3: 20.0, 4: 10.0, 1: 0.0}  # normalised: 1, 0.5, 0
+    fused = dict(convex_fusion([dense, bm25]))
+    assert fused == pytest.approx({1: 0.5, 2: 0.25, 3: 0.5, 4: 0.25})
+    assert ids(convex_fusion([dense, bm25])) == [1, 3, 2, 4]  # ties: order of first appearance
+    weighted = dict(convex_fusion([dense, bm25], [0.25, 0.75]))
+    assert weighted[3] == pytest.approx(0.75)
+    assert weighted[1] == pytest.approx(0.25)
+    # the gaps count, not only the ranks: dense is sure of 1, BM25 barely prefers 2 to it
+    runs = [{1: 0.9, 2: 0.2, 3: 0.1}, {2: 5.0, 3: 4.9, 1: 4.8, 4: 0.0}]
+    assert ids(convex_fusion(runs))[0] == 1
+    assert ids(reciprocal_rank_fusion([list(run) for run in runs]))[0] == 2
+
+
+def test_convex_fusion_degenerate_inputs() -> None:
+    assert convex_fusion([]) == []
+    assert convex_fusion([{}, {}]) == []
+    # one run empty: the other decides, every doc kept
+    assert ids(convex_fusion([{7: 0.2, 8: 0.9}, {}])) == [8, 7]
+    # a run of equal scores cannot tell its docs apart: 1 each, so the other run decides
+    assert ids(convex_fusion([{1: 0.5, 2: 0.5, 3: 0.5}, {3: 2.0, 2: 1.0, 1: 0.0}])) == [3, 2, 1]
+    assert convex_fusion([{4: -3.0}]) == [(4, 1.0)]
+    # a doc one run lacks gets 0 from it, below that run's present docs
+    assert ids(convex_fusion([{1: 0.5, 2: 0.5}, {2: 1.0}])) == [2, 1]
+    for bad in ([0.7, 0.7], [1.5, -0.5], [1.0]):
+        with pytest.raises(ValueError, match="weights"):
+            convex_fusion([{1: 1.0}, {1: 1.0}], bad)
+    with pytest.raises(ValueError, match="finite"):
+        convex_fusion([{1: float("nan"), 2: 0.0}])
+
+
+_runs = st.lists(
+    st.dictionaries(
+        st.integers(0, 12),
+        st.floats(-50, 50, allow_nan=False, allow_infinity=False, width=32),
+        min_size=1,
+        max_size=10,
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+@given(runs=_runs, data=st.data())
+def test_convex_fusion_is_monotone_and_bounded(
+    runs: list[dict[int, float]], data: st.DataObject
+) -> None:
+    fused = convex_fusion(runs)
+    assert sorted(ids(fused)) == sorted({d for run in runs for d in run})
+    assert all(-1e-9 <= s <= 1 + 1e-9 for _, s in fused)
+    assert [s for _, s in fused] == sorted((s for _, s in fused), reverse=True)
+    # raising one doc's score in one run never lowers it against any other doc
+    i = data.draw(st.integers(0, len(runs) - 1))
+    doc = data.draw(st.sampled_from(sorted(runs[i])))
+    raised = [dict(run) for run in runs]
+    raised[i][doc] += data.draw(st.floats(0.0, 100.0, width=32))
+    before, after = dict(fused), dict(convex_fusion(raised))
+    for other in before:
+        assert after[doc] - after[other] >= before[doc] - before[other] - 1e-9

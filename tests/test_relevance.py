@@ -15,11 +15,12 @@ import pytest
 from index.build import build_knowledge_base
 from index.config import Config
 from index.embedders.base import Embedder
+from index.lexical import SPOKEN_STOPWORDS
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import LocalStore
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.relevance import related_to
+from sidecar.relevance import FUSION_DEPTH, Query, rank, related_to
 from sidecar.server import Sidecar, create_server
 from tests.conftest import make_config, shared
 
@@ -88,8 +89,59 @@ async def test_hybrid_base_fuses_exact_setting_names(
     dense = await search(wt_sidecar, query=question, min_score=0.25)
     assert hybrid.chunks[0].source_path == "customize-settings/profile-advanced.md"
     assert not hybrid.degraded
-    assert all(c.score < 0.05 for c in hybrid.chunks)  # fused reciprocal-rank scores
+    scores = [c.score for c in hybrid.chunks]  # fused: convex combination of [0, 1] scores
+    assert scores == sorted(scores, reverse=True)
+    assert all(0.0 <= s <= 1.0 for s in scores)
     assert all(c.score >= 0.25 for c in dense.chunks)  # the other base stays dense: cosines
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "Can you tell me how do I split a pane?",
+        "What is the snapOnInput setting?",
+        "How do I change the color scheme of a profile?",
+    ],
+)
+def test_hybrid_fuses_exact_scores_of_every_candidate(
+    wt_config: Config, local_embedder: Embedder, question: str
+) -> None:
+    """rank() against the fusion computed from scratch: every candidate of either top list
+    scored exactly by both retrievers (cosine of the stored vectors, BM25 of every chunk)."""
+    snap = loaded(wt_config)
+    vector = local_embedder.embed_batch([question])[0]
+    depth = 2 * FUSION_DEPTH  # a limit past the fusion depth: candidates come that deep
+    everything = np.asarray(snap.index.get_items(range(len(snap.chunks)), return_type="numpy"))
+    cosine = everything @ vector
+    bm25 = snap.lexical.scores(question, drop=SPOKEN_STOPWORDS).astype(np.float64)
+    dense_top = [label for label, _ in snap.search_dense(vector, depth)]  # the graph's top
+    lexical_top = snap.lexical.search(question, depth, drop=SPOKEN_STOPWORDS)
+    candidates = list(dict.fromkeys([*dense_top, *(label for label, _ in lexical_top)]))
+
+    def norm(values: np.ndarray) -> np.ndarray:
+        return np.asarray((values - values.min()) / (values.max() - values.min()))
+
+    fused = 0.5 * norm(cosine[candidates]) + 0.5 * norm(bm25[candidates])
+    order = np.argsort(-fused, kind="stable")[:depth]
+    query = Query(question, vector, limit=depth, min_score=-1.0, min_lexical_score=0.0, hybrid=True)
+    got = rank(snap, query)
+    assert [label for label, _ in got] == [candidates[i] for i in order]
+    assert [score for _, score in got] == pytest.approx(fused[order].tolist(), abs=1e-5)
+    # some came from BM25 alone: their cosine was read from the graph, not assumed the worst
+    assert {label for label, _ in got} - set(dense_top)
+
+
+def test_lexical_fallback_ignores_spoken_question_frames(wt_config: Config) -> None:
+    snap = loaded(wt_config)
+
+    def fallback(text: str) -> list[int]:
+        query = Query(text, None, limit=5, min_score=0.3, min_lexical_score=1.0)
+        return [label for label, _ in rank(snap, query)]
+
+    spoken = fallback("Um, can you tell me how do I split a pane?")
+    assert spoken == fallback("split pane")
+    assert "pane" in snap.chunks[spoken[0]].text.lower()
+    assert fallback("Can you tell me what it is?") == []  # nothing left to search for
 
 
 async def test_hybrid_still_drops_unrelated_questions(hybrid_sidecar: Sidecar) -> None:
