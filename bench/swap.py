@@ -6,8 +6,9 @@
    compares p50/p99 latency of calls overlapping a swap window (from publishing to 0.5 s after the
    first answer from the new version, about a second) with the calls outside every window.
 2. Swap cost: for 10k and 100k chunks, in a fresh process serving one snapshot, the time to
-   fetch (sha256 of every file), load (verify again, parse, hnswlib load) and warm the next one,
-   and the peak RSS while both are held, which is what a swap costs.
+   fetch (sha256 of every file), load (the other checks, parse, hnswlib load) and warm the next
+   one, as the refresher does; the event loop's longest stall in each phase (a 1 ms ticker) and
+   the garbage collector's longest pause; and the peak RSS while both are held.
 
 Snapshots are synthetic: random unit vectors recorded under the local embedder's name and 384
 dimensions (so the sidecar accepts them), words drawn from a small vocabulary. Questions repeat
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -41,13 +43,20 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.embedders.base import EmbedderInfo, normalise
-from index.snapshot import MANIFEST, Manifest, load_snapshot, write_atomic, write_snapshot
+from index.snapshot import (
+    FORMAT_VERSION,
+    MANIFEST,
+    Manifest,
+    load_snapshot,
+    write_atomic,
+    write_snapshot,
+)
 from index.store import LocalStore, manifest_files, new_version_id
 from index.types import Chunk
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
-from sidecar.refresh import warm_up
+from sidecar.refresh import freeze_heap, warm_up
 
 RESULTS = Path(__file__).resolve().parent / "results" / "swap.json"
 CACHE = Path(__file__).resolve().parent / ".cache" / "swap"
@@ -110,7 +119,7 @@ def synthetic_snapshot(folder: Path, n: int, version: str) -> Manifest:
 
 def cached_snapshot(n: int, cache: Path = CACHE) -> tuple[Path, float]:
     """A built synthetic snapshot of ``n`` chunks (cached across runs), and its build seconds."""
-    folder = cache / f"{n}" / KB / "v0"
+    folder = cache / f"{n}-f{FORMAT_VERSION}" / KB / "v0"  # a format change rebuilds
     if (folder / MANIFEST).is_file():
         return folder, 0.0
     shutil.rmtree(folder, ignore_errors=True)
@@ -391,31 +400,66 @@ def _peak_mb(reset: bool) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; never reset
 
 
-async def _swap_off_the_loop(store: LocalStore, version: str) -> tuple[Any, list[float], float]:
+class GcPauses:
+    """The garbage collector's pauses while installed: the longest, and the total, in seconds."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self.total = 0.0
+        self.collections = 0
+        self._began = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = time.perf_counter() - self._began
+        self.longest = max(self.longest, took)
+        self.total += took
+        self.collections += 1
+
+
+async def _swap_off_the_loop(
+    store: LocalStore, version: str
+) -> tuple[Any, list[float], list[tuple[float, float]]]:
     """Fetch, load and warm in worker threads as the refresher does, while a 1 ms ticker on the
-    loop records how late it wakes: the stall a call would feel. Returns the snapshot, the three
-    phase ends, and the worst lag."""
+    loop records how late it wakes: the stall a call would feel. Returns the snapshot, the phase
+    ends, and each tick's (wake time, lag)."""
     done = asyncio.Event()
-    worst = 0.0
+    ticks: list[tuple[float, float]] = []
 
     async def ticker() -> None:
-        nonlocal worst
         while not done.is_set():
             start = time.perf_counter()
             await asyncio.sleep(TICK_S)
-            worst = max(worst, time.perf_counter() - start - TICK_S)
+            now = time.perf_counter()
+            ticks.append((now, now - start - TICK_S))
 
     tick = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0)  # the ticker is waiting before the first phase starts
     ends = [time.perf_counter()]
     fetched = await asyncio.to_thread(store.fetch, KB, version)
     ends.append(time.perf_counter())
-    snapshot = await asyncio.to_thread(load_snapshot, fetched, INFO)
+    # the refresher's call: fetch checked every file's sha256 (the SnapshotStore contract)
+    snapshot = await asyncio.to_thread(load_snapshot, fetched, INFO, checksums=False)
     ends.append(time.perf_counter())
     await asyncio.to_thread(warm_up, snapshot)
     ends.append(time.perf_counter())
     done.set()
     await tick
-    return snapshot, ends, worst
+    return snapshot, ends, ticks
+
+
+def _worst_lag_ms(ticks: list[tuple[float, float]], start: float, end: float) -> float:
+    """The longest loop stall of the ticks that woke up in [start, end]."""
+    return 1000 * max((lag for at, lag in ticks if start <= at <= end), default=0.0)
 
 
 def measure_swap(folder: Path) -> dict[str, Any]:
@@ -423,21 +467,29 @@ def measure_swap(folder: Path) -> dict[str, Any]:
     store = LocalStore(folder.parent.parent)
     rss_start = _status_mb("VmRSS")
     holder = SnapshotHolder()
-    holder.publish(load_snapshot(store.fetch(KB, folder.name), INFO))
+    holder.publish(load_snapshot(store.fetch(KB, folder.name), INFO, checksums=False))
+    freeze_heap()  # as the refresher does after each swap
     rss_serving = _status_mb("VmRSS")
     peak_first_load = _status_mb("VmHWM")
     reset = _reset_peak()
-    snapshot, (t0, t1, t2, t3), stall = asyncio.run(_swap_off_the_loop(store, folder.name))
+    with GcPauses() as pauses:
+        snapshot, (t0, t1, t2, t3), ticks = asyncio.run(_swap_off_the_loop(store, folder.name))
     holder.publish(snapshot)
     peak = _peak_mb(reset)
+    stalls = [_worst_lag_ms(ticks, a, b) for a, b in ((t0, t1), (t1, t2), (t2, t3 + 1.0))]
     return {
         "chunks": len(snapshot.chunks),
         "files_mb": sum(p.stat().st_size for p in folder.iterdir()) / 2**20,
         "fetch_verify_s": t1 - t0,
-        "load_verify_s": t2 - t1,
+        "load_s": t2 - t1,
         "warm_s": t3 - t2,
         "swap_total_s": t3 - t0,
-        "loop_stall_max_ms": stall * 1000,
+        "loop_stall_max_ms": max(stalls),
+        "loop_stall_max_ms_by_phase": dict(zip(("fetch", "load", "warm"), stalls, strict=True)),
+        "loop_lag_p99_ms": float(np.percentile([lag for _, lag in ticks], 99)) * 1000,
+        "gc_pause_max_ms": pauses.longest * 1000,
+        "gc_pause_total_ms": pauses.total * 1000,
+        "gc_collections": pauses.collections,
         "rss_at_start_mb": rss_start,
         "rss_serving_one_mb": rss_serving,
         "peak_rss_first_load_mb": peak_first_load,
@@ -516,8 +568,9 @@ def _print(result: dict[str, Any]) -> None:
     for c in result["swap_cost"]:
         print(
             f"  {c['chunks']:>7} chunks ({c['files_mb']:.0f} MB): swap {c['swap_total_s']:.2f} s "
-            f"(fetch+sha {c['fetch_verify_s']:.2f}, load {c['load_verify_s']:.2f}, "
-            f"warm {c['warm_s']:.3f}), loop stalled up to {c['loop_stall_max_ms']:.0f} ms; "
+            f"(fetch+sha {c['fetch_verify_s']:.2f}, load {c['load_s']:.2f}, "
+            f"warm {c['warm_s']:.3f}), loop stalled up to {c['loop_stall_max_ms']:.0f} ms "
+            f"(GC pauses up to {c['gc_pause_max_ms']:.0f} ms); "
             f"RSS serving {c['rss_serving_one_mb']:.0f} MB, "
             f"peak during swap {c['peak_rss_during_swap_mb']:.0f} MB "
             f"(+{c['swap_extra_peak_mb']:.0f})"

@@ -21,6 +21,7 @@ LOCAL_MODEL = "all-MiniLM-L6-v2-int8"
 # OpenAI's rule for function names (Realtime, Responses and Chat Completions alike).
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_FUNCTION_LIMIT = 50  # the sidecar's largest search limit (sidecar.engine.MAX_LIMIT)
+MAX_EF_SEARCH = 4096  # past this an HNSW search visits most of any graph: use exact search
 MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
 SKIP_LANGUAGES = ("en",)  # the languages sidecar/skip.py ships word lists for
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -191,6 +192,7 @@ class SidecarConfig:
     max_results: int = 3
     min_score: float = 0.3
     min_lexical_score: float = 1.0
+    ef_search: int = 0  # hnswlib ef at query time; 0: what each snapshot's build measured
     context_turns: int = 3  # retained context: this many turns' worth of chunks
     session_ttl_s: float = 900.0
     max_sessions: int = 10_000
@@ -412,6 +414,12 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
         raise ConfigError(f"{where} [sidecar] keep_downloaded must be >= 1 (the serving version)")
     if sidecar.poll_seconds <= 0 or sidecar.http_timeout_s <= 0:
         raise ConfigError(f"{where} [sidecar] poll_seconds and http_timeout_s must be > 0")
+    ef = sidecar.ef_search
+    if isinstance(ef, bool) or not isinstance(ef, int) or not 0 <= ef <= MAX_EF_SEARCH:
+        raise ConfigError(
+            f"{where} [sidecar] ef_search must be a whole number from 0 (the snapshot's) "
+            f"to {MAX_EF_SEARCH}"
+        )
     chars = sidecar.tool_output_chars
     if isinstance(chars, bool) or not isinstance(chars, int) or chars < MIN_TOOL_OUTPUT_CHARS:
         raise ConfigError(

@@ -276,8 +276,15 @@ def read_manifest(folder: Path) -> Manifest:
     return Manifest.from_json(data, str(folder))
 
 
-def verify_snapshot(folder: Path, expected: EmbedderInfo | None = None) -> Manifest:
-    """Check everything the manifest claims; raise CorruptSnapshot or IncompatibleSnapshot."""
+def verify_snapshot(
+    folder: Path, expected: EmbedderInfo | None = None, *, checksums: bool = True
+) -> Manifest:
+    """Check everything the manifest claims; raise CorruptSnapshot or IncompatibleSnapshot.
+
+    ``checksums=False`` skips hashing the files (every other check stays): only for a folder
+    that ``SnapshotStore.fetch`` has just returned, whose files it checked, since hashing takes
+    seconds for a large snapshot.
+    """
     manifest = read_manifest(folder)
     if manifest.format_version != FORMAT_VERSION:
         raise IncompatibleSnapshot(
@@ -296,7 +303,7 @@ def verify_snapshot(folder: Path, expected: EmbedderInfo | None = None) -> Manif
             raise CorruptSnapshot(f"{folder}: manifest lists no checksum for {name}")
         if not path.is_file():
             raise CorruptSnapshot(f"{folder}: {name} is missing")
-        got = sha256_file(path)
+        got = sha256_file(path) if checksums else want
         if got != want:
             raise CorruptSnapshot(f"{folder}: {name} sha256 {got[:12]} != manifest {want[:12]}")
     return manifest
@@ -461,9 +468,21 @@ def read_chunks(path: Path) -> tuple[Chunk, ...]:
         return tuple(chunk_from_dict(orjson.loads(line)) for line in f if line.strip())
 
 
-def load_snapshot(folder: Path, expected: EmbedderInfo | None = None) -> LoadedSnapshot:
-    """Verify, then load a snapshot; blocking (seconds for large ones): call it off the event loop."""
-    manifest = verify_snapshot(folder, expected)
+def load_snapshot(
+    folder: Path,
+    expected: EmbedderInfo | None = None,
+    *,
+    checksums: bool = True,
+    ef_search: int = 0,
+) -> LoadedSnapshot:
+    """Verify, then load a snapshot; blocking (seconds for large ones): call it off the event loop.
+
+    ``ef_search`` replaces the query-time ef the build chose (0 keeps it).
+
+    ``checksums=False``: the files' sha256 were checked by ``SnapshotStore.fetch`` (see
+    ``verify_snapshot``).
+    """
+    manifest = verify_snapshot(folder, expected, checksums=checksums)
     try:
         chunks = read_chunks(folder / CHUNKS)
         pages = orjson.loads((folder / PAGES).read_bytes())
@@ -471,7 +490,7 @@ def load_snapshot(folder: Path, expected: EmbedderInfo | None = None) -> LoadedS
         index = hnswlib.Index(space="ip", dim=manifest.embedder.dimension)
         if chunks:
             index.load_index(str(folder / VECTORS), max_elements=len(chunks))
-            index.set_ef(manifest.hnsw.ef)  # hnswlib resets ef to 10 on load
+            index.set_ef(ef_search or manifest.hnsw.ef)  # hnswlib resets ef to 10 on load
     except (OSError, RuntimeError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
         raise CorruptSnapshot(f"{folder}: cannot load: {exc}") from exc
     count = index.get_current_count() if chunks else 0

@@ -1,10 +1,11 @@
 """Pull, verify, warm, swap: keeps the holder at the newest good snapshot of every base.
 
 For each base: read the store's pointer; when it names a version newer than the one served,
-fetch it (a download, for an HTTP store: every file checked against the manifest), load and
-verify it (format, embedder name and dimension, sha256 of every file, hnsw count against the
-chunk store), run warm-up queries, and publish it with one reference swap. All of it runs off
-the event loop, one refresh at a time.
+fetch it (the store checks every file's sha256 against the manifest, downloading first for an
+HTTP store), load and verify it (format, embedder name and dimension, hnsw count against the
+chunk store; the files are not hashed a second time), run warm-up queries, and publish it with
+one reference swap. All of it runs off the event loop, one refresh at a time. After a swap the
+heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
 
 A version that fails is refused: a log line, ``holder.refusals[kind] += 1`` and the last refusal
 in ``Status``; the last good snapshot keeps serving. A corrupt or incompatible version, or a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import random
 from collections import deque
@@ -77,6 +79,20 @@ def warm_up(snapshot: LoadedSnapshot) -> None:
     followups.gazetteer(snapshot)  # the follow-up entity list: built here, off the event loop
 
 
+def freeze_heap() -> None:
+    """Take every object alive now out of the cyclic garbage collector's walks (``gc.freeze``).
+
+    A snapshot is millions of objects that live until the next swap. Each full collection walked
+    all of them with the GIL held, stalling the event loop (70-100 ms a time at 100k chunks,
+    during the next load; ``python -m bench.swap``). Frozen objects are still freed by reference
+    counting when the last request holding an old snapshot ends, as snapshots hold no reference
+    cycles. What is kept for good is a cycle that is garbage at this moment and survived a young
+    collection: the young generations are collected first (cheap: they are small).
+    """
+    gc.collect(1)
+    gc.freeze()
+
+
 class Refresher:
     """Keeps ``holder`` at the newest good snapshot of each base in ``store``.
 
@@ -93,8 +109,10 @@ class Refresher:
         knowledge_bases: Iterable[str],
         on_change: Callable[[], Awaitable[None]] | None = None,
         keep_downloaded: int = 2,
+        ef_search: int = 0,
     ) -> None:
         self.store = store
+        self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
         self.holder = holder
         self.embedder = embedder
         self.knowledge_bases = tuple(knowledge_bases)
@@ -147,6 +165,7 @@ class Refresher:
             self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
             return False
         self.holder.publish(snapshot)  # the swap: one reference assignment, on the loop
+        freeze_heap()
         log.info("serving %s version %s (%d chunks)", kb, version, len(snapshot.chunks))
         served = self._served.setdefault(kb, deque(maxlen=2))
         served.append(version)
@@ -159,7 +178,11 @@ class Refresher:
     async def _load(self, kb: str, version: str) -> LoadedSnapshot:
         """Fetch, load and verify, check it is the version asked for, warm: all off the loop."""
         folder = await asyncio.to_thread(self.store.fetch, kb, version)
-        snapshot = await asyncio.to_thread(load_snapshot, folder, self.embedder)
+        # fetch checked every file's sha256 (the SnapshotStore contract); hashing them again
+        # took 8 of the 52 s a 1M-chunk snapshot took to load
+        snapshot = await asyncio.to_thread(
+            load_snapshot, folder, self.embedder, checksums=False, ef_search=self.ef_search
+        )
         manifest = snapshot.manifest
         if (manifest.knowledge_base, manifest.version) != (kb, version):
             raise CorruptSnapshot(
@@ -184,6 +207,13 @@ class Refresher:
             )
         else:
             log.debug("still refusing %s snapshot %s (%s): %s", kb, version or "?", kind, reason)
+
+    def close(self) -> None:
+        """Abandon the store's waits (retry backoff), and hand the heap frozen at each swap back
+        to the garbage collector, which then collects a stopped sidecar in a process that goes on
+        (tests; an embedding host)."""
+        self.store.close()
+        gc.unfreeze()
 
     async def poll_forever(self, every_s: float) -> None:
         """Refresh every ``every_s`` seconds with +-10% jitter, so a fleet does not poll in step."""

@@ -74,7 +74,7 @@ class Sidecar:
         deadline = asyncio.get_running_loop().time() + grace
         self.lifecycle.state = State.DRAINING
         await self.health.enter_graceful_shutdown()
-        self.refresher.store.close()  # a download waiting out a retry gives up now
+        self.refresher.close()  # a download waiting out a retry gives up; the heap is unfrozen
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -156,7 +156,12 @@ async def create_server(
     )
     port = tls.add_port(server, listen or config.sidecar.listen, config.sidecar.tls)
     refresher = Refresher(
-        store, holder, embedder.info, sorted(names), keep_downloaded=config.sidecar.keep_downloaded
+        store,
+        holder,
+        embedder.info,
+        sorted(names),
+        keep_downloaded=config.sidecar.keep_downloaded,
+        ef_search=config.sidecar.ef_search,
     )
     sidecar = Sidecar(
         server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder, guards

@@ -16,9 +16,11 @@ from index.build import embed_chunks
 from index.chunker import chunk_page
 from index.config import Config, FollowupConfig, parse_config
 from index.embedders.base import Embedder
+from index.lexical import LexicalIndex
 from index.snapshot import load_snapshot, write_snapshot
+from index.sources.markdown import load_markdown
 from index.store import LocalStore, new_version_id
-from index.types import Page
+from index.types import Chunk, Page
 from sidecar import followups
 from sidecar.followups import FUNCTION_WORDS_EN, Gazetteer
 from sidecar.gen import retrieval_pb2 as pb
@@ -286,3 +288,84 @@ async def test_the_quality_bench_runs_on_a_few_dialogues(
         assert 0.0 <= result[row]["hit_at_3"] <= 1.0
     assert result["session"]["skipped"] == 0
     assert all(ex["query"].endswith(ex["turn"]) for ex in result["examples"])
+
+
+# -- is_common from the postings answers as the BM25 search did ---------------------------------
+
+
+def searched_is_common(lexical: LexicalIndex, entity_of: list[str]) -> Any:
+    """``is_common`` as first written: one BM25 search per word over every chunk (quadratic)."""
+    words_of = {name: set(followups.tokens(name)) for name in set(entity_of)}
+
+    def is_common(word: str, name: str) -> bool:
+        whole = words_of[name] - {"the"} == {word}
+        found = lexical.search(word, len(entity_of))
+        elsewhere = sum(
+            entity_of[d] != name and not (whole and word in words_of[entity_of[d]])
+            for d, _ in found
+        )
+        return elsewhere >= followups.COMMON_ELSEWHERE
+
+    return is_common
+
+
+def dstc11_chunks() -> list[Chunk]:
+    lines = shared("dstc11-faq-reviews", "corpus.jsonl").read_bytes().splitlines()
+    pages = [
+        Page(
+            source="dstc11",
+            source_path=str(r["_id"]),
+            title=str(r["title"]),
+            text=str(r["text"]),
+            kind="text",
+            context=str(r["entity_name"]),
+        )
+        for r in map(orjson.loads, lines)
+    ]
+    return [c for p in pages for c in chunk_page(p)]
+
+
+def example_kb_chunks() -> list[Chunk]:
+    pages, _ = load_markdown("kb", Path(__file__).resolve().parents[1] / "examples" / "kb")
+    return [c for p in pages for c in chunk_page(p)]
+
+
+def numbered_chunks() -> list[Chunk]:
+    """The ``scale`` bench's corpus: "Document 1234" names whose partial name is a number."""
+    from bench.ours import _chunks
+
+    return _chunks(12_000)
+
+
+@pytest.mark.parametrize("chunks", [dstc11_chunks, example_kb_chunks, numbered_chunks])
+def test_common_words_from_postings_answer_as_the_search_did(chunks: Any) -> None:
+    base: list[Chunk] = chunks()
+    lexical = LexicalIndex.build(c.embed_text for c in base)
+    entity_of = [followups.chunk_entity(c) for c in base]
+    new = followups.common_words(lexical, entity_of)
+    old = searched_is_common(lexical, entity_of)
+    asked: list[tuple[str, str]] = []
+
+    def recording(word: str, name: str) -> bool:
+        asked.append((word, name))
+        return bool(new(word, name))
+
+    built = Gazetteer(entity_of, FUNCTION_WORDS_EN, recording, followups.STREETS_EN)
+    before = Gazetteer(entity_of, FUNCTION_WORDS_EN, old, followups.STREETS_EN)
+    assert asked, "the base has one-word names to judge"
+    assert built._keys == before._keys  # the same names found, by the same keys
+    # beyond what the gazetteer asks: every word of every name, stopwords and "the" included
+    pairs = {(w, n) for n in set(entity_of) for w in followups.tokens(n)} | set(asked)
+    verdicts = {pair: new(*pair) for pair in pairs}
+    assert verdicts == {pair: old(*pair) for pair in pairs}
+    assert any(verdicts.values())
+    assert not all(verdicts.values())
+
+
+def test_a_snapshot_gazetteer_is_built_with_common_words(hotels_config: Config) -> None:
+    store = LocalStore(Path(hotels_config.sidecar.store))
+    snapshot = load_snapshot(store.latest_dir(KB))
+    entity_of = [followups.chunk_entity(c) for c in snapshot.chunks]
+    old = searched_is_common(snapshot.lexical, entity_of)
+    expected = Gazetteer(entity_of, FUNCTION_WORDS_EN, old, followups.STREETS_EN)
+    assert followups.gazetteer(snapshot)._keys == expected._keys

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -23,11 +25,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import index.http_store
+import index.snapshot
 from index.config import Config, parse_config
 from index.embedders.base import Embedder, EmbedderInfo, HashEmbedder, Vectors
 from index.embedders.local import NAME as LOCAL_NAME
 from index.http_store import PARTIAL, HttpOptions
-from index.snapshot import MANIFEST, VECTORS
+from index.snapshot import DATA_FILES, MANIFEST, VECTORS, LoadedSnapshot, sha256_file
 from index.store import LocalStore, SnapshotStore
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -614,3 +618,74 @@ async def test_an_unreadable_version_is_refused_not_a_crash(
         await assert_still_serving(sidecar, v1)
         store.unreadable = False  # permissions fixed: the next poll serves it
         await eventually(lambda: serving(sidecar.port, v2), "v2 served once readable")
+
+
+# -- what a swap costs the process ---------------------------------------------------------------
+
+
+async def test_a_refresh_hashes_each_file_once(
+    store: Store, tmp_path: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's fetch checks every file's sha256 (a corrupted file is refused: above); the
+    load that follows does not hash them again, which took seconds for a large snapshot."""
+    hashed: Counter[str] = Counter()
+
+    def counting(path: Path) -> str:
+        hashed[path.name] += 1
+        return sha256_file(path)
+
+    monkeypatch.setattr(index.snapshot, "sha256_file", counting)
+    monkeypatch.setattr(index.http_store, "sha256_file", counting)
+    v1 = await publish(store.root, 1, local_embedder, "password")
+    hashed.clear()  # the build hashed them to write the manifest
+    async with running(sidecar_config(store, tmp_path), local_embedder, poll=False) as sidecar:
+        assert await serving(sidecar.port, v1)
+        assert hashed == Counter(DATA_FILES)
+        hashed.clear()
+        v2 = await publish(store.root, 2, local_embedder, "roaming")
+        hashed.clear()
+        assert await sidecar.refresher.refresh() == [KB]
+        assert served_right(await search(sidecar.port), v2)
+    assert hashed == Counter(DATA_FILES)
+
+
+async def test_an_old_snapshot_is_freed_when_the_last_call_holding_it_ends(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """After a swap the heap is frozen (the collector stops walking the served snapshot), so an
+    old snapshot must go by reference counting alone, with no reference cycle holding it."""
+    root = tmp_path / "published"
+    v1 = await publish(root, 1, local_embedder, "password")
+    gated = GatedEmbedder(local_embedder)
+    config = sidecar_config(Store(root, str(root)), tmp_path)
+    async with (
+        running(config, gated, poll=False) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
+        client = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        gated.gate.clear()
+        request = pb.TurnRequest(session_id="s", text="How long is a link valid?", is_final=True)
+        in_flight = asyncio.ensure_future(client.Turn(request, timeout=WAIT_S))
+        await asyncio.wait_for(gated.entered.wait(), WAIT_S)
+        v2 = await publish(root, 2, local_embedder, "roaming")
+        assert await sidecar.refresher.refresh() == [KB]
+        assert gc.get_freeze_count() > 0
+        assert versions_alive(root) == {v1, v2}  # the call in flight still holds v1
+        gated.gate.set()
+        assert served_right(await in_flight, v1)
+
+        async def v1_freed() -> bool:
+            return versions_alive(root) == {v2}
+
+        await eventually(v1_freed, "v1 freed once the call holding it ended")
+
+
+def versions_alive(root: Path) -> set[str]:
+    """The versions of ``root``'s snapshots in memory, found without collecting any garbage
+    (frozen objects are invisible to ``gc.get_objects`` until unfrozen)."""
+    gc.unfreeze()
+    return {
+        o.version
+        for o in gc.get_objects()
+        if isinstance(o, LoadedSnapshot) and o.folder.is_relative_to(root)
+    }

@@ -13,7 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.build import build_knowledge_base
+from index.config import Config
 from index.embedders.base import Embedder
+from index.errors import ConfigError
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
@@ -224,3 +226,28 @@ async def test_grpcurl_lists_the_service_through_reflection(wt_sidecar: Any) -> 
     stdout, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == 0
     assert "voxrecall.v1.Retrieval" in stdout.decode().split()
+
+
+async def test_ef_search_replaces_the_snapshots_own_ef(
+    wt_config: Config, local_embedder: Embedder
+) -> None:
+    kb = wt_config.knowledge_bases[0].name
+    for ef_search in (0, 200):
+        config = wt_config.with_overrides(ef_search=ef_search)
+        sidecar = await create_server(config, embedder=local_embedder, poll=False)
+        try:
+            snapshot = sidecar.holder.get(kb)
+            assert snapshot is not None
+            assert snapshot.index.ef == (ef_search or snapshot.manifest.hnsw.ef)
+            channel, retrieval = stub(sidecar.port)
+            async with channel:
+                resp = await retrieval.Search(pb.SearchRequest(query="split a pane"))
+            assert resp.chunks
+        finally:
+            await sidecar.stop(0.5)
+
+
+@pytest.mark.parametrize("value", [-1, 4097, True, 1.5])
+def test_ef_search_out_of_range_is_a_config_error(tmp_path: Path, value: object) -> None:
+    with pytest.raises(ConfigError, match="ef_search must be a whole number"):
+        make_config(tmp_path / "store", [{"type": "markdown", "path": "docs"}], ef_search=value)

@@ -17,6 +17,7 @@ from index.embedders.base import HashEmbedder
 from index.errors import (
     CacheWriteError,
     CorruptSnapshot,
+    IncompatibleSnapshot,
     IncompleteSnapshot,
     StoreUnavailable,
 )
@@ -329,3 +330,14 @@ def test_snapshot_verify_checks_the_embedder_when_given_a_config(
     config = _config_file(tmp_path)
     assert main(["snapshot", "verify", str(folder), "--config", str(config)]) == 2
     assert "test/hash (32-d)" in capsys.readouterr().err
+
+
+def test_verifying_without_hashing_still_checks_the_rest(tmp_path: Path) -> None:
+    """What a load after ``fetch`` skips is the hashing alone (fetch hashed every file)."""
+    folder = write_version(tmp_path, version_id(1), EMBEDDER)
+    other = HashEmbedder(dimension=16).info
+    with pytest.raises(IncompatibleSnapshot, match="embedder"):
+        load_snapshot(folder, other, checksums=False)
+    (folder / CHUNKS).unlink()
+    with pytest.raises(CorruptSnapshot, match=f"{CHUNKS} is missing"):
+        load_snapshot(folder, EMBEDDER.info, checksums=False)
