@@ -192,13 +192,15 @@ def choose_ef(search_at: Callable[[int], SearchFn], corpus: Corpus, target: floa
 
     Every approximate peer gets its setting this one way, on queries that are never timed.
     """
-    k = corpus.spec.k
     ef = EF_LADDER[-1]
     for ef in EF_LADDER:
-        if ef < k:
-            continue
-        search = search_at(ef)
-        found = np.array([_pad(search(q), k) for q in corpus.calibration], dtype=np.int64)
-        if recall_at_k(found, corpus.calibration_truth) >= target:
+        if ef >= corpus.spec.k and calibration_recall(search_at(ef), corpus) >= target:
             return ef
     return ef
+
+
+def calibration_recall(search: SearchFn, corpus: Corpus) -> float:
+    """recall@k of ``search`` on the calibration queries (never the timed ones)."""
+    k = corpus.spec.k
+    found = np.array([_pad(search(q), k) for q in corpus.calibration], dtype=np.int64)
+    return recall_at_k(found, corpus.calibration_truth)

@@ -104,7 +104,7 @@ def build_snapshot(corpus: Corpus, cache: Path = CACHE) -> tuple[Path, bool]:
 class SidecarProcess:
     """``bench.sidecar_proc`` as a child process; ``close`` ends it (also when startup fails)."""
 
-    def __init__(self, store: Path, info: EmbedderInfo) -> None:
+    def __init__(self, store: Path, info: EmbedderInfo, ef_search: int = 0) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -116,6 +116,8 @@ class SidecarProcess:
                 str(info.dimension),
                 "--embedder",
                 info.name,
+                "--ef-search",
+                str(ef_search),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -165,9 +167,8 @@ def _request(query: F32) -> pb.SearchRequest:
 class Voxrecall:
     """The sidecar's Search RPC over a grpc.aio channel on 127.0.0.1."""
 
-    name = "voxrecall"
-
-    def __init__(self, port: int, setting: dict[str, Any]) -> None:
+    def __init__(self, port: int, setting: dict[str, Any], name: str = "voxrecall") -> None:
+        self.name = name
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         self.stub = pb_grpc.RetrievalStub(self.channel)  # type: ignore[no-untyped-call]
         self.setting = setting

@@ -31,6 +31,8 @@ from bench.measure import (
     SyncSystem,
     System,
     Unavailable,
+    calibration_recall,
+    choose_ef,
     interleaved,
     percentiles_ms,
     summarise,
@@ -51,8 +53,11 @@ PEERS = {  # name -> module under bench.peers
     "qdrant": "qdrant_edge",
 }
 CORE = ("numpy-exact", "hnswlib", "voxrecall", "grpc-echo")
-ALL = CORE + tuple(PEERS)
-APPROXIMATE = ("hnswlib", "voxrecall", "faiss-hnsw", "pgvector", "chroma", "qdrant")
+# voxrecall again, at the ef where its graph reaches pgvector's recall on the calibration
+# queries: the goal compares the two at equal recall, and the default ef may land lower.
+MATCHED = "voxrecall-matched"
+ALL = (*CORE, MATCHED, *PEERS)
+APPROXIMATE = ("hnswlib", "voxrecall", MATCHED, "faiss-hnsw", "pgvector", "chroma", "qdrant")
 MIN_RECALL = 0.95
 
 
@@ -125,6 +130,7 @@ def _measure_all(
     rows: dict[str, dict[str, Any]] = {}
     sync: list[SyncSystem] = []
     makers: list[Callable[[], AsyncSystem]] = []
+    floor: Hnswlib | None = None
     with contextlib.ExitStack() as stack:
         if "numpy-exact" in wanted:
             sync.append(NumpyExact(corpus))
@@ -157,6 +163,18 @@ def _measure_all(
             else:
                 stack.callback(peer.close)
                 sync.append(peer)
+        if MATCHED in wanted:
+            pg = next((s for s in sync if s.name == "pgvector"), None)
+            if pg is None or floor is None:
+                rows[MATCHED] = {"skipped": "matches pgvector's recall: needs pgvector and hnswlib"}
+            else:
+                target = calibration_recall(pg.search, corpus)
+                ef = choose_ef(floor.at, corpus, target)
+                floor.at(floor.setting["ef_search"])  # back to the snapshot's own
+                proc = SidecarProcess(snapshot.parent.parent, embedder_info(corpus), ef_search=ef)
+                stack.callback(proc.close)
+                matched = {**setting, "ef_search": ef, "calibration_recall_to_reach": target}
+                makers.append(lambda: Voxrecall(proc.port, matched, name=MATCHED))
         rows.update(asyncio.run(_measure(sync, makers, corpus, plan)))
     if "grpc-echo" in rows:
         rows["grpc-echo"]["recall_at_10"] = None  # it searches nothing
@@ -193,12 +211,19 @@ def check_goals(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
         goals["voxrecall_p50_over_echo_plus_hnswlib"] = {"skipped": why}
     if (why := need("pgvector")) is None and vox:
         pg = ok["pgvector"]
-        value = _ratio(vox["p50_ms"], pg["p50_ms"])
-        recall_ok = vox["recall_at_10"] >= pg["recall_at_10"]
+        # at equal recall: the default setting when it already reaches pgvector's, else the
+        # recall-matched one
+        name = (
+            MATCHED if vox["recall_at_10"] < pg["recall_at_10"] and MATCHED in ok else "voxrecall"
+        )
+        ours = ok[name]
+        value = _ratio(ours["p50_ms"], pg["p50_ms"])
+        recall_ok = ours["recall_at_10"] >= pg["recall_at_10"]
         goals["voxrecall_p50_over_pgvector"] = {
             "value": value,
             "goal": "<= 1.0 at equal or better recall",
-            "recall": {"voxrecall": vox["recall_at_10"], "pgvector": pg["recall_at_10"]},
+            "compared": name,
+            "recall": {name: ours["recall_at_10"], "pgvector": pg["recall_at_10"]},
             "met": value <= 1.0 and recall_ok,
         }
         qps = _ratio(vox["qps_concurrent_16"], pg["qps_concurrent_16"])

@@ -67,8 +67,10 @@ def echo_server(response: bytes) -> tuple[grpc.aio.Server, int]:
     return server, port
 
 
-async def run(store: Path, dim: int, embedder_name: str) -> None:
-    raw: dict[str, Any] = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0"}}
+async def run(store: Path, dim: int, embedder_name: str, ef_search: int = 0) -> None:
+    raw: dict[str, Any] = {
+        "sidecar": {"store": str(store), "listen": "127.0.0.1:0", "ef_search": ef_search}
+    }
     config = parse_config(raw, base=store.parent)
     started = time.perf_counter()
     sidecar = await create_server(
@@ -103,8 +105,11 @@ def main() -> None:
     parser.add_argument("--store", type=Path, required=True)
     parser.add_argument("--dim", type=int, required=True)
     parser.add_argument("--embedder", required=True, help="the embedder name the snapshot records")
+    parser.add_argument(
+        "--ef-search", type=int, default=0, help="[sidecar] ef_search (0: the snapshot's)"
+    )
     args = parser.parse_args()
-    uvloop.run(run(args.store, args.dim, args.embedder))
+    uvloop.run(run(args.store, args.dim, args.embedder, args.ef_search))
 
 
 if __name__ == "__main__":

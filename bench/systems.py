@@ -59,6 +59,11 @@ class Hnswlib:
         labels, _ = self.index.knn_query(query.reshape(1, -1), k=self.k)
         return labels[0].tolist()  # type: ignore[no-any-return]
 
+    def at(self, ef: int) -> SearchFn:
+        """Search at another ef (the index's ef changes until the next call of ``at``)."""
+        self.index.set_ef(ef)
+        return self.search
+
     def client(self) -> SearchFn:
         return self.search
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import scale, search
+from bench import scale, search, search_parts
 from bench.corpus import CorpusSpec, exact_top_k, generate, load_or_generate, recall_at_k
 
 TINY = CorpusSpec(n=1500, dim=32, queries=60)
@@ -84,6 +84,42 @@ def test_goals_are_the_issues_ratios() -> None:
     assert goals["chroma_p50_over_voxrecall"]["met"] is True
     assert goals["recall_at_10_min"]["value"] == 0.94  # chroma's; echo and faiss do not count
     assert goals["recall_at_10_min"]["met"] is False
+
+
+def test_pgvector_is_compared_at_equal_recall() -> None:
+    base = {"hnswlib": _row(0.3), "grpc-echo": _row(0.7, recall=None)}
+    pg = _row(1.0, recall=0.993)
+    # the default setting falls short of pgvector's recall: the matched row is compared
+    goals = search.check_goals(
+        {**base, "voxrecall": _row(0.9, recall=0.987), search.MATCHED: _row(0.95, recall=0.994),
+         "pgvector": pg}
+    )  # fmt: skip
+    verdict = goals["voxrecall_p50_over_pgvector"]
+    assert verdict["compared"] == search.MATCHED
+    assert verdict["value"] == 0.95
+    assert verdict["met"] is True
+    # no matched row: the default is compared, and its lower recall fails the goal
+    verdict = search.check_goals({**base, "voxrecall": _row(0.9, recall=0.987), "pgvector": pg})[
+        "voxrecall_p50_over_pgvector"
+    ]
+    assert verdict["compared"] == "voxrecall"
+    assert verdict["met"] is False
+    # the default already reaches it: no need for the matched row
+    verdict = search.check_goals(
+        {**base, "voxrecall": _row(0.9, recall=0.995), search.MATCHED: _row(0.8, recall=0.999),
+         "pgvector": pg}
+    )["voxrecall_p50_over_pgvector"]  # fmt: skip
+    assert verdict["compared"] == "voxrecall"
+    assert verdict["met"] is True
+
+
+def test_search_parts_swaps_each_part_in_its_own_process(tmp_path: Path) -> None:
+    tiny = ["--n", "2000", "--dim", "384", "--queries", "100", "--blocks", "1", "--rounds", "1"]
+    result = search_parts.main([*tiny, "--out", str(tmp_path / "parts.json")])
+    assert set(result["variants"]) == {*search_parts.VARIANTS, "grpc-echo"}
+    for row in result["variants"].values():
+        assert row["p50_ms"] > 0
+        assert row["qps_concurrent_16"] > 0
 
 
 def test_scale_extrapolation_is_marked_and_follows_the_measured_trend() -> None:

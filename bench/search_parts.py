@@ -1,0 +1,193 @@
+"""What each part of a ``Search`` call costs: ``python -m bench.search_parts``.
+
+The ``search`` suite's sidecar process, started several times side by side, each with one part
+swapped out (in the child process only: the product has no such switches), all answering the
+same queries in turns of 20 so that load elsewhere falls on all alike:
+
+    sidecar           as shipped
+    no-hooks          without the interceptor's hooks (call log, metrics, drain gate, limit)
+    canned            the handler answers a stored top-10 response: hooks and typed messages,
+                      no engine and no search
+    search-in-thread  the ranking (hnswlib) in a worker thread instead of on the event loop
+    grpc-echo         raw bytes in and out of a bare method: the transport floor
+
+Prints p50/p95 of one sequential client and queries per second of 16 concurrent ones (one
+channel, as ``search`` measures), and writes ``bench/results/search_parts.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from bench.corpus import CACHE, CorpusSpec, load_or_generate
+from bench.ours import CALL_TIMEOUT_S, _request, build_snapshot, embedder_info
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+
+RESULTS = Path(__file__).resolve().parent / "results" / "search_parts.json"
+VARIANTS = ("sidecar", "no-hooks", "canned", "search-in-thread")
+BLOCK = 20  # queries per turn, as the search suite's warm percentiles
+CONCURRENCY = 16
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _patch(variant: str) -> None:
+    """Swap the variant's part out of this (child) process."""
+    from sidecar import guards, service
+    from sidecar.engine import Engine
+
+    if variant == "no-hooks":
+        build = guards.Guards.build.__func__  # type: ignore[attr-defined]
+
+        def without_hooks(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            built = build(cls, *args, **kwargs)
+            return cls(built.limit, built.metrics, built.auth, (), built.options)
+
+        guards.Guards.build = classmethod(without_hooks)  # type: ignore[assignment]
+    elif variant == "canned":
+        search = service.RetrievalService.Search
+        stored: list[Any] = []
+
+        async def canned(self: Any, request: Any, context: Any) -> Any:
+            if not stored:
+                stored.append(await search(self, request, context))
+            return stored[0]
+
+        service.RetrievalService.Search = canned  # type: ignore[method-assign]
+    elif variant == "search-in-thread":
+        pool = ThreadPoolExecutor(os.cpu_count() or 1)
+
+        async def in_thread(self: Any, snapshot: Any, kb: str, query: str, budget: Any, *,
+                            embed: bool = True, vector: Any = None, **kw: Any) -> Any:  # fmt: skip
+            start = time.perf_counter()
+            if vector is None and embed:
+                vector = await self.vectors.get(query, budget.embed_deadline())
+            embed_ms = (time.perf_counter() - start) * 1000.0
+            rank = partial(self._rank, snapshot, kb, query, vector, embed_ms=embed_ms, **kw)
+            return await asyncio.get_running_loop().run_in_executor(pool, rank)
+
+        Engine._search = in_thread  # type: ignore[method-assign]
+
+
+def _start(variant: str, store: Path, dim: int, name: str) -> tuple[Any, dict[str, Any]]:
+    code = (
+        f"from bench.search_parts import _patch\n_patch({variant!r})\n"
+        "import uvloop\nfrom pathlib import Path\nfrom bench.sidecar_proc import run\n"
+        f"uvloop.run(run(Path({str(store)!r}), {dim}, {name!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{variant}: sidecar process exited with {proc.wait(5)}")
+    return proc, json.loads(line)
+
+
+async def _measure(
+    ports: dict[str, int], echo_port: int, queries: Any, blocks: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    requests = [_request(q) for q in queries]
+    channels = {name: grpc.aio.insecure_channel(f"127.0.0.1:{p}") for name, p in ports.items()}
+    channels["grpc-echo"] = grpc.aio.insecure_channel(f"127.0.0.1:{echo_port}")
+    calls: dict[str, Any] = {
+        name: pb_grpc.RetrievalStub(c).Search  # type: ignore[no-untyped-call]
+        for name, c in channels.items()
+        if name != "grpc-echo"
+    }
+    calls["grpc-echo"] = channels["grpc-echo"].unary_unary(
+        "/bench.Echo/Search",
+        request_serializer=pb.SearchRequest.SerializeToString,
+        response_deserializer=pb.SearchResponse.FromString,
+    )
+    try:
+        for call in calls.values():  # connect and warm every path
+            for r in requests[:200]:
+                await call(r, timeout=CALL_TIMEOUT_S)
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        for b in range(blocks):
+            for name, call in calls.items():
+                for i in range(BLOCK):
+                    r = requests[(b * BLOCK + i) % len(requests)]
+                    t0 = time.perf_counter()
+                    await call(r, timeout=CALL_TIMEOUT_S)
+                    samples[name].append(time.perf_counter() - t0)
+        per = 40  # calls per client per round
+        spent = {name: 0.0 for name in calls}
+        for _ in range(rounds):
+            for name, call in calls.items():
+
+                async def client(offset: int, call: Any = call) -> None:
+                    for i in range(per):
+                        r = requests[(offset * per + i) % len(requests)]
+                        await call(r, timeout=CALL_TIMEOUT_S)
+
+                t0 = time.perf_counter()
+                await asyncio.gather(*(client(c) for c in range(CONCURRENCY)))
+                spent[name] += time.perf_counter() - t0
+        out = {}
+        for name, xs in samples.items():
+            ms = np.asarray(xs) * 1000.0
+            out[name] = {
+                "p50_ms": round(float(np.percentile(ms, 50)), 4),
+                "p95_ms": round(float(np.percentile(ms, 95)), 4),
+                f"qps_concurrent_{CONCURRENCY}": round(per * CONCURRENCY * rounds / spent[name], 1),
+            }
+        return out
+    finally:
+        for channel in channels.values():
+            await channel.close(None)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=1536)
+    parser.add_argument("--queries", type=int, default=1000, help="as the corpus was cached with")
+    parser.add_argument("--blocks", type=int, default=150, help="turns of 20 sequential calls")
+    parser.add_argument("--rounds", type=int, default=4, help="throughput rounds per variant")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON file to write")
+    args = parser.parse_args(argv)
+    corpus = load_or_generate(CorpusSpec(n=args.n, dim=args.dim, queries=args.queries), CACHE)
+    snapshot, _ = build_snapshot(corpus, CACHE)
+    info = embedder_info(corpus)
+    started: dict[str, tuple[Any, dict[str, Any]]] = {}
+    try:
+        for variant in VARIANTS:
+            started[variant] = _start(variant, snapshot.parent.parent, info.dimension, info.name)
+        ports = {name: int(meta["port"]) for name, (_, meta) in started.items()}
+        echo_port = int(started["sidecar"][1]["echo_port"])
+        rows = asyncio.run(_measure(ports, echo_port, corpus.queries, args.blocks, args.rounds))
+    finally:
+        for proc, _ in started.values():
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            proc.stdin.close()  # it drains and exits
+            proc.wait(30)
+            proc.stdout.close()
+    result = {"n": args.n, "dim": args.dim, "variants": rows, "load_average": os.getloadavg()}
+    for name, row in rows.items():
+        print(f"{name:18} p50 {row['p50_ms']:.3f} ms  p95 {row['p95_ms']:.3f} ms  "
+              f"{row[f'qps_concurrent_{CONCURRENCY}']:>7} qps x{CONCURRENCY}")  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
