@@ -229,6 +229,16 @@ class LexicalIndex:
     def vocab_size(self) -> int:
         return len(self._terms)
 
+    def matching(self, query: str) -> IntArray:
+        """The doc ids holding any of the query's terms, in no particular order: what
+        ``search(query, len(self))`` returns (an idf is always positive, so every doc holding
+        a term scores above 0), read from the postings without scoring."""
+        tids = dict.fromkeys(self._terms[t] for t in analyze(query) if t in self._terms)
+        lists = [self._doc_ids[self._indptr[tid] : self._indptr[tid + 1]] for tid in tids]
+        if len(lists) == 1:
+            return lists[0]
+        return np.unique(np.concatenate(lists)) if lists else np.zeros(0, dtype=np.int32)
+
     def search(
         self,
         query: str,

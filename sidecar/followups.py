@@ -18,11 +18,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
-import numpy.typing as npt
 from cachetools import LRUCache
 
 from index.config import FollowupConfig
-from index.lexical import LexicalIndex, analyze
+from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.types import Chunk
 from sidecar.sessions import Session
@@ -241,31 +240,13 @@ def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[s
     def is_common(word: str, name: str) -> bool:
         owner = ids.get(name, -1)  # -1: a name no chunk gives as is (stripped), so no chunk's own
         name_words = words_of[owner] if owner >= 0 else frozenset(tokens(name))
-        others = entity_ids[_matching(lexical, word)]
+        others = entity_ids[lexical.matching(word)]
         others = others[others != owner]
         if name_words - {"the"} == {word}:
             others = others[~np.isin(others, named_with.get(word, []))]
         return bool(others.size >= COMMON_ELSEWHERE)
 
     return is_common
-
-
-def _matching(lexical: LexicalIndex, query: str) -> npt.NDArray[np.int32]:
-    """The doc ids ``lexical.search(query, len(lexical))`` returns, in no particular order.
-
-    BM25 scores every doc holding a query term above 0 (its idf is always positive), so these
-    are the union of the query terms' postings. They are read from the index's CSR arrays,
-    which LexicalIndex keeps private; a public ``postings(term)`` there would be the better
-    home for this (``test_followups`` holds it to ``search``).
-    """
-    terms = lexical._terms
-    lists = [
-        lexical._doc_ids[lexical._indptr[tid] : lexical._indptr[tid + 1]]
-        for tid in dict.fromkeys(terms[t] for t in analyze(query) if t in terms)
-    ]
-    if len(lists) == 1:
-        return lists[0]
-    return np.unique(np.concatenate(lists)) if lists else np.zeros(0, dtype=np.int32)
 
 
 def refers_back(text: str) -> bool:

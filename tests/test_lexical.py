@@ -86,6 +86,12 @@ def test_scores_and_top_are_search_in_two_steps(index: LexicalIndex) -> None:
         index.top(np.zeros(len(index) + 1, dtype=np.float32), 3)
 
 
+@pytest.mark.parametrize("query", ["cats", "running dogs", "the cats and the dogs", "zebra", ""])
+def test_matching_is_every_doc_search_scores(index: LexicalIndex, query: str) -> None:
+    found = {label for label, _ in index.search(query, len(index))}
+    assert set(index.matching(query).tolist()) == found
+
+
 def test_bm25_prefers_the_rarer_term() -> None:
     docs = [
         "apple banana",
