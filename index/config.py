@@ -21,6 +21,7 @@ LOCAL_MODEL = "all-MiniLM-L6-v2-int8"
 # OpenAI's rule for function names (Realtime, Responses and Chat Completions alike).
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_FUNCTION_LIMIT = 50  # the sidecar's largest search limit (sidecar.engine.MAX_LIMIT)
+MAX_WORKERS = 64  # processes: each holds every snapshot in memory
 MAX_EF_SEARCH = 4096  # past this an HNSW search visits most of any graph: use exact search
 MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
 SKIP_LANGUAGES = ("en",)  # the languages sidecar/skip.py ships word lists for
@@ -214,6 +215,7 @@ class SidecarConfig:
     max_concurrent_rpcs: int = 64
     max_message_bytes: int = 4 * 1024 * 1024
     metrics_listen: str = ""  # host:port for Prometheus; empty: no metrics endpoint
+    workers: int = 1  # processes serving `listen` together (sidecar/workers.py)
     log_level: str = "INFO"
     log_format: Literal["json", "text"] = "json"
     tls: TlsConfig = TlsConfig()
@@ -414,6 +416,14 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
         raise ConfigError(f"{where} [sidecar] keep_downloaded must be >= 1 (the serving version)")
     if sidecar.poll_seconds <= 0 or sidecar.http_timeout_s <= 0:
         raise ConfigError(f"{where} [sidecar] poll_seconds and http_timeout_s must be > 0")
+    if (
+        isinstance(sidecar.workers, bool)
+        or not isinstance(sidecar.workers, int)
+        or not (1 <= sidecar.workers <= MAX_WORKERS)
+    ):
+        raise ConfigError(
+            f"{where} [sidecar] workers must be a whole number from 1 to {MAX_WORKERS}"
+        )
     ef = sidecar.ef_search
     if isinstance(ef, bool) or not isinstance(ef, int) or not 0 <= ef <= MAX_EF_SEARCH:
         raise ConfigError(

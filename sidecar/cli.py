@@ -138,7 +138,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         store = Path(args.store).resolve()
     overrides = {"store": store, "listen": args.listen}
     config = config.with_overrides(**overrides)
-    from sidecar import logs
+    from sidecar import logs, workers
+
+    worker = os.environ.get(workers.WORKER_ENV)
+    if worker is None and config.sidecar.workers > 1:
+        workers.check(config)
+        argv = ["serve", "--config", str(args.config)]
+        argv += ["--listen", config.sidecar.listen, "--store", str(config.sidecar.store)]
+        return workers.supervise([*(["-v"] if args.verbose else []), *argv], config.sidecar.workers)
+    if worker is not None:
+        config = workers.worker_config(config, int(worker))
 
     logs.configure(
         level="DEBUG" if args.verbose else config.sidecar.log_level,

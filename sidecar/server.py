@@ -138,8 +138,12 @@ async def create_server(
         or (min(names) if len(names) == 1 else ""),
     )
     guards = Guards.build(config, engine, holder, lifecycle)
+    # Port sharing only between the workers of one sidecar: otherwise a second sidecar started
+    # on the same port fails to bind, rather than silently taking half the calls.
+    reuse_port = 1 if config.sidecar.workers > 1 else 0
     server = grpc.aio.server(
-        interceptors=guards.interceptors, options=[*guards.options, ("grpc.so_reuseport", 0)]
+        interceptors=guards.interceptors,
+        options=[*guards.options, ("grpc.so_reuseport", reuse_port)],
     )
     health = HealthServicer()
     pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]

@@ -1,0 +1,227 @@
+"""``[sidecar] workers``: real ``voxrecall serve`` processes sharing one port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from index.embedders.base import Embedder
+from index.errors import ConfigError
+from sidecar import workers
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from tests.hardening_kit import build_store, sidecar_config, toml_config
+from tests.test_metrics import scrape, value
+
+REPO = Path(__file__).resolve().parents[1]
+WAIT_S = 60.0  # a bound on waiting for processes (imports, snapshot loads), not a timing
+CHANNELS = 16  # connections the kernel spreads: all on one of two workers has odds 1 in 32,768
+
+
+def _free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports that are free now."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = int(probe.getsockname()[1])
+        if first + count > 65535:
+            continue
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise AssertionError("no free consecutive ports")
+
+
+class Supervisor:
+    """``voxrecall serve`` with workers = 2, its stderr collected line by line."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = _free_ports(1)
+        self.metrics = _free_ports(2)
+        config = root / "voxrecall.toml"
+        config.write_text(
+            toml_config(
+                root,
+                listen=f"127.0.0.1:{self.port}",
+                metrics_listen=f"127.0.0.1:{self.metrics}",
+                workers=2,
+                poll_seconds=3600,
+                log_format="text",
+            ),
+            encoding="utf-8",
+        )
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config)],
+            cwd=REPO, env={"PATH": os.environ.get("PATH", "")},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def worker_pids(self) -> list[int]:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                found = re.search(r"started 2 workers: pids (\d+) (\d+)", line)
+                if found:
+                    return [int(found.group(1)), int(found.group(2))]
+            assert self.proc.poll() is None, "".join(self.lines)
+            time.sleep(0.05)
+        raise AssertionError("no workers started:\n" + "".join(self.lines))
+
+    def wait_serving(self) -> None:
+        """Until both workers answer on their metrics ports and report SERVING."""
+        deadline = time.monotonic() + WAIT_S
+        for port in (self.metrics, self.metrics + 1):
+            while True:
+                assert self.proc.poll() is None, "".join(self.lines)
+                try:
+                    if value(scrape(port), "voxrecall_state", state="serving") == 1:
+                        break
+                except (urllib.error.URLError, ConnectionError):
+                    pass
+                assert time.monotonic() < deadline, "".join(self.lines)
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Whatever a test left running: the supervisor drains its workers on SIGTERM."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.wait()
+        self._reader.join(WAIT_S)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path, local_embedder: Embedder) -> Iterator[Supervisor]:
+    build_store(tmp_path, local_embedder)
+    started = Supervisor(tmp_path)
+    yield started
+    started.stop()
+    for pid in started.worker_pids():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # no worker outlives its supervisor
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_two_workers_share_the_port_and_drain_on_sigterm(supervisor: Supervisor) -> None:
+    pids = await asyncio.to_thread(supervisor.worker_pids)
+    await asyncio.to_thread(supervisor.wait_serving)
+    target = f"127.0.0.1:{supervisor.port}"
+    request = pb.SearchRequest(query="how do I reset my password", limit=3)
+    # own connections: channels of one process otherwise share one (gRPC's subchannel pool)
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(target, options=own) for _ in range(CHANNELS)]
+    try:
+        for channel in channels:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            answer = await stub.Search(request, timeout=WAIT_S)
+            assert answer.chunks[0].title == "Reset your password"
+    finally:
+        for channel in channels:
+            await channel.close()
+    searches = [
+        value(
+            await asyncio.to_thread(scrape, port),
+            "voxrecall_rpcs_total",
+            method="Search",
+            code="OK",
+        )
+        for port in (supervisor.metrics, supervisor.metrics + 1)
+    ]
+    assert sum(searches) == CHANNELS
+    assert all(n > 0 for n in searches), searches  # the kernel spread the connections
+
+    supervisor.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(supervisor.proc.wait, WAIT_S) == 0, "".join(supervisor.lines)
+    assert not any(_alive(pid) for pid in pids)
+    assert sum("draining" in line for line in supervisor.lines) == 2
+
+
+async def test_a_worker_that_dies_stops_the_sidecar_with_its_status(
+    supervisor: Supervisor,
+) -> None:
+    pids = await asyncio.to_thread(supervisor.worker_pids)
+    await asyncio.to_thread(supervisor.wait_serving)
+    os.kill(pids[0], signal.SIGKILL)
+    code = await asyncio.to_thread(supervisor.proc.wait, WAIT_S)
+    assert code == 128 + signal.SIGKILL, "".join(supervisor.lines)
+    assert not _alive(pids[1])  # the other worker was stopped, not left serving alone
+
+
+async def test_killing_the_supervisor_drains_its_workers(supervisor: Supervisor) -> None:
+    pids = await asyncio.to_thread(supervisor.worker_pids)
+    await asyncio.to_thread(supervisor.wait_serving)
+    supervisor.proc.kill()
+    await asyncio.to_thread(supervisor.proc.wait, WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "a worker outlived its supervisor"
+        await asyncio.sleep(0.05)
+
+
+def test_workers_need_fixed_ports(tmp_path: Path) -> None:
+    config = sidecar_config(tmp_path, workers=2, listen="127.0.0.1:0")
+    with pytest.raises(ConfigError, match="fixed port in listen"):
+        workers.check(config)
+    config = sidecar_config(
+        tmp_path, workers=2, listen="127.0.0.1:50051", metrics_listen="127.0.0.1:0"
+    )
+    with pytest.raises(ConfigError, match="fixed metrics_listen port"):
+        workers.check(config)
+    workers.check(sidecar_config(tmp_path, workers=1, listen="127.0.0.1:0"))  # one: any port
+
+
+def test_each_worker_has_its_own_metrics_port_and_download_cache(tmp_path: Path) -> None:
+    config = sidecar_config(
+        tmp_path, workers=3, listen="127.0.0.1:50051", metrics_listen="127.0.0.1:9464"
+    )
+    third = workers.worker_config(config, 2)
+    assert third.sidecar.metrics_listen == "127.0.0.1:9466"
+    assert third.sidecar.cache_dir == Path(config.sidecar.cache_dir) / "worker-2"
+    assert third.sidecar.listen == config.sidecar.listen
+
+
+@pytest.mark.parametrize("count", [0, 65, True, 1.5])
+def test_a_wrong_worker_count_is_a_config_error(tmp_path: Path, count: object) -> None:
+    with pytest.raises(ConfigError, match="workers must be a whole number"):
+        sidecar_config(tmp_path, workers=count)
