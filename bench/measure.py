@@ -3,8 +3,9 @@
 A system is either synchronous (``search`` from the calling thread; ``client`` makes an
 independent one for a worker thread) or asynchronous (``asearch`` on an event loop). Latency is a
 sequential single client, one query at a time, after a warm-up, with the systems taking turns
-(in blocks of queries, warm, and query by query, cold); throughput is ``concurrency`` clients at once (threads, or tasks on one loop)
-over a fixed number of queries, one system at a time.
+(in blocks of queries, warm, and query by query, cold); throughput is ``concurrency`` clients at
+once, each with its own connection as a separate caller has (threads, or tasks on one loop), over
+a fixed number of queries, one system at a time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -49,12 +51,19 @@ class SyncSystem(Protocol):
     def close(self) -> None: ...
 
 
+AsyncSearchFn = Callable[[F32], Awaitable[Sequence[int]]]
+
+
 @runtime_checkable
 class AsyncSystem(Protocol):
     name: str
     setting: dict[str, Any]
 
     async def asearch(self, query: F32) -> Sequence[int]: ...
+
+    def clients(self, n: int) -> AbstractAsyncContextManager[list[AsyncSearchFn]]:
+        """``n`` independent clients (each its own connection), for concurrent tasks."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -146,7 +155,8 @@ async def interleaved(
 async def throughput(system: System, queries: F32, plan: Plan) -> float:
     """Queries per second with ``plan.concurrency`` clients: tasks for async systems, else threads."""
     if isinstance(system, AsyncSystem):
-        return await qps_tasks(system.asearch, queries, plan)
+        async with system.clients(plan.concurrency) as searches:
+            return await qps_tasks(searches, queries, plan)
     return await asyncio.to_thread(qps_threads, system, queries, plan)
 
 
@@ -172,19 +182,19 @@ def qps_threads(system: SyncSystem, queries: F32, plan: Plan) -> float:
     return per * plan.concurrency / elapsed
 
 
-async def qps_tasks(
-    search: Callable[[F32], Awaitable[Sequence[int]]], queries: F32, plan: Plan
-) -> float:
-    """Queries per second with ``concurrency`` tasks on this loop, each one query at a time."""
-    per = max(1, plan.throughput_queries // plan.concurrency)
+async def qps_tasks(searches: Sequence[AsyncSearchFn], queries: F32, plan: Plan) -> float:
+    """Queries per second with one task per client on this loop, each one query at a time."""
+    per = max(1, plan.throughput_queries // len(searches))
+    for t, search in enumerate(searches):  # connect before the clock starts
+        await search(queries[t % len(queries)])
 
-    async def worker(offset: int) -> None:
+    async def worker(search: AsyncSearchFn, offset: int) -> None:
         for i in range(per):
             await search(queries[(offset + i) % len(queries)])
 
     start = time.perf_counter()
-    await asyncio.gather(*(worker(t * per) for t in range(plan.concurrency)))
-    return per * plan.concurrency / (time.perf_counter() - start)
+    await asyncio.gather(*(worker(search, t * per) for t, search in enumerate(searches)))
+    return per * len(searches) / (time.perf_counter() - start)
 
 
 def choose_ef(search_at: Callable[[int], SearchFn], corpus: Corpus, target: float) -> int:

@@ -9,10 +9,13 @@ method that answers with the same bytes and searches nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import grpc
 import numpy as np
 
 from bench.corpus import CACHE, F32, Corpus, digest
+from bench.measure import AsyncSearchFn
 from index.config import HnswConfig
 from index.embedders.base import EmbedderInfo
 from index.snapshot import FORMAT_VERSION, write_snapshot
@@ -102,34 +106,34 @@ def build_snapshot(corpus: Corpus, cache: Path = CACHE) -> tuple[Path, bool]:
 
 
 class SidecarProcess:
-    """``bench.sidecar_proc`` as a child process; ``close`` ends it (also when startup fails)."""
+    """``bench.sidecar_proc`` as child processes: one, or ``workers`` sharing one port as
+    ``voxrecall serve`` runs its workers; ``close`` ends them (also when startup fails)."""
 
-    def __init__(self, store: Path, info: EmbedderInfo, ef_search: int = 0) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.sidecar_proc",
-                "--store",
-                str(store),
-                "--dim",
-                str(info.dimension),
-                "--embedder",
-                info.name,
-                "--ef-search",
-                str(ef_search),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=Path(__file__).resolve().parents[1],
-            text=True,
-        )
+    def __init__(
+        self, store: Path, info: EmbedderInfo, ef_search: int = 0, workers: int = 1
+    ) -> None:
+        listen = f"127.0.0.1:{_free_port()}" if workers > 1 else "127.0.0.1:0"
+        args = [
+            sys.executable, "-m", "bench.sidecar_proc", "--store", str(store),
+            "--dim", str(info.dimension), "--embedder", info.name,
+            "--ef-search", str(ef_search), "--listen", listen, "--workers", str(workers),
+        ]  # fmt: skip
+        self.procs: list[subprocess.Popen[str]] = []
         try:
-            assert self.proc.stdout is not None
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"sidecar process exited with {self.proc.wait(5)}")
-            self.info: dict[str, Any] = json.loads(line)
+            infos = []
+            for _ in range(workers):
+                proc = subprocess.Popen(
+                    args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    cwd=Path(__file__).resolve().parents[1], text=True,
+                )  # fmt: skip
+                self.procs.append(proc)
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"sidecar process exited with {proc.wait(5)}")
+                infos.append(json.loads(line))
+            self.info: dict[str, Any] = infos[0]
+            self.info["load_s"] = max(i["load_s"] for i in infos)
         except BaseException:
             self.close()
             raise
@@ -143,16 +147,28 @@ class SidecarProcess:
         return int(self.info["echo_port"])
 
     def close(self) -> None:
-        """Close its stdin (it drains and exits), wait, and kill it if it will not stop."""
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+        """Close their stdin (they drain and exit), wait, and kill any that will not stop."""
+        for proc in self.procs:
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            proc.stdin.close()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# A channel of its own connection: channels of one process otherwise share one (gRPC's global
+# subchannel pool), and a worker serves a connection for as long as it lasts.
+OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 
 def _request(query: F32) -> pb.SearchRequest:
@@ -169,7 +185,8 @@ class Voxrecall:
 
     def __init__(self, port: int, setting: dict[str, Any], name: str = "voxrecall") -> None:
         self.name = name
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.target = f"127.0.0.1:{port}"
+        self.channel = grpc.aio.insecure_channel(self.target)
         self.stub = pb_grpc.RetrievalStub(self.channel)  # type: ignore[no-untyped-call]
         self.setting = setting
         self.server_ms: list[tuple[float, float]] = []  # (total_ms, search_ms) the server reports
@@ -178,6 +195,12 @@ class Voxrecall:
         resp: pb.SearchResponse = await self.stub.Search(_request(query), timeout=CALL_TIMEOUT_S)
         self.server_ms.append((resp.timings.total_ms, resp.timings.search_ms))
         return [int(c.chunk_id[1:]) for c in resp.chunks]
+
+    @contextlib.asynccontextmanager
+    async def clients(self, n: int) -> AsyncIterator[list[AsyncSearchFn]]:
+        async with _channels(self.target, n) as channels:
+            stubs = [pb_grpc.RetrievalStub(c) for c in channels]  # type: ignore[no-untyped-call]
+            yield [partial(_search_on, stub.Search) for stub in stubs]
 
     def server_timings(self, last: int) -> dict[str, float]:
         """p50 of what the engine itself timed, over the last ``last`` sequential calls."""
@@ -197,17 +220,41 @@ class GrpcEcho:
     name = "grpc-echo"
 
     def __init__(self, port: int, response_bytes: int) -> None:
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        self.call = self.channel.unary_unary(
-            "/bench.Echo/Search",
-            request_serializer=pb.SearchRequest.SerializeToString,
-            response_deserializer=pb.SearchResponse.FromString,
-        )
+        self.target = f"127.0.0.1:{port}"
+        self.channel = grpc.aio.insecure_channel(self.target)
+        self.call = _echo_call(self.channel)
         self.setting: dict[str, Any] = {"response_bytes": response_bytes}
 
     async def asearch(self, query: F32) -> Sequence[int]:
-        resp: pb.SearchResponse = await self.call(_request(query), timeout=CALL_TIMEOUT_S)
-        return [int(c.chunk_id[1:]) for c in resp.chunks]
+        return await _search_on(self.call, query)
+
+    @contextlib.asynccontextmanager
+    async def clients(self, n: int) -> AsyncIterator[list[AsyncSearchFn]]:
+        async with _channels(self.target, n) as channels:
+            yield [partial(_search_on, _echo_call(c)) for c in channels]
 
     async def aclose(self) -> None:
         await self.channel.close(None)
+
+
+def _echo_call(channel: grpc.aio.Channel) -> Any:
+    return channel.unary_unary(
+        "/bench.Echo/Search",
+        request_serializer=pb.SearchRequest.SerializeToString,
+        response_deserializer=pb.SearchResponse.FromString,
+    )
+
+
+async def _search_on(call: Any, query: F32) -> Sequence[int]:
+    resp: pb.SearchResponse = await call(_request(query), timeout=CALL_TIMEOUT_S)
+    return [int(c.chunk_id[1:]) for c in resp.chunks]
+
+
+@contextlib.asynccontextmanager
+async def _channels(target: str, n: int) -> AsyncIterator[list[grpc.aio.Channel]]:
+    channels = [grpc.aio.insecure_channel(target, options=OWN_CONNECTION) for _ in range(n)]
+    try:
+        yield channels
+    finally:
+        for channel in channels:
+            await channel.close(None)

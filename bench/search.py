@@ -16,10 +16,12 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,9 @@ MATCHED = "voxrecall-matched"
 ALL = (*CORE, MATCHED, *PEERS)
 APPROXIMATE = ("hnswlib", "voxrecall", MATCHED, "faiss-hnsw", "pgvector", "chroma", "qdrant")
 MIN_RECALL = 0.95
+# The sidecar runs as a deployment on this machine would: one worker process per core
+# ([sidecar] workers), as PostgreSQL serves each connection from a process of its own.
+WORKERS = os.cpu_count() or 1
 
 
 def _open_peer(name: str, corpus: Corpus, cache: Path) -> SyncSystem | dict[str, Any]:
@@ -145,13 +150,16 @@ def _measure_all(
             if built:
                 setting["build_s"] = build_s
             if wanted & {"voxrecall", "grpc-echo"}:
-                proc = SidecarProcess(snapshot.parent.parent, embedder_info(corpus))
+                proc = SidecarProcess(
+                    snapshot.parent.parent, embedder_info(corpus), workers=WORKERS
+                )
                 stack.callback(proc.close)
                 setting["load_s"] = round(proc.info["load_s"], 2)
+                setting["workers"] = WORKERS
                 if "voxrecall" in wanted:
-                    makers.append(lambda: Voxrecall(proc.port, setting))
+                    makers.append(partial(Voxrecall, proc.port, setting))
                 if "grpc-echo" in wanted:
-                    makers.append(lambda: GrpcEcho(proc.echo_port, proc.info["response_bytes"]))
+                    makers.append(partial(GrpcEcho, proc.echo_port, proc.info["response_bytes"]))
         for name in PEERS:
             if name not in wanted:
                 why = "--quick measures no peer" if quick else "not selected (--systems)"
@@ -171,10 +179,12 @@ def _measure_all(
                 target = calibration_recall(pg.search, corpus)
                 ef = choose_ef(floor.at, corpus, target)
                 floor.at(floor.setting["ef_search"])  # back to the snapshot's own
-                proc = SidecarProcess(snapshot.parent.parent, embedder_info(corpus), ef_search=ef)
-                stack.callback(proc.close)
+                other = SidecarProcess(
+                    snapshot.parent.parent, embedder_info(corpus), ef_search=ef, workers=WORKERS
+                )
+                stack.callback(other.close)
                 matched = {**setting, "ef_search": ef, "calibration_recall_to_reach": target}
-                makers.append(lambda: Voxrecall(proc.port, matched, name=MATCHED))
+                makers.append(partial(Voxrecall, other.port, matched, name=MATCHED))
         rows.update(asyncio.run(_measure(sync, makers, corpus, plan)))
     if "grpc-echo" in rows:
         rows["grpc-echo"]["recall_at_10"] = None  # it searches nothing

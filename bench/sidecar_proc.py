@@ -67,10 +67,18 @@ def echo_server(response: bytes) -> tuple[grpc.aio.Server, int]:
     return server, port
 
 
-async def run(store: Path, dim: int, embedder_name: str, ef_search: int = 0) -> None:
-    raw: dict[str, Any] = {
-        "sidecar": {"store": str(store), "listen": "127.0.0.1:0", "ef_search": ef_search}
-    }
+async def run(
+    store: Path,
+    dim: int,
+    embedder_name: str,
+    ef_search: int = 0,
+    listen: str = "127.0.0.1:0",
+    workers: int = 1,
+) -> None:
+    """``workers`` > 1: this process is one of that many on ``listen`` (a fixed port), as
+    ``voxrecall serve`` runs its workers (sidecar/workers.py) without the supervisor."""
+    sidecar_keys = {"ef_search": ef_search, "listen": listen, "workers": workers}
+    raw: dict[str, Any] = {"sidecar": {"store": str(store), **sidecar_keys}}
     config = parse_config(raw, base=store.parent)
     started = time.perf_counter()
     sidecar = await create_server(
@@ -108,8 +116,10 @@ def main() -> None:
     parser.add_argument(
         "--ef-search", type=int, default=0, help="[sidecar] ef_search (0: the snapshot's)"
     )
+    parser.add_argument("--listen", default="127.0.0.1:0")
+    parser.add_argument("--workers", type=int, default=1, help="[sidecar] workers")
     args = parser.parse_args()
-    uvloop.run(run(args.store, args.dim, args.embedder, args.ef_search))
+    uvloop.run(run(args.store, args.dim, args.embedder, args.ef_search, args.listen, args.workers))
 
 
 if __name__ == "__main__":
