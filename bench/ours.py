@@ -139,6 +139,11 @@ class SidecarProcess:
             raise
 
     @property
+    def proc(self) -> subprocess.Popen[str]:
+        """The first worker's process (the only one with ``workers=1``)."""
+        return self.procs[0]
+
+    @property
     def port(self) -> int:
         return int(self.info["port"])
 
