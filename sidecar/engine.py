@@ -167,7 +167,7 @@ class Engine:
         self._check_text(req.text, allow_empty=True)
         self._check_session(req.session_id)
         kb = req.knowledge_base or self.default_knowledge_base
-        snapshot = self._snapshot(kb)
+        snapshot = self.snapshot(kb)
         session = self.sessions.get(req.session_id)
         self.counters.turns += 1
 
@@ -224,7 +224,7 @@ class Engine:
         self._check_text(req.text, allow_empty=True)
         self._check_session(req.session_id)
         kb = req.knowledge_base or self.default_knowledge_base
-        snapshot = self._snapshot(kb)
+        snapshot = self.snapshot(kb)
         if req.speaker == Speaker.AGENT:
             return None
         if self.skip_policy.classify(req.text) is not Skip.NOT_SKIPPED:
@@ -268,7 +268,7 @@ class Engine:
         if not (-1.0 <= req.min_score <= 1.0):
             raise InvalidArgument(f"min_score must be between -1 and 1, got {req.min_score}")
         kb = req.knowledge_base or self.default_knowledge_base
-        snapshot = self._snapshot(kb)
+        snapshot = self.snapshot(kb)
         vector = self._vector_from_bytes(req.vector, snapshot) if req.vector else None
         result = await self._search(
             snapshot,
@@ -367,7 +367,8 @@ class Engine:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _snapshot(self, kb: str) -> LoadedSnapshot:
+    def snapshot(self, kb: str) -> LoadedSnapshot:
+        """The snapshot serving ``kb``, or the error a caller can act on."""
         if not kb:
             raise InvalidArgument("knowledge_base is empty and no default is configured")
         if kb not in self.known_bases:

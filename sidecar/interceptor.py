@@ -185,46 +185,17 @@ def _wrap(handler: Any, new_run: Callable[[Context], _Run]) -> grpc.RpcMethodHan
         "response_serializer": handler.response_serializer,
     }
     if handler.unary_unary:
-        inner = handler.unary_unary
-
-        async def unary_unary(request: Any, context: Context) -> Any:
-            run = new_run(context)
-            error: BaseException | None = None
-            try:
-                await run.begin()
-                await run.check(request)
-                response = await inner(request, context)
-                run.sent(response)
-                return response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                run.finish(error)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **kwargs)
+        return grpc.unary_unary_rpc_method_handler(
+            _single(handler.unary_unary, new_run, stream_in=False), **kwargs
+        )
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(
             _streaming(handler.unary_stream, new_run, stream_in=False), **kwargs
         )
     if handler.stream_unary:
-        inner_su = handler.stream_unary
-
-        async def stream_unary(requests: AsyncIterator[Any], context: Context) -> Any:
-            run = new_run(context)
-            error: BaseException | None = None
-            try:
-                await run.begin()
-                response = await inner_su(_checked(requests, run), context)
-                run.sent(response)
-                return response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                run.finish(error)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(
+            _single(handler.stream_unary, new_run, stream_in=True), **kwargs
+        )
     return grpc.stream_stream_rpc_method_handler(
         _streaming(handler.stream_stream, new_run, stream_in=True), **kwargs
     )
@@ -236,15 +207,36 @@ async def _checked(requests: AsyncIterator[Any], run: _Run) -> AsyncIterator[Any
         yield message
 
 
+async def _prepare(run: _Run, arg: Any, *, stream_in: bool) -> Any:
+    """Start the hooks, and check the request (or each one of a request stream as it comes)."""
+    await run.begin()
+    if stream_in:
+        return _checked(arg, run)
+    await run.check(arg)
+    return arg
+
+
+def _single(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: bool) -> Any:
+    """A behaviour with one response (unary-unary, stream-unary), with the hooks around it."""
+
+    async def behaviour(arg: Any, context: Context) -> Any:
+        run = new_run(context)
+        error: BaseException | None = None
+        try:
+            response = await inner(await _prepare(run, arg, stream_in=stream_in), context)
+            run.sent(response)
+            return response
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            run.finish(error)
+
+    return behaviour
+
+
 def _streaming(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: bool) -> Any:
     """A response-streaming behaviour, as an async generator or a coroutine like ``inner``."""
-
-    async def prepare(run: _Run, arg: Any) -> Any:
-        await run.begin()
-        if stream_in:
-            return _checked(arg, run)
-        await run.check(arg)
-        return arg
 
     if inspect.isasyncgenfunction(inner):
 
@@ -252,7 +244,7 @@ def _streaming(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: boo
             run = new_run(context)
             error: BaseException | None = None
             try:
-                arg = await prepare(run, arg)
+                arg = await _prepare(run, arg, stream_in=stream_in)
                 async for response in inner(arg, context):
                     run.sent(response)
                     yield response
@@ -268,7 +260,7 @@ def _streaming(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: boo
         run = new_run(context)
         error: BaseException | None = None
         try:
-            arg = await prepare(run, arg)
+            arg = await _prepare(run, arg, stream_in=stream_in)
             await inner(arg, _Observed(context, run.sent))
         except BaseException as exc:
             error = exc

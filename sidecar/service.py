@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from index.errors import SnapshotNotFound, VoxrecallError
+from index.errors import VoxrecallError
 from sidecar import __version__
-from sidecar.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
-from sidecar.errors import InvalidArgument, NotFound, status_for
+from sidecar.engine import Engine, SearchInput, Speaker, Timings, TurnInput, TurnResult
+from sidecar.errors import InvalidArgument, status_for
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
@@ -66,6 +66,12 @@ def chunk_message(hit: Hit) -> pb.Chunk:
     )
 
 
+def timings_message(timings: Timings) -> pb.Timings:
+    return pb.Timings(
+        embed_ms=timings.embed_ms, search_ms=timings.search_ms, total_ms=timings.total_ms
+    )
+
+
 def _chunks(hits: Iterable[Hit]) -> list[pb.Chunk]:
     return [chunk_message(h) for h in hits]
 
@@ -105,11 +111,7 @@ def turn_response(result: TurnResult) -> pb.TurnResponse:
         skipped=result.skipped.name,
         degraded=result.degraded,
         query=result.query,
-        timings=pb.Timings(
-            embed_ms=result.timings.embed_ms,
-            search_ms=result.timings.search_ms,
-            total_ms=result.timings.total_ms,
-        ),
+        timings=timings_message(result.timings),
         snapshot_version=result.snapshot_version,
         truncated=result.truncated,
     )
@@ -192,11 +194,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         )
         return pb.SearchResponse(
             chunks=_chunks(result.hits),
-            timings=pb.Timings(
-                embed_ms=result.timings.embed_ms,
-                search_ms=result.timings.search_ms,
-                total_ms=result.timings.total_ms,
-            ),
+            timings=timings_message(result.timings),
             snapshot_version=result.snapshot_version,
             degraded=result.degraded,
         )
@@ -282,14 +280,9 @@ class RetrievalService(pb_grpc.RetrievalServicer):
     @_errors
     async def ReadPage(self, request: pb.ReadPageRequest, context: Context) -> pb.ReadPageResponse:
         self.lifecycle.check_accepting()
-        kb = request.knowledge_base or self.engine.default_knowledge_base
-        if not kb:
-            raise InvalidArgument("knowledge_base is empty and no default is configured")
-        if kb not in self.engine.known_bases:
-            raise NotFound(f"unknown knowledge base {kb!r}")
-        snapshot = self.holder.get(kb)
-        if snapshot is None:
-            raise SnapshotNotFound(f"knowledge base {kb!r} has no snapshot loaded yet")
+        snapshot = self.engine.snapshot(
+            request.knowledge_base or self.engine.default_knowledge_base
+        )
         page = await self.pages.read(snapshot, request.source_path, request.source)
         return pb.ReadPageResponse(
             title=page.title,
