@@ -11,6 +11,7 @@ a fixed number of queries, one system at a time.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,6 +32,13 @@ WARM_BLOCK = 20  # queries a system answers in a row when timed warm: short, so 
 REWARM = 5  # untimed queries before each warm block: the other systems' turns evicted caches
 # The ef values a system's setting is chosen from: the smallest reaching the target recall.
 EF_LADDER = (10, 16, 24, 32, 40, 48, 64, 80, 96, 128, 192, 256, 384, 512)
+
+
+def free_port() -> int:
+    """A loopback port free now, for a server a benchmark starts (a sidecar's workers share one)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 class Unavailable(Exception):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +22,7 @@ import grpc
 import numpy as np
 
 from bench.corpus import CACHE, F32, Corpus, digest
-from bench.measure import AsyncSearchFn
+from bench.measure import AsyncSearchFn, free_port
 from index.config import HnswConfig
 from index.embedders.base import EmbedderInfo
 from index.snapshot import FORMAT_VERSION, write_snapshot
@@ -112,7 +111,7 @@ class SidecarProcess:
     def __init__(
         self, store: Path, info: EmbedderInfo, ef_search: int = 0, workers: int = 1
     ) -> None:
-        listen = f"127.0.0.1:{_free_port()}" if workers > 1 else "127.0.0.1:0"
+        listen = f"127.0.0.1:{free_port()}" if workers > 1 else "127.0.0.1:0"
         args = [
             sys.executable, "-m", "bench.sidecar_proc", "--store", str(store),
             "--dim", str(info.dimension), "--embedder", info.name,
@@ -163,12 +162,6 @@ class SidecarProcess:
                 proc.kill()
                 proc.wait()
             proc.stdout.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # A channel of its own connection: channels of one process otherwise share one (gRPC's global

@@ -42,10 +42,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _start(store: Path, dim: int, name: str, profile: Path | None) -> tuple[Any, dict[str, Any]]:
+def _start(
+    store: Path, dim: int, name: str, profile: Path | None, prelude: str = ""
+) -> tuple[Any, dict[str, Any]]:
+    """``bench.sidecar_proc`` in a child, under cProfile with ``profile``, after ``prelude``
+    (code run first in the child: ``bench.search_parts`` swaps a part out there)."""
     args = f"Path({str(store)!r}), {dim}, {name!r}"
     serve = f"uvloop.run(run({args}))"
-    code = "import uvloop\nfrom pathlib import Path\nfrom bench.sidecar_proc import run\n"
+    code = prelude + "import uvloop\nfrom pathlib import Path\nfrom bench.sidecar_proc import run\n"
     code += f"import cProfile\ncProfile.run({serve!r}, {str(profile)!r})" if profile else serve
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -62,11 +66,13 @@ def _start(store: Path, dim: int, name: str, profile: Path | None) -> tuple[Any,
 
 
 def _stop(proc: Any) -> None:
-    proc.stdin.close()
+    proc.stdin.close()  # it drains and exits
     try:
         proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
+    proc.stdout.close()
 
 
 async def cpu_per_request(info: dict[str, Any], pid: int, queries: Any) -> dict[str, Any]:

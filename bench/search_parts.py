@@ -21,8 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -34,6 +32,7 @@ import numpy as np
 
 from bench.corpus import CACHE, CorpusSpec, load_or_generate
 from bench.ours import CALL_TIMEOUT_S, _request, build_snapshot, embedder_info
+from bench.profile_search import _start, _stop
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
@@ -41,7 +40,6 @@ RESULTS = Path(__file__).resolve().parent / "results" / "search_parts.json"
 VARIANTS = ("sidecar", "no-hooks", "canned", "search-in-thread")
 BLOCK = 20  # queries per turn, as the search suite's warm percentiles
 CONCURRENCY = 16
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _patch(variant: str) -> None:
@@ -82,23 +80,6 @@ def _patch(variant: str) -> None:
         Engine._search = in_thread  # type: ignore[method-assign]
 
 
-def _start(variant: str, store: Path, dim: int, name: str) -> tuple[Any, dict[str, Any]]:
-    code = (
-        f"from bench.search_parts import _patch\n_patch({variant!r})\n"
-        "import uvloop\nfrom pathlib import Path\nfrom bench.sidecar_proc import run\n"
-        f"uvloop.run(run(Path({str(store)!r}), {dim}, {name!r}))"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
-        text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"{variant}: sidecar process exited with {proc.wait(5)}")
-    return proc, json.loads(line)
-
-
 async def _measure(
     ports: dict[str, int], echo_port: int, queries: Any, blocks: int, rounds: int
 ) -> dict[str, dict[str, float]]:
@@ -116,9 +97,12 @@ async def _measure(
         response_deserializer=pb.SearchResponse.FromString,
     )
     try:
-        for call in calls.values():  # connect and warm every path
+        # connect and warm every path; the top chunks show what each variant answers
+        answers: dict[str, list[str]] = {name: [] for name in calls}
+        for name, call in calls.items():
             for r in requests[:200]:
-                await call(r, timeout=CALL_TIMEOUT_S)
+                reply = await call(r, timeout=CALL_TIMEOUT_S)
+                answers[name].append(reply.chunks[0].chunk_id)
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for b in range(blocks):
             for name, call in calls.items():
@@ -147,6 +131,8 @@ async def _measure(
                 "p50_ms": round(float(np.percentile(ms, 50)), 4),
                 "p95_ms": round(float(np.percentile(ms, 95)), 4),
                 f"qps_concurrent_{CONCURRENCY}": round(per * CONCURRENCY * rounds / spent[name], 1),
+                "same_answers_as_sidecar": answers[name] == answers["sidecar"],
+                "distinct_top_chunks": len(set(answers[name])),
             }
         return out
     finally:
@@ -169,17 +155,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started: dict[str, tuple[Any, dict[str, Any]]] = {}
     try:
         for variant in VARIANTS:
-            started[variant] = _start(variant, snapshot.parent.parent, info.dimension, info.name)
+            patch = f"from bench.search_parts import _patch\n_patch({variant!r})\n"
+            store = snapshot.parent.parent
+            started[variant] = _start(store, info.dimension, info.name, None, prelude=patch)
         ports = {name: int(meta["port"]) for name, (_, meta) in started.items()}
         echo_port = int(started["sidecar"][1]["echo_port"])
         rows = asyncio.run(_measure(ports, echo_port, corpus.queries, args.blocks, args.rounds))
     finally:
         for proc, _ in started.values():
-            assert proc.stdin is not None
-            assert proc.stdout is not None
-            proc.stdin.close()  # it drains and exits
-            proc.wait(30)
-            proc.stdout.close()
+            _stop(proc)
     result = {"n": args.n, "dim": args.dim, "variants": rows, "load_average": os.getloadavg()}
     for name, row in rows.items():
         print(f"{name:18} p50 {row['p50_ms']:.3f} ms  p95 {row['p95_ms']:.3f} ms  "

@@ -29,7 +29,6 @@ import platform
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.measure import free_port
 from index.embedders.base import EmbedderInfo, normalise
 from index.snapshot import (
     FORMAT_VERSION,
@@ -170,13 +170,6 @@ class Versions:
         except TimeoutError:
             return None
         return self.first_seen[version]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def write_config(folder: Path, store: Path, port: int) -> Path:

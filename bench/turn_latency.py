@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.corpus import CACHE
+from bench.measure import free_port
 from index.build import build_knowledge_base
 from index.config import Config, load_config
 from index.embedders.local import LocalEmbedder
@@ -114,12 +114,6 @@ def workload(quick: bool) -> list[list[str]]:
 
 
 # -- processes -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_openai_server() -> tuple[subprocess.Popen[str], int]:

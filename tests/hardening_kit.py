@@ -10,7 +10,11 @@ then parses its own ``[sidecar]`` keys over the same store.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -159,3 +163,54 @@ async def running(config: Config, embedder: Embedder) -> AsyncIterator[Sidecar]:
 
 def bearer(token: str) -> tuple[tuple[str, str]]:
     return (("authorization", f"Bearer {token}"),)
+
+
+REPO = Path(__file__).resolve().parents[1]
+PROCESS_WAIT_S = 60.0  # a bound on waiting for a process (imports, snapshot loads), not a timing
+
+
+class ServeProcess:
+    """``voxrecall serve --config CONFIG [ARGS]`` as a child process, its stderr collected line
+    by line (its log)."""
+
+    def __init__(self, config: Path, env: dict[str, str], *args: str) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), *args],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str) -> re.Match[str]:
+        """The first log line matching ``pattern``; fails if the process exits first."""
+        deadline = time.monotonic() + PROCESS_WAIT_S
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                found = re.search(pattern, line)
+                if found:
+                    return found
+            assert self.proc.poll() is None, self.log()
+            time.sleep(0.05)
+        raise AssertionError(f"no log line matched {pattern!r}:\n{self.log()}")
+
+    def stop(self) -> None:
+        """Whatever a test left running: SIGTERM (a drain), then SIGKILL if it will not stop."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(PROCESS_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.wait()
+        self._reader.join(PROCESS_WAIT_S)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()

@@ -116,10 +116,17 @@ def test_pgvector_is_compared_at_equal_recall() -> None:
 def test_search_parts_swaps_each_part_in_its_own_process(tmp_path: Path) -> None:
     tiny = ["--n", "2000", "--dim", "384", "--queries", "100", "--blocks", "1", "--rounds", "1"]
     result = search_parts.main([*tiny, "--out", str(tmp_path / "parts.json")])
-    assert set(result["variants"]) == {*search_parts.VARIANTS, "grpc-echo"}
-    for row in result["variants"].values():
+    rows = result["variants"]
+    assert set(rows) == {*search_parts.VARIANTS, "grpc-echo"}
+    for row in rows.values():
         assert row["p50_ms"] > 0
         assert row["qps_concurrent_16"] > 0
+    # each swap took effect in its own process, and only there
+    assert rows["sidecar"]["distinct_top_chunks"] > 1
+    assert rows["no-hooks"]["same_answers_as_sidecar"]
+    assert rows["search-in-thread"]["same_answers_as_sidecar"]
+    assert rows["canned"]["distinct_top_chunks"] == 1  # one stored answer for every query
+    assert rows["grpc-echo"]["distinct_top_chunks"] == 1
 
 
 def test_scale_extrapolation_is_marked_and_follows_the_measured_trend() -> None:

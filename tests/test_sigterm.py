@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,13 +21,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from index.embedders.remote import OpenAIEmbedder
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from tests.hardening_kit import build_store, sidecar_config, toml_config
+from tests.hardening_kit import (
+    PROCESS_WAIT_S,
+    ServeProcess,
+    build_store,
+    sidecar_config,
+    toml_config,
+)
 from tests.openai_server import Behaviour, OpenAIServer
 
-REPO = Path(__file__).resolve().parents[1]
-WAIT_S = (
-    60.0  # a bound on waiting for the process (start-up imports on a busy machine), not a timing
-)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 TURN = pb.TurnRequest(
@@ -43,44 +41,6 @@ def stub_for(channel: grpc.aio.Channel) -> pb_grpc.RetrievalStub:
     return pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
 
 
-class Process:
-    """``voxrecall serve`` as a child process; its stderr is collected line by line."""
-
-    def __init__(self, config: Path, env: dict[str, str]) -> None:
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config),
-             "--listen", "127.0.0.1:0"],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def port(self) -> int:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                found = re.search(r"listening on port (\d+)", line)
-                if found:
-                    return int(found.group(1))
-            assert self.proc.poll() is None, "".join(self.lines)
-            time.sleep(0.05)
-        raise AssertionError("the sidecar did not start:\n" + "".join(self.lines))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self._reader.join(WAIT_S)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-
-
 @pytest.fixture(scope="module")
 def openai() -> Iterator[OpenAIServer]:
     server = OpenAIServer().start()
@@ -88,7 +48,7 @@ def openai() -> Iterator[OpenAIServer]:
     server.stop()
 
 
-Start = Callable[[float], Process]
+Start = Callable[[float], ServeProcess]
 
 
 @pytest.fixture
@@ -98,9 +58,9 @@ def serve(tmp_path: Path, openai: OpenAIServer) -> Iterator[Start]:
     embedder = OpenAIEmbedder(sidecar_config(tmp_path, embedder=provider).embedder)
     build_store(tmp_path, embedder, provider)
     asyncio.run(embedder.aclose())
-    started: list[Process] = []
+    started: list[ServeProcess] = []
 
-    def start(grace_s: float) -> Process:
+    def start(grace_s: float) -> ServeProcess:
         config = tmp_path / "voxrecall.toml"
         config.write_text(
             toml_config(
@@ -109,7 +69,7 @@ def serve(tmp_path: Path, openai: OpenAIServer) -> Iterator[Start]:
             encoding="utf-8",
         )
         env = {"PATH": os.environ.get("PATH", ""), "OPENAI_API_KEY": "unused-by-the-test-server"}
-        started.append(Process(config, env))
+        started.append(ServeProcess(config, env, "--listen", "127.0.0.1:0"))
         return started[-1]
 
     yield start
@@ -118,8 +78,13 @@ def serve(tmp_path: Path, openai: OpenAIServer) -> Iterator[Start]:
     openai.set(Behaviour())
 
 
+async def _target(process: ServeProcess) -> str:
+    found = await asyncio.to_thread(process.wait_for, r"listening on port (\d+)")
+    return f"127.0.0.1:{found.group(1)}"
+
+
 async def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + PROCESS_WAIT_S
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
@@ -129,7 +94,7 @@ async def test_sigterm_drains_the_call_in_flight_refuses_new_ones_and_exits_zero
     serve: Start, openai: OpenAIServer
 ) -> None:
     process = serve(30)
-    target = f"127.0.0.1:{await asyncio.to_thread(process.port)}"
+    target = await _target(process)
     async with grpc.aio.insecure_channel(target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=10)).status == SERVING
@@ -138,7 +103,7 @@ async def test_sigterm_drains_the_call_in_flight_refuses_new_ones_and_exits_zero
 
         openai.set(Behaviour(latency="1500"))
         before = openai.requests
-        in_flight = stub_for(channel).Turn(TURN, timeout=WAIT_S)  # starts now
+        in_flight = stub_for(channel).Turn(TURN, timeout=PROCESS_WAIT_S)  # starts now
         await _wait_for(lambda: openai.requests > before, "the turn's embedding request")
         process.proc.send_signal(signal.SIGTERM)
 
@@ -152,8 +117,8 @@ async def test_sigterm_drains_the_call_in_flight_refuses_new_ones_and_exits_zero
         assert answered.chunks
         assert not answered.degraded
         watch.cancel()
-    code = await asyncio.to_thread(process.proc.wait, WAIT_S)
-    assert code == 0, "".join(process.lines)
+    code = await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S)
+    assert code == 0, process.log()
     assert any("draining" in line for line in process.lines)
 
 
@@ -161,24 +126,24 @@ async def test_a_call_outliving_the_grace_period_is_cut_and_the_process_still_ex
     serve: Start, openai: OpenAIServer
 ) -> None:
     process = serve(0.5)
-    target = f"127.0.0.1:{await asyncio.to_thread(process.port)}"
+    target = await _target(process)
     async with grpc.aio.insecure_channel(target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=10)).status == SERVING
         openai.set(Behaviour(hang=True))
         before = openai.requests
-        in_flight = stub_for(channel).Turn(TURN, timeout=WAIT_S)  # starts now
+        in_flight = stub_for(channel).Turn(TURN, timeout=PROCESS_WAIT_S)  # starts now
         await _wait_for(lambda: openai.requests > before, "the turn's embedding request")
         process.proc.send_signal(signal.SIGTERM)
         with pytest.raises(grpc.aio.AioRpcError) as cut:
             await in_flight
         assert cut.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
-    code = await asyncio.to_thread(process.proc.wait, WAIT_S)
-    assert code == 0, "".join(process.lines)
+    code = await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S)
+    assert code == 0, process.log()
 
 
 async def test_sigint_stops_an_idle_sidecar_with_exit_zero(serve: Start) -> None:
     process = serve(1)
-    await asyncio.to_thread(process.port)
+    await _target(process)
     process.proc.send_signal(signal.SIGINT)
-    assert await asyncio.to_thread(process.proc.wait, WAIT_S) == 0
+    assert await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S) == 0

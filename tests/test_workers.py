@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -24,11 +20,15 @@ from index.errors import ConfigError
 from sidecar import workers
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from tests.hardening_kit import build_store, sidecar_config, toml_config
+from tests.hardening_kit import (
+    PROCESS_WAIT_S,
+    ServeProcess,
+    build_store,
+    sidecar_config,
+    toml_config,
+)
 from tests.test_metrics import scrape, value
 
-REPO = Path(__file__).resolve().parents[1]
-WAIT_S = 60.0  # a bound on waiting for processes (imports, snapshot loads), not a timing
 CHANNELS = 16  # connections the kernel spreads: all on one of two workers has odds 1 in 32,768
 
 
@@ -50,8 +50,8 @@ def _free_ports(count: int) -> int:
     raise AssertionError("no free consecutive ports")
 
 
-class Supervisor:
-    """``voxrecall serve`` with workers = 2, its stderr collected line by line."""
+class Supervisor(ServeProcess):
+    """``voxrecall serve`` with workers = 2 on free ports."""
 
     def __init__(self, root: Path) -> None:
         self.port = _free_ports(1)
@@ -68,57 +68,25 @@ class Supervisor:
             ),
             encoding="utf-8",
         )
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config)],
-            cwd=REPO, env={"PATH": os.environ.get("PATH", "")},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
+        super().__init__(config, {"PATH": os.environ.get("PATH", "")})
 
     def worker_pids(self) -> list[int]:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                found = re.search(r"started 2 workers: pids (\d+) (\d+)", line)
-                if found:
-                    return [int(found.group(1)), int(found.group(2))]
-            assert self.proc.poll() is None, "".join(self.lines)
-            time.sleep(0.05)
-        raise AssertionError("no workers started:\n" + "".join(self.lines))
+        found = self.wait_for(r"started 2 workers: pids (\d+) (\d+)")
+        return [int(found.group(1)), int(found.group(2))]
 
     def wait_serving(self) -> None:
         """Until both workers answer on their metrics ports and report SERVING."""
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + PROCESS_WAIT_S
         for port in (self.metrics, self.metrics + 1):
             while True:
-                assert self.proc.poll() is None, "".join(self.lines)
+                assert self.proc.poll() is None, self.log()
                 try:
                     if value(scrape(port), "voxrecall_state", state="serving") == 1:
                         break
                 except (urllib.error.URLError, ConnectionError):
                     pass
-                assert time.monotonic() < deadline, "".join(self.lines)
+                assert time.monotonic() < deadline, self.log()
                 time.sleep(0.1)
-
-    def stop(self) -> None:
-        """Whatever a test left running: the supervisor drains its workers on SIGTERM."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait()
-        self._reader.join(WAIT_S)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
 
 
 @pytest.fixture
@@ -151,14 +119,14 @@ async def test_two_workers_share_the_port_and_drain_on_sigterm(supervisor: Super
     try:
         for channel in channels:
             health = health_pb2_grpc.HealthStub(channel)
-            reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S)
+            reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=PROCESS_WAIT_S)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
             stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
-            answer = await stub.Search(request, timeout=WAIT_S)
+            answer = await stub.Search(request, timeout=PROCESS_WAIT_S)
             assert answer.chunks[0].title == "Reset your password"
     finally:
         for channel in channels:
-            await channel.close()
+            await channel.close(None)
     searches = [
         value(
             await asyncio.to_thread(scrape, port),
@@ -172,7 +140,7 @@ async def test_two_workers_share_the_port_and_drain_on_sigterm(supervisor: Super
     assert all(n > 0 for n in searches), searches  # the kernel spread the connections
 
     supervisor.proc.send_signal(signal.SIGTERM)
-    assert await asyncio.to_thread(supervisor.proc.wait, WAIT_S) == 0, "".join(supervisor.lines)
+    assert await asyncio.to_thread(supervisor.proc.wait, PROCESS_WAIT_S) == 0, supervisor.log()
     assert not any(_alive(pid) for pid in pids)
     assert sum("draining" in line for line in supervisor.lines) == 2
 
@@ -183,8 +151,8 @@ async def test_a_worker_that_dies_stops_the_sidecar_with_its_status(
     pids = await asyncio.to_thread(supervisor.worker_pids)
     await asyncio.to_thread(supervisor.wait_serving)
     os.kill(pids[0], signal.SIGKILL)
-    code = await asyncio.to_thread(supervisor.proc.wait, WAIT_S)
-    assert code == 128 + signal.SIGKILL, "".join(supervisor.lines)
+    code = await asyncio.to_thread(supervisor.proc.wait, PROCESS_WAIT_S)
+    assert code == 128 + signal.SIGKILL, supervisor.log()
     assert not _alive(pids[1])  # the other worker was stopped, not left serving alone
 
 
@@ -192,8 +160,8 @@ async def test_killing_the_supervisor_drains_its_workers(supervisor: Supervisor)
     pids = await asyncio.to_thread(supervisor.worker_pids)
     await asyncio.to_thread(supervisor.wait_serving)
     supervisor.proc.kill()
-    await asyncio.to_thread(supervisor.proc.wait, WAIT_S)
-    deadline = time.monotonic() + WAIT_S
+    await asyncio.to_thread(supervisor.proc.wait, PROCESS_WAIT_S)
+    deadline = time.monotonic() + PROCESS_WAIT_S
     while any(_alive(pid) for pid in pids):
         assert time.monotonic() < deadline, "a worker outlived its supervisor"
         await asyncio.sleep(0.05)

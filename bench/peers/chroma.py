@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import F32, Corpus
-from bench.measure import SearchFn, Unavailable, choose_ef
+from bench.measure import SearchFn, Unavailable, choose_ef, free_port
 from bench.peers import EF_CONSTRUCTION, M
 
 COLLECTION = "bench"
 MAX_BODY_BYTES = 8_000_000  # a float is ~12 bytes of JSON; 1536-d rows then go ~430 at a time
 STARTUP_TIMEOUT_S = 120.0  # a restart loads the whole collection's index from disk
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Chroma:
@@ -76,7 +69,7 @@ class Chroma:
         return self.chromadb.HttpClient(host="127.0.0.1", port=self.port, settings=settings)
 
     def _start(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         env = {**os.environ, "ANONYMIZED_TELEMETRY": "False"}
         self.proc = subprocess.Popen(
             [

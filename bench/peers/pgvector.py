@@ -14,7 +14,6 @@ import importlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -22,18 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import F32, Corpus
-from bench.measure import SearchFn, Unavailable, choose_ef
+from bench.measure import SearchFn, Unavailable, choose_ef, free_port
 from bench.peers import EF_CONSTRUCTION, M
 
 SHARED_BUFFERS = "2GB"  # holds a 100k x 1536 table and its index, as a tuned server would
 CONNECT_TIMEOUT_S = 30
 QUERY = "SELECT id FROM items ORDER BY embedding <#> %s LIMIT %s"  # <#>: negative inner product
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PgVector:
@@ -61,7 +54,7 @@ class PgVector:
             # initdb (and, as root, the server's own user and folder permissions), then stop:
             # pgserver serves on a Unix socket only, and we want loopback TCP
             pgserver.get_server(self.pgdata, cleanup_mode="stop").cleanup()
-        self.port = _free_port()
+        self.port = free_port()
         self._pg_ctl(
             "-w", "-t", "120", "-l", str(self.pgdata / "log"), "start", "-o",
             f"-h 127.0.0.1 -p {self.port} -k '' -c shared_buffers={SHARED_BUFFERS}",
