@@ -42,7 +42,7 @@ import orjson
 
 from index.build import embed_chunks
 from index.chunker import chunk_page
-from index.config import Config, parse_config
+from index.config import Config, HnswConfig, parse_config
 from index.embedders.base import Embedder
 from index.lexical import SPOKEN_STOPWORDS
 from index.snapshot import FORMAT_VERSION, LoadedSnapshot, page_key, write_snapshot
@@ -58,6 +58,7 @@ RESULTS = ROOT / "results" / "quality_turns.json"
 CACHE = ROOT / ".cache"
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 KB = "dstc11"
+HNSW = HnswConfig()  # the product's defaults, as a user's build would use
 SHORT_WORDS = 4  # "short" turns: backchannels, closings, and questions like "Is it quiet?"
 QUICK_ENTITIES = 4  # the most-judged entities: ~350 snippets, embedded in seconds
 QUICK_TURNS = 300
@@ -172,9 +173,9 @@ def dstc_store(data: Dstc, embedder: Embedder) -> Path:
         vectors=vectors,
         pages={page_key(p.source, p.source_path): p.text for p in pages},
         page_count=len(pages),
-        hnsw_m=16,
-        hnsw_ef_construction=200,
-        target_recall=0.98,
+        hnsw_m=HNSW.m,
+        hnsw_ef_construction=HNSW.ef_construction,
+        target_recall=HNSW.target_recall,
         sources=[KB],
     )
     store.publish(KB, staging, version)
