@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.shared_data import SHARED_DATA
+
 # One BLAS thread: a single query's matrix-vector product gains nothing from more, and on a
 # loaded two-core machine OpenBLAS's spinning threads were measured to make it 3x slower. Set
 # before numpy is imported, here and in the sidecar processes that inherit the environment.
@@ -30,7 +32,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-SHARED_DATA = REPO.parent / "shared" / "data"
 SUITES = ("search", "turn", "quality", "scale")
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import orjson
 
+from bench.shared_data import SHARED_DATA
 from index.lexical import SPOKEN_STOPWORDS, LexicalIndex
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
+DEFAULT_DATA = SHARED_DATA / "scifact"
 SETTINGS = [(0.9, 0.4), (1.2, 0.75)]  # Anserini's and Lucene's defaults
 QUERY_STOPWORDS = {"lucene33": frozenset[str](), "lucene33+spoken": SPOKEN_STOPWORDS}
 

@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.shared_data import SHARED_DATA
 from index.build import BuildSummary, build_knowledge_base
 from index.config import Config, EmbedderConfig, parse_config
 from index.embedders.base import Embedder
 from index.embedders.factory import make_embedder
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = SHARED_DATA
 RCLONE = SHARED / "docs-rclone" / "docs"
 DSTC = SHARED / "dstc11-faq-reviews" / "corpus.jsonl"
 RESULTS = Path(__file__).resolve().parent / "results" / "index_build.json"

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench.shared_data import SHARED_DATA
 from index.build import embed_chunks
 from index.chunker import chunk_page
 from index.config import Config, HnswConfig, parse_config
@@ -56,7 +57,7 @@ from sidecar.skip import Skip, SkipPolicy, words
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "quality_turns.json"
 CACHE = ROOT / ".cache"
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DEFAULT_DATA = SHARED_DATA
 KB = "dstc11"
 HNSW = HnswConfig()  # the product's defaults, as a user's build would use
 SHORT_WORDS = 4  # "short" turns: backchannels, closings, and questions like "Is it quiet?"

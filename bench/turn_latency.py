@@ -40,6 +40,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.corpus import CACHE
 from bench.measure import free_port
+from bench.shared_data import SHARED_DATA
 from index.build import build_knowledge_base
 from index.config import Config, load_config
 from index.embedders.local import LocalEmbedder
@@ -48,7 +49,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
 RESULTS = Path(__file__).resolve().parent / "results" / "turn_latency.json"
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 DOCS = DATA / "docs-windows-terminal" / "docs"
 FAQ = DATA / "docs-windows-terminal" / "faq_questions.json"
 DSTC11 = DATA / "turns-dstc11" / "labeled_user_turns.jsonl"

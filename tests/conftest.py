@@ -11,13 +11,16 @@ from typing import Any
 
 import pytest
 
+from bench.shared_data import SHARED_DATA
 from index.build import build_knowledge_base
 from index.config import Config, parse_config
 from index.embedders.base import Embedder
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 WT_DOCS = SHARED_DATA / "docs-windows-terminal" / "docs"
+# The example help centre the README runs (four pages, in the repository): for tests that need
+# some real Markdown, on any machine.
+EXAMPLE_KB = REPO / "examples" / "kb"
 
 
 def shared(*parts: str) -> Path:
@@ -62,6 +65,26 @@ def wt_config(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder
     config = make_config(store, [{"name": "terminal-docs", "type": "markdown", "path": str(docs)}])
     build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
     return config
+
+
+@pytest.fixture(scope="session")
+def example_config(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) -> Config:
+    """A store holding a snapshot of the example help centre, built once per test session."""
+    store = tmp_path_factory.mktemp("example") / "store"
+    config = make_config(
+        store, [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}]
+    )
+    build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
+    return config
+
+
+@pytest.fixture
+async def example_sidecar(example_config: Config, local_embedder: Embedder) -> AsyncIterator[Any]:
+    from sidecar.server import create_server
+
+    sidecar = await create_server(example_config, embedder=local_embedder, poll=False)
+    yield sidecar
+    await sidecar.stop(0.5)
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from index.chunker import chunk_page, count_tokens
 from index.errors import SourceError
 from index.sources import SkippedPage
 from index.sources.markdown import FrontmatterError, load_markdown, split_frontmatter
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from tests.conftest import shared
 
 
 def write(root: Path, rel: str, content: str | bytes) -> None:
@@ -184,9 +183,7 @@ def test_split_frontmatter() -> None:
     ("name", "min_pages"), [("docs-windows-terminal", 30), ("docs-rclone", 150)]
 )
 def test_real_docs_folder(name: str, min_pages: int) -> None:
-    root = DATA / name / "docs"
-    if not root.is_dir():
-        pytest.skip(f"{root} is not here")
+    root = shared(name, "docs")
     pages, skipped = load_markdown(name, root)
     assert len(pages) > min_pages
     assert all(p.title.strip() for p in pages)

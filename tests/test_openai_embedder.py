@@ -18,7 +18,7 @@ from index.errors import EmbedderError
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
-from tests.conftest import WT_DOCS, make_config
+from tests.conftest import EXAMPLE_KB, make_config
 from tests.openai_server import Behaviour, OpenAIServer
 
 DIMENSION = 64
@@ -135,7 +135,7 @@ async def test_snapshot_built_with_openai_is_refused_by_a_local_sidecar(
 ) -> None:
     config = make_config(
         tmp_path / "store",
-        [{"name": "terminal-docs", "type": "markdown", "path": str(WT_DOCS / "tutorials")}],
+        [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}],
     )
     summary = build_knowledge_base(config, config.knowledge_bases[0], embedder)
     assert summary.published
@@ -149,7 +149,7 @@ async def test_snapshot_built_with_openai_is_refused_by_a_local_sidecar(
         async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
             client = pb_grpc.RetrievalStub(channel)
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await client.Turn(pb.TurnRequest(text="custom prompt", is_final=True), timeout=10)
+                await client.Turn(pb.TurnRequest(text="roaming prices", is_final=True), timeout=10)
             status = await client.Status(pb.StatusRequest(), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "openai/text-embedding-3-small" in status.knowledge_bases[0].last_refusal
