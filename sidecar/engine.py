@@ -437,8 +437,13 @@ class Engine:
             raise InvalidArgument(
                 f"vector is {len(data)} bytes; this snapshot needs {dim} float32 values ({dim * 4} bytes, little-endian)"
             )
-        vector = np.frombuffer(data, dtype="<f4").astype(np.float32)
-        norm = float(np.linalg.norm(vector))
-        if not np.isfinite(norm) or norm == 0.0:
-            raise InvalidArgument("vector must be finite and non-zero")
-        return vector / norm
+        vector = np.frombuffer(data, dtype="<f4").astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(vector))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidArgument(f"vector[{i}] is {vector[i]}: every component must be finite")
+        peak = float(np.max(np.abs(vector)))
+        if peak == 0.0:
+            raise InvalidArgument("vector is all zeros: it has no direction to search by")
+        scaled = vector / peak  # in [-1, 1]: its norm cannot overflow, however large the values
+        return (scaled / np.linalg.norm(scaled)).astype(np.float32)

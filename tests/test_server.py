@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -19,7 +20,7 @@ from index.errors import ConfigError
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
-from tests.conftest import WT_DOCS, make_config
+from tests.conftest import EXAMPLE_KB, make_config
 
 # FAQ questions whose answer also stands in a Markdown page, and that page.
 FAQ_ANSWERED_BY_PAGE = [
@@ -42,6 +43,17 @@ FAQ_ANSWERED_BY_PAGE = [
         "customize-settings/themes.md",
     ),
 ]
+
+
+DIM = 384  # the embedded model's
+
+
+def unit_vector_bytes(index: int, value: float) -> bytes:
+    """A float32 query vector of the embedded model's size: 1.0 first, ``value`` at ``index``."""
+    vector = np.zeros(DIM, dtype="<f4")
+    vector[0] = 1.0
+    vector[index] = value
+    return vector.tobytes()
 
 
 def stub(port: int) -> tuple[grpc.aio.Channel, pb_grpc.RetrievalStub]:
@@ -147,12 +159,27 @@ async def test_backchannel_is_skipped_and_context_is_kept(wt_sidecar: Any) -> No
             grpc.StatusCode.INVALID_ARGUMENT,
             "float32",
         ),
+        (
+            pb.SearchRequest(vector=unit_vector_bytes(7, np.nan)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "vector[7] is nan: every component must be finite",
+        ),
+        (
+            pb.SearchRequest(vector=unit_vector_bytes(0, -np.inf)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "vector[0] is -inf",
+        ),
+        (
+            pb.SearchRequest(vector=bytes(DIM * 4)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "vector is all zeros",
+        ),
     ],
 )
 async def test_bad_search_input_gets_a_clear_status(
-    wt_sidecar: Any, request_: pb.SearchRequest, code: grpc.StatusCode, words: str
+    example_sidecar: Any, request_: pb.SearchRequest, code: grpc.StatusCode, words: str
 ) -> None:
-    channel, client = stub(wt_sidecar.port)
+    channel, client = stub(example_sidecar.port)
     async with channel:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await client.Search(request_, timeout=10)
@@ -160,8 +187,27 @@ async def test_bad_search_input_gets_a_clear_status(
     assert words in (err.value.details() or "")
 
 
-async def test_bad_turn_input_gets_a_clear_status(wt_sidecar: Any) -> None:
-    channel, client = stub(wt_sidecar.port)
+async def test_a_huge_finite_vector_is_searched_like_its_direction(
+    example_sidecar: Any, local_embedder: Embedder
+) -> None:
+    (plain,) = await local_embedder.embed(["How much does roaming cost in Europe?"])
+    channel, client = stub(example_sidecar.port)
+    async with channel:
+        answers = [
+            await client.Search(
+                pb.SearchRequest(vector=np.asarray(v, dtype="<f4").tobytes(), limit=4),
+                timeout=10,
+            )
+            for v in (plain, plain * 1.8e19, plain * 3e38)  # finite in float32; their norms are not
+        ]
+    ids = [[c.chunk_id for c in a.chunks] for a in answers]
+    assert ids[0]
+    assert ids[1] == ids[0]
+    assert ids[2] == ids[0]
+
+
+async def test_bad_turn_input_gets_a_clear_status(example_sidecar: Any) -> None:
+    channel, client = stub(example_sidecar.port)
     async with channel:
         with pytest.raises(grpc.aio.AioRpcError) as unknown:
             await client.Turn(
@@ -179,7 +225,7 @@ async def test_empty_store_serves_not_serving_until_a_snapshot_arrives(
 ) -> None:
     store = tmp_path / "store"
     config = make_config(
-        store, [{"name": "terminal-docs", "type": "markdown", "path": str(WT_DOCS)}]
+        store, [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}]
     )
     sidecar = await create_server(config, embedder=local_embedder, poll=False)
     try:
@@ -193,18 +239,15 @@ async def test_empty_store_serves_not_serving_until_a_snapshot_arrives(
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "voxrecall index build" in (err.value.details() or "")
 
-            small = make_config(
-                store,
-                [{"name": "terminal-docs", "type": "markdown", "path": str(WT_DOCS / "tutorials")}],
-            )
-            build_knowledge_base(small, small.knowledge_bases[0], local_embedder)
+            build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
             assert await sidecar.refresher.refresh() == ["docs"]
             assert await health(sidecar.port) == health_pb2.HealthCheckResponse.SERVING
             resp = await client.Turn(
-                pb.TurnRequest(text="How do I set up a custom prompt?", is_final=True), timeout=10
+                pb.TurnRequest(text="How much does roaming cost in Europe?", is_final=True),
+                timeout=10,
             )
             assert resp.chunks
-            assert resp.chunks[0].source_path.startswith("custom-prompt-setup")
+            assert resp.chunks[0].source_path == "roaming.md"
     finally:
         await sidecar.stop(0.5)
 
