@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +20,8 @@ import numpy as np
 from index.chunker import ChunkOptions, chunk_page
 from index.config import Config, KnowledgeBaseConfig
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
-from index.errors import SnapshotError, VoxrecallError
+from index.errors import SnapshotError, SnapshotNotFound, VoxrecallError
+from index.progress import EmbedProgress
 from index.snapshot import load_snapshot, page_key, read_manifest, write_snapshot
 from index.sources import SkippedPage
 from index.sources.registry import LoadContext, load_source
@@ -80,8 +80,11 @@ def previous_vectors(
     try:
         folder = store.latest_dir(kb)
         snap = load_snapshot(folder, expected=info)
+    except SnapshotNotFound:
+        log.info("%s: no snapshot published yet: every chunk is embedded", kb)
+        return {}, set()
     except VoxrecallError as exc:
-        log.info("no reusable vectors for %s: %s", kb, exc)
+        log.info("%s: the published snapshot's vectors cannot be reused (%s)", kb, exc)
         return {}, set()
     if not snap.chunks:
         return {}, set()
@@ -90,14 +93,8 @@ def previous_vectors(
     return cache, {c.chunk_id for c in snap.chunks}
 
 
-def _progress(done: int, total: int) -> None:
-    if sys.stderr.isatty() and total:
-        width = 30
-        filled = width * done // total
-        sys.stderr.write(f"\r  embedding [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+def _quiet(done: int, total: int) -> None:
+    """No progress shown."""
 
 
 def embed_chunks(
@@ -106,13 +103,13 @@ def embed_chunks(
     cache: dict[str, Vectors],
     batch_size: int,
     max_concurrency: int = 1,
-    progress: Callable[[int, int], None] = _progress,
+    progress: Callable[[int, int], None] = _quiet,
 ) -> tuple[Vectors, int]:
     """Vectors for every chunk, reusing cached ones; returns (vectors, number embedded).
 
     Texts go to ``embedder.embed_batch`` ``batch_size * max_concurrency`` at a time: a remote
-    embedder splits each slice into concurrent requests itself; ``progress`` is called after
-    each slice (it may raise to abandon the build).
+    embedder splits each slice into concurrent requests itself; ``progress(done, total)`` is
+    called with 0 before the first slice and after each (it may raise to abandon the build).
     """
     info = embedder.info
     keys = [text_key(info, c.embed_text) for c in chunks]
@@ -122,6 +119,8 @@ def embed_chunks(
         if key in cache:
             vectors[i] = cache[key]
     step = max(1, batch_size * max_concurrency)
+    if todo:
+        progress(0, len(todo))
     for start in range(0, len(todo), step):
         rows = todo[start : start + step]
         vectors[rows] = embedder.embed_batch([chunks[i].embed_text for i in rows])
@@ -150,14 +149,15 @@ def build_knowledge_base(
     kb: KnowledgeBaseConfig,
     embedder: Embedder,
     *,
-    progress: Callable[[int, int], None] = _progress,
+    progress: Callable[[int, int], None] | None = None,
     now: float | None = None,
 ) -> BuildSummary:
     """Build one base and publish it if anything changed.
 
     ``now`` is the time sources count from (when a URL is due for a re-crawl); default: now.
-    ``progress(done, total)`` follows the embedding; an exception it raises abandons the build
-    before anything is written (``voxrecall index watch`` stops this way on SIGTERM).
+    ``progress(done, total)`` follows the embedding (default: ``EmbedProgress``, a bar on a
+    terminal, a log line every ``PROGRESS_EVERY_S`` elsewhere); an exception it raises abandons
+    the build before anything is written (``voxrecall index watch`` stops this way on SIGTERM).
     """
     store = LocalStore(config.index.store)
     summary = BuildSummary(knowledge_base=kb.name)
@@ -183,7 +183,7 @@ def build_knowledge_base(
             cache,
             config.embedder.batch_size,
             config.embedder.max_concurrency,
-            progress,
+            progress or EmbedProgress(kb.name, len(pages), len(chunks)),
         )
     summary.reused = len(chunks) - summary.embedded
     summary.removed = len(previous_ids - {c.chunk_id for c in chunks})

@@ -4,6 +4,9 @@ bad pages, strict mode through the CLI, pruning, and the JSON summary."""
 from __future__ import annotations
 
 import json
+import logging
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,10 +17,12 @@ import pytest
 from index.build import build_knowledge_base, embed_chunks, text_key
 from index.config import Config, parse_config
 from index.embedders.base import Embedder, HashEmbedder, Vectors
+from index.progress import EmbedProgress
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import LocalStore
 from index.types import Chunk
 from sidecar.cli import main
+from tests.conftest import REPO
 
 GUIDE = """---
 title: Router guide
@@ -222,5 +227,74 @@ def test_embed_chunks_hands_batch_size_times_concurrency_texts_per_call() -> Non
     )
     assert embedder.calls == [12, 12]
     assert embedded == 24
-    assert seen == [(12, 24), (24, 24)]
+    assert seen == [(0, 24), (12, 24), (24, 24)]
     assert np.allclose(vectors, embedder.embed_batch([c.embed_text for c in chunks]))
+
+
+# -- progress, in a terminal and in a log ------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_in_a_log_is_a_line_per_interval_with_rate_and_time_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    progress = EmbedProgress("kb", pages=193, chunks=4110, every_s=10.0, tty=False, clock=clock)
+    with caplog.at_level(logging.INFO, logger="voxrecall.index"):
+        progress(0, 4000)
+        for done in range(100, 4001, 100):  # a slice every 2.5 s: 100 s in all
+            clock.now += 2.5
+            progress(done, 4000)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "kb: 193 pages read, 4110 chunks: embedding 4000 (110 reused)"
+    assert lines[1] == "kb: embedded 400 of 4000 chunks (10%), 40.0 chunks/s, 1 min 30 s left"
+    assert len(lines) == 1 + 10  # one line per 10 s, the last at the end
+    assert lines[-1] == "kb: embedded 4000 of 4000 chunks (100%), 40.0 chunks/s, in 1 min 40 s"
+
+
+def test_progress_on_a_terminal_is_one_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    progress = EmbedProgress("kb", pages=3, chunks=5, tty=True, clock=clock)
+    progress(0, 5)
+    clock.now += 1.0
+    progress(2, 5)
+    clock.now += 1.0
+    progress(5, 5)
+    err = capsys.readouterr().err
+    assert err.count("\r") == 2
+    assert err.endswith("\n")
+    assert "[############..................] embedded 2 of 5 chunks (40%), 2.0 chunks/s" in err
+    assert "2 s left" in err
+
+
+def test_a_build_writing_to_a_file_logs_what_it_read_and_embedded(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path)
+    config = tmp_path / "voxrecall.toml"
+    config.write_text(
+        f'[[knowledge_base]]\nname = "kb"\n[[knowledge_base.source]]\ntype = "markdown"\n'
+        f'path = "{docs}"\n[index]\nstore = "{tmp_path / "store"}"\n'
+    )
+    log_file = tmp_path / "build.log"
+    with log_file.open("wb") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "sidecar.cli", "index", "build", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            timeout=300,
+            check=False,
+        )
+    text = log_file.read_text()
+    assert proc.returncode == 0, text
+    assert "kb: no snapshot published yet: every chunk is embedded" in text
+    assert "run `voxrecall index build`" not in text  # the command being run
+    assert "kb: 3 pages read, 5 chunks: embedding 5 (0 reused)" in text
+    assert "kb: embedded 5 of 5 chunks (100%)" in text
+    assert "\r" not in text  # no terminal bar in a file
