@@ -56,6 +56,8 @@ class Sidecar:
         if self.lifecycle.state is State.DRAINING:
             return
         if ready and self.engine.known_bases:
+            if self.lifecycle.state is State.LOADING:
+                log.info("SERVING: every knowledge base has a snapshot")
             self.lifecycle.state = State.SERVING
         status = (
             health_pb2.HealthCheckResponse.SERVING
@@ -64,6 +66,13 @@ class Sidecar:
         )
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+
+    def log_waiting(self) -> None:
+        """While LOADING, say which bases have no snapshot, where it is looked for, and what to
+        run to make one."""
+        missing = sorted(kb for kb in self.engine.known_bases if self.holder.get(kb) is None)
+        if missing:
+            log.warning("LOADING: %s", waiting_for(self.config, missing))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Refuse new calls, let calls in flight finish within the grace period, then stop.
@@ -86,6 +95,19 @@ class Sidecar:
             await self.engine.embedder.aclose()
         if self.guards is not None:
             await asyncio.to_thread(self.guards.metrics.close)
+
+
+def waiting_for(config: Config, missing: list[str]) -> str:
+    """``waiting for a snapshot of 'help' in var/store (checked every 2 s): run `voxrecall index
+    build --config voxrecall.toml` to build one``."""
+    command = "voxrecall index build" + (f" --config {config.path}" if config.path else "")
+    where = str(config.sidecar.store)
+    built_into = str(config.index.store)
+    into = "" if built_into == where else f" (it publishes to {built_into})"
+    return (
+        f"waiting for a snapshot of {', '.join(map(repr, missing))} in {where} "
+        f"(checked every {config.sidecar.poll_seconds:g} s): run `{command}` to build one{into}"
+    )
 
 
 def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]:
@@ -176,6 +198,7 @@ async def create_server(
     await sidecar.update_health()
     await server.start()
     await refresher.refresh()
+    sidecar.log_waiting()
     if poll:
         sidecar._tasks.append(
             asyncio.create_task(refresher.poll_forever(config.sidecar.poll_seconds))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -221,14 +223,19 @@ async def test_bad_turn_input_gets_a_clear_status(example_sidecar: Any) -> None:
 
 
 async def test_empty_store_serves_not_serving_until_a_snapshot_arrives(
-    tmp_path: Path, local_embedder: Embedder
+    tmp_path: Path, local_embedder: Embedder, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = tmp_path / "store"
     config = make_config(
         store, [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}]
     )
+    config = replace(config, path=tmp_path / "voxrecall.toml")
+    caplog.set_level(logging.INFO, logger="voxrecall")
     sidecar = await create_server(config, embedder=local_embedder, poll=False)
     try:
+        (waiting,) = [r.getMessage() for r in caplog.records if "LOADING" in r.getMessage()]
+        assert f"waiting for a snapshot of 'docs' in {store} " in waiting
+        assert f"run `voxrecall index build --config {tmp_path / 'voxrecall.toml'}`" in waiting
         assert await health(sidecar.port) == health_pb2.HealthCheckResponse.NOT_SERVING
         channel, client = stub(sidecar.port)
         async with channel:
@@ -242,6 +249,9 @@ async def test_empty_store_serves_not_serving_until_a_snapshot_arrives(
             build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
             assert await sidecar.refresher.refresh() == ["docs"]
             assert await health(sidecar.port) == health_pb2.HealthCheckResponse.SERVING
+            arrived = [r.getMessage() for r in caplog.records]
+            assert any(m.startswith("serving docs version ") for m in arrived)
+            assert "SERVING: every knowledge base has a snapshot" in arrived
             resp = await client.Turn(
                 pb.TurnRequest(text="How much does roaming cost in Europe?", is_final=True),
                 timeout=10,
