@@ -7,10 +7,11 @@ environment: the API key is looked up here, by the variable name the file gives.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -68,6 +69,20 @@ SOURCE_OPTIONS: dict[str, frozenset[str]] = {
     "csv": _RECORD_OPTIONS,
 }
 SOURCE_TYPES = tuple(SOURCE_OPTIONS)
+SOURCE_KEYS = frozenset({"name", "type", "path"})  # every type's, beside its options
+TABLES = ("embedder", "knowledge_base", "index", "sidecar", "function")
+
+
+def unknown_names(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """``max_result (did you mean `max_results`?), colour``: each unknown name, with the known
+    name closest to it where one is close (a typo, a singular for a plural)."""
+    choices = sorted(known)
+    return ", ".join(_with_guess(name, choices) for name in unknown)
+
+
+def _with_guess(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f"{name} (did you mean `{close[0]}`?)" if close else name
 
 
 def check_options(source: SourceConfig) -> None:
@@ -79,7 +94,7 @@ def check_options(source: SourceConfig) -> None:
     unknown = sorted(set(source.options) - allowed)
     if unknown:
         raise ConfigError(
-            f"source {source.name!r}: unknown option(s) {', '.join(unknown)} for type "
+            f"source {source.name!r}: unknown option(s) {unknown_names(unknown, allowed)} for type "
             f"{source.type} (it takes: {', '.join(sorted(allowed)) or 'none'})"
         )
     if source.type == "url":
@@ -256,11 +271,16 @@ def _table(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
     return value
 
 
-def _build(cls: type[_T], values: Mapping[str, Any], where: str, **extra: Any) -> _T:
-    known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+def _build(
+    cls: type[_T], values: Mapping[str, Any], where: str, keys: Iterable[str] = (), **extra: Any
+) -> _T:
+    """``cls(**values, **extra)``. A key of ``values`` that is no field, or one ``extra`` sets,
+    is refused with the closest key the file may use (those fields, and ``keys``: the table's
+    keys read apart, such as a base's ``source``)."""
+    known = set(cls.__dataclass_fields__) - set(extra)  # type: ignore[attr-defined]
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        raise ConfigError(f"{where}: unknown key(s) {unknown_names(unknown, known | set(keys))}")
     try:
         return cls(**{**values, **extra})
     except TypeError as exc:
@@ -326,9 +346,9 @@ def _functions(
 def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -> Config:
     """Build a Config from parsed TOML; ``base`` resolves relative paths."""
     where = str(path or "<config>")
-    unknown = sorted(set(raw) - {"embedder", "knowledge_base", "index", "sidecar", "function"})
+    unknown = sorted(set(raw) - set(TABLES))
     if unknown:
-        raise ConfigError(f"{where}: unknown table(s) {', '.join(unknown)}")
+        raise ConfigError(f"{where}: unknown table(s) {unknown_names(unknown, TABLES)}")
 
     emb_raw = _table(raw, "embedder", where)
     provider = emb_raw.get("provider", "local")
@@ -354,7 +374,7 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
             s_where = f"{kb_where} source #{j + 1}"
             s_type = src.get("type")
             if s_type not in SOURCE_TYPES:
-                raise ConfigError(f"{s_where}: type must be one of {', '.join(SOURCE_TYPES)}")
+                raise ConfigError(f"{s_where}: {_source_type_problem(src)}")
             s_name = src.get("name", s_type)
             s_path = _path(base, src["path"], s_where) if "path" in src else None
             options = {k: v for k, v in src.items() if k not in ("name", "type", "path")}
@@ -375,10 +395,13 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
                 KnowledgeBaseConfig,
                 rest,
                 kb_where,
+                keys=("name", "source", "chunking", "hnsw"),
                 name=name,
                 sources=tuple(sources),
-                chunking=_build(ChunkingConfig, _table(kb_raw, "chunking", kb_where), kb_where),
-                hnsw=_build(HnswConfig, _table(kb_raw, "hnsw", kb_where), kb_where),
+                chunking=_build(
+                    ChunkingConfig, _table(kb_raw, "chunking", kb_where), f"{kb_where} [chunking]"
+                ),
+                hnsw=_build(HnswConfig, _table(kb_raw, "hnsw", kb_where), f"{kb_where} [hnsw]"),
             )
         )
     if len({kb.name for kb in kbs}) != len(kbs):
@@ -445,6 +468,17 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
         path=path,
         functions=functions,
     )
+
+
+def _source_type_problem(src: Mapping[str, Any]) -> str:
+    """Why a source's type is missing or wrong: a misspelt ``type`` key is named as unknown."""
+    types = ", ".join(SOURCE_TYPES)
+    if "type" in src:
+        return f"type {src['type']!r} is not one of {types}"
+    known = SOURCE_KEYS.union(*SOURCE_OPTIONS.values())
+    unknown = sorted(set(src) - known)
+    needed = f"type is required (one of {types})"
+    return f"unknown key(s) {unknown_names(unknown, known)}; {needed}" if unknown else needed
 
 
 def _skip_config(raw: Mapping[str, Any], where: str) -> SkipConfig:
