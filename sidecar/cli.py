@@ -172,10 +172,25 @@ def cmd_ask(args: argparse.Namespace) -> int:
     try:
         resp = ask(" ".join(args.question), options)
     except grpc.RpcError as exc:
-        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(ask_failure(exc, options.target), file=sys.stderr)
         return 1
     print(format_response(resp))
     return 0
+
+
+def ask_failure(exc: grpc.RpcError, target: str) -> str:
+    """The sidecar's own error as it sent it; where no sidecar answered (every answer carries
+    its call id), the address tried and the command that starts one."""
+    from sidecar.logs import CALL_ID_HEADER
+
+    line = f"error: {exc.code().name}: {exc.details()}"
+    trailers = exc.trailing_metadata() if isinstance(exc, grpc.Call) else None
+    if exc.code() is not grpc.StatusCode.UNAVAILABLE or CALL_ID_HEADER in dict(trailers or ()):
+        return line
+    return (
+        f"{line}\nno voxrecall sidecar answered at {target}: start one with "
+        "`voxrecall serve --config voxrecall.toml`, or give its address with --target"
+    )
 
 
 def cmd_index_publish(args: argparse.Namespace) -> int:

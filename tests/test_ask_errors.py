@@ -1,0 +1,61 @@
+"""``voxrecall ask`` says what went wrong in words a person can act on: with no sidecar at the
+address, which address was tried and what starts one; a sidecar's own refusal as it sent it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from index.embedders.base import Embedder
+from sidecar.cli import main
+from sidecar.server import create_server
+from tests.conftest import EXAMPLE_KB, make_config
+
+
+def unused_address() -> str:
+    with socket.socket() as sock:  # bound, then closed: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_ask_with_no_sidecar_names_the_address_and_the_command_that_starts_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = unused_address()
+    assert main(["ask", "--target", target, "How do I reset my password?"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: UNAVAILABLE: ")
+    assert f"no voxrecall sidecar answered at {target}: start one with `voxrecall serve" in err
+    assert "--target" in err
+
+
+async def test_ask_shows_a_sidecars_own_unavailable_as_sent(
+    tmp_path: Path, local_embedder: Embedder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = make_config(
+        tmp_path / "store", [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}]
+    )
+    sidecar = await create_server(config, embedder=local_embedder, poll=False)  # nothing built
+    try:
+        target = f"127.0.0.1:{sidecar.port}"
+        code = await asyncio.to_thread(main, ["ask", "--target", target, "roaming prices"])
+    finally:
+        await sidecar.stop(0.5)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: UNAVAILABLE: knowledge base 'docs' has no snapshot loaded yet" in err
+    assert "no voxrecall sidecar answered" not in err  # one did: it has nothing to serve yet
+
+
+async def test_ask_prints_the_answer(
+    example_sidecar: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = f"127.0.0.1:{example_sidecar.port}"
+    question = "How much does roaming cost in Europe?"
+    assert await asyncio.to_thread(main, ["ask", "--target", target, question]) == 0
+    out = capsys.readouterr().out
+    assert "roaming.md" in out
