@@ -70,6 +70,10 @@ class Connection:
         object.__setattr__(self, "token", self.token.strip())
         if not self.target.strip():
             raise ConfigError(f"{_named('target')}: the sidecar's address is empty")
+        self._check_tls()
+        self._check_token()
+
+    def _check_tls(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError(
                 f"mutual TLS needs both {_named('cert_file')} and {_named('key_file')}"
@@ -79,7 +83,9 @@ class Connection:
                 f"{_named('cert_file')} and {_named('server_name')} need TLS: "
                 f"give the CA that signed the sidecar's certificate ({_named('ca_file')})"
             )
-        if any(c in self.token for c in "\r\n\0") or " " in self.token:
+
+    def _check_token(self) -> None:
+        if any(c in self.token for c in " \t\r\n\0"):
             raise ConfigError(f"{_named('token')}: a token is one word without spaces")
         if self.token and not self.tls and not _is_local(self.target):
             raise ConfigError(
@@ -90,6 +96,9 @@ class Connection:
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **given: str | Path | None) -> Connection:
         """Each setting from ``given`` when set, else its environment variable, else the default."""
+        unknown = set(given) - set(NAMES)
+        if unknown:
+            raise TypeError(f"Connection has no setting {', '.join(sorted(unknown))}")
         values: dict[str, str | Path] = {}
         for f in fields(cls):
             value = given.get(f.name)
