@@ -3,7 +3,8 @@
 # Build: deploy/build-image.sh (podman, no Docker engine needed) or `docker build -t voxrecall .`
 # Run:   docker run -v $PWD/examples:/config:ro -v $PWD/var/store:/store:ro -p 50051:50051 voxrecall
 # The config and the snapshot store are mounts; the config's [sidecar] store is replaced by /store.
-# The image runs as uid 10001: the store must be readable by it (builds make version folders 0700).
+# The image runs as uid 10001: `voxrecall index build` publishes versions readable by every user;
+# a store copied in by other means may need `chmod -R a+rX` first.
 FROM python:3.11-slim-bookworm AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential=12.9 \

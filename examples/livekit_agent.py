@@ -2,9 +2,12 @@
 
 Run the sidecar first (README: "Run the example"), then, with a LiveKit server and OpenAI key:
 
-    pip install -e '.[livekit]' 'livekit-agents[openai,silero]==1.8.9'
+    pip install -e '.[livekit-example]'
     LIVEKIT_URL=... LIVEKIT_API_KEY=... LIVEKIT_API_SECRET=... OPENAI_API_KEY=... \
         python examples/livekit_agent.py dev
+
+The sidecar is at VOXRECALL_TARGET (default 127.0.0.1:50051); VOXRECALL_TOKEN, VOXRECALL_TLS_CA,
+VOXRECALL_TLS_CERT and VOXRECALL_TLS_KEY reach one with ``[sidecar.auth]`` and TLS.
 
 Interim transcripts are searched ahead into the agent's chat context, so preemptive generation
 starts with the knowledge already there; ``on_user_turn_completed`` checks it against the final
@@ -13,6 +16,8 @@ turn and only then (when it differs) changes the context. The LLM may also call
 """
 
 from __future__ import annotations
+
+import os
 
 from livekit.agents import (
     Agent,
@@ -28,6 +33,7 @@ from livekit.plugins import openai, silero
 
 from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.livekit import LiveKitKnowledge, knowledge_tools
+from sidecar.connection import Connection
 
 INSTRUCTIONS = (
     "You are Northwind Mobile's phone assistant. Answer in one or two short spoken sentences, "
@@ -48,7 +54,7 @@ class Assistant(Agent):
 
 @server.rtc_session()
 async def entrypoint(ctx: JobContext) -> None:
-    voxrecall = Voxrecall("127.0.0.1:50051")
+    voxrecall = Voxrecall(Connection.from_env(os.environ))
     session_id = ctx.room.name  # one voxrecall session per room
     knowledge = LiveKitKnowledge(voxrecall, session_id=session_id)
     agent = Assistant(knowledge, [*await knowledge_tools(voxrecall, session_id=session_id)])

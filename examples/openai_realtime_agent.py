@@ -2,15 +2,18 @@
 
 Run the sidecar first (README: "Run the example"), then:
 
-    pip install -e . websockets
+    pip install -e '.[realtime-example]'
     OPENAI_API_KEY=... python examples/openai_realtime_agent.py "How much does roaming cost?"
 
 It asks its question as text (a voice app streams audio instead: the events are the same),
-lets the model call ``knowledge_search``, and prints the answer.
+lets the model call ``knowledge_search``, and prints the answer. The sidecar is at
+VOXRECALL_TARGET (default 127.0.0.1:50051); VOXRECALL_TOKEN, VOXRECALL_TLS_CA, VOXRECALL_TLS_CERT
+and VOXRECALL_TLS_KEY reach one with ``[sidecar.auth]`` and TLS.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -18,8 +21,10 @@ import sys
 
 import websockets
 
+from index.errors import ConfigError
 from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.openai_realtime import RealtimeToolBridge
+from sidecar.connection import Connection
 
 URL = "wss://api.openai.com/v1/realtime?model=gpt-realtime"
 INSTRUCTIONS = (
@@ -28,10 +33,10 @@ INSTRUCTIONS = (
 )
 
 
-async def main(question: str) -> None:
-    headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}
+async def main(question: str, api_key: str, connection: Connection) -> None:
+    headers = {"Authorization": f"Bearer {api_key}"}
     async with (
-        Voxrecall("127.0.0.1:50051") as voxrecall,
+        Voxrecall(connection) as voxrecall,
         websockets.connect(URL, additional_headers=headers) as ws,
     ):
         bridge = await RealtimeToolBridge.create(voxrecall, session_id="realtime-demo")
@@ -54,4 +59,18 @@ async def main(question: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(" ".join(sys.argv[1:]) or "How much does roaming cost in Europe?"))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("question", nargs="*", help="what to ask (default: about roaming)")
+    args = parser.parse_args()
+    api_key = os.environ.get("OPENAI_API_KEY", "")
+    if not api_key:
+        print("error: set OPENAI_API_KEY to an OpenAI API key (the Realtime API needs one)",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    try:
+        connection = Connection.from_env(os.environ)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    question = " ".join(args.question) or "How much does roaming cost in Europe?"
+    asyncio.run(main(question, api_key, connection))

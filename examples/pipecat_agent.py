@@ -2,9 +2,11 @@
 
 Run the sidecar first (README: "Run the example"), then, with an OpenAI key for STT, LLM, TTS:
 
-    pip install -e . && pip install 'pipecat-ai[runner,webrtc]==1.14.0' \
-        && pip install 'protobuf>=7.35.1'                  # README: Pipecat says why
+    pip install -e '.[pipecat-example]'
     OPENAI_API_KEY=... python examples/pipecat_agent.py    # open http://localhost:7860
+
+The sidecar is at VOXRECALL_TARGET (default 127.0.0.1:50051); VOXRECALL_TOKEN, VOXRECALL_TLS_CA,
+VOXRECALL_TLS_CERT and VOXRECALL_TLS_KEY reach one with ``[sidecar.auth]`` and TLS.
 
 Each final transcription is a ``Turn``: its chunks are in the LLM context before the user
 aggregator runs the LLM. Interim transcriptions are prefetched. The LLM may also call
@@ -13,6 +15,7 @@ aggregator runs the LLM. Interim transcriptions are prefetched. The LLM may also
 
 from __future__ import annotations
 
+import os
 import uuid
 
 from pipecat.audio.vad.silero import SileroVADAnalyzer
@@ -33,6 +36,7 @@ from pipecat.workers.runner import WorkerRunner
 
 from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.pipecat import VoxrecallRetrieval, register_knowledge_functions
+from sidecar.connection import Connection
 
 SYSTEM = (
     "You are Northwind Mobile's phone assistant. Answer in one or two short spoken sentences, "
@@ -46,7 +50,7 @@ async def bot(runner_args: RunnerArguments) -> None:
         {"webrtc": lambda: TransportParams(audio_in_enabled=True, audio_out_enabled=True)},
     )
     session_id = f"pipecat-{uuid.uuid4().hex[:8]}"  # one voxrecall session per call
-    voxrecall = Voxrecall("127.0.0.1:50051")
+    voxrecall = Voxrecall(Connection.from_env(os.environ))
     llm = OpenAILLMService(model="gpt-4.1-mini")
     tools = await register_knowledge_functions(llm, voxrecall, session_id=session_id)
     context = LLMContext([{"role": "system", "content": SYSTEM}], tools=tools)

@@ -130,13 +130,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so that a reader sees the old content or the new, never a part: temp, fsync, rename."""
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write a file so that a reader sees the old content or the new, never a part: temp, fsync, rename.
+    ``mode`` (e.g. 0o644) is set before the rename, whatever the umask."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with tmp.open("wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    if mode is not None:
+        tmp.chmod(mode)
     os.replace(tmp, path)
 
 

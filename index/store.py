@@ -34,6 +34,11 @@ from index.snapshot import (
 )
 
 LATEST = "LATEST"
+# A store is read by sidecars running as other users (the image's uid 10001, a read-only mount),
+# so what a build publishes is readable by everyone whatever the umask; keep a store private by
+# where it lives (a 0700 parent folder), never by its own modes.
+READABLE_DIR = 0o755
+READABLE_FILE = 0o644
 MAX_POINTER_BYTES = 256  # a version id is ~33 characters; anything longer is not a pointer
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # one safe path component, no ".."
 
@@ -112,7 +117,7 @@ class LocalStore:
     def staging_dir(self, knowledge_base: str) -> Path:
         """A fresh folder to write a snapshot into before ``publish``."""
         base = self.base_dir(knowledge_base)
-        base.mkdir(parents=True, exist_ok=True)
+        _mkdir_readable(base)
         return Path(tempfile.mkdtemp(prefix=".staging-", dir=base))
 
     def latest(self, knowledge_base: str) -> str | None:
@@ -180,10 +185,10 @@ class LocalStore:
         if current is not None and version <= current:
             raise SnapshotError(f"version {version} is not newer than the published {current}")
         target = self.version_dir(knowledge_base, version)
-        staging.chmod(0o755)  # mkdtemp made it 0700: a sidecar running as another user must read it
+        _make_readable(staging)  # mkdtemp made it 0700
         staging.rename(target)
         fsync_dir(target.parent)
-        write_atomic(target.parent / LATEST, f"{version}\n".encode())
+        write_atomic(target.parent / LATEST, f"{version}\n".encode(), mode=READABLE_FILE)
         self.prune(knowledge_base, keep)
         return target
 
@@ -222,6 +227,25 @@ class LocalStore:
             if stale.stat().st_mtime < day_ago:
                 shutil.rmtree(stale, ignore_errors=True)
         return doomed
+
+
+def _mkdir_readable(path: Path) -> None:
+    """Make ``path`` and its missing parents, each readable by every user whatever the umask."""
+    missing = []
+    folder = path
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for made in missing:
+        made.chmod(READABLE_DIR)
+
+
+def _make_readable(staging: Path) -> None:
+    """A version about to be published: its folder and files readable by every user."""
+    staging.chmod(READABLE_DIR)
+    for entry in staging.rglob("*"):
+        entry.chmod(READABLE_DIR if entry.is_dir() else READABLE_FILE)
 
 
 def _copy_durably(source: Path, target: Path) -> None:

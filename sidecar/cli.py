@@ -12,7 +12,8 @@ import grpc
 import orjson
 
 from index.config import Config, load_config
-from index.errors import VoxrecallError
+from index.errors import ConfigError, VoxrecallError
+from sidecar.connection import Connection, target_for_listen
 
 DEFAULT_CONFIG = Path("voxrecall.toml")
 
@@ -158,11 +159,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ask_connection(args: argparse.Namespace) -> Connection:
+    """--target, else the --config's listen, else VOXRECALL_TARGET; the same for TLS settings."""
+    target = args.target
+    config = _config(args.config) if args.config is not None else None
+    if target is None and config is not None:
+        target = target_for_listen(config.sidecar.listen, str(args.config))
+    connection = Connection.from_env(
+        os.environ,
+        target=target,
+        ca_file=args.tls_ca,
+        cert_file=args.tls_cert,
+        key_file=args.tls_key,
+        server_name=args.tls_server_name,
+    )
+    if config is not None and config.sidecar.tls.enabled and not connection.tls:
+        raise ConfigError(
+            f"{args.config}: the sidecar speaks TLS ([sidecar.tls]): give the CA that signed "
+            "its certificate with --tls-ca or VOXRECALL_TLS_CA"
+        )
+    return connection
+
+
 def cmd_ask(args: argparse.Namespace) -> int:
     from sidecar.client import AskOptions, ask, format_response
 
     options = AskOptions(
-        target=args.target,
+        connection=_ask_connection(args),
         knowledge_base=args.kb,
         session_id=args.session,
         limit=args.limit,
@@ -337,10 +360,31 @@ def parser() -> argparse.ArgumentParser:
     ask = sub.add_parser(
         "ask",
         help="ask a running sidecar a question and print the chunks it returns",
-        description="Send one caller turn to a running sidecar and print the chunks, scores and timings.",
+        description="Send one caller turn to a running sidecar and print the chunks, scores and "
+        "timings. With [sidecar.auth] on, the bearer token comes from VOXRECALL_TOKEN (never a "
+        "flag: a command line is visible to every user of the machine).",
     )
     ask.add_argument("question", nargs="+", help="what the caller said")
-    ask.add_argument("--target", default="127.0.0.1:50051", help="the sidecar's address")
+    ask.add_argument(
+        "--target",
+        help="the sidecar's address (default: --config's [sidecar] listen, else "
+        "VOXRECALL_TARGET, else 127.0.0.1:50051)",
+    )
+    ask.add_argument(
+        "--config", type=Path, help="a sidecar's config file: ask at its [sidecar] listen"
+    )
+    ask.add_argument(
+        "--tls-ca", type=Path, help="speak TLS, trusting this CA (PEM; env VOXRECALL_TLS_CA)"
+    )
+    ask.add_argument(
+        "--tls-cert", type=Path,
+        help="client certificate for mutual TLS (PEM; env VOXRECALL_TLS_CERT)",
+    )  # fmt: skip
+    ask.add_argument("--tls-key", type=Path, help="its private key (PEM; env VOXRECALL_TLS_KEY)")
+    ask.add_argument(
+        "--tls-server-name", help="the name in the sidecar's certificate, when the target's "
+        "differs (env VOXRECALL_TLS_SERVER_NAME)",
+    )  # fmt: skip
     ask.add_argument("--kb", default="", help="knowledge base (default: the sidecar's default)")
     ask.add_argument("--session", default="", help="session id, to ask follow-ups in one session")
     ask.add_argument(

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import grpc
-
+from sidecar.connection import Connection, open_blocking_channel
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
@@ -15,7 +14,7 @@ ASK_TIMEOUT_S = 10.0  # generous: the first call after start may wait for the ch
 
 @dataclass(frozen=True, slots=True)
 class AskOptions:
-    target: str = "127.0.0.1:50051"
+    connection: Connection = field(default_factory=Connection)
     knowledge_base: str = ""
     session_id: str = ""
     limit: int = 0
@@ -24,7 +23,8 @@ class AskOptions:
 
 
 def ask(question: str, options: AskOptions) -> pb.TurnResponse | pb.SearchResponse:
-    with grpc.insecure_channel(options.target) as channel:
+    metadata = options.connection.metadata
+    with open_blocking_channel(options.connection) as channel:
         stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
         resp: pb.TurnResponse | pb.SearchResponse
         if options.search:
@@ -35,6 +35,7 @@ def ask(question: str, options: AskOptions) -> pb.TurnResponse | pb.SearchRespon
                     limit=options.limit,
                     session_id=options.session_id,
                 ),
+                metadata=metadata,
                 timeout=ASK_TIMEOUT_S,
             )
         else:
@@ -47,6 +48,7 @@ def ask(question: str, options: AskOptions) -> pb.TurnResponse | pb.SearchRespon
                     is_final=True,
                     budget_ms=options.budget_ms,
                 ),
+                metadata=metadata,
                 timeout=ASK_TIMEOUT_S,
             )
         return resp

@@ -16,23 +16,13 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from index.errors import ConfigError
+from sidecar.connection import Connection, open_blocking_channel
 
-def check(
-    target: str,
-    *,
-    service: str = "",
-    timeout_s: float = 3.0,
-    credentials: grpc.ChannelCredentials | None = None,
-    server_name: str = "",
-) -> str:
-    """The health status name (``SERVING``, ``NOT_SERVING``, ...) of ``service`` at ``target``."""
-    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-    channel = (
-        grpc.secure_channel(target, credentials, options)
-        if credentials is not None
-        else grpc.insecure_channel(target, options)
-    )
-    with channel:
+
+def check(connection: Connection, *, service: str = "", timeout_s: float = 3.0) -> str:
+    """The health status name (``SERVING``, ``NOT_SERVING``, ...) of ``service`` at the target."""
+    with open_blocking_channel(connection) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
@@ -48,21 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key", type=Path, help="client key for mutual TLS (PEM)")
     p.add_argument("--server-name", default="", help="the name the server's certificate holds")
     args = p.parse_args(argv)
-    credentials = None
-    if args.ca is not None:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=args.ca.read_bytes(),
-            private_key=args.key.read_bytes() if args.key else None,
-            certificate_chain=args.cert.read_bytes() if args.cert else None,
-        )
     try:
-        status = check(
+        connection = Connection(
             args.target,
-            service=args.service,
-            timeout_s=args.timeout,
-            credentials=credentials,
+            ca_file=args.ca,
+            cert_file=args.cert,
+            key_file=args.key,
             server_name=args.server_name,
         )
+        status = check(connection, service=args.service, timeout_s=args.timeout)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except grpc.RpcError as exc:
         print(f"unhealthy: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1

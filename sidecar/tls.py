@@ -19,13 +19,14 @@ from index.errors import ConfigError
 log = logging.getLogger("voxrecall.tls")
 
 
-def _read(path: Path, what: str) -> bytes:
+def read_pem(path: Path, what: str) -> bytes:
+    """A PEM file's bytes, or a ConfigError naming ``what`` (the key or flag that gave it)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"[sidecar.tls] {what} {path}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from exc
     if b"-----BEGIN" not in data:
-        raise ConfigError(f"[sidecar.tls] {what} {path} is not a PEM file")
+        raise ConfigError(f"{what} {path} is not a PEM file")
     return data
 
 
@@ -33,9 +34,11 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     """The server's credentials; files are read now, so a bad one stops the start."""
     if tls.cert_file is None or tls.key_file is None:
         raise ConfigError("[sidecar.tls] cert_file and key_file are both needed for TLS")
-    cert = _read(tls.cert_file, "cert_file")
-    key = _read(tls.key_file, "key_file")
-    ca = _read(tls.client_ca_file, "client_ca_file") if tls.client_ca_file else None
+    cert = read_pem(tls.cert_file, "[sidecar.tls] cert_file")
+    key = read_pem(tls.key_file, "[sidecar.tls] key_file")
+    ca = (
+        read_pem(tls.client_ca_file, "[sidecar.tls] client_ca_file") if tls.client_ca_file else None
+    )
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )

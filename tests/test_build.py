@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -182,6 +184,30 @@ def test_pruning_keeps_keep_versions(tmp_path: Path, local_embedder: Embedder) -
     store = LocalStore(config.index.store)
     assert store.versions("kb") == versions[-2:]
     assert store.latest("kb") == versions[-1]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_published_store_is_readable_by_every_user_whatever_the_umask(
+    tmp_path: Path, local_embedder: Embedder, umask: int
+) -> None:
+    """The image runs as uid 10001 over a read-only mount of a store another user built."""
+    docs = docs_folder(tmp_path)
+    config = config_for(tmp_path, docs, store=str(tmp_path / "var" / "store"))
+    previous = os.umask(umask)
+    try:
+        summary = build(config, local_embedder)
+        copy = LocalStore(tmp_path / "published").publish_copy(
+            "kb", LocalStore(config.index.store).latest_dir("kb")
+        )  # what `voxrecall index publish --to DIR` writes
+    finally:
+        os.umask(previous)
+    assert copy is not None
+    for root in (config.index.store, tmp_path / "published"):
+        version = root / "kb" / summary.version
+        folders = [root, root / "kb", version]
+        files = [root / "kb" / "LATEST", *version.iterdir()]
+        assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {"0o755"}, root
+        assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o644"}, root
 
 
 def test_a_build_abandoned_while_embedding_publishes_nothing(

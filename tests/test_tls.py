@@ -12,6 +12,7 @@ import pytest
 from index.config import parse_config
 from index.embedders.base import Embedder
 from index.errors import ConfigError
+from sidecar.connection import Connection
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.healthcheck import check
@@ -89,10 +90,13 @@ async def test_mutual_tls_needs_a_client_certificate_from_the_ca(
 
 async def _probe(port: int, certs: Path, client: str | None) -> str:
     """The health probe (blocking grpc) from a worker thread, so the server keeps running."""
-    credentials = _credentials(certs, client)
-    return await asyncio.to_thread(
-        check, f"127.0.0.1:{port}", credentials=credentials, timeout_s=10
+    connection = Connection(
+        f"127.0.0.1:{port}",
+        ca_file=certs / "ca.pem",
+        cert_file=certs / f"{client}.pem" if client else None,
+        key_file=certs / f"{client}.key" if client else None,
     )
+    return await asyncio.to_thread(check, connection, timeout_s=10)
 
 
 async def test_a_missing_or_bad_certificate_file_stops_the_start(

@@ -1,6 +1,7 @@
 """The async client the adapters share: one channel, a deadline on every call.
 
-``Voxrecall`` wraps the ``Retrieval`` stub; ``TurnStream`` is one call's ``Converse`` stream, where
+``Voxrecall`` wraps the ``Retrieval`` stub over a ``sidecar.connection.Connection`` (target, token,
+TLS: the ``VOXRECALL_*`` variables, read by the agent's entry point); ``TurnStream`` is one call's ``Converse`` stream, where
 interim transcripts go ahead so the server can prefetch, and each final transcript waits for its
 answer. ``knowledge_text`` renders chunks as the message an LLM context takes.
 """
@@ -14,12 +15,12 @@ from typing import Any
 
 import grpc
 
+from sidecar.connection import DEFAULT_TARGET, Connection, open_channel
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
 log = logging.getLogger("voxrecall.adapters")
 
-DEFAULT_TARGET = "127.0.0.1:50051"
 # A turn answers within its budget (150 ms by default) or says why not; a second without an
 # answer means the sidecar is not there, and the agent should go on without knowledge.
 TURN_TIMEOUT_S = 1.0
@@ -52,19 +53,22 @@ class Voxrecall:
 
     Usage::
 
-        async with Voxrecall("127.0.0.1:50051") as vr:
+        async with Voxrecall(Connection.from_env(os.environ)) as vr:  # or Voxrecall("host:port")
             resp = await vr.turn("call-1", "How much is roaming?")
     """
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        connection: Connection | str = DEFAULT_TARGET,
         *,
         knowledge_base: str = "",
         turn_timeout_s: float = TURN_TIMEOUT_S,
         tool_timeout_s: float = TOOL_TIMEOUT_S,
     ) -> None:
-        self.target = target
+        self.connection = (
+            connection if isinstance(connection, Connection) else Connection(connection)
+        )
+        self.metadata = self.connection.metadata  # on every call: the bearer token, if any
         self.knowledge_base = knowledge_base
         self.turn_timeout_s = turn_timeout_s
         self.tool_timeout_s = tool_timeout_s
@@ -75,7 +79,7 @@ class Voxrecall:
     def stub(self) -> Any:
         """The ``Retrieval`` stub; the channel is opened on first use, inside the running loop."""
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.target)
+            self._channel = open_channel(self.connection)
             self._stub = pb_grpc.RetrievalStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
@@ -84,6 +88,7 @@ class Voxrecall:
     ) -> pb.TurnResponse:
         resp: pb.TurnResponse = await self.stub.Turn(
             self.turn_request(session_id, text, sources=sources, is_final=is_final),
+            metadata=self.metadata,
             timeout=self.turn_timeout_s,
         )
         return resp
@@ -99,13 +104,14 @@ class Voxrecall:
                 limit=limit,
                 session_id=session_id,
             ),
+            metadata=self.metadata,
             timeout=self.turn_timeout_s,
         )
         return resp
 
     async def list_tools(self) -> list[pb.Tool]:
         resp: pb.ListToolsResponse = await self.stub.ListTools(
-            pb.ListToolsRequest(), timeout=self.tool_timeout_s
+            pb.ListToolsRequest(), metadata=self.metadata, timeout=self.tool_timeout_s
         )
         return list(resp.tools)
 
@@ -116,13 +122,16 @@ class Voxrecall:
             pb.InvokeToolRequest(
                 name=name, arguments_json=arguments_json, session_id=session_id, call_id=call_id
             ),
+            metadata=self.metadata,
             timeout=self.tool_timeout_s,
         )
         return resp
 
     async def end_session(self, session_id: str) -> bool:
         resp: pb.EndSessionResponse = await self.stub.EndSession(
-            pb.EndSessionRequest(session_id=session_id), timeout=self.turn_timeout_s
+            pb.EndSessionRequest(session_id=session_id),
+            metadata=self.metadata,
+            timeout=self.turn_timeout_s,
         )
         return resp.existed
 
@@ -211,7 +220,7 @@ class TurnStream:
 
     def _open(self) -> Any:
         if self._call is None:
-            self._call = self.client.stub.Converse()
+            self._call = self.client.stub.Converse(metadata=self.client.metadata)
         return self._call
 
     def _request(self, text: str, *, is_final: bool) -> pb.ConverseRequest:
