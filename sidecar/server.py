@@ -88,6 +88,16 @@ class Sidecar:
             await asyncio.to_thread(self.guards.metrics.close)
 
 
+def sidecar_store(config: Config) -> SnapshotStore:
+    """The store ``[sidecar] store`` names, with the ``[sidecar]`` download limits."""
+    return open_store(
+        config.sidecar.store,
+        cache_dir=config.sidecar.cache_dir,
+        timeout_s=config.sidecar.http_timeout_s,
+        download_timeout_s=config.sidecar.http_download_timeout_s,
+    )
+
+
 def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]:
     """The configured bases, or, for a config that names none, those already in the store."""
     if config.knowledge_bases:
@@ -111,11 +121,7 @@ async def create_server(
     if embedder is None:
         embedder = await asyncio.to_thread(make_embedder, config.embedder)
     if store is None:
-        store = open_store(
-            config.sidecar.store,
-            cache_dir=config.sidecar.cache_dir,
-            timeout_s=config.sidecar.http_timeout_s,
-        )
+        store = sidecar_store(config)
     names = knowledge_base_names(config, store)
     if not names:
         log.warning("no knowledge base to serve: name them with [[knowledge_base]] (%r)", store)
@@ -186,12 +192,19 @@ async def create_server(
 async def serve(config: Config, listen: str | None = None) -> None:
     """Run until SIGTERM or SIGINT, then drain: health NOT_SERVING, in-flight calls finish.
 
-    The handlers go in first, so a signal during the start (loading snapshots) drains too."""
+    The handlers go in first, so a signal during the start (loading snapshots) drains too: it
+    closes the store at once, which cuts a download in progress, rather than after the start."""
     stopping = asyncio.Event()
+    store = sidecar_store(config)
+
+    def stop() -> None:
+        stopping.set()
+        store.close()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    sidecar = await create_server(config, listen=listen)
+        loop.add_signal_handler(sig, stop)
+    sidecar = await create_server(config, listen=listen, store=store)
     log.info(
         "voxrecall sidecar listening on port %d (%s)%s",
         sidecar.port,
