@@ -32,6 +32,9 @@ from sidecar.tools import Toolbox
 log = logging.getLogger("voxrecall.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Retrieval"].full_name
+# After the grace period, the calls still in flight are cut off with UNAVAILABLE; this long is
+# left for them to send that status before the server closes their connections.
+CUT_OFF_WAIT_S = 1.0
 
 
 @dataclass
@@ -65,6 +68,17 @@ class Sidecar:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
+    async def _cut_off(self, grace: float) -> None:
+        """End the calls that outlived the grace period with UNAVAILABLE (with a log line each
+        and one here), so a client retries them elsewhere rather than seeing CANCELLED."""
+        assert self.guards is not None
+        cut = self.guards.limit.cut_off(
+            f"the sidecar shut down before this call ended (grace_s {grace:g}): "
+            "retry on another instance"
+        )
+        log.warning("grace period over: %d call(s) in flight ended UNAVAILABLE", cut)
+        await self.guards.limit.wait_idle(asyncio.get_running_loop().time() + CUT_OFF_WAIT_S)
+
     async def stop(self, grace_s: float | None = None) -> None:
         """Refuse new calls, let calls in flight finish within the grace period, then stop.
 
@@ -78,8 +92,8 @@ class Sidecar:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.guards is not None:
-            await self.guards.limit.wait_idle(deadline)
+        if self.guards is not None and not await self.guards.limit.wait_idle(deadline):
+            await self._cut_off(grace)
         await self.server.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
         await self.engine.aclose()  # query embeddings still running in the background
         if self.owns_embedder:
