@@ -8,7 +8,9 @@ in flight when the signal lands (the test waits until the embedding request has 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
 import time
 from collections import Counter
@@ -22,6 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.measure import free_port
 from index.embedders.remote import OpenAIEmbedder
+from index.snapshot import MANIFEST, VECTORS
+from index.store import new_version_id
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.hardening_kit import (
@@ -32,6 +36,8 @@ from tests.hardening_kit import (
     toml_config,
 )
 from tests.openai_server import Behaviour, OpenAIServer
+from tests.snapshot_kit import point_at
+from tests.static_http import StaticServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -69,10 +75,7 @@ def serve(tmp_path: Path, openai: OpenAIServer) -> Iterator[Start]:
             toml_config(
                 tmp_path,
                 embedder=provider,
-                grace_s=grace_s,
-                log_format="json",
-                poll_seconds=3600,
-                **sidecar,
+                **{"grace_s": grace_s, "log_format": "json", "poll_seconds": 3600, **sidecar},
             ),
             encoding="utf-8",
         )
@@ -267,3 +270,44 @@ async def test_sigterm_answers_the_turns_in_flight_on_converse_streams_then_ends
     assert outcomes == {("OK", "UNAVAILABLE"): IN_FLIGHT}, process.log()
     assert idle_end.value.code() is grpc.StatusCode.UNAVAILABLE
     assert await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S) == 0, process.log()
+
+
+def _republish(store: Path, kb: str) -> str:
+    """The current version of ``kb`` published again under a new id (what a rebuild does)."""
+    current = (store / kb / "LATEST").read_text().strip()
+    version = new_version_id("feedbeef")
+    shutil.copytree(store / kb / current, store / kb / version)
+    manifest = json.loads((store / kb / version / MANIFEST).read_text())
+    manifest["version"] = version
+    (store / kb / version / MANIFEST).write_text(json.dumps(manifest))
+    point_at(store, version, kb)
+    return version
+
+
+@pytest.mark.parametrize("when", ["while_serving", "at_start"])
+async def test_sigterm_cuts_a_download_from_a_trickling_store(
+    when: str, serve: Start, tmp_path: Path
+) -> None:
+    """Issue 14 (10): a store that sends the headers and then nothing kept a refresh alive, and
+    SIGTERM waited for it (78 s with grace_s 5). The drain now cuts the download: exit 0 well
+    within the liveness bound, whatever the store does."""
+    static = StaticServer(tmp_path / "store").start()
+    try:
+        settings = {"store": static.url, "cache_dir": str(tmp_path / "cache")}
+        if when == "at_start":
+            static.hostile, static.hostile_suffix = "trickle", f"/{VECTORS}"
+            process = serve(5, http_timeout_s=3600, poll_seconds=0.2, **settings)
+            await _wait_for(lambda: bool(static.requests(f"/{VECTORS}")), "the first download")
+        else:
+            process = serve(5, http_timeout_s=3600, poll_seconds=0.2, **settings)
+            await _target(process)
+            static.hostile, static.hostile_suffix = "trickle", f"/{VECTORS}"
+            version = _republish(tmp_path / "store", "help")
+            await _wait_for(
+                lambda: bool(static.requests(f"/{version}/{VECTORS}")), "the new version's download"
+            )
+        process.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S)
+    finally:
+        static.stop()
+    assert code == 0, process.log()
