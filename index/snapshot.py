@@ -105,7 +105,8 @@ class Manifest:
         m = _Fields(raw, f"{where}: manifest")
         embedder, hnsw, counts = m.table("embedder"), m.table("hnsw"), m.table("counts")
         files = m.mapping("files", str)
-        sizes = m.mapping("sizes", int)
+        # format 2 recorded no sizes: read it, so that verify_snapshot says "incompatible"
+        sizes = m.mapping("sizes", int, optional=m.raw.get("format_version") == 2)
         if any(size < 0 for size in sizes.values()):
             raise CorruptSnapshot(f"{where}: manifest: a file size is negative")
         return cls(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.fuzz_snapshot import INFO, Worker, fuzz, write_seed
-from index.errors import CorruptSnapshot
+from index.errors import CorruptSnapshot, IncompatibleSnapshot
 from index.snapshot import VECTORS, load_snapshot
 from tests.snapshot_kit import TAMPERED
 
@@ -123,3 +123,15 @@ def test_a_seeded_fuzz_run_finds_no_crash_no_hang_and_no_unnamed_error(tmp_path:
     # the mutations reach past the checksums: most are refused, some still load
     assert result["outcomes"]["refused"] > 150
     assert result["outcomes"]["ok"] > 0
+
+
+def test_a_format_2_snapshot_is_incompatible_not_corrupt(seed: Path, tmp_path: Path) -> None:
+    """Format 3 added the files' sizes: an older snapshot asks for a rebuild."""
+    folder = tmp_path / "v2"
+    shutil.copytree(seed, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    del manifest["sizes"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IncompatibleSnapshot, match="format version 2"):
+        load_snapshot(folder, INFO)
