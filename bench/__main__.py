@@ -1,6 +1,7 @@
 """``python -m bench SUITE [--quick] [--out DIR]``: run a suite, write DIR/SUITE.json, print a table.
 
-SUITE is ``search``, ``turn``, ``quality``, ``scale`` or ``all``. ``--quick`` is the smoke mode
+SUITE is ``search``, ``turn``, ``quality``, ``scale`` or ``all``; ``fuzz_snapshot [--seconds S]``
+fuzzes the snapshot loader in child processes (``bench/fuzz_snapshot.py``; not part of ``all``). ``--quick`` is the smoke mode
 CI runs: small sizes, no optional peer, a couple of minutes a suite on two cores; it checks that
 a suite still runs, never a timing. ``turn`` and ``quality`` call the entry points of
 ``bench.turn_latency``, ``bench.quality_scifact`` and ``bench.quality_turns``. See bench/README.md.
@@ -128,6 +129,10 @@ def run_suite(name: str, args: argparse.Namespace) -> dict[str, Any]:
         return scale.run(args.quick, sizes=sizes)
     if name == "turn":
         return run_turn(args.quick)
+    if name == "fuzz_snapshot":
+        from bench import fuzz_snapshot
+
+        return fuzz_snapshot.run(args.quick, seconds=args.seconds)
     return run_quality(args.quick)
 
 
@@ -191,7 +196,7 @@ def plot(name: str, result: dict[str, Any], out: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("suite", choices=(*SUITES, "all"))
+    parser.add_argument("suite", choices=(*SUITES, "fuzz_snapshot", "all"))
     parser.add_argument("--quick", action="store_true", help="smoke mode: small, no peers")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for SUITE.json")
     search = parser.add_argument_group("search")
@@ -200,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     search.add_argument("--queries", type=int, help="timed queries (default 1000; quick 200)")
     search.add_argument("--systems", help="comma-separated systems (default: all; quick: no peer)")
     parser.add_argument("--sizes", help="scale: comma-separated N to measure")
+    parser.add_argument("--seconds", type=float, default=300.0, help="fuzz_snapshot: how long")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("httpx", "chromadb", "pgserver"):  # a line per request drowns the progress

@@ -222,6 +222,7 @@ class SidecarConfig:
     cache_dir: Path = Path(".snapshot-cache")  # where an http(s) store's downloads are kept
     keep_downloaded: int = 2  # downloaded versions kept per base: the current and the previous
     http_timeout_s: float = 10.0  # per connect and per read against an http(s) store
+    http_download_timeout_s: float = 600.0  # per file downloaded from an http(s) store, whole
     tool_output_chars: int = 2000  # the most characters one knowledge function call returns
     skip: SkipConfig = SkipConfig()
     followups: FollowupConfig = FollowupConfig()
@@ -437,8 +438,11 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
     _check_operations(sidecar, sc_where)
     if sidecar.keep_downloaded < 1:
         raise ConfigError(f"{where} [sidecar] keep_downloaded must be >= 1 (the serving version)")
-    if sidecar.poll_seconds <= 0 or sidecar.http_timeout_s <= 0:
-        raise ConfigError(f"{where} [sidecar] poll_seconds and http_timeout_s must be > 0")
+    if min(sidecar.poll_seconds, sidecar.http_timeout_s, sidecar.http_download_timeout_s) <= 0:
+        raise ConfigError(
+            f"{where} [sidecar] poll_seconds, http_timeout_s and http_download_timeout_s "
+            "must be > 0"
+        )
     if (
         isinstance(sidecar.workers, bool)
         or not isinstance(sidecar.workers, int)

@@ -9,24 +9,38 @@ the manifest's sha256, the manifest is written last, and the folder is renamed t
 ``<cache>/<kb>/<version>/``. So a version-named folder in the cache is always complete and
 verified, and a broken download leaves at most a ``.partial-`` folder that the next try resumes.
 
+Every answer is capped: a file at the size its manifest records, the manifest at
+``MAX_MANIFEST_BYTES``, the pointer at ``MAX_POINTER_BYTES``; more is a CorruptSnapshot, and no
+byte past the cap is written. Every download has a total deadline
+(``HttpOptions.download_timeout_s``) besides the per-read timeout, so a server trickling a byte
+at a time cannot hold a refresh. ``close()`` cuts the downloads in progress: their sockets are
+shut down, which wakes a read blocked in the refresher's thread, so a drain never waits for one.
+
 Blocking (urllib, stdlib only): the refresher calls it from a worker thread. Proxies from the
 environment are not used: nothing below the entry point reads the environment.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import http.client
+import io
 import logging
 import os
 import shutil
+import socket
+import ssl
 import threading
+import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import quote
 
 from index.errors import (
@@ -59,12 +73,17 @@ class HttpOptions:
     """Timeouts and retries of an HttpStore.
 
     ``timeout_s`` bounds each connect and each read: a static server answers in milliseconds, so
-    ten seconds of silence is a dead connection, not a slow one. A file is tried ``attempts``
+    ten seconds of silence is a dead connection, not a slow one. ``download_timeout_s`` bounds
+    each download as a whole (checked between reads, so it may be passed by one read's
+    ``timeout_s``). A file is tried ``attempts``
     times with backoff ``backoff_s`` doubling up to ``max_backoff_s``: the defaults ride out
     about seven seconds of errors within one poll; longer outages are retried on the next poll.
     """
 
     timeout_s: float = 10.0
+    # A whole file, every attempt included: a 2 GB vectors file at 4 MB/s. A server that sends
+    # a byte every few seconds passes every per-read timeout; this ends it.
+    download_timeout_s: float = 600.0
     attempts: int = 4
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
@@ -81,6 +100,69 @@ class _Retry(Exception):
     """One attempt failed in a way the next attempt may not (5xx, reset, cut-off body)."""
 
 
+class _TooLong(Exception):
+    """An answer went past its cap; the caller names what was capped."""
+
+
+class _Connections:
+    """The sockets of this store's requests, so ``close`` can cut a read blocked in another
+    thread (a socket shut down wakes its reader with end-of-file)."""
+
+    def __init__(self) -> None:
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.add(sock)
+            closed = self._closed
+        if closed:
+            _shutdown(sock)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    # the plain socket's shutdown, also under TLS, where the reader is inside SSL_read; an
+    # OSError: already closed
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _tracked(cls: type[http.client.HTTPConnection], connections: _Connections) -> type[Any]:
+    class Tracked(cls):  # type: ignore[valid-type,misc]
+        def connect(self) -> None:
+            super().connect()
+            connections.track(self.sock)
+
+    return Tracked
+
+
+class _HttpHandler(urllib.request.HTTPHandler):
+    def __init__(self, connections: _Connections) -> None:
+        super().__init__()
+        self._connection: Any = _tracked(http.client.HTTPConnection, connections)
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection, req)
+
+
+class _HttpsHandler(urllib.request.HTTPSHandler):
+    def __init__(self, connections: _Connections) -> None:
+        self._tls = ssl.create_default_context()
+        super().__init__(context=self._tls)
+        self._connection: Any = _tracked(http.client.HTTPSConnection, connections)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection, req, context=self._tls)
+
+
 class HttpStore:
     """A SnapshotStore over HTTP(S) with a local cache of verified downloads.
 
@@ -95,7 +177,12 @@ class HttpStore:
         self.options = options or HttpOptions()
         self._pointers: dict[str, _Pointer] = {}
         self._closed = threading.Event()
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._connections = _Connections()
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}),
+            _HttpHandler(self._connections),
+            _HttpsHandler(self._connections),
+        )
 
     def __repr__(self) -> str:
         return f"HttpStore({self.base_url!r}, cache={str(self.cache_dir)!r})"
@@ -109,10 +196,15 @@ class HttpStore:
         headers = {"Cache-Control": "no-cache"}
         if known is not None:
             headers["If-None-Match"] = known.etag
+        deadline = time.monotonic() + self.options.download_timeout_s
         try:
             with self._open(url, headers) as resp:
-                data = resp.read(MAX_POINTER_BYTES + 1)
+                data = self._read_all(resp, url, MAX_POINTER_BYTES, deadline)
                 etag = resp.headers.get("ETag")
+        except _TooLong as exc:
+            raise CorruptSnapshot(f"{url}: over {MAX_POINTER_BYTES} bytes, not a pointer") from exc
+        except _Retry as exc:
+            raise StoreUnavailable(f"{url}: {exc}") from exc
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code == 304 and known is not None:
@@ -176,7 +268,9 @@ class HttpStore:
         return frozenset()
 
     def close(self) -> None:
+        """Abandon every wait and cut every download in progress (a drain)."""
         self._closed.set()
+        self._connections.close()
 
     # -- downloading ------------------------------------------------------------------------
 
@@ -190,21 +284,28 @@ class HttpStore:
                 f"not {kb} {version}"
             )
         for name in manifest_files(manifest, url):
-            self._download_file(self._url(kb, version, name), partial / name, manifest.files[name])
+            size = manifest.sizes.get(name)
+            if size is None:
+                raise CorruptSnapshot(f"{url}: no size for {name}: nothing to cap its download at")
+            self._download_file(
+                self._url(kb, version, name), partial / name, manifest.files[name], size
+            )
         self._write_file(partial / MANIFEST, raw)
         fsync_dir(partial)
 
-    def _download_file(self, url: str, dest: Path, sha256: str) -> None:
-        """Download (resuming what a broken try left), then verify; a mismatch is retried once
-        from zero when part of the file came from an earlier try, else CorruptSnapshot."""
-        if dest.is_file() and sha256_file(dest) == sha256:
+    def _download_file(self, url: str, dest: Path, sha256: str, size: int) -> None:
+        """Download (resuming what a broken try left) at most ``size`` bytes within the
+        download deadline, then verify; a mismatch is retried once from zero when part of the
+        file came from an earlier try, else CorruptSnapshot."""
+        if dest.is_file() and dest.stat().st_size == size and sha256_file(dest) == sha256:
             return  # finished by an earlier fetch of this version
-        resumed = self._with_retries(url, lambda: self._get_to_file(url, dest))
+        deadline = time.monotonic() + self.options.download_timeout_s
+        resumed = self._with_retries(url, lambda: self._get_to_file(url, dest, size, deadline))
         got = sha256_file(dest)
         if got != sha256 and resumed:
             log.warning("%s: resumed download fails its checksum; downloading it whole", url)
             dest.unlink()
-            self._with_retries(url, lambda: self._get_to_file(url, dest))
+            self._with_retries(url, lambda: self._get_to_file(url, dest, size, deadline))
             got = sha256_file(dest)
         if got != sha256:
             raise CorruptSnapshot(f"{url}: sha256 {got[:12]} != manifest {sha256[:12]}")
@@ -225,34 +326,56 @@ class HttpStore:
         raise StoreUnavailable(f"{url}: {last} ({self.options.attempts} attempts)") from last
 
     def _get_small(self, url: str) -> bytes:
+        deadline = time.monotonic() + self.options.download_timeout_s
         with self._request(url, {}) as resp:
-            data = resp.read(MAX_MANIFEST_BYTES + 1)
-            _check_length(resp, len(data))
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise CorruptSnapshot(f"{url}: manifest over {MAX_MANIFEST_BYTES} bytes")
-        return data
+            try:
+                return self._read_all(resp, url, MAX_MANIFEST_BYTES, deadline)
+            except _TooLong as exc:
+                raise CorruptSnapshot(f"{url}: manifest over {MAX_MANIFEST_BYTES} bytes") from exc
 
-    def _get_to_file(self, url: str, dest: Path) -> bool:
-        """One attempt: append from where ``dest`` ends (Range) or start over; True if resumed."""
+    def _read_all(
+        self, resp: http.client.HTTPResponse, url: str, cap: int, deadline: float
+    ) -> bytes:
+        """A small answer whole, at most ``cap`` bytes (else _TooLong)."""
+        buf = io.BytesIO()
+        received = self._copy(resp, url, cap, deadline, buf.write)
+        _check_length(resp, received)
+        return buf.getvalue()
+
+    def _get_to_file(self, url: str, dest: Path, size: int, deadline: float) -> bool:
+        """One attempt: append from where ``dest`` ends (Range) or start over; True if resumed.
+        At most ``size`` bytes end up in ``dest``: an answer with more is CorruptSnapshot."""
         offset = dest.stat().st_size if dest.is_file() else 0
+        if offset >= size:  # whole but wrong (it failed its checksum), or longer than it may be
+            dest.unlink()
+            offset = 0
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         with self._request(url, headers) as resp:
             if resp.status == 206 and _range_start(resp) != offset:
                 dest.unlink(missing_ok=True)
                 raise _Retry(f"asked for bytes from {offset}, got {resp.headers['Content-Range']}")
             resumed = resp.status == 206  # else a 200: the whole file, from the start
-            received = 0
+            start = offset if resumed else 0
+            announced = resp.headers.get("Content-Length", "")
+            if announced.isdigit() and start + int(announced) > size:
+                raise CorruptSnapshot(f"{url}: announces {announced} bytes from {start}, "
+                                      f"the manifest says the file is {size}")  # fmt: skip
             try:
                 f = dest.open("ab" if resumed else "wb")
             except OSError as exc:
                 raise _cache_error(dest, exc) from exc
             with f:
-                while block := self._read(resp, url):
-                    try:
-                        self._write(f, block)
-                    except OSError as exc:
-                        raise _cache_error(dest, exc) from exc
-                    received += len(block)
+                try:
+                    received = self._copy(
+                        resp, url, size - start, deadline, partial(self._write, f)
+                    )
+                except _TooLong as exc:
+                    raise CorruptSnapshot(
+                        f"{url}: sent more than the {size} bytes the manifest says; "
+                        f"kept {size - start} of them"
+                    ) from exc
+                except OSError as exc:
+                    raise _cache_error(dest, exc) from exc
                 try:
                     f.flush()
                     os.fsync(f.fileno())
@@ -261,13 +384,42 @@ class HttpStore:
             _check_length(resp, received)
         return resumed
 
-    def _read(self, resp: http.client.HTTPResponse, url: str) -> bytes:
+    def _copy(
+        self,
+        resp: http.client.HTTPResponse,
+        url: str,
+        cap: int,
+        deadline: float,
+        sink: Callable[[bytes], object],
+    ) -> int:
+        """Pass the body to ``sink`` block by block, never more than ``cap`` bytes (_TooLong
+        when there are more), giving up at ``deadline``; the bytes passed on."""
+        received = 0
+        while block := self._read(resp, url, deadline):
+            if received + len(block) > cap:
+                sink(block[: cap - received])
+                raise _TooLong(url)
+            sink(block)
+            received += len(block)
+        return received
+
+    def _read(self, resp: http.client.HTTPResponse, url: str, deadline: float) -> bytes:
+        """What the socket has (``read1``: a trickle returns as it comes, so the deadline and
+        ``close`` are looked at between reads), up to ``block_bytes``."""
         if self._closed.is_set():
             raise StoreUnavailable(f"{url}: store closed during the download")
+        if time.monotonic() > deadline:
+            raise StoreUnavailable(
+                f"{url}: not downloaded within {self.options.download_timeout_s:g} s "
+                "([sidecar] http_download_timeout_s); resumed on the next poll"
+            )
         try:
-            return resp.read(self.options.block_bytes)
+            block = resp.read1(self.options.block_bytes)
         except (OSError, http.client.HTTPException) as exc:
             raise _Retry(f"download broke off: {_why(exc)}") from exc
+        if not block and self._closed.is_set():  # our own shutdown looks like the end
+            raise StoreUnavailable(f"{url}: store closed during the download")
+        return block
 
     def _request(self, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
         """An open 2xx response; _Retry for what may pass, IncompleteSnapshot for a 404."""
@@ -284,6 +436,8 @@ class HttpStore:
             raise _Retry(_why(exc)) from exc
 
     def _open(self, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+        if self._closed.is_set():
+            raise StoreUnavailable(f"{url}: store closed")
         request = urllib.request.Request(url, headers={"User-Agent": "voxrecall", **headers})
         resp: http.client.HTTPResponse = self._opener.open(request, timeout=self.options.timeout_s)
         return resp

@@ -12,6 +12,8 @@ import io
 import math
 import re
 import struct
+import zipfile
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -323,12 +325,34 @@ class LexicalIndex:
     def from_bytes(
         cls, data: bytes, *, k1: float | None = None, b: float | None = None
     ) -> LexicalIndex:
-        """Load what :meth:`to_bytes` wrote; ``k1``/``b`` override the stored parameters."""
+        """Load what :meth:`to_bytes` wrote; ``k1``/``b`` override the stored parameters.
+
+        ValueError for anything else (a cut or garbled file): the errors of the layers below
+        (struct, zipfile, zlib, numpy) are wrapped, so a caller handles one."""
+        try:
+            return cls._from_bytes(data, k1, b)
+        except (
+            struct.error,
+            zipfile.BadZipFile,
+            zlib.error,
+            EOFError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            OverflowError,
+            MemoryError,  # an array header claiming more than memory holds
+        ) as exc:
+            raise ValueError(f"lexical index is corrupt: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_bytes(cls, data: bytes, k1: float | None, b: float | None) -> LexicalIndex:
         if not data.startswith(_MAGIC):
             raise ValueError("not a voxrecall lexical index")
         start = len(_MAGIC) + _HEADER_LEN.size
         (head_len,) = _HEADER_LEN.unpack_from(data, len(_MAGIC))
         header = orjson.loads(data[start : start + head_len])
+        if type(header) is not dict:
+            raise ValueError("lexical index header is not a JSON object")
         if header.get("format") != _FORMAT or header.get("version") != _VERSION:
             raise ValueError(f"unsupported lexical index format: {header!r}")
         if header.get("analyzer") != ANALYZER:
@@ -336,7 +360,9 @@ class LexicalIndex:
                 f"lexical index built with analyzer {header.get('analyzer')!r}, "
                 f"this code analyzes queries with {ANALYZER!r}"
             )
-        with np.load(io.BytesIO(data[start + head_len :]), allow_pickle=False) as npz:
+        arrays_zip = io.BytesIO(data[start + head_len :])
+        _check_stored(arrays_zip)
+        with np.load(arrays_zip, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in ("vocab", "indptr", "doc_ids", "tfs", "doc_len")}
         n_terms = int(header["n_terms"])
         blob = arrays["vocab"].tobytes().decode("utf-8")
@@ -362,6 +388,19 @@ class LexicalIndex:
             k1=header["k1"] if k1 is None else k1,
             b=header["b"] if b is None else b,
         )
+
+
+def _check_stored(blob: io.BytesIO) -> None:
+    """The arrays are an uncompressed zip (``np.savez``): a compressed member could be a
+    decompression bomb, so it is refused before numpy reads it."""
+    with zipfile.ZipFile(blob) as archive:
+        for member in archive.infolist():
+            if (
+                member.compress_type != zipfile.ZIP_STORED
+                or member.file_size != member.compress_size
+            ):
+                raise ValueError(f"lexical index member {member.filename!r} is compressed")
+    blob.seek(0)
 
 
 def reciprocal_rank_fusion(

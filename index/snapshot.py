@@ -15,6 +15,7 @@ before a reader trusts the folder; ``load`` then builds the in-memory form a sid
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -27,12 +28,14 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from index.config import MAX_EF_SEARCH
 from index.embedders.base import EmbedderInfo, Vectors
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
+from index.hnsw_file import MAX_M, check_hnsw_file
 from index.lexical import LexicalIndex
 from index.types import Chunk
 
-FORMAT_VERSION = 2  # 2: chunks stored as JSON lines
+FORMAT_VERSION = 3  # 2: chunks stored as JSON lines; 3: the manifest records every file's size
 # A floor for the query-time ef: below it real-query recall drops fast (SciFact: 0.88 at ef 10,
 # 0.98 at 32) while an hnswlib query at ef 32 still takes well under a millisecond.
 MIN_EF = 32
@@ -42,6 +45,7 @@ CHUNKS = "chunks.jsonl"
 PAGES = "pages.json"
 LEXICAL = "lexical.bin"
 DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL)
+MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,7 @@ class Manifest:
     pages: int
     chunks: int
     files: Mapping[str, str]  # name -> sha256
+    sizes: Mapping[str, int]  # name -> bytes: what a download is capped at
     sources: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -83,6 +88,7 @@ class Manifest:
                 },
                 "counts": {"pages": self.pages, "chunks": self.chunks},
                 "files": dict(self.files),
+                "sizes": dict(self.sizes),
                 "sources": list(self.sources),
                 "extra": dict(self.extra),
             },
@@ -91,30 +97,99 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Manifest:
+        """Parse and type-check a manifest: every field the sidecar reads, CorruptSnapshot if not."""
         try:
             raw = orjson.loads(data)
-            return cls(
-                format_version=int(raw["format_version"]),
-                knowledge_base=str(raw["knowledge_base"]),
-                version=str(raw["version"]),
-                created_at=float(raw["created_at"]),
-                embedder=EmbedderInfo(
-                    name=str(raw["embedder"]["name"]), dimension=int(raw["embedder"]["dimension"])
-                ),
-                hnsw=HnswParams(
-                    m=int(raw["hnsw"]["m"]),
-                    ef_construction=int(raw["hnsw"]["ef_construction"]),
-                    ef=int(raw["hnsw"]["ef"]),
-                    measured_recall_at_10=float(raw["hnsw"]["measured_recall_at_10"]),
-                ),
-                pages=int(raw["counts"]["pages"]),
-                chunks=int(raw["counts"]["chunks"]),
-                files={str(k): str(v) for k, v in raw["files"].items()},
-                sources=tuple(raw.get("sources", ())),
-                extra=dict(raw.get("extra", {})),
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except orjson.JSONDecodeError as exc:
             raise CorruptSnapshot(f"{where}: unreadable manifest: {exc}") from exc
+        m = _Fields(raw, f"{where}: manifest")
+        embedder, hnsw, counts = m.table("embedder"), m.table("hnsw"), m.table("counts")
+        files = m.mapping("files", str)
+        # format 2 recorded no sizes: read it, so that verify_snapshot says "incompatible"
+        sizes = m.mapping("sizes", int, optional=m.raw.get("format_version") == 2)
+        if any(size < 0 for size in sizes.values()):
+            raise CorruptSnapshot(f"{where}: manifest: a file size is negative")
+        return cls(
+            format_version=m.integer("format_version", 0, 1 << 16),
+            knowledge_base=m.text("knowledge_base"),
+            version=m.text("version"),
+            created_at=m.number("created_at"),
+            embedder=EmbedderInfo(
+                name=embedder.text("name"), dimension=embedder.integer("dimension", 1, MAX_DIM)
+            ),
+            hnsw=HnswParams(
+                m=hnsw.integer("m", 2, MAX_M),
+                ef_construction=hnsw.integer("ef_construction", 1, 1 << 20),
+                ef=hnsw.integer("ef", 1, MAX_EF_SEARCH),
+                measured_recall_at_10=hnsw.number("measured_recall_at_10"),
+            ),
+            pages=counts.integer("pages", 0, 1 << 40),
+            chunks=counts.integer("chunks", 0, 1 << 32),
+            files=files,
+            sizes=sizes,
+            sources=tuple(m.sequence("sources", str, optional=True)),
+            extra=m.mapping("extra", object, optional=True),
+        )
+
+
+class _Fields:
+    """Typed reads of one JSON object of a manifest: a wrong type or a missing key is
+    CorruptSnapshot naming the key (``int(...)`` would take ``True`` or ``"7"``)."""
+
+    def __init__(self, raw: object, where: str) -> None:
+        if type(raw) is not dict:
+            raise CorruptSnapshot(f"{where} is not a JSON object")
+        self.raw: dict[str, object] = raw
+        self.where = where
+
+    def _get(self, key: str, kind: type | tuple[type, ...]) -> Any:
+        value = self.raw.get(key)
+        if type(value) not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise CorruptSnapshot(f"{self.where}: {key!r} is missing or not {_kind_name(kind)}")
+        return value
+
+    def table(self, key: str) -> _Fields:
+        return _Fields(self._get(key, dict), f"{self.where}.{key}")
+
+    def text(self, key: str) -> str:
+        value: str = self._get(key, str)
+        return value
+
+    def number(self, key: str) -> float:
+        value = float(self._get(key, (int, float)))
+        if not math.isfinite(value):
+            raise CorruptSnapshot(f"{self.where}: {key!r} is not a finite number")
+        return value
+
+    def integer(self, key: str, low: int, high: int) -> int:
+        value: int = self._get(key, int)
+        if not low <= value <= high:
+            raise CorruptSnapshot(f"{self.where}: {key!r} = {value} is outside {low}..{high}")
+        return value
+
+    def mapping(self, key: str, kind: type, *, optional: bool = False) -> dict[str, Any]:
+        if optional and key not in self.raw:
+            return {}
+        value: dict[str, Any] = self._get(key, dict)
+        if kind is not object and any(type(v) is not kind for v in value.values()):
+            raise CorruptSnapshot(f"{self.where}: a value of {key!r} is not {_kind_name(kind)}")
+        return value
+
+    def sequence(self, key: str, kind: type, *, optional: bool = False) -> list[Any]:
+        if optional and key not in self.raw:
+            return []
+        value: list[Any] = self._get(key, list)
+        if any(type(v) is not kind for v in value):
+            raise CorruptSnapshot(f"{self.where}: an item of {key!r} is not {_kind_name(kind)}")
+        return value
+
+
+_KIND_NAMES: dict[type, str] = {dict: "an object", list: "a list", str: "a string"}
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
 
 
 def page_key(source: str, source_path: str) -> str:
@@ -165,18 +240,25 @@ def chunk_to_dict(chunk: Chunk) -> dict[str, Any]:
     }
 
 
-def chunk_from_dict(raw: Mapping[str, Any]) -> Chunk:
-    return Chunk(
-        chunk_id=raw["id"],
-        source=raw["source"],
-        source_path=raw["path"],
-        title=raw["title"],
-        breadcrumbs=tuple(raw["crumbs"]),
-        text=raw["text"],
-        embed_text=raw["embed"],
-        url=raw["url"],
-        metadata=raw["meta"],
-    )
+_CHUNK_TEXT = (("id", "chunk_id"), ("source", "source"), ("path", "source_path"),
+               ("title", "title"), ("text", "text"), ("embed", "embed_text"), ("url", "url"))  # fmt: skip
+
+
+def chunk_from_dict(raw: object) -> Chunk:
+    """A chunk from its JSON form; ValueError naming the field when a type is wrong (every
+    field the sidecar reads is checked here, once, rather than failing a call later)."""
+    if type(raw) is not dict:
+        raise ValueError(f"a chunk is a JSON object, not {type(raw).__name__}")
+    text = {attr: raw.get(key) for key, attr in _CHUNK_TEXT}
+    crumbs, meta = raw.get("crumbs"), raw.get("meta")
+    bad = [k for k, attr in _CHUNK_TEXT if type(text[attr]) is not str]
+    if type(crumbs) is not list or any(type(c) is not str for c in crumbs):
+        bad.append("crumbs")
+    if type(meta) is not dict or any(type(v) is not str for v in meta.values()):
+        bad.append("meta")
+    if bad:
+        raise ValueError(f"chunk field(s) {', '.join(bad)} missing or of the wrong type")
+    return Chunk(breadcrumbs=tuple(crumbs), metadata=meta, **text)  # type: ignore[arg-type]
 
 
 def build_hnsw(vectors: Vectors, m: int, ef_construction: int) -> hnswlib.Index:
@@ -263,6 +345,7 @@ def write_snapshot(
         pages=page_count,
         chunks=len(chunks),
         files={name: sha256_file(folder / name) for name in DATA_FILES},
+        sizes={name: (folder / name).stat().st_size for name in DATA_FILES},
         sources=tuple(sources),
         extra=dict(extra or {}),
     )
@@ -306,6 +389,9 @@ def verify_snapshot(
             raise CorruptSnapshot(f"{folder}: manifest lists no checksum for {name}")
         if not path.is_file():
             raise CorruptSnapshot(f"{folder}: {name} is missing")
+        size, listed = path.stat().st_size, manifest.sizes.get(name)
+        if size != listed:
+            raise CorruptSnapshot(f"{folder}: {name} is {size} bytes, the manifest says {listed}")
         got = sha256_file(path) if checksums else want
         if got != want:
             raise CorruptSnapshot(f"{folder}: {name} sha256 {got[:12]} != manifest {want[:12]}")
@@ -461,14 +547,55 @@ def build_partitions(
 
 
 def read_chunks(path: Path) -> tuple[Chunk, ...]:
-    """Parse the chunk store one line at a time.
+    """Parse the chunk store one line at a time; CorruptSnapshot naming the first bad line.
 
     One ``orjson.loads`` over the whole store would hold the GIL for about a second at 100k
     chunks and stall the sidecar's event loop mid-swap; line by line, the interpreter switches to
     the loop thread every few milliseconds.
     """
+    chunks: list[Chunk] = []
     with path.open("rb") as f:
-        return tuple(chunk_from_dict(orjson.loads(line)) for line in f if line.strip())
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                chunks.append(chunk_from_dict(orjson.loads(line)))
+            except ValueError as exc:  # orjson.JSONDecodeError is one
+                raise CorruptSnapshot(f"{path}:{number}: {exc}") from exc
+    return tuple(chunks)
+
+
+def read_pages(path: Path) -> dict[str, str]:
+    """``pages.json``: an object of page key -> page text; CorruptSnapshot otherwise."""
+    try:
+        pages = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise CorruptSnapshot(f"{path}: {exc}") from exc
+    if type(pages) is not dict or any(type(v) is not str for v in pages.values()):
+        raise CorruptSnapshot(f"{path}: not a JSON object of page texts")
+    return pages
+
+
+def read_lexical(path: Path) -> LexicalIndex:
+    try:
+        return LexicalIndex.from_bytes(path.read_bytes())
+    except ValueError as exc:
+        raise CorruptSnapshot(f"{path}: {exc}") from exc
+
+
+def read_hnsw(path: Path, manifest: Manifest, ef: int) -> hnswlib.Index:
+    """The hnswlib index, after ``check_hnsw_file`` has made sure hnswlib can read it safely."""
+    dim, count = manifest.embedder.dimension, manifest.chunks
+    index = hnswlib.Index(space="ip", dim=dim)
+    if not count:
+        return index
+    check_hnsw_file(path, count=count, dimension=dim, m=manifest.hnsw.m)
+    try:
+        index.load_index(str(path), max_elements=count)
+    except (RuntimeError, MemoryError) as exc:
+        raise CorruptSnapshot(f"{path}: hnswlib cannot load it: {exc}") from exc
+    index.set_ef(ef)  # hnswlib resets ef to 10 on load
+    return index
 
 
 def load_snapshot(
@@ -480,6 +607,11 @@ def load_snapshot(
 ) -> LoadedSnapshot:
     """Verify, then load a snapshot; blocking (seconds for large ones): call it off the event loop.
 
+    Every file is checked before it is trusted (a checksum proves a file is the one published,
+    not that it is well-formed): the manifest's and the chunks' fields by type, the page texts,
+    the lexical arrays, and the hnswlib file's layout and graph. Anything wrong is
+    CorruptSnapshot (or IncompatibleSnapshot), never another exception or a crash.
+
     ``ef_search`` replaces the query-time ef the build chose (0 keeps it).
 
     ``checksums=False``: the files' sha256 were checked by ``SnapshotStore.fetch`` (see
@@ -488,20 +620,16 @@ def load_snapshot(
     manifest = verify_snapshot(folder, expected, checksums=checksums)
     try:
         chunks = read_chunks(folder / CHUNKS)
-        pages = orjson.loads((folder / PAGES).read_bytes())
-        lexical = LexicalIndex.from_bytes((folder / LEXICAL).read_bytes())
-        index = hnswlib.Index(space="ip", dim=manifest.embedder.dimension)
-        if chunks:
-            index.load_index(str(folder / VECTORS), max_elements=len(chunks))
-            index.set_ef(ef_search or manifest.hnsw.ef)  # hnswlib resets ef to 10 on load
-    except (OSError, RuntimeError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
-        raise CorruptSnapshot(f"{folder}: cannot load: {exc}") from exc
-    count = index.get_current_count() if chunks else 0
-    if count != len(chunks) or len(chunks) != manifest.chunks or len(lexical) != len(chunks):
-        raise CorruptSnapshot(
-            f"{folder}: counts disagree: hnsw {count}, chunks {len(chunks)}, "
-            f"lexical {len(lexical)}, manifest {manifest.chunks}"
-        )
+        pages = read_pages(folder / PAGES)
+        lexical = read_lexical(folder / LEXICAL)
+        if len(chunks) != manifest.chunks or len(lexical) != len(chunks):
+            raise CorruptSnapshot(
+                f"{folder}: counts disagree: chunks {len(chunks)}, lexical {len(lexical)}, "
+                f"manifest {manifest.chunks}"
+            )
+        index = read_hnsw(folder / VECTORS, manifest, ef_search or manifest.hnsw.ef)
+    except OSError as exc:
+        raise CorruptSnapshot(f"{folder}: cannot read: {exc}") from exc
     names = tuple(sorted({c.source for c in chunks}))
     position = {name: i for i, name in enumerate(names)}
     source_of = np.fromiter((position[c.source] for c in chunks), dtype=np.int32, count=len(chunks))

@@ -258,12 +258,19 @@ def is_url(location: Path | str) -> bool:
     return isinstance(location, str) and location.startswith(("http://", "https://"))
 
 
-def open_store(location: Path | str, *, cache_dir: Path, timeout_s: float = 10.0) -> SnapshotStore:
+def open_store(
+    location: Path | str,
+    *,
+    cache_dir: Path,
+    timeout_s: float = 10.0,
+    download_timeout_s: float = 600.0,
+) -> SnapshotStore:
     """The store a sidecar reads: an http(s) URL downloads into ``cache_dir``; else a folder."""
     if is_url(location):
         from index.http_store import HttpOptions, HttpStore
 
-        return HttpStore(str(location), cache_dir, HttpOptions(timeout_s=timeout_s))
+        options = HttpOptions(timeout_s=timeout_s, download_timeout_s=download_timeout_s)
+        return HttpStore(str(location), cache_dir, options)
     return LocalStore(Path(location))
 
 

@@ -45,6 +45,15 @@ class Call:
     caller: Any = None  # the authenticated caller (sidecar.auth), None without auth
     code: grpc.StatusCode = grpc.StatusCode.OK
     notes: dict[str, Any] = field(default_factory=dict)
+    task: asyncio.Task[Any] | None = field(default_factory=asyncio.current_task)
+    cut: str = ""  # set with the task cancelled: the drain's grace ended; the call ends UNAVAILABLE
+
+    def cut_off(self, reason: str) -> None:
+        """End this call from outside (the drain, when its grace ends): UNAVAILABLE, which a
+        client retries on another instance, where a plain cancel would answer CANCELLED."""
+        self.cut = reason
+        if self.task is not None:
+            self.task.cancel()
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
@@ -125,6 +134,13 @@ class _Run:
             call.code = _code_of(call.context) or _code_for(exc, call.context)
         for hook in reversed(self.started):
             hook.end(call)
+
+
+async def _unless_cut(run: _Run, exc: BaseException) -> None:
+    """A call cut off by the drain (``Call.cut_off``) aborts UNAVAILABLE here; AbortError."""
+    if isinstance(exc, asyncio.CancelledError) and run.call.cut:
+        run.call.code = grpc.StatusCode.UNAVAILABLE
+        await run.call.context.abort(grpc.StatusCode.UNAVAILABLE, run.call.cut)
 
 
 def _code_of(context: Context) -> grpc.StatusCode | None:
@@ -228,6 +244,7 @@ def _single(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: bool) 
             return response
         except BaseException as exc:
             error = exc
+            await _unless_cut(run, exc)
             raise
         finally:
             run.finish(error)
@@ -250,6 +267,7 @@ def _streaming(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: boo
                     yield response
             except BaseException as exc:
                 error = exc
+                await _unless_cut(run, exc)
                 raise
             finally:
                 run.finish(error)
@@ -264,6 +282,7 @@ def _streaming(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: boo
             await inner(arg, _Observed(context, run.sent))
         except BaseException as exc:
             error = exc
+            await _unless_cut(run, exc)
             raise
         finally:
             run.finish(error)

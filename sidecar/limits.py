@@ -3,8 +3,9 @@
 ``ConcurrencyLimit`` refuses a call over ``[sidecar] max_concurrent_rpcs`` at once with
 RESOURCE_EXHAUSTED instead of queueing it: a voice turn answered late is worth nothing, and the
 caller can retry elsewhere. A Converse stream holds its slot for as long as it is open.
-``DrainGate`` refuses new calls with UNAVAILABLE once the sidecar drains, and ``wait_idle``
-tells the drain when the calls in flight are done.
+``DrainGate`` refuses new calls with UNAVAILABLE once the sidecar drains, ``wait_idle`` tells
+the drain when the calls in flight are done, and ``cut_off`` ends those still running when the
+grace period is over, with UNAVAILABLE (clients retry it; CANCELLED they do not).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ConcurrencyLimit(Hook):
         self.limit = limit
         self.in_flight = 0
         self.refused = 0
+        self._calls: dict[int, Call] = {}  # the calls holding a slot, by id()
         self._idle: asyncio.Event | None = None  # made on the loop, when a drain waits
 
     async def wait_idle(self, deadline: float) -> bool:
@@ -43,6 +45,13 @@ class ConcurrencyLimit(Hook):
             return False
         return True
 
+    def cut_off(self, reason: str) -> int:
+        """End every call in flight with UNAVAILABLE ``reason``; how many there were."""
+        calls = list(self._calls.values())
+        for call in calls:
+            call.cut_off(reason)
+        return len(calls)
+
     def start(self, call: Call) -> None:
         if self.in_flight >= self.limit:
             self.refused += 1
@@ -52,10 +61,12 @@ class ConcurrencyLimit(Hook):
             )
         self.in_flight += 1
         call.notes[_SLOT] = True
+        self._calls[id(call)] = call
 
     def end(self, call: Call) -> None:
         if call.notes.pop(_SLOT, False):
             self.in_flight -= 1
+            self._calls.pop(id(call), None)
             if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
 

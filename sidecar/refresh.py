@@ -7,8 +7,10 @@ chunk store; the files are not hashed a second time), run warm-up queries, and p
 one reference swap. All of it runs off the event loop, one refresh at a time. After a swap the
 heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
 
-A version that fails is refused: a log line, ``holder.refusals[kind] += 1`` and the last refusal
-in ``Status``; the last good snapshot keeps serving. A corrupt or incompatible version, or a
+A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
+and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
+is a refusal (an unexpected exception too: kind ``invalid``, its traceback logged once), so a bad
+version at start leaves the sidecar up, NOT_SERVING for that base. A corrupt or incompatible version, or a
 pointer that went backwards, is not tried again; a store that did not answer or a half-uploaded
 version is tried again on the next poll.
 """
@@ -66,14 +68,20 @@ def refusal_kind(exc: SnapshotError) -> tuple[str, bool]:
 
 
 def warm_up(snapshot: LoadedSnapshot) -> None:
-    """Run a few queries so the first caller after a swap does not pay for cold pages."""
+    """Run a few queries so the first caller after a swap does not pay for cold pages.
+
+    A graph hnswlib cannot search (it finds fewer neighbours than asked: a RuntimeError) is
+    CorruptSnapshot here, before any caller would get it as an error."""
     if not snapshot.chunks:
         return
     rng = np.random.default_rng(0)
     dim = snapshot.manifest.embedder.dimension
     for _ in range(WARMUP_QUERIES):
         v = rng.normal(size=dim).astype(np.float32)
-        snapshot.search_dense(v / np.linalg.norm(v), 3)
+        try:
+            snapshot.search_dense(v / np.linalg.norm(v), 3)
+        except RuntimeError as exc:
+            raise CorruptSnapshot(f"{snapshot.folder}: a warm-up search failed: {exc}") from exc
     for chunk in snapshot.chunks[:WARMUP_QUERIES]:
         snapshot.lexical.search(chunk.title, 3)
     followups.gazetteer(snapshot)  # the follow-up entity list: built here, off the event loop
@@ -163,6 +171,10 @@ class Refresher:
             return False
         except OSError as exc:
             self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
+            return False
+        except Exception as exc:  # a loader bug, not a verdict: still a refusal, traceback once
+            log.exception("loading %s snapshot %s failed unexpectedly", kb, version)
+            self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
             return False
         self.holder.publish(snapshot)  # the swap: one reference assignment, on the loop
         freeze_heap()

@@ -32,6 +32,9 @@ from sidecar.tools import Toolbox
 log = logging.getLogger("voxrecall.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Retrieval"].full_name
+# After the grace period, the calls still in flight are cut off with UNAVAILABLE; this long is
+# left for them to send that status before the server closes their connections.
+CUT_OFF_WAIT_S = 1.0
 
 
 @dataclass
@@ -74,6 +77,17 @@ class Sidecar:
         if missing:
             log.warning("LOADING: %s", waiting_for(self.config, missing))
 
+    async def _cut_off(self, grace: float) -> None:
+        """End the calls that outlived the grace period with UNAVAILABLE (with a log line each
+        and one here), so a client retries them elsewhere rather than seeing CANCELLED."""
+        assert self.guards is not None
+        cut = self.guards.limit.cut_off(
+            f"the sidecar shut down before this call ended (grace_s {grace:g}): "
+            "retry on another instance"
+        )
+        log.warning("grace period over: %d call(s) in flight ended UNAVAILABLE", cut)
+        await self.guards.limit.wait_idle(asyncio.get_running_loop().time() + CUT_OFF_WAIT_S)
+
     async def stop(self, grace_s: float | None = None) -> None:
         """Refuse new calls, let calls in flight finish within the grace period, then stop.
 
@@ -87,8 +101,8 @@ class Sidecar:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.guards is not None:
-            await self.guards.limit.wait_idle(deadline)
+        if self.guards is not None and not await self.guards.limit.wait_idle(deadline):
+            await self._cut_off(grace)
         await self.server.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
         await self.engine.aclose()  # query embeddings still running in the background
         if self.owns_embedder:
@@ -107,6 +121,16 @@ def waiting_for(config: Config, missing: list[str]) -> str:
     return (
         f"waiting for a snapshot of {', '.join(map(repr, missing))} in {where} "
         f"(checked every {config.sidecar.poll_seconds:g} s): run `{command}` to build one{into}"
+    )
+
+
+def sidecar_store(config: Config) -> SnapshotStore:
+    """The store ``[sidecar] store`` names, with the ``[sidecar]`` download limits."""
+    return open_store(
+        config.sidecar.store,
+        cache_dir=config.sidecar.cache_dir,
+        timeout_s=config.sidecar.http_timeout_s,
+        download_timeout_s=config.sidecar.http_download_timeout_s,
     )
 
 
@@ -133,11 +157,7 @@ async def create_server(
     if embedder is None:
         embedder = await asyncio.to_thread(make_embedder, config.embedder)
     if store is None:
-        store = open_store(
-            config.sidecar.store,
-            cache_dir=config.sidecar.cache_dir,
-            timeout_s=config.sidecar.http_timeout_s,
-        )
+        store = sidecar_store(config)
     names = knowledge_base_names(config, store)
     if not names:
         log.warning("no knowledge base to serve: name them with [[knowledge_base]] (%r)", store)
@@ -209,12 +229,19 @@ async def create_server(
 async def serve(config: Config, listen: str | None = None) -> None:
     """Run until SIGTERM or SIGINT, then drain: health NOT_SERVING, in-flight calls finish.
 
-    The handlers go in first, so a signal during the start (loading snapshots) drains too."""
+    The handlers go in first, so a signal during the start (loading snapshots) drains too: it
+    closes the store at once, which cuts a download in progress, rather than after the start."""
     stopping = asyncio.Event()
+    store = sidecar_store(config)
+
+    def stop() -> None:
+        stopping.set()
+        store.close()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    sidecar = await create_server(config, listen=listen)
+        loop.add_signal_handler(sig, stop)
+    sidecar = await create_server(config, listen=listen, store=store)
     log.info(
         "voxrecall sidecar listening on port %d (%s)%s",
         sidecar.port,

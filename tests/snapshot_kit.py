@@ -6,13 +6,14 @@ Every chunk id starts with the version id, so a test can tell which snapshot ser
 from __future__ import annotations
 
 import errno
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from index.embedders.base import Embedder
 from index.http_store import HttpStore
-from index.snapshot import VECTORS, write_snapshot
+from index.snapshot import CHUNKS, LEXICAL, MANIFEST, PAGES, VECTORS, sha256_file, write_snapshot
 from index.store import LATEST, LocalStore, new_version_id
 from index.types import Chunk
 
@@ -113,6 +114,49 @@ def flip_a_byte(folder: Path, name: str = VECTORS) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def resign(folder: Path, name: str) -> None:
+    """Write ``name``'s sha256 and size into the manifest, as someone able to write to the store
+    would after changing that file: the checksums pass, only the content can tell."""
+    manifest = json.loads((folder / MANIFEST).read_bytes())
+    manifest["files"][name] = sha256_file(folder / name)
+    manifest["sizes"][name] = (folder / name).stat().st_size
+    (folder / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def _patch(name: str, change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        path = folder / name
+        path.write_bytes(change(path.read_bytes()))
+        resign(folder, name)
+
+    return damage
+
+
+def _at(offset: int, value: int, width: int) -> Callable[[bytes], bytes]:
+    return lambda data: data[:offset] + value.to_bytes(width, "little") + data[offset + width :]
+
+
+def _first_chunk(change: Callable[[dict[str, object]], object]) -> Callable[[bytes], bytes]:
+    def edit(data: bytes) -> bytes:
+        first, rest = data.split(b"\n", 1)
+        return json.dumps(change(json.loads(first))).encode() + b"\n" + rest
+
+    return edit
+
+
+# Files whose checksums match a manifest re-signed after the change (issue 14's attacks): each
+# crashed the sidecar or broke its calls before the loader checked what it reads.
+TAMPERED: dict[str, Callable[[Path], None]] = {
+    "hnsw_entry_point_past_the_end": _patch(VECTORS, _at(52, 0xFFFFFF00, 4)),
+    "hnsw_top_level_100000": _patch(VECTORS, _at(48, 100_000, 4)),
+    "pages_json_is_5": _patch(PAGES, lambda _: b"5"),
+    "chunk_meta_value_not_text": _patch(CHUNKS, _first_chunk(lambda c: {**c, "meta": {"n": 5}})),
+    "chunk_line_is_a_list": _patch(CHUNKS, _first_chunk(lambda _: [1, 2])),
+    "lexical_cut_in_half": _patch(LEXICAL, lambda data: data[: len(data) // 2]),
+    "lexical_10_bytes": _patch(LEXICAL, lambda data: data[:10]),
+}
 
 
 class DiskFullStore(HttpStore):

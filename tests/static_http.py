@@ -3,7 +3,12 @@
 It serves a folder the way nginx or a CDN would: ``ETag`` and ``If-None-Match`` (304),
 ``Range: bytes=N-`` (206). Switches: ``fail_next`` answers 500 to that many requests,
 ``cut_next`` sends the headers of that many answers for paths ending in ``cut_suffix`` but only
-half the body, and ``stop()`` closes the port (``start()`` reopens the same port).
+half the body, and ``stop()`` closes the port (``start()`` reopens the same port). Hostile
+answers for paths ending in ``hostile_suffix``, as ``hostile`` says: ``"unbounded"`` sends no
+Content-Length and the file followed by zeros until the client hangs up; ``"oversize"``
+announces and sends the file and 1 MiB more; ``"trickle"`` sends no Content-Length and one byte
+every ``trickle_s`` seconds (0: the headers, then silence) until the client hangs up or the
+server stops. ``hostile_sent`` counts the body bytes those answers got out.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ class StaticServer:
         self.fail_next = 0
         self.cut_next = 0
         self.cut_suffix = ""
+        self.hostile = ""  # "", "unbounded", "oversize" or "trickle"
+        self.hostile_suffix = "\0"  # matches no path until a test sets it
+        self.trickle_s = 0.0
+        self.hostile_sent = 0
+        self.stopped = threading.Event()
         self.log: list[Logged] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -41,6 +51,7 @@ class StaticServer:
 
     def start(self) -> StaticServer:
         owner = self
+        self.stopped.clear()
 
         class Handler(_Handler):
             server_owner = owner
@@ -55,6 +66,7 @@ class StaticServer:
         return self
 
     def stop(self) -> None:
+        self.stopped.set()  # ends a trickle
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -102,6 +114,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         data = file.read_bytes()
+        if owner.hostile and path.endswith(owner.hostile_suffix):
+            owner._record(Logged("GET", path, 200, wanted))
+            self._hostile(data)
+            return
         start = int(wanted.removeprefix("bytes=").split("-")[0]) if wanted else 0
         status = 206 if wanted else 200
         body = data[start:]
@@ -117,6 +133,40 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(body)
+
+    def _hostile(self, data: bytes) -> None:
+        owner = self.server_owner
+        kind = owner.hostile
+        self.send_response(200)
+        if kind == "oversize":
+            data += bytes(1 << 20)
+            self.send_header("Content-Length", str(len(data)))
+        self.close_connection = True
+        self.end_headers()
+        try:
+            if kind == "trickle":
+                self._trickle(data)
+                return
+            self._send(data)
+            while kind == "unbounded" and not owner.stopped.is_set():
+                self._send(bytes(1 << 16))
+        except OSError:
+            return  # the client hung up: what a capped download does
+
+    def _trickle(self, data: bytes) -> None:
+        owner = self.server_owner
+        self.wfile.flush()
+        for i in range(len(data)):
+            if owner.stopped.wait(owner.trickle_s) or not owner.trickle_s:
+                break
+            self._send(data[i : i + 1])
+        owner.stopped.wait()  # silence until the server stops (or the client hangs up)
+
+    def _send(self, body: bytes) -> None:
+        self.wfile.write(body)
+        self.wfile.flush()
+        with self.server_owner._lock:
+            self.server_owner.hostile_sent += len(body)
 
     def _answer(self, path: str, status: int, body: bytes, wanted: str) -> None:
         self.server_owner._record(Logged("GET", path, status, wanted))

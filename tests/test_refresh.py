@@ -38,6 +38,7 @@ from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar, create_server
 from tests.snapshot_kit import (
     KB,
+    TAMPERED,
     DiskFullStore,
     flip_a_byte,
     point_at,
@@ -359,6 +360,49 @@ async def test_a_corrupted_file_is_refused_and_the_last_good_keeps_serving(
         v3 = await publish(store.root, 3, local_embedder, "voicemail")
         await eventually(lambda: serving(sidecar.port, v3), "the next good version served")
         assert served_right(await search(sidecar.port), v3)
+
+
+@pytest.mark.parametrize("attack", sorted(TAMPERED))
+async def test_a_tampered_version_whose_checksums_match_is_refused_once_and_counted(
+    attack: str,
+    store: Store,
+    tmp_path: Path,
+    local_embedder: Embedder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 14 (1-3): a file that crashed hnswlib, or whose content broke every call (ReadPage,
+    Turn) or escaped as a TypeError/BadZipFile/struct.error, is a counted refusal, logged once."""
+    v1 = await publish(store.root, 1, local_embedder, "password")
+    async with running(sidecar_config(store, tmp_path), local_embedder) as sidecar:
+        with caplog.at_level(logging.INFO, logger="voxrecall.refresh"):
+            v2 = await publish(store.root, 2, local_embedder, "roaming", damage=TAMPERED[attack])
+            await eventually(lambda: refused(sidecar.port, v2, "corrupt"), "v2 refused")
+            for _ in range(3):
+                await sidecar.refresher.refresh()  # polls after the refusal: not tried again
+        assert sidecar.holder.refusals == {"corrupt": 1}
+        lines = [r for r in caplog.records if v2 in r.getMessage()]
+        assert [r.levelno for r in lines] == [logging.ERROR]
+        assert lines[0].exc_info is None  # a named refusal, not a traceback
+        await assert_still_serving(sidecar, v1)
+
+
+@pytest.mark.parametrize("attack", ["hnsw_entry_point_past_the_end", "chunk_line_is_a_list"])
+async def test_a_tampered_latest_at_start_leaves_the_sidecar_up_and_not_serving(
+    attack: str, store: Store, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """It exited 1 (or 139) and crash-looped; now it starts, says why, and serves the next good
+    version when one is published."""
+    v1 = await publish(store.root, 1, local_embedder, "password", damage=TAMPERED[attack])
+    async with running(sidecar_config(store, tmp_path), local_embedder) as sidecar:
+        assert await health(sidecar.port) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert await refused(sidecar.port, v1, "corrupt")
+        assert sidecar.holder.refusals == {"corrupt": 1}
+        v2 = await publish(store.root, 2, local_embedder, "roaming")
+        await eventually(
+            lambda: _is(health(sidecar.port), health_pb2.HealthCheckResponse.SERVING),
+            "health SERVING once the next good version is served",
+        )
+        assert served_right(await search(sidecar.port), v2)
 
 
 async def test_a_half_uploaded_version_is_served_only_once_complete(

@@ -8,17 +8,24 @@ in flight when the signal lands (the test waits until the embedding request has 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.measure import free_port
 from index.embedders.remote import OpenAIEmbedder
+from index.snapshot import MANIFEST, VECTORS
+from index.store import new_version_id
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.hardening_kit import (
@@ -29,6 +36,8 @@ from tests.hardening_kit import (
     toml_config,
 )
 from tests.openai_server import Behaviour, OpenAIServer
+from tests.snapshot_kit import point_at
+from tests.static_http import StaticServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -48,7 +57,7 @@ def openai() -> Iterator[OpenAIServer]:
     server.stop()
 
 
-Start = Callable[[float], ServeProcess]
+Start = Callable[..., ServeProcess]
 
 
 @pytest.fixture
@@ -60,16 +69,18 @@ def serve(tmp_path: Path, openai: OpenAIServer) -> Iterator[Start]:
     asyncio.run(embedder.aclose())
     started: list[ServeProcess] = []
 
-    def start(grace_s: float) -> ServeProcess:
+    def start(grace_s: float, *, listen: str = "127.0.0.1:0", **sidecar: Any) -> ServeProcess:
         config = tmp_path / "voxrecall.toml"
         config.write_text(
             toml_config(
-                tmp_path, embedder=provider, grace_s=grace_s, log_format="json", poll_seconds=3600
+                tmp_path,
+                embedder=provider,
+                **{"grace_s": grace_s, "log_format": "json", "poll_seconds": 3600, **sidecar},
             ),
             encoding="utf-8",
         )
         env = {"PATH": os.environ.get("PATH", ""), "OPENAI_API_KEY": "unused-by-the-test-server"}
-        started.append(ServeProcess(config, env, "--listen", "127.0.0.1:0"))
+        started.append(ServeProcess(config, env, "--listen", listen))
         return started[-1]
 
     yield start
@@ -137,9 +148,14 @@ async def test_a_call_outliving_the_grace_period_is_cut_and_the_process_still_ex
         process.proc.send_signal(signal.SIGTERM)
         with pytest.raises(grpc.aio.AioRpcError) as cut:
             await in_flight
-        assert cut.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+        assert (
+            cut.value.code() is grpc.StatusCode.UNAVAILABLE
+        )  # retried elsewhere; CANCELLED is not
+        assert "grace_s" in (cut.value.details() or "")
     code = await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S)
     assert code == 0, process.log()
+    assert any("Turn UNAVAILABLE" in line for line in process.lines), process.log()
+    assert any("grace period over: 1 call(s)" in line for line in process.lines), process.log()
 
 
 async def test_sigint_stops_an_idle_sidecar_with_exit_zero(serve: Start) -> None:
@@ -147,3 +163,151 @@ async def test_sigint_stops_an_idle_sidecar_with_exit_zero(serve: Start) -> None
     await _target(process)
     process.proc.send_signal(signal.SIGINT)
     assert await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S) == 0
+
+
+IN_FLIGHT = 8  # the adversarial run's count: 6 of them ended CANCELLED, 2 UNAVAILABLE
+GRACE_S = 6  # longer than a turn here (1.5 s in the embedder), shorter than the client's wait
+
+
+def _turn(i: int) -> pb.TurnRequest:
+    """A different question per call: no call joins another's embedding or hits the cache."""
+    return pb.TurnRequest(
+        session_id=f"s{i}", text=f"how do I reset my password on device {i}", is_final=True,
+        budget_ms=9000,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sigterm_under_load_every_call_in_flight_finishes_and_new_ones_are_unavailable(
+    workers: int, serve: Start, openai: OpenAIServer
+) -> None:
+    """Issue 14 (11): IN_FLIGHT turns, each on its own connection (so with 2 workers the kernel
+    spreads them), are all inside the slow embedder when SIGTERM lands: every one answers OK;
+    a call started after the signal is UNAVAILABLE; none ends CANCELLED."""
+    port = free_port() if workers > 1 else 0
+    process = serve(30, workers=workers, listen=f"127.0.0.1:{port}")
+    target = await _target(process) if workers == 1 else f"127.0.0.1:{port}"
+    channels = [grpc.aio.insecure_channel(target) for _ in range(IN_FLIGHT)]
+    try:
+        for channel in channels:
+            await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=PROCESS_WAIT_S, wait_for_ready=True
+            )
+        openai.set(Behaviour(latency="1500"))
+        before = openai.requests
+        calls = [
+            asyncio.ensure_future(stub_for(ch).Turn(_turn(i), timeout=PROCESS_WAIT_S))
+            for i, ch in enumerate(channels)
+        ]
+        await _wait_for(lambda: openai.requests - before >= IN_FLIGHT, "every call's embedding")
+        process.proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait_for, "draining")
+        async with grpc.aio.insecure_channel(target) as fresh:
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await stub_for(fresh).Turn(_turn(99), timeout=10)
+        outcomes = Counter()
+        for call in calls:
+            try:
+                answer = await call
+                outcomes["OK" if answer.chunks and not answer.degraded else "degraded"] += 1
+            except grpc.aio.AioRpcError as exc:
+                outcomes[exc.code().name] += 1
+    finally:
+        for channel in channels:
+            await channel.close()
+    assert outcomes == {"OK": IN_FLIGHT}, process.log()
+    assert late.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S) == 0, process.log()
+
+
+async def _converse_outcome(call: Any) -> tuple[str, str]:
+    """(what the turn in flight got, how the stream then ended)."""
+    try:
+        answer = await call.read()
+        turn = "OK" if answer.turn.chunks and not answer.turn.degraded else "degraded"
+    except grpc.aio.AioRpcError as exc:
+        return exc.code().name, exc.code().name
+    try:
+        await call.read()
+    except grpc.aio.AioRpcError as exc:
+        return turn, exc.code().name
+    return turn, "open"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sigterm_answers_the_turns_in_flight_on_converse_streams_then_ends_them_unavailable(
+    workers: int, serve: Start, openai: OpenAIServer
+) -> None:
+    """A voice agent's calls are Converse streams, open between turns: they ended CANCELLED
+    when the grace period ran out. Now a turn in flight at SIGTERM is answered (the stream goes
+    on during the grace period), and at its end every stream, busy or idle, ends UNAVAILABLE,
+    which a client retries on another instance."""
+    port = free_port() if workers > 1 else 0
+    process = serve(GRACE_S, workers=workers, listen=f"127.0.0.1:{port}")
+    target = await _target(process) if workers == 1 else f"127.0.0.1:{port}"
+    channels = [grpc.aio.insecure_channel(target) for _ in range(IN_FLIGHT + 1)]
+    try:
+        for channel in channels:
+            await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=PROCESS_WAIT_S, wait_for_ready=True
+            )
+        idle = stub_for(channels[-1]).Converse(timeout=PROCESS_WAIT_S)
+        await idle.write(pb.ConverseRequest(turn=_turn(100)))
+        assert (await idle.read()).turn.chunks  # open, answered, now between turns
+        openai.set(Behaviour(latency="1500"))
+        before = openai.requests
+        streams = [stub_for(ch).Converse(timeout=PROCESS_WAIT_S) for ch in channels[:-1]]
+        for i, stream in enumerate(streams):
+            await stream.write(pb.ConverseRequest(turn=_turn(i)))
+        await _wait_for(lambda: openai.requests - before >= IN_FLIGHT, "every turn's embedding")
+        process.proc.send_signal(signal.SIGTERM)
+        outcomes = Counter(await asyncio.gather(*(_converse_outcome(s) for s in streams)))
+        with pytest.raises(grpc.aio.AioRpcError) as idle_end:
+            await idle.read()
+    finally:
+        for channel in channels:
+            await channel.close()
+    assert outcomes == {("OK", "UNAVAILABLE"): IN_FLIGHT}, process.log()
+    assert idle_end.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S) == 0, process.log()
+
+
+def _republish(store: Path, kb: str) -> str:
+    """The current version of ``kb`` published again under a new id (what a rebuild does)."""
+    current = (store / kb / "LATEST").read_text().strip()
+    version = new_version_id("feedbeef")
+    shutil.copytree(store / kb / current, store / kb / version)
+    manifest = json.loads((store / kb / version / MANIFEST).read_text())
+    manifest["version"] = version
+    (store / kb / version / MANIFEST).write_text(json.dumps(manifest))
+    point_at(store, version, kb)
+    return version
+
+
+@pytest.mark.parametrize("when", ["while_serving", "at_start"])
+async def test_sigterm_cuts_a_download_from_a_trickling_store(
+    when: str, serve: Start, tmp_path: Path
+) -> None:
+    """Issue 14 (10): a store that sends the headers and then nothing kept a refresh alive, and
+    SIGTERM waited for it (78 s with grace_s 5). The drain now cuts the download: exit 0 well
+    within the liveness bound, whatever the store does."""
+    static = StaticServer(tmp_path / "store").start()
+    try:
+        settings = {"store": static.url, "cache_dir": str(tmp_path / "cache")}
+        if when == "at_start":
+            static.hostile, static.hostile_suffix = "trickle", f"/{VECTORS}"
+            process = serve(5, http_timeout_s=3600, poll_seconds=0.2, **settings)
+            await _wait_for(lambda: bool(static.requests(f"/{VECTORS}")), "the first download")
+        else:
+            process = serve(5, http_timeout_s=3600, poll_seconds=0.2, **settings)
+            await _target(process)
+            static.hostile, static.hostile_suffix = "trickle", f"/{VECTORS}"
+            version = _republish(tmp_path / "store", "help")
+            await _wait_for(
+                lambda: bool(static.requests(f"/{version}/{VECTORS}")), "the new version's download"
+            )
+        process.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S)
+    finally:
+        static.stop()
+    assert code == 0, process.log()

@@ -7,9 +7,13 @@ here use the HashEmbedder: these are tests of the store alone, not of retrieval.
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -245,6 +249,135 @@ def test_a_download_broken_off_resumes_on_the_next_fetch(tmp_path: Path) -> None
         assert (store.cache_dir / KB / f"{PARTIAL}{version_id(1)}" / VECTORS).is_file()
         assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
         assert server.requests(f"/{VECTORS}")[-1].status == 206
+    finally:
+        server.stop()
+
+
+class CountingStore(HttpStore):
+    """Counts every byte written to the cache (the ``_write`` seam)."""
+
+    written = 0
+
+    def _write(self, f: BinaryIO, data: bytes) -> None:
+        self.written += len(data)
+        super()._write(f, data)
+
+
+LIVENESS_S = 60.0  # a bound on waiting for a fetch to return, not a timing claim
+
+
+def fetch_in_thread(store: HttpStore, version: str) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            store.fetch(KB, version)
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+@pytest.mark.parametrize("hostile", ["unbounded", "oversize"])
+def test_a_file_served_past_its_manifest_size_is_cut_at_that_size_and_refused(
+    hostile: str, tmp_path: Path
+) -> None:
+    """Issue 14 (10): with no Content-Length, 501 MB reached the cache before the checksum
+    failed. Now nothing past the manifest's size is written, and the version is corrupt."""
+    root = tmp_path / "published"
+    root.mkdir()
+    server = StaticServer(root).start()
+    try:
+        store = CountingStore(server.url, tmp_path / "cache", FAST)
+        folder = write_version(root, version_id(1), EMBEDDER)
+        server.hostile, server.hostile_suffix = hostile, f"/{VECTORS}"
+        with pytest.raises(CorruptSnapshot, match="manifest"):
+            store.fetch(KB, version_id(1))
+        others = sum(p.stat().st_size for p in folder.iterdir() if p.name != VECTORS)
+        assert store.written <= others + (folder / VECTORS).stat().st_size
+        assert not (store.cache_dir / KB / version_id(1)).exists()
+        assert not (store.cache_dir / KB / f"{PARTIAL}{version_id(1)}").exists()
+        server.hostile = ""  # the store mends: the same version downloads
+        assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+    finally:
+        server.stop()
+
+
+def test_a_manifest_without_file_sizes_is_refused_before_any_download(
+    http: tuple[Path, StaticServer, HttpStore],
+) -> None:
+    root, server, store = http
+    folder = write_version(root, version_id(1), EMBEDDER)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    del manifest["sizes"]
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CorruptSnapshot, match="sizes"):
+        store.fetch(KB, version_id(1))
+    assert server.requests(f"/{VECTORS}") == []
+
+
+@pytest.mark.parametrize("path", [f"/{MANIFEST}", "/LATEST"])
+def test_an_endless_manifest_or_pointer_is_cut_at_its_cap(
+    path: str, http: tuple[Path, StaticServer, HttpStore]
+) -> None:
+    root, server, store = http
+    write_version(root, version_id(1), EMBEDDER)
+    server.hostile, server.hostile_suffix = "unbounded", path
+    with pytest.raises(CorruptSnapshot, match="over"):
+        store.latest(KB) if path == "/LATEST" else store.fetch(KB, version_id(1))
+
+
+def test_a_trickling_download_ends_at_its_deadline_and_resumes_later(tmp_path: Path) -> None:
+    """A byte every 0.05 s never trips the per-read timeout; the download's deadline ends it,
+    and what came is kept for the next poll."""
+    root = tmp_path / "published"
+    root.mkdir()
+    server = StaticServer(root).start()
+    try:
+        options = HttpOptions(timeout_s=5.0, download_timeout_s=0.5, attempts=2, backoff_s=0.01)
+        store = HttpStore(server.url, tmp_path / "cache", options)
+        write_version(root, version_id(1), EMBEDDER)
+        server.hostile, server.hostile_suffix, server.trickle_s = "trickle", f"/{VECTORS}", 0.05
+        thread, errors = fetch_in_thread(store, version_id(1))
+        thread.join(LIVENESS_S)
+        assert not thread.is_alive(), "the trickle held the download past its deadline"
+        (error,) = errors
+        assert isinstance(error, StoreUnavailable)
+        assert "http_download_timeout_s" in str(error)
+        assert len(server.requests(f"/{VECTORS}")) == 1  # the deadline is not retried
+        partial = store.cache_dir / KB / f"{PARTIAL}{version_id(1)}" / VECTORS
+        assert partial.stat().st_size > 0
+        server.hostile = ""
+        assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+        assert server.requests(f"/{VECTORS}")[-1].status == 206  # resumed
+    finally:
+        server.stop()
+
+
+def test_close_cuts_a_download_blocked_on_a_silent_server(tmp_path: Path) -> None:
+    """The server sends headers, then nothing; a read would wait an hour. ``close`` (what a
+    drain calls) shuts the socket down and the fetch returns StoreUnavailable at once."""
+    root = tmp_path / "published"
+    root.mkdir()
+    server = StaticServer(root).start()
+    try:
+        options = HttpOptions(timeout_s=3600.0, download_timeout_s=3600.0)
+        store = HttpStore(server.url, tmp_path / "cache", options)
+        write_version(root, version_id(1), EMBEDDER)
+        server.hostile, server.hostile_suffix, server.trickle_s = "trickle", f"/{VECTORS}", 0.0
+        thread, errors = fetch_in_thread(store, version_id(1))
+        deadline = time.monotonic() + LIVENESS_S
+        while not server.requests(f"/{VECTORS}"):
+            assert time.monotonic() < deadline, "the download never started"
+            time.sleep(0.01)
+        store.close()
+        thread.join(LIVENESS_S)
+        assert not thread.is_alive(), "close did not cut the blocked read"
+        (error,) = errors
+        assert isinstance(error, StoreUnavailable)
+        assert "closed" in str(error)
     finally:
         server.stop()
 

@@ -1,0 +1,219 @@
+"""Checks an hnswlib index file against its manifest before hnswlib reads it.
+
+hnswlib (0.8) trusts its file: an entry point past the last element or a top level above the
+entry point's own sends the first search through memory it never allocated (a segfault, not an
+exception). A checksum proves the file is the one published, not that it is well-formed, so
+``check_hnsw_file`` reads the whole layout with numpy first and raises ``CorruptSnapshot`` for
+anything hnswlib could not search safely. The layout, from ``hnswalg.h`` ``saveIndex``:
+
+    header (96 bytes)   offsetLevel0_, max_elements_, cur_element_count, size_data_per_element_,
+                        label_offset_, offsetData_ (size_t each), maxlevel_ (int32),
+                        enterpoint_node_ (uint32), maxM_, maxM0_, M_ (size_t), mult_ (double),
+                        ef_construction_ (size_t)
+    level 0             per element: a uint32 whose low 16 bits count its links (byte 2 is the
+                        "deleted" mark), maxM0_ uint32 neighbour ids, the vector (dim float32),
+                        the label (uint64)
+    upper levels        per element: a uint32 byte size (0, or level x (maxM_ + 1) x 4), then
+                        per level a uint32 link count and maxM_ uint32 neighbour ids
+
+A search descends from the entry point at ``maxlevel_`` and, at level ``l``, reads the level-``l``
+list of every neighbour it meets: so every id must be an element, and every neighbour met at
+level ``l`` must itself reach level ``l``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from index.errors import CorruptSnapshot
+
+HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # the 13 fields saveIndex writes, 96 bytes
+# hnswlib draws a level as -ln(u) / ln(M): past 64 even M = 2 would need u < 2^-64, which a
+# double cannot hold, so a deeper level was not drawn by hnswlib.
+MAX_LEVEL = 64
+MAX_M = 4096  # hnswlib keeps a link count in 16 bits; beyond a few hundred nobody builds
+_WORD = 4  # tableint and linklistsizeint are uint32
+_LABEL = 8  # labeltype is size_t
+_BLOCK = 1 << 16  # elements checked at once: ~10 MB of temporaries at M = 16
+
+U32 = npt.NDArray[np.uint32]
+
+
+class _Header:
+    """The header fields, checked against the manifest's count, dimension and M."""
+
+    def __init__(self, data: bytes, where: str) -> None:
+        if len(data) < HEADER.size:
+            raise CorruptSnapshot(f"{where}: {len(data)} bytes, shorter than the hnswlib header")
+        (
+            self.offset_level0,
+            self.max_elements,
+            self.count,
+            self.size_per_element,
+            self.label_offset,
+            self.offset_data,
+            self.max_level,
+            self.entry_point,
+            self.max_m,
+            self.max_m0,
+            self.m,
+            self.mult,
+            self.ef_construction,
+        ) = HEADER.unpack_from(data)
+
+
+def check_hnsw_file(path: Path, *, count: int, dimension: int, m: int) -> None:
+    """Raise CorruptSnapshot unless ``path`` is an hnswlib index hnswlib can load and search:
+    ``count`` elements of ``dimension`` floats, labels 0..count-1, built with ``m`` links."""
+    where = str(path)
+    with path.open("rb") as f:
+        head = _Header(f.read(HEADER.size), where)
+    size = path.stat().st_size
+    _check_header(head, where, count=count, dimension=dimension, m=m)
+    level0_bytes = count * head.size_per_element
+    if size < HEADER.size + level0_bytes + count * _WORD:
+        raise CorruptSnapshot(f"{where}: {size} bytes, too short for {count} elements")
+    if not count:
+        return  # nothing for hnswlib to read: an empty snapshot never loads its index
+    records = np.memmap(path, dtype=np.uint8, mode="r", offset=HEADER.size, shape=(level0_bytes,))
+    _check_level0(records.reshape(count, head.size_per_element), head, where)
+    del records
+    tail = np.fromfile(path, dtype="<u4", offset=HEADER.size + level0_bytes)
+    if (size - HEADER.size - level0_bytes) % _WORD:
+        raise CorruptSnapshot(f"{where}: the upper levels are not whole 32-bit words")
+    levels, starts = _upper_lists(tail, head, where)
+    _check_levels(levels, head, where)
+    _check_upper_links(tail, levels, starts, head, where)
+
+
+def _check_header(head: _Header, where: str, *, count: int, dimension: int, m: int) -> None:
+    if not 2 <= m <= MAX_M:
+        raise CorruptSnapshot(f"{where}: M {m} is outside 2..{MAX_M}")
+    links0 = _WORD + _WORD * head.max_m0
+    expected = {
+        "offsetLevel0_": (head.offset_level0, 0),
+        "cur_element_count": (head.count, count),
+        "M_": (head.m, m),
+        "maxM_": (head.max_m, m),
+        "maxM0_": (head.max_m0, 2 * m),
+        "offsetData_": (head.offset_data, links0),
+        "label_offset_": (head.label_offset, links0 + 4 * dimension),
+        "size_data_per_element_": (head.size_per_element, links0 + 4 * dimension + _LABEL),
+    }
+    for name, (got, want) in expected.items():
+        if got != want:
+            raise CorruptSnapshot(f"{where}: {name} is {got}, the manifest implies {want}")
+    if not 0 <= head.max_level <= MAX_LEVEL:
+        raise CorruptSnapshot(f"{where}: top level {head.max_level} is outside 0..{MAX_LEVEL}")
+    if count and head.entry_point >= count:
+        raise CorruptSnapshot(f"{where}: entry point {head.entry_point} >= {count} elements")
+    if not (np.isfinite(head.mult) and head.mult > 0) or head.ef_construction < 1:
+        raise CorruptSnapshot(f"{where}: build parameters mult_/ef_construction_ are invalid")
+
+
+def _check_level0(records: npt.NDArray[np.uint8], head: _Header, where: str) -> None:
+    """Level-0 link counts, neighbour ids and labels, vectorised, a block of elements at a time
+    (a bounded temporary, whatever the count)."""
+    count = records.shape[0]
+    seen = np.zeros(count, dtype=np.int64)
+    for start in range(0, count, _BLOCK):
+        block = records[start : start + _BLOCK]
+        _check_level0_links(block[:, : _WORD * (head.max_m0 + 1)], head, where)
+        labels = np.ascontiguousarray(block[:, head.label_offset : head.label_offset + _LABEL])
+        flat = labels.view("<u8").ravel()
+        if int(flat.max()) >= count:
+            raise CorruptSnapshot(f"{where}: a label is past {count - 1}")
+        seen += np.bincount(flat.astype(np.int64), minlength=count)
+    if np.any(seen != 1):
+        raise CorruptSnapshot(f"{where}: the labels are not 0..{count - 1}, each once")
+
+
+def _check_level0_links(raw: npt.NDArray[np.uint8], head: _Header, where: str) -> None:
+    lists = np.ascontiguousarray(raw).view("<u4")  # (elements, 1 + maxM0)
+    header = lists[:, 0]
+    if np.any(header >> 16):
+        raise CorruptSnapshot(f"{where}: an element is marked deleted or its link count is garbled")
+    sizes = header & 0xFFFF
+    if int(sizes.max()) > head.max_m0:
+        raise CorruptSnapshot(f"{where}: a level-0 link list is longer than maxM0 {head.max_m0}")
+    used = np.arange(head.max_m0, dtype=np.uint32) < sizes[:, None]
+    if int(np.where(used, lists[:, 1:], 0).max()) >= head.count:
+        raise CorruptSnapshot(f"{where}: a level-0 link names an element past {head.count}")
+
+
+def _upper_lists(tail: U32, head: _Header, where: str) -> tuple[npt.NDArray[np.int64], list[int]]:
+    """Each element's level and, for those above level 0, the word where its lists start.
+
+    Records are a size word and that many bytes; most elements have none (one zero word), so
+    the walk jumps over runs of zero words and loops in Python only over elements with upper
+    levels (about 1 in M).
+    """
+    count = head.count
+    per_level = _WORD * (head.max_m + 1)
+    levels = np.zeros(count, dtype=np.int64)
+    starts: list[int] = []
+    nonzero = np.flatnonzero(tail).tolist()
+    words = len(tail)
+    pos = i = 0
+    while i < count:
+        k = bisect.bisect_left(nonzero, pos)
+        nxt = nonzero[k] if k < len(nonzero) else words
+        skip = min(nxt - pos, count - i)
+        i += skip
+        pos += skip
+        if i == count:
+            break
+        if pos >= words:
+            raise CorruptSnapshot(f"{where}: the upper levels end after {i} of {count} elements")
+        size = int(tail[pos])
+        level, rest = divmod(size, per_level)
+        if rest or not 1 <= level <= MAX_LEVEL:
+            raise CorruptSnapshot(f"{where}: element {i} has an upper-level list of {size} bytes")
+        levels[i] = level
+        starts.append(pos + 1)
+        pos += 1 + size // _WORD
+        i += 1
+        if pos > words:
+            raise CorruptSnapshot(f"{where}: element {i - 1}'s upper-level lists run past the end")
+    if pos != words:
+        raise CorruptSnapshot(f"{where}: {4 * (words - pos)} bytes past the last element's lists")
+    return levels, starts
+
+
+def _check_levels(levels: npt.NDArray[np.int64], head: _Header, where: str) -> None:
+    if not levels.size:
+        return
+    top = int(levels.max())
+    if top != head.max_level or int(levels[head.entry_point]) != head.max_level:
+        raise CorruptSnapshot(
+            f"{where}: top level {head.max_level}, but the highest element reaches {top} and "
+            f"the entry point {levels[head.entry_point]}"
+        )
+
+
+def _check_upper_links(
+    tail: U32, levels: npt.NDArray[np.int64], starts: list[int], head: _Header, where: str
+) -> None:
+    """Every upper-level list: count <= maxM, ids are elements that reach that level."""
+    if not starts:
+        return
+    width = head.max_m + 1
+    upper = levels[levels > 0]
+    first = np.repeat(np.asarray(starts, dtype=np.int64), upper)
+    within = np.arange(first.size) - np.repeat(np.cumsum(upper) - upper, upper)
+    blocks = tail[(first + within * width)[:, None] + np.arange(width)]  # (lists, 1 + maxM)
+    sizes = blocks[:, 0] & 0xFFFF
+    if int(sizes.max()) > head.max_m:
+        raise CorruptSnapshot(f"{where}: an upper-level link list is longer than maxM {head.max_m}")
+    used = np.arange(head.max_m, dtype=np.uint32) < sizes[:, None]
+    ids = blocks[:, 1:][used].astype(np.int64)
+    if ids.size and int(ids.max()) >= head.count:
+        raise CorruptSnapshot(f"{where}: an upper-level link names an element past {head.count}")
+    level_of_list = np.repeat(within + 1, sizes.astype(np.int64))
+    if np.any(levels[ids] < level_of_list):
+        raise CorruptSnapshot(f"{where}: a link at some level names an element below that level")

@@ -1,0 +1,137 @@
+"""The snapshot loader against files whose checksums match but whose content lies (issue 14, 1-3).
+
+hnswlib trusts its file, so the attacks that crashed it run in a child process here: the same
+bytes crash a bare ``hnswlib.load_index`` + query there, and are a ``CorruptSnapshot`` from the
+loader. The fuzz run is seeded and short; ``python -m bench fuzz_snapshot --seconds 300`` is the
+long one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.fuzz_snapshot import INFO, Worker, fuzz, write_seed
+from index.errors import CorruptSnapshot, IncompatibleSnapshot
+from index.snapshot import VECTORS, load_snapshot
+from tests.snapshot_kit import TAMPERED
+
+RAW_HNSWLIB = """
+import sys, hnswlib, numpy as np
+index = hnswlib.Index(space="ip", dim=16)
+index.load_index(sys.argv[1], max_elements=400)
+index.set_ef(32)
+index.knn_query(np.ones((1, 16), dtype=np.float32), k=3)
+print("survived")
+"""
+
+
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_seed(tmp_path_factory.mktemp("fuzz") / "seed")
+
+
+def tampered(seed: Path, tmp_path: Path, attack: str) -> Path:
+    folder = tmp_path / attack
+    shutil.copytree(seed, folder)
+    TAMPERED[attack](folder)
+    return folder
+
+
+@pytest.mark.parametrize("attack", ["hnsw_entry_point_past_the_end", "hnsw_top_level_100000"])
+def test_the_hnsw_attacks_crash_hnswlib_but_the_loader_refuses_them(
+    attack: str, seed: Path, tmp_path: Path
+) -> None:
+    folder = tampered(seed, tmp_path, attack)
+    bare = subprocess.run(
+        [sys.executable, "-c", RAW_HNSWLIB, str(folder / VECTORS)], capture_output=True, timeout=60
+    )
+    assert bare.returncode < 0, "hnswlib survived the attack: it no longer reproduces"
+    runner = Worker()
+    try:
+        assert runner.load(folder) == {"outcome": "refused", "error": "CorruptSnapshot"}
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("attack", sorted(TAMPERED))
+def test_every_tampered_file_is_a_corrupt_snapshot_naming_the_file(
+    attack: str, seed: Path, tmp_path: Path
+) -> None:
+    folder = tampered(seed, tmp_path, attack)
+    with pytest.raises(CorruptSnapshot) as refused:
+        load_snapshot(folder, INFO)
+    name = {"hnsw": "vectors.hnsw", "pages": "pages.json", "chunk": "chunks.jsonl"}
+    assert name.get(attack.split("_")[0], "lexical.bin") in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        (("counts", "chunks"), "400"),
+        (("embedder", "dimension"), True),
+        (("hnsw", "ef"), -1),
+        (("hnsw", "m"), 1 << 20),
+        (("files",), [1]),
+        (("sizes", "vectors.hnsw"), "big"),
+        (("sources",), 5),
+    ],
+)
+def test_a_manifest_field_of_the_wrong_type_is_refused_by_name(
+    field: tuple[str, ...], value: object, seed: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "v"
+    shutil.copytree(seed, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    target = manifest
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CorruptSnapshot) as refused:
+        load_snapshot(folder, INFO)
+    assert repr(field[0]) in str(refused.value) or repr(field[-1]) in str(refused.value)
+
+
+def test_the_harness_counts_a_signal_death_as_a_crash(tmp_path: Path) -> None:
+    dies = "import os, signal, sys; sys.stdin.readline(); os.kill(os.getpid(), signal.SIGSEGV)"
+    runner = Worker([sys.executable, "-c", dies])
+    try:
+        assert runner.load(tmp_path) == {"outcome": "crash", "signal": 11}
+    finally:
+        runner.close()
+
+
+def test_a_seeded_fuzz_run_finds_no_crash_no_hang_and_no_unnamed_error(tmp_path: Path) -> None:
+    """Every file of the folder is mutated; each case is loaded and warmed in a child process."""
+    result = fuzz(seed=14, cases=300, work=tmp_path).as_dict()
+    assert result["failures"] == []
+    assert (result["crashes"], result["hangs"], result["bugs"]) == (0, 0, 0)
+    assert result["cases"] == 300
+    assert set(result["by_file"]) == {
+        "manifest.json",
+        "vectors.hnsw",
+        "chunks.jsonl",
+        "pages.json",
+        "lexical.bin",
+    }
+    # the mutations reach past the checksums: most are refused, some still load
+    assert result["outcomes"]["refused"] > 150
+    assert result["outcomes"]["ok"] > 0
+
+
+def test_a_format_2_snapshot_is_incompatible_not_corrupt(seed: Path, tmp_path: Path) -> None:
+    """Format 3 added the files' sizes: an older snapshot asks for a rebuild."""
+    folder = tmp_path / "v2"
+    shutil.copytree(seed, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    del manifest["sizes"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IncompatibleSnapshot, match="format version 2"):
+        load_snapshot(folder, INFO)
