@@ -195,7 +195,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     try:
         resp = ask(" ".join(args.question), options)
     except grpc.RpcError as exc:
-        print(ask_failure(exc, options.target), file=sys.stderr)
+        print(ask_failure(exc, options.connection.target), file=sys.stderr)
         return 1
     print(format_response(resp))
     return 0
