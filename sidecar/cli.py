@@ -212,7 +212,7 @@ def ask_failure(exc: grpc.RpcError, target: str) -> str:
         return line
     return (
         f"{line}\nno voxrecall sidecar answered at {target}: start one with "
-        "`voxrecall serve --config voxrecall.toml`, or give its address with --target"
+        f"`voxrecall serve --config {DEFAULT_CONFIG}`, or give its address with --target"
     )
 
 

@@ -21,6 +21,10 @@ WT_DOCS = SHARED_DATA / "docs-windows-terminal" / "docs"
 # The example help centre the README runs (four pages, in the repository): for tests that need
 # some real Markdown, on any machine.
 EXAMPLE_KB = REPO / "examples" / "kb"
+# The default budget of the shared sidecars below: one no loaded machine misses, so that a test
+# judging what is found never gets the lexical fallback because the machine was slow. A test of
+# the budget itself gives its own budget_ms per call.
+AMPLE_BUDGET_MS = 10_000
 
 
 def shared(*parts: str) -> Path:
@@ -62,7 +66,11 @@ def wt_config(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder
     """A store holding a snapshot of the Windows Terminal docs, built once per test session."""
     docs = shared("docs-windows-terminal", "docs")
     store = tmp_path_factory.mktemp("wt") / "store"
-    config = make_config(store, [{"name": "terminal-docs", "type": "markdown", "path": str(docs)}])
+    config = make_config(
+        store,
+        [{"name": "terminal-docs", "type": "markdown", "path": str(docs)}],
+        budget_ms=AMPLE_BUDGET_MS,
+    )
     build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
     return config
 
@@ -72,7 +80,9 @@ def example_config(tmp_path_factory: pytest.TempPathFactory, local_embedder: Emb
     """A store holding a snapshot of the example help centre, built once per test session."""
     store = tmp_path_factory.mktemp("example") / "store"
     config = make_config(
-        store, [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}]
+        store,
+        [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}],
+        budget_ms=AMPLE_BUDGET_MS,
     )
     build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
     return config

@@ -27,10 +27,11 @@ from sidecar.budget import FALLBACK_RESERVE_MS, Budget
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar, create_server
-from tests.conftest import eventually, make_config, shared
+from tests.conftest import EXAMPLE_KB, eventually, make_config
 from tests.openai_server import Behaviour, OpenAIServer
 
-QUESTION = "Can I split a pane horizontally?"
+QUESTION = "How much does roaming cost in Europe?"
+PAGE = "roaming.md"  # the example help centre's page that answers it, densely or lexically
 WAIT_S = 10.0  # how long a test waits for background work before it fails (not a timing check)
 # a budget no loaded machine misses: for the turns that must be answered by the embedder, so
 # that "not degraded" checks the embedder's behaviour, not this machine's speed
@@ -78,11 +79,11 @@ def with_openai(config: Config, base_url: str) -> Config:
 
 @pytest.fixture(scope="module")
 def openai_config(tmp_path_factory: pytest.TempPathFactory, server: OpenAIServer) -> Config:
-    """The Windows Terminal docs, embedded through the local OpenAI server."""
-    docs = shared("docs-windows-terminal", "docs")
-    store = tmp_path_factory.mktemp("wt-openai") / "store"
+    """The example help centre, embedded through the local OpenAI server."""
+    store = tmp_path_factory.mktemp("example-openai") / "store"
+    source = {"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}
     config = with_openai(
-        make_config(store, [{"name": "terminal-docs", "type": "markdown", "path": str(docs)}]),
+        make_config(store, [source]),
         server.base_url,
     )
     embedder = OpenAIEmbedder(config.embedder)
@@ -130,7 +131,7 @@ async def test_misbehaving_embedder_is_answered_lexically_and_degraded(
     resp = await turn(openai_sidecar, QUESTION)
     assert resp.degraded
     assert resp.skipped == pb.NOT_SKIPPED
-    assert "panes.md" in [c.source_path for c in resp.chunks]
+    assert PAGE in [c.source_path for c in resp.chunks]
     await eventually(lambda: server.requests > before)
     assert server.requests == before + 1  # no retries on the hot path
 
@@ -148,7 +149,7 @@ async def test_embedder_down_is_answered_and_degraded(openai_config: Config) -> 
         await sidecar.stop(0.5)
         await embedder.aclose()
     assert resp.degraded
-    assert "panes.md" in [c.source_path for c in resp.chunks]
+    assert PAGE in [c.source_path for c in resp.chunks]
     assert sidecar.engine.vectors.stats.failed == 1
 
 
@@ -157,7 +158,7 @@ async def test_embedder_recovers_after_failures(
 ) -> None:
     server.set(fail_status=500, fail_times=1)
     assert (await turn(openai_sidecar, QUESTION)).degraded
-    resp = await turn(openai_sidecar, "How do I open a new tab?", budget_ms=AMPLE_MS)
+    resp = await turn(openai_sidecar, "How do I reset my password?", budget_ms=AMPLE_MS)
     assert not resp.degraded
 
 
@@ -230,16 +231,16 @@ class StuckWorker:
 
 
 async def test_a_busy_worker_is_not_given_more_work(
-    wt_config: Config, local_embedder: Embedder
+    example_config: Config, local_embedder: Embedder
 ) -> None:
     stuck = StuckWorker(local_embedder)
-    sidecar = await create_server(wt_config, embedder=stuck, poll=False)
+    sidecar = await create_server(example_config, embedder=stuck, poll=False)
     try:
         first = await turn(sidecar, QUESTION)
-        second = await turn(sidecar, "How do I open a new tab?")
+        second = await turn(sidecar, "How do I reset my password?")
         assert first.degraded
         assert second.degraded
-        assert "panes.md" in [c.source_path for c in first.chunks]
+        assert PAGE in [c.source_path for c in first.chunks]
         assert stuck.submitted == [QUESTION]  # the second turn did not queue behind the first
         assert sidecar.engine.vectors.stats.busy == 1
 

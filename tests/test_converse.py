@@ -1,5 +1,5 @@
 """Converse: interim transcripts searched ahead, finals answered from the prefetch when they
-match. A real grpc.aio server on port 0, the real embedded model, real Windows Terminal docs."""
+match. A real grpc.aio server on port 0, the real embedded model, the example help centre."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def prefetch_tasks() -> list[asyncio.Task[Any]]:
 
 
 @pytest.fixture
-async def stream(wt_sidecar: Sidecar) -> AsyncIterator[Any]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{wt_sidecar.port}") as channel:
+async def stream(example_sidecar: Sidecar) -> AsyncIterator[Any]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
         call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)
         yield call
         call.cancel()
@@ -83,64 +83,74 @@ async def plain_turn(sidecar: Sidecar, text: str) -> pb.TurnResponse:
         return resp
 
 
-async def test_final_is_answered_from_a_prefetched_pause(wt_sidecar: Sidecar, stream: Any) -> None:
-    question = "Can I split a pane horizontally?"
-    await stream.write(interim("Can I split"))
+async def test_final_is_answered_from_a_prefetched_pause(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    question = "How much does roaming cost in Europe?"
+    await stream.write(interim("How much does"))
     await stream.write(interim(question))  # a pause: searched ahead at once
     await stream.write(final(question))
     resp = await stream.read()
     assert resp.prefetched
     assert resp.transcript == question
     assert not resp.turn.degraded
-    plain = await plain_turn(wt_sidecar, question)
+    plain = await plain_turn(example_sidecar, question)
     assert resp.turn.chunks
     assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
-    assert wt_sidecar.engine.counters.prefetch_started == 1
-    assert wt_sidecar.engine.counters.prefetched == 1
+    assert example_sidecar.engine.counters.prefetch_started == 1
+    assert example_sidecar.engine.counters.prefetched == 1
 
 
-async def test_words_unchanged_for_a_while_are_prefetched(wt_sidecar: Sidecar, stream: Any) -> None:
-    await stream.write(interim("can I split a pane horizontally in windows terminal"))
-    await eventually(lambda: wt_sidecar.engine.counters.prefetch_started == 1)
-    await stream.write(final("Can I split a pane horizontally in Windows Terminal please"))
+async def test_words_unchanged_for_a_while_are_prefetched(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    await stream.write(interim("how much does roaming cost in europe on my plan"))
+    await eventually(lambda: example_sidecar.engine.counters.prefetch_started == 1)
+    await stream.write(final("How much does roaming cost in Europe on my plan please"))
     resp = await stream.read()
     assert resp.prefetched
     assert "please" not in resp.turn.query  # what was searched: the prefetched words
-    plain = await plain_turn(wt_sidecar, "can I split a pane horizontally in windows terminal")
+    plain = await plain_turn(example_sidecar, "how much does roaming cost in europe on my plan")
     assert resp.turn.chunks
     assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
 
 
-async def test_a_different_final_is_searched_normally(wt_sidecar: Sidecar, stream: Any) -> None:
-    await stream.write(interim("Can I split a pane horizontally?"))
-    await stream.write(final("How do I change the color scheme of a profile?"))
+async def test_a_different_final_is_searched_normally(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    await stream.write(interim("How much does roaming cost in Europe?"))
+    await stream.write(final("How do I change my voicemail greeting?"))
     resp = await stream.read()
     assert not resp.prefetched
-    assert "color" in resp.turn.query.lower()
-    plain = await plain_turn(wt_sidecar, "How do I change the color scheme of a profile?")
+    assert "voicemail" in resp.turn.query.lower()
+    plain = await plain_turn(example_sidecar, "How do I change my voicemail greeting?")
     assert resp.turn.chunks
     assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
-    assert wt_sidecar.engine.counters.prefetch_started == 1
-    assert wt_sidecar.engine.counters.prefetched == 0
+    assert example_sidecar.engine.counters.prefetch_started == 1
+    assert example_sidecar.engine.counters.prefetched == 0
 
 
 async def test_a_prefetch_not_taken_by_its_final_is_dropped(
-    wt_sidecar: Sidecar, stream: Any
+    example_sidecar: Sidecar, stream: Any
 ) -> None:
-    await stream.write(interim("Can I split a pane horizontally?"))
+    await stream.write(interim("How much does roaming cost in Europe?"))
     await stream.write(final("Mm-hmm, okay."))  # skipped: never takes the prefetch
-    await stream.write(final("Can I split a pane horizontally?"))  # no interim this time
+    await stream.write(final("How much does roaming cost in Europe?"))  # no interim this time
     ack, later = [await stream.read() for _ in range(2)]
     assert ack.turn.skipped == pb.BACKCHANNEL
     assert not later.prefetched
     assert later.turn.chunks
-    assert wt_sidecar.engine.counters.prefetch_started == 1
+    assert example_sidecar.engine.counters.prefetch_started == 1
 
 
 async def test_stream_answers_every_final_and_agent_turn(stream: Any) -> None:
-    await stream.write(final("Can I split a pane horizontally?", session="call"))
+    await stream.write(final("How much does roaming cost in Europe?", session="call"))
     await stream.write(
-        pb.ConverseRequest(turn=pb.TurnRequest(text="Sure, press Alt+Shift+D.", speaker=pb.AGENT))
+        pb.ConverseRequest(
+            turn=pb.TurnRequest(
+                text="Sure, a Travel Pass costs five dollars a day.", speaker=pb.AGENT
+            )
+        )
     )
     await stream.write(final("Mm-hmm, okay."))
     first, agent, ack = [await stream.read() for _ in range(3)]
@@ -157,16 +167,16 @@ async def test_stream_answers_every_final_and_agent_turn(stream: Any) -> None:
 
 
 async def test_a_bad_request_ends_the_stream_with_a_status(stream: Any) -> None:
-    await stream.write(final("How do I split a pane?", session="a", budget_ms=-1))
+    await stream.write(final("How do I reset my password?", session="a", budget_ms=-1))
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stream.read()
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_one_stream_is_one_session(stream: Any) -> None:
-    await stream.write(final("How do I split a pane?", session="a"))
+    await stream.write(final("How do I reset my password?", session="a"))
     await stream.read()
-    await stream.write(final("How do I open a tab?", session="b"))
+    await stream.write(final("How do I set up voicemail?", session="b"))
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stream.read()
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -198,8 +208,10 @@ class Hanging:
 
 
 @pytest.fixture
-async def hanging_sidecar(wt_config: Config, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
-    sidecar = await create_server(wt_config, embedder=Hanging(local_embedder), poll=False)
+async def hanging_sidecar(
+    example_config: Config, local_embedder: Embedder
+) -> AsyncIterator[Sidecar]:
+    sidecar = await create_server(example_config, embedder=Hanging(local_embedder), poll=False)
     yield sidecar
     await sidecar.stop(0.5)
 
@@ -210,7 +222,7 @@ async def test_a_prefetch_in_flight_ends_with_its_stream(
 ) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{hanging_sidecar.port}") as channel:
         call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)
-        await call.write(interim("How do I split a pane?"))
+        await call.write(interim("How do I reset my password?"))
         await eventually(lambda: bool(prefetch_tasks()))
         if ending == "cancel":
             call.cancel()  # the server sees CancelledError
@@ -226,27 +238,27 @@ async def test_a_prefetch_still_embedding_at_the_deadline_falls_back(
 ) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{hanging_sidecar.port}") as channel:
         call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)
-        await call.write(interim("Can I split a pane horizontally?"))
-        await call.write(final("Can I split a pane horizontally?", budget_ms=150))
+        await call.write(interim("How much does roaming cost in Europe?"))
+        await call.write(final("How much does roaming cost in Europe?", budget_ms=150))
         resp = await call.read()
         await call.done_writing()
     assert resp.turn.degraded
     assert not resp.prefetched
-    assert "panes.md" in [c.source_path for c in resp.turn.chunks]
+    assert "roaming.md" in [c.source_path for c in resp.turn.chunks]
     # the final waited on the prefetch's embedding instead of asking the embedder again
     assert hanging_sidecar.engine.vectors.stats.misses == 1
 
 
 async def test_a_stream_opened_before_a_drain_finishes_its_call(
-    wt_sidecar: Sidecar, stream: Any
+    example_sidecar: Sidecar, stream: Any
 ) -> None:
-    await stream.write(final("How do I split a pane?", session="drain"))
+    await stream.write(final("How do I reset my password?", session="drain"))
     assert (await stream.read()).turn.chunks
-    wt_sidecar.lifecycle.state = State.DRAINING  # what stop() sets first
-    await stream.write(final("How do I close a pane?", session="drain"))
+    example_sidecar.lifecycle.state = State.DRAINING  # what stop() sets first
+    await stream.write(final("How do I change my plan?", session="drain"))
     answer = await stream.read()
     assert answer.turn.chunks, "a call already under way is answered during the drain"
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{wt_sidecar.port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
         late = pb_grpc.RetrievalStub(channel).Converse(timeout=10)  # type: ignore[no-untyped-call]
         # the server refuses the stream as it opens, before any request: awaiting its status
         # (rather than writing to a stream that may already have ended) cannot race that

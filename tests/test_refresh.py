@@ -522,14 +522,18 @@ async def test_a_full_disk_while_downloading_keeps_the_last_good_snapshot(
     cache = tmp_path / "cache"
     disk = DiskFullStore(http_store.location, cache, FAST)
     config = sidecar_config(http_store, tmp_path)
-    async with running(config, local_embedder, store=disk) as sidecar:
+    # refreshed by hand: a poll retrying the download would have a partial folder of its own
+    # while the cache is listed
+    async with running(config, local_embedder, store=disk, poll=False) as sidecar:
         disk.full = True
         v2 = await publish(http_store.root, 2, local_embedder, "roaming")
-        await eventually(lambda: refused(sidecar.port, v2, "disk_full"), "v2 refused: disk full")
+        assert await sidecar.refresher.refresh() == []
+        assert await refused(sidecar.port, v2, "disk_full")
         await assert_still_serving(sidecar, v1)
         assert sorted(p.name for p in (cache / KB).iterdir()) == [v1]  # the partial is gone
-        disk.full = False  # space freed: the next poll downloads it again
-        await eventually(lambda: serving(sidecar.port, v2), "v2 served once there is space")
+        disk.full = False  # space freed: the next refresh downloads it again
+        assert await sidecar.refresher.refresh() == [KB]
+        assert await serving(sidecar.port, v2)
 
 
 @pytest.fixture
@@ -555,9 +559,10 @@ async def test_a_real_full_disk_while_downloading_keeps_the_last_good_snapshot(
 ) -> None:
     v1 = await publish(http_store.root, 1, local_embedder, "password")
     config = sidecar_config(http_store, tmp_path, cache_dir=str(small_disk))
-    async with running(config, local_embedder) as sidecar:
+    async with running(config, local_embedder, poll=False) as sidecar:  # no retry mid-listing
         v2 = await publish(http_store.root, 2, local_embedder, "roaming", page_bytes=1 << 20)
-        await eventually(lambda: refused(sidecar.port, v2, "disk_full"), "v2 refused: disk full")
+        assert await sidecar.refresher.refresh() == []
+        assert await refused(sidecar.port, v2, "disk_full")
         await assert_still_serving(sidecar, v1)
         left = sorted(p.name for p in (small_disk / KB).iterdir())
         assert left == [v1]

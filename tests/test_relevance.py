@@ -24,12 +24,12 @@ from sidecar.relevance import FUSION_DEPTH, Query, rank, related_to
 from sidecar.server import Sidecar, create_server
 from tests.conftest import make_config, shared
 
-# a budget no loaded machine misses: these tests judge the dense ranking, never the fallback
+# a budget no loaded machine misses (Search takes the sidecar's: AMPLE_BUDGET_MS in conftest):
+# these tests judge the dense ranking, never the fallback
 BUDGET_MS = 10_000
 
 
 async def search(sidecar: Sidecar, **fields: Any) -> pb.SearchResponse:
-    fields.setdefault("budget_ms", BUDGET_MS)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
         resp: pb.SearchResponse = await pb_grpc.RetrievalStub(channel).Search(
             pb.SearchRequest(**fields), timeout=30

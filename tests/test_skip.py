@@ -121,8 +121,8 @@ def test_precision_on_labelled_dstc11_turns() -> None:
     assert caught / len(short) >= 0.3  # the rest are requests: "What's the postcode?"
 
 
-async def test_the_server_says_why_a_turn_was_not_searched(wt_sidecar: Any) -> None:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{wt_sidecar.port}") as channel:
+async def test_the_server_says_why_a_turn_was_not_searched(example_sidecar: Any) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
         client = pb_grpc.RetrievalStub(channel)
         thanks = await client.Turn(
             pb.TurnRequest(session_id="skip", text="Thank you very much.", is_final=True),
@@ -138,9 +138,11 @@ async def test_the_server_says_why_a_turn_was_not_searched(wt_sidecar: Any) -> N
     assert question.query.endswith("Is it quiet?")
 
 
-async def test_configured_phrases_reach_the_server(wt_config: Config, local_embedder: Any) -> None:
+async def test_configured_phrases_reach_the_server(
+    example_config: Config, local_embedder: Any
+) -> None:
     skip = SkipConfig(max_words=4, phrases=("cheers mate",))
-    config = replace(wt_config, sidecar=replace(wt_config.sidecar, skip=skip))
+    config = replace(example_config, sidecar=replace(example_config.sidecar, skip=skip))
     sidecar = await create_server(config, embedder=local_embedder, poll=False)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
