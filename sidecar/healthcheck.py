@@ -33,10 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="127.0.0.1:50051", help="the sidecar's address")
     p.add_argument("--service", default="", help="the service to ask about (default: the server)")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
-    p.add_argument("--ca", type=Path, help="speak TLS, trusting this CA (PEM)")
-    p.add_argument("--cert", type=Path, help="client certificate for mutual TLS (PEM)")
-    p.add_argument("--key", type=Path, help="client key for mutual TLS (PEM)")
-    p.add_argument("--server-name", default="", help="the name the server's certificate holds")
+    p.add_argument("--ca", "--tls-ca", type=Path, help="speak TLS, trusting this CA (PEM)")
+    p.add_argument(
+        "--cert", "--tls-cert", type=Path, help="client certificate for mutual TLS (PEM)"
+    )
+    p.add_argument("--key", "--tls-key", type=Path, help="client key for mutual TLS (PEM)")
+    p.add_argument(
+        "--server-name",
+        "--tls-server-name",
+        default="",
+        help="the name the server's certificate holds",
+    )
     args = p.parse_args(argv)
     try:
         connection = Connection(

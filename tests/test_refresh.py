@@ -701,7 +701,9 @@ async def test_an_old_snapshot_is_freed_when_the_last_call_holding_it_ends(
     root = tmp_path / "published"
     v1 = await publish(root, 1, local_embedder, "password")
     gated = GatedEmbedder(local_embedder)
-    config = sidecar_config(Store(root, str(root)), tmp_path)
+    # the call waits at the gate through a publish and a refresh: its budget outlasts them on
+    # any machine, so it is answered densely from the snapshot it started with
+    config = sidecar_config(Store(root, str(root)), tmp_path, budget_ms=int(WAIT_S * 1000))
     async with (
         running(config, gated, poll=False) as sidecar,
         grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
