@@ -24,6 +24,7 @@ level ``l`` must itself reach level ``l``.
 from __future__ import annotations
 
 import bisect
+import io
 import struct
 from pathlib import Path
 
@@ -80,9 +81,9 @@ def check_hnsw_file(path: Path, *, count: int, dimension: int, m: int) -> None:
         raise CorruptSnapshot(f"{where}: {size} bytes, too short for {count} elements")
     if not count:
         return  # nothing for hnswlib to read: an empty snapshot never loads its index
-    records = np.memmap(path, dtype=np.uint8, mode="r", offset=HEADER.size, shape=(level0_bytes,))
-    _check_level0(records.reshape(count, head.size_per_element), head, where)
-    del records
+    with path.open("rb") as f:
+        f.seek(HEADER.size)
+        _check_level0(f, head, where)
     tail = np.fromfile(path, dtype="<u4", offset=HEADER.size + level0_bytes)
     if (size - HEADER.size - level0_bytes) % _WORD:
         raise CorruptSnapshot(f"{where}: the upper levels are not whole 32-bit words")
@@ -116,20 +117,23 @@ def _check_header(head: _Header, where: str, *, count: int, dimension: int, m: i
         raise CorruptSnapshot(f"{where}: build parameters mult_/ef_construction_ are invalid")
 
 
-def _check_level0(records: npt.NDArray[np.uint8], head: _Header, where: str) -> None:
-    """Level-0 link counts, neighbour ids and labels, vectorised, a block of elements at a time
-    (a bounded temporary, whatever the count)."""
-    count = records.shape[0]
-    seen = np.zeros(count, dtype=np.int64)
+def _check_level0(f: io.BufferedReader, head: _Header, where: str) -> None:
+    """Level-0 link counts, neighbour ids and labels, vectorised, read in blocks of elements
+    into one buffer (sequential reads: faster than a memory map, a bounded temporary)."""
+    count = head.count
+    seen = np.zeros(count, dtype=np.bool_)
+    buffer = np.empty((min(count, _BLOCK), head.size_per_element), dtype=np.uint8)
     for start in range(0, count, _BLOCK):
-        block = records[start : start + _BLOCK]
+        block = buffer[: min(_BLOCK, count - start)]
+        if f.readinto(block.data) != block.size:
+            raise CorruptSnapshot(f"{where}: the file ends inside level 0")
         _check_level0_links(block[:, : _WORD * (head.max_m0 + 1)], head, where)
         labels = np.ascontiguousarray(block[:, head.label_offset : head.label_offset + _LABEL])
         flat = labels.view("<u8").ravel()
         if int(flat.max()) >= count:
             raise CorruptSnapshot(f"{where}: a label is past {count - 1}")
-        seen += np.bincount(flat.astype(np.int64), minlength=count)
-    if np.any(seen != 1):
+        seen[flat] = True
+    if not seen.all():  # count labels below count, none missing: each once
         raise CorruptSnapshot(f"{where}: the labels are not 0..{count - 1}, each once")
 
 

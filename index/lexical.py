@@ -360,10 +360,7 @@ class LexicalIndex:
                 f"lexical index built with analyzer {header.get('analyzer')!r}, "
                 f"this code analyzes queries with {ANALYZER!r}"
             )
-        arrays_zip = io.BytesIO(data[start + head_len :])
-        _check_stored(arrays_zip)
-        with np.load(arrays_zip, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in ("vocab", "indptr", "doc_ids", "tfs", "doc_len")}
+        arrays = _read_arrays(data[start + head_len :])
         n_terms = int(header["n_terms"])
         blob = arrays["vocab"].tobytes().decode("utf-8")
         terms = blob.split("\n") if n_terms else []
@@ -388,6 +385,24 @@ class LexicalIndex:
             k1=header["k1"] if k1 is None else k1,
             b=header["b"] if b is None else b,
         )
+
+
+_ARRAYS: Final = ("vocab", "indptr", "doc_ids", "tfs", "doc_len")
+
+
+def _read_arrays(data: bytes) -> dict[str, npt.NDArray[Any]]:
+    """The arrays of the npz part. numpy parses each array's header with ``tokenize`` and
+    ``ast.literal_eval``: a garbled header raises ValueError, SyntaxError, tokenize.TokenError,
+    RecursionError and more, so everything that parser raises becomes one ValueError here."""
+    blob = io.BytesIO(data)
+    try:
+        _check_stored(blob)
+        with np.load(blob, allow_pickle=False) as npz:
+            return {name: npz[name] for name in _ARRAYS}
+    except ValueError:
+        raise
+    except Exception as exc:  # untrusted bytes through a third-party parser: see above
+        raise ValueError(f"lexical index arrays are corrupt: {type(exc).__name__}: {exc}") from exc
 
 
 def _check_stored(blob: io.BytesIO) -> None:

@@ -8,16 +8,19 @@ long one.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from bench.fuzz_snapshot import INFO, Worker, fuzz, write_seed
 from index.errors import CorruptSnapshot, IncompatibleSnapshot
+from index.lexical import LexicalIndex
 from index.snapshot import VECTORS, load_snapshot
 from tests.snapshot_kit import TAMPERED
 
@@ -135,3 +138,21 @@ def test_a_format_2_snapshot_is_incompatible_not_corrupt(seed: Path, tmp_path: P
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IncompatibleSnapshot, match="format version 2"):
         load_snapshot(folder, INFO)
+
+
+@pytest.mark.parametrize(("garble", "cause"), [(b"!", "TokenError"), (b"(", "Cannot parse header")])
+def test_a_garbled_array_header_in_the_lexical_index_is_a_value_error(
+    garble: bytes, cause: str
+) -> None:
+    """Found by the fuzz run: numpy parses an npy header with tokenize before the zip's CRC is
+    checked, and raised tokenize.TokenError past every handler."""
+    data = LexicalIndex.build(["roaming costs", "reset the password"]).to_bytes()
+    zip_at = data.index(b"PK\x03\x04")
+    rezipped = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data[zip_at:])) as old, zipfile.ZipFile(rezipped, "w") as new:
+        for name in old.namelist():  # written again, so every CRC matches the garbled bytes
+            member = old.read(name)
+            at = member.index(b"{'descr'")
+            new.writestr(name, member[:at] + garble + member[at + 1 :])
+    with pytest.raises(ValueError, match=cause):
+        LexicalIndex.from_bytes(data[:zip_at] + rezipped.getvalue())
