@@ -23,12 +23,15 @@ __all__ = ["ChunkOptions", "Heading", "chunk_page", "count_tokens", "markdown_he
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _ATX_RE = re.compile(r" {0,3}(#{1,6})(?=[ \t]|$)(.*)")
-_ATX_CLOSE_RE = re.compile(r"(?:^|[ \t]+)#+[ \t]*$")
-_HEADING_ATTRS_RE = re.compile(r"[ \t]*\{[#.][^{}]*\}[ \t]*$")
+# The three patterns below are searched (not anchored at the start), so each starts only where
+# a run of its leading characters starts (the lookbehind) and never gives back what a possessive
+# quantifier took: a line of 100,000 spaces or dots costs linear time, not quadratic.
+_ATX_CLOSE_RE = re.compile(r"(?:^|(?<![ \t])[ \t]++)#++[ \t]*+$")
+_HEADING_ATTRS_RE = re.compile(r"(?<![ \t])[ \t]*+\{[#.][^{}]*+\}[ \t]*+$")
 _FENCE_OPEN_RE = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)")
 _FENCE_CLOSE_RE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*")
 _LIST_ITEM_RE = re.compile(r"([ \t]*)(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
-_SENTENCE_END_RE = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+_SENTENCE_END_RE = re.compile(r"(?<![.!?])[.!?]++[\"')\]]*+(?=\s)")
 _NON_SPACE_RE = re.compile(r"\S+")
 
 
