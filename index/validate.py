@@ -37,13 +37,13 @@ from typing import Any
 
 from index.errors import ConfigError, SourceError
 from index.snapshot import write_atomic
+from index.sources.folder import list_files
 from index.sources.markdown import (
     MARKDOWN_SUFFIXES,
     FrontmatterError,
     load_markdown,
     split_frontmatter,
 )
-from index.sources.text import list_files
 
 __all__ = [
     "MANIFEST_NAME",
@@ -269,8 +269,9 @@ def validate_docs(root: Path, options: ValidateOptions = ValidateOptions()) -> D
         line = int(at.group(1)) if at else 1
         report.problems.append(Problem(s.path, line, "unreadable", f"unreadable page: {s.reason}"))
     titles = {p.source_path: p for p in pages}
-    site = _Site.of(root, [rel for rel, _ in list_files(root, MARKDOWN_SUFFIXES)])
-    for rel, path in list_files(root, MARKDOWN_SUFFIXES):
+    files = list_files(root, MARKDOWN_SUFFIXES).files
+    site = _Site.of(root, [rel for rel, _ in files])
+    for rel, path in files:
         page = titles.get(rel)
         if page is not None:
             _check_page(report, site, options, rel, path.read_bytes(), page.title, page.metadata)
