@@ -18,6 +18,7 @@ from index.snapshot import LoadedSnapshot, load_snapshot, page_key
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore
+from index.validate import ValidateOptions, validate_docs
 from tests.test_sources import make_pdf
 
 
@@ -279,3 +280,33 @@ def test_folder_options_are_checked(tmp_path: Path, options: dict[str, Any], mes
     docs = docs_folder(tmp_path)
     with pytest.raises(ConfigError, match=message):
         build(tmp_path, [{"type": "markdown", "path": str(docs), **options}])
+
+
+def test_validate_reads_the_files_the_build_reads(tmp_path: Path) -> None:
+    docs = linked_docs(tmp_path)
+    report = validate_docs(docs)
+    assert [(p.path, p.kind, p.message) for p in report.problems if p.kind == "unreadable"] == [
+        ("leak.md", "unreadable", f"unreadable page: {OUTSIDE}"),
+        ("leakdir/", "unreadable", f"unreadable page: {OUTSIDE}"),
+    ]
+    follow = ValidateOptions.from_options("docs", {"follow_symlinks": True})
+    report = validate_docs(docs, follow)
+    assert not [p for p in report.problems if p.kind == "unreadable"]
+    assert {p.path for p in report.pages} == {
+        "billing.md",
+        "leak.md",
+        "leakdir/passwd.md",
+        "sub/alias.md",
+    }
+
+
+def test_a_pdf_over_max_page_bytes_is_skipped_unparsed(tmp_path: Path) -> None:
+    docs = tmp_path / "pdfs"
+    docs.mkdir()
+    small, big = make_pdf([["Short manual."]]), make_pdf([["Long manual."] * 200])
+    (docs / "small.pdf").write_bytes(small)
+    (docs / "big.pdf").write_bytes(big)
+    limit = len(small) + 100
+    summary, snap = build(tmp_path, [{"type": "pdf", "path": str(docs), "max_page_bytes": limit}])
+    assert reasons(summary)["big.pdf"].startswith(f"{len(big):,} bytes, over max_page_bytes")
+    assert {c.source_path for c in snap.chunks} == {"small.pdf#page=1"}
