@@ -40,9 +40,9 @@ __all__ = [
     "too_large",
 ]
 
-# A Markdown or HTML page of 8 MiB is a book; a larger one is a generated dump or a mistake, and
-# costs minutes of embedding. Measured: a 5 MB single-line page chunks in ~15 s (bench in the
-# branch's report); the limit keeps one page's share of a build bounded.
+# A Markdown or HTML page of 8 MiB is a book; a larger one is a generated dump or a mistake. Its
+# cost grows with its size: 5 MB of prose on one line is ~5,000 chunks to embed and ~10 s to
+# chunk; the 50 MB page ran past 600 s. The limit bounds one page's share of a build.
 DEFAULT_MAX_PAGE_BYTES = 8 << 20
 # Opening a FIFO for reading waits for a writer; non-blocking, the open returns at once and the
 # fstat below refuses it before anything is read.
