@@ -357,13 +357,23 @@ class _Splitter:
             for m in _NON_SPACE_RE.finditer(text, start, end):
                 yield m.start(), m.end()
 
+    def _token_groups(self, start: int, end: int) -> Iterator[_Unit]:
+        """Units of ``target`` tokens; the matches are not all held at once (a 5 MB run of
+        punctuation is 5 million of them)."""
+        count = first = last = 0
+        for m in _TOKEN_RE.finditer(self.text, start, end):
+            if count == 0:
+                first = m.start()
+            last, count = m.end(), count + 1
+            if count == self.target:
+                yield _Unit(first, last, count)
+                count = 0
+        if count:
+            yield _Unit(first, last, count)
+
     def _split_text(self, start: int, end: int, level: int) -> Iterator[_Unit]:
         if level > 2:  # a single "word" with more tokens than the target: cut between tokens
-            toks = list(_TOKEN_RE.finditer(self.text, start, end))
-            step = self.target
-            for k in range(0, len(toks), step):
-                group = toks[k : k + step]
-                yield _Unit(group[0].start(), group[-1].end(), len(group))
+            yield from self._token_groups(start, end)
             return
         for a, b in self._pieces(start, end, level):
             while b > a and self.text[b - 1].isspace():
