@@ -23,12 +23,15 @@ __all__ = ["ChunkOptions", "Heading", "chunk_page", "count_tokens", "markdown_he
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _ATX_RE = re.compile(r" {0,3}(#{1,6})(?=[ \t]|$)(.*)")
-_ATX_CLOSE_RE = re.compile(r"(?:^|[ \t]+)#+[ \t]*$")
-_HEADING_ATTRS_RE = re.compile(r"[ \t]*\{[#.][^{}]*\}[ \t]*$")
+# The three patterns below are searched (not anchored at the start), so each starts only where
+# a run of its leading characters starts (the lookbehind) and never gives back what a possessive
+# quantifier took: a line of 100,000 spaces or dots costs linear time, not quadratic.
+_ATX_CLOSE_RE = re.compile(r"(?:^|(?<![ \t])[ \t]++)#++[ \t]*+$")
+_HEADING_ATTRS_RE = re.compile(r"(?<![ \t])[ \t]*+\{[#.][^{}]*+\}[ \t]*+$")
 _FENCE_OPEN_RE = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)")
 _FENCE_CLOSE_RE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*")
 _LIST_ITEM_RE = re.compile(r"([ \t]*)(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
-_SENTENCE_END_RE = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+_SENTENCE_END_RE = re.compile(r"(?<![.!?])[.!?]++[\"')\]]*+(?=\s)")
 _NON_SPACE_RE = re.compile(r"\S+")
 
 
@@ -354,13 +357,23 @@ class _Splitter:
             for m in _NON_SPACE_RE.finditer(text, start, end):
                 yield m.start(), m.end()
 
+    def _token_groups(self, start: int, end: int) -> Iterator[_Unit]:
+        """Units of ``target`` tokens; the matches are not all held at once (a 5 MB run of
+        punctuation is 5 million of them)."""
+        count = first = last = 0
+        for m in _TOKEN_RE.finditer(self.text, start, end):
+            if count == 0:
+                first = m.start()
+            last, count = m.end(), count + 1
+            if count == self.target:
+                yield _Unit(first, last, count)
+                count = 0
+        if count:
+            yield _Unit(first, last, count)
+
     def _split_text(self, start: int, end: int, level: int) -> Iterator[_Unit]:
         if level > 2:  # a single "word" with more tokens than the target: cut between tokens
-            toks = list(_TOKEN_RE.finditer(self.text, start, end))
-            step = self.target
-            for k in range(0, len(toks), step):
-                group = toks[k : k + step]
-                yield _Unit(group[0].start(), group[-1].end(), len(group))
+            yield from self._token_groups(start, end)
             return
         for a, b in self._pieces(start, end, level):
             while b > a and self.text[b - 1].isspace():

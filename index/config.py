@@ -56,14 +56,24 @@ class SourceConfig:
 
 
 _RECORD_OPTIONS = frozenset(
-    {"id_field", "title_field", "text_field", "context_fields", "metadata_fields"}
+    {
+        "id_field",
+        "title_field",
+        "text_field",
+        "context_fields",
+        "metadata_fields",
+        "max_page_bytes",
+    }
 )
-# The options each type accepts; markdown's are read by `voxrecall index validate`.
+# What every folder source takes (index/sources/folder.py reads them).
+_FOLDER_OPTIONS = frozenset({"follow_symlinks", "max_page_bytes"})
+# The options each type accepts; markdown's required_files and require_last_updated are read by
+# `voxrecall index validate`.
 SOURCE_OPTIONS: dict[str, frozenset[str]] = {
-    "markdown": frozenset({"required_files", "require_last_updated"}),
-    "text": frozenset(),
-    "html": frozenset(),
-    "pdf": frozenset(),
+    "markdown": _FOLDER_OPTIONS | {"required_files", "require_last_updated"},
+    "text": _FOLDER_OPTIONS,
+    "html": _FOLDER_OPTIONS,
+    "pdf": _FOLDER_OPTIONS,
     "url": frozenset({"urls", "refresh"}),
     "jsonl": _RECORD_OPTIONS,
     "csv": _RECORD_OPTIONS,

@@ -37,13 +37,13 @@ from typing import Any
 
 from index.errors import ConfigError, SourceError
 from index.snapshot import write_atomic
+from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files
 from index.sources.markdown import (
     MARKDOWN_SUFFIXES,
     FrontmatterError,
     load_markdown,
     split_frontmatter,
 )
-from index.sources.text import list_files
 
 __all__ = [
     "MANIFEST_NAME",
@@ -95,22 +95,27 @@ class ValidateOptions:
 
     required_files: tuple[str, ...] = ()
     require_last_updated: bool = False
+    folder: FolderOptions = DEFAULT_OPTIONS  # which files are pages, as the build reads them
 
     @classmethod
     def from_options(cls, source: str, options: Mapping[str, Any]) -> ValidateOptions:
-        """Read the ``required_files`` and ``require_last_updated`` options of a source."""
+        """Read the ``required_files`` and ``require_last_updated`` options of a source, and
+        the folder options it is built with."""
         files = options.get("required_files", [])
         if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
             raise ConfigError(f"source {source!r}: required_files must be a list of file names")
         required = options.get("require_last_updated", False)
         if not isinstance(required, bool):
             raise ConfigError(f"source {source!r}: require_last_updated must be true or false")
-        return cls(required_files=tuple(files), require_last_updated=required)
+        folder = FolderOptions.from_options(source, options)
+        return cls(tuple(files), required, folder)
 
     def merged(self, other: ValidateOptions) -> ValidateOptions:
-        """Both sets of requirements (command-line flags added to the config's)."""
+        """Both sets of requirements (command-line flags added to the config's, whose folder
+        options are kept)."""
         files = tuple(dict.fromkeys(self.required_files + other.required_files))
-        return ValidateOptions(files, self.require_last_updated or other.require_last_updated)
+        required = self.require_last_updated or other.require_last_updated
+        return ValidateOptions(files, required, self.folder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,14 +268,17 @@ def validate_docs(root: Path, options: ValidateOptions = ValidateOptions()) -> D
     for name in options.required_files:
         if not (root / name).is_file():
             report.problems.append(Problem(name, 1, "required-file", "required file is missing"))
-    pages, skipped = load_markdown("docs", root)
+    pages, skipped = load_markdown("docs", root, options.folder)
     for s in skipped:
         at = _REASON_LINE_RE.search(s.reason)
         line = int(at.group(1)) if at else 1
         report.problems.append(Problem(s.path, line, "unreadable", f"unreadable page: {s.reason}"))
     titles = {p.source_path: p for p in pages}
-    site = _Site.of(root, [rel for rel, _ in list_files(root, MARKDOWN_SUFFIXES)])
-    for rel, path in list_files(root, MARKDOWN_SUFFIXES):
+    files = list_files(
+        root, MARKDOWN_SUFFIXES, follow_symlinks=options.folder.follow_symlinks
+    ).files
+    site = _Site.of(root, [rel for rel, _ in files])
+    for rel, path in files:
         page = titles.get(rel)
         if page is not None:
             _check_page(report, site, options, rel, path.read_bytes(), page.title, page.metadata)

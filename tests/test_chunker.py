@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from index import chunker
 from index.chunker import ChunkOptions, chunk_page, count_tokens, markdown_headings
 from index.types import Chunk, Page
 
@@ -526,3 +528,50 @@ def test_count_tokens() -> None:
 def test_options_are_validated(kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="must be"):
         ChunkOptions(**kwargs)
+
+
+# --- hostile lines: linear time ----------------------------------------------------------------
+
+# The patterns the chunker had before they were made linear; the new ones must agree with them.
+_QUADRATIC = {
+    "_ATX_CLOSE_RE": r"(?:^|[ \t]+)#+[ \t]*$",
+    "_HEADING_ATTRS_RE": r"[ \t]*\{[#.][^{}]*\}[ \t]*$",
+    "_SENTENCE_END_RE": r"[.!?]+[\"')\]]*(?=\s)",
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=" \t#.!?{})\"'x\n", max_size=40))
+def test_linear_patterns_match_what_the_old_ones_matched(text: str) -> None:
+    for name, old in _QUADRATIC.items():
+        new = getattr(chunker, name)
+        assert [m.span() for m in new.finditer(text)] == [
+            m.span() for m in re.finditer(old, text)
+        ], name
+        assert new.sub("", text) == re.sub(old, "", text), name
+
+
+SPACES = " " * 200_000
+
+
+@pytest.mark.parametrize(
+    ("text", "heading"),
+    [
+        # each took minutes at this size (quadratic backtracking); now milliseconds
+        ("# Title" + SPACES + "end ##\n\nBody.", "Title" + SPACES + "end"),
+        ("# Title" + SPACES + "{#anchor\n\nBody.", "Title" + SPACES + "{#anchor"),
+        ("# Title" + SPACES + "{#anchor}\n\nBody.", "Title"),
+    ],
+    ids=["heading-spaces", "heading-open-attrs", "heading-attrs"],
+)
+def test_hostile_headings_are_parsed(text: str, heading: str) -> None:
+    assert [h.title for h in markdown_headings(text)] == [heading]
+    assert [c.text for c in chunk_page(page_of(text))] == ["Body."]
+
+
+def test_a_run_of_dots_is_cut_between_tokens() -> None:
+    text = "Dots " + "." * 200_000 + " end."
+    chunks = chunk_page(page_of(text), ChunkOptions(target_tokens=256, overlap_tokens=0))
+    assert all(count_tokens(c.text) <= 256 for c in chunks)
+    assert "".join(c.text for c in chunks).replace(" ", "") == text.replace(" ", "")
+    assert len(chunks) > 200_000 // 256

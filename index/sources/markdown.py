@@ -19,6 +19,8 @@ import yaml
 from index.chunker import markdown_headings
 from index.errors import SourceError
 from index.sources import SkippedPage
+from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
+from index.sources.text import decode_utf8
 from index.types import Page
 
 __all__ = ["MARKDOWN_SUFFIXES", "FrontmatterError", "load_markdown", "split_frontmatter"]
@@ -128,50 +130,45 @@ def _title(frontmatter: Mapping[str, object], body: str, path: Path) -> str:
     return path.stem
 
 
-def _files(root: Path) -> list[tuple[str, Path]]:
-    found = [
-        (p.relative_to(root).as_posix(), p)
-        for p in root.rglob("*")
-        if p.suffix.lower() in MARKDOWN_SUFFIXES and p.is_file()
-    ]
-    return sorted(found)
-
-
-def load_markdown(source: str, root: Path) -> tuple[list[Page], list[SkippedPage]]:
-    """Read every Markdown file under ``root`` (recursively, sorted by relative path).
+def load_markdown(
+    source: str, root: Path, options: FolderOptions = DEFAULT_OPTIONS
+) -> tuple[list[Page], list[SkippedPage]]:
+    """Read every Markdown file under ``root`` (recursively, sorted by relative path;
+    ``index.sources.folder`` says which files).
 
     Returns the pages and the files skipped with their reasons; a bad file never raises.
     Raises SourceError only when ``root`` is not a folder.
     """
     if not root.is_dir():
         raise SourceError(f"markdown source {source!r}: {root} is not a folder")
+    listing = list_files(root, MARKDOWN_SUFFIXES, follow_symlinks=options.follow_symlinks)
     pages: list[Page] = []
-    skipped: list[SkippedPage] = []
-    for rel, path in _files(root):
-        try:
-            raw = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            skipped.append(SkippedPage(rel, f"not valid UTF-8: {exc.reason} at byte {exc.start}"))
-            continue
-        except OSError as exc:
-            skipped.append(SkippedPage(rel, f"unreadable: {exc.strerror or exc}"))
-            continue
-        raw = raw.replace("\r\n", "\n").replace("\r", "\n")
-        try:
-            frontmatter, body, _ = split_frontmatter(raw)
-        except FrontmatterError as exc:
-            skipped.append(SkippedPage(rel, str(exc)))
-            continue
-        fm = frontmatter or {}
-        metadata = MappingProxyType({k: metadata_value(v) for k, v in fm.items()})
-        pages.append(
-            Page(
-                source=source,
-                source_path=rel,
-                title=_title(fm, body, path),
-                text=body,
-                kind="markdown",
-                metadata=metadata,
-            )
-        )
+    skipped = listing.skipped
+    for rel, path in listing.files:
+        data = read_file(rel, path, options.max_page_bytes)
+        got = data if isinstance(data, SkippedPage) else _page(source, rel, path, data)
+        if isinstance(got, SkippedPage):
+            skipped.append(got)
+        else:
+            pages.append(got)
     return pages, skipped
+
+
+def _page(source: str, rel: str, path: Path, data: bytes) -> Page | SkippedPage:
+    """The page of one Markdown file, or why it cannot be used."""
+    raw = decode_utf8(rel, data)
+    if isinstance(raw, SkippedPage):
+        return raw
+    try:
+        frontmatter, body, _ = split_frontmatter(raw)
+    except FrontmatterError as exc:
+        return SkippedPage(rel, str(exc))
+    fm = frontmatter or {}
+    return Page(
+        source=source,
+        source_path=rel,
+        title=_title(fm, body, path),
+        text=body,
+        kind="markdown",
+        metadata=MappingProxyType({k: metadata_value(v) for k, v in fm.items()}),
+    )

@@ -17,12 +17,16 @@ from pypdf import PdfReader
 
 from index.errors import SourceError
 from index.sources import SkippedPage
-from index.sources.text import list_files, read_file
+from index.sources.folder import FolderOptions, list_files, read_file
 from index.types import Page
 
-__all__ = ["PDF_SUFFIXES", "load_pdf", "pdf_pages"]
+__all__ = ["PDF_MAX_BYTES", "PDF_OPTIONS", "PDF_SUFFIXES", "load_pdf", "pdf_pages"]
 
 PDF_SUFFIXES = (".pdf",)
+# A PDF file's default max_page_bytes: manuals with pictures run to tens of MiB, and pypdf holds
+# the whole file and its parsed objects in memory.
+PDF_MAX_BYTES = 64 << 20
+PDF_OPTIONS = FolderOptions(max_page_bytes=PDF_MAX_BYTES)
 
 # pypdf logs every recoverable oddity of a damaged file; the build reports what matters.
 logging.getLogger("pypdf").setLevel(logging.ERROR)
@@ -67,17 +71,21 @@ def pdf_pages(
     ]
 
 
-def load_pdf(source: str, root: Path) -> tuple[list[Page], list[SkippedPage]]:
-    """Read every PDF under ``root``; a bad file is skipped, never raised.
+def load_pdf(
+    source: str, root: Path, options: FolderOptions = PDF_OPTIONS
+) -> tuple[list[Page], list[SkippedPage]]:
+    """Read every PDF under ``root`` (``index.sources.folder`` says which); a bad file is
+    skipped, never raised. ``max_page_bytes`` bounds a PDF file.
 
     Raises SourceError only when ``root`` is not a folder.
     """
     if not root.is_dir():
         raise SourceError(f"pdf source {source!r}: {root} is not a folder")
+    listing = list_files(root, PDF_SUFFIXES, follow_symlinks=options.follow_symlinks)
     pages: list[Page] = []
-    skipped: list[SkippedPage] = []
-    for rel, path in list_files(root, PDF_SUFFIXES):
-        data = read_file(rel, path)
+    skipped = listing.skipped
+    for rel, path in listing.files:
+        data = read_file(rel, path, options.max_page_bytes)
         got = data if isinstance(data, SkippedPage) else pdf_pages(source, rel, data, path.stem)
         if isinstance(got, SkippedPage):
             skipped.append(got)

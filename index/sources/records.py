@@ -15,16 +15,22 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
 from index.errors import ConfigError, SourceError
 from index.sources import SkippedPage
+from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, too_large
 from index.sources.markdown import metadata_value
 from index.types import Page
 
 __all__ = ["RecordFields", "load_records"]
 
 CONTEXT_SEPARATOR = " > "  # the same joint as heading breadcrumbs
+# A record is an object of fields; values nested deeper than this are not knowledge, and walking
+# them (metadata_value) recurses once per level. The JSON parser itself stops at Python's
+# recursion limit (about 1,000 levels), which depends on the caller's stack: this one does not.
+MAX_JSON_DEPTH = 64
+_TOO_DEEP = f"nested too deeply (arrays or objects more than {MAX_JSON_DEPTH} levels deep)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,73 +95,188 @@ def _page(source: str, record: Mapping[str, Any], fields: RecordFields) -> Page 
     )
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, Mapping[str, Any] | str]]:
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8").removeprefix("\ufeff").strip()
-            except UnicodeDecodeError as exc:
-                yield number, f"not valid UTF-8: {exc.reason} at byte {exc.start}"
-                continue
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield number, f"malformed JSON: {exc.msg} (column {exc.colno})"
-                continue
-            if not isinstance(record, dict):
-                yield number, f"a JSON {type(record).__name__}, not an object"
-                continue
-            yield number, record
+# A reason instead of a record: the reader reports it at the record's first line.
+Read = tuple[int, Mapping[str, Any] | str]
 
 
-def _csv(path: Path, fields: RecordFields) -> Iterator[tuple[int, Mapping[str, Any] | str]]:
+def _binary_lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | int]]:
+    """(line number, line) of a binary file; for a line over ``limit`` bytes (its newline not
+    counted), (line number, its size): such a line is read past, never held whole."""
+    number = 0
+    while raw := f.readline(limit + 1):
+        number += 1
+        if len(raw) <= limit or (len(raw) == limit + 1 and raw.endswith(b"\n")):
+            yield number, raw
+            continue
+        size = len(raw)
+        while not raw.endswith(b"\n") and (raw := f.readline(1 << 20)):
+            size += len(raw)
+        yield number, size - raw.endswith(b"\n")
+
+
+def _json_record(raw: bytes) -> Mapping[str, Any] | str | None:
+    """The object on one jsonl line, None for a blank line, or why the line is unusable."""
     try:
-        f = path.open(encoding="utf-8-sig", newline="")
-        with f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            if header is None:
-                return
-            missing = [n for n in (fields.id_field, fields.text_field) if n not in header]
-            if missing:
-                raise SourceError(
-                    f"{path.name}: no column {', '.join(map(repr, missing))} in the header "
-                    f"({', '.join(header)})"
-                )
-            start = reader.line_num + 1
-            while True:
-                try:
-                    row = next(reader)
-                except StopIteration:
-                    return
-                except csv.Error as exc:
-                    yield start, f"malformed CSV: {exc}"
-                    start = reader.line_num + 1
-                    continue
-                line, start = start, reader.line_num + 1
-                if not any(cell.strip() for cell in row):
-                    continue
-                if len(row) != len(header):
-                    yield line, f"{len(row)} fields, the header has {len(header)}"
-                    continue
-                yield line, dict(zip(header, row, strict=True))
+        line = raw.decode("utf-8").removeprefix("\ufeff").strip()
     except UnicodeDecodeError as exc:
-        raise SourceError(f"{path.name}: not valid UTF-8: {exc.reason}") from exc
+        return f"not valid UTF-8: {exc.reason} at byte {exc.start}"
+    if not line:
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"malformed JSON: {exc.msg} (column {exc.colno})"
+    except RecursionError:
+        return _TOO_DEEP
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    return _TOO_DEEP if _deeper_than(record, MAX_JSON_DEPTH) else record
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether a parsed JSON value nests arrays or objects more than ``limit`` levels deep."""
+    todo: list[tuple[object, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        todo.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _jsonl(path: Path, limit: int) -> Iterator[Read]:
+    with path.open("rb") as f:
+        for number, raw in _binary_lines(f, limit):
+            got = too_large(raw, limit) if isinstance(raw, int) else _json_record(raw)
+            if got is not None:
+                yield number, got
+
+
+class _HeldLines:
+    """The lines of a file for ``csv.reader``, holding those of the record being read: when a
+    record turns out broken, the lines after its first are read again as records of their own,
+    so an unclosed quote costs one line, not every record up to the next quote."""
+
+    def __init__(self, f: TextIO) -> None:
+        self._file = f
+        self._again: list[str] = []  # reversed: the next line to read again is last
+        self.held: list[str] = []
+        self.number = 0  # of the last line handed out
+
+    def __iter__(self) -> _HeldLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._again.pop() if self._again else next(self._file)
+        self.held.append(line)
+        self.number += 1
+        return line
+
+    def next_record(self) -> int:
+        """Start a record: forget the lines held; returns the number of its first line."""
+        self.held.clear()
+        return self.number + 1
+
+    def read_again_after_first(self) -> None:
+        again = self.held[1:]
+        self._again.extend(reversed(again))
+        self.number -= len(again)
+        self.held.clear()
+
+
+def _csv_error(exc: csv.Error, start: int, end: int) -> str:
+    if str(exc).startswith("unexpected end of data"):
+        return "malformed CSV: a quote opened in this record is never closed"
+    if end > start:
+        return f"malformed CSV: {exc} (in a record from this line to line {end}: an open quote?)"
+    return f"malformed CSV: {exc}"
+
+
+def _csv_held_problem(lines: _HeldLines, start: int, limit: int) -> str:
+    """Why the lines of a parsed record are unusable (not UTF-8, too large), or ""."""
+    size = 0
+    for number, line in enumerate(lines.held, start):
+        try:
+            size += len(line.encode("utf-8"))
+        except UnicodeEncodeError as exc:  # a byte surrogateescape kept
+            return f"not valid UTF-8 (line {number}, character {exc.start + 1})"
+    return too_large(size, limit) if size > limit else ""
+
+
+def _csv_header(reader: Iterator[list[str]], path: Path, fields: RecordFields) -> list[str] | None:
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        raise SourceError(f"{path.name}: malformed CSV header: {exc}") from exc
+    if header is None:
+        return None
+    if any("\udc80" <= c <= "\udcff" for name in header for c in name):
+        raise SourceError(f"{path.name}: the header is not valid UTF-8")
+    missing = [n for n in (fields.id_field, fields.text_field) if n not in header]
+    if missing:
+        raise SourceError(
+            f"{path.name}: no column {', '.join(map(repr, missing))} in the header "
+            f"({', '.join(header)})"
+        )
+    return header
+
+
+def _csv_rows(
+    reader: Iterator[list[str]], lines: _HeldLines, header: list[str], limit: int
+) -> Iterator[Read]:
+    while True:
+        start = lines.next_record()
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield start, _csv_error(exc, start, lines.number)
+            lines.read_again_after_first()
+            continue
+        problem = _csv_held_problem(lines, start, limit)
+        if problem:
+            yield start, problem
+        elif not any(cell.strip() for cell in row):
+            continue
+        elif len(row) != len(header):
+            yield start, f"{len(row)} fields, the header has {len(header)}"
+        else:
+            yield start, dict(zip(header, row, strict=True))
+
+
+def _csv(path: Path, fields: RecordFields, limit: int) -> Iterator[Read]:
+    # strict: a character after a closing quote is an error, not glued to the field; a byte
+    # that is not UTF-8 is kept as a surrogate and reported with the record that holds it.
+    with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        lines = _HeldLines(f)
+        reader = csv.reader(lines, strict=True)
+        header = _csv_header(reader, path, fields)
+        if header is not None:
+            yield from _csv_rows(reader, lines, header, limit)
 
 
 def load_records(
-    source: str, path: Path, kind: str, fields: RecordFields
+    source: str,
+    path: Path,
+    kind: str,
+    fields: RecordFields,
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
 ) -> tuple[list[Page], list[SkippedPage]]:
-    """Read a ``jsonl`` or ``csv`` export; a bad record is skipped as ``<file>:<line>``.
+    """Read a ``jsonl`` or ``csv`` export; a bad record (malformed, nested too deeply, over
+    ``max_page_bytes``, ...) is skipped as ``<file>:<line>``.
 
     Raises SourceError when the file cannot be read at all (missing, or a CSV header without the
     id or text column).
     """
     if not path.is_file():
         raise SourceError(f"{kind} source {source!r}: {path} is not a file")
-    records = _jsonl(path) if kind == "jsonl" else _csv(path, fields)
+    records = (
+        _jsonl(path, max_page_bytes) if kind == "jsonl" else _csv(path, fields, max_page_bytes)
+    )
     pages: list[Page] = []
     skipped: list[SkippedPage] = []
     first_line: dict[str, int] = {}

@@ -10,9 +10,14 @@ from pathlib import Path
 from index.config import SOURCE_OPTIONS, SourceConfig, check_options
 from index.errors import ConfigError
 from index.sources import SkippedPage
+from index.sources.folder import (
+    DEFAULT_MAX_PAGE_BYTES,
+    FolderOptions,
+    max_page_bytes_option,
+)
 from index.sources.html import load_html
 from index.sources.markdown import load_markdown
-from index.sources.pdf import load_pdf
+from index.sources.pdf import PDF_MAX_BYTES, load_pdf
 from index.sources.records import RecordFields, load_records
 from index.sources.text import load_text
 from index.sources.url import UrlOptions, crawl_urls, state_path
@@ -36,12 +41,15 @@ class LoadContext:
 Loader = Callable[[SourceConfig, LoadContext], Loaded]
 
 
-def _folder(load: Callable[[str, Path], Loaded]) -> Loader:
+def _folder(
+    load: Callable[[str, Path, FolderOptions], Loaded], max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
+) -> Loader:
     def loader(source: SourceConfig, context: LoadContext) -> Loaded:
         assert source.path is not None  # check_options ran
         if not source.path.is_dir():
             raise ConfigError(f"source {source.name!r}: {source.path} is not a folder")
-        return load(source.name, source.path)
+        options = FolderOptions.from_options(source.name, source.options, max_page_bytes)
+        return load(source.name, source.path, options)
 
     return loader
 
@@ -49,7 +57,8 @@ def _folder(load: Callable[[str, Path], Loaded]) -> Loader:
 def _records(source: SourceConfig, context: LoadContext) -> Loaded:
     assert source.path is not None  # check_options ran
     fields = RecordFields.from_options(source.name, source.options)
-    return load_records(source.name, source.path, source.type, fields)
+    limit = max_page_bytes_option(source.name, source.options, DEFAULT_MAX_PAGE_BYTES)
+    return load_records(source.name, source.path, source.type, fields, limit)
 
 
 def _url(source: SourceConfig, context: LoadContext) -> Loaded:
@@ -63,7 +72,7 @@ LOADERS: dict[str, Loader] = {
     "markdown": _folder(load_markdown),
     "text": _folder(load_text),
     "html": _folder(load_html),
-    "pdf": _folder(load_pdf),
+    "pdf": _folder(load_pdf, PDF_MAX_BYTES),
     "url": _url,
     "jsonl": _records,
     "csv": _records,

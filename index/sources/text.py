@@ -11,24 +11,14 @@ from pathlib import Path
 
 from index.errors import SourceError
 from index.sources import SkippedPage
+from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
 from index.types import Page
 
-__all__ = ["TEXT_SUFFIXES", "decode_utf8", "list_files", "load_text", "split_title_line"]
+__all__ = ["TEXT_SUFFIXES", "decode_utf8", "load_text", "split_title_line"]
 
 TEXT_SUFFIXES = (".txt",)
 # A first line longer than this is a paragraph, not a title (titles run 3-12 words).
 MAX_TITLE_CHARS = 120
-
-
-def list_files(root: Path, suffixes: tuple[str, ...]) -> list[tuple[str, Path]]:
-    """Files under ``root`` with one of ``suffixes`` (any case), as (POSIX relative path, path),
-    sorted by relative path so builds are deterministic."""
-    found = [
-        (p.relative_to(root).as_posix(), p)
-        for p in root.rglob("*")
-        if p.suffix.lower() in suffixes and p.is_file()
-    ]
-    return sorted(found)
 
 
 def decode_utf8(rel: str, data: bytes) -> str | SkippedPage:
@@ -39,14 +29,6 @@ def decode_utf8(rel: str, data: bytes) -> str | SkippedPage:
     except UnicodeDecodeError as exc:
         return SkippedPage(rel, f"not valid UTF-8: {exc.reason} at byte {exc.start}")
     return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-
-
-def read_file(rel: str, path: Path) -> bytes | SkippedPage:
-    """The bytes of a file, or the reason it cannot be read."""
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        return SkippedPage(rel, f"unreadable: {exc.strerror or exc}")
 
 
 def split_title_line(text: str) -> tuple[str, str]:
@@ -61,17 +43,21 @@ def split_title_line(text: str) -> tuple[str, str]:
     return title, rest.lstrip("\n")
 
 
-def load_text(source: str, root: Path) -> tuple[list[Page], list[SkippedPage]]:
-    """Read every ``.txt`` file under ``root``; a bad file is skipped, never raised.
+def load_text(
+    source: str, root: Path, options: FolderOptions = DEFAULT_OPTIONS
+) -> tuple[list[Page], list[SkippedPage]]:
+    """Read every ``.txt`` file under ``root`` (``index.sources.folder`` says which); a bad file
+    is skipped, never raised.
 
     Raises SourceError only when ``root`` is not a folder.
     """
     if not root.is_dir():
         raise SourceError(f"text source {source!r}: {root} is not a folder")
+    listing = list_files(root, TEXT_SUFFIXES, follow_symlinks=options.follow_symlinks)
     pages: list[Page] = []
-    skipped: list[SkippedPage] = []
-    for rel, path in list_files(root, TEXT_SUFFIXES):
-        data = read_file(rel, path)
+    skipped = listing.skipped
+    for rel, path in listing.files:
+        data = read_file(rel, path, options.max_page_bytes)
         text = data if isinstance(data, SkippedPage) else decode_utf8(rel, data)
         if isinstance(text, SkippedPage):
             skipped.append(text)

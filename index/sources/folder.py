@@ -1,0 +1,207 @@
+"""Listing and reading the files of a source folder: the one place the ``markdown``, ``text``,
+``html`` and ``pdf`` sources (and ``voxrecall index validate``) find and read their files.
+
+A file is listed when its suffix (any case) is one the source reads. What is found and not used
+is reported as a ``SkippedPage``, never raised:
+
+- a symbolic link whose target is outside the source folder (a file, or a folder: reported as
+  ``name/``), unless the source sets ``follow_symlinks = true``. A link to a file inside the folder
+  is read; a link to a folder inside it is not walked (its files are read where they are), so a
+  page is never read twice under two names;
+- a name that is not a regular file (a FIFO, a socket, a device: reading one can block forever,
+  or never end) or a link to nothing;
+- a file larger than ``max_page_bytes``: the work one page costs (chunks, embeddings, memory)
+  grows with its size, so one huge file could hold up the whole build.
+
+With ``follow_symlinks = true`` every link is followed, folders included; a link back to a folder
+being walked (a cycle) is not walked again.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from index.errors import ConfigError
+from index.sources import SkippedPage
+
+__all__ = [
+    "DEFAULT_MAX_PAGE_BYTES",
+    "DEFAULT_OPTIONS",
+    "FolderOptions",
+    "Listing",
+    "list_files",
+    "max_page_bytes_option",
+    "read_file",
+    "too_large",
+]
+
+# A Markdown or HTML page of 8 MiB is a book; a larger one is a generated dump or a mistake. Its
+# cost grows with its size: 5 MB of prose on one line is ~5,000 chunks to embed and ~10 s to
+# chunk; the issue's 50 MB page ran past 600 s. The limit bounds one page's share of a build.
+DEFAULT_MAX_PAGE_BYTES = 8 << 20
+# Opening a FIFO for reading waits for a writer; non-blocking, the open returns at once and the
+# fstat below refuses it before anything is read.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_OUTSIDE = "a symbolic link to outside the source folder (set follow_symlinks = true to read it)"
+
+
+def max_page_bytes_option(source: str, options: Mapping[str, Any], default: int) -> int:
+    """A source's ``max_page_bytes`` (bytes, > 0); raises ConfigError naming a wrong value."""
+    value = options.get("max_page_bytes", default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"source {source!r}: max_page_bytes must be a whole number of bytes above 0, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def too_large(size: int, limit: int) -> str:
+    """The skip reason of a page over ``max_page_bytes``."""
+    return (
+        f"{size:,} bytes, over max_page_bytes ({limit:,} bytes); raise the source's "
+        "max_page_bytes to index it"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FolderOptions:
+    """The options every folder source takes: ``follow_symlinks`` and ``max_page_bytes``."""
+
+    follow_symlinks: bool = False
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
+
+    @classmethod
+    def from_options(
+        cls, source: str, options: Mapping[str, Any], default_max: int = DEFAULT_MAX_PAGE_BYTES
+    ) -> FolderOptions:
+        """Read the options of a source; raises ConfigError naming a wrong one."""
+        follow = options.get("follow_symlinks", False)
+        if not isinstance(follow, bool):
+            raise ConfigError(f"source {source!r}: follow_symlinks must be true or false")
+        return cls(follow, max_page_bytes_option(source, options, default_max))
+
+
+DEFAULT_OPTIONS = FolderOptions()
+
+
+@dataclass(slots=True)
+class Listing:
+    """The files of a folder to read, as (POSIX path relative to the folder, path), sorted by
+    relative path so builds are deterministic; and what was found and not used."""
+
+    files: list[tuple[str, Path]] = field(default_factory=list)
+    skipped: list[SkippedPage] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    real_root: Path
+    suffixes: tuple[str, ...]
+    follow_symlinks: bool
+    listing: Listing
+
+
+def list_files(root: Path, suffixes: tuple[str, ...], *, follow_symlinks: bool = False) -> Listing:
+    """The files under ``root`` (recursively) with one of ``suffixes``, and the names skipped."""
+    real_root = Path(os.path.realpath(root))
+    walk = _Walk(real_root, suffixes, follow_symlinks, Listing())
+    _walk_folder(walk, root, "", (real_root,))
+    walk.listing.files.sort()
+    walk.listing.skipped.sort(key=lambda s: s.path)
+    return walk.listing
+
+
+def _walk_folder(walk: _Walk, folder: Path, prefix: str, ancestors: tuple[Path, ...]) -> None:
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        walk.listing.skipped.append(
+            SkippedPage(prefix or "./", f"unreadable folder: {exc.strerror or exc}")
+        )
+        return
+    for entry in entries:
+        _visit(walk, entry, prefix + entry.name, ancestors)
+
+
+def _visit(walk: _Walk, entry: os.DirEntry[str], rel: str, ancestors: tuple[Path, ...]) -> None:
+    is_dir = entry.is_dir()  # follows a link
+    if not is_dir and Path(entry.name).suffix.lower() not in walk.suffixes:
+        return
+    if entry.is_symlink() and not walk.follow_symlinks:
+        _visit_link(walk, entry, rel, is_dir)
+    elif is_dir:
+        real = Path(os.path.realpath(entry.path))
+        if real not in ancestors:  # a link back up would walk forever
+            _walk_folder(walk, Path(entry.path), rel + "/", (*ancestors, real))
+    else:
+        _add_file(walk, entry, rel)
+
+
+def _visit_link(walk: _Walk, entry: os.DirEntry[str], rel: str, is_dir: bool) -> None:
+    """A link, when links are not followed: only one to a file inside the folder is read."""
+    if not Path(os.path.realpath(entry.path)).is_relative_to(walk.real_root):
+        walk.listing.skipped.append(SkippedPage(rel + "/" if is_dir else rel, _OUTSIDE))
+    elif not is_dir:
+        _add_file(walk, entry, rel)
+
+
+def _add_file(walk: _Walk, entry: os.DirEntry[str], rel: str) -> None:
+    problem = _not_regular(entry)
+    if problem:
+        walk.listing.skipped.append(SkippedPage(rel, problem))
+    else:
+        walk.listing.files.append((rel, Path(entry.path)))
+
+
+def _not_regular(entry: os.DirEntry[str]) -> str:
+    try:
+        mode = entry.stat().st_mode  # follows a link
+    except FileNotFoundError:
+        return "a symbolic link to nothing"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    return "" if stat.S_ISREG(mode) else f"not a regular file ({_kind(mode)})"
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a file"
+
+
+def read_file(rel: str, path: Path, limit: int) -> bytes | SkippedPage:
+    """The bytes of a regular file of at most ``limit`` bytes, or why it is not read.
+
+    The file is checked again once open (it may have changed since it was listed): a FIFO is
+    refused without waiting for a writer, and a file that grew past ``limit`` is read no further.
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        return SkippedPage(rel, f"unreadable: {exc.strerror or exc}")
+    try:
+        with open(fd, "rb", closefd=True) as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return SkippedPage(rel, f"not a regular file ({_kind(st.st_mode)})")
+            if st.st_size > limit:
+                return SkippedPage(rel, too_large(st.st_size, limit))
+            data = f.read(st.st_size + 1)  # read(n) allocates n bytes up front: not the limit
+            if len(data) > st.st_size:  # it grew since: read on, up to the limit
+                data += f.read(limit + 1 - len(data))
+    except OSError as exc:
+        return SkippedPage(rel, f"unreadable: {exc.strerror or exc}")
+    if len(data) > limit:
+        return SkippedPage(rel, too_large(len(data), limit))
+    return data

@@ -1,0 +1,312 @@
+"""Hostile source documents (issue 14, items 12-15): each is skipped and named in the build's
+report, and everything else of the base is indexed. Real files in tmp, real builds."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from index.build import BuildSummary, build_knowledge_base
+from index.config import parse_config
+from index.embedders.base import HashEmbedder
+from index.errors import ConfigError
+from index.snapshot import LoadedSnapshot, load_snapshot, page_key
+from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
+from index.sources.registry import LoadContext, load_source
+from index.store import LocalStore
+from index.validate import ValidateOptions, validate_docs
+from tests.test_sources import make_pdf
+
+
+def build(tmp_path: Path, sources: list[dict[str, Any]]) -> tuple[BuildSummary, LoadedSnapshot]:
+    raw = {
+        "knowledge_base": [{"name": "kb", "source": sources}],
+        "index": {"store": str(tmp_path / "store")},
+    }
+    config = parse_config(raw, base=tmp_path)
+    summary = build_knowledge_base(config, config.knowledge_bases[0], HashEmbedder())
+    return summary, load_snapshot(LocalStore(config.index.store).latest_dir("kb"))
+
+
+def reasons(summary: BuildSummary) -> dict[str, str]:
+    return {s["path"]: s["reason"] for s in summary.skipped_pages}
+
+
+def docs_folder(tmp_path: Path, name: str = "docs") -> Path:
+    docs = tmp_path / name
+    docs.mkdir()
+    (docs / "billing.md").write_text("# Billing\n\nInvoices are sent on the first of the month.\n")
+    return docs
+
+
+# --- 12: jsonl nested 100,000 deep ------------------------------------------------------------
+
+
+def test_a_jsonl_line_nested_100000_deep_is_skipped_as_file_line(tmp_path: Path) -> None:
+    faq = tmp_path / "faq.jsonl"
+    deep = "[" * 100_000 + "]" * 100_000
+    lines = [
+        {"id": "wifi", "text": "Restart the router to fix the wifi."},
+        None,  # the hostile line
+        {"id": "roam", "text": "Roaming is free in the EU."},
+        {"id": "meta", "text": "Deep metadata.", "tags": json.loads("[" * 70 + "]" * 70)},
+    ]
+    faq.write_text(
+        "\n".join(
+            f'{{"id": "deep", "text": {deep}}}' if r is None else json.dumps(r) for r in lines
+        )
+    )
+    docs = docs_folder(tmp_path)
+    summary, snap = build(
+        tmp_path,
+        [
+            {"name": "faq", "type": "jsonl", "path": str(faq), "metadata_fields": ["tags"]},
+            {"name": "docs", "type": "markdown", "path": str(docs)},
+        ],
+    )
+    assert summary.published
+    assert reasons(summary) == {
+        "faq:faq.jsonl:2": "nested too deeply (arrays or objects more than 64 levels deep)",
+        "faq:faq.jsonl:4": "nested too deeply (arrays or objects more than 64 levels deep)",
+    }
+    assert {(c.source, c.source_path) for c in snap.chunks} == {
+        ("faq", "wifi"),
+        ("faq", "roam"),
+        ("docs", "billing.md"),
+    }
+
+
+def test_a_jsonl_line_over_max_page_bytes_is_skipped_unread(tmp_path: Path) -> None:
+    faq = tmp_path / "faq.jsonl"
+    big = json.dumps({"id": "big", "text": "word " * 400})
+    faq.write_text(f'{big}\n{{"id": "ok", "text": "Small."}}\n{big}')  # the last line: no newline
+    source = {"type": "jsonl", "path": str(faq), "max_page_bytes": 1000}
+    summary, snap = build(tmp_path, [source])
+    assert [c.source_path for c in snap.chunks] == ["ok"]
+    size = f"{len(big.encode()):,} bytes, over max_page_bytes (1,000 bytes)"
+    assert {path: why.split(";")[0] for path, why in reasons(summary).items()} == {
+        "faq.jsonl:1": size,
+        "faq.jsonl:3": size,
+    }
+
+
+# --- 13: a CSV quote left open ----------------------------------------------------------------
+
+
+def test_a_csv_quote_left_open_is_reported_and_the_next_records_kept(tmp_path: Path) -> None:
+    faq = tmp_path / "faq.csv"
+    faq.write_text(
+        "id,text\n"
+        "1,Restart the router.\n"
+        '2,"Roaming is free\n'  # line 3: its quote is closed by the first quote of line 5
+        "3,Top up online.\n"
+        '4,"A quoted answer\nover two lines."\n'
+        '5,"A quote closed ""inside"" the field."\n'
+        '6,"Broken again\n'  # line 8: closed by the quote of line 9
+        '7,"Pay by card."\n'
+        "8,Call us.\n"
+        '9,"Never closed\n'  # line 11: no quote follows
+        "10,Last answer.\n"
+    )
+    summary, snap = build(tmp_path, [{"type": "csv", "path": str(faq)}])
+    texts = {c.source_path: c.text for c in snap.chunks}
+    assert texts == {
+        "1": "Restart the router.",
+        "3": "Top up online.",
+        "4": "A quoted answer\nover two lines.",
+        "5": 'A quote closed "inside" the field.',
+        "7": "Pay by card.",
+        "8": "Call us.",
+        "10": "Last answer.",
+    }
+    expected = "malformed CSV: ',' expected after '\"' (in a record from this line to line {}: "
+    assert reasons(summary) == {
+        "faq.csv:3": expected.format(5) + "an open quote?)",
+        "faq.csv:8": expected.format(9) + "an open quote?)",
+        "faq.csv:11": "malformed CSV: a quote opened in this record is never closed",
+    }
+
+
+def test_a_csv_record_that_is_not_utf8_is_skipped_alone(tmp_path: Path) -> None:
+    faq = tmp_path / "faq.csv"
+    faq.write_bytes(b"id,text\n1,Caf\xe9 menu.\n2,Tea menu.\n")
+    summary, snap = build(tmp_path, [{"type": "csv", "path": str(faq)}])
+    assert [c.source_path for c in snap.chunks] == ["2"]
+    assert reasons(summary) == {"faq.csv:2": "not valid UTF-8 (line 2, character 6)"}
+
+
+# --- 14: links out of the folder --------------------------------------------------------------
+
+OUTSIDE = "a symbolic link to outside the source folder (set follow_symlinks = true to read it)"
+
+
+def linked_docs(tmp_path: Path) -> Path:
+    """A docs folder with links to a secret file and folder outside it, and one link inside."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "passwd.md").write_text("# Secret\n\nThe admin password is hunter2.\n")
+    docs = docs_folder(tmp_path)
+    (docs / "leak.md").symlink_to(secret / "passwd.md")
+    (docs / "leakdir").symlink_to(secret, target_is_directory=True)
+    (docs / "sub").mkdir()
+    (docs / "sub" / "alias.md").symlink_to(docs / "billing.md")
+    (docs / "sub" / "up").symlink_to(docs, target_is_directory=True)  # a cycle
+    return docs
+
+
+def test_links_out_of_the_folder_are_not_indexed_nor_served(tmp_path: Path) -> None:
+    docs = linked_docs(tmp_path)
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {"leak.md": OUTSIDE, "leakdir/": OUTSIDE}
+    assert {c.source_path for c in snap.chunks} == {"billing.md", "sub/alias.md"}
+    assert set(snap.pages) == {page_key("markdown", p) for p in ("billing.md", "sub/alias.md")}
+    assert not any("hunter2" in text for text in snap.pages.values())
+
+
+def test_follow_symlinks_reads_links_out_of_the_folder(tmp_path: Path) -> None:
+    docs = linked_docs(tmp_path)
+    summary, snap = build(
+        tmp_path, [{"type": "markdown", "path": str(docs), "follow_symlinks": True}]
+    )
+    assert summary.skipped_pages == []
+    assert {c.source_path for c in snap.chunks} == {
+        "billing.md",
+        "leak.md",
+        "leakdir/passwd.md",
+        "sub/alias.md",  # "sub/up" links back to the folder itself: a cycle, not walked
+    }
+
+
+@pytest.mark.parametrize(
+    ("type_", "name", "content"),
+    [
+        ("markdown", "page.md", b"# Secret\n\nhunter2\n"),
+        ("text", "page.txt", b"Secret\n\nhunter2\n"),
+        ("html", "page.html", b"<h1>Secret</h1><p>hunter2</p>"),
+        ("pdf", "page.pdf", make_pdf([["Secret", "hunter2"]])),
+    ],
+)
+def test_every_folder_source_refuses_links_out_of_its_folder(
+    tmp_path: Path, type_: str, name: str, content: bytes
+) -> None:
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / name).write_bytes(content)
+    docs = tmp_path / "docs"
+    (docs / "real").mkdir(parents=True)
+    (docs / "real" / name).write_bytes(content)
+    (docs / name).symlink_to(tmp_path / "secret" / name)
+    (docs / "dir").symlink_to(tmp_path / "secret", target_is_directory=True)
+    (docs / "inside").symlink_to(docs / "real", target_is_directory=True)
+    raw = {
+        "knowledge_base": [{"name": "kb", "source": [{"type": type_, "path": str(docs)}]}],
+        "index": {"store": str(tmp_path / "store")},
+    }
+    config = parse_config(raw, base=tmp_path)
+    pages, skipped = load_source(config.knowledge_bases[0].sources[0], LoadContext("kb", tmp_path))
+    assert {(s.path, s.reason) for s in skipped} == {(name, OUTSIDE), ("dir/", OUTSIDE)}
+    # a folder link inside is not walked: its files are read where they are, once
+    assert {p.source_path.split("#")[0] for p in pages} == {f"real/{name}"}
+
+
+# --- 15: a page too large; files that are not files -------------------------------------------
+
+
+def test_a_page_over_max_page_bytes_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path)
+    (docs / "huge.md").write_text("word " * 10_000)  # 50,000 bytes on one line
+    summary, snap = build(
+        tmp_path, [{"type": "markdown", "path": str(docs), "max_page_bytes": 4096}]
+    )
+    assert reasons(summary) == {
+        "huge.md": "50,000 bytes, over max_page_bytes (4,096 bytes); raise the source's "
+        "max_page_bytes to index it"
+    }
+    assert {c.source_path for c in snap.chunks} == {"billing.md"}
+
+
+def test_the_default_limit_skips_a_page_of_more_than_8_mib(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path, "texts")
+    (docs / "ok.txt").write_text("Fine\n\nA page of text.\n")
+    with (docs / "dump.txt").open("wb") as f:
+        f.truncate(50 << 20)  # 50 MiB, sparse: never read
+    summary, snap = build(tmp_path, [{"type": "text", "path": str(docs)}])
+    assert DEFAULT_MAX_PAGE_BYTES == 8 << 20
+    assert reasons(summary)["dump.txt"].startswith(
+        "52,428,800 bytes, over max_page_bytes (8,388,608 bytes)"
+    )
+    assert {c.source_path for c in snap.chunks} == {"ok.txt"}
+
+
+def test_a_fifo_or_a_dangling_link_is_skipped_and_never_blocks(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path)
+    os.mkfifo(docs / "pipe.md")  # reading it would wait for a writer forever
+    (docs / "via-link.md").symlink_to(docs / "pipe.md")
+    (docs / "gone.md").symlink_to(docs / "missing.md")
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {
+        "pipe.md": "not a regular file (a FIFO)",
+        "via-link.md": "not a regular file (a FIFO)",
+        "gone.md": "a symbolic link to nothing",
+    }
+    assert {c.source_path for c in snap.chunks} == {"billing.md"}
+
+
+def test_an_html_page_of_unclosed_comments_is_read_in_linear_time(tmp_path: Path) -> None:
+    docs = tmp_path / "site"
+    docs.mkdir()
+    # Python 3.11's HTMLParser retried each "<!--" against the whole rest: hours at this size.
+    (docs / "hostile.html").write_text("<h1>Hostile</h1><p>Start" + "<!--" * 100_000)
+    (docs / "deep.html").write_text("<div>" * 20_000 + "<p>Deep text.</p>" + "</div>" * 20_000)
+    summary, snap = build(tmp_path, [{"type": "html", "path": str(docs)}])
+    assert summary.skipped_pages == []
+    deep = snap.pages[page_key("html", "deep.html")]
+    assert deep == "Deep text.\n"
+    assert snap.pages[page_key("html", "hostile.html")].startswith("# Hostile\n\nStart<!--<!--")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"follow_symlinks": "yes"}, "follow_symlinks must be true or false"),
+        ({"max_page_bytes": 0}, "max_page_bytes must be a whole number of bytes above 0, got 0"),
+        ({"max_page_bytes": "8MB"}, "max_page_bytes must be a whole number of bytes"),
+    ],
+)
+def test_folder_options_are_checked(tmp_path: Path, options: dict[str, Any], message: str) -> None:
+    docs = docs_folder(tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        build(tmp_path, [{"type": "markdown", "path": str(docs), **options}])
+
+
+def test_validate_reads_the_files_the_build_reads(tmp_path: Path) -> None:
+    docs = linked_docs(tmp_path)
+    report = validate_docs(docs)
+    assert [(p.path, p.kind, p.message) for p in report.problems if p.kind == "unreadable"] == [
+        ("leak.md", "unreadable", f"unreadable page: {OUTSIDE}"),
+        ("leakdir/", "unreadable", f"unreadable page: {OUTSIDE}"),
+    ]
+    follow = ValidateOptions.from_options("docs", {"follow_symlinks": True})
+    report = validate_docs(docs, follow)
+    assert not [p for p in report.problems if p.kind == "unreadable"]
+    assert {p.path for p in report.pages} == {
+        "billing.md",
+        "leak.md",
+        "leakdir/passwd.md",
+        "sub/alias.md",
+    }
+
+
+def test_a_pdf_over_max_page_bytes_is_skipped_unparsed(tmp_path: Path) -> None:
+    docs = tmp_path / "pdfs"
+    docs.mkdir()
+    small, big = make_pdf([["Short manual."]]), make_pdf([["Long manual."] * 200])
+    (docs / "small.pdf").write_bytes(small)
+    (docs / "big.pdf").write_bytes(big)
+    limit = len(small) + 100
+    summary, snap = build(tmp_path, [{"type": "pdf", "path": str(docs), "max_page_bytes": limit}])
+    assert reasons(summary)["big.pdf"].startswith(f"{len(big):,} bytes, over max_page_bytes")
+    assert {c.source_path for c in snap.chunks} == {"small.pdf#page=1"}
