@@ -215,3 +215,22 @@ async def test_a_malformed_body_is_refused_with_a_status_and_one_short_line(
     calls = [line for line in lines if line.get("method") == "Turn"]
     assert [line["msg"].split(" in ")[0] for line in calls] == [f"Turn {expected.name}"]
     assert not [line for line in lines if line["level"] == "ERROR" or "exc" in line]
+
+
+async def test_a_malformed_message_in_a_stream_ends_it_invalid_argument(
+    stub: pb_grpc.RetrievalStub, sidecar: Sidecar
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        converse = channel.stream_stream(
+            "/voxrecall.v1.Retrieval/Converse",
+            request_serializer=bytes,
+            response_deserializer=bytes,
+        )
+        stream = converse()
+        good = pb.ConverseRequest(turn=pb.TurnRequest(session_id="m", text=QUESTION, is_final=True))
+        await stream.write(good.SerializeToString())
+        assert pb.ConverseResponse.FromString(await stream.read()).turn.chunks
+        await stream.write(b"\xff" * 100)
+        refused = await _error(stream.read())
+    assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid message" in (refused.details() or "")
