@@ -489,6 +489,25 @@ def _followup_config(raw: Mapping[str, Any], where: str) -> FollowupConfig:
 
 
 def _check_operations(sidecar: SidecarConfig, where: str) -> None:
+    _check_shared_limits(sidecar, where)
+    low, high = MESSAGE_BYTES_RANGE
+    if (
+        not isinstance(sidecar.max_message_bytes, int)
+        or not low <= sidecar.max_message_bytes <= high
+    ):
+        raise ConfigError(f"{where}: max_message_bytes must be between {low} and {high}")
+    if sidecar.log_level not in LOG_LEVELS:
+        raise ConfigError(f"{where}: log_level must be one of {', '.join(LOG_LEVELS)}")
+    if sidecar.log_format not in ("json", "text"):
+        raise ConfigError(f'{where}: log_format must be "json" or "text"')
+    if sidecar.metrics_listen:
+        host, _, port = str(sidecar.metrics_listen).rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"{where}: metrics_listen must be host:port, e.g. 127.0.0.1:9464")
+
+
+def _check_shared_limits(sidecar: SidecarConfig, where: str) -> None:
+    """The limits callers share (calls, streams, sessions and their bytes) and the idle bound."""
     for key in ("max_concurrent_rpcs", "max_streams", "max_sessions"):
         if not _whole(getattr(sidecar, key)) or getattr(sidecar, key) < 1:
             raise ConfigError(f"{where}: {key} must be a whole number >= 1")
@@ -506,20 +525,6 @@ def _check_operations(sidecar: SidecarConfig, where: str) -> None:
         isinstance(sidecar.stream_idle_s, int | float) and sidecar.stream_idle_s > 0
     ):
         raise ConfigError(f"{where}: stream_idle_s must be a number of seconds > 0")
-    low, high = MESSAGE_BYTES_RANGE
-    if (
-        not isinstance(sidecar.max_message_bytes, int)
-        or not low <= sidecar.max_message_bytes <= high
-    ):
-        raise ConfigError(f"{where}: max_message_bytes must be between {low} and {high}")
-    if sidecar.log_level not in LOG_LEVELS:
-        raise ConfigError(f"{where}: log_level must be one of {', '.join(LOG_LEVELS)}")
-    if sidecar.log_format not in ("json", "text"):
-        raise ConfigError(f'{where}: log_format must be "json" or "text"')
-    if sidecar.metrics_listen:
-        host, _, port = str(sidecar.metrics_listen).rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"{where}: metrics_listen must be host:port, e.g. 127.0.0.1:9464")
 
 
 def _tls_config(raw: Mapping[str, Any], base: Path, where: str) -> TlsConfig:

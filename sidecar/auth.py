@@ -7,9 +7,9 @@ A call presents ``authorization: Bearer <token>``; a missing or wrong token gets
 The token is compared with every configured one in constant time (``hmac.compare_digest``), all
 of them every time, so timing says neither whether nor which token matched. A call outside the
 caller's scope gets PERMISSION_DENIED; ``Status`` and ``ListTools`` answers, and an unknown
-function's error, show only what is in scope (a caller scoped by functions alone may use their
-bases: ``index.config`` fills that in). Sessions are per caller (``sidecar.sessions.owner``): the same session id from two callers
-names two sessions. Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
+function's error (``sidecar.tools.visible``), show only what is in scope; a caller scoped by
+functions alone may use their bases (``index.config`` fills that in). Sessions are per caller
+(``sidecar.sessions.owner``): the same session id from two callers names two sessions. Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
 and never appear in a message, a log line or a metric: callers are named by ``name``.
 Health checks are exempt (``sidecar.interceptor.EXEMPT_SERVICES``).
 """

@@ -124,10 +124,12 @@ async def test_an_idle_stream_ends_deadline_exceeded_and_gives_its_slot_back(
         assert sidecar.guards is not None
         limit = sidecar.guards.limit
         await eventually(lambda: limit.in_flight == 0, "the idle stream's slot")
-        again = await _open(stub, HOG, "idle")  # the share is free again, the session kept
-        await again.write(pb.ConverseRequest(turn=_turn(THANKS, session_id="idle")))
-        assert (await again.read()).turn.context
+        again = stub.Converse(metadata=HOG)  # the share is free again, the session kept
+        for text in (QUESTION, THANKS):  # both sent at once: no idle gap, whatever the load
+            await again.write(pb.ConverseRequest(turn=_turn(text, session_id="idle")))
         await again.done_writing()
+        assert (await again.read()).turn.chunks
+        assert (await again.read()).turn.context
         assert await again.code() is grpc.StatusCode.OK
 
 
