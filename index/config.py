@@ -27,6 +27,8 @@ MAX_EF_SEARCH = 4096  # past this an HNSW search visits most of any graph: use e
 MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
 SKIP_LANGUAGES = ("en",)  # the languages sidecar/skip.py ships word lists for
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# A session must hold at least its newest turn: 4000 characters of up to 4 bytes (engine).
+MIN_SESSION_BYTES = 32 * 1024
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens can be guessed; `openssl rand -hex 32` makes one
 # A page read whole (ReadPage) must fit; more lets one call pin that much memory per RPC.
 MESSAGE_BYTES_RANGE = (64 * 1024, 64 * 1024 * 1024)
@@ -193,9 +195,15 @@ class CallerConfig:
 
     name: str  # shown in logs and metrics instead of the token
     token_env: str
-    knowledge_bases: tuple[str, ...] = ()
+    knowledge_bases: tuple[str, ...] = ()  # empty: the bases of its functions, or all
     functions: tuple[str, ...] = ()
     token: str = field(default="", repr=False)  # resolved from token_env; never logged
+    # This caller's shares of the [sidecar] limits of the same names; 0: a fair share (what the
+    # callers given none are left, split evenly), so no caller can lock out or evict another.
+    max_concurrent_rpcs: int = 0
+    max_streams: int = 0
+    max_sessions: int = 0
+    session_memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +230,10 @@ class SidecarConfig:
     context_turns: int = 3  # retained context: this many turns' worth of chunks
     session_ttl_s: float = 900.0
     max_sessions: int = 10_000
+    # What one session keeps (its recent turns' text, its retained hits) and all of them
+    # together, in bytes; the oldest turns, then the least recently used sessions, go first.
+    max_session_bytes: int = 64 * 1024
+    session_memory_bytes: int = 256 * 1024 * 1024
     query_cache_size: int = 2048
     context_bonus: float = 0.05  # cosine added to chunks whose related_urls match context_url
     prefetch_stable_ms: int = (
@@ -238,7 +250,11 @@ class SidecarConfig:
     followups: FollowupConfig = FollowupConfig()
     # A sidecar serves one pod's agent: a few calls per live phone call. Beyond this many at once
     # a call is refused (RESOURCE_EXHAUSTED) rather than queued behind one embedder thread.
-    max_concurrent_rpcs: int = 64
+    max_concurrent_rpcs: int = 64  # unary calls in flight
+    max_streams: int = 64  # Converse streams open, counted apart so neither kind starves the other
+    # A Converse stream with no request for this long ends DEADLINE_EXCEEDED: an abandoned stream
+    # must not hold its slot. A live call sends transcripts far more often.
+    stream_idle_s: float = 60.0
     max_message_bytes: int = 4 * 1024 * 1024
     metrics_listen: str = ""  # host:port for Prometheus; empty: no metrics endpoint
     workers: int = 1  # processes serving `listen` together (sidecar/workers.py)
@@ -474,6 +490,7 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
         )
     functions = _functions(raw, kbs, where)
     _check_scopes(sidecar.auth, kbs, functions, f"{where} [sidecar.auth]")
+    sidecar = replace(sidecar, auth=_resolve_callers(sidecar, functions, f"{where} [sidecar.auth]"))
     return Config(
         embedder=embedder,
         knowledge_bases=tuple(kbs),
@@ -520,8 +537,7 @@ def _followup_config(raw: Mapping[str, Any], where: str) -> FollowupConfig:
 
 
 def _check_operations(sidecar: SidecarConfig, where: str) -> None:
-    if not isinstance(sidecar.max_concurrent_rpcs, int) or sidecar.max_concurrent_rpcs < 1:
-        raise ConfigError(f"{where}: max_concurrent_rpcs must be a whole number >= 1")
+    _check_shared_limits(sidecar, where)
     low, high = MESSAGE_BYTES_RANGE
     if (
         not isinstance(sidecar.max_message_bytes, int)
@@ -536,6 +552,27 @@ def _check_operations(sidecar: SidecarConfig, where: str) -> None:
         host, _, port = str(sidecar.metrics_listen).rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError(f"{where}: metrics_listen must be host:port, e.g. 127.0.0.1:9464")
+
+
+def _check_shared_limits(sidecar: SidecarConfig, where: str) -> None:
+    """The limits callers share (calls, streams, sessions and their bytes) and the idle bound."""
+    for key in ("max_concurrent_rpcs", "max_streams", "max_sessions"):
+        if not _whole(getattr(sidecar, key)) or getattr(sidecar, key) < 1:
+            raise ConfigError(f"{where}: {key} must be a whole number >= 1")
+    if not _whole(sidecar.max_session_bytes) or sidecar.max_session_bytes < MIN_SESSION_BYTES:
+        raise ConfigError(
+            f"{where}: max_session_bytes must be a whole number >= {MIN_SESSION_BYTES} "
+            "(room for the longest turn)"
+        )
+    if (
+        not _whole(sidecar.session_memory_bytes)
+        or sidecar.session_memory_bytes < sidecar.max_session_bytes
+    ):
+        raise ConfigError(f"{where}: session_memory_bytes must be >= max_session_bytes")
+    if isinstance(sidecar.stream_idle_s, bool) or not (
+        isinstance(sidecar.stream_idle_s, int | float) and sidecar.stream_idle_s > 0
+    ):
+        raise ConfigError(f"{where}: stream_idle_s must be a number of seconds > 0")
 
 
 def _tls_config(raw: Mapping[str, Any], base: Path, where: str) -> TlsConfig:
@@ -612,6 +649,59 @@ def _check_scopes(
                 f"{where} {caller.name}: knowledge base(s) {', '.join(unknown_kbs)} are not "
                 "configured"
             )
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# [sidecar] limits each caller gets a share of, and the least share that still works.
+SHARED_LIMITS = ("max_concurrent_rpcs", "max_streams", "max_sessions", "session_memory_bytes")
+
+
+def _resolve_callers(
+    sidecar: SidecarConfig, functions: tuple[FunctionConfig, ...], where: str
+) -> AuthConfig:
+    """Each caller with its base scope defaulted to its functions' bases, and its shares."""
+    bases = {fn.name: fn.knowledge_base for fn in functions}
+    callers = [
+        replace(c, knowledge_bases=tuple(dict.fromkeys(bases[f] for f in c.functions)))
+        if c.functions and not c.knowledge_bases
+        else c
+        for c in sidecar.auth.callers
+    ]
+    for key in SHARED_LIMITS:
+        least = sidecar.max_session_bytes if key == "session_memory_bytes" else 1
+        given = [getattr(c, key) for c in callers]
+        shares = _shares(getattr(sidecar, key), given, least, f"{where} {key}")
+        callers = [_with(c, key, share) for c, share in zip(callers, shares, strict=True)]
+    return replace(sidecar.auth, callers=tuple(callers))
+
+
+def _with(caller: CallerConfig, key: str, value: int) -> CallerConfig:
+    changes: dict[str, Any] = {key: value}
+    return replace(caller, **changes)
+
+
+def _shares(total: int, given: list[int], least: int, where: str) -> list[int]:
+    """Explicit shares as given; the rest of ``total`` split evenly among the callers given 0.
+    Shares add up to at most ``total``, so what one caller holds never takes another's."""
+    if not all(_whole(g) and (g == 0 or g >= least) for g in given):
+        raise ConfigError(f"{where}: a caller's share must be a whole number >= {least} (0: fair)")
+    fixed = sum(given)
+    if fixed > total:
+        raise ConfigError(
+            f"{where}: the callers' shares add up to {fixed}, more than the [sidecar] limit "
+            f"{total}: lower them or raise the limit"
+        )
+    open_ = given.count(0)
+    share = (total - fixed) // open_ if open_ else 0
+    if open_ and share < least:
+        raise ConfigError(
+            f"{where}: {open_} caller(s) without a share would get {share} of what is left "
+            f"({total - fixed}); the least that works is {least}: give them shares or raise the limit"
+        )
+    return [g or share for g in given]
 
 
 def load_config(path: Path) -> Config:

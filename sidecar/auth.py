@@ -6,9 +6,10 @@
 A call presents ``authorization: Bearer <token>``; a missing or wrong token gets UNAUTHENTICATED.
 The token is compared with every configured one in constant time (``hmac.compare_digest``), all
 of them every time, so timing says neither whether nor which token matched. A call outside the
-caller's scope gets PERMISSION_DENIED; ``Status`` and ``ListTools`` answers show only what is in
-scope. Sessions are per caller (``sidecar.sessions.owner``): the same session id from two callers
-names two sessions. Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
+caller's scope gets PERMISSION_DENIED; ``Status`` and ``ListTools`` answers, and an unknown
+function's error (``sidecar.tools.visible``), show only what is in scope; a caller scoped by
+functions alone may use their bases (``index.config`` fills that in). Sessions are per caller
+(``sidecar.sessions.owner``): the same session id from two callers names two sessions. Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
 and never appear in a message, a log line or a metric: callers are named by ``name``.
 Health checks are exempt (``sidecar.interceptor.EXEMPT_SERVICES``).
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from index.config import MIN_TOKEN_CHARS, AuthConfig, CallerConfig
 from index.errors import ConfigError
-from sidecar import sessions
+from sidecar import sessions, tools
 from sidecar.errors import PermissionDenied, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.interceptor import Call, Hook
@@ -71,6 +72,7 @@ class Authenticator(Hook):
             raise Unauthenticated("the bearer token is not valid")
         call.caller = caller
         sessions.owner.set(caller.name)  # this caller's sessions are its own
+        tools.visible.set(self._visible_functions(caller))
 
     def _match(self, presented: bytes) -> CallerConfig | None:
         found = None
@@ -104,6 +106,11 @@ class Authenticator(Hook):
             tools = [t for t in message.tools if self._function_allowed(caller, t.name)]
             del message.tools[:]
             message.tools.extend(tools)
+
+    def _visible_functions(self, caller: CallerConfig) -> frozenset[str] | None:
+        if not (caller.knowledge_bases or caller.functions):
+            return None
+        return frozenset(f for f in self.functions if self._function_allowed(caller, f))
 
     @staticmethod
     def _base_allowed(caller: CallerConfig, kb: str) -> bool:

@@ -258,8 +258,8 @@ class Engine:
 
     async def search(self, req: SearchInput) -> SearchResult:
         budget = Budget.start(self._budget_ms(req.budget_ms))
-        if not req.vector:
-            self._check_text(req.query, allow_empty=False)
+        # with a vector the query is for logging only: checked like any text, never searched
+        self._check_text(req.query, allow_empty=bool(req.vector))
         self._check_session(req.session_id)
         if req.limit < 0 or req.limit > MAX_LIMIT:
             raise InvalidArgument(
@@ -273,7 +273,7 @@ class Engine:
         result = await self._search(
             snapshot,
             kb,
-            req.query,
+            "" if vector is not None else req.query,
             budget,
             limit=req.limit or self.config.max_results,
             min_score=req.min_score or self.config.min_score,
@@ -349,7 +349,7 @@ class Engine:
                 min_score=min_score,
                 min_lexical_score=self.config.min_lexical_score,
                 sources=sources,
-                hybrid=kb in self.hybrid_bases,
+                hybrid=kb in self.hybrid_bases and bool(query),  # no text: dense only
                 context_url=context_url,
                 context_bonus=self.config.context_bonus,
             ),

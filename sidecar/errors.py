@@ -10,6 +10,7 @@
         ├── NotFound                       -> NOT_FOUND
         ├── Unavailable                    -> UNAVAILABLE
         ├── ResourceExhausted              -> RESOURCE_EXHAUSTED
+        ├── IdleTimeout                    -> DEADLINE_EXCEEDED (a stream sent nothing too long)
         ├── Unauthenticated                -> UNAUTHENTICATED
         └── PermissionDenied               -> PERMISSION_DENIED
 
@@ -49,6 +50,10 @@ class ResourceExhausted(RequestError):
     pass
 
 
+class IdleTimeout(RequestError):
+    """A stream that sent nothing for too long; the caller opens a new one when it has more."""
+
+
 class Unauthenticated(RequestError):
     pass
 
@@ -62,6 +67,7 @@ _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode], ...] = (
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (IdleTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (SnapshotNotFound, grpc.StatusCode.UNAVAILABLE),

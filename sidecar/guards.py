@@ -5,7 +5,11 @@
 
 The order matters: the log context first (every later line carries the call's ids), metrics
 next (they see every refusal), the drain gate, then auth (an unauthenticated call never takes a
-slot), then the limit.
+slot), then the limit, then the field sizes (checked on each request message before any work).
+
+The server pings a connection that has been quiet for ``KEEPALIVE_S`` and closes it when no
+answer comes within ``KEEPALIVE_TIMEOUT_S``: a caller that vanished (a pod killed, a network
+cut without a FIN) gives its streams' slots back then rather than never.
 """
 
 from __future__ import annotations
@@ -21,9 +25,16 @@ from sidecar.engine import Engine
 from sidecar.holder import SnapshotHolder
 from sidecar.interceptor import Hook, HookInterceptor
 from sidecar.lifecycle import Lifecycle
-from sidecar.limits import ConcurrencyLimit, DrainGate
+from sidecar.limits import ConcurrencyLimit, DrainGate, FieldLimits
 from sidecar.logs import CallLog
 from sidecar.metrics import Metrics
+
+# A dead peer is found within KEEPALIVE_S + KEEPALIVE_TIMEOUT_S; pings that often cost nothing.
+KEEPALIVE_S = 30
+KEEPALIVE_TIMEOUT_S = 10
+# Clients may ping this often (grpc's default refuses pings more often than every 5 minutes
+# without data, closing the connection of a client that keeps its channel warm).
+CLIENT_PING_MIN_S = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +50,11 @@ class Guards:
         cls, config: Config, engine: Engine, holder: SnapshotHolder, lifecycle: Lifecycle
     ) -> Guards:
         sc = config.sidecar
-        limit = ConcurrencyLimit(sc.max_concurrent_rpcs)
+        limit = ConcurrencyLimit(
+            sc.max_concurrent_rpcs,
+            sc.max_streams,
+            {c.name: (c.max_concurrent_rpcs, c.max_streams) for c in sc.auth.callers},
+        )
         metrics = Metrics(engine, holder, lifecycle, limit)
         auth = (
             Authenticator(
@@ -56,9 +71,14 @@ class Guards:
             DrainGate(lifecycle),
             *([auth] if auth else []),
             limit,
+            FieldLimits(),
         ]
         options = (
             ("grpc.max_receive_message_length", sc.max_message_bytes),
             ("grpc.max_send_message_length", sc.max_message_bytes),
+            ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MIN_S * 1000),
         )
         return cls(limit, metrics, auth, (HookInterceptor(hooks),), options)

@@ -8,7 +8,10 @@ is then refused with the status ``sidecar.errors.status_for`` maps it to. Hooks 
 order; ``end`` runs for every hook whose ``start`` returned, in reverse order, exactly once.
 
 Wrapping the method handler (rather than only reading ``handler_call_details``) is what lets a
-hook read request fields (a knowledge base, a session id) and responses (timings, skips).
+hook read request fields (a knowledge base, a session id) and responses (timings, skips). The
+request deserializer is wrapped too: a body that is not the method's message becomes
+``Malformed`` rather than an exception inside grpc (UNKNOWN and a traceback), so the hooks start
+first (an unauthenticated call gets UNAUTHENTICATED) and the call then ends INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from sidecar.errors import RequestError, status_for
+from sidecar.errors import InvalidArgument, RequestError, status_for
 
 # Health stays callable without a token and under any load: a kubelet probing a busy sidecar
 # must see SERVING, not RESOURCE_EXHAUSTED.
@@ -43,6 +46,7 @@ class Call:
     call_id: str = ""
     session_id: str = ""
     caller: Any = None  # the authenticated caller (sidecar.auth), None without auth
+    streaming: bool = False  # a request stream (Converse), counted apart from unary calls
     code: grpc.StatusCode = grpc.StatusCode.OK
     notes: dict[str, Any] = field(default_factory=dict)
     task: asyncio.Task[Any] | None = field(default_factory=asyncio.current_task)
@@ -57,6 +61,33 @@ class Call:
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A request body that did not parse as the method's message."""
+
+    size: int  # bytes
+
+    def error(self) -> InvalidArgument:
+        return InvalidArgument(
+            f"the request body ({self.size} bytes) is not a valid message for this method: "
+            "send the message the proto defines"
+        )
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserializer``, answering ``Malformed`` for a body it cannot parse."""
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception:  # protobuf's DecodeError, or anything a parser raises on garbage
+            return Malformed(len(data))
+
+    return deserialize
 
 
 class Hook:
@@ -108,6 +139,8 @@ class _Run:
 
     async def check(self, message: Any) -> None:
         try:
+            if isinstance(message, Malformed):
+                raise message.error()
             for hook in self.hooks:
                 hook.request(self.call, message)
         except RequestError as exc:
@@ -115,6 +148,8 @@ class _Run:
 
     def check_in_stream(self, message: Any) -> None:
         """A refusal inside a request stream reaches the handler, which maps it."""
+        if isinstance(message, Malformed):
+            raise message.error()
         for hook in self.hooks:
             hook.request(self.call, message)
 
@@ -182,22 +217,25 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         service, _, name = method.lstrip("/").partition("/")
         hooks = self.hooks
 
-        def new_run(context: Context) -> _Run:
+        def new_run(context: Context, streaming: bool) -> _Run:
             metadata = {
                 str(key).lower(): value
                 for key, value in (context.invocation_metadata() or ())
                 if isinstance(value, str)
             }
-            return _Run(hooks, Call(name, service, metadata, context))
+            return _Run(hooks, Call(name, service, metadata, context, streaming=streaming))
 
         wrapped = _wrap(handler, new_run)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
 
-def _wrap(handler: Any, new_run: Callable[[Context], _Run]) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+NewRun = Callable[[Context, bool], _Run]
+
+
+def _wrap(handler: Any, new_run: NewRun) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
     kwargs = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": _tolerant(handler.request_deserializer),
         "response_serializer": handler.response_serializer,
     }
     if handler.unary_unary:
@@ -232,11 +270,11 @@ async def _prepare(run: _Run, arg: Any, *, stream_in: bool) -> Any:
     return arg
 
 
-def _single(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: bool) -> Any:
+def _single(inner: Any, new_run: NewRun, *, stream_in: bool) -> Any:
     """A behaviour with one response (unary-unary, stream-unary), with the hooks around it."""
 
     async def behaviour(arg: Any, context: Context) -> Any:
-        run = new_run(context)
+        run = new_run(context, stream_in)
         error: BaseException | None = None
         try:
             response = await inner(await _prepare(run, arg, stream_in=stream_in), context)
@@ -252,13 +290,13 @@ def _single(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: bool) 
     return behaviour
 
 
-def _streaming(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: bool) -> Any:
+def _streaming(inner: Any, new_run: NewRun, *, stream_in: bool) -> Any:
     """A response-streaming behaviour, as an async generator or a coroutine like ``inner``."""
 
     if inspect.isasyncgenfunction(inner):
 
         async def generator(arg: Any, context: Context) -> AsyncIterator[Any]:
-            run = new_run(context)
+            run = new_run(context, stream_in)
             error: BaseException | None = None
             try:
                 arg = await _prepare(run, arg, stream_in=stream_in)
@@ -275,7 +313,7 @@ def _streaming(inner: Any, new_run: Callable[[Context], _Run], *, stream_in: boo
         return generator
 
     async def coroutine(arg: Any, context: Context) -> None:
-        run = new_run(context)
+        run = new_run(context, stream_in)
         error: BaseException | None = None
         try:
             arg = await _prepare(run, arg, stream_in=stream_in)

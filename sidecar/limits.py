@@ -1,36 +1,105 @@
 """Limits that protect the sidecar as a whole: calls in flight, and the embedder's input.
 
-``ConcurrencyLimit`` refuses a call over ``[sidecar] max_concurrent_rpcs`` at once with
-RESOURCE_EXHAUSTED instead of queueing it: a voice turn answered late is worth nothing, and the
-caller can retry elsewhere. A Converse stream holds its slot for as long as it is open.
-``DrainGate`` refuses new calls with UNAVAILABLE once the sidecar drains, ``wait_idle`` tells
-the drain when the calls in flight are done, and ``cut_off`` ends those still running when the
-grace period is over, with UNAVAILABLE (clients retry it; CANCELLED they do not).
+``ConcurrencyLimit`` refuses a call over its limit at once with RESOURCE_EXHAUSTED instead of
+queueing it: a voice turn answered late is worth nothing, and the caller can retry elsewhere.
+Unary calls (``[sidecar] max_concurrent_rpcs``) and Converse streams (``max_streams``; a stream
+holds its slot for as long as it is open) are counted apart, so neither kind can starve the
+other; with authentication each caller may hold only its share of each
+(``[sidecar.auth.caller]``), so no caller can lock the others out. ``idle_limited`` ends a
+request stream that sends nothing for ``stream_idle_s``. ``DrainGate`` refuses new calls with
+UNAVAILABLE once the sidecar drains, ``wait_idle`` tells the drain when the calls in flight are
+done, and ``cut_off`` ends those still running when the grace period is over, with UNAVAILABLE
+(clients retry it; CANCELLED they do not).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol, runtime_checkable
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from sidecar.errors import ResourceExhausted
+from google.protobuf.message import Message
+
+from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.interceptor import Call, Hook
 from sidecar.lifecycle import Lifecycle
 
 _SLOT = "limits.slot"
+_T = TypeVar("_T")
+
+
+class Pool:
+    """One kind of call: its limit, how many are in flight, and each caller's share of them."""
+
+    def __init__(self, key: str, what: str, limit: int, shares: Mapping[str, int]) -> None:
+        if limit < 1:
+            raise ValueError(f"{key} must be >= 1, got {limit}")
+        self.key = key  # the config key that sets the limit (and a caller's share)
+        self.what = what  # "calls in flight", as a refusal names them
+        self.limit = limit
+        self.shares = dict(shares)
+        self.in_flight = 0
+        self.by_caller: Counter[str] = Counter()
+
+    def take(self, caller: str) -> None:
+        share = self.shares.get(caller)
+        held = self.by_caller[caller]
+        if share is not None and held >= share:
+            raise ResourceExhausted(
+                f"caller {caller!r} has {held} {self.what}, its share ([sidecar.auth.caller] "
+                f"{self.key} = {share}): finish one, or retry with backoff"
+            )
+        if self.in_flight >= self.limit:
+            raise ResourceExhausted(
+                f"{self.in_flight} {self.what}, the limit is {self.limit} ([sidecar] {self.key}): "
+                "retry with backoff"
+            )
+        self.in_flight += 1
+        self.by_caller[caller] += 1
+
+    def give(self, caller: str) -> None:
+        self.in_flight -= 1
+        self.by_caller[caller] -= 1
+        if not self.by_caller[caller]:
+            del self.by_caller[caller]
 
 
 class ConcurrencyLimit(Hook):
-    """Counts calls in flight; used from the event loop only, so a plain int is enough."""
+    """Counts calls in flight, unary and streaming apart; used from the event loop only, so
+    plain ints are enough. ``shares`` maps a caller's name to its (unary, streams) share."""
 
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        self.limit = limit
-        self.in_flight = 0
+    def __init__(
+        self,
+        limit: int,
+        max_streams: int | None = None,
+        shares: Mapping[str, tuple[int, int]] | None = None,
+    ) -> None:
+        shares = shares or {}
+        self.unary = Pool(
+            "max_concurrent_rpcs",
+            "calls in flight",
+            limit,
+            {name: unary for name, (unary, _) in shares.items()},
+        )
+        self.streams = Pool(
+            "max_streams",
+            "Converse streams open",
+            limit if max_streams is None else max_streams,
+            {name: streams for name, (_, streams) in shares.items()},
+        )
         self.refused = 0
         self._calls: dict[int, Call] = {}  # the calls holding a slot, by id()
         self._idle: asyncio.Event | None = None  # made on the loop, when a drain waits
+
+    @property
+    def limit(self) -> int:
+        return self.unary.limit
+
+    @property
+    def in_flight(self) -> int:
+        """Calls in flight, of both kinds."""
+        return self.unary.in_flight + self.streams.in_flight
 
     async def wait_idle(self, deadline: float) -> bool:
         """Wait until no call is in flight or ``deadline`` (``loop.time()``) passes; whether
@@ -53,22 +122,101 @@ class ConcurrencyLimit(Hook):
         return len(calls)
 
     def start(self, call: Call) -> None:
-        if self.in_flight >= self.limit:
+        pool = self.streams if call.streaming else self.unary
+        caller = getattr(call.caller, "name", "")
+        try:
+            pool.take(caller)
+        except ResourceExhausted:
             self.refused += 1
-            raise ResourceExhausted(
-                f"{self.in_flight} calls in flight, the limit is {self.limit} "
-                "([sidecar] max_concurrent_rpcs): retry with backoff"
-            )
-        self.in_flight += 1
-        call.notes[_SLOT] = True
+            raise
+        call.notes[_SLOT] = (pool, caller)
         self._calls[id(call)] = call
 
     def end(self, call: Call) -> None:
-        if call.notes.pop(_SLOT, False):
-            self.in_flight -= 1
+        slot = call.notes.pop(_SLOT, None)
+        if slot is not None:
+            pool, caller = slot
+            pool.give(caller)
             self._calls.pop(id(call), None)
             if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
+
+
+async def idle_limited(requests: AsyncIterator[_T], idle_s: float) -> AsyncIterator[_T]:
+    """``requests``, ended with ``IdleTimeout`` (DEADLINE_EXCEEDED) when the next one does not
+    come within ``idle_s``: an abandoned stream gives its slot back."""
+    iterator = aiter(requests)
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                request = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise IdleTimeout(
+                f"no request on this stream for {idle_s:g} s ([sidecar] stream_idle_s): it is "
+                "closed; open a new stream with the same session_id to go on"
+            ) from None
+        yield request
+
+
+# The most bytes (UTF-8) one text field of a request may hold, checked on every call before
+# any work: a spoken turn is a few hundred characters (4000 at most, of up to 4 bytes each);
+# names, ids and URLs are short. ``arguments_json`` is the model's, bounded by sidecar.tools so
+# that a model's mistake comes back to it as an error output.
+TEXT_BYTES = 16 * 1024
+FIELD_BYTES: dict[str, int | None] = {
+    "text": TEXT_BYTES,
+    "query": TEXT_BYTES,
+    "source_path": 16 * 1024,
+    "context_url": 8 * 1024,
+    "arguments_json": None,
+}
+NAME_BYTES = 1024  # any other string field: a name, an id
+MAX_REPEATED = 256  # entries of a repeated string field (sources: a base has a handful)
+
+
+def utf8_size(text: str, limit: int) -> int:
+    """The UTF-8 size of ``text``, or only a lower bound over ``limit`` when it is that long: a
+    str of n characters is n to 4n bytes, so it is encoded only when the count cannot decide."""
+    if len(text) > limit or 4 * len(text) <= limit:
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+class FieldLimits(Hook):
+    """Refuses a request with a text field over its byte limit (INVALID_ARGUMENT, naming it)."""
+
+    def request(self, call: Call, message: Any) -> None:
+        check_fields(message)
+
+
+def check_fields(message: Message, prefix: str = "") -> None:
+    """Every string field of ``message`` (and of the messages in it) within its limit."""
+    for fd, value in message.ListFields():
+        name = prefix + fd.name
+        repeated = fd.is_repeated
+        if fd.type == fd.TYPE_MESSAGE:
+            for inner in value if repeated else (value,):
+                check_fields(inner, name + ".")
+        elif fd.type == fd.TYPE_STRING:
+            _check_strings(
+                name, FIELD_BYTES.get(fd.name, NAME_BYTES), value if repeated else (value,)
+            )
+
+
+def _check_strings(name: str, limit: int | None, values: Sequence[str]) -> None:
+    if len(values) > MAX_REPEATED:
+        raise InvalidArgument(f"{name} has {len(values)} entries; the limit is {MAX_REPEATED}")
+    if limit is None:
+        return
+    for text in values:
+        size = utf8_size(text, limit)
+        if size > limit:
+            raise InvalidArgument(
+                f"{name} is {'at least ' if len(text) > limit else ''}{size} bytes; the limit is "
+                f"{limit}"
+            )
 
 
 class DrainGate(Hook):

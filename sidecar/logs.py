@@ -7,7 +7,8 @@
 one, else a fresh one, returned in the trailing metadata) and puts it and the session id in
 context variables, so every log line written while the call runs carries them, in the engine as
 in the service. Any configured secret that finds its way into a message is replaced by
-``[redacted]`` before the line is written.
+``[redacted]`` before the line is written. Every field of a line (the message, each extra, a
+traceback) is cut to ``MAX_FIELD_BYTES`` (``bounded``), so no input makes a line large.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ CALL_ID_HEADER = "x-call-id"
 # A caller's own id is kept only when it is short and plain, so it cannot forge log lines.
 _CALL_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 REDACTED = "[redacted]"
+# A log line's message or field: a sentence with a few quoted values fits many times over; more
+# is a caller's input echoed back, and a line per call of it would flood the log.
+MAX_FIELD_BYTES = 4096
+MAX_TRACEBACK_BYTES = 16 * 1024  # a deep traceback is still worth reading whole
 _RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({})))
 
 log = logging.getLogger("voxrecall.calls")
@@ -52,7 +57,7 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": bounded(record.getMessage()),
         }
         for key, var in (("session_id", session_id), ("call_id", call_id), ("method", method)):
             value = var.get()
@@ -60,9 +65,9 @@ class JsonFormatter(logging.Formatter):
                 line[key] = value
         for key, value in vars(record).items():
             if key not in _RECORD_FIELDS and not key.startswith("_"):
-                line[key] = value  # extra={...}
+                line[key] = _field(value)  # extra={...}
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+            line["exc"] = bounded(self.formatException(record.exc_info), MAX_TRACEBACK_BYTES)
         text = orjson.dumps(line, default=str).decode()
         return scrub(text, self.secrets)
 
@@ -75,9 +80,29 @@ class TextFormatter(logging.Formatter):
         self.secrets = tuple(s for s in secrets if s)
 
     def format(self, record: logging.LogRecord) -> str:
+        record = logging.makeLogRecord({**vars(record), "msg": bounded(record.getMessage())})
+        record.args = None
         text = super().format(record)
+        if record.exc_text:
+            text = text.replace(record.exc_text, bounded(record.exc_text, MAX_TRACEBACK_BYTES))
         ids = [f"{k}={v.get()}" for k, v in (("session", session_id), ("call", call_id)) if v.get()]
         return scrub(f"{text} [{' '.join(ids)}]" if ids else text, self.secrets)
+
+
+def bounded(text: str, limit: int = MAX_FIELD_BYTES) -> str:
+    """``text``, cut to at most ``limit`` bytes of UTF-8 (and a note of the cut) when longer."""
+    if len(text) * 4 <= limit:
+        return text
+    if len(text) <= limit and len(text.encode("utf-8", "surrogatepass")) <= limit:
+        return text
+    head = text[:limit].encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
+    return f"{head}...[cut: {len(text)} characters]"
+
+
+def _field(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return bounded(value if isinstance(value, str) else str(value))
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:

@@ -218,7 +218,11 @@ class _Read(Collector):
             counters.prefetched,
         )
         yield from self._embeddings()
-        yield GaugeMetricFamily("voxrecall_sessions", "Sessions held.", len(self.engine.sessions))
+        sessions = self.engine.sessions  # two ints: no expiry from this thread
+        yield GaugeMetricFamily("voxrecall_sessions", "Sessions held.", sessions.count)
+        yield GaugeMetricFamily(
+            "voxrecall_session_bytes", "Bytes the sessions keep, as accounted.", sessions.bytes
+        )
         if self.limit is not None:
             yield GaugeMetricFamily(
                 "voxrecall_rpcs_in_flight",

@@ -163,10 +163,14 @@ async def create_server(
         log.warning("no knowledge base to serve: name them with [[knowledge_base]] (%r)", store)
     holder = SnapshotHolder()
     lifecycle = Lifecycle()
+    sc = config.sidecar
     sessions = SessionStore(
-        max_sessions=config.sidecar.max_sessions,
-        ttl_s=config.sidecar.session_ttl_s,
-        context_turns=config.sidecar.context_turns,
+        max_sessions=sc.max_sessions,
+        ttl_s=sc.session_ttl_s,
+        context_turns=sc.context_turns,
+        max_session_bytes=sc.max_session_bytes,
+        max_bytes=sc.session_memory_bytes,
+        quotas={c.name: (c.max_sessions, c.session_memory_bytes) for c in sc.auth.callers},
     )
     engine = Engine(
         config.sidecar,

@@ -16,13 +16,14 @@ from typing import Any, TypeVar
 import grpc
 
 from index.errors import VoxrecallError
-from sidecar import __version__
+from sidecar import __version__, sessions
 from sidecar.engine import Engine, SearchInput, Speaker, Timings, TurnInput, TurnResult
 from sidecar.errors import InvalidArgument, status_for
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
 from sidecar.lifecycle import Lifecycle
+from sidecar.limits import idle_limited
 from sidecar.prefetch import Prefetcher
 from sidecar.sessions import Hit
 from sidecar.tools import PageReader, Toolbox
@@ -147,7 +148,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         try:
             # checked once: a call whose stream opened before a drain may finish within the grace
             self.lifecycle.check_accepting()
-            async for request in request_iterator:
+            idle_s = self.engine.config.stream_idle_s
+            async for request in idle_limited(request_iterator, idle_s):
                 turn = turn_input(request.turn, session_id)
                 if session_id and turn.session_id != session_id:
                     raise InvalidArgument(
@@ -225,14 +227,16 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 )
             )
         info = self.engine.embedder.info
+        usage = self.engine.sessions.usage(sessions.owner.get())  # the caller's own
         return pb.StatusResponse(
             state=self.lifecycle.state.name,
             knowledge_bases=bases,
             embedder=info.name,
             dimension=info.dimension,
             uptime_seconds=time.monotonic() - self.started,
-            sessions=len(self.engine.sessions),
+            sessions=usage.sessions,
             version=__version__,
+            session_bytes=usage.bytes,
         )
 
     # -- knowledge functions -------------------------------------------------------------------

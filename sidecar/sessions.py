@@ -1,24 +1,30 @@
 """Per-call memory: recent turns, the chunks recently retrieved, and what the call is about.
 
-Sessions live in a bounded TTL cache: memory stays bounded under any number of calls (at most
-``max_sessions`` sessions of at most ``RECENT_TURNS`` turns and ``context_turns`` searches each),
-the least recently used goes first when it is full, and a session nobody ends is forgotten
-``ttl_s`` after its last turn.
+Sessions live in a bounded, expiring store: a session nobody ends is forgotten ``ttl_s`` after
+its last use, and memory stays bounded in bytes under any number of calls. A session keeps at
+most ``max_bytes`` (``[sidecar] max_session_bytes``): past that its oldest turns, then its oldest
+retained searches, are dropped. What it keeps is accounted as the bytes the session itself
+allocates: its turns' text (``sys.getsizeof``, so 1 to 4 bytes a character), a fixed cost per
+turn, per retained hit and per session (``TURN_BYTES``, ``HIT_BYTES``, ``SESSION_BYTES``,
+measured with tracemalloc in tests/test_sessions.py). A retained chunk is the snapshot's own
+object, counted as a reference (``HIT_BYTES``), not as its text.
 
 With authentication on, sessions belong to the caller that made them: the store keys each by
 ``owner`` (the authenticated caller of the current call, set by ``sidecar.auth``) and its id, so
 two agents that pick the same session id never share memory and one cannot end the other's.
+Each owner has its own quota of sessions and bytes (``[sidecar.auth.caller] max_sessions`` and
+``session_memory_bytes``; without authentication the one owner has the whole store's): an owner
+over its quota loses its own least recently used sessions, never another owner's.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-
-from cachetools import Cache, TTLCache
 
 from index.types import Chunk
 
@@ -26,6 +32,12 @@ from index.types import Chunk
 owner: ContextVar[str] = ContextVar("owner", default="")
 
 RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this is rarely meant
+# Bytes, measured with tracemalloc (tests/test_sessions.py keeps them honest): a Session with
+# its deques and its place in the store; a turn's (speaker, text) tuple beyond the text; a hit
+# and its slot in the retained tuple (the chunk is the snapshot's).
+SESSION_BYTES = 2048
+TURN_BYTES = 64
+HIT_BYTES = 96
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,18 +62,41 @@ class Session:
     entity: str = ""  # the entity the conversation is about now (followups.py)
     turn_count: int = 0  # turns ever recorded; ``turns`` keeps only the recent ones
     scanned: int = 0  # turn_count when follow-ups last scanned the turns for entities
+    max_bytes: int = 0  # what it may keep (0: no bound); see the module docstring
+    size: int = 0  # the bytes it keeps now, as accounted
+    # told (session, change in bytes) when ``size`` changes: the store's accounting
+    on_resize: Callable[[Session, int], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.retained = deque(maxlen=max(1, self.context_turns))
+        self.size = self.measure()
 
     def record_turn(self, speaker: str, text: str) -> None:
         self.turns.append((speaker, text))
         self.turn_count += 1
+        self._resized()
 
     def retain(self, hits: Iterable[Hit]) -> None:
         hits = tuple(hits)
         if hits:
             self.retained.append(hits)
+            self._resized()
+
+    def measure(self) -> int:
+        """The bytes the session keeps, as accounted (the module docstring says how)."""
+        turns = sum(TURN_BYTES + sys.getsizeof(text) for _, text in self.turns)
+        return SESSION_BYTES + turns + HIT_BYTES * sum(len(hits) for hits in self.retained)
+
+    def _resized(self) -> None:
+        """Drop the oldest turns, then the oldest searches, past ``max_bytes`` (keeping the
+        newest of each); then tell the store what changed."""
+        for kept in (self.turns, self.retained):
+            while self.max_bytes and len(kept) > 1 and self.measure() > self.max_bytes:
+                kept.popleft()
+        size = self.measure()
+        change, self.size = size - self.size, size
+        if change and self.on_resize is not None:
+            self.on_resize(self, change)
 
     def context(self, limit: int) -> list[Hit]:
         """Retained chunks, newest turn first, each chunk once (its newest occurrence)."""
@@ -76,9 +111,26 @@ class Session:
         return out[:limit]
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    sessions: int
+    bytes: int
+
+
+class _Shelf:
+    """One owner's sessions, least recently used first, with when each expires, and its quota."""
+
+    def __init__(self, max_sessions: int, max_bytes: int) -> None:
+        self.max_sessions = max_sessions
+        self.max_bytes = max_bytes
+        self.sessions: OrderedDict[str, tuple[Session, float]] = OrderedDict()
+        self.bytes = 0
+
+
 class SessionStore:
     """A bounded, expiring map of (owner, session id) -> Session, the owner being the current
-    call's caller. Used from the event loop only."""
+    call's caller. Used from the event loop only; ``count`` and ``bytes`` are plain ints another
+    thread may read (the metrics endpoint)."""
 
     def __init__(
         self,
@@ -86,34 +138,114 @@ class SessionStore:
         ttl_s: float,
         context_turns: int,
         timer: Callable[[], float] = time.monotonic,
+        *,
+        max_session_bytes: int = 0,
+        max_bytes: int = sys.maxsize,
+        quotas: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
-        self._cache: TTLCache[tuple[str, str], Session] = TTLCache(
-            maxsize=max_sessions, ttl=ttl_s, timer=timer
-        )
+        """``quotas`` maps an owner to its (sessions, bytes); any other owner may use the
+        whole store's (``max_sessions``, ``max_bytes``)."""
+        self._ttl = ttl_s
+        self._timer = timer
         self._context_turns = context_turns
+        self._max_session_bytes = max_session_bytes
+        self._default = (max_sessions, max_bytes)
+        self._quotas = dict(quotas or {})
+        self._shelves: dict[str, _Shelf] = {}
+        self.count = 0  # sessions held, expired ones not yet dropped included
+        self.bytes = 0  # what they keep, as accounted
 
     def get(self, session_id: str) -> Session:
         """The session, created on first use; an empty id gets a throwaway session."""
         if not session_id:
-            return Session(session_id="", context_turns=self._context_turns)
-        key = (owner.get(), session_id)
-        session = self._cache.get(key)
-        if session is None:
-            session = Session(session_id=session_id, context_turns=self._context_turns)
-        self._cache[key] = session  # re-inserting refreshes the TTL
+            return self._new("")
+        self.expire()
+        shelf = self._shelf(owner.get())
+        entry = shelf.sessions.pop(session_id, None)
+        session = entry[0] if entry is not None else self._adopt(shelf, self._new(session_id))
+        shelf.sessions[session_id] = (session, self._timer() + self._ttl)  # the newest now
+        self._evict(shelf, keep=session)
         return session
 
     def peek(self, session_id: str) -> Session | None:
         """The live session, if any, without refreshing its TTL or its place in the LRU order."""
-        key = (owner.get(), session_id)
-        if key not in self._cache:  # checks expiry, leaves the order alone
+        shelf = self._shelves.get(owner.get())
+        entry = shelf.sessions.get(session_id) if shelf is not None else None
+        if entry is None or entry[1] <= self._timer():
             return None
-        return Cache.__getitem__(self._cache, key)  # TTLCache's own getitem reorders
+        return entry[0]
 
     def end(self, session_id: str) -> bool:
         """Forget a session now; False when there was none (never seen, ended or expired)."""
-        return self._cache.pop((owner.get(), session_id), None) is not None
+        self.expire()
+        shelf = self._shelves.get(owner.get())
+        return shelf is not None and self._drop(shelf, session_id)
+
+    def usage(self, of: str | None = None) -> Usage:
+        """Sessions and bytes held: of one owner, or (None) of all."""
+        self.expire()
+        if of is None:
+            return Usage(self.count, self.bytes)
+        shelf = self._shelves.get(of)
+        return Usage(len(shelf.sessions), shelf.bytes) if shelf else Usage(0, 0)
 
     def __len__(self) -> int:
-        self._cache.expire()
-        return len(self._cache)
+        self.expire()
+        return self.count
+
+    def expire(self) -> None:
+        """Drop every session past its TTL (the oldest of each shelf come first)."""
+        now = self._timer()
+        for shelf in self._shelves.values():
+            while shelf.sessions:
+                sid, (_, expires) = next(iter(shelf.sessions.items()))
+                if expires > now:
+                    break
+                self._drop(shelf, sid)
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    def _new(self, session_id: str) -> Session:
+        return Session(session_id, self._context_turns, max_bytes=self._max_session_bytes)
+
+    def _shelf(self, name: str) -> _Shelf:
+        shelf = self._shelves.get(name)
+        if shelf is None:
+            shelf = self._shelves[name] = _Shelf(*self._quotas.get(name, self._default))
+        return shelf
+
+    def _adopt(self, shelf: _Shelf, session: Session) -> Session:
+        def resized(changed: Session, change: int) -> None:
+            entry = shelf.sessions.get(changed.session_id)
+            if entry is None or entry[0] is not changed:
+                return  # evicted or ended while a call still held it: no longer counted
+            shelf.bytes += change
+            self.bytes += change
+            self._evict(shelf, keep=changed)
+
+        session.on_resize = resized
+        shelf.bytes += session.size
+        self.bytes += session.size
+        self.count += 1
+        return session
+
+    def _drop(self, shelf: _Shelf, session_id: str) -> bool:
+        entry = shelf.sessions.pop(session_id, None)
+        if entry is None:
+            return False
+        shelf.bytes -= entry[0].size
+        self.bytes -= entry[0].size
+        self.count -= 1
+        return True
+
+    def _evict(self, shelf: _Shelf, keep: Session) -> None:
+        """The owner's least recently used sessions go while it is over its quota; never
+        ``keep`` (the one in use), never another owner's."""
+        while len(shelf.sessions) > shelf.max_sessions or shelf.bytes > shelf.max_bytes:
+            oldest = next(iter(shelf.sessions))
+            if shelf.sessions[oldest][0] is keep:
+                if len(shelf.sessions) == 1:
+                    return
+                shelf.sessions.move_to_end(oldest)
+                continue
+            self._drop(shelf, oldest)

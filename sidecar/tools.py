@@ -6,7 +6,11 @@ the Responses API (flat, strict) and Chat Completions (nested under ``function``
 the arguments exactly as the model emitted them. Anything wrong with them (bad JSON, an unknown
 function, no query, a filter the function does not allow) comes back as an error *output* the
 model can read and recover from: ``{"error": {"type": ..., "message": ...}}`` with
-``is_error``, never a failed RPC. Results are compact JSON cut to ``[sidecar] tool_output_chars``.
+``is_error``, never a failed RPC. Every output, results and errors alike, is compact JSON of at
+most ``[sidecar] tool_output_chars`` characters (so at most 4x that in bytes), however large or
+odd the arguments; arguments over ``MAX_ARGUMENTS_BYTES`` are refused before they are parsed.
+An unknown function's error lists only the functions the caller may see (``visible``, set per
+call by sidecar.auth).
 
 ``PageReader`` serves ``ReadPage``: a whole page, looked up by key in the snapshot's pages, so
 no path outside the snapshot can be read.
@@ -16,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ from index.errors import SnapshotError
 from index.snapshot import LoadedSnapshot, page_key
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput
 from sidecar.errors import InvalidArgument, NotFound
+from sidecar.limits import utf8_size
 from sidecar.sessions import Hit
 
 log = logging.getLogger("voxrecall.tools")
@@ -44,6 +50,12 @@ QUERY = "query"
 SOURCES = "sources"
 MIN_EXCERPT_CHARS = 80  # a shorter excerpt rarely answers anything: drop a result instead
 QUOTE_CHARS = 80  # how much of a model's bad input an error message repeats
+QUOTED_ITEMS = 5  # how many of a model's bad keys or sources an error message repeats
+# A query is 4000 characters at most; a model's arguments larger than this are a runaway
+# generation, refused before orjson builds objects from them.
+MAX_ARGUMENTS_BYTES = 64 * 1024
+# The functions the current call's caller may see; None: all (no auth, or an unscoped caller).
+visible: ContextVar[frozenset[str] | None] = ContextVar("visible_functions", default=None)
 MAX_PAGE_PATH = 4096
 PAGE_INDEXES_KEPT = 8  # snapshots whose page -> chunk index is kept (bases x versions in use)
 NOTHING_FOUND = (
@@ -65,6 +77,13 @@ def _quote(text: str) -> str:
     return repr(text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "...")
 
 
+def _quote_all(texts: Sequence[str]) -> str:
+    """The first few, quoted, and how many more there are."""
+    shown = ", ".join(_quote(t) for t in texts[:QUOTED_ITEMS])
+    more = len(texts) - QUOTED_ITEMS
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 class ToolCallError(Exception):
     """A call the model made wrongly; becomes an error output, never a status code."""
 
@@ -74,9 +93,15 @@ class ToolCallError(Exception):
         self.message = message
 
 
-def error_output(type_: str, message: str) -> str:
-    """The output for a failed call: what went wrong, in words the model can act on."""
-    return _dumps({"error": {"type": type_, "message": message}})
+def error_output(type_: str, message: str, max_chars: int | None = None) -> str:
+    """The output for a failed call: what went wrong, in words the model can act on; with
+    ``max_chars``, the message is cut (marked ...) until the whole output fits."""
+    out = _dumps({"error": {"type": type_, "message": message}})
+    while max_chars is not None and len(out) > max_chars and message:
+        # each cut removes at least the overflow, and escapes only make a character longer
+        message = message[: max(0, len(message) - (len(out) - max_chars) - 3)]
+        out = _dumps({"error": {"type": type_, "message": message + "..."}})
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +182,13 @@ class KnowledgeFunction:
 
     def parse(self, arguments_json: str) -> ToolCall:
         """The call the model meant, or ``ToolCallError`` saying what to change."""
+        size = utf8_size(arguments_json, MAX_ARGUMENTS_BYTES)
+        if size > MAX_ARGUMENTS_BYTES:
+            raise ToolCallError(
+                INVALID_ARGUMENTS,
+                f"arguments are {size} bytes or more; the limit is {MAX_ARGUMENTS_BYTES}: send "
+                'an object like {"query": "how do I reset my password"}',
+            )
         try:
             args = orjson.loads(arguments_json) if arguments_json.strip() else {}
         except orjson.JSONDecodeError as exc:
@@ -174,7 +206,7 @@ class KnowledgeFunction:
         if extra:
             raise ToolCallError(
                 FILTER_NOT_ALLOWED,
-                f"{self.name} does not take {', '.join(_quote(k) for k in extra)}; "
+                f"{self.name} does not take {_quote_all(extra)}; "
                 f"it takes only {' and '.join(accepted)}",
             )
         return ToolCall(
@@ -207,7 +239,7 @@ class KnowledgeFunction:
         if refused:
             raise ToolCallError(
                 FILTER_NOT_ALLOWED,
-                f"{self.name} cannot search {', '.join(_quote(s) for s in refused)}; "
+                f"{self.name} cannot search {_quote_all(refused)}; "
                 f"its sources are {', '.join(self.searchable)}",
             )
         return tuple(dict.fromkeys(sources))
@@ -320,7 +352,7 @@ class Toolbox:
         """Run one call. Model mistakes and a base without a snapshot come back as error outputs."""
         fn = self._functions.get(name)
         if fn is None:
-            known = ", ".join(self._functions) or "none are configured"
+            known = ", ".join(self._visible()) or "none are configured"
             return self._error(
                 UNKNOWN_FUNCTION, f"no function named {_quote(name)}; known: {known}"
             )
@@ -347,9 +379,15 @@ class Toolbox:
             )
         return Invocation(output=format_results(result.hits, self.max_chars), hits=result.hits)
 
+    def _visible(self) -> Iterable[str]:
+        """The names the current caller may see."""
+        shown = visible.get()
+        return (n for n in self._functions if shown is None or n in shown)
+
     def _error(self, type_: str, message: str) -> Invocation:
-        log.info("tool call refused: %s: %s", type_, message)
-        return Invocation(output=error_output(type_, message), is_error=True)
+        output = error_output(type_, message, self.max_chars or None)
+        log.info("tool call refused: %s", output)
+        return Invocation(output=output, is_error=True)
 
 
 @dataclass(frozen=True, slots=True)

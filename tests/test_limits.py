@@ -36,7 +36,9 @@ def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) ->
 
 @pytest.fixture
 async def sidecar(store: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
-    config = sidecar_config(store, max_concurrent_rpcs=2, max_message_bytes=64 * 1024)
+    config = sidecar_config(
+        store, max_concurrent_rpcs=2, max_streams=2, max_message_bytes=64 * 1024
+    )
     async with running(config, local_embedder) as sc:
         yield sc
 
@@ -48,19 +50,24 @@ def _turn(text: str = QUESTION, **fields: object) -> pb.TurnRequest:
 async def test_over_the_concurrency_limit_a_call_is_refused_and_health_still_answers(
     sidecar: Sidecar,
 ) -> None:
+    """Streams and unary calls are counted apart: with every stream held, a third stream is
+    refused and a Turn still answers."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
         stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
         streams = [stub.Converse() for _ in range(2)]  # an open stream holds its slot
         for i, stream in enumerate(streams):
             await stream.write(pb.ConverseRequest(turn=_turn(session_id=f"c{i}")))
             assert (await stream.read()).turn.chunks  # surely in flight now
+        third = stub.Converse()
+        await third.write(pb.ConverseRequest(turn=_turn(session_id="c3")))
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.Turn(_turn())
+            await third.read()
         assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "max_concurrent_rpcs" in (info.value.details() or "")
+        assert "max_streams" in (info.value.details() or "")
         health = health_pb2_grpc.HealthStub(channel)
         reply = await health.Check(health_pb2.HealthCheckRequest())
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        assert (await stub.Turn(_turn())).chunks  # unary calls have slots of their own
 
         await streams[0].done_writing()
         assert await streams[0].code() is grpc.StatusCode.OK
@@ -68,9 +75,12 @@ async def test_over_the_concurrency_limit_a_call_is_refused_and_health_still_ans
         while sidecar.guards is not None and sidecar.guards.limit.in_flight > 1:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
-        assert (await stub.Turn(_turn())).chunks  # a slot is free again
-        await streams[1].done_writing()
-        assert await streams[1].code() is grpc.StatusCode.OK
+        again = stub.Converse()  # a stream slot is free again
+        await again.write(pb.ConverseRequest(turn=_turn(session_id="c4")))
+        assert (await again.read()).turn.chunks
+        for stream in (streams[1], again):
+            await stream.done_writing()
+            assert await stream.code() is grpc.StatusCode.OK
     assert sidecar.guards is not None
     assert sidecar.guards.limit.refused == 1
 

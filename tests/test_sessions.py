@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +15,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from index.types import Chunk
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.sessions import RECENT_TURNS, Hit, Session, SessionStore
+from sidecar.sessions import (
+    RECENT_TURNS,
+    SESSION_BYTES,
+    Hit,
+    Session,
+    SessionStore,
+    owner,
+)
 
 
 def hit(chunk_id: str, kb: str = "kb") -> Hit:
@@ -179,3 +188,72 @@ async def test_context_survives_a_skipped_turn_and_end_session_frees_it(
         assert ended.existed
         assert not again.existed
         assert not (await say("Thank you very much.")).context
+
+
+# -- bounded in bytes, per owner -------------------------------------------------------------------
+
+
+def test_a_session_keeps_at_most_its_bytes_dropping_the_oldest_turns() -> None:
+    long_turn = "\U0001f4de" * 4000  # 16 kB of str
+    session = Session("s", context_turns=3, max_bytes=40_000)
+    for i in range(RECENT_TURNS):
+        session.record_turn("agent", long_turn + str(i))
+        session.retain([hit(f"c{i}")])
+    assert session.size == session.measure() <= 40_000
+    assert [t[-1] for _, t in session.turns] == ["6", "7"]  # the newest kept
+    assert session.turn_count == RECENT_TURNS
+
+
+def test_an_owner_over_its_quota_evicts_only_its_own_oldest() -> None:
+    clock = Clock()
+    quota = 3 * SESSION_BYTES + 40_000
+    store = SessionStore(
+        100, TTL, 2, timer=clock, max_session_bytes=40_000, quotas={"hog": (50, quota)}
+    )
+    token = owner.set("victim")
+    store.get("live").record_turn("user", "how do I reset my password")
+    owner.reset(token)
+    token = owner.set("hog")
+    for i in range(20):
+        store.get(f"flood-{i}").record_turn("agent", "\U0001f4de" * 4000)
+    assert store.usage("hog").bytes <= quota
+    assert store.peek("flood-19") is not None
+    assert store.peek("flood-0") is None
+    owner.reset(token)
+    token = owner.set("victim")
+    assert store.peek("live") is not None
+    assert store.usage("victim").sessions == 1
+    owner.reset(token)
+    assert store.bytes == store.usage("hog").bytes + store.usage("victim").bytes
+    assert store.count == len(store) == store.usage("hog").sessions + 1
+
+
+def test_a_session_evicted_while_in_use_is_no_longer_counted() -> None:
+    store = SessionStore(2, TTL, 2, timer=Clock())
+    held = store.get("a")
+    store.get("b")
+    store.get("c")  # "a" goes: the least recently used
+    before = store.bytes
+    held.record_turn("user", "x" * 1000)  # a call still holding it writes on
+    assert store.bytes == before
+    assert store.bytes == sum(s.size for s in (store.peek("b"), store.peek("c")) if s)
+
+
+def test_the_accounting_matches_what_tracemalloc_sees() -> None:
+    """SESSION_BYTES, TURN_BYTES and HIT_BYTES stay honest: the store's figure is within a
+    quarter of what 200 sessions really allocate (chunks excluded: the snapshot owns them)."""
+    chunks = [hit(f"c{i}") for i in range(10)]
+    store = SessionStore(1000, TTL, 3, timer=Clock())
+    texts = [f"{i:04d} " + "word " * 200 for i in range(200 * RECENT_TURNS)]
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    for i in range(200):
+        session = store.get(f"session-{i}")
+        for j in range(RECENT_TURNS):
+            session.record_turn("user", texts[i * RECENT_TURNS + j])
+        for _ in range(3):
+            session.retain(Hit(h.knowledge_base, h.chunk, float(i)) for h in chunks[:5])
+    used = tracemalloc.get_traced_memory()[0] - start
+    tracemalloc.stop()
+    text_bytes = sum(sys.getsizeof(t) for t in texts)  # allocated before the start
+    assert 0.75 < store.bytes / (used + text_bytes) < 1.25

@@ -188,7 +188,7 @@ class KnowledgeBaseStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., snapshot_version: _Optional[str] = ..., chunks: _Optional[int] = ..., pages: _Optional[int] = ..., age_seconds: _Optional[float] = ..., last_refusal: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("state", "knowledge_bases", "embedder", "dimension", "uptime_seconds", "sessions", "version")
+    __slots__ = ("state", "knowledge_bases", "embedder", "dimension", "uptime_seconds", "sessions", "version", "session_bytes")
     STATE_FIELD_NUMBER: _ClassVar[int]
     KNOWLEDGE_BASES_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class StatusResponse(_message.Message):
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
     state: str
     knowledge_bases: _containers.RepeatedCompositeFieldContainer[KnowledgeBaseStatus]
     embedder: str
@@ -203,7 +204,8 @@ class StatusResponse(_message.Message):
     uptime_seconds: float
     sessions: int
     version: str
-    def __init__(self, state: _Optional[str] = ..., knowledge_bases: _Optional[_Iterable[_Union[KnowledgeBaseStatus, _Mapping]]] = ..., embedder: _Optional[str] = ..., dimension: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., sessions: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    session_bytes: int
+    def __init__(self, state: _Optional[str] = ..., knowledge_bases: _Optional[_Iterable[_Union[KnowledgeBaseStatus, _Mapping]]] = ..., embedder: _Optional[str] = ..., dimension: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., sessions: _Optional[int] = ..., version: _Optional[str] = ..., session_bytes: _Optional[int] = ...) -> None: ...
 
 class ConverseRequest(_message.Message):
     __slots__ = ("turn",)
