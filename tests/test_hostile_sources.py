@@ -310,3 +310,17 @@ def test_a_pdf_over_max_page_bytes_is_skipped_unparsed(tmp_path: Path) -> None:
     summary, snap = build(tmp_path, [{"type": "pdf", "path": str(docs), "max_page_bytes": limit}])
     assert reasons(summary)["big.pdf"].startswith(f"{len(big):,} bytes, over max_page_bytes")
     assert {c.source_path for c in snap.chunks} == {"small.pdf#page=1"}
+
+
+def test_the_hostile_pages_bench_runs(tmp_path: Path) -> None:
+    from bench import hostile_pages
+
+    out = tmp_path / "hostile_pages.json"
+    result = hostile_pages.main(["--smoke", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    for kind in hostile_pages.KINDS:
+        row = result["kinds"][kind]
+        assert row["small"]["chunks"] >= 1
+        assert row["large"]["chunks"] >= row["small"]["chunks"]
+        assert row["large"]["peak_rss_bytes"] > 0
+        assert row["time_ratio"] is not None

@@ -95,7 +95,7 @@ def _page(source: str, record: Mapping[str, Any], fields: RecordFields) -> Page 
     )
 
 
-# A reason instead of a record: the reader reports it at the record's first line.
+# (the line a record starts on, the record or why it is unusable)
 Read = tuple[int, Mapping[str, Any] | str]
 
 
