@@ -438,7 +438,8 @@ class Engine:
                 f"vector is {len(data)} bytes; this snapshot needs {dim} float32 values ({dim * 4} bytes, little-endian)"
             )
         vector = np.frombuffer(data, dtype="<f4").astype(np.float32)
-        norm = float(np.linalg.norm(vector))
-        if not np.isfinite(norm) or norm == 0.0:
+        peak = float(np.abs(vector).max()) if np.isfinite(vector).all() else 0.0
+        if peak == 0.0:
             raise InvalidArgument("vector must be finite and non-zero")
-        return vector / norm
+        vector = vector / peak  # at most 1 each: the norm cannot overflow, whatever the scale
+        return vector / np.float32(np.linalg.norm(vector))
