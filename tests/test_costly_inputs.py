@@ -234,3 +234,16 @@ async def test_a_malformed_message_in_a_stream_ends_it_invalid_argument(
         refused = await _error(stream.read())
     assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid message" in (refused.details() or "")
+
+
+async def test_a_vector_of_huge_finite_values_is_searched_not_an_overflow(
+    stub: pb_grpc.RetrievalStub, sidecar: Sidecar
+) -> None:
+    """Found by tests/test_fuzz.py: 1.8e19 in a float32 overflowed the norm (UNKNOWN)."""
+    dim = sidecar.engine.embedder.info.dimension
+    vector = np.full(dim, 1.8e19, dtype="<f4").tobytes()
+    reply = await stub.Search(pb.SearchRequest(vector=vector, min_score=-1.0))
+    assert reply.chunks
+    nan = np.full(dim, np.nan, dtype="<f4").tobytes()
+    refused = await _error(stub.Search(pb.SearchRequest(vector=nan)))
+    assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT

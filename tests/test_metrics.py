@@ -105,6 +105,7 @@ async def test_calls_stages_skips_sessions_and_snapshots_are_counted(
     assert value(m, "voxrecall_query_embeddings_total", outcome="miss") >= 2
     assert 0 < value(m, "voxrecall_query_cache_hit_ratio") < 1
     assert value(m, "voxrecall_sessions") == 2
+    assert value(m, "voxrecall_session_bytes") == sidecar.engine.sessions.bytes > 0
     assert value(m, "voxrecall_state", state="serving") == 1
     assert value(m, "voxrecall_state", state="loading") == 0
     for kb in ("help", "billing"):

@@ -257,3 +257,71 @@ def test_the_accounting_matches_what_tracemalloc_sees() -> None:
     tracemalloc.stop()
     text_bytes = sum(sys.getsizeof(t) for t in texts)  # allocated before the start
     assert 0.75 < store.bytes / (used + text_bytes) < 1.25
+
+
+class OwnersMachine(RuleBasedStateMachine):
+    """Two owners with a quota of sessions each: one over its quota loses its own least
+    recently used session, never the other's; the byte totals always add up."""
+
+    QUOTA = 2
+
+    @initialize()
+    def start(self) -> None:
+        self.clock = Clock()
+        quotas = {o: (self.QUOTA, 1 << 30) for o in "xy"}
+        self.store = SessionStore(2 * self.QUOTA, TTL, CONTEXT_TURNS, self.clock, quotas=quotas)
+        self.model: dict[str, dict[str, float]] = {"x": {}, "y": {}}  # owner -> sid -> touched
+
+    def _expire(self) -> None:
+        for sessions in self.model.values():
+            for sid in [s for s, t in sessions.items() if self.clock.now >= t + TTL]:
+                del sessions[sid]
+
+    @rule(seconds=st.floats(min_value=0, max_value=2 * TTL))
+    def wait(self, seconds: float) -> None:
+        self.clock.now += seconds
+
+    @rule(who=st.sampled_from("xy"), sid=SESSION_IDS, text=st.text(max_size=50))
+    def turn(self, who: str, sid: str, text: str) -> None:
+        token = owner.set(who)
+        try:
+            self.store.get(sid).record_turn("user", text)
+        finally:
+            owner.reset(token)
+        self._expire()
+        sessions = self.model[who]
+        sessions.pop(sid, None)
+        if len(sessions) == self.QUOTA:
+            del sessions[next(iter(sessions))]
+        sessions[sid] = self.clock.now
+
+    @rule(who=st.sampled_from("xy"), sid=SESSION_IDS)
+    def end(self, who: str, sid: str) -> None:
+        token = owner.set(who)
+        try:
+            ended = self.store.end(sid)
+        finally:
+            owner.reset(token)
+        self._expire()
+        assert ended == (self.model[who].pop(sid, None) is not None)
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        self._expire()
+        total = 0
+        for who, sessions in self.model.items():
+            token = owner.set(who)
+            try:
+                held = {sid: self.store.peek(sid) for sid in "abcde"}
+            finally:
+                owner.reset(token)
+            assert {sid for sid, s in held.items() if s is not None} == set(sessions)
+            usage = self.store.usage(who)
+            assert usage.sessions == len(sessions)
+            assert usage.bytes == sum(s.size for s in held.values() if s is not None)
+            total += usage.bytes
+        assert self.store.bytes == total
+
+
+TestOwners = OwnersMachine.TestCase
+TestOwners.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
