@@ -324,3 +324,17 @@ def test_the_hostile_pages_bench_runs(tmp_path: Path) -> None:
         assert row["large"]["chunks"] >= row["small"]["chunks"]
         assert row["large"]["peak_rss_bytes"] > 0
         assert row["time_ratio"] is not None
+
+
+def test_a_folder_tree_nested_past_the_recursion_limit_is_walked(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path)
+    fd = os.open(docs, os.O_RDONLY)
+    for _ in range(1_200):  # names of one letter: 2,400 characters, within PATH_MAX
+        os.mkdir("d", dir_fd=fd)  # one level at a time: pathlib's mkdir(parents) recurses
+        fd, parent = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(parent)
+    os.close(fd)
+    (docs / ("d/" * 1_200 + "bottom.md")).write_text("# Bottom\n\nThe deepest page.\n")
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert summary.skipped_pages == []
+    assert {c.source_path for c in snap.chunks} == {"billing.md", "d/" * 1_200 + "bottom.md"}

@@ -105,13 +105,17 @@ class _Walk:
     suffixes: tuple[str, ...]
     follow_symlinks: bool
     listing: Listing
+    # folders still to read: (folder, its relative path + "/", the real paths above it). A
+    # stack, not recursion: a tree nested thousands of folders deep is still walked.
+    todo: list[tuple[Path, str, tuple[Path, ...]]] = field(default_factory=list)
 
 
 def list_files(root: Path, suffixes: tuple[str, ...], *, follow_symlinks: bool = False) -> Listing:
     """The files under ``root`` (recursively) with one of ``suffixes``, and the names skipped."""
     real_root = Path(os.path.realpath(root))
-    walk = _Walk(real_root, suffixes, follow_symlinks, Listing())
-    _walk_folder(walk, root, "", (real_root,))
+    walk = _Walk(real_root, suffixes, follow_symlinks, Listing(), [(root, "", (real_root,))])
+    while walk.todo:
+        _walk_folder(walk, *walk.todo.pop())
     walk.listing.files.sort()
     walk.listing.skipped.sort(key=lambda s: s.path)
     return walk.listing
@@ -137,9 +141,13 @@ def _visit(walk: _Walk, entry: os.DirEntry[str], rel: str, ancestors: tuple[Path
     if entry.is_symlink() and not walk.follow_symlinks:
         _visit_link(walk, entry, rel, is_dir)
     elif is_dir:
-        real = Path(os.path.realpath(entry.path))
+        # ancestors[-1] is this folder's real path: only a link needs resolving (realpath
+        # costs a call per component of the path, quadratic down a deep tree)
+        real = (
+            Path(os.path.realpath(entry.path)) if entry.is_symlink() else ancestors[-1] / entry.name
+        )
         if real not in ancestors:  # a link back up would walk forever
-            _walk_folder(walk, Path(entry.path), rel + "/", (*ancestors, real))
+            walk.todo.append((Path(entry.path), rel + "/", (*ancestors, real)))
     else:
         _add_file(walk, entry, rel)
 
