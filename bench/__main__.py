@@ -3,7 +3,8 @@
 SUITE is ``search``, ``turn``, ``quality``, ``scale`` or ``all``. ``--quick`` is the smoke mode
 CI runs: small sizes, no optional peer, a couple of minutes a suite on two cores; it checks that
 a suite still runs, never a timing. ``turn`` and ``quality`` call the entry points of
-``bench.turn_latency``, ``bench.quality_scifact`` and ``bench.quality_turns``. See bench/README.md.
+``bench.turn_latency``, ``bench.quality_scifact``, ``bench.quality_turns`` and
+``bench.quality_conversations``. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -111,6 +112,13 @@ def run_quality(quick: bool) -> dict[str, Any]:
             out["dstc11"] = out["skip"] = result
         else:
             out.update({k: v for k, v in result.items() if k in ("dstc11", "skip", "cast")})
+    conversations = _entry("bench.quality_conversations")
+    if isinstance(conversations, str):
+        out["conversations"] = {"skipped": conversations}
+    else:
+        result = _call(conversations, quick)
+        out["conversations"] = result.get("table", result)  # one row a set: the table below
+        out["conversations_detail"] = result.get("sets", {})
     return out
 
 
@@ -140,7 +148,7 @@ def _fmt(value: Any) -> str:
 def table(result: dict[str, Any]) -> str:
     """A plain-text table of a suite's rows: systems, sizes, scenarios or modes."""
     lines = []
-    for section in ("systems", "sizes", "scenarios", "scifact", "dstc11"):
+    for section in ("systems", "sizes", "scenarios", "scifact", "dstc11", "conversations"):
         rows = result.get(section)
         if not isinstance(rows, dict):
             continue
