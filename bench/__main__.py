@@ -148,7 +148,7 @@ def _fmt(value: Any) -> str:
 def table(result: dict[str, Any]) -> str:
     """A plain-text table of a suite's rows: systems, sizes, scenarios or modes."""
     lines = []
-    for section in ("systems", "sizes", "scenarios", "scifact", "dstc11", "conversations"):
+    for section in ("systems", "sizes", "scenarios", "scifact", "dstc11"):
         rows = result.get(section)
         if not isinstance(rows, dict):
             continue
@@ -174,11 +174,23 @@ def table(result: dict[str, Any]) -> str:
             f"{goal['value']} (goal {goal['goal']}): {'met' if goal['met'] else 'MISSED'}"
         )
         lines.append(f"goal {name}: {verdict}")
+    lines += _conversations_table(result.get("conversations"))
     if "skip" in result and isinstance(result["skip"], dict):
         lines.append(f"skip policy: {json.dumps(result['skip'])[:200]}")
     if "skipped" in result:
         lines.append(f"skipped: {result['skipped']}")
     return "\n".join(lines)
+
+
+def _conversations_table(rows: Any) -> list[str]:
+    """The conversation sets' rows, as ``bench.quality_conversations`` prints them."""
+    if not isinstance(rows, dict) or not rows:
+        return []
+    if isinstance(rows.get("skipped"), str):
+        return [f"conversations: skipped: {rows['skipped']}"]
+    from bench.quality_conversations import table as conversations_table
+
+    return [conversations_table(rows), ""]
 
 
 def plot(name: str, result: dict[str, Any], out: Path) -> list[str]:

@@ -311,19 +311,19 @@ def summary_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
-    """The summary rows as a plain-text table (``cast``: rewrite closeness, its own columns)."""
-    cols = [
-        "session", "last_turn", "joined3", "best_naive", "gain", "ceiling", "session_mrr",
-        "turns", "afterq_session", "afterq_best", "afterq_turns",
-    ]  # fmt: skip
-    lines = ["hit@3" + " " * 10 + "".join(f"{c:>14.14}" for c in cols)]
+    """The summary rows as plain-text tables: the dialogue sets (hit@3 of each mode) first, then
+    each other kind of row (topics, cast) under its own header."""
+    groups: dict[tuple[str, ...], list[str]] = {}
     for name, row in rows.items():
-        if "session" not in row:
-            lines.append(f"{name:<15}{json.dumps(row)[:150]}")
-            continue
-        cells = "".join(f"{_cell(row.get(c)):>14}" for c in cols)
-        lines.append(f"{name:<15}{cells}")
-    return "\n".join(lines)
+        groups.setdefault(tuple(row), []).append(name)
+    blocks = []
+    for cols, names in groups.items():
+        title = "hit@3" if "session" in cols else names[0].split("-")[0]
+        lines = [f"{title:<16}" + "".join(f" {c:>14.14}" for c in cols)]
+        for name in names:
+            lines.append(f"{name:<16}" + "".join(f" {_cell(rows[name][c]):>14}" for c in cols))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def _cell(value: Any) -> str:
@@ -335,11 +335,15 @@ def _cell(value: Any) -> str:
 
 
 def topics_row(result: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "standalone_same_top1", "standalone_turns", "followup_hit_at_3",
-        "followup_alone_hit_at_3", "followup_joined_hit_at_3", "followups",
-    )  # fmt: skip
-    return {k: result[k] for k in keys}
+    """One base's line: stand-alone questions kept as asked alone, follow-ups resolved."""
+    return {
+        "same_top1": result["standalone_same_top1"],
+        "standalone": result["standalone_turns"],
+        "followup_hit3": result["followup_hit_at_3"],
+        "alone_hit3": result["followup_alone_hit_at_3"],
+        "joined_hit3": result["followup_joined_hit_at_3"],
+        "followups": result["followups"],
+    }
 
 
 def cast_row(result: dict[str, Any]) -> dict[str, Any]:
@@ -369,7 +373,8 @@ async def run(
     if "topics" in result["sets"]:
         del result["table"]["topics"]
         for base, row in result["sets"]["topics"].items():
-            result["table"][f"topics-{base}"] = topics_row(row)
+            if isinstance(row, dict):
+                result["table"][f"topics-{base}"] = topics_row(row)
     return {
         "quick": quick,
         "python": platform.python_version(),

@@ -19,15 +19,15 @@ What a user turn goes through (``Speech.transcribe``), in order:
 3. **Word boundaries**: compounds the set's own turns write both as one word and as two (each
    part at least ``MIN_PART_LETTERS`` letters) are heard the other way: split (``SPLIT_RATE``:
    "guesthouse" -> "guest house") or merged (``MERGE_RATE``: "price range" -> "pricerange").
-4. **Names misheard** (``NAME_ERROR_RATE`` per name word): a name word is one written capitalised
-   mid-sentence here and in at least ``NAME_SHARE`` of its uses in the set's turns ("Lovell",
-   not "Restaurant"), or any word seen at most ``RARE_COUNT`` times (rare words and names written
-   in lower case). It
-   becomes, drawn among what applies: a sound-alike (the most common other vocabulary word of the
-   same ``phonetic`` code, a small Metaphone-like key: "lovell" -> "low value" is one of pieces),
-   a word and a sound-alike ("cityroomz" -> "city rooms"), its halves heard as sound-alike words
-   ("allenball" -> "allen bill"), or the word with a middle syllable dropped ("tandoori" ->
-   "tari").
+4. **Names misheard**: a name word is one written capitalised mid-sentence here and in at least
+   ``NAME_SHARE`` of its uses in the set's turns ("Lovell", not "Restaurant"), or any word seen
+   at most ``RARE_COUNT`` times (rare words, names written in lower case); never a number word.
+   At its first mention in a dialogue it is misheard with ``NAME_ERROR_RATE``, and then heard
+   the same way at every later mention (a recogniser hears one caller's name alike through a
+   call). Misheard, it becomes one drawn among what applies: a sound-alike (the most common other
+   vocabulary word of the same ``phonetic`` code, a small Metaphone-like key), a vocabulary word
+   and a sound-alike ("cityroomz" -> "city rooms"), its halves heard as sound-alike words
+   ("lovell" -> "low value"), or the word with a middle syllable dropped ("tandoori" -> "tari").
 5. **Disfluencies**: a filler ("uh", "um") at a random word boundary (``FILLER_RATE``, a second
    one at ``FILLER_RATE**2``), and a restart repeating the first two or three words
    (``RESTART_RATE``: "i want i want a cheap hotel").
@@ -258,11 +258,14 @@ class Speech:
         for w in sorted(common, key=lambda w: (-self.counts[w], w)):
             self.by_code.setdefault(phonetic(w), []).append(w)
 
-    def transcribe(self, text: str, rng: random.Random) -> str:
+    def transcribe(self, text: str, rng: random.Random, heard: dict[str, str] | None = None) -> str:
+        """``text`` as recognised; ``heard`` holds how this dialogue's names were heard so far
+        (filled here), so a name is heard the same way at every mention of one call."""
+        heard = {} if heard is None else heard
         words = written_words(numbers_spoken(text))
         said = self._boundaries([w for w, _ in words], rng)
         named = {w for w, flag in words if flag}
-        said = [self._hear(w, w in named, rng) for w in said]
+        said = [self._hear(w, w in named, rng, heard) for w in said]
         return " ".join(self._disfluent(" ".join(said).split(), rng))
 
     def sound_alike(self, word: str) -> str | None:
@@ -315,9 +318,12 @@ class Speech:
             return True
         return capitalised and self.capitalised[word] >= NAME_SHARE * self.counts[word]
 
-    def _hear(self, word: str, capitalised: bool, rng: random.Random) -> str:
-        if not self._is_name(word, capitalised) or rng.random() >= NAME_ERROR_RATE:
-            return word
+    def _hear(self, word: str, capitalised: bool, rng: random.Random, heard: dict[str, str]) -> str:
+        if word not in heard and self._is_name(word, capitalised):
+            heard[word] = self._misheard(word, rng) if rng.random() < NAME_ERROR_RATE else word
+        return heard.get(word, word)
+
+    def _misheard(self, word: str, rng: random.Random) -> str:
         ways = [
             way
             for way in (
@@ -366,21 +372,22 @@ def turn_rng(dialogue_id: str, index: int) -> random.Random:
     return random.Random(f"{SEED}\x00{dialogue_id}\x00{index}")
 
 
+def transcribed(speech: Speech, d: Dialogue) -> Dialogue:
+    """The dialogue with its user turns transcribed, its names heard alike throughout."""
+    heard: dict[str, str] = {}
+    turns = tuple(
+        Said(t.speaker, speech.transcribe(t.text, turn_rng(d.dialogue_id, i), heard), t.qid)
+        if t.speaker == Speaker.USER
+        else t
+        for i, t in enumerate(d.turns)
+    )
+    return Dialogue(d.dialogue_id, turns)
+
+
 def spoken(cs: ConversationSet) -> ConversationSet:
     """``cs`` with its user turns transcribed (``Speech``); agent turns and the base unchanged."""
     speech = Speech(dict.fromkeys(t.text for d in cs.dialogues for t in d.turns))  # each text once
-    dialogues = [
-        Dialogue(
-            d.dialogue_id,
-            tuple(
-                Said(t.speaker, speech.transcribe(t.text, turn_rng(d.dialogue_id, i)), t.qid)
-                if t.speaker == Speaker.USER
-                else t
-                for i, t in enumerate(d.turns)
-            ),
-        )
-        for d in cs.dialogues
-    ]
+    dialogues = [transcribed(speech, d) for d in cs.dialogues]
     return replace(
         cs, name=f"{cs.name}-spoken", dialogues=dialogues, notes=f"{cs.notes}; user turns spoken"
     )

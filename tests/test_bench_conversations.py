@@ -230,3 +230,23 @@ def test_topic_sessions_keep_pairs_together_and_are_seeded() -> None:
             if t.kind == "followup":
                 assert i > 0
                 assert run[i - 1].text == t.opener
+
+
+def test_a_name_is_heard_the_same_way_through_a_dialogue() -> None:
+    speech = spoken.Speech(VOCABULARY)
+    texts = [
+        f"Is the Alexander Lodge {what}?"
+        for what in ("quiet", "clean", "near the centre", "open late", "cheap")
+    ]
+    forms = set()
+    for n in range(40):
+        heard: dict[str, str] = {}
+        said = [
+            speech.transcribe(t, spoken.turn_rng(f"d{n}", i), heard) for i, t in enumerate(texts)
+        ]
+        form = heard["alexander"]
+        for text in said:  # every mention heard alike, fillers aside
+            assert f"{form} lodge" in " ".join(w for w in text.split() if w not in spoken.FILLERS)
+        forms.add(form)
+    assert "alexander" in forms
+    assert len(forms) > 1  # other dialogues hear it otherwise
