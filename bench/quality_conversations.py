@@ -41,6 +41,7 @@ import platform
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from bench.conversations import ConversationSet, Dialogue
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking
 from index.config import Config, parse_config
 from index.embedders.base import Embedder
-from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput
+from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.skip import Skip
 
 ROOT = Path(__file__).resolve().parent
@@ -101,10 +102,20 @@ class Scores:
         self.modes = {name: Ranking() for name in ("session", *BASELINES, ceiling)}
         self.skipped = 0
         self.degraded = 0
+        self.gold_top1 = 0  # the session's top-1 chunk is about the gold entity or page
+        self.gold_top1_hits = 0  # ... and the session's top 3 hold a relevant chunk
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: r.as_dict() for name, r in self.modes.items()}
-        out["session"] |= {"skipped": self.skipped, "degraded": self.degraded}
+        n = self.modes["session"].n
+        out["session"] |= {
+            "skipped": self.skipped,
+            "degraded": self.degraded,
+            "gold_top1": round(self.gold_top1 / n, 4) if n else None,
+            "hit_at_3_when_gold_top1": (
+                round(self.gold_top1_hits / self.gold_top1, 4) if self.gold_top1 else None
+            ),
+        }
         if not self.modes["session"].n:
             return out
         best = max(BASELINES, key=lambda m: (out[m]["hit_at_3"], out[m]["mrr_at_10"]))
@@ -119,6 +130,15 @@ def _paths(hits: Sequence[Any]) -> list[str]:
     return [h.chunk.source_path for h in hits]
 
 
+def about(hits: Sequence[Any]) -> str:
+    """What the top chunk is about: its contextual prefix (a DSTC11 snippet's entity, a doc2dial
+    section's page title), as the sets' gold names are written."""
+    if not hits:
+        return ""
+    prefix, _, _ = hits[0].chunk.embed_text.partition("\n\n")
+    return prefix
+
+
 def joined(turns: Sequence[conversations.Said], i: int) -> str:
     """The last ``JOINED`` turns up to ``i`` joined, cut at the front to what a query may hold."""
     text = " ".join(t.text for t in turns[max(0, i - JOINED + 1) : i + 1])
@@ -128,9 +148,10 @@ def joined(turns: Sequence[conversations.Said], i: int) -> str:
 class Runner:
     """Drives a set's dialogues through one engine and scores the judged turns."""
 
-    def __init__(self, cs: ConversationSet, engine: Engine) -> None:
+    def __init__(self, cs: ConversationSet, engine: Engine, per_turn: bool = False) -> None:
         self.cs = cs
         self.engine = engine
+        self.per_turn: list[dict[str, Any]] | None = [] if per_turn else None
         self.all = Scores(cs.ceiling)
         self.after_question = Scores(cs.ceiling)
         self.examples: list[dict[str, Any]] = []
@@ -156,12 +177,30 @@ class Runner:
                 )
             )
             if said.qid and said.speaker == Speaker.USER:
-                ranked = {"session": _paths(result.hits)}
-                ranked |= await self.baselines(d, i)
-                self.score(d, i, ranked, result.skipped is not Skip.NOT_SKIPPED, result.degraded)
-                if len(self.examples) < EXAMPLES and result.query != said.text:
-                    self.examples.append({"turn": said.text, "query": result.query})
+                await self.judged(d, i, result)
         self.engine.end_session(sid)
+
+    async def judged(self, d: Dialogue, i: int, result: TurnResult) -> None:
+        said = d.turns[i]
+        ranked = {"session": _paths(result.hits)} | await self.baselines(d, i)
+        buckets = [self.all]
+        if conversations.after_agent_question(d.turns, i):
+            buckets.append(self.after_question)
+        relevant = set(self.cs.qrels[said.qid])
+        on_gold = about(result.hits) == self.cs.gold[said.qid]
+        for bucket in buckets:
+            for mode, paths in ranked.items():
+                bucket.modes[mode].add(paths, relevant)
+            bucket.skipped += result.skipped is not Skip.NOT_SKIPPED
+            bucket.degraded += result.degraded
+            bucket.gold_top1 += on_gold
+            bucket.gold_top1_hits += on_gold and any(p in relevant for p in ranked["session"][:3])
+        if self.per_turn is not None:
+            hits = {m: any(p in relevant for p in paths[:3]) for m, paths in ranked.items()}
+            self.per_turn.append({"qid": said.qid, "turn": said.text, "query": result.query,
+                                  "top1_about": about(result.hits), "hit_at_3": hits})  # fmt: skip
+        if len(self.examples) < EXAMPLES and result.query != said.text:
+            self.examples.append({"turn": said.text, "query": result.query})
 
     async def baselines(self, d: Dialogue, i: int) -> dict[str, list[str]]:
         said = d.turns[i]
@@ -171,19 +210,6 @@ class Runner:
             self.cs.ceiling: await self.search(f"{self.cs.gold[said.qid]}: {said.text}"),
         }
 
-    def score(
-        self, d: Dialogue, i: int, ranked: dict[str, list[str]], skipped: bool, degraded: bool
-    ) -> None:
-        relevant = self.cs.qrels[d.turns[i].qid]
-        buckets = [self.all]
-        if conversations.after_agent_question(d.turns, i):
-            buckets.append(self.after_question)
-        for bucket in buckets:
-            for mode, paths in ranked.items():
-                bucket.modes[mode].add(paths, set(relevant))
-            bucket.skipped += skipped
-            bucket.degraded += degraded
-
     def as_dict(self) -> dict[str, Any]:
         return {
             **self.all.as_dict(),
@@ -191,12 +217,14 @@ class Runner:
             "dialogues": len(self.cs.dialogues),
             "base": self.cs.notes,
             "examples": self.examples,
+            **({"per_turn": self.per_turn} if self.per_turn is not None else {}),
         }
 
 
-async def score_set(cs: ConversationSet, engine: Engine) -> dict[str, Any]:
-    """Every dialogue of ``cs`` through ``engine``: the figures of the module docstring."""
-    runner = Runner(cs, engine)
+async def score_set(cs: ConversationSet, engine: Engine, per_turn: bool = False) -> dict[str, Any]:
+    """Every dialogue of ``cs`` through ``engine``: the figures of the module docstring, and with
+    ``per_turn`` each judged turn's query, top-1 entity and hits (to diff two engines by)."""
+    runner = Runner(cs, engine, per_turn)
     for d in cs.dialogues:
         await runner.dialogue(d)
     return runner.as_dict()
@@ -217,6 +245,17 @@ DIALOGUE_SETS: dict[str, Callable[[Path, bool, bool], ConversationSet]] = {
 SETS = (*DIALOGUE_SETS, "topics", "cast")
 
 
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How ``measure`` runs each set (its keyword arguments, less the embedder)."""
+
+    quick: bool = False
+    tiny: bool = False
+    sidecar: dict[str, Any] | None = None
+    serve: Serve = served
+    per_turn: bool = False
+
+
 async def measure(
     data_dir: Path,
     *,
@@ -225,15 +264,18 @@ async def measure(
     sidecar: dict[str, Any] | None = None,
     serve: Serve = served,
     embedder: Embedder | None = None,
+    per_turn: bool = False,
     tiny: bool = False,
 ) -> dict[str, Any]:
     """Every figure of ``sets`` as a dict (``{"sets": {NAME: ...}, "table": {NAME: ...}}``).
 
+    ``per_turn`` adds each judged turn's query, top-1 entity and hits to the dialogue sets;
     ``tiny`` is the smoke test's: a dozen judged turns a set over bases cut to them.
     """
     unknown = [s for s in sets if s not in SETS]
     if unknown:
         raise ValueError(f"unknown conversation sets {unknown}; known: {', '.join(SETS)}")
+    options = Options(quick or tiny, tiny, sidecar, serve, per_turn)
     own_embedder = embedder is None
     if embedder is None:
         from index.embedders.local import LocalEmbedder
@@ -243,7 +285,7 @@ async def measure(
     try:
         for name in sets:
             started = time.perf_counter()
-            out[name] = await _one_set(name, data_dir, (quick, tiny), sidecar, serve, embedder)
+            out[name] = await _one_set(name, data_dir, options, embedder)
             out[name]["seconds"] = round(time.perf_counter() - started, 1)
             print(f"{name}: {json.dumps(summary_row(name, out[name]))}", flush=True)
     finally:
@@ -252,39 +294,24 @@ async def measure(
     return {"sets": out, "table": {name: summary_row(name, r) for name, r in out.items()}}
 
 
-async def _one_set(
-    name: str,
-    data_dir: Path,
-    size: tuple[bool, bool],
-    sidecar: dict[str, Any] | None,
-    serve: Serve,
-    embedder: Embedder,
-) -> dict[str, Any]:
-    quick, tiny = size
-    quick = quick or tiny
+async def _one_set(name: str, data_dir: Path, options: Options, embedder: Embedder) -> Any:
     if name == "cast":
         path = data_dir / "followups-trec-cast" / "followup_turns.jsonl"
-        return await asyncio.to_thread(quality_turns.cast_quality, path, embedder, quick)
+        return await asyncio.to_thread(quality_turns.cast_quality, path, embedder, options.quick)
     if name == "topics":
-        return await _topics(data_dir, quick, sidecar, serve, embedder)
-    cs = DIALOGUE_SETS[name](data_dir, quick, tiny)
+        return await _topics(data_dir, options, embedder)
+    cs = DIALOGUE_SETS[name](data_dir, options.quick, options.tiny)
     store_dir = await asyncio.to_thread(cs.store, embedder)
-    async with serve(eval_config(store_dir, sidecar), embedder) as engine:
-        return await score_set(cs, engine)
+    async with options.serve(eval_config(store_dir, options.sidecar), embedder) as engine:
+        return await score_set(cs, engine, options.per_turn)
 
 
-async def _topics(
-    data_dir: Path,
-    quick: bool,
-    sidecar: dict[str, Any] | None,
-    serve: Serve,
-    embedder: Embedder,
-) -> dict[str, Any]:
+async def _topics(data_dir: Path, options: Options, embedder: Embedder) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for base in topics.QUICK_BASES if quick else tuple(topics.BASES):
+    for base in topics.QUICK_BASES if options.quick else tuple(topics.BASES):
         folder = data_dir / topics.BASES[base]
         store_dir = await asyncio.to_thread(topics.docs_store, base, folder / "docs", embedder)
-        async with serve(eval_config(store_dir, sidecar), embedder) as engine:
+        async with options.serve(eval_config(store_dir, options.sidecar), embedder) as engine:
             out[base] = await topics.topic_quality(base, folder, engine)
     return out
 
@@ -389,9 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sets", default=",".join(SETS), help=f"of {','.join(SETS)}")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--out", type=Path, help="folder for quality_conversations.json")
+    parser.add_argument("--per-turn", action="store_true", help="every judged turn in the JSON")
     args = parser.parse_args(argv)
     sets = tuple(s for s in args.sets.split(",") if s)
-    result = asyncio.run(run(args.data, args.quick, sets))
+    result = asyncio.run(run(args.data, args.quick, sets, per_turn=args.per_turn))
     if "skipped" in result:
         return 0
     print(table(result["table"]))

@@ -147,6 +147,12 @@ def _check_modes(row: dict[str, Any], ceiling: str) -> None:
     )
     assert row["session"]["degraded"] == 0  # the budget is large: the embedder never misses
     assert row["after_agent_question"]["session"]["turns"] <= n
+    # the per-turn records add up to the figures
+    assert len(row["per_turn"]) == n
+    for mode in ("session", "last_turn", "joined3", ceiling):
+        hits = sum(t["hit_at_3"][mode] for t in row["per_turn"])
+        assert row[mode]["hit_at_3"] == round(hits / n, 4)
+    assert 0.0 <= row["session"]["gold_top1"] <= 1.0
 
 
 async def test_harness_scores_every_judged_turn_of_each_set(
@@ -159,12 +165,18 @@ async def test_harness_scores_every_judged_turn_of_each_set(
         sets=("dstc11", "dstc11-spoken", "doc2dial"),
         tiny=True,
         embedder=local_embedder,
+        per_turn=True,
     )
     sets = result["sets"]
     _check_modes(sets["dstc11"], "gold_entity")
     _check_modes(sets["dstc11-spoken"], "gold_entity")
     _check_modes(sets["doc2dial"], "gold_title")
     assert sets["dstc11"]["session"]["turns"] == sets["dstc11-spoken"]["session"]["turns"]
+    # the tiny DSTC11 base holds one entity, the gold one: every answer's top-1 is about it
+    answered = [t for t in sets["dstc11"]["per_turn"] if t["top1_about"]]
+    assert len({t["top1_about"] for t in answered}) == 1
+    n = sets["dstc11"]["session"]["turns"]
+    assert sets["dstc11"]["session"]["gold_top1"] == round(len(answered) / n, 4)
     # four dialogues, three judged turns each, some right after an agent's question
     assert sets["doc2dial"]["session"]["turns"] == 12
     assert sets["doc2dial"]["after_agent_question"]["session"]["turns"] > 0
