@@ -1,7 +1,7 @@
 """Follow-ups on every kind of conversation: hit@3 and MRR@10 of judged user turns, per set.
 
     .venv/bin/python -m bench.quality_conversations [--quick] [--sets dstc11,doc2dial,...]
-                                                     [--data ../shared/data] [--out DIR]
+                                        [--per-turn] [--data ../shared/data] [--out DIR]
 
 Every dialogue is driven turn by turn through the real ``sidecar.engine.Engine`` in-process
 (one session per dialogue; user turns as ``Speaker.USER``, agent turns as ``Speaker.AGENT``, in
@@ -16,10 +16,12 @@ engine's Search and so measured the same way:
 * ``best_naive = max(last_turn, joined3)`` and ``session - best_naive``.
 
 Each figure is also given for the judged turns right after an agent question (the agent's
-previous turn ends with "?"), where the content is often in that question. The sets are in
-``bench.conversations`` (``dstc11``, ``doc2dial``), ``bench.spoken`` (``dstc11-spoken``) and
-``bench.topics`` (``topics``: stand-alone questions and follow-ups in one session); ``cast`` is
-``bench.quality_turns``' TREC CAsT rewrite closeness, reported beside them.
+previous turn ends with "?"), where the content is often in that question. ``gold_top1``: how
+often the session's top-1 chunk is about the gold entity or page (its contextual prefix), and
+the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``),
+``bench.spoken`` (``dstc11-spoken``) and ``bench.topics`` (``topics``: stand-alone questions and
+follow-ups in one session); ``cast`` is ``bench.quality_turns``' TREC CAsT rewrite closeness,
+reported beside them.
 
 As a library, with a variant of the engine and no snapshot rebuilt (each set's snapshot is
 cached under ``bench/.cache/`` by the hash of what shapes it)::
