@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from bench.conversations import ConversationSet, Dialogue, Said, after_agent_que
 from bench.quality_conversations import eval_config, measure, served
 from index.config import Config
 from index.embedders.base import Embedder
+from index.types import Chunk
 from sidecar.engine import Speaker
 from tests.conftest import SHARED_DATA, shared
 
@@ -262,3 +264,40 @@ def test_a_name_is_heard_the_same_way_through_a_dialogue() -> None:
         forms.add(form)
     assert "alexander" in forms
     assert len(forms) > 1  # other dialogues hear it otherwise
+
+
+def _chunk(page: str, title: str, *headings: str) -> Chunk:
+    crumbs = (title, *headings)
+    return Chunk(
+        chunk_id=f"{page}-{len(headings)}-{'-'.join(headings)}",
+        source="docs",
+        source_path=page,
+        title=title,
+        breadcrumbs=crumbs,
+        text="body",
+        embed_text=" > ".join(crumbs) + "\n\nbody",
+    )
+
+
+def test_followups_ask_for_a_heading_that_several_pages_share() -> None:
+    chunks = [
+        _chunk("drive.md", "Google Drive", "Limitations"),
+        _chunk("drive.md", "Google Drive", "Making your own client_id"),  # markup: never asked
+        _chunk("drive.md", "Google Drive", "Shared drives"),  # only this page: not ambiguous
+        _chunk("s3.md", "Amazon S3", "Limitations"),
+        _chunk("s3.md", "Amazon S3", "See Also"),  # navigation: never asked
+        _chunk("b2.md", "Backblaze B2", "See Also"),
+        _chunk("one.md", "Same title", "Limitations"),  # a title two pages share: never opened
+        _chunk("two.md", "Same title", "Limitations"),
+    ]
+    snapshot: Any = SimpleNamespace(chunks=chunks)
+    pairs = topics.followup_pairs(snapshot, 10, random.Random("t"))
+    openers = {p.text: p.page for p in pairs if p.kind == "opener"}
+    assert openers == {
+        "Tell me about Google Drive.": "drive.md",
+        "Tell me about Amazon S3.": "s3.md",
+    }
+    for opener, followup in zip(pairs[::2], pairs[1::2], strict=True):
+        assert followup.text == "What about limitations for it?"
+        assert (followup.page, followup.opener) == (opener.page, opener.text)
+    assert len(topics.followup_pairs(snapshot, 1, random.Random("t"))) == 2  # one pair
