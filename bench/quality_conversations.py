@@ -41,7 +41,7 @@ import asyncio
 import json
 import platform
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,11 +289,12 @@ async def measure(
             started = time.perf_counter()
             out[name] = await _one_set(name, data_dir, options, embedder)
             out[name]["seconds"] = round(time.perf_counter() - started, 1)
-            print(f"{name}: {json.dumps(summary_row(name, out[name]))}", flush=True)
+            for row_name, row in _rows({name: out[name]}):
+                print(f"{row_name}: {json.dumps(row)}", flush=True)
     finally:
         if own_embedder:
             await embedder.aclose()
-    return {"sets": out, "table": {name: summary_row(name, r) for name, r in out.items()}}
+    return {"sets": out, "table": dict(_rows(out))}
 
 
 async def _one_set(name: str, data_dir: Path, options: Options, embedder: Embedder) -> Any:
@@ -318,7 +319,7 @@ async def _topics(data_dir: Path, options: Options, embedder: Embedder) -> dict[
     return out
 
 
-def summary_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
+def summary_row(result: dict[str, Any]) -> dict[str, Any]:
     """One line of the table: hit@3 of each mode, the gain over the best naive baseline."""
     if "session" not in result or "best_naive" not in result:
         return {k: v for k, v in result.items() if not isinstance(v, dict | list)}
@@ -332,6 +333,7 @@ def summary_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
         "gain": result["session_minus_best_naive"]["hit_at_3"],
         "ceiling": result[ceiling]["hit_at_3"],
         "session_mrr": result["session"]["mrr_at_10"],
+        "gold_top1": result["session"].get("gold_top1"),
         "turns": result["session"]["turns"],
         "afterq_session": after["session"]["hit_at_3"],
         "afterq_best": after.get("best_naive", {}).get("hit_at_3"),
@@ -361,6 +363,19 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:+.3f}" if value < 0 else f"{value:.3f}"
     return str(value)
+
+
+def _rows(sets: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The table's rows: one a dialogue set, one a topics base, one for cast."""
+    for name, result in sets.items():
+        if name == "topics":
+            for base, row in result.items():
+                if isinstance(row, dict):
+                    yield f"topics-{base}", topics_row(row)
+        elif name == "cast":
+            yield name, cast_row(result)
+        else:
+            yield name, summary_row(result)
 
 
 def topics_row(result: dict[str, Any]) -> dict[str, Any]:
@@ -397,13 +412,6 @@ async def run(
         return {"skipped": f"shared data not present: {data_dir}"}
     started = time.perf_counter()
     result = await measure(data_dir, sets=sets, quick=quick, **kwargs)
-    if "cast" in result["sets"]:
-        result["table"]["cast"] = cast_row(result["sets"]["cast"])
-    if "topics" in result["sets"]:
-        del result["table"]["topics"]
-        for base, row in result["sets"]["topics"].items():
-            if isinstance(row, dict):
-                result["table"][f"topics-{base}"] = topics_row(row)
     return {
         "quick": quick,
         "python": platform.python_version(),
