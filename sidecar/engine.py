@@ -10,6 +10,7 @@ turn a result searched ahead on an interim transcript (``sidecar/prefetch.py``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from sidecar.errors import InvalidArgument, NotFound
 from sidecar.holder import SnapshotHolder
 from sidecar.limits import truncated as input_truncated
 from sidecar.query_embedder import QueryEmbedder
-from sidecar.sessions import Hit, Session, SessionStore
+from sidecar.sessions import Hit, Mention, Session, SessionStore
 from sidecar.skip import Skip, SkipPolicy
 
 log = logging.getLogger("voxrecall.engine")
@@ -37,11 +38,15 @@ MAX_TEXT_CHARS = 4000  # a spoken turn is a few hundred characters; more is a cl
 MAX_LIMIT = 50
 MAX_BUDGET_MS = 10_000
 MAX_SESSION_ID = 256
+# How much better (in the turn's own cosine) the turn alone must rate its best chunk than the
+# folded query's best for the turn to keep its own result: a new question is not bent to the
+# conversation's entity, while a follow-up whose words fit many entities' chunks still is.
+STANDALONE_MARGIN = 0.05
 
 
 class Speaker:
-    USER = "user"
-    AGENT = "agent"
+    USER = followups.USER
+    AGENT = followups.AGENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,7 @@ class TurnResult:
     timings: Timings = Timings()
     prefetched: bool = False  # answered from a search started on an interim transcript
     truncated: bool = False  # the query was longer than the embedder reads: it was cut there
+    followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the query folded in, and why
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +168,12 @@ class Engine:
     # -- entry points -------------------------------------------------------------------------
 
     async def turn(self, req: TurnInput, prefetch: Prefetch | None = None) -> TurnResult:
-        """One transcript event; ``prefetch`` offers results searched ahead (Converse)."""
+        """One transcript event; ``prefetch`` offers results searched ahead (Converse).
+
+        One pipeline over the utterance, normalised and tokenised once: validate -> skip ->
+        rewrite (``followups.plan``) -> retrieve -> remember (the turn is recorded with the
+        entities it names, found once).
+        """
         budget = Budget.start(self._budget_ms(req.budget_ms))
         self._check_text(req.text, allow_empty=True)
         self._check_session(req.session_id)
@@ -170,36 +181,26 @@ class Engine:
         snapshot = self.snapshot(kb)
         session = self.sessions.get(req.session_id)
         self.counters.turns += 1
-
-        if req.speaker == Speaker.AGENT:
-            session.record_turn(Speaker.AGENT, req.text)
-            return self._skipped(session, Skip.AGENT_TURN, snapshot, budget)
-        if not req.is_final:
+        if req.speaker != Speaker.AGENT and not req.is_final:
             return self._skipped(session, Skip.NOT_FINAL, snapshot, budget)
-        skip = self.skip_policy.classify(req.text)
+        utterance = followups.Utterance.of(req.text)
+        mentions = followups.gazetteer(snapshot).find(utterance.tokens)
+        if req.speaker == Speaker.AGENT:
+            self._record(session, Speaker.AGENT, utterance, mentions)
+            return self._skipped(session, Skip.AGENT_TURN, snapshot, budget)
+        skip = self._skip(session, utterance)
         if skip is not Skip.NOT_SKIPPED:
-            session.record_turn(Speaker.USER, req.text)
+            self._record(session, Speaker.USER, utterance, mentions)
             return self._skipped(session, skip, snapshot, budget)
-
-        query = self._query_for(session, req.text, snapshot)
-        session.record_turn(Speaker.USER, req.text)
+        plan = followups.plan(session, utterance, mentions, self.config.followups)
+        self._record(session, Speaker.USER, utterance, mentions)
         taken = await prefetch.take(req, snapshot, budget) if prefetch is not None else None
         if taken is not None and taken.result is not None:
             query, result = taken.query, taken.result
             self.counters.prefetched += 1
         else:
-            result = await self._search(
-                snapshot,
-                kb,
-                query,
-                budget,
-                limit=self.config.max_results,
-                min_score=self.config.min_score,
-                sources=req.sources,
-                context_url=req.context_url,
-                embed=taken is None,
-            )
-        self._remember(session, result.hits)
+            query, result = await self._retrieve(snapshot, kb, req, plan, budget, taken is None)
+        self._remember(session, result.hits, plan.followup)
         if result.degraded:
             self.counters.degraded += 1
         return TurnResult(
@@ -216,7 +217,40 @@ class Engine:
             ),
             prefetched=taken is not None and taken.result is not None,
             truncated=input_truncated(self.embedder, query),
+            followup=plan.followup if query == plan.query else followups.NO_FOLLOWUP,
         )
+
+    async def _retrieve(
+        self,
+        snapshot: LoadedSnapshot,
+        kb: str,
+        req: TurnInput,
+        plan: followups.Plan,
+        budget: Budget,
+        embed: bool,
+    ) -> tuple[str, SearchResult]:
+        """Search the plan's query; when the plan says so, the turn alone too (both embedded
+        at once), and keep the turn's own result when it confidently prefers another chunk."""
+        queries = [plan.query, req.text] if plan.alone else [plan.query]
+        results = await asyncio.gather(
+            *(
+                self._search(
+                    snapshot,
+                    kb,
+                    query,
+                    budget,
+                    limit=self.config.max_results,
+                    min_score=self.config.min_score,
+                    sources=req.sources,
+                    context_url=req.context_url,
+                    embed=embed,
+                )
+                for query in queries
+            )
+        )
+        if len(results) == 2 and _stands_alone(folded=results[0], alone=results[1]):
+            return req.text, results[1]
+        return queries[0], results[0]
 
     def plan(self, req: TurnInput) -> Planned | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
@@ -227,9 +261,12 @@ class Engine:
         snapshot = self.snapshot(kb)
         if req.speaker == Speaker.AGENT:
             return None
-        if self.skip_policy.classify(req.text) is not Skip.NOT_SKIPPED:
+        session = self.sessions.get(req.session_id)
+        utterance = followups.Utterance.of(req.text)
+        if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
-        query = self._query_for(self.sessions.get(req.session_id), req.text, snapshot)
+        mentions = followups.gazetteer(snapshot).find(utterance.tokens)
+        query = followups.plan(session, utterance, mentions, self.config.followups).query
         return Planned(kb, snapshot, query, req.sources, req.context_url)
 
     async def search_ahead(self, planned: Planned, deadline: float) -> SearchResult | None:
@@ -397,14 +434,31 @@ class Engine:
             timings=Timings(total_ms=budget.elapsed_ms()),
         )
 
-    def _query_for(self, session: Session, text: str, snapshot: LoadedSnapshot) -> str:
-        """The query a user turn searches, given its session (the follow-up rewrite)."""
-        gazetteer = followups.gazetteer(snapshot)
-        return followups.rewrite(session, text, gazetteer, self.config.followups)
+    def _skip(self, session: Session, utterance: followups.Utterance) -> Skip:
+        """Why a final user turn needs no search, or NOT_SKIPPED. A reply to the agent's
+        question ("Yes." to "Do you want to know how to apply?") is an answer, searched with
+        the question, not a backchannel."""
+        skip = self.skip_policy.classify_words(utterance.words)
+        answer = self.config.followups.enabled and followups.replies(utterance)
+        if skip is Skip.BACKCHANNEL and answer and followups.agent_question(session):
+            return Skip.NOT_SKIPPED
+        return skip
 
-    def _remember(self, session: Session, hits: list[Hit]) -> None:
+    @staticmethod
+    def _record(
+        session: Session,
+        speaker: str,
+        utterance: followups.Utterance,
+        mentions: tuple[Mention, ...],
+    ) -> None:
+        followups.remember(session, session.record_turn(speaker, utterance.text, mentions))
+
+    def _remember(
+        self, session: Session, hits: list[Hit], followup: followups.FollowUp | None = None
+    ) -> None:
         session.retain(hits)
-        if hits:
+        if hits and (followup is None or followup.source != followups.Source.TOPIC):
+            # a search folded with the topic must not set it: it would only confirm itself
             session.topic = followups.chunk_entity(hits[0].chunk)
 
     def _context_limit(self) -> int:
@@ -442,3 +496,17 @@ class Engine:
         if not np.isfinite(norm) or norm == 0.0:
             raise InvalidArgument("vector must be finite and non-zero")
         return vector / norm
+
+
+def _stands_alone(folded: SearchResult, alone: SearchResult) -> bool:
+    """Whether the turn alone confidently prefers another chunk than the folded query found:
+    judged by the turn's own scores (the folded query's are lifted by the words folded in), its
+    best beats the folded query's best by STANDALONE_MARGIN."""
+    if not alone.hits or folded.degraded or alone.degraded:
+        return bool(alone.hits) and not folded.hits
+    if not folded.hits:
+        return True
+    top = folded.hits[0].chunk.chunk_id
+    own = {h.chunk.chunk_id: h.score for h in alone.hits}
+    theirs = own.get(top, alone.hits[-1].score)  # below the last one when not among them
+    return alone.hits[0].chunk.chunk_id != top and alone.hits[0].score - theirs >= STANDALONE_MARGIN

@@ -29,6 +29,24 @@ RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this 
 
 
 @dataclass(frozen=True, slots=True)
+class Mention:
+    """An entity a turn names, and how sure the match is (``sidecar.followups``)."""
+
+    name: str
+    confidence: float  # P(this entity | the matched words) from the snapshot's statistics
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """One recorded turn: who said it, the words, and the entities it names (found once, when
+    the turn is recorded), in the order they were said."""
+
+    speaker: str
+    text: str
+    mentions: tuple[Mention, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Hit:
     """A chunk as one search returned it."""
 
@@ -44,19 +62,22 @@ class Session:
 
     session_id: str
     context_turns: int
-    turns: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=RECENT_TURNS))
+    turns: deque[Said] = field(default_factory=lambda: deque(maxlen=RECENT_TURNS))
     retained: deque[tuple[Hit, ...]] = field(init=False)
-    topic: str = ""  # the title of the last top hit: a follow-up's fallback referent
-    entity: str = ""  # the entity the conversation is about now (followups.py)
+    topic: str = ""  # the entity of the last top hit: a follow-up's fallback referent
+    entity: Mention | None = None  # the entity the conversation is about now (followups.py)
+    weight: float = 0.0  # how strongly ``entity`` was last named; fades with each turn
+    options: tuple[str, ...] = ()  # the entities the agent last listed, in its order
     turn_count: int = 0  # turns ever recorded; ``turns`` keeps only the recent ones
-    scanned: int = 0  # turn_count when follow-ups last scanned the turns for entities
 
     def __post_init__(self) -> None:
         self.retained = deque(maxlen=max(1, self.context_turns))
 
-    def record_turn(self, speaker: str, text: str) -> None:
-        self.turns.append((speaker, text))
+    def record_turn(self, speaker: str, text: str, mentions: tuple[Mention, ...] = ()) -> Said:
+        said = Said(speaker, text, mentions)
+        self.turns.append(said)
         self.turn_count += 1
+        return said
 
     def retain(self, hits: Iterable[Hit]) -> None:
         hits = tuple(hits)

@@ -84,7 +84,7 @@ def _session(*turns: tuple[str, str], g: Gazetteer | None = None) -> Session:
     for speaker, text in turns:
         if speaker == "user":
             followups.rewrite(session, text, g or gaz())
-        session.record_turn(speaker, text)
+        followups.record(session, speaker, text, g or gaz())
     return session
 
 
@@ -97,7 +97,7 @@ def test_the_newest_mention_wins_and_naming_one_is_searched_as_said() -> None:
     )
     assert followups.rewrite(session, "Is it quiet?", g) == "HOBSONS HOUSE: Is it quiet?"
     assert followups.rewrite(session, "And the Acorn?", g) == "And the Acorn?"
-    session.record_turn("user", "And the Acorn?")
+    followups.record(session, "user", "And the Acorn?", g)
     assert followups.rewrite(session, "Is it quiet?", g) == "ACORN GUEST HOUSE: Is it quiet?"
 
 
