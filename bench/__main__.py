@@ -3,7 +3,8 @@
 SUITE is ``search``, ``turn``, ``quality``, ``scale`` or ``all``. ``--quick`` is the smoke mode
 CI runs: small sizes, no optional peer, a couple of minutes a suite on two cores; it checks that
 a suite still runs, never a timing. ``turn`` and ``quality`` call the entry points of
-``bench.turn_latency``, ``bench.quality_scifact`` and ``bench.quality_turns``. See bench/README.md.
+``bench.turn_latency``, ``bench.quality_scifact``, ``bench.quality_turns`` and
+``bench.quality_conversations``. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -111,6 +112,13 @@ def run_quality(quick: bool) -> dict[str, Any]:
             out["dstc11"] = out["skip"] = result
         else:
             out.update({k: v for k, v in result.items() if k in ("dstc11", "skip", "cast")})
+    conversations = _entry("bench.quality_conversations")
+    if isinstance(conversations, str):
+        out["conversations"] = {"skipped": conversations}
+    else:
+        result = _call(conversations, quick)
+        out["conversations"] = result.get("table", result)  # one row a set: the table below
+        out["conversations_detail"] = result.get("sets", {})
     return out
 
 
@@ -166,11 +174,23 @@ def table(result: dict[str, Any]) -> str:
             f"{goal['value']} (goal {goal['goal']}): {'met' if goal['met'] else 'MISSED'}"
         )
         lines.append(f"goal {name}: {verdict}")
+    lines += _conversations_table(result.get("conversations"))
     if "skip" in result and isinstance(result["skip"], dict):
         lines.append(f"skip policy: {json.dumps(result['skip'])[:200]}")
     if "skipped" in result:
         lines.append(f"skipped: {result['skipped']}")
     return "\n".join(lines)
+
+
+def _conversations_table(rows: Any) -> list[str]:
+    """The conversation sets' rows, as ``bench.quality_conversations`` prints them."""
+    if not isinstance(rows, dict) or not rows:
+        return []
+    if isinstance(rows.get("skipped"), str):
+        return [f"conversations: skipped: {rows['skipped']}"]
+    from bench.quality_conversations import table as conversations_table
+
+    return [conversations_table(rows), ""]
 
 
 def plot(name: str, result: dict[str, Any], out: Path) -> list[str]:

@@ -143,10 +143,6 @@ def dstc_store(data: Dstc, embedder: Embedder) -> Path:
     digest = hashlib.sha256(f"{embedder.info.name}\x00{FORMAT_VERSION}".encode())
     for r in data.records:
         digest.update(orjson.dumps(r, option=orjson.OPT_SORT_KEYS))
-    store_dir = CACHE / f"{KB}-{digest.hexdigest()[:16]}" / "store"
-    store = LocalStore(store_dir)
-    if store.latest(KB) is not None:
-        return store_dir
     pages = [
         Page(
             source=KB,
@@ -158,15 +154,27 @@ def dstc_store(data: Dstc, embedder: Embedder) -> Path:
         )
         for r in data.records
     ]
+    return pages_store(KB, digest.hexdigest(), pages, embedder)
+
+
+def pages_store(kb: str, digest: str, pages: list[Page], embedder: Embedder) -> Path:
+    """A store under ``bench/.cache/KB-DIGEST`` holding one snapshot of ``pages`` (each chunked
+    as the indexer would), built and embedded the first time and read back after that.
+    ``digest`` must change with anything that shapes the snapshot (the pages, the embedder, the
+    snapshot format)."""
+    store_dir = CACHE / f"{kb}-{digest[:16]}" / "store"
+    store = LocalStore(store_dir)
+    if store.latest(kb) is not None:
+        return store_dir
     chunks = [c for p in pages for c in chunk_page(p)]
     start = time.perf_counter()
     vectors, _ = embed_chunks(embedder, chunks, {}, batch_size=64, progress=_progress)
-    print(f"  embedded {len(chunks)} chunks in {time.perf_counter() - start:.0f} s")
-    staging = store.staging_dir(KB)
-    version = new_version_id(digest.hexdigest())
+    print(f"  {kb}: embedded {len(chunks)} chunks in {time.perf_counter() - start:.0f} s")
+    staging = store.staging_dir(kb)
+    version = new_version_id(digest)
     write_snapshot(
         staging,
-        knowledge_base=KB,
+        knowledge_base=kb,
         version=version,
         embedder=embedder.info,
         chunks=chunks,
@@ -176,9 +184,9 @@ def dstc_store(data: Dstc, embedder: Embedder) -> Path:
         hnsw_m=HNSW.m,
         hnsw_ef_construction=HNSW.ef_construction,
         target_recall=HNSW.target_recall,
-        sources=[KB],
+        sources=sorted({p.source for p in pages}),
     )
-    store.publish(KB, staging, version)
+    store.publish(kb, staging, version)
     return store_dir
 
 

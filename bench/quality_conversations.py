@@ -1,0 +1,406 @@
+"""Follow-ups on every kind of conversation: hit@3 and MRR@10 of judged user turns, per set.
+
+    .venv/bin/python -m bench.quality_conversations [--quick] [--sets dstc11,doc2dial,...]
+                                                     [--data ../shared/data] [--out DIR]
+
+Every dialogue is driven turn by turn through the real ``sidecar.engine.Engine`` in-process
+(one session per dialogue; user turns as ``Speaker.USER``, agent turns as ``Speaker.AGENT``, in
+the order they were said; a budget so large that the embedder never misses it). A judged user
+turn is scored on the engine's answer to that Turn (``session``), and beside it, through the same
+engine's Search and so measured the same way:
+
+* ``last_turn``: the judged turn alone;
+* ``joined3``: the last three turns (user and agent alike) joined with spaces;
+* the set's ceiling: the gold entity or page title prefixed ("gold: turn"), never an input to
+  the session;
+* ``best_naive = max(last_turn, joined3)`` and ``session - best_naive``.
+
+Each figure is also given for the judged turns right after an agent question (the agent's
+previous turn ends with "?"), where the content is often in that question. The sets are in
+``bench.conversations`` (``dstc11``, ``doc2dial``), ``bench.spoken`` (``dstc11-spoken``) and
+``bench.topics`` (``topics``: stand-alone questions and follow-ups in one session); ``cast`` is
+``bench.quality_turns``' TREC CAsT rewrite closeness, reported beside them.
+
+As a library, with a variant of the engine and no snapshot rebuilt (each set's snapshot is
+cached under ``bench/.cache/`` by the hash of what shapes it)::
+
+    from bench.quality_conversations import measure
+    result = asyncio.run(measure(data_dir, sets=("doc2dial",),
+                                 sidecar={"followups": {"fold": "referring"}}))
+
+``sidecar`` is merged into the ``[sidecar]`` table of the evaluation config (so it is validated
+as a user's would be); ``serve`` replaces how an ``Engine`` is made from that config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from bench import conversations, quality_turns, spoken, topics
+from bench.conversations import ConversationSet, Dialogue
+from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking
+from index.config import Config, parse_config
+from index.embedders.base import Embedder
+from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput
+from sidecar.skip import Skip
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results" / "quality_conversations.json"
+DEFAULT_DATA = quality_turns.DEFAULT_DATA
+JOINED = 3  # turns joined for the joined3 baseline, the judged one included
+EXAMPLES = 6  # judged turns per set kept in the JSON to read the session's queries by eye
+BASELINES = ("last_turn", "joined3")
+
+Serve = Callable[[Config, Embedder], AbstractAsyncContextManager[Engine]]
+
+
+@asynccontextmanager
+async def served(config: Config, embedder: Embedder) -> AsyncIterator[Engine]:
+    """The engine of a real sidecar built from ``config`` (``create_server``, port 0)."""
+    from sidecar.server import create_server
+
+    sidecar = await create_server(config, embedder=embedder, poll=False)
+    try:
+        yield sidecar.engine
+    finally:
+        await sidecar.stop(0.5)
+
+
+def eval_config(store_dir: Path, sidecar: dict[str, Any] | None = None) -> Config:
+    """``bench.quality_turns``' evaluation config, with ``sidecar`` merged into ``[sidecar]``."""
+    raw: dict[str, Any] = {
+        "index": {"store": str(store_dir)},
+        "sidecar": {
+            "store": str(store_dir),
+            "listen": "127.0.0.1:0",
+            "max_results": EVAL_DEPTH,
+            "min_score": 0.0,
+            "budget_ms": EVAL_BUDGET_MS,
+            **(sidecar or {}),
+        },
+    }
+    return parse_config(raw, base=store_dir.parent)
+
+
+# -- scoring ------------------------------------------------------------------------------------
+
+
+class Scores:
+    """The rankings of one bucket of judged turns: the session, the baselines, the ceiling."""
+
+    def __init__(self, ceiling: str) -> None:
+        self.ceiling = ceiling
+        self.modes = {name: Ranking() for name in ("session", *BASELINES, ceiling)}
+        self.skipped = 0
+        self.degraded = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: r.as_dict() for name, r in self.modes.items()}
+        out["session"] |= {"skipped": self.skipped, "degraded": self.degraded}
+        if not self.modes["session"].n:
+            return out
+        best = max(BASELINES, key=lambda m: (out[m]["hit_at_3"], out[m]["mrr_at_10"]))
+        out["best_naive"] = {"mode": best, **out[best]}
+        out["session_minus_best_naive"] = {
+            k: round(out["session"][k] - out[best][k], 4) for k in ("hit_at_3", "mrr_at_10")
+        }
+        return out
+
+
+def _paths(hits: Sequence[Any]) -> list[str]:
+    return [h.chunk.source_path for h in hits]
+
+
+def joined(turns: Sequence[conversations.Said], i: int) -> str:
+    """The last ``JOINED`` turns up to ``i`` joined, cut at the front to what a query may hold."""
+    text = " ".join(t.text for t in turns[max(0, i - JOINED + 1) : i + 1])
+    return text[-MAX_TEXT_CHARS:]
+
+
+class Runner:
+    """Drives a set's dialogues through one engine and scores the judged turns."""
+
+    def __init__(self, cs: ConversationSet, engine: Engine) -> None:
+        self.cs = cs
+        self.engine = engine
+        self.all = Scores(cs.ceiling)
+        self.after_question = Scores(cs.ceiling)
+        self.examples: list[dict[str, Any]] = []
+
+    async def search(self, query: str) -> list[str]:
+        if not query.strip():
+            return []
+        result = await self.engine.search(
+            SearchInput(query=query, knowledge_base=self.cs.knowledge_base, limit=EVAL_DEPTH)
+        )
+        return _paths(result.hits)
+
+    async def dialogue(self, d: Dialogue) -> None:
+        sid = f"{self.cs.name}-{d.dialogue_id}"
+        for i, said in enumerate(d.turns):
+            result = await self.engine.turn(
+                TurnInput(
+                    session_id=sid,
+                    text=said.text[:MAX_TEXT_CHARS],
+                    knowledge_base=self.cs.knowledge_base,
+                    speaker=said.speaker,
+                    budget_ms=EVAL_BUDGET_MS,
+                )
+            )
+            if said.qid and said.speaker == Speaker.USER:
+                ranked = {"session": _paths(result.hits)}
+                ranked |= await self.baselines(d, i)
+                self.score(d, i, ranked, result.skipped is not Skip.NOT_SKIPPED, result.degraded)
+                if len(self.examples) < EXAMPLES and result.query != said.text:
+                    self.examples.append({"turn": said.text, "query": result.query})
+        self.engine.end_session(sid)
+
+    async def baselines(self, d: Dialogue, i: int) -> dict[str, list[str]]:
+        said = d.turns[i]
+        return {
+            "last_turn": await self.search(said.text),
+            "joined3": await self.search(joined(d.turns, i)),
+            self.cs.ceiling: await self.search(f"{self.cs.gold[said.qid]}: {said.text}"),
+        }
+
+    def score(
+        self, d: Dialogue, i: int, ranked: dict[str, list[str]], skipped: bool, degraded: bool
+    ) -> None:
+        relevant = self.cs.qrels[d.turns[i].qid]
+        buckets = [self.all]
+        if conversations.after_agent_question(d.turns, i):
+            buckets.append(self.after_question)
+        for bucket in buckets:
+            for mode, paths in ranked.items():
+                bucket.modes[mode].add(paths, set(relevant))
+            bucket.skipped += skipped
+            bucket.degraded += degraded
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.all.as_dict(),
+            "after_agent_question": self.after_question.as_dict(),
+            "dialogues": len(self.cs.dialogues),
+            "base": self.cs.notes,
+            "examples": self.examples,
+        }
+
+
+async def score_set(cs: ConversationSet, engine: Engine) -> dict[str, Any]:
+    """Every dialogue of ``cs`` through ``engine``: the figures of the module docstring."""
+    runner = Runner(cs, engine)
+    for d in cs.dialogues:
+        await runner.dialogue(d)
+    return runner.as_dict()
+
+
+# -- the sets -----------------------------------------------------------------------------------
+
+
+def dstc11_spoken(data_dir: Path, quick: bool, tiny: bool = False) -> ConversationSet:
+    return spoken.spoken(conversations.dstc11(data_dir, quick, tiny))
+
+
+DIALOGUE_SETS: dict[str, Callable[[Path, bool, bool], ConversationSet]] = {
+    "dstc11": conversations.dstc11,
+    "dstc11-spoken": dstc11_spoken,
+    "doc2dial": conversations.doc2dial,
+}
+SETS = (*DIALOGUE_SETS, "topics", "cast")
+
+
+async def measure(
+    data_dir: Path,
+    *,
+    sets: Sequence[str] = SETS,
+    quick: bool = False,
+    sidecar: dict[str, Any] | None = None,
+    serve: Serve = served,
+    embedder: Embedder | None = None,
+    tiny: bool = False,
+) -> dict[str, Any]:
+    """Every figure of ``sets`` as a dict (``{"sets": {NAME: ...}, "table": {NAME: ...}}``).
+
+    ``tiny`` is the smoke test's: a dozen judged turns a set over bases cut to them.
+    """
+    unknown = [s for s in sets if s not in SETS]
+    if unknown:
+        raise ValueError(f"unknown conversation sets {unknown}; known: {', '.join(SETS)}")
+    own_embedder = embedder is None
+    if embedder is None:
+        from index.embedders.local import LocalEmbedder
+
+        embedder = LocalEmbedder()
+    out: dict[str, Any] = {}
+    try:
+        for name in sets:
+            started = time.perf_counter()
+            out[name] = await _one_set(name, data_dir, (quick, tiny), sidecar, serve, embedder)
+            out[name]["seconds"] = round(time.perf_counter() - started, 1)
+            print(f"{name}: {json.dumps(summary_row(name, out[name]))}", flush=True)
+    finally:
+        if own_embedder:
+            await embedder.aclose()
+    return {"sets": out, "table": {name: summary_row(name, r) for name, r in out.items()}}
+
+
+async def _one_set(
+    name: str,
+    data_dir: Path,
+    size: tuple[bool, bool],
+    sidecar: dict[str, Any] | None,
+    serve: Serve,
+    embedder: Embedder,
+) -> dict[str, Any]:
+    quick, tiny = size
+    quick = quick or tiny
+    if name == "cast":
+        path = data_dir / "followups-trec-cast" / "followup_turns.jsonl"
+        return await asyncio.to_thread(quality_turns.cast_quality, path, embedder, quick)
+    if name == "topics":
+        return await _topics(data_dir, quick, sidecar, serve, embedder)
+    cs = DIALOGUE_SETS[name](data_dir, quick, tiny)
+    store_dir = await asyncio.to_thread(cs.store, embedder)
+    async with serve(eval_config(store_dir, sidecar), embedder) as engine:
+        return await score_set(cs, engine)
+
+
+async def _topics(
+    data_dir: Path,
+    quick: bool,
+    sidecar: dict[str, Any] | None,
+    serve: Serve,
+    embedder: Embedder,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for base in topics.QUICK_BASES if quick else tuple(topics.BASES):
+        folder = data_dir / topics.BASES[base]
+        store_dir = await asyncio.to_thread(topics.docs_store, base, folder / "docs", embedder)
+        async with serve(eval_config(store_dir, sidecar), embedder) as engine:
+            out[base] = await topics.topic_quality(base, folder, engine)
+    return out
+
+
+def summary_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
+    """One line of the table: hit@3 of each mode, the gain over the best naive baseline."""
+    if "session" not in result or "best_naive" not in result:
+        return {k: v for k, v in result.items() if not isinstance(v, dict | list)}
+    ceiling = next(k for k in result if k.startswith("gold_"))
+    after = result["after_agent_question"]
+    return {
+        "session": result["session"]["hit_at_3"],
+        "last_turn": result["last_turn"]["hit_at_3"],
+        "joined3": result["joined3"]["hit_at_3"],
+        "best_naive": result["best_naive"]["hit_at_3"],
+        "gain": result["session_minus_best_naive"]["hit_at_3"],
+        "ceiling": result[ceiling]["hit_at_3"],
+        "session_mrr": result["session"]["mrr_at_10"],
+        "turns": result["session"]["turns"],
+        "afterq_session": after["session"]["hit_at_3"],
+        "afterq_best": after.get("best_naive", {}).get("hit_at_3"),
+        "afterq_turns": after["session"]["turns"],
+    }
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    """The summary rows as plain-text tables: the dialogue sets (hit@3 of each mode) first, then
+    each other kind of row (topics, cast) under its own header."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, row in rows.items():
+        groups.setdefault(tuple(row), []).append(name)
+    blocks = []
+    for cols, names in groups.items():
+        title = "hit@3" if "session" in cols else names[0].split("-")[0]
+        lines = [f"{title:<16}" + "".join(f" {c:>14.14}" for c in cols)]
+        for name in names:
+            lines.append(f"{name:<16}" + "".join(f" {_cell(rows[name][c]):>14}" for c in cols))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:+.3f}" if value < 0 else f"{value:.3f}"
+    return str(value)
+
+
+def topics_row(result: dict[str, Any]) -> dict[str, Any]:
+    """One base's line: stand-alone questions kept as asked alone, follow-ups resolved."""
+    return {
+        "same_top1": result["standalone_same_top1"],
+        "standalone": result["standalone_turns"],
+        "followup_hit3": result["followup_hit_at_3"],
+        "alone_hit3": result["followup_alone_hit_at_3"],
+        "joined_hit3": result["followup_joined_hit_at_3"],
+        "followups": result["followups"],
+    }
+
+
+def cast_row(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "turns": result["turns"],
+        "raw_recall": result["raw_turn"]["content_recall"],
+        "session_recall": result["session"]["content_recall"],
+        "raw_cosine": result["raw_turn"]["cosine"],
+        "session_cosine": result["session"]["cosine"],
+    }
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+async def run(
+    data_dir: Path, quick: bool, sets: Sequence[str] = SETS, **kwargs: Any
+) -> dict[str, Any]:
+    """``python -m bench quality``'s entry point: every set, or why none ran."""
+    if not await asyncio.to_thread(data_dir.is_dir):
+        print(f"conversations: skipped: shared data not present: {data_dir}")
+        return {"skipped": f"shared data not present: {data_dir}"}
+    started = time.perf_counter()
+    result = await measure(data_dir, sets=sets, quick=quick, **kwargs)
+    if "cast" in result["sets"]:
+        result["table"]["cast"] = cast_row(result["sets"]["cast"])
+    if "topics" in result["sets"]:
+        del result["table"]["topics"]
+        for base, row in result["sets"]["topics"].items():
+            if isinstance(row, dict):
+                result["table"][f"topics-{base}"] = topics_row(row)
+    return {
+        "quick": quick,
+        "python": platform.python_version(),
+        **result,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small slices (smoke mode)")
+    parser.add_argument("--sets", default=",".join(SETS), help=f"of {','.join(SETS)}")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--out", type=Path, help="folder for quality_conversations.json")
+    args = parser.parse_args(argv)
+    sets = tuple(s for s in args.sets.split(",") if s)
+    result = asyncio.run(run(args.data, args.quick, sets))
+    if "skipped" in result:
+        return 0
+    print(table(result["table"]))
+    path = args.out / RESULTS.name if args.out else RESULTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path} in {result['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
