@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -23,11 +23,12 @@ from index.config import SidecarConfig
 from index.embedders.base import Embedder, Vectors
 from index.errors import SnapshotNotFound
 from index.snapshot import LoadedSnapshot
+from index.types import Chunk
 from sidecar import followups, relevance
 from sidecar.budget import Budget
 from sidecar.errors import InvalidArgument, NotFound
 from sidecar.holder import SnapshotHolder
-from sidecar.limits import truncated as input_truncated
+from sidecar.limits import TokenLimited
 from sidecar.query_embedder import QueryEmbedder
 from sidecar.sessions import Hit, Mention, Session, SessionStore
 from sidecar.skip import Skip, SkipPolicy
@@ -42,6 +43,16 @@ MAX_SESSION_ID = 256
 # folded query's best for the turn to keep its own result: a new question is not bent to the
 # conversation's entity, while a follow-up whose words fit many entities' chunks still is.
 STANDALONE_MARGIN = 0.05
+# The page prior (doc2dial-style dialogues stay on one help page): each searched turn counts the
+# pages of its top PRIOR_COUNTED chunks, by score; a chunk on a page the conversation found gets
+# up to +PRIOR_BONUS (the most found page) among the top PRIOR_DEPTH. Measured on doc2dial-dev.
+PRIOR_COUNTED = 5
+PRIOR_BONUS = 0.2
+PRIOR_DEPTH = 20
+MAX_PAGES = 64  # pages a session keeps counts for
+MAX_UNREAD = 4  # agent turns waiting for the next user turn to be counted
+MAX_READ_LATER = 4  # agent turns embedded in the background at once, all sessions together
+READ_LATER_S = 2.0  # an agent turn's embedding still running this long after it came is dropped
 
 
 class Speaker:
@@ -164,6 +175,12 @@ class Engine:
         self.default_knowledge_base = default_knowledge_base
         self.counters = Counters()
         self.vectors = QueryEmbedder(embedder, config.query_cache_size)
+        self._reading: set[asyncio.Task[Vectors | None]] = set()  # agent turns being embedded
+        # whether the embedder reads less than all of a query (sidecar.limits.truncated); the
+        # protocol check is slow, so it is made once here rather than on every turn
+        self._truncates: Callable[[str], bool] = _reads_everything
+        if isinstance(embedder, TokenLimited):
+            self._truncates = embedder.truncates
 
     # -- entry points -------------------------------------------------------------------------
 
@@ -187,6 +204,7 @@ class Engine:
         mentions = followups.gazetteer(snapshot).find(utterance.tokens)
         if req.speaker == Speaker.AGENT:
             self._record(session, Speaker.AGENT, utterance, mentions)
+            self._read_later(session, utterance)
             return self._skipped(session, Skip.AGENT_TURN, snapshot, budget)
         skip = self._skip(session, utterance)
         if skip is not Skip.NOT_SKIPPED:
@@ -199,8 +217,11 @@ class Engine:
             query, result = taken.query, taken.result
             self.counters.prefetched += 1
         else:
-            query, result = await self._retrieve(snapshot, kb, req, plan, budget, taken is None)
-        self._remember(session, result.hits, plan.followup)
+            if plan.prior:
+                await self._read(session, snapshot, budget)
+            embed = taken is None
+            query, result = await self._retrieve(snapshot, kb, req, session, plan, budget, embed)
+        self._remember(session, result.hits)
         if result.degraded:
             self.counters.degraded += 1
         return TurnResult(
@@ -216,7 +237,7 @@ class Engine:
                 total_ms=budget.elapsed_ms(),
             ),
             prefetched=taken is not None and taken.result is not None,
-            truncated=input_truncated(self.embedder, query),
+            truncated=self._truncates(query),
             followup=plan.followup if query == plan.query else followups.NO_FOLLOWUP,
         )
 
@@ -225,6 +246,7 @@ class Engine:
         snapshot: LoadedSnapshot,
         kb: str,
         req: TurnInput,
+        session: Session,
         plan: followups.Plan,
         budget: Budget,
         embed: bool,
@@ -232,25 +254,52 @@ class Engine:
         """Search the plan's query; when the plan says so, the turn alone too (both embedded
         at once), and keep the turn's own result when it confidently prefers another chunk."""
         queries = [plan.query, req.text] if plan.alone else [plan.query]
-        results = await asyncio.gather(
-            *(
-                self._search(
-                    snapshot,
-                    kb,
-                    query,
-                    budget,
-                    limit=self.config.max_results,
-                    min_score=self.config.min_score,
-                    sources=req.sources,
-                    context_url=req.context_url,
-                    embed=embed,
-                )
-                for query in queries
+        priors = [session.pages if plan.prior and session.pages else None, None]
+        searches = [
+            self._search(
+                snapshot,
+                kb,
+                query,
+                budget,
+                limit=self.config.max_results,
+                min_score=self.config.min_score,
+                sources=req.sources,
+                context_url=req.context_url,
+                embed=embed,
+                prior=prior,
             )
-        )
-        if len(results) == 2 and _stands_alone(folded=results[0], alone=results[1]):
-            return req.text, results[1]
+            for query, prior in zip(queries, priors, strict=False)
+        ]
+        results = await asyncio.gather(*searches) if len(searches) > 1 else [await searches[0]]
+        own = results[-1]  # the turn's own words' result: what the conversation's pages count
+        _count_pages(session, [(hit.chunk, hit.score) for hit in own.hits[:PRIOR_COUNTED]])
+        if len(results) == 2 and _stands_alone(folded=results[0], alone=own):
+            return req.text, own
         return queries[0], results[0]
+
+    def _read_later(self, session: Session, utterance: followups.Utterance) -> None:
+        """Embed an agent turn in the background (it is read by the next user turn's page
+        prior), off the caller's path and bounded: beyond MAX_READ_LATER at once, it waits."""
+        if not self.config.followups.enabled or not utterance.words:
+            return
+        session.unread = [*session.unread[-MAX_UNREAD + 1 :], utterance.text]
+        if len(self._reading) >= MAX_READ_LATER:
+            return
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self.vectors.get(utterance.text, loop.time() + READ_LATER_S))
+        self._reading.add(task)
+        task.add_done_callback(self._reading.discard)
+
+    async def _read(self, session: Session, snapshot: LoadedSnapshot, budget: Budget) -> None:
+        """Count the pages the agent's turns since the last user turn are about: their vectors
+        were embedded when they arrived (or are joined now, within the turn's embedding time)."""
+        unread, session.unread = session.unread, []
+        for text in unread:
+            vector = await self.vectors.get(text, budget.embed_deadline())
+            if vector is None:
+                continue
+            found = snapshot.search_dense(vector, PRIOR_COUNTED)
+            _count_pages(session, [(snapshot.chunks[label], score) for label, score in found])
 
     def plan(self, req: TurnInput) -> Planned | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
@@ -291,6 +340,9 @@ class Engine:
 
     async def aclose(self) -> None:
         """Cancel query embeddings still running in the background."""
+        for task in list(self._reading):
+            task.cancel()
+        await asyncio.gather(*self._reading, return_exceptions=True)
         await self.vectors.aclose()
 
     async def search(self, req: SearchInput) -> SearchResult:
@@ -346,6 +398,7 @@ class Engine:
         context_url: str = "",
         vector: Vectors | None = None,
         embed: bool = True,
+        prior: Mapping[str, float] | None = None,
     ) -> SearchResult:
         """Embed under the budget (unless given a vector, or told not to), then rank."""
         start = time.perf_counter()
@@ -361,6 +414,7 @@ class Engine:
             sources=sources,
             context_url=context_url,
             embed_ms=(time.perf_counter() - start) * 1000.0,
+            prior=prior,
         )
 
     def _rank(
@@ -375,6 +429,7 @@ class Engine:
         sources: Sequence[str],
         context_url: str,
         embed_ms: float,
+        prior: Mapping[str, float] | None = None,
     ) -> SearchResult:
         start = time.perf_counter()
         ranked = relevance.rank(
@@ -382,7 +437,7 @@ class Engine:
             relevance.Query(
                 text=query,
                 vector=vector,
-                limit=limit,
+                limit=max(limit, PRIOR_DEPTH) if prior else limit,
                 min_score=min_score,
                 min_lexical_score=self.config.min_lexical_score,
                 sources=sources,
@@ -395,6 +450,8 @@ class Engine:
             Hit(knowledge_base=kb, chunk=snapshot.chunks[label], score=score)
             for label, score in ranked
         ]
+        if prior:
+            hits = _lifted(hits, prior)[:limit]
         return SearchResult(
             hits=hits,
             snapshot_version=snapshot.version,
@@ -453,13 +510,9 @@ class Engine:
     ) -> None:
         followups.remember(session, session.record_turn(speaker, utterance.text, mentions))
 
-    def _remember(
-        self, session: Session, hits: list[Hit], followup: followups.FollowUp | None = None
-    ) -> None:
+    @staticmethod
+    def _remember(session: Session, hits: list[Hit]) -> None:
         session.retain(hits)
-        if hits and (followup is None or followup.source != followups.Source.TOPIC):
-            # a search folded with the topic must not set it: it would only confirm itself
-            session.topic = followups.chunk_entity(hits[0].chunk)
 
     def _context_limit(self) -> int:
         return self.config.context_turns * self.config.max_results
@@ -496,6 +549,39 @@ class Engine:
         if not np.isfinite(norm) or norm == 0.0:
             raise InvalidArgument("vector must be finite and non-zero")
         return vector / norm
+
+
+def _count_pages(session: Session, found: Sequence[tuple[Chunk, float]]) -> None:
+    """Add what one turn's search found to the session's pages (``Session.pages``)."""
+    for chunk, score in found:
+        page = followups.chunk_entity(chunk)
+        session.pages[page] = session.pages.get(page, 0.0) + max(score, 0.0)
+    if len(session.pages) > MAX_PAGES:  # keep the pages most found
+        kept = sorted(session.pages.items(), key=lambda kv: -kv[1])[:MAX_PAGES]
+        session.pages = dict(kept)
+
+
+def _lifted(hits: list[Hit], pages: Mapping[str, float]) -> list[Hit]:
+    """The hits re-ranked with the page prior: + PRIOR_BONUS times how much the conversation
+    found a hit's page, relative to the page it found most (the score reported is the lifted
+    one, as ``context_url``'s bonus is)."""
+    most = max(pages.values())
+    if most <= 0.0:
+        return hits
+    lifted = [
+        replace(
+            hit,
+            score=hit.score
+            + PRIOR_BONUS * pages.get(followups.chunk_entity(hit.chunk), 0.0) / most,
+        )
+        for hit in hits
+    ]
+    lifted.sort(key=lambda hit: -hit.score)
+    return lifted
+
+
+def _reads_everything(text: str) -> bool:
+    return False
 
 
 def _stands_alone(folded: SearchResult, alone: SearchResult) -> bool:

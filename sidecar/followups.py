@@ -30,6 +30,7 @@ topic. ``TurnResponse.followup`` shows what was folded in, from where, and how s
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import unicodedata
@@ -97,6 +98,9 @@ class Source:
 
 
 SHORT_TURN = 5  # words; a turn this short rarely names its own topic
+RECENT_JOINED = 2  # turns before this one joined with it: on doc2dial as good as more, cheaper
+RECENT_CONFIDENCE = 0.5  # nothing names what the recent turns are about: a guess, said as one
+MAX_FOLDED_WORDS = 60  # of the agent's turns folded into an answer: the caller's words stay read
 ANSWER_CONTENT_WORDS = 3  # an answer with more content words than this is its own question
 MAX_NAME_TOKENS = 8  # longer "names" are sentences (an FAQ's question), never said as a name
 MIN_ALIAS_CHARS = 4  # a shorter partial name ("j", "hk") matches ordinary words
@@ -108,6 +112,9 @@ GAZETTEERS_KEPT = 8  # one per loaded snapshot version; a swap leaves the old on
 # A match is used when at least this share of the chunks holding its words are the entity's own:
 # below it, the words are about as often ordinary text elsewhere in the base.
 MIN_CONFIDENCE = 0.5
+SOUND_MIN_CHARS = 6  # a shorter name sounds like too many ordinary words
+SOUND_MIN_CODE = 4  # consonant sounds; fewer match ordinary words ("lfl" is "lovely", "lovell")
+SOUND_SURE = 0.9  # only names this distinctive are matched by how they sound
 NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
 AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
@@ -115,8 +122,10 @@ FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent
 
 def tokens(text: str) -> list[str]:
     """Lower-case word tokens with accents, apostrophes and '&' normalised for name matching."""
-    text = unicodedata.normalize("NFKD", text.lower())
-    text = "".join(c for c in text if not unicodedata.combining(c))
+    text = text.lower()
+    if not text.isascii():
+        text = unicodedata.normalize("NFKD", text)
+        text = "".join(c for c in text if not unicodedata.combining(c))
     text = text.replace("&", " and ").replace("'", "").replace("’", "")
     return re.findall(r"[a-z0-9]+", text)
 
@@ -151,11 +160,45 @@ NO_FOLLOWUP = FollowUp()  # searched as said
 @dataclass(frozen=True, slots=True)
 class Plan:
     """How to search one user turn: ``query``; when ``alone`` the turn alone is searched too and
-    kept when it is the more confident (it does not refer back, yet an entity was folded in)."""
+    kept when it is the more confident (a new question is not bent to the conversation); with
+    ``prior`` the pages the conversation has been on are lifted (``Session.pages``)."""
 
     query: str
     followup: FollowUp
     alone: bool = False
+    prior: bool = False  # the pages the conversation has been on get a small bonus
+
+
+_SOUNDS = tuple(
+    (re.compile(pattern), said)
+    for pattern, said in (
+        ("ph", "f"), ("gh", "g"), ("ck", "k"), ("qu", "kw"), ("q", "k"), ("x", "ks"),
+        ("wh", "w"), ("th", "t"), ("[sc]h", "s"), ("c(?=[eiy])", "s"), ("c", "k"), ("z", "s"),
+        ("v", "f"), ("d", "t"), ("b", "p"), ("g", "k"), ("[wh](?![aeiouy])", ""),
+    )
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def sounds(token: str) -> tuple[str, str]:
+    """How a word sounds, roughly (a Metaphone-like code: voicing and vowels ignored, doubled
+    letters once), as the first word of a name and as a later one: ("lovell" -> "lfl", "fl")."""
+    w = token
+    for pattern, said in _SOUNDS:
+        w = pattern.sub(said, w)
+    tail = re.sub(r"[aeiouyhw]", "", w[1:])
+    first = "a" if w[:1] in "aeiouy" else w[:1]
+    return _once(first + tail), _once(("" if first == "a" else first) + tail)
+
+
+def _once(code: str) -> str:
+    return re.sub(r"(.)\1+", r"\1", code)
+
+
+def sound_of(toks: Sequence[str]) -> str:
+    """The sound of words said together ("low value" sounds like "lovell")."""
+    codes = [sounds(t) for t in toks]
+    return _once(codes[0][0] + "".join(later for _, later in codes[1:])) if codes else ""
 
 
 def chunk_entity(chunk: Chunk) -> str:
@@ -217,8 +260,28 @@ class Gazetteer:
         for key in self._long:
             for variant in _deletions(key):
                 self._near.setdefault(variant, set()).add(key)
+        self._sounding = self._sound_keys(stripped)
+        # one edit keeps the first letter and the length within one: most spans are not tried
+        self._initials = frozenset(k[0] for k in self._long)
+        lengths = [len(k) for k in self._long] or [0]
+        self._lengths = (max(FUZZY_MIN_CHARS, min(lengths) - 1), max(lengths) + 1)
+        self._function_words = function_words
         self._span = max((len(t) for t in named.values()), default=0)
         self.size = len(named)
+
+    def _sound_keys(self, stripped: dict[str, list[str]]) -> dict[str, str]:
+        """The sound of each long, sure key (a whole name or its distinctive words) -> the key,
+        for names heard wrong ("low value" for "Lovell"); a sound two keys share is dropped."""
+        owners: dict[str, set[str]] = {}
+        for key, name in self._keys.items():
+            if name is None or len(key) < SOUND_MIN_CHARS or self._sure.get(key, 1.0) < SOUND_SURE:
+                continue
+            toks = stripped[name]
+            said = toks if key == "".join(toks) else _core_of(key, toks)
+            code = sound_of(said)
+            if len(code) >= SOUND_MIN_CODE:
+                owners.setdefault(code, set()).add(key)
+        return {code: next(iter(keys)) for code, keys in owners.items() if len(keys) == 1}
 
     def mentions(self, text: str) -> list[str]:
         """The entity names a text mentions confidently, in order of first mention."""
@@ -246,15 +309,22 @@ class Gazetteer:
                 if key in self._partial and i + n < len(toks) and toks[i + n] in self._streets:
                     return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
                 return n, key, False
+        if toks[i] in self._function_words:
+            return 1, "", False
+        if toks[i][:1] in self._initials:
+            for n in range(min(longest, FUZZY_MAX_TOKENS), 0, -1):
+                key = self._near_match("".join(toks[i : i + n]))
+                if key:
+                    return n, key, True
         for n in range(min(longest, FUZZY_MAX_TOKENS), 0, -1):
-            key = self._near_match("".join(toks[i : i + n]))
+            key = self._sounding.get(sound_of(toks[i : i + n]), "") if self._sounding else ""
             if key:
                 return n, key, True
         return 1, "", False
 
     def _near_match(self, key: str) -> str:
         """The one name key within one edit of ``key`` (first letter kept), or ""."""
-        if len(key) < FUZZY_MIN_CHARS or not self._long:
+        if not self._lengths[0] <= len(key) <= self._lengths[1]:
             return ""
         candidates = set(self._near.get(key, ()))
         for variant in _deletions(key):
@@ -478,14 +548,19 @@ def answers(utterance: Utterance) -> bool:
 
 
 def agent_question(session: Session) -> str:
-    """The agent's question, when the agent spoke last and ended on a question; else ""."""
+    """What the agent said since the caller's last turn, when it ended on a question ("You need
+    to prove your status. Do you want to know how?": the question alone may carry no content);
+    else ""."""
     if not session.turns or session.turns[-1].speaker != AGENT:
         return ""
-    said = session.turns[-1].text
-    if not is_question(said):
+    if not is_question(session.turns[-1].text):
         return ""
-    sentences = [s for s in re.split(r"(?<=[.!?])\s+", said.strip()) if s]
-    return sentences[-1] if sentences else said
+    said: list[str] = []
+    for turn in reversed(session.turns):
+        if turn.speaker != AGENT:
+            break
+        said.append(turn.text.strip())
+    return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
 
 
 def plan(
@@ -509,19 +584,22 @@ def plan(
         entity = None
     if question:
         used = f"{entity.name}: {question}" if entity is not None else question
-        return Plan(f"{used} {text}", FollowUp(used, Source.AGENT_QUESTION, 1.0))
+        return Plan(f"{used} {text}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
     if entity is not None:
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
         return Plan(f"{entity.name}: {text}", folded, alone=not refers)
-    if not refers:
-        return Plan(text, NO_FOLLOWUP)
-    lower = text.lower()
-    if session.topic and session.topic.lower() not in lower:
-        return Plan(f"{session.topic}: {text}", FollowUp(session.topic, Source.TOPIC, 0.5))
-    subject = _subject(session)
-    if subject and subject not in lower:
-        return Plan(f"{subject}: {text}", FollowUp(subject, Source.RECENT_TURNS, 0.5))
-    return Plan(text, NO_FOLLOWUP)
+    recent = _recent(session)
+    if recent:
+        joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
+        return Plan(f"{recent} {text}", joined, alone=not refers, prior=True)
+    return Plan(text, NO_FOLLOWUP, prior=True)
+
+
+def _recent(session: Session) -> str:
+    """The last RECENT_JOINED turns' words (either speaker), oldest first, for a turn that
+    names nothing and follows no named entity: the conversation it continues."""
+    said = [t.text.strip() for t in list(session.turns)[-RECENT_JOINED:]]
+    return " ".join(" ".join(said).split()[-MAX_FOLDED_WORDS:])
 
 
 def rewrite(
@@ -561,20 +639,3 @@ def remember(session: Session, said: Said) -> None:
     weight = best.confidence * (AGENT_WEIGHT if said.speaker == AGENT else 1.0)
     if weight >= session.weight:
         session.entity, session.weight = best, weight
-
-
-def _self_contained(text: str) -> str:
-    """A turn's content words when it has no pronoun to resolve ("throat cancer"), else ""."""
-    toks = [w for w in words(text) if w not in FILLERS_EN]
-    if any(t in REFERRING_EN for t in toks):
-        return ""
-    return " ".join(t for t in toks if t not in FUNCTION_WORDS_EN)
-
-
-def _subject(session: Session) -> str:
-    """The content words of the caller's newest self-contained turn ("throat cancer")."""
-    for said in reversed(session.turns):
-        subject = _self_contained(said.text) if said.speaker == USER else ""
-        if subject:
-            return subject
-    return ""

@@ -64,7 +64,8 @@ class Session:
     context_turns: int
     turns: deque[Said] = field(default_factory=lambda: deque(maxlen=RECENT_TURNS))
     retained: deque[tuple[Hit, ...]] = field(init=False)
-    topic: str = ""  # the entity of the last top hit: a follow-up's fallback referent
+    pages: dict[str, float] = field(default_factory=dict)  # entity -> how much turns found it
+    unread: list[str] = field(default_factory=list)  # agent turns not yet counted in ``pages``
     entity: Mention | None = None  # the entity the conversation is about now (followups.py)
     weight: float = 0.0  # how strongly ``entity`` was last named; fades with each turn
     options: tuple[str, ...] = ()  # the entities the agent last listed, in its order
