@@ -14,18 +14,17 @@ The session's entity is the newest confidently named one, where the agent's nami
 fades with each turn. A user turn is then searched as (``plan``):
 
     it names an entity itself                      as said                      source "none"
-    it answers the agent's question ("Yes.",       "question turn"              "agent_question"
+    it answers the agent's question ("Yes.",       "agent's turns turn"         "agent_question"
       "I'm a noncitizen adult.")
     an entity is tracked (``fold``)                "entity: turn"               "entity"
-    it refers back, no entity: the entity of the   "topic: turn"                "topic"
-      last top hit of a search not itself folded
-      with the topic (so it cannot feed itself)
-    it refers back, nothing else: the subject of   "subject: turn"              "recent_turns"
-      the caller's last self-contained turn
+    otherwise, after earlier turns                 "last two turns turn"        "recent_turns"
 
-A turn folded with an entity although it does not refer back is also searched alone, and keeps its
-own result when that is the confident one (``Plan.alone``): a new question is not bent to the old
-topic. ``TurnResponse.followup`` shows what was folded in, from where, and how sure it was.
+Turns that do not name an entity also get a prior: chunks of the pages the conversation's
+searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
+are lifted a little (``sidecar.engine``). A folded turn is also searched alone and keeps its own
+result when its own words clearly prefer a chunk on a page the conversation has not been on
+(``Plan.alone``): a new question is not bent to the old topic. ``TurnResponse.followup`` shows
+what was folded in, from where, and how sure it was.
 """
 
 from __future__ import annotations
@@ -94,7 +93,6 @@ class Source:
     ENTITY = "entity"
     AGENT_QUESTION = "agent_question"
     RECENT_TURNS = "recent_turns"
-    TOPIC = "topic"
 
 
 SHORT_TURN = 5  # words; a turn this short rarely names its own topic
@@ -587,11 +585,11 @@ def plan(
         return Plan(f"{used} {text}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
     if entity is not None:
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
-        return Plan(f"{entity.name}: {text}", folded, alone=not refers)
+        return Plan(f"{entity.name}: {text}", folded, alone=True)
     recent = _recent(session)
     if recent:
         joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
-        return Plan(f"{recent} {text}", joined, alone=not refers, prior=True)
+        return Plan(f"{recent} {text}", joined, alone=True, prior=True)
     return Plan(text, NO_FOLLOWUP, prior=True)
 
 
