@@ -585,7 +585,10 @@ def plan(
         return Plan(f"{used} {text}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
     if entity is not None:
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
-        return Plan(f"{entity.name}: {text}", folded, alone=True)
+        # a turn that refers back ("do they take reservations") has no meaning alone
+        return Plan(f"{entity.name}: {text}", folded, alone=not refers)
+    if not refers and config.fold == "referring":
+        return Plan(text, NO_FOLLOWUP)  # a turn of its own is searched as said
     recent = _recent(session)
     if recent:
         joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
