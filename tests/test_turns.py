@@ -157,17 +157,18 @@ async def test_a_self_contained_question_after_a_topic_is_searched_as_itself(
     results = await run_turns(
         base,
         [
-            ("user", "How do I set up Google Drive?"),
+            ("user", "How do I set up my cloud storage?"),
             ("agent", "Run rclone config and pick drive."),
             ("user", question),
-            ("user", "Is there a daily limit?"),
+            ("user", "And after that?"),
         ],
         tmp_path,
     )
     assert results[2].query == question
     assert results[2].followup.source == Source.NONE
     assert results[2].hits[0].chunk.title == "FILTERING"
-    assert results[3].followup.used == "GOOGLE DRIVE"  # follow-ups still resolve
+    assert results[3].followup.source == Source.RECENT_TURNS  # a follow-up is still completed
+    assert question in results[3].query
 
 
 async def test_a_tracked_entity_survives_a_backchannel_and_a_skipped_turn(tmp_path: Path) -> None:
