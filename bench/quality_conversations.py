@@ -1,7 +1,7 @@
 """Follow-ups on every kind of conversation: hit@3 and MRR@10 of judged user turns, per set.
 
     .venv/bin/python -m bench.quality_conversations [--quick] [--sets dstc11,doc2dial,...]
-                                                     [--data ../shared/data] [--out DIR]
+                                        [--per-turn] [--data ../shared/data] [--out DIR]
 
 Every dialogue is driven turn by turn through the real ``sidecar.engine.Engine`` in-process
 (one session per dialogue; user turns as ``Speaker.USER``, agent turns as ``Speaker.AGENT``, in
@@ -16,10 +16,12 @@ engine's Search and so measured the same way:
 * ``best_naive = max(last_turn, joined3)`` and ``session - best_naive``.
 
 Each figure is also given for the judged turns right after an agent question (the agent's
-previous turn ends with "?"), where the content is often in that question. The sets are in
-``bench.conversations`` (``dstc11``, ``doc2dial``), ``bench.spoken`` (``dstc11-spoken``) and
-``bench.topics`` (``topics``: stand-alone questions and follow-ups in one session); ``cast`` is
-``bench.quality_turns``' TREC CAsT rewrite closeness, reported beside them.
+previous turn ends with "?"), where the content is often in that question. ``gold_top1``: how
+often the session's top-1 chunk is about the gold entity or page (its contextual prefix), and
+the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``),
+``bench.spoken`` (``dstc11-spoken``) and ``bench.topics`` (``topics``: stand-alone questions and
+follow-ups in one session); ``cast`` is ``bench.quality_turns``' TREC CAsT rewrite closeness,
+reported beside them.
 
 As a library, with a variant of the engine and no snapshot rebuilt (each set's snapshot is
 cached under ``bench/.cache/`` by the hash of what shapes it)::
@@ -39,8 +41,9 @@ import asyncio
 import json
 import platform
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +52,7 @@ from bench.conversations import ConversationSet, Dialogue
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking
 from index.config import Config, parse_config
 from index.embedders.base import Embedder
-from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput
+from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.skip import Skip
 
 ROOT = Path(__file__).resolve().parent
@@ -101,10 +104,20 @@ class Scores:
         self.modes = {name: Ranking() for name in ("session", *BASELINES, ceiling)}
         self.skipped = 0
         self.degraded = 0
+        self.gold_top1 = 0  # the session's top-1 chunk is about the gold entity or page
+        self.gold_top1_hits = 0  # ... and the session's top 3 hold a relevant chunk
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: r.as_dict() for name, r in self.modes.items()}
-        out["session"] |= {"skipped": self.skipped, "degraded": self.degraded}
+        n = self.modes["session"].n
+        out["session"] |= {
+            "skipped": self.skipped,
+            "degraded": self.degraded,
+            "gold_top1": round(self.gold_top1 / n, 4) if n else None,
+            "hit_at_3_when_gold_top1": (
+                round(self.gold_top1_hits / self.gold_top1, 4) if self.gold_top1 else None
+            ),
+        }
         if not self.modes["session"].n:
             return out
         best = max(BASELINES, key=lambda m: (out[m]["hit_at_3"], out[m]["mrr_at_10"]))
@@ -119,6 +132,15 @@ def _paths(hits: Sequence[Any]) -> list[str]:
     return [h.chunk.source_path for h in hits]
 
 
+def about(hits: Sequence[Any]) -> str:
+    """What the top chunk is about: its contextual prefix (a DSTC11 snippet's entity, a doc2dial
+    section's page title), as the sets' gold names are written."""
+    if not hits:
+        return ""
+    prefix, _, _ = hits[0].chunk.embed_text.partition("\n\n")
+    return prefix
+
+
 def joined(turns: Sequence[conversations.Said], i: int) -> str:
     """The last ``JOINED`` turns up to ``i`` joined, cut at the front to what a query may hold."""
     text = " ".join(t.text for t in turns[max(0, i - JOINED + 1) : i + 1])
@@ -128,9 +150,10 @@ def joined(turns: Sequence[conversations.Said], i: int) -> str:
 class Runner:
     """Drives a set's dialogues through one engine and scores the judged turns."""
 
-    def __init__(self, cs: ConversationSet, engine: Engine) -> None:
+    def __init__(self, cs: ConversationSet, engine: Engine, per_turn: bool = False) -> None:
         self.cs = cs
         self.engine = engine
+        self.per_turn: list[dict[str, Any]] | None = [] if per_turn else None
         self.all = Scores(cs.ceiling)
         self.after_question = Scores(cs.ceiling)
         self.examples: list[dict[str, Any]] = []
@@ -156,12 +179,30 @@ class Runner:
                 )
             )
             if said.qid and said.speaker == Speaker.USER:
-                ranked = {"session": _paths(result.hits)}
-                ranked |= await self.baselines(d, i)
-                self.score(d, i, ranked, result.skipped is not Skip.NOT_SKIPPED, result.degraded)
-                if len(self.examples) < EXAMPLES and result.query != said.text:
-                    self.examples.append({"turn": said.text, "query": result.query})
+                await self.judged(d, i, result)
         self.engine.end_session(sid)
+
+    async def judged(self, d: Dialogue, i: int, result: TurnResult) -> None:
+        said = d.turns[i]
+        ranked = {"session": _paths(result.hits)} | await self.baselines(d, i)
+        buckets = [self.all]
+        if conversations.after_agent_question(d.turns, i):
+            buckets.append(self.after_question)
+        relevant = set(self.cs.qrels[said.qid])
+        on_gold = about(result.hits) == self.cs.gold[said.qid]
+        for bucket in buckets:
+            for mode, paths in ranked.items():
+                bucket.modes[mode].add(paths, relevant)
+            bucket.skipped += result.skipped is not Skip.NOT_SKIPPED
+            bucket.degraded += result.degraded
+            bucket.gold_top1 += on_gold
+            bucket.gold_top1_hits += on_gold and any(p in relevant for p in ranked["session"][:3])
+        if self.per_turn is not None:
+            hits = {m: any(p in relevant for p in paths[:3]) for m, paths in ranked.items()}
+            self.per_turn.append({"qid": said.qid, "turn": said.text, "query": result.query,
+                                  "top1_about": about(result.hits), "hit_at_3": hits})  # fmt: skip
+        if len(self.examples) < EXAMPLES and result.query != said.text:
+            self.examples.append({"turn": said.text, "query": result.query})
 
     async def baselines(self, d: Dialogue, i: int) -> dict[str, list[str]]:
         said = d.turns[i]
@@ -171,19 +212,6 @@ class Runner:
             self.cs.ceiling: await self.search(f"{self.cs.gold[said.qid]}: {said.text}"),
         }
 
-    def score(
-        self, d: Dialogue, i: int, ranked: dict[str, list[str]], skipped: bool, degraded: bool
-    ) -> None:
-        relevant = self.cs.qrels[d.turns[i].qid]
-        buckets = [self.all]
-        if conversations.after_agent_question(d.turns, i):
-            buckets.append(self.after_question)
-        for bucket in buckets:
-            for mode, paths in ranked.items():
-                bucket.modes[mode].add(paths, set(relevant))
-            bucket.skipped += skipped
-            bucket.degraded += degraded
-
     def as_dict(self) -> dict[str, Any]:
         return {
             **self.all.as_dict(),
@@ -191,12 +219,14 @@ class Runner:
             "dialogues": len(self.cs.dialogues),
             "base": self.cs.notes,
             "examples": self.examples,
+            **({"per_turn": self.per_turn} if self.per_turn is not None else {}),
         }
 
 
-async def score_set(cs: ConversationSet, engine: Engine) -> dict[str, Any]:
-    """Every dialogue of ``cs`` through ``engine``: the figures of the module docstring."""
-    runner = Runner(cs, engine)
+async def score_set(cs: ConversationSet, engine: Engine, per_turn: bool = False) -> dict[str, Any]:
+    """Every dialogue of ``cs`` through ``engine``: the figures of the module docstring, and with
+    ``per_turn`` each judged turn's query, top-1 entity and hits (to diff two engines by)."""
+    runner = Runner(cs, engine, per_turn)
     for d in cs.dialogues:
         await runner.dialogue(d)
     return runner.as_dict()
@@ -217,6 +247,17 @@ DIALOGUE_SETS: dict[str, Callable[[Path, bool, bool], ConversationSet]] = {
 SETS = (*DIALOGUE_SETS, "topics", "cast")
 
 
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How ``measure`` runs each set (its keyword arguments, less the embedder)."""
+
+    quick: bool = False
+    tiny: bool = False
+    sidecar: dict[str, Any] | None = None
+    serve: Serve = served
+    per_turn: bool = False
+
+
 async def measure(
     data_dir: Path,
     *,
@@ -225,15 +266,18 @@ async def measure(
     sidecar: dict[str, Any] | None = None,
     serve: Serve = served,
     embedder: Embedder | None = None,
+    per_turn: bool = False,
     tiny: bool = False,
 ) -> dict[str, Any]:
     """Every figure of ``sets`` as a dict (``{"sets": {NAME: ...}, "table": {NAME: ...}}``).
 
+    ``per_turn`` adds each judged turn's query, top-1 entity and hits to the dialogue sets;
     ``tiny`` is the smoke test's: a dozen judged turns a set over bases cut to them.
     """
     unknown = [s for s in sets if s not in SETS]
     if unknown:
         raise ValueError(f"unknown conversation sets {unknown}; known: {', '.join(SETS)}")
+    options = Options(quick or tiny, tiny, sidecar, serve, per_turn)
     own_embedder = embedder is None
     if embedder is None:
         from index.embedders.local import LocalEmbedder
@@ -243,53 +287,39 @@ async def measure(
     try:
         for name in sets:
             started = time.perf_counter()
-            out[name] = await _one_set(name, data_dir, (quick, tiny), sidecar, serve, embedder)
+            out[name] = await _one_set(name, data_dir, options, embedder)
             out[name]["seconds"] = round(time.perf_counter() - started, 1)
-            print(f"{name}: {json.dumps(summary_row(name, out[name]))}", flush=True)
+            for row_name, row in _rows({name: out[name]}):
+                print(f"{row_name}: {json.dumps(row)}", flush=True)
     finally:
         if own_embedder:
             await embedder.aclose()
-    return {"sets": out, "table": {name: summary_row(name, r) for name, r in out.items()}}
+    return {"sets": out, "table": dict(_rows(out))}
 
 
-async def _one_set(
-    name: str,
-    data_dir: Path,
-    size: tuple[bool, bool],
-    sidecar: dict[str, Any] | None,
-    serve: Serve,
-    embedder: Embedder,
-) -> dict[str, Any]:
-    quick, tiny = size
-    quick = quick or tiny
+async def _one_set(name: str, data_dir: Path, options: Options, embedder: Embedder) -> Any:
     if name == "cast":
         path = data_dir / "followups-trec-cast" / "followup_turns.jsonl"
-        return await asyncio.to_thread(quality_turns.cast_quality, path, embedder, quick)
+        return await asyncio.to_thread(quality_turns.cast_quality, path, embedder, options.quick)
     if name == "topics":
-        return await _topics(data_dir, quick, sidecar, serve, embedder)
-    cs = DIALOGUE_SETS[name](data_dir, quick, tiny)
+        return await _topics(data_dir, options, embedder)
+    cs = DIALOGUE_SETS[name](data_dir, options.quick, options.tiny)
     store_dir = await asyncio.to_thread(cs.store, embedder)
-    async with serve(eval_config(store_dir, sidecar), embedder) as engine:
-        return await score_set(cs, engine)
+    async with options.serve(eval_config(store_dir, options.sidecar), embedder) as engine:
+        return await score_set(cs, engine, options.per_turn)
 
 
-async def _topics(
-    data_dir: Path,
-    quick: bool,
-    sidecar: dict[str, Any] | None,
-    serve: Serve,
-    embedder: Embedder,
-) -> dict[str, Any]:
+async def _topics(data_dir: Path, options: Options, embedder: Embedder) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for base in topics.QUICK_BASES if quick else tuple(topics.BASES):
+    for base in topics.QUICK_BASES if options.quick else tuple(topics.BASES):
         folder = data_dir / topics.BASES[base]
         store_dir = await asyncio.to_thread(topics.docs_store, base, folder / "docs", embedder)
-        async with serve(eval_config(store_dir, sidecar), embedder) as engine:
+        async with options.serve(eval_config(store_dir, options.sidecar), embedder) as engine:
             out[base] = await topics.topic_quality(base, folder, engine)
     return out
 
 
-def summary_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
+def summary_row(result: dict[str, Any]) -> dict[str, Any]:
     """One line of the table: hit@3 of each mode, the gain over the best naive baseline."""
     if "session" not in result or "best_naive" not in result:
         return {k: v for k, v in result.items() if not isinstance(v, dict | list)}
@@ -303,6 +333,7 @@ def summary_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
         "gain": result["session_minus_best_naive"]["hit_at_3"],
         "ceiling": result[ceiling]["hit_at_3"],
         "session_mrr": result["session"]["mrr_at_10"],
+        "gold_top1": result["session"].get("gold_top1"),
         "turns": result["session"]["turns"],
         "afterq_session": after["session"]["hit_at_3"],
         "afterq_best": after.get("best_naive", {}).get("hit_at_3"),
@@ -332,6 +363,19 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:+.3f}" if value < 0 else f"{value:.3f}"
     return str(value)
+
+
+def _rows(sets: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The table's rows: one a dialogue set, one a topics base, one for cast."""
+    for name, result in sets.items():
+        if name == "topics":
+            for base, row in result.items():
+                if isinstance(row, dict):
+                    yield f"topics-{base}", topics_row(row)
+        elif name == "cast":
+            yield name, cast_row(result)
+        else:
+            yield name, summary_row(result)
 
 
 def topics_row(result: dict[str, Any]) -> dict[str, Any]:
@@ -368,13 +412,6 @@ async def run(
         return {"skipped": f"shared data not present: {data_dir}"}
     started = time.perf_counter()
     result = await measure(data_dir, sets=sets, quick=quick, **kwargs)
-    if "cast" in result["sets"]:
-        result["table"]["cast"] = cast_row(result["sets"]["cast"])
-    if "topics" in result["sets"]:
-        del result["table"]["topics"]
-        for base, row in result["sets"]["topics"].items():
-            if isinstance(row, dict):
-                result["table"][f"topics-{base}"] = topics_row(row)
     return {
         "quick": quick,
         "python": platform.python_version(),
@@ -389,9 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sets", default=",".join(SETS), help=f"of {','.join(SETS)}")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--out", type=Path, help="folder for quality_conversations.json")
+    parser.add_argument("--per-turn", action="store_true", help="every judged turn in the JSON")
     args = parser.parse_args(argv)
     sets = tuple(s for s in args.sets.split(",") if s)
-    result = asyncio.run(run(args.data, args.quick, sets))
+    result = asyncio.run(run(args.data, args.quick, sets, per_turn=args.per_turn))
     if "skipped" in result:
         return 0
     print(table(result["table"]))

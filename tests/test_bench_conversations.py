@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from bench.conversations import ConversationSet, Dialogue, Said, after_agent_que
 from bench.quality_conversations import eval_config, measure, served
 from index.config import Config
 from index.embedders.base import Embedder
+from index.types import Chunk
 from sidecar.engine import Speaker
 from tests.conftest import SHARED_DATA, shared
 
@@ -147,6 +149,12 @@ def _check_modes(row: dict[str, Any], ceiling: str) -> None:
     )
     assert row["session"]["degraded"] == 0  # the budget is large: the embedder never misses
     assert row["after_agent_question"]["session"]["turns"] <= n
+    # the per-turn records add up to the figures
+    assert len(row["per_turn"]) == n
+    for mode in ("session", "last_turn", "joined3", ceiling):
+        hits = sum(t["hit_at_3"][mode] for t in row["per_turn"])
+        assert row[mode]["hit_at_3"] == round(hits / n, 4)
+    assert 0.0 <= row["session"]["gold_top1"] <= 1.0
 
 
 async def test_harness_scores_every_judged_turn_of_each_set(
@@ -159,12 +167,18 @@ async def test_harness_scores_every_judged_turn_of_each_set(
         sets=("dstc11", "dstc11-spoken", "doc2dial"),
         tiny=True,
         embedder=local_embedder,
+        per_turn=True,
     )
     sets = result["sets"]
     _check_modes(sets["dstc11"], "gold_entity")
     _check_modes(sets["dstc11-spoken"], "gold_entity")
     _check_modes(sets["doc2dial"], "gold_title")
     assert sets["dstc11"]["session"]["turns"] == sets["dstc11-spoken"]["session"]["turns"]
+    # the tiny DSTC11 base holds one entity, the gold one: every answer's top-1 is about it
+    answered = [t for t in sets["dstc11"]["per_turn"] if t["top1_about"]]
+    assert len({t["top1_about"] for t in answered}) == 1
+    n = sets["dstc11"]["session"]["turns"]
+    assert sets["dstc11"]["session"]["gold_top1"] == round(len(answered) / n, 4)
     # four dialogues, three judged turns each, some right after an agent's question
     assert sets["doc2dial"]["session"]["turns"] == 12
     assert sets["doc2dial"]["after_agent_question"]["session"]["turns"] > 0
@@ -250,3 +264,40 @@ def test_a_name_is_heard_the_same_way_through_a_dialogue() -> None:
         forms.add(form)
     assert "alexander" in forms
     assert len(forms) > 1  # other dialogues hear it otherwise
+
+
+def _chunk(page: str, title: str, *headings: str) -> Chunk:
+    crumbs = (title, *headings)
+    return Chunk(
+        chunk_id=f"{page}-{len(headings)}-{'-'.join(headings)}",
+        source="docs",
+        source_path=page,
+        title=title,
+        breadcrumbs=crumbs,
+        text="body",
+        embed_text=" > ".join(crumbs) + "\n\nbody",
+    )
+
+
+def test_followups_ask_for_a_heading_that_several_pages_share() -> None:
+    chunks = [
+        _chunk("drive.md", "Google Drive", "Limitations"),
+        _chunk("drive.md", "Google Drive", "Making your own client_id"),  # markup: never asked
+        _chunk("drive.md", "Google Drive", "Shared drives"),  # only this page: not ambiguous
+        _chunk("s3.md", "Amazon S3", "Limitations"),
+        _chunk("s3.md", "Amazon S3", "See Also"),  # navigation: never asked
+        _chunk("b2.md", "Backblaze B2", "See Also"),
+        _chunk("one.md", "Same title", "Limitations"),  # a title two pages share: never opened
+        _chunk("two.md", "Same title", "Limitations"),
+    ]
+    snapshot: Any = SimpleNamespace(chunks=chunks)
+    pairs = topics.followup_pairs(snapshot, 10, random.Random("t"))
+    openers = {p.text: p.page for p in pairs if p.kind == "opener"}
+    assert openers == {
+        "Tell me about Google Drive.": "drive.md",
+        "Tell me about Amazon S3.": "s3.md",
+    }
+    for opener, followup in zip(pairs[::2], pairs[1::2], strict=True):
+        assert followup.text == "What about limitations for it?"
+        assert (followup.page, followup.opener) == (opener.page, opener.text)
+    assert len(topics.followup_pairs(snapshot, 1, random.Random("t"))) == 2  # one pair
