@@ -29,7 +29,6 @@ what was folded in, from where, and how sure it was.
 
 from __future__ import annotations
 
-import functools
 import re
 import threading
 import unicodedata
@@ -110,9 +109,6 @@ GAZETTEERS_KEPT = 8  # one per loaded snapshot version; a swap leaves the old on
 # A match is used when at least this share of the chunks holding its words are the entity's own:
 # below it, the words are about as often ordinary text elsewhere in the base.
 MIN_CONFIDENCE = 0.5
-SOUND_MIN_CHARS = 6  # a shorter name sounds like too many ordinary words
-SOUND_MIN_CODE = 4  # consonant sounds; fewer match ordinary words ("lfl" is "lovely", "lovell")
-SOUND_SURE = 0.9  # only names this distinctive are matched by how they sound
 NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
 AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
@@ -165,38 +161,6 @@ class Plan:
     followup: FollowUp
     alone: bool = False
     prior: bool = False  # the pages the conversation has been on get a small bonus
-
-
-_SOUNDS = tuple(
-    (re.compile(pattern), said)
-    for pattern, said in (
-        ("ph", "f"), ("gh", "g"), ("ck", "k"), ("qu", "kw"), ("q", "k"), ("x", "ks"),
-        ("wh", "w"), ("th", "t"), ("[sc]h", "s"), ("c(?=[eiy])", "s"), ("c", "k"), ("z", "s"),
-        ("v", "f"), ("d", "t"), ("b", "p"), ("g", "k"), ("[wh](?![aeiouy])", ""),
-    )
-)  # fmt: skip
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def sounds(token: str) -> tuple[str, str]:
-    """How a word sounds, roughly (a Metaphone-like code: voicing and vowels ignored, doubled
-    letters once), as the first word of a name and as a later one: ("lovell" -> "lfl", "fl")."""
-    w = token
-    for pattern, said in _SOUNDS:
-        w = pattern.sub(said, w)
-    tail = re.sub(r"[aeiouyhw]", "", w[1:])
-    first = "a" if w[:1] in "aeiouy" else w[:1]
-    return _once(first + tail), _once(("" if first == "a" else first) + tail)
-
-
-def _once(code: str) -> str:
-    return re.sub(r"(.)\1+", r"\1", code)
-
-
-def sound_of(toks: Sequence[str]) -> str:
-    """The sound of words said together ("low value" sounds like "lovell")."""
-    codes = [sounds(t) for t in toks]
-    return _once(codes[0][0] + "".join(later for _, later in codes[1:])) if codes else ""
 
 
 def chunk_entity(chunk: Chunk) -> str:
@@ -258,7 +222,6 @@ class Gazetteer:
         for key in self._long:
             for variant in _deletions(key):
                 self._near.setdefault(variant, set()).add(key)
-        self._sounding = self._sound_keys(stripped)
         # one edit keeps the first letter and the length within one: most spans are not tried
         self._initials = frozenset(k[0] for k in self._long)
         lengths = [len(k) for k in self._long] or [0]
@@ -266,20 +229,6 @@ class Gazetteer:
         self._function_words = function_words
         self._span = max((len(t) for t in named.values()), default=0)
         self.size = len(named)
-
-    def _sound_keys(self, stripped: dict[str, list[str]]) -> dict[str, str]:
-        """The sound of each long, sure key (a whole name or its distinctive words) -> the key,
-        for names heard wrong ("low value" for "Lovell"); a sound two keys share is dropped."""
-        owners: dict[str, set[str]] = {}
-        for key, name in self._keys.items():
-            if name is None or len(key) < SOUND_MIN_CHARS or self._sure.get(key, 1.0) < SOUND_SURE:
-                continue
-            toks = stripped[name]
-            said = toks if key == "".join(toks) else _core_of(key, toks)
-            code = sound_of(said)
-            if len(code) >= SOUND_MIN_CODE:
-                owners.setdefault(code, set()).add(key)
-        return {code: next(iter(keys)) for code, keys in owners.items() if len(keys) == 1}
 
     def mentions(self, text: str) -> list[str]:
         """The entity names a text mentions confidently, in order of first mention."""
@@ -314,10 +263,6 @@ class Gazetteer:
                 key = self._near_match("".join(toks[i : i + n]))
                 if key:
                     return n, key, True
-        for n in range(min(longest, FUZZY_MAX_TOKENS), 0, -1):
-            key = self._sounding.get(sound_of(toks[i : i + n]), "") if self._sounding else ""
-            if key:
-                return n, key, True
         return 1, "", False
 
     def _near_match(self, key: str) -> str:
