@@ -324,7 +324,7 @@ def cast_quality(path: Path, embedder: Embedder, quick: bool) -> dict[str, Any]:
         session = Session(session_id="cast", context_turns=3)
         for said in r["history"]:
             followups.rewrite(session, said)
-            session.record_turn(Speaker.USER, said)
+            followups.record(session, Speaker.USER, said)
         raw_q.append(r["raw"])
         ours_q.append(followups.rewrite(session, r["raw"]))
         rewrites.append(r["manual_rewrite"])

@@ -65,6 +65,9 @@ def format_response(resp: pb.TurnResponse | pb.SearchResponse, width: int = 100)
             )
         if resp.query:
             lines.append(f"query: {resp.query}")
+        if resp.followup.used:
+            f = resp.followup
+            lines.append(f"followup: {f.used!r} from {f.source} (confidence {f.confidence:.2f})")
     if not resp.chunks and not skipped:
         lines.append("no chunk scored above min_score")
     for i, chunk in enumerate(resp.chunks, 1):

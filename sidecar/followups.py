@@ -2,11 +2,29 @@
 
 "Are their bathrooms clean?" alone retrieves every hotel's bathrooms; the session knows whose.
 The snapshot knows its entities (the distinct titles and contexts of its chunks: a jsonl base's
-hotels and restaurants, a Markdown base's pages). Each user turn is scanned for them, and so are
-the turns recorded since the last one (user and agent, newest first); the newest mention becomes
-the session's current entity. A turn that names none is searched as "entity: turn". With no
-entity known, a turn that refers back gets the title of what was last retrieved, or else the
-subject of the caller's last self-contained turn. ``TurnResponse.query`` shows the result.
+hotels and restaurants, a Markdown base's pages). Every turn is scanned for them once, when it is
+recorded; each match has a confidence from the snapshot's own statistics: the share of the chunks
+holding the matched words that belong to that entity. Ordinary speech that happens to contain a
+name's words ("by the park" and "Park Inn", "nine four one two two" and "Two Two Cafe", a page
+called "Retirement Benefits") is about as likely in the chunks of other entities, so it matches
+with a low confidence and is treated as ordinary words.
+
+The session's entity is the newest confidently named one, where the agent's naming (and listing:
+"the second one" picks from the agent's last list) outweighs a passing mention by the caller, and
+fades with each turn. A user turn is then searched as (``plan``):
+
+    it names an entity itself                      as said                      source "none"
+    it answers the agent's question ("Yes.",       "agent's turns turn"         "agent_question"
+      "I'm a noncitizen adult.")
+    an entity is tracked (``fold``)                "entity: turn"               "entity"
+    otherwise, after earlier turns                 "last two turns turn"        "recent_turns"
+
+Turns that do not name an entity also get a prior: chunks of the pages the conversation's
+searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
+are lifted a little (``sidecar.engine``). A folded turn is also searched alone and keeps its own
+result when its own words clearly prefer a chunk on a page the conversation has not been on
+(``Plan.alone``): a new question is not bent to the old topic. ``TurnResponse.followup`` shows
+what was folded in, from where, and how sure it was.
 """
 
 from __future__ import annotations
@@ -16,6 +34,7 @@ import threading
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from cachetools import LRUCache
@@ -24,7 +43,7 @@ from index.config import FollowupConfig
 from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.types import Chunk
-from sidecar.sessions import Session
+from sidecar.sessions import Mention, Said, Session
 from sidecar.skip import words
 
 FUNCTION_WORDS_EN = frozenset(
@@ -48,8 +67,38 @@ REFERRING_EN = frozenset(
     """.split()
 )
 
+# Words that open a question; a turn starting with one (after fillers) asks rather than answers.
+QUESTION_OPENERS_EN = frozenset(
+    """
+    what which who whom whose when where why how is are was were do does did can could will would
+    shall should may might have has had am
+    """.split()
+)
+# Words a reply opens with ("Yes, please tell me", "No, I'm a student").
+REPLY_OPENERS_EN = frozenset("yes yeah yep yup ya sure ok okay no nope nah please".split())
+FILLERS_EN = frozenset("uh um umm uhm er erm ah hmm mm mhm well so oh".split())
+# "the second one": a position in the agent's last list of options (-1: its last)
+ORDINALS_EN = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4}
+ORDINALS_EN |= {"former": 0, "latter": -1, "last": -1}
+
 USER = "user"  # sidecar.engine.Speaker.USER; the engine imports this module, not the reverse
+AGENT = "agent"
+
+
+class Source:
+    """Where a folded-in referent came from (``TurnResponse.followup.source``)."""
+
+    NONE = "none"
+    ENTITY = "entity"
+    AGENT_QUESTION = "agent_question"
+    RECENT_TURNS = "recent_turns"
+
+
 SHORT_TURN = 5  # words; a turn this short rarely names its own topic
+RECENT_JOINED = 2  # turns before this one joined with it: on doc2dial as good as more, cheaper
+RECENT_CONFIDENCE = 0.5  # nothing names what the recent turns are about: a guess, said as one
+MAX_FOLDED_WORDS = 60  # of the agent's turns folded into an answer: the caller's words stay read
+ANSWER_CONTENT_WORDS = 3  # an answer with more content words than this is its own question
 MAX_NAME_TOKENS = 8  # longer "names" are sentences (an FAQ's question), never said as a name
 MIN_ALIAS_CHARS = 4  # a shorter partial name ("j", "hk") matches ordinary words
 GENERIC_SHARE = 0.01  # a word in this share of names (and at least 3) is a kind, not a name
@@ -57,14 +106,61 @@ FUZZY_MIN_CHARS = 7  # one edit from a shorter name is often a word ("lovell" ->
 FUZZY_MAX_TOKENS = 3  # misspelt names are short; longer spans only cost time
 COMMON_ELSEWHERE = 2  # chunks of other entities using a word that make it an ordinary word
 GAZETTEERS_KEPT = 8  # one per loaded snapshot version; a swap leaves the old one to expire
+# A match is used when at least this share of the chunks holding its words are the entity's own:
+# below it, the words are about as often ordinary text elsewhere in the base.
+MIN_CONFIDENCE = 0.5
+NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
+AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
+FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
 def tokens(text: str) -> list[str]:
     """Lower-case word tokens with accents, apostrophes and '&' normalised for name matching."""
-    text = unicodedata.normalize("NFKD", text.lower())
-    text = "".join(c for c in text if not unicodedata.combining(c))
+    text = text.lower()
+    if not text.isascii():
+        text = unicodedata.normalize("NFKD", text)
+        text = "".join(c for c in text if not unicodedata.combining(c))
     text = text.replace("&", " and ").replace("'", "").replace("’", "")
     return re.findall(r"[a-z0-9]+", text)
+
+
+@dataclass(frozen=True, slots=True)
+class Utterance:
+    """One turn's text, normalised and tokenised once for every stage of the turn: ``words`` for
+    the skip policy and the follow-up rules, ``tokens`` for name matching."""
+
+    text: str
+    words: tuple[str, ...]
+    tokens: tuple[str, ...]
+
+    @classmethod
+    def of(cls, text: str) -> Utterance:
+        return cls(text, tuple(words(text)), tuple(tokens(text)))
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """What a turn's query folded in (``used``), where it came from (``source``: a ``Source``),
+    and how sure that was (``confidence``, 0 to 1)."""
+
+    used: str = ""
+    source: str = Source.NONE
+    confidence: float = 0.0
+
+
+NO_FOLLOWUP = FollowUp()  # searched as said
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How to search one user turn: ``query``; when ``alone`` the turn alone is searched too and
+    kept when it is the more confident (a new question is not bent to the conversation); with
+    ``prior`` the pages the conversation has been on are lifted (``Session.pages``)."""
+
+    query: str
+    followup: FollowUp
+    alone: bool = False
+    prior: bool = False  # the pages the conversation has been on get a small bonus
 
 
 def chunk_entity(chunk: Chunk) -> str:
@@ -75,16 +171,21 @@ def chunk_entity(chunk: Chunk) -> str:
     return chunk.title
 
 
+Confidence = Callable[[Sequence[str], str], float]
+
+
 class Gazetteer:
     """The entity names of one snapshot, found in text by full or distinctive partial name.
 
     A name is matched by its words joined without spaces ("A and B Guesthouse" matches "A AND B
-    GUEST HOUSE"), by its distinctive words alone ("the Lensfield" matches "THE LENSFIELD HOTEL":
-    the words left after dropping function words and words shared by many names, like "hotel"),
-    and, for keys of seven letters or more, within one edit that keeps the first letter ("Goonville",
-    "cityroomz"). A partial name shared by two entities matches neither; a one-word name or
-    partial name that ``is_common`` calls an ordinary word ("worth" of "WORTH HOUSE", a docs page
-    titled "Selection") is not used.
+    GUEST HOUSE"; a recogniser's "hob sons house" matches too), by its distinctive words alone
+    ("the Lensfield" matches "THE LENSFIELD HOTEL": the words left after dropping function words
+    and words shared by many names, like "hotel"), and, for keys of seven letters or more, within
+    one edit that keeps the first letter ("Goonville", "cityroomz"). A partial name shared by two
+    entities matches neither; a one-word name or partial name that ``is_common`` calls an ordinary
+    word ("worth" of "WORTH HOUSE", a docs page titled "Selection") is not used. ``confidence``
+    (words, name) rates every key from the snapshot (``entity_stats``); without it every key is
+    sure.
     """
 
     def __init__(
@@ -93,31 +194,20 @@ class Gazetteer:
         function_words: frozenset[str],
         is_common: Callable[[str, str], bool] | None = None,
         streets: frozenset[str] = frozenset(),
+        confidence: Confidence | None = None,
     ) -> None:
         named = {n: tokens(n) for n in dict.fromkeys(n.strip() for n in names) if n}
         named = {n: t for n, t in named.items() if 0 < len(t) <= MAX_NAME_TOKENS}
-        df = Counter(tok for toks in named.values() for tok in set(toks))
-        generic = max(3, int(len(named) * GENERIC_SHARE))
         stripped = {n: t[1:] if t[0] == "the" and len(t) > 1 else t for n, t in named.items()}
         full: dict[str, str] = {}
         for name, toks in stripped.items():
             full.setdefault("".join(toks), name)
-        one_word = {key for key, name in full.items() if len(stripped[name]) == 1}
-        partial: dict[str, set[str]] = {}
-        for name, toks in stripped.items():
-            # two cuts: a small base never sees "hotel" in three names, a large one sees "royal"
-            # in two that differ by the rest ("ROYAL SPICE", "ROYAL STANDARD")
-            for shared in sorted({2, generic}):
-                core = [t for t in toks if t not in function_words and df[t] < shared]
-                key = "".join(core)
-                if core and len(key) >= MIN_ALIAS_CHARS and key not in full:
-                    partial.setdefault(key, set()).add(name)
-                    if len(core) == 1:
-                        one_word.add(key)
+        partial, one_word = _partial_keys(stripped, function_words, full)
         keys: dict[str, str | None] = {
             key: next(iter(owners)) if len(owners) == 1 else None for key, owners in partial.items()
         }
         keys.update(full)
+        one_word |= {key for key, name in full.items() if len(stripped[name]) == 1}
         self._partial = frozenset(partial)
         if is_common is not None:
             for key in one_word:
@@ -125,52 +215,119 @@ class Gazetteer:
                 if owner is not None and is_common(key, owner):
                     del keys[key]
         self._keys = keys
+        self._sure = _rate(keys, stripped, function_words, confidence)
         self._streets = streets
         self._long = {k: n for k, n in keys.items() if n is not None and len(k) >= FUZZY_MIN_CHARS}
         self._near: dict[str, set[str]] = {}
         for key in self._long:
             for variant in _deletions(key):
                 self._near.setdefault(variant, set()).add(key)
+        # one edit keeps the first letter and the length within one: most spans are not tried
+        self._initials = frozenset(k[0] for k in self._long)
+        lengths = [len(k) for k in self._long] or [0]
+        self._lengths = (max(FUZZY_MIN_CHARS, min(lengths) - 1), max(lengths) + 1)
+        self._function_words = function_words
         self._span = max((len(t) for t in named.values()), default=0)
         self.size = len(named)
 
     def mentions(self, text: str) -> list[str]:
-        """The entity names a text mentions, in order of first mention."""
-        toks = tokens(text)
-        found: list[str] = []
+        """The entity names a text mentions confidently, in order of first mention."""
+        return [m.name for m in self.find(tokens(text)) if m.confidence >= MIN_CONFIDENCE]
+
+    def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
+        """Every entity the tokens match, each once (its surest match), in order of first match."""
+        found: dict[str, float] = {}
         i = 0
         while i < len(toks):
-            span, name = self._match(toks, i)
-            if name is not None and name not in found:
-                found.append(name)
+            span, key, near = self._match(toks, i)
+            name = self._keys.get(key) if key else None
+            if name is not None:
+                sure = self._sure.get(key, 1.0) * (NEAR_FACTOR if near else 1.0)
+                found[name] = max(found.get(name, 0.0), sure)
             i += span
-        return found
+        return tuple(Mention(name, round(sure, 3)) for name, sure in found.items())
 
-    def _match(self, toks: list[str], i: int) -> tuple[int, str | None]:
+    def _match(self, toks: Sequence[str], i: int) -> tuple[int, str, bool]:
+        """(tokens consumed, the key matched or "", whether it matched one edit away)."""
         longest = min(self._span, len(toks) - i)
         for n in range(longest, 0, -1):
             key = "".join(toks[i : i + n])
             if key in self._keys:
                 if key in self._partial and i + n < len(toks) and toks[i + n] in self._streets:
-                    return n, None  # "12 Bridge Street" is an address, not Bridge Guest House
-                return n, self._keys[key]
-        for n in range(min(longest, FUZZY_MAX_TOKENS), 0, -1):
-            name = self._near_match("".join(toks[i : i + n]))
-            if name is not None:
-                return n, name
-        return 1, None
+                    return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
+                return n, key, False
+        if toks[i] in self._function_words:
+            return 1, "", False
+        if toks[i][:1] in self._initials:
+            for n in range(min(longest, FUZZY_MAX_TOKENS), 0, -1):
+                key = self._near_match("".join(toks[i : i + n]))
+                if key:
+                    return n, key, True
+        return 1, "", False
 
-    def _near_match(self, key: str) -> str | None:
-        """The one name within one edit of ``key`` (first letter kept), if there is one."""
-        if len(key) < FUZZY_MIN_CHARS or not self._long:
-            return None
+    def _near_match(self, key: str) -> str:
+        """The one name key within one edit of ``key`` (first letter kept), or ""."""
+        if not self._lengths[0] <= len(key) <= self._lengths[1]:
+            return ""
         candidates = set(self._near.get(key, ()))
         for variant in _deletions(key):
             if variant in self._long:
                 candidates.add(variant)
             candidates.update(self._near.get(variant, ()))
-        names = {self._long[c] for c in candidates if _one_edit(key, c)}
-        return names.pop() if len(names) == 1 else None
+        close = {c for c in candidates if _one_edit(key, c)}
+        names = {self._long[c] for c in close}
+        return min(close) if len(names) == 1 else ""
+
+
+def _partial_keys(
+    stripped: dict[str, list[str]], function_words: frozenset[str], full: dict[str, str]
+) -> tuple[dict[str, set[str]], set[str]]:
+    """Each name's distinctive words joined (key -> the names having it), and the one-word keys."""
+    df = Counter(tok for toks in stripped.values() for tok in set(toks))
+    generic = max(3, int(len(stripped) * GENERIC_SHARE))
+    partial: dict[str, set[str]] = {}
+    one_word: set[str] = set()
+    for name, toks in stripped.items():
+        # two cuts: a small base never sees "hotel" in three names, a large one sees "royal"
+        # in two that differ by the rest ("ROYAL SPICE", "ROYAL STANDARD")
+        for shared in sorted({2, generic}):
+            core = [t for t in toks if t not in function_words and df[t] < shared]
+            key = "".join(core)
+            if core and len(key) >= MIN_ALIAS_CHARS and key not in full:
+                partial.setdefault(key, set()).add(name)
+                if len(core) == 1:
+                    one_word.add(key)
+    return partial, one_word
+
+
+def _rate(
+    keys: dict[str, str | None],
+    stripped: dict[str, list[str]],
+    function_words: frozenset[str],
+    confidence: Confidence | None,
+) -> dict[str, float]:
+    """Each usable key's confidence: ``confidence`` of its content words for its one owner."""
+    if confidence is None:
+        return {}
+    sure: dict[str, float] = {}
+    for key, name in keys.items():
+        if name is None:
+            continue
+        toks = stripped[name] if key == "".join(stripped[name]) else _core_of(key, stripped[name])
+        content = [t for t in toks if t not in function_words] or toks
+        sure[key] = confidence(content, name)
+    return sure
+
+
+def _core_of(key: str, toks: list[str]) -> list[str]:
+    """The name's words that make up the partial key ``key`` (a run of its words, in order)."""
+    out: list[str] = []
+    rest = key
+    for tok in toks:
+        if rest.startswith(tok):
+            out.append(tok)
+            rest = rest[len(tok) :]
+    return out
 
 
 def _one_edit(a: str, b: str) -> bool:
@@ -201,114 +358,230 @@ _gazetteers_lock = threading.Lock()  # a warm-up thread may build while the loop
 def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
     """The snapshot's gazetteer, built on first use and kept per snapshot version.
 
-    Building reads every chunk once and looks up the one-word names in the lexical index's
-    postings, in time linear in the chunks (0.7 s for 100k chunks and 12,500 names, 9 s for
-    1M); thread-safe, so the refresher's warm-up can build it off the loop.
+    Building reads every chunk once and looks up the names' words in the lexical index's
+    postings, in time linear in the chunks (about a second for 100k chunks and 12,500 names);
+    thread-safe, so the refresher's warm-up builds it off the loop.
     """
     key = (str(snapshot.folder), snapshot.version)
     with _gazetteers_lock:
         gaz = _gazetteers.get(key)
     if gaz is None:
         entity_of = [chunk_entity(c) for c in snapshot.chunks]
-        is_common = common_words(snapshot.lexical, entity_of)
-        gaz = Gazetteer(entity_of, FUNCTION_WORDS_EN, is_common, STREETS_EN)
+        stats = EntityStats(snapshot.lexical, entity_of)
+        gaz = Gazetteer(entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence)
         with _gazetteers_lock:
             _gazetteers[key] = gaz
     return gaz
 
 
-def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[str, str], bool]:
-    """A Gazetteer's ``is_common``: whether ``word`` (of the name ``name``) is an ordinary word.
+class EntityStats:
+    """What the snapshot says about the words of its entities' names (``entity_of[i]`` is chunk
+    ``i``'s entity; the lexical index's doc ``i`` is chunk ``i``). The chunks holding a word are
+    read from the lexical index's postings (a search would score every chunk: quadratic)."""
 
-    It is when at least COMMON_ELSEWHERE chunks of other entities use it (``entity_of[i]`` is
-    chunk ``i``'s entity; the lexical index's doc ``i`` is chunk ``i``). A one-word name is not
-    made common by longer names that contain it ("NANDOS" and "NANDOS CITY CENTRE"); a partial
-    name is, by anything else that uses the word. The chunks using a word are the ones a BM25
-    search for it matches, read from the postings rather than searched for: a search scores every
-    chunk, which made building the gazetteer quadratic in the chunks.
-    """
-    ids: dict[str, int] = {}
-    entity_ids = np.fromiter(
-        (ids.setdefault(name, len(ids)) for name in entity_of), dtype=np.int64, count=len(entity_of)
-    )
-    words_of = [frozenset(tokens(name)) for name in ids]
-    named_with: dict[str, list[int]] = {}  # word -> the entities whose name has it
-    for entity, name_words in enumerate(words_of):
-        for word in name_words:
-            named_with.setdefault(word, []).append(entity)
+    def __init__(self, lexical: LexicalIndex, entity_of: Sequence[str]) -> None:
+        self._lexical = lexical
+        self._ids: dict[str, int] = {}
+        self._entity_ids = np.fromiter(
+            (self._ids.setdefault(name, len(self._ids)) for name in entity_of),
+            dtype=np.int64,
+            count=len(entity_of),
+        )
+        self._words_of = [frozenset(tokens(name)) for name in self._ids]
+        self._named_with: dict[str, list[int]] = {}  # word -> the entities whose name has it
+        for entity, name_words in enumerate(self._words_of):
+            for word in name_words:
+                self._named_with.setdefault(word, []).append(entity)
+        self._postings: dict[str, np.ndarray] = {}
 
-    def is_common(word: str, name: str) -> bool:
-        owner = ids.get(name, -1)  # -1: a name no chunk gives as is (stripped), so no chunk's own
-        name_words = words_of[owner] if owner >= 0 else frozenset(tokens(name))
-        others = entity_ids[lexical.matching(word)]
+    def is_common(self, word: str, name: str) -> bool:
+        """Whether ``word`` (of the name ``name``) is an ordinary word: at least COMMON_ELSEWHERE
+        chunks of other entities use it. A one-word name is not made common by longer names that
+        contain it ("NANDOS" and "NANDOS CITY CENTRE"); a partial name is, by anything else."""
+        owner = self._ids.get(name, -1)  # -1: a name no chunk gives as is (stripped)
+        name_words = self._words_of[owner] if owner >= 0 else frozenset(tokens(name))
+        others = self._entity_ids[self._docs(word)]
         others = others[others != owner]
         if name_words - {"the"} == {word}:
-            others = others[~np.isin(others, named_with.get(word, []))]
+            others = others[~np.isin(others, self._named_with.get(word, []))]
         return bool(others.size >= COMMON_ELSEWHERE)
 
-    return is_common
+    def confidence(self, name_words: Sequence[str], name: str) -> float:
+        """The share of the chunks holding all of ``name_words`` that are ``name``'s own (1 when
+        no chunk holds them: nothing else competes for the words)."""
+        docs: np.ndarray | None = None
+        for word in sorted(set(name_words), key=lambda w: len(self._docs(w))):
+            found = self._docs(word)
+            if not len(found):
+                continue  # a stopword or a word no chunk uses: it tells nothing apart
+            docs = found if docs is None else np.intersect1d(docs, found, assume_unique=True)
+            if not len(docs):
+                break
+        if docs is None or not len(docs):
+            return 1.0
+        owners = self._entity_ids[docs]
+        own = int(np.count_nonzero(owners == self._ids.get(name, -1)))
+        return (own + 1.0) / (len(docs) + 1.0)
+
+    def _docs(self, word: str) -> np.ndarray:
+        found = self._postings.get(word)
+        if found is None:
+            found = np.unique(self._lexical.matching(word))
+            self._postings[word] = found
+        return found
 
 
-def refers_back(text: str) -> bool:
+def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[str, str], bool]:
+    """A Gazetteer's ``is_common`` (``EntityStats.is_common``)."""
+    return EntityStats(lexical, entity_of).is_common
+
+
+# -- the turn's plan --------------------------------------------------------------------------
+
+
+def refers_back(utterance: Utterance) -> bool:
     """Whether a turn leans on the conversation: a pronoun, "the place", or a few words only."""
-    toks = words(text)
+    toks = _spoken(utterance)
     return len(toks) <= SHORT_TURN or any(t in REFERRING_EN for t in toks)
 
 
-def _self_contained(text: str) -> str:
-    """A turn's content words when it has no pronoun to resolve ("throat cancer"), else ""."""
-    toks = words(text)
-    if any(t in REFERRING_EN for t in toks):
+def _spoken(utterance: Utterance) -> list[str]:
+    """The turn's words without fillers ("uh", "umm")."""
+    return [w for w in utterance.words if w not in FILLERS_EN]
+
+
+def _content(toks: Iterable[str]) -> list[str]:
+    """The words that carry content: not function words, reply words or contractions ("i'm")."""
+    return [
+        t for t in toks if t not in FUNCTION_WORDS_EN and t not in REPLY_OPENERS_EN and "'" not in t
+    ]
+
+
+def _opening(toks: Sequence[str]) -> Sequence[str]:
+    """The words after any opening fillers and reply words ("uh yes does it ..." -> "does it")."""
+    i = 0
+    while i < len(toks) and (toks[i] in FILLERS_EN or toks[i] in REPLY_OPENERS_EN):
+        i += 1
+    return toks[i:]
+
+
+def is_question(text: str) -> bool:
+    """Whether a turn (its last sentence) asks something: a question mark, or (transcripts have
+    no punctuation) a question word first, after any fillers and reply words."""
+    if text.rstrip().endswith("?"):
+        return True
+    last = re.split(r"[.!?]\s+", text.strip())[-1]
+    rest = _opening(words(last))
+    return bool(rest) and rest[0] in QUESTION_OPENERS_EN
+
+
+def replies(utterance: Utterance) -> bool:
+    """Whether a turn opens with a reply word ("yes", "no", "sure") after any fillers."""
+    toks = _spoken(utterance)
+    return bool(toks) and toks[0] in REPLY_OPENERS_EN
+
+
+def answers(utterance: Utterance) -> bool:
+    """Whether a turn reads as an answer rather than a request of its own: it asks nothing and
+    carries few content words ("Yes, please tell me.", "I'm a noncitizen adult.")."""
+    toks = _spoken(utterance)
+    if not toks or is_question(utterance.text):
+        return False
+    return len(_content(toks)) <= ANSWER_CONTENT_WORDS
+
+
+def agent_question(session: Session) -> str:
+    """What the agent said since the caller's last turn, when it ended on a question ("You need
+    to prove your status. Do you want to know how?": the question alone may carry no content);
+    else ""."""
+    if not session.turns or session.turns[-1].speaker != AGENT:
         return ""
-    return " ".join(t for t in toks if t not in FUNCTION_WORDS_EN)
+    if not is_question(session.turns[-1].text):
+        return ""
+    said: list[str] = []
+    for turn in reversed(session.turns):
+        if turn.speaker != AGENT:
+            break
+        said.append(turn.text.strip())
+    return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
+
+
+def plan(
+    session: Session,
+    utterance: Utterance,
+    mentions: tuple[Mention, ...],
+    config: FollowupConfig = _DEFAULTS,
+) -> Plan:
+    """How to search this user turn, given the session so far and the turn's own ``mentions``.
+
+    Records nothing (an interim transcript may be planned and dropped): ``remember`` does, once
+    the engine records the turn.
+    """
+    text = utterance.text
+    if not config.enabled or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
+        return Plan(text, NO_FOLLOWUP)
+    question = agent_question(session) if answers(utterance) else ""
+    refers = refers_back(utterance)
+    entity = _ordinal(session, utterance) or session.entity
+    if entity is not None and not (refers or question or config.fold == "always"):
+        entity = None
+    if question:
+        used = f"{entity.name}: {question}" if entity is not None else question
+        return Plan(f"{used} {text}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
+    if entity is not None:
+        folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
+        # a turn that refers back ("do they take reservations") has no meaning alone
+        return Plan(f"{entity.name}: {text}", folded, alone=not refers)
+    if not refers and config.fold == "referring":
+        return Plan(text, NO_FOLLOWUP)  # a turn of its own is searched as said
+    recent = _recent(session)
+    if recent:
+        joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
+        return Plan(f"{recent} {text}", joined, alone=True, prior=True)
+    return Plan(text, NO_FOLLOWUP, prior=True)
+
+
+def _recent(session: Session) -> str:
+    """The last RECENT_JOINED turns' words (either speaker), oldest first, for a turn that
+    names nothing and follows no named entity: the conversation it continues."""
+    said = [t.text.strip() for t in list(session.turns)[-RECENT_JOINED:]]
+    return " ".join(" ".join(said).split()[-MAX_FOLDED_WORDS:])
 
 
 def rewrite(
-    session: Session,
-    text: str,
-    gazetteer: Gazetteer = _EMPTY,
-    config: FollowupConfig = _DEFAULTS,
+    session: Session, text: str, gazetteer: Gazetteer = _EMPTY, config: FollowupConfig = _DEFAULTS
 ) -> str:
-    """The query to search for this user turn, given the session so far.
-
-    Records nothing about ``text`` itself (an interim transcript may be planned and dropped):
-    once the engine records the turn, the next call finds the entity it named.
-    """
-    if not config.enabled:
-        return text
-    _track(session, gazetteer)
-    if gazetteer.mentions(text):
-        return text
-    refers = refers_back(text)
-    if session.entity and (refers or config.fold == "always"):
-        return f"{session.entity}: {text}"
-    if not refers:
-        return text
-    topic = session.topic or _subject(session)
-    if not topic or topic.lower() in text.lower():
-        return text
-    return f"{topic}: {text}"
+    """The query ``plan`` would search for this user turn (the text only; records nothing)."""
+    utterance = Utterance.of(text)
+    return plan(session, utterance, gazetteer.find(utterance.tokens), config).query
 
 
-def _track(session: Session, gazetteer: Gazetteer) -> None:
-    """Take the newest entity mention among the turns recorded since the last scan.
-
-    When one turn names several ("Gonville or the Lensfield?"), the first is taken: on DSTC11
-    that retrieved better than the last, or than folding in both.
-    """
-    new = min(session.turn_count - session.scanned, len(session.turns))
-    session.scanned = session.turn_count
-    for _, said in list(session.turns)[len(session.turns) - new :][::-1]:
-        named = gazetteer.mentions(said)
-        if named:
-            session.entity = named[0]
-            return
+def record(session: Session, speaker: str, text: str, gazetteer: Gazetteer = _EMPTY) -> None:
+    """Record a turn with the entities it names and track them, as the engine does."""
+    remember(session, session.record_turn(speaker, text, gazetteer.find(tokens(text))))
 
 
-def _subject(session: Session) -> str:
-    """The content words of the caller's newest self-contained turn ("throat cancer")."""
-    for speaker, said in reversed(session.turns):
-        subject = _self_contained(said) if speaker == USER else ""
-        if subject:
-            return subject
-    return ""
+def _ordinal(session: Session, utterance: Utterance) -> Mention | None:
+    """The option "the second one" picks from the agent's last list, if the turn says so."""
+    if len(session.options) < 2:
+        return None
+    for word in _spoken(utterance):
+        index = ORDINALS_EN.get(word)
+        if index is not None and index < len(session.options):
+            return Mention(session.options[index], 1.0)
+    return None
+
+
+def remember(session: Session, said: Said) -> None:
+    """Track the entity a just-recorded turn names: the agent's naming outweighs the caller's
+    passing mention, a confident naming outweighs a doubtful one, and older namings fade."""
+    session.weight *= FADE
+    sure = [m for m in said.mentions if m.confidence >= MIN_CONFIDENCE]
+    if said.speaker == AGENT and sure:
+        session.options = tuple(m.name for m in sure) if len(sure) > 1 else ()
+    if not sure:
+        return
+    best = sure[0]  # "Gonville or the Lensfield?": the first named retrieved best on DSTC11
+    weight = best.confidence * (AGENT_WEIGHT if said.speaker == AGENT else 1.0)
+    if weight >= session.weight:
+        session.entity, session.weight = best, weight

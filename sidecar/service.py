@@ -115,6 +115,11 @@ def turn_response(result: TurnResult) -> pb.TurnResponse:
         timings=timings_message(result.timings),
         snapshot_version=result.snapshot_version,
         truncated=result.truncated,
+        followup=pb.FollowUp(
+            used=result.followup.used,
+            source=result.followup.source,
+            confidence=result.followup.confidence,
+        ),
     )
 
 

@@ -5,8 +5,9 @@ its last use, and memory stays bounded in bytes under any number of calls. A ses
 most ``max_bytes`` (``[sidecar] max_session_bytes``): past that its oldest turns, then its oldest
 retained searches, are dropped. What it keeps is accounted as the bytes the session itself
 allocates: its turns' text (``sys.getsizeof``, so 1 to 4 bytes a character), a fixed cost per
-turn, per retained hit and per session (``TURN_BYTES``, ``HIT_BYTES``, ``SESSION_BYTES``,
-measured with tracemalloc in tests/test_sessions.py). A retained chunk is the snapshot's own
+turn, per entity mention, per page the follow-ups count, per retained hit and per session
+(``TURN_BYTES``, ``MENTION_BYTES``, ``PAGE_BYTES``, ``HIT_BYTES``, ``SESSION_BYTES``, measured
+with tracemalloc in tests/test_sessions.py). A retained chunk is the snapshot's own
 object, counted as a reference (``HIT_BYTES``), not as its text.
 
 With authentication on, sessions belong to the caller that made them: the store keys each by
@@ -38,6 +39,26 @@ RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this 
 SESSION_BYTES = 2048
 TURN_BYTES = 64
 HIT_BYTES = 96
+MENTION_BYTES = 64  # a Mention (its name is the gazetteer's string)
+PAGE_BYTES = 100  # a page's slot in ``Session.pages`` and its float, beyond the name
+
+
+@dataclass(frozen=True, slots=True)
+class Mention:
+    """An entity a turn names, and how sure the match is (``sidecar.followups``)."""
+
+    name: str
+    confidence: float  # P(this entity | the matched words) from the snapshot's statistics
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """One recorded turn: who said it, the words, and the entities it names (found once, when
+    the turn is recorded), in the order they were said."""
+
+    speaker: str
+    text: str
+    mentions: tuple[Mention, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +77,14 @@ class Session:
 
     session_id: str
     context_turns: int
-    turns: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=RECENT_TURNS))
+    turns: deque[Said] = field(default_factory=lambda: deque(maxlen=RECENT_TURNS))
     retained: deque[tuple[Hit, ...]] = field(init=False)
-    topic: str = ""  # the title of the last top hit: a follow-up's fallback referent
-    entity: str = ""  # the entity the conversation is about now (followups.py)
+    pages: dict[str, float] = field(default_factory=dict)  # entity -> how much turns found it
+    unread: list[str] = field(default_factory=list)  # agent turns not yet counted in ``pages``
+    entity: Mention | None = None  # the entity the conversation is about now (followups.py)
+    weight: float = 0.0  # how strongly ``entity`` was last named; fades with each turn
+    options: tuple[str, ...] = ()  # the entities the agent last listed, in its order
     turn_count: int = 0  # turns ever recorded; ``turns`` keeps only the recent ones
-    scanned: int = 0  # turn_count when follow-ups last scanned the turns for entities
     max_bytes: int = 0  # what it may keep (0: no bound); see the module docstring
     size: int = 0  # the bytes it keeps now, as accounted
     # told (session, change in bytes) when ``size`` changes: the store's accounting
@@ -71,23 +94,30 @@ class Session:
         self.retained = deque(maxlen=max(1, self.context_turns))
         self.size = self.measure()
 
-    def record_turn(self, speaker: str, text: str) -> None:
-        self.turns.append((speaker, text))
+    def record_turn(self, speaker: str, text: str, mentions: tuple[Mention, ...] = ()) -> Said:
+        said = Said(speaker, text, mentions)
+        self.turns.append(said)
         self.turn_count += 1
-        self._resized()
+        self.fit()
+        return said
 
     def retain(self, hits: Iterable[Hit]) -> None:
         hits = tuple(hits)
         if hits:
             self.retained.append(hits)
-            self._resized()
+            self.fit()
 
     def measure(self) -> int:
         """The bytes the session keeps, as accounted (the module docstring says how)."""
-        turns = sum(TURN_BYTES + sys.getsizeof(text) for _, text in self.turns)
-        return SESSION_BYTES + turns + HIT_BYTES * sum(len(hits) for hits in self.retained)
+        turns = sum(
+            TURN_BYTES + sys.getsizeof(said.text) + MENTION_BYTES * len(said.mentions)
+            for said in self.turns
+        )
+        pages = sum(PAGE_BYTES + sys.getsizeof(page) for page in self.pages)
+        hits = HIT_BYTES * sum(len(hits) for hits in self.retained)
+        return SESSION_BYTES + turns + pages + hits
 
-    def _resized(self) -> None:
+    def fit(self) -> None:
         """Drop the oldest turns, then the oldest searches, past ``max_bytes`` (keeping the
         newest of each); then tell the store what changed."""
         for kept in (self.turns, self.retained):

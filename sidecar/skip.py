@@ -12,6 +12,7 @@ Measured on the 4,173 labelled DSTC11 user turns by ``python -m bench.quality_tu
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -142,7 +143,11 @@ class SkipPolicy:
 
     def classify(self, text: str) -> Skip:
         """Why this user turn needs no search, or ``NOT_SKIPPED``."""
-        normal = _normal(text)
+        return self.classify_words(words(text))
+
+    def classify_words(self, said: Sequence[str]) -> Skip:
+        """``classify`` of a turn already split by ``words``."""
+        normal = " ".join(w.replace("'", "") for w in said)
         if not normal:
             return Skip.EMPTY
         count = normal.count(" ") + 1

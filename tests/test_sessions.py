@@ -63,7 +63,10 @@ def test_turns_are_bounded_but_counted() -> None:
     for i in range(RECENT_TURNS + 5):
         session.record_turn("user", f"turn {i}")
     assert len(session.turns) == RECENT_TURNS
-    assert session.turns[-1] == ("user", f"turn {RECENT_TURNS + 4}")
+    assert (session.turns[-1].speaker, session.turns[-1].text) == (
+        "user",
+        f"turn {RECENT_TURNS + 4}",
+    )
     assert session.turn_count == RECENT_TURNS + 5
 
 
@@ -143,7 +146,7 @@ class SessionStoreMachine(RuleBasedStateMachine):
         for sid, entry in self.model.items():
             session = self.store.peek(sid)
             assert session is not None
-            assert [t for _, t in session.turns] == entry.turns[-RECENT_TURNS:]
+            assert [said.text for said in session.turns] == entry.turns[-RECENT_TURNS:]
             expected: list[str] = []
             for chunks in reversed(entry.searches[-CONTEXT_TURNS:]):
                 for c in chunks:

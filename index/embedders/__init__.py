@@ -1,5 +1,5 @@
 """Embedders: the one model a snapshot's chunk vectors and the sidecar's query vectors share."""
 
-from index.embedders.base import Embedder, EmbedderInfo, HashEmbedder
+from index.embedders.base import Embedder, EmbedderInfo, FakeEmbedder, HashEmbedder
 
-__all__ = ["Embedder", "EmbedderInfo", "HashEmbedder"]
+__all__ = ["Embedder", "EmbedderInfo", "FakeEmbedder", "HashEmbedder"]

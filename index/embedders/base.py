@@ -1,4 +1,4 @@
-"""The embedder interface, and a deterministic fake for unit tests of single pieces."""
+"""The embedder interface, and a deterministic fake (``FakeEmbedder``) for tests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from index.errors import EmbedderError
 
 Vectors = npt.NDArray[np.float32]
 
@@ -52,15 +54,33 @@ def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
     return np.ascontiguousarray(out / norms, dtype=np.float32)
 
 
-class HashEmbedder:
-    """A fake embedder for unit tests: bag of hashed words, deterministic, instant.
+class FakeEmbedder:
+    """A fake embedder for tests: bag of hashed words, deterministic, instant unless told otherwise.
 
-    Texts that share words get similar vectors, which is enough to exercise search plumbing. It is
-    never a default and never used by end-to-end tests.
+    Texts that share words get similar vectors, which is enough to exercise search plumbing and the
+    turn engine (``tests.turns.run_turns``). It is never a default and never used by end-to-end
+    tests. ``delay`` (seconds) slows every ``embed`` call, ``hang`` makes it never return (until
+    cancelled), ``fail`` makes it raise ``EmbedderError``: a slow, stuck or broken model.
+
+    >>> vectors = FakeEmbedder(dimension=8).embed_batch(["parking at the hotel"])
+    >>> vectors.shape
+    (1, 8)
     """
 
-    def __init__(self, dimension: int = 64, name: str = "test/hash") -> None:
+    def __init__(
+        self,
+        dimension: int = 64,
+        name: str = "test/hash",
+        *,
+        delay: float = 0.0,
+        hang: bool = False,
+        fail: bool = False,
+    ) -> None:
         self._info = EmbedderInfo(name=name, dimension=dimension)
+        self.delay = delay
+        self.hang = hang
+        self.fail = fail
+        self.calls: list[tuple[str, ...]] = []  # the texts of every ``embed`` call, in order
 
     @property
     def info(self) -> EmbedderInfo:
@@ -75,8 +95,17 @@ class HashEmbedder:
         return normalise(out)
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
-        await asyncio.sleep(0)
+        self.calls.append(tuple(texts))
+        if self.hang:
+            await asyncio.Event().wait()  # until cancelled
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise EmbedderError("the fake embedder was told to fail")
         return self.embed_batch(texts)
 
     async def aclose(self) -> None:
         return None
+
+
+# The name it had before it could be slow, stuck or broken; the tests of single pieces use it.
+HashEmbedder = FakeEmbedder

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsidecar/gen/retrieval.proto\x12\x0cvoxrecall.v1\"\x8a\x02\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x13\n\x0bsource_path\x18\x04 \x01(\t\x12\r\n\x05title\x18\x05 \x01(\t\x12\x13\n\x0b\x62readcrumbs\x18\x06 \x03(\t\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\r\n\x05score\x18\x08 \x01(\x02\x12\x0b\n\x03url\x18\t \x01(\t\x12\x33\n\x08metadata\x18\n \x03(\x0b\x32!.voxrecall.v1.Chunk.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x07Timings\x12\x10\n\x08\x65mbed_ms\x18\x01 \x01(\x02\x12\x11\n\tsearch_ms\x18\x02 \x01(\x02\x12\x10\n\x08total_ms\x18\x03 \x01(\x02\"\xba\x01\n\x0bTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12&\n\x07speaker\x18\x04 \x01(\x0e\x32\x15.voxrecall.v1.Speaker\x12\x10\n\x08is_final\x18\x05 \x01(\x08\x12\x11\n\tbudget_ms\x18\x06 \x01(\x05\x12\x0f\n\x07sources\x18\x07 \x03(\t\x12\x13\n\x0b\x63ontext_url\x18\x08 \x01(\t\"\xfa\x01\n\x0cTurnResponse\x12#\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x13.voxrecall.v1.Chunk\x12$\n\x07\x63ontext\x18\x02 \x03(\x0b\x32\x13.voxrecall.v1.Chunk\x12)\n\x07skipped\x18\x03 \x01(\x0e\x32\x18.voxrecall.v1.SkipReason\x12\x10\n\x08\x64\x65graded\x18\x04 \x01(\x08\x12\r\n\x05query\x18\x05 \x01(\t\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.voxrecall.v1.Timings\x12\x18\n\x10snapshot_version\x18\x07 \x01(\t\x12\x11\n\ttruncated\x18\x08 \x01(\x08\"\xa2\x01\n\rSearchRequest\x12\x16\n\x0eknowledge_base\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x11\n\tmin_score\x18\x04 \x01(\x02\x12\x0f\n\x07sources\x18\x05 \x03(\t\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x13\n\x0b\x63ontext_url\x18\x07 \x01(\t\x12\x0e\n\x06vector\x18\x08 \x01(\x0c\"\x89\x01\n\x0eSearchResponse\x12#\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x13.voxrecall.v1.Chunk\x12&\n\x07timings\x18\x02 \x01(\x0b\x32\x15.voxrecall.v1.Timings\x12\x18\n\x10snapshot_version\x18\x03 \x01(\t\x12\x10\n\x08\x64\x65graded\x18\x04 \x01(\x08\"\'\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x12\x45ndSessionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\x87\x01\n\x13KnowledgeBaseStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10snapshot_version\x18\x02 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x04\x12\r\n\x05pages\x18\x04 \x01(\x04\x12\x13\n\x0b\x61ge_seconds\x18\x05 \x01(\x01\x12\x14\n\x0clast_refusal\x18\x06 \x01(\t\"\xd2\x01\n\x0eStatusResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12:\n\x0fknowledge_bases\x18\x02 \x03(\x0b\x32!.voxrecall.v1.KnowledgeBaseStatus\x12\x10\n\x08\x65mbedder\x18\x03 \x01(\t\x12\x11\n\tdimension\x18\x04 \x01(\r\x12\x16\n\x0euptime_seconds\x18\x05 \x01(\x01\x12\x10\n\x08sessions\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x15\n\rsession_bytes\x18\x08 \x01(\x04\":\n\x0f\x43onverseRequest\x12\'\n\x04turn\x18\x01 \x01(\x0b\x32\x19.voxrecall.v1.TurnRequest\"d\n\x10\x43onverseResponse\x12(\n\x04turn\x18\x01 \x01(\x0b\x32\x1a.voxrecall.v1.TurnResponse\x12\x12\n\nprefetched\x18\x02 \x01(\x08\x12\x12\n\ntranscript\x18\x03 \x01(\t\"<\n\x10ListToolsRequest\x12(\n\x06\x66ormat\x18\x01 \x01(\x0e\x32\x18.voxrecall.v1.ToolFormat\"\xa0\x01\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x03 \x01(\t\x12\x0f\n\x07sources\x18\x04 \x03(\t\x12\x15\n\rrealtime_json\x18\x05 \x01(\t\x12\x16\n\x0eresponses_json\x18\x06 \x01(\t\x12\x1d\n\x15\x63hat_completions_json\x18\x07 \x01(\t\"6\n\x11ListToolsResponse\x12!\n\x05tools\x18\x01 \x03(\x0b\x32\x12.voxrecall.v1.Tool\"^\n\x11InvokeToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\"l\n\x12InvokeToolResponse\x12\x0e\n\x06output\x18\x01 \x01(\t\x12\x10\n\x08is_error\x18\x02 \x01(\x08\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12#\n\x06\x63hunks\x18\x04 \x03(\x0b\x32\x13.voxrecall.v1.Chunk\"N\n\x0fReadPageRequest\x12\x16\n\x0eknowledge_base\x18\x01 \x01(\t\x12\x13\n\x0bsource_path\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"{\n\x10ReadPageResponse\x12\r\n\x05title\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x13\n\x0bsource_path\x18\x04 \x01(\t\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x18\n\x10snapshot_version\x18\x06 \x01(\t*7\n\x07Speaker\x12\x17\n\x13SPEAKER_UNSPECIFIED\x10\x00\x12\x08\n\x04USER\x10\x01\x12\t\n\x05\x41GENT\x10\x02*e\n\nSkipReason\x12\x0f\n\x0bNOT_SKIPPED\x10\x00\x12\x0f\n\x0b\x42\x41\x43KCHANNEL\x10\x01\x12\x0e\n\nAGENT_TURN\x10\x02\x12\r\n\tNOT_FINAL\x10\x03\x12\t\n\x05\x45MPTY\x10\x04\x12\x0b\n\x07\x43LOSING\x10\x05*\\\n\nToolFormat\x12\x1b\n\x17TOOL_FORMAT_UNSPECIFIED\x10\x00\x12\x0c\n\x08REALTIME\x10\x01\x12\r\n\tRESPONSES\x10\x02\x12\x14\n\x10\x43HAT_COMPLETIONS\x10\x03\x32\xde\x04\n\tRetrieval\x12=\n\x04Turn\x12\x19.voxrecall.v1.TurnRequest\x1a\x1a.voxrecall.v1.TurnResponse\x12\x43\n\x06Search\x12\x1b.voxrecall.v1.SearchRequest\x1a\x1c.voxrecall.v1.SearchResponse\x12O\n\nEndSession\x12\x1f.voxrecall.v1.EndSessionRequest\x1a .voxrecall.v1.EndSessionResponse\x12\x43\n\x06Status\x12\x1b.voxrecall.v1.StatusRequest\x1a\x1c.voxrecall.v1.StatusResponse\x12M\n\x08\x43onverse\x12\x1d.voxrecall.v1.ConverseRequest\x1a\x1e.voxrecall.v1.ConverseResponse(\x01\x30\x01\x12L\n\tListTools\x12\x1e.voxrecall.v1.ListToolsRequest\x1a\x1f.voxrecall.v1.ListToolsResponse\x12O\n\nInvokeTool\x12\x1f.voxrecall.v1.InvokeToolRequest\x1a .voxrecall.v1.InvokeToolResponse\x12I\n\x08ReadPage\x12\x1d.voxrecall.v1.ReadPageRequest\x1a\x1e.voxrecall.v1.ReadPageResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsidecar/gen/retrieval.proto\x12\x0cvoxrecall.v1\"\x8a\x02\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x13\n\x0bsource_path\x18\x04 \x01(\t\x12\r\n\x05title\x18\x05 \x01(\t\x12\x13\n\x0b\x62readcrumbs\x18\x06 \x03(\t\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\r\n\x05score\x18\x08 \x01(\x02\x12\x0b\n\x03url\x18\t \x01(\t\x12\x33\n\x08metadata\x18\n \x03(\x0b\x32!.voxrecall.v1.Chunk.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x07Timings\x12\x10\n\x08\x65mbed_ms\x18\x01 \x01(\x02\x12\x11\n\tsearch_ms\x18\x02 \x01(\x02\x12\x10\n\x08total_ms\x18\x03 \x01(\x02\"\xba\x01\n\x0bTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12&\n\x07speaker\x18\x04 \x01(\x0e\x32\x15.voxrecall.v1.Speaker\x12\x10\n\x08is_final\x18\x05 \x01(\x08\x12\x11\n\tbudget_ms\x18\x06 \x01(\x05\x12\x0f\n\x07sources\x18\x07 \x03(\t\x12\x13\n\x0b\x63ontext_url\x18\x08 \x01(\t\"\xa4\x02\n\x0cTurnResponse\x12#\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x13.voxrecall.v1.Chunk\x12$\n\x07\x63ontext\x18\x02 \x03(\x0b\x32\x13.voxrecall.v1.Chunk\x12)\n\x07skipped\x18\x03 \x01(\x0e\x32\x18.voxrecall.v1.SkipReason\x12\x10\n\x08\x64\x65graded\x18\x04 \x01(\x08\x12\r\n\x05query\x18\x05 \x01(\t\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.voxrecall.v1.Timings\x12\x18\n\x10snapshot_version\x18\x07 \x01(\t\x12\x11\n\ttruncated\x18\x08 \x01(\x08\x12(\n\x08\x66ollowup\x18\t \x01(\x0b\x32\x16.voxrecall.v1.FollowUp\"<\n\x08\x46ollowUp\x12\x0c\n\x04used\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x12\n\nconfidence\x18\x03 \x01(\x02\"\xa2\x01\n\rSearchRequest\x12\x16\n\x0eknowledge_base\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x11\n\tmin_score\x18\x04 \x01(\x02\x12\x0f\n\x07sources\x18\x05 \x03(\t\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x13\n\x0b\x63ontext_url\x18\x07 \x01(\t\x12\x0e\n\x06vector\x18\x08 \x01(\x0c\"\x89\x01\n\x0eSearchResponse\x12#\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x13.voxrecall.v1.Chunk\x12&\n\x07timings\x18\x02 \x01(\x0b\x32\x15.voxrecall.v1.Timings\x12\x18\n\x10snapshot_version\x18\x03 \x01(\t\x12\x10\n\x08\x64\x65graded\x18\x04 \x01(\x08\"\'\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x12\x45ndSessionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\x87\x01\n\x13KnowledgeBaseStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10snapshot_version\x18\x02 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x04\x12\r\n\x05pages\x18\x04 \x01(\x04\x12\x13\n\x0b\x61ge_seconds\x18\x05 \x01(\x01\x12\x14\n\x0clast_refusal\x18\x06 \x01(\t\"\xd2\x01\n\x0eStatusResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12:\n\x0fknowledge_bases\x18\x02 \x03(\x0b\x32!.voxrecall.v1.KnowledgeBaseStatus\x12\x10\n\x08\x65mbedder\x18\x03 \x01(\t\x12\x11\n\tdimension\x18\x04 \x01(\r\x12\x16\n\x0euptime_seconds\x18\x05 \x01(\x01\x12\x10\n\x08sessions\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x15\n\rsession_bytes\x18\x08 \x01(\x04\":\n\x0f\x43onverseRequest\x12\'\n\x04turn\x18\x01 \x01(\x0b\x32\x19.voxrecall.v1.TurnRequest\"d\n\x10\x43onverseResponse\x12(\n\x04turn\x18\x01 \x01(\x0b\x32\x1a.voxrecall.v1.TurnResponse\x12\x12\n\nprefetched\x18\x02 \x01(\x08\x12\x12\n\ntranscript\x18\x03 \x01(\t\"<\n\x10ListToolsRequest\x12(\n\x06\x66ormat\x18\x01 \x01(\x0e\x32\x18.voxrecall.v1.ToolFormat\"\xa0\x01\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x16\n\x0eknowledge_base\x18\x03 \x01(\t\x12\x0f\n\x07sources\x18\x04 \x03(\t\x12\x15\n\rrealtime_json\x18\x05 \x01(\t\x12\x16\n\x0eresponses_json\x18\x06 \x01(\t\x12\x1d\n\x15\x63hat_completions_json\x18\x07 \x01(\t\"6\n\x11ListToolsResponse\x12!\n\x05tools\x18\x01 \x03(\x0b\x32\x12.voxrecall.v1.Tool\"^\n\x11InvokeToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\"l\n\x12InvokeToolResponse\x12\x0e\n\x06output\x18\x01 \x01(\t\x12\x10\n\x08is_error\x18\x02 \x01(\x08\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12#\n\x06\x63hunks\x18\x04 \x03(\x0b\x32\x13.voxrecall.v1.Chunk\"N\n\x0fReadPageRequest\x12\x16\n\x0eknowledge_base\x18\x01 \x01(\t\x12\x13\n\x0bsource_path\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"{\n\x10ReadPageResponse\x12\r\n\x05title\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x13\n\x0bsource_path\x18\x04 \x01(\t\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x18\n\x10snapshot_version\x18\x06 \x01(\t*7\n\x07Speaker\x12\x17\n\x13SPEAKER_UNSPECIFIED\x10\x00\x12\x08\n\x04USER\x10\x01\x12\t\n\x05\x41GENT\x10\x02*e\n\nSkipReason\x12\x0f\n\x0bNOT_SKIPPED\x10\x00\x12\x0f\n\x0b\x42\x41\x43KCHANNEL\x10\x01\x12\x0e\n\nAGENT_TURN\x10\x02\x12\r\n\tNOT_FINAL\x10\x03\x12\t\n\x05\x45MPTY\x10\x04\x12\x0b\n\x07\x43LOSING\x10\x05*\\\n\nToolFormat\x12\x1b\n\x17TOOL_FORMAT_UNSPECIFIED\x10\x00\x12\x0c\n\x08REALTIME\x10\x01\x12\r\n\tRESPONSES\x10\x02\x12\x14\n\x10\x43HAT_COMPLETIONS\x10\x03\x32\xde\x04\n\tRetrieval\x12=\n\x04Turn\x12\x19.voxrecall.v1.TurnRequest\x1a\x1a.voxrecall.v1.TurnResponse\x12\x43\n\x06Search\x12\x1b.voxrecall.v1.SearchRequest\x1a\x1c.voxrecall.v1.SearchResponse\x12O\n\nEndSession\x12\x1f.voxrecall.v1.EndSessionRequest\x1a .voxrecall.v1.EndSessionResponse\x12\x43\n\x06Status\x12\x1b.voxrecall.v1.StatusRequest\x1a\x1c.voxrecall.v1.StatusResponse\x12M\n\x08\x43onverse\x12\x1d.voxrecall.v1.ConverseRequest\x1a\x1e.voxrecall.v1.ConverseResponse(\x01\x30\x01\x12L\n\tListTools\x12\x1e.voxrecall.v1.ListToolsRequest\x1a\x1f.voxrecall.v1.ListToolsResponse\x12O\n\nInvokeTool\x12\x1f.voxrecall.v1.InvokeToolRequest\x1a .voxrecall.v1.InvokeToolResponse\x12I\n\x08ReadPage\x12\x1d.voxrecall.v1.ReadPageRequest\x1a\x1e.voxrecall.v1.ReadPageResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CHUNK_METADATAENTRY']._loaded_options = None
   _globals['_CHUNK_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_SPEAKER']._serialized_start=2429
-  _globals['_SPEAKER']._serialized_end=2484
-  _globals['_SKIPREASON']._serialized_start=2486
-  _globals['_SKIPREASON']._serialized_end=2587
-  _globals['_TOOLFORMAT']._serialized_start=2589
-  _globals['_TOOLFORMAT']._serialized_end=2681
+  _globals['_SPEAKER']._serialized_start=2533
+  _globals['_SPEAKER']._serialized_end=2588
+  _globals['_SKIPREASON']._serialized_start=2590
+  _globals['_SKIPREASON']._serialized_end=2691
+  _globals['_TOOLFORMAT']._serialized_start=2693
+  _globals['_TOOLFORMAT']._serialized_end=2785
   _globals['_CHUNK']._serialized_start=46
   _globals['_CHUNK']._serialized_end=312
   _globals['_CHUNK_METADATAENTRY']._serialized_start=265
@@ -48,39 +48,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TURNREQUEST']._serialized_start=381
   _globals['_TURNREQUEST']._serialized_end=567
   _globals['_TURNRESPONSE']._serialized_start=570
-  _globals['_TURNRESPONSE']._serialized_end=820
-  _globals['_SEARCHREQUEST']._serialized_start=823
-  _globals['_SEARCHREQUEST']._serialized_end=985
-  _globals['_SEARCHRESPONSE']._serialized_start=988
-  _globals['_SEARCHRESPONSE']._serialized_end=1125
-  _globals['_ENDSESSIONREQUEST']._serialized_start=1127
-  _globals['_ENDSESSIONREQUEST']._serialized_end=1166
-  _globals['_ENDSESSIONRESPONSE']._serialized_start=1168
-  _globals['_ENDSESSIONRESPONSE']._serialized_end=1205
-  _globals['_STATUSREQUEST']._serialized_start=1207
-  _globals['_STATUSREQUEST']._serialized_end=1222
-  _globals['_KNOWLEDGEBASESTATUS']._serialized_start=1225
-  _globals['_KNOWLEDGEBASESTATUS']._serialized_end=1360
-  _globals['_STATUSRESPONSE']._serialized_start=1363
-  _globals['_STATUSRESPONSE']._serialized_end=1573
-  _globals['_CONVERSEREQUEST']._serialized_start=1575
-  _globals['_CONVERSEREQUEST']._serialized_end=1633
-  _globals['_CONVERSERESPONSE']._serialized_start=1635
-  _globals['_CONVERSERESPONSE']._serialized_end=1735
-  _globals['_LISTTOOLSREQUEST']._serialized_start=1737
-  _globals['_LISTTOOLSREQUEST']._serialized_end=1797
-  _globals['_TOOL']._serialized_start=1800
-  _globals['_TOOL']._serialized_end=1960
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=1962
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=2016
-  _globals['_INVOKETOOLREQUEST']._serialized_start=2018
-  _globals['_INVOKETOOLREQUEST']._serialized_end=2112
-  _globals['_INVOKETOOLRESPONSE']._serialized_start=2114
-  _globals['_INVOKETOOLRESPONSE']._serialized_end=2222
-  _globals['_READPAGEREQUEST']._serialized_start=2224
-  _globals['_READPAGEREQUEST']._serialized_end=2302
-  _globals['_READPAGERESPONSE']._serialized_start=2304
-  _globals['_READPAGERESPONSE']._serialized_end=2427
-  _globals['_RETRIEVAL']._serialized_start=2684
-  _globals['_RETRIEVAL']._serialized_end=3290
+  _globals['_TURNRESPONSE']._serialized_end=862
+  _globals['_FOLLOWUP']._serialized_start=864
+  _globals['_FOLLOWUP']._serialized_end=924
+  _globals['_SEARCHREQUEST']._serialized_start=927
+  _globals['_SEARCHREQUEST']._serialized_end=1089
+  _globals['_SEARCHRESPONSE']._serialized_start=1092
+  _globals['_SEARCHRESPONSE']._serialized_end=1229
+  _globals['_ENDSESSIONREQUEST']._serialized_start=1231
+  _globals['_ENDSESSIONREQUEST']._serialized_end=1270
+  _globals['_ENDSESSIONRESPONSE']._serialized_start=1272
+  _globals['_ENDSESSIONRESPONSE']._serialized_end=1309
+  _globals['_STATUSREQUEST']._serialized_start=1311
+  _globals['_STATUSREQUEST']._serialized_end=1326
+  _globals['_KNOWLEDGEBASESTATUS']._serialized_start=1329
+  _globals['_KNOWLEDGEBASESTATUS']._serialized_end=1464
+  _globals['_STATUSRESPONSE']._serialized_start=1467
+  _globals['_STATUSRESPONSE']._serialized_end=1677
+  _globals['_CONVERSEREQUEST']._serialized_start=1679
+  _globals['_CONVERSEREQUEST']._serialized_end=1737
+  _globals['_CONVERSERESPONSE']._serialized_start=1739
+  _globals['_CONVERSERESPONSE']._serialized_end=1839
+  _globals['_LISTTOOLSREQUEST']._serialized_start=1841
+  _globals['_LISTTOOLSREQUEST']._serialized_end=1901
+  _globals['_TOOL']._serialized_start=1904
+  _globals['_TOOL']._serialized_end=2064
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=2066
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=2120
+  _globals['_INVOKETOOLREQUEST']._serialized_start=2122
+  _globals['_INVOKETOOLREQUEST']._serialized_end=2216
+  _globals['_INVOKETOOLRESPONSE']._serialized_start=2218
+  _globals['_INVOKETOOLRESPONSE']._serialized_end=2326
+  _globals['_READPAGEREQUEST']._serialized_start=2328
+  _globals['_READPAGEREQUEST']._serialized_end=2406
+  _globals['_READPAGERESPONSE']._serialized_start=2408
+  _globals['_READPAGERESPONSE']._serialized_end=2531
+  _globals['_RETRIEVAL']._serialized_start=2788
+  _globals['_RETRIEVAL']._serialized_end=3394
 # @@protoc_insertion_point(module_scope)

@@ -104,7 +104,7 @@ class TurnRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., text: _Optional[str] = ..., speaker: _Optional[_Union[Speaker, str]] = ..., is_final: _Optional[bool] = ..., budget_ms: _Optional[int] = ..., sources: _Optional[_Iterable[str]] = ..., context_url: _Optional[str] = ...) -> None: ...
 
 class TurnResponse(_message.Message):
-    __slots__ = ("chunks", "context", "skipped", "degraded", "query", "timings", "snapshot_version", "truncated")
+    __slots__ = ("chunks", "context", "skipped", "degraded", "query", "timings", "snapshot_version", "truncated", "followup")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class TurnResponse(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWUP_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     context: _containers.RepeatedCompositeFieldContainer[Chunk]
     skipped: SkipReason
@@ -121,7 +122,18 @@ class TurnResponse(_message.Message):
     timings: Timings
     snapshot_version: str
     truncated: bool
-    def __init__(self, chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., skipped: _Optional[_Union[SkipReason, str]] = ..., degraded: _Optional[bool] = ..., query: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., snapshot_version: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    followup: FollowUp
+    def __init__(self, chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., skipped: _Optional[_Union[SkipReason, str]] = ..., degraded: _Optional[bool] = ..., query: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., snapshot_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., followup: _Optional[_Union[FollowUp, _Mapping]] = ...) -> None: ...
+
+class FollowUp(_message.Message):
+    __slots__ = ("used", "source", "confidence")
+    USED_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    used: str
+    source: str
+    confidence: float
+    def __init__(self, used: _Optional[str] = ..., source: _Optional[str] = ..., confidence: _Optional[float] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
     __slots__ = ("knowledge_base", "query", "limit", "min_score", "sources", "session_id", "context_url", "vector")

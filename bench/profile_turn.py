@@ -1,0 +1,156 @@
+"""What a ``Turn`` costs in Python beside a ``Search``: ``python -m bench.profile_turn``.
+
+The engine in-process (no gRPC), every query vector already cached, so what is timed is the
+turn's own work: validation, the skip policy, the follow-up plan (the gazetteer scan of the turn,
+once), the ranking, recording the turn. A short conversation (a user naming a page, the agent
+naming another, follow-ups, a backchannel) is replayed in a fresh session each pass; beside it the
+same user turns go through ``Search``. Two bases:
+
+* the Windows Terminal docs of ``../shared/data`` (623 chunks; ``examples/kb`` without the data);
+* ``bench.ours``' synthetic pages at ``--n`` chunks (100,000 by default), "Document 1234" titles.
+
+Chunks are embedded with ``FakeEmbedder`` (the vectors' values do not change the Python cost).
+Prints and writes ``bench/results/profile_turn.json``: microseconds per user Turn, per Search,
+and their ratio, measured in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.ours import _chunks
+from bench.quality_turns import DEFAULT_DATA
+from index.chunker import chunk_page
+from index.config import HnswConfig, SidecarConfig
+from index.embedders.base import FakeEmbedder
+from index.snapshot import load_snapshot, write_snapshot
+from index.sources.markdown import load_markdown
+from index.store import new_version_id
+from index.types import Chunk
+from sidecar.engine import Engine, SearchInput, Speaker, TurnInput
+from sidecar.followups import chunk_entity
+from sidecar.holder import SnapshotHolder
+from sidecar.sessions import SessionStore
+
+RESULTS = Path(__file__).resolve().parent / "results" / "profile_turn.json"
+ROOT = Path(__file__).resolve().parents[1]
+KB = "kb"
+DIM = 384
+PASSES = 300  # conversations replayed per base: enough calls for a stable mean
+HNSW = HnswConfig()
+
+
+def docs_chunks(data_dir: Path) -> list[Chunk]:
+    folder = data_dir / "docs-windows-terminal" / "docs"
+    if not folder.is_dir():
+        folder = ROOT / "examples" / "kb"
+    pages, _ = load_markdown(KB, folder)
+    return [c for p in pages for c in chunk_page(p)]
+
+
+def engine_over(chunks: list[Chunk], folder: Path) -> Engine:
+    embedder = FakeEmbedder(dimension=DIM)
+    version = new_version_id("profile-turn")
+    write_snapshot(
+        folder / version,
+        knowledge_base=KB,
+        version=version,
+        embedder=embedder.info,
+        chunks=chunks,
+        vectors=embedder.embed_batch([c.embed_text for c in chunks]),
+        pages={},
+        page_count=len({c.source_path for c in chunks}),
+        hnsw_m=HNSW.m,
+        hnsw_ef_construction=HNSW.ef_construction,
+        target_recall=HNSW.target_recall,
+        sources=[KB],
+    )
+    holder = SnapshotHolder()
+    holder.publish(load_snapshot(folder / version, checksums=False))
+    config = SidecarConfig(budget_ms=10_000)
+    sessions = SessionStore(max_sessions=1024, ttl_s=600, context_turns=config.context_turns)
+    return Engine(config, embedder, holder, frozenset({KB}), sessions, default_knowledge_base=KB)
+
+
+def conversation(chunks: list[Chunk]) -> list[tuple[str, str]]:
+    """A few turns about two of the base's pages (named as their titles say)."""
+    names = list(dict.fromkeys(chunk_entity(c) for c in chunks))
+    first, second = names[len(names) // 3], names[2 * len(names) // 3]
+    return [
+        (Speaker.USER, f"Can you tell me about {first}?"),
+        (Speaker.AGENT, f"Sure. {first} is covered, and so is {second}. Which one?"),
+        (Speaker.USER, "the second one, how do I change it"),
+        (Speaker.USER, "okay"),
+        (Speaker.USER, "and is there a keyboard shortcut for that"),
+        (Speaker.AGENT, "Yes, there is one. Do you want to know how to set it?"),
+        (Speaker.USER, "yes please"),
+        (Speaker.USER, "what settings can I change in the profile for the colour scheme"),
+    ]
+
+
+async def measure(engine: Engine, turns: list[tuple[str, str]], passes: int) -> dict[str, Any]:
+    user = [text for speaker, text in turns if speaker == Speaker.USER]
+    for i in range(2):  # every vector the turns and searches need lands in the cache
+        for speaker, text in turns:
+            await engine.turn(TurnInput(session_id=f"warm{i}", text=text, speaker=speaker))
+    for text in user:
+        await engine.search(SearchInput(query=text))
+    misses = engine.vectors.stats.misses
+    turn_s = search_s = 0.0
+    for n in range(passes):
+        started = time.perf_counter()
+        for speaker, text in turns:
+            await engine.turn(TurnInput(session_id=f"s{n}", text=text, speaker=speaker))
+        turn_s += time.perf_counter() - started
+        engine.end_session(f"s{n}")
+        started = time.perf_counter()
+        for text in user:
+            await engine.search(SearchInput(query=text))
+        search_s += time.perf_counter() - started
+    if engine.vectors.stats.misses != misses:
+        raise RuntimeError("a timed call embedded: the figures would include the embedder")
+    per_turn = turn_s / (passes * len(turns)) * 1e6
+    per_search = search_s / (passes * len(user)) * 1e6
+    return {
+        "turns_per_pass": len(turns),
+        "us_per_turn": round(per_turn, 1),
+        "us_per_search": round(per_search, 1),
+        "turn_over_search": round(per_turn / per_search, 2),
+    }
+
+
+async def run(data_dir: Path, n: int, passes: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, chunks in (("docs", docs_chunks(data_dir)), (f"synthetic-{n}", _chunks(n))):
+            engine = engine_over(chunks, Path(tmp) / name)
+            try:
+                row = await measure(engine, conversation(chunks), passes)
+            finally:
+                await engine.aclose()
+            out[name] = {"chunks": len(chunks), **row}
+            print(f"{name}: {json.dumps(out[name])}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000, help="chunks of the synthetic base")
+    parser.add_argument("--passes", type=int, default=PASSES)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    result = asyncio.run(run(args.data, args.n, args.passes))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

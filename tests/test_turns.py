@@ -1,0 +1,201 @@
+"""The turn engine's follow-up behaviour, through a real engine over small bases built here.
+
+Each test feeds a conversation through ``run_turns`` (a real snapshot, the shipped
+``FakeEmbedder``), so none needs ``../shared/data`` or the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from index.embedders.base import FakeEmbedder
+from sidecar.followups import Source
+from sidecar.skip import Skip
+from tests.turns import build_engine, run_turns
+
+PLACES = {
+    "BLUE DOOR CAFE": [
+        "Blue Door Cafe takes reservations for groups of up to eight.",
+        "Blue Door Cafe serves breakfast until noon, near the park, with two entrances.",
+    ],
+    "HARBOR GRILL": [
+        "Harbor Grill takes reservations online and by phone.",
+        "Harbor Grill has outdoor seating by the park and two dining rooms.",
+    ],
+    "PARK INN": ["Park Inn has free parking for guests.", "Park Inn rooms overlook the river."],
+    "RIVER INN": ["River Inn is two miles from the station.", "River Inn has two bars."],
+    "TWO TWO CAFE": ["Two Two Cafe serves coffee and cake.", "Two Two Cafe opens at seven."],
+    "LANTERN HOUSE": ["Lantern House has two gardens.", "Lantern House sells two kinds of tea."],
+}
+
+
+async def test_the_agents_naming_wins_over_a_passing_mention(tmp_path: Path) -> None:
+    listed = await run_turns(
+        PLACES,
+        [
+            ("user", "I'm looking for somewhere to eat near the park."),
+            ("agent", "There are two options, Blue Door Cafe and Harbor Grill."),
+            ("user", "ok does the second one take reservations"),
+        ],
+        tmp_path / "listed",
+    )
+    assert listed[-1].followup.source == Source.ENTITY
+    assert listed[-1].followup.used == "HARBOR GRILL"
+    assert listed[-1].hits[0].chunk.title == "HARBOR GRILL"
+    named = await run_turns(
+        PLACES,
+        [
+            ("user", "Where could I have breakfast?"),
+            ("agent", "There is a nice place, it's called Blue Door Cafe."),
+            ("user", "I see one place by the park there, is it that one?"),
+            ("user", "Do they take reservations?"),
+        ],
+        tmp_path / "named",
+    )
+    assert [r.followup.used for r in named[2:]] == ["BLUE DOOR CAFE"] * 2
+    assert named[-1].query == "BLUE DOOR CAFE: Do they take reservations?"
+
+
+async def test_a_spoken_number_does_not_become_a_name(tmp_path: Path) -> None:
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "tell me about harbor grill"),
+            ("agent", "Harbor Grill is by the water."),
+            ("user", "the zip code is nine four one two two"),
+            ("user", "do they take reservations"),
+        ],
+        tmp_path,
+    )
+    assert results[2].followup.used == "HARBOR GRILL"  # "two two" is not Two Two Cafe
+    assert results[3].followup.used == "HARBOR GRILL"
+    assert results[3].hits[0].chunk.title == "HARBOR GRILL"
+
+
+PAGES = {
+    "RETIREMENT BENEFITS": [
+        "You can start retirement benefits at 62.",
+        "Your retirement benefits depend on your earnings.",
+    ],
+    "DISABILITY BENEFITS": [
+        "Disability benefits turn into retirement benefits at full retirement age.",
+        "Apply for disability benefits if you cannot work because of a condition.",
+    ],
+    "SURVIVOR BENEFITS": [
+        "Survivor benefits replace retirement benefits for a widow or widower.",
+        "Children can get survivor benefits after a parent dies.",
+    ],
+    "MEDICARE": [
+        "Medicare starts at 65, whether or not you take retirement benefits.",
+        "Working past 65 with retirement benefits can change your Medicare premium.",
+    ],
+}
+
+
+async def test_a_generic_title_does_not_lock_the_session(tmp_path: Path) -> None:
+    results = await run_turns(
+        PAGES,
+        [
+            ("user", "how do retirement benefits work"),
+            ("user", "What if I cannot work anymore because of a condition?"),
+            ("user", "How do I apply?"),
+        ],
+        tmp_path,
+    )
+    # "retirement benefits" is as common elsewhere as on its page: never the session's entity
+    assert all(r.followup.source != Source.ENTITY for r in results)
+    assert results[1].hits[0].chunk.title == "DISABILITY BENEFITS"
+    assert results[2].followup.source == Source.RECENT_TURNS
+    assert results[2].hits[0].chunk.title == "DISABILITY BENEFITS"
+
+
+async def test_an_answer_is_searched_with_the_agents_question(tmp_path: Path) -> None:
+    question = "Do you want to know how to prove your immigration status?"
+    base = {
+        "SOCIAL SECURITY CARD": [
+            "To prove your immigration status, show your current immigration document.",
+            "A replacement card is free.",
+        ],
+        "RETIREMENT": ["You can start retirement benefits at 62."],
+    }
+    results = await run_turns(
+        base,
+        [
+            ("user", "It's my first time getting a card. I'm a noncitizen adult."),
+            ("agent", "You need a document from immigration."),
+            ("agent", question),
+            ("user", "Yes, please tell me."),
+            ("agent", question),
+            ("user", "Yes."),
+            ("agent", "A replacement card is free."),
+            ("user", "Yes."),
+        ],
+        tmp_path,
+    )
+    for answer in (results[3], results[5]):
+        assert answer.skipped is Skip.NOT_SKIPPED
+        assert answer.followup.source == Source.AGENT_QUESTION
+        assert question in answer.query
+        assert "immigration status" in answer.hits[0].chunk.text
+    assert results[7].skipped is Skip.BACKCHANNEL  # no question asked: "Yes." is a backchannel
+
+
+async def test_a_self_contained_question_after_a_topic_is_searched_as_itself(
+    tmp_path: Path,
+) -> None:
+    base = {
+        "GOOGLE DRIVE": [
+            "To set up Google Drive, run rclone config and choose drive.",
+            "Google Drive limits uploads to 750 GB a day.",
+        ],
+        "FILTERING": ["Use --exclude to skip files matching a pattern when you transfer."],
+        "INSTALL": ["Install rclone with the install script or a package manager."],
+    }
+    question = "how can I skip files matching a pattern"
+    results = await run_turns(
+        base,
+        [
+            ("user", "How do I set up my cloud storage?"),
+            ("agent", "Run rclone config and pick drive."),
+            ("user", question),
+            ("user", "And after that?"),
+        ],
+        tmp_path,
+    )
+    assert results[2].query == question
+    assert results[2].followup.source == Source.NONE
+    assert results[2].hits[0].chunk.title == "FILTERING"
+    assert results[3].followup.source == Source.RECENT_TURNS  # a follow-up is still completed
+    assert question in results[3].query
+
+
+async def test_a_tracked_entity_survives_a_backchannel_and_a_skipped_turn(tmp_path: Path) -> None:
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "Tell me about Harbor Grill."),
+            ("user", "okay"),
+            ("user", "Thank you very much."),
+            ("user", "do they have outdoor seating"),
+        ],
+        tmp_path,
+    )
+    assert [r.skipped for r in results[1:3]] == [Skip.BACKCHANNEL, Skip.CLOSING]
+    assert results[3].followup.used == "HARBOR GRILL"
+    assert results[3].hits[0].chunk.title == "HARBOR GRILL"
+
+
+@pytest.mark.parametrize("fault", [{"hang": True}, {"fail": True}, {"delay": 1.0}])
+async def test_a_stuck_or_broken_embedder_falls_back_with_the_follow_up(
+    tmp_path: Path, fault: dict[str, object]
+) -> None:
+    engine = build_engine(PLACES, tmp_path, embedder=FakeEmbedder(**fault), budget_ms=50)  # type: ignore[arg-type]
+    results = await run_turns(
+        engine, [("user", "Tell me about Harbor Grill."), ("user", "do they take reservations")]
+    )
+    await engine.aclose()
+    assert all(r.degraded for r in results)
+    assert results[1].query == "HARBOR GRILL: do they take reservations"
+    assert results[1].hits[0].chunk.title == "HARBOR GRILL"
