@@ -334,7 +334,13 @@ def test_a_folder_tree_nested_past_the_recursion_limit_is_walked(tmp_path: Path)
         fd, parent = os.open("d", os.O_RDONLY, dir_fd=fd), fd
         os.close(parent)
     os.close(fd)
-    (docs / ("d/" * 1_200 + "bottom.md")).write_text("# Bottom\n\nThe deepest page.\n")
-    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
-    assert summary.skipped_pages == []
-    assert {c.source_path for c in snap.chunks} == {"billing.md", "d/" * 1_200 + "bottom.md"}
+    bottom = docs / ("d/" * 1_200 + "bottom.md")
+    bottom.write_text("# Bottom\n\nThe deepest page.\n")
+    try:
+        summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+        assert summary.skipped_pages == []
+        assert {c.source_path for c in snap.chunks} == {"billing.md", "d/" * 1_200 + "bottom.md"}
+    finally:  # pytest's own clean-up (shutil.rmtree) recurses, and this tree is too deep for it
+        bottom.unlink()
+        for depth in range(1_200, 0, -1):
+            os.rmdir(docs / ("d/" * depth))
