@@ -203,7 +203,7 @@ def test_a_session_keeps_at_most_its_bytes_dropping_the_oldest_turns() -> None:
         session.record_turn("agent", long_turn + str(i))
         session.retain([hit(f"c{i}")])
     assert session.size == session.measure() <= 40_000
-    assert [t[-1] for _, t in session.turns] == ["6", "7"]  # the newest kept
+    assert [said.text[-1] for said in session.turns] == ["6", "7"]  # the newest kept
     assert session.turn_count == RECENT_TURNS
 
 
