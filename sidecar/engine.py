@@ -53,6 +53,7 @@ ENTITY_STANDALONE_MARGIN = 0.25
 # pages of its top PRIOR_COUNTED chunks, by score; a chunk on a page the conversation found gets
 # up to +PRIOR_BONUS (the most found page) among the top PRIOR_DEPTH. Measured on doc2dial-dev.
 PRIOR_COUNTED = 5
+ALONE_DEPTH = 20  # how deep the turn alone is searched beside a folded query
 PRIOR_BONUS = 0.1
 PRIOR_DEPTH = 20
 MAX_PAGES = 64  # pages a session keeps counts for
@@ -261,20 +262,23 @@ class Engine:
         at once), and keep the turn's own result when it confidently prefers another chunk."""
         queries = [plan.query, req.text] if plan.alone else [plan.query]
         priors = [session.pages if plan.prior and session.pages else None, None]
+        # the turn alone is searched deeper: what it makes of the folded query's best chunk is
+        # then read, not guessed from its own third result
+        limits = [self.config.max_results, max(self.config.max_results, ALONE_DEPTH)]
         searches = [
             self._search(
                 snapshot,
                 kb,
                 query,
                 budget,
-                limit=self.config.max_results,
+                limit=limit,
                 min_score=self.config.min_score,
                 sources=req.sources,
                 context_url=req.context_url,
                 embed=embed,
                 prior=prior,
             )
-            for query, prior in zip(queries, priors, strict=False)
+            for query, prior, limit in zip(queries, priors, limits, strict=False)
         ]
         results = await asyncio.gather(*searches) if len(searches) > 1 else [await searches[0]]
         own = results[-1]  # the turn's own words' result: what the conversation's pages count
@@ -282,7 +286,7 @@ class Engine:
         entity = plan.followup.source == followups.Source.ENTITY
         margin = ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN
         if len(results) == 2 and _stands_alone(results[0], own, margin):
-            return req.text, own
+            return req.text, replace(own, hits=own.hits[: self.config.max_results])
         return queries[0], results[0]
 
     def _read_later(self, session: Session, utterance: followups.Utterance) -> None:
