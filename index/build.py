@@ -7,6 +7,7 @@ page re-embeds only that page's changed chunks. Nothing is published when nothin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -17,15 +18,20 @@ from typing import Any
 
 import numpy as np
 
+from index import enrich
 from index.chunker import ChunkOptions, chunk_page
-from index.config import Config, KnowledgeBaseConfig
+from index.config import Config, KnowledgeBaseConfig, LlmConfig, SourceConfig
+from index.curation import APPROVED_FILES, approved_sources, load_approved_files
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from index.errors import SnapshotError, SnapshotNotFound, VoxrecallError
+from index.llm import LlmUsage, ModelCaller
 from index.progress import EmbedProgress
 from index.snapshot import load_snapshot, page_key, read_manifest, write_snapshot
 from index.sources import SkippedPage
+from index.sources.image import image_limit, load_images
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore, new_version_id
+from index.summaries import SUMMARY_TEXTS, SUMMARY_VECTORS, read_summary_texts
 from index.types import Chunk, Page
 
 log = logging.getLogger("voxrecall.index")
@@ -43,6 +49,7 @@ class BuildSummary:
     removed: int = 0
     skipped_pages: list[dict[str, str]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    llm: LlmUsage = field(default_factory=LlmUsage)  # [index.llm] calls of this build
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +63,9 @@ class BuildSummary:
             "removed": self.removed,
             "skipped_pages": self.skipped_pages,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "llm": self.llm.as_dict(),
+            # pages kept as they were and chunks given the heading view: what the model failed
+            "enrichment_failures": list(self.llm.failed),
         }
 
 
@@ -129,19 +139,63 @@ def embed_chunks(
 
 
 def collect_pages(
-    kb: KnowledgeBaseConfig, context: LoadContext
+    kb: KnowledgeBaseConfig, context: LoadContext, caller: ModelCaller | None = None
 ) -> tuple[list[Page], list[SkippedPage]]:
     """Every page of every source of a base, and the pages skipped (path prefixed with the
-    source's name when the base has several sources)."""
+    source's name when the base has several sources). Images go to ``caller``'s model, only
+    from ``approved = true`` sources (index/sources/image.py)."""
     pages: list[Page] = []
     skipped: list[SkippedPage] = []
     for source in kb.sources:
-        got, missed = load_source(source, context)
+        if source.type == "image":
+            got, missed = _image_pages(source, caller)
+        elif source.type == APPROVED_FILES:
+            got, missed = load_approved_files(source)
+        else:
+            got, missed = load_source(source, context)
         if len(kb.sources) > 1:
             missed = [SkippedPage(f"{source.name}:{s.path}", s.reason) for s in missed]
         pages.extend(got)
         skipped.extend(missed)
     return pages, skipped
+
+
+def _image_pages(
+    source: SourceConfig, caller: ModelCaller | None
+) -> tuple[list[Page], list[SkippedPage]]:
+    if caller is None:  # parse_config refuses an image source without [index.llm]
+        raise SnapshotError(f"source {source.name!r}: type image needs [index.llm]")
+    images, skipped = load_images(source, image_limit(source, caller.config.max_image_bytes))
+    pages, failed = enrich.describe_images(source, images, caller)
+    return pages, skipped + failed
+
+
+def needs_model(kb: KnowledgeBaseConfig) -> bool:
+    """Whether a build of ``kb`` calls [index.llm]: clean-up, model summaries or images."""
+    return any(s.options.get("clean") or s.type == "image" for s in kb.sources) or (
+        kb.summaries and kb.summary_text == "model"
+    )
+
+
+def model_caller(llm: LlmConfig | None, kb: KnowledgeBaseConfig) -> ModelCaller | None:
+    return ModelCaller(llm) if llm is not None and needs_model(kb) else None
+
+
+def previous_summaries(store: LocalStore, kb: str, info: EmbedderInfo) -> dict[str, Vectors]:
+    """Summary vectors of the published snapshot keyed by ``text_key`` of their text."""
+    try:
+        folder = store.latest_dir(kb)
+        manifest = read_manifest(folder)
+        if manifest.embedder != info or SUMMARY_VECTORS not in manifest.files:
+            return {}
+        texts = read_summary_texts(folder / SUMMARY_TEXTS, manifest.chunks)
+        snap = load_snapshot(folder, expected=info)
+    except VoxrecallError:
+        return {}
+    if snap.summaries is None or not texts:
+        return {}
+    stored = np.asarray(snap.summaries.index.get_items(np.arange(len(texts))), dtype=np.float32)
+    return {text_key(info, t): stored[i] for i, t in enumerate(texts)}
 
 
 def build_knowledge_base(
@@ -151,6 +205,7 @@ def build_knowledge_base(
     *,
     progress: Callable[[int, int], None] | None = None,
     now: float | None = None,
+    caller: ModelCaller | None = None,
 ) -> BuildSummary:
     """Build one base and publish it if anything changed.
 
@@ -158,12 +213,23 @@ def build_knowledge_base(
     ``progress(done, total)`` follows the embedding (default: ``EmbedProgress``, a bar on a
     terminal, a log line every ``PROGRESS_EVERY_S`` elsewhere); an exception it raises abandons
     the build before anything is written (``voxrecall index watch`` stops this way on SIGTERM).
+
+    ``caller`` asks [index.llm] (default: one made from the config when the base needs it); its
+    every call is made before anything is written, so ``SpendCapReached`` publishes nothing.
     """
     store = LocalStore(config.index.store)
     summary = BuildSummary(knowledge_base=kb.name)
+    kb = dataclasses.replace(kb, sources=kb.sources + approved_sources(config.index.registry, kb))
+    caller = caller or model_caller(config.index.llm, kb)
+    if caller is not None:
+        summary.llm = caller.usage
     with _phase(summary, "load"):
         context = LoadContext(kb.name, config.index.cache_dir, time.time() if now is None else now)
-        pages, skipped = collect_pages(kb, context)
+        pages, skipped = collect_pages(kb, context, caller)
+    originals: dict[str, str] = {}
+    if caller is not None and config.index.llm is not None:
+        with _phase(summary, "clean"):
+            pages, originals = enrich.clean_pages(pages, kb, config.index.llm, caller)
     summary.pages = len(pages)
     summary.skipped_pages = [{"path": s.path, "reason": s.reason} for s in skipped]
     options = ChunkOptions(
@@ -174,6 +240,10 @@ def build_knowledge_base(
     with _phase(summary, "chunk"):
         chunks = [chunk for page in pages for chunk in chunk_page(page, options)]
     summary.chunks = len(chunks)
+    summary_texts: list[str] = []
+    if kb.summaries:
+        with _phase(summary, "summaries"):
+            summary_texts = enrich.summary_texts(chunks, kb, caller)
     with _phase(summary, "reuse"):
         cache, previous_ids = previous_vectors(store, kb.name, embedder.info)
     with _phase(summary, "embed"):
@@ -192,6 +262,10 @@ def build_knowledge_base(
     for chunk in chunks:
         content.update(text_key(embedder.info, chunk.embed_text).encode())
         content.update(chunk.chunk_id.encode())
+    for text in summary_texts:
+        content.update(b"s" + text_key(embedder.info, text).encode())
+    for key in sorted(originals):
+        content.update(b"o" + key.encode())
     content_hash = content.hexdigest()
     published = store.latest(kb.name)
     if (
@@ -206,6 +280,20 @@ def build_knowledge_base(
     version = new_version_id(content_hash)
     if published is not None and version <= published:
         raise SnapshotError(f"clock went backwards: new version {version} <= published {published}")
+    writers = []
+    if kb.summaries:
+        with _phase(summary, "embed summaries"):
+            reused = previous_summaries(store, kb.name, embedder.info)
+            summary_vectors = enrich.embed_summaries(
+                embedder, summary_texts, reused, lambda t: text_key(embedder.info, t)
+            )
+        writers.append(
+            enrich.summary_writer(
+                summary_texts, summary_vectors, kb.hnsw.m, kb.hnsw.ef_construction
+            )
+        )
+    if originals:
+        writers.append(enrich.originals_writer(originals))
     staging = store.staging_dir(kb.name)
     with _phase(summary, "write"):
         write_snapshot(
@@ -221,7 +309,11 @@ def build_knowledge_base(
             hnsw_ef_construction=kb.hnsw.ef_construction,
             target_recall=kb.hnsw.target_recall,
             sources=[s.name for s in kb.sources],
-            extra={"content_hash": content_hash},
+            extra={"content_hash": content_hash}
+            | ({"summaries": kb.summary_text} if kb.summaries else {}),
+            more_files=(lambda folder: [n for w in writers for n in w(folder)])
+            if writers
+            else None,
         )
         store.publish(kb.name, staging, version, keep=config.index.keep_versions)
     summary.version = version

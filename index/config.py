@@ -79,7 +79,13 @@ SOURCE_OPTIONS: dict[str, frozenset[str]] = {
     "url": frozenset({"urls", "refresh"}),
     "jsonl": _RECORD_OPTIONS,
     "csv": _RECORD_OPTIONS,
+    # images become text through [index.llm]'s vision model, only with approved = true
+    "image": frozenset({"approved", "urls", "follow_symlinks", "max_image_bytes"}),
 }
+# Text sources whose long pages [index.llm] may rewrite into clean Markdown (index/enrich.py).
+CLEANABLE_TYPES = frozenset({"markdown", "text", "html", "pdf", "url"})
+for _type in CLEANABLE_TYPES:
+    SOURCE_OPTIONS[_type] = SOURCE_OPTIONS[_type] | {"clean"}
 SOURCE_TYPES = tuple(SOURCE_OPTIONS)
 SOURCE_KEYS = frozenset({"name", "type", "path"})  # every type's, beside its options
 TABLES = ("embedder", "knowledge_base", "index", "sidecar", "function")
@@ -109,7 +115,13 @@ def check_options(source: SourceConfig) -> None:
             f"source {source.name!r}: unknown option(s) {unknown_names(unknown, allowed)} for type "
             f"{source.type} (it takes: {', '.join(sorted(allowed)) or 'none'})"
         )
-    if source.type == "url":
+    for flag in ("clean", "approved"):
+        if flag in source.options and not isinstance(source.options[flag], bool):
+            raise ConfigError(f"source {source.name!r}: {flag} must be true or false")
+    if source.type == "image":
+        if (source.path is None) == ("urls" not in source.options):
+            raise ConfigError(f"source {source.name!r}: type image takes a path (a folder) or urls")
+    elif source.type == "url":
         if source.path is not None:
             raise ConfigError(f"source {source.name!r}: type url takes urls, not a path")
     elif source.path is None:
@@ -136,6 +148,11 @@ class KnowledgeBaseConfig:
     name: str
     sources: tuple[SourceConfig, ...]
     hybrid: bool = False  # fuse dense and lexical scores (convex, sidecar/relevance.py)
+    # A second vector per chunk, of what question it answers, searched beside the content
+    # (index/enrich.py, sidecar/relevance.py): written by [index.llm] ("model") or taken from the
+    # chunk's heading path and first sentence ("heading", no model).
+    summaries: bool = False
+    summary_text: Literal["model", "heading"] = "model"
     chunking: ChunkingConfig = ChunkingConfig()
     hnsw: HnswConfig = HnswConfig()
 
@@ -152,11 +169,36 @@ class FunctionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LlmConfig:
+    """``[index.llm]``: an OpenAI-compatible chat model the indexer (never the sidecar) calls to
+    clean pages, write chunk summaries and describe images (index/llm.py)."""
+
+    model: str = "gpt-4o-mini"
+    base_url: str = ""  # empty: api.openai.com
+    api_key_env: str = "OPENAI_API_KEY"
+    api_key: str = field(default="", repr=False)  # resolved from api_key_env; never logged
+    max_concurrency: int = 4  # requests in flight at once
+    max_build_tokens: int = 2_000_000  # one build's spend cap (prompt + completion tokens)
+    max_output_tokens: int = 2048  # per answer
+    timeout_s: float = 120.0  # per request, whole (a trickling answer is cut too)
+    retries: int = 6  # on 429, 5xx, timeouts and dropped connections, with backoff
+    clean_min_bytes: int = 2048  # a page of a clean = true source longer than this is cleaned
+    max_input_bytes: int = 64 * 1024  # a longer page is not sent (kept as it is, named)
+    max_image_bytes: int = 4 * 1024 * 1024  # a larger image is skipped, never sent
+    cache_dir: Path = Path("store/.llm-cache")  # answers by (model, prompt version, input hash)
+
+
+@dataclass(frozen=True, slots=True)
 class IndexConfig:
     store: Path = Path("store")
     keep_versions: int = 3
     cache_dir: Path = Path("store/.embedding-cache")
     strict: bool = False  # exit non-zero when any page is skipped
+    llm: LlmConfig | None = None  # [index.llm]; None: no model is ever called
+    # Proposed, approved and rejected sources (`voxrecall source ...`, index/curation.py)
+    registry: Path = Path("sources.json")
+    rebuild_token_env: str = "VOXRECALL_REBUILD_TOKEN"  # `index watch --listen`'s bearer token
+    rebuild_token: str = field(default="", repr=False)  # resolved from rebuild_token_env
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +482,19 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
             idx_raw[key] = _path(base, idx_raw[key], f"{where} [index] {key}")
     idx_raw.setdefault("store", (base / "store").resolve())
     idx_raw.setdefault("cache_dir", Path(idx_raw["store"]) / ".embedding-cache")
+    idx_raw["registry"] = _path(base, idx_raw.get("registry", "sources.json"), f"{where} [index]")
+    if "llm" in idx_raw:
+        idx_raw["llm"] = _llm_config(
+            _table(idx_raw, "llm", f"{where} [index]"), base, Path(idx_raw["store"]), where
+        )
+    if "rebuild_token" in idx_raw:
+        raise ConfigError(
+            f"{where} [index]: a token never goes in the file: name its variable with "
+            "rebuild_token_env"
+        )
     index = _build(IndexConfig, idx_raw, f"{where} [index]")
+    index = replace(index, rebuild_token=os.environ.get(index.rebuild_token_env, ""))
+    _check_enrichment(kbs, index, where)
 
     sc_raw = dict(_table(raw, "sidecar", where))
     store = sc_raw.get("store")
@@ -499,6 +553,48 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
         path=path,
         functions=functions,
     )
+
+
+def _llm_config(raw: Mapping[str, Any], base: Path, store: Path, where: str) -> LlmConfig:
+    """``[index.llm]``: every limit a positive number; the key read from its variable here."""
+    where = f"{where} [index.llm]"
+    values = dict(raw)
+    values["cache_dir"] = (
+        _path(base, raw["cache_dir"], f"{where} cache_dir")
+        if "cache_dir" in raw
+        else store / ".llm-cache"
+    )
+    llm = _build(LlmConfig, values, where)
+    for key in ("max_concurrency", "max_build_tokens", "max_output_tokens", "clean_min_bytes",
+                "max_input_bytes", "max_image_bytes"):  # fmt: skip
+        if not _whole(getattr(llm, key)) or getattr(llm, key) < 1:
+            raise ConfigError(f"{where}: {key} must be a whole number >= 1")
+    if not _whole(llm.retries) or llm.retries < 0:
+        raise ConfigError(f"{where}: retries must be a whole number >= 0")
+    if isinstance(llm.timeout_s, bool) or not isinstance(llm.timeout_s, int | float):
+        raise ConfigError(f"{where}: timeout_s must be a number of seconds > 0")
+    if llm.timeout_s <= 0 or not isinstance(llm.model, str) or not llm.model:
+        raise ConfigError(f"{where}: timeout_s must be > 0 and model a model name")
+    return replace(llm, api_key=os.environ.get(llm.api_key_env, ""))
+
+
+def _check_enrichment(kbs: list[KnowledgeBaseConfig], index: IndexConfig, where: str) -> None:
+    """What needs a model (clean = true, model summaries, images) names an [index.llm]."""
+    for kb in kbs:
+        if not isinstance(kb.summaries, bool) or kb.summary_text not in ("model", "heading"):
+            raise ConfigError(
+                f'{where} {kb.name}: summaries must be true or false, summary_text "model" or '
+                '"heading"'
+            )
+        needs = [f"source {s.name} (clean = true)" for s in kb.sources if s.options.get("clean")]
+        needs += [f"source {s.name} (type image)" for s in kb.sources if s.type == "image"]
+        if kb.summaries and kb.summary_text == "model":
+            needs.append('summaries = true (summary_text = "model")')
+        if needs and index.llm is None:
+            raise ConfigError(
+                f"{where} knowledge base {kb.name}: {', '.join(needs)} needs a model: add an "
+                '[index.llm] table (model, base_url, api_key_env), or use summary_text = "heading"'
+            )
 
 
 def _source_type_problem(src: Mapping[str, Any]) -> str:

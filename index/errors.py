@@ -4,6 +4,9 @@
     ├── ConfigError            the config file or a flag is wrong; says which key
     ├── SourceError            a page could not be read; the build skips it unless strict
     ├── EmbedderError          the model could not be loaded or did not answer
+    ├── LlmError               the [index.llm] chat model could not be used for a build
+    │   └── SpendCapReached    a build reached [index.llm] max_build_tokens: nothing published
+    ├── RegistryError          the approved-sources registry is unreadable or an entry unknown
     ├── SnapshotError
     │   ├── SnapshotNotFound   the store has no published snapshot for a base yet
     │   ├── CorruptSnapshot    a file is missing, or its checksum or counts disagree
@@ -34,6 +37,18 @@ class SourceError(VoxrecallError):
 
 class EmbedderError(VoxrecallError):
     """The embedder could not be loaded, failed, or returned something unusable."""
+
+
+class LlmError(VoxrecallError):
+    """The indexer's chat model (``[index.llm]``) is unusable for the whole build."""
+
+
+class SpendCapReached(LlmError):
+    """A build used its token budget (``[index.llm] max_build_tokens``); nothing was published."""
+
+
+class RegistryError(VoxrecallError):
+    """The registry of proposed sources is unreadable, or a command named an unknown entry."""
 
 
 class SnapshotError(VoxrecallError):

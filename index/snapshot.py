@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from index.embedders.base import EmbedderInfo, Vectors
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
 from index.hnsw_file import MAX_M, check_hnsw_file
 from index.lexical import LexicalIndex
+from index.summaries import SummaryIndex, has_summaries, load_summary_index
 from index.types import Chunk
 
 FORMAT_VERSION = 3  # 2: chunks stored as JSON lines; 3: the manifest records every file's size
@@ -46,6 +48,9 @@ PAGES = "pages.json"
 LEXICAL = "lexical.bin"
 DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
+# A file a build adds beside DATA_FILES (summaries, originals): listed in the manifest and checked
+# like the others; one plain name inside the folder.
+_EXTRA_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,8 +324,13 @@ def write_snapshot(
     target_recall: float,
     sources: Sequence[str] = (),
     extra: Mapping[str, Any] | None = None,
+    more_files: Callable[[Path], Sequence[str]] | None = None,
 ) -> Manifest:
-    """Write a complete snapshot into an empty folder; the manifest is written last."""
+    """Write a complete snapshot into an empty folder; the manifest is written last.
+
+    ``more_files(folder)`` writes optional files beside the data files (index/enrich.py: the
+    summary vectors, the pages' original texts) and returns their names, which the manifest
+    lists and checksums like the rest."""
     if vectors.shape != (len(chunks), embedder.dimension):
         raise SnapshotError(
             f"vectors shape {vectors.shape} does not match {len(chunks)} chunks x {embedder.dimension}"
@@ -333,6 +343,7 @@ def write_snapshot(
     write_atomic(folder / PAGES, orjson.dumps(dict(pages)))
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     write_atomic(folder / LEXICAL, lexical.to_bytes())
+    names = (*DATA_FILES, *(more_files(folder) if more_files else ()))
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         knowledge_base=knowledge_base,
@@ -344,8 +355,8 @@ def write_snapshot(
         ),
         pages=page_count,
         chunks=len(chunks),
-        files={name: sha256_file(folder / name) for name in DATA_FILES},
-        sizes={name: (folder / name).stat().st_size for name in DATA_FILES},
+        files={name: sha256_file(folder / name) for name in names},
+        sizes={name: (folder / name).stat().st_size for name in names},
         sources=tuple(sources),
         extra=dict(extra or {}),
     )
@@ -382,7 +393,11 @@ def verify_snapshot(
             f"but this sidecar embeds queries with {expected.name} ({expected.dimension}-d); "
             "rebuild the snapshot with the same [embedder] or change the sidecar's"
         )
-    for name in DATA_FILES:
+    extra_files = sorted(set(manifest.files) - set(DATA_FILES))
+    for name in extra_files:
+        if not _EXTRA_FILE.fullmatch(name):
+            raise CorruptSnapshot(f"{folder}: manifest lists {name[:80]!r}, not a file name")
+    for name in (*DATA_FILES, *extra_files):
         want = manifest.files.get(name)
         path = folder / name
         if want is None:
@@ -440,6 +455,7 @@ class LoadedSnapshot:
     source_of: npt.NDArray[np.int32]  # chunk label -> index into source_names
     source_names: tuple[str, ...]
     partitions: Mapping[int, Partition] = field(default_factory=dict)  # source index -> copy
+    summaries: SummaryIndex | None = None  # the second view (index/summaries.py), when built
 
     @property
     def version(self) -> str:
@@ -628,6 +644,7 @@ def load_snapshot(
                 f"manifest {manifest.chunks}"
             )
         index = read_hnsw(folder / VECTORS, manifest, ef_search or manifest.hnsw.ef)
+        summaries = _summaries(folder, manifest, ef_search or manifest.hnsw.ef)
     except OSError as exc:
         raise CorruptSnapshot(f"{folder}: cannot read: {exc}") from exc
     names = tuple(sorted({c.source for c in chunks}))
@@ -647,4 +664,18 @@ def load_snapshot(
         source_of=source_of,
         source_names=names,
         partitions=partitions,
+        summaries=summaries,
+    )
+
+
+def _summaries(folder: Path, manifest: Manifest, ef: int) -> SummaryIndex | None:
+    if not has_summaries(manifest.files):
+        return None
+    return load_summary_index(
+        folder,
+        count=manifest.chunks,
+        dimension=manifest.embedder.dimension,
+        m=manifest.hnsw.m,
+        ef=ef,
+        view=str(manifest.extra.get("summaries", "")),
     )

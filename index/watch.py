@@ -7,6 +7,7 @@ Every ``poll_s`` seconds it looks at each knowledge base and rebuilds it when:
                polled: no file-system notification dependency, and it works on shared volumes)
     urls       a ``url`` source is due for a re-crawl (its ``refresh`` interval passed)
     schedule   ``interval_s`` passed since its last build
+    request    someone asked for it (``request``: the HTTP endpoint of ``index/ingest.py``)
 
 A build publishes only when a chunk changed, so sidecars pull only real updates. A failed build
 is logged and retried at the next trigger. SIGTERM or SIGINT stops the watcher: between builds at
@@ -106,7 +107,31 @@ class Watcher:
     options: WatchOptions = WatchOptions()
     stop: threading.Event = field(default_factory=threading.Event)
     clock: Callable[[], float] = time.time
+    # set by ``request`` and on stop: ends the pause between polls early
+    wake: threading.Event = field(default_factory=threading.Event)
     _states: dict[str, _State] = field(default_factory=dict)
+    _requested: set[str] = field(default_factory=set)
+    _last: dict[str, BuildEvent] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def knows(self, knowledge_base: str) -> bool:
+        return any(kb.name == knowledge_base for kb in self.config.knowledge_bases)
+
+    def request(self, knowledge_base: str) -> None:
+        """Rebuild this base at the next cycle, which starts at once when the watcher is idle."""
+        with self._lock:
+            self._requested.add(knowledge_base)
+        self.wake.set()
+
+    def last(self, knowledge_base: str) -> dict[str, Any]:
+        """Whether a rebuild is queued, and the base's last build (what the endpoint shows)."""
+        with self._lock:
+            queued, event = knowledge_base in self._requested, self._last.get(knowledge_base)
+        out: dict[str, Any] = {"knowledge_base": knowledge_base, "queued": queued, "last": None}
+        if event is not None:
+            summary = event.summary.as_dict() if event.summary is not None else None
+            out["last"] = {"reasons": list(event.reasons), "error": event.error, "summary": summary}
+        return out
 
     def reasons(self, kb: KnowledgeBaseConfig, now: float) -> tuple[list[str], str]:
         """Why ``kb`` should be rebuilt now (empty: it should not), and its local fingerprint."""
@@ -114,7 +139,8 @@ class Watcher:
         fingerprint = local_fingerprint(kb)
         if state.built_at is None:
             return ["start"], fingerprint
-        reasons = []
+        with self._lock:
+            reasons = ["request"] if kb.name in self._requested else []
         if fingerprint != state.fingerprint:
             reasons.append("files")
         if any(self._url_due(kb, s.name, s.options, now) for s in kb.sources if s.type == "url"):
@@ -141,7 +167,12 @@ class Watcher:
             now = self.clock()
             reasons, fingerprint = self.reasons(kb, now)
             if reasons:
-                events.append(self._build(kb, tuple(reasons), fingerprint, now))
+                with self._lock:
+                    self._requested.discard(kb.name)  # a request made during the build: again
+                event = self._build(kb, tuple(reasons), fingerprint, now)
+                with self._lock:
+                    self._last[kb.name] = event
+                events.append(event)
         return events
 
     def _build(
@@ -181,17 +212,20 @@ class Watcher:
                 break
             cycles += 1
             if max_cycles is None or cycles < max_cycles:
-                self.stop.wait(self.options.poll_s)
+                self.wake.wait(self.options.poll_s)
+                self.wake.clear()
         return events
 
 
 @contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Set ``stop`` on SIGTERM or SIGINT while inside the block (main thread only)."""
+def stop_on_signals(stop: threading.Event, *also: threading.Event) -> Iterator[None]:
+    """Set ``stop`` (and ``also``) on SIGTERM or SIGINT inside the block (main thread only)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         log.info("%s received: stopping", signal.Signals(signum).name)
         stop.set()
+        for event in also:
+            event.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -202,11 +236,29 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def run_watch(
-    config: Config, embedder: Embedder, options: WatchOptions, max_cycles: int | None = None
+    config: Config,
+    embedder: Embedder,
+    options: WatchOptions,
+    max_cycles: int | None = None,
+    listen: str = "",
 ) -> list[BuildEvent]:
-    """Run a watcher in the main thread until SIGTERM or SIGINT (or ``max_cycles``)."""
+    """Run a watcher in the main thread until SIGTERM or SIGINT (or ``max_cycles``); with
+    ``listen`` (host:port), rebuild requests are taken over HTTP (``index/ingest.py``)."""
+    from index.ingest import RebuildListener
+
     watcher = Watcher(config, embedder, options)
-    with stop_on_signals(watcher.stop):
-        events = watcher.run(max_cycles)
+    listener = (
+        RebuildListener(listen, config.index.rebuild_token, watcher, config.index.rebuild_token_env)
+        if listen
+        else None
+    )
+    if listener is not None:
+        listener.start()
+    try:
+        with stop_on_signals(watcher.stop, watcher.wake):
+            events = watcher.run(max_cycles)
+    finally:
+        if listener is not None:
+            listener.stop()
     log.info("watch stopped after %d build(s)", len(events))
     return events

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import orjson
@@ -58,11 +60,23 @@ def cmd_index_build(args: argparse.Namespace) -> int:
             )
             for skipped in s.skipped_pages:
                 print(f"  skipped {skipped['path']}: {skipped['reason']}")
+            _print_llm(s.as_dict())
     skipped_count = sum(len(s.skipped_pages) for s in summaries)
     if config.index.strict and skipped_count:
         print(f"error: [index] strict: {skipped_count} page(s) skipped", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_llm(summary: dict[str, Any]) -> None:
+    llm = summary["llm"]
+    if llm["calls"] or llm["cache_hits"] or llm["failures"]:
+        print(
+            f"  model: {llm['calls']} calls, {llm['cache_hits']} cached, {llm['tokens']} tokens, "
+            f"{llm['failures']} failed"
+        )
+    for failed in summary["enrichment_failures"]:
+        print(f"  {failed['task']} failed for {failed['label']}: {failed['reason']}")
 
 
 def _seconds(value: str) -> float:
@@ -124,7 +138,52 @@ def cmd_index_watch(args: argparse.Namespace) -> int:
     if not config.knowledge_bases:
         raise SystemExit(f"{args.config}: no [[knowledge_base]] to watch")
     embedder = make_embedder(config.embedder, threads=os.cpu_count())
-    run_watch(config, embedder, WatchOptions(interval_s=args.interval, poll_s=args.poll))
+    options = WatchOptions(interval_s=args.interval, poll_s=args.poll)
+    run_watch(config, embedder, options, listen=args.listen)
+    return 0
+
+
+def _registry(args: argparse.Namespace) -> Any:
+    from index.curation import Registry
+
+    return Registry(_config(args.config).index.registry)
+
+
+def cmd_source_add(args: argparse.Namespace) -> int:
+    config = _config(args.config)
+    config.knowledge_base(args.kb)  # an unknown base is refused here, not at the next build
+    from index.curation import Registry
+
+    entry = Registry(config.index.registry).add(args.kb, args.location, args.by, args.note)
+    print(
+        f"{entry.id} pending: {entry.location} for {entry.knowledge_base} (by {entry.proposed_by})"
+    )
+    return 0
+
+
+def cmd_source_decide(args: argparse.Namespace) -> int:
+    entry = _registry(args).decide(args.id, args.status, args.by)
+    print(f"{entry.id} {entry.status}: {entry.location} (by {entry.decided_by})")
+    return 0
+
+
+def cmd_source_list(args: argparse.Namespace) -> int:
+    entries = [
+        e
+        for e in _registry(args).entries()
+        if (not args.kb or e.knowledge_base == args.kb)
+        and (not args.status or e.status == args.status)
+    ]
+    if args.json:
+        rows = [dataclasses.asdict(e) for e in entries]
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    for e in entries:
+        decided = f", {e.status} by {e.decided_by} {e.decided_at}" if e.decided_by else ""
+        print(
+            f"{e.id}  {e.status:<8}  {e.knowledge_base}  {e.location}  "
+            f"(proposed by {e.proposed_by} {e.proposed_at}{decided})"
+        )
     return 0
 
 
@@ -327,6 +386,13 @@ def parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds between checks for changes (default 10)",
     )
+    watch.add_argument(
+        "--listen",
+        default="",
+        metavar="HOST:PORT",
+        help="also take authenticated rebuild requests over HTTP here: POST /rebuild/<base> with "
+        "'Authorization: Bearer $VOXRECALL_REBUILD_TOKEN' ([index] rebuild_token_env)",
+    )
     watch.set_defaults(func=cmd_index_watch)
 
     publish = index_sub.add_parser(
@@ -398,6 +464,8 @@ def parser() -> argparse.ArgumentParser:
     )
     ask.set_defaults(func=cmd_ask)
 
+    _source_parsers(sub, config_help)
+
     snapshot = sub.add_parser("snapshot", help="operate on snapshot folders")
     snap_sub = snapshot.add_subparsers(dest="snapshot_command", required=True)
     verify = snap_sub.add_parser(
@@ -411,6 +479,36 @@ def parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=cmd_snapshot_verify)
     return p
+
+
+def _source_parsers(sub: Any, config_help: str) -> None:
+    """``voxrecall source add | approve | reject | list`` (index/curation.py)."""
+    source = sub.add_parser(
+        "source",
+        help="propose, approve, reject and list sources of a curated knowledge base",
+        description="A proposed source (a URL or a Markdown/text file) is pending until approved; "
+        "builds index only approved ones. The registry is [index] registry (sources.json).",
+    )
+    source_sub = source.add_subparsers(dest="source_command", required=True)
+    who = os.environ.get("USER", "") or "unknown"
+    add = source_sub.add_parser("add", help="record a proposed source as pending")
+    add.add_argument("location", help="an http(s) URL, or a Markdown or text file")
+    add.add_argument("--kb", required=True, help="the knowledge base it is proposed for")
+    add.add_argument("--by", default=who, help="who proposes it (a person, or an agent's name)")
+    add.add_argument("--note", default="", help="why (shown by list)")
+    add.set_defaults(func=cmd_source_add)
+    for status, verb in (("approved", "approve"), ("rejected", "reject")):
+        decide = source_sub.add_parser(verb, help=f"{verb} a proposed source by its id")
+        decide.add_argument("id", help="the id `voxrecall source list` shows")
+        decide.add_argument("--by", default=who, help="who decides")
+        decide.set_defaults(func=cmd_source_decide, status=status)
+    listing = source_sub.add_parser("list", help="pending, approved and rejected sources")
+    listing.add_argument("--kb", default="", help="only this knowledge base")
+    listing.add_argument("--status", choices=("pending", "approved", "rejected"))
+    listing.add_argument("--json", action="store_true", help="print the entries as JSON")
+    listing.set_defaults(func=cmd_source_list)
+    for p in (add, listing, *(source_sub.choices[v] for v in ("approve", "reject"))):
+        p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=config_help)
 
 
 def main(argv: list[str] | None = None) -> int:

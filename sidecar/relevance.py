@@ -4,6 +4,8 @@ BM25 query a few, cheaper than a hop to a thread.
 
     dense     cosine >= min_score, best first
     lexical   (no vector: the embedder missed or failed) BM25 >= min_lexical_score
+    summaries (a base built with summaries = true) the content prong fused with the summary
+              prong (``_with_summaries``) before any of the above
     hybrid    the top FUSION_DEPTH of each, every candidate scored exactly by both (cosine and
               BM25), fused by a convex combination of min-max-normalised scores with equal
               weights; the score is the fused one, in [0, 1]. The dense side judges whether the
@@ -69,6 +71,9 @@ class Query:
     # "rrf" (reciprocal rank, k=60) is what hybrid did before convex fusion; kept so the quality
     # benchmark can measure both through this code.
     fusion: Literal["convex", "rrf"] = "convex"
+    # A base built with summaries (index/summaries.py): how its summary prong joins the content
+    # prong; "off" (the content prong alone) is for the quality benchmark.
+    summaries: Literal["max", "mean", "off"] = "max"
 
 
 def related_to(context_url: str) -> Callable[[Mapping[str, str]], bool] | None:
@@ -110,6 +115,8 @@ def rank(snapshot: LoadedSnapshot, q: Query) -> Ranked:
     if q.hybrid:
         depth = max(depth, FUSION_DEPTH)
     dense = snapshot.search_dense(q.vector, depth, q.sources)
+    if snapshot.summaries is not None and q.summaries != "off":
+        dense = _with_summaries(snapshot, q, dense, depth)
     relevant = {label for label, score in dense if score >= q.min_score}
     if not q.hybrid:
         if related is not None:
@@ -135,6 +142,35 @@ def rank(snapshot: LoadedSnapshot, q: Query) -> Ranked:
         }
     fused = convex_fusion([cosine, bm25])
     return [(label, score) for label, score in fused if label in relevant][: q.limit]
+
+
+def _with_summaries(snapshot: LoadedSnapshot, q: Query, dense: Ranked, depth: int) -> Ranked:
+    """The content prong fused with the summary prong: the top ``depth`` of each, every
+    candidate scored exactly in both views, its score the better cosine ("max") or their mean.
+    Either way a score stays a cosine, so ``min_score`` keeps its meaning."""
+    assert snapshot.summaries is not None
+    assert q.vector is not None
+    n = len(snapshot.chunks)
+    mask = snapshot.source_mask(q.sources)
+    # a source filter: over-fetch, as search_dense does from the shared graph
+    fetch = min(n, depth * 10 if mask is not None else depth)
+    found = [label for label, _ in snapshot.summaries.search(q.vector, fetch)]
+    if mask is not None:
+        found = [label for label in found if mask[label]][:depth]
+    cosine = dict(dense)
+    labels = list(dict.fromkeys([*cosine, *found]))
+    missing = [label for label in labels if label not in cosine]
+    if missing:
+        vectors = np.asarray(snapshot.index.get_items(missing, return_type="numpy"))
+        cosine.update(zip(missing, (vectors @ q.vector.ravel()).tolist(), strict=True))
+    summary = snapshot.summaries.scores(q.vector, labels)
+    fused = [(label, _fuse(q.summaries, cosine[label], summary[label])) for label in labels]
+    fused.sort(key=lambda hit: -hit[1])
+    return fused[:depth]
+
+
+def _fuse(how: str, content: float, summary: float) -> float:
+    return max(content, summary) if how == "max" else (content + summary) / 2
 
 
 def _score_both(

@@ -23,7 +23,13 @@ from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, rea
 from index.sources.text import decode_utf8
 from index.types import Page
 
-__all__ = ["MARKDOWN_SUFFIXES", "FrontmatterError", "load_markdown", "split_frontmatter"]
+__all__ = [
+    "MARKDOWN_SUFFIXES",
+    "FrontmatterError",
+    "load_markdown",
+    "markdown_page",
+    "split_frontmatter",
+]
 
 MARKDOWN_SUFFIXES = (".md", ".markdown")
 
@@ -146,7 +152,7 @@ def load_markdown(
     skipped = listing.skipped
     for rel, path in listing.files:
         data = read_file(rel, path, options.max_page_bytes)
-        got = data if isinstance(data, SkippedPage) else _page(source, rel, path, data)
+        got = data if isinstance(data, SkippedPage) else markdown_page(source, rel, path, data)
         if isinstance(got, SkippedPage):
             skipped.append(got)
         else:
@@ -154,7 +160,7 @@ def load_markdown(
     return pages, skipped
 
 
-def _page(source: str, rel: str, path: Path, data: bytes) -> Page | SkippedPage:
+def markdown_page(source: str, rel: str, path: Path, data: bytes) -> Page | SkippedPage:
     """The page of one Markdown file, or why it cannot be used."""
     raw = decode_utf8(rel, data)
     if isinstance(raw, SkippedPage):

@@ -1,0 +1,124 @@
+"""Ingest on request: ``voxrecall index watch --listen HOST:PORT`` takes an authenticated HTTP
+request to rebuild one base now, for a docs repository's CI to call after a merge.
+
+    POST /rebuild/<knowledge_base>   Authorization: Bearer <token>  ->  202 {"queued": true}
+    GET  /rebuild/<knowledge_base>   the same token                 ->  200 the base's last build
+
+The token is read once, from the variable ``[index] rebuild_token_env`` names
+(``VOXRECALL_REBUILD_TOKEN``); without one of at least ``MIN_TOKEN_CHARS`` characters the
+listener refuses to start. A wrong or missing token is 401, an unknown base 404. The request
+only queues the rebuild: the watcher runs it next (at once when idle, after the build in
+progress otherwise), as every build: the new snapshot is published (its ``LATEST`` pointer
+moved) only once complete, and nothing when nothing changed. Requests carry no body.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+import orjson
+
+from index.config import MIN_TOKEN_CHARS
+from index.errors import ConfigError
+
+__all__ = ["RebuildListener", "Rebuilds"]
+
+log = logging.getLogger("voxrecall.index.ingest")
+
+PREFIX = "/rebuild/"
+
+
+class Rebuilds(Protocol):
+    """What the listener asks of the watcher."""
+
+    def knows(self, knowledge_base: str) -> bool: ...
+    def request(self, knowledge_base: str) -> None: ...
+    def last(self, knowledge_base: str) -> dict[str, Any]: ...
+
+
+class RebuildListener:
+    """An HTTP server on its own daemon threads; ``start`` binds, ``stop`` closes."""
+
+    def __init__(self, listen: str, token: str, rebuilds: Rebuilds, env: str) -> None:
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"--listen needs a rebuild token of at least {MIN_TOKEN_CHARS} characters in "
+                f"${env} ([index] rebuild_token_env); make one with `openssl rand -hex 32`"
+            )
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"--listen must be host:port, e.g. 127.0.0.1:8089, got {listen!r}")
+        self._httpd = ThreadingHTTPServer((host, int(port)), _handler(token.encode(), rebuilds))
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def start(self) -> RebuildListener:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="voxrecall-rebuild", daemon=True
+        )
+        self._thread.start()
+        log.info("rebuild requests on port %d: POST %s<knowledge_base>", self.port, PREFIX)
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s %s", self.address_string(), format % args)
+
+        def _reply(self, status: int, body: dict[str, Any]) -> None:
+            data = orjson.dumps(body)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if status == HTTPStatus.UNAUTHORIZED:
+                self.send_header("WWW-Authenticate", "Bearer")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _base(self) -> str | None:
+            """The base the request names, after its token and the base were checked."""
+            self.close_connection = True  # requests are rare: no keep-alive, no body to drain
+            given = self.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, b"Bearer " + token):
+                self._reply(HTTPStatus.UNAUTHORIZED, {"error": "a valid bearer token is required"})
+                return None
+            if not self.path.startswith(PREFIX):
+                self._reply(HTTPStatus.NOT_FOUND, {"error": f"use {PREFIX}<knowledge_base>"})
+                return None
+            kb = self.path[len(PREFIX) :]
+            if not rebuilds.knows(kb):
+                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no knowledge base {kb[:80]!r}"})
+                return None
+            return kb
+
+        def do_POST(self) -> None:
+            kb = self._base()
+            if kb is not None:
+                rebuilds.request(kb)
+                log.info("rebuild of %s requested by %s", kb, self.address_string())
+                self._reply(HTTPStatus.ACCEPTED, {"knowledge_base": kb, "queued": True})
+
+        def do_GET(self) -> None:
+            kb = self._base()
+            if kb is not None:
+                self._reply(HTTPStatus.OK, rebuilds.last(kb))
+
+    return Handler

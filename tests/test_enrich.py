@@ -1,0 +1,302 @@
+"""Index-time enrichment against a real local chat completions server (tests/chat_server.py):
+clean-up and summaries land in the snapshot, failures keep the original, the cache prevents a
+second call, the spend cap stops the build and publishes nothing, images are sent only from
+approved sources."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from index.build import build_knowledge_base
+from index.config import Config, parse_config
+from index.embedders.base import HashEmbedder, Vectors
+from index.enrich import ORIGINALS
+from index.errors import ConfigError, SpendCapReached
+from index.llm import ModelCaller
+from index.snapshot import load_snapshot, page_key
+from index.store import LocalStore
+from index.summaries import SUMMARY_TEXTS, heading_summary
+from sidecar import relevance
+from tests.chat_server import ChatServer, image_urls, user_text
+
+BROKEN = (
+    "# Router manual\n\nACME Router Manual - page 1\n\nThe router con-\nnects to the wall socket. "
+    + "Wait for the green light before you press anything at all. " * 8
+    + "\n\nACME Router Manual - page 2\n"
+)
+SHORT = "# Billing\n\nInvoices are sent on the first of each month.\n"
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64  # the server never decodes it
+
+
+@pytest.fixture
+def server() -> Iterator[ChatServer]:
+    s = ChatServer().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def embedder() -> HashEmbedder:
+    return HashEmbedder(dimension=256, name="hash")
+
+
+def docs(root: Path) -> Path:
+    folder = root / "docs"
+    folder.mkdir()
+    (folder / "manual.md").write_text(BROKEN)
+    (folder / "billing.md").write_text(SHORT)
+    return folder
+
+
+def configure(
+    tmp_path: Path, server: ChatServer, sources: list[dict[str, Any]], **options: Any
+) -> Config:
+    llm = {
+        "base_url": server.base_url,
+        "clean_min_bytes": 200,
+        "retries": 2,
+        "timeout_s": 5.0,
+        **options.pop("llm", {}),
+    }
+    kb = {"name": "kb", "source": sources, **options}
+    raw = {"knowledge_base": [kb], "index": {"store": str(tmp_path / "store"), "llm": llm}}
+    return parse_config(raw, base=tmp_path)
+
+
+def build(config: Config, embedder: HashEmbedder) -> Any:
+    caller = ModelCaller(config.index.llm, backoff_s=0.01) if config.index.llm else None
+    return build_knowledge_base(config, config.knowledge_bases[0], embedder, caller=caller)
+
+
+def latest(config: Config, embedder: HashEmbedder) -> Any:
+    store = LocalStore(config.index.store)
+    return load_snapshot(store.latest_dir("kb"), expected=embedder.info)
+
+
+def test_cleanup_lands_in_the_snapshot_and_the_original_is_kept(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    server.answer = lambda body: "# Router manual\n\nThe router connects to the wall socket."
+    sources = [{"type": "markdown", "path": str(docs(tmp_path)), "clean": True}]
+    config = configure(tmp_path, server, sources)
+    summary = build(config, embedder)
+    assert summary.published
+    assert summary.as_dict()["llm"] == {"calls": 1, "cache_hits": 0, "tokens": 100, "failures": 0}
+    assert server.requests == 1  # the short page is not sent
+    assert "page 2" in user_text(server.bodies[0])
+    snap = latest(config, embedder)
+    texts = [c.text for c in snap.chunks if c.source_path == "manual.md"]
+    assert texts == ["The router connects to the wall socket."]
+    originals = orjson.loads((snap.folder / ORIGINALS).read_bytes())
+    assert originals == {page_key("markdown", "manual.md"): BROKEN}
+    assert ORIGINALS in snap.manifest.files
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"fail_status": 500, "fail_times": -1},
+        {"fail_status": 429, "fail_times": -1},
+        {"malformed": "json"},
+        {"malformed": "shape"},
+        {"malformed": "empty"},
+        {"cut": True},
+    ],
+)
+def test_a_failed_cleanup_keeps_the_original_and_is_named(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder, fault: dict[str, Any]
+) -> None:
+    server.set(**fault)
+    sources = [{"type": "markdown", "path": str(docs(tmp_path)), "clean": True}]
+    config = configure(tmp_path, server, sources)
+    summary = build(config, embedder).as_dict()
+    assert summary["published"]
+    assert summary["llm"]["failures"] == 1
+    assert summary["llm"]["calls"] == (0 if "fail_status" in fault else 1)
+    [failed] = summary["enrichment_failures"]
+    assert failed["label"] == "markdown:manual.md"
+    assert failed["task"] == "clean"
+    snap = latest(config, embedder)
+    manual = " ".join(c.text for c in snap.chunks if c.source_path == "manual.md")
+    assert "con-\nnects" in manual  # the original, not a half answer
+    assert ORIGINALS not in snap.manifest.files
+
+
+def test_429_and_500_are_retried(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    server.set(fail_status=429, fail_times=2)
+    sources = [{"type": "markdown", "path": str(docs(tmp_path)), "clean": True}]
+    config = configure(tmp_path, server, sources)
+    summary = build(config, embedder).as_dict()
+    assert server.requests == 3
+    assert summary["llm"]["calls"] == 1
+    assert summary["llm"]["failures"] == 0
+
+
+def test_a_trickling_answer_is_cut_by_the_whole_request_deadline(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    # every 16 bytes 0.2 s apart: each read is quick, the whole answer takes many seconds
+    server.set(trickle_s=0.2)
+    sources = [{"type": "markdown", "path": str(docs(tmp_path)), "clean": True}]
+    config = configure(tmp_path, server, sources, llm={"timeout_s": 0.5, "retries": 0})
+    summary = build(config, embedder).as_dict()
+    [failed] = summary["enrichment_failures"]
+    assert "timeout_s" in failed["reason"]
+
+
+def test_the_cache_prevents_a_second_call(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    folder = docs(tmp_path)
+    sources = [{"type": "markdown", "path": str(folder), "clean": True}]
+    config = configure(tmp_path, server, sources, summaries=True)
+    first = build(config, embedder).as_dict()["llm"]
+    chunks = len(latest(config, embedder).chunks)
+    assert first["calls"] == 1 + chunks  # the clean-up, then a summary per chunk
+    (folder / "billing.md").write_text(SHORT + "\nLate fees apply after thirty days.\n")
+    second = build(config, embedder).as_dict()["llm"]
+    assert server.requests == first["calls"] + 1  # only the edited chunk's summary is asked
+    assert second["calls"] == 1
+    assert second["cache_hits"] == chunks
+    assert second["tokens"] == 100
+
+
+def test_the_spend_cap_stops_the_build_and_publishes_nothing(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    folder = docs(tmp_path)
+    for i in range(4):
+        (folder / f"copy{i}.md").write_text(BROKEN.replace("Router", f"Router {i}"))
+    sources = [{"type": "markdown", "path": str(folder), "clean": True}]
+    config = configure(
+        tmp_path, server, sources, llm={"max_build_tokens": 250, "max_concurrency": 1}
+    )
+    with pytest.raises(SpendCapReached, match="max_build_tokens = 250 reached"):
+        build(config, embedder)
+    assert server.requests == 3  # 100 tokens each: the third passes 250, no fourth starts
+    assert LocalStore(config.index.store).latest("kb") is None
+
+
+def test_summaries_land_in_the_snapshot_and_are_searched(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    asked = "quarterly ledger dispatch timing"  # no word of it is in any page
+    server.answer = lambda body: asked if "Invoices" in user_text(body) else "unrelated"
+    sources = [{"type": "markdown", "path": str(docs(tmp_path))}]
+    config = configure(tmp_path, server, sources, summaries=True)
+    build(config, embedder)
+    snap = latest(config, embedder)
+    assert snap.summaries is not None
+    assert snap.manifest.extra["summaries"] == "model"
+    texts = orjson.loads((snap.folder / SUMMARY_TEXTS).read_bytes())
+    billing = next(i for i, c in enumerate(snap.chunks) if c.source_path == "billing.md")
+    assert texts[billing] == asked
+    # the hash embedder gives texts without a common word ~zero cosine: only the summary finds it
+    query = embedder.embed_batch([asked])[0]
+    q = relevance.Query(text="", vector=query, limit=3, min_score=0.5, min_lexical_score=1.0)
+    assert [label for label, _ in relevance.rank(snap, q)] == [billing]
+    content_only = [label for label, _ in snap.search_dense(query, 3) if _ >= 0.5]
+    assert content_only == []
+
+
+def test_the_heading_view_needs_no_model(tmp_path: Path, embedder: HashEmbedder) -> None:
+    folder = docs(tmp_path)
+    raw = {
+        "knowledge_base": [
+            {"name": "kb", "summaries": True, "summary_text": "heading",
+             "source": [{"type": "markdown", "path": str(folder)}]}
+        ],
+        "index": {"store": str(tmp_path / "store")},
+    }  # fmt: skip
+    config = parse_config(raw, base=tmp_path)
+    build_knowledge_base(config, config.knowledge_bases[0], embedder)
+    snap = latest(config, embedder)
+    texts = orjson.loads((snap.folder / SUMMARY_TEXTS).read_bytes())
+    assert texts == [heading_summary(c) for c in snap.chunks]
+    assert "Billing\nInvoices are sent on the first of each month." in texts
+
+
+def test_model_work_without_an_llm_table_is_refused(tmp_path: Path) -> None:
+    source = {"type": "markdown", "path": str(tmp_path), "clean": True}
+    raw = {"knowledge_base": [{"name": "kb", "source": [source]}]}
+    with pytest.raises(ConfigError, match=r"needs a model: add an \[index.llm\]"):
+        parse_config(raw, base=tmp_path)
+
+
+def images(root: Path, big: int = 0) -> Path:
+    folder = root / "images"
+    folder.mkdir()
+    (folder / "router-lights.png").write_bytes(PNG)
+    if big:
+        (folder / "huge.png").write_bytes(PNG + b"\x00" * big)
+    return folder
+
+
+def test_an_unapproved_image_is_never_sent(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    sources = [
+        {"type": "markdown", "path": str(docs(tmp_path))},
+        {"name": "shots", "type": "image", "path": str(images(tmp_path))},
+    ]
+    summary = build(configure(tmp_path, server, sources), embedder).as_dict()
+    assert server.requests == 0
+    [skipped] = summary["skipped_pages"]
+    assert skipped["path"].startswith("shots:")
+    assert "approved = true" in skipped["reason"]
+
+
+def test_an_approved_image_becomes_a_page(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    server.answer = lambda body: "A router with three lights.\n\n## Text in the image\n\nWAN LAN"
+    folder = images(tmp_path, big=4096)
+    sources = [{"type": "image", "path": str(folder), "approved": True}]
+    config = configure(tmp_path, server, sources, llm={"max_image_bytes": 1024})
+    summary = build(config, embedder).as_dict()
+    assert server.requests == 1  # huge.png is over max_image_bytes: skipped, never sent
+    assert [s["path"] for s in summary["skipped_pages"]] == ["huge.png"]
+    [url] = image_urls(server.bodies[0])
+    assert url == "data:image/png;base64," + base64.b64encode(PNG).decode()
+    snap = latest(config, embedder)
+    assert {c.source_path for c in snap.chunks} == {"router-lights.png"}
+    assert "WAN LAN" in " ".join(c.text for c in snap.chunks)
+
+
+class Counting(HashEmbedder):
+    """Remembers every text a build embedded."""
+
+    def __init__(self) -> None:
+        super().__init__(dimension=256, name="hash")
+        self.embedded: list[str] = []
+
+    def embed_batch(self, texts: Sequence[str]) -> Vectors:
+        self.embedded.extend(texts)
+        return super().embed_batch(texts)
+
+
+def test_summary_vectors_of_unchanged_chunks_are_reused(tmp_path: Path, server: ChatServer) -> None:
+    embedder = Counting()
+    folder = docs(tmp_path)
+    config = configure(
+        tmp_path, server, [{"type": "markdown", "path": str(folder)}], summaries=True
+    )
+    build(config, embedder)
+    before = latest(config, embedder)
+    (folder / "returns.md").write_text("# Returns\n\nReturn it within 30 days.\n")
+    embedder.embedded.clear()
+    build(config, embedder)
+    after = latest(config, embedder)
+    assert after.summaries is not None
+    assert after.version != before.version
+    new = next(c for c in after.chunks if c.source_path == "returns.md")
+    # the new chunk's text and its summary; nothing of the unchanged pages
+    assert embedder.embedded == [new.embed_text, f"model: {new.embed_text}"]
