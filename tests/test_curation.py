@@ -1,0 +1,160 @@
+"""A curated knowledge base: proposed sources are indexed only once approved (the CLI, the
+registry file, real builds), and ``index watch`` rebuilds a base on an authenticated request."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from index.build import build_knowledge_base
+from index.config import Config, load_config
+from index.curation import Registry
+from index.embedders.base import HashEmbedder
+from index.errors import ConfigError, RegistryError
+from index.ingest import RebuildListener
+from index.snapshot import load_snapshot
+from index.store import LocalStore
+from index.watch import Watcher, WatchOptions
+from sidecar.cli import main
+
+TOKEN = "t0k3n-for-the-docs-ci-0123456789"
+LIVENESS_S = 20.0  # how long a test waits for the watcher's build: not a timing check
+
+
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "billing.md").write_text("# Billing\n\nInvoices are sent on the first of the month.\n")
+    proposed = tmp_path / "research" / "warranty.md"
+    proposed.parent.mkdir()
+    proposed.write_text("# Warranty\n\nThe router has a two-year warranty.\n")
+    config = tmp_path / "voxrecall.toml"
+    config.write_text(
+        '[index]\nstore = "store"\n\n[[knowledge_base]]\nname = "kb"\n\n'
+        f'[[knowledge_base.source]]\ntype = "markdown"\npath = "{docs}"\n'
+    )
+    return config, proposed
+
+
+def paths(config: Config, embedder: HashEmbedder) -> set[str]:
+    build_knowledge_base(config, config.knowledge_bases[0], embedder)
+    snap = load_snapshot(LocalStore(config.index.store).latest_dir("kb"), expected=embedder.info)
+    return {c.source_path for c in snap.chunks}
+
+
+def test_a_pending_source_is_indexed_only_once_approved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, proposed = setup(tmp_path)
+    embedder = HashEmbedder(dimension=32)
+    cfg = ["--config", str(path)]
+    assert main(["source", "add", str(proposed), "--kb", "kb", "--by", "research-agent", *cfg]) == 0
+    assert (
+        main(["source", "add", "https://example.com/faq", "--kb", "kb", "--by", "ana", *cfg]) == 0
+    )
+    config = load_config(path)
+    assert paths(config, embedder) == {"billing.md"}  # pending: not indexed
+    [file_entry, url_entry] = Registry(config.index.registry).entries()
+    assert main(["source", "reject", url_entry.id, "--by", "bo", *cfg]) == 0
+    assert main(["source", "approve", file_entry.id, "--by", "bo", *cfg]) == 0
+    assert paths(config, embedder) == {"billing.md", str(proposed.resolve())}
+    capsys.readouterr()
+    assert main(["source", "list", "--json", *cfg]) == 0
+    listed = {e["location"]: e for e in json.loads(capsys.readouterr().out)}
+    assert listed[str(proposed.resolve())]["status"] == "approved"
+    assert listed[str(proposed.resolve())]["proposed_by"] == "research-agent"
+    assert listed["https://example.com/faq"]["status"] == "rejected"
+    assert listed["https://example.com/faq"]["decided_by"] == "bo"
+    assert all(e["proposed_at"].endswith("Z") for e in listed.values())
+    assert main(["source", "list", "--status", "pending", *cfg]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_registry_mistakes_are_refused_with_a_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, proposed = setup(tmp_path)
+    cfg = ["--config", str(path)]
+    assert main(["source", "add", str(proposed), "--kb", "kb", *cfg]) == 0
+    assert main(["source", "add", str(proposed), "--kb", "kb", *cfg]) == 2
+    assert "already proposed" in capsys.readouterr().err
+    assert main(["source", "approve", "0000000000", *cfg]) == 2
+    assert "no source '0000000000'" in capsys.readouterr().err
+    assert main(["source", "add", str(proposed), "--kb", "nope", *cfg]) == 2
+    assert main(["source", "add", str(tmp_path / "missing.md"), "--kb", "kb", *cfg]) == 2
+    registry = load_config(path).index.registry
+    registry.write_text("{not json")
+    with pytest.raises(RegistryError, match="not a sources registry"):
+        Registry(registry).entries()
+
+
+def request(port: int, method: str, path: str, token: str = TOKEN) -> tuple[int, dict[str, object]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + LIVENESS_S
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def watching(tmp_path: Path) -> Iterator[tuple[Watcher, RebuildListener, Config]]:
+    path, _ = setup(tmp_path)
+    config = load_config(path)
+    # an hour between polls: only the request can start the second build
+    watcher = Watcher(config, HashEmbedder(dimension=32), WatchOptions(poll_s=3600))
+    listener = RebuildListener("127.0.0.1:0", TOKEN, watcher, "VOXRECALL_REBUILD_TOKEN").start()
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    yield watcher, listener, config
+    watcher.stop.set()
+    watcher.wake.set()
+    thread.join(timeout=LIVENESS_S)
+    listener.stop()
+
+
+def test_an_authenticated_request_rebuilds_one_base_now(
+    watching: tuple[Watcher, RebuildListener, Config], tmp_path: Path
+) -> None:
+    _watcher, listener, config = watching
+    store = LocalStore(config.index.store)
+    wait_for(lambda: store.latest("kb") is not None, "the first build")
+    first = store.latest("kb")
+    (tmp_path / "docs" / "returns.md").write_text("# Returns\n\nReturn it within 30 days.\n")
+    assert request(listener.port, "POST", "/rebuild/kb", token="")[0] == 401
+    assert request(listener.port, "POST", "/rebuild/kb", token=TOKEN + "x")[0] == 401
+    assert request(listener.port, "POST", "/rebuild/other")[0] == 404
+    assert store.latest("kb") == first  # no build was asked by those
+    status, body = request(listener.port, "POST", "/rebuild/kb")
+    assert (status, body) == (202, {"knowledge_base": "kb", "queued": True})
+
+    def built() -> bool:
+        status, body = request(listener.port, "GET", "/rebuild/kb")
+        assert status == 200
+        last = body["last"]
+        return isinstance(last, dict) and "request" in last["reasons"]
+
+    wait_for(built, "the requested build")
+    _, body = request(listener.port, "GET", "/rebuild/kb")
+    assert body["last"]["summary"]["published"] is True  # type: ignore[index]
+    assert store.latest("kb") != first
+    assert first in store.versions("kb")  # the previous version stays: a rollback is a pointer
+
+
+def test_the_listener_needs_a_long_token() -> None:
+    with pytest.raises(ConfigError, match="VOXRECALL_REBUILD_TOKEN"):
+        RebuildListener("127.0.0.1:0", "short", None, "VOXRECALL_REBUILD_TOKEN")  # type: ignore[arg-type]
