@@ -300,3 +300,25 @@ def test_summary_vectors_of_unchanged_chunks_are_reused(tmp_path: Path, server: 
     new = next(c for c in after.chunks if c.source_path == "returns.md")
     # the new chunk's text and its summary; nothing of the unchanged pages
     assert embedder.embedded == [new.embed_text, f"model: {new.embed_text}"]
+
+
+def test_the_summaries_benchmark_adds_a_second_view_to_a_snapshot(
+    tmp_path: Path, embedder: HashEmbedder
+) -> None:
+    from bench.summaries import with_summaries
+
+    raw = {
+        "knowledge_base": [
+            {"name": "kb", "source": [{"type": "markdown", "path": str(docs(tmp_path))}]}
+        ],
+        "index": {"store": str(tmp_path / "store")},
+    }
+    config = parse_config(raw, base=tmp_path)
+    build_knowledge_base(config, config.knowledge_bases[0], embedder)
+    base = latest(config, embedder)
+    assert base.summaries is None
+    views = [heading_summary(c) for c in base.chunks]
+    copy = with_summaries(base, views, embedder, tmp_path / "copy")
+    assert copy.summaries is not None
+    assert [c.chunk_id for c in copy.chunks] == [c.chunk_id for c in base.chunks]
+    assert orjson.loads((copy.folder / SUMMARY_TEXTS).read_bytes()) == views
