@@ -47,9 +47,10 @@ FUSIONS: tuple[Fusion, ...] = ("off", "max", "mean")
 
 
 def with_summaries(
-    snap: LoadedSnapshot, texts: list[str], embedder: Embedder, folder: Path
+    snap: LoadedSnapshot, texts: list[str], embedder: Embedder, folder: Path, version: str = ""
 ) -> LoadedSnapshot:
-    """A copy of ``snap`` in ``folder`` with ``texts`` as its summaries (cached there)."""
+    """A copy of ``snap`` in ``folder`` with ``texts`` as its summaries (cached there), as
+    ``version`` (default: the same)."""
     try:
         return load_snapshot(folder)
     except SnapshotError:
@@ -65,7 +66,7 @@ def with_summaries(
     write_snapshot(
         folder,
         knowledge_base=manifest.knowledge_base,
-        version=manifest.version,
+        version=version or manifest.version,
         embedder=manifest.embedder,
         chunks=snap.chunks,
         vectors=vectors,
@@ -140,8 +141,9 @@ async def dialogues(name: str, quick: bool, embedder: Embedder) -> dict[str, Any
     fused_store = LocalStore(fused_dir)
     if fused_store.latest(kb) is None:
         staging = fused_store.staging_dir(kb)
-        await asyncio.to_thread(with_summaries, base, views, embedder, staging)
-        fused_store.publish(kb, staging, new_version_id(digest))
+        version = new_version_id(digest)
+        await asyncio.to_thread(with_summaries, base, views, embedder, staging, version)
+        fused_store.publish(kb, staging, version)
     out: dict[str, Any] = {}
     for label, folder in (("off", store_dir), ("max", fused_dir)):
         config = quality_conversations.eval_config(folder)

@@ -322,3 +322,30 @@ def test_the_summaries_benchmark_adds_a_second_view_to_a_snapshot(
     assert copy.summaries is not None
     assert [c.chunk_id for c in copy.chunks] == [c.chunk_id for c in base.chunks]
     assert orjson.loads((copy.folder / SUMMARY_TEXTS).read_bytes()) == views
+
+
+def test_the_summary_prong_keeps_to_the_sources_asked_for(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    asked = "quarterly ledger dispatch timing"
+    server.answer = lambda body: asked if "Invoices" in user_text(body) else "unrelated"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "returns.md").write_text("# Returns\n\nReturn it within 30 days.\n")
+    sources = [
+        {"name": "docs", "type": "markdown", "path": str(docs(tmp_path))},
+        {"name": "other", "type": "markdown", "path": str(other)},
+    ]
+    config = configure(tmp_path, server, sources, summaries=True)
+    build(config, embedder)
+    snap = latest(config, embedder)
+    query = embedder.embed_batch([asked])[0]
+
+    def ranked(sources: tuple[str, ...]) -> list[str]:
+        q = relevance.Query(
+            text="", vector=query, limit=3, min_score=0.5, min_lexical_score=1.0, sources=sources
+        )
+        return [snap.chunks[label].source_path for label, _ in relevance.rank(snap, q)]
+
+    assert ranked(("docs",)) == ["billing.md"]
+    assert ranked(("other",)) == []
