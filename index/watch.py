@@ -4,7 +4,8 @@ Every ``poll_s`` seconds it looks at each knowledge base and rebuilds it when:
 
     start      it has not been built by this watcher yet
     files      a file under one of its local sources changed (modification times and sizes are
-               polled: no file-system notification dependency, and it works on shared volumes)
+               polled: no file-system notification dependency, and it works on shared volumes),
+               or a source of it was approved (``voxrecall source approve``)
     urls       a ``url`` source is due for a re-crawl (its ``refresh`` interval passed)
     schedule   ``interval_s`` passed since its last build
     request    someone asked for it (``request``: the HTTP endpoint of ``index/ingest.py``)
@@ -136,7 +137,7 @@ class Watcher:
     def reasons(self, kb: KnowledgeBaseConfig, now: float) -> tuple[list[str], str]:
         """Why ``kb`` should be rebuilt now (empty: it should not), and its local fingerprint."""
         state = self._states.setdefault(kb.name, _State())
-        fingerprint = local_fingerprint(kb)
+        fingerprint = local_fingerprint(kb) + self._approved(kb)
         if state.built_at is None:
             return ["start"], fingerprint
         with self._lock:
@@ -148,6 +149,18 @@ class Watcher:
         if now - state.built_at >= self.options.interval_s:
             reasons.append("schedule")
         return reasons, fingerprint
+
+    def _approved(self, kb: KnowledgeBaseConfig) -> str:
+        """A hash of the base's approved registry entries: approving one is a change."""
+        from index.curation import approved_sources
+
+        try:
+            approved = approved_sources(self.config.index.registry, kb)
+        except VoxrecallError:
+            return ""  # the build reports the registry's error
+        return hashlib.sha256(
+            repr([(s.name, dict(s.options)) for s in approved]).encode()
+        ).hexdigest()
 
     def _url_due(
         self, kb: KnowledgeBaseConfig, source: str, raw: Mapping[str, Any], now: float

@@ -158,3 +158,17 @@ def test_an_authenticated_request_rebuilds_one_base_now(
 def test_the_listener_needs_a_long_token() -> None:
     with pytest.raises(ConfigError, match="VOXRECALL_REBUILD_TOKEN"):
         RebuildListener("127.0.0.1:0", "short", None, "VOXRECALL_REBUILD_TOKEN")  # type: ignore[arg-type]
+
+
+def test_approving_a_source_makes_the_watcher_rebuild(tmp_path: Path) -> None:
+    path, proposed = setup(tmp_path)
+    config = load_config(path)
+    watcher = Watcher(config, HashEmbedder(dimension=32), WatchOptions(poll_s=0))
+    assert [e.reasons for e in watcher.cycle()] == [("start",)]
+    entry = Registry(config.index.registry).add("kb", str(proposed), "ana")
+    assert watcher.cycle() == []  # pending: nothing to do
+    Registry(config.index.registry).decide(entry.id, "approved", "bo")
+    [event] = watcher.cycle()
+    assert event.reasons == ("files",)
+    assert event.summary is not None
+    assert event.summary.published
