@@ -157,6 +157,9 @@ class IndexConfig:
     keep_versions: int = 3
     cache_dir: Path = Path("store/.embedding-cache")
     strict: bool = False  # exit non-zero when any page is skipped
+    # `index publish --to s3://...`: an S3-compatible endpoint ("" is AWS) and its region
+    s3_endpoint_url: str = ""
+    s3_region: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +223,7 @@ class AuthConfig:
 @dataclass(frozen=True, slots=True)
 class SidecarConfig:
     listen: str = "127.0.0.1:50051"
-    store: Path | str = Path("store")  # a folder, or an http(s):// URL (a str)
+    store: Path | str = Path("store")  # a folder, or an http(s):// or s3:// URL (a str)
     default_knowledge_base: str = ""
     budget_ms: int = 150
     max_results: int = 3
@@ -245,6 +248,8 @@ class SidecarConfig:
     keep_downloaded: int = 2  # downloaded versions kept per base: the current and the previous
     http_timeout_s: float = 10.0  # per connect and per read against an http(s) store
     http_download_timeout_s: float = 600.0  # per file downloaded from an http(s) store, whole
+    s3_endpoint_url: str = ""  # an s3:// store's S3-compatible endpoint; "": AWS
+    s3_region: str = ""  # "": the AWS configuration's, else us-east-1
     tool_output_chars: int = 2000  # the most characters one knowledge function call returns
     skip: SkipConfig = SkipConfig()
     followups: FollowupConfig = FollowupConfig()
@@ -444,7 +449,7 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
 
     sc_raw = dict(_table(raw, "sidecar", where))
     store = sc_raw.get("store")
-    if isinstance(store, str) and store.startswith(("http://", "https://")):
+    if isinstance(store, str) and store.startswith(("http://", "https://", "s3://")):
         sc_raw["store"] = store.rstrip("/")
     else:
         sc_raw["store"] = (
