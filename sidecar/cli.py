@@ -42,7 +42,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     )
     if not bases:
         raise SystemExit(f"{args.config}: no [[knowledge_base]] to build")
-    embedder = make_embedder(config.embedder, threads=os.cpu_count())
+    embedder = make_embedder(config.embedder, parallel=os.cpu_count() or 1)
     summaries = [build_knowledge_base(config, kb, embedder) for kb in bases]
     if args.json:
         sys.stdout.write(
@@ -124,7 +124,7 @@ def cmd_index_watch(args: argparse.Namespace) -> int:
     config = _config(args.config)
     if not config.knowledge_bases:
         raise SystemExit(f"{args.config}: no [[knowledge_base]] to watch")
-    embedder = make_embedder(config.embedder, threads=os.cpu_count())
+    embedder = make_embedder(config.embedder, parallel=os.cpu_count() or 1)
     run_watch(config, embedder, WatchOptions(interval_s=args.interval, poll_s=args.poll))
     return 0
 
@@ -138,7 +138,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store: Path | str | None = args.store
     if args.store is not None and not args.store.startswith(("http://", "https://", "s3://")):
         store = Path(args.store).resolve()
-    overrides = {"store": store, "listen": args.listen}
+    overrides = {"store": store, "listen": args.listen, "shard": args.shard}
     config = config.with_overrides(**overrides)
     from sidecar import logs, workers
 
@@ -147,6 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers.check(config)
         argv = ["serve", "--config", str(args.config)]
         argv += ["--listen", config.sidecar.listen, "--store", str(config.sidecar.store)]
+        argv += ["--shard", str(config.sidecar.shard)]
         return workers.supervise([*(["-v"] if args.verbose else []), *argv], config.sidecar.workers)
     if worker is not None:
         config = workers.worker_config(config, int(worker))
@@ -372,6 +373,12 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--store", help="snapshot store folder, http(s) or s3 URL (overrides [sidecar] store)"
+    )
+    serve.add_argument(
+        "--shard",
+        type=int,
+        help="serve only the bases of this shard, 0 to [sidecar] shards - 1 (overrides "
+        "[sidecar] shard; a StatefulSet passes its pod index)",
     )
     serve.set_defaults(func=cmd_serve)
 
