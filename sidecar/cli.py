@@ -138,7 +138,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store: Path | str | None = args.store
     if args.store is not None and not args.store.startswith(("http://", "https://", "s3://")):
         store = Path(args.store).resolve()
-    overrides = {"store": store, "listen": args.listen, "shard": args.shard}
+    overrides = {"store": store, "listen": args.listen, "shard": args.shard, "shards": args.shards}
     config = config.with_overrides(**overrides)
     from sidecar import logs, workers
 
@@ -147,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers.check(config)
         argv = ["serve", "--config", str(args.config)]
         argv += ["--listen", config.sidecar.listen, "--store", str(config.sidecar.store)]
-        argv += ["--shard", str(config.sidecar.shard)]
+        argv += ["--shards", str(config.sidecar.shards), "--shard", str(config.sidecar.shard)]
         return workers.supervise([*(["-v"] if args.verbose else []), *argv], config.sidecar.workers)
     if worker is not None:
         config = workers.worker_config(config, int(worker))
@@ -379,6 +379,9 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="serve only the bases of this shard, 0 to [sidecar] shards - 1 (overrides "
         "[sidecar] shard; a StatefulSet passes its pod index)",
+    )
+    serve.add_argument(
+        "--shards", type=int, help="how many shards the fleet has (overrides [sidecar] shards)"
     )
     serve.set_defaults(func=cmd_serve)
 

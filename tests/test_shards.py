@@ -5,10 +5,12 @@ each base to the sidecar that has it (real sidecars on port 0, real store)."""
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
 from index.config import parse_config
 from index.embedders.base import HashEmbedder
@@ -17,6 +19,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
 from sidecar.shards import ShardRouter, in_shard, shard_of
+from tests.conftest import REPO
 from tests.snapshot_kit import version_id, write_version
 
 EMBEDDER = HashEmbedder(dimension=32)
@@ -116,3 +119,29 @@ async def test_each_replica_loads_only_its_shard_and_the_router_finds_every_base
     finally:
         for sidecar in sidecars:
             await sidecar.stop(0.5)
+
+
+def test_the_sharded_manifest_is_consistent() -> None:
+    """deploy/sharded.yaml: shard i's Deployment serves `--shard i` of the same count, its
+    Service selects those pods, the agents list the Services in shard order, and the config
+    parses (an s3 store, no base named: each replica serves its shard of what the store has)."""
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "sharded.yaml").read_text()))
+    kinds = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    config = parse_config(tomllib.loads(config_map["data"]["voxrecall.toml"]), base=REPO)
+    assert str(config.sidecar.store).startswith("s3://")
+    assert not config.knowledge_bases
+    shards = sum(1 for kind, name in kinds if kind == "Deployment" and "-shard-" in name)
+    targets = []
+    for i in range(shards):
+        pod = kinds[("Deployment", f"voxrecall-shard-{i}")]["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
+        args = container["args"]
+        assert args[args.index("--shards") + 1] == str(shards)
+        assert args[args.index("--shard") + 1] == str(i)
+        service = kinds[("Service", f"voxrecall-shard-{i}")]
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        targets.append(f"voxrecall-shard-{i}:{service['spec']['ports'][0]['port']}")
+    agent = kinds[("Deployment", "voice-agent")]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["VOXRECALL_SHARDS"].split(",") == targets
