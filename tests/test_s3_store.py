@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from index.config import parse_config
@@ -25,6 +26,9 @@ from index.http_store import PARTIAL, HttpOptions
 from index.snapshot import MANIFEST, VECTORS, verify_snapshot
 from index.store import open_store
 from sidecar.cli import main
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import create_server
 from tests.s3_kit import FaultProxy, Mirror, new_bucket, s3_client
 from tests.snapshot_kit import KB, version_id, write_version
 
@@ -343,3 +347,39 @@ def test_close_cuts_a_download_blocked_on_a_silent_server(
         assert "closed" in str(error)
     finally:
         proxy.stop()
+
+
+async def test_a_sidecar_serves_the_bases_of_an_s3_store(
+    moto_server: Any, bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    """`[sidecar] store = "s3://..."` end to end: the bases listed from the bucket, downloaded,
+    verified, loaded and searched over gRPC."""
+    client, name = bucket
+    root = tmp_path / "published"
+    for kb in ("billing", "support"):
+        write_version(root, version_id(1), EMBEDDER, "roaming", kb=kb)
+    Mirror(root, client, name, PREFIX).sync()
+    raw = {
+        "sidecar": {
+            "store": f"s3://{name}/{PREFIX}",
+            "s3_endpoint_url": moto_server.url,
+            "cache_dir": str(tmp_path / "cache"),
+            "listen": "127.0.0.1:0",
+            "min_score": -1.0,
+            "budget_ms": 5_000,
+        }
+    }
+    sidecar = await create_server(parse_config(raw, base=tmp_path), embedder=EMBEDDER, poll=False)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            status = await stub.Status(pb.StatusRequest(), timeout=10)
+            versions = {kb.name: kb.snapshot_version for kb in status.knowledge_bases}
+            assert versions == {"billing": version_id(1), "support": version_id(1)}
+            resp = await stub.Search(
+                pb.SearchRequest(knowledge_base="support", query="roaming abroad"), timeout=10
+            )
+            assert resp.chunks
+    finally:
+        await sidecar.stop(0.5)
+    assert (tmp_path / "cache" / "support" / version_id(1) / MANIFEST).is_file()
