@@ -1,6 +1,6 @@
 """How fast a build embeds with the embedded model: ``python -m bench index [--quick]``.
 
-One run measures, on the same chunks and interleaved round by round (so a neighbour's load
+One run measures, on the same chunks and interleaved block by block (so a neighbour's load
 falls on every variant alike; read the ratios, not the rates):
 
 - ``single``: one text at a time on one thread, the single-stream rate;
@@ -36,6 +36,7 @@ RCLONE = SHARED_DATA / "docs-rclone" / "docs"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "kb"
 MIN_COSINE = 0.999
 BATCH = 8
+BLOCK = 16  # texts per turn of each variant: 4 slices of PARALLEL_SLICE for 2 cores and more
 MILLION = 1_000_000
 
 
@@ -43,7 +44,7 @@ def corpus(quick: bool) -> tuple[str, list[str]]:
     folder = EXAMPLE if quick or not RCLONE.is_dir() else RCLONE
     pages, _ = load_markdown("docs", folder)
     texts = [c.embed_text for page in pages for c in chunk_page(page)]
-    limit = 48 if quick else 320
+    limit = 32 if quick else 480
     return str(folder), texts[:: max(1, len(texts) // limit)][:limit]  # spread over every page
 
 
@@ -69,7 +70,7 @@ def _batched(embedder: LocalEmbedder, texts: list[str]) -> Vectors:
     return normalise(out)
 
 
-def run(quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
+def run(quick: bool = False) -> dict[str, Any]:
     cores = os.cpu_count() or 1
     source, texts = corpus(quick)
     single = LocalEmbedder(threads=1)
@@ -84,16 +85,19 @@ def run(quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
     for fn in variants.values():  # warm each session's first run
         fn(texts[:2])
     seconds: dict[str, float] = dict.fromkeys(variants, 0.0)
-    vectors: dict[str, Vectors] = {}
+    parts: dict[str, list[Vectors]] = {name: [] for name in variants}
     load_before = os.getloadavg()
-    for r in range(rounds or (1 if quick else 2)):
-        order = list(variants) if r % 2 == 0 else list(reversed(variants))
-        for name in order:
+    # Blocks of BLOCK texts, every variant on each block in turn (the order rotating), so a
+    # burst of load elsewhere falls on all of them alike, as in the search suite.
+    for b, start_row in enumerate(range(0, len(texts), BLOCK)):
+        block = texts[start_row : start_row + BLOCK]
+        names = list(variants)
+        for name in names[b % len(names) :] + names[: b % len(names)]:
             start = time.perf_counter()
-            vectors[name] = variants[name](texts)
+            parts[name].append(variants[name](block))
             seconds[name] += time.perf_counter() - start
-    n = len(texts) * (rounds or (1 if quick else 2))
-    rates = {name: n / s for name, s in seconds.items()}
+    rates = {name: len(texts) / s for name, s in seconds.items()}
+    vectors = {name: np.concatenate(p) for name, p in parts.items()}
     base = vectors["single"]
     cosine = {name: float(np.min(np.sum(v * base, axis=1))) for name, v in vectors.items()}
     efficiency = rates["parallel"] / (cores * rates["single"])

@@ -101,8 +101,7 @@ async def test_bulk_requests_are_cut_at_the_byte_budget_too(
         np.testing.assert_allclose(emb.embed_batch(texts), expected(texts), atol=1e-6)
     finally:
         await emb.aclose()
-    assert server.requests == 4  # 3 + 3 + 3 + 1
-    assert server.last_request["input"] == texts[9:]
+    assert server.requests == 4  # 3 + 3 + 3 + 1, sent side by side: any may come last
 
 
 def test_request_batches_keep_order_and_both_limits() -> None:
