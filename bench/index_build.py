@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for path in (RCLONE, DSTC):
         if not path.exists():
             sys.exit(f"shared data not present: {path}")
-    embedder = make_embedder(EmbedderConfig(), threads=os.cpu_count())
+    embedder = make_embedder(EmbedderConfig(), parallel=os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "rclone").mkdir()
         (Path(tmp) / "dstc").mkdir()

@@ -88,6 +88,7 @@ for _type in CLEANABLE_TYPES:
     SOURCE_OPTIONS[_type] = SOURCE_OPTIONS[_type] | {"clean"}
 SOURCE_TYPES = tuple(SOURCE_OPTIONS)
 SOURCE_KEYS = frozenset({"name", "type", "path"})  # every type's, beside its options
+OPENAI_MAX_INPUTS = 2048  # the OpenAI embeddings API's limit on inputs per request
 TABLES = ("embedder", "knowledge_base", "index", "sidecar", "function")
 
 
@@ -199,6 +200,9 @@ class IndexConfig:
     registry: Path = Path("sources.json")
     rebuild_token_env: str = "VOXRECALL_REBUILD_TOKEN"  # `index watch --listen`'s bearer token
     rebuild_token: str = field(default="", repr=False)  # resolved from rebuild_token_env
+    # `index publish --to s3://...`: an S3-compatible endpoint ("" is AWS) and its region
+    s3_endpoint_url: str = ""
+    s3_region: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +266,7 @@ class AuthConfig:
 @dataclass(frozen=True, slots=True)
 class SidecarConfig:
     listen: str = "127.0.0.1:50051"
-    store: Path | str = Path("store")  # a folder, or an http(s):// URL (a str)
+    store: Path | str = Path("store")  # a folder, or an http(s):// or s3:// URL (a str)
     default_knowledge_base: str = ""
     budget_ms: int = 150
     max_results: int = 3
@@ -287,6 +291,12 @@ class SidecarConfig:
     keep_downloaded: int = 2  # downloaded versions kept per base: the current and the previous
     http_timeout_s: float = 10.0  # per connect and per read against an http(s) store
     http_download_timeout_s: float = 600.0  # per file downloaded from an http(s) store, whole
+    s3_endpoint_url: str = ""  # an s3:// store's S3-compatible endpoint; "": AWS
+    s3_region: str = ""  # "": the AWS configuration's, else us-east-1
+    # Sharding (sidecar/shards.py): this replica serves the bases with shard_of(base, shards)
+    # == shard; `voxrecall serve --shard I` sets shard per replica.
+    shards: int = 1
+    shard: int = 0
     tool_output_chars: int = 2000  # the most characters one knowledge function call returns
     skip: SkipConfig = SkipConfig()
     followups: FollowupConfig = FollowupConfig()
@@ -330,7 +340,22 @@ class Config:
     def with_overrides(self, **sidecar: Any) -> Config:
         """The same config with [sidecar] keys replaced (command-line flags); None means unset."""
         given = {k: v for k, v in sidecar.items() if v is not None}
-        return replace(self, sidecar=replace(self.sidecar, **given)) if given else self
+        if not given:
+            return self
+        config = replace(self, sidecar=replace(self.sidecar, **given))
+        _check_shard(config.sidecar.shard, config.sidecar.shards, "--shard:")
+        return config
+
+
+def _check_shard(shard: object, shards: object, where: str) -> None:
+    """``[sidecar] shards`` (1 to 65536) and ``shard`` (0 to shards - 1), as integers."""
+    if not (isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards <= 65536):
+        raise ConfigError(f"{where} shards must be an integer from 1 to 65536, got {shards!r}")
+    if not (isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < shards):
+        raise ConfigError(
+            f"{where} shard must be an integer from 0 to shards - 1 ({shards - 1}), got {shard!r}"
+            " (`voxrecall serve --shard I` sets it per replica)"
+        )
 
 
 def _table(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -423,9 +448,16 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
     provider = emb_raw.get("provider", "local")
     if provider not in ("local", "openai"):
         raise ConfigError(f'{where}: [embedder] provider must be "local" or "openai"')
-    if provider == "openai":
-        emb_raw = {"model": "text-embedding-3-small", **emb_raw}
+    if (
+        provider == "openai"
+    ):  # a build's requests as large as the API takes (index/embedders/remote.py)
+        emb_raw = {"model": "text-embedding-3-small", "batch_size": OPENAI_MAX_INPUTS, **emb_raw}
     embedder = _build(EmbedderConfig, emb_raw, f"{where} [embedder]")
+    if provider == "openai" and not 1 <= embedder.batch_size <= OPENAI_MAX_INPUTS:
+        raise ConfigError(
+            f"{where} [embedder] batch_size must be 1 to {OPENAI_MAX_INPUTS} for openai "
+            "(the most inputs the embeddings API takes in one request)"
+        )
     if provider == "openai":
         embedder = replace(embedder, api_key=os.environ.get(embedder.api_key_env, ""))
 
@@ -498,7 +530,7 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
 
     sc_raw = dict(_table(raw, "sidecar", where))
     store = sc_raw.get("store")
-    if isinstance(store, str) and store.startswith(("http://", "https://")):
+    if isinstance(store, str) and store.startswith(("http://", "https://", "s3://")):
         sc_raw["store"] = store.rstrip("/")
     else:
         sc_raw["store"] = (
@@ -516,6 +548,7 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
     sc_raw["auth"] = _auth_config(_table(sc_raw, "auth", sc_where), f"{where} [sidecar.auth]")
     sidecar = _build(SidecarConfig, sc_raw, f"{where} [sidecar]")
     _check_operations(sidecar, sc_where)
+    _check_shard(sidecar.shard, sidecar.shards, sc_where)
     if sidecar.keep_downloaded < 1:
         raise ConfigError(f"{where} [sidecar] keep_downloaded must be >= 1 (the serving version)")
     if min(sidecar.poll_seconds, sidecar.http_timeout_s, sidecar.http_download_timeout_s) <= 0:

@@ -1,6 +1,6 @@
 """Where snapshots are published, and the one interface a sidecar reads them through.
 
-A store is laid out as (a local folder, a shared volume, or the same tree behind HTTP)
+A store is laid out as (a local folder, a shared volume, the same tree behind HTTP or in S3)
 
     <root>/<knowledge_base>/LATEST            the current version id, written last
     <root>/<knowledge_base>/<version>/        an immutable snapshot folder
@@ -9,7 +9,7 @@ A store is laid out as (a local folder, a shared volume, or the same tree behind
 Version ids sort by creation time, so "newer" is a string comparison. ``SnapshotStore`` is what
 the sidecar's refresher needs: the pointer, and a local folder of one version whose files match
 its manifest. ``LocalStore`` reads the folder in place; ``index.http_store.HttpStore`` downloads
-it into a local cache first.
+it into a local cache first, and ``index.s3_store.S3Store`` does the same from a bucket.
 """
 
 from __future__ import annotations
@@ -264,8 +264,17 @@ def open_store(
     cache_dir: Path,
     timeout_s: float = 10.0,
     download_timeout_s: float = 600.0,
+    s3_endpoint_url: str = "",
+    s3_region: str = "",
 ) -> SnapshotStore:
-    """The store a sidecar reads: an http(s) URL downloads into ``cache_dir``; else a folder."""
+    """The store a sidecar reads: an http(s) or s3 URL downloads into ``cache_dir``; else a
+    folder. boto3 (the ``s3`` extra) is imported only for an s3:// store."""
+    if isinstance(location, str) and location.startswith("s3://"):
+        from index.http_store import HttpOptions
+        from index.s3_store import S3Options, S3Store
+
+        options = HttpOptions(timeout_s=timeout_s, download_timeout_s=download_timeout_s)
+        return S3Store(location, cache_dir, options, S3Options(s3_endpoint_url, s3_region))
     if is_url(location):
         from index.http_store import HttpOptions, HttpStore
 

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     )
     if not bases:
         raise SystemExit(f"{args.config}: no [[knowledge_base]] to build")
-    embedder = make_embedder(config.embedder, threads=os.cpu_count())
+    embedder = make_embedder(config.embedder, parallel=os.cpu_count() or 1)
     summaries = [build_knowledge_base(config, kb, embedder) for kb in bases]
     if args.json:
         sys.stdout.write(
@@ -137,7 +138,7 @@ def cmd_index_watch(args: argparse.Namespace) -> int:
     config = _config(args.config)
     if not config.knowledge_bases:
         raise SystemExit(f"{args.config}: no [[knowledge_base]] to watch")
-    embedder = make_embedder(config.embedder, threads=os.cpu_count())
+    embedder = make_embedder(config.embedder, parallel=os.cpu_count() or 1)
     options = WatchOptions(interval_s=args.interval, poll_s=args.poll)
     run_watch(config, embedder, options, listen=args.listen)
     return 0
@@ -194,9 +195,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _config(args.config)
     store: Path | str | None = args.store
-    if args.store is not None and not args.store.startswith(("http://", "https://")):
+    if args.store is not None and not args.store.startswith(("http://", "https://", "s3://")):
         store = Path(args.store).resolve()
-    overrides = {"store": store, "listen": args.listen}
+    overrides = {"store": store, "listen": args.listen, "shard": args.shard, "shards": args.shards}
     config = config.with_overrides(**overrides)
     from sidecar import logs, workers
 
@@ -205,6 +206,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers.check(config)
         argv = ["serve", "--config", str(args.config)]
         argv += ["--listen", config.sidecar.listen, "--store", str(config.sidecar.store)]
+        argv += ["--shards", str(config.sidecar.shards), "--shard", str(config.sidecar.shard)]
         return workers.supervise([*(["-v"] if args.verbose else []), *argv], config.sidecar.workers)
     if worker is not None:
         config = workers.worker_config(config, int(worker))
@@ -281,15 +283,28 @@ def cmd_index_publish(args: argparse.Namespace) -> int:
     config = _config(args.config)
     names = args.kb or [kb.name for kb in config.knowledge_bases]
     source = LocalStore(config.index.store)
-    target = LocalStore(args.to.resolve())
+    publish = _publisher(args.to, config)
     for name in names:
         folder = source.latest_dir(name)
-        copied = target.publish_copy(name, folder, keep=config.index.keep_versions)
+        copied = publish(name, folder)
         if copied is None:
-            print(f"{name}: {target.root} already has {folder.name} or newer")
+            print(f"{name}: {args.to} already has {folder.name} or newer")
         else:
             print(f"{name}: published {folder.name} to {copied}")
     return 0
+
+
+def _publisher(to: str, config: Config) -> Callable[[str, Path], object | None]:
+    """What copies one base's snapshot folder to ``--to``: a folder, or s3://bucket/prefix."""
+    if to.startswith("s3://"):
+        from index.s3_store import S3Options, S3Publisher
+
+        options = S3Options(config.index.s3_endpoint_url, config.index.s3_region)
+        return S3Publisher(to, options).publish_copy
+    from index.store import LocalStore
+
+    target = LocalStore(Path(to).resolve())
+    return lambda name, folder: target.publish_copy(name, folder, keep=config.index.keep_versions)
 
 
 def cmd_snapshot_verify(args: argparse.Namespace) -> int:
@@ -397,13 +412,17 @@ def parser() -> argparse.ArgumentParser:
 
     publish = index_sub.add_parser(
         "publish",
-        help="copy the newest snapshot of each base into a folder an HTTP server serves",
-        description="Copy each base's newest verified snapshot from [index] store into DIR, files "
-        "first and the LATEST pointer last, so sidecars polling DIR (or an HTTP server over it) "
-        "never see a partial version. Older versions beyond [index] keep_versions are pruned.",
+        help="copy the newest snapshot of each base into a folder or an S3 bucket",
+        description="Copy each base's newest verified snapshot from [index] store into DIR, or "
+        "to s3://bucket/prefix, files first and the LATEST pointer last, so sidecars polling it "
+        "(or an HTTP server over DIR) never see a partial version. In a folder, older versions "
+        "beyond [index] keep_versions are pruned; in a bucket nothing is deleted (use a "
+        "lifecycle rule). [index] s3_endpoint_url and s3_region say where the S3 API is.",
     )
     publish.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=config_help)
-    publish.add_argument("--to", type=Path, required=True, help="the folder to publish into")
+    publish.add_argument(
+        "--to", required=True, help="the folder, or s3://bucket/prefix, to publish into"
+    )
     publish.add_argument(
         "--kb", action="append", default=[], help="only this knowledge base (repeatable)"
     )
@@ -419,7 +438,16 @@ def parser() -> argparse.ArgumentParser:
         "--listen", help="address to listen on, e.g. 127.0.0.1:50051 (overrides [sidecar] listen)"
     )
     serve.add_argument(
-        "--store", help="snapshot store folder or http(s) URL (overrides [sidecar] store)"
+        "--store", help="snapshot store folder, http(s) or s3 URL (overrides [sidecar] store)"
+    )
+    serve.add_argument(
+        "--shard",
+        type=int,
+        help="serve only the bases of this shard, 0 to [sidecar] shards - 1 (overrides "
+        "[sidecar] shard; a StatefulSet passes its pod index)",
+    )
+    serve.add_argument(
+        "--shards", type=int, help="how many shards the fleet has (overrides [sidecar] shards)"
     )
     serve.set_defaults(func=cmd_serve)
 

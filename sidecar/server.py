@@ -26,6 +26,7 @@ from sidecar.lifecycle import Lifecycle, State
 from sidecar.refresh import Refresher
 from sidecar.service import RetrievalService
 from sidecar.sessions import SessionStore
+from sidecar.shards import in_shard
 from sidecar.skip import SkipPolicy
 from sidecar.tools import Toolbox
 
@@ -131,14 +132,20 @@ def sidecar_store(config: Config) -> SnapshotStore:
         cache_dir=config.sidecar.cache_dir,
         timeout_s=config.sidecar.http_timeout_s,
         download_timeout_s=config.sidecar.http_download_timeout_s,
+        s3_endpoint_url=config.sidecar.s3_endpoint_url,
+        s3_region=config.sidecar.s3_region,
     )
 
 
 def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]:
-    """The configured bases, or, for a config that names none, those already in the store."""
+    """The configured bases, or, for a config that names none, those already in the store;
+    with ``[sidecar] shards`` > 1, only those of this replica's shard (sidecar/shards.py)."""
     if config.knowledge_bases:
-        return frozenset(kb.name for kb in config.knowledge_bases)
-    return store.knowledge_bases()
+        names = frozenset(kb.name for kb in config.knowledge_bases)
+    else:
+        names = store.knowledge_bases()
+    sc = config.sidecar
+    return names if sc.shards == 1 else in_shard(names, sc.shard, sc.shards)
 
 
 async def create_server(
@@ -156,9 +163,10 @@ async def create_server(
     owns_embedder = embedder is None
     if embedder is None:
         embedder = await asyncio.to_thread(make_embedder, config.embedder)
-    if store is None:
-        store = sidecar_store(config)
-    names = knowledge_base_names(config, store)
+    if store is None:  # an s3:// store reads the AWS configuration files: off the loop
+        store = await asyncio.to_thread(sidecar_store, config)
+    # listing a remote store (s3://) is a request: off the loop too
+    names = await asyncio.to_thread(knowledge_base_names, config, store)
     if not names:
         log.warning("no knowledge base to serve: name them with [[knowledge_base]] (%r)", store)
     holder = SnapshotHolder()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,34 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.endswith("_API_KEY") or key.lower().endswith("_proxy"):
             monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(scope="session")
+def moto_process() -> Iterator[Any]:
+    """One real S3-compatible server (moto) for the session, in its own process."""
+    pytest.importorskip("moto", reason="the S3 store's tests need the dev extra (moto[server])")
+    from tests.s3_kit import MotoServer
+
+    server = MotoServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def moto_server(moto_process: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """The moto server, with AWS credentials for it in the environment and nothing of the
+    developer's AWS configuration (no profile files, no instance metadata)."""
+    from tests.s3_kit import CREDENTIALS
+
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return moto_process
 
 
 @pytest.fixture(scope="session")

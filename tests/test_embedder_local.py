@@ -95,6 +95,23 @@ async def test_batches_split_by_batch_size_agree(async_embedder: LocalEmbedder) 
         await small.aclose()
 
 
+async def test_parallel_embedding_makes_the_single_text_vectors_in_order(
+    embedder: LocalEmbedder,
+) -> None:
+    """A build embeds on every core; each vector must be the one a text alone gets (issue 19:
+    cosine >= 0.999; here equal, since each text still runs alone), rows in input order."""
+    texts = [f"Step {i}: open Settings, then {'Security ' * (i % 5)}and save." for i in range(23)]
+    parallel = LocalEmbedder(parallel=3)
+    try:
+        got = parallel.embed_batch(texts)
+    finally:
+        await parallel.aclose()
+    want = np.stack([embedder.embed_batch([t])[0] for t in texts])
+    assert got.shape == (23, 384)
+    np.testing.assert_array_equal(got, want)
+    assert float(np.min(np.sum(got * want, axis=1))) >= 0.999
+
+
 async def test_async_embed_equals_embed_batch(async_embedder: LocalEmbedder) -> None:
     texts = ["How do I open a new tab?", "The weather in Paris"]
     np.testing.assert_array_equal(
@@ -160,6 +177,7 @@ def test_missing_model_is_refused(tmp_path: Path) -> None:
         ({"max_tokens": 1}, "max_tokens"),
         ({"max_tokens": 513}, "max_tokens"),
         ({"batch_size": 0}, "batch_size"),
+        ({"parallel": 0}, "parallel"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, int], match: str) -> None:

@@ -12,9 +12,10 @@ import pytest
 
 from index.build import build_knowledge_base
 from index.config import EmbedderConfig
+from index.embedders import remote
 from index.embedders.base import Embedder, HashEmbedder
 from index.embedders.remote import OpenAIEmbedder
-from index.errors import EmbedderError
+from index.errors import ConfigError, EmbedderError
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
@@ -86,6 +87,36 @@ async def test_bulk_sends_batches_side_by_side_and_keeps_order(
     np.testing.assert_allclose(vectors, expected(texts), atol=1e-6)
     assert server.requests == 6
     assert server.max_in_flight == 3  # max_concurrency, never more
+
+
+async def test_bulk_requests_are_cut_at_the_byte_budget_too(
+    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to the API's 2048 inputs a request, and never past MAX_REQUEST_BYTES of text (the
+    API's 300k-token limit): here 100 bytes, so three 30-byte chunks a request."""
+    monkeypatch.setattr(remote, "MAX_REQUEST_BYTES", 100)
+    emb = OpenAIEmbedder(openai_config(server, batch_size=2048), retries=2, backoff_s=0.01)
+    texts = [f"chunk {i:04d} about panes and tabs!"[:30] for i in range(10)]
+    try:
+        np.testing.assert_allclose(emb.embed_batch(texts), expected(texts), atol=1e-6)
+    finally:
+        await emb.aclose()
+    assert server.requests == 4  # 3 + 3 + 3 + 1, sent side by side: any may come last
+
+
+def test_request_batches_keep_order_and_both_limits() -> None:
+    texts = ["a" * 10, "b" * 10, "c" * 95, "d", "e", "f", "g"]
+    assert remote.request_batches(texts, 3, 100) == [
+        ["a" * 10, "b" * 10],
+        ["c" * 95, "d", "e"],
+        ["f", "g"],
+    ]
+    assert remote.request_batches(["x" * 500], 3, 100) == [["x" * 500]]  # alone, not dropped
+
+
+def test_a_batch_size_over_the_api_limit_is_refused(server: OpenAIServer) -> None:
+    with pytest.raises(ConfigError, match="2048"):
+        OpenAIEmbedder(openai_config(server, batch_size=2049))
 
 
 async def test_bulk_retries_429_then_succeeds(

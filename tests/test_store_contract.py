@@ -1,8 +1,11 @@
 """One contract for every SnapshotStore (tantivy's directory tests), then what only HTTP does.
 
 The local store reads a folder in place; the HTTP store reads the same folder through a real
-HTTP server on 127.0.0.1 and downloads into a cache. Both must answer the same way. Snapshots
-here use the HashEmbedder: these are tests of the store alone, not of retrieval.
+HTTP server on 127.0.0.1 and downloads into a cache; the S3 store reads it from a bucket of a
+real S3-compatible server (moto, its own process on 127.0.0.1), which the folder is mirrored
+into before each call. All must answer the same way (tests/test_s3_store.py has what only S3
+does). Snapshots here use the HashEmbedder: these are tests of the store alone, not of
+retrieval.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -29,6 +32,7 @@ from index.http_store import PARTIAL, HttpOptions, HttpStore
 from index.snapshot import CHUNKS, MANIFEST, VECTORS, load_snapshot, verify_snapshot
 from index.store import LocalStore, SnapshotStore
 from sidecar.cli import main
+from tests.s3_kit import Mirror, new_bucket, s3_client
 from tests.snapshot_kit import (
     KB,
     DiskFullStore,
@@ -48,20 +52,62 @@ class Env:
     root: Path  # where the publisher writes
     store: SnapshotStore
     server: StaticServer | None = None
+    cache: Path | None = None  # where a downloading store keeps its copies
 
 
-@pytest.fixture(params=["local", "http"])
+@pytest.fixture(params=["local", "http", "s3"])
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     root = tmp_path / "published"
     root.mkdir()
     if request.param == "local":
         yield Env(root, LocalStore(root))
         return
+    if request.param == "s3":
+        moto = request.getfixturevalue("moto_server")
+        yield Env(
+            root, mirrored_s3_store(root, moto.url, tmp_path / "cache"), None, tmp_path / "cache"
+        )
+        return
     server = StaticServer(root).start()
     try:
-        yield Env(root, HttpStore(server.url, tmp_path / "cache", FAST), server)
+        yield Env(root, HttpStore(server.url, tmp_path / "cache", FAST), server, tmp_path / "cache")
     finally:
         server.stop()
+
+
+class MirroredS3Store:
+    """An S3Store whose bucket is made to hold the published folder before each call (the
+    contract's tests publish, damage and repair snapshots in a folder)."""
+
+    def __init__(self, mirror: Mirror, store: SnapshotStore) -> None:
+        self.mirror, self.store = mirror, store
+
+    def latest(self, knowledge_base: str) -> str | None:
+        self.mirror.sync()
+        return self.store.latest(knowledge_base)
+
+    def fetch(self, knowledge_base: str, version: str) -> Path:
+        self.mirror.sync()
+        return self.store.fetch(knowledge_base, version)
+
+    def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
+        self.store.retain(knowledge_base, versions)
+
+    def knowledge_bases(self) -> frozenset[str]:
+        self.mirror.sync()
+        return self.store.knowledge_bases()
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def mirrored_s3_store(root: Path, endpoint: str, cache: Path) -> MirroredS3Store:
+    from index.s3_store import S3Options, S3Store
+
+    client = s3_client(endpoint)
+    bucket = new_bucket(client)
+    store = S3Store(f"s3://{bucket}/snapshots", cache, FAST, S3Options(endpoint_url=endpoint))
+    return MirroredS3Store(Mirror(root, client, bucket, "snapshots"), store)
 
 
 @pytest.fixture
@@ -123,8 +169,8 @@ def test_a_corrupted_file_is_never_exposed(env: Env, tmp_path: Path) -> None:
     write_version(env.root, version_id(1), EMBEDDER, damage=flip_a_byte)
     with pytest.raises(CorruptSnapshot, match="sha256"):
         env.store.fetch(KB, version_id(1))
-    if isinstance(env.store, HttpStore):
-        assert list((tmp_path / "cache" / KB).iterdir()) == []  # nothing kept, not even partial
+    if env.cache is not None:
+        assert list((env.cache / KB).iterdir()) == []  # nothing kept, not even partial
 
 
 def test_a_pointer_going_backwards_is_reported_as_written(env: Env) -> None:

@@ -7,8 +7,11 @@ from index.embedders.base import Embedder
 from index.errors import ConfigError
 
 
-def make_embedder(config: EmbedderConfig, *, threads: int | None = None) -> Embedder:
-    """``threads`` overrides the local model's thread count (index builds use every core)."""
+def make_embedder(
+    config: EmbedderConfig, *, threads: int | None = None, parallel: int = 1
+) -> Embedder:
+    """``threads`` overrides the local model's intra-op thread count; ``parallel`` texts are
+    embedded side by side by the local model in a build (index builds: one per core)."""
     if config.provider == "openai":
         from index.embedders.remote import OpenAIEmbedder
 
@@ -19,4 +22,6 @@ def make_embedder(config: EmbedderConfig, *, threads: int | None = None) -> Embe
         )
     from index.embedders.local import LocalEmbedder
 
-    return LocalEmbedder(threads=threads or config.threads, batch_size=config.batch_size)
+    return LocalEmbedder(
+        threads=threads or config.threads, batch_size=config.batch_size, parallel=parallel
+    )

@@ -22,7 +22,7 @@ import numpy as np
 import openai
 import orjson
 
-from index.config import EmbedderConfig
+from index.config import OPENAI_MAX_INPUTS, EmbedderConfig
 from index.embedders.base import EmbedderInfo, Vectors, normalise
 from index.errors import ConfigError, EmbedderError
 
@@ -36,6 +36,10 @@ BUILD_BACKOFF_S = 0.5  # the first wait; each retry doubles it, up to MAX_BACKOF
 MAX_BACKOFF_S = 16.0  # also caps a server's Retry-After, so one answer cannot stall a build
 BUILD_TIMEOUT_S = 60.0  # a 16-text batch normally answers in well under a second
 HOT_TIMEOUT_S = 10.0  # an outer bound only: the turn's budget cuts far earlier
+# A build request holds at most batch_size texts (<= OPENAI_MAX_INPUTS, 2048) and this many
+# bytes of text: the API takes at most 300k tokens per request, and English text runs ~4 bytes
+# a token (code ~3), so 600 kB stays under it with room to spare.
+MAX_REQUEST_BYTES = 600_000
 # Hot-path requests overlap on the server; this many still running past their turns' deadlines
 # means the server is down or drowning, and the sidecar stops adding to it until one ends.
 HOT_PARALLEL_CALLS = 8
@@ -67,6 +71,11 @@ class OpenAIEmbedder:
             raise ConfigError(f"[embedder] dimensions is required for model {config.model!r}")
         if config.batch_size < 1 or config.max_concurrency < 1:
             raise ConfigError("[embedder] batch_size and max_concurrency must be at least 1")
+        if config.batch_size > OPENAI_MAX_INPUTS:
+            raise ConfigError(
+                f"[embedder] batch_size {config.batch_size} is over {OPENAI_MAX_INPUTS}, the most "
+                "inputs the embeddings API takes in one request"
+            )
         self._config = config
         self._retries = retries
         self._backoff_s = backoff_s
@@ -105,15 +114,15 @@ class OpenAIEmbedder:
         return self._vectors(raw.http_response.content, len(texts))
 
     def embed_batch(self, texts: Sequence[str]) -> Vectors:
-        """Embed for a build: ``batch_size`` texts per request, up to ``max_concurrency`` requests
-        in flight, each retried on 429, 5xx and connection errors; rows in input order."""
+        """Embed for a build: requests of up to ``batch_size`` texts and MAX_REQUEST_BYTES, up
+        to ``max_concurrency`` in flight, each retried on 429, 5xx and connection errors (with
+        backoff, or the server's ``Retry-After``); rows in input order."""
         if isinstance(texts, str):
             raise TypeError("embed_batch takes a sequence of texts, not one str")
         items = list(texts)
         if not items:
             return np.zeros((0, self._info.dimension), dtype=np.float32)
-        size = self._config.batch_size
-        batches = [items[i : i + size] for i in range(0, len(items), size)]
+        batches = request_batches(items, self._config.batch_size, MAX_REQUEST_BYTES)
         if len(batches) == 1:
             return self._with_retries(batches[0])
         workers = min(self._config.max_concurrency, len(batches))
@@ -167,6 +176,24 @@ class OpenAIEmbedder:
             except openai.OpenAIError as exc:
                 raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")
+
+
+def request_batches(texts: list[str], max_inputs: int, max_bytes: int) -> list[list[str]]:
+    """``texts`` in order, cut into requests of at most ``max_inputs`` texts and ``max_bytes``
+    bytes of UTF-8 (a text longer than that alone goes alone: the server judges it)."""
+    batches: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for text in texts:
+        n = len(text.encode("utf-8"))
+        if current and (len(current) == max_inputs or size + n > max_bytes):
+            batches.append(current)
+            current, size = [], 0
+        current.append(text)
+        size += n
+    if current:
+        batches.append(current)
+    return batches
 
 
 def _retry_after(exc: openai.OpenAIError) -> float | None:

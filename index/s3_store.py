@@ -1,0 +1,271 @@
+"""Snapshots in S3 or any S3-compatible object store (MinIO, Ceph RGW, R2, GCS's XML API).
+
+    s3://<bucket>/<prefix>/<kb>/LATEST                  the pointer, written last
+    s3://<bucket>/<prefix>/<kb>/<version>/<file>        every file a manifest lists, then it
+
+The same tree as a folder or an HTTP store, under a key prefix. Reading (``S3Store``) is the
+HTTP store's code (``index.http_store``: ETag polling with ``If-None-Match``, downloads resumed
+with ``Range``, retries with backoff, byte caps from the manifest, a total deadline per file,
+``close`` cutting a blocked read), with each request signed by AWS Signature Version 4. So an
+S3 store behaves exactly like the HTTP store the contract suite already holds it to, and boto3
+lends only what it is the reference for: the credential chain (environment, profile, the web
+identity token of an EKS service account, instance metadata) and the signature. Its own
+downloader is not used: it retries on its own schedule and a read blocked in its streaming body
+cannot be cut by another thread.
+
+Writing (``S3Publisher``, ``voxrecall index publish --to s3://...``) is boto3's client: every
+file (multipart above 8 MiB), the manifest last, then ``LATEST``; a reader never sees a version
+before all of its files. Nothing is deleted: expire old versions with a lifecycle rule.
+
+boto3 is the optional extra ``s3``: this module is imported only for an ``s3://`` store.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import urllib.error
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.auth
+import botocore.awsrequest
+import botocore.config
+import botocore.credentials
+import botocore.exceptions
+
+from index.errors import ConfigError, SnapshotError, StoreUnavailable
+from index.http_store import HttpOptions, HttpStore
+from index.snapshot import MANIFEST, verify_snapshot
+from index.store import LATEST, MAX_POINTER_BYTES, check_name, manifest_files, parse_pointer
+
+log = logging.getLogger("voxrecall.store")
+
+SCHEME = "s3://"
+DEFAULT_REGION = "us-east-1"  # what S3 assumes when none is given; any region for MinIO
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's bucket naming rules
+_PREFIX = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")  # key parts that need no escaping
+
+
+@dataclass(frozen=True, slots=True)
+class S3Location:
+    """``s3://bucket/prefix``, checked: a bucket name S3 accepts, a prefix of plain parts."""
+
+    bucket: str
+    prefix: str  # no leading or trailing "/"; may be empty
+
+    @classmethod
+    def parse(cls, url: str) -> S3Location:
+        if not url.startswith(SCHEME):
+            raise ConfigError(f"{url!r} is not an s3:// location")
+        bucket, _, prefix = url[len(SCHEME) :].partition("/")
+        prefix = prefix.strip("/")
+        if not _BUCKET.fullmatch(bucket):
+            raise ConfigError(f"{url!r}: {bucket!r} is not a valid S3 bucket name")
+        if prefix and not _PREFIX.fullmatch(prefix):
+            raise ConfigError(
+                f"{url!r}: the prefix may hold letters, digits, '.', '_', '-' and '/' only"
+            )
+        return cls(bucket, prefix)
+
+    def key(self, *parts: str) -> str:
+        return "/".join([self.prefix, *parts] if self.prefix else parts)
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}".rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class S3Options:
+    """Where the S3 API is: ``endpoint_url`` empty is AWS itself (virtual-hosted URLs, the
+    region's endpoint); set, it is an S3-compatible server addressed path-style
+    (``<endpoint>/<bucket>/<key>``), as MinIO and most others expect. ``region`` empty: the AWS
+    configuration's (``AWS_REGION``, the profile), else us-east-1."""
+
+    endpoint_url: str = ""
+    region: str = ""
+
+
+def is_s3(location: Path | str) -> bool:
+    return isinstance(location, str) and location.startswith(SCHEME)
+
+
+def _session(options: S3Options) -> tuple[Any, str]:
+    """A boto3 session and the region it signs for; reads no credentials yet."""
+    session = boto3.Session(region_name=options.region or None)
+    return session, session.region_name or DEFAULT_REGION
+
+
+def _base_url(location: S3Location, options: S3Options, region: str) -> str:
+    if options.endpoint_url:
+        base = f"{options.endpoint_url.rstrip('/')}/{location.bucket}"
+    else:
+        base = f"https://{location.bucket}.s3.{region}.amazonaws.com"
+    return f"{base}/{location.prefix}".rstrip("/")
+
+
+class S3Store(HttpStore):
+    """A SnapshotStore in an S3 bucket: the HTTP store with every request signed (SigV4).
+
+    >>> store = S3Store("s3://snapshots/prod", Path("/var/cache/voxrecall"))
+    >>> version = store.latest("support")     # GET .../support/LATEST, If-None-Match: a 304
+    >>> folder = store.fetch("support", version)
+
+    Credentials are resolved on the first request (in the refresher's thread: instance metadata
+    may take a second) and refreshed by botocore when they expire; none found, requests go
+    unsigned (a public bucket). Needs s3:GetObject on the prefix and s3:ListBucket on the bucket
+    (without it S3 answers 403, not 404, for a key not there yet).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        cache_dir: Path,
+        options: HttpOptions | None = None,
+        s3: S3Options | None = None,
+    ) -> None:
+        self.location = S3Location.parse(url)
+        self.s3 = s3 or S3Options()
+        self._session, self.region = _session(self.s3)
+        super().__init__(_base_url(self.location, self.s3, self.region), cache_dir, options)
+        self._credentials: botocore.credentials.Credentials | None = None
+        self._resolved = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"S3Store({str(self.location)!r}, cache={str(self.cache_dir)!r})"
+
+    def knowledge_bases(self) -> frozenset[str]:
+        """The bases under the prefix (one ListObjectsV2 by "/", needs s3:ListBucket)."""
+        client = self._session.client(
+            "s3",
+            endpoint_url=self.s3.endpoint_url or None,
+            config=_client_config(self.options.timeout_s),
+        )
+        prefix = self.location.key("") if self.location.prefix else ""
+        try:
+            pages = client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=prefix, Delimiter="/"
+            )
+            found = [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", [])]
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise StoreUnavailable(f"{self.location}: cannot list the bases: {exc}") from exc
+        names = (p[len(prefix) :].rstrip("/") for p in found)
+        return frozenset(n for n in names if n and not n.startswith("."))
+
+    def _open(self, url: str, headers: dict[str, str]) -> Any:
+        try:
+            return super()._open(url, self._signed(url, headers))
+        except urllib.error.HTTPError as exc:
+            if exc.code != 403:
+                raise
+            exc.close()
+            reason = (
+                "Forbidden: the sidecar needs s3:GetObject on the prefix and s3:ListBucket on "
+                f"the bucket {self.location.bucket} (credentials in region {self.region})"
+            )
+            raise urllib.error.HTTPError(url, 403, reason, exc.headers, None) from exc
+
+    def _signed(self, url: str, headers: dict[str, str]) -> dict[str, str]:
+        credentials = self._frozen_credentials()
+        if credentials is None:
+            return headers
+        request = botocore.awsrequest.AWSRequest(method="GET", url=url, headers=dict(headers))
+        botocore.auth.S3SigV4Auth(credentials, "s3", self.region).add_auth(request)
+        return dict(request.headers.items())
+
+    def _frozen_credentials(self) -> Any:
+        with self._lock:
+            if not self._resolved:
+                try:
+                    self._credentials = self._session.get_credentials()
+                except botocore.exceptions.BotoCoreError as exc:
+                    raise StoreUnavailable(f"{self.location}: no AWS credentials: {exc}") from exc
+                self._resolved = True
+                if self._credentials is None:
+                    log.warning("%s: no AWS credentials found: requests go unsigned", self)
+            credentials = self._credentials
+        return None if credentials is None else credentials.get_frozen_credentials()
+
+
+def _client_config(timeout_s: float) -> botocore.config.Config:
+    return botocore.config.Config(
+        connect_timeout=timeout_s,
+        read_timeout=timeout_s,
+        retries={"max_attempts": 4, "mode": "standard"},
+    )
+
+
+class S3Publisher:
+    """Copies verified snapshot folders into a bucket (the indexer's side).
+
+    Needs s3:PutObject and s3:GetObject on the prefix, s3:ListBucket on the bucket.
+    """
+
+    def __init__(self, url: str, s3: S3Options | None = None, timeout_s: float = 60.0) -> None:
+        self.location = S3Location.parse(url)
+        options = s3 or S3Options()
+        session, region = _session(options)
+        self._client = session.client(
+            "s3",
+            region_name=region,
+            endpoint_url=options.endpoint_url or None,
+            config=_client_config(timeout_s),
+        )
+
+    def __str__(self) -> str:
+        return str(self.location)
+
+    def latest(self, knowledge_base: str) -> str | None:
+        key = self.location.key(knowledge_base, LATEST)
+        try:
+            body = self._client.get_object(Bucket=self.location.bucket, Key=key)["Body"]
+            data = body.read(MAX_POINTER_BYTES + 1)
+        except self._client.exceptions.NoSuchKey:
+            return None
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise SnapshotError(f"cannot read {SCHEME}{self.location.bucket}/{key}: {exc}") from exc
+        return parse_pointer(data, f"{SCHEME}{self.location.bucket}/{key}")
+
+    def publish_copy(self, knowledge_base: str, source: Path) -> str | None:
+        """Upload a verified snapshot and point LATEST at it; None when the bucket is as new.
+
+        The files go first, the manifest after them, LATEST last."""
+        manifest = verify_snapshot(source)
+        check_name(knowledge_base, "knowledge base", str(source))
+        if manifest.knowledge_base != knowledge_base:
+            raise SnapshotError(f"{source} is a snapshot of {manifest.knowledge_base!r}")
+        current = self.latest(knowledge_base)
+        if current is not None and manifest.version <= current:
+            return None
+        for name in [*manifest_files(manifest, str(source)), MANIFEST]:
+            self._upload(source / name, self.location.key(knowledge_base, manifest.version, name))
+        self._put(self.location.key(knowledge_base, LATEST), f"{manifest.version}\n".encode())
+        return (
+            f"{SCHEME}{self.location.bucket}/{self.location.key(knowledge_base, manifest.version)}"
+        )
+
+    def _upload(self, path: Path, key: str) -> None:
+        try:
+            self._client.upload_file(str(path), self.location.bucket, key)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise SnapshotError(
+                f"cannot upload {path} to {SCHEME}{self.location.bucket}/{key}: {exc}"
+            ) from exc
+        except boto3.exceptions.S3UploadFailedError as exc:
+            raise SnapshotError(
+                f"cannot upload {path} to {SCHEME}{self.location.bucket}/{key}: {exc}"
+            ) from exc
+
+    def _put(self, key: str, data: bytes) -> None:
+        try:
+            self._client.put_object(
+                Bucket=self.location.bucket, Key=key, Body=data, CacheControl="no-cache"
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise SnapshotError(
+                f"cannot write {SCHEME}{self.location.bucket}/{key}: {exc}"
+            ) from exc

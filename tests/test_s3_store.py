@@ -1,0 +1,385 @@
+"""What only the S3 store does, against a real S3-compatible server (moto, its own process).
+
+The contract it shares with the folder and HTTP stores is in tests/test_store_contract.py.
+Here: `voxrecall index publish --to s3://bucket/prefix`, signed requests, listing the bases,
+and the faults the HTTP store is held to, injected by a proxy between the store and moto:
+500s, a body cut off, an object served past its manifest size, a trickle, a close mid-read.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from index.config import parse_config
+from index.embedders.base import HashEmbedder
+from index.errors import ConfigError, CorruptSnapshot, StoreUnavailable
+from index.http_store import PARTIAL, HttpOptions
+from index.snapshot import MANIFEST, VECTORS, verify_snapshot
+from index.store import open_store
+from sidecar.cli import main
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import create_server
+from tests.s3_kit import FaultProxy, Mirror, new_bucket, s3_client
+from tests.snapshot_kit import KB, version_id, write_version
+
+pytest.importorskip("boto3", reason="the S3 store is the `s3` extra")
+
+from index.s3_store import S3Location, S3Options, S3Store
+
+EMBEDDER = HashEmbedder(dimension=32)
+FAST = HttpOptions(timeout_s=5.0, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
+LIVENESS_S = 60.0  # a bound on waiting for a fetch to return, not a timing claim
+PREFIX = "snapshots/prod"
+
+
+@pytest.fixture
+def bucket(moto_server: Any) -> tuple[Any, str]:
+    client = s3_client(moto_server.url)
+    return client, new_bucket(client)
+
+
+@pytest.fixture
+def faulty(
+    moto_server: Any, bucket: tuple[Any, str], tmp_path: Path
+) -> Iterator[tuple[Mirror, FaultProxy, S3Store]]:
+    """A published folder mirrored into the bucket, and an S3Store reading it via the proxy."""
+    client, name = bucket
+    root = tmp_path / "published"
+    root.mkdir()
+    proxy = FaultProxy(moto_server.port)
+    try:
+        store = S3Store(
+            f"s3://{name}/{PREFIX}", tmp_path / "cache", FAST, S3Options(endpoint_url=proxy.url)
+        )
+        yield Mirror(root, client, name, PREFIX), proxy, store
+    finally:
+        proxy.stop()
+
+
+def _publish(mirror: Mirror, n: int = 1, topic: str = "password") -> Path:
+    folder = write_version(mirror.root, version_id(n), EMBEDDER, topic)
+    mirror.sync()
+    return folder
+
+
+# -- locations and config ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "bucket", "prefix"),
+    [("s3://kb-snapshots", "kb-snapshots", ""), ("s3://b.x-1/a/b/", "b.x-1", "a/b")],
+)
+def test_an_s3_url_names_a_bucket_and_a_prefix(url: str, bucket: str, prefix: str) -> None:
+    assert S3Location.parse(url) == S3Location(bucket, prefix)
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3://UPPER/x", "s3://ok-bucket/a b", "s3://ok/../x"])
+def test_a_bad_s3_url_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError):
+        S3Location.parse(url)
+
+
+def test_the_sidecar_config_takes_an_s3_store(tmp_path: Path) -> None:
+    raw = {
+        "knowledge_base": [{"name": KB, "source": [{"type": "markdown", "path": "docs"}]}],
+        "sidecar": {
+            "store": "s3://kb-snapshots/prod/",
+            "s3_endpoint_url": "http://minio:9000",
+            "s3_region": "eu-west-1",
+        },
+    }
+    sidecar = parse_config(raw, base=tmp_path).sidecar
+    assert sidecar.store == "s3://kb-snapshots/prod"
+    store = open_store(
+        sidecar.store,
+        cache_dir=tmp_path,
+        s3_endpoint_url=sidecar.s3_endpoint_url,
+        s3_region=sidecar.s3_region,
+    )
+    assert isinstance(store, S3Store)
+    assert store.base_url == "http://minio:9000/kb-snapshots/prod"
+    assert store.region == "eu-west-1"
+
+
+def test_on_aws_the_bucket_is_addressed_virtual_hosted(tmp_path: Path) -> None:
+    store = S3Store("s3://kb-snapshots/prod", tmp_path, s3=S3Options(region="eu-west-1"))
+    assert store.base_url == "https://kb-snapshots.s3.eu-west-1.amazonaws.com/prod"
+
+
+def test_a_sidecar_without_an_s3_store_never_imports_boto3() -> None:
+    """boto3 is an extra: a sidecar serving a folder or an HTTP store starts without it."""
+    code = (
+        "import sys, sidecar.server, sidecar.cli, index.store;"
+        "assert 'boto3' not in sys.modules and 'botocore' not in sys.modules, 'imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# -- signed requests, listing, publishing ------------------------------------------------------
+
+
+def test_requests_are_signed_with_sigv4(faulty: tuple[Mirror, FaultProxy, S3Store]) -> None:
+    mirror, _, store = faulty
+    _publish(mirror)
+    seen: list[dict[str, str]] = []
+    original = store._signed
+
+    def spy(url: str, headers: dict[str, str]) -> dict[str, str]:
+        signed = original(url, headers)
+        seen.append(signed)
+        return signed
+
+    store._signed = spy  # type: ignore[method-assign]
+    assert store.latest(KB) == version_id(1)
+    (headers,) = seen
+    assert headers["Authorization"].startswith("AWS4-HMAC-SHA256 Credential=testing/")
+    assert "/us-east-1/s3/aws4_request" in headers["Authorization"]
+    assert "X-Amz-Date" in headers
+
+
+def test_an_unchanged_pointer_costs_one_304(faulty: tuple[Mirror, FaultProxy, S3Store]) -> None:
+    mirror, proxy, store = faulty
+    _publish(mirror, 1)
+    assert store.latest(KB) == version_id(1)
+    assert store.latest(KB) == version_id(1)
+    _publish(mirror, 2, "roaming")
+    assert store.latest(KB) == version_id(2)
+    assert [r.status for r in proxy.requests("/LATEST")] == [200, 304, 200]
+
+
+def test_the_bases_under_the_prefix_are_listed(
+    moto_server: Any, bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    client, name = bucket
+    root = tmp_path / "published"
+    for kb in ("billing", "support"):
+        write_version(root, version_id(1), EMBEDDER, kb=kb)
+    Mirror(root, client, name, PREFIX).sync()
+    client.put_object(Bucket=name, Key="elsewhere/other/LATEST", Body=b"x")
+    options = S3Options(endpoint_url=moto_server.url)
+    store = S3Store(f"s3://{name}/{PREFIX}", tmp_path / "cache", FAST, options)
+    assert store.knowledge_bases() == {"billing", "support"}
+
+
+def test_a_missing_bucket_is_unavailable_not_empty(moto_server: Any, tmp_path: Path) -> None:
+    options = S3Options(endpoint_url=moto_server.url)
+    store = S3Store("s3://no-such-bucket-here/x", tmp_path / "cache", FAST, options)
+    with pytest.raises(StoreUnavailable, match=r"HTTP 404|NoSuchBucket"):
+        store.knowledge_bases()
+
+
+def _config_file(tmp_path: Path, endpoint: str) -> Path:
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(
+        f"""
+[[knowledge_base]]
+name = "{KB}"
+[[knowledge_base.source]]
+type = "markdown"
+path = "docs"
+
+[index]
+store = "{tmp_path / "built"}"
+s3_endpoint_url = "{endpoint}"
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_index_publish_to_s3_uploads_what_an_s3_store_reads(
+    moto_server: Any,
+    bucket: tuple[Any, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, name = bucket
+    config = _config_file(tmp_path, moto_server.url)
+    write_version(tmp_path / "built", version_id(1), EMBEDDER)
+    to = f"s3://{name}/{PREFIX}"
+    assert main(["index", "publish", "--config", str(config), "--to", to]) == 0
+    assert main(["index", "publish", "--config", str(config), "--to", to]) == 0
+    out = capsys.readouterr().out
+    assert f"published {version_id(1)} to s3://{name}/{PREFIX}/{KB}/{version_id(1)}" in out
+    assert "already has" in out
+    options = S3Options(endpoint_url=moto_server.url)
+    store = S3Store(to, tmp_path / "cache", FAST, options)
+    assert store.latest(KB) == version_id(1)
+    assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+    write_version(tmp_path / "built", version_id(2), EMBEDDER, "roaming")
+    assert main(["index", "publish", "--config", str(config), "--to", to]) == 0
+    assert store.latest(KB) == version_id(2)
+
+
+def test_index_publish_to_a_missing_bucket_says_so(
+    moto_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config_file(tmp_path, moto_server.url)
+    write_version(tmp_path / "built", version_id(1), EMBEDDER)
+    to = "s3://no-such-bucket-here/x"
+    assert main(["index", "publish", "--config", str(config), "--to", to]) == 2
+    assert "no-such-bucket-here" in capsys.readouterr().err
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+def test_answers_500_for_a_while_are_retried(faulty: tuple[Mirror, FaultProxy, S3Store]) -> None:
+    mirror, proxy, store = faulty
+    _publish(mirror)
+    proxy.fail_next = FAST.attempts - 1
+    assert store.fetch(KB, version_id(1)).name == version_id(1)
+    assert [r.status for r in proxy.requests(f"/{MANIFEST}")] == [500, 500, 200]
+
+
+def test_a_body_cut_off_midway_is_resumed_with_range(
+    faulty: tuple[Mirror, FaultProxy, S3Store],
+) -> None:
+    mirror, proxy, store = faulty
+    _publish(mirror)
+    proxy.cut_suffix, proxy.cut_next = f"/{VECTORS}", 1
+    assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+    first, second = proxy.requests(f"/{VECTORS}")
+    assert (first.status, first.range) == (200, "")
+    assert second.status == 206
+    assert second.range.startswith("bytes=")
+    assert second.range != "bytes=0-"
+
+
+def test_an_object_past_its_manifest_size_is_refused(
+    faulty: tuple[Mirror, FaultProxy, S3Store],
+) -> None:
+    mirror, proxy, store = faulty
+    _publish(mirror)
+    proxy.hostile, proxy.hostile_suffix = "oversize", f"/{VECTORS}"
+    with pytest.raises(CorruptSnapshot, match="manifest"):
+        store.fetch(KB, version_id(1))
+    assert not (store.cache_dir / KB / version_id(1)).exists()
+    proxy.hostile = ""
+    assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+
+
+def test_an_object_that_fails_its_checksum_is_never_exposed(
+    faulty: tuple[Mirror, FaultProxy, S3Store],
+) -> None:
+    mirror, _, store = faulty
+    folder = _publish(mirror)
+    data = bytearray((folder / VECTORS).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / VECTORS).write_bytes(bytes(data))
+    mirror.sync()
+    with pytest.raises(CorruptSnapshot, match="sha256"):
+        store.fetch(KB, version_id(1))
+    assert list((store.cache_dir / KB).iterdir()) == []
+
+
+def _fetch_in_thread(store: S3Store) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            store.fetch(KB, version_id(1))
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def test_a_trickling_download_ends_at_its_deadline_and_resumes_later(
+    moto_server: Any, bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    client, name = bucket
+    proxy = FaultProxy(moto_server.port)
+    try:
+        options = HttpOptions(timeout_s=5.0, download_timeout_s=0.5, attempts=2, backoff_s=0.01)
+        s3 = S3Options(endpoint_url=proxy.url)
+        store = S3Store(f"s3://{name}/{PREFIX}", tmp_path / "cache", options, s3)
+        _publish(Mirror(tmp_path / "published", client, name, PREFIX))
+        proxy.hostile, proxy.hostile_suffix, proxy.trickle_s = "trickle", f"/{VECTORS}", 0.05
+        thread, errors = _fetch_in_thread(store)
+        thread.join(LIVENESS_S)
+        assert not thread.is_alive(), "the trickle held the download past its deadline"
+        (error,) = errors
+        assert isinstance(error, StoreUnavailable)
+        assert "http_download_timeout_s" in str(error)
+        partial = store.cache_dir / KB / f"{PARTIAL}{version_id(1)}" / VECTORS
+        assert partial.stat().st_size > 0
+        proxy.hostile = ""
+        assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+        assert proxy.requests(f"/{VECTORS}")[-1].status == 206  # resumed
+    finally:
+        proxy.stop()
+
+
+def test_close_cuts_a_download_blocked_on_a_silent_server(
+    moto_server: Any, bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    client, name = bucket
+    proxy = FaultProxy(moto_server.port)
+    try:
+        options = HttpOptions(timeout_s=3600.0, download_timeout_s=3600.0)
+        s3 = S3Options(endpoint_url=proxy.url)
+        store = S3Store(f"s3://{name}/{PREFIX}", tmp_path / "cache", options, s3)
+        _publish(Mirror(tmp_path / "published", client, name, PREFIX))
+        proxy.hostile, proxy.hostile_suffix, proxy.trickle_s = "trickle", f"/{VECTORS}", 0.0
+        thread, errors = _fetch_in_thread(store)
+        deadline = time.monotonic() + LIVENESS_S
+        while not proxy.requests(f"/{VECTORS}"):
+            assert time.monotonic() < deadline, "the download never started"
+            time.sleep(0.01)
+        store.close()
+        thread.join(LIVENESS_S)
+        assert not thread.is_alive(), "close did not cut the blocked read"
+        (error,) = errors
+        assert isinstance(error, StoreUnavailable)
+        assert "closed" in str(error)
+    finally:
+        proxy.stop()
+
+
+async def test_a_sidecar_serves_the_bases_of_an_s3_store(
+    moto_server: Any, bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    """`[sidecar] store = "s3://..."` end to end: the bases listed from the bucket, downloaded,
+    verified, loaded and searched over gRPC."""
+    client, name = bucket
+    root = tmp_path / "published"
+    for kb in ("billing", "support"):
+        write_version(root, version_id(1), EMBEDDER, "roaming", kb=kb)
+    Mirror(root, client, name, PREFIX).sync()
+    raw = {
+        "sidecar": {
+            "store": f"s3://{name}/{PREFIX}",
+            "s3_endpoint_url": moto_server.url,
+            "cache_dir": str(tmp_path / "cache"),
+            "listen": "127.0.0.1:0",
+            "min_score": -1.0,
+            "budget_ms": 5_000,
+        }
+    }
+    sidecar = await create_server(parse_config(raw, base=tmp_path), embedder=EMBEDDER, poll=False)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            status = await stub.Status(pb.StatusRequest(), timeout=10)
+            versions = {kb.name: kb.snapshot_version for kb in status.knowledge_bases}
+            assert versions == {"billing": version_id(1), "support": version_id(1)}
+            resp = await stub.Search(
+                pb.SearchRequest(knowledge_base="support", query="roaming abroad"), timeout=10
+            )
+            assert resp.chunks
+    finally:
+        await sidecar.stop(0.5)
+    assert (tmp_path / "cache" / "support" / version_id(1) / MANIFEST).is_file()
