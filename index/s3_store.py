@@ -22,6 +22,7 @@ boto3 is the optional extra ``s3``: this module is imported only for an ``s3://`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -222,8 +223,9 @@ class S3Publisher:
     def latest(self, knowledge_base: str) -> str | None:
         key = self.location.key(knowledge_base, LATEST)
         try:
-            body = self._client.get_object(Bucket=self.location.bucket, Key=key)["Body"]
-            data = body.read(MAX_POINTER_BYTES + 1)
+            answer = self._client.get_object(Bucket=self.location.bucket, Key=key)
+            with contextlib.closing(answer["Body"]) as body:
+                data = body.read(MAX_POINTER_BYTES + 1)
         except self._client.exceptions.NoSuchKey:
             return None
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:

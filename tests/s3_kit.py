@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import os
 import socket
 import subprocess
 import sys
@@ -41,8 +42,9 @@ def free_port() -> int:
 class MotoServer:
     """``python -m moto.server`` in a child process, on a free port of 127.0.0.1."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
+        self.env = env or {}  # e.g. INITIAL_NO_AUTH_ACTION_COUNT: check signatures and IAM
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -54,6 +56,7 @@ class MotoServer:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
         )
         deadline = time.monotonic() + STARTUP_S
         while not self._answers():

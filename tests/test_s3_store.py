@@ -1,13 +1,15 @@
 """What only the S3 store does, against a real S3-compatible server (moto, its own process).
 
 The contract it shares with the folder and HTTP stores is in tests/test_store_contract.py.
-Here: `voxrecall index publish --to s3://bucket/prefix`, signed requests, listing the bases,
-and the faults the HTTP store is held to, injected by a proxy between the store and moto:
+Here: `voxrecall index publish --to s3://bucket/prefix`, signed requests (checked by a moto
+that verifies signatures and the IAM policies docs/config.md gives each side), listing the
+bases, a sidecar serving an s3 store, and the faults the HTTP store is held to, injected by a proxy between the store and moto:
 500s, a body cut off, an object served past its manifest size, a trickle, a close mid-read.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -29,12 +31,12 @@ from sidecar.cli import main
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
-from tests.s3_kit import FaultProxy, Mirror, new_bucket, s3_client
+from tests.s3_kit import FaultProxy, Mirror, MotoServer, new_bucket, s3_client
 from tests.snapshot_kit import KB, version_id, write_version
 
-pytest.importorskip("boto3", reason="the S3 store is the `s3` extra")
+boto3 = pytest.importorskip("boto3", reason="the S3 store is the `s3` extra")
 
-from index.s3_store import S3Location, S3Options, S3Store
+from index.s3_store import S3Location, S3Options, S3Store  # noqa: E402
 
 EMBEDDER = HashEmbedder(dimension=32)
 FAST = HttpOptions(timeout_s=5.0, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
@@ -383,3 +385,80 @@ async def test_a_sidecar_serves_the_bases_of_an_s3_store(
     finally:
         await sidecar.stop(0.5)
     assert (tmp_path / "cache" / "support" / version_id(1) / MANIFEST).is_file()
+
+
+def _policy(bucket: str, actions: list[str]) -> str:
+    """docs/config.md "S3 permissions": the objects under the prefix, and listing the bucket."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": actions,
+                    "Resource": f"arn:aws:s3:::{bucket}/{PREFIX}/*",
+                },
+                {
+                    "Effect": "Allow",
+                    "Action": ["s3:ListBucket"],
+                    "Resource": f"arn:aws:s3:::{bucket}",
+                },
+            ],
+        }
+    )
+
+
+def _user(iam: Any, name: str, policy: str) -> dict[str, str]:
+    iam.create_user(UserName=name)
+    iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=policy)
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return {
+        "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+    }
+
+
+def test_signatures_and_the_documented_permissions_hold_against_a_checking_server(
+    moto_server: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A second moto that checks every signature and IAM policy (after the 7 set-up calls):
+    the indexer publishes with the writer's policy, a sidecar reads with the reader's, which
+    cannot write; a wrong secret is a 403 that names the permissions."""
+    checking = MotoServer({"INITIAL_NO_AUTH_ACTION_COUNT": "7"}).start()
+    try:
+        admin = s3_client(checking.url)
+        iam = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+        ).client("iam", endpoint_url=checking.url)
+        name = new_bucket(admin)
+        reader = _user(iam, "reader", _policy(name, ["s3:GetObject"]))
+        writer = _user(iam, "writer", _policy(name, ["s3:GetObject", "s3:PutObject"]))
+
+        for key, value in writer.items():
+            monkeypatch.setenv(key, value)
+        config = _config_file(tmp_path, checking.url)
+        write_version(tmp_path / "built", version_id(1), EMBEDDER)
+        to = f"s3://{name}/{PREFIX}"
+        assert main(["index", "publish", "--config", str(config), "--to", to]) == 0, (
+            capsys.readouterr().err
+        )
+
+        for key, value in reader.items():
+            monkeypatch.setenv(key, value)
+        options = S3Options(endpoint_url=checking.url)
+        store = S3Store(to, tmp_path / "cache", FAST, options)
+        assert verify_snapshot(store.fetch(KB, store.latest(KB) or "")).version == version_id(1)
+        assert main(["index", "publish", "--config", str(config), "--to", to]) == 0  # as new
+        write_version(tmp_path / "built", version_id(2), EMBEDDER, "roaming")
+        assert main(["index", "publish", "--config", str(config), "--to", to]) == 2
+        assert "AccessDenied" in capsys.readouterr().err  # the reader may not write
+
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        wrong = S3Store(to, tmp_path / "cache2", FAST, options)
+        with pytest.raises(StoreUnavailable, match=r"403 .*s3:GetObject"):
+            wrong.latest(KB)
+    finally:
+        checking.stop()
