@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
+import logging
+import ssl
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,11 +27,18 @@ from mcp.client.streamable_http import streamable_http_client
 from index.config import parse_config
 from index.embedders.base import Embedder
 from index.errors import ConfigError
-from sidecar import sessions
+from sidecar import logs, sessions
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar
-from tests.hardening_kit import TOKEN_A, TOKEN_B, build_store, running, sidecar_config
+from tests.hardening_kit import (
+    TOKEN_A,
+    TOKEN_B,
+    build_store,
+    make_certs,
+    running,
+    sidecar_config,
+)
 from tests.test_metrics import scrape, value
 
 VAPI_SECRET = "vapi-secret-for-tests-0001"
@@ -460,3 +470,45 @@ def test_the_http_config_refuses_secrets_in_the_file_and_bad_values(tmp_path: Pa
         parse({"max_body_bytes": 10})
     with pytest.raises(ConfigError, match="not configured"):
         parse({"read_page_bases": ["nope"]})
+
+
+async def test_the_http_door_speaks_mutual_tls_from_the_same_files(
+    tmp_path: Path, store: Path, local_embedder: Embedder
+) -> None:
+    certs = make_certs(tmp_path / "certs")
+    tls = {
+        "cert_file": str(certs / "server.pem"),
+        "key_file": str(certs / "server.key"),
+        "client_ca_file": str(certs / "ca.pem"),
+    }
+    config = sidecar_config(store, tls=tls, http={"listen": "127.0.0.1:0"})
+    async with running(config, local_embedder) as sc:
+        base = f"https://127.0.0.1:{sc.http_port}"
+        trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        with_cert = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        with_cert.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
+        async with httpx2.AsyncClient(verify=with_cert) as http:
+            assert (await http.get(f"{base}/readyz")).status_code == 200
+        async with httpx2.AsyncClient(verify=trusted) as http:  # no client certificate
+            with pytest.raises(httpx2.TransportError):
+                await http.get(f"{base}/readyz")
+        async with httpx2.AsyncClient() as http:  # plaintext to a TLS port
+            with pytest.raises(httpx2.TransportError):
+                await http.get(f"http://127.0.0.1:{sc.http_port}/readyz")
+
+
+async def test_http_calls_log_their_door(sidecar: Sidecar) -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers)
+    logs.configure("DEBUG", "json", stream=stream)
+    try:
+        await post_tool(sidecar, RETELL_BODY, signed(RETELL_BODY))
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+    lines = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    ended = [line for line in lines if line.get("msg", "").startswith("Tool OK")]
+    assert ended
+    assert ended[0]["door"] == "http"
+    assert ended[0]["method"] == "Tool"
