@@ -85,6 +85,7 @@ class HttpCall:
         self.context = _Context()
         self.call = Call(method, "http", headers, cast(Any, self.context), door="http")
         self.code: grpc.StatusCode | None = None  # a refusal seen in check, or the final code
+        self.answered = False  # a response has started: no error answer can follow it
         self._started: list[Hook] = []
 
     def begin(self) -> None:
@@ -279,6 +280,7 @@ class HttpDoor:
 
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start":
+                call.answered = True
                 status.append(message["status"])
                 message = {**message, "headers": [*message["headers"], *call.context.headers]}
             await send(message)
@@ -295,15 +297,17 @@ class HttpDoor:
 
     @contextlib.asynccontextmanager
     async def _guarded(self, call: HttpCall, send: Send) -> AsyncIterator[list[Reply]]:
-        """Run the body as ``call``: a refusal or error becomes its JSON answer; the hooks end
-        with the call's code; a call cut off by the drain answers 503."""
+        """Run the body as ``call``: a refusal or error becomes its JSON answer (unless an
+        answer has started); the hooks end with the call's code; a call cut off by the drain
+        answers 503."""
         code = grpc.StatusCode.OK
         answer: list[Reply] = []
+        failed: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
         try:
             yield answer
         except RequestError as exc:
             code = status_for(exc)
-            await respond(send, http_status_for(exc), error_body(exc), _refusal_headers(exc, call))
+            failed = http_status_for(exc), error_body(exc), _refusal_headers(exc, call)
         except ClientGone:
             code = grpc.StatusCode.CANCELLED
         except asyncio.CancelledError:
@@ -312,18 +316,20 @@ class HttpDoor:
                 raise
             code = grpc.StatusCode.UNAVAILABLE
             body = {"error": {"code": "UNAVAILABLE", "message": call.call.cut}}
-            await respond(send, 503, orjson.dumps(body), call.context.headers)
+            failed = 503, orjson.dumps(body), call.context.headers
         except VoxrecallError as exc:
             code = status_for(exc)
             log.error("%s failed: %s", call.call.method, exc)
-            await respond(send, http_status_for(exc), error_body(exc), call.context.headers)
+            failed = http_status_for(exc), error_body(exc), call.context.headers
         except Exception:
             code = grpc.StatusCode.INTERNAL
             log.exception("%s failed", call.call.method)
             body = {"error": {"code": "INTERNAL", "message": "internal error: see the logs"}}
-            await respond(send, 500, orjson.dumps(body), call.context.headers)
+            failed = 500, orjson.dumps(body), call.context.headers
         finally:
             call.finish(code)
+        if failed is not None and not call.answered:  # an MCP event stream cut mid-way just ends
+            await respond(send, *failed)
 
     # -- the server --------------------------------------------------------------------------
 

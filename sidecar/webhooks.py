@@ -36,7 +36,7 @@ from cachetools import TTLCache
 
 from index.config import Config
 from sidecar import sessions
-from sidecar.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.service import turn_response
@@ -80,6 +80,8 @@ def _said(message: Any) -> Said | None:
     text = message.get("content", message.get("message"))
     if not isinstance(text, str) or not text.strip():
         return None
+    if len(text) > MAX_TEXT_CHARS:  # a long answer of the agent's: its start is what it is about
+        text = text[:MAX_TEXT_CHARS].rsplit(" ", 1)[0]
     if role in USER_ROLES:
         return Said(Speaker.USER, text)
     if role in AGENT_ROLES:

@@ -285,6 +285,21 @@ async def test_a_vapi_call_sequence_resolves_the_follow_up_and_feeds_each_messag
     assert [t.text for t in session.turns][-1] == "and how long does it take?"
 
 
+async def test_a_long_agent_message_is_fed_cut_not_refused(sidecar: Sidecar) -> None:
+    rambling = {"role": "assistant", "content": "Thanks for calling, I am glad to help. " * 200}
+    question = {"role": "user", "content": "How do I reset my password?"}
+    async with httpx2.AsyncClient() as http:
+        body = vapi_request([rambling, question])
+        body["message"]["call"]["id"] = "vapi-call-long"
+        reply = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            json=body,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+    assert reply.status_code == 200
+    assert reply.json()["documents"][0]["content"].startswith("Reset your password")
+
+
 @pytest.mark.parametrize("secret", ["", "wrong-secret-0000000000"])
 async def test_vapi_without_the_shared_secret_is_refused(sidecar: Sidecar, secret: str) -> None:
     reply = await vapi(sidecar, [{"role": "user", "content": "reset"}], **{"x-vapi-secret": secret})
