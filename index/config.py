@@ -264,6 +264,26 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """``[sidecar.http]``: the HTTP door (MCP, platform webhooks, health); off without ``listen``.
+
+    The secrets are read from the environment variables the ``*_env`` keys name, here, once."""
+
+    listen: str = ""  # host:port; empty: no HTTP door
+    max_body_bytes: int = 256 * 1024  # a request body larger than this is refused (413)
+    vapi_knowledge_base: str = ""  # the base Vapi's requests search; empty: the default base
+    read_page_bases: tuple[str, ...] = ()  # the bases whose pages the MCP read_page tool reads
+    vapi_secret_env: str = ""  # names the variable holding Vapi's X-Vapi-Secret
+    webhook_secret_env: str = ""  # names the variable holding the /tools HMAC signing secret
+    vapi_secret: str = field(default="", repr=False)
+    webhook_secret: str = field(default="", repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen)
+
+
+@dataclass(frozen=True, slots=True)
 class SidecarConfig:
     listen: str = "127.0.0.1:50051"
     store: Path | str = Path("store")  # a folder, or an http(s):// or s3:// URL (a str)
@@ -314,6 +334,7 @@ class SidecarConfig:
     log_format: Literal["json", "text"] = "json"
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
+    http: HttpConfig = HttpConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,6 +567,7 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
     )
     sc_raw["tls"] = _tls_config(_table(sc_raw, "tls", sc_where), base, f"{where} [sidecar.tls]")
     sc_raw["auth"] = _auth_config(_table(sc_raw, "auth", sc_where), f"{where} [sidecar.auth]")
+    sc_raw["http"] = _http_config(_table(sc_raw, "http", sc_where), kbs, f"{where} [sidecar.http]")
     sidecar = _build(SidecarConfig, sc_raw, f"{where} [sidecar]")
     _check_operations(sidecar, sc_where)
     _check_shard(sidecar.shard, sidecar.shards, sc_where)
@@ -716,6 +738,44 @@ def _tls_config(raw: Mapping[str, Any], base: Path, where: str) -> TlsConfig:
     if tls.client_ca_file is not None and tls.cert_file is None:
         raise ConfigError(f"{where}: mutual TLS (client_ca_file) needs cert_file and key_file too")
     return tls
+
+
+MIN_BODY_BYTES = 4 * 1024  # a tool call's arguments or a short Vapi conversation must fit
+
+
+def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: str) -> HttpConfig:
+    """``[sidecar.http]``: the listen address, the body limit, Vapi's base, the secrets."""
+    for key in ("vapi_secret", "webhook_secret"):
+        if key in raw:
+            raise ConfigError(
+                f"{where}: a secret never goes in the file: put it in an environment variable "
+                f"and name that with {key}_env"
+            )
+    bases = _names(raw, "read_page_bases", where)
+    http = _build(
+        HttpConfig, {**raw, "read_page_bases": bases}, where, vapi_secret="", webhook_secret=""
+    )
+    if http.listen:
+        host, _, port = str(http.listen).rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"{where}: listen must be host:port, e.g. 127.0.0.1:8080")
+    if not _whole(http.max_body_bytes) or http.max_body_bytes < MIN_BODY_BYTES:
+        raise ConfigError(f"{where}: max_body_bytes must be a whole number >= {MIN_BODY_BYTES}")
+    known = {kb.name for kb in kbs}
+    named = [*bases, *([http.vapi_knowledge_base] if http.vapi_knowledge_base else [])]
+    unknown = sorted(set(named) - known)
+    if kbs and unknown:
+        raise ConfigError(f"{where}: knowledge base(s) {', '.join(unknown)} are not configured")
+    for key in ("vapi_secret_env", "webhook_secret_env"):
+        if not isinstance(getattr(http, key), str):
+            raise ConfigError(f"{where}: {key} must be the name of an environment variable")
+    return replace(
+        http,
+        vapi_secret=os.environ.get(http.vapi_secret_env, "") if http.vapi_secret_env else "",
+        webhook_secret=os.environ.get(http.webhook_secret_env, "")
+        if http.webhook_secret_env
+        else "",
+    )
 
 
 def _names(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ Health checks are exempt (``sidecar.interceptor.EXEMPT_SERVICES``).
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from index.config import MIN_TOKEN_CHARS, AuthConfig, CallerConfig
@@ -62,11 +62,12 @@ class Authenticator(Hook):
         header = call.metadata.get("authorization", "")
         if not header:
             raise Unauthenticated(
-                "no credentials: send the metadata `authorization: Bearer <token>`"
+                "no credentials: send `authorization: Bearer <token>` (gRPC metadata, or an "
+                "HTTP header)"
             )
         scheme, _, token = header.strip().partition(" ")
         if scheme.lower() != BEARER or not token.strip():
-            raise Unauthenticated("the authorization metadata must be `Bearer <token>`")
+            raise Unauthenticated("authorization must be `Bearer <token>`")
         caller = self._match(token.strip().encode())
         if caller is None:
             raise Unauthenticated("the bearer token is not valid")
@@ -106,6 +107,12 @@ class Authenticator(Hook):
             tools = [t for t in message.tools if self._function_allowed(caller, t.name)]
             del message.tools[:]
             message.tools.extend(tools)
+
+    def reachable_bases(self, caller: CallerConfig | None, bases: Iterable[str]) -> list[str]:
+        """Those of ``bases`` the caller may use (all of them for an unscoped caller)."""
+        if caller is None:
+            return list(bases)
+        return [kb for kb in bases if self._base_allowed(caller, kb)]
 
     def _visible_functions(self, caller: CallerConfig) -> frozenset[str] | None:
         if not (caller.knowledge_bases or caller.functions):

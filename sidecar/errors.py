@@ -7,6 +7,7 @@
     │   └── SnapshotNotFound               -> UNAVAILABLE, the message says what to run
     └── RequestError
         ├── InvalidArgument                -> INVALID_ARGUMENT
+        │   └── BodyTooLarge               -> INVALID_ARGUMENT (HTTP 413: over max_body_bytes)
         ├── NotFound                       -> NOT_FOUND
         ├── Unavailable                    -> UNAVAILABLE
         ├── ResourceExhausted              -> RESOURCE_EXHAUSTED
@@ -15,7 +16,8 @@
         └── PermissionDenied               -> PERMISSION_DENIED
 
 Handlers raise; ``status_for`` maps; the servicer aborts with the mapped code and the message.
-No handler builds a status code itself.
+No handler builds a status code itself. The HTTP door (``sidecar.http_door``) answers the same
+errors with ``http_status_for``: the HTTP status of the gRPC code ``status_for`` gives.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class RequestError(VoxrecallError):
 
 class InvalidArgument(RequestError):
     pass
+
+
+class BodyTooLarge(InvalidArgument):
+    """An HTTP request body over ``[sidecar.http] max_body_bytes``."""
 
 
 class NotFound(RequestError):
@@ -82,3 +88,22 @@ def status_for(error: VoxrecallError) -> grpc.StatusCode:
         if isinstance(error, cls):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+# The HTTP status of each gRPC code (as grpc-gateway maps them); anything else is 500.
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 408,  # our only one: a client that stopped sending
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+}
+
+
+def http_status_for(error: VoxrecallError) -> int:
+    """The HTTP status for one of our errors: that of the gRPC code ``status_for`` maps it to."""
+    if isinstance(error, BodyTooLarge):
+        return 413
+    return _HTTP_STATUS.get(status_for(error), 500)

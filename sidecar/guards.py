@@ -3,7 +3,7 @@
     guards = Guards.build(config, engine, holder, lifecycle)
     server = grpc.aio.server(interceptors=guards.interceptors, options=guards.options)
 
-The order matters: the log context first (every later line carries the call's ids), metrics
+The HTTP door runs the same ``hooks`` around its calls. The order matters: the log context first (every later line carries the call's ids), metrics
 next (they see every refusal), the drain gate, then auth (an unauthenticated call never takes a
 slot), then the limit, then the field sizes (checked on each request message before any work).
 
@@ -44,6 +44,7 @@ class Guards:
     auth: Authenticator | None
     interceptors: tuple[grpc.aio.ServerInterceptor, ...]  # type: ignore[type-arg]
     options: tuple[tuple[str, Any], ...]
+    hooks: tuple[Hook, ...] = ()  # the same hooks, for the HTTP door (sidecar.http_door)
 
     @classmethod
     def build(
@@ -81,4 +82,4 @@ class Guards:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MIN_S * 1000),
         )
-        return cls(limit, metrics, auth, (HookInterceptor(hooks),), options)
+        return cls(limit, metrics, auth, (HookInterceptor(hooks),), options, tuple(hooks))

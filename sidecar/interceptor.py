@@ -51,6 +51,7 @@ class Call:
     notes: dict[str, Any] = field(default_factory=dict)
     task: asyncio.Task[Any] | None = field(default_factory=asyncio.current_task)
     cut: str = ""  # set with the task cancelled: the drain's grace ended; the call ends UNAVAILABLE
+    door: str = "grpc"  # the listener it came in by: "grpc", or "http" (sidecar.http_door)
 
     def cut_off(self, reason: str) -> None:
         """End this call from outside (the drain, when its grace ends): UNAVAILABLE, which a

@@ -31,6 +31,7 @@ from sidecar.interceptor import Call, Hook
 session_id: contextvars.ContextVar[str] = contextvars.ContextVar("session_id", default="")
 call_id: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")
 method: contextvars.ContextVar[str] = contextvars.ContextVar("method", default="")
+door: contextvars.ContextVar[str] = contextvars.ContextVar("door", default="")
 
 CALL_ID_HEADER = "x-call-id"
 # A caller's own id is kept only when it is short and plain, so it cannot forge log lines.
@@ -46,7 +47,8 @@ log = logging.getLogger("voxrecall.calls")
 
 
 class JsonFormatter(logging.Formatter):
-    """``{"ts", "level", "logger", "msg", "session_id", "call_id", "method", ...}`` a line."""
+    """``{"ts", "level", "logger", "msg", "session_id", "call_id", "method", "door", ...}`` a
+    line (``door``: the listener the call came in by, grpc or http)."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
@@ -59,7 +61,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": bounded(record.getMessage()),
         }
-        for key, var in (("session_id", session_id), ("call_id", call_id), ("method", method)):
+        for key, var in (
+            ("session_id", session_id),
+            ("call_id", call_id),
+            ("method", method),
+            ("door", door),
+        ):
             value = var.get()
             if value:
                 line[key] = value
@@ -143,6 +150,7 @@ class CallLog(Hook):
         call.call_id = given if _CALL_ID.fullmatch(given) else _secrets.token_hex(8)
         call_id.set(call.call_id)
         method.set(call.method)
+        door.set(call.door)
         session_id.set("")
         call.context.set_trailing_metadata(((CALL_ID_HEADER, call.call_id),))
 

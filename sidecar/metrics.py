@@ -4,8 +4,8 @@
     server = grpc.aio.server(interceptors=[HookInterceptor([..., metrics, ...])])
     metrics.serve("127.0.0.1:9464")  ...  metrics.close()
 
-Calls are measured by the hook as they end: ``voxrecall_rpcs_total{method,code}``, the
-server-side latency ``voxrecall_rpc_seconds{method}``, the per-stage latency each answer reports
+Calls are measured by the hook as they end: ``voxrecall_rpcs_total{door,method,code}``, the
+server-side latency ``voxrecall_rpc_seconds{door,method}`` (``door``: grpc or http), the per-stage latency each answer reports
 ``voxrecall_stage_seconds{rpc,stage}`` (embed, search, total), and calls refused
 ``voxrecall_refusals_total{reason}``. Everything else is read when Prometheus scrapes, from the
 counters the parts already keep: turns, skips by reason, degraded and prefetched turns
@@ -90,14 +90,14 @@ class Metrics(Hook):
         self.registry = CollectorRegistry()
         self.rpcs = Counter(
             "voxrecall_rpcs",
-            "Calls ended, by method and status code.",
-            ["method", "code"],
+            "Calls ended, by door (grpc, http), method and status code.",
+            ["door", "method", "code"],
             registry=self.registry,
         )
         self.rpc_seconds = Histogram(
             "voxrecall_rpc_seconds",
-            "Server-side duration of a call (a Converse stream: of the whole stream).",
-            ["method"],
+            "Server-side duration of a call (a Converse stream: of the whole stream), by door.",
+            ["door", "method"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -116,7 +116,7 @@ class Metrics(Hook):
             registry=self.registry,
         )
         self.registry.register(_Read(engine, holder, lifecycle, limit))
-        self._ended: dict[tuple[str, grpc.StatusCode], tuple[Any, Any, Any]] = {}
+        self._ended: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any, Any]] = {}
         self._stages: dict[tuple[str, str], Any] = {}
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -144,14 +144,14 @@ class Metrics(Hook):
         return child
 
     def end(self, call: Call) -> None:
-        key = (call.method, call.code)
+        key = (call.door, call.method, call.code)
         ended = self._ended.get(key)
-        if ended is None:  # the labelled children, looked up once per method and code
+        if ended is None:  # the labelled children, looked up once per door, method and code
             code = call.code.name
             refused = self.refusals.labels(code.lower()) if code in REFUSALS else None
             ended = (
-                self.rpcs.labels(call.method, code),
-                self.rpc_seconds.labels(call.method),
+                self.rpcs.labels(call.door, call.method, code),
+                self.rpc_seconds.labels(call.door, call.method),
                 refused,
             )
             self._ended[key] = ended

@@ -22,6 +22,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.guards import Guards
 from sidecar.holder import SnapshotHolder
+from sidecar.http_door import HttpDoor
 from sidecar.lifecycle import Lifecycle, State
 from sidecar.refresh import Refresher
 from sidecar.service import RetrievalService
@@ -53,6 +54,8 @@ class Sidecar:
     owns_embedder: bool = True
     guards: Guards | None = None
     metrics_port: int = 0  # 0: no metrics endpoint
+    http: HttpDoor | None = None  # [sidecar.http]: MCP, webhooks and health over HTTP
+    http_port: int = 0  # 0: no HTTP door
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def update_health(self) -> None:
@@ -104,6 +107,8 @@ class Sidecar:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.guards is not None and not await self.guards.limit.wait_idle(deadline):
             await self._cut_off(grace)
+        if self.http is not None:
+            await self.http.stop()
         await self.server.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
         await self.engine.aclose()  # query embeddings still running in the background
         if self.owns_embedder:
@@ -200,8 +205,9 @@ async def create_server(
         options=[*guards.options, ("grpc.so_reuseport", reuse_port)],
     )
     health = HealthServicer()
+    toolbox = Toolbox.from_config(config)
     pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]
-        RetrievalService(engine, holder, lifecycle, Toolbox.from_config(config)), server
+        RetrievalService(engine, holder, lifecycle, toolbox), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -224,11 +230,16 @@ async def create_server(
     sidecar = Sidecar(
         server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder, guards
     )
+    if config.sidecar.http.enabled:
+        sidecar.http = HttpDoor(config, engine, lifecycle, guards, toolbox)
+        sidecar.http_port = sidecar.http.bind(config.sidecar.http.listen)
     if config.sidecar.metrics_listen:
         sidecar.metrics_port = guards.metrics.serve(config.sidecar.metrics_listen)
     refresher.on_change = sidecar.update_health
     await sidecar.update_health()
     await server.start()
+    if sidecar.http is not None:
+        await sidecar.http.start()
     await refresher.refresh()
     sidecar.log_waiting()
     if poll:
@@ -255,9 +266,10 @@ async def serve(config: Config, listen: str | None = None) -> None:
         loop.add_signal_handler(sig, stop)
     sidecar = await create_server(config, listen=listen, store=store)
     log.info(
-        "voxrecall sidecar listening on port %d (%s)%s",
+        "voxrecall sidecar listening on port %d (%s)%s%s",
         sidecar.port,
         sidecar.lifecycle.state.name,
+        f", HTTP on port {sidecar.http_port}" if sidecar.http_port else "",
         f", metrics on port {sidecar.metrics_port}" if sidecar.metrics_port else "",
     )
     await stopping.wait()

@@ -342,6 +342,10 @@ class Toolbox:
     def __iter__(self) -> Iterator[KnowledgeFunction]:
         return iter(self._functions.values())
 
+    def visible_functions(self) -> list[KnowledgeFunction]:
+        """The functions the current caller may see (``visible``): what a tool list shows."""
+        return [self._functions[name] for name in self._visible()]
+
     def definitions_json(self, name: str) -> tuple[str, str, str]:
         """Realtime, Responses and Chat Completions definitions of one function, as JSON."""
         return self._json[name]

@@ -87,13 +87,15 @@ async def test_calls_stages_skips_sessions_and_snapshots_are_counted(
     assert not again.skipped
     assert backchannel.skipped == pb.BACKCHANNEL
     assert closing.skipped == pb.CLOSING
-    assert value(m, "voxrecall_rpcs_total", method="Turn", code="OK") == 4
-    assert value(m, "voxrecall_rpcs_total", method="Search", code="OK") == 1
-    assert value(m, "voxrecall_rpcs_total", method="Search", code="INVALID_ARGUMENT") == 1
-    assert value(m, "voxrecall_rpcs_total", method="Turn", code="NOT_FOUND") == 1
+    assert value(m, "voxrecall_rpcs_total", door="grpc", method="Turn", code="OK") == 4
+    assert value(m, "voxrecall_rpcs_total", door="grpc", method="Search", code="OK") == 1
+    assert (
+        value(m, "voxrecall_rpcs_total", door="grpc", method="Search", code="INVALID_ARGUMENT") == 1
+    )
+    assert value(m, "voxrecall_rpcs_total", door="grpc", method="Turn", code="NOT_FOUND") == 1
     assert value(m, "voxrecall_refusals_total", reason="invalid_argument") == 1
     assert value(m, "voxrecall_refusals_total", reason="not_found") == 1
-    assert value(m, "voxrecall_rpc_seconds_count", method="Turn") == 5
+    assert value(m, "voxrecall_rpc_seconds_count", door="grpc", method="Turn") == 5
     # stages: embed and search for searched turns only, total for every answered turn
     assert value(m, "voxrecall_stage_seconds_count", rpc="Turn", stage="embed") == 2
     assert value(m, "voxrecall_stage_seconds_count", rpc="Turn", stage="total") == 4
@@ -180,7 +182,7 @@ async def test_a_failing_or_hanging_embedder_degrades_turns_and_says_so(
     assert resp.chunks
     assert value(m, "voxrecall_degraded_turns_total") == 1
     assert value(m, "voxrecall_query_embeddings_total", outcome=outcome) >= 1
-    assert value(m, "voxrecall_rpcs_total", method="Turn", code="OK") == 1
+    assert value(m, "voxrecall_rpcs_total", door="grpc", method="Turn", code="OK") == 1
     assert any("embedder" in r.getMessage() for r in caplog.records)
 
 

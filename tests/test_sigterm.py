@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -310,4 +311,39 @@ async def test_sigterm_cuts_a_download_from_a_trickling_store(
         code = await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S)
     finally:
         static.stop()
+    assert code == 0, process.log()
+
+
+async def test_sigterm_drains_the_http_door_too(serve: Start, openai: OpenAIServer) -> None:
+    """A Vapi knowledge-base request in flight when SIGTERM lands finishes; a new HTTP call is
+    refused 503 and /readyz says so; the process exits 0 (one drain stops both doors)."""
+    port = free_port()
+    process = serve(30, budget_ms=9000, http={"listen": f"127.0.0.1:{port}"})
+    await _target(process)
+    base = f"http://127.0.0.1:{port}"
+    message = {"role": "user", "content": "how do I reset my password"}
+    body = {
+        "message": {"type": "knowledge-base-request", "messages": [message], "call": {"id": "c"}}
+    }
+    async with httpx2.AsyncClient(timeout=PROCESS_WAIT_S) as http:
+        assert (await http.get(f"{base}/readyz")).status_code == 200
+        openai.set(Behaviour(latency="1500"))
+        before = openai.requests
+        in_flight = asyncio.ensure_future(http.post(f"{base}/vapi/knowledge-base", json=body))
+        await _wait_for(
+            lambda: openai.requests > before or in_flight.done(), "the call's embedding request"
+        )
+        assert not in_flight.done(), (in_flight.result().text, process.log())
+        process.proc.send_signal(signal.SIGTERM)
+        await _wait_for(lambda: any("draining" in line for line in process.lines), "the drain")
+        async with httpx2.AsyncClient(timeout=10) as fresh:
+            refused = await fresh.post(f"{base}/vapi/knowledge-base", json=body)
+            ready = await fresh.get(f"{base}/readyz")
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "UNAVAILABLE"
+        assert ready.status_code == 503
+        answered = await in_flight
+        assert answered.status_code == 200
+        assert answered.json()["documents"][0]["content"].startswith("Reset your password")
+    code = await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S)
     assert code == 0, process.log()

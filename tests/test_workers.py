@@ -131,6 +131,7 @@ async def test_two_workers_share_the_port_and_drain_on_sigterm(supervisor: Super
         value(
             await asyncio.to_thread(scrape, port),
             "voxrecall_rpcs_total",
+            door="grpc",
             method="Search",
             code="OK",
         )

@@ -1,0 +1,270 @@
+"""The MCP server of the HTTP door: every ``[[function]]`` as an MCP tool, over streamable HTTP.
+
+Built on the official SDK's low-level ``Server`` and its ``StreamableHTTPSessionManager``
+(stateful sessions, JSON responses). A tool's input schema is the one ``ListTools`` gives
+(``KnowledgeFunction.parameters``), its result the same compact JSON as ``InvokeTool``; with
+``[sidecar.http] read_page_bases``, a ``read_page`` tool reads a whole page of those bases.
+Everything a model can get wrong (bad arguments, an unknown tool, a function outside the
+token's scope, a base with no snapshot, a page that is not there) is a tool result with
+``isError``, never a failed request.
+
+The SDK runs each MCP session in a task of its own, so a tool call does not run in the HTTP
+request's context: ``scope_for`` hands the request's ``HttpCall`` and a copy of its context
+(the caller's scope and sessions, the log ids the hooks set) to the handler through the ASGI
+scope, and the handler runs in that context. The voxrecall session of a call is the
+``x-voxrecall-session`` header when given, else the MCP session id, so a call's tool calls
+share its retained context. A session belongs to the caller that opened it (the SDK answers
+another token's request for it 404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import mcp_types as types
+import orjson
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.types import Receive, Scope, Send
+
+from index.config import Config
+from index.errors import SnapshotError, VoxrecallError
+from sidecar import __version__, tls
+from sidecar.auth import Authenticator
+from sidecar.engine import Engine
+from sidecar.errors import status_for
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.tools import (
+    INVALID_ARGUMENTS,
+    UNAVAILABLE,
+    PageReader,
+    Toolbox,
+    error_output,
+)
+
+if TYPE_CHECKING:
+    from sidecar.http_door import HttpCall
+
+log = logging.getLogger("voxrecall.mcp")
+
+READ_PAGE = "read_page"
+SESSION_HEADER = "x-voxrecall-session"
+MCP_SESSION_HEADER = "mcp-session-id"
+# The MCP methods named in metrics and logs ("MCP tools/call"); any other is "MCP other", so a
+# client cannot make up label values.
+KNOWN_METHODS = frozenset(
+    {"initialize", "notifications/initialized", "ping", "tools/list", "tools/call"}
+)
+_CALL = "voxrecall.call"
+_CONTEXT = "voxrecall.context"
+_T = TypeVar("_T")
+READ_PAGE_DESCRIPTION = (
+    "Read a whole page of the knowledge base, by the path a search result gave, when its "
+    "excerpt is not enough."
+)
+
+
+def _text(output: str, is_error: bool) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=output)], is_error=is_error)
+
+
+class McpDoor:
+    """The SDK server with voxrecall's tools, and the session manager that serves it."""
+
+    def __init__(
+        self, config: Config, engine: Engine, toolbox: Toolbox, auth: Authenticator | None
+    ) -> None:
+        self.engine = engine
+        self.toolbox = toolbox
+        self.auth = auth
+        self.max_chars = config.sidecar.tool_output_chars
+        self.read_page_bases = config.sidecar.http.read_page_bases
+        self.pages = PageReader()
+        self.server: Server[Any] = Server(
+            "voxrecall",
+            version=__version__,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        # no OpenTelemetry span per message (the SDK's default): the sidecar's own metrics and
+        # logs measure every call, and the span cost a tenth of an MCP call's time here
+        self.server.middleware.clear()
+        sc = config.sidecar
+        loopback = tls.is_loopback(sc.http.listen)
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server,
+            json_response=True,  # one JSON answer per POST: no event stream to hold open
+            # a browser page must not reach a loopback sidecar by rebinding a name to 127.0.0.1
+            security_settings=TransportSecuritySettings(
+                enable_dns_rebinding_protection=loopback,
+                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            ),
+            session_idle_timeout=sc.session_ttl_s,
+            max_request_body_size=sc.http.max_body_bytes,
+            max_sessions=sc.max_sessions,
+        )
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.manager.handle_request(scope, receive, send)
+
+    @staticmethod
+    def method_name(body: bytes) -> str:
+        """``MCP tools/call``: what a POST body asks, for metrics and logs (bounded names)."""
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return "MCP other"
+        method = message.get("method") if isinstance(message, dict) else None
+        return f"MCP {method}" if method in KNOWN_METHODS else "MCP other"
+
+    @staticmethod
+    def scope_for(scope: Scope, call: HttpCall) -> Scope:
+        """The ASGI scope the SDK sees: the caller as its user (a session is its opener's), and
+        the call with its context for the handlers."""
+        caller = call.call.caller
+        extra: dict[str, Any] = {_CALL: call, _CONTEXT: contextvars.copy_context()}
+        if caller is not None:
+            token = AccessToken(token=caller.name, client_id=caller.name, scopes=[])
+            extra["user"] = AuthenticatedUser(token)
+        return {**scope, **extra}
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return await _in_call(ctx, self._tools)
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        headers = ctx.request.headers if ctx.request is not None else {}
+        session_id = headers.get(SESSION_HEADER) or headers.get(MCP_SESSION_HEADER) or ""
+
+        async def call(http: HttpCall) -> types.CallToolResult:
+            arguments = params.arguments or {}
+            if params.name == READ_PAGE and self.read_page_bases:
+                return await self._read_page(http, arguments)
+            return await self._invoke(http, params.name, arguments, session_id)
+
+        return await _in_call(ctx, call)
+
+    async def _tools(self, call: HttpCall) -> types.ListToolsResult:
+        tools = [
+            types.Tool(
+                name=fn.name,
+                description=fn.config.description,
+                input_schema=fn.parameters(strict=False),
+            )
+            for fn in self.toolbox.visible_functions()
+        ]
+        bases = self._page_bases(call)
+        if bases:
+            tools.append(
+                types.Tool(
+                    name=READ_PAGE,
+                    description=READ_PAGE_DESCRIPTION,
+                    input_schema=_page_schema(bases),
+                )
+            )
+        return types.ListToolsResult(tools=tools)
+
+    async def _invoke(
+        self, call: HttpCall, name: str, arguments: dict[str, Any], session_id: str
+    ) -> types.CallToolResult:
+        arguments_json = orjson.dumps(arguments).decode()
+        request = pb.InvokeToolRequest(
+            name=name, arguments_json=arguments_json, session_id=session_id
+        )
+        try:
+            call.check(request)  # the caller's scope and the byte limits, as on gRPC
+            result = await self.toolbox.invoke(self.engine, name, arguments_json, session_id)
+        except VoxrecallError as exc:
+            return self._refused(exc)
+        return _text(result.output, result.is_error)
+
+    async def _read_page(self, call: HttpCall, arguments: dict[str, Any]) -> types.CallToolResult:
+        bases = self._page_bases(call)
+        kb = arguments.get("knowledge_base") or (bases[0] if len(bases) == 1 else "")
+        path, source = arguments.get("source_path"), arguments.get("source") or ""
+        if not isinstance(path, str) or not isinstance(source, str) or not isinstance(kb, str):
+            return self._error(
+                INVALID_ARGUMENTS, "source_path (and source, knowledge_base) must be strings"
+            )
+        if kb not in bases:
+            return self._error(
+                INVALID_ARGUMENTS,
+                f"read_page reads the knowledge bases {', '.join(bases) or 'none'}; "
+                f"got {kb!r}: set knowledge_base",
+            )
+        try:
+            call.check(pb.ReadPageRequest(knowledge_base=kb, source_path=path, source=source))
+            snapshot = self.engine.snapshot(kb)
+            page = await self.pages.read(snapshot, path, source)
+        except VoxrecallError as exc:
+            return self._refused(exc)
+        body = {"title": page.title, "source": page.source, "path": page.source_path}
+        if page.url:
+            body["url"] = page.url
+        return _text(orjson.dumps({**body, "text": page.text}).decode(), is_error=False)
+
+    def _page_bases(self, call: HttpCall) -> list[str]:
+        if self.auth is None:
+            return list(self.read_page_bases)
+        return self.auth.reachable_bases(call.call.caller, self.read_page_bases)
+
+    def _refused(self, exc: VoxrecallError) -> types.CallToolResult:
+        if isinstance(exc, SnapshotError):
+            log.warning("tool call: %s", exc)
+            return self._error(
+                UNAVAILABLE,
+                "the knowledge base cannot be searched right now; tell the caller you cannot "
+                "look it up at the moment",
+            )
+        return self._error(status_for(exc).name.lower(), str(exc))
+
+    def _error(self, type_: str, message: str) -> types.CallToolResult:
+        return _text(error_output(type_, message, self.max_chars), is_error=True)
+
+
+def _page_schema(bases: list[str]) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "source_path": {"type": "string", "description": "The page's path, as a result gave it."},
+        "source": {"type": "string", "description": "The result's source, when paths repeat."},
+    }
+    if len(bases) > 1:
+        properties["knowledge_base"] = {"type": "string", "enum": bases}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["source_path", *(["knowledge_base"] if len(bases) > 1 else [])],
+        "additionalProperties": False,
+    }
+
+
+async def _in_call(
+    ctx: ServerRequestContext[Any], handler: Callable[[HttpCall], Coroutine[Any, Any, _T]]
+) -> _T:
+    """Run ``handler`` with the HTTP call that carried this MCP request, in that call's
+    context (the caller's scope, sessions and log ids)."""
+    scope = ctx.request.scope if ctx.request is not None else {}
+    call: HttpCall | None = scope.get(_CALL)
+    context: contextvars.Context | None = scope.get(_CONTEXT)
+    if call is None or context is None:
+        raise RuntimeError("an MCP request reached voxrecall without its HTTP call")
+    return await asyncio.create_task(handler(call), context=context)

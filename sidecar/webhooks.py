@@ -1,0 +1,326 @@
+"""Platform webhooks of the HTTP door: Vapi's custom knowledge base and a generic tool webhook.
+
+**Vapi** (``POST /vapi/knowledge-base``) posts ``{"message": {"type": "knowledge-base-request",
+"messages": [{"role", "content"}...], "call": {"id", ...}, ...}}`` each time its model is about
+to answer, with the whole call so far. The call id names the session. The messages not fed
+before (``Conversations``) are fed to it in order, as ``Turn`` would take them: a user message
+is a user turn, an assistant (or ``bot``) message an agent turn; the last user turn's chunks are
+the answer, ``{"documents": [{"content", "similarity", "uuid"}]}``, with its follow-up resolved
+exactly as on ``Turn``. With ``[sidecar.http] vapi_secret_env`` set, the ``X-Vapi-Secret``
+header must hold that secret.
+
+**Tools** (``POST /tools/{function}``) take the shapes hosted platforms post: Retell's custom
+function ``{"name", "args": {...}, "call": {"call_id", ...}}``, a body with ``arguments`` (an
+object, or the JSON string a model emitted), or the arguments themselves at the top level
+(ElevenLabs server tools post their body parameters so), with ``session_id`` or ``call_id``
+beside them. The answer is the function's output, the same JSON as ``InvokeTool``; a model's
+mistake is an error output for the model (200, ``x-voxrecall-tool-error: true``). With
+``[sidecar.http] webhook_secret_env`` set, every call must be signed with that secret
+(``verify_signature``), and an unsigned or badly signed one is refused (401).
+
+The ``x-voxrecall-session`` header, when sent, names the session on both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from cachetools import TTLCache
+
+from index.config import Config
+from sidecar import sessions
+from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.service import turn_response
+from sidecar.sessions import Hit
+from sidecar.tools import Toolbox
+
+if TYPE_CHECKING:
+    from sidecar.http_door import HttpCall
+
+# (status, JSON body, extra headers)
+Reply = tuple[int, bytes, list[tuple[bytes, bytes]]]
+
+SESSION_HEADER = "x-voxrecall-session"
+VAPI_SECRET_HEADER = "x-vapi-secret"
+RETELL_SIGNATURE_HEADER = "x-retell-signature"
+SIGNATURE_HEADER = "x-voxrecall-signature"
+KNOWLEDGE_BASE_REQUEST = "knowledge-base-request"
+USER_ROLES = frozenset({"user"})
+AGENT_ROLES = frozenset({"assistant", "bot"})
+# Messages of one request fed at most: the session keeps a few turns (context_turns), so older
+# ones cannot change what a follow-up resolves to, and each user message fed is a search.
+MAX_FED = 8
+# How far a Retell signature's timestamp may be from our clock: a replay window.
+SIGNATURE_TOLERANCE_MS = 5 * 60 * 1000
+_RETELL = re.compile(r"v=(\d{1,16}),d=([0-9a-fA-F]{64})")
+# Top-level keys of a tool webhook body that describe the call rather than being arguments.
+TOOL_METADATA = frozenset({"name", "call", "session_id", "call_id"})
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    speaker: str  # Speaker.USER or Speaker.AGENT
+    text: str
+
+
+def _said(message: Any) -> Said | None:
+    """A Vapi message as a turn, or None for one that is not (system, tool calls, empty)."""
+    if not isinstance(message, dict):
+        return None
+    role = message.get("role")
+    text = message.get("content", message.get("message"))
+    if not isinstance(text, str) or not text.strip():
+        return None
+    if len(text) > MAX_TEXT_CHARS:  # a long answer of the agent's: its start is what it is about
+        text = text[:MAX_TEXT_CHARS].rsplit(" ", 1)[0]
+    if role in USER_ROLES:
+        return Said(Speaker.USER, text)
+    if role in AGENT_ROLES:
+        return Said(Speaker.AGENT, text)
+    return None
+
+
+def _digests(messages: list[Any]) -> Iterator[bytes]:
+    """The digest of every prefix of ``messages`` (each message's role and words, not its
+    timings, which a platform may update): the empty prefix first."""
+    h = hashlib.blake2b(digest_size=16)
+    yield h.digest()
+    for m in messages:
+        said = (m.get("role"), m.get("content", m.get("message"))) if isinstance(m, dict) else m
+        h.update(orjson.dumps(said, default=str) + b"\0")
+        yield h.digest()
+
+
+@dataclass(slots=True)
+class Fed:
+    """What a call's session has been fed: how many messages, their digest, and the query of
+    its last searched user turn (a request repeated as it was is answered with it again)."""
+
+    count: int
+    digest: bytes
+    query: str = ""
+
+
+class Conversations:
+    """How much of each call's message list its session has been fed, so a message Vapi sends
+    again (every request carries the whole call) is fed once. Bounded like the sessions: as
+    many calls as ``max_sessions``, each forgotten ``session_ttl_s`` after its last request;
+    an entry is its key (a caller name and a call id of at most 256 bytes), 24 bytes and one
+    query (at most ``MAX_TEXT_CHARS``)."""
+
+    def __init__(self, max_calls: int, ttl_s: float) -> None:
+        self._fed: TTLCache[tuple[str, str], Fed] = TTLCache(max_calls, ttl_s)
+
+    def new(self, key: tuple[str, str], messages: list[Any]) -> tuple[list[Any], Fed]:
+        """The messages after those already fed (all of them for a new call), and the call's
+        entry. When the list no longer starts with what was fed (the platform trimmed or
+        rewrote it), only its last message is new: feeding the rest again would repeat turns."""
+        digests = list(_digests(messages))
+        before = self._fed.get(key)
+        fed = Fed(len(messages), digests[-1], before.query if before is not None else "")
+        self._fed[key] = fed
+        if before is None:
+            return messages, fed
+        if before.count <= len(messages) and digests[before.count] == before.digest:
+            return messages[before.count :], fed
+        return messages[-1:], fed
+
+
+def _documents(hits: list[Hit]) -> list[dict[str, Any]]:
+    docs = []
+    for hit in hits:
+        c = hit.chunk
+        heading = " > ".join(c.breadcrumbs) or c.title
+        docs.append(
+            {
+                "content": f"{heading}\n\n{c.text}" if heading else c.text,
+                "similarity": round(hit.score, 4),
+                "uuid": c.chunk_id,
+            }
+        )
+    return docs
+
+
+def _object(body: bytes, example: str) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"the body is not JSON ({exc}): send {example}") from exc
+    if not isinstance(payload, dict):
+        raise InvalidArgument(f"the body must be a JSON object: {example}")
+    return payload
+
+
+def _string(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a string")
+    return value
+
+
+def verify_signature(secret: bytes, body: bytes, headers: Mapping[str, str]) -> None:
+    """Raise ``Unauthenticated`` unless ``body`` carries a good signature made with ``secret``:
+
+    - ``X-Voxrecall-Signature: sha256=<hex HMAC-SHA256 of the body>`` (any platform or proxy
+      that can sign a body; GitHub's shape), or
+    - ``X-Retell-Signature: v=<unix ms>,d=<hex HMAC-SHA256 of the body followed by those
+      digits>``, as Retell signs (the secret is the Retell API key with the webhook badge),
+      within ``SIGNATURE_TOLERANCE_MS`` of now.
+    """
+    generic = headers.get(SIGNATURE_HEADER, "")
+    retell = headers.get(RETELL_SIGNATURE_HEADER, "")
+    if generic:
+        scheme, _, given = generic.partition("=")
+        expected = hmac.new(secret, body, hashlib.sha256).hexdigest()
+        if scheme == "sha256" and hmac.compare_digest(given.lower(), expected):
+            return
+        raise Unauthenticated(
+            f"{SIGNATURE_HEADER} does not match the body: sign the exact bytes sent, "
+            "sha256=<hex HMAC-SHA256> with the secret in [sidecar.http] webhook_secret_env"
+        )
+    if retell:
+        match = _RETELL.fullmatch(retell.strip())
+        if match is None:
+            raise Unauthenticated(f"{RETELL_SIGNATURE_HEADER} is not v=<ms>,d=<hex digest>")
+        stamp, given = match.groups()
+        if abs(time.time() * 1000 - int(stamp)) > SIGNATURE_TOLERANCE_MS:
+            raise Unauthenticated(
+                f"{RETELL_SIGNATURE_HEADER} is older than {SIGNATURE_TOLERANCE_MS // 60000} "
+                "minutes (or the clocks differ): a replayed request is refused"
+            )
+        expected = hmac.new(secret, body + stamp.encode(), hashlib.sha256).hexdigest()
+        if hmac.compare_digest(given.lower(), expected):
+            return
+        raise Unauthenticated(
+            f"{RETELL_SIGNATURE_HEADER} does not match the body: set [sidecar.http] "
+            "webhook_secret_env to the variable holding the Retell API key with the webhook badge"
+        )
+    raise Unauthenticated(
+        f"this call is unsigned and a webhook secret is configured: send {SIGNATURE_HEADER}: "
+        f"sha256=<hex HMAC-SHA256 of the body> (or Retell's {RETELL_SIGNATURE_HEADER})"
+    )
+
+
+class Webhooks:
+    def __init__(self, config: Config, engine: Engine, toolbox: Toolbox) -> None:
+        http = config.sidecar.http
+        self.engine = engine
+        self.toolbox = toolbox
+        self.knowledge_base = http.vapi_knowledge_base or engine.default_knowledge_base
+        self.vapi_secret = http.vapi_secret.encode()
+        self.webhook_secret = http.webhook_secret.encode()
+        self.conversations = Conversations(
+            config.sidecar.max_sessions, config.sidecar.session_ttl_s
+        )
+
+    # -- Vapi ----------------------------------------------------------------------------------
+
+    async def vapi(self, call: HttpCall, headers: dict[str, str], body: bytes) -> Reply:
+        if self.vapi_secret and not hmac.compare_digest(
+            headers.get(VAPI_SECRET_HEADER, "").encode(), self.vapi_secret
+        ):
+            raise Unauthenticated(
+                "X-Vapi-Secret is missing or wrong: set the knowledge base's server.secret to "
+                "the secret in the variable [sidecar.http] vapi_secret_env names"
+            )
+        example = '{"message": {"type": "knowledge-base-request", "messages": [...], "call": {"id": ...}}}'
+        message = _object(body, example).get("message")
+        if not isinstance(message, dict) or message.get("type") != KNOWLEDGE_BASE_REQUEST:
+            raise InvalidArgument(f"this URL answers Vapi's knowledge-base-request: {example}")
+        messages = message.get("messages")
+        if not isinstance(messages, list):
+            raise InvalidArgument("message.messages must be the list of the call's messages")
+        call_info = message.get("call")
+        call_id = headers.get(SESSION_HEADER) or _string(
+            call_info.get("id") if isinstance(call_info, dict) else None, "message.call.id"
+        )
+        if not call_id:
+            raise InvalidArgument("message.call.id is missing: it names the call's session")
+        fresh, fed = self.conversations.new((sessions.owner.get(), call_id), messages)
+        said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
+        hits: list[Hit] = []
+        for i, turn in enumerate(said):
+            result = await self._turn(call, call_id, turn)
+            if turn.speaker == Speaker.USER and i == len(said) - 1:
+                hits, fed.query = result.hits, result.query
+        if not fresh and fed.query:  # the same request again (a retry): the same answer
+            hits = (await self.engine.search(SearchInput(fed.query, self.knowledge_base))).hits
+        return 200, orjson.dumps({"documents": _documents(hits)}), []
+
+    async def _turn(self, call: HttpCall, session_id: str, said: Said) -> TurnResult:
+        speaker = pb.AGENT if said.speaker == Speaker.AGENT else pb.USER
+        call.check(
+            pb.TurnRequest(
+                session_id=session_id,
+                text=said.text,
+                knowledge_base=self.knowledge_base,
+                speaker=speaker,
+                is_final=True,
+            )
+        )
+        result = await self.engine.turn(
+            TurnInput(
+                session_id=session_id,
+                text=said.text,
+                knowledge_base=self.knowledge_base,
+                speaker=said.speaker,
+            )
+        )
+        call.sent(turn_response(result))
+        return result
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    async def tool(
+        self, call: HttpCall, function: str, headers: dict[str, str], body: bytes
+    ) -> Reply:
+        if self.webhook_secret:
+            verify_signature(self.webhook_secret, body, headers)
+        payload = _object(body, '{"args": {"query": "..."}, "call": {"call_id": "..."}}')
+        name = payload.get("name")
+        if name is not None and name != function:
+            raise InvalidArgument(
+                f"the body names function {name!r} but the URL {function!r}: point the "
+                f"platform's {name!r} at /tools/{name}"
+            )
+        arguments, session_id = _tool_call(payload, headers)
+        call.check(
+            pb.InvokeToolRequest(name=function, arguments_json=arguments, session_id=session_id)
+        )
+        if function not in {fn.name for fn in self.toolbox.visible_functions()}:
+            known = ", ".join(fn.name for fn in self.toolbox.visible_functions()) or "none"
+            raise NotFound(f"no function {function!r} at /tools/: known: {known}")
+        result = await self.toolbox.invoke(self.engine, function, arguments, session_id)
+        extra = [(b"x-voxrecall-tool-error", b"true")] if result.is_error else []
+        return 200, result.output.encode(), extra
+
+
+def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str, str]:
+    """The arguments (as a JSON string) and the session id of a tool webhook's body."""
+    if "args" in payload:
+        arguments: Any = payload["args"]
+    elif "arguments" in payload:
+        arguments = payload["arguments"]
+    else:
+        arguments = {k: v for k, v in payload.items() if k not in TOOL_METADATA}
+    call_info = payload.get("call")
+    session_id = (
+        headers.get(SESSION_HEADER)
+        or _string(
+            call_info.get("call_id") if isinstance(call_info, dict) else None, "call.call_id"
+        )
+        or _string(payload.get("session_id"), "session_id")
+        or _string(payload.get("call_id"), "call_id")
+    )
+    text = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+    return text, session_id

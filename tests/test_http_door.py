@@ -1,0 +1,529 @@
+"""The HTTP door against a real sidecar on 127.0.0.1 port 0: the MCP SDK's own client, Vapi's
+knowledge-base requests, the signed tool webhook, health, limits and metrics.
+
+The scope cases that run against both doors are in tests/test_http_scopes.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx2
+import orjson
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from index.config import parse_config
+from index.embedders.base import Embedder
+from index.errors import ConfigError
+from sidecar import logs, sessions
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import Sidecar
+from tests.hardening_kit import (
+    TOKEN_A,
+    TOKEN_B,
+    build_store,
+    make_certs,
+    running,
+    sidecar_config,
+)
+from tests.test_metrics import scrape, value
+
+VAPI_SECRET = "vapi-secret-for-tests-0001"
+WEBHOOK_SECRET = "webhook-secret-for-tests-0001"
+AUTH = {
+    "token_env": "VOX_TEST_TOKEN",
+    "caller": [
+        {
+            "name": "billing-agent",
+            "token_env": "VOX_TEST_BILLING",
+            "knowledge_bases": ["billing"],
+            "functions": ["search_billing"],
+        }
+    ],
+}
+HTTP = {
+    "listen": "127.0.0.1:0",
+    "read_page_bases": ["help", "billing"],
+    "vapi_secret_env": "VOX_TEST_VAPI",
+    "webhook_secret_env": "VOX_TEST_WEBHOOK",
+    "max_body_bytes": 16 * 1024,
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) -> Path:
+    return build_store(tmp_path_factory.mktemp("http"), local_embedder)
+
+
+@pytest.fixture
+def secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOX_TEST_TOKEN", TOKEN_A)
+    monkeypatch.setenv("VOX_TEST_BILLING", TOKEN_B)
+    monkeypatch.setenv("VOX_TEST_VAPI", VAPI_SECRET)
+    monkeypatch.setenv("VOX_TEST_WEBHOOK", WEBHOOK_SECRET)
+
+
+@pytest.fixture
+async def sidecar(store: Path, local_embedder: Embedder, secrets: None) -> AsyncIterator[Sidecar]:
+    config = sidecar_config(store, auth=AUTH, http=HTTP, metrics_listen="127.0.0.1:0")
+    async with running(config, local_embedder) as sc:
+        yield sc
+
+
+def url(sc: Sidecar, path: str) -> str:
+    return f"http://127.0.0.1:{sc.http_port}{path}"
+
+
+def auth(token: str = TOKEN_A, **more: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}", **more}
+
+
+@asynccontextmanager
+async def mcp_session(sc: Sidecar, token: str = TOKEN_A) -> AsyncIterator[ClientSession]:
+    async with (
+        httpx2.AsyncClient(headers=auth(token)) as http,
+        streamable_http_client(url(sc, "/mcp"), http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def output(result: Any) -> dict[str, Any]:
+    body: dict[str, Any] = orjson.loads(result.content[0].text)
+    return body
+
+
+# -- MCP --------------------------------------------------------------------------------------
+
+
+async def test_the_sdk_client_lists_and_calls_every_tool_with_a_token(sidecar: Sidecar) -> None:
+    async with mcp_session(sidecar) as session:
+        listed = await session.list_tools()
+        assert [t.name for t in listed.tools] == ["search_help", "search_billing", "read_page"]
+        search_help = listed.tools[0]
+        assert search_help.input_schema["required"] == ["query"]  # ListTools' schema
+        assert "accounts" in (search_help.description or "")
+
+        found = await session.call_tool("search_help", {"query": "how do I reset my password"})
+        assert not found.is_error
+        assert output(found)["results"][0]["title"] == "Reset your password"
+        billing = await session.call_tool("search_billing", {"query": "when is my refund paid"})
+        assert not billing.is_error
+        assert output(billing)["results"][0]["title"] == "Refunds"
+        page = await session.call_tool(
+            "read_page", {"source_path": "password.md", "knowledge_base": "help"}
+        )
+        assert not page.is_error
+        assert "A link arrives by email" in output(page)["text"]
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "error_type"),
+    [
+        ("search_help", {"query": 5}, "invalid_arguments"),
+        ("search_help", {"query": ""}, "invalid_arguments"),
+        ("search_help", {"querry": "password"}, "filter_not_allowed"),
+        ("no_such_tool", {"query": "password"}, "unknown_function"),
+        ("read_page", {"source_path": "nope.md", "knowledge_base": "help"}, "not_found"),
+        ("read_page", {"source_path": "password.md", "knowledge_base": "x"}, "invalid_arguments"),
+    ],
+)
+async def test_a_models_mistake_is_a_tool_error_not_a_failed_request(
+    sidecar: Sidecar, name: str, arguments: dict[str, Any], error_type: str
+) -> None:
+    async with mcp_session(sidecar) as session:
+        result = await session.call_tool(name, arguments)
+    assert result.is_error
+    assert output(result)["error"]["type"] == error_type
+
+
+async def test_a_scoped_token_neither_sees_nor_calls_what_it_may_not(sidecar: Sidecar) -> None:
+    async with mcp_session(sidecar, TOKEN_B) as session:
+        listed = await session.list_tools()
+        assert [t.name for t in listed.tools] == ["search_billing", "read_page"]
+        assert listed.tools[1].input_schema["properties"].keys() == {"source_path", "source"}
+        refused = await session.call_tool("search_help", {"query": "reset password"})
+        assert refused.is_error
+        assert output(refused)["error"]["type"] == "permission_denied"
+        page = await session.call_tool(
+            "read_page", {"source_path": "password.md", "knowledge_base": "help"}
+        )
+        assert page.is_error
+        allowed = await session.call_tool("search_billing", {"query": "refund"})
+        assert not allowed.is_error
+
+
+async def test_mcp_without_a_token_is_401_with_a_json_error(sidecar: Sidecar) -> None:
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(url(sidecar, "/mcp"), json={"jsonrpc": "2.0", "id": 1})
+    assert reply.status_code == 401
+    assert reply.headers["www-authenticate"] == "Bearer"
+    assert "authorization: Bearer" in reply.json()["error"]["message"]
+
+
+async def test_a_base_with_no_snapshot_is_a_tool_error_and_not_ready(
+    tmp_path: Path, store: Path, local_embedder: Embedder
+) -> None:
+    config = parse_config(
+        {
+            "knowledge_base": [
+                {"name": "help", "source": [{"name": "p", "type": "markdown", "path": "p"}]}
+            ],
+            "function": [{"name": "search_help", "description": "Help.", "knowledge_base": "help"}],
+            "sidecar": {
+                "store": str(tmp_path / "empty"),
+                "listen": "127.0.0.1:0",
+                "http": {"listen": "127.0.0.1:0"},
+            },
+        },
+        base=tmp_path,
+    )
+    async with running(config, local_embedder) as sc:
+        async with mcp_session(sc) as session:
+            result = await session.call_tool("search_help", {"query": "password"})
+        assert result.is_error
+        assert output(result)["error"]["type"] == "unavailable"
+        async with httpx2.AsyncClient() as http:
+            ready = await http.get(url(sc, "/readyz"))
+            alive = await http.get(url(sc, "/healthz"))
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "not ready", "state": "LOADING", "waiting_for": ["help"]}
+    assert alive.status_code == 200
+
+
+async def test_tool_calls_join_the_mcp_sessions_context(sidecar: Sidecar) -> None:
+    seen: set[str] = set()
+
+    async def note(response: httpx2.Response) -> None:
+        seen.update(v for k, v in response.headers.items() if k == "mcp-session-id")
+
+    async with (
+        httpx2.AsyncClient(headers=auth(), event_hooks={"response": [note]}) as http,
+        streamable_http_client(url(sidecar, "/mcp"), http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        await session.call_tool("search_help", {"query": "how do I export my data"})
+        await session.call_tool("search_help", {"query": "how do I reset my password"})
+    (mcp_session_id,) = seen
+    sessions.owner.set("default")
+    session_state = sidecar.engine.sessions.peek(mcp_session_id)
+    assert session_state is not None
+    assert len(session_state.retained) == 2  # both calls' results: one retained context
+
+
+# -- Vapi -------------------------------------------------------------------------------------
+
+CALL_ID = "vapi-call-0001"
+GREETING = {"role": "assistant", "content": "Hi, this is Notes support. How can I help?"}
+
+
+def vapi_request(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The shape Vapi posts (its other call metadata trimmed to what matters here)."""
+    return {
+        "message": {
+            "type": "knowledge-base-request",
+            "timestamp": 1764600000000,
+            "messages": messages,
+            "messagesOpenAIFormatted": messages,
+            "call": {"id": CALL_ID, "orgId": "org-1", "type": "webCall"},
+        }
+    }
+
+
+async def vapi(sc: Sidecar, messages: list[dict[str, Any]], **headers: str) -> httpx2.Response:
+    async with httpx2.AsyncClient() as http:
+        return await http.post(
+            url(sc, "/vapi/knowledge-base"),
+            json=vapi_request(messages),
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET, **headers}),
+        )
+
+
+async def test_a_vapi_call_sequence_resolves_the_follow_up_and_feeds_each_message_once(
+    sidecar: Sidecar,
+) -> None:
+    first = [
+        {"role": "system", "content": "You are the support agent of Notes."},
+        GREETING,
+        {"role": "user", "content": "How do I export my data?"},
+    ]
+    reply = await vapi(sidecar, first)
+    assert reply.status_code == 200
+    docs = reply.json()["documents"]
+    assert docs[0]["content"].startswith("Export your data")
+    assert set(docs[0]) == {"content", "similarity", "uuid"}
+
+    second = [
+        *first,
+        {"role": "bot", "message": "Go to Settings, Privacy, Export: it builds a zip."},
+        {"role": "user", "content": "and how long does it take?"},
+    ]
+    reply = await vapi(sidecar, second)
+    assert reply.json()["documents"][0]["content"].startswith("Export your data")
+    again = await vapi(sidecar, second)  # a retry of the same request: the same answer
+    assert again.json()["documents"][0]["uuid"] == reply.json()["documents"][0]["uuid"]
+
+    sessions.owner.set("default")
+    session = sidecar.engine.sessions.peek(CALL_ID)
+    assert session is not None
+    assert session.turn_count == 4  # greeting, question, answer, follow-up: each once
+    assert [t.text for t in session.turns][-1] == "and how long does it take?"
+
+
+async def test_a_long_agent_message_is_fed_cut_not_refused(sidecar: Sidecar) -> None:
+    rambling = {"role": "assistant", "content": "Thanks for calling, I am glad to help. " * 200}
+    question = {"role": "user", "content": "How do I reset my password?"}
+    async with httpx2.AsyncClient() as http:
+        body = vapi_request([rambling, question])
+        body["message"]["call"]["id"] = "vapi-call-long"
+        reply = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            json=body,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+    assert reply.status_code == 200
+    assert reply.json()["documents"][0]["content"].startswith("Reset your password")
+
+
+@pytest.mark.parametrize("secret", ["", "wrong-secret-0000000000"])
+async def test_vapi_without_the_shared_secret_is_refused(sidecar: Sidecar, secret: str) -> None:
+    reply = await vapi(sidecar, [{"role": "user", "content": "reset"}], **{"x-vapi-secret": secret})
+    assert reply.status_code == 401
+    assert "X-Vapi-Secret" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"{not json", "not JSON"),
+        (b'{"message": {"type": "status-update"}}', "knowledge-base-request"),
+        (b'{"message": {"type": "knowledge-base-request", "messages": []}}', "call.id"),
+    ],
+)
+async def test_a_bad_vapi_body_is_a_400_saying_what_to_send(
+    sidecar: Sidecar, body: bytes, says: str
+) -> None:
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            content=body,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
+    assert says in reply.json()["error"]["message"]
+
+
+# -- the tool webhook -------------------------------------------------------------------------
+
+
+def signed(body: bytes, secret: str = WEBHOOK_SECRET) -> dict[str, str]:
+    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return {"x-voxrecall-signature": f"sha256={digest}"}
+
+
+def retell_signed(body: bytes, secret: str = WEBHOOK_SECRET, age_ms: int = 0) -> dict[str, str]:
+    stamp = str(int(time.time() * 1000) - age_ms)
+    digest = hmac.new(secret.encode(), body + stamp.encode(), hashlib.sha256).hexdigest()
+    return {"x-retell-signature": f"v={stamp},d={digest}"}
+
+
+RETELL_BODY = orjson.dumps(
+    {
+        "name": "search_help",
+        "args": {"query": "how do I reset my password"},
+        "call": {"call_id": "retell-call-1", "agent_id": "agent-1"},
+    }
+)
+
+
+async def post_tool(
+    sc: Sidecar, body: bytes, headers: dict[str, str], function: str = "search_help"
+) -> httpx2.Response:
+    async with httpx2.AsyncClient() as http:
+        return await http.post(
+            url(sc, f"/tools/{function}"), content=body, headers={**auth(), **headers}
+        )
+
+
+@pytest.mark.parametrize("sign", [signed, retell_signed])
+async def test_a_signed_tool_call_returns_the_functions_output(sidecar: Sidecar, sign: Any) -> None:
+    reply = await post_tool(sidecar, RETELL_BODY, sign(RETELL_BODY))
+    assert reply.status_code == 200
+    assert reply.json()["results"][0]["title"] == "Reset your password"
+    assert "x-voxrecall-tool-error" not in reply.headers
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        signed(RETELL_BODY, "another-secret-000000000"),
+        signed(RETELL_BODY + b" "),
+        retell_signed(RETELL_BODY, age_ms=10 * 60 * 1000),
+        {"x-retell-signature": "v=1,d=zz"},
+    ],
+    ids=["unsigned", "other-secret", "other-body", "stale-retell", "malformed-retell"],
+)
+async def test_an_unsigned_or_badly_signed_tool_call_is_refused(
+    sidecar: Sidecar, headers: dict[str, str]
+) -> None:
+    reply = await post_tool(sidecar, RETELL_BODY, headers)
+    assert reply.status_code == 401
+    assert reply.json()["error"]["code"] == "UNAUTHENTICATED"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"arguments": '{"query": "how do I reset my password"}', "session_id": "s-1"},
+        {"query": "how do I reset my password", "session_id": "conv-1"},  # ElevenLabs' flat body
+    ],
+)
+async def test_the_tool_webhook_takes_each_platforms_shape(
+    sidecar: Sidecar, payload: dict[str, Any]
+) -> None:
+    body = orjson.dumps(payload)
+    reply = await post_tool(sidecar, body, signed(body))
+    assert reply.status_code == 200
+    assert reply.json()["results"][0]["title"] == "Reset your password"
+
+
+async def test_tool_webhook_mistakes_are_outputs_and_bad_requests_are_4xx(
+    sidecar: Sidecar,
+) -> None:
+    empty = orjson.dumps({"args": {"query": ""}})
+    mistake = await post_tool(sidecar, empty, signed(empty))
+    assert mistake.status_code == 200  # the model reads it and corrects itself
+    assert mistake.headers["x-voxrecall-tool-error"] == "true"
+    assert mistake.json()["error"]["type"] == "invalid_arguments"
+
+    body = orjson.dumps({"args": {"query": "x"}})
+    unknown = await post_tool(sidecar, body, signed(body), function="search_nothing")
+    assert unknown.status_code == 404
+    assert "search_help" in unknown.json()["error"]["message"]
+    other = orjson.dumps({"name": "search_billing", "args": {"query": "x"}})
+    mismatch = await post_tool(sidecar, other, signed(other))
+    assert mismatch.status_code == 400
+    assert "/tools/search_billing" in mismatch.json()["error"]["message"]
+    scoped = await post_tool(sidecar, body, {**signed(body), **auth(TOKEN_B)})
+    assert scoped.status_code == 403
+    assert scoped.json()["error"]["code"] == "PERMISSION_DENIED"
+
+
+# -- limits, methods, metrics -----------------------------------------------------------------
+
+
+async def test_a_body_over_the_byte_limit_is_413_before_it_is_read(sidecar: Sidecar) -> None:
+    big = orjson.dumps({"args": {"query": "x" * 20_000}})
+    reply = await post_tool(sidecar, big, signed(big))
+    assert reply.status_code == 413
+    assert "max_body_bytes" in reply.json()["error"]["message"]
+    async with httpx2.AsyncClient() as http:
+        wrong = await http.get(url(sidecar, "/tools/search_help"), headers=auth())
+        nowhere = await http.get(url(sidecar, "/nowhere"))
+    assert wrong.status_code == 405
+    assert nowhere.status_code == 404
+    assert "/vapi/knowledge-base" in nowhere.json()["error"]["message"]
+
+
+async def test_http_calls_are_counted_by_door(sidecar: Sidecar) -> None:
+    await post_tool(sidecar, RETELL_BODY, signed(RETELL_BODY))
+    await post_tool(sidecar, RETELL_BODY, {})
+    async with mcp_session(sidecar) as session:
+        await session.call_tool("search_help", {"query": "password"})
+    m = scrape(sidecar.metrics_port)
+    assert value(m, "voxrecall_rpcs_total", door="http", method="Tool", code="OK") == 1
+    assert value(m, "voxrecall_rpcs_total", door="http", method="Tool", code="UNAUTHENTICATED") == 1
+    assert value(m, "voxrecall_rpcs_total", door="http", method="MCP tools/call", code="OK") == 1
+
+
+async def test_the_concurrency_limit_counts_both_doors(
+    store: Path, local_embedder: Embedder
+) -> None:
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0"}, max_streams=1)
+    async with (
+        running(config, local_embedder) as sc,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel,
+    ):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        stream = stub.Converse()
+        turn = pb.TurnRequest(session_id="c", text="reset my password", is_final=True)
+        await stream.write(pb.ConverseRequest(turn=turn))
+        await stream.read()  # the stream holds the one stream slot now
+        async with httpx2.AsyncClient() as http:  # an MCP event stream is a stream too
+            reply = await http.get(url(sc, "/mcp"), headers={"accept": "text/event-stream"})
+        await stream.done_writing()
+    assert reply.status_code == 429
+    assert "max_streams" in reply.json()["error"]["message"]
+
+
+def test_the_http_config_refuses_secrets_in_the_file_and_bad_values(tmp_path: Path) -> None:
+    def parse(http: dict[str, Any]) -> None:
+        sidecar_config(tmp_path, http=http)
+
+    with pytest.raises(ConfigError, match="never goes in the file"):
+        parse({"vapi_secret": "x"})
+    with pytest.raises(ConfigError, match="host:port"):
+        parse({"listen": "8080"})
+    with pytest.raises(ConfigError, match="max_body_bytes"):
+        parse({"max_body_bytes": 10})
+    with pytest.raises(ConfigError, match="not configured"):
+        parse({"read_page_bases": ["nope"]})
+
+
+async def test_the_http_door_speaks_mutual_tls_from_the_same_files(
+    tmp_path: Path, store: Path, local_embedder: Embedder
+) -> None:
+    certs = make_certs(tmp_path / "certs")
+    tls = {
+        "cert_file": str(certs / "server.pem"),
+        "key_file": str(certs / "server.key"),
+        "client_ca_file": str(certs / "ca.pem"),
+    }
+    config = sidecar_config(store, tls=tls, http={"listen": "127.0.0.1:0"})
+    async with running(config, local_embedder) as sc:
+        base = f"https://127.0.0.1:{sc.http_port}"
+        trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        with_cert = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        with_cert.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
+        async with httpx2.AsyncClient(verify=with_cert) as http:
+            assert (await http.get(f"{base}/readyz")).status_code == 200
+        async with httpx2.AsyncClient(verify=trusted) as http:  # no client certificate
+            with pytest.raises(httpx2.TransportError):
+                await http.get(f"{base}/readyz")
+        async with httpx2.AsyncClient() as http:  # plaintext to a TLS port
+            with pytest.raises(httpx2.TransportError):
+                await http.get(f"http://127.0.0.1:{sc.http_port}/readyz")
+
+
+async def test_http_calls_log_their_door(sidecar: Sidecar) -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers)
+    logs.configure("DEBUG", "json", stream=stream)
+    try:
+        await post_tool(sidecar, RETELL_BODY, signed(RETELL_BODY))
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+    lines = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    ended = [line for line in lines if line.get("msg", "").startswith("Tool OK")]
+    assert ended
+    assert ended[0]["door"] == "http"
+    assert ended[0]["method"] == "Tool"

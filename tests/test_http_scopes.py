@@ -1,0 +1,158 @@
+"""One suite of scope cases, run against every door: gRPC, MCP over HTTP, and the webhooks.
+
+Each case is a token and something it tries to reach (a function, a page, a base); the answer
+(reached or refused) must be the same through every door that offers a way to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import httpx2
+import orjson
+import pytest
+import pytest_asyncio
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from index.embedders.base import Embedder
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import Sidecar
+from tests.hardening_kit import TOKEN_A, TOKEN_B, bearer, build_store, running, sidecar_config
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+AUTH = {
+    "token_env": "VOX_SCOPE_TOKEN",
+    "caller": [
+        {
+            "name": "billing-agent",
+            "token_env": "VOX_SCOPE_BILLING",
+            "knowledge_bases": ["billing"],
+            "functions": ["search_billing"],
+        }
+    ],
+}
+SECRET = "scope-webhook-secret-0001"
+HTTP = {
+    "listen": "127.0.0.1:0",
+    "read_page_bases": ["help", "billing"],
+    "webhook_secret_env": "VOX_SCOPE_WEBHOOK",
+}
+# (token, kind, target, reached)
+CASES = [
+    (TOKEN_A, "function", "search_help", True),
+    (TOKEN_A, "function", "search_billing", True),
+    (TOKEN_A, "page", "help/password.md", True),
+    (TOKEN_A, "base", "help", True),
+    (TOKEN_B, "function", "search_help", False),
+    (TOKEN_B, "function", "search_billing", True),
+    (TOKEN_B, "page", "help/password.md", False),
+    (TOKEN_B, "page", "billing/refunds.md", True),
+    (TOKEN_B, "base", "help", False),
+]
+# the kinds each door has a way to
+DOORS = {"grpc": {"function", "page", "base"}, "mcp": {"function", "page"}, "webhooks": {"function", "base"}}  # fmt: skip
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def sidecar(
+    tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder
+) -> AsyncIterator[Sidecar]:
+    root = build_store(tmp_path_factory.mktemp("scopes"), local_embedder)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VOX_SCOPE_TOKEN", TOKEN_A)
+        env.setenv("VOX_SCOPE_BILLING", TOKEN_B)
+        env.setenv("VOX_SCOPE_WEBHOOK", SECRET)
+        config = sidecar_config(Path(root), auth=AUTH, http=HTTP)
+    async with running(config, local_embedder) as sc:
+        yield sc
+
+
+async def through_grpc(sc: Sidecar, token: str, kind: str, target: str) -> bool:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        md = bearer(token)
+        try:
+            if kind == "function":
+                request = pb.InvokeToolRequest(name=target, arguments_json='{"query": "refund"}')
+                return not (await stub.InvokeTool(request, metadata=md)).is_error
+            if kind == "page":
+                kb, _, path = target.partition("/")
+                await stub.ReadPage(
+                    pb.ReadPageRequest(knowledge_base=kb, source_path=path), metadata=md
+                )
+                return True
+            turn = pb.TurnRequest(
+                session_id="s", text="reset", knowledge_base=target, is_final=True
+            )
+            await stub.Turn(turn, metadata=md)
+            return True
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is not grpc.StatusCode.PERMISSION_DENIED:
+                raise
+            return False
+
+
+@asynccontextmanager
+async def mcp(sc: Sidecar, token: str) -> AsyncIterator[ClientSession]:
+    async with (
+        httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}) as http,
+        streamable_http_client(f"http://127.0.0.1:{sc.http_port}/mcp", http_client=http) as (r, w),
+        ClientSession(r, w) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def through_mcp(sc: Sidecar, token: str, kind: str, target: str) -> bool:
+    async with mcp(sc, token) as session:
+        listed = {t.name for t in (await session.list_tools()).tools}
+        if kind == "function":
+            result = await session.call_tool(target, {"query": "refund"})
+            assert (target in listed) is not result.is_error  # listed exactly when callable
+        else:
+            kb, _, path = target.partition("/")
+            result = await session.call_tool(
+                "read_page", {"source_path": path, "knowledge_base": kb}
+            )
+    if result.is_error:
+        error = orjson.loads(result.content[0].text)["error"]
+        assert error["type"] in ("permission_denied", "invalid_arguments"), error
+    return not result.is_error
+
+
+async def through_webhooks(sc: Sidecar, token: str, kind: str, target: str) -> bool:
+    if kind == "function":
+        path, body = f"/tools/{target}", orjson.dumps({"args": {"query": "refund"}})
+    else:
+        message = {"type": "knowledge-base-request", "call": {"id": "c1"},
+                   "messages": [{"role": "user", "content": "reset my password"}]}  # fmt: skip
+        path, body = "/vapi/knowledge-base", orjson.dumps({"message": message})
+    signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    headers = {"authorization": f"Bearer {token}", "x-voxrecall-signature": f"sha256={signature}"}
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(
+            f"http://127.0.0.1:{sc.http_port}{path}", content=body, headers=headers
+        )
+    assert reply.status_code in (200, 403), reply.text
+    return reply.status_code == 200
+
+
+THROUGH = {"grpc": through_grpc, "mcp": through_mcp, "webhooks": through_webhooks}
+
+
+@pytest.mark.parametrize(
+    ("door", "token", "kind", "target", "reached"),
+    [(door, *case) for door, kinds in DOORS.items() for case in CASES if case[1] in kinds],
+)
+async def test_a_token_reaches_the_same_things_through_every_door(
+    sidecar: Sidecar, door: str, token: str, kind: str, target: str, reached: bool
+) -> None:
+    assert await THROUGH[door](sidecar, token, kind, target) is reached
