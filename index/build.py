@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from index.chunker import ChunkOptions, chunk_page
 from index.config import Config, KnowledgeBaseConfig
@@ -192,6 +193,10 @@ def build_knowledge_base(
     for chunk in chunks:
         content.update(text_key(embedder.info, chunk.embed_text).encode())
         content.update(chunk.chunk_id.encode())
+    # a filter must see a changed plan_scope at once: the filterable values count as content
+    if kb.filterable:
+        filtered = [_filtered(c, kb.filterable) for c in chunks]
+        content.update(orjson.dumps([kb.filterable, filtered]))
     content_hash = content.hexdigest()
     published = store.latest(kb.name)
     if (
@@ -222,11 +227,16 @@ def build_knowledge_base(
             target_recall=kb.hnsw.target_recall,
             sources=[s.name for s in kb.sources],
             extra={"content_hash": content_hash},
+            filterable=kb.filterable,
         )
         store.publish(kb.name, staging, version, keep=config.index.keep_versions)
     summary.version = version
     summary.published = True
     return summary
+
+
+def _filtered(chunk: Chunk, filterable: tuple[str, ...]) -> list[object]:
+    return [chunk.metadata.get(name) for name in filterable]
 
 
 def _content_hash(store: LocalStore, kb: str) -> str | None:
