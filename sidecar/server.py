@@ -17,13 +17,14 @@ from index.embedders import Embedder
 from index.embedders.factory import make_embedder
 from index.store import SnapshotStore, open_store
 from sidecar import tls
-from sidecar.engine import Engine
+from sidecar.engine import BasePolicy, Engine
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.guards import Guards
 from sidecar.holder import SnapshotHolder
 from sidecar.lifecycle import Lifecycle, State
 from sidecar.refresh import Refresher
+from sidecar.rerank import Reranker
 from sidecar.service import RetrievalService
 from sidecar.sessions import SessionStore
 from sidecar.skip import SkipPolicy
@@ -134,6 +135,19 @@ def sidecar_store(config: Config) -> SnapshotStore:
     )
 
 
+def base_policies(config: Config) -> dict[str, BasePolicy]:
+    """Each configured base's fallback, instructions and rerank stage (one policy for Turn,
+    Search and the knowledge tools)."""
+    return {
+        kb.name: BasePolicy(
+            fallback=kb.fallback,
+            instructions=kb.instructions,
+            reranker=Reranker(kb.rerank) if kb.rerank is not None else None,
+        )
+        for kb in config.knowledge_bases
+    }
+
+
 def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]:
     """The configured bases, or, for a config that names none, those already in the store."""
     if config.knowledge_bases:
@@ -172,6 +186,7 @@ async def create_server(
         max_bytes=sc.session_memory_bytes,
         quotas={c.name: (c.max_sessions, c.session_memory_bytes) for c in sc.auth.callers},
     )
+    policies = base_policies(config)
     engine = Engine(
         config.sidecar,
         embedder,
@@ -182,6 +197,7 @@ async def create_server(
         hybrid_bases=frozenset(kb.name for kb in config.knowledge_bases if kb.hybrid),
         default_knowledge_base=config.default_knowledge_base
         or (min(names) if len(names) == 1 else ""),
+        policies=policies,
     )
     guards = Guards.build(config, engine, holder, lifecycle)
     # Port sharing only between the workers of one sidecar: otherwise a second sidecar started
@@ -193,7 +209,7 @@ async def create_server(
     )
     health = HealthServicer()
     pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]
-        RetrievalService(engine, holder, lifecycle, Toolbox.from_config(config)), server
+        RetrievalService(engine, holder, lifecycle, Toolbox.from_config(config, policies)), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
