@@ -10,12 +10,13 @@ pass a chunk whose page path is under a prefix ending in ``/``, matches a glob (
 event loop) and swapped with it; it turns a request's filters into an ``Allowed`` mask, cached
 within a byte bound, and ``search`` finds the top k among the allowed chunks:
 
-    share allowed >= OVERFETCH_MIN_SHARE   over-fetch from the shared graph, drop the rest
-    a value partition covers the filter   exact search over that value's copy of the vectors
-    otherwise                             exact search over the allowed vectors, read from the graph
+    small value partitions cover it       exact search over those values' copies of the vectors
+    a few hundred chunks allowed          exact search over the allowed vectors, read from the
+                                          hnswlib file memory-mapped (``hnsw_file.vector_rows``)
+    otherwise                             over-fetch from the shared graph, drop the rest
 
 Each way ends in exact search over the allowed chunks when too few survived, so a filter never
-loses a result the graph missed (``python -m bench.metadata_filter`` measures all three).
+loses a result the graph missed (``python -m bench.metadata_filter`` measures them).
 """
 
 from __future__ import annotations
@@ -39,12 +40,17 @@ FILTERS = "filters.json"
 # shared graph (about 1 / share x k candidates suffice); below it, by exact search.
 OVERFETCH_MIN_SHARE = 0.5
 OVERFETCH_FACTOR = 3  # candidates fetched per expected survivor, for the luck of the draw
-# A value's exact-search copy is kept when it has at most this many chunks: 20,000 x 384 is
-# ~1-2 ms on one thread, about what an hnswlib query over a few hundred thousand vectors costs.
-PARTITION_MAX_ROWS = 20_000
 # The copies together hold at most this many times the snapshot's vectors (list-valued fields
 # put a chunk under several values); the values with the fewest chunks are copied first.
 PARTITION_COPIES = 2.0
+# Exact search's cost grows with the rows it reads, the graph's with the candidates fetched. On
+# 20,000 x 384 (bench.metadata_filter): a partition (a contiguous copy) of 1,974 rows 0.13 ms,
+# of 6,667 rows 1.6 ms; rows gathered from the memory-mapped file ~1 us each (217: 0.08 ms,
+# 3,357: 3.5 ms); fetching 189 candidates from the graph 0.38 ms, 10 of them 0.15 ms. So
+# partitions are kept and searched up to EXACT_MAX_ROWS, the file read up to GATHER_MAX_ROWS,
+# and the graph serves the rest.
+EXACT_MAX_ROWS = 4096
+GATHER_MAX_ROWS = 256
 # What the masks of recent filters may hold, in bytes (one byte per chunk each): a caller's
 # filters repeat from turn to turn, and a mask over 100k chunks takes ~0.1 ms to build.
 MASK_CACHE_BYTES = 16 * 1024 * 1024
@@ -81,10 +87,14 @@ class FilterIndex:
         fields: Mapping[str, Mapping[str, Labels]],
         chunks: Sequence[Chunk],
         partitions: Mapping[tuple[str, str], Partition] | None = None,
+        vectors: tuple[npt.NDArray[np.float32], Labels] | None = None,
     ) -> None:
+        """``vectors``: the snapshot's vectors and each label's row in them, for exact search
+        (``hnsw_file.vector_rows``); without them it reads hnswlib's, slowly."""
         self.fields = fields
         self.n = len(chunks)
         self.partitions = dict(partitions or {})
+        self.vectors = vectors
         by_path: dict[str, list[int]] = {}
         for label, chunk in enumerate(chunks):
             by_path.setdefault(chunk.source_path, []).append(label)
@@ -186,7 +196,7 @@ class FilterIndex:
             if not parts or any(p is None for p in parts):
                 continue
             rows = sum(p.size for p in parts if p is not None)
-            if rows < best_rows:
+            if rows < best_rows and rows <= EXACT_MAX_ROWS:
                 best, best_rows = tuple(p for p in parts if p is not None), rows
         return best
 
@@ -243,15 +253,18 @@ def _labels(raw: object, n: int, where: str) -> Labels:
 
 
 def build_partitions(
-    index: hnswlib.Index, fields: Mapping[str, Mapping[str, Labels]], n: int
+    vectors: tuple[npt.NDArray[np.float32], Labels],
+    fields: Mapping[str, Mapping[str, Labels]],
+    n: int,
 ) -> dict[tuple[str, str], Partition]:
-    """Exact-search copies of the selective values' vectors, fewest chunks first, within
-    PARTITION_COPIES times the snapshot's vectors."""
+    """Exact-search copies of the selective values' vectors (at most EXACT_MAX_ROWS each),
+    fewest chunks first, within PARTITION_COPIES times the snapshot's vectors."""
+    table, rows = vectors
     wanted = sorted(
         (labels.size, name, value)
         for name, values in fields.items()
         for value, labels in values.items()
-        if labels.size <= PARTITION_MAX_ROWS and labels.size < n * OVERFETCH_MIN_SHARE
+        if labels.size <= EXACT_MAX_ROWS and labels.size < n * OVERFETCH_MIN_SHARE
     )
     out: dict[tuple[str, str], Partition] = {}
     budget = int(n * PARTITION_COPIES)
@@ -260,10 +273,10 @@ def build_partitions(
             break
         budget -= size
         labels = fields[name][value]
-        vectors = np.asarray(index.get_items(labels, return_type="numpy"), dtype=np.float32)
-        brute = hnswlib.BFIndex(space="ip", dim=vectors.shape[1])
+        copy = np.ascontiguousarray(table[rows[labels]], dtype=np.float32)
+        brute = hnswlib.BFIndex(space="ip", dim=copy.shape[1])
         brute.init_index(max_elements=size)
-        brute.add_items(vectors, labels)
+        brute.add_items(copy, labels)
         out[(name, value)] = Partition(index=brute, size=size)
     return out
 
@@ -272,22 +285,23 @@ def build_partitions(
 
 
 def search(
-    index: hnswlib.Index, n: int, vector: npt.NDArray[np.float32], k: int, allowed: Allowed
-) -> Ranked:
+    index: hnswlib.Index, filters: FilterIndex, vector: npt.NDArray[np.float32], k: int,
+    allowed: Allowed,
+) -> Ranked:  # fmt: skip
     """The top k allowed chunks by cosine, best first (see the module docstring)."""
-    if allowed.count == 0 or k <= 0:
+    n = filters.n
+    if allowed.count == 0 or k <= 0 or n == 0:
         return []
     want = min(k, allowed.count)
-    if allowed.count / n >= OVERFETCH_MIN_SHARE:
+    hits: Ranked = []
+    if allowed.partitions:
+        hits = _from_partitions(vector, k, allowed)
+    elif allowed.count > GATHER_MAX_ROWS:
         fetch = min(n, int(k * n / allowed.count * OVERFETCH_FACTOR) + k)
         hits = [(label, s) for label, s in _knn(index, vector, fetch) if allowed.mask[label]]
-    elif allowed.partitions:
-        hits = _from_partitions(vector, k, allowed)
-    else:
-        hits = []
     if len(hits) >= want:
         return hits[:k]
-    return _exact(index, vector, k, np.flatnonzero(allowed.mask).astype(np.int64))
+    return _exact(index, filters, vector, k, np.flatnonzero(allowed.mask).astype(np.int64))
 
 
 def _knn(index: hnswlib.Index, vector: npt.NDArray[np.float32], k: int) -> Ranked:
@@ -310,8 +324,18 @@ def _from_partitions(vector: npt.NDArray[np.float32], k: int, allowed: Allowed) 
     return sorted(found.items(), key=lambda hit: (-hit[1], hit[0]))
 
 
-def _exact(index: hnswlib.Index, vector: npt.NDArray[np.float32], k: int, labels: Labels) -> Ranked:
-    vectors = np.asarray(index.get_items(labels, return_type="numpy"), dtype=np.float32)
+def _exact(
+    index: hnswlib.Index,
+    filters: FilterIndex,
+    vector: npt.NDArray[np.float32],
+    k: int,
+    labels: Labels,
+) -> Ranked:
+    if filters.vectors is not None:
+        table, rows = filters.vectors
+        vectors = np.asarray(table[rows[labels]], dtype=np.float32)
+    else:
+        vectors = np.asarray(index.get_items(labels, return_type="numpy"), dtype=np.float32)
     scores = np.einsum("ij,j->i", vectors, vector.ravel())  # one thread, unlike a BLAS product
     keep = np.argpartition(-scores, k - 1)[:k] if scores.size > k else np.arange(scores.size)
     order = keep[np.argsort(-scores[keep], kind="stable")]

@@ -36,7 +36,7 @@ from index.embedders.base import EmbedderInfo, Vectors
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters
 from index.filters import build_partitions as build_value_partitions
-from index.hnsw_file import MAX_M, check_hnsw_file
+from index.hnsw_file import MAX_M, check_hnsw_file, vector_rows
 from index.lexical import LexicalIndex
 from index.types import Chunk
 
@@ -655,7 +655,7 @@ def load_snapshot(
     source_of = np.fromiter((position[c.source] for c in chunks), dtype=np.int32, count=len(chunks))
     try:
         partitions = build_partitions(index, source_of, len(names))
-        filters = load_filters(folder, manifest, index, chunks)
+        filters = load_filters(folder, manifest, chunks)
     except (RuntimeError, ValueError) as exc:
         raise CorruptSnapshot(f"{folder}: cannot read vectors back: {exc}") from exc
     return LoadedSnapshot(
@@ -672,9 +672,7 @@ def load_snapshot(
     )
 
 
-def load_filters(
-    folder: Path, manifest: Manifest, index: hnswlib.Index, chunks: Sequence[Chunk]
-) -> FilterIndex:
+def load_filters(folder: Path, manifest: Manifest, chunks: Sequence[Chunk]) -> FilterIndex:
     """The filter index: the fields of ``filters.json`` when the manifest lists one (a
     snapshot built before filters, or without ``filterable``, has none) and the pages."""
     if FILTERS not in manifest.files:
@@ -685,5 +683,9 @@ def load_filters(
         raise CorruptSnapshot(f"{folder}: cannot read {FILTERS}: {exc}") from exc
     except ValueError as exc:
         raise CorruptSnapshot(str(exc)) from exc
-    partitions = build_value_partitions(index, fields, len(chunks)) if chunks else {}
-    return FilterIndex(fields, chunks, partitions)
+    if not chunks:
+        return FilterIndex(fields, chunks)
+    dim = manifest.embedder.dimension
+    vectors = vector_rows(folder / VECTORS, count=len(chunks), dimension=dim)
+    partitions = build_value_partitions(vectors, fields, len(chunks))
+    return FilterIndex(fields, chunks, partitions, vectors)

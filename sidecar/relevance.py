@@ -150,7 +150,7 @@ def _dense(snapshot: LoadedSnapshot, q: Query, depth: int) -> Ranked:
     assert q.vector is not None
     if q.allowed is None:
         return snapshot.search_dense(q.vector, depth, q.sources)
-    return search_allowed(snapshot.index, len(snapshot.chunks), q.vector, depth, q.allowed)
+    return search_allowed(snapshot.index, snapshot.filters, q.vector, depth, q.allowed)
 
 
 def _score_both(

@@ -144,7 +144,7 @@ def test_filtered_search_finds_the_exact_filtered_top_10(
     queries = _clustered(30, vectors.shape[1], 9)
     recall = []
     for q in queries:
-        found = search(snapshot.index, len(snapshot.chunks), q, 10, allowed)
+        found = search(snapshot.index, snapshot.filters, q, 10, allowed)
         assert all(allowed.mask[label] for label, _ in found)
         assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
         exact = labels[np.argsort(-(vectors[labels] @ q), kind="stable")[:10]]
