@@ -1,6 +1,8 @@
 """``python -m bench SUITE [--quick] [--out DIR]``: run a suite, write DIR/SUITE.json, print a table.
 
-SUITE is ``search``, ``turn``, ``quality``, ``scale`` or ``all``; ``fuzz_snapshot [--seconds S]``
+SUITE is ``search``, ``turn``, ``quality``, ``scale``, ``filters`` (metadata filters at 50/10/1%
+selectivity, ``bench/metadata_filter.py``), ``policy`` (Turn and InvokeTool agree,
+``bench/policy_agreement.py``) or ``all``; ``fuzz_snapshot [--seconds S]``
 fuzzes the snapshot loader in child processes (``bench/fuzz_snapshot.py``; not part of ``all``). ``--quick`` is the smoke mode
 CI runs: small sizes, no optional peer, a couple of minutes a suite on two cores; it checks that
 a suite still runs, never a timing. ``turn`` and ``quality`` call the entry points of
@@ -34,7 +36,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-SUITES = ("search", "turn", "quality", "scale")
+SUITES = ("search", "turn", "quality", "scale", "filters", "policy")
 
 
 def machine() -> dict[str, Any]:
@@ -137,6 +139,14 @@ def run_suite(name: str, args: argparse.Namespace) -> dict[str, Any]:
         return scale.run(args.quick, sizes=sizes)
     if name == "turn":
         return run_turn(args.quick)
+    if name == "filters":
+        from bench import metadata_filter
+
+        return metadata_filter.run(args.quick)
+    if name == "policy":
+        from bench import policy_agreement
+
+        return {"suite": "policy", **_call(policy_agreement.run, args.quick)}
     if name == "fuzz_snapshot":
         from bench import fuzz_snapshot
 
