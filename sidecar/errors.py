@@ -7,6 +7,8 @@
     │   └── SnapshotNotFound               -> UNAVAILABLE, the message says what to run
     └── RequestError
         ├── InvalidArgument                -> INVALID_ARGUMENT
+        │   └── FilterRefused              a filter or path the snapshot cannot apply (a
+        │                                  knowledge tool answers it as an error output)
         ├── NotFound                       -> NOT_FOUND
         ├── Unavailable                    -> UNAVAILABLE
         ├── ResourceExhausted              -> RESOURCE_EXHAUSTED
@@ -36,6 +38,11 @@ class RequestError(VoxrecallError):
 
 class InvalidArgument(RequestError):
     pass
+
+
+class FilterRefused(InvalidArgument):
+    """Filters or source_paths that cannot be applied: too many, empty, or on a field the
+    serving snapshot did not index."""
 
 
 class NotFound(RequestError):

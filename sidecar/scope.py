@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
 from index.types import MetadataFilter
-from sidecar.errors import InvalidArgument
+from sidecar.errors import FilterRefused
 
 # The current call's caller's filters ([sidecar.auth.caller] filters); empty without auth.
 caller_filters: ContextVar[tuple[MetadataFilter, ...]] = ContextVar("caller_filters", default=())
@@ -34,18 +34,18 @@ def check(filters: Sequence[MetadataFilter], source_paths: Sequence[str]) -> Non
     """A request's filters and paths, as written: INVALID_ARGUMENT saying what to change.
     (The interceptor already bounds every string in bytes: ``sidecar.limits``.)"""
     if len(filters) > MAX_FILTERS:
-        raise InvalidArgument(f"{len(filters)} filters; the limit is {MAX_FILTERS}")
+        raise FilterRefused(f"{len(filters)} filters; the limit is {MAX_FILTERS}")
     for i, f in enumerate(filters):
         if not f.field:
-            raise InvalidArgument(f"filters[{i}].field is empty: name a filterable field")
+            raise FilterRefused(f"filters[{i}].field is empty: name a filterable field")
         if not f.any_of or not all(f.any_of):
-            raise InvalidArgument(
+            raise FilterRefused(
                 f"filters[{i}] ({f.field!r}) needs any_of: one or more non-empty values"
             )
     if len(source_paths) > MAX_SOURCE_PATHS:
-        raise InvalidArgument(f"{len(source_paths)} source_paths; the limit is {MAX_SOURCE_PATHS}")
+        raise FilterRefused(f"{len(source_paths)} source_paths; the limit is {MAX_SOURCE_PATHS}")
     if not all(source_paths):
-        raise InvalidArgument(
+        raise FilterRefused(
             'a source_paths entry is empty: give a prefix ending in "/", a glob, or a path'
         )
 
@@ -64,7 +64,7 @@ def resolve(
     unknown = snapshot.filters.unknown(every)
     if unknown:
         known = ", ".join(sorted(snapshot.filters.fields)) or "none"
-        raise InvalidArgument(
+        raise FilterRefused(
             f"knowledge base {kb!r} cannot filter on {', '.join(map(repr, unknown))} (its "
             f"filterable fields: {known}): add them to its [[knowledge_base]] filterable and "
             "rebuild"

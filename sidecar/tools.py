@@ -39,7 +39,7 @@ from index.filters import Allowed
 from index.snapshot import LoadedSnapshot, page_key
 from index.types import MetadataFilter
 from sidecar.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
-from sidecar.errors import InvalidArgument, NotFound
+from sidecar.errors import FilterRefused, InvalidArgument, NotFound
 from sidecar.limits import utf8_size
 from sidecar.sessions import Hit
 
@@ -482,7 +482,7 @@ class Toolbox:
                 "the knowledge base cannot be searched right now; tell the caller you cannot "
                 "look it up at the moment",
             )
-        except InvalidArgument as exc:  # a filter or path the snapshot cannot apply
+        except FilterRefused as exc:  # a filter or path the snapshot cannot apply
             return self._error(INVALID_ARGUMENTS, str(exc))
         fallback = fn.policy.fallback if not result.hits else ""
         output = format_results(result.hits, self.max_chars, fn.policy.fallback)
