@@ -419,10 +419,47 @@ async def run(quick: bool) -> dict[str, Any]:
     }
 
 
+# The rerank stage alone: a budget no embedding misses, the two sidecars taking turns, so that
+# load from elsewhere falls on both alike (the difference of each round's p50s is the cost).
+RERANK_ROUNDS = 3
+RERANK_PAIR = (
+    Scenario("plain_1000", "local", 1000, converse=False),
+    Scenario("rerank_1000", "local", 1000, converse=False, rerank_s=0.0),
+)
+
+
+async def rerank_overhead(quick: bool) -> dict[str, Any]:
+    """``--rerank``: what the rerank stage (a local Cohere-shaped server answering at once) adds
+    to a searched turn's server-side p50, over RERANK_ROUNDS alternating rounds."""
+    calls = workload(quick)
+    config = write_config(WORK / "local", "local", 0)
+    await asyncio.to_thread(build, config, "local")
+    rounds = []
+    for _ in range(RERANK_ROUNDS):
+        p50 = {}
+        for scenario in RERANK_PAIR:
+            measured = summarise(scenario, await run_scenario(scenario, config, calls))
+            p50[scenario.name] = measured["searched_turns"]["p50_ms"]
+            p50[f"{scenario.name}_reranked"] = measured["reranked"]
+        p50["added_ms"] = round(p50["rerank_1000"] - p50["plain_1000"], 2)
+        rounds.append(p50)
+        print(json.dumps(p50), flush=True)
+    added = sorted(r["added_ms"] for r in rounds)
+    return {"rounds": rounds, "median_added_ms": added[len(added) // 2]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="30 turns per scenario")
+    parser.add_argument("--rerank", action="store_true", help="only the rerank stage's cost")
     args = parser.parse_args()
+    if args.rerank:
+        result = asyncio.run(rerank_overhead(args.quick))
+        path = RESULTS.with_name("turn_rerank.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(result, indent=2))
+        return
     out = asyncio.run(run(args.quick))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
