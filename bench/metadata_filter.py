@@ -128,14 +128,18 @@ def run(quick: bool) -> dict[str, Any]:
             for key in ("filtered", "filtered_and_plan", "hnsw_filter")
         }
         results[name] = row
-    goals = {
-        "p50_within_2x": all(results[s]["p50_vs_unfiltered"]["filtered"] <= 2.0 for s in SHARES),
-        "recall_at_10_at_least_0_95": all(
-            results[s][key][f"recall_at_{K}"] >= 0.95
-            for s in SHARES
-            for key in ("filtered", "filtered_and_plan")
-        ),
-    }
+    worst_ratio = max(results[s]["p50_vs_unfiltered"]["filtered"] for s in SHARES)
+    worst_recall = min(
+        results[s][key][f"recall_at_{K}"]
+        for s in SHARES
+        for key in ("filtered", "filtered_and_plan")
+    )
+    goals = {  # as python -m bench prints them
+        "filtered_p50_vs_unfiltered": {
+            "value": worst_ratio, "goal": "<= 2 at every selectivity", "met": worst_ratio <= 2.0
+        },
+        "recall_at_10": {"value": worst_recall, "goal": ">= 0.95", "met": worst_recall >= 0.95},
+    }  # fmt: skip
     return {
         "suite": "filters",
         "n": spec.n,
