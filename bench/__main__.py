@@ -1,8 +1,9 @@
 """``python -m bench SUITE [--quick] [--out DIR]``: run a suite, write DIR/SUITE.json, print a table.
 
 SUITE is ``search``, ``turn``, ``quality``, ``scale``, ``index`` (the build's embedding rate,
-``bench/embed_rate.py``), ``shards`` (``bench/shards.py``), ``http`` (``bench/http_door.py``) or
-``all``; ``fuzz_snapshot [--seconds S]``
+``bench/embed_rate.py``), ``shards`` (``bench/shards.py``), ``http`` (``bench/http_door.py``),
+``filters`` (metadata filters at 50/10/1% selectivity, ``bench/metadata_filter.py``), ``policy``
+(Turn and InvokeTool agree, ``bench/policy_agreement.py``) or ``all``; ``fuzz_snapshot [--seconds S]``
 fuzzes the snapshot loader in child processes (``bench/fuzz_snapshot.py``; not part of ``all``). ``--quick`` is the smoke mode
 CI runs: small sizes, no optional peer, a couple of minutes a suite on two cores; it checks that
 a suite still runs, never a timing. ``turn`` and ``quality`` call the entry points of
@@ -36,7 +37,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-SUITES = ("search", "turn", "quality", "scale", "index", "shards", "http")
+SUITES = ("search", "turn", "quality", "scale", "index", "shards", "http", "filters", "policy")
 
 
 def machine() -> dict[str, Any]:
@@ -151,6 +152,14 @@ def run_suite(name: str, args: argparse.Namespace) -> dict[str, Any]:
         from bench import http_door
 
         return http_door.run(args.quick)
+    if name == "filters":
+        from bench import metadata_filter
+
+        return metadata_filter.run(args.quick)
+    if name == "policy":
+        from bench import policy_agreement
+
+        return {"suite": "policy", **_call(policy_agreement.run, args.quick)}
     if name == "fuzz_snapshot":
         from bench import fuzz_snapshot
 

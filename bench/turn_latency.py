@@ -72,11 +72,16 @@ class Scenario:
     budget_ms: int
     converse: bool
     latency: str = "0"  # the OpenAI server's answer latency
+    rerank_s: float | None = None  # a rerank stage, its local server answering this late
 
 
 SCENARIOS = (
     Scenario("local_default", "local", 150, converse=False),
     Scenario("local_default_prefetch", "local", 150, converse=True),
+    # the rerank stage ([knowledge_base.rerank]) against a local Cohere-shaped server: at once
+    # (what the stage itself adds) and answering 40 ms late (a hosted reranker's own time)
+    Scenario("local_rerank", "local", 150, converse=False, rerank_s=0.0),
+    Scenario("local_rerank_40ms", "local", 150, converse=False, rerank_s=0.04),
     Scenario("openai_realistic", "openai", 150, converse=False, latency=REALISTIC),
     Scenario("openai_realistic_prefetch", "openai", 150, converse=True, latency=REALISTIC),
     Scenario("remote_80_200", "openai", 1000, converse=False, latency="uniform:80:200"),
@@ -96,6 +101,7 @@ class Sample:
 @dataclass(slots=True)
 class Run:
     samples: list[Sample] = field(default_factory=list)
+    reranked: list[bool] = field(default_factory=list)  # per turn: the reranker's order
 
 
 # -- the workload ----------------------------------------------------------------------------
@@ -164,9 +170,24 @@ def build(config: Config, embedder: str) -> None:
         build_knowledge_base(config, config.knowledge_bases[0], local)
 
 
-async def start_sidecar(config: Config, budget_ms: int) -> tuple[asyncio.subprocess.Process, int]:
+def start_rerank_server(latency_s: float) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.rerank_server", "--latency", str(latency_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+async def start_sidecar(
+    config: Config, budget_ms: int, rerank_port: int = 0
+) -> tuple[asyncio.subprocess.Process, int]:
     assert config.path is not None
     text = config.path.read_text(encoding="utf-8")
+    if rerank_port:
+        table = f'[knowledge_base.rerank]\nbase_url = "http://127.0.0.1:{rerank_port}/v1"\n\n'
+        text = text.replace("[index]", table + "[index]")
     scenario = config.path.with_name("scenario.toml")
     scenario.write_text(text + f"budget_ms = {budget_ms}\n", encoding="utf-8")
     port = free_port()
@@ -204,6 +225,8 @@ async def start_sidecar(config: Config, budget_ms: int) -> tuple[asyncio.subproc
 
 
 def record(run: Run, resp: pb.TurnResponse, client_ms: float, prefetched: bool) -> None:
+    if resp.skipped == pb.NOT_SKIPPED:
+        run.reranked.append(resp.rerank == pb.RERANKED)
     run.samples.append(
         Sample(
             server_ms=resp.timings.total_ms,
@@ -265,7 +288,21 @@ async def call_with_converse(
 
 
 async def run_scenario(scenario: Scenario, config: Config, calls: list[list[str]]) -> Run:
-    proc, port = await start_sidecar(config, scenario.budget_ms)
+    reranker, rerank_port = (
+        start_rerank_server(scenario.rerank_s) if scenario.rerank_s is not None else (None, 0)
+    )
+    try:
+        return await _run_scenario(scenario, config, calls, rerank_port)
+    finally:
+        if reranker is not None:
+            reranker.terminate()
+            reranker.wait(timeout=30)
+
+
+async def _run_scenario(
+    scenario: Scenario, config: Config, calls: list[list[str]], rerank_port: int
+) -> Run:
+    proc, port = await start_sidecar(config, scenario.budget_ms, rerank_port)
     run = Run()
     gate = asyncio.Semaphore(CONCURRENCY)
     caller = call_with_converse if scenario.converse else call_with_turns
@@ -314,6 +351,7 @@ def summarise(scenario: Scenario, run: Run) -> dict[str, Any]:
         "degraded": share([x.degraded for x in s]),
         "skipped": share([x.skipped for x in s]),
         "prefetched": share([x.prefetched for x in s]),
+        "reranked": share(run.reranked),
         "searched_turns": {
             "turns": len(searched),
             **percentiles([x.server_ms for x in searched]),
@@ -368,14 +406,60 @@ async def run(quick: bool) -> dict[str, Any]:
             base: removed(results[base], results[f"{base}_prefetch"])
             for base in ("local_default", "openai_realistic", "remote_80_200")
         },
+        # what the rerank stage adds to a searched turn's server-side p50 (same run)
+        "rerank_adds_ms": {
+            name: round(
+                results[name]["searched_turns"]["p50_ms"]
+                - results["local_default"]["searched_turns"]["p50_ms"],
+                2,
+            )
+            for name in ("local_rerank", "local_rerank_40ms")
+        },
         "env": {"python": platform.python_version(), "cpus": os.cpu_count()},
     }
+
+
+# The rerank stage alone: a budget no embedding misses, the two sidecars taking turns, so that
+# load from elsewhere falls on both alike (the difference of each round's p50s is the cost).
+RERANK_ROUNDS = 3
+RERANK_PAIR = (
+    Scenario("plain_1000", "local", 1000, converse=False),
+    Scenario("rerank_1000", "local", 1000, converse=False, rerank_s=0.0),
+)
+
+
+async def rerank_overhead(quick: bool) -> dict[str, Any]:
+    """``--rerank``: what the rerank stage (a local Cohere-shaped server answering at once) adds
+    to a searched turn's server-side p50, over RERANK_ROUNDS alternating rounds."""
+    calls = workload(quick)
+    config = write_config(WORK / "local", "local", 0)
+    await asyncio.to_thread(build, config, "local")
+    rounds = []
+    for _ in range(RERANK_ROUNDS):
+        p50 = {}
+        for scenario in RERANK_PAIR:
+            measured = summarise(scenario, await run_scenario(scenario, config, calls))
+            p50[scenario.name] = measured["searched_turns"]["p50_ms"]
+            p50[f"{scenario.name}_reranked"] = measured["reranked"]
+        p50["added_ms"] = round(p50["rerank_1000"] - p50["plain_1000"], 2)
+        rounds.append(p50)
+        print(json.dumps(p50), flush=True)
+    added = sorted(r["added_ms"] for r in rounds)
+    return {"rounds": rounds, "median_added_ms": added[len(added) // 2]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="30 turns per scenario")
+    parser.add_argument("--rerank", action="store_true", help="only the rerank stage's cost")
     args = parser.parse_args()
+    if args.rerank:
+        result = asyncio.run(rerank_overhead(args.quick))
+        path = RESULTS.with_name("turn_rerank.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(result, indent=2))
+        return
     out = asyncio.run(run(args.quick))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")

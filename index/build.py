@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from index import enrich
 from index.chunker import ChunkOptions, chunk_page
@@ -266,6 +267,10 @@ def build_knowledge_base(
         content.update(b"s" + text_key(embedder.info, text).encode())
     for key in sorted(originals):
         content.update(b"o" + key.encode())
+    # a filter must see a changed plan_scope at once: the filterable values count as content
+    if kb.filterable:
+        filtered = [_filtered(c, kb.filterable) for c in chunks]
+        content.update(orjson.dumps([kb.filterable, filtered]))
     content_hash = content.hexdigest()
     published = store.latest(kb.name)
     if (
@@ -314,11 +319,16 @@ def build_knowledge_base(
             more_files=(lambda folder: [n for w in writers for n in w(folder)])
             if writers
             else None,
+            filterable=kb.filterable,
         )
         store.publish(kb.name, staging, version, keep=config.index.keep_versions)
     summary.version = version
     summary.published = True
     return summary
+
+
+def _filtered(chunk: Chunk, filterable: tuple[str, ...]) -> list[object]:
+    return [chunk.metadata.get(name) for name in filterable]
 
 
 def _content_hash(store: LocalStore, kb: str) -> str | None:

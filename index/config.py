@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from index.errors import ConfigError
+from index.types import MetadataFilter
 
 LOCAL_MODEL = "all-MiniLM-L6-v2-int8"
 # OpenAI's rule for function names (Realtime, Responses and Chat Completions alike).
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_FUNCTION_LIMIT = 50  # the sidecar's largest search limit (sidecar.engine.MAX_LIMIT)
+MAX_RERANK_CANDIDATES = 100  # Cohere's documents per call is far higher; 100 is ~100 ms of it
 MAX_WORKERS = 64  # processes: each holds every snapshot in memory
 MAX_EF_SEARCH = 4096  # past this an HNSW search visits most of any graph: use exact search
 MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
@@ -145,6 +147,24 @@ class HnswConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RerankConfig:
+    """``[knowledge_base.rerank]``: reorder the top vector candidates with a rerank API that
+    speaks Cohere's shape (``POST {base_url}/rerank``; Jina, Voyage and text-embeddings-inference
+    speak it too), under the turn's budget (``sidecar/rerank.py``)."""
+
+    base_url: str
+    model: str = ""
+    api_key_env: str = ""  # empty: no Authorization header (a local server)
+    api_key: str = field(default="", repr=False)  # resolved from api_key_env; never logged
+    candidates: int = 20  # the top N vector results sent to be reranked
+    # The share of what is left of the budget after the search that the rerank call may use;
+    # the rest answers in vector order if it misses.
+    budget_share: float = 0.5
+    # A rerank answer for 50 documents is ~3 KB; more is a wrong server, refused, not parsed.
+    max_response_bytes: int = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class KnowledgeBaseConfig:
     name: str
     sources: tuple[SourceConfig, ...]
@@ -156,6 +176,10 @@ class KnowledgeBaseConfig:
     summary_text: Literal["model", "heading"] = "model"
     chunking: ChunkingConfig = ChunkingConfig()
     hnsw: HnswConfig = HnswConfig()
+    filterable: tuple[str, ...] = ()  # metadata fields indexed for filters (index/filters.py)
+    fallback: str = ""  # what the agent says when nothing passes (with every answer)
+    instructions: str = ""  # how to use this base: the policy a system prompt carries
+    rerank: RerankConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +191,9 @@ class FunctionConfig:
     knowledge_base: str
     sources: tuple[str, ...] = ()  # empty: every source of the base
     limit: int = 0  # results per call; 0: [sidecar] max_results
+    filters: tuple[MetadataFilter, ...] = ()  # always apply, whatever the model asks
+    # Fields the model may filter on; when the file gives none, the parser sets the base's.
+    filterable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +277,9 @@ class CallerConfig:
     max_streams: int = 0
     max_sessions: int = 0
     session_memory_bytes: int = 0
+    # Filters every call of this caller carries (Search, Turn, Converse, InvokeTool), on top of
+    # whatever the request asks: a starter-plan token never reaches an enterprise-only chunk.
+    filters: tuple[MetadataFilter, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,7 +452,8 @@ def _functions(
         fn_where = f"{where} [[function]] #{i + 1}"
         if not isinstance(fn_raw, dict):
             raise ConfigError(f"{fn_where}: must be a table")
-        fn = _build(FunctionConfig, {**fn_raw, "sources": ()}, fn_where)
+        fixed = _filters(fn_raw.get("filters", {}), f"{fn_where} filters")
+        fn = _build(FunctionConfig, {**fn_raw, "sources": (), "filters": fixed}, fn_where)
         if not isinstance(fn.name, str) or not FUNCTION_NAME.fullmatch(fn.name):
             raise ConfigError(f"{fn_where}: name must be 1-64 of a-z A-Z 0-9 _ -, got {fn.name!r}")
         if not isinstance(fn.description, str) or not fn.description.strip():
@@ -451,7 +482,9 @@ def _functions(
             raise ConfigError(f"{fn_where}: limit must be an integer, got {fn.limit!r}")
         if not 0 <= fn.limit <= MAX_FUNCTION_LIMIT:
             raise ConfigError(f"{fn_where}: limit must be 0..{MAX_FUNCTION_LIMIT}, got {fn.limit}")
-        functions.append(replace(fn, sources=tuple(sources)))
+        base = next(kb for kb in kbs if kb.name == fn.knowledge_base)
+        filterable = _function_filterable(fn, fn_raw, base, fn_where)
+        functions.append(replace(fn, sources=tuple(sources), filterable=filterable))
     names = [fn.name for fn in functions]
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}: [[function]] names must be unique, got {names}")
@@ -511,14 +544,16 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
             raise ConfigError(f"{kb_where}: source names must be unique, got {names}")
-        rest = {k: v for k, v in kb_raw.items() if k not in ("name", "source", "chunking", "hnsw")}
+        apart = ("name", "source", "chunking", "hnsw", "rerank")
+        rest = {k: v for k, v in kb_raw.items() if k not in apart}
         kbs.append(
             _build(
                 KnowledgeBaseConfig,
-                rest,
+                _kb_policy(rest, kb_where),
                 kb_where,
-                keys=("name", "source", "chunking", "hnsw"),
+                keys=apart,
                 name=name,
+                rerank=_rerank_config(kb_raw.get("rerank"), f"{kb_where} [rerank]"),
                 sources=tuple(sources),
                 chunking=_build(
                     ChunkingConfig, _table(kb_raw, "chunking", kb_where), f"{kb_where} [chunking]"
@@ -778,6 +813,85 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
     )
 
 
+# Names the knowledge tool's arguments already use: a filterable field cannot take them.
+TOOL_ARGUMENTS = ("query", "sources", "source_paths")
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where} must be a list of non-empty strings")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where} must not repeat a name, got {value}")
+    return tuple(value)
+
+
+def _filters(raw: Any, where: str) -> tuple[MetadataFilter, ...]:
+    """A filters table, ``{ plan_scope = ["starter", "all"], tags = "billing" }``: per field
+    the values any of which passes; the fields all apply."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{where} must be a table like {{ plan_scope = ["starter", "all"] }}')
+    out = []
+    for name, values in sorted(raw.items()):
+        given = [values] if isinstance(values, str) else values
+        if not name or not isinstance(given, list) or not given:
+            raise ConfigError(f"{where}: {name!r} needs a value or a non-empty list of values")
+        out.append(MetadataFilter(name, _strings(given, f"{where}: {name}")))
+    return tuple(out)
+
+
+def _kb_policy(rest: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A base's ``filterable``, ``fallback`` and ``instructions``, checked by type."""
+    out = dict(rest)
+    if "filterable" in out:
+        out["filterable"] = _strings(out["filterable"], f"{where}: filterable")
+    for key in ("fallback", "instructions"):
+        if key in out and not isinstance(out[key], str):
+            raise ConfigError(f"{where}: {key} must be a string")
+    return out
+
+
+def _rerank_config(raw: Any, where: str) -> RerankConfig | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table")
+    url = raw.get("base_url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}: base_url is required: the http(s) URL before /rerank")
+    rerank = _build(RerankConfig, {**raw, "base_url": url.rstrip("/")}, where)
+    if not isinstance(rerank.model, str) or not isinstance(rerank.api_key_env, str):
+        raise ConfigError(f"{where}: model and api_key_env must be strings")
+    if not _whole(rerank.candidates) or not 1 <= rerank.candidates <= MAX_RERANK_CANDIDATES:
+        raise ConfigError(f"{where}: candidates must be 1..{MAX_RERANK_CANDIDATES}")
+    share = rerank.budget_share
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
+        raise ConfigError(f"{where}: budget_share must be a number between 0 and 1")
+    if not _whole(rerank.max_response_bytes) or rerank.max_response_bytes < 1024:
+        raise ConfigError(f"{where}: max_response_bytes must be a whole number >= 1024")
+    key = os.environ.get(rerank.api_key_env, "") if rerank.api_key_env else ""
+    return replace(rerank, api_key=key, budget_share=float(share))
+
+
+def _function_filterable(
+    fn: FunctionConfig, raw: Mapping[str, Any], base: KnowledgeBaseConfig, where: str
+) -> tuple[str, ...]:
+    """The fields a function's model may filter on (its ``filterable``, else its base's),
+    each one its base indexes; its fixed filters may name only those the base indexes."""
+    given = _strings(raw["filterable"], f"{where}: filterable") if "filterable" in raw else None
+    fields = base.filterable if given is None else given
+    fixed = [f.field for f in fn.filters]
+    unknown = sorted(set(fields).union(fixed) - set(base.filterable))
+    if unknown:
+        raise ConfigError(
+            f"{where}: {', '.join(unknown)} not in knowledge base {base.name!r}'s filterable "
+            f"({', '.join(base.filterable) or 'none'}): add them there"
+        )
+    clash = sorted(set(fields) & set(TOOL_ARGUMENTS))
+    if clash:
+        raise ConfigError(f"{where}: a filterable field cannot be named {', '.join(clash)}")
+    return fields
+
+
 def _names(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     value = raw.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -808,7 +922,10 @@ def _auth_config(raw: Mapping[str, Any], where: str) -> AuthConfig:
         for key in ("name", "token_env"):
             if not isinstance(c_raw.get(key), str) or not c_raw[key]:
                 raise ConfigError(f"{c_where}: {key} is required")
-        scope = {key: _names(c_raw, key, c_where) for key in ("knowledge_bases", "functions")}
+        scope: dict[str, Any] = {
+            key: _names(c_raw, key, c_where) for key in ("knowledge_bases", "functions")
+        }
+        scope["filters"] = _filters(c_raw.get("filters", {}), f"{c_where} filters")
         caller = _build(CallerConfig, {**c_raw, **scope}, c_where)
         callers.append(replace(caller, token=os.environ.get(caller.token_env, "")))
     names = [c.name for c in callers]

@@ -221,3 +221,22 @@ def _check_upper_links(
     level_of_list = np.repeat(within + 1, sizes.astype(np.int64))
     if np.any(levels[ids] < level_of_list):
         raise CorruptSnapshot(f"{where}: a link at some level names an element below that level")
+
+
+def vector_rows(
+    path: Path, *, count: int, dimension: int
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """The vectors of an hnswlib file ``check_hnsw_file`` has checked, memory-mapped (nothing
+    copied: the pages are read when a search touches them), and each label's row in them:
+    ``vectors[rows[label]]`` is the vector of ``label``. hnswlib's own ``get_items`` takes
+    ~0.2 ms per vector; a row read here, microseconds."""
+    with path.open("rb") as f:
+        head = _Header(f.read(HEADER.size), str(path))
+    raw = np.memmap(
+        path, dtype=np.uint8, mode="r", offset=HEADER.size, shape=(count, head.size_per_element)
+    )
+    vectors = raw[:, head.offset_data : head.offset_data + 4 * dimension].view("<f4")
+    labels = raw[:, head.label_offset : head.label_offset + _LABEL].view("<u8")[:, 0]
+    rows = np.empty(count, dtype=np.int64)
+    rows[labels.astype(np.int64)] = np.arange(count, dtype=np.int64)
+    return vectors, rows

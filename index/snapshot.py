@@ -7,6 +7,9 @@
       chunks.jsonl    the chunks in label order, one JSON object a line (what a search returns)
       pages.json      source_path -> whole page text, for reading a page later
       lexical.bin     the BM25 index over the chunks' embedded text, for fallback and hybrid
+      filters.json    value -> chunk labels of each filterable metadata field
+                      (``index/filters.py``); only for a base with ``filterable`` fields, and
+                      verified when the manifest lists it
 
 A folder is written once and never modified. ``verify`` checks everything the manifest claims
 before a reader trusts the folder; ``load`` then builds the in-memory form a sidecar serves from.
@@ -32,7 +35,9 @@ import orjson
 from index.config import MAX_EF_SEARCH
 from index.embedders.base import EmbedderInfo, Vectors
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
-from index.hnsw_file import MAX_M, check_hnsw_file
+from index.filters import FILTERS, FilterIndex, build_filters, read_filters
+from index.filters import build_partitions as build_value_partitions
+from index.hnsw_file import MAX_M, check_hnsw_file, vector_rows
 from index.lexical import LexicalIndex
 from index.summaries import SummaryIndex, has_summaries, load_summary_index
 from index.types import Chunk
@@ -259,11 +264,17 @@ def chunk_from_dict(raw: object) -> Chunk:
     bad = [k for k, attr in _CHUNK_TEXT if type(text[attr]) is not str]
     if type(crumbs) is not list or any(type(c) is not str for c in crumbs):
         bad.append("crumbs")
-    if type(meta) is not dict or any(type(v) is not str for v in meta.values()):
+    if type(meta) is not dict or not all(_meta_value(v) for v in meta.values()):
         bad.append("meta")
     if bad:
         raise ValueError(f"chunk field(s) {', '.join(bad)} missing or of the wrong type")
-    return Chunk(breadcrumbs=tuple(crumbs), metadata=meta, **text)  # type: ignore[arg-type]
+    metadata = {k: v if type(v) is str else tuple(v) for k, v in (meta or {}).items()}
+    return Chunk(breadcrumbs=tuple(crumbs), metadata=metadata, **text)  # type: ignore[arg-type]
+
+
+def _meta_value(value: object) -> bool:
+    """A metadata value is a string or a list of strings (a frontmatter list stays a list)."""
+    return type(value) is str or (type(value) is list and all(type(v) is str for v in value))
 
 
 def build_hnsw(vectors: Vectors, m: int, ef_construction: int) -> hnswlib.Index:
@@ -325,12 +336,14 @@ def write_snapshot(
     sources: Sequence[str] = (),
     extra: Mapping[str, Any] | None = None,
     more_files: Callable[[Path], Sequence[str]] | None = None,
+    filterable: Sequence[str] = (),
 ) -> Manifest:
     """Write a complete snapshot into an empty folder; the manifest is written last.
 
     ``more_files(folder)`` writes optional files beside the data files (index/enrich.py: the
     summary vectors, the pages' original texts) and returns their names, which the manifest
-    lists and checksums like the rest."""
+    lists and checksums like the rest. ``filterable`` names the metadata fields to index for
+    filters (``index/filters.py``)."""
     if vectors.shape != (len(chunks), embedder.dimension):
         raise SnapshotError(
             f"vectors shape {vectors.shape} does not match {len(chunks)} chunks x {embedder.dimension}"
@@ -343,7 +356,10 @@ def write_snapshot(
     write_atomic(folder / PAGES, orjson.dumps(dict(pages)))
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     write_atomic(folder / LEXICAL, lexical.to_bytes())
-    names = (*DATA_FILES, *(more_files(folder) if more_files else ()))
+    names = [*DATA_FILES, *(more_files(folder) if more_files else ())]
+    if filterable:
+        write_atomic(folder / FILTERS, build_filters(chunks, filterable))
+        names.append(FILTERS)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         knowledge_base=knowledge_base,
@@ -456,6 +472,7 @@ class LoadedSnapshot:
     source_names: tuple[str, ...]
     partitions: Mapping[int, Partition] = field(default_factory=dict)  # source index -> copy
     summaries: SummaryIndex | None = None  # the second view (index/summaries.py), when built
+    filters: FilterIndex = field(default_factory=FilterIndex.empty)  # metadata and paths
 
     @property
     def version(self) -> str:
@@ -652,6 +669,7 @@ def load_snapshot(
     source_of = np.fromiter((position[c.source] for c in chunks), dtype=np.int32, count=len(chunks))
     try:
         partitions = build_partitions(index, source_of, len(names))
+        filters = load_filters(folder, manifest, chunks)
     except (RuntimeError, ValueError) as exc:
         raise CorruptSnapshot(f"{folder}: cannot read vectors back: {exc}") from exc
     return LoadedSnapshot(
@@ -665,6 +683,7 @@ def load_snapshot(
         source_names=names,
         partitions=partitions,
         summaries=summaries,
+        filters=filters,
     )
 
 
@@ -679,3 +698,22 @@ def _summaries(folder: Path, manifest: Manifest, ef: int) -> SummaryIndex | None
         ef=ef,
         view=str(manifest.extra.get("summaries", "")),
     )
+
+
+def load_filters(folder: Path, manifest: Manifest, chunks: Sequence[Chunk]) -> FilterIndex:
+    """The filter index: the fields of ``filters.json`` when the manifest lists one (a
+    snapshot built before filters, or without ``filterable``, has none) and the pages."""
+    if FILTERS not in manifest.files:
+        return FilterIndex.empty(chunks)
+    try:
+        fields = read_filters((folder / FILTERS).read_bytes(), chunks, str(folder / FILTERS))
+    except OSError as exc:
+        raise CorruptSnapshot(f"{folder}: cannot read {FILTERS}: {exc}") from exc
+    except ValueError as exc:
+        raise CorruptSnapshot(str(exc)) from exc
+    if not chunks:
+        return FilterIndex(fields, chunks)
+    dim = manifest.embedder.dimension
+    vectors = vector_rows(folder / VECTORS, count=len(chunks), dimension=dim)
+    partitions = build_value_partitions(vectors, fields, len(chunks))
+    return FilterIndex(fields, chunks, partitions, vectors)

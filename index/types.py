@@ -9,7 +9,22 @@ from typing import Literal
 
 PageKind = Literal["markdown", "text"]
 
-_EMPTY: Mapping[str, str] = MappingProxyType({})
+# A metadata value: a string, or a list of strings (frontmatter ``tags: [a, b]``), kept a list
+# so that a filter can match any element of it (``index/filters.py``).
+MetaValue = str | tuple[str, ...]
+
+_EMPTY: Mapping[str, MetaValue] = MappingProxyType({})
+
+
+def meta_values(value: MetaValue) -> tuple[str, ...]:
+    """A metadata value as the strings a filter compares: a list's elements, or the string."""
+    return (value,) if isinstance(value, str) else value
+
+
+def meta_text(value: MetaValue) -> str:
+    """A metadata value as one string (for display and the proto's string map): lists joined
+    with ", ", as metadata was written before lists were kept."""
+    return value if isinstance(value, str) else ", ".join(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +43,7 @@ class Page:
     kind: PageKind = "markdown"
     url: str = ""
     context: str = ""
-    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    metadata: Mapping[str, MetaValue] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,4 +63,13 @@ class Chunk:
     text: str
     embed_text: str
     url: str = ""
-    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    metadata: Mapping[str, MetaValue] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataFilter:
+    """A chunk passes when its ``field``, or any element of a list-valued one, equals one of
+    ``any_of``; several filters all apply (``index/filters.py``)."""
+
+    field: str
+    any_of: tuple[str, ...]

@@ -44,6 +44,7 @@ from index.sources.markdown import (
     load_markdown,
     split_frontmatter,
 )
+from index.types import MetaValue, meta_text
 
 __all__ = [
     "MANIFEST_NAME",
@@ -295,7 +296,7 @@ def _check_page(
     rel: str,
     data: bytes,
     title: str,
-    metadata: Mapping[str, str],
+    metadata: Mapping[str, MetaValue],
 ) -> None:
     text = data.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     try:
@@ -324,7 +325,7 @@ def _check_page(
                     Problem(rel, number, "broken-link", f"broken link: {target} ({why})")
                 )
     found = _last_updated(_content_lines(lines[offset:], offset + 1))
-    date = found[1] if found else metadata.get("last_updated", "")
+    date = found[1] if found else meta_text(metadata.get("last_updated", ""))
     if found and not _valid_date(found[1]):
         report.problems.append(
             Problem(

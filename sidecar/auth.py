@@ -9,7 +9,8 @@ of them every time, so timing says neither whether nor which token matched. A ca
 caller's scope gets PERMISSION_DENIED; ``Status`` and ``ListTools`` answers, and an unknown
 function's error (``sidecar.tools.visible``), show only what is in scope; a caller scoped by
 functions alone may use their bases (``index.config`` fills that in). Sessions are per caller
-(``sidecar.sessions.owner``): the same session id from two callers names two sessions. Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
+(``sidecar.sessions.owner``): the same session id from two callers names two sessions. A
+caller's ``filters`` go with every search of its calls (``sidecar.scope.caller_filters``). Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
 and never appear in a message, a log line or a metric: callers are named by ``name``.
 Health checks are exempt (``sidecar.interceptor.EXEMPT_SERVICES``).
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from index.config import MIN_TOKEN_CHARS, AuthConfig, CallerConfig
 from index.errors import ConfigError
-from sidecar import sessions, tools
+from sidecar import scope, sessions, tools
 from sidecar.errors import PermissionDenied, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.interceptor import Call, Hook
@@ -73,6 +74,7 @@ class Authenticator(Hook):
             raise Unauthenticated("the bearer token is not valid")
         call.caller = caller
         sessions.owner.set(caller.name)  # this caller's sessions are its own
+        scope.caller_filters.set(caller.filters)  # every search of this call carries them
         tools.visible.set(self._visible_functions(caller))
 
     def _match(self, presented: bytes) -> CallerConfig | None:

@@ -22,14 +22,17 @@ import numpy as np
 from index.config import SidecarConfig
 from index.embedders.base import Embedder, Vectors
 from index.errors import SnapshotNotFound
+from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
-from index.types import Chunk
-from sidecar import followups, relevance
+from index.types import Chunk, MetadataFilter
+from sidecar import followups, relevance, scope
 from sidecar.budget import Budget
 from sidecar.errors import InvalidArgument, NotFound
 from sidecar.holder import SnapshotHolder
 from sidecar.limits import TokenLimited
 from sidecar.query_embedder import QueryEmbedder
+from sidecar.rerank import Reranker
+from sidecar.rerank import Status as RerankStatus
 from sidecar.sessions import Hit, Mention, Session, SessionStore
 from sidecar.skip import Skip, SkipPolicy
 
@@ -84,6 +87,8 @@ class TurnInput:
     budget_ms: int = 0
     sources: tuple[str, ...] = ()
     context_url: str = ""
+    filters: tuple[MetadataFilter, ...] = ()
+    source_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,21 @@ class SearchInput:
     context_url: str = ""
     vector: bytes = b""
     budget_ms: int = 0
+    filters: tuple[MetadataFilter, ...] = ()
+    source_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BasePolicy:
+    """What a base says beside its results (``fallback`` when nothing passes, ``instructions``
+    always) and its optional rerank stage: one policy for Turn, Search and the tools alike."""
+
+    fallback: str = ""
+    instructions: str = ""
+    reranker: Reranker | None = None
+
+
+NO_POLICY = BasePolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +125,7 @@ class SearchResult:
     snapshot_version: str
     degraded: bool = False
     timings: Timings = Timings()
+    rerank: RerankStatus = RerankStatus.RERANK_NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +140,7 @@ class TurnResult:
     prefetched: bool = False  # answered from a search started on an interim transcript
     truncated: bool = False  # the query was longer than the embedder reads: it was cut there
     followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the query folded in, and why
+    rerank: RerankStatus = RerankStatus.RERANK_NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +152,7 @@ class Planned:
     query: str
     sources: tuple[str, ...]
     context_url: str
+    allowed: Allowed | None = None  # the filters' and paths' mask (sidecar/scope.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +194,7 @@ class Engine:
         skip_policy: SkipPolicy | None = None,
         hybrid_bases: frozenset[str] = frozenset(),
         default_knowledge_base: str = "",
+        policies: Mapping[str, BasePolicy] | None = None,
     ) -> None:
         self.config = config
         self.embedder = embedder
@@ -180,6 +204,7 @@ class Engine:
         self.skip_policy = skip_policy or SkipPolicy()
         self.hybrid_bases = hybrid_bases
         self.default_knowledge_base = default_knowledge_base
+        self.policies = dict(policies or {})
         self.counters = Counters()
         self.vectors = QueryEmbedder(embedder, config.query_cache_size)
         self._reading: set[asyncio.Task[Vectors | None]] = set()  # agent turns being embedded
@@ -203,6 +228,7 @@ class Engine:
         self._check_session(req.session_id)
         kb = req.knowledge_base or self.default_knowledge_base
         snapshot = self.snapshot(kb)
+        allowed = scope.resolve(snapshot, kb, req.filters, req.source_paths, req.sources)
         session = self.sessions.get(req.session_id)
         self.counters.turns += 1
         if req.speaker != Speaker.AGENT and not req.is_final:
@@ -227,7 +253,10 @@ class Engine:
             if plan.prior:
                 await self._read(session, snapshot, budget)
             embed = taken is None
-            query, result = await self._retrieve(snapshot, kb, req, session, plan, budget, embed)
+            query, result = await self._retrieve(
+                snapshot, kb, req, session, plan, budget, embed, allowed
+            )
+        result = await self._reranked(kb, query, result, self.config.max_results, budget)
         self._remember(session, result.hits)
         if result.degraded:
             self.counters.degraded += 1
@@ -246,6 +275,7 @@ class Engine:
             prefetched=taken is not None and taken.result is not None,
             truncated=self._truncates(query),
             followup=plan.followup if query == plan.query else followups.NO_FOLLOWUP,
+            rerank=result.rerank,
         )
 
     async def _retrieve(
@@ -257,6 +287,7 @@ class Engine:
         plan: followups.Plan,
         budget: Budget,
         embed: bool,
+        allowed: Allowed | None = None,
     ) -> tuple[str, SearchResult]:
         """Search the plan's query; when the plan says so, the turn alone too (both embedded
         at once), and keep the turn's own result when it confidently prefers another chunk."""
@@ -264,7 +295,8 @@ class Engine:
         priors = [session.pages if plan.prior and session.pages else None, None]
         # the turn alone is searched deeper: what it makes of the folded query's best chunk is
         # then read, not guessed from its own third result
-        limits = [self.config.max_results, max(self.config.max_results, ALONE_DEPTH)]
+        depth = self._depth(kb, self.config.max_results)  # the rerank stage's candidates
+        limits = [depth, max(depth, ALONE_DEPTH)]
         searches = [
             self._search(
                 snapshot,
@@ -277,6 +309,7 @@ class Engine:
                 context_url=req.context_url,
                 embed=embed,
                 prior=prior,
+                allowed=allowed,
             )
             for query, prior, limit in zip(queries, priors, limits, strict=False)
         ]
@@ -286,7 +319,7 @@ class Engine:
         entity = plan.followup.source == followups.Source.ENTITY
         margin = ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN
         if len(results) == 2 and _stands_alone(results[0], own, margin):
-            return req.text, replace(own, hits=own.hits[: self.config.max_results])
+            return req.text, replace(own, hits=own.hits[:depth])
         return queries[0], results[0]
 
     def _read_later(self, session: Session, utterance: followups.Utterance) -> None:
@@ -320,6 +353,7 @@ class Engine:
         self._check_session(req.session_id)
         kb = req.knowledge_base or self.default_knowledge_base
         snapshot = self.snapshot(kb)
+        allowed = scope.resolve(snapshot, kb, req.filters, req.source_paths, req.sources)
         if req.speaker == Speaker.AGENT:
             return None
         session = self.sessions.get(req.session_id)
@@ -328,7 +362,7 @@ class Engine:
             return None
         mentions = followups.gazetteer(snapshot).find(utterance.tokens)
         query = followups.plan(session, utterance, mentions, self.config.followups).query
-        return Planned(kb, snapshot, query, req.sources, req.context_url)
+        return Planned(kb, snapshot, query, req.sources, req.context_url, allowed)
 
     async def search_ahead(self, planned: Planned, deadline: float) -> SearchResult | None:
         """Embed and rank a planned query ahead of its turn; None when the embedder missed
@@ -343,11 +377,12 @@ class Engine:
             planned.knowledge_base,
             planned.query,
             vector,
-            limit=self.config.max_results,
+            limit=self._depth(planned.knowledge_base, self.config.max_results),
             min_score=self.config.min_score,
             sources=planned.sources,
             context_url=planned.context_url,
             embed_ms=embed_ms,
+            allowed=planned.allowed,
         )
 
     async def aclose(self) -> None:
@@ -356,6 +391,9 @@ class Engine:
             task.cancel()
         await asyncio.gather(*self._reading, return_exceptions=True)
         await self.vectors.aclose()
+        for policy in self.policies.values():
+            if policy.reranker is not None:
+                await policy.reranker.aclose()
 
     async def search(self, req: SearchInput) -> SearchResult:
         budget = Budget.start(self._budget_ms(req.budget_ms))
@@ -370,18 +408,23 @@ class Engine:
             raise InvalidArgument(f"min_score must be between -1 and 1, got {req.min_score}")
         kb = req.knowledge_base or self.default_knowledge_base
         snapshot = self.snapshot(kb)
+        allowed = scope.resolve(snapshot, kb, req.filters, req.source_paths, req.sources)
         vector = self._vector_from_bytes(req.vector, snapshot) if req.vector else None
+        limit = req.limit or self.config.max_results
         result = await self._search(
             snapshot,
             kb,
             "" if vector is not None else req.query,
             budget,
-            limit=req.limit or self.config.max_results,
+            limit=self._depth(kb, limit),
             min_score=req.min_score or self.config.min_score,
             sources=req.sources,
             context_url=req.context_url,
             vector=vector,
+            allowed=allowed,
         )
+        text = "" if vector is not None else req.query  # a vector's query is for logs only
+        result = await self._reranked(kb, text, result, limit, budget)
         if req.session_id:
             self._remember(self.sessions.get(req.session_id), result.hits)
         return SearchResult(
@@ -389,6 +432,7 @@ class Engine:
             snapshot_version=result.snapshot_version,
             degraded=result.degraded,
             timings=Timings(result.timings.embed_ms, result.timings.search_ms, budget.elapsed_ms()),
+            rerank=result.rerank,
         )
 
     def end_session(self, session_id: str) -> bool:
@@ -411,6 +455,7 @@ class Engine:
         vector: Vectors | None = None,
         embed: bool = True,
         prior: Mapping[str, float] | None = None,
+        allowed: Allowed | None = None,
     ) -> SearchResult:
         """Embed under the budget (unless given a vector, or told not to), then rank."""
         start = time.perf_counter()
@@ -427,6 +472,7 @@ class Engine:
             context_url=context_url,
             embed_ms=(time.perf_counter() - start) * 1000.0,
             prior=prior,
+            allowed=allowed,
         )
 
     def _rank(
@@ -442,6 +488,7 @@ class Engine:
         context_url: str,
         embed_ms: float,
         prior: Mapping[str, float] | None = None,
+        allowed: Allowed | None = None,
     ) -> SearchResult:
         start = time.perf_counter()
         ranked = relevance.rank(
@@ -456,6 +503,7 @@ class Engine:
                 hybrid=kb in self.hybrid_bases and bool(query),  # no text: dense only
                 context_url=context_url,
                 context_bonus=self.config.context_bonus,
+                allowed=allowed,
             ),
         )
         hits = [
@@ -470,6 +518,31 @@ class Engine:
             degraded=vector is None,
             timings=Timings(embed_ms=embed_ms, search_ms=(time.perf_counter() - start) * 1000.0),
         )
+
+    # -- the rerank stage ------------------------------------------------------------------------
+
+    def policy(self, kb: str) -> BasePolicy:
+        return self.policies.get(kb, NO_POLICY)
+
+    def _depth(self, kb: str, limit: int) -> int:
+        """How many candidates a search of ``kb`` keeps: the rerank stage's, when it has one."""
+        reranker = self.policy(kb).reranker
+        return max(limit, reranker.config.candidates) if reranker is not None else limit
+
+    async def _reranked(
+        self, kb: str, query: str, result: SearchResult, limit: int, budget: Budget
+    ) -> SearchResult:
+        """The result in the reranker's order, cut to ``limit``; in vector order, saying why,
+        when the reranker misses its share of what is left of the budget or fails."""
+        reranker = self.policy(kb).reranker
+        if reranker is None or len(result.hits) < 2 or not query:
+            return replace(result, hits=result.hits[:limit])
+        left_ms = max(0.0, budget.remaining_ms() - budget.reserve_ms) * reranker.config.budget_share
+        deadline = asyncio.get_running_loop().time() + left_ms / 1000.0
+        documents = [hit.chunk.embed_text for hit in result.hits]
+        order, status = await reranker.order(query, documents, deadline)
+        hits = [result.hits[i] for i in order] if order is not None else result.hits
+        return replace(result, hits=hits[:limit], rerank=status)
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@
     └── RequestError
         ├── InvalidArgument                -> INVALID_ARGUMENT
         │   └── BodyTooLarge               -> INVALID_ARGUMENT (HTTP 413: over max_body_bytes)
+        │   └── FilterRefused              a filter or path the snapshot cannot apply (a
+        │                                  knowledge tool answers it as an error output)
         ├── NotFound                       -> NOT_FOUND
         ├── Unavailable                    -> UNAVAILABLE
         ├── ResourceExhausted              -> RESOURCE_EXHAUSTED
@@ -42,6 +44,11 @@ class InvalidArgument(RequestError):
 
 class BodyTooLarge(InvalidArgument):
     """An HTTP request body over ``[sidecar.http] max_body_bytes``."""
+
+
+class FilterRefused(InvalidArgument):
+    """Filters or source_paths that cannot be applied: too many, empty, or on a field the
+    serving snapshot did not index."""
 
 
 class NotFound(RequestError):

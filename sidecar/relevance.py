@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from index.embedders.base import Vectors
+from index.filters import Allowed
+from index.filters import search as search_allowed
 from index.lexical import (
     SPOKEN_STOPWORDS,
     FloatArray,
@@ -42,6 +44,7 @@ from index.lexical import (
     reciprocal_rank_fusion,
 )
 from index.snapshot import LoadedSnapshot
+from index.types import MetaValue
 
 # Candidates per retriever before fusion. On SciFact (bench/quality_scifact.py) convex fusion
 # scored the same at 20 and 100 (nDCG@10 0.739 both), so the cheaper depth stays.
@@ -50,7 +53,8 @@ FUSION_DEPTH = 20
 # climb into the top max_results with a realistic bonus, farther down it is not relevant enough.
 CONTEXT_DEPTH = 10
 LEXICAL_LIFT = 2.0
-RELATED_URLS = "related_urls"  # the frontmatter / metadata key holding the globs
+# the frontmatter / metadata key holding the globs: a string of comma-separated globs, or a list
+RELATED_URLS = "related_urls"
 
 Ranked = list[tuple[int, float]]
 
@@ -68,6 +72,8 @@ class Query:
     hybrid: bool = False
     context_url: str = ""
     context_bonus: float = 0.0
+    # Metadata filters and page paths (with ``sources`` folded in): None when there are none.
+    allowed: Allowed | None = None
     # "rrf" (reciprocal rank, k=60) is what hybrid did before convex fusion; kept so the quality
     # benchmark can measure both through this code.
     fusion: Literal["convex", "rrf"] = "convex"
@@ -76,7 +82,7 @@ class Query:
     summaries: Literal["max", "mean", "off"] = "max"
 
 
-def related_to(context_url: str) -> Callable[[Mapping[str, str]], bool] | None:
+def related_to(context_url: str) -> Callable[[Mapping[str, MetaValue]], bool] | None:
     """A predicate over chunk metadata: do its ``related_urls`` globs match the caller's page?
 
     A glob starting with ``/`` is matched against the URL's path (so ``/settings/*`` matches
@@ -87,8 +93,9 @@ def related_to(context_url: str) -> Callable[[Mapping[str, str]], bool] | None:
         return None
     path = urlsplit(url).path or "/"
 
-    def matches(metadata: Mapping[str, str]) -> bool:
-        for glob in metadata.get(RELATED_URLS, "").split(","):
+    def matches(metadata: Mapping[str, MetaValue]) -> bool:
+        value = metadata.get(RELATED_URLS, "")
+        for glob in value.split(",") if isinstance(value, str) else value:
             glob = glob.strip()
             if glob and fnmatchcase(path if glob.startswith("/") else url, glob):
                 return True
@@ -102,7 +109,7 @@ def rank(snapshot: LoadedSnapshot, q: Query) -> Ranked:
     related = related_to(q.context_url) if q.context_bonus else None
     depth = q.limit if related is None else max(q.limit, CONTEXT_DEPTH)
     if q.vector is None:
-        mask = snapshot.source_mask(q.sources)
+        mask = q.allowed.mask if q.allowed is not None else snapshot.source_mask(q.sources)
         lexical = [
             (label, score)
             for label, score in snapshot.lexical.search(q.text, depth, mask, drop=SPOKEN_STOPWORDS)
@@ -114,7 +121,7 @@ def rank(snapshot: LoadedSnapshot, q: Query) -> Ranked:
         return lexical[: q.limit]
     if q.hybrid:
         depth = max(depth, FUSION_DEPTH)
-    dense = snapshot.search_dense(q.vector, depth, q.sources)
+    dense = _dense(snapshot, q, depth)
     if snapshot.summaries is not None and q.summaries != "off":
         dense = _with_summaries(snapshot, q, dense, depth)
     relevant = {label for label, score in dense if score >= q.min_score}
@@ -125,7 +132,8 @@ def rank(snapshot: LoadedSnapshot, q: Query) -> Ranked:
     if not relevant:
         return []
     bm25_all = snapshot.lexical.scores(q.text, drop=SPOKEN_STOPWORDS)
-    lexical = snapshot.lexical.top(bm25_all, depth, snapshot.source_mask(q.sources))
+    mask = q.allowed.mask if q.allowed is not None else snapshot.source_mask(q.sources)
+    lexical = snapshot.lexical.top(bm25_all, depth, mask)
     if q.fusion == "rrf":
         if related is not None:
             dense = _lift(snapshot, dense, related, lambda s: s + q.context_bonus)
@@ -151,8 +159,8 @@ def _with_summaries(snapshot: LoadedSnapshot, q: Query, dense: Ranked, depth: in
     assert snapshot.summaries is not None
     assert q.vector is not None
     n = len(snapshot.chunks)
-    mask = snapshot.source_mask(q.sources)
-    # a source filter: over-fetch, as search_dense does from the shared graph
+    mask = q.allowed.mask if q.allowed is not None else snapshot.source_mask(q.sources)
+    # a source or metadata filter: over-fetch, as search_dense does from the shared graph
     fetch = min(n, depth * 10 if mask is not None else depth)
     found = [label for label, _ in snapshot.summaries.search(q.vector, fetch)]
     if mask is not None:
@@ -171,6 +179,14 @@ def _with_summaries(snapshot: LoadedSnapshot, q: Query, dense: Ranked, depth: in
 
 def _fuse(how: str, content: float, summary: float) -> float:
     return max(content, summary) if how == "max" else (content + summary) / 2
+
+
+def _dense(snapshot: LoadedSnapshot, q: Query, depth: int) -> Ranked:
+    """The dense candidates: through the filter index when the query has filters or paths."""
+    assert q.vector is not None
+    if q.allowed is None:
+        return snapshot.search_dense(q.vector, depth, q.sources)
+    return search_allowed(snapshot.index, snapshot.filters, q.vector, depth, q.allowed)
 
 
 def _score_both(
@@ -193,7 +209,7 @@ def _score_both(
 def _lift(
     snapshot: LoadedSnapshot,
     ranked: Ranked,
-    related: Callable[[Mapping[str, str]], bool],
+    related: Callable[[Mapping[str, MetaValue]], bool],
     lifted: Callable[[float], float],
 ) -> Ranked:
     out = [

@@ -17,7 +17,7 @@ from index.embedders import Embedder
 from index.embedders.factory import make_embedder
 from index.store import SnapshotStore, open_store
 from sidecar import tls
-from sidecar.engine import Engine
+from sidecar.engine import BasePolicy, Engine
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.guards import Guards
@@ -25,6 +25,7 @@ from sidecar.holder import SnapshotHolder
 from sidecar.http_door import HttpDoor
 from sidecar.lifecycle import Lifecycle, State
 from sidecar.refresh import Refresher
+from sidecar.rerank import Reranker
 from sidecar.service import RetrievalService
 from sidecar.sessions import SessionStore
 from sidecar.shards import in_shard
@@ -142,6 +143,19 @@ def sidecar_store(config: Config) -> SnapshotStore:
     )
 
 
+def base_policies(config: Config) -> dict[str, BasePolicy]:
+    """Each configured base's fallback, instructions and rerank stage (one policy for Turn,
+    Search and the knowledge tools)."""
+    return {
+        kb.name: BasePolicy(
+            fallback=kb.fallback,
+            instructions=kb.instructions,
+            reranker=Reranker(kb.rerank) if kb.rerank is not None else None,
+        )
+        for kb in config.knowledge_bases
+    }
+
+
 def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]:
     """The configured bases, or, for a config that names none, those already in the store;
     with ``[sidecar] shards`` > 1, only those of this replica's shard (sidecar/shards.py)."""
@@ -185,6 +199,7 @@ async def create_server(
         max_bytes=sc.session_memory_bytes,
         quotas={c.name: (c.max_sessions, c.session_memory_bytes) for c in sc.auth.callers},
     )
+    policies = base_policies(config)
     engine = Engine(
         config.sidecar,
         embedder,
@@ -195,6 +210,7 @@ async def create_server(
         hybrid_bases=frozenset(kb.name for kb in config.knowledge_bases if kb.hybrid),
         default_knowledge_base=config.default_knowledge_base
         or (min(names) if len(names) == 1 else ""),
+        policies=policies,
     )
     guards = Guards.build(config, engine, holder, lifecycle)
     # Port sharing only between the workers of one sidecar: otherwise a second sidecar started
@@ -205,7 +221,7 @@ async def create_server(
         options=[*guards.options, ("grpc.so_reuseport", reuse_port)],
     )
     health = HealthServicer()
-    toolbox = Toolbox.from_config(config)
+    toolbox = Toolbox.from_config(config, policies)
     pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]
         RetrievalService(engine, holder, lifecycle, toolbox), server
     )

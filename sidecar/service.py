@@ -16,8 +16,17 @@ from typing import Any, TypeVar
 import grpc
 
 from index.errors import VoxrecallError
-from sidecar import __version__, sessions
-from sidecar.engine import Engine, SearchInput, Speaker, Timings, TurnInput, TurnResult
+from index.types import MetadataFilter, meta_text
+from sidecar import __version__, scope, sessions
+from sidecar.engine import (
+    BasePolicy,
+    Engine,
+    SearchInput,
+    Speaker,
+    Timings,
+    TurnInput,
+    TurnResult,
+)
 from sidecar.errors import InvalidArgument, status_for
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -26,6 +35,7 @@ from sidecar.lifecycle import Lifecycle
 from sidecar.limits import idle_limited
 from sidecar.prefetch import Prefetcher
 from sidecar.sessions import Hit
+from sidecar.skip import Skip
 from sidecar.tools import PageReader, Toolbox
 
 log = logging.getLogger("voxrecall.service")
@@ -63,7 +73,7 @@ def chunk_message(hit: Hit) -> pb.Chunk:
         text=c.text,
         score=hit.score,
         url=c.url,
-        metadata=dict(c.metadata),
+        metadata={key: meta_text(value) for key, value in c.metadata.items()},
     )
 
 
@@ -88,6 +98,10 @@ _TOOL_FORMATS = {
 _SPEAKERS = {pb.SPEAKER_UNSPECIFIED: Speaker.USER, pb.USER: Speaker.USER, pb.AGENT: Speaker.AGENT}
 
 
+def metadata_filters(messages: Iterable[pb.MetadataFilter]) -> tuple[MetadataFilter, ...]:
+    return tuple(MetadataFilter(m.field, tuple(m.any_of)) for m in messages)
+
+
 def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
     """``session_id``, when given, stands in for an empty ``request.session_id`` (Converse)."""
     speaker = _SPEAKERS.get(request.speaker)
@@ -102,10 +116,13 @@ def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
         budget_ms=request.budget_ms,
         sources=tuple(request.sources),
         context_url=request.context_url,
+        filters=metadata_filters(request.filters),
+        source_paths=tuple(request.source_paths),
     )
 
 
-def turn_response(result: TurnResult) -> pb.TurnResponse:
+def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
+    searched = result.skipped is Skip.NOT_SKIPPED
     return pb.TurnResponse(
         chunks=_chunks(result.hits),
         context=_chunks(result.context),
@@ -120,6 +137,9 @@ def turn_response(result: TurnResult) -> pb.TurnResponse:
             source=result.followup.source,
             confidence=result.followup.confidence,
         ),
+        fallback=policy.fallback if searched and not result.hits else "",
+        instructions=policy.instructions,
+        rerank=result.rerank.name,
     )
 
 
@@ -141,7 +161,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
     @_errors
     async def Turn(self, request: pb.TurnRequest, context: Context) -> pb.TurnResponse:
         self.lifecycle.check_accepting()
-        return turn_response(await self.engine.turn(turn_input(request)))
+        turn = turn_input(request)
+        return turn_response(await self.engine.turn(turn), self._policy(turn.knowledge_base))
 
     async def Converse(
         self, request_iterator: AsyncIterator[pb.ConverseRequest], context: Context
@@ -170,7 +191,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                     prefetcher.discard()  # e.g. a skipped final never took its prefetch
                 await context.write(
                     pb.ConverseResponse(
-                        turn=turn_response(result),
+                        turn=turn_response(result, self._policy(turn.knowledge_base)),
                         prefetched=result.prefetched,
                         transcript=turn.text,
                     )
@@ -197,14 +218,23 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 session_id=request.session_id,
                 context_url=request.context_url,
                 vector=request.vector,
+                filters=metadata_filters(request.filters),
+                source_paths=tuple(request.source_paths),
             )
         )
+        policy = self._policy(request.knowledge_base)
         return pb.SearchResponse(
             chunks=_chunks(result.hits),
             timings=timings_message(result.timings),
             snapshot_version=result.snapshot_version,
             degraded=result.degraded,
+            fallback=policy.fallback if not result.hits else "",
+            instructions=policy.instructions,
+            rerank=result.rerank.name,
         )
+
+    def _policy(self, kb: str) -> BasePolicy:
+        return self.engine.policy(kb or self.engine.default_knowledge_base)
 
     @_errors
     async def EndSession(
@@ -255,7 +285,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             raise InvalidArgument(f"unknown tool format {request.format}")
         tools = []
         for fn in self.toolbox:
-            realtime, responses, chat = self.toolbox.definitions_json(fn.name)
+            snapshot = self.holder.get(fn.config.knowledge_base)
+            realtime, responses, chat = self.toolbox.definitions_json(fn.name, snapshot)
             tools.append(
                 pb.Tool(
                     name=fn.name,
@@ -265,6 +296,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                     realtime_json=realtime if pb.REALTIME in wanted else "",
                     responses_json=responses if pb.RESPONSES in wanted else "",
                     chat_completions_json=chat if pb.CHAT_COMPLETIONS in wanted else "",
+                    instructions=fn.policy.instructions,
+                    fallback=fn.policy.fallback,
                 )
             )
         return pb.ListToolsResponse(tools=tools)
@@ -279,20 +312,23 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         result = await self.toolbox.invoke(
             self.engine, request.name, request.arguments_json, request.session_id
         )
+        fn = self.toolbox.get(request.name)
         return pb.InvokeToolResponse(
             output=result.output,
             is_error=result.is_error,
             call_id=request.call_id,
             chunks=_chunks(result.hits),
+            fallback=result.fallback,
+            instructions=fn.policy.instructions if fn is not None else "",
         )
 
     @_errors
     async def ReadPage(self, request: pb.ReadPageRequest, context: Context) -> pb.ReadPageResponse:
         self.lifecycle.check_accepting()
-        snapshot = self.engine.snapshot(
-            request.knowledge_base or self.engine.default_knowledge_base
-        )
-        page = await self.pages.read(snapshot, request.source_path, request.source)
+        kb = request.knowledge_base or self.engine.default_knowledge_base
+        snapshot = self.engine.snapshot(kb)
+        allowed = scope.resolve(snapshot, kb, (), (), ())  # the caller's filters, if any
+        page = await self.pages.read(snapshot, request.source_path, request.source, allowed)
         return pb.ReadPageResponse(
             title=page.title,
             text=page.text,

@@ -1,7 +1,11 @@
 """Knowledge functions: their definitions in the formats models take, and one call of them.
 
-A ``[[function]]`` is one knowledge base, optionally narrowed to some of its sources. Its
-definition is rendered once in three formats: OpenAI Realtime ``session.update`` tools (flat),
+A ``[[function]]`` is one knowledge base, optionally narrowed to some of its sources and by
+fixed metadata filters the model cannot widen. Its arguments are ``query``, ``sources`` (when it
+has more than one), ``source_paths`` (a prefix ending in ``/``, a glob, or a path) and one
+optional argument per filterable field it allows (an enum of the values the serving snapshot
+holds, when there are at most ``MAX_ENUM_VALUES``). ``KnowledgeFunction.definitions`` builds its
+definition in three formats: OpenAI Realtime ``session.update`` tools (flat),
 the Responses API (flat, strict) and Chat Completions (nested under ``function``). A call takes
 the arguments exactly as the model emitted them. Anything wrong with them (bad JSON, an unknown
 function, no query, a filter the function does not allow) comes back as an error *output* the
@@ -31,9 +35,11 @@ from cachetools import LRUCache
 
 from index.config import Config, FunctionConfig
 from index.errors import SnapshotError
+from index.filters import Allowed
 from index.snapshot import LoadedSnapshot, page_key
-from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput
-from sidecar.errors import InvalidArgument, NotFound
+from index.types import MetadataFilter
+from sidecar.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
+from sidecar.errors import FilterRefused, InvalidArgument, NotFound
 from sidecar.limits import utf8_size
 from sidecar.sessions import Hit
 
@@ -48,6 +54,11 @@ UNAVAILABLE = "unavailable"
 
 QUERY = "query"
 SOURCES = "sources"
+SOURCE_PATHS = "source_paths"
+# A field with more values than this is offered as free strings: an enum of hundreds of tags
+# costs the model's context more than it helps.
+MAX_ENUM_VALUES = 64
+DEFINITIONS_KEPT = 64  # (function, snapshot version) definitions rendered and kept
 MIN_EXCERPT_CHARS = 80  # a shorter excerpt rarely answers anything: drop a result instead
 QUOTE_CHARS = 80  # how much of a model's bad input an error message repeats
 QUOTED_ITEMS = 5  # how many of a model's bad keys or sources an error message repeats
@@ -67,6 +78,14 @@ QUERY_DESCRIPTION = (
     "'it' or 'that' refers to from the conversation)."
 )
 SOURCES_DESCRIPTION = "Only search these sources; null or left out searches all of them."
+PATHS_DESCRIPTION = (
+    'Only search pages under these paths: a folder ending in "/" (e.g. "billing/"), a glob '
+    '(e.g. "billing/*.md") or one page\'s path; null or left out searches every page.'
+)
+
+
+def field_description(name: str) -> str:
+    return f"Only results whose {name} is one of these; null or left out: any {name}."
 
 
 def _dumps(value: Any) -> str:
@@ -108,6 +127,8 @@ def error_output(type_: str, message: str, max_chars: int | None = None) -> str:
 class ToolCall:
     query: str
     sources: tuple[str, ...]  # what the search may reach; empty only for an unrestricted base
+    filters: tuple[MetadataFilter, ...] = ()  # the model's, then the function's fixed ones
+    source_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +137,7 @@ class KnowledgeFunction:
 
     config: FunctionConfig
     searchable: tuple[str, ...]  # the function's sources, or every source of its base
+    policy: BasePolicy = NO_POLICY  # its base's fallback and instructions
 
     @property
     def name(self) -> str:
@@ -131,18 +153,26 @@ class KnowledgeFunction:
         """Whether the model may narrow a call to some sources (it has more than one)."""
         return len(self.searchable) > 1
 
-    def parameters(self, *, strict: bool) -> dict[str, Any]:
-        """The JSON Schema of the arguments; strict: every property required, optional ones nullable."""
+    def allowed_values(self, name: str, values: Sequence[str]) -> list[str]:
+        """The values of field ``name`` a model may ask for: ``values`` (the snapshot's),
+        within the function's fixed filter on that field if it has one."""
+        fixed = [f.any_of for f in self.config.filters if f.field == name]
+        return [v for v in values if all(v in allowed for allowed in fixed)]
+
+    def parameters(
+        self, *, strict: bool, values: Mapping[str, Sequence[str]] | None = None
+    ) -> dict[str, Any]:
+        """The JSON Schema of the arguments; strict: every property required, optional ones
+        nullable. ``values``: each filterable field's values in the serving snapshot (enums)."""
         properties: dict[str, Any] = {QUERY: {"type": "string", "description": QUERY_DESCRIPTION}}
-        required = [QUERY]
         if self.filterable:
-            properties[SOURCES] = {
-                "type": ["array", "null"] if strict else "array",
-                "items": {"type": "string", "enum": list(self.searchable)},
-                "description": SOURCES_DESCRIPTION,
-            }
-            if strict:
-                required.append(SOURCES)
+            properties[SOURCES] = _strings_argument(strict, SOURCES_DESCRIPTION, self.searchable)
+        properties[SOURCE_PATHS] = _strings_argument(strict, PATHS_DESCRIPTION, None)
+        for name in self.config.filterable:
+            known = self.allowed_values(name, (values or {}).get(name, ()))
+            enum = known if 0 < len(known) <= MAX_ENUM_VALUES else None
+            properties[name] = _strings_argument(strict, field_description(name), enum)
+        required = list(properties) if strict else [QUERY]
         return {
             "type": "object",
             "properties": properties,
@@ -150,35 +180,42 @@ class KnowledgeFunction:
             "additionalProperties": False,
         }
 
-    def realtime(self) -> dict[str, Any]:
+    def realtime(self, values: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
         """A tool of OpenAI Realtime ``session.update`` (``session.tools[]``)."""
         return {
             "type": "function",
             "name": self.name,
             "description": self.config.description,
-            "parameters": self.parameters(strict=False),
+            "parameters": self.parameters(strict=False, values=values),
         }
 
-    def responses(self) -> dict[str, Any]:
+    def responses(self, values: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
         """A function tool of the Responses API, in strict mode."""
         return {
             "type": "function",
             "name": self.name,
             "description": self.config.description,
-            "parameters": self.parameters(strict=True),
+            "parameters": self.parameters(strict=True, values=values),
             "strict": True,
         }
 
-    def chat_completions(self) -> dict[str, Any]:
+    def chat_completions(self, values: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
         """A tool of Chat Completions: ``{"type": "function", "function": {...}}``."""
         return {
             "type": "function",
             "function": {
                 "name": self.name,
                 "description": self.config.description,
-                "parameters": self.parameters(strict=False),
+                "parameters": self.parameters(strict=False, values=values),
             },
         }
+
+    def definitions(
+        self, values: Mapping[str, Sequence[str]] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The Realtime, Responses and Chat Completions definitions: the one schema builder
+        every door (gRPC ``ListTools``, HTTP) renders tools with."""
+        return self.realtime(values), self.responses(values), self.chat_completions(values)
 
     def parse(self, arguments_json: str) -> ToolCall:
         """The call the model meant, or ``ToolCallError`` saying what to change."""
@@ -201,17 +238,40 @@ class KnowledgeFunction:
             raise ToolCallError(
                 INVALID_ARGUMENTS, 'arguments must be a JSON object like {"query": "..."}'
             )
-        accepted = [QUERY, SOURCES] if self.filterable else [QUERY]
+        accepted = [QUERY, *([SOURCES] if self.filterable else []), SOURCE_PATHS]
+        accepted += self.config.filterable
         extra = sorted(k for k in args if k not in accepted)
         if extra:
             raise ToolCallError(
                 FILTER_NOT_ALLOWED,
                 f"{self.name} does not take {_quote_all(extra)}; "
-                f"it takes only {' and '.join(accepted)}",
+                f"it takes only {', '.join(accepted)}",
             )
         return ToolCall(
-            query=self._query(args.get(QUERY)), sources=self._sources(args.get(SOURCES))
+            query=self._query(args.get(QUERY)),
+            sources=self._sources(args.get(SOURCES)),
+            filters=(*self._filters(args), *self.config.filters),
+            source_paths=_string_list(args.get(SOURCE_PATHS), SOURCE_PATHS),
         )
+
+    def _filters(self, args: Mapping[str, Any]) -> tuple[MetadataFilter, ...]:
+        """The model's filters: each a value or list of values of a field it may filter on,
+        within the function's fixed filter on that field."""
+        out = []
+        for name in self.config.filterable:
+            values = _string_list(args.get(name), name)
+            if not values:
+                continue
+            refused = [v for v in values if not self.allowed_values(name, [v])]
+            if refused:
+                allowed = next(f.any_of for f in self.config.filters if f.field == name)
+                raise ToolCallError(
+                    FILTER_NOT_ALLOWED,
+                    f"{self.name} cannot search {name} {_quote_all(refused)}; "
+                    f"it may search {name} {_quote_all(list(allowed))}",
+                )
+            out.append(MetadataFilter(name, values))
+        return tuple(out)
 
     def _query(self, query: Any) -> str:
         if query is None:
@@ -245,6 +305,31 @@ class KnowledgeFunction:
         return tuple(dict.fromkeys(sources))
 
 
+def _strings_argument(strict: bool, description: str, enum: Sequence[str] | None) -> dict[str, Any]:
+    """An optional list-of-strings argument (nullable when strict: every key is required)."""
+    items: dict[str, Any] = {"type": "string"}
+    if enum is not None:
+        items["enum"] = list(enum)
+    return {
+        "type": ["array", "null"] if strict else "array",
+        "items": items,
+        "description": description,
+    }
+
+
+def _string_list(value: Any, name: str) -> tuple[str, ...]:
+    """A model's list of strings (or one string), without repeats; () for null or absent."""
+    if value is None or value == []:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ToolCallError(
+            INVALID_ARGUMENTS, f"{name} must be a list of non-empty strings, or null"
+        )
+    return tuple(dict.fromkeys(value))
+
+
 def _result(hit: Hit) -> dict[str, Any]:
     c = hit.chunk
     out: dict[str, Any] = {
@@ -271,25 +356,30 @@ def _trim(text: str, limit: int) -> str:
     return cut.rstrip() + "..."
 
 
-def _render(results: Sequence[dict[str, Any]], excerpt_chars: int | None, truncated: bool) -> str:
+def _render(
+    results: Sequence[dict[str, Any]],
+    excerpt_chars: int | None,
+    truncated: bool,
+    fallback: str = "",
+) -> str:
     if excerpt_chars is not None:
         results = [{**r, "excerpt": _trim(r["excerpt"], excerpt_chars)} for r in results]
     body: dict[str, Any] = {"results": list(results)}
     if not results and not truncated:
-        body["note"] = NOTHING_FOUND
+        body["note"] = fallback or NOTHING_FOUND
     if truncated:
         body["truncated"] = True
     return _dumps(body)
 
 
-def format_results(hits: Sequence[Hit], max_chars: int) -> str:
+def format_results(hits: Sequence[Hit], max_chars: int, fallback: str = "") -> str:
     """Compact JSON of the results in at most ``max_chars`` characters, always valid.
 
     First the excerpts are trimmed (all to one length, found by bisection), then results are
     dropped from the end (the lowest scores) while even ``MIN_EXCERPT_CHARS`` would not fit.
     """
     results = [_result(h) for h in hits]
-    whole = _render(results, None, truncated=False)
+    whole = _render(results, None, truncated=False, fallback=fallback)
     if len(whole) <= max_chars:
         return whole
     for n in range(len(results), 0, -1):
@@ -314,6 +404,7 @@ class Invocation:
     output: str
     is_error: bool = False
     hits: list[Hit] = field(default_factory=list)
+    fallback: str = ""  # the base's, when nothing was found
 
 
 class Toolbox:
@@ -322,22 +413,21 @@ class Toolbox:
     def __init__(self, functions: Sequence[KnowledgeFunction], max_chars: int) -> None:
         self._functions = {fn.name: fn for fn in functions}
         self.max_chars = max_chars
-        self._json = {
-            fn.name: (
-                _dumps(fn.realtime()),
-                _dumps(fn.responses()),
-                _dumps(fn.chat_completions()),
-            )
-            for fn in functions
-        }
+        self._json: LRUCache[tuple[str, str], tuple[str, str, str]] = LRUCache(DEFINITIONS_KEPT)
 
     @classmethod
-    def from_config(cls, config: Config) -> Toolbox:
+    def from_config(
+        cls, config: Config, policies: Mapping[str, BasePolicy] | None = None
+    ) -> Toolbox:
         functions = []
         for fn in config.functions:
             base_sources = tuple(s.name for s in config.knowledge_base(fn.knowledge_base).sources)
-            functions.append(KnowledgeFunction(fn, fn.sources or base_sources))
+            policy = (policies or {}).get(fn.knowledge_base, NO_POLICY)
+            functions.append(KnowledgeFunction(fn, fn.sources or base_sources, policy))
         return cls(functions, config.sidecar.tool_output_chars)
+
+    def get(self, name: str) -> KnowledgeFunction | None:
+        return self._functions.get(name)
 
     def __iter__(self) -> Iterator[KnowledgeFunction]:
         return iter(self._functions.values())
@@ -346,9 +436,22 @@ class Toolbox:
         """The functions the current caller may see (``visible``): what a tool list shows."""
         return [self._functions[name] for name in self._visible()]
 
-    def definitions_json(self, name: str) -> tuple[str, str, str]:
-        """Realtime, Responses and Chat Completions definitions of one function, as JSON."""
-        return self._json[name]
+    def definitions_json(
+        self, name: str, snapshot: LoadedSnapshot | None = None
+    ) -> tuple[str, str, str]:
+        """Realtime, Responses and Chat Completions definitions of one function, as JSON, with
+        the enums of the snapshot serving its base (kept per snapshot version)."""
+        fn = self._functions[name]
+        key = (name, snapshot.version if snapshot is not None else "")
+        found = self._json.get(key)
+        if found is None:
+            values = (
+                {f: snapshot.filters.values(f) for f in fn.config.filterable} if snapshot else {}
+            )
+            realtime, responses, chat = fn.definitions(values)
+            found = (_dumps(realtime), _dumps(responses), _dumps(chat))
+            self._json[key] = found
+        return found
 
     async def invoke(
         self, engine: Engine, name: str, arguments_json: str, session_id: str = ""
@@ -372,6 +475,8 @@ class Toolbox:
                     limit=fn.config.limit,
                     sources=call.sources,
                     session_id=session_id,
+                    filters=call.filters,
+                    source_paths=call.source_paths,
                 )
             )
         except SnapshotError as exc:
@@ -381,7 +486,11 @@ class Toolbox:
                 "the knowledge base cannot be searched right now; tell the caller you cannot "
                 "look it up at the moment",
             )
-        return Invocation(output=format_results(result.hits, self.max_chars), hits=result.hits)
+        except FilterRefused as exc:  # a filter or path the snapshot cannot apply
+            return self._error(INVALID_ARGUMENTS, str(exc))
+        fallback = fn.policy.fallback if not result.hits else ""
+        output = format_results(result.hits, self.max_chars, fn.policy.fallback)
+        return Invocation(output=output, hits=result.hits, fallback=fallback)
 
     def _visible(self) -> Iterable[str]:
         """The names the current caller may see."""
@@ -403,6 +512,11 @@ class PageText:
     url: str
 
 
+def _reachable(snapshot: LoadedSnapshot, source: str, source_path: str, allowed: Allowed) -> bool:
+    labels = snapshot.filters.page_labels(source_path)
+    return any(allowed.mask[i] and snapshot.chunks[i].source == source for i in labels)
+
+
 def _first_chunks(snapshot: LoadedSnapshot) -> dict[tuple[str, str], int]:
     first: dict[tuple[str, str], int] = {}
     for label, chunk in enumerate(snapshot.chunks):
@@ -418,7 +532,15 @@ class PageReader:
             maxsize=PAGE_INDEXES_KEPT
         )
 
-    async def read(self, snapshot: LoadedSnapshot, source_path: str, source: str = "") -> PageText:
+    async def read(
+        self,
+        snapshot: LoadedSnapshot,
+        source_path: str,
+        source: str = "",
+        allowed: Allowed | None = None,
+    ) -> PageText:
+        """A whole page; with ``allowed`` (the caller's filters), only a page with a chunk the
+        caller may reach (another is "no page", as if it did not exist)."""
         if not source_path:
             raise InvalidArgument("source_path is empty: give the page's path, as chunks carry it")
         if len(source_path) > MAX_PAGE_PATH:
@@ -429,6 +551,8 @@ class PageReader:
             )
         names = [source] if source else snapshot.source_names
         found = [s for s in names if page_key(s, source_path) in snapshot.pages]
+        if allowed is not None:
+            found = [s for s in found if _reachable(snapshot, s, source_path, allowed)]
         if not found:
             raise NotFound(f"no page {source_path!r} in snapshot {snapshot.version}")
         if len(found) > 1:

@@ -276,7 +276,8 @@ class Webhooks:
                 speaker=said.speaker,
             )
         )
-        call.sent(turn_response(result))
+        kb = self.knowledge_base or self.engine.default_knowledge_base
+        call.sent(turn_response(result, self.engine.policy(kb)))
         return result
 
     # -- tools ---------------------------------------------------------------------------------

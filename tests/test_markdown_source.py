@@ -24,7 +24,7 @@ def write(root: Path, rel: str, content: str | bytes) -> None:
         path.write_text(content, encoding="utf-8")
 
 
-def test_frontmatter_becomes_string_metadata(tmp_path: Path) -> None:
+def test_frontmatter_becomes_string_and_list_metadata(tmp_path: Path) -> None:
     write(
         tmp_path,
         "billing.md",
@@ -66,9 +66,10 @@ How refunds work.
         "title": "Billing FAQ",
         "content_type": "faq",
         "product_area": "billing",
-        "plan_scope": "pro, enterprise",
-        "tags": "invoices, refunds",
-        "related_urls": "https://example.com/a, https://example.com/b",
+        # lists stay lists of strings, so a filter can match any element (index/filters.py)
+        "plan_scope": ("pro", "enterprise"),
+        "tags": ("invoices", "refunds"),
+        "related_urls": ("https://example.com/a", "https://example.com/b"),
         "updated": "2024-05-01",
         "reviewed_at": "2024-05-01T10:30:00",
         "priority": "3",
@@ -78,7 +79,9 @@ How refunds work.
         "extra": '{"team":"payments","since":"2023-01-02"}',
     }
     assert json.loads(page.metadata["extra"]) == {"team": "payments", "since": "2023-01-02"}
-    assert all(isinstance(v, str) for v in page.metadata.values())
+    assert all(
+        isinstance(v, str) or all(isinstance(x, str) for x in v) for v in page.metadata.values()
+    )
     # the chunker copies it onto every chunk
     (chunk,) = chunk_page(page)
     assert chunk.metadata["content_type"] == "faq"

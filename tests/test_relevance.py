@@ -312,7 +312,11 @@ def test_no_context_url_matches_nothing() -> None:
 def test_metadata_from_frontmatter_lists(pages_config: Config) -> None:
     snap = loaded(pages_config)
     calendar = next(c for c in snap.chunks if c.source_path == "calendar.md")
-    assert calendar.metadata["related_urls"] == "/settings/integrations/calendar*"
+    # a frontmatter list stays a list (filters match any element); its globs still lift
+    assert calendar.metadata["related_urls"] == ("/settings/integrations/calendar*",)
+    matches = related_to("https://app.example.com/settings/integrations/calendar-sync")
+    assert matches is not None
+    assert matches(calendar.metadata)
 
 
 def test_pages_exist(pages_config: Config) -> None:

@@ -237,7 +237,7 @@ def test_jsonl_records_with_context_and_bad_lines_skipped(tmp_path: Path) -> Non
     q1, q2 = pages
     assert (q1.title, q1.text, q1.kind) == ("Parking", "Parking is free.", "text")
     assert q1.context == "Hotel A > Cambridge"
-    assert dict(q1.metadata) == {"kind": "faq", "tags": "car, free"}
+    assert dict(q1.metadata) == {"kind": "faq", "tags": ("car", "free")}  # a list stays one
     assert (q2.title, q2.context) == ("2", "Hotel B")  # no title field: the id
     (chunk,) = chunk_page(q1)
     assert chunk.embed_text == "Hotel A > Cambridge\n\nParking is free."

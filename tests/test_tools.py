@@ -31,12 +31,19 @@ from index.config import (
 )
 from index.embedders.base import Embedder
 from index.errors import ConfigError
-from index.types import Chunk
+from index.types import Chunk, MetadataFilter
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
 from sidecar.sessions import Hit
-from sidecar.tools import KnowledgeFunction, ToolCallError, format_results
+from sidecar.tools import (
+    FILTER_NOT_ALLOWED,
+    INVALID_ARGUMENTS,
+    MAX_ENUM_VALUES,
+    KnowledgeFunction,
+    ToolCallError,
+    format_results,
+)
 from tests.conftest import REPO, shared
 
 HELP_KB = REPO / "examples" / "kb"
@@ -139,6 +146,18 @@ HELP = KnowledgeFunction(
 WHOLE_BASE = KnowledgeFunction(
     FunctionConfig("search_all", "Everything.", "docs"), ("settings", "tutorials", "help")
 )
+# filterable fields, one narrowed by a fixed filter the model cannot widen
+FILTERED = KnowledgeFunction(
+    FunctionConfig(
+        "search_plans",
+        "Plan features.",
+        "docs",
+        filters=(MetadataFilter("plan_scope", ("starter", "all")),),
+        filterable=("plan_scope", "tags"),
+    ),
+    ("help",),
+)
+VALUES = {"plan_scope": ["all", "enterprise", "pro", "starter"], "tags": ["billing", "sso"]}
 
 
 def assert_strict_schema(schema: dict[str, Any]) -> None:
@@ -152,9 +171,9 @@ def assert_strict_schema(schema: dict[str, Any]) -> None:
         assert_strict_schema(schema["items"])
 
 
-@pytest.mark.parametrize("fn", [TERMINAL, HELP, WHOLE_BASE], ids=lambda f: f.name)
+@pytest.mark.parametrize("fn", [TERMINAL, HELP, WHOLE_BASE, FILTERED], ids=lambda f: f.name)
 def test_definitions_match_the_openai_types(fn: KnowledgeFunction) -> None:
-    realtime, responses, chat = fn.realtime(), fn.responses(), fn.chat_completions()
+    realtime, responses, chat = fn.definitions(VALUES)
     for model, definition in (
         (RealtimeFunctionTool, realtime),
         (FunctionTool, responses),
@@ -174,8 +193,47 @@ def test_sources_filter_is_offered_only_with_a_choice() -> None:
     terminal = TERMINAL.realtime()["parameters"]["properties"]
     assert terminal["sources"]["items"]["enum"] == ["settings", "tutorials"]
     assert TERMINAL.responses()["parameters"]["properties"]["sources"]["type"] == ["array", "null"]
-    assert set(HELP.realtime()["parameters"]["properties"]) == {"query"}
-    assert set(HELP.responses()["parameters"]["properties"]) == {"query"}
+    assert set(HELP.realtime()["parameters"]["properties"]) == {"query", "source_paths"}
+    assert set(HELP.responses()["parameters"]["properties"]) == {"query", "source_paths"}
+
+
+def test_filterable_fields_are_optional_arguments_with_the_snapshots_values() -> None:
+    realtime, responses, _ = FILTERED.definitions(VALUES)
+    props = realtime["parameters"]["properties"]
+    # the fixed filter narrows the enum: a starter-plan function never offers "enterprise"
+    assert props["plan_scope"]["items"]["enum"] == ["all", "starter"]
+    assert props["tags"]["items"]["enum"] == ["billing", "sso"]
+    assert props["source_paths"]["items"] == {"type": "string"}
+    assert realtime["parameters"]["required"] == ["query"]
+    strict = responses["parameters"]["properties"]
+    assert strict["plan_scope"]["type"] == ["array", "null"]
+    # without a snapshot's values (or with too many) the field takes free strings
+    many = {"tags": [f"t{i}" for i in range(MAX_ENUM_VALUES + 1)]}
+    assert "enum" not in FILTERED.realtime(many)["parameters"]["properties"]["tags"]["items"]
+    assert "enum" not in FILTERED.realtime()["parameters"]["properties"]["plan_scope"]["items"]
+
+
+def test_a_model_cannot_widen_a_fixed_filter() -> None:
+    call = FILTERED.parse('{"query": "sso", "tags": "sso", "plan_scope": ["starter"]}')
+    assert call.filters == (
+        MetadataFilter("plan_scope", ("starter",)),
+        MetadataFilter("tags", ("sso",)),
+        MetadataFilter("plan_scope", ("starter", "all")),
+    )
+    with pytest.raises(ToolCallError) as info:
+        FILTERED.parse('{"query": "sso", "plan_scope": ["enterprise"]}')
+    assert info.value.type == FILTER_NOT_ALLOWED
+    assert "'enterprise'" in info.value.message
+    assert "'starter'" in info.value.message
+    with pytest.raises(ToolCallError) as info:
+        FILTERED.parse('{"query": "sso", "content_type": ["faq"]}')
+    assert info.value.type == FILTER_NOT_ALLOWED
+    with pytest.raises(ToolCallError) as info:
+        FILTERED.parse('{"query": "sso", "source_paths": [3]}')
+    assert info.value.type == INVALID_ARGUMENTS
+    assert FILTERED.parse('{"query": "x", "source_paths": "billing/"}').source_paths == (
+        "billing/",
+    )
 
 
 @pytest.mark.parametrize(

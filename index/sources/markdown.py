@@ -1,7 +1,7 @@
 """A folder of Markdown files (``*.md``, ``*.markdown``) with optional YAML frontmatter.
 
 Each file is one page: ``source_path`` is its POSIX path relative to the folder, its frontmatter
-keys become the page's metadata (every value as a string), and its title is the frontmatter
+keys become the page's metadata (a list as a list of strings, any other value as a string), and its title is the frontmatter
 ``title``, else the first H1, else the file name's stem. A file that is not UTF-8, or whose
 frontmatter is not a YAML mapping, is skipped with the reason.
 """
@@ -21,7 +21,7 @@ from index.errors import SourceError
 from index.sources import SkippedPage
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
 from index.sources.text import decode_utf8
-from index.types import Page
+from index.types import MetaValue, Page
 
 __all__ = [
     "MARKDOWN_SUFFIXES",
@@ -126,6 +126,15 @@ def metadata_value(value: object) -> str:
     return str(value)
 
 
+def metadata_entry(value: object) -> MetaValue:
+    """One frontmatter value as page metadata: a list stays a list (of strings, each as
+    ``metadata_value`` writes it), so a filter can match any of its elements; anything else is
+    ``metadata_value``'s string."""
+    if isinstance(value, list | tuple):
+        return tuple(metadata_value(v) for v in value)
+    return metadata_value(value)
+
+
 def _title(frontmatter: Mapping[str, object], body: str, path: Path) -> str:
     title = metadata_value(frontmatter.get("title")).strip()
     if title:
@@ -176,5 +185,5 @@ def markdown_page(source: str, rel: str, path: Path, data: bytes) -> Page | Skip
         title=_title(fm, body, path),
         text=body,
         kind="markdown",
-        metadata=MappingProxyType({k: metadata_value(v) for k, v in fm.items()}),
+        metadata=MappingProxyType({k: metadata_entry(v) for k, v in fm.items()}),
     )

@@ -3,7 +3,7 @@
 The fields are named by the source's options: ``id_field`` (the page's ``source_path``, so a
 result maps back to its record), ``title_field``, ``text_field``, ``context_fields`` (their values,
 joined with " > ", become the contextual prefix embedded before the text, e.g. an entity name)
-and ``metadata_fields`` (kept on every chunk as strings). A record that is malformed, lacks an id
+and ``metadata_fields`` (kept on every chunk as strings, a list as a list of strings). A record that is malformed, lacks an id
 or text, or repeats an id is skipped with its line number; the rest are indexed.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, TextIO
 from index.errors import ConfigError, SourceError
 from index.sources import SkippedPage
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, too_large
-from index.sources.markdown import metadata_value
+from index.sources.markdown import metadata_entry, metadata_value
 from index.types import Page
 
 __all__ = ["RecordFields", "load_records"]
@@ -82,7 +82,7 @@ def _page(source: str, record: Mapping[str, Any], fields: RecordFields) -> Page 
     title = _scalar(record.get(fields.title_field)) or rid
     context_parts = (_scalar(record.get(f)) for f in fields.context_fields)
     metadata = {
-        f: metadata_value(record[f]) for f in fields.metadata_fields if record.get(f) is not None
+        f: metadata_entry(record[f]) for f in fields.metadata_fields if record.get(f) is not None
     }
     return Page(
         source=source,

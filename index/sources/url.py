@@ -229,7 +229,9 @@ def _pages_from(source: str, entry: Mapping[str, Any]) -> list[Page]:
             text=p["text"],
             kind=p["kind"],
             url=p["url"],
-            metadata=MappingProxyType(dict(p["metadata"])),
+            metadata=MappingProxyType(
+                {k: v if isinstance(v, str) else tuple(v) for k, v in p["metadata"].items()}
+            ),
         )
         for p in entry.get("pages", [])
     ]

@@ -22,6 +22,13 @@ class SkipReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EMPTY: _ClassVar[SkipReason]
     CLOSING: _ClassVar[SkipReason]
 
+class RerankStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RERANK_NONE: _ClassVar[RerankStatus]
+    RERANKED: _ClassVar[RerankStatus]
+    RERANK_TIMED_OUT: _ClassVar[RerankStatus]
+    RERANK_FAILED: _ClassVar[RerankStatus]
+
 class ToolFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TOOL_FORMAT_UNSPECIFIED: _ClassVar[ToolFormat]
@@ -37,6 +44,10 @@ AGENT_TURN: SkipReason
 NOT_FINAL: SkipReason
 EMPTY: SkipReason
 CLOSING: SkipReason
+RERANK_NONE: RerankStatus
+RERANKED: RerankStatus
+RERANK_TIMED_OUT: RerankStatus
+RERANK_FAILED: RerankStatus
 TOOL_FORMAT_UNSPECIFIED: ToolFormat
 REALTIME: ToolFormat
 RESPONSES: ToolFormat
@@ -83,8 +94,16 @@ class Timings(_message.Message):
     total_ms: float
     def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
+class MetadataFilter(_message.Message):
+    __slots__ = ("field", "any_of")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    ANY_OF_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    any_of: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, field: _Optional[str] = ..., any_of: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class TurnRequest(_message.Message):
-    __slots__ = ("session_id", "knowledge_base", "text", "speaker", "is_final", "budget_ms", "sources", "context_url")
+    __slots__ = ("session_id", "knowledge_base", "text", "speaker", "is_final", "budget_ms", "sources", "context_url", "filters", "source_paths")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +112,8 @@ class TurnRequest(_message.Message):
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_URL_FIELD_NUMBER: _ClassVar[int]
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PATHS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     knowledge_base: str
     text: str
@@ -101,10 +122,12 @@ class TurnRequest(_message.Message):
     budget_ms: int
     sources: _containers.RepeatedScalarFieldContainer[str]
     context_url: str
-    def __init__(self, session_id: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., text: _Optional[str] = ..., speaker: _Optional[_Union[Speaker, str]] = ..., is_final: _Optional[bool] = ..., budget_ms: _Optional[int] = ..., sources: _Optional[_Iterable[str]] = ..., context_url: _Optional[str] = ...) -> None: ...
+    filters: _containers.RepeatedCompositeFieldContainer[MetadataFilter]
+    source_paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., text: _Optional[str] = ..., speaker: _Optional[_Union[Speaker, str]] = ..., is_final: _Optional[bool] = ..., budget_ms: _Optional[int] = ..., sources: _Optional[_Iterable[str]] = ..., context_url: _Optional[str] = ..., filters: _Optional[_Iterable[_Union[MetadataFilter, _Mapping]]] = ..., source_paths: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TurnResponse(_message.Message):
-    __slots__ = ("chunks", "context", "skipped", "degraded", "query", "timings", "snapshot_version", "truncated", "followup")
+    __slots__ = ("chunks", "context", "skipped", "degraded", "query", "timings", "snapshot_version", "truncated", "followup", "fallback", "instructions", "rerank")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +137,9 @@ class TurnResponse(_message.Message):
     SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     FOLLOWUP_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     context: _containers.RepeatedCompositeFieldContainer[Chunk]
     skipped: SkipReason
@@ -123,7 +149,10 @@ class TurnResponse(_message.Message):
     snapshot_version: str
     truncated: bool
     followup: FollowUp
-    def __init__(self, chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., skipped: _Optional[_Union[SkipReason, str]] = ..., degraded: _Optional[bool] = ..., query: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., snapshot_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., followup: _Optional[_Union[FollowUp, _Mapping]] = ...) -> None: ...
+    fallback: str
+    instructions: str
+    rerank: RerankStatus
+    def __init__(self, chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., skipped: _Optional[_Union[SkipReason, str]] = ..., degraded: _Optional[bool] = ..., query: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., snapshot_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., followup: _Optional[_Union[FollowUp, _Mapping]] = ..., fallback: _Optional[str] = ..., instructions: _Optional[str] = ..., rerank: _Optional[_Union[RerankStatus, str]] = ...) -> None: ...
 
 class FollowUp(_message.Message):
     __slots__ = ("used", "source", "confidence")
@@ -136,7 +165,7 @@ class FollowUp(_message.Message):
     def __init__(self, used: _Optional[str] = ..., source: _Optional[str] = ..., confidence: _Optional[float] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("knowledge_base", "query", "limit", "min_score", "sources", "session_id", "context_url", "vector")
+    __slots__ = ("knowledge_base", "query", "limit", "min_score", "sources", "session_id", "context_url", "vector", "filters", "source_paths")
     KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +174,8 @@ class SearchRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_URL_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PATHS_FIELD_NUMBER: _ClassVar[int]
     knowledge_base: str
     query: str
     limit: int
@@ -153,19 +184,27 @@ class SearchRequest(_message.Message):
     session_id: str
     context_url: str
     vector: bytes
-    def __init__(self, knowledge_base: _Optional[str] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., min_score: _Optional[float] = ..., sources: _Optional[_Iterable[str]] = ..., session_id: _Optional[str] = ..., context_url: _Optional[str] = ..., vector: _Optional[bytes] = ...) -> None: ...
+    filters: _containers.RepeatedCompositeFieldContainer[MetadataFilter]
+    source_paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, knowledge_base: _Optional[str] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., min_score: _Optional[float] = ..., sources: _Optional[_Iterable[str]] = ..., session_id: _Optional[str] = ..., context_url: _Optional[str] = ..., vector: _Optional[bytes] = ..., filters: _Optional[_Iterable[_Union[MetadataFilter, _Mapping]]] = ..., source_paths: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("chunks", "timings", "snapshot_version", "degraded")
+    __slots__ = ("chunks", "timings", "snapshot_version", "degraded", "fallback", "instructions", "rerank")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     timings: Timings
     snapshot_version: str
     degraded: bool
-    def __init__(self, chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., snapshot_version: _Optional[str] = ..., degraded: _Optional[bool] = ...) -> None: ...
+    fallback: str
+    instructions: str
+    rerank: RerankStatus
+    def __init__(self, chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., snapshot_version: _Optional[str] = ..., degraded: _Optional[bool] = ..., fallback: _Optional[str] = ..., instructions: _Optional[str] = ..., rerank: _Optional[_Union[RerankStatus, str]] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -242,7 +281,7 @@ class ListToolsRequest(_message.Message):
     def __init__(self, format: _Optional[_Union[ToolFormat, str]] = ...) -> None: ...
 
 class Tool(_message.Message):
-    __slots__ = ("name", "description", "knowledge_base", "sources", "realtime_json", "responses_json", "chat_completions_json")
+    __slots__ = ("name", "description", "knowledge_base", "sources", "realtime_json", "responses_json", "chat_completions_json", "instructions", "fallback")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +289,8 @@ class Tool(_message.Message):
     REALTIME_JSON_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_JSON_FIELD_NUMBER: _ClassVar[int]
     CHAT_COMPLETIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     knowledge_base: str
@@ -257,7 +298,9 @@ class Tool(_message.Message):
     realtime_json: str
     responses_json: str
     chat_completions_json: str
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., realtime_json: _Optional[str] = ..., responses_json: _Optional[str] = ..., chat_completions_json: _Optional[str] = ...) -> None: ...
+    instructions: str
+    fallback: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., knowledge_base: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., realtime_json: _Optional[str] = ..., responses_json: _Optional[str] = ..., chat_completions_json: _Optional[str] = ..., instructions: _Optional[str] = ..., fallback: _Optional[str] = ...) -> None: ...
 
 class ListToolsResponse(_message.Message):
     __slots__ = ("tools",)
@@ -278,16 +321,20 @@ class InvokeToolRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., session_id: _Optional[str] = ..., call_id: _Optional[str] = ...) -> None: ...
 
 class InvokeToolResponse(_message.Message):
-    __slots__ = ("output", "is_error", "call_id", "chunks")
+    __slots__ = ("output", "is_error", "call_id", "chunks", "fallback", "instructions")
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
     output: str
     is_error: bool
     call_id: str
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
-    def __init__(self, output: _Optional[str] = ..., is_error: _Optional[bool] = ..., call_id: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ...) -> None: ...
+    fallback: str
+    instructions: str
+    def __init__(self, output: _Optional[str] = ..., is_error: _Optional[bool] = ..., call_id: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., fallback: _Optional[str] = ..., instructions: _Optional[str] = ...) -> None: ...
 
 class ReadPageRequest(_message.Message):
     __slots__ = ("knowledge_base", "source_path", "source")

@@ -1,0 +1,75 @@
+"""What one call may reach: its metadata filters and page paths, and the caller's own filters.
+
+    allowed = scope.resolve(snapshot, "help", filters, source_paths, sources)
+
+A call's filters (``SearchRequest.filters``, ``TurnRequest.filters``, a knowledge function's
+fixed filters and its model's arguments) and the filters of the caller's token
+(``[sidecar.auth.caller] filters``, set per call by ``sidecar.auth`` in ``caller_filters``) all
+apply together: the caller's filters are intersected with whatever a request asks, so no request
+can widen them. A field the snapshot has no index for is INVALID_ARGUMENT naming the fields it
+has, never a silent "no filter" (for a caller's filters too: a base that cannot apply them
+answers nothing rather than everything).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextvars import ContextVar
+
+from index.filters import Allowed
+from index.snapshot import LoadedSnapshot
+from index.types import MetadataFilter
+from sidecar.errors import FilterRefused
+
+# The current call's caller's filters ([sidecar.auth.caller] filters); empty without auth.
+caller_filters: ContextVar[tuple[MetadataFilter, ...]] = ContextVar("caller_filters", default=())
+# A request names a few fields; past this it is a client bug, refused before any mask is built.
+MAX_FILTERS = 16
+# Each glob is matched against every page of the snapshot (once, then the mask is cached):
+# 16 globs over 10,000 pages is ~20 ms the first time.
+MAX_SOURCE_PATHS = 16
+
+
+def check(filters: Sequence[MetadataFilter], source_paths: Sequence[str]) -> None:
+    """A request's filters and paths, as written: INVALID_ARGUMENT saying what to change.
+    (The interceptor already bounds every string in bytes: ``sidecar.limits``.)"""
+    if len(filters) > MAX_FILTERS:
+        raise FilterRefused(f"{len(filters)} filters; the limit is {MAX_FILTERS}")
+    for i, f in enumerate(filters):
+        if not f.field:
+            raise FilterRefused(f"filters[{i}].field is empty: name a filterable field")
+        if not f.any_of or not all(f.any_of):
+            raise FilterRefused(
+                f"filters[{i}] ({f.field!r}) needs any_of: one or more non-empty values"
+            )
+    if len(source_paths) > MAX_SOURCE_PATHS:
+        raise FilterRefused(f"{len(source_paths)} source_paths; the limit is {MAX_SOURCE_PATHS}")
+    if not all(source_paths):
+        raise FilterRefused(
+            'a source_paths entry is empty: give a prefix ending in "/", a glob, or a path'
+        )
+
+
+def resolve(
+    snapshot: LoadedSnapshot,
+    kb: str,
+    filters: Sequence[MetadataFilter],
+    source_paths: Sequence[str],
+    sources: Sequence[str],
+) -> Allowed | None:
+    """What the call may reach in ``snapshot``, with the caller's filters; None: no filter
+    beyond ``sources`` (which the snapshot's source partitions serve)."""
+    check(filters, source_paths)
+    every = (*filters, *caller_filters.get())
+    unknown = snapshot.filters.unknown(every)
+    if unknown:
+        known = ", ".join(sorted(snapshot.filters.fields)) or "none"
+        raise FilterRefused(
+            f"knowledge base {kb!r} cannot filter on {', '.join(map(repr, unknown))} (its "
+            f"filterable fields: {known}): add them to its [[knowledge_base]] filterable and "
+            "rebuild"
+        )
+    if not every and not source_paths:
+        return None
+    mask = snapshot.source_mask(sources)
+    return snapshot.filters.allowed(every, source_paths, mask)
