@@ -305,7 +305,9 @@ def test_a_trickling_download_ends_at_its_deadline_and_resumes_later(
     client, name = bucket
     proxy = FaultProxy(moto_server.port)
     try:
-        options = HttpOptions(timeout_s=5.0, download_timeout_s=0.5, attempts=2, backoff_s=0.01)
+        # the deadline is per file: 2 s, so the small files before the trickled one finish
+        # within theirs on a loaded machine (at 0.5 s one did not, under a load average of 14)
+        options = HttpOptions(timeout_s=5.0, download_timeout_s=2.0, attempts=2, backoff_s=0.01)
         s3 = S3Options(endpoint_url=proxy.url)
         store = S3Store(f"s3://{name}/{PREFIX}", tmp_path / "cache", options, s3)
         _publish(Mirror(tmp_path / "published", client, name, PREFIX))

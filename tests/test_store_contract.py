@@ -382,7 +382,9 @@ def test_a_trickling_download_ends_at_its_deadline_and_resumes_later(tmp_path: P
     root.mkdir()
     server = StaticServer(root).start()
     try:
-        options = HttpOptions(timeout_s=5.0, download_timeout_s=0.5, attempts=2, backoff_s=0.01)
+        # the deadline is per file: 2 s, so the small files before the trickled one finish
+        # within theirs on a loaded machine (at 0.5 s one did not, under a load average of 14)
+        options = HttpOptions(timeout_s=5.0, download_timeout_s=2.0, attempts=2, backoff_s=0.01)
         store = HttpStore(server.url, tmp_path / "cache", options)
         write_version(root, version_id(1), EMBEDDER)
         server.hostile, server.hostile_suffix, server.trickle_s = "trickle", f"/{VECTORS}", 0.05
