@@ -25,7 +25,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from index.config import parse_config
-from index.embedders.base import Embedder
+from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
 from sidecar import logs, sessions
 from sidecar.gen import retrieval_pb2 as pb
@@ -527,3 +527,30 @@ async def test_http_calls_log_their_door(sidecar: Sidecar) -> None:
     assert ended
     assert ended[0]["door"] == "http"
     assert ended[0]["method"] == "Tool"
+
+
+# -- the budget ----------------------------------------------------------------------------------
+
+
+async def test_a_stuck_embedder_is_answered_lexically_through_every_http_door(
+    tmp_path: Path, secrets: None
+) -> None:
+    """The turn's budget and lexical fallback hold on the HTTP door as on gRPC: with a model
+    that never answers, a Vapi request, a tool webhook call and an MCP tool call still answer,
+    from the lexical index, within the budget."""
+    store = build_store(tmp_path, FakeEmbedder(dimension=32))
+    config = sidecar_config(store, auth=AUTH, http=HTTP, budget_ms=150)
+    async with running(config, FakeEmbedder(dimension=32, hang=True)) as sc:
+        reply = await vapi(sc, [{"role": "user", "content": "How do I export my data?"}])
+        assert reply.status_code == 200
+        assert reply.json()["documents"][0]["content"].startswith("Export your data")
+
+        tool = await post_tool(sc, RETELL_BODY, signed(RETELL_BODY))
+        assert tool.status_code == 200
+        assert tool.json()["results"][0]["title"] == "Reset your password"
+
+        async with mcp_session(sc) as session:
+            result = await session.call_tool("search_help", {"query": "reset my password"})
+        assert not result.is_error
+        assert output(result)["results"][0]["title"] == "Reset your password"
+        assert sc.engine.vectors.stats.late >= 1  # the stuck model was left behind, not awaited
