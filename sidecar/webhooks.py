@@ -39,6 +39,7 @@ from sidecar import sessions
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.limits import NAME_BYTES, utf8_size
 from sidecar.service import turn_response
 from sidecar.sessions import Hit
 from sidecar.tools import Toolbox
@@ -114,8 +115,8 @@ class Conversations:
     """How much of each call's message list its session has been fed, so a message Vapi sends
     again (every request carries the whole call) is fed once. Bounded like the sessions: as
     many calls as ``max_sessions``, each forgotten ``session_ttl_s`` after its last request;
-    an entry is its key (a caller name and a call id of at most 256 bytes), 24 bytes and one
-    query (at most ``MAX_TEXT_CHARS``)."""
+    an entry is its key (a caller name and a call id of at most ``NAME_BYTES``, checked before
+    it is kept), 24 bytes and one query (at most ``MAX_TEXT_CHARS``)."""
 
     def __init__(self, max_calls: int, ttl_s: float) -> None:
         self._fed: TTLCache[tuple[str, str], Fed] = TTLCache(max_calls, ttl_s)
@@ -246,6 +247,7 @@ class Webhooks:
         )
         if not call_id:
             raise InvalidArgument("message.call.id is missing: it names the call's session")
+        _check_call_id(call_id)
         fresh, fed = self.conversations.new((sessions.owner.get(), call_id), messages)
         said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
         hits: list[Hit] = []
@@ -303,6 +305,18 @@ class Webhooks:
         result = await self.toolbox.invoke(self.engine, function, arguments, session_id)
         extra = [(b"x-voxrecall-tool-error", b"true")] if result.is_error else []
         return 200, result.output.encode(), extra
+
+
+def _check_call_id(call_id: str) -> None:
+    """Refuse a call id over ``NAME_BYTES`` before it is kept: a request that feeds no turn
+    (no messages, or none with words) is otherwise never checked, and each entry of
+    ``Conversations`` would hold as much as a whole body."""
+    size = utf8_size(call_id, NAME_BYTES)
+    if size > NAME_BYTES:
+        raise InvalidArgument(
+            f"message.call.id (or {SESSION_HEADER}) is {'at least ' if len(call_id) > NAME_BYTES else ''}"
+            f"{size} bytes; the limit is {NAME_BYTES}: send the platform's call id"
+        )
 
 
 def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str, str]:

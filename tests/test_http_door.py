@@ -329,6 +329,35 @@ async def test_a_bad_vapi_body_is_a_400_saying_what_to_send(
     assert says in reply.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("messages", [[], [{"role": "system", "content": "You are kind."}]])
+async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
+    sidecar: Sidecar, messages: list[dict[str, Any]]
+) -> None:
+    """A request that feeds no turn is never checked by the hooks: its call id must still be
+    bounded, or each remembered call holds as much as a whole body."""
+    assert sidecar.http is not None
+    fed = sidecar.http.webhooks.conversations._fed
+    before = len(fed)
+    body = vapi_request(messages)
+    body["message"]["call"]["id"] = "c" * 8000
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            json=body,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+        by_header = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            json=vapi_request(messages),
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET, "x-voxrecall-session": "h" * 4000}),
+        )
+    for answer in (reply, by_header):
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == "INVALID_ARGUMENT"
+        assert "the limit is 1024" in answer.json()["error"]["message"]
+    assert len(fed) == before
+
+
 # -- the tool webhook -------------------------------------------------------------------------
 
 
@@ -378,7 +407,13 @@ async def test_a_signed_tool_call_returns_the_functions_output(sidecar: Sidecar,
         retell_signed(RETELL_BODY, age_ms=10 * 60 * 1000),
         {"x-retell-signature": "v=1,d=zz"},
     ],
-    ids=["unsigned", "other-secret", "other-body", "stale-retell", "malformed-retell"],
+    ids=[
+        "unsigned",
+        "other-secret",
+        "other-body",
+        "stale-retell",
+        "malformed-retell",
+    ],
 )
 async def test_an_unsigned_or_badly_signed_tool_call_is_refused(
     sidecar: Sidecar, headers: dict[str, str]
