@@ -183,7 +183,8 @@ def verify_signature(secret: bytes, body: bytes, headers: Mapping[str, str]) -> 
     if generic:
         scheme, _, given = generic.partition("=")
         expected = hmac.new(secret, body, hashlib.sha256).hexdigest()
-        if scheme == "sha256" and hmac.compare_digest(given.lower(), expected):
+        # as bytes: compare_digest raises on a str with a non-ASCII character (a header may hold one)
+        if scheme == "sha256" and hmac.compare_digest(given.lower().encode(), expected.encode()):
             return
         raise Unauthenticated(
             f"{SIGNATURE_HEADER} does not match the body: sign the exact bytes sent, "

@@ -406,6 +406,7 @@ async def test_a_signed_tool_call_returns_the_functions_output(sidecar: Sidecar,
         signed(RETELL_BODY + b" "),
         retell_signed(RETELL_BODY, age_ms=10 * 60 * 1000),
         {"x-retell-signature": "v=1,d=zz"},
+        {"x-voxrecall-signature": "sha256=caf\xe9".encode("latin-1")},
     ],
     ids=[
         "unsigned",
@@ -413,6 +414,7 @@ async def test_a_signed_tool_call_returns_the_functions_output(sidecar: Sidecar,
         "other-body",
         "stale-retell",
         "malformed-retell",
+        "non-ascii-signature",
     ],
 )
 async def test_an_unsigned_or_badly_signed_tool_call_is_refused(
