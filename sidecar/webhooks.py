@@ -96,9 +96,20 @@ def _digests(messages: list[Any]) -> Iterator[bytes]:
     h = hashlib.blake2b(digest_size=16)
     yield h.digest()
     for m in messages:
-        said = (m.get("role"), m.get("content", m.get("message"))) if isinstance(m, dict) else m
-        h.update(orjson.dumps(said, default=str) + b"\0")
+        h.update(orjson.dumps(_words(m)) + b"\0")
         yield h.digest()
+
+
+def _words(message: Any) -> tuple[str | None, str | None]:
+    """A message's role and words where they are strings (all ``_said`` reads of it): whatever
+    else it holds, nested however deep, neither feeds a turn nor breaks the digest."""
+    if not isinstance(message, dict):
+        return None, None
+    role, text = message.get("role"), message.get("content", message.get("message"))
+    return (
+        role if isinstance(role, str) else None,
+        text if isinstance(text, str) else None,
+    )
 
 
 @dataclass(slots=True)
@@ -337,5 +348,16 @@ def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str
         or _string(payload.get("session_id"), "session_id")
         or _string(payload.get("call_id"), "call_id")
     )
-    text = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
-    return text, session_id
+    return _arguments_json(arguments), session_id
+
+
+def _arguments_json(arguments: Any) -> str:
+    """The arguments as the JSON text ``InvokeTool`` takes (a string as it came)."""
+    if isinstance(arguments, str):
+        return arguments
+    try:
+        return orjson.dumps(arguments).decode()
+    except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes (255)
+        raise InvalidArgument(
+            f'the arguments cannot be read ({exc}): send a flat object like {{"query": "..."}}'
+        ) from exc

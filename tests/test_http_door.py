@@ -358,6 +358,30 @@ async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
     assert len(fed) == before
 
 
+DEEP = b"[" * 600 + b"]" * 600  # JSON orjson reads (1024 levels) but writes only to 255
+
+
+@pytest.mark.parametrize(
+    "junk", [DEEP, b'{"role": "user", "content": ' + DEEP + b"}"], ids=["message", "content"]
+)
+async def test_a_deeply_nested_vapi_message_is_skipped_not_a_500(
+    sidecar: Sidecar, junk: bytes
+) -> None:
+    question = orjson.dumps({"role": "user", "content": "How do I reset my password?"})
+    body = (
+        b'{"message": {"type": "knowledge-base-request", "call": {"id": "vapi-deep"}, '
+        b'"messages": [' + junk + b", " + question + b"]}}"
+    )
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            content=body,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+    assert reply.status_code == 200
+    assert "Reset your password" in reply.json()["documents"][0]["content"]
+
+
 # -- the tool webhook -------------------------------------------------------------------------
 
 
@@ -439,6 +463,14 @@ async def test_the_tool_webhook_takes_each_platforms_shape(
     reply = await post_tool(sidecar, body, signed(body))
     assert reply.status_code == 200
     assert reply.json()["results"][0]["title"] == "Reset your password"
+
+
+async def test_tool_arguments_nested_too_deep_are_a_400_not_a_500(sidecar: Sidecar) -> None:
+    body = b'{"query": ' + DEEP + b', "session_id": "s-deep"}'
+    reply = await post_tool(sidecar, body, signed(body))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
+    assert "flat object" in reply.json()["error"]["message"]
 
 
 async def test_tool_webhook_mistakes_are_outputs_and_bad_requests_are_4xx(
