@@ -6,6 +6,7 @@ The scope cases that run against both doors are in tests/test_http_scopes.py.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import io
@@ -27,9 +28,10 @@ from mcp.client.streamable_http import streamable_http_client
 from index.config import parse_config
 from index.embedders.base import Embedder
 from index.errors import ConfigError
-from sidecar import logs, sessions
+from sidecar import http_door, logs, sessions
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.http_door import MAX_HEAD_BYTES
 from sidecar.server import Sidecar
 from tests.hardening_kit import (
     TOKEN_A,
@@ -42,6 +44,7 @@ from tests.hardening_kit import (
 from tests.test_metrics import scrape, value
 
 VAPI_SECRET = "vapi-secret-for-tests-0001"
+LIVENESS_S = 20.0  # how long a raw exchange may wait for the door: not a timing check
 WEBHOOK_SECRET = "webhook-secret-for-tests-0001"
 AUTH = {
     "token_env": "VOX_TEST_TOKEN",
@@ -509,6 +512,47 @@ async def test_a_body_over_the_byte_limit_is_413_before_it_is_read(sidecar: Side
     assert wrong.status_code == 405
     assert nowhere.status_code == 404
     assert "/vapi/knowledge-base" in nowhere.json()["error"]["message"]
+
+
+async def exchange(sc: Sidecar, data: bytes) -> bytes:
+    """What the door answers to ``data`` sent raw, up to its closing the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(LIVENESS_S):
+            return await reader.read()
+    except ConnectionResetError:
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_headers_over_the_head_limit_are_431_not_read_on(sidecar: Sidecar) -> None:
+    start = b"POST /vapi/knowledge-base HTTP/1.1\r\nhost: x\r\nx-junk: "
+    # one byte over, and no end to the headers: only the limit answers it (all of it is read
+    # by then, so the close cannot cut the answer off with a reset)
+    head = start + b"a" * (MAX_HEAD_BYTES + 1 - len(start))
+    answer = await exchange(sidecar, head)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b"headers are over" in answer
+    async with httpx2.AsyncClient() as http:  # the door serves on
+        assert (await http.get(url(sidecar, "/healthz"))).status_code == 200
+
+
+@pytest.fixture
+def short_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_door, "HEAD_TIMEOUT_S", 0.2)
+
+
+@pytest.mark.usefixtures("short_heads")
+@pytest.mark.parametrize(
+    "sent", [b"", b"POST /mcp HTTP/1.1\r\nhost: x\r\n"], ids=["nothing", "half"]
+)
+async def test_a_connection_that_stalls_in_its_head_is_closed(
+    sidecar: Sidecar, sent: bytes
+) -> None:
+    assert await exchange(sidecar, sent) == b""  # closed, where it was held open for ever
 
 
 async def test_http_calls_are_counted_by_door(sidecar: Sidecar) -> None:
