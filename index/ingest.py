@@ -10,6 +10,10 @@ listener refuses to start. A wrong or missing token is 401, an unknown base 404.
 only queues the rebuild: the watcher runs it next (at once when idle, after the build in
 progress otherwise), as every build: the new snapshot is published (its ``LATEST`` pointer
 moved) only once complete, and nothing when nothing changed. Requests carry no body.
+
+A connection gets ``REQUEST_TIMEOUT_S`` for each read of its request (one that stalls is
+closed), and at most ``MAX_CONNECTIONS`` are served at once (one past that is closed unread):
+the listener's threads are bounded whatever its callers do.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ __all__ = ["RebuildListener", "Rebuilds"]
 log = logging.getLogger("voxrecall.index.ingest")
 
 PREFIX = "/rebuild/"
+# A CI job sends its request at once; a connection still silent after this long is stalled
+# (or holding a thread on purpose).
+REQUEST_TIMEOUT_S = 10.0
+# Requests are rare: more at once than this is a flood, and each would hold a thread.
+MAX_CONNECTIONS = 16
 
 
 class Rebuilds(Protocol):
@@ -53,7 +62,7 @@ class RebuildListener:
         host, _, port = listen.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError(f"--listen must be host:port, e.g. 127.0.0.1:8089, got {listen!r}")
-        self._httpd = ThreadingHTTPServer((host, int(port)), _handler(token.encode(), rebuilds))
+        self._httpd = _BoundedServer((host, int(port)), _handler(token.encode(), rebuilds))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -76,9 +85,36 @@ class RebuildListener:
             self._thread.join(timeout=5)
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A threading server that serves at most ``MAX_CONNECTIONS`` connections at once; one
+    past that is closed unread (its client may retry)."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.warning("rebuild listener: %d connections open; closed one more", MAX_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = REQUEST_TIMEOUT_S  # per read: a stalled connection is closed
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), format % args)

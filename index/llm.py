@@ -13,6 +13,8 @@ serves one build of one base:
 - **spend cap**: the tokens the server reports (prompt + completion) are added up per build;
   at ``max_build_tokens`` no further request starts and the build stops with
   ``SpendCapReached``: nothing is published, the answers so far stay cached for the next try;
+- **bounded answers**: an answer is read in pieces, at most ``answer_limit`` bytes (what
+  ``max_output_tokens`` can hold, with room to spare); a larger one is malformed;
 - **counters**: calls, cache hits, tokens and failures, for the build's ``--json`` summary.
 
 A request that still fails after its retries, or whose answer is malformed (no text, or cut
@@ -48,6 +50,10 @@ BACKOFF_S = 0.5  # the first wait after a 429 or 5xx; each retry doubles it
 MAX_BACKOFF_S = 30.0  # also caps a server's Retry-After, so one answer cannot stall a build
 # When the server reports no usage: ~4 characters a token (English prose with a BPE tokenizer).
 CHARS_PER_TOKEN = 4
+# An answer's body is at most this many bytes a token it may hold (a token is a few characters;
+# JSON may escape each as \uXXXX), plus the envelope: past that it is not an answer.
+ANSWER_BYTES_PER_TOKEN = 64
+ANSWER_ENVELOPE_BYTES = 64 * 1024
 IMAGE_TOKENS = 1000  # a guess for one image when the server reports no usage (a 1024px tile set)
 _RETRYABLE = (
     openai.RateLimitError,
@@ -230,13 +236,24 @@ class ModelCaller:
         raise AssertionError("unreachable")
 
     async def _request(self, client: openai.AsyncOpenAI, ask: Ask) -> bytes:
-        raw = await client.chat.completions.with_raw_response.create(
+        """The answer's body, read in pieces up to ``answer_limit`` bytes."""
+        limit = answer_limit(self.config.max_output_tokens)
+        async with client.chat.completions.with_streaming_response.create(
             model=self.config.model,
             messages=_messages(ask),  # type: ignore[arg-type]
             max_tokens=self.config.max_output_tokens,
             temperature=0,
-        )
-        return raw.http_response.content
+        ) as response:
+            body = bytearray()
+            async for piece in response.iter_bytes():
+                body += piece
+                if len(body) > limit:
+                    self.usage.tokens += self.config.max_output_tokens  # it was spent
+                    raise _Failed(
+                        f"malformed answer: over {limit} bytes, more than max_output_tokens = "
+                        f"{self.config.max_output_tokens} can hold"
+                    )
+            return bytes(body)
 
     def _answer(self, body: bytes, ask: Ask) -> str:
         """The answer's text; its tokens counted (even when malformed: they were spent)."""
@@ -252,6 +269,11 @@ class ModelCaller:
         if finish == "length":
             raise _Failed(f"answer cut off at max_output_tokens = {self.config.max_output_tokens}")
         return text.strip()
+
+
+def answer_limit(max_output_tokens: int) -> int:
+    """The most bytes an answer of ``max_output_tokens`` tokens is read to."""
+    return ANSWER_ENVELOPE_BYTES + ANSWER_BYTES_PER_TOKEN * max_output_tokens
 
 
 def _messages(ask: Ask) -> list[dict[str, Any]]:

@@ -49,6 +49,9 @@ SCHEME = "s3://"
 DEFAULT_REGION = "us-east-1"  # what S3 assumes when none is given; any region for MinIO
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's bucket naming rules
 _PREFIX = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")  # key parts that need no escaping
+# Pages of a listing read at most (1000 names each): a prefix holds a handful of bases, and a
+# store whose listing goes on past this is broken (or endless on purpose).
+MAX_LIST_PAGES = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +154,7 @@ class S3Store(HttpStore):
             pages = client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.location.bucket, Prefix=prefix, Delimiter="/"
             )
-            found = [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", [])]
+            found = _common_prefixes(pages, self.location)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise StoreUnavailable(f"{self.location}: cannot list the bases: {exc}") from exc
         names = (p[len(prefix) :].rstrip("/") for p in found)
@@ -190,6 +193,20 @@ class S3Store(HttpStore):
                     log.warning("%s: no AWS credentials found: requests go unsigned", self)
             credentials = self._credentials
         return None if credentials is None else credentials.get_frozen_credentials()
+
+
+def _common_prefixes(pages: Any, location: S3Location) -> list[str]:
+    """The common prefixes of a listing's pages, read up to ``MAX_LIST_PAGES`` pages."""
+    found: list[str] = []
+    for n, page in enumerate(pages, 1):
+        if n > MAX_LIST_PAGES:
+            raise StoreUnavailable(
+                f"{location}: the listing goes on past {MAX_LIST_PAGES} pages; a prefix holds a "
+                "few bases: point the store at the prefix that holds them"
+            )
+        prefixes = page.get("CommonPrefixes", [])
+        found.extend(p["Prefix"] for p in prefixes if isinstance(p.get("Prefix"), str))
+    return found
 
 
 def _client_config(timeout_s: float) -> botocore.config.Config:

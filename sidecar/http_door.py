@@ -17,7 +17,8 @@ of each field), on a ``Call`` whose door is ``http``, and checks the same proto 
 (``TurnRequest``, ``InvokeToolRequest``, ``ReadPageRequest``) a gRPC client would send: whatever
 the token could not reach over gRPC it cannot reach here. A body over ``[sidecar.http]
 max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
-``BODY_TIMEOUT_S`` gets 408. Errors are ``{"error": {"code", "message"}}`` with the HTTP status
+``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
+whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). Errors are ``{"error": {"code", "message"}}`` with the HTTP status
 ``sidecar.errors.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
 """
 
@@ -35,6 +36,7 @@ import grpc
 import orjson
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from index.config import Config
 from index.errors import VoxrecallError
@@ -59,6 +61,12 @@ PATHS = f"{MCP_PATH}, {VAPI_PATH}, {TOOLS_PREFIX}{{function}}, /healthz, /readyz
 BODY_TIMEOUT_S = 10.0
 # After the drain every call is done: this is how long a connection still sending gets.
 CLOSE_TIMEOUT_S = 1
+# A request's head (request line and headers): at most this many bytes (431 past it), and
+# whole within HEAD_TIMEOUT_S of the connection or of its first byte (closed after that).
+# uvicorn's httptools protocol bounds neither: a client could grow one header without end, or
+# hold a connection open by never finishing one.
+MAX_HEAD_BYTES = 64 * 1024
+HEAD_TIMEOUT_S = 10.0
 JSON = (b"content-type", b"application/json")
 
 
@@ -358,6 +366,7 @@ class HttpDoor:
             access_log=False,
             server_header=False,
             timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
+            http=_BoundedHead,
             **_tls_options(self.config),
         )
         self._mcp_task = asyncio.create_task(self._run_mcp())
@@ -389,6 +398,64 @@ class HttpDoor:
         async with self.mcp.running():
             self._mcp_ready.set()
             await self._mcp_stop.wait()
+
+
+class _BoundedHead(HttpToolsProtocol):
+    """uvicorn's httptools protocol with each request's head bounded: ``MAX_HEAD_BYTES``
+    (431, then closed) and ``HEAD_TIMEOUT_S`` (closed). The body is ``read_body``'s."""
+
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self._head_bytes = 0
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is not None:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._head_timer is None or self.transport.is_closing():
+            return
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._disarm()
+            message = f"the request's headers are over {MAX_HEAD_BYTES} bytes"
+            body = orjson.dumps({"error": {"code": "INVALID_ARGUMENT", "message": message}})
+            self.transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
+                b"application/json\r\nconnection: close\r\ncontent-length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            self.transport.close()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
 class _InLoopServer(uvicorn.Server):

@@ -39,6 +39,7 @@ from sidecar import sessions
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.limits import NAME_BYTES, utf8_size
 from sidecar.service import turn_response
 from sidecar.sessions import Hit
 from sidecar.tools import Toolbox
@@ -95,9 +96,20 @@ def _digests(messages: list[Any]) -> Iterator[bytes]:
     h = hashlib.blake2b(digest_size=16)
     yield h.digest()
     for m in messages:
-        said = (m.get("role"), m.get("content", m.get("message"))) if isinstance(m, dict) else m
-        h.update(orjson.dumps(said, default=str) + b"\0")
+        h.update(orjson.dumps(_words(m)) + b"\0")
         yield h.digest()
+
+
+def _words(message: Any) -> tuple[str | None, str | None]:
+    """A message's role and words where they are strings (all ``_said`` reads of it): whatever
+    else it holds, nested however deep, neither feeds a turn nor breaks the digest."""
+    if not isinstance(message, dict):
+        return None, None
+    role, text = message.get("role"), message.get("content", message.get("message"))
+    return (
+        role if isinstance(role, str) else None,
+        text if isinstance(text, str) else None,
+    )
 
 
 @dataclass(slots=True)
@@ -114,8 +126,8 @@ class Conversations:
     """How much of each call's message list its session has been fed, so a message Vapi sends
     again (every request carries the whole call) is fed once. Bounded like the sessions: as
     many calls as ``max_sessions``, each forgotten ``session_ttl_s`` after its last request;
-    an entry is its key (a caller name and a call id of at most 256 bytes), 24 bytes and one
-    query (at most ``MAX_TEXT_CHARS``)."""
+    an entry is its key (a caller name and a call id of at most ``NAME_BYTES``, checked before
+    it is kept), 24 bytes and one query (at most ``MAX_TEXT_CHARS``)."""
 
     def __init__(self, max_calls: int, ttl_s: float) -> None:
         self._fed: TTLCache[tuple[str, str], Fed] = TTLCache(max_calls, ttl_s)
@@ -182,7 +194,8 @@ def verify_signature(secret: bytes, body: bytes, headers: Mapping[str, str]) -> 
     if generic:
         scheme, _, given = generic.partition("=")
         expected = hmac.new(secret, body, hashlib.sha256).hexdigest()
-        if scheme == "sha256" and hmac.compare_digest(given.lower(), expected):
+        # as bytes: compare_digest raises on a str with a non-ASCII character (a header may hold one)
+        if scheme == "sha256" and hmac.compare_digest(given.lower().encode(), expected.encode()):
             return
         raise Unauthenticated(
             f"{SIGNATURE_HEADER} does not match the body: sign the exact bytes sent, "
@@ -246,6 +259,7 @@ class Webhooks:
         )
         if not call_id:
             raise InvalidArgument("message.call.id is missing: it names the call's session")
+        _check_call_id(call_id)
         fresh, fed = self.conversations.new((sessions.owner.get(), call_id), messages)
         said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
         hits: list[Hit] = []
@@ -306,6 +320,18 @@ class Webhooks:
         return 200, result.output.encode(), extra
 
 
+def _check_call_id(call_id: str) -> None:
+    """Refuse a call id over ``NAME_BYTES`` before it is kept: a request that feeds no turn
+    (no messages, or none with words) is otherwise never checked, and each entry of
+    ``Conversations`` would hold as much as a whole body."""
+    size = utf8_size(call_id, NAME_BYTES)
+    if size > NAME_BYTES:
+        raise InvalidArgument(
+            f"message.call.id (or {SESSION_HEADER}) is {'at least ' if len(call_id) > NAME_BYTES else ''}"
+            f"{size} bytes; the limit is {NAME_BYTES}: send the platform's call id"
+        )
+
+
 def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str, str]:
     """The arguments (as a JSON string) and the session id of a tool webhook's body."""
     if "args" in payload:
@@ -323,5 +349,16 @@ def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str
         or _string(payload.get("session_id"), "session_id")
         or _string(payload.get("call_id"), "call_id")
     )
-    text = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
-    return text, session_id
+    return _arguments_json(arguments), session_id
+
+
+def _arguments_json(arguments: Any) -> str:
+    """The arguments as the JSON text ``InvokeTool`` takes (a string as it came)."""
+    if isinstance(arguments, str):
+        return arguments
+    try:
+        return orjson.dumps(arguments).decode()
+    except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes (255)
+        raise InvalidArgument(
+            f'the arguments cannot be read ({exc}): send a flat object like {{"query": "..."}}'
+        ) from exc

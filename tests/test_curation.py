@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from index import ingest
 from index.build import build_knowledge_base
 from index.config import Config, load_config
 from index.curation import Registry
@@ -153,6 +155,73 @@ def test_an_authenticated_request_rebuilds_one_base_now(
     assert body["last"]["summary"]["published"] is True  # type: ignore[index]
     assert store.latest("kb") != first
     assert first in store.versions("kb")  # the previous version stays: a rollback is a pointer
+
+
+@pytest.fixture
+def listening(tmp_path: Path) -> Iterator[tuple[Watcher, RebuildListener]]:
+    """A listener over a watcher that does not run: a request only queues."""
+    path, _ = setup(tmp_path)
+    watcher = Watcher(load_config(path), HashEmbedder(dimension=32), WatchOptions(poll_s=3600))
+    listener = RebuildListener("127.0.0.1:0", TOKEN, watcher, "VOXRECALL_REBUILD_TOKEN").start()
+    yield watcher, listener
+    listener.stop()
+
+
+def closed_unanswered(sock: socket.socket) -> bool:
+    """Whether the listener closed ``sock`` without a byte of answer."""
+    sock.settimeout(LIVENESS_S)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:  # closed with the request unread
+        return True
+
+
+def accepted(port: int) -> bool:
+    try:
+        return request(port, "POST", "/rebuild/kb")[0] == 202
+    except (http.client.RemoteDisconnected, ConnectionResetError):
+        return False
+
+
+@pytest.fixture
+def short_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ingest, "REQUEST_TIMEOUT_S", 0.2)
+
+
+@pytest.mark.usefixtures("short_reads")
+def test_a_stalled_rebuild_request_is_closed(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    watcher, listener = listening
+    with socket.create_connection(("127.0.0.1", listener.port)) as stalled:
+        stalled.sendall(b"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer ")  # and no more
+        assert closed_unanswered(stalled)
+    assert watcher.last("kb")["queued"] is False
+    assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
+
+
+@pytest.fixture
+def two_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ingest, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(ingest, "REQUEST_TIMEOUT_S", 600.0)  # the idle ones hold their slots
+
+
+@pytest.mark.usefixtures("two_connections")
+def test_a_flood_of_rebuild_connections_is_bounded(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    watcher, listener = listening
+    idle = [socket.create_connection(("127.0.0.1", listener.port)) for _ in range(2)]
+    with socket.create_connection(("127.0.0.1", listener.port)) as third:
+        third.sendall(
+            f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+        )
+        assert closed_unanswered(third)
+    assert watcher.last("kb")["queued"] is False  # the refused request queued nothing
+    for sock in idle:
+        sock.close()
+    wait_for(lambda: accepted(listener.port), "a free slot")
+    assert watcher.last("kb")["queued"] is True
 
 
 def test_the_listener_needs_a_long_token() -> None:

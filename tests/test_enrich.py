@@ -18,7 +18,7 @@ from index.config import Config, parse_config
 from index.embedders.base import HashEmbedder, Vectors
 from index.enrich import ORIGINALS
 from index.errors import ConfigError, SpendCapReached
-from index.llm import ModelCaller
+from index.llm import ModelCaller, answer_limit
 from index.snapshot import load_snapshot, page_key
 from index.store import LocalStore
 from index.summaries import SUMMARY_TEXTS, heading_summary
@@ -126,6 +126,27 @@ def test_a_failed_cleanup_keeps_the_original_and_is_named(
     manual = " ".join(c.text for c in snap.chunks if c.source_path == "manual.md")
     assert "con-\nnects" in manual  # the original, not a half answer
     assert ORIGINALS not in snap.manifest.files
+
+
+def test_an_answer_larger_than_its_tokens_can_hold_is_a_failure(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    """A server that streams far more than max_output_tokens could say is not read whole: the
+    page keeps its original text and the failure is named."""
+    server.answer = lambda body: "# Router\n\n" + "The router connects. " * 20_000  # ~420 kB
+    sources = [{"type": "markdown", "path": str(docs(tmp_path)), "clean": True}]
+    config = configure(tmp_path, server, sources, llm={"max_output_tokens": 64})
+    assert answer_limit(64) < 420_000
+    summary = build(config, embedder).as_dict()
+    assert summary["published"]
+    assert summary["llm"]["failures"] == 1
+    [failed] = summary["enrichment_failures"]
+    assert failed["label"] == "markdown:manual.md"
+    assert "max_output_tokens = 64" in failed["reason"]
+    manual = " ".join(
+        c.text for c in latest(config, embedder).chunks if c.source_path == "manual.md"
+    )
+    assert "con-\nnects" in manual
 
 
 def test_429_and_500_are_retried(

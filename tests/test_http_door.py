@@ -6,6 +6,7 @@ The scope cases that run against both doors are in tests/test_http_scopes.py.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import io
@@ -27,9 +28,10 @@ from mcp.client.streamable_http import streamable_http_client
 from index.config import parse_config
 from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
-from sidecar import logs, sessions
+from sidecar import http_door, logs, sessions
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.http_door import MAX_HEAD_BYTES
 from sidecar.server import Sidecar
 from tests.hardening_kit import (
     TOKEN_A,
@@ -42,6 +44,7 @@ from tests.hardening_kit import (
 from tests.test_metrics import scrape, value
 
 VAPI_SECRET = "vapi-secret-for-tests-0001"
+LIVENESS_S = 20.0  # how long a raw exchange may wait for the door: not a timing check
 WEBHOOK_SECRET = "webhook-secret-for-tests-0001"
 AUTH = {
     "token_env": "VOX_TEST_TOKEN",
@@ -329,6 +332,59 @@ async def test_a_bad_vapi_body_is_a_400_saying_what_to_send(
     assert says in reply.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("messages", [[], [{"role": "system", "content": "You are kind."}]])
+async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
+    sidecar: Sidecar, messages: list[dict[str, Any]]
+) -> None:
+    """A request that feeds no turn is never checked by the hooks: its call id must still be
+    bounded, or each remembered call holds as much as a whole body."""
+    assert sidecar.http is not None
+    fed = sidecar.http.webhooks.conversations._fed
+    before = len(fed)
+    body = vapi_request(messages)
+    body["message"]["call"]["id"] = "c" * 8000
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            json=body,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+        by_header = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            json=vapi_request(messages),
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET, "x-voxrecall-session": "h" * 4000}),
+        )
+    for answer in (reply, by_header):
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == "INVALID_ARGUMENT"
+        assert "the limit is 1024" in answer.json()["error"]["message"]
+    assert len(fed) == before
+
+
+DEEP = b"[" * 600 + b"]" * 600  # JSON orjson reads (1024 levels) but writes only to 255
+
+
+@pytest.mark.parametrize(
+    "junk", [DEEP, b'{"role": "user", "content": ' + DEEP + b"}"], ids=["message", "content"]
+)
+async def test_a_deeply_nested_vapi_message_is_skipped_not_a_500(
+    sidecar: Sidecar, junk: bytes
+) -> None:
+    question = orjson.dumps({"role": "user", "content": "How do I reset my password?"})
+    body = (
+        b'{"message": {"type": "knowledge-base-request", "call": {"id": "vapi-deep"}, '
+        b'"messages": [' + junk + b", " + question + b"]}}"
+    )
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            content=body,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+    assert reply.status_code == 200
+    assert "Reset your password" in reply.json()["documents"][0]["content"]
+
+
 # -- the tool webhook -------------------------------------------------------------------------
 
 
@@ -377,8 +433,16 @@ async def test_a_signed_tool_call_returns_the_functions_output(sidecar: Sidecar,
         signed(RETELL_BODY + b" "),
         retell_signed(RETELL_BODY, age_ms=10 * 60 * 1000),
         {"x-retell-signature": "v=1,d=zz"},
+        {"x-voxrecall-signature": "sha256=caf\xe9".encode("latin-1")},
     ],
-    ids=["unsigned", "other-secret", "other-body", "stale-retell", "malformed-retell"],
+    ids=[
+        "unsigned",
+        "other-secret",
+        "other-body",
+        "stale-retell",
+        "malformed-retell",
+        "non-ascii-signature",
+    ],
 )
 async def test_an_unsigned_or_badly_signed_tool_call_is_refused(
     sidecar: Sidecar, headers: dict[str, str]
@@ -402,6 +466,14 @@ async def test_the_tool_webhook_takes_each_platforms_shape(
     reply = await post_tool(sidecar, body, signed(body))
     assert reply.status_code == 200
     assert reply.json()["results"][0]["title"] == "Reset your password"
+
+
+async def test_tool_arguments_nested_too_deep_are_a_400_not_a_500(sidecar: Sidecar) -> None:
+    body = b'{"query": ' + DEEP + b', "session_id": "s-deep"}'
+    reply = await post_tool(sidecar, body, signed(body))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
+    assert "flat object" in reply.json()["error"]["message"]
 
 
 async def test_tool_webhook_mistakes_are_outputs_and_bad_requests_are_4xx(
@@ -440,6 +512,47 @@ async def test_a_body_over_the_byte_limit_is_413_before_it_is_read(sidecar: Side
     assert wrong.status_code == 405
     assert nowhere.status_code == 404
     assert "/vapi/knowledge-base" in nowhere.json()["error"]["message"]
+
+
+async def exchange(sc: Sidecar, data: bytes) -> bytes:
+    """What the door answers to ``data`` sent raw, up to its closing the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(LIVENESS_S):
+            return await reader.read()
+    except ConnectionResetError:
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_headers_over_the_head_limit_are_431_not_read_on(sidecar: Sidecar) -> None:
+    start = b"POST /vapi/knowledge-base HTTP/1.1\r\nhost: x\r\nx-junk: "
+    # one byte over, and no end to the headers: only the limit answers it (all of it is read
+    # by then, so the close cannot cut the answer off with a reset)
+    head = start + b"a" * (MAX_HEAD_BYTES + 1 - len(start))
+    answer = await exchange(sidecar, head)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b"headers are over" in answer
+    async with httpx2.AsyncClient() as http:  # the door serves on
+        assert (await http.get(url(sidecar, "/healthz"))).status_code == 200
+
+
+@pytest.fixture
+def short_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_door, "HEAD_TIMEOUT_S", 0.2)
+
+
+@pytest.mark.usefixtures("short_heads")
+@pytest.mark.parametrize(
+    "sent", [b"", b"POST /mcp HTTP/1.1\r\nhost: x\r\n"], ids=["nothing", "half"]
+)
+async def test_a_connection_that_stalls_in_its_head_is_closed(
+    sidecar: Sidecar, sent: bytes
+) -> None:
+    assert await exchange(sidecar, sent) == b""  # closed, where it was held open for ever
 
 
 async def test_http_calls_are_counted_by_door(sidecar: Sidecar) -> None:

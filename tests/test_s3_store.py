@@ -10,11 +10,14 @@ bases, a sidecar serving an s3 store, and the faults the HTTP store is held to, 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from tests.snapshot_kit import KB, version_id, write_version
 
 boto3 = pytest.importorskip("boto3", reason="the S3 store is the `s3` extra")
 
+from index import s3_store  # noqa: E402
 from index.s3_store import S3Location, S3Options, S3Store  # noqa: E402
 
 EMBEDDER = HashEmbedder(dimension=32)
@@ -177,6 +181,75 @@ def test_a_missing_bucket_is_unavailable_not_empty(moto_server: Any, tmp_path: P
     options = S3Options(endpoint_url=moto_server.url)
     store = S3Store("s3://no-such-bucket-here/x", tmp_path / "cache", FAST, options)
     with pytest.raises(StoreUnavailable, match=r"HTTP 404|NoSuchBucket"):
+        store.knowledge_bases()
+
+
+class _HostileListing(BaseHTTPRequestHandler):
+    """An S3-compatible endpoint whose bucket listing is endless (each page truncated, with a
+    new continuation token; it would end after ``ENDLESS_PAGES``) or not XML."""
+
+    ENDLESS_PAGES = 40
+    mode = "endless"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        page = int(query.get("continuation-token", ["0"])[0])
+        if self.mode == "endless":
+            more = page + 1 < self.ENDLESS_PAGES
+            body = (
+                '<?xml version="1.0" encoding="UTF-8"?>'
+                '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                f"<Name>b</Name><Prefix></Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
+                f"<Delimiter>/</Delimiter><IsTruncated>{str(more).lower()}</IsTruncated>"
+                f"<CommonPrefixes><Prefix>kb{page}/</Prefix></CommonPrefixes>"
+                + (f"<NextContinuationToken>{page + 1}</NextContinuationToken>" if more else "")
+                + "</ListBucketResult>"
+            ).encode()
+        else:
+            body = b"<ListBucketResult><CommonPrefixes><Prefix>kb/</Prefix></Common"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def hostile_s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HostileListing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_endless_listing_is_unavailable_not_read_forever(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(s3_store, "MAX_LIST_PAGES", 5)
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with pytest.raises(StoreUnavailable, match="past 5 pages"):
+        store.knowledge_bases()
+
+
+def test_a_listing_that_is_not_xml_is_unavailable(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_HostileListing, "mode", "broken")
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with pytest.raises(StoreUnavailable, match="cannot list the bases"):
         store.knowledge_bases()
 
 
