@@ -39,21 +39,13 @@ MAX_TEXT_CHARS = 4000  # a spoken turn is a few hundred characters; more is a cl
 MAX_LIMIT = 50
 MAX_BUDGET_MS = 10_000
 MAX_SESSION_ID = 256
-# How much better (in the turn's own cosine) the turn alone must rate its best chunk than the
-# folded query's best for the turn to keep its own result: a new question is not bent to the
-# conversation, while a follow-up whose words fit many pages still is. Measured on doc2dial-dev
-# and the topic-switch sessions: 0.05 kept 97% of stand-alone questions but lost doc2dial to
-# its joined-turns baseline; 0.1 is +0.06 over it there and keeps about 80% of stand-alone ones.
-STANDALONE_MARGIN = 0.1
-# The same when a tracked entity was folded in: a named entity is strong evidence (on DSTC11, 584
-# of the 2,129 judged follow-ups do not refer back, and 0.1 let too many of them stray to
-# another hotel's chunk), so the turn alone must prefer its chunk by more.
-ENTITY_STANDALONE_MARGIN = 0.25
 # The page prior (doc2dial-style dialogues stay on one help page): each searched turn counts the
 # pages of its top PRIOR_COUNTED chunks, by score; a chunk on a page the conversation found gets
 # up to +PRIOR_BONUS (the most found page) among the top PRIOR_DEPTH. Measured on doc2dial-dev.
 PRIOR_COUNTED = 5
-ALONE_DEPTH = 20  # how deep the turn alone is searched beside a folded query
+# How deep the folded query and the turn alone are each searched before their candidates are
+# fused: the top results of either, with room for the page prior to lift one into the top.
+FUSION_DEPTH = 20
 PRIOR_BONUS = 0.1
 PRIOR_DEPTH = 20
 MAX_PAGES = 64  # pages a session keeps counts for
@@ -258,36 +250,67 @@ class Engine:
         budget: Budget,
         embed: bool,
     ) -> tuple[str, SearchResult]:
-        """Search the plan's query; when the plan says so, the turn alone too (both embedded
-        at once), and keep the turn's own result when it confidently prefers another chunk."""
-        queries = [plan.query, req.text] if plan.alone else [plan.query]
-        priors = [session.pages if plan.prior and session.pages else None, None]
-        # the turn alone is searched deeper: what it makes of the folded query's best chunk is
-        # then read, not guessed from its own third result
-        limits = [self.config.max_results, max(self.config.max_results, ALONE_DEPTH)]
-        searches = [
-            self._search(
-                snapshot,
-                kb,
-                query,
-                budget,
-                limit=limit,
-                min_score=self.config.min_score,
-                sources=req.sources,
-                context_url=req.context_url,
-                embed=embed,
-                prior=prior,
-            )
-            for query, prior, limit in zip(queries, priors, limits, strict=False)
-        ]
-        results = await asyncio.gather(*searches) if len(searches) > 1 else [await searches[0]]
-        own = results[-1]  # the turn's own words' result: what the conversation's pages count
+        """Search the plan's query; when the plan says so, the turn alone too (both embedded at
+        once), and rank the candidates of both by both (``_fused``): a new question keeps its
+        own answer where its words clearly prefer it, a follow-up gets the conversation's."""
+        prior = session.pages if plan.prior and session.pages else None
+        if plan.query == req.text or not (plan.alone or plan.named):
+            result = await self._turn_search(snapshot, kb, plan.query, req, budget, embed, prior)
+            _count_pages(session, [(hit.chunk, hit.score) for hit in result.hits[:PRIOR_COUNTED]])
+            if plan.query == req.text:
+                _confirm(session, plan, result)
+            return plan.query, result
+        depth = max(self.config.max_results, FUSION_DEPTH)
+        folded, own = await asyncio.gather(
+            self._turn_search(
+                snapshot, kb, plan.query, req, budget, embed, None if plan.alone else prior, depth
+            ),
+            self._turn_search(snapshot, kb, req.text, req, budget, embed, None, depth),
+        )
+        # the turn's own words' result is what the conversation's pages count
         _count_pages(session, [(hit.chunk, hit.score) for hit in own.hits[:PRIOR_COUNTED]])
-        entity = plan.followup.source == followups.Source.ENTITY
-        margin = ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN
-        if len(results) == 2 and _stands_alone(results[0], own, margin):
-            return req.text, replace(own, hits=own.hits[: self.config.max_results])
-        return queries[0], results[0]
+        limit = self.config.max_results
+        if _confirm(session, plan, own):  # the turn names its own topic: answered as said
+            return req.text, replace(own, hits=own.hits[:limit])
+        if not plan.alone:  # searched alone only to see whether it names its own topic
+            return plan.query, replace(folded, hits=folded.hits[:limit])
+        if folded.degraded or own.degraded:
+            # BM25 scores of two queries are on no common scale: the planned query answers
+            chosen, query = (folded, plan.query) if folded.hits or not own.hits else (own, req.text)
+            return query, replace(chosen, hits=chosen.hits[:limit])
+        hits = _fused(folded.hits, own.hits)
+        if prior:
+            hits = _lifted(hits, prior)
+        timings = Timings(
+            embed_ms=max(folded.timings.embed_ms, own.timings.embed_ms),
+            search_ms=folded.timings.search_ms + own.timings.search_ms,
+        )
+        result = SearchResult(hits[:limit], snapshot.version, timings=timings)
+        return (req.text if _own_answer(hits, folded, own) else plan.query), result
+
+    async def _turn_search(
+        self,
+        snapshot: LoadedSnapshot,
+        kb: str,
+        query: str,
+        req: TurnInput,
+        budget: Budget,
+        embed: bool,
+        prior: Mapping[str, float] | None,
+        limit: int = 0,
+    ) -> SearchResult:
+        return await self._search(
+            snapshot,
+            kb,
+            query,
+            budget,
+            limit=limit or self.config.max_results,
+            min_score=self.config.min_score,
+            sources=req.sources,
+            context_url=req.context_url,
+            embed=embed,
+            prior=prior,
+        )
 
     def _read_later(self, session: Session, utterance: followups.Utterance) -> None:
         """Embed an agent turn in the background (it is read by the next user turn's page
@@ -602,15 +625,43 @@ def _reads_everything(text: str) -> bool:
     return False
 
 
-def _stands_alone(folded: SearchResult, alone: SearchResult, margin: float) -> bool:
-    """Whether the turn alone confidently prefers another chunk than the folded query found:
-    judged by the turn's own scores (the folded query's are lifted by the words folded in), its
-    best beats the folded query's best by ``margin``."""
-    if not alone.hits or folded.degraded or alone.degraded:
-        return bool(alone.hits) and not folded.hits
-    if not folded.hits:
-        return True
-    top = folded.hits[0].chunk.chunk_id
-    own = {h.chunk.chunk_id: h.score for h in alone.hits}
-    theirs = own.get(top, alone.hits[-1].score)  # below the last one when not among them
-    return alone.hits[0].chunk.chunk_id != top and alone.hits[0].score - theirs >= margin
+def _confirm(session: Session, plan: followups.Plan, own: SearchResult) -> bool:
+    """Track the entity the turn named weakly when its own search finds only that entity's
+    chunks at the top (``followups.confirmed``); whether it did."""
+    if own.degraded:
+        return False
+    named = followups.confirmed(plan.named, [hit.chunk for hit in own.hits])
+    if named is not None:
+        followups.confirm(session, named)
+    return named is not None
+
+
+def _fused(folded: Sequence[Hit], own: Sequence[Hit]) -> list[Hit]:
+    """The candidates of the folded query and of the turn alone, each scored by the mean of its
+    two cosines (CombSUM): a chunk one search did not return is given that search's last score,
+    the most it could have had. A chunk both queries like wins over one only the conversation's
+    words (or only the turn's) like; no threshold decides between the two queries."""
+    if not folded or not own:
+        return list(folded or own)
+    first = {hit.chunk.chunk_id: hit.score for hit in folded}
+    second = {hit.chunk.chunk_id: hit.score for hit in own}
+    floor_first, floor_second = folded[-1].score, own[-1].score
+    candidates = {hit.chunk.chunk_id: hit for hit in (*folded, *own)}
+    out = [
+        replace(hit, score=(first.get(key, floor_first) + second.get(key, floor_second)) / 2.0)
+        for key, hit in candidates.items()
+    ]
+    out.sort(key=lambda hit: -hit.score)
+    return out
+
+
+def _own_answer(hits: Sequence[Hit], folded: SearchResult, own: SearchResult) -> bool:
+    """Whether the turn's own words decided the answer: its best chunk is the turn alone's
+    best, where the folded query's was another (the turn is then reported as searched as said;
+    where both agree, what was folded in is reported)."""
+    if not hits or not own.hits:
+        return False
+    top = hits[0].chunk.chunk_id
+    return top == own.hits[0].chunk.chunk_id and (
+        not folded.hits or top != folded.hits[0].chunk.chunk_id
+    )

@@ -17,14 +17,20 @@ fades with each turn. A user turn is then searched as (``plan``):
     it answers the agent's question ("Yes.",       "agent's turns turn"         "agent_question"
       "I'm a noncitizen adult.")
     an entity is tracked (``fold``)                "entity: turn"               "entity"
-    otherwise, after earlier turns                 "last two turns turn"        "recent_turns"
+    otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
+where the exchange is the caller's previous turn with content and what the agent said after it.
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
-are lifted a little (``sidecar.engine``). A folded turn is also searched alone and keeps its own
-result when its own words clearly prefer a chunk on a page the conversation has not been on
-(``Plan.alone``): a new question is not bent to the old topic. ``TurnResponse.followup`` shows
-what was folded in, from where, and how sure it was.
+are lifted a little (``sidecar.engine``). A folded turn that may stand on its own (any turn
+folded with the recent exchange; with an entity, one that does not refer back) is also searched
+alone, and the candidates of both searches are ranked by the mean of their two cosines: a chunk
+both the turn and the conversation point to wins, and a new question whose own words clearly
+prefer another page keeps its answer, with no threshold between the two (``Plan.alone``). A
+page named by a word other pages also use ("pCloud", which every overview lists) is a weak
+match, taken as the turn's topic only when the turn's own top results are all that page's
+(``confirmed``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
+was (nothing, when the turn's own words decided the answer).
 """
 
 from __future__ import annotations
@@ -95,7 +101,6 @@ class Source:
 
 
 SHORT_TURN = 5  # words; a turn this short rarely names its own topic
-RECENT_JOINED = 2  # turns before this one joined with it: on doc2dial as good as more, cheaper
 RECENT_CONFIDENCE = 0.5  # nothing names what the recent turns are about: a guess, said as one
 MAX_FOLDED_WORDS = 60  # of the agent's turns folded into an answer: the caller's words stay read
 ANSWER_CONTENT_WORDS = 3  # an answer with more content words than this is its own question
@@ -109,6 +114,12 @@ GAZETTEERS_KEPT = 8  # one per loaded snapshot version; a swap leaves the old on
 # A match is used when at least this share of the chunks holding its words are the entity's own:
 # below it, the words are about as often ordinary text elsewhere in the base.
 MIN_CONFIDENCE = 0.5
+# A page named by one word that other pages' chunks also use ("Selection", a docs page; "pCloud",
+# which every overview lists) is at most this sure, a weak match: it is taken as the turn's topic
+# only when the turn's own search confirms it (``confirmed``).
+WEAK_CONFIDENCE = 0.25
+# The turn alone's top results that must all be the weakly named entity's to confirm it.
+CONFIRM_DEPTH = 3
 NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
 AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
@@ -154,13 +165,15 @@ NO_FOLLOWUP = FollowUp()  # searched as said
 @dataclass(frozen=True, slots=True)
 class Plan:
     """How to search one user turn: ``query``; when ``alone`` the turn alone is searched too and
-    kept when it is the more confident (a new question is not bent to the conversation); with
-    ``prior`` the pages the conversation has been on are lifted (``Session.pages``)."""
+    ranked with it (a new question is not bent to the conversation); with ``prior`` the pages
+    the conversation has been on are lifted (``Session.pages``); ``named`` are the entities the
+    turn names weakly, taken as its topic when its own search confirms one (``confirmed``)."""
 
     query: str
     followup: FollowUp
     alone: bool = False
     prior: bool = False  # the pages the conversation has been on get a small bonus
+    named: tuple[Mention, ...] = ()  # weak matches the turn's own search may confirm
 
 
 def chunk_entity(chunk: Chunk) -> str:
@@ -209,13 +222,19 @@ class Gazetteer:
         keys.update(full)
         one_word |= {key for key, name in full.items() if len(stripped[name]) == 1}
         self._partial = frozenset(partial)
+        common: set[str] = set()  # whole names that are also ordinary words of other entities
         if is_common is not None:
             for key in one_word:
                 owner = keys[key]
                 if owner is not None and is_common(key, owner):
-                    del keys[key]
+                    if key in full:
+                        common.add(key)
+                    else:
+                        del keys[key]
         self._keys = keys
         self._sure = _rate(keys, stripped, function_words, confidence)
+        for key in common:  # "Selection", "pCloud": only the turn's own search can confirm them
+            self._sure[key] = min(self._sure.get(key, 1.0), WEAK_CONFIDENCE)
         self._streets = streets
         self._long = {k: n for k, n in keys.items() if n is not None and len(k) >= FUZZY_MIN_CHARS}
         self._near: dict[str, set[str]] = {}
@@ -531,21 +550,41 @@ def plan(
     if entity is not None:
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
         # a turn that refers back ("do they take reservations") has no meaning alone
-        return Plan(f"{entity.name}: {text}", folded, alone=not refers)
+        return Plan(f"{entity.name}: {text}", folded, alone=not refers, named=mentions)
     if not refers and config.fold == "referring":
-        return Plan(text, NO_FOLLOWUP)  # a turn of its own is searched as said
+        return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
     recent = _recent(session)
     if recent:
         joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
-        return Plan(f"{recent} {text}", joined, alone=True, prior=True)
-    return Plan(text, NO_FOLLOWUP, prior=True)
+        return Plan(f"{recent} {text}", joined, alone=True, prior=True, named=mentions)
+    return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
+
+
+def confirmed(named: Sequence[Mention], chunks: Sequence[Chunk]) -> Mention | None:
+    """The weakly named entity the turn's own top CONFIRM_DEPTH chunks all belong to, if any
+    ("Tell me about pCloud." finds only pCloud's page; "I see one place by the park" does not
+    find only Park Inn's)."""
+    if not named or len(chunks) < CONFIRM_DEPTH:
+        return None
+    about = {chunk_entity(chunk) for chunk in chunks[:CONFIRM_DEPTH]}
+    return next((m for m in named if about == {m.name}), None)
+
+
+def confirm(session: Session, mention: Mention) -> None:
+    """Track an entity the turn named and its own search confirmed, as a sure naming."""
+    session.entity, session.weight = Mention(mention.name, 1.0), 1.0
 
 
 def _recent(session: Session) -> str:
-    """The last RECENT_JOINED turns' words (either speaker), oldest first, for a turn that
-    names nothing and follows no named entity: the conversation it continues."""
-    said = [t.text.strip() for t in list(session.turns)[-RECENT_JOINED:]]
-    return " ".join(" ".join(said).split()[-MAX_FOLDED_WORDS:])
+    """The exchange this turn follows, for a turn that names nothing and follows no named
+    entity: the caller's previous turn with content (not "Ok.") and everything said after it,
+    oldest first."""
+    said: list[str] = []
+    for turn in reversed(session.turns):
+        said.append(turn.text.strip())
+        if turn.speaker != AGENT and _content(words(turn.text)):
+            break
+    return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
 
 
 def rewrite(
