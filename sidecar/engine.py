@@ -43,6 +43,12 @@ MAX_SESSION_ID = 256
 # pages of its top PRIOR_COUNTED chunks, by score; a chunk on a page the conversation found gets
 # up to +PRIOR_BONUS (the most found page) among the top PRIOR_DEPTH. Measured on doc2dial-dev.
 PRIOR_COUNTED = 5
+# How much better (in the turn's own cosine) the turn alone must rate its best chunk than the
+# entity-folded query's best for the turn to keep its own result. A named entity is strong
+# evidence: on DSTC11 (hundreds of places, each with reviews of the same aspects) the turn alone
+# finds another place's chunk saying just what was asked; ranking both by their mean cosine, as
+# for the recent turns, fell from 0.806 to 0.795 there.
+ENTITY_STANDALONE_MARGIN = 0.25
 # How deep the folded query and the turn alone are each searched before their candidates are
 # fused: the top results of either, with room for the page prior to lift one into the top.
 FUSION_DEPTH = 20
@@ -52,6 +58,9 @@ MAX_PAGES = 64  # pages a session keeps counts for
 MAX_UNREAD = 4  # agent turns waiting for the next user turn to be counted
 MAX_READ_LATER = 4  # agent turns embedded in the background at once, all sessions together
 READ_LATER_S = 2.0  # an agent turn's embedding still running this long after it came is dropped
+
+
+EntityOf = Callable[[Chunk], str]  # a chunk's entity (``followups.Gazetteer.entity_of``)
 
 
 class Speaker:
@@ -251,42 +260,30 @@ class Engine:
         embed: bool,
     ) -> tuple[str, SearchResult]:
         """Search the plan's query; when the plan says so, the turn alone too (both embedded at
-        once), and rank the candidates of both by both (``_fused``): a new question keeps its
-        own answer where its words clearly prefer it, a follow-up gets the conversation's."""
+        once), and rank the candidates of both by both (``_combined``): a new question keeps
+        its own answer where its words clearly prefer it, a follow-up gets the conversation's."""
+        entity_of = followups.gazetteer(snapshot).entity_of
         prior = session.pages if plan.prior and session.pages else None
         if plan.query == req.text or not (plan.alone or plan.named):
-            result = await self._turn_search(snapshot, kb, plan.query, req, budget, embed, prior)
-            _count_pages(session, [(hit.chunk, hit.score) for hit in result.hits[:PRIOR_COUNTED]])
+            depth = PRIOR_DEPTH if prior else 0
+            search = self._turn_search(snapshot, kb, plan.query, req, budget, embed, depth)
+            result = _prior_lifted(await search, prior, entity_of, self.config.max_results)
+            _count_pages(session, result.hits, entity_of)
             if plan.query == req.text:
-                _confirm(session, plan, result)
+                _confirm(session, plan, result, entity_of)
             return plan.query, result
         depth = max(self.config.max_results, FUSION_DEPTH)
         folded, own = await asyncio.gather(
-            self._turn_search(
-                snapshot, kb, plan.query, req, budget, embed, None if plan.alone else prior, depth
-            ),
-            self._turn_search(snapshot, kb, req.text, req, budget, embed, None, depth),
+            self._turn_search(snapshot, kb, plan.query, req, budget, embed, depth),
+            self._turn_search(snapshot, kb, req.text, req, budget, embed, depth),
         )
         # the turn's own words' result is what the conversation's pages count
-        _count_pages(session, [(hit.chunk, hit.score) for hit in own.hits[:PRIOR_COUNTED]])
-        limit = self.config.max_results
-        if _confirm(session, plan, own):  # the turn names its own topic: answered as said
-            return req.text, replace(own, hits=own.hits[:limit])
+        _count_pages(session, own.hits, entity_of)
+        if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
+            return req.text, _cut(own, self.config.max_results)
         if not plan.alone:  # searched alone only to see whether it names its own topic
-            return plan.query, replace(folded, hits=folded.hits[:limit])
-        if folded.degraded or own.degraded:
-            # BM25 scores of two queries are on no common scale: the planned query answers
-            chosen, query = (folded, plan.query) if folded.hits or not own.hits else (own, req.text)
-            return query, replace(chosen, hits=chosen.hits[:limit])
-        hits = _fused(folded.hits, own.hits)
-        if prior:
-            hits = _lifted(hits, prior)
-        timings = Timings(
-            embed_ms=max(folded.timings.embed_ms, own.timings.embed_ms),
-            search_ms=folded.timings.search_ms + own.timings.search_ms,
-        )
-        result = SearchResult(hits[:limit], snapshot.version, timings=timings)
-        return (req.text if _own_answer(hits, folded, own) else plan.query), result
+            return plan.query, _prior_lifted(folded, prior, entity_of, self.config.max_results)
+        return _combined(plan, req.text, folded, own, prior, entity_of, self.config.max_results)
 
     async def _turn_search(
         self,
@@ -296,20 +293,19 @@ class Engine:
         req: TurnInput,
         budget: Budget,
         embed: bool,
-        prior: Mapping[str, float] | None,
         limit: int = 0,
     ) -> SearchResult:
+        """One of a turn's searches, ``limit`` deep (at least ``max_results``)."""
         return await self._search(
             snapshot,
             kb,
             query,
             budget,
-            limit=limit or self.config.max_results,
+            limit=max(limit, self.config.max_results),
             min_score=self.config.min_score,
             sources=req.sources,
             context_url=req.context_url,
             embed=embed,
-            prior=prior,
         )
 
     def _read_later(self, session: Session, utterance: followups.Utterance) -> None:
@@ -334,7 +330,8 @@ class Engine:
             if vector is None:
                 continue
             found = snapshot.search_dense(vector, PRIOR_COUNTED)
-            _count_pages(session, [(snapshot.chunks[label], score) for label, score in found])
+            hits = [Hit("", snapshot.chunks[label], score) for label, score in found]
+            _count_pages(session, hits, followups.gazetteer(snapshot).entity_of)
 
     def plan(self, req: TurnInput) -> Planned | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
@@ -433,7 +430,6 @@ class Engine:
         context_url: str = "",
         vector: Vectors | None = None,
         embed: bool = True,
-        prior: Mapping[str, float] | None = None,
     ) -> SearchResult:
         """Embed under the budget (unless given a vector, or told not to), then rank."""
         start = time.perf_counter()
@@ -449,7 +445,6 @@ class Engine:
             sources=sources,
             context_url=context_url,
             embed_ms=(time.perf_counter() - start) * 1000.0,
-            prior=prior,
         )
 
     def _rank(
@@ -464,7 +459,6 @@ class Engine:
         sources: Sequence[str],
         context_url: str,
         embed_ms: float,
-        prior: Mapping[str, float] | None = None,
     ) -> SearchResult:
         start = time.perf_counter()
         ranked = relevance.rank(
@@ -472,7 +466,7 @@ class Engine:
             relevance.Query(
                 text=query,
                 vector=vector,
-                limit=max(limit, PRIOR_DEPTH) if prior else limit,
+                limit=limit,
                 min_score=min_score,
                 min_lexical_score=self.config.min_lexical_score,
                 sources=sources,
@@ -481,12 +475,8 @@ class Engine:
                 context_bonus=self.config.context_bonus,
             ),
         )
-        hits = [
-            Hit(knowledge_base=kb, chunk=snapshot.chunks[label], score=score)
-            for label, score in ranked
-        ]
-        if prior:
-            hits = _lifted(hits, prior)[:limit]
+        chunks = snapshot.chunks
+        hits = [Hit(kb, chunks[label], score) for label, score in ranked]
         return SearchResult(
             hits=hits,
             snapshot_version=snapshot.version,
@@ -591,30 +581,41 @@ class Engine:
         return (scaled / np.linalg.norm(scaled)).astype(np.float32)
 
 
-def _count_pages(session: Session, found: Sequence[tuple[Chunk, float]]) -> None:
-    """Add what one turn's search found to the session's pages (``Session.pages``)."""
-    for chunk, score in found:
-        page = followups.chunk_entity(chunk)
-        session.pages[page] = session.pages.get(page, 0.0) + max(score, 0.0)
-    if len(session.pages) > MAX_PAGES:  # keep the pages most found
-        kept = sorted(session.pages.items(), key=lambda kv: -kv[1])[:MAX_PAGES]
-        session.pages = dict(kept)
+def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:
+    """Add what one turn's search found (its top PRIOR_COUNTED) to the session's pages
+    (``Session.pages``)."""
+    pages = session.pages
+    for hit in hits[:PRIOR_COUNTED]:
+        page = entity_of(hit.chunk)
+        pages[page] = pages.get(page, 0.0) + max(hit.score, 0.0)
+    if len(pages) > MAX_PAGES:  # keep the pages most found
+        session.pages = dict(sorted(pages.items(), key=lambda kv: -kv[1])[:MAX_PAGES])
     session.fit()  # the pages count in the session's bytes
 
 
-def _lifted(hits: list[Hit], pages: Mapping[str, float]) -> list[Hit]:
+def _prior_lifted(
+    result: SearchResult, prior: Mapping[str, float] | None, entity_of: EntityOf, limit: int
+) -> SearchResult:
+    """``result`` with the page prior applied (when there is one), cut to ``limit``."""
+    if prior and not result.degraded:
+        return replace(result, hits=_lifted(result.hits, prior, entity_of)[:limit])
+    return _cut(result, limit)
+
+
+def _cut(result: SearchResult, limit: int) -> SearchResult:
+    return result if len(result.hits) <= limit else replace(result, hits=result.hits[:limit])
+
+
+def _lifted(hits: Sequence[Hit], pages: Mapping[str, float], entity_of: EntityOf) -> list[Hit]:
     """The hits re-ranked with the page prior: + PRIOR_BONUS times how much the conversation
     found a hit's page, relative to the page it found most (the score reported is the lifted
     one, as ``context_url``'s bonus is)."""
     most = max(pages.values())
     if most <= 0.0:
-        return hits
+        return list(hits)
+    bonus = PRIOR_BONUS / most
     lifted = [
-        replace(
-            hit,
-            score=hit.score
-            + PRIOR_BONUS * pages.get(followups.chunk_entity(hit.chunk), 0.0) / most,
-        )
+        Hit(hit.knowledge_base, hit.chunk, hit.score + bonus * pages.get(entity_of(hit.chunk), 0.0))
         for hit in hits
     ]
     lifted.sort(key=lambda hit: -hit.score)
@@ -625,15 +626,60 @@ def _reads_everything(text: str) -> bool:
     return False
 
 
-def _confirm(session: Session, plan: followups.Plan, own: SearchResult) -> bool:
+def _confirm(
+    session: Session, plan: followups.Plan, own: SearchResult, entity_of: EntityOf
+) -> bool:
     """Track the entity the turn named weakly when its own search finds only that entity's
     chunks at the top (``followups.confirmed``); whether it did."""
-    if own.degraded:
+    if own.degraded or not plan.named:
         return False
-    named = followups.confirmed(plan.named, [hit.chunk for hit in own.hits])
+    named = followups.confirmed(plan.named, [entity_of(hit.chunk) for hit in own.hits])
     if named is not None:
         followups.confirm(session, named)
     return named is not None
+
+
+def _combined(
+    plan: followups.Plan,
+    text: str,
+    folded: SearchResult,
+    own: SearchResult,
+    prior: Mapping[str, float] | None,
+    entity_of: EntityOf,
+    limit: int,
+) -> tuple[str, SearchResult]:
+    """The folded query's and the turn's own candidates ranked by both (``_fused``), the page
+    prior after; the query reported is the turn's when its own words decided the answer."""
+    if folded.degraded or own.degraded:
+        # BM25 scores of two queries are on no common scale: the planned query answers
+        chosen, query = (folded, plan.query) if folded.hits or not own.hits else (own, text)
+        return query, _cut(chosen, limit)
+    if plan.followup.source == followups.Source.ENTITY:
+        if _stands_alone(folded, own):
+            return text, _cut(own, limit)
+        return plan.query, _cut(folded, limit)
+    hits = _fused(folded.hits, own.hits)
+    if prior:
+        hits = _lifted(hits, prior, entity_of)
+    timings = Timings(
+        embed_ms=max(folded.timings.embed_ms, own.timings.embed_ms),
+        search_ms=folded.timings.search_ms + own.timings.search_ms,
+    )
+    result = SearchResult(hits[:limit], folded.snapshot_version, timings=timings)
+    return (text if _own_answer(hits, folded, own) else plan.query), result
+
+
+def _stands_alone(folded: SearchResult, own: SearchResult) -> bool:
+    """Whether the turn alone prefers another chunk than the entity-folded query found by
+    ENTITY_STANDALONE_MARGIN of its own cosine (its best against its score for the folded
+    query's best; below its last one when not among them)."""
+    if not folded.hits or not own.hits:
+        return bool(own.hits)
+    top = folded.hits[0].chunk.chunk_id
+    theirs = next((h.score for h in own.hits if h.chunk.chunk_id == top), own.hits[-1].score)
+    return own.hits[0].chunk.chunk_id != top and own.hits[0].score - theirs >= (
+        ENTITY_STANDALONE_MARGIN
+    )
 
 
 def _fused(folded: Sequence[Hit], own: Sequence[Hit]) -> list[Hit]:
@@ -648,7 +694,11 @@ def _fused(folded: Sequence[Hit], own: Sequence[Hit]) -> list[Hit]:
     floor_first, floor_second = folded[-1].score, own[-1].score
     candidates = {hit.chunk.chunk_id: hit for hit in (*folded, *own)}
     out = [
-        replace(hit, score=(first.get(key, floor_first) + second.get(key, floor_second)) / 2.0)
+        Hit(
+            hit.knowledge_base,
+            hit.chunk,
+            (first.get(key, floor_first) + second.get(key, floor_second)) / 2.0,
+        )
         for key, hit in candidates.items()
     ]
     out.sort(key=lambda hit: -hit.score)

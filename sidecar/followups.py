@@ -22,11 +22,12 @@ fades with each turn. A user turn is then searched as (``plan``):
 where the exchange is the caller's previous turn with content and what the agent said after it.
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
-are lifted a little (``sidecar.engine``). A folded turn that may stand on its own (any turn
-folded with the recent exchange; with an entity, one that does not refer back) is also searched
-alone, and the candidates of both searches are ranked by the mean of their two cosines: a chunk
-both the turn and the conversation point to wins, and a new question whose own words clearly
-prefer another page keeps its answer, with no threshold between the two (``Plan.alone``). A
+are lifted a little (``sidecar.engine``). A turn folded with the recent exchange is also
+searched alone, and the candidates of both searches are ranked by the mean of their two cosines:
+a chunk both the turn and the conversation point to wins, and a new question whose own words
+clearly prefer another page keeps its answer, with no threshold between the two
+(``Plan.alone``); one folded with an entity that does not refer back keeps its own result only
+when its own words prefer another chunk by a wide margin (``sidecar.engine``). A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
@@ -39,7 +40,7 @@ import re
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,7 +209,9 @@ class Gazetteer:
         is_common: Callable[[str, str], bool] | None = None,
         streets: frozenset[str] = frozenset(),
         confidence: Confidence | None = None,
+        entities: Mapping[str, str] | None = None,
     ) -> None:
+        self._entities = entities or {}
         named = {n: tokens(n) for n in dict.fromkeys(n.strip() for n in names) if n}
         named = {n: t for n, t in named.items() if 0 < len(t) <= MAX_NAME_TOKENS}
         stripped = {n: t[1:] if t[0] == "the" and len(t) > 1 else t for n, t in named.items()}
@@ -236,6 +239,8 @@ class Gazetteer:
         for key in common:  # "Selection", "pCloud": only the turn's own search can confirm them
             self._sure[key] = min(self._sure.get(key, 1.0), WEAK_CONFIDENCE)
         self._streets = streets
+        # every string prefix of every key: a span is extended only while it may still be one
+        self._prefixes = frozenset(k[:i] for k in keys for i in range(1, len(k) + 1))
         self._long = {k: n for k, n in keys.items() if n is not None and len(k) >= FUZZY_MIN_CHARS}
         self._near: dict[str, set[str]] = {}
         for key in self._long:
@@ -248,6 +253,11 @@ class Gazetteer:
         self._function_words = function_words
         self._span = max((len(t) for t in named.values()), default=0)
         self.size = len(named)
+
+    def entity_of(self, chunk: Chunk) -> str:
+        """``chunk_entity(chunk)``, read from the snapshot's chunks once when built."""
+        found = self._entities.get(chunk.chunk_id)
+        return found if found is not None else chunk_entity(chunk)
 
     def mentions(self, text: str) -> list[str]:
         """The entity names a text mentions confidently, in order of first mention."""
@@ -269,12 +279,11 @@ class Gazetteer:
     def _match(self, toks: Sequence[str], i: int) -> tuple[int, str, bool]:
         """(tokens consumed, the key matched or "", whether it matched one edit away)."""
         longest = min(self._span, len(toks) - i)
-        for n in range(longest, 0, -1):
-            key = "".join(toks[i : i + n])
-            if key in self._keys:
-                if key in self._partial and i + n < len(toks) and toks[i + n] in self._streets:
-                    return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
-                return n, key, False
+        n, key = self._exact(toks, i, longest)
+        if n:
+            if key in self._partial and i + n < len(toks) and toks[i + n] in self._streets:
+                return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
+            return n, key, False
         if toks[i] in self._function_words:
             return 1, "", False
         if toks[i][:1] in self._initials:
@@ -283,6 +292,18 @@ class Gazetteer:
                 if key:
                     return n, key, True
         return 1, "", False
+
+    def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, str]:
+        """The longest run of tokens from ``i`` (at most ``longest``) whose words joined are a
+        key, as (tokens, key), or (0, "")."""
+        found, key, joined = 0, "", ""
+        for n in range(1, longest + 1):
+            joined += toks[i + n - 1]
+            if joined not in self._prefixes:
+                break
+            if joined in self._keys:
+                found, key = n, joined
+        return found, key
 
     def _near_match(self, key: str) -> str:
         """The one name key within one edit of ``key`` (first letter kept), or ""."""
@@ -387,7 +408,10 @@ def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
     if gaz is None:
         entity_of = [chunk_entity(c) for c in snapshot.chunks]
         stats = EntityStats(snapshot.lexical, entity_of)
-        gaz = Gazetteer(entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence)
+        entities = {c.chunk_id: e for c, e in zip(snapshot.chunks, entity_of, strict=True)}
+        gaz = Gazetteer(
+            entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence, entities
+        )
         with _gazetteers_lock:
             _gazetteers[key] = gaz
     return gaz
@@ -560,13 +584,13 @@ def plan(
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
 
 
-def confirmed(named: Sequence[Mention], chunks: Sequence[Chunk]) -> Mention | None:
-    """The weakly named entity the turn's own top CONFIRM_DEPTH chunks all belong to, if any
-    ("Tell me about pCloud." finds only pCloud's page; "I see one place by the park" does not
-    find only Park Inn's)."""
-    if not named or len(chunks) < CONFIRM_DEPTH:
+def confirmed(named: Sequence[Mention], found: Sequence[str]) -> Mention | None:
+    """The weakly named entity the entities of the turn's own top CONFIRM_DEPTH chunks
+    (``found``, best first) all are, if any ("Tell me about pCloud." finds only pCloud's page;
+    "I see one place by the park" does not find only Park Inn's)."""
+    if not named or len(found) < CONFIRM_DEPTH:
         return None
-    about = {chunk_entity(chunk) for chunk in chunks[:CONFIRM_DEPTH]}
+    about = set(found[:CONFIRM_DEPTH])
     return next((m for m in named if about == {m.name}), None)
 
 

@@ -146,7 +146,6 @@ DOCS = {
     "GOOGLE DRIVE": [
         "To set up Google Drive, run rclone config and choose drive.",
         "Google Drive limits uploads to 750 GB a day.",
-        "Google Drive files can be shared with a link.",
     ],
     "FILTERING": ["Use --exclude to skip files matching a pattern when you transfer."],
     "INSTALL": ["Install rclone with the install script or a package manager."],
@@ -166,11 +165,9 @@ async def test_a_self_contained_question_after_a_topic_is_searched_as_itself(
             ("user", "and how much can I upload a day there"),
         ],
         tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
-    # the tracked entity folded in would answer with a Google Drive chunk; the turn's own
-    # words prefer another page, and keep it
-    assert results[2].query == question
-    assert results[2].followup.source == Source.NONE
+    # Google Drive stays tracked, yet the turn's own words answer it
     assert results[2].hits[0].chunk.title == "FILTERING"
     # the entity is still tracked for the follow-up that leans on it
     assert results[3].followup.used == "GOOGLE DRIVE"
