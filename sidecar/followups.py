@@ -23,11 +23,11 @@ where the exchange is the caller's previous turn with content and what the agent
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
 are lifted a little (``sidecar.engine``). A turn folded with the recent exchange is also
-searched alone, and the candidates of both searches are ranked by the mean of their two cosines:
-a chunk both the turn and the conversation point to wins, and a new question whose own words
-clearly prefer another page keeps its answer, with no threshold between the two
-(``Plan.alone``); one folded with an entity that does not refer back keeps its own result only
-when its own words prefer another chunk by a wide margin (``sidecar.engine``). A
+searched alone: a question whose own words clearly prefer another page keeps its answer, and
+otherwise the candidates of both searches are ranked by the mean of their two cosines, so a chunk
+both the turn and the conversation point to wins (``Plan.alone``); one folded with an entity
+that does not refer back keeps its own result only when its own words prefer another chunk by a
+wider margin (``sidecar.engine``). A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it

@@ -185,6 +185,7 @@ async def test_a_new_question_after_recent_turns_keeps_its_own_answer(tmp_path: 
             ("user", "And after that?"),
         ],
         tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
     assert results[2].hits[0].chunk.title == "FILTERING"
     assert results[3].followup.source == Source.RECENT_TURNS  # a follow-up is still completed
