@@ -659,7 +659,8 @@ def _combined(
         chosen, query = (folded, plan.query) if folded.hits or not own.hits else (own, text)
         return query, _cut(chosen, limit)
     entity = plan.followup.source == followups.Source.ENTITY
-    if _stands_alone(folded, own, ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN):
+    margin = ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN
+    if not plan.refers and _stands_alone(folded, own, margin):
         return text, _cut(own, limit)
     if entity:
         return plan.query, _cut(folded, limit)

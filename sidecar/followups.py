@@ -41,7 +41,7 @@ import threading
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from cachetools import LRUCache
@@ -175,6 +175,7 @@ class Plan:
     alone: bool = False
     prior: bool = False  # the pages the conversation has been on get a small bonus
     named: tuple[Mention, ...] = ()  # weak matches the turn's own search may confirm
+    refers: bool = False  # it leans on the conversation ("it", a few words): never kept alone
 
 
 def chunk_entity(chunk: Chunk) -> str:
@@ -580,7 +581,8 @@ def plan(
     recent = _recent(session)
     if recent:
         joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
-        return Plan(f"{recent} {text}", joined, alone=True, prior=True, named=mentions)
+        plan = Plan(f"{recent} {text}", joined, alone=True, prior=True, named=mentions)
+        return replace(plan, refers=refers)
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
 
 
