@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.quality_conversations [--quick] [--sets dstc11,doc2dial,...]
                                         [--per-turn] [--data ../shared/data] [--out DIR]
+                                        [--no-vector-cache]
 
 Every dialogue is driven turn by turn through the real ``sidecar.engine.Engine`` in-process
 (one session per dialogue; user turns as ``Speaker.USER``, agent turns as ``Speaker.AGENT``, in
@@ -30,6 +31,9 @@ cached under ``bench/.cache/`` by the hash of what shapes it)::
     result = asyncio.run(measure(data_dir, sets=("doc2dial",),
                                  sidecar={"followups": {"fold": "referring"}}))
 
+From the command line the query vectors are kept between runs (``bench.vector_cache``), so a
+second run embeds only the queries an engine change made new.
+
 ``sidecar`` is merged into the ``[sidecar]`` table of the evaluation config (so it is validated
 as a user's would be); ``serve`` replaces how an ``Engine`` is made from that config.
 """
@@ -50,6 +54,7 @@ from typing import Any
 from bench import conversations, quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking
+from bench.vector_cache import CachedEmbedder
 from index.config import Config, parse_config
 from index.embedders.base import Embedder
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
@@ -420,6 +425,21 @@ async def run(
     }
 
 
+async def _run_cached(
+    data_dir: Path, quick: bool, sets: Sequence[str], per_turn: bool, cache: bool
+) -> dict[str, Any]:
+    """``run`` with the embedded model, its query vectors kept between runs when ``cache``."""
+    from index.embedders.local import LocalEmbedder
+
+    embedder: Embedder = LocalEmbedder()
+    if cache:
+        embedder = CachedEmbedder(embedder, CachedEmbedder.default_path(embedder.info))
+    try:
+        return await run(data_dir, quick, sets, per_turn=per_turn, embedder=embedder)
+    finally:
+        await embedder.aclose()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small slices (smoke mode)")
@@ -427,9 +447,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--out", type=Path, help="folder for quality_conversations.json")
     parser.add_argument("--per-turn", action="store_true", help="every judged turn in the JSON")
+    parser.add_argument(
+        "--no-vector-cache",
+        action="store_true",
+        help="embed every query afresh (by default they are kept in bench/.cache between runs)",
+    )
     args = parser.parse_args(argv)
     sets = tuple(s for s in args.sets.split(",") if s)
-    result = asyncio.run(run(args.data, args.quick, sets, per_turn=args.per_turn))
+    result = asyncio.run(
+        _run_cached(args.data, args.quick, sets, args.per_turn, not args.no_vector_cache)
+    )
     if "skipped" in result:
         return 0
     print(table(result["table"]))

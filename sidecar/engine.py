@@ -42,27 +42,32 @@ MAX_TEXT_CHARS = 4000  # a spoken turn is a few hundred characters; more is a cl
 MAX_LIMIT = 50
 MAX_BUDGET_MS = 10_000
 MAX_SESSION_ID = 256
-# How much better (in the turn's own cosine) the turn alone must rate its best chunk than the
-# folded query's best for the turn to keep its own result: a new question is not bent to the
-# conversation, while a follow-up whose words fit many pages still is. Measured on doc2dial-dev
-# and the topic-switch sessions: 0.05 kept 97% of stand-alone questions but lost doc2dial to
-# its joined-turns baseline; 0.1 is +0.06 over it there and keeps about 80% of stand-alone ones.
-STANDALONE_MARGIN = 0.1
-# The same when a tracked entity was folded in: a named entity is strong evidence (on DSTC11, 584
-# of the 2,129 judged follow-ups do not refer back, and 0.1 let too many of them stray to
-# another hotel's chunk), so the turn alone must prefer its chunk by more.
-ENTITY_STANDALONE_MARGIN = 0.25
 # The page prior (doc2dial-style dialogues stay on one help page): each searched turn counts the
 # pages of its top PRIOR_COUNTED chunks, by score; a chunk on a page the conversation found gets
 # up to +PRIOR_BONUS (the most found page) among the top PRIOR_DEPTH. Measured on doc2dial-dev.
 PRIOR_COUNTED = 5
-ALONE_DEPTH = 20  # how deep the turn alone is searched beside a folded query
+# How much better (in the turn's own cosine) the turn alone must rate its best chunk than the
+# folded query's best for the turn to keep its own result outright: a question that plainly
+# changes the subject keeps its answer. Below it, a turn folded with the recent exchange is
+# answered by both queries ranked by their mean cosine. On doc2dial-dev the mean alone scores
+# 0.577 and keeps fewer new questions whole; 0.1 before the mean falls to ~0.51, 0.15 ~0.56.
+STANDALONE_MARGIN = 0.15
+# The same against a tracked entity, where below it the entity-folded query answers: a named
+# entity is strong evidence (on DSTC11, hundreds of places with reviews of the same aspects,
+# ranking both by their mean cosine fell from 0.806 to 0.795, and 0.1 let turns stray too).
+ENTITY_STANDALONE_MARGIN = 0.25
+# How deep the folded query and the turn alone are each searched before their candidates are
+# fused: the top results of either, with room for the page prior to lift one into the top.
+FUSION_DEPTH = 20
 PRIOR_BONUS = 0.1
 PRIOR_DEPTH = 20
 MAX_PAGES = 64  # pages a session keeps counts for
 MAX_UNREAD = 4  # agent turns waiting for the next user turn to be counted
 MAX_READ_LATER = 4  # agent turns embedded in the background at once, all sessions together
 READ_LATER_S = 2.0  # an agent turn's embedding still running this long after it came is dropped
+
+
+EntityOf = Callable[[Chunk], str]  # a chunk's entity (``followups.Gazetteer.entity_of``)
 
 
 class Speaker:
@@ -289,38 +294,58 @@ class Engine:
         embed: bool,
         allowed: Allowed | None = None,
     ) -> tuple[str, SearchResult]:
-        """Search the plan's query; when the plan says so, the turn alone too (both embedded
-        at once), and keep the turn's own result when it confidently prefers another chunk."""
-        queries = [plan.query, req.text] if plan.alone else [plan.query]
-        priors = [session.pages if plan.prior and session.pages else None, None]
-        # the turn alone is searched deeper: what it makes of the folded query's best chunk is
-        # then read, not guessed from its own third result
-        depth = self._depth(kb, self.config.max_results)  # the rerank stage's candidates
-        limits = [depth, max(depth, ALONE_DEPTH)]
-        searches = [
-            self._search(
-                snapshot,
-                kb,
-                query,
-                budget,
-                limit=limit,
-                min_score=self.config.min_score,
-                sources=req.sources,
-                context_url=req.context_url,
-                embed=embed,
-                prior=prior,
-                allowed=allowed,
-            )
-            for query, prior, limit in zip(queries, priors, limits, strict=False)
-        ]
-        results = await asyncio.gather(*searches) if len(searches) > 1 else [await searches[0]]
-        own = results[-1]  # the turn's own words' result: what the conversation's pages count
-        _count_pages(session, [(hit.chunk, hit.score) for hit in own.hits[:PRIOR_COUNTED]])
-        entity = plan.followup.source == followups.Source.ENTITY
-        margin = ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN
-        if len(results) == 2 and _stands_alone(results[0], own, margin):
-            return req.text, replace(own, hits=own.hits[:depth])
-        return queries[0], results[0]
+        """Search the plan's query; when the plan says so, the turn alone too (both embedded at
+        once), and rank the candidates of both by both (``_combined``): a new question keeps
+        its own answer where its words clearly prefer it, a follow-up gets the conversation's."""
+        entity_of = followups.gazetteer(snapshot).entity_of
+        prior = session.pages if plan.prior and session.pages else None
+        keep = self._depth(kb, self.config.max_results)  # the rerank stage's candidates
+        if plan.query == req.text or not (plan.alone or plan.named):
+            depth = PRIOR_DEPTH if prior else 0
+            search = self._turn_search(snapshot, kb, plan.query, req, budget, embed, depth, allowed)
+            result = _prior_lifted(await search, prior, entity_of, keep)
+            _count_pages(session, result.hits, entity_of)
+            if plan.query == req.text:
+                _confirm(session, plan, result, entity_of)
+            return plan.query, result
+        depth = max(keep, FUSION_DEPTH)
+        folded, own = await asyncio.gather(
+            self._turn_search(snapshot, kb, plan.query, req, budget, embed, depth, allowed),
+            self._turn_search(snapshot, kb, req.text, req, budget, embed, depth, allowed),
+        )
+        # the turn's own words' result is what the conversation's pages count
+        _count_pages(session, own.hits, entity_of)
+        if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
+            return req.text, _cut(own, keep)
+        if not plan.alone:  # searched alone only to see whether it names its own topic
+            return plan.query, _prior_lifted(folded, prior, entity_of, keep)
+        return _combined(plan, req.text, folded, own, prior, entity_of, keep)
+
+    async def _turn_search(
+        self,
+        snapshot: LoadedSnapshot,
+        kb: str,
+        query: str,
+        req: TurnInput,
+        budget: Budget,
+        embed: bool,
+        limit: int = 0,
+        allowed: Allowed | None = None,
+    ) -> SearchResult:
+        """One of a turn's searches, ``limit`` deep (at least ``max_results``), within what
+        the call may reach (``allowed``)."""
+        return await self._search(
+            snapshot,
+            kb,
+            query,
+            budget,
+            limit=max(limit, self.config.max_results),
+            min_score=self.config.min_score,
+            sources=req.sources,
+            context_url=req.context_url,
+            embed=embed,
+            allowed=allowed,
+        )
 
     def _read_later(self, session: Session, utterance: followups.Utterance) -> None:
         """Embed an agent turn in the background (it is read by the next user turn's page
@@ -344,7 +369,8 @@ class Engine:
             if vector is None:
                 continue
             found = snapshot.search_dense(vector, PRIOR_COUNTED)
-            _count_pages(session, [(snapshot.chunks[label], score) for label, score in found])
+            hits = [Hit("", snapshot.chunks[label], score) for label, score in found]
+            _count_pages(session, hits, followups.gazetteer(snapshot).entity_of)
 
     def plan(self, req: TurnInput) -> Planned | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
@@ -454,7 +480,6 @@ class Engine:
         context_url: str = "",
         vector: Vectors | None = None,
         embed: bool = True,
-        prior: Mapping[str, float] | None = None,
         allowed: Allowed | None = None,
     ) -> SearchResult:
         """Embed under the budget (unless given a vector, or told not to), then rank."""
@@ -471,7 +496,6 @@ class Engine:
             sources=sources,
             context_url=context_url,
             embed_ms=(time.perf_counter() - start) * 1000.0,
-            prior=prior,
             allowed=allowed,
         )
 
@@ -487,7 +511,6 @@ class Engine:
         sources: Sequence[str],
         context_url: str,
         embed_ms: float,
-        prior: Mapping[str, float] | None = None,
         allowed: Allowed | None = None,
     ) -> SearchResult:
         start = time.perf_counter()
@@ -496,7 +519,7 @@ class Engine:
             relevance.Query(
                 text=query,
                 vector=vector,
-                limit=max(limit, PRIOR_DEPTH) if prior else limit,
+                limit=limit,
                 min_score=min_score,
                 min_lexical_score=self.config.min_lexical_score,
                 sources=sources,
@@ -506,12 +529,8 @@ class Engine:
                 allowed=allowed,
             ),
         )
-        hits = [
-            Hit(knowledge_base=kb, chunk=snapshot.chunks[label], score=score)
-            for label, score in ranked
-        ]
-        if prior:
-            hits = _lifted(hits, prior)[:limit]
+        chunks = snapshot.chunks
+        hits = [Hit(kb, chunks[label], score) for label, score in ranked]
         return SearchResult(
             hits=hits,
             snapshot_version=snapshot.version,
@@ -641,30 +660,41 @@ class Engine:
         return (scaled / np.linalg.norm(scaled)).astype(np.float32)
 
 
-def _count_pages(session: Session, found: Sequence[tuple[Chunk, float]]) -> None:
-    """Add what one turn's search found to the session's pages (``Session.pages``)."""
-    for chunk, score in found:
-        page = followups.chunk_entity(chunk)
-        session.pages[page] = session.pages.get(page, 0.0) + max(score, 0.0)
-    if len(session.pages) > MAX_PAGES:  # keep the pages most found
-        kept = sorted(session.pages.items(), key=lambda kv: -kv[1])[:MAX_PAGES]
-        session.pages = dict(kept)
+def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:
+    """Add what one turn's search found (its top PRIOR_COUNTED) to the session's pages
+    (``Session.pages``)."""
+    pages = session.pages
+    for hit in hits[:PRIOR_COUNTED]:
+        page = entity_of(hit.chunk)
+        pages[page] = pages.get(page, 0.0) + max(hit.score, 0.0)
+    if len(pages) > MAX_PAGES:  # keep the pages most found
+        session.pages = dict(sorted(pages.items(), key=lambda kv: -kv[1])[:MAX_PAGES])
     session.fit()  # the pages count in the session's bytes
 
 
-def _lifted(hits: list[Hit], pages: Mapping[str, float]) -> list[Hit]:
+def _prior_lifted(
+    result: SearchResult, prior: Mapping[str, float] | None, entity_of: EntityOf, limit: int
+) -> SearchResult:
+    """``result`` with the page prior applied (when there is one), cut to ``limit``."""
+    if prior and not result.degraded:
+        return replace(result, hits=_lifted(result.hits, prior, entity_of)[:limit])
+    return _cut(result, limit)
+
+
+def _cut(result: SearchResult, limit: int) -> SearchResult:
+    return result if len(result.hits) <= limit else replace(result, hits=result.hits[:limit])
+
+
+def _lifted(hits: Sequence[Hit], pages: Mapping[str, float], entity_of: EntityOf) -> list[Hit]:
     """The hits re-ranked with the page prior: + PRIOR_BONUS times how much the conversation
     found a hit's page, relative to the page it found most (the score reported is the lifted
     one, as ``context_url``'s bonus is)."""
     most = max(pages.values())
     if most <= 0.0:
-        return hits
+        return list(hits)
+    bonus = PRIOR_BONUS / most
     lifted = [
-        replace(
-            hit,
-            score=hit.score
-            + PRIOR_BONUS * pages.get(followups.chunk_entity(hit.chunk), 0.0) / most,
-        )
+        Hit(hit.knowledge_base, hit.chunk, hit.score + bonus * pages.get(entity_of(hit.chunk), 0.0))
         for hit in hits
     ]
     lifted.sort(key=lambda hit: -hit.score)
@@ -675,15 +705,92 @@ def _reads_everything(text: str) -> bool:
     return False
 
 
-def _stands_alone(folded: SearchResult, alone: SearchResult, margin: float) -> bool:
-    """Whether the turn alone confidently prefers another chunk than the folded query found:
-    judged by the turn's own scores (the folded query's are lifted by the words folded in), its
-    best beats the folded query's best by ``margin``."""
-    if not alone.hits or folded.degraded or alone.degraded:
-        return bool(alone.hits) and not folded.hits
-    if not folded.hits:
-        return True
+def _confirm(
+    session: Session, plan: followups.Plan, own: SearchResult, entity_of: EntityOf
+) -> bool:
+    """Track the entity the turn named weakly when its own search finds only that entity's
+    chunks at the top (``followups.confirmed``); whether it did."""
+    if own.degraded or not plan.named:
+        return False
+    named = followups.confirmed(plan.named, [entity_of(hit.chunk) for hit in own.hits])
+    if named is not None:
+        followups.confirm(session, named)
+    return named is not None
+
+
+def _combined(
+    plan: followups.Plan,
+    text: str,
+    folded: SearchResult,
+    own: SearchResult,
+    prior: Mapping[str, float] | None,
+    entity_of: EntityOf,
+    limit: int,
+) -> tuple[str, SearchResult]:
+    """The folded query's and the turn's own candidates ranked by both (``_fused``), the page
+    prior after; the query reported is the turn's when its own words decided the answer."""
+    if folded.degraded or own.degraded:
+        # BM25 scores of two queries are on no common scale: the planned query answers
+        chosen, query = (folded, plan.query) if folded.hits or not own.hits else (own, text)
+        return query, _cut(chosen, limit)
+    entity = plan.followup.source == followups.Source.ENTITY
+    margin = ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN
+    if not plan.refers and _stands_alone(folded, own, margin):
+        return text, _cut(own, limit)
+    if entity:
+        return plan.query, _cut(folded, limit)
+    hits = _fused(folded.hits, own.hits)
+    if prior:
+        hits = _lifted(hits, prior, entity_of)
+    timings = Timings(
+        embed_ms=max(folded.timings.embed_ms, own.timings.embed_ms),
+        search_ms=folded.timings.search_ms + own.timings.search_ms,
+    )
+    result = SearchResult(hits[:limit], folded.snapshot_version, timings=timings)
+    return (text if _own_answer(hits, folded, own) else plan.query), result
+
+
+def _stands_alone(folded: SearchResult, own: SearchResult, margin: float) -> bool:
+    """Whether the turn alone prefers another chunk than the folded query found by ``margin``
+    of its own cosine (its best against its score for the folded
+    query's best; below its last one when not among them)."""
+    if not folded.hits or not own.hits:
+        return bool(own.hits)
     top = folded.hits[0].chunk.chunk_id
-    own = {h.chunk.chunk_id: h.score for h in alone.hits}
-    theirs = own.get(top, alone.hits[-1].score)  # below the last one when not among them
-    return alone.hits[0].chunk.chunk_id != top and alone.hits[0].score - theirs >= margin
+    theirs = next((h.score for h in own.hits if h.chunk.chunk_id == top), own.hits[-1].score)
+    return own.hits[0].chunk.chunk_id != top and own.hits[0].score - theirs >= margin
+
+
+def _fused(folded: Sequence[Hit], own: Sequence[Hit]) -> list[Hit]:
+    """The candidates of the folded query and of the turn alone, each scored by the mean of its
+    two cosines (CombSUM): a chunk one search did not return is given that search's last score,
+    the most it could have had. A chunk both queries like wins over one only the conversation's
+    words (or only the turn's) like; no threshold decides between the two queries."""
+    if not folded or not own:
+        return list(folded or own)
+    first = {hit.chunk.chunk_id: hit.score for hit in folded}
+    second = {hit.chunk.chunk_id: hit.score for hit in own}
+    floor_first, floor_second = folded[-1].score, own[-1].score
+    candidates = {hit.chunk.chunk_id: hit for hit in (*folded, *own)}
+    out = [
+        Hit(
+            hit.knowledge_base,
+            hit.chunk,
+            (first.get(key, floor_first) + second.get(key, floor_second)) / 2.0,
+        )
+        for key, hit in candidates.items()
+    ]
+    out.sort(key=lambda hit: -hit.score)
+    return out
+
+
+def _own_answer(hits: Sequence[Hit], folded: SearchResult, own: SearchResult) -> bool:
+    """Whether the turn's own words decided the answer: its best chunk is the turn alone's
+    best, where the folded query's was another (the turn is then reported as searched as said;
+    where both agree, what was folded in is reported)."""
+    if not hits or not own.hits:
+        return False
+    top = hits[0].chunk.chunk_id
+    return top == own.hits[0].chunk.chunk_id and (
+        not folded.hits or top != folded.hits[0].chunk.chunk_id
+    )

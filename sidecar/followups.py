@@ -17,14 +17,21 @@ fades with each turn. A user turn is then searched as (``plan``):
     it answers the agent's question ("Yes.",       "agent's turns turn"         "agent_question"
       "I'm a noncitizen adult.")
     an entity is tracked (``fold``)                "entity: turn"               "entity"
-    otherwise, after earlier turns                 "last two turns turn"        "recent_turns"
+    otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
+where the exchange is the caller's previous turn with content and what the agent said after it.
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
-are lifted a little (``sidecar.engine``). A folded turn is also searched alone and keeps its own
-result when its own words clearly prefer a chunk on a page the conversation has not been on
-(``Plan.alone``): a new question is not bent to the old topic. ``TurnResponse.followup`` shows
-what was folded in, from where, and how sure it was.
+are lifted a little (``sidecar.engine``). A turn folded with the recent exchange is also
+searched alone: a question whose own words clearly prefer another page keeps its answer, and
+otherwise the candidates of both searches are ranked by the mean of their two cosines, so a chunk
+both the turn and the conversation point to wins (``Plan.alone``); one folded with an entity
+that does not refer back keeps its own result only when its own words prefer another chunk by a
+wider margin (``sidecar.engine``). A
+page named by a word other pages also use ("pCloud", which every overview lists) is a weak
+match, taken as the turn's topic only when the turn's own top results are all that page's
+(``confirmed``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
+was (nothing, when the turn's own words decided the answer).
 """
 
 from __future__ import annotations
@@ -33,8 +40,8 @@ import re
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 from cachetools import LRUCache
@@ -95,7 +102,6 @@ class Source:
 
 
 SHORT_TURN = 5  # words; a turn this short rarely names its own topic
-RECENT_JOINED = 2  # turns before this one joined with it: on doc2dial as good as more, cheaper
 RECENT_CONFIDENCE = 0.5  # nothing names what the recent turns are about: a guess, said as one
 MAX_FOLDED_WORDS = 60  # of the agent's turns folded into an answer: the caller's words stay read
 ANSWER_CONTENT_WORDS = 3  # an answer with more content words than this is its own question
@@ -109,6 +115,12 @@ GAZETTEERS_KEPT = 8  # one per loaded snapshot version; a swap leaves the old on
 # A match is used when at least this share of the chunks holding its words are the entity's own:
 # below it, the words are about as often ordinary text elsewhere in the base.
 MIN_CONFIDENCE = 0.5
+# A page named by one word that other pages' chunks also use ("Selection", a docs page; "pCloud",
+# which every overview lists) is at most this sure, a weak match: it is taken as the turn's topic
+# only when the turn's own search confirms it (``confirmed``).
+WEAK_CONFIDENCE = 0.25
+# The turn alone's top results that must all be the weakly named entity's to confirm it.
+CONFIRM_DEPTH = 3
 NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
 AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
@@ -154,13 +166,16 @@ NO_FOLLOWUP = FollowUp()  # searched as said
 @dataclass(frozen=True, slots=True)
 class Plan:
     """How to search one user turn: ``query``; when ``alone`` the turn alone is searched too and
-    kept when it is the more confident (a new question is not bent to the conversation); with
-    ``prior`` the pages the conversation has been on are lifted (``Session.pages``)."""
+    ranked with it (a new question is not bent to the conversation); with ``prior`` the pages
+    the conversation has been on are lifted (``Session.pages``); ``named`` are the entities the
+    turn names weakly, taken as its topic when its own search confirms one (``confirmed``)."""
 
     query: str
     followup: FollowUp
     alone: bool = False
     prior: bool = False  # the pages the conversation has been on get a small bonus
+    named: tuple[Mention, ...] = ()  # weak matches the turn's own search may confirm
+    refers: bool = False  # it leans on the conversation ("it", a few words): never kept alone
 
 
 def chunk_entity(chunk: Chunk) -> str:
@@ -195,7 +210,9 @@ class Gazetteer:
         is_common: Callable[[str, str], bool] | None = None,
         streets: frozenset[str] = frozenset(),
         confidence: Confidence | None = None,
+        entities: Mapping[str, str] | None = None,
     ) -> None:
+        self._entities = entities or {}
         named = {n: tokens(n) for n in dict.fromkeys(n.strip() for n in names) if n}
         named = {n: t for n, t in named.items() if 0 < len(t) <= MAX_NAME_TOKENS}
         stripped = {n: t[1:] if t[0] == "the" and len(t) > 1 else t for n, t in named.items()}
@@ -209,14 +226,22 @@ class Gazetteer:
         keys.update(full)
         one_word |= {key for key, name in full.items() if len(stripped[name]) == 1}
         self._partial = frozenset(partial)
+        common: set[str] = set()  # whole names that are also ordinary words of other entities
         if is_common is not None:
             for key in one_word:
                 owner = keys[key]
                 if owner is not None and is_common(key, owner):
-                    del keys[key]
+                    if key in full:
+                        common.add(key)
+                    else:
+                        del keys[key]
         self._keys = keys
         self._sure = _rate(keys, stripped, function_words, confidence)
+        for key in common:  # "Selection", "pCloud": only the turn's own search can confirm them
+            self._sure[key] = min(self._sure.get(key, 1.0), WEAK_CONFIDENCE)
         self._streets = streets
+        # every string prefix of every key: a span is extended only while it may still be one
+        self._prefixes = frozenset(k[:i] for k in keys for i in range(1, len(k) + 1))
         self._long = {k: n for k, n in keys.items() if n is not None and len(k) >= FUZZY_MIN_CHARS}
         self._near: dict[str, set[str]] = {}
         for key in self._long:
@@ -229,6 +254,11 @@ class Gazetteer:
         self._function_words = function_words
         self._span = max((len(t) for t in named.values()), default=0)
         self.size = len(named)
+
+    def entity_of(self, chunk: Chunk) -> str:
+        """``chunk_entity(chunk)``, read from the snapshot's chunks once when built."""
+        found = self._entities.get(chunk.chunk_id)
+        return found if found is not None else chunk_entity(chunk)
 
     def mentions(self, text: str) -> list[str]:
         """The entity names a text mentions confidently, in order of first mention."""
@@ -250,12 +280,11 @@ class Gazetteer:
     def _match(self, toks: Sequence[str], i: int) -> tuple[int, str, bool]:
         """(tokens consumed, the key matched or "", whether it matched one edit away)."""
         longest = min(self._span, len(toks) - i)
-        for n in range(longest, 0, -1):
-            key = "".join(toks[i : i + n])
-            if key in self._keys:
-                if key in self._partial and i + n < len(toks) and toks[i + n] in self._streets:
-                    return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
-                return n, key, False
+        n, key = self._exact(toks, i, longest)
+        if n:
+            if key in self._partial and i + n < len(toks) and toks[i + n] in self._streets:
+                return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
+            return n, key, False
         if toks[i] in self._function_words:
             return 1, "", False
         if toks[i][:1] in self._initials:
@@ -264,6 +293,18 @@ class Gazetteer:
                 if key:
                     return n, key, True
         return 1, "", False
+
+    def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, str]:
+        """The longest run of tokens from ``i`` (at most ``longest``) whose words joined are a
+        key, as (tokens, key), or (0, "")."""
+        found, key, joined = 0, "", ""
+        for n in range(1, longest + 1):
+            joined += toks[i + n - 1]
+            if joined not in self._prefixes:
+                break
+            if joined in self._keys:
+                found, key = n, joined
+        return found, key
 
     def _near_match(self, key: str) -> str:
         """The one name key within one edit of ``key`` (first letter kept), or ""."""
@@ -368,7 +409,10 @@ def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
     if gaz is None:
         entity_of = [chunk_entity(c) for c in snapshot.chunks]
         stats = EntityStats(snapshot.lexical, entity_of)
-        gaz = Gazetteer(entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence)
+        entities = {c.chunk_id: e for c, e in zip(snapshot.chunks, entity_of, strict=True)}
+        gaz = Gazetteer(
+            entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence, entities
+        )
         with _gazetteers_lock:
             _gazetteers[key] = gaz
     return gaz
@@ -531,21 +575,42 @@ def plan(
     if entity is not None:
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
         # a turn that refers back ("do they take reservations") has no meaning alone
-        return Plan(f"{entity.name}: {text}", folded, alone=not refers)
+        return Plan(f"{entity.name}: {text}", folded, alone=not refers, named=mentions)
     if not refers and config.fold == "referring":
-        return Plan(text, NO_FOLLOWUP)  # a turn of its own is searched as said
+        return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
     recent = _recent(session)
     if recent:
         joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
-        return Plan(f"{recent} {text}", joined, alone=True, prior=True)
-    return Plan(text, NO_FOLLOWUP, prior=True)
+        plan = Plan(f"{recent} {text}", joined, alone=True, prior=True, named=mentions)
+        return replace(plan, refers=refers)
+    return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
+
+
+def confirmed(named: Sequence[Mention], found: Sequence[str]) -> Mention | None:
+    """The weakly named entity the entities of the turn's own top CONFIRM_DEPTH chunks
+    (``found``, best first) all are, if any ("Tell me about pCloud." finds only pCloud's page;
+    "I see one place by the park" does not find only Park Inn's)."""
+    if not named or len(found) < CONFIRM_DEPTH:
+        return None
+    about = set(found[:CONFIRM_DEPTH])
+    return next((m for m in named if about == {m.name}), None)
+
+
+def confirm(session: Session, mention: Mention) -> None:
+    """Track an entity the turn named and its own search confirmed, as a sure naming."""
+    session.entity, session.weight = Mention(mention.name, 1.0), 1.0
 
 
 def _recent(session: Session) -> str:
-    """The last RECENT_JOINED turns' words (either speaker), oldest first, for a turn that
-    names nothing and follows no named entity: the conversation it continues."""
-    said = [t.text.strip() for t in list(session.turns)[-RECENT_JOINED:]]
-    return " ".join(" ".join(said).split()[-MAX_FOLDED_WORDS:])
+    """The exchange this turn follows, for a turn that names nothing and follows no named
+    entity: the caller's previous turn with content (not "Ok.") and everything said after it,
+    oldest first."""
+    said: list[str] = []
+    for turn in reversed(session.turns):
+        said.append(turn.text.strip())
+        if turn.speaker != AGENT and _content(words(turn.text)):
+            break
+    return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
 
 
 def rewrite(

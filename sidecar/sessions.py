@@ -120,10 +120,11 @@ class Session:
     def fit(self) -> None:
         """Drop the oldest turns, then the oldest searches, past ``max_bytes`` (keeping the
         newest of each); then tell the store what changed."""
-        for kept in (self.turns, self.retained):
-            while self.max_bytes and len(kept) > 1 and self.measure() > self.max_bytes:
-                kept.popleft()
         size = self.measure()
+        for kept in (self.turns, self.retained):
+            while self.max_bytes and len(kept) > 1 and size > self.max_bytes:
+                kept.popleft()
+                size = self.measure()
         change, self.size = size - self.size, size
         if change and self.on_resize is not None:
             self.on_resize(self, change)

@@ -133,7 +133,12 @@ def test_without_entities_a_turn_is_searched_with_the_recent_turns() -> None:
     session = _session(
         ("user", "What is throat cancer?"), ("agent", "A cancer of the throat."), ("user", "Ok.")
     )
-    assert followups.rewrite(session, "How long?") == "A cancer of the throat. Ok. How long?"
+    assert (
+        followups.rewrite(session, "How long?")
+        == "What is throat cancer? A cancer of the throat. Ok. How long?"
+    )
+    session = _session(("user", "What is throat cancer?"), ("user", "Tell me about Seafile."))
+    assert followups.rewrite(session, "Is it free?") == "Tell me about Seafile. Is it free?"
     assert followups.rewrite(Session("new", 3), "How long?") == "How long?"
 
 
