@@ -39,6 +39,7 @@ import openai
 import orjson
 
 from index.config import LlmConfig
+from index.embedders.remote import retry_after
 from index.errors import ConfigError, SpendCapReached
 from index.prompts import Prompt
 
@@ -226,7 +227,7 @@ class ModelCaller:
             except _RETRYABLE as exc:
                 if attempt == self.config.retries:
                     raise _Failed(f"gave up after {attempt + 1} tries: {_describe(exc)}") from exc
-                await asyncio.sleep(min(_retry_after(exc) or delay, MAX_BACKOFF_S))
+                await asyncio.sleep(min(retry_after(exc) or delay, MAX_BACKOFF_S))
                 delay = min(delay * 2, MAX_BACKOFF_S)
                 continue
             except openai.OpenAIError as exc:
@@ -314,12 +315,6 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "no complete answer within timeout_s"
     return f"{type(exc).__name__}: {exc}"
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    """The server's ``Retry-After`` in seconds, when it sent one as a number."""
-    if not isinstance(exc, openai.APIStatusError):
-        return None
     value = exc.response.headers.get("retry-after")
     try:
         return float(value) if value is not None else None

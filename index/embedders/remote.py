@@ -171,7 +171,7 @@ class OpenAIEmbedder:
                         f"{self._info.name}: gave up after {attempt + 1} tries: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
-                time.sleep(min(_retry_after(exc) or delay, MAX_BACKOFF_S))
+                time.sleep(min(retry_after(exc) or delay, MAX_BACKOFF_S))
                 delay = min(delay * 2, MAX_BACKOFF_S)
             except openai.OpenAIError as exc:
                 raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
@@ -196,7 +196,7 @@ def request_batches(texts: list[str], max_inputs: int, max_bytes: int) -> list[l
     return batches
 
 
-def _retry_after(exc: openai.OpenAIError) -> float | None:
+def retry_after(exc: BaseException) -> float | None:
     """The server's ``Retry-After`` in seconds, when it sent one as a number."""
     if not isinstance(exc, openai.APIStatusError):
         return None
