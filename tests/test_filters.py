@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
 import numpy as np
 import orjson
 import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from openai.types.chat import ChatCompletionFunctionTool
 from openai.types.realtime import RealtimeFunctionTool
 from openai.types.responses import FunctionTool
@@ -415,3 +418,59 @@ def test_a_function_filters_only_on_what_its_base_indexes(tmp_path: Path) -> Non
     raw["sidecar"]["auth"]["caller"][0]["filters"] = {"plan_scope": []}
     with pytest.raises(ConfigError, match="plan_scope"):
         parse_config(raw, base=tmp_path)
+
+
+async def test_a_starter_token_never_sees_an_enterprise_only_chunk_over_http(
+    filtered_store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token's filters hold on the HTTP door too: an MCP tool call, the tool webhook and a
+    Vapi knowledge-base request answer a starter caller from starter pages only, whatever the
+    arguments ask for."""
+    monkeypatch.setenv("VOX_TEST_TOKEN", TOKEN_A)
+    monkeypatch.setenv("VOX_TEST_STARTER", TOKEN_B)
+    raw = _raw(filtered_store)
+    raw["sidecar"]["http"] = {"listen": "127.0.0.1:0"}
+    config = parse_config(raw, base=filtered_store)
+    wide = {"plan_scope": ["enterprise", "starter"]}
+    async with (
+        running(config, local_embedder) as sc,
+        httpx2.AsyncClient(headers={"authorization": f"Bearer {TOKEN_B}"}) as http,
+        streamable_http_client(f"http://127.0.0.1:{sc.http_port}/mcp", http_client=http) as (
+            read,
+            write,
+        ),
+        ClientSession(read, write) as mcp,
+    ):
+        await mcp.initialize()
+        for q in (SSO, "what does the audit log record"):
+            called = await mcp.call_tool("search_help", {"query": q, **wide})
+            assert not called.is_error
+            first: Any = called.content[0]
+            mcp_paths = {r["path"] for r in orjson.loads(first.text)["results"]}
+            hook = await http.post(
+                f"http://127.0.0.1:{sc.http_port}/tools/search_help",
+                json={"args": {"query": q, **wide}},
+            )
+            assert hook.status_code == 200
+            hook_paths = {r["path"] for r in hook.json()["results"]}
+            vapi = await http.post(
+                f"http://127.0.0.1:{sc.http_port}/vapi/knowledge-base",
+                json={
+                    "message": {
+                        "type": "knowledge-base-request",
+                        "messages": [{"role": "user", "content": q}],
+                        "call": {"id": f"call-{len(q)}"},
+                    }
+                },
+            )
+            assert vapi.status_code == 200
+            texts = " ".join(d["content"] for d in vapi.json()["documents"])
+            assert not (mcp_paths | hook_paths) & ENTERPRISE_ONLY
+            assert "SAML" not in texts
+            assert "audit log records" not in texts
+        full = await http.post(  # the same call with the unscoped token does find it
+            f"http://127.0.0.1:{sc.http_port}/tools/search_help",
+            json={"args": {"query": SSO}},
+            headers={"authorization": f"Bearer {TOKEN_A}"},
+        )
+        assert "features/sso.md" in {r["path"] for r in full.json()["results"]}
