@@ -4,12 +4,16 @@
       manifest.json   format version, base, version id, created-at, embedder, hnsw parameters,
                       counts and the sha256 of every other file; written last
       vectors.hnsw    hnswlib index (inner product on unit vectors = cosine); label i = chunk i
-      chunks.jsonl    the chunks in label order, one JSON object a line (what a search returns)
-      pages.json      source_path -> whole page text, for reading a page later
+      chunks.bin      the chunks in label order, and each one's source (index/tables.py)
+      pages.bin       page key -> whole page text, for reading a page later (index/tables.py)
       lexical.bin     the BM25 index over the chunks' embedded text, for fallback and hybrid
 
+``chunks.bin``, ``pages.bin`` and ``lexical.bin`` are arrays files (``index/mapped.py``): a
+loader memory-maps them and reads them in place, so loading costs what hnswlib's graph costs and
+worker processes share those pages through the page cache.
+
 A folder is written once and never modified. ``verify`` checks everything the manifest claims
-before a reader trusts the folder; ``load`` then builds the in-memory form a sidecar serves from.
+before a reader trusts the folder; ``load`` then checks each file's layout and maps it.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import hnswlib
 import numpy as np
@@ -33,19 +37,24 @@ from index.embedders.base import EmbedderInfo, Vectors
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
 from index.hnsw_file import MAX_M, check_hnsw_file
 from index.lexical import LexicalIndex
+from index.tables import CACHE_BYTES as CHUNK_CACHE_BYTES
+from index.tables import ChunkTable, PageTable
 from index.types import Chunk
 
-FORMAT_VERSION = 3  # 2: chunks stored as JSON lines; 3: the manifest records every file's size
+# 2: chunks stored as JSON lines; 3: the manifest records every file's size; 4: chunks, pages and
+# the lexical index are memory-mapped arrays files, read in place
+FORMAT_VERSION = 4
 # A floor for the query-time ef: below it real-query recall drops fast (SciFact: 0.88 at ef 10,
 # 0.98 at 32) while an hnswlib query at ef 32 still takes well under a millisecond.
 MIN_EF = 32
 MANIFEST = "manifest.json"
 VECTORS = "vectors.hnsw"
-CHUNKS = "chunks.jsonl"
-PAGES = "pages.json"
+CHUNKS = "chunks.bin"
+PAGES = "pages.bin"
 LEXICAL = "lexical.bin"
 DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,41 +235,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def chunk_to_dict(chunk: Chunk) -> dict[str, Any]:
-    return {
-        "id": chunk.chunk_id,
-        "source": chunk.source,
-        "path": chunk.source_path,
-        "title": chunk.title,
-        "crumbs": list(chunk.breadcrumbs),
-        "text": chunk.text,
-        "embed": chunk.embed_text,
-        "url": chunk.url,
-        "meta": dict(chunk.metadata),
-    }
-
-
-_CHUNK_TEXT = (("id", "chunk_id"), ("source", "source"), ("path", "source_path"),
-               ("title", "title"), ("text", "text"), ("embed", "embed_text"), ("url", "url"))  # fmt: skip
-
-
-def chunk_from_dict(raw: object) -> Chunk:
-    """A chunk from its JSON form; ValueError naming the field when a type is wrong (every
-    field the sidecar reads is checked here, once, rather than failing a call later)."""
-    if type(raw) is not dict:
-        raise ValueError(f"a chunk is a JSON object, not {type(raw).__name__}")
-    text = {attr: raw.get(key) for key, attr in _CHUNK_TEXT}
-    crumbs, meta = raw.get("crumbs"), raw.get("meta")
-    bad = [k for k, attr in _CHUNK_TEXT if type(text[attr]) is not str]
-    if type(crumbs) is not list or any(type(c) is not str for c in crumbs):
-        bad.append("crumbs")
-    if type(meta) is not dict or any(type(v) is not str for v in meta.values()):
-        bad.append("meta")
-    if bad:
-        raise ValueError(f"chunk field(s) {', '.join(bad)} missing or of the wrong type")
-    return Chunk(breadcrumbs=tuple(crumbs), metadata=meta, **text)  # type: ignore[arg-type]
-
-
 def build_hnsw(vectors: Vectors, m: int, ef_construction: int) -> hnswlib.Index:
     """An inner-product index over unit vectors, labels 0..n-1, built on every core."""
     n, dim = vectors.shape
@@ -329,8 +303,8 @@ def write_snapshot(
     index = build_hnsw(vectors, hnsw_m, hnsw_ef_construction)
     ef, recall = choose_ef(index, vectors, target_recall)
     index.save_index(str(folder / VECTORS))
-    write_atomic(folder / CHUNKS, b"".join(orjson.dumps(chunk_to_dict(c)) + b"\n" for c in chunks))
-    write_atomic(folder / PAGES, orjson.dumps(dict(pages)))
+    write_atomic(folder / CHUNKS, ChunkTable.dump(chunks))
+    write_atomic(folder / PAGES, PageTable.dump(pages))
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     write_atomic(folder / LEXICAL, lexical.to_bytes())
     manifest = Manifest(
@@ -374,7 +348,9 @@ def verify_snapshot(
     manifest = read_manifest(folder)
     if manifest.format_version != FORMAT_VERSION:
         raise IncompatibleSnapshot(
-            f"{folder}: format version {manifest.format_version}, this voxrecall reads {FORMAT_VERSION}"
+            f"{folder}: format version {manifest.format_version}, this voxrecall reads "
+            f"{FORMAT_VERSION} (chunks, pages and the lexical index memory-mapped, not parsed); "
+            "rebuild the base with `voxrecall index build`"
         )
     if expected is not None and manifest.embedder != expected:
         raise IncompatibleSnapshot(
@@ -420,7 +396,7 @@ class Partition:
     size: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False, weakref_slot=True)  # identity: a cache may key on it weakly
 class LoadedSnapshot:
     """A verified snapshot in memory, immutable once built; what one sidecar request reads.
 
@@ -434,12 +410,15 @@ class LoadedSnapshot:
     folder: Path
     manifest: Manifest
     index: hnswlib.Index
-    chunks: tuple[Chunk, ...]
-    pages: Mapping[str, str]
+    chunks: Sequence[Chunk]  # a ChunkTable: each chunk decoded from the mapped file when read
+    pages: Mapping[str, str]  # a PageTable
     lexical: LexicalIndex
     source_of: npt.NDArray[np.int32]  # chunk label -> index into source_names
     source_names: tuple[str, ...]
     partitions: Mapping[int, Partition] = field(default_factory=dict)  # source index -> copy
+    # What serving it may take in memory: the graph file as hnswlib holds it, the partitions'
+    # copies, and the mapped files in full (as if every page of them were read).
+    memory_bytes: int = 0
 
     @property
     def version(self) -> str:
@@ -546,39 +525,10 @@ def build_partitions(
     return out
 
 
-def read_chunks(path: Path) -> tuple[Chunk, ...]:
-    """Parse the chunk store one line at a time; CorruptSnapshot naming the first bad line.
-
-    One ``orjson.loads`` over the whole store would hold the GIL for about a second at 100k
-    chunks and stall the sidecar's event loop mid-swap; line by line, the interpreter switches to
-    the loop thread every few milliseconds.
-    """
-    chunks: list[Chunk] = []
-    with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                chunks.append(chunk_from_dict(orjson.loads(line)))
-            except ValueError as exc:  # orjson.JSONDecodeError is one
-                raise CorruptSnapshot(f"{path}:{number}: {exc}") from exc
-    return tuple(chunks)
-
-
-def read_pages(path: Path) -> dict[str, str]:
-    """``pages.json``: an object of page key -> page text; CorruptSnapshot otherwise."""
+def read_table(path: Path, open_: Callable[[Path], T]) -> T:
+    """Map one arrays file of the snapshot; CorruptSnapshot naming it when its layout is wrong."""
     try:
-        pages = orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise CorruptSnapshot(f"{path}: {exc}") from exc
-    if type(pages) is not dict or any(type(v) is not str for v in pages.values()):
-        raise CorruptSnapshot(f"{path}: not a JSON object of page texts")
-    return pages
-
-
-def read_lexical(path: Path) -> LexicalIndex:
-    try:
-        return LexicalIndex.from_bytes(path.read_bytes())
+        return open_(path)
     except ValueError as exc:
         raise CorruptSnapshot(f"{path}: {exc}") from exc
 
@@ -608,8 +558,10 @@ def load_snapshot(
     """Verify, then load a snapshot; blocking (seconds for large ones): call it off the event loop.
 
     Every file is checked before it is trusted (a checksum proves a file is the one published,
-    not that it is well-formed): the manifest's and the chunks' fields by type, the page texts,
-    the lexical arrays, and the hnswlib file's layout and graph. Anything wrong is
+    not that it is well-formed): the manifest's fields by type; the mapped files' headers, array
+    extents and offsets (monotonic, within their tables, counts that agree), the lexical
+    postings' doc ids; and the hnswlib file's layout and graph. Texts are read in place when
+    asked for, decoded with replacement, so no byte of them can fail a call. Anything wrong is
     CorruptSnapshot (or IncompatibleSnapshot), never another exception or a crash.
 
     ``ef_search`` replaces the query-time ef the build chose (0 keeps it).
@@ -619,9 +571,9 @@ def load_snapshot(
     """
     manifest = verify_snapshot(folder, expected, checksums=checksums)
     try:
-        chunks = read_chunks(folder / CHUNKS)
-        pages = read_pages(folder / PAGES)
-        lexical = read_lexical(folder / LEXICAL)
+        chunks = read_table(folder / CHUNKS, ChunkTable.open)
+        pages = read_table(folder / PAGES, PageTable.open)
+        lexical = read_table(folder / LEXICAL, LexicalIndex.open)
         if len(chunks) != manifest.chunks or len(lexical) != len(chunks):
             raise CorruptSnapshot(
                 f"{folder}: counts disagree: chunks {len(chunks)}, lexical {len(lexical)}, "
@@ -630,9 +582,7 @@ def load_snapshot(
         index = read_hnsw(folder / VECTORS, manifest, ef_search or manifest.hnsw.ef)
     except OSError as exc:
         raise CorruptSnapshot(f"{folder}: cannot read: {exc}") from exc
-    names = tuple(sorted({c.source for c in chunks}))
-    position = {name: i for i, name in enumerate(names)}
-    source_of = np.fromiter((position[c.source] for c in chunks), dtype=np.int32, count=len(chunks))
+    names, source_of = chunks.source_names, chunks.source_of
     try:
         partitions = build_partitions(index, source_of, len(names))
     except (RuntimeError, ValueError) as exc:
@@ -647,4 +597,7 @@ def load_snapshot(
         source_of=source_of,
         source_names=names,
         partitions=partitions,
+        memory_bytes=sum(manifest.sizes.values())
+        + sum(p.size for p in partitions.values()) * 4 * manifest.embedder.dimension
+        + CHUNK_CACHE_BYTES,
     )

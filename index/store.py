@@ -107,6 +107,9 @@ class LocalStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        # folder -> the (name, size, mtime, inode) of its files when their sha256 last matched:
+        # a version fetched again (a base evicted and loaded anew) is not hashed again
+        self._verified: dict[Path, tuple[tuple[str, int, int, int], ...]] = {}
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
@@ -161,7 +164,10 @@ class LocalStore:
         missing = [n for n in manifest_files(manifest, str(folder)) if not (folder / n).is_file()]
         if missing:
             raise IncompleteSnapshot(f"{folder}: missing {', '.join(missing)} (half-uploaded?)")
-        verify_snapshot(folder)
+        seen = _file_stats(folder, [MANIFEST, *manifest_files(manifest, str(folder))])
+        if self._verified.get(folder) != seen:
+            verify_snapshot(folder)
+            self._verified[folder] = seen
         return folder
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
@@ -227,6 +233,11 @@ class LocalStore:
             if stale.stat().st_mtime < day_ago:
                 shutil.rmtree(stale, ignore_errors=True)
         return doomed
+
+
+def _file_stats(folder: Path, names: list[str]) -> tuple[tuple[str, int, int, int], ...]:
+    stats = [(name, (folder / name).stat()) for name in names]
+    return tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in stats)
 
 
 def _mkdir_readable(path: Path) -> None:

@@ -18,7 +18,7 @@ import grpc
 from index.errors import VoxrecallError
 from sidecar import __version__, sessions
 from sidecar.engine import Engine, SearchInput, Speaker, Timings, TurnInput, TurnResult
-from sidecar.errors import InvalidArgument, status_for
+from sidecar.errors import InvalidArgument, status_for, trailers_for
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
@@ -45,7 +45,7 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
             code = status_for(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed: %s", handler.__name__, exc)
-            await context.abort(code, str(exc))
+            await context.abort(code, str(exc), trailing_metadata=trailers_for(exc))
             raise AssertionError("unreachable: abort raises") from exc
 
     return wrapper
@@ -179,7 +179,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             code = status_for(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.error("Converse failed: %s", exc)
-            await context.abort(code, str(exc))
+            await context.abort(code, str(exc), trailing_metadata=trailers_for(exc))
         finally:
             # a cancelled stream arrives here as CancelledError: nothing it started outlives it
             await prefetcher.aclose()
