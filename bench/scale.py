@@ -3,7 +3,8 @@
 For each N (10k, 100k, and 1M where this machine's memory allows): the snapshot's size on disk,
 the time a fresh sidecar process takes to verify and load it (``create_server`` until it
 serves), that process's resident memory, and Search p50/p99 over loopback gRPC (query vectors
-sent as bytes, as in the ``search`` suite). Beside them, measured in the same run: a bare
+sent as bytes, as in the ``search`` suite). ``--quick`` also runs ``bench.many_bases`` in its
+smoke mode (many small bases under a memory budget). Beside them, measured in the same run: a bare
 ``hnswlib.Index.load_index`` of the very same graph file in a process of its own (the floor a
 load is judged against: ``raw_hnswlib_load_s``, and ``raw_index_mb``, what the graph and vectors
 take in memory as hnswlib holds them), and a second worker process serving the same snapshot
@@ -90,6 +91,34 @@ print(json.dumps({"load_s": load_s, "index_mb": (rss_kb() - before) / 1024}))
 """
 
 
+# Where a sidecar's load goes, in a fresh process: the snapshot (mapped files checked, the graph
+# read and checked), the warm-up searches, and the follow-ups gazetteer (built from every chunk).
+LOAD_PARTS = """
+import json, sys, time
+from pathlib import Path
+from index.snapshot import load_snapshot
+from sidecar import followups, refresh
+
+started = time.perf_counter()
+snapshot = load_snapshot(Path(sys.argv[1]), checksums=False)
+loaded = time.perf_counter()
+refresh.warm_searches(snapshot)
+warmed = time.perf_counter()
+followups.gazetteer(snapshot)
+print(json.dumps({"snapshot_load_s": loaded - started, "warm_up_s": warmed - loaded,
+                  "gazetteer_s": time.perf_counter() - warmed}))
+"""
+
+
+def load_parts(snapshot: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_PARTS, str(snapshot)],
+        capture_output=True, text=True, check=True, timeout=3600,
+        cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    return {key: round(value, 3) for key, value in json.loads(out.stdout).items()}
+
+
 def raw_hnswlib_load(snapshot: Path) -> dict[str, float]:
     """``load_index`` of the snapshot's graph in a fresh process; the faster of two runs (the
     first warms the page cache, as the sidecar's load finds it warm)."""
@@ -120,6 +149,8 @@ def measure(n: int, queries: int, cache: Path) -> dict[str, Any]:
     if built:
         row["build_s"] = round(time.perf_counter() - started, 1)
     row.update(raw_hnswlib_load(snapshot))
+    row.update(load_parts(snapshot))
+    row["snapshot_load_vs_raw"] = round(row["snapshot_load_s"] / row["raw_hnswlib_load_s"], 2)
     # two workers on one port, started one after the other (as ``voxrecall serve`` starts them)
     proc = SidecarProcess(snapshot.parent.parent, embedder_info(corpus), workers=2)
     try:
@@ -152,11 +183,17 @@ def measure(n: int, queries: int, cache: Path) -> dict[str, Any]:
     return row
 
 
+# What grows with N in proportion: extrapolated linearly.
+LINEAR = ("snapshot_mb", "load_s", "rss_mb", "raw_hnswlib_load_s", "raw_index_mb", "worker_rss_mb",
+          "worker_private_mb")  # fmt: skip
+
+
 def extrapolate(n: int, rows: dict[int, dict[str, Any]], why: str) -> dict[str, Any]:
     (n1, a), (n2, b) = sorted(rows.items())[-2:]
     out: dict[str, Any] = {"extrapolated": why}
-    for key in ("snapshot_mb", "load_s", "rss_mb", "raw_hnswlib_load_s", "raw_index_mb",
-                "worker_rss_mb", "worker_private_mb"):  # fmt: skip
+    for key in LINEAR:
+        if key not in a or key not in b:
+            continue
         slope = (b[key] - a[key]) / (n2 - n1)
         out[key] = round(b[key] + slope * (n - n2), 1)
     decades = math.log10(n / n2) / math.log10(n2 / n1)
@@ -187,9 +224,14 @@ def run(
         else:
             measured = {k: v for k, v in rows.items() if "extrapolated" not in v}
             rows[n] = extrapolate(n, measured, why)
-    return {
+    out: dict[str, Any] = {
         "suite": "scale",
         "dim": DIM,
         "queries": queries,
         "sizes": {str(n): r for n, r in rows.items()},
     }
+    if quick:  # the full run is its own command: python -m bench.many_bases
+        from bench import many_bases
+
+        out["many_bases"] = many_bases.run(True)
+    return out

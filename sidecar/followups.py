@@ -414,7 +414,7 @@ class EntityStats:
             found = self._docs(word)
             if not len(found):
                 continue  # a stopword or a word no chunk uses: it tells nothing apart
-            docs = found if docs is None else np.intersect1d(docs, found, assume_unique=True)
+            docs = found if docs is None else _intersect(docs, found)
             if not len(docs):
                 break
         if docs is None or not len(docs):
@@ -429,6 +429,17 @@ class EntityStats:
             found = np.unique(self._lexical.matching(word))
             self._postings[word] = found
         return found
+
+
+def _intersect(small: np.ndarray, large: np.ndarray) -> np.ndarray:
+    """The common items of two sorted arrays of unique ids, ``small`` the shorter, in time
+    linear in ``small`` (``np.intersect1d`` sorts both: one name against a word every chunk
+    holds, 12,500 times at 100k chunks, took most of a snapshot's load)."""
+    if not len(large):
+        return large
+    at = np.minimum(np.searchsorted(large, small), len(large) - 1)
+    common: np.ndarray = small[large[at] == small]
+    return common
 
 
 def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[str, str], bool]:

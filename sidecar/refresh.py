@@ -77,12 +77,18 @@ def refusal_kind(exc: SnapshotError) -> tuple[str, bool]:
 
 
 def warm_up(snapshot: LoadedSnapshot) -> None:
+    """Warm searches, then the follow-up entity list (built here, off the event loop)."""
+    if not snapshot.chunks:
+        return
+    warm_searches(snapshot)
+    followups.gazetteer(snapshot)
+
+
+def warm_searches(snapshot: LoadedSnapshot) -> None:
     """Run a few queries so the first caller after a swap does not pay for cold pages.
 
     A graph hnswlib cannot search (it finds fewer neighbours than asked: a RuntimeError) is
     CorruptSnapshot here, before any caller would get it as an error."""
-    if not snapshot.chunks:
-        return
     rng = np.random.default_rng(0)
     dim = snapshot.manifest.embedder.dimension
     for _ in range(WARMUP_QUERIES):
@@ -93,7 +99,6 @@ def warm_up(snapshot: LoadedSnapshot) -> None:
             raise CorruptSnapshot(f"{snapshot.folder}: a warm-up search failed: {exc}") from exc
     for chunk in snapshot.chunks[:WARMUP_QUERIES]:
         snapshot.lexical.search(chunk.title, 3)
-    followups.gazetteer(snapshot)  # the follow-up entity list: built here, off the event loop
 
 
 def freeze_heap() -> None:

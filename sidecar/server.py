@@ -64,7 +64,9 @@ class Sidecar:
             if self.lifecycle.state is State.LOADING:
                 log.info(
                     "SERVING: %s",
-                    "bases load on their first call" if lazy else "every base has a snapshot",
+                    "bases load on their first call"
+                    if lazy
+                    else "every knowledge base has a snapshot",
                 )
             self.lifecycle.state = State.SERVING
         status = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -24,8 +24,8 @@ from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
 from sidecar.lifecycle import Lifecycle
 from sidecar.limits import idle_limited
+from sidecar.messages import ChunkMessages
 from sidecar.prefetch import Prefetcher
-from sidecar.sessions import Hit
 from sidecar.tools import PageReader, Toolbox
 
 log = logging.getLogger("voxrecall.service")
@@ -51,30 +51,14 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
     return wrapper
 
 
-def chunk_message(hit: Hit) -> pb.Chunk:
-    c = hit.chunk
-    return pb.Chunk(
-        chunk_id=c.chunk_id,
-        knowledge_base=hit.knowledge_base,
-        source=c.source,
-        source_path=c.source_path,
-        title=c.title,
-        breadcrumbs=list(c.breadcrumbs),
-        text=c.text,
-        score=hit.score,
-        url=c.url,
-        metadata=dict(c.metadata),
-    )
-
-
 def timings_message(timings: Timings) -> pb.Timings:
     return pb.Timings(
         embed_ms=timings.embed_ms, search_ms=timings.search_ms, total_ms=timings.total_ms
     )
 
 
-def _chunks(hits: Iterable[Hit]) -> list[pb.Chunk]:
-    return [chunk_message(h) for h in hits]
+# Each hit's message built once per process and copied into responses (sidecar/messages.py).
+MESSAGES = ChunkMessages()
 
 
 MAX_CALL_ID = 256  # a model's call ids are a few dozen characters
@@ -106,9 +90,7 @@ def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
 
 
 def turn_response(result: TurnResult) -> pb.TurnResponse:
-    return pb.TurnResponse(
-        chunks=_chunks(result.hits),
-        context=_chunks(result.context),
+    response = pb.TurnResponse(
         skipped=result.skipped.name,
         degraded=result.degraded,
         query=result.query,
@@ -121,6 +103,9 @@ def turn_response(result: TurnResult) -> pb.TurnResponse:
             confidence=result.followup.confidence,
         ),
     )
+    MESSAGES.fill(response.chunks, result.hits)
+    MESSAGES.fill(response.context, result.context)
+    return response
 
 
 class RetrievalService(pb_grpc.RetrievalServicer):
@@ -199,12 +184,13 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 vector=request.vector,
             )
         )
-        return pb.SearchResponse(
-            chunks=_chunks(result.hits),
+        response = pb.SearchResponse(
             timings=timings_message(result.timings),
             snapshot_version=result.snapshot_version,
             degraded=result.degraded,
         )
+        MESSAGES.fill(response.chunks, result.hits)
+        return response
 
     @_errors
     async def EndSession(
@@ -279,12 +265,11 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         result = await self.toolbox.invoke(
             self.engine, request.name, request.arguments_json, request.session_id
         )
-        return pb.InvokeToolResponse(
-            output=result.output,
-            is_error=result.is_error,
-            call_id=request.call_id,
-            chunks=_chunks(result.hits),
+        response = pb.InvokeToolResponse(
+            output=result.output, is_error=result.is_error, call_id=request.call_id
         )
+        MESSAGES.fill(response.chunks, result.hits)
+        return response
 
     @_errors
     async def ReadPage(self, request: pb.ReadPageRequest, context: Context) -> pb.ReadPageResponse:
