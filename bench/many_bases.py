@@ -9,10 +9,11 @@ every base once in a shuffled order, then a second round over the same order, ea
     first_call_ms     from a base's first call to its first answer: UNAVAILABLE while it loads,
                       retried after the ``grpc-retry-pushback-ms`` the sidecar sends
     steady_ms         20 more calls to a base just loaded (p50/p99 over all bases)
-    rss_mb            the sidecar's resident memory after each base, its largest and its peak
-                      (VmHWM), beside the budget
+    rss_mb            the sidecar's resident memory before any base (``rss_start_mb``), after each
+                      base (its largest, and what it grew by: ``rss_growth_mb``, to set beside the
+                      budget) and its peak (VmHWM)
 
-``--quick`` (CI's smoke run): 20 bases of 200-500 chunks in a 2 MiB budget. Writes
+``--quick`` (CI's smoke run): 20 bases of 200-500 chunks in an 8 MiB budget. Writes
 ``bench/results/many_bases.json`` (``--out``).
 """
 
@@ -123,6 +124,7 @@ async def _calls(port: int, pid: int, names: list[str], rounds: int) -> dict[str
     firsts: list[float] = []
     steady: list[float] = []
     rss: list[float] = []
+    rss_start = _rss_mb(pid)[0]  # no base loaded yet: the process itself
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
         for _ in range(rounds):
@@ -145,7 +147,9 @@ async def _calls(port: int, pid: int, names: list[str], rounds: int) -> dict[str
         "first_call_max_ms": round(max(firsts), 1),
         "steady_p50_ms": calls["p50_ms"],
         "steady_p99_ms": calls["p99_ms"],
+        "rss_start_mb": round(rss_start, 1),
         "rss_max_mb": round(max(rss), 1),
+        "rss_growth_mb": round(max(rss) - rss_start, 1),
         "peak_rss_mb": round(_rss_mb(pid)[1], 1),
     }
 
@@ -153,7 +157,7 @@ async def _calls(port: int, pid: int, names: list[str], rounds: int) -> dict[str
 def run(quick: bool, bases: int = 1000, low: int = 1000, high: int = 5000, budget_mb: int = 512,
         rounds: int = 2) -> dict[str, Any]:  # fmt: skip
     if quick:
-        bases, low, high, budget_mb = 20, 200, 500, 2
+        bases, low, high, budget_mb = 20, 200, 500, 8
     started = time.perf_counter()
     root = build_store(bases, low, high)
     built_s = time.perf_counter() - started

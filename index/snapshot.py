@@ -55,6 +55,10 @@ LEXICAL = "lexical.bin"
 DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
 T = TypeVar("T")
+# What an hnswlib index takes beyond its elements, whatever its size: 65,536 label-operation
+# mutexes of 40 bytes (hnswlib 0.8), measured at 2.5 MiB per index. A budget of many small bases
+# that left it out was passed three times over.
+HNSW_INDEX_BYTES = 65_536 * 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,8 +420,9 @@ class LoadedSnapshot:
     source_of: npt.NDArray[np.int32]  # chunk label -> index into source_names
     source_names: tuple[str, ...]
     partitions: Mapping[int, Partition] = field(default_factory=dict)  # source index -> copy
-    # What serving it may take in memory: the graph file as hnswlib holds it, the partitions'
-    # copies, and the mapped files in full (as if every page of them were read).
+    # What serving it may take in memory: the graph file as hnswlib holds it and hnswlib's own
+    # fixed cost, the partitions' copies, the mapped files in full (as if every page of them
+    # were read) and the decoded chunks kept.
     memory_bytes: int = 0
 
     @property
@@ -599,5 +604,6 @@ def load_snapshot(
         partitions=partitions,
         memory_bytes=sum(manifest.sizes.values())
         + sum(p.size for p in partitions.values()) * 4 * manifest.embedder.dimension
-        + CHUNK_CACHE_BYTES,
+        + CHUNK_CACHE_BYTES
+        + HNSW_INDEX_BYTES,
     )

@@ -160,10 +160,10 @@ class _Run:
 
     async def begin(self) -> None:
         for i, start in self.phases.start:
+            self.started = i  # the hooks before this one have started, whatever it raises
             try:
                 start(self.call)
             except RequestError as exc:
-                self.started = i
                 await self.refuse(exc)
         self.started = self.phases.count
 

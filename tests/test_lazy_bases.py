@@ -3,7 +3,7 @@ used go when the loaded bases' bytes would pass ``[sidecar] memory_budget_mb``, 
 SERVING from the start. A call to a base that is loading gets UNAVAILABLE with a retry hint.
 
 Real parts: a real sidecar on port 0, real snapshots of the real model's vectors in a local store.
-The bases are small, with a page of padding each, so that a 2 MiB budget holds three of them.
+The bases are small, with a page of padding each, so that a 10 MiB budget holds three of them.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from sidecar.server import Sidecar, create_server
 from tests.snapshot_kit import TOPICS, version_id, write_version
 
 BASES = 12
-PAGE_BYTES = 300_000  # each base ~0.55 MiB with its chunk cache: three fit in 2 MiB
-BUDGET_MB = 2
+PAGE_BYTES = 300_000  # each base ~3 MiB with its chunk cache and hnswlib's fixed cost
+BUDGET_MB = 10
 FITS = 3
 LOAD_WAIT_S = 60.0  # a bound on waiting for one small base to load on a busy machine, not a timing
 
