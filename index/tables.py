@@ -20,6 +20,7 @@ import bisect
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final, overload
 
 import numpy as np
@@ -31,11 +32,17 @@ from index.types import Chunk, MetaValue
 CHUNKS_KIND: Final = "voxrecall.chunks"
 PAGES_KIND: Final = "voxrecall.pages"
 _FIXED: Final = 6  # id, path, title, text, embed text, url
+_NO_METADATA: Final[Mapping[str, MetaValue]] = MappingProxyType({})
 _STRING: Final = -1  # meta_n of a metadata value that is one string, not a list
-# Chunks decoded for calls are kept, up to this many bytes of their text per snapshot: the hits
-# of recent calls come back (a follow-up, the same question asked again) and a decode costs
-# more than building the response. Counted in the snapshot's memory_bytes.
-CACHE_BYTES: Final = 1 << 18
+# Chunks decoded for calls are kept, up to this many bytes per snapshot (their strings' UTF-8
+# and _KEPT_OVERHEAD each): the hits of recent calls come back (a follow-up, the same question
+# asked again) and a decode costs as much as building the response. 2 MiB holds the hits of a
+# few hundred distinct questions (bench search's 200 queries x 10 hits of ~500 bytes: ~1,700
+# chunks); at 256 KiB those missed every time. Counted in the snapshot's memory_bytes.
+CACHE_BYTES: Final = 1 << 21
+# What a decoded chunk takes beyond its strings' bytes: the Chunk, nine str headers, a tuple and
+# a dict (sys.getsizeof, Python 3.11: ~700 bytes), so that many tiny chunks cannot pass the bound.
+_KEPT_OVERHEAD: Final = 768
 
 
 class ChunkTable(Sequence[Chunk]):
@@ -146,7 +153,7 @@ class ChunkTable(Sequence[Chunk]):
             yield self._decode(i)
 
     def _kept(self, i: int, chunk: Chunk) -> Chunk:
-        size = self._ends[self._first[i + 1]] - self._ends[self._first[i]]
+        size = self._ends[self._first[i + 1]] - self._ends[self._first[i]] + _KEPT_OVERHEAD
         if self._cached_bytes + size > CACHE_BYTES:
             self._cache = {}  # a new dict: a reader in another thread keeps the old one
             self._cached_bytes = 0
@@ -155,21 +162,31 @@ class ChunkTable(Sequence[Chunk]):
         return chunk
 
     def _decode(self, i: int) -> Chunk:
-        ends = self._ends[self._first[i] : self._first[i + 1] + 1].tolist()
-        blob = self._blob
-        s = [str(blob[a:b], "utf-8", "replace") for a, b in itertools.pairwise(ends)]
+        s = self._strings(self._ends[self._first[i] : self._first[i + 1] + 1].tolist())
         crumbs_end = _FIXED + self._crumbs[i]
+        # positional, in Chunk's field order (a keyword call costs more, on every hit)
         return Chunk(
-            chunk_id=s[0],
-            source=self._source[self._source_of[i]],
-            source_path=s[1],
-            title=s[2],
-            breadcrumbs=tuple(s[_FIXED:crumbs_end]),
-            text=s[3],
-            embed_text=s[4],
-            url=s[5],
-            metadata=self._metadata(i, s, crumbs_end),
+            s[0],  # chunk_id
+            self._source[self._source_of[i]],
+            s[1],  # source_path
+            s[2],  # title
+            tuple(s[_FIXED:crumbs_end]),
+            s[3],  # text
+            s[4],  # embed_text
+            s[5],  # url
+            self._metadata(i, s, crumbs_end) if crumbs_end < len(s) else _NO_METADATA,
         )
+
+    def _strings(self, ends: list[int]) -> list[str]:
+        """The strings between consecutive ``ends``: the span decoded at once and cut where it is
+        ASCII (byte offsets are then character offsets), else each string decoded apart. Nine
+        slices of one string cost a third of nine decodes of memoryview slices."""
+        start = ends[0]
+        whole = str(self._blob[start : ends[-1]], "utf-8", "replace")
+        if whole.isascii():  # O(1) in CPython: a flag of the string
+            return [whole[a - start : b - start] for a, b in itertools.pairwise(ends)]
+        blob = self._blob
+        return [str(blob[a:b], "utf-8", "replace") for a, b in itertools.pairwise(ends)]
 
     def _metadata(self, i: int, s: list[str], at: int) -> dict[str, MetaValue]:
         """Chunk ``i``'s metadata from its strings ``s``, whose entries start at ``at``."""
