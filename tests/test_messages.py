@@ -57,6 +57,27 @@ def test_the_cache_is_bounded_in_bytes() -> None:
     one = chunk_message("billing", CHUNK).ByteSize()
     messages = ChunkMessages(max_bytes=3 * one)
     for i in range(10):
-        filled(messages, [Hit("billing", replace(CHUNK, chunk_id=f"c{i}"), 0.5)])
+        for _ in range(2):  # kept on its second build
+            filled(messages, [Hit("billing", replace(CHUNK, chunk_id=f"c{i}"), 0.5)])
         assert messages._bytes <= 3 * one
+        assert ("billing", f"c{i}") in messages._cache
     assert len(messages._cache) <= 3
+
+
+def test_a_chunk_built_once_is_not_kept_and_one_built_twice_is() -> None:
+    messages = ChunkMessages()
+    first = filled(messages, [Hit("billing", CHUNK, 0.5)])
+    assert messages._cache == {}  # most hits of varied questions come once: no copy for them
+    second = filled(messages, [Hit("billing", CHUNK, 0.4)])
+    assert ("billing", "c1") in messages._cache
+    third = filled(messages, [Hit("billing", CHUNK, 0.3)])
+    built = [chunk_message("billing", CHUNK, score) for score in (0.5, 0.4, 0.3)]
+    assert [first.chunks[0], second.chunks[0], third.chunks[0]] == built
+
+
+def test_a_list_metadata_value_is_joined_in_the_message() -> None:
+    listed = replace(CHUNK, metadata={"tags": ("roaming", "eu"), "lang": "en"})
+    messages = ChunkMessages()
+    for _ in range(3):  # built in place, built and kept, copied
+        got = filled(messages, [Hit("billing", listed, 0.5)]).chunks[0]
+        assert dict(got.metadata) == {"tags": "roaming, eu", "lang": "en"}
