@@ -44,7 +44,6 @@ from index.filters import build_partitions as build_value_partitions
 from index.hnsw_file import MAX_M, check_hnsw_file, vector_rows
 from index.lexical import LexicalIndex
 from index.summaries import SummaryIndex, has_summaries, load_summary_index
-from index.tables import CACHE_BYTES as CHUNK_CACHE_BYTES
 from index.tables import ChunkTable, PageTable
 from index.types import Chunk
 
@@ -635,7 +634,7 @@ def load_snapshot(
         filters=filters,
         memory_bytes=sum(manifest.sizes.values())
         + sum(p.size for p in partitions.values()) * 4 * manifest.embedder.dimension
-        + CHUNK_CACHE_BYTES
+        + chunks.cache_bytes
         + HNSW_INDEX_BYTES,
     )
 

@@ -50,7 +50,7 @@ class ChunkTable(Sequence[Chunk]):
 
     __slots__ = (
         "_blob", "_cache", "_cached_bytes", "_crumbs", "_ends", "_first", "_meta_first", "_meta_n",
-        "_source", "_source_of", "source_names", "source_of",
+        "_source", "_source_of", "cache_bytes", "source_names", "source_of",
     )  # fmt: skip
 
     def __init__(
@@ -74,6 +74,8 @@ class ChunkTable(Sequence[Chunk]):
         self._source = list(source_names)
         self._cache: dict[int, Chunk] = {}
         self._cached_bytes = 0
+        # no more than every chunk decoded: a small base does not reserve what it cannot fill
+        self.cache_bytes = min(CACHE_BYTES, len(self._blob) + len(crumbs) * _KEPT_OVERHEAD)
 
     @staticmethod
     def dump(chunks: Sequence[Chunk]) -> bytes:
@@ -154,7 +156,7 @@ class ChunkTable(Sequence[Chunk]):
 
     def _kept(self, i: int, chunk: Chunk) -> Chunk:
         size = self._ends[self._first[i + 1]] - self._ends[self._first[i]] + _KEPT_OVERHEAD
-        if self._cached_bytes + size > CACHE_BYTES:
+        if self._cached_bytes + size > self.cache_bytes:
             self._cache = {}  # a new dict: a reader in another thread keeps the old one
             self._cached_bytes = 0
         self._cache[i] = chunk

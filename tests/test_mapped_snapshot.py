@@ -15,7 +15,7 @@ from index.errors import CorruptSnapshot
 from index.mapped import ArraysFile
 from index.snapshot import CHUNKS, DATA_FILES, load_snapshot, sha256_file
 from index.store import LocalStore
-from index.tables import CHUNKS_KIND, ChunkTable, PageTable
+from index.tables import CACHE_BYTES, CHUNKS_KIND, ChunkTable, PageTable
 from index.types import Chunk
 from tests.snapshot_kit import KB, flip_a_byte, version_id, write_version
 
@@ -71,6 +71,15 @@ def test_list_metadata_reads_back_as_a_list_and_strings_as_strings(tmp_path: Pat
     assert table[2].metadata == {"lang": "fr", "tags": ("one",)}
     assert type(table[2].metadata["lang"]) is str
     assert list(table[1].metadata) == ["tags", "lang"]  # the order written
+
+
+def test_a_small_table_keeps_no_more_decoded_chunks_than_it_has(tmp_path: Path) -> None:
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump(CHUNKS_IN))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    assert 0 < table.cache_bytes < 4096 < CACHE_BYTES  # three chunks: never 2 MiB of a budget
+    assert [table[i] for i in range(3)] == CHUNKS_IN  # all three kept, none evicted
+    assert table._cached_bytes <= table.cache_bytes
+    assert len(table._cache) == 3
 
 
 def test_a_changed_text_byte_reads_with_a_replacement_not_an_error(tmp_path: Path) -> None:
