@@ -215,7 +215,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 def page_key(source: str, source_path: str) -> str:
-    """How ``pages.json`` names a page: two sources may each hold a page at the same path."""
+    """How ``pages.bin`` names a page: two sources may each hold a page at the same path."""
     return f"{source}:{source_path}"
 
 
