@@ -74,8 +74,8 @@ async def _hold_streams(stub: pb_grpc.RetrievalStub) -> list[Any]:
     held: list[Any] = []
     while True:
         stream = stub.Converse(metadata=HOG)
-        await stream.write(pb.ConverseRequest(turn=_turn(f"hog-{len(held)}")))
-        try:
+        try:  # the refusal may end the call before the write is done: then the write raises
+            await stream.write(pb.ConverseRequest(turn=_turn(f"hog-{len(held)}")))
             await stream.read()
         except grpc.aio.AioRpcError as exc:
             if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -3,7 +3,8 @@
 ``python -m bench fuzz_snapshot --seconds 300`` (or ``python -m bench.fuzz_snapshot``) writes a
 real snapshot (``write_snapshot``: 400 chunks in three sources, a 16-d hnswlib graph, pages, the
 BM25 index), then, case after case, copies it, mutates one of its files (bit flips, bytes and
-integers set to edge values, cuts, splices, JSON values swapped for another type; for
+integers set to edge values, cuts, splices; JSON values swapped for another type in the
+manifest; one element of a named array set to an edge value in the mapped files; for
 ``vectors.hnsw`` also header fields) and re-signs the manifest with the mutated file's sha256
 and size, as someone able to write to the store would. A worker process loads each case the
 way the sidecar does (``load_snapshot``, then the refresher's ``warm_up``) and answers one line
@@ -39,7 +40,8 @@ import orjson
 
 from index.embedders.base import EmbedderInfo
 from index.hnsw_file import HEADER
-from index.snapshot import CHUNKS, DATA_FILES, MANIFEST, PAGES, VECTORS, sha256_file
+from index.mapped import MAGIC
+from index.snapshot import CHUNKS, DATA_FILES, LEXICAL, MANIFEST, PAGES, VECTORS, sha256_file
 from index.snapshot import write_snapshot as _write_snapshot
 from index.types import Chunk
 
@@ -159,6 +161,39 @@ def _json_value(data: bytearray, rng: random.Random) -> str:
     return "json_value"
 
 
+def array_slots(data: bytes) -> dict[str, tuple[int, int, int]]:
+    """Where each array of an arrays file (``index/mapped.py``) lies: name -> (start, item
+    width, length), read from its header as the writer laid it out."""
+    start = len(MAGIC) + 4
+    head_len = int.from_bytes(data[len(MAGIC) : start], "little")
+    header = orjson.loads(data[start : start + head_len])
+    base = start + head_len + (-(start + head_len) % 64)
+    return {
+        name: (base + spec["offset"], np.dtype(spec["dtype"]).itemsize, spec["length"])
+        for name, spec in header["arrays"].items()
+    }
+
+
+def set_item(data: bytearray, slot: tuple[int, int, int], i: int, value: int) -> None:
+    start, width, _ = slot
+    at = start + i * width
+    data[at : at + width] = (value % (1 << (8 * width))).to_bytes(width, "little")
+
+
+def _array_value(data: bytearray, rng: random.Random) -> str:
+    """One element of one array of a mapped file set to an edge value: an offset, a count, a
+    doc id, a source index."""
+    try:
+        slots = array_slots(bytes(data))
+    except (ValueError, KeyError, TypeError):
+        return _flip(data, rng)
+    name = rng.choice(sorted(slots))
+    if not slots[name][2]:
+        return _flip(data, rng)
+    set_item(data, slots[name], rng.randrange(slots[name][2]), rng.choice(EDGE_INTS))
+    return f"array:{name}"
+
+
 def _swap_value(doc: Any, rng: random.Random) -> Any:
     if rng.random() < 0.3 or not isinstance(doc, dict | list) or not doc:
         return rng.choice(EDGE_JSON)
@@ -174,8 +209,9 @@ def _swap_value(doc: Any, rng: random.Random) -> Any:
 MUTATIONS = {
     "bytes": (_flip, _edge_byte, _edge_int, _cut, _splice),
     VECTORS: (_hnsw_field, _hnsw_field, _hnsw_link, _hnsw_link),
-    CHUNKS: (_json_value, _json_value),
-    PAGES: (_json_value,),
+    CHUNKS: (_array_value, _array_value),
+    PAGES: (_array_value,),
+    LEXICAL: (_array_value,),
     MANIFEST: (_json_value, _json_value),
 }
 

@@ -131,7 +131,8 @@ class SidecarProcess:
                 if not line:
                     raise RuntimeError(f"sidecar process exited with {proc.wait(5)}")
                 infos.append(json.loads(line))
-            self.info: dict[str, Any] = infos[0]
+            self.infos: list[dict[str, Any]] = infos
+            self.info: dict[str, Any] = dict(infos[0])
             self.info["load_s"] = max(i["load_s"] for i in infos)
         except BaseException:
             self.close()

@@ -3,7 +3,13 @@
 For each N (10k, 100k, and 1M where this machine's memory allows): the snapshot's size on disk,
 the time a fresh sidecar process takes to verify and load it (``create_server`` until it
 serves), that process's resident memory, and Search p50/p99 over loopback gRPC (query vectors
-sent as bytes, as in the ``search`` suite). Vectors are the ``search`` suite's synthetic corpus
+sent as bytes, as in the ``search`` suite). ``--quick`` also runs ``bench.many_bases`` in its
+smoke mode (many small bases under a memory budget). Beside them, measured in the same run: a bare
+``hnswlib.Index.load_index`` of the very same graph file in a process of its own (the floor a
+load is judged against: ``raw_hnswlib_load_s``, and ``raw_index_mb``, what the graph and vectors
+take in memory as hnswlib holds them), and a second worker process serving the same snapshot
+beside the first (``worker_rss_mb``, and ``worker_private_mb``: its pages no other process
+shares; the mapped chunk, page and lexical files are shared through the page cache). Vectors are the ``search`` suite's synthetic corpus
 at 384 dimensions, the embedded model's. A size that is not run is extrapolated from the two
 largest measured ones and marked so: linearly for size, load time and memory, and for latency
 by the same step per tenfold N (an HNSW search grows with log N).
@@ -12,7 +18,10 @@ by the same step per tenfold N (an HNSW search grows with log N).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +29,7 @@ from typing import Any
 from bench.corpus import CACHE, CorpusSpec, load_or_generate, recall_at_k
 from bench.measure import Plan, interleaved, percentiles_ms, throughput
 from bench.ours import SidecarProcess, Voxrecall, build_snapshot, embedder_info
-from index.snapshot import read_manifest
+from index.snapshot import VECTORS, read_manifest
 
 DIM = 384
 FULL_SIZES = (10_000, 100_000, 1_000_000)
@@ -53,6 +62,81 @@ def _rss_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def _private_mb(pid: int) -> float:
+    """The process's pages no other process shares (smaps_rollup Private_Clean + Private_Dirty)."""
+    kb = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Private_Clean", "Private_Dirty"):
+            kb += int(value.split()[0])
+    return round(kb / 1024, 1)
+
+
+# A bare load of the graph file: what hnswlib itself takes, in time and memory.
+RAW_LOAD = """
+import json, sys, time, hnswlib
+from pathlib import Path
+
+def rss_kb():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+
+before = rss_kb()
+index = hnswlib.Index(space="ip", dim=int(sys.argv[2]))
+started = time.perf_counter()
+index.load_index(sys.argv[1], max_elements=int(sys.argv[3]))
+load_s = time.perf_counter() - started
+print(json.dumps({"load_s": load_s, "index_mb": (rss_kb() - before) / 1024}))
+"""
+
+
+# Where a sidecar's load goes, in a fresh process: the snapshot (mapped files checked, the graph
+# read and checked), the warm-up searches, and the follow-ups gazetteer (built from every chunk).
+LOAD_PARTS = """
+import json, sys, time
+from pathlib import Path
+from index.snapshot import load_snapshot
+from sidecar import followups, refresh
+
+started = time.perf_counter()
+snapshot = load_snapshot(Path(sys.argv[1]), checksums=False)
+loaded = time.perf_counter()
+refresh.warm_searches(snapshot)
+warmed = time.perf_counter()
+followups.gazetteer(snapshot)
+print(json.dumps({"snapshot_load_s": loaded - started, "warm_up_s": warmed - loaded,
+                  "gazetteer_s": time.perf_counter() - warmed}))
+"""
+
+
+def load_parts(snapshot: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_PARTS, str(snapshot)],
+        capture_output=True, text=True, check=True, timeout=3600,
+        cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    return {key: round(value, 3) for key, value in json.loads(out.stdout).items()}
+
+
+def raw_hnswlib_load(snapshot: Path) -> dict[str, float]:
+    """``load_index`` of the snapshot's graph in a fresh process; the faster of two runs (the
+    first warms the page cache, as the sidecar's load finds it warm)."""
+    count = read_manifest(snapshot).chunks
+    runs = []
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", RAW_LOAD, str(snapshot / VECTORS), str(DIM), str(count)],
+            capture_output=True, text=True, check=True, timeout=1800,
+        )  # fmt: skip
+        runs.append(json.loads(out.stdout))
+    best = min(runs, key=lambda r: r["load_s"])
+    return {
+        "raw_hnswlib_load_s": round(best["load_s"], 3),
+        "raw_index_mb": round(best["index_mb"], 1),
+    }
+
+
 def _size_mb(folder: Path) -> float:
     return round(sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20, 1)
 
@@ -64,10 +148,19 @@ def measure(n: int, queries: int, cache: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"snapshot_mb": _size_mb(snapshot)}
     if built:
         row["build_s"] = round(time.perf_counter() - started, 1)
-    proc = SidecarProcess(snapshot.parent.parent, embedder_info(corpus))
+    row.update(raw_hnswlib_load(snapshot))
+    row.update(load_parts(snapshot))
+    row["snapshot_load_vs_raw"] = round(row["snapshot_load_s"] / row["raw_hnswlib_load_s"], 2)
+    # two workers on one port, started one after the other (as ``voxrecall serve`` starts them)
+    proc = SidecarProcess(snapshot.parent.parent, embedder_info(corpus), workers=2)
     try:
-        row["load_s"] = round(proc.info["load_s"], 3)
-        row.update(_rss_mb(proc.proc.pid))
+        first, second = proc.procs
+        row["load_s"] = round(proc.infos[0]["load_s"], 3)
+        row["load_vs_raw"] = round(row["load_s"] / max(row["raw_hnswlib_load_s"], 1e-6), 2)
+        row.update(_rss_mb(first.pid))
+        row["worker_load_s"] = round(proc.infos[1]["load_s"], 3)
+        row["worker_rss_mb"] = _rss_mb(second.pid)["rss_mb"]
+        row["worker_private_mb"] = _private_mb(second.pid)
         plan = Plan(latency_queries=queries, throughput_queries=queries)
 
         async def timed() -> tuple[Any, Any, float]:
@@ -90,10 +183,17 @@ def measure(n: int, queries: int, cache: Path) -> dict[str, Any]:
     return row
 
 
+# What grows with N in proportion: extrapolated linearly.
+LINEAR = ("snapshot_mb", "load_s", "rss_mb", "raw_hnswlib_load_s", "raw_index_mb", "worker_rss_mb",
+          "worker_private_mb")  # fmt: skip
+
+
 def extrapolate(n: int, rows: dict[int, dict[str, Any]], why: str) -> dict[str, Any]:
     (n1, a), (n2, b) = sorted(rows.items())[-2:]
     out: dict[str, Any] = {"extrapolated": why}
-    for key in ("snapshot_mb", "load_s", "rss_mb"):
+    for key in LINEAR:
+        if key not in a or key not in b:
+            continue
         slope = (b[key] - a[key]) / (n2 - n1)
         out[key] = round(b[key] + slope * (n - n2), 1)
     decades = math.log10(n / n2) / math.log10(n2 / n1)
@@ -124,9 +224,14 @@ def run(
         else:
             measured = {k: v for k, v in rows.items() if "extrapolated" not in v}
             rows[n] = extrapolate(n, measured, why)
-    return {
+    out: dict[str, Any] = {
         "suite": "scale",
         "dim": DIM,
         "queries": queries,
         "sizes": {str(n): r for n, r in rows.items()},
     }
+    if quick:  # the full run is its own command: python -m bench.many_bases
+        from bench import many_bases
+
+        out["many_bases"] = many_bases.run(True)
+    return out

@@ -360,6 +360,9 @@ class SidecarConfig:
     max_message_bytes: int = 4 * 1024 * 1024
     metrics_listen: str = ""  # host:port for Prometheus; empty: no metrics endpoint
     workers: int = 1  # processes serving `listen` together (sidecar/workers.py)
+    # 0: every base is loaded at start and kept. Above 0: a base is loaded on its first call and
+    # the least recently used ones are evicted while the loaded bases' bytes exceed this budget.
+    memory_budget_mb: int = 0
     log_level: str = "INFO"
     log_format: Literal["json", "text"] = "json"
     tls: TlsConfig = TlsConfig()
@@ -608,6 +611,11 @@ def parse_config(raw: Mapping[str, Any], base: Path, path: Path | None = None) -
     _check_shard(sidecar.shard, sidecar.shards, sc_where)
     if sidecar.keep_downloaded < 1:
         raise ConfigError(f"{where} [sidecar] keep_downloaded must be >= 1 (the serving version)")
+    if not _whole(sidecar.memory_budget_mb) or sidecar.memory_budget_mb < 0:
+        raise ConfigError(
+            f"{where} [sidecar] memory_budget_mb must be a whole number of MiB, 0 for no budget "
+            "(every base loaded at start)"
+        )
     if min(sidecar.poll_seconds, sidecar.http_timeout_s, sidecar.http_download_timeout_s) <= 0:
         raise ConfigError(
             f"{where} [sidecar] poll_seconds, http_timeout_s and http_download_timeout_s "

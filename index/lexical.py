@@ -3,26 +3,28 @@ and the second ranking of hybrid search.
 
 Documents are addressed by their position in the sequence the index was built from, so doc id
 ``i`` is chunk ordinal ``i`` of the snapshot. Postings are stored in CSR form: the postings of
-term ``t`` are ``doc_ids[indptr[t]:indptr[t + 1]]`` (ascending) with the matching ``tfs``.
+term ``t`` are ``doc_ids[indptr[t]:indptr[t + 1]]`` (ascending) with the matching ``tfs``. The
+vocabulary is sorted, so term ``t`` is found by binary search: a snapshot's index is
+memory-mapped and read in place (``LexicalIndex.open``), with no dictionary to build on load.
 """
 
 from __future__ import annotations
 
-import io
+import bisect
+import itertools
 import math
 import re
-import struct
-import zipfile
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Final
+from pathlib import Path
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 import snowballstemmer  # type: ignore[import-untyped,unused-ignore]
+
+from index.mapped import ArraysFile, StringTable, dump_arrays
 
 __all__ = [
     "ANALYZER",
@@ -105,10 +107,8 @@ SPOKEN_STOPWORDS: Final = frozenset(
 _TOKEN_RE: Final = re.compile(r"\w+")
 _STEMMER: Final = snowballstemmer.stemmer("english")
 
-_MAGIC: Final = b"VXLEX\x00\x01\n"
-_FORMAT: Final = "voxrecall.lexical"
-_VERSION: Final = 1
-_HEADER_LEN: Final = struct.Struct("<I")
+_KIND: Final = "voxrecall.lexical"
+_VERSION: Final = 2  # 2: a memory-mapped arrays file (index/mapped.py), the vocabulary sorted
 _TF_MAX: Final = int(np.iinfo(np.uint16).max)
 
 IntArray = npt.NDArray[np.int32]
@@ -164,10 +164,13 @@ class LexicalIndex:
         k1: float = DEFAULT_K1,
         b: float = DEFAULT_B,
     ) -> None:
+        """``terms`` sorted and unique (checked when a list; a mapped table out of order only
+        makes lookups miss); the arrays are checked in numpy, so that no posting can index
+        past a document."""
         if k1 < 0 or not 0.0 <= b <= 1.0:
             raise ValueError(f"BM25 parameters out of range: k1={k1}, b={b}")
         n_terms = len(terms)
-        if indptr.shape != (n_terms + 1,) or (n_terms and int(indptr[0]) != 0):
+        if indptr.shape != (n_terms + 1,) or int(indptr[0]) != 0:
             raise ValueError("indptr does not match the vocabulary")
         if doc_ids.shape != tfs.shape or doc_ids.shape != (int(indptr[-1]),):
             raise ValueError("postings do not match indptr")
@@ -176,9 +179,9 @@ class LexicalIndex:
         n_docs = len(doc_len)
         if doc_ids.size and (int(doc_ids.min()) < 0 or int(doc_ids.max()) >= n_docs):
             raise ValueError("posting doc id out of range")
-        self._terms: dict[str, int] = {t: i for i, t in enumerate(terms)}
-        if len(self._terms) != n_terms:
-            raise ValueError("duplicate terms in the vocabulary")
+        if isinstance(terms, list) and any(a >= b for a, b in itertools.pairwise(terms)):
+            raise ValueError("the vocabulary is not sorted or holds duplicate terms")
+        self._terms = terms
         self._indptr = indptr.astype(np.int64, copy=False)
         self._doc_ids = doc_ids.astype(np.int32, copy=False)
         self._tfs = tfs.astype(np.uint16, copy=False)
@@ -191,6 +194,11 @@ class LexicalIndex:
         self._norm = (self.k1 * (1.0 - self.b + self.b * self._doc_len / avgdl)).astype(np.float32)
         df = np.diff(self._indptr).astype(np.float64)
         self._idf = np.log1p((n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
+
+    def _term_id(self, term: str) -> int:
+        """The id of ``term``, or -1 when the index does not hold it."""
+        i = bisect.bisect_left(self._terms, term)
+        return i if i < len(self._terms) and self._terms[i] == term else -1
 
     @classmethod
     def build(
@@ -213,16 +221,17 @@ class LexicalIndex:
                 term_ids.append(tid)
                 term_tfs.append(tf)
             doc_of.extend([doc] * len(counts))
-        tids = np.asarray(term_ids, dtype=np.int64)
+        terms = sorted(vocab)
+        rank = np.empty(len(vocab), dtype=np.int64)  # first-seen id -> id in sorted order
+        rank[[vocab[t] for t in terms]] = np.arange(len(terms))
+        tids = rank[np.asarray(term_ids, dtype=np.int64)]
         # Stable sort by term keeps each term's doc ids ascending.
         order = np.argsort(tids, kind="stable")
         indptr = np.zeros(len(vocab) + 1, dtype=np.int64)
         np.cumsum(np.bincount(tids, minlength=len(vocab)), out=indptr[1:])
         doc_ids = np.asarray(doc_of, dtype=np.int32)[order]
         tfs = np.minimum(np.asarray(term_tfs, dtype=np.int64), _TF_MAX).astype(np.uint16)[order]
-        return cls(
-            list(vocab), indptr, doc_ids, tfs, np.asarray(doc_len, dtype=np.int32), k1=k1, b=b
-        )
+        return cls(terms, indptr, doc_ids, tfs, np.asarray(doc_len, dtype=np.int32), k1=k1, b=b)
 
     def __len__(self) -> int:
         return len(self._doc_len)
@@ -235,7 +244,7 @@ class LexicalIndex:
         """The doc ids holding any of the query's terms, in no particular order: what
         ``search(query, len(self))`` returns (an idf is always positive, so every doc holding
         a term scores above 0), read from the postings without scoring."""
-        tids = dict.fromkeys(self._terms[t] for t in analyze(query) if t in self._terms)
+        tids = dict.fromkeys(t for t in map(self._term_id, analyze(query)) if t >= 0)
         lists = [self._doc_ids[self._indptr[tid] : self._indptr[tid + 1]] for tid in tids]
         if len(lists) == 1:
             return lists[0]
@@ -262,10 +271,9 @@ class LexicalIndex:
         """The BM25 score of ``query`` for every document (0 where no term matches): what
         :meth:`top` ranks, and what fusion reads for candidates the other retriever found."""
         scores = np.zeros(len(self._doc_len), dtype=np.float32)
-        qtf = Counter(t for t in analyze(query, drop) if t in self._terms)
+        qtf = Counter(t for t in map(self._term_id, analyze(query, drop)) if t >= 0)
         k1p1 = np.float32(self.k1 + 1.0)
-        for term, count in qtf.items():
-            tid = self._terms[term]
+        for tid, count in qtf.items():
             lo, hi = int(self._indptr[tid]), int(self._indptr[tid + 1])
             docs = self._doc_ids[lo:hi]
             tf = self._tfs[lo:hi].astype(np.float32)
@@ -295,127 +303,54 @@ class LexicalIndex:
         return [(int(d), float(s)) for d, s in zip(cand[order], cand_scores[order], strict=True)]
 
     def to_bytes(self) -> bytes:
-        """Serialize: magic, a little-endian u32 header length, an orjson header, then an
-        uncompressed npz of the arrays (no pickled objects)."""
-        terms = list(self._terms)
-        blob = "\n".join(terms).encode("utf-8")
-        header: dict[str, Any] = {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "analyzer": ANALYZER,
-            "k1": self.k1,
-            "b": self.b,
-            "n_docs": len(self._doc_len),
-            "n_terms": len(terms),
-            "n_postings": int(self._doc_ids.size),
+        """Serialize as an arrays file (``index/mapped.py``): the sorted vocabulary as a string
+        table, the postings, the document lengths; the analyzer and parameters in the header."""
+        terms = self._terms if isinstance(self._terms, StringTable) else StringTable.of(self._terms)
+        arrays = {
+            **terms.arrays("vocab_"),
+            "indptr": self._indptr,
+            "doc_ids": self._doc_ids,
+            "tfs": self._tfs,
+            "doc_len": self._doc_len,
         }
-        head = orjson.dumps(header)
-        buf = io.BytesIO()
-        np.savez(
-            buf,
-            vocab=np.frombuffer(blob, dtype=np.uint8),
-            indptr=self._indptr,
-            doc_ids=self._doc_ids,
-            tfs=self._tfs,
-            doc_len=self._doc_len,
-        )
-        return _MAGIC + _HEADER_LEN.pack(len(head)) + head + buf.getvalue()
+        return dump_arrays(_KIND, arrays, version=_VERSION, analyzer=ANALYZER, k1=self.k1, b=self.b)
+
+    @classmethod
+    def open(cls, path: Path, *, k1: float | None = None, b: float | None = None) -> LexicalIndex:
+        """Memory-map what :meth:`to_bytes` wrote and read it in place; ValueError if it is not
+        that (OSError if it cannot be read)."""
+        return cls._read(ArraysFile.open(path, _KIND), k1, b)
 
     @classmethod
     def from_bytes(
         cls, data: bytes, *, k1: float | None = None, b: float | None = None
     ) -> LexicalIndex:
         """Load what :meth:`to_bytes` wrote; ``k1``/``b`` override the stored parameters.
-
-        ValueError for anything else (a cut or garbled file): the errors of the layers below
-        (struct, zipfile, zlib, numpy) are wrapped, so a caller handles one."""
-        try:
-            return cls._from_bytes(data, k1, b)
-        except (
-            struct.error,
-            zipfile.BadZipFile,
-            zlib.error,
-            EOFError,
-            KeyError,
-            TypeError,
-            AttributeError,
-            OverflowError,
-            MemoryError,  # an array header claiming more than memory holds
-        ) as exc:
-            raise ValueError(f"lexical index is corrupt: {type(exc).__name__}: {exc}") from exc
+        ValueError for anything else (a cut or garbled file)."""
+        return cls._read(ArraysFile(data, _KIND), k1, b)
 
     @classmethod
-    def _from_bytes(cls, data: bytes, k1: float | None, b: float | None) -> LexicalIndex:
-        if not data.startswith(_MAGIC):
-            raise ValueError("not a voxrecall lexical index")
-        start = len(_MAGIC) + _HEADER_LEN.size
-        (head_len,) = _HEADER_LEN.unpack_from(data, len(_MAGIC))
-        header = orjson.loads(data[start : start + head_len])
-        if type(header) is not dict:
-            raise ValueError("lexical index header is not a JSON object")
-        if header.get("format") != _FORMAT or header.get("version") != _VERSION:
-            raise ValueError(f"unsupported lexical index format: {header!r}")
+    def _read(cls, file: ArraysFile, k1: float | None, b: float | None) -> LexicalIndex:
+        header = file.header
+        if header.get("version") != _VERSION:
+            raise ValueError(f"unsupported lexical index version {header.get('version')!r}")
         if header.get("analyzer") != ANALYZER:
             raise ValueError(
                 f"lexical index built with analyzer {header.get('analyzer')!r}, "
                 f"this code analyzes queries with {ANALYZER!r}"
             )
-        arrays = _read_arrays(data[start + head_len :])
-        n_terms = int(header["n_terms"])
-        blob = arrays["vocab"].tobytes().decode("utf-8")
-        terms = blob.split("\n") if n_terms else []
-        expected = {
-            "indptr": (np.int64, n_terms + 1),
-            "doc_ids": (np.int32, int(header["n_postings"])),
-            "tfs": (np.uint16, int(header["n_postings"])),
-            "doc_len": (np.int32, int(header["n_docs"])),
-        }
-        for name, (dtype, size) in expected.items():
-            arr = arrays[name]
-            if arr.dtype != dtype or arr.shape != (size,):
-                raise ValueError(f"lexical index array {name!r} is corrupt")
-        if len(terms) != n_terms:
-            raise ValueError("lexical index vocabulary is corrupt")
+        stored_k1, stored_b = header.get("k1"), header.get("b")
+        if type(stored_k1) is not float or type(stored_b) is not float:
+            raise ValueError("lexical index parameters k1 and b are not numbers")
         return cls(
-            terms,
-            arrays["indptr"],
-            arrays["doc_ids"],
-            arrays["tfs"],
-            arrays["doc_len"],
-            k1=header["k1"] if k1 is None else k1,
-            b=header["b"] if b is None else b,
+            StringTable.read(file, "vocab_"),
+            file.array("indptr", "<i8"),
+            file.array("doc_ids", "<i4"),
+            file.array("tfs", "<u2"),
+            file.array("doc_len", "<i4"),
+            k1=stored_k1 if k1 is None else k1,
+            b=stored_b if b is None else b,
         )
-
-
-_ARRAYS: Final = ("vocab", "indptr", "doc_ids", "tfs", "doc_len")
-
-
-def _read_arrays(data: bytes) -> dict[str, npt.NDArray[Any]]:
-    """The arrays of the npz part. numpy parses each array's header with ``tokenize`` and
-    ``ast.literal_eval``: a garbled header raises ValueError, SyntaxError, tokenize.TokenError,
-    RecursionError and more, so everything that parser raises becomes one ValueError here."""
-    blob = io.BytesIO(data)
-    try:
-        _check_stored(blob)
-        with np.load(blob, allow_pickle=False) as npz:
-            return {name: npz[name] for name in _ARRAYS}
-    except ValueError:
-        raise
-    except Exception as exc:  # untrusted bytes through a third-party parser: see above
-        raise ValueError(f"lexical index arrays are corrupt: {type(exc).__name__}: {exc}") from exc
-
-
-def _check_stored(blob: io.BytesIO) -> None:
-    """The arrays are an uncompressed zip (``np.savez``): a compressed member could be a
-    decompression bomb, so it is refused before numpy reads it."""
-    with zipfile.ZipFile(blob) as archive:
-        for member in archive.infolist():
-            if (
-                member.compress_type != zipfile.ZIP_STORED
-                or member.file_size != member.compress_size
-            ):
-                raise ValueError(f"lexical index member {member.filename!r} is compressed")
-    blob.seek(0)
 
 
 def reciprocal_rank_fusion(

@@ -4,15 +4,19 @@
       manifest.json   format version, base, version id, created-at, embedder, hnsw parameters,
                       counts and the sha256 of every other file; written last
       vectors.hnsw    hnswlib index (inner product on unit vectors = cosine); label i = chunk i
-      chunks.jsonl    the chunks in label order, one JSON object a line (what a search returns)
-      pages.json      source_path -> whole page text, for reading a page later
+      chunks.bin      the chunks in label order, and each one's source (index/tables.py)
+      pages.bin       page key -> whole page text, for reading a page later (index/tables.py)
       lexical.bin     the BM25 index over the chunks' embedded text, for fallback and hybrid
       filters.json    value -> chunk labels of each filterable metadata field
                       (``index/filters.py``); only for a base with ``filterable`` fields, and
                       verified when the manifest lists it
 
+``chunks.bin``, ``pages.bin`` and ``lexical.bin`` are arrays files (``index/mapped.py``): a
+loader memory-maps them and reads them in place, so loading costs what hnswlib's graph costs and
+worker processes share those pages through the page cache.
+
 A folder is written once and never modified. ``verify`` checks everything the manifest claims
-before a reader trusts the folder; ``load`` then builds the in-memory form a sidecar serves from.
+before a reader trusts the folder; ``load`` then checks each file's layout and maps it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import hnswlib
 import numpy as np
@@ -40,22 +44,30 @@ from index.filters import build_partitions as build_value_partitions
 from index.hnsw_file import MAX_M, check_hnsw_file, vector_rows
 from index.lexical import LexicalIndex
 from index.summaries import SummaryIndex, has_summaries, load_summary_index
+from index.tables import ChunkTable, PageTable
 from index.types import Chunk
 
-FORMAT_VERSION = 3  # 2: chunks stored as JSON lines; 3: the manifest records every file's size
+# 2: chunks stored as JSON lines; 3: the manifest records every file's size; 4: chunks, pages and
+# the lexical index are memory-mapped arrays files, read in place
+FORMAT_VERSION = 4
 # A floor for the query-time ef: below it real-query recall drops fast (SciFact: 0.88 at ef 10,
 # 0.98 at 32) while an hnswlib query at ef 32 still takes well under a millisecond.
 MIN_EF = 32
 MANIFEST = "manifest.json"
 VECTORS = "vectors.hnsw"
-CHUNKS = "chunks.jsonl"
-PAGES = "pages.json"
+CHUNKS = "chunks.bin"
+PAGES = "pages.bin"
 LEXICAL = "lexical.bin"
 DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
 # A file a build adds beside DATA_FILES (summaries, originals): listed in the manifest and checked
 # like the others; one plain name inside the folder.
 _EXTRA_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+T = TypeVar("T")
+# What an hnswlib index takes beyond its elements, whatever its size: 65,536 label-operation
+# mutexes of 40 bytes (hnswlib 0.8), measured at 2.5 MiB per index. A budget of many small bases
+# that left it out was passed three times over.
+HNSW_INDEX_BYTES = 65_536 * 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +215,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 def page_key(source: str, source_path: str) -> str:
-    """How ``pages.json`` names a page: two sources may each hold a page at the same path."""
+    """How ``pages.bin`` names a page: two sources may each hold a page at the same path."""
     return f"{source}:{source_path}"
 
 
@@ -234,47 +246,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def chunk_to_dict(chunk: Chunk) -> dict[str, Any]:
-    return {
-        "id": chunk.chunk_id,
-        "source": chunk.source,
-        "path": chunk.source_path,
-        "title": chunk.title,
-        "crumbs": list(chunk.breadcrumbs),
-        "text": chunk.text,
-        "embed": chunk.embed_text,
-        "url": chunk.url,
-        "meta": dict(chunk.metadata),
-    }
-
-
-_CHUNK_TEXT = (("id", "chunk_id"), ("source", "source"), ("path", "source_path"),
-               ("title", "title"), ("text", "text"), ("embed", "embed_text"), ("url", "url"))  # fmt: skip
-
-
-def chunk_from_dict(raw: object) -> Chunk:
-    """A chunk from its JSON form; ValueError naming the field when a type is wrong (every
-    field the sidecar reads is checked here, once, rather than failing a call later)."""
-    if type(raw) is not dict:
-        raise ValueError(f"a chunk is a JSON object, not {type(raw).__name__}")
-    text = {attr: raw.get(key) for key, attr in _CHUNK_TEXT}
-    crumbs, meta = raw.get("crumbs"), raw.get("meta")
-    bad = [k for k, attr in _CHUNK_TEXT if type(text[attr]) is not str]
-    if type(crumbs) is not list or any(type(c) is not str for c in crumbs):
-        bad.append("crumbs")
-    if type(meta) is not dict or not all(_meta_value(v) for v in meta.values()):
-        bad.append("meta")
-    if bad:
-        raise ValueError(f"chunk field(s) {', '.join(bad)} missing or of the wrong type")
-    metadata = {k: v if type(v) is str else tuple(v) for k, v in (meta or {}).items()}
-    return Chunk(breadcrumbs=tuple(crumbs), metadata=metadata, **text)  # type: ignore[arg-type]
-
-
-def _meta_value(value: object) -> bool:
-    """A metadata value is a string or a list of strings (a frontmatter list stays a list)."""
-    return type(value) is str or (type(value) is list and all(type(v) is str for v in value))
 
 
 def build_hnsw(vectors: Vectors, m: int, ef_construction: int) -> hnswlib.Index:
@@ -352,8 +323,8 @@ def write_snapshot(
     index = build_hnsw(vectors, hnsw_m, hnsw_ef_construction)
     ef, recall = choose_ef(index, vectors, target_recall)
     index.save_index(str(folder / VECTORS))
-    write_atomic(folder / CHUNKS, b"".join(orjson.dumps(chunk_to_dict(c)) + b"\n" for c in chunks))
-    write_atomic(folder / PAGES, orjson.dumps(dict(pages)))
+    write_atomic(folder / CHUNKS, ChunkTable.dump(chunks))
+    write_atomic(folder / PAGES, PageTable.dump(pages))
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     write_atomic(folder / LEXICAL, lexical.to_bytes())
     names = [*DATA_FILES, *(more_files(folder) if more_files else ())]
@@ -401,7 +372,9 @@ def verify_snapshot(
     manifest = read_manifest(folder)
     if manifest.format_version != FORMAT_VERSION:
         raise IncompatibleSnapshot(
-            f"{folder}: format version {manifest.format_version}, this voxrecall reads {FORMAT_VERSION}"
+            f"{folder}: format version {manifest.format_version}, this voxrecall reads "
+            f"{FORMAT_VERSION} (chunks, pages and the lexical index memory-mapped, not parsed); "
+            "rebuild the base with `voxrecall index build`"
         )
     if expected is not None and manifest.embedder != expected:
         raise IncompatibleSnapshot(
@@ -451,7 +424,7 @@ class Partition:
     size: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False, weakref_slot=True)  # identity: a cache may key on it weakly
 class LoadedSnapshot:
     """A verified snapshot in memory, immutable once built; what one sidecar request reads.
 
@@ -465,14 +438,18 @@ class LoadedSnapshot:
     folder: Path
     manifest: Manifest
     index: hnswlib.Index
-    chunks: tuple[Chunk, ...]
-    pages: Mapping[str, str]
+    chunks: Sequence[Chunk]  # a ChunkTable: each chunk decoded from the mapped file when read
+    pages: Mapping[str, str]  # a PageTable
     lexical: LexicalIndex
     source_of: npt.NDArray[np.int32]  # chunk label -> index into source_names
     source_names: tuple[str, ...]
     partitions: Mapping[int, Partition] = field(default_factory=dict)  # source index -> copy
     summaries: SummaryIndex | None = None  # the second view (index/summaries.py), when built
     filters: FilterIndex = field(default_factory=FilterIndex.empty)  # metadata and paths
+    # What serving it may take in memory: the graph file as hnswlib holds it and hnswlib's own
+    # fixed cost, the partitions' copies, the mapped files in full (as if every page of them
+    # were read) and the decoded chunks kept.
+    memory_bytes: int = 0
 
     @property
     def version(self) -> str:
@@ -579,39 +556,10 @@ def build_partitions(
     return out
 
 
-def read_chunks(path: Path) -> tuple[Chunk, ...]:
-    """Parse the chunk store one line at a time; CorruptSnapshot naming the first bad line.
-
-    One ``orjson.loads`` over the whole store would hold the GIL for about a second at 100k
-    chunks and stall the sidecar's event loop mid-swap; line by line, the interpreter switches to
-    the loop thread every few milliseconds.
-    """
-    chunks: list[Chunk] = []
-    with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                chunks.append(chunk_from_dict(orjson.loads(line)))
-            except ValueError as exc:  # orjson.JSONDecodeError is one
-                raise CorruptSnapshot(f"{path}:{number}: {exc}") from exc
-    return tuple(chunks)
-
-
-def read_pages(path: Path) -> dict[str, str]:
-    """``pages.json``: an object of page key -> page text; CorruptSnapshot otherwise."""
+def read_table(path: Path, open_: Callable[[Path], T]) -> T:
+    """Map one arrays file of the snapshot; CorruptSnapshot naming it when its layout is wrong."""
     try:
-        pages = orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise CorruptSnapshot(f"{path}: {exc}") from exc
-    if type(pages) is not dict or any(type(v) is not str for v in pages.values()):
-        raise CorruptSnapshot(f"{path}: not a JSON object of page texts")
-    return pages
-
-
-def read_lexical(path: Path) -> LexicalIndex:
-    try:
-        return LexicalIndex.from_bytes(path.read_bytes())
+        return open_(path)
     except ValueError as exc:
         raise CorruptSnapshot(f"{path}: {exc}") from exc
 
@@ -641,8 +589,10 @@ def load_snapshot(
     """Verify, then load a snapshot; blocking (seconds for large ones): call it off the event loop.
 
     Every file is checked before it is trusted (a checksum proves a file is the one published,
-    not that it is well-formed): the manifest's and the chunks' fields by type, the page texts,
-    the lexical arrays, and the hnswlib file's layout and graph. Anything wrong is
+    not that it is well-formed): the manifest's fields by type; the mapped files' headers, array
+    extents and offsets (monotonic, within their tables, counts that agree), the lexical
+    postings' doc ids; and the hnswlib file's layout and graph. Texts are read in place when
+    asked for, decoded with replacement, so no byte of them can fail a call. Anything wrong is
     CorruptSnapshot (or IncompatibleSnapshot), never another exception or a crash.
 
     ``ef_search`` replaces the query-time ef the build chose (0 keeps it).
@@ -652,9 +602,9 @@ def load_snapshot(
     """
     manifest = verify_snapshot(folder, expected, checksums=checksums)
     try:
-        chunks = read_chunks(folder / CHUNKS)
-        pages = read_pages(folder / PAGES)
-        lexical = read_lexical(folder / LEXICAL)
+        chunks = read_table(folder / CHUNKS, ChunkTable.open)
+        pages = read_table(folder / PAGES, PageTable.open)
+        lexical = read_table(folder / LEXICAL, LexicalIndex.open)
         if len(chunks) != manifest.chunks or len(lexical) != len(chunks):
             raise CorruptSnapshot(
                 f"{folder}: counts disagree: chunks {len(chunks)}, lexical {len(lexical)}, "
@@ -664,9 +614,7 @@ def load_snapshot(
         summaries = _summaries(folder, manifest, ef_search or manifest.hnsw.ef)
     except OSError as exc:
         raise CorruptSnapshot(f"{folder}: cannot read: {exc}") from exc
-    names = tuple(sorted({c.source for c in chunks}))
-    position = {name: i for i, name in enumerate(names)}
-    source_of = np.fromiter((position[c.source] for c in chunks), dtype=np.int32, count=len(chunks))
+    names, source_of = chunks.source_names, chunks.source_of
     try:
         partitions = build_partitions(index, source_of, len(names))
         filters = load_filters(folder, manifest, chunks)
@@ -684,6 +632,10 @@ def load_snapshot(
         partitions=partitions,
         summaries=summaries,
         filters=filters,
+        memory_bytes=sum(manifest.sizes.values())
+        + sum(p.size for p in partitions.values()) * 4 * manifest.embedder.dimension
+        + chunks.cache_bytes
+        + HNSW_INDEX_BYTES,
     )
 
 

@@ -14,6 +14,7 @@ it into a local cache first, and ``index.s3_store.S3Store`` does the same from a
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -22,6 +23,8 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+import orjson
 
 from index.errors import CorruptSnapshot, IncompleteSnapshot, SnapshotError, SnapshotNotFound
 from index.snapshot import (
@@ -32,6 +35,8 @@ from index.snapshot import (
     verify_snapshot,
     write_atomic,
 )
+
+log = logging.getLogger("voxrecall.store")
 
 LATEST = "LATEST"
 # A store is read by sidecars running as other users (the image's uid 10001, a read-only mount),
@@ -105,8 +110,14 @@ class SnapshotStore(Protocol):
 class LocalStore:
     """A snapshot store on a local or shared file system; the sidecar reads folders in place."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, verified_dir: Path | None = None) -> None:
         self.root = root
+        # folder -> the (name, size, mtime, inode) of its files when their sha256 last matched:
+        # a version fetched again (a base evicted and loaded anew) is not hashed again. With
+        # ``verified_dir`` (a sidecar's cache_dir) the record is also kept on disk, so that the
+        # next start, or another worker, need not hash the same unchanged files either.
+        self._verified: dict[Path, Stats] = {}
+        self.verified_dir = verified_dir
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
@@ -161,8 +172,18 @@ class LocalStore:
         missing = [n for n in manifest_files(manifest, str(folder)) if not (folder / n).is_file()]
         if missing:
             raise IncompleteSnapshot(f"{folder}: missing {', '.join(missing)} (half-uploaded?)")
-        verify_snapshot(folder)
+        seen = _file_stats(folder, [MANIFEST, *manifest_files(manifest, str(folder))])
+        record = self._record(knowledge_base, version)
+        if self._verified.get(folder) != seen and _read_record(record) != seen:
+            verify_snapshot(folder)
+            _write_record(record, seen)
+        self._verified[folder] = seen
         return folder
+
+    def _record(self, knowledge_base: str, version: str) -> Path | None:
+        if self.verified_dir is None:
+            return None
+        return self.verified_dir / knowledge_base / f"{version}.json"
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
         """Nothing: a sidecar never deletes from a shared store; builds prune it (keep_versions)."""
@@ -229,6 +250,37 @@ class LocalStore:
         return doomed
 
 
+Stats = tuple[tuple[str, int, int, int], ...]  # (name, size, mtime_ns, inode) per file
+
+
+def _file_stats(folder: Path, names: list[str]) -> Stats:
+    stats = [(name, (folder / name).stat()) for name in names]
+    return tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in stats)
+
+
+def _read_record(record: Path | None) -> Stats | None:
+    """The stats a verification recorded; None when there is none or it is unreadable."""
+    if record is None:
+        return None
+    try:
+        raw = orjson.loads(record.read_bytes())
+        return tuple((str(n), int(a), int(b), int(c)) for n, a, b, c in raw["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_record(record: Path | None, stats: Stats) -> None:
+    """Record that these files matched their sha256 (best effort: a failure only means the
+    next start hashes them again)."""
+    if record is None:
+        return
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(record, orjson.dumps({"files": [list(s) for s in stats]}))
+    except OSError as exc:
+        log.warning("could not record the verification of %s: %s", record.parent, exc)
+
+
 def _mkdir_readable(path: Path) -> None:
     """Make ``path`` and its missing parents, each readable by every user whatever the umask."""
     missing = []
@@ -280,7 +332,7 @@ def open_store(
 
         options = HttpOptions(timeout_s=timeout_s, download_timeout_s=download_timeout_s)
         return HttpStore(str(location), cache_dir, options)
-    return LocalStore(Path(location))
+    return LocalStore(Path(location), verified_dir=cache_dir / "verified")
 
 
 def is_version(name: str) -> bool:

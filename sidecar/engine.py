@@ -27,7 +27,7 @@ from index.snapshot import LoadedSnapshot
 from index.types import Chunk, MetadataFilter
 from sidecar import followups, relevance, scope
 from sidecar.budget import Budget
-from sidecar.errors import InvalidArgument, NotFound
+from sidecar.errors import InvalidArgument, Loading, NotFound
 from sidecar.holder import SnapshotHolder
 from sidecar.limits import TokenLimited
 from sidecar.query_embedder import QueryEmbedder
@@ -205,6 +205,9 @@ class Engine:
         self.embedder = embedder
         self.holder = holder
         self.known_bases = known_bases
+        # With [sidecar] memory_budget_mb: starts loading a base that is not loaded, returns the
+        # retry hint in ms (0: it cannot be loaded now). None: every base is loaded at start.
+        self.load_on_demand: Callable[[str], int] | None = None
         self.sessions = sessions
         self.skip_policy = skip_policy or SkipPolicy()
         self.hybrid_bases = hybrid_bases
@@ -573,7 +576,15 @@ class Engine:
             raise NotFound(
                 f"unknown knowledge base {kb!r}; known: {', '.join(sorted(self.known_bases))}"
             )
-        snapshot = self.holder.get(kb)
+        snapshot = self.holder.use(kb)
+        if snapshot is None and self.load_on_demand is not None:
+            retry_ms = self.load_on_demand(kb)
+            if retry_ms:
+                raise Loading(
+                    f"knowledge base {kb!r} is loading (its first call, or it was evicted to keep "
+                    f"within [sidecar] memory_budget_mb): retry in about {retry_ms} ms",
+                    retry_ms,
+                )
         if snapshot is None:
             raise SnapshotNotFound(
                 f"knowledge base {kb!r} has no snapshot loaded yet: run `voxrecall index build` "

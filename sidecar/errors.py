@@ -12,6 +12,7 @@
         │                                  knowledge tool answers it as an error output)
         ├── NotFound                       -> NOT_FOUND
         ├── Unavailable                    -> UNAVAILABLE
+        │   └── Loading                     -> UNAVAILABLE + grpc-retry-pushback-ms (a base loading)
         ├── ResourceExhausted              -> RESOURCE_EXHAUSTED
         ├── IdleTimeout                    -> DEADLINE_EXCEEDED (a stream sent nothing too long)
         ├── Unauthenticated                -> UNAUTHENTICATED
@@ -59,6 +60,16 @@ class Unavailable(RequestError):
     pass
 
 
+class Loading(Unavailable):
+    """A base is being loaded for this call (``[sidecar] memory_budget_mb``): retry after
+    ``retry_ms``, which the status carries as ``grpc-retry-pushback-ms`` for clients that
+    retry by policy."""
+
+    def __init__(self, message: str, retry_ms: int) -> None:
+        super().__init__(message)
+        self.retry_ms = retry_ms
+
+
 class ResourceExhausted(RequestError):
     pass
 
@@ -87,6 +98,13 @@ _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode], ...] = (
     (EmbedderError, grpc.StatusCode.UNAVAILABLE),
     (SnapshotError, grpc.StatusCode.INTERNAL),
 )
+
+
+def trailers_for(error: VoxrecallError) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata sent with the status: the retry hint of a base that is loading."""
+    if isinstance(error, Loading):
+        return (("grpc-retry-pushback-ms", str(error.retry_ms)),)
+    return ()
 
 
 def status_for(error: VoxrecallError) -> grpc.StatusCode:

@@ -39,12 +39,12 @@ from __future__ import annotations
 import re
 import threading
 import unicodedata
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from cachetools import LRUCache
 
 from index.config import FollowupConfig
 from index.lexical import LexicalIndex
@@ -111,7 +111,6 @@ GENERIC_SHARE = 0.01  # a word in this share of names (and at least 3) is a kind
 FUZZY_MIN_CHARS = 7  # one edit from a shorter name is often a word ("lovell" -> "lovely")
 FUZZY_MAX_TOKENS = 3  # misspelt names are short; longer spans only cost time
 COMMON_ELSEWHERE = 2  # chunks of other entities using a word that make it an ordinary word
-GAZETTEERS_KEPT = 8  # one per loaded snapshot version; a swap leaves the old one to expire
 # A match is used when at least this share of the chunks holding its words are the entity's own:
 # below it, the words are about as often ordinary text elsewhere in the base.
 MIN_CONFIDENCE = 0.5
@@ -392,20 +391,21 @@ def _deletions(key: str) -> set[str]:
 
 _EMPTY = Gazetteer((), FUNCTION_WORDS_EN)
 _DEFAULTS = FollowupConfig()
-_gazetteers: LRUCache[tuple[str, str], Gazetteer] = LRUCache(maxsize=GAZETTEERS_KEPT)
+# One per snapshot alive, gone with it: a gazetteer reads the snapshot's (memory-mapped) lexical
+# index, which a cache outliving the snapshot would keep mapped.
+_gazetteers: weakref.WeakKeyDictionary[LoadedSnapshot, Gazetteer] = weakref.WeakKeyDictionary()
 _gazetteers_lock = threading.Lock()  # a warm-up thread may build while the loop reads
 
 
 def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
-    """The snapshot's gazetteer, built on first use and kept per snapshot version.
+    """The snapshot's gazetteer, built on first use and kept while the snapshot lives.
 
     Building reads every chunk once and looks up the names' words in the lexical index's
     postings, in time linear in the chunks (about a second for 100k chunks and 12,500 names);
     thread-safe, so the refresher's warm-up builds it off the loop.
     """
-    key = (str(snapshot.folder), snapshot.version)
     with _gazetteers_lock:
-        gaz = _gazetteers.get(key)
+        gaz = _gazetteers.get(snapshot)
     if gaz is None:
         entity_of = [chunk_entity(c) for c in snapshot.chunks]
         stats = EntityStats(snapshot.lexical, entity_of)
@@ -414,7 +414,7 @@ def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
             entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence, entities
         )
         with _gazetteers_lock:
-            _gazetteers[key] = gaz
+            _gazetteers[snapshot] = gaz
     return gaz
 
 
@@ -458,7 +458,7 @@ class EntityStats:
             found = self._docs(word)
             if not len(found):
                 continue  # a stopword or a word no chunk uses: it tells nothing apart
-            docs = found if docs is None else np.intersect1d(docs, found, assume_unique=True)
+            docs = found if docs is None else _intersect(docs, found)
             if not len(docs):
                 break
         if docs is None or not len(docs):
@@ -473,6 +473,17 @@ class EntityStats:
             found = np.unique(self._lexical.matching(word))
             self._postings[word] = found
         return found
+
+
+def _intersect(small: np.ndarray, large: np.ndarray) -> np.ndarray:
+    """The common items of two sorted arrays of unique ids, ``small`` the shorter, in time
+    linear in ``small`` (``np.intersect1d`` sorts both: one name against a word every chunk
+    holds, 12,500 times at 100k chunks, took most of a snapshot's load)."""
+    if not len(large):
+        return large
+    at = np.minimum(np.searchsorted(large, small), len(large) - 1)
+    common: np.ndarray = small[large[at] == small]
+    return common
 
 
 def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[str, str], bool]:

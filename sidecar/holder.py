@@ -4,6 +4,10 @@ A request reads ``holder.get(kb)`` once and keeps that reference until it ends, 
 changes a snapshot under a running search; the old snapshot is freed by the garbage collector
 when the last request holding it finishes. ``publish`` is one reference assignment.
 
+With a memory budget (``[sidecar] memory_budget_mb``) bases come and go: ``use`` marks a base
+used, ``over_budget`` names the least recently used ones to ``remove`` until the loaded bases'
+bytes (``LoadedSnapshot.memory_bytes``) fit.
+
 Refusals are kept beside the snapshots: the last one per base (shown by ``Status``) and a count
 per reason (``refusals``), the figures a metrics exporter reads.
 """
@@ -11,7 +15,7 @@ per reason (``refusals``), the figures a metrics exporter reads.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -38,6 +42,8 @@ class SnapshotHolder:
         self._snapshots: Mapping[str, LoadedSnapshot] = MappingProxyType({})
         self._refusals: dict[str, Refusal] = {}
         self.refusals: Counter[str] = Counter()  # refusals by kind, since start
+        self._used: OrderedDict[str, None] = OrderedDict()  # least recently used first
+        self.evictions = 0  # bases removed to keep within the memory budget, since start
 
     def get(self, knowledge_base: str) -> LoadedSnapshot | None:
         return self._snapshots.get(knowledge_base)
@@ -45,9 +51,50 @@ class SnapshotHolder:
     def all(self) -> Mapping[str, LoadedSnapshot]:
         return self._snapshots
 
+    def use(self, knowledge_base: str) -> LoadedSnapshot | None:
+        """``get`` for a call: marks the base most recently used (O(1))."""
+        snapshot = self._snapshots.get(knowledge_base)
+        if snapshot is not None:
+            self._used[knowledge_base] = None
+            self._used.move_to_end(knowledge_base)
+        return snapshot
+
     def publish(self, snapshot: LoadedSnapshot) -> None:
         kb = snapshot.manifest.knowledge_base
         self._snapshots = MappingProxyType({**self._snapshots, kb: snapshot})
+        self._used[kb] = None
+        self._used.move_to_end(kb)
+
+    def loaded_bytes(self) -> int:
+        return sum(s.memory_bytes for s in self._snapshots.values())
+
+    def over_budget(self, budget_bytes: int, keep: str) -> list[str]:
+        """The least recently used bases (never ``keep``) whose removal brings the loaded bytes
+        within ``budget_bytes``; fewer when only ``keep`` is left."""
+        excess = self.loaded_bytes() - budget_bytes
+        out: list[str] = []
+        for kb in self._used:
+            if excess <= 0:
+                break
+            snapshot = self._snapshots.get(kb)
+            if kb != keep and snapshot is not None:
+                out.append(kb)
+                excess -= snapshot.memory_bytes
+        return out
+
+    def remove(self, knowledge_base: str) -> None:
+        """Stop serving a base (evicted): its snapshot goes when the last call holding it ends."""
+        self._snapshots = MappingProxyType(
+            {kb: s for kb, s in self._snapshots.items() if kb != knowledge_base}
+        )
+        self._used.pop(knowledge_base, None)
+        self.evictions += 1
+
+    def clear(self) -> None:
+        """Serve nothing more: each snapshot (and its mapped files) goes when the last call
+        holding it ends. A stopped sidecar calls it, so a process that goes on unmaps them."""
+        self._snapshots = MappingProxyType({})
+        self._used.clear()
 
     def refuse(self, knowledge_base: str, version: str, kind: str, reason: str) -> bool:
         """Record a refusal; False (and not counted again) when it repeats the last one."""

@@ -122,28 +122,58 @@ class _Observed:
         return getattr(self._context, name)
 
 
+@dataclass(frozen=True, slots=True)
+class _Phases:
+    """The hooks' methods per phase, only those a hook overrides: a hook that does nothing in a
+    phase costs nothing there. Each with the hook's position, for ``end``'s rule."""
+
+    start: tuple[tuple[int, Callable[[Call], None]], ...]
+    request: tuple[Callable[[Call, Any], None], ...]
+    response: tuple[Callable[[Call, Any], None], ...]
+    end: tuple[tuple[int, Callable[[Call], None]], ...]  # reversed: the last hook's first
+    count: int
+
+    @classmethod
+    def of(cls, hooks: Sequence[Hook]) -> _Phases:
+        def overrides(hook: Hook, name: str) -> bool:
+            return getattr(type(hook), name) is not getattr(Hook, name)
+
+        return cls(
+            start=tuple((i, h.start) for i, h in enumerate(hooks) if overrides(h, "start")),
+            request=tuple(h.request for h in hooks if overrides(h, "request")),
+            response=tuple(h.response for h in hooks if overrides(h, "response")),
+            end=tuple(
+                (i, h.end) for i, h in reversed(list(enumerate(hooks))) if overrides(h, "end")
+            ),
+            count=len(hooks),
+        )
+
+
 class _Run:
     """The hooks around one call."""
 
-    def __init__(self, hooks: Sequence[Hook], call: Call) -> None:
-        self.hooks = hooks
+    __slots__ = ("call", "phases", "started")
+
+    def __init__(self, phases: _Phases, call: Call) -> None:
+        self.phases = phases
         self.call = call
-        self.started: list[Hook] = []
+        self.started = 0  # hooks whose start returned: those before the first that refused
 
     async def begin(self) -> None:
-        try:
-            for hook in self.hooks:
-                hook.start(self.call)
-                self.started.append(hook)
-        except RequestError as exc:
-            await self.refuse(exc)
+        for i, start in self.phases.start:
+            self.started = i  # the hooks before this one have started, whatever it raises
+            try:
+                start(self.call)
+            except RequestError as exc:
+                await self.refuse(exc)
+        self.started = self.phases.count
 
     async def check(self, message: Any) -> None:
         try:
             if isinstance(message, Malformed):
                 raise message.error()
-            for hook in self.hooks:
-                hook.request(self.call, message)
+            for request in self.phases.request:
+                request(self.call, message)
         except RequestError as exc:
             await self.refuse(exc)
 
@@ -151,12 +181,12 @@ class _Run:
         """A refusal inside a request stream reaches the handler, which maps it."""
         if isinstance(message, Malformed):
             raise message.error()
-        for hook in self.hooks:
-            hook.request(self.call, message)
+        for request in self.phases.request:
+            request(self.call, message)
 
     def sent(self, message: Any) -> None:
-        for hook in self.hooks:
-            hook.response(self.call, message)
+        for response in self.phases.response:
+            response(self.call, message)
 
     async def refuse(self, exc: RequestError) -> None:
         self.call.code = status_for(exc)
@@ -168,8 +198,9 @@ class _Run:
             call.code = _code_of(call.context) or grpc.StatusCode.OK
         elif call.code is grpc.StatusCode.OK:
             call.code = _code_of(call.context) or _code_for(exc, call.context)
-        for hook in reversed(self.started):
-            hook.end(call)
+        for i, end in self.phases.end:
+            if i < self.started:
+                end(call)
 
 
 async def _unless_cut(run: _Run, exc: BaseException) -> None:
@@ -200,6 +231,7 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def __init__(self, hooks: Sequence[Hook]) -> None:
         self.hooks = tuple(hooks)
+        self._phases = _Phases.of(self.hooks)
         # method -> (its handler, the wrapped one): built once, not on every call
         self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler]] = {}  # type: ignore[type-arg]
 
@@ -216,7 +248,7 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         if cached is not None and cached[0] is handler:
             return cached[1]
         service, _, name = method.lstrip("/").partition("/")
-        hooks = self.hooks
+        phases = self._phases
 
         def new_run(context: Context, streaming: bool) -> _Run:
             metadata = {
@@ -224,7 +256,7 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 for key, value in (context.invocation_metadata() or ())
                 if isinstance(value, str)
             }
-            return _Run(hooks, Call(name, service, metadata, context, streaming=streaming))
+            return _Run(phases, Call(name, service, metadata, context, streaming=streaming))
 
         wrapped = _wrap(handler, new_run)
         self._wrapped[method] = (handler, wrapped)

@@ -7,6 +7,12 @@ chunk store; the files are not hashed a second time), run warm-up queries, and p
 one reference swap. All of it runs off the event loop, one refresh at a time. After a swap the
 heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
 
+With a memory budget (``budget_bytes`` > 0, ``[sidecar] memory_budget_mb``) bases are lazy: none
+is loaded at start, ``want(kb)`` (a call to a base not loaded) starts its load in the background,
+and the least recently used bases are evicted to make room before it loads (the manifest's file
+sizes say how much) and again once it is in; a poll refreshes only the loaded bases. Loads still
+run one at a time, off the event loop.
+
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
 is a refusal (an unexpected exception too: kind ``invalid``, its traceback logged once), so a bad
@@ -22,6 +28,7 @@ import errno
 import gc
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -36,7 +43,7 @@ from index.errors import (
     SnapshotError,
     StoreUnavailable,
 )
-from index.snapshot import LoadedSnapshot, load_snapshot
+from index.snapshot import LoadedSnapshot, load_snapshot, read_manifest
 from index.store import SnapshotStore
 from sidecar import followups
 from sidecar.holder import SnapshotHolder
@@ -44,6 +51,8 @@ from sidecar.holder import SnapshotHolder
 log = logging.getLogger("voxrecall.refresh")
 
 WARMUP_QUERIES = 8  # enough to touch the upper graph layers and the lexical arrays once
+# The retry hint before any lazy load was timed: a small base loads in tens of milliseconds.
+FIRST_RETRY_MS = 100
 
 # (error class, refusal kind, retried on the next poll); the first match wins
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
@@ -68,12 +77,18 @@ def refusal_kind(exc: SnapshotError) -> tuple[str, bool]:
 
 
 def warm_up(snapshot: LoadedSnapshot) -> None:
+    """Warm searches, then the follow-up entity list (built here, off the event loop)."""
+    if not snapshot.chunks:
+        return
+    warm_searches(snapshot)
+    followups.gazetteer(snapshot)
+
+
+def warm_searches(snapshot: LoadedSnapshot) -> None:
     """Run a few queries so the first caller after a swap does not pay for cold pages.
 
     A graph hnswlib cannot search (it finds fewer neighbours than asked: a RuntimeError) is
     CorruptSnapshot here, before any caller would get it as an error."""
-    if not snapshot.chunks:
-        return
     rng = np.random.default_rng(0)
     dim = snapshot.manifest.embedder.dimension
     for _ in range(WARMUP_QUERIES):
@@ -84,7 +99,6 @@ def warm_up(snapshot: LoadedSnapshot) -> None:
             raise CorruptSnapshot(f"{snapshot.folder}: a warm-up search failed: {exc}") from exc
     for chunk in snapshot.chunks[:WARMUP_QUERIES]:
         snapshot.lexical.search(chunk.title, 3)
-    followups.gazetteer(snapshot)  # the follow-up entity list: built here, off the event loop
 
 
 def freeze_heap() -> None:
@@ -118,8 +132,15 @@ class Refresher:
         on_change: Callable[[], Awaitable[None]] | None = None,
         keep_downloaded: int = 2,
         ef_search: int = 0,
+        budget_bytes: int = 0,
+        retry_refused_s: float = 30.0,
     ) -> None:
         self.store = store
+        self.budget_bytes = budget_bytes  # 0: every base loaded at start and kept
+        self.retry_refused_s = retry_refused_s  # lazy: a refused base is tried again after this
+        self._wanted: dict[str, asyncio.Task[None]] = {}
+        self._tried: dict[str, float] = {}  # lazy: when a base's last load on demand failed
+        self.load_ms = 0.0  # how long the last lazy load took: the retry hint
         self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
         self.holder = holder
         self.embedder = embedder
@@ -135,12 +156,52 @@ class Refresher:
         """Load every base whose published version is newer than the one served; returns them."""
         swapped: list[str] = []
         async with self._lock:
-            for kb in self.knowledge_bases:
+            for kb in self._polled():
                 if await self._refresh_one(kb):
                     swapped.append(kb)
         if swapped and self.on_change is not None:
             await self.on_change()
         return swapped
+
+    def _polled(self) -> tuple[str, ...]:
+        if not self.budget_bytes:
+            return self.knowledge_bases
+        return tuple(kb for kb in self.knowledge_bases if self.holder.get(kb) is not None)
+
+    def want(self, kb: str) -> int:
+        """Lazy mode: make sure ``kb`` is being loaded; the retry hint in ms, or 0 when its last
+        load failed less than ``retry_refused_s`` ago (the caller reports the refusal)."""
+        if kb in self._wanted:
+            return self._retry_ms()
+        failed_at = self._tried.get(kb)
+        if failed_at is not None and time.monotonic() - failed_at < self.retry_refused_s:
+            return 0
+        self._wanted[kb] = asyncio.get_running_loop().create_task(self._load_wanted(kb))
+        return self._retry_ms()
+
+    def _retry_ms(self) -> int:
+        return max(FIRST_RETRY_MS if not self.load_ms else 10, round(self.load_ms))
+
+    async def _load_wanted(self, kb: str) -> None:
+        started = time.perf_counter()
+        try:
+            async with self._lock:
+                if self.holder.get(kb) is not None:
+                    return
+                loaded = await self._refresh_one(kb)
+            if loaded:
+                self._tried.pop(kb, None)
+                self.load_ms = (time.perf_counter() - started) * 1000.0
+            else:
+                self._tried[kb] = time.monotonic()
+        finally:
+            del self._wanted[kb]
+
+    def _make_room(self, kb: str, incoming: int) -> None:
+        """Evict least recently used bases until ``incoming`` more bytes fit the budget."""
+        for victim in self.holder.over_budget(self.budget_bytes - incoming, keep=kb):
+            self.holder.remove(victim)
+            log.info("evicted %s to keep within the memory budget", victim)
 
     async def _refresh_one(self, kb: str) -> bool:
         try:
@@ -177,6 +238,8 @@ class Refresher:
             self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
             return False
         self.holder.publish(snapshot)  # the swap: one reference assignment, on the loop
+        if self.budget_bytes:
+            self._make_room(kb, 0)
         freeze_heap()
         log.info("serving %s version %s (%d chunks)", kb, version, len(snapshot.chunks))
         served = self._served.setdefault(kb, deque(maxlen=2))
@@ -190,6 +253,9 @@ class Refresher:
     async def _load(self, kb: str, version: str) -> LoadedSnapshot:
         """Fetch, load and verify, check it is the version asked for, warm: all off the loop."""
         folder = await asyncio.to_thread(self.store.fetch, kb, version)
+        if self.budget_bytes:
+            manifest = await asyncio.to_thread(read_manifest, folder)
+            self._make_room(kb, sum(manifest.sizes.values()))
         # fetch checked every file's sha256 (the SnapshotStore contract); hashing them again
         # took 8 of the 52 s a 1M-chunk snapshot took to load
         snapshot = await asyncio.to_thread(
@@ -225,6 +291,8 @@ class Refresher:
         to the garbage collector, which then collects a stopped sidecar in a process that goes on
         (tests; an embedding host)."""
         self.store.close()
+        for task in self._wanted.values():
+            task.cancel()
         gc.unfreeze()
 
     async def poll_forever(self, every_s: float) -> None:

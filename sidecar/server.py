@@ -60,12 +60,19 @@ class Sidecar:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def update_health(self) -> None:
-        ready = all(self.holder.get(kb) is not None for kb in self.engine.known_bases)
+        # with a memory budget, bases load on their first call: the sidecar serves from the start
+        lazy = self.engine.load_on_demand is not None
+        ready = lazy or all(self.holder.get(kb) is not None for kb in self.engine.known_bases)
         if self.lifecycle.state is State.DRAINING:
             return
         if ready and self.engine.known_bases:
             if self.lifecycle.state is State.LOADING:
-                log.info("SERVING: every knowledge base has a snapshot")
+                log.info(
+                    "SERVING: %s",
+                    "bases load on their first call"
+                    if lazy
+                    else "every knowledge base has a snapshot",
+                )
             self.lifecycle.state = State.SERVING
         status = (
             health_pb2.HealthCheckResponse.SERVING
@@ -79,7 +86,7 @@ class Sidecar:
         """While LOADING, say which bases have no snapshot, where it is looked for, and what to
         run to make one."""
         missing = sorted(kb for kb in self.engine.known_bases if self.holder.get(kb) is None)
-        if missing:
+        if missing and self.engine.load_on_demand is None:
             log.warning("LOADING: %s", waiting_for(self.config, missing))
 
     async def _cut_off(self, grace: float) -> None:
@@ -112,6 +119,7 @@ class Sidecar:
             await self.http.stop()
         await self.server.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
         await self.engine.aclose()  # query embeddings still running in the background
+        self.holder.clear()
         if self.owns_embedder:
             await self.engine.embedder.aclose()
         if self.guards is not None:
@@ -242,7 +250,11 @@ async def create_server(
         sorted(names),
         keep_downloaded=config.sidecar.keep_downloaded,
         ef_search=config.sidecar.ef_search,
+        budget_bytes=config.sidecar.memory_budget_mb * 2**20,
+        retry_refused_s=config.sidecar.poll_seconds,
     )
+    if refresher.budget_bytes:
+        engine.load_on_demand = refresher.want
     sidecar = Sidecar(
         server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder, guards
     )

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from index.errors import VoxrecallError
-from index.types import MetadataFilter, meta_text
+from index.types import MetadataFilter
 from sidecar import __version__, scope, sessions
 from sidecar.engine import (
     BasePolicy,
@@ -27,14 +27,14 @@ from sidecar.engine import (
     TurnInput,
     TurnResult,
 )
-from sidecar.errors import InvalidArgument, status_for
+from sidecar.errors import InvalidArgument, status_for, trailers_for
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
 from sidecar.lifecycle import Lifecycle
 from sidecar.limits import idle_limited
+from sidecar.messages import ChunkMessages
 from sidecar.prefetch import Prefetcher
-from sidecar.sessions import Hit
 from sidecar.skip import Skip
 from sidecar.tools import PageReader, Toolbox
 
@@ -55,26 +55,10 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
             code = status_for(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed: %s", handler.__name__, exc)
-            await context.abort(code, str(exc))
+            await context.abort(code, str(exc), trailing_metadata=trailers_for(exc))
             raise AssertionError("unreachable: abort raises") from exc
 
     return wrapper
-
-
-def chunk_message(hit: Hit) -> pb.Chunk:
-    c = hit.chunk
-    return pb.Chunk(
-        chunk_id=c.chunk_id,
-        knowledge_base=hit.knowledge_base,
-        source=c.source,
-        source_path=c.source_path,
-        title=c.title,
-        breadcrumbs=list(c.breadcrumbs),
-        text=c.text,
-        score=hit.score,
-        url=c.url,
-        metadata={key: meta_text(value) for key, value in c.metadata.items()},
-    )
 
 
 def timings_message(timings: Timings) -> pb.Timings:
@@ -83,8 +67,8 @@ def timings_message(timings: Timings) -> pb.Timings:
     )
 
 
-def _chunks(hits: Iterable[Hit]) -> list[pb.Chunk]:
-    return [chunk_message(h) for h in hits]
+# Each hit's message built once per process and copied into responses (sidecar/messages.py).
+MESSAGES = ChunkMessages()
 
 
 MAX_CALL_ID = 256  # a model's call ids are a few dozen characters
@@ -123,9 +107,7 @@ def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
 
 def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
     searched = result.skipped is Skip.NOT_SKIPPED
-    return pb.TurnResponse(
-        chunks=_chunks(result.hits),
-        context=_chunks(result.context),
+    response = pb.TurnResponse(
         skipped=result.skipped.name,
         degraded=result.degraded,
         query=result.query,
@@ -141,6 +123,9 @@ def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
         instructions=policy.instructions,
         rerank=result.rerank.name,
     )
+    MESSAGES.fill(response.chunks, result.hits)
+    MESSAGES.fill(response.context, result.context)
+    return response
 
 
 class RetrievalService(pb_grpc.RetrievalServicer):
@@ -200,7 +185,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             code = status_for(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.error("Converse failed: %s", exc)
-            await context.abort(code, str(exc))
+            await context.abort(code, str(exc), trailing_metadata=trailers_for(exc))
         finally:
             # a cancelled stream arrives here as CancelledError: nothing it started outlives it
             await prefetcher.aclose()
@@ -223,8 +208,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             )
         )
         policy = self._policy(request.knowledge_base)
-        return pb.SearchResponse(
-            chunks=_chunks(result.hits),
+        response = pb.SearchResponse(
             timings=timings_message(result.timings),
             snapshot_version=result.snapshot_version,
             degraded=result.degraded,
@@ -232,6 +216,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             instructions=policy.instructions,
             rerank=result.rerank.name,
         )
+        MESSAGES.fill(response.chunks, result.hits)
+        return response
 
     def _policy(self, kb: str) -> BasePolicy:
         return self.engine.policy(kb or self.engine.default_knowledge_base)
@@ -313,14 +299,15 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             self.engine, request.name, request.arguments_json, request.session_id
         )
         fn = self.toolbox.get(request.name)
-        return pb.InvokeToolResponse(
+        response = pb.InvokeToolResponse(
             output=result.output,
             is_error=result.is_error,
             call_id=request.call_id,
-            chunks=_chunks(result.hits),
             fallback=result.fallback,
             instructions=fn.policy.instructions if fn is not None else "",
         )
+        MESSAGES.fill(response.chunks, result.hits)
+        return response
 
     @_errors
     async def ReadPage(self, request: pb.ReadPageRequest, context: Context) -> pb.ReadPageResponse:

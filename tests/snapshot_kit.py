@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from bench.fuzz_snapshot import array_slots, set_item
 from index.embedders.base import Embedder
 from index.http_store import HttpStore
 from index.snapshot import CHUNKS, LEXICAL, MANIFEST, PAGES, VECTORS, sha256_file, write_snapshot
@@ -72,6 +73,7 @@ def write_version(
             breadcrumbs=(topic.title(),),
             text=text,
             embed_text=f"{topic.title()}\n{text}",
+            metadata={"lang": "en", "tags": (topic, "help")},
         )
         for i, text in enumerate(texts)
     ]
@@ -138,10 +140,13 @@ def _at(offset: int, value: int, width: int) -> Callable[[bytes], bytes]:
     return lambda data: data[:offset] + value.to_bytes(width, "little") + data[offset + width :]
 
 
-def _first_chunk(change: Callable[[dict[str, object]], object]) -> Callable[[bytes], bytes]:
+def _item(array: str, i: int, value: int) -> Callable[[bytes], bytes]:
+    """Element ``i`` of one array of a mapped file set to ``value``."""
+
     def edit(data: bytes) -> bytes:
-        first, rest = data.split(b"\n", 1)
-        return json.dumps(change(json.loads(first))).encode() + b"\n" + rest
+        out = bytearray(data)
+        set_item(out, array_slots(data)[array], i, value)
+        return bytes(out)
 
     return edit
 
@@ -154,9 +159,16 @@ TAMPERED: dict[str, Callable[[Path], None]] = {
     # every run; at 100,000 it read ~13 MB past them, which the heap sometimes held, and then
     # it either crashed or raised "cand error" on the garbage (the test's reproduction flaked)
     "hnsw_top_level_2_30": _patch(VECTORS, _at(48, 1 << 30, 4)),
-    "pages_json_is_5": _patch(PAGES, lambda _: b"5"),
-    "chunk_meta_value_not_text": _patch(CHUNKS, _first_chunk(lambda c: {**c, "meta": {"n": 5}})),
-    "chunk_line_is_a_list": _patch(CHUNKS, _first_chunk(lambda _: [1, 2])),
+    "pages_file_is_5": _patch(PAGES, lambda _: b"5"),
+    "pages_text_offset_past_the_blob": _patch(PAGES, _item("t_offsets", 1, 1 << 40)),
+    "chunk_string_offsets_decrease": _patch(CHUNKS, _item("s_offsets", 2, 1)),
+    "chunk_span_past_the_table": _patch(CHUNKS, _item("first", 1, 0xFFFFFFFF)),
+    "chunk_more_crumbs_than_strings": _patch(CHUNKS, _item("crumbs", 0, 100)),
+    "chunk_source_out_of_range": _patch(CHUNKS, _item("source_of", 0, 7)),
+    "chunk_meta_list_longer_than_its_span": _patch(CHUNKS, _item("meta_n", 0, 1 << 20)),
+    "chunk_meta_entries_past_meta_n": _patch(CHUNKS, _item("meta_first", 1, 1 << 40)),
+    "lexical_doc_id_past_the_end": _patch(LEXICAL, _item("doc_ids", 0, 1 << 20)),
+    "lexical_indptr_decreases": _patch(LEXICAL, _item("indptr", 1, 0xFFFFFF00)),
     "lexical_cut_in_half": _patch(LEXICAL, lambda data: data[: len(data) // 2]),
     "lexical_10_bytes": _patch(LEXICAL, lambda data: data[:10]),
 }

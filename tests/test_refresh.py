@@ -386,7 +386,7 @@ async def test_a_tampered_version_whose_checksums_match_is_refused_once_and_coun
         await assert_still_serving(sidecar, v1)
 
 
-@pytest.mark.parametrize("attack", ["hnsw_entry_point_past_the_end", "chunk_line_is_a_list"])
+@pytest.mark.parametrize("attack", ["hnsw_entry_point_past_the_end", "chunk_span_past_the_table"])
 async def test_a_tampered_latest_at_start_leaves_the_sidecar_up_and_not_serving(
     attack: str, store: Store, tmp_path: Path, local_embedder: Embedder
 ) -> None:

@@ -1,0 +1,284 @@
+"""The chunk and page stores of a format-4 snapshot, read in place from memory-mapped files.
+
+``chunks.bin`` (kind ``voxrecall.chunks``) holds every string of every chunk in one table: chunk
+``i``'s strings are ``first[i]`` up to ``first[i + 1]``, in the order id, path, title, text,
+embed text, url, then ``crumbs[i]`` breadcrumbs, then the metadata: each entry its key, then
+its value's strings. Chunk ``i``'s entries are ``meta_first[i]`` up to ``meta_first[i + 1]`` of
+``meta_n``, which holds -1 for a string value (one string) or ``n`` for a list of ``n`` strings
+(a frontmatter list stays a list: ``index/filters.py`` matches its elements). Its source is ``sources[source_of[i]]`` (the names are in the header), so the per-source arrays a
+sidecar filters with are read, not rebuilt. ``pages.bin`` (kind ``voxrecall.pages``) holds the
+page keys, sorted, and their texts in the same order: a page is found by binary search.
+
+Opening either checks every array's extent and every offset (monotonic, within the tables,
+counts that add up), in numpy over the offsets alone; the texts are not read until a caller asks
+for one. A chunk is built on each access, in a few microseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from index.mapped import ArraysFile, StringTable, dump_arrays
+from index.types import Chunk, MetaValue
+
+CHUNKS_KIND: Final = "voxrecall.chunks"
+PAGES_KIND: Final = "voxrecall.pages"
+_FIXED: Final = 6  # id, path, title, text, embed text, url
+_NO_METADATA: Final[Mapping[str, MetaValue]] = MappingProxyType({})
+_STRING: Final = -1  # meta_n of a metadata value that is one string, not a list
+# Chunks decoded for calls are kept, up to this many bytes per snapshot (their strings' UTF-8
+# and _KEPT_OVERHEAD each): the hits of recent calls come back (a follow-up, the same question
+# asked again) and a decode costs as much as building the response. 2 MiB holds the hits of a
+# few hundred distinct questions (bench search's 200 queries x 10 hits of ~500 bytes: ~1,700
+# chunks); at 256 KiB those missed every time. Counted in the snapshot's memory_bytes.
+CACHE_BYTES: Final = 1 << 21
+# What a decoded chunk takes beyond its strings' bytes: the Chunk, nine str headers, a tuple and
+# a dict (sys.getsizeof, Python 3.11: ~700 bytes), so that many tiny chunks cannot pass the bound.
+_KEPT_OVERHEAD: Final = 768
+
+
+class ChunkTable(Sequence[Chunk]):
+    """The chunks of one snapshot in label order; ``table[i]`` is chunk ``i``."""
+
+    __slots__ = (
+        "_blob", "_cache", "_cached_bytes", "_crumbs", "_ends", "_first", "_meta_first", "_meta_n",
+        "_source", "_source_of", "cache_bytes", "source_names", "source_of",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        strings: StringTable,
+        first: npt.NDArray[np.uint64],
+        crumbs: npt.NDArray[np.uint32],
+        meta: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32]],
+        source_of: npt.NDArray[np.int32],
+        source_names: tuple[str, ...],
+    ) -> None:
+        self.source_of = source_of
+        self.source_names = source_names
+        # Read per chunk through memoryviews: indexing one gives a Python int in a fraction of
+        # what a numpy scalar costs, and a chunk is read on every hit of every call.
+        self._blob, self._ends = strings.parts()
+        self._first = first.data
+        self._crumbs = crumbs.data
+        self._meta_first, self._meta_n = meta[0].data, meta[1].data
+        self._source_of = source_of.data
+        self._source = list(source_names)
+        self._cache: dict[int, Chunk] = {}
+        self._cached_bytes = 0
+        # no more than every chunk decoded: a small base does not reserve what it cannot fill
+        self.cache_bytes = min(CACHE_BYTES, len(self._blob) + len(crumbs) * _KEPT_OVERHEAD)
+
+    @staticmethod
+    def dump(chunks: Sequence[Chunk]) -> bytes:
+        """The bytes of ``chunks.bin`` for these chunks."""
+        names = sorted({c.source for c in chunks})
+        position = {name: i for i, name in enumerate(names)}
+        strings: list[str] = []
+        meta_n: list[int] = []
+        first = np.zeros(len(chunks) + 1, dtype=np.uint64)
+        meta_first = np.zeros(len(chunks) + 1, dtype=np.uint64)
+        for i, c in enumerate(chunks):
+            strings += (c.chunk_id, c.source_path, c.title, c.text, c.embed_text, c.url)
+            strings += c.breadcrumbs
+            for key, value in c.metadata.items():
+                values = (value,) if isinstance(value, str) else value
+                strings += (key, *values)
+                meta_n.append(_STRING if isinstance(value, str) else len(value))
+            first[i + 1] = len(strings)
+            meta_first[i + 1] = len(meta_n)
+        arrays: dict[str, npt.NDArray[Any]] = {
+            **StringTable.of(strings).arrays("s_"),
+            "first": first,
+            "crumbs": np.asarray([len(c.breadcrumbs) for c in chunks], dtype=np.uint32),
+            "meta_first": meta_first,
+            "meta_n": np.asarray(meta_n, dtype=np.int32),
+            "source_of": np.asarray([position[c.source] for c in chunks], dtype=np.int32),
+        }
+        return dump_arrays(CHUNKS_KIND, arrays, count=len(chunks), sources=names)
+
+    @classmethod
+    def open(cls, path: Path) -> ChunkTable:
+        """Map and check ``chunks.bin``; ValueError naming what is wrong."""
+        return cls.read(ArraysFile.open(path, CHUNKS_KIND))
+
+    @classmethod
+    def read(cls, file: ArraysFile) -> ChunkTable:
+        count = file.integer("count", 0, 1 << 32)
+        names = file.header.get("sources")
+        if type(names) is not list or any(type(n) is not str for n in names):
+            raise ValueError("the header's sources are not a list of names")
+        strings = StringTable.read(file, "s_")
+        first = file.array("first", "<u8")
+        crumbs = file.array("crumbs", "<u4")
+        meta = file.array("meta_first", "<u8"), file.array("meta_n", "<i4")
+        source_of = file.array("source_of", "<i4")
+        sizes = (first.size, crumbs.size, meta[0].size, source_of.size)
+        if sizes != (count + 1, count, count + 1, count):
+            raise ValueError(f"the per-chunk arrays do not all hold {count} chunks")
+        _check_spans(first, crumbs, len(strings))
+        _check_metadata(first, crumbs, *meta)
+        if count and (int(source_of.min()) < 0 or int(source_of.max()) >= len(names)):
+            raise ValueError("a chunk's source is outside the header's sources")
+        return cls(strings, first, crumbs, meta, source_of, tuple(names))
+
+    def __len__(self) -> int:
+        return len(self._crumbs)
+
+    @overload
+    def __getitem__(self, i: int) -> Chunk: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Chunk]: ...
+    def __getitem__(self, i: int | slice) -> Chunk | list[Chunk]:
+        if isinstance(i, slice):
+            return [self._decode(j) for j in range(*i.indices(len(self)))]
+        chunk = self._cache.get(i)
+        if chunk is not None:
+            return chunk
+        if i < 0:
+            return self[i + len(self)]
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._kept(i, self._decode(i))
+
+    def __iter__(self) -> Iterator[Chunk]:
+        """Every chunk, decoded (a scan does not pass through the cache)."""
+        for i in range(len(self)):
+            yield self._decode(i)
+
+    def _kept(self, i: int, chunk: Chunk) -> Chunk:
+        size = self._ends[self._first[i + 1]] - self._ends[self._first[i]] + _KEPT_OVERHEAD
+        if self._cached_bytes + size > self.cache_bytes:
+            self._cache = {}  # a new dict: a reader in another thread keeps the old one
+            self._cached_bytes = 0
+        self._cache[i] = chunk
+        self._cached_bytes += size
+        return chunk
+
+    def _decode(self, i: int) -> Chunk:
+        s = self._strings(self._ends[self._first[i] : self._first[i + 1] + 1].tolist())
+        crumbs_end = _FIXED + self._crumbs[i]
+        # positional, in Chunk's field order (a keyword call costs more, on every hit)
+        return Chunk(
+            s[0],  # chunk_id
+            self._source[self._source_of[i]],
+            s[1],  # source_path
+            s[2],  # title
+            tuple(s[_FIXED:crumbs_end]),
+            s[3],  # text
+            s[4],  # embed_text
+            s[5],  # url
+            self._metadata(i, s, crumbs_end) if crumbs_end < len(s) else _NO_METADATA,
+        )
+
+    def _strings(self, ends: list[int]) -> list[str]:
+        """The strings between consecutive ``ends``: the span decoded at once and cut where it is
+        ASCII (byte offsets are then character offsets), else each string decoded apart. Nine
+        slices of one string cost a third of nine decodes of memoryview slices."""
+        start = ends[0]
+        whole = str(self._blob[start : ends[-1]], "utf-8", "replace")
+        if whole.isascii():  # O(1) in CPython: a flag of the string
+            return [whole[a - start : b - start] for a, b in itertools.pairwise(ends)]
+        blob = self._blob
+        return [str(blob[a:b], "utf-8", "replace") for a, b in itertools.pairwise(ends)]
+
+    def _metadata(self, i: int, s: list[str], at: int) -> dict[str, MetaValue]:
+        """Chunk ``i``'s metadata from its strings ``s``, whose entries start at ``at``."""
+        out: dict[str, MetaValue] = {}
+        for n in self._meta_n[self._meta_first[i] : self._meta_first[i + 1]].tolist():
+            if n == _STRING:
+                out[s[at]] = s[at + 1]
+                at += 2
+            else:
+                out[s[at]] = tuple(s[at + 1 : at + 1 + n])
+                at += 1 + n
+        return out
+
+
+def _check_spans(first: npt.NDArray[np.uint64], crumbs: npt.NDArray[np.uint32], total: int) -> None:
+    """Each chunk's span of strings holds its six fields and its breadcrumbs, and the spans tile
+    the string table."""
+    if int(first[0]) != 0 or int(first[-1]) != total:
+        raise ValueError("the chunks' string spans do not cover the string table")
+    width = np.diff(first.astype(np.int64))
+    if width.size and bool(np.any(width - _FIXED - crumbs.astype(np.int64) < 0)):
+        raise ValueError("a chunk's string span does not fit its fields and breadcrumbs")
+
+
+def _check_metadata(
+    first: npt.NDArray[np.uint64],
+    crumbs: npt.NDArray[np.uint32],
+    meta_first: npt.NDArray[np.uint64],
+    meta_n: npt.NDArray[np.int32],
+) -> None:
+    """Each chunk's metadata entries are in ``meta_n``, in order, and their keys and values
+    fill exactly the strings its span has after its breadcrumbs."""
+    if int(meta_first[0]) != 0 or int(meta_first[-1]) != meta_n.size:
+        raise ValueError("the chunks' metadata entries do not cover meta_n")
+    if bool(np.any(np.diff(meta_first.astype(np.int64)) < 0)):
+        raise ValueError("the chunks' metadata entries are out of order")
+    if meta_n.size and int(meta_n.min()) < _STRING:
+        raise ValueError("a metadata value has a negative number of strings")
+    n = meta_n.astype(np.int64)
+    used = np.concatenate(([0], np.cumsum(1 + np.where(n == _STRING, 1, n))))
+    need = used[meta_first[1:].astype(np.int64)] - used[meta_first[:-1].astype(np.int64)]
+    have = np.diff(first.astype(np.int64)) - _FIXED - crumbs.astype(np.int64)
+    if not np.array_equal(need, have):
+        raise ValueError("a chunk's metadata does not fill the strings after its breadcrumbs")
+
+
+class PageTable(Mapping[str, str]):
+    """Page key -> whole page text, the keys sorted so that a lookup is a binary search."""
+
+    __slots__ = ("_keys", "_texts")
+
+    def __init__(self, keys: StringTable, texts: StringTable) -> None:
+        self._keys = keys
+        self._texts = texts
+
+    @staticmethod
+    def dump(pages: Mapping[str, str]) -> bytes:
+        keys = sorted(pages)
+        arrays = {
+            **StringTable.of(keys).arrays("k_"),
+            **StringTable.of([pages[k] for k in keys]).arrays("t_"),
+        }
+        return dump_arrays(PAGES_KIND, arrays, count=len(keys))
+
+    @classmethod
+    def open(cls, path: Path) -> PageTable:
+        """Map and check ``pages.bin``; ValueError naming what is wrong. Keys out of order are
+        not looked for (a lookup may miss them), never a failure."""
+        file = ArraysFile.open(path, PAGES_KIND)
+        count = file.integer("count", 0, 1 << 40)
+        keys, texts = StringTable.read(file, "k_"), StringTable.read(file, "t_")
+        if len(keys) != count or len(texts) != count:
+            raise ValueError(f"the page keys and texts do not both hold {count} pages")
+        return cls(keys, texts)
+
+    def _find(self, key: str) -> int:
+        i = bisect.bisect_left(self._keys, key)
+        return i if i < len(self._keys) and self._keys[i] == key else -1
+
+    def __getitem__(self, key: str) -> str:
+        i = self._find(key) if type(key) is str else -1
+        if i < 0:
+            raise KeyError(key)
+        return self._texts[i]
+
+    def __contains__(self, key: object) -> bool:
+        return type(key) is str and self._find(key) >= 0
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)

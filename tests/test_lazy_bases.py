@@ -1,0 +1,151 @@
+"""Many bases under a memory budget (issue 19, 2): each loads on its first call, the least recently
+used go when the loaded bases' bytes would pass ``[sidecar] memory_budget_mb``, and the sidecar is
+SERVING from the start. A call to a base that is loading gets UNAVAILABLE with a retry hint.
+
+Real parts: a real sidecar on port 0, real snapshots of the real model's vectors in a local store.
+The bases are small, with a page of padding each, so that a 10 MiB budget holds three of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from index.config import Config, ConfigError, parse_config
+from index.embedders.base import Embedder
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.server import Sidecar, create_server
+from tests.snapshot_kit import TOPICS, version_id, write_version
+
+BASES = 12
+PAGE_BYTES = 300_000  # each base ~3 MiB with its chunk cache and hnswlib's fixed cost
+BUDGET_MB = 10
+FITS = 3
+LOAD_WAIT_S = 60.0  # a bound on waiting for one small base to load on a busy machine, not a timing
+
+
+def kb_name(i: int) -> str:
+    return f"kb{i:02d}"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) -> Path:
+    root = tmp_path_factory.mktemp("lazy") / "store"
+    topics = sorted(TOPICS)
+    for i in range(BASES):
+        write_version(
+            root, version_id(1), local_embedder, topics[i % len(topics)], kb=kb_name(i),
+            page_bytes=PAGE_BYTES,
+        )  # fmt: skip
+    return root
+
+
+def config(store: Path, tmp_path: Path, **sidecar: Any) -> Config:
+    keys = {"store": str(store), "listen": "127.0.0.1:0", "min_score": -1.0, "budget_ms": 5_000}
+    raw = {"index": {"store": str(store)}, "sidecar": {**keys, **sidecar}}
+    return parse_config(raw, base=tmp_path)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    store: Path, tmp_path: Path, embedder: Embedder
+) -> AsyncIterator[tuple[Sidecar, grpc.aio.Channel]]:
+    sidecar = await create_server(
+        config(store, tmp_path, memory_budget_mb=BUDGET_MB), embedder=embedder, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            yield sidecar, channel
+    finally:
+        await sidecar.stop(0.5)
+
+
+def search(kb: str) -> pb.SearchRequest:
+    return pb.SearchRequest(knowledge_base=kb, query="how do I reset my password", limit=3)
+
+
+async def answered(stub: pb_grpc.RetrievalStub, kb: str) -> pb.SearchResponse:
+    """Search ``kb``, retrying while it loads after the hint the sidecar gives."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + LOAD_WAIT_S
+    while True:
+        call = stub.Search(search(kb), timeout=LOAD_WAIT_S)
+        try:
+            resp: pb.SearchResponse = await call
+            return resp
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE or loop.time() > give_up:
+                raise
+            hint = dict(exc.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+            await asyncio.sleep(int(hint) / 1000)
+
+
+async def test_bases_load_on_first_call_and_the_least_recently_used_go_within_the_budget(
+    store: Path, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    budget = BUDGET_MB * 2**20
+    async with serving(store, tmp_path, local_embedder) as (sidecar, channel):
+        health = health_pb2_grpc.HealthStub(channel)
+        check = await health.Check(health_pb2.HealthCheckRequest())
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        assert dict(sidecar.holder.all()) == {}  # nothing loaded before its first call
+
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as first:
+            await stub.Search(search(kb_name(0)), timeout=LOAD_WAIT_S)
+        assert first.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "'kb00' is loading" in str(first.value.details())
+        assert int(dict(first.value.trailing_metadata() or ())["grpc-retry-pushback-ms"]) > 0
+
+        await answered(stub, kb_name(0))
+        size = sidecar.holder.all()[kb_name(0)].memory_bytes
+        assert budget // size == FITS  # what the assertions below rely on
+        for _ in range(2):  # the second round finds every base evicted and loads it again
+            for i in range(BASES):
+                resp = await answered(stub, kb_name(i))
+                assert resp.chunks
+                assert {c.knowledge_base for c in resp.chunks} == {kb_name(i)}
+                assert kb_name(i) in sidecar.holder.all()
+                assert sidecar.holder.loaded_bytes() <= budget
+                assert len(sidecar.holder.all()) <= FITS
+                check = await health.Check(health_pb2.HealthCheckRequest())
+                assert check.status == health_pb2.HealthCheckResponse.SERVING
+        assert sidecar.holder.evictions == 2 * BASES - FITS
+
+
+async def test_the_least_recently_used_base_goes_not_the_first_loaded(
+    store: Path, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    async with serving(store, tmp_path, local_embedder) as (sidecar, channel):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        for i in range(FITS):
+            await answered(stub, kb_name(i))
+        assert set(sidecar.holder.all()) == {kb_name(i) for i in range(FITS)}
+        await answered(stub, kb_name(0))  # kb00 used again: kb01 is now the least recent
+        await answered(stub, kb_name(FITS))
+        assert set(sidecar.holder.all()) == {kb_name(0), kb_name(2), kb_name(FITS)}
+
+
+async def test_a_base_the_store_does_not_have_is_not_found_without_a_load(
+    store: Path, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    async with serving(store, tmp_path, local_embedder) as (sidecar, channel):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.Search(search("nope"), timeout=LOAD_WAIT_S)
+        assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+        assert not sidecar.refresher._wanted
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "64"])
+def test_memory_budget_mb_is_a_whole_number(value: object, store: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="memory_budget_mb"):
+        config(store, tmp_path, memory_budget_mb=value)

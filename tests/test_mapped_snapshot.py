@@ -1,0 +1,139 @@
+"""Snapshot format 4 (issue 19, 1): chunks, pages and the lexical index read in place from mapped
+files, and a local store that records what it has hashed. The refusals of hostile files are in
+tests/test_snapshot_fuzz.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import index.snapshot
+from index.embedders.base import Embedder
+from index.errors import CorruptSnapshot
+from index.mapped import ArraysFile
+from index.snapshot import CHUNKS, DATA_FILES, load_snapshot, sha256_file
+from index.store import LocalStore
+from index.tables import CACHE_BYTES, CHUNKS_KIND, ChunkTable, PageTable
+from index.types import Chunk
+from tests.snapshot_kit import KB, flip_a_byte, version_id, write_version
+
+CHUNKS_IN = [
+    Chunk(
+        chunk_id="c0",
+        source="faq",
+        source_path="café/menu.md",
+        title="Café — menu",
+        breadcrumbs=("Café", "Menu", "Drinks ☕"),
+        text="Espresso costs 2 €.",
+        embed_text="Café > Menu\n\nEspresso costs 2 €.",
+        url="https://example.com/café",
+        metadata={"lang": "fr", "related_urls": "/menu/*"},
+    ),
+    Chunk("c1", "docs", "empty.md", "", (), "", "", "", {}),
+    Chunk("c2", "faq", "b.md", "B", ("B",), "bee", "B\n\nbee"),
+]
+
+
+def test_chunks_and_pages_read_back_as_written(tmp_path: Path) -> None:
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump(CHUNKS_IN))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    assert list(table) == CHUNKS_IN
+    assert [table[i] for i in (2, 0, -1)] == [CHUNKS_IN[2], CHUNKS_IN[0], CHUNKS_IN[2]]
+    assert table[0:2] == CHUNKS_IN[0:2]
+    assert table.source_names == ("docs", "faq")
+    assert table.source_of.tolist() == [1, 0, 1]
+    with pytest.raises(IndexError):
+        table[3]
+    pages = {"faq:café/menu.md": "Espresso …", "docs:empty.md": "", "faq:b.md": "bee"}
+    (tmp_path / "p.bin").write_bytes(PageTable.dump(pages))
+    read = PageTable.open(tmp_path / "p.bin")
+    assert dict(read) == pages
+    assert "faq:b.md" in read
+    assert "faq:c.md" not in read
+    assert 5 not in read
+    with pytest.raises(KeyError):
+        read["nope"]
+
+
+def test_list_metadata_reads_back_as_a_list_and_strings_as_strings(tmp_path: Path) -> None:
+    chunks = [
+        Chunk("a", "faq", "a.md", "A", ("A",), "x", "A x", metadata={"tags": ("roaming", "eu")}),
+        Chunk("b", "faq", "b.md", "B", (), "y", "y", metadata={"tags": (), "lang": "en"}),
+        Chunk("c", "faq", "c.md", "C", (), "z", "z", metadata={"lang": "fr", "tags": ("one",)}),
+        Chunk("d", "faq", "d.md", "D", ("D", "E"), "w", "w"),
+    ]
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump(chunks))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    assert list(table) == chunks
+    assert table[0].metadata["tags"] == ("roaming", "eu")
+    assert table[2].metadata == {"lang": "fr", "tags": ("one",)}
+    assert type(table[2].metadata["lang"]) is str
+    assert list(table[1].metadata) == ["tags", "lang"]  # the order written
+
+
+def test_a_small_table_keeps_no_more_decoded_chunks_than_it_has(tmp_path: Path) -> None:
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump(CHUNKS_IN))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    assert 0 < table.cache_bytes < 4096 < CACHE_BYTES  # three chunks: never 2 MiB of a budget
+    assert [table[i] for i in range(3)] == CHUNKS_IN  # all three kept, none evicted
+    assert table._cached_bytes <= table.cache_bytes
+    assert len(table._cache) == 3
+
+
+def test_a_changed_text_byte_reads_with_a_replacement_not_an_error(tmp_path: Path) -> None:
+    """The checksum is what refuses a changed file; past it, no byte of a text can fail a call."""
+    data = bytearray(ChunkTable.dump(CHUNKS_IN))
+    at = data.index("☕".encode())
+    data[at] = 0xFF  # no longer UTF-8
+    (tmp_path / "c.bin").write_bytes(bytes(data))
+    chunk = ChunkTable.open(tmp_path / "c.bin")[0]
+    assert chunk.breadcrumbs[2].startswith("Drinks \ufffd")
+    assert chunk.text == CHUNKS_IN[0].text
+
+
+def test_an_empty_or_foreign_file_is_refused_by_kind(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty"):
+        ArraysFile.open(tmp_path / "empty", CHUNKS_KIND)
+    (tmp_path / "p.bin").write_bytes(PageTable.dump({"a": "b"}))
+    with pytest.raises(ValueError, match="another kind"):
+        ChunkTable.open(tmp_path / "p.bin")
+
+
+def test_a_loaded_snapshot_maps_its_files_and_serves_chunks_from_them(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    folder = write_version(tmp_path, version_id(1), local_embedder, "password")
+    snapshot = load_snapshot(folder)
+    assert isinstance(snapshot.chunks, ChunkTable)
+    assert isinstance(snapshot.pages, PageTable)
+    assert snapshot.chunks[0].chunk_id.startswith(version_id(1))
+    assert snapshot.lexical.search("reset password", 3)
+    assert snapshot.memory_bytes >= sum(snapshot.manifest.sizes.values())
+
+
+def test_a_local_store_records_what_it_hashed(
+    tmp_path: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fetched once, hashed once: another store object (the next start, another worker) with
+    the same record folder does not hash again, until a file changes."""
+    hashed: Counter[str] = Counter()
+
+    def counting(path: Path) -> str:
+        hashed[path.name] += 1
+        return sha256_file(path)
+
+    root = tmp_path / "store"
+    write_version(root, version_id(1), local_embedder)
+    monkeypatch.setattr(index.snapshot, "sha256_file", counting)
+    verified = tmp_path / "cache" / "verified"
+    folder = LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+    assert hashed == Counter(DATA_FILES)
+    hashed.clear()
+    assert LocalStore(root, verified_dir=verified).fetch(KB, version_id(1)) == folder
+    assert not hashed
+    flip_a_byte(folder, CHUNKS)
+    with pytest.raises(CorruptSnapshot, match="sha256"):
+        LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))

@@ -1,0 +1,83 @@
+"""Chunk messages built once and copied into responses (sidecar/messages.py): a unit test of the
+cache alone; every server test goes through it end to end."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from index.types import Chunk
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.messages import ChunkMessages, chunk_message
+from sidecar.sessions import Hit
+
+CHUNK = Chunk(
+    chunk_id="c1",
+    source="faq",
+    source_path="billing.md",
+    title="Billing",
+    breadcrumbs=("Billing", "Refunds"),
+    text="Refunds take five days.",
+    embed_text="Billing > Refunds\n\nRefunds take five days.",
+    url="https://example.com/billing",
+    metadata={"lang": "en"},
+)
+
+
+def filled(messages: ChunkMessages, hits: list[Hit]) -> pb.SearchResponse:
+    response = pb.SearchResponse(snapshot_version="v1")
+    messages.fill(response.chunks, hits)
+    return response
+
+
+def test_a_response_equals_one_built_field_by_field_with_each_hits_score() -> None:
+    messages = ChunkMessages()
+    other = replace(CHUNK, chunk_id="c2", text="Invoices come monthly.")
+    hits = [Hit("billing", CHUNK, 0.8), Hit("billing", other, 0.6)]
+    for _ in range(2):  # built, then from the cache
+        got = filled(messages, hits)
+        assert list(got.chunks) == [chunk_message(h.knowledge_base, h.chunk, h.score) for h in hits]
+    again = filled(messages, [Hit("billing", CHUNK, 0.1)])
+    assert again.chunks[0].score == pytest.approx(0.1)  # a score never sticks to the cache
+    assert messages._cache[("billing", "c1")][1].score == 0.0
+
+
+def test_a_chunk_changed_under_the_same_id_is_built_anew() -> None:
+    messages = ChunkMessages()
+    filled(messages, [Hit("billing", CHUNK, 0.5)])
+    moved = replace(CHUNK, url="https://example.com/new-billing", metadata={"lang": "fr"})
+    got = filled(messages, [Hit("billing", moved, 0.5)]).chunks[0]
+    assert (got.url, dict(got.metadata)) == ("https://example.com/new-billing", {"lang": "fr"})
+    other_base = filled(messages, [Hit("support", CHUNK, 0.5)]).chunks[0]
+    assert other_base.knowledge_base == "support"
+
+
+def test_the_cache_is_bounded_in_bytes() -> None:
+    one = chunk_message("billing", CHUNK).ByteSize()
+    messages = ChunkMessages(max_bytes=3 * one)
+    for i in range(10):
+        for _ in range(2):  # kept on its second build
+            filled(messages, [Hit("billing", replace(CHUNK, chunk_id=f"c{i}"), 0.5)])
+        assert messages._bytes <= 3 * one
+        assert ("billing", f"c{i}") in messages._cache
+    assert len(messages._cache) <= 3
+
+
+def test_a_chunk_built_once_is_not_kept_and_one_built_twice_is() -> None:
+    messages = ChunkMessages()
+    first = filled(messages, [Hit("billing", CHUNK, 0.5)])
+    assert messages._cache == {}  # most hits of varied questions come once: no copy for them
+    second = filled(messages, [Hit("billing", CHUNK, 0.4)])
+    assert ("billing", "c1") in messages._cache
+    third = filled(messages, [Hit("billing", CHUNK, 0.3)])
+    built = [chunk_message("billing", CHUNK, score) for score in (0.5, 0.4, 0.3)]
+    assert [first.chunks[0], second.chunks[0], third.chunks[0]] == built
+
+
+def test_a_list_metadata_value_is_joined_in_the_message() -> None:
+    listed = replace(CHUNK, metadata={"tags": ("roaming", "eu"), "lang": "en"})
+    messages = ChunkMessages()
+    for _ in range(3):  # built in place, built and kept, copied
+        got = filled(messages, [Hit("billing", listed, 0.5)]).chunks[0]
+        assert dict(got.metadata) == {"tags": "roaming, eu", "lang": "en"}
