@@ -53,9 +53,9 @@ from typing import Any
 
 from bench import conversations, quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue
-from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking
+from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking, eval_config
 from bench.vector_cache import CachedEmbedder
-from index.config import Config, parse_config
+from index.config import Config
 from index.embedders.base import Embedder
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.skip import Skip
@@ -80,22 +80,6 @@ async def served(config: Config, embedder: Embedder) -> AsyncIterator[Engine]:
         yield sidecar.engine
     finally:
         await sidecar.stop(0.5)
-
-
-def eval_config(store_dir: Path, sidecar: dict[str, Any] | None = None) -> Config:
-    """``bench.quality_turns``' evaluation config, with ``sidecar`` merged into ``[sidecar]``."""
-    raw: dict[str, Any] = {
-        "index": {"store": str(store_dir)},
-        "sidecar": {
-            "store": str(store_dir),
-            "listen": "127.0.0.1:0",
-            "max_results": EVAL_DEPTH,
-            "min_score": 0.0,
-            "budget_ms": EVAL_BUDGET_MS,
-            **(sidecar or {}),
-        },
-    }
-    return parse_config(raw, base=store_dir.parent)
 
 
 # -- scoring ------------------------------------------------------------------------------------

@@ -43,10 +43,10 @@ import orjson
 from bench.shared_data import SHARED_DATA
 from index.build import embed_chunks
 from index.chunker import chunk_page
-from index.config import Config, HnswConfig, parse_config
+from index.config import Config, parse_config
 from index.embedders.base import Embedder
 from index.lexical import SPOKEN_STOPWORDS
-from index.snapshot import FORMAT_VERSION, LoadedSnapshot, page_key, write_snapshot
+from index.snapshot import FORMAT_VERSION, LoadedSnapshot, write_pages_snapshot
 from index.store import LocalStore, new_version_id
 from index.types import Page
 from sidecar import followups, relevance
@@ -59,7 +59,6 @@ RESULTS = ROOT / "results" / "quality_turns.json"
 CACHE = ROOT / ".cache"
 DEFAULT_DATA = SHARED_DATA
 KB = "dstc11"
-HNSW = HnswConfig()  # the product's defaults, as a user's build would use
 SHORT_WORDS = 4  # "short" turns: backchannels, closings, and questions like "Is it quiet?"
 QUICK_ENTITIES = 4  # the most-judged entities: ~350 snippets, embedded in seconds
 QUICK_TURNS = 300
@@ -173,19 +172,14 @@ def pages_store(kb: str, digest: str, pages: list[Page], embedder: Embedder) -> 
     print(f"  {kb}: embedded {len(chunks)} chunks in {time.perf_counter() - start:.0f} s")
     staging = store.staging_dir(kb)
     version = new_version_id(digest)
-    write_snapshot(
+    write_pages_snapshot(
         staging,
         knowledge_base=kb,
         version=version,
         embedder=embedder.info,
+        pages=pages,
         chunks=chunks,
         vectors=vectors,
-        pages={page_key(p.source, p.source_path): p.text for p in pages},
-        page_count=len(pages),
-        hnsw_m=HNSW.m,
-        hnsw_ef_construction=HNSW.ef_construction,
-        target_recall=HNSW.target_recall,
-        sources=sorted({p.source for p in pages}),
     )
     store.publish(kb, staging, version)
     return store_dir
@@ -196,20 +190,20 @@ def _progress(done: int, total: int) -> None:
         print(f"  embedding {done}/{total}", flush=True)
 
 
-def eval_config(store_dir: Path) -> Config:
-    return parse_config(
-        {
-            "index": {"store": str(store_dir)},
-            "sidecar": {
-                "store": str(store_dir),
-                "listen": "127.0.0.1:0",
-                "max_results": EVAL_DEPTH,
-                "min_score": 0.0,
-                "budget_ms": EVAL_BUDGET_MS,
-            },
+def eval_config(store_dir: Path, sidecar: dict[str, Any] | None = None) -> Config:
+    """The evaluation config over ``store_dir``, with ``sidecar`` merged into ``[sidecar]``."""
+    raw: dict[str, Any] = {
+        "index": {"store": str(store_dir)},
+        "sidecar": {
+            "store": str(store_dir),
+            "listen": "127.0.0.1:0",
+            "max_results": EVAL_DEPTH,
+            "min_score": 0.0,
+            "budget_ms": EVAL_BUDGET_MS,
+            **(sidecar or {}),
         },
-        base=store_dir.parent,
-    )
+    }
+    return parse_config(raw, base=store_dir.parent)
 
 
 class Ranking:

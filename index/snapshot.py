@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from index.config import MAX_EF_SEARCH
+from index.config import MAX_EF_SEARCH, HnswConfig
 from index.embedders.base import EmbedderInfo, Vectors
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters
@@ -45,7 +45,7 @@ from index.hnsw_file import MAX_M, check_hnsw_file, vector_rows
 from index.lexical import LexicalIndex
 from index.summaries import SummaryIndex, has_summaries, load_summary_index
 from index.tables import ChunkTable, PageTable
-from index.types import Chunk
+from index.types import Chunk, Page
 
 # 2: chunks stored as JSON lines; 3: the manifest records every file's size; 4: chunks, pages and
 # the lexical index are memory-mapped arrays files, read in place
@@ -246,6 +246,37 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_pages_snapshot(
+    folder: Path,
+    *,
+    knowledge_base: str,
+    version: str,
+    embedder: EmbedderInfo,
+    pages: Sequence[Page],
+    chunks: Sequence[Chunk],
+    vectors: Vectors,
+    sources: Sequence[str] = (),
+) -> Manifest:
+    """``write_snapshot`` of chunked ``pages`` with the default ``[knowledge_base.hnsw]``: what
+    the tests' and the benchmarks' own small bases are (a real build goes through
+    ``index.build``)."""
+    hnsw = HnswConfig()
+    return write_snapshot(
+        folder,
+        knowledge_base=knowledge_base,
+        version=version,
+        embedder=embedder,
+        chunks=chunks,
+        vectors=vectors,
+        pages={page_key(p.source, p.source_path): p.text for p in pages},
+        page_count=len(pages),
+        hnsw_m=hnsw.m,
+        hnsw_ef_construction=hnsw.ef_construction,
+        target_recall=hnsw.target_recall,
+        sources=sources or sorted({p.source for p in pages}),
+    )
 
 
 def build_hnsw(vectors: Vectors, m: int, ef_construction: int) -> hnswlib.Index:

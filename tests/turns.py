@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from index.chunker import chunk_page
-from index.config import HnswConfig, SidecarConfig
+from index.config import SidecarConfig
 from index.embedders.base import Embedder, FakeEmbedder
-from index.snapshot import load_snapshot, page_key, write_snapshot
+from index.snapshot import load_snapshot, write_pages_snapshot
 from index.store import new_version_id
 from index.types import Page
 from sidecar.engine import Engine, TurnInput, TurnResult
@@ -32,7 +32,6 @@ from sidecar.sessions import SessionStore
 
 KB = "base"
 SESSION = "call"
-HNSW = HnswConfig()
 
 
 def base_pages(base: Mapping[str, Sequence[str]]) -> list[Page]:
@@ -67,18 +66,14 @@ def build_engine(
     vectors = embedder.embed_batch([c.embed_text for c in chunks])  # ``delay`` etc. spare it
     version = new_version_id("turns")
     target = folder / version
-    write_snapshot(
+    write_pages_snapshot(
         target,
         knowledge_base=KB,
         version=version,
         embedder=embedder.info,
+        pages=pages,
         chunks=chunks,
         vectors=vectors,
-        pages={page_key(p.source, p.source_path): p.text for p in pages},
-        page_count=len(pages),
-        hnsw_m=HNSW.m,
-        hnsw_ef_construction=HNSW.ef_construction,
-        target_recall=HNSW.target_recall,
         sources=[KB],
     )
     holder = SnapshotHolder()
