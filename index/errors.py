@@ -14,10 +14,19 @@
     │   ├── IncompleteSnapshot the pointer names a version whose files are not all there (yet)
     │   ├── StoreUnavailable   the store did not answer, or answered an error; retried later
     │   └── CacheWriteError    a download could not be written locally (disk full, permissions)
-    └── RequestError (sidecar.errors)  a call's input or state; mapped to gRPC status codes
+    └── RequestError           a call's input or state (sidecar.errors: the sidecar's branch)
+        ├── InvalidArgument    BodyTooLarge, FilterRefused, ToolCallError below it
+        ├── NotFound
+        ├── Unavailable        Loading below it: a base loading, retry after a pause
+        ├── ResourceExhausted
+        ├── IdleTimeout
+        ├── Unauthenticated
+        └── PermissionDenied
 
 Lower-level errors (hnswlib, onnxruntime, openai, OSError) are wrapped where they arise with
-``raise ... from exc``, so a caller handles one family and still sees the cause.
+``raise ... from exc``, so a caller handles one family and still sees the cause. Each class
+maps to one gRPC status and one HTTP status in one table (``sidecar.status``); none of these
+modules imports gRPC.
 """
 
 from __future__ import annotations

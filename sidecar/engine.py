@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from index.config import SidecarConfig
-from index.embedders.base import Embedder, Vectors
+from index.embedders.base import Embedder, TokenLimited, Vectors
 from index.errors import SnapshotNotFound
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
@@ -29,7 +29,6 @@ from sidecar import followups, relevance, scope
 from sidecar.budget import Budget
 from sidecar.errors import InvalidArgument, Loading, NotFound
 from sidecar.holder import SnapshotHolder
-from sidecar.limits import TokenLimited
 from sidecar.query_embedder import QueryEmbedder
 from sidecar.rerank import Reranker
 from sidecar.rerank import Status as RerankStatus
@@ -216,7 +215,7 @@ class Engine:
         self.counters = Counters()
         self.vectors = QueryEmbedder(embedder, config.query_cache_size)
         self._reading: set[asyncio.Task[Vectors | None]] = set()  # agent turns being embedded
-        # whether the embedder reads less than all of a query (sidecar.limits.truncated); the
+        # whether the embedder reads less than all of a query (TokenLimited); the
         # protocol check is slow, so it is made once here rather than on every turn
         self._truncates: Callable[[str], bool] = _reads_everything
         if isinstance(embedder, TokenLimited):

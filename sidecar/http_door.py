@@ -19,7 +19,7 @@ the token could not reach over gRPC it cannot reach here. A body over ``[sidecar
 max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). Errors are ``{"error": {"code", "message"}}`` with the HTTP status
-``sidecar.errors.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
+``sidecar.status.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ from index.config import Config
 from index.errors import VoxrecallError
 from sidecar import logs, tls
 from sidecar.engine import Engine
-from sidecar.errors import BodyTooLarge, IdleTimeout, RequestError, http_status_for, status_for
+from sidecar.errors import BodyTooLarge, IdleTimeout, RequestError
 from sidecar.guards import Guards
 from sidecar.interceptor import Call, Hook
 from sidecar.lifecycle import Lifecycle, State
 from sidecar.mcp_door import McpDoor
+from sidecar.status import code_of_http_status, http_status_for, status_for
 from sidecar.tools import Toolbox
 from sidecar.webhooks import Reply, Webhooks
 
@@ -301,7 +302,7 @@ class HttpDoor:
                 call.rename(self.mcp.method_name(body))
             await self.mcp.handle(self.mcp.scope_for(scope, call), replay(body, receive), watched)
             if status and status[0] >= 400:
-                call.code = _code_of_status(status[0])
+                call.code = code_of_http_status(status[0])
 
     @contextlib.asynccontextmanager
     async def _guarded(self, call: HttpCall, send: Send) -> AsyncIterator[list[Reply]]:
@@ -506,21 +507,3 @@ def _refusal_headers(exc: RequestError, call: HttpCall) -> list[tuple[bytes, byt
     if status_for(exc) is grpc.StatusCode.UNAUTHENTICATED:
         headers.append((b"www-authenticate", b"Bearer"))
     return headers
-
-
-_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
-
-
-def _code_of_status(status: int) -> grpc.StatusCode:
-    """The code a metric counts for an HTTP status the MCP SDK answered with."""
-    if status in _CODES:
-        return _CODES[status]
-    return grpc.StatusCode.INVALID_ARGUMENT if status < 500 else grpc.StatusCode.INTERNAL

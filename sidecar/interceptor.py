@@ -4,7 +4,7 @@
 
 A hook sees a call start (its metadata), each request message, each response message, and the
 end with the final status code. ``start`` and ``request`` may raise a ``RequestError``: the call
-is then refused with the status ``sidecar.errors.status_for`` maps it to. Hooks run in list
+is then refused with the status ``sidecar.status.status_for`` maps it to. Hooks run in list
 order; ``end`` runs for every hook whose ``start`` returned, in reverse order, exactly once.
 
 Wrapping the method handler (rather than only reading ``handler_call_details``) is what lets a
@@ -25,7 +25,8 @@ from typing import Any
 
 import grpc
 
-from sidecar.errors import InvalidArgument, RequestError, status_for
+from sidecar.errors import InvalidArgument, RequestError
+from sidecar.status import status_for
 
 # Health stays callable without a token and under any load: a kubelet probing a busy sidecar
 # must see SERVING, not RESOURCE_EXHAUSTED.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
@@ -227,18 +227,3 @@ class DrainGate(Hook):
 
     def start(self, call: Call) -> None:
         self.lifecycle.check_accepting()
-
-
-@runtime_checkable
-class TokenLimited(Protocol):
-    """An embedder that cuts its input at a token limit (the embedded model does, at 256)."""
-
-    def truncates(self, text: str) -> bool:
-        """Whether ``text`` is longer than the embedder reads."""
-        ...
-
-
-def truncated(embedder: object, text: str) -> bool:
-    """Whether the embedder reads less than all of ``text``; False for one without a limit
-    a turn can reach (the OpenAI models read 8191 tokens, more than a turn may hold)."""
-    return isinstance(embedder, TokenLimited) and embedder.truncates(text)

@@ -41,8 +41,8 @@ from index.errors import SnapshotError, VoxrecallError
 from sidecar import __version__, tls
 from sidecar.auth import Authenticator
 from sidecar.engine import Engine
-from sidecar.errors import status_for
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.status import status_for
 from sidecar.tools import (
     INVALID_ARGUMENTS,
     UNAVAILABLE,

@@ -27,7 +27,7 @@ from sidecar.engine import (
     TurnInput,
     TurnResult,
 )
-from sidecar.errors import InvalidArgument, status_for, trailers_for
+from sidecar.errors import InvalidArgument
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
@@ -36,6 +36,7 @@ from sidecar.limits import idle_limited
 from sidecar.messages import ChunkMessages
 from sidecar.prefetch import Prefetcher
 from sidecar.skip import Skip
+from sidecar.status import status_for, trailers_for
 from sidecar.tools import PageReader, Toolbox
 
 log = logging.getLogger("voxrecall.service")
@@ -149,6 +150,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         turn = turn_input(request)
         return turn_response(await self.engine.turn(turn), self._policy(turn.knowledge_base))
 
+    @_errors
     async def Converse(
         self, request_iterator: AsyncIterator[pb.ConverseRequest], context: Context
     ) -> None:
@@ -181,11 +183,6 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                         transcript=turn.text,
                     )
                 )
-        except VoxrecallError as exc:
-            code = status_for(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.error("Converse failed: %s", exc)
-            await context.abort(code, str(exc), trailing_metadata=trailers_for(exc))
         finally:
             # a cancelled stream arrives here as CancelledError: nothing it started outlives it
             await prefetcher.aclose()

@@ -39,7 +39,7 @@ from index.filters import Allowed
 from index.snapshot import LoadedSnapshot, page_key
 from index.types import MetadataFilter
 from sidecar.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
-from sidecar.errors import FilterRefused, InvalidArgument, NotFound
+from sidecar.errors import FilterRefused, InvalidArgument, NotFound, ToolCallError
 from sidecar.limits import utf8_size
 from sidecar.sessions import Hit
 
@@ -101,15 +101,6 @@ def _quote_all(texts: Sequence[str]) -> str:
     shown = ", ".join(_quote(t) for t in texts[:QUOTED_ITEMS])
     more = len(texts) - QUOTED_ITEMS
     return f"{shown} and {more} more" if more > 0 else shown
-
-
-class ToolCallError(Exception):
-    """A call the model made wrongly; becomes an error output, never a status code."""
-
-    def __init__(self, type_: str, message: str) -> None:
-        super().__init__(message)
-        self.type = type_
-        self.message = message
 
 
 def error_output(type_: str, message: str, max_chars: int | None = None) -> str:

@@ -32,6 +32,7 @@ from index.config import (
 from index.embedders.base import Embedder
 from index.errors import ConfigError
 from index.types import Chunk, MetadataFilter
+from sidecar.errors import ToolCallError
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
@@ -41,7 +42,6 @@ from sidecar.tools import (
     INVALID_ARGUMENTS,
     MAX_ENUM_VALUES,
     KnowledgeFunction,
-    ToolCallError,
     format_results,
 )
 from tests.conftest import REPO, shared

@@ -46,6 +46,15 @@ class Embedder(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class TokenLimited(Protocol):
+    """An embedder that cuts its input at a token limit (the embedded model does, at 256)."""
+
+    def truncates(self, text: str) -> bool:
+        """Whether ``text`` is longer than the embedder reads."""
+        ...
+
+
 def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
     """Scale each row to unit length so inner product equals cosine similarity."""
     out = np.asarray(vectors, dtype=np.float32)

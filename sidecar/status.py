@@ -1,0 +1,88 @@
+"""The one place where every voxrecall error becomes a status: gRPC for the servicer and the
+interceptor, HTTP for the HTTP door, from the same table.
+
+    error (most specific first)    gRPC status          HTTP
+    BodyTooLarge                   INVALID_ARGUMENT     413
+    InvalidArgument                INVALID_ARGUMENT     400
+    NotFound                       NOT_FOUND            404
+    Unavailable (and Loading)      UNAVAILABLE          503  (+ grpc-retry-pushback-ms)
+    ResourceExhausted              RESOURCE_EXHAUSTED   429
+    IdleTimeout                    DEADLINE_EXCEEDED    408  (a client that stopped sending)
+    Unauthenticated                UNAUTHENTICATED      401
+    PermissionDenied               PERMISSION_DENIED    403
+    SnapshotNotFound               UNAVAILABLE          503  (the message says what to run)
+    EmbedderError                  UNAVAILABLE          503  (only where no fallback answered)
+    SnapshotError                  INTERNAL             500
+    anything else                  INTERNAL             500  (ConfigError, SourceError: our fault)
+
+Handlers raise; ``status_for`` maps; the servicer aborts with the mapped code and the message.
+No handler builds a status code itself. The HTTP codes are those grpc-gateway gives each gRPC
+code, except an over-long body's 413.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from index.errors import EmbedderError, SnapshotError, SnapshotNotFound, VoxrecallError
+from sidecar.errors import (
+    BodyTooLarge,
+    IdleTimeout,
+    InvalidArgument,
+    Loading,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+
+Code = grpc.StatusCode
+
+_STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode, int], ...] = (
+    (BodyTooLarge, Code.INVALID_ARGUMENT, 413),
+    (InvalidArgument, Code.INVALID_ARGUMENT, 400),
+    (NotFound, Code.NOT_FOUND, 404),
+    (Unavailable, Code.UNAVAILABLE, 503),
+    (ResourceExhausted, Code.RESOURCE_EXHAUSTED, 429),
+    (IdleTimeout, Code.DEADLINE_EXCEEDED, 408),
+    (Unauthenticated, Code.UNAUTHENTICATED, 401),
+    (PermissionDenied, Code.PERMISSION_DENIED, 403),
+    (SnapshotNotFound, Code.UNAVAILABLE, 503),
+    (EmbedderError, Code.UNAVAILABLE, 503),
+    (SnapshotError, Code.INTERNAL, 500),
+)
+_INTERNAL = (Code.INTERNAL, 500)
+
+
+def _row(error: VoxrecallError) -> tuple[grpc.StatusCode, int]:
+    for cls, code, http in _STATUS:
+        if isinstance(error, cls):
+            return code, http
+    return _INTERNAL
+
+
+def status_for(error: VoxrecallError) -> grpc.StatusCode:
+    """The gRPC status code for one of our errors (the most specific class listed wins)."""
+    return _row(error)[0]
+
+
+def http_status_for(error: VoxrecallError) -> int:
+    """The HTTP status for one of our errors, from the same row as its gRPC code."""
+    return _row(error)[1]
+
+
+def code_of_http_status(status: int) -> grpc.StatusCode:
+    """The gRPC code of an HTTP status someone else answered with (the MCP SDK's own refusals),
+    read back from the table: another 4xx is INVALID_ARGUMENT, a 5xx INTERNAL."""
+    for _cls, code, http in _STATUS:
+        if http == status and code is not Code.INTERNAL:
+            return code
+    return Code.INVALID_ARGUMENT if status < 500 else Code.INTERNAL
+
+
+def trailers_for(error: VoxrecallError) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata sent with the status: the retry hint of a base that is loading."""
+    if isinstance(error, Loading):
+        return (("grpc-retry-pushback-ms", str(error.retry_ms)),)
+    return ()
