@@ -28,11 +28,12 @@ from index.types import Chunk, MetadataFilter
 from sidecar import followups, relevance, scope
 from sidecar.budget import Budget
 from sidecar.errors import InvalidArgument, Loading, NotFound
+from sidecar.hits import Hit
 from sidecar.holder import SnapshotHolder
 from sidecar.query_embedder import QueryEmbedder
 from sidecar.rerank import Reranker
 from sidecar.rerank import Status as RerankStatus
-from sidecar.sessions import Hit, Mention, Session, SessionStore
+from sidecar.sessions import Mention, Session, SessionStore
 from sidecar.skip import Skip, SkipPolicy
 
 log = logging.getLogger("voxrecall.engine")

@@ -50,20 +50,20 @@ class Guards:
     def build(
         cls, config: Config, engine: Engine, holder: SnapshotHolder, lifecycle: Lifecycle
     ) -> Guards:
-        sc = config.sidecar
+        settings = config.sidecar
         limit = ConcurrencyLimit(
-            sc.max_concurrent_rpcs,
-            sc.max_streams,
-            {c.name: (c.max_concurrent_rpcs, c.max_streams) for c in sc.auth.callers},
+            settings.max_concurrent_rpcs,
+            settings.max_streams,
+            {c.name: (c.max_concurrent_rpcs, c.max_streams) for c in settings.auth.callers},
         )
         metrics = Metrics(engine, holder, lifecycle, limit)
         auth = (
             Authenticator(
-                sc.auth,
+                settings.auth,
                 default_knowledge_base=engine.default_knowledge_base,
                 functions={fn.name: fn.knowledge_base for fn in config.functions},
             )
-            if sc.auth.enabled
+            if settings.auth.enabled
             else None
         )
         hooks: list[Hook] = [
@@ -75,8 +75,8 @@ class Guards:
             FieldLimits(),
         ]
         options = (
-            ("grpc.max_receive_message_length", sc.max_message_bytes),
-            ("grpc.max_send_message_length", sc.max_message_bytes),
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
             ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
             ("grpc.keepalive_permit_without_calls", 1),

@@ -98,8 +98,8 @@ class McpDoor:
         # no OpenTelemetry span per message (the SDK's default): the sidecar's own metrics and
         # logs measure every call, and the span cost a tenth of an MCP call's time here
         self.server.middleware.clear()
-        sc = config.sidecar
-        loopback = tls.is_loopback(sc.http.listen)
+        settings = config.sidecar
+        loopback = tls.is_loopback(settings.http.listen)
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             json_response=True,  # one JSON answer per POST: no event stream to hold open
@@ -109,9 +109,9 @@ class McpDoor:
                 allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
                 allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
             ),
-            session_idle_timeout=sc.session_ttl_s,
-            max_request_body_size=sc.http.max_body_bytes,
-            max_sessions=sc.max_sessions,
+            session_idle_timeout=settings.session_ttl_s,
+            max_request_body_size=settings.http.max_body_bytes,
+            max_sessions=settings.max_sessions,
         )
 
     @asynccontextmanager

@@ -115,7 +115,7 @@ class Metrics(Hook):
             ["reason"],
             registry=self.registry,
         )
-        self.registry.register(_Read(engine, holder, lifecycle, limit))
+        self.registry.register(_CountersAtScrape(engine, holder, lifecycle, limit))
         self._ended: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any, Any]] = {}
         self._stages: dict[tuple[str, str], Any] = {}
         self._server: WSGIServer | None = None
@@ -180,7 +180,7 @@ class Metrics(Hook):
         self._server = self._thread = None
 
 
-class _Read(Collector):
+class _CountersAtScrape(Collector):
     """What the parts already count, read at scrape time (from the endpoint's thread: every
     read is of one int or a copied dict, each atomic under the GIL)."""
 

@@ -171,8 +171,8 @@ def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]
         names = frozenset(kb.name for kb in config.knowledge_bases)
     else:
         names = store.knowledge_bases()
-    sc = config.sidecar
-    return names if sc.shards == 1 else in_shard(names, sc.shard, sc.shards)
+    settings = config.sidecar
+    return names if settings.shards == 1 else in_shard(names, settings.shard, settings.shards)
 
 
 async def create_server(
@@ -198,14 +198,14 @@ async def create_server(
         log.warning("no knowledge base to serve: name them with [[knowledge_base]] (%r)", store)
     holder = SnapshotHolder()
     lifecycle = Lifecycle()
-    sc = config.sidecar
+    settings = config.sidecar
     sessions = SessionStore(
-        max_sessions=sc.max_sessions,
-        ttl_s=sc.session_ttl_s,
-        context_turns=sc.context_turns,
-        max_session_bytes=sc.max_session_bytes,
-        max_bytes=sc.session_memory_bytes,
-        quotas={c.name: (c.max_sessions, c.session_memory_bytes) for c in sc.auth.callers},
+        max_sessions=settings.max_sessions,
+        ttl_s=settings.session_ttl_s,
+        context_turns=settings.context_turns,
+        max_session_bytes=settings.max_session_bytes,
+        max_bytes=settings.session_memory_bytes,
+        quotas={c.name: (c.max_sessions, c.session_memory_bytes) for c in settings.auth.callers},
     )
     policies = base_policies(config)
     engine = Engine(

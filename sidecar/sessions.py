@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from index.types import Chunk
+from sidecar.hits import Hit
 
 # The caller the current call belongs to ("": no authentication); set per call by sidecar.auth.
 owner: ContextVar[str] = ContextVar("owner", default="")
@@ -59,15 +59,6 @@ class Said:
     speaker: str
     text: str
     mentions: tuple[Mention, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """A chunk as one search returned it."""
-
-    knowledge_base: str
-    chunk: Chunk
-    score: float
 
 
 @dataclass(slots=True)

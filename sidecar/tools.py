@@ -40,8 +40,8 @@ from index.snapshot import LoadedSnapshot, page_key
 from index.types import MetadataFilter
 from sidecar.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
 from sidecar.errors import FilterRefused, InvalidArgument, NotFound, ToolCallError
+from sidecar.hits import Hit
 from sidecar.limits import utf8_size
-from sidecar.sessions import Hit
 
 log = logging.getLogger("voxrecall.tools")
 

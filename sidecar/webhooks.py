@@ -39,9 +39,9 @@ from sidecar import sessions
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.hits import Hit
 from sidecar.limits import NAME_BYTES, utf8_size
 from sidecar.service import turn_response
-from sidecar.sessions import Hit
 from sidecar.tools import Toolbox
 
 if TYPE_CHECKING:

@@ -39,30 +39,30 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def check(config: Config) -> None:
     """Raise ConfigError when ``workers`` processes cannot share the configured addresses."""
-    sc = config.sidecar
-    if sc.workers <= 1:
+    settings = config.sidecar
+    if settings.workers <= 1:
         return
-    if sc.listen.rpartition(":")[2] == "0":
+    if settings.listen.rpartition(":")[2] == "0":
         raise ConfigError(
-            f"[sidecar] workers = {sc.workers} needs a fixed port in listen (got {sc.listen}): "
+            f"[sidecar] workers = {settings.workers} needs a fixed port in listen (got {settings.listen}): "
             "with port 0 each worker would listen on a port of its own"
         )
-    if sc.metrics_listen and sc.metrics_listen.rpartition(":")[2] == "0":
+    if settings.metrics_listen and settings.metrics_listen.rpartition(":")[2] == "0":
         raise ConfigError(
-            f"[sidecar] workers = {sc.workers} needs a fixed metrics_listen port: worker i "
+            f"[sidecar] workers = {settings.workers} needs a fixed metrics_listen port: worker i "
             "serves its metrics on that port + i"
         )
 
 
 def worker_config(config: Config, index: int) -> Config:
     """What worker ``index`` serves: the shared port, its own metrics port and download cache."""
-    sc = config.sidecar
-    metrics = sc.metrics_listen
+    settings = config.sidecar
+    metrics = settings.metrics_listen
     if metrics:
         host, _, port = metrics.rpartition(":")
         metrics = f"{host}:{int(port) + index}"
     return config.with_overrides(
-        metrics_listen=metrics, cache_dir=Path(sc.cache_dir) / f"worker-{index}"
+        metrics_listen=metrics, cache_dir=Path(settings.cache_dir) / f"worker-{index}"
     )
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from index.types import Chunk
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.hits import Hit
 from sidecar.messages import ChunkMessages, chunk_message
-from sidecar.sessions import Hit
 
 CHUNK = Chunk(
     chunk_id="c1",

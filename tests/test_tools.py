@@ -35,8 +35,8 @@ from index.types import Chunk, MetadataFilter
 from sidecar.errors import ToolCallError
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.hits import Hit
 from sidecar.server import create_server
-from sidecar.sessions import Hit
 from sidecar.tools import (
     FILTER_NOT_ALLOWED,
     INVALID_ARGUMENTS,
