@@ -34,6 +34,7 @@ from sidecar.query_embedder import QueryEmbedder
 from sidecar.rerank import Reranker
 from sidecar.rerank import Status as RerankStatus
 from sidecar.sessions import Mention, Session, SessionStore
+from sidecar.sessions import Speaker as Speaker  # re-exported: TurnInput.speaker's values
 from sidecar.skip import Skip, SkipPolicy
 
 log = logging.getLogger("voxrecall.engine")
@@ -68,11 +69,6 @@ READ_LATER_S = 2.0  # an agent turn's embedding still running this long after it
 
 
 EntityOf = Callable[[Chunk], str]  # a chunk's entity (``followups.Gazetteer.entity_of``)
-
-
-class Speaker:
-    USER = followups.USER
-    AGENT = followups.AGENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +145,7 @@ class TurnResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Planned:
+class PlannedSearch:
     """What a final user turn with some text would search now (computed ahead by Converse)."""
 
     knowledge_base: str
@@ -161,7 +157,7 @@ class Planned:
 
 
 @dataclass(frozen=True, slots=True)
-class Taken:
+class PrefetchMatch:
     """A prefetch matching a final turn: its result, or None when it is still embedding past
     the turn's embedding deadline (the turn then falls back rather than embed the words again)."""
 
@@ -172,7 +168,9 @@ class Taken:
 class Prefetch(Protocol):
     """A source of results searched ahead (``sidecar.prefetch.Prefetcher``)."""
 
-    async def take(self, req: TurnInput, snapshot: LoadedSnapshot, budget: Budget) -> Taken | None:
+    async def take(
+        self, req: TurnInput, snapshot: LoadedSnapshot, budget: Budget
+    ) -> PrefetchMatch | None:
         """The prefetch matching this final turn, waited for until the embedding deadline at
         most, or None when none matches."""
         ...
@@ -375,7 +373,7 @@ class Engine:
             hits = [Hit("", snapshot.chunks[label], score) for label, score in found]
             _count_pages(session, hits, followups.gazetteer(snapshot).entity_of)
 
-    def plan(self, req: TurnInput) -> Planned | None:
+    def plan(self, req: TurnInput) -> PlannedSearch | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
         search; validates like ``turn`` and records nothing."""
         self._check_text(req.text, allow_empty=True)
@@ -391,9 +389,9 @@ class Engine:
             return None
         mentions = followups.gazetteer(snapshot).find(utterance.tokens)
         query = followups.plan(session, utterance, mentions, self.config.followups).query
-        return Planned(kb, snapshot, query, req.sources, req.context_url, allowed)
+        return PlannedSearch(kb, snapshot, query, req.sources, req.context_url, allowed)
 
-    async def search_ahead(self, planned: Planned, deadline: float) -> SearchResult | None:
+    async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
         """Embed and rank a planned query ahead of its turn; None when the embedder missed
         ``deadline`` (``loop.time()``) or failed: the turn itself then decides."""
         start = time.perf_counter()

@@ -50,7 +50,7 @@ from index.config import FollowupConfig
 from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.types import Chunk
-from sidecar.sessions import Mention, Said, Session
+from sidecar.sessions import Mention, Said, Session, Speaker
 from sidecar.skip import words
 
 FUNCTION_WORDS_EN = frozenset(
@@ -87,9 +87,6 @@ FILLERS_EN = frozenset("uh um umm uhm er erm ah hmm mm mhm well so oh".split())
 # "the second one": a position in the agent's last list of options (-1: its last)
 ORDINALS_EN = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4}
 ORDINALS_EN |= {"former": 0, "latter": -1, "last": -1}
-
-USER = "user"  # sidecar.engine.Speaker.USER; the engine imports this module, not the reverse
-AGENT = "agent"
 
 
 class Source:
@@ -549,13 +546,13 @@ def agent_question(session: Session) -> str:
     """What the agent said since the caller's last turn, when it ended on a question ("You need
     to prove your status. Do you want to know how?": the question alone may carry no content);
     else ""."""
-    if not session.turns or session.turns[-1].speaker != AGENT:
+    if not session.turns or session.turns[-1].speaker != Speaker.AGENT:
         return ""
     if not is_question(session.turns[-1].text):
         return ""
     said: list[str] = []
     for turn in reversed(session.turns):
-        if turn.speaker != AGENT:
+        if turn.speaker != Speaker.AGENT:
             break
         said.append(turn.text.strip())
     return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
@@ -619,7 +616,7 @@ def _recent(session: Session) -> str:
     said: list[str] = []
     for turn in reversed(session.turns):
         said.append(turn.text.strip())
-        if turn.speaker != AGENT and _content(words(turn.text)):
+        if turn.speaker != Speaker.AGENT and _content(words(turn.text)):
             break
     return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
 
@@ -653,11 +650,11 @@ def remember(session: Session, said: Said) -> None:
     passing mention, a confident naming outweighs a doubtful one, and older namings fade."""
     session.weight *= FADE
     sure = [m for m in said.mentions if m.confidence >= MIN_CONFIDENCE]
-    if said.speaker == AGENT and sure:
+    if said.speaker == Speaker.AGENT and sure:
         session.options = tuple(m.name for m in sure) if len(sure) > 1 else ()
     if not sure:
         return
     best = sure[0]  # "Gonville or the Lensfield?": the first named retrieved best on DSTC11
-    weight = best.confidence * (AGENT_WEIGHT if said.speaker == AGENT else 1.0)
+    weight = best.confidence * (AGENT_WEIGHT if said.speaker == Speaker.AGENT else 1.0)
     if weight >= session.weight:
         session.entity, session.weight = best, weight

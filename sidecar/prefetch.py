@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from index.errors import VoxrecallError
 from index.snapshot import LoadedSnapshot
 from sidecar.budget import Budget
-from sidecar.engine import Engine, Planned, SearchResult, Taken, Timings, TurnInput
+from sidecar.engine import Engine, PlannedSearch, PrefetchMatch, SearchResult, Timings, TurnInput
 
 log = logging.getLogger("voxrecall.prefetch")
 
@@ -68,7 +68,7 @@ def words_match(ahead: tuple[str, ...], final: tuple[str, ...]) -> bool:
 @dataclass(slots=True)
 class _Ahead:
     words: tuple[str, ...]
-    planned: Planned
+    planned: PlannedSearch
     task: asyncio.Task[SearchResult | None]
 
 
@@ -100,7 +100,9 @@ class Prefetcher:
         else:
             self._timer = self._spawn(self._when_stable(req, words), "voxrecall-prefetch-timer")
 
-    async def take(self, req: TurnInput, snapshot: LoadedSnapshot, budget: Budget) -> Taken | None:
+    async def take(
+        self, req: TurnInput, snapshot: LoadedSnapshot, budget: Budget
+    ) -> PrefetchMatch | None:
         """The prefetch for this final transcript, if one matches (see the module docstring)."""
         ahead, self._ahead = self._ahead, None
         self._cancel(self._timer)
@@ -117,14 +119,14 @@ class Prefetcher:
                     await asyncio.shield(ahead.task)
             except TimeoutError:
                 self._cancel(ahead.task)  # its embedding goes on in the background
-                return Taken(query=ahead.planned.query, result=None)
+                return PrefetchMatch(query=ahead.planned.query, result=None)
         if ahead.task.cancelled() or ahead.task.exception() is not None:
             return None
         result = ahead.task.result()
         if result is None:
             return None  # the prefetch missed or failed: search as usual
         waited_ms = (time.perf_counter() - start) * 1000.0
-        return Taken(
+        return PrefetchMatch(
             query=ahead.planned.query,
             result=replace(result, timings=Timings(embed_ms=waited_ms)),
         )

@@ -43,6 +43,13 @@ MENTION_BYTES = 64  # a Mention (its name is the gazetteer's string)
 PAGE_BYTES = 100  # a page's slot in ``Session.pages`` and its float, beyond the name
 
 
+class Speaker:
+    """Who said a turn (``Said.speaker``; the engine's ``TurnInput.speaker``)."""
+
+    USER = "user"
+    AGENT = "agent"
+
+
 @dataclass(frozen=True, slots=True)
 class Mention:
     """An entity a turn names, and how sure the match is (``sidecar.followups``)."""
