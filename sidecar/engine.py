@@ -230,11 +230,7 @@ class Engine:
         entities it names, found once).
         """
         budget = Budget.start(self._budget_ms(req.budget_ms))
-        self._check_text(req.text, allow_empty=True)
-        self._check_session(req.session_id)
-        kb = req.knowledge_base or self.default_knowledge_base
-        snapshot = self.snapshot(kb)
-        allowed = scope.resolve(snapshot, kb, req.filters, req.source_paths, req.sources)
+        kb, snapshot, allowed = self._admit(req)
         session = self.sessions.get(req.session_id)
         self.counters.turns += 1
         if req.speaker != Speaker.AGENT and not req.is_final:
@@ -283,6 +279,15 @@ class Engine:
             followup=plan.followup if query == plan.query else followups.NO_FOLLOWUP,
             rerank=result.rerank,
         )
+
+    def _admit(self, req: TurnInput) -> tuple[str, LoadedSnapshot, Allowed | None]:
+        """A turn's checks, shared by ``turn`` and ``plan``: its text and session id, its base
+        (with the snapshot serving it) and what its filters and paths let it reach."""
+        self._check_text(req.text, allow_empty=True)
+        self._check_session(req.session_id)
+        kb = req.knowledge_base or self.default_knowledge_base
+        snapshot = self.snapshot(kb)
+        return kb, snapshot, scope.resolve(snapshot, kb, req.filters, req.source_paths, req.sources)
 
     async def _retrieve(
         self,
@@ -376,11 +381,7 @@ class Engine:
     def plan(self, req: TurnInput) -> PlannedSearch | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
         search; validates like ``turn`` and records nothing."""
-        self._check_text(req.text, allow_empty=True)
-        self._check_session(req.session_id)
-        kb = req.knowledge_base or self.default_knowledge_base
-        snapshot = self.snapshot(kb)
-        allowed = scope.resolve(snapshot, kb, req.filters, req.source_paths, req.sources)
+        kb, snapshot, allowed = self._admit(req)
         if req.speaker == Speaker.AGENT:
             return None
         session = self.sessions.get(req.session_id)
