@@ -27,8 +27,8 @@ import grpc
 import numpy as np
 
 from index.build import build_knowledge_base
-from index.config import parse_config
 from index.embedders.local import LocalEmbedder
+from sidecar.config import parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.guards import Guards

@@ -36,8 +36,8 @@ import orjson
 
 from bench.measure import free_port, percentiles_ms
 from index.build import build_knowledge_base
-from index.config import load_config
 from index.embedders.local import LocalEmbedder
+from sidecar.config import load_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 

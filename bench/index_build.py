@@ -24,9 +24,10 @@ from typing import Any
 
 from bench.shared_data import SHARED_DATA
 from index.build import BuildSummary, build_knowledge_base
-from index.config import Config, EmbedderConfig, parse_config
+from index.config import EmbedderConfig
 from index.embedders.base import Embedder
 from index.embedders.factory import make_embedder
+from sidecar.config import Config, parse_config
 
 SHARED = SHARED_DATA
 RCLONE = SHARED / "docs-rclone" / "docs"

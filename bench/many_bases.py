@@ -76,7 +76,7 @@ def build_store(bases: int, low: int, high: int, cache: Path = CACHE) -> Path:
 SERVE = """
 import asyncio, json, sys
 from pathlib import Path
-from index.config import parse_config
+from sidecar.config import parse_config
 from index.embedders.base import HashEmbedder
 from sidecar.server import create_server
 

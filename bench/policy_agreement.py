@@ -37,8 +37,8 @@ import orjson
 from bench import conversations
 from bench.conversations import ConversationSet
 from bench.quality_turns import DEFAULT_DATA, EVAL_BUDGET_MS
-from index.config import Config, parse_config
 from index.embedders.base import Embedder
+from sidecar.config import Config, parse_config
 from sidecar.engine import Speaker
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc

@@ -27,12 +27,13 @@ from typing import Any
 from bench.ours import _chunks
 from bench.quality_turns import DEFAULT_DATA
 from index.chunker import chunk_page
-from index.config import HnswConfig, SidecarConfig
+from index.config import HnswConfig
 from index.embedders.base import FakeEmbedder
 from index.snapshot import load_snapshot, write_snapshot
 from index.sources.markdown import load_markdown
 from index.store import new_version_id
 from index.types import Chunk
+from sidecar.config import SidecarConfig
 from sidecar.engine import Engine, SearchInput, Speaker, TurnInput
 from sidecar.followups import chunk_entity
 from sidecar.holder import SnapshotHolder

@@ -55,8 +55,8 @@ from bench import conversations, quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking, eval_config
 from bench.vector_cache import CachedEmbedder
-from index.config import Config
 from index.embedders.base import Embedder
+from sidecar.config import Config
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.skip import Skip
 

@@ -43,13 +43,13 @@ import orjson
 from bench.shared_data import SHARED_DATA
 from index.build import embed_chunks
 from index.chunker import chunk_page
-from index.config import Config, parse_config
 from index.embedders.base import Embedder
 from index.lexical import SPOKEN_STOPWORDS
 from index.snapshot import FORMAT_VERSION, LoadedSnapshot, write_pages_snapshot
 from index.store import LocalStore, new_version_id
 from index.types import Page
 from sidecar import followups, relevance
+from sidecar.config import Config, parse_config
 from sidecar.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.sessions import Session
 from sidecar.skip import Skip, SkipPolicy, words

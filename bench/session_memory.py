@@ -30,8 +30,8 @@ import numpy as np
 
 from bench.soak import _rss_mb, _start
 from index.build import build_knowledge_base
-from index.config import SidecarConfig, parse_config
 from index.embedders.local import LocalEmbedder
+from sidecar.config import SidecarConfig, parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from index.build import build_knowledge_base
-from index.config import parse_config
 from index.embedders.base import HashEmbedder
 from sidecar.adapters.client import Voxrecall
+from sidecar.config import parse_config
 from sidecar.server import create_server
 from sidecar.shards import ShardRouter, shard_of
 

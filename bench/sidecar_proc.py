@@ -22,8 +22,8 @@ import grpc
 import numpy as np
 import uvloop
 
-from index.config import SidecarConfig, parse_config
 from index.embedders.base import HashEmbedder
+from sidecar.config import SidecarConfig, parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server

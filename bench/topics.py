@@ -43,10 +43,10 @@ import orjson
 from bench import quality_turns
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH
 from index.build import build_knowledge_base
-from index.config import parse_config
 from index.embedders.base import Embedder
 from index.snapshot import FORMAT_VERSION, LoadedSnapshot
 from index.store import LocalStore
+from sidecar.config import parse_config
 from sidecar.engine import Engine, SearchInput, TurnInput
 
 SEED = "voxrecall-topics-1"

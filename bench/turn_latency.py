@@ -42,9 +42,9 @@ from bench.corpus import CACHE
 from bench.measure import free_port
 from bench.shared_data import SHARED_DATA
 from index.build import build_knowledge_base
-from index.config import Config, load_config
 from index.embedders.local import LocalEmbedder
 from index.embedders.remote import OpenAIEmbedder
+from sidecar.config import Config, load_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 

@@ -21,7 +21,7 @@ import orjson
 
 from index import enrich
 from index.chunker import ChunkOptions, chunk_page
-from index.config import Config, KnowledgeBaseConfig, LlmConfig, SourceConfig
+from index.config import BuildConfig, KnowledgeBaseConfig, LlmConfig, SourceConfig
 from index.curation import APPROVED_FILES, approved_sources, load_approved_files
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from index.errors import SnapshotError, SnapshotNotFound, VoxrecallError
@@ -200,7 +200,7 @@ def previous_summaries(store: LocalStore, kb: str, info: EmbedderInfo) -> dict[s
 
 
 def build_knowledge_base(
-    config: Config,
+    config: BuildConfig,
     kb: KnowledgeBaseConfig,
     embedder: Embedder,
     *,

@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from index.build import BuildSummary, build_knowledge_base
-from index.config import Config, KnowledgeBaseConfig
+from index.config import BuildConfig, KnowledgeBaseConfig
 from index.embedders.base import Embedder
 from index.errors import VoxrecallError
 from index.sources.url import UrlOptions, next_due
@@ -103,7 +103,7 @@ class _State:
 class Watcher:
     """Rebuilds the config's knowledge bases when due; ``run`` is one bounded or endless loop."""
 
-    config: Config
+    config: BuildConfig
     embedder: Embedder
     options: WatchOptions = WatchOptions()
     stop: threading.Event = field(default_factory=threading.Event)
@@ -249,7 +249,7 @@ def stop_on_signals(stop: threading.Event, *also: threading.Event) -> Iterator[N
 
 
 def run_watch(
-    config: Config,
+    config: BuildConfig,
     embedder: Embedder,
     options: WatchOptions,
     max_cycles: int | None = None,

@@ -8,7 +8,7 @@ The token is compared with every configured one in constant time (``hmac.compare
 of them every time, so timing says neither whether nor which token matched. A call outside the
 caller's scope gets PERMISSION_DENIED; ``Status`` and ``ListTools`` answers, and an unknown
 function's error (``sidecar.tools.visible``), show only what is in scope; a caller scoped by
-functions alone may use their bases (``index.config`` fills that in). Sessions are per caller
+functions alone may use their bases (``sidecar.config`` fills that in). Sessions are per caller
 (``sidecar.sessions.owner``): the same session id from two callers names two sessions. A
 caller's ``filters`` go with every search of its calls (``sidecar.scope.caller_filters``). Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
 and never appear in a message, a log line or a metric: callers are named by ``name``.
@@ -21,9 +21,10 @@ import hmac
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from index.config import MIN_TOKEN_CHARS, AuthConfig, CallerConfig
+from index.config import MIN_TOKEN_CHARS
 from index.errors import ConfigError
 from sidecar import scope, sessions, tools
+from sidecar.config import AuthConfig, CallerConfig
 from sidecar.errors import PermissionDenied, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.interceptor import Call, Hook

@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 import orjson
 
-from index.config import Config, load_config
 from index.errors import ConfigError, VoxrecallError
+from sidecar.config import Config, load_config
 from sidecar.connection import Connection, target_for_listen
 
 DEFAULT_CONFIG = Path("voxrecall.toml")

@@ -19,7 +19,6 @@ from typing import Protocol
 
 import numpy as np
 
-from index.config import SidecarConfig
 from index.embedders.base import Embedder, TokenLimited, Vectors
 from index.errors import SnapshotNotFound
 from index.filters import Allowed
@@ -27,6 +26,7 @@ from index.snapshot import LoadedSnapshot
 from index.types import Chunk, MetadataFilter
 from sidecar import followups, relevance, scope
 from sidecar.budget import Budget
+from sidecar.config import MAX_LIMIT, SidecarConfig
 from sidecar.errors import InvalidArgument, Loading, NotFound
 from sidecar.hits import Hit
 from sidecar.holder import SnapshotHolder
@@ -40,7 +40,6 @@ from sidecar.skip import Skip, SkipPolicy
 log = logging.getLogger("voxrecall.engine")
 
 MAX_TEXT_CHARS = 4000  # a spoken turn is a few hundred characters; more is a client bug
-MAX_LIMIT = 50
 MAX_BUDGET_MS = 10_000
 MAX_SESSION_ID = 256
 # The page prior (doc2dial-style dialogues stay on one help page): each searched turn counts the

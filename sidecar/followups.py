@@ -46,10 +46,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from index.config import FollowupConfig
 from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.types import Chunk
+from sidecar.config import FollowupConfig
 from sidecar.sessions import Mention, Said, Session, Speaker
 from sidecar.skip import words
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from index.config import Config
 from sidecar.auth import Authenticator
+from sidecar.config import Config
 from sidecar.engine import Engine
 from sidecar.holder import SnapshotHolder
 from sidecar.interceptor import Hook, HookInterceptor

@@ -38,9 +38,9 @@ import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from index.config import Config
 from index.errors import VoxrecallError
 from sidecar import logs, tls
+from sidecar.config import Config
 from sidecar.engine import Engine
 from sidecar.errors import BodyTooLarge, IdleTimeout, RequestError
 from sidecar.guards import Guards

@@ -36,10 +36,10 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Receive, Scope, Send
 
-from index.config import Config
 from index.errors import SnapshotError, VoxrecallError
 from sidecar import __version__, tls
 from sidecar.auth import Authenticator
+from sidecar.config import Config
 from sidecar.engine import Engine
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.status import status_for

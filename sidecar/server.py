@@ -12,11 +12,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from index.config import Config
 from index.embedders import Embedder
 from index.embedders.factory import make_embedder
 from index.store import SnapshotStore, open_store
 from sidecar import tls
+from sidecar.config import Config
 from sidecar.engine import BasePolicy, Engine
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc

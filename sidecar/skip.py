@@ -15,9 +15,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
-from index.config import SkipConfig
 from index.errors import ConfigError
+
+if TYPE_CHECKING:  # the config reads LEXICONS for its languages: this module comes first
+    from sidecar.config import SkipConfig
+
+# Longer turns are never skipped; the labelled closings fit in 16 ([sidecar.skip] max_words).
+MAX_WORDS = 16
 
 
 class Skip(IntEnum):
@@ -116,7 +122,7 @@ class SkipPolicy:
     (<Skip.CLOSING: 5>, <Skip.NOT_SKIPPED: 0>)
     """
 
-    max_words: int = SkipConfig().max_words
+    max_words: int = MAX_WORDS
     extra_phrases: tuple[str, ...] = ()
     language: str = "en"
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from index.config import TlsConfig
 from index.errors import ConfigError
+from sidecar.config import TlsConfig
 
 log = logging.getLogger("voxrecall.tls")
 

@@ -33,11 +33,11 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from index.config import Config, FunctionConfig
 from index.errors import SnapshotError
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot, page_key
 from index.types import MetadataFilter
+from sidecar.config import Config, FunctionConfig
 from sidecar.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
 from sidecar.errors import FilterRefused, InvalidArgument, NotFound, ToolCallError
 from sidecar.hits import Hit

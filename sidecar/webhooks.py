@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from cachetools import TTLCache
 
-from index.config import Config
 from sidecar import sessions
+from sidecar.config import Config
 from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb

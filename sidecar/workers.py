@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from index.config import Config
 from index.errors import ConfigError
+from sidecar.config import Config
 
 log = logging.getLogger("voxrecall.workers")
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from index.config import Config, FunctionConfig
 from index.embedders.base import Embedder
+from sidecar.config import Config, FunctionConfig
 
 KNOWLEDGE_SEARCH = FunctionConfig(
     name="knowledge_search",

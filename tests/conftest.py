@@ -13,8 +13,8 @@ import pytest
 
 from bench.shared_data import SHARED_DATA
 from index.build import build_knowledge_base
-from index.config import Config, parse_config
 from index.embedders.base import Embedder
+from sidecar.config import Config, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 WT_DOCS = SHARED_DATA / "docs-windows-terminal" / "docs"

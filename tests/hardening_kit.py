@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from index.build import build_knowledge_base
-from index.config import Config, parse_config
 from index.embedders.base import Embedder
+from sidecar.config import Config, parse_config
 from sidecar.server import Sidecar, create_server
 
 PAGES: dict[str, dict[str, str]] = {

@@ -11,10 +11,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from index.config import parse_config
 from index.embedders.base import Embedder
 from index.errors import ConfigError
 from sidecar import logs
+from sidecar.config import parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server

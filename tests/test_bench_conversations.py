@@ -18,9 +18,9 @@ import pytest
 from bench import quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue, Said, after_agent_question
 from bench.quality_conversations import eval_config, measure, served
-from index.config import Config
 from index.embedders.base import Embedder
 from index.types import Chunk
+from sidecar.config import Config
 from sidecar.engine import Speaker
 from tests.conftest import SHARED_DATA, shared
 

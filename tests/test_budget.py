@@ -20,10 +20,11 @@ import grpc
 import pytest
 
 from index.build import build_knowledge_base
-from index.config import Config, EmbedderConfig
+from index.config import EmbedderConfig
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from index.embedders.remote import HOT_PARALLEL_CALLS, OpenAIEmbedder
 from sidecar.budget import FALLBACK_RESERVE_MS, Budget
+from sidecar.config import Config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar, create_server

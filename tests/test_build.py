@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from index.build import build_knowledge_base, embed_chunks, text_key
-from index.config import Config, parse_config
 from index.embedders.base import Embedder, HashEmbedder, Vectors
 from index.progress import EmbedProgress
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import LocalStore
 from index.types import Chunk
 from sidecar.cli import main
+from sidecar.config import Config, parse_config
 from tests.conftest import REPO
 
 GUIDE = """---

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from index.config import load_config, parse_config, unknown_names
+from index.config import unknown_names
 from index.errors import ConfigError
 from sidecar.cli import main
+from sidecar.config import load_config, parse_config
 
 SOURCE = {"name": "help", "type": "markdown", "path": "kb"}
 

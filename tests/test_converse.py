@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
-from index.config import Config
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
+from sidecar.config import Config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.lifecycle import State

@@ -15,7 +15,6 @@ import pytest
 
 from index import ingest
 from index.build import build_knowledge_base
-from index.config import Config, load_config
 from index.curation import Registry
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError, RegistryError
@@ -24,6 +23,7 @@ from index.snapshot import load_snapshot
 from index.store import LocalStore
 from index.watch import Watcher, WatchOptions
 from sidecar.cli import main
+from sidecar.config import Config, load_config
 
 TOKEN = "t0k3n-for-the-docs-ci-0123456789"
 LIVENESS_S = 20.0  # how long a test waits for the watcher's build: not a timing check

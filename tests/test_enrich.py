@@ -14,7 +14,6 @@ import orjson
 import pytest
 
 from index.build import build_knowledge_base
-from index.config import Config, parse_config
 from index.embedders.base import HashEmbedder, Vectors
 from index.enrich import ORIGINALS
 from index.errors import ConfigError, SpendCapReached
@@ -23,6 +22,7 @@ from index.snapshot import load_snapshot, page_key
 from index.store import LocalStore
 from index.summaries import SUMMARY_TEXTS, heading_summary
 from sidecar import relevance
+from sidecar.config import Config, parse_config
 from tests.chat_server import ChatServer, image_urls, user_text
 
 BROKEN = (

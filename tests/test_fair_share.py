@@ -15,9 +15,9 @@ import grpc
 import orjson
 import pytest
 
-from index.config import Config
 from index.embedders.base import Embedder
 from index.errors import ConfigError
+from sidecar.config import Config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar

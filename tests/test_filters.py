@@ -21,12 +21,12 @@ from openai.types.realtime import RealtimeFunctionTool
 from openai.types.responses import FunctionTool
 
 from index.build import build_knowledge_base
-from index.config import Config, parse_config
 from index.embedders.base import Embedder, EmbedderInfo
 from index.errors import ConfigError, CorruptSnapshot
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters, search
 from index.snapshot import load_snapshot, sha256_file, write_snapshot
 from index.types import Chunk, MetadataFilter
+from sidecar.config import Config, parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.hardening_kit import TOKEN_A, TOKEN_B, bearer, running

@@ -14,7 +14,6 @@ import pytest
 
 from index.build import embed_chunks
 from index.chunker import chunk_page
-from index.config import Config, FollowupConfig, parse_config
 from index.embedders.base import Embedder
 from index.lexical import LexicalIndex
 from index.snapshot import load_snapshot, write_snapshot
@@ -22,6 +21,7 @@ from index.sources.markdown import load_markdown
 from index.store import LocalStore, new_version_id
 from index.types import Chunk, Page
 from sidecar import followups
+from sidecar.config import Config, FollowupConfig, parse_config
 from sidecar.followups import FUNCTION_WORDS_EN, Gazetteer
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc

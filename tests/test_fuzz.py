@@ -28,7 +28,7 @@ from index.chunker import chunk_page
 from index.embedders.base import Embedder
 from index.sources.markdown import load_markdown
 from index.sources.records import RecordFields, load_records
-from sidecar.engine import MAX_LIMIT
+from sidecar.config import MAX_LIMIT
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar, create_server

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from index.build import BuildSummary, build_knowledge_base
-from index.config import parse_config
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key
@@ -19,6 +18,7 @@ from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore
 from index.validate import ValidateOptions, validate_docs
+from sidecar.config import parse_config
 from tests.test_sources import make_pdf
 
 

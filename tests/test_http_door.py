@@ -25,10 +25,10 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from index.config import parse_config
 from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
 from sidecar import http_door, logs, sessions
+from sidecar.config import parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http_door import MAX_HEAD_BYTES

@@ -18,8 +18,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from index.config import Config, ConfigError, parse_config
+from index.config import ConfigError
 from index.embedders.base import Embedder
+from sidecar.config import Config, parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar, create_server

@@ -27,12 +27,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import index.http_store
 import index.snapshot
-from index.config import Config, parse_config
 from index.embedders.base import Embedder, EmbedderInfo, HashEmbedder, Vectors
 from index.embedders.local import NAME as LOCAL_NAME
 from index.http_store import PARTIAL, HttpOptions
 from index.snapshot import DATA_FILES, MANIFEST, VECTORS, LoadedSnapshot, sha256_file
 from index.store import LocalStore, SnapshotStore
+from sidecar.config import Config, parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import Sidecar, create_server

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from index.build import build_knowledge_base
-from index.config import Config
 from index.embedders.base import Embedder
 from index.lexical import SPOKEN_STOPWORDS
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import LocalStore
+from sidecar.config import Config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.relevance import FUSION_DEPTH, Query, rank, related_to

@@ -24,13 +24,13 @@ from typing import Any
 import grpc
 import pytest
 
-from index.config import parse_config
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError, CorruptSnapshot, StoreUnavailable
 from index.http_store import PARTIAL, HttpOptions
 from index.snapshot import MANIFEST, VECTORS, verify_snapshot
 from index.store import open_store
 from sidecar.cli import main
+from sidecar.config import parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server

@@ -16,9 +16,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.build import build_knowledge_base
-from index.config import Config
 from index.embedders.base import Embedder
 from index.errors import ConfigError
+from sidecar.config import Config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server

@@ -12,9 +12,9 @@ import grpc
 import pytest
 import yaml
 
-from index.config import parse_config
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError
+from sidecar.config import parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server

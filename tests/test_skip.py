@@ -10,8 +10,8 @@ import grpc
 import orjson
 import pytest
 
-from index.config import SKIP_LANGUAGES, Config, SkipConfig, parse_config
 from index.errors import ConfigError
+from sidecar.config import SKIP_LANGUAGES, Config, SkipConfig, parse_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server

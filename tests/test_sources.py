@@ -12,13 +12,14 @@ import pytest
 
 from index.build import build_knowledge_base
 from index.chunker import chunk_page, markdown_headings
-from index.config import SourceConfig, parse_config
+from index.config import SourceConfig
 from index.embedders.base import Embedder
 from index.errors import ConfigError, SourceError
 from index.snapshot import load_snapshot
 from index.sources.html import html_to_markdown
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore
+from sidecar.config import parse_config
 from tests.conftest import make_config, shared
 from tests.pages_server import PagesServer, ServedPage
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from index.config import parse_config
 from index.embedders.base import Embedder
 from index.errors import ConfigError
+from sidecar.config import parse_config
 from sidecar.connection import Connection
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc

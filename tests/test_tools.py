@@ -22,16 +22,11 @@ from openai.types.realtime import RealtimeFunctionTool
 from openai.types.responses import FunctionTool
 
 from index.build import build_knowledge_base
-from index.config import (
-    Config,
-    FunctionConfig,
-    KnowledgeBaseConfig,
-    SourceConfig,
-    parse_config,
-)
+from index.config import KnowledgeBaseConfig, SourceConfig
 from index.embedders.base import Embedder
 from index.errors import ConfigError
 from index.types import Chunk, MetadataFilter
+from sidecar.config import Config, FunctionConfig, parse_config
 from sidecar.errors import ToolCallError
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc

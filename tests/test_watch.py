@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from index.config import Config, parse_config
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from index.store import LocalStore
 from index.watch import Watcher, WatchOptions
+from sidecar.config import Config, parse_config
 from tests.conftest import REPO
 from tests.pages_server import PagesServer, ServedPage
 

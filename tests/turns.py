@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from index.chunker import chunk_page
-from index.config import SidecarConfig
 from index.embedders.base import Embedder, FakeEmbedder
 from index.snapshot import load_snapshot, write_pages_snapshot
 from index.store import new_version_id
 from index.types import Page
+from sidecar.config import SidecarConfig
 from sidecar.engine import Engine, TurnInput, TurnResult
 from sidecar.holder import SnapshotHolder
 from sidecar.sessions import SessionStore
