@@ -3,7 +3,7 @@ of the one TOML file, and the small helpers every table's parser uses.
 
 The sidecar's tables (``[sidecar]``, ``[[function]]``) and the whole file's ``Config`` are
 ``sidecar/config.py``'s: it parses the file, these tables through ``parse_build_config``, and
-the indexer never imports it. Every key is documented in docs/config.md. Relative paths are resolved against the config file's folder, so
+the indexer never imports it (the entry point hands ``index/cli.py`` its loader). Every key is documented in docs/config.md. Relative paths are resolved against the config file's folder, so
 a config works from any working directory. Nothing below the entry point reads the environment:
 the API key is looked up here, by the variable name the file gives.
 """
