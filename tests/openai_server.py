@@ -167,84 +167,86 @@ class OpenAIServer:
         )
 
 
-def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
-        # headers and body go out in two writes: with Nagle on, the body waits ~40 ms for the
-        # client's delayed ACK of the headers, which no real API server adds
-        disable_nagle_algorithm = True
+class _Handler(BaseHTTPRequestHandler):
+    api: OpenAIServer  # the server whose behaviour this handler plays (set by _handler_for)
+    protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+    # headers and body go out in two writes: with Nagle on, the body waits ~40 ms for the
+    # client's delayed ACK of the headers, which no real API server adds
+    disable_nagle_algorithm = True
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return  # quiet: tests and benchmarks read their own output
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # quiet: tests and benchmarks read their own output
 
-        def _read_json(self) -> dict[str, Any]:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b"{}"
-            data = orjson.loads(raw)
-            return data if isinstance(data, dict) else {}
+    def _read_json(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b"{}"
+        data = orjson.loads(raw)
+        return data if isinstance(data, dict) else {}
 
-        def _send(self, status: int, body: bytes, trickle_s: float = 0.0) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            try:
-                if trickle_s <= 0:
-                    self.wfile.write(body)
+    def _send(self, status: int, body: bytes, trickle_s: float = 0.0) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            if trickle_s <= 0:
+                self.wfile.write(body)
+                return
+            self.wfile.flush()
+            for start in range(0, len(body), 16):
+                if self.api._stopping.wait(trickle_s):
+                    self.close_connection = True
                     return
+                self.wfile.write(body[start : start + 16])
                 self.wfile.flush()
-                for start in range(0, len(body), 16):
-                    if server._stopping.wait(trickle_s):
-                        self.close_connection = True
-                        return
-                    self.wfile.write(body[start : start + 16])
-                    self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True  # the client gave up: nothing to finish
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up: nothing to finish
 
-        def do_GET(self) -> None:
-            if self.path != "/_stats":
-                self._send(HTTPStatus.NOT_FOUND, b'{"error": {"message": "not found"}}')
-                return
-            with server._lock:
-                stats = {"requests": server.requests, "last_request": server.last_request}
-            self._send(HTTPStatus.OK, orjson.dumps(stats))
+    def do_GET(self) -> None:
+        if self.path != "/_stats":
+            self._send(HTTPStatus.NOT_FOUND, b'{"error": {"message": "not found"}}')
+            return
+        with self.api._lock:
+            stats = {"requests": self.api.requests, "last_request": self.api.last_request}
+        self._send(HTTPStatus.OK, orjson.dumps(stats))
 
-        def do_POST(self) -> None:
-            body = self._read_json()
-            if self.path == "/_control":
-                known = {f.name for f in fields(Behaviour)}
-                server.set(Behaviour(**{k: v for k, v in body.items() if k in known}))
-                self._send(HTTPStatus.OK, orjson.dumps(asdict(server._behaviour)))
-                return
-            if self.path != "/v1/embeddings":
-                self._send(HTTPStatus.NOT_FOUND, b'{"error": {"message": "not found"}}')
-                return
-            server._enter()
-            try:
-                self._embeddings_reply(body)
-            finally:
-                server._exit()
+    def do_POST(self) -> None:
+        body = self._read_json()
+        if self.path == "/_control":
+            known = {f.name for f in fields(Behaviour)}
+            self.api.set(Behaviour(**{k: v for k, v in body.items() if k in known}))
+            self._send(HTTPStatus.OK, orjson.dumps(asdict(self.api._behaviour)))
+            return
+        if self.path != "/v1/embeddings":
+            self._send(HTTPStatus.NOT_FOUND, b'{"error": {"message": "not found"}}')
+            return
+        self.api._enter()
+        try:
+            self._embeddings_reply(body)
+        finally:
+            self.api._exit()
 
-        def _embeddings_reply(self, body: dict[str, Any]) -> None:
-            behaviour, latency_s, status = server._next(body)
-            if behaviour.hang:
-                server._stopping.wait()
-                self.close_connection = True
-                return
-            if latency_s > 0 and server._stopping.wait(latency_s):
-                self.close_connection = True
-                return
-            if behaviour.close:
-                self.close_connection = True  # finish() closes the socket: no response at all
-                return
-            if status:
-                error = {"error": {"message": f"injected {status}", "type": "server_error"}}
-                self._send(status, orjson.dumps(error))
-                return
-            self._send(HTTPStatus.OK, server._embeddings(body), behaviour.trickle_s)
+    def _embeddings_reply(self, body: dict[str, Any]) -> None:
+        behaviour, latency_s, status = self.api._next(body)
+        if behaviour.hang:
+            self.api._stopping.wait()
+            self.close_connection = True
+            return
+        if latency_s > 0 and self.api._stopping.wait(latency_s):
+            self.close_connection = True
+            return
+        if behaviour.close:
+            self.close_connection = True  # finish() closes the socket: no response at all
+            return
+        if status:
+            error = {"error": {"message": f"injected {status}", "type": "server_error"}}
+            self._send(status, orjson.dumps(error))
+            return
+        self._send(HTTPStatus.OK, self.api._embeddings(body), behaviour.trickle_s)
 
-    return Handler
+
+def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_Handler,), {"api": server})
 
 
 def main() -> None:

@@ -81,7 +81,15 @@ class _Reader(HTMLParser):
         elif tag == "pre":
             self._flush()
             self._pre = []
-        elif tag == "table":
+        elif tag == "table" or self._table_depth:
+            self._start_in_table(tag)
+        else:
+            self._start_block(tag)
+
+    def _start_in_table(self, tag: str) -> None:
+        """A table, or a tag inside one: the outermost table's rows and cells; any other tag
+        in a table only separates words."""
+        if tag == "table":
             self._table_depth += 1
             if self._table_depth == 1:
                 self._flush()
@@ -93,9 +101,12 @@ class _Reader(HTMLParser):
             if not self._rows:
                 self._rows.append([])
             self._rows[-1].append("")
-        elif self._table_depth:
+        else:
             self._inline.append(" ")
-        elif tag in _HEADINGS:
+
+    def _start_block(self, tag: str) -> None:
+        """A heading, a list or its item, or another block outside any table."""
+        if tag in _HEADINGS:
             self._flush()
             self._heading = _HEADINGS[tag]
         elif tag in ("ul", "ol"):
