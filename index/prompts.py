@@ -50,5 +50,3 @@ IMAGE = Prompt(
         "in reading order. Answer in Markdown only."
     ),
 )
-
-PROMPTS = (CLEAN, SUMMARY, IMAGE)

@@ -93,10 +93,6 @@ class S3Options:
     region: str = ""
 
 
-def is_s3(location: Path | str) -> bool:
-    return isinstance(location, str) and location.startswith(SCHEME)
-
-
 def _session(options: S3Options) -> tuple[Any, str]:
     """A boto3 session and the region it signs for; reads no credentials yet."""
     session = boto3.Session(region_name=options.region or None)
