@@ -35,6 +35,7 @@ from sidecar.rerank import Reranker
 from sidecar.rerank import Status as RerankStatus
 from sidecar.sessions import Hit, Mention, Session, SessionStore
 from sidecar.skip import Skip, SkipPolicy
+from sidecar.text import Utterance
 
 log = logging.getLogger("voxrecall.engine")
 
@@ -241,7 +242,7 @@ class Engine:
         self.counters.turns += 1
         if req.speaker != Speaker.AGENT and not req.is_final:
             return self._skipped(session, Skip.NOT_FINAL, snapshot, budget)
-        utterance = followups.Utterance.of(req.text)
+        utterance = Utterance.of(req.text)
         mentions = followups.gazetteer(snapshot).find(utterance.tokens)
         if req.speaker == Speaker.AGENT:
             self._record(session, Speaker.AGENT, utterance, mentions)
@@ -350,7 +351,7 @@ class Engine:
             allowed=allowed,
         )
 
-    def _read_later(self, session: Session, utterance: followups.Utterance) -> None:
+    def _read_later(self, session: Session, utterance: Utterance) -> None:
         """Embed an agent turn in the background (it is read by the next user turn's page
         prior), off the caller's path and bounded: beyond MAX_READ_LATER at once, it waits."""
         if not self.config.followups.enabled or not utterance.words:
@@ -386,7 +387,7 @@ class Engine:
         if req.speaker == Speaker.AGENT:
             return None
         session = self.sessions.get(req.session_id)
-        utterance = followups.Utterance.of(req.text)
+        utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
         mentions = followups.gazetteer(snapshot).find(utterance.tokens)
@@ -606,7 +607,7 @@ class Engine:
             timings=Timings(total_ms=budget.elapsed_ms()),
         )
 
-    def _skip(self, session: Session, utterance: followups.Utterance) -> Skip:
+    def _skip(self, session: Session, utterance: Utterance) -> Skip:
         """Why a final user turn needs no search, or NOT_SKIPPED. A reply to the agent's
         question ("Yes." to "Do you want to know how to apply?") is an answer, searched with
         the question, not a backchannel."""
@@ -620,7 +621,7 @@ class Engine:
     def _record(
         session: Session,
         speaker: str,
-        utterance: followups.Utterance,
+        utterance: Utterance,
         mentions: tuple[Mention, ...],
     ) -> None:
         followups.remember(session, session.record_turn(speaker, utterance.text, mentions))

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import re
 import threading
-import unicodedata
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,7 +51,7 @@ from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.sessions import Mention, Said, Session
-from sidecar.skip import words
+from sidecar.text import Utterance, tokens, words
 
 FUNCTION_WORDS_EN = frozenset(
     """
@@ -121,33 +120,10 @@ MIN_CONFIDENCE = 0.5
 WEAK_CONFIDENCE = 0.25
 # The turn alone's top results that must all be the weakly named entity's to confirm it.
 CONFIRM_DEPTH = 3
+NEAR_KEPT = 4096  # spans whose near match a gazetteer remembers (each ~150 bytes)
 NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
 AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
-
-
-def tokens(text: str) -> list[str]:
-    """Lower-case word tokens with accents, apostrophes and '&' normalised for name matching."""
-    text = text.lower()
-    if not text.isascii():
-        text = unicodedata.normalize("NFKD", text)
-        text = "".join(c for c in text if not unicodedata.combining(c))
-    text = text.replace("&", " and ").replace("'", "").replace("’", "")
-    return re.findall(r"[a-z0-9]+", text)
-
-
-@dataclass(frozen=True, slots=True)
-class Utterance:
-    """One turn's text, normalised and tokenised once for every stage of the turn: ``words`` for
-    the skip policy and the follow-up rules, ``tokens`` for name matching."""
-
-    text: str
-    words: tuple[str, ...]
-    tokens: tuple[str, ...]
-
-    @classmethod
-    def of(cls, text: str) -> Utterance:
-        return cls(text, tuple(words(text)), tuple(tokens(text)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +241,7 @@ class Gazetteer:
                 self._near.setdefault(variant, set()).add(key)
         # one edit keeps the first letter and the length within one: most spans are not tried
         self._initials = frozenset(k[0] for k in self._long)
+        self._near_kept: dict[str, str] = {}  # span -> its near key ("": none)
         lengths = [len(k) for k in self._long] or [0]
         self._lengths = (max(FUZZY_MIN_CHARS, min(lengths) - 1), max(lengths) + 1)
         self._function_words = function_words
@@ -335,9 +312,19 @@ class Gazetteer:
         return found, key
 
     def _near_match(self, key: str) -> str:
-        """The one name key within one edit of ``key`` (first letter kept), or ""."""
+        """The one name key within one edit of ``key`` (first letter kept), or "": remembered
+        for the NEAR_KEPT spans last tried (a conversation's words recur; each try builds and
+        looks up every deletion of the span)."""
         if not self._lengths[0] <= len(key) <= self._lengths[1]:
             return ""
+        found = self._near_kept.get(key)
+        if found is None:
+            if len(self._near_kept) >= NEAR_KEPT:
+                self._near_kept = {}  # a new dict: another thread may be reading the old one
+            found = self._near_kept[key] = self._near_lookup(key)
+        return found
+
+    def _near_lookup(self, key: str) -> str:
         candidates = set(self._near.get(key, ()))
         for variant in _deletions(key):
             if variant in self._long:

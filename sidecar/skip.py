@@ -18,6 +18,7 @@ from enum import IntEnum
 
 from index.config import SkipConfig
 from index.errors import ConfigError
+from sidecar.text import words
 
 
 class Skip(IntEnum):
@@ -92,13 +93,6 @@ _EN_CLOSINGS = (
 LEXICONS: dict[str, Lexicon] = {
     "en": Lexicon(backchannel=_EN_BACKCHANNEL, closings=_EN_CLOSINGS),
 }
-
-_WORD = re.compile(r"[\w'-]+")
-
-
-def words(text: str) -> list[str]:
-    """A turn's words, lower case, with typographic apostrophes made plain."""
-    return _WORD.findall(text.lower().replace("’", "'"))
 
 
 def _normal(text: str) -> str:

@@ -395,3 +395,16 @@ def test_a_mapped_tables_entities_are_its_chunks_entities(tmp_path: Path, chunks
     assert followups.chunk_entities(table) == expected
     assert followups.chunk_entities(base) == expected
     assert len(set(expected[1])) > 1
+
+
+def test_near_matches_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(followups, "NEAR_KEPT", 8)
+    names = ["Gonville Hotel", "Lensfield Hotel", "Cityroomz"]
+    gaz = Gazetteer(names, FUNCTION_WORDS_EN)
+    said = followups.tokens("is the gonvile near cityroomz or the lensfeld and other things")
+    first = gaz.find(said)
+    assert [m.name for m in first] == ["Gonville Hotel", "Cityroomz", "Lensfield Hotel"]
+    for n in range(40):  # more spans than it keeps
+        gaz.find(followups.tokens(f"gonvilles number {n} lensfields"))
+        assert len(gaz._near_kept) <= 8
+    assert gaz.find(said) == first
