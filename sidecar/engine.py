@@ -674,14 +674,9 @@ class Engine:
 
 def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:
     """Add what one turn's search found (its top PRIOR_COUNTED) to the session's pages
-    (``Session.pages``)."""
-    pages = session.pages
-    for hit in hits[:PRIOR_COUNTED]:
-        page = entity_of(hit.chunk)
-        pages[page] = pages.get(page, 0.0) + max(hit.score, 0.0)
-    if len(pages) > MAX_PAGES:  # keep the pages most found
-        session.pages = dict(sorted(pages.items(), key=lambda kv: -kv[1])[:MAX_PAGES])
-    session.fit()  # the pages count in the session's bytes
+    (``Session.pages``), keeping the MAX_PAGES most found."""
+    found = [(entity_of(hit.chunk), max(hit.score, 0.0)) for hit in hits[:PRIOR_COUNTED]]
+    session.count_pages(found, MAX_PAGES)
 
 
 def _prior_lifted(

@@ -90,9 +90,25 @@ class Session:
     # told (session, change in bytes) when ``size`` changes: the store's accounting
     on_resize: Callable[[Session, int], None] | None = field(default=None, repr=False)
 
+    _page_bytes: int = field(default=0, init=False, repr=False)  # ``pages``' share of ``size``
+
     def __post_init__(self) -> None:
         self.retained = deque(maxlen=max(1, self.context_turns))
         self.size = self.measure()
+
+    def count_pages(self, found: Iterable[tuple[str, float]], keep: int) -> None:
+        """Add what one search found (page, score) to ``pages``, keeping the ``keep`` pages most
+        found; the pages count in the session's bytes (counted here, as they change)."""
+        pages = self.pages
+        for page, score in found:
+            if page not in pages:
+                pages[page] = 0.0
+                self._page_bytes += PAGE_BYTES + sys.getsizeof(page)
+            pages[page] += score
+        if len(pages) > keep:
+            self.pages = dict(sorted(pages.items(), key=lambda kv: -kv[1])[:keep])
+            self._page_bytes = _bytes_of_pages(self.pages)
+        self.fit()
 
     def record_turn(self, speaker: str, text: str, mentions: tuple[Mention, ...] = ()) -> Said:
         said = Said(speaker, text, mentions)
@@ -112,7 +128,7 @@ class Session:
         # builtins mapped over lists: this runs on every turn recorded and every search
         turns = TURN_BYTES * len(self.turns) + sum(map(sys.getsizeof, [s.text for s in self.turns]))
         mentions = MENTION_BYTES * sum([len(said.mentions) for said in self.turns])
-        pages = PAGE_BYTES * len(self.pages) + sum(map(sys.getsizeof, self.pages))
+        pages = self._page_bytes
         hits = HIT_BYTES * sum(map(len, self.retained))
         return SESSION_BYTES + turns + mentions + pages + hits
 
@@ -139,6 +155,10 @@ class Session:
                     seen.add(key)
                     out.append(hit)
         return out[:limit]
+
+
+def _bytes_of_pages(pages: Mapping[str, float]) -> int:
+    return PAGE_BYTES * len(pages) + sum(map(sys.getsizeof, pages))
 
 
 @dataclass(frozen=True, slots=True)
