@@ -14,14 +14,15 @@ The session's entity is the newest confidently named one, where the agent's nami
 fades with each turn. A user turn is then searched as (``plan``):
 
     it names an entity itself                      as said                      source "none"
-    it answers the agent's question ("Yes.",       "exchange turn"              "agent_question"
-      "I'm a noncitizen adult.")
+    it answers the agent's question ("Yes.",       "entity: agent's turns turn" "agent_question"
+      "I'm a noncitizen adult.")                   or, with no entity tracked,
+                                                   "exchange turn"
     an entity is tracked (``fold``)                "entity: turn"               "entity"
     otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
 where the exchange is the caller's previous turn with content and what the agent said after it
-(an answer's content is in both: "I lost my card." / "Do you want to know how to replace it?" /
-"Yes.").
+(with no entity to name the topic, an answer's content is in both: "I lost my card." / "Do you
+want to know how to replace it?" / "Yes.").
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
 are lifted a little (``sidecar.engine``). A turn folded with the recent exchange is also
@@ -598,9 +599,9 @@ def plan(
     entity = _ordinal(session, utterance) or session.entity
     if entity is not None and not (refers or question or config.fold == "always"):
         entity = None
-    if question:  # the answer is to the exchange: what the caller asked and the agent's question
-        exchange = _recent(session) or question
-        used = f"{entity.name}: {exchange}" if entity is not None else exchange
+    if question:
+        # the answer's topic: the tracked entity, else what the caller asked before the question
+        used = f"{entity.name}: {question}" if entity is not None else _recent(session) or question
         return Plan(f"{used} {text}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
     if entity is not None:
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
