@@ -33,6 +33,7 @@ CHUNKS_KIND: Final = "voxrecall.chunks"
 PAGES_KIND: Final = "voxrecall.pages"
 _FIXED: Final = 6  # id, path, title, text, embed text, url
 _NO_METADATA: Final[Mapping[str, MetaValue]] = MappingProxyType({})
+_HEAD_BYTES: Final = 512  # of an embed text searched for its head first (``ChunkTable.heads``)
 _STRING: Final = -1  # meta_n of a metadata value that is one string, not a list
 # Chunks decoded for calls are kept, up to this many bytes per snapshot (their strings' UTF-8
 # and _KEPT_OVERHEAD each): the hits of recent calls come back (a follow-up, the same question
@@ -154,6 +155,24 @@ class ChunkTable(Sequence[Chunk]):
         for i in range(len(self)):
             yield self._decode(i)
 
+    def heads(self) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
+        """Every chunk's id, title, breadcrumbs and the head of its embed text (what comes
+        before its first blank line, where the chunker writes a context or heading path; ""
+        when it has none), without decoding its text: a scan of what each chunk is about
+        (``sidecar.followups``) reads a small part of the table, and builds no Chunk."""
+        blob, ends, first, crumbs = self._blob, self._ends, self._first, self._crumbs
+        for i in range(len(crumbs)):
+            at = first[i]
+            e = ends[at : at + _FIXED + crumbs[i] + 1].tolist()
+            yield (
+                str(blob[e[0] : e[1]], "utf-8", "replace"),
+                str(blob[e[2] : e[3]], "utf-8", "replace"),
+                tuple(
+                    str(blob[a:b], "utf-8", "replace") for a, b in itertools.pairwise(e[_FIXED:])
+                ),
+                _head(blob, e[4], e[5]),
+            )
+
     def _kept(self, i: int, chunk: Chunk) -> Chunk:
         size = self._ends[self._first[i + 1]] - self._ends[self._first[i]] + _KEPT_OVERHEAD
         if self._cached_bytes + size > self.cache_bytes:
@@ -201,6 +220,17 @@ class ChunkTable(Sequence[Chunk]):
                 out[s[at]] = tuple(s[at + 1 : at + 1 + n])
                 at += 1 + n
         return out
+
+
+def _head(blob: memoryview, start: int, stop: int) -> str:
+    """The text of ``blob[start:stop]`` before its first blank line, or "" when it has none;
+    the first _HEAD_BYTES are searched first (a head is a title or a heading path)."""
+    cut = bytes(blob[start : min(stop, start + _HEAD_BYTES)])
+    at = cut.find(b"\n\n")
+    if at < 0 and stop > start + _HEAD_BYTES:
+        cut = bytes(blob[start:stop])
+        at = cut.find(b"\n\n")
+    return str(cut[:at], "utf-8", "replace") if at > 0 else ""
 
 
 def _check_spans(first: npt.NDArray[np.uint64], crumbs: npt.NDArray[np.uint32], total: int) -> None:

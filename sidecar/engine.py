@@ -36,6 +36,7 @@ from sidecar.rerank import Status as RerankStatus
 from sidecar.sessions import Mention, Session, SessionStore
 from sidecar.sessions import Speaker as Speaker  # re-exported: TurnInput.speaker's values
 from sidecar.skip import Skip, SkipPolicy
+from sidecar.text import Utterance
 
 log = logging.getLogger("voxrecall.engine")
 
@@ -234,7 +235,7 @@ class Engine:
         self.counters.turns += 1
         if req.speaker != Speaker.AGENT and not req.is_final:
             return self._skipped(session, Skip.NOT_FINAL, snapshot, budget)
-        utterance = followups.Utterance.of(req.text)
+        utterance = Utterance.of(req.text)
         mentions = followups.gazetteer(snapshot).find(utterance.tokens)
         if req.speaker == Speaker.AGENT:
             self._record(session, Speaker.AGENT, utterance, mentions)
@@ -352,7 +353,7 @@ class Engine:
             allowed=allowed,
         )
 
-    def _read_later(self, session: Session, utterance: followups.Utterance) -> None:
+    def _read_later(self, session: Session, utterance: Utterance) -> None:
         """Embed an agent turn in the background (it is read by the next user turn's page
         prior), off the caller's path and bounded: beyond MAX_READ_LATER at once, it waits."""
         if not self.config.followups.enabled or not utterance.words:
@@ -384,7 +385,7 @@ class Engine:
         if req.speaker == Speaker.AGENT:
             return None
         session = self.sessions.get(req.session_id)
-        utterance = followups.Utterance.of(req.text)
+        utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
         mentions = followups.gazetteer(snapshot).find(utterance.tokens)
@@ -604,7 +605,7 @@ class Engine:
             timings=Timings(total_ms=budget.elapsed_ms()),
         )
 
-    def _skip(self, session: Session, utterance: followups.Utterance) -> Skip:
+    def _skip(self, session: Session, utterance: Utterance) -> Skip:
         """Why a final user turn needs no search, or NOT_SKIPPED. A reply to the agent's
         question ("Yes." to "Do you want to know how to apply?") is an answer, searched with
         the question, not a backchannel."""
@@ -618,7 +619,7 @@ class Engine:
     def _record(
         session: Session,
         speaker: str,
-        utterance: followups.Utterance,
+        utterance: Utterance,
         mentions: tuple[Mention, ...],
     ) -> None:
         followups.remember(session, session.record_turn(speaker, utterance.text, mentions))
@@ -671,14 +672,9 @@ class Engine:
 
 def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:
     """Add what one turn's search found (its top PRIOR_COUNTED) to the session's pages
-    (``Session.pages``)."""
-    pages = session.pages
-    for hit in hits[:PRIOR_COUNTED]:
-        page = entity_of(hit.chunk)
-        pages[page] = pages.get(page, 0.0) + max(hit.score, 0.0)
-    if len(pages) > MAX_PAGES:  # keep the pages most found
-        session.pages = dict(sorted(pages.items(), key=lambda kv: -kv[1])[:MAX_PAGES])
-    session.fit()  # the pages count in the session's bytes
+    (``Session.pages``), keeping the MAX_PAGES most found."""
+    found = [(entity_of(hit.chunk), max(hit.score, 0.0)) for hit in hits[:PRIOR_COUNTED]]
+    session.count_pages(found, MAX_PAGES)
 
 
 def _prior_lifted(

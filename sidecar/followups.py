@@ -14,12 +14,15 @@ The session's entity is the newest confidently named one, where the agent's nami
 fades with each turn. A user turn is then searched as (``plan``):
 
     it names an entity itself                      as said                      source "none"
-    it answers the agent's question ("Yes.",       "agent's turns turn"         "agent_question"
-      "I'm a noncitizen adult.")
+    it answers the agent's question ("Yes.",       "entity: agent's turns turn" "agent_question"
+      "I'm a noncitizen adult.")                   or, with no entity tracked,
+                                                   "exchange turn"
     an entity is tracked (``fold``)                "entity: turn"               "entity"
     otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
-where the exchange is the caller's previous turn with content and what the agent said after it.
+where the exchange is the caller's previous turn with content and what the agent said after it
+(with no entity to name the topic, an answer's content is in both: "I lost my card." / "Do you
+want to know how to replace it?" / "Yes.").
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
 are lifted a little (``sidecar.engine``). A turn folded with the recent exchange is also
@@ -38,7 +41,6 @@ from __future__ import annotations
 
 import re
 import threading
-import unicodedata
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,10 +50,11 @@ import numpy as np
 
 from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
+from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.config import FollowupConfig
 from sidecar.sessions import Mention, Said, Session, Speaker
-from sidecar.skip import words
+from sidecar.text import Utterance, tokens, words
 
 FUNCTION_WORDS_EN = frozenset(
     """
@@ -117,33 +120,10 @@ MIN_CONFIDENCE = 0.5
 WEAK_CONFIDENCE = 0.25
 # The turn alone's top results that must all be the weakly named entity's to confirm it.
 CONFIRM_DEPTH = 3
+NEAR_KEPT = 4096  # spans whose near match a gazetteer remembers (each ~150 bytes)
 NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
 AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
-
-
-def tokens(text: str) -> list[str]:
-    """Lower-case word tokens with accents, apostrophes and '&' normalised for name matching."""
-    text = text.lower()
-    if not text.isascii():
-        text = unicodedata.normalize("NFKD", text)
-        text = "".join(c for c in text if not unicodedata.combining(c))
-    text = text.replace("&", " and ").replace("'", "").replace("’", "")
-    return re.findall(r"[a-z0-9]+", text)
-
-
-@dataclass(frozen=True, slots=True)
-class Utterance:
-    """One turn's text, normalised and tokenised once for every stage of the turn: ``words`` for
-    the skip policy and the follow-up rules, ``tokens`` for name matching."""
-
-    text: str
-    words: tuple[str, ...]
-    tokens: tuple[str, ...]
-
-    @classmethod
-    def of(cls, text: str) -> Utterance:
-        return cls(text, tuple(words(text)), tuple(tokens(text)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +156,26 @@ class Plan:
 
 def chunk_entity(chunk: Chunk) -> str:
     """What a chunk is about: its source's context (jsonl ``context_fields``) or its page title."""
-    prefix, sep, _ = chunk.embed_text.partition("\n\n")
-    if sep and prefix and prefix != " > ".join(chunk.breadcrumbs):
-        return prefix
-    return chunk.title
+    head, sep, _ = chunk.embed_text.partition("\n\n")
+    return entity_about(head if sep else "", chunk.breadcrumbs, chunk.title)
+
+
+def entity_about(head: str, breadcrumbs: Sequence[str], title: str) -> str:
+    """``chunk_entity`` from a chunk's parts: ``head`` is its embed text before the chunker's
+    blank line ("" when none), a context when it is not the heading path."""
+    if head and head != " > ".join(breadcrumbs):
+        return head
+    return title
+
+
+def chunk_entities(chunks: Sequence[Chunk]) -> tuple[list[str], list[str]]:
+    """Every chunk's id and entity (``chunk_entity``), in label order; a mapped table's are read
+    from its heads, without decoding the chunks' texts."""
+    if isinstance(chunks, ChunkTable):
+        heads = list(chunks.heads())
+        ids = [h[0] for h in heads]
+        return ids, [entity_about(head, crumbs, title) for _, title, crumbs, head in heads]
+    return [c.chunk_id for c in chunks], [chunk_entity(c) for c in chunks]
 
 
 Confidence = Callable[[Sequence[str], str], float]
@@ -245,11 +241,24 @@ class Gazetteer:
                 self._near.setdefault(variant, set()).add(key)
         # one edit keeps the first letter and the length within one: most spans are not tried
         self._initials = frozenset(k[0] for k in self._long)
+        self._near_kept: dict[str, str] = {}  # span -> its near key ("": none)
         lengths = [len(k) for k in self._long] or [0]
         self._lengths = (max(FUZZY_MIN_CHARS, min(lengths) - 1), max(lengths) + 1)
         self._function_words = function_words
         self._span = max((len(t) for t in named.values()), default=0)
         self.size = len(named)
+
+    @classmethod
+    def of(cls, snapshot: LoadedSnapshot) -> Gazetteer:
+        """The gazetteer of a snapshot's entities, rated by the snapshot's own statistics
+        (``EntityStats``): every chunk's entity read once, the names' words looked up in the
+        lexical index's postings in one pass. Linear in the chunks; no event loop needed."""
+        ids, entity_of = chunk_entities(snapshot.chunks)
+        stats = EntityStats(snapshot.lexical, entity_of)
+        entities = dict(zip(ids, entity_of, strict=True))
+        return cls(
+            stats.names, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence, entities
+        )
 
     def entity_of(self, chunk: Chunk) -> str:
         """``chunk_entity(chunk)``, read from the snapshot's chunks once when built."""
@@ -303,9 +312,19 @@ class Gazetteer:
         return found, key
 
     def _near_match(self, key: str) -> str:
-        """The one name key within one edit of ``key`` (first letter kept), or ""."""
+        """The one name key within one edit of ``key`` (first letter kept), or "": remembered
+        for the NEAR_KEPT spans last tried (a conversation's words recur; each try builds and
+        looks up every deletion of the span)."""
         if not self._lengths[0] <= len(key) <= self._lengths[1]:
             return ""
+        found = self._near_kept.get(key)
+        if found is None:
+            if len(self._near_kept) >= NEAR_KEPT:
+                self._near_kept = {}  # a new dict: another thread may be reading the old one
+            found = self._near_kept[key] = self._near_lookup(key)
+        return found
+
+    def _near_lookup(self, key: str) -> str:
         candidates = set(self._near.get(key, ()))
         for variant in _deletions(key):
             if variant in self._long:
@@ -404,12 +423,7 @@ def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
     with _gazetteers_lock:
         gaz = _gazetteers.get(snapshot)
     if gaz is None:
-        entity_of = [chunk_entity(c) for c in snapshot.chunks]
-        stats = EntityStats(snapshot.lexical, entity_of)
-        entities = {c.chunk_id: e for c, e in zip(snapshot.chunks, entity_of, strict=True)}
-        gaz = Gazetteer(
-            entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence, entities
-        )
+        gaz = Gazetteer.of(snapshot)
         with _gazetteers_lock:
             _gazetteers[snapshot] = gaz
     return gaz
@@ -428,12 +442,17 @@ class EntityStats:
             dtype=np.int64,
             count=len(entity_of),
         )
-        self._words_of = [frozenset(tokens(name)) for name in self._ids]
+        self.names = list(self._ids)  # each entity once, in order of first chunk
+        self._words_of = [frozenset(tokens(name)) for name in self.names]
         self._named_with: dict[str, list[int]] = {}  # word -> the entities whose name has it
         for entity, name_words in enumerate(self._words_of):
             for word in name_words:
                 self._named_with.setdefault(word, []).append(entity)
-        self._postings: dict[str, np.ndarray] = {}
+        # the chunks holding each word of a name, read in one pass over the postings
+        words = list(self._named_with)
+        self._postings: dict[str, np.ndarray] = dict(
+            zip(words, lexical.postings(words), strict=True)
+        )
 
     def is_common(self, word: str, name: str) -> bool:
         """Whether ``word`` (of the name ``name``) is an ordinary word: at least COMMON_ELSEWHERE
@@ -578,7 +597,8 @@ def plan(
     if entity is not None and not (refers or question or config.fold == "always"):
         entity = None
     if question:
-        used = f"{entity.name}: {question}" if entity is not None else question
+        # the answer's topic: the tracked entity, else what the caller asked before the question
+        used = f"{entity.name}: {question}" if entity is not None else _recent(session) or question
         return Plan(f"{used} {text}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
     if entity is not None:
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, replace
@@ -38,6 +37,7 @@ from index.errors import VoxrecallError
 from index.snapshot import LoadedSnapshot
 from sidecar.budget import Budget
 from sidecar.engine import Engine, PlannedSearch, PrefetchMatch, SearchResult, Timings, TurnInput
+from sidecar.text import words as transcript_words
 
 log = logging.getLogger("voxrecall.prefetch")
 
@@ -48,13 +48,12 @@ PAUSE_PUNCTUATION = ("?", ".", "!")
 # second or so; a prefetch still embedding after this is for a turn already answered.
 PREFETCH_TIMEOUT_S = 2.0
 
-_WORD = re.compile(r"[\w']+")
 _T = TypeVar("_T")
 
 
 def normalise(text: str) -> tuple[str, ...]:
-    """The words of a transcript: lowercased, without punctuation."""
-    return tuple(_WORD.findall(text.lower().replace("’", "'")))
+    """The words of a transcript: lowercased, without punctuation (``sidecar.text.words``)."""
+    return tuple(transcript_words(text))
 
 
 def words_match(ahead: tuple[str, ...], final: tuple[str, ...]) -> bool:

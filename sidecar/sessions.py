@@ -88,9 +88,25 @@ class Session:
     # told (session, change in bytes) when ``size`` changes: the store's accounting
     on_resize: Callable[[Session, int], None] | None = field(default=None, repr=False)
 
+    _page_bytes: int = field(default=0, init=False, repr=False)  # ``pages``' share of ``size``
+
     def __post_init__(self) -> None:
         self.retained = deque(maxlen=max(1, self.context_turns))
         self.size = self.measure()
+
+    def count_pages(self, found: Iterable[tuple[str, float]], keep: int) -> None:
+        """Add what one search found (page, score) to ``pages``, keeping the ``keep`` pages most
+        found; the pages count in the session's bytes (counted here, as they change)."""
+        pages = self.pages
+        for page, score in found:
+            if page not in pages:
+                pages[page] = 0.0
+                self._page_bytes += PAGE_BYTES + sys.getsizeof(page)
+            pages[page] += score
+        if len(pages) > keep:
+            self.pages = dict(sorted(pages.items(), key=lambda kv: -kv[1])[:keep])
+            self._page_bytes = _bytes_of_pages(self.pages)
+        self.fit()
 
     def record_turn(self, speaker: str, text: str, mentions: tuple[Mention, ...] = ()) -> Said:
         said = Said(speaker, text, mentions)
@@ -107,13 +123,12 @@ class Session:
 
     def measure(self) -> int:
         """The bytes the session keeps, as accounted (the module docstring says how)."""
-        turns = sum(
-            TURN_BYTES + sys.getsizeof(said.text) + MENTION_BYTES * len(said.mentions)
-            for said in self.turns
-        )
-        pages = sum(PAGE_BYTES + sys.getsizeof(page) for page in self.pages)
-        hits = HIT_BYTES * sum(len(hits) for hits in self.retained)
-        return SESSION_BYTES + turns + pages + hits
+        # builtins mapped over lists: this runs on every turn recorded and every search
+        turns = TURN_BYTES * len(self.turns) + sum(map(sys.getsizeof, [s.text for s in self.turns]))
+        mentions = MENTION_BYTES * sum([len(said.mentions) for said in self.turns])
+        pages = self._page_bytes
+        hits = HIT_BYTES * sum(map(len, self.retained))
+        return SESSION_BYTES + turns + mentions + pages + hits
 
     def fit(self) -> None:
         """Drop the oldest turns, then the oldest searches, past ``max_bytes`` (keeping the
@@ -138,6 +153,10 @@ class Session:
                     seen.add(key)
                     out.append(hit)
         return out[:limit]
+
+
+def _bytes_of_pages(pages: Mapping[str, float]) -> int:
+    return PAGE_BYTES * len(pages) + sum(map(sys.getsizeof, pages))
 
 
 @dataclass(frozen=True, slots=True)

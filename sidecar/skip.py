@@ -11,6 +11,7 @@ Measured on the 4,173 labelled DSTC11 user turns by ``python -m bench.quality_tu
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from index.errors import ConfigError
+from sidecar.text import words
 
 if TYPE_CHECKING:  # the config reads LEXICONS for its languages: this module comes first
     from sidecar.config import SkipConfig
@@ -99,17 +101,33 @@ LEXICONS: dict[str, Lexicon] = {
     "en": Lexicon(backchannel=_EN_BACKCHANNEL, closings=_EN_CLOSINGS),
 }
 
-_WORD = re.compile(r"[\w'-]+")
-
-
-def words(text: str) -> list[str]:
-    """A turn's words, lower case, with typographic apostrophes made plain."""
-    return _WORD.findall(text.lower().replace("’", "'"))
-
 
 def _normal(text: str) -> str:
     """Words one space apart, apostrophes dropped ("That's all!" -> "thats all")."""
     return " ".join(w.replace("'", "") for w in words(text))
+
+
+# What makes a pattern match a word it does not spell out: a character class or wildcard, a
+# letter quantified or touching a group ("thanks?", "good(night|day)"), an optional space
+# anywhere but between two words ("good ?bye": the two words joined are listed too).
+_UNLISTABLE = re.compile(
+    r"\[|\\[wWdDsS]|(?<!\\)\.|[a-z0-9][?*+{]|[a-z0-9]\((?! )|\)[a-z0-9]|(?<![a-z0-9]) \?|"
+    r" \?(?![a-z0-9])"
+)
+
+
+def _vocabulary(patterns: Sequence[str]) -> frozenset[str] | None:
+    """Every word the closing ``patterns`` can match: their literal words, and any two written
+    one after the other (for "good ?bye"); None when a pattern can match a word it does not
+    spell out (``_UNLISTABLE``)."""
+    words: set[str] = set()
+    for pattern in patterns:
+        if _UNLISTABLE.search(pattern):
+            return None
+        literal = re.findall(r"[a-z0-9]+", pattern)
+        words.update(literal)
+        words.update(a + b for a, b in itertools.pairwise(literal))
+    return frozenset(words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +144,8 @@ class SkipPolicy:
     extra_phrases: tuple[str, ...] = ()
     language: str = "en"
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    # every word a skipped turn can hold (None: a pattern matches words it does not spell out)
+    _vocabulary: frozenset[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         lexicon = LEXICONS.get(self.language)
@@ -136,6 +156,10 @@ class SkipPolicy:
         extra = [re.escape(_normal(p)) for p in self.extra_phrases if _normal(p)]
         alternatives = "|".join(f"(?:{p})" for p in (*extra, *lexicon.closings))
         object.__setattr__(self, "_pattern", re.compile(rf"(?<!\S)(?:{alternatives})(?!\S)"))
+        vocabulary = _vocabulary((*extra, *lexicon.closings))
+        if vocabulary is not None:
+            vocabulary |= lexicon.backchannel
+        object.__setattr__(self, "_vocabulary", vocabulary)
 
     @classmethod
     def from_config(cls, config: SkipConfig) -> SkipPolicy:
@@ -159,6 +183,8 @@ class SkipPolicy:
         count = normal.count(" ") + 1
         if count > self.max_words:
             return Skip.NOT_SKIPPED
+        if self._vocabulary is not None and not self._vocabulary.issuperset(normal.split()):
+            return Skip.NOT_SKIPPED  # a word no closing or backchannel has: no need to match
         rest = self._pattern.sub(" ", normal).split()
         if any(w not in self.backchannel for w in rest):
             return Skip.NOT_SKIPPED

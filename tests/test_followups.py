@@ -19,6 +19,7 @@ from index.lexical import LexicalIndex
 from index.snapshot import load_snapshot, write_snapshot
 from index.sources.markdown import load_markdown
 from index.store import LocalStore, new_version_id
+from index.tables import ChunkTable
 from index.types import Chunk, Page
 from sidecar import followups
 from sidecar.config import Config, FollowupConfig, parse_config
@@ -382,3 +383,28 @@ def test_a_snapshot_gazetteer_is_built_with_common_words(hotels_config: Config) 
     old = searched_is_common(snapshot.lexical, entity_of)
     expected = Gazetteer(entity_of, FUNCTION_WORDS_EN, old, followups.STREETS_EN)
     assert followups.gazetteer(snapshot)._keys == expected._keys
+
+
+@pytest.mark.parametrize("chunks", [dstc11_chunks, example_kb_chunks])
+def test_a_mapped_tables_entities_are_its_chunks_entities(tmp_path: Path, chunks: Any) -> None:
+    base: list[Chunk] = chunks()
+    path = tmp_path / "chunks.bin"
+    path.write_bytes(ChunkTable.dump(base))
+    table = ChunkTable.open(path)
+    expected = [c.chunk_id for c in base], [followups.chunk_entity(c) for c in base]
+    assert followups.chunk_entities(table) == expected
+    assert followups.chunk_entities(base) == expected
+    assert len(set(expected[1])) > 1
+
+
+def test_near_matches_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(followups, "NEAR_KEPT", 8)
+    names = ["Gonville Hotel", "Lensfield Hotel", "Cityroomz"]
+    gaz = Gazetteer(names, FUNCTION_WORDS_EN)
+    said = followups.tokens("is the gonvile near cityroomz or the lensfeld and other things")
+    first = gaz.find(said)
+    assert [m.name for m in first] == ["Gonville Hotel", "Cityroomz", "Lensfield Hotel"]
+    for n in range(40):  # more spans than it keeps
+        gaz.find(followups.tokens(f"gonvilles number {n} lensfields"))
+        assert len(gaz._near_kept) <= 8
+    assert gaz.find(said) == first

@@ -92,6 +92,20 @@ def test_matching_is_every_doc_search_scores(index: LexicalIndex, query: str) ->
     assert set(index.matching(query).tolist()) == found
 
 
+def test_postings_are_each_words_matching_docs_sorted(index: LexicalIndex) -> None:
+    words = ["cats", "running", "the", "zebra", "wi-fi", "2024", "dogs"]
+    mapped = LexicalIndex.from_bytes(index.to_bytes())  # the vocabulary read from a mapped table
+    for idx in (index, mapped):
+        found = idx.postings(words)
+        assert [f.tolist() for f in found] == [sorted(set(idx.matching(w).tolist())) for w in words]
+    assert found[0].size
+    assert not found[3].size  # a word no doc holds
+
+
+def test_a_number_stems_to_itself() -> None:
+    assert analyze("room 1204 and 42nd street") == ["room", "1204", "42nd", "street"]
+
+
 def test_bm25_prefers_the_rarer_term() -> None:
     docs = [
         "apple banana",

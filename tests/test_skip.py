@@ -16,7 +16,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.server import create_server
 from sidecar.skip import LEXICONS, Skip, SkipPolicy, words
-from tests.conftest import shared
+from tests.conftest import SHARED_DATA, shared
 
 SKIPPED = [
     ("yeah", Skip.BACKCHANNEL),
@@ -155,3 +155,20 @@ async def test_configured_phrases_reach_the_server(
         await sidecar.stop(0.5)
     assert said[0].skipped == pb.CLOSING
     assert said[1].skipped == pb.NOT_SKIPPED  # five words: over max_words
+
+
+def test_the_word_check_before_the_patterns_changes_no_answer() -> None:
+    """A turn with a word no closing or backchannel holds is searched without running the
+    closing patterns: the same answers as the patterns alone, on every labelled DSTC11 turn (or
+    the lists above without the data) and on a phrase joined by an optional space."""
+    fast = SkipPolicy(extra_phrases=("talk soon",))
+    assert fast._vocabulary is not None
+    slow = SkipPolicy(extra_phrases=("talk soon",))
+    object.__setattr__(slow, "_vocabulary", None)  # the patterns decide every turn
+    texts = [t for t, _ in SKIPPED] + SEARCHED + ["goodbye", "good bye now", "talk soon", "talk"]
+    path = SHARED_DATA / "turns-dstc11" / "labeled_user_turns.jsonl"
+    if path.exists():
+        texts += [orjson.loads(line)["text"] for line in path.read_bytes().splitlines() if line]
+    assert [fast.classify(t) for t in texts] == [slow.classify(t) for t in texts]
+    assert fast.classify("goodbye") is not Skip.NOT_SKIPPED
+    assert fast.classify("talk soon") is Skip.CLOSING

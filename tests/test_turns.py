@@ -142,6 +142,33 @@ async def test_an_answer_is_searched_with_the_agents_question(tmp_path: Path) ->
     assert results[7].skipped is Skip.BACKCHANNEL  # no question asked: "Yes." is a backchannel
 
 
+async def test_an_answer_is_searched_with_what_the_caller_asked_before_the_question(
+    tmp_path: Path,
+) -> None:
+    """ "Yes." answers the exchange: the caller's request and the agent's question about it,
+    where the question alone ("Do you want to know how?") names nothing."""
+    base = {
+        "BENEFITS FOR VETERANS": ["Veterans apply for disability compensation online or by mail."],
+        "STUDENT AID": ["Students apply for federal aid with the FAFSA form each year."],
+    }
+    request = "I am a veteran and I was hurt in service, can I get disability compensation?"
+    results = await run_turns(
+        base,
+        [
+            ("user", request),
+            ("agent", "You may qualify."),
+            ("agent", "Do you want to know how to apply?"),
+            ("user", "Yes."),
+        ],
+        tmp_path,
+    )
+    answer = results[3]
+    assert answer.followup.source == Source.AGENT_QUESTION
+    assert answer.query.startswith(request)
+    assert "Do you want to know how to apply?" in answer.followup.used
+    assert "disability compensation" in answer.hits[0].chunk.text
+
+
 DOCS = {
     "GOOGLE DRIVE": [
         "To set up Google Drive, run rclone config and choose drive.",
