@@ -7,6 +7,8 @@ falls on every variant alike; read the ratios, not the rates):
 - ``intra_op``: one text at a time with onnxruntime's intra-op threads = cores (how builds ran
   before parallel embedding);
 - ``parallel``: what builds use now, ``parallel`` = cores threads, each one text at a time;
+- ``sessions``: one model session per core, each on a thread of its own, one text at a time
+  (parallel's threads share one session);
 - ``batched``: batches of 8 texts of one token length (no padding), the other way to fill cores.
 
 Every vector is compared with the single-text one (cosine; >= 0.999 required). Beside the rates,
@@ -24,6 +26,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ import numpy as np
 from bench.shared_data import SHARED_DATA
 from index.chunker import chunk_page
 from index.embedders.base import Vectors, normalise
-from index.embedders.local import _OUTPUT, LocalEmbedder
+from index.embedders.local import _OUTPUT, PARALLEL_SLICE, LocalEmbedder
 from index.sources.markdown import load_markdown
 
 RCLONE = SHARED_DATA / "docs-rclone" / "docs"
@@ -74,16 +77,36 @@ def _batched(embedder: LocalEmbedder, texts: list[str]) -> Vectors:
     return normalise(out)
 
 
+def _sessions(
+    embedders: list[LocalEmbedder], pool: ThreadPoolExecutor
+) -> Callable[[list[str]], Vectors]:
+    """One session per thread: the texts dealt out in slices of PARALLEL_SLICE, slice i to
+    session i mod cores (rows in input order)."""
+
+    def embed(texts: list[str]) -> Vectors:
+        slices = [texts[i : i + PARALLEL_SLICE] for i in range(0, len(texts), PARALLEL_SLICE)]
+        jobs = [
+            pool.submit(embedders[i % len(embedders)].embed_batch, part)
+            for i, part in enumerate(slices)
+        ]
+        return np.concatenate([job.result() for job in jobs])
+
+    return embed
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     cores = os.cpu_count() or 1
     source, texts = corpus(quick)
     single = LocalEmbedder(threads=1)
     intra = LocalEmbedder(threads=cores)
     parallel = LocalEmbedder(threads=1, parallel=cores)
+    pool = ThreadPoolExecutor(max_workers=cores, thread_name_prefix="bench-sessions")
+    sessions = [LocalEmbedder(threads=1) for _ in range(cores)]
     variants: dict[str, Callable[[list[str]], Vectors]] = {
         "single": single.embed_batch,
         "intra_op": intra.embed_batch,
         "parallel": parallel.embed_batch,
+        "sessions": _sessions(sessions, pool),
         "batched": lambda t: _batched(single, t),
     }
     for fn in variants.values():  # warm each session's first run
@@ -102,6 +125,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             parts[name].append(variants[name](block))
             seconds[name] += time.perf_counter() - start
             cpu[name] += time.process_time() - start_cpu
+    pool.shutdown()
     rates = {name: len(texts) / s for name, s in seconds.items()}
     vectors = {name: np.concatenate(p) for name, p in parts.items()}
     base = vectors["single"]

@@ -38,8 +38,10 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import diy_turn
 from bench.corpus import CACHE
-from bench.measure import free_port
+from bench.diy_turn import Diy
+from bench.measure import Unavailable, free_port
 from bench.shared_data import SHARED_DATA
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
@@ -96,6 +98,7 @@ class Sample:
     degraded: bool
     skipped: bool
     prefetched: bool
+    text: str = ""
 
 
 @dataclass(slots=True)
@@ -224,7 +227,9 @@ async def start_sidecar(
 # -- callers ---------------------------------------------------------------------------------
 
 
-def record(run: Run, resp: pb.TurnResponse, client_ms: float, prefetched: bool) -> None:
+def record(
+    run: Run, resp: pb.TurnResponse, client_ms: float, prefetched: bool, text: str = ""
+) -> None:
     if resp.skipped == pb.NOT_SKIPPED:
         run.reranked.append(resp.rerank == pb.RERANKED)
     run.samples.append(
@@ -234,6 +239,7 @@ def record(run: Run, resp: pb.TurnResponse, client_ms: float, prefetched: bool) 
             degraded=resp.degraded,
             skipped=resp.skipped != pb.NOT_SKIPPED,
             prefetched=prefetched,
+            text=text,
         )
     )
 
@@ -242,18 +248,24 @@ def interim_text(words: list[str]) -> str:
     return " ".join(words).rstrip("?.!,")
 
 
+def pause_s(rng: random.Random, text: str) -> float:
+    """From the previous answer to this turn's final transcript: the caller speaking it, then
+    the recogniser's endpointing silence."""
+    return len(text.split()) * WORD_S + rng.uniform(*ENDPOINT_S)
+
+
 async def call_with_turns(
     stub: pb_grpc.RetrievalStub, session: str, turns: list[str], budget_ms: int, run: Run
 ) -> None:
     rng = random.Random(session)
     for text in turns:
-        await asyncio.sleep(len(text.split()) * WORD_S + rng.uniform(*ENDPOINT_S))
+        await asyncio.sleep(pause_s(rng, text))
         start = time.perf_counter()
         resp = await stub.Turn(
             pb.TurnRequest(session_id=session, text=text, is_final=True, budget_ms=budget_ms),
             timeout=10,
         )
-        record(run, resp, (time.perf_counter() - start) * 1000.0, prefetched=False)
+        record(run, resp, (time.perf_counter() - start) * 1000.0, prefetched=False, text=text)
 
 
 async def call_with_converse(
@@ -357,9 +369,54 @@ def summarise(scenario: Scenario, run: Run) -> dict[str, Any]:
             **percentiles([x.server_ms for x in searched]),
             "degraded": share([x.degraded for x in searched]),
             "prefetched": share([x.prefetched for x in searched]),
+            "client_round_trip": percentiles([x.client_ms for x in searched]),
         },
         "client_round_trip": percentiles([x.client_ms for x in s]),
     }
+
+
+async def run_diy(config: Config, calls: list[list[str]]) -> list[tuple[str, float]]:
+    """The DIY system (``bench.diy_turn``) over the same calls, paced alike."""
+    diy = await asyncio.to_thread(Diy, config, WORK / "diy")
+    try:
+        return await diy_turn.run_calls(diy, calls, CONCURRENCY, pause_s)
+    finally:
+        await diy.aclose()
+
+
+def against_diy(
+    turn: dict[str, Any], turn_run: Run, diy: list[tuple[str, float]]
+) -> dict[str, Any]:
+    """``Turn`` beside the DIY system, both timed by the client: over every turn, and over the
+    turns the sidecar searched (the DIY system searches all; the sidecar answers the others
+    without searching)."""
+    searched = {x.text for x in turn_run.samples if not x.skipped}
+    every = percentiles([ms for _, ms in diy])
+    only = percentiles([ms for text, ms in diy if text in searched])
+    mine, mine_searched = turn["client_round_trip"], turn["searched_turns"]["client_round_trip"]
+    return {
+        "diy": {"turns": len(diy), **every, "searched_by_voxrecall": only},
+        "turn_client": mine,
+        "turn_client_searched": mine_searched,
+        "turn_over_diy_p50": round(mine["p50_ms"] / every["p50_ms"], 3) if diy else 0.0,
+        "searched_turn_over_diy_p50": (
+            round(mine_searched["p50_ms"] / only["p50_ms"], 3) if only["p50_ms"] else 0.0
+        ),
+        "goal_met": bool(diy) and mine["p50_ms"] <= every["p50_ms"],
+    }
+
+
+async def diy_beside(
+    turn: dict[str, Any], turn_run: Run, config: Config, calls: list[list[str]]
+) -> dict[str, Any]:
+    """``against_diy``, or ``{"skipped": REASON}`` where pgvector cannot run here."""
+    try:
+        measured = await run_diy(config, calls)
+    except Unavailable as exc:
+        return {"skipped": str(exc)}
+    out = against_diy(turn, turn_run, measured)
+    print("diy_pgvector", json.dumps(out), flush=True)
+    return out
 
 
 def removed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -384,11 +441,14 @@ async def run(quick: bool) -> dict[str, Any]:
         for name, config in configs.items():
             await asyncio.to_thread(build, config, name)
         results: dict[str, Any] = {}
+        diy: dict[str, Any] = {"skipped": "--quick runs no peer"}
         for scenario in SCENARIOS:
             set_latency(openai_port, scenario.latency)
             run = await run_scenario(scenario, configs[scenario.embedder], calls)
             results[scenario.name] = summarise(scenario, run)
             print(scenario.name, json.dumps(results[scenario.name]), flush=True)
+            if scenario.name == "local_default" and not quick:  # --quick runs no peer
+                diy = await diy_beside(results[scenario.name], run, configs["local"], calls)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -402,6 +462,8 @@ async def run(quick: bool) -> dict[str, Any]:
         "endpoint_s": list(ENDPOINT_S),
         "prefetch_stable_ms": configs["local"].sidecar.prefetch_stable_ms,
         "scenarios": results,
+        # the same turns through what a team builds instead: embed in the client, pgvector
+        "turn_vs_diy": diy,
         "prefetch_removes": {
             base: removed(results[base], results[f"{base}_prefetch"])
             for base in ("local_default", "openai_realistic", "remote_80_200")
@@ -448,11 +510,46 @@ async def rerank_overhead(quick: bool) -> dict[str, Any]:
     return {"rounds": rounds, "median_added_ms": added[len(added) // 2]}
 
 
+# Turn against the DIY system alone: the two take turns, round after round, so that load from
+# elsewhere falls on both alike (the goal: Turn p50 <= DIY p50, at CONCURRENCY callers).
+DIY_ROUNDS = 3
+
+
+async def diy_rounds(quick: bool) -> dict[str, Any]:
+    """``--diy``: ``local_default`` and the DIY system over the same calls, DIY_ROUNDS times."""
+    calls = workload(quick)
+    config = write_config(WORK / "local", "local", 0)
+    await asyncio.to_thread(build, config, "local")
+    scenario = SCENARIOS[0]
+    rounds = []
+    for _ in range(DIY_ROUNDS):
+        turn_run = await run_scenario(scenario, config, calls)
+        summary = summarise(scenario, turn_run)
+        rounds.append(against_diy(summary, turn_run, await run_diy(config, calls)))
+        print(json.dumps(rounds[-1]), flush=True)
+    ratios = sorted(r["turn_over_diy_p50"] for r in rounds)
+    return {
+        "concurrency": CONCURRENCY,
+        "turns": sum(len(c) for c in calls),
+        "rounds": rounds,
+        "median_turn_over_diy_p50": ratios[len(ratios) // 2],
+        "load_average": os.getloadavg(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="30 turns per scenario")
     parser.add_argument("--rerank", action="store_true", help="only the rerank stage's cost")
+    parser.add_argument("--diy", action="store_true", help="only Turn against the DIY system")
     args = parser.parse_args()
+    if args.diy:
+        result = asyncio.run(diy_rounds(args.quick))
+        path = RESULTS.with_name("turn_diy.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(result, indent=2))
+        return
     if args.rerank:
         result = asyncio.run(rerank_overhead(args.quick))
         path = RESULTS.with_name("turn_rerank.json")

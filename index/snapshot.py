@@ -533,9 +533,8 @@ class LoadedSnapshot:
 
     def _knn(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
         labels, distances = self.index.knn_query(vector.reshape(1, -1), k=k)
-        return [
-            (int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0], strict=True)
-        ]
+        pairs = zip(labels[0].tolist(), distances[0].tolist(), strict=True)
+        return [(label, 1.0 - d) for label, d in pairs]
 
     def _exact_partitions(
         self, vector: Vectors, k: int, ids: Sequence[int]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,6 +44,10 @@ log = logging.getLogger("voxrecall.engine")
 MAX_TEXT_CHARS = 4000  # a spoken turn is a few hundred characters; more is a client bug
 MAX_BUDGET_MS = 10_000
 MAX_SESSION_ID = 256
+# A query vector whose squared norm is within this range is scaled to unit length at once;
+# outside it (a NaN, an infinity, components so large or small that the scale would not fit a
+# float32) it takes the careful way, which names the fault or scales in two steps.
+SQUARED_NORM_RANGE = (1e-30, 1e30)
 # The page prior (doc2dial-style dialogues stay on one help page): each searched turn counts the
 # pages of its top PRIOR_COUNTED chunks, by score; a chunk on a page the conversation found gets
 # up to +PRIOR_BONUS (the most found page) among the top PRIOR_DEPTH. Measured on doc2dial-dev.
@@ -557,7 +562,9 @@ class Engine:
         when the reranker misses its share of what is left of the budget or fails."""
         reranker = self.policy(kb).reranker
         if reranker is None or len(result.hits) < 2 or not query:
-            return replace(result, hits=result.hits[:limit])
+            return (
+                result if len(result.hits) <= limit else replace(result, hits=result.hits[:limit])
+            )
         left_ms = max(0.0, budget.remaining_ms() - budget.reserve_ms) * reranker.config.budget_share
         deadline = asyncio.get_running_loop().time() + left_ms / 1000.0
         documents = [hit.chunk.embed_text for hit in result.hits]
@@ -658,7 +665,14 @@ class Engine:
             raise InvalidArgument(
                 f"vector is {len(data)} bytes; this snapshot needs {dim} float32 values ({dim * 4} bytes, little-endian)"
             )
-        vector = np.frombuffer(data, dtype="<f4").astype(np.float64)
+        given = np.frombuffer(data, dtype="<f4")
+        vector = given.astype(np.float64)  # float32 squares cannot overflow in float64
+        # the common case in a few steps: finite, neither tiny nor huge (a NaN or an infinity
+        # makes the sum NaN or infinite); anything else takes the careful way, which says why
+        squares = float(vector @ vector)
+        if SQUARED_NORM_RANGE[0] < squares < SQUARED_NORM_RANGE[1]:
+            unit: Vectors = given * np.float32(1.0 / math.sqrt(squares))
+            return unit
         bad = np.flatnonzero(~np.isfinite(vector))
         if bad.size:
             i = int(bad[0])

@@ -193,6 +193,20 @@ class _Run:
         self.call.code = status_for(exc)
         await self.call.context.abort(self.call.code, str(exc))
 
+    async def __aenter__(self) -> _Run:
+        return self
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        """The one end of every kind of call: a call cut off by the drain (``Call.cut_off``)
+        aborts UNAVAILABLE here (AbortError); then every started hook's ``end``, whatever
+        happened."""
+        try:
+            if isinstance(exc, asyncio.CancelledError) and self.call.cut:
+                self.call.code = grpc.StatusCode.UNAVAILABLE
+                await self.call.context.abort(grpc.StatusCode.UNAVAILABLE, self.call.cut)
+        finally:
+            self.finish(exc)
+
     def finish(self, exc: BaseException | None) -> None:
         call = self.call
         if exc is None:
@@ -202,13 +216,6 @@ class _Run:
         for i, end in self.phases.end:
             if i < self.started:
                 end(call)
-
-
-async def _unless_cut(run: _Run, exc: BaseException) -> None:
-    """A call cut off by the drain (``Call.cut_off``) aborts UNAVAILABLE here; AbortError."""
-    if isinstance(exc, asyncio.CancelledError) and run.call.cut:
-        run.call.code = grpc.StatusCode.UNAVAILABLE
-        await run.call.context.abort(grpc.StatusCode.UNAVAILABLE, run.call.cut)
 
 
 def _code_of(context: Context) -> grpc.StatusCode | None:
@@ -308,18 +315,10 @@ def _single(inner: Any, new_run: NewRun, *, stream_in: bool) -> Any:
     """A behaviour with one response (unary-unary, stream-unary), with the hooks around it."""
 
     async def behaviour(arg: Any, context: Context) -> Any:
-        run = new_run(context, stream_in)
-        error: BaseException | None = None
-        try:
+        async with new_run(context, stream_in) as run:
             response = await inner(await _prepare(run, arg, stream_in=stream_in), context)
             run.sent(response)
             return response
-        except BaseException as exc:
-            error = exc
-            await _unless_cut(run, exc)
-            raise
-        finally:
-            run.finish(error)
 
     return behaviour
 
@@ -330,33 +329,15 @@ def _streaming(inner: Any, new_run: NewRun, *, stream_in: bool) -> Any:
     if inspect.isasyncgenfunction(inner):
 
         async def generator(arg: Any, context: Context) -> AsyncIterator[Any]:
-            run = new_run(context, stream_in)
-            error: BaseException | None = None
-            try:
-                arg = await _prepare(run, arg, stream_in=stream_in)
-                async for response in inner(arg, context):
+            async with new_run(context, stream_in) as run:
+                async for response in inner(await _prepare(run, arg, stream_in=stream_in), context):
                     run.sent(response)
                     yield response
-            except BaseException as exc:
-                error = exc
-                await _unless_cut(run, exc)
-                raise
-            finally:
-                run.finish(error)
 
         return generator
 
     async def coroutine(arg: Any, context: Context) -> None:
-        run = new_run(context, stream_in)
-        error: BaseException | None = None
-        try:
-            arg = await _prepare(run, arg, stream_in=stream_in)
-            await inner(arg, _Observed(context, run.sent))
-        except BaseException as exc:
-            error = exc
-            await _unless_cut(run, exc)
-            raise
-        finally:
-            run.finish(error)
+        async with new_run(context, stream_in) as run:
+            await inner(await _prepare(run, arg, stream_in=stream_in), _Observed(context, run.sent))
 
     return coroutine

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -83,7 +83,9 @@ _TOOL_FORMATS = {
 _SPEAKERS = {pb.SPEAKER_UNSPECIFIED: Speaker.USER, pb.USER: Speaker.USER, pb.AGENT: Speaker.AGENT}
 
 
-def metadata_filters(messages: Iterable[pb.MetadataFilter]) -> tuple[MetadataFilter, ...]:
+def metadata_filters(messages: Sequence[pb.MetadataFilter]) -> tuple[MetadataFilter, ...]:
+    if not messages:  # most calls: no generator to start
+        return ()
     return tuple(MetadataFilter(m.field, tuple(m.any_of)) for m in messages)
 
 

@@ -208,6 +208,24 @@ async def test_a_huge_finite_vector_is_searched_like_its_direction(
     assert ids[2] == ids[0]
 
 
+async def test_a_tiny_vector_is_searched_like_its_direction(
+    example_sidecar: Any, local_embedder: Embedder
+) -> None:
+    """Components whose float32 squares underflow to zero take the careful way, not "zeros"."""
+    (plain,) = await local_embedder.embed(["How much does roaming cost in Europe?"])
+    channel, client = stub(example_sidecar.port)
+    async with channel:
+        answers = [
+            await client.Search(
+                pb.SearchRequest(vector=np.asarray(v, dtype="<f4").tobytes(), limit=4),
+                timeout=10,
+            )
+            for v in (plain, plain * 1e-25)
+        ]
+    assert [c.chunk_id for c in answers[1].chunks] == [c.chunk_id for c in answers[0].chunks]
+    assert answers[1].chunks[0].score == pytest.approx(answers[0].chunks[0].score, abs=1e-5)
+
+
 async def test_bad_turn_input_gets_a_clear_status(example_sidecar: Any) -> None:
     channel, client = stub(example_sidecar.port)
     async with channel:

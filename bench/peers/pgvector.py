@@ -29,10 +29,11 @@ CONNECT_TIMEOUT_S = 30
 QUERY = "SELECT id FROM items ORDER BY embedding <#> %s LIMIT %s"  # <#>: negative inner product
 
 
-class PgVector:
-    name = "pgvector"
+class Postgres:
+    """A PostgreSQL server with pgvector in ``pgdata`` (initialised on first use), listening on
+    127.0.0.1 TCP only; ``connect`` opens a connection with the vector type registered."""
 
-    def __init__(self, corpus: Corpus, cache: Path, target_recall: float) -> None:
+    def __init__(self, pgdata: Path) -> None:
         try:
             pgserver: Any = importlib.import_module("pgserver")
             import psycopg
@@ -41,26 +42,76 @@ class PgVector:
             raise Unavailable(f"pgserver, psycopg or pgvector is not installed ({exc})") from exc
         self.psycopg = psycopg
         self.register_vector = register_vector
-        self.k = corpus.spec.k
-        self.folder = cache / f"pgvector-{corpus.spec.key}-m{M}-efc{EF_CONSTRUCTION}"
-        self.pgdata = self.folder / "pgdata"
+        self.pgdata = pgdata
         self.bin = Path(pgserver.__file__).parent / "pginstall" / "bin"
         self.user = "pgserver" if os.geteuid() == 0 else None
+        if not (pgdata / "PG_VERSION").is_file():
+            shutil.rmtree(pgdata, ignore_errors=True)  # an initdb that did not finish
+            pgdata.mkdir(parents=True)
+            # initdb (and, as root, the server's own user and folder permissions), then stop:
+            # pgserver serves on a Unix socket only, and we want loopback TCP
+            pgserver.get_server(pgdata, cleanup_mode="stop").cleanup()
+        self.port = free_port()
+        self._pg_ctl(
+            "-w", "-t", "120", "-l", str(pgdata / "log"), "start", "-o",
+            f"-h 127.0.0.1 -p {self.port} -k '' -c shared_buffers={SHARED_BUFFERS}",
+        )  # fmt: skip
+
+    def _pg_ctl(self, *args: str) -> None:
+        subprocess.run(
+            [str(self.bin / "pg_ctl"), "-D", str(self.pgdata), *args],
+            check=True,
+            user=self.user,
+            stdout=subprocess.DEVNULL,
+            timeout=180,
+        )
+
+    def connect(self) -> Any:
+        conn = self.psycopg.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user="postgres",
+            dbname="postgres",
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+        )
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        self.register_vector(conn)
+        return conn
+
+    async def aconnect(self) -> Any:
+        """An asyncio connection (``psycopg.AsyncConnection``), the vector type registered."""
+        from pgvector.psycopg import register_vector_async
+
+        conn = await self.psycopg.AsyncConnection.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user="postgres",
+            dbname="postgres",
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+        )
+        await register_vector_async(conn)
+        return conn
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError):
+            self._pg_ctl("-w", "-m", "fast", "stop")
+
+
+class PgVector:
+    name = "pgvector"
+
+    def __init__(self, corpus: Corpus, cache: Path, target_recall: float) -> None:
+        self.k = corpus.spec.k
+        self.folder = cache / f"pgvector-{corpus.spec.key}-m{M}-efc{EF_CONSTRUCTION}"
         self.clients: list[Any] = []
         marker = self.folder / "built.json"
         if not marker.is_file():
             shutil.rmtree(self.folder, ignore_errors=True)  # a build that did not finish
-            self.pgdata.mkdir(parents=True)
-            # initdb (and, as root, the server's own user and folder permissions), then stop:
-            # pgserver serves on a Unix socket only, and we want loopback TCP
-            pgserver.get_server(self.pgdata, cleanup_mode="stop").cleanup()
-        self.port = free_port()
-        self._pg_ctl(
-            "-w", "-t", "120", "-l", str(self.pgdata / "log"), "start", "-o",
-            f"-h 127.0.0.1 -p {self.port} -k '' -c shared_buffers={SHARED_BUFFERS}",
-        )  # fmt: skip
+        self.server = Postgres(self.folder / "pgdata")
         try:
-            self.conn = self._connect()
+            self.conn = self.server.connect()
             if marker.is_file():
                 self.setting: dict[str, Any] = json.loads(marker.read_text())
             else:
@@ -74,28 +125,6 @@ class PgVector:
         except BaseException:
             self.close()
             raise
-
-    def _pg_ctl(self, *args: str) -> None:
-        subprocess.run(
-            [str(self.bin / "pg_ctl"), "-D", str(self.pgdata), *args],
-            check=True,
-            user=self.user,
-            stdout=subprocess.DEVNULL,
-            timeout=180,
-        )
-
-    def _connect(self) -> Any:
-        conn = self.psycopg.connect(
-            host="127.0.0.1",
-            port=self.port,
-            user="postgres",
-            dbname="postgres",
-            autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT_S,
-        )
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        self.register_vector(conn)
-        return conn
 
     def _build(self, corpus: Corpus) -> float:
         started = time.perf_counter()
@@ -126,7 +155,7 @@ class PgVector:
         return [r[0] for r in rows]
 
     def client(self) -> SearchFn:
-        conn = self._connect()
+        conn = self.server.connect()
         conn.execute(f"SET hnsw.ef_search = {self.ef}")
         self.clients.append(conn)
 
@@ -139,8 +168,7 @@ class PgVector:
         for conn in [*self.clients, getattr(self, "conn", None)]:
             with contextlib.suppress(Exception):
                 conn.close()
-        with contextlib.suppress(subprocess.SubprocessError):
-            self._pg_ctl("-w", "-m", "fast", "stop")
+        self.server.stop()
 
 
 def open_system(corpus: Corpus, cache: Path, target_recall: float) -> PgVector:
