@@ -306,6 +306,12 @@ class _CountersAtScrape(Collector):
             "Turns answered from a search started on an interim transcript.",
             counters.prefetched,
         )
+        yield CounterMetricFamily(
+            "voxrecall_prefetches_started",
+            "Searches started ahead on a stable interim transcript (prefetched turns over these: "
+            "how often the final took what was searched ahead).",
+            counters.prefetch_started,
+        )
         yield from self._embeddings()
         sessions = self.engine.sessions  # two ints: no expiry from this thread
         yield GaugeMetricFamily("voxrecall_sessions", "Sessions held.", sessions.count)

@@ -119,6 +119,29 @@ async def test_calls_stages_skips_sessions_and_snapshots_are_counted(
     assert not any(QUESTION in str(key) for key in m)  # no query text in a label
 
 
+async def test_searches_ahead_and_the_finals_that_took_them_are_counted(
+    store: Path, local_embedder: Embedder
+) -> None:
+    config = sidecar_config(store, metrics_listen="127.0.0.1:0")
+    async with (
+        running(config, local_embedder) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
+        call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)  # type: ignore[no-untyped-call]
+        interim = pb.TurnRequest(session_id="p1", text=QUESTION + "?", is_final=False)
+        await call.write(pb.ConverseRequest(turn=interim))  # a pause: searched ahead at once
+        await call.write(pb.ConverseRequest(turn=_turn(QUESTION + "?", session_id="p1")))
+        answered = await call.read()
+        await call.write(pb.ConverseRequest(turn=_turn("and what about refunds", session_id="p1")))
+        await call.read()  # a final nobody searched ahead
+        await call.done_writing()
+        m = await scraped(sidecar)
+
+    assert answered.prefetched
+    assert value(m, "voxrecall_prefetches_started_total") == 1
+    assert value(m, "voxrecall_prefetched_turns_total") == 1
+
+
 async def test_the_endpoint_stops_with_the_sidecar(store: Path, local_embedder: Embedder) -> None:
     async with running(sidecar_config(store, metrics_listen="127.0.0.1:0"), local_embedder) as sc:
         port = sc.metrics_port
