@@ -37,9 +37,7 @@ was (nothing, when the turn's own words decided the answer).
 from __future__ import annotations
 
 import re
-import threading
 import unicodedata
-import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -391,31 +389,21 @@ def _deletions(key: str) -> set[str]:
 
 _EMPTY = Gazetteer((), FUNCTION_WORDS_EN)
 _DEFAULTS = FollowupConfig()
-# One per snapshot alive, gone with it: a gazetteer reads the snapshot's (memory-mapped) lexical
-# index, which a cache outliving the snapshot would keep mapped.
-_gazetteers: weakref.WeakKeyDictionary[LoadedSnapshot, Gazetteer] = weakref.WeakKeyDictionary()
-_gazetteers_lock = threading.Lock()  # a warm-up thread may build while the loop reads
 
 
 def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
-    """The snapshot's gazetteer, built on first use and kept while the snapshot lives.
+    """The snapshot's gazetteer, built anew: its searcher (``sidecar/searcher.py``) builds it
+    once, off the event loop, and holds it while the snapshot is served.
 
     Building reads every chunk once and looks up the names' words in the lexical index's
-    postings, in time linear in the chunks (about a second for 100k chunks and 12,500 names);
-    thread-safe, so the refresher's warm-up builds it off the loop.
+    postings, in time linear in the chunks (about a second for 100k chunks and 12,500 names).
     """
-    with _gazetteers_lock:
-        gaz = _gazetteers.get(snapshot)
-    if gaz is None:
-        entity_of = [chunk_entity(c) for c in snapshot.chunks]
-        stats = EntityStats(snapshot.lexical, entity_of)
-        entities = {c.chunk_id: e for c, e in zip(snapshot.chunks, entity_of, strict=True)}
-        gaz = Gazetteer(
-            entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence, entities
-        )
-        with _gazetteers_lock:
-            _gazetteers[snapshot] = gaz
-    return gaz
+    entity_of = [chunk_entity(c) for c in snapshot.chunks]
+    stats = EntityStats(snapshot.lexical, entity_of)
+    entities = {c.chunk_id: e for c, e in zip(snapshot.chunks, entity_of, strict=True)}
+    return Gazetteer(
+        entity_of, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence, entities
+    )
 
 
 class EntityStats:
