@@ -393,6 +393,11 @@ class Scored:
         return best(self.docs[keep], self.scores[keep], k)
 
 
+# Past postings of 1 / DENSE_POSTINGS of the base's documents, a query's matches are found by one
+# scan of the buffer rather than by de-duplicating its postings (random access, several passes).
+DENSE_POSTINGS = 4
+
+
 class Bm25:
     """BM25 over one :class:`LexicalIndex` that never allocates or scans an array the size of
     the base per query: the scores accumulate in a buffer kept for the index's life, and only
@@ -445,15 +450,22 @@ def _accumulate(
     sums them, so the scores are the same to the bit."""
     for docs, weights in parts:
         sums[docs] += weights  # unique within a posting list
+    postings = sum(d.size for d, _ in parts)
+    dense = len(parts) > 1 and postings * DENSE_POSTINGS >= sums.size
     if not parts:
         docs = np.zeros(0, dtype=np.int32)
     elif len(parts) == 1:
         docs = parts[0][0]
+    elif dense:  # the postings cover much of the base: one scan finds the matches faster
+        docs = np.flatnonzero(sums).astype(np.int32)  # every match sums above 0
     else:
         docs = _distinct(np.concatenate([d for d, _ in parts]), where)
     scored = Scored(docs, sums[docs])
     at_scores = sums[at]
-    sums[docs] = 0.0
+    if dense:
+        sums.fill(0.0)
+    else:
+        sums[docs] = 0.0
     return scored, at_scores
 
 

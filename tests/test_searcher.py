@@ -217,10 +217,13 @@ def test_bm25_scores_only_the_matching_documents_and_reuses_its_buffers() -> Non
         "the password reset link expires",
         "voicemail keeps messages",
         "settings hold the roaming switch",
+        *(f"filler document {i} of the archive" for i in range(60)),
     ]
     index = LexicalIndex.build(texts)
     bm25 = Bm25(index)
-    for query in ("password reset", "roaming settings password", "nothing matches here", ""):
+    # rare terms (their postings de-duplicated), one term, common terms (the buffer scanned)
+    queries = ("password reset", "roaming settings password", "voicemail", "filler archive")
+    for query in (*queries, "filler password", "nothing matches here", ""):
         dense = index.scores(query)
         scored, at = bm25.score(query, at=np.arange(len(texts), dtype=np.int64))
         assert sorted(scored.docs.tolist()) == np.flatnonzero(dense).tolist()
