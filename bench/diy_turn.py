@@ -22,10 +22,10 @@ import numpy as np
 
 from bench.peers import EF_CONSTRUCTION, M
 from bench.peers.pgvector import Postgres
-from index.config import Config
 from index.embedders.local import LocalEmbedder
 from index.snapshot import load_snapshot
 from index.store import LocalStore
+from sidecar.config import Config
 
 QUERY = "SELECT id, title, text, url FROM chunks ORDER BY embedding <#> %s LIMIT %s"  # <#>: -ip
 

@@ -4,7 +4,8 @@ The engine in-process (no gRPC), every query vector already cached, so what is t
 turn's own work: validation, the skip policy, the follow-up plan (the gazetteer scan of the turn,
 once), the ranking, recording the turn. A short conversation (a user naming a page, the agent
 naming another, follow-ups, a backchannel) is replayed in a fresh session each pass; beside it the
-same user turns go through ``Search``. Two bases:
+same user turns go through ``Search``, and again with the base served ``hybrid = true``. Two
+bases:
 
 * the Windows Terminal docs of ``../shared/data`` (623 chunks; ``examples/kb`` without the data);
 * ``bench.ours``' synthetic pages at ``--n`` chunks (100,000 by default), "Document 1234" titles.
@@ -37,6 +38,7 @@ from sidecar.config import SidecarConfig
 from sidecar.engine import Engine, SearchInput, Speaker, TurnInput
 from sidecar.followups import chunk_entity
 from sidecar.holder import SnapshotHolder
+from sidecar.searcher import Searcher
 from sidecar.sessions import SessionStore
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_turn.json"
@@ -73,7 +75,7 @@ def engine_over(chunks: list[Chunk], folder: Path) -> Engine:
         sources=[KB],
     )
     holder = SnapshotHolder()
-    holder.publish(load_snapshot(folder / version, checksums=False))
+    holder.publish(Searcher.build(load_snapshot(folder / version, checksums=False)))
     config = SidecarConfig(budget_ms=10_000)
     sessions = SessionStore(max_sessions=1024, ttl_s=600, context_turns=config.context_turns)
     return Engine(config, embedder, holder, frozenset({KB}), sessions, default_knowledge_base=KB)
@@ -114,6 +116,7 @@ async def measure(engine: Engine, turns: list[tuple[str, str]], passes: int) -> 
         for text in user:
             await engine.search(SearchInput(query=text))
         search_s += time.perf_counter() - started
+    hybrid_s = await hybrid_searches(engine, user, passes)
     if engine.vectors.stats.misses != misses:
         raise RuntimeError("a timed call embedded: the figures would include the embedder")
     per_turn = turn_s / (passes * len(turns)) * 1e6
@@ -122,8 +125,22 @@ async def measure(engine: Engine, turns: list[tuple[str, str]], passes: int) -> 
         "turns_per_pass": len(turns),
         "us_per_turn": round(per_turn, 1),
         "us_per_search": round(per_search, 1),
+        "us_per_hybrid_search": round(hybrid_s / (passes * len(user)) * 1e6, 1),
         "turn_over_search": round(per_turn / per_search, 2),
     }
+
+
+async def hybrid_searches(engine: Engine, user: list[str], passes: int) -> float:
+    """Seconds the same searches take with the base served ``hybrid = true``."""
+    engine.hybrid_bases = frozenset({KB})
+    try:
+        started = time.perf_counter()
+        for _ in range(passes):
+            for text in user:
+                await engine.search(SearchInput(query=text))
+        return time.perf_counter() - started
+    finally:
+        engine.hybrid_bases = frozenset()
 
 
 async def run(data_dir: Path, n: int, passes: int) -> dict[str, Any]:

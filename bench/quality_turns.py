@@ -51,6 +51,7 @@ from index.types import Page
 from sidecar import followups, relevance
 from sidecar.config import Config, parse_config
 from sidecar.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.searcher import Searcher
 from sidecar.sessions import Session
 from sidecar.skip import Skip, SkipPolicy, words
 
@@ -279,10 +280,11 @@ async def dstc_quality(data: Dstc, engine: Engine) -> dict[str, Any]:
 def lexical_fallback(data: Dstc, snapshot: LoadedSnapshot, min_lexical_score: float) -> Any:
     """hit@3 / MRR@10 of the BM25 fallback alone: the product's (spoken-query stopwords dropped)
     against Lucene's stopwords only, for the last turn and the gold-entity-prefixed one."""
+    searcher = Searcher.build(snapshot)
 
     def product(text: str) -> list[str]:
         query = relevance.Query(text, None, EVAL_DEPTH, 0.0, min_lexical_score)
-        return [snapshot.chunks[label].source_path for label, _ in relevance.rank(snapshot, query)]
+        return [snapshot.chunks[label].source_path for label, _ in relevance.rank(searcher, query)]
 
     def stop33(text: str) -> list[str]:
         hits = snapshot.lexical.search(text, EVAL_DEPTH)

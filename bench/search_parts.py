@@ -68,13 +68,13 @@ def _patch(variant: str) -> None:
     elif variant == "search-in-thread":
         pool = ThreadPoolExecutor(os.cpu_count() or 1)
 
-        async def in_thread(self: Any, snapshot: Any, kb: str, query: str, budget: Any, *,
-                            embed: bool = True, vector: Any = None, **kw: Any) -> Any:  # fmt: skip
+        async def in_thread(self: Any, target: Any, query: str, deadline: float, *,
+                            vector: Any = None, embed: bool = True) -> Any:  # fmt: skip
             start = time.perf_counter()
             if vector is None and embed:
-                vector = await self.vectors.get(query, budget.embed_deadline())
+                vector = await self.vectors.get(query, deadline)
             embed_ms = (time.perf_counter() - start) * 1000.0
-            rank = partial(self._rank, snapshot, kb, query, vector, embed_ms=embed_ms, **kw)
+            rank = partial(self._rank, target, query, vector, embed_ms)
             return await asyncio.get_running_loop().run_in_executor(pool, rank)
 
         Engine._search = in_thread  # type: ignore[method-assign]

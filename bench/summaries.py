@@ -40,6 +40,7 @@ from index.snapshot import LoadedSnapshot, load_snapshot, write_snapshot
 from index.store import LocalStore, new_version_id
 from index.summaries import first_sentence, heading_summary
 from sidecar import relevance
+from sidecar.searcher import Searcher
 
 RESULTS = Path(__file__).resolve().parent / "results" / "summaries.json"
 Fusion = Literal["off", "max", "mean"]
@@ -102,6 +103,7 @@ def scifact(quick: bool, embedder: Embedder) -> dict[str, Any]:
     qids = list(queries)
     qvectors = embedder.embed_batch([queries[q] for q in qids])
     out: dict[str, Any] = {"documents": len(doc_ids), "queries": len(qids)}
+    searcher = Searcher.build(snap)
     for fusion in FUSIONS:
         ndcg, rec3, rec10 = [], [], []
         for qid, qvec in zip(qids, qvectors, strict=True):
@@ -109,7 +111,7 @@ def scifact(quick: bool, embedder: Embedder) -> dict[str, Any]:
                 text=queries[qid], vector=qvec, limit=10, min_score=-1.0,
                 min_lexical_score=0.0, summaries=fusion,
             )  # fmt: skip
-            ranked = [snap.chunks[label].chunk_id for label, _ in relevance.rank(snap, query)]
+            ranked = [snap.chunks[label].chunk_id for label, _ in relevance.rank(searcher, query)]
             ndcg.append(ndcg_at(ranked, qrels[qid], 10))
             rec3.append(recall_at(ranked, qrels[qid], 3))
             rec10.append(recall_at(ranked, qrels[qid], 10))

@@ -57,6 +57,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.holder import SnapshotHolder
 from sidecar.refresh import freeze_heap, warm_up
+from sidecar.searcher import Searcher
 
 RESULTS = Path(__file__).resolve().parent / "results" / "swap.json"
 CACHE = Path(__file__).resolve().parent / ".cache" / "swap"
@@ -443,11 +444,11 @@ async def _swap_off_the_loop(
     # the refresher's call: fetch checked every file's sha256 (the SnapshotStore contract)
     snapshot = await asyncio.to_thread(load_snapshot, fetched, INFO, checksums=False)
     ends.append(time.perf_counter())
-    await asyncio.to_thread(warm_up, snapshot)
+    searcher = await asyncio.to_thread(warm_up, snapshot)
     ends.append(time.perf_counter())
     done.set()
     await tick
-    return snapshot, ends, ticks
+    return searcher, ends, ticks
 
 
 def _worst_lag_ms(ticks: list[tuple[float, float]], start: float, end: float) -> float:
@@ -460,14 +461,17 @@ def measure_swap(folder: Path) -> dict[str, Any]:
     store = LocalStore(folder.parent.parent)
     rss_start = _status_mb("VmRSS")
     holder = SnapshotHolder()
-    holder.publish(load_snapshot(store.fetch(KB, folder.name), INFO, checksums=False))
+    holder.publish(
+        Searcher.build(load_snapshot(store.fetch(KB, folder.name), INFO, checksums=False))
+    )
     freeze_heap()  # as the refresher does after each swap
     rss_serving = _status_mb("VmRSS")
     peak_first_load = _status_mb("VmHWM")
     reset = _reset_peak()
     with GcPauses() as pauses:
-        snapshot, (t0, t1, t2, t3), ticks = asyncio.run(_swap_off_the_loop(store, folder.name))
-    holder.publish(snapshot)
+        searcher, (t0, t1, t2, t3), ticks = asyncio.run(_swap_off_the_loop(store, folder.name))
+    holder.publish(searcher)
+    snapshot = searcher.snapshot
     peak = _peak_mb(reset)
     stalls = [_worst_lag_ms(ticks, a, b) for a, b in ((t0, t1), (t1, t2), (t2, t3 + 1.0))]
     return {

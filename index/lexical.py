@@ -14,6 +14,7 @@ import bisect
 import itertools
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -32,8 +33,11 @@ __all__ = [
     "DEFAULT_K1",
     "SPOKEN_STOPWORDS",
     "STOPWORDS",
+    "Bm25",
     "LexicalIndex",
+    "Scored",
     "analyze",
+    "best",
     "convex_fusion",
     "reciprocal_rank_fusion",
 ]
@@ -288,18 +292,28 @@ class LexicalIndex:
 
     def scores(self, query: str, *, drop: frozenset[str] = frozenset()) -> FloatArray:
         """The BM25 score of ``query`` for every document (0 where no term matches): what
-        :meth:`top` ranks, and what fusion reads for candidates the other retriever found."""
+        :meth:`top` ranks. A searcher scores only the matching documents (:class:`Bm25`)."""
         scores = np.zeros(len(self._doc_len), dtype=np.float32)
+        for docs, weights in self.weighted(query, drop):
+            # doc ids are unique within a posting list, so fancy += accumulates correctly
+            scores[docs] += weights
+        return scores
+
+    def weighted(
+        self, query: str, drop: frozenset[str] = frozenset()
+    ) -> list[tuple[IntArray, FloatArray]]:
+        """Each query term's postings and what the term adds to each of their documents' BM25
+        score, in the query's term order: arrays the size of the postings, never of the base."""
         qtf = Counter(t for t in map(self._term_id, analyze(query, drop)) if t >= 0)
         k1p1 = np.float32(self.k1 + 1.0)
+        out: list[tuple[IntArray, FloatArray]] = []
         for tid, count in qtf.items():
             lo, hi = int(self._indptr[tid]), int(self._indptr[tid + 1])
             docs = self._doc_ids[lo:hi]
             tf = self._tfs[lo:hi].astype(np.float32)
             weight = np.float32(self._idf[tid] * count) * k1p1
-            # doc ids are unique within a posting list, so fancy += accumulates correctly
-            scores[docs] += weight * tf / (tf + self._norm[docs])
-        return scores
+            out.append((docs, weight * tf / (tf + self._norm[docs])))
+        return out
 
     def top(
         self, scores: FloatArray, k: int, allowed: BoolArray | None = None
@@ -310,16 +324,8 @@ class LexicalIndex:
             raise ValueError(f"scores must have shape ({n_docs},)")
         if allowed is not None and (allowed.dtype != np.bool_ or allowed.shape != (n_docs,)):
             raise ValueError(f"allowed must be a bool array of shape ({n_docs},)")
-        if k <= 0:
-            return []
         cand = np.flatnonzero((scores > 0.0) if allowed is None else (scores > 0.0) & allowed)
-        if cand.size > k:
-            # keep everything tied with the k-th score so the tie-break by doc id is exact
-            kth = np.partition(scores[cand], cand.size - k)[cand.size - k]
-            cand = cand[scores[cand] >= kth]
-        cand_scores = scores[cand]
-        order = np.lexsort((cand, -cand_scores))[:k]
-        return [(int(d), float(s)) for d, s in zip(cand[order], cand_scores[order], strict=True)]
+        return best(cand, scores[cand], k)
 
     def to_bytes(self) -> bytes:
         """Serialize as an arrays file (``index/mapped.py``): the sorted vocabulary as a string
@@ -370,6 +376,125 @@ class LexicalIndex:
             k1=stored_k1 if k1 is None else k1,
             b=stored_b if b is None else b,
         )
+
+
+def best(
+    docs: npt.NDArray[np.int64] | IntArray, scores: FloatArray, k: int
+) -> list[tuple[int, float]]:
+    """The ``k`` best ``(doc, score)`` of parallel arrays (docs unique), best first, ties broken
+    by doc id."""
+    if k <= 0:
+        return []
+    if docs.size > k:
+        # keep everything tied with the k-th score so the tie-break by doc id is exact
+        kth = np.partition(scores, docs.size - k)[docs.size - k]
+        keep = scores >= kth
+        docs, scores = docs[keep], scores[keep]
+    order = np.lexsort((docs, -scores))[:k]
+    return [(int(d), float(s)) for d, s in zip(docs[order], scores[order], strict=True)]
+
+
+class Scored:
+    """One query's BM25 scores, sparse: the documents matching a term (each once, in no
+    particular order) and their scores, all above 0."""
+
+    __slots__ = ("docs", "scores")
+
+    def __init__(self, docs: IntArray, scores: FloatArray) -> None:
+        self.docs = docs
+        self.scores = scores
+
+    def top(self, k: int, keep: BoolArray | None = None) -> list[tuple[int, float]]:
+        """The ``k`` best, as :meth:`LexicalIndex.search`; ``keep`` (parallel to ``docs``)
+        leaves out the documents where it is False."""
+        if keep is None:
+            return best(self.docs, self.scores, k)
+        return best(self.docs[keep], self.scores[keep], k)
+
+
+# Past postings of 1 / DENSE_POSTINGS of the base's documents, a query's matches are found by one
+# scan of the buffer rather than by de-duplicating its postings (random access, several passes).
+DENSE_POSTINGS = 4
+
+
+class Bm25:
+    """BM25 over one :class:`LexicalIndex` that never allocates or scans an array the size of
+    the base per query: the scores accumulate in a buffer kept for the index's life, and only
+    the matching documents are read back (and the buffer zeroed there again).
+
+    One query at a time uses the buffers (a sidecar ranks on its event loop); a second one at
+    the same moment (another thread) scores in buffers of its own rather than wait.
+    """
+
+    __slots__ = ("_lock", "_sums", "_where", "index")
+
+    def __init__(self, index: LexicalIndex) -> None:
+        self.index = index
+        self._sums = np.zeros(len(index), dtype=np.float32)  # zero between queries
+        self._where = np.zeros(len(index), dtype=np.int32)  # scratch: read only where written
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._sums.nbytes + self._where.nbytes)
+
+    def score(
+        self,
+        query: str,
+        *,
+        drop: frozenset[str] = frozenset(),
+        at: npt.NDArray[np.int64] | None = None,
+    ) -> tuple[Scored, FloatArray]:
+        """The matching documents' scores, and the scores of the documents ``at`` (0 where no
+        term matches): what hybrid ranking reads for the dense side's candidates."""
+        parts = self.index.weighted(query, drop)
+        at = np.zeros(0, dtype=np.int64) if at is None else at
+        if not self._lock.acquire(blocking=False):  # another thread is scoring: our own buffers
+            n = len(self.index)
+            sums, where = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.int32)
+            return _accumulate(parts, sums, where, at)
+        try:
+            return _accumulate(parts, self._sums, self._where, at)
+        finally:
+            self._lock.release()
+
+
+def _accumulate(
+    parts: list[tuple[IntArray, FloatArray]],
+    sums: FloatArray,
+    where: IntArray,
+    at: npt.NDArray[np.int64],
+) -> tuple[Scored, FloatArray]:
+    """Sum ``parts`` in ``sums`` (zero before and after), in the order ``LexicalIndex.scores``
+    sums them, so the scores are the same to the bit."""
+    for docs, weights in parts:
+        sums[docs] += weights  # unique within a posting list
+    postings = sum(d.size for d, _ in parts)
+    dense = len(parts) > 1 and postings * DENSE_POSTINGS >= sums.size
+    if not parts:
+        docs = np.zeros(0, dtype=np.int32)
+    elif len(parts) == 1:
+        docs = parts[0][0]
+    elif dense:  # the postings cover much of the base: one scan finds the matches faster
+        docs = np.flatnonzero(sums).astype(np.int32)  # every match sums above 0
+    else:
+        docs = _distinct(np.concatenate([d for d, _ in parts]), where)
+    scored = Scored(docs, sums[docs])
+    at_scores = sums[at]
+    if dense:
+        sums.fill(0.0)
+    else:
+        sums[docs] = 0.0
+    return scored, at_scores
+
+
+def _distinct(docs: IntArray, where: IntArray) -> IntArray:
+    """``docs`` with each repeated id once, in linear time: every occurrence writes its position
+    into ``where`` and the one whose position stuck is kept (whichever numpy let win)."""
+    positions = np.arange(docs.size, dtype=np.int32)
+    where[docs] = positions
+    kept: IntArray = docs[where[docs] == positions]
+    return kept
 
 
 def reciprocal_rank_fusion(

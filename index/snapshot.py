@@ -455,7 +455,7 @@ class Partition:
     size: int
 
 
-@dataclass(slots=True, eq=False, weakref_slot=True)  # identity: a cache may key on it weakly
+@dataclass(slots=True, eq=False)  # identity: one loaded folder is one snapshot
 class LoadedSnapshot:
     """A verified snapshot in memory, immutable once built; what one sidecar request reads.
 
@@ -491,13 +491,6 @@ class LoadedSnapshot:
         wanted = set(sources)
         return [i for i, name in enumerate(self.source_names) if name in wanted]
 
-    def source_mask(self, sources: Sequence[str]) -> npt.NDArray[np.bool_] | None:
-        """A boolean mask of chunks in the given sources, or None for no filter."""
-        if not sources:
-            return None
-        wanted = np.asarray(self.source_ids(sources), dtype=np.int32)
-        return np.isin(self.source_of, wanted)
-
     def search_dense(
         self, vector: Vectors, k: int, sources: Sequence[str] = ()
     ) -> list[tuple[int, float]]:
@@ -516,7 +509,23 @@ class LoadedSnapshot:
         if len(ids) == len(self.source_names):
             return self._knn(vector, min(k, n))
         allowed = int(np.isin(self.source_of, ids).sum()) if ids else 0
-        if allowed == 0:
+        return self.search_sources(
+            vector, k, ids, allowed, lambda: np.flatnonzero(np.isin(self.source_of, ids))
+        )
+
+    def search_sources(
+        self,
+        vector: Vectors,
+        k: int,
+        ids: Sequence[int],
+        allowed: int,
+        labels: Callable[[], npt.NDArray[np.int64]],
+    ) -> list[tuple[int, float]]:
+        """``search_dense`` of the sources ``ids`` (some, not all), which hold ``allowed``
+        chunks; ``labels()`` gives theirs, ascending, when exact search needs them. A searcher
+        passes what it counted once (``sidecar.searcher.Sources``), not a scan of the base."""
+        n = len(self.chunks)
+        if allowed == 0 or n == 0 or k <= 0:
             return []
         if allowed / n < OVERFETCH_MIN_SHARE and all(i in self.partitions for i in ids):
             return self._exact_partitions(vector, k, ids)
@@ -529,7 +538,7 @@ class LoadedSnapshot:
         ]
         if len(hits) >= min(k, allowed):
             return hits[:k]
-        return self._exact(vector, k, np.flatnonzero(np.isin(self.source_of, ids)))
+        return self._exact(vector, k, labels())
 
     def _knn(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
         labels, distances = self.index.knn_query(vector.reshape(1, -1), k=k)

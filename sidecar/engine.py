@@ -1,7 +1,9 @@
 """The turn engine: what happens to one caller turn or one explicit search, free of gRPC.
 
 A turn's hot path is: skip? -> follow-up query -> embed (under the budget) -> rank (threshold,
-hybrid, context_url: ``sidecar/relevance.py``). The budget bounds the whole turn: embedding gets
+hybrid, context_url: ``sidecar/relevance.py``), all against the base's searcher, read once per
+call (``sidecar/searcher.py``: the snapshot and everything built from it before it was served;
+nothing is built on the event loop). The budget bounds the whole turn: embedding gets
 what is left of it less a reserve (``sidecar/budget.py``), and when the embedder misses that, or
 fails, the snapshot's lexical index answers and the result says ``degraded``. Query vectors are
 cached, and a late one is bounded (``sidecar/query_embedder.py``). Converse streams may hand a
@@ -34,6 +36,7 @@ from sidecar.holder import SnapshotHolder
 from sidecar.query_embedder import QueryEmbedder
 from sidecar.rerank import Reranker
 from sidecar.rerank import Status as RerankStatus
+from sidecar.searcher import Searcher
 from sidecar.sessions import Mention, Session, SessionStore
 from sidecar.sessions import Speaker as Speaker  # re-exported: TurnInput.speaker's values
 from sidecar.skip import Skip, SkipPolicy
@@ -154,11 +157,25 @@ class PlannedSearch:
     """What a final user turn with some text would search now (computed ahead by Converse)."""
 
     knowledge_base: str
-    snapshot: LoadedSnapshot
+    searcher: Searcher
     query: str
     sources: tuple[str, ...]
     context_url: str
     allowed: Allowed | None = None  # the filters' and paths' mask (sidecar/scope.py)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchScope:
+    """Where one search looks and what it keeps: the base's searcher, how many results, the
+    threshold, and the call's sources, ``context_url`` and filters' mask."""
+
+    searcher: Searcher
+    knowledge_base: str
+    limit: int
+    min_score: float
+    sources: Sequence[str] = ()
+    context_url: str = ""
+    allowed: Allowed | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +191,7 @@ class Prefetch(Protocol):
     """A source of results searched ahead (``sidecar.prefetch.Prefetcher``)."""
 
     async def take(
-        self, req: TurnInput, snapshot: LoadedSnapshot, budget: Budget
+        self, req: TurnInput, searcher: Searcher, budget: Budget
     ) -> PrefetchMatch | None:
         """The prefetch matching this final turn, waited for until the embedding deadline at
         most, or None when none matches."""
@@ -235,33 +252,33 @@ class Engine:
         entities it names, found once).
         """
         budget = Budget.start(self._budget_ms(req.budget_ms))
-        kb, snapshot, allowed = self._admit(req)
+        kb, searcher, allowed = self._admit(req)
         session = self.sessions.get(req.session_id)
         self.counters.turns += 1
         if req.speaker != Speaker.AGENT and not req.is_final:
-            return self._skipped(session, Skip.NOT_FINAL, snapshot, budget)
+            return self._skipped(session, Skip.NOT_FINAL, searcher, budget)
         utterance = Utterance.of(req.text)
-        mentions = followups.gazetteer(snapshot).find(utterance.tokens)
+        mentions = searcher.gazetteer.find(utterance.tokens)
         if req.speaker == Speaker.AGENT:
             self._record(session, Speaker.AGENT, utterance, mentions)
             self._read_later(session, utterance)
-            return self._skipped(session, Skip.AGENT_TURN, snapshot, budget)
+            return self._skipped(session, Skip.AGENT_TURN, searcher, budget)
         skip = self._skip(session, utterance)
         if skip is not Skip.NOT_SKIPPED:
             self._record(session, Speaker.USER, utterance, mentions)
-            return self._skipped(session, skip, snapshot, budget)
+            return self._skipped(session, skip, searcher, budget)
         plan = followups.plan(session, utterance, mentions, self.config.followups)
         self._record(session, Speaker.USER, utterance, mentions)
-        taken = await prefetch.take(req, snapshot, budget) if prefetch is not None else None
+        taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
         if taken is not None and taken.result is not None:
             query, result = taken.query, taken.result
             self.counters.prefetched += 1
         else:
             if plan.prior:
-                await self._read(session, snapshot, budget)
+                await self._read(session, searcher, budget)
             embed = taken is None
             query, result = await self._retrieve(
-                snapshot, kb, req, session, plan, budget, embed, allowed
+                searcher, kb, req, session, plan, budget, embed, allowed
             )
         result = await self._reranked(kb, query, result, self.config.max_results, budget)
         self._remember(session, result.hits)
@@ -272,7 +289,7 @@ class Engine:
             context=session.context(self._context_limit()),
             skipped=Skip.NOT_SKIPPED,
             query=query,
-            snapshot_version=snapshot.version,
+            snapshot_version=searcher.version,
             degraded=result.degraded,
             timings=Timings(
                 embed_ms=result.timings.embed_ms,
@@ -285,18 +302,18 @@ class Engine:
             rerank=result.rerank,
         )
 
-    def _admit(self, req: TurnInput) -> tuple[str, LoadedSnapshot, Allowed | None]:
+    def _admit(self, req: TurnInput) -> tuple[str, Searcher, Allowed | None]:
         """A turn's checks, shared by ``turn`` and ``plan``: its text and session id, its base
-        (with the snapshot serving it) and what its filters and paths let it reach."""
+        (with the searcher serving it) and what its filters and paths let it reach."""
         self._check_text(req.text, allow_empty=True)
         self._check_session(req.session_id)
         kb = req.knowledge_base or self.default_knowledge_base
-        snapshot = self.snapshot(kb)
-        return kb, snapshot, scope.resolve(snapshot, kb, req.filters, req.source_paths, req.sources)
+        searcher = self.searcher(kb)
+        return kb, searcher, scope.resolve(searcher, kb, req.filters, req.source_paths, req.sources)
 
     async def _retrieve(
         self,
-        snapshot: LoadedSnapshot,
+        searcher: Searcher,
         kb: str,
         req: TurnInput,
         session: Session,
@@ -308,12 +325,12 @@ class Engine:
         """Search the plan's query; when the plan says so, the turn alone too (both embedded at
         once), and rank the candidates of both by both (``_combined``): a new question keeps
         its own answer where its words clearly prefer it, a follow-up gets the conversation's."""
-        entity_of = followups.gazetteer(snapshot).entity_of
+        entity_of = searcher.gazetteer.entity_of
         prior = session.pages if plan.prior and session.pages else None
         keep = self._depth(kb, self.config.max_results)  # the rerank stage's candidates
         if plan.query == req.text or not (plan.alone or plan.named):
             depth = PRIOR_DEPTH if prior else 0
-            search = self._turn_search(snapshot, kb, plan.query, req, budget, embed, depth, allowed)
+            search = self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed)
             result = _prior_lifted(await search, prior, entity_of, keep)
             _count_pages(session, result.hits, entity_of)
             if plan.query == req.text:
@@ -321,8 +338,8 @@ class Engine:
             return plan.query, result
         depth = max(keep, FUSION_DEPTH)
         folded, own = await asyncio.gather(
-            self._turn_search(snapshot, kb, plan.query, req, budget, embed, depth, allowed),
-            self._turn_search(snapshot, kb, req.text, req, budget, embed, depth, allowed),
+            self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed),
+            self._turn_search(searcher, kb, req.text, req, budget, embed, depth, allowed),
         )
         # the turn's own words' result is what the conversation's pages count
         _count_pages(session, own.hits, entity_of)
@@ -334,7 +351,7 @@ class Engine:
 
     async def _turn_search(
         self,
-        snapshot: LoadedSnapshot,
+        searcher: Searcher,
         kb: str,
         query: str,
         req: TurnInput,
@@ -345,18 +362,16 @@ class Engine:
     ) -> SearchResult:
         """One of a turn's searches, ``limit`` deep (at least ``max_results``), within what
         the call may reach (``allowed``)."""
-        return await self._search(
-            snapshot,
+        target = SearchScope(
+            searcher,
             kb,
-            query,
-            budget,
             limit=max(limit, self.config.max_results),
             min_score=self.config.min_score,
             sources=req.sources,
             context_url=req.context_url,
-            embed=embed,
             allowed=allowed,
         )
+        return await self._search(target, query, budget.embed_deadline(), embed=embed)
 
     def _read_later(self, session: Session, utterance: Utterance) -> None:
         """Embed an agent turn in the background (it is read by the next user turn's page
@@ -371,7 +386,7 @@ class Engine:
         self._reading.add(task)
         task.add_done_callback(self._reading.discard)
 
-    async def _read(self, session: Session, snapshot: LoadedSnapshot, budget: Budget) -> None:
+    async def _read(self, session: Session, searcher: Searcher, budget: Budget) -> None:
         """Count the pages the agent's turns since the last user turn are about: their vectors
         were embedded when they arrived (or are joined now, within the turn's embedding time)."""
         unread, session.unread = session.unread, []
@@ -379,44 +394,38 @@ class Engine:
             vector = await self.vectors.get(text, budget.embed_deadline())
             if vector is None:
                 continue
-            found = snapshot.search_dense(vector, PRIOR_COUNTED)
-            hits = [Hit("", snapshot.chunks[label], score) for label, score in found]
-            _count_pages(session, hits, followups.gazetteer(snapshot).entity_of)
+            found = searcher.snapshot.search_dense(vector, PRIOR_COUNTED)
+            hits = [Hit("", searcher.chunks[label], score) for label, score in found]
+            _count_pages(session, hits, searcher.gazetteer.entity_of)
 
     def plan(self, req: TurnInput) -> PlannedSearch | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
         search; validates like ``turn`` and records nothing."""
-        kb, snapshot, allowed = self._admit(req)
+        kb, searcher, allowed = self._admit(req)
         if req.speaker == Speaker.AGENT:
             return None
         session = self.sessions.get(req.session_id)
         utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
-        mentions = followups.gazetteer(snapshot).find(utterance.tokens)
+        mentions = searcher.gazetteer.find(utterance.tokens)
         query = followups.plan(session, utterance, mentions, self.config.followups).query
-        return PlannedSearch(kb, snapshot, query, req.sources, req.context_url, allowed)
+        return PlannedSearch(kb, searcher, query, req.sources, req.context_url, allowed)
 
     async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
         """Embed and rank a planned query ahead of its turn; None when the embedder missed
         ``deadline`` (``loop.time()``) or failed: the turn itself then decides."""
-        start = time.perf_counter()
-        vector = await self.vectors.get(planned.query, deadline)
-        if vector is None:
-            return None
-        embed_ms = (time.perf_counter() - start) * 1000.0
-        return self._rank(
-            planned.snapshot,
+        target = SearchScope(
+            planned.searcher,
             planned.knowledge_base,
-            planned.query,
-            vector,
             limit=self._depth(planned.knowledge_base, self.config.max_results),
             min_score=self.config.min_score,
             sources=planned.sources,
             context_url=planned.context_url,
-            embed_ms=embed_ms,
             allowed=planned.allowed,
         )
+        result = await self._search(target, planned.query, deadline)
+        return None if result.degraded else result
 
     async def aclose(self) -> None:
         """Cancel query embeddings still running in the background."""
@@ -440,22 +449,21 @@ class Engine:
         if not (-1.0 <= req.min_score <= 1.0):
             raise InvalidArgument(f"min_score must be between -1 and 1, got {req.min_score}")
         kb = req.knowledge_base or self.default_knowledge_base
-        snapshot = self.snapshot(kb)
-        allowed = scope.resolve(snapshot, kb, req.filters, req.source_paths, req.sources)
-        vector = self._vector_from_bytes(req.vector, snapshot) if req.vector else None
+        searcher = self.searcher(kb)
+        allowed = scope.resolve(searcher, kb, req.filters, req.source_paths, req.sources)
+        vector = self._vector_from_bytes(req.vector, searcher.snapshot) if req.vector else None
         limit = req.limit or self.config.max_results
-        result = await self._search(
-            snapshot,
+        target = SearchScope(
+            searcher,
             kb,
-            "" if vector is not None else req.query,
-            budget,
             limit=self._depth(kb, limit),
             min_score=req.min_score or self.config.min_score,
             sources=req.sources,
             context_url=req.context_url,
-            vector=vector,
             allowed=allowed,
         )
+        query = "" if vector is not None else req.query
+        result = await self._search(target, query, budget.embed_deadline(), vector=vector)
         text = "" if vector is not None else req.query  # a vector's query is for logs only
         result = await self._reranked(kb, text, result, limit, budget)
         if req.session_id:
@@ -476,71 +484,45 @@ class Engine:
 
     async def _search(
         self,
-        snapshot: LoadedSnapshot,
-        kb: str,
+        target: SearchScope,
         query: str,
-        budget: Budget,
+        deadline: float,
         *,
-        limit: int,
-        min_score: float,
-        sources: Sequence[str],
-        context_url: str = "",
         vector: Vectors | None = None,
         embed: bool = True,
-        allowed: Allowed | None = None,
     ) -> SearchResult:
-        """Embed under the budget (unless given a vector, or told not to), then rank."""
+        """Embed by ``deadline`` (``loop.time()``; unless given a vector, or told not to), then
+        rank: without a vector, lexically (the result says ``degraded``)."""
         start = time.perf_counter()
         if vector is None and embed:
-            vector = await self.vectors.get(query, budget.embed_deadline())
-        return self._rank(
-            snapshot,
-            kb,
-            query,
-            vector,
-            limit=limit,
-            min_score=min_score,
-            sources=sources,
-            context_url=context_url,
-            embed_ms=(time.perf_counter() - start) * 1000.0,
-            allowed=allowed,
-        )
+            vector = await self.vectors.get(query, deadline)
+        return self._rank(target, query, vector, embed_ms=(time.perf_counter() - start) * 1000.0)
 
     def _rank(
-        self,
-        snapshot: LoadedSnapshot,
-        kb: str,
-        query: str,
-        vector: Vectors | None,
-        *,
-        limit: int,
-        min_score: float,
-        sources: Sequence[str],
-        context_url: str,
-        embed_ms: float,
-        allowed: Allowed | None = None,
+        self, target: SearchScope, query: str, vector: Vectors | None, embed_ms: float
     ) -> SearchResult:
         start = time.perf_counter()
+        searcher = target.searcher
         ranked = relevance.rank(
-            snapshot,
+            searcher,
             relevance.Query(
                 text=query,
                 vector=vector,
-                limit=limit,
-                min_score=min_score,
+                limit=target.limit,
+                min_score=target.min_score,
                 min_lexical_score=self.config.min_lexical_score,
-                sources=sources,
-                hybrid=kb in self.hybrid_bases and bool(query),  # no text: dense only
-                context_url=context_url,
+                sources=target.sources,
+                hybrid=target.knowledge_base in self.hybrid_bases and bool(query),  # no text: dense
+                context_url=target.context_url,
                 context_bonus=self.config.context_bonus,
-                allowed=allowed,
+                allowed=target.allowed,
             ),
         )
-        chunks = snapshot.chunks
-        hits = [Hit(kb, chunks[label], score) for label, score in ranked]
+        chunks = searcher.chunks
+        hits = [Hit(target.knowledge_base, chunks[label], score) for label, score in ranked]
         return SearchResult(
             hits=hits,
-            snapshot_version=snapshot.version,
+            snapshot_version=searcher.version,
             degraded=vector is None,
             timings=Timings(embed_ms=embed_ms, search_ms=(time.perf_counter() - start) * 1000.0),
         )
@@ -576,14 +558,18 @@ class Engine:
 
     def snapshot(self, kb: str) -> LoadedSnapshot:
         """The snapshot serving ``kb``, or the error a caller can act on."""
+        return self.searcher(kb).snapshot
+
+    def searcher(self, kb: str) -> Searcher:
+        """The searcher serving ``kb`` (read once per call), or the error a caller can act on."""
         if not kb:
             raise InvalidArgument("knowledge_base is empty and no default is configured")
         if kb not in self.known_bases:
             raise NotFound(
                 f"unknown knowledge base {kb!r}; known: {', '.join(sorted(self.known_bases))}"
             )
-        snapshot = self.holder.use(kb)
-        if snapshot is None and self.load_on_demand is not None:
+        searcher = self.holder.use(kb)
+        if searcher is None and self.load_on_demand is not None:
             retry_ms = self.load_on_demand(kb)
             if retry_ms:
                 raise Loading(
@@ -591,15 +577,15 @@ class Engine:
                     f"within [sidecar] memory_budget_mb): retry in about {retry_ms} ms",
                     retry_ms,
                 )
-        if snapshot is None:
+        if searcher is None:
             raise SnapshotNotFound(
                 f"knowledge base {kb!r} has no snapshot loaded yet: run `voxrecall index build` "
                 "against the sidecar's store, and it is picked up on the next poll"
             )
-        return snapshot
+        return searcher
 
     def _skipped(
-        self, session: Session, skip: Skip, snapshot: LoadedSnapshot, budget: Budget
+        self, session: Session, skip: Skip, searcher: Searcher, budget: Budget
     ) -> TurnResult:
         self.counters.skipped += 1
         self.counters.by_skip[skip.name] = self.counters.by_skip.get(skip.name, 0) + 1
@@ -608,7 +594,7 @@ class Engine:
             context=session.context(self._context_limit()),
             skipped=skip,
             query="",
-            snapshot_version=snapshot.version,
+            snapshot_version=searcher.version,
             timings=Timings(total_ms=budget.elapsed_ms()),
         )
 

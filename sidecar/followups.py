@@ -40,8 +40,6 @@ was (nothing, when the turn's own words decided the answer).
 from __future__ import annotations
 
 import re
-import threading
-import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -407,26 +405,16 @@ def _deletions(key: str) -> set[str]:
 
 _EMPTY = Gazetteer((), FUNCTION_WORDS_EN)
 _DEFAULTS = FollowupConfig()
-# One per snapshot alive, gone with it: a gazetteer reads the snapshot's (memory-mapped) lexical
-# index, which a cache outliving the snapshot would keep mapped.
-_gazetteers: weakref.WeakKeyDictionary[LoadedSnapshot, Gazetteer] = weakref.WeakKeyDictionary()
-_gazetteers_lock = threading.Lock()  # a warm-up thread may build while the loop reads
 
 
 def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
-    """The snapshot's gazetteer, built on first use and kept while the snapshot lives.
+    """The snapshot's gazetteer, built anew: its searcher (``sidecar/searcher.py``) builds it
+    once, off the event loop, and holds it while the snapshot is served.
 
     Building reads every chunk once and looks up the names' words in the lexical index's
-    postings, in time linear in the chunks (about a second for 100k chunks and 12,500 names);
-    thread-safe, so the refresher's warm-up builds it off the loop.
+    postings, in time linear in the chunks (about a second for 100k chunks and 12,500 names).
     """
-    with _gazetteers_lock:
-        gaz = _gazetteers.get(snapshot)
-    if gaz is None:
-        gaz = Gazetteer.of(snapshot)
-        with _gazetteers_lock:
-            _gazetteers[snapshot] = gaz
-    return gaz
+    return Gazetteer.of(snapshot)
 
 
 class EntityStats:

@@ -1,12 +1,14 @@
-"""The snapshot holder: one immutable snapshot per knowledge base behind a single reference.
+"""The snapshot holder: one immutable searcher per knowledge base behind a single reference.
 
-A request reads ``holder.get(kb)`` once and keeps that reference until it ends, so a swap never
-changes a snapshot under a running search; the old snapshot is freed by the garbage collector
-when the last request holding it finishes. ``publish`` is one reference assignment.
+A searcher (``sidecar/searcher.py``) is a snapshot and everything built from it for queries. A
+request reads ``holder.use(kb)`` once and keeps that reference until it ends, so a swap never
+changes a snapshot, or anything built from it, under a running search; the old searcher and its
+snapshot are freed when the last request holding them finishes. ``publish`` is one reference
+assignment. ``get(kb)`` is the served snapshot alone (its version, counts, manifest).
 
 With a memory budget (``[sidecar] memory_budget_mb``) bases come and go: ``use`` marks a base
 used, ``over_budget`` names the least recently used ones to ``remove`` until the loaded bases'
-bytes (``LoadedSnapshot.memory_bytes``) fit.
+bytes (``Searcher.memory_bytes``) fit.
 
 Refusals are kept beside the snapshots: the last one per base (shown by ``Status``) and a count
 per reason (``refusals``), the figures a metrics exporter reads.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from index.snapshot import LoadedSnapshot
+from sidecar.searcher import Searcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,34 +42,37 @@ class Refusal:
 
 class SnapshotHolder:
     def __init__(self) -> None:
-        self._snapshots: Mapping[str, LoadedSnapshot] = MappingProxyType({})
+        self._searchers: Mapping[str, Searcher] = MappingProxyType({})
         self._refusals: dict[str, Refusal] = {}
         self.refusals: Counter[str] = Counter()  # refusals by kind, since start
         self._used: OrderedDict[str, None] = OrderedDict()  # least recently used first
         self.evictions = 0  # bases removed to keep within the memory budget, since start
 
     def get(self, knowledge_base: str) -> LoadedSnapshot | None:
-        return self._snapshots.get(knowledge_base)
+        """The snapshot served for ``knowledge_base`` (a call searches through ``use``)."""
+        searcher = self._searchers.get(knowledge_base)
+        return searcher.snapshot if searcher is not None else None
 
-    def all(self) -> Mapping[str, LoadedSnapshot]:
-        return self._snapshots
+    def all(self) -> Mapping[str, Searcher]:
+        return self._searchers
 
-    def use(self, knowledge_base: str) -> LoadedSnapshot | None:
-        """``get`` for a call: marks the base most recently used (O(1))."""
-        snapshot = self._snapshots.get(knowledge_base)
-        if snapshot is not None:
+    def use(self, knowledge_base: str) -> Searcher | None:
+        """The searcher for a call: marks the base most recently used (O(1))."""
+        searcher = self._searchers.get(knowledge_base)
+        if searcher is not None:
             self._used[knowledge_base] = None
             self._used.move_to_end(knowledge_base)
-        return snapshot
+        return searcher
 
-    def publish(self, snapshot: LoadedSnapshot) -> None:
-        kb = snapshot.manifest.knowledge_base
-        self._snapshots = MappingProxyType({**self._snapshots, kb: snapshot})
+    def publish(self, searcher: Searcher) -> None:
+        """Serve ``searcher`` (built, warm) for its base: one reference swap."""
+        kb = searcher.snapshot.manifest.knowledge_base
+        self._searchers = MappingProxyType({**self._searchers, kb: searcher})
         self._used[kb] = None
         self._used.move_to_end(kb)
 
     def loaded_bytes(self) -> int:
-        return sum(s.memory_bytes for s in self._snapshots.values())
+        return sum(s.memory_bytes for s in self._searchers.values())
 
     def over_budget(self, budget_bytes: int, keep: str) -> list[str]:
         """The least recently used bases (never ``keep``) whose removal brings the loaded bytes
@@ -76,24 +82,24 @@ class SnapshotHolder:
         for kb in self._used:
             if excess <= 0:
                 break
-            snapshot = self._snapshots.get(kb)
-            if kb != keep and snapshot is not None:
+            searcher = self._searchers.get(kb)
+            if kb != keep and searcher is not None:
                 out.append(kb)
-                excess -= snapshot.memory_bytes
+                excess -= searcher.memory_bytes
         return out
 
     def remove(self, knowledge_base: str) -> None:
-        """Stop serving a base (evicted): its snapshot goes when the last call holding it ends."""
-        self._snapshots = MappingProxyType(
-            {kb: s for kb, s in self._snapshots.items() if kb != knowledge_base}
+        """Stop serving a base (evicted): its searcher goes when the last call holding it ends."""
+        self._searchers = MappingProxyType(
+            {kb: s for kb, s in self._searchers.items() if kb != knowledge_base}
         )
         self._used.pop(knowledge_base, None)
         self.evictions += 1
 
     def clear(self) -> None:
-        """Serve nothing more: each snapshot (and its mapped files) goes when the last call
+        """Serve nothing more: each searcher (and its mapped files) goes when the last call
         holding it ends. A stopped sidecar calls it, so a process that goes on unmaps them."""
-        self._snapshots = MappingProxyType({})
+        self._searchers = MappingProxyType({})
         self._used.clear()
 
     def refuse(self, knowledge_base: str, version: str, kind: str, reason: str) -> bool:

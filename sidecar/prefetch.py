@@ -34,9 +34,9 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from index.errors import VoxrecallError
-from index.snapshot import LoadedSnapshot
 from sidecar.budget import Budget
 from sidecar.engine import Engine, PlannedSearch, PrefetchMatch, SearchResult, Timings, TurnInput
+from sidecar.searcher import Searcher
 from sidecar.text import words as transcript_words
 
 log = logging.getLogger("voxrecall.prefetch")
@@ -100,7 +100,7 @@ class Prefetcher:
             self._timer = self._spawn(self._when_stable(req, words), "voxrecall-prefetch-timer")
 
     async def take(
-        self, req: TurnInput, snapshot: LoadedSnapshot, budget: Budget
+        self, req: TurnInput, searcher: Searcher, budget: Budget
     ) -> PrefetchMatch | None:
         """The prefetch for this final transcript, if one matches (see the module docstring)."""
         ahead, self._ahead = self._ahead, None
@@ -108,7 +108,7 @@ class Prefetcher:
         self._timer, self._seen = None, ()
         if ahead is None:
             return None
-        if not self._matches(ahead, req, snapshot):
+        if not self._matches(ahead, req, searcher):
             self._cancel(ahead.task)
             return None
         start = time.perf_counter()
@@ -169,10 +169,10 @@ class Prefetcher:
         self._ahead = _Ahead(words=words, planned=planned, task=task)
         self._engine.counters.prefetch_started += 1
 
-    def _matches(self, ahead: _Ahead, req: TurnInput, snapshot: LoadedSnapshot) -> bool:
+    def _matches(self, ahead: _Ahead, req: TurnInput, searcher: Searcher) -> bool:
         planned = ahead.planned
         return (
-            planned.snapshot is snapshot
+            planned.searcher is searcher
             and planned.knowledge_base
             == (req.knowledge_base or self._engine.default_knowledge_base)
             and planned.sources == tuple(req.sources)

@@ -3,15 +3,17 @@
 For each base: read the store's pointer; when it names a version newer than the one served,
 fetch it (the store checks every file's sha256 against the manifest, downloading first for an
 HTTP store), load and verify it (format, embedder name and dimension, hnsw count against the
-chunk store; the files are not hashed a second time), run warm-up queries, and publish it with
-one reference swap. All of it runs off the event loop, one refresh at a time. After a swap the
+chunk store; the files are not hashed a second time), build its searcher (``sidecar/searcher.py``:
+everything a query needs, the follow-ups' gazetteer and the page index included), run warm-up
+queries, and publish the searcher with one reference swap. All of it but the swap runs off the
+event loop, one refresh at a time. After a swap the
 heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
 
 With a memory budget (``budget_bytes`` > 0, ``[sidecar] memory_budget_mb``) bases are lazy: none
 is loaded at start, ``want(kb)`` (a call to a base not loaded) starts its load in the background,
 and the least recently used bases are evicted to make room before it loads (the manifest's file
-sizes say how much) and again once it is in; a poll refreshes only the loaded bases. Loads still
-run one at a time, off the event loop.
+sizes say how much) and again once it is in; a poll refreshes only the loaded bases. Loads (the
+searcher built in each) still run one at a time, off the event loop.
 
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
@@ -45,8 +47,8 @@ from index.errors import (
 )
 from index.snapshot import LoadedSnapshot, load_snapshot, read_manifest
 from index.store import SnapshotStore
-from sidecar import followups
 from sidecar.holder import SnapshotHolder
+from sidecar.searcher import Searcher
 
 log = logging.getLogger("voxrecall.refresh")
 
@@ -76,12 +78,11 @@ def refusal_kind(exc: SnapshotError) -> tuple[str, bool]:
     return "invalid", False
 
 
-def warm_up(snapshot: LoadedSnapshot) -> None:
-    """Warm searches, then the follow-up entity list (built here, off the event loop)."""
-    if not snapshot.chunks:
-        return
-    warm_searches(snapshot)
-    followups.gazetteer(snapshot)
+def warm_up(snapshot: LoadedSnapshot) -> Searcher:
+    """Warm searches, then the snapshot's searcher: blocking, run off the event loop."""
+    if snapshot.chunks:
+        warm_searches(snapshot)
+    return Searcher.build(snapshot)
 
 
 def warm_searches(snapshot: LoadedSnapshot) -> None:
@@ -226,7 +227,7 @@ class Refresher:
                 )
             return False
         try:
-            snapshot = await self._load(kb, version)
+            searcher = await self._load(kb, version)
         except SnapshotError as exc:
             self._refuse(kb, version, exc)
             return False
@@ -237,11 +238,11 @@ class Refresher:
             log.exception("loading %s snapshot %s failed unexpectedly", kb, version)
             self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
             return False
-        self.holder.publish(snapshot)  # the swap: one reference assignment, on the loop
+        self.holder.publish(searcher)  # the swap: one reference assignment, on the loop
         if self.budget_bytes:
             self._make_room(kb, 0)
         freeze_heap()
-        log.info("serving %s version %s (%d chunks)", kb, version, len(snapshot.chunks))
+        log.info("serving %s version %s (%d chunks)", kb, version, len(searcher.chunks))
         served = self._served.setdefault(kb, deque(maxlen=2))
         served.append(version)
         try:
@@ -250,8 +251,9 @@ class Refresher:
             log.warning("could not prune the snapshot cache of %s: %s", kb, exc)
         return True
 
-    async def _load(self, kb: str, version: str) -> LoadedSnapshot:
-        """Fetch, load and verify, check it is the version asked for, warm: all off the loop."""
+    async def _load(self, kb: str, version: str) -> Searcher:
+        """Fetch, load and verify, check it is the version asked for, warm and build its
+        searcher: all off the loop."""
         folder = await asyncio.to_thread(self.store.fetch, kb, version)
         if self.budget_bytes:
             manifest = await asyncio.to_thread(read_manifest, folder)
@@ -267,8 +269,7 @@ class Refresher:
                 f"{folder}: the pointer names {kb} {version} but the manifest says "
                 f"{manifest.knowledge_base} {manifest.version}"
             )
-        await asyncio.to_thread(warm_up, snapshot)
-        return snapshot
+        return await asyncio.to_thread(warm_up, snapshot)
 
     def _refuse(self, kb: str, version: str, exc: SnapshotError) -> None:
         kind, retry = refusal_kind(exc)

@@ -1,6 +1,7 @@
-"""Ranking one query against one snapshot: dense, lexical fallback, or hybrid; thresholds; the
-``context_url`` bonus. Pure and synchronous: an hnswlib query is well under a millisecond and a
-BM25 query a few, cheaper than a hop to a thread.
+"""Ranking one query against one snapshot's searcher (``sidecar/searcher.py``): one strategy
+per mode, dense, lexical fallback or hybrid; thresholds; the ``context_url`` bonus. Pure and
+synchronous: an hnswlib query is well under a millisecond and a BM25 query a few, cheaper than a
+hop to a thread. Everything a query reads was built with the searcher, before the swap.
 
     dense     cosine >= min_score, best first
     lexical   (no vector: the embedder missed or failed) BM25 >= min_lexical_score
@@ -33,18 +34,14 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import numpy as np
+import numpy.typing as npt
 
 from index.embedders.base import Vectors
-from index.filters import Allowed
+from index.filters import Allowed, Mask
 from index.filters import search as search_allowed
-from index.lexical import (
-    SPOKEN_STOPWORDS,
-    FloatArray,
-    convex_fusion,
-    reciprocal_rank_fusion,
-)
-from index.snapshot import LoadedSnapshot
+from index.lexical import SPOKEN_STOPWORDS, convex_fusion
 from index.types import MetaValue
+from sidecar.searcher import Searcher
 
 # Candidates per retriever before fusion. On SciFact (bench/quality_scifact.py) convex fusion
 # scored the same at 20 and 100 (nDCG@10 0.739 both), so the cheaper depth stays.
@@ -57,6 +54,7 @@ LEXICAL_LIFT = 2.0
 RELATED_URLS = "related_urls"
 
 Ranked = list[tuple[int, float]]
+Related = Callable[[Mapping[str, MetaValue]], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +72,12 @@ class Query:
     context_bonus: float = 0.0
     # Metadata filters and page paths (with ``sources`` folded in): None when there are none.
     allowed: Allowed | None = None
-    # "rrf" (reciprocal rank, k=60) is what hybrid did before convex fusion; kept so the quality
-    # benchmark can measure both through this code.
-    fusion: Literal["convex", "rrf"] = "convex"
     # A base built with summaries (index/summaries.py): how its summary prong joins the content
     # prong; "off" (the content prong alone) is for the quality benchmark.
     summaries: Literal["max", "mean", "off"] = "max"
 
 
-def related_to(context_url: str) -> Callable[[Mapping[str, MetaValue]], bool] | None:
+def related_to(context_url: str) -> Related | None:
     """A predicate over chunk metadata: do its ``related_urls`` globs match the caller's page?
 
     A glob starting with ``/`` is matched against the URL's path (so ``/settings/*`` matches
@@ -104,74 +99,106 @@ def related_to(context_url: str) -> Callable[[Mapping[str, MetaValue]], bool] | 
     return matches
 
 
-def rank(snapshot: LoadedSnapshot, q: Query) -> Ranked:
+def rank(searcher: Searcher, q: Query) -> Ranked:
     """The chunk labels to answer with and their scores, best first, at most ``q.limit``."""
     related = related_to(q.context_url) if q.context_bonus else None
     depth = q.limit if related is None else max(q.limit, CONTEXT_DEPTH)
     if q.vector is None:
-        mask = q.allowed.mask if q.allowed is not None else snapshot.source_mask(q.sources)
-        lexical = [
-            (label, score)
-            for label, score in snapshot.lexical.search(q.text, depth, mask, drop=SPOKEN_STOPWORDS)
-            if score >= q.min_lexical_score
-        ]
-        if related is not None:
-            lift = 1.0 + LEXICAL_LIFT * q.context_bonus
-            lexical = _lift(snapshot, lexical, related, lambda s: s * lift)
-        return lexical[: q.limit]
+        return lexical(searcher, q, related, depth)
     if q.hybrid:
-        depth = max(depth, FUSION_DEPTH)
-    dense = _dense(snapshot, q, depth)
-    if snapshot.summaries is not None and q.summaries != "off":
-        dense = _with_summaries(snapshot, q, dense, depth)
-    relevant = {label for label, score in dense if score >= q.min_score}
-    if not q.hybrid:
-        if related is not None:
-            dense = _lift(snapshot, dense, related, lambda s: s + q.context_bonus)
-        return [(label, score) for label, score in dense if label in relevant][: q.limit]
-    if not relevant:
+        return hybrid(searcher, q, related, max(depth, FUSION_DEPTH))
+    return dense(searcher, q, related, depth)
+
+
+def lexical(searcher: Searcher, q: Query, related: Related | None, depth: int) -> Ranked:
+    """No vector (the embedder missed or failed): BM25 >= min_lexical_score, a related chunk's
+    score multiplied by ``1 + LEXICAL_LIFT * bonus``."""
+    scored, _ = searcher.bm25.score(q.text, drop=SPOKEN_STOPWORDS)
+    ranked = [
+        (label, score)
+        for label, score in scored.top(depth, _keep(searcher, q, scored.docs))
+        if score >= q.min_lexical_score
+    ]
+    if related is not None:
+        lift = 1.0 + LEXICAL_LIFT * q.context_bonus
+        ranked = _lift(searcher, ranked, related, lambda s: s * lift)
+    return ranked[: q.limit]
+
+
+def dense(searcher: Searcher, q: Query, related: Related | None, depth: int) -> Ranked:
+    """Cosine >= min_score, best first; a related chunk gets ``+bonus`` after the threshold."""
+    found = _dense(searcher, q, depth)
+    relevant = {label for label, score in found if score >= q.min_score}
+    if related is not None:
+        found = _lift(searcher, found, related, lambda s: s + q.context_bonus)
+    return [(label, score) for label, score in found if label in relevant][: q.limit]
+
+
+def hybrid(searcher: Searcher, q: Query, related: Related | None, depth: int) -> Ranked:
+    """The top ``depth`` of each retriever, every candidate scored exactly by both, fused by a
+    convex combination (see the module docstring); empty when no chunk reaches min_score."""
+    assert q.vector is not None
+    found = _dense(searcher, q, depth)
+    if not any(score >= q.min_score for _, score in found):
         return []
-    bm25_all = snapshot.lexical.scores(q.text, drop=SPOKEN_STOPWORDS)
-    mask = q.allowed.mask if q.allowed is not None else snapshot.source_mask(q.sources)
-    lexical = snapshot.lexical.top(bm25_all, depth, mask)
-    if q.fusion == "rrf":
-        if related is not None:
-            dense = _lift(snapshot, dense, related, lambda s: s + q.context_bonus)
-        relevant |= {label for label, score in lexical if score >= q.min_lexical_score}
-        fused = reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in lexical]])
-        return [(label, score) for label, score in fused if label in relevant][: q.limit]
-    cosine, bm25 = _score_both(snapshot, q.vector, bm25_all, dense, lexical)
-    relevant |= {label for label, score in cosine.items() if score >= q.min_score}
+    cosine, bm25 = _score_both(searcher, q, found, depth)
+    relevant = {label for label, score in cosine.items() if score >= q.min_score}
     relevant |= {label for label, score in bm25.items() if score >= q.min_lexical_score}
     if related is not None:  # after the thresholds: they apply to the unlifted score
+        chunks = searcher.chunks
         cosine = {
-            label: score + q.context_bonus if related(snapshot.chunks[label].metadata) else score
+            label: score + q.context_bonus if related(chunks[label].metadata) else score
             for label, score in cosine.items()
         }
     fused = convex_fusion([cosine, bm25])
     return [(label, score) for label, score in fused if label in relevant][: q.limit]
 
 
-def _with_summaries(snapshot: LoadedSnapshot, q: Query, dense: Ranked, depth: int) -> Ranked:
+def _keep(searcher: Searcher, q: Query, labels: npt.NDArray[np.integer]) -> Mask | None:
+    """Which of ``labels`` the query may reach (its filters, or its sources); None: all."""
+    if q.allowed is not None:
+        keep: Mask = q.allowed.mask[labels]
+        return keep
+    ids = searcher.sources.ids(q.sources)
+    return None if ids is None else searcher.sources.among(ids, labels)
+
+
+def _dense(searcher: Searcher, q: Query, depth: int) -> Ranked:
+    """The dense candidates: through the filter index when the query has filters or paths,
+    the source partitions when it names sources; joined with the summary prong if built."""
+    assert q.vector is not None
+    snapshot, sources = searcher.snapshot, searcher.sources
+    ids = sources.ids(q.sources)
+    if q.allowed is not None:
+        found = search_allowed(snapshot.index, snapshot.filters, q.vector, depth, q.allowed)
+    elif ids is None:
+        found = snapshot.search_dense(q.vector, depth)
+    else:
+        labels = lambda: sources.labels_of(ids)  # noqa: E731 (only when exact search needs them)
+        found = snapshot.search_sources(q.vector, depth, ids, sources.count(ids), labels)
+    if snapshot.summaries is not None and q.summaries != "off":
+        found = _with_summaries(searcher, q, found, depth)
+    return found
+
+
+def _with_summaries(searcher: Searcher, q: Query, dense: Ranked, depth: int) -> Ranked:
     """The content prong fused with the summary prong: the top ``depth`` of each, every
     candidate scored exactly in both views, its score the better cosine ("max") or their mean.
     Either way a score stays a cosine, so ``min_score`` keeps its meaning."""
-    assert snapshot.summaries is not None
+    summaries = searcher.snapshot.summaries
+    assert summaries is not None
     assert q.vector is not None
-    n = len(snapshot.chunks)
-    mask = q.allowed.mask if q.allowed is not None else snapshot.source_mask(q.sources)
+    n = len(searcher.chunks)
+    filtered = q.allowed is not None or searcher.sources.ids(q.sources) is not None
     # a source or metadata filter: over-fetch, as search_dense does from the shared graph
-    fetch = min(n, depth * 10 if mask is not None else depth)
-    found = [label for label, _ in snapshot.summaries.search(q.vector, fetch)]
-    if mask is not None:
-        found = [label for label in found if mask[label]][:depth]
+    fetch = min(n, depth * 10 if filtered else depth)
+    found = np.asarray([label for label, _ in summaries.search(q.vector, fetch)], dtype=np.int64)
+    keep = _keep(searcher, q, found)
+    labels_found = (found if keep is None else found[keep])[:depth].tolist()
     cosine = dict(dense)
-    labels = list(dict.fromkeys([*cosine, *found]))
-    missing = [label for label in labels if label not in cosine]
-    if missing:
-        vectors = np.asarray(snapshot.index.get_items(missing, return_type="numpy"))
-        cosine.update(zip(missing, (vectors @ q.vector.ravel()).tolist(), strict=True))
-    summary = snapshot.summaries.scores(q.vector, labels)
+    labels = list(dict.fromkeys([*cosine, *labels_found]))
+    _add_cosines(searcher, q.vector, cosine, labels)
+    summary = summaries.scores(q.vector, labels)
     fused = [(label, _fuse(q.summaries, cosine[label], summary[label])) for label in labels]
     fused.sort(key=lambda hit: -hit[1])
     return fused[:depth]
@@ -181,39 +208,41 @@ def _fuse(how: str, content: float, summary: float) -> float:
     return max(content, summary) if how == "max" else (content + summary) / 2
 
 
-def _dense(snapshot: LoadedSnapshot, q: Query, depth: int) -> Ranked:
-    """The dense candidates: through the filter index when the query has filters or paths."""
-    assert q.vector is not None
-    if q.allowed is None:
-        return snapshot.search_dense(q.vector, depth, q.sources)
-    return search_allowed(snapshot.index, snapshot.filters, q.vector, depth, q.allowed)
+def _add_cosines(
+    searcher: Searcher, vector: Vectors, cosine: dict[int, float], labels: Sequence[int]
+) -> None:
+    """Score the ``labels`` ``cosine`` lacks exactly, from the stored vectors (unit length,
+    inner-product space) the searcher reads from the mapped graph file."""
+    missing = [label for label in labels if label not in cosine]
+    if missing:
+        scores = searcher.vectors_of(missing) @ vector.ravel()
+        cosine.update(zip(missing, scores.tolist(), strict=True))
 
 
 def _score_both(
-    snapshot: LoadedSnapshot, vector: Vectors, bm25_all: FloatArray, dense: Ranked, lexical: Ranked
+    searcher: Searcher, q: Query, found: Ranked, depth: int
 ) -> tuple[dict[int, float], dict[int, float]]:
     """Every candidate's cosine and BM25, in one order (the dense ranking, then the lexical
     one's new labels): a candidate only one retriever returned is scored by the other exactly,
     not assumed to be the other's worst (on SciFact that assumption cost 0.018 nDCG@10)."""
-    cosine = dict(dense)
-    labels = list(dict.fromkeys([*cosine, *(label for label, _ in lexical)]))
-    no_cosine = [label for label in labels if label not in cosine]
-    if no_cosine:
-        # the graph stores the vectors as built (unit length, inner-product space)
-        vectors = np.asarray(snapshot.index.get_items(no_cosine, return_type="numpy"))
-        cosine.update(zip(no_cosine, (vectors @ vector.ravel()).tolist(), strict=True))
-    bm25 = bm25_all[labels].tolist()
-    return {label: cosine[label] for label in labels}, dict(zip(labels, bm25, strict=True))
+    assert q.vector is not None
+    dense_labels = np.asarray([label for label, _ in found], dtype=np.int64)
+    scored, at = searcher.bm25.score(q.text, drop=SPOKEN_STOPWORDS, at=dense_labels)
+    top = scored.top(depth, _keep(searcher, q, scored.docs))
+    cosine = dict(found)
+    labels = list(dict.fromkeys([*cosine, *(label for label, _ in top)]))
+    _add_cosines(searcher, q.vector, cosine, labels)
+    bm25 = dict(zip(dense_labels.tolist(), at.tolist(), strict=True))
+    bm25.update(top)
+    return {label: cosine[label] for label in labels}, {label: bm25[label] for label in labels}
 
 
 def _lift(
-    snapshot: LoadedSnapshot,
-    ranked: Ranked,
-    related: Callable[[Mapping[str, MetaValue]], bool],
-    lifted: Callable[[float], float],
+    searcher: Searcher, ranked: Ranked, related: Related, lifted: Callable[[float], float]
 ) -> Ranked:
+    chunks = searcher.chunks
     out = [
-        (label, lifted(score) if related(snapshot.chunks[label].metadata) else score)
+        (label, lifted(score) if related(chunks[label].metadata) else score)
         for label, score in ranked
     ]
     out.sort(key=lambda hit: -hit[1])  # stable: ties keep their order

@@ -1,6 +1,6 @@
 """What one call may reach: its metadata filters and page paths, and the caller's own filters.
 
-    allowed = scope.resolve(snapshot, "help", filters, source_paths, sources)
+    allowed = scope.resolve(searcher, "help", filters, source_paths, sources)
 
 A call's filters (``SearchRequest.filters``, ``TurnRequest.filters``, a knowledge function's
 fixed filters and its model's arguments) and the filters of the caller's token
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 
 from index.filters import Allowed
-from index.snapshot import LoadedSnapshot
 from index.types import MetadataFilter
 from sidecar.errors import FilterRefused
+from sidecar.searcher import Searcher
 
 # The current call's caller's filters ([sidecar.auth.caller] filters); empty without auth.
 caller_filters: ContextVar[tuple[MetadataFilter, ...]] = ContextVar("caller_filters", default=())
@@ -51,15 +51,16 @@ def check(filters: Sequence[MetadataFilter], source_paths: Sequence[str]) -> Non
 
 
 def resolve(
-    snapshot: LoadedSnapshot,
+    searcher: Searcher,
     kb: str,
     filters: Sequence[MetadataFilter],
     source_paths: Sequence[str],
     sources: Sequence[str],
 ) -> Allowed | None:
-    """What the call may reach in ``snapshot``, with the caller's filters; None: no filter
-    beyond ``sources`` (which the snapshot's source partitions serve)."""
+    """What the call may reach in the searcher's snapshot, with the caller's filters; None: no
+    filter beyond ``sources`` (which the snapshot's source partitions serve)."""
     check(filters, source_paths)
+    snapshot = searcher.snapshot
     every = (*filters, *caller_filters.get())
     unknown = snapshot.filters.unknown(every)
     if unknown:
@@ -71,5 +72,6 @@ def resolve(
         )
     if not every and not source_paths:
         return None
-    mask = snapshot.source_mask(sources)
+    ids = searcher.sources.ids(sources)
+    mask = searcher.sources.mask(ids) if ids is not None else None
     return snapshot.filters.allowed(every, source_paths, mask)

@@ -312,14 +312,14 @@ class RetrievalService(pb_grpc.RetrievalServicer):
     async def ReadPage(self, request: pb.ReadPageRequest, context: Context) -> pb.ReadPageResponse:
         self.lifecycle.check_accepting()
         kb = request.knowledge_base or self.engine.default_knowledge_base
-        snapshot = self.engine.snapshot(kb)
-        allowed = scope.resolve(snapshot, kb, (), (), ())  # the caller's filters, if any
-        page = await self.pages.read(snapshot, request.source_path, request.source, allowed)
+        searcher = self.engine.searcher(kb)
+        allowed = scope.resolve(searcher, kb, (), (), ())  # the caller's filters, if any
+        page = await self.pages.read(searcher, request.source_path, request.source, allowed)
         return pb.ReadPageResponse(
             title=page.title,
             text=page.text,
             source=page.source,
             source_path=page.source_path,
             url=page.url,
-            snapshot_version=snapshot.version,
+            snapshot_version=searcher.version,
         )

@@ -22,12 +22,10 @@ no path outside the snapshot can be read.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -42,6 +40,7 @@ from sidecar.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, Search
 from sidecar.errors import FilterRefused, InvalidArgument, NotFound, ToolCallError
 from sidecar.hits import Hit
 from sidecar.limits import utf8_size
+from sidecar.searcher import Searcher
 
 log = logging.getLogger("voxrecall.tools")
 
@@ -68,7 +67,6 @@ MAX_ARGUMENTS_BYTES = 64 * 1024
 # The functions the current call's caller may see; None: all (no auth, or an unscoped caller).
 visible: ContextVar[frozenset[str] | None] = ContextVar("visible_functions", default=None)
 MAX_PAGE_PATH = 4096
-PAGE_INDEXES_KEPT = 8  # snapshots whose page -> chunk index is kept (bases x versions in use)
 NOTHING_FOUND = (
     "Nothing in the knowledge base matched. Say you could not find it, or ask the caller to "
     "rephrase; do not guess."
@@ -508,30 +506,20 @@ def _reachable(snapshot: LoadedSnapshot, source: str, source_path: str, allowed:
     return any(allowed.mask[i] and snapshot.chunks[i].source == source for i in labels)
 
 
-def _first_chunks(snapshot: LoadedSnapshot) -> dict[tuple[str, str], int]:
-    first: dict[tuple[str, str], int] = {}
-    for label, chunk in enumerate(snapshot.chunks):
-        first.setdefault((chunk.source, chunk.source_path), label)
-    return first
-
-
 class PageReader:
-    """Whole pages of a snapshot, found by key in its pages: never a file path."""
-
-    def __init__(self) -> None:
-        self._first: LRUCache[Path, Mapping[tuple[str, str], int]] = LRUCache(
-            maxsize=PAGE_INDEXES_KEPT
-        )
+    """Whole pages of a snapshot, found by key in its pages: never a file path. The title and
+    URL are its first chunk's, found in the searcher's page index (built before the swap)."""
 
     async def read(
         self,
-        snapshot: LoadedSnapshot,
+        searcher: Searcher,
         source_path: str,
         source: str = "",
         allowed: Allowed | None = None,
     ) -> PageText:
         """A whole page; with ``allowed`` (the caller's filters), only a page with a chunk the
         caller may reach (another is "no page", as if it did not exist)."""
+        snapshot = searcher.snapshot
         if not source_path:
             raise InvalidArgument("source_path is empty: give the page's path, as chunks carry it")
         if len(source_path) > MAX_PAGE_PATH:
@@ -550,12 +538,7 @@ class PageReader:
             raise InvalidArgument(
                 f"sources {', '.join(found)} each have a page {source_path!r}: set source"
             )
-        first = self._first.get(snapshot.folder)
-        if first is None:
-            # A scan over every chunk: off the event loop, once per snapshot.
-            first = await asyncio.to_thread(_first_chunks, snapshot)
-            self._first[snapshot.folder] = first
-        label = first.get((found[0], source_path))
+        label = searcher.pages.get((found[0], source_path))
         chunk = snapshot.chunks[label] if label is not None else None
         return PageText(
             title=chunk.title if chunk else "",

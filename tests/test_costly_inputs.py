@@ -135,13 +135,13 @@ async def test_a_query_beside_a_vector_gets_no_lexical_work(
 ) -> None:
     sidecar.engine.hybrid_bases = frozenset({"help"})
     scored: list[str] = []
-    original = LexicalIndex.scores
+    original = LexicalIndex.weighted  # every BM25 query's terms are looked up here
 
-    def spy(self: LexicalIndex, query: str, **kwargs: Any) -> Any:
+    def spy(self: LexicalIndex, query: str, *args: Any, **kwargs: Any) -> Any:
         scored.append(query)
-        return original(self, query, **kwargs)
+        return original(self, query, *args, **kwargs)
 
-    monkeypatch.setattr(LexicalIndex, "scores", spy)
+    monkeypatch.setattr(LexicalIndex, "weighted", spy)
     vector = (await local_embedder.embed([QUESTION]))[0].astype("<f4").tobytes()
     with_vector = await stub.Search(pb.SearchRequest(query="roaming " * 100, vector=vector))
     assert with_vector.chunks

@@ -23,6 +23,7 @@ from index.store import LocalStore
 from index.summaries import SUMMARY_TEXTS, heading_summary
 from sidecar import relevance
 from sidecar.config import Config, parse_config
+from sidecar.searcher import Searcher
 from tests.chat_server import ChatServer, image_urls, user_text
 
 BROKEN = (
@@ -223,7 +224,7 @@ def test_summaries_land_in_the_snapshot_and_are_searched(
     # the hash embedder gives texts without a common word ~zero cosine: only the summary finds it
     query = embedder.embed_batch([asked])[0]
     q = relevance.Query(text="", vector=query, limit=3, min_score=0.5, min_lexical_score=1.0)
-    assert [label for label, _ in relevance.rank(snap, q)] == [billing]
+    assert [label for label, _ in relevance.rank(Searcher.build(snap), q)] == [billing]
     content_only = [label for label, _ in snap.search_dense(query, 3) if _ >= 0.5]
     assert content_only == []
 
@@ -361,12 +362,13 @@ def test_the_summary_prong_keeps_to_the_sources_asked_for(
     build(config, embedder)
     snap = latest(config, embedder)
     query = embedder.embed_batch([asked])[0]
+    searcher = Searcher.build(snap)
 
     def ranked(sources: tuple[str, ...]) -> list[str]:
         q = relevance.Query(
             text="", vector=query, limit=3, min_score=0.5, min_lexical_score=1.0, sources=sources
         )
-        return [snap.chunks[label].source_path for label, _ in relevance.rank(snap, q)]
+        return [snap.chunks[label].source_path for label, _ in relevance.rank(searcher, q)]
 
     assert ranked(("docs",)) == ["billing.md"]
     assert ranked(("other",)) == []

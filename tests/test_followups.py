@@ -26,6 +26,7 @@ from sidecar.config import Config, FollowupConfig, parse_config
 from sidecar.followups import FUNCTION_WORDS_EN, Gazetteer
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.searcher import Searcher
 from sidecar.server import create_server
 from sidecar.sessions import Session
 from tests.conftest import shared
@@ -259,11 +260,11 @@ async def test_followups_can_be_turned_off(hotels_config: Config, local_embedder
     assert resp.query == "Is it quiet?"
 
 
-def test_the_gazetteer_is_built_once_per_snapshot(hotels_config: Config) -> None:
+def test_the_searcher_holds_the_snapshots_gazetteer(hotels_config: Config) -> None:
+    # built once per snapshot, with its searcher (where: tests/test_searcher.py)
     store = LocalStore(Path(hotels_config.sidecar.store))
     snapshot = load_snapshot(store.latest_dir(KB))
-    g = followups.gazetteer(snapshot)
-    assert g is followups.gazetteer(snapshot)
+    g = Searcher.build(snapshot).gazetteer
     assert g.size == len(HOTELS)
     assert g.mentions("the Lensfield or the Gonville") == ["THE LENSFIELD HOTEL", "GONVILLE HOTEL"]
 

@@ -21,6 +21,7 @@ from sidecar.config import Config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.relevance import FUSION_DEPTH, Query, rank, related_to
+from sidecar.searcher import Searcher
 from sidecar.server import Sidecar, create_server
 from tests.conftest import make_config, shared
 
@@ -129,7 +130,7 @@ def test_hybrid_fuses_exact_scores_of_every_candidate(
     fused = 0.5 * norm(cosine[candidates]) + 0.5 * norm(bm25[candidates])
     order = np.argsort(-fused, kind="stable")[:depth]
     query = Query(question, vector, limit=depth, min_score=-1.0, min_lexical_score=0.0, hybrid=True)
-    got = rank(snap, query)
+    got = rank(Searcher.build(snap), query)
     assert [label for label, _ in got] == [candidates[i] for i in order]
     assert [score for _, score in got] == pytest.approx(fused[order].tolist(), abs=1e-5)
     # some came from BM25 alone: their cosine was read from the graph, not assumed the worst
@@ -138,10 +139,11 @@ def test_hybrid_fuses_exact_scores_of_every_candidate(
 
 def test_lexical_fallback_ignores_spoken_question_frames(wt_config: Config) -> None:
     snap = loaded(wt_config)
+    searcher = Searcher.build(snap)
 
     def fallback(text: str) -> list[int]:
         query = Query(text, None, limit=5, min_score=0.3, min_lexical_score=1.0)
-        return [label for label, _ in rank(snap, query)]
+        return [label for label, _ in rank(searcher, query)]
 
     spoken = fallback("Um, can you tell me how do I split a pane?")
     assert spoken == fallback("split pane")

@@ -28,6 +28,7 @@ from index.types import Page
 from sidecar.config import SidecarConfig
 from sidecar.engine import Engine, TurnInput, TurnResult
 from sidecar.holder import SnapshotHolder
+from sidecar.searcher import Searcher
 from sidecar.sessions import SessionStore
 
 KB = "base"
@@ -77,7 +78,7 @@ def build_engine(
         sources=[KB],
     )
     holder = SnapshotHolder()
-    holder.publish(load_snapshot(target))
+    holder.publish(Searcher.build(load_snapshot(target)))
     settings = replace(SidecarConfig(), **{"budget_ms": 5_000, "min_score": 0.0, **config})
     sessions = SessionStore(max_sessions=16, ttl_s=600, context_turns=settings.context_turns)
     return Engine(settings, embedder, holder, frozenset({KB}), sessions, default_knowledge_base=KB)
