@@ -247,3 +247,29 @@ async def test_a_stuck_or_broken_embedder_falls_back_with_the_follow_up(
     assert all(r.degraded for r in results)
     assert results[1].query == "HARBOR GRILL: do they take reservations"
     assert results[1].hits[0].chunk.title == "HARBOR GRILL"
+
+
+async def test_an_answer_about_a_tracked_entity_is_searched_with_it(tmp_path: Path) -> None:
+    """With an entity tracked, the entity names the answer's topic: "Yes." after the agent's
+    question about the Lensfield is searched with the Lensfield and the question, not with the
+    caller's earlier request."""
+    base = {
+        "LENSFIELD HOTEL": ["Breakfast at the Lensfield is served from seven.", "Free parking."],
+        "GONVILLE HOTEL": ["Breakfast at the Gonville costs extra.", "Parking is paid."],
+    }
+    request = "I need somewhere to stay in the centre with free parking please"
+    results = await run_turns(
+        base,
+        [
+            ("user", request),
+            ("agent", "The Lensfield Hotel has free parking."),
+            ("agent", "Would you like to know about breakfast?"),
+            ("user", "Yes."),
+        ],
+        tmp_path,
+    )
+    answer = results[3]
+    assert answer.followup.source == Source.AGENT_QUESTION
+    assert answer.followup.used.startswith("LENSFIELD HOTEL: ")
+    assert request not in answer.query
+    assert answer.hits[0].chunk.title == "LENSFIELD HOTEL"
