@@ -190,6 +190,7 @@ class HttpStore:
     # -- SnapshotStore ----------------------------------------------------------------------
 
     def latest(self, knowledge_base: str) -> str | None:
+        check_name(knowledge_base, "knowledge base", self.base_url)  # it names a cache folder
         url = self._url(knowledge_base, LATEST)
         known = self._pointers.get(knowledge_base)
         # no-cache: a CDN in between must revalidate the pointer, not answer from its copy
@@ -223,6 +224,7 @@ class HttpStore:
         return version
 
     def fetch(self, knowledge_base: str, version: str) -> Path:
+        check_name(knowledge_base, "knowledge base", self.base_url)
         check_name(version, "version", self.base_url)
         base = self.cache_dir / knowledge_base
         done = base / version
@@ -252,7 +254,7 @@ class HttpStore:
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
         """Delete cached versions not named, and leftover partial downloads of older versions."""
-        base = self.cache_dir / knowledge_base
+        base = self.cache_dir / check_name(knowledge_base, "knowledge base", self.base_url)
         if not base.is_dir():
             return
         newest = max(versions, default="")

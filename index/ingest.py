@@ -11,15 +11,18 @@ only queues the rebuild: the watcher runs it next (at once when idle, after the 
 progress otherwise), as every build: the new snapshot is published (its ``LATEST`` pointer
 moved) only once complete, and nothing when nothing changed. Requests carry no body.
 
-A connection gets ``REQUEST_TIMEOUT_S`` for each read of its request (one that stalls is
-closed), and at most ``MAX_CONNECTIONS`` are served at once (one past that is closed unread):
-the listener's threads are bounded whatever its callers do.
+A connection gets ``REQUEST_TIMEOUT_S`` for its whole request, each read and all of them
+together (one that stalls or trickles is closed), and at most ``MAX_CONNECTIONS`` are served at
+once (one past that is closed unread): the listener's threads are bounded, and held briefly,
+whatever its callers do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -115,6 +118,22 @@ def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = REQUEST_TIMEOUT_S  # per read: a stalled connection is closed
+
+        def setup(self) -> None:
+            super().setup()
+            # the whole request, not only each read: a byte every few seconds passes any
+            # per-read timeout, and 16 such connections would keep every request out
+            self._deadline = threading.Timer(REQUEST_TIMEOUT_S, self._cut)
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def _cut(self) -> None:
+            with contextlib.suppress(OSError):  # the blocked read returns; the handler ends
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            super().finish()
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), format % args)

@@ -11,7 +11,9 @@ S3 store behaves exactly like the HTTP store the contract suite already holds it
 lends only what it is the reference for: the credential chain (environment, profile, the web
 identity token of an EKS service account, instance metadata) and the signature. Its own
 downloader is not used: it retries on its own schedule and a read blocked in its streaming body
-cannot be cut by another thread.
+cannot be cut by another thread. Nor is its listing: it reads a page whole, however large, with
+no deadline, so the bases (``knowledge_bases``) are listed by the same guarded GETs, signed, and
+a listed name is kept only when it is one safe path component (it names a cache folder).
 
 Writing (``S3Publisher``, ``voxrecall index publish --to s3://...``) is boto3's client: every
 file (multipart above 8 MiB), the manifest last, then ``LATEST``; a reader never sees a version
@@ -26,10 +28,14 @@ import contextlib
 import logging
 import re
 import threading
+import time
 import urllib.error
+import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import boto3
 import botocore.auth
@@ -38,10 +44,17 @@ import botocore.config
 import botocore.credentials
 import botocore.exceptions
 
-from index.errors import ConfigError, SnapshotError, StoreUnavailable
-from index.http_store import HttpOptions, HttpStore
+from index.errors import ConfigError, IncompleteSnapshot, SnapshotError, StoreUnavailable
+from index.http_store import HttpOptions, HttpStore, _TooLong
 from index.snapshot import MANIFEST, verify_snapshot
-from index.store import LATEST, MAX_POINTER_BYTES, check_name, manifest_files, parse_pointer
+from index.store import (
+    LATEST,
+    MAX_POINTER_BYTES,
+    check_name,
+    is_version,
+    manifest_files,
+    parse_pointer,
+)
 
 log = logging.getLogger("voxrecall.store")
 
@@ -52,6 +65,9 @@ _PREFIX = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")  # key parts that ne
 # Pages of a listing read at most (1000 names each): a prefix holds a handful of bases, and a
 # store whose listing goes on past this is broken (or endless on purpose).
 MAX_LIST_PAGES = 100
+# One page's bytes at most: 1000 common prefixes of S3's longest keys (1024 bytes) and their
+# tags; a page past this is not a listing.
+MAX_LIST_PAGE_BYTES = 2 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +115,10 @@ def _session(options: S3Options) -> tuple[Any, str]:
     return session, session.region_name or DEFAULT_REGION
 
 
-def _base_url(location: S3Location, options: S3Options, region: str) -> str:
+def _bucket_url(location: S3Location, options: S3Options, region: str) -> str:
     if options.endpoint_url:
-        base = f"{options.endpoint_url.rstrip('/')}/{location.bucket}"
-    else:
-        base = f"https://{location.bucket}.s3.{region}.amazonaws.com"
-    return f"{base}/{location.prefix}".rstrip("/")
+        return f"{options.endpoint_url.rstrip('/')}/{location.bucket}"
+    return f"https://{location.bucket}.s3.{region}.amazonaws.com"
 
 
 class S3Store(HttpStore):
@@ -130,7 +144,9 @@ class S3Store(HttpStore):
         self.location = S3Location.parse(url)
         self.s3 = s3 or S3Options()
         self._session, self.region = _session(self.s3)
-        super().__init__(_base_url(self.location, self.s3, self.region), cache_dir, options)
+        self._bucket_url = _bucket_url(self.location, self.s3, self.region)
+        base_url = f"{self._bucket_url}/{self.location.prefix}".rstrip("/")
+        super().__init__(base_url, cache_dir, options)
         self._credentials: botocore.credentials.Credentials | None = None
         self._resolved = False
         self._lock = threading.Lock()
@@ -139,22 +155,52 @@ class S3Store(HttpStore):
         return f"S3Store({str(self.location)!r}, cache={str(self.cache_dir)!r})"
 
     def knowledge_bases(self) -> frozenset[str]:
-        """The bases under the prefix (one ListObjectsV2 by "/", needs s3:ListBucket)."""
-        client = self._session.client(
-            "s3",
-            endpoint_url=self.s3.endpoint_url or None,
-            config=_client_config(self.options.timeout_s),
-        )
+        """The bases under the prefix (ListObjectsV2 by "/", needs s3:ListBucket), read with
+        the downloads' own guards: each page at most ``MAX_LIST_PAGE_BYTES``, the whole listing
+        within ``download_timeout_s``, at most ``MAX_LIST_PAGES`` pages, and only names that
+        are one safe path component (a listing is not trusted to name folders of the cache)."""
+        deadline = time.monotonic() + self.options.download_timeout_s
         prefix = self.location.key("") if self.location.prefix else ""
+        names: set[str] = set()
+        token: str | None = ""
+        pages = 0
         try:
-            pages = client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.location.bucket, Prefix=prefix, Delimiter="/"
-            )
-            found = _common_prefixes(pages, self.location)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            while token is not None:
+                pages += 1
+                if pages > MAX_LIST_PAGES:
+                    raise StoreUnavailable(
+                        f"the listing goes on past {MAX_LIST_PAGES} pages; a prefix holds a few "
+                        "bases: point the store at the prefix that holds them"
+                    )
+                found, token = self._list_page(prefix, token, deadline)
+                names.update(_base_names(found, prefix, self.location))
+        except SnapshotError as exc:
             raise StoreUnavailable(f"{self.location}: cannot list the bases: {exc}") from exc
-        names = (p[len(prefix) :].rstrip("/") for p in found)
-        return frozenset(n for n in names if n and not n.startswith("."))
+        return frozenset(names)
+
+    def _list_page(self, prefix: str, token: str, deadline: float) -> tuple[list[str], str | None]:
+        """One page of the listing: its common prefixes, and the token of the next page (None
+        at the end)."""
+        query = {"list-type": "2", "delimiter": "/", "prefix": prefix}
+        if token:
+            query["continuation-token"] = token
+        encoded = urllib.parse.urlencode(sorted(query.items()), quote_via=urllib.parse.quote)
+        url = f"{self._bucket_url}?{encoded}"
+
+        def attempt() -> bytes:
+            try:
+                resp = self._request(url, {})
+            except IncompleteSnapshot as exc:  # a 404 here: the bucket is not there
+                raise StoreUnavailable(f"HTTP 404: no bucket {self.location.bucket}") from exc
+            with resp:
+                try:
+                    return self._read_all(resp, url, MAX_LIST_PAGE_BYTES, deadline)
+                except _TooLong as exc:
+                    raise StoreUnavailable(
+                        f"a page of the listing is over {MAX_LIST_PAGE_BYTES} bytes"
+                    ) from exc
+
+        return _parse_listing(self._with_retries(url, attempt))
 
     def _open(self, url: str, headers: dict[str, str]) -> Any:
         try:
@@ -191,18 +237,30 @@ class S3Store(HttpStore):
         return None if credentials is None else credentials.get_frozen_credentials()
 
 
-def _common_prefixes(pages: Any, location: S3Location) -> list[str]:
-    """The common prefixes of a listing's pages, read up to ``MAX_LIST_PAGES`` pages."""
-    found: list[str] = []
-    for n, page in enumerate(pages, 1):
-        if n > MAX_LIST_PAGES:
-            raise StoreUnavailable(
-                f"{location}: the listing goes on past {MAX_LIST_PAGES} pages; a prefix holds a "
-                "few bases: point the store at the prefix that holds them"
-            )
-        prefixes = page.get("CommonPrefixes", [])
-        found.extend(p["Prefix"] for p in prefixes if isinstance(p.get("Prefix"), str))
-    return found
+def _parse_listing(data: bytes) -> tuple[list[str], str | None]:
+    """A ListObjectsV2 answer's common prefixes and next continuation token (None: the last
+    page). expat refuses entity expansion bombs; ElementTree resolves no external entity."""
+    try:
+        root = ElementTree.fromstring(data)
+    except ElementTree.ParseError as exc:
+        raise StoreUnavailable(f"the listing is not XML ({exc})") from exc
+    found = [p.text or "" for p in root.iterfind("{*}CommonPrefixes/{*}Prefix")]
+    truncated = (root.findtext("{*}IsTruncated") or "").strip() == "true"
+    token = (root.findtext("{*}NextContinuationToken") or "").strip()
+    if truncated and not token:
+        raise StoreUnavailable("the listing is truncated but names no continuation token")
+    return found, token if truncated else None
+
+
+def _base_names(found: list[str], prefix: str, location: S3Location) -> Iterator[str]:
+    """The base names of a page's common prefixes: those directly under ``prefix`` that are one
+    safe path component. Anything else ("a/../../x", a name with "/") is skipped, logged."""
+    for full in found:
+        name = full[len(prefix) :].removesuffix("/") if full.startswith(prefix) else ""
+        if is_version(name) and not name.startswith("."):  # one safe path component
+            yield name
+        elif name:
+            log.warning("%s: skipped %r in the listing: not a base name", location, full[:200])
 
 
 def _client_config(timeout_s: float) -> botocore.config.Config:

@@ -5,10 +5,13 @@
 
 A call presents ``authorization: Bearer <token>``; a missing or wrong token gets UNAUTHENTICATED.
 The token is compared with every configured one in constant time (``hmac.compare_digest``), all
-of them every time, so timing says neither whether nor which token matched. A call outside the
-caller's scope gets PERMISSION_DENIED; ``Status`` and ``ListTools`` answers, and an unknown
-function's error (``sidecar.tools.visible``), show only what is in scope; a caller scoped by
-functions alone may use their bases (``sidecar.config`` fills that in). Sessions are per caller
+of them every time, so timing says neither whether nor which token matched. What is outside a
+caller's scope is answered as if it did not exist, so a token learns no name outside its scope:
+a base outside it is NOT_FOUND with the message an unknown base gets (``scope.unknown_base``),
+listing the caller's own bases; a function outside it is an unknown function
+(``sidecar.tools.visible``, set here: ``Toolbox`` sees only those, and an unknown function's
+answer lists only those). ``Status`` and ``ListTools`` answers show only what is in scope; a
+caller scoped by functions alone may use their bases (``sidecar.config`` fills that in). Sessions are per caller
 (``sidecar.sessions.owner``): the same session id from two callers names two sessions. A
 caller's ``filters`` go with every search of its calls (``sidecar.scope.caller_filters``). Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
 and never appear in a message, a log line or a metric: callers are named by ``name``.
@@ -25,7 +28,7 @@ from index.config import MIN_TOKEN_CHARS
 from index.errors import ConfigError
 from sidecar import scope, sessions, tools
 from sidecar.config import AuthConfig, CallerConfig
-from sidecar.errors import PermissionDenied, Unauthenticated
+from sidecar.errors import Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.interceptor import Call, Hook
 
@@ -93,9 +96,8 @@ class Authenticator(Hook):
             return
         if isinstance(message, pb.ConverseRequest):
             message = message.turn
-        if isinstance(message, pb.InvokeToolRequest):
-            self._check_function(caller, message.name)
-        elif isinstance(message, pb.TurnRequest | pb.SearchRequest | pb.ReadPageRequest):
+        # an InvokeToolRequest needs nothing here: Toolbox sees only the caller's functions
+        if isinstance(message, pb.TurnRequest | pb.SearchRequest | pb.ReadPageRequest):
             self._check_base(caller, message.knowledge_base or self.default_knowledge_base)
 
     def response(self, call: Call, message: Any) -> None:
@@ -135,15 +137,4 @@ class Authenticator(Hook):
     def _check_base(self, caller: CallerConfig, kb: str) -> None:
         # an empty name with no default is the service's INVALID_ARGUMENT, not a scope question
         if kb and not self._base_allowed(caller, kb):
-            raise PermissionDenied(
-                f"caller {caller.name!r} may not use knowledge base {kb!r}; "
-                f"its scope: {', '.join(caller.knowledge_bases)}"
-            )
-
-    def _check_function(self, caller: CallerConfig, name: str) -> None:
-        if not self._function_allowed(caller, name):
-            allowed = [f for f in self.functions if self._function_allowed(caller, f)]
-            raise PermissionDenied(
-                f"caller {caller.name!r} may not call function {name!r}; "
-                f"its scope: {', '.join(allowed) or 'no functions'}"
-            )
+            raise scope.unknown_base(kb, caller.knowledge_bases)

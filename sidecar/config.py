@@ -130,6 +130,10 @@ class HttpConfig:
 
     listen: str = ""  # host:port; empty: no HTTP door
     max_body_bytes: int = 256 * 1024  # a request body larger than this is refused (413)
+    # Connections served at once (each worker): one more is answered 503 and closed, so a client
+    # holding thousands open cannot take the file descriptors gRPC and the snapshots need. A
+    # platform keeps a few per live call; the calls themselves are bounded by max_concurrent_rpcs.
+    max_connections: int = 256
     vapi_knowledge_base: str = ""  # the base Vapi's requests search; empty: the default base
     read_page_bases: tuple[str, ...] = ()  # the bases whose pages the MCP read_page tool reads
     vapi_secret_env: str = ""  # names the variable holding Vapi's X-Vapi-Secret
@@ -493,6 +497,8 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
             raise ConfigError(f"{where}: listen must be host:port, e.g. 127.0.0.1:8080")
     if not is_whole(http.max_body_bytes) or http.max_body_bytes < MIN_BODY_BYTES:
         raise ConfigError(f"{where}: max_body_bytes must be a whole number >= {MIN_BODY_BYTES}")
+    if not is_whole(http.max_connections) or http.max_connections < 1:
+        raise ConfigError(f"{where}: max_connections must be a whole number >= 1")
     known = {kb.name for kb in kbs}
     named = [*bases, *([http.vapi_knowledge_base] if http.vapi_knowledge_base else [])]
     unknown = sorted(set(named) - known)

@@ -30,7 +30,7 @@ from index.types import Chunk, MetadataFilter
 from sidecar import followups, relevance, scope
 from sidecar.budget import Budget
 from sidecar.config import MAX_LIMIT, SidecarConfig
-from sidecar.errors import InvalidArgument, Loading, NotFound
+from sidecar.errors import InvalidArgument, Loading
 from sidecar.hits import Hit
 from sidecar.holder import SnapshotHolder
 from sidecar.query_embedder import QueryEmbedder
@@ -565,9 +565,7 @@ class Engine:
         if not kb:
             raise InvalidArgument("knowledge_base is empty and no default is configured")
         if kb not in self.known_bases:
-            raise NotFound(
-                f"unknown knowledge base {kb!r}; known: {', '.join(sorted(self.known_bases))}"
-            )
+            raise scope.unknown_base(kb, self.known_bases)
         searcher = self.holder.use(kb)
         if searcher is None and self.load_on_demand is not None:
             retry_ms = self.load_on_demand(kb)

@@ -18,7 +18,9 @@ of each field), on a ``Call`` whose door is ``http``, and checks the same proto 
 the token could not reach over gRPC it cannot reach here. A body over ``[sidecar.http]
 max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
-whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). Errors are ``{"error": {"code", "message"}}`` with the HTTP status
+whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). At most ``[sidecar.http]
+max_connections`` connections are served at once: one more gets a 503 as soon as it is
+accepted, before it is read and without a task, and is closed (``_Admission``). Errors are ``{"error": {"code", "message"}}`` with the HTTP status
 ``sidecar.status.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import ssl
@@ -68,6 +71,13 @@ CLOSE_TIMEOUT_S = 1
 # hold a connection open by never finishing one.
 MAX_HEAD_BYTES = 64 * 1024
 HEAD_TIMEOUT_S = 10.0
+# An idle keep-alive connection is closed after this long (uvicorn's default, named here): a
+# platform sends its next call on it within seconds, and an idle one must give its slot back.
+KEEP_ALIVE_S = 5
+# A connection refused over max_connections gets its 503 at once and its side closed for
+# writing; it has this long to send its request and read the answer before its socket closes
+# (closing on a request still arriving would reset the connection and lose the 503).
+REFUSED_LINGER_S = 1.0
 JSON = (b"content-type", b"application/json")
 
 
@@ -221,6 +231,7 @@ class HttpDoor:
         self.lifecycle = lifecycle
         self.hooks = guards.hooks
         self.max_body = config.sidecar.http.max_body_bytes
+        self.admission = _Admission(config.sidecar.http.max_connections)
         self.mcp = McpDoor(config, engine, toolbox, guards.auth)
         self.webhooks = Webhooks(config, engine, toolbox)
         self._server: _InLoopServer | None = None
@@ -367,7 +378,8 @@ class HttpDoor:
             access_log=False,
             server_header=False,
             timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
-            http=_BoundedHead,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            http=cast(Any, functools.partial(_BoundedHead, admission=self.admission)),
             **_tls_options(self.config),
         )
         self._mcp_task = asyncio.create_task(self._run_mcp())
@@ -401,18 +413,87 @@ class HttpDoor:
             await self._mcp_stop.wait()
 
 
+class _Admission:
+    """How many connections the door serves at once (``[sidecar.http] max_connections``, in
+    each worker), and how many it refused while full: logged once when it fills and once when
+    it has room again, so a flood of connections cannot flood the log too.
+
+    uvicorn's own ``limit_concurrency`` is not used: it reads a connection's request head and
+    answers 503 from a task of its own, so a refused connection still costs a task and up to
+    a head's bytes, and it counts the connection being refused (``limit`` - 1 are served)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.refused = 0  # since the door last had room
+        self.refused_total = 0
+
+    def admit(self, open_now: int) -> bool:
+        if open_now < self.limit:
+            if self.refused:
+                log.warning(
+                    "the HTTP door has room again; it refused %d connection(s) while full",
+                    self.refused,
+                )
+                self.refused = 0
+            return True
+        if not self.refused:
+            log.warning(
+                "the HTTP door is full: %d connections open ([sidecar.http] max_connections); "
+                "more are answered 503 until one closes",
+                self.limit,
+            )
+        self.refused += 1
+        self.refused_total += 1
+        return False
+
+    def refusal(self) -> bytes:
+        """The whole 503 a refused connection gets, before it has sent anything."""
+        message = (
+            f"the HTTP door is serving {self.limit} connections, its limit ([sidecar.http] "
+            "max_connections): retry in a moment, and reuse one connection for many calls"
+        )
+        body = orjson.dumps({"error": {"code": "UNAVAILABLE", "message": message}})
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"connection: close\r\nretry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+
 class _BoundedHead(HttpToolsProtocol):
     """uvicorn's httptools protocol with each request's head bounded: ``MAX_HEAD_BYTES``
-    (431, then closed) and ``HEAD_TIMEOUT_S`` (closed). The body is ``read_body``'s."""
+    (431, then closed) and ``HEAD_TIMEOUT_S`` (closed), and connections past the door's
+    ``_Admission`` refused as they are accepted (``_refuse``). The body is ``read_body``'s."""
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
+    _refused: asyncio.TimerHandle | None = None  # the close of a refused connection, pending
+
+    def __init__(self, *args: Any, admission: _Admission, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.admission = admission
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if not self.admission.admit(len(self.connections)):
+            self._refuse(transport)
+            return
         super().connection_made(transport)
         self._arm()
 
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        """Answer 503 now, close our side for writing, and close the socket when the client
+        closes its own or after ``REFUSED_LINGER_S``: no parser, no task, no buffer kept, and
+        the connection is not one of uvicorn's (which the limit counts)."""
+        self.transport = transport
+        transport.write(self.admission.refusal())
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._refused = self.loop.call_later(REFUSED_LINGER_S, transport.close)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused is not None:
+            self._refused.cancel()
+            return
         self._disarm()
         super().connection_lost(exc)
 
@@ -426,6 +507,8 @@ class _BoundedHead(HttpToolsProtocol):
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused is not None:
+            return  # a refused connection's request: read and dropped
         if self._head_timer is not None:
             self._head_bytes += len(data)
         super().data_received(data)

@@ -13,12 +13,12 @@ answers nothing rather than everything).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 
 from index.filters import Allowed
 from index.types import MetadataFilter
-from sidecar.errors import FilterRefused
+from sidecar.errors import FilterRefused, NotFound
 from sidecar.searcher import Searcher
 
 # The current call's caller's filters ([sidecar.auth.caller] filters); empty without auth.
@@ -28,6 +28,13 @@ MAX_FILTERS = 16
 # Each glob is matched against every page of the snapshot (once, then the mask is cached):
 # 16 globs over 10,000 pages is ~20 ms the first time.
 MAX_SOURCE_PATHS = 16
+
+
+def unknown_base(kb: str, known: Iterable[str]) -> NotFound:
+    """The answer for a base a call cannot reach: one that does not exist, or (for a scoped
+    token, ``sidecar.auth``) one outside its scope, alike, so a token learns no name outside
+    its scope; ``known`` is what the caller may reach."""
+    return NotFound(f"unknown knowledge base {kb!r}; known: {', '.join(sorted(known)) or 'none'}")
 
 
 def check(filters: Sequence[MetadataFilter], source_paths: Sequence[str]) -> None:

@@ -13,8 +13,8 @@ model can read and recover from: ``{"error": {"type": ..., "message": ...}}`` wi
 ``is_error``, never a failed RPC. Every output, results and errors alike, is compact JSON of at
 most ``[sidecar] tool_output_chars`` characters (so at most 4x that in bytes), however large or
 odd the arguments; arguments over ``MAX_ARGUMENTS_BYTES`` are refused before they are parsed.
-An unknown function's error lists only the functions the caller may see (``visible``, set per
-call by sidecar.auth).
+Only the functions the caller may see (``visible``, set per call by sidecar.auth) are there for
+it: one outside its scope is an unknown function, whose error lists only the visible ones.
 
 ``PageReader`` serves ``ReadPage``: a whole page, looked up by key in the snapshot's pages, so
 no path outside the snapshot can be read.
@@ -416,7 +416,10 @@ class Toolbox:
         return cls(functions, config.sidecar.tool_output_chars)
 
     def get(self, name: str) -> KnowledgeFunction | None:
-        return self._functions.get(name)
+        """The function named so, if the current caller may see it (``visible``): one outside
+        a token's scope is not there for it, as if unknown."""
+        shown = visible.get()
+        return self._functions.get(name) if shown is None or name in shown else None
 
     def __iter__(self) -> Iterator[KnowledgeFunction]:
         return iter(self._functions.values())
@@ -446,7 +449,7 @@ class Toolbox:
         self, engine: Engine, name: str, arguments_json: str, session_id: str = ""
     ) -> Invocation:
         """Run one call. Model mistakes and a base without a snapshot come back as error outputs."""
-        fn = self._functions.get(name)
+        fn = self.get(name)
         if fn is None:
             known = ", ".join(self._visible()) or "none are configured"
             return self._error(

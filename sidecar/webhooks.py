@@ -15,8 +15,8 @@ object, or the JSON string a model emitted), or the arguments themselves at the 
 (ElevenLabs server tools post their body parameters so), with ``session_id`` or ``call_id``
 beside them. The answer is the function's output, the same JSON as ``InvokeTool``; a model's
 mistake is an error output for the model (200, ``x-voxrecall-tool-error: true``). With
-``[sidecar.http] webhook_secret_env`` set, every call must be signed with that secret
-(``verify_signature``), and an unsigned or badly signed one is refused (401).
+``[sidecar.http] webhook_secret_env`` set, every call must be signed with that secret and
+recently (``verify_signature``), and an unsigned, badly signed or stale one is refused (401).
 
 The ``x-voxrecall-session`` header, when sent, names the session on both.
 """
@@ -52,17 +52,24 @@ Reply = tuple[int, bytes, list[tuple[bytes, bytes]]]
 
 SESSION_HEADER = "x-voxrecall-session"
 VAPI_SECRET_HEADER = "x-vapi-secret"
-RETELL_SIGNATURE_HEADER = "x-retell-signature"
-SIGNATURE_HEADER = "x-voxrecall-signature"
+# as written in messages and docs; looked up in lower case (ASGI gives header names so)
+RETELL_SIGNATURE = "X-Retell-Signature"
+SIGNATURE = "X-Voxrecall-Signature"
+TIMESTAMP = "X-Voxrecall-Timestamp"
+RETELL_SIGNATURE_HEADER = RETELL_SIGNATURE.lower()
+SIGNATURE_HEADER = SIGNATURE.lower()
+TIMESTAMP_HEADER = TIMESTAMP.lower()
 KNOWLEDGE_BASE_REQUEST = "knowledge-base-request"
 USER_ROLES = frozenset({"user"})
 AGENT_ROLES = frozenset({"assistant", "bot"})
 # Messages of one request fed at most: the session keeps a few turns (context_turns), so older
 # ones cannot change what a follow-up resolves to, and each user message fed is a search.
 MAX_FED = 8
-# How far a Retell signature's timestamp may be from our clock: a replay window.
+# How far a signature's timestamp (ours or Retell's) may be from our clock: the window in which
+# a captured call could be replayed. Retell's own verifier allows 5 minutes.
 SIGNATURE_TOLERANCE_MS = 5 * 60 * 1000
 _RETELL = re.compile(r"v=(\d{1,16}),d=([0-9a-fA-F]{64})")
+_STAMP = re.compile(r"\d{1,12}")
 # Top-level keys of a tool webhook body that describe the call rather than being arguments.
 TOOL_METADATA = frozenset({"name", "call", "session_id", "call_id"})
 
@@ -180,48 +187,76 @@ def _string(value: Any, what: str) -> str:
     return value
 
 
-def verify_signature(secret: bytes, body: bytes, headers: Mapping[str, str]) -> None:
-    """Raise ``Unauthenticated`` unless ``body`` carries a good signature made with ``secret``:
+def verify_signature(
+    secret: bytes, body: bytes, headers: Mapping[str, str], now: float | None = None
+) -> None:
+    """Raise ``Unauthenticated`` unless ``body`` carries a good, recent signature made with
+    ``secret`` (``now``: Unix seconds, the clock's by default):
 
-    - ``X-Voxrecall-Signature: sha256=<hex HMAC-SHA256 of the body>`` (any platform or proxy
-      that can sign a body; GitHub's shape), or
+    - ``X-Voxrecall-Timestamp: <unix seconds>`` and ``X-Voxrecall-Signature: sha256=<hex
+      HMAC-SHA256 of the timestamp's digits, ".", then the body>`` (Stripe's and Slack's
+      shape), within ``SIGNATURE_TOLERANCE_MS`` of now. A signature of the body alone (the
+      scheme before the timestamp) is refused, naming the timestamp header: it is good
+      forever, so a captured call could be replayed at will.
     - ``X-Retell-Signature: v=<unix ms>,d=<hex HMAC-SHA256 of the body followed by those
       digits>``, as Retell signs (the secret is the Retell API key with the webhook badge),
       within ``SIGNATURE_TOLERANCE_MS`` of now.
     """
-    generic = headers.get(SIGNATURE_HEADER, "")
-    retell = headers.get(RETELL_SIGNATURE_HEADER, "")
-    if generic:
-        scheme, _, given = generic.partition("=")
-        expected = hmac.new(secret, body, hashlib.sha256).hexdigest()
-        # as bytes: compare_digest raises on a str with a non-ASCII character (a header may hold one)
-        if scheme == "sha256" and hmac.compare_digest(given.lower().encode(), expected.encode()):
-            return
+    now_ms = (time.time() if now is None else now) * 1000
+    if headers.get(SIGNATURE_HEADER, ""):
+        _verify_generic(secret, body, headers, now_ms)
+    elif headers.get(RETELL_SIGNATURE_HEADER, ""):
+        _verify_retell(secret, body, headers[RETELL_SIGNATURE_HEADER], now_ms)
+    else:
         raise Unauthenticated(
-            f"{SIGNATURE_HEADER} does not match the body: sign the exact bytes sent, "
-            "sha256=<hex HMAC-SHA256> with the secret in [sidecar.http] webhook_secret_env"
+            f"this call is unsigned and a webhook secret is configured: send {TIMESTAMP}: "
+            f"<unix seconds> and {SIGNATURE}: sha256=<hex HMAC-SHA256 of "
+            f'"<timestamp>.<body>"> (or Retell\'s {RETELL_SIGNATURE})'
         )
-    if retell:
-        match = _RETELL.fullmatch(retell.strip())
-        if match is None:
-            raise Unauthenticated(f"{RETELL_SIGNATURE_HEADER} is not v=<ms>,d=<hex digest>")
-        stamp, given = match.groups()
-        if abs(time.time() * 1000 - int(stamp)) > SIGNATURE_TOLERANCE_MS:
-            raise Unauthenticated(
-                f"{RETELL_SIGNATURE_HEADER} is older than {SIGNATURE_TOLERANCE_MS // 60000} "
-                "minutes (or the clocks differ): a replayed request is refused"
-            )
-        expected = hmac.new(secret, body + stamp.encode(), hashlib.sha256).hexdigest()
-        if hmac.compare_digest(given.lower(), expected):
-            return
+
+
+def _verify_generic(secret: bytes, body: bytes, headers: Mapping[str, str], now_ms: float) -> None:
+    stamp = headers.get(TIMESTAMP_HEADER, "").strip()
+    if not stamp:
         raise Unauthenticated(
-            f"{RETELL_SIGNATURE_HEADER} does not match the body: set [sidecar.http] "
+            f"{SIGNATURE} needs {TIMESTAMP}: <unix seconds>, and the signature "
+            f'is over "<timestamp>.<body>": a signature of the body alone could be replayed '
+            "forever, so it is refused"
+        )
+    if not _STAMP.fullmatch(stamp):
+        raise Unauthenticated(f"{TIMESTAMP} must be the Unix time in whole seconds")
+    _check_fresh(TIMESTAMP, int(stamp) * 1000, now_ms)
+    scheme, _, given = headers[SIGNATURE_HEADER].partition("=")
+    expected = hmac.new(secret, stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    # as bytes: compare_digest raises on a str with a non-ASCII character (a header may hold one)
+    if scheme != "sha256" or not hmac.compare_digest(given.lower().encode(), expected.encode()):
+        raise Unauthenticated(
+            f"{SIGNATURE} does not match: send sha256=<hex HMAC-SHA256 of "
+            f'"<{TIMESTAMP}>.<the exact body bytes>"> with the secret in [sidecar.http] '
+            "webhook_secret_env"
+        )
+
+
+def _verify_retell(secret: bytes, body: bytes, header: str, now_ms: float) -> None:
+    match = _RETELL.fullmatch(header.strip())
+    if match is None:
+        raise Unauthenticated(f"{RETELL_SIGNATURE} is not v=<ms>,d=<hex digest>")
+    stamp, given = match.groups()
+    _check_fresh(RETELL_SIGNATURE, int(stamp), now_ms)
+    expected = hmac.new(secret, body + stamp.encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(given.lower(), expected):
+        raise Unauthenticated(
+            f"{RETELL_SIGNATURE} does not match the body: set [sidecar.http] "
             "webhook_secret_env to the variable holding the Retell API key with the webhook badge"
         )
-    raise Unauthenticated(
-        f"this call is unsigned and a webhook secret is configured: send {SIGNATURE_HEADER}: "
-        f"sha256=<hex HMAC-SHA256 of the body> (or Retell's {RETELL_SIGNATURE_HEADER})"
-    )
+
+
+def _check_fresh(header: str, stamp_ms: int, now_ms: float) -> None:
+    if abs(now_ms - stamp_ms) > SIGNATURE_TOLERANCE_MS:
+        raise Unauthenticated(
+            f"{header} is more than {SIGNATURE_TOLERANCE_MS // 60000} minutes from this "
+            "sidecar's clock: a replayed request is refused (if it is new, check both clocks)"
+        )
 
 
 class Webhooks:
@@ -312,7 +347,7 @@ class Webhooks:
         call.check(
             pb.InvokeToolRequest(name=function, arguments_json=arguments, session_id=session_id)
         )
-        if function not in {fn.name for fn in self.toolbox.visible_functions()}:
+        if self.toolbox.get(function) is None:  # unknown, or outside the token's scope: alike
             known = ", ".join(fn.name for fn in self.toolbox.visible_functions()) or "none"
             raise NotFound(f"no function {function!r} at /tools/: known: {known}")
         result = await self.toolbox.invoke(self.engine, function, arguments, session_id)

@@ -116,7 +116,7 @@ async def test_a_scoped_caller_reaches_only_its_bases_and_functions(
         metadata=md,
     )  # fmt: skip
     assert ok.chunks[0].knowledge_base == "billing"
-    denied = grpc.StatusCode.PERMISSION_DENIED
+    denied = grpc.StatusCode.NOT_FOUND  # as if it did not exist: a token learns no names
     assert await _code(stub.Turn(TURN, metadata=md)) is denied  # the default base is "help"
     help_turn = pb.TurnRequest(text="reset password", knowledge_base="help", is_final=True)
     assert await _code(stub.Turn(help_turn, metadata=md)) is denied
@@ -125,7 +125,10 @@ async def test_a_scoped_caller_reaches_only_its_bases_and_functions(
     page = pb.ReadPageRequest(knowledge_base="help", source_path="password.md")
     assert await _code(stub.ReadPage(page, metadata=md)) is denied
     tool = pb.InvokeToolRequest(name="search_help", arguments_json='{"query": "password"}')
-    assert await _code(stub.InvokeTool(tool, metadata=md)) is denied
+    hidden = await stub.InvokeTool(tool, metadata=md)  # an unknown function, for this token
+    assert hidden.is_error
+    assert "unknown_function" in hidden.output
+    assert not hidden.instructions
 
     allowed = await stub.InvokeTool(
         pb.InvokeToolRequest(name="search_billing", arguments_json='{"query": "refund"}'),
@@ -173,7 +176,7 @@ async def test_a_scoped_caller_is_refused_mid_stream(stub: pb_grpc.RetrievalStub
         session_id="c", text="reset password", knowledge_base="help", is_final=True)))  # fmt: skip
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call.read()
-    assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert info.value.code() is grpc.StatusCode.NOT_FOUND
 
 
 async def test_an_unset_token_variable_stops_the_start(
@@ -232,7 +235,7 @@ async def test_tokens_never_reach_the_logs(
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
     text = stream.getvalue()
-    assert "PERMISSION_DENIED" in text
+    assert "NOT_FOUND" in text
     assert "UNAUTHENTICATED" in text
     assert "billing-agent" in text  # the caller is named ...
     assert TOKEN_A[:16] not in text

@@ -200,6 +200,28 @@ def test_a_stalled_rebuild_request_is_closed(
     assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
 
 
+@pytest.mark.usefixtures("short_reads")
+def test_a_trickled_rebuild_request_is_closed_at_its_deadline(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    """A byte at a time, each well within the per-read timeout: the whole request's deadline
+    still closes it, long before this head is whole."""
+    watcher, listener = listening
+    head = f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nX-Pad: {'a' * 400}"
+    closed = False
+    with socket.create_connection(("127.0.0.1", listener.port)) as slow:
+        for byte in head.encode():
+            try:
+                slow.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            time.sleep(0.02)
+    assert closed  # cut off while the head was still arriving
+    assert watcher.last("kb")["queued"] is False
+    assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
+
+
 @pytest.fixture
 def two_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ingest, "MAX_CONNECTIONS", 2)

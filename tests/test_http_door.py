@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import io
 import logging
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -29,10 +30,12 @@ from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
 from sidecar import http_door, logs, sessions
 from sidecar.config import parse_config
+from sidecar.errors import Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http_door import MAX_HEAD_BYTES
 from sidecar.server import Sidecar
+from sidecar.webhooks import SIGNATURE_TOLERANCE_MS, verify_signature
 from tests.hardening_kit import (
     TOKEN_A,
     TOKEN_B,
@@ -161,7 +164,7 @@ async def test_a_scoped_token_neither_sees_nor_calls_what_it_may_not(sidecar: Si
         assert listed.tools[1].input_schema["properties"].keys() == {"source_path", "source"}
         refused = await session.call_tool("search_help", {"query": "reset password"})
         assert refused.is_error
-        assert output(refused)["error"]["type"] == "permission_denied"
+        assert output(refused)["error"]["type"] == "unknown_function"  # as if it did not exist
         page = await session.call_tool(
             "read_page", {"source_path": "password.md", "knowledge_base": "help"}
         )
@@ -388,8 +391,16 @@ async def test_a_deeply_nested_vapi_message_is_skipped_not_a_500(
 # -- the tool webhook -------------------------------------------------------------------------
 
 
-def signed(body: bytes, secret: str = WEBHOOK_SECRET) -> dict[str, str]:
-    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def signed(body: bytes, secret: str = WEBHOOK_SECRET, age_s: int = 0) -> dict[str, str]:
+    """The README's signing code: HMAC-SHA256 of "<unix seconds>.<body>"."""
+    stamp = str(int(time.time()) - age_s)
+    digest = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return {"x-voxrecall-timestamp": stamp, "x-voxrecall-signature": f"sha256={digest}"}
+
+
+def unstamped(body: bytes) -> dict[str, str]:
+    """The scheme before the timestamp: the body alone, good forever."""
+    digest = hmac.new(WEBHOOK_SECRET.encode(), body, hashlib.sha256).hexdigest()
     return {"x-voxrecall-signature": f"sha256={digest}"}
 
 
@@ -431,14 +442,22 @@ async def test_a_signed_tool_call_returns_the_functions_output(sidecar: Sidecar,
         {},
         signed(RETELL_BODY, "another-secret-000000000"),
         signed(RETELL_BODY + b" "),
+        signed(RETELL_BODY, age_s=10 * 60),
+        {**signed(RETELL_BODY), "x-voxrecall-timestamp": str(int(time.time()) - 1)},
+        {**signed(RETELL_BODY), "x-voxrecall-timestamp": "soon"},
+        unstamped(RETELL_BODY),
         retell_signed(RETELL_BODY, age_ms=10 * 60 * 1000),
         {"x-retell-signature": "v=1,d=zz"},
-        {"x-voxrecall-signature": "sha256=caf\xe9".encode("latin-1")},
+        {**signed(RETELL_BODY), "x-voxrecall-signature": "sha256=caf\xe9".encode("latin-1")},
     ],
     ids=[
         "unsigned",
         "other-secret",
         "other-body",
+        "stale",
+        "other-timestamp",
+        "malformed-timestamp",
+        "unstamped",
         "stale-retell",
         "malformed-retell",
         "non-ascii-signature",
@@ -450,6 +469,27 @@ async def test_an_unsigned_or_badly_signed_tool_call_is_refused(
     reply = await post_tool(sidecar, RETELL_BODY, headers)
     assert reply.status_code == 401
     assert reply.json()["error"]["code"] == "UNAUTHENTICATED"
+
+
+async def test_a_signature_without_a_timestamp_is_refused_naming_the_header(
+    sidecar: Sidecar,
+) -> None:
+    """A signature of the body alone never expires, so one captured call could be replayed
+    for ever: it is refused, and the answer says what to send instead."""
+    reply = await post_tool(sidecar, RETELL_BODY, unstamped(RETELL_BODY))
+    assert reply.status_code == 401
+    message = reply.json()["error"]["message"]
+    assert "X-Voxrecall-Timestamp" in message
+    assert "<timestamp>.<body>" in message
+
+
+async def test_a_replayed_call_is_refused_once_the_window_has_passed(sidecar: Sidecar) -> None:
+    captured = signed(RETELL_BODY)
+    assert (await post_tool(sidecar, RETELL_BODY, captured)).status_code == 200
+    later = time.time() + SIGNATURE_TOLERANCE_MS / 1000 + 1
+    with pytest.raises(Unauthenticated, match="more than 5 minutes"):
+        verify_signature(WEBHOOK_SECRET.encode(), RETELL_BODY, captured, now=later)
+    verify_signature(WEBHOOK_SECRET.encode(), RETELL_BODY, captured, now=later - 2)  # in it
 
 
 @pytest.mark.parametrize(
@@ -494,8 +534,8 @@ async def test_tool_webhook_mistakes_are_outputs_and_bad_requests_are_4xx(
     assert mismatch.status_code == 400
     assert "/tools/search_billing" in mismatch.json()["error"]["message"]
     scoped = await post_tool(sidecar, body, {**signed(body), **auth(TOKEN_B)})
-    assert scoped.status_code == 403
-    assert scoped.json()["error"]["code"] == "PERMISSION_DENIED"
+    assert scoped.status_code == 404  # outside the token's scope: as if it did not exist
+    assert scoped.json()["error"]["message"].endswith("known: search_billing")
 
 
 # -- limits, methods, metrics -----------------------------------------------------------------
@@ -555,6 +595,64 @@ async def test_a_connection_that_stalls_in_its_head_is_closed(
     assert await exchange(sidecar, sent) == b""  # closed, where it was held open for ever
 
 
+# -- the connection cap ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def long_keep_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the connections a test holds stay open for the whole test, however slow the machine
+    monkeypatch.setattr(http_door, "KEEP_ALIVE_S", 600)
+
+
+async def ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str) -> bytes:
+    """One GET on a kept-alive connection: the answer's head and body."""
+    writer.write(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+    await writer.drain()
+    async with asyncio.timeout(LIVENESS_S):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
+        assert length is not None, head
+        return head + await reader.readexactly(int(length.group(1)))
+
+
+CLOSING_GET = b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+
+
+@pytest.mark.usefixtures("long_keep_alive")
+async def test_connections_over_max_connections_get_503_while_the_others_serve_on(
+    store: Path, local_embedder: Embedder
+) -> None:
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0", "max_connections": 2})
+    async with (
+        running(config, local_embedder) as sc,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel,
+    ):
+        assert sc.http is not None
+        held = [await asyncio.open_connection("127.0.0.1", sc.http_port) for _ in range(2)]
+        for reader, writer in held:  # both served, and kept open
+            assert (await ask(reader, writer, "/healthz")).startswith(b"HTTP/1.1 200 ")
+
+        refused = await asyncio.gather(*(exchange(sc, CLOSING_GET) for _ in range(20)))
+        for answer in refused:  # answered at once, whole (no reset), and closed
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert b"max_connections" in answer
+        assert sc.http.admission.refused_total == 20
+
+        for reader, writer in held:  # the first two serve on
+            assert (await ask(reader, writer, "/readyz")).startswith(b"HTTP/1.1 200 ")
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        turn = pb.TurnRequest(session_id="s", text="reset my password", is_final=True)
+        assert (await stub.Turn(turn)).chunks  # and gRPC is not starved
+
+        held[0][1].close()  # a connection that closes gives its slot back
+        await held[0][1].wait_closed()
+        answer = b""
+        async with asyncio.timeout(LIVENESS_S):  # the door sees the close soon: not a timing
+            while not answer.startswith(b"HTTP/1.1 200 "):
+                answer = await exchange(sc, CLOSING_GET)  # 503 until it has seen it
+        held[1][1].close()
+
+
 async def test_http_calls_are_counted_by_door(sidecar: Sidecar) -> None:
     await post_tool(sidecar, RETELL_BODY, signed(RETELL_BODY))
     await post_tool(sidecar, RETELL_BODY, {})
@@ -596,6 +694,8 @@ def test_the_http_config_refuses_secrets_in_the_file_and_bad_values(tmp_path: Pa
         parse({"listen": "8080"})
     with pytest.raises(ConfigError, match="max_body_bytes"):
         parse({"max_body_bytes": 10})
+    with pytest.raises(ConfigError, match="max_connections"):
+        parse({"max_connections": 0})
     with pytest.raises(ConfigError, match="not configured"):
         parse({"read_page_bases": ["nope"]})
 

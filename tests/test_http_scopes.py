@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -95,7 +96,7 @@ async def through_grpc(sc: Sidecar, token: str, kind: str, target: str) -> bool:
             await stub.Turn(turn, metadata=md)
             return True
         except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.PERMISSION_DENIED:
+            if exc.code() is not grpc.StatusCode.NOT_FOUND:
                 raise
             return False
 
@@ -124,7 +125,7 @@ async def through_mcp(sc: Sidecar, token: str, kind: str, target: str) -> bool:
             )
     if result.is_error:
         error = orjson.loads(result.content[0].text)["error"]
-        assert error["type"] in ("permission_denied", "invalid_arguments"), error
+        assert error["type"] in ("unknown_function", "not_found", "invalid_arguments"), error
     return not result.is_error
 
 
@@ -135,14 +136,23 @@ async def through_webhooks(sc: Sidecar, token: str, kind: str, target: str) -> b
         message = {"type": "knowledge-base-request", "call": {"id": "c1"},
                    "messages": [{"role": "user", "content": "reset my password"}]}  # fmt: skip
         path, body = "/vapi/knowledge-base", orjson.dumps({"message": message})
-    signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-    headers = {"authorization": f"Bearer {token}", "x-voxrecall-signature": f"sha256={signature}"}
+    reply = await post(sc, token, path, body)
+    assert reply.status_code in (200, 404), reply.text
+    return reply.status_code == 200
+
+
+async def post(sc: Sidecar, token: str, path: str, body: bytes) -> httpx2.Response:
+    stamp = str(int(time.time()))
+    signature = hmac.new(SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
+    headers = {
+        "authorization": f"Bearer {token}",
+        "x-voxrecall-timestamp": stamp,
+        "x-voxrecall-signature": f"sha256={signature}",
+    }
     async with httpx2.AsyncClient() as http:
-        reply = await http.post(
+        return await http.post(
             f"http://127.0.0.1:{sc.http_port}{path}", content=body, headers=headers
         )
-    assert reply.status_code in (200, 403), reply.text
-    return reply.status_code == 200
 
 
 THROUGH = {"grpc": through_grpc, "mcp": through_mcp, "webhooks": through_webhooks}
@@ -156,3 +166,60 @@ async def test_a_token_reaches_the_same_things_through_every_door(
     sidecar: Sidecar, door: str, token: str, kind: str, target: str, reached: bool
 ) -> None:
     assert await THROUGH[door](sidecar, token, kind, target) is reached
+
+
+# -- names outside a token's scope ------------------------------------------------------------
+
+# For the billing token: a name that exists outside its scope, and one that exists nowhere.
+HIDDEN = {"function": ("search_help", "search_nowhere"), "base": ("help", "nowhere")}
+
+
+async def answer_grpc(sc: Sidecar, kind: str, name: str) -> str:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            if kind == "function":
+                request = pb.InvokeToolRequest(name=name, arguments_json='{"query": "refund"}')
+                reply = await stub.InvokeTool(request, metadata=bearer(TOKEN_B))
+                return f"{reply.is_error} {reply.output} {reply.instructions}"
+            turn = pb.TurnRequest(session_id="s", text="reset", knowledge_base=name, is_final=True)
+            await stub.Turn(turn, metadata=bearer(TOKEN_B))
+            return "reached"
+        except grpc.aio.AioRpcError as exc:
+            return f"{exc.code().name} {exc.details()}"
+
+
+async def answer_mcp(sc: Sidecar, kind: str, name: str) -> str:
+    async with mcp(sc, TOKEN_B) as session:
+        result = await session.call_tool(name, {"query": "refund"})
+    return f"{result.is_error} {result.content[0].text}"
+
+
+async def answer_webhooks(sc: Sidecar, kind: str, name: str) -> str:
+    reply = await post(sc, TOKEN_B, f"/tools/{name}", orjson.dumps({"args": {"query": "x"}}))
+    return f"{reply.status_code} {reply.text}"
+
+
+ANSWER = {"grpc": answer_grpc, "mcp": answer_mcp, "webhooks": answer_webhooks}
+
+
+@pytest.mark.parametrize(
+    ("door", "kind", "answer"),
+    [
+        ("grpc", "function", 'True {"error":{"type":"unknown_function"'),
+        ("grpc", "base", "NOT_FOUND unknown knowledge base"),
+        ("mcp", "function", 'True {"error":{"type":"unknown_function"'),
+        ("webhooks", "function", '404 {"error":{"code":"NOT_FOUND"'),
+    ],
+)
+async def test_a_name_outside_the_scope_is_answered_as_one_that_does_not_exist(
+    sidecar: Sidecar, door: str, kind: str, answer: str
+) -> None:
+    """A token scoped to billing learns nothing of the help base or its function: asking for
+    them gets, word for word, what asking for a name that exists nowhere gets."""
+    existing, missing = HIDDEN[kind]
+    hidden = await ANSWER[door](sidecar, kind, existing)
+    unknown = await ANSWER[door](sidecar, kind, missing)
+    assert hidden.startswith(answer), hidden
+    assert hidden.replace(existing, "NAME") == unknown.replace(missing, "NAME")
+    assert existing not in unknown  # not listed among what the token may use

@@ -186,9 +186,14 @@ def test_a_missing_bucket_is_unavailable_not_empty(moto_server: Any, tmp_path: P
 
 class _HostileListing(BaseHTTPRequestHandler):
     """An S3-compatible endpoint whose bucket listing is endless (each page truncated, with a
-    new continuation token; it would end after ``ENDLESS_PAGES``) or not XML."""
+    new continuation token; it would end after ``ENDLESS_PAGES``), not XML, names bases that
+    are paths out of the cache (``escape``), is one page of ``HUGE_BYTES`` (``huge``), or
+    sends its headers and then a byte every ``TRICKLE_S`` (``trickle``)."""
 
     ENDLESS_PAGES = 40
+    HUGE_BYTES = 64 * 1024 * 1024
+    TRICKLE_S = 0.05
+    ESCAPES = ("a/../../evil", "x/y", "..", ".hidden", "spaced name", "é")
     mode = "endless"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -197,7 +202,20 @@ class _HostileListing(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         page = int(query.get("continuation-token", ["0"])[0])
-        if self.mode == "endless":
+        if self.mode in ("huge", "trickle"):
+            self._hostile_body(query.get("prefix", [""])[0])
+            return
+        if self.mode == "escape":
+            names = [*self.ESCAPES, "support"]
+            body = (
+                '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                "<IsTruncated>false</IsTruncated>"
+                + "".join(
+                    f"<CommonPrefixes><Prefix>prod/{n}/</Prefix></CommonPrefixes>" for n in names
+                )
+                + "</ListBucketResult>"
+            ).encode()
+        elif self.mode == "endless":
             more = page + 1 < self.ENDLESS_PAGES
             body = (
                 '<?xml version="1.0" encoding="UTF-8"?>'
@@ -215,6 +233,22 @@ class _HostileListing(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _hostile_body(self, prefix: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(self.HUGE_BYTES))
+        self.end_headers()
+        entry = f"<CommonPrefixes><Prefix>{prefix}kb/</Prefix></CommonPrefixes>".encode()
+        block = entry * (64 * 1024 // len(entry)) if self.mode == "huge" else b" "
+        try:
+            self.wfile.write(b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">')
+            for _ in range(self.HUGE_BYTES // len(block)):
+                self.wfile.write(block)
+                if self.mode == "trickle":
+                    time.sleep(self.TRICKLE_S)
+        except OSError:
+            pass  # the store hung up: what it should do
 
 
 @pytest.fixture
@@ -250,6 +284,40 @@ def test_a_listing_that_is_not_xml_is_unavailable(
     monkeypatch.setattr(_HostileListing, "mode", "broken")
     store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
     with pytest.raises(StoreUnavailable, match="cannot list the bases"):
+        store.knowledge_bases()
+
+
+def test_a_listing_names_only_bases_never_paths_out_of_the_cache(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A name from the listing becomes a folder of the cache (and of ``retain``'s deletes): a
+    store that lists "a/../../evil" must not name a folder outside it."""
+    monkeypatch.setattr(_HostileListing, "mode", "escape")
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    assert store.knowledge_bases() == {"support"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "deadline_s", "refusal"),
+    [
+        ("huge", LIVENESS_S, "over 2097152 bytes"),  # refused by its size, long before this
+        ("trickle", 0.5, "not downloaded within 0.5 s"),  # every read well within timeout_s
+    ],
+)
+def test_a_listing_too_big_or_too_slow_is_unavailable_not_read_on(
+    hostile_s3: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    mode: str,
+    deadline_s: float,
+    refusal: str,
+) -> None:
+    monkeypatch.setattr(_HostileListing, "mode", mode)
+    options = HttpOptions(timeout_s=5.0, download_timeout_s=deadline_s, attempts=1)
+    store = S3Store(
+        "s3://snaps/prod", tmp_path / "cache", options, S3Options(endpoint_url=hostile_s3)
+    )
+    with pytest.raises(StoreUnavailable, match=refusal):
         store.knowledge_bases()
 
 
@@ -526,6 +594,7 @@ def test_signatures_and_the_documented_permissions_hold_against_a_checking_serve
         options = S3Options(endpoint_url=checking.url)
         store = S3Store(to, tmp_path / "cache", FAST, options)
         assert verify_snapshot(store.fetch(KB, store.latest(KB) or "")).version == version_id(1)
+        assert store.knowledge_bases() == {KB}  # the listing is signed as the server checks
         assert main(["index", "publish", "--config", str(config), "--to", to]) == 0  # as new
         write_version(tmp_path / "built", version_id(2), EMBEDDER, "roaming")
         assert main(["index", "publish", "--config", str(config), "--to", to]) == 2
