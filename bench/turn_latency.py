@@ -385,19 +385,30 @@ async def run_diy(config: Config, calls: list[list[str]]) -> list[tuple[str, flo
 
 
 def against_diy(
-    turn: dict[str, Any], turn_run: Run, diy: list[tuple[str, float]]
+    turn: dict[str, Any], turn_run: Run, diy: list[tuple[str, float]], calls: list[list[str]]
 ) -> dict[str, Any]:
-    """``Turn`` beside the DIY system, both timed by the client: over every turn, and over the
+    """``Turn`` beside the DIY system, both timed by the client: over every turn, over the
     turns the sidecar searched (the DIY system searches all; the sidecar answers the others
-    without searching)."""
+    without searching), and over each call's first turn (no conversation yet: one embedding,
+    where a later turn may embed two queries, itself and the conversation folded in)."""
     searched = {x.text for x in turn_run.samples if not x.skipped}
+    first = {c[0] for c in calls}
     every = percentiles([ms for _, ms in diy])
     only = percentiles([ms for text, ms in diy if text in searched])
     mine, mine_searched = turn["client_round_trip"], turn["searched_turns"]["client_round_trip"]
     return {
-        "diy": {"turns": len(diy), **every, "searched_by_voxrecall": only},
+        "diy": {
+            "turns": len(diy),
+            **every,
+            "searched_by_voxrecall": only,
+            "first_turns": percentiles([ms for text, ms in diy if text in first]),
+        },
         "turn_client": mine,
         "turn_client_searched": mine_searched,
+        "turn_client_first_turns": percentiles(
+            [x.client_ms for x in turn_run.samples if x.text in first and not x.skipped]
+        ),
+        "turn_server": {k: turn[k] for k in ("p50_ms", "p95_ms", "p99_ms")},
         "turn_over_diy_p50": round(mine["p50_ms"] / every["p50_ms"], 3) if diy else 0.0,
         "searched_turn_over_diy_p50": (
             round(mine_searched["p50_ms"] / only["p50_ms"], 3) if only["p50_ms"] else 0.0
@@ -414,7 +425,7 @@ async def diy_beside(
         measured = await run_diy(config, calls)
     except Unavailable as exc:
         return {"skipped": str(exc)}
-    out = against_diy(turn, turn_run, measured)
+    out = against_diy(turn, turn_run, measured, calls)
     print("diy_pgvector", json.dumps(out), flush=True)
     return out
 
@@ -525,7 +536,7 @@ async def diy_rounds(quick: bool) -> dict[str, Any]:
     for _ in range(DIY_ROUNDS):
         turn_run = await run_scenario(scenario, config, calls)
         summary = summarise(scenario, turn_run)
-        rounds.append(against_diy(summary, turn_run, await run_diy(config, calls)))
+        rounds.append(against_diy(summary, turn_run, await run_diy(config, calls), calls))
         print(json.dumps(rounds[-1]), flush=True)
     ratios = sorted(r["turn_over_diy_p50"] for r in rounds)
     return {

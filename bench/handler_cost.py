@@ -1,0 +1,166 @@
+"""The CPU a ``Search`` costs in the sidecar's own Python: ``python -m bench.handler_cost``.
+
+A sidecar built by ``create_server`` over the ``search`` suite's cached corpus (20,000 x 384 by
+default), its ``Search`` handler called in this process with no transport: through the
+interceptor with every hook (``wrapped``), without the interceptor (``bare``), and hnswlib's
+``knn_query`` of the same queries alone (``knn``); then the interceptor with one hook at a time,
+against none, for what each hook costs. Times are this thread's CPU (``time.thread_time``:
+grpc's own threads and other processes do not count), the least of ``--rounds`` rounds of
+``--calls`` calls. ``wrapped - knn`` is the sidecar's Python share of a call, without grpc's
+(de)serialisation and transport (``bench.search``'s ``sidecar_share_ms`` includes those).
+
+Writes ``bench/results/handler_cost.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import grpc
+
+from bench.corpus import CorpusSpec, load_or_generate
+from bench.ours import _request, build_snapshot, embedder_info
+from index.config import parse_config
+from index.embedders.base import HashEmbedder
+from sidecar.interceptor import HookInterceptor
+from sidecar.server import create_server
+from sidecar.service import RetrievalService
+
+RESULTS = Path(__file__).resolve().parent / "results" / "handler_cost.json"
+WARM_CALLS = 200
+
+
+class _Context:
+    """What the hooks and the handler touch of a servicer context."""
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        pass
+
+    def code(self) -> None:
+        return None
+
+    def time_remaining(self) -> float:
+        return 10.0
+
+    async def abort(self, code: Any, details: str = "", trailing_metadata: Any = ()) -> None:
+        raise RuntimeError(f"{code}: {details}")
+
+
+class _Details:
+    method = "/voxrecall.v1.Retrieval/Search"
+    invocation_metadata = ()
+
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+async def _wrapped(interceptor: HookInterceptor, bare: Handler) -> Handler:
+    handler = grpc.unary_unary_rpc_method_handler(bare)
+
+    async def continuation(details: Any) -> Any:
+        return handler
+
+    wrapped = await interceptor.intercept_service(continuation, _Details())  # type: ignore[arg-type]
+    return wrapped.unary_unary  # type: ignore[no-any-return]
+
+
+async def _cpu_us(fn: Handler, requests: list[Any], calls: int) -> float:
+    context = _Context()
+    started = time.thread_time()
+    for i in range(calls):
+        await fn(requests[i % len(requests)], context)
+    return (time.thread_time() - started) / calls * 1e6
+
+
+async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> dict[str, Any]:
+    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
+    folder, _ = build_snapshot(corpus)
+    store = folder.parent.parent
+    info = embedder_info(corpus)
+    raw = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0"}}
+    made: list[RetrievalService] = []
+    real_init = RetrievalService.__init__
+
+    def keep(self: RetrievalService, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    with mock.patch.object(RetrievalService, "__init__", keep):
+        sidecar = await create_server(
+            parse_config(raw, base=store.parent),
+            embedder=HashEmbedder(dimension=dim, name=info.name),
+            poll=False,
+        )
+    try:
+        assert sidecar.guards is not None
+        bare: Handler = made[0].Search
+        interceptor = sidecar.guards.interceptors[0]
+        assert isinstance(interceptor, HookInterceptor)
+        requests = [_request(q) for q in corpus.queries]
+        index = sidecar.holder.get("bench")
+        assert index is not None
+
+        async def knn(request: Any, context: Any) -> None:
+            index.index.knn_query(corpus.queries[knn.i % len(requests)].reshape(1, -1), k=10)  # type: ignore[attr-defined]
+            knn.i += 1  # type: ignore[attr-defined]
+
+        knn.i = 0  # type: ignore[attr-defined]
+        variants: dict[str, Handler] = {
+            "wrapped": await _wrapped(interceptor, bare),
+            "bare": bare,
+            "knn": knn,
+        }
+        for hook in interceptor.hooks:
+            variants[f"hook:{type(hook).__name__}"] = await _wrapped(HookInterceptor([hook]), bare)
+        best: dict[str, float] = {}
+        for fn in variants.values():
+            await _cpu_us(fn, requests, WARM_CALLS)
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                us = await _cpu_us(fn, requests, calls)
+                best[name] = min(us, best.get(name, us))
+    finally:
+        await sidecar.stop(0.1)
+    return {
+        "n": n,
+        "dim": dim,
+        "calls": calls,
+        "rounds": rounds,
+        "load_average": os.getloadavg(),
+        "cpu_us_per_call": {k: round(v, 1) for k, v in best.items() if ":" not in k},
+        "sidecar_python_share_us": round(best["wrapped"] - best["knn"], 1),
+        "hooks_us": round(best["wrapped"] - best["bare"], 1),
+        "each_hook_us": {
+            k.split(":", 1)[1]: round(v - best["bare"], 1) for k, v in best.items() if ":" in k
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=200, help="as the corpus was cached with")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    result = asyncio.run(measure(args.n, args.dim, args.queries, args.calls, args.rounds))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
