@@ -28,8 +28,8 @@ import grpc
 
 from bench.corpus import CorpusSpec, load_or_generate
 from bench.ours import _request, build_snapshot, embedder_info
-from index.config import parse_config
 from index.embedders.base import HashEmbedder
+from sidecar.config import parse_config
 from sidecar.interceptor import HookInterceptor
 from sidecar.server import create_server
 from sidecar.service import RetrievalService
