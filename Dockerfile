@@ -26,7 +26,7 @@ COPY sidecar ./sidecar
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && /opt/voxrecall/bin/pip install '.[s3]' \
- && /opt/voxrecall/bin/python -c "import hnswlib, onnxruntime, sidecar.server, index.s3_store" \
+ && /opt/voxrecall/bin/python -c "import hnswlib, onnxruntime, sidecar.edge.server, index.s3_store" \
  && /opt/voxrecall/bin/pip uninstall -y -q pip setuptools
 
 # The run-time stage: the venv (no pip, no compiler) and a user; the sources stay behind.

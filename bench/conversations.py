@@ -42,7 +42,7 @@ from bench import quality_turns
 from index.embedders.base import Embedder
 from index.snapshot import FORMAT_VERSION
 from index.types import Page
-from sidecar.engine import Speaker
+from sidecar.turn.engine import Speaker
 
 DOC2DIAL = "doc2dial"
 QUICK_DSTC_TURNS = 150  # judged DSTC11 turns in --quick (over quality_turns' four entities)

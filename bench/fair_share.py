@@ -30,9 +30,9 @@ import grpc
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
 from sidecar.config import parse_config
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import create_server
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

@@ -243,7 +243,7 @@ def worker() -> None:
     """Load each folder named on stdin as the sidecar would; one JSON line per folder."""
     from index.errors import SnapshotError
     from index.snapshot import load_snapshot
-    from sidecar.refresh import warm_up
+    from sidecar.snapshots.refresh import warm_up
 
     for line in sys.stdin:
         folder = Path(line.strip())

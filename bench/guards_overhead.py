@@ -29,10 +29,10 @@ import numpy as np
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
 from sidecar.config import parse_config
+from sidecar.edge.guards import Guards
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.guards import Guards
-from sidecar.server import Sidecar, create_server
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token-0123456789abcdef"

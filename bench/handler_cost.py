@@ -30,9 +30,9 @@ from bench.corpus import CorpusSpec, load_or_generate
 from bench.ours import _request, build_snapshot, embedder_info
 from index.embedders.base import HashEmbedder
 from sidecar.config import parse_config
-from sidecar.interceptor import HookInterceptor
-from sidecar.server import create_server
-from sidecar.service import RetrievalService
+from sidecar.edge.interceptor import HookInterceptor
+from sidecar.edge.server import create_server
+from sidecar.edge.service import RetrievalService
 
 RESULTS = Path(__file__).resolve().parent / "results" / "handler_cost.json"
 WARM_CALLS = 200

@@ -78,7 +78,7 @@ import asyncio, json, sys
 from pathlib import Path
 from sidecar.config import parse_config
 from index.embedders.base import HashEmbedder
-from sidecar.server import create_server
+from sidecar.edge.server import create_server
 
 async def main():
     store, budget, dim, name = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -88,7 +88,7 @@ async def main():
                                   embedder=HashEmbedder(dimension=dim, name=name), poll=False)
     print(json.dumps({"port": sidecar.port}), flush=True)
     await asyncio.to_thread(sys.stdin.read)
-    print(json.dumps({"evictions": sidecar.holder.evictions}), flush=True)
+    print(json.dumps({"evictions": sidecar.snapshots.holder.evictions}), flush=True)
     await sidecar.stop(0.5)
 
 asyncio.run(main())

@@ -39,9 +39,9 @@ from bench.conversations import ConversationSet
 from bench.quality_turns import DEFAULT_DATA, EVAL_BUDGET_MS
 from index.embedders.base import Embedder
 from sidecar.config import Config, parse_config
-from sidecar.engine import Speaker
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.turn.engine import Speaker
 
 RESULTS = Path(__file__).resolve().parent / "results" / "policy_agreement.json"
 FUNCTION = "knowledge_search"
@@ -75,7 +75,7 @@ def policy_config(store_dir: Path, kb: str) -> Config:
 
 @asynccontextmanager
 async def sidecar_stub(config: Config, embedder: Embedder) -> AsyncIterator[pb_grpc.RetrievalStub]:
-    from sidecar.server import create_server
+    from sidecar.edge.server import create_server
 
     sidecar = await create_server(config, embedder=embedder, poll=False)
     try:

@@ -35,11 +35,11 @@ from index.sources.markdown import load_markdown
 from index.store import new_version_id
 from index.types import Chunk
 from sidecar.config import SidecarConfig
-from sidecar.engine import Engine, SearchInput, Speaker, TurnInput
-from sidecar.followups import chunk_entity
-from sidecar.holder import SnapshotHolder
-from sidecar.searcher import Searcher
-from sidecar.sessions import SessionStore
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn.engine import Engine, SearchInput, Speaker, TurnInput
+from sidecar.turn.followups import chunk_entity
+from sidecar.turn.sessions import SessionStore
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_turn.json"
 ROOT = Path(__file__).resolve().parents[1]

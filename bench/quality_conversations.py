@@ -4,7 +4,7 @@
                                         [--per-turn] [--data ../shared/data] [--out DIR]
                                         [--no-vector-cache]
 
-Every dialogue is driven turn by turn through the real ``sidecar.engine.Engine`` in-process
+Every dialogue is driven turn by turn through the real ``sidecar.turn.engine.Engine`` in-process
 (one session per dialogue; user turns as ``Speaker.USER``, agent turns as ``Speaker.AGENT``, in
 the order they were said; a budget so large that the embedder never misses it). A judged user
 turn is scored on the engine's answer to that Turn (``session``), and beside it, through the same
@@ -57,8 +57,8 @@ from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking, eval_config
 from bench.vector_cache import CachedEmbedder
 from index.embedders.base import Embedder
 from sidecar.config import Config
-from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
-from sidecar.skip import Skip
+from sidecar.turn.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.turn.skip import Skip
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "quality_conversations.json"
@@ -73,7 +73,7 @@ Serve = Callable[[Config, Embedder], AbstractAsyncContextManager[Engine]]
 @asynccontextmanager
 async def served(config: Config, embedder: Embedder) -> AsyncIterator[Engine]:
     """The engine of a real sidecar built from ``config`` (``create_server``, port 0)."""
-    from sidecar.server import create_server
+    from sidecar.edge.server import create_server
 
     sidecar = await create_server(config, embedder=embedder, poll=False)
     try:

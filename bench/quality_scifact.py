@@ -3,7 +3,7 @@
 
 Every document (``title + " " + text``) becomes one chunk of a real snapshot (hnswlib graph, BM25
 index with the stemming analyzer), embedded by the embedded default model; each test query is
-ranked by ``sidecar.relevance.rank`` as dense, as BM25 (the fallback), as hybrid (convex fusion
+ranked by ``sidecar.turn.relevance.rank`` as dense, as BM25 (the fallback), as hybrid (convex fusion
 of both, what ``hybrid = true`` does) and as ``hybrid_rrf`` (reciprocal rank fusion, what it did
 before; computed here, no longer in the product), with thresholds off so every query ranks.
 Reports nDCG@10, recall@3 and recall@10 beside the figures measured for the issue, and writes ``bench/results/quality_scifact.json``.
@@ -42,8 +42,8 @@ from index.errors import SnapshotError
 from index.lexical import SPOKEN_STOPWORDS, reciprocal_rank_fusion
 from index.snapshot import LoadedSnapshot, load_snapshot, write_snapshot
 from index.types import Chunk
-from sidecar import relevance
-from sidecar.searcher import Searcher
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import relevance
 
 RESULTS = Path(__file__).resolve().parent / "results" / "quality_scifact.json"
 REFERENCE = {"dense": 0.643, "bm25_stemmed": 0.686, "fused_stemmed": 0.711}  # nDCG@10, the issue

@@ -12,7 +12,7 @@
   entity prefixed as "entity: turn" (the entity of most judged snippets when there are several;
   the ceiling of entity folding), all through the same engine. ``session_hybrid`` is the session
   on a ``hybrid = true`` base (convex fusion). ``lexical_fallback``: what the BM25 fallback
-  (``sidecar.relevance.rank`` without a vector) finds for the last turn and for the gold-entity
+  (``sidecar.turn.relevance.rank`` without a vector) finds for the last turn and for the gold-entity
   prefixed one, with and without the spoken-query stopwords.
 * ``cast``: TREC CAsT follow-ups: how close the query the session would search gets to the
   human rewrite (recall of the rewrite's content words, and cosine of the embedded texts),
@@ -48,12 +48,12 @@ from index.lexical import SPOKEN_STOPWORDS
 from index.snapshot import FORMAT_VERSION, LoadedSnapshot, write_pages_snapshot
 from index.store import LocalStore, new_version_id
 from index.types import Page
-from sidecar import followups, relevance
 from sidecar.config import Config, parse_config
-from sidecar.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
-from sidecar.searcher import Searcher
-from sidecar.sessions import Session
-from sidecar.skip import Skip, SkipPolicy, words
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import followups, relevance
+from sidecar.turn.engine import Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.turn.sessions import Session
+from sidecar.turn.skip import Skip, SkipPolicy, words
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "quality_turns.json"
@@ -354,7 +354,7 @@ def cast_quality(path: Path, embedder: Embedder, quick: bool) -> dict[str, Any]:
 
 async def run(data_dir: Path, quick: bool) -> dict[str, Any]:
     from index.embedders.local import LocalEmbedder
-    from sidecar.server import create_server
+    from sidecar.edge.server import create_server
 
     started = time.perf_counter()
     out: dict[str, Any] = {

@@ -97,7 +97,8 @@ LOAD_PARTS = """
 import json, sys, time
 from pathlib import Path
 from index.snapshot import load_snapshot
-from sidecar import followups, refresh
+from sidecar.turn import followups
+from sidecar.snapshots import refresh
 
 started = time.perf_counter()
 snapshot = load_snapshot(Path(sys.argv[1]), checksums=False)

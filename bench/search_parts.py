@@ -44,8 +44,8 @@ CONCURRENCY = 16
 
 def _patch(variant: str) -> None:
     """Swap the variant's part out of this (child) process."""
-    from sidecar import guards, service
-    from sidecar.engine import Engine
+    from sidecar.edge import guards, service
+    from sidecar.turn.engine import Engine
 
     if variant == "no-hooks":
         build = guards.Guards.build.__func__  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from index.build import build_knowledge_base
 from index.embedders.base import HashEmbedder
 from sidecar.adapters.client import Voxrecall
 from sidecar.config import parse_config
-from sidecar.server import create_server
+from sidecar.edge.server import create_server
 from sidecar.shards import ShardRouter, shard_of
 
 EXAMPLE_KB = Path(__file__).resolve().parents[1] / "examples" / "kb"

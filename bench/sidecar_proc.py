@@ -24,9 +24,9 @@ import uvloop
 
 from index.embedders.base import HashEmbedder
 from sidecar.config import SidecarConfig, parse_config
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import create_server
 
 KB = "bench"  # the knowledge base bench.ours publishes; named in every request
 LIMIT = 10
@@ -76,7 +76,7 @@ async def run(
     workers: int = 1,
 ) -> None:
     """``workers`` > 1: this process is one of that many on ``listen`` (a fixed port), as
-    ``voxrecall serve`` runs its workers (sidecar/workers.py) without the supervisor."""
+    ``voxrecall serve`` runs its workers (sidecar/edge/workers.py) without the supervisor."""
     sidecar_keys = {"ef_search": ef_search, "listen": listen, "workers": workers}
     raw: dict[str, Any] = {"sidecar": {"store": str(store), **sidecar_keys}}
     config = parse_config(raw, base=store.parent)

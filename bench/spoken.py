@@ -44,7 +44,7 @@ from dataclasses import replace
 from itertools import pairwise
 
 from bench.conversations import ConversationSet, Dialogue, Said
-from sidecar.engine import Speaker
+from sidecar.turn.engine import Speaker
 
 SEED = "voxrecall-spoken-1"  # change it to draw another, equally valid, spoken set
 FILLER_RATE = 0.3  # a turn's chance of an "uh"/"um" (and FILLER_RATE**2 of a second)

@@ -2,7 +2,7 @@
 
 The offline view of ``summaries = true`` (``summary_text = "heading"``: each chunk's heading
 path and first sentence, ``index.summaries.heading_summary``) is embedded by the embedded model
-as a second vector, and every query is ranked by ``sidecar.relevance.rank`` three ways on the
+as a second vector, and every query is ranked by ``sidecar.turn.relevance.rank`` three ways on the
 same snapshot: the content prong alone (``summaries = "off"``), fused keeping the better cosine
 (``"max"``, what the sidecar does) and fused by the mean of both (``"mean"``). Sets:
 
@@ -39,8 +39,8 @@ from index.errors import SnapshotError
 from index.snapshot import LoadedSnapshot, load_snapshot, write_snapshot
 from index.store import LocalStore, new_version_id
 from index.summaries import first_sentence, heading_summary
-from sidecar import relevance
-from sidecar.searcher import Searcher
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import relevance
 
 RESULTS = Path(__file__).resolve().parent / "results" / "summaries.json"
 Fusion = Literal["off", "max", "mean"]

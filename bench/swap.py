@@ -55,9 +55,9 @@ from index.store import LocalStore, manifest_files, new_version_id
 from index.types import Chunk
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.holder import SnapshotHolder
-from sidecar.refresh import freeze_heap, warm_up
-from sidecar.searcher import Searcher
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.snapshots.refresh import freeze_heap, warm_up
+from sidecar.snapshots.searcher import Searcher
 
 RESULTS = Path(__file__).resolve().parent / "results" / "swap.json"
 CACHE = Path(__file__).resolve().parent / ".cache" / "swap"

@@ -47,7 +47,7 @@ from index.embedders.base import Embedder
 from index.snapshot import FORMAT_VERSION, LoadedSnapshot
 from index.store import LocalStore
 from sidecar.config import parse_config
-from sidecar.engine import Engine, SearchInput, TurnInput
+from sidecar.turn.engine import Engine, SearchInput, TurnInput
 
 SEED = "voxrecall-topics-1"
 SESSION_TURNS = 10  # the docs session: ten questions

@@ -139,7 +139,7 @@ class HnswConfig:
 class RerankConfig:
     """``[knowledge_base.rerank]``: reorder the top vector candidates with a rerank API that
     speaks Cohere's shape (``POST {base_url}/rerank``; Jina, Voyage and text-embeddings-inference
-    speak it too), under the turn's budget (``sidecar/rerank.py``)."""
+    speak it too), under the turn's budget (``sidecar/turn/rerank.py``)."""
 
     base_url: str
     model: str = ""
@@ -157,9 +157,9 @@ class RerankConfig:
 class KnowledgeBaseConfig:
     name: str
     sources: tuple[SourceConfig, ...]
-    hybrid: bool = False  # fuse dense and lexical scores (convex, sidecar/relevance.py)
+    hybrid: bool = False  # fuse dense and lexical scores (convex, sidecar/turn/relevance.py)
     # A second vector per chunk, of what question it answers, searched beside the content
-    # (index/enrich.py, sidecar/relevance.py): written by [index.llm] ("model") or taken from the
+    # (index/enrich.py, sidecar/turn/relevance.py): written by [index.llm] ("model") or taken from the
     # chunk's heading path and first sentence ("heading", no model).
     summaries: bool = False
     summary_text: Literal["model", "heading"] = "model"

@@ -25,7 +25,7 @@
 
 Lower-level errors (hnswlib, onnxruntime, openai, OSError) are wrapped where they arise with
 ``raise ... from exc``, so a caller handles one family and still sees the cause. Each class
-maps to one gRPC status and one HTTP status in one table (``sidecar.status``); none of these
+maps to one gRPC status and one HTTP status in one table (``sidecar.edge.status``); none of these
 modules imports gRPC.
 """
 

@@ -523,7 +523,7 @@ class LoadedSnapshot:
     ) -> list[tuple[int, float]]:
         """``search_dense`` of the sources ``ids`` (some, not all), which hold ``allowed``
         chunks; ``labels()`` gives theirs, ascending, when exact search needs them. A searcher
-        passes what it counted once (``sidecar.searcher.Sources``), not a scan of the base."""
+        passes what it counted once (``sidecar.snapshots.searcher.Sources``), not a scan of the base."""
         n = len(self.chunks)
         if allowed == 0 or n == 0 or k <= 0:
             return []

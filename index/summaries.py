@@ -10,7 +10,7 @@ manifest like every other:
 The manifest's ``extra.summaries`` says which view wrote them: ``"model"`` ([index.llm]) or
 ``"heading"`` (the chunk's heading path and first sentence, no model). A snapshot without them
 loads as before, and a reader that does not know them ignores them, so the format version is
-unchanged. ``sidecar/relevance.py`` fuses this prong with the content prong when it is there.
+unchanged. ``sidecar/turn/relevance.py`` fuses this prong with the content prong when it is there.
 """
 
 from __future__ import annotations

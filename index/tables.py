@@ -159,7 +159,7 @@ class ChunkTable(Sequence[Chunk]):
         """Every chunk's id, title, breadcrumbs and the head of its embed text (what comes
         before its first blank line, where the chunker writes a context or heading path; ""
         when it has none), without decoding its text: a scan of what each chunk is about
-        (``sidecar.followups``) reads a small part of the table, and builds no Chunk."""
+        (``sidecar.turn.followups``) reads a small part of the table, and builds no Chunk."""
         blob, ends, first, crumbs = self._blob, self._ends, self._first, self._crumbs
         for i in range(len(crumbs)):
             at = first[i]

@@ -22,7 +22,7 @@ DOCS = [
     "bench/README.md",
 ]
 LINK = re.compile(r"\[[^\]]*\]\(([^)#\s]+)(?:#[^)]*)?\)")
-# `sidecar/engine.py`, `index/`, `proto/voxrecall/v1/retrieval.proto`: code spans that look like repo paths
+# `sidecar/turn/engine.py`, `index/`, `proto/voxrecall/v1/retrieval.proto`: code spans that look like repo paths
 CODE_PATH = re.compile(
     r"`((?:index|sidecar|proto|bench|tests|scripts|examples|docs|deploy|\.ci)/[\w./-]*)`"
 )
@@ -42,8 +42,35 @@ def ignored(target: str) -> bool:
     return False
 
 
-def main() -> int:
+# a row of ARCHITECTURE.md's folder table: | `sidecar/turn/` | ... `engine.py` ... |
+TABLE_ROW = re.compile(r"^\| `((?:index|sidecar)(?:/[\w]+)*/)` \|(.*)\|$")
+
+
+def folder_table_problems() -> list[str]:
+    """Every package folder of index/ and sidecar/ has a row naming each of its modules."""
+    rows = {}
+    for line in (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8").splitlines():
+        if m := TABLE_ROW.match(line):
+            rows[m.group(1)] = m.group(2)
     problems = []
+    for package in ("index", "sidecar"):
+        for init in sorted((ROOT / package).rglob("__init__.py")):
+            folder = init.parent.relative_to(ROOT).as_posix() + "/"
+            if folder == "sidecar/gen/":
+                continue
+            if folder not in rows:
+                problems.append(f"ARCHITECTURE.md: no row for `{folder}` in the folder table")
+                continue
+            for module in sorted(init.parent.glob("*.py")):
+                if module.name != "__init__.py" and f"`{module.name}`" not in rows[folder]:
+                    problems.append(
+                        f"ARCHITECTURE.md: the `{folder}` row does not name `{module.name}`"
+                    )
+    return problems
+
+
+def main() -> int:
+    problems = folder_table_problems()
     for name in DOCS:
         doc = ROOT / name
         if not doc.is_file():

@@ -37,7 +37,7 @@ first run (the example knowledge base, the embedded model, no API key):
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvloop
 
-    from sidecar.server import serve
+    from sidecar.edge.server import serve
 
     config = load_config(args.config)
     store: Path | str | None = args.store
@@ -45,7 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         store = Path(args.store).resolve()
     overrides = {"store": store, "listen": args.listen, "shard": args.shard, "shards": args.shards}
     config = config.with_overrides(**overrides)
-    from sidecar import logs, workers
+    from sidecar.edge import logs, workers
 
     worker = os.environ.get(workers.WORKER_ENV)
     if worker is None and config.sidecar.workers > 1:
@@ -111,7 +111,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 def ask_failure(exc: grpc.RpcError, target: str) -> str:
     """The sidecar's own error as it sent it; where no sidecar answered (every answer carries
     its call id), the address tried and the command that starts one."""
-    from sidecar.logs import CALL_ID_HEADER
+    from sidecar.edge.logs import CALL_ID_HEADER
 
     line = f"error: {exc.code().name}: {exc.details()}"
     trailers = exc.trailing_metadata() if isinstance(exc, grpc.Call) else None

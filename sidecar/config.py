@@ -31,14 +31,14 @@ from index.config import (
 )
 from index.errors import ConfigError
 from index.types import MetadataFilter
-from sidecar import skip
+from sidecar.turn import skip
 
 # OpenAI's rule for function names (Realtime, Responses and Chat Completions alike).
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_LIMIT = 50  # the most results one search returns: a request's limit and a function's
 MAX_WORKERS = 64  # processes: each holds every snapshot in memory
 MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
-SKIP_LANGUAGES = tuple(skip.LEXICONS)  # the languages sidecar/skip.py ships word lists for
+SKIP_LANGUAGES = tuple(skip.LEXICONS)  # the languages sidecar/turn/skip.py ships word lists for
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # A session must hold at least its newest turn: 4000 characters of up to 4 bytes (engine).
 MIN_SESSION_BYTES = 32 * 1024
@@ -63,7 +63,7 @@ class FunctionConfig:
 
 @dataclass(frozen=True, slots=True)
 class SkipConfig:
-    """``[sidecar.skip]``: which turns need no search (sidecar/skip.py)."""
+    """``[sidecar.skip]``: which turns need no search (sidecar/turn/skip.py)."""
 
     max_words: int = skip.MAX_WORDS  # longer turns are never skipped
     phrases: tuple[str, ...] = ()  # closings to skip beside the language's built-in ones
@@ -72,7 +72,7 @@ class SkipConfig:
 
 @dataclass(frozen=True, slots=True)
 class FollowupConfig:
-    """``[sidecar.followups]``: how a follow-up turn's query is completed (sidecar/followups.py)."""
+    """``[sidecar.followups]``: how a follow-up turn's query is completed (sidecar/turn/followups.py)."""
 
     enabled: bool = True
     fold: Literal["always", "referring"] = "always"  # when to fold the current entity in
@@ -192,7 +192,7 @@ class SidecarConfig:
     stream_idle_s: float = 60.0
     max_message_bytes: int = 4 * 1024 * 1024
     metrics_listen: str = ""  # host:port for Prometheus; empty: no metrics endpoint
-    workers: int = 1  # processes serving `listen` together (sidecar/workers.py)
+    workers: int = 1  # processes serving `listen` together (sidecar/edge/workers.py)
     # 0: every base is loaded at start and kept. Above 0: a base is loaded on its first call and
     # the least recently used ones are evicted while the loaded bases' bytes exceed this budget.
     memory_budget_mb: int = 0

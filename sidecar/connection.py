@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 
 from index.errors import ConfigError
-from sidecar.tls import is_loopback, read_pem
+from sidecar.edge.tls import is_loopback, read_pem
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 

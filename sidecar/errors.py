@@ -15,7 +15,7 @@ them and stay free of any transport.
     ├── Unauthenticated
     └── PermissionDenied
 
-Handlers raise; ``sidecar.status`` maps each class to its gRPC and HTTP status in one table.
+Handlers raise; ``sidecar.edge.status`` maps each class to its gRPC and HTTP status in one table.
 """
 
 from __future__ import annotations

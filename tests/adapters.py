@@ -27,7 +27,7 @@ async def knowledge_sidecar_fixture(
 
     Import ``knowledge_sidecar_fixture`` into a test module to use ``knowledge_sidecar``.
     """
-    from sidecar.server import create_server
+    from sidecar.edge.server import create_server
 
     config = replace(wt_config, functions=(KNOWLEDGE_SEARCH,))
     sidecar = await create_server(config, embedder=local_embedder, poll=False)

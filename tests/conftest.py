@@ -118,7 +118,7 @@ def example_config(tmp_path_factory: pytest.TempPathFactory, local_embedder: Emb
 
 @pytest.fixture
 async def example_sidecar(example_config: Config, local_embedder: Embedder) -> AsyncIterator[Any]:
-    from sidecar.server import create_server
+    from sidecar.edge.server import create_server
 
     sidecar = await create_server(example_config, embedder=local_embedder, poll=False)
     yield sidecar
@@ -127,7 +127,7 @@ async def example_sidecar(example_config: Config, local_embedder: Embedder) -> A
 
 @pytest.fixture
 async def wt_sidecar(wt_config: Config, local_embedder: Embedder) -> AsyncIterator[Any]:
-    from sidecar.server import create_server
+    from sidecar.edge.server import create_server
 
     sidecar = await create_server(wt_config, embedder=local_embedder, poll=False)
     yield sidecar

@@ -23,7 +23,7 @@ from typing import Any
 from index.build import build_knowledge_base
 from index.embedders.base import Embedder
 from sidecar.config import Config, parse_config
-from sidecar.server import Sidecar, create_server
+from sidecar.edge.server import Sidecar, create_server
 
 PAGES: dict[str, dict[str, str]] = {
     "help": {

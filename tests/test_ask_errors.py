@@ -12,7 +12,7 @@ import pytest
 
 from index.embedders.base import Embedder
 from sidecar.cli import main
-from sidecar.server import create_server
+from sidecar.edge.server import create_server
 from tests.conftest import EXAMPLE_KB, make_config
 
 

@@ -13,11 +13,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.embedders.base import Embedder
 from index.errors import ConfigError
-from sidecar import logs
 from sidecar.config import parse_config
+from sidecar.edge import logs
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import create_server
 from tests.hardening_kit import TOKEN_A, TOKEN_B, bearer, build_store, running, sidecar_config
 
 AUTH = {

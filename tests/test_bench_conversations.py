@@ -21,7 +21,7 @@ from bench.quality_conversations import eval_config, measure, served
 from index.embedders.base import Embedder
 from index.types import Chunk
 from sidecar.config import Config
-from sidecar.engine import Speaker
+from sidecar.turn.engine import Speaker
 from tests.conftest import SHARED_DATA, shared
 
 WRITTEN = [

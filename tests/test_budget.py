@@ -23,11 +23,11 @@ from index.build import build_knowledge_base
 from index.config import EmbedderConfig
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from index.embedders.remote import HOT_PARALLEL_CALLS, OpenAIEmbedder
-from sidecar.budget import FALLBACK_RESERVE_MS, Budget
 from sidecar.config import Config
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import Sidecar, create_server
+from sidecar.turn.budget import FALLBACK_RESERVE_MS, Budget
 from tests.conftest import EXAMPLE_KB, eventually, make_config
 from tests.openai_server import Behaviour, OpenAIServer
 

@@ -12,11 +12,11 @@ import pytest
 
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from sidecar.config import Config
+from sidecar.edge.lifecycle import State
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.lifecycle import State
-from sidecar.prefetch import normalise, words_match
-from sidecar.server import Sidecar, create_server
+from sidecar.turn.prefetch import normalise, words_match
 from tests.conftest import eventually
 
 BUDGET_MS = 5000  # generous: these tests are about matching, not about the embedder's speed

@@ -18,11 +18,11 @@ import pytest
 
 from index.embedders.base import Embedder
 from index.lexical import LexicalIndex
-from sidecar import logs
+from sidecar.edge import logs
+from sidecar.edge.server import Sidecar
+from sidecar.functions.tools import MAX_ARGUMENTS_BYTES, error_output
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import Sidecar
-from sidecar.tools import MAX_ARGUMENTS_BYTES, error_output
 from tests.hardening_kit import TOKEN_A, bearer, build_store, running, sidecar_config
 
 OUTPUT_CHARS = 2000

@@ -21,9 +21,9 @@ from index.llm import ModelCaller, answer_limit
 from index.snapshot import load_snapshot, page_key
 from index.store import LocalStore
 from index.summaries import SUMMARY_TEXTS, heading_summary
-from sidecar import relevance
 from sidecar.config import Config, parse_config
-from sidecar.searcher import Searcher
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import relevance
 from tests.chat_server import ChatServer, image_urls, user_text
 
 BROKEN = (

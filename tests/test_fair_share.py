@@ -18,9 +18,9 @@ import pytest
 from index.embedders.base import Embedder
 from index.errors import ConfigError
 from sidecar.config import Config
+from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import Sidecar
 from tests.conftest import eventually
 from tests.hardening_kit import TOKEN_A, TOKEN_B, bearer, build_store, running, sidecar_config
 

@@ -21,14 +21,14 @@ from index.sources.markdown import load_markdown
 from index.store import LocalStore, new_version_id
 from index.tables import ChunkTable
 from index.types import Chunk, Page
-from sidecar import followups
 from sidecar.config import Config, FollowupConfig, parse_config
-from sidecar.followups import FUNCTION_WORDS_EN, Gazetteer
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.searcher import Searcher
-from sidecar.server import create_server
-from sidecar.sessions import Session
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import followups
+from sidecar.turn.followups import FUNCTION_WORDS_EN, Gazetteer
+from sidecar.turn.sessions import Session
 from tests.conftest import shared
 
 HOTELS = ("THE LENSFIELD HOTEL", "HOBSONS HOUSE", "ACORN GUEST HOUSE", "GONVILLE HOTEL")

@@ -29,9 +29,9 @@ from index.embedders.base import Embedder
 from index.sources.markdown import load_markdown
 from index.sources.records import RecordFields, load_records
 from sidecar.config import MAX_LIMIT
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import Sidecar, create_server
 from tests.hardening_kit import PAGES, build_store, sidecar_config
 
 CALL_TIMEOUT_S = 30.0  # a hang detector, far above any answer; DEADLINE_EXCEEDED fails the test

@@ -28,14 +28,16 @@ from mcp.client.streamable_http import streamable_http_client
 
 from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
-from sidecar import http_door, logs, sessions
 from sidecar.config import parse_config
+from sidecar.edge import logs
+from sidecar.edge.server import Sidecar
 from sidecar.errors import Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.http_door import MAX_HEAD_BYTES
-from sidecar.server import Sidecar
-from sidecar.webhooks import SIGNATURE_TOLERANCE_MS, verify_signature
+from sidecar.http import door as http_door
+from sidecar.http.door import MAX_HEAD_BYTES
+from sidecar.http.webhooks import SIGNATURE_TOLERANCE_MS, verify_signature
+from sidecar.turn import sessions
 from tests.hardening_kit import (
     TOKEN_A,
     TOKEN_B,

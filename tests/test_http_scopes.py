@@ -22,9 +22,9 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from index.embedders.base import Embedder
+from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import Sidecar
 from tests.hardening_kit import TOKEN_A, TOKEN_B, bearer, build_store, running, sidecar_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -14,7 +14,7 @@ import pytest
 import index
 from index.errors import EmbedderError, SnapshotError, SnapshotNotFound, VoxrecallError
 from sidecar import errors
-from sidecar.status import code_of_http_status, http_status_for, status_for
+from sidecar.edge.status import code_of_http_status, http_status_for, status_for
 
 
 def _loaded_after(imports: str, prefix: str) -> list[str]:
@@ -30,7 +30,7 @@ def _loaded_after(imports: str, prefix: str) -> list[str]:
 
 
 def test_the_turn_engine_never_imports_grpc() -> None:
-    assert _loaded_after("import sidecar.engine", "grpc") == []
+    assert _loaded_after("import sidecar.turn.engine", "grpc") == []
 
 
 def test_the_indexer_never_imports_the_sidecar() -> None:

@@ -21,9 +21,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from index.config import ConfigError
 from index.embedders.base import Embedder
 from sidecar.config import Config, parse_config
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import Sidecar, create_server
 from tests.snapshot_kit import TOPICS, version_id, write_version
 
 BASES = 12

@@ -1,4 +1,4 @@
-"""Chunk messages built once and copied into responses (sidecar/messages.py): a unit test of the
+"""Chunk messages built once and copied into responses (sidecar/edge/messages.py): a unit test of the
 cache alone; every server test goes through it end to end."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from index.types import Chunk
+from sidecar.edge.messages import ChunkMessages, chunk_message
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.hits import Hit
-from sidecar.messages import ChunkMessages, chunk_message
+from sidecar.turn.hits import Hit
 
 CHUNK = Chunk(
     chunk_id="c1",

@@ -20,9 +20,9 @@ from index.embedders.base import Embedder
 from index.embedders.remote import OpenAIEmbedder
 from index.http_store import HttpOptions, HttpStore
 from index.store import LocalStore, new_version_id
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import Sidecar, create_server
 from tests.hardening_kit import build_store, running, sidecar_config
 from tests.openai_server import Behaviour, OpenAIServer
 from tests.snapshot_kit import flip_a_byte, point_at

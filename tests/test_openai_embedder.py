@@ -16,9 +16,9 @@ from index.embedders import remote
 from index.embedders.base import Embedder, HashEmbedder
 from index.embedders.remote import OpenAIEmbedder
 from index.errors import ConfigError, EmbedderError
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import create_server
 from tests.conftest import EXAMPLE_KB, make_config
 from tests.openai_server import Behaviour, OpenAIServer
 

@@ -33,9 +33,9 @@ from index.http_store import PARTIAL, HttpOptions
 from index.snapshot import DATA_FILES, MANIFEST, VECTORS, LoadedSnapshot, sha256_file
 from index.store import LocalStore, SnapshotStore
 from sidecar.config import Config, parse_config
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import Sidecar, create_server
 from tests.snapshot_kit import (
     KB,
     TAMPERED,

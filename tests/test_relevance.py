@@ -18,11 +18,11 @@ from index.lexical import SPOKEN_STOPWORDS
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import LocalStore
 from sidecar.config import Config
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.relevance import FUSION_DEPTH, Query, rank, related_to
-from sidecar.searcher import Searcher
-from sidecar.server import Sidecar, create_server
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn.relevance import FUSION_DEPTH, Query, rank, related_to
 from tests.conftest import make_config, shared
 
 # a budget no loaded machine misses (Search takes the sidecar's: AMPLE_BUDGET_MS in conftest):

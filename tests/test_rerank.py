@@ -15,7 +15,7 @@ from index.config import RerankConfig
 from index.embedders.base import Embedder
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.rerank import Reranker, Status, parse_order
+from sidecar.turn.rerank import Reranker, Status, parse_order
 from tests.hardening_kit import build_store, running, sidecar_config
 from tests.rerank_server import RerankServer
 

@@ -31,9 +31,9 @@ from index.snapshot import MANIFEST, VECTORS, verify_snapshot
 from index.store import open_store
 from sidecar.cli import main
 from sidecar.config import parse_config
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import create_server
 from tests.s3_kit import FaultProxy, Mirror, MotoServer, new_bucket, s3_client
 from tests.snapshot_kit import KB, version_id, write_version
 
@@ -125,7 +125,7 @@ def test_on_aws_the_bucket_is_addressed_virtual_hosted(tmp_path: Path) -> None:
 def test_a_sidecar_without_an_s3_store_never_imports_boto3() -> None:
     """boto3 is an extra: a sidecar serving a folder or an HTTP store starts without it."""
     code = (
-        "import sys, sidecar.server, sidecar.cli, index.store;"
+        "import sys, sidecar.edge.server, sidecar.cli, index.store;"
         "assert 'boto3' not in sys.modules and 'botocore' not in sys.modules, 'imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

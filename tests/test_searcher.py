@@ -25,12 +25,13 @@ from index.lexical import Bm25, LexicalIndex
 from index.snapshot import load_snapshot, write_snapshot
 from index.store import LocalStore
 from index.types import Chunk
-from sidecar import followups, searcher
 from sidecar.config import Config, parse_config
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.searcher import Searcher
-from sidecar.server import create_server
+from sidecar.snapshots import searcher
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import followups
 from tests.snapshot_kit import KB, TOPICS, version_id, write_version
 
 BASES = 20

@@ -19,9 +19,9 @@ from index.build import build_knowledge_base
 from index.embedders.base import Embedder
 from index.errors import ConfigError
 from sidecar.config import Config
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import create_server
 from tests.conftest import EXAMPLE_KB, make_config
 
 # FAQ questions whose answer also stands in a Markdown page, and that page.

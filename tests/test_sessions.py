@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from index.types import Chunk
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.sessions import (
+from sidecar.turn.sessions import (
     RECENT_TURNS,
     SESSION_BYTES,
     Hit,

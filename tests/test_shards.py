@@ -15,9 +15,9 @@ import yaml
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError
 from sidecar.config import parse_config
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import create_server
 from sidecar.shards import ShardRouter, in_shard, shard_of
 from tests.conftest import REPO
 from tests.snapshot_kit import version_id, write_version

@@ -12,10 +12,10 @@ import pytest
 
 from index.errors import ConfigError
 from sidecar.config import SKIP_LANGUAGES, Config, SkipConfig, parse_config
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.server import create_server
-from sidecar.skip import LEXICONS, Skip, SkipPolicy, words
+from sidecar.turn.skip import LEXICONS, Skip, SkipPolicy, words
 from tests.conftest import SHARED_DATA, shared
 
 SKIPPED = [

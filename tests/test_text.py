@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from sidecar import followups, prefetch, skip
-from sidecar.text import Utterance, tokens, words
+from sidecar.turn import followups, prefetch, skip
+from sidecar.turn.text import Utterance, tokens, words
 
 
 def test_one_utterance_serves_every_stage() -> None:

@@ -13,11 +13,11 @@ from index.embedders.base import Embedder
 from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.connection import Connection
+from sidecar.edge.server import create_server
+from sidecar.edge.tls import is_loopback
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.healthcheck import check
-from sidecar.server import create_server
-from sidecar.tls import is_loopback
 from tests.hardening_kit import build_store, make_certs, running, sidecar_config
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")

@@ -27,18 +27,18 @@ from index.embedders.base import Embedder
 from index.errors import ConfigError
 from index.types import Chunk, MetadataFilter
 from sidecar.config import Config, FunctionConfig, parse_config
+from sidecar.edge.server import create_server
 from sidecar.errors import ToolCallError
-from sidecar.gen import retrieval_pb2 as pb
-from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.hits import Hit
-from sidecar.server import create_server
-from sidecar.tools import (
+from sidecar.functions.tools import (
     FILTER_NOT_ALLOWED,
     INVALID_ARGUMENTS,
     MAX_ENUM_VALUES,
     KnowledgeFunction,
     format_results,
 )
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.turn.hits import Hit
 from tests.conftest import REPO, shared
 
 HELP_KB = REPO / "examples" / "kb"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from index.embedders.base import FakeEmbedder
-from sidecar.followups import Source
-from sidecar.skip import Skip
+from sidecar.turn.followups import Source
+from sidecar.turn.skip import Skip
 from tests.turns import build_engine, run_turns
 
 PLACES = {

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.embedders.base import Embedder
 from index.errors import ConfigError
-from sidecar import workers
+from sidecar.edge import workers
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.hardening_kit import (

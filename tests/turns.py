@@ -26,10 +26,10 @@ from index.snapshot import load_snapshot, write_pages_snapshot
 from index.store import new_version_id
 from index.types import Page
 from sidecar.config import SidecarConfig
-from sidecar.engine import Engine, TurnInput, TurnResult
-from sidecar.holder import SnapshotHolder
-from sidecar.searcher import Searcher
-from sidecar.sessions import SessionStore
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn.engine import Engine, TurnInput, TurnResult
+from sidecar.turn.sessions import SessionStore
 
 KB = "base"
 SESSION = "call"

@@ -1,4 +1,4 @@
-"""Ranking one query against one snapshot's searcher (``sidecar/searcher.py``): one strategy
+"""Ranking one query against one snapshot's searcher (``sidecar/snapshots/searcher.py``): one strategy
 per mode, dense, lexical fallback or hybrid; thresholds; the ``context_url`` bonus. Pure and
 synchronous: an hnswlib query is well under a millisecond and a BM25 query a few, cheaper than a
 hop to a thread. Everything a query reads was built with the searcher, before the swap.
@@ -41,7 +41,7 @@ from index.filters import Allowed, Mask
 from index.filters import search as search_allowed
 from index.lexical import SPOKEN_STOPWORDS, convex_fusion
 from index.types import MetaValue
-from sidecar.searcher import Searcher
+from sidecar.snapshots.searcher import Searcher
 
 # Candidates per retriever before fusion. On SciFact (bench/quality_scifact.py) convex fusion
 # scored the same at 20 and 100 (nDCG@10 0.739 both), so the cheaper depth stays.

@@ -37,22 +37,23 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Receive, Scope, Send
 
 from index.errors import SnapshotError, VoxrecallError
-from sidecar import __version__, tls
-from sidecar.auth import Authenticator
+from sidecar import __version__
 from sidecar.config import Config
-from sidecar.engine import Engine
-from sidecar.gen import retrieval_pb2 as pb
-from sidecar.status import status_for
-from sidecar.tools import (
+from sidecar.edge import tls
+from sidecar.edge.auth import Authenticator
+from sidecar.edge.status import status_for
+from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
     UNAVAILABLE,
     PageReader,
     Toolbox,
     error_output,
 )
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.turn.engine import Engine
 
 if TYPE_CHECKING:
-    from sidecar.http_door import HttpCall
+    from sidecar.http.door import HttpCall
 
 log = logging.getLogger("voxrecall.mcp")
 

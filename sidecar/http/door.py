@@ -4,14 +4,14 @@
     port = door.bind("127.0.0.1:8080")         # before anything serves: a port in use stops it
     await door.start()                          # uvicorn serving as a task of this event loop
     ...
-    await door.stop()                          # after the drain (sidecar.server.Sidecar.stop)
+    await door.stop()                          # after the drain (sidecar.edge.server.Sidecar.stop)
 
-Paths: ``/mcp`` (MCP streamable HTTP, ``sidecar.mcp_door``), ``POST /vapi/knowledge-base`` and
-``POST /tools/{function}`` (``sidecar.webhooks``), ``GET /healthz`` (the process is up) and
+Paths: ``/mcp`` (MCP streamable HTTP, ``sidecar.http.mcp``), ``POST /vapi/knowledge-base`` and
+``POST /tools/{function}`` (``sidecar.http.webhooks``), ``GET /healthz`` (the process is up) and
 ``GET /readyz`` (200 once every base has a snapshot; 503 while loading or draining). Health
 needs no token, as on gRPC.
 
-Every other call runs the hooks a gRPC call runs (``sidecar.guards``: the log context, metrics,
+Every other call runs the hooks a gRPC call runs (``sidecar.edge.guards``: the log context, metrics,
 the drain gate, the bearer token and the caller's scope, the concurrency limit, the byte limits
 of each field), on a ``Call`` whose door is ``http``, and checks the same proto messages
 (``TurnRequest``, ``InvokeToolRequest``, ``ReadPageRequest``) a gRPC client would send: whatever
@@ -21,7 +21,7 @@ max_body_bytes`` is refused (413) before it is read whole; one that does not arr
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). At most ``[sidecar.http]
 max_connections`` connections are served at once: one more gets a 503 as soon as it is
 accepted, before it is read and without a task, and is closed (``_Admission``). Errors are ``{"error": {"code", "message"}}`` with the HTTP status
-``sidecar.status.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
+``sidecar.edge.status.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
 """
 
 from __future__ import annotations
@@ -42,17 +42,17 @@ from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from index.errors import VoxrecallError
-from sidecar import logs, tls
 from sidecar.config import Config
-from sidecar.engine import Engine
+from sidecar.edge import logs, tls
+from sidecar.edge.guards import Guards
+from sidecar.edge.interceptor import Call, Hook
+from sidecar.edge.lifecycle import Lifecycle, State
+from sidecar.edge.status import code_of_http_status, http_status_for, status_for
 from sidecar.errors import BodyTooLarge, IdleTimeout, RequestError
-from sidecar.guards import Guards
-from sidecar.interceptor import Call, Hook
-from sidecar.lifecycle import Lifecycle, State
-from sidecar.mcp_door import McpDoor
-from sidecar.status import code_of_http_status, http_status_for, status_for
-from sidecar.tools import Toolbox
-from sidecar.webhooks import Reply, Webhooks
+from sidecar.functions.tools import Toolbox
+from sidecar.http.mcp import McpDoor
+from sidecar.http.webhooks import Reply, Webhooks
+from sidecar.turn.engine import Engine
 
 log = logging.getLogger("voxrecall.http")
 
@@ -96,7 +96,7 @@ class _Context:
 
 
 class HttpCall:
-    """One call over HTTP, run through the same hooks as a gRPC call (``sidecar.interceptor``):
+    """One call over HTTP, run through the same hooks as a gRPC call (``sidecar.edge.interceptor``):
     ``begin`` may refuse it, ``check`` each message it carries, ``finish`` exactly once."""
 
     def __init__(self, hooks: Sequence[Hook], method: str, headers: dict[str, str]) -> None:

@@ -19,7 +19,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from index.errors import ConfigError
-from sidecar.text import words
+from sidecar.turn.text import words
 
 if TYPE_CHECKING:  # the config reads LEXICONS for its languages: this module comes first
     from sidecar.config import SkipConfig

@@ -4,7 +4,7 @@
 
 A hook sees a call start (its metadata), each request message, each response message, and the
 end with the final status code. ``start`` and ``request`` may raise a ``RequestError``: the call
-is then refused with the status ``sidecar.status.status_for`` maps it to. Hooks run in list
+is then refused with the status ``sidecar.edge.status.status_for`` maps it to. Hooks run in list
 order; ``end`` runs for every hook whose ``start`` returned, in reverse order, exactly once.
 
 Wrapping the method handler (rather than only reading ``handler_call_details``) is what lets a
@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 
+from sidecar.edge.status import status_for
 from sidecar.errors import InvalidArgument, RequestError
-from sidecar.status import status_for
 
 # Health stays callable without a token and under any load: a kubelet probing a busy sidecar
 # must see SERVING, not RESOURCE_EXHAUSTED.
@@ -46,13 +46,13 @@ class Call:
     started: float = field(default_factory=time.perf_counter)
     call_id: str = ""
     session_id: str = ""
-    caller: Any = None  # the authenticated caller (sidecar.auth), None without auth
+    caller: Any = None  # the authenticated caller (sidecar.edge.auth), None without auth
     streaming: bool = False  # a request stream (Converse), counted apart from unary calls
     code: grpc.StatusCode = grpc.StatusCode.OK
     notes: dict[str, Any] = field(default_factory=dict)
     task: asyncio.Task[Any] | None = field(default_factory=asyncio.current_task)
     cut: str = ""  # set with the task cancelled: the drain's grace ended; the call ends UNAVAILABLE
-    door: str = "grpc"  # the listener it came in by: "grpc", or "http" (sidecar.http_door)
+    door: str = "grpc"  # the listener it came in by: "grpc", or "http" (sidecar.http.door)
 
     def cut_off(self, reason: str) -> None:
         """End this call from outside (the drain, when its grace ends): UNAVAILABLE, which a

@@ -34,18 +34,18 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from cachetools import TTLCache
 
-from sidecar import sessions
 from sidecar.config import Config
-from sidecar.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.edge.limits import NAME_BYTES, utf8_size
+from sidecar.edge.service import turn_response
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
+from sidecar.functions.tools import Toolbox
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.hits import Hit
-from sidecar.limits import NAME_BYTES, utf8_size
-from sidecar.service import turn_response
-from sidecar.tools import Toolbox
+from sidecar.turn import sessions
+from sidecar.turn.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.turn.hits import Hit
 
 if TYPE_CHECKING:
-    from sidecar.http_door import HttpCall
+    from sidecar.http.door import HttpCall
 
 # (status, JSON body, extra headers)
 Reply = tuple[int, bytes, list[tuple[bytes, bytes]]]

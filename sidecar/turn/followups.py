@@ -25,12 +25,12 @@ where the exchange is the caller's previous turn with content and what the agent
 want to know how to replace it?" / "Yes.").
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
-are lifted a little (``sidecar.engine``). A turn folded with the recent exchange is also
+are lifted a little (``sidecar.turn.engine``). A turn folded with the recent exchange is also
 searched alone: a question whose own words clearly prefer another page keeps its answer, and
 otherwise the candidates of both searches are ranked by the mean of their two cosines, so a chunk
 both the turn and the conversation point to wins (``Plan.alone``); one folded with an entity
 that does not refer back keeps its own result only when its own words prefer another chunk by a
-wider margin (``sidecar.engine``). A
+wider margin (``sidecar.turn.engine``). A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
@@ -51,8 +51,8 @@ from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.config import FollowupConfig
-from sidecar.sessions import Mention, Said, Session, Speaker
-from sidecar.text import Utterance, tokens, words
+from sidecar.turn.sessions import Mention, Said, Session, Speaker
+from sidecar.turn.text import Utterance, tokens, words
 
 FUNCTION_WORDS_EN = frozenset(
     """
@@ -408,7 +408,7 @@ _DEFAULTS = FollowupConfig()
 
 
 def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
-    """The snapshot's gazetteer, built anew: its searcher (``sidecar/searcher.py``) builds it
+    """The snapshot's gazetteer, built anew: its searcher (``sidecar/snapshots/searcher.py``) builds it
     once, off the event loop, and holds it while the snapshot is served.
 
     Building reads every chunk once and looks up the names' words in the lexical index's

@@ -1,6 +1,6 @@
 """The snapshot holder: one immutable searcher per knowledge base behind a single reference.
 
-A searcher (``sidecar/searcher.py``) is a snapshot and everything built from it for queries. A
+A searcher (``sidecar/snapshots/searcher.py``) is a snapshot and everything built from it for queries. A
 request reads ``holder.use(kb)`` once and keeps that reference until it ends, so a swap never
 changes a snapshot, or anything built from it, under a running search; the old searcher and its
 snapshot are freed when the last request holding them finishes. ``publish`` is one reference
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from index.snapshot import LoadedSnapshot
-from sidecar.searcher import Searcher
+from sidecar.snapshots.searcher import Searcher
 
 
 @dataclass(frozen=True, slots=True)

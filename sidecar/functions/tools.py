@@ -13,7 +13,7 @@ model can read and recover from: ``{"error": {"type": ..., "message": ...}}`` wi
 ``is_error``, never a failed RPC. Every output, results and errors alike, is compact JSON of at
 most ``[sidecar] tool_output_chars`` characters (so at most 4x that in bytes), however large or
 odd the arguments; arguments over ``MAX_ARGUMENTS_BYTES`` are refused before they are parsed.
-Only the functions the caller may see (``visible``, set per call by sidecar.auth) are there for
+Only the functions the caller may see (``visible``, set per call by sidecar.edge.auth) are there for
 it: one outside its scope is an unknown function, whose error lists only the visible ones.
 
 ``PageReader`` serves ``ReadPage``: a whole page, looked up by key in the snapshot's pages, so
@@ -36,11 +36,11 @@ from index.filters import Allowed
 from index.snapshot import LoadedSnapshot, page_key
 from index.types import MetadataFilter
 from sidecar.config import Config, FunctionConfig
-from sidecar.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
+from sidecar.edge.limits import utf8_size
 from sidecar.errors import FilterRefused, InvalidArgument, NotFound, ToolCallError
-from sidecar.hits import Hit
-from sidecar.limits import utf8_size
-from sidecar.searcher import Searcher
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
+from sidecar.turn.hits import Hit
 
 log = logging.getLogger("voxrecall.tools")
 

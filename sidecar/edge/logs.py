@@ -25,8 +25,8 @@ from typing import Any, TextIO
 import grpc
 import orjson
 
+from sidecar.edge.interceptor import Call, Hook
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.interceptor import Call, Hook
 
 session_id: contextvars.ContextVar[str] = contextvars.ContextVar("session_id", default="")
 call_id: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")

@@ -3,7 +3,7 @@
 For each base: read the store's pointer; when it names a version newer than the one served,
 fetch it (the store checks every file's sha256 against the manifest, downloading first for an
 HTTP store), load and verify it (format, embedder name and dimension, hnsw count against the
-chunk store; the files are not hashed a second time), build its searcher (``sidecar/searcher.py``:
+chunk store; the files are not hashed a second time), build its searcher (``sidecar/snapshots/searcher.py``:
 everything a query needs, the follow-ups' gazetteer and the page index included), run warm-up
 queries, and publish the searcher with one reference swap. All of it but the swap runs off the
 event loop, one refresh at a time. After a swap the
@@ -47,8 +47,8 @@ from index.errors import (
 )
 from index.snapshot import LoadedSnapshot, load_snapshot, read_manifest
 from index.store import SnapshotStore
-from sidecar.holder import SnapshotHolder
-from sidecar.searcher import Searcher
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.snapshots.searcher import Searcher
 
 log = logging.getLogger("voxrecall.refresh")
 

@@ -1,13 +1,13 @@
 """The turn engine: what happens to one caller turn or one explicit search, free of gRPC.
 
 A turn's hot path is: skip? -> follow-up query -> embed (under the budget) -> rank (threshold,
-hybrid, context_url: ``sidecar/relevance.py``), all against the base's searcher, read once per
-call (``sidecar/searcher.py``: the snapshot and everything built from it before it was served;
+hybrid, context_url: ``sidecar/turn/relevance.py``), all against the base's searcher, read once per
+call (``sidecar/snapshots/searcher.py``: the snapshot and everything built from it before it was served;
 nothing is built on the event loop). The budget bounds the whole turn: embedding gets
-what is left of it less a reserve (``sidecar/budget.py``), and when the embedder misses that, or
+what is left of it less a reserve (``sidecar/turn/budget.py``), and when the embedder misses that, or
 fails, the snapshot's lexical index answers and the result says ``degraded``. Query vectors are
-cached, and a late one is bounded (``sidecar/query_embedder.py``). Converse streams may hand a
-turn a result searched ahead on an interim transcript (``sidecar/prefetch.py``).
+cached, and a late one is bounded (``sidecar/turn/query_embedder.py``). Converse streams may hand a
+turn a result searched ahead on an interim transcript (``sidecar/turn/prefetch.py``).
 """
 
 from __future__ import annotations
@@ -27,20 +27,20 @@ from index.errors import SnapshotNotFound
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
 from index.types import Chunk, MetadataFilter
-from sidecar import followups, relevance, scope
-from sidecar.budget import Budget
 from sidecar.config import MAX_LIMIT, SidecarConfig
 from sidecar.errors import InvalidArgument, Loading
-from sidecar.hits import Hit
-from sidecar.holder import SnapshotHolder
-from sidecar.query_embedder import QueryEmbedder
-from sidecar.rerank import Reranker
-from sidecar.rerank import Status as RerankStatus
-from sidecar.searcher import Searcher
-from sidecar.sessions import Mention, Session, SessionStore
-from sidecar.sessions import Speaker as Speaker  # re-exported: TurnInput.speaker's values
-from sidecar.skip import Skip, SkipPolicy
-from sidecar.text import Utterance
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import followups, relevance, scope
+from sidecar.turn.budget import Budget
+from sidecar.turn.hits import Hit
+from sidecar.turn.query_embedder import QueryEmbedder
+from sidecar.turn.rerank import Reranker
+from sidecar.turn.rerank import Status as RerankStatus
+from sidecar.turn.sessions import Mention, Session, SessionStore
+from sidecar.turn.sessions import Speaker as Speaker  # re-exported: TurnInput.speaker's values
+from sidecar.turn.skip import Skip, SkipPolicy
+from sidecar.turn.text import Utterance
 
 log = logging.getLogger("voxrecall.engine")
 
@@ -161,7 +161,7 @@ class PlannedSearch:
     query: str
     sources: tuple[str, ...]
     context_url: str
-    allowed: Allowed | None = None  # the filters' and paths' mask (sidecar/scope.py)
+    allowed: Allowed | None = None  # the filters' and paths' mask (sidecar/turn/scope.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +188,7 @@ class PrefetchMatch:
 
 
 class Prefetch(Protocol):
-    """A source of results searched ahead (``sidecar.prefetch.Prefetcher``)."""
+    """A source of results searched ahead (``sidecar.turn.prefetch.Prefetcher``)."""
 
     async def take(
         self, req: TurnInput, searcher: Searcher, budget: Budget

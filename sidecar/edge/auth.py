@@ -9,13 +9,13 @@ of them every time, so timing says neither whether nor which token matched. What
 caller's scope is answered as if it did not exist, so a token learns no name outside its scope:
 a base outside it is NOT_FOUND with the message an unknown base gets (``scope.unknown_base``),
 listing the caller's own bases; a function outside it is an unknown function
-(``sidecar.tools.visible``, set here: ``Toolbox`` sees only those, and an unknown function's
+(``sidecar.functions.tools.visible``, set here: ``Toolbox`` sees only those, and an unknown function's
 answer lists only those). ``Status`` and ``ListTools`` answers show only what is in scope; a
 caller scoped by functions alone may use their bases (``sidecar.config`` fills that in). Sessions are per caller
-(``sidecar.sessions.owner``): the same session id from two callers names two sessions. A
-caller's ``filters`` go with every search of its calls (``sidecar.scope.caller_filters``). Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
+(``sidecar.turn.sessions.owner``): the same session id from two callers names two sessions. A
+caller's ``filters`` go with every search of its calls (``sidecar.turn.scope.caller_filters``). Tokens come from ``sidecar.config`` (read from the environment once, in the entry point)
 and never appear in a message, a log line or a metric: callers are named by ``name``.
-Health checks are exempt (``sidecar.interceptor.EXEMPT_SERVICES``).
+Health checks are exempt (``sidecar.edge.interceptor.EXEMPT_SERVICES``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from typing import Any
 
 from index.config import MIN_TOKEN_CHARS
 from index.errors import ConfigError
-from sidecar import scope, sessions, tools
 from sidecar.config import AuthConfig, CallerConfig
+from sidecar.edge.interceptor import Call, Hook
 from sidecar.errors import Unauthenticated
+from sidecar.functions import tools
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.interceptor import Call, Hook
+from sidecar.turn import scope, sessions
 
 BEARER = "bearer"
 

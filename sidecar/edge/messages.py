@@ -19,7 +19,7 @@ from typing import Any
 
 from index.types import Chunk, meta_text
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.hits import Hit
+from sidecar.turn.hits import Hit
 
 # A few thousand chunks' messages: the hits of the calls of a busy minute. Per process.
 CACHE_BYTES = 8 << 20

@@ -19,15 +19,15 @@ from typing import Any
 
 import grpc
 
-from sidecar.auth import Authenticator
 from sidecar.config import Config
-from sidecar.engine import Engine
-from sidecar.holder import SnapshotHolder
-from sidecar.interceptor import Hook, HookInterceptor
-from sidecar.lifecycle import Lifecycle
-from sidecar.limits import ConcurrencyLimit, DrainGate, FieldLimits
-from sidecar.logs import CallLog
-from sidecar.metrics import Metrics
+from sidecar.edge.auth import Authenticator
+from sidecar.edge.interceptor import Hook, HookInterceptor
+from sidecar.edge.lifecycle import Lifecycle
+from sidecar.edge.limits import ConcurrencyLimit, DrainGate, FieldLimits
+from sidecar.edge.logs import CallLog
+from sidecar.edge.metrics import Metrics
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.turn.engine import Engine
 
 # A dead peer is found within KEEPALIVE_S + KEEPALIVE_TIMEOUT_S; pings that often cost nothing.
 KEEPALIVE_S = 30
@@ -44,7 +44,7 @@ class Guards:
     auth: Authenticator | None
     interceptors: tuple[grpc.aio.ServerInterceptor, ...]  # type: ignore[type-arg]
     options: tuple[tuple[str, Any], ...]
-    hooks: tuple[Hook, ...] = ()  # the same hooks, for the HTTP door (sidecar.http_door)
+    hooks: tuple[Hook, ...] = ()  # the same hooks, for the HTTP door (sidecar.http.door)
 
     @classmethod
     def build(

@@ -6,7 +6,7 @@
 The API is Cohere's ``rerank`` shape, which Jina, Voyage and Hugging Face
 text-embeddings-inference also speak: ``POST {base_url}/rerank`` with ``{model, query,
 documents, top_n}`` answers ``{results: [{index, relevance_score}]}``. The call runs under the
-turn's budget the way the query embedder does (``sidecar/query_embedder.py``): a deadline of its
+turn's budget the way the query embedder does (``sidecar/turn/query_embedder.py``): a deadline of its
 own (``asyncio.timeout_at``, which also bounds a body that trickles in), a call for the same
 query and documents already in flight is joined, and a call that misses is left to finish in the
 background, bounded (``LATE_CUTOFF_S``, at most ``MAX_LATE`` at once), so that its order lands

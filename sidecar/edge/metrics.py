@@ -35,12 +35,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from sidecar.engine import Engine
+from sidecar.edge.interceptor import Call, Hook
+from sidecar.edge.lifecycle import Lifecycle, State
+from sidecar.edge.limits import ConcurrencyLimit
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.holder import SnapshotHolder
-from sidecar.interceptor import Call, Hook
-from sidecar.lifecycle import Lifecycle, State
-from sidecar.limits import ConcurrencyLimit
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.turn.engine import Engine
 
 # Seconds. A turn's default budget is 150 ms and an embedding ~2-10 ms: the buckets are dense
 # there, with a tail to show calls that waited on a slow remote embedder or a full queue.

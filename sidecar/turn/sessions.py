@@ -11,7 +11,7 @@ with tracemalloc in tests/test_sessions.py). A retained chunk is the snapshot's 
 object, counted as a reference (``HIT_BYTES``), not as its text.
 
 With authentication on, sessions belong to the caller that made them: the store keys each by
-``owner`` (the authenticated caller of the current call, set by ``sidecar.auth``) and its id, so
+``owner`` (the authenticated caller of the current call, set by ``sidecar.edge.auth``) and its id, so
 two agents that pick the same session id never share memory and one cannot end the other's.
 Each owner has its own quota of sessions and bytes (``[sidecar.auth.caller] max_sessions`` and
 ``session_memory_bytes``; without authentication the one owner has the whole store's): an owner
@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from sidecar.hits import Hit
+from sidecar.turn.hits import Hit
 
-# The caller the current call belongs to ("": no authentication); set per call by sidecar.auth.
+# The caller the current call belongs to ("": no authentication); set per call by sidecar.edge.auth.
 owner: ContextVar[str] = ContextVar("owner", default="")
 
 RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this is rarely meant
@@ -52,7 +52,7 @@ class Speaker:
 
 @dataclass(frozen=True, slots=True)
 class Mention:
-    """An entity a turn names, and how sure the match is (``sidecar.followups``)."""
+    """An entity a turn names, and how sure the match is (``sidecar.turn.followups``)."""
 
     name: str
     confidence: float  # P(this entity | the matched words) from the snapshot's statistics

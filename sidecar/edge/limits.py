@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
+from sidecar.edge.interceptor import Call, Hook
+from sidecar.edge.lifecycle import Lifecycle
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
-from sidecar.interceptor import Call, Hook
-from sidecar.lifecycle import Lifecycle
 
 _SLOT = "limits.slot"
 _T = TypeVar("_T")
@@ -162,7 +162,7 @@ async def idle_limited(requests: AsyncIterator[_T], idle_s: float) -> AsyncItera
 
 # The most bytes (UTF-8) one text field of a request may hold, checked on every call before
 # any work: a spoken turn is a few hundred characters (4000 at most, of up to 4 bytes each);
-# names, ids and URLs are short. ``arguments_json`` is the model's, bounded by sidecar.tools so
+# names, ids and URLs are short. ``arguments_json`` is the model's, bounded by sidecar.functions.tools so
 # that a model's mistake comes back to it as an error output.
 TEXT_BYTES = 16 * 1024
 FIELD_BYTES: dict[str, int | None] = {

@@ -15,22 +15,22 @@ from grpc_reflection.v1alpha import reflection
 from index.embedders import Embedder
 from index.embedders.factory import make_embedder
 from index.store import SnapshotStore, open_store
-from sidecar import tls
 from sidecar.config import Config
-from sidecar.engine import BasePolicy, Engine
+from sidecar.edge import tls
+from sidecar.edge.guards import Guards
+from sidecar.edge.lifecycle import Lifecycle, State
+from sidecar.edge.service import RetrievalService
+from sidecar.functions.tools import Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.guards import Guards
-from sidecar.holder import SnapshotHolder
-from sidecar.http_door import HttpDoor
-from sidecar.lifecycle import Lifecycle, State
-from sidecar.refresh import Refresher
-from sidecar.rerank import Reranker
-from sidecar.service import RetrievalService
-from sidecar.sessions import SessionStore
+from sidecar.http.door import HttpDoor
 from sidecar.shards import in_shard
-from sidecar.skip import SkipPolicy
-from sidecar.tools import Toolbox
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.snapshots.refresh import Refresher
+from sidecar.turn.engine import BasePolicy, Engine
+from sidecar.turn.rerank import Reranker
+from sidecar.turn.sessions import SessionStore
+from sidecar.turn.skip import SkipPolicy
 
 log = logging.getLogger("voxrecall.server")
 

@@ -17,8 +17,18 @@ import grpc
 
 from index.errors import VoxrecallError
 from index.types import MetadataFilter
-from sidecar import __version__, scope, sessions
-from sidecar.engine import (
+from sidecar import __version__
+from sidecar.edge.lifecycle import Lifecycle
+from sidecar.edge.limits import idle_limited
+from sidecar.edge.messages import ChunkMessages
+from sidecar.edge.status import status_for, trailers_for
+from sidecar.errors import InvalidArgument
+from sidecar.functions.tools import PageReader, Toolbox
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.turn import scope, sessions
+from sidecar.turn.engine import (
     BasePolicy,
     Engine,
     SearchInput,
@@ -27,17 +37,8 @@ from sidecar.engine import (
     TurnInput,
     TurnResult,
 )
-from sidecar.errors import InvalidArgument
-from sidecar.gen import retrieval_pb2 as pb
-from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.holder import SnapshotHolder
-from sidecar.lifecycle import Lifecycle
-from sidecar.limits import idle_limited
-from sidecar.messages import ChunkMessages
-from sidecar.prefetch import Prefetcher
-from sidecar.skip import Skip
-from sidecar.status import status_for, trailers_for
-from sidecar.tools import PageReader, Toolbox
+from sidecar.turn.prefetch import Prefetcher
+from sidecar.turn.skip import Skip
 
 log = logging.getLogger("voxrecall.service")
 
@@ -68,7 +69,7 @@ def timings_message(timings: Timings) -> pb.Timings:
     )
 
 
-# Each hit's message built once per process and copied into responses (sidecar/messages.py).
+# Each hit's message built once per process and copied into responses (sidecar/edge/messages.py).
 MESSAGES = ChunkMessages()
 
 

@@ -34,10 +34,17 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from index.errors import VoxrecallError
-from sidecar.budget import Budget
-from sidecar.engine import Engine, PlannedSearch, PrefetchMatch, SearchResult, Timings, TurnInput
-from sidecar.searcher import Searcher
-from sidecar.text import words as transcript_words
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn.budget import Budget
+from sidecar.turn.engine import (
+    Engine,
+    PlannedSearch,
+    PrefetchMatch,
+    SearchResult,
+    Timings,
+    TurnInput,
+)
+from sidecar.turn.text import words as transcript_words
 
 log = logging.getLogger("voxrecall.prefetch")
 
@@ -52,7 +59,7 @@ _T = TypeVar("_T")
 
 
 def normalise(text: str) -> tuple[str, ...]:
-    """The words of a transcript: lowercased, without punctuation (``sidecar.text.words``)."""
+    """The words of a transcript: lowercased, without punctuation (``sidecar.turn.text.words``)."""
     return tuple(transcript_words(text))
 
 

@@ -4,7 +4,7 @@
 
 A call's filters (``SearchRequest.filters``, ``TurnRequest.filters``, a knowledge function's
 fixed filters and its model's arguments) and the filters of the caller's token
-(``[sidecar.auth.caller] filters``, set per call by ``sidecar.auth`` in ``caller_filters``) all
+(``[sidecar.auth.caller] filters``, set per call by ``sidecar.edge.auth`` in ``caller_filters``) all
 apply together: the caller's filters are intersected with whatever a request asks, so no request
 can widen them. A field the snapshot has no index for is INVALID_ARGUMENT naming the fields it
 has, never a silent "no filter" (for a caller's filters too: a base that cannot apply them
@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from index.filters import Allowed
 from index.types import MetadataFilter
 from sidecar.errors import FilterRefused, NotFound
-from sidecar.searcher import Searcher
+from sidecar.snapshots.searcher import Searcher
 
 # The current call's caller's filters ([sidecar.auth.caller] filters); empty without auth.
 caller_filters: ContextVar[tuple[MetadataFilter, ...]] = ContextVar("caller_filters", default=())
@@ -32,14 +32,14 @@ MAX_SOURCE_PATHS = 16
 
 def unknown_base(kb: str, known: Iterable[str]) -> NotFound:
     """The answer for a base a call cannot reach: one that does not exist, or (for a scoped
-    token, ``sidecar.auth``) one outside its scope, alike, so a token learns no name outside
+    token, ``sidecar.edge.auth``) one outside its scope, alike, so a token learns no name outside
     its scope; ``known`` is what the caller may reach."""
     return NotFound(f"unknown knowledge base {kb!r}; known: {', '.join(sorted(known)) or 'none'}")
 
 
 def check(filters: Sequence[MetadataFilter], source_paths: Sequence[str]) -> None:
     """A request's filters and paths, as written: INVALID_ARGUMENT saying what to change.
-    (The interceptor already bounds every string in bytes: ``sidecar.limits``.)"""
+    (The interceptor already bounds every string in bytes: ``sidecar.edge.limits``.)"""
     if len(filters) > MAX_FILTERS:
         raise FilterRefused(f"{len(filters)} filters; the limit is {MAX_FILTERS}")
     for i, f in enumerate(filters):

@@ -34,7 +34,7 @@ from index.hnsw_file import vector_rows
 from index.lexical import Bm25
 from index.snapshot import VECTORS, LoadedSnapshot
 from index.types import Chunk
-from sidecar import followups
+from sidecar.turn import followups
 
 Labels = npt.NDArray[np.int64]
 VectorRows = tuple[npt.NDArray[np.float32], Labels]  # vectors, and each label's row in them
