@@ -189,19 +189,25 @@ async def test_bad_search_input_gets_a_clear_status(
     assert words in (err.value.details() or "")
 
 
+async def _search_scaled(sidecar: Any, embedder: Embedder, scales: tuple[float, ...]) -> list[Any]:
+    """The answers to one question's vector multiplied by each of ``scales``."""
+    (plain,) = await embedder.embed(["How much does roaming cost in Europe?"])
+    channel, client = stub(sidecar.port)
+    async with channel:
+        return [
+            await client.Search(
+                pb.SearchRequest(vector=np.asarray(plain * s, dtype="<f4").tobytes(), limit=4),
+                timeout=10,
+            )
+            for s in scales
+        ]
+
+
 async def test_a_huge_finite_vector_is_searched_like_its_direction(
     example_sidecar: Any, local_embedder: Embedder
 ) -> None:
-    (plain,) = await local_embedder.embed(["How much does roaming cost in Europe?"])
-    channel, client = stub(example_sidecar.port)
-    async with channel:
-        answers = [
-            await client.Search(
-                pb.SearchRequest(vector=np.asarray(v, dtype="<f4").tobytes(), limit=4),
-                timeout=10,
-            )
-            for v in (plain, plain * 1.8e19, plain * 3e38)  # finite in float32; their norms are not
-        ]
+    # finite in float32; their norms are not
+    answers = await _search_scaled(example_sidecar, local_embedder, (1.0, 1.8e19, 3e38))
     ids = [[c.chunk_id for c in a.chunks] for a in answers]
     assert ids[0]
     assert ids[1] == ids[0]
@@ -212,16 +218,7 @@ async def test_a_tiny_vector_is_searched_like_its_direction(
     example_sidecar: Any, local_embedder: Embedder
 ) -> None:
     """Components whose float32 squares underflow to zero take the careful way, not "zeros"."""
-    (plain,) = await local_embedder.embed(["How much does roaming cost in Europe?"])
-    channel, client = stub(example_sidecar.port)
-    async with channel:
-        answers = [
-            await client.Search(
-                pb.SearchRequest(vector=np.asarray(v, dtype="<f4").tobytes(), limit=4),
-                timeout=10,
-            )
-            for v in (plain, plain * 1e-25)
-        ]
+    answers = await _search_scaled(example_sidecar, local_embedder, (1.0, 1e-25))
     assert [c.chunk_id for c in answers[1].chunks] == [c.chunk_id for c in answers[0].chunks]
     assert answers[1].chunks[0].score == pytest.approx(answers[0].chunks[0].score, abs=1e-5)
 
