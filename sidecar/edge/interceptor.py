@@ -108,7 +108,7 @@ class Hook:
         """Once, with ``call.code`` final."""
 
 
-class _Observed:
+class _WriteWatchingContext:
     """The servicer context, with ``write`` seen by the hooks (Converse writes its answers)."""
 
     def __init__(self, context: Context, on_write: Callable[[Any], None]) -> None:
@@ -150,7 +150,7 @@ class _Phases:
         )
 
 
-class _Run:
+class _HookedCall:
     """The hooks around one call."""
 
     __slots__ = ("call", "phases", "started")
@@ -193,7 +193,7 @@ class _Run:
         self.call.code = status_for(exc)
         await self.call.context.abort(self.call.code, str(exc))
 
-    async def __aenter__(self) -> _Run:
+    async def __aenter__(self) -> _HookedCall:
         return self
 
     async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
@@ -258,51 +258,51 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         service, _, name = method.lstrip("/").partition("/")
         phases = self._phases
 
-        def new_run(context: Context, streaming: bool) -> _Run:
+        def new_hooked_call(context: Context, streaming: bool) -> _HookedCall:
             metadata = {
                 str(key).lower(): value
                 for key, value in (context.invocation_metadata() or ())
                 if isinstance(value, str)
             }
-            return _Run(phases, Call(name, service, metadata, context, streaming=streaming))
+            return _HookedCall(phases, Call(name, service, metadata, context, streaming=streaming))
 
-        wrapped = _wrap(handler, new_run)
+        wrapped = _wrap(handler, new_hooked_call)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
 
-NewRun = Callable[[Context, bool], _Run]
+NewHookedCall = Callable[[Context, bool], _HookedCall]
 
 
-def _wrap(handler: Any, new_run: NewRun) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+def _wrap(handler: Any, new_hooked_call: NewHookedCall) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
     kwargs = {
         "request_deserializer": _tolerant(handler.request_deserializer),
         "response_serializer": handler.response_serializer,
     }
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(
-            _single(handler.unary_unary, new_run, stream_in=False), **kwargs
+            _single(handler.unary_unary, new_hooked_call, stream_in=False), **kwargs
         )
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(
-            _streaming(handler.unary_stream, new_run, stream_in=False), **kwargs
+            _streaming(handler.unary_stream, new_hooked_call, stream_in=False), **kwargs
         )
     if handler.stream_unary:
         return grpc.stream_unary_rpc_method_handler(
-            _single(handler.stream_unary, new_run, stream_in=True), **kwargs
+            _single(handler.stream_unary, new_hooked_call, stream_in=True), **kwargs
         )
     return grpc.stream_stream_rpc_method_handler(
-        _streaming(handler.stream_stream, new_run, stream_in=True), **kwargs
+        _streaming(handler.stream_stream, new_hooked_call, stream_in=True), **kwargs
     )
 
 
-async def _checked(requests: AsyncIterator[Any], run: _Run) -> AsyncIterator[Any]:
+async def _checked(requests: AsyncIterator[Any], run: _HookedCall) -> AsyncIterator[Any]:
     async for message in requests:
         run.check_in_stream(message)
         yield message
 
 
-async def _prepare(run: _Run, arg: Any, *, stream_in: bool) -> Any:
+async def _prepare(run: _HookedCall, arg: Any, *, stream_in: bool) -> Any:
     """Start the hooks, and check the request (or each one of a request stream as it comes)."""
     await run.begin()
     if stream_in:
@@ -311,11 +311,11 @@ async def _prepare(run: _Run, arg: Any, *, stream_in: bool) -> Any:
     return arg
 
 
-def _single(inner: Any, new_run: NewRun, *, stream_in: bool) -> Any:
+def _single(inner: Any, new_hooked_call: NewHookedCall, *, stream_in: bool) -> Any:
     """A behaviour with one response (unary-unary, stream-unary), with the hooks around it."""
 
     async def behaviour(arg: Any, context: Context) -> Any:
-        async with new_run(context, stream_in) as run:
+        async with new_hooked_call(context, stream_in) as run:
             response = await inner(await _prepare(run, arg, stream_in=stream_in), context)
             run.sent(response)
             return response
@@ -323,13 +323,13 @@ def _single(inner: Any, new_run: NewRun, *, stream_in: bool) -> Any:
     return behaviour
 
 
-def _streaming(inner: Any, new_run: NewRun, *, stream_in: bool) -> Any:
+def _streaming(inner: Any, new_hooked_call: NewHookedCall, *, stream_in: bool) -> Any:
     """A response-streaming behaviour, as an async generator or a coroutine like ``inner``."""
 
     if inspect.isasyncgenfunction(inner):
 
         async def generator(arg: Any, context: Context) -> AsyncIterator[Any]:
-            async with new_run(context, stream_in) as run:
+            async with new_hooked_call(context, stream_in) as run:
                 async for response in inner(await _prepare(run, arg, stream_in=stream_in), context):
                     run.sent(response)
                     yield response
@@ -337,7 +337,10 @@ def _streaming(inner: Any, new_run: NewRun, *, stream_in: bool) -> Any:
         return generator
 
     async def coroutine(arg: Any, context: Context) -> None:
-        async with new_run(context, stream_in) as run:
-            await inner(await _prepare(run, arg, stream_in=stream_in), _Observed(context, run.sent))
+        async with new_hooked_call(context, stream_in) as run:
+            await inner(
+                await _prepare(run, arg, stream_in=stream_in),
+                _WriteWatchingContext(context, run.sent),
+            )
 
     return coroutine
