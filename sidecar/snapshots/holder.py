@@ -53,9 +53,6 @@ class SnapshotHolder:
         searcher = self._searchers.get(knowledge_base)
         return searcher.snapshot if searcher is not None else None
 
-    def all(self) -> Mapping[str, Searcher]:
-        return self._searchers
-
     def use(self, knowledge_base: str) -> Searcher | None:
         """The searcher for a call: marks the base most recently used (O(1))."""
         searcher = self._searchers.get(knowledge_base)
