@@ -88,7 +88,7 @@ async def main():
                                   embedder=HashEmbedder(dimension=dim, name=name), poll=False)
     print(json.dumps({"port": sidecar.port}), flush=True)
     await asyncio.to_thread(sys.stdin.read)
-    print(json.dumps({"evictions": sidecar.snapshots.holder.evictions}), flush=True)
+    print(json.dumps({"evictions": sidecar.holder.evictions}), flush=True)
     await sidecar.stop(0.5)
 
 asyncio.run(main())
