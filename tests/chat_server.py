@@ -21,11 +21,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 
 import orjson
 
+from tests.local_http import LocalHttpServer
 from tests.openai_server import sample_latency_ms
 
 
@@ -68,46 +69,21 @@ def echo(body: dict[str, Any]) -> str:
     return f"model: {user_text(body)}"
 
 
-class ChatServer:
+class ChatServer(LocalHttpServer):
     """The server and its switches; thread-safe."""
 
     def __init__(self, port: int = 0, seed: int = 0) -> None:
         self._behaviour = Behaviour()
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
-        self._stopping = threading.Event()
         self.answer: Callable[[dict[str, Any]], str] = echo
         self.bodies: list[dict[str, Any]] = []  # every chat request, in arrival order
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        super().__init__(_handler_for(self), port, name="chat-server")
 
     @property
     def requests(self) -> int:
         with self._lock:
             return len(self.bodies)
-
-    def start(self) -> ChatServer:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="chat-server", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def set(self, behaviour: Behaviour | None = None, **changes: Any) -> None:
         with self._lock:
@@ -168,7 +144,7 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                     return
                 self.wfile.flush()
                 for start in range(0, len(body), 16):
-                    if server._stopping.wait(trickle_s):
+                    if server.stopping.wait(trickle_s):
                         self.close_connection = True
                         return
                     self.wfile.write(body[start : start + 16])
@@ -183,7 +159,7 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 self._send(HTTPStatus.NOT_FOUND, b'{"error": {"message": "not found"}}')
                 return
             behaviour, latency_s, status = server._next(body)
-            if latency_s > 0 and server._stopping.wait(latency_s):
+            if latency_s > 0 and server.stopping.wait(latency_s):
                 self.close_connection = True
                 return
             if behaviour.close:

@@ -23,12 +23,13 @@ import random
 import threading
 from dataclasses import asdict, dataclass, fields, replace
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import orjson
 
 from index.embedders.base import HashEmbedder
+from tests.local_http import LocalHttpServer
 
 DEFAULT_DIMENSION = 64
 HOLD_TIMEOUT_S = 10.0
@@ -64,7 +65,7 @@ def sample_latency_ms(spec: str, rng: random.Random) -> float:
     raise ValueError(f"unknown latency spec {spec!r}")
 
 
-class OpenAIServer:
+class OpenAIServer(LocalHttpServer):
     """The server and its switches; thread-safe."""
 
     def __init__(self, port: int = 0, dimension: int = DEFAULT_DIMENSION, seed: int = 0) -> None:
@@ -72,40 +73,17 @@ class OpenAIServer:
         self._behaviour = Behaviour()
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
-        self._stopping = threading.Event()
         self._embedders: dict[int, HashEmbedder] = {}
         self.requests = 0  # embedding requests received
         self.last_request: dict[str, Any] = {}
         self.in_flight = 0
         self.max_in_flight = 0  # the most embedding requests in flight at once
         self._gathered = threading.Condition(self._lock)
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        super().__init__(_handler_for(self), port, name="openai-server")
 
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> OpenAIServer:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="openai-server", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()  # wakes hanging and trickling handlers
+    def _wake(self) -> None:
         with self._lock:
             self._gathered.notify_all()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def set(self, behaviour: Behaviour | None = None, **changes: Any) -> None:
         """Replace the behaviour, or change some of its fields."""
@@ -122,7 +100,7 @@ class OpenAIServer:
             hold = self._behaviour.hold_until
             # HOLD_TIMEOUT_S: a client that never sends enough requests at once still gets answers
             self._gathered.wait_for(
-                lambda: self.in_flight >= hold or self._stopping.is_set(), timeout=HOLD_TIMEOUT_S
+                lambda: self.in_flight >= hold or self.stopping.is_set(), timeout=HOLD_TIMEOUT_S
             )
 
     def _exit(self) -> None:
@@ -194,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self.wfile.flush()
             for start in range(0, len(body), 16):
-                if self.api._stopping.wait(trickle_s):
+                if self.api.stopping.wait(trickle_s):
                     self.close_connection = True
                     return
                 self.wfile.write(body[start : start + 16])
@@ -229,10 +207,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _embeddings_reply(self, body: dict[str, Any]) -> None:
         behaviour, latency_s, status = self.api._next(body)
         if behaviour.hang:
-            self.api._stopping.wait()
+            self.api.stopping.wait()
             self.close_connection = True
             return
-        if latency_s > 0 and self.api._stopping.wait(latency_s):
+        if latency_s > 0 and self.api.stopping.wait(latency_s):
             self.close_connection = True
             return
         if behaviour.close:

@@ -16,13 +16,14 @@ here). Each request runs on its own thread.
 from __future__ import annotations
 
 import re
-import threading
 import time
 from dataclasses import dataclass, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 
 import orjson
+
+from tests.local_http import LocalHttpServer
 
 WORD = re.compile(r"[a-z0-9]+")
 HOLD_S = 10.0  # the longest a slow answer is held, so a stopped server never hangs a thread
@@ -45,33 +46,14 @@ def scores(query: str, documents: list[str], order: str) -> list[float]:
     return [len(words & set(WORD.findall(d.lower()))) / max(1, len(words)) for d in documents]
 
 
-class RerankServer:
+class RerankServer(LocalHttpServer):
     def __init__(self) -> None:
         self.behaviour = Behaviour()
         self.requests: list[dict[str, Any]] = []
-        self.stopping = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-
-    def start(self) -> RerankServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
-        return self
+        super().__init__(_handler_for(self), name="rerank-server")
 
     def set(self, **changes: Any) -> None:
         self.behaviour = replace(Behaviour(), **changes)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
 
 def _handler_for(server: RerankServer) -> type[BaseHTTPRequestHandler]:
@@ -139,7 +121,7 @@ def main() -> None:
     args = parser.parse_args()
     server = RerankServer()
     server.set(latency_s=args.latency)
-    print(server._httpd.server_address[1], flush=True)
+    print(server.port, flush=True)
     server._httpd.serve_forever()
 
 

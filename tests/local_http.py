@@ -1,0 +1,51 @@
+"""What every local model server of the tests shares: a ThreadingHTTPServer on 127.0.0.1 (port 0
+picks one) served from a daemon thread, a ``stopping`` event its handlers wait on (so a hanging or
+trickling answer ends when the test stops the server), ``start`` and ``stop``.
+
+    class ChatServer(LocalHttpServer):
+        def __init__(self) -> None:
+            super().__init__(_handler_for(self), name="chat-server")
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
+
+
+class LocalHttpServer:
+    def __init__(
+        self, handler: type[BaseHTTPRequestHandler], port: int = 0, name: str = ""
+    ) -> None:
+        self.stopping = threading.Event()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self._httpd.daemon_threads = True
+        self._name = name or type(self).__name__
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name=self._name, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()  # wakes hanging and trickling handlers
+        self._wake()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _wake(self) -> None:
+        """Wake whatever else a handler may wait on (a server with its own conditions)."""
