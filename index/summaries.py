@@ -55,8 +55,11 @@ class SummaryIndex:
 
     index: hnswlib.Index
     view: str
+    count: int  # 0: hnswlib never loaded the index, and a query on it would crash the process
 
     def search(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
+        if k <= 0 or not self.count:
+            return []
         labels, distances = self.index.knn_query(vector.reshape(1, -1), k=k)
         return [
             (int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0], strict=True)
@@ -64,7 +67,7 @@ class SummaryIndex:
 
     def scores(self, vector: Vectors, labels: list[int]) -> dict[int, float]:
         """The exact summary cosine of each label."""
-        if not labels:
+        if not labels or not self.count:
             return {}
         rows = np.asarray(self.index.get_items(labels, return_type="numpy"), dtype=np.float32)
         values = np.einsum("ij,j->i", rows, vector)
@@ -99,4 +102,4 @@ def load_summary_index(
         except (RuntimeError, MemoryError) as exc:
             raise CorruptSnapshot(f"{path}: hnswlib cannot load it: {exc}") from exc
         index.set_ef(ef)
-    return SummaryIndex(index=index, view=view)
+    return SummaryIndex(index=index, view=view, count=count)

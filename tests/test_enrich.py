@@ -10,15 +10,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
 from index.build import build_knowledge_base
 from index.embedders.base import HashEmbedder, Vectors
-from index.enrich import ORIGINALS
+from index.enrich import ORIGINALS, summary_writer
 from index.errors import ConfigError, SpendCapReached
 from index.llm import ModelCaller, answer_limit
-from index.snapshot import load_snapshot, page_key
+from index.snapshot import load_snapshot, page_key, write_snapshot
 from index.store import LocalStore
 from index.summaries import SUMMARY_TEXTS, heading_summary
 from sidecar.config import Config, parse_config
@@ -372,3 +373,35 @@ def test_the_summary_prong_keeps_to_the_sources_asked_for(
 
     assert ranked(("docs",)) == ["billing.md"]
     assert ranked(("other",)) == []
+
+
+def test_an_empty_base_with_summaries_is_searched_without_touching_hnswlib(tmp_path: Path) -> None:
+    """hnswlib never loads an empty summary index, and a query on an index it never loaded
+    crashes the process: an empty base (every page skipped) answers nothing instead."""
+    embedder = HashEmbedder(8)
+    write_snapshot(
+        tmp_path / "v1",
+        knowledge_base="kb",
+        version="v1",
+        embedder=embedder.info,
+        chunks=[],
+        vectors=np.zeros((0, 8), dtype=np.float32),
+        pages={},
+        page_count=0,
+        hnsw_m=8,
+        hnsw_ef_construction=50,
+        target_recall=0.9,
+        more_files=summary_writer([], np.zeros((0, 8), dtype=np.float32), 8, 50),
+    )
+    snapshot = load_snapshot(tmp_path / "v1", embedder.info)
+    assert snapshot.summaries is not None
+    (vector,) = embedder.embed_batch(["anything"])
+    assert snapshot.summaries.search(vector, 3) == []
+    assert snapshot.summaries.scores(vector, []) == {}
+    ranked = relevance.rank(
+        Searcher.build(snapshot),
+        relevance.Query(
+            text="anything", vector=vector, limit=3, min_score=0.0, min_lexical_score=0.0
+        ),
+    )
+    assert ranked == []
