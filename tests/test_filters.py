@@ -429,7 +429,7 @@ async def test_a_starter_token_never_sees_an_enterprise_only_chunk_over_http(
     monkeypatch.setenv("VOX_TEST_TOKEN", TOKEN_A)
     monkeypatch.setenv("VOX_TEST_STARTER", TOKEN_B)
     raw = _raw(filtered_store)
-    raw["sidecar"]["http"] = {"listen": "127.0.0.1:0"}
+    raw["sidecar"]["http"] = {"listen": "127.0.0.1:0", "read_page_bases": ["help"]}
     config = parse_config(raw, base=filtered_store)
     wide = {"plan_scope": ["enterprise", "starter"]}
     async with (
@@ -468,6 +468,16 @@ async def test_a_starter_token_never_sees_an_enterprise_only_chunk_over_http(
             assert not (mcp_paths | hook_paths) & ENTERPRISE_ONLY
             assert "SAML" not in texts
             assert "audit log records" not in texts
+        page = await mcp.call_tool(  # nor reads an enterprise page whole
+            "read_page", {"source_path": "features/sso.md", "knowledge_base": "help"}
+        )
+        assert page.is_error
+        assert "no page" in str(page.content[0])
+        refunds = await mcp.call_tool(  # a page its plan reaches, it reads
+            "read_page", {"source_path": "billing/refunds.md", "knowledge_base": "help"}
+        )
+        assert not refunds.is_error
+        assert "ten working days" in str(refunds.content[0])
         full = await http.post(  # the same call with the unscoped token does find it
             f"http://127.0.0.1:{sc.http_port}/tools/search_help",
             json={"args": {"query": SSO}},

@@ -27,7 +27,7 @@ from sidecar.functions.tools import PageReader, Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.holder import SnapshotHolder
-from sidecar.turn import scope, sessions
+from sidecar.turn import sessions
 from sidecar.turn.engine import (
     BasePolicy,
     Engine,
@@ -314,8 +314,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         self.lifecycle.check_accepting()
         kb = request.knowledge_base or self.engine.default_knowledge_base
         searcher = self.engine.searcher(kb)
-        allowed = scope.resolve(searcher, kb, (), (), ())  # the caller's filters, if any
-        page = await self.pages.read(searcher, request.source_path, request.source, allowed)
+        page = await self.pages.read(searcher, kb, request.source_path, request.source)
         return pb.ReadPageResponse(
             title=page.title,
             text=page.text,

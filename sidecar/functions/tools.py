@@ -39,6 +39,7 @@ from sidecar.config import Config, FunctionConfig
 from sidecar.edge.limits import utf8_size
 from sidecar.errors import FilterRefused, InvalidArgument, NotFound, ToolCallError
 from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import scope
 from sidecar.turn.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
 from sidecar.turn.hits import Hit
 
@@ -514,14 +515,11 @@ class PageReader:
     URL are its first chunk's, found in the searcher's page index (built before the swap)."""
 
     async def read(
-        self,
-        searcher: Searcher,
-        source_path: str,
-        source: str = "",
-        allowed: Allowed | None = None,
+        self, searcher: Searcher, kb: str, source_path: str, source: str = ""
     ) -> PageText:
-        """A whole page; with ``allowed`` (the caller's filters), only a page with a chunk the
-        caller may reach (another is "no page", as if it did not exist)."""
+        """A whole page of base ``kb``; under the caller's filters (``sidecar.turn.scope``, on
+        every door), only a page with a chunk the caller may reach (another is "no page", as if it
+        did not exist)."""
         snapshot = searcher.snapshot
         if not source_path:
             raise InvalidArgument("source_path is empty: give the page's path, as chunks carry it")
@@ -533,6 +531,7 @@ class PageReader:
             )
         names = [source] if source else snapshot.source_names
         found = [s for s in names if page_key(s, source_path) in snapshot.pages]
+        allowed = scope.resolve(searcher, kb, (), (), ())
         if allowed is not None:
             found = [s for s in found if _reachable(snapshot, s, source_path, allowed)]
         if not found:

@@ -215,7 +215,7 @@ class McpDoor:
             )
         try:
             call.check(pb.ReadPageRequest(knowledge_base=kb, source_path=path, source=source))
-            page = await self.pages.read(self.engine.searcher(kb), path, source)
+            page = await self.pages.read(self.engine.searcher(kb), kb, path, source)
         except VoxrecallError as exc:
             return self._refused(exc)
         body = {"title": page.title, "source": page.source, "path": page.source_path}
