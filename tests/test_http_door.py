@@ -30,7 +30,7 @@ from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.edge import logs
-from sidecar.edge.server import Sidecar
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.errors import Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -769,3 +769,18 @@ async def test_a_stuck_embedder_is_answered_lexically_through_every_http_door(
         assert not result.is_error
         assert output(result)["results"][0]["title"] == "Reset your password"
         assert sc.engine.vectors.stats.late >= 1  # the stuck model was left behind, not awaited
+
+
+@pytest.mark.parametrize("variable", ["VOX_TEST_VAPI", "VOX_TEST_WEBHOOK"])
+async def test_a_secret_variable_named_but_unset_stops_the_start(
+    store: Path,
+    local_embedder: Embedder,
+    secrets: None,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+) -> None:
+    """An unset secret would accept every unsigned call: the start stops, as for a token."""
+    monkeypatch.setenv(variable, "")
+    config = sidecar_config(store, auth=AUTH, http=HTTP)
+    with pytest.raises(ConfigError, match=f"{variable} is unset or empty"):
+        await create_server(config, embedder=local_embedder, poll=False)

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from cachetools import TTLCache
 
-from sidecar.config import Config
+from index.errors import ConfigError
+from sidecar.config import Config, HttpConfig
 from sidecar.edge.limits import NAME_BYTES, utf8_size
 from sidecar.edge.service import turn_response
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
@@ -259,12 +260,27 @@ def _check_fresh(header: str, stamp_ms: int, now_ms: float) -> None:
         )
 
 
+def _check_secrets(http: HttpConfig) -> None:
+    """A secret's variable named but unset or empty would switch the check off: refuse to start,
+    as an unset caller token does."""
+    for key, secret in (
+        ("vapi_secret_env", http.vapi_secret),
+        ("webhook_secret_env", http.webhook_secret),
+    ):
+        if getattr(http, key) and not secret:
+            raise ConfigError(
+                f"[sidecar.http] {key}: the environment variable {getattr(http, key)} is unset "
+                "or empty: set it to the secret, or remove the key to accept unsigned calls"
+            )
+
+
 class Webhooks:
     def __init__(self, config: Config, engine: Engine, toolbox: Toolbox) -> None:
         http = config.sidecar.http
         self.engine = engine
         self.toolbox = toolbox
         self.knowledge_base = http.vapi_knowledge_base or engine.default_knowledge_base
+        _check_secrets(http)
         self.vapi_secret = http.vapi_secret.encode()
         self.webhook_secret = http.webhook_secret.encode()
         self.conversations = Conversations(
