@@ -424,8 +424,12 @@ class Engine:
             context_url=planned.context_url,
             allowed=planned.allowed,
         )
-        result = await self._search(target, planned.query, deadline)
-        return None if result.degraded else result
+        start = time.perf_counter()
+        vector = await self.vectors.get(planned.query, deadline)
+        if vector is None:  # no lexical search ahead: the turn itself falls back if it must
+            return None
+        embed_ms = (time.perf_counter() - start) * 1000.0
+        return self._rank(target, planned.query, vector, embed_ms=embed_ms)
 
     async def aclose(self) -> None:
         """Cancel query embeddings still running in the background."""
@@ -462,10 +466,9 @@ class Engine:
             context_url=req.context_url,
             allowed=allowed,
         )
-        query = "" if vector is not None else req.query
+        query = "" if vector is not None else req.query  # a vector's query is for logs only
         result = await self._search(target, query, budget.embed_deadline(), vector=vector)
-        text = "" if vector is not None else req.query  # a vector's query is for logs only
-        result = await self._reranked(kb, text, result, limit, budget)
+        result = await self._reranked(kb, query, result, limit, budget)
         if req.session_id:
             self._remember(self.sessions.get(req.session_id), result.hits)
         return SearchResult(
@@ -544,9 +547,7 @@ class Engine:
         when the reranker misses its share of what is left of the budget or fails."""
         reranker = self.policy(kb).reranker
         if reranker is None or len(result.hits) < 2 or not query:
-            return (
-                result if len(result.hits) <= limit else replace(result, hits=result.hits[:limit])
-            )
+            return _cut(result, limit)
         left_ms = max(0.0, budget.remaining_ms() - budget.reserve_ms) * reranker.config.budget_share
         deadline = asyncio.get_running_loop().time() + left_ms / 1000.0
         documents = [hit.chunk.embed_text for hit in result.hits]
