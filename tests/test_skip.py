@@ -172,3 +172,9 @@ def test_the_word_check_before_the_patterns_changes_no_answer() -> None:
     assert [fast.classify(t) for t in texts] == [slow.classify(t) for t in texts]
     assert fast.classify("goodbye") is not Skip.NOT_SKIPPED
     assert fast.classify("talk soon") is Skip.CLOSING
+
+
+@pytest.mark.parametrize("phrase", ["ciào a tutti", "check-in done", "über danke"])
+def test_an_extra_closing_with_accents_or_hyphens_is_still_a_closing(phrase: str) -> None:
+    """The word check before the patterns must not cut words the ASCII split cannot list."""
+    assert SkipPolicy(extra_phrases=(phrase,)).classify(phrase.capitalize() + ".") is Skip.CLOSING

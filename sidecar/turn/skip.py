@@ -114,6 +114,9 @@ _UNLISTABLE = re.compile(
     r"\[|\\[wWdDsS]|(?<!\\)\.|[a-z0-9][?*+{]|[a-z0-9]\((?! )|\)[a-z0-9]|(?<![a-z0-9]) \?|"
     r" \?(?![a-z0-9])"
 )
+# Characters the listed words are made of, with the pattern syntax around them: a pattern with any
+# other ("ciào", "check\-in") holds words the ASCII split would cut, so it is matched, not listed.
+_LISTABLE = re.compile(r"[a-z0-9 ()|?\\]*")
 
 
 def _vocabulary(patterns: Sequence[str]) -> frozenset[str] | None:
@@ -122,7 +125,7 @@ def _vocabulary(patterns: Sequence[str]) -> frozenset[str] | None:
     spell out (``_UNLISTABLE``)."""
     words: set[str] = set()
     for pattern in patterns:
-        if _UNLISTABLE.search(pattern):
+        if _UNLISTABLE.search(pattern) or not _LISTABLE.fullmatch(pattern):
             return None
         literal = re.findall(r"[a-z0-9]+", pattern)
         words.update(literal)
