@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -57,10 +58,10 @@ def config(store: Path, tmp_path: Path, **sidecar: Any) -> Config:
 
 @contextlib.asynccontextmanager
 async def serving(
-    store: Path, tmp_path: Path, embedder: Embedder
+    store: Path, tmp_path: Path, embedder: Embedder, **more: Any
 ) -> AsyncIterator[tuple[Sidecar, grpc.aio.Channel]]:
     sidecar = await create_server(
-        config(store, tmp_path, memory_budget_mb=BUDGET_MB), embedder=embedder, poll=False
+        config(store, tmp_path, memory_budget_mb=BUDGET_MB, **more), embedder=embedder, poll=False
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
@@ -156,3 +157,22 @@ async def test_a_base_the_store_does_not_have_is_not_found_without_a_load(
 def test_memory_budget_mb_is_a_whole_number(value: object, store: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="memory_budget_mb"):
         config(store, tmp_path, memory_budget_mb=value)
+
+
+async def test_the_http_door_is_ready_before_any_base_loads_and_after_evictions(
+    store: Path, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """/readyz says what gRPC health says: a lazy sidecar is ready from the start, and an evicted
+    base does not make it unready (a readiness probe would pull the pod)."""
+    http = {"http": {"listen": "127.0.0.1:0"}}
+    async with (
+        serving(store, tmp_path, local_embedder, **http) as (sidecar, channel),
+        httpx2.AsyncClient() as client,
+    ):
+        readyz = f"http://127.0.0.1:{sidecar.http_port}/readyz"
+        assert (await client.get(readyz)).json() == {"status": "ready", "state": "SERVING"}
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        for i in range(FITS + 1):
+            await answered(stub, kb_name(i))
+        assert sidecar.holder.evictions >= 1
+        assert (await client.get(readyz)).status_code == 200

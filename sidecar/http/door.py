@@ -267,11 +267,13 @@ class HttpDoor:
         if path == "/healthz":
             await respond(send, 200, orjson.dumps({"status": "ok", "state": state.name}))
             return
-        missing = sorted(kb for kb in self.engine.known_bases if self.engine.holder.get(kb) is None)
-        ready = state is State.SERVING and not missing
+        ready = state is State.SERVING  # as gRPC health says (lazy bases: SERVING from the start)
         body: dict[str, Any] = {"status": "ready" if ready else "not ready", "state": state.name}
-        if missing:
-            body["waiting_for"] = missing
+        if not ready and self.engine.load_on_demand is None:
+            holder = self.engine.holder
+            body["waiting_for"] = sorted(
+                kb for kb in self.engine.known_bases if holder.get(kb) is None
+            )
         await respond(send, 200 if ready else 503, orjson.dumps(body))
 
     async def _webhook(
