@@ -176,3 +176,29 @@ async def test_the_http_door_is_ready_before_any_base_loads_and_after_evictions(
             await answered(stub, kb_name(i))
         assert sidecar.holder.evictions >= 1
         assert (await client.get(readyz)).status_code == 200
+
+
+async def test_a_vapi_request_refused_while_its_base_loads_is_answered_when_retried(
+    store: Path, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """The refused request's messages were not fed: the platform's retry feeds and answers them
+    (it was answered as a repeat of nothing: no documents)."""
+    http = {"http": {"listen": "127.0.0.1:0", "vapi_knowledge_base": kb_name(0)}}
+    body = {
+        "message": {
+            "type": "knowledge-base-request",
+            "messages": [{"role": "user", "content": "how do I reset my password"}],
+            "call": {"id": "call-1"},
+        }
+    }
+    async with (
+        serving(store, tmp_path, local_embedder, **http) as (sidecar, channel),
+        httpx2.AsyncClient() as client,
+    ):
+        vapi = f"http://127.0.0.1:{sidecar.http_port}/vapi/knowledge-base"
+        first = await client.post(vapi, json=body)
+        assert first.status_code == 503  # its base is loading
+        await answered(pb_grpc.RetrievalStub(channel), kb_name(0))  # type: ignore[no-untyped-call]
+        retried = await client.post(vapi, json=body)
+        assert retried.status_code == 200
+        assert retried.json()["documents"]

@@ -142,17 +142,22 @@ class Conversations:
 
     def new(self, key: tuple[str, str], messages: list[Any]) -> tuple[list[Any], Fed]:
         """The messages after those already fed (all of them for a new call), and the call's
-        entry. When the list no longer starts with what was fed (the platform trimmed or
-        rewrote it), only its last message is new: feeding the rest again would repeat turns."""
+        entry once they are, which ``fed`` keeps. When the list no longer starts with what was
+        fed (the platform trimmed or rewrote it), only its last message is new: feeding the rest
+        again would repeat turns."""
         digests = list(_digests(messages))
         before = self._fed.get(key)
         fed = Fed(len(messages), digests[-1], before.query if before is not None else "")
-        self._fed[key] = fed
         if before is None:
             return messages, fed
         if before.count <= len(messages) and digests[before.count] == before.digest:
             return messages[before.count :], fed
         return messages[-1:], fed
+
+    def fed(self, key: tuple[str, str], entry: Fed) -> None:
+        """Keep ``entry`` once its messages were fed: a request that failed on the way (a base
+        still loading) is fed again when the platform retries it, not answered as a repeat."""
+        self._fed[key] = entry
 
 
 def _documents(hits: list[Hit]) -> list[dict[str, Any]]:
@@ -311,13 +316,15 @@ class Webhooks:
         if not call_id:
             raise InvalidArgument("message.call.id is missing: it names the call's session")
         _check_call_id(call_id)
-        fresh, fed = self.conversations.new((sessions.owner.get(), call_id), messages)
+        key = (sessions.owner.get(), call_id)
+        fresh, fed = self.conversations.new(key, messages)
         said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
         hits: list[Hit] = []
         for i, turn in enumerate(said):
             result = await self._turn(call, call_id, turn)
             if turn.speaker == Speaker.USER and i == len(said) - 1:
                 hits, fed.query = result.hits, result.query
+        self.conversations.fed(key, fed)
         if not fresh and fed.query:  # the same request again (a retry): the same answer
             hits = (await self.engine.search(SearchInput(fed.query, self.knowledge_base))).hits
         return 200, orjson.dumps({"documents": _documents(hits)}), []
@@ -341,8 +348,7 @@ class Webhooks:
                 speaker=said.speaker,
             )
         )
-        kb = self.knowledge_base or self.engine.default_knowledge_base
-        call.sent(turn_response(result, self.engine.policy(kb)))
+        call.sent(turn_response(result, self.engine.policy(self.knowledge_base)))
         return result
 
     # -- tools ---------------------------------------------------------------------------------
