@@ -679,11 +679,16 @@ async def test_the_concurrency_limit_counts_both_doors(
         turn = pb.TurnRequest(session_id="c", text="reset my password", is_final=True)
         await stream.write(pb.ConverseRequest(turn=turn))
         await stream.read()  # the stream holds the one stream slot now
-        async with httpx2.AsyncClient() as http:  # an MCP event stream is a stream too
-            reply = await http.get(url(sc, "/mcp"), headers={"accept": "text/event-stream"})
+        async with httpx2.AsyncClient() as http:  # an HTTP call counts against the unary slots
+            called = await http.post(
+                url(sc, "/tools/search_help"), json={"args": {"query": "reset my password"}}
+            )
+            event_stream = await http.get(url(sc, "/mcp"), headers={"accept": "text/event-stream"})
         await stream.done_writing()
-    assert reply.status_code == 429
-    assert "max_streams" in reply.json()["error"]["message"]
+    assert called.status_code == 200  # the stream slot is not the unary one
+    # no MCP event stream to hold a slot open: the spec's 405, with what to do instead
+    assert event_stream.status_code == 405
+    assert "POST" in event_stream.json()["error"]["message"]
 
 
 def test_the_http_config_refuses_secrets_in_the_file_and_bad_values(tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ MCP_PATH = "/mcp"
 VAPI_PATH = "/vapi/knowledge-base"
 TOOLS_PREFIX = "/tools/"
 PATHS = f"{MCP_PATH}, {VAPI_PATH}, {TOOLS_PREFIX}{{function}}, /healthz, /readyz"
+# The server answers each MCP POST with JSON and pushes nothing, so a GET event stream would only
+# hold a connection (and a max_streams slot) open: the spec lets a server refuse it with 405.
+MCP_GET_REFUSED = "this MCP server sends no event stream: POST each JSON-RPC message to /mcp"
 # A platform posts a few kilobytes at once; a body still arriving after this long is a client
 # that stalled (or one holding a slot on purpose).
 BODY_TIMEOUT_S = 10.0
@@ -294,10 +297,12 @@ class HttpDoor:
             await respond(send, status, payload, [*call.context.headers, *extra])
 
     async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "GET":  # the server pushes nothing: no event stream to hold open
+            refusal = {"error": {"code": "METHOD_NOT_ALLOWED", "message": MCP_GET_REFUSED}}
+            await respond(send, 405, orjson.dumps(refusal), [(b"allow", b"POST, DELETE")])
+            return
         headers = headers_of(scope)
         call = HttpCall(self.hooks, "MCP", headers)
-        # a GET is the server's event stream, held open like a Converse stream: counted as one
-        call.call.streaming = scope["method"] == "GET"
         status: list[int] = []
 
         async def watched(message: Message) -> None:
