@@ -45,7 +45,9 @@ def test_a_response_equals_one_built_field_by_field_with_each_hits_score() -> No
 
 def test_a_chunk_changed_under_the_same_id_is_built_anew() -> None:
     messages = ChunkMessages()
-    filled(messages, [Hit("billing", CHUNK, 0.5)])
+    for _ in range(2):  # built twice: kept
+        filled(messages, [Hit("billing", CHUNK, 0.5)])
+    assert ("billing", "c1") in messages._cache
     moved = replace(CHUNK, url="https://example.com/new-billing", metadata={"lang": "fr"})
     got = filled(messages, [Hit("billing", moved, 0.5)]).chunks[0]
     assert (got.url, dict(got.metadata)) == ("https://example.com/new-billing", {"lang": "fr"})
