@@ -20,8 +20,7 @@
         ├── Unavailable        Loading below it: a base loading, retry after a pause
         ├── ResourceExhausted
         ├── IdleTimeout
-        ├── Unauthenticated
-        └── PermissionDenied
+        └── Unauthenticated
 
 Lower-level errors (hnswlib, onnxruntime, openai, OSError) are wrapped where they arise with
 ``raise ... from exc``, so a caller handles one family and still sees the cause. Each class

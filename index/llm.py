@@ -315,8 +315,3 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "no complete answer within timeout_s"
     return f"{type(exc).__name__}: {exc}"
-    value = exc.response.headers.get("retry-after")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None

@@ -10,7 +10,7 @@ Opening one costs a header parse and an ``mmap``: the arrays are numpy views of 
 worker processes serving the same snapshot share its pages through the page cache, and nothing is
 read until it is used. The reader trusts nothing it maps: every array's dtype, length and extent
 are checked against the file's size before a view is made, and the string tables' offsets are
-checked monotonic and within their blob (``StringTable.check``), so a hostile file is a
+checked monotonic and within their blob (``StringTable.read``), so a hostile file is a
 ``ValueError`` naming what is wrong, never a read past the mapping.
 
 A mapped file must not change while it is mapped (a truncation would be SIGBUS on the next read):
@@ -174,9 +174,6 @@ class StringTable(Sequence[str]):
     def parts(self) -> tuple[memoryview, memoryview]:
         """The blob and the offsets as memoryviews, for a reader's own loop."""
         return self._blob, self._ends
-
-    def raw(self, i: int) -> bytes:
-        return bytes(self._blob[self._ends[i] : self._ends[i + 1]])
 
     @overload
     def __getitem__(self, i: int) -> str: ...

@@ -257,7 +257,7 @@ def _base_names(found: list[str], prefix: str, location: S3Location) -> Iterator
     safe path component. Anything else ("a/../../x", a name with "/") is skipped, logged."""
     for full in found:
         name = full[len(prefix) :].removesuffix("/") if full.startswith(prefix) else ""
-        if is_version(name) and not name.startswith("."):  # one safe path component
+        if is_version(name):  # one safe path component (a letter or digit first)
             yield name
         elif name:
             log.warning("%s: skipped %r in the listing: not a base name", location, full[:200])

@@ -12,8 +12,7 @@ them and stay free of any transport.
     │   └── Loading            a base is loading for this call: retry after ``retry_ms``
     ├── ResourceExhausted
     ├── IdleTimeout            a stream sent nothing for too long
-    ├── Unauthenticated
-    └── PermissionDenied
+    └── Unauthenticated        (a name outside a token's scope is NotFound: nothing is learnt)
 
 Handlers raise; ``sidecar.edge.status`` maps each class to its gRPC and HTTP status in one table.
 """
@@ -77,8 +76,4 @@ class IdleTimeout(RequestError):
 
 
 class Unauthenticated(RequestError):
-    pass
-
-
-class PermissionDenied(RequestError):
     pass

@@ -9,7 +9,6 @@ interceptor, HTTP for the HTTP door, from the same table.
     ResourceExhausted              RESOURCE_EXHAUSTED   429
     IdleTimeout                    DEADLINE_EXCEEDED    408  (a client that stopped sending)
     Unauthenticated                UNAUTHENTICATED      401
-    PermissionDenied               PERMISSION_DENIED    403
     SnapshotNotFound               UNAVAILABLE          503  (the message says what to run)
     EmbedderError                  UNAVAILABLE          503  (only where no fallback answered)
     SnapshotError                  INTERNAL             500
@@ -31,7 +30,6 @@ from sidecar.errors import (
     InvalidArgument,
     Loading,
     NotFound,
-    PermissionDenied,
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
@@ -47,7 +45,6 @@ _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode, int], ...] = (
     (ResourceExhausted, Code.RESOURCE_EXHAUSTED, 429),
     (IdleTimeout, Code.DEADLINE_EXCEEDED, 408),
     (Unauthenticated, Code.UNAUTHENTICATED, 401),
-    (PermissionDenied, Code.PERMISSION_DENIED, 403),
     (SnapshotNotFound, Code.UNAVAILABLE, 503),
     (EmbedderError, Code.UNAVAILABLE, 503),
     (SnapshotError, Code.INTERNAL, 500),
