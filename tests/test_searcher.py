@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -253,6 +254,20 @@ def test_a_searcher_counts_each_sources_chunks_once(tmp_path: Path) -> None:
     assert sources.ids(list(snapshot.source_names)) is None  # every source: no filter
     assert sources.ids(["nope"]) == ()
     assert sources.count(()) == 0
+
+
+def test_a_searchers_python_objects_count_in_its_bytes(tmp_path: Path) -> None:
+    """memory_budget_mb evicts by ``memory_bytes``: the gazetteer's and page index's Python
+    objects count in it, near what building them allocates (not just the files and arrays)."""
+    snapshot = load_snapshot(write_two_sources(tmp_path / "store"))
+    tracemalloc.start()
+    try:
+        searcher = Searcher.build(snapshot)
+        allocated, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert searcher.held_bytes >= allocated // 2
+    assert searcher.memory_bytes >= snapshot.memory_bytes + searcher.held_bytes
 
 
 def write_two_sources(root: Path) -> Path:

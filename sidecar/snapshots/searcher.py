@@ -23,6 +23,7 @@ Immutable once built (the BM25 buffers are scratch space, zero between queries).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -110,17 +111,21 @@ class Searcher:
     sources: Sources
     gazetteer: followups.Gazetteer
     pages: PageIndex
+    held_bytes: int  # the Python objects of the gazetteer and the page index, estimated
 
     @classmethod
     def build(cls, snapshot: LoadedSnapshot) -> Searcher:
         """Build everything; blocking (it reads every chunk once): call it off the event loop."""
+        gazetteer = followups.gazetteer(snapshot)
+        pages = page_index(snapshot.chunks)
         return cls(
             snapshot=snapshot,
             vectors=_vector_rows(snapshot),
             bm25=Bm25(snapshot.lexical),
             sources=Sources.of(snapshot),
-            gazetteer=followups.gazetteer(snapshot),
-            pages=page_index(snapshot.chunks),
+            gazetteer=gazetteer,
+            pages=pages,
+            held_bytes=python_bytes(vars(gazetteer)) + python_bytes(pages),
         )
 
     @property
@@ -133,9 +138,11 @@ class Searcher:
 
     @property
     def memory_bytes(self) -> int:
-        """The snapshot's bytes (``LoadedSnapshot.memory_bytes``) and the arrays built here."""
+        """The snapshot's bytes (``LoadedSnapshot.memory_bytes``) and what was built here: the
+        arrays, and the Python objects (what ``memory_budget_mb`` evicts by)."""
         rows = 0 if self.vectors is self.snapshot.filters.vectors else self.vectors[1].nbytes
-        return self.snapshot.memory_bytes + rows + self.bm25.nbytes + self.sources.nbytes
+        built = rows + self.bm25.nbytes + self.sources.nbytes + self.held_bytes
+        return self.snapshot.memory_bytes + built
 
     def vectors_of(self, labels: Sequence[int]) -> npt.NDArray[np.float32]:
         """The stored (unit) vectors of ``labels``, read from the mapped graph file."""
@@ -155,6 +162,25 @@ def _vector_rows(snapshot: LoadedSnapshot) -> VectorRows:
     return vector_rows(
         snapshot.folder / VECTORS, count=count, dimension=snapshot.manifest.embedder.dimension
     )
+
+
+def python_bytes(value: object) -> int:
+    """The bytes of ``value`` and, for a container, of its members, one level down (a member
+    shared by two containers counts twice: an estimate on the high side)."""
+    size = sys.getsizeof(value)
+    if isinstance(value, Mapping):
+        return size + sum(_flat_bytes(k) + _flat_bytes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return size + sum(_flat_bytes(member) for member in value)
+    return size
+
+
+def _flat_bytes(value: object) -> int:
+    if isinstance(value, Mapping):
+        return python_bytes(value)  # the gazetteer's tables, one level into vars()
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sys.getsizeof(value) + sum(sys.getsizeof(member) for member in value)
+    return sys.getsizeof(value)
 
 
 def page_index(chunks: Sequence[Chunk]) -> dict[tuple[str, str], int]:
