@@ -21,6 +21,7 @@ shrink at the end.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 
@@ -51,9 +52,10 @@ def in_shard(knowledge_bases: frozenset[str], shard: int, shards: int) -> frozen
 
 
 class ShardRouter:
-    """Routes each base to its shard's sidecar: one ``Voxrecall`` client per base, made on first
-    use and kept (gRPC shares one connection among channels to the same target, so a base costs
-    a stub, not a socket). Routing a known base is one dict lookup.
+    """Routes each base to its shard's sidecar: one channel per shard, and a ``Voxrecall`` client
+    per base over its shard's channel, made on first use and kept (a base costs a small object,
+    never a channel: thousands of bases, as many channels as shards). Routing a known base is
+    one dict lookup.
 
     ``connections[i]`` reaches shard ``i`` (a Kubernetes Service per shard:
     ``voxrecall-shard-{i}:50051``, see deploy/README.md).
@@ -63,6 +65,7 @@ class ShardRouter:
         if not connections:
             raise ValueError("a ShardRouter needs one connection per shard, got none")
         self.connections = [c if isinstance(c, Connection) else Connection(c) for c in connections]
+        self._shards = [Voxrecall(c) for c in self.connections]  # one channel each, opened on use
         self._clients: dict[str, Voxrecall] = {}
 
     @property
@@ -77,11 +80,16 @@ class ShardRouter:
         """The client of ``knowledge_base``'s shard, bound to that base."""
         client = self._clients.get(knowledge_base)
         if client is None:
-            client = Voxrecall(self.connection(knowledge_base), knowledge_base=knowledge_base)
-            self._clients[knowledge_base] = client
+            shard = self._shards[shard_of(knowledge_base, self.shards)]
+            client = self._clients[knowledge_base] = shard.for_base(knowledge_base)
         return client
 
     async def close(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.close()
+        """Close every shard's channel (each is tried, whichever fails)."""
+        self._clients = {}
+        results = await asyncio.gather(
+            *(shard.close() for shard in self._shards), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result

@@ -114,6 +114,8 @@ async def test_each_replica_loads_only_its_shard_and_the_router_finds_every_base
                 resp = await router.client(kb).search("roaming abroad")
                 assert resp.chunks, kb
             assert router.client(bases[0]) is router.client(bases[0])
+            stubs = {id(router.client(kb).stub) for kb in bases}
+            assert len(stubs) == shards  # a channel per shard, however many bases
         finally:
             await router.close()
     finally:

@@ -74,10 +74,25 @@ class Voxrecall:
         self.tool_timeout_s = tool_timeout_s
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
+        self._over: Voxrecall | None = None  # the client whose channel this one shares
+
+    def for_base(self, knowledge_base: str) -> Voxrecall:
+        """A client of ``knowledge_base`` over this client's channel (one channel per sidecar,
+        however many bases it serves); closing this client closes it."""
+        bound = Voxrecall(
+            self.connection,
+            knowledge_base=knowledge_base,
+            turn_timeout_s=self.turn_timeout_s,
+            tool_timeout_s=self.tool_timeout_s,
+        )
+        bound._over = self
+        return bound
 
     @property
     def stub(self) -> Any:
         """The ``Retrieval`` stub; the channel is opened on first use, inside the running loop."""
+        if self._over is not None:
+            return self._over.stub
         if self._stub is None:
             self._channel = open_channel(self.connection)
             self._stub = pb_grpc.RetrievalStub(self._channel)  # type: ignore[no-untyped-call]
