@@ -33,6 +33,13 @@ def test_the_turn_engine_never_imports_grpc() -> None:
     assert _loaded_after("import sidecar.turn.engine", "grpc") == []
 
 
+@pytest.mark.parametrize("package", ["boto3", "botocore"])
+def test_a_sidecar_without_an_s3_store_never_imports_boto3(package: str) -> None:
+    """boto3 is an extra: a sidecar serving a folder or an HTTP store starts without it (checked
+    here, where nothing skips it when the extra is absent)."""
+    assert _loaded_after("import sidecar.edge.server, sidecar.cli, index.store", package) == []
+
+
 def test_the_indexer_never_imports_the_sidecar() -> None:
     names = [m.name for m in pkgutil.walk_packages(index.__path__, "index.")]
     assert "index.build" in names  # the walk found the package's modules
