@@ -59,6 +59,7 @@ from index.store import (
 log = logging.getLogger("voxrecall.store")
 
 SCHEME = "s3://"
+CREDENTIALS_LOOK_AGAIN_S = 60.0
 DEFAULT_REGION = "us-east-1"  # what S3 assumes when none is given; any region for MinIO
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's bucket naming rules
 _PREFIX = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")  # key parts that need no escaping
@@ -148,7 +149,7 @@ class S3Store(HttpStore):
         base_url = f"{self._bucket_url}/{self.location.prefix}".rstrip("/")
         super().__init__(base_url, cache_dir, options)
         self._credentials: botocore.credentials.Credentials | None = None
-        self._resolved = False
+        self._look_again_at = 0.0  # while no credentials are found: when to look again
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -224,15 +225,18 @@ class S3Store(HttpStore):
         return dict(request.headers.items())
 
     def _frozen_credentials(self) -> Any:
+        """The credentials to sign with, found once; while there are none (a public bucket, or
+        instance metadata not answering yet at start), looked for again every minute at most."""
         with self._lock:
-            if not self._resolved:
+            if self._credentials is None and time.monotonic() >= self._look_again_at:
                 try:
                     self._credentials = self._session.get_credentials()
                 except botocore.exceptions.BotoCoreError as exc:
                     raise StoreUnavailable(f"{self.location}: no AWS credentials: {exc}") from exc
-                self._resolved = True
                 if self._credentials is None:
-                    log.warning("%s: no AWS credentials found: requests go unsigned", self)
+                    if not self._look_again_at:
+                        log.warning("%s: no AWS credentials found: requests go unsigned", self)
+                    self._look_again_at = time.monotonic() + CREDENTIALS_LOOK_AGAIN_S
             credentials = self._credentials
         return None if credentials is None else credentials.get_frozen_credentials()
 

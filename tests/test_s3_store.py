@@ -37,6 +37,8 @@ from tests.snapshot_kit import KB, version_id, write_version
 
 boto3 = pytest.importorskip("boto3", reason="the S3 store is the `s3` extra")
 
+import botocore.credentials  # noqa: E402
+
 from index import s3_store  # noqa: E402
 from index.s3_store import S3Location, S3Options, S3Store  # noqa: E402
 
@@ -595,3 +597,32 @@ def test_signatures_and_the_documented_permissions_hold_against_a_checking_serve
             wrong.latest(KB)
     finally:
         checking.stop()
+
+
+def test_credentials_missing_at_start_are_looked_for_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Instance metadata slow at start must not leave every request unsigned until a restart:
+    with none found, the chain is asked again a minute later (and not on every request)."""
+    store = S3Store("s3://kb-snapshots/prod", tmp_path, s3=S3Options(region="eu-west-1"))
+    answers: list[Any] = [None, None]
+    asked: list[int] = []
+
+    class Chain:
+        def get_credentials(self) -> Any:
+            asked.append(1)
+            if answers:
+                return answers.pop(0)
+            return botocore.credentials.Credentials("AKIDEXAMPLE", "secret")
+
+    monkeypatch.setattr(store, "_session", Chain())
+    clock = [1000.0]
+    monkeypatch.setattr(s3_store.time, "monotonic", lambda: clock[0])
+    assert store._frozen_credentials() is None
+    assert store._frozen_credentials() is None  # within the minute: not asked again
+    assert len(asked) == 1
+    clock[0] += s3_store.CREDENTIALS_LOOK_AGAIN_S
+    assert store._frozen_credentials() is None
+    clock[0] += s3_store.CREDENTIALS_LOOK_AGAIN_S
+    assert store._frozen_credentials().access_key == "AKIDEXAMPLE"
+    assert len(asked) == 3
