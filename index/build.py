@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,15 +116,29 @@ def embed_chunks(
     max_concurrency: int = 1,
     progress: Callable[[int, int], None] = _quiet,
 ) -> tuple[Vectors, int]:
-    """Vectors for every chunk, reusing cached ones; returns (vectors, number embedded).
+    """Vectors for every chunk's ``embed_text``, reusing cached ones (``embed_texts``)."""
+    texts = [c.embed_text for c in chunks]
+    return embed_texts(embedder, texts, cache, batch_size, max_concurrency, progress)
+
+
+def embed_texts(
+    embedder: Embedder,
+    texts: Sequence[str],
+    cache: dict[str, Vectors],
+    batch_size: int,
+    max_concurrency: int = 1,
+    progress: Callable[[int, int], None] = _quiet,
+) -> tuple[Vectors, int]:
+    """Vectors for every text, reusing those in ``cache`` (keyed by ``text_key``); returns
+    (vectors, number embedded).
 
     Texts go to ``embedder.embed_batch`` ``batch_size * max_concurrency`` at a time: a remote
     embedder splits each slice into concurrent requests itself; ``progress(done, total)`` is
     called with 0 before the first slice and after each (it may raise to abandon the build).
     """
     info = embedder.info
-    keys = [text_key(info, c.embed_text) for c in chunks]
-    vectors = np.zeros((len(chunks), info.dimension), dtype=np.float32)
+    keys = [text_key(info, text) for text in texts]
+    vectors = np.zeros((len(texts), info.dimension), dtype=np.float32)
     todo = [i for i, key in enumerate(keys) if key not in cache]
     for i, key in enumerate(keys):
         if key in cache:
@@ -134,7 +148,7 @@ def embed_chunks(
         progress(0, len(todo))
     for start in range(0, len(todo), step):
         rows = todo[start : start + step]
-        vectors[rows] = embedder.embed_batch([chunks[i].embed_text for i in rows])
+        vectors[rows] = embedder.embed_batch([texts[i] for i in rows])
         progress(start + len(rows), len(todo))
     return vectors, len(todo)
 
@@ -289,8 +303,13 @@ def build_knowledge_base(
     if kb.summaries:
         with _phase(summary, "embed summaries"):
             reused = previous_summaries(store, kb.name, embedder.info)
-            summary_vectors = enrich.embed_summaries(
-                embedder, summary_texts, reused, lambda t: text_key(embedder.info, t)
+            summary_vectors, _ = embed_texts(
+                embedder,
+                summary_texts,
+                reused,
+                config.embedder.batch_size,
+                config.embedder.max_concurrency,
+                progress or _quiet,  # a watch's progress may raise to abandon the build
             )
         writers.append(
             enrich.summary_writer(

@@ -19,11 +19,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import orjson
 
 from index.config import KnowledgeBaseConfig, LlmConfig, SourceConfig
-from index.embedders.base import Embedder, Vectors
+from index.embedders.base import Vectors
 from index.llm import Ask, ModelCaller
 from index.prompts import CLEAN, IMAGE, SUMMARY
 from index.snapshot import build_hnsw, page_key, write_atomic
@@ -78,20 +77,6 @@ def summary_texts(
     asks = [Ask(SUMMARY, text=c.embed_text, label=c.chunk_id) for c in chunks]
     answers = caller.ask_all(asks)
     return [a if a is not None else h for a, h in zip(answers, offline, strict=True)]
-
-
-def embed_summaries(
-    embedder: Embedder, texts: Sequence[str], cache: dict[str, Vectors], key: Callable[[str], str]
-) -> Vectors:
-    """Vectors of the summary texts, taken from ``cache`` (keyed by ``key(text)``) when there."""
-    vectors = np.zeros((len(texts), embedder.info.dimension), dtype=np.float32)
-    todo = [i for i, text in enumerate(texts) if key(text) not in cache]
-    for i, text in enumerate(texts):
-        if key(text) in cache:
-            vectors[i] = cache[key(text)]
-    if todo:
-        vectors[todo] = embedder.embed_batch([texts[i] for i in todo])
-    return vectors
 
 
 def summary_writer(
