@@ -37,7 +37,7 @@ from index.snapshot import write_atomic
 from index.sources import SkippedPage
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, read_file
 from index.sources.markdown import MARKDOWN_SUFFIXES, markdown_page
-from index.sources.text import TEXT_SUFFIXES, decode_utf8, split_title_line
+from index.sources.text import TEXT_SUFFIXES, text_page
 from index.types import Page
 
 REGISTRY_VERSION = 1
@@ -193,8 +193,4 @@ def load_approved_files(source: SourceConfig) -> tuple[list[Page], list[SkippedP
 def _page(source: str, location: str, path: Path, data: bytes) -> Page | SkippedPage:
     if path.suffix.lower() in MARKDOWN_SUFFIXES:
         return markdown_page(source, location, path, data)
-    text = decode_utf8(location, data)
-    if isinstance(text, SkippedPage):
-        return text
-    title, body = split_title_line(text)
-    return Page(source, location, title or path.stem, body or title, kind="text")
+    return text_page(source, location, path, data)

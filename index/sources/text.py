@@ -58,14 +58,17 @@ def load_text(
     skipped = listing.skipped
     for rel, path in listing.files:
         data = read_file(rel, path, options.max_page_bytes)
-        text = data if isinstance(data, SkippedPage) else decode_utf8(rel, data)
-        if isinstance(text, SkippedPage):
-            skipped.append(text)
-            continue
-        title, body = split_title_line(text)
-        if not body.strip() and title:
-            body = title  # a one-line file: its line is its content
-        pages.append(
-            Page(source=source, source_path=rel, title=title or path.stem, text=body, kind="text")
-        )
+        page = data if isinstance(data, SkippedPage) else text_page(source, rel, path, data)
+        (skipped if isinstance(page, SkippedPage) else pages).append(page)  # type: ignore[arg-type]
     return pages, skipped
+
+
+def text_page(source: str, rel: str, path: Path, data: bytes) -> Page | SkippedPage:
+    """One plain-text file's page: its first line the title (else the file's name)."""
+    text = decode_utf8(rel, data)
+    if isinstance(text, SkippedPage):
+        return text
+    title, body = split_title_line(text)
+    if not body.strip() and title:
+        body = title  # a one-line file: its line is its content
+    return Page(source=source, source_path=rel, title=title or path.stem, text=body, kind="text")
