@@ -251,11 +251,7 @@ class LexicalIndex:
         """The doc ids holding any of the query's terms, in no particular order: what
         ``search(query, len(self))`` returns (an idf is always positive, so every doc holding
         a term scores above 0), read from the postings without scoring."""
-        tids = dict.fromkeys(t for t in map(self._term_id, analyze(query)) if t >= 0)
-        lists = [self._doc_ids[self._indptr[tid] : self._indptr[tid + 1]] for tid in tids]
-        if len(lists) == 1:
-            return lists[0]
-        return np.unique(np.concatenate(lists)) if lists else np.zeros(0, dtype=np.int32)
+        return self._docs_of(t for t in map(self._term_id, analyze(query)) if t >= 0)
 
     def postings(self, words: Sequence[str]) -> list[IntArray]:
         """For each of ``words``, the doc ids holding any of its terms, sorted and unique (what
@@ -263,15 +259,18 @@ class LexicalIndex:
         ``matching`` per word bisects the mapped vocabulary, decoding ~17 terms a word (a
         gazetteer looks up every word of 12,500 names at 100k chunks)."""
         ids = {term: tid for tid, term in enumerate(self._terms)}
-        out: list[IntArray] = []
-        for word in words:
-            tids = dict.fromkeys(ids[t] for t in analyze(word) if t in ids)
-            lists = [self._doc_ids[self._indptr[tid] : self._indptr[tid + 1]] for tid in tids]
-            if len(lists) == 1:  # a term's postings are in ascending doc order
-                out.append(lists[0])
-            else:
-                out.append(np.unique(np.concatenate(lists)) if lists else _NO_DOCS)
-        return out
+        return [self._docs_of(ids[t] for t in analyze(word) if t in ids) for word in words]
+
+    def _docs_of(self, term_ids: Iterable[int]) -> IntArray:
+        """The doc ids holding any of the terms, sorted and unique (a term's postings are in
+        ascending doc order, so one list is returned as it is)."""
+        lists = [
+            self._doc_ids[self._indptr[tid] : self._indptr[tid + 1]]
+            for tid in dict.fromkeys(term_ids)
+        ]
+        if len(lists) == 1:
+            return lists[0]
+        return np.unique(np.concatenate(lists)) if lists else _NO_DOCS
 
     def search(
         self,
