@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import orjson
 
-from tests.local_http import LocalHttpServer
+from tests.local_http import LocalHttpServer, send_json
 from tests.openai_server import sample_latency_ms
 
 
@@ -134,23 +134,7 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             return
 
         def _send(self, status: int, body: bytes, trickle_s: float = 0.0) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            try:
-                if trickle_s <= 0:
-                    self.wfile.write(body)
-                    return
-                self.wfile.flush()
-                for start in range(0, len(body), 16):
-                    if server.stopping.wait(trickle_s):
-                        self.close_connection = True
-                        return
-                    self.wfile.write(body[start : start + 16])
-                    self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True
+            send_json(self, status, body, server.stopping, trickle_s)
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)

@@ -49,3 +49,31 @@ class LocalHttpServer:
 
     def _wake(self) -> None:
         """Wake whatever else a handler may wait on (a server with its own conditions)."""
+
+
+def send_json(
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    body: bytes,
+    stopping: threading.Event,
+    trickle_s: float = 0.0,
+) -> None:
+    """Answer ``body`` as JSON; with ``trickle_s``, 16 bytes at a time with that pause between
+    (cut short when the server stops). A client that gave up ends the connection quietly."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    try:
+        if trickle_s <= 0:
+            handler.wfile.write(body)
+            return
+        handler.wfile.flush()
+        for start in range(0, len(body), 16):
+            if stopping.wait(trickle_s):
+                handler.close_connection = True
+                return
+            handler.wfile.write(body[start : start + 16])
+            handler.wfile.flush()
+    except (BrokenPipeError, ConnectionResetError):
+        handler.close_connection = True

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from index.embedders.base import HashEmbedder
-from tests.local_http import LocalHttpServer
+from tests.local_http import LocalHttpServer, send_json
 
 DEFAULT_DIMENSION = 64
 HOLD_TIMEOUT_S = 10.0
@@ -162,23 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
         return data if isinstance(data, dict) else {}
 
     def _send(self, status: int, body: bytes, trickle_s: float = 0.0) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        try:
-            if trickle_s <= 0:
-                self.wfile.write(body)
-                return
-            self.wfile.flush()
-            for start in range(0, len(body), 16):
-                if self.api.stopping.wait(trickle_s):
-                    self.close_connection = True
-                    return
-                self.wfile.write(body[start : start + 16])
-                self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client gave up: nothing to finish
+        send_json(self, status, body, self.api.stopping, trickle_s)
 
     def do_GET(self) -> None:
         if self.path != "/_stats":
