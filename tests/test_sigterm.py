@@ -102,6 +102,20 @@ async def _wait_for(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _serving(channel: grpc.aio.Channel) -> None:
+    """Until the process on the other end of ``channel`` says SERVING. With workers, each one
+    listens before its snapshots are loaded (health NOT_SERVING, turns refused) and the kernel
+    spreads connections over every listener, so a connection may land on one still loading."""
+    health = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + PROCESS_WAIT_S
+    request = health_pb2.HealthCheckRequest()
+    while (
+        await health.Check(request, timeout=PROCESS_WAIT_S, wait_for_ready=True)
+    ).status != SERVING:
+        assert time.monotonic() < deadline, "timed out waiting for SERVING"
+        await asyncio.sleep(0.05)
+
+
 async def test_sigterm_drains_the_call_in_flight_refuses_new_ones_and_exits_zero(
     serve: Start, openai: OpenAIServer
 ) -> None:
@@ -191,9 +205,7 @@ async def test_sigterm_under_load_every_call_in_flight_finishes_and_new_ones_are
     channels = [grpc.aio.insecure_channel(target) for _ in range(IN_FLIGHT)]
     try:
         for channel in channels:
-            await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=PROCESS_WAIT_S, wait_for_ready=True
-            )
+            await _serving(channel)
         openai.set(Behaviour(latency="1500"))
         before = openai.requests
         calls = [
@@ -249,9 +261,7 @@ async def test_sigterm_answers_the_turns_in_flight_on_converse_streams_then_ends
     channels = [grpc.aio.insecure_channel(target) for _ in range(IN_FLIGHT + 1)]
     try:
         for channel in channels:
-            await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=PROCESS_WAIT_S, wait_for_ready=True
-            )
+            await _serving(channel)
         idle = stub_for(channels[-1]).Converse(timeout=PROCESS_WAIT_S)
         await idle.write(pb.ConverseRequest(turn=_turn(100)))
         assert (await idle.read()).turn.chunks  # open, answered, now between turns
