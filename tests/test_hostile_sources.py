@@ -344,3 +344,57 @@ def test_a_folder_tree_nested_past_the_recursion_limit_is_walked(tmp_path: Path)
         bottom.unlink()
         for depth in range(1_200, 0, -1):
             os.rmdir(docs / ("d/" * depth))
+
+
+# --- HTML that amplifies or backtracks ----------------------------------------------------------
+
+
+def html_text(tmp_path: Path, markup: str) -> str:
+    docs = tmp_path / "site"
+    docs.mkdir(exist_ok=True)
+    (docs / "page.html").write_text(markup)
+    summary, snap = build(tmp_path, [{"type": "html", "path": str(docs)}])
+    assert summary.skipped_pages == []
+    return snap.pages[page_key("html", "page.html")]
+
+
+def test_html_lists_nested_deep_are_written_in_bounded_size(tmp_path: Path) -> None:
+    # each level indented every item line below it: 3,000 levels in 27 kB wrote 9 MB
+    markup = "<ul><li>x" * 3_000
+    text = html_text(tmp_path, markup)
+    assert len(text) < 3 * len(markup)
+    assert text.startswith("- x\n  - x\n    - x\n")
+    assert text.count("- x") == 3_000
+
+
+def test_html_ragged_tables_are_written_in_bounded_size(tmp_path: Path) -> None:
+    # every row was padded to the widest: 2,000 cells over 2,000 short rows wrote 16 MB
+    wide = "<tr>" + "<td>w" * 2_000
+    markup = "<table>" + wide + "<tr><td>y" * 2_000 + "</table>"
+    text = html_text(tmp_path, markup)
+    assert len(text) < 3 * len(markup)
+    lines = text.splitlines()
+    assert lines[0] == "| " + " | ".join(["w"] * 2_000) + " |"
+    assert lines[2:] == ["| y |"] * 2_000  # a cell whose end tag is left out keeps its text
+
+
+def test_html_end_tags_in_skipped_or_table_markup_are_read_in_linear_time(tmp_path: Path) -> None:
+    # an end tag looked for its element along the whole stack of skipped ones, and a cell
+    # closed again re-read its whole text: quadratic, minutes at these sizes
+    n = 100_000
+    markup = "<h1>Kept</h1><svg>" + "<g>" * n + "</x>" * n + "</svg><table><tr><td>" + "x</td>" * n
+    text = html_text(tmp_path, markup)
+    assert text == "# Kept\n\n| " + " ".join(["x"] * n) + " |\n| --- |\n"
+
+
+def test_an_html_page_whose_charset_fails_to_decode_is_skipped(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path, "site")
+    (docs / "odd.html").write_text('<meta charset="undefined"><p>Text.</p>')
+    (docs / "ok.html").write_text("<h1>Fine</h1><p>Text.</p>")
+    summary, snap = build(tmp_path, [{"type": "html", "path": str(docs)}])
+    assert summary.published
+    assert reasons(summary) == {
+        "odd.html": "cannot decode: decoding with 'undefined' codec failed "
+        "(UnicodeError: undefined encoding)"
+    }
+    assert {c.source_path for c in snap.chunks} == {"ok.html"}

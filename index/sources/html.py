@@ -33,6 +33,9 @@ _BLOCK_TAGS = frozenset(
 )  # fmt: skip
 _HEADINGS = {f"h{n}": n for n in range(1, 7)}
 _CELLS = frozenset({"td", "th"})
+# Markdown reads a list nested this deep like any deeper one; each level costs two spaces on
+# every item line, so an unbounded depth (2 million "<ul>" in 8 MB) writes terabytes.
+MAX_LIST_INDENT_LEVELS = 8
 # A charset declared in the first bytes of a document (HTML5 asks for it within 1024 bytes).
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _SNIFF_BYTES = 4096
@@ -56,7 +59,10 @@ class _Reader(HTMLParser):
         self.title = ""
         self.first_h1 = ""
         self.blocks: list[tuple[str, bool]] = []
+        # the skipped elements still open, and how many of each: an end tag asks whether its
+        # element is open, and a scan of a long stack per end tag was quadratic
         self._skip: list[str] = []
+        self._skipping: dict[str, int] = {}
         self._in_title = False
         self._title_parts: list[str] = []
         self._inline: list[str] = []
@@ -65,7 +71,9 @@ class _Reader(HTMLParser):
         self._item = False
         self._pre: list[str] | None = None
         self._table_depth = 0
-        self._rows: list[list[str]] = []
+        # the outermost table's rows of cells, each cell the texts its end tags closed (cleaned
+        # once, when the table is written: a cell closed a million times is not re-read each time)
+        self._rows: list[list[list[str]]] = []
 
     # -- structure ---------------------------------------------------------------------------
 
@@ -73,6 +81,7 @@ class _Reader(HTMLParser):
         if self._skip or tag in SKIP_TAGS or _hidden(attrs):
             if tag not in _VOID:
                 self._skip.append(tag)
+                self._skipping[tag] = self._skipping.get(tag, 0) + 1
             return
         if tag == "title" and not self.title:
             self._in_title = True
@@ -95,12 +104,13 @@ class _Reader(HTMLParser):
                 self._flush()
                 self._rows = []
         elif self._table_depth == 1 and tag == "tr":
+            self._end_cell()  # a cell's end tag may be left out
             self._rows.append([])
         elif self._table_depth == 1 and tag in _CELLS:
             self._end_cell()
             if not self._rows:
                 self._rows.append([])
-            self._rows[-1].append("")
+            self._rows[-1].append([])
         else:
             self._inline.append(" ")
 
@@ -120,9 +130,8 @@ class _Reader(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         if self._skip:
-            if tag in self._skip:
-                while self._skip.pop() != tag:
-                    pass
+            if self._skipping.get(tag):
+                self._end_skipped(tag)
             return
         if tag == "title" and self._in_title:
             self._in_title = False
@@ -149,6 +158,14 @@ class _Reader(HTMLParser):
             self._list_depth = max(0, self._list_depth - 1)
         elif tag in _BLOCK_TAGS:
             self._flush()
+
+    def _end_skipped(self, tag: str) -> None:
+        """Close the innermost open skipped ``tag`` and every skipped element inside it."""
+        while True:
+            top = self._skip.pop()
+            self._skipping[top] -= 1
+            if top == tag:
+                return
 
     def handle_data(self, data: str) -> None:
         if self._skip:
@@ -185,7 +202,7 @@ class _Reader(HTMLParser):
                 self.first_h1 = text
             self.blocks.append((f"{'#' * level} {text}", False))
         elif item:
-            indent = "  " * max(0, self._list_depth - 1)
+            indent = "  " * min(max(0, self._list_depth - 1), MAX_LIST_INDENT_LEVELS)
             self.blocks.append((f"{indent}- {text}", True))
         else:
             self.blocks.append((_escape(text), False))
@@ -200,19 +217,20 @@ class _Reader(HTMLParser):
 
     def _end_cell(self) -> None:
         if self._rows and self._rows[-1]:
-            self._rows[-1][-1] = _clean(self._rows[-1][-1] + " " + "".join(self._inline))
+            self._rows[-1][-1].append("".join(self._inline))
         self._inline = []
 
     def _emit_table(self) -> None:
-        rows = [[c.replace("|", "\\|") for c in r] for r in self._rows if any(r)]
+        cells = ([_clean(" ".join(c)).replace("|", "\\|") for c in r] for r in self._rows)
+        rows = [r for r in cells if any(r)]
         self._rows = []
         if not rows:
             return
+        # Only the header row is padded to the widest row: padding every row would write rows
+        # times width cells (a row of a million cells over a million short rows: terabytes).
         width = max(len(r) for r in rows)
-        lines = [
-            "| " + " | ".join(r + [""] * (width - len(r))) + " |"
-            for r in [*rows[:1], ["---"] * width, *rows[1:]]
-        ]
+        header = rows[0] + [""] * (width - len(rows[0]))
+        lines = ["| " + " | ".join(r) + " |" for r in [header, ["---"] * width, *rows[1:]]]
         self.blocks.append(("\n".join(lines), False))
 
 
@@ -270,7 +288,7 @@ def html_to_markdown(markup: str) -> tuple[str, str]:
 
 def decode_html(data: bytes, declared: str | None = None) -> str:
     """Decode a document by its byte-order mark, else the declared charset (an HTTP header),
-    else a ``<meta charset>``, else UTF-8. Raises UnicodeDecodeError or LookupError."""
+    else a ``<meta charset>``, else UTF-8. Raises UnicodeError or LookupError."""
     if data.startswith(b"\xef\xbb\xbf"):
         return data[3:].decode("utf-8")
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -290,6 +308,8 @@ def html_page_text(
         markup = decode_html(data, declared)
     except UnicodeDecodeError as exc:
         return SkippedPage(rel, f"not valid {exc.encoding}: {exc.reason} at byte {exc.start}")
+    except UnicodeError as exc:  # a codec that fails its own way: <meta charset="undefined">
+        return SkippedPage(rel, f"cannot decode: {exc}")
     except LookupError as exc:
         return SkippedPage(rel, f"unknown charset: {exc}")
     title, text = html_to_markdown(markup.replace("\r\n", "\n").replace("\r", "\n"))

@@ -200,7 +200,7 @@ def _parse(source: str, url: str, got: Fetched) -> list[Page] | SkippedPage:
         return SkippedPage(url, f"unsupported content type {got.content_type}")
     try:
         text = got.body.decode(got.charset or "utf-8").replace("\r\n", "\n").replace("\r", "\n")
-    except (UnicodeDecodeError, LookupError) as exc:
+    except (UnicodeError, LookupError) as exc:
         return SkippedPage(url, f"cannot decode as {got.charset or 'utf-8'}: {exc}")
     if got.content_type in _MARKDOWN_TYPES:
         h1 = next((h.title for h in markdown_headings(text) if h.level == 1 and h.title), "")
