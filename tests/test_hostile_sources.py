@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -398,3 +399,47 @@ def test_an_html_page_whose_charset_fails_to_decode_is_skipped(tmp_path: Path) -
         "(UnicodeError: undefined encoding)"
     }
     assert {c.source_path for c in snap.chunks} == {"ok.html"}
+
+
+# --- CSV that backtracks or holds a whole line --------------------------------------------------
+
+
+def test_a_csv_of_lines_that_each_leave_a_quote_open_is_read_once(tmp_path: Path) -> None:
+    # each line's record ran to the end of the file, then the next line's did: 20,000 lines
+    # were 20,000 reads of the rest of the file (minutes)
+    faq = tmp_path / "faq.csv"
+    n = 20_000
+    faq.write_text('id,text\n1,Kept.\n2,"Closed\nover two lines."\n' + 'a",b,"c\n' * n)
+    summary, snap = build(tmp_path, [{"type": "csv", "path": str(faq)}])
+    assert {c.source_path: c.text for c in snap.chunks} == {
+        "1": "Kept.",
+        "2": "Closed\nover two lines.",
+    }
+    never = "malformed CSV: a quote opened in this record is never closed"
+    assert reasons(summary) == {f"faq.csv:{line}": never for line in range(5, 5 + n)}
+
+
+def test_a_csv_line_over_max_page_bytes_is_read_past_not_held(tmp_path: Path) -> None:
+    faq = tmp_path / "faq.csv"
+    size = 20 << 20
+    with faq.open("w") as f:
+        f.write("id,text\n1,Kept.\n2,")
+        f.write("x" * size)
+        f.write('\n3,Kept too.\n4,"Open quote\n')
+        f.write("".join(f"m{i},More.\n" for i in range(200)) + "6,After.\n")
+    source = {"type": "csv", "path": str(faq), "max_page_bytes": 1000}
+    tracemalloc.start()
+    try:
+        summary, snap = build(tmp_path, [source])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size // 4  # the line was held whole (and copied)
+    over = "over max_page_bytes (1,000 bytes); raise the source's max_page_bytes to index it"
+    assert reasons(summary) == {
+        "faq.csv:3": f"{size + 2:,} bytes, {over}",
+        # a quote left open is read to max_page_bytes, and not read again after it
+        "faq.csv:5": f"1,004 bytes, {over} (a record from this line to line 105: an open quote?)",
+    }
+    kept = {"1", "3", *(f"m{i}" for i in range(100, 200)), "6"}  # m99 is line 105
+    assert {c.source_path for c in snap.chunks} == kept

@@ -155,14 +155,44 @@ def _jsonl(path: Path, limit: int) -> Iterator[Read]:
                 yield number, got
 
 
+class _Repeated(csv.Error):
+    """A record that runs on into the lines of a record refused before it.
+
+    Every line of that record but its last ended inside a quoted field, and the parser carries
+    nothing else from one line to the next, so a record that goes on past one of those lines
+    reads the rest alike and ends with the same error on the same line: ``cause`` at line
+    ``end``, known without reading those lines again (reading them again for each of them was
+    quadratic: a file of lines that each leave a quote open). Not for a field over the field
+    limit, which depends on where the field began.
+    """
+
+    def __init__(self, cause: csv.Error, start: int, end: int) -> None:
+        super().__init__(str(cause))
+        self.cause, self.start, self.end = cause, start, end
+
+
+class _TooLarge(csv.Error):
+    """The record being read holds more than ``max_page_bytes``: it is read no further."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"{size} bytes")
+        self.size = size
+
+
 class _HeldLines:
     """The lines of a file for ``csv.reader``, holding those of the record being read: when a
     record turns out broken, the lines after its first are read again as records of their own,
-    so an unclosed quote costs one line, not every record up to the next quote."""
+    so an unclosed quote costs one line, not every record up to the next quote.
 
-    def __init__(self, f: TextIO) -> None:
+    A record is held to ``limit`` bytes as it is read: one over it (a line, or a quote left open
+    for megabytes) is refused as too large, and its lines are not read again."""
+
+    def __init__(self, f: TextIO, limit: int) -> None:
         self._file = f
+        self._limit = limit
         self._again: list[str] = []  # reversed: the next line to read again is last
+        self._refused: _Repeated | None = None  # the last record refused over several lines
+        self._held_chars = 0
         self.held: list[str] = []
         self.number = 0  # of the last line handed out
 
@@ -170,24 +200,62 @@ class _HeldLines:
         return self
 
     def __next__(self) -> str:
-        line = self._again.pop() if self._again else next(self._file)
-        self.held.append(line)
+        refused = self._refused
+        if self.held and refused is not None and refused.start <= self.number < refused.end:
+            raise refused
+        line = self._again.pop() if self._again else self._read_line()
         self.number += 1
+        self._held_chars += len(line)
+        if self._held_chars > self._limit:  # a character is at least a byte
+            raise _TooLarge(sum(map(_utf8_size, self.held)) + _utf8_size(line))
+        self.held.append(line)
         return line
+
+    def _read_line(self) -> str:
+        """The next line of the file; one over the limit is read past, never held whole."""
+        line = self._file.readline(self._limit + 1)
+        if not line:
+            raise StopIteration
+        if len(line) <= self._limit or line.endswith(("\n", "\r")):
+            return line
+        size = _utf8_size(line)
+        while line and not line.endswith(("\n", "\r")):
+            line = self._file.readline(1 << 20)
+            size += _utf8_size(line)
+        self.number += 1  # the line read past
+        raise _TooLarge(size - line.endswith(("\n", "\r")))  # its newline not counted
 
     def next_record(self) -> int:
         """Start a record: forget the lines held; returns the number of its first line."""
         self.held.clear()
+        self._held_chars = 0
         return self.number + 1
 
-    def read_again_after_first(self) -> None:
-        again = self.held[1:]
+    def refuse(self, exc: csv.Error, start: int) -> tuple[csv.Error, int]:
+        """The record from line ``start`` is broken by ``exc``: ``(the error, its last line)``.
+        The lines after its first are read again, unless it was too large."""
+        if isinstance(exc, _Repeated):
+            self.held.clear()
+            return exc.cause, exc.end
+        end, again = self.number, self.held[1:]
+        self.held.clear()
+        if isinstance(exc, _TooLarge):
+            return exc, end
         self._again.extend(reversed(again))
         self.number -= len(again)
-        self.held.clear()
+        if again and not str(exc).startswith("field larger than field limit"):
+            self._refused = _Repeated(exc, start, end)
+        return exc, end
 
 
-def _csv_error(exc: csv.Error, start: int, end: int) -> str:
+def _utf8_size(line: str) -> int:
+    return len(line.encode("utf-8", "surrogateescape"))
+
+
+def _csv_error(exc: csv.Error, start: int, end: int, limit: int) -> str:
+    if isinstance(exc, _TooLarge):
+        where = f" (a record from this line to line {end}: an open quote?)" if end > start else ""
+        return too_large(exc.size, limit) + where
     if str(exc).startswith("unexpected end of data"):
         return "malformed CSV: a quote opened in this record is never closed"
     if end > start:
@@ -234,8 +302,8 @@ def _csv_rows(
         except StopIteration:
             return
         except csv.Error as exc:
-            yield start, _csv_error(exc, start, lines.number)
-            lines.read_again_after_first()
+            cause, end = lines.refuse(exc, start)
+            yield start, _csv_error(cause, start, end, limit)
             continue
         problem = _csv_held_problem(lines, start, limit)
         if problem:
@@ -252,7 +320,7 @@ def _csv(path: Path, fields: RecordFields, limit: int) -> Iterator[Read]:
     # strict: a character after a closing quote is an error, not glued to the field; a byte
     # that is not UTF-8 is kept as a surrogate and reported with the record that holds it.
     with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
-        lines = _HeldLines(f)
+        lines = _HeldLines(f, limit)
         reader = csv.reader(lines, strict=True)
         header = _csv_header(reader, path, fields)
         if header is not None:
