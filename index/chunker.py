@@ -395,7 +395,10 @@ def _pack(units: Sequence[_Unit], target: int, overlap: int) -> list[tuple[int, 
     A chunk takes units while they fit in ``target``; the next chunk starts with the trailing whole
     units of the previous one that fit in ``overlap`` (dropped from the front when they would push
     the chunk past the target). A unit larger than the target forms a chunk of its own. A sticky
-    unit (a heading line) at the end of a chunk moves to the next one, with what it introduces.
+    unit (a heading line) at the end of a chunk moves to the next one, with what it introduces;
+    a heading that introduces another heading stays (a page of a million bare headings would
+    otherwise move nearly a whole chunk forward per heading: a chunk per heading, each of the
+    target's size).
     """
     out: list[tuple[int, int]] = []
     first = 0  # first unit of the current chunk
@@ -413,7 +416,7 @@ def _pack(units: Sequence[_Unit], target: int, overlap: int) -> list[tuple[int, 
             total += t
             continue
         cut = i
-        while cut > fresh + 1 and units[cut - 1].sticky:
+        while cut > fresh + 1 and units[cut - 1].sticky and not unit.sticky:
             cut -= 1
         tail = sum(u.tokens for u in units[cut:i])
         if cut == i or tail + t > target:

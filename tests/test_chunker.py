@@ -477,6 +477,18 @@ def test_deeper_heading_moves_to_the_chunk_it_introduces() -> None:
     ]
 
 
+def test_a_run_of_bare_headings_is_packed_not_a_chunk_per_heading() -> None:
+    # a heading before a heading moved with it, so each chunk took one new heading and carried
+    # the rest forward: 2,000 headings made 2,000 chunks of the target's size (50x the page)
+    text = "#### Step\n\n" * 2_000 + "The last step's text.\n"
+    options = ChunkOptions(target_tokens=100, overlap_tokens=10)
+    chunks = chunk_page(page_of(text), options)
+    tokens = count_tokens(text)
+    assert len(chunks) <= 2 * tokens // (options.target_tokens - options.overlap_tokens) + 1
+    assert sum(len(c.text) for c in chunks) < 2 * len(text)
+    assert chunks[-1].text.endswith("#### Step\n\nThe last step's text.")
+
+
 def test_text_pages_have_no_headings() -> None:
     text = "# not a heading\n\nSecond paragraph.\n\n```\nno fence\n```\n"
     page = Page(source="s", source_path="a.txt", title="Notes", text=text, kind="text")
