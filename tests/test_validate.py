@@ -177,3 +177,40 @@ def test_rclone_docs(tmp_path: Path) -> None:
     assert ("content/bisync.md", 326) in broken  # [--check-filename](--check-filename)
     assert ("content/webdav.md", 488) in broken  # relative link that Hugo serves under /webdav/
     assert set(report.counts()) <= {"broken-link", "duplicate-title"}
+
+
+def test_lines_that_made_the_link_patterns_backtrack_are_read_in_linear_time(
+    tmp_path: Path,
+) -> None:
+    # a line of backticks backtracked in cubic time (1,000 took 15 s), shortcode openings and
+    # link targets with no ")" after them in quadratic time (minutes at these sizes)
+    hostile = [
+        "x " + "`" * 3_000,  # (at the start of a line, a fence)
+        "`a" * 50_000,
+        "{{<" * 50_000,
+        "[a](x" * 50_000,
+        "[a](" + "<" * 100_000,
+    ]
+    page = "# Hostile\n\n" + "\n".join(hostile) + "\n\nSee [gone](gone.md) and `[code](code.md)`.\n"
+    root = write(tmp_path / "docs", {"hostile.md": page, "ok.md": "# OK\n\nFine.\n"})
+    report = validate_docs(root)
+    assert lines(report.problems) == ["hostile.md:9: broken link: gone.md (no such page)"]
+
+
+@pytest.mark.parametrize(
+    ("line", "links"),
+    [
+        ("`[a](a.md)` [b](b.md)", ["b.md"]),
+        ("``[a](a.md)`` [b](b.md) ``", ["b.md"]),
+        ("``[a](a.md)` [b](b.md)", ["a.md", "b.md"]),  # a run of two is closed by two only
+        ("`x``[a](a.md)``y` [b](b.md)", ["b.md"]),  # the span holds the run of two
+        ("{{< ref [a](a.md) >}} [b](b.md) {{% x %}}", ["b.md"]),
+        (">}} {{< [b](b.md)", ["b.md"]),  # a closing before the opening closes nothing
+    ],
+)
+def test_code_spans_and_shortcodes_hide_their_links(
+    tmp_path: Path, line: str, links: list[str]
+) -> None:
+    root = write(tmp_path / "docs", {"page.md": f"# Page\n\n{line}\n"})
+    report = validate_docs(root)
+    assert sorted(p.message.split(": ")[1].split(" ")[0] for p in report.problems) == links
