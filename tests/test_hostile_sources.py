@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import tracemalloc
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,11 @@ from index.errors import ConfigError
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
 from index.sources.registry import LoadContext, load_source
+from index.sources.url import Failed, fetch
 from index.store import LocalStore
 from index.validate import ValidateOptions, validate_docs
 from sidecar.config import parse_config
+from tests.local_http import LocalHttpServer, send_json
 from tests.test_sources import make_pdf
 
 
@@ -443,3 +447,39 @@ def test_a_csv_line_over_max_page_bytes_is_read_past_not_held(tmp_path: Path) ->
     }
     kept = {"1", "3", *(f"m{i}" for i in range(100, 200)), "6"}  # m99 is line 105
     assert {c.source_path for c in snap.chunks} == kept
+
+
+# --- a web page that trickles -------------------------------------------------------------------
+
+
+class _TrickleServer(LocalHttpServer):
+    """Answers every GET with a page of 2,000 bytes, 16 bytes every 50 ms (6 s in all)."""
+
+    BODY = b"<h1>Slow</h1>" + b"<p>word</p>" * 180
+
+    def __init__(self) -> None:
+        stopping = self.stopping = threading.Event()
+        body = self.BODY
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                send_json(self, 200, body, stopping, trickle_s=0.05)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        super().__init__(Handler, name="trickle-server")
+        self.stopping = stopping
+
+
+def test_a_url_that_trickles_is_given_up_at_the_download_deadline() -> None:
+    # each wait on the socket was bounded, the download was not: a byte every few seconds
+    # held the build for as long as the server liked
+    server = _TrickleServer().start()
+    try:
+        got = fetch(f"http://127.0.0.1:{server.port}/slow.html", None, deadline_s=0.5)
+    finally:
+        server.stop()
+    assert isinstance(got, Failed)
+    assert got.reason.startswith("not downloaded within 0.5 s (")
+    assert not got.gone  # kept as a failure: the copy fetched before, if any, is kept

@@ -15,6 +15,7 @@ import hashlib
 import http.client
 import logging
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -42,6 +43,11 @@ log = logging.getLogger("voxrecall.index.url")
 
 DEFAULT_REFRESH_S = 3600.0  # public docs change daily at most; conditional requests keep it cheap
 FETCH_TIMEOUT_S = 15.0  # one slow page must not hold a build; a healthy docs site answers in <1 s
+# FETCH_TIMEOUT_S bounds each wait on the socket, not a download: a server that trickles a byte
+# every few seconds would hold the build for days within it. A whole body gets this long (20 MiB
+# at a slow 1 MB/s is 20 s).
+FETCH_DEADLINE_S = 60.0
+_READ_BYTES = 64 << 10
 MAX_WORKERS = 8  # concurrent fetches: enough to hide latency, few enough to be polite to one host
 MAX_BODY_BYTES = 20 << 20  # a knowledge page over 20 MiB is a mistake (a video, an archive)
 USER_AGENT = "voxrecall-indexer/0.1"
@@ -143,9 +149,14 @@ Fetcher = Callable[[str, Mapping[str, Any] | None], FetchResult]
 
 
 def fetch(
-    url: str, previous: Mapping[str, Any] | None, timeout: float = FETCH_TIMEOUT_S
+    url: str,
+    previous: Mapping[str, Any] | None,
+    timeout: float = FETCH_TIMEOUT_S,
+    deadline_s: float = FETCH_DEADLINE_S,
 ) -> FetchResult:
-    """GET one URL, conditionally when ``previous`` holds an ETag or Last-Modified; blocking."""
+    """GET one URL, conditionally when ``previous`` holds an ETag or Last-Modified; blocking.
+    ``timeout`` bounds each wait on the socket, ``deadline_s`` the download of the body."""
+    deadline = time.monotonic() + deadline_s
     headers = {"User-Agent": USER_AGENT, "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}
     if previous:
         if previous.get("etag"):
@@ -155,9 +166,9 @@ def fetch(
     request = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read(MAX_BODY_BYTES + 1)
-            if len(body) > MAX_BODY_BYTES:
-                return Failed(f"larger than {MAX_BODY_BYTES >> 20} MiB")
+            body = _read_body(response, deadline, deadline_s)
+            if isinstance(body, Failed):
+                return body
             return Fetched(
                 body=body,
                 content_type=response.headers.get_content_type(),
@@ -175,6 +186,22 @@ def fetch(
         return Failed(f"cannot fetch: {exc.reason}")
     except (TimeoutError, OSError, http.client.HTTPException, ValueError) as exc:
         return Failed(f"cannot fetch: {type(exc).__name__}: {exc}")
+
+
+def _read_body(
+    response: http.client.HTTPResponse, deadline: float, deadline_s: float
+) -> bytes | Failed:
+    """The body, read in pieces until it ends, passes MAX_BODY_BYTES or the deadline."""
+    pieces: list[bytes] = []
+    size = 0
+    while piece := response.read1(_READ_BYTES):
+        size += len(piece)
+        if size > MAX_BODY_BYTES:
+            return Failed(f"larger than {MAX_BODY_BYTES >> 20} MiB")
+        if time.monotonic() > deadline:
+            return Failed(f"not downloaded within {deadline_s:g} s ({size:,} bytes came)")
+        pieces.append(piece)
+    return b"".join(pieces)
 
 
 # --- parsing -----------------------------------------------------------------------------------
