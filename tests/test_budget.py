@@ -27,6 +27,7 @@ from sidecar.config import Config
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.turn import query_embedder
 from sidecar.turn.budget import FALLBACK_RESERVE_MS, Budget
 from tests.conftest import EXAMPLE_KB, eventually, make_config
 from tests.openai_server import Behaviour, OpenAIServer
@@ -250,6 +251,33 @@ async def test_a_busy_worker_is_not_given_more_work(
         again = await turn(sidecar, QUESTION)
         assert not again.degraded
         assert stuck.submitted == [QUESTION]
+    finally:
+        await sidecar.stop(0.5)
+        await stuck.aclose()
+
+
+async def test_a_turn_whose_caller_hangs_up_still_holds_the_worker(
+    example_config: Config, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a call cancelled by its client left its job queued for LATE_CUTOFF_S, uncounted: a client
+    # that sends turns and hangs up at once queued a job per call ahead of every other caller
+    monkeypatch.setattr(query_embedder, "LATE_CUTOFF_S", 60.0)  # not cut off during the test
+    stuck = StuckWorker(local_embedder)
+    sidecar = await create_server(example_config, embedder=stuck, poll=False)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)
+            request = pb.TurnRequest(text=QUESTION, is_final=True, budget_ms=AMPLE_MS)
+            with pytest.raises(grpc.aio.AioRpcError) as hung_up:
+                await stub.Turn(request, timeout=0.5)
+            assert hung_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        guards = sidecar.guards
+        assert guards is not None
+        await eventually(lambda: guards.limit.in_flight == 0)
+        other = await turn(sidecar, "How do I reset my password?")
+        assert other.degraded
+        assert stuck.submitted == [QUESTION]  # the other turn did not queue behind it
+        assert sidecar.engine.vectors.stats.busy == 1
     finally:
         await sidecar.stop(0.5)
         await stuck.aclose()

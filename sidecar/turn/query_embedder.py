@@ -8,10 +8,13 @@ its vector then lands in the cache, so the same words next time (the final trans
 interim one, a caller repeating the question) are answered at once. A second caller asking for
 words already being embedded joins that call instead of starting another.
 
-At most ``embedder.parallel_calls`` late calls (1 unless the embedder says otherwise) run at a
-time; while that many are in flight a new query is not submitted at all and the caller falls back
-at once. For the embedded model that is the point: its single worker thread runs one job at a
-time, so a job submitted behind a late one would only queue and miss its own deadline too.
+At most ``embedder.parallel_calls`` calls left behind (late, or their caller cancelled; 1 unless
+the embedder says otherwise) run at a time; while that many are in flight a new query is not
+submitted at all and the caller falls back at once. For the embedded model that is the point: its
+single worker thread runs one job at a time, so a job submitted behind a late one would only queue
+and miss its own deadline too. A cancelled caller counts as a late one: a client that sends turns
+and hangs up at once would otherwise queue a job per call for LATE_CUTOFF_S each, and every other
+caller's turn would wait behind them.
 
 A call left behind (late, or its caller cancelled) is cancelled LATE_CUTOFF_S later if it is still
 running. For a remote embedder that closes the request. A job already running on the local
@@ -87,7 +90,7 @@ class QueryEmbedder:
                 vectors = await asyncio.shield(task)
         except TimeoutError:
             self.stats.late += 1
-            self._leave(task, late=True)
+            self._leave(task)
             log.warning("embedder missed its deadline: the turn falls back")
             return None
         except EmbedderError as exc:
@@ -99,7 +102,7 @@ class QueryEmbedder:
             if task.cancelled() and (current is None or not current.cancelling()):
                 self.stats.failed += 1  # the shared call was cut off, not this caller
                 return None
-            self._leave(task, late=False)
+            self._leave(task)
             raise
         row: Vectors = vectors[0]
         return row
@@ -130,11 +133,11 @@ class QueryEmbedder:
         task.add_done_callback(done)
         return task
 
-    def _leave(self, task: asyncio.Task[Vectors], *, late: bool) -> None:
-        """The caller stops waiting; the call goes on, bounded by LATE_CUTOFF_S."""
+    def _leave(self, task: asyncio.Task[Vectors]) -> None:
+        """The caller stops waiting (late, or cancelled); the call goes on, bounded by
+        LATE_CUTOFF_S and counted among the late ones."""
         if task.done():
             return
-        if late:
-            self._late.add(task)
+        self._late.add(task)
         if task not in self._left:
             self._left[task] = asyncio.get_running_loop().call_later(LATE_CUTOFF_S, task.cancel)
