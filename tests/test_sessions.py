@@ -193,6 +193,26 @@ async def test_context_survives_a_skipped_turn_and_end_session_frees_it(
         assert not (await say("Thank you very much.")).context
 
 
+async def test_agent_turns_waiting_to_be_read_go_with_their_turns(example_sidecar: Any) -> None:
+    # the last agent turns waited (for the next user turn) after the turns let them go, to
+    # keep within max_session_bytes: 3 of 16 kB held per session, outside session_memory_bytes
+    long_turn = "\U00020000" * 3_990  # a CJK word: 16 kB of str, within the field's bytes
+    texts = [f"{long_turn}{i:010d}" for i in range(6)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
+        client = pb_grpc.RetrievalStub(channel)
+        for text in texts:
+            request = pb.TurnRequest(session_id="agent", text=text, speaker=pb.AGENT)
+            assert (await client.Turn(request, timeout=10)).skipped == pb.AGENT_TURN
+        status = await client.Status(pb.StatusRequest(), timeout=10)
+    session = example_sidecar.engine.sessions.peek("agent")
+    turns = [said.text for said in session.turns]
+    assert 1 <= len(turns) < len(texts)  # the oldest went, to keep within max_session_bytes
+    assert [t[-10:] for t in session.unread] == [t[-10:] for t in turns[-4:]]  # nothing more
+    held = turns + [t for t in session.unread if t not in turns]
+    assert status.session_bytes == session.size >= sum(map(sys.getsizeof, held))
+    assert session.size <= example_sidecar.config.sidecar.max_session_bytes
+
+
 # -- bounded in bytes, per owner -------------------------------------------------------------------
 
 

@@ -378,7 +378,7 @@ class Engine:
         prior), off the caller's path and bounded: beyond MAX_READ_LATER at once, it waits."""
         if not self.config.followups.enabled or not utterance.words:
             return
-        session.unread = [*session.unread[-MAX_UNREAD + 1 :], utterance.text]
+        session.keep_unread(utterance.text, MAX_UNREAD)
         if len(self._reading) >= MAX_READ_LATER:
             return
         loop = asyncio.get_running_loop()

@@ -79,6 +79,7 @@ class Session:
     retained: deque[tuple[Hit, ...]] = field(init=False)
     pages: dict[str, float] = field(default_factory=dict)  # entity -> how much turns found it
     unread: list[str] = field(default_factory=list)  # agent turns not yet counted in ``pages``
+    # (each the str of one of ``turns``: it goes when its turn goes, see ``keep_unread``)
     entity: Mention | None = None  # the entity the conversation is about now (followups.py)
     weight: float = 0.0  # how strongly ``entity`` was last named; fades with each turn
     options: tuple[str, ...] = ()  # the entities the agent last listed, in its order
@@ -115,6 +116,13 @@ class Session:
         self.fit()
         return said
 
+    def keep_unread(self, text: str, most: int) -> None:
+        """Keep an agent turn's text (the last ``most`` of them; ``text`` is the str of a turn
+        just recorded) to count the pages it is about at the next user turn, while its turn is
+        kept."""
+        self.unread = [*self.unread[-most + 1 :], text] if most > 1 else [text]
+        self.fit()
+
     def retain(self, hits: Iterable[Hit]) -> None:
         hits = tuple(hits)
         if hits:
@@ -138,9 +146,18 @@ class Session:
             while self.max_bytes and len(kept) > 1 and size > self.max_bytes:
                 kept.popleft()
                 size = self.measure()
+        if self.unread:
+            self._unread_only_of_turns()
         change, self.size = size - self.size, size
         if change and self.on_resize is not None:
             self.on_resize(self, change)
+
+    def _unread_only_of_turns(self) -> None:
+        """An unread text is its turn's own str, counted with the turn: one whose turn was
+        dropped goes with it (4 agent turns of 16 kB outlived their turns, uncounted)."""
+        held = {id(said.text) for said in self.turns}
+        if not all(id(text) in held for text in self.unread):
+            self.unread = [text for text in self.unread if id(text) in held]
 
     def context(self, limit: int) -> list[Hit]:
         """Retained chunks, newest turn first, each chunk once (its newest occurrence)."""
