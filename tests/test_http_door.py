@@ -145,6 +145,7 @@ async def test_the_sdk_client_lists_and_calls_every_tool_with_a_token(sidecar: S
         ("search_help", {"query": 5}, "invalid_arguments"),
         ("search_help", {"query": ""}, "invalid_arguments"),
         ("search_help", {"querry": "password"}, "filter_not_allowed"),
+        ("search_help", {"query": 10**30}, "invalid_arguments"),  # past orjson's 64 bits
         ("no_such_tool", {"query": "password"}, "unknown_function"),
         ("read_page", {"source_path": "nope.md", "knowledge_base": "help"}, "not_found"),
         ("read_page", {"source_path": "password.md", "knowledge_base": "x"}, "invalid_arguments"),

@@ -188,7 +188,14 @@ class McpDoor:
     async def _invoke(
         self, call: HttpCall, name: str, arguments: dict[str, Any], session_id: str
     ) -> types.CallToolResult:
-        arguments_json = orjson.dumps(arguments).decode()
+        try:
+            arguments_json = orjson.dumps(arguments).decode()
+        except orjson.JSONEncodeError as exc:  # an integer past 64 bits: a JSON-RPC error before
+            return self._error(
+                INVALID_ARGUMENTS,
+                f"the arguments cannot be read ({exc}): send an object like "
+                '{"query": "how do I reset my password"}',
+            )
         request = pb.InvokeToolRequest(
             name=name, arguments_json=arguments_json, session_id=session_id
         )
