@@ -355,6 +355,35 @@ async def test_path_filters_on_search_turn_and_the_tool(stub: pb_grpc.RetrievalS
     assert tool.chunks[0].source_path == "features/sso.md"
 
 
+async def test_a_glob_of_many_wildcards_is_refused_before_it_is_compiled(
+    stub: pb_grpc.RetrievalStub,
+) -> None:
+    # a glob is compiled on the event loop at a cost that grows with its wildcards: 16 fresh
+    # globs of 512 wildcards (1 KiB each) held every other call for 2 s
+    sixteen = "features/s" + "*" * 16 + ".md"  # features/s*.md, the most a glob may hold
+    found = await stub.Search(
+        pb.SearchRequest(query=SSO, min_score=-1, limit=10, source_paths=[sixteen]), metadata=FULL
+    )
+    assert _paths(found.chunks) == {"features/sso.md", "features/shared-folders.md"}
+    many = ["billing/", "*a" * 512]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Turn(pb.TurnRequest(text=SSO, is_final=True, source_paths=many), metadata=FULL)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "source_paths[1] has 512 wildcards (*, ?, [); the limit is 16: name a folder or a "
+        "simpler glob"
+    )
+    tool = await stub.InvokeTool(
+        pb.InvokeToolRequest(
+            name="search_help",
+            arguments_json=orjson.dumps({"query": SSO, "source_paths": ["?" * 17]}).decode(),
+        ),
+        metadata=FULL,
+    )
+    assert tool.is_error
+    assert orjson.loads(tool.output)["error"]["type"] == "invalid_arguments"
+
+
 async def test_a_field_that_is_not_filterable_is_a_clear_invalid_argument(
     stub: pb_grpc.RetrievalStub,
 ) -> None:
