@@ -570,6 +570,73 @@ async def exchange(sc: Sidecar, data: bytes) -> bytes:
         writer.close()
 
 
+class BodyReads:
+    """Each body the door starts to read (the real read goes on) puts the slots then in flight
+    in ``started``: a test waits on it to know the door holds a call in its body, no timing."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.started: asyncio.Queue[int] = asyncio.Queue()
+        self.limit: Any = None  # the sidecar's ConcurrencyLimit, once it runs
+        real = http_door.read_body
+
+        async def spied(receive: Any, headers: dict[str, str], limit: int) -> bytes:
+            self.started.put_nowait(self.limit.in_flight)
+            return await real(receive, headers, limit)
+
+        monkeypatch.setattr(http_door, "read_body", spied)
+
+
+async def answer_head(reader: asyncio.StreamReader) -> bytes:
+    async with asyncio.timeout(LIVENESS_S):
+        return await reader.readuntil(b"\r\n\r\n")
+
+
+def head(path: str, length: int, token: str | None = TOKEN_A) -> bytes:
+    bearer = f"authorization: Bearer {token}\r\n" if token else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\n{bearer}content-type: application/json\r\n"
+        f"content-length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_body_still_arriving_holds_no_slot_and_a_strangers_is_never_read(
+    store: Path, local_embedder: Embedder, secrets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client trickling its body (up to BODY_TIMEOUT_S) holds a connection, not one of the
+    max_concurrent_rpcs slots: with one slot, another call is served meanwhile, and the
+    trickled call is served once its body is whole. A call without a token is refused from its
+    headers, before any of its body is read."""
+    reads = BodyReads(monkeypatch)
+    body = RETELL_BODY
+    # two slots, one each for the two callers: TOKEN_A's calls have one slot between them
+    config = sidecar_config(store, auth=AUTH, http={"listen": "127.0.0.1:0"}, max_concurrent_rpcs=2)
+    async with running(config, local_embedder) as sc:
+        assert sc.guards is not None
+        reads.limit = sc.guards.limit
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
+        writer.write(head("/tools/search_help", len(body)) + body[:10])  # and then it stalls
+        await writer.drain()
+        async with asyncio.timeout(LIVENESS_S):
+            assert await reads.started.get() == 0  # in its body, and holding no slot
+        other = await post_tool(sc, body, {})
+        assert other.status_code == 200, other.text  # the one slot was free
+
+        writer.write(body[10:])  # the rest of the body: the trickled call is served too
+        await writer.drain()
+        assert (await answer_head(reader)).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+        while not reads.started.empty():
+            reads.started.get_nowait()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
+        writer.write(head("/tools/search_help", 1000, token=None))
+        await writer.drain()
+        assert (await answer_head(reader)).startswith(b"HTTP/1.1 401 ")  # with no body sent
+        writer.close()
+        assert reads.started.empty()  # and its body never read
+        assert sc.guards.limit.in_flight == 0
+
+
 async def test_headers_over_the_head_limit_are_431_not_read_on(sidecar: Sidecar) -> None:
     start = b"POST /vapi/knowledge-base HTTP/1.1\r\nhost: x\r\nx-junk: "
     # one byte over, and no end to the headers: only the limit answers it (all of it is read

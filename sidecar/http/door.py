@@ -12,10 +12,11 @@ Paths: ``/mcp`` (MCP streamable HTTP, ``sidecar.http.mcp``), ``POST /vapi/knowle
 needs no token, as on gRPC.
 
 Every other call runs the hooks a gRPC call runs (``sidecar.edge.guards``: the log context, metrics,
-the drain gate, the bearer token and the caller's scope, the concurrency limit, the byte limits
+the bearer token and the caller's scope, the drain gate, the concurrency limit, the byte limits
 of each field), on a ``Call`` whose door is ``http``, and checks the same proto messages
 (``TurnRequest``, ``InvokeToolRequest``, ``ReadPageRequest``) a gRPC client would send: whatever
-the token could not reach over gRPC it cannot reach here. A body over ``[sidecar.http]
+the token could not reach over gRPC it cannot reach here. The body is read after the token's
+check and before the concurrency slot is taken (``HttpDoor._admit``). A body over ``[sidecar.http]
 max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). At most ``[sidecar.http]
@@ -45,7 +46,7 @@ from index.errors import VoxrecallError
 from sidecar.config import Config
 from sidecar.edge import logs, tls
 from sidecar.edge.guards import Guards
-from sidecar.edge.interceptor import Call, Hook
+from sidecar.edge.interceptor import Call, HookRun, Phases
 from sidecar.edge.lifecycle import Lifecycle, State
 from sidecar.edge.status import code_of_http_status, http_status_for, status_for
 from sidecar.errors import BodyTooLarge, IdleTimeout, RequestError
@@ -98,46 +99,31 @@ class _Context:
         return None
 
 
-class HttpCall:
-    """One call over HTTP, run through the same hooks as a gRPC call (``sidecar.edge.interceptor``):
-    ``begin`` may refuse it, ``check`` each message it carries, ``finish`` exactly once."""
+class HttpCall(HookRun):
+    """One call over HTTP, run through the same hooks as a gRPC call (``HookRun``, as
+    ``sidecar.edge.interceptor`` runs them): ``start(until=...)`` the hooks that read only the
+    headers, then, once the body is in, ``start()`` the rest; ``check`` each message it
+    carries, ``finish`` exactly once."""
 
-    def __init__(self, hooks: Sequence[Hook], method: str, headers: dict[str, str]) -> None:
-        self.hooks = hooks
+    __slots__ = ("answered", "context")
+
+    def __init__(self, phases: Phases, method: str, headers: dict[str, str]) -> None:
         self.context = _Context()
-        self.call = Call(method, "http", headers, cast(Any, self.context), door="http")
-        self.code: grpc.StatusCode | None = None  # a refusal seen in check, or the final code
+        super().__init__(
+            phases, Call(method, "http", headers, cast(Any, self.context), door="http")
+        )
         self.answered = False  # a response has started: no error answer can follow it
-        self._started: list[Hook] = []
-
-    def begin(self) -> None:
-        for hook in self.hooks:
-            hook.start(self.call)
-            self._started.append(hook)
 
     def rename(self, method: str) -> None:
         """Name the call once its body says what it is (an MCP request's method)."""
         self.call.method = method
         logs.method.set(method)
 
-    def check(self, message: Any) -> None:
-        """Run every hook's ``request`` on ``message``; a refusal is remembered, then raised."""
-        try:
-            for hook in self.hooks:
-                hook.request(self.call, message)
-        except RequestError as exc:
-            self.code = status_for(exc)
-            raise
-
-    def sent(self, message: Any) -> None:
-        for hook in self.hooks:
-            hook.response(self.call, message)
-
     def finish(self, code: grpc.StatusCode) -> None:
-        self.call.code = self.code or code
-        for hook in reversed(self._started):
-            hook.end(self.call)
-        self._started.clear()
+        """End the hooks with ``code``, unless a refusal seen in ``check`` named the call's."""
+        if self.call.code is grpc.StatusCode.OK:
+            self.call.code = code
+        self.end()
 
 
 def headers_of(scope: Scope) -> dict[str, str]:
@@ -232,7 +218,8 @@ class HttpDoor:
         self.config = config
         self.engine = engine
         self.lifecycle = lifecycle
-        self.hooks = guards.hooks
+        self.phases = Phases.of(guards.hooks)
+        self.body_at = guards.body_at
         self.max_body = config.sidecar.http.max_body_bytes
         self.admission = _Admission(config.sidecar.http.max_connections)
         self.mcp = McpDoor(config, engine, toolbox, guards.auth)
@@ -287,10 +274,9 @@ class HttpDoor:
             await respond(send, 405, orjson.dumps({"error": error}), [(b"allow", b"POST")])
             return
         headers = headers_of(scope)
-        call = HttpCall(self.hooks, method, headers)
+        call = HttpCall(self.phases, method, headers)
         async with self._guarded(call, send) as answer:
-            call.begin()
-            request = await read_body(receive, headers, self.max_body)
+            request = await self._admit(call, receive, headers)
             answer.append(await handler(call, headers, request))
         if answer:
             status, payload, extra = answer[0]
@@ -302,7 +288,7 @@ class HttpDoor:
             await respond(send, 405, orjson.dumps(refusal), [(b"allow", b"POST, DELETE")])
             return
         headers = headers_of(scope)
-        call = HttpCall(self.hooks, "MCP", headers)
+        call = HttpCall(self.phases, "MCP", headers)
         status: list[int] = []
 
         async def watched(message: Message) -> None:
@@ -313,14 +299,25 @@ class HttpDoor:
             await send(message)
 
         async with self._guarded(call, send):
-            call.begin()
-            body = b""
-            if scope["method"] == "POST":
-                body = await read_body(receive, headers, self.max_body)
+            posted = scope["method"] == "POST"
+            body = await self._admit(call, receive, headers, read=posted)
+            if posted:
                 call.rename(self.mcp.method_name(body))
             await self.mcp.handle(self.mcp.scope_for(scope, call), replay(body, receive), watched)
             if status and status[0] >= 400:
-                call.code = code_of_http_status(status[0])
+                call.call.code = code_of_http_status(status[0])
+
+    async def _admit(
+        self, call: HttpCall, receive: Receive, headers: dict[str, str], *, read: bool = True
+    ) -> bytes:
+        """The hooks that need only the headers (the token: a stranger's body is never read),
+        then the body under its byte cap and deadline, then the rest (the drain gate, a slot):
+        a client trickling its body holds a connection, never a ``max_concurrent_rpcs``
+        slot."""
+        call.start(until=self.body_at)
+        body = await read_body(receive, headers, self.max_body) if read else b""
+        call.start()
+        return body
 
     @contextlib.asynccontextmanager
     async def _guarded(self, call: HttpCall, send: Send) -> AsyncIterator[list[Reply]]:
