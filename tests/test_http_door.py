@@ -722,6 +722,49 @@ async def test_connections_over_max_connections_get_503_while_the_others_serve_o
         held[1][1].close()
 
 
+@pytest.mark.usefixtures("long_keep_alive")
+async def test_one_address_over_its_cap_gets_503_while_another_is_served(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """max_connections_per_ip: 127.0.0.2 (Linux routes all of 127/8 to loopback) holding its
+    two connections is refused a third, while 127.0.0.1 is served; a close gives its slot back."""
+    http = {"listen": "127.0.0.1:0", "max_connections": 10, "max_connections_per_ip": 2}
+    config = sidecar_config(store, http=http)
+    async with running(config, local_embedder) as sc:
+        assert sc.http is not None
+
+        async def connect(source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            return await asyncio.open_connection("127.0.0.1", sc.http_port, local_addr=(source, 0))
+
+        held = [await connect("127.0.0.2") for _ in range(2)]
+        for reader, writer in held:
+            assert (await ask(reader, writer, "/healthz")).startswith(b"HTTP/1.1 200 ")
+        reader, writer = await connect("127.0.0.2")
+        writer.write(CLOSING_GET)
+        async with asyncio.timeout(LIVENESS_S):
+            refused = await reader.read()
+        writer.close()
+        assert refused.startswith(b"HTTP/1.1 503 "), refused
+        assert b"max_connections_per_ip" in refused
+        assert b"retry-after: 1" in refused
+
+        other = await exchange(sc, CLOSING_GET)  # from 127.0.0.1: served
+        assert other.startswith(b"HTTP/1.1 200 "), other
+        for reader, writer in held:  # the address's first two serve on
+            assert (await ask(reader, writer, "/readyz")).startswith(b"HTTP/1.1 200 ")
+
+        held[0][1].close()
+        await held[0][1].wait_closed()
+        answer = b""
+        async with asyncio.timeout(LIVENESS_S):  # the door sees the close soon: not a timing
+            while not answer.startswith(b"HTTP/1.1 200 "):
+                reader, writer = await connect("127.0.0.2")
+                writer.write(CLOSING_GET)
+                answer = await reader.read()
+                writer.close()
+        held[1][1].close()
+
+
 async def test_http_calls_are_counted_by_door(sidecar: Sidecar) -> None:
     await post_tool(sidecar, RETELL_BODY, signed(RETELL_BODY))
     await post_tool(sidecar, RETELL_BODY, {})
@@ -770,6 +813,8 @@ def test_the_http_config_refuses_secrets_in_the_file_and_bad_values(tmp_path: Pa
         parse({"max_body_bytes": 10})
     with pytest.raises(ConfigError, match="max_connections"):
         parse({"max_connections": 0})
+    with pytest.raises(ConfigError, match="max_connections_per_ip"):
+        parse({"max_connections_per_ip": -1})
     with pytest.raises(ConfigError, match="not configured"):
         parse({"read_page_bases": ["nope"]})
 

@@ -21,7 +21,9 @@ max_body_bytes`` is refused (413) before it is read whole; one that does not arr
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). At most ``[sidecar.http]
 max_connections`` connections are served at once: one more gets a 503 as soon as it is
-accepted, before it is read and without a task, and is closed (``_Admission``). Errors are ``{"error": {"code", "message"}}`` with the HTTP status
+accepted, before it is read and without a task, and is closed (``_Admission``); so does one
+past ``max_connections_per_ip`` from one client address. Errors are ``{"error": {"code",
+"message"}}`` with the HTTP status
 ``sidecar.edge.status.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
 """
 
@@ -33,6 +35,7 @@ import functools
 import logging
 import socket
 import ssl
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -221,7 +224,8 @@ class HttpDoor:
         self.phases = Phases.of(guards.hooks)
         self.body_at = guards.body_at
         self.max_body = config.sidecar.http.max_body_bytes
-        self.admission = _Admission(config.sidecar.http.max_connections)
+        http = config.sidecar.http
+        self.admission = _Admission(http.max_connections, http.max_connections_per_ip)
         self.mcp = McpDoor(config, engine, toolbox, guards.auth)
         self.webhooks = Webhooks(config, engine, toolbox)
         self._server: _InLoopServer | None = None
@@ -419,27 +423,56 @@ class HttpDoor:
 
 class _Admission:
     """How many connections the door serves at once (``[sidecar.http] max_connections``, in
-    each worker), and how many it refused while full: logged once when it fills and once when
-    it has room again, so a flood of connections cannot flood the log too.
+    each worker) and from each client address (``max_connections_per_ip``, 0: no cap), and
+    how many it refused: a full door or address is logged once when it fills and once when it
+    has room again, so a flood of connections cannot flood the log too. Every count is bounded
+    by the connections open: an address is kept only while it holds one.
 
     uvicorn's own ``limit_concurrency`` is not used: it reads a connection's request head and
     answers 503 from a task of its own, so a refused connection still costs a task and up to
     a head's bytes, and it counts the connection being refused (``limit`` - 1 are served)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_ip: int) -> None:
         self.limit = limit
+        self.per_ip = per_ip
+        self.open = 0
+        self.by_ip: Counter[str] = Counter()
         self.refused = 0  # since the door last had room
         self.refused_total = 0
+        self.refused_by_ip: Counter[str] = Counter()  # addresses at their cap: since they had room
+        self._full = _refusal("max_connections", limit)  # the 503s, made once
+        self._address_full = _refusal("max_connections_per_ip", per_ip)
 
-    def admit(self, open_now: int) -> bool:
-        if open_now < self.limit:
-            if self.refused:
-                log.warning(
-                    "the HTTP door has room again; it refused %d connection(s) while full",
-                    self.refused,
-                )
-                self.refused = 0
-            return True
+    def admit(self, address: str) -> bytes | None:
+        """Count a connection from ``address`` (until ``release``), or the whole 503 it gets."""
+        if self.open >= self.limit:
+            return self._refuse_full()
+        if self.per_ip and self.by_ip[address] >= self.per_ip:
+            return self._refuse_address(address)
+        if self.refused:
+            log.warning(
+                "the HTTP door has room again; it refused %d connection(s) while full",
+                self.refused,
+            )
+            self.refused = 0
+        self.open += 1
+        self.by_ip[address] += 1
+        return None
+
+    def release(self, address: str) -> None:
+        self.open -= 1
+        self.by_ip[address] -= 1
+        if not self.by_ip[address]:
+            del self.by_ip[address]
+        refused = self.refused_by_ip.pop(address, 0)
+        if refused:
+            log.warning(
+                "the HTTP door has room for %s again; it refused %d of its connection(s)",
+                address,
+                refused,
+            )
+
+    def _refuse_full(self) -> bytes:
         if not self.refused:
             log.warning(
                 "the HTTP door is full: %d connections open ([sidecar.http] max_connections); "
@@ -448,20 +481,34 @@ class _Admission:
             )
         self.refused += 1
         self.refused_total += 1
-        return False
+        return self._full
 
-    def refusal(self) -> bytes:
-        """The whole 503 a refused connection gets, before it has sent anything."""
-        message = (
-            f"the HTTP door is serving {self.limit} connections, its limit ([sidecar.http] "
-            "max_connections): retry in a moment, and reuse one connection for many calls"
-        )
-        body = orjson.dumps({"error": {"code": "UNAVAILABLE", "message": message}})
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            f"connection: close\r\nretry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n"
-        )
-        return head.encode() + body
+    def _refuse_address(self, address: str) -> bytes:
+        if not self.refused_by_ip[address]:
+            log.warning(
+                "%s holds %d connections to the HTTP door ([sidecar.http] "
+                "max_connections_per_ip); more from it are answered 503 until one closes",
+                address,
+                self.per_ip,
+            )
+        self.refused_by_ip[address] += 1
+        self.refused_total += 1
+        return self._address_full
+
+
+def _refusal(key: str, limit: int) -> bytes:
+    """The whole 503 a connection over ``key``'s ``limit`` gets, before it has sent anything."""
+    whose = "" if key == "max_connections" else " from your address"
+    message = (
+        f"the HTTP door is serving {limit} connections{whose}, its limit ([sidecar.http] {key}): "
+        "retry in a moment, and reuse one connection for many calls"
+    )
+    body = orjson.dumps({"error": {"code": "UNAVAILABLE", "message": message}})
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"connection: close\r\nretry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 class _BoundedHead(HttpToolsProtocol):
@@ -472,24 +519,29 @@ class _BoundedHead(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
     _refused: asyncio.TimerHandle | None = None  # the close of a refused connection, pending
+    _address = ""  # the client's address
+    _admitted = False  # counted by the admission, until the connection is lost
 
     def __init__(self, *args: Any, admission: _Admission, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.admission = admission
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if not self.admission.admit(len(self.connections)):
-            self._refuse(transport)
+        self._address = _address_of(transport)
+        refusal = self.admission.admit(self._address)
+        if refusal is not None:
+            self._refuse(transport, refusal)
             return
+        self._admitted = True
         super().connection_made(transport)
         self._arm()
 
-    def _refuse(self, transport: asyncio.Transport) -> None:
+    def _refuse(self, transport: asyncio.Transport, refusal: bytes) -> None:
         """Answer 503 now, close our side for writing, and close the socket when the client
         closes its own or after ``REFUSED_LINGER_S``: no parser, no task, no buffer kept, and
-        the connection is not one of uvicorn's (which the limit counts)."""
+        the connection is neither one of uvicorn's nor counted."""
         self.transport = transport
-        transport.write(self.admission.refusal())
+        transport.write(refusal)
         if transport.can_write_eof():
             transport.write_eof()
         self._refused = self.loop.call_later(REFUSED_LINGER_S, transport.close)
@@ -498,6 +550,9 @@ class _BoundedHead(HttpToolsProtocol):
         if self._refused is not None:
             self._refused.cancel()
             return
+        if self._admitted:
+            self._admitted = False
+            self.admission.release(self._address)
         self._disarm()
         super().connection_lost(exc)
 
@@ -544,6 +599,12 @@ class _BoundedHead(HttpToolsProtocol):
         self._head_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+def _address_of(transport: asyncio.BaseTransport) -> str:
+    """The client's IP address (a socket without one, "")."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
 
 class _InLoopServer(uvicorn.Server):
