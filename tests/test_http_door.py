@@ -7,6 +7,7 @@ The scope cases that run against both doors are in tests/test_http_scopes.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import io
@@ -842,6 +843,36 @@ async def test_the_http_door_speaks_mutual_tls_from_the_same_files(
         async with httpx2.AsyncClient() as http:  # plaintext to a TLS port
             with pytest.raises(httpx2.TransportError):
                 await http.get(f"http://127.0.0.1:{sc.http_port}/readyz")
+
+
+@pytest.mark.usefixtures("long_keep_alive")
+async def test_a_tls_handshake_counts_toward_the_cap_and_is_bounded(
+    tmp_path: Path, store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections that open and never say hello hold their slots (one more is closed at once)
+    only until TLS_HANDSHAKE_TIMEOUT_S closes them; then a real client is served."""
+    monkeypatch.setattr(http_door, "TLS_HANDSHAKE_TIMEOUT_S", 0.5)
+    certs = make_certs(tmp_path / "certs")
+    tls = {"cert_file": str(certs / "server.pem"), "key_file": str(certs / "server.key")}
+    config = sidecar_config(store, tls=tls, http={"listen": "127.0.0.1:0", "max_connections": 2})
+    async with running(config, local_embedder) as sc:
+        assert sc.http is not None
+        silent = [await asyncio.open_connection("127.0.0.1", sc.http_port) for _ in range(2)]
+        assert (await exchange(sc, b"")) == b""  # a third: closed at once, the two are counted
+        for reader, writer in silent:  # and each is closed when its handshake is out of time
+            async with asyncio.timeout(LIVENESS_S):
+                assert await reader.read() == b""
+            writer.close()
+        trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        async with httpx2.AsyncClient(verify=trusted) as http:
+            status = 0
+            async with asyncio.timeout(LIVENESS_S):  # the door counts the closes soon after
+                while status != 200:
+                    with contextlib.suppress(httpx2.TransportError):
+                        reply = await http.get(f"https://127.0.0.1:{sc.http_port}/readyz")
+                        status = reply.status_code
+        assert sc.http.admission.open <= 1
+        assert not sc.http.admission.handshakes
 
 
 async def test_http_calls_log_their_door(sidecar: Sidecar) -> None:

@@ -22,7 +22,8 @@ max_body_bytes`` is refused (413) before it is read whole; one that does not arr
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). At most ``[sidecar.http]
 max_connections`` connections are served at once: one more gets a 503 as soon as it is
 accepted, before it is read and without a task, and is closed (``_Admission``); so does one
-past ``max_connections_per_ip`` from one client address. Errors are ``{"error": {"code",
+past ``max_connections_per_ip`` from one client address. With TLS the door makes the handshake
+itself, counted from the accept and bounded by ``TLS_HANDSHAKE_TIMEOUT_S``. Errors are ``{"error": {"code",
 "message"}}`` with the HTTP status
 ``sidecar.edge.status.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
 """
@@ -85,6 +86,9 @@ KEEP_ALIVE_S = 5
 # writing; it has this long to send its request and read the answer before its socket closes
 # (closing on a request still arriving would reset the connection and lose the 503).
 REFUSED_LINGER_S = 1.0
+# A TLS handshake is a round trip or two: one not done within this long is a client that stalled
+# (or one holding a connection on purpose); asyncio's own default would hold it for 60 s.
+TLS_HANDSHAKE_TIMEOUT_S = 5.0
 JSON = (b"content-type", b"application/json")
 
 
@@ -378,6 +382,8 @@ class HttpDoor:
         """Start MCP's session manager and uvicorn, as a task of this loop, on the bound
         socket."""
         assert self._socket is not None, "bind first"
+        t = self.config.sidecar.tls
+        context = tls.server_context(t) if t.enabled else None
         uv_config = uvicorn.Config(
             self,
             lifespan="off",
@@ -387,8 +393,7 @@ class HttpDoor:
             server_header=False,
             timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
             timeout_keep_alive=KEEP_ALIVE_S,
-            http=cast(Any, functools.partial(_BoundedHead, admission=self.admission)),
-            **_tls_options(self.config),
+            http=cast(Any, functools.partial(_BoundedHead, admission=self.admission, tls=context)),
         )
         self._mcp_task = asyncio.create_task(self._run_mcp())
         await self._mcp_ready.wait()
@@ -402,10 +407,14 @@ class HttpDoor:
 
     async def stop(self) -> None:
         """Stop listening and close the connections (the drain has finished the calls)."""
+        self.admission.closing = True
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
                 await self._serving
+        for handshake in list(self.admission.handshakes):  # each closes its socket
+            handshake.cancel()
+        await asyncio.gather(*self.admission.handshakes, return_exceptions=True)
         self._mcp_stop.set()
         if self._mcp_task is not None:
             await self._mcp_task
@@ -440,6 +449,8 @@ class _Admission:
         self.refused = 0  # since the door last had room
         self.refused_total = 0
         self.refused_by_ip: Counter[str] = Counter()  # addresses at their cap: since they had room
+        self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
+        self.closing = False  # the door stops: a handshake done now is not served
         self._full = _refusal("max_connections", limit)  # the 503s, made once
         self._address_full = _refusal("max_connections_per_ip", per_ip)
 
@@ -514,17 +525,26 @@ def _refusal(key: str, limit: int) -> bytes:
 class _BoundedHead(HttpToolsProtocol):
     """uvicorn's httptools protocol with each request's head bounded: ``MAX_HEAD_BYTES``
     (431, then closed) and ``HEAD_TIMEOUT_S`` (closed), and connections past the door's
-    ``_Admission`` refused as they are accepted (``_refuse``). The body is ``read_body``'s."""
+    ``_Admission`` refused as they are accepted (``_refuse``). With TLS it makes the handshake
+    itself (``_handshake``), so a connection counts from its accept and its handshake is
+    bounded (``TLS_HANDSHAKE_TIMEOUT_S``). The body is ``read_body``'s."""
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
-    _refused: asyncio.TimerHandle | None = None  # the close of a refused connection, pending
+    _refused: asyncio.Handle | None = None  # the close of a refused connection, pending
     _address = ""  # the client's address
     _admitted = False  # counted by the admission, until the connection is lost
+    _served = False  # uvicorn's protocol has its transport (with TLS: the handshake is done)
 
-    def __init__(self, *args: Any, admission: _Admission, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, admission: _Admission, tls: ssl.SSLContext | None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.admission = admission
+        self.tls = tls
+        # with TLS, what the handshake's last read decrypted before ``_serve`` ran: one read's
+        # worth, handed to the parser then (and counted in the head's bytes)
+        self._early: list[bytes] = []
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._address = _address_of(transport)
@@ -533,26 +553,71 @@ class _BoundedHead(HttpToolsProtocol):
             self._refuse(transport, refusal)
             return
         self._admitted = True
+        if self.tls is None:
+            self._serve(transport)
+            return
+        transport.pause_reading()  # the handshake reads first (start_tls resumes it)
+        handshake = self.loop.create_task(self._handshake(transport, self.tls))
+        self.admission.handshakes.add(handshake)
+        handshake.add_done_callback(self.admission.handshakes.discard)
+
+    async def _handshake(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """The TLS handshake, within ``TLS_HANDSHAKE_TIMEOUT_S``; then serve over it."""
+        try:
+            secure = await self.loop.start_tls(
+                transport,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            )
+        except OSError as exc:  # a bad handshake, one out of time, or a client gone
+            log.debug("a TLS handshake from %s failed: %s", self._address, exc)
+            secure = None
+        except asyncio.CancelledError:  # the door stops: start_tls has closed the socket
+            self._release()
+            raise
+        if secure is None or secure.is_closing() or self.admission.closing:
+            if secure is not None:
+                secure.close()
+            self._release()
+            return
+        self._serve(secure)
+
+    def _serve(self, transport: asyncio.Transport) -> None:
+        self._served = True
         super().connection_made(transport)
         self._arm()
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
 
     def _refuse(self, transport: asyncio.Transport, refusal: bytes) -> None:
         """Answer 503 now, close our side for writing, and close the socket when the client
         closes its own or after ``REFUSED_LINGER_S``: no parser, no task, no buffer kept, and
-        the connection is neither one of uvicorn's nor counted."""
+        the connection is neither one of uvicorn's nor counted. With TLS nothing can be said
+        before a handshake, which a refused connection is not worth: it is closed at once."""
         self.transport = transport
+        if self.tls is not None:
+            self._refused = self.loop.call_soon(transport.abort)
+            return
         transport.write(refusal)
         if transport.can_write_eof():
             transport.write_eof()
         self._refused = self.loop.call_later(REFUSED_LINGER_S, transport.close)
 
+    def _release(self) -> None:
+        if self._admitted:
+            self._admitted = False
+            self.admission.release(self._address)
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused is not None:
             self._refused.cancel()
             return
-        if self._admitted:
-            self._admitted = False
-            self.admission.release(self._address)
+        self._release()
+        if not self._served:
+            return  # a TLS handshake that never finished
         self._disarm()
         super().connection_lost(exc)
 
@@ -568,6 +633,9 @@ class _BoundedHead(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused is not None:
             return  # a refused connection's request: read and dropped
+        if not self._served:
+            self._early.append(data)
+            return
         if self._head_timer is not None:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -633,21 +701,6 @@ def _bind(listen: str, *, reuse_port: bool) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
-
-
-def _tls_options(config: Config) -> dict[str, Any]:
-    """uvicorn's TLS settings from ``[sidecar.tls]`` (the files are read now: a bad one stops
-    the start with the key that named it)."""
-    t = config.sidecar.tls
-    if not t.enabled or t.cert_file is None or t.key_file is None:
-        return {}
-    tls.read_pem(t.cert_file, "[sidecar.tls] cert_file")
-    tls.read_pem(t.key_file, "[sidecar.tls] key_file")
-    options: dict[str, Any] = {"ssl_certfile": str(t.cert_file), "ssl_keyfile": str(t.key_file)}
-    if t.client_ca_file is not None:
-        tls.read_pem(t.client_ca_file, "[sidecar.tls] client_ca_file")
-        options |= {"ssl_ca_certs": str(t.client_ca_file), "ssl_cert_reqs": ssl.CERT_REQUIRED}
-    return options
 
 
 def _refusal_headers(exc: RequestError, call: HttpCall) -> list[tuple[bytes, bytes]]:
