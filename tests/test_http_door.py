@@ -31,6 +31,7 @@ from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.edge import logs
+from sidecar.edge.metrics import Metrics
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.errors import Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
@@ -292,6 +293,33 @@ async def test_a_vapi_call_sequence_resolves_the_follow_up_and_feeds_each_messag
     assert session is not None
     assert session.turn_count == 4  # greeting, question, answer, follow-up: each once
     assert [t.text for t in session.turns][-1] == "and how long does it take?"
+
+
+async def test_the_hooks_see_each_vapi_turns_timings_and_no_chunks_are_built_for_them(
+    store: Path, local_embedder: Embedder, secrets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics hook reads whether a turn searched and its timings; Vapi answers documents,
+    so the hooks get those and no chunk messages are built for them."""
+    seen: list[tuple[str, Any]] = []
+    real = Metrics.response
+
+    def spied(self: Metrics, call: Any, message: Any) -> None:
+        seen.append((call.method, message))
+        real(self, call, message)
+
+    monkeypatch.setattr(Metrics, "response", spied)
+    config = sidecar_config(store, auth=AUTH, http=HTTP, metrics_listen="127.0.0.1:0")
+    async with running(config, local_embedder) as sc:
+        reply = await vapi(sc, [GREETING, {"role": "user", "content": "How do I export my data?"}])
+        assert reply.json()["documents"]
+        m = scrape(sc.metrics_port)
+    turns = [message for method, message in seen if method == "Vapi"]
+    assert len(turns) == 2  # the greeting and the question
+    assert turns[-1].skipped == pb.NOT_SKIPPED
+    assert turns[-1].timings.total_ms > 0
+    assert not any(t.chunks or t.context for t in turns)
+    assert value(m, "voxrecall_stage_seconds_count", rpc="Vapi", stage="total") == 2
+    assert value(m, "voxrecall_stage_seconds_count", rpc="Vapi", stage="search") == 1
 
 
 async def test_a_long_agent_message_is_fed_cut_not_refused(sidecar: Sidecar) -> None:
