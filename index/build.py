@@ -24,15 +24,15 @@ from index.chunker import ChunkOptions, chunk_page
 from index.config import BuildConfig, KnowledgeBaseConfig, LlmConfig, SourceConfig
 from index.curation import APPROVED_FILES, approved_sources, load_approved_files
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
-from index.errors import SnapshotError, SnapshotNotFound, VoxrecallError
+from index.errors import CorruptSnapshot, SnapshotError, SnapshotNotFound, VoxrecallError
 from index.llm import LlmUsage, ModelCaller
 from index.progress import EmbedProgress
-from index.snapshot import load_snapshot, page_key, read_manifest, write_snapshot
+from index.snapshot import LoadedSnapshot, load_snapshot, page_key, read_manifest, write_snapshot
 from index.sources import SkippedPage
 from index.sources.image import image_limit, load_images
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore, new_version_id
-from index.summaries import SUMMARY_TEXTS, SUMMARY_VECTORS, read_summary_texts
+from index.summaries import SUMMARY_TEXTS, read_summary_texts
 from index.types import Chunk, Page
 
 log = logging.getLogger("voxrecall.index")
@@ -84,24 +84,51 @@ def text_key(info: EmbedderInfo, text: str) -> str:
     return hashlib.sha256(f"{info.name}\x00{info.dimension}\x00{text}".encode()).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """What a build takes from the published snapshot, read once: the vectors of its chunks and
+    of its summaries, each keyed by ``text_key`` of the text embedded, and its chunk ids."""
+
+    vectors: dict[str, Vectors] = field(default_factory=dict)
+    chunk_ids: frozenset[str] = frozenset()
+    summaries: dict[str, Vectors] = field(default_factory=dict)
+
+
 def previous_vectors(
-    store: LocalStore, kb: str, info: EmbedderInfo
-) -> tuple[dict[str, Vectors], set[str]]:
-    """Vectors of the published snapshot keyed by ``text_key``, and its chunk ids."""
+    store: LocalStore, kb: str, info: EmbedderInfo, *, summaries: bool = False
+) -> Reuse:
+    """The published snapshot's vectors (and with ``summaries`` its summary vectors)."""
     try:
         folder = store.latest_dir(kb)
         snap = load_snapshot(folder, expected=info)
     except SnapshotNotFound:
         log.info("%s: no snapshot published yet: every chunk is embedded", kb)
-        return {}, set()
+        return Reuse()
     except VoxrecallError as exc:
         log.info("%s: the published snapshot's vectors cannot be reused (%s)", kb, exc)
-        return {}, set()
+        return Reuse()
     if not snap.chunks:
-        return {}, set()
+        return Reuse()
     stored = np.asarray(snap.index.get_items(np.arange(len(snap.chunks))), dtype=np.float32)
-    cache = {text_key(info, c.embed_text): stored[i] for i, c in enumerate(snap.chunks)}
-    return cache, {c.chunk_id for c in snap.chunks}
+    return Reuse(
+        vectors={text_key(info, c.embed_text): stored[i] for i, c in enumerate(snap.chunks)},
+        chunk_ids=frozenset(c.chunk_id for c in snap.chunks),
+        summaries=_summary_vectors(snap, info) if summaries else {},
+    )
+
+
+def _summary_vectors(snap: LoadedSnapshot, info: EmbedderInfo) -> dict[str, Vectors]:
+    """``snap``'s summary vectors by ``text_key`` of their text: none when it has no summaries
+    or its texts cannot be read (each is embedded again)."""
+    if snap.summaries is None:
+        return {}
+    try:
+        texts = read_summary_texts(snap.folder / SUMMARY_TEXTS, len(snap.chunks))
+    except CorruptSnapshot as exc:
+        log.info("%s: the published summaries cannot be reused (%s)", snap.folder, exc)
+        return {}
+    stored = np.asarray(snap.summaries.index.get_items(np.arange(len(texts))), dtype=np.float32)
+    return {text_key(info, t): stored[i] for i, t in enumerate(texts)}
 
 
 def _quiet(done: int, total: int) -> None:
@@ -196,23 +223,6 @@ def model_caller(llm: LlmConfig | None, kb: KnowledgeBaseConfig) -> ModelCaller 
     return ModelCaller(llm) if llm is not None and needs_model(kb) else None
 
 
-def previous_summaries(store: LocalStore, kb: str, info: EmbedderInfo) -> dict[str, Vectors]:
-    """Summary vectors of the published snapshot keyed by ``text_key`` of their text."""
-    try:
-        folder = store.latest_dir(kb)
-        manifest = read_manifest(folder)
-        if manifest.embedder != info or SUMMARY_VECTORS not in manifest.files:
-            return {}
-        texts = read_summary_texts(folder / SUMMARY_TEXTS, manifest.chunks)
-        snap = load_snapshot(folder, expected=info)
-    except VoxrecallError:
-        return {}
-    if snap.summaries is None or not texts:
-        return {}
-    stored = np.asarray(snap.summaries.index.get_items(np.arange(len(texts))), dtype=np.float32)
-    return {text_key(info, t): stored[i] for i, t in enumerate(texts)}
-
-
 def build_knowledge_base(
     config: BuildConfig,
     kb: KnowledgeBaseConfig,
@@ -260,18 +270,18 @@ def build_knowledge_base(
         with _phase(summary, "summaries"):
             summary_texts = enrich.summary_texts(chunks, kb, caller)
     with _phase(summary, "reuse"):
-        cache, previous_ids = previous_vectors(store, kb.name, embedder.info)
+        reuse = previous_vectors(store, kb.name, embedder.info, summaries=kb.summaries)
     with _phase(summary, "embed"):
         vectors, summary.embedded = embed_chunks(
             embedder,
             chunks,
-            cache,
+            reuse.vectors,
             config.embedder.batch_size,
             config.embedder.max_concurrency,
             progress or EmbedProgress(kb.name, len(pages), len(chunks)),
         )
     summary.reused = len(chunks) - summary.embedded
-    summary.removed = len(previous_ids - {c.chunk_id for c in chunks})
+    summary.removed = len(reuse.chunk_ids - {c.chunk_id for c in chunks})
 
     content = hashlib.sha256(embedder.info.name.encode())
     for chunk in chunks:
@@ -302,11 +312,10 @@ def build_knowledge_base(
     writers = []
     if kb.summaries:
         with _phase(summary, "embed summaries"):
-            reused = previous_summaries(store, kb.name, embedder.info)
             summary_vectors, _ = embed_texts(
                 embedder,
                 summary_texts,
-                reused,
+                reuse.summaries,
                 config.embedder.batch_size,
                 config.embedder.max_concurrency,
                 progress or _quiet,  # a watch's progress may raise to abandon the build

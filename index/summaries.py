@@ -91,9 +91,11 @@ def read_summary_texts(path: Path, count: int) -> list[str]:
 def load_summary_index(
     folder: Path, *, count: int, dimension: int, m: int, ef: int, view: str
 ) -> SummaryIndex:
-    """The summary vectors, checked as the content vectors are before hnswlib reads them."""
+    """The summary vectors, checked as the content vectors are before hnswlib reads them.
+
+    ``summaries.json`` is not read: a query reads only the vectors, and the next build, which
+    reads the texts, checks them then (``read_summary_texts``)."""
     path = folder / SUMMARY_VECTORS
-    read_summary_texts(folder / SUMMARY_TEXTS, count)
     index = hnswlib.Index(space="ip", dim=dimension)
     if count:
         check_hnsw_file(path, count=count, dimension=dimension, m=m)

@@ -134,6 +134,9 @@ class HttpConfig:
     # holding thousands open cannot take the file descriptors gRPC and the snapshots need. A
     # platform keeps a few per live call; the calls themselves are bounded by max_concurrent_rpcs.
     max_connections: int = 256
+    # Connections served at once from one client address (each worker): one address cannot take
+    # every connection; 0: no per-address cap (behind a proxy every connection shares its address)
+    max_connections_per_ip: int = 32
     vapi_knowledge_base: str = ""  # the base Vapi's requests search; empty: the default base
     read_page_bases: tuple[str, ...] = ()  # the bases whose pages the MCP read_page tool reads
     vapi_secret_env: str = ""  # names the variable holding Vapi's X-Vapi-Secret
@@ -495,10 +498,7 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
         host, _, port = str(http.listen).rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError(f"{where}: listen must be host:port, e.g. 127.0.0.1:8080")
-    if not is_whole(http.max_body_bytes) or http.max_body_bytes < MIN_BODY_BYTES:
-        raise ConfigError(f"{where}: max_body_bytes must be a whole number >= {MIN_BODY_BYTES}")
-    if not is_whole(http.max_connections) or http.max_connections < 1:
-        raise ConfigError(f"{where}: max_connections must be a whole number >= 1")
+    _check_http_limits(http, where)
     known = {kb.name for kb in kbs}
     named = [*bases, *([http.vapi_knowledge_base] if http.vapi_knowledge_base else [])]
     unknown = sorted(set(named) - known)
@@ -514,6 +514,17 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
         if http.webhook_secret_env
         else "",
     )
+
+
+def _check_http_limits(http: HttpConfig, where: str) -> None:
+    for key, least, note in (
+        ("max_body_bytes", MIN_BODY_BYTES, ""),
+        ("max_connections", 1, ""),
+        ("max_connections_per_ip", 0, " (0: off)"),
+    ):
+        value = getattr(http, key)
+        if not is_whole(value) or value < least:
+            raise ConfigError(f"{where}: {key} must be a whole number >= {least}{note}")
 
 
 # Names the knowledge tool's arguments already use: a filterable field cannot take them.

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -26,17 +25,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from bench.measure import free_port
 from tests.static_http import Logged
 
 STARTUP_S = 60.0  # moto imports every AWS service's models on start: seconds on a busy machine
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class MotoServer:

@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
+from index import build as index_build
 from index.build import build_knowledge_base
 from index.embedders.base import HashEmbedder, Vectors
 from index.enrich import ORIGINALS, summary_writer
@@ -306,7 +307,9 @@ class Counting(HashEmbedder):
         return super().embed_batch(texts)
 
 
-def test_summary_vectors_of_unchanged_chunks_are_reused(tmp_path: Path, server: ChatServer) -> None:
+def test_summary_vectors_of_unchanged_chunks_are_reused(
+    tmp_path: Path, server: ChatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     embedder = Counting()
     folder = docs(tmp_path)
     config = configure(
@@ -316,6 +319,13 @@ def test_summary_vectors_of_unchanged_chunks_are_reused(tmp_path: Path, server: 
     before = latest(config, embedder)
     (folder / "returns.md").write_text("# Returns\n\nReturn it within 30 days.\n")
     embedder.embedded.clear()
+    loads: list[Path] = []
+    load = index_build.load_snapshot
+    monkeypatch.setattr(
+        index_build,
+        "load_snapshot",
+        lambda folder, **kw: loads.append(folder) or load(folder, **kw),
+    )
     build(config, embedder)
     after = latest(config, embedder)
     assert after.summaries is not None
@@ -323,6 +333,23 @@ def test_summary_vectors_of_unchanged_chunks_are_reused(tmp_path: Path, server: 
     new = next(c for c in after.chunks if c.source_path == "returns.md")
     # the new chunk's text and its summary; nothing of the unchanged pages
     assert embedder.embedded == [new.embed_text, f"model: {new.embed_text}"]
+    assert loads == [before.folder]  # both kinds of vectors from one load of the published one
+
+
+def test_a_snapshot_serves_its_summaries_without_reading_their_texts(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    """Queries read only the summary vectors: a load (checksums already checked by the store's
+    fetch) never parses summaries.json, whatever it holds."""
+    config = configure(
+        tmp_path, server, [{"type": "markdown", "path": str(docs(tmp_path))}], summaries=True
+    )
+    build(config, embedder)
+    texts = latest(config, embedder).folder / SUMMARY_TEXTS
+    texts.write_bytes(b"#" * texts.stat().st_size)  # not JSON, same size
+    snap = load_snapshot(texts.parent, expected=embedder.info, checksums=False)
+    assert snap.summaries is not None
+    assert snap.summaries.count == len(snap.chunks)
 
 
 def test_the_summaries_benchmark_adds_a_second_view_to_a_snapshot(

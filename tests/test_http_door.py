@@ -7,6 +7,7 @@ The scope cases that run against both doors are in tests/test_http_scopes.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import io
@@ -30,6 +31,7 @@ from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.edge import logs
+from sidecar.edge.metrics import Metrics
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.errors import Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
@@ -292,6 +294,33 @@ async def test_a_vapi_call_sequence_resolves_the_follow_up_and_feeds_each_messag
     assert session is not None
     assert session.turn_count == 4  # greeting, question, answer, follow-up: each once
     assert [t.text for t in session.turns][-1] == "and how long does it take?"
+
+
+async def test_the_hooks_see_each_vapi_turns_timings_and_no_chunks_are_built_for_them(
+    store: Path, local_embedder: Embedder, secrets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics hook reads whether a turn searched and its timings; Vapi answers documents,
+    so the hooks get those and no chunk messages are built for them."""
+    seen: list[tuple[str, Any]] = []
+    real = Metrics.response
+
+    def spied(self: Metrics, call: Any, message: Any) -> None:
+        seen.append((call.method, message))
+        real(self, call, message)
+
+    monkeypatch.setattr(Metrics, "response", spied)
+    config = sidecar_config(store, auth=AUTH, http=HTTP, metrics_listen="127.0.0.1:0")
+    async with running(config, local_embedder) as sc:
+        reply = await vapi(sc, [GREETING, {"role": "user", "content": "How do I export my data?"}])
+        assert reply.json()["documents"]
+        m = scrape(sc.metrics_port)
+    turns = [message for method, message in seen if method == "Vapi"]
+    assert len(turns) == 2  # the greeting and the question
+    assert turns[-1].skipped == pb.NOT_SKIPPED
+    assert turns[-1].timings.total_ms > 0
+    assert not any(t.chunks or t.context for t in turns)
+    assert value(m, "voxrecall_stage_seconds_count", rpc="Vapi", stage="total") == 2
+    assert value(m, "voxrecall_stage_seconds_count", rpc="Vapi", stage="search") == 1
 
 
 async def test_a_long_agent_message_is_fed_cut_not_refused(sidecar: Sidecar) -> None:
@@ -571,6 +600,73 @@ async def exchange(sc: Sidecar, data: bytes) -> bytes:
         writer.close()
 
 
+class BodyReads:
+    """Each body the door starts to read (the real read goes on) puts the slots then in flight
+    in ``started``: a test waits on it to know the door holds a call in its body, no timing."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.started: asyncio.Queue[int] = asyncio.Queue()
+        self.limit: Any = None  # the sidecar's ConcurrencyLimit, once it runs
+        real = http_door.read_body
+
+        async def spied(receive: Any, headers: dict[str, str], limit: int) -> bytes:
+            self.started.put_nowait(self.limit.in_flight)
+            return await real(receive, headers, limit)
+
+        monkeypatch.setattr(http_door, "read_body", spied)
+
+
+async def answer_head(reader: asyncio.StreamReader) -> bytes:
+    async with asyncio.timeout(LIVENESS_S):
+        return await reader.readuntil(b"\r\n\r\n")
+
+
+def head(path: str, length: int, token: str | None = TOKEN_A) -> bytes:
+    bearer = f"authorization: Bearer {token}\r\n" if token else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\n{bearer}content-type: application/json\r\n"
+        f"content-length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_body_still_arriving_holds_no_slot_and_a_strangers_is_never_read(
+    store: Path, local_embedder: Embedder, secrets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client trickling its body (up to BODY_TIMEOUT_S) holds a connection, not one of the
+    max_concurrent_rpcs slots: with one slot, another call is served meanwhile, and the
+    trickled call is served once its body is whole. A call without a token is refused from its
+    headers, before any of its body is read."""
+    reads = BodyReads(monkeypatch)
+    body = RETELL_BODY
+    # two slots, one each for the two callers: TOKEN_A's calls have one slot between them
+    config = sidecar_config(store, auth=AUTH, http={"listen": "127.0.0.1:0"}, max_concurrent_rpcs=2)
+    async with running(config, local_embedder) as sc:
+        assert sc.guards is not None
+        reads.limit = sc.guards.limit
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
+        writer.write(head("/tools/search_help", len(body)) + body[:10])  # and then it stalls
+        await writer.drain()
+        async with asyncio.timeout(LIVENESS_S):
+            assert await reads.started.get() == 0  # in its body, and holding no slot
+        other = await post_tool(sc, body, {})
+        assert other.status_code == 200, other.text  # the one slot was free
+
+        writer.write(body[10:])  # the rest of the body: the trickled call is served too
+        await writer.drain()
+        assert (await answer_head(reader)).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+        while not reads.started.empty():
+            reads.started.get_nowait()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
+        writer.write(head("/tools/search_help", 1000, token=None))
+        await writer.drain()
+        assert (await answer_head(reader)).startswith(b"HTTP/1.1 401 ")  # with no body sent
+        writer.close()
+        assert reads.started.empty()  # and its body never read
+        assert sc.guards.limit.in_flight == 0
+
+
 async def test_headers_over_the_head_limit_are_431_not_read_on(sidecar: Sidecar) -> None:
     start = b"POST /vapi/knowledge-base HTTP/1.1\r\nhost: x\r\nx-junk: "
     # one byte over, and no end to the headers: only the limit answers it (all of it is read
@@ -656,6 +752,49 @@ async def test_connections_over_max_connections_get_503_while_the_others_serve_o
         held[1][1].close()
 
 
+@pytest.mark.usefixtures("long_keep_alive")
+async def test_one_address_over_its_cap_gets_503_while_another_is_served(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """max_connections_per_ip: 127.0.0.2 (Linux routes all of 127/8 to loopback) holding its
+    two connections is refused a third, while 127.0.0.1 is served; a close gives its slot back."""
+    http = {"listen": "127.0.0.1:0", "max_connections": 10, "max_connections_per_ip": 2}
+    config = sidecar_config(store, http=http)
+    async with running(config, local_embedder) as sc:
+        assert sc.http is not None
+
+        async def connect(source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            return await asyncio.open_connection("127.0.0.1", sc.http_port, local_addr=(source, 0))
+
+        held = [await connect("127.0.0.2") for _ in range(2)]
+        for reader, writer in held:
+            assert (await ask(reader, writer, "/healthz")).startswith(b"HTTP/1.1 200 ")
+        reader, writer = await connect("127.0.0.2")
+        writer.write(CLOSING_GET)
+        async with asyncio.timeout(LIVENESS_S):
+            refused = await reader.read()
+        writer.close()
+        assert refused.startswith(b"HTTP/1.1 503 "), refused
+        assert b"max_connections_per_ip" in refused
+        assert b"retry-after: 1" in refused
+
+        other = await exchange(sc, CLOSING_GET)  # from 127.0.0.1: served
+        assert other.startswith(b"HTTP/1.1 200 "), other
+        for reader, writer in held:  # the address's first two serve on
+            assert (await ask(reader, writer, "/readyz")).startswith(b"HTTP/1.1 200 ")
+
+        held[0][1].close()
+        await held[0][1].wait_closed()
+        answer = b""
+        async with asyncio.timeout(LIVENESS_S):  # the door sees the close soon: not a timing
+            while not answer.startswith(b"HTTP/1.1 200 "):
+                reader, writer = await connect("127.0.0.2")
+                writer.write(CLOSING_GET)
+                answer = await reader.read()
+                writer.close()
+        held[1][1].close()
+
+
 async def test_http_calls_are_counted_by_door(sidecar: Sidecar) -> None:
     await post_tool(sidecar, RETELL_BODY, signed(RETELL_BODY))
     await post_tool(sidecar, RETELL_BODY, {})
@@ -704,6 +843,8 @@ def test_the_http_config_refuses_secrets_in_the_file_and_bad_values(tmp_path: Pa
         parse({"max_body_bytes": 10})
     with pytest.raises(ConfigError, match="max_connections"):
         parse({"max_connections": 0})
+    with pytest.raises(ConfigError, match="max_connections_per_ip"):
+        parse({"max_connections_per_ip": -1})
     with pytest.raises(ConfigError, match="not configured"):
         parse({"read_page_bases": ["nope"]})
 
@@ -731,6 +872,36 @@ async def test_the_http_door_speaks_mutual_tls_from_the_same_files(
         async with httpx2.AsyncClient() as http:  # plaintext to a TLS port
             with pytest.raises(httpx2.TransportError):
                 await http.get(f"http://127.0.0.1:{sc.http_port}/readyz")
+
+
+@pytest.mark.usefixtures("long_keep_alive")
+async def test_a_tls_handshake_counts_toward_the_cap_and_is_bounded(
+    tmp_path: Path, store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections that open and never say hello hold their slots (one more is closed at once)
+    only until TLS_HANDSHAKE_TIMEOUT_S closes them; then a real client is served."""
+    monkeypatch.setattr(http_door, "TLS_HANDSHAKE_TIMEOUT_S", 0.5)
+    certs = make_certs(tmp_path / "certs")
+    tls = {"cert_file": str(certs / "server.pem"), "key_file": str(certs / "server.key")}
+    config = sidecar_config(store, tls=tls, http={"listen": "127.0.0.1:0", "max_connections": 2})
+    async with running(config, local_embedder) as sc:
+        assert sc.http is not None
+        silent = [await asyncio.open_connection("127.0.0.1", sc.http_port) for _ in range(2)]
+        assert (await exchange(sc, b"")) == b""  # a third: closed at once, the two are counted
+        for reader, writer in silent:  # and each is closed when its handshake is out of time
+            async with asyncio.timeout(LIVENESS_S):
+                assert await reader.read() == b""
+            writer.close()
+        trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        async with httpx2.AsyncClient(verify=trusted) as http:
+            status = 0
+            async with asyncio.timeout(LIVENESS_S):  # the door counts the closes soon after
+                while status != 200:
+                    with contextlib.suppress(httpx2.TransportError):
+                        reply = await http.get(f"https://127.0.0.1:{sc.http_port}/readyz")
+                        status = reply.status_code
+        assert sc.http.admission.open <= 1
+        assert not sc.http.admission.handshakes
 
 
 async def test_http_calls_log_their_door(sidecar: Sidecar) -> None:

@@ -8,7 +8,6 @@ The bases are small, with a page of padding each, so that a 10 MiB budget holds 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,21 +20,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.config import ConfigError
 from index.embedders.base import Embedder
-from sidecar.config import Config, parse_config
 from sidecar.edge.server import Sidecar, create_server
-from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from tests.bases_kit import LOAD_WAIT_S, answered, config, kb_name, search
 from tests.snapshot_kit import TOPICS, version_id, write_version
 
 BASES = 12
 PAGE_BYTES = 300_000  # each base ~3 MiB with its chunk cache and hnswlib's fixed cost
 BUDGET_MB = 10
 FITS = 3
-LOAD_WAIT_S = 60.0  # a bound on waiting for one small base to load on a busy machine, not a timing
-
-
-def kb_name(i: int) -> str:
-    return f"kb{i:02d}"
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +43,6 @@ def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) ->
     return root
 
 
-def config(store: Path, tmp_path: Path, **sidecar: Any) -> Config:
-    keys = {"store": str(store), "listen": "127.0.0.1:0", "min_score": -1.0, "budget_ms": 5_000}
-    raw = {"index": {"store": str(store)}, "sidecar": {**keys, **sidecar}}
-    return parse_config(raw, base=tmp_path)
-
-
 @contextlib.asynccontextmanager
 async def serving(
     store: Path, tmp_path: Path, embedder: Embedder, **more: Any
@@ -68,26 +55,6 @@ async def serving(
             yield sidecar, channel
     finally:
         await sidecar.stop(0.5)
-
-
-def search(kb: str) -> pb.SearchRequest:
-    return pb.SearchRequest(knowledge_base=kb, query="how do I reset my password", limit=3)
-
-
-async def answered(stub: pb_grpc.RetrievalStub, kb: str) -> pb.SearchResponse:
-    """Search ``kb``, retrying while it loads after the hint the sidecar gives."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + LOAD_WAIT_S
-    while True:
-        call = stub.Search(search(kb), timeout=LOAD_WAIT_S)
-        try:
-            resp: pb.SearchResponse = await call
-            return resp
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.UNAVAILABLE or loop.time() > give_up:
-                raise
-            hint = dict(exc.trailing_metadata() or ())["grpc-retry-pushback-ms"]
-            await asyncio.sleep(int(hint) / 1000)
 
 
 def loaded(sidecar: Sidecar) -> set[str]:

@@ -26,22 +26,17 @@ from index.lexical import Bm25, LexicalIndex
 from index.snapshot import load_snapshot, write_snapshot
 from index.store import LocalStore
 from index.types import Chunk
-from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots import searcher
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups
+from tests.bases_kit import LOAD_WAIT_S, config, kb_name, retried
 from tests.snapshot_kit import KB, TOPICS, version_id, write_version
 
 BASES = 20
 BUDGET_MB = 10  # lazy: a few of the small bases fit, so the others are evicted and load again
-LOAD_WAIT_S = 60.0  # a bound on waiting for one small base to load on a busy machine, not a timing
-
-
-def kb_name(i: int) -> str:
-    return f"kb{i:02d}"
 
 
 def topic(i: int) -> str:
@@ -54,12 +49,6 @@ def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) ->
     for i in range(BASES):
         write_version(root, version_id(1), local_embedder, topic(i), kb=kb_name(i))
     return root
-
-
-def config(store: Path, tmp_path: Path, **sidecar: Any) -> Config:
-    keys = {"store": str(store), "listen": "127.0.0.1:0", "min_score": -1.0, "budget_ms": 5_000}
-    raw = {"index": {"store": str(store)}, "sidecar": {**keys, **sidecar}}
-    return parse_config(raw, base=tmp_path)
 
 
 class Builds:
@@ -95,20 +84,6 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> Builds:
     return spies
 
 
-async def answered(call: Callable[[], Any]) -> Any:
-    """A call's response, retried while its base loads (lazy) after the hint the sidecar gives."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + LOAD_WAIT_S
-    while True:
-        try:
-            return await call()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.UNAVAILABLE or loop.time() > give_up:
-                raise
-            hint = dict(exc.trailing_metadata() or ())["grpc-retry-pushback-ms"]
-            await asyncio.sleep(int(hint) / 1000)
-
-
 @pytest.mark.parametrize("lazy", [False, True], ids=["loaded", "lazy"])
 async def test_turns_over_20_bases_build_nothing_on_the_event_loop(
     store: Path, tmp_path: Path, local_embedder: Embedder, builds: Builds, lazy: bool
@@ -128,11 +103,11 @@ async def test_turns_over_20_bases_build_nothing_on_the_event_loop(
                         request = pb.TurnRequest(
                             knowledge_base=kb, session_id=session, text=text, is_final=True
                         )
-                        turn = await answered(lambda r=request: stub.Turn(r, timeout=30))
+                        turn = await retried(lambda r=request: stub.Turn(r, timeout=30))
                         assert turn.snapshot_version == version_id(1)
                         assert {c.knowledge_base for c in turn.chunks} <= {kb}
                     read = pb.ReadPageRequest(knowledge_base=kb, source_path=f"{topic(i)}.md")
-                    page = await answered(lambda r=read: stub.ReadPage(r, timeout=30))
+                    page = await retried(lambda r=read: stub.ReadPage(r, timeout=30))
                     assert page.title == topic(i).title()
     finally:
         await sidecar.stop(0.5)

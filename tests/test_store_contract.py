@@ -1,4 +1,5 @@
-"""One contract for every SnapshotStore (tantivy's directory tests), then what only HTTP does.
+"""One contract for every SnapshotStore (tantivy's directory tests), then the faults the HTTP and
+S3 stores are both held to, then what only HTTP does.
 
 The local store reads a folder in place; the HTTP store reads the same folder through a real
 HTTP server on 127.0.0.1 and downloads into a cache; the S3 store reads it from a bucket of a
@@ -13,10 +14,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pytest
 
@@ -32,7 +33,7 @@ from index.http_store import PARTIAL, HttpOptions, HttpStore
 from index.snapshot import CHUNKS, MANIFEST, VECTORS, load_snapshot, verify_snapshot
 from index.store import LocalStore, SnapshotStore
 from sidecar.cli import main
-from tests.s3_kit import Mirror, new_bucket, s3_client
+from tests.s3_kit import FaultProxy, Mirror, new_bucket, s3_client
 from tests.snapshot_kit import (
     KB,
     DiskFullStore,
@@ -63,6 +64,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
         yield Env(root, LocalStore(root))
         return
     if request.param == "s3":
+        s3_extra()
         moto = request.getfixturevalue("moto_server")
         yield Env(
             root, mirrored_s3_store(root, moto.url, tmp_path / "cache"), None, tmp_path / "cache"
@@ -73,6 +75,11 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
         yield Env(root, HttpStore(server.url, tmp_path / "cache", FAST), server, tmp_path / "cache")
     finally:
         server.stop()
+
+
+def s3_extra() -> None:
+    """Skip the S3 case where the `s3` extra (boto3) is not installed."""
+    pytest.importorskip("boto3", reason="the S3 store is the `s3` extra")
 
 
 class MirroredS3Store:
@@ -108,6 +115,61 @@ def mirrored_s3_store(root: Path, endpoint: str, cache: Path) -> MirroredS3Store
     bucket = new_bucket(client)
     store = S3Store(f"s3://{bucket}/snapshots", cache, FAST, S3Options(endpoint_url=endpoint))
     return MirroredS3Store(Mirror(root, client, bucket, "snapshots"), store)
+
+
+@dataclass
+class Downloading:
+    """A published folder, a downloading store's server with its fault switches (``fail_next``,
+    ``cut_next``, ``hostile``, ``trickle_s``, ``requests``: tests/static_http.py's
+    ``StaticServer``, or tests/s3_kit.py's ``FaultProxy`` in front of moto), and stores that
+    read the folder through it."""
+
+    root: Path
+    server: Any
+    open: Callable[[HttpOptions], HttpStore]
+    sync: Callable[[], None]  # what the folder holds, into the bucket (S3)
+
+    def publish(self, n: int = 1, topic: str = "password") -> Path:
+        folder = write_version(self.root, version_id(n), EMBEDDER, topic)
+        self.sync()
+        return folder
+
+
+@pytest.fixture(params=["http", "s3"])
+def downloading(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Downloading]:
+    """The HTTP store and the S3 store (signed requests through a proxy to moto), for the faults
+    both are held to."""
+    root = tmp_path / "published"
+    root.mkdir()
+    cache = tmp_path / "cache"
+    if request.param == "http":
+        server = StaticServer(root).start()
+        try:
+            yield Downloading(root, server, lambda o: HttpStore(server.url, cache, o), _nothing)
+        finally:
+            server.stop()
+        return
+    s3_extra()
+    from index.s3_store import S3Options, S3Store
+
+    moto = request.getfixturevalue("moto_server")
+    client = s3_client(moto.url)
+    bucket = new_bucket(client)
+    proxy = FaultProxy(moto.port)
+    via_proxy = S3Options(endpoint_url=proxy.url)
+    try:
+        yield Downloading(
+            root,
+            proxy,
+            lambda o: S3Store(f"s3://{bucket}/snapshots", cache, o, via_proxy),
+            Mirror(root, client, bucket, "snapshots").sync,
+        )
+    finally:
+        proxy.stop()
+
+
+def _nothing() -> None:
+    pass
 
 
 @pytest.fixture
@@ -200,17 +262,17 @@ def test_retain_keeps_the_named_versions(env: Env) -> None:
         assert verify_snapshot(env.store.fetch(KB, version_id(n))).version == version_id(n)
 
 
-# -- HTTP only ---------------------------------------------------------------------------------
+# -- downloading stores: HTTP, and S3 where a test takes `downloading` ------------------------
 
 
-def test_an_unchanged_pointer_costs_one_304(http: tuple[Path, StaticServer, HttpStore]) -> None:
-    root, server, store = http
-    write_version(root, version_id(1), EMBEDDER)
+def test_an_unchanged_pointer_costs_one_304(downloading: Downloading) -> None:
+    store = downloading.open(FAST)
+    downloading.publish(1)
     assert store.latest(KB) == version_id(1)
     assert store.latest(KB) == version_id(1)
-    write_version(root, version_id(2), EMBEDDER, "roaming")
+    downloading.publish(2, "roaming")
     assert store.latest(KB) == version_id(2)
-    assert [r.status for r in server.requests("/LATEST")] == [200, 304, 200]
+    assert [r.status for r in downloading.server.requests("/LATEST")] == [200, 304, 200]
 
 
 def test_retain_deletes_downloads_not_named(http: tuple[Path, StaticServer, HttpStore]) -> None:
@@ -235,9 +297,9 @@ def test_a_cached_version_is_not_downloaded_again(
     assert len(server.requests(f"/{VECTORS}")) == 1
 
 
-def test_answers_500_for_a_while_are_retried(http: tuple[Path, StaticServer, HttpStore]) -> None:
-    root, server, store = http
-    write_version(root, version_id(1), EMBEDDER)
+def test_answers_500_for_a_while_are_retried(downloading: Downloading) -> None:
+    store, server = downloading.open(FAST), downloading.server
+    downloading.publish()
     server.fail_next = FAST.attempts - 1
     assert store.fetch(KB, version_id(1)).name == version_id(1)
     assert [r.status for r in server.requests(f"/{MANIFEST}")] == [500, 500, 200]
@@ -267,11 +329,9 @@ def test_a_closed_port_is_unavailable(tmp_path: Path) -> None:
         store.fetch(KB, version_id(1))
 
 
-def test_a_body_cut_off_midway_is_resumed_with_range(
-    http: tuple[Path, StaticServer, HttpStore],
-) -> None:
-    root, server, store = http
-    write_version(root, version_id(1), EMBEDDER)
+def test_a_body_cut_off_midway_is_resumed_with_range(downloading: Downloading) -> None:
+    store, server = downloading.open(FAST), downloading.server
+    downloading.publish()
     server.cut_suffix, server.cut_next = f"/{VECTORS}", 1
     folder = store.fetch(KB, version_id(1))
     assert verify_snapshot(folder).version == version_id(1)
@@ -299,16 +359,6 @@ def test_a_download_broken_off_resumes_on_the_next_fetch(tmp_path: Path) -> None
         server.stop()
 
 
-class CountingStore(HttpStore):
-    """Counts every byte written to the cache (the ``_write`` seam)."""
-
-    written = 0
-
-    def _write(self, f: BinaryIO, data: bytes) -> None:
-        self.written += len(data)
-        super()._write(f, data)
-
-
 LIVENESS_S = 60.0  # a bound on waiting for a fetch to return, not a timing claim
 
 
@@ -326,29 +376,40 @@ def fetch_in_thread(store: HttpStore, version: str) -> tuple[threading.Thread, l
     return thread, errors
 
 
-@pytest.mark.parametrize("hostile", ["unbounded", "oversize"])
+def counted_writes(store: HttpStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every write to ``store``'s cache (the ``_write`` seam), as it happens."""
+    sizes: list[int] = []
+    write = store._write
+
+    def counted(f: BinaryIO, data: bytes) -> None:
+        sizes.append(len(data))
+        write(f, data)
+
+    monkeypatch.setattr(store, "_write", counted)
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("downloading", "hostile"),
+    [("http", "unbounded"), ("http", "oversize"), ("s3", "oversize")],
+    indirect=["downloading"],
+)
 def test_a_file_served_past_its_manifest_size_is_cut_at_that_size_and_refused(
-    hostile: str, tmp_path: Path
+    downloading: Downloading, hostile: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 14 (10): with no Content-Length, 501 MB reached the cache before the checksum
     failed. Now nothing past the manifest's size is written, and the version is corrupt."""
-    root = tmp_path / "published"
-    root.mkdir()
-    server = StaticServer(root).start()
-    try:
-        store = CountingStore(server.url, tmp_path / "cache", FAST)
-        folder = write_version(root, version_id(1), EMBEDDER)
-        server.hostile, server.hostile_suffix = hostile, f"/{VECTORS}"
-        with pytest.raises(CorruptSnapshot, match="manifest"):
-            store.fetch(KB, version_id(1))
-        others = sum(p.stat().st_size for p in folder.iterdir() if p.name != VECTORS)
-        assert store.written <= others + (folder / VECTORS).stat().st_size
-        assert not (store.cache_dir / KB / version_id(1)).exists()
-        assert not (store.cache_dir / KB / f"{PARTIAL}{version_id(1)}").exists()
-        server.hostile = ""  # the store mends: the same version downloads
-        assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
-    finally:
-        server.stop()
+    store, server = downloading.open(FAST), downloading.server
+    written = counted_writes(store, monkeypatch)
+    folder = downloading.publish()
+    server.hostile, server.hostile_suffix = hostile, f"/{VECTORS}"
+    with pytest.raises(CorruptSnapshot, match="manifest"):
+        store.fetch(KB, version_id(1))
+    assert sum(written) <= sum(p.stat().st_size for p in folder.iterdir())
+    assert not (store.cache_dir / KB / version_id(1)).exists()
+    assert not (store.cache_dir / KB / f"{PARTIAL}{version_id(1)}").exists()
+    server.hostile = ""  # the store mends: the same version downloads
+    assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
 
 
 def test_a_manifest_without_file_sizes_is_refused_before_any_download(
@@ -375,59 +436,49 @@ def test_an_endless_manifest_or_pointer_is_cut_at_its_cap(
         store.latest(KB) if path == "/LATEST" else store.fetch(KB, version_id(1))
 
 
-def test_a_trickling_download_ends_at_its_deadline_and_resumes_later(tmp_path: Path) -> None:
+def test_a_trickling_download_ends_at_its_deadline_and_resumes_later(
+    downloading: Downloading,
+) -> None:
     """A byte every 0.05 s never trips the per-read timeout; the download's deadline ends it,
     and what came is kept for the next poll."""
-    root = tmp_path / "published"
-    root.mkdir()
-    server = StaticServer(root).start()
-    try:
-        # the deadline is per file: 2 s, so the small files before the trickled one finish
-        # within theirs on a loaded machine (at 0.5 s one did not, under a load average of 14)
-        options = HttpOptions(timeout_s=5.0, download_timeout_s=2.0, attempts=2, backoff_s=0.01)
-        store = HttpStore(server.url, tmp_path / "cache", options)
-        write_version(root, version_id(1), EMBEDDER)
-        server.hostile, server.hostile_suffix, server.trickle_s = "trickle", f"/{VECTORS}", 0.05
-        thread, errors = fetch_in_thread(store, version_id(1))
-        thread.join(LIVENESS_S)
-        assert not thread.is_alive(), "the trickle held the download past its deadline"
-        (error,) = errors
-        assert isinstance(error, StoreUnavailable)
-        assert "http_download_timeout_s" in str(error)
-        assert len(server.requests(f"/{VECTORS}")) == 1  # the deadline is not retried
-        partial = store.cache_dir / KB / f"{PARTIAL}{version_id(1)}" / VECTORS
-        assert partial.stat().st_size > 0
-        server.hostile = ""
-        assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
-        assert server.requests(f"/{VECTORS}")[-1].status == 206  # resumed
-    finally:
-        server.stop()
+    # the deadline is per file: 2 s, so the small files before the trickled one finish within
+    # theirs on a loaded machine (at 0.5 s one did not, under a load average of 14)
+    options = HttpOptions(timeout_s=5.0, download_timeout_s=2.0, attempts=2, backoff_s=0.01)
+    store, server = downloading.open(options), downloading.server
+    downloading.publish()
+    server.hostile, server.hostile_suffix, server.trickle_s = "trickle", f"/{VECTORS}", 0.05
+    thread, errors = fetch_in_thread(store, version_id(1))
+    thread.join(LIVENESS_S)
+    assert not thread.is_alive(), "the trickle held the download past its deadline"
+    (error,) = errors
+    assert isinstance(error, StoreUnavailable)
+    assert "http_download_timeout_s" in str(error)
+    assert len(server.requests(f"/{VECTORS}")) == 1  # the deadline is not retried
+    partial = store.cache_dir / KB / f"{PARTIAL}{version_id(1)}" / VECTORS
+    assert partial.stat().st_size > 0
+    server.hostile = ""
+    assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+    assert server.requests(f"/{VECTORS}")[-1].status == 206  # resumed
 
 
-def test_close_cuts_a_download_blocked_on_a_silent_server(tmp_path: Path) -> None:
+def test_close_cuts_a_download_blocked_on_a_silent_server(downloading: Downloading) -> None:
     """The server sends headers, then nothing; a read would wait an hour. ``close`` (what a
     drain calls) shuts the socket down and the fetch returns StoreUnavailable at once."""
-    root = tmp_path / "published"
-    root.mkdir()
-    server = StaticServer(root).start()
-    try:
-        options = HttpOptions(timeout_s=3600.0, download_timeout_s=3600.0)
-        store = HttpStore(server.url, tmp_path / "cache", options)
-        write_version(root, version_id(1), EMBEDDER)
-        server.hostile, server.hostile_suffix, server.trickle_s = "trickle", f"/{VECTORS}", 0.0
-        thread, errors = fetch_in_thread(store, version_id(1))
-        deadline = time.monotonic() + LIVENESS_S
-        while not server.requests(f"/{VECTORS}"):
-            assert time.monotonic() < deadline, "the download never started"
-            time.sleep(0.01)
-        store.close()
-        thread.join(LIVENESS_S)
-        assert not thread.is_alive(), "close did not cut the blocked read"
-        (error,) = errors
-        assert isinstance(error, StoreUnavailable)
-        assert "closed" in str(error)
-    finally:
-        server.stop()
+    store = downloading.open(HttpOptions(timeout_s=3600.0, download_timeout_s=3600.0))
+    server = downloading.server
+    downloading.publish()
+    server.hostile, server.hostile_suffix, server.trickle_s = "trickle", f"/{VECTORS}", 0.0
+    thread, errors = fetch_in_thread(store, version_id(1))
+    deadline = time.monotonic() + LIVENESS_S
+    while not server.requests(f"/{VECTORS}"):
+        assert time.monotonic() < deadline, "the download never started"
+        time.sleep(0.01)
+    store.close()
+    thread.join(LIVENESS_S)
+    assert not thread.is_alive(), "close did not cut the blocked read"
+    (error,) = errors
+    assert isinstance(error, StoreUnavailable)
+    assert "closed" in str(error)
 
 
 def test_a_full_disk_is_a_cache_write_error_and_frees_the_partial(tmp_path: Path) -> None:

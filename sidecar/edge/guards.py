@@ -3,9 +3,11 @@
     guards = Guards.build(config, engine, holder, lifecycle)
     server = grpc.aio.server(interceptors=guards.interceptors, options=guards.options)
 
-The HTTP door runs the same ``hooks`` around its calls. The order matters: the log context first (every later line carries the call's ids), metrics
-next (they see every refusal), the drain gate, then auth (an unauthenticated call never takes a
-slot), then the limit, then the field sizes (checked on each request message before any work).
+The HTTP door runs the same ``hooks`` around its calls. The order matters: the log context
+first (every later line carries the call's ids), metrics next (they see every refusal), then auth
+(an unauthenticated call never takes a slot), the drain gate, the limit, then the field sizes
+(checked on each request message before any work). An HTTP call reads its body between auth and
+the drain gate (``body_at``): a stranger's body is never read, and a slow body holds no slot.
 
 The server pings a connection that has been quiet for ``KEEPALIVE_S`` and closes it when no
 answer comes within ``KEEPALIVE_TIMEOUT_S``: a caller that vanished (a pod killed, a network
@@ -45,6 +47,7 @@ class Guards:
     interceptors: tuple[grpc.aio.ServerInterceptor, ...]  # type: ignore[type-arg]
     options: tuple[tuple[str, Any], ...]
     hooks: tuple[Hook, ...] = ()  # the same hooks, for the HTTP door (sidecar.http.door)
+    body_at: int = 0  # the position of the first hook an HTTP call runs once its body is in
 
     @classmethod
     def build(
@@ -66,14 +69,8 @@ class Guards:
             if settings.auth.enabled
             else None
         )
-        hooks: list[Hook] = [
-            CallLog(),
-            metrics,
-            DrainGate(lifecycle),
-            *([auth] if auth else []),
-            limit,
-            FieldLimits(),
-        ]
+        headers: list[Hook] = [CallLog(), metrics, *([auth] if auth else [])]
+        hooks = [*headers, DrainGate(lifecycle), limit, FieldLimits()]
         options = (
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -82,4 +79,5 @@ class Guards:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MIN_S * 1000),
         )
-        return cls(limit, metrics, auth, (HookInterceptor(hooks),), options, tuple(hooks))
+        interceptors = (HookInterceptor(hooks),)
+        return cls(limit, metrics, auth, interceptors, options, tuple(hooks), len(headers))

@@ -21,7 +21,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -124,7 +124,7 @@ class _WriteWatchingContext:
 
 
 @dataclass(frozen=True, slots=True)
-class _Phases:
+class Phases:
     """The hooks' methods per phase, only those a hook overrides: a hook that does nothing in a
     phase costs nothing there. Each with the hook's position, for ``end``'s rule."""
 
@@ -135,7 +135,7 @@ class _Phases:
     count: int
 
     @classmethod
-    def of(cls, hooks: Sequence[Hook]) -> _Phases:
+    def of(cls, hooks: Sequence[Hook]) -> Phases:
         def overrides(hook: Hook, name: str) -> bool:
             return getattr(type(hook), name) is not getattr(Hook, name)
 
@@ -150,47 +150,75 @@ class _Phases:
         )
 
 
-class _HookedCall:
-    """The hooks around one call."""
+class HookRun:
+    """The hooks around one call, on either door: ``start`` (all of them, or in two steps with
+    ``until``: the HTTP door reads a body between them), ``check`` each request, ``sent`` each
+    response, ``end`` once. A refusal sets ``call.code`` and raises the ``RequestError``."""
 
     __slots__ = ("call", "phases", "started")
 
-    def __init__(self, phases: _Phases, call: Call) -> None:
+    def __init__(self, phases: Phases, call: Call) -> None:
         self.phases = phases
         self.call = call
-        self.started = 0  # hooks whose start returned: those before the first that refused
+        self.started = 0  # hooks whose start returned: those before this position
 
-    async def begin(self) -> None:
-        for i, start in self.phases.start:
-            self.started = i  # the hooks before this one have started, whatever it raises
-            try:
-                start(self.call)
-            except RequestError as exc:
-                await self.refuse(exc)
-        self.started = self.phases.count
+    def start(self, until: int | None = None) -> None:
+        """Every hook's ``start`` from where the last step stopped, up to position ``until``
+        (the end by default)."""
+        stop = self.phases.count if until is None else until
+        try:
+            for i, start in self.phases.start:
+                if self.started <= i < stop:
+                    self.started = i  # the hooks before this one have started, whatever it raises
+                    start(self.call)
+        except RequestError as exc:
+            self.refused(exc)
+        self.started = max(self.started, stop)
 
-    async def check(self, message: Any) -> None:
+    def check(self, message: Any) -> None:
         try:
             if isinstance(message, Malformed):
                 raise message.error()
             for request in self.phases.request:
                 request(self.call, message)
         except RequestError as exc:
-            await self.refuse(exc)
-
-    def check_in_stream(self, message: Any) -> None:
-        """A refusal inside a request stream reaches the handler, which maps it."""
-        if isinstance(message, Malformed):
-            raise message.error()
-        for request in self.phases.request:
-            request(self.call, message)
+            self.refused(exc)
 
     def sent(self, message: Any) -> None:
         for response in self.phases.response:
             response(self.call, message)
 
-    async def refuse(self, exc: RequestError) -> None:
+    def end(self) -> None:
+        """Every started hook's ``end``, with ``call.code`` final; once."""
+        for i, end in self.phases.end:
+            if i < self.started:
+                end(self.call)
+        self.started = 0
+
+    def refused(self, exc: RequestError) -> NoReturn:
+        """The call's code is the refusal's; ``exc`` goes on up."""
         self.call.code = status_for(exc)
+        raise exc
+
+
+class _HookedCall(HookRun):
+    """The hooks around one gRPC call: a refusal aborts the call with its status."""
+
+    __slots__ = ()
+
+    async def begin(self) -> None:
+        try:
+            self.start()
+        except RequestError as exc:
+            await self.refuse(exc)
+
+    async def check_or_abort(self, message: Any) -> None:
+        try:
+            self.check(message)
+        except RequestError as exc:
+            await self.refuse(exc)
+
+    async def refuse(self, exc: RequestError) -> None:
         await self.call.context.abort(self.call.code, str(exc))
 
     async def __aenter__(self) -> _HookedCall:
@@ -213,9 +241,7 @@ class _HookedCall:
             call.code = _code_of(call.context) or grpc.StatusCode.OK
         elif call.code is grpc.StatusCode.OK:
             call.code = _code_of(call.context) or _code_for(exc, call.context)
-        for i, end in self.phases.end:
-            if i < self.started:
-                end(call)
+        self.end()
 
 
 def _code_of(context: Context) -> grpc.StatusCode | None:
@@ -239,7 +265,7 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def __init__(self, hooks: Sequence[Hook]) -> None:
         self.hooks = tuple(hooks)
-        self._phases = _Phases.of(self.hooks)
+        self._phases = Phases.of(self.hooks)
         # method -> (its handler, the wrapped one): built once, not on every call
         self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler]] = {}  # type: ignore[type-arg]
 
@@ -298,7 +324,7 @@ def _wrap(handler: Any, new_hooked_call: NewHookedCall) -> grpc.RpcMethodHandler
 
 async def _checked(requests: AsyncIterator[Any], run: _HookedCall) -> AsyncIterator[Any]:
     async for message in requests:
-        run.check_in_stream(message)
+        run.check(message)  # a refusal inside a request stream reaches the handler, which maps it
         yield message
 
 
@@ -307,7 +333,7 @@ async def _prepare(run: _HookedCall, arg: Any, *, stream_in: bool) -> Any:
     await run.begin()
     if stream_in:
         return _checked(arg, run)
-    await run.check(arg)
+    await run.check_or_abort(arg)
     return arg
 
 

@@ -1,4 +1,5 @@
-"""TLS and mutual TLS from the PEM files ``[sidecar.tls]`` names, and the loopback check.
+"""TLS and mutual TLS from the PEM files ``[sidecar.tls]`` names (gRPC's credentials, the HTTP
+door's context), and the loopback check.
 
 A sidecar talks to its own pod over 127.0.0.1 in the clear; listening anywhere wider should be
 TLS (``cert_file``, ``key_file``), and with ``client_ca_file`` mutual TLS: a client without a
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
 from pathlib import Path
 
 import grpc
@@ -42,6 +44,32 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )
+
+
+def server_context(tls: TlsConfig) -> ssl.SSLContext:
+    """The HTTP door's TLS context from the same files (Python's server defaults: TLS 1.2 or
+    newer); with ``client_ca_file``, a client must present a certificate it signed. The files
+    are read now, so a bad one stops the start with the key that named it."""
+    cert, key, ca = _files(tls)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+        if ca is not None:
+            context.load_verify_locations(cafile=ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"[sidecar.tls] cert_file, key_file or client_ca_file: {exc}") from exc
+    return context
+
+
+def _files(tls: TlsConfig) -> tuple[Path, Path, Path | None]:
+    if tls.cert_file is None or tls.key_file is None:
+        raise ConfigError("[sidecar.tls] cert_file and key_file are both needed for TLS")
+    read_pem(tls.cert_file, "[sidecar.tls] cert_file")
+    read_pem(tls.key_file, "[sidecar.tls] key_file")
+    if tls.client_ca_file is not None:
+        read_pem(tls.client_ca_file, "[sidecar.tls] client_ca_file")
+    return tls.cert_file, tls.key_file, tls.client_ca_file
 
 
 def is_loopback(listen: str) -> bool:

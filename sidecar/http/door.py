@@ -12,15 +12,19 @@ Paths: ``/mcp`` (MCP streamable HTTP, ``sidecar.http.mcp``), ``POST /vapi/knowle
 needs no token, as on gRPC.
 
 Every other call runs the hooks a gRPC call runs (``sidecar.edge.guards``: the log context, metrics,
-the drain gate, the bearer token and the caller's scope, the concurrency limit, the byte limits
+the bearer token and the caller's scope, the drain gate, the concurrency limit, the byte limits
 of each field), on a ``Call`` whose door is ``http``, and checks the same proto messages
 (``TurnRequest``, ``InvokeToolRequest``, ``ReadPageRequest``) a gRPC client would send: whatever
-the token could not reach over gRPC it cannot reach here. A body over ``[sidecar.http]
+the token could not reach over gRPC it cannot reach here. The body is read after the token's
+check and before the concurrency slot is taken (``HttpDoor._admit``). A body over ``[sidecar.http]
 max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). At most ``[sidecar.http]
 max_connections`` connections are served at once: one more gets a 503 as soon as it is
-accepted, before it is read and without a task, and is closed (``_Admission``). Errors are ``{"error": {"code", "message"}}`` with the HTTP status
+accepted, before it is read and without a task, and is closed (``_Admission``); so does one
+past ``max_connections_per_ip`` from one client address. With TLS the door makes the handshake
+itself, counted from the accept and bounded by ``TLS_HANDSHAKE_TIMEOUT_S``. Errors are ``{"error": {"code",
+"message"}}`` with the HTTP status
 ``sidecar.edge.status.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
 """
 
@@ -32,6 +36,7 @@ import functools
 import logging
 import socket
 import ssl
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -45,7 +50,7 @@ from index.errors import VoxrecallError
 from sidecar.config import Config
 from sidecar.edge import logs, tls
 from sidecar.edge.guards import Guards
-from sidecar.edge.interceptor import Call, Hook
+from sidecar.edge.interceptor import Call, HookRun, Phases
 from sidecar.edge.lifecycle import Lifecycle, State
 from sidecar.edge.status import code_of_http_status, http_status_for, status_for
 from sidecar.errors import BodyTooLarge, IdleTimeout, RequestError
@@ -81,6 +86,9 @@ KEEP_ALIVE_S = 5
 # writing; it has this long to send its request and read the answer before its socket closes
 # (closing on a request still arriving would reset the connection and lose the 503).
 REFUSED_LINGER_S = 1.0
+# A TLS handshake is a round trip or two: one not done within this long is a client that stalled
+# (or one holding a connection on purpose); asyncio's own default would hold it for 60 s.
+TLS_HANDSHAKE_TIMEOUT_S = 5.0
 JSON = (b"content-type", b"application/json")
 
 
@@ -98,46 +106,31 @@ class _Context:
         return None
 
 
-class HttpCall:
-    """One call over HTTP, run through the same hooks as a gRPC call (``sidecar.edge.interceptor``):
-    ``begin`` may refuse it, ``check`` each message it carries, ``finish`` exactly once."""
+class HttpCall(HookRun):
+    """One call over HTTP, run through the same hooks as a gRPC call (``HookRun``, as
+    ``sidecar.edge.interceptor`` runs them): ``start(until=...)`` the hooks that read only the
+    headers, then, once the body is in, ``start()`` the rest; ``check`` each message it
+    carries, ``finish`` exactly once."""
 
-    def __init__(self, hooks: Sequence[Hook], method: str, headers: dict[str, str]) -> None:
-        self.hooks = hooks
+    __slots__ = ("answered", "context")
+
+    def __init__(self, phases: Phases, method: str, headers: dict[str, str]) -> None:
         self.context = _Context()
-        self.call = Call(method, "http", headers, cast(Any, self.context), door="http")
-        self.code: grpc.StatusCode | None = None  # a refusal seen in check, or the final code
+        super().__init__(
+            phases, Call(method, "http", headers, cast(Any, self.context), door="http")
+        )
         self.answered = False  # a response has started: no error answer can follow it
-        self._started: list[Hook] = []
-
-    def begin(self) -> None:
-        for hook in self.hooks:
-            hook.start(self.call)
-            self._started.append(hook)
 
     def rename(self, method: str) -> None:
         """Name the call once its body says what it is (an MCP request's method)."""
         self.call.method = method
         logs.method.set(method)
 
-    def check(self, message: Any) -> None:
-        """Run every hook's ``request`` on ``message``; a refusal is remembered, then raised."""
-        try:
-            for hook in self.hooks:
-                hook.request(self.call, message)
-        except RequestError as exc:
-            self.code = status_for(exc)
-            raise
-
-    def sent(self, message: Any) -> None:
-        for hook in self.hooks:
-            hook.response(self.call, message)
-
     def finish(self, code: grpc.StatusCode) -> None:
-        self.call.code = self.code or code
-        for hook in reversed(self._started):
-            hook.end(self.call)
-        self._started.clear()
+        """End the hooks with ``code``, unless a refusal seen in ``check`` named the call's."""
+        if self.call.code is grpc.StatusCode.OK:
+            self.call.code = code
+        self.end()
 
 
 def headers_of(scope: Scope) -> dict[str, str]:
@@ -232,9 +225,11 @@ class HttpDoor:
         self.config = config
         self.engine = engine
         self.lifecycle = lifecycle
-        self.hooks = guards.hooks
+        self.phases = Phases.of(guards.hooks)
+        self.body_at = guards.body_at
         self.max_body = config.sidecar.http.max_body_bytes
-        self.admission = _Admission(config.sidecar.http.max_connections)
+        http = config.sidecar.http
+        self.admission = _Admission(http.max_connections, http.max_connections_per_ip)
         self.mcp = McpDoor(config, engine, toolbox, guards.auth)
         self.webhooks = Webhooks(config, engine, toolbox)
         self._server: _InLoopServer | None = None
@@ -287,10 +282,9 @@ class HttpDoor:
             await respond(send, 405, orjson.dumps({"error": error}), [(b"allow", b"POST")])
             return
         headers = headers_of(scope)
-        call = HttpCall(self.hooks, method, headers)
+        call = HttpCall(self.phases, method, headers)
         async with self._guarded(call, send) as answer:
-            call.begin()
-            request = await read_body(receive, headers, self.max_body)
+            request = await self._admit(call, receive, headers)
             answer.append(await handler(call, headers, request))
         if answer:
             status, payload, extra = answer[0]
@@ -302,7 +296,7 @@ class HttpDoor:
             await respond(send, 405, orjson.dumps(refusal), [(b"allow", b"POST, DELETE")])
             return
         headers = headers_of(scope)
-        call = HttpCall(self.hooks, "MCP", headers)
+        call = HttpCall(self.phases, "MCP", headers)
         status: list[int] = []
 
         async def watched(message: Message) -> None:
@@ -313,14 +307,25 @@ class HttpDoor:
             await send(message)
 
         async with self._guarded(call, send):
-            call.begin()
-            body = b""
-            if scope["method"] == "POST":
-                body = await read_body(receive, headers, self.max_body)
+            posted = scope["method"] == "POST"
+            body = await self._admit(call, receive, headers, read=posted)
+            if posted:
                 call.rename(self.mcp.method_name(body))
             await self.mcp.handle(self.mcp.scope_for(scope, call), replay(body, receive), watched)
             if status and status[0] >= 400:
-                call.code = code_of_http_status(status[0])
+                call.call.code = code_of_http_status(status[0])
+
+    async def _admit(
+        self, call: HttpCall, receive: Receive, headers: dict[str, str], *, read: bool = True
+    ) -> bytes:
+        """The hooks that need only the headers (the token: a stranger's body is never read),
+        then the body under its byte cap and deadline, then the rest (the drain gate, a slot):
+        a client trickling its body holds a connection, never a ``max_concurrent_rpcs``
+        slot."""
+        call.start(until=self.body_at)
+        body = await read_body(receive, headers, self.max_body) if read else b""
+        call.start()
+        return body
 
     @contextlib.asynccontextmanager
     async def _guarded(self, call: HttpCall, send: Send) -> AsyncIterator[list[Reply]]:
@@ -377,6 +382,8 @@ class HttpDoor:
         """Start MCP's session manager and uvicorn, as a task of this loop, on the bound
         socket."""
         assert self._socket is not None, "bind first"
+        t = self.config.sidecar.tls
+        context = tls.server_context(t) if t.enabled else None
         uv_config = uvicorn.Config(
             self,
             lifespan="off",
@@ -386,8 +393,7 @@ class HttpDoor:
             server_header=False,
             timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
             timeout_keep_alive=KEEP_ALIVE_S,
-            http=cast(Any, functools.partial(_BoundedHead, admission=self.admission)),
-            **_tls_options(self.config),
+            http=cast(Any, functools.partial(_BoundedHead, admission=self.admission, tls=context)),
         )
         self._mcp_task = asyncio.create_task(self._run_mcp())
         await self._mcp_ready.wait()
@@ -401,10 +407,14 @@ class HttpDoor:
 
     async def stop(self) -> None:
         """Stop listening and close the connections (the drain has finished the calls)."""
+        self.admission.closing = True
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
                 await self._serving
+        for handshake in list(self.admission.handshakes):  # each closes its socket
+            handshake.cancel()
+        await asyncio.gather(*self.admission.handshakes, return_exceptions=True)
         self._mcp_stop.set()
         if self._mcp_task is not None:
             await self._mcp_task
@@ -422,27 +432,58 @@ class HttpDoor:
 
 class _Admission:
     """How many connections the door serves at once (``[sidecar.http] max_connections``, in
-    each worker), and how many it refused while full: logged once when it fills and once when
-    it has room again, so a flood of connections cannot flood the log too.
+    each worker) and from each client address (``max_connections_per_ip``, 0: no cap), and
+    how many it refused: a full door or address is logged once when it fills and once when it
+    has room again, so a flood of connections cannot flood the log too. Every count is bounded
+    by the connections open: an address is kept only while it holds one.
 
     uvicorn's own ``limit_concurrency`` is not used: it reads a connection's request head and
     answers 503 from a task of its own, so a refused connection still costs a task and up to
     a head's bytes, and it counts the connection being refused (``limit`` - 1 are served)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_ip: int) -> None:
         self.limit = limit
+        self.per_ip = per_ip
+        self.open = 0
+        self.by_ip: Counter[str] = Counter()
         self.refused = 0  # since the door last had room
         self.refused_total = 0
+        self.refused_by_ip: Counter[str] = Counter()  # addresses at their cap: since they had room
+        self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
+        self.closing = False  # the door stops: a handshake done now is not served
+        self._full = _refusal("max_connections", limit)  # the 503s, made once
+        self._address_full = _refusal("max_connections_per_ip", per_ip)
 
-    def admit(self, open_now: int) -> bool:
-        if open_now < self.limit:
-            if self.refused:
-                log.warning(
-                    "the HTTP door has room again; it refused %d connection(s) while full",
-                    self.refused,
-                )
-                self.refused = 0
-            return True
+    def admit(self, address: str) -> bytes | None:
+        """Count a connection from ``address`` (until ``release``), or the whole 503 it gets."""
+        if self.open >= self.limit:
+            return self._refuse_full()
+        if self.per_ip and self.by_ip[address] >= self.per_ip:
+            return self._refuse_address(address)
+        if self.refused:
+            log.warning(
+                "the HTTP door has room again; it refused %d connection(s) while full",
+                self.refused,
+            )
+            self.refused = 0
+        self.open += 1
+        self.by_ip[address] += 1
+        return None
+
+    def release(self, address: str) -> None:
+        self.open -= 1
+        self.by_ip[address] -= 1
+        if not self.by_ip[address]:
+            del self.by_ip[address]
+        refused = self.refused_by_ip.pop(address, 0)
+        if refused:
+            log.warning(
+                "the HTTP door has room for %s again; it refused %d of its connection(s)",
+                address,
+                refused,
+            )
+
+    def _refuse_full(self) -> bytes:
         if not self.refused:
             log.warning(
                 "the HTTP door is full: %d connections open ([sidecar.http] max_connections); "
@@ -451,56 +492,132 @@ class _Admission:
             )
         self.refused += 1
         self.refused_total += 1
-        return False
+        return self._full
 
-    def refusal(self) -> bytes:
-        """The whole 503 a refused connection gets, before it has sent anything."""
-        message = (
-            f"the HTTP door is serving {self.limit} connections, its limit ([sidecar.http] "
-            "max_connections): retry in a moment, and reuse one connection for many calls"
-        )
-        body = orjson.dumps({"error": {"code": "UNAVAILABLE", "message": message}})
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            f"connection: close\r\nretry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n"
-        )
-        return head.encode() + body
+    def _refuse_address(self, address: str) -> bytes:
+        if not self.refused_by_ip[address]:
+            log.warning(
+                "%s holds %d connections to the HTTP door ([sidecar.http] "
+                "max_connections_per_ip); more from it are answered 503 until one closes",
+                address,
+                self.per_ip,
+            )
+        self.refused_by_ip[address] += 1
+        self.refused_total += 1
+        return self._address_full
+
+
+def _refusal(key: str, limit: int) -> bytes:
+    """The whole 503 a connection over ``key``'s ``limit`` gets, before it has sent anything."""
+    whose = "" if key == "max_connections" else " from your address"
+    message = (
+        f"the HTTP door is serving {limit} connections{whose}, its limit ([sidecar.http] {key}): "
+        "retry in a moment, and reuse one connection for many calls"
+    )
+    body = orjson.dumps({"error": {"code": "UNAVAILABLE", "message": message}})
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"connection: close\r\nretry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 class _BoundedHead(HttpToolsProtocol):
     """uvicorn's httptools protocol with each request's head bounded: ``MAX_HEAD_BYTES``
     (431, then closed) and ``HEAD_TIMEOUT_S`` (closed), and connections past the door's
-    ``_Admission`` refused as they are accepted (``_refuse``). The body is ``read_body``'s."""
+    ``_Admission`` refused as they are accepted (``_refuse``). With TLS it makes the handshake
+    itself (``_handshake``), so a connection counts from its accept and its handshake is
+    bounded (``TLS_HANDSHAKE_TIMEOUT_S``). The body is ``read_body``'s."""
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
-    _refused: asyncio.TimerHandle | None = None  # the close of a refused connection, pending
+    _refused: asyncio.Handle | None = None  # the close of a refused connection, pending
+    _address = ""  # the client's address
+    _admitted = False  # counted by the admission, until the connection is lost
+    _served = False  # uvicorn's protocol has its transport (with TLS: the handshake is done)
 
-    def __init__(self, *args: Any, admission: _Admission, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, admission: _Admission, tls: ssl.SSLContext | None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.admission = admission
+        self.tls = tls
+        # with TLS, what the handshake's last read decrypted before ``_serve`` ran: one read's
+        # worth, handed to the parser then (and counted in the head's bytes)
+        self._early: list[bytes] = []
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if not self.admission.admit(len(self.connections)):
-            self._refuse(transport)
+        self._address = _address_of(transport)
+        refusal = self.admission.admit(self._address)
+        if refusal is not None:
+            self._refuse(transport, refusal)
             return
+        self._admitted = True
+        if self.tls is None:
+            self._serve(transport)
+            return
+        transport.pause_reading()  # the handshake reads first (start_tls resumes it)
+        handshake = self.loop.create_task(self._handshake(transport, self.tls))
+        self.admission.handshakes.add(handshake)
+        handshake.add_done_callback(self.admission.handshakes.discard)
+
+    async def _handshake(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """The TLS handshake, within ``TLS_HANDSHAKE_TIMEOUT_S``; then serve over it."""
+        try:
+            secure = await self.loop.start_tls(
+                transport,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            )
+        except OSError as exc:  # a bad handshake, one out of time, or a client gone
+            log.debug("a TLS handshake from %s failed: %s", self._address, exc)
+            secure = None
+        except asyncio.CancelledError:  # the door stops: start_tls has closed the socket
+            self._release()
+            raise
+        if secure is None or secure.is_closing() or self.admission.closing:
+            if secure is not None:
+                secure.close()
+            self._release()
+            return
+        self._serve(secure)
+
+    def _serve(self, transport: asyncio.Transport) -> None:
+        self._served = True
         super().connection_made(transport)
         self._arm()
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
 
-    def _refuse(self, transport: asyncio.Transport) -> None:
+    def _refuse(self, transport: asyncio.Transport, refusal: bytes) -> None:
         """Answer 503 now, close our side for writing, and close the socket when the client
         closes its own or after ``REFUSED_LINGER_S``: no parser, no task, no buffer kept, and
-        the connection is not one of uvicorn's (which the limit counts)."""
+        the connection is neither one of uvicorn's nor counted. With TLS nothing can be said
+        before a handshake, which a refused connection is not worth: it is closed at once."""
         self.transport = transport
-        transport.write(self.admission.refusal())
+        if self.tls is not None:
+            self._refused = self.loop.call_soon(transport.abort)
+            return
+        transport.write(refusal)
         if transport.can_write_eof():
             transport.write_eof()
         self._refused = self.loop.call_later(REFUSED_LINGER_S, transport.close)
+
+    def _release(self) -> None:
+        if self._admitted:
+            self._admitted = False
+            self.admission.release(self._address)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused is not None:
             self._refused.cancel()
             return
+        self._release()
+        if not self._served:
+            return  # a TLS handshake that never finished
         self._disarm()
         super().connection_lost(exc)
 
@@ -516,6 +633,9 @@ class _BoundedHead(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused is not None:
             return  # a refused connection's request: read and dropped
+        if not self._served:
+            self._early.append(data)
+            return
         if self._head_timer is not None:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -549,6 +669,12 @@ class _BoundedHead(HttpToolsProtocol):
             self.transport.close()
 
 
+def _address_of(transport: asyncio.BaseTransport) -> str:
+    """The client's IP address (a socket without one, "")."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
 class _InLoopServer(uvicorn.Server):
     """uvicorn without its signal handlers: the sidecar's SIGTERM drain stops both doors."""
 
@@ -575,21 +701,6 @@ def _bind(listen: str, *, reuse_port: bool) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
-
-
-def _tls_options(config: Config) -> dict[str, Any]:
-    """uvicorn's TLS settings from ``[sidecar.tls]`` (the files are read now: a bad one stops
-    the start with the key that named it)."""
-    t = config.sidecar.tls
-    if not t.enabled or t.cert_file is None or t.key_file is None:
-        return {}
-    tls.read_pem(t.cert_file, "[sidecar.tls] cert_file")
-    tls.read_pem(t.key_file, "[sidecar.tls] key_file")
-    options: dict[str, Any] = {"ssl_certfile": str(t.cert_file), "ssl_keyfile": str(t.key_file)}
-    if t.client_ca_file is not None:
-        tls.read_pem(t.client_ca_file, "[sidecar.tls] client_ca_file")
-        options |= {"ssl_ca_certs": str(t.client_ca_file), "ssl_cert_reqs": ssl.CERT_REQUIRED}
-    return options
 
 
 def _refusal_headers(exc: RequestError, call: HttpCall) -> list[tuple[bytes, bytes]]:

@@ -37,7 +37,7 @@ from cachetools import TTLCache
 from index.errors import ConfigError
 from sidecar.config import Config, HttpConfig
 from sidecar.edge.limits import NAME_BYTES, utf8_size
-from sidecar.edge.service import turn_response
+from sidecar.edge.service import timings_message
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.functions.tools import Toolbox
 from sidecar.gen import retrieval_pb2 as pb
@@ -348,7 +348,7 @@ class Webhooks:
                 speaker=said.speaker,
             )
         )
-        call.sent(turn_response(result, self.engine.policy(self.knowledge_base)))
+        call.sent(_seen(result))
         return result
 
     # -- tools ---------------------------------------------------------------------------------
@@ -375,6 +375,12 @@ class Webhooks:
         result = await self.toolbox.invoke(self.engine, function, arguments, session_id)
         extra = [(b"x-voxrecall-tool-error", b"true")] if result.is_error else []
         return 200, result.output.encode(), extra
+
+
+def _seen(result: TurnResult) -> pb.TurnResponse:
+    """What the hooks read of a turn's answer (the metrics: whether it searched, its timings):
+    Vapi gets documents, so the chunks a ``TurnResponse`` would carry are never built."""
+    return pb.TurnResponse(skipped=result.skipped.name, timings=timings_message(result.timings))
 
 
 def _check_call_id(call_id: str) -> None:
