@@ -47,6 +47,9 @@ class _Context:
     def set_trailing_metadata(self, metadata: Any) -> None:
         pass
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
     def code(self) -> None:
         return None
 

@@ -1,8 +1,10 @@
 """Many small bases behind one sidecar under ``[sidecar] memory_budget_mb`` (issue 19, 2).
 
-``python -m bench.many_bases [--bases 1000] [--chunks 1000-5000] [--budget-mb 512] [--quick]``
-writes BASES snapshots of 1-5k synthetic chunks each (384-d random unit vectors, the ``search``
-suite's chunk texts; cached in bench/.cache), starts a sidecar process with the budget, and calls
+``python -m bench.many_bases [--bases 1000] [--chunks 1000-5000] [--distinct 50] [--budget-mb 512]
+[--malloc-arena-max N] [--quick]`` writes DISTINCT snapshots of 1-5k synthetic chunks each (384-d
+random unit vectors, the ``search`` suite's chunk texts) and publishes the other bases as copies of
+them (``publish_copies``: the files linked, the manifest naming the copy; cached in bench/.cache),
+starts a sidecar process with the budget (``bench.sidecar_proc --memory-budget-mb``), and calls
 every base once in a shuffled order, then a second round over the same order, each call a
 ``Search`` with a query vector:
 
@@ -13,7 +15,14 @@ every base once in a shuffled order, then a second round over the same order, ea
                       base (its largest, and what it grew by: ``rss_growth_mb``, to set beside the
                       budget) and its peak (VmHWM)
 
-``--quick`` (CI's smoke run): 20 bases of 200-500 chunks in an 8 MiB budget. Writes
+The vectors are not a model's: nothing here measures quality, and a load, a search and the memory
+they take depend on the sizes, not on what the vectors mean. A copy is loaded as a base of its
+own (its graph read into memory, its files mapped); its mapped files share the page cache with
+the base it copies, which a store of distinct files would not (every file here is in the page
+cache after the build either way).
+
+``--malloc-arena-max N`` runs the sidecar with ``MALLOC_ARENA_MAX=N`` (glibc's per-thread arenas).
+``--quick`` (CI's smoke run): 20 bases of 200-500 chunks (5 distinct) in an 8 MiB budget. Writes
 ``bench/results/many_bases.json`` (``--out``).
 """
 
@@ -22,10 +31,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +49,7 @@ from bench.corpus import CACHE
 from bench.measure import percentiles_ms
 from bench.ours import _chunks
 from index.embedders.base import EmbedderInfo
-from index.snapshot import FORMAT_VERSION, write_snapshot
+from index.snapshot import FORMAT_VERSION, MANIFEST, read_manifest, write_atomic, write_snapshot
 from index.store import LocalStore, new_version_id
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -49,12 +62,13 @@ CALL_TIMEOUT_S = 10.0  # a bound on one call; loads are waited for by retrying, 
 LOAD_WAIT_S = 120.0  # a bound on one base's first answer, however busy the machine
 
 
-def build_store(bases: int, low: int, high: int, cache: Path = CACHE) -> Path:
-    """BASES snapshots of ``low``-``high`` chunks each, cached by every parameter."""
-    root = cache / f"many-bases-{bases}-{low}-{high}-f{FORMAT_VERSION}" / "store"
+def build_store(bases: int, low: int, high: int, distinct: int, cache: Path = CACHE) -> Path:
+    """BASES bases: DISTINCT snapshots of ``low``-``high`` chunks each and copies of them, cached
+    by every parameter."""
+    root = cache / f"many-bases-{bases}-{low}-{high}-d{distinct}-f{FORMAT_VERSION}" / "store"
     rng = np.random.default_rng(19)
     store = LocalStore(root)
-    for b in range(bases):
+    for b in range(distinct):
         kb = f"kb{b:04d}"
         n = int(rng.integers(low, high + 1))
         if store.latest(kb) is not None:
@@ -70,29 +84,34 @@ def build_store(bases: int, low: int, high: int, cache: Path = CACHE) -> Path:
             page_count=n // 8 + 1, hnsw_m=16, hnsw_ef_construction=100, target_recall=0.95,
         )  # fmt: skip
         store.publish(kb, staging, version)
+    for b in range(distinct):
+        source = f"kb{b:04d}"
+        copies = [f"kb{c:04d}" for c in range(b + distinct, bases, distinct)]
+        todo = [kb for kb in copies if store.latest(kb) is None]
+        publish_copies(root, source, str(store.latest(source)), todo)
     return root
 
 
-SERVE = """
-import asyncio, json, sys
-from pathlib import Path
-from sidecar.config import parse_config
-from index.embedders.base import HashEmbedder
-from sidecar.edge.server import create_server
+def publish_copies(
+    root: Path, source: str, version: str, names: Iterable[str], threads: int = 8
+) -> None:
+    """Publish ``source``'s snapshot ``version`` under each of ``names`` as a publisher would: its
+    files linked into a staging folder, its manifest written again naming the new base (the one
+    place a snapshot names its base; every file's sha256 and size stay true), then
+    ``LocalStore.publish``. ``threads`` at a time: each waits on its fsyncs."""
+    store = LocalStore(root)
+    folder = store.version_dir(source, version)
+    manifest = read_manifest(folder)
 
-async def main():
-    store, budget, dim, name = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    raw = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0", "memory_budget_mb": budget,
-                       "min_score": -1.0, "cache_dir": str(store.parent / "sidecar-cache")}}
-    sidecar = await create_server(parse_config(raw, base=store.parent),
-                                  embedder=HashEmbedder(dimension=dim, name=name), poll=False)
-    print(json.dumps({"port": sidecar.port}), flush=True)
-    await asyncio.to_thread(sys.stdin.read)
-    print(json.dumps({"evictions": sidecar.holder.evictions}), flush=True)
-    await sidecar.stop(0.5)
+    def copy(name: str) -> None:
+        staging = store.staging_dir(name)
+        for file in manifest.files:
+            os.link(folder / file, staging / file)
+        write_atomic(staging / MANIFEST, replace(manifest, knowledge_base=name).to_json())
+        store.publish(name, staging, version)
 
-asyncio.run(main())
-"""
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(copy, names))
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:
@@ -155,17 +174,20 @@ async def _calls(port: int, pid: int, names: list[str], rounds: int) -> dict[str
 
 
 def run(quick: bool, bases: int = 1000, low: int = 1000, high: int = 5000, budget_mb: int = 512,
-        rounds: int = 2) -> dict[str, Any]:  # fmt: skip
+        rounds: int = 2, distinct: int = 50, arena_max: int = 0) -> dict[str, Any]:  # fmt: skip
     if quick:
-        bases, low, high, budget_mb = 20, 200, 500, 8
+        bases, low, high, budget_mb, distinct = 20, 200, 500, 8, 5
+    distinct = min(distinct, bases)
     started = time.perf_counter()
-    root = build_store(bases, low, high)
+    root = build_store(bases, low, high, distinct)
     built_s = time.perf_counter() - started
     names = [f"kb{b:04d}" for b in range(bases)]
     random.Random(5).shuffle(names)
+    env = {**os.environ, **({"MALLOC_ARENA_MAX": str(arena_max)} if arena_max else {})}
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE, str(root), str(budget_mb), str(DIM), INFO.name],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "bench.sidecar_proc", "--store", str(root), "--dim", str(DIM),
+         "--embedder", INFO.name, "--memory-budget-mb", str(budget_mb)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip
     assert proc.stdin is not None
@@ -185,13 +207,20 @@ def run(quick: bool, bases: int = 1000, low: int = 1000, high: int = 5000, budge
     return {
         "suite": "many_bases",
         "bases": bases,
+        "distinct_bases": distinct,
         "chunks_per_base": [low, high],
         "budget_mb": budget_mb,
+        "malloc_arena_max": arena_max or None,
         "rounds": rounds,
-        "store_mb": round(sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 2**20, 1),
+        "store_mb": round(_store_bytes(root) / 2**20, 1),
         "build_s": round(built_s, 1),
         **row,
     }
+
+
+def _store_bytes(root: Path) -> int:
+    """The snapshots' bytes as a sidecar reads them: a linked copy counts as much as a file."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,11 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", default="1000-5000", help="chunks per base, LOW-HIGH")
     parser.add_argument("--budget-mb", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--distinct", type=int, default=50, help="bases written; the rest copies")
+    parser.add_argument("--malloc-arena-max", type=int, default=0, help="0: glibc's default")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     low, high = (int(x) for x in args.chunks.split("-"))
-    result = run(args.quick, args.bases, low, high, args.budget_mb, args.rounds)
+    result = run(
+        args.quick, args.bases, low, high, args.budget_mb, args.rounds, args.distinct,
+        args.malloc_arena_max,
+    )  # fmt: skip
     result["command"] = " ".join(["python -m bench.many_bases", *(argv or sys.argv[1:])])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -6,6 +6,10 @@ info matches the snapshot's stands in for the model), and beside it, on a second
 ``bench.Echo/Search`` method that answers every request with the bytes of a real ``Search``
 response of the same store: the transport floor, the same sizes with no search behind them.
 It prints one JSON line (ports, response size, load time), then serves until its stdin closes.
+
+``--memory-budget-mb N`` serves the store's bases lazily under that budget (``bench.many_bases``):
+nothing is loaded before the first line, no echo server runs (``echo_port`` 0), and when its stdin
+closes it prints a second line, ``{"evictions": N}``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import uvloop
 
 from index.embedders.base import HashEmbedder
 from sidecar.config import SidecarConfig, parse_config
-from sidecar.edge.server import create_server
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
@@ -67,6 +71,16 @@ def echo_server(response: bytes) -> tuple[grpc.aio.Server, int]:
     return server, port
 
 
+async def _serve_lazy(sidecar: Sidecar, load_s: float) -> None:
+    """Lazy bases: no base is loaded to echo; the evictions once stdin closes."""
+    try:
+        print(json.dumps({"port": sidecar.port, "echo_port": 0, "load_s": load_s}), flush=True)
+        await asyncio.to_thread(sys.stdin.read)  # until the parent closes our stdin
+        print(json.dumps({"evictions": sidecar.holder.evictions}), flush=True)
+    finally:
+        await sidecar.stop(0.5)
+
+
 async def run(
     store: Path,
     dim: int,
@@ -74,10 +88,13 @@ async def run(
     ef_search: int = 0,
     listen: str = "127.0.0.1:0",
     workers: int = 1,
+    memory_budget_mb: int = 0,
 ) -> None:
     """``workers`` > 1: this process is one of that many on ``listen`` (a fixed port), as
     ``voxrecall serve`` runs its workers (sidecar/edge/workers.py) without the supervisor."""
     sidecar_keys = {"ef_search": ef_search, "listen": listen, "workers": workers}
+    if memory_budget_mb:
+        sidecar_keys |= {"memory_budget_mb": memory_budget_mb, "min_score": -1.0}
     raw: dict[str, Any] = {"sidecar": {"store": str(store), **sidecar_keys}}
     config = parse_config(raw, base=store.parent)
     started = time.perf_counter()
@@ -86,6 +103,9 @@ async def run(
     )
     load_s = time.perf_counter() - started
     echo: grpc.aio.Server | None = None
+    if memory_budget_mb:
+        await _serve_lazy(sidecar, load_s)
+        return
     try:
         response = await _canned_response(sidecar.port, dim)
         echo, echo_port = echo_server(response)
@@ -118,8 +138,12 @@ def main() -> None:
     )
     parser.add_argument("--listen", default="127.0.0.1:0")
     parser.add_argument("--workers", type=int, default=1, help="[sidecar] workers")
+    parser.add_argument(
+        "--memory-budget-mb", type=int, default=0, help="[sidecar] memory_budget_mb (0: none)"
+    )
     args = parser.parse_args()
-    uvloop.run(run(args.store, args.dim, args.embedder, args.ef_search, args.listen, args.workers))
+    keys = (args.ef_search, args.listen, args.workers, args.memory_budget_mb)
+    uvloop.run(run(args.store, args.dim, args.embedder, *keys))
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ async def test_a_base_the_store_does_not_have_is_not_found_without_a_load(
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await stub.Search(search("nope"), timeout=LOAD_WAIT_S)
         assert missing.value.code() is grpc.StatusCode.NOT_FOUND
-        assert not sidecar.refresher._wanted
+        assert sidecar.refresher.waiting == 0
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "64"])

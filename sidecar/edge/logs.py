@@ -27,6 +27,7 @@ import orjson
 
 from sidecar.edge.interceptor import Call, Hook
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.turn.sessions import connection
 
 session_id: contextvars.ContextVar[str] = contextvars.ContextVar("session_id", default="")
 call_id: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")
@@ -152,6 +153,7 @@ class CallLog(Hook):
         method.set(call.method)
         door.set(call.door)
         session_id.set("")
+        connection.set(call.context.peer())  # whose queue a lazy load joins
         call.context.set_trailing_metadata(((CALL_ID_HEADER, call.call_id),))
 
     def request(self, call: Call, message: Any) -> None:

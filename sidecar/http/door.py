@@ -94,10 +94,14 @@ JSON = (b"content-type", b"application/json")
 
 class _Context:
     """What the hooks touch of a gRPC servicer context, for a call over HTTP: the call id header
-    ``CallLog`` sets goes into the reply's headers."""
+    ``CallLog`` sets goes into the reply's headers; ``peer`` is the client's address."""
 
-    def __init__(self) -> None:
+    def __init__(self, peer: str = "") -> None:
         self.headers: list[tuple[bytes, bytes]] = []
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
         self.headers.extend((k.encode(), v.encode()) for k, v in metadata)
@@ -114,8 +118,10 @@ class HttpCall(HookRun):
 
     __slots__ = ("answered", "context")
 
-    def __init__(self, phases: Phases, method: str, headers: dict[str, str]) -> None:
-        self.context = _Context()
+    def __init__(
+        self, phases: Phases, method: str, headers: dict[str, str], peer: str = ""
+    ) -> None:
+        self.context = _Context(peer)
         super().__init__(
             phases, Call(method, "http", headers, cast(Any, self.context), door="http")
         )
@@ -136,6 +142,12 @@ class HttpCall(HookRun):
 def headers_of(scope: Scope) -> dict[str, str]:
     """The request's headers, names in lower case (ASGI gives them so), values as text."""
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def peer_of(scope: Scope) -> str:
+    """The client's address (``127.0.0.1:5000``), or empty where the server does not say."""
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else ""
 
 
 async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
@@ -282,7 +294,7 @@ class HttpDoor:
             await respond(send, 405, orjson.dumps({"error": error}), [(b"allow", b"POST")])
             return
         headers = headers_of(scope)
-        call = HttpCall(self.phases, method, headers)
+        call = HttpCall(self.phases, method, headers, peer_of(scope))
         async with self._guarded(call, send) as answer:
             request = await self._admit(call, receive, headers)
             answer.append(await handler(call, headers, request))
@@ -296,7 +308,7 @@ class HttpDoor:
             await respond(send, 405, orjson.dumps(refusal), [(b"allow", b"POST, DELETE")])
             return
         headers = headers_of(scope)
-        call = HttpCall(self.phases, "MCP", headers)
+        call = HttpCall(self.phases, "MCP", headers, peer_of(scope))
         status: list[int] = []
 
         async def watched(message: Message) -> None:

@@ -7,8 +7,12 @@ snapshot are freed when the last request holding them finishes. ``publish`` is o
 assignment. ``get(kb)`` is the served snapshot alone (its version, counts, manifest).
 
 With a memory budget (``[sidecar] memory_budget_mb``) bases come and go: ``use`` marks a base
-used, ``over_budget`` names the least recently used ones to ``remove`` until the loaded bases'
-bytes (``Searcher.memory_bytes``) fit.
+used, ``over_budget`` names the ones to ``remove`` until the loaded bases' bytes
+(``Searcher.memory_bytes``) fit: the least recently used first. A base just loaded is not yet
+used: it is *fresh* until its first call uses it (the caller that asked for it retries after the
+hint), and fresh bases go only after every used one, for ``FRESH_S``; so a caller cycling
+through bases cannot get another caller's new base evicted before that caller's first call. A new
+version of a used base keeps its place.
 
 Refusals are kept beside the snapshots: the last one per base (shown by ``Status``) and a count
 per reason (``refusals``), the figures a metrics exporter reads.
@@ -24,6 +28,12 @@ from types import MappingProxyType
 
 from index.snapshot import LoadedSnapshot
 from sidecar.snapshots.searcher import Searcher
+
+# How long a base loaded for a caller stays ahead of used bases before its first call. A caller
+# retries after the hint (the last load's time: tens to hundreds of milliseconds); 10 s covers a
+# slow client on a busy machine, and bounds how long a base whose caller went away is kept ahead
+# of bases in use.
+FRESH_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +56,8 @@ class SnapshotHolder:
         self._refusals: dict[str, Refusal] = {}
         self.refusals: Counter[str] = Counter()  # refusals by kind, since start
         self._used: OrderedDict[str, None] = OrderedDict()  # least recently used first
+        self._fresh: dict[str, float] = {}  # loaded, not used yet: when it was published
+        self.fresh_s = FRESH_S
         self.evictions = 0  # bases removed to keep within the memory budget, since start
 
     def get(self, knowledge_base: str) -> LoadedSnapshot | None:
@@ -57,26 +69,29 @@ class SnapshotHolder:
         """The searcher for a call: marks the base most recently used (O(1))."""
         searcher = self._searchers.get(knowledge_base)
         if searcher is not None:
+            if self._fresh:
+                self._fresh.pop(knowledge_base, None)
             self._used[knowledge_base] = None
             self._used.move_to_end(knowledge_base)
         return searcher
 
     def publish(self, searcher: Searcher) -> None:
-        """Serve ``searcher`` (built, warm) for its base: one reference swap."""
+        """Serve ``searcher`` (built, warm) for its base: one reference swap. A base new here is
+        fresh (not used yet); a new version of a used base keeps its place."""
         kb = searcher.snapshot.manifest.knowledge_base
         self._searchers = MappingProxyType({**self._searchers, kb: searcher})
-        self._used[kb] = None
-        self._used.move_to_end(kb)
+        if kb not in self._used:
+            self._fresh[kb] = time.monotonic()
 
     def loaded_bytes(self) -> int:
         return sum(s.memory_bytes for s in self._searchers.values())
 
     def over_budget(self, budget_bytes: int, keep: str) -> list[str]:
-        """The least recently used bases (never ``keep``) whose removal brings the loaded bytes
-        within ``budget_bytes``; fewer when only ``keep`` is left."""
+        """The bases (never ``keep``) whose removal brings the loaded bytes within
+        ``budget_bytes``, in ``eviction_order``; fewer when only ``keep`` is left."""
         excess = self.loaded_bytes() - budget_bytes
         out: list[str] = []
-        for kb in self._used:
+        for kb in self.eviction_order(time.monotonic()):
             if excess <= 0:
                 break
             searcher = self._searchers.get(kb)
@@ -85,12 +100,21 @@ class SnapshotHolder:
                 excess -= searcher.memory_bytes
         return out
 
+    def eviction_order(self, now: float) -> list[str]:
+        """Which loaded bases go first: fresh ones loaded more than ``fresh_s`` ago (their
+        caller did not come), then the used ones, least recently used first, then the fresh
+        ones, oldest first."""
+        stale = [kb for kb, at in self._fresh.items() if now - at > self.fresh_s]
+        waiting = [kb for kb, at in self._fresh.items() if now - at <= self.fresh_s]
+        return [*stale, *self._used, *waiting]
+
     def remove(self, knowledge_base: str) -> None:
         """Stop serving a base (evicted): its searcher goes when the last call holding it ends."""
         self._searchers = MappingProxyType(
             {kb: s for kb, s in self._searchers.items() if kb != knowledge_base}
         )
         self._used.pop(knowledge_base, None)
+        self._fresh.pop(knowledge_base, None)
         self.evictions += 1
 
     def clear(self) -> None:
@@ -98,6 +122,7 @@ class SnapshotHolder:
         holding it ends. A stopped sidecar calls it, so a process that goes on unmaps them."""
         self._searchers = MappingProxyType({})
         self._used.clear()
+        self._fresh.clear()
 
     def refuse(self, knowledge_base: str, version: str, kind: str, reason: str) -> bool:
         """Record a refusal; False (and not counted again) when it repeats the last one."""

@@ -10,10 +10,14 @@ event loop, one refresh at a time. After a swap the
 heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
 
 With a memory budget (``budget_bytes`` > 0, ``[sidecar] memory_budget_mb``) bases are lazy: none
-is loaded at start, ``want(kb)`` (a call to a base not loaded) starts its load in the background,
-and the least recently used bases are evicted to make room before it loads (the manifest's file
-sizes say how much) and again once it is in; a poll refreshes only the loaded bases. Loads (the
-searcher built in each) still run one at a time, off the event loop.
+is loaded at start, and ``want(kb, requester)`` (a call to a base not loaded) queues its load. The
+loads run one at a time, off the event loop, taken from one queue per requester (the connection
+a call came by) in turn, each base queued once (``LoadQueue``): a requester that asks for many
+bases delays another's first load by at most one load per requester waiting, never by its whole
+queue. A load is fetched, verified and built before anything is evicted, then the bases
+``SnapshotHolder.over_budget`` names go until the loaded bytes are within the budget again: a
+version that fails evicts nothing, and the process holds one base beyond the budget for the time
+of a load. A poll refreshes only the loaded bases.
 
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
@@ -31,7 +35,7 @@ import gc
 import logging
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
@@ -45,7 +49,7 @@ from index.errors import (
     SnapshotError,
     StoreUnavailable,
 )
-from index.snapshot import LoadedSnapshot, load_snapshot, read_manifest
+from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import SnapshotStore
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
@@ -116,6 +120,61 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+class LoadQueue:
+    """Bases waiting to load: one queue per requester, served in turn, each base queued once.
+
+    ``pop`` takes the first base of the requester whose turn it is, then moves that requester to
+    the back, so with R requesters waiting a base waits for at most R - 1 loads ahead of its own
+    requester's turn (and then its own requester's earlier bases)."""
+
+    def __init__(self) -> None:
+        self._by: OrderedDict[str, deque[str]] = OrderedDict()  # requester -> its bases
+        self._queued: dict[str, str] = {}  # base -> its requester
+
+    def __contains__(self, kb: object) -> bool:
+        return kb in self._queued
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def add(self, kb: str, requester: str) -> None:
+        """Queue ``kb`` for ``requester``, unless it is queued already (for anyone)."""
+        if kb in self._queued:
+            return
+        self._queued[kb] = requester
+        self._by.setdefault(requester, deque()).append(kb)
+
+    def ahead(self, kb: str) -> int:
+        """How many queued bases ``pop`` returns before ``kb`` (queued)."""
+        mine = self._queued[kb]
+        rounds = self._by[mine].index(kb)  # its requester's bases before it: one per round
+        before = True  # requesters before its own in the turn take one more round
+        ahead = rounds
+        for requester, bases in self._by.items():
+            if requester == mine:
+                before = False
+                continue
+            ahead += min(len(bases), rounds + before)
+        return ahead
+
+    def pop(self) -> str | None:
+        """The next base to load, or None when none waits."""
+        if not self._by:
+            return None
+        requester, bases = next(iter(self._by.items()))
+        kb = bases.popleft()
+        if bases:
+            self._by.move_to_end(requester)
+        else:
+            del self._by[requester]
+        del self._queued[kb]
+        return kb
+
+    def clear(self) -> None:
+        self._by.clear()
+        self._queued.clear()
+
+
 class Refresher:
     """Keeps ``holder`` at the newest good snapshot of each base in ``store``.
 
@@ -139,7 +198,9 @@ class Refresher:
         self.store = store
         self.budget_bytes = budget_bytes  # 0: every base loaded at start and kept
         self.retry_refused_s = retry_refused_s  # lazy: a refused base is tried again after this
-        self._wanted: dict[str, asyncio.Task[None]] = {}
+        self._queue = LoadQueue()  # lazy: bases wanted, not loading yet
+        self._loading = ""  # lazy: the base loading now
+        self._loader: asyncio.Task[None] | None = None  # lazy: loads what the queue holds
         self._tried: dict[str, float] = {}  # lazy: when a base's last load on demand failed
         self.load_ms = 0.0  # how long the last lazy load took: the retry hint
         self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
@@ -169,38 +230,56 @@ class Refresher:
             return self.knowledge_bases
         return tuple(kb for kb in self.knowledge_bases if self.holder.get(kb) is not None)
 
-    def want(self, kb: str) -> int:
-        """Lazy mode: make sure ``kb`` is being loaded; the retry hint in ms, or 0 when its last
-        load failed less than ``retry_refused_s`` ago (the caller reports the refusal)."""
-        if kb in self._wanted:
-            return self._retry_ms()
-        failed_at = self._tried.get(kb)
-        if failed_at is not None and time.monotonic() - failed_at < self.retry_refused_s:
-            return 0
-        self._wanted[kb] = asyncio.get_running_loop().create_task(self._load_wanted(kb))
-        return self._retry_ms()
+    def want(self, kb: str, requester: str = "") -> int:
+        """Lazy mode: make sure ``kb`` is queued or loading (queued for ``requester``, the
+        connection the call came by); the retry hint in ms, or 0 when its last load failed less
+        than ``retry_refused_s`` ago (the caller reports the refusal)."""
+        if kb not in self._queue and kb != self._loading:
+            failed_at = self._tried.get(kb)
+            if failed_at is not None and time.monotonic() - failed_at < self.retry_refused_s:
+                return 0
+            self._queue.add(kb, requester)
+        if self._loader is None:
+            self._loader = asyncio.get_running_loop().create_task(self._load_queued())
+        return self._retry_ms(kb)
 
-    def _retry_ms(self) -> int:
-        return max(FIRST_RETRY_MS if not self.load_ms else 10, round(self.load_ms))
+    @property
+    def waiting(self) -> int:
+        """Bases queued to load and the one loading (lazy mode)."""
+        return len(self._queue) + bool(self._loading)
+
+    def _retry_ms(self, kb: str) -> int:
+        """About when ``kb`` will be in: the last load's time for each load before it and its
+        own, so that a caller far down the queue does not ask again after every load."""
+        loads = 1 if kb == self._loading else self._queue.ahead(kb) + 1 + bool(self._loading)
+        return max(FIRST_RETRY_MS if not self.load_ms else 10, round(self.load_ms)) * loads
+
+    async def _load_queued(self) -> None:
+        """Load what the queue holds, one base at a time, until it is empty."""
+        try:
+            while (kb := self._queue.pop()) is not None:
+                self._loading = kb
+                await self._load_wanted(kb)
+        finally:
+            self._loading = ""
+            self._loader = None
 
     async def _load_wanted(self, kb: str) -> None:
         started = time.perf_counter()
-        try:
-            async with self._lock:
-                if self.holder.get(kb) is not None:
-                    return
-                loaded = await self._refresh_one(kb)
-            if loaded:
-                self._tried.pop(kb, None)
-                self.load_ms = (time.perf_counter() - started) * 1000.0
-            else:
-                self._tried[kb] = time.monotonic()
-        finally:
-            del self._wanted[kb]
+        async with self._lock:
+            if self.holder.get(kb) is not None:
+                return
+            loaded = await self._refresh_one(kb)
+        if loaded:
+            self._tried.pop(kb, None)
+            self.load_ms = (time.perf_counter() - started) * 1000.0
+        else:
+            self._tried[kb] = time.monotonic()
 
-    def _make_room(self, kb: str, incoming: int) -> None:
-        """Evict least recently used bases until ``incoming`` more bytes fit the budget."""
-        for victim in self.holder.over_budget(self.budget_bytes - incoming, keep=kb):
+    def _make_room(self, kb: str) -> None:
+        """Evict bases (``SnapshotHolder.over_budget``'s order) until the loaded bytes are
+        within the budget again, ``kb`` (just published) kept."""
+        for victim in self.holder.over_budget(self.budget_bytes, keep=kb):
             self.holder.remove(victim)
             log.info("evicted %s to keep within the memory budget", victim)
 
@@ -239,8 +318,8 @@ class Refresher:
             self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
             return False
         self.holder.publish(searcher)  # the swap: one reference assignment, on the loop
-        if self.budget_bytes:
-            self._make_room(kb, 0)
+        if self.budget_bytes:  # after the load was verified: a bad version evicts nothing
+            self._make_room(kb)
         freeze_heap()
         log.info("serving %s version %s (%d chunks)", kb, version, len(searcher.chunks))
         served = self._served.setdefault(kb, deque(maxlen=2))
@@ -255,9 +334,6 @@ class Refresher:
         """Fetch, load and verify, check it is the version asked for, warm and build its
         searcher: all off the loop."""
         folder = await asyncio.to_thread(self.store.fetch, kb, version)
-        if self.budget_bytes:
-            manifest = await asyncio.to_thread(read_manifest, folder)
-            self._make_room(kb, sum(manifest.sizes.values()))
         # fetch checked every file's sha256 (the SnapshotStore contract); hashing them again
         # took 8 of the 52 s a 1M-chunk snapshot took to load
         snapshot = await asyncio.to_thread(
@@ -292,8 +368,9 @@ class Refresher:
         to the garbage collector, which then collects a stopped sidecar in a process that goes on
         (tests; an embedding host)."""
         self.store.close()
-        for task in self._wanted.values():
-            task.cancel()
+        self._queue.clear()
+        if self._loader is not None:
+            self._loader.cancel()
         gc.unfreeze()
 
     async def poll_forever(self, every_s: float) -> None:

@@ -37,7 +37,7 @@ from sidecar.turn.hits import Hit
 from sidecar.turn.query_embedder import QueryEmbedder
 from sidecar.turn.rerank import Reranker
 from sidecar.turn.rerank import Status as RerankStatus
-from sidecar.turn.sessions import Mention, Session, SessionStore
+from sidecar.turn.sessions import Mention, Session, SessionStore, connection
 from sidecar.turn.sessions import Speaker as Speaker  # re-exported: TurnInput.speaker's values
 from sidecar.turn.skip import Skip, SkipPolicy
 from sidecar.turn.text import Utterance
@@ -227,7 +227,7 @@ class Engine:
         self.known_bases = known_bases
         # With [sidecar] memory_budget_mb: starts loading a base that is not loaded, returns the
         # retry hint in ms (0: it cannot be loaded now). None: every base is loaded at start.
-        self.load_on_demand: Callable[[str], int] | None = None
+        self.load_on_demand: Callable[[str, str], int] | None = None  # (base, connection)
         self.sessions = sessions
         self.skip_policy = skip_policy or SkipPolicy()
         self.hybrid_bases = hybrid_bases
@@ -569,7 +569,7 @@ class Engine:
             raise scope.unknown_base(kb, self.known_bases)
         searcher = self.holder.use(kb)
         if searcher is None and self.load_on_demand is not None:
-            retry_ms = self.load_on_demand(kb)
+            retry_ms = self.load_on_demand(kb, connection.get())
             if retry_ms:
                 raise Loading(
                     f"knowledge base {kb!r} is loading (its first call, or it was evicted to keep "

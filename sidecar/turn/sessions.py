@@ -31,6 +31,10 @@ from sidecar.turn.hits import Hit
 
 # The caller the current call belongs to ("": no authentication); set per call by sidecar.edge.auth.
 owner: ContextVar[str] = ContextVar("owner", default="")
+# The connection the current call came by (its peer address); set per call by sidecar.edge.logs.
+# Lazy loads queue per connection (sidecar.snapshots.refresh.LoadQueue), so one client asking for
+# many bases cannot hold back another's.
+connection: ContextVar[str] = ContextVar("connection", default="")
 
 RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this is rarely meant
 # Bytes, measured with tracemalloc (tests/test_sessions.py keeps them honest): a Session with

@@ -1,0 +1,296 @@
+"""A thousand bases behind one sidecar under ``[sidecar] memory_budget_mb`` (issue 19, 2), and the
+order of a lazy load: verified before it evicts, fair between callers, a new base kept for the
+caller that asked for it.
+
+Real parts: a real sidecar on 127.0.0.1 port 0, real snapshots in a real local store, real
+hnswlib. One small base is written by the indexer's snapshot writer with the hash embedder, then
+published under each other name the way a publisher would (``bench.many_bases.publish_copies``:
+its files linked into a staging folder, its manifest written again naming the new base, the only
+place a snapshot names its base, so every file's sha256 and size stay true). The hash
+embedder keeps the building cheap; nothing here measures quality.
+
+Each caller has its own connection (``grpc.use_local_subchannel_pool``: channels to one target
+otherwise share a connection), as separate agent processes would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.many_bases import publish_copies
+from index.embedders.base import HashEmbedder
+from sidecar.config import parse_config
+from sidecar.edge.server import Sidecar, create_server
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots.refresh import LoadQueue
+from sidecar.snapshots.searcher import Searcher
+from tests.snapshot_kit import version_id, write_version
+
+BASES = 1000
+CALLERS = 8
+BUDGET_MB = 16  # holds about six of these bases (hnswlib's fixed 2.5 MiB each, and little more)
+EMBEDDER = HashEmbedder(dimension=64)
+LOAD_WAIT_S = 120.0  # a bound on one base's first answer however busy the machine, not a timing
+CALL_S = 30.0  # a bound on one call
+
+
+def kb_name(i: int) -> str:
+    return f"kb{i:04d}"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("many") / "store"
+    version = version_id(1)
+    write_version(root, version, EMBEDDER, "password", kb=kb_name(0))
+    publish_copies(root, kb_name(0), version, (kb_name(i) for i in range(1, BASES)))
+    # a base this sidecar must refuse: its checksums match, its embedder is not the sidecar's;
+    # its files (a 4 MiB page) would need room that only evicting loaded bases could make
+    other = HashEmbedder(dimension=64, name="test/other")
+    write_version(root, version, other, kb="broken", page_bytes=4 * 2**20)
+    return root
+
+
+@contextlib.asynccontextmanager
+async def serving(store: Path, tmp_path: Path) -> AsyncIterator[Sidecar]:
+    raw = {
+        "sidecar": {
+            "store": str(store),
+            "listen": "127.0.0.1:0",
+            "memory_budget_mb": BUDGET_MB,
+            "min_score": -1.0,
+            "budget_ms": 5_000,
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    }
+    sidecar = await create_server(parse_config(raw, base=tmp_path), embedder=EMBEDDER, poll=False)
+    try:
+        yield sidecar
+    finally:
+        await sidecar.stop(0.5)
+
+
+def channel(sidecar: Sidecar) -> grpc.aio.Channel:
+    """A channel with a connection of its own: another caller."""
+    return grpc.aio.insecure_channel(
+        f"127.0.0.1:{sidecar.port}", options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
+def search(kb: str) -> pb.SearchRequest:
+    return pb.SearchRequest(knowledge_base=kb, query="how do I reset my password", limit=3)
+
+
+def hint_ms(exc: grpc.aio.AioRpcError) -> int:
+    return int(dict(exc.trailing_metadata() or ())["grpc-retry-pushback-ms"])
+
+
+async def answered(stub: pb_grpc.RetrievalStub, kb: str) -> tuple[pb.SearchResponse, int]:
+    """Search ``kb``, retrying after the hint while it loads: its answer, and how many calls
+    were refused UNAVAILABLE (each with a hint) before it."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + LOAD_WAIT_S
+    refused = 0
+    while True:
+        try:
+            resp: pb.SearchResponse = await stub.Search(search(kb), timeout=CALL_S)
+            return resp, refused
+        except grpc.aio.AioRpcError as exc:
+            loading = "is loading" in str(exc.details())
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE or not loading:
+                raise
+            if loop.time() > give_up:
+                raise
+            refused += 1
+            await asyncio.sleep(hint_ms(exc) / 1000)
+
+
+def loaded(sidecar: Sidecar) -> set[str]:
+    """The bases served now (``get`` marks nothing used, unlike a call's ``use``)."""
+    return {kb for kb in sidecar.engine.known_bases if sidecar.holder.get(kb) is not None}
+
+
+def published(sidecar: Sidecar, then: Callable[[], None] | None = None) -> list[str]:
+    """Every base the holder is given from now on, in order (the real holder, watched);
+    ``then`` runs on the loop's next step after each (once the load has made room)."""
+    order: list[str] = []
+    publish = sidecar.holder.publish
+    loop = asyncio.get_running_loop()
+
+    def watched(searcher: Searcher) -> None:
+        publish(searcher)
+        order.append(searcher.snapshot.manifest.knowledge_base)
+        if then is not None:
+            loop.call_soon(then)
+
+    sidecar.holder.publish = watched  # type: ignore[method-assign]
+    return order
+
+
+async def test_a_thousand_bases_answer_within_the_budget_for_concurrent_callers(
+    store: Path, tmp_path: Path
+) -> None:
+    """Every call answers (OK, or UNAVAILABLE with a hint while its base loads, then OK), the
+    bytes the holder counts never pass the budget, bases are evicted, health stays SERVING."""
+    budget = BUDGET_MB * 2**20
+    async with serving(store, tmp_path) as sidecar:
+        holder = sidecar.holder
+        over: list[int] = []
+        health: list[int] = []
+
+        def within_budget() -> None:
+            if holder.loaded_bytes() > budget:
+                over.append(holder.loaded_bytes())
+
+        order = published(sidecar, then=within_budget)
+
+        async def caller(c: int) -> int:
+            async with channel(sidecar) as ch:
+                stub = pb_grpc.RetrievalStub(ch)  # type: ignore[no-untyped-call]
+                probe = health_pb2_grpc.HealthStub(ch)
+                refused = 0
+                for i in range(c, BASES, CALLERS):  # the callers' bases interleave
+                    resp, n = await answered(stub, kb_name(i))
+                    assert resp.chunks
+                    assert {ch.knowledge_base for ch in resp.chunks} == {kb_name(i)}
+                    refused += n
+                    within_budget()
+                    if i % 50 == c:
+                        check = await probe.Check(health_pb2.HealthCheckRequest(), timeout=CALL_S)
+                        health.append(check.status)
+                return refused
+
+        refusals = await asyncio.gather(*(caller(c) for c in range(CALLERS)))
+        assert len(order) >= BASES
+        assert over == []
+        assert set(health) == {health_pb2.HealthCheckResponse.SERVING}
+        assert sum(refusals) >= BASES  # each base's first call found it not loaded
+        assert holder.loaded_bytes() <= budget
+        left = len(loaded(sidecar))
+        assert 1 < left < BASES // 100  # the budget holds a few
+        assert holder.evictions >= BASES - left
+        assert sidecar.refresher.waiting == 0
+
+
+async def test_a_version_that_fails_to_load_evicts_nothing(store: Path, tmp_path: Path) -> None:
+    """The budget is full and ``kb0000`` is the least recently used: a call to a base whose
+    snapshot this sidecar refuses (another embedder) leaves every loaded base in place."""
+    async with serving(store, tmp_path) as sidecar, channel(sidecar) as ch:
+        stub = pb_grpc.RetrievalStub(ch)  # type: ignore[no-untyped-call]
+        await answered(stub, kb_name(0))
+        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+        for i in range(1, fits):
+            await answered(stub, kb_name(i))
+        full = loaded(sidecar)
+        assert full == {kb_name(i) for i in range(fits)}
+        assert sidecar.holder.evictions == 0
+
+        with pytest.raises(grpc.aio.AioRpcError) as first:
+            await stub.Search(search("broken"), timeout=CALL_S)
+        assert first.value.code() is grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # retried until the load failed
+            await answered(stub, "broken")
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "has no snapshot loaded" in str(refused.value.details())
+        refusal = sidecar.holder.last_refusal("broken")
+        assert refusal is not None
+        assert refusal.kind == "incompatible"
+        assert loaded(sidecar) == full
+        assert sidecar.holder.evictions == 0
+        await answered(stub, kb_name(fits))  # a good one still makes room as before
+        assert loaded(sidecar) == full - {kb_name(0)} | {kb_name(fits)}
+
+
+async def test_a_caller_with_many_bases_queued_does_not_hold_back_another(
+    store: Path, tmp_path: Path
+) -> None:
+    """One caller asks for 40 bases at once (40 loads queued); another caller's one base loads
+    next but one, not after the 40: the queues are served in turn."""
+    many = [kb_name(i) for i in range(100, 140)]
+    async with (
+        serving(store, tmp_path) as sidecar,
+        channel(sidecar) as first_ch,
+        channel(sidecar) as second_ch,
+    ):
+        order = published(sidecar)
+        first = pb_grpc.RetrievalStub(first_ch)  # type: ignore[no-untyped-call]
+        second = pb_grpc.RetrievalStub(second_ch)  # type: ignore[no-untyped-call]
+        async with sidecar.refresher._lock:  # no load starts until both callers have asked
+            for kb in many:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await first.Search(search(kb), timeout=CALL_S)
+                assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await second.Search(search(kb_name(999)), timeout=CALL_S)
+            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert sidecar.refresher.waiting == len(many) + 1
+        resp, _ = await answered(second, kb_name(999))
+        assert {c.knowledge_base for c in resp.chunks} == {kb_name(999)}
+        # the first caller's first base (taken before the second asked), its second, then
+        # the second caller's: not after the other 38
+        assert order.index(kb_name(999)) == 2
+        assert order[:2] == many[:2]
+
+
+async def test_a_new_base_is_kept_for_its_caller_while_another_cycles_through_bases(
+    store: Path, tmp_path: Path
+) -> None:
+    """Caller B's base loads; before B comes back, caller A goes through more bases than the
+    budget holds. B's base was loaded, not used: it stays, and B's next call answers from it."""
+    async with (
+        serving(store, tmp_path) as sidecar,
+        channel(sidecar) as a_ch,
+        channel(sidecar) as b_ch,
+    ):
+        sidecar.holder.fresh_s = 3600.0  # however slow the machine, B is "about to come back"
+        b_loaded = asyncio.Event()
+        order = published(sidecar, then=lambda: b_loaded.set() if kb_name(500) in order else None)
+        a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
+        b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+        await answered(a, kb_name(300))
+        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await b.Search(search(kb_name(500)), timeout=CALL_S)
+        async with asyncio.timeout(LOAD_WAIT_S):
+            await b_loaded.wait()
+        for i in range(301, 301 + 2 * fits):
+            await answered(a, kb_name(i))
+        assert sidecar.holder.evictions >= fits
+        resp = await b.Search(search(kb_name(500)), timeout=CALL_S)  # no retry: it is there
+        assert {c.knowledge_base for c in resp.chunks} == {kb_name(500)}
+        assert order.count(kb_name(500)) == 1
+
+
+def test_the_load_queue_takes_requesters_in_turn_each_base_once() -> None:
+    queue = LoadQueue()
+    for kb in ("a1", "a2", "a3"):
+        queue.add(kb, "first")
+    queue.add("b1", "second")
+    queue.add("a2", "second")  # queued already: not twice, and still the first's
+    assert len(queue) == 4
+    assert [queue.pop() for _ in range(5)] == ["a1", "b1", "a2", "a3", None]
+
+
+def test_the_load_queue_says_how_many_loads_come_before_each_base() -> None:
+    """``ahead`` (the retry hint's count) against the order ``pop`` really gives, on random
+    queues."""
+    rng = random.Random(19)
+    for _ in range(200):
+        queue = LoadQueue()
+        bases: set[str] = set()
+        for _ in range(rng.randrange(1, 30)):
+            kb = f"kb{rng.randrange(40)}"
+            queue.add(kb, f"r{rng.randrange(4)}")
+            bases.add(kb)
+        ahead = {kb: queue.ahead(kb) for kb in bases}
+        order = list(iter(queue.pop, None))
+        assert ahead == {kb: i for i, kb in enumerate(order)}
