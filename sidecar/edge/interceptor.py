@@ -165,22 +165,25 @@ class HookRun:
     def start(self, until: int | None = None) -> None:
         """Every hook's ``start`` from where the last step stopped, up to position ``until``
         (the end by default)."""
+        call, first = self.call, self.started
         stop = self.phases.count if until is None else until
         try:
             for i, start in self.phases.start:
-                if self.started <= i < stop:
+                if first <= i < stop:
                     self.started = i  # the hooks before this one have started, whatever it raises
-                    start(self.call)
+                    start(call)
         except RequestError as exc:
             self.refused(exc)
-        self.started = max(self.started, stop)
+        if stop > self.started:
+            self.started = stop
 
     def check(self, message: Any) -> None:
+        call = self.call
         try:
             if isinstance(message, Malformed):
                 raise message.error()
             for request in self.phases.request:
-                request(self.call, message)
+                request(call, message)
         except RequestError as exc:
             self.refused(exc)
 
@@ -190,10 +193,11 @@ class HookRun:
 
     def end(self) -> None:
         """Every started hook's ``end``, with ``call.code`` final; once."""
-        for i, end in self.phases.end:
-            if i < self.started:
-                end(self.call)
+        call, started = self.call, self.started
         self.started = 0
+        for i, end in self.phases.end:
+            if i < started:
+                end(call)
 
     def refused(self, exc: RequestError) -> NoReturn:
         """The call's code is the refusal's; ``exc`` goes on up."""
