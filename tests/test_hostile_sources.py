@@ -483,3 +483,23 @@ def test_a_url_that_trickles_is_given_up_at_the_download_deadline() -> None:
     assert isinstance(got, Failed)
     assert got.reason.startswith("not downloaded within 0.5 s (")
     assert not got.gone  # kept as a failure: the copy fetched before, if any, is kept
+
+
+# --- frontmatter that YAML parses slowly --------------------------------------------------------
+
+
+def test_frontmatter_too_large_or_too_deep_for_yaml_is_refused_unparsed(tmp_path: Path) -> None:
+    # PyYAML took 6.7 s over 2,000 "[" (4 kB; more than quadratic), and minutes over megabytes
+    docs = docs_folder(tmp_path)
+    (docs / "deep.md").write_text("---\ntags: " + "[" * 2_000 + "\n---\n# Deep\n\nText.\n")
+    (docs / "large.md").write_text("---\ntags: [" + "a, " * 20_000 + "]\n---\n# Large\n\nText.\n")
+    (docs / "nested.md").write_text(
+        "---\ntitle: Nested\nmeta: " + "[" * 64 + "]" * 64 + "\n---\nOK.\n"
+    )
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {
+        "deep.md": "malformed frontmatter: [ and { nested 2000 deep; the limit is 64",
+        "large.md": "malformed frontmatter: 60,008 bytes; the limit is 32,768 (frontmatter is "
+        "a few fields: put the text in the page)",
+    }
+    assert {c.source_path for c in snap.chunks} == {"billing.md", "nested.md"}
