@@ -405,6 +405,15 @@ def test_an_html_page_whose_charset_fails_to_decode_is_skipped(tmp_path: Path) -
     assert {c.source_path for c in snap.chunks} == {"ok.html"}
 
 
+def test_a_character_reference_of_thousands_of_digits_is_a_replacement_character(
+    tmp_path: Path,
+) -> None:
+    # the parser converts &#NNN; with int(), which refuses more than 4,300 digits: a ValueError
+    # out of the parser stopped the whole build
+    markup = "<h1>Refs</h1><p>&#" + "9" * 5_000 + "; &#" + "0" * 5_000 + "65; &#128222;</p>"
+    assert html_text(tmp_path, markup) == "# Refs\n\n\ufffd A \U0001f4de\n"
+
+
 # --- CSV that backtracks or holds a whole line --------------------------------------------------
 
 
