@@ -99,6 +99,19 @@ def test_a_jsonl_line_over_max_page_bytes_is_skipped_unread(tmp_path: Path) -> N
     }
 
 
+def test_a_jsonl_line_with_a_number_of_thousands_of_digits_is_skipped(tmp_path: Path) -> None:
+    # int() refuses more than 4,300 digits: the ValueError stopped the whole build
+    faq = tmp_path / "faq.jsonl"
+    faq.write_text(
+        f'{{"id": "big", "text": "Huge.", "n": {"9" * 5_000}}}\n{{"id": "ok", "text": "Fine."}}\n'
+    )
+    summary, snap = build(tmp_path, [{"type": "jsonl", "path": str(faq)}])
+    assert reasons(summary) == {
+        "faq.jsonl:1": "malformed JSON: a number of more digits than can be read (4,300)"
+    }
+    assert [c.source_path for c in snap.chunks] == ["ok"]
+
+
 # --- 13: a CSV quote left open ----------------------------------------------------------------
 
 
