@@ -7,6 +7,9 @@ and tables are atomic: they are never split, even when larger than the target. A
 than the target is split at sentence boundaries, then line breaks, then words.
 
 Every chunk's text is a verbatim slice of the page text, so Markdown is kept as it was written.
+Whatever the structure, no chunk's text is over ``MAX_CHUNK_BYTES`` (UTF-8): a larger one (a
+huge table or code block, or a "word" of megabytes, which counts as one token) is cut into
+consecutive slices, at a line break where there is one.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ _FENCE_CLOSE_RE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*")
 _LIST_ITEM_RE = re.compile(r"([ \t]*)(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
 _SENTENCE_END_RE = re.compile(r"(?<![.!?])[.!?]++[\"')\]]*+(?=\s)")
 _NON_SPACE_RE = re.compile(r"\S+")
+# A chunk is sent whole in every answer that finds it (and again in the session's context), and
+# an answer is at most [sidecar] max_message_bytes (4 MiB by default): a 4 MB table kept whole
+# failed every Turn that found it, and the session's next turns too. 50 results of 32 KiB fit.
+MAX_CHUNK_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -501,21 +508,58 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
             continue
         prefix = page.context or " > ".join(crumbs)
         for a, b in _pack(units, options.target_tokens, options.overlap_tokens):
-            body = text[units[a].start : units[b - 1].end]
-            cid = _chunk_id(page, crumbs, body)
-            count = seen.get(cid, 0) + 1
-            seen[cid] = count
-            chunks.append(
-                Chunk(
-                    chunk_id=cid if count == 1 else f"{cid}-{count}",
-                    source=page.source,
-                    source_path=page.source_path,
-                    title=page.title,
-                    breadcrumbs=crumbs,
-                    text=body,
-                    embed_text=f"{prefix}\n\n{body}" if prefix else body,
-                    url=page.url,
-                    metadata=page.metadata,
+            for start, end in _within_bytes(text, units[a].start, units[b - 1].end):
+                body = text[start:end]
+                cid = _chunk_id(page, crumbs, body)
+                count = seen.get(cid, 0) + 1
+                seen[cid] = count
+                chunks.append(
+                    Chunk(
+                        chunk_id=cid if count == 1 else f"{cid}-{count}",
+                        source=page.source,
+                        source_path=page.source_path,
+                        title=page.title,
+                        breadcrumbs=crumbs,
+                        text=body,
+                        embed_text=f"{prefix}\n\n{body}" if prefix else body,
+                        url=page.url,
+                        metadata=page.metadata,
+                    )
                 )
-            )
     return chunks
+
+
+def _within_bytes(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """``text[start:end]`` as consecutive slices of at most MAX_CHUNK_BYTES (UTF-8), cut at the
+    last line break of a slice's second half where there is one; whitespace at a cut is left
+    out. Most chunks are one slice, known from their length alone."""
+    if 4 * (end - start) <= MAX_CHUNK_BYTES or _utf8(text, start, end) <= MAX_CHUNK_BYTES:
+        yield start, end
+        return
+    while start < end:
+        stop = _longest_slice(text, start, end)
+        if stop < end:
+            line = text.rfind("\n", start + (stop - start) // 2, stop)
+            stop = line if line > start else stop
+        piece_end = stop
+        while piece_end > start and text[piece_end - 1].isspace():
+            piece_end -= 1
+        if piece_end > start:
+            yield start, piece_end
+        start = stop
+        while start < end and text[start].isspace():
+            start += 1
+
+
+def _longest_slice(text: str, start: int, end: int) -> int:
+    """The end of the longest slice from ``start`` within MAX_CHUNK_BYTES (at least one
+    character)."""
+    stop = min(end, start + MAX_CHUNK_BYTES)
+    while stop > start + 1 and _utf8(text, start, stop) > MAX_CHUNK_BYTES:
+        over = _utf8(text, start, stop) - MAX_CHUNK_BYTES
+        stop -= max(1, over // 4)  # a character is at most 4 bytes: never below the longest
+    return stop
+
+
+def _utf8(text: str, start: int, end: int) -> int:
+    return len(text[start:end].encode("utf-8", "surrogatepass"))

@@ -451,8 +451,8 @@ def _check_manifest(report: DocsReport) -> None:
     try:
         text = path.read_text(encoding="utf-8")
         listed = {str(e["path"]): e for e in json.loads(text)["pages"]}
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        report.problems.append(
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        report.problems.append(  # RecursionError: arrays nested past the parser's recursion
             Problem(MANIFEST_NAME, 1, "stale-manifest", f"stale manifest: unreadable ({exc})")
         )
         return

@@ -489,6 +489,19 @@ def test_a_run_of_bare_headings_is_packed_not_a_chunk_per_heading() -> None:
     assert chunks[-1].text.endswith("#### Step\n\nThe last step's text.")
 
 
+def test_no_chunk_is_over_max_chunk_bytes() -> None:
+    # a table is kept whole and a word of any length is one token: a table of 4 MB was a chunk
+    # of 4 MB, sent in every answer that found it, past max_message_bytes
+    table = "| a | b |\n|---|---|\n" + "".join(f"| row {i} | {'x' * 40} |\n" for i in range(3000))
+    body = f"{table}\nA {'y' * 100_000} word.\n"
+    chunks = chunk_page(page_of(f"# Big\n\n{body}"))
+    assert all(len(c.text.encode()) <= chunker.MAX_CHUNK_BYTES for c in chunks)
+    assert len(chunks) == 10  # 160 kB of table in 6 slices, 100 kB of word in 4
+    assert chunks[0].text.startswith("| a | b |\n|---|---|\n| row 0 |")
+    assert all(c.text.endswith(" |") for c in chunks[:6])  # the table is cut between rows
+    assert "".join("".join(c.text.split()) for c in chunks) == "".join(body.split())
+
+
 def test_text_pages_have_no_headings() -> None:
     text = "# not a heading\n\nSecond paragraph.\n\n```\nno fence\n```\n"
     page = Page(source="s", source_path="a.txt", title="Notes", text=text, kind="text")

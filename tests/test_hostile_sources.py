@@ -99,6 +99,19 @@ def test_a_jsonl_line_over_max_page_bytes_is_skipped_unread(tmp_path: Path) -> N
     }
 
 
+def test_a_jsonl_line_with_a_number_of_thousands_of_digits_is_skipped(tmp_path: Path) -> None:
+    # int() refuses more than 4,300 digits: the ValueError stopped the whole build
+    faq = tmp_path / "faq.jsonl"
+    faq.write_text(
+        f'{{"id": "big", "text": "Huge.", "n": {"9" * 5_000}}}\n{{"id": "ok", "text": "Fine."}}\n'
+    )
+    summary, snap = build(tmp_path, [{"type": "jsonl", "path": str(faq)}])
+    assert reasons(summary) == {
+        "faq.jsonl:1": "malformed JSON: a number of more digits than can be read (4,300)"
+    }
+    assert [c.source_path for c in snap.chunks] == ["ok"]
+
+
 # --- 13: a CSV quote left open ----------------------------------------------------------------
 
 
@@ -405,6 +418,15 @@ def test_an_html_page_whose_charset_fails_to_decode_is_skipped(tmp_path: Path) -
     assert {c.source_path for c in snap.chunks} == {"ok.html"}
 
 
+def test_a_character_reference_of_thousands_of_digits_is_a_replacement_character(
+    tmp_path: Path,
+) -> None:
+    # the parser converts &#NNN; with int(), which refuses more than 4,300 digits: a ValueError
+    # out of the parser stopped the whole build
+    markup = "<h1>Refs</h1><p>&#" + "9" * 5_000 + "; &#" + "0" * 5_000 + "65; &#128222;</p>"
+    assert html_text(tmp_path, markup) == "# Refs\n\n\ufffd A \U0001f4de\n"
+
+
 # --- CSV that backtracks or holds a whole line --------------------------------------------------
 
 
@@ -483,3 +505,23 @@ def test_a_url_that_trickles_is_given_up_at_the_download_deadline() -> None:
     assert isinstance(got, Failed)
     assert got.reason.startswith("not downloaded within 0.5 s (")
     assert not got.gone  # kept as a failure: the copy fetched before, if any, is kept
+
+
+# --- frontmatter that YAML parses slowly --------------------------------------------------------
+
+
+def test_frontmatter_too_large_or_too_deep_for_yaml_is_refused_unparsed(tmp_path: Path) -> None:
+    # PyYAML took 6.7 s over 2,000 "[" (4 kB; more than quadratic), and minutes over megabytes
+    docs = docs_folder(tmp_path)
+    (docs / "deep.md").write_text("---\ntags: " + "[" * 2_000 + "\n---\n# Deep\n\nText.\n")
+    (docs / "large.md").write_text("---\ntags: [" + "a, " * 20_000 + "]\n---\n# Large\n\nText.\n")
+    (docs / "nested.md").write_text(
+        "---\ntitle: Nested\nmeta: " + "[" * 64 + "]" * 64 + "\n---\nOK.\n"
+    )
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {
+        "deep.md": "malformed frontmatter: [ and { nested 2000 deep; the limit is 64",
+        "large.md": "malformed frontmatter: 60,008 bytes; the limit is 32,768 (frontmatter is "
+        "a few fields: put the text in the page)",
+    }
+    assert {c.source_path for c in snap.chunks} == {"billing.md", "nested.md"}

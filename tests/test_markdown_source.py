@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from index.chunker import chunk_page, count_tokens
+from index.chunker import MAX_CHUNK_BYTES, chunk_page, count_tokens
 from index.errors import SourceError
 from index.sources import SkippedPage
 from index.sources.markdown import FrontmatterError, load_markdown, split_frontmatter
@@ -201,8 +201,14 @@ def test_real_docs_folder(name: str, min_pages: int) -> None:
     )
     assert len(chunks) >= len(pages)
     assert len({c.chunk_id for c in chunks}) == len(chunks)
+    previous = None
     for c, n in zip(chunks, tokens, strict=True):
         assert c.text.strip()
         assert c.breadcrumbs[0] == c.title
-        if n > 256:  # only an atomic fence or table may exceed the target
+        assert len(c.text.encode()) <= MAX_CHUNK_BYTES
+        # only an atomic fence or table may exceed the target, or the rest of one cut at
+        # MAX_CHUNK_BYTES (each slice but the last is over half of it)
+        cut = previous is not None and len(previous.text.encode()) > MAX_CHUNK_BYTES // 2
+        if n > 256 and not cut:
             assert c.text.lstrip().startswith(("```", "~~~", "|")), (c.source_path, c.breadcrumbs)
+        previous = c

@@ -214,3 +214,11 @@ def test_code_spans_and_shortcodes_hide_their_links(
     root = write(tmp_path / "docs", {"page.md": f"# Page\n\n{line}\n"})
     report = validate_docs(root)
     assert sorted(p.message.split(": ")[1].split(" ")[0] for p in report.problems) == links
+
+
+def test_a_manifest_nested_past_the_recursion_limit_is_reported_stale(tmp_path: Path) -> None:
+    # json.loads recursed once per level: RecursionError, which is no ValueError, escaped
+    root = write(tmp_path / "docs", {"a.md": "# A\n\nText.\n", MANIFEST_NAME: "[" * 100_000})
+    report = validate_docs(root)
+    assert [(p.path, p.kind) for p in report.problems] == [(MANIFEST_NAME, "stale-manifest")]
+    assert report.problems[0].message.startswith("stale manifest: unreadable (maximum recursion")

@@ -39,6 +39,7 @@ MAX_LIST_INDENT_LEVELS = 8
 # A charset declared in the first bytes of a document (HTML5 asks for it within 1024 bytes).
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _SNIFF_BYTES = 4096
+_LONG_CHARREF = re.compile(r"&#([0-9]{64,})")
 # A leading "#" or code fence in plain prose would turn into structure for the chunker.
 _MARKDOWN_START = re.compile(r"^( {0,3})(#|`{3}|~{3})")
 
@@ -272,11 +273,26 @@ def _text_tail(markup: str) -> str:
     return markup if "<" not in tail else markup[:end] + tail.replace("<", "&lt;")
 
 
+def _short_charrefs(markup: str) -> str:
+    """``markup`` with each decimal character reference of 64 digits or more written short.
+
+    The parser converts ``&#NNN;`` with ``int()``, which refuses more than 4,300 digits: one
+    such reference raised ValueError out of the parser and stopped the build. Past its leading
+    zeros a reference of more than 7 digits is no character, and the parser writes U+FFFD for
+    it: so does this, without the digits."""
+
+    def short(match: re.Match[str]) -> str:
+        digits = match.group(1).lstrip("0") or "0"
+        return "&#" + (digits if len(digits) <= 7 else "65533")
+
+    return _LONG_CHARREF.sub(short, markup)
+
+
 def html_to_markdown(markup: str) -> tuple[str, str]:
     """``(title, text)``: the document's title (``<title>``, else the first ``<h1>``, else "")
     and its readable text as Markdown."""
     reader = _Reader()
-    reader.feed(_text_tail(markup))
+    reader.feed(_text_tail(_short_charrefs(markup)))
     reader.close()
     parts: list[str] = []
     for text, tight in reader.blocks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -34,10 +35,18 @@ __all__ = [
 MARKDOWN_SUFFIXES = (".md", ".markdown")
 
 _FENCE = "---"
+_BRACKETS_RE = re.compile(r"[\[\]{}]")
 _CLOSERS = ("---", "...")
 # Frontmatter is a few fields. YAML aliases can make a few lines expand to billions of values
 # ("billion laughs") or into a cycle; metadata_value would walk either until memory runs out.
 MAX_FRONTMATTER_VALUES = 10_000
+# PyYAML is pure Python: 200 kB of frontmatter took 14 s to parse, the 8 MiB a page may hold
+# ten minutes. Frontmatter is a few fields; its size is checked before it is parsed.
+MAX_FRONTMATTER_BYTES = 32 * 1024
+# PyYAML's scanner slows down more than quadratically with nested flow collections: 1,000
+# "[" took 0.65 s, 2,000 took 6.7 s (before the recursion limit stopped it). Frontmatter nests
+# a level or two; brackets are counted (quoted or not: a conservative count) before parsing.
+MAX_FRONTMATTER_DEPTH = 64
 
 
 class FrontmatterError(SourceError):
@@ -61,8 +70,10 @@ def split_frontmatter(raw: str) -> tuple[dict[str, object] | None, str, int]:
     close = next((i for i in range(1, len(lines)) if lines[i].rstrip() in _CLOSERS), None)
     if close is None:
         raise FrontmatterError("malformed frontmatter: no closing '---' line")
+    source = "\n".join(lines[1:close])
+    _check_text(source)
     try:
-        data = yaml.safe_load("\n".join(lines[1:close]))
+        data = yaml.safe_load(source)
     except yaml.MarkedYAMLError as exc:
         problem = exc.problem or str(exc).strip().split("\n", 1)[0]
         where = f" (line {exc.problem_mark.line + 2})" if exc.problem_mark is not None else ""
@@ -79,6 +90,25 @@ def split_frontmatter(raw: str) -> tuple[dict[str, object] | None, str, int]:
         )
     body = "\n".join(lines[close + 1 :])
     return {str(k): v for k, v in data.items()}, body, close + 1
+
+
+def _check_text(source: str) -> None:
+    """Raise FrontmatterError when the YAML text is too large or nests too deep to parse."""
+    size = len(source.encode("utf-8", "surrogatepass"))
+    if size > MAX_FRONTMATTER_BYTES:
+        raise FrontmatterError(
+            f"malformed frontmatter: {size:,} bytes; the limit is {MAX_FRONTMATTER_BYTES:,} "
+            "(frontmatter is a few fields: put the text in the page)"
+        )
+    depth = deepest = 0
+    for bracket in _BRACKETS_RE.findall(source):
+        depth = depth + 1 if bracket in "[{" else max(0, depth - 1)
+        deepest = max(deepest, depth)
+    if deepest > MAX_FRONTMATTER_DEPTH:
+        raise FrontmatterError(
+            f"malformed frontmatter: [ and {{ nested {deepest} deep; the limit is "
+            f"{MAX_FRONTMATTER_DEPTH}"
+        )
 
 
 def _check_size(data: object) -> None:

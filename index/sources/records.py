@@ -128,6 +128,8 @@ def _json_record(raw: bytes) -> Mapping[str, Any] | str | None:
         return f"malformed JSON: {exc.msg} (column {exc.colno})"
     except RecursionError:
         return _TOO_DEEP
+    except ValueError:  # int() refuses a number of more than 4,300 digits
+        return "malformed JSON: a number of more digits than can be read (4,300)"
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not an object"
     return _TOO_DEEP if _deeper_than(record, MAX_JSON_DEPTH) else record
