@@ -200,7 +200,9 @@ async def test_a_version_that_fails_to_load_evicts_nothing(store: Path, tmp_path
         with pytest.raises(grpc.aio.AioRpcError) as refused:  # retried until the load failed
             await answered(stub, "broken")
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
-        assert "has no snapshot loaded" in str(refused.value.details())
+        details = str(refused.value.details())
+        assert "has no snapshot loaded: its newest version was refused" in details
+        assert "incompatible" in details  # why, so a person can act on it
         refusal = sidecar.holder.last_refusal("broken")
         assert refusal is not None
         assert refusal.kind == "incompatible"

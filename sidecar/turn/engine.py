@@ -577,11 +577,22 @@ class Engine:
                     retry_ms,
                 )
         if searcher is None:
-            raise SnapshotNotFound(
-                f"knowledge base {kb!r} has no snapshot loaded yet: run `voxrecall index build` "
-                "against the sidecar's store, and it is picked up on the next poll"
-            )
+            raise self._not_loaded(kb)
         return searcher
+
+    def _not_loaded(self, kb: str) -> SnapshotNotFound:
+        """Why ``kb`` has nothing to serve: its last version was refused (and why), or none
+        was ever published."""
+        refusal = self.holder.last_refusal(kb)
+        if refusal is not None:
+            return SnapshotNotFound(
+                f"knowledge base {kb!r} has no snapshot loaded: its newest version was refused "
+                f"({refusal}); publish a good one, and it is tried again on the next poll"
+            )
+        return SnapshotNotFound(
+            f"knowledge base {kb!r} has no snapshot loaded yet: run `voxrecall index build` "
+            "against the sidecar's store, and it is picked up on the next poll"
+        )
 
     def _skipped(
         self, session: Session, skip: Skip, searcher: Searcher, budget: Budget
