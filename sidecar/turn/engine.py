@@ -337,10 +337,8 @@ class Engine:
                 _confirm(session, plan, result, entity_of)
             return plan.query, result
         depth = max(keep, FUSION_DEPTH)
-        folded, own = await asyncio.gather(
-            self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed),
-            self._turn_search(searcher, kb, req.text, req, budget, embed, depth, allowed),
-        )
+        target = self._turn_scope(searcher, kb, req, depth, allowed)
+        folded, own = await self._searched_both(target, (plan.query, req.text), budget, embed)
         # the turn's own words' result is what the conversation's pages count
         _count_pages(session, own.hits, entity_of)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
@@ -362,7 +360,27 @@ class Engine:
     ) -> SearchResult:
         """One of a turn's searches, ``limit`` deep (at least ``max_results``), within what
         the call may reach (``allowed``)."""
-        target = SearchScope(
+        target = self._turn_scope(searcher, kb, req, limit, allowed)
+        return await self._search(target, query, budget.embed_deadline(), embed=embed)
+
+    async def _searched_both(
+        self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
+    ) -> tuple[SearchResult, SearchResult]:
+        """A turn's two searches (the folded query, the turn alone), both queries embedded in
+        one embedder call: on the embedded model's one worker, two calls would run one after
+        the other, each with its own hand-off to the worker thread and back."""
+        start = time.perf_counter()
+        vectors: Sequence[Vectors | None] = (None, None)
+        if embed:
+            vectors = await self.vectors.get_many(queries, budget.embed_deadline())
+        embed_ms = (time.perf_counter() - start) * 1000.0
+        first = self._rank(target, queries[0], vectors[0], embed_ms)
+        return first, self._rank(target, queries[1], vectors[1], embed_ms)
+
+    def _turn_scope(
+        self, searcher: Searcher, kb: str, req: TurnInput, limit: int, allowed: Allowed | None
+    ) -> SearchScope:
+        return SearchScope(
             searcher,
             kb,
             limit=max(limit, self.config.max_results),
@@ -371,7 +389,6 @@ class Engine:
             context_url=req.context_url,
             allowed=allowed,
         )
-        return await self._search(target, query, budget.embed_deadline(), embed=embed)
 
     def _read_later(self, session: Session, utterance: Utterance) -> None:
         """Embed an agent turn in the background (it is read by the next user turn's page
