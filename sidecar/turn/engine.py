@@ -79,14 +79,19 @@ READ_LATER_S = 2.0  # an agent turn's embedding still running this long after it
 EntityOf = Callable[[Chunk], str]  # a chunk's entity (``followups.Gazetteer.entity_of``)
 
 
-@dataclass(frozen=True, slots=True)
+# The values made on every call (inputs, results, timings, scopes) are slotted dataclasses that
+# are never changed once made, but not frozen: a frozen class's ``__init__`` sets each field
+# through ``object.__setattr__``, a few times the cost of a plain slotted one, on every call.
+
+
+@dataclass(slots=True)
 class Timings:
     embed_ms: float = 0.0
     search_ms: float = 0.0
     total_ms: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnInput:
     session_id: str
     text: str
@@ -100,7 +105,7 @@ class TurnInput:
     source_paths: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SearchInput:
     query: str
     knowledge_base: str = ""
@@ -128,16 +133,16 @@ class BasePolicy:
 NO_POLICY = BasePolicy()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SearchResult:
     hits: list[Hit]
     snapshot_version: str
     degraded: bool = False
-    timings: Timings = Timings()
+    timings: Timings = field(default_factory=Timings)
     rerank: RerankStatus = RerankStatus.RERANK_NONE
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnResult:
     hits: list[Hit]
     context: list[Hit]
@@ -145,7 +150,7 @@ class TurnResult:
     query: str
     snapshot_version: str
     degraded: bool = False
-    timings: Timings = Timings()
+    timings: Timings = field(default_factory=Timings)
     prefetched: bool = False  # answered from a search started on an interim transcript
     truncated: bool = False  # the query was longer than the embedder reads: it was cut there
     followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the query folded in, and why
@@ -164,7 +169,7 @@ class PlannedSearch:
     allowed: Allowed | None = None  # the filters' and paths' mask (sidecar/turn/scope.py)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SearchScope:
     """Where one search looks and what it keeps: the base's searcher, how many results, the
     threshold, and the call's sources, ``context_url`` and filters' mask."""
@@ -488,13 +493,8 @@ class Engine:
         result = await self._reranked(kb, query, result, limit, budget)
         if req.session_id:
             self._remember(self.sessions.get(req.session_id), result.hits)
-        return SearchResult(
-            hits=result.hits,
-            snapshot_version=result.snapshot_version,
-            degraded=result.degraded,
-            timings=Timings(result.timings.embed_ms, result.timings.search_ms, budget.elapsed_ms()),
-            rerank=result.rerank,
-        )
+        result.timings.total_ms = budget.elapsed_ms()  # made by _rank for this call alone
+        return result
 
     def end_session(self, session_id: str) -> bool:
         self._check_session(session_id)
