@@ -42,3 +42,12 @@ def test_a_name_one_byte_over_its_limit_is_refused() -> None:
     check(pb.TurnRequest(text="hello", session_id="s" * NAME_BYTES))
     with pytest.raises(InvalidArgument, match="session_id is at least 1025 bytes"):
         check(pb.TurnRequest(text="hello", session_id="s" * (NAME_BYTES + 1)))
+
+
+def test_a_query_vector_does_not_count_toward_the_text_bound_but_its_text_does() -> None:
+    vector = b"\x00" * 4 * 1536  # far over SMALL_MESSAGE_BYTES, and no string
+    check(pb.SearchRequest(vector=vector, knowledge_base="kb"))
+    with pytest.raises(InvalidArgument, match="knowledge_base is at least 1025 bytes"):
+        check(pb.SearchRequest(vector=vector, knowledge_base="k" * (NAME_BYTES + 1)))
+    with pytest.raises(InvalidArgument, match="sources has 257 entries"):
+        check(pb.SearchRequest(vector=vector, sources=[""] * (MAX_REPEATED + 1)))
