@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -183,3 +184,28 @@ def test_missing_model_is_refused(tmp_path: Path) -> None:
 def test_bad_arguments(kwargs: dict[str, int], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         LocalEmbedder(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_pair_runs_side_by_side_with_the_single_text_vectors(
+    async_embedder: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's two queries (QueryEmbedder.get_many) come as one call of two texts: each runs
+    alone on a thread of its own, and a cancelled pair leaves the embedder working."""
+    pair = ["HARBOR GRILL: do they take reservations", "do they take reservations"]
+    threads: dict[str, str] = {}
+    embed_rows = async_embedder._embed_rows
+
+    def recording(texts: list[str]) -> np.ndarray:
+        threads[texts[0]] = threading.current_thread().name.rsplit("_", 1)[0]
+        return embed_rows(texts)
+
+    monkeypatch.setattr(async_embedder, "_embed_rows", recording)
+    cancelled = asyncio.ensure_future(async_embedder.embed(["a pair", "cut off"]))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    got = await async_embedder.embed(pair)
+    assert [threads[text] for text in pair] == ["voxrecall-embed", "voxrecall-embed-beside"]
+    want = np.concatenate([async_embedder.embed_batch([text]) for text in pair])
+    np.testing.assert_array_equal(got, want)

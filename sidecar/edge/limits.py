@@ -15,10 +15,12 @@ done, and ``cut_off`` ends those still running when the grace period is over, wi
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from sidecar.edge.interceptor import Call, Hook
@@ -174,6 +176,12 @@ FIELD_BYTES: dict[str, int | None] = {
 }
 NAME_BYTES = 1024  # any other string field: a name, an id
 MAX_REPEATED = 256  # entries of a repeated string field (sources: a base has a handful)
+# A message this small (serialized, less its bytes fields: a query vector) has no field over
+# any limit: a string is at most those bytes, and a repeated entry takes at least two (its tag
+# and its length). Most requests are; only the larger ones are walked field by field.
+SMALL_MESSAGE_BYTES = min(
+    NAME_BYTES, 2 * MAX_REPEATED, *(limit for limit in FIELD_BYTES.values() if limit)
+)
 
 
 def utf8_size(text: str, limit: int) -> int:
@@ -188,7 +196,24 @@ class FieldLimits(Hook):
     """Refuses a request with a text field over its byte limit (INVALID_ARGUMENT, naming it)."""
 
     def request(self, call: Call, message: Any) -> None:
-        check_fields(message)
+        if _text_bytes(message) > SMALL_MESSAGE_BYTES:
+            check_fields(message)
+
+
+def _text_bytes(message: Message) -> int:
+    """A bound on the bytes of any string in ``message`` (and on twice the entries of any
+    repeated field): its serialized size less the values of its top-level bytes fields."""
+    size: int = message.ByteSize()
+    for name in _bytes_fields(message.DESCRIPTOR):
+        size -= len(getattr(message, name))
+    return size
+
+
+@functools.cache
+def _bytes_fields(descriptor: Descriptor) -> tuple[str, ...]:
+    return tuple(
+        fd.name for fd in descriptor.fields if fd.type == fd.TYPE_BYTES and not fd.is_repeated
+    )
 
 
 def check_fields(message: Message, prefix: str = "") -> None:

@@ -63,10 +63,11 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
     return wrapper
 
 
-def timings_message(timings: Timings) -> pb.Timings:
-    return pb.Timings(
-        embed_ms=timings.embed_ms, search_ms=timings.search_ms, total_ms=timings.total_ms
-    )
+def set_timings(message: pb.Timings, timings: Timings) -> None:
+    """``timings`` into a response's own ``Timings`` (no message made apart and copied in)."""
+    message.embed_ms = timings.embed_ms
+    message.search_ms = timings.search_ms
+    message.total_ms = timings.total_ms
 
 
 # Each hit's message built once per process and copied into responses (sidecar/edge/messages.py).
@@ -115,7 +116,6 @@ def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
         skipped=result.skipped.name,
         degraded=result.degraded,
         query=result.query,
-        timings=timings_message(result.timings),
         snapshot_version=result.snapshot_version,
         truncated=result.truncated,
         followup=pb.FollowUp(
@@ -127,6 +127,7 @@ def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
         instructions=policy.instructions,
         rerank=result.rerank.name,
     )
+    set_timings(response.timings, result.timings)
     MESSAGES.fill(response.chunks, result.hits)
     MESSAGES.fill(response.context, result.context)
     return response
@@ -209,13 +210,13 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         )
         policy = self._policy(request.knowledge_base)
         response = pb.SearchResponse(
-            timings=timings_message(result.timings),
             snapshot_version=result.snapshot_version,
             degraded=result.degraded,
             fallback=policy.fallback if not result.hits else "",
             instructions=policy.instructions,
             rerank=result.rerank.name,
         )
+        set_timings(response.timings, result.timings)
         MESSAGES.fill(response.chunks, result.hits)
         return response
 

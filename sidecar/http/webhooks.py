@@ -37,7 +37,7 @@ from cachetools import TTLCache
 from index.errors import ConfigError
 from sidecar.config import Config, HttpConfig
 from sidecar.edge.limits import NAME_BYTES, utf8_size
-from sidecar.edge.service import timings_message
+from sidecar.edge.service import set_timings
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.functions.tools import Toolbox
 from sidecar.gen import retrieval_pb2 as pb
@@ -380,7 +380,9 @@ class Webhooks:
 def _seen(result: TurnResult) -> pb.TurnResponse:
     """What the hooks read of a turn's answer (the metrics: whether it searched, its timings):
     Vapi gets documents, so the chunks a ``TurnResponse`` would carry are never built."""
-    return pb.TurnResponse(skipped=result.skipped.name, timings=timings_message(result.timings))
+    seen = pb.TurnResponse(skipped=result.skipped.name)
+    set_timings(seen.timings, result.timings)
+    return seen
 
 
 def _check_call_id(call_id: str) -> None:

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 FALLBACK_RESERVE_MS = 15.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Budget:
     """``total_ms`` from ``started`` (``time.monotonic()``); ``reserve_ms`` is kept for the
-    fallback, at most a third of the total so that a small budget still leaves time to embed."""
+    fallback, at most a third of the total so that a small budget still leaves time to embed.
+    One per call, never changed (slotted rather than frozen: a frozen ``__init__`` is slower)."""
 
     total_ms: float
     started: float

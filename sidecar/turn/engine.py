@@ -79,14 +79,19 @@ READ_LATER_S = 2.0  # an agent turn's embedding still running this long after it
 EntityOf = Callable[[Chunk], str]  # a chunk's entity (``followups.Gazetteer.entity_of``)
 
 
-@dataclass(frozen=True, slots=True)
+# The values made on every call (inputs, results, timings, scopes) are slotted dataclasses that
+# are never changed once made, but not frozen: a frozen class's ``__init__`` sets each field
+# through ``object.__setattr__``, a few times the cost of a plain slotted one, on every call.
+
+
+@dataclass(slots=True)
 class Timings:
     embed_ms: float = 0.0
     search_ms: float = 0.0
     total_ms: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnInput:
     session_id: str
     text: str
@@ -100,7 +105,7 @@ class TurnInput:
     source_paths: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SearchInput:
     query: str
     knowledge_base: str = ""
@@ -128,16 +133,16 @@ class BasePolicy:
 NO_POLICY = BasePolicy()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SearchResult:
     hits: list[Hit]
     snapshot_version: str
     degraded: bool = False
-    timings: Timings = Timings()
+    timings: Timings = field(default_factory=Timings)
     rerank: RerankStatus = RerankStatus.RERANK_NONE
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnResult:
     hits: list[Hit]
     context: list[Hit]
@@ -145,7 +150,7 @@ class TurnResult:
     query: str
     snapshot_version: str
     degraded: bool = False
-    timings: Timings = Timings()
+    timings: Timings = field(default_factory=Timings)
     prefetched: bool = False  # answered from a search started on an interim transcript
     truncated: bool = False  # the query was longer than the embedder reads: it was cut there
     followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the query folded in, and why
@@ -164,7 +169,7 @@ class PlannedSearch:
     allowed: Allowed | None = None  # the filters' and paths' mask (sidecar/turn/scope.py)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SearchScope:
     """Where one search looks and what it keeps: the base's searcher, how many results, the
     threshold, and the call's sources, ``context_url`` and filters' mask."""
@@ -337,10 +342,8 @@ class Engine:
                 _confirm(session, plan, result, entity_of)
             return plan.query, result
         depth = max(keep, FUSION_DEPTH)
-        folded, own = await asyncio.gather(
-            self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed),
-            self._turn_search(searcher, kb, req.text, req, budget, embed, depth, allowed),
-        )
+        target = self._turn_scope(searcher, kb, req, depth, allowed)
+        folded, own = await self._searched_both(target, (plan.query, req.text), budget, embed)
         # the turn's own words' result is what the conversation's pages count
         _count_pages(session, own.hits, entity_of)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
@@ -362,7 +365,27 @@ class Engine:
     ) -> SearchResult:
         """One of a turn's searches, ``limit`` deep (at least ``max_results``), within what
         the call may reach (``allowed``)."""
-        target = SearchScope(
+        target = self._turn_scope(searcher, kb, req, limit, allowed)
+        return await self._search(target, query, budget.embed_deadline(), embed=embed)
+
+    async def _searched_both(
+        self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
+    ) -> tuple[SearchResult, SearchResult]:
+        """A turn's two searches (the folded query, the turn alone), both queries embedded in
+        one embedder call: on the embedded model's one worker, two calls would run one after
+        the other, each with its own hand-off to the worker thread and back."""
+        start = time.perf_counter()
+        vectors: Sequence[Vectors | None] = (None, None)
+        if embed:
+            vectors = await self.vectors.get_many(queries, budget.embed_deadline())
+        embed_ms = (time.perf_counter() - start) * 1000.0
+        first = self._rank(target, queries[0], vectors[0], embed_ms)
+        return first, self._rank(target, queries[1], vectors[1], embed_ms)
+
+    def _turn_scope(
+        self, searcher: Searcher, kb: str, req: TurnInput, limit: int, allowed: Allowed | None
+    ) -> SearchScope:
+        return SearchScope(
             searcher,
             kb,
             limit=max(limit, self.config.max_results),
@@ -371,7 +394,6 @@ class Engine:
             context_url=req.context_url,
             allowed=allowed,
         )
-        return await self._search(target, query, budget.embed_deadline(), embed=embed)
 
     def _read_later(self, session: Session, utterance: Utterance) -> None:
         """Embed an agent turn in the background (it is read by the next user turn's page
@@ -471,13 +493,8 @@ class Engine:
         result = await self._reranked(kb, query, result, limit, budget)
         if req.session_id:
             self._remember(self.sessions.get(req.session_id), result.hits)
-        return SearchResult(
-            hits=result.hits,
-            snapshot_version=result.snapshot_version,
-            degraded=result.degraded,
-            timings=Timings(result.timings.embed_ms, result.timings.search_ms, budget.elapsed_ms()),
-            rerank=result.rerank,
-        )
+        result.timings.total_ms = budget.elapsed_ms()  # made by _rank for this call alone
+        return result
 
     def end_session(self, session_id: str) -> bool:
         self._check_session(session_id)

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from index.types import Chunk
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hit:
-    """A chunk as one search returned it."""
+    """A chunk as one search returned it. Never changed once made; not frozen because a search
+    makes one per result on every call, and a frozen class's ``__init__`` (each field set
+    through ``object.__setattr__``) costs a few times a plain slotted one's."""
 
     knowledge_base: str
     chunk: Chunk

@@ -2,11 +2,19 @@
 
     vectors = QueryEmbedder(embedder, cache_size=2048)
     vector = await vectors.get("how do I split a pane", deadline)  # None: fall back
+    folded, alone = await vectors.get_many([folded_query, turn_text], deadline)
 
 A call that misses its deadline is not cancelled but left to finish in the background ("late"):
 its vector then lands in the cache, so the same words next time (the final transcript after an
 interim one, a caller repeating the question) are answered at once. A second caller asking for
 words already being embedded joins that call instead of starting another.
+
+``get_many`` asks for several queries at once (a turn's folded query and the turn alone): the
+ones neither cached nor in flight go to the embedder in ONE ``embed`` call, so the embedded
+model's single worker takes one job (one hand-off to its thread and back, not one per query,
+each waiting on the other's); each query is then answered as ``get`` answers it, and lands in
+the cache alone. The embedded model runs each text of a call through the graph on its own,
+unpadded, so a vector is the same whichever call it came in.
 
 At most ``embedder.parallel_calls`` calls left behind (late, or their caller cancelled; 1 unless
 the embedder says otherwise) run at a time; while that many are in flight a new query is not
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cachetools import LRUCache
@@ -57,7 +66,8 @@ class QueryEmbedder:
         self.embedder = embedder
         self.stats = EmbedStats()
         self._cache: LRUCache[str, Vectors] = LRUCache(maxsize=max(1, cache_size))
-        self._inflight: dict[str, asyncio.Task[Vectors]] = {}
+        # query -> the call embedding it, and its row in that call's answer
+        self._inflight: dict[str, tuple[asyncio.Task[Vectors], int]] = {}
         self._late: set[asyncio.Task[Vectors]] = set()
         self._left: dict[asyncio.Task[Vectors], asyncio.TimerHandle] = {}
         self.max_late = max(1, int(getattr(embedder, "parallel_calls", 1)))
@@ -72,66 +82,123 @@ class QueryEmbedder:
         if vector is not None:
             self.stats.hits += 1
             return vector
-        self.stats.misses += 1
-        loop = asyncio.get_running_loop()
-        task = self._inflight.get(query)
-        if task is not None:
-            self.stats.joined += 1
-        elif len(self._late) >= self.max_late:
-            self.stats.busy += 1
-            return None
-        elif deadline <= loop.time():
-            self.stats.late += 1
-            return None
-        else:
-            task = self._submit(query)
-        try:
-            async with asyncio.timeout_at(deadline):
-                vectors = await asyncio.shield(task)
-        except TimeoutError:
-            self.stats.late += 1
-            self._leave(task)
-            log.warning("embedder missed its deadline: the turn falls back")
-            return None
-        except EmbedderError as exc:
-            self.stats.failed += 1
-            log.warning("embedder failed: %s: the turn falls back", exc)
-            return None
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if task.cancelled() and (current is None or not current.cancelling()):
-                self.stats.failed += 1  # the shared call was cut off, not this caller
-                return None
-            self._leave(task)
-            raise
-        row: Vectors = vectors[0]
-        return row
+        return (await self.get_many((query,), deadline))[0]
+
+    async def get_many(self, queries: Sequence[str], deadline: float) -> list[Vectors | None]:
+        """Each query's vector, or None where ``get`` would answer None (counted per query as
+        ``get`` counts); the queries neither cached nor in flight are embedded in one call."""
+        found: dict[str, Vectors | None] = {}
+        waiting: dict[str, tuple[asyncio.Task[Vectors], int]] = {}
+        new: list[str] = []
+        for query in dict.fromkeys(queries):  # a query asked twice is looked up once
+            vector = self._cache.get(query)
+            if vector is not None:
+                self.stats.hits += 1
+                found[query] = vector
+                continue
+            self.stats.misses += 1
+            entry = self._inflight.get(query)
+            if entry is not None:
+                self.stats.joined += 1
+                waiting[query] = entry
+            else:
+                new.append(query)
+        if new and self._admit(len(new), deadline):
+            task = self._submit(new)
+            waiting.update((query, (task, row)) for row, query in enumerate(new))
+        if waiting:
+            found.update(await self._collect(waiting, deadline))
+        return [found.get(query) for query in queries]
 
     async def aclose(self) -> None:
         """Cancel every call still running and wait for them to end."""
-        tasks = list(self._inflight.values())
+        tasks = list({task for task, _ in self._inflight.values()})
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _submit(self, query: str) -> asyncio.Task[Vectors]:
-        task = asyncio.get_running_loop().create_task(
-            self.embedder.embed([query]), name="voxrecall-embed"
-        )
-        self._inflight[query] = task
+    def _admit(self, count: int, deadline: float) -> bool:
+        """Whether ``count`` new queries may go to the embedder now: not while late calls fill
+        it (``busy``), nor past the deadline (``late``)."""
+        if len(self._late) >= self.max_late:
+            self.stats.busy += count
+            return False
+        if deadline <= asyncio.get_running_loop().time():
+            self.stats.late += count
+            return False
+        return True
+
+    async def _collect(
+        self, waiting: Mapping[str, tuple[asyncio.Task[Vectors], int]], deadline: float
+    ) -> dict[str, Vectors | None]:
+        """Wait for the calls ``waiting`` holds until ``deadline``, without cancelling them: a
+        call still running then is left to finish in the background (late); a cancelled caller
+        leaves them all, bounded by LATE_CUTOFF_S."""
+        tasks = {task for task, _ in waiting.values()}
+        timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+        try:
+            await asyncio.wait(tasks, timeout=timeout)
+        except asyncio.CancelledError:
+            for task in tasks:
+                self._leave(task)
+            raise
+        for task in tasks:
+            self._report(task)
+        return {query: self._outcome(task, row) for query, (task, row) in waiting.items()}
+
+    def _report(self, task: asyncio.Task[Vectors]) -> None:
+        """Once per call: a call still running is left to finish (late), a failure logged."""
+        if not task.done():
+            self._leave(task)
+            log.warning("embedder missed its deadline: the turn falls back")
+        elif not task.cancelled() and isinstance(task.exception(), EmbedderError):
+            log.warning("embedder failed: %s: the turn falls back", task.exception())
+
+    def _outcome(self, task: asyncio.Task[Vectors], row: int) -> Vectors | None:
+        """One query's vector from the call embedding it, counted as ``get`` counts it."""
+        if not task.done():
+            self.stats.late += 1
+            return None
+        if task.cancelled():  # the shared call was cut off, not this caller
+            self.stats.failed += 1
+            return None
+        exc = task.exception()
+        if isinstance(exc, EmbedderError):
+            self.stats.failed += 1
+            return None
+        if exc is not None:
+            raise exc
+        vector: Vectors = task.result()[row]
+        return vector
+
+    def _submit(self, queries: list[str]) -> asyncio.Task[Vectors]:
+        task = asyncio.get_running_loop().create_task(self._embed(queries), name="voxrecall-embed")
+        for row, query in enumerate(queries):
+            self._inflight[query] = (task, row)
 
         def done(t: asyncio.Task[Vectors]) -> None:
             self._late.discard(t)
             handle = self._left.pop(t, None)
             if handle is not None:
                 handle.cancel()
-            if self._inflight.get(query) is t:
-                del self._inflight[query]
-            if not t.cancelled() and t.exception() is None:
-                self._cache[query] = t.result()[0]
+            vectors = t.result() if not t.cancelled() and t.exception() is None else None
+            for row, query in enumerate(queries):
+                entry = self._inflight.get(query)
+                if entry is not None and entry[0] is t:
+                    del self._inflight[query]
+                if vectors is not None:
+                    self._cache[query] = vectors[row]
 
         task.add_done_callback(done)
         return task
+
+    async def _embed(self, queries: list[str]) -> Vectors:
+        vectors = await self.embedder.embed(queries)
+        if len(vectors) != len(queries):
+            raise EmbedderError(
+                f"the embedder answered {len(vectors)} vectors for {len(queries)} texts"
+            )
+        return vectors
 
     def _leave(self, task: asyncio.Task[Vectors]) -> None:
         """The caller stops waiting (late, or cancelled); the call goes on, bounded by

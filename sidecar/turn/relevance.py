@@ -57,9 +57,10 @@ Ranked = list[tuple[int, float]]
 Related = Callable[[Mapping[str, MetaValue]], bool]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Query:
-    """What to rank: ``vector`` is None when the embedder gave nothing (lexical fallback)."""
+    """What to rank: ``vector`` is None when the embedder gave nothing (lexical fallback).
+    One per search, never changed (slotted rather than frozen: a frozen ``__init__`` is slower)."""
 
     text: str
     vector: Vectors | None
@@ -128,9 +129,10 @@ def lexical(searcher: Searcher, q: Query, related: Related | None, depth: int) -
 def dense(searcher: Searcher, q: Query, related: Related | None, depth: int) -> Ranked:
     """Cosine >= min_score, best first; a related chunk gets ``+bonus`` after the threshold."""
     found = _dense(searcher, q, depth)
+    if related is None:  # most calls: one pass, no set
+        return [(label, score) for label, score in found if score >= q.min_score][: q.limit]
     relevant = {label for label, score in found if score >= q.min_score}
-    if related is not None:
-        found = _lift(searcher, found, related, lambda s: s + q.context_bonus)
+    found = _lift(searcher, found, related, lambda s: s + q.context_bonus)
     return [(label, score) for label, score in found if label in relevant][: q.limit]
 
 
