@@ -189,9 +189,30 @@ async def test_a_cancelled_caller_leaves_the_call_running_for_the_cache() -> Non
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller
-    assert vectors.stats.late == 0  # it was left, not late: no late slot taken
+    assert vectors.stats.late == 0  # it was left, not late: counted apart
+    # but it holds the late slot (a client hanging up at once cannot queue work ahead of others)
+    assert await vectors.get("another caller", far()) is None
+    assert vectors.stats.busy == 1
     gated.release.set()
     await eventually(lambda: vectors.cached("data plans") is not None)
+
+
+async def test_a_query_asked_ahead_and_superseded_holds_no_late_slot() -> None:
+    """An interim's search ahead is cancelled by the sidecar itself when a newer interim comes:
+    its call goes on for the cache, and another caller's query is still embedded."""
+    gated = Gated()
+    vectors = QueryEmbedder(gated, cache_size=16)
+    ahead = asyncio.create_task(vectors.get("how do I roam", far(), ahead=True))
+    await eventually(lambda: len(gated.calls) == 1)
+    ahead.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await ahead
+    other = asyncio.create_task(vectors.get("another caller", far()))
+    await eventually(lambda: len(gated.calls) == 2)
+    gated.release.set()
+    assert await other is not None
+    assert vectors.stats.busy == 0
+    await eventually(lambda: vectors.cached("how do I roam") is not None)
 
 
 async def test_a_shared_call_cut_off_answers_none_to_the_one_waiting() -> None:

@@ -447,7 +447,7 @@ class Engine:
             allowed=planned.allowed,
         )
         start = time.perf_counter()
-        vector = await self.vectors.get(planned.query, deadline)
+        vector = await self.vectors.get(planned.query, deadline, ahead=True)
         if vector is None:  # no lexical search ahead: the turn itself falls back if it must
             return None
         embed_ms = (time.perf_counter() - start) * 1000.0

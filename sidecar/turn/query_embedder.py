@@ -75,16 +75,21 @@ class QueryEmbedder:
     def cached(self, query: str) -> Vectors | None:
         return self._cache.get(query)
 
-    async def get(self, query: str, deadline: float) -> Vectors | None:
+    async def get(self, query: str, deadline: float, *, ahead: bool = False) -> Vectors | None:
         """The query's unit vector, or None when the deadline (``loop.time()``) passed first or
-        the embedder failed; never raises for the embedder's sake."""
+        the embedder failed; never raises for the embedder's sake. ``ahead``: asked ahead of a
+        turn (an interim transcript), whose cancelling is the sidecar's own choice (a newer
+        interim came), not a caller hanging up: the call goes on for the cache without counting
+        among the late ones, so it never makes another caller's query fall back as busy."""
         vector = self._cache.get(query)
         if vector is not None:
             self.stats.hits += 1
             return vector
-        return (await self.get_many((query,), deadline))[0]
+        return (await self.get_many((query,), deadline, ahead=ahead))[0]
 
-    async def get_many(self, queries: Sequence[str], deadline: float) -> list[Vectors | None]:
+    async def get_many(
+        self, queries: Sequence[str], deadline: float, *, ahead: bool = False
+    ) -> list[Vectors | None]:
         """Each query's vector, or None where ``get`` would answer None (counted per query as
         ``get`` counts); the queries neither cached nor in flight are embedded in one call."""
         found: dict[str, Vectors | None] = {}
@@ -107,7 +112,7 @@ class QueryEmbedder:
             task = self._submit(new)
             waiting.update((query, (task, row)) for row, query in enumerate(new))
         if waiting:
-            found.update(await self._collect(waiting, deadline))
+            found.update(await self._collect(waiting, deadline, late_if_cancelled=not ahead))
         return [found.get(query) for query in queries]
 
     async def aclose(self) -> None:
@@ -129,18 +134,22 @@ class QueryEmbedder:
         return True
 
     async def _collect(
-        self, waiting: Mapping[str, tuple[asyncio.Task[Vectors], int]], deadline: float
+        self,
+        waiting: Mapping[str, tuple[asyncio.Task[Vectors], int]],
+        deadline: float,
+        *,
+        late_if_cancelled: bool = True,
     ) -> dict[str, Vectors | None]:
         """Wait for the calls ``waiting`` holds until ``deadline``, without cancelling them: a
         call still running then is left to finish in the background (late); a cancelled caller
-        leaves them all, bounded by LATE_CUTOFF_S."""
+        leaves them all, bounded by LATE_CUTOFF_S (and counted late unless told otherwise)."""
         tasks = {task for task, _ in waiting.values()}
         timeout = max(0.0, deadline - asyncio.get_running_loop().time())
         try:
             await asyncio.wait(tasks, timeout=timeout)
         except asyncio.CancelledError:
             for task in tasks:
-                self._leave(task)
+                self._leave(task, late=late_if_cancelled)
             raise
         for task in tasks:
             self._report(task)
@@ -200,11 +209,12 @@ class QueryEmbedder:
             )
         return vectors
 
-    def _leave(self, task: asyncio.Task[Vectors]) -> None:
+    def _leave(self, task: asyncio.Task[Vectors], *, late: bool = True) -> None:
         """The caller stops waiting (late, or cancelled); the call goes on, bounded by
-        LATE_CUTOFF_S and counted among the late ones."""
+        LATE_CUTOFF_S and (``late``) counted among the late ones."""
         if task.done():
             return
-        self._late.add(task)
+        if late:
+            self._late.add(task)
         if task not in self._left:
             self._left[task] = asyncio.get_running_loop().call_later(LATE_CUTOFF_S, task.cancel)
