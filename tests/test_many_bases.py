@@ -18,8 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import grpc
 import pytest
@@ -31,6 +34,7 @@ from sidecar.config import parse_config
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.refresh import LoadQueue
 from sidecar.snapshots.searcher import Searcher
 from tests.snapshot_kit import version_id, write_version
@@ -227,10 +231,14 @@ async def test_a_caller_with_many_bases_queued_does_not_hold_back_another(
         first = pb_grpc.RetrievalStub(first_ch)  # type: ignore[no-untyped-call]
         second = pb_grpc.RetrievalStub(second_ch)  # type: ignore[no-untyped-call]
         async with sidecar.refresher._lock:  # no load starts until both callers have asked
+            sidecar.refresher.load_ms = 60_000.0  # as if each load took a minute
             for kb in many:
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await first.Search(search(kb), timeout=CALL_S)
                 assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+            # the 40th is told to come back while a base loaded for it still waits for it
+            assert 0 < hint_ms(refused.value) <= sidecar.holder.fresh_s * 1000
+            sidecar.refresher.load_ms = 0.0
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await second.Search(search(kb_name(999)), timeout=CALL_S)
             assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
@@ -270,6 +278,21 @@ async def test_a_new_base_is_kept_for_its_caller_while_another_cycles_through_ba
         resp = await b.Search(search(kb_name(500)), timeout=CALL_S)  # no retry: it is there
         assert {c.knowledge_base for c in resp.chunks} == {kb_name(500)}
         assert order.count(kb_name(500)) == 1
+
+
+def test_a_base_loaded_and_never_called_goes_first_once_its_wait_is_over() -> None:
+    """Eviction order: a fresh base (loaded, not called yet) goes after every used one while
+    its caller may still come back (``fresh_s``), before them once that wait is over."""
+    holder = SnapshotHolder()
+    for kb in ("used", "fresh"):
+        manifest = SimpleNamespace(knowledge_base=kb)
+        holder.publish(cast(Searcher, SimpleNamespace(snapshot=SimpleNamespace(manifest=manifest))))
+    holder.use("used")
+    now = time.monotonic()
+    assert holder.eviction_order(now) == ["used", "fresh"]
+    assert holder.eviction_order(now + holder.fresh_s + 1) == ["fresh", "used"]
+    holder.use("fresh")  # its caller came: it is used like any other now
+    assert holder.eviction_order(now + holder.fresh_s + 1) == ["used", "fresh"]
 
 
 def test_the_load_queue_takes_requesters_in_turn_each_base_once() -> None:

@@ -252,7 +252,10 @@ class Refresher:
         """About when ``kb`` will be in: the last load's time for each load before it and its
         own, so that a caller far down the queue does not ask again after every load."""
         loads = 1 if kb == self._loading else self._queue.ahead(kb) + 1 + bool(self._loading)
-        return max(FIRST_RETRY_MS if not self.load_ms else 10, round(self.load_ms)) * loads
+        hint = max(FIRST_RETRY_MS if not self.load_ms else 10, round(self.load_ms)) * loads
+        # never past the time a base just loaded waits for its caller (SnapshotHolder.fresh_s):
+        # a caller told to come back later would find its base gone to a busier one
+        return min(hint, round(self.holder.fresh_s * 1000 / 2))
 
     async def _load_queued(self) -> None:
         """Load what the queue holds, one base at a time, until it is empty."""
@@ -265,8 +268,8 @@ class Refresher:
             self._loader = None
 
     async def _load_wanted(self, kb: str) -> None:
-        started = time.perf_counter()
-        async with self._lock:
+        async with self._lock:  # a poll holds it too: its time is not the load's
+            started = time.perf_counter()
             if self.holder.get(kb) is not None:
                 return
             loaded = await self._refresh_one(kb)
