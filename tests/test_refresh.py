@@ -664,6 +664,29 @@ async def test_an_unreadable_version_is_refused_not_a_crash(
         await eventually(lambda: serving(sidecar.port, v2), "v2 served once readable")
 
 
+async def test_a_call_to_a_base_whose_version_could_not_be_fetched_says_so_not_build_one(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """A store the sidecar cannot read is not a bad snapshot: the call says the fetch failed and
+    is tried again, rather than "publish a good one" or "run voxrecall index build"."""
+    root = tmp_path / "published"
+    root.mkdir()
+    v1 = await publish(root, 1, local_embedder, "password")
+    store = UnreadableStore(root)
+    store.unreadable = True
+    async with running(
+        sidecar_config(Store(root, str(root)), tmp_path), local_embedder, store=store
+    ) as sidecar:
+        await eventually(lambda: refused(sidecar.port, v1, "unavailable"), "v1 unreadable")
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await search(sidecar.port)
+        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
+        details = str(failed.value.details())
+        assert "fetching its newest version failed" in details
+        assert "Permission denied" in details  # the cause, for the person fixing it
+        assert "tried again on the next poll" in details
+
+
 # -- what a swap costs the process ---------------------------------------------------------------
 
 

@@ -44,6 +44,7 @@ class Refusal:
     kind: str  # corrupt, incompatible, invalid, incomplete, unavailable, disk_full, cache_write, backwards
     reason: str
     at: float
+    retried: bool = False  # the store or the cache failed, not the version: it is tried again
 
     def __str__(self) -> str:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
@@ -124,11 +125,13 @@ class SnapshotHolder:
         self._used.clear()
         self._fresh.clear()
 
-    def refuse(self, knowledge_base: str, version: str, kind: str, reason: str) -> bool:
+    def refuse(
+        self, knowledge_base: str, version: str, kind: str, reason: str, retried: bool = False
+    ) -> bool:
         """Record a refusal; False (and not counted again) when it repeats the last one."""
         last = self._refusals.get(knowledge_base)
         repeat = last is not None and (last.version, last.kind) == (version, kind)
-        self._refusals[knowledge_base] = Refusal(version, kind, reason, time.time())
+        self._refusals[knowledge_base] = Refusal(version, kind, reason, time.time(), retried)
         if not repeat:
             self.refusals[kind] += 1
         return not repeat

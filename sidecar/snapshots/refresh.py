@@ -354,12 +354,14 @@ class Refresher:
         kind, retry = refusal_kind(exc)
         if not retry:
             self._rejected[kb] = version
-        self._record(kb, version, kind, str(exc))
+        self._record(kb, version, kind, str(exc), retried=retry)
 
-    def _record(self, kb: str, version: str, kind: str, reason: str) -> None:
+    def _record(
+        self, kb: str, version: str, kind: str, reason: str, *, retried: bool = False
+    ) -> None:
         served = self.holder.get(kb)
         keeps = f"still serving {served.version}" if served else "nothing to serve yet"
-        if self.holder.refuse(kb, version, kind, reason):
+        if self.holder.refuse(kb, version, kind, reason, retried):
             log.error(
                 "refused %s snapshot %s (%s): %s; %s", kb, version or "?", kind, reason, keeps
             )

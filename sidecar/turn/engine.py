@@ -598,13 +598,24 @@ class Engine:
         return searcher
 
     def _not_loaded(self, kb: str) -> SnapshotNotFound:
-        """Why ``kb`` has nothing to serve: its last version was refused (and why), or none
-        was ever published."""
+        """Why ``kb`` has nothing to serve: its newest version could not be fetched (tried
+        again), or was refused (a good one must be published), or none was ever published."""
         refusal = self.holder.last_refusal(kb)
+        again = (
+            "on a call after [sidecar] poll_seconds"
+            if self.load_on_demand is not None
+            else "on the next poll"
+        )
+        if refusal is not None and refusal.retried:
+            return SnapshotNotFound(
+                f"knowledge base {kb!r} has no snapshot loaded: fetching its newest version "
+                f"failed ({refusal}), a fault of the store or this sidecar's disk, not of the "
+                f"snapshot; it is tried again {again}"
+            )
         if refusal is not None:
             return SnapshotNotFound(
                 f"knowledge base {kb!r} has no snapshot loaded: its newest version was refused "
-                f"({refusal}); publish a good one, and it is tried again on the next poll"
+                f"({refusal}); publish a good one (`voxrecall index build`): it is tried {again}"
             )
         return SnapshotNotFound(
             f"knowledge base {kb!r} has no snapshot loaded yet: run `voxrecall index build` "
