@@ -153,7 +153,7 @@ class CallLog(Hook):
         method.set(call.method)
         door.set(call.door)
         session_id.set("")
-        connection.set(call.context.peer())  # whose queue a lazy load joins
+        connection.set(call.context.peer)  # whose queue a lazy load joins (read then)
         call.context.set_trailing_metadata(((CALL_ID_HEADER, call.call_id),))
 
     def request(self, call: Call, message: Any) -> None:

@@ -586,7 +586,7 @@ class Engine:
             raise scope.unknown_base(kb, self.known_bases)
         searcher = self.holder.use(kb)
         if searcher is None and self.load_on_demand is not None:
-            retry_ms = self.load_on_demand(kb, connection.get())
+            retry_ms = self.load_on_demand(kb, connection.get()())
             if retry_ms:
                 raise Loading(
                     f"knowledge base {kb!r} is loading (its first call, or it was evicted to keep "

@@ -34,7 +34,8 @@ owner: ContextVar[str] = ContextVar("owner", default="")
 # The connection the current call came by (its peer address); set per call by sidecar.edge.logs.
 # Lazy loads queue per connection (sidecar.snapshots.refresh.LoadQueue), so one client asking for
 # many bases cannot hold back another's.
-connection: ContextVar[str] = ContextVar("connection", default="")
+# It holds the call's ``peer`` method, called only when a load is queued: most calls never need it.
+connection: ContextVar[Callable[[], str]] = ContextVar("connection", default=str)
 
 RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this is rarely meant
 # Bytes, measured with tracemalloc (tests/test_sessions.py keeps them honest): a Session with
