@@ -34,13 +34,7 @@ def read_pem(path: Path, what: str) -> bytes:
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     """The server's credentials; files are read now, so a bad one stops the start."""
-    if tls.cert_file is None or tls.key_file is None:
-        raise ConfigError("[sidecar.tls] cert_file and key_file are both needed for TLS")
-    cert = read_pem(tls.cert_file, "[sidecar.tls] cert_file")
-    key = read_pem(tls.key_file, "[sidecar.tls] key_file")
-    ca = (
-        read_pem(tls.client_ca_file, "[sidecar.tls] client_ca_file") if tls.client_ca_file else None
-    )
+    cert, key, ca = _pems(tls)
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )
@@ -50,7 +44,8 @@ def server_context(tls: TlsConfig) -> ssl.SSLContext:
     """The HTTP door's TLS context from the same files (Python's server defaults: TLS 1.2 or
     newer); with ``client_ca_file``, a client must present a certificate it signed. The files
     are read now, so a bad one stops the start with the key that named it."""
-    cert, key, ca = _files(tls)
+    _pems(tls)  # each file a PEM, or the key that named it
+    (cert, key), ca = _pair(tls), tls.client_ca_file
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(cert, key)
@@ -62,14 +57,22 @@ def server_context(tls: TlsConfig) -> ssl.SSLContext:
     return context
 
 
-def _files(tls: TlsConfig) -> tuple[Path, Path, Path | None]:
+def _pems(tls: TlsConfig) -> tuple[bytes, bytes, bytes | None]:
+    """The certificate's, the key's and the client CA's bytes (None: no client CA), each named
+    by its key when it cannot be read or is not a PEM file."""
+    cert_file, key_file = _pair(tls)
+    cert = read_pem(cert_file, "[sidecar.tls] cert_file")
+    key = read_pem(key_file, "[sidecar.tls] key_file")
+    ca = (
+        read_pem(tls.client_ca_file, "[sidecar.tls] client_ca_file") if tls.client_ca_file else None
+    )
+    return cert, key, ca
+
+
+def _pair(tls: TlsConfig) -> tuple[Path, Path]:
     if tls.cert_file is None or tls.key_file is None:
         raise ConfigError("[sidecar.tls] cert_file and key_file are both needed for TLS")
-    read_pem(tls.cert_file, "[sidecar.tls] cert_file")
-    read_pem(tls.key_file, "[sidecar.tls] key_file")
-    if tls.client_ca_file is not None:
-        read_pem(tls.client_ca_file, "[sidecar.tls] client_ca_file")
-    return tls.cert_file, tls.key_file, tls.client_ca_file
+    return tls.cert_file, tls.key_file
 
 
 def is_loopback(listen: str) -> bool:
