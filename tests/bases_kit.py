@@ -30,18 +30,30 @@ def config(store: Path, tmp_path: Path, **sidecar: Any) -> Config:
     return parse_config(raw, base=tmp_path)
 
 
-async def retried(call: Callable[[], Awaitable[_T]]) -> _T:
-    """``call``'s response, retried while its base loads after the hint the sidecar gives."""
+def hint_ms(exc: grpc.aio.AioRpcError) -> int:
+    """The retry hint of a call refused while its base loads."""
+    return int(dict(exc.trailing_metadata() or ())["grpc-retry-pushback-ms"])
+
+
+async def retried(
+    call: Callable[[], Awaitable[_T]], refused: list[grpc.aio.AioRpcError] | None = None
+) -> _T:
+    """``call``'s response, retried while its base loads after the hint the sidecar gives (each
+    such refusal appended to ``refused``); any other error is raised."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + LOAD_WAIT_S
     while True:
         try:
             return await call()
         except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.UNAVAILABLE or loop.time() > give_up:
+            loading = "is loading" in str(exc.details())
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE or not loading:
                 raise
-            hint = dict(exc.trailing_metadata() or ())["grpc-retry-pushback-ms"]
-            await asyncio.sleep(int(hint) / 1000)
+            if loop.time() > give_up:
+                raise
+            if refused is not None:
+                refused.append(exc)
+            await asyncio.sleep(hint_ms(exc) / 1000)
 
 
 def search(kb: str) -> pb.SearchRequest:

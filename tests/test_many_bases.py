@@ -37,13 +37,13 @@ from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.refresh import LoadQueue
 from sidecar.snapshots.searcher import Searcher
+from tests.bases_kit import LOAD_WAIT_S, hint_ms, retried, search
 from tests.snapshot_kit import version_id, write_version
 
 BASES = 1000
 CALLERS = 8
 BUDGET_MB = 16  # holds about six of these bases (hnswlib's fixed 2.5 MiB each, and little more)
 EMBEDDER = HashEmbedder(dimension=64)
-LOAD_WAIT_S = 120.0  # a bound on one base's first answer however busy the machine, not a timing
 CALL_S = 30.0  # a bound on one call
 
 
@@ -90,32 +90,14 @@ def channel(sidecar: Sidecar) -> grpc.aio.Channel:
     )
 
 
-def search(kb: str) -> pb.SearchRequest:
-    return pb.SearchRequest(knowledge_base=kb, query="how do I reset my password", limit=3)
-
-
-def hint_ms(exc: grpc.aio.AioRpcError) -> int:
-    return int(dict(exc.trailing_metadata() or ())["grpc-retry-pushback-ms"])
-
-
 async def answered(stub: pb_grpc.RetrievalStub, kb: str) -> tuple[pb.SearchResponse, int]:
     """Search ``kb``, retrying after the hint while it loads: its answer, and how many calls
     were refused UNAVAILABLE (each with a hint) before it."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + LOAD_WAIT_S
-    refused = 0
-    while True:
-        try:
-            resp: pb.SearchResponse = await stub.Search(search(kb), timeout=CALL_S)
-            return resp, refused
-        except grpc.aio.AioRpcError as exc:
-            loading = "is loading" in str(exc.details())
-            if exc.code() is not grpc.StatusCode.UNAVAILABLE or not loading:
-                raise
-            if loop.time() > give_up:
-                raise
-            refused += 1
-            await asyncio.sleep(hint_ms(exc) / 1000)
+    refused: list[grpc.aio.AioRpcError] = []
+    resp: pb.SearchResponse = await retried(
+        lambda: stub.Search(search(kb), timeout=CALL_S), refused
+    )
+    return resp, len(refused)
 
 
 def loaded(sidecar: Sidecar) -> set[str]:
