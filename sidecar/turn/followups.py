@@ -74,6 +74,14 @@ REFERRING_EN = frozenset(
     one ones same also else too place
     """.split()
 )
+# Referring words that often do not refer (English grammar, no data set's words): "that" after a
+# content word opens a clause ("a list that I can join", "sure that"); "one" and "same" before
+# a content word count or compare ("from one machine to another", "at the same time"); "there"
+# beside a form of "be" says that something exists ("is there a roadmap", "there are two").
+CLAUSE_THAT_EN = frozenset({"that"})
+DETERMINER_LIKE_EN = frozenset({"one", "same"})
+EXISTENTIAL_THERE_EN = frozenset({"there"})
+BE_EN = frozenset("is are was were be been isn't aren't wasn't weren't 's".split())
 
 # Words that open a question; a turn starting with one (after fillers) asks rather than answers.
 QUESTION_OPENERS_EN = frozenset(
@@ -499,9 +507,32 @@ def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[s
 
 
 def refers_back(utterance: Utterance) -> bool:
-    """Whether a turn leans on the conversation: a pronoun, "the place", or a few words only."""
+    """Whether a turn leans on the conversation: a pronoun, "the place", or a few words only.
+    A referring word used otherwise ("is there a way", "at the same time", "a list that I
+    can join": ``_refers_at``) does not count."""
     toks = _spoken(utterance)
-    return len(toks) <= SHORT_TURN or any(t in REFERRING_EN for t in toks)
+    return len(toks) <= SHORT_TURN or any(_refers_at(toks, i) for i in range(len(toks)))
+
+
+def _refers_at(toks: Sequence[str], i: int) -> bool:
+    """Whether ``toks[i]`` refers back: a referring word, unless its neighbours show it is used
+    otherwise (``CLAUSE_THAT_EN``, ``DETERMINER_LIKE_EN``, ``EXISTENTIAL_THERE_EN``)."""
+    word = toks[i]
+    if word not in REFERRING_EN:
+        return False
+    before = toks[i - 1] if i > 0 else ""
+    after = toks[i + 1] if i + 1 < len(toks) else ""
+    if word in CLAUSE_THAT_EN:
+        return not _is_content(before)
+    if word in DETERMINER_LIKE_EN:
+        return not _is_content(after)
+    if word in EXISTENTIAL_THERE_EN:
+        return before not in BE_EN and after not in BE_EN
+    return True
+
+
+def _is_content(word: str) -> bool:
+    return bool(word) and bool(_content((word,)))
 
 
 def _spoken(utterance: Utterance) -> list[str]:
