@@ -140,6 +140,8 @@ def test_fold_referring_leaves_self_contained_turns_alone() -> None:
         ("I see one place by the park there, is it that one?", True),
         ("Does this hotel have free parking for the guests?", True),
         ("Do they take reservations?", True),  # few words, and a pronoun
+        ("And what may I need to qualify for the booking?", True),  # a fragment: ellipsis
+        ("What about rooms with a view of the river garden?", True),
     ],
 )
 def test_a_word_that_can_refer_back_refers_only_where_it_is_used_so(
@@ -147,7 +149,8 @@ def test_a_word_that_can_refer_back_refers_only_where_it_is_used_so(
 ) -> None:
     """A self-contained question is searched alone too (its own words may keep its answer)
     even where it says "there", "one", "same" or "that" without pointing back; a turn that
-    points back is searched with the entity only."""
+    points back (a pronoun, an elliptic "and ..." or "what about ...") is searched with the
+    entity only."""
     g = gaz()
     session = _session(("agent", "The Lensfield is nice."), g=g)
     plan = followups.plan(session, Utterance.of(turn), g.find(tokens(turn)))
