@@ -29,6 +29,7 @@ from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups
 from sidecar.turn.followups import FUNCTION_WORDS_EN, Gazetteer
 from sidecar.turn.sessions import Session
+from sidecar.turn.text import Utterance, tokens
 from tests.conftest import shared
 
 HOTELS = ("THE LENSFIELD HOTEL", "HOBSONS HOUSE", "ACORN GUEST HOUSE", "GONVILLE HOTEL")
@@ -125,6 +126,36 @@ def test_fold_referring_leaves_self_contained_turns_alone() -> None:
     )
     off = FollowupConfig(enabled=False)
     assert followups.rewrite(session, "Is it quiet?", g, off) == "Is it quiet?"
+
+
+@pytest.mark.parametrize(
+    ("turn", "refers"),
+    [
+        ("Is there a way to copy the config to another machine?", False),  # "is there": exists
+        ("Can I copy the config from one machine to another?", False),  # "one" counts
+        ("Can two people use rclone from two laptops at the same time?", False),
+        ("Is there a roadmap or a feature list that I can contribute to?", False),  # a clause
+        ("Is there free parking there for the guests?", True),  # the second "there": a place
+        ("Do you know if that includes breakfast for the guests?", True),
+        ("I see one place by the park there, is it that one?", True),
+        ("Does this hotel have free parking for the guests?", True),
+        ("Do they take reservations?", True),  # few words, and a pronoun
+        ("And what may I need to qualify for the booking?", True),  # a fragment: ellipsis
+        ("What about rooms with a view of the river garden?", True),
+    ],
+)
+def test_a_word_that_can_refer_back_refers_only_where_it_is_used_so(
+    turn: str, refers: bool
+) -> None:
+    """A self-contained question is searched alone too (its own words may keep its answer)
+    even where it says "there", "one", "same" or "that" without pointing back; a turn that
+    points back (a pronoun, an elliptic "and ..." or "what about ...") is searched with the
+    entity only."""
+    g = gaz()
+    session = _session(("agent", "The Lensfield is nice."), g=g)
+    plan = followups.plan(session, Utterance.of(turn), g.find(tokens(turn)))
+    assert plan.followup.used == "THE LENSFIELD HOTEL"
+    assert plan.alone is not refers
 
 
 def test_without_entities_a_turn_is_searched_with_the_recent_turns() -> None:

@@ -201,6 +201,39 @@ async def test_a_self_contained_question_after_a_topic_is_searched_as_itself(
     assert results[3].hits[0].chunk.text == "Google Drive limits uploads to 750 GB a day."
 
 
+BACKENDS = {
+    "GOOGLE DRIVE": [
+        "To set up Google Drive, run rclone config and choose drive.",
+        "Google Drive limits uploads to 750 GB a day.",
+    ],
+    "PCLOUD": ["pCloud keeps modification times.", "pCloud limits file names to 255 characters."],
+    # pages that list every backend: "pCloud" is a word of theirs too, so it names its page weakly
+    "OVERVIEW": [
+        "Backends: Google Drive, pCloud and Box.",
+        "Every backend, pCloud or Box, keeps hashes.",
+    ],
+    "BOX": ["Box needs an enterprise account for shared folders."],
+}
+
+
+async def test_a_turn_naming_another_page_weakly_leaves_the_tracked_one(tmp_path: Path) -> None:
+    """A turn that names another page, if only weakly, and points back at nothing has changed
+    the subject: it is not folded with the page tracked before (which stays tracked: a weak
+    name may be ordinary words, as a spoken number is)."""
+    results = await run_turns(
+        BACKENDS,
+        [
+            ("user", "Tell me about Google Drive."),
+            ("user", "Tell me about pCloud."),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].query == "Tell me about pCloud."
+    assert results[1].followup.used == ""
+    assert results[1].hits[0].chunk.title == "PCLOUD"
+
+
 async def test_a_new_question_after_recent_turns_keeps_its_own_answer(tmp_path: Path) -> None:
     question = "how can I skip files matching a pattern"
     results = await run_turns(

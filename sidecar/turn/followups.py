@@ -14,6 +14,8 @@ The session's entity is the newest confidently named one, where the agent's nami
 fades with each turn. A user turn is then searched as (``plan``):
 
     it names an entity itself                      as said                      source "none"
+    it names another than the tracked one, if      as said                      source "none"
+      weakly, and points back at nothing
     it answers the agent's question ("Yes.",       "entity: agent's turns turn" "agent_question"
       "I'm a noncitizen adult.")                   or, with no entity tracked,
                                                    "exchange turn"
@@ -74,6 +76,17 @@ REFERRING_EN = frozenset(
     one ones same also else too place
     """.split()
 )
+# Referring words that often do not refer (English grammar, no data set's words): "that" after a
+# content word opens a clause ("a list that I can join", "sure that"); "one" and "same" before
+# a content word count or compare ("from one machine to another", "at the same time"); "there"
+# beside a form of "be" says that something exists ("is there a roadmap", "there are two").
+CLAUSE_THAT_EN = frozenset({"that"})
+DETERMINER_LIKE_EN = frozenset({"one", "same"})
+EXISTENTIAL_THERE_EN = frozenset({"there"})
+BE_EN = frozenset("is are was were be been isn't aren't wasn't weren't 's".split())
+# Openings that continue the conversation's topic with a fragment ("what about the parking",
+# "and the price?", "regarding the criteria, ..."): ellipsis, whatever follows.
+ELLIPTIC_OPENERS_EN = (("what", "about"), ("how", "about"), ("and",), ("regarding",))
 
 # Words that open a question; a turn starting with one (after fillers) asks rather than answers.
 QUESTION_OPENERS_EN = frozenset(
@@ -499,9 +512,41 @@ def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[s
 
 
 def refers_back(utterance: Utterance) -> bool:
-    """Whether a turn leans on the conversation: a pronoun, "the place", or a few words only."""
+    """Whether a turn leans on the conversation: a pronoun, "the place", or a few words only.
+    A referring word used otherwise ("is there a way", "at the same time", "a list that I
+    can join": ``_refers_at``) does not count."""
     toks = _spoken(utterance)
-    return len(toks) <= SHORT_TURN or any(t in REFERRING_EN for t in toks)
+    return len(toks) <= SHORT_TURN or _points_back(toks)
+
+
+def _points_back(toks: Sequence[str]) -> bool:
+    """Whether the words point back at the conversation: a referring word used so
+    (``_refers_at``), or an elliptic opening (``ELLIPTIC_OPENERS_EN``)."""
+    opening = tuple(_opening(toks))
+    if any(opening[: len(e)] == e for e in ELLIPTIC_OPENERS_EN):
+        return True
+    return any(_refers_at(toks, i) for i in range(len(toks)))
+
+
+def _refers_at(toks: Sequence[str], i: int) -> bool:
+    """Whether ``toks[i]`` refers back: a referring word, unless its neighbours show it is used
+    otherwise (``CLAUSE_THAT_EN``, ``DETERMINER_LIKE_EN``, ``EXISTENTIAL_THERE_EN``)."""
+    word = toks[i]
+    if word not in REFERRING_EN:
+        return False
+    before = toks[i - 1] if i > 0 else ""
+    after = toks[i + 1] if i + 1 < len(toks) else ""
+    if word in CLAUSE_THAT_EN:
+        return not _is_content(before)
+    if word in DETERMINER_LIKE_EN:
+        return not _is_content(after)
+    if word in EXISTENTIAL_THERE_EN:
+        return before not in BE_EN and after not in BE_EN
+    return True
+
+
+def _is_content(word: str) -> bool:
+    return bool(word) and bool(_content((word,)))
 
 
 def _spoken(utterance: Utterance) -> list[str]:
@@ -582,6 +627,8 @@ def plan(
     question = agent_question(session) if answers(utterance) else ""
     refers = refers_back(utterance)
     entity = _ordinal(session, utterance) or session.entity
+    if not question and entity is session.entity and _moves_on(entity, mentions, text):
+        return Plan(text, NO_FOLLOWUP, named=mentions)  # it names its own topic, if weakly
     if entity is not None and not (refers or question or config.fold == "always"):
         entity = None
     if question:
@@ -666,3 +713,13 @@ def remember(session: Session, said: Said) -> None:
     weight = best.confidence * (AGENT_WEIGHT if said.speaker == Speaker.AGENT else 1.0)
     if weight >= session.weight:
         session.entity, session.weight = best, weight
+
+
+def _moves_on(tracked: Mention | None, mentions: Sequence[Mention], text: str) -> bool:
+    """Whether a caller's turn leaves the ``tracked`` entity behind: it names others, if only
+    weakly ("Tell me about Swift.", where the overview pages also say "Swift"), and points back
+    at nothing. It is then not folded with the tracked entity, which stays tracked (the weak
+    name may be ordinary words: "the zip code is nine four one two two" and "Two Two Cafe")."""
+    if tracked is None or not mentions or any(m.name == tracked.name for m in mentions):
+        return False
+    return not _points_back([w for w in words(text) if w not in FILLERS_EN])
