@@ -644,17 +644,30 @@ class UnreadableStore(LocalStore):
         return super().fetch(knowledge_base, version)
 
 
+@contextlib.asynccontextmanager
+async def over_unreadable(
+    root: Path, tmp_path: Path, embedder: Embedder, *, unreadable: bool
+) -> AsyncIterator[tuple[Sidecar, UnreadableStore]]:
+    """A sidecar over a store at ``root`` holding version 1, unreadable from the start or not."""
+    await asyncio.to_thread(root.mkdir)
+    await publish(root, 1, embedder, "password")
+    store = UnreadableStore(root)
+    store.unreadable = unreadable
+    async with running(
+        sidecar_config(Store(root, str(root)), tmp_path), embedder, store=store
+    ) as sidecar:
+        yield sidecar, store
+
+
 async def test_an_unreadable_version_is_refused_not_a_crash(
     tmp_path: Path, local_embedder: Embedder
 ) -> None:
     root = tmp_path / "published"
-    root.mkdir()
-    v1 = await publish(root, 1, local_embedder, "password")
-    store = UnreadableStore(root)
-    store.unreadable = False
-    async with running(
-        sidecar_config(Store(root, str(root)), tmp_path), local_embedder, store=store
-    ) as sidecar:
+    async with over_unreadable(root, tmp_path, local_embedder, unreadable=False) as (
+        sidecar,
+        store,
+    ):
+        v1 = version_id(1)
         await eventually(lambda: serving(sidecar.port, v1), "v1 served")
         store.unreadable = True
         v2 = await publish(root, 2, local_embedder, "roaming")
@@ -670,13 +683,8 @@ async def test_a_call_to_a_base_whose_version_could_not_be_fetched_says_so_not_b
     """A store the sidecar cannot read is not a bad snapshot: the call says the fetch failed and
     is tried again, rather than "publish a good one" or "run voxrecall index build"."""
     root = tmp_path / "published"
-    root.mkdir()
-    v1 = await publish(root, 1, local_embedder, "password")
-    store = UnreadableStore(root)
-    store.unreadable = True
-    async with running(
-        sidecar_config(Store(root, str(root)), tmp_path), local_embedder, store=store
-    ) as sidecar:
+    async with over_unreadable(root, tmp_path, local_embedder, unreadable=True) as (sidecar, _):
+        v1 = version_id(1)
         await eventually(lambda: refused(sidecar.port, v1, "unavailable"), "v1 unreadable")
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await search(sidecar.port)
