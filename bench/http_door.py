@@ -67,6 +67,7 @@ log_level = "WARNING"
 max_concurrent_rpcs = 256
 [sidecar.http]
 listen = "127.0.0.1:{http}"
+max_connections_per_ip = 0  # every client of the bench comes from 127.0.0.1
 """
 
 
