@@ -627,7 +627,7 @@ def plan(
     question = agent_question(session) if answers(utterance) else ""
     refers = refers_back(utterance)
     entity = _ordinal(session, utterance) or session.entity
-    if not question and entity is session.entity and _moves_on(entity, mentions, text):
+    if not question and entity is session.entity and _moves_on(entity, mentions, utterance):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # it names its own topic, if weakly
     if entity is not None and not (refers or question or config.fold == "always"):
         entity = None
@@ -715,11 +715,11 @@ def remember(session: Session, said: Said) -> None:
         session.entity, session.weight = best, weight
 
 
-def _moves_on(tracked: Mention | None, mentions: Sequence[Mention], text: str) -> bool:
+def _moves_on(tracked: Mention | None, mentions: Sequence[Mention], utterance: Utterance) -> bool:
     """Whether a caller's turn leaves the ``tracked`` entity behind: it names others, if only
     weakly ("Tell me about Swift.", where the overview pages also say "Swift"), and points back
     at nothing. It is then not folded with the tracked entity, which stays tracked (the weak
     name may be ordinary words: "the zip code is nine four one two two" and "Two Two Cafe")."""
     if tracked is None or not mentions or any(m.name == tracked.name for m in mentions):
         return False
-    return not _points_back([w for w in words(text) if w not in FILLERS_EN])
+    return not _points_back(_spoken(utterance))
