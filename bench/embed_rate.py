@@ -43,7 +43,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "kb"
 MIN_COSINE = 0.999
 BATCH = 8
 CHUNKS = 320  # of the rclone docs, spread over every page
-BLOCK = 16  # texts per turn of each variant: 4 slices of PARALLEL_SLICE for 2 cores and more
+BLOCK = 16  # texts per turn of each variant (a build hands the embedder 64 at a time)
 MILLION = 1_000_000
 
 

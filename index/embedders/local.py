@@ -33,9 +33,11 @@ NAME = "local/all-MiniLM-L6-v2-int8"
 DIMENSION = 384
 MAX_POSITIONS = 512  # the model's position embeddings: a hard limit on max_tokens
 _OUTPUT = "sentence_embedding"
-# Texts handed to one of the ``parallel`` threads at a time: small, so the threads finish
-# together whatever the lengths (a slice of 256-token chunks takes ~0.1 s on one core).
-PARALLEL_SLICE = 4
+# Texts handed to one of the ``parallel`` threads at a time: one, so a thread that finishes
+# early takes the next text and the threads finish together whatever the lengths (slices of 4
+# left a core idle at the end of each call: 1.78 cores used, 1.66x single; one: 1.92, 1.83x;
+# ``python -m bench index`` on a quiet 2-core machine).
+PARALLEL_SLICE = 1
 # An ``embed`` call of at most this many texts (a turn's folded query and the turn alone, sent
 # together by the sidecar's QueryEmbedder.get_many) runs them side by side, one thread each,
 # each text alone through the graph as always: on two free cores the pair takes about the time
