@@ -33,6 +33,7 @@ import numpy.typing as npt
 import orjson
 from cachetools import LRUCache
 
+from index.tables import ChunkTable
 from index.types import Chunk, MetadataFilter, meta_values
 
 FILTERS = "filters.json"
@@ -96,8 +97,8 @@ class FilterIndex:
         self.partitions = dict(partitions or {})
         self.vectors = vectors
         by_path: dict[str, list[int]] = {}
-        for label, chunk in enumerate(chunks):
-            by_path.setdefault(chunk.source_path, []).append(label)
+        for label, path in enumerate(_source_paths(chunks)):
+            by_path.setdefault(path, []).append(label)
         self.paths = sorted(by_path)
         self._path_labels = [np.asarray(by_path[p], dtype=np.int64) for p in self.paths]
         size = max(8, MASK_CACHE_BYTES // max(1, self.n))
@@ -340,3 +341,10 @@ def _exact(
     keep = np.argpartition(-scores, k - 1)[:k] if scores.size > k else np.arange(scores.size)
     order = keep[np.argsort(-scores[keep], kind="stable")]
     return [(int(labels[i]), float(scores[i])) for i in order]
+
+
+def _source_paths(chunks: Sequence[Chunk]) -> list[str]:
+    """Every chunk's source path in label order; a mapped table's read without decoding it."""
+    if isinstance(chunks, ChunkTable):
+        return chunks.column(1)
+    return [chunk.source_path for chunk in chunks]

@@ -155,23 +155,39 @@ class ChunkTable(Sequence[Chunk]):
         for i in range(len(self)):
             yield self._decode(i)
 
+    def column(self, field: int) -> list[str]:
+        """Fixed field ``field`` (0 id, 1 source path, 2 title, 3 text, 4 embed text, 5 url) of
+        every chunk in label order, read from the string table alone: no Chunk is built (a load
+        reads every chunk's source path; decoding every chunk took most of a 100k load)."""
+        if not 0 <= field < _FIXED:
+            raise ValueError(f"field must be 0 to {_FIXED - 1}, got {field}")
+        starts, stops = self._spans(field)
+        blob = self._blob
+        return [str(blob[a:b], "utf-8", "replace") for a, b in zip(starts, stops, strict=True)]
+
     def heads(self) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
         """Every chunk's id, title, breadcrumbs and the head of its embed text (what comes
         before its first blank line, where the chunker writes a context or heading path; ""
         when it has none), without decoding its text: a scan of what each chunk is about
         (``sidecar.turn.followups``) reads a small part of the table, and builds no Chunk."""
         blob, ends, first, crumbs = self._blob, self._ends, self._first, self._crumbs
-        for i in range(len(crumbs)):
-            at = first[i]
-            e = ends[at : at + _FIXED + crumbs[i] + 1].tolist()
-            yield (
-                str(blob[e[0] : e[1]], "utf-8", "replace"),
-                str(blob[e[2] : e[3]], "utf-8", "replace"),
-                tuple(
-                    str(blob[a:b], "utf-8", "replace") for a, b in itertools.pairwise(e[_FIXED:])
-                ),
-                _head(blob, e[4], e[5]),
-            )
+        ids, titles = self.column(0), self.column(2)
+        starts, stops = self._spans(4)
+        for i, (chunk_id, title, start, stop) in enumerate(
+            zip(ids, titles, starts, stops, strict=True)
+        ):
+            at = first[i] + _FIXED
+            e = ends[at : at + crumbs[i] + 1].tolist()
+            path = tuple(str(blob[a:b], "utf-8", "replace") for a, b in itertools.pairwise(e))
+            yield chunk_id, title, path, _head(blob, start, stop)
+
+    def _spans(self, field: int) -> tuple[list[int], list[int]]:
+        """Where fixed field ``field`` of every chunk starts and stops in the blob."""
+        ends = np.asarray(self._ends)
+        at = np.asarray(self._first)[:-1] + np.uint64(field)
+        starts: list[int] = ends[at].tolist()
+        stops: list[int] = ends[at + np.uint64(1)].tolist()
+        return starts, stops
 
     def _kept(self, i: int, chunk: Chunk) -> Chunk:
         size = self._ends[self._first[i + 1]] - self._ends[self._first[i]] + _KEPT_OVERHEAD

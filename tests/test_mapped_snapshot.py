@@ -57,6 +57,19 @@ def test_chunks_and_pages_read_back_as_written(tmp_path: Path) -> None:
         read["nope"]
 
 
+def test_a_column_and_the_heads_read_what_the_decoded_chunks_hold(tmp_path: Path) -> None:
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump(CHUNKS_IN))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    fields = ("chunk_id", "source_path", "title", "text", "embed_text", "url")
+    for field, name in enumerate(fields):
+        assert table.column(field) == [getattr(c, name) for c in CHUNKS_IN]
+    with pytest.raises(ValueError, match="field must be 0 to 5"):
+        table.column(6)  # breadcrumbs and metadata are not fixed fields
+    heads = [(c.chunk_id, c.title, c.breadcrumbs) for c in CHUNKS_IN]
+    assert [h[:3] for h in table.heads()] == heads
+    assert [h[3] for h in table.heads()] == ["Café > Menu", "", "B"]
+
+
 def test_list_metadata_reads_back_as_a_list_and_strings_as_strings(tmp_path: Path) -> None:
     chunks = [
         Chunk("a", "faq", "a.md", "A", ("A",), "x", "A x", metadata={"tags": ("roaming", "eu")}),
