@@ -10,6 +10,7 @@ store, 20 small bases of them; eagerly loaded, and lazily under a memory budget.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import tracemalloc
 from collections import Counter
@@ -235,6 +236,7 @@ def test_a_searchers_python_objects_count_in_its_bytes(tmp_path: Path) -> None:
     """memory_budget_mb evicts by ``memory_bytes``: the gazetteer's and page index's Python
     objects count in it, near what building them allocates (not just the files and arrays)."""
     snapshot = load_snapshot(write_two_sources(tmp_path / "store"))
+    Searcher.build(snapshot)  # once untraced: the process's one-time caches (regexes) not counted
     tracemalloc.start()
     try:
         searcher = Searcher.build(snapshot)
@@ -243,6 +245,23 @@ def test_a_searchers_python_objects_count_in_its_bytes(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert searcher.held_bytes >= allocated // 2
     assert searcher.memory_bytes >= snapshot.memory_bytes + searcher.held_bytes
+
+
+def test_the_page_index_of_a_mapped_table_is_that_of_its_decoded_chunks(tmp_path: Path) -> None:
+    snapshot = load_snapshot(write_two_sources(tmp_path / "store"))
+    index = searcher.page_index(snapshot.chunks)  # read from the columns, nothing decoded
+    assert index == searcher.page_index(list(snapshot.chunks))
+    assert index[("blog", "p3.md")] == 3
+
+
+def test_a_large_container_is_sized_from_its_first_members_scaled() -> None:
+    many = [f"name {i:06d}" for i in range(5 * searcher.SIZED_MEMBERS)]
+    exact = sys.getsizeof(many) + sum(map(sys.getsizeof, many))
+    assert searcher.python_bytes(many) == exact  # members of one size: the scaling is exact
+    table = {name: {name, name.upper()} for name in many}
+    estimate = searcher.python_bytes(table)
+    each = sys.getsizeof(many[0]) * 3 + sys.getsizeof({"a", "b"})
+    assert 0.9 <= estimate / (sys.getsizeof(table) + len(table) * each) <= 1.1
 
 
 def write_two_sources(root: Path) -> Path:

@@ -23,8 +23,9 @@ Immutable once built (the BM25 buffers are scratch space, zero between queries).
 
 from __future__ import annotations
 
+import itertools
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ from index.filters import Mask
 from index.hnsw_file import vector_rows
 from index.lexical import Bm25
 from index.snapshot import VECTORS, LoadedSnapshot
+from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.turn import followups
 
@@ -164,14 +166,21 @@ def _vector_rows(snapshot: LoadedSnapshot) -> VectorRows:
     )
 
 
+# Members of a container sized one by one; past this many, the rest are counted at their mean
+# (a 100k-chunk base's gazetteer holds ~300k strings: sizing each took a tenth of its load).
+SIZED_MEMBERS = 4096
+
+
 def python_bytes(value: object) -> int:
     """The bytes of ``value`` and, for a container, of its members, one level down (a member
     shared by two containers counts twice: an estimate on the high side)."""
     size = sys.getsizeof(value)
     if isinstance(value, Mapping):
-        return size + sum(_flat_bytes(k) + _flat_bytes(v) for k, v in value.items())
+        pairs = itertools.islice(value.items(), SIZED_MEMBERS)
+        return size + _scaled(sum(_flat_bytes(k) + _flat_bytes(v) for k, v in pairs), len(value))
     if isinstance(value, (list, tuple, set, frozenset)):
-        return size + sum(_flat_bytes(member) for member in value)
+        members = itertools.islice(value, SIZED_MEMBERS)
+        return size + _scaled(sum(_flat_bytes(m) for m in members), len(value))
     return size
 
 
@@ -179,13 +188,26 @@ def _flat_bytes(value: object) -> int:
     if isinstance(value, Mapping):
         return python_bytes(value)  # the gazetteer's tables, one level into vars()
     if isinstance(value, (list, tuple, set, frozenset)):
-        return sys.getsizeof(value) + sum(sys.getsizeof(member) for member in value)
+        members = itertools.islice(value, SIZED_MEMBERS)
+        return sys.getsizeof(value) + _scaled(sum(map(sys.getsizeof, members)), len(value))
     return sys.getsizeof(value)
 
 
+def _scaled(sized: int, count: int) -> int:
+    """The bytes of ``count`` members from the first SIZED_MEMBERS' ``sized`` bytes."""
+    return sized if count <= SIZED_MEMBERS else sized * count // SIZED_MEMBERS
+
+
 def page_index(chunks: Sequence[Chunk]) -> dict[tuple[str, str], int]:
-    """(source, source_path) -> the label of the page's first chunk: a scan of every chunk."""
+    """(source, source_path) -> the label of the page's first chunk: a scan of every chunk (a
+    mapped table's read from its source column and paths, without decoding a chunk)."""
+    keys: Iterable[tuple[str, str]]
+    if isinstance(chunks, ChunkTable):
+        names = chunks.source_names
+        keys = zip((names[i] for i in chunks.source_of.tolist()), chunks.column(1), strict=True)
+    else:
+        keys = ((chunk.source, chunk.source_path) for chunk in chunks)
     first: dict[tuple[str, str], int] = {}
-    for label, chunk in enumerate(chunks):
-        first.setdefault((chunk.source, chunk.source_path), label)
+    for label, key in enumerate(keys):
+        first.setdefault(key, label)
     return first
