@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,7 +24,6 @@ from sidecar.edge.service import RetrievalService
 from sidecar.functions.tools import Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.http.door import HttpDoor
 from sidecar.shards import in_shard
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.refresh import Refresher
@@ -31,6 +31,9 @@ from sidecar.turn.engine import BasePolicy, Engine
 from sidecar.turn.rerank import Reranker
 from sidecar.turn.sessions import SessionStore
 from sidecar.turn.skip import SkipPolicy
+
+if TYPE_CHECKING:  # imported when [sidecar.http] is on: the MCP SDK takes ~1.5 s to import
+    from sidecar.http.door import HttpDoor
 
 log = logging.getLogger("voxrecall.server")
 
@@ -259,6 +262,8 @@ async def create_server(
         server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder, guards
     )
     if config.sidecar.http.enabled:
+        from sidecar.http.door import HttpDoor
+
         sidecar.http = HttpDoor(config, engine, lifecycle, guards, toolbox)
         sidecar.http_port = sidecar.http.bind(config.sidecar.http.listen)
     if config.sidecar.metrics_listen:
