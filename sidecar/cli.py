@@ -62,7 +62,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fmt=config.sidecar.log_format,
         secrets=[c.token for c in config.sidecar.auth.callers] + [config.embedder.api_key],
     )
-    uvloop.run(serve(config))
+    # the first worker (or the only process) answers health while it loads; the others bind
+    # once loaded, so no connection reaches a worker that cannot serve it yet
+    uvloop.run(serve(config, listen_while_loading=worker in (None, "0")))
     return 0
 
 

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+import threading
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -17,7 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.embedders.base import Embedder
 from index.errors import ConfigError
+from index.store import LocalStore
 from sidecar.edge import workers
+from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.hardening_kit import (
@@ -194,3 +197,60 @@ def test_each_worker_has_its_own_metrics_port_and_download_cache(tmp_path: Path)
 def test_a_wrong_worker_count_is_a_config_error(tmp_path: Path, count: object) -> None:
     with pytest.raises(ConfigError, match="workers must be a whole number"):
         sidecar_config(tmp_path, workers=count)
+
+
+class HeldStore(LocalStore):
+    """A local store whose fetches wait until the test lets them go."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.fetching = threading.Event()
+        self.go = threading.Event()
+
+    def fetch(self, knowledge_base: str, version: str) -> Path:
+        self.fetching.set()
+        assert self.go.wait(PROCESS_WAIT_S), "the test never let the fetch go"
+        return super().fetch(knowledge_base, version)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=PROCESS_WAIT_S).close()
+    except ConnectionRefusedError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("listen_while_loading", [True, False], ids=["first", "later"])
+async def test_a_later_worker_listens_only_once_its_snapshots_are_loaded(
+    tmp_path: Path, local_embedder: Embedder, listen_while_loading: bool
+) -> None:
+    """The first worker binds while it loads (health answers NOT_SERVING); a later one binds
+    once loaded: the kernel hands a new connection to any socket on the port, and one on a
+    worker still loading could only have its calls refused."""
+    build_store(tmp_path, local_embedder)
+    port = _free_ports(1)
+    config = sidecar_config(tmp_path, listen=f"127.0.0.1:{port}", poll_seconds=3600)
+    store = HeldStore(tmp_path / "store")
+    starting = asyncio.create_task(
+        create_server(
+            config,
+            embedder=local_embedder,
+            poll=False,
+            store=store,
+            listen_while_loading=listen_while_loading,
+        )
+    )
+    try:
+        assert await asyncio.to_thread(store.fetching.wait, PROCESS_WAIT_S)
+        assert await asyncio.to_thread(_accepts, port) is listen_while_loading
+    finally:
+        store.go.set()
+    sidecar = await asyncio.wait_for(starting, PROCESS_WAIT_S)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=PROCESS_WAIT_S)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await sidecar.stop(0.5)

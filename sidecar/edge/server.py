@@ -185,10 +185,14 @@ async def create_server(
     listen: str | None = None,
     poll: bool = True,
     store: SnapshotStore | None = None,
+    listen_while_loading: bool = True,
 ) -> Sidecar:
     """Build the service, load what the store has, bind, and start. The port may be 0.
 
     ``store`` replaces the one ``[sidecar] store`` names (tests inject faults through it).
+    ``listen_while_loading``: bind and answer health (NOT_SERVING) while the snapshots load; a
+    later worker of ``workers`` > 1 binds only once loaded, as the kernel would otherwise hand
+    it connections whose calls it can only refuse while the first worker answers health.
     """
     owns_embedder = embedder is None
     if embedder is None:
@@ -245,7 +249,6 @@ async def create_server(
         ),
         server,
     )
-    port = tls.add_port(server, listen or config.sidecar.listen, config.sidecar.tls)
     refresher = Refresher(
         store,
         holder,
@@ -258,6 +261,9 @@ async def create_server(
     )
     if refresher.budget_bytes:
         engine.load_on_demand = refresher.want
+    if not listen_while_loading:
+        await refresher.refresh()
+    port = tls.add_port(server, listen or config.sidecar.listen, config.sidecar.tls)
     sidecar = Sidecar(
         server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder, guards
     )
@@ -273,7 +279,8 @@ async def create_server(
     await server.start()
     if sidecar.http is not None:
         await sidecar.http.start()
-    await refresher.refresh()
+    if listen_while_loading:
+        await refresher.refresh()
     sidecar.log_waiting()
     if poll:
         sidecar._tasks.append(
@@ -282,7 +289,9 @@ async def create_server(
     return sidecar
 
 
-async def serve(config: Config, listen: str | None = None) -> None:
+async def serve(
+    config: Config, listen: str | None = None, *, listen_while_loading: bool = True
+) -> None:
     """Run until SIGTERM or SIGINT, then drain: health NOT_SERVING, in-flight calls finish.
 
     The handlers go in first, so a signal during the start (loading snapshots) drains too: it
@@ -297,7 +306,9 @@ async def serve(config: Config, listen: str | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    sidecar = await create_server(config, listen=listen, store=store)
+    sidecar = await create_server(
+        config, listen=listen, store=store, listen_while_loading=listen_while_loading
+    )
     log.info(
         "voxrecall sidecar listening on port %d (%s)%s%s",
         sidecar.port,

@@ -3,7 +3,9 @@
 One event loop answers every call of a process, so a sidecar process uses one core for its
 calls (``python -m bench.search_parts``). With ``workers`` > 1, ``voxrecall serve`` becomes a
 supervisor that starts N copies of itself (``VOXRECALL_WORKER=i`` in their environment); each
-binds the same address with SO_REUSEPORT and the kernel spreads new connections over them. A
+binds the same address with SO_REUSEPORT and the kernel spreads new connections over them
+(worker 0 binds while it loads, to answer health; the others once loaded, so that no connection
+reaches a worker still loading, whose calls it could only refuse). A
 connection stays with its worker, so the turns of a call that keeps its channel (or its
 ``Converse`` stream) keep their session. Each worker loads every snapshot (memory x N), polls
 the store itself (an HTTP store's downloads under ``cache_dir/worker-i``) and serves metrics on
