@@ -527,7 +527,8 @@ class PageReader:
             raise InvalidArgument(f"source_path is longer than {MAX_PAGE_PATH} characters")
         if source and source not in snapshot.source_names:
             raise NotFound(
-                f"no source {source!r} in this snapshot; its sources: {', '.join(snapshot.source_names)}"
+                f"no source {scope.named([source])} in snapshot {snapshot.version}; its "
+                f"sources: {scope.named(snapshot.source_names)}"
             )
         names = [source] if source else snapshot.source_names
         found = [s for s in names if page_key(s, source_path) in snapshot.pages]
