@@ -38,7 +38,12 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
 from sidecar.http.door import MAX_HEAD_BYTES
-from sidecar.http.webhooks import SIGNATURE_TOLERANCE_MS, verify_signature
+from sidecar.http.webhooks import (
+    SIGNATURE_TOLERANCE_MS,
+    Replays,
+    Signature,
+    verify_signature,
+)
 from sidecar.turn import sessions
 from tests.hardening_kit import (
     TOKEN_A,
@@ -524,6 +529,42 @@ async def test_a_replayed_call_is_refused_once_the_window_has_passed(sidecar: Si
     with pytest.raises(Unauthenticated, match="more than 5 minutes"):
         verify_signature(WEBHOOK_SECRET.encode(), RETELL_BODY, captured, now=later)
     verify_signature(WEBHOOK_SECRET.encode(), RETELL_BODY, captured, now=later - 2)  # in it
+
+
+@pytest.mark.parametrize("sign", [signed, retell_signed])
+async def test_a_signed_call_replayed_within_its_window_is_refused(
+    sidecar: Sidecar, sign: Any
+) -> None:
+    captured = sign(RETELL_BODY)
+    assert (await post_tool(sidecar, RETELL_BODY, captured)).status_code == 200
+    replayed = await post_tool(sidecar, RETELL_BODY, captured)
+    assert replayed.status_code == 401
+    assert replayed.json()["error"]["code"] == "UNAUTHENTICATED"
+    assert "already received" in replayed.json()["error"]["message"]
+    other = RETELL_BODY.replace(b"retell-call-1", b"retell-call-2")  # a new call: served
+    assert (await post_tool(sidecar, other, sign(other))).status_code == 200
+
+
+def test_the_replay_table_is_fixed_in_size_and_lets_no_forgotten_replay_through() -> None:
+    """Past its size the oldest signature is forgotten, and a call signed no later than it is
+    refused too (it could be that one again); newer calls are accepted."""
+    now_ms = time.time() * 1000
+    table = Replays(size=2)
+
+    def sig(n: int, stamp_ms: float) -> Signature:
+        return Signature(n.to_bytes(32, "big"), int(stamp_ms))
+
+    for n in range(3):
+        table.first(sig(n, now_ms + n), now_ms)
+    assert len(table._seen) == 2  # the first forgotten
+    for n, stamp in ((0, now_ms), (9, now_ms), (2, now_ms + 2)):  # forgotten, as old, seen
+        with pytest.raises(Unauthenticated, match="already received"):
+            table.first(sig(n, stamp), now_ms)
+    table.first(sig(3, now_ms + 3), now_ms)  # newer than the forgotten: accepted
+    later = now_ms + SIGNATURE_TOLERANCE_MS + 10  # the window has passed: all expire
+    table.first(sig(4, later), later)
+    assert list(table._seen) == [sig(4, later).digest]
+    assert table.refused == 3
 
 
 @pytest.mark.parametrize(
