@@ -919,10 +919,16 @@ async def test_the_http_door_speaks_mutual_tls_from_the_same_files(
 
 @pytest.mark.usefixtures("long_keep_alive")
 async def test_a_tls_handshake_counts_toward_the_cap_and_is_bounded(
-    tmp_path: Path, store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    store: Path,
+    local_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Connections that open and never say hello hold their slots (one more is closed at once)
-    only until TLS_HANDSHAKE_TIMEOUT_S closes them; then a real client is served."""
+    """Connections that open and never say hello hold their slots (one more is closed at once,
+    and the log says it was closed, not answered) only until TLS_HANDSHAKE_TIMEOUT_S closes
+    them; then a real client is served."""
+    caplog.set_level(logging.WARNING, logger="voxrecall")
     monkeypatch.setattr(http_door, "TLS_HANDSHAKE_TIMEOUT_S", 0.5)
     certs = make_certs(tmp_path / "certs")
     tls = {"cert_file": str(certs / "server.pem"), "key_file": str(certs / "server.key")}
@@ -931,6 +937,9 @@ async def test_a_tls_handshake_counts_toward_the_cap_and_is_bounded(
         assert sc.http is not None
         silent = [await asyncio.open_connection("127.0.0.1", sc.http_port) for _ in range(2)]
         assert (await exchange(sc, b"")) == b""  # a third: closed at once, the two are counted
+        (full,) = [m for m in map(logging.LogRecord.getMessage, caplog.records) if "is full" in m]
+        assert "closed unanswered (TLS)" in full
+        assert "503" not in full
         for reader, writer in silent:  # and each is closed when its handshake is out of time
             async with asyncio.timeout(LIVENESS_S):
                 assert await reader.read() == b""
