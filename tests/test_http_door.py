@@ -541,6 +541,8 @@ async def test_a_signed_call_replayed_within_its_window_is_refused(
     assert replayed.status_code == 401
     assert replayed.json()["error"]["code"] == "UNAUTHENTICATED"
     assert "already received" in replayed.json()["error"]["message"]
+    elsewhere = await post_tool(sidecar, RETELL_BODY, captured, function="search_billing")
+    assert elsewhere.status_code == 401  # the signature covers the body, not the path
     other = RETELL_BODY.replace(b"retell-call-1", b"retell-call-2")  # a new call: served
     assert (await post_tool(sidecar, other, sign(other))).status_code == 200
 
@@ -555,15 +557,18 @@ def test_the_replay_table_is_fixed_in_size_and_lets_no_forgotten_replay_through(
         return Signature(n.to_bytes(32, "big"), int(stamp_ms))
 
     for n in range(3):
-        table.first(sig(n, now_ms + n), now_ms)
+        table.first("agent", sig(n, now_ms + n), now_ms)
     assert len(table._seen) == 2  # the first forgotten
     for n, stamp in ((0, now_ms), (9, now_ms), (2, now_ms + 2)):  # forgotten, as old, seen
         with pytest.raises(Unauthenticated, match="already received"):
-            table.first(sig(n, stamp), now_ms)
-    table.first(sig(3, now_ms + 3), now_ms)  # newer than the forgotten: accepted
+            table.first("agent", sig(n, stamp), now_ms)
+    table.first("agent", sig(3, now_ms + 3), now_ms)  # newer than the forgotten: accepted
+    table.first("other", sig(3, now_ms + 3), now_ms)  # another caller's: its own
+    table.forget("agent", sig(3, now_ms + 3))  # a call that failed may come again
+    table.first("agent", sig(3, now_ms + 3), now_ms)
     later = now_ms + SIGNATURE_TOLERANCE_MS + 10  # the window has passed: all expire
-    table.first(sig(4, later), later)
-    assert list(table._seen) == [sig(4, later).digest]
+    table.first("agent", sig(4, later), later)
+    assert list(table._seen) == [("agent", sig(4, later).digest)]
     assert table.refused == 3
 
 

@@ -71,8 +71,8 @@ MAX_FED = 8
 # How far a signature's timestamp (ours or Retell's) may be from our clock: the window in which
 # a captured call could be replayed. Retell's own verifier allows 5 minutes.
 SIGNATURE_TOLERANCE_MS = 5 * 60 * 1000
-# Signatures remembered (``Replays``), each until its window has passed: about 200 bytes
-# each, so ~3 MiB at most; 16,384 calls in 5 minutes is 55 a second, beyond any one agent's.
+# Signatures remembered (``Replays``), each until its window has passed: about 250 bytes
+# each, so ~4 MiB at most; 16,384 calls in 5 minutes is 55 a second, beyond any one agent's.
 SEEN_SIGNATURES = 16_384
 _RETELL = re.compile(r"v=(\d{1,16}),d=([0-9a-fA-F]{64})")
 _STAMP = re.compile(r"\d{1,12}")
@@ -208,42 +208,51 @@ class Signature:
 
 class Replays:
     """The signatures seen within their window, so a call is accepted once: the same signed
-    request sent again within ``SIGNATURE_TOLERANCE_MS`` is refused (401). A fixed-size table
-    of ``size`` entries (``SEEN_SIGNATURES``), each kept until its window has passed; when it
-    is full the oldest entry is forgotten, and from then on a call signed no later than the
-    newest forgotten one is refused too (it could be a replay of one forgotten), so the table
-    never lets a replay through: past ``size`` calls in a window, the window shrinks to them.
-    Only signatures that verified are kept, so no stranger can fill it."""
+    request sent again by the same caller (the token's; a signature covers the body alone)
+    within ``SIGNATURE_TOLERANCE_MS`` is refused (401), to any path. A call that failed (an
+    error status: a base loading, say) is forgotten, so the platform may retry it.
+
+    A fixed-size table of ``size`` entries (``SEEN_SIGNATURES``), each kept until its window
+    has passed; when it is full the oldest entry is forgotten, and from then on a call signed
+    no later than the newest forgotten one is refused too (it could be a replay of one
+    forgotten), so the table never lets a replay through: past ``size`` calls in a window, the
+    window shrinks to them. Only signatures that verified are kept: no stranger can fill it."""
 
     def __init__(self, size: int = SEEN_SIGNATURES) -> None:
         self.size = size
-        self._seen: OrderedDict[bytes, int] = OrderedDict()  # digest -> timestamp (ms)
+        # (caller, digest) -> timestamp (ms)
+        self._seen: OrderedDict[tuple[str, bytes], int] = OrderedDict()
         self.floor_ms = -1  # the newest timestamp forgotten while still in its window
         self.refused = 0
 
-    def first(self, signature: Signature, now_ms: float) -> None:
-        """Record ``signature``, or raise ``Unauthenticated`` when it was seen (or could have
-        been: signed no later than one forgotten)."""
+    def first(self, caller: str, signature: Signature, now_ms: float) -> None:
+        """Record ``caller``'s ``signature``, or raise ``Unauthenticated`` when it was seen (or
+        could have been: signed no later than one forgotten)."""
         self._expire(now_ms)
-        if signature.digest in self._seen or signature.stamp_ms <= self.floor_ms:
+        key = (caller, signature.digest)
+        if key in self._seen or signature.stamp_ms <= self.floor_ms:
             self.refused += 1
             raise Unauthenticated(
                 "this signed call was already received (a signature is accepted once, or, "
                 f"past {self.size} calls in {SIGNATURE_TOLERANCE_MS // 60000} minutes, only "
                 "the newest): send each call with a new timestamp and its own signature"
             )
-        self._seen[signature.digest] = signature.stamp_ms
+        self._seen[key] = signature.stamp_ms
         while len(self._seen) > self.size:
             _, stamp_ms = self._seen.popitem(last=False)
             self.floor_ms = max(self.floor_ms, stamp_ms)
 
+    def forget(self, caller: str, signature: Signature) -> None:
+        """A call that failed: the same signature may come again (a platform's retry)."""
+        self._seen.pop((caller, signature.digest), None)
+
     def _expire(self, now_ms: float) -> None:
         """Forget the signatures whose window has passed (the oldest recorded first)."""
         while self._seen:
-            digest, stamp_ms = next(iter(self._seen.items()))
+            key, stamp_ms = next(iter(self._seen.items()))
             if now_ms - stamp_ms <= SIGNATURE_TOLERANCE_MS:
                 return
-            del self._seen[digest]
+            del self._seen[key]
 
 
 def verify_signature(
@@ -413,10 +422,20 @@ class Webhooks:
     async def tool(
         self, call: HttpCall, function: str, headers: dict[str, str], body: bytes
     ) -> Reply:
-        if self.webhook_secret:
-            now = time.time()
-            signature = verify_signature(self.webhook_secret, body, headers, now)
-            self.replays.first(signature, now * 1000)
+        if not self.webhook_secret:
+            return await self._tool(call, function, headers, body)
+        now, caller = time.time(), sessions.owner.get()
+        signature = verify_signature(self.webhook_secret, body, headers, now)
+        self.replays.first(caller, signature, now * 1000)
+        try:
+            return await self._tool(call, function, headers, body)
+        except BaseException:
+            self.replays.forget(caller, signature)
+            raise
+
+    async def _tool(
+        self, call: HttpCall, function: str, headers: dict[str, str], body: bytes
+    ) -> Reply:
         payload = _object(body, '{"args": {"query": "..."}, "call": {"call_id": "..."}}')
         name = payload.get("name")
         if name is not None and name != function:
