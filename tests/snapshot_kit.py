@@ -61,10 +61,12 @@ def write_version(
     damage: Callable[[Path], None] | None = None,
     point: bool = True,
     source: str = "faq",
+    chunk_pad: int = 0,
 ) -> Path:
     """Write a snapshot of ``topic`` into ``root`` as ``version``, its chunks in ``source``;
     ``damage`` runs on the folder before LATEST is written; ``point=False`` uploads the folder
-    without moving LATEST."""
+    without moving LATEST. ``chunk_pad`` words are added to each chunk's text (not to what
+    is embedded): a snapshot built before the chunker's cap held chunks that large."""
     texts = TOPICS[topic]
     chunks = [
         Chunk(
@@ -73,7 +75,7 @@ def write_version(
             source_path=f"{topic}.md",
             title=topic.title(),
             breadcrumbs=(topic.title(),),
-            text=text,
+            text=text + " filler" * chunk_pad,
             embed_text=f"{topic.title()}\n{text}",
             metadata={"lang": "en", "tags": (topic, "help")},
         )

@@ -21,6 +21,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
 from sidecar.config import parse_config
 from sidecar.edge.server import Sidecar, create_server
@@ -132,3 +133,61 @@ def test_page_output_cuts_escapes_and_wide_characters_without_losing_any(max_cha
         offset = body["next_offset"]
     assert read == text
     assert page_output({"title": "x" * 500}, text, 0, 200) is None  # a head with no room
+
+
+# -- chunks of a snapshot built before the chunker's cap ------------------------------------------
+
+CHUNK_PAD = 250_000  # " filler" words: 1.75 MB a chunk, three over the 4 MiB message limit
+
+
+@pytest.fixture
+async def old_sidecar(tmp_path: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+    root = tmp_path / "store"
+    root.mkdir()
+    await asyncio.to_thread(write_version, root, version_id(1), local_embedder, chunk_pad=CHUNK_PAD)
+    raw = {
+        "knowledge_base": [
+            {"name": KB, "source": [{"name": "faq", "type": "markdown", "path": str(tmp_path)}]}
+        ],
+        "function": [{"name": "search_faq", "description": "The FAQ.", "knowledge_base": KB}],
+        "index": {"store": str(root)},
+        "sidecar": {
+            "store": str(root),
+            "listen": "127.0.0.1:0",
+            "min_score": -1.0,
+            "budget_ms": 5_000,
+            "tool_output_chars": OUTPUT_CHARS,
+        },
+    }
+    sc = await create_server(parse_config(raw, base=tmp_path), embedder=local_embedder, poll=False)
+    try:
+        yield sc
+    finally:
+        await sc.stop(0.5)
+
+
+async def test_a_huge_chunk_of_an_old_snapshot_is_answered_cut_to_the_chunk_cap(
+    old_sidecar: Sidecar,
+) -> None:
+    """Three chunks of 1.75 MB: Search and Turn answer with each cut to MAX_CHUNK_BYTES (at a
+    character), within the message limit, and a tool call within tool_output_chars."""
+    question = "How do I reset my password?"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{old_sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        found = await stub.Search(pb.SearchRequest(query=question, limit=3), timeout=60)
+        turn = await stub.Turn(
+            pb.TurnRequest(session_id="s", text=question, is_final=True), timeout=60
+        )
+        tool = await stub.InvokeTool(
+            pb.InvokeToolRequest(name="search_faq", arguments_json='{"query": "reset password"}'),
+            timeout=60,
+        )
+    for chunks in (found.chunks, turn.chunks, turn.context):
+        assert len(chunks) == 3
+        for chunk in chunks:
+            assert len(chunk.text.encode()) <= MAX_CHUNK_BYTES
+            assert len(chunk.text.encode()) > MAX_CHUNK_BYTES - 8  # cut, not dropped
+            assert chunk.text.split(" filler")[0] in TOPICS["password"]
+    assert not tool.is_error
+    assert len(tool.output) <= OUTPUT_CHARS
+    assert orjson.loads(tool.output)["results"]
