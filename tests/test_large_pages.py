@@ -109,6 +109,12 @@ async def test_mcp_read_page_answers_in_parts_within_tool_output_chars(sidecar: 
         assert read == page  # every part, in order, and nothing lost between them
         assert parts > len(page) // OUTPUT_CHARS
 
+        for bad in (-1, "5", 1.5, True, 10**30):  # each a tool error naming the argument
+            wrong = await session.call_tool(
+                "read_page", {"source_path": "password.md", "offset": bad}
+            )
+            assert wrong.is_error, bad
+            assert "offset" in wrong.content[0].text  # type: ignore[union-attr]
         past = await session.call_tool("read_page", {"source_path": "password.md", "offset": 10**9})
         assert past.is_error
         assert "past the page's end" in orjson.loads(past.content[0].text)["error"]["message"]  # type: ignore[union-attr]
