@@ -26,6 +26,7 @@ from typing import Any, Final, overload
 import numpy as np
 import numpy.typing as npt
 
+from index.chunker import MAX_CHUNK_BYTES
 from index.mapped import ArraysFile, StringTable, dump_arrays
 from index.types import Chunk, MetaValue
 
@@ -44,6 +45,11 @@ CACHE_BYTES: Final = 1 << 21
 # What a decoded chunk takes beyond its strings' bytes: the Chunk, nine str headers, a tuple and
 # a dict (sys.getsizeof, Python 3.11: ~700 bytes), so that many tiny chunks cannot pass the bound.
 _KEPT_OVERHEAD: Final = 768
+# A chunk's text as read is at most MAX_CHUNK_BYTES (UTF-8), the chunker's cap: a snapshot built
+# before the cap may hold larger ones (a whole page as one chunk), cut here at a character, so
+# that no answer, tool output or rerank request carries more of one (the whole page is
+# ReadPage's). A text of this many characters or fewer is within it whatever they are.
+_SURE_CHARS: Final = MAX_CHUNK_BYTES // 4
 
 
 class ChunkTable(Sequence[Chunk]):
@@ -208,7 +214,7 @@ class ChunkTable(Sequence[Chunk]):
             s[1],  # source_path
             s[2],  # title
             tuple(s[_FIXED:crumbs_end]),
-            s[3],  # text
+            s[3] if len(s[3]) <= _SURE_CHARS else _bounded(s[3]),  # text
             s[4],  # embed_text
             s[5],  # url
             self._metadata(i, s, crumbs_end) if crumbs_end < len(s) else _NO_METADATA,
@@ -236,6 +242,14 @@ class ChunkTable(Sequence[Chunk]):
                 out[s[at]] = tuple(s[at + 1 : at + 1 + n])
                 at += 1 + n
         return out
+
+
+def _bounded(text: str) -> str:
+    """``text`` within MAX_CHUNK_BYTES (UTF-8), cut at a character when over."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= MAX_CHUNK_BYTES:
+        return text
+    return data[:MAX_CHUNK_BYTES].decode("utf-8", "ignore")
 
 
 def _head(blob: memoryview, start: int, stop: int) -> str:

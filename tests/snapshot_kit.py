@@ -60,18 +60,22 @@ def write_version(
     page_bytes: int = 0,
     damage: Callable[[Path], None] | None = None,
     point: bool = True,
+    source: str = "faq",
+    chunk_pad: int = 0,
 ) -> Path:
-    """Write a snapshot of ``topic`` into ``root`` as ``version``; ``damage`` runs on the folder
-    before LATEST is written; ``point=False`` uploads the folder without moving LATEST."""
+    """Write a snapshot of ``topic`` into ``root`` as ``version``, its chunks in ``source``;
+    ``damage`` runs on the folder before LATEST is written; ``point=False`` uploads the folder
+    without moving LATEST. ``chunk_pad`` words are added to each chunk's text (not to what
+    is embedded): a snapshot built before the chunker's cap held chunks that large."""
     texts = TOPICS[topic]
     chunks = [
         Chunk(
             chunk_id=f"{version}-{i}",
-            source="faq",
+            source=source,
             source_path=f"{topic}.md",
             title=topic.title(),
             breadcrumbs=(topic.title(),),
-            text=text,
+            text=text + " filler" * chunk_pad,
             embed_text=f"{topic.title()}\n{text}",
             metadata={"lang": "en", "tags": (topic, "help")},
         )
@@ -87,12 +91,12 @@ def write_version(
         embedder=embedder.info,
         chunks=chunks,
         vectors=vectors,
-        pages={f"faq:{topic}.md": " ".join(texts) + " " * page_bytes},
+        pages={f"{source}:{topic}.md": " ".join(texts) + " " * page_bytes},
         page_count=1,
         hnsw_m=8,
         hnsw_ef_construction=50,
         target_recall=0.9,
-        sources=["faq"],
+        sources=[source],
     )
     folder = store.version_dir(kb, version)
     staging.rename(folder)

@@ -17,6 +17,7 @@ from openai.types.realtime import RealtimeClientEvent, RealtimeServerEvent
 
 from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.openai_realtime import RealtimeToolBridge
+from sidecar.edge.limits import MAX_ARGUMENTS_BYTES
 from sidecar.gen import retrieval_pb2 as pb
 from tests.adapters import knowledge_sidecar_fixture  # noqa: F401
 
@@ -155,3 +156,17 @@ async def test_an_absent_sidecar_still_answers_the_call() -> None:
         sent = await replay(bridge, function_call_turn("resp_5", "knowledge_search", "c5", "{}"))
     item = next(e for out in sent for e in out if e["type"] == "conversation.item.create")["item"]
     assert orjson.loads(item["output"])["error"]["type"] == "unavailable"
+
+
+@pytest.mark.parametrize("size", [100 * 1024, 5 * 1024 * 1024], ids=["100KiB", "5MiB"])
+async def test_over_large_arguments_are_said_to_be_too_large(vr: Voxrecall, size: int) -> None:
+    """Past the sidecar's message limit (4 MiB) gRPC itself would refuse them, which the model
+    used to hear as "unavailable": both sizes get the limit in bytes, as an error output."""
+    bridge = await RealtimeToolBridge.create(vr)
+    arguments = '{"query": "' + "x" * size + '"}'
+    sent = await replay(bridge, function_call_turn("resp_6", "knowledge_search", "c6", arguments))
+    item = next(e for out in sent for e in out if e["type"] == "conversation.item.create")["item"]
+    error = orjson.loads(item["output"])["error"]
+    assert error["type"] == "invalid_arguments"
+    assert f"the limit is {MAX_ARGUMENTS_BYTES}" in error["message"]
+    assert sent[-1] == [{"type": "response.create"}]

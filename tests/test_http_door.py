@@ -38,7 +38,12 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
 from sidecar.http.door import MAX_HEAD_BYTES
-from sidecar.http.webhooks import SIGNATURE_TOLERANCE_MS, verify_signature
+from sidecar.http.webhooks import (
+    SIGNATURE_TOLERANCE_MS,
+    Replays,
+    Signature,
+    verify_signature,
+)
 from sidecar.turn import sessions
 from tests.hardening_kit import (
     TOKEN_A,
@@ -526,6 +531,47 @@ async def test_a_replayed_call_is_refused_once_the_window_has_passed(sidecar: Si
     verify_signature(WEBHOOK_SECRET.encode(), RETELL_BODY, captured, now=later - 2)  # in it
 
 
+@pytest.mark.parametrize("sign", [signed, retell_signed])
+async def test_a_signed_call_replayed_within_its_window_is_refused(
+    sidecar: Sidecar, sign: Any
+) -> None:
+    captured = sign(RETELL_BODY)
+    assert (await post_tool(sidecar, RETELL_BODY, captured)).status_code == 200
+    replayed = await post_tool(sidecar, RETELL_BODY, captured)
+    assert replayed.status_code == 401
+    assert replayed.json()["error"]["code"] == "UNAUTHENTICATED"
+    assert "already received" in replayed.json()["error"]["message"]
+    elsewhere = await post_tool(sidecar, RETELL_BODY, captured, function="search_billing")
+    assert elsewhere.status_code == 401  # the signature covers the body, not the path
+    other = RETELL_BODY.replace(b"retell-call-1", b"retell-call-2")  # a new call: served
+    assert (await post_tool(sidecar, other, sign(other))).status_code == 200
+
+
+def test_the_replay_table_is_fixed_in_size_and_lets_no_forgotten_replay_through() -> None:
+    """Past its size the oldest signature is forgotten, and a call signed no later than it is
+    refused too (it could be that one again); newer calls are accepted."""
+    now_ms = time.time() * 1000
+    table = Replays(size=2)
+
+    def sig(n: int, stamp_ms: float) -> Signature:
+        return Signature(n.to_bytes(32, "big"), int(stamp_ms))
+
+    for n in range(3):
+        table.first("agent", sig(n, now_ms + n), now_ms)
+    assert len(table._seen) == 2  # the first forgotten
+    for n, stamp in ((0, now_ms), (9, now_ms), (2, now_ms + 2)):  # forgotten, as old, seen
+        with pytest.raises(Unauthenticated, match="already received"):
+            table.first("agent", sig(n, stamp), now_ms)
+    table.first("agent", sig(3, now_ms + 3), now_ms)  # newer than the forgotten: accepted
+    table.first("other", sig(3, now_ms + 3), now_ms)  # another caller's: its own
+    table.forget("agent", sig(3, now_ms + 3))  # a call that failed may come again
+    table.first("agent", sig(3, now_ms + 3), now_ms)
+    later = now_ms + SIGNATURE_TOLERANCE_MS + 10  # the window has passed: all expire
+    table.first("agent", sig(4, later), later)
+    assert list(table._seen) == [("agent", sig(4, later).digest)]
+    assert table.refused == 3
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -878,10 +924,16 @@ async def test_the_http_door_speaks_mutual_tls_from_the_same_files(
 
 @pytest.mark.usefixtures("long_keep_alive")
 async def test_a_tls_handshake_counts_toward_the_cap_and_is_bounded(
-    tmp_path: Path, store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    store: Path,
+    local_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Connections that open and never say hello hold their slots (one more is closed at once)
-    only until TLS_HANDSHAKE_TIMEOUT_S closes them; then a real client is served."""
+    """Connections that open and never say hello hold their slots (one more is closed at once,
+    and the log says it was closed, not answered) only until TLS_HANDSHAKE_TIMEOUT_S closes
+    them; then a real client is served."""
+    caplog.set_level(logging.WARNING, logger="voxrecall")
     monkeypatch.setattr(http_door, "TLS_HANDSHAKE_TIMEOUT_S", 0.5)
     certs = make_certs(tmp_path / "certs")
     tls = {"cert_file": str(certs / "server.pem"), "key_file": str(certs / "server.key")}
@@ -890,6 +942,9 @@ async def test_a_tls_handshake_counts_toward_the_cap_and_is_bounded(
         assert sc.http is not None
         silent = [await asyncio.open_connection("127.0.0.1", sc.http_port) for _ in range(2)]
         assert (await exchange(sc, b"")) == b""  # a third: closed at once, the two are counted
+        (full,) = [m for m in map(logging.LogRecord.getMessage, caplog.records) if "is full" in m]
+        assert "closed unanswered (TLS)" in full
+        assert "503" not in full
         for reader, writer in silent:  # and each is closed when its handshake is out of time
             async with asyncio.timeout(LIVENESS_S):
                 assert await reader.read() == b""

@@ -131,7 +131,10 @@ async def through_mcp(sc: Sidecar, token: str, kind: str, target: str) -> bool:
 
 async def through_webhooks(sc: Sidecar, token: str, kind: str, target: str) -> bool:
     if kind == "function":
-        path, body = f"/tools/{target}", orjson.dumps({"args": {"query": "refund"}})
+        # a call id of its own: a signature covers the body alone, and a signed body is
+        # accepted once (a replay to another path too)
+        path = f"/tools/{target}"
+        body = orjson.dumps({"args": {"query": "refund"}, "call_id": f"call-{target}"})
     else:
         message = {"type": "knowledge-base-request", "call": {"id": "c1"},
                    "messages": [{"role": "user", "content": "reset my password"}]}  # fmt: skip

@@ -211,13 +211,17 @@ async def test_source_filter_over_the_wire(two_sources: Config, local_embedder: 
         settings = await search(
             sidecar, query=question, limit=5, min_score=0.05, sources=["settings"]
         )
-        missing = await search(sidecar, query=question, limit=5, sources=["nope"])
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await search(sidecar, query=question, limit=5, sources=["nope"])
     finally:
         await sidecar.stop(0.5)
     assert everything.chunks[0].source == "tutorials"
     assert settings.chunks
     assert {c.source for c in settings.chunks} == {"settings"}
-    assert list(missing.chunks) == []
+    # an unknown source is refused, naming it and the base's sources, not answered "nothing"
+    assert missing.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "no source 'nope'" in str(missing.value.details())
+    assert "'settings'" in str(missing.value.details())
 
 
 # -- context_url -----------------------------------------------------------------------------

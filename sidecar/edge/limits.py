@@ -175,6 +175,10 @@ FIELD_BYTES: dict[str, int | None] = {
     "arguments_json": None,
 }
 NAME_BYTES = 1024  # any other string field: a name, an id
+# A query is 4000 characters at most; a model's arguments larger than this are a runaway
+# generation, refused before orjson builds objects from them (by sidecar.functions.tools, as an
+# error output; by the adapters before they are sent).
+MAX_ARGUMENTS_BYTES = 64 * 1024
 MAX_REPEATED = 256  # entries of a repeated string field (sources: a base has a handful)
 # A message this small (serialized, less its bytes fields: a query vector) has no field over
 # any limit: a string is at most those bytes, and a repeated entry takes at least two (its tag
@@ -190,6 +194,15 @@ def utf8_size(text: str, limit: int) -> int:
     if len(text) > limit or 4 * len(text) <= limit:
         return len(text)
     return len(text.encode("utf-8", "surrogatepass"))
+
+
+def arguments_too_large(size: int) -> str:
+    """What a model is told of its arguments over ``MAX_ARGUMENTS_BYTES`` (``size``: their
+    bytes, or a lower bound): the limit, and what to send instead."""
+    return (
+        f"arguments are {size} bytes or more; the limit is {MAX_ARGUMENTS_BYTES}: send an "
+        'object like {"query": "how do I reset my password"}'
+    )
 
 
 class FieldLimits(Hook):

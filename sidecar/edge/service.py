@@ -19,15 +19,15 @@ from index.errors import VoxrecallError
 from index.types import MetadataFilter
 from sidecar import __version__
 from sidecar.edge.lifecycle import Lifecycle
-from sidecar.edge.limits import idle_limited
+from sidecar.edge.limits import idle_limited, utf8_size
 from sidecar.edge.messages import ChunkMessages
 from sidecar.edge.status import status_for, trailers_for
-from sidecar.errors import InvalidArgument
-from sidecar.functions.tools import PageReader, Toolbox
+from sidecar.errors import InvalidArgument, ResourceExhausted
+from sidecar.functions.tools import PageReader, PageText, Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.holder import SnapshotHolder
-from sidecar.turn import sessions
+from sidecar.turn import scope, sessions
 from sidecar.turn.engine import (
     BasePolicy,
     Engine,
@@ -131,6 +131,27 @@ def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
     MESSAGES.fill(response.chunks, result.hits)
     MESSAGES.fill(response.context, result.context)
     return response
+
+
+# A ReadPageResponse's bytes beyond its strings: six fields' tags and lengths.
+PAGE_FRAMING_BYTES = 64
+
+
+def _check_fits(page: PageText, version: str, limit: int) -> None:
+    """A page whose response would be over ``[sidecar] max_message_bytes`` is refused with
+    its size and what to do, before the message is built (gRPC's own refusal of an over-long
+    message says neither)."""
+    texts = (page.text, page.title, page.source, page.source_path, page.url, version)
+    # a text of more characters than the limit is counted as one byte each: over it already
+    size = PAGE_FRAMING_BYTES + sum(utf8_size(text, limit) for text in texts)
+    if size > limit:
+        exact = all(len(text) <= limit for text in texts)
+        raise ResourceExhausted(
+            f"page {scope.named([page.source_path])} is {'' if exact else 'at least '}"
+            f"{size} bytes as a ReadPageResponse; the limit is {limit} bytes ([sidecar] "
+            "max_message_bytes): raise it, or search the page's chunks (Search with "
+            "source_paths set to its path)"
+        )
 
 
 class RetrievalService(pb_grpc.RetrievalServicer):
@@ -316,6 +337,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         kb = request.knowledge_base or self.engine.default_knowledge_base
         searcher = self.engine.searcher(kb)
         page = await self.pages.read(searcher, kb, request.source_path, request.source)
+        _check_fits(page, searcher.version, self.engine.config.max_message_bytes)
         return pb.ReadPageResponse(
             title=page.title,
             text=page.text,

@@ -36,7 +36,7 @@ from index.filters import Allowed
 from index.snapshot import LoadedSnapshot, page_key
 from index.types import MetadataFilter
 from sidecar.config import Config, FunctionConfig
-from sidecar.edge.limits import utf8_size
+from sidecar.edge.limits import MAX_ARGUMENTS_BYTES, arguments_too_large, utf8_size
 from sidecar.errors import FilterRefused, InvalidArgument, NotFound, ToolCallError
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import scope
@@ -62,9 +62,6 @@ DEFINITIONS_KEPT = 64  # (function, snapshot version) definitions rendered and k
 MIN_EXCERPT_CHARS = 80  # a shorter excerpt rarely answers anything: drop a result instead
 QUOTE_CHARS = 80  # how much of a model's bad input an error message repeats
 QUOTED_ITEMS = 5  # how many of a model's bad keys or sources an error message repeats
-# A query is 4000 characters at most; a model's arguments larger than this are a runaway
-# generation, refused before orjson builds objects from them.
-MAX_ARGUMENTS_BYTES = 64 * 1024
 # The functions the current call's caller may see; None: all (no auth, or an unscoped caller).
 visible: ContextVar[frozenset[str] | None] = ContextVar("visible_functions", default=None)
 MAX_PAGE_PATH = 4096
@@ -211,11 +208,7 @@ class KnowledgeFunction:
         """The call the model meant, or ``ToolCallError`` saying what to change."""
         size = utf8_size(arguments_json, MAX_ARGUMENTS_BYTES)
         if size > MAX_ARGUMENTS_BYTES:
-            raise ToolCallError(
-                INVALID_ARGUMENTS,
-                f"arguments are {size} bytes or more; the limit is {MAX_ARGUMENTS_BYTES}: send "
-                'an object like {"query": "how do I reset my password"}',
-            )
+            raise ToolCallError(INVALID_ARGUMENTS, arguments_too_large(size))
         try:
             args = orjson.loads(arguments_json) if arguments_json.strip() else {}
         except orjson.JSONDecodeError as exc:
@@ -527,7 +520,8 @@ class PageReader:
             raise InvalidArgument(f"source_path is longer than {MAX_PAGE_PATH} characters")
         if source and source not in snapshot.source_names:
             raise NotFound(
-                f"no source {source!r} in this snapshot; its sources: {', '.join(snapshot.source_names)}"
+                f"no source {scope.named([source])} in snapshot {snapshot.version}; its "
+                f"sources: {scope.named(snapshot.source_names)}"
             )
         names = [source] if source else snapshot.source_names
         found = [s for s in names if page_key(s, source_path) in snapshot.pages]

@@ -22,7 +22,8 @@ max_body_bytes`` is refused (413) before it is read whole; one that does not arr
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). At most ``[sidecar.http]
 max_connections`` connections are served at once: one more gets a 503 as soon as it is
 accepted, before it is read and without a task, and is closed (``_Admission``); so does one
-past ``max_connections_per_ip`` from one client address. With TLS the door makes the handshake
+past ``max_connections_per_ip`` from one client address (with TLS, where nothing can be said
+before a handshake, it is only closed, and the log says so). With TLS the door makes the handshake
 itself, counted from the accept and bounded by ``TLS_HANDSHAKE_TIMEOUT_S``. Errors are ``{"error": {"code",
 "message"}}`` with the HTTP status
 ``sidecar.edge.status.http_status_for`` gives; the ``x-call-id`` header names the call in the logs.
@@ -241,7 +242,9 @@ class HttpDoor:
         self.body_at = guards.body_at
         self.max_body = config.sidecar.http.max_body_bytes
         http = config.sidecar.http
-        self.admission = _Admission(http.max_connections, http.max_connections_per_ip)
+        self.admission = _Admission(
+            http.max_connections, http.max_connections_per_ip, tls=config.sidecar.tls.enabled
+        )
         self.mcp = McpDoor(config, engine, toolbox, guards.auth)
         self.webhooks = Webhooks(config, engine, toolbox)
         self._server: _InLoopServer | None = None
@@ -453,9 +456,12 @@ class _Admission:
     answers 503 from a task of its own, so a refused connection still costs a task and up to
     a head's bytes, and it counts the connection being refused (``limit`` - 1 are served)."""
 
-    def __init__(self, limit: int, per_ip: int) -> None:
+    def __init__(self, limit: int, per_ip: int, *, tls: bool = False) -> None:
         self.limit = limit
         self.per_ip = per_ip
+        # what a refused connection gets, as the log says it: with TLS nothing can be said
+        # before a handshake, so it is only closed (``_BoundedHead._refuse``)
+        self.refusal = "closed unanswered (TLS)" if tls else "answered 503"
         self.open = 0
         self.by_ip: Counter[str] = Counter()
         self.refused = 0  # since the door last had room
@@ -499,8 +505,9 @@ class _Admission:
         if not self.refused:
             log.warning(
                 "the HTTP door is full: %d connections open ([sidecar.http] max_connections); "
-                "more are answered 503 until one closes",
+                "more are %s until one closes",
                 self.limit,
+                self.refusal,
             )
         self.refused += 1
         self.refused_total += 1
@@ -510,9 +517,10 @@ class _Admission:
         if not self.refused_by_ip[address]:
             log.warning(
                 "%s holds %d connections to the HTTP door ([sidecar.http] "
-                "max_connections_per_ip); more from it are answered 503 until one closes",
+                "max_connections_per_ip); more from it are %s until one closes",
                 address,
                 self.per_ip,
+                self.refusal,
             )
         self.refused_by_ip[address] += 1
         self.refused_total += 1

@@ -3,7 +3,9 @@
 Built on the official SDK's low-level ``Server`` and its ``StreamableHTTPSessionManager``
 (stateful sessions, JSON responses). A tool's input schema is the one ``ListTools`` gives
 (``KnowledgeFunction.parameters``), its result the same compact JSON as ``InvokeTool``; with
-``[sidecar.http] read_page_bases``, a ``read_page`` tool reads a whole page of those bases.
+``[sidecar.http] read_page_bases``, a ``read_page`` tool reads a whole page of those bases,
+within ``tool_output_chars`` like every output: a longer page is cut (``truncated``), and the
+answer gives the ``next_offset`` to read on from (``page_output``).
 Everything a model can get wrong (bad arguments, an unknown tool, a function outside the
 token's scope, a base with no snapshot, a page that is not there) is a tool result with
 ``isError``, never a failed request.
@@ -70,8 +72,43 @@ _CONTEXT = "voxrecall.context"
 _T = TypeVar("_T")
 READ_PAGE_DESCRIPTION = (
     "Read a whole page of the knowledge base, by the path a search result gave, when its "
-    "excerpt is not enough."
+    "excerpt is not enough. A long page comes in parts: call again with the next_offset an "
+    "answer gives."
 )
+OFFSET = "offset"
+
+
+def page_output(head: dict[str, str], text: str, offset: int, max_chars: int) -> str | None:
+    """A page as compact JSON of at most ``max_chars`` characters: ``head`` (title, source,
+    path, url) and ``text`` from ``offset`` (characters); cut where it must be (the longest
+    part that fits, found by bisection), with ``truncated``, ``next_offset`` and a note saying
+    how to read on. Only ``max_chars`` of the text are ever encoded, however long the page.
+    None: the head leaves no room for a character of it."""
+    window = text[offset : offset + max_chars]
+    if offset + len(window) >= len(text):
+        whole = orjson.dumps({**head, "text": window}).decode()
+        if len(whole) <= max_chars:
+            return whole
+    lo, hi = 0, len(window)  # the longest part that fits is at least lo, less than hi + 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(_page_part(head, window[:mid], offset + mid)) <= max_chars:
+            lo = mid
+        else:
+            hi = mid - 1
+    return _page_part(head, window[:lo], offset + lo) if lo else None
+
+
+def _page_part(head: dict[str, str], part: str, end: int) -> str:
+    return orjson.dumps(
+        {
+            **head,
+            "text": part,
+            "truncated": True,
+            "next_offset": end,
+            "note": f"the page goes on: call read_page again with offset {end}",
+        }
+    ).decode()
 
 
 def _text(output: str, is_error: bool) -> types.CallToolResult:
@@ -210,9 +247,14 @@ class McpDoor:
         bases = self._page_bases(call)
         kb = arguments.get("knowledge_base") or (bases[0] if len(bases) == 1 else "")
         path, source = arguments.get("source_path"), arguments.get("source") or ""
+        offset = arguments.get(OFFSET) or 0
         if not isinstance(path, str) or not isinstance(source, str) or not isinstance(kb, str):
             return self._error(
                 INVALID_ARGUMENTS, "source_path (and source, knowledge_base) must be strings"
+            )
+        if type(offset) is not int or offset < 0:
+            return self._error(
+                INVALID_ARGUMENTS, "offset must be a whole number of characters, 0 or more"
             )
         if kb not in bases:
             return self._error(
@@ -225,10 +267,21 @@ class McpDoor:
             page = await self.pages.read(self.engine.searcher(kb), kb, path, source)
         except VoxrecallError as exc:
             return self._refused(exc)
-        body = {"title": page.title, "source": page.source, "path": page.source_path}
+        if offset and offset >= len(page.text):
+            return self._error(
+                INVALID_ARGUMENTS,
+                f"offset {offset} is past the page's end ({len(page.text)} characters)",
+            )
+        head = {"title": page.title, "source": page.source, "path": page.source_path}
         if page.url:
-            body["url"] = page.url
-        return _text(orjson.dumps({**body, "text": page.text}).decode(), is_error=False)
+            head["url"] = page.url
+        output = page_output(head, page.text, offset, self.max_chars)
+        if output is None:
+            return self._error(
+                INVALID_ARGUMENTS,
+                "this page's title, path or URL alone is over [sidecar] tool_output_chars",
+            )
+        return _text(output, is_error=False)
 
     def _page_bases(self, call: HttpCall) -> list[str]:
         if self.auth is None:
@@ -253,6 +306,11 @@ def _page_schema(bases: list[str]) -> dict[str, Any]:
     properties: dict[str, Any] = {
         "source_path": {"type": "string", "description": "The page's path, as a result gave it."},
         "source": {"type": "string", "description": "The result's source, when paths repeat."},
+        OFFSET: {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Where to read on from: the next_offset a cut answer gave.",
+        },
     }
     if len(bases) > 1:
         properties["knowledge_base"] = {"type": "string", "enum": bases}

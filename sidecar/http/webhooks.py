@@ -16,7 +16,8 @@ object, or the JSON string a model emitted), or the arguments themselves at the 
 beside them. The answer is the function's output, the same JSON as ``InvokeTool``; a model's
 mistake is an error output for the model (200, ``x-voxrecall-tool-error: true``). With
 ``[sidecar.http] webhook_secret_env`` set, every call must be signed with that secret and
-recently (``verify_signature``), and an unsigned, badly signed or stale one is refused (401).
+recently (``verify_signature``), and an unsigned, badly signed or stale one is refused (401);
+so is a signature seen before (``Replays``): within its window, a captured call sent again.
 
 The ``x-voxrecall-session`` header, when sent, names the session on both.
 """
@@ -27,6 +28,7 @@ import hashlib
 import hmac
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -69,6 +71,9 @@ MAX_FED = 8
 # How far a signature's timestamp (ours or Retell's) may be from our clock: the window in which
 # a captured call could be replayed. Retell's own verifier allows 5 minutes.
 SIGNATURE_TOLERANCE_MS = 5 * 60 * 1000
+# Signatures remembered (``Replays``), each until its window has passed: about 250 bytes
+# each, so ~4 MiB at most; 16,384 calls in 5 minutes is 55 a second, beyond any one agent's.
+SEEN_SIGNATURES = 16_384
 _RETELL = re.compile(r"v=(\d{1,16}),d=([0-9a-fA-F]{64})")
 _STAMP = re.compile(r"\d{1,12}")
 # Top-level keys of a tool webhook body that describe the call rather than being arguments.
@@ -193,11 +198,68 @@ def _string(value: Any, what: str) -> str:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """A good signature: its digest and its timestamp (Unix ms)."""
+
+    digest: bytes
+    stamp_ms: int
+
+
+class Replays:
+    """The signatures seen within their window, so a call is accepted once: the same signed
+    request sent again by the same caller (the token's; a signature covers the body alone)
+    within ``SIGNATURE_TOLERANCE_MS`` is refused (401), to any path. A call that failed (an
+    error status: a base loading, say) is forgotten, so the platform may retry it.
+
+    A fixed-size table of ``size`` entries (``SEEN_SIGNATURES``), each kept until its window
+    has passed; when it is full the oldest entry is forgotten, and from then on a call signed
+    no later than the newest forgotten one is refused too (it could be a replay of one
+    forgotten), so the table never lets a replay through: past ``size`` calls in a window, the
+    window shrinks to them. Only signatures that verified are kept: no stranger can fill it."""
+
+    def __init__(self, size: int = SEEN_SIGNATURES) -> None:
+        self.size = size
+        # (caller, digest) -> timestamp (ms)
+        self._seen: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self.floor_ms = -1  # the newest timestamp forgotten while still in its window
+        self.refused = 0
+
+    def first(self, caller: str, signature: Signature, now_ms: float) -> None:
+        """Record ``caller``'s ``signature``, or raise ``Unauthenticated`` when it was seen (or
+        could have been: signed no later than one forgotten)."""
+        self._expire(now_ms)
+        key = (caller, signature.digest)
+        if key in self._seen or signature.stamp_ms <= self.floor_ms:
+            self.refused += 1
+            raise Unauthenticated(
+                "this signed call was already received (a signature is accepted once, or, "
+                f"past {self.size} calls in {SIGNATURE_TOLERANCE_MS // 60000} minutes, only "
+                "the newest): send each call with a new timestamp and its own signature"
+            )
+        self._seen[key] = signature.stamp_ms
+        while len(self._seen) > self.size:
+            _, stamp_ms = self._seen.popitem(last=False)
+            self.floor_ms = max(self.floor_ms, stamp_ms)
+
+    def forget(self, caller: str, signature: Signature) -> None:
+        """A call that failed: the same signature may come again (a platform's retry)."""
+        self._seen.pop((caller, signature.digest), None)
+
+    def _expire(self, now_ms: float) -> None:
+        """Forget the signatures whose window has passed (the oldest recorded first)."""
+        while self._seen:
+            key, stamp_ms = next(iter(self._seen.items()))
+            if now_ms - stamp_ms <= SIGNATURE_TOLERANCE_MS:
+                return
+            del self._seen[key]
+
+
 def verify_signature(
     secret: bytes, body: bytes, headers: Mapping[str, str], now: float | None = None
-) -> None:
+) -> Signature:
     """Raise ``Unauthenticated`` unless ``body`` carries a good, recent signature made with
-    ``secret`` (``now``: Unix seconds, the clock's by default):
+    ``secret`` (``now``: Unix seconds, the clock's by default); return it:
 
     - ``X-Voxrecall-Timestamp: <unix seconds>`` and ``X-Voxrecall-Signature: sha256=<hex
       HMAC-SHA256 of the timestamp's digits, ".", then the body>`` (Stripe's and Slack's
@@ -210,18 +272,19 @@ def verify_signature(
     """
     now_ms = (time.time() if now is None else now) * 1000
     if headers.get(SIGNATURE_HEADER, ""):
-        _verify_generic(secret, body, headers, now_ms)
-    elif headers.get(RETELL_SIGNATURE_HEADER, ""):
-        _verify_retell(secret, body, headers[RETELL_SIGNATURE_HEADER], now_ms)
-    else:
-        raise Unauthenticated(
-            f"this call is unsigned and a webhook secret is configured: send {TIMESTAMP}: "
-            f"<unix seconds> and {SIGNATURE}: sha256=<hex HMAC-SHA256 of "
-            f'"<timestamp>.<body>"> (or Retell\'s {RETELL_SIGNATURE})'
-        )
+        return _verify_generic(secret, body, headers, now_ms)
+    if headers.get(RETELL_SIGNATURE_HEADER, ""):
+        return _verify_retell(secret, body, headers[RETELL_SIGNATURE_HEADER], now_ms)
+    raise Unauthenticated(
+        f"this call is unsigned and a webhook secret is configured: send {TIMESTAMP}: "
+        f"<unix seconds> and {SIGNATURE}: sha256=<hex HMAC-SHA256 of "
+        f'"<timestamp>.<body>"> (or Retell\'s {RETELL_SIGNATURE})'
+    )
 
 
-def _verify_generic(secret: bytes, body: bytes, headers: Mapping[str, str], now_ms: float) -> None:
+def _verify_generic(
+    secret: bytes, body: bytes, headers: Mapping[str, str], now_ms: float
+) -> Signature:
     stamp = headers.get(TIMESTAMP_HEADER, "").strip()
     if not stamp:
         raise Unauthenticated(
@@ -241,9 +304,10 @@ def _verify_generic(secret: bytes, body: bytes, headers: Mapping[str, str], now_
             f'"<{TIMESTAMP}>.<the exact body bytes>"> with the secret in [sidecar.http] '
             "webhook_secret_env"
         )
+    return Signature(bytes.fromhex(expected), int(stamp) * 1000)
 
 
-def _verify_retell(secret: bytes, body: bytes, header: str, now_ms: float) -> None:
+def _verify_retell(secret: bytes, body: bytes, header: str, now_ms: float) -> Signature:
     match = _RETELL.fullmatch(header.strip())
     if match is None:
         raise Unauthenticated(f"{RETELL_SIGNATURE} is not v=<ms>,d=<hex digest>")
@@ -255,6 +319,7 @@ def _verify_retell(secret: bytes, body: bytes, header: str, now_ms: float) -> No
             f"{RETELL_SIGNATURE} does not match the body: set [sidecar.http] "
             "webhook_secret_env to the variable holding the Retell API key with the webhook badge"
         )
+    return Signature(bytes.fromhex(expected), int(stamp))
 
 
 def _check_fresh(header: str, stamp_ms: int, now_ms: float) -> None:
@@ -291,6 +356,7 @@ class Webhooks:
         self.conversations = Conversations(
             config.sidecar.max_sessions, config.sidecar.session_ttl_s
         )
+        self.replays = Replays()
 
     # -- Vapi ----------------------------------------------------------------------------------
 
@@ -356,8 +422,20 @@ class Webhooks:
     async def tool(
         self, call: HttpCall, function: str, headers: dict[str, str], body: bytes
     ) -> Reply:
-        if self.webhook_secret:
-            verify_signature(self.webhook_secret, body, headers)
+        if not self.webhook_secret:
+            return await self._tool(call, function, headers, body)
+        now, caller = time.time(), sessions.owner.get()
+        signature = verify_signature(self.webhook_secret, body, headers, now)
+        self.replays.first(caller, signature, now * 1000)
+        try:
+            return await self._tool(call, function, headers, body)
+        except BaseException:
+            self.replays.forget(caller, signature)
+            raise
+
+    async def _tool(
+        self, call: HttpCall, function: str, headers: dict[str, str], body: bytes
+    ) -> Reply:
         payload = _object(body, '{"args": {"query": "..."}, "call": {"call_id": "..."}}')
         name = payload.get("name")
         if name is not None and name != function:

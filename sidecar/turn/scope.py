@@ -8,7 +8,9 @@ fixed filters and its model's arguments) and the filters of the caller's token
 apply together: the caller's filters are intersected with whatever a request asks, so no request
 can widen them. A field the snapshot has no index for is INVALID_ARGUMENT naming the fields it
 has, never a silent "no filter" (for a caller's filters too: a base that cannot apply them
-answers nothing rather than everything).
+answers nothing rather than everything). A source the snapshot does not have is
+INVALID_ARGUMENT too, naming it and the sources it has (``check_sources``): a misspelt or
+dropped source would otherwise answer nothing, as if the base knew nothing of the question.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ MAX_SOURCE_PATHS = 16
 # ones while every other call waited; 16 wildcards take ~2 ms. A path needs a few.
 MAX_GLOB_WILDCARDS = 16
 _WILDCARDS = ("*", "?", "[")
+# A refusal names at most this many sources (unknown or known), each cut to NAME_CHARS: a
+# request may send 256 names of 1 KiB each, and a base may have many sources.
+NAMED = 5
+NAME_CHARS = 64
 
 
 def unknown_base(kb: str, known: Iterable[str]) -> NotFound:
@@ -40,6 +46,31 @@ def unknown_base(kb: str, known: Iterable[str]) -> NotFound:
     token, ``sidecar.edge.auth``) one outside its scope, alike, so a token learns no name outside
     its scope; ``known`` is what the caller may reach."""
     return NotFound(f"unknown knowledge base {kb!r}; known: {', '.join(sorted(known)) or 'none'}")
+
+
+def named(names: Sequence[str]) -> str:
+    """The first ``NAMED`` of ``names``, quoted and each cut to ``NAME_CHARS``, and how many
+    more there are: what an error message repeats of a list it cannot bound."""
+    shown = ", ".join(
+        repr(n if len(n) <= NAME_CHARS else n[:NAME_CHARS] + "...") for n in names[:NAMED]
+    )
+    more = len(names) - NAMED
+    return f"{shown} and {more} more" if more > 0 else shown or "none"
+
+
+def check_sources(searcher: Searcher, kb: str, sources: Sequence[str]) -> None:
+    """Every one of ``sources`` is a source of the searcher's snapshot, or INVALID_ARGUMENT
+    naming the unknown ones and the ones it has (after a hot swap that dropped a source too)."""
+    if not sources:
+        return
+    names = searcher.sources.names
+    unknown = [s for s in dict.fromkeys(sources) if s not in names]
+    if unknown:
+        raise FilterRefused(
+            f"knowledge base {kb!r} has no source {named(unknown)} (snapshot "
+            f"{searcher.version}); its sources: {named(names)}: name one of them, or none to "
+            "search them all"
+        )
 
 
 def check(filters: Sequence[MetadataFilter], source_paths: Sequence[str]) -> None:
@@ -79,6 +110,7 @@ def resolve(
     """What the call may reach in the searcher's snapshot, with the caller's filters; None: no
     filter beyond ``sources`` (which the snapshot's source partitions serve)."""
     check(filters, source_paths)
+    check_sources(searcher, kb, sources)
     snapshot = searcher.snapshot
     every = (*filters, *caller_filters.get())
     unknown = snapshot.filters.unknown(every)

@@ -1,0 +1,199 @@
+"""Pages and chunks larger than what a call may answer with: a ReadPage over
+``max_message_bytes`` is refused with our own message, MCP's ``read_page`` answers within
+``tool_output_chars`` in parts a model can read on through.
+
+A real grpc.aio sidecar with its HTTP door on 127.0.0.1 port 0, the MCP SDK's own client, a
+real local store of a small real snapshot whose page is padded past the limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx2
+import orjson
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from index.chunker import MAX_CHUNK_BYTES
+from index.embedders.base import Embedder
+from sidecar.config import parse_config
+from sidecar.edge.server import Sidecar, create_server
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.http.mcp import page_output
+from tests.snapshot_kit import KB, TOPICS, version_id, write_version
+
+MESSAGE_BYTES = 64 * 1024  # the smallest max_message_bytes
+PAGE_PAD = 100_000  # the page: the topic's texts, then this many spaces
+OUTPUT_CHARS = 2000
+
+
+@pytest.fixture
+async def sidecar(tmp_path: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+    root = tmp_path / "store"
+    root.mkdir()
+    await asyncio.to_thread(write_version, root, version_id(1), local_embedder, page_bytes=PAGE_PAD)
+    raw = {
+        "knowledge_base": [
+            {"name": KB, "source": [{"name": "faq", "type": "markdown", "path": str(tmp_path)}]}
+        ],
+        "index": {"store": str(root)},
+        "sidecar": {
+            "store": str(root),
+            "listen": "127.0.0.1:0",
+            "max_message_bytes": MESSAGE_BYTES,
+            "tool_output_chars": OUTPUT_CHARS,
+            "http": {"listen": "127.0.0.1:0", "read_page_bases": [KB]},
+        },
+    }
+    sc = await create_server(parse_config(raw, base=tmp_path), embedder=local_embedder, poll=False)
+    try:
+        yield sc
+    finally:
+        await sc.stop(0.5)
+
+
+@asynccontextmanager
+async def mcp_session(sc: Sidecar) -> AsyncIterator[ClientSession]:
+    async with (
+        httpx2.AsyncClient() as http,
+        streamable_http_client(f"http://127.0.0.1:{sc.http_port}/mcp", http_client=http) as (
+            read,
+            write,
+        ),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def test_a_page_over_the_message_limit_is_refused_with_its_size_and_what_to_do(
+    sidecar: Sidecar,
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ReadPage(pb.ReadPageRequest(source_path="password.md"), timeout=30)
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = str(caught.value.details())
+    assert "page 'password.md' is" in details
+    assert f"the limit is {MESSAGE_BYTES} bytes ([sidecar] max_message_bytes)" in details
+    assert "source_paths" in details  # what to do instead
+
+
+async def test_mcp_read_page_answers_in_parts_within_tool_output_chars(sidecar: Sidecar) -> None:
+    page = " ".join(TOPICS["password"]) + " " * PAGE_PAD
+    read, offset, parts = "", 0, 0
+    async with mcp_session(sidecar) as session:
+        while True:
+            arguments: dict[str, Any] = {"source_path": "password.md", "offset": offset}
+            result = await session.call_tool("read_page", arguments)
+            assert not result.is_error
+            text = result.content[0].text  # type: ignore[union-attr]
+            assert len(text) <= OUTPUT_CHARS
+            body = orjson.loads(text)
+            assert body["path"] == "password.md"
+            read += body["text"]
+            parts += 1
+            if not body.get("truncated"):
+                break
+            assert f"offset {body['next_offset']}" in body["note"]
+            offset = body["next_offset"]
+        assert read == page  # every part, in order, and nothing lost between them
+        assert parts > len(page) // OUTPUT_CHARS
+
+        for bad in (-1, "5", 1.5, True, 10**30):  # each a tool error naming the argument
+            wrong = await session.call_tool(
+                "read_page", {"source_path": "password.md", "offset": bad}
+            )
+            assert wrong.is_error, bad
+            assert "offset" in wrong.content[0].text  # type: ignore[union-attr]
+        past = await session.call_tool("read_page", {"source_path": "password.md", "offset": 10**9})
+        assert past.is_error
+        assert "past the page's end" in orjson.loads(past.content[0].text)["error"]["message"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("max_chars", [200, 333, 2000])
+def test_page_output_cuts_escapes_and_wide_characters_without_losing_any(max_chars: int) -> None:
+    """Every character JSON escapes (quotes, backslashes, newlines, control characters) and
+    characters of 2 to 4 UTF-8 bytes: each part fits, and the parts put together are the page."""
+    text = ('He said "ok"\\\n\t\x01 café 日本語 🎙️ ' * 60).strip()
+    head = {"title": "Quotes", "source": "faq", "path": "q.md"}
+    read, offset = "", 0
+    while True:
+        out = page_output(head, text, offset, max_chars)
+        assert out is not None
+        assert len(out) <= max_chars
+        body = orjson.loads(out)
+        read += body["text"]
+        if not body.get("truncated"):
+            break
+        assert body["next_offset"] > offset  # always progress
+        offset = body["next_offset"]
+    assert read == text
+    assert page_output({"title": "x" * 500}, text, 0, 200) is None  # a head with no room
+
+
+# -- chunks of a snapshot built before the chunker's cap ------------------------------------------
+
+CHUNK_PAD = 250_000  # " filler" words: 1.75 MB a chunk, three over the 4 MiB message limit
+
+
+@pytest.fixture
+async def old_sidecar(tmp_path: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+    root = tmp_path / "store"
+    root.mkdir()
+    await asyncio.to_thread(write_version, root, version_id(1), local_embedder, chunk_pad=CHUNK_PAD)
+    raw = {
+        "knowledge_base": [
+            {"name": KB, "source": [{"name": "faq", "type": "markdown", "path": str(tmp_path)}]}
+        ],
+        "function": [{"name": "search_faq", "description": "The FAQ.", "knowledge_base": KB}],
+        "index": {"store": str(root)},
+        "sidecar": {
+            "store": str(root),
+            "listen": "127.0.0.1:0",
+            "min_score": -1.0,
+            "budget_ms": 5_000,
+            "tool_output_chars": OUTPUT_CHARS,
+        },
+    }
+    sc = await create_server(parse_config(raw, base=tmp_path), embedder=local_embedder, poll=False)
+    try:
+        yield sc
+    finally:
+        await sc.stop(0.5)
+
+
+async def test_a_huge_chunk_of_an_old_snapshot_is_answered_cut_to_the_chunk_cap(
+    old_sidecar: Sidecar,
+) -> None:
+    """Three chunks of 1.75 MB: Search and Turn answer with each cut to MAX_CHUNK_BYTES (at a
+    character), within the message limit, and a tool call within tool_output_chars."""
+    question = "How do I reset my password?"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{old_sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        found = await stub.Search(pb.SearchRequest(query=question, limit=3), timeout=60)
+        turn = await stub.Turn(
+            pb.TurnRequest(session_id="s", text=question, is_final=True), timeout=60
+        )
+        tool = await stub.InvokeTool(
+            pb.InvokeToolRequest(name="search_faq", arguments_json='{"query": "reset password"}'),
+            timeout=60,
+        )
+    for chunks in (found.chunks, turn.chunks, turn.context):
+        assert len(chunks) == 3
+        for chunk in chunks:
+            assert len(chunk.text.encode()) <= MAX_CHUNK_BYTES
+            assert len(chunk.text.encode()) > MAX_CHUNK_BYTES - 8  # cut, not dropped
+            assert chunk.text.split(" filler")[0] in TOPICS["password"]
+    assert not tool.is_error
+    assert len(tool.output) <= OUTPUT_CHARS
+    assert orjson.loads(tool.output)["results"]
