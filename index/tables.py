@@ -169,7 +169,10 @@ class ChunkTable(Sequence[Chunk]):
             raise ValueError(f"field must be 0 to {_FIXED - 1}, got {field}")
         starts, stops = self._spans(field)
         blob = self._blob
-        return [str(blob[a:b], "utf-8", "replace") for a, b in zip(starts, stops, strict=True)]
+        out = [str(blob[a:b], "utf-8", "replace") for a, b in zip(starts, stops, strict=True)]
+        if field == 3:  # the text, cut as a decoded chunk's is
+            return [t if len(t) <= _SURE_CHARS else _bounded(t) for t in out]
+        return out
 
     def heads(self) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
         """Every chunk's id, title, breadcrumbs and the head of its embed text (what comes
