@@ -42,6 +42,7 @@ from index.store import new_version_id
 from index.types import Chunk
 from sidecar.config import SidecarConfig
 from sidecar.snapshots.holder import SnapshotHolder
+from sidecar.snapshots.refresh import freeze_heap
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn.engine import Engine, SearchInput, Speaker, TurnInput
 from sidecar.turn.followups import chunk_entity
@@ -109,6 +110,7 @@ def engine_of(folder: Path) -> Engine:
     snapshot = replace(snapshot, index=TimedIndex(snapshot.index))
     holder = SnapshotHolder()
     holder.publish(Searcher.build(snapshot))
+    freeze_heap()  # as the refresher does once a snapshot is served: no collection walks it
     embedder = FakeEmbedder(dimension=DIM)
     config = SidecarConfig(budget_ms=10_000)
     sessions = SessionStore(max_sessions=1024, ttl_s=600, context_turns=config.context_turns)
