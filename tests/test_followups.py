@@ -78,6 +78,37 @@ def test_mentions(text: str, named: list[str]) -> None:
     assert gaz().mentions(text) == named
 
 
+def _find_every_word_tried(g: Gazetteer, toks: tuple[str, ...]) -> dict[str, float]:
+    """``find`` without its shortcut: every word goes through the full matcher."""
+    found: dict[str, float] = {}
+    i = 0
+    while i < len(toks):
+        span, key, near = g._match(toks, i)
+        name = g._keys.get(key) if key else None
+        if name is not None:
+            sure = g._sure.get(key, 1.0) * (followups.NEAR_FACTOR if near else 1.0)
+            found[name] = max(found.get(name, 0.0), sure)
+        i += span
+    return {name: round(sure, 3) for name, sure in found.items()}
+
+
+def test_words_no_name_can_start_with_are_passed_over_as_the_full_matcher_would() -> None:
+    # find skips a word no key starts with that is a function word or no near match's initial;
+    # over names, their words, misspellings, streets and ordinary words in random order, it
+    # finds what trying every word finds
+    g = gaz(lambda word, name: word == "worth")
+    vocabulary = sorted(
+        {t for name in NAMES for t in tokens(name)}
+        | {"goonville", "citycroomz", "hob", "sons", "street", "the", "is", "it", "quiet", "park"}
+        | {"lens", "field", "guesthouse", "gonvile", "xyz", "cherry", "a", "and", "b", "30"}
+    )
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        toks = tuple(rng.choice(vocabulary, size=int(rng.integers(1, 12))).tolist())
+        expected = _find_every_word_tried(g, toks)
+        assert [(m.name, m.confidence) for m in g.find(toks)] == list(expected.items()), toks
+
+
 def test_a_common_word_is_no_partial_name() -> None:
     assert gaz().mentions("Is it worth it?") == ["WORTH HOUSE"]
     assert gaz(lambda word, name: word == "worth").mentions("Is it worth it?") == []

@@ -641,8 +641,9 @@ class Engine:
         question ("Yes." to "Do you want to know how to apply?") is an answer, searched with
         the question, not a backchannel."""
         skip = self.skip_policy.classify_words(utterance.words)
-        answer = self.config.followups.enabled and followups.replies(utterance)
-        if skip is Skip.BACKCHANNEL and answer and followups.agent_question(session):
+        if skip is not Skip.BACKCHANNEL or not self.config.followups.enabled:
+            return skip
+        if followups.replies(utterance) and followups.agent_question(session):
             return Skip.NOT_SKIPPED
         return skip
 
@@ -736,12 +737,15 @@ def _lifted(hits: Sequence[Hit], pages: Mapping[str, float], entity_of: EntityOf
     if most <= 0.0:
         return list(hits)
     bonus = PRIOR_BONUS / most
-    lifted = [
-        Hit(hit.knowledge_base, hit.chunk, hit.score + bonus * pages.get(entity_of(hit.chunk), 0.0))
-        for hit in hits
-    ]
+    lifted = [_plus(hit, bonus * pages.get(entity_of(hit.chunk), 0.0)) for hit in hits]
     lifted.sort(key=lambda hit: -hit.score)
     return lifted
+
+
+def _plus(hit: Hit, bonus: float) -> Hit:
+    """``hit`` with ``bonus`` added to its score; the hit itself when there is none (hits are
+    never changed once made, so one may stand in two lists)."""
+    return Hit(hit.knowledge_base, hit.chunk, hit.score + bonus) if bonus else hit
 
 
 def _reads_everything(text: str) -> bool:

@@ -285,8 +285,13 @@ class Gazetteer:
     def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
         """Every entity the tokens match, each once (its surest match), in order of first match."""
         found: dict[str, float] = {}
+        prefixes, function_words, initials = self._prefixes, self._function_words, self._initials
         i = 0
         while i < len(toks):
+            tok = toks[i]
+            if tok not in prefixes and (tok in function_words or tok[:1] not in initials):
+                i += 1  # most words: no name starts with it, none is one edit from it
+                continue
             span, key, near = self._match(toks, i)
             name = self._keys.get(key) if key else None
             if name is not None:

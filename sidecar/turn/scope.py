@@ -109,10 +109,13 @@ def resolve(
 ) -> Allowed | None:
     """What the call may reach in the searcher's snapshot, with the caller's filters; None: no
     filter beyond ``sources`` (which the snapshot's source partitions serve)."""
+    caller = caller_filters.get()
+    if not filters and not source_paths and not caller:
+        return None  # most calls: nothing to check, nothing to mask
     check(filters, source_paths)
     check_sources(searcher, kb, sources)
     snapshot = searcher.snapshot
-    every = (*filters, *caller_filters.get())
+    every = (*filters, *caller)
     unknown = snapshot.filters.unknown(every)
     if unknown:
         known = ", ".join(sorted(snapshot.filters.fields)) or "none"

@@ -95,9 +95,14 @@ class Session:
     on_resize: Callable[[Session, int], None] | None = field(default=None, repr=False)
 
     _page_bytes: int = field(default=0, init=False, repr=False)  # ``pages``' share of ``size``
+    # ``turns``' share, counted when they change (a str's size grows when its UTF-8 form is
+    # made, so a turn is counted as it is now, as ``measure`` does), and ``retained``'s
+    _turn_bytes: int = field(default=0, init=False, repr=False)
+    _hit_bytes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.retained = deque(maxlen=max(1, self.context_turns))
+        self._count_turns()
         self.size = self.measure()
 
     def count_pages(self, found: Iterable[tuple[str, float]], keep: int) -> None:
@@ -117,6 +122,7 @@ class Session:
     def record_turn(self, speaker: str, text: str, mentions: tuple[Mention, ...] = ()) -> Said:
         said = Said(speaker, text, mentions)
         self.turns.append(said)
+        self._count_turns()
         self.turn_count += 1
         self.fit()
         return said
@@ -131,31 +137,50 @@ class Session:
     def retain(self, hits: Iterable[Hit]) -> None:
         hits = tuple(hits)
         if hits:
-            self.retained.append(hits)
+            retained = self.retained
+            if len(retained) == retained.maxlen:  # the append drops the oldest
+                self._hit_bytes -= HIT_BYTES * len(retained[0])
+            retained.append(hits)
+            self._hit_bytes += HIT_BYTES * len(hits)
             self.fit()
 
     def measure(self) -> int:
-        """The bytes the session keeps, as accounted (the module docstring says how)."""
-        # builtins mapped over lists: this runs on every turn recorded and every search
-        turns = TURN_BYTES * len(self.turns) + sum(map(sys.getsizeof, [s.text for s in self.turns]))
-        mentions = MENTION_BYTES * sum([len(said.mentions) for said in self.turns])
-        pages = self._page_bytes
+        """The bytes the session keeps, as accounted (the module docstring says how), counted
+        anew; ``fit`` keeps the same sum as the session changes (``_held``)."""
+        turns = sum(map(_said_bytes, self.turns))
         hits = HIT_BYTES * sum(map(len, self.retained))
-        return SESSION_BYTES + turns + mentions + pages + hits
+        return SESSION_BYTES + turns + self._page_bytes + hits
+
+    def _held(self) -> int:
+        """``measure()`` from the shares counted as they change: a search or a page count
+        walks no turn."""
+        return SESSION_BYTES + self._turn_bytes + self._page_bytes + self._hit_bytes
 
     def fit(self) -> None:
         """Drop the oldest turns, then the oldest searches, past ``max_bytes`` (keeping the
         newest of each); then tell the store what changed."""
-        size = self.measure()
-        for kept in (self.turns, self.retained):
-            while self.max_bytes and len(kept) > 1 and size > self.max_bytes:
-                kept.popleft()
-                size = self.measure()
+        size = self._held()
+        if self.max_bytes and size > self.max_bytes:
+            size = self._shrunk()
         if self.unread:
             self._unread_only_of_turns()
         change, self.size = size - self.size, size
         if change and self.on_resize is not None:
             self.on_resize(self, change)
+
+    def _count_turns(self) -> None:
+        self._turn_bytes = sum(map(_said_bytes, self.turns))
+
+    def _shrunk(self) -> int:
+        """Drop the oldest turns, then the oldest searches, until within ``max_bytes`` (the
+        newest of each stays); the bytes then held."""
+        turns, retained = self.turns, self.retained
+        while len(turns) > 1 and self._held() > self.max_bytes:
+            turns.popleft()
+            self._count_turns()
+        while len(retained) > 1 and self._held() > self.max_bytes:
+            self._hit_bytes -= HIT_BYTES * len(retained.popleft())
+        return self._held()
 
     def _unread_only_of_turns(self) -> None:
         """An unread text is its turn's own str, counted with the turn: one whose turn was
@@ -175,6 +200,11 @@ class Session:
                     seen.add(key)
                     out.append(hit)
         return out[:limit]
+
+
+def _said_bytes(said: Said) -> int:
+    """One recorded turn's share of a session's bytes: its text, its slot, its mentions."""
+    return TURN_BYTES + sys.getsizeof(said.text) + MENTION_BYTES * len(said.mentions)
 
 
 def _bytes_of_pages(pages: Mapping[str, float]) -> int:
