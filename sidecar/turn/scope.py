@@ -109,11 +109,11 @@ def resolve(
 ) -> Allowed | None:
     """What the call may reach in the searcher's snapshot, with the caller's filters; None: no
     filter beyond ``sources`` (which the snapshot's source partitions serve)."""
+    check_sources(searcher, kb, sources)
     caller = caller_filters.get()
     if not filters and not source_paths and not caller:
         return None  # most calls: nothing to check, nothing to mask
     check(filters, source_paths)
-    check_sources(searcher, kb, sources)
     snapshot = searcher.snapshot
     every = (*filters, *caller)
     unknown = snapshot.filters.unknown(every)
