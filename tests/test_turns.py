@@ -306,3 +306,24 @@ async def test_an_answer_about_a_tracked_entity_is_searched_with_it(tmp_path: Pa
     assert answer.followup.used.startswith("LENSFIELD HOTEL: ")
     assert request not in answer.query
     assert answer.hits[0].chunk.title == "LENSFIELD HOTEL"
+
+
+async def test_a_turn_that_says_only_a_weak_name_makes_it_the_topic(tmp_path: Path) -> None:
+    """ "Tell me about pCloud." says nothing but the name, so "pCloud" has no ordinary reading
+    there, even though the overview pages say it too: the follow-up leans on pCloud, not on
+    the page tracked before. A turn whose other words carry content (a spoken number beside
+    "Two Two Cafe") keeps the tracked entity (``test_a_spoken_number_does_not_become_a_name``)."""
+    results = await run_turns(
+        BACKENDS,
+        [
+            ("user", "Tell me about Google Drive."),
+            ("user", "Tell me about pCloud."),
+            ("user", "What about the limits on file names for it?"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].query == "Tell me about pCloud."
+    assert results[2].followup.source == Source.ENTITY
+    assert results[2].followup.used == "PCLOUD"
+    assert results[2].hits[0].chunk.text == "pCloud limits file names to 255 characters."

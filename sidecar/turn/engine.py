@@ -753,6 +753,9 @@ def _confirm(
 ) -> bool:
     """Track the entity the turn named weakly when its own search finds only that entity's
     chunks at the top (``followups.confirmed``); whether it did."""
+    if plan.names:  # the turn says nothing but the name: its words confirm it
+        followups.confirm(session, plan.named[0])
+        return True
     if own.degraded or not plan.named:
         return False
     named = followups.confirmed(plan.named, [entity_of(hit.chunk) for hit in own.hits])

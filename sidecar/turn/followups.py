@@ -35,7 +35,8 @@ that does not refer back keeps its own result only when its own words prefer ano
 wider margin (``sidecar.turn.engine``). A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
-(``confirmed``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
+(``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":
+``only_names``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
 was (nothing, when the turn's own words decided the answer).
 """
 
@@ -163,6 +164,9 @@ class Plan:
     prior: bool = False  # the pages the conversation has been on get a small bonus
     named: tuple[Mention, ...] = ()  # weak matches the turn's own search may confirm
     refers: bool = False  # it leans on the conversation ("it", a few words): never kept alone
+    names: bool = (
+        False  # the turn says nothing but ``named[0]``: taken as its topic (``only_names``)
+    )
 
 
 def chunk_entity(chunk: Chunk) -> str:
@@ -624,6 +628,9 @@ def plan(
     text = utterance.text
     if not config.enabled or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
         return Plan(text, NO_FOLLOWUP)
+    only = only_names(utterance, mentions)
+    if only is not None:  # "Tell me about rclone check.": a naming, if weak, and nothing else
+        return Plan(text, NO_FOLLOWUP, named=(only,), names=True)
     question = agent_question(session) if answers(utterance) else ""
     refers = refers_back(utterance)
     entity = _ordinal(session, utterance) or session.entity
@@ -647,6 +654,18 @@ def plan(
         plan = Plan(f"{recent} {text}", joined, alone=True, prior=True, named=mentions)
         return replace(plan, refers=refers)
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
+
+
+def only_names(utterance: Utterance, mentions: Sequence[Mention]) -> Mention | None:
+    """The weakly named entity whose name holds every content word the caller said ("Tell me
+    about rclone check.", "pCloud?"), if any: the words then have no ordinary reading to fall
+    back on ("the zip code is nine four one two two" says more than "Two Two Cafe")."""
+    if not mentions:
+        return None
+    said = set(_content(t for t in utterance.tokens if t not in FILLERS_EN))
+    if not said:
+        return None
+    return next((m for m in mentions if said <= set(tokens(m.name))), None)
 
 
 def confirmed(named: Sequence[Mention], found: Sequence[str]) -> Mention | None:
