@@ -263,7 +263,8 @@ class Engine:
         if req.speaker != Speaker.AGENT and not req.is_final:
             return self._skipped(session, Skip.NOT_FINAL, searcher, budget)
         utterance = Utterance.of(req.text)
-        mentions = searcher.gazetteer.find(utterance.tokens)
+        gazetteer = searcher.gazetteer
+        mentions = gazetteer.find(utterance.tokens)
         if req.speaker == Speaker.AGENT:
             self._record(session, Speaker.AGENT, utterance, mentions)
             self._read_later(session, utterance)
@@ -272,7 +273,7 @@ class Engine:
         if skip is not Skip.NOT_SKIPPED:
             self._record(session, Speaker.USER, utterance, mentions)
             return self._skipped(session, skip, searcher, budget)
-        plan = followups.plan(session, utterance, mentions, self.config.followups)
+        plan = followups.plan(session, utterance, mentions, self.config.followups, gazetteer.shared)
         self._record(session, Speaker.USER, utterance, mentions)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
         if taken is not None and taken.result is not None:
@@ -430,8 +431,11 @@ class Engine:
         utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
-        mentions = searcher.gazetteer.find(utterance.tokens)
-        query = followups.plan(session, utterance, mentions, self.config.followups).query
+        gazetteer = searcher.gazetteer
+        mentions = gazetteer.find(utterance.tokens)
+        query = followups.plan(
+            session, utterance, mentions, self.config.followups, gazetteer.shared
+        ).query
         return PlannedSearch(kb, searcher, query, req.sources, req.context_url, allowed)
 
     async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
