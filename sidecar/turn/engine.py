@@ -756,8 +756,9 @@ def _confirm(
     session: Session, plan: followups.Plan, own: SearchResult, entity_of: EntityOf
 ) -> bool:
     """Track the entity the turn named weakly when its own search finds only that entity's
-    chunks at the top (``followups.confirmed``); whether it did."""
-    if plan.names:  # the turn says nothing but the name: its words confirm it
+    chunks at the top (``followups.confirmed``), or when the turn says nothing but its name
+    (``followups.only_names``); whether it did."""
+    if plan.names:  # no ordinary reading of the words is left: they name it
         followups.confirm(session, plan.named[0])
         return True
     if own.degraded or not plan.named:
