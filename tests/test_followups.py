@@ -471,3 +471,15 @@ def test_near_matches_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPa
         gaz.find(followups.tokens(f"gonvilles number {n} lensfields"))
         assert len(gaz._near_kept) <= 8
     assert gaz.find(said) == first
+
+
+def test_the_words_most_names_share_are_the_shared_name() -> None:
+    names = [
+        "Windows Terminal Actions",
+        "Windows Terminal Panes",
+        "Windows Terminal SSH",
+        "Selection",
+    ]
+    assert followups.Gazetteer(names, followups.FUNCTION_WORDS_EN).shared == {"windows", "terminal"}
+    hotels = ["Lensfield Hotel", "Gonville Hotel", "Acorn Guest House", "Loch Fyne", "Nandos"]
+    assert followups.Gazetteer(hotels, followups.FUNCTION_WORDS_EN).shared == frozenset()

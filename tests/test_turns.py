@@ -306,3 +306,64 @@ async def test_an_answer_about_a_tracked_entity_is_searched_with_it(tmp_path: Pa
     assert answer.followup.used.startswith("LENSFIELD HOTEL: ")
     assert request not in answer.query
     assert answer.hits[0].chunk.title == "LENSFIELD HOTEL"
+
+
+async def test_a_turn_that_says_only_a_weak_name_makes_it_the_topic(tmp_path: Path) -> None:
+    """ "Tell me about pCloud." says nothing but the name, so "pCloud" has no ordinary reading
+    there, even though the overview pages say it too: the follow-up leans on pCloud, not on
+    the page tracked before. A turn whose other words carry content (a spoken number beside
+    "Two Two Cafe") keeps the tracked entity (``test_a_spoken_number_does_not_become_a_name``)."""
+    results = await run_turns(
+        BACKENDS,
+        [
+            ("user", "Tell me about Google Drive."),
+            ("user", "Tell me about pCloud."),
+            ("user", "What about the limits on file names for it?"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].query == "Tell me about pCloud."
+    assert results[2].followup.source == Source.ENTITY
+    assert results[2].followup.used == "PCLOUD"
+    assert results[2].hits[0].chunk.text == "pCloud limits file names to 255 characters."
+
+
+APP_PAGES = {
+    # every page's title starts with the product's name, as a docs site's do
+    "ACME TERMINAL ACTIONS": [
+        "Acme Terminal actions can run in any of the shells it supports.",
+        "Acme Terminal actions can open a new tab.",
+    ],
+    "ACME TERMINAL PROFILES": [
+        "Acme Terminal supports these shells: PowerShell, Command Prompt and WSL."
+    ],
+    "ACME TERMINAL THEMES": ["Acme Terminal themes set the colour of the tab row."],
+}
+
+
+async def test_a_question_saying_the_base_s_shared_name_is_searched_as_itself(
+    tmp_path: Path,
+) -> None:
+    """ "What shells does Acme Terminal support?" says the words every page's title shares
+    (``Gazetteer.shared``) as a name of its own (no "the" before them): it is not folded with
+    the tracked page, whose other words ("Actions") are not what it asks about. "Can the
+    terminal ..." uses a word of the tracked name as a common noun: that leans on the tracked
+    page."""
+    turns = [
+        ("user", "Tell me about Acme Terminal Actions."),
+        ("user", "What shells does Acme Terminal support?"),
+        ("user", "Can the terminal open a new tab with a key binding?"),
+    ]
+    results = await run_turns(
+        APP_PAGES,
+        turns,
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[0].followup.used == ""  # named confidently: searched as said, and tracked
+    assert results[1].query == "What shells does Acme Terminal support?"
+    assert results[1].followup.used == ""
+    assert results[1].hits[0].chunk.title == "ACME TERMINAL PROFILES"
+    assert results[2].query.startswith("ACME TERMINAL ACTIONS: ")
+    assert results[2].followup.used == "ACME TERMINAL ACTIONS"

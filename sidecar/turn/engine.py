@@ -263,7 +263,8 @@ class Engine:
         if req.speaker != Speaker.AGENT and not req.is_final:
             return self._skipped(session, Skip.NOT_FINAL, searcher, budget)
         utterance = Utterance.of(req.text)
-        mentions = searcher.gazetteer.find(utterance.tokens)
+        gazetteer = searcher.gazetteer
+        mentions = gazetteer.find(utterance.tokens)
         if req.speaker == Speaker.AGENT:
             self._record(session, Speaker.AGENT, utterance, mentions)
             self._read_later(session, utterance)
@@ -272,7 +273,7 @@ class Engine:
         if skip is not Skip.NOT_SKIPPED:
             self._record(session, Speaker.USER, utterance, mentions)
             return self._skipped(session, skip, searcher, budget)
-        plan = followups.plan(session, utterance, mentions, self.config.followups)
+        plan = followups.plan(session, utterance, mentions, self.config.followups, gazetteer.shared)
         self._record(session, Speaker.USER, utterance, mentions)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
         if taken is not None and taken.result is not None:
@@ -430,8 +431,11 @@ class Engine:
         utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
-        mentions = searcher.gazetteer.find(utterance.tokens)
-        query = followups.plan(session, utterance, mentions, self.config.followups).query
+        gazetteer = searcher.gazetteer
+        mentions = gazetteer.find(utterance.tokens)
+        query = followups.plan(
+            session, utterance, mentions, self.config.followups, gazetteer.shared
+        ).query
         return PlannedSearch(kb, searcher, query, req.sources, req.context_url, allowed)
 
     async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
@@ -756,7 +760,11 @@ def _confirm(
     session: Session, plan: followups.Plan, own: SearchResult, entity_of: EntityOf
 ) -> bool:
     """Track the entity the turn named weakly when its own search finds only that entity's
-    chunks at the top (``followups.confirmed``); whether it did."""
+    chunks at the top (``followups.confirmed``), or when the turn says nothing but its name
+    (``followups.only_names``); whether it did."""
+    if plan.names:  # no ordinary reading of the words is left: they name it
+        followups.confirm(session, plan.named[0])
+        return True
     if own.degraded or not plan.named:
         return False
     named = followups.confirmed(plan.named, [entity_of(hit.chunk) for hit in own.hits])

@@ -14,8 +14,13 @@ The session's entity is the newest confidently named one, where the agent's nami
 fades with each turn. A user turn is then searched as (``plan``):
 
     it names an entity itself                      as said                      source "none"
+    it says nothing but a weak name ("Tell me      as said, and tracks it       source "none"
+      about pCloud.": ``only_names``)
     it names another than the tracked one, if      as said                      source "none"
       weakly, and points back at nothing
+    it says the words most names share, as a       as said                      source "none"
+      name ("Windows Terminal", no "the"), and
+      points back at nothing (``says_shared``)
     it answers the agent's question ("Yes.",       "entity: agent's turns turn" "agent_question"
       "I'm a noncitizen adult.")                   or, with no entity tracked,
                                                    "exchange turn"
@@ -35,7 +40,8 @@ that does not refer back keeps its own result only when its own words prefer ano
 wider margin (``sidecar.turn.engine``). A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
-(``confirmed``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
+(``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":
+``only_names``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
 was (nothing, when the turn's own words decided the answer).
 """
 
@@ -84,6 +90,11 @@ CLAUSE_THAT_EN = frozenset({"that"})
 DETERMINER_LIKE_EN = frozenset({"one", "same"})
 EXISTENTIAL_THERE_EN = frozenset({"there"})
 BE_EN = frozenset("is are was were be been isn't aren't wasn't weren't 's".split())
+# Words that make the noun after them a common noun ("the hotel", "which hotel", "your app"):
+# a word of a name said after none of them is said as a name ("does Windows Terminal support").
+DETERMINERS_EN = frozenset(
+    "the a an this that these those which what each every any some my your our their its his her".split()
+)
 # Openings that continue the conversation's topic with a fragment ("what about the parking",
 # "and the price?", "regarding the criteria, ..."): ellipsis, whatever follows.
 ELLIPTIC_OPENERS_EN = (("what", "about"), ("how", "about"), ("and",), ("regarding",))
@@ -134,6 +145,9 @@ CONFIRM_DEPTH = 3
 NEAR_KEPT = 4096  # spans whose near match a gazetteer remembers (each ~150 bytes)
 NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
 AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
+# A word in at least this share of the names (and in two) is the base's shared name ("Windows
+# Terminal", which every page's title starts with): it says little about which page is meant.
+SHARED_NAME_SHARE = 0.5
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
@@ -163,6 +177,9 @@ class Plan:
     prior: bool = False  # the pages the conversation has been on get a small bonus
     named: tuple[Mention, ...] = ()  # weak matches the turn's own search may confirm
     refers: bool = False  # it leans on the conversation ("it", a few words): never kept alone
+    names: bool = (
+        False  # the turn says nothing but ``named[0]``: taken as its topic (``only_names``)
+    )
 
 
 def chunk_entity(chunk: Chunk) -> str:
@@ -260,6 +277,7 @@ class Gazetteer:
         self._function_words = function_words
         self._span = max((len(t) for t in named.values()), default=0)
         self.size = len(named)
+        self.shared = _shared_words(named.values(), function_words)
 
     @classmethod
     def of(cls, snapshot: LoadedSnapshot) -> Gazetteer:
@@ -351,6 +369,14 @@ class Gazetteer:
         close = {c for c in candidates if _one_edit(key, c)}
         names = {self._long[c] for c in close}
         return min(close) if len(names) == 1 else ""
+
+
+def _shared_words(named: Iterable[list[str]], function_words: frozenset[str]) -> frozenset[str]:
+    """The content words at least SHARED_NAME_SHARE of the names (and two) hold."""
+    names = list(named)
+    df = Counter(tok for toks in names for tok in set(toks) if tok not in function_words)
+    least = max(2.0, len(names) * SHARED_NAME_SHARE)
+    return frozenset(tok for tok, n in df.items() if n >= least)
 
 
 def _partial_keys(
@@ -622,8 +648,10 @@ def plan(
     utterance: Utterance,
     mentions: tuple[Mention, ...],
     config: FollowupConfig = _DEFAULTS,
+    shared: frozenset[str] = frozenset(),
 ) -> Plan:
-    """How to search this user turn, given the session so far and the turn's own ``mentions``.
+    """How to search this user turn, given the session so far, the turn's own ``mentions`` and
+    the words most of the snapshot's names share (``Gazetteer.shared``).
 
     Records nothing (an interim transcript may be planned and dropped): ``remember`` does, once
     the engine records the turn.
@@ -631,11 +659,16 @@ def plan(
     text = utterance.text
     if not config.enabled or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
         return Plan(text, NO_FOLLOWUP)
+    only = only_names(utterance, mentions)
+    if only is not None:  # "Tell me about rclone check.": a naming, if weak, and nothing else
+        return Plan(text, NO_FOLLOWUP, named=(only,), names=True)
     question = agent_question(session) if answers(utterance) else ""
     refers = refers_back(utterance)
     entity = _ordinal(session, utterance) or session.entity
     if not question and entity is session.entity and _moves_on(entity, mentions, utterance):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # it names its own topic, if weakly
+    if entity is not None and not (refers or question) and says_shared(utterance, entity, shared):
+        return Plan(text, NO_FOLLOWUP, named=mentions)  # "Windows Terminal" as a name of its own
     if entity is not None and not (refers or question or config.fold == "always"):
         entity = None
     if question:
@@ -654,6 +687,18 @@ def plan(
         plan = Plan(f"{recent} {text}", joined, alone=True, prior=True, named=mentions)
         return replace(plan, refers=refers)
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
+
+
+def only_names(utterance: Utterance, mentions: Sequence[Mention]) -> Mention | None:
+    """The weakly named entity whose name holds every content word the caller said ("Tell me
+    about rclone check.", "pCloud?"), if any: the words then have no ordinary reading to fall
+    back on ("the zip code is nine four one two two" says more than "Two Two Cafe")."""
+    if not mentions:
+        return None
+    said = set(_content(t for t in utterance.tokens if t not in FILLERS_EN))
+    if not said:
+        return None
+    return next((m for m in mentions if said <= set(tokens(m.name))), None)
 
 
 def confirmed(named: Sequence[Mention], found: Sequence[str]) -> Mention | None:
@@ -688,7 +733,8 @@ def rewrite(
 ) -> str:
     """The query ``plan`` would search for this user turn (the text only; records nothing)."""
     utterance = Utterance.of(text)
-    return plan(session, utterance, gazetteer.find(utterance.tokens), config).query
+    mentions = gazetteer.find(utterance.tokens)
+    return plan(session, utterance, mentions, config, gazetteer.shared).query
 
 
 def record(session: Session, speaker: str, text: str, gazetteer: Gazetteer = _EMPTY) -> None:
@@ -720,6 +766,26 @@ def remember(session: Session, said: Said) -> None:
     weight = best.confidence * (AGENT_WEIGHT if said.speaker == Speaker.AGENT else 1.0)
     if weight >= session.weight:
         session.entity, session.weight = best, weight
+
+
+def says_shared(utterance: Utterance, entity: Mention, shared: frozenset[str]) -> bool:
+    """Whether the turn says the tracked name's ``shared`` words (those most of the base's names
+    hold) as a name, after no determiner, and none of its other words ("what shells does Windows
+    Terminal support" while "Windows Terminal Actions" is tracked, in a base where most titles
+    start "Windows Terminal"; not "does the hotel have parking"): it then names its own topic,
+    and what the tracked name adds ("Actions") is not what it asks about."""
+    name = set(tokens(entity.name))  # "the bed and breakfast": one run of the name's words
+    if not name & shared:
+        return False
+    toks = utterance.tokens
+    if any(tok in name and tok not in shared and tok not in FUNCTION_WORDS_EN for tok in toks):
+        return False  # it says the tracked name's own words: it names that entity
+    return any(
+        tok in shared
+        and tok in name
+        and (i == 0 or (toks[i - 1] not in name and toks[i - 1] not in DETERMINERS_EN))
+        for i, tok in enumerate(toks)
+    )
 
 
 def _moves_on(tracked: Mention | None, mentions: Sequence[Mention], utterance: Utterance) -> bool:
