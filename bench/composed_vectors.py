@@ -114,8 +114,8 @@ class Spy:
 class PooledView:
     """The cached embedder, ``MeanPooled`` through the model's weights: the engine composes."""
 
-    def __init__(self, inner: CachedEmbedder, model: LocalEmbedder) -> None:
-        self.inner, self.model = inner, model
+    def __init__(self, inner: CachedEmbedder, model: LocalEmbedder, equal: bool) -> None:
+        self.inner, self.model, self.equal = inner, model, equal
 
     @property
     def info(self) -> EmbedderInfo:
@@ -128,18 +128,18 @@ class PooledView:
         return self.inner.embed_batch(texts)
 
     def weight(self, text: str) -> float:
-        return self.model.weight(text)
+        return 1.0 if self.equal else self.model.weight(text)
 
     async def aclose(self) -> None:
         return None
 
 
-async def run(data_dir: Path, quick: bool, sets: Sequence[str]) -> dict[str, Any]:
+async def run(data_dir: Path, quick: bool, sets: Sequence[str], equal: bool) -> dict[str, Any]:
     """Per set, the engine that embeds every folded query (as before) and the one that composes
     them, one after the other in this run, over the same cached query vectors."""
     local = LocalEmbedder()
     embedder = CachedEmbedder(local, CachedEmbedder.default_path(local.info))  # not MeanPooled
-    pooled = PooledView(embedder, local)
+    pooled = PooledView(embedder, local, equal)
     out: dict[str, Any] = {}
     try:
         for name in sets:
@@ -161,7 +161,13 @@ async def run(data_dir: Path, quick: bool, sets: Sequence[str]) -> dict[str, Any
             print(name, json.dumps(out[name]), flush=True)
     finally:
         await embedder.aclose()
-    return {**out, "most_parts": composed.MOST_PARTS, "load_average": os.getloadavg()}
+    weights = "equal" if equal else "model"
+    return {
+        **out,
+        "most_parts": composed.MOST_PARTS,
+        "weights": weights,
+        "load_average": os.getloadavg(),
+    }
 
 
 def main() -> None:
@@ -172,9 +178,10 @@ def main() -> None:
     parser.add_argument(
         "--most-parts", type=int, default=composed.MOST_PARTS, help="compose from this many"
     )
+    parser.add_argument("--equal", action="store_true", help="the engine weighs every part alike")
     args = parser.parse_args()
     composed.MOST_PARTS = args.most_parts
-    out = asyncio.run(run(args.data, args.quick, args.sets.split(",")))
+    out = asyncio.run(run(args.data, args.quick, args.sets.split(","), args.equal))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=2))
