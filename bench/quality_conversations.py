@@ -54,7 +54,7 @@ from typing import Any
 from bench import conversations, quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking, eval_config
-from bench.vector_cache import CachedEmbedder, cached
+from bench.vector_cache import CachedEmbedder
 from index.embedders.base import Embedder
 from sidecar.config import Config
 from sidecar.turn.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
@@ -417,7 +417,7 @@ async def _run_cached(
 
     embedder: Embedder = LocalEmbedder()
     if cache:
-        embedder = cached(embedder, CachedEmbedder.default_path(embedder.info))
+        embedder = CachedEmbedder(embedder, CachedEmbedder.default_path(embedder.info))
     try:
         return await run(data_dir, quick, sets, per_turn=per_turn, embedder=embedder)
     finally:

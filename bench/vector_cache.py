@@ -6,7 +6,7 @@ a pure function of the text (``LocalEmbedder`` embeds each text alone, unpadded)
 kept in ``bench/.cache/query-vectors-<embedder>.npz`` and read back by the next run. Bulk
 ``embed_batch`` (a snapshot build) is passed through uncached.
 
-    embedder = cached(LocalEmbedder(), CachedEmbedder.default_path(name))
+    embedder = CachedEmbedder(LocalEmbedder(), CachedEmbedder.default_path(name))
     ...
     embedder.save()  # also done by ``aclose``
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.quality_turns import CACHE
-from index.embedders.base import Embedder, EmbedderInfo, MeanPooled, Vectors
+from index.embedders.base import Embedder, EmbedderInfo, Vectors
 
 
 class CachedEmbedder:
@@ -70,23 +70,3 @@ class CachedEmbedder:
     async def aclose(self) -> None:
         self.save()
         await self.inner.aclose()
-
-
-class CachedPooledEmbedder(CachedEmbedder):
-    """A ``CachedEmbedder`` over a ``MeanPooled`` embedder, and one itself: the engine composes
-    a follow-up's folded query vector from its parts' as it would with the inner embedder."""
-
-    def __init__(self, inner: Embedder, path: Path) -> None:
-        assert isinstance(inner, MeanPooled)
-        super().__init__(inner, path)
-        self._pooled = inner
-
-    def weight(self, text: str) -> float:
-        return self._pooled.weight(text)
-
-
-def cached(inner: Embedder, path: Path) -> CachedEmbedder:
-    """``inner`` behind the vector file ``path``, ``MeanPooled`` where ``inner`` is."""
-    if isinstance(inner, MeanPooled):
-        return CachedPooledEmbedder(inner, path)
-    return CachedEmbedder(inner, path)

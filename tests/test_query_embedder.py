@@ -18,7 +18,7 @@ from index.embedders.base import EmbedderInfo, FakeEmbedder, Vectors
 from sidecar.turn import query_embedder
 from sidecar.turn.query_embedder import QueryEmbedder
 from tests.conftest import eventually
-from tests.turns import Unpooled, build_engine, run_turns
+from tests.turns import build_engine, run_turns
 
 FAR_S = 60.0  # a deadline no test reaches: the calls it covers finish when released
 
@@ -226,9 +226,7 @@ async def test_a_shared_call_cut_off_answers_none_to_the_one_waiting() -> None:
 
 
 async def test_a_turn_searched_folded_and_alone_embeds_both_in_one_call(tmp_path: Path) -> None:
-    """With an embedder that is not mean-pooled (with one that is, the folded query's vector is
-    composed from its parts': ``tests/test_composed.py``)."""
-    fake = Unpooled()  # a FakeEmbedder of 1024 dimensions: few hash collisions between the words
+    fake = FakeEmbedder(dimension=1024)  # few hash collisions between the words
     base = {
         "GOOGLE DRIVE": ["To set up Google Drive, run rclone config and choose drive."],
         "FILTERING": ["Use --exclude to skip files matching a pattern when you transfer."],

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from index.chunker import chunk_page
-from index.embedders.base import Embedder, EmbedderInfo, FakeEmbedder, Vectors
+from index.embedders.base import Embedder, FakeEmbedder
 from index.snapshot import load_snapshot, write_pages_snapshot
 from index.store import new_version_id
 from index.types import Page
@@ -33,28 +33,6 @@ from sidecar.turn.sessions import SessionStore
 
 KB = "base"
 SESSION = "call"
-
-
-class Unpooled:
-    """A ``FakeEmbedder`` that does not say it mean-pools (``MeanPooled``): the engine embeds
-    every folded query rather than compose its vector from its parts'."""
-
-    def __init__(self) -> None:
-        self.fake = FakeEmbedder(dimension=1024)
-        self.calls = self.fake.calls
-
-    @property
-    def info(self) -> EmbedderInfo:
-        return self.fake.info
-
-    def embed_batch(self, texts: Sequence[str]) -> Vectors:
-        return self.fake.embed_batch(texts)
-
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        return await self.fake.embed(texts)
-
-    async def aclose(self) -> None:
-        return None
 
 
 def base_pages(base: Mapping[str, Sequence[str]]) -> list[Page]:

@@ -55,17 +55,6 @@ class TokenLimited(Protocol):
         ...
 
 
-@runtime_checkable
-class MeanPooled(Protocol):
-    """An embedder whose vector of a text is the (normalised) mean of its tokens' embeddings, so
-    that the vector of texts joined is close to their vectors' sum, each weighted by ``weight``
-    (``sidecar/turn/composed.py`` makes a follow-up's folded query vector so)."""
-
-    def weight(self, text: str) -> float:
-        """How much ``text``'s vector weighs in the vector of a text joined from it."""
-        ...
-
-
 def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
     """Scale each row to unit length so inner product equals cosine similarity."""
     out = np.asarray(vectors, dtype=np.float32)
@@ -109,20 +98,10 @@ class FakeEmbedder:
     def embed_batch(self, texts: Sequence[str]) -> Vectors:
         out = np.zeros((len(texts), self._info.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
-            out[row] = self._counts(text)
+            for word in text.lower().split():
+                digest = hashlib.blake2b(word.strip(".,?!:;\"'()").encode(), digest_size=8).digest()
+                out[row, int.from_bytes(digest[:4], "little") % self._info.dimension] += 1.0
         return normalise(out)
-
-    def _counts(self, text: str) -> Vectors:
-        out = np.zeros(self._info.dimension, dtype=np.float32)
-        for word in text.lower().split():
-            digest = hashlib.blake2b(word.strip(".,?!:;\"'()").encode(), digest_size=8).digest()
-            out[int.from_bytes(digest[:4], "little") % self._info.dimension] += 1.0
-        return out
-
-    def weight(self, text: str) -> float:
-        """The norm of the text's word counts: the vector of texts joined (by spaces) is then
-        exactly the sum of theirs weighted so (``MeanPooled``)."""
-        return float(np.linalg.norm(self._counts(text)))
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         self.calls.append(tuple(texts))

@@ -43,9 +43,6 @@ PARALLEL_SLICE = 1
 # each text alone through the graph as always: on two free cores the pair takes about the time
 # of one text rather than two.
 SIDE_BY_SIDE = 2
-# The special tokens ([CLS], [SEP]) of a text not counted in its weight as a part of a joined
-# text (``LocalEmbedder.weight``); chosen by ``python -m bench.composed_vectors``.
-POOLED_SPECIAL = 2
 
 
 def default_model_dir() -> Path:
@@ -169,12 +166,6 @@ class LocalEmbedder:
         if not limit or len(text) * 4 <= limit - 2:
             return False
         return bool(self._tokenizer.encode(text).overflowing)
-
-    def weight(self, text: str) -> float:
-        """The text's tokens (``MeanPooled``): the model mean-pools them, so texts joined have
-        about the mean of their vectors weighted by these counts. [CLS] and [SEP] are counted
-        apart (POOLED_SPECIAL), since a joined text has one of each however many parts it has."""
-        return float(max(1, len(self._tokenizer.encode(text).ids) - POOLED_SPECIAL))
 
     def embed_batch(self, texts: Sequence[str]) -> Vectors:
         """Embed synchronously in the calling thread; safe to call from several threads."""

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from index.embedders.base import Embedder, MeanPooled, TokenLimited, Vectors
+from index.embedders.base import Embedder, TokenLimited, Vectors
 from index.errors import SnapshotNotFound
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
@@ -31,7 +31,7 @@ from sidecar.config import MAX_LIMIT, SidecarConfig
 from sidecar.errors import InvalidArgument, Loading
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
-from sidecar.turn import composed, followups, relevance, scope
+from sidecar.turn import followups, relevance, scope
 from sidecar.turn.budget import Budget
 from sidecar.turn.hits import Hit
 from sidecar.turn.query_embedder import QueryEmbedder
@@ -246,11 +246,6 @@ class Engine:
         self._truncates: Callable[[str], bool] = _reads_everything
         if isinstance(embedder, TokenLimited):
             self._truncates = embedder.truncates
-        # a mean-pooled embedder's token weights: a follow-up's folded query vector is then
-        # composed from its parts' (``sidecar/turn/composed.py``); None: it is embedded
-        self._weight: Callable[[str], float] | None = None
-        if isinstance(embedder, MeanPooled):
-            self._weight = embedder.weight
 
     # -- entry points -------------------------------------------------------------------------
 
@@ -348,8 +343,7 @@ class Engine:
             return plan.query, result
         depth = max(keep, FUSION_DEPTH)
         target = self._turn_scope(searcher, kb, req, depth, allowed)
-        queries = (plan.query, req.text)
-        folded, own = await self._searched_both(target, queries, session, budget, embed)
+        folded, own = await self._searched_both(target, (plan.query, req.text), budget, embed)
         # the turn's own words' result is what the conversation's pages count
         _count_pages(session, own.hits, entity_of)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
@@ -375,52 +369,18 @@ class Engine:
         return await self._search(target, query, budget.embed_deadline(), embed=embed)
 
     async def _searched_both(
-        self,
-        target: SearchScope,
-        queries: tuple[str, str],
-        session: Session,
-        budget: Budget,
-        embed: bool,
+        self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
     ) -> tuple[SearchResult, SearchResult]:
-        """A turn's two searches (the folded query, the turn alone), with their vectors
-        (``_vectors``)."""
+        """A turn's two searches (the folded query, the turn alone), both queries embedded in
+        one embedder call: on the embedded model's one worker, two calls would run one after
+        the other, each with its own hand-off to the worker thread and back."""
         start = time.perf_counter()
         vectors: Sequence[Vectors | None] = (None, None)
         if embed:
-            vectors = await self._vectors(queries, session, budget)
+            vectors = await self.vectors.get_many(queries, budget.embed_deadline())
         embed_ms = (time.perf_counter() - start) * 1000.0
         first = self._rank(target, queries[0], vectors[0], embed_ms)
         return first, self._rank(target, queries[1], vectors[1], embed_ms)
-
-    async def _vectors(
-        self, queries: tuple[str, str], session: Session, budget: Budget
-    ) -> Sequence[Vectors | None]:
-        """The folded query's and the turn's vectors. Where the folded query's parts (earlier
-        turns, a tracked entity's name) have vectors cached or being embedded, only the turn is
-        embedded and the folded vector is composed from theirs (``sidecar/turn/composed.py``);
-        otherwise both queries go to the embedder in one call (on two threads side by side).
-        A part that fails or misses the deadline leaves the folded text to embed, by the same
-        deadline."""
-        folded, text = queries
-        parts = self._parts(folded, text, session)
-        if parts is None:
-            return await self.vectors.get_many(queries, budget.embed_deadline())
-        found = await self.vectors.get_many((*parts, text), budget.embed_deadline())
-        own = found[-1]
-        if self._weight is None or any(vector is None for vector in found):
-            return await self.vectors.get(folded, budget.embed_deadline()), own
-        weights = [self._weight(part) for part in (*parts, text)]
-        return composed.compose([v for v in found if v is not None], weights), own
-
-    def _parts(self, folded: str, text: str, session: Session) -> tuple[str, ...] | None:
-        """The folded query's parts when its vector can be composed from theirs: a mean-pooled
-        embedder, and every part's vector cached or being embedded."""
-        if self._weight is None:
-            return None
-        parts = composed.pieces(folded, text, session)
-        if parts is None or not all(self.vectors.known(part) for part in parts):
-            return None
-        return parts
 
     def _turn_scope(
         self, searcher: Searcher, kb: str, req: TurnInput, limit: int, allowed: Allowed | None
@@ -441,15 +401,10 @@ class Engine:
         if not self.config.followups.enabled or not utterance.words:
             return
         session.keep_unread(utterance.text, MAX_UNREAD)
-        self._ahead(utterance.text)
-
-    def _ahead(self, text: str) -> None:
-        """Embed ``text`` in the background into the query-vector cache, bounded: beyond
-        MAX_READ_LATER at once (all sessions together) it is not embedded ahead."""
-        if len(self._reading) >= MAX_READ_LATER or self.vectors.known(text):
+        if len(self._reading) >= MAX_READ_LATER:
             return
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self.vectors.get(text, loop.time() + READ_LATER_S))
+        task = loop.create_task(self.vectors.get(utterance.text, loop.time() + READ_LATER_S))
         self._reading.add(task)
         task.add_done_callback(self._reading.discard)
 
@@ -691,19 +646,14 @@ class Engine:
             return Skip.NOT_SKIPPED
         return skip
 
+    @staticmethod
     def _record(
-        self,
         session: Session,
         speaker: str,
         utterance: Utterance,
         mentions: tuple[Mention, ...],
     ) -> None:
-        """Record the turn and track what it names; a newly tracked entity's name is embedded
-        in the background (a later turn folded with it composes its vector: ``_vectors``)."""
-        tracked = session.entity
         followups.remember(session, session.record_turn(speaker, utterance.text, mentions))
-        if session.entity is not None and session.entity is not tracked and self._weight:
-            self._ahead(session.entity.name)
 
     @staticmethod
     def _remember(session: Session, hits: list[Hit]) -> None:

@@ -75,10 +75,6 @@ class QueryEmbedder:
     def cached(self, query: str) -> Vectors | None:
         return self._cache.get(query)
 
-    def known(self, query: str) -> bool:
-        """Whether the query's vector is cached or being embedded (``get`` need not submit it)."""
-        return query in self._cache or query in self._inflight
-
     async def get(self, query: str, deadline: float, *, ahead: bool = False) -> Vectors | None:
         """The query's unit vector, or None when the deadline (``loop.time()``) passed first or
         the embedder failed; never raises for the embedder's sake. ``ahead``: asked ahead of a
