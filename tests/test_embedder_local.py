@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from index.embedders.base import Embedder
 from index.embedders.local import MODEL_FILE, TOKENIZER_FILE, LocalEmbedder, default_model_dir
@@ -209,3 +210,24 @@ async def test_a_pair_runs_side_by_side_with_the_single_text_vectors(
     assert [threads[text] for text in pair] == ["voxrecall-embed", "voxrecall-embed-beside"]
     want = np.concatenate([async_embedder.embed_batch([text]) for text in pair])
     np.testing.assert_array_equal(got, want)
+
+
+def test_truncates_agrees_with_the_tokenizer(embedder: LocalEmbedder) -> None:
+    """``truncates`` skips the tokenizer for a text too short to reach the limit (an ASCII
+    character is one token at most): at and past that bound it answers as the tokenizer does."""
+    whole = Tokenizer.from_file(str(default_model_dir() / TOKENIZER_FILE))
+    whole.no_padding()
+    whole.no_truncation()
+    texts = [
+        "?" * 254,  # one token a character: 254 + [CLS] + [SEP] = 256, the limit
+        "?" * 255,
+        "a," * 127,
+        "a," * 128,
+        "How do I split a pane? " * 10,
+        "word " * 300,
+        "한" * 63,  # a Hangul syllable is more than one token
+        "한" * 70,
+        "é?" * 127,
+    ]
+    for text in texts:
+        assert embedder.truncates(text) == (len(whole.encode(text).ids) > 256), text[:20]

@@ -124,6 +124,7 @@ class LocalEmbedder:
         tokenizer.no_padding()
         tokenizer.enable_truncation(max_length=max_tokens)
         self._tokenizer = tokenizer
+        self._max_tokens = max_tokens
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
@@ -160,10 +161,13 @@ class LocalEmbedder:
 
     def truncates(self, text: str) -> bool:
         """Whether ``text`` has more tokens than the model reads (embedding cuts it there)."""
-        # WordPiece makes at most ~4 tokens of one character (NFD splits a Hangul syllable into
-        # its jamo), so a text this short cannot reach the limit and skips the tokenizer.
-        limit = self._tokenizer.truncation["max_length"] if self._tokenizer.truncation else 0
-        if not limit or len(text) * 4 <= limit - 2:
+        # WordPiece makes at most one token of an ASCII character (a piece covers one at least;
+        # a word too long for it is one [UNK]) and ~4 of another (NFD splits a Hangul syllable
+        # into its jamo), so a text this short cannot reach the limit and skips the tokenizer.
+        # Every Turn asks, on the event loop: tokenizing a question of 64-254 characters there
+        # was ~50 us of a cached Turn's ~300 us of CPU (``bench/README.md``, the first-turn gap).
+        per_char = 1 if text.isascii() else 4
+        if len(text) * per_char <= self._max_tokens - 2:
             return False
         return bool(self._tokenizer.encode(text).overflowing)
 
