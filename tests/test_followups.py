@@ -137,6 +137,20 @@ def test_the_newest_mention_wins_and_naming_one_is_searched_as_said() -> None:
     assert followups.rewrite(session, "Is it quiet?", g) == "ACORN GUEST HOUSE: Is it quiet?"
 
 
+def test_a_weak_name_said_alone_moves_on_but_not_when_it_points_back_or_answers() -> None:
+    """ "Pricing?" names the page it says (an ordinary word, so weakly); "What about pricing?"
+    leans on the tracked entity and "Pricing, yes." answers the agent's question: both folded."""
+    g = Gazetteer(
+        [*NAMES, "ZETA SYNC", "PRICING"], FUNCTION_WORDS_EN, lambda word, name: word == "pricing"
+    )
+    session = _session(("user", "Tell me about Zeta Sync."), g=g)
+    assert followups.rewrite(session, "Pricing?", g) == "Pricing?"
+    assert followups.rewrite(session, "What about pricing?", g) == "ZETA SYNC: What about pricing?"
+    followups.record(session, "agent", "Would you like to hear about pricing?", g)
+    answered = followups.rewrite(session, "Pricing, yes.", g)
+    assert answered.startswith("ZETA SYNC: Would you like to hear about pricing?")
+
+
 def test_rewriting_records_nothing_about_the_turn_itself() -> None:
     """A planned interim transcript that is never finalised must not move the entity."""
     g = gaz()

@@ -28,7 +28,8 @@ QUESTION = "How do I reset my password?"
 
 
 def config(root: Path, tmp_path: Path) -> Any:
-    """One base with the sources "faq" and "guides"; a function that searches only "faq"."""
+    """One base with the sources "faq" and "guides"; a function that searches only "faq", and
+    one that searches both."""
     sources = [
         {"name": name, "type": "markdown", "path": str(tmp_path)} for name in ("faq", "guides")
     ]
@@ -40,7 +41,13 @@ def config(root: Path, tmp_path: Path) -> Any:
                 "description": "Answers from the FAQ.",
                 "knowledge_base": KB,
                 "sources": ["faq"],
-            }
+            },
+            {
+                "name": "search_both",
+                "description": "Answers from the FAQ and the guides.",
+                "knowledge_base": KB,
+                "sources": ["faq", "guides"],
+            },
         ],
         "index": {"store": str(root)},
         "sidecar": {
@@ -115,11 +122,14 @@ async def test_a_hot_swap_that_drops_a_source_refuses_the_calls_naming_it(
 ) -> None:
     """A session (and a Converse stream) that named "faq" before the swap gets a clear
     INVALID_ARGUMENT after it, and the function restricted to "faq" an error output the model
-    can read; the sidecar serves on, and the session too, without the source."""
+    can read; the sidecar serves on, and the session too, without the source. A function whose
+    configured sources the snapshot has only some of searches those (no mistake of the model's)."""
     before = await stub.Turn(turn("call-1", ["faq"]), timeout=30)
     assert before.chunks
     tool = pb.InvokeToolRequest(name="search_faq", arguments_json='{"query": "reset password"}')
     assert not (await stub.InvokeTool(tool, timeout=30)).is_error
+    both = pb.InvokeToolRequest(name="search_both", arguments_json='{"query": "reset password"}')
+    assert not (await stub.InvokeTool(both, timeout=30)).is_error  # "guides" is not built yet
 
     stream = stub.Converse(timeout=30)
     await stream.write(pb.ConverseRequest(turn=turn("call-2", ["faq"])))
@@ -142,9 +152,11 @@ async def test_a_hot_swap_that_drops_a_source_refuses_the_calls_naming_it(
     answer = await stub.InvokeTool(tool, timeout=30)
     assert answer.is_error
     error = orjson.loads(answer.output)["error"]
-    assert error["type"] == "invalid_arguments"
-    assert "no source 'faq'" in error["message"]
-    assert "'guides'" in error["message"]
+    assert error["type"] == "unavailable"  # the model can do nothing about it
+    assert "has none of 'faq' right now" in error["message"]
+    answer = await stub.InvokeTool(both, timeout=30)
+    assert not answer.is_error, answer.output  # the guides it still has
+    assert "guides" in answer.output
 
     after = await stub.Turn(turn("call-1", []), timeout=30)  # the session goes on
     assert after.chunks

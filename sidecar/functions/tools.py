@@ -454,12 +454,20 @@ class Toolbox:
         except ToolCallError as exc:
             return self._error(exc.type, exc.message)
         try:
+            sources = _served(engine, fn.config.knowledge_base, call.sources)
+            if call.sources and not sources:
+                log.warning("%s: the snapshot has none of its sources %s", name, call.sources)
+                return self._error(
+                    UNAVAILABLE,
+                    f"the knowledge base has none of {_quote_all(call.sources)} right now; tell "
+                    "the caller you cannot look it up at the moment",
+                )
             result = await engine.search(
                 SearchInput(
                     query=call.query,
                     knowledge_base=fn.config.knowledge_base,
                     limit=fn.config.limit,
-                    sources=call.sources,
+                    sources=sources,
                     session_id=session_id,
                     filters=call.filters,
                     source_paths=call.source_paths,
@@ -543,3 +551,13 @@ class PageReader:
             source_path=source_path,
             url=chunk.url if chunk else "",
         )
+
+
+def _served(engine: Engine, kb: str, sources: tuple[str, ...]) -> tuple[str, ...]:
+    """The ones of a call's ``sources`` (all checked against the function's configuration) that
+    the serving snapshot has: a snapshot built before a source was added, or a swap that dropped
+    one, is no mistake of the model's, so the sources left are searched."""
+    if not sources:
+        return sources
+    names = engine.searcher(kb).sources.names
+    return tuple(s for s in sources if s in names)

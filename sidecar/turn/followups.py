@@ -659,10 +659,12 @@ def plan(
     text = utterance.text
     if not config.enabled or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
         return Plan(text, NO_FOLLOWUP)
-    only = only_names(utterance, mentions)
-    if only is not None:  # "Tell me about rclone check.": a naming, if weak, and nothing else
-        return Plan(text, NO_FOLLOWUP, named=(only,), names=True)
     question = agent_question(session) if answers(utterance) else ""
+    only = None if question else only_names(utterance, mentions)
+    if only is not None and not _points_back(_spoken(utterance)):
+        # "Tell me about rclone check.": a naming, if weak, and nothing else ("What about
+        # pricing?" points back, and "Pricing, yes." answers the agent: both stay folded)
+        return Plan(text, NO_FOLLOWUP, named=(only,), names=True)
     refers = refers_back(utterance)
     entity = _ordinal(session, utterance) or session.entity
     if not question and entity is session.entity and _moves_on(entity, mentions, utterance):
