@@ -572,6 +572,28 @@ def test_the_replay_table_is_fixed_in_size_and_lets_no_forgotten_replay_through(
     assert table.refused == 3
 
 
+def test_a_signer_whose_clock_runs_ahead_does_not_lock_out_the_others() -> None:
+    """The table forgets the earliest signed call, not the first to arrive: a call signed four
+    minutes ahead (within the tolerance) must not become the floor every honest call is under."""
+    now_ms = time.time() * 1000
+    table = Replays(size=2)
+
+    def sig(n: int, stamp_ms: float) -> Signature:
+        return Signature(n.to_bytes(32, "big"), int(stamp_ms))
+
+    table.first("fast", sig(0, now_ms + 240_000), now_ms)
+    table.first("agent", sig(1, now_ms), now_ms)
+    table.first("agent", sig(2, now_ms), now_ms)  # full: the earliest signed goes
+    table.first("agent", sig(3, now_ms + 1_000), now_ms)  # an honest call a second later
+    assert table.floor_ms <= now_ms
+    with pytest.raises(Unauthenticated, match="already received"):
+        table.first("fast", sig(0, now_ms + 240_000), now_ms)  # still remembered
+    table.forget("agent", sig(3, now_ms + 1_000))  # forgotten entries do not expire others
+    later = now_ms + SIGNATURE_TOLERANCE_MS + 10
+    table.first("agent", sig(4, later), later)
+    assert ("fast", sig(0, 0).digest) in table._seen  # its window runs from its own stamp
+
+
 @pytest.mark.parametrize(
     "payload",
     [

@@ -25,10 +25,10 @@ The ``x-voxrecall-session`` header, when sent, names the session on both.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -220,9 +220,12 @@ class Replays:
 
     def __init__(self, size: int = SEEN_SIGNATURES) -> None:
         self.size = size
-        # (caller, digest) -> timestamp (ms)
-        self._seen: OrderedDict[tuple[str, bytes], int] = OrderedDict()
-        self.floor_ms = -1  # the newest timestamp forgotten while still in its window
+        self._seen: dict[tuple[str, bytes], int] = {}  # (caller, digest) -> timestamp (ms)
+        # (timestamp, key), the earliest signed first: expiry and eviction go by the time a call
+        # was signed, not by arrival (a signer whose clock runs ahead must not set the floor);
+        # an entry forgotten or replaced is dropped when it comes to the top
+        self._order: list[tuple[int, tuple[str, bytes]]] = []
+        self.floor_ms = -1  # the latest timestamp forgotten while still in its window
         self.refused = 0
 
     def first(self, caller: str, signature: Signature, now_ms: float) -> None:
@@ -238,21 +241,34 @@ class Replays:
                 "the newest): send each call with a new timestamp and its own signature"
             )
         self._seen[key] = signature.stamp_ms
+        heapq.heappush(self._order, (signature.stamp_ms, key))
         while len(self._seen) > self.size:
-            _, stamp_ms = self._seen.popitem(last=False)
-            self.floor_ms = max(self.floor_ms, stamp_ms)
+            self.floor_ms = max(self.floor_ms, self._pop())
+        if len(self._order) > 2 * self.size:  # forgotten calls' entries: rebuild from the table
+            self._order = [(stamp, k) for k, stamp in self._seen.items()]
+            heapq.heapify(self._order)
 
     def forget(self, caller: str, signature: Signature) -> None:
         """A call that failed: the same signature may come again (a platform's retry)."""
         self._seen.pop((caller, signature.digest), None)
 
     def _expire(self, now_ms: float) -> None:
-        """Forget the signatures whose window has passed (the oldest recorded first)."""
-        while self._seen:
-            key, stamp_ms = next(iter(self._seen.items()))
-            if now_ms - stamp_ms <= SIGNATURE_TOLERANCE_MS:
+        """Forget the signatures whose window has passed (the earliest signed first)."""
+        while self._order:
+            stamp_ms, key = self._order[0]
+            if self._seen.get(key) == stamp_ms and now_ms - stamp_ms <= SIGNATURE_TOLERANCE_MS:
                 return
-            del self._seen[key]
+            heapq.heappop(self._order)  # expired, or an entry forgotten or replaced
+            if self._seen.get(key) == stamp_ms:
+                del self._seen[key]
+
+    def _pop(self) -> int:
+        """Forget the earliest signed call still held; its timestamp."""
+        while True:
+            stamp_ms, key = heapq.heappop(self._order)
+            if self._seen.get(key) == stamp_ms:
+                del self._seen[key]
+                return stamp_ms
 
 
 def verify_signature(
