@@ -109,7 +109,7 @@ async def test_mcp_read_page_answers_in_parts_within_tool_output_chars(sidecar: 
         assert read == page  # every part, in order, and nothing lost between them
         assert parts > len(page) // OUTPUT_CHARS
 
-        for bad in (-1, "5", 1.5, True, 10**30):  # each a tool error naming the argument
+        for bad in (-1, "5", 1.5, True, False, "", 10**30):  # each a tool error naming it
             wrong = await session.call_tool(
                 "read_page", {"source_path": "password.md", "offset": bad}
             )

@@ -247,7 +247,8 @@ class McpDoor:
         bases = self._page_bases(call)
         kb = arguments.get("knowledge_base") or (bases[0] if len(bases) == 1 else "")
         path, source = arguments.get("source_path"), arguments.get("source") or ""
-        offset = arguments.get(OFFSET) or 0
+        offset = arguments.get(OFFSET, 0)
+        offset = 0 if offset is None else offset  # null: from the start
         if not isinstance(path, str) or not isinstance(source, str) or not isinstance(kb, str):
             return self._error(
                 INVALID_ARGUMENTS, "source_path (and source, knowledge_base) must be strings"
