@@ -171,7 +171,11 @@ async def test_a_scoped_token_neither_sees_nor_calls_what_it_may_not(sidecar: Si
     async with mcp_session(sidecar, TOKEN_B) as session:
         listed = await session.list_tools()
         assert [t.name for t in listed.tools] == ["search_billing", "read_page"]
-        assert listed.tools[1].input_schema["properties"].keys() == {"source_path", "source"}
+        assert listed.tools[1].input_schema["properties"].keys() == {
+            "source_path",
+            "source",
+            "offset",
+        }
         refused = await session.call_tool("search_help", {"query": "reset password"})
         assert refused.is_error
         assert output(refused)["error"]["type"] == "unknown_function"  # as if it did not exist
