@@ -22,11 +22,14 @@ def kb_name(i: int) -> str:
     return f"kb{i:02d}"
 
 
-def config(store: Path, tmp_path: Path, **sidecar: Any) -> Config:
+def config(
+    store: Path, tmp_path: Path, *, tables: dict[str, Any] | None = None, **sidecar: Any
+) -> Config:
     """A sidecar over ``store`` on port 0 with these ``[sidecar]`` keys: every hit counted (no
-    min_score) and a budget no busy machine misses."""
+    min_score) and a budget no busy machine misses; ``tables``: more of the config
+    (``knowledge_base``, ``function``)."""
     keys = {"store": str(store), "listen": "127.0.0.1:0", "min_score": -1.0, "budget_ms": 5_000}
-    raw = {"index": {"store": str(store)}, "sidecar": {**keys, **sidecar}}
+    raw = {**(tables or {}), "index": {"store": str(store)}, "sidecar": {**keys, **sidecar}}
     return parse_config(raw, base=tmp_path)
 
 

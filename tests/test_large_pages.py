@@ -23,11 +23,11 @@ from mcp.client.streamable_http import streamable_http_client
 
 from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
-from sidecar.config import parse_config
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http.mcp import page_output
+from tests.bases_kit import config
 from tests.snapshot_kit import KB, TOPICS, version_id, write_version
 
 MESSAGE_BYTES = 64 * 1024  # the smallest max_message_bytes
@@ -35,29 +35,40 @@ PAGE_PAD = 100_000  # the page: the topic's texts, then this many spaces
 OUTPUT_CHARS = 2000
 
 
-@pytest.fixture
-async def sidecar(tmp_path: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+@asynccontextmanager
+async def serving(
+    tmp_path: Path, embedder: Embedder, written: dict[str, Any], **sidecar: Any
+) -> AsyncIterator[Sidecar]:
+    """A sidecar over one version of the base (``write_version`` with ``written``), its source
+    "faq", and the knowledge function ``search_faq``."""
     root = tmp_path / "store"
     root.mkdir()
-    await asyncio.to_thread(write_version, root, version_id(1), local_embedder, page_bytes=PAGE_PAD)
-    raw = {
-        "knowledge_base": [
-            {"name": KB, "source": [{"name": "faq", "type": "markdown", "path": str(tmp_path)}]}
-        ],
-        "index": {"store": str(root)},
-        "sidecar": {
-            "store": str(root),
-            "listen": "127.0.0.1:0",
-            "max_message_bytes": MESSAGE_BYTES,
-            "tool_output_chars": OUTPUT_CHARS,
-            "http": {"listen": "127.0.0.1:0", "read_page_bases": [KB]},
-        },
+    await asyncio.to_thread(write_version, root, version_id(1), embedder, **written)
+    source = {"name": "faq", "type": "markdown", "path": str(tmp_path)}
+    tables = {
+        "knowledge_base": [{"name": KB, "source": [source]}],
+        "function": [{"name": "search_faq", "description": "The FAQ.", "knowledge_base": KB}],
     }
-    sc = await create_server(parse_config(raw, base=tmp_path), embedder=local_embedder, poll=False)
+    sc = await create_server(
+        config(root, tmp_path, tables=tables, **sidecar), embedder=embedder, poll=False
+    )
     try:
         yield sc
     finally:
         await sc.stop(0.5)
+
+
+@pytest.fixture
+async def sidecar(tmp_path: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+    async with serving(
+        tmp_path,
+        local_embedder,
+        {"page_bytes": PAGE_PAD},
+        max_message_bytes=MESSAGE_BYTES,
+        tool_output_chars=OUTPUT_CHARS,
+        http={"listen": "127.0.0.1:0", "read_page_bases": [KB]},
+    ) as sc:
+        yield sc
 
 
 @asynccontextmanager
@@ -148,28 +159,9 @@ CHUNK_PAD = 250_000  # " filler" words: 1.75 MB a chunk, three over the 4 MiB me
 
 @pytest.fixture
 async def old_sidecar(tmp_path: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
-    root = tmp_path / "store"
-    root.mkdir()
-    await asyncio.to_thread(write_version, root, version_id(1), local_embedder, chunk_pad=CHUNK_PAD)
-    raw = {
-        "knowledge_base": [
-            {"name": KB, "source": [{"name": "faq", "type": "markdown", "path": str(tmp_path)}]}
-        ],
-        "function": [{"name": "search_faq", "description": "The FAQ.", "knowledge_base": KB}],
-        "index": {"store": str(root)},
-        "sidecar": {
-            "store": str(root),
-            "listen": "127.0.0.1:0",
-            "min_score": -1.0,
-            "budget_ms": 5_000,
-            "tool_output_chars": OUTPUT_CHARS,
-        },
-    }
-    sc = await create_server(parse_config(raw, base=tmp_path), embedder=local_embedder, poll=False)
-    try:
+    written = {"chunk_pad": CHUNK_PAD}
+    async with serving(tmp_path, local_embedder, written, tool_output_chars=OUTPUT_CHARS) as sc:
         yield sc
-    finally:
-        await sc.stop(0.5)
 
 
 async def test_a_huge_chunk_of_an_old_snapshot_is_answered_cut_to_the_chunk_cap(

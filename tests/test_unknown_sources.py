@@ -17,11 +17,11 @@ import orjson
 import pytest
 
 from index.embedders.base import Embedder
-from sidecar.config import parse_config
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.turn.scope import NAME_CHARS, NAMED
+from tests.bases_kit import config as bases_config
 from tests.snapshot_kit import KB, version_id, write_version
 
 QUESTION = "How do I reset my password?"
@@ -33,7 +33,7 @@ def config(root: Path, tmp_path: Path) -> Any:
     sources = [
         {"name": name, "type": "markdown", "path": str(tmp_path)} for name in ("faq", "guides")
     ]
-    raw = {
+    tables = {
         "knowledge_base": [{"name": KB, "source": sources}],
         "function": [
             {
@@ -49,15 +49,8 @@ def config(root: Path, tmp_path: Path) -> Any:
                 "sources": ["faq", "guides"],
             },
         ],
-        "index": {"store": str(root)},
-        "sidecar": {
-            "store": str(root),
-            "listen": "127.0.0.1:0",
-            "min_score": -1.0,
-            "budget_ms": 5_000,
-        },
     }
-    return parse_config(raw, base=tmp_path)
+    return bases_config(root, tmp_path, tables=tables)
 
 
 @pytest.fixture
