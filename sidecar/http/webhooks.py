@@ -213,8 +213,8 @@ class Replays:
     error status: a base loading, say) is forgotten, so the platform may retry it.
 
     A fixed-size table of ``size`` entries (``SEEN_SIGNATURES``), each kept until its window
-    has passed; when it is full the oldest entry is forgotten, and from then on a call signed
-    no later than the newest forgotten one is refused too (it could be a replay of one
+    has passed; when it is full the entry signed earliest is forgotten, and from then on a call
+    signed no later than the latest forgotten one is refused too (it could be a replay of one
     forgotten), so the table never lets a replay through: past ``size`` calls in a window, the
     window shrinks to them. Only signatures that verified are kept: no stranger can fill it."""
 

@@ -177,9 +177,8 @@ class Plan:
     prior: bool = False  # the pages the conversation has been on get a small bonus
     named: tuple[Mention, ...] = ()  # weak matches the turn's own search may confirm
     refers: bool = False  # it leans on the conversation ("it", a few words): never kept alone
-    names: bool = (
-        False  # the turn says nothing but ``named[0]``: taken as its topic (``only_names``)
-    )
+    # the turn says nothing but ``named[0]``: taken as its topic (``only_names``)
+    names: bool = False
 
 
 def chunk_entity(chunk: Chunk) -> str:
