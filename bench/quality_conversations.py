@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import json
 import platform
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -327,6 +328,7 @@ def summary_row(result: dict[str, Any]) -> dict[str, Any]:
         "afterq_session": after["session"]["hit_at_3"],
         "afterq_best": after.get("best_naive", {}).get("hit_at_3"),
         "afterq_turns": after["session"]["turns"],
+        "degraded": result["session"].get("degraded", 0),
     }
 
 
@@ -424,6 +426,18 @@ async def _run_cached(
         await embedder.aclose()
 
 
+def _warn_degraded(rows: dict[str, dict[str, Any]]) -> None:
+    """A turn that fell back (the embedder late or busy: the machine's load, not the engine)
+    scores the fallback, not the follow-ups: say so, so that such a run is not compared."""
+    fell = {name: row["degraded"] for name, row in rows.items() if row.get("degraded")}
+    if fell:
+        print(
+            f"WARNING: judged turns fell back to lexical search ({fell}): this run measured "
+            "the machine's load; rerun it on a quieter machine (vectors embedded now are kept)",
+            file=sys.stderr,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small slices (smoke mode)")
@@ -444,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if "skipped" in result:
         return 0
     print(table(result["table"]))
+    _warn_degraded(result["table"])
     path = args.out / RESULTS.name if args.out else RESULTS
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
