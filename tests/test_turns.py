@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from index.embedders.base import FakeEmbedder
+from sidecar.turn.engine import TurnInput
 from sidecar.turn.followups import Source
+from sidecar.turn.prefetch import Prefetcher
 from sidecar.turn.skip import Skip
-from tests.turns import build_engine, run_turns
+from tests.turns import SESSION, build_engine, run_turns
 
 PLACES = {
     "BLUE DOOR CAFE": [
@@ -327,6 +329,32 @@ async def test_a_turn_that_says_only_a_weak_name_makes_it_the_topic(tmp_path: Pa
     assert results[2].followup.source == Source.ENTITY
     assert results[2].followup.used == "PCLOUD"
     assert results[2].hits[0].chunk.text == "pCloud limits file names to 255 characters."
+
+
+async def test_a_weak_name_said_alone_is_tracked_when_answered_from_a_prefetch(
+    tmp_path: Path,
+) -> None:
+    """A final "Tell me about pCloud." answered from the search started on its interim
+    transcript tracks pCloud as one searched at the final does
+    (``test_a_turn_that_says_only_a_weak_name_makes_it_the_topic``): the follow-up leans on
+    pCloud, not on the page tracked before."""
+    engine = build_engine(BACKENDS, tmp_path, embedder=FakeEmbedder(dimension=1024))
+    prefetcher = Prefetcher(engine, stable_ms=200)
+    try:
+        await run_turns(engine, [("user", "Tell me about Google Drive.")])
+        said = "Tell me about pCloud."
+        prefetcher.interim(TurnInput(session_id=SESSION, text=said, is_final=False))
+        named = await engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
+        follow_up = "What about the limits on file names for it?"
+        [after] = await run_turns(engine, [("user", follow_up)])
+    finally:
+        await prefetcher.aclose()
+        await engine.aclose()
+    assert named.prefetched
+    assert named.query == said
+    assert after.followup.source == Source.ENTITY
+    assert after.followup.used == "PCLOUD"
+    assert after.hits[0].chunk.text == "pCloud limits file names to 255 characters."
 
 
 APP_PAGES = {

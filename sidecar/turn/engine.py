@@ -279,6 +279,7 @@ class Engine:
         if taken is not None and taken.result is not None:
             query, result = taken.query, taken.result
             self.counters.prefetched += 1
+            _taken_ahead(session, plan, req.text, result, gazetteer.entity_of)
         else:
             if plan.prior:
                 await self._read(session, searcher, budget)
@@ -771,6 +772,22 @@ def _confirm(
     if named is not None:
         followups.confirm(session, named)
     return named is not None
+
+
+def _taken_ahead(
+    session: Session, plan: followups.Plan, text: str, ahead: SearchResult, entity_of: EntityOf
+) -> None:
+    """What ``Engine._retrieve`` does with a turn's one search, done with the result searched
+    ahead on its interim transcript (the same plan's query): the pages it found counted, and a
+    weak name the turn says alone ("Tell me about pCloud."), or that its own result confirms,
+    tracked, so a turn answered from a prefetch tracks what one searched at its final would.
+    A plan that ``_retrieve`` would search twice (folded and alone) was searched ahead folded
+    only: nothing of the turn alone is known, so nothing is counted or tracked."""
+    if plan.query != text and (plan.alone or plan.named):
+        return
+    _count_pages(session, ahead.hits, entity_of)
+    if plan.query == text:
+        _confirm(session, plan, ahead, entity_of)
 
 
 def _combined(
