@@ -395,3 +395,45 @@ async def test_a_question_saying_the_base_s_shared_name_is_searched_as_itself(
     assert results[1].hits[0].chunk.title == "ACME TERMINAL PROFILES"
     assert results[2].query.startswith("ACME TERMINAL ACTIONS: ")
     assert results[2].followup.used == "ACME TERMINAL ACTIONS"
+
+
+DOCS_PAGES = {
+    # most titles start with the product's name; "profile" is a word of two of them
+    "ACME TERMINAL APPEARANCE PROFILE SETTINGS": [
+        "Acme Terminal appearance profile settings set the font face and the cursor shape."
+    ],
+    "ACME TERMINAL GENERAL PROFILE SETTINGS": [
+        "Acme Terminal general profile settings set the starting directory and the icon."
+    ],
+    "ACME TERMINAL ACTIONS": ["Acme Terminal actions bind keys to commands."],
+    "ACME TERMINAL THEMES": ["Acme Terminal themes set the colour of the tab row."],
+    "ACME TERMINAL STARTUP": ["Acme Terminal startup settings choose the default profile."],
+    "ACME TERMINAL SCRIPTING": [
+        "A batch file can start an Acme Terminal profile with the wt command and its options."
+    ],
+}
+
+
+async def test_a_question_with_an_expletive_it_says_its_own_topic(tmp_path: Path) -> None:
+    """ "Is it possible to ..." has an "it" that refers to nothing (it stands for the clause
+    after it), and "an Acme Terminal profile" brings in a profile the conversation has not
+    had (an indefinite article) by a word two page titles share: the question names its own
+    topic and is searched as said, not folded with the page tracked before. "Does it set the
+    cursor shape?" points back and stays folded."""
+    said = "Is it possible to start an Acme Terminal profile from a batch file?"
+    results = await run_turns(
+        DOCS_PAGES,
+        [
+            ("user", "Tell me about Acme Terminal Appearance Profile Settings."),
+            ("user", said),
+            ("user", "Tell me about Acme Terminal Appearance Profile Settings."),
+            ("user", "Does it set the cursor shape?"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[0].followup.used == ""  # named confidently: searched as said, and tracked
+    assert results[1].query == said
+    assert results[1].followup.used == ""
+    assert results[1].hits[0].chunk.title == "ACME TERMINAL SCRIPTING"
+    assert results[3].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"

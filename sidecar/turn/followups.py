@@ -90,10 +90,20 @@ CLAUSE_THAT_EN = frozenset({"that"})
 DETERMINER_LIKE_EN = frozenset({"one", "same"})
 EXISTENTIAL_THERE_EN = frozenset({"there"})
 BE_EN = frozenset("is are was were be been isn't aren't wasn't weren't 's".split())
+# "it" with no referent (an expletive): "is it possible to ...", "would it be necessary to
+# ...", "it's okay to ...". These adjectives take a clause ("to ...", "that ...") as their
+# subject, "it" standing in for it; adjectives that also say something of a thing ("easy",
+# "hard": "is it easy to get to?"; "known", "close") are not among them, "it" may refer there.
+CLAUSE_ADJECTIVES_EN = frozenset(
+    "possible impossible necessary required mandatory ok okay allowed permitted true advisable".split()
+)
+CLAUSE_OPENERS_EN = frozenset({"to", "that", "whether"})
 # Words that make the noun after them a common noun ("the hotel", "which hotel", "your app"):
 # a word of a name said after none of them is said as a name ("does Windows Terminal support").
+# Not "a" and "an": an indefinite article brings in something the conversation has not had yet,
+# so what follows it is no pointer to the tracked entity ("tabs in a Windows Terminal window").
 DETERMINERS_EN = frozenset(
-    "the a an this that these those which what each every any some my your our their its his her".split()
+    "the this that these those which what each every any some my your our their its his her".split()
 )
 # Openings that continue the conversation's topic with a fragment ("what about the parking",
 # "and the price?", "regarding the criteria, ..."): ellipsis, whatever follows.
@@ -574,7 +584,25 @@ def _refers_at(toks: Sequence[str], i: int) -> bool:
         return not _is_content(after)
     if word in EXISTENTIAL_THERE_EN:
         return before not in BE_EN and after not in BE_EN
-    return True
+    return not _expletive_it(toks, i)
+
+
+def _expletive_it(toks: Sequence[str], i: int) -> bool:
+    """Whether ``toks[i]`` is an "it" that stands for the clause after it (``CLAUSE_ADJECTIVES_EN``):
+    "is it possible to", "would it be necessary that", "it is okay to", "it's true that"."""
+    word = toks[i]
+    if word == "it's":
+        rest = toks[i + 1 : i + 3]
+    elif word == "it":
+        after = toks[i + 1 : i + 2]
+        # "is it possible": the form of "be" before it; "it is", "would it be": after it
+        skip = 2 if after and after[0] in BE_EN else 1
+        if skip == 1 and (i == 0 or toks[i - 1] not in BE_EN):
+            return False
+        rest = toks[i + skip : i + skip + 2]
+    else:
+        return False
+    return len(rest) == 2 and rest[0] in CLAUSE_ADJECTIVES_EN and rest[1] in CLAUSE_OPENERS_EN
 
 
 def _is_content(word: str) -> bool:
@@ -668,7 +696,11 @@ def plan(
     entity = _ordinal(session, utterance) or session.entity
     if not question and entity is session.entity and _moves_on(entity, mentions, utterance):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # it names its own topic, if weakly
-    if entity is not None and not (refers or question) and says_shared(utterance, entity, shared):
+    if (
+        entity is not None
+        and not (refers or question)
+        and says_shared(utterance, entity, shared, mentions)
+    ):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # "Windows Terminal" as a name of its own
     if entity is not None and not (refers or question or config.fold == "always"):
         entity = None
@@ -769,18 +801,21 @@ def remember(session: Session, said: Said) -> None:
         session.entity, session.weight = best, weight
 
 
-def says_shared(utterance: Utterance, entity: Mention, shared: frozenset[str]) -> bool:
+def says_shared(
+    utterance: Utterance, entity: Mention, shared: frozenset[str], mentions: Sequence[Mention]
+) -> bool:
     """Whether the turn says the tracked name's ``shared`` words (those most of the base's names
-    hold) as a name, after no determiner, and none of its other words ("what shells does Windows
-    Terminal support" while "Windows Terminal Actions" is tracked, in a base where most titles
-    start "Windows Terminal"; not "does the hotel have parking"): it then names its own topic,
-    and what the tracked name adds ("Actions") is not what it asks about."""
+    hold) as a name, after no determiner, and does not name the tracked entity itself (its
+    ``mentions``) ("what shells does Windows Terminal support" while "Windows Terminal Actions"
+    is tracked, in a base where most titles start "Windows Terminal"; not "does the hotel have
+    parking"): it then names its own topic, and what the tracked name adds ("Actions") is not
+    what it asks about. A word the tracked name shares with other names ("profile" of "Windows
+    Terminal Appearance Profile Settings", beside "... General Profile Settings") names none of
+    them: the gazetteer matches no name by it."""
     name = set(tokens(entity.name))  # "the bed and breakfast": one run of the name's words
-    if not name & shared:
+    if not name & shared or any(m.name == entity.name for m in mentions):
         return False
     toks = utterance.tokens
-    if any(tok in name and tok not in shared and tok not in FUNCTION_WORDS_EN for tok in toks):
-        return False  # it says the tracked name's own words: it names that entity
     return any(
         tok in shared
         and tok in name
