@@ -411,6 +411,7 @@ DOCS_PAGES = {
     "ACME TERMINAL SCRIPTING": [
         "A batch file can start an Acme Terminal profile with the wt command and its options."
     ],
+    "ACME TERMINAL FAQ": ["Conhost.exe is the classic console host that Acme Terminal replaces."],
 }
 
 
@@ -437,3 +438,24 @@ async def test_a_question_with_an_expletive_it_says_its_own_topic(tmp_path: Path
     assert results[1].followup.used == ""
     assert results[1].hits[0].chunk.title == "ACME TERMINAL SCRIPTING"
     assert results[3].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"
+
+
+async def test_a_word_only_another_page_uses_names_that_page(tmp_path: Path) -> None:
+    """ "What is conhost.exe?" is short, but says a word only one other page's chunks hold (the
+    lexical index knows it: a file name): it names its own topic and is searched as said. A
+    short turn whose rare word is the tracked page's own ("What is the cursor shape?") leans on
+    the tracked page."""
+    results = await run_turns(
+        DOCS_PAGES,
+        [
+            ("user", "Tell me about Acme Terminal Appearance Profile Settings."),
+            ("user", "What is conhost.exe?"),
+            ("user", "What is the cursor shape?"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].query == "What is conhost.exe?"
+    assert results[1].followup.used == ""
+    assert results[1].hits[0].chunk.title == "ACME TERMINAL FAQ"
+    assert results[2].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"

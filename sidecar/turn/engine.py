@@ -273,7 +273,7 @@ class Engine:
         if skip is not Skip.NOT_SKIPPED:
             self._record(session, Speaker.USER, utterance, mentions)
             return self._skipped(session, skip, searcher, budget)
-        plan = followups.plan(session, utterance, mentions, self.config.followups, gazetteer.shared)
+        plan = self._plan(session, utterance, mentions, searcher)
         self._record(session, Speaker.USER, utterance, mentions)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
         if taken is not None and taken.result is not None:
@@ -432,12 +432,25 @@ class Engine:
         utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
-        gazetteer = searcher.gazetteer
-        mentions = gazetteer.find(utterance.tokens)
-        query = followups.plan(
-            session, utterance, mentions, self.config.followups, gazetteer.shared
-        ).query
+        mentions = searcher.gazetteer.find(utterance.tokens)
+        query = self._plan(session, utterance, mentions, searcher).query
         return PlannedSearch(kb, searcher, query, req.sources, req.context_url, allowed)
+
+    def _plan(
+        self,
+        session: Session,
+        utterance: Utterance,
+        mentions: tuple[Mention, ...],
+        searcher: Searcher,
+    ) -> followups.Plan:
+        """``followups.plan`` for a user turn, with the snapshot's names and keywords."""
+        gazetteer = searcher.gazetteer
+        keyword = followups.keyword_of(
+            searcher.snapshot.lexical, searcher.chunks, gazetteer.entity_of
+        )
+        return followups.plan(
+            session, utterance, mentions, self.config.followups, gazetteer.shared, keyword
+        )
 
     async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
         """Embed and rank a planned query ahead of its turn; None when the embedder missed

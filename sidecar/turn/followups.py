@@ -18,6 +18,10 @@ fades with each turn. A user turn is then searched as (``plan``):
       about pCloud.": ``only_names``)
     it names another than the tracked one, if      as said                      source "none"
       weakly, and points back at nothing
+    it writes a word as a file name or a command   as said                      source "none"
+      ("conhost.exe") that only a few chunks of
+      another entity hold, and points back at
+      nothing (``_keyword_topic``)
     it says the words most names share, as a       as said                      source "none"
       name ("Windows Terminal", no "the"), and
       points back at nothing (``says_shared``)
@@ -158,6 +162,9 @@ AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by 
 # A word in at least this share of the names (and in two) is the base's shared name ("Windows
 # Terminal", which every page's title starts with): it says little about which page is meant.
 SHARED_NAME_SHARE = 0.5
+# A content word at most this many chunks hold, all of one entity's, names that entity, weakly
+# (a file name, a command, a form's number: "What is conhost.exe?"); the lexical index knows it.
+KEYWORD_DOCS = 3
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
@@ -216,6 +223,8 @@ def chunk_entities(chunks: Sequence[Chunk]) -> tuple[list[str], list[str]]:
 
 
 Confidence = Callable[[Sequence[str], str], float]
+# the entity whose chunks alone hold a word, when at most KEYWORD_DOCS do ("" otherwise)
+Keyword = Callable[[str], str]
 
 
 class Gazetteer:
@@ -545,6 +554,22 @@ def _intersect(small: np.ndarray, large: np.ndarray) -> np.ndarray:
     return common
 
 
+def keyword_of(
+    lexical: LexicalIndex, chunks: Sequence[Chunk], entity_of: Callable[[Chunk], str]
+) -> Keyword:
+    """A ``plan``'s ``keyword``: the entity whose chunks alone hold a word, when one to
+    KEYWORD_DOCS chunks do, read from the lexical index's postings; "" otherwise."""
+
+    def keyword(word: str) -> str:
+        docs = lexical.matching(word)
+        if not 0 < len(docs) <= KEYWORD_DOCS:
+            return ""
+        about = {entity_of(chunks[int(doc)]) for doc in docs}
+        return next(iter(about)) if len(about) == 1 else ""
+
+    return keyword
+
+
 def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[str, str], bool]:
     """A Gazetteer's ``is_common`` (``EntityStats.is_common``)."""
     return EntityStats(lexical, entity_of).is_common
@@ -556,7 +581,7 @@ def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[s
 def refers_back(utterance: Utterance) -> bool:
     """Whether a turn leans on the conversation: a pronoun, "the place", or a few words only.
     A referring word used otherwise ("is there a way", "at the same time", "a list that I
-    can join": ``_refers_at``) does not count."""
+    can join", "is it possible to": ``_refers_at``) does not count."""
     toks = _spoken(utterance)
     return len(toks) <= SHORT_TURN or _points_back(toks)
 
@@ -676,6 +701,7 @@ def plan(
     mentions: tuple[Mention, ...],
     config: FollowupConfig = _DEFAULTS,
     shared: frozenset[str] = frozenset(),
+    keyword: Keyword | None = None,
 ) -> Plan:
     """How to search this user turn, given the session so far, the turn's own ``mentions`` and
     the words most of the snapshot's names share (``Gazetteer.shared``).
@@ -696,6 +722,10 @@ def plan(
     entity = _ordinal(session, utterance) or session.entity
     if not question and entity is session.entity and _moves_on(entity, mentions, utterance):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # it names its own topic, if weakly
+    if not question and entity is session.entity and keyword is not None:
+        own = _keyword_topic(entity, utterance, keyword)
+        if own is not None:  # "What is conhost.exe?": a word only another page's chunks use
+            return Plan(text, NO_FOLLOWUP, named=(*mentions, own))
     if (
         entity is not None
         and not (refers or question)
@@ -799,6 +829,55 @@ def remember(session: Session, said: Said) -> None:
     weight = best.confidence * (AGENT_WEIGHT if said.speaker == Speaker.AGENT else 1.0)
     if weight >= session.weight:
         session.entity, session.weight = best, weight
+
+
+def _keyword_topic(
+    tracked: Mention | None, utterance: Utterance, keyword: Keyword
+) -> Mention | None:
+    """The entity a turn that points back at nothing names by a word of its own that only that
+    entity's chunks hold (``keyword``: a file name, a command), if it is not the ``tracked``
+    one; a weak naming, confirmed only by the turn's own search (``confirmed``)."""
+    if tracked is None or _points_back(_spoken(utterance)):
+        return None
+    name = set(tokens(tracked.name))
+    for word in _written_as_code(utterance.text):
+        if word in name:
+            continue
+        entity = keyword(word)
+        if entity and entity != tracked.name:
+            return Mention(entity, WEAK_CONFIDENCE)
+    return None
+
+
+def _written_as_code(text: str) -> list[str]:
+    """The content words of the turn's tokens written as no ordinary word is: a file name or
+    path ("conhost.exe", "settings.json"), letters and digits mixed ("SF86", "md5"), an inner
+    capital ("PSReadLine"). Ordinary words a base happens to use rarely ("characteristics")
+    are not names of anything; a transcript has none of these."""
+    return [
+        word
+        for written in _CODE.findall(text)
+        if _looks_like_code(written)
+        for word in _content(tokens(written))
+        if len(word) > 1  # "e.g.": the letters of an abbreviation
+    ]
+
+
+_CODE = re.compile(r"[\w./]*\w")
+_PATH = re.compile(r"\w[./]\w")  # "conhost.exe", "bin/rclone"
+_DIGIT = re.compile(r"\d")
+_LETTER = re.compile(r"[^\W\d_]")
+_INNER_CAPITAL = re.compile(r"[^\W\d_][^\W\d_]*[A-Z]")  # "PSReadLine", "pCloud"; not "Hotel"
+
+
+def _looks_like_code(written: str) -> bool:
+    """Whether a written word is a file name or path, mixes letters and digits, or has a
+    capital inside it and a small letter (``_written_as_code``)."""
+    if _PATH.search(written):
+        return True
+    if _DIGIT.search(written):
+        return bool(_LETTER.search(written))
+    return bool(_INNER_CAPITAL.search(written)) and not written.isupper()
 
 
 def says_shared(
