@@ -703,8 +703,9 @@ def plan(
     shared: frozenset[str] = frozenset(),
     keyword: Keyword | None = None,
 ) -> Plan:
-    """How to search this user turn, given the session so far, the turn's own ``mentions`` and
-    the words most of the snapshot's names share (``Gazetteer.shared``).
+    """How to search this user turn, given the session so far, the turn's own ``mentions``,
+    the words most of the snapshot's names share (``Gazetteer.shared``) and the entity a word
+    only a few chunks hold is about (``keyword``: ``keyword_of``).
 
     Records nothing (an interim transcript may be planned and dropped): ``remember`` does, once
     the engine records the turn.
@@ -837,10 +838,13 @@ def _keyword_topic(
     """The entity a turn that points back at nothing names by a word of its own that only that
     entity's chunks hold (``keyword``: a file name, a command), if it is not the ``tracked``
     one; a weak naming, confirmed only by the turn's own search (``confirmed``)."""
-    if tracked is None or _points_back(_spoken(utterance)):
+    if tracked is None:
         return None
+    written = _written_as_code(utterance.text)
+    if not written or _points_back(_spoken(utterance)):
+        return None  # most turns: no word written as code, and the words are not read again
     name = set(tokens(tracked.name))
-    for word in _written_as_code(utterance.text):
+    for word in written:
         if word in name:
             continue
         entity = keyword(word)
