@@ -855,33 +855,34 @@ def _keyword_topic(
 
 def _written_as_code(text: str) -> list[str]:
     """The content words of the turn's tokens written as no ordinary word is: a file name or
-    path ("conhost.exe", "settings.json"), letters and digits mixed ("SF86", "md5"), an inner
-    capital ("PSReadLine"). Ordinary words a base happens to use rarely ("characteristics")
-    are not names of anything; a transcript has none of these."""
+    path ("conhost.exe", "settings.json"), letters and digits mixed ("SF86", "md5"), a small
+    letter before a capital ("PSReadLine", "pCloud"). Ordinary words a base happens to use
+    rarely ("characteristics") are not names of anything; a transcript has none of these."""
+    if not _CODE_SHAPED.search(text):
+        return []  # most turns: one scan of the text
     return [
         word
-        for written in _CODE.findall(text)
+        for written in _WRITTEN.findall(text)
         if _looks_like_code(written)
         for word in _content(tokens(written))
         if len(word) > 1  # "e.g.": the letters of an abbreviation
     ]
 
 
-_CODE = re.compile(r"[\w./]*\w")
 _PATH = re.compile(r"\w[./]\w")  # "conhost.exe", "bin/rclone"
 _DIGIT = re.compile(r"\d")
 _LETTER = re.compile(r"[^\W\d_]")
-_INNER_CAPITAL = re.compile(r"[^\W\d_][^\W\d_]*[A-Z]")  # "PSReadLine", "pCloud"; not "Hotel"
+_CAMEL = re.compile(r"[a-z][A-Z]")  # "PSReadLine", "pCloud"; not "Hotel", "VA"
+_CODE_SHAPED = re.compile(r"\w[./]\w|\d|[a-z][A-Z]")  # any of the three, anywhere
+_WRITTEN = re.compile(r"[\w./]*\w")
 
 
 def _looks_like_code(written: str) -> bool:
-    """Whether a written word is a file name or path, mixes letters and digits, or has a
-    capital inside it and a small letter (``_written_as_code``)."""
-    if _PATH.search(written):
+    """Whether a written word is a file name or path, mixes letters and digits, or has a small
+    letter before a capital (``_written_as_code``)."""
+    if _PATH.search(written) or _CAMEL.search(written):
         return True
-    if _DIGIT.search(written):
-        return bool(_LETTER.search(written))
-    return bool(_INNER_CAPITAL.search(written)) and not written.isupper()
+    return bool(_DIGIT.search(written)) and bool(_LETTER.search(written))
 
 
 def says_shared(
