@@ -187,6 +187,13 @@ def test_fold_referring_leaves_self_contained_turns_alone() -> None:
         ("Do they take reservations?", True),  # few words, and a pronoun
         ("And what may I need to qualify for the booking?", True),  # a fragment: ellipsis
         ("What about rooms with a view of the river garden?", True),
+        # "it" standing for the clause after it points at nothing; beside "known", "easy" or
+        # "close" it may be the place itself
+        ("Is it possible to book a table for eight people on Friday?", False),
+        ("Would it be necessary to pay a deposit for the booking?", False),
+        ("Is it known to have clean rooms and a friendly staff?", True),
+        ("Is it easy to get to from the train station?", True),
+        ("Is it close to the city centre and the museums?", True),
     ],
 )
 def test_a_word_that_can_refer_back_refers_only_where_it_is_used_so(

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from index.embedders.base import FakeEmbedder
+from sidecar.turn.engine import TurnInput
 from sidecar.turn.followups import Source
+from sidecar.turn.prefetch import Prefetcher
 from sidecar.turn.skip import Skip
-from tests.turns import build_engine, run_turns
+from tests.turns import SESSION, build_engine, run_turns
 
 PLACES = {
     "BLUE DOOR CAFE": [
@@ -329,6 +331,32 @@ async def test_a_turn_that_says_only_a_weak_name_makes_it_the_topic(tmp_path: Pa
     assert results[2].hits[0].chunk.text == "pCloud limits file names to 255 characters."
 
 
+async def test_a_weak_name_said_alone_is_tracked_when_answered_from_a_prefetch(
+    tmp_path: Path,
+) -> None:
+    """A final "Tell me about pCloud." answered from the search started on its interim
+    transcript tracks pCloud as one searched at the final does
+    (``test_a_turn_that_says_only_a_weak_name_makes_it_the_topic``): the follow-up leans on
+    pCloud, not on the page tracked before."""
+    engine = build_engine(BACKENDS, tmp_path, embedder=FakeEmbedder(dimension=1024))
+    prefetcher = Prefetcher(engine, stable_ms=200)
+    try:
+        await run_turns(engine, [("user", "Tell me about Google Drive.")])
+        said = "Tell me about pCloud."
+        prefetcher.interim(TurnInput(session_id=SESSION, text=said, is_final=False))
+        named = await engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
+        follow_up = "What about the limits on file names for it?"
+        [after] = await run_turns(engine, [("user", follow_up)])
+    finally:
+        await prefetcher.aclose()
+        await engine.aclose()
+    assert named.prefetched
+    assert named.query == said
+    assert after.followup.source == Source.ENTITY
+    assert after.followup.used == "PCLOUD"
+    assert after.hits[0].chunk.text == "pCloud limits file names to 255 characters."
+
+
 APP_PAGES = {
     # every page's title starts with the product's name, as a docs site's do
     "ACME TERMINAL ACTIONS": [
@@ -367,3 +395,67 @@ async def test_a_question_saying_the_base_s_shared_name_is_searched_as_itself(
     assert results[1].hits[0].chunk.title == "ACME TERMINAL PROFILES"
     assert results[2].query.startswith("ACME TERMINAL ACTIONS: ")
     assert results[2].followup.used == "ACME TERMINAL ACTIONS"
+
+
+DOCS_PAGES = {
+    # most titles start with the product's name; "profile" is a word of two of them
+    "ACME TERMINAL APPEARANCE PROFILE SETTINGS": [
+        "Acme Terminal appearance profile settings set the font face and the cursor shape."
+    ],
+    "ACME TERMINAL GENERAL PROFILE SETTINGS": [
+        "Acme Terminal general profile settings set the starting directory and the icon."
+    ],
+    "ACME TERMINAL ACTIONS": ["Acme Terminal actions bind keys to commands."],
+    "ACME TERMINAL THEMES": ["Acme Terminal themes set the colour of the tab row."],
+    "ACME TERMINAL STARTUP": ["Acme Terminal startup settings choose the default profile."],
+    "ACME TERMINAL SCRIPTING": [
+        "A batch file can start an Acme Terminal profile with the wt command and its options."
+    ],
+    "ACME TERMINAL FAQ": ["Conhost.exe is the classic console host that Acme Terminal replaces."],
+}
+
+
+async def test_a_question_with_an_expletive_it_says_its_own_topic(tmp_path: Path) -> None:
+    """ "Is it possible to ..." has an "it" that refers to nothing (it stands for the clause
+    after it), and "an Acme Terminal profile" brings in a profile the conversation has not
+    had (an indefinite article) by a word two page titles share: the question names its own
+    topic and is searched as said, not folded with the page tracked before. "Does it set the
+    cursor shape?" points back and stays folded."""
+    said = "Is it possible to start an Acme Terminal profile from a batch file?"
+    results = await run_turns(
+        DOCS_PAGES,
+        [
+            ("user", "Tell me about Acme Terminal Appearance Profile Settings."),
+            ("user", said),
+            ("user", "Tell me about Acme Terminal Appearance Profile Settings."),
+            ("user", "Does it set the cursor shape?"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[0].followup.used == ""  # named confidently: searched as said, and tracked
+    assert results[1].query == said
+    assert results[1].followup.used == ""
+    assert results[1].hits[0].chunk.title == "ACME TERMINAL SCRIPTING"
+    assert results[3].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"
+
+
+async def test_a_word_only_another_page_uses_names_that_page(tmp_path: Path) -> None:
+    """ "What is conhost.exe?" is short, but says a word only one other page's chunks hold (the
+    lexical index knows it: a file name): it names its own topic and is searched as said. A
+    short turn whose rare word is the tracked page's own ("What is the cursor shape?") leans on
+    the tracked page."""
+    results = await run_turns(
+        DOCS_PAGES,
+        [
+            ("user", "Tell me about Acme Terminal Appearance Profile Settings."),
+            ("user", "What is conhost.exe?"),
+            ("user", "What is the cursor shape?"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].query == "What is conhost.exe?"
+    assert results[1].followup.used == ""
+    assert results[1].hits[0].chunk.title == "ACME TERMINAL FAQ"
+    assert results[2].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"

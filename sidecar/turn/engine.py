@@ -273,12 +273,13 @@ class Engine:
         if skip is not Skip.NOT_SKIPPED:
             self._record(session, Speaker.USER, utterance, mentions)
             return self._skipped(session, skip, searcher, budget)
-        plan = followups.plan(session, utterance, mentions, self.config.followups, gazetteer.shared)
+        plan = self._plan(session, utterance, mentions, searcher)
         self._record(session, Speaker.USER, utterance, mentions)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
         if taken is not None and taken.result is not None:
             query, result = taken.query, taken.result
             self.counters.prefetched += 1
+            _taken_ahead(session, plan, req.text, result, gazetteer.entity_of)
         else:
             if plan.prior:
                 await self._read(session, searcher, budget)
@@ -431,12 +432,25 @@ class Engine:
         utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
-        gazetteer = searcher.gazetteer
-        mentions = gazetteer.find(utterance.tokens)
-        query = followups.plan(
-            session, utterance, mentions, self.config.followups, gazetteer.shared
-        ).query
+        mentions = searcher.gazetteer.find(utterance.tokens)
+        query = self._plan(session, utterance, mentions, searcher).query
         return PlannedSearch(kb, searcher, query, req.sources, req.context_url, allowed)
+
+    def _plan(
+        self,
+        session: Session,
+        utterance: Utterance,
+        mentions: tuple[Mention, ...],
+        searcher: Searcher,
+    ) -> followups.Plan:
+        """``followups.plan`` for a user turn, with the snapshot's names and keywords."""
+        gazetteer = searcher.gazetteer
+        keyword = followups.keyword_of(
+            searcher.snapshot.lexical, searcher.chunks, gazetteer.entity_of
+        )
+        return followups.plan(
+            session, utterance, mentions, self.config.followups, gazetteer.shared, keyword
+        )
 
     async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
         """Embed and rank a planned query ahead of its turn; None when the embedder missed
@@ -771,6 +785,22 @@ def _confirm(
     if named is not None:
         followups.confirm(session, named)
     return named is not None
+
+
+def _taken_ahead(
+    session: Session, plan: followups.Plan, text: str, ahead: SearchResult, entity_of: EntityOf
+) -> None:
+    """What ``Engine._retrieve`` does with a turn's one search, done with the result searched
+    ahead on its interim transcript (the same plan's query): the pages it found counted, and a
+    weak name the turn says alone ("Tell me about pCloud."), or that its own result confirms,
+    tracked, so a turn answered from a prefetch tracks what one searched at its final would.
+    A plan that ``_retrieve`` would search twice (folded and alone) was searched ahead folded
+    only: nothing of the turn alone is known, so nothing is counted or tracked."""
+    if plan.query != text and (plan.alone or plan.named):
+        return
+    _count_pages(session, ahead.hits, entity_of)
+    if plan.query == text:
+        _confirm(session, plan, ahead, entity_of)
 
 
 def _combined(

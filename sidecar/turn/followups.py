@@ -18,6 +18,10 @@ fades with each turn. A user turn is then searched as (``plan``):
       about pCloud.": ``only_names``)
     it names another than the tracked one, if      as said                      source "none"
       weakly, and points back at nothing
+    it writes a word as a file name or a command   as said                      source "none"
+      ("conhost.exe") that only a few chunks of
+      another entity hold, and points back at
+      nothing (``_keyword_topic``)
     it says the words most names share, as a       as said                      source "none"
       name ("Windows Terminal", no "the"), and
       points back at nothing (``says_shared``)
@@ -90,10 +94,20 @@ CLAUSE_THAT_EN = frozenset({"that"})
 DETERMINER_LIKE_EN = frozenset({"one", "same"})
 EXISTENTIAL_THERE_EN = frozenset({"there"})
 BE_EN = frozenset("is are was were be been isn't aren't wasn't weren't 's".split())
+# "it" with no referent (an expletive): "is it possible to ...", "would it be necessary to
+# ...", "it's okay to ...". These adjectives take a clause ("to ...", "that ...") as their
+# subject, "it" standing in for it; adjectives that also say something of a thing ("easy",
+# "hard": "is it easy to get to?"; "known", "close") are not among them, "it" may refer there.
+CLAUSE_ADJECTIVES_EN = frozenset(
+    "possible impossible necessary required mandatory ok okay allowed permitted true advisable".split()
+)
+CLAUSE_OPENERS_EN = frozenset({"to", "that", "whether"})
 # Words that make the noun after them a common noun ("the hotel", "which hotel", "your app"):
 # a word of a name said after none of them is said as a name ("does Windows Terminal support").
+# Not "a" and "an": an indefinite article brings in something the conversation has not had yet,
+# so what follows it is no pointer to the tracked entity ("tabs in a Windows Terminal window").
 DETERMINERS_EN = frozenset(
-    "the a an this that these those which what each every any some my your our their its his her".split()
+    "the this that these those which what each every any some my your our their its his her".split()
 )
 # Openings that continue the conversation's topic with a fragment ("what about the parking",
 # "and the price?", "regarding the criteria, ..."): ellipsis, whatever follows.
@@ -148,6 +162,9 @@ AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by 
 # A word in at least this share of the names (and in two) is the base's shared name ("Windows
 # Terminal", which every page's title starts with): it says little about which page is meant.
 SHARED_NAME_SHARE = 0.5
+# A content word at most this many chunks hold, all of one entity's, names that entity, weakly
+# (a file name, a command, a form's number: "What is conhost.exe?"); the lexical index knows it.
+KEYWORD_DOCS = 3
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
@@ -206,6 +223,8 @@ def chunk_entities(chunks: Sequence[Chunk]) -> tuple[list[str], list[str]]:
 
 
 Confidence = Callable[[Sequence[str], str], float]
+# the entity whose chunks alone hold a word, when at most KEYWORD_DOCS do ("" otherwise)
+Keyword = Callable[[str], str]
 
 
 class Gazetteer:
@@ -535,6 +554,22 @@ def _intersect(small: np.ndarray, large: np.ndarray) -> np.ndarray:
     return common
 
 
+def keyword_of(
+    lexical: LexicalIndex, chunks: Sequence[Chunk], entity_of: Callable[[Chunk], str]
+) -> Keyword:
+    """A ``plan``'s ``keyword``: the entity whose chunks alone hold a word, when one to
+    KEYWORD_DOCS chunks do, read from the lexical index's postings; "" otherwise."""
+
+    def keyword(word: str) -> str:
+        docs = lexical.matching(word)
+        if not 0 < len(docs) <= KEYWORD_DOCS:
+            return ""
+        about = {entity_of(chunks[int(doc)]) for doc in docs}
+        return next(iter(about)) if len(about) == 1 else ""
+
+    return keyword
+
+
 def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[str, str], bool]:
     """A Gazetteer's ``is_common`` (``EntityStats.is_common``)."""
     return EntityStats(lexical, entity_of).is_common
@@ -546,7 +581,7 @@ def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[s
 def refers_back(utterance: Utterance) -> bool:
     """Whether a turn leans on the conversation: a pronoun, "the place", or a few words only.
     A referring word used otherwise ("is there a way", "at the same time", "a list that I
-    can join": ``_refers_at``) does not count."""
+    can join", "is it possible to": ``_refers_at``) does not count."""
     toks = _spoken(utterance)
     return len(toks) <= SHORT_TURN or _points_back(toks)
 
@@ -574,7 +609,25 @@ def _refers_at(toks: Sequence[str], i: int) -> bool:
         return not _is_content(after)
     if word in EXISTENTIAL_THERE_EN:
         return before not in BE_EN and after not in BE_EN
-    return True
+    return not _expletive_it(toks, i)
+
+
+def _expletive_it(toks: Sequence[str], i: int) -> bool:
+    """Whether ``toks[i]`` is an "it" that stands for the clause after it (``CLAUSE_ADJECTIVES_EN``):
+    "is it possible to", "would it be necessary that", "it is okay to", "it's true that"."""
+    word = toks[i]
+    if word == "it's":
+        rest = toks[i + 1 : i + 3]
+    elif word == "it":
+        after = toks[i + 1 : i + 2]
+        # "is it possible": the form of "be" before it; "it is", "would it be": after it
+        skip = 2 if after and after[0] in BE_EN else 1
+        if skip == 1 and (i == 0 or toks[i - 1] not in BE_EN):
+            return False
+        rest = toks[i + skip : i + skip + 2]
+    else:
+        return False
+    return len(rest) == 2 and rest[0] in CLAUSE_ADJECTIVES_EN and rest[1] in CLAUSE_OPENERS_EN
 
 
 def _is_content(word: str) -> bool:
@@ -648,9 +701,11 @@ def plan(
     mentions: tuple[Mention, ...],
     config: FollowupConfig = _DEFAULTS,
     shared: frozenset[str] = frozenset(),
+    keyword: Keyword | None = None,
 ) -> Plan:
-    """How to search this user turn, given the session so far, the turn's own ``mentions`` and
-    the words most of the snapshot's names share (``Gazetteer.shared``).
+    """How to search this user turn, given the session so far, the turn's own ``mentions``,
+    the words most of the snapshot's names share (``Gazetteer.shared``) and the entity a word
+    only a few chunks hold is about (``keyword``: ``keyword_of``).
 
     Records nothing (an interim transcript may be planned and dropped): ``remember`` does, once
     the engine records the turn.
@@ -668,7 +723,15 @@ def plan(
     entity = _ordinal(session, utterance) or session.entity
     if not question and entity is session.entity and _moves_on(entity, mentions, utterance):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # it names its own topic, if weakly
-    if entity is not None and not (refers or question) and says_shared(utterance, entity, shared):
+    if not question and entity is session.entity and keyword is not None:
+        own = _keyword_topic(entity, utterance, keyword)
+        if own is not None:  # "What is conhost.exe?": a word only another page's chunks use
+            return Plan(text, NO_FOLLOWUP, named=(*mentions, own))
+    if (
+        entity is not None
+        and not (refers or question)
+        and says_shared(utterance, entity, shared, mentions)
+    ):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # "Windows Terminal" as a name of its own
     if entity is not None and not (refers or question or config.fold == "always"):
         entity = None
@@ -769,18 +832,74 @@ def remember(session: Session, said: Said) -> None:
         session.entity, session.weight = best, weight
 
 
-def says_shared(utterance: Utterance, entity: Mention, shared: frozenset[str]) -> bool:
+def _keyword_topic(
+    tracked: Mention | None, utterance: Utterance, keyword: Keyword
+) -> Mention | None:
+    """The entity a turn that points back at nothing names by a word of its own that only that
+    entity's chunks hold (``keyword``: a file name, a command), if it is not the ``tracked``
+    one; a weak naming, confirmed only by the turn's own search (``confirmed``)."""
+    if tracked is None:
+        return None
+    written = _written_as_code(utterance.text)
+    if not written or _points_back(_spoken(utterance)):
+        return None  # most turns: no word written as code, and the words are not read again
+    name = set(tokens(tracked.name))
+    for word in written:
+        if word in name:
+            continue
+        entity = keyword(word)
+        if entity and entity != tracked.name:
+            return Mention(entity, WEAK_CONFIDENCE)
+    return None
+
+
+def _written_as_code(text: str) -> list[str]:
+    """The content words of the turn's tokens written as no ordinary word is: a file name or
+    path ("conhost.exe", "settings.json"), letters and digits mixed ("SF86", "md5"), a small
+    letter before a capital ("PSReadLine", "pCloud"). Ordinary words a base happens to use
+    rarely ("characteristics") are not names of anything; a transcript has none of these."""
+    if not _CODE_SHAPED.search(text):
+        return []  # most turns: one scan of the text
+    return [
+        word
+        for written in _WRITTEN.findall(text)
+        if _looks_like_code(written)
+        for word in _content(tokens(written))
+        if len(word) > 1  # "e.g.": the letters of an abbreviation
+    ]
+
+
+_PATH = re.compile(r"\w[./]\w")  # "conhost.exe", "bin/rclone"
+_DIGIT = re.compile(r"\d")
+_LETTER = re.compile(r"[^\W\d_]")
+_CAMEL = re.compile(r"[a-z][A-Z]")  # "PSReadLine", "pCloud"; not "Hotel", "VA"
+_CODE_SHAPED = re.compile(r"\w[./]\w|\d|[a-z][A-Z]")  # any of the three, anywhere
+_WRITTEN = re.compile(r"[\w./]*\w")
+
+
+def _looks_like_code(written: str) -> bool:
+    """Whether a written word is a file name or path, mixes letters and digits, or has a small
+    letter before a capital (``_written_as_code``)."""
+    if _PATH.search(written) or _CAMEL.search(written):
+        return True
+    return bool(_DIGIT.search(written)) and bool(_LETTER.search(written))
+
+
+def says_shared(
+    utterance: Utterance, entity: Mention, shared: frozenset[str], mentions: Sequence[Mention]
+) -> bool:
     """Whether the turn says the tracked name's ``shared`` words (those most of the base's names
-    hold) as a name, after no determiner, and none of its other words ("what shells does Windows
-    Terminal support" while "Windows Terminal Actions" is tracked, in a base where most titles
-    start "Windows Terminal"; not "does the hotel have parking"): it then names its own topic,
-    and what the tracked name adds ("Actions") is not what it asks about."""
+    hold) as a name, after no determiner, and does not name the tracked entity itself (its
+    ``mentions``) ("what shells does Windows Terminal support" while "Windows Terminal Actions"
+    is tracked, in a base where most titles start "Windows Terminal"; not "does the hotel have
+    parking"): it then names its own topic, and what the tracked name adds ("Actions") is not
+    what it asks about. A word the tracked name shares with other names ("profile" of "Windows
+    Terminal Appearance Profile Settings", beside "... General Profile Settings") names none of
+    them: the gazetteer matches no name by it."""
     name = set(tokens(entity.name))  # "the bed and breakfast": one run of the name's words
-    if not name & shared:
+    if not name & shared or any(m.name == entity.name for m in mentions):
         return False
     toks = utterance.tokens
-    if any(tok in name and tok not in shared and tok not in FUNCTION_WORDS_EN for tok in toks):
-        return False  # it says the tracked name's own words: it names that entity
     return any(
         tok in shared
         and tok in name

@@ -17,7 +17,10 @@ prefetched ones or overlap them with a Jaccard index of at least MATCH_JACCARD (
 added to or changed in a turn of four or more words still matches; "split the pane" against
 "split the pane in two" does not). A matching prefetch still embedding when the final arrives is
 waited for until the final's embedding deadline; past it the turn falls back to the lexical index
-rather than embed the same words a second time. Otherwise the final is searched as usual.
+rather than embed the same words a second time. Otherwise the final is searched as usual. A final
+answered from a prefetch leaves the session as one searched at the final would: the pages found
+are counted, and a weak name said alone ("Tell me about pCloud.") is tracked
+(``sidecar.turn.engine``).
 
 One prefetch runs at a time: a stable transcript with other words cancels the one before (its
 embedding may finish in the background and fill the query cache). ``aclose`` cancels everything
