@@ -23,6 +23,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
+from index.tables import MAX_FIELD_BYTES
+from sidecar.config import SidecarConfig
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -189,3 +191,42 @@ async def test_a_huge_chunk_of_an_old_snapshot_is_answered_cut_to_the_chunk_cap(
     assert not tool.is_error
     assert len(tool.output) <= OUTPUT_CHARS
     assert orjson.loads(tool.output)["results"]
+
+
+# -- a hostile snapshot's huge titles, breadcrumbs, URLs and metadata -----------------------------
+
+FIELD_PAD = 2_000_000  # characters added to each chunk's title, breadcrumb, URL, embedded text...
+
+
+async def test_a_snapshot_with_huge_titles_and_urls_answers_with_them_cut(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """Three chunks each with a 2 MB title, breadcrumb, URL, embedded text and metadata value
+    (6 MB of them in one answer, over the 4 MiB message limit): the snapshot is served, and
+    Search, Turn and a tool call answer with each string cut to its cap (MAX_FIELD_BYTES)."""
+    question = "How do I reset my password?"
+    async with (
+        serving(tmp_path, local_embedder, {"field_pad": FIELD_PAD}) as sc,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel,
+    ):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        found = await stub.Search(pb.SearchRequest(query=question, limit=3), timeout=60)
+        turn = await stub.Turn(
+            pb.TurnRequest(session_id="s", text=question, is_final=True), timeout=60
+        )
+        tool = await stub.InvokeTool(
+            pb.InvokeToolRequest(name="search_faq", arguments_json='{"query": "password"}'),
+            timeout=60,
+        )
+    for chunks in (found.chunks, turn.chunks, turn.context):
+        assert len(chunks) == 3
+        for chunk in chunks:
+            assert chunk.title.startswith("Passwordxx")
+            assert MAX_FIELD_BYTES - 8 < len(chunk.title.encode()) <= MAX_FIELD_BYTES
+            assert len(chunk.url.encode()) <= MAX_FIELD_BYTES
+            assert [len(c.encode()) <= MAX_FIELD_BYTES for c in chunk.breadcrumbs] == [True]
+            assert chunk.metadata["lang"] == "en"
+            assert len(chunk.metadata["note"].encode()) <= MAX_FIELD_BYTES
+    assert not tool.is_error  # within tool_output_chars: no room for a result of such titles
+    assert len(tool.output) <= SidecarConfig().tool_output_chars
+    assert orjson.loads(tool.output)["truncated"] is True
