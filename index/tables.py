@@ -424,6 +424,14 @@ class PageTable(Mapping[str, str]):
     def __contains__(self, key: object) -> bool:
         return type(key) is str and self._find(key) >= 0
 
+    def size(self, key: str) -> int:
+        """The bytes of page ``key``'s text (UTF-8), from its offsets: nothing is decoded."""
+        i = self._find(key)
+        if i < 0:
+            raise KeyError(key)
+        _, ends = self._texts.parts()
+        return int(ends[i + 1] - ends[i])
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
 

@@ -265,14 +265,9 @@ class McpDoor:
             )
         try:
             call.check(pb.ReadPageRequest(knowledge_base=kb, source_path=path, source=source))
-            page = await self.pages.read(self.engine.searcher(kb), kb, path, source)
+            page = await self.pages.read(self.engine.searcher(kb), kb, path, source, offset)
         except VoxrecallError as exc:
             return self._refused(exc)
-        if offset and offset >= len(page.text):
-            return self._error(
-                INVALID_ARGUMENTS,
-                f"offset {offset} is past the page's end ({len(page.text)} characters)",
-            )
         head = {"title": page.title, "source": page.source, "path": page.source_path}
         if page.url:
             head["url"] = page.url
