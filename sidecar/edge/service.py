@@ -19,10 +19,10 @@ from index.errors import VoxrecallError
 from index.types import MetadataFilter
 from sidecar import __version__
 from sidecar.edge.lifecycle import Lifecycle
-from sidecar.edge.limits import idle_limited, utf8_size
+from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import ChunkMessages
 from sidecar.edge.status import status_for, trailers_for
-from sidecar.errors import InvalidArgument, ResourceExhausted
+from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.functions.tools import PageReader, PageText, Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -218,13 +218,17 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 result = await self.engine.turn(turn, prefetch=prefetcher)
                 if turn.speaker == Speaker.USER:
                     prefetcher.discard()  # e.g. a skipped final never took its prefetch
-                await context.write(
-                    pb.ConverseResponse(
-                        turn=turn_response(result, self._policy(turn.knowledge_base)),
-                        prefetched=result.prefetched,
-                        transcript=turn.text,
-                    )
+                answer = pb.ConverseResponse(
+                    turn=turn_response(result, self._policy(turn.knowledge_base)),
+                    prefetched=result.prefetched,
+                    transcript=turn.text,
                 )
+                try:
+                    await written_within(context.write(answer), idle_s)
+                except IdleTimeout as exc:  # abort would wait behind the answers left unread
+                    context.set_code(status_for(exc))
+                    context.set_details(str(exc))
+                    return
         finally:
             # a cancelled stream arrives here as CancelledError: nothing it started outlives it
             await prefetcher.aclose()
