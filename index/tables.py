@@ -63,6 +63,7 @@ MAX_EMBED_BYTES: Final = MAX_CHUNK_BYTES + MAX_FIELD_BYTES
 MAX_CRUMBS: Final = 16
 MAX_META_BYTES: Final = 16 * 1024
 MAX_META_STRINGS: Final = 64
+_BLOCK: Final = 1 << 16  # chunks checked at a time at open (``_oversized``)
 # the cap of each fixed field: id, path, title, text, embed text, url
 _CAPS: Final = (
     MAX_FIELD_BYTES, MAX_FIELD_BYTES, MAX_FIELD_BYTES, MAX_CHUNK_BYTES, MAX_EMBED_BYTES,
@@ -322,21 +323,28 @@ def _read(blob: memoryview, start: int, stop: int, cap: int) -> str:
 def _oversized(
     ends: npt.NDArray[np.uint64], first: npt.NDArray[np.uint64], crumbs: npt.NDArray[np.uint32]
 ) -> npt.NDArray[np.uint8] | None:
-    """1 for each chunk with a string over its cap, too many breadcrumbs, or breadcrumbs and
-    metadata over MAX_META_BYTES together (only then may one of them be over its cap); None
-    when no chunk has any. Per chunk, over the offsets alone: a few arrays of one integer a
-    chunk, for a snapshot of a million chunks."""
+    """1 for each chunk with a string over its cap, too many breadcrumbs or metadata strings,
+    or breadcrumbs and metadata over MAX_META_BYTES together (only then may one of them be over
+    its cap); None when no chunk has any. Over the offsets alone, a block of chunks at a time
+    (a few MiB of arrays whatever the snapshot's size)."""
     if crumbs.size == 0:
         return None
-    at = first[:-1]
-    over = crumbs > MAX_CRUMBS
-    for field, cap in enumerate(_CAPS):
-        spot = at + np.uint64(field)
-        over |= (ends[spot + np.uint64(1)] - ends[spot]) > cap
-    rest = ends[first[1:]] - ends[at + np.uint64(_FIXED)]
-    over |= rest > MAX_META_BYTES
-    over |= (np.diff(first) - np.uint64(_FIXED) - crumbs) > MAX_META_STRINGS
-    return over.astype(np.uint8) if bool(over.any()) else None
+    over = np.zeros(crumbs.size, dtype=np.bool_)
+    caps = np.asarray(_CAPS, dtype=np.int64)
+    steps = np.arange(_FIXED + 1, dtype=np.int64)
+    signed = ends.view(np.int64)  # offsets within a file: far below 2**63
+    for lo in range(0, crumbs.size, _BLOCK):
+        hi = min(lo + _BLOCK, crumbs.size)
+        spans = first[lo : hi + 1].view(np.int64)
+        fields = signed[spans[:-1, None] + steps]  # each fixed field's bounds
+        rest = signed[spans[1:]] - fields[:, -1]  # breadcrumbs and metadata
+        n_crumbs = crumbs[lo:hi]
+        block = over[lo:hi]
+        np.any(np.diff(fields, axis=1) > caps, axis=1, out=block)
+        block |= n_crumbs > MAX_CRUMBS
+        block |= rest > MAX_META_BYTES
+        block |= np.diff(spans) - n_crumbs > _FIXED + MAX_META_STRINGS
+    return over.view(np.uint8) if bool(over.any()) else None
 
 
 def _head(blob: memoryview, start: int, stop: int) -> str:
