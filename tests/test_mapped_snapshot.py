@@ -5,6 +5,7 @@ tests/test_snapshot_fuzz.py."""
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,14 @@ from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
 from index.errors import CorruptSnapshot
 from index.mapped import ArraysFile
-from index.snapshot import CHUNKS, DATA_FILES, load_snapshot, sha256_file
+from index.snapshot import (
+    CHUNKS,
+    DATA_FILES,
+    MAX_MANIFEST_BYTES,
+    load_snapshot,
+    read_manifest,
+    sha256_file,
+)
 from index.store import LocalStore
 from index.tables import (
     CACHE_BYTES,
@@ -211,3 +219,27 @@ def test_a_local_store_records_what_it_hashed(
     flip_a_byte(folder, CHUNKS)
     with pytest.raises(CorruptSnapshot, match="sha256"):
         LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+
+
+def test_a_pointer_or_manifest_that_is_a_fifo_or_huge_is_refused_unread(tmp_path: Path) -> None:
+    """A store's LATEST or manifest.json that is a FIFO (a read would wait for a writer for
+    ever) or far larger than one can be is refused naming it, after at most its cap + 1 bytes."""
+    store = LocalStore(tmp_path)
+    base = tmp_path / KB
+    base.mkdir()
+    os.mkfifo(base / "LATEST")
+    with pytest.raises(CorruptSnapshot, match="LATEST is not a regular file"):
+        store.latest(KB)
+    (base / "LATEST").unlink()
+    (base / "LATEST").write_bytes(b"v" * (1 << 20))
+    with pytest.raises(CorruptSnapshot, match="LATEST is over 256 bytes"):
+        store.latest(KB)
+    folder = tmp_path / "v1"
+    folder.mkdir()
+    os.mkfifo(folder / "manifest.json")
+    with pytest.raises(CorruptSnapshot, match="the manifest is not a regular file"):
+        read_manifest(folder)
+    (folder / "manifest.json").unlink()
+    (folder / "manifest.json").write_bytes(b" " * (MAX_MANIFEST_BYTES + 1))
+    with pytest.raises(CorruptSnapshot, match=f"the manifest is over {MAX_MANIFEST_BYTES} bytes"):
+        read_manifest(folder)
