@@ -49,7 +49,14 @@ from index.errors import (
     IncompleteSnapshot,
     StoreUnavailable,
 )
-from index.snapshot import MANIFEST, Manifest, fsync_dir, sha256_file, verify_snapshot
+from index.snapshot import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    fsync_dir,
+    sha256_file,
+    verify_snapshot,
+)
 from index.store import (
     LATEST,
     MAX_POINTER_BYTES,
@@ -62,7 +69,6 @@ from index.store import (
 log = logging.getLogger("voxrecall.store")
 
 PARTIAL = ".partial-"
-MAX_MANIFEST_BYTES = 4 << 20  # a manifest is a few KiB; a bigger answer is not one
 _MISSING = frozenset({404, 410})  # the file is not there (yet): a half-uploaded version
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 _T = TypeVar("_T")

@@ -25,6 +25,7 @@ import hashlib
 import math
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ PAGES = "pages.bin"
 LEXICAL = "lexical.bin"
 DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
+MAX_MANIFEST_BYTES = 4 << 20  # a manifest is a few KiB; a bigger file is not one
 # A file a build adds beside DATA_FILES (summaries, originals): listed in the manifest and checked
 # like the others; one plain name inside the folder.
 _EXTRA_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -383,9 +385,27 @@ def write_snapshot(
     return manifest
 
 
+def read_small(path: Path, cap: int, what: str) -> bytes:
+    """A small file of a store (a manifest, a pointer) read whole, at most ``cap`` bytes: one
+    that is not a regular file (a FIFO would block the read for ever, a device never end it) or
+    is larger is CorruptSnapshot naming it, and no more than ``cap + 1`` bytes are read.
+    FileNotFoundError goes on up."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer: no wait to open
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptSnapshot(f"{path}: {what} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(cap + 1)
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise CorruptSnapshot(f"{path}: {what} is over {cap} bytes, not one")
+    return data
+
+
 def read_manifest(folder: Path) -> Manifest:
     try:
-        data = (folder / MANIFEST).read_bytes()
+        data = read_small(folder / MANIFEST, MAX_MANIFEST_BYTES, "the manifest")
     except OSError as exc:
         raise CorruptSnapshot(f"{folder}: no readable {MANIFEST} ({exc.strerror})") from exc
     return Manifest.from_json(data, str(folder))

@@ -32,6 +32,7 @@ from index.snapshot import (
     Manifest,
     fsync_dir,
     read_manifest,
+    read_small,
     verify_snapshot,
     write_atomic,
 )
@@ -135,9 +136,11 @@ class LocalStore:
         """The published version id, or None when nothing is published yet."""
         pointer = self.base_dir(knowledge_base) / LATEST
         try:
-            data = pointer.read_bytes()
+            data = read_small(pointer, MAX_POINTER_BYTES, LATEST)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise CorruptSnapshot(f"{pointer}: unreadable ({exc.strerror})") from exc
         return parse_pointer(data, str(pointer))
 
     def version_dir(self, knowledge_base: str, version: str) -> Path:

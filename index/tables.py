@@ -50,6 +50,25 @@ _KEPT_OVERHEAD: Final = 768
 # that no answer, tool output or rerank request carries more of one (the whole page is
 # ReadPage's). A text of this many characters or fewer is within it whatever they are.
 _SURE_CHARS: Final = MAX_CHUNK_BYTES // 4
+# Every other string of a chunk is cut as read too, so that a snapshot holding a 5 MB title puts
+# no 5 MB in every answer: the id, path, title, URL, each breadcrumb and each metadata key and
+# value at MAX_FIELD_BYTES (PATH_MAX; a sitemap's URLs are at most 2,048 characters), the
+# embedded text at the text's cap plus one field (its "Title > H2 > H3" prefix), at most
+# MAX_CRUMBS breadcrumbs (the chunker writes the title and H1-H3), and metadata entries while
+# their strings stay within MAX_META_BYTES and MAX_META_STRINGS. A real build's chunks are far
+# within all of it; only a chunk over one of them is read the slow way (``_over``, found at open
+# in numpy over the offsets).
+MAX_FIELD_BYTES: Final = 4096
+MAX_EMBED_BYTES: Final = MAX_CHUNK_BYTES + MAX_FIELD_BYTES
+MAX_CRUMBS: Final = 16
+MAX_META_BYTES: Final = 16 * 1024
+MAX_META_STRINGS: Final = 64
+_BLOCK: Final = 1 << 16  # chunks checked at a time at open (``_oversized``)
+# the cap of each fixed field: id, path, title, text, embed text, url
+_CAPS: Final = (
+    MAX_FIELD_BYTES, MAX_FIELD_BYTES, MAX_FIELD_BYTES, MAX_CHUNK_BYTES, MAX_EMBED_BYTES,
+    MAX_FIELD_BYTES,
+)  # fmt: skip
 
 
 class ChunkTable(Sequence[Chunk]):
@@ -57,7 +76,7 @@ class ChunkTable(Sequence[Chunk]):
 
     __slots__ = (
         "_blob", "_cache", "_cached_bytes", "_crumbs", "_ends", "_first", "_meta_first", "_meta_n",
-        "_source", "_source_of", "cache_bytes", "source_names", "source_of",
+        "_over", "_source", "_source_of", "cache_bytes", "source_names", "source_of",
     )  # fmt: skip
 
     def __init__(
@@ -81,6 +100,8 @@ class ChunkTable(Sequence[Chunk]):
         self._source = list(source_names)
         self._cache: dict[int, Chunk] = {}
         self._cached_bytes = 0
+        over = _oversized(np.asarray(self._ends), first, crumbs)
+        self._over = over.data if over is not None else None  # 1: read with every cap
         # no more than every chunk decoded: a small base does not reserve what it cannot fill
         self.cache_bytes = min(CACHE_BYTES, len(self._blob) + len(crumbs) * _KEPT_OVERHEAD)
 
@@ -168,11 +189,11 @@ class ChunkTable(Sequence[Chunk]):
         if not 0 <= field < _FIXED:
             raise ValueError(f"field must be 0 to {_FIXED - 1}, got {field}")
         starts, stops = self._spans(field)
-        blob = self._blob
-        out = [str(blob[a:b], "utf-8", "replace") for a, b in zip(starts, stops, strict=True)]
-        if field == 3:  # the text, cut as a decoded chunk's is
-            return [t if len(t) <= _SURE_CHARS else _bounded(t) for t in out]
-        return out
+        blob, cap = self._blob, _CAPS[field]
+        if self._over is None:  # every string within its cap (or a text cut as a chunk's is)
+            out = [str(blob[a:b], "utf-8", "replace") for a, b in zip(starts, stops, strict=True)]
+            return [t if len(t) <= _SURE_CHARS else _bounded(t) for t in out] if field == 3 else out
+        return [_read(blob, a, b, cap) for a, b in zip(starts, stops, strict=True)]
 
     def heads(self) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
         """Every chunk's id, title, breadcrumbs and the head of its embed text (what comes
@@ -186,8 +207,8 @@ class ChunkTable(Sequence[Chunk]):
             zip(ids, titles, starts, stops, strict=True)
         ):
             at = first[i] + _FIXED
-            e = ends[at : at + crumbs[i] + 1].tolist()
-            path = tuple(str(blob[a:b], "utf-8", "replace") for a, b in itertools.pairwise(e))
+            e = ends[at : at + min(crumbs[i], MAX_CRUMBS) + 1].tolist()
+            path = tuple(_read(blob, a, b, MAX_FIELD_BYTES) for a, b in itertools.pairwise(e))
             yield chunk_id, title, path, _head(blob, start, stop)
 
     def _spans(self, field: int) -> tuple[list[int], list[int]]:
@@ -208,6 +229,8 @@ class ChunkTable(Sequence[Chunk]):
         return chunk
 
     def _decode(self, i: int) -> Chunk:
+        if self._over is not None and self._over[i]:
+            return self._decode_bounded(i)
         s = self._strings(self._ends[self._first[i] : self._first[i + 1] + 1].tolist())
         crumbs_end = _FIXED + self._crumbs[i]
         # positional, in Chunk's field order (a keyword call costs more, on every hit)
@@ -222,6 +245,37 @@ class ChunkTable(Sequence[Chunk]):
             s[5],  # url
             self._metadata(i, s, crumbs_end) if crumbs_end < len(s) else _NO_METADATA,
         )
+
+    def _decode_bounded(self, i: int) -> Chunk:
+        """Chunk ``i``, one of a string over its cap: each string read up to its cap, and no more
+        breadcrumbs or metadata than the caps allow (the strings past them are not looked at)."""
+        at, blob, crumbs = self._first[i], self._blob, self._crumbs[i]
+        e = self._ends[at : at + _FIXED + min(crumbs, MAX_CRUMBS) + 1].tolist()
+        s = [_read(blob, a, b, cap) for a, b, cap in zip(e, e[1:], _CAPS, strict=False)]
+        path = tuple(_read(blob, a, b, MAX_FIELD_BYTES) for a, b in itertools.pairwise(e[_FIXED:]))
+        return Chunk(
+            s[0], self._source[self._source_of[i]], s[1], s[2], path, s[3], s[4], s[5],
+            self._metadata_bounded(i, at + _FIXED + crumbs),
+        )  # fmt: skip
+
+    def _metadata_bounded(self, i: int, at: int) -> dict[str, MetaValue]:
+        """Chunk ``i``'s metadata entries, whose strings start at string ``at``: those of its
+        first MAX_META_STRINGS strings that fit in MAX_META_BYTES together (each string cut at
+        MAX_FIELD_BYTES)."""
+        out: dict[str, MetaValue] = {}
+        ends, budget, strings = self._ends, MAX_META_BYTES, MAX_META_STRINGS
+        for n in self._meta_n[self._meta_first[i] : self._meta_first[i + 1]]:
+            width = 2 if n == _STRING else 1 + n
+            if width > strings:
+                break
+            size = ends[at + width] - ends[at]
+            if size <= budget:  # else left out, and the entries after it still looked at
+                e = ends[at : at + width + 1].tolist()
+                s = [_read(self._blob, a, b, MAX_FIELD_BYTES) for a, b in itertools.pairwise(e)]
+                out[s[0]] = s[1] if n == _STRING else tuple(s[1:])
+                budget -= size
+            at, strings = at + width, strings - width
+        return out
 
     def _strings(self, ends: list[int]) -> list[str]:
         """The strings between consecutive ``ends``: the span decoded at once and cut where it is
@@ -247,12 +301,50 @@ class ChunkTable(Sequence[Chunk]):
         return out
 
 
-def _bounded(text: str) -> str:
-    """``text`` within MAX_CHUNK_BYTES (UTF-8), cut at a character when over."""
+def _bounded(text: str, cap: int = MAX_CHUNK_BYTES) -> str:
+    """``text`` within ``cap`` bytes (UTF-8), cut at a character when over."""
     data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= MAX_CHUNK_BYTES:
+    if len(data) <= cap:
         return text
-    return data[:MAX_CHUNK_BYTES].decode("utf-8", "ignore")
+    return data[:cap].decode("utf-8", "ignore")
+
+
+def _read(blob: memoryview, start: int, stop: int, cap: int) -> str:
+    """The string at ``blob[start:stop]``, at most ``cap`` bytes of UTF-8: no more than ``cap``
+    bytes of it are decoded (a replaced byte may decode longer, so the result is cut again)."""
+    if stop - start > cap:
+        stop = start + cap
+        while stop > start + cap - 3 and blob[stop] & 0xC0 == 0x80:  # inside a character
+            stop -= 1
+    text = str(blob[start:stop], "utf-8", "replace")
+    return text if len(text) <= cap // 4 else _bounded(text, cap)
+
+
+def _oversized(
+    ends: npt.NDArray[np.uint64], first: npt.NDArray[np.uint64], crumbs: npt.NDArray[np.uint32]
+) -> npt.NDArray[np.uint8] | None:
+    """1 for each chunk with a string over its cap, too many breadcrumbs or metadata strings,
+    or breadcrumbs and metadata over MAX_META_BYTES together (only then may one of them be over
+    its cap); None when no chunk has any. Over the offsets alone, a block of chunks at a time
+    (a few MiB of arrays whatever the snapshot's size)."""
+    if crumbs.size == 0:
+        return None
+    over = np.zeros(crumbs.size, dtype=np.bool_)
+    caps = np.asarray(_CAPS, dtype=np.int64)
+    steps = np.arange(_FIXED + 1, dtype=np.int64)
+    signed = ends.view(np.int64)  # offsets within a file: far below 2**63
+    for lo in range(0, crumbs.size, _BLOCK):
+        hi = min(lo + _BLOCK, crumbs.size)
+        spans = first[lo : hi + 1].view(np.int64)
+        fields = signed[spans[:-1, None] + steps]  # each fixed field's bounds
+        rest = signed[spans[1:]] - fields[:, -1]  # breadcrumbs and metadata
+        n_crumbs = crumbs[lo:hi]
+        block = over[lo:hi]
+        np.any(np.diff(fields, axis=1) > caps, axis=1, out=block)
+        block |= n_crumbs > MAX_CRUMBS
+        block |= rest > MAX_META_BYTES
+        block |= np.diff(spans) - n_crumbs > _FIXED + MAX_META_STRINGS
+    return over.view(np.uint8) if bool(over.any()) else None
 
 
 def _head(blob: memoryview, start: int, stop: int) -> str:
@@ -261,7 +353,7 @@ def _head(blob: memoryview, start: int, stop: int) -> str:
     cut = bytes(blob[start : min(stop, start + _HEAD_BYTES)])
     at = cut.find(b"\n\n")
     if at < 0 and stop > start + _HEAD_BYTES:
-        cut = bytes(blob[start:stop])
+        cut = bytes(blob[start : min(stop, start + MAX_EMBED_BYTES)])
         at = cut.find(b"\n\n")
     return str(cut[:at], "utf-8", "replace") if at > 0 else ""
 
@@ -339,6 +431,14 @@ class PageTable(Mapping[str, str]):
 
     def __contains__(self, key: object) -> bool:
         return type(key) is str and self._find(key) >= 0
+
+    def size(self, key: str) -> int:
+        """The bytes of page ``key``'s text (UTF-8), from its offsets: nothing is decoded."""
+        i = self._find(key)
+        if i < 0:
+            raise KeyError(key)
+        _, ends = self._texts.parts()
+        return int(ends[i + 1] - ends[i])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)

@@ -5,6 +5,7 @@ Every chunk id starts with the version id, so a test can tell which snapshot ser
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 from collections.abc import Callable
@@ -62,26 +63,33 @@ def write_version(
     point: bool = True,
     source: str = "faq",
     chunk_pad: int = 0,
+    field_pad: int = 0,
 ) -> Path:
     """Write a snapshot of ``topic`` into ``root`` as ``version``, its chunks in ``source``;
     ``damage`` runs on the folder before LATEST is written; ``point=False`` uploads the folder
     without moving LATEST. ``chunk_pad`` words are added to each chunk's text (not to what
-    is embedded): a snapshot built before the chunker's cap held chunks that large."""
+    is embedded): a snapshot built before the chunker's cap held chunks that large.
+    ``field_pad`` characters are added to each chunk's title, breadcrumb, URL, embedded text and
+    a metadata value (a hostile snapshot; embedded without them)."""
     texts = TOPICS[topic]
+    pad = "x" * field_pad
     chunks = [
         Chunk(
             chunk_id=f"{version}-{i}",
             source=source,
             source_path=f"{topic}.md",
-            title=topic.title(),
-            breadcrumbs=(topic.title(),),
+            title=topic.title() + pad,
+            breadcrumbs=(topic.title() + pad,),
             text=text + " filler" * chunk_pad,
             embed_text=f"{topic.title()}\n{text}",
-            metadata={"lang": "en", "tags": (topic, "help")},
+            url=f"https://example.com/{topic}{pad}" if pad else "",
+            metadata={"lang": "en", "tags": (topic, "help"), **({"note": pad} if pad else {})},
         )
         for i, text in enumerate(texts)
     ]
     vectors = embedder.embed_batch([c.embed_text for c in chunks])
+    if pad:
+        chunks = [dataclasses.replace(c, embed_text=c.embed_text + pad) for c in chunks]
     store = LocalStore(root)
     staging = store.staging_dir(kb)
     write_snapshot(

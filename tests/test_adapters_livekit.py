@@ -22,8 +22,11 @@ from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.livekit import (
     KNOWLEDGE_ID,
     LiveKitKnowledge,
+    knowledge_tool,
     knowledge_tools,
 )
+from sidecar.edge.limits import MAX_ARGUMENTS_BYTES
+from sidecar.gen import retrieval_pb2 as pb
 from tests.adapters import knowledge_sidecar_fixture  # noqa: F401
 
 INSTALL = "What alternative ways are there to install Windows Terminal?"
@@ -134,3 +137,33 @@ async def test_knowledge_tool_runs_through_livekits_function_executor(
         assert body["error"]["type"] == "invalid_arguments"
     else:
         assert "install.md" in [r["path"] for r in body["results"]]
+
+
+@pytest.mark.parametrize("size", [100 * 1024, 5 * 1024 * 1024], ids=["100KiB", "5MiB"])
+async def test_over_large_arguments_are_refused_unsent_as_the_sidecar_would(size: int) -> None:
+    """Arguments over MAX_ARGUMENTS_BYTES: the model gets the sidecar's own refusal with the
+    limit in bytes, and nothing is sent (this client reaches no sidecar)."""
+    tool = pb.Tool(
+        name="knowledge_search",
+        description="Search.",
+        realtime_json=orjson.dumps(
+            {"name": "knowledge_search", "description": "Search.", "parameters": {"type": "object"}}
+        ).decode(),
+    )
+    async with Voxrecall("127.0.0.1:9", tool_timeout_s=0.5) as absent:  # nothing listens on 9
+        tools = [knowledge_tool(absent, tool)]
+        result = await llm.execute_function_call(
+            llm.FunctionToolCall(
+                name="knowledge_search",
+                arguments=orjson.dumps({"query": "x" * size}).decode(),
+                call_id="call_10",
+            ),
+            llm.ToolContext(tools),
+            call_ctx=run_context(AgentSession(), "knowledge_search", "call_10"),
+        )
+    out = result.fnc_call_out
+    assert out is not None
+    assert out.is_error
+    error = orjson.loads(out.output)["error"]
+    assert error["type"] == "invalid_arguments"
+    assert f"the limit is {MAX_ARGUMENTS_BYTES}" in error["message"]

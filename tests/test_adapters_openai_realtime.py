@@ -170,3 +170,19 @@ async def test_over_large_arguments_are_said_to_be_too_large(vr: Voxrecall, size
     assert error["type"] == "invalid_arguments"
     assert f"the limit is {MAX_ARGUMENTS_BYTES}" in error["message"]
     assert sent[-1] == [{"type": "response.create"}]
+
+
+async def test_a_call_the_sidecar_refuses_gets_its_code_and_message_not_unavailable(
+    vr: Voxrecall,
+) -> None:
+    """A call id over the sidecar's 256 characters is refused INVALID_ARGUMENT: the model reads
+    that code and the sidecar's message (as on MCP), not "the knowledge base did not answer"."""
+    bridge = await RealtimeToolBridge.create(vr)
+    call_id = "c" * 300
+    arguments = '{"query": "install"}'
+    sent = await replay(
+        bridge, function_call_turn("resp_7", "knowledge_search", call_id, arguments)
+    )
+    item = next(e for out in sent for e in out if e["type"] == "conversation.item.create")["item"]
+    error = orjson.loads(item["output"])["error"]
+    assert error == {"type": "invalid_argument", "message": "call_id is longer than 256 characters"}

@@ -37,9 +37,11 @@ with warnings.catch_warnings():
     from sidecar.adapters.client import KNOWLEDGE_HEADER, Voxrecall
     from sidecar.adapters.pipecat import (
         VoxrecallRetrieval,
+        knowledge_function,
         register_knowledge_functions,
         replace_knowledge,
     )
+    from sidecar.edge.limits import MAX_ARGUMENTS_BYTES
     from tests.adapters import knowledge_sidecar_fixture  # noqa: F401
 
 
@@ -195,3 +197,19 @@ async def test_knowledge_search_calls_are_served_through_invoke_tool(
         assert "install.md" in [r["path"] for r in result.result["results"]]
     assert any(isinstance(f, FunctionCallsStartedFrame) for f in down)
     assert any(isinstance(f, FunctionCallInProgressFrame) for f in down)
+
+
+@pytest.mark.parametrize("size", [100 * 1024, 5 * 1024 * 1024], ids=["100KiB", "5MiB"])
+async def test_over_large_arguments_are_refused_unsent_as_the_sidecar_would(size: int) -> None:
+    """Arguments over MAX_ARGUMENTS_BYTES get the sidecar's own refusal, with the limit in
+    bytes, and are never sent: the client here reaches no sidecar, yet the model is told to
+    shorten them, not that the knowledge base is down."""
+    context = LLMContext()
+    arguments = {"query": "x" * size}
+    llm = ScriptedLLM(FunctionCallFromLLM("knowledge_search", "call_2", arguments, context))
+    async with Voxrecall("127.0.0.1:9", tool_timeout_s=0.5) as absent:  # nothing listens on 9
+        llm.register_function("knowledge_search", knowledge_function(absent))
+        down, _ = await run_test(llm, frames_to_send=[LLMContextFrame(context)])
+    (result,) = [f for f in down if isinstance(f, FunctionCallResultFrame)]
+    assert result.result["error"]["type"] == "invalid_arguments"
+    assert f"the limit is {MAX_ARGUMENTS_BYTES}" in result.result["error"]["message"]

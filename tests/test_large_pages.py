@@ -23,7 +23,12 @@ from mcp.client.streamable_http import streamable_http_client
 
 from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
+from index.tables import MAX_FIELD_BYTES
+from sidecar.config import SidecarConfig
 from sidecar.edge.server import Sidecar, create_server
+from sidecar.edge.service import PAGE_FRAMING_BYTES, page_part
+from sidecar.functions import tools
+from sidecar.functions.tools import PageText
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http.mcp import page_output
@@ -97,6 +102,76 @@ async def test_a_page_over_the_message_limit_is_refused_with_its_size_and_what_t
     assert "page 'password.md' is" in details
     assert f"the limit is {MESSAGE_BYTES} bytes ([sidecar] max_message_bytes)" in details
     assert "source_paths" in details  # what to do instead
+    assert "set offset" in details
+
+
+async def test_grpc_read_page_with_an_offset_answers_in_parts_within_the_message_limit(
+    sidecar: Sidecar,
+) -> None:
+    """The page over max_message_bytes, read with offset set: each answer within the limit, cut
+    between characters, the parts together the page; past its end INVALID_ARGUMENT naming it."""
+    page = " ".join(TOPICS["password"]) + " " * PAGE_PAD
+    read, offset, parts = "", 0, 0
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        while True:
+            answer = await stub.ReadPage(
+                pb.ReadPageRequest(source_path="password.md", offset=offset), timeout=30
+            )
+            assert answer.ByteSize() <= MESSAGE_BYTES
+            assert answer.source_path == "password.md"
+            read += answer.text
+            parts += 1
+            if not answer.truncated:
+                assert answer.next_offset == 0
+                break
+            assert answer.next_offset == offset + len(answer.text)
+            offset = answer.next_offset
+        assert read == page
+        assert parts == 2  # 100 KB in 64 KiB answers
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ReadPage(
+                pb.ReadPageRequest(source_path="password.md", offset=len(page)), timeout=30
+            )
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert f"offset {len(page)} is past the page's end" in str(caught.value.details())
+
+
+async def test_a_page_over_the_read_cap_is_refused_with_its_size_on_both_doors(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page over MAX_PAGE_BYTES (32 MiB; 1,000 bytes here) is never decoded: gRPC answers
+    RESOURCE_EXHAUSTED with its size, MCP a tool error saying the same."""
+    monkeypatch.setattr(tools, "MAX_PAGE_BYTES", 1000)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ReadPage(pb.ReadPageRequest(source_path="password.md", offset=0))
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "pages are read up to 1000 bytes" in str(caught.value.details())
+    async with mcp_session(sidecar) as session:
+        result = await session.call_tool("read_page", {"source_path": "password.md"})
+    assert result.is_error
+    error = orjson.loads(result.content[0].text)["error"]  # type: ignore[union-attr]
+    assert error["type"] == "resource_exhausted"
+    assert "pages are read up to 1000 bytes" in error["message"]
+    assert sidecar.http is not None
+    assert sidecar.http.mcp.pages.decoded == 0
+
+
+def test_a_grpc_page_part_is_cut_between_wide_characters() -> None:
+    """Characters of 2 to 4 bytes: each part within the room, and the parts are the page."""
+    text = "café 日本語 🎙️ " * 500
+    page = PageText(title="T", text=text, source="faq", source_path="q.md", url="")
+    limit = PAGE_FRAMING_BYTES + 1000
+    read, offset = "", 0
+    while True:
+        part, more = page_part(page, "v1", offset, limit)
+        assert 0 < len(part.encode()) <= 1000 - len("Tfaqq.mdv1")
+        read, offset = read + part, offset + len(part)
+        if not more:
+            break
+    assert read == text
 
 
 async def test_mcp_read_page_answers_in_parts_within_tool_output_chars(sidecar: Sidecar) -> None:
@@ -119,6 +194,8 @@ async def test_mcp_read_page_answers_in_parts_within_tool_output_chars(sidecar: 
             offset = body["next_offset"]
         assert read == page  # every part, in order, and nothing lost between them
         assert parts > len(page) // OUTPUT_CHARS
+        assert sidecar.http is not None
+        assert sidecar.http.mcp.pages.decoded == 1  # the page decoded once, not once a part
 
         for bad in (-1, "5", 1.5, True, False, "", 10**30):  # each a tool error naming it
             wrong = await session.call_tool(
@@ -189,3 +266,42 @@ async def test_a_huge_chunk_of_an_old_snapshot_is_answered_cut_to_the_chunk_cap(
     assert not tool.is_error
     assert len(tool.output) <= OUTPUT_CHARS
     assert orjson.loads(tool.output)["results"]
+
+
+# -- a hostile snapshot's huge titles, breadcrumbs, URLs and metadata -----------------------------
+
+FIELD_PAD = 2_000_000  # characters added to each chunk's title, breadcrumb, URL, embedded text...
+
+
+async def test_a_snapshot_with_huge_titles_and_urls_answers_with_them_cut(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """Three chunks each with a 2 MB title, breadcrumb, URL, embedded text and metadata value
+    (6 MB of them in one answer, over the 4 MiB message limit): the snapshot is served, and
+    Search, Turn and a tool call answer with each string cut to its cap (MAX_FIELD_BYTES)."""
+    question = "How do I reset my password?"
+    async with (
+        serving(tmp_path, local_embedder, {"field_pad": FIELD_PAD}) as sc,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel,
+    ):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        found = await stub.Search(pb.SearchRequest(query=question, limit=3), timeout=60)
+        turn = await stub.Turn(
+            pb.TurnRequest(session_id="s", text=question, is_final=True), timeout=60
+        )
+        tool = await stub.InvokeTool(
+            pb.InvokeToolRequest(name="search_faq", arguments_json='{"query": "password"}'),
+            timeout=60,
+        )
+    for chunks in (found.chunks, turn.chunks, turn.context):
+        assert len(chunks) == 3
+        for chunk in chunks:
+            assert chunk.title.startswith("Passwordxx")
+            assert MAX_FIELD_BYTES - 8 < len(chunk.title.encode()) <= MAX_FIELD_BYTES
+            assert len(chunk.url.encode()) <= MAX_FIELD_BYTES
+            assert [len(c.encode()) <= MAX_FIELD_BYTES for c in chunk.breadcrumbs] == [True]
+            assert chunk.metadata["lang"] == "en"
+            assert len(chunk.metadata["note"].encode()) <= MAX_FIELD_BYTES
+    assert not tool.is_error  # within tool_output_chars: no room for a result of such titles
+    assert len(tool.output) <= SidecarConfig().tool_output_chars
+    assert orjson.loads(tool.output)["truncated"] is True

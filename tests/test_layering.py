@@ -14,7 +14,7 @@ import pytest
 import index
 from index.errors import EmbedderError, SnapshotError, SnapshotNotFound, VoxrecallError
 from sidecar import errors
-from sidecar.edge.status import code_of_http_status, http_status_for, status_for
+from sidecar.edge.status import code_of_http_status, http_status_for, status_for, tool_error_type
 
 
 def _loaded_after(imports: str, prefix: str) -> list[str]:
@@ -71,3 +71,21 @@ def test_an_http_status_reads_back_as_the_code_of_its_row() -> None:
     assert code_of_http_status(418) is grpc.StatusCode.INVALID_ARGUMENT
     assert code_of_http_status(500) is grpc.StatusCode.INTERNAL
     assert code_of_http_status(502) is grpc.StatusCode.INTERNAL
+
+
+@pytest.mark.parametrize(
+    ("code", "type_"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument"),
+        (grpc.StatusCode.NOT_FOUND, "not_found"),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "resource_exhausted"),
+        (grpc.StatusCode.UNAVAILABLE, "unavailable"),
+        (grpc.StatusCode.UNAUTHENTICATED, "unavailable"),
+        (grpc.StatusCode.INTERNAL, "unavailable"),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "unavailable"),
+    ],
+)
+def test_a_refused_tool_call_names_only_a_code_the_model_can_act_on(
+    code: grpc.StatusCode, type_: str
+) -> None:
+    assert tool_error_type(code) == type_

@@ -4,18 +4,38 @@ tests/test_snapshot_fuzz.py."""
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import index.snapshot
+from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
 from index.errors import CorruptSnapshot
 from index.mapped import ArraysFile
-from index.snapshot import CHUNKS, DATA_FILES, load_snapshot, sha256_file
+from index.snapshot import (
+    CHUNKS,
+    DATA_FILES,
+    MAX_MANIFEST_BYTES,
+    load_snapshot,
+    read_manifest,
+    sha256_file,
+)
 from index.store import LocalStore
-from index.tables import CACHE_BYTES, CHUNKS_KIND, ChunkTable, PageTable
+from index.tables import (
+    CACHE_BYTES,
+    CHUNKS_KIND,
+    MAX_CRUMBS,
+    MAX_EMBED_BYTES,
+    MAX_FIELD_BYTES,
+    MAX_META_BYTES,
+    MAX_META_STRINGS,
+    ChunkTable,
+    PageTable,
+)
 from index.types import Chunk
 from tests.snapshot_kit import KB, flip_a_byte, version_id, write_version
 
@@ -106,6 +126,55 @@ def test_a_changed_text_byte_reads_with_a_replacement_not_an_error(tmp_path: Pat
     assert chunk.text == CHUNKS_IN[0].text
 
 
+BIG = 5_000_000  # bytes of each hostile field: 5 MB in every answer, were it not cut
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode())
+
+
+def test_a_hostile_chunks_huge_fields_are_cut_as_read_and_its_neighbours_untouched(
+    tmp_path: Path,
+) -> None:
+    """A snapshot (checksummed, so published as it is) with a 5 MB title, URL, breadcrumb,
+    embedded text and metadata value, and a thousand breadcrumbs and metadata entries: each
+    string is read cut at its cap (at a character: "é" is two bytes), the lists cut in count,
+    and the chunks beside it read as written, by ``[i]``, a scan, a column and the heads."""
+    huge = "é" * (BIG // 2)
+    hostile = Chunk(
+        "h", "faq", "h.md", "T" + huge, ("C" + huge, *(f"c{i}" for i in range(1000))),
+        "short text", "E" + huge, "https://x/" + huge,
+        {"big": "V" + huge, **{f"k{i}": "v" for i in range(1000)}},
+    )  # fmt: skip
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump([CHUNKS_IN[0], hostile, CHUNKS_IN[2]]))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    for chunk in (table[1], next(itertools.islice(table, 1, None))):
+        assert chunk.title.startswith("Té")
+        assert _utf8(chunk.title) > MAX_FIELD_BYTES - 4
+        assert _utf8(chunk.title) <= MAX_FIELD_BYTES
+        assert not chunk.title.endswith("\ufffd")
+        assert chunk.url.startswith("https://x/é")
+        assert _utf8(chunk.url) <= MAX_FIELD_BYTES
+        assert MAX_CHUNK_BYTES < _utf8(chunk.embed_text) <= MAX_EMBED_BYTES
+        assert len(chunk.breadcrumbs) == MAX_CRUMBS
+        assert all(_utf8(crumb) <= MAX_FIELD_BYTES for crumb in chunk.breadcrumbs)
+        assert chunk.breadcrumbs[0].startswith("Cé")
+        assert chunk.breadcrumbs[1] == "c0"
+        assert chunk.text == "short text"
+        strings = [k for k in chunk.metadata] + [str(v) for v in chunk.metadata.values()]
+        assert 0 < len(strings) <= MAX_META_STRINGS
+        assert sum(_utf8(t) for t in strings) <= MAX_META_BYTES  # the 5 MB value is left out
+        assert "big" not in chunk.metadata
+        assert chunk.metadata["k0"] == "v"
+    assert [table[0], table[2]] == [CHUNKS_IN[0], CHUNKS_IN[2]]
+    for field in range(6):
+        assert all(_utf8(t) <= MAX_EMBED_BYTES for t in table.column(field))
+    head = list(table.heads())[1]
+    assert _utf8(head[1]) <= MAX_FIELD_BYTES
+    assert len(head[2]) == MAX_CRUMBS
+    assert next(iter(table.heads()))[1:3] == (CHUNKS_IN[0].title, CHUNKS_IN[0].breadcrumbs)
+
+
 def test_an_empty_or_foreign_file_is_refused_by_kind(tmp_path: Path) -> None:
     (tmp_path / "empty").write_bytes(b"")
     with pytest.raises(ValueError, match="empty"):
@@ -150,3 +219,27 @@ def test_a_local_store_records_what_it_hashed(
     flip_a_byte(folder, CHUNKS)
     with pytest.raises(CorruptSnapshot, match="sha256"):
         LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+
+
+def test_a_pointer_or_manifest_that_is_a_fifo_or_huge_is_refused_unread(tmp_path: Path) -> None:
+    """A store's LATEST or manifest.json that is a FIFO (a read would wait for a writer for
+    ever) or far larger than one can be is refused naming it, after at most its cap + 1 bytes."""
+    store = LocalStore(tmp_path)
+    base = tmp_path / KB
+    base.mkdir()
+    os.mkfifo(base / "LATEST")
+    with pytest.raises(CorruptSnapshot, match="LATEST is not a regular file"):
+        store.latest(KB)
+    (base / "LATEST").unlink()
+    (base / "LATEST").write_bytes(b"v" * (1 << 20))
+    with pytest.raises(CorruptSnapshot, match="LATEST is over 256 bytes"):
+        store.latest(KB)
+    folder = tmp_path / "v1"
+    folder.mkdir()
+    os.mkfifo(folder / "manifest.json")
+    with pytest.raises(CorruptSnapshot, match="the manifest is not a regular file"):
+        read_manifest(folder)
+    (folder / "manifest.json").unlink()
+    (folder / "manifest.json").write_bytes(b" " * (MAX_MANIFEST_BYTES + 1))
+    with pytest.raises(CorruptSnapshot, match=f"the manifest is over {MAX_MANIFEST_BYTES} bytes"):
+        read_manifest(folder)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import threading
 import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -56,9 +57,8 @@ def _free_ports(count: int) -> int:
 class Supervisor(ServeProcess):
     """``voxrecall serve`` with workers = 2 on free ports."""
 
-    def __init__(self, root: Path) -> None:
-        self.port = _free_ports(1)
-        self.metrics = _free_ports(2)
+    def __init__(self, root: Path, ports: tuple[int, int]) -> None:
+        self.port, self.metrics = ports  # the listen port; the first of two metrics ports
         config = root / "voxrecall.toml"
         config.write_text(
             toml_config(
@@ -92,10 +92,39 @@ class Supervisor(ServeProcess):
                 time.sleep(0.1)
 
 
+# ``voxrecall serve`` needs fixed ports (workers share one, and worker i serves metrics on the
+# metrics port + i), so they are probed free and bound later, by the child: another process may
+# take one in between. A start that fails on a bind is tried again on fresh ports.
+START_TRIES = 3
+_BIND_FAILED = re.compile(r"(?i)address already in use|failed to bind|errno 98")
+
+
+def fresh_ports() -> tuple[int, int]:
+    return _free_ports(1), _free_ports(2)
+
+
+def start_supervisor(root: Path, ports: Callable[[], tuple[int, int]] = fresh_ports) -> Supervisor:
+    """A supervisor whose workers both serve; started again on fresh ``ports()`` when a port it
+    was given was taken before it could bind it (any other failure fails at once)."""
+    for _ in range(START_TRIES - 1):
+        started = Supervisor(root, ports())
+        try:
+            started.wait_serving()
+        except AssertionError:
+            started.stop()
+            if not _BIND_FAILED.search(started.log()):
+                raise
+            continue
+        return started
+    started = Supervisor(root, ports())
+    started.wait_serving()
+    return started
+
+
 @pytest.fixture
 def supervisor(tmp_path: Path, local_embedder: Embedder) -> Iterator[Supervisor]:
     build_store(tmp_path, local_embedder)
-    started = Supervisor(tmp_path)
+    started = start_supervisor(tmp_path)
     yield started
     started.stop()
     for pid in started.worker_pids():
@@ -169,6 +198,24 @@ async def test_killing_the_supervisor_drains_its_workers(supervisor: Supervisor)
     while any(_alive(pid) for pid in pids):
         assert time.monotonic() < deadline, "a worker outlived its supervisor"
         await asyncio.sleep(0.05)
+
+
+def test_a_start_whose_port_was_taken_is_tried_again_on_fresh_ports(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """The race made certain: the first metrics port "probed free" is held by another socket;
+    the first start fails on its bind, the second gets fresh ports and serves."""
+    build_store(tmp_path, local_embedder)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: a connection to it is refused
+        held = int(taken.getsockname()[1])
+        given = iter([(_free_ports(1), held)])  # a free listen port, the taken metrics port
+        started = start_supervisor(tmp_path, lambda: next(given, None) or fresh_ports())
+        try:
+            assert started.metrics != held
+            assert value(scrape(started.metrics), "voxrecall_state", state="serving") == 1
+        finally:
+            started.stop()
 
 
 def test_workers_need_fixed_ports(tmp_path: Path) -> None:

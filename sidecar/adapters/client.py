@@ -3,7 +3,10 @@
 ``Voxrecall`` wraps the ``Retrieval`` stub over a ``sidecar.connection.Connection`` (target, token,
 TLS: the ``VOXRECALL_*`` variables, read by the agent's entry point); ``TurnStream`` is one call's ``Converse`` stream, where
 interim transcripts go ahead so the server can prefetch, and each final transcript waits for its
-answer. ``knowledge_text`` renders chunks as the message an LLM context takes.
+answer. ``knowledge_text`` renders chunks as the message an LLM context takes. ``call_tool`` is
+the one way every adapter runs a model's knowledge function call: arguments over the sidecar's
+limit are answered here (never sent), and a refused call becomes the error output the sidecar's
+own tool path gives a model.
 """
 
 from __future__ import annotations
@@ -11,11 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import orjson
 
 from sidecar.connection import DEFAULT_TARGET, Connection, open_channel
+from sidecar.edge.limits import MAX_ARGUMENTS_BYTES, arguments_too_large, utf8_size
+from sidecar.edge.status import UNAVAILABLE_TYPE, tool_error_type
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
@@ -41,6 +48,49 @@ def knowledge_text(chunks: Sequence[pb.Chunk]) -> str:
         where = " > ".join(chunk.breadcrumbs) or chunk.title
         parts.append(f"[{i}] {where} ({chunk.source}:{chunk.source_path})\n{chunk.text.strip()}")
     return "\n\n".join(parts)
+
+
+INVALID_ARGUMENTS = "invalid_arguments"  # the type the sidecar gives arguments it refuses
+DID_NOT_ANSWER = (
+    "the knowledge base did not answer; tell the caller you cannot look it up right now"
+)
+
+
+def error_output(type_: str, message: str) -> str:
+    """An error output, shaped as the sidecar's (``sidecar.functions.tools.error_output``)."""
+    return orjson.dumps({"error": {"type": type_, "message": message}}).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    output: str  # what the model reads: results, or {"error": {"type", "message"}}
+    is_error: bool
+
+
+async def call_tool(
+    client: Voxrecall, name: str, arguments_json: str, *, session_id: str = "", call_id: str = ""
+) -> ToolOutput:
+    """A model's call of knowledge function ``name`` through ``InvokeTool``, as the output the
+    model reads. Arguments over ``MAX_ARGUMENTS_BYTES`` get the sidecar's own refusal, unsent
+    (past its message limit gRPC would refuse them with a status the model could not act on);
+    a call refused INVALID_ARGUMENT, NOT_FOUND or RESOURCE_EXHAUSTED gets its code and message
+    (``sidecar.edge.status.tool_error_type``, as on MCP); any other failure, "unavailable"."""
+    size = utf8_size(arguments_json, MAX_ARGUMENTS_BYTES)
+    if size > MAX_ARGUMENTS_BYTES:
+        return ToolOutput(error_output(INVALID_ARGUMENTS, arguments_too_large(size)), True)
+    try:
+        resp = await client.invoke_tool(
+            name, arguments_json, session_id=session_id, call_id=call_id
+        )
+    except grpc.aio.AioRpcError as exc:
+        log.warning("%s failed: %s %s", name, exc.code().name, exc.details())
+        type_ = tool_error_type(exc.code())
+        message = (exc.details() or DID_NOT_ANSWER) if type_ != UNAVAILABLE_TYPE else DID_NOT_ANSWER
+        return ToolOutput(error_output(type_, message), True)
+    except TimeoutError:
+        log.warning("%s failed: no answer in time", name)
+        return ToolOutput(error_output(UNAVAILABLE_TYPE, DID_NOT_ANSWER), True)
+    return ToolOutput(resp.output, resp.is_error)
 
 
 def is_knowledge(text: object) -> bool:

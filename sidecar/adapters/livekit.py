@@ -31,7 +31,7 @@ from livekit.agents import Agent, AgentSession, ChatContext, ChatMessage, RunCon
 from livekit.agents.llm import ChatRole, RawFunctionTool, function_tool
 from livekit.agents.voice.events import UserInputTranscribedEvent
 
-from sidecar.adapters.client import Voxrecall, knowledge_text
+from sidecar.adapters.client import Voxrecall, call_tool, knowledge_text
 from sidecar.gen import retrieval_pb2 as pb
 
 log = logging.getLogger("voxrecall.adapters.livekit")
@@ -144,25 +144,23 @@ def knowledge_tool(
 ) -> RawFunctionTool[..., Any]:
     """A LiveKit ``function_tool`` for one knowledge function, served through ``InvokeTool``.
 
-    Its schema is the sidecar's own; an error output (bad arguments, say) is raised as
-    ``ToolError``, which LiveKit hands the model as an error it can recover from.
+    Its schema is the sidecar's own; an error output (bad arguments, say, or too large to send:
+    ``call_tool``) is raised as ``ToolError``, which LiveKit hands the model as an error it can
+    recover from.
     """
     definition = orjson.loads(tool.realtime_json)
 
     async def call(raw_arguments: dict[str, object], context: RunContext[Any]) -> str:
-        try:
-            resp = await client.invoke_tool(
-                tool.name,
-                json.dumps(raw_arguments),
-                session_id=session_id,
-                call_id=context.function_call.call_id,
-            )
-        except (grpc.aio.AioRpcError, TimeoutError) as exc:
-            log.warning("%s failed: %s", tool.name, exc)
-            raise ToolError("the knowledge base did not answer; try again later") from exc
-        if resp.is_error:
-            raise ToolError(resp.output)
-        return resp.output
+        out = await call_tool(
+            client,
+            tool.name,
+            json.dumps(raw_arguments),
+            session_id=session_id,
+            call_id=context.function_call.call_id,
+        )
+        if out.is_error:
+            raise ToolError(out.output)
+        return out.output
 
     return function_tool(
         call,

@@ -6,9 +6,10 @@ back the client events it returns. For a ``function_call`` of a knowledge functi
 returns a ``conversation.item.create`` holding the ``function_call_output``; at that response's
 ``response.done`` it returns the ``response.create`` that lets the model speak the answer (sent
 earlier, it would collide with the response still in progress). Other events, and calls of
-functions that are not voxrecall's, return nothing. Arguments over the sidecar's limit
-(``MAX_ARGUMENTS_BYTES``) are answered here, as the error output the sidecar would give, and
-never sent. Needs no extra: only the core client.
+functions that are not voxrecall's, return nothing. Each call runs through
+``sidecar.adapters.client.call_tool``: arguments over the sidecar's limit are answered with its
+own refusal, never sent, and a refused call is an error output the model can act on. Needs no
+extra: only the core client.
 
     bridge = await RealtimeToolBridge.create(Voxrecall(), session_id=call_id)
     await ws.send(json.dumps(bridge.session_update()))
@@ -24,28 +25,14 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import grpc
 import orjson
 
-from sidecar.adapters.client import Voxrecall
-from sidecar.edge.limits import MAX_ARGUMENTS_BYTES, arguments_too_large, utf8_size
+from sidecar.adapters.client import Voxrecall, call_tool
 from sidecar.gen import retrieval_pb2 as pb
 
 log = logging.getLogger("voxrecall.adapters.openai_realtime")
 
 CALLS_REMEMBERED = 256  # call ids answered, so the second event of the same call is ignored
-INVALID_ARGUMENTS = "invalid_arguments"
-
-
-def _error(type_: str, message: str) -> str:
-    """An error output, shaped as the sidecar's (``sidecar.functions.tools.error_output``)."""
-    return orjson.dumps({"error": {"type": type_, "message": message}}).decode()
-
-
-UNAVAILABLE = _error(
-    "unavailable",
-    "the knowledge base did not answer; tell the caller you cannot look it up right now",
-)
 
 
 class RealtimeToolBridge:
@@ -102,17 +89,10 @@ class RealtimeToolBridge:
         ]
 
     async def _invoke(self, name: str, arguments: str, call_id: str) -> str:
-        size = utf8_size(arguments, MAX_ARGUMENTS_BYTES)
-        if size > MAX_ARGUMENTS_BYTES:  # the sidecar refuses them; past its message limit, gRPC
-            return _error(INVALID_ARGUMENTS, arguments_too_large(size))
-        try:
-            resp = await self.client.invoke_tool(
-                name, arguments, session_id=self.session_id, call_id=call_id
-            )
-        except (grpc.aio.AioRpcError, TimeoutError) as exc:
-            log.warning("%s failed: %s", name, exc)
-            return UNAVAILABLE
-        return resp.output
+        out = await call_tool(
+            self.client, name, arguments, session_id=self.session_id, call_id=call_id
+        )
+        return out.output
 
 
 def _function_call(event: Mapping[str, Any]) -> tuple[str, str, str] | None:

@@ -36,7 +36,7 @@ from pipecat.frames.frames import (
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
-from sidecar.adapters.client import Voxrecall, is_knowledge, knowledge_text
+from sidecar.adapters.client import Voxrecall, call_tool, is_knowledge, knowledge_text
 from sidecar.gen import retrieval_pb2 as pb
 
 log = logging.getLogger("voxrecall.adapters.pipecat")
@@ -130,29 +130,20 @@ def knowledge_function(
 ) -> Callable[[FunctionCallParams], Awaitable[None]]:
     """A function handler serving a knowledge function's calls through ``InvokeTool``.
 
-    Pipecat hands over the arguments already parsed; they go back to JSON for the sidecar. The
-    result is the sidecar's output (results, or an error the model can recover from).
+    Pipecat hands over the arguments already parsed; they go back to JSON for the sidecar
+    (``call_tool``: too large, they are refused unsent). The result is the sidecar's output
+    (results, or an error the model can recover from).
     """
 
     async def handler(params: FunctionCallParams) -> None:
-        try:
-            resp = await client.invoke_tool(
-                params.function_name,
-                json.dumps(dict(params.arguments)),
-                session_id=session_id,
-                call_id=params.tool_call_id,
-            )
-            result = orjson.loads(resp.output)
-        except (grpc.aio.AioRpcError, TimeoutError) as exc:
-            log.warning("%s failed: %s", params.function_name, exc)
-            result = {
-                "error": {
-                    "type": "unavailable",
-                    "message": "the knowledge base did not answer; tell the caller you cannot "
-                    "look it up right now",
-                }
-            }
-        await params.result_callback(result)
+        out = await call_tool(
+            client,
+            params.function_name,
+            json.dumps(dict(params.arguments)),
+            session_id=session_id,
+            call_id=params.tool_call_id,
+        )
+        await params.result_callback(orjson.loads(out.output))
 
     return handler
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from google.protobuf.descriptor import Descriptor
@@ -160,6 +160,21 @@ async def idle_limited(requests: AsyncIterator[_T], idle_s: float) -> AsyncItera
                 "closed; open a new stream with the same session_id to go on"
             ) from None
         yield request
+
+
+async def written_within(write: Awaitable[None], idle_s: float) -> None:
+    """One answer of a stream written, ended with ``IdleTimeout`` (DEADLINE_EXCEEDED) when the
+    client has not read enough of the answers before it to make room within ``idle_s``: a stream
+    that sends and never reads would otherwise hold its slot once flow control is full."""
+    try:
+        async with asyncio.timeout(idle_s):
+            await write
+    except TimeoutError:
+        raise IdleTimeout(
+            f"this stream's answers were not read for {idle_s:g} s ([sidecar] stream_idle_s): "
+            "it is closed; read each answer, and open a new stream with the same session_id "
+            "to go on"
+        ) from None
 
 
 # The most bytes (UTF-8) one text field of a request may hold, checked on every call before

@@ -19,10 +19,10 @@ from index.errors import VoxrecallError
 from index.types import MetadataFilter
 from sidecar import __version__
 from sidecar.edge.lifecycle import Lifecycle
-from sidecar.edge.limits import idle_limited, utf8_size
+from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import ChunkMessages
 from sidecar.edge.status import status_for, trailers_for
-from sidecar.errors import InvalidArgument, ResourceExhausted
+from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.functions.tools import PageReader, PageText, Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -133,7 +133,7 @@ def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
     return response
 
 
-# A ReadPageResponse's bytes beyond its strings: six fields' tags and lengths.
+# A ReadPageResponse's bytes beyond its strings: eight fields' tags and lengths.
 PAGE_FRAMING_BYTES = 64
 
 
@@ -149,9 +149,26 @@ def _check_fits(page: PageText, version: str, limit: int) -> None:
         raise ResourceExhausted(
             f"page {scope.named([page.source_path])} is {'' if exact else 'at least '}"
             f"{size} bytes as a ReadPageResponse; the limit is {limit} bytes ([sidecar] "
-            "max_message_bytes): raise it, or search the page's chunks (Search with "
-            "source_paths set to its path)"
+            "max_message_bytes): read it in parts (set offset, 0 for the first), raise the "
+            "limit, or search the page's chunks (Search with source_paths set to its path)"
         )
+
+
+def page_part(page: PageText, version: str, offset: int, limit: int) -> tuple[str, bool]:
+    """The part of ``page.text`` from ``offset`` (characters) that fits in a ReadPageResponse of
+    ``limit`` bytes beside the page's other fields, cut between characters, and whether the
+    page goes on after it. At most ``limit`` characters of the page are encoded."""
+    head = (page.title, page.source, page.source_path, page.url, version)
+    room = limit - PAGE_FRAMING_BYTES - sum(utf8_size(text, limit) for text in head)
+    window = page.text[offset : offset + max(room, 0)]
+    data = window.encode("utf-8", "surrogatepass")
+    part = window if len(data) <= room else data[:room].decode("utf-8", "ignore")
+    if not part and offset < len(page.text):
+        raise ResourceExhausted(
+            f"page {scope.named([page.source_path])}'s title, path and URL alone are over "
+            f"{limit} bytes ([sidecar] max_message_bytes): raise it"
+        )
+    return part, offset + len(part) < len(page.text)
 
 
 class RetrievalService(pb_grpc.RetrievalServicer):
@@ -201,13 +218,17 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 result = await self.engine.turn(turn, prefetch=prefetcher)
                 if turn.speaker == Speaker.USER:
                     prefetcher.discard()  # e.g. a skipped final never took its prefetch
-                await context.write(
-                    pb.ConverseResponse(
-                        turn=turn_response(result, self._policy(turn.knowledge_base)),
-                        prefetched=result.prefetched,
-                        transcript=turn.text,
-                    )
+                answer = pb.ConverseResponse(
+                    turn=turn_response(result, self._policy(turn.knowledge_base)),
+                    prefetched=result.prefetched,
+                    transcript=turn.text,
                 )
+                try:
+                    await written_within(context.write(answer), idle_s)
+                except IdleTimeout as exc:  # abort would wait behind the answers left unread
+                    context.set_code(status_for(exc))
+                    context.set_details(str(exc))
+                    return
         finally:
             # a cancelled stream arrives here as CancelledError: nothing it started outlives it
             await prefetcher.aclose()
@@ -336,13 +357,22 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         self.lifecycle.check_accepting()
         kb = request.knowledge_base or self.engine.default_knowledge_base
         searcher = self.engine.searcher(kb)
-        page = await self.pages.read(searcher, kb, request.source_path, request.source)
-        _check_fits(page, searcher.version, self.engine.config.max_message_bytes)
+        parts = request.HasField("offset")
+        offset = request.offset if parts else 0
+        page = await self.pages.read(searcher, kb, request.source_path, request.source, offset)
+        limit = self.engine.config.max_message_bytes
+        if parts:
+            text, truncated = page_part(page, searcher.version, offset, limit)
+        else:
+            _check_fits(page, searcher.version, limit)
+            text, truncated = page.text, False
         return pb.ReadPageResponse(
             title=page.title,
-            text=page.text,
+            text=text,
             source=page.source,
             source_path=page.source_path,
             url=page.url,
             snapshot_version=searcher.version,
+            truncated=truncated,
+            next_offset=offset + len(text) if truncated else 0,
         )

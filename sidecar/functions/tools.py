@@ -16,13 +16,17 @@ odd the arguments; arguments over ``MAX_ARGUMENTS_BYTES`` are refused before the
 Only the functions the caller may see (``visible``, set per call by sidecar.edge.auth) are there for
 it: one outside its scope is an unknown function, whose error lists only the visible ones.
 
-``PageReader`` serves ``ReadPage``: a whole page, looked up by key in the snapshot's pages, so
-no path outside the snapshot can be read.
+``PageReader`` serves ``ReadPage`` and MCP's ``read_page``: a page, looked up by key in the
+snapshot's pages, so no path outside the snapshot can be read; read in parts from an offset,
+decoded once while it is kept (``PAGE_CACHE_BYTES``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -34,10 +38,17 @@ from cachetools import LRUCache
 from index.errors import SnapshotError
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot, page_key
+from index.tables import PageTable
 from index.types import MetadataFilter
 from sidecar.config import Config, FunctionConfig
 from sidecar.edge.limits import MAX_ARGUMENTS_BYTES, arguments_too_large, utf8_size
-from sidecar.errors import FilterRefused, InvalidArgument, NotFound, ToolCallError
+from sidecar.errors import (
+    FilterRefused,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ToolCallError,
+)
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import scope
 from sidecar.turn.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
@@ -500,10 +511,29 @@ class Toolbox:
 @dataclass(frozen=True, slots=True)
 class PageText:
     title: str
-    text: str
+    text: str  # the whole page (kept decoded by the reader: slice it, do not copy it)
     source: str
     source_path: str
     url: str
+
+
+# A page is read only up to this many bytes (UTF-8): a build's largest is a url page's 20 MiB.
+# A larger one (a hostile snapshot's) is refused, so that no call decodes more than this.
+MAX_PAGE_BYTES = 32 << 20
+# Decoded pages each door keeps (``PageReader``), in the bytes of their str objects: a model
+# reading a long page in parts asks for the same page part after part, and each part would
+# otherwise decode all of it. Holds at least one page of MAX_PAGE_BYTES (a str of it is at most
+# that: 1 byte a character for ASCII, at most 4 for 4-byte characters).
+PAGE_CACHE_BYTES = 64 << 20
+# A page over this many bytes is decoded in a thread (about a millisecond a MiB), not on the loop.
+OFF_LOOP_BYTES = 1 << 20
+
+
+def _page_bytes(pages: Mapping[str, str], key: str) -> int:
+    """Page ``key``'s bytes, from a snapshot's ``PageTable`` offsets (a plain mapping: its text)."""
+    if isinstance(pages, PageTable):
+        return pages.size(key)
+    return len(pages[key].encode("utf-8", "surrogatepass"))
 
 
 def _reachable(snapshot: LoadedSnapshot, source: str, source_path: str, allowed: Allowed) -> bool:
@@ -513,14 +543,76 @@ def _reachable(snapshot: LoadedSnapshot, source: str, source_path: str, allowed:
 
 class PageReader:
     """Whole pages of a snapshot, found by key in its pages: never a file path. The title and
-    URL are its first chunk's, found in the searcher's page index (built before the swap)."""
+    URL are its first chunk's, found in the searcher's page index (built before the swap).
+    Decoded pages are kept (``PAGE_CACHE_BYTES``, least recently read out first), so that a
+    page read in parts is decoded once, not once a part."""
+
+    def __init__(self, cache_bytes: int = PAGE_CACHE_BYTES) -> None:
+        self.cache_bytes = cache_bytes
+        self._kept: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._kept_bytes = 0
+        self.decoded = 0  # pages decoded (tests: a page read in parts is decoded once)
 
     async def read(
-        self, searcher: Searcher, kb: str, source_path: str, source: str = ""
+        self, searcher: Searcher, kb: str, source_path: str, source: str = "", offset: int = 0
     ) -> PageText:
         """A whole page of base ``kb``; under the caller's filters (``sidecar.turn.scope``, on
         every door), only a page with a chunk the caller may reach (another is "no page", as if it
-        did not exist)."""
+        did not exist). ``offset`` (characters: where a caller reads on from) is checked against
+        the page: past its end is InvalidArgument naming it."""
+        found, label = self._find(searcher, kb, source_path, source)
+        snapshot = searcher.snapshot
+        chunk = snapshot.chunks[label] if label is not None else None
+        text = await self._text(snapshot, page_key(found, source_path))
+        if offset and offset >= len(text):
+            raise InvalidArgument(
+                f"offset {offset} is past the page's end ({len(text)} characters): read from 0 "
+                "up to the last answer's next_offset"
+            )
+        return PageText(
+            title=chunk.title if chunk else "",
+            text=text,
+            source=found,
+            source_path=source_path,
+            url=chunk.url if chunk else "",
+        )
+
+    async def _text(self, snapshot: LoadedSnapshot, key: str) -> str:
+        """The page's text, decoded once while it stays among those kept."""
+        kept_key = (str(snapshot.folder), key)
+        text = self._kept.get(kept_key)
+        if text is not None:
+            self._kept.move_to_end(kept_key)
+            return text
+        size = _page_bytes(snapshot.pages, key)
+        if size > MAX_PAGE_BYTES:
+            raise ResourceExhausted(
+                f"page {scope.named([key.partition(':')[2]])} is {size} bytes; pages are read up "
+                f"to {MAX_PAGE_BYTES} bytes: search its chunks instead (source_paths set to its "
+                "path), or rebuild the base with a smaller max_page_bytes"
+            )
+        if size > OFF_LOOP_BYTES:
+            text = await asyncio.to_thread(snapshot.pages.__getitem__, key)
+        else:
+            text = snapshot.pages[key]
+        self.decoded += 1
+        self._keep(kept_key, text)
+        return text
+
+    def _keep(self, key: tuple[str, str], text: str) -> None:
+        size = sys.getsizeof(text)
+        if key in self._kept or size > self.cache_bytes:
+            return
+        while self._kept and self._kept_bytes + size > self.cache_bytes:
+            self._kept_bytes -= sys.getsizeof(self._kept.popitem(last=False)[1])
+        self._kept[key] = text
+        self._kept_bytes += size
+
+    def _find(
+        self, searcher: Searcher, kb: str, source_path: str, source: str
+    ) -> tuple[str, int | None]:
+        """The source of the page at ``source_path`` the caller may read, and the label of its
+        first chunk (None: a page without chunks)."""
         snapshot = searcher.snapshot
         if not source_path:
             raise InvalidArgument("source_path is empty: give the page's path, as chunks carry it")
@@ -542,15 +634,7 @@ class PageReader:
             raise InvalidArgument(
                 f"sources {', '.join(found)} each have a page {source_path!r}: set source"
             )
-        label = searcher.pages.get((found[0], source_path))
-        chunk = snapshot.chunks[label] if label is not None else None
-        return PageText(
-            title=chunk.title if chunk else "",
-            text=snapshot.pages[page_key(found[0], source_path)],
-            source=found[0],
-            source_path=source_path,
-            url=chunk.url if chunk else "",
-        )
+        return found[0], searcher.pages.get((found[0], source_path))
 
 
 def _served(engine: Engine, kb: str, sources: tuple[str, ...]) -> tuple[str, ...]:

@@ -337,27 +337,33 @@ class InvokeToolResponse(_message.Message):
     def __init__(self, output: _Optional[str] = ..., is_error: _Optional[bool] = ..., call_id: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., fallback: _Optional[str] = ..., instructions: _Optional[str] = ...) -> None: ...
 
 class ReadPageRequest(_message.Message):
-    __slots__ = ("knowledge_base", "source_path", "source")
+    __slots__ = ("knowledge_base", "source_path", "source", "offset")
     KNOWLEDGE_BASE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PATH_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     knowledge_base: str
     source_path: str
     source: str
-    def __init__(self, knowledge_base: _Optional[str] = ..., source_path: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+    offset: int
+    def __init__(self, knowledge_base: _Optional[str] = ..., source_path: _Optional[str] = ..., source: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ReadPageResponse(_message.Message):
-    __slots__ = ("title", "text", "source", "source_path", "url", "snapshot_version")
+    __slots__ = ("title", "text", "source", "source_path", "url", "snapshot_version", "truncated", "next_offset")
     TITLE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PATH_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     title: str
     text: str
     source: str
     source_path: str
     url: str
     snapshot_version: str
-    def __init__(self, title: _Optional[str] = ..., text: _Optional[str] = ..., source: _Optional[str] = ..., source_path: _Optional[str] = ..., url: _Optional[str] = ..., snapshot_version: _Optional[str] = ...) -> None: ...
+    truncated: bool
+    next_offset: int
+    def __init__(self, title: _Optional[str] = ..., text: _Optional[str] = ..., source: _Optional[str] = ..., source_path: _Optional[str] = ..., url: _Optional[str] = ..., snapshot_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., next_offset: _Optional[int] = ...) -> None: ...

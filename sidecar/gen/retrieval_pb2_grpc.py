@@ -132,7 +132,7 @@ class RetrievalServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReadPage(self, request, context):
-        """A whole page of a snapshot, for a "read this page" tool.
+        """A whole page of a snapshot, for a "read this page" tool; with offset set, in parts.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

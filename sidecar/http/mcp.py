@@ -43,7 +43,7 @@ from sidecar import __version__
 from sidecar.config import Config
 from sidecar.edge import tls
 from sidecar.edge.auth import Authenticator
-from sidecar.edge.status import status_for
+from sidecar.edge.status import status_for, tool_error_type
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
     UNAVAILABLE,
@@ -265,14 +265,9 @@ class McpDoor:
             )
         try:
             call.check(pb.ReadPageRequest(knowledge_base=kb, source_path=path, source=source))
-            page = await self.pages.read(self.engine.searcher(kb), kb, path, source)
+            page = await self.pages.read(self.engine.searcher(kb), kb, path, source, offset)
         except VoxrecallError as exc:
             return self._refused(exc)
-        if offset and offset >= len(page.text):
-            return self._error(
-                INVALID_ARGUMENTS,
-                f"offset {offset} is past the page's end ({len(page.text)} characters)",
-            )
         head = {"title": page.title, "source": page.source, "path": page.source_path}
         if page.url:
             head["url"] = page.url
@@ -297,7 +292,7 @@ class McpDoor:
                 "the knowledge base cannot be searched right now; tell the caller you cannot "
                 "look it up at the moment",
             )
-        return self._error(status_for(exc).name.lower(), str(exc))
+        return self._error(tool_error_type(status_for(exc)), str(exc))
 
     def _error(self, type_: str, message: str) -> types.CallToolResult:
         return _text(error_output(type_, message, self.max_chars), is_error=True)
