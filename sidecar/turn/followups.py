@@ -586,7 +586,7 @@ def _spoken(utterance: Utterance) -> tuple[str, ...]:
     """The turn's words without fillers ("uh", "umm"), worked out once per utterance
     (``Utterance.spoken``)."""
     if utterance.spoken is None:
-        utterance.spoken = tuple(w for w in utterance.words if w not in FILLERS_EN)
+        utterance.spoken = tuple([w for w in utterance.words if w not in FILLERS_EN])
     return utterance.spoken
 
 
