@@ -16,7 +16,9 @@ at a large ``ef``, ~3 ms a query at 100,000). hnswlib's own time is measured apa
 behind a proxy that times each ``knn_query``) and taken out: ``us_per_turn_python`` and
 ``us_per_search_python`` are what the sidecar's Python costs beside the graph search.
 Prints and writes ``bench/results/profile_turn.json``: microseconds per user Turn, per Search,
-and their ratio, measured in one run.
+and their ratio, measured in one run; beside the wall-clock figures, this thread's CPU per Turn and
+per Search (``us_per_turn_cpu``, ``us_per_search_cpu``), which other processes on a loaded
+machine change less (not at all the time this one waits for a core).
 """
 
 from __future__ import annotations
@@ -143,19 +145,23 @@ async def measure(engine: Engine, turns: list[tuple[str, str]], passes: int) -> 
     misses = engine.vectors.stats.misses
     graph = engine.searcher(KB).snapshot.index
     assert isinstance(graph, TimedIndex)
-    turn_s = search_s = turn_knn_s = search_knn_s = 0.0
+    turn_s = search_s = turn_knn_s = search_knn_s = turn_cpu_s = search_cpu_s = 0.0
     turn_knn = search_knn = 0
     for n in range(passes):
         started, knn_s, knn = time.perf_counter(), graph.seconds, graph.calls
+        cpu = time.thread_time()
         for speaker, text in turns:
             await engine.turn(TurnInput(session_id=f"s{n}", text=text, speaker=speaker))
+        turn_cpu_s += time.thread_time() - cpu
         turn_s += time.perf_counter() - started
         turn_knn_s += graph.seconds - knn_s
         turn_knn += graph.calls - knn
         engine.end_session(f"s{n}")
         started, knn_s, knn = time.perf_counter(), graph.seconds, graph.calls
+        cpu = time.thread_time()
         for text in user:
             await engine.search(SearchInput(query=text))
+        search_cpu_s += time.thread_time() - cpu
         search_s += time.perf_counter() - started
         search_knn_s += graph.seconds - knn_s
         search_knn += graph.calls - knn
@@ -173,6 +179,12 @@ async def measure(engine: Engine, turns: list[tuple[str, str]], passes: int) -> 
         "us_per_search": round(per_search, 1),
         "us_per_hybrid_search": round(hybrid_s / searches_timed * 1e6, 1),
         "turn_over_search": round(per_turn / per_search, 2),
+        # this thread's CPU (graph included): what a loaded machine's other processes change less
+        "us_per_turn_cpu": round(turn_cpu_s / turns_timed * 1e6, 1),
+        "us_per_search_cpu": round(search_cpu_s / searches_timed * 1e6, 1),
+        "cpu_turn_over_search": round(
+            turn_cpu_s / turns_timed / (search_cpu_s / searches_timed), 2
+        ),
         "us_per_turn_python": round(python_turn, 1),
         "us_per_search_python": round(python_search, 1),
         "python_turn_over_search": round(python_turn / python_search, 2),

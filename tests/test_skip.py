@@ -178,3 +178,10 @@ def test_the_word_check_before_the_patterns_changes_no_answer() -> None:
 def test_an_extra_closing_with_accents_or_hyphens_is_still_a_closing(phrase: str) -> None:
     """The word check before the patterns must not cut words the ASCII split cannot list."""
     assert SkipPolicy(extra_phrases=(phrase,)).classify(phrase.capitalize() + ".") is Skip.CLOSING
+
+
+def test_a_turn_over_max_words_is_searched_and_a_turn_of_apostrophes_is_empty() -> None:
+    policy = SkipPolicy(max_words=2)
+    assert policy.classify("okay okay") is Skip.BACKCHANNEL
+    assert policy.classify("okay okay okay") is Skip.NOT_SKIPPED  # no words joined for it
+    assert SkipPolicy(max_words=1).classify_words(["'"]) is Skip.EMPTY

@@ -18,3 +18,39 @@ def test_names_match_across_accents_apostrophes_and_ampersands() -> None:
     assert tokens("A & B Guest-House") == tokens("a and b guest house")
     assert tokens("Crêperie") == ["creperie"]
     assert words("THAT'S all") == ["that's", "all"]
+
+
+def test_the_rules_memos_on_an_utterance_agree_with_the_text() -> None:
+    """What the follow-up rules work out once per utterance is what they would from its text:
+    its words without fillers, and whether its last sentence asks (one sentence or several)."""
+    cases = {
+        "Uh, is it quiet?": True,
+        "um which one do you mean": True,
+        "It is quiet. Uh, do you want the address": True,
+        "Do you want the address. It is on Milton Road": False,
+        "yes please": False,
+        "": False,
+    }
+    for text, asks in cases.items():
+        said = Utterance.of(text)
+        assert followups.asks(said) is asks is followups.is_question(text)
+        assert followups.asks(said) is asks  # the memo, read again
+        spoken = followups._spoken(said)
+        assert spoken == tuple(w for w in words(text) if w not in followups.FILLERS_EN)
+        assert followups._spoken(said) is spoken
+
+
+def test_an_agent_turn_keeps_whether_it_asks_for_the_callers_next_turns() -> None:
+    from sidecar.turn.engine import Engine, Speaker
+    from sidecar.turn.sessions import Session
+
+    asking, telling = Session("a", 3), Session("b", 3)
+    Engine._record(asking, Speaker.AGENT, Utterance.of("It is open. Shall I book it"), ())
+    Engine._record(telling, Speaker.AGENT, Utterance.of("Shall I book it? It is booked."), ())
+    assert asking.turns[-1].question is True
+    assert telling.turns[-1].question is False
+    assert followups.agent_question(asking) == "It is open. Shall I book it"
+    assert followups.agent_question(telling) == ""
+    Engine._record(asking, Speaker.USER, Utterance.of("yes"), ())
+    assert asking.turns[-1].question is None  # a caller's turn is never asked about
+    assert followups.agent_question(asking) == ""

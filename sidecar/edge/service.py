@@ -38,6 +38,7 @@ from sidecar.turn.engine import (
     TurnResult,
 )
 from sidecar.turn.prefetch import Prefetcher
+from sidecar.turn.rerank import Status as RerankStatus
 from sidecar.turn.skip import Skip
 
 log = logging.getLogger("voxrecall.service")
@@ -70,6 +71,14 @@ def set_timings(message: pb.Timings, timings: Timings) -> None:
     message.total_ms = timings.total_ms
 
 
+def _set_policy(response: pb.SearchResponse, policy: BasePolicy, nothing_found: bool) -> None:
+    """The base's words beside a Search's results (most bases have none: nothing is set)."""
+    if policy.fallback and nothing_found:
+        response.fallback = policy.fallback
+    if policy.instructions:
+        response.instructions = policy.instructions
+
+
 # Each hit's message built once per process and copied into responses (sidecar/edge/messages.py).
 MESSAGES = ChunkMessages()
 
@@ -83,6 +92,16 @@ _TOOL_FORMATS = {
     pb.CHAT_COMPLETIONS: frozenset({pb.CHAT_COMPLETIONS}),
 }
 _SPEAKERS = {pb.SPEAKER_UNSPECIFIED: Speaker.USER, pb.USER: Speaker.USER, pb.AGENT: Speaker.AGENT}
+
+
+# An enum member's ``name`` is a descriptor call; these are dict reads (every response has one).
+_SKIP_NAMES = {skip: skip.name for skip in Skip}
+_RERANK_NAMES = {status: status.name for status in RerankStatus}
+
+
+def strings(field: Sequence[str]) -> tuple[str, ...]:
+    """A repeated string field as a tuple; most calls send none, and no tuple is built then."""
+    return tuple(field) if field else ()
 
 
 def metadata_filters(messages: Sequence[pb.MetadataFilter]) -> tuple[MetadataFilter, ...]:
@@ -103,17 +122,17 @@ def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
         speaker=speaker,
         is_final=request.is_final,
         budget_ms=request.budget_ms,
-        sources=tuple(request.sources),
+        sources=strings(request.sources),
         context_url=request.context_url,
         filters=metadata_filters(request.filters),
-        source_paths=tuple(request.source_paths),
+        source_paths=strings(request.source_paths),
     )
 
 
 def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
     searched = result.skipped is Skip.NOT_SKIPPED
     response = pb.TurnResponse(
-        skipped=result.skipped.name,
+        skipped=_SKIP_NAMES[result.skipped],
         degraded=result.degraded,
         query=result.query,
         snapshot_version=result.snapshot_version,
@@ -125,7 +144,7 @@ def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
         ),
         fallback=policy.fallback if searched and not result.hits else "",
         instructions=policy.instructions,
-        rerank=result.rerank.name,
+        rerank=_RERANK_NAMES[result.rerank],
     )
     set_timings(response.timings, result.timings)
     MESSAGES.fill(response.chunks, result.hits)
@@ -242,22 +261,19 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 knowledge_base=request.knowledge_base,
                 limit=request.limit,
                 min_score=request.min_score,
-                sources=tuple(request.sources),
+                sources=strings(request.sources),
                 session_id=request.session_id,
                 context_url=request.context_url,
                 vector=request.vector,
                 filters=metadata_filters(request.filters),
-                source_paths=tuple(request.source_paths),
+                source_paths=strings(request.source_paths),
             )
         )
-        policy = self._policy(request.knowledge_base)
         response = pb.SearchResponse(
-            snapshot_version=result.snapshot_version,
-            degraded=result.degraded,
-            fallback=policy.fallback if not result.hits else "",
-            instructions=policy.instructions,
-            rerank=result.rerank.name,
+            snapshot_version=result.snapshot_version, rerank=_RERANK_NAMES[result.rerank]
         )
+        _set_policy(response, self._policy(request.knowledge_base), not result.hits)
+        response.degraded = result.degraded
         set_timings(response.timings, result.timings)
         MESSAGES.fill(response.chunks, result.hits)
         return response

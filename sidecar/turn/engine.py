@@ -672,7 +672,10 @@ class Engine:
         utterance: Utterance,
         mentions: tuple[Mention, ...],
     ) -> None:
-        followups.remember(session, session.record_turn(speaker, utterance.text, mentions))
+        # an agent's turn keeps whether it asks: the caller's next turns read it (agent_question)
+        question = followups.asks(utterance) if speaker == Speaker.AGENT else None
+        said = session.record_turn(speaker, utterance.text, mentions, question)
+        followups.remember(session, said)
 
     @staticmethod
     def _remember(session: Session, hits: list[Hit]) -> None:
@@ -712,7 +715,7 @@ class Engine:
         vector = given.astype(np.float64)  # float32 squares cannot overflow in float64
         # the common case in a few steps: finite, neither tiny nor huge (a NaN or an infinity
         # makes the sum NaN or infinite); anything else takes the careful way, which says why
-        squares = float(vector @ vector)
+        squares = float(vector.dot(vector))  # half the cost of ``@`` on two vectors
         if SQUARED_NORM_RANGE[0] < squares < SQUARED_NORM_RANGE[1]:
             unit: Vectors = given * np.float32(1.0 / math.sqrt(squares))
             return unit

@@ -120,6 +120,7 @@ QUESTION_OPENERS_EN = frozenset(
     shall should may might have has had am
     """.split()
 )
+_SENTENCE_BREAK = re.compile(r"[.!?]\s+")  # where a turn's last sentence starts (``is_question``)
 # Words a reply opens with ("Yes, please tell me", "No, I'm a student").
 REPLY_OPENERS_EN = frozenset("yes yeah yep yup ya sure ok okay no nope nah please".split())
 FILLERS_EN = frozenset("uh um umm uhm er erm ah hmm mm mhm well so oh".split())
@@ -634,9 +635,12 @@ def _is_content(word: str) -> bool:
     return bool(word) and bool(_content((word,)))
 
 
-def _spoken(utterance: Utterance) -> list[str]:
-    """The turn's words without fillers ("uh", "umm")."""
-    return [w for w in utterance.words if w not in FILLERS_EN]
+def _spoken(utterance: Utterance) -> tuple[str, ...]:
+    """The turn's words without fillers ("uh", "umm"), worked out once per utterance
+    (``Utterance.spoken``)."""
+    if utterance.spoken is None:
+        utterance.spoken = tuple([w for w in utterance.words if w not in FILLERS_EN])
+    return utterance.spoken
 
 
 def _content(toks: Iterable[str]) -> list[str]:
@@ -657,10 +661,24 @@ def _opening(toks: Sequence[str]) -> Sequence[str]:
 def is_question(text: str) -> bool:
     """Whether a turn (its last sentence) asks something: a question mark, or (transcripts have
     no punctuation) a question word first, after any fillers and reply words."""
+    return _asks(text, None)
+
+
+def asks(utterance: Utterance) -> bool:
+    """``is_question`` of a turn, worked out once per utterance (``Utterance.asks``)."""
+    if utterance.asks is None:
+        utterance.asks = _asks(utterance.text, utterance.words)
+    return utterance.asks
+
+
+def _asks(text: str, said: Sequence[str] | None) -> bool:
+    """``is_question``; ``said`` is ``words(text)`` when already split (a text of one sentence
+    is then not split again)."""
     if text.rstrip().endswith("?"):
         return True
-    last = re.split(r"[.!?]\s+", text.strip())[-1]
-    rest = _opening(words(last))
+    sentences = _SENTENCE_BREAK.split(text.strip())
+    last = said if said is not None and len(sentences) == 1 else words(sentences[-1])
+    rest = _opening(last)
     return bool(rest) and rest[0] in QUESTION_OPENERS_EN
 
 
@@ -674,7 +692,7 @@ def answers(utterance: Utterance) -> bool:
     """Whether a turn reads as an answer rather than a request of its own: it asks nothing and
     carries few content words ("Yes, please tell me.", "I'm a noncitizen adult.")."""
     toks = _spoken(utterance)
-    if not toks or is_question(utterance.text):
+    if not toks or asks(utterance):
         return False
     return len(_content(toks)) <= ANSWER_CONTENT_WORDS
 
@@ -685,7 +703,8 @@ def agent_question(session: Session) -> str:
     else ""."""
     if not session.turns or session.turns[-1].speaker != Speaker.AGENT:
         return ""
-    if not is_question(session.turns[-1].text):
+    last = session.turns[-1]  # whether it asks was worked out when the engine recorded it
+    if not (last.question if last.question is not None else is_question(last.text)):
         return ""
     said: list[str] = []
     for turn in reversed(session.turns):

@@ -71,6 +71,9 @@ class Said:
     speaker: str
     text: str
     mentions: tuple[Mention, ...] = ()
+    # whether it asks something (``followups.asks``), worked out when the engine recorded an
+    # agent's turn, for the caller's turns after it; None: not worked out
+    question: bool | None = None
 
 
 @dataclass(slots=True)
@@ -119,8 +122,14 @@ class Session:
             self._page_bytes = _bytes_of_pages(self.pages)
         self.fit()
 
-    def record_turn(self, speaker: str, text: str, mentions: tuple[Mention, ...] = ()) -> Said:
-        said = Said(speaker, text, mentions)
+    def record_turn(
+        self,
+        speaker: str,
+        text: str,
+        mentions: tuple[Mention, ...] = (),
+        question: bool | None = None,
+    ) -> Said:
+        said = Said(speaker, text, mentions, question)
         self.turns.append(said)
         self._count_turns()
         self.turn_count += 1

@@ -180,6 +180,8 @@ class SkipPolicy:
 
     def classify_words(self, said: Sequence[str]) -> Skip:
         """``classify`` of a turn already split by ``words``."""
+        if len(said) > self.max_words and len(said) > 1:
+            return Skip.NOT_SKIPPED  # most turns: too long to skip, no need to join their words
         normal = " ".join(w.replace("'", "") for w in said)
         if not normal:
             return Skip.EMPTY

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _WORD = re.compile(r"[\w'-]+")
 _TOKEN = re.compile(r"[a-z0-9]+")
@@ -38,14 +38,21 @@ def tokens(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Utterance:
     """One turn's text, normalised and tokenised once for every stage of the turn: ``words`` for
-    the skip policy and the follow-up rules, ``tokens`` for name matching."""
+    the skip policy and the follow-up rules, ``tokens`` for name matching.
+
+    Never changed once made, but for two memos the follow-up rules fill on first use
+    (``followups.spoken`` and ``followups.asks``: the words without fillers, and whether the turn
+    asks something), which three or four of them read a turn. Not frozen: a frozen class's
+    ``__init__`` costs a few times a plain slotted one's, and the memos are set after it."""
 
     text: str
     words: tuple[str, ...]
     tokens: tuple[str, ...]
+    spoken: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+    asks: bool | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, text: str) -> Utterance:
