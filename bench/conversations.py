@@ -21,7 +21,7 @@ The doc2dial base: one record per section (2,026), as a docs base built from tho
 would hold them. Each is a page titled with its ``doc_title`` whose text is the section (which
 starts with its own headings), so a chunk's contextual prefix is the page title followed by the
 section's headings, as a Markdown page's breadcrumbs ("Page title > heading") would give, and
-the entity the follow-ups see for a chunk is the page title (``followups.chunk_entity``), as on a
+the entity the follow-ups see for a chunk is the page title (``index.entities.chunk_entity``), as on a
 Markdown base. The section headings (``title`` in the corpus) stay in the text rather than in a
 ``context`` of their own: a Markdown base's entity is its page title, not each section's path.
 """

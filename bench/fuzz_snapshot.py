@@ -41,7 +41,16 @@ import orjson
 from index.embedders.base import EmbedderInfo
 from index.hnsw_file import HEADER
 from index.mapped import MAGIC
-from index.snapshot import CHUNKS, DATA_FILES, LEXICAL, MANIFEST, PAGES, VECTORS, sha256_file
+from index.snapshot import (
+    CHUNKS,
+    DATA_FILES,
+    ENTITIES,
+    LEXICAL,
+    MANIFEST,
+    PAGES,
+    VECTORS,
+    sha256_file,
+)
 from index.snapshot import write_snapshot as _write_snapshot
 from index.types import Chunk
 
@@ -212,6 +221,7 @@ MUTATIONS = {
     CHUNKS: (_array_value, _array_value),
     PAGES: (_array_value,),
     LEXICAL: (_array_value,),
+    ENTITIES: (_array_value,),
     MANIFEST: (_json_value, _json_value),
 }
 

@@ -38,6 +38,7 @@ from bench.quality_turns import DEFAULT_DATA
 from index.chunker import chunk_page
 from index.config import HnswConfig
 from index.embedders.base import FakeEmbedder
+from index.entities import chunk_entity
 from index.snapshot import load_snapshot, write_snapshot
 from index.sources.markdown import load_markdown
 from index.store import new_version_id
@@ -47,7 +48,6 @@ from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.refresh import freeze_heap
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn.engine import Engine, SearchInput, Speaker, TurnInput
-from sidecar.turn.followups import chunk_entity
 from sidecar.turn.sessions import SessionStore
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_turn.json"

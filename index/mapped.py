@@ -36,7 +36,7 @@ _HEADER_LEN: Final = struct.Struct("<I")
 _ALIGN: Final = 64
 MAX_HEADER_BYTES: Final = 1 << 20  # names, dtypes and a few counts: far below this
 # The only dtypes a snapshot stores; anything else in a header is refused (no objects, no pickles).
-DTYPES: Final = frozenset({"|u1", "<u2", "<i4", "<u4", "<i8", "<u8"})
+DTYPES: Final = frozenset({"|u1", "<u2", "<i4", "<u4", "<i8", "<u8", "<f8"})
 
 Buffer = bytes | mmap.mmap
 

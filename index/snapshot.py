@@ -7,13 +7,16 @@
       chunks.bin      the chunks in label order, and each one's source (index/tables.py)
       pages.bin       page key -> whole page text, for reading a page later (index/tables.py)
       lexical.bin     the BM25 index over the chunks' embedded text, for fallback and hybrid
+      entities.bin    every chunk's entity and the entities' names rated as the follow-ups
+                      match them (``index/entities.py``); format 5 on
       filters.json    value -> chunk labels of each filterable metadata field
                       (``index/filters.py``); only for a base with ``filterable`` fields, and
                       verified when the manifest lists it
 
-``chunks.bin``, ``pages.bin`` and ``lexical.bin`` are arrays files (``index/mapped.py``): a
-loader memory-maps them and reads them in place, so loading costs what hnswlib's graph costs and
-worker processes share those pages through the page cache.
+``chunks.bin``, ``pages.bin``, ``lexical.bin`` and ``entities.bin`` are arrays files
+(``index/mapped.py``): a loader memory-maps them and reads them in place, so loading costs what
+hnswlib's graph costs and worker processes share those pages through the page cache. A format-4
+snapshot (no ``entities.bin``) is still read: the sidecar rates its names at load, as before.
 
 A folder is written once and never modified. ``verify`` checks everything the manifest claims
 before a reader trusts the folder; ``load`` then checks each file's layout and maps it.
@@ -39,6 +42,7 @@ import orjson
 
 from index.config import MAX_EF_SEARCH, HnswConfig
 from index.embedders.base import EmbedderInfo, Vectors
+from index.entities import EntityTable
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters
 from index.filters import build_partitions as build_value_partitions
@@ -49,8 +53,12 @@ from index.tables import ChunkTable, PageTable
 from index.types import Chunk, Page
 
 # 2: chunks stored as JSON lines; 3: the manifest records every file's size; 4: chunks, pages and
-# the lexical index are memory-mapped arrays files, read in place
-FORMAT_VERSION = 4
+# the lexical index are memory-mapped arrays files, read in place; 5: entities.bin, the
+# follow-ups' names rated at build time
+FORMAT_VERSION = 5
+# Formats this voxrecall reads: a format-4 snapshot lacks only entities.bin, which the sidecar
+# makes up for at load (seconds at 100k chunks).
+READABLE_FORMATS = (4, FORMAT_VERSION)
 # A floor for the query-time ef: below it real-query recall drops fast (SciFact: 0.88 at ef 10,
 # 0.98 at 32) while an hnswlib query at ef 32 still takes well under a millisecond.
 MIN_EF = 32
@@ -59,7 +67,8 @@ VECTORS = "vectors.hnsw"
 CHUNKS = "chunks.bin"
 PAGES = "pages.bin"
 LEXICAL = "lexical.bin"
-DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL)
+ENTITIES = "entities.bin"
+DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL, ENTITIES)  # what this format's snapshots hold
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
 MAX_MANIFEST_BYTES = 4 << 20  # a manifest is a few KiB; a bigger file is not one
 # A file a build adds beside DATA_FILES (summaries, originals): listed in the manifest and checked
@@ -360,6 +369,7 @@ def write_snapshot(
     write_atomic(folder / PAGES, PageTable.dump(pages))
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     write_atomic(folder / LEXICAL, lexical.to_bytes())
+    write_atomic(folder / ENTITIES, EntityTable.dump(lexical, chunks))
     names = [*DATA_FILES, *(more_files(folder) if more_files else ())]
     if filterable:
         write_atomic(folder / FILTERS, build_filters(chunks, filterable))
@@ -411,6 +421,11 @@ def read_manifest(folder: Path) -> Manifest:
     return Manifest.from_json(data, str(folder))
 
 
+def data_files(format_version: int) -> tuple[str, ...]:
+    """The files every snapshot of this format holds."""
+    return DATA_FILES if format_version >= 5 else DATA_FILES[:-1]  # 4: no entities.bin
+
+
 def verify_snapshot(
     folder: Path, expected: EmbedderInfo | None = None, *, checksums: bool = True
 ) -> Manifest:
@@ -421,11 +436,11 @@ def verify_snapshot(
     seconds for a large snapshot.
     """
     manifest = read_manifest(folder)
-    if manifest.format_version != FORMAT_VERSION:
+    if manifest.format_version not in READABLE_FORMATS:
         raise IncompatibleSnapshot(
             f"{folder}: format version {manifest.format_version}, this voxrecall reads "
-            f"{FORMAT_VERSION} (chunks, pages and the lexical index memory-mapped, not parsed); "
-            "rebuild the base with `voxrecall index build`"
+            f"{' and '.join(map(str, READABLE_FORMATS))} (chunks, pages and the lexical index "
+            "memory-mapped, not parsed); rebuild the base with `voxrecall index build`"
         )
     if expected is not None and manifest.embedder != expected:
         raise IncompatibleSnapshot(
@@ -433,11 +448,12 @@ def verify_snapshot(
             f"but this sidecar embeds queries with {expected.name} ({expected.dimension}-d); "
             "rebuild the snapshot with the same [embedder] or change the sidecar's"
         )
-    extra_files = sorted(set(manifest.files) - set(DATA_FILES))
+    required = data_files(manifest.format_version)
+    extra_files = sorted(set(manifest.files) - set(required))
     for name in extra_files:
         if not _EXTRA_FILE.fullmatch(name):
             raise CorruptSnapshot(f"{folder}: manifest lists {name[:80]!r}, not a file name")
-    for name in (*DATA_FILES, *extra_files):
+    for name in (*required, *extra_files):
         want = manifest.files.get(name)
         path = folder / name
         if want is None:
@@ -496,6 +512,7 @@ class LoadedSnapshot:
     source_names: tuple[str, ...]
     partitions: Mapping[int, Partition] = field(default_factory=dict)  # source index -> copy
     summaries: SummaryIndex | None = None  # the second view (index/summaries.py), when built
+    entities: EntityTable | None = None  # entities.bin (None: format 4, rated at load)
     filters: FilterIndex = field(default_factory=FilterIndex.empty)  # metadata and paths
     # What serving it may take in memory: the graph file as hnswlib holds it and hnswlib's own
     # fixed cost, the partitions' copies, the mapped files in full (as if every page of them
@@ -669,6 +686,7 @@ def load_snapshot(
                 f"{folder}: counts disagree: chunks {len(chunks)}, lexical {len(lexical)}, "
                 f"manifest {manifest.chunks}"
             )
+        entities = _entities(folder, manifest)
         index = read_hnsw(folder / VECTORS, manifest, ef_search or manifest.hnsw.ef)
         summaries = _summaries(folder, manifest, ef_search or manifest.hnsw.ef)
     except OSError as exc:
@@ -690,12 +708,20 @@ def load_snapshot(
         source_names=names,
         partitions=partitions,
         summaries=summaries,
+        entities=entities,
         filters=filters,
         memory_bytes=sum(manifest.sizes.values())
         + sum(p.size for p in partitions.values()) * 4 * manifest.embedder.dimension
         + chunks.cache_bytes
         + HNSW_INDEX_BYTES,
     )
+
+
+def _entities(folder: Path, manifest: Manifest) -> EntityTable | None:
+    """``entities.bin`` mapped and checked, when the snapshot has one (format 5 on)."""
+    if ENTITIES not in manifest.files:
+        return None
+    return read_table(folder / ENTITIES, lambda path: EntityTable.open(path, manifest.chunks))
 
 
 def _summaries(folder: Path, manifest: Manifest, ef: int) -> SummaryIndex | None:

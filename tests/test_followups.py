@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
+from index import entities
 from index.build import embed_chunks
 from index.chunker import chunk_page
 from index.embedders.base import Embedder
@@ -402,7 +403,7 @@ def searched_is_common(lexical: LexicalIndex, entity_of: list[str]) -> Any:
             entity_of[d] != name and not (whole and word in words_of[entity_of[d]])
             for d, _ in found
         )
-        return elsewhere >= followups.COMMON_ELSEWHERE
+        return elsewhere >= entities.COMMON_ELSEWHERE
 
     return is_common
 
@@ -439,8 +440,8 @@ def numbered_chunks() -> list[Chunk]:
 def test_common_words_from_postings_answer_as_the_search_did(chunks: Any) -> None:
     base: list[Chunk] = chunks()
     lexical = LexicalIndex.build(c.embed_text for c in base)
-    entity_of = [followups.chunk_entity(c) for c in base]
-    new = followups.common_words(lexical, entity_of)
+    entity_of = [entities.chunk_entity(c) for c in base]
+    new = entities.common_words(lexical, entity_of)
     old = searched_is_common(lexical, entity_of)
     asked: list[tuple[str, str]] = []
 
@@ -463,7 +464,7 @@ def test_common_words_from_postings_answer_as_the_search_did(chunks: Any) -> Non
 def test_a_snapshot_gazetteer_is_built_with_common_words(hotels_config: Config) -> None:
     store = LocalStore(Path(hotels_config.sidecar.store))
     snapshot = load_snapshot(store.latest_dir(KB))
-    entity_of = [followups.chunk_entity(c) for c in snapshot.chunks]
+    entity_of = [entities.chunk_entity(c) for c in snapshot.chunks]
     old = searched_is_common(snapshot.lexical, entity_of)
     expected = Gazetteer(entity_of, FUNCTION_WORDS_EN, old, followups.STREETS_EN)
     assert followups.gazetteer(snapshot)._keys == expected._keys
@@ -475,9 +476,9 @@ def test_a_mapped_tables_entities_are_its_chunks_entities(tmp_path: Path, chunks
     path = tmp_path / "chunks.bin"
     path.write_bytes(ChunkTable.dump(base))
     table = ChunkTable.open(path)
-    expected = [c.chunk_id for c in base], [followups.chunk_entity(c) for c in base]
-    assert followups.chunk_entities(table) == expected
-    assert followups.chunk_entities(base) == expected
+    expected = [c.chunk_id for c in base], [entities.chunk_entity(c) for c in base]
+    assert entities.chunk_entities(table) == expected
+    assert entities.chunk_entities(base) == expected
     assert len(set(expected[1])) > 1
 
 

@@ -52,31 +52,29 @@ was (nothing, when the turn's own words decided the answer).
 from __future__ import annotations
 
 import re
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
-
+from index.entities import (
+    FUNCTION_WORDS_EN as FUNCTION_WORDS_EN,
+)
+from index.entities import (
+    FUZZY_MIN_CHARS,
+    RULES,
+    WEAK_CONFIDENCE,
+    Confidence,
+    EntityStats,
+    Rated,
+    chunk_entities,
+    chunk_entity,
+    rate,
+)
 from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
-from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.config import FollowupConfig
 from sidecar.turn.sessions import Mention, Said, Session, Speaker
 from sidecar.turn.text import Utterance, tokens, words
-
-FUNCTION_WORDS_EN = frozenset(
-    """
-    a an the and or of by from at in on for to with near off into onto over under via de la le
-    i me my we our you your it its they them their he him his she her this that these those
-    is are was were be been being am do does did have has had can could will would shall should
-    may might must what which who whom whose when where why how
-    there here not no yes any some all each every either neither both one ones
-    s about than then so if as also too just only very
-    tell know explain describe please want need like give get show find
-    """.split()
-)
 
 STREETS_EN = frozenset("street st road rd lane avenue ave way drive square".split())
 
@@ -142,27 +140,18 @@ SHORT_TURN = 5  # words; a turn this short rarely names its own topic
 RECENT_CONFIDENCE = 0.5  # nothing names what the recent turns are about: a guess, said as one
 MAX_FOLDED_WORDS = 60  # of the agent's turns folded into an answer: the caller's words stay read
 ANSWER_CONTENT_WORDS = 3  # an answer with more content words than this is its own question
-MAX_NAME_TOKENS = 8  # longer "names" are sentences (an FAQ's question), never said as a name
-MIN_ALIAS_CHARS = 4  # a shorter partial name ("j", "hk") matches ordinary words
-GENERIC_SHARE = 0.01  # a word in this share of names (and at least 3) is a kind, not a name
-FUZZY_MIN_CHARS = 7  # one edit from a shorter name is often a word ("lovell" -> "lovely")
 FUZZY_MAX_TOKENS = 3  # misspelt names are short; longer spans only cost time
-COMMON_ELSEWHERE = 2  # chunks of other entities using a word that make it an ordinary word
 # A match is used when at least this share of the chunks holding its words are the entity's own:
 # below it, the words are about as often ordinary text elsewhere in the base.
 MIN_CONFIDENCE = 0.5
-# A page named by one word that other pages' chunks also use ("Selection", a docs page; "pCloud",
-# which every overview lists) is at most this sure, a weak match: it is taken as the turn's topic
-# only when the turn's own search confirms it (``confirmed``).
-WEAK_CONFIDENCE = 0.25
 # The turn alone's top results that must all be the weakly named entity's to confirm it.
 CONFIRM_DEPTH = 3
 NEAR_KEPT = 4096  # spans whose near match a gazetteer remembers (each ~150 bytes)
+# chunks whose entity a gazetteer remembers (each ~200 bytes): a conversation's hits recur, and
+# ``chunk_entity`` costs about a microsecond
+ENTITIES_KEPT = 4096
 NEAR_FACTOR = 0.8  # a match one edit away (a misspelling, a mishearing) is less sure than exact
 AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by the caller
-# A word in at least this share of the names (and in two) is the base's shared name ("Windows
-# Terminal", which every page's title starts with): it says little about which page is meant.
-SHARED_NAME_SHARE = 0.5
 # A content word at most this many chunks hold, all of one entity's, names that entity, weakly
 # (a file name, a command, a form's number: "What is conhost.exe?"); the lexical index knows it.
 KEYWORD_DOCS = 3
@@ -199,31 +188,6 @@ class Plan:
     names: bool = False
 
 
-def chunk_entity(chunk: Chunk) -> str:
-    """What a chunk is about: its source's context (jsonl ``context_fields``) or its page title."""
-    head, sep, _ = chunk.embed_text.partition("\n\n")
-    return entity_about(head if sep else "", chunk.breadcrumbs, chunk.title)
-
-
-def entity_about(head: str, breadcrumbs: Sequence[str], title: str) -> str:
-    """``chunk_entity`` from a chunk's parts: ``head`` is its embed text before the chunker's
-    blank line ("" when none), a context when it is not the heading path."""
-    if head and head != " > ".join(breadcrumbs):
-        return head
-    return title
-
-
-def chunk_entities(chunks: Sequence[Chunk]) -> tuple[list[str], list[str]]:
-    """Every chunk's id and entity (``chunk_entity``), in label order; a mapped table's are read
-    from its heads, without decoding the chunks' texts."""
-    if isinstance(chunks, ChunkTable):
-        heads = list(chunks.heads())
-        ids = [h[0] for h in heads]
-        return ids, [entity_about(head, crumbs, title) for _, title, crumbs, head in heads]
-    return [c.chunk_id for c in chunks], [chunk_entity(c) for c in chunks]
-
-
-Confidence = Callable[[Sequence[str], str], float]
 # the entity whose chunks alone hold a word, when at most KEYWORD_DOCS do ("" otherwise)
 Keyword = Callable[[str], str]
 
@@ -238,8 +202,9 @@ class Gazetteer:
     one edit that keeps the first letter ("Goonville", "cityroomz"). A partial name shared by two
     entities matches neither; a one-word name or partial name that ``is_common`` calls an ordinary
     word ("worth" of "WORTH HOUSE", a docs page titled "Selection") is not used. ``confidence``
-    (words, name) rates every key from the snapshot (``entity_stats``); without it every key is
-    sure.
+    (words, name) rates every key from the snapshot (``index.entities.EntityStats``); without it
+    every key is sure. The keys and their ratings are ``index.entities.rate``'s, which a
+    snapshot stores (``entities.bin``): ``Gazetteer.rated`` builds one from them.
     """
 
     def __init__(
@@ -249,35 +214,23 @@ class Gazetteer:
         is_common: Callable[[str, str], bool] | None = None,
         streets: frozenset[str] = frozenset(),
         confidence: Confidence | None = None,
-        entities: Mapping[str, str] | None = None,
     ) -> None:
-        self._entities = entities or {}
-        named = {n: tokens(n) for n in dict.fromkeys(n.strip() for n in names) if n}
-        named = {n: t for n, t in named.items() if 0 < len(t) <= MAX_NAME_TOKENS}
-        stripped = {n: t[1:] if t[0] == "the" and len(t) > 1 else t for n, t in named.items()}
-        full: dict[str, str] = {}
-        for name, toks in stripped.items():
-            full.setdefault("".join(toks), name)
-        partial, one_word = _partial_keys(stripped, function_words, full)
-        keys: dict[str, str | None] = {
-            key: next(iter(owners)) if len(owners) == 1 else None for key, owners in partial.items()
-        }
-        keys.update(full)
-        one_word |= {key for key, name in full.items() if len(stripped[name]) == 1}
-        self._partial = frozenset(partial)
-        common: set[str] = set()  # whole names that are also ordinary words of other entities
-        if is_common is not None:
-            for key in one_word:
-                owner = keys[key]
-                if owner is not None and is_common(key, owner):
-                    if key in full:
-                        common.add(key)
-                    else:
-                        del keys[key]
+        self._index(rate(names, function_words, is_common, confidence), function_words, streets)
+
+    @classmethod
+    def rated(cls, rated: Rated, streets: frozenset[str] = STREETS_EN) -> Gazetteer:
+        """The gazetteer of keys already rated (by ``index.entities.rate``, with
+        FUNCTION_WORDS_EN): what a snapshot's ``entities.bin`` holds."""
+        gazetteer = cls.__new__(cls)
+        gazetteer._index(rated, FUNCTION_WORDS_EN, streets)
+        return gazetteer
+
+    def _index(self, rated: Rated, function_words: frozenset[str], streets: frozenset[str]) -> None:
+        """The tables ``find`` matches by, from the rated keys."""
+        keys = rated.keys
         self._keys = keys
-        self._sure = _rate(keys, stripped, function_words, confidence)
-        for key in common:  # "Selection", "pCloud": only the turn's own search can confirm them
-            self._sure[key] = min(self._sure.get(key, 1.0), WEAK_CONFIDENCE)
+        self._sure = rated.sure
+        self._partial = rated.partial
         self._streets = streets
         # every string prefix of every key: a span is extended only while it may still be one
         self._prefixes = frozenset(k[:i] for k in keys for i in range(1, len(k) + 1))
@@ -294,26 +247,33 @@ class Gazetteer:
         lengths = [len(k) for k in self._long] or [0]
         self._lengths = (max(FUZZY_MIN_CHARS, min(lengths) - 1), max(lengths) + 1)
         self._function_words = function_words
-        self._span = max((len(t) for t in named.values()), default=0)
-        self.size = len(named)
-        self.shared = _shared_words(named.values(), function_words)
+        self._span = rated.span
+        self._entities: dict[str, str] = {}  # chunk id -> entity, for the chunks last asked about
+        self.size = rated.size
+        self.shared = rated.shared
 
     @classmethod
     def of(cls, snapshot: LoadedSnapshot) -> Gazetteer:
-        """The gazetteer of a snapshot's entities, rated by the snapshot's own statistics
-        (``EntityStats``): every chunk's entity read once, the names' words looked up in the
-        lexical index's postings in one pass. Linear in the chunks; no event loop needed."""
-        ids, entity_of = chunk_entities(snapshot.chunks)
-        stats = EntityStats(snapshot.lexical, entity_of)
-        entities = dict(zip(ids, entity_of, strict=True))
-        return cls(
-            stats.names, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence, entities
-        )
+        """The gazetteer of a snapshot's entities: the keys its ``entities.bin`` holds, rated at
+        build time; for a snapshot without one (format 4) or rated by other rules, rated here
+        by the snapshot's own statistics (``EntityStats``: every chunk's entity read once, the
+        names' words looked up in the lexical index's postings in one pass; linear in the
+        chunks, seconds at 100k). No event loop needed."""
+        table = snapshot.entities
+        if table is not None and table.rules == RULES:
+            return cls.rated(table.rated())
+        entity_of = chunk_entities(snapshot.chunks)[1]
+        return cls.rated(EntityStats(snapshot.lexical, entity_of).rated())
 
     def entity_of(self, chunk: Chunk) -> str:
-        """``chunk_entity(chunk)``, read from the snapshot's chunks once when built."""
+        """``chunk_entity(chunk)``, remembered for the ENTITIES_KEPT chunks last asked about
+        (a conversation's hits recur), not held for every chunk of the snapshot in each process."""
         found = self._entities.get(chunk.chunk_id)
-        return found if found is not None else chunk_entity(chunk)
+        if found is None:
+            if len(self._entities) >= ENTITIES_KEPT:
+                self._entities = {}  # a new dict: another thread may be reading the old one
+            found = self._entities[chunk.chunk_id] = chunk_entity(chunk)
+        return found
 
     def mentions(self, text: str) -> list[str]:
         """The entity names a text mentions confidently, in order of first mention."""
@@ -390,65 +350,6 @@ class Gazetteer:
         return min(close) if len(names) == 1 else ""
 
 
-def _shared_words(named: Iterable[list[str]], function_words: frozenset[str]) -> frozenset[str]:
-    """The content words at least SHARED_NAME_SHARE of the names (and two) hold."""
-    names = list(named)
-    df = Counter(tok for toks in names for tok in set(toks) if tok not in function_words)
-    least = max(2.0, len(names) * SHARED_NAME_SHARE)
-    return frozenset(tok for tok, n in df.items() if n >= least)
-
-
-def _partial_keys(
-    stripped: dict[str, list[str]], function_words: frozenset[str], full: dict[str, str]
-) -> tuple[dict[str, set[str]], set[str]]:
-    """Each name's distinctive words joined (key -> the names having it), and the one-word keys."""
-    df = Counter(tok for toks in stripped.values() for tok in set(toks))
-    generic = max(3, int(len(stripped) * GENERIC_SHARE))
-    partial: dict[str, set[str]] = {}
-    one_word: set[str] = set()
-    for name, toks in stripped.items():
-        # two cuts: a small base never sees "hotel" in three names, a large one sees "royal"
-        # in two that differ by the rest ("ROYAL SPICE", "ROYAL STANDARD")
-        for shared in sorted({2, generic}):
-            core = [t for t in toks if t not in function_words and df[t] < shared]
-            key = "".join(core)
-            if core and len(key) >= MIN_ALIAS_CHARS and key not in full:
-                partial.setdefault(key, set()).add(name)
-                if len(core) == 1:
-                    one_word.add(key)
-    return partial, one_word
-
-
-def _rate(
-    keys: dict[str, str | None],
-    stripped: dict[str, list[str]],
-    function_words: frozenset[str],
-    confidence: Confidence | None,
-) -> dict[str, float]:
-    """Each usable key's confidence: ``confidence`` of its content words for its one owner."""
-    if confidence is None:
-        return {}
-    sure: dict[str, float] = {}
-    for key, name in keys.items():
-        if name is None:
-            continue
-        toks = stripped[name] if key == "".join(stripped[name]) else _core_of(key, stripped[name])
-        content = [t for t in toks if t not in function_words] or toks
-        sure[key] = confidence(content, name)
-    return sure
-
-
-def _core_of(key: str, toks: list[str]) -> list[str]:
-    """The name's words that make up the partial key ``key`` (a run of its words, in order)."""
-    out: list[str] = []
-    rest = key
-    for tok in toks:
-        if rest.startswith(tok):
-            out.append(tok)
-            rest = rest[len(tok) :]
-    return out
-
-
 def _one_edit(a: str, b: str) -> bool:
     """Whether ``a`` and ``b`` differ by one insertion, deletion, substitution or swap."""
     if a == b:
@@ -473,86 +374,10 @@ _DEFAULTS = FollowupConfig()
 
 
 def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
-    """The snapshot's gazetteer, built anew: its searcher (``sidecar/snapshots/searcher.py``) builds it
-    once, off the event loop, and holds it while the snapshot is served.
-
-    Building reads every chunk once and looks up the names' words in the lexical index's
-    postings, in time linear in the chunks (about a second for 100k chunks and 12,500 names).
-    """
+    """The snapshot's gazetteer, built anew: its searcher (``sidecar/snapshots/searcher.py``)
+    builds it once, off the event loop, and holds it while the snapshot is served
+    (``Gazetteer.of``: from the keys the snapshot stores, or rated here from its chunks)."""
     return Gazetteer.of(snapshot)
-
-
-class EntityStats:
-    """What the snapshot says about the words of its entities' names (``entity_of[i]`` is chunk
-    ``i``'s entity; the lexical index's doc ``i`` is chunk ``i``). The chunks holding a word are
-    read from the lexical index's postings (a search would score every chunk: quadratic)."""
-
-    def __init__(self, lexical: LexicalIndex, entity_of: Sequence[str]) -> None:
-        self._lexical = lexical
-        self._ids: dict[str, int] = {}
-        self._entity_ids = np.fromiter(
-            (self._ids.setdefault(name, len(self._ids)) for name in entity_of),
-            dtype=np.int64,
-            count=len(entity_of),
-        )
-        self.names = list(self._ids)  # each entity once, in order of first chunk
-        self._words_of = [frozenset(tokens(name)) for name in self.names]
-        self._named_with: dict[str, list[int]] = {}  # word -> the entities whose name has it
-        for entity, name_words in enumerate(self._words_of):
-            for word in name_words:
-                self._named_with.setdefault(word, []).append(entity)
-        # the chunks holding each word of a name, read in one pass over the postings
-        words = list(self._named_with)
-        self._postings: dict[str, np.ndarray] = dict(
-            zip(words, lexical.postings(words), strict=True)
-        )
-
-    def is_common(self, word: str, name: str) -> bool:
-        """Whether ``word`` (of the name ``name``) is an ordinary word: at least COMMON_ELSEWHERE
-        chunks of other entities use it. A one-word name is not made common by longer names that
-        contain it ("NANDOS" and "NANDOS CITY CENTRE"); a partial name is, by anything else."""
-        owner = self._ids.get(name, -1)  # -1: a name no chunk gives as is (stripped)
-        name_words = self._words_of[owner] if owner >= 0 else frozenset(tokens(name))
-        others = self._entity_ids[self._docs(word)]
-        others = others[others != owner]
-        if name_words - {"the"} == {word}:
-            others = others[~np.isin(others, self._named_with.get(word, []))]
-        return bool(others.size >= COMMON_ELSEWHERE)
-
-    def confidence(self, name_words: Sequence[str], name: str) -> float:
-        """The share of the chunks holding all of ``name_words`` that are ``name``'s own (1 when
-        no chunk holds them: nothing else competes for the words)."""
-        docs: np.ndarray | None = None
-        for word in sorted(set(name_words), key=lambda w: len(self._docs(w))):
-            found = self._docs(word)
-            if not len(found):
-                continue  # a stopword or a word no chunk uses: it tells nothing apart
-            docs = found if docs is None else _intersect(docs, found)
-            if not len(docs):
-                break
-        if docs is None or not len(docs):
-            return 1.0
-        owners = self._entity_ids[docs]
-        own = int(np.count_nonzero(owners == self._ids.get(name, -1)))
-        return (own + 1.0) / (len(docs) + 1.0)
-
-    def _docs(self, word: str) -> np.ndarray:
-        found = self._postings.get(word)
-        if found is None:
-            found = np.unique(self._lexical.matching(word))
-            self._postings[word] = found
-        return found
-
-
-def _intersect(small: np.ndarray, large: np.ndarray) -> np.ndarray:
-    """The common items of two sorted arrays of unique ids, ``small`` the shorter, in time
-    linear in ``small`` (``np.intersect1d`` sorts both: one name against a word every chunk
-    holds, 12,500 times at 100k chunks, took most of a snapshot's load)."""
-    if not len(large):
-        return large
-    at = np.minimum(np.searchsorted(large, small), len(large) - 1)
-    common: np.ndarray = small[large[at] == small]
-    return common
 
 
 def keyword_of(
@@ -569,11 +394,6 @@ def keyword_of(
         return next(iter(about)) if len(about) == 1 else ""
 
     return keyword
-
-
-def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[str, str], bool]:
-    """A Gazetteer's ``is_common`` (``EntityStats.is_common``)."""
-    return EntityStats(lexical, entity_of).is_common
 
 
 # -- the turn's plan --------------------------------------------------------------------------

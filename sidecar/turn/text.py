@@ -4,8 +4,9 @@
 is what the skip policy matches its lexicons against, what the follow-up rules read ("is it a
 question", "does it refer back") and what a prefetch compares an interim transcript with;
 ``tokens`` (accents, apostrophes and "&" normalised, letters and digits only) is what names are
-matched by, so that "Hobson's" finds "HOBSONS HOUSE" and "B&B" finds "B and B". An ``Utterance``
-holds both, computed once per turn.
+matched by, so that "Hobson's" finds "HOBSONS HOUSE" and "B&B" finds "B and B" (it lives in
+``index.entities``: the indexer makes a snapshot's name keys with it). An ``Utterance`` holds
+both, computed once per turn.
 
 The lexical index's analyzer (``index.lexical.analyze``: ``\\w+``, stopwords, Snowball stems) is
 not this one and must not become it: it is what each snapshot's BM25 index was built with (its
@@ -16,26 +17,16 @@ the snapshot's texts were.
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass, field
 
+from index.entities import tokens as tokens  # the indexer rates names by the same tokens
+
 _WORD = re.compile(r"[\w'-]+")
-_TOKEN = re.compile(r"[a-z0-9]+")
 
 
 def words(text: str) -> list[str]:
     """A turn's words, lower case, with typographic apostrophes made plain."""
     return _WORD.findall(text.lower().replace("’", "'"))
-
-
-def tokens(text: str) -> list[str]:
-    """Lower-case word tokens with accents, apostrophes and '&' normalised for name matching."""
-    text = text.lower()
-    if not text.isascii():
-        text = unicodedata.normalize("NFKD", text)
-        text = "".join(c for c in text if not unicodedata.combining(c))
-    text = text.replace("&", " and ").replace("'", "").replace("’", "")
-    return _TOKEN.findall(text)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,240 @@
+"""The follow-ups' entities stored in the snapshot (format 5, ``entities.bin``; issue 19, 1): a
+gazetteer read from the stored keys answers exactly as one rated from the chunks at load, an old
+snapshot without them is still read, and a hostile file is refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index.entities import ENTITIES_KIND, EntityStats, EntityTable, chunk_entities, chunk_entity
+from index.errors import CorruptSnapshot
+from index.mapped import ArraysFile
+from index.snapshot import ENTITIES, MANIFEST, LoadedSnapshot, load_snapshot, write_pages_snapshot
+from index.types import Page
+from sidecar.snapshots.searcher import Searcher
+from sidecar.turn import followups
+from sidecar.turn.followups import FUNCTION_WORDS_EN, STREETS_EN, Gazetteer
+from tests.snapshot_kit import resign
+
+DIM = 16
+# name -> what its page says: partial names ("the Lensfield"), names one edit away when misheard
+# ("Gonvile", "cityroomz"), a name whose word other entities use ("worth"), names that share
+# words ("Pizza Hut ..."), one on a street ("Bridge"), a one-word page name others mention.
+PAGES = {
+    "THE LENSFIELD HOTEL": "A quiet hotel with parking and a gym. Worth the price.",
+    "HOBSONS HOUSE": "A guest house with free wifi. Well worth a visit, they say.",
+    "ACORN GUEST HOUSE": "A guest house on Chesterton road, worth it for the breakfast.",
+    "GONVILLE HOTEL": "A hotel near the park with a restaurant.",
+    "WORTH HOUSE": "A cheap guest house in the north with parking.",
+    "BRIDGE GUEST HOUSE": "A guest house on Hills road near the station.",
+    "PIZZA HUT CHERRY HINTON": "Pizza and pasta in Cherry Hinton; Selection of salads.",
+    "PIZZA HUT FEN DITTON": "Pizza in Fen Ditton, open late. Selection of desserts.",
+    "PIZZA EXPRESS FEN DITTON": "Pizza and wine in Fen Ditton. A selection of wines.",
+    "CITYROOMZ": "Rooms in the city centre, cheap.",
+    "Selection": "How to select text in the terminal.",
+    "ALEXANDER HOTEL": "A hotel in the centre with a bar.",
+    "ALEXANDER GUEST HOUSE": "A guest house by the river.",
+}
+SAID = [
+    "is the lensfield quiet",
+    "what about the gonvile hotel and cityroomz",
+    "the gonvile near cityroomz or the lensfeld",
+    "12 bridge street please",
+    "bridge guest house has parking?",
+    "is it worth the price at hobsons",
+    "worth house then",
+    "pizza hut in fen ditton or cherry hinton",
+    "fen ditton pizza express",
+    "the selection of desserts",
+    "tell me about selection",
+    "nothing here names anything",
+    "is the alexander by the river",
+]
+
+
+def write_base(folder: Path) -> Path:
+    pages = [
+        Page("hotels", f"{i}.md", name, text, "text", context=name)
+        for i, (name, text) in enumerate(PAGES.items())
+    ]
+    from index.chunker import chunk_page
+
+    chunks = [c for p in pages for c in chunk_page(p)]
+    rng = np.random.default_rng(3)
+    vectors = rng.normal(size=(len(chunks), DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    from index.embedders.base import EmbedderInfo
+
+    write_pages_snapshot(
+        folder,
+        knowledge_base="hotels",
+        version="v1",
+        embedder=EmbedderInfo("fake", DIM),
+        pages=pages,
+        chunks=chunks,
+        vectors=vectors,
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_base(tmp_path_factory.mktemp("entities") / "v1")
+
+
+def from_the_chunks(snapshot: LoadedSnapshot) -> Gazetteer:
+    """The gazetteer as the sidecar built it before format 5: every chunk read, rated here."""
+    entity_of = [chunk_entity(c) for c in snapshot.chunks]
+    stats = EntityStats(snapshot.lexical, entity_of)
+    return Gazetteer(stats.names, FUNCTION_WORDS_EN, stats.is_common, STREETS_EN, stats.confidence)
+
+
+def assert_same_answers(stored: Gazetteer, built: Gazetteer, snapshot: LoadedSnapshot) -> None:
+    for text in SAID:
+        toks = followups.tokens(text)
+        assert stored.find(toks) == built.find(toks), text
+        assert stored.mentions(text) == built.mentions(text), text
+    assert stored.shared == built.shared
+    assert stored.size == built.size
+    assert [stored.entity_of(c) for c in snapshot.chunks] == [
+        chunk_entity(c) for c in snapshot.chunks
+    ]
+
+
+def test_a_gazetteer_read_from_the_snapshot_answers_as_one_rated_from_its_chunks(
+    base: Path,
+) -> None:
+    snapshot = load_snapshot(base)
+    assert snapshot.entities is not None
+    stored, built = Gazetteer.of(snapshot), from_the_chunks(snapshot)
+    assert_same_answers(stored, built, snapshot)
+    assert stored._keys == built._keys
+    assert stored._sure == built._sure
+    # the base exercises what it is meant to: partial and one-edit matches, a weak one-word
+    # name, an address that is not a name, keys two names share
+    found = {m.name: m.confidence for m in stored.find(followups.tokens(" ".join(SAID)))}
+    assert {"THE LENSFIELD HOTEL", "GONVILLE HOTEL", "CITYROOMZ"} <= set(found)
+    assert stored.mentions("12 bridge street please") == []
+    assert found["Selection"] <= 0.25
+    assert stored._keys["alexander"] is None  # two names' partial name: it names neither
+    table = snapshot.entities
+    assert [table.entity(i) for i in range(len(snapshot.chunks))] == chunk_entities(
+        snapshot.chunks
+    )[1]
+
+
+def test_a_format_4_snapshot_is_read_and_rated_at_load(base: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "v4"
+    shutil.copytree(base, folder)
+    manifest = json.loads((folder / MANIFEST).read_bytes())
+    manifest["format_version"] = 4
+    del manifest["files"][ENTITIES], manifest["sizes"][ENTITIES]
+    (folder / ENTITIES).unlink()
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    snapshot = load_snapshot(folder)
+    assert snapshot.entities is None
+    assert_same_answers(Searcher.build(snapshot).gazetteer, from_the_chunks(snapshot), snapshot)
+
+
+def test_keys_rated_by_other_rules_are_rated_again(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snapshot = load_snapshot(base)
+    monkeypatch.setattr(followups, "RULES", followups.RULES + 1)
+    rated = []
+    monkeypatch.setattr(EntityStats, "rated", lambda self: rated.append(1) or rate_of(self))
+    gazetteer = Gazetteer.of(snapshot)
+    assert rated == [1]
+    assert_same_answers(gazetteer, from_the_chunks(snapshot), snapshot)
+
+
+def rate_of(stats: EntityStats) -> followups.Rated:
+    return followups.rate(stats.names, FUNCTION_WORDS_EN, stats.is_common, stats.confidence)
+
+
+def test_a_chunks_entity_is_remembered_within_a_bound(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(followups, "ENTITIES_KEPT", 3)
+    snapshot = load_snapshot(base)
+    gazetteer = Gazetteer.of(snapshot)
+    for chunk in [*snapshot.chunks, *snapshot.chunks]:
+        assert gazetteer.entity_of(chunk) == chunk_entity(chunk)
+        assert len(gazetteer._entities) <= 3
+
+
+def patched(folder: Path, array: str, i: int, raw: bytes) -> None:
+    path = folder / ENTITIES
+    data = bytearray(path.read_bytes())
+    file = ArraysFile(bytes(data), ENTITIES_KIND)
+    spec = file.header["arrays"][array]
+    width = np.dtype(spec["dtype"]).itemsize
+    at = file._extent(array, spec["dtype"])[0] + i * width
+    data[at : at + len(raw)] = raw
+    path.write_bytes(bytes(data))
+    resign(folder, ENTITIES)
+
+
+def header_changed(folder: Path, key: str, value: object) -> None:
+    path = folder / ENTITIES
+    data = path.read_bytes()
+    file = ArraysFile(data, ENTITIES_KIND)
+    header = json.dumps({**file.header, key: value}, separators=(",", ":")).encode()
+    start = 12
+    length = int.from_bytes(data[8:12], "little")
+    padded = header + b" " * (length - len(header))  # JSON allows trailing blanks
+    assert len(padded) == length, "the test's header grew"
+    path.write_bytes(data[:start] + padded + data[start + length :])
+    resign(folder, ENTITIES)
+
+
+ATTACKS = {
+    "entity_of_past_the_names": lambda f: patched(
+        f, "entity_of", 0, (1 << 30).to_bytes(4, "little")
+    ),
+    "key_owner_past_the_names": lambda f: patched(f, "key_owner", 0, (999).to_bytes(4, "little")),
+    "key_sure_nan": lambda f: patched(f, "key_sure", 0, np.float64("nan").tobytes()),
+    "key_sure_above_one": lambda f: patched(f, "key_sure", 0, np.float64(7.0).tobytes()),
+    "key_with_a_capital": lambda f: patched(f, "k_blob", 0, b"Z"),
+    "key_partial_not_a_flag": lambda f: patched(f, "key_partial", 0, b"\x05"),
+    "chunk_count_differs": lambda f: header_changed(f, "count", 3),
+    "shared_words_not_a_list": lambda f: header_changed(f, "shared", 5),
+    "cut_in_half": lambda f: (
+        (f / ENTITIES).write_bytes((f / ENTITIES).read_bytes()[:700]),
+        resign(f, ENTITIES),
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_a_hostile_entities_file_is_refused_by_name(
+    attack: str, base: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / attack
+    shutil.copytree(base, folder)
+    ATTACKS[attack](folder)
+    with pytest.raises(CorruptSnapshot, match=r"entities\.bin"):
+        load_snapshot(folder)
+
+
+def test_keys_that_would_blow_memory_are_refused_before_they_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every prefix of every key is kept in memory: the reader bounds that by the keys'
+    lengths, in bytes, before building anything."""
+    from index import entities
+
+    lexical_chunks = load_snapshot(write_base(tmp_path / "v"))
+    path = tmp_path / "v" / ENTITIES
+    table = EntityTable.open(path, len(lexical_chunks.chunks))
+    lengths = np.diff(np.asarray(table.keys.parts()[1], dtype=np.int64))
+    monkeypatch.setattr(entities, "MAX_GAZETTEER_BYTES", entities.gazetteer_bytes(lengths) - 1)
+    with pytest.raises(ValueError, match="bytes in memory"):
+        EntityTable.open(path, len(lexical_chunks.chunks))
+    long_name = "a" * (entities.MAX_KEY_CHARS + 1)
+    assert followups.Gazetteer([long_name, "Gonville"], FUNCTION_WORDS_EN).size == 1
