@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.quality_conversations [--quick] [--sets dstc11,doc2dial,...]
                                         [--per-turn] [--data ../shared/data] [--out DIR]
-                                        [--no-vector-cache]
+                                        [--no-vector-cache] [--spoken SEED[,NAME_ERR[,FILLER]]]
 
 Every dialogue is driven turn by turn through the real ``sidecar.turn.engine.Engine`` in-process
 (one session per dialogue; user turns as ``Speaker.USER``, agent turns as ``Speaker.AGENT``, in
@@ -450,7 +450,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="embed every query afresh (by default they are kept in bench/.cache between runs)",
     )
+    parser.add_argument(
+        "--spoken",
+        metavar="SEED[,NAME_ERR[,FILLER]]",
+        help="draw the spoken set with another seed (and name-error and filler rates)",
+    )
     args = parser.parse_args(argv)
+    if args.spoken:
+        spoken.redraw(args.spoken)
     sets = tuple(s for s in args.sets.split(",") if s)
     result = asyncio.run(
         _run_cached(args.data, args.quick, sets, args.per_turn, not args.no_vector_cache)

@@ -367,6 +367,21 @@ class Speech:
         return words
 
 
+def redraw(spec: str) -> None:
+    """Draw another spoken set: ``SEED[,NAME_ERROR_RATE[,FILLER_RATE]]`` replace this module's
+    constants (``quality_conversations --spoken``): the same transformation, another seed, or a
+    harsher recogniser, to see that a result does not hang on one draw."""
+    global SEED, NAME_ERROR_RATE, FILLER_RATE
+    seed, *rates = spec.split(",")
+    if len(rates) > 2 or not all(0.0 <= float(r) <= 1.0 for r in rates):
+        raise ValueError(
+            f"--spoken takes SEED[,NAME_ERROR_RATE[,FILLER_RATE]] (rates 0-1): {spec!r}"
+        )
+    SEED = seed or SEED
+    NAME_ERROR_RATE = float(rates[0]) if rates else NAME_ERROR_RATE
+    FILLER_RATE = float(rates[1]) if len(rates) > 1 else FILLER_RATE
+
+
 def turn_rng(dialogue_id: str, index: int) -> random.Random:
     """The seeded draw of one turn (a string seed hashes the same on every run and machine)."""
     return random.Random(f"{SEED}\x00{dialogue_id}\x00{index}")

@@ -85,6 +85,23 @@ def test_transcripts_are_seeded_per_dialogue_and_turn() -> None:
     assert len(draws) > 1  # another dialogue draws other errors
 
 
+def test_another_draw_of_the_spoken_set_is_another_seed_and_harsher_rates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("SEED", "NAME_ERROR_RATE", "FILLER_RATE"):
+        monkeypatch.setattr(spoken, name, getattr(spoken, name))  # restored after the test
+    speech = spoken.Speech(VOCABULARY)
+    first = [speech.transcribe(WRITTEN[0], spoken.turn_rng("d", i)) for i in range(40)]
+    spoken.redraw("another-seed,1.0,1.0")
+    assert (spoken.SEED, spoken.NAME_ERROR_RATE, spoken.FILLER_RATE) == ("another-seed", 1.0, 1.0)
+    heard = [speech.transcribe(WRITTEN[0], spoken.turn_rng("d", i)) for i in range(40)]
+    assert heard != first
+    assert all({"uh", "um", "umm"} & set(h.split()) for h in heard)  # a filler in every turn
+    assert all("alexander" not in h.split() for h in heard)  # the name always misheard
+    with pytest.raises(ValueError, match="SEED"):
+        spoken.redraw("seed,1.5")
+
+
 def test_transcripts_have_fillers_restarts_and_misheard_names() -> None:
     speech = spoken.Speech(VOCABULARY)
     heard = [speech.transcribe(WRITTEN[0], spoken.turn_rng("d", i)) for i in range(200)]
