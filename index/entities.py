@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from index.lexical import LexicalIndex
 from index.mapped import ArraysFile, StringTable, dump_arrays
-from index.tables import ChunkTable
+from index.tables import MAX_EMBED_BYTES, ChunkTable, _bounded
 from index.types import Chunk
 
 ENTITIES_KIND: Final = "voxrecall.entities"
@@ -429,7 +429,10 @@ class EntityTable:
         """The rated keys as the dicts a gazetteer matches by."""
         keys = list(self.keys)
         at = self.key_owner.tolist()
-        owners = {i: self.owners[i] for i in set(at) if i >= 0}  # those that own a key
+        # those that own a key, each cut as a chunk's context is read (``index.tables``): a name
+        # is folded into queries, answers and sessions (a hostile owner of 20 MB behind a key of
+        # 14 letters was)
+        owners = {i: _bounded(self.owners[i], MAX_EMBED_BYTES) for i in set(at) if i >= 0}
         owner_of = [owners[i] if i >= 0 else None for i in at]
         sure = self.key_sure.tolist()
         return Rated(
@@ -443,7 +446,7 @@ class EntityTable:
 
     def entity(self, label: int) -> str:
         """Chunk ``label``'s entity."""
-        return self.names[int(self.entity_of[label])]
+        return _bounded(self.names[int(self.entity_of[label])], MAX_EMBED_BYTES)
 
 
 def _check_keys(file: ArraysFile, keys: StringTable) -> None:

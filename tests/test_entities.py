@@ -11,10 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.entities import ENTITIES_KIND, EntityStats, EntityTable, chunk_entities, chunk_entity
+from index.entities import (
+    ENTITIES_KIND,
+    RULES,
+    EntityStats,
+    EntityTable,
+    chunk_entities,
+    chunk_entity,
+)
 from index.errors import CorruptSnapshot
-from index.mapped import ArraysFile
+from index.mapped import ArraysFile, StringTable, dump_arrays
 from index.snapshot import ENTITIES, MANIFEST, LoadedSnapshot, load_snapshot, write_pages_snapshot
+from index.tables import MAX_EMBED_BYTES
 from index.types import Page
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups
@@ -193,6 +201,31 @@ def header_changed(folder: Path, key: str, value: object) -> None:
     resign(folder, ENTITIES)
 
 
+def owner_grown(folder: Path) -> None:
+    """The file rewritten whole with a key's owner grown by 5 MB of punctuation: the same tokens,
+    so the key still matches it, and the name would be folded into every query."""
+    table = load_snapshot(folder).entities
+    assert table is not None
+    owners = list(table.owners)
+    owners[owners.index("GONVILLE HOTEL")] += " !" * (5 << 19)
+    arrays = {
+        **StringTable.of(list(table.names)).arrays("n_"),
+        "entity_of": np.asarray(table.entity_of),
+        **StringTable.of(owners).arrays("g_"),
+        **StringTable.of(list(table.keys)).arrays("k_"),
+        "key_owner": np.asarray(table.key_owner),
+        "key_sure": np.asarray(table.key_sure),
+        "key_partial": np.asarray(table.key_partial),
+    }
+    held = len(table.entity_of)
+    raw = dump_arrays(
+        ENTITIES_KIND, arrays, count=held, rules=RULES, names=table.size, span=table.span,
+        shared=sorted(table.shared),
+    )  # fmt: skip
+    (folder / ENTITIES).write_bytes(raw)
+    resign(folder, ENTITIES)
+
+
 ATTACKS = {
     "entity_of_past_the_names": lambda f: patched(
         f, "entity_of", 0, (1 << 30).to_bytes(4, "little")
@@ -209,6 +242,21 @@ ATTACKS = {
         resign(f, ENTITIES),
     ),
 }
+
+
+def test_a_hostile_owner_of_megabytes_is_matched_cut_to_the_chunk_context_cap(
+    base: Path, tmp_path: Path
+) -> None:
+    """A key's owner grown by 5 MB of punctuation (the same tokens: the key still matches it) is
+    read cut to a chunk context's cap, as a chunk's own fields are: never megabytes in a query."""
+    folder = tmp_path / "grown"
+    shutil.copytree(base, folder)
+    owner_grown(folder)
+    gazetteer = Gazetteer.of(load_snapshot(folder))
+    named = [m.name for m in gazetteer.find(followups.tokens("about the gonville hotel"))]
+    assert named
+    assert all(len(name.encode()) <= MAX_EMBED_BYTES for name in named)
+    assert named[0].startswith("GONVILLE HOTEL !")
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
