@@ -185,4 +185,7 @@ async def test_a_call_the_sidecar_refuses_gets_its_code_and_message_not_unavaila
     )
     item = next(e for out in sent for e in out if e["type"] == "conversation.item.create")["item"]
     error = orjson.loads(item["output"])["error"]
-    assert error == {"type": "invalid_argument", "message": "call_id is longer than 256 characters"}
+    assert error == {
+        "type": "invalid_arguments",
+        "message": "call_id is longer than 256 characters",
+    }

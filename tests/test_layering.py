@@ -76,7 +76,7 @@ def test_an_http_status_reads_back_as_the_code_of_its_row() -> None:
 @pytest.mark.parametrize(
     ("code", "type_"),
     [
-        (grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument"),
+        (grpc.StatusCode.INVALID_ARGUMENT, "invalid_arguments"),
         (grpc.StatusCode.NOT_FOUND, "not_found"),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "resource_exhausted"),
         (grpc.StatusCode.UNAVAILABLE, "unavailable"),

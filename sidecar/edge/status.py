@@ -79,17 +79,21 @@ def code_of_http_status(status: int) -> grpc.StatusCode:
 
 
 # A refused tool call the model can act on (change its arguments, ask for what exists, try again
-# later): its error output's type is the code's name (``invalid_argument``, ``not_found``,
-# ``resource_exhausted``). Any other (the sidecar down, a token refused, a fault of ours) is
-# ``unavailable``: the model can only tell the caller.
-_MODEL_CODES = frozenset({Code.INVALID_ARGUMENT, Code.NOT_FOUND, Code.RESOURCE_EXHAUSTED})
+# later): its error output's type says so (``invalid_arguments``, as the sidecar's own tool path
+# names arguments it refuses, ``not_found``, ``resource_exhausted``). Any other (the sidecar
+# down, a token refused, a fault of ours) is ``unavailable``: the model can only tell the caller.
+_MODEL_TYPES = {
+    Code.INVALID_ARGUMENT: "invalid_arguments",
+    Code.NOT_FOUND: "not_found",
+    Code.RESOURCE_EXHAUSTED: "resource_exhausted",
+}
 UNAVAILABLE_TYPE = "unavailable"
 
 
 def tool_error_type(code: grpc.StatusCode) -> str:
     """The ``{"error": {"type"}}`` a model reads for a tool call refused with ``code``: the same
     on MCP (``sidecar.http.mcp``) and in the adapters (``sidecar.adapters.client.call_tool``)."""
-    return code.name.lower() if code in _MODEL_CODES else UNAVAILABLE_TYPE
+    return _MODEL_TYPES.get(code, UNAVAILABLE_TYPE)
 
 
 def trailers_for(error: VoxrecallError) -> tuple[tuple[str, str], ...]:
