@@ -505,3 +505,42 @@ def test_the_words_most_names_share_are_the_shared_name() -> None:
     assert followups.Gazetteer(names, followups.FUNCTION_WORDS_EN).shared == {"windows", "terminal"}
     hotels = ["Lensfield Hotel", "Gonville Hotel", "Acorn Guest House", "Loch Fyne", "Nandos"]
     assert followups.Gazetteer(hotels, followups.FUNCTION_WORDS_EN).shared == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("What is conhost.exe?", ["conhost", "exe"]),
+        ("run ./bin/rclone now", ["bin", "rclone"]),
+        ("the SF86 form", ["sf86"]),
+        ("PSReadLine and pCloud", ["psreadline", "pcloud"]),
+        ("Is the hotel near the park?", []),
+        # a run of slashes after a digit: the words around it, read in one pass (the first
+        # pattern backtracked over the run at every start: a turn held the loop half a second)
+        ("see conhost.exe 1" + "/" * 4000, ["conhost", "exe"]),
+    ],
+)
+def test_words_written_as_code_are_a_file_name_mixed_digits_or_an_inner_capital(
+    text: str, code: list[str]
+) -> None:
+    assert followups._written_as_code(text) == code
+
+
+def test_a_keyword_names_a_page_from_the_chunks_the_call_may_reach_only() -> None:
+    """ "conhost.exe" is held by one chunk of the FAQ and one of a page the caller's filters
+    hide: to that caller it names the FAQ (to others, no page alone); a word only hidden chunks
+    hold names nothing, as a word no chunk holds."""
+    said = {
+        "FAQ": "Conhost.exe is the old console host.",
+        "SECRET": "Conhost.exe runs ACCT99 jobs.",
+        "OTHER": "Tabs and panes.",
+    }
+    base = [Chunk(t, "s", f"{t}.md", t, (), text, text) for t, text in said.items()]
+    lexical = LexicalIndex.build(c.embed_text for c in base)
+    hidden = np.array([True, False, True])
+    every = followups.keyword_of(lexical, base, entities.chunk_entity)
+    reachable = followups.keyword_of(lexical, base, entities.chunk_entity, hidden)
+    assert every("conhost") == ""  # two pages hold it
+    assert reachable("conhost") == "FAQ"
+    assert every("acct99") == "SECRET"
+    assert reachable("acct99") == reachable("nowhere") == ""

@@ -6,6 +6,7 @@ Each test feeds a conversation through ``run_turns`` (a real snapshot, the shipp
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -355,6 +356,34 @@ async def test_a_weak_name_said_alone_is_tracked_when_answered_from_a_prefetch(
     assert after.followup.source == Source.ENTITY
     assert after.followup.used == "PCLOUD"
     assert after.hits[0].chunk.text == "pCloud limits file names to 255 characters."
+
+
+async def test_a_final_planned_otherwise_than_its_interim_is_searched_as_its_own_plan(
+    tmp_path: Path,
+) -> None:
+    """The interim "what is conhost exe" is folded with the tracked page; its final "What is
+    conhost.exe?" writes a file name and is searched as said
+    (``test_a_word_only_another_page_uses_names_that_page``): the prefetch is not its answer."""
+    engine = build_engine(DOCS_PAGES, tmp_path, embedder=FakeEmbedder(dimension=1024))
+    prefetcher = Prefetcher(engine, stable_ms=50)
+    try:
+        await run_turns(
+            engine, [("user", "Tell me about Acme Terminal Appearance Profile Settings.")]
+        )
+        prefetcher.interim(
+            TurnInput(session_id=SESSION, text="what is conhost exe", is_final=False)
+        )
+        await asyncio.sleep(0.2)  # the 50 ms stability timer fires first: the prefetch starts
+        final = "What is conhost.exe?"
+        result = await engine.turn(TurnInput(session_id=SESSION, text=final), prefetcher)
+    finally:
+        await prefetcher.aclose()
+        await engine.aclose()
+    assert engine.counters.prefetch_started == 1
+    assert not result.prefetched
+    assert result.query == final
+    assert result.followup.used == ""
+    assert result.hits[0].chunk.title == "ACME TERMINAL FAQ"
 
 
 APP_PAGES = {

@@ -167,6 +167,7 @@ class PlannedSearch:
     sources: tuple[str, ...]
     context_url: str
     allowed: Allowed | None = None  # the filters' and paths' mask (sidecar/turn/scope.py)
+    followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the query folded in
 
 
 @dataclass(slots=True)
@@ -190,6 +191,7 @@ class PrefetchMatch:
 
     query: str
     result: SearchResult | None
+    followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the prefetched query folded in
 
 
 class Prefetch(Protocol):
@@ -273,9 +275,14 @@ class Engine:
         if skip is not Skip.NOT_SKIPPED:
             self._record(session, Speaker.USER, utterance, mentions)
             return self._skipped(session, skip, searcher, budget)
-        plan = self._plan(session, utterance, mentions, searcher)
+        plan = self._plan(session, utterance, mentions, searcher, allowed)
         self._record(session, Speaker.USER, utterance, mentions)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
+        if taken is not None and taken.followup != plan.followup:
+            # planned otherwise on its interim words ("conhost exe" folded, "conhost.exe?" said
+            # as a name of its own): the final's own plan is searched, and its pages counted
+            taken = None
+        prefetched = taken is not None and taken.result is not None
         if taken is not None and taken.result is not None:
             query, result = taken.query, taken.result
             self.counters.prefetched += 1
@@ -303,9 +310,9 @@ class Engine:
                 search_ms=result.timings.search_ms,
                 total_ms=budget.elapsed_ms(),
             ),
-            prefetched=taken is not None and taken.result is not None,
+            prefetched=prefetched,
             truncated=self._truncates(query),
-            followup=plan.followup if query == plan.query else followups.NO_FOLLOWUP,
+            followup=plan.followup if prefetched or query == plan.query else followups.NO_FOLLOWUP,
             rerank=result.rerank,
         )
 
@@ -433,8 +440,10 @@ class Engine:
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
         mentions = searcher.gazetteer.find(utterance.tokens)
-        query = self._plan(session, utterance, mentions, searcher).query
-        return PlannedSearch(kb, searcher, query, req.sources, req.context_url, allowed)
+        plan = self._plan(session, utterance, mentions, searcher, allowed)
+        return PlannedSearch(
+            kb, searcher, plan.query, req.sources, req.context_url, allowed, plan.followup
+        )
 
     def _plan(
         self,
@@ -442,11 +451,14 @@ class Engine:
         utterance: Utterance,
         mentions: tuple[Mention, ...],
         searcher: Searcher,
+        allowed: Allowed | None,
     ) -> followups.Plan:
-        """``followups.plan`` for a user turn, with the snapshot's names and keywords."""
+        """``followups.plan`` for a user turn, with the snapshot's names and the keywords of
+        the chunks the call may reach (``allowed``)."""
         gazetteer = searcher.gazetteer
+        mask = allowed.mask if allowed is not None else None
         keyword = followups.keyword_of(
-            searcher.snapshot.lexical, searcher.chunks, gazetteer.entity_of
+            searcher.snapshot.lexical, searcher.chunks, gazetteer.entity_of, mask
         )
         return followups.plan(
             session, utterance, mentions, self.config.followups, gazetteer.shared, keyword

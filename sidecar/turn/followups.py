@@ -55,6 +55,9 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+import numpy.typing as npt
+
 from index.entities import (
     FUNCTION_WORDS_EN as FUNCTION_WORDS_EN,
 )
@@ -381,13 +384,20 @@ def gazetteer(snapshot: LoadedSnapshot) -> Gazetteer:
 
 
 def keyword_of(
-    lexical: LexicalIndex, chunks: Sequence[Chunk], entity_of: Callable[[Chunk], str]
+    lexical: LexicalIndex,
+    chunks: Sequence[Chunk],
+    entity_of: Callable[[Chunk], str],
+    mask: npt.NDArray[np.bool_] | None = None,
 ) -> Keyword:
     """A ``plan``'s ``keyword``: the entity whose chunks alone hold a word, when one to
-    KEYWORD_DOCS chunks do, read from the lexical index's postings; "" otherwise."""
+    KEYWORD_DOCS chunks do, read from the lexical index's postings; "" otherwise. With ``mask``
+    (the call's filters: ``Allowed.mask``) only the chunks the call may reach count: what a
+    hidden chunk holds never changes how a turn is searched."""
 
     def keyword(word: str) -> str:
         docs = lexical.matching(word)
+        if mask is not None:
+            docs = docs[mask[docs]]
         if not 0 < len(docs) <= KEYWORD_DOCS:
             return ""
         about = {entity_of(chunks[int(doc)]) for doc in docs}
@@ -713,7 +723,9 @@ _DIGIT = re.compile(r"\d")
 _LETTER = re.compile(r"[^\W\d_]")
 _CAMEL = re.compile(r"[a-z][A-Z]")  # "PSReadLine", "pCloud"; not "Hotel", "VA"
 _CODE_SHAPED = re.compile(r"\w[./]\w|\d|[a-z][A-Z]")  # any of the three, anywhere
-_WRITTEN = re.compile(r"[\w./]*\w")
+# a word and its dots and slashes, linear: "[\w./]*\w" backtracked over a run of slashes at
+# every start (a 4,000-character turn of them held the event loop half a second)
+_WRITTEN = re.compile(r"\w+(?:[./]+\w+)*")
 
 
 def _looks_like_code(written: str) -> bool:

@@ -128,7 +128,7 @@ class Prefetcher:
                     await asyncio.shield(ahead.task)
             except TimeoutError:
                 self._cancel(ahead.task)  # its embedding goes on in the background
-                return PrefetchMatch(query=ahead.planned.query, result=None)
+                return PrefetchMatch(ahead.planned.query, None, ahead.planned.followup)
         if ahead.task.cancelled() or ahead.task.exception() is not None:
             return None
         result = ahead.task.result()
@@ -138,6 +138,7 @@ class Prefetcher:
         return PrefetchMatch(
             query=ahead.planned.query,
             result=replace(result, timings=Timings(embed_ms=waited_ms)),
+            followup=ahead.planned.followup,
         )
 
     def discard(self) -> None:
