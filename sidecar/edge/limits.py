@@ -91,6 +91,9 @@ class ConcurrencyLimit(Hook):
             {name: streams for name, (_, streams) in shares.items()},
         )
         self.refused = 0
+        # streams whose handler has ended while gRPC still holds their answers unread: each
+        # keeps its slot (and so its bytes stay bounded) until the client reads or goes
+        self.lingering = 0
         self._calls: dict[int, Call] = {}  # the calls holding a slot, by id()
         self._idle: asyncio.Event | None = None  # made on the loop, when a drain waits
 
@@ -135,13 +138,28 @@ class ConcurrencyLimit(Hook):
         self._calls[id(call)] = call
 
     def end(self, call: Call) -> None:
+        """The call's handler is over: its slot is given back, once the call is done too (a
+        stream ended unread, ``written_within``, is done only when its client reads or goes)."""
         slot = call.notes.pop(_SLOT, None)
-        if slot is not None:
-            pool, caller = slot
-            pool.give(caller)
-            self._calls.pop(id(call), None)
-            if self.in_flight == 0 and self._idle is not None:
-                self._idle.set()
+        if slot is None:
+            return
+        if call.streaming and not call.context.done():
+            self.lingering += 1
+            # (grpc-stubs type the callback as a class of its own, not a callable)
+            call.context.add_done_callback(lambda _: self._lingered(call, slot))  # type: ignore[arg-type]
+            return
+        self._give(call, slot)
+
+    def _lingered(self, call: Call, slot: tuple[Pool, str]) -> None:
+        self.lingering -= 1
+        self._give(call, slot)
+
+    def _give(self, call: Call, slot: tuple[Pool, str]) -> None:
+        pool, caller = slot
+        pool.give(caller)
+        self._calls.pop(id(call), None)
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
 
 
 async def idle_limited(requests: AsyncIterator[_T], idle_s: float) -> AsyncIterator[_T]:
