@@ -247,16 +247,7 @@ async def test_a_huge_chunk_of_an_old_snapshot_is_answered_cut_to_the_chunk_cap(
     """Three chunks of 1.75 MB: Search and Turn answer with each cut to MAX_CHUNK_BYTES (at a
     character), within the message limit, and a tool call within tool_output_chars."""
     question = "How do I reset my password?"
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{old_sidecar.port}") as channel:
-        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
-        found = await stub.Search(pb.SearchRequest(query=question, limit=3), timeout=60)
-        turn = await stub.Turn(
-            pb.TurnRequest(session_id="s", text=question, is_final=True), timeout=60
-        )
-        tool = await stub.InvokeTool(
-            pb.InvokeToolRequest(name="search_faq", arguments_json='{"query": "reset password"}'),
-            timeout=60,
-        )
+    found, turn, tool = await _three_ways(old_sidecar.port, question, "reset password")
     for chunks in (found.chunks, turn.chunks, turn.context):
         assert len(chunks) == 3
         for chunk in chunks:
@@ -266,6 +257,23 @@ async def test_a_huge_chunk_of_an_old_snapshot_is_answered_cut_to_the_chunk_cap(
     assert not tool.is_error
     assert len(tool.output) <= OUTPUT_CHARS
     assert orjson.loads(tool.output)["results"]
+
+
+async def _three_ways(
+    port: int, question: str, tool_query: str
+) -> tuple[pb.SearchResponse, pb.TurnResponse, pb.InvokeToolResponse]:
+    """A question asked as a Search, a Turn and a knowledge tool call (``search_faq``)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        found = await stub.Search(pb.SearchRequest(query=question, limit=3), timeout=60)
+        turn = await stub.Turn(
+            pb.TurnRequest(session_id="s", text=question, is_final=True), timeout=60
+        )
+        arguments = orjson.dumps({"query": tool_query}).decode()
+        tool = await stub.InvokeTool(
+            pb.InvokeToolRequest(name="search_faq", arguments_json=arguments), timeout=60
+        )
+    return found, turn, tool
 
 
 # -- a hostile snapshot's huge titles, breadcrumbs, URLs and metadata -----------------------------
@@ -280,19 +288,8 @@ async def test_a_snapshot_with_huge_titles_and_urls_answers_with_them_cut(
     (6 MB of them in one answer, over the 4 MiB message limit): the snapshot is served, and
     Search, Turn and a tool call answer with each string cut to its cap (MAX_FIELD_BYTES)."""
     question = "How do I reset my password?"
-    async with (
-        serving(tmp_path, local_embedder, {"field_pad": FIELD_PAD}) as sc,
-        grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel,
-    ):
-        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
-        found = await stub.Search(pb.SearchRequest(query=question, limit=3), timeout=60)
-        turn = await stub.Turn(
-            pb.TurnRequest(session_id="s", text=question, is_final=True), timeout=60
-        )
-        tool = await stub.InvokeTool(
-            pb.InvokeToolRequest(name="search_faq", arguments_json='{"query": "password"}'),
-            timeout=60,
-        )
+    async with serving(tmp_path, local_embedder, {"field_pad": FIELD_PAD}) as sc:
+        found, turn, tool = await _three_ways(sc.port, question, "password")
     for chunks in (found.chunks, turn.chunks, turn.context):
         assert len(chunks) == 3
         for chunk in chunks:
