@@ -23,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
+from index.snapshot import load_snapshot, page_key
 from index.tables import MAX_FIELD_BYTES
 from sidecar.config import SidecarConfig
 from sidecar.edge.server import Sidecar, create_server
@@ -302,3 +303,21 @@ async def test_a_snapshot_with_huge_titles_and_urls_answers_with_them_cut(
     assert not tool.is_error  # within tool_output_chars: no room for a result of such titles
     assert len(tool.output) <= SidecarConfig().tool_output_chars
     assert orjson.loads(tool.output)["truncated"] is True
+
+
+async def test_a_large_page_asked_for_at_once_is_decoded_once(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """Eight calls at once for a page over a MiB (decoded off the event loop): one decodes it,
+    the others wait for it and take it from those kept; decoding never holds more than one
+    large page's bytes, however many calls come."""
+    folder = await asyncio.to_thread(
+        write_version, tmp_path, version_id(1), local_embedder, page_bytes=tools.OFF_LOOP_BYTES
+    )
+    snapshot = await asyncio.to_thread(load_snapshot, folder)
+    reader = tools.PageReader()
+    key = page_key("faq", "password.md")
+    texts = await asyncio.gather(*(reader._text(snapshot, key) for _ in range(8)))
+    assert len(texts[0]) > tools.OFF_LOOP_BYTES
+    assert all(text == texts[0] for text in texts)
+    assert reader.decoded == 1

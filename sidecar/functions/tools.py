@@ -551,6 +551,9 @@ class PageReader:
         self.cache_bytes = cache_bytes
         self._kept: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._kept_bytes = 0
+        # one large page decoded at a time: what decoding holds is bounded in bytes
+        # (MAX_PAGE_BYTES of UTF-8 and its str), not by how many calls come at once
+        self._large = asyncio.Lock()
         self.decoded = 0  # pages decoded (tests: a page read in parts is decoded once)
 
     async def read(
@@ -592,9 +595,21 @@ class PageReader:
                 "path), or rebuild the base with a smaller max_page_bytes"
             )
         if size > OFF_LOOP_BYTES:
-            text = await asyncio.to_thread(snapshot.pages.__getitem__, key)
-        else:
-            text = snapshot.pages[key]
+            return await self._decoded_off_loop(snapshot, key, kept_key)
+        return self._decoded(snapshot.pages[key], kept_key)
+
+    async def _decoded_off_loop(
+        self, snapshot: LoadedSnapshot, key: str, kept_key: tuple[str, str]
+    ) -> str:
+        """A large page decoded in a worker thread, one at a time; a page another call decoded
+        while this one waited is taken from those kept."""
+        async with self._large:
+            text = self._kept.get(kept_key)
+            if text is not None:
+                return text
+            return self._decoded(await asyncio.to_thread(snapshot.pages.__getitem__, key), kept_key)
+
+    def _decoded(self, text: str, kept_key: tuple[str, str]) -> str:
         self.decoded += 1
         self._keep(kept_key, text)
         return text
