@@ -34,6 +34,7 @@ import grpc
 
 from bench.corpus import CorpusSpec, load_or_generate
 from bench.ours import _request, build_snapshot, embedder_info
+from bench.profile_turn import TimedIndex
 from index.embedders.base import HashEmbedder
 from sidecar.config import parse_config
 from sidecar.edge.interceptor import HookInterceptor
@@ -66,30 +67,10 @@ class _Context:
         raise RuntimeError(f"{code}: {details}")
 
 
-class _TimedGraph:
-    """An hnswlib ``Index`` that adds this thread's CPU in each ``knn_query`` to ``seconds``."""
-
-    def __init__(self, index: Any) -> None:
-        self._index = index
-        self.seconds = 0.0
-        self.calls = 0
-
-    def knn_query(self, *args: Any, **kwargs: Any) -> Any:
-        started = time.thread_time()
-        try:
-            return self._index.knn_query(*args, **kwargs)
-        finally:
-            self.seconds += time.thread_time() - started
-            self.calls += 1
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._index, name)
-
-
-def _timed_graph(holder: Any, kb: str) -> _TimedGraph:
-    """Serve ``kb``'s searcher again with its graph behind a ``_TimedGraph``."""
+def _timed_graph(holder: Any, kb: str) -> TimedIndex:
+    """Serve ``kb``'s searcher again with its graph behind a ``TimedIndex`` on this thread's CPU."""
     searcher = holder.use(kb)
-    graph = _TimedGraph(searcher.snapshot.index)
+    graph = TimedIndex(searcher.snapshot.index, time.thread_time)
     holder.publish(replace(searcher, snapshot=replace(searcher.snapshot, index=graph)))
     return graph
 
