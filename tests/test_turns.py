@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from index.embedders.base import FakeEmbedder
-from sidecar.turn.engine import TurnInput
+from sidecar.turn.engine import TurnInput, TurnResult
 from sidecar.turn.followups import Source
 from sidecar.turn.prefetch import Prefetcher
 from sidecar.turn.skip import Skip
@@ -32,6 +32,13 @@ PLACES = {
     "TWO TWO CAFE": ["Two Two Cafe serves coffee and cake.", "Two Two Cafe opens at seven."],
     "LANTERN HOUSE": ["Lantern House has two gardens.", "Lantern House sells two kinds of tea."],
 }
+
+
+def assert_said_as_itself(result: TurnResult, text: str, title: str) -> None:
+    """The turn was searched as said (nothing folded in) and answered from page ``title``."""
+    assert result.query == text
+    assert result.followup.used == ""
+    assert result.hits[0].chunk.title == title
 
 
 async def test_the_agents_naming_wins_over_a_passing_mention(tmp_path: Path) -> None:
@@ -232,9 +239,7 @@ async def test_a_turn_naming_another_page_weakly_leaves_the_tracked_one(tmp_path
         tmp_path,
         embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
-    assert results[1].query == "Tell me about pCloud."
-    assert results[1].followup.used == ""
-    assert results[1].hits[0].chunk.title == "PCLOUD"
+    assert_said_as_itself(results[1], "Tell me about pCloud.", "PCLOUD")
 
 
 async def test_a_new_question_after_recent_turns_keeps_its_own_answer(tmp_path: Path) -> None:
@@ -381,9 +386,7 @@ async def test_a_final_planned_otherwise_than_its_interim_is_searched_as_its_own
         await engine.aclose()
     assert engine.counters.prefetch_started == 1
     assert not result.prefetched
-    assert result.query == final
-    assert result.followup.used == ""
-    assert result.hits[0].chunk.title == "ACME TERMINAL FAQ"
+    assert_said_as_itself(result, final, "ACME TERMINAL FAQ")
 
 
 APP_PAGES = {
@@ -419,9 +422,9 @@ async def test_a_question_saying_the_base_s_shared_name_is_searched_as_itself(
         embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
     assert results[0].followup.used == ""  # named confidently: searched as said, and tracked
-    assert results[1].query == "What shells does Acme Terminal support?"
-    assert results[1].followup.used == ""
-    assert results[1].hits[0].chunk.title == "ACME TERMINAL PROFILES"
+    assert_said_as_itself(
+        results[1], "What shells does Acme Terminal support?", "ACME TERMINAL PROFILES"
+    )
     assert results[2].query.startswith("ACME TERMINAL ACTIONS: ")
     assert results[2].followup.used == "ACME TERMINAL ACTIONS"
 
@@ -463,9 +466,7 @@ async def test_a_question_with_an_expletive_it_says_its_own_topic(tmp_path: Path
         embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
     assert results[0].followup.used == ""  # named confidently: searched as said, and tracked
-    assert results[1].query == said
-    assert results[1].followup.used == ""
-    assert results[1].hits[0].chunk.title == "ACME TERMINAL SCRIPTING"
+    assert_said_as_itself(results[1], said, "ACME TERMINAL SCRIPTING")
     assert results[3].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"
 
 
@@ -484,7 +485,5 @@ async def test_a_word_only_another_page_uses_names_that_page(tmp_path: Path) -> 
         tmp_path,
         embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
-    assert results[1].query == "What is conhost.exe?"
-    assert results[1].followup.used == ""
-    assert results[1].hits[0].chunk.title == "ACME TERMINAL FAQ"
+    assert_said_as_itself(results[1], "What is conhost.exe?", "ACME TERMINAL FAQ")
     assert results[2].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"
