@@ -26,13 +26,14 @@ Sessions are user turns only (as a typed search box or a caller who asks and lis
   named, beside the follow-up searched alone and joined with its opener (the naive baselines);
 * ``opener_hit_at_3``: the same for the openers themselves (the base finds the page it names).
 
-A second draw, ``topics-spoken`` (``SPOKEN``), checks that a result does not hang on one
-ordering or on written questions: the pairs and the interleaving drawn with another seed
-(``SPOKEN_SEED``), and every turn said as a voice caller would say it, through
+A second draw checks that a result does not hang on one ordering or on written questions: the
+pairs and the interleaving drawn with another seed (``SECOND_SEED``), as written (``topics-2``,
+``SECOND``) and with every turn said as a voice caller would say it (``topics-spoken``,
+``SPOKEN``), through
 ``bench.spoken.Speech`` (lower case, no punctuation, numbers as words, names misheard, fillers
 and restarts), a file name's dots said ("settings dot json"). Its vocabulary (which words are
 names, what they sound like) is the base's chunk texts and the session's turns; each turn is
-drawn with a seed of its own (``SPOKEN_SEED``, the base, the session, the turn's index) and a
+drawn with a seed of its own (``SECOND_SEED``, the base, the session, the turn's index) and a
 name is heard alike through a session. A stand-alone turn is asked alone as heard in its
 session, so the two are the same words.
 """
@@ -60,7 +61,7 @@ from sidecar.config import parse_config
 from sidecar.turn.engine import Engine, SearchInput, TurnInput
 
 SEED = "voxrecall-topics-1"
-SPOKEN_SEED = "voxrecall-topics-spoken-1"  # the second draw: other pairs, order, and speech
+SECOND_SEED = "voxrecall-topics-spoken-1"  # the second draw: other pairs and order
 SESSION_TURNS = 10  # the issue's docs session: ten questions
 MIN_HEADING_PAGES = 2  # a follow-up's heading heads sections of at least this many pages
 PAIRS_PER_QUESTION = 0.5  # follow-up pairs per FAQ question (rclone: 18 questions, 9 pairs)
@@ -174,7 +175,8 @@ class Draw:
 
 
 WRITTEN = Draw()
-SPOKEN = Draw(SPOKEN_SEED, spoken=True)
+SECOND = Draw(SECOND_SEED)  # ``topics-2``: the second draw as written
+SPOKEN = Draw(SECOND_SEED, spoken=True)  # ``topics-spoken``: the second draw said aloud
 _DOT = re.compile(r"(?<=\w)\.(?=\w)")  # "settings.json": said "settings dot json"
 
 
