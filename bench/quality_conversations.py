@@ -21,7 +21,8 @@ previous turn ends with "?"), where the content is often in that question. ``gol
 often the session's top-1 chunk is about the gold entity or page (its contextual prefix), and
 the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``),
 ``bench.spoken`` (``dstc11-spoken``) and ``bench.topics`` (``topics``: stand-alone questions and
-follow-ups in one session); ``cast`` is ``bench.quality_turns``' TREC CAsT rewrite closeness,
+follow-ups in one session; ``topics-2``: another draw of them; ``topics-spoken``: that draw said
+aloud); ``cast`` is ``bench.quality_turns``' TREC CAsT rewrite closeness,
 reported beside them.
 
 As a library, with a variant of the engine and no snapshot rebuilt (each set's snapshot is
@@ -234,7 +235,8 @@ DIALOGUE_SETS: dict[str, Callable[[Path, bool, bool], ConversationSet]] = {
     "dstc11-spoken": dstc11_spoken,
     "doc2dial": conversations.doc2dial,
 }
-SETS = (*DIALOGUE_SETS, "topics", "cast")
+TOPIC_DRAWS = {"topics": topics.WRITTEN, "topics-2": topics.SECOND, "topics-spoken": topics.SPOKEN}
+SETS = (*DIALOGUE_SETS, *TOPIC_DRAWS, "cast")
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,21 +293,23 @@ async def _one_set(name: str, data_dir: Path, options: Options, embedder: Embedd
     if name == "cast":
         path = data_dir / "followups-trec-cast" / "followup_turns.jsonl"
         return await asyncio.to_thread(quality_turns.cast_quality, path, embedder, options.quick)
-    if name == "topics":
-        return await _topics(data_dir, options, embedder)
+    if name in TOPIC_DRAWS:
+        return await _topics(data_dir, options, embedder, TOPIC_DRAWS[name])
     cs = DIALOGUE_SETS[name](data_dir, options.quick, options.tiny)
     store_dir = await asyncio.to_thread(cs.store, embedder)
     async with options.serve(eval_config(store_dir, options.sidecar), embedder) as engine:
         return await score_set(cs, engine, options.per_turn)
 
 
-async def _topics(data_dir: Path, options: Options, embedder: Embedder) -> dict[str, Any]:
+async def _topics(
+    data_dir: Path, options: Options, embedder: Embedder, draw: topics.Draw
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for base in topics.QUICK_BASES if options.quick else tuple(topics.BASES):
         folder = data_dir / topics.BASES[base]
         store_dir = await asyncio.to_thread(topics.docs_store, base, folder / "docs", embedder)
         async with options.serve(eval_config(store_dir, options.sidecar), embedder) as engine:
-            out[base] = await topics.topic_quality(base, folder, engine)
+            out[base] = await topics.topic_quality(base, folder, engine, draw)
     return out
 
 
@@ -341,9 +345,11 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     blocks = []
     for cols, names in groups.items():
         title = "hit@3" if "session" in cols else names[0].split("-")[0]
-        lines = [f"{title:<16}" + "".join(f" {c:>14.14}" for c in cols)]
+        width = max(16, *(len(name) + 1 for name in names))
+        lines = [f"{title:<{width}}" + "".join(f" {c:>14.14}" for c in cols)]
         for name in names:
-            lines.append(f"{name:<16}" + "".join(f" {_cell(rows[name][c]):>14}" for c in cols))
+            cells = "".join(f" {_cell(rows[name][c]):>14}" for c in cols)
+            lines.append(f"{name:<{width}}" + cells)
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
@@ -359,10 +365,10 @@ def _cell(value: Any) -> str:
 def _rows(sets: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """The table's rows: one a dialogue set, one a topics base, one for cast."""
     for name, result in sets.items():
-        if name == "topics":
+        if name in TOPIC_DRAWS:
             for base, row in result.items():
                 if isinstance(row, dict):
-                    yield f"topics-{base}", topics_row(row)
+                    yield f"{name}-{base}", topics_row(row)
         elif name == "cast":
             yield name, cast_row(result)
         else:

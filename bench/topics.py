@@ -25,6 +25,17 @@ Sessions are user turns only (as a typed search box or a caller who asks and lis
 * ``followup_hit_at_3``: the share of follow-ups whose top 3 hold a chunk of the page the opener
   named, beside the follow-up searched alone and joined with its opener (the naive baselines);
 * ``opener_hit_at_3``: the same for the openers themselves (the base finds the page it names).
+
+A second draw checks that a result does not hang on one ordering or on written questions: the
+pairs and the interleaving drawn with another seed (``SECOND_SEED``), as written (``topics-2``,
+``SECOND``) and with every turn said as a voice caller would say it (``topics-spoken``,
+``SPOKEN``), through
+``bench.spoken.Speech`` (lower case, no punctuation, numbers as words, names misheard, fillers
+and restarts), a file name's dots said ("settings dot json"). Its vocabulary (which words are
+names, what they sound like) is the base's chunk texts and the session's turns; each turn is
+drawn with a seed of its own (``SECOND_SEED``, the base, the session, the turn's index) and a
+name is heard alike through a session. A stand-alone turn is asked alone as heard in its
+session, so the two are the same words.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from typing import Any
 
 import orjson
 
-from bench import quality_turns
+from bench import quality_turns, spoken
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH
 from index.build import build_knowledge_base
 from index.embedders.base import Embedder
@@ -50,6 +61,7 @@ from sidecar.config import parse_config
 from sidecar.turn.engine import Engine, SearchInput, TurnInput
 
 SEED = "voxrecall-topics-1"
+SECOND_SEED = "voxrecall-topics-spoken-1"  # the second draw: other pairs and order
 SESSION_TURNS = 10  # the issue's docs session: ten questions
 MIN_HEADING_PAGES = 2  # a follow-up's heading heads sections of at least this many pages
 PAIRS_PER_QUESTION = 0.5  # follow-up pairs per FAQ question (rclone: 18 questions, 9 pairs)
@@ -154,6 +166,40 @@ def sessions(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """One topic-switch set of a base: its seed, and whether the turns are said aloud."""
+
+    seed: str = SEED
+    spoken: bool = False
+
+
+WRITTEN = Draw()
+SECOND = Draw(SECOND_SEED)  # ``topics-2``: the second draw as written
+SPOKEN = Draw(SECOND_SEED, spoken=True)  # ``topics-spoken``: the second draw said aloud
+_DOT = re.compile(r"(?<=\w)\.(?=\w)")  # "settings.json": said "settings dot json"
+
+
+def said_aloud(
+    runs: Sequence[Sequence[Asked]], texts: Sequence[str], seed: str, name: str
+) -> list[list[Asked]]:
+    """The sessions with every turn as a voice caller says it (``bench.spoken.Speech``, its
+    vocabulary ``texts`` and the turns), a follow-up's opener as heard in its session."""
+    said = [_DOT.sub(" dot ", a.text) for run in runs for a in run]
+    speech = spoken.Speech([*texts, *said])
+    out: list[list[Asked]] = []
+    for s, run in enumerate(runs):
+        heard: dict[str, str] = {}  # a name is heard alike through one call
+        session: list[Asked] = []
+        for i, asked in enumerate(run):
+            rng = random.Random(f"{seed}\x00{name}\x00{s}\x00{i}")
+            text = speech.transcribe(_DOT.sub(" dot ", asked.text), rng, heard)
+            opener = session[-1].text if asked.kind == "followup" else ""
+            session.append(Asked(asked.kind, text, asked.page, opener))
+        out.append(session)
+    return out
+
+
 class Tally:
     def __init__(self) -> None:
         self.n = 0
@@ -167,13 +213,18 @@ class Tally:
         return round(self.hits / self.n, 4) if self.n else None
 
 
-async def topic_quality(name: str, folder: Path, engine: Engine) -> dict[str, Any]:
+async def topic_quality(
+    name: str, folder: Path, engine: Engine, draw: Draw = WRITTEN
+) -> dict[str, Any]:
     """Every session of one docs base through ``engine``: the figures of the module docstring."""
     snapshot = engine.snapshot(name)
-    rng = random.Random(f"{SEED}\x00{name}")
+    rng = random.Random(f"{draw.seed}\x00{name}")
     questions = faq_questions(folder)
     pairs = followup_pairs(snapshot, round(PAIRS_PER_QUESTION * len(questions)), rng)
     runs = sessions(questions, pairs, rng)
+    if draw.spoken:
+        runs = said_aloud(runs, [c.text for c in snapshot.chunks], draw.seed, name)
+        pairs = [a for run in runs for a in run if a.kind != "faq"]
 
     async def turn(sid: str, text: str) -> list[Any]:
         result = await engine.turn(

@@ -263,6 +263,32 @@ def test_topic_sessions_keep_pairs_together_and_are_seeded() -> None:
                 assert run[i - 1].text == t.opener
 
 
+def test_topic_sessions_said_aloud_are_seeded_transcripts_with_their_openers() -> None:
+    """The second topic draw: every turn as a caller says it, the same on every run, a
+    follow-up's opener the words its session heard, kinds and pages kept."""
+    runs = [
+        [
+            topics.Asked("faq", "Where is settings.json kept, and can I edit it?"),
+            topics.Asked("opener", "Tell me about Shell Integration.", "shell.md"),
+            topics.Asked("followup", "What about limitations for it?", "shell.md", "x"),
+        ],
+        [topics.Asked("faq", "How do I open 2 tabs at once?")],
+    ]
+    vocabulary = ["Shell integration marks prompts.", "Open tabs with ctrl+t."]
+    a = topics.said_aloud(runs, vocabulary, "seed", "docs")
+    assert a == topics.said_aloud(runs, vocabulary, "seed", "docs")
+    assert [[t.kind for t in run] for run in a] == [[t.kind for t in run] for run in runs]
+    assert [[t.page for t in run] for run in a] == [[t.page for t in run] for run in runs]
+    for run in a:
+        for t in run:
+            assert t.text == t.text.lower()
+            assert not any(c in t.text for c in "?.,")
+            assert not any(c.isdigit() for c in t.text)
+    assert "dot json" in a[0][0].text  # a file name's dot is said
+    assert a[0][2].opener == a[0][1].text  # the follow-up's opener as heard in its session
+    assert "two" in a[1][0].text.split()
+
+
 def test_a_name_is_heard_the_same_way_through_a_dialogue() -> None:
     speech = spoken.Speech(VOCABULARY)
     texts = [

@@ -211,6 +211,48 @@ async def test_a_self_contained_question_after_a_topic_is_searched_as_itself(
     assert results[3].hits[0].chunk.text == "Google Drive limits uploads to 750 GB a day."
 
 
+TERMINAL = {
+    "KEY BINDINGS": [
+        "Key bindings map keys to commands such as copy and paste.",
+        "Add a key binding to run a command from the keyboard.",
+        "Paste has a shortcut: ctrl+v.",
+    ],
+    "CONFIGURATION": [
+        "You find the settings file in the dropdown menu.",
+        "Paste has a setting: trim blanks.",
+    ],
+    "LAUNCHING": ["Start the terminal from the command line with a profile and a folder."],
+    # a page that says both the tracked page's words and the question's
+    "PALETTE": ["Find the key bindings and settings in the command palette."],
+}
+
+
+async def test_a_question_the_tracked_name_does_not_decide_keeps_its_own_answer(
+    tmp_path: Path,
+) -> None:
+    """Folded with the tracked page ("KEY BINDINGS: where can I find the settings file"), the
+    question's best chunk is a third page's, not the tracked one's: the name did not decide
+    the answer, so the turn's own ranking stands, though its own words prefer their answer by
+    less than the margin a tracked entity is otherwise kept by. Where the folded search's
+    best chunk is the tracked page's, the page still answers."""
+    question = "where can I find the settings file"
+    results = await run_turns(
+        TERMINAL,
+        [
+            ("user", "Tell me about key bindings."),
+            ("user", question),
+            ("user", "what does paste have as a setting"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert_said_as_itself(results[1], question, "CONFIGURATION")
+    # the page stays tracked, and answers a question whose folded search finds it first
+    assert results[2].followup.source == Source.ENTITY
+    assert results[2].followup.used == "KEY BINDINGS"
+    assert results[2].hits[0].chunk.title == "KEY BINDINGS"
+
+
 BACKENDS = {
     "GOOGLE DRIVE": [
         "To set up Google Drive, run rclone config and choose drive.",

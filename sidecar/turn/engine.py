@@ -64,6 +64,8 @@ STANDALONE_MARGIN = 0.15
 # The same against a tracked entity, where below it the entity-folded query answers: a named
 # entity is strong evidence (on DSTC11, hundreds of places with reviews of the same aspects,
 # ranking both by their mean cosine fell from 0.806 to 0.795, and 0.1 let turns stray too).
+# Below it the turn still keeps its own result when the folded query's best chunk is not the
+# entity's (``_about``): the name did not decide the answer.
 ENTITY_STANDALONE_MARGIN = 0.25
 # How deep the folded query and the turn alone are each searched before their candidates are
 # fused: the top results of either, with room for the page prior to lift one into the top.
@@ -838,6 +840,8 @@ def _combined(
     if not plan.refers and _stands_alone(folded, own, margin):
         return text, _cut(own, limit)
     if entity:
+        if not _about(folded, plan.followup.used, entity_of):
+            return text, _cut(own, limit)  # the entity did not decide it: the turn's words did
         return plan.query, _cut(folded, limit)
     hits = _fused(folded.hits, own.hits)
     if prior:
@@ -859,6 +863,16 @@ def _stands_alone(folded: SearchResult, own: SearchResult, margin: float) -> boo
     top = folded.hits[0].chunk.chunk_id
     theirs = next((h.score for h in own.hits if h.chunk.chunk_id == top), own.hits[-1].score)
     return own.hits[0].chunk.chunk_id != top and own.hits[0].score - theirs >= margin
+
+
+def _about(folded: SearchResult, entity: str, entity_of: EntityOf) -> bool:
+    """Whether the entity-folded query's best chunk is the tracked ``entity``'s. The name is
+    folded in to lift that entity's chunks over the like chunks of others ("Do guests find the
+    staff friendly?"); where another page's chunk still comes first, the name did not decide
+    the answer, the turn's words did, and the turn alone ranks those words truer: a question
+    of its own ("Where can I find the settings file?" after a page on key bindings) keeps its
+    own answer, however close the two are in its own cosine."""
+    return bool(folded.hits) and entity_of(folded.hits[0].chunk) == entity
 
 
 def _fused(folded: Sequence[Hit], own: Sequence[Hit]) -> list[Hit]:

@@ -40,8 +40,9 @@ are lifted a little (``sidecar.turn.engine``). A turn folded with the recent exc
 searched alone: a question whose own words clearly prefer another page keeps its answer, and
 otherwise the candidates of both searches are ranked by the mean of their two cosines, so a chunk
 both the turn and the conversation point to wins (``Plan.alone``); one folded with an entity
-that does not refer back keeps its own result only when its own words prefer another chunk by a
-wider margin (``sidecar.turn.engine``). A
+that does not refer back keeps its own result when its own words prefer another chunk by a
+wider margin, or when the folded query's best chunk is not the entity's (the name did not decide
+the answer, the turn's words did: ``sidecar.turn.engine``). A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":
