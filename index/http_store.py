@@ -71,9 +71,9 @@ from index.store import (
 log = logging.getLogger("voxrecall.store")
 
 PARTIAL = ".partial-"
-VERIFIED = (
-    ".verified"  # the cache's records of what fetch verified (no base's name starts with ".")
-)
+# The cache's records of what fetch verified (``index.store.Verified``): no base's name starts
+# with a dot, so no base's folder is this one.
+VERIFIED = ".verified"
 _MISSING = frozenset({404, 410})  # the file is not there (yet): a half-uploaded version
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 _T = TypeVar("_T")
