@@ -19,7 +19,9 @@ hnswlib's graph costs and worker processes share those pages through the page ca
 snapshot (no ``entities.bin``) is still read: the sidecar rates its names at load, as before.
 
 A folder is written once and never modified. ``verify`` checks everything the manifest claims
-before a reader trusts the folder; ``load`` then checks each file's layout and maps it.
+before a reader trusts the folder; ``load`` then checks each file's layout and maps it. A store's
+``fetch`` hashes every file and checks the hnswlib graphs (``verify_fetched``) once, recorded, so
+the load of what it fetched (``fetched=True``) reads neither again.
 """
 
 from __future__ import annotations
