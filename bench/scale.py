@@ -91,8 +91,9 @@ print(json.dumps({"load_s": load_s, "index_mb": (rss_kb() - before) / 1024}))
 """
 
 
-# Where a sidecar's load goes, in a fresh process: the snapshot (mapped files checked, the graph
-# read and checked), the warm-up searches, and the follow-ups gazetteer (built from every chunk).
+# Where a sidecar's load goes, in a fresh process: the snapshot as the refresher loads what its
+# store fetched (mapped files checked, the graph read; its sha256 and layout were checked at
+# fetch and recorded), the warm-up searches, and the follow-ups gazetteer (from entities.bin).
 LOAD_PARTS = """
 import json, sys, time
 from pathlib import Path
@@ -101,7 +102,7 @@ from sidecar.turn import followups
 from sidecar.snapshots import refresh
 
 started = time.perf_counter()
-snapshot = load_snapshot(Path(sys.argv[1]), checksums=False)
+snapshot = load_snapshot(Path(sys.argv[1]), fetched=True)
 loaded = time.perf_counter()
 refresh.warm_searches(snapshot)
 warmed = time.perf_counter()

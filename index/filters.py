@@ -119,6 +119,27 @@ class FilterIndex:
             return self._path_labels[i]
         return np.zeros(0, dtype=np.int64)
 
+    def first_of_pages(
+        self, source_of: npt.NDArray[np.int32], names: Sequence[str]
+    ) -> dict[tuple[str, str], int]:
+        """(source, source path) -> the label of that page's first chunk, from the labels
+        grouped by path here (``source_of``: each chunk's index into ``names``): no path is
+        read again, and no Python loop runs over the chunks."""
+        if not self.paths:
+            return {}
+        labels = np.concatenate(self._path_labels)  # by path, each path's labels ascending
+        sizes = np.fromiter(map(len, self._path_labels), dtype=np.int64, count=len(self.paths))
+        path_at = np.repeat(np.arange(len(self.paths), dtype=np.int64), sizes)
+        page = path_at * len(names) + source_of[labels]
+        _, first = np.unique(page, return_index=True)  # stable: each page's lowest label
+        firsts = labels[first]
+        return {
+            (names[s], self.paths[p]): label
+            for s, p, label in zip(
+                source_of[firsts].tolist(), path_at[first].tolist(), firsts.tolist(), strict=True
+            )
+        }
+
     def unknown(self, filters: Iterable[MetadataFilter]) -> list[str]:
         """The fields of ``filters`` this snapshot has no index for."""
         return sorted({f.field for f in filters if f.field not in self.fields})

@@ -4,7 +4,9 @@ hnswlib (0.8) trusts its file: an entry point past the last element or a top lev
 entry point's own sends the first search through memory it never allocated (a segfault, not an
 exception). A checksum proves the file is the one published, not that it is well-formed, so
 ``check_hnsw_file`` reads the whole layout with numpy first and raises ``CorruptSnapshot`` for
-anything hnswlib could not search safely. The layout, from ``hnswalg.h`` ``saveIndex``:
+anything hnswlib could not search safely: once per file, where a store's fetch hashes it
+(``index.snapshot.verify_fetched``, recorded by the file's size, mtime and inode), or at a load
+of a folder no store fetched. The layout, from ``hnswalg.h`` ``saveIndex``:
 
     header (96 bytes)   offsetLevel0_, max_elements_, cur_element_count, size_data_per_element_,
                         label_offset_, offsetData_ (size_t each), maxlevel_ (int32),

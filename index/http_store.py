@@ -53,13 +53,15 @@ from index.snapshot import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
     Manifest,
+    check_graphs,
     fsync_dir,
+    read_manifest,
     sha256_file,
-    verify_snapshot,
 )
 from index.store import (
     LATEST,
     MAX_POINTER_BYTES,
+    Verified,
     check_name,
     is_version,
     manifest_files,
@@ -69,6 +71,9 @@ from index.store import (
 log = logging.getLogger("voxrecall.store")
 
 PARTIAL = ".partial-"
+# The cache's records of what fetch verified (``index.store.Verified``): no base's name starts
+# with a dot, so no base's folder is this one.
+VERIFIED = ".verified"
 _MISSING = frozenset({404, 410})  # the file is not there (yet): a half-uploaded version
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 _T = TypeVar("_T")
@@ -181,6 +186,7 @@ class HttpStore:
         self.base_url = base_url.rstrip("/")
         self.cache_dir = cache_dir
         self.options = options or HttpOptions()
+        self.verified = Verified(cache_dir / VERIFIED)  # a cached version is not hashed again
         self._pointers: dict[str, _Pointer] = {}
         self._closed = threading.Event()
         self._connections = _Connections()
@@ -236,7 +242,7 @@ class HttpStore:
         done = base / version
         if done.is_dir():
             try:
-                verify_snapshot(done)
+                self.verified.ensure(done, read_manifest(done), knowledge_base, version)
                 return done
             except CorruptSnapshot as exc:
                 log.warning("cached %s is damaged (%s): downloading it again", done, exc)
@@ -244,9 +250,11 @@ class HttpStore:
         partial = base / f"{PARTIAL}{version}"
         try:
             partial.mkdir(parents=True, exist_ok=True)
-            self._download_version(knowledge_base, version, partial)
+            manifest = self._download_version(knowledge_base, version, partial)
+            check_graphs(partial, manifest)  # every sha256 matched as it downloaded
             partial.rename(done)
             fsync_dir(base)
+            self.verified.remember(done, manifest, knowledge_base, version)
         except CacheWriteError:
             shutil.rmtree(partial, ignore_errors=True)  # free the space for what still serves
             raise
@@ -270,6 +278,7 @@ class HttpStore:
                     shutil.rmtree(entry, ignore_errors=True)
             elif is_version(entry.name) and entry.name not in versions:
                 shutil.rmtree(entry, ignore_errors=True)
+                self.verified.forget(knowledge_base, entry.name)
 
     def knowledge_bases(self) -> frozenset[str]:
         """Empty: a static HTTP server cannot be listed; name the bases in the config."""
@@ -282,7 +291,7 @@ class HttpStore:
 
     # -- downloading ------------------------------------------------------------------------
 
-    def _download_version(self, kb: str, version: str, partial: Path) -> None:
+    def _download_version(self, kb: str, version: str, partial: Path) -> Manifest:
         url = self._url(kb, version, MANIFEST)
         raw = self._with_retries(url, lambda: self._get_small(url))
         manifest = Manifest.from_json(raw, url)
@@ -300,6 +309,7 @@ class HttpStore:
             )
         self._write_file(partial / MANIFEST, raw)
         fsync_dir(partial)
+        return manifest
 
     def _download_file(self, url: str, dest: Path, sha256: str, size: int) -> None:
         """Download (resuming what a broken try left) at most ``size`` bytes within the

@@ -19,7 +19,9 @@ hnswlib's graph costs and worker processes share those pages through the page ca
 snapshot (no ``entities.bin``) is still read: the sidecar rates its names at load, as before.
 
 A folder is written once and never modified. ``verify`` checks everything the manifest claims
-before a reader trusts the folder; ``load`` then checks each file's layout and maps it.
+before a reader trusts the folder; ``load`` then checks each file's layout and maps it. A store's
+``fetch`` hashes every file and checks the hnswlib graphs (``verify_fetched``) once, recorded, so
+the load of what it fetched (``fetched=True``) reads neither again.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from index.filters import FILTERS, FilterIndex, build_filters, read_filters
 from index.filters import build_partitions as build_value_partitions
 from index.hnsw_file import MAX_M, check_hnsw_file, vector_rows
 from index.lexical import LexicalIndex
-from index.summaries import SummaryIndex, has_summaries, load_summary_index
+from index.summaries import SUMMARY_VECTORS, SummaryIndex, has_summaries, load_summary_index
 from index.tables import ChunkTable, PageTable
 from index.types import Chunk, Page
 
@@ -469,6 +471,34 @@ def verify_snapshot(
     return manifest
 
 
+def graph_files(manifest: Manifest) -> tuple[str, ...]:
+    """The snapshot's hnswlib graphs (none when it has no chunks: nothing loads them)."""
+    if not manifest.chunks:
+        return ()
+    return (VECTORS, SUMMARY_VECTORS) if has_summaries(manifest.files) else (VECTORS,)
+
+
+def check_graphs(folder: Path, manifest: Manifest) -> None:
+    """Every hnswlib graph of the snapshot checked (``check_hnsw_file``; CorruptSnapshot)."""
+    dim, count, m = manifest.embedder.dimension, manifest.chunks, manifest.hnsw.m
+    for name in graph_files(manifest):
+        try:
+            check_hnsw_file(folder / name, count=count, dimension=dim, m=m)
+        except OSError as exc:
+            raise CorruptSnapshot(f"{folder}: cannot read {name}: {exc}") from exc
+
+
+def verify_fetched(folder: Path) -> Manifest:
+    """What a store's ``fetch`` proves of a folder, once: ``verify_snapshot`` with every
+    file's sha256, then the layout of its hnswlib graphs (``check_graphs``), read while the
+    hashing has just brought them into the page cache. The store records both by each file's
+    size, mtime and inode, so a load (``load_snapshot(..., fetched=True)``), the next start or
+    another worker read neither again, and a changed file is verified anew."""
+    manifest = verify_snapshot(folder)
+    check_graphs(folder, manifest)
+    return manifest
+
+
 # Exact search over a partition costs rows x dimension multiply-adds: 20,000 x 384 is ~1-2 ms on
 # one thread, about what an hnswlib query over a few hundred thousand vectors costs.
 PARTITION_MAX_ROWS = 20_000
@@ -640,13 +670,15 @@ def read_table(path: Path, open_: Callable[[Path], T]) -> T:
         raise CorruptSnapshot(f"{path}: {exc}") from exc
 
 
-def read_hnsw(path: Path, manifest: Manifest, ef: int) -> hnswlib.Index:
-    """The hnswlib index, after ``check_hnsw_file`` has made sure hnswlib can read it safely."""
+def read_hnsw(path: Path, manifest: Manifest, ef: int, *, checked: bool = False) -> hnswlib.Index:
+    """The hnswlib index, after ``check_hnsw_file`` has made sure hnswlib can read it safely
+    (``checked``: the store's fetch did, ``verify_fetched``)."""
     dim, count = manifest.embedder.dimension, manifest.chunks
     index = hnswlib.Index(space="ip", dim=dim)
     if not count:
         return index
-    check_hnsw_file(path, count=count, dimension=dim, m=manifest.hnsw.m)
+    if not checked:
+        check_hnsw_file(path, count=count, dimension=dim, m=manifest.hnsw.m)
     try:
         index.load_index(str(path), max_elements=count)
     except (RuntimeError, MemoryError) as exc:
@@ -661,6 +693,7 @@ def load_snapshot(
     *,
     checksums: bool = True,
     ef_search: int = 0,
+    fetched: bool = False,
 ) -> LoadedSnapshot:
     """Verify, then load a snapshot; blocking (seconds for large ones): call it off the event loop.
 
@@ -674,9 +707,11 @@ def load_snapshot(
     ``ef_search`` replaces the query-time ef the build chose (0 keeps it).
 
     ``checksums=False``: the files' sha256 were checked by ``SnapshotStore.fetch`` (see
-    ``verify_snapshot``).
+    ``verify_snapshot``). ``fetched=True``: the folder is what ``SnapshotStore.fetch`` returned,
+    which checked the sha256 and the hnswlib graphs' layout (``verify_fetched``): neither is
+    read again (a graph's check took a third of hnswlib's own load).
     """
-    manifest = verify_snapshot(folder, expected, checksums=checksums)
+    manifest = verify_snapshot(folder, expected, checksums=checksums and not fetched)
     try:
         chunks = read_table(folder / CHUNKS, ChunkTable.open)
         pages = read_table(folder / PAGES, PageTable.open)
@@ -687,8 +722,9 @@ def load_snapshot(
                 f"manifest {manifest.chunks}"
             )
         entities = _entities(folder, manifest)
-        index = read_hnsw(folder / VECTORS, manifest, ef_search or manifest.hnsw.ef)
-        summaries = _summaries(folder, manifest, ef_search or manifest.hnsw.ef)
+        ef = ef_search or manifest.hnsw.ef
+        index = read_hnsw(folder / VECTORS, manifest, ef, checked=fetched)
+        summaries = _summaries(folder, manifest, ef, checked=fetched)
     except OSError as exc:
         raise CorruptSnapshot(f"{folder}: cannot read: {exc}") from exc
     names, source_of = chunks.source_names, chunks.source_of
@@ -724,7 +760,7 @@ def _entities(folder: Path, manifest: Manifest) -> EntityTable | None:
     return read_table(folder / ENTITIES, lambda path: EntityTable.open(path, manifest.chunks))
 
 
-def _summaries(folder: Path, manifest: Manifest, ef: int) -> SummaryIndex | None:
+def _summaries(folder: Path, manifest: Manifest, ef: int, checked: bool) -> SummaryIndex | None:
     if not has_summaries(manifest.files):
         return None
     return load_summary_index(
@@ -734,6 +770,7 @@ def _summaries(folder: Path, manifest: Manifest, ef: int) -> SummaryIndex | None
         m=manifest.hnsw.m,
         ef=ef,
         view=str(manifest.extra.get("summaries", "")),
+        checked=checked,
     )
 
 

@@ -33,6 +33,7 @@ from index.snapshot import (
     fsync_dir,
     read_manifest,
     read_small,
+    verify_fetched,
     verify_snapshot,
     write_atomic,
 )
@@ -92,7 +93,9 @@ class SnapshotStore(Protocol):
         ...
 
     def fetch(self, knowledge_base: str, version: str) -> Path:
-        """A local folder of ``version`` whose every file matches its manifest's sha256."""
+        """A local folder of ``version`` whose every file matches its manifest's sha256 and
+        whose hnswlib graphs hnswlib can read safely (``index.snapshot.verify_fetched``): a
+        load trusts both (``load_snapshot(..., fetched=True)``)."""
         ...
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
@@ -113,12 +116,11 @@ class LocalStore:
 
     def __init__(self, root: Path, verified_dir: Path | None = None) -> None:
         self.root = root
-        # folder -> the (name, size, mtime, inode) of its files when their sha256 last matched:
-        # a version fetched again (a base evicted and loaded anew) is not hashed again. With
-        # ``verified_dir`` (a sidecar's cache_dir) the record is also kept on disk, so that the
-        # next start, or another worker, need not hash the same unchanged files either.
-        self._verified: dict[Path, Stats] = {}
-        self.verified_dir = verified_dir
+        # what fetch verified, by each file's (size, mtime, inode): a version fetched again (a
+        # base evicted and loaded anew) is not verified again. With ``verified_dir`` (a
+        # sidecar's cache_dir) the record is also kept on disk, so that the next start, or
+        # another worker, need not hash or check the same unchanged files either.
+        self.verified = Verified(verified_dir)
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
@@ -175,18 +177,8 @@ class LocalStore:
         missing = [n for n in manifest_files(manifest, str(folder)) if not (folder / n).is_file()]
         if missing:
             raise IncompleteSnapshot(f"{folder}: missing {', '.join(missing)} (half-uploaded?)")
-        seen = _file_stats(folder, [MANIFEST, *manifest_files(manifest, str(folder))])
-        record = self._record(knowledge_base, version)
-        if self._verified.get(folder) != seen and _read_record(record) != seen:
-            verify_snapshot(folder)
-            _write_record(record, seen)
-        self._verified[folder] = seen
+        self.verified.ensure(folder, manifest, knowledge_base, version)
         return folder
-
-    def _record(self, knowledge_base: str, version: str) -> Path | None:
-        if self.verified_dir is None:
-            return None
-        return self.verified_dir / knowledge_base / f"{version}.json"
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
         """Nothing: a sidecar never deletes from a shared store; builds prune it (keep_versions)."""
@@ -254,32 +246,89 @@ class LocalStore:
 
 
 Stats = tuple[tuple[str, int, int, int], ...]  # (name, size, mtime_ns, inode) per file
+# What a record says was proved of the files it lists (``verify_fetched``): each one's sha256,
+# then the hnswlib graphs' layout. A record without the second (written before fetch checked the
+# graphs) is not one: its folder is verified again, once.
+RECORD_CHECKS = ["sha256", "hnsw_layout"]
 
 
-def _file_stats(folder: Path, names: list[str]) -> Stats:
+class Verified:
+    """What a store's ``fetch`` verified (``index.snapshot.verify_fetched``), by each file's
+    (size, mtime_ns, inode): in memory, and with ``folder`` on disk too (one small JSON file
+    per version), so that the next start or another worker verifies nothing unchanged. A file
+    replaced or rewritten since has other stats: its folder is verified again."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self._seen: dict[Path, Stats] = {}
+
+    def ensure(self, snapshot: Path, manifest: Manifest, knowledge_base: str, version: str) -> None:
+        """Verify ``snapshot`` unless a record says these very files were; then record it."""
+        try:
+            seen = file_stats(snapshot, manifest)
+        except OSError as exc:
+            raise CorruptSnapshot(f"{snapshot}: cannot read: {exc}") from exc
+        record = self.record(knowledge_base, version)
+        if self._seen.get(snapshot) != seen and _read_record(record) != seen:
+            verify_fetched(snapshot)
+            _write_record(record, seen)
+        self._seen[snapshot] = seen
+
+    def remember(
+        self, snapshot: Path, manifest: Manifest, knowledge_base: str, version: str
+    ) -> None:
+        """Record ``snapshot`` as verified: its caller just did (a download's checks). Best
+        effort: unrecorded, the next fetch verifies it again."""
+        try:
+            seen = file_stats(snapshot, manifest)
+        except OSError as exc:
+            log.warning("could not record the verification of %s: %s", snapshot, exc)
+            return
+        _write_record(self.record(knowledge_base, version), seen)
+        self._seen[snapshot] = seen
+
+    def forget(self, knowledge_base: str, version: str) -> None:
+        """Drop the record of a version whose copy was deleted (best effort)."""
+        record = self.record(knowledge_base, version)
+        if record is not None:
+            record.unlink(missing_ok=True)
+
+    def record(self, knowledge_base: str, version: str) -> Path | None:
+        if self.folder is None:
+            return None
+        return self.folder / knowledge_base / f"{version}.json"
+
+
+def file_stats(folder: Path, manifest: Manifest) -> Stats:
+    """(name, size, mtime_ns, inode) of the manifest and every file it lists."""
+    names = [MANIFEST, *manifest_files(manifest, str(folder))]
     stats = [(name, (folder / name).stat()) for name in names]
     return tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in stats)
 
 
 def _read_record(record: Path | None) -> Stats | None:
-    """The stats a verification recorded; None when there is none or it is unreadable."""
+    """The stats a verification recorded; None when there is none, it is unreadable or it
+    records fewer checks than ``RECORD_CHECKS``."""
     if record is None:
         return None
     try:
         raw = orjson.loads(record.read_bytes())
+        if raw.get("checks") != RECORD_CHECKS:
+            return None
         return tuple((str(n), int(a), int(b), int(c)) for n, a, b, c in raw["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def _write_record(record: Path | None, stats: Stats) -> None:
-    """Record that these files matched their sha256 (best effort: a failure only means the
-    next start hashes them again)."""
+    """Record that these files passed ``RECORD_CHECKS`` (best effort: a failure only means the
+    next start verifies them again)."""
     if record is None:
         return
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(record, orjson.dumps({"files": [list(s) for s in stats]}))
+        data = {"checks": RECORD_CHECKS, "files": [list(s) for s in stats]}
+        write_atomic(record, orjson.dumps(data))
     except OSError as exc:
         log.warning("could not record the verification of %s: %s", record.parent, exc)
 

@@ -89,16 +89,18 @@ def read_summary_texts(path: Path, count: int) -> list[str]:
 
 
 def load_summary_index(
-    folder: Path, *, count: int, dimension: int, m: int, ef: int, view: str
+    folder: Path, *, count: int, dimension: int, m: int, ef: int, view: str, checked: bool = False
 ) -> SummaryIndex:
-    """The summary vectors, checked as the content vectors are before hnswlib reads them.
+    """The summary vectors, checked as the content vectors are before hnswlib reads them
+    (``checked``: the store's fetch did, ``index.snapshot.verify_fetched``).
 
     ``summaries.json`` is not read: a query reads only the vectors, and the next build, which
     reads the texts, checks them then (``read_summary_texts``)."""
     path = folder / SUMMARY_VECTORS
     index = hnswlib.Index(space="ip", dim=dimension)
     if count:
-        check_hnsw_file(path, count=count, dimension=dimension, m=m)
+        if not checked:
+            check_hnsw_file(path, count=count, dimension=dimension, m=m)
         try:
             index.load_index(str(path), max_elements=count)
         except (RuntimeError, MemoryError) as exc:

@@ -9,6 +9,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import orjson
 import pytest
 
 import index.snapshot
@@ -20,11 +21,12 @@ from index.snapshot import (
     CHUNKS,
     DATA_FILES,
     MAX_MANIFEST_BYTES,
+    VECTORS,
     load_snapshot,
     read_manifest,
     sha256_file,
 )
-from index.store import LocalStore
+from index.store import LocalStore, Verified, file_stats
 from index.tables import (
     CACHE_BYTES,
     CHUNKS_KIND,
@@ -37,7 +39,7 @@ from index.tables import (
     PageTable,
 )
 from index.types import Chunk
-from tests.snapshot_kit import KB, flip_a_byte, version_id, write_version
+from tests.snapshot_kit import KB, TAMPERED, flip_a_byte, version_id, write_version
 
 CHUNKS_IN = [
     Chunk(
@@ -218,6 +220,73 @@ def test_a_local_store_records_what_it_hashed(
     assert not hashed
     flip_a_byte(folder, CHUNKS)
     with pytest.raises(CorruptSnapshot, match="sha256"):
+        LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+
+
+def counting_graph_checks(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Each graph file ``check_hnsw_file`` reads, counted (the real check still runs)."""
+    checked: Counter[str] = Counter()
+    real = index.snapshot.check_hnsw_file
+
+    def counting(path: Path, *, count: int, dimension: int, m: int) -> None:
+        checked[path.name] += 1
+        real(path, count=count, dimension=dimension, m=m)
+
+    monkeypatch.setattr(index.snapshot, "check_hnsw_file", counting)
+    return checked
+
+
+def test_a_fetch_checks_the_graph_once_and_a_load_of_what_it_fetched_trusts_it(
+    tmp_path: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph's layout is checked with the sha256, at fetch, and recorded with it: neither
+    the load of the fetched folder nor the next start reads the graph again; a load of a
+    folder no store fetched still checks it."""
+    checked = counting_graph_checks(monkeypatch)
+    root = tmp_path / "store"
+    write_version(root, version_id(1), local_embedder)
+    verified = tmp_path / "cache" / "verified"
+    folder = LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+    assert checked == Counter({VECTORS: 1})
+    assert load_snapshot(folder, fetched=True).lexical.search("reset password", 3)
+    assert LocalStore(root, verified_dir=verified).fetch(KB, version_id(1)) == folder
+    assert checked == Counter({VECTORS: 1})
+    load_snapshot(folder, checksums=False)
+    assert checked == Counter({VECTORS: 2})
+
+
+def test_a_graph_changed_after_its_check_is_checked_again_and_refused(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """A graph rewritten in place with a manifest re-signed to match (the checksums pass):
+    its stats changed, so the store that checked it, and the next start, check it again."""
+    root = tmp_path / "store"
+    write_version(root, version_id(1), local_embedder)
+    verified = tmp_path / "cache" / "verified"
+    store = LocalStore(root, verified_dir=verified)
+    folder = store.fetch(KB, version_id(1))
+    TAMPERED["hnsw_entry_point_past_the_end"](folder)
+    with pytest.raises(CorruptSnapshot, match="entry point"):
+        store.fetch(KB, version_id(1))
+    with pytest.raises(CorruptSnapshot, match="entry point"):
+        LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+
+
+def test_a_record_of_the_sha256_alone_does_not_pass_a_graph_unchecked(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """A record written before fetch checked graphs (its files' stats, no ``checks``) names a
+    lying graph whose checksums match: the folder is verified again, and refused."""
+    root = tmp_path / "store"
+    damage = TAMPERED["hnsw_entry_point_past_the_end"]
+    folder = write_version(root, version_id(1), local_embedder, damage=damage)
+    verified = tmp_path / "cache" / "verified"
+    record = Verified(verified).record(KB, version_id(1))
+    assert record is not None
+    record.parent.mkdir(parents=True)
+    stats = file_stats(folder, read_manifest(folder))
+    record.write_bytes(orjson.dumps({"files": [list(s) for s in stats]}))
+    with pytest.raises(CorruptSnapshot, match="entry point"):
         LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
 
 

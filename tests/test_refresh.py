@@ -698,30 +698,45 @@ async def test_a_call_to_a_base_whose_version_could_not_be_fetched_says_so_not_b
 # -- what a swap costs the process ---------------------------------------------------------------
 
 
-async def test_a_refresh_hashes_each_file_once(
+async def test_a_refresh_hashes_each_file_and_checks_the_graph_once(
     store: Store, tmp_path: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The store's fetch checks every file's sha256 (a corrupted file is refused: above); the
-    load that follows does not hash them again, which took seconds for a large snapshot."""
+    """The store's fetch checks every file's sha256 and the graph's layout (a corrupted file is
+    refused: above; a lying graph: tests/test_store_contract.py); the load that follows does
+    neither again, which took seconds for a large snapshot."""
     hashed: Counter[str] = Counter()
+    checked: Counter[str] = Counter()
+    check = index.snapshot.check_hnsw_file
 
     def counting(path: Path) -> str:
         hashed[path.name] += 1
         return sha256_file(path)
 
+    def counting_checks(path: Path, *, count: int, dimension: int, m: int) -> None:
+        checked[path.name] += 1
+        check(path, count=count, dimension=dimension, m=m)
+
     monkeypatch.setattr(index.snapshot, "sha256_file", counting)
     monkeypatch.setattr(index.http_store, "sha256_file", counting)
+    monkeypatch.setattr(index.snapshot, "check_hnsw_file", counting_checks)
     v1 = await publish(store.root, 1, local_embedder, "password")
     hashed.clear()  # the build hashed them to write the manifest
+    checked.clear()
     async with running(sidecar_config(store, tmp_path), local_embedder, poll=False) as sidecar:
         assert await serving(sidecar.port, v1)
-        assert hashed == Counter(DATA_FILES)
-        hashed.clear()
+        assert (hashed, checked) == (Counter(DATA_FILES), Counter({VECTORS: 1}))
         v2 = await publish(store.root, 2, local_embedder, "roaming")
         hashed.clear()
+        checked.clear()
         assert await sidecar.refresher.refresh() == [KB]
         assert served_right(await search(sidecar.port), v2)
-    assert hashed == Counter(DATA_FILES)
+    assert (hashed, checked) == (Counter(DATA_FILES), Counter({VECTORS: 1}))
+    hashed.clear()
+    checked.clear()
+    # the next start, on the same cache: what fetch recorded is neither hashed nor checked again
+    async with running(sidecar_config(store, tmp_path), local_embedder, poll=False) as sidecar:
+        assert await serving(sidecar.port, v2)
+    assert (hashed, checked) == (Counter(), Counter())
 
 
 async def test_an_old_snapshot_is_freed_when_the_last_call_holding_it_ends(

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from index.embedders.base import Embedder, EmbedderInfo, HashEmbedder, Vectors
+from index.filters import FilterIndex
 from index.lexical import Bm25, LexicalIndex
 from index.snapshot import load_snapshot, write_snapshot
 from index.store import LocalStore
@@ -252,6 +253,24 @@ def test_the_page_index_of_a_mapped_table_is_that_of_its_decoded_chunks(tmp_path
     index = searcher.page_index(snapshot.chunks)  # read from the columns, nothing decoded
     assert index == searcher.page_index(list(snapshot.chunks))
     assert index[("blog", "p3.md")] == 3
+    assert searcher.page_index(snapshot.chunks, snapshot.filters) == index  # from its groups
+
+
+def test_the_page_index_from_the_filter_index_groups_is_that_of_a_scan() -> None:
+    """Pages of several chunks, one path in two sources, their chunks interleaved: each
+    (source, path) keeps its own first chunk."""
+    names = ("blog", "faq")
+    layout = [("faq", "a.md"), ("blog", "a.md"), ("faq", "b.md"), ("faq", "a.md"),
+              ("blog", "c.md"), ("blog", "a.md"), ("faq", "b.md"), ("blog", "c.md")]  # fmt: skip
+    chunks = [
+        Chunk(f"c{i}", source, path, "T", (), "t", "t") for i, (source, path) in enumerate(layout)
+    ]
+    source_of = np.asarray([names.index(c.source) for c in chunks], dtype=np.int32)
+    grouped = FilterIndex.empty(chunks).first_of_pages(source_of, names)
+    assert grouped == searcher.page_index(chunks)
+    assert grouped == {("faq", "a.md"): 0, ("blog", "a.md"): 1, ("faq", "b.md"): 2,
+                       ("blog", "c.md"): 4}  # fmt: skip
+    assert FilterIndex.empty([]).first_of_pages(source_of[:0], names) == {}
 
 
 def test_a_large_container_is_sized_from_its_first_members_scaled() -> None:

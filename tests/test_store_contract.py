@@ -21,6 +21,8 @@ from typing import Any, BinaryIO
 
 import pytest
 
+import index.snapshot
+import index.store
 from index.embedders.base import HashEmbedder
 from index.errors import (
     CacheWriteError,
@@ -36,6 +38,7 @@ from sidecar.cli import main
 from tests.s3_kit import FaultProxy, Mirror, new_bucket, s3_client
 from tests.snapshot_kit import (
     KB,
+    TAMPERED,
     DiskFullStore,
     flip_a_byte,
     point_at,
@@ -235,6 +238,17 @@ def test_a_corrupted_file_is_never_exposed(env: Env, tmp_path: Path) -> None:
         assert list((env.cache / KB).iterdir()) == []  # nothing kept, not even partial
 
 
+def test_a_graph_that_lies_under_matching_checksums_is_never_exposed(env: Env) -> None:
+    """An entry point past the last element, the manifest re-signed: hnswlib would crash on it
+    (tests/test_snapshot_fuzz.py), and a load trusts what fetch checked, so fetch refuses it."""
+    damage = TAMPERED["hnsw_entry_point_past_the_end"]
+    write_version(env.root, version_id(1), EMBEDDER, damage=damage)
+    with pytest.raises(CorruptSnapshot, match="entry point"):
+        env.store.fetch(KB, version_id(1))
+    if env.cache is not None:
+        assert list((env.cache / KB).iterdir()) == []  # nothing kept, not even partial
+
+
 def test_a_pointer_going_backwards_is_reported_as_written(env: Env) -> None:
     """The store does not judge the pointer; the refresher refuses a step back (test_refresh)."""
     write_version(env.root, version_id(1), EMBEDDER)
@@ -295,6 +309,30 @@ def test_a_cached_version_is_not_downloaded_again(
     first = store.fetch(KB, version_id(1))
     assert store.fetch(KB, version_id(1)) == first
     assert len(server.requests(f"/{VECTORS}")) == 1
+
+
+def test_a_cached_version_is_verified_once_until_a_file_of_it_changes(
+    http: tuple[Path, StaticServer, HttpStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next start (another store on the same cache) neither hashes a cached copy nor checks
+    its graph again; a copy whose graph was changed since (its manifest re-signed to match) is
+    verified again, found damaged and downloaded anew."""
+    root, server, store = http
+    write_version(root, version_id(1), EMBEDDER)
+    store.fetch(KB, version_id(1))
+    verified: list[str] = []
+    real = index.snapshot.verify_fetched
+    monkeypatch.setattr(
+        index.store, "verify_fetched", lambda folder: verified.append(folder.name) or real(folder)
+    )
+    again = HttpStore(server.url, store.cache_dir, FAST)
+    folder = again.fetch(KB, version_id(1))
+    assert verified == []
+    TAMPERED["hnsw_entry_point_past_the_end"](folder)
+    assert again.fetch(KB, version_id(1)) == folder
+    assert verified == [version_id(1)]
+    assert len(server.requests(f"/{VECTORS}")) == 2
+    assert load_snapshot(folder, fetched=True).version == version_id(1)
 
 
 def test_answers_500_for_a_while_are_retried(downloading: Downloading) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from index.filters import Mask
+from index.filters import FilterIndex, Mask
 from index.hnsw_file import vector_rows
 from index.lexical import Bm25
 from index.snapshot import VECTORS, LoadedSnapshot
@@ -119,7 +119,7 @@ class Searcher:
     def build(cls, snapshot: LoadedSnapshot) -> Searcher:
         """Build everything; blocking (it reads every chunk once): call it off the event loop."""
         gazetteer = followups.gazetteer(snapshot)
-        pages = page_index(snapshot.chunks)
+        pages = page_index(snapshot.chunks, snapshot.filters)
         return cls(
             snapshot=snapshot,
             vectors=_vector_rows(snapshot),
@@ -198,9 +198,15 @@ def _scaled(sized: int, count: int) -> int:
     return sized if count <= SIZED_MEMBERS else sized * count // SIZED_MEMBERS
 
 
-def page_index(chunks: Sequence[Chunk]) -> dict[tuple[str, str], int]:
-    """(source, source_path) -> the label of the page's first chunk: a scan of every chunk (a
-    mapped table's read from its source column and paths, without decoding a chunk)."""
+def page_index(
+    chunks: Sequence[Chunk], filters: FilterIndex | None = None
+) -> dict[tuple[str, str], int]:
+    """(source, source_path) -> the label of the page's first chunk: from the chunks grouped by
+    path in the snapshot's filter index (``FilterIndex.first_of_pages``) when given, else a scan
+    of every chunk (a mapped table's read from its source column and paths, without decoding a
+    chunk)."""
+    if filters is not None and isinstance(chunks, ChunkTable) and filters.n == len(chunks):
+        return filters.first_of_pages(chunks.source_of, chunks.source_names)
     keys: Iterable[tuple[str, str]]
     if isinstance(chunks, ChunkTable):
         names = chunks.source_names
