@@ -127,12 +127,14 @@ class Metrics(Hook):
     # -- the hook -----------------------------------------------------------------------------
 
     def response(self, call: Call, message: Any) -> None:
-        if isinstance(message, pb.ConverseResponse):
-            message = message.turn
-        if isinstance(message, pb.TurnResponse):
-            self._timings(call.method, message.timings, searched=not message.skipped)
-        elif isinstance(message, pb.SearchResponse):
+        kind = type(message)  # generated message classes are never subclassed
+        if kind is pb.SearchResponse:  # the most frequent first
             self._timings(call.method, message.timings, searched=True)
+            return
+        if kind is pb.ConverseResponse:
+            message, kind = message.turn, pb.TurnResponse
+        if kind is pb.TurnResponse:
+            self._timings(call.method, message.timings, searched=not message.skipped)
 
     def _timings(self, rpc: str, timings: pb.Timings, *, searched: bool) -> None:
         embed, search, total = self._stages.get(rpc) or self._stages_of(rpc)
