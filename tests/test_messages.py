@@ -1,4 +1,4 @@
-"""Chunk messages built once and copied into responses (sidecar/edge/messages.py): a unit test of the
+"""Chunk messages encoded once and merged into responses (sidecar/edge/messages.py): a unit test of the
 cache alone; every server test goes through it end to end."""
 
 from __future__ import annotations
@@ -25,9 +25,16 @@ CHUNK = Chunk(
 )
 
 
+def messages_encoded(chunk: Chunk) -> bytes:
+    messages = ChunkMessages()
+    for _ in range(2):
+        filled(messages, [Hit("billing", chunk, 0.5)])
+    return messages._cache[("billing", chunk.chunk_id)][1]
+
+
 def filled(messages: ChunkMessages, hits: list[Hit]) -> pb.SearchResponse:
     response = pb.SearchResponse(snapshot_version="v1")
-    messages.fill(response.chunks, hits)
+    messages.fill(response, "chunks", hits)
     return response
 
 
@@ -40,7 +47,8 @@ def test_a_response_equals_one_built_field_by_field_with_each_hits_score() -> No
         assert list(got.chunks) == [chunk_message(h.knowledge_base, h.chunk, h.score) for h in hits]
     again = filled(messages, [Hit("billing", CHUNK, 0.1)])
     assert again.chunks[0].score == pytest.approx(0.1)  # a score never sticks to the cache
-    assert messages._cache[("billing", "c1")][1].score == 0.0
+    kept = pb.SearchResponse.FromString(b"\x0a" + messages._cache[("billing", "c1")][1] + b"\0" * 4)
+    assert kept.chunks[0] == chunk_message("billing", CHUNK)  # its score 0: none kept
 
 
 def test_a_chunk_changed_under_the_same_id_is_built_anew() -> None:
@@ -56,7 +64,7 @@ def test_a_chunk_changed_under_the_same_id_is_built_anew() -> None:
 
 
 def test_the_cache_is_bounded_in_bytes() -> None:
-    one = chunk_message("billing", CHUNK).ByteSize()
+    one = len(messages_encoded(CHUNK))
     messages = ChunkMessages(max_bytes=3 * one)
     for i in range(10):
         for _ in range(2):  # kept on its second build
@@ -69,7 +77,7 @@ def test_the_cache_is_bounded_in_bytes() -> None:
 def test_a_chunk_built_once_is_not_kept_and_one_built_twice_is() -> None:
     messages = ChunkMessages()
     first = filled(messages, [Hit("billing", CHUNK, 0.5)])
-    assert messages._cache == {}  # most hits of varied questions come once: no copy for them
+    assert messages._cache == {}  # most hits of varied questions come once: none kept
     second = filled(messages, [Hit("billing", CHUNK, 0.4)])
     assert ("billing", "c1") in messages._cache
     third = filled(messages, [Hit("billing", CHUNK, 0.3)])
@@ -80,6 +88,24 @@ def test_a_chunk_built_once_is_not_kept_and_one_built_twice_is() -> None:
 def test_a_list_metadata_value_is_joined_in_the_message() -> None:
     listed = replace(CHUNK, metadata={"tags": ("roaming", "eu"), "lang": "en"})
     messages = ChunkMessages()
-    for _ in range(3):  # built in place, built and kept, copied
+    for _ in range(3):  # encoded, encoded and kept, from the cache
         got = filled(messages, [Hit("billing", listed, 0.5)]).chunks[0]
         assert dict(got.metadata) == {"tags": "roaming, eu", "lang": "en"}
+
+
+def test_each_field_gets_its_own_hits_in_order_beside_the_other_fields() -> None:
+    messages = ChunkMessages()
+    other = replace(CHUNK, chunk_id="c2", text="Invoices come monthly.")
+    for _ in range(3):  # encoded, kept, from the cache
+        got = pb.TurnResponse(query="refunds", snapshot_version="v1")
+        messages.fill(got, "chunks", [Hit("billing", other, 0.7), Hit("billing", CHUNK, 0.25)])
+        messages.fill(got, "context", [Hit("billing", CHUNK, 0.0)])
+        messages.fill(got, "context", [])
+        want = pb.TurnResponse(
+            query="refunds",
+            snapshot_version="v1",
+            chunks=[chunk_message("billing", other, 0.7), chunk_message("billing", CHUNK, 0.25)],
+            context=[chunk_message("billing", CHUNK, 0.0)],
+        )
+        assert got == want
+        assert got.SerializeToString() == want.SerializeToString()
