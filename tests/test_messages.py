@@ -3,12 +3,13 @@ cache alone; every server test goes through it end to end."""
 
 from __future__ import annotations
 
+import tracemalloc
 from dataclasses import replace
 
 import pytest
 
 from index.types import Chunk
-from sidecar.edge.messages import ChunkMessages, chunk_message
+from sidecar.edge.messages import ChunkMessages, _held_bytes, chunk_message
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.hits import Hit
 
@@ -64,7 +65,7 @@ def test_a_chunk_changed_under_the_same_id_is_built_anew() -> None:
 
 
 def test_the_cache_is_bounded_in_bytes() -> None:
-    one = len(messages_encoded(CHUNK))
+    one = _held_bytes(CHUNK, messages_encoded(CHUNK))
     messages = ChunkMessages(max_bytes=3 * one)
     for i in range(10):
         for _ in range(2):  # kept on its second build
@@ -72,6 +73,39 @@ def test_the_cache_is_bounded_in_bytes() -> None:
         assert messages._bytes <= 3 * one
         assert ("billing", f"c{i}") in messages._cache
     assert len(messages._cache) <= 3
+
+
+def test_what_the_cache_holds_is_within_its_bound_chunks_and_all() -> None:
+    """The bound counts what an entry keeps alive: the chunk (its text and embedded text), not
+    only the encoding (which counted a fifth of it). Chunks made for the cache alone, as a
+    snapshot's table decodes them, measured with tracemalloc."""
+    bound = 1 << 20
+    messages = ChunkMessages(max_bytes=bound)
+    text = "The billing page explains refunds and invoices. " * 40
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(2_000):
+            chunk = replace(
+                CHUNK, chunk_id=f"c{i}", text=f"{i} {text}", embed_text=f"Billing: {i} {text}"
+            )
+            for _ in range(2):
+                messages.fill(pb.SearchResponse(), "chunks", [Hit("billing", chunk, 0.5)])
+            del chunk
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert messages._cache  # it keeps them (and started over when full)
+    assert held <= bound + 2_000 * 100  # its entries, and the set of the 2,000 chunks seen
+
+
+def test_a_chunk_larger_than_the_whole_cache_is_not_kept() -> None:
+    messages = ChunkMessages(max_bytes=1_000)
+    big = replace(CHUNK, text="x" * 5_000)
+    for _ in range(3):
+        filled(messages, [Hit("billing", big, 0.5)])
+    assert messages._cache == {}
+    assert messages._bytes == 0
 
 
 def test_a_chunk_built_once_is_not_kept_and_one_built_twice_is() -> None:

@@ -12,13 +12,16 @@ would only push out the ones that come again.
 
 The cache is keyed by base and chunk id and holds the chunk it was built from: a hit whose chunk
 differs (a new snapshot changed a chunk's url or metadata under the same id) is encoded anew.
-Bounded in bytes (the kept encodings); full, it starts over.
+Bounded in bytes: each entry counts its encoding and the chunk it holds (its strings as Python
+keeps them, the embedded text beside the text, and a fixed cost for the objects); full, it
+starts over.
 """
 
 from __future__ import annotations
 
 import functools
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +85,16 @@ def _encoded(knowledge_base: str, chunk: Chunk) -> bytes:
     return _varint(len(data) + _SCORE_BYTES) + data + _SCORE_TAG
 
 
+# An entry's objects beside its strings: the key, the tuples, the Chunk and the bytes' headers.
+_ENTRY_BYTES = 400
+
+
+def _held_bytes(chunk: Chunk, encoded: bytes) -> int:
+    """What keeping ``encoded`` and ``chunk`` holds, in bytes: the encoding, and the chunk's two
+    long strings as Python keeps them (its other fields are in the encoding's count, once)."""
+    return len(encoded) + sys.getsizeof(chunk.text) + sys.getsizeof(chunk.embed_text) + _ENTRY_BYTES
+
+
 class ChunkMessages:
     """Fills a response's repeated ``Chunk`` field from hits, from encodings kept."""
 
@@ -112,12 +125,13 @@ class ChunkMessages:
     def _encode(self, key: tuple[str, str], hit: Hit) -> bytes:
         """The hit's chunk encoded, and kept when it was encoded before."""
         encoded = _encoded(hit.knowledge_base, hit.chunk)
-        if self._seen_before(key):
-            if self._bytes + len(encoded) > self.max_bytes:
+        held = _held_bytes(hit.chunk, encoded)
+        if self._seen_before(key) and held <= self.max_bytes:
+            if self._bytes + held > self.max_bytes:
                 self._cache = {}
                 self._bytes = 0
             self._cache[key] = (hit.chunk, encoded)
-            self._bytes += len(encoded)
+            self._bytes += held
         return encoded
 
     def _seen_before(self, key: tuple[str, str]) -> bool:
