@@ -19,6 +19,13 @@ Prints and writes ``bench/results/profile_turn.json``: microseconds per user Tur
 and their ratio, measured in one run; beside the wall-clock figures, this thread's CPU per Turn and
 per Search (``us_per_turn_cpu``, ``us_per_search_cpu``), which other processes on a loaded
 machine change less (not at all the time this one waits for a core).
+
+``--flush-mb M`` writes to M MiB of memory after each graph search, inside the graph's timed
+share (so taken out): the 623-chunk base's graph then leaves the CPU caches as cold as the
+100,000-chunk one's does (its search walks tens of MB), and the Python after it pays the same
+misses. Measured so, a Search's and a Turn's Python at 623 chunks rise to what they are at
+100,000: the growth with N is cold caches after the graph, not per-call work of size N. (The
+wall-clock figures, ``us_per_hybrid_search`` among them, then include the writing.)
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench.ours import _chunks
 from bench.quality_turns import DEFAULT_DATA
@@ -71,17 +80,23 @@ class TimedIndex:
     """An hnswlib ``Index`` that adds the seconds each ``knn_query`` takes on ``clock`` (wall
     time; ``time.thread_time`` for this thread's CPU) to ``seconds``."""
 
-    def __init__(self, index: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, index: Any, clock: Callable[[], float] = time.perf_counter, flush_mb: int = 0
+    ) -> None:
         self._index = index
         self._clock = clock
         self.seconds = 0.0
         self.calls = 0
+        # written after each search (``--flush-mb``): what a large graph's walk does to the caches
+        self._flush = np.zeros(flush_mb << 17) if flush_mb else None  # float64: 2**17 a MiB
 
     def knn_query(self, *args: Any, **kwargs: Any) -> Any:
         started = self._clock()
         try:
             return self._index.knn_query(*args, **kwargs)
         finally:
+            if self._flush is not None:
+                self._flush[::8] += 1.0  # one write a 64-byte line
             self.seconds += self._clock() - started
             self.calls += 1
 
@@ -89,7 +104,7 @@ class TimedIndex:
         return getattr(self._index, name)
 
 
-def engine_over(chunks: list[Chunk], folder: Path) -> Engine:
+def engine_over(chunks: list[Chunk], folder: Path, flush_mb: int = 0) -> Engine:
     embedder = FakeEmbedder(dimension=DIM)
     version = new_version_id("profile-turn")
     write_snapshot(
@@ -106,13 +121,13 @@ def engine_over(chunks: list[Chunk], folder: Path) -> Engine:
         target_recall=HNSW.target_recall,
         sources=[KB],
     )
-    return engine_of(folder / version)
+    return engine_of(folder / version, flush_mb)
 
 
-def engine_of(folder: Path) -> Engine:
+def engine_of(folder: Path, flush_mb: int = 0) -> Engine:
     """An engine serving the snapshot in ``folder``, its graph behind a ``TimedIndex``."""
     snapshot = load_snapshot(folder, checksums=False)
-    snapshot = replace(snapshot, index=TimedIndex(snapshot.index))
+    snapshot = replace(snapshot, index=TimedIndex(snapshot.index, flush_mb=flush_mb))
     holder = SnapshotHolder()
     holder.publish(Searcher.build(snapshot))
     freeze_heap()  # as the refresher does once a snapshot is served: no collection walks it
@@ -213,22 +228,24 @@ async def hybrid_searches(engine: Engine, user: list[str], passes: int) -> float
         engine.hybrid_bases = frozenset()
 
 
-def engine_kept(chunks: list[Chunk], folder: Path) -> Engine:
+def engine_kept(chunks: list[Chunk], folder: Path, flush_mb: int = 0) -> Engine:
     """``engine_over``, or the snapshot built in ``folder`` before (``--keep``)."""
     built = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-    return engine_of(built[-1]) if built else engine_over(chunks, folder)
+    return engine_of(built[-1], flush_mb) if built else engine_over(chunks, folder, flush_mb)
 
 
-async def run(data_dir: Path, n: int, passes: int, keep: Path | None) -> dict[str, Any]:
+async def run(
+    data_dir: Path, n: int, passes: int, keep: Path | None, flush_mb: int = 0
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, chunks in (("docs", docs_chunks(data_dir)), (f"synthetic-{n}", _chunks(n))):
-            engine = engine_kept(chunks, (keep or Path(tmp)) / name)
+            engine = engine_kept(chunks, (keep or Path(tmp)) / name, flush_mb)
             try:
                 row = await measure(engine, conversation(chunks), passes)
             finally:
                 await engine.aclose()
-            out[name] = {"chunks": len(chunks), **row}
+            out[name] = {"chunks": len(chunks), "flush_mb": flush_mb, **row}
             print(f"{name}: {json.dumps(out[name])}", flush=True)
     return out
 
@@ -245,8 +262,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="a folder to keep the snapshots in, and reuse them from (a 100,000-chunk build "
         "takes minutes): runs before and after a change then time the same snapshots",
     )
+    parser.add_argument(
+        "--flush-mb",
+        type=int,
+        default=0,
+        help="MiB of memory written after each graph search (taken out with the graph's time): "
+        "a small base's Python measured with caches as cold as a large graph leaves them",
+    )
     args = parser.parse_args(argv)
-    result = asyncio.run(run(args.data, args.n, args.passes, args.keep))
+    result = asyncio.run(run(args.data, args.n, args.passes, args.keep, args.flush_mb))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
