@@ -18,7 +18,8 @@ behind a proxy that times each ``knn_query``) and taken out: ``us_per_turn_pytho
 Prints and writes ``bench/results/profile_turn.json``: microseconds per user Turn, per Search,
 and their ratio, measured in one run; beside the wall-clock figures, this thread's CPU per Turn and
 per Search (``us_per_turn_cpu``, ``us_per_search_cpu``), which other processes on a loaded
-machine change less (not at all the time this one waits for a core).
+machine change less (not at all the time this one waits for a core), and the Python's share of
+it, the graph's CPU taken out (``us_per_turn_python_cpu``, ``us_per_search_python_cpu``).
 
 ``--flush-mb M`` writes to M MiB of memory after each graph search, inside the graph's timed
 share (so taken out): the 623-chunk base's graph then leaves the CPU caches as cold as the
@@ -78,26 +79,28 @@ def docs_chunks(data_dir: Path) -> list[Chunk]:
 
 class TimedIndex:
     """An hnswlib ``Index`` that adds the seconds each ``knn_query`` takes on ``clock`` (wall
-    time; ``time.thread_time`` for this thread's CPU) to ``seconds``."""
+    time; ``time.thread_time`` for this thread's CPU) to ``seconds``, and this thread's CPU
+    in it to ``cpu_seconds``."""
 
     def __init__(
         self, index: Any, clock: Callable[[], float] = time.perf_counter, flush_mb: int = 0
     ) -> None:
         self._index = index
         self._clock = clock
-        self.seconds = 0.0
+        self.seconds = self.cpu_seconds = 0.0
         self.calls = 0
         # written after each search (``--flush-mb``): what a large graph's walk does to the caches
         self._flush = np.zeros(flush_mb << 17) if flush_mb else None  # float64: 2**17 a MiB
 
     def knn_query(self, *args: Any, **kwargs: Any) -> Any:
-        started = self._clock()
+        started, cpu = self._clock(), time.thread_time()
         try:
             return self._index.knn_query(*args, **kwargs)
         finally:
             if self._flush is not None:
                 self._flush[::8] += 1.0  # one write a 64-byte line
             self.seconds += self._clock() - started
+            self.cpu_seconds += time.thread_time() - cpu
             self.calls += 1
 
     def __getattr__(self, name: str) -> Any:
@@ -165,21 +168,24 @@ async def measure(engine: Engine, turns: list[tuple[str, str]], passes: int) -> 
     assert isinstance(graph, TimedIndex)
     turn_s = search_s = turn_knn_s = search_knn_s = turn_cpu_s = search_cpu_s = 0.0
     turn_knn = search_knn = 0
+    turn_knn_cpu = search_knn_cpu = 0.0  # the graph's share of the thread's CPU
     for n in range(passes):
         started, knn_s, knn = time.perf_counter(), graph.seconds, graph.calls
-        cpu = time.thread_time()
+        cpu, knn_cpu = time.thread_time(), graph.cpu_seconds
         for speaker, text in turns:
             await engine.turn(TurnInput(session_id=f"s{n}", text=text, speaker=speaker))
         turn_cpu_s += time.thread_time() - cpu
+        turn_knn_cpu += graph.cpu_seconds - knn_cpu
         turn_s += time.perf_counter() - started
         turn_knn_s += graph.seconds - knn_s
         turn_knn += graph.calls - knn
         engine.end_session(f"s{n}")
         started, knn_s, knn = time.perf_counter(), graph.seconds, graph.calls
-        cpu = time.thread_time()
+        cpu, knn_cpu = time.thread_time(), graph.cpu_seconds
         for text in user:
             await engine.search(SearchInput(query=text))
         search_cpu_s += time.thread_time() - cpu
+        search_knn_cpu += graph.cpu_seconds - knn_cpu
         search_s += time.perf_counter() - started
         search_knn_s += graph.seconds - knn_s
         search_knn += graph.calls - knn
@@ -191,6 +197,8 @@ async def measure(engine: Engine, turns: list[tuple[str, str]], passes: int) -> 
     per_search = search_s / searches_timed * 1e6
     python_turn = (turn_s - turn_knn_s) / turns_timed * 1e6
     python_search = (search_s - search_knn_s) / searches_timed * 1e6
+    python_turn_cpu = (turn_cpu_s - turn_knn_cpu) / turns_timed * 1e6
+    python_search_cpu = (search_cpu_s - search_knn_cpu) / searches_timed * 1e6
     return {
         "turns_per_pass": len(turns),
         "us_per_turn": round(per_turn, 1),
@@ -206,6 +214,10 @@ async def measure(engine: Engine, turns: list[tuple[str, str]], passes: int) -> 
         "us_per_turn_python": round(python_turn, 1),
         "us_per_search_python": round(python_search, 1),
         "python_turn_over_search": round(python_turn / python_search, 2),
+        # the same on this thread's CPU, the graph's CPU taken out: the figures a load changes least
+        "us_per_turn_python_cpu": round(python_turn_cpu, 1),
+        "us_per_search_python_cpu": round(python_search_cpu, 1),
+        "cpu_python_turn_over_search": round(python_turn_cpu / python_search_cpu, 2),
         "graph_searches_per_turn": round(turn_knn / turns_timed, 2),
         "graph_searches_per_search": round(search_knn / searches_timed, 2),
         "us_per_graph_search": round(
