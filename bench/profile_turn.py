@@ -27,6 +27,9 @@ share (so taken out): the 623-chunk base's graph then leaves the CPU caches as c
 misses. Measured so, a Search's and a Turn's Python at 623 chunks rise to what they are at
 100,000: the growth with N is cold caches after the graph, not per-call work of size N. (The
 wall-clock figures, ``us_per_hybrid_search`` among them, then include the writing.)
+``--replay`` is the other way round: each graph search is answered, after its first, with the
+result kept from it (no walk of the graph), so the Python runs with the caches as it left them:
+its own work, with no base's graph in between.
 """
 
 from __future__ import annotations
@@ -83,7 +86,11 @@ class TimedIndex:
     in it to ``cpu_seconds``."""
 
     def __init__(
-        self, index: Any, clock: Callable[[], float] = time.perf_counter, flush_mb: int = 0
+        self,
+        index: Any,
+        clock: Callable[[], float] = time.perf_counter,
+        flush_mb: int = 0,
+        replay: bool = False,
     ) -> None:
         self._index = index
         self._clock = clock
@@ -91,11 +98,13 @@ class TimedIndex:
         self.calls = 0
         # written after each search (``--flush-mb``): what a large graph's walk does to the caches
         self._flush = np.zeros(flush_mb << 17) if flush_mb else None  # float64: 2**17 a MiB
+        # each search's result by (query bytes, k), answered again (``--replay``); None: searched
+        self._kept: dict[tuple[bytes, int], Any] | None = {} if replay else None
 
     def knn_query(self, *args: Any, **kwargs: Any) -> Any:
         started, cpu = self._clock(), time.thread_time()
         try:
-            return self._index.knn_query(*args, **kwargs)
+            return self._search(*args, **kwargs)
         finally:
             if self._flush is not None:
                 self._flush[::8] += 1.0  # one write a 64-byte line
@@ -103,11 +112,22 @@ class TimedIndex:
             self.cpu_seconds += time.thread_time() - cpu
             self.calls += 1
 
+    def _search(self, query: Any, k: int = 1, **kwargs: Any) -> Any:
+        if self._kept is None:
+            return self._index.knn_query(query, k=k, **kwargs)
+        key = (query.tobytes(), k)
+        found = self._kept.get(key)
+        if found is None:
+            found = self._kept[key] = self._index.knn_query(query, k=k, **kwargs)
+        return found
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._index, name)
 
 
-def engine_over(chunks: list[Chunk], folder: Path, flush_mb: int = 0) -> Engine:
+def engine_over(
+    chunks: list[Chunk], folder: Path, flush_mb: int = 0, replay: bool = False
+) -> Engine:
     embedder = FakeEmbedder(dimension=DIM)
     version = new_version_id("profile-turn")
     write_snapshot(
@@ -124,13 +144,13 @@ def engine_over(chunks: list[Chunk], folder: Path, flush_mb: int = 0) -> Engine:
         target_recall=HNSW.target_recall,
         sources=[KB],
     )
-    return engine_of(folder / version, flush_mb)
+    return engine_of(folder / version, flush_mb, replay)
 
 
-def engine_of(folder: Path, flush_mb: int = 0) -> Engine:
+def engine_of(folder: Path, flush_mb: int = 0, replay: bool = False) -> Engine:
     """An engine serving the snapshot in ``folder``, its graph behind a ``TimedIndex``."""
     snapshot = load_snapshot(folder, checksums=False)
-    snapshot = replace(snapshot, index=TimedIndex(snapshot.index, flush_mb=flush_mb))
+    snapshot = replace(snapshot, index=TimedIndex(snapshot.index, flush_mb=flush_mb, replay=replay))
     holder = SnapshotHolder()
     holder.publish(Searcher.build(snapshot))
     freeze_heap()  # as the refresher does once a snapshot is served: no collection walks it
@@ -240,24 +260,33 @@ async def hybrid_searches(engine: Engine, user: list[str], passes: int) -> float
         engine.hybrid_bases = frozenset()
 
 
-def engine_kept(chunks: list[Chunk], folder: Path, flush_mb: int = 0) -> Engine:
+def engine_kept(
+    chunks: list[Chunk], folder: Path, flush_mb: int = 0, replay: bool = False
+) -> Engine:
     """``engine_over``, or the snapshot built in ``folder`` before (``--keep``)."""
     built = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-    return engine_of(built[-1], flush_mb) if built else engine_over(chunks, folder, flush_mb)
+    if built:
+        return engine_of(built[-1], flush_mb, replay)
+    return engine_over(chunks, folder, flush_mb, replay)
 
 
 async def run(
-    data_dir: Path, n: int, passes: int, keep: Path | None, flush_mb: int = 0
+    data_dir: Path,
+    n: int,
+    passes: int,
+    keep: Path | None,
+    flush_mb: int = 0,
+    replay: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, chunks in (("docs", docs_chunks(data_dir)), (f"synthetic-{n}", _chunks(n))):
-            engine = engine_kept(chunks, (keep or Path(tmp)) / name, flush_mb)
+            engine = engine_kept(chunks, (keep or Path(tmp)) / name, flush_mb, replay)
             try:
                 row = await measure(engine, conversation(chunks), passes)
             finally:
                 await engine.aclose()
-            out[name] = {"chunks": len(chunks), "flush_mb": flush_mb, **row}
+            out[name] = {"chunks": len(chunks), "flush_mb": flush_mb, "replay": replay, **row}
             print(f"{name}: {json.dumps(out[name])}", flush=True)
     return out
 
@@ -281,8 +310,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="MiB of memory written after each graph search (taken out with the graph's time): "
         "a small base's Python measured with caches as cold as a large graph leaves them",
     )
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="answer each graph search after its first with the result kept from it: the "
+        "Python's own cost, with no walk of the graph between calls",
+    )
     args = parser.parse_args(argv)
-    result = asyncio.run(run(args.data, args.n, args.passes, args.keep, args.flush_mb))
+    result = asyncio.run(run(args.data, args.n, args.passes, args.keep, args.flush_mb, args.replay))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
