@@ -9,8 +9,11 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import hnswlib
+import numpy as np
 import pytest
 
+import index.hnsw_file
 import index.snapshot
 from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
@@ -243,3 +246,44 @@ def test_a_pointer_or_manifest_that_is_a_fifo_or_huge_is_refused_unread(tmp_path
     (folder / "manifest.json").write_bytes(b" " * (MAX_MANIFEST_BYTES + 1))
     with pytest.raises(CorruptSnapshot, match=f"the manifest is over {MAX_MANIFEST_BYTES} bytes"):
         read_manifest(folder)
+
+
+def _resident_kb(path: Path) -> int | None:
+    """The resident kB of this process's mappings of ``path`` (None: no /proc smaps here)."""
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return None
+    kb, inside = 0, False
+    for line in lines:
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = fields[-1] == str(path)
+        elif inside and fields[0] == "Rss:":
+            kb += int(fields[1])
+    return kb
+
+
+def test_vector_rows_read_each_labels_vector_as_hnswlib_does_and_keep_no_page_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(index.hnsw_file, "_LABEL_BLOCK", 256)  # several blocks, one partial
+    count, dim = 3000, 24
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(count, dim)).astype(np.float32)
+    labels = rng.permutation(count)  # row i holds label labels[i]: rows and labels differ
+    graph = hnswlib.Index(space="ip", dim=dim)
+    graph.init_index(max_elements=count, M=8, ef_construction=40)
+    graph.add_items(vectors, labels, num_threads=1)
+    path = tmp_path / "vectors.hnsw"
+    graph.save_index(str(path))
+    table, rows = index.hnsw_file.vector_rows(path, count=count, dimension=dim)
+    resident = _resident_kb(path)
+    every = np.arange(count)
+    assert np.array_equal(rows[labels], every)
+    stored = np.asarray(graph.get_items(every, return_type="numpy"), dtype=np.float32)
+    assert np.array_equal(table[rows[every]], stored)  # each label's vector, as hnswlib has it
+    if resident is None:
+        pytest.skip("no /proc/self/smaps: resident pages are not visible here")
+    assert resident == 0  # every label was read, and none of the file's pages kept for it
+    assert (_resident_kb(path) or 0) > 0  # the vectors just read were mapped: the check sees it
