@@ -18,6 +18,7 @@ import index.snapshot
 from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
 from index.errors import CorruptSnapshot
+from index.filters import FilterIndex
 from index.mapped import ArraysFile
 from index.snapshot import (
     CHUNKS,
@@ -36,10 +37,12 @@ from index.tables import (
     MAX_FIELD_BYTES,
     MAX_META_BYTES,
     MAX_META_STRINGS,
+    RUN_PATH_BYTES,
     ChunkTable,
     PageTable,
 )
 from index.types import Chunk
+from sidecar.snapshots.searcher import page_index
 from tests.snapshot_kit import KB, flip_a_byte, version_id, write_version
 
 CHUNKS_IN = [
@@ -287,3 +290,33 @@ def test_vector_rows_read_each_labels_vector_as_hnswlib_does_and_keep_no_page_of
         pytest.skip("no /proc/self/smaps: resident pages are not visible here")
     assert resident == 0  # every label was read, and none of the file's pages kept for it
     assert (_resident_kb(path) or 0) > 0  # the vectors just read were mapped: the check sees it
+
+
+def test_page_runs_key_each_page_by_its_first_chunk_wherever_its_chunks_lie(
+    tmp_path: Path,
+) -> None:
+    long = "deep/" * 110 + "page.md"  # over RUN_PATH_BYTES: a run a chunk, still one page
+    assert len(long) > RUN_PATH_BYTES
+    layout = [("docs", "a.md")] * 3 + [("docs", "b.md"), ("docs", "a.md")]  # a.md apart
+    layout += [("faq", "a.md")] * 2 + [("faq", "a.me")]  # a.me: a.md's length, not its bytes
+    layout += [("docs", long)] * 2 + [("docs", "")] * 2
+    chunks = [
+        Chunk(f"c{i}", s, p, "T", (), f"text {i}", f"text {i}") for i, (s, p) in enumerate(layout)
+    ]
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump(chunks))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    bounds, keys = table.page_runs()
+    assert bounds.tolist() == [0, 3, 4, 5, 7, 8, 9, 10, 12]
+    assert keys == [layout[i] for i in bounds[:-1]]
+    pages = page_index(table)
+    assert pages == page_index(chunks)
+    assert pages == {
+        ("docs", "a.md"): 0, ("docs", "b.md"): 3, ("faq", "a.md"): 5, ("faq", "a.me"): 7,
+        ("docs", long): 8, ("docs", ""): 10,
+    }  # fmt: skip
+    mapped, decoded = FilterIndex({}, table), FilterIndex({}, chunks)
+    assert mapped.paths == decoded.paths == sorted({p for _, p in layout})
+    for path in mapped.paths:
+        assert mapped.page_labels(path).tolist() == decoded.page_labels(path).tolist()
+    assert mapped.page_labels("a.md").tolist() == [0, 1, 2, 4, 5, 6]
+    assert mapped.page_labels("nowhere.md").size == 0

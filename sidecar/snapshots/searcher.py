@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,15 +199,14 @@ def _scaled(sized: int, count: int) -> int:
 
 
 def page_index(chunks: Sequence[Chunk]) -> dict[tuple[str, str], int]:
-    """(source, source_path) -> the label of the page's first chunk: a scan of every chunk (a
-    mapped table's read from its source column and paths, without decoding a chunk)."""
-    keys: Iterable[tuple[str, str]]
-    if isinstance(chunks, ChunkTable):
-        names = chunks.source_names
-        keys = zip((names[i] for i in chunks.source_of.tolist()), chunks.column(1), strict=True)
-    else:
-        keys = ((chunk.source, chunk.source_path) for chunk in chunks)
+    """(source, source_path) -> the label of the page's first chunk: a mapped table's from its
+    runs of chunks of one page (``ChunkTable.page_runs``, a string a page), else a scan."""
     first: dict[tuple[str, str], int] = {}
-    for label, key in enumerate(keys):
-        first.setdefault(key, label)
+    if isinstance(chunks, ChunkTable):
+        bounds, keys = chunks.page_runs()
+        for label, key in zip(bounds.tolist(), keys, strict=False):  # bounds end with len
+            first.setdefault(key, label)
+        return first
+    for label, chunk in enumerate(chunks):
+        first.setdefault((chunk.source, chunk.source_path), label)
     return first
