@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from index.chunker import MAX_CHUNK_BYTES
-from index.mapped import ArraysFile, StringTable, dump_arrays
+from index.mapped import ArraysFile, StringTable, dump_arrays, let_go
 from index.types import Chunk, MetaValue
 
 CHUNKS_KIND: Final = "voxrecall.chunks"
@@ -200,6 +200,10 @@ class ChunkTable(Sequence[Chunk]):
             out = [str(blob[a:b], "utf-8", "replace") for a, b in zip(starts, stops, strict=True)]
             return [t if len(t) <= _SURE_CHARS else _bounded(t) for t in out] if field == 3 else out
         return [_read(blob, a, b, cap) for a, b in zip(starts, stops, strict=True)]
+
+    def let_go(self) -> None:
+        """Drop this process's pages of the mapped file (``mapped.let_go``), after a scan."""
+        let_go(self._blob)
 
     def page_runs(self) -> tuple[npt.NDArray[np.int64], list[tuple[str, str]]]:
         """The runs of consecutive chunks of one page: where each starts, in label order, then

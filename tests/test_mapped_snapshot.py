@@ -43,7 +43,7 @@ from index.tables import (
 )
 from index.types import Chunk
 from sidecar.snapshots.searcher import page_index
-from tests.snapshot_kit import KB, flip_a_byte, version_id, write_version
+from tests.snapshot_kit import KB, flip_a_byte, resident_kb, version_id, write_version
 
 CHUNKS_IN = [
     Chunk(
@@ -251,22 +251,6 @@ def test_a_pointer_or_manifest_that_is_a_fifo_or_huge_is_refused_unread(tmp_path
         read_manifest(folder)
 
 
-def _resident_kb(path: Path) -> int | None:
-    """The resident kB of this process's mappings of ``path`` (None: no /proc smaps here)."""
-    try:
-        lines = Path("/proc/self/smaps").read_text().splitlines()
-    except OSError:
-        return None
-    kb, inside = 0, False
-    for line in lines:
-        fields = line.split()
-        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
-            inside = fields[-1] == str(path)
-        elif inside and fields[0] == "Rss:":
-            kb += int(fields[1])
-    return kb
-
-
 def test_vector_rows_read_each_labels_vector_as_hnswlib_does_and_keep_no_page_of_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,7 +265,7 @@ def test_vector_rows_read_each_labels_vector_as_hnswlib_does_and_keep_no_page_of
     path = tmp_path / "vectors.hnsw"
     graph.save_index(str(path))
     table, rows = index.hnsw_file.vector_rows(path, count=count, dimension=dim)
-    resident = _resident_kb(path)
+    resident = resident_kb(path)
     every = np.arange(count)
     assert np.array_equal(rows[labels], every)
     stored = np.asarray(graph.get_items(every, return_type="numpy"), dtype=np.float32)
@@ -289,7 +273,7 @@ def test_vector_rows_read_each_labels_vector_as_hnswlib_does_and_keep_no_page_of
     if resident is None:
         pytest.skip("no /proc/self/smaps: resident pages are not visible here")
     assert resident == 0  # every label was read, and none of the file's pages kept for it
-    assert (_resident_kb(path) or 0) > 0  # the vectors just read were mapped: the check sees it
+    assert (resident_kb(path) or 0) > 0  # the vectors just read were mapped: the check sees it
 
 
 def test_page_runs_key_each_page_by_its_first_chunk_wherever_its_chunks_lie(

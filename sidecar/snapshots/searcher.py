@@ -120,7 +120,7 @@ class Searcher:
         """Build everything; blocking (it reads every chunk once): call it off the event loop."""
         gazetteer = followups.gazetteer(snapshot)
         pages = page_index(snapshot.chunks)
-        return cls(
+        searcher = cls(
             snapshot=snapshot,
             vectors=_vector_rows(snapshot),
             bm25=Bm25(snapshot.lexical),
@@ -129,6 +129,8 @@ class Searcher:
             pages=pages,
             held_bytes=python_bytes(vars(gazetteer)) + python_bytes(pages),
         )
+        _let_go(snapshot)
+        return searcher
 
     @property
     def version(self) -> str:
@@ -150,6 +152,14 @@ class Searcher:
         """The stored (unit) vectors of ``labels``, read from the mapped graph file."""
         table, rows = self.vectors
         return np.asarray(table[rows[np.asarray(labels, dtype=np.int64)]], dtype=np.float32)
+
+
+def _let_go(snapshot: LoadedSnapshot) -> None:
+    """The load and the build above read every chunk's path and head and every posting: the
+    process lets those pages of the mapped files go, and keeps what calls read."""
+    if isinstance(snapshot.chunks, ChunkTable):
+        snapshot.chunks.let_go()
+    snapshot.lexical.let_go()
 
 
 def _vector_rows(snapshot: LoadedSnapshot) -> VectorRows:
