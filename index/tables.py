@@ -69,6 +69,8 @@ _BLOCK: Final = 1 << 16  # chunks checked at a time at open (``_oversized``)
 RUN_PATH_BYTES: Final = 512
 _GATHER: Final = 1 << 21  # bytes of temporaries per block of path pairs compared at once
 _WORD_BYTES: Final = 8
+# _LOW_BYTES[k]: the mask of a little-endian word's first k bytes
+_LOW_BYTES: Final = np.array([(1 << (8 * k)) - 1 for k in range(_WORD_BYTES + 1)], dtype=np.uint64)
 # the cap of each fixed field: id, path, title, text, embed text, url
 _CAPS: Final = (
     MAX_FIELD_BYTES, MAX_FIELD_BYTES, MAX_FIELD_BYTES, MAX_CHUNK_BYTES, MAX_EMBED_BYTES,
@@ -403,18 +405,16 @@ def _equal_block(
     lengths: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.bool_]:
     same = np.ones(a.size, dtype=np.bool_)
+    last = words.size - 1
     for at in range(0, int(lengths.max(initial=0)), _WORD_BYTES):
-        live = np.flatnonzero(same & (lengths > at))
-        x, y, left = a[live] + at, b[live] + at, np.minimum(lengths[live] - at, _WORD_BYTES)
-        fits = np.maximum(x, y) < words.size  # a word from there is inside the blob
-        low = (np.uint64(1) << (np.uint64(8) * np.minimum(left, 7).astype(np.uint64))) - np.uint64(
-            1
-        )
-        mask = np.where(left == _WORD_BYTES, ~np.uint64(0), low)  # the bytes left, little-endian
-        same[live[fits]] = ((words[x[fits]] ^ words[y[fits]]) & mask[fits]) == 0
-        for i in np.flatnonzero(~fits).tolist():  # the blob's last bytes
+        left = np.clip(lengths - at, 0, _WORD_BYTES)  # bytes of each span in this word
+        x, y = a + at, b + at
+        tail = (np.maximum(x, y) > last) & (left > 0)  # a word from there runs past the blob
+        diff = words[np.minimum(x, last)] ^ words[np.minimum(y, last)]
+        same &= ((diff & _LOW_BYTES[left]) == 0) | tail
+        for i in np.flatnonzero(tail).tolist():  # the blob's last bytes, compared apart
             p, q, k = int(x[i]), int(y[i]), int(left[i])
-            same[live[i]] = bool(np.array_equal(blob[p : p + k], blob[q : q + k]))
+            same[i] &= bool(np.array_equal(blob[p : p + k], blob[q : q + k]))
     return same
 
 

@@ -284,19 +284,21 @@ def test_page_runs_key_each_page_by_its_first_chunk_wherever_its_chunks_lie(
     layout = [("docs", "a.md")] * 3 + [("docs", "b.md"), ("docs", "a.md")]  # a.md apart
     layout += [("faq", "a.md")] * 2 + [("faq", "a.me")]  # a.me: a.md's length, not its bytes
     layout += [("docs", long)] * 2 + [("docs", "")] * 2
+    layout += [("docs", "z.md"), ("docs", "y.md"), ("docs", "y.md")]  # the last: at the blob's end
     chunks = [
         Chunk(f"c{i}", s, p, "T", (), f"text {i}", f"text {i}") for i, (s, p) in enumerate(layout)
     ]
+    chunks[-2:] = [Chunk(f"c{i}", "docs", "y.md", "", (), "", "") for i in (13, 14)]
     (tmp_path / "c.bin").write_bytes(ChunkTable.dump(chunks))
     table = ChunkTable.open(tmp_path / "c.bin")
     bounds, keys = table.page_runs()
-    assert bounds.tolist() == [0, 3, 4, 5, 7, 8, 9, 10, 12]
+    assert bounds.tolist() == [0, 3, 4, 5, 7, 8, 9, 10, 12, 13, 15]
     assert keys == [layout[i] for i in bounds[:-1]]
     pages = page_index(table)
     assert pages == page_index(chunks)
     assert pages == {
         ("docs", "a.md"): 0, ("docs", "b.md"): 3, ("faq", "a.md"): 5, ("faq", "a.me"): 7,
-        ("docs", long): 8, ("docs", ""): 10,
+        ("docs", long): 8, ("docs", ""): 10, ("docs", "z.md"): 12, ("docs", "y.md"): 13,
     }  # fmt: skip
     mapped, decoded = FilterIndex({}, table), FilterIndex({}, chunks)
     assert mapped.paths == decoded.paths == sorted({p for _, p in layout})
