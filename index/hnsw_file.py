@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from index.errors import CorruptSnapshot
+from index.mapped import DONTNEED
 
 HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # the 13 fields saveIndex writes, 96 bytes
 # hnswlib draws a level as -ln(u) / ln(M): past 64 even M = 2 would need u < 2^-64, which a
@@ -46,7 +47,6 @@ _BLOCK = 1 << 16  # elements checked at once: ~10 MB of temporaries at M = 16
 _LABEL_BLOCK = 1 << 14
 
 U32 = npt.NDArray[np.uint32]
-_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)
 
 
 class _Header:
@@ -266,7 +266,7 @@ def _rows(mapped: mmap.mmap, labels: npt.NDArray[np.uint8], count: int) -> npt.N
 def _let_go(mapped: mmap.mmap, start: int, stop: int) -> None:
     """Drop the process's pages of ``mapped`` over bytes ``start``..``stop`` (a page shared with
     the next block is read again from the page cache: a minor fault)."""
-    if _DONTNEED is None:
+    if DONTNEED is None:
         return  # no madvise here (Windows): the pages stay mapped, as they would anyway
     first = start - start % mmap.PAGESIZE
-    mapped.madvise(_DONTNEED, first, stop - first)
+    mapped.madvise(DONTNEED, first, stop - first)
