@@ -96,11 +96,7 @@ class FilterIndex:
         self.n = len(chunks)
         self.partitions = dict(partitions or {})
         self.vectors = vectors
-        by_path: dict[str, list[int]] = {}
-        for label, path in enumerate(_source_paths(chunks)):
-            by_path.setdefault(path, []).append(label)
-        self.paths = sorted(by_path)
-        self._path_labels = [np.asarray(by_path[p], dtype=np.int64) for p in self.paths]
+        self.paths, self._by_path, self._path_ends = _pages_by_path(chunks)
         size = max(8, MASK_CACHE_BYTES // max(1, self.n))
         self._masks: LRUCache[object, Mask] = LRUCache(maxsize=size)
 
@@ -116,29 +112,12 @@ class FilterIndex:
         """The labels of the chunks of pages at ``source_path`` (of any source)."""
         i = bisect.bisect_left(self.paths, source_path)
         if i < len(self.paths) and self.paths[i] == source_path:
-            return self._path_labels[i]
+            return self._path_labels(i)
         return np.zeros(0, dtype=np.int64)
 
-    def first_of_pages(
-        self, source_of: npt.NDArray[np.int32], names: Sequence[str]
-    ) -> dict[tuple[str, str], int]:
-        """(source, source path) -> the label of that page's first chunk, from the labels
-        grouped by path here (``source_of``: each chunk's index into ``names``): no path is
-        read again, and no Python loop runs over the chunks."""
-        if not self.paths:
-            return {}
-        labels = np.concatenate(self._path_labels)  # by path, each path's labels ascending
-        sizes = np.fromiter(map(len, self._path_labels), dtype=np.int64, count=len(self.paths))
-        path_at = np.repeat(np.arange(len(self.paths), dtype=np.int64), sizes)
-        page = path_at * len(names) + source_of[labels]
-        _, first = np.unique(page, return_index=True)  # stable: each page's lowest label
-        firsts = labels[first]
-        return {
-            (names[s], self.paths[p]): label
-            for s, p, label in zip(
-                source_of[firsts].tolist(), path_at[first].tolist(), firsts.tolist(), strict=True
-            )
-        }
+    def _path_labels(self, i: int) -> Labels:
+        """The labels of the chunks at ``paths[i]``, in label order (a read-only view)."""
+        return self._by_path[self._path_ends[i] : self._path_ends[i + 1]]
 
     def unknown(self, filters: Iterable[MetadataFilter]) -> list[str]:
         """The fields of ``filters`` this snapshot has no index for."""
@@ -185,7 +164,7 @@ class FilterIndex:
         if mask is None:
             mask = np.zeros(self.n, dtype=np.bool_)
             for i in sorted({i for p in patterns for i in self._matching_pages(p)}):
-                mask[self._path_labels[i]] = True
+                mask[self._path_labels(i)] = True
             mask.setflags(write=False)
             self._masks[key] = mask
         return mask
@@ -364,8 +343,22 @@ def _exact(
     return [(int(labels[i]), float(scores[i])) for i in order]
 
 
-def _source_paths(chunks: Sequence[Chunk]) -> list[str]:
-    """Every chunk's source path in label order; a mapped table's read without decoding it."""
+def _pages_by_path(chunks: Sequence[Chunk]) -> tuple[list[str], Labels, Labels]:
+    """The source paths, sorted; every label grouped by its path (in label order within one);
+    and where each path's group ends. A mapped table's from its runs of chunks of one page
+    (``ChunkTable.page_runs``): a path read a page, not a chunk."""
     if isinstance(chunks, ChunkTable):
-        return chunks.column(1)
-    return [chunk.source_path for chunk in chunks]
+        bounds, keys = chunks.page_runs()
+        run_paths = [path for _, path in keys]
+    else:
+        bounds = np.arange(len(chunks) + 1, dtype=np.int64)
+        run_paths = [chunk.source_path for chunk in chunks]
+    paths = sorted(set(run_paths))
+    position = {path: i for i, path in enumerate(paths)}
+    run_ids = np.fromiter(map(position.__getitem__, run_paths), np.int64, len(run_paths))
+    of_label = np.repeat(run_ids, np.diff(bounds))
+    by_path = np.argsort(of_label, kind="stable")
+    ends = np.zeros(len(paths) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(of_label, minlength=len(paths)), out=ends[1:])
+    by_path.setflags(write=False)
+    return paths, by_path, ends

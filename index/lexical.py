@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import snowballstemmer  # type: ignore[import-untyped,unused-ignore]
 
-from index.mapped import ArraysFile, StringTable, dump_arrays
+from index.mapped import ArraysFile, StringTable, dump_arrays, let_go
 
 __all__ = [
     "ANALYZER",
@@ -239,6 +239,11 @@ class LexicalIndex:
         doc_ids = np.asarray(doc_of, dtype=np.int32)[order]
         tfs = np.minimum(np.asarray(term_tfs, dtype=np.int64), _TF_MAX).astype(np.uint16)[order]
         return cls(terms, indptr, doc_ids, tfs, np.asarray(doc_len, dtype=np.int32), k1=k1, b=b)
+
+    def let_go(self) -> None:
+        """Drop this process's pages of the mapped postings (``mapped.let_go``): opening the
+        index read every doc id to check it; a query reads its terms' postings again."""
+        let_go(self._doc_ids)
 
     def __len__(self) -> int:
         return len(self._doc_len)

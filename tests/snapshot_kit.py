@@ -201,3 +201,19 @@ class DiskFullStore(HttpStore):
         if self.full:
             raise OSError(errno.ENOSPC, "No space left on device")
         super()._write(f, data)
+
+
+def resident_kb(path: Path) -> int | None:
+    """The resident kB of this process's mappings of ``path`` (None: no /proc smaps here)."""
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return None
+    kb, inside = 0, False
+    for line in lines:
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = fields[-1] == str(path)
+        elif inside and fields[0] == "Rss:":
+            kb += int(fields[1])
+    return kb

@@ -9,13 +9,17 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import hnswlib
+import numpy as np
 import orjson
 import pytest
 
+import index.hnsw_file
 import index.snapshot
 from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
 from index.errors import CorruptSnapshot
+from index.filters import FilterIndex
 from index.hnsw_file import CHECKS_VERSION
 from index.mapped import ArraysFile
 from index.snapshot import (
@@ -37,15 +41,18 @@ from index.tables import (
     MAX_FIELD_BYTES,
     MAX_META_BYTES,
     MAX_META_STRINGS,
+    RUN_PATH_BYTES,
     ChunkTable,
     PageTable,
 )
 from index.types import Chunk
+from sidecar.snapshots.searcher import page_index
 from tests.snapshot_kit import (
     KB,
     LEVEL0_LINK_PAST_THE_END,
     TAMPERED,
     flip_a_byte,
+    resident_kb,
     version_id,
     write_version,
 )
@@ -387,3 +394,60 @@ def test_a_pointer_or_manifest_that_is_a_fifo_or_huge_is_refused_unread(tmp_path
     (folder / "manifest.json").write_bytes(b" " * (MAX_MANIFEST_BYTES + 1))
     with pytest.raises(CorruptSnapshot, match=f"the manifest is over {MAX_MANIFEST_BYTES} bytes"):
         read_manifest(folder)
+
+
+def test_vector_rows_read_each_labels_vector_as_hnswlib_does_and_keep_no_page_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(index.hnsw_file, "_LABEL_BLOCK", 256)  # several blocks, one partial
+    count, dim = 3000, 24
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(count, dim)).astype(np.float32)
+    labels = rng.permutation(count)  # row i holds label labels[i]: rows and labels differ
+    graph = hnswlib.Index(space="ip", dim=dim)
+    graph.init_index(max_elements=count, M=8, ef_construction=40)
+    graph.add_items(vectors, labels, num_threads=1)
+    path = tmp_path / "vectors.hnsw"
+    graph.save_index(str(path))
+    table, rows = index.hnsw_file.vector_rows(path, count=count, dimension=dim)
+    resident = resident_kb(path)
+    every = np.arange(count)
+    assert np.array_equal(rows[labels], every)
+    stored = np.asarray(graph.get_items(every, return_type="numpy"), dtype=np.float32)
+    assert np.array_equal(table[rows[every]], stored)  # each label's vector, as hnswlib has it
+    if resident is None:
+        pytest.skip("no /proc/self/smaps: resident pages are not visible here")
+    assert resident == 0  # every label was read, and none of the file's pages kept for it
+    assert (resident_kb(path) or 0) > 0  # the vectors just read were mapped: the check sees it
+
+
+def test_page_runs_key_each_page_by_its_first_chunk_wherever_its_chunks_lie(
+    tmp_path: Path,
+) -> None:
+    long = "deep/" * 110 + "page.md"  # over RUN_PATH_BYTES: a run a chunk, still one page
+    assert len(long) > RUN_PATH_BYTES
+    layout = [("docs", "a.md")] * 3 + [("docs", "b.md"), ("docs", "a.md")]  # a.md apart
+    layout += [("faq", "a.md")] * 2 + [("faq", "a.me")]  # a.me: a.md's length, not its bytes
+    layout += [("docs", long)] * 2 + [("docs", "")] * 2
+    layout += [("docs", "z.md"), ("docs", "y.md"), ("docs", "y.md")]  # the last: at the blob's end
+    chunks = [
+        Chunk(f"c{i}", s, p, "T", (), f"text {i}", f"text {i}") for i, (s, p) in enumerate(layout)
+    ]
+    chunks[-2:] = [Chunk(f"c{i}", "docs", "y.md", "", (), "", "") for i in (13, 14)]
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump(chunks))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    bounds, keys = table.page_runs()
+    assert bounds.tolist() == [0, 3, 4, 5, 7, 8, 9, 10, 12, 13, 15]
+    assert keys == [layout[i] for i in bounds[:-1]]
+    pages = page_index(table)
+    assert pages == page_index(chunks)
+    assert pages == {
+        ("docs", "a.md"): 0, ("docs", "b.md"): 3, ("faq", "a.md"): 5, ("faq", "a.me"): 7,
+        ("docs", long): 8, ("docs", ""): 10, ("docs", "z.md"): 12, ("docs", "y.md"): 13,
+    }  # fmt: skip
+    mapped, decoded = FilterIndex({}, table), FilterIndex({}, chunks)
+    assert mapped.paths == decoded.paths == sorted({p for _, p in layout})
+    for path in mapped.paths:
+        assert mapped.page_labels(path).tolist() == decoded.page_labels(path).tolist()
+    assert mapped.page_labels("a.md").tolist() == [0, 1, 2, 4, 5, 6]
+    assert mapped.page_labels("nowhere.md").size == 0

@@ -23,9 +23,8 @@ import numpy as np
 import pytest
 
 from index.embedders.base import Embedder, EmbedderInfo, HashEmbedder, Vectors
-from index.filters import FilterIndex
 from index.lexical import Bm25, LexicalIndex
-from index.snapshot import load_snapshot, write_snapshot
+from index.snapshot import CHUNKS, LEXICAL, load_snapshot, write_snapshot
 from index.store import LocalStore
 from index.types import Chunk
 from sidecar.edge.server import create_server
@@ -35,7 +34,7 @@ from sidecar.snapshots import searcher
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups
 from tests.bases_kit import LOAD_WAIT_S, config, kb_name, retried
-from tests.snapshot_kit import KB, TOPICS, version_id, write_version
+from tests.snapshot_kit import KB, TOPICS, resident_kb, version_id, write_version
 
 BASES = 20
 BUDGET_MB = 10  # lazy: a few of the small bases fit, so the others are evicted and load again
@@ -253,24 +252,20 @@ def test_the_page_index_of_a_mapped_table_is_that_of_its_decoded_chunks(tmp_path
     index = searcher.page_index(snapshot.chunks)  # read from the columns, nothing decoded
     assert index == searcher.page_index(list(snapshot.chunks))
     assert index[("blog", "p3.md")] == 3
-    assert searcher.page_index(snapshot.chunks, snapshot.filters) == index  # from its groups
 
 
-def test_the_page_index_from_the_filter_index_groups_is_that_of_a_scan() -> None:
-    """Pages of several chunks, one path in two sources, their chunks interleaved: each
-    (source, path) keeps its own first chunk."""
-    names = ("blog", "faq")
-    layout = [("faq", "a.md"), ("blog", "a.md"), ("faq", "b.md"), ("faq", "a.md"),
-              ("blog", "c.md"), ("blog", "a.md"), ("faq", "b.md"), ("blog", "c.md")]  # fmt: skip
-    chunks = [
-        Chunk(f"c{i}", source, path, "T", (), "t", "t") for i, (source, path) in enumerate(layout)
-    ]
-    source_of = np.asarray([names.index(c.source) for c in chunks], dtype=np.int32)
-    grouped = FilterIndex.empty(chunks).first_of_pages(source_of, names)
-    assert grouped == searcher.page_index(chunks)
-    assert grouped == {("faq", "a.md"): 0, ("blog", "a.md"): 1, ("faq", "b.md"): 2,
-                       ("blog", "c.md"): 4}  # fmt: skip
-    assert FilterIndex.empty([]).first_of_pages(source_of[:0], names) == {}
+def test_a_built_searcher_keeps_no_page_the_load_scanned_and_still_reads_them(
+    tmp_path: Path,
+) -> None:
+    snapshot = load_snapshot(write_two_sources(tmp_path / "store"))
+    chunks, lexical = snapshot.folder / CHUNKS, snapshot.folder / LEXICAL
+    built = Searcher.build(snapshot)  # the gazetteer and page index read every chunk
+    if resident_kb(chunks) is None:
+        pytest.skip("no /proc/self/smaps: resident pages are not visible here")
+    assert resident_kb(chunks) == resident_kb(lexical) == 0
+    assert built.chunks[7].title == "Page 7"  # read again through the same mapping
+    assert [label for label, _ in snapshot.lexical.search("Page 5", 1)] == [5]
+    assert (resident_kb(chunks) or 0) > 0  # the read mapped its page: the check sees it
 
 
 def test_a_large_container_is_sized_from_its_first_members_scaled() -> None:

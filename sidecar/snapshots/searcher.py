@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from index.filters import FilterIndex, Mask
+from index.filters import Mask
 from index.hnsw_file import vector_rows
 from index.lexical import Bm25
 from index.snapshot import VECTORS, LoadedSnapshot
@@ -119,8 +119,8 @@ class Searcher:
     def build(cls, snapshot: LoadedSnapshot) -> Searcher:
         """Build everything; blocking (it reads every chunk once): call it off the event loop."""
         gazetteer = followups.gazetteer(snapshot)
-        pages = page_index(snapshot.chunks, snapshot.filters)
-        return cls(
+        pages = page_index(snapshot.chunks)
+        searcher = cls(
             snapshot=snapshot,
             vectors=_vector_rows(snapshot),
             bm25=Bm25(snapshot.lexical),
@@ -129,6 +129,8 @@ class Searcher:
             pages=pages,
             held_bytes=python_bytes(vars(gazetteer)) + python_bytes(pages),
         )
+        _let_go(snapshot)
+        return searcher
 
     @property
     def version(self) -> str:
@@ -150,6 +152,14 @@ class Searcher:
         """The stored (unit) vectors of ``labels``, read from the mapped graph file."""
         table, rows = self.vectors
         return np.asarray(table[rows[np.asarray(labels, dtype=np.int64)]], dtype=np.float32)
+
+
+def _let_go(snapshot: LoadedSnapshot) -> None:
+    """The load and the build above read every chunk's path and head and every posting: the
+    process lets those pages of the mapped files go, and keeps what calls read."""
+    if isinstance(snapshot.chunks, ChunkTable):
+        snapshot.chunks.let_go()
+    snapshot.lexical.let_go()
 
 
 def _vector_rows(snapshot: LoadedSnapshot) -> VectorRows:
@@ -198,22 +208,15 @@ def _scaled(sized: int, count: int) -> int:
     return sized if count <= SIZED_MEMBERS else sized * count // SIZED_MEMBERS
 
 
-def page_index(
-    chunks: Sequence[Chunk], filters: FilterIndex | None = None
-) -> dict[tuple[str, str], int]:
-    """(source, source_path) -> the label of the page's first chunk: from the chunks grouped by
-    path in the snapshot's filter index (``FilterIndex.first_of_pages``) when given, else a scan
-    of every chunk (a mapped table's read from its source column and paths, without decoding a
-    chunk)."""
-    if filters is not None and isinstance(chunks, ChunkTable) and filters.n == len(chunks):
-        return filters.first_of_pages(chunks.source_of, chunks.source_names)
-    keys: Iterable[tuple[str, str]]
-    if isinstance(chunks, ChunkTable):
-        names = chunks.source_names
-        keys = zip((names[i] for i in chunks.source_of.tolist()), chunks.column(1), strict=True)
-    else:
-        keys = ((chunk.source, chunk.source_path) for chunk in chunks)
+def page_index(chunks: Sequence[Chunk]) -> dict[tuple[str, str], int]:
+    """(source, source_path) -> the label of the page's first chunk: a mapped table's from its
+    runs of chunks of one page (``ChunkTable.page_runs``, a string a page), else a scan."""
     first: dict[tuple[str, str], int] = {}
-    for label, key in enumerate(keys):
-        first.setdefault(key, label)
+    if isinstance(chunks, ChunkTable):
+        bounds, keys = chunks.page_runs()
+        for label, key in zip(bounds.tolist(), keys, strict=False):  # bounds end with len
+            first.setdefault(key, label)
+        return first
+    for label, chunk in enumerate(chunks):
+        first.setdefault((chunk.source, chunk.source_path), label)
     return first
