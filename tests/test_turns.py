@@ -529,3 +529,22 @@ async def test_a_word_only_another_page_uses_names_that_page(tmp_path: Path) -> 
     )
     assert_said_as_itself(results[1], "What is conhost.exe?", "ACME TERMINAL FAQ")
     assert results[2].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"
+
+
+async def test_a_file_name_said_aloud_names_the_page_that_uses_it(tmp_path: Path) -> None:
+    """A transcript writes "conhost.exe" as "conhost dot exe": the words joined by "dot" are
+    read as the written file name is, and the turn is searched as said; a transcript's short
+    turn about the tracked page's own words still leans on the tracked page."""
+    results = await run_turns(
+        DOCS_PAGES,
+        [
+            ("user", "tell me about acme terminal appearance profile settings"),
+            ("user", "what is conhost dot exe"),
+            ("user", "what is the cursor shape"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    # searched as said (the hashing test embedder ranks "dot" and "exe" apart from "conhost.exe")
+    assert (results[1].query, results[1].followup.used) == ("what is conhost dot exe", "")
+    assert results[2].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"

@@ -159,6 +159,7 @@ AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by 
 # A content word at most this many chunks hold, all of one entity's, names that entity, weakly
 # (a file name, a command, a form's number: "What is conhost.exe?"); the lexical index knows it.
 KEYWORD_DOCS = 3
+SPOKEN_DOT_EN = "dot"  # how a transcript writes a file name's dot: "conhost dot exe"
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
@@ -690,7 +691,7 @@ def _keyword_topic(
     one; a weak naming, confirmed only by the turn's own search (``confirmed``)."""
     if tracked is None:
         return None
-    written = _written_as_code(utterance.text)
+    written = _written_as_code(utterance.text) or _said_as_file_name(utterance.words)
     if not written or _points_back(_spoken(utterance)):
         return None  # most turns: no word written as code, and the words are not read again
     name = set(tokens(tracked.name))
@@ -716,6 +717,20 @@ def _written_as_code(text: str) -> list[str]:
         if _looks_like_code(written)
         for word in _content(tokens(written))
         if len(word) > 1  # "e.g.": the letters of an abbreviation
+    ]
+
+
+def _said_as_file_name(said: Sequence[str]) -> list[str]:
+    """The content words of a file name said aloud, as a transcript writes it: words joined by
+    "dot" ("conhost dot exe", "settings dot json"), the spoken form of ``_written_as_code``'s
+    "conhost.exe" (a transcript has no other way to write one). A number said with its point
+    ("four point five") is not one."""
+    return [
+        word
+        for i in range(1, len(said) - 1)
+        if said[i] == SPOKEN_DOT_EN
+        for word in _content((said[i - 1], said[i + 1]))
+        if len(word) > 1
     ]
 
 
