@@ -529,3 +529,54 @@ async def test_a_word_only_another_page_uses_names_that_page(tmp_path: Path) -> 
     )
     assert_said_as_itself(results[1], "What is conhost.exe?", "ACME TERMINAL FAQ")
     assert results[2].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"
+
+
+async def test_a_file_name_said_aloud_names_the_page_that_uses_it(tmp_path: Path) -> None:
+    """A transcript writes "conhost.exe" as "conhost dot exe": the words joined by "dot" are
+    read as the written file name is, and the turn is searched as said; a transcript's short
+    turn about the tracked page's own words still leans on the tracked page."""
+    results = await run_turns(
+        DOCS_PAGES,
+        [
+            ("user", "tell me about acme terminal appearance profile settings"),
+            ("user", "what is conhost dot exe"),
+            ("user", "what is the cursor shape"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    # searched as said (the hashing test embedder ranks "dot" and "exe" apart from "conhost.exe")
+    assert (results[1].query, results[1].followup.used) == ("what is conhost dot exe", "")
+    assert results[2].followup.used == "ACME TERMINAL APPEARANCE PROFILE SETTINGS"
+
+
+async def test_a_name_pointed_back_at_as_a_section_of_the_tracked_page_is_folded(
+    tmp_path: Path,
+) -> None:
+    """ "what about command line arguments for it" names another page confidently, but points
+    back, and the tracked page has a section of that name: it asks about that section and is
+    folded with the tracked page. Pointing back at a page with no such section ("what about
+    themes for it" on the command line page), it names its own topic and is searched as said."""
+    results = await run_turns(
+        {
+            "ACME TERMINAL INSTALLATION": [
+                "## Install\n\nGet Acme Terminal from the store.",
+                "## Command line arguments\n\nThe installer starts wt with options.",
+            ],
+            "ACME TERMINAL COMMAND LINE ARGUMENTS": ["## Examples\n\nwt new-tab opens a tab."],
+            "ACME TERMINAL THEMES": ["## Colours\n\nThemes set the colour of the tab row."],
+        },
+        [
+            ("user", "Tell me about Acme Terminal installation."),
+            ("user", "what about command line arguments for it"),
+            ("user", "what about themes for it"),
+        ],
+        tmp_path,
+        kind="markdown",
+    )
+    assert results[0].followup.used == ""  # named confidently: searched as said, and tracked
+    assert (
+        results[1].query == "ACME TERMINAL INSTALLATION: what about command line arguments for it"
+    )
+    assert results[1].followup.source == Source.ENTITY
+    assert (results[2].query, results[2].followup.used) == ("what about themes for it", "")

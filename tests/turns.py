@@ -35,17 +35,18 @@ KB = "base"
 SESSION = "call"
 
 
-def base_pages(base: Mapping[str, Sequence[str]]) -> list[Page]:
+def base_pages(base: Mapping[str, Sequence[str]], kind: str = "text") -> list[Page]:
     """One jsonl-like page per chunk text, its entity as the context every chunk is embedded
-    with (as a ``context_fields`` source does)."""
+    with (as a ``context_fields`` source does); ``kind="markdown"`` reads a text's headings
+    (its chunk's breadcrumbs, below the entity as the page's title)."""
     return [
         Page(
             source=KB,
             source_path=f"{entity}-{i}",
             title=entity,
             text=text,
-            kind="text",
-            context=entity,
+            kind=kind,
+            context=entity if kind == "text" else "",  # markdown: the breadcrumbs
         )
         for entity, texts in base.items()
         for i, text in enumerate(texts)
@@ -57,12 +58,13 @@ def build_engine(
     folder: Path,
     *,
     embedder: Embedder | None = None,
+    kind: str = "text",
     **config: Any,
 ) -> Engine:
-    """An engine serving a snapshot of ``base`` written under ``folder``; ``config`` overrides
-    ``SidecarConfig`` keys."""
+    """An engine serving a snapshot of ``base`` (its pages of ``kind``: ``base_pages``) written
+    under ``folder``; ``config`` overrides ``SidecarConfig`` keys."""
     embedder = embedder or FakeEmbedder()
-    pages = base_pages(base)
+    pages = base_pages(base, kind)
     chunks = [c for p in pages for c in chunk_page(p)]
     vectors = embedder.embed_batch([c.embed_text for c in chunks])  # ``delay`` etc. spare it
     version = new_version_id("turns")

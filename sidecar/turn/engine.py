@@ -462,8 +462,11 @@ class Engine:
         keyword = followups.keyword_of(
             searcher.snapshot.lexical, searcher.chunks, gazetteer.entity_of, mask
         )
+        section = followups.section_of(
+            searcher.snapshot.lexical, searcher.chunks, gazetteer.entity_of, mask
+        )
         return followups.plan(
-            session, utterance, mentions, self.config.followups, gazetteer.shared, keyword
+            session, utterance, mentions, self.config.followups, gazetteer.shared, keyword, section
         )
 
     async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:

@@ -159,6 +159,7 @@ AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by 
 # A content word at most this many chunks hold, all of one entity's, names that entity, weakly
 # (a file name, a command, a form's number: "What is conhost.exe?"); the lexical index knows it.
 KEYWORD_DOCS = 3
+SPOKEN_DOT_EN = "dot"  # how a transcript writes a file name's dot: "conhost dot exe"
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
@@ -194,6 +195,8 @@ class Plan:
 
 # the entity whose chunks alone hold a word, when at most KEYWORD_DOCS do ("" otherwise)
 Keyword = Callable[[str], str]
+# whether a heading of one of an entity's chunks holds every one of the words (``section_of``)
+Section = Callable[[str, Sequence[str]], bool]
 
 
 class Gazetteer:
@@ -407,6 +410,37 @@ def keyword_of(
     return keyword
 
 
+def section_of(
+    lexical: LexicalIndex,
+    chunks: Sequence[Chunk],
+    entity_of: Callable[[Chunk], str],
+    mask: npt.NDArray[np.bool_] | None = None,
+) -> Section:
+    """A ``plan``'s ``section``: whether a chunk of ``entity`` holds every one of ``words`` in
+    a heading below its page's title (its breadcrumbs): the page has a section of that name.
+    The chunks holding all the words are read from the lexical index's postings; with ``mask``
+    only the chunks the call may reach count."""
+
+    def section(entity: str, said: Sequence[str]) -> bool:
+        docs = lexical.matching(said[0])
+        for word in said[1:]:
+            docs = np.intersect1d(docs, lexical.matching(word), assume_unique=True)
+        if mask is not None:
+            docs = docs[mask[docs]]
+        return any(_headed(chunks[int(doc)], said, entity, entity_of) for doc in docs)
+
+    return section
+
+
+def _headed(
+    chunk: Chunk, said: Sequence[str], entity: str, entity_of: Callable[[Chunk], str]
+) -> bool:
+    """Whether ``chunk`` is ``entity``'s and a heading below its title holds every word."""
+    if len(chunk.breadcrumbs) < 2 or entity_of(chunk) != entity:
+        return False
+    return set(said) <= set(tokens(" ".join(chunk.breadcrumbs[1:])))
+
+
 # -- the turn's plan --------------------------------------------------------------------------
 
 
@@ -552,17 +586,22 @@ def plan(
     config: FollowupConfig = _DEFAULTS,
     shared: frozenset[str] = frozenset(),
     keyword: Keyword | None = None,
+    section: Section | None = None,
 ) -> Plan:
     """How to search this user turn, given the session so far, the turn's own ``mentions``,
-    the words most of the snapshot's names share (``Gazetteer.shared``) and the entity a word
-    only a few chunks hold is about (``keyword``: ``keyword_of``).
+    the words most of the snapshot's names share (``Gazetteer.shared``), the entity a word
+    only a few chunks hold is about (``keyword``: ``keyword_of``) and whether an entity's page
+    has a section of a name (``section``: ``section_of``).
 
     Records nothing (an interim transcript may be planned and dropped): ``remember`` does, once
     the engine records the turn.
     """
     text = utterance.text
-    if not config.enabled or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
+    if not config.enabled:
         return Plan(text, NO_FOLLOWUP)
+    sure = next((m for m in mentions if m.confidence >= MIN_CONFIDENCE), None)
+    if sure is not None:
+        return _sure_plan(session, utterance, sure, section)
     question = agent_question(session) if answers(utterance) else ""
     only = None if question else only_names(utterance, mentions)
     if only is not None and not _points_back(_spoken(utterance)):
@@ -601,6 +640,34 @@ def plan(
         plan = Plan(f"{recent} {text}", joined, alone=True, prior=True, named=mentions)
         return replace(plan, refers=refers)
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
+
+
+def _sure_plan(
+    session: Session, utterance: Utterance, sure: Mention, section: Section | None
+) -> Plan:
+    """A turn that names an entity confidently is searched as said, unless it asks about a
+    section of the tracked entity's page (``_section_asked``): then it is folded with it."""
+    tracked = session.entity
+    if tracked is None or not _section_asked(tracked, sure, utterance, section):
+        return Plan(utterance.text, NO_FOLLOWUP)
+    folded = FollowUp(tracked.name, Source.ENTITY, tracked.confidence)
+    return Plan(f"{tracked.name}: {utterance.text}", folded, refers=True)
+
+
+def _section_asked(
+    tracked: Mention, sure: Mention, utterance: Utterance, section: Section | None
+) -> bool:
+    """Whether a turn naming ``sure`` asks about a section of the ``tracked`` entity's page of
+    that name: it points back ("what about command line arguments for it") and a heading of
+    the tracked page holds the words of the name the tracked one's name does not ("Command
+    line arguments" in "Windows Terminal installation", where another page is named "Windows
+    Terminal command line arguments"). A turn naming another place of a list ("what about the
+    Gonville, does it have parking") names no heading of the place before."""
+    if section is None or sure.name == tracked.name or not _points_back(_spoken(utterance)):
+        return False
+    name = set(tokens(tracked.name))
+    own = [w for w in _content(tokens(sure.name)) if w not in name]
+    return bool(own) and section(tracked.name, own)
 
 
 def only_names(utterance: Utterance, mentions: Sequence[Mention]) -> Mention | None:
@@ -690,7 +757,7 @@ def _keyword_topic(
     one; a weak naming, confirmed only by the turn's own search (``confirmed``)."""
     if tracked is None:
         return None
-    written = _written_as_code(utterance.text)
+    written = _written_as_code(utterance.text) or _said_as_file_name(utterance.words)
     if not written or _points_back(_spoken(utterance)):
         return None  # most turns: no word written as code, and the words are not read again
     name = set(tokens(tracked.name))
@@ -716,6 +783,20 @@ def _written_as_code(text: str) -> list[str]:
         if _looks_like_code(written)
         for word in _content(tokens(written))
         if len(word) > 1  # "e.g.": the letters of an abbreviation
+    ]
+
+
+def _said_as_file_name(said: Sequence[str]) -> list[str]:
+    """The content words of a file name said aloud, as a transcript writes it: words joined by
+    "dot" ("conhost dot exe", "settings dot json"), the spoken form of ``_written_as_code``'s
+    "conhost.exe" (a transcript has no other way to write one). A number said with its point
+    ("four point five") is not one."""
+    return [
+        word
+        for i in range(1, len(said) - 1)
+        if said[i] == SPOKEN_DOT_EN
+        for word in _content((said[i - 1], said[i + 1]))
+        if len(word) > 1
     ]
 
 
