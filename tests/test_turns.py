@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from index.embedders.base import FakeEmbedder
+from sidecar.turn import followups
 from sidecar.turn.engine import TurnInput, TurnResult
 from sidecar.turn.followups import Source
 from sidecar.turn.prefetch import Prefetcher
@@ -580,3 +581,31 @@ async def test_a_name_pointed_back_at_as_a_section_of_the_tracked_page_is_folded
     )
     assert results[1].followup.source == Source.ENTITY
     assert (results[2].query, results[2].followup.used) == ("what about themes for it", "")
+
+
+async def test_a_section_named_in_more_chunks_than_are_read_a_turn_is_no_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The section check reads the chunks holding the section's words only while they are few
+    (``SECTION_CHUNKS``): in a base where they are common (here: more than one chunk, the bound
+    made small), the turn is searched as said, and no turn's work grows with the base."""
+    monkeypatch.setattr(followups, "SECTION_CHUNKS", 1)
+    results = await run_turns(
+        {
+            "ACME TERMINAL INSTALLATION": [
+                "## Install\n\nGet Acme Terminal from the store.",
+                "## Command line arguments\n\nThe installer starts wt with options.",
+            ],
+            "ACME TERMINAL COMMAND LINE ARGUMENTS": ["## Examples\n\nwt new-tab opens a tab."],
+        },
+        [
+            ("user", "Tell me about Acme Terminal installation."),
+            ("user", "what about command line arguments for it"),
+        ],
+        tmp_path,
+        kind="markdown",
+    )
+    assert (results[1].query, results[1].followup.used) == (
+        "what about command line arguments for it",
+        "",
+    )

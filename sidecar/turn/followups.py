@@ -159,6 +159,11 @@ AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by 
 # A content word at most this many chunks hold, all of one entity's, names that entity, weakly
 # (a file name, a command, a form's number: "What is conhost.exe?"); the lexical index knows it.
 KEYWORD_DOCS = 3
+# A section's words are looked up in the postings, and the chunks holding them all read, only
+# while they are this rare: a per-turn cost bounded whatever the base's size (the rarest word's
+# doc ids, sorted; then each chunk's breadcrumbs decoded). Words held by more are no section's.
+SECTION_POSTINGS = 16_384
+SECTION_CHUNKS = 256
 SPOKEN_DOT_EN = "dot"  # how a transcript writes a file name's dot: "conhost dot exe"
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
@@ -422,11 +427,16 @@ def section_of(
     only the chunks the call may reach count."""
 
     def section(entity: str, said: Sequence[str]) -> bool:
-        docs = lexical.matching(said[0])
-        for word in said[1:]:
-            docs = np.intersect1d(docs, lexical.matching(word), assume_unique=True)
+        postings = sorted((lexical.matching(word) for word in said), key=len)
+        if len(postings[0]) > SECTION_POSTINGS:
+            return False  # words too common to name one page's section (and a bounded turn)
+        docs = postings[0]
+        for other in postings[1:]:
+            docs = np.intersect1d(docs, other, assume_unique=True)
         if mask is not None:
             docs = docs[mask[docs]]
+        if len(docs) > SECTION_CHUNKS:
+            return False
         return any(_headed(chunks[int(doc)], said, entity, entity_of) for doc in docs)
 
     return section
