@@ -219,10 +219,10 @@ def _publisher(to: str, config: BuildConfig) -> Callable[[str, Path], object | N
 
 
 def cmd_snapshot_verify(args: argparse.Namespace) -> int:
-    from index.snapshot import load_snapshot, verify_snapshot
+    from index.snapshot import load_snapshot, verify_fetched
 
     if args.config is None:
-        manifest = verify_snapshot(args.path)
+        manifest = verify_fetched(args.path)  # every file's sha256 and the graphs' layout
     else:
         from index.embedders.factory import make_embedder
 

@@ -5,8 +5,8 @@ entry point's own sends the first search through memory it never allocated (a se
 exception). A checksum proves the file is the one published, not that it is well-formed, so
 ``check_hnsw_file`` reads the whole layout with numpy first and raises ``CorruptSnapshot`` for
 anything hnswlib could not search safely: once per file, where a store's fetch hashes it
-(``index.snapshot.verify_fetched``, recorded by the file's size, mtime and inode), or at a load
-of a folder no store fetched. The layout, from ``hnswalg.h`` ``saveIndex``:
+(``index.snapshot.verify_fetched``, recorded by the file's stats and ``CHECKS_VERSION``), or at
+a load of a folder no store fetched; every load checks the header and size (``check_hnsw_head``). The layout, from ``hnswalg.h`` ``saveIndex``:
 
     header (96 bytes)   offsetLevel0_, max_elements_, cur_element_count, size_data_per_element_,
                         label_offset_, offsetData_ (size_t each), maxlevel_ (int32),
@@ -41,6 +41,9 @@ HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # the 13 fields saveIndex writes, 96 b
 MAX_LEVEL = 64
 MAX_M = 4096  # hnswlib keeps a link count in 16 bits; beyond a few hundred nobody builds
 _WORD = 4  # tableint and linklistsizeint are uint32
+# The version of the checks below: raise it when one is added or made stricter, so a store's
+# record of a graph checked by older code (``index.store.RECORD_CHECKS``) is not trusted.
+CHECKS_VERSION = 2
 _LABEL = 8  # labeltype is size_t
 _BLOCK = 1 << 16  # elements checked at once: ~10 MB of temporaries at M = 16
 
@@ -74,15 +77,10 @@ def check_hnsw_file(path: Path, *, count: int, dimension: int, m: int) -> None:
     """Raise CorruptSnapshot unless ``path`` is an hnswlib index hnswlib can load and search:
     ``count`` elements of ``dimension`` floats, labels 0..count-1, built with ``m`` links."""
     where = str(path)
-    with path.open("rb") as f:
-        head = _Header(f.read(HEADER.size), where)
-    size = path.stat().st_size
-    _check_header(head, where, count=count, dimension=dimension, m=m)
-    level0_bytes = count * head.size_per_element
-    if size < HEADER.size + level0_bytes + count * _WORD:
-        raise CorruptSnapshot(f"{where}: {size} bytes, too short for {count} elements")
+    head, size = check_hnsw_head(path, count=count, dimension=dimension, m=m)
     if not count:
         return  # nothing for hnswlib to read: an empty snapshot never loads its index
+    level0_bytes = count * head.size_per_element
     with path.open("rb") as f:
         f.seek(HEADER.size)
         _check_level0(f, head, where)
@@ -92,6 +90,20 @@ def check_hnsw_file(path: Path, *, count: int, dimension: int, m: int) -> None:
     levels, starts = _upper_lists(tail, head, where)
     _check_levels(levels, head, where)
     _check_upper_links(tail, levels, starts, head, where)
+
+
+def check_hnsw_head(path: Path, *, count: int, dimension: int, m: int) -> tuple[_Header, int]:
+    """The header and the file's size checked (microseconds): what every load checks, even of a
+    graph whose whole layout a store's fetch checked and recorded (``check_hnsw_file``), so a
+    file changed since its record was written cannot hand hnswlib a header it would trust."""
+    where = str(path)
+    with path.open("rb") as f:
+        head = _Header(f.read(HEADER.size), where)
+    size = path.stat().st_size
+    _check_header(head, where, count=count, dimension=dimension, m=m)
+    if size < HEADER.size + count * head.size_per_element + count * _WORD:
+        raise CorruptSnapshot(f"{where}: {size} bytes, too short for {count} elements")
+    return head, size
 
 
 def _check_header(head: _Header, where: str, *, count: int, dimension: int, m: int) -> None:

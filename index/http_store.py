@@ -182,6 +182,8 @@ class HttpStore:
     >>> folder = store.fetch("support", version)   # downloaded, verified, then exposed
     """
 
+    checks_graphs = True  # fetch checks the graphs' layout too (``Verified``)
+
     def __init__(self, base_url: str, cache_dir: Path, options: HttpOptions | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.cache_dir = cache_dir

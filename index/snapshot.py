@@ -48,7 +48,7 @@ from index.entities import EntityTable
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters
 from index.filters import build_partitions as build_value_partitions
-from index.hnsw_file import MAX_M, check_hnsw_file, vector_rows
+from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, vector_rows
 from index.lexical import LexicalIndex
 from index.summaries import SUMMARY_VECTORS, SummaryIndex, has_summaries, load_summary_index
 from index.tables import ChunkTable, PageTable
@@ -492,7 +492,7 @@ def verify_fetched(folder: Path) -> Manifest:
     """What a store's ``fetch`` proves of a folder, once: ``verify_snapshot`` with every
     file's sha256, then the layout of its hnswlib graphs (``check_graphs``), read while the
     hashing has just brought them into the page cache. The store records both by each file's
-    size, mtime and inode, so a load (``load_snapshot(..., fetched=True)``), the next start or
+    size, mtime, ctime, inode and device (``index.store.Verified``), so a load (``load_snapshot(..., fetched=True)``), the next start or
     another worker read neither again, and a changed file is verified anew."""
     manifest = verify_snapshot(folder)
     check_graphs(folder, manifest)
@@ -677,8 +677,8 @@ def read_hnsw(path: Path, manifest: Manifest, ef: int, *, checked: bool = False)
     index = hnswlib.Index(space="ip", dim=dim)
     if not count:
         return index
-    if not checked:
-        check_hnsw_file(path, count=count, dimension=dim, m=manifest.hnsw.m)
+    check = check_hnsw_head if checked else check_hnsw_file
+    check(path, count=count, dimension=dim, m=manifest.hnsw.m)
     try:
         index.load_index(str(path), max_elements=count)
     except (RuntimeError, MemoryError) as exc:
@@ -709,7 +709,8 @@ def load_snapshot(
     ``checksums=False``: the files' sha256 were checked by ``SnapshotStore.fetch`` (see
     ``verify_snapshot``). ``fetched=True``: the folder is what ``SnapshotStore.fetch`` returned,
     which checked the sha256 and the hnswlib graphs' layout (``verify_fetched``): neither is
-    read again (a graph's check took a third of hnswlib's own load).
+    read again (a graph's check took a third of hnswlib's own load), but each graph's header
+    and size are (``check_hnsw_head``, microseconds: a file changed under its record since).
     """
     manifest = verify_snapshot(folder, expected, checksums=checksums and not fetched)
     try:

@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import orjson
 
 from index.errors import CorruptSnapshot, IncompleteSnapshot, SnapshotError, SnapshotNotFound
+from index.hnsw_file import CHECKS_VERSION
 from index.snapshot import (
     MANIFEST,
     Manifest,
@@ -95,7 +96,9 @@ class SnapshotStore(Protocol):
     def fetch(self, knowledge_base: str, version: str) -> Path:
         """A local folder of ``version`` whose every file matches its manifest's sha256 and
         whose hnswlib graphs hnswlib can read safely (``index.snapshot.verify_fetched``): a
-        load trusts both (``load_snapshot(..., fetched=True)``)."""
+        load trusts both (``load_snapshot(..., fetched=True)``) where the store says so:
+        ``checks_graphs = True`` (a store of one's own written before fetch checked the graphs,
+        without it, has them checked at every load, as then)."""
         ...
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
@@ -114,9 +117,11 @@ class SnapshotStore(Protocol):
 class LocalStore:
     """A snapshot store on a local or shared file system; the sidecar reads folders in place."""
 
+    checks_graphs = True  # fetch checks the graphs' layout too (``Verified``)
+
     def __init__(self, root: Path, verified_dir: Path | None = None) -> None:
         self.root = root
-        # what fetch verified, by each file's (size, mtime, inode): a version fetched again (a
+        # what fetch verified, by each file's stats (``Stats``): a version fetched again (a
         # base evicted and loaded anew) is not verified again. With ``verified_dir`` (a
         # sidecar's cache_dir) the record is also kept on disk, so that the next start, or
         # another worker, need not hash or check the same unchanged files either.
@@ -181,7 +186,9 @@ class LocalStore:
         return folder
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
-        """Nothing: a sidecar never deletes from a shared store; builds prune it (keep_versions)."""
+        """Deletes nothing (a sidecar never deletes from a shared store; builds prune it:
+        ``keep_versions``); forgets in memory what it verified of the other versions."""
+        self.verified.keep_only(knowledge_base, versions)
 
     def knowledge_bases(self) -> frozenset[str]:
         if not self.root.is_dir():
@@ -245,22 +252,26 @@ class LocalStore:
         return doomed
 
 
-Stats = tuple[tuple[str, int, int, int], ...]  # (name, size, mtime_ns, inode) per file
+# (name, size, mtime_ns, ctime_ns, inode, device) per file: a file written again, replaced, or
+# given its old mtime back (``touch -r``, ``cp -p``, ``rsync -t``: the ctime still moves) differs.
+Stats = tuple[tuple[str, int, int, int, int, int], ...]
 # What a record says was proved of the files it lists (``verify_fetched``): each one's sha256,
-# then the hnswlib graphs' layout. A record without the second (written before fetch checked the
-# graphs) is not one: its folder is verified again, once.
-RECORD_CHECKS = ["sha256", "hnsw_layout"]
+# then the hnswlib graphs' layout by the checks of this version (``CHECKS_VERSION``). A record of
+# fewer or older checks is not one: its folder is verified again, once.
+RECORD_CHECKS = ["sha256", f"hnsw_layout:{CHECKS_VERSION}"]
 
 
 class Verified:
     """What a store's ``fetch`` verified (``index.snapshot.verify_fetched``), by each file's
-    (size, mtime_ns, inode): in memory, and with ``folder`` on disk too (one small JSON file
-    per version), so that the next start or another worker verifies nothing unchanged. A file
-    replaced or rewritten since has other stats: its folder is verified again."""
+    ``Stats``: in memory (one entry per version, dropped with it), and with ``folder`` on disk
+    too (one small JSON file per version), so that the next start or another worker verifies
+    nothing unchanged. A file replaced or rewritten since has other stats: its folder is
+    verified again. (What stats cannot see, a disk's own corruption under a file, the load
+    still meets at the graph's header: ``check_hnsw_head``.)"""
 
     def __init__(self, folder: Path | None) -> None:
         self.folder = folder
-        self._seen: dict[Path, Stats] = {}
+        self._seen: dict[tuple[str, str], Stats] = {}
 
     def ensure(self, snapshot: Path, manifest: Manifest, knowledge_base: str, version: str) -> None:
         """Verify ``snapshot`` unless a record says these very files were; then record it."""
@@ -269,10 +280,10 @@ class Verified:
         except OSError as exc:
             raise CorruptSnapshot(f"{snapshot}: cannot read: {exc}") from exc
         record = self.record(knowledge_base, version)
-        if self._seen.get(snapshot) != seen and _read_record(record) != seen:
+        if self._seen.get((knowledge_base, version)) != seen and _read_record(record) != seen:
             verify_fetched(snapshot)
             _write_record(record, seen)
-        self._seen[snapshot] = seen
+        self._seen[knowledge_base, version] = seen
 
     def remember(
         self, snapshot: Path, manifest: Manifest, knowledge_base: str, version: str
@@ -285,13 +296,20 @@ class Verified:
             log.warning("could not record the verification of %s: %s", snapshot, exc)
             return
         _write_record(self.record(knowledge_base, version), seen)
-        self._seen[snapshot] = seen
+        self._seen[knowledge_base, version] = seen
 
     def forget(self, knowledge_base: str, version: str) -> None:
         """Drop the record of a version whose copy was deleted (best effort)."""
+        self._seen.pop((knowledge_base, version), None)
         record = self.record(knowledge_base, version)
         if record is not None:
             record.unlink(missing_ok=True)
+
+    def keep_only(self, knowledge_base: str, versions: Collection[str]) -> None:
+        """Forget in memory the versions of ``knowledge_base`` not in ``versions`` (their
+        records on disk stay: the next fetch of one is not verified again)."""
+        for key in [k for k in self._seen if k[0] == knowledge_base and k[1] not in versions]:
+            del self._seen[key]
 
     def record(self, knowledge_base: str, version: str) -> Path | None:
         if self.folder is None:
@@ -300,10 +318,13 @@ class Verified:
 
 
 def file_stats(folder: Path, manifest: Manifest) -> Stats:
-    """(name, size, mtime_ns, inode) of the manifest and every file it lists."""
+    """``Stats`` of the manifest and every file it lists."""
     names = [MANIFEST, *manifest_files(manifest, str(folder))]
     stats = [(name, (folder / name).stat()) for name in names]
-    return tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in stats)
+    return tuple(
+        (name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        for name, st in stats
+    )
 
 
 def _read_record(record: Path | None) -> Stats | None:
@@ -315,7 +336,9 @@ def _read_record(record: Path | None) -> Stats | None:
         raw = orjson.loads(record.read_bytes())
         if raw.get("checks") != RECORD_CHECKS:
             return None
-        return tuple((str(n), int(a), int(b), int(c)) for n, a, b, c in raw["files"])
+        return tuple(
+            (str(n), int(a), int(b), int(c), int(d), int(e)) for n, a, b, c, d, e in raw["files"]
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

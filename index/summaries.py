@@ -26,7 +26,7 @@ import orjson
 
 from index.embedders.base import Vectors
 from index.errors import CorruptSnapshot
-from index.hnsw_file import check_hnsw_file
+from index.hnsw_file import check_hnsw_file, check_hnsw_head
 from index.types import Chunk
 
 SUMMARY_VECTORS = "summaries.hnsw"
@@ -99,8 +99,8 @@ def load_summary_index(
     path = folder / SUMMARY_VECTORS
     index = hnswlib.Index(space="ip", dim=dimension)
     if count:
-        if not checked:
-            check_hnsw_file(path, count=count, dimension=dimension, m=m)
+        check = check_hnsw_head if checked else check_hnsw_file
+        check(path, count=count, dimension=dimension, m=m)
         try:
             index.load_index(str(path), max_elements=count)
         except (RuntimeError, MemoryError) as exc:

@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 from bench.fuzz_snapshot import array_slots, set_item
 from index.embedders.base import Embedder
+from index.hnsw_file import HEADER
 from index.http_store import HttpStore
 from index.snapshot import CHUNKS, LEXICAL, MANIFEST, PAGES, VECTORS, sha256_file, write_snapshot
 from index.store import LATEST, LocalStore, new_version_id
@@ -184,6 +185,11 @@ TAMPERED: dict[str, Callable[[Path], None]] = {
     "lexical_cut_in_half": _patch(LEXICAL, lambda data: data[: len(data) // 2]),
     "lexical_10_bytes": _patch(LEXICAL, lambda data: data[:10]),
 }
+
+# Element 0's first level-0 link named past the end (96 bytes of header, then its link count):
+# the header is whole, so only the check of the whole layout (``check_hnsw_file``) refuses it,
+# and a search that walks that link crashes hnswlib.
+LEVEL0_LINK_PAST_THE_END = _patch(VECTORS, _at(HEADER.size + 4, 0xFFFFFF00, 4))
 
 
 class DiskFullStore(HttpStore):

@@ -16,10 +16,12 @@ import index.snapshot
 from index.chunker import MAX_CHUNK_BYTES
 from index.embedders.base import Embedder
 from index.errors import CorruptSnapshot
+from index.hnsw_file import CHECKS_VERSION
 from index.mapped import ArraysFile
 from index.snapshot import (
     CHUNKS,
     DATA_FILES,
+    MANIFEST,
     MAX_MANIFEST_BYTES,
     VECTORS,
     load_snapshot,
@@ -39,7 +41,14 @@ from index.tables import (
     PageTable,
 )
 from index.types import Chunk
-from tests.snapshot_kit import KB, TAMPERED, flip_a_byte, version_id, write_version
+from tests.snapshot_kit import (
+    KB,
+    LEVEL0_LINK_PAST_THE_END,
+    TAMPERED,
+    flip_a_byte,
+    version_id,
+    write_version,
+)
 
 CHUNKS_IN = [
     Chunk(
@@ -270,6 +279,72 @@ def test_a_graph_changed_after_its_check_is_checked_again_and_refused(
         store.fetch(KB, version_id(1))
     with pytest.raises(CorruptSnapshot, match="entry point"):
         LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+
+
+def test_a_graph_given_its_old_mtime_back_is_checked_again_and_refused(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """A graph rewritten in place and given its old mtime back (``touch -r``, ``cp -p``,
+    ``rsync -t``): same size, mtime and inode, but its ctime moved, so it is checked again."""
+    root = tmp_path / "store"
+    write_version(root, version_id(1), local_embedder)
+    verified = tmp_path / "cache" / "verified"
+    folder = LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+    before = {name: (folder / name).stat() for name in (VECTORS, MANIFEST)}
+    LEVEL0_LINK_PAST_THE_END(folder)
+    for name, st in before.items():
+        os.utime(folder / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (folder / name).stat().st_ino == st.st_ino
+    with pytest.raises(CorruptSnapshot, match="level-0 link names an element past"):
+        LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+
+
+def test_a_load_of_a_fetched_graph_checks_its_header_whatever_the_record_says(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """A record that matches a graph whose header went bad under it (what a disk's corruption
+    of an unchanged-looking file would be): the load refuses it by name before hnswlib reads it
+    (hnswlib trusts its header: an entry point past the end crashes the process)."""
+    root = tmp_path / "store"
+    write_version(root, version_id(1), local_embedder)
+    verified = tmp_path / "cache" / "verified"
+    store = LocalStore(root, verified_dir=verified)
+    folder = store.fetch(KB, version_id(1))
+    TAMPERED["hnsw_entry_point_past_the_end"](folder)
+    store.verified.remember(folder, read_manifest(folder), KB, version_id(1))  # a record that lies
+    assert LocalStore(root, verified_dir=verified).fetch(KB, version_id(1)) == folder
+    with pytest.raises(CorruptSnapshot, match="entry point"):
+        load_snapshot(folder, fetched=True)
+
+
+def test_a_record_of_older_graph_checks_is_not_trusted(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """Checks made stricter since a record was written (``CHECKS_VERSION``): the record of the
+    older ones does not pass the graph unchecked."""
+    root = tmp_path / "store"
+    folder = write_version(root, version_id(1), local_embedder, damage=LEVEL0_LINK_PAST_THE_END)
+    verified = tmp_path / "cache" / "verified"
+    record = Verified(verified).record(KB, version_id(1))
+    assert record is not None
+    record.parent.mkdir(parents=True)
+    stats = file_stats(folder, read_manifest(folder))
+    older = ["sha256", f"hnsw_layout:{CHECKS_VERSION - 1}"]
+    record.write_bytes(orjson.dumps({"checks": older, "files": [list(s) for s in stats]}))
+    with pytest.raises(CorruptSnapshot, match="level-0 link names an element past"):
+        LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+
+
+def test_a_store_forgets_in_memory_what_it_verified_of_versions_it_no_longer_keeps(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    for n in (1, 2, 3):
+        write_version(root, version_id(n), local_embedder)
+        store.fetch(KB, version_id(n))
+    store.retain(KB, [version_id(3)])
+    assert list(store.verified._seen) == [(KB, version_id(3))]
 
 
 def test_a_record_of_the_sha256_alone_does_not_pass_a_graph_unchecked(

@@ -15,7 +15,7 @@ import logging
 import shutil
 import subprocess
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,6 +38,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.snapshot_kit import (
     KB,
+    LEVEL0_LINK_PAST_THE_END,
     TAMPERED,
     DiskFullStore,
     flip_a_byte,
@@ -737,6 +738,49 @@ async def test_a_refresh_hashes_each_file_and_checks_the_graph_once(
     async with running(sidecar_config(store, tmp_path), local_embedder, poll=False) as sidecar:
         assert await serving(sidecar.port, v2)
     assert (hashed, checked) == (Counter(), Counter())
+
+
+class ShaOnlyStore:
+    """A store of one's own written to the contract of before fetch checked the graphs: its
+    fetch checks every file's sha256 only, and it does not say ``checks_graphs``."""
+
+    def __init__(self, root: Path) -> None:
+        self.local = LocalStore(root)
+
+    def latest(self, knowledge_base: str) -> str | None:
+        return self.local.latest(knowledge_base)
+
+    def fetch(self, knowledge_base: str, version: str) -> Path:
+        folder = self.local.version_dir(knowledge_base, version)
+        index.snapshot.verify_snapshot(folder)
+        return folder
+
+    def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
+        pass
+
+    def knowledge_bases(self) -> frozenset[str]:
+        return self.local.knowledge_bases()
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_store_that_checks_only_the_sha256_has_its_graphs_checked_at_load(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """A graph whose header is whole but whose links name elements past the end, its checksums
+    matching: the load checks the whole layout when the store did not say it did, and the
+    version is refused while the last good one serves (hnswlib would crash on a search)."""
+    root = tmp_path / "published"
+    store = Store(root, str(root))
+    v1 = await publish(root, 1, local_embedder, "password")
+    config = sidecar_config(store, tmp_path)
+    async with running(config, local_embedder, poll=False, store=ShaOnlyStore(root)) as sidecar:
+        assert await serving(sidecar.port, v1)
+        v2 = await publish(root, 2, local_embedder, "roaming", damage=LEVEL0_LINK_PAST_THE_END)
+        await sidecar.refresher.refresh()
+        assert await refused(sidecar.port, v2, "corrupt")
+        await assert_still_serving(sidecar, v1)
 
 
 async def test_an_old_snapshot_is_freed_when_the_last_call_holding_it_ends(

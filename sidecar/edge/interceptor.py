@@ -210,25 +210,26 @@ class _HookedCall(HookRun):
 
     __slots__ = ()
 
-    async def begin(self) -> None:
-        try:
-            self.start()
-        except RequestError as exc:
-            await self.refuse(exc)
+    def prepare(self, arg: Any, *, stream_in: bool) -> Any:
+        """Start the hooks, and check the request (or each one of a request stream as it
+        comes): the handler's argument. A refusal raises its ``RequestError`` (``refuse``)."""
+        self.start()
+        if stream_in:
+            return _checked(arg, self)
+        self.check(arg)
+        return arg
 
-    async def check_or_abort(self, message: Any) -> None:
-        try:
-            self.check(message)
-        except RequestError as exc:
-            await self.refuse(exc)
-
-    async def refuse(self, exc: RequestError) -> None:
+    async def refuse(self, exc: RequestError) -> NoReturn:
         await self.call.context.abort(self.call.code, str(exc))
+        raise AssertionError("unreachable: abort raises") from exc
 
     async def __aenter__(self) -> _HookedCall:
         return self
 
     async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        await self.close(exc)
+
+    async def close(self, exc: BaseException | None) -> None:
         """The one end of every kind of call: a call cut off by the drain (``Call.cut_off``)
         aborts UNAVAILABLE here (AbortError); then every started hook's ``end``, whatever
         happened."""
@@ -333,22 +334,32 @@ async def _checked(requests: AsyncIterator[Any], run: _HookedCall) -> AsyncItera
 
 
 async def _prepare(run: _HookedCall, arg: Any, *, stream_in: bool) -> Any:
-    """Start the hooks, and check the request (or each one of a request stream as it comes)."""
-    await run.begin()
-    if stream_in:
-        return _checked(arg, run)
-    await run.check_or_abort(arg)
-    return arg
+    """``run.prepare``, a refusal aborting the call with its status."""
+    try:
+        return run.prepare(arg, stream_in=stream_in)
+    except RequestError as exc:
+        await run.refuse(exc)
 
 
 def _single(inner: Any, new_hooked_call: NewHookedCall, *, stream_in: bool) -> Any:
-    """A behaviour with one response (unary-unary, stream-unary), with the hooks around it."""
+    """A behaviour with one response (unary-unary, stream-unary), with the hooks around it:
+    what ``async with run`` does, spelled out (every call takes this way, and the context
+    manager's and ``_prepare``'s coroutines cost more than the rest of the wrapping)."""
 
     async def behaviour(arg: Any, context: Context) -> Any:
-        async with new_hooked_call(context, stream_in) as run:
-            response = await inner(await _prepare(run, arg, stream_in=stream_in), context)
+        run = new_hooked_call(context, stream_in)
+        try:
+            try:
+                arg = run.prepare(arg, stream_in=stream_in)
+            except RequestError as exc:
+                await run.refuse(exc)
+            response = await inner(arg, context)
             run.sent(response)
-            return response
+        except BaseException as exc:
+            await run.close(exc)
+            raise
+        run.finish(None)
+        return response
 
     return behaviour
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -42,11 +41,12 @@ class Pool:
         self.limit = limit
         self.shares = dict(shares)
         self.in_flight = 0
-        self.by_caller: Counter[str] = Counter()
+        # a plain dict: a Counter's misses and deletes are Python calls, on every call
+        self.by_caller: dict[str, int] = {}
 
     def take(self, caller: str) -> None:
         share = self.shares.get(caller)
-        held = self.by_caller[caller]
+        held = self.by_caller.get(caller, 0)
         if share is not None and held >= share:
             raise ResourceExhausted(
                 f"caller {caller!r} has {held} {self.what}, its share ([sidecar.auth.caller] "
@@ -58,12 +58,14 @@ class Pool:
                 "retry with backoff"
             )
         self.in_flight += 1
-        self.by_caller[caller] += 1
+        self.by_caller[caller] = held + 1
 
     def give(self, caller: str) -> None:
         self.in_flight -= 1
-        self.by_caller[caller] -= 1
-        if not self.by_caller[caller]:
+        held = self.by_caller[caller] - 1
+        if held:
+            self.by_caller[caller] = held
+        else:
             del self.by_caller[caller]
 
 

@@ -1,21 +1,32 @@
-"""Chunk messages built once and copied into each response (issue 19, 5).
+"""Chunk messages encoded once and merged into each response (issue 19, 5).
 
 Building a ``pb.Chunk`` field by field (nine fields, a list, a map) cost more per hit than the
-search that found it. The hits of calls repeat (the same question, a follow-up, the next caller
-with the same problem), so a chunk's message built a second time is kept, without its score, and
-later responses take copies of it (one C-level copy each) and set the scores on them. A message
-built the first time is built in place in the response: keeping a copy of every hit cost more
-than the cache saved on varied questions, whose hits mostly come once.
+search that found it, and copying a kept message into each response (one ``add`` and one
+``CopyFrom`` a hit, from Python) still cost a few microseconds a call. The hits of calls repeat
+(the same question, a follow-up, the next caller with the same problem), so a chunk's message is
+kept serialized, without its score: a response's hits are then one byte string (each hit's
+field tag, its kept bytes and its score's four bytes, appended after the rest of the chunk, which
+protobuf allows) merged into the response by one C-level parse. A chunk's bytes are kept the
+second time they are encoded: a hit of varied questions mostly comes once, and keeping those
+would only push out the ones that come again.
 
 The cache is keyed by base and chunk id and holds the chunk it was built from: a hit whose chunk
-differs (a new snapshot changed a chunk's url or metadata under the same id) builds its message
-anew. Bounded in bytes (the messages' serialized size); full, it starts over.
+differs (a new snapshot changed a chunk's url or metadata under the same id) is encoded anew.
+Bounded in bytes: each entry counts its encoding and the chunk it holds (its strings as Python
+keeps them, the embedded text beside the text, and a fixed cost for the objects); full, it
+starts over.
 """
 
 from __future__ import annotations
 
+import functools
+import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
+
+from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import Message
 
 from index.types import Chunk, meta_text
 from sidecar.gen import retrieval_pb2 as pb
@@ -23,9 +34,14 @@ from sidecar.turn.hits import Hit
 
 # A few thousand chunks' messages: the hits of the calls of a busy minute. Per process.
 CACHE_BYTES = 8 << 20
-# Chunks whose message was built once, remembered so that the second build keeps it: ~70 bytes
-# each in a set, so ~5 MiB at most. Per process.
+# Chunks whose message was encoded once, remembered so that the second encoding keeps it: ~70
+# bytes each in a set, so ~5 MiB at most. Per process.
 MAX_SEEN = 1 << 16
+# ``Chunk.score`` (field 8, a float: wire type 5, four little-endian bytes) as it follows a kept
+# encoding; every kept encoding's length counts these five bytes.
+_SCORE_TAG = b"\x45"
+_SCORE_BYTES = 5
+_float32 = struct.Struct("<f").pack
 
 
 def chunk_message(knowledge_base: str, chunk: Chunk, score: float = 0.0) -> pb.Chunk:
@@ -47,34 +63,80 @@ def _fields(knowledge_base: str, chunk: Chunk) -> dict[str, Any]:
     }
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+@functools.cache
+def _tag(descriptor: Descriptor, name: str) -> bytes:
+    """The tag of ``descriptor``'s repeated message field ``name`` (wire type 2)."""
+    return _varint(descriptor.fields_by_name[name].number << 3 | 2)
+
+
+def _encoded(knowledge_base: str, chunk: Chunk) -> bytes:
+    """A chunk's message but its score, as a length-delimited field's length and body, the
+    length counting the score that follows it in a response."""
+    data = pb.Chunk(**_fields(knowledge_base, chunk)).SerializeToString()
+    return _varint(len(data) + _SCORE_BYTES) + data + _SCORE_TAG
+
+
+# An entry's objects beside its strings: the key, the tuples, the Chunk and the bytes' headers.
+_ENTRY_BYTES = 400
+
+
+def _held_bytes(chunk: Chunk, encoded: bytes) -> int:
+    """What keeping ``encoded`` and ``chunk`` holds, in bytes: the encoding, and the chunk's two
+    long strings as Python keeps them (its other fields are in the encoding's count, once)."""
+    return len(encoded) + sys.getsizeof(chunk.text) + sys.getsizeof(chunk.embed_text) + _ENTRY_BYTES
+
+
 class ChunkMessages:
-    """Fills a response's repeated ``Chunk`` field from hits, from messages built once."""
+    """Fills a response's repeated ``Chunk`` field from hits, from encodings kept."""
 
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._cache: dict[tuple[str, str], tuple[Chunk, pb.Chunk]] = {}
+        self._cache: dict[tuple[str, str], tuple[Chunk, bytes]] = {}
         self._seen: set[int] = set()
         self._bytes = 0
 
-    def fill(self, field: Any, hits: Sequence[Hit]) -> None:
-        """Append one message per hit to ``field`` (a repeated ``pb.Chunk`` field): a copy of
-        the one built before, or one built in place; a chunk's message is kept the second time
-        it is built (a chunk seen once costs no copy: most hits of varied questions are)."""
+    def fill(self, message: Message, name: str, hits: Sequence[Hit]) -> None:
+        """Append one ``Chunk`` per hit, with its score, to ``message``'s repeated field
+        ``name``, in one merge."""
+        if not hits:
+            return
+        tag = _tag(message.DESCRIPTOR, name)
+        parts: list[bytes] = []
         for hit in hits:
-            key = (hit.knowledge_base, hit.chunk.chunk_id)
+            chunk = hit.chunk
+            key = (hit.knowledge_base, chunk.chunk_id)
             entry = self._cache.get(key)
-            if entry is not None and (entry[0] is hit.chunk or entry[0] == hit.chunk):
-                message = field.add()
-                message.CopyFrom(entry[1])
-            elif self._seen_before(key):
-                message = self._built(field, key, hit)
+            if entry is not None and (entry[0] is chunk or entry[0] == chunk):
+                encoded = entry[1]
             else:
-                message = field.add(**_fields(hit.knowledge_base, hit.chunk))
-            message.score = hit.score
+                encoded = self._encode(key, hit)
+            parts += (tag, encoded, _float32(hit.score))
+        message.MergeFromString(b"".join(parts))
+
+    def _encode(self, key: tuple[str, str], hit: Hit) -> bytes:
+        """The hit's chunk encoded, and kept when it was encoded before."""
+        encoded = _encoded(hit.knowledge_base, hit.chunk)
+        held = _held_bytes(hit.chunk, encoded)
+        if self._seen_before(key) and held <= self.max_bytes:
+            if self._bytes + held > self.max_bytes:
+                self._cache = {}
+                self._bytes = 0
+            self._cache[key] = (hit.chunk, encoded)
+            self._bytes += held
+        return encoded
 
     def _seen_before(self, key: tuple[str, str]) -> bool:
-        """Whether ``key`` was built since the last start-over (kept as its hash: a collision
-        only keeps a message one build early); records it."""
+        """Whether ``key`` was encoded since the last start-over (kept as its hash: a collision
+        only keeps an encoding one time early); records it."""
         h = hash(key)
         if h in self._seen:
             return True
@@ -82,17 +144,3 @@ class ChunkMessages:
             self._seen = set()
         self._seen.add(h)
         return False
-
-    def _built(self, field: Any, key: tuple[str, str], hit: Hit) -> pb.Chunk:
-        """Build the hit's message in ``field`` (no copy on the way in, unlike a message built
-        apart and appended) and keep a copy of it."""
-        message: pb.Chunk = field.add(**_fields(hit.knowledge_base, hit.chunk))
-        kept = pb.Chunk()
-        kept.CopyFrom(message)
-        size = kept.ByteSize()
-        if self._bytes + size > self.max_bytes:
-            self._cache = {}
-            self._bytes = 0
-        self._cache[key] = (hit.chunk, kept)
-        self._bytes += size
-        return message

@@ -120,31 +120,34 @@ class Metrics(Hook):
             self.registry.register(collector)
         self.registry.register(_CountersAtScrape(engine, holder, lifecycle, limit))
         self._ended: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any, Any]] = {}
-        self._stages: dict[tuple[str, str], Any] = {}
+        self._stages: dict[str, tuple[Any, Any, Any]] = {}
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     # -- the hook -----------------------------------------------------------------------------
 
     def response(self, call: Call, message: Any) -> None:
-        if isinstance(message, pb.ConverseResponse):
-            message = message.turn
-        if isinstance(message, pb.TurnResponse):
-            self._timings(call.method, message.timings, searched=not message.skipped)
-        elif isinstance(message, pb.SearchResponse):
+        kind = type(message)  # generated message classes are never subclassed
+        if kind is pb.SearchResponse:  # the most frequent first
             self._timings(call.method, message.timings, searched=True)
+            return
+        if kind is pb.ConverseResponse:
+            message, kind = message.turn, pb.TurnResponse
+        if kind is pb.TurnResponse:
+            self._timings(call.method, message.timings, searched=not message.skipped)
 
     def _timings(self, rpc: str, timings: pb.Timings, *, searched: bool) -> None:
+        embed, search, total = self._stages.get(rpc) or self._stages_of(rpc)
         if searched:
-            self._stage(rpc, "embed").observe(timings.embed_ms / 1000.0)
-            self._stage(rpc, "search").observe(timings.search_ms / 1000.0)
-        self._stage(rpc, "total").observe(timings.total_ms / 1000.0)
+            embed.observe(timings.embed_ms / 1000.0)
+            search.observe(timings.search_ms / 1000.0)
+        total.observe(timings.total_ms / 1000.0)
 
-    def _stage(self, rpc: str, stage: str) -> Any:
-        child = self._stages.get((rpc, stage))
-        if child is None:
-            child = self._stages[(rpc, stage)] = self.stage_seconds.labels(rpc, stage)
-        return child
+    def _stages_of(self, rpc: str) -> tuple[Any, Any, Any]:
+        """``rpc``'s embed, search and total children, looked up once per method."""
+        children = tuple(self.stage_seconds.labels(rpc, s) for s in ("embed", "search", "total"))
+        self._stages[rpc] = children
+        return children
 
     def end(self, call: Call) -> None:
         key = (call.door, call.method, call.code)

@@ -79,7 +79,7 @@ def _set_policy(response: pb.SearchResponse, policy: BasePolicy, nothing_found: 
         response.instructions = policy.instructions
 
 
-# Each hit's message built once per process and copied into responses (sidecar/edge/messages.py).
+# Each hit's message encoded once per process and merged into responses (sidecar/edge/messages.py).
 MESSAGES = ChunkMessages()
 
 
@@ -147,8 +147,8 @@ def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
         rerank=_RERANK_NAMES[result.rerank],
     )
     set_timings(response.timings, result.timings)
-    MESSAGES.fill(response.chunks, result.hits)
-    MESSAGES.fill(response.context, result.context)
+    MESSAGES.fill(response, "chunks", result.hits)
+    MESSAGES.fill(response, "context", result.context)
     return response
 
 
@@ -275,7 +275,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         _set_policy(response, self._policy(request.knowledge_base), not result.hits)
         response.degraded = result.degraded
         set_timings(response.timings, result.timings)
-        MESSAGES.fill(response.chunks, result.hits)
+        MESSAGES.fill(response, "chunks", result.hits)
         return response
 
     def _policy(self, kb: str) -> BasePolicy:
@@ -365,7 +365,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             fallback=result.fallback,
             instructions=fn.policy.instructions if fn is not None else "",
         )
-        MESSAGES.fill(response.chunks, result.hits)
+        MESSAGES.fill(response, "chunks", result.hits)
         return response
 
     @_errors

@@ -3,8 +3,8 @@
 For each base: read the store's pointer; when it names a version newer than the one served,
 fetch it (the store checks every file's sha256 against the manifest and the hnswlib graphs'
 layout, downloading first for an HTTP store, and records both), load and verify it (format,
-embedder name and dimension, hnsw count against the chunk store; the files are not hashed nor
-the graphs checked a second time), build its searcher (``sidecar/snapshots/searcher.py``:
+embedder name and dimension, counts against the chunk store, the graphs' headers; the files are
+not hashed nor the graphs' links checked a second time), build its searcher (``sidecar/snapshots/searcher.py``:
 everything a query needs, the follow-ups' gazetteer and the page index included), run warm-up
 queries, and publish the searcher with one reference swap. All of it but the swap runs off the
 event loop, one refresh at a time. After a swap the
@@ -338,11 +338,16 @@ class Refresher:
         """Fetch, load and verify, check it is the version asked for, warm and build its
         searcher: all off the loop."""
         folder = await asyncio.to_thread(self.store.fetch, kb, version)
-        # fetch checked every file's sha256 and the graphs' layout (the SnapshotStore
-        # contract); hashing them again took 8 of the 52 s a 1M-chunk snapshot took to load,
-        # and checking the graph again a third of what hnswlib's own load takes
+        # fetch checked every file's sha256 (the SnapshotStore contract; hashing them again
+        # took 8 of the 52 s a 1M-chunk snapshot took to load) and, where the store says so,
+        # the graphs' layout (checking it again: a third of what hnswlib's own load takes)
         snapshot = await asyncio.to_thread(
-            load_snapshot, folder, self.embedder, fetched=True, ef_search=self.ef_search
+            load_snapshot,
+            folder,
+            self.embedder,
+            checksums=False,
+            fetched=getattr(self.store, "checks_graphs", False),
+            ef_search=self.ef_search,
         )
         manifest = snapshot.manifest
         if (manifest.knowledge_base, manifest.version) != (kb, version):
