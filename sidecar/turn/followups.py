@@ -342,8 +342,7 @@ class Gazetteer:
         return found
 
     def _near_lookup(self, key: str) -> str:
-        candidates = {variant for variant in _deletions(key) if variant in self._long}
-        candidates |= self._near.sharing(key)  # hashed: each is checked here
+        candidates = self._near.sharing(key)  # hashed: each is checked here
         close = {c for c in candidates if c[0] == key[0] and _one_edit(key, c)}
         names = {self._long[c] for c in close}
         return min(close) if len(names) == 1 else ""
