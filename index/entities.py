@@ -32,6 +32,7 @@ are matched against a turn's tokens, so both must be made by the same function.
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections import Counter
@@ -427,22 +428,36 @@ class EntityTable:
 
     def rated(self) -> Rated:
         """The rated keys as the dicts a gazetteer matches by."""
-        keys = list(self.keys)
+        blob, ends = self.keys.parts()
+        text = str(blob, "ascii")  # checked at read: [a-z0-9] only
+        offsets = ends.tolist()
+        keys = [text[a:b] for a, b in itertools.pairwise(offsets)]
         at = self.key_owner.tolist()
-        # those that own a key, each cut as a chunk's context is read (``index.tables``): a name
-        # is folded into queries, answers and sessions (a hostile owner of 20 MB behind a key of
-        # 14 letters was)
-        owners = {i: _bounded(self.owners[i], MAX_EMBED_BYTES) for i in set(at) if i >= 0}
+        owners = self._owners_of(set(at) - {-1})
         owner_of = [owners[i] if i >= 0 else None for i in at]
-        sure = self.key_sure.tolist()
+        owned = (self.key_owner >= 0).tolist()
+        sure = itertools.compress(self.key_sure.tolist(), owned)
         return Rated(
             keys=dict(zip(keys, owner_of, strict=True)),
-            sure={k: s for k, s, o in zip(keys, sure, owner_of, strict=True) if o is not None},
-            partial=frozenset(k for k, p in zip(keys, self.key_partial.tolist(), strict=True) if p),
+            sure=dict(zip(itertools.compress(keys, owned), sure, strict=True)),
+            partial=frozenset(itertools.compress(keys, self.key_partial.tolist())),
             size=self.size,
             span=self.span,
             shared=self.shared,
         )
+
+    def _owners_of(self, wanted: set[int]) -> dict[int, str]:
+        """The names that own a key, each cut as a chunk's context is read (``index.tables``): a
+        name is folded into queries, answers and sessions (a hostile owner of 20 MB behind a key
+        of 14 letters was). A name of at most a third of the cap in bytes is within it decoded
+        (a byte replaced takes three)."""
+        blob, ends = self.owners.parts()
+        owners: dict[int, str] = {}
+        for i in wanted:
+            name = str(blob[ends[i] : ends[i + 1]], "utf-8", "replace")
+            short = (ends[i + 1] - ends[i]) * 3 <= MAX_EMBED_BYTES
+            owners[i] = name if short else _bounded(name, MAX_EMBED_BYTES)
+        return owners
 
     def entity(self, label: int) -> str:
         """Chunk ``label``'s entity."""

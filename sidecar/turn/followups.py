@@ -77,6 +77,7 @@ from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.types import Chunk
 from sidecar.config import FollowupConfig
+from sidecar.turn import key_tables
 from sidecar.turn.sessions import Mention, Said, Session, Speaker
 from sidecar.turn.text import Utterance, tokens, words
 
@@ -245,14 +246,11 @@ class Gazetteer:
         self._partial = rated.partial
         self._streets = streets
         # every string prefix of every key: a span is extended only while it may still be one
-        self._prefixes = frozenset(k[:i] for k in keys for i in range(1, len(k) + 1))
+        self._prefixes = key_tables.prefixes(list(keys))
         self._long = {k: n for k, n in keys.items() if n is not None and len(k) >= FUZZY_MIN_CHARS}
-        # tuples: most variants have one key, and a set of one takes four times the bytes (100k
-        # chunks, 12,500 names: 91k variants, 40 MB as sets); a key's deletions are distinct
-        self._near: dict[str, tuple[str, ...]] = {}
-        for key in self._long:
-            for variant in _deletions(key):
-                self._near[variant] = (*self._near.get(variant, ()), key)
+        # the long keys' one-edit variants, hashed (1M chunks, 125k long keys: 911k variants,
+        # 16 bytes each; as strings they took ~150 MB and 5 s to build)
+        self._near = key_tables.NearKeys(list(self._long))
         # one edit keeps the first letter and the length within one: most spans are not tried
         self._initials = frozenset(k[0] for k in self._long)
         self._near_kept: dict[str, str] = {}  # span -> its near key ("": none)
@@ -352,12 +350,8 @@ class Gazetteer:
         return found
 
     def _near_lookup(self, key: str) -> str:
-        candidates = set(self._near.get(key, ()))
-        for variant in _deletions(key):
-            if variant in self._long:
-                candidates.add(variant)
-            candidates.update(self._near.get(variant, ()))
-        close = {c for c in candidates if _one_edit(key, c)}
+        candidates = self._near.sharing(key)  # hashed: each is checked here
+        close = {c for c in candidates if c[0] == key[0] and _one_edit(key, c)}
         names = {self._long[c] for c in close}
         return min(close) if len(names) == 1 else ""
 

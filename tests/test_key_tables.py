@@ -1,0 +1,91 @@
+"""The gazetteer's matching tables built in numpy: the same prefixes and one-edit matches as the
+strings they replace, whatever the hash does."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sidecar.turn import followups, key_tables
+from sidecar.turn.followups import FUNCTION_WORDS_EN, Gazetteer
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def _keys(count: int, seed: int) -> list[str]:
+    """Keys sharing prefixes (a few stems, as a base's names do), 1 to 16 letters."""
+    rng = random.Random(seed)
+    stems = ["", "document", "pizzahut", "the", "g"]
+    out = set()
+    while len(out) < count:
+        tail = "".join(rng.choice(LETTERS[:6]) for _ in range(rng.randint(0, 8)))
+        key = (rng.choice(stems) + tail)[:16]
+        if key:
+            out.add(key)
+    return sorted(out, key=lambda _: rng.random())
+
+
+def _deletions(key: str) -> set[str]:
+    return {key[:i] + key[i + 1 :] for i in range(1, len(key))}
+
+
+@pytest.mark.parametrize("rows", [3, key_tables.ROWS])  # keys compared a block at a time
+def test_prefixes_are_every_prefix_of_every_key(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    monkeypatch.setattr(key_tables, "ROWS", rows)
+    for keys in ([], ["a"], ["abc", "abc", "ab"], _keys(500, 1)):
+        assert key_tables.prefixes(keys) == {k[:i] for k in keys for i in range(1, len(k) + 1)}
+
+
+def test_sharing_finds_every_key_with_a_common_deletion() -> None:
+    keys = _keys(400, 2)
+    near = key_tables.NearKeys(keys)
+    assert len(near) == sum(map(len, keys))
+    rng = random.Random(3)
+    for span in [
+        *keys[:50],
+        *("".join(rng.choice(LETTERS[:6]) for _ in range(9)) for _ in range(50)),
+    ]:
+        wanted = {
+            k
+            for k in keys
+            if span in _deletions(k) or k in _deletions(span) or _deletions(span) & _deletions(k)
+        }
+        assert wanted <= near.sharing(span)  # a hash collision may add a key: the caller checks
+
+
+NAMES = ["GONVILLE HOTEL", "LLIVNOGE HOTEL", "CITYROOMZ", "CITYMOORZ", "LENSFIELD", "LENSFEILD"]
+SAID = [
+    "is the gonvile near cityroomz",
+    "the goonville",
+    "llivnoge or llivnog",
+    "cityroomx",
+    "the lensfeld",
+    "lensfiled",
+    "the onville",  # the first letter is never the edit
+]
+
+
+def test_colliding_hashes_match_no_other_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a hash base of 1 a variant's hash is the sum of its letters: every anagram collides
+    ("gonvillehotel", "llivnogehotel"). Each key found is checked letter by letter, so the
+    names matched are those a random base gives."""
+    expected = [_gazetteer().mentions(text) for text in SAID]
+    monkeypatch.setattr(key_tables.secrets, "randbits", lambda bits: 0)  # base 0 | 1
+    colliding = _gazetteer()
+    assert colliding._near._base == 1
+    assert "llivnogehotel" in colliding._near.sharing("gonvillehote")  # it does collide
+    assert [colliding.mentions(text) for text in SAID] == expected
+    assert expected == [
+        ["GONVILLE HOTEL", "CITYROOMZ"],
+        ["GONVILLE HOTEL"],
+        ["LLIVNOGE HOTEL"],
+        ["CITYROOMZ"],
+        [],  # one edit from both LENSFIELD and LENSFEILD: neither
+        ["LENSFIELD"],
+        [],
+    ]
+
+
+def _gazetteer() -> Gazetteer:
+    return Gazetteer(NAMES, FUNCTION_WORDS_EN, None, followups.STREETS_EN)
