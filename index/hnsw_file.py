@@ -260,17 +260,23 @@ def vector_rows(
     raw = np.frombuffer(mapped, dtype=np.uint8, count=count * size, offset=HEADER.size)
     raw = raw.reshape(count, size)
     vectors = raw[:, head.offset_data : head.offset_data + 4 * dimension].view("<f4")
-    return vectors, _rows(mapped, raw[:, head.label_offset : head.label_offset + _LABEL], count)
+    labels = raw[:, head.label_offset : head.label_offset + _LABEL]
+    return vectors, _rows(mapped, labels, count, str(path))
 
 
-def _rows(mapped: mmap.mmap, labels: npt.NDArray[np.uint8], count: int) -> npt.NDArray[np.int64]:
+def _rows(
+    mapped: mmap.mmap, labels: npt.NDArray[np.uint8], count: int, where: str
+) -> npt.NDArray[np.int64]:
     """Each label's row, from the (count, 8) label bytes of the mapped records, a block at a
-    time, dropping each block's pages from the process once read."""
+    time, dropping each block's pages from the process once read. A label past the end (a file
+    changed under the record of its check) is CorruptSnapshot, not an IndexError."""
     rows = np.empty(count, dtype=np.int64)
     per_row = labels.strides[0]
     for start in range(0, count, _LABEL_BLOCK):
         stop = min(count, start + _LABEL_BLOCK)
         block = np.ascontiguousarray(labels[start:stop]).view("<u8")[:, 0]
+        if len(block) and int(block.max()) >= count:  # a graph changed since it was checked
+            raise CorruptSnapshot(f"{where}: a label is past {count - 1}")
         rows[block.astype(np.int64)] = np.arange(start, stop, dtype=np.int64)
         _let_go(mapped, HEADER.size + start * per_row, HEADER.size + stop * per_row)
     _let_go(mapped, 0, len(mapped))  # and what the kernel mapped around a fault (fault-around)

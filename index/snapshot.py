@@ -21,7 +21,8 @@ snapshot (no ``entities.bin``) is still read: the sidecar rates its names at loa
 A folder is written once and never modified. ``verify`` checks everything the manifest claims
 before a reader trusts the folder; ``load`` then checks each file's layout and maps it. A store's
 ``fetch`` hashes every file and checks the hnswlib graphs (``verify_fetched``) once, recorded, so
-the load of what it fetched (``fetched=True``) reads neither again.
+the load of what it fetched (``fetched=True``) hashes nothing and checks each graph's header and
+size only (``check_hnsw_head``).
 """
 
 from __future__ import annotations

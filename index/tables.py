@@ -253,6 +253,12 @@ class ChunkTable(Sequence[Chunk]):
             paths = [_read(blob, a, b, MAX_FIELD_BYTES) for a, b in spans]
         return [(names[s], path) for s, path in zip(sources, paths, strict=True)]
 
+    def breadcrumbs(self, i: int) -> tuple[str, ...]:
+        """Chunk ``i``'s breadcrumbs alone, as ``heads`` reads them: no Chunk is built."""
+        at = int(self._first[i]) + _FIXED
+        e = self._ends[at : at + min(int(self._crumbs[i]), MAX_CRUMBS) + 1].tolist()
+        return tuple(_read(self._blob, a, b, MAX_FIELD_BYTES) for a, b in itertools.pairwise(e))
+
     def heads(self) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
         """Every chunk's id, title, breadcrumbs and the head of its embed text (what comes
         before its first blank line, where the chunker writes a context or heading path; ""

@@ -544,3 +544,13 @@ def test_a_keyword_names_a_page_from_the_chunks_the_call_may_reach_only() -> Non
     assert reachable("conhost") == "FAQ"
     assert every("acct99") == "SECRET"
     assert reachable("acct99") == reachable("nowhere") == ""
+
+
+def test_the_docs_a_section_check_keeps_are_those_both_lists_hold() -> None:
+    """``_within`` (each of few docs bisected into a long sorted list) keeps what an
+    intersection would, at either end of the long list, and for empty lists."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        few = np.unique(rng.integers(0, 60, size=rng.integers(0, 8))).astype(np.int32)
+        many = np.unique(rng.integers(0, 60, size=rng.integers(0, 50))).astype(np.int32)
+        assert followups._within(few, many).tolist() == np.intersect1d(few, many).tolist()

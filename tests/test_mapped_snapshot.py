@@ -106,6 +106,7 @@ def test_a_column_and_the_heads_read_what_the_decoded_chunks_hold(tmp_path: Path
     heads = [(c.chunk_id, c.title, c.breadcrumbs) for c in CHUNKS_IN]
     assert [h[:3] for h in table.heads()] == heads
     assert [h[3] for h in table.heads()] == ["Café > Menu", "", "B"]
+    assert [table.breadcrumbs(i) for i in range(len(table))] == [c.breadcrumbs for c in CHUNKS_IN]
 
 
 def test_list_metadata_reads_back_as_a_list_and_strings_as_strings(tmp_path: Path) -> None:
@@ -322,6 +323,23 @@ def test_a_load_of_a_fetched_graph_checks_its_header_whatever_the_record_says(
     assert LocalStore(root, verified_dir=verified).fetch(KB, version_id(1)) == folder
     with pytest.raises(CorruptSnapshot, match="entry point"):
         load_snapshot(folder, fetched=True)
+
+
+def test_rows_of_a_graph_whose_label_went_past_the_end_are_refused_by_name(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """A label changed under a record that still trusts the file (the load checks the header
+    only): the label -> row table refuses it, where it raised IndexError (or, negative, wrapped
+    to a wrong row) in the searcher's build."""
+    folder = write_version(tmp_path / "store", version_id(1), local_embedder)
+    path, count = folder / VECTORS, read_manifest(folder).chunks
+    head = index.hnsw_file._Header(path.read_bytes()[: index.hnsw_file.HEADER.size], str(path))
+    data = bytearray(path.read_bytes())
+    at = index.hnsw_file.HEADER.size + head.label_offset
+    data[at : at + 8] = (count + 5).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptSnapshot, match=f"a label is past {count - 1}"):
+        index.hnsw_file.vector_rows(path, count=count, dimension=local_embedder.info.dimension)
 
 
 def test_a_record_of_older_graph_checks_is_not_trusted(

@@ -73,8 +73,9 @@ from index.entities import (
     chunk_entity,
     rate,
 )
-from index.lexical import LexicalIndex
+from index.lexical import IntArray, LexicalIndex
 from index.snapshot import LoadedSnapshot
+from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.config import FollowupConfig
 from sidecar.turn import key_tables
@@ -249,7 +250,7 @@ class Gazetteer:
         self._prefixes = key_tables.prefixes(list(keys))
         self._long = {k: n for k, n in keys.items() if n is not None and len(k) >= FUZZY_MIN_CHARS}
         # the long keys' one-edit variants, hashed (1M chunks, 125k long keys: 911k variants,
-        # 16 bytes each; as strings they took ~150 MB and 5 s to build)
+        # 12 bytes each; as strings they took ~150 MB and 5 s to build)
         self._near = key_tables.NearKeys(list(self._long))
         # one edit keeps the first letter and the length within one: most spans are not tried
         self._initials = frozenset(k[0] for k in self._long)
@@ -426,23 +427,41 @@ def section_of(
             return False  # words too common to name one page's section (and a bounded turn)
         docs = postings[0]
         for other in postings[1:]:
-            docs = np.intersect1d(docs, other, assume_unique=True)
+            docs = _within(docs, other)
         if mask is not None:
             docs = docs[mask[docs]]
         if len(docs) > SECTION_CHUNKS:
             return False
-        return any(_headed(chunks[int(doc)], said, entity, entity_of) for doc in docs)
+        return any(_headed(chunks, int(doc), said, entity, entity_of) for doc in docs)
 
     return section
 
 
+def _within(docs: IntArray, other: IntArray) -> IntArray:
+    """The ``docs`` that ``other`` holds, both sorted: each looked up by bisection, so the cost
+    follows the few ``docs`` (at most ``SECTION_POSTINGS``), not a common word's postings."""
+    if not len(docs) or not len(other):
+        return docs[:0]
+    at = np.minimum(np.searchsorted(other, docs), len(other) - 1)
+    found: IntArray = docs[other[at] == docs]
+    return found
+
+
 def _headed(
-    chunk: Chunk, said: Sequence[str], entity: str, entity_of: Callable[[Chunk], str]
+    chunks: Sequence[Chunk],
+    label: int,
+    said: Sequence[str],
+    entity: str,
+    entity_of: Callable[[Chunk], str],
 ) -> bool:
-    """Whether ``chunk`` is ``entity``'s and a heading below its title holds every word."""
-    if len(chunk.breadcrumbs) < 2 or entity_of(chunk) != entity:
+    """Whether chunk ``label`` is ``entity``'s and a heading below its title holds every word:
+    its breadcrumbs are read first, alone (a mapped table decodes no chunk for them)."""
+    crumbs = (
+        chunks.breadcrumbs(label) if isinstance(chunks, ChunkTable) else chunks[label].breadcrumbs
+    )
+    if len(crumbs) < 2 or not set(said) <= set(tokens(" ".join(crumbs[1:]))):
         return False
-    return set(said) <= set(tokens(" ".join(chunk.breadcrumbs[1:])))
+    return entity_of(chunks[label]) == entity
 
 
 # -- the turn's plan --------------------------------------------------------------------------

@@ -7,11 +7,12 @@ and one string per variant, these took 6 s of a 1M-chunk load (249,000 keys: 2.3
 prefixes generated for 250,000 distinct ones, and 911,111 one-edit variants held as ~150 MB of
 strings). Here each distinct prefix is made once (the keys sorted: a key's prefixes no longer
 than its common prefix with the key before it are that key's), and the variants are kept as
-64-bit hashes in one sorted array (16 bytes a variant), computed a key length at a time.
+64-bit hashes in one sorted array (12 bytes a variant: the hash and its key's index), computed a key length at a time.
 
 A hash says where to look, never what matches: every key a lookup finds is checked letter by
 letter by the caller (``followups._one_edit``), so a collision costs a comparison, never a wrong
-match. Each table draws its own hash base, so no file can be made whose keys collide in it.
+match. Each table draws its own hash base, so a file cannot be made to collide its keys in
+every process (and a collision would cost only comparisons).
 """
 
 from __future__ import annotations
