@@ -260,10 +260,7 @@ def test_a_fetch_checks_the_graph_once_and_a_load_of_what_it_fetched_trusts_it(
     the load of the fetched folder nor the next start reads the graph again; a load of a
     folder no store fetched still checks it."""
     checked = counting_graph_checks(monkeypatch)
-    root = tmp_path / "store"
-    write_version(root, version_id(1), local_embedder)
-    verified = tmp_path / "cache" / "verified"
-    folder = LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+    root, verified, _, folder = fetched_once(tmp_path, local_embedder)
     assert checked == Counter({VECTORS: 1})
     assert load_snapshot(folder, fetched=True).lexical.search("reset password", 3)
     assert LocalStore(root, verified_dir=verified).fetch(KB, version_id(1)) == folder
@@ -272,16 +269,22 @@ def test_a_fetch_checks_the_graph_once_and_a_load_of_what_it_fetched_trusts_it(
     assert checked == Counter({VECTORS: 2})
 
 
+def fetched_once(tmp_path: Path, embedder: Embedder) -> tuple[Path, Path, LocalStore, Path]:
+    """A version written and fetched once by a store that records what it verified: the store's
+    root, its records' folder, the store and the fetched folder."""
+    root = tmp_path / "store"
+    write_version(root, version_id(1), embedder)
+    verified = tmp_path / "cache" / "verified"
+    store = LocalStore(root, verified_dir=verified)
+    return root, verified, store, store.fetch(KB, version_id(1))
+
+
 def test_a_graph_changed_after_its_check_is_checked_again_and_refused(
     tmp_path: Path, local_embedder: Embedder
 ) -> None:
     """A graph rewritten in place with a manifest re-signed to match (the checksums pass):
     its stats changed, so the store that checked it, and the next start, check it again."""
-    root = tmp_path / "store"
-    write_version(root, version_id(1), local_embedder)
-    verified = tmp_path / "cache" / "verified"
-    store = LocalStore(root, verified_dir=verified)
-    folder = store.fetch(KB, version_id(1))
+    root, verified, store, folder = fetched_once(tmp_path, local_embedder)
     TAMPERED["hnsw_entry_point_past_the_end"](folder)
     with pytest.raises(CorruptSnapshot, match="entry point"):
         store.fetch(KB, version_id(1))
@@ -294,10 +297,7 @@ def test_a_graph_given_its_old_mtime_back_is_checked_again_and_refused(
 ) -> None:
     """A graph rewritten in place and given its old mtime back (``touch -r``, ``cp -p``,
     ``rsync -t``): same size, mtime and inode, but its ctime moved, so it is checked again."""
-    root = tmp_path / "store"
-    write_version(root, version_id(1), local_embedder)
-    verified = tmp_path / "cache" / "verified"
-    folder = LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
+    root, verified, _, folder = fetched_once(tmp_path, local_embedder)
     before = {name: (folder / name).stat() for name in (VECTORS, MANIFEST)}
     LEVEL0_LINK_PAST_THE_END(folder)
     for name, st in before.items():
@@ -313,11 +313,7 @@ def test_a_load_of_a_fetched_graph_checks_its_header_whatever_the_record_says(
     """A record that matches a graph whose header went bad under it (what a disk's corruption
     of an unchanged-looking file would be): the load refuses it by name before hnswlib reads it
     (hnswlib trusts its header: an entry point past the end crashes the process)."""
-    root = tmp_path / "store"
-    write_version(root, version_id(1), local_embedder)
-    verified = tmp_path / "cache" / "verified"
-    store = LocalStore(root, verified_dir=verified)
-    folder = store.fetch(KB, version_id(1))
+    root, verified, store, folder = fetched_once(tmp_path, local_embedder)
     TAMPERED["hnsw_entry_point_past_the_end"](folder)
     store.verified.remember(folder, read_manifest(folder), KB, version_id(1))  # a record that lies
     assert LocalStore(root, verified_dir=verified).fetch(KB, version_id(1)) == folder
@@ -342,20 +338,27 @@ def test_rows_of_a_graph_whose_label_went_past_the_end_are_refused_by_name(
         index.hnsw_file.vector_rows(path, count=count, dimension=local_embedder.info.dimension)
 
 
-def test_a_record_of_older_graph_checks_is_not_trusted(
-    tmp_path: Path, local_embedder: Embedder
+@pytest.mark.parametrize(
+    "checks",
+    [None, ["sha256", "hnsw_layout"], ["sha256", f"hnsw_layout:{CHECKS_VERSION - 1}"]],
+    ids=["sha256_alone", "layout_unversioned", "older_layout_checks"],
+)
+def test_a_record_of_fewer_or_older_checks_does_not_pass_a_graph_unchecked(
+    checks: list[str] | None, tmp_path: Path, local_embedder: Embedder
 ) -> None:
-    """Checks made stricter since a record was written (``CHECKS_VERSION``): the record of the
-    older ones does not pass the graph unchecked."""
+    """A record written before fetch checked graphs, or by checks since made stricter
+    (``CHECKS_VERSION``), names a lying graph whose checksums match: the folder is verified
+    again, and refused."""
     root = tmp_path / "store"
     folder = write_version(root, version_id(1), local_embedder, damage=LEVEL0_LINK_PAST_THE_END)
     verified = tmp_path / "cache" / "verified"
     record = Verified(verified).record(KB, version_id(1))
     assert record is not None
     record.parent.mkdir(parents=True)
-    stats = file_stats(folder, read_manifest(folder))
-    older = ["sha256", f"hnsw_layout:{CHECKS_VERSION - 1}"]
-    record.write_bytes(orjson.dumps({"checks": older, "files": [list(s) for s in stats]}))
+    files = [list(s) for s in file_stats(folder, read_manifest(folder))]
+    record.write_bytes(
+        orjson.dumps({"files": files} if checks is None else {"checks": checks, "files": files})
+    )
     with pytest.raises(CorruptSnapshot, match="level-0 link names an element past"):
         LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
 
@@ -370,24 +373,6 @@ def test_a_store_forgets_in_memory_what_it_verified_of_versions_it_no_longer_kee
         store.fetch(KB, version_id(n))
     store.retain(KB, [version_id(3)])
     assert list(store.verified._seen) == [(KB, version_id(3))]
-
-
-def test_a_record_of_the_sha256_alone_does_not_pass_a_graph_unchecked(
-    tmp_path: Path, local_embedder: Embedder
-) -> None:
-    """A record written before fetch checked graphs (its files' stats, no ``checks``) names a
-    lying graph whose checksums match: the folder is verified again, and refused."""
-    root = tmp_path / "store"
-    damage = TAMPERED["hnsw_entry_point_past_the_end"]
-    folder = write_version(root, version_id(1), local_embedder, damage=damage)
-    verified = tmp_path / "cache" / "verified"
-    record = Verified(verified).record(KB, version_id(1))
-    assert record is not None
-    record.parent.mkdir(parents=True)
-    stats = file_stats(folder, read_manifest(folder))
-    record.write_bytes(orjson.dumps({"files": [list(s) for s in stats]}))
-    with pytest.raises(CorruptSnapshot, match="entry point"):
-        LocalStore(root, verified_dir=verified).fetch(KB, version_id(1))
 
 
 def test_a_pointer_or_manifest_that_is_a_fifo_or_huge_is_refused_unread(tmp_path: Path) -> None:
