@@ -546,6 +546,23 @@ def test_a_keyword_names_a_page_from_the_chunks_the_call_may_reach_only() -> Non
     assert reachable("acct99") == reachable("nowhere") == ""
 
 
+def test_a_word_more_chunks_hold_than_are_read_a_turn_names_no_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keyword's postings are read only while rare (``RARE_POSTINGS``): past that, however
+    few chunks the caller may reach, the word names nothing and no mask runs over its postings
+    (the bound made small here: "conhost" is in two chunks)."""
+    base = [
+        Chunk(t, "s", f"{t}.md", t, (), text, text)
+        for t, text in {"FAQ": "Conhost.exe hosts.", "SECRET": "Conhost.exe runs."}.items()
+    ]
+    lexical = LexicalIndex.build(c.embed_text for c in base)
+    reachable = followups.keyword_of(lexical, base, entities.chunk_entity, np.array([True, False]))
+    assert reachable("conhost") == "FAQ"
+    monkeypatch.setattr(followups, "RARE_POSTINGS", 1)
+    assert reachable("conhost") == ""
+
+
 def test_the_docs_a_section_check_keeps_are_those_both_lists_hold() -> None:
     """``_within`` (each of few docs bisected into a long sorted list) keeps what an
     intersection would, at either end of the long list, and for empty lists."""

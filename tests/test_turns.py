@@ -6,7 +6,6 @@ Each test feeds a conversation through ``run_turns`` (a real snapshot, the shipp
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from sidecar.turn.engine import TurnInput, TurnResult
 from sidecar.turn.followups import Source
 from sidecar.turn.prefetch import Prefetcher
 from sidecar.turn.skip import Skip
+from tests.conftest import eventually
 from tests.turns import SESSION, build_engine, run_turns
 
 PLACES = {
@@ -421,7 +421,7 @@ async def test_a_final_planned_otherwise_than_its_interim_is_searched_as_its_own
         prefetcher.interim(
             TurnInput(session_id=SESSION, text="what is conhost exe", is_final=False)
         )
-        await asyncio.sleep(0.2)  # the 50 ms stability timer fires first: the prefetch starts
+        await eventually(lambda: engine.counters.prefetch_started == 1, "the interim's prefetch")
         final = "What is conhost.exe?"
         result = await engine.turn(TurnInput(session_id=SESSION, text=final), prefetcher)
     finally:

@@ -161,10 +161,11 @@ AGENT_WEIGHT = 1.5  # the agent naming an entity outweighs a passing mention by 
 # A content word at most this many chunks hold, all of one entity's, names that entity, weakly
 # (a file name, a command, a form's number: "What is conhost.exe?"); the lexical index knows it.
 KEYWORD_DOCS = 3
-# A section's words are looked up in the postings, and the chunks holding them all read, only
-# while they are this rare: a per-turn cost bounded whatever the base's size (the rarest word's
-# doc ids, sorted; then each chunk's breadcrumbs decoded). Words held by more are no section's.
-SECTION_POSTINGS = 16_384
+# A keyword's or a section's words are looked up in the postings, and the chunks holding them
+# read, only while they are this rare: a per-turn cost bounded whatever the base's size (the
+# rarest word's doc ids; then at most SECTION_CHUNKS chunks' breadcrumbs). Words held by more
+# name no page.
+RARE_POSTINGS = 16_384
 SECTION_CHUNKS = 256
 SPOKEN_DOT_EN = "dot"  # how a transcript writes a file name's dot: "conhost dot exe"
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
@@ -400,6 +401,8 @@ def keyword_of(
 
     def keyword(word: str) -> str:
         docs = lexical.matching(word)
+        if len(docs) > RARE_POSTINGS:
+            return ""  # no page's keyword, and the mask is not run over its postings
         if mask is not None:
             docs = docs[mask[docs]]
         if not 0 < len(docs) <= KEYWORD_DOCS:
@@ -423,7 +426,7 @@ def section_of(
 
     def section(entity: str, said: Sequence[str]) -> bool:
         postings = sorted((lexical.matching(word) for word in said), key=len)
-        if len(postings[0]) > SECTION_POSTINGS:
+        if len(postings[0]) > RARE_POSTINGS:
             return False  # words too common to name one page's section (and a bounded turn)
         docs = postings[0]
         for other in postings[1:]:
@@ -439,7 +442,7 @@ def section_of(
 
 def _within(docs: IntArray, other: IntArray) -> IntArray:
     """The ``docs`` that ``other`` holds, both sorted: each looked up by bisection, so the cost
-    follows the few ``docs`` (at most ``SECTION_POSTINGS``), not a common word's postings."""
+    follows the few ``docs`` (at most ``RARE_POSTINGS``), not a common word's postings."""
     if not len(docs) or not len(other):
         return docs[:0]
     at = np.minimum(np.searchsorted(other, docs), len(other) - 1)
@@ -784,7 +787,7 @@ def _keyword_topic(
     if not written or _points_back(_spoken(utterance)):
         return None  # most turns: no word written as code, and the words are not read again
     name = set(tokens(tracked.name))
-    for word in written:
+    for word in dict.fromkeys(written):  # a word said many times is looked up once
         if word in name:
             continue
         entity = keyword(word)
