@@ -2,7 +2,8 @@
 
 A sidecar built by ``create_server`` over the ``search`` suite's cached corpus (20,000 x 384 by
 default), its ``Search`` handler called in this process with no transport: through the
-interceptor with every hook (``wrapped``), without the interceptor (``bare``), and hnswlib's
+interceptor with every hook (``wrapped``), without the interceptor (``bare``), each with the
+response serialized as grpc does next (by the method's serializer), and hnswlib's
 ``knn_query`` of the same queries alone (``knn``); then the interceptor with one hook at a time,
 against none, for what each hook costs. Times are this thread's CPU (``time.thread_time``:
 grpc's own threads and other processes do not count), the least of ``--rounds`` rounds of
@@ -42,6 +43,7 @@ from sidecar.config import parse_config
 from sidecar.edge.interceptor import HookInterceptor
 from sidecar.edge.server import create_server
 from sidecar.edge.service import RetrievalService
+from sidecar.gen import retrieval_pb2 as pb
 
 RESULTS = Path(__file__).resolve().parent / "results" / "handler_cost.json"
 WARM_CALLS = 200
@@ -83,6 +85,28 @@ class _Details:
 
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+def _search_serializer() -> Callable[[Any], bytes]:
+    """What the ``Search`` method's serializer does with a handler's answer."""
+    try:
+        from sidecar.edge.wire import passing_through
+    except ImportError:  # a tree from before the handler wrote bytes (a before/after run)
+        return pb.SearchResponse.SerializeToString  # type: ignore[no-any-return]
+    plain = grpc.unary_unary_rpc_method_handler(
+        None, response_serializer=pb.SearchResponse.SerializeToString
+    )
+    return passing_through(plain).response_serializer  # type: ignore[no-any-return]
+
+
+def _serialized(fn: Handler) -> Handler:
+    """``fn``, its answer serialized as grpc would send it."""
+    serialize = _search_serializer()
+
+    async def handler(request: Any, context: Any) -> bytes:
+        return serialize(await fn(request, context))
+
+    return handler
 
 
 async def _wrapped(interceptor: HookInterceptor, bare: Handler) -> Handler:
@@ -143,8 +167,8 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> di
             return built
 
         variants: dict[str, Handler] = {
-            "wrapped": await _wrapped(interceptor, bare),
-            "bare": bare,
+            "wrapped": _serialized(await _wrapped(interceptor, bare)),
+            "bare": _serialized(bare),
             "knn": knn,
             "hooks_alone": await _wrapped(interceptor, answered),
             "answered": answered,

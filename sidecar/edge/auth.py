@@ -101,6 +101,8 @@ class Authenticator(Hook):
         if isinstance(message, pb.TurnRequest | pb.SearchRequest | pb.ReadPageRequest):
             self._check_base(caller, message.knowledge_base or self.default_knowledge_base)
 
+    reads_encoded = True  # it changes a Status or ListTools answer only; never a Search's
+
     def response(self, call: Call, message: Any) -> None:
         caller: CallerConfig | None = call.caller
         if caller is None or not (caller.knowledge_bases or caller.functions):

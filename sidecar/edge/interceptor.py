@@ -21,11 +21,12 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import grpc
 
 from sidecar.edge.status import status_for
+from sidecar.edge.wire import EncodedResponse
 from sidecar.errors import InvalidArgument, RequestError
 
 # Health stays callable without a token and under any load: a kubelet probing a busy sidecar
@@ -95,6 +96,11 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
 class Hook:
     """Override what a hook needs; every method is called from the event loop."""
 
+    # Whether ``response`` takes an ``EncodedResponse`` (a Search's answer as bytes,
+    # sidecar/edge/wire.py) as it is: reading its ``timings``, or passing over a type it does not
+    # handle. Otherwise it gets the message, parsed from the bytes once a call for such hooks.
+    reads_encoded: ClassVar[bool] = False
+
     def start(self, call: Call) -> None:
         """Before the handler; raise a RequestError to refuse the call."""
 
@@ -131,6 +137,7 @@ class Phases:
     start: tuple[tuple[int, Callable[[Call], None]], ...]
     request: tuple[Callable[[Call, Any], None], ...]
     response: tuple[Callable[[Call, Any], None], ...]
+    encoded: tuple[Callable[[Call, Any], None], ...]  # the same, for an EncodedResponse
     end: tuple[tuple[int, Callable[[Call], None]], ...]  # reversed: the last hook's first
     count: int
 
@@ -143,11 +150,25 @@ class Phases:
             start=tuple((i, h.start) for i, h in enumerate(hooks) if overrides(h, "start")),
             request=tuple(h.request for h in hooks if overrides(h, "request")),
             response=tuple(h.response for h in hooks if overrides(h, "response")),
+            encoded=tuple(
+                h.response if h.reads_encoded else _parsed(h.response)
+                for h in hooks
+                if overrides(h, "response")
+            ),
             end=tuple(
                 (i, h.end) for i, h in reversed(list(enumerate(hooks))) if overrides(h, "end")
             ),
             count=len(hooks),
         )
+
+
+def _parsed(response: Callable[[Call, Any], None]) -> Callable[[Call, Any], None]:
+    """A hook's ``response`` that takes a message, given an ``EncodedResponse``'s message."""
+
+    def with_message(call: Call, encoded: EncodedResponse) -> None:
+        response(call, encoded.message())
+
+    return with_message
 
 
 class HookRun:
@@ -188,7 +209,9 @@ class HookRun:
             self.refused(exc)
 
     def sent(self, message: Any) -> None:
-        for response in self.phases.response:
+        phases = self.phases
+        hooks = phases.encoded if type(message) is EncodedResponse else phases.response
+        for response in hooks:
             response(self.call, message)
 
     def end(self) -> None:

@@ -63,7 +63,8 @@ def _fields(knowledge_base: str, chunk: Chunk) -> dict[str, Any]:
     }
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """``value`` (>= 0) as protobuf's base-128 varint."""
     out = bytearray()
     while value > 0x7F:
         out.append(0x80 | (value & 0x7F))
@@ -73,16 +74,17 @@ def _varint(value: int) -> bytes:
 
 
 @functools.cache
-def _tag(descriptor: Descriptor, name: str) -> bytes:
-    """The tag of ``descriptor``'s repeated message field ``name`` (wire type 2)."""
-    return _varint(descriptor.fields_by_name[name].number << 3 | 2)
+def field_key(descriptor: Descriptor, name: str, wire_type: int = 2) -> bytes:
+    """The key (tag) of ``descriptor``'s field ``name`` as it precedes the field's value: its
+    number and ``wire_type`` (2, length-delimited, for a message or a string)."""
+    return varint(descriptor.fields_by_name[name].number << 3 | wire_type)
 
 
 def _encoded(knowledge_base: str, chunk: Chunk) -> bytes:
     """A chunk's message but its score, as a length-delimited field's length and body, the
     length counting the score that follows it in a response."""
     data = pb.Chunk(**_fields(knowledge_base, chunk)).SerializeToString()
-    return _varint(len(data) + _SCORE_BYTES) + data + _SCORE_TAG
+    return varint(len(data) + _SCORE_BYTES) + data + _SCORE_TAG
 
 
 # An entry's objects beside its strings: the key, the tuples, the Chunk and the bytes' headers.
@@ -109,18 +111,22 @@ class ChunkMessages:
         ``name``, in one merge."""
         if not hits:
             return
-        tag = _tag(message.DESCRIPTOR, name)
         parts: list[bytes] = []
+        self.pieces(parts, field_key(message.DESCRIPTOR, name), hits)
+        message.MergeFromString(b"".join(parts))
+
+    def pieces(self, parts: list[bytes], key: bytes, hits: Sequence[Hit]) -> None:
+        """Append to ``parts`` each hit as a ``Chunk`` field of key ``key``: the key, the
+        chunk's kept encoding and its score."""
+        cache = self._cache
         for hit in hits:
             chunk = hit.chunk
-            key = (hit.knowledge_base, chunk.chunk_id)
-            entry = self._cache.get(key)
+            entry = cache.get((hit.knowledge_base, chunk.chunk_id))
             if entry is not None and (entry[0] is chunk or entry[0] == chunk):
                 encoded = entry[1]
             else:
-                encoded = self._encode(key, hit)
-            parts += (tag, encoded, _float32(hit.score))
-        message.MergeFromString(b"".join(parts))
+                encoded = self._encode((hit.knowledge_base, chunk.chunk_id), hit)
+            parts += (key, encoded, _float32(hit.score))
 
     def _encode(self, key: tuple[str, str], hit: Hit) -> bytes:
         """The hit's chunk encoded, and kept when it was encoded before."""
@@ -144,3 +150,7 @@ class ChunkMessages:
             self._seen = set()
         self._seen.add(h)
         return False
+
+
+# Each hit's message encoded once per process and merged into (or written out as) responses.
+MESSAGES = ChunkMessages()

@@ -38,9 +38,10 @@ from prometheus_client.utils import floatToGoString
 from sidecar.edge.interceptor import Call, Hook
 from sidecar.edge.lifecycle import Lifecycle, State
 from sidecar.edge.limits import ConcurrencyLimit
+from sidecar.edge.wire import EncodedResponse
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.snapshots.holder import SnapshotHolder
-from sidecar.turn.engine import Engine
+from sidecar.turn.engine import Engine, Timings
 
 # Seconds. A turn's default budget is 150 ms and an embedding ~2-10 ms: the buckets are dense
 # there, with a tail to show calls that waited on a slow remote embedder or a full queue.
@@ -126,9 +127,15 @@ class Metrics(Hook):
 
     # -- the hook -----------------------------------------------------------------------------
 
+    reads_encoded = True  # a Search's timings are read beside its bytes, never parsed
+
     def response(self, call: Call, message: Any) -> None:
         kind = type(message)  # generated message classes are never subclassed
-        if kind is pb.SearchResponse:  # the most frequent first
+        if kind is EncodedResponse:  # a Search's answer, the most frequent
+            if message.kind is pb.SearchResponse:
+                self._timings(call.method, message.timings, searched=True)
+            return
+        if kind is pb.SearchResponse:
             self._timings(call.method, message.timings, searched=True)
             return
         if kind is pb.ConverseResponse:
@@ -136,7 +143,7 @@ class Metrics(Hook):
         if kind is pb.TurnResponse:
             self._timings(call.method, message.timings, searched=not message.skipped)
 
-    def _timings(self, rpc: str, timings: pb.Timings, *, searched: bool) -> None:
+    def _timings(self, rpc: str, timings: pb.Timings | Timings, *, searched: bool) -> None:
         embed, search, total = self._stages.get(rpc) or self._stages_of(rpc)
         if searched:
             embed.observe(timings.embed_ms / 1000.0)

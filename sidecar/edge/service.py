@@ -20,8 +20,9 @@ from index.types import MetadataFilter
 from sidecar import __version__
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
-from sidecar.edge.messages import ChunkMessages
+from sidecar.edge.messages import MESSAGES
 from sidecar.edge.status import status_for, trailers_for
+from sidecar.edge.wire import EncodedResponse, search_response
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.functions.tools import PageReader, PageText, Toolbox
 from sidecar.gen import retrieval_pb2 as pb
@@ -69,18 +70,6 @@ def set_timings(message: pb.Timings, timings: Timings) -> None:
     message.embed_ms = timings.embed_ms
     message.search_ms = timings.search_ms
     message.total_ms = timings.total_ms
-
-
-def _set_policy(response: pb.SearchResponse, policy: BasePolicy, nothing_found: bool) -> None:
-    """The base's words beside a Search's results (most bases have none: nothing is set)."""
-    if policy.fallback and nothing_found:
-        response.fallback = policy.fallback
-    if policy.instructions:
-        response.instructions = policy.instructions
-
-
-# Each hit's message encoded once per process and merged into responses (sidecar/edge/messages.py).
-MESSAGES = ChunkMessages()
 
 
 MAX_CALL_ID = 256  # a model's call ids are a few dozen characters
@@ -253,7 +242,9 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             await prefetcher.aclose()
 
     @_errors
-    async def Search(self, request: pb.SearchRequest, context: Context) -> pb.SearchResponse:
+    async def Search(self, request: pb.SearchRequest, context: Context) -> EncodedResponse:
+        """Answers a ``SearchResponse``'s bytes, written from kept pieces (sidecar/edge/wire.py),
+        which the method's serializer sends as they are."""
         self.lifecycle.check_accepting()
         result = await self.engine.search(
             SearchInput(
@@ -269,14 +260,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 source_paths=strings(request.source_paths),
             )
         )
-        response = pb.SearchResponse(
-            snapshot_version=result.snapshot_version, rerank=_RERANK_NAMES[result.rerank]
-        )
-        _set_policy(response, self._policy(request.knowledge_base), not result.hits)
-        response.degraded = result.degraded
-        set_timings(response.timings, result.timings)
-        MESSAGES.fill(response, "chunks", result.hits)
-        return response
+        return search_response(result, self._policy(request.knowledge_base))
 
     def _policy(self, kb: str) -> BasePolicy:
         return self.engine.policy(kb or self.engine.default_knowledge_base)
