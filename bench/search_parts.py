@@ -10,9 +10,14 @@ same queries in turns of 20 so that load elsewhere falls on all alike:
                       no engine and no search
     search-in-thread  the ranking (hnswlib) in a worker thread instead of on the event loop
     grpc-echo         raw bytes in and out of a bare method: the transport floor
+    hnswlib           the same graph searched in this process (``bench.systems.Hnswlib``)
 
 Prints p50/p95 of one sequential client and queries per second of 16 concurrent ones (one
-channel, as ``search`` measures), and writes ``bench/results/search_parts.json`` (``--out``).
+channel, as ``search`` measures), and the server process's CPU per call over the sequential
+turns (``/proc/PID/stat``, summed over every turn: a tick is 10 ms, a turn ~20 ms; the echo runs
+in the ``sidecar`` variant's process; hnswlib's is this thread's CPU). ``share`` is the issue's
+sidecar share of a Search: the sidecar's p50 less the echo's and hnswlib's, and the same of the
+CPU per call. Writes ``bench/results/search_parts.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ import numpy as np
 
 from bench.corpus import CACHE, CorpusSpec, load_or_generate
 from bench.ours import CALL_TIMEOUT_S, _request, build_snapshot, embedder_info
-from bench.profile_search import _start, _stop
+from bench.profile_search import _cpu_s, _start, _stop
+from bench.systems import Hnswlib
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
@@ -81,7 +87,13 @@ def _patch(variant: str) -> None:
 
 
 async def _measure(
-    ports: dict[str, int], echo_port: int, queries: Any, blocks: int, rounds: int
+    ports: dict[str, int],
+    pids: dict[str, int],
+    echo_port: int,
+    graph: Hnswlib,
+    queries: Any,
+    blocks: int,
+    rounds: int,
 ) -> dict[str, dict[str, float]]:
     requests = [_request(q) for q in queries]
     channels = {name: grpc.aio.insecure_channel(f"127.0.0.1:{p}") for name, p in ports.items()}
@@ -103,14 +115,25 @@ async def _measure(
             for r in requests[:200]:
                 reply = await call(r, timeout=CALL_TIMEOUT_S)
                 answers[name].append(reply.chunks[0].chunk_id)
-        samples: dict[str, list[float]] = {name: [] for name in calls}
+        samples: dict[str, list[float]] = {name: [] for name in (*calls, "hnswlib")}
+        cpu = dict.fromkeys(samples, 0.0)
         for b in range(blocks):
             for name, call in calls.items():
+                pid = pids.get(name, pids["sidecar"])  # the echo serves in the sidecar's process
+                cpu0 = _cpu_s(pid)
                 for i in range(BLOCK):
                     r = requests[(b * BLOCK + i) % len(requests)]
                     t0 = time.perf_counter()
                     await call(r, timeout=CALL_TIMEOUT_S)
                     samples[name].append(time.perf_counter() - t0)
+                cpu[name] += _cpu_s(pid) - cpu0
+            cpu0 = time.thread_time()
+            for i in range(BLOCK):
+                q = queries[(b * BLOCK + i) % len(queries)]
+                t0 = time.perf_counter()
+                graph.search(q)
+                samples["hnswlib"].append(time.perf_counter() - t0)
+            cpu["hnswlib"] += time.thread_time() - cpu0
         per = 40  # calls per client per round
         spent = {name: 0.0 for name in calls}
         for _ in range(rounds):
@@ -124,20 +147,39 @@ async def _measure(
                 t0 = time.perf_counter()
                 await asyncio.gather(*(client(c) for c in range(CONCURRENCY)))
                 spent[name] += time.perf_counter() - t0
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for name, xs in samples.items():
             ms = np.asarray(xs) * 1000.0
             out[name] = {
                 "p50_ms": round(float(np.percentile(ms, 50)), 4),
                 "p95_ms": round(float(np.percentile(ms, 95)), 4),
-                f"qps_concurrent_{CONCURRENCY}": round(per * CONCURRENCY * rounds / spent[name], 1),
-                "same_answers_as_sidecar": answers[name] == answers["sidecar"],
-                "distinct_top_chunks": len(set(answers[name])),
+                "server_cpu_us_per_call": round(cpu[name] / len(xs) * 1e6, 1),
             }
+            if name in calls:
+                out[name][f"qps_concurrent_{CONCURRENCY}"] = round(
+                    per * CONCURRENCY * rounds / spent[name], 1
+                )
+                out[name]["same_answers_as_sidecar"] = answers[name] == answers["sidecar"]
+                out[name]["distinct_top_chunks"] = len(set(answers[name]))
         return out
     finally:
         for channel in channels.values():
             await channel.close(None)
+
+
+def _share(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The sidecar's own share of a Search: its p50 (and server CPU per call) less the echo's and
+    hnswlib's."""
+    sidecar, echo, graph = rows["sidecar"], rows["grpc-echo"], rows["hnswlib"]
+    return {
+        "p50_ms": round(sidecar["p50_ms"] - echo["p50_ms"] - graph["p50_ms"], 4),
+        "cpu_us": round(
+            sidecar["server_cpu_us_per_call"]
+            - echo["server_cpu_us_per_call"]
+            - graph["server_cpu_us_per_call"],
+            1,
+        ),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -159,15 +201,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             store = snapshot.parent.parent
             started[variant] = _start(store, info.dimension, info.name, None, prelude=patch)
         ports = {name: int(meta["port"]) for name, (_, meta) in started.items()}
+        pids = {name: proc.pid for name, (proc, _) in started.items()}
         echo_port = int(started["sidecar"][1]["echo_port"])
-        rows = asyncio.run(_measure(ports, echo_port, corpus.queries, args.blocks, args.rounds))
+        graph = Hnswlib(corpus, snapshot)
+        load = os.getloadavg()
+        rows = asyncio.run(
+            _measure(ports, pids, echo_port, graph, corpus.queries, args.blocks, args.rounds)
+        )
     finally:
         for proc, _ in started.values():
             _stop(proc)
-    result = {"n": args.n, "dim": args.dim, "variants": rows, "load_average": os.getloadavg()}
+    result = {
+        "n": args.n,
+        "dim": args.dim,
+        "variants": rows,
+        "share": _share(rows),
+        "load_average": [load, os.getloadavg()],  # at the start, at the end
+    }
     for name, row in rows.items():
+        qps = row.get(f"qps_concurrent_{CONCURRENCY}", "-")
         print(f"{name:18} p50 {row['p50_ms']:.3f} ms  p95 {row['p95_ms']:.3f} ms  "
-              f"{row[f'qps_concurrent_{CONCURRENCY}']:>7} qps x{CONCURRENCY}")  # fmt: skip
+              f"{row['server_cpu_us_per_call']:>7} us CPU  {qps:>7} qps x{CONCURRENCY}")  # fmt: skip
+    print("share (sidecar - echo - hnswlib):", result["share"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -118,10 +118,12 @@ def test_search_parts_swaps_each_part_in_its_own_process(tmp_path: Path) -> None
     tiny = ["--n", "2000", "--dim", "384", "--queries", "100", "--blocks", "1", "--rounds", "1"]
     result = search_parts.main([*tiny, "--out", str(tmp_path / "parts.json")])
     rows = result["variants"]
-    assert set(rows) == {*search_parts.VARIANTS, "grpc-echo"}
-    for row in rows.values():
+    assert set(rows) == {*search_parts.VARIANTS, "grpc-echo", "hnswlib"}
+    for name, row in rows.items():
         assert row["p50_ms"] > 0
-        assert row["qps_concurrent_16"] > 0
+        assert row["server_cpu_us_per_call"] >= 0
+        assert name == "hnswlib" or row["qps_concurrent_16"] > 0
+    assert set(result["share"]) == {"p50_ms", "cpu_us"}
     # each swap took effect in its own process, and only there
     assert rows["sidecar"]["distinct_top_chunks"] > 1
     assert rows["no-hooks"]["same_answers_as_sidecar"]
