@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from index.embedders.base import Embedder
+from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.edge import logs
@@ -112,9 +112,16 @@ async def test_long_text_is_cut_to_the_embedders_input_and_the_answer_says_so(
 
 
 async def test_deadline_exceeded_only_when_the_callers_own_deadline_passed(
-    sidecar: Sidecar,
+    tmp_path: Path,
 ) -> None:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+    """A model that never answers (with the real one, a process descheduled past a 1 ms budget
+    could still find its vector there when it next ran, and rightly use it)."""
+    store = build_store(tmp_path, FakeEmbedder(dimension=32))
+    config = sidecar_config(store, max_concurrent_rpcs=2, max_streams=2)
+    async with (
+        running(config, FakeEmbedder(dimension=32, hang=True)) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
         stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
         tight = await stub.Turn(_turn("how do I export my data", budget_ms=1), timeout=30)
         waiting = stub.Converse(timeout=0.2)  # the server waits on the caller's first turn
