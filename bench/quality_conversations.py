@@ -309,7 +309,7 @@ async def _topics(
         folder = data_dir / topics.BASES[base]
         store_dir = await asyncio.to_thread(topics.docs_store, base, folder / "docs", embedder)
         async with options.serve(eval_config(store_dir, options.sidecar), embedder) as engine:
-            out[base] = await topics.topic_quality(base, folder, engine, draw)
+            out[base] = await topics.topic_quality(base, folder, engine, draw, options.per_turn)
     return out
 
 

@@ -507,6 +507,40 @@ def test_the_words_most_names_share_are_the_shared_name() -> None:
     assert followups.Gazetteer(hotels, followups.FUNCTION_WORDS_EN).shared == frozenset()
 
 
+DOCS_TITLES = [
+    "Windows Terminal Interaction Settings",
+    "Windows Terminal General Profile Settings",
+    "Windows Terminal Appearance Profile Settings",
+    "Windows Terminal Startup Settings",
+    "Windows Terminal Actions",
+    "Windows Terminal Panes",
+    "Windows Terminal Themes",
+    "Windows Terminal Tips",
+    "Windows Terminal SSH",
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        # the shared words misheard: the rest of the name, said together, names the page
+        ("tell me about windows tenal interaction settings", [DOCS_TITLES[0]]),
+        ("tell me about window's tunnel general profile settings", [DOCS_TITLES[1]]),
+        ("tell um me about windows tenal startup settings", [DOCS_TITLES[3]]),
+        # words two names hold ("profile settings") name neither; one word left ("panes") is
+        # no such key (the distinctive keys decide it: here every one is an ordinary word)
+        ("how do i change the profile settings", []),
+        ("how do i split panes", []),
+    ],
+)
+def test_a_name_less_the_words_most_names_share_names_it(text: str, named: list[str]) -> None:
+    # every one-word partial name an ordinary word ("interaction", "general", as in a real
+    # docs base): only the words left said together name a page
+    gazetteer = Gazetteer(DOCS_TITLES, FUNCTION_WORDS_EN, lambda word, name: True)
+    assert gazetteer.shared == {"windows", "terminal"}
+    assert gazetteer.mentions(text) == named
+
+
 @pytest.mark.parametrize(
     ("text", "code"),
     [

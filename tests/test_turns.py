@@ -609,3 +609,41 @@ async def test_a_section_named_in_more_chunks_than_are_read_a_turn_is_no_section
         "what about command line arguments for it",
         "",
     )
+
+
+async def test_a_spoken_opener_that_mishears_the_shared_words_names_its_page(
+    tmp_path: Path,
+) -> None:
+    """A recogniser mishears "Acme Terminal", the words every title shares ("acme tunnel");
+    "profile settings" is in three names and "general" alone is an ordinary word of the base
+    (other pages' chunks use it): the rest of the name said together,
+    "general profile settings", names the page, so the opener is searched as said and tracked,
+    and "what about the icon for it" is folded with that page, not with the turn before."""
+    results = await run_turns(
+        {
+            "ACME TERMINAL GENERAL PROFILE SETTINGS": [
+                "General profile settings set the starting directory and the icon of a profile."
+            ],
+            "ACME TERMINAL APPEARANCE PROFILE SETTINGS": [
+                "Appearance profile settings set the font face and the cursor shape."
+            ],
+            "ACME TERMINAL ADVANCED PROFILE SETTINGS": [
+                "Advanced profile settings set the bell style and the history size."
+            ],
+            "ACME TERMINAL STARTUP": ["Startup options pick a profile, in general the first."],
+            "ACME TERMINAL ACTIONS": ["Actions bind keys to commands, as a general rule one."],
+            "ACME TERMINAL THEMES": ["Themes set the colour of the tab row."],
+            "ACME TERMINAL PANES": ["Panes split a tab in two."],
+        },
+        [
+            ("user", "how do i bind keys to commands"),
+            ("user", "tell me about acme tunnel general profile settings"),
+            ("user", "what about the icon for it"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    opener = "tell me about acme tunnel general profile settings"
+    assert_said_as_itself(results[1], opener, "ACME TERMINAL GENERAL PROFILE SETTINGS")
+    assert results[2].followup.used == "ACME TERMINAL GENERAL PROFILE SETTINGS"
+    assert results[2].followup.source == Source.ENTITY

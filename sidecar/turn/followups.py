@@ -213,7 +213,10 @@ class Gazetteer:
     A name is matched by its words joined without spaces ("A and B Guesthouse" matches "A AND B
     GUEST HOUSE"; a recogniser's "hob sons house" matches too), by its distinctive words alone
     ("the Lensfield" matches "THE LENSFIELD HOTEL": the words left after dropping function words
-    and words shared by many names, like "hotel"), and, for keys of seven letters or more, within
+    and words shared by many names, like "hotel"), by its words less those most names hold
+    ("windows tenal interaction settings", misheard, still says "interaction settings" of
+    "Windows Terminal Interaction Settings" where most titles start "Windows Terminal"), and,
+    for keys of seven letters or more, within
     one edit that keeps the first letter ("Goonville", "cityroomz"). A partial name shared by two
     entities matches neither; a one-word name or partial name that ``is_common`` calls an ordinary
     word ("worth" of "WORTH HOUSE", a docs page titled "Selection") is not used. ``confidence``
