@@ -542,6 +542,22 @@ def test_a_name_less_the_words_most_names_share_names_it(text: str, named: list[
 
 
 @pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("Rclone gives Failed to load config file", True),  # first
+        ("Is it possible to start a Windows Terminal profile from a batch file?", True),  # "a"
+        ("Help! The Terminal has no titlebar.", False),  # "the": a common noun
+        ("which terminal do you mean", False),
+        ("How do I open 2 tabs at once?", False),
+    ],
+)
+def test_the_words_most_names_share_said_as_a_name(text: str, named: bool) -> None:
+    shared = frozenset({"windows", "terminal", "rclone"})
+    assert followups.names_shared(Utterance.of(text), shared) is named
+    assert followups.names_shared(Utterance.of(text), frozenset()) is False
+
+
+@pytest.mark.parametrize(
     ("text", "code"),
     [
         ("What is conhost.exe?", ["conhost", "exe"]),

@@ -647,3 +647,32 @@ async def test_a_spoken_opener_that_mishears_the_shared_words_names_its_page(
     assert_said_as_itself(results[1], opener, "ACME TERMINAL GENERAL PROFILE SETTINGS")
     assert results[2].followup.used == "ACME TERMINAL GENERAL PROFILE SETTINGS"
     assert results[2].followup.source == Source.ENTITY
+
+
+async def test_a_question_naming_the_product_after_another_question_is_searched_as_itself(
+    tmp_path: Path,
+) -> None:
+    """Two questions in a row, nothing tracked: the second points back at nothing and says the
+    words every title shares ("Acme CLI") as a name, so it is a question put in full and is
+    searched as said, not folded with the first (whose answer the folded query would prefer:
+    its chunk holds words of both)."""
+    said = "Acme CLI gives a failed to load config file error"
+    results = await run_turns(
+        {
+            "ACME CLI FAQ": [
+                "Acme CLI using too much memory: lower the buffer size. An error that a file "
+                "fails to load is often memory too."
+            ],
+            "ACME CLI CONFIG FILE": ["Where Acme CLI loads its config file from."],
+            "ACME CLI SYNC": [
+                "Acme CLI sync makes a folder match another; it reads the config file first."
+            ],
+            "ACME CLI COPY": ["Acme CLI copy copies new files; the config file names the remotes."],
+            "ACME CLI MOUNT": ["Acme CLI mount shows a remote as a disk, as its config file says."],
+        },
+        [("user", "Acme CLI is using too much memory"), ("user", said)],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[0].hits[0].chunk.title == "ACME CLI FAQ"
+    assert_said_as_itself(results[1], said, "ACME CLI CONFIG FILE")

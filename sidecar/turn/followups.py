@@ -29,6 +29,10 @@ fades with each turn. A user turn is then searched as (``plan``):
       "I'm a noncitizen adult.")                   or, with no entity tracked,
                                                    "exchange turn"
     an entity is tracked (``fold``)                "entity: turn"               "entity"
+    none is, and it says the words most names      as said                      source "none"
+      share as a name ("Rclone gives ...", "a
+      Windows Terminal profile") and points back
+      at nothing (``names_shared``)
     otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
 where the exchange is the caller's previous turn with content and what the agent said after it
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -661,7 +666,7 @@ def plan(
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
         # a turn that refers back ("do they take reservations") has no meaning alone
         return Plan(f"{entity.name}: {text}", folded, alone=not refers, named=mentions)
-    if not refers and config.fold == "referring":
+    if not refers and (config.fold == "referring" or names_shared(utterance, shared)):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
     recent = _recent(session)
     if recent:
@@ -861,11 +866,22 @@ def says_shared(
     name = set(tokens(entity.name))  # "the bed and breakfast": one run of the name's words
     if not name & shared or any(m.name == entity.name for m in mentions):
         return False
-    toks = utterance.tokens
+    return _said_as_name(utterance.tokens, name & shared, name)
+
+
+def names_shared(utterance: Utterance, shared: frozenset[str]) -> bool:
+    """Whether a turn says the words most of the base's names hold (``shared``) as a name,
+    after no determiner ("Rclone gives ...", "... initialize a Windows Terminal profile ...";
+    not "the terminal"), where no entity is tracked: the product or series every page is about,
+    named, marks a question put in full, not one leaning on the exchange before it."""
+    return bool(shared) and _said_as_name(utterance.tokens, shared, shared)
+
+
+def _said_as_name(toks: Sequence[str], said: AbstractSet[str], run: AbstractSet[str]) -> bool:
+    """Whether a word of ``said`` starts a run of ``run``'s words in ``toks`` with no
+    determiner before it ("a" and "an" are none: they bring in something new)."""
     return any(
-        tok in shared
-        and tok in name
-        and (i == 0 or (toks[i - 1] not in name and toks[i - 1] not in DETERMINERS_EN))
+        tok in said and (i == 0 or (toks[i - 1] not in run and toks[i - 1] not in DETERMINERS_EN))
         for i, tok in enumerate(toks)
     )
 
