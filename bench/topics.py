@@ -35,7 +35,9 @@ and restarts), a file name's dots said ("settings dot json"). Its vocabulary (wh
 names, what they sound like) is the base's chunk texts and the session's turns; each turn is
 drawn with a seed of its own (``SECOND_SEED``, the base, the session, the turn's index) and a
 name is heard alike through a session. A stand-alone turn is asked alone as heard in its
-session, so the two are the same words.
+session, so the two are the same words. A third draw said aloud (``topics-spoken-2``,
+``SPOKEN_2``: seed ``THIRD_SEED``, other pairs, another interleaving, other mishearings) judges
+the goal on a fourth ordering; any other seed is as valid (``Draw(seed, spoken)``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from sidecar.turn.engine import Engine, SearchInput, TurnInput, TurnResult
 
 SEED = "voxrecall-topics-1"
 SECOND_SEED = "voxrecall-topics-spoken-1"  # the second draw: other pairs and order
+THIRD_SEED = "voxrecall-topics-spoken-2"  # the third: other pairs and order again, said aloud
 SESSION_TURNS = 10  # the issue's docs session: ten questions
 MIN_HEADING_PAGES = 2  # a follow-up's heading heads sections of at least this many pages
 PAIRS_PER_QUESTION = 0.5  # follow-up pairs per FAQ question (rclone: 18 questions, 9 pairs)
@@ -177,6 +180,7 @@ class Draw:
 WRITTEN = Draw()
 SECOND = Draw(SECOND_SEED)  # ``topics-2``: the second draw as written
 SPOKEN = Draw(SECOND_SEED, spoken=True)  # ``topics-spoken``: the second draw said aloud
+SPOKEN_2 = Draw(THIRD_SEED, spoken=True)  # ``topics-spoken-2``: a third draw, said aloud
 _DOT = re.compile(r"(?<=\w)\.(?=\w)")  # "settings.json": said "settings dot json"
 
 

@@ -195,6 +195,9 @@ def test_fold_referring_leaves_self_contained_turns_alone() -> None:
         ("Is it known to have clean rooms and a friendly staff?", True),
         ("Is it easy to get to from the train station?", True),
         ("Is it close to the city centre and the museums?", True),
+        # "too" says "also" at the end, "more than enough" before a word
+        ("Do the rooms have a view of the river garden too?", True),
+        ("Rclone is using too much memory or appears to leak", False),
     ],
 )
 def test_a_word_that_can_refer_back_refers_only_where_it_is_used_so(

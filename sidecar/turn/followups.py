@@ -102,6 +102,9 @@ REFERRING_EN = frozenset(
 CLAUSE_THAT_EN = frozenset({"that"})
 DETERMINER_LIKE_EN = frozenset({"one", "same"})
 EXISTENTIAL_THERE_EN = frozenset({"there"})
+# "too" says "also" at the end of what is said ("do they have wifi too"); before a word it says
+# "more than enough" ("using too much memory", "too slow") and points at nothing.
+CLAUSE_FINAL_EN = frozenset({"too"})
 BE_EN = frozenset("is are was were be been isn't aren't wasn't weren't 's".split())
 # "it" with no referent (an expletive): "is it possible to ...", "would it be necessary to
 # ...", "it's okay to ...". These adjectives take a clause ("to ...", "that ...") as their
@@ -497,7 +500,8 @@ def _points_back(toks: Sequence[str]) -> bool:
 
 def _refers_at(toks: Sequence[str], i: int) -> bool:
     """Whether ``toks[i]`` refers back: a referring word, unless its neighbours show it is used
-    otherwise (``CLAUSE_THAT_EN``, ``DETERMINER_LIKE_EN``, ``EXISTENTIAL_THERE_EN``)."""
+    otherwise (``CLAUSE_THAT_EN``, ``DETERMINER_LIKE_EN``, ``EXISTENTIAL_THERE_EN``,
+    ``CLAUSE_FINAL_EN``)."""
     word = toks[i]
     if word not in REFERRING_EN:
         return False
@@ -509,6 +513,8 @@ def _refers_at(toks: Sequence[str], i: int) -> bool:
         return not _is_content(after)
     if word in EXISTENTIAL_THERE_EN:
         return before not in BE_EN and after not in BE_EN
+    if word in CLAUSE_FINAL_EN:
+        return not after
     return not _expletive_it(toks, i)
 
 
