@@ -676,3 +676,34 @@ async def test_a_question_naming_the_product_after_another_question_is_searched_
     )
     assert results[0].hits[0].chunk.title == "ACME CLI FAQ"
     assert_said_as_itself(results[1], said, "ACME CLI CONFIG FILE")
+
+
+async def test_a_weak_name_said_as_one_word_makes_it_the_topic(tmp_path: Path) -> None:
+    """A recogniser writes "Box Drive" as "boxdrive": the turn still says nothing but the
+    name, if weakly (the overview pages say it too), its words run together, so the name
+    becomes the topic and the follow-up leans on it, not on the page tracked before."""
+    results = await run_turns(
+        {
+            "PCLOUD": ["pCloud keeps modification times.", "pCloud uploads at most 50 GB a day."],
+            "BOX DRIVE": [
+                "Box Drive needs an enterprise account.",
+                "Box Drive uploads 5 GB a day.",
+            ],
+            "OVERVIEW": [
+                "Backends: Google Drive, Box Drive and pCloud.",
+                "Every backend, Box Drive or pCloud, keeps hashes.",
+                "Box Drive and Google Drive keep modification times.",
+            ],
+            "LIMITS": ["Box Drive and pCloud cap file names.", "Box Drive has no quota call."],
+        },
+        [
+            ("user", "tell me about pcloud"),
+            ("user", "tell me about uh boxdrive"),
+            ("user", "what about the uploads a day for it"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].query == "tell me about uh boxdrive"
+    assert results[2].followup.source == Source.ENTITY
+    assert results[2].followup.used == "BOX DRIVE"

@@ -712,14 +712,22 @@ def _section_asked(
 
 def only_names(utterance: Utterance, mentions: Sequence[Mention]) -> Mention | None:
     """The weakly named entity whose name holds every content word the caller said ("Tell me
-    about rclone check.", "pCloud?"), if any: the words then have no ordinary reading to fall
-    back on ("the zip code is nine four one two two" says more than "Two Two Cafe")."""
+    about rclone check.", "pCloud?"; a recogniser's merged "rclonecheck" is the name's words
+    run together), if any: the words then have no ordinary reading to fall back on ("the zip
+    code is nine four one two two" says more than "Two Two Cafe")."""
     if not mentions:
         return None
     said = set(_content(t for t in utterance.tokens if t not in FILLERS_EN))
     if not said:
         return None
-    return next((m for m in mentions if said <= set(tokens(m.name))), None)
+    return next((m for m in mentions if said <= _name_words(m.name)), None)
+
+
+def _name_words(name: str) -> set[str]:
+    """A name's words and every run of them written as one ("rclone copy": "rclone", "copy",
+    "rclonecopy"), as a recogniser may merge them."""
+    toks = tokens(name)
+    return {"".join(toks[i:j]) for i in range(len(toks)) for j in range(i + 1, len(toks) + 1)}
 
 
 def confirmed(named: Sequence[Mention], found: Sequence[str]) -> Mention | None:
