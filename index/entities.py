@@ -165,7 +165,7 @@ def rate(
         full.setdefault("".join(toks), name)
     shared = _shared_words(named.values(), function_words)
     partial, one_word = _partial_keys(stripped, function_words, full)
-    _unshared_keys(partial, stripped, function_words | shared, full)
+    _unshared_keys(partial, stripped, function_words, shared, full)
     keys: dict[str, str | None] = {
         key: next(iter(owners)) if len(owners) == 1 else None for key, owners in partial.items()
     }
@@ -242,19 +242,25 @@ def _partial_keys(
 def _unshared_keys(
     partial: dict[str, set[str]],
     stripped: dict[str, list[str]],
-    dropped: frozenset[str],
+    function_words: frozenset[str],
+    shared: frozenset[str],
     full: dict[str, str],
 ) -> None:
-    """Add to ``partial`` each name's words of two or more less the ``dropped`` ones (function
-    words and the words most names hold, ``_shared_words``): "interaction settings" of
+    """Add to ``partial`` each name's words of two or more less its function words and the
+    ``shared`` words (those most names hold, ``_shared_words``), for the names holding one of
+    those (a base with none, or a name with none, gets no key here): "interaction settings" of
     "Windows Terminal Interaction Settings" in a base where most titles start "Windows
     Terminal". A recogniser mishears the shared words as readily as any ("windows tenal
     interaction settings"), and they tell no page from another; the rest, said together, name
     the page where no other name holds them all (a key two names have names neither). The
     distinctive keys (``_partial_keys``) miss it where each of those words is in other names
     too ("settings", "profile"), or where the one word left is an ordinary word."""
+    if not shared:
+        return
     for name, toks in stripped.items():
-        core = [t for t in toks if t not in dropped]
+        if shared.isdisjoint(toks):
+            continue
+        core = [t for t in toks if t not in function_words and t not in shared]
         key = "".join(core)
         if len(core) > 1 and len(key) >= MIN_ALIAS_CHARS and key not in full:
             partial.setdefault(key, set()).add(name)
