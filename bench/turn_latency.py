@@ -465,6 +465,9 @@ async def run(quick: bool) -> dict[str, Any]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+    from bench import turn_breakdown  # it imports this module's workload
+
+    breakdown = await turn_breakdown.run(quick)
     return {
         "suite": "turn",
         "quick": quick,
@@ -491,6 +494,8 @@ async def run(quick: bool) -> dict[str, Any]:
             for name in ("local_rerank", "local_rerank_40ms")
         },
         "env": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        # where local_default's server-side time goes (``bench.turn_breakdown``, in process)
+        "breakdown": breakdown,
     }
 
 
