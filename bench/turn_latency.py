@@ -409,6 +409,13 @@ def against_diy(
             [x.client_ms for x in turn_run.samples if x.text in first and not x.skipped]
         ),
         "turn_server": {k: turn[k] for k in ("p50_ms", "p95_ms", "p99_ms")},
+        "turn_server_first_turns": percentiles(
+            [x.server_ms for x in turn_run.samples if x.text in first and not x.skipped]
+        ),
+        # the RPC's share of a Turn: the client's time less the server's, per searched turn
+        "turn_rpc": percentiles(
+            [x.client_ms - x.server_ms for x in turn_run.samples if not x.skipped]
+        ),
         "turn_over_diy_p50": round(mine["p50_ms"] / every["p50_ms"], 3) if diy else 0.0,
         "searched_turn_over_diy_p50": (
             round(mine_searched["p50_ms"] / only["p50_ms"], 3) if only["p50_ms"] else 0.0

@@ -9,15 +9,11 @@ itself. No assertion is about a duration.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
-from index.embedders import local
 from index.embedders.base import Deferrable, EmbedderInfo, FakeEmbedder, Vectors
 from index.embedders.local import LocalEmbedder
 from sidecar.turn import query_embedder
@@ -178,19 +174,3 @@ async def test_the_embedded_models_background_query_runs_after_the_callers() -> 
     finally:
         await vectors.aclose()
         await embedder.aclose()
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread: Linux")
-def test_the_background_lanes_thread_runs_at_the_lowest_priority() -> None:
-    seen: list[int] = []
-
-    def lane() -> None:
-        local._lower_priority()
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-
-    thread = threading.Thread(target=lane)
-    thread.start()
-    thread.join()
-    assert seen == [local.LATER_NICE]
-    # the thread that called it alone: this one keeps its priority
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < local.LATER_NICE

@@ -57,9 +57,8 @@ class TokenLimited(Protocol):
 
 @runtime_checkable
 class Deferrable(Protocol):
-    """An embedder with a background lane, where work never delays ``embed``'s (the embedded
-    model: a thread of its own at the lowest CPU priority, beside the worker the callers' texts
-    go to)."""
+    """An embedder with a background lane, where work never queues ahead of ``embed``'s (the
+    embedded model: a thread of its own beside the worker the callers' texts go to)."""
 
     async def embed_later(self, texts: Sequence[str]) -> Vectors:
         """Embed as ``embed`` does (the same vectors), off the callers' path."""

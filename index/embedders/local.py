@@ -14,10 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.resources
-import logging
-import os
-import sys
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,30 +43,11 @@ PARALLEL_SLICE = 1
 # each text alone through the graph as always: on two free cores the pair takes about the time
 # of one text rather than two.
 SIDE_BY_SIDE = 2
-# The background lane's thread (``embed_later``: an agent's turn, read for the page prior) runs
-# at this nice value, the lowest priority: on a core a caller's text also wants, the kernel
-# gives the caller's thread the core (a nice-19 thread weighs 15 to a nice-0 one's 1024), so a
-# caller's turn never waits a whole background embedding; on a free core it runs at full speed,
-# and it is never starved outright (it keeps its small share of a busy core).
-LATER_NICE = 19
-
-log = logging.getLogger("voxrecall.embed")
 
 
 def default_model_dir() -> Path:
     """The ``model/`` folder shipped inside the installed ``index`` package."""
     return Path(str(importlib.resources.files("index").joinpath("model")))
-
-
-def _lower_priority() -> None:
-    """Run the calling thread at LATER_NICE (Linux sets a nice value per thread; elsewhere
-    ``setpriority`` would take the id for a process's, so the thread keeps its priority)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LATER_NICE)
-    except OSError as exc:  # a sandbox may refuse it: the lane still runs apart from the worker
-        log.warning("could not lower the background embedding thread's priority: %s", exc)
 
 
 def _read_verified(path: Path, expected_sha256: str, constant: str) -> bytes:
@@ -110,8 +87,10 @@ class LocalEmbedder:
     on a dedicated single worker thread so the event loop never blocks, but for a call of
     ``SIDE_BY_SIDE`` texts, whose second runs beside the first on a thread of its own.
 
-    ``embed_later`` runs on a third thread of its own, at the lowest CPU priority (LATER_NICE, on
-    Linux): background work (an agent's turn) never queues ahead of a caller's text on the worker.
+    ``embed_later`` runs on a third thread of its own (the background lane): background work (an
+    agent's turn) never queues ahead of a caller's text on the worker. It runs at the worker's
+    priority: at nice 19 a loaded machine's other processes starved it, and the next user turn,
+    which reads the agent's turn, then waited for it (``python -m bench.turn_breakdown --agent``).
 
     ``parallel`` > 1 (index builds: one per core) runs ``embed_batch`` on that many threads, each
     running one text at a time through the shared session (onnxruntime releases the GIL in
@@ -174,9 +153,7 @@ class LocalEmbedder:
         self._beside = ThreadPoolExecutor(
             max_workers=SIDE_BY_SIDE - 1, thread_name_prefix="voxrecall-embed-beside"
         )
-        self._later = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="voxrecall-embed-later", initializer=_lower_priority
-        )
+        self._later = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrecall-embed-later")
         self._parallel = (
             ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="voxrecall-embed-build")
             if parallel > 1
@@ -228,7 +205,7 @@ class LocalEmbedder:
         return np.concatenate(parts)
 
     async def embed_later(self, texts: Sequence[str]) -> Vectors:
-        """Embed on the background lane (a thread at the lowest CPU priority), one hand-off."""
+        """Embed on the background lane (a thread of its own), one hand-off."""
         if self._closed:
             raise EmbedderError("LocalEmbedder is closed")
         if isinstance(texts, str):

@@ -28,8 +28,7 @@ caller's turn would wait behind them.
 behind every caller: it is submitted only once no caller's query is being embedded, or after
 LATER_WAIT_S at most (so a stream of callers delays it, never starves it), and to the embedder's
 background lane where it has one (``Deferrable``: the embedded model's runs on a thread of its
-own at the lowest CPU priority), so a caller's query arriving meanwhile never queues behind it
-on the worker. A caller asking for the same words while they wait embeds them at once itself.
+own), so a caller's query arriving meanwhile never queues behind it on the worker. A caller asking for the same words while they wait embeds them at once itself.
 A background call is never counted among the late ones: it does not hold the worker.
 
 A call left behind (late, or its caller cancelled) is cancelled LATE_CUTOFF_S later if it is still
