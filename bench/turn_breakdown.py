@@ -85,6 +85,13 @@ class TimedLocal(LocalEmbedder):
         self._close(call)
         return vectors
 
+    async def embed_later(self, texts: Sequence[str]) -> Vectors:
+        call = Call(tuple(texts), called=time.perf_counter())
+        vectors = await super().embed_later(texts)
+        call.back = time.perf_counter()
+        self._close(call)
+        return vectors
+
     def _close(self, call: Call) -> None:
         with self._lock:
             runs = [self._runs.pop(text) for text in call.texts if text in self._runs]
