@@ -28,8 +28,9 @@ caller's turn would wait behind them.
 behind every caller: it is submitted only once no caller's query is being embedded, or after
 LATER_WAIT_S at most (so a stream of callers delays it, never starves it), and to the embedder's
 background lane where it has one (``Deferrable``: the embedded model's runs on a thread of its
-own), so a caller's query arriving meanwhile never queues behind it on the worker. A caller asking for the same words while they wait embeds them at once itself.
-A background call is never counted among the late ones: it does not hold the worker.
+own), so a caller's query arriving meanwhile never queues behind it on the worker. A caller
+asking for the same words while they wait embeds them at once itself. A call on the background
+lane is never counted among the late ones: it does not hold the worker.
 
 A call left behind (late, or its caller cancelled) is cancelled LATE_CUTOFF_S later if it is still
 running. For a remote embedder that closes the request. A job already running on the local
@@ -84,6 +85,7 @@ class QueryEmbedder:
         self._hot: set[asyncio.Task[Vectors]] = set()  # callers' calls in flight
         self._idle: list[asyncio.Future[None]] = []  # background queries waiting for no _hot
         self._embed_later: Callable[[Sequence[str]], Awaitable[Vectors]] = embedder.embed
+        self._lane = isinstance(embedder, Deferrable)  # background calls do not hold the worker
         if isinstance(embedder, Deferrable):
             self._embed_later = embedder.embed_later
 
@@ -128,7 +130,8 @@ class QueryEmbedder:
     ) -> list[Vectors | None]:
         """Each query's vector, or None where ``get`` would answer None (counted per query as
         ``get`` counts); the queries neither cached nor in flight are embedded in one call
-        (``background``: on the embedder's background lane, never counted late)."""
+        (``background``: on the embedder's background lane, if it has one, never counted late
+        there)."""
         found: dict[str, Vectors | None] = {}
         waiting: dict[str, tuple[asyncio.Task[Vectors], int]] = {}
         new: list[str] = []
@@ -149,7 +152,7 @@ class QueryEmbedder:
             task = self._submit(new, background)
             waiting.update((query, (task, row)) for row, query in enumerate(new))
         if waiting:
-            late = not background
+            late = not (background and self._lane)
             found.update(
                 await self._collect(
                     waiting, deadline, late_if_cancelled=late and not ahead, late=late
