@@ -71,6 +71,7 @@ MAX_NAME_TOKENS = 8  # longer "names" are sentences (an FAQ's question), never s
 # A name whose words joined are longer is not matched either (no one says a 160-letter name),
 # and it bounds what a key costs the sidecar: every prefix of every key is kept in memory.
 MAX_KEY_CHARS = 160
+MAX_CORE_HOLDERS = 64  # names read to tell whether another name holds a key's words too
 MIN_ALIAS_CHARS = 4  # a shorter partial name ("j", "hk") matches ordinary words
 GENERIC_SHARE = 0.01  # a word in this share of names (and at least 3) is a kind, not a name
 COMMON_ELSEWHERE = 2  # chunks of other entities using a word that make it an ordinary word
@@ -257,13 +258,37 @@ def _unshared_keys(
     too ("settings", "profile"), or where the one word left is an ordinary word."""
     if not shared:
         return
-    for name, toks in stripped.items():
+    holding = _names_holding(stripped)
+    for toks in stripped.values():
         if shared.isdisjoint(toks):
             continue
         core = [t for t in toks if t not in function_words and t not in shared]
         key = "".join(core)
         if len(core) > 1 and len(key) >= MIN_ALIAS_CHARS and key not in full:
-            partial.setdefault(key, set()).add(name)
+            partial.setdefault(key, set()).update(_holders(holding, core))
+
+
+def _names_holding(stripped: dict[str, list[str]]) -> dict[str, set[str]]:
+    """Each word's names, of every name (those holding no shared word too)."""
+    holding: dict[str, set[str]] = {}
+    for name, toks in stripped.items():
+        for tok in toks:
+            holding.setdefault(tok, set()).add(name)
+    return holding
+
+
+def _holders(holding: dict[str, set[str]], core: list[str]) -> set[str]:
+    """The names holding every word of ``core``, from the rarest word's up (a key two names
+    hold names neither: "getting started" of three products' "Getting Started" pages). Where
+    the rarest word is in more than MAX_CORE_HOLDERS names, those stand for the holders (bounded
+    work per name; such a key names no page either way)."""
+    sets = sorted((holding[tok] for tok in core), key=len)
+    if len(sets[0]) > MAX_CORE_HOLDERS:
+        return set(itertools.islice(sets[0], 2))
+    found = set(sets[0])
+    for other in sets[1:]:
+        found &= other
+    return found
 
 
 def _rate(

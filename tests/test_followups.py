@@ -198,6 +198,8 @@ def test_fold_referring_leaves_self_contained_turns_alone() -> None:
         # "too" says "also" at the end, "more than enough" before a word
         ("Do the rooms have a view of the river garden too?", True),
         ("Rclone is using too much memory or appears to leak", False),
+        ("I need free parking at the hotel too please", True),  # only function words after it
+        ("can you book a table too for me", True),
     ],
 )
 def test_a_word_that_can_refer_back_refers_only_where_it_is_used_so(
@@ -542,6 +544,17 @@ def test_a_name_less_the_words_most_names_share_names_it(text: str, named: list[
     gazetteer = Gazetteer(DOCS_TITLES, FUNCTION_WORDS_EN, lambda word, name: True)
     assert gazetteer.shared == {"windows", "terminal"}
     assert gazetteer.mentions(text) == named
+
+
+def test_words_left_that_another_name_holds_too_name_no_page() -> None:
+    """ "getting started" is the one page's words less the shared ones, and in two other names
+    that hold no shared word: said, it names none of the three."""
+    titles = [*DOCS_TITLES, "Windows Terminal Getting Started", "Rclone Getting Started",
+              "Docker Getting Started"]  # fmt: skip
+    gazetteer = Gazetteer(titles, FUNCTION_WORDS_EN, lambda word, name: True)
+    assert gazetteer.mentions("tell me about getting started") == []
+    assert gazetteer.mentions("i am getting started with rclone") == []
+    assert gazetteer.mentions("windows tenal interaction settings") == [DOCS_TITLES[0]]
 
 
 @pytest.mark.parametrize(

@@ -513,8 +513,8 @@ def _refers_at(toks: Sequence[str], i: int) -> bool:
         return not _is_content(after)
     if word in EXISTENTIAL_THERE_EN:
         return before not in BE_EN and after not in BE_EN
-    if word in CLAUSE_FINAL_EN:
-        return not after
+    if word in CLAUSE_FINAL_EN:  # last but for function words: "... too please", "too or not"
+        return not any(_is_content(w) for w in toks[i + 1 :])
     return not _expletive_it(toks, i)
 
 
