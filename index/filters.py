@@ -104,6 +104,18 @@ class FilterIndex:
     def empty(cls, chunks: Sequence[Chunk] = ()) -> FilterIndex:
         return cls({}, chunks)
 
+    @property
+    def nbytes(self) -> int:
+        """What it holds beyond the snapshot's files, at most (``memory_budget_mb`` evicts by
+        it): the fields' labels, the pages' labels and sorted paths (a list of the page runs'
+        strings: their bytes count in ``ChunkTable.runs_bytes``), each label's row in the
+        mapped vectors, the value partitions' copies of their vectors, and the masks it keeps."""
+        fields = sum(int(a.nbytes) for values in self.fields.values() for a in values.values())
+        pages = int(self._by_path.nbytes + self._path_ends.nbytes) + 8 * len(self.paths)
+        rows = int(self.vectors[1].nbytes) if self.vectors is not None else 0
+        copies = sum(p.size * int(p.index.dim) * 4 for p in self.partitions.values())
+        return fields + pages + rows + copies + int(self._masks.maxsize) * self.n
+
     def values(self, field: str) -> tuple[str, ...]:
         """The values ``field`` takes in this snapshot, sorted (empty when not filterable)."""
         return tuple(sorted(self.fields.get(field, {})))

@@ -45,6 +45,8 @@ CACHE_BYTES: Final = 1 << 21
 # What a decoded chunk takes beyond its strings' bytes: the Chunk, nine str headers, a tuple and
 # a dict (sys.getsizeof, Python 3.11: ~700 bytes), so that many tiny chunks cannot pass the bound.
 _KEPT_OVERHEAD: Final = 768
+_STR_BYTES: Final = 49  # a Python ASCII str's header (sys.getsizeof("") in 3.11)
+_RUN_KEY_BYTES: Final = 64 + 8  # a 2-tuple (sys.getsizeof) and its slot in the list
 # A chunk's text as read is at most MAX_CHUNK_BYTES (UTF-8), the chunker's cap: a snapshot built
 # before the cap may hold larger ones (a whole page as one chunk), cut here at a character, so
 # that no answer, tool output or rerank request carries more of one (the whole page is
@@ -218,6 +220,16 @@ class ChunkTable(Sequence[Chunk]):
         if self._runs is None:
             self._runs = self._find_runs()
         return self._runs
+
+    @property
+    def runs_bytes(self) -> int:
+        """What the page runs kept take (0 until found): the bounds, a (source, path) tuple a
+        run and its path string."""
+        if self._runs is None:
+            return 0
+        bounds, keys = self._runs
+        paths = sum(len(path) for _, path in keys)
+        return int(bounds.nbytes) + len(keys) * (_RUN_KEY_BYTES + _STR_BYTES) + paths
 
     def _find_runs(self) -> tuple[npt.NDArray[np.int64], list[tuple[str, str]]]:
         n = len(self)

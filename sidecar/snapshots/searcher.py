@@ -113,7 +113,7 @@ class Searcher:
     sources: Sources
     gazetteer: followups.Gazetteer
     pages: PageIndex
-    held_bytes: int  # the Python objects of the gazetteer and the page index, estimated
+    held_bytes: int  # the gazetteer's tables built at load and the page index's Python objects
 
     @classmethod
     def build(cls, snapshot: LoadedSnapshot) -> Searcher:
@@ -127,7 +127,7 @@ class Searcher:
             sources=Sources.of(snapshot),
             gazetteer=gazetteer,
             pages=pages,
-            held_bytes=python_bytes(vars(gazetteer)) + python_bytes(pages),
+            held_bytes=gazetteer.built_bytes + python_bytes(pages),
         )
         _let_go(snapshot)
         return searcher
