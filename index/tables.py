@@ -85,7 +85,7 @@ class ChunkTable(Sequence[Chunk]):
 
     __slots__ = (
         "_blob", "_cache", "_cached_bytes", "_crumbs", "_ends", "_first", "_meta_first", "_meta_n",
-        "_over", "_runs", "_source", "_source_of", "cache_bytes", "source_names", "source_of",
+        "_over", "_runs", "_runs_bytes", "_source", "_source_of", "cache_bytes", "source_names", "source_of",
     )  # fmt: skip
 
     def __init__(
@@ -110,6 +110,7 @@ class ChunkTable(Sequence[Chunk]):
         self._cache: dict[int, Chunk] = {}
         self._cached_bytes = 0
         self._runs: tuple[npt.NDArray[np.int64], list[tuple[str, str]]] | None = None
+        self._runs_bytes = 0
         over = _oversized(np.asarray(self._ends), first, crumbs)
         self._over = over.data if over is not None else None  # 1: read with every cap
         # no more than every chunk decoded: a small base does not reserve what it cannot fill
@@ -228,8 +229,7 @@ class ChunkTable(Sequence[Chunk]):
         if self._runs is None:
             return 0
         bounds, keys = self._runs
-        paths = sum(len(path) for _, path in keys)
-        return int(bounds.nbytes) + len(keys) * (_RUN_KEY_BYTES + _STR_BYTES) + paths
+        return int(bounds.nbytes) + len(keys) * (_RUN_KEY_BYTES + _STR_BYTES) + self._runs_bytes
 
     def _find_runs(self) -> tuple[npt.NDArray[np.int64], list[tuple[str, str]]]:
         n = len(self)
@@ -247,6 +247,7 @@ class ChunkTable(Sequence[Chunk]):
         first = np.concatenate(([0], np.flatnonzero(~same) + 1)).astype(np.int64)
         bounds = np.append(first, n)
         bounds.setflags(write=False)
+        self._runs_bytes = int(np.minimum(lengths[first], MAX_FIELD_BYTES).sum())  # the paths
         return bounds, self._run_keys(first, starts, starts + lengths)
 
     def _run_keys(

@@ -34,6 +34,7 @@ import numpy.typing as npt
 from index.filters import Mask
 from index.hnsw_file import vector_rows
 from index.lexical import Bm25
+from index.mapped import let_go
 from index.snapshot import VECTORS, LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk
@@ -155,11 +156,16 @@ class Searcher:
 
 
 def _let_go(snapshot: LoadedSnapshot) -> None:
-    """The load and the build above read every chunk's path and head and every posting: the
-    process lets those pages of the mapped files go, and keeps what calls read."""
+    """The load and the build above read every chunk's path and head and every posting, and
+    checked every array of the entities and the gazetteer's tables: the process lets those
+    pages of the mapped files go, and keeps what calls read."""
     if isinstance(snapshot.chunks, ChunkTable):
         snapshot.chunks.let_go()
     snapshot.lexical.let_go()
+    if snapshot.entities is not None:
+        let_go(snapshot.entities.entity_of)
+    if snapshot.key_tables is not None:
+        let_go(snapshot.key_tables.prefixes.hashes)
 
 
 def _vector_rows(snapshot: LoadedSnapshot) -> VectorRows:
