@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -279,7 +280,7 @@ class PrefixTable:
 
     @property
     def nbytes(self) -> int:
-        return int(self.hashes.nbytes + self.keys.nbytes)
+        return int(self.hashes.nbytes + self.keys.nbytes) + _list_bytes(self._powers)
 
 
 MAX_POWERS = 2 + 160  # index.entities.MAX_KEY_CHARS + 2: powers of the base a lookup needs
@@ -434,7 +435,8 @@ class NearKeys:
 
     @property
     def nbytes(self) -> int:
-        return int(self._hashes.nbytes + self._owners.nbytes + self._bitmap.nbytes)
+        arrays = self._hashes.nbytes + self._owners.nbytes + self._bitmap.nbytes
+        return int(arrays) + _list_bytes(self._powers)
 
     def __sizeof__(self) -> int:
         return object.__sizeof__(self) + self.nbytes
@@ -513,6 +515,15 @@ class KeyTables:
     def nbytes(self) -> int:
         """The tables' bytes (mapped or built), the keys' arrays left out (``entities.bin``)."""
         return self.prefixes.nbytes + self.near.nbytes
+
+    @property
+    def python_bytes(self) -> int:
+        """What a process holds of mapped tables: the powers of their hash bases."""
+        return _list_bytes(self.prefixes._powers) + _list_bytes(self.near._powers)
+
+
+def _list_bytes(values: list[int]) -> int:
+    return sys.getsizeof(values) + sum(map(sys.getsizeof, values))
 
 
 def tables_rules(file: ArraysFile) -> int:

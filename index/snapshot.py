@@ -568,7 +568,7 @@ class LoadedSnapshot:
     filters: FilterIndex = field(default_factory=FilterIndex.empty)  # metadata and paths
     # What serving it may take in memory: the graph file as hnswlib holds it and hnswlib's own
     # fixed cost, the partitions' copies, the mapped files in full (as if every page of them
-    # were read), the decoded chunks kept, the page runs and the filter index (``_memory_bytes``).
+    # were read), the decoded chunks kept and the filter index (``_memory_bytes``).
     memory_bytes: int = 0
 
     @property
@@ -783,9 +783,9 @@ def _memory_bytes(
 ) -> int:
     """``LoadedSnapshot.memory_bytes``: the files (mapped, as if every page were read; the graph
     as hnswlib holds it) and hnswlib's fixed cost, the source partitions' copies of their
-    vectors, the decoded chunks kept, the page runs and the filter index."""
+    vectors, the decoded chunks kept and the filter index (its pages' paths and labels)."""
     copies = sum(p.size for p in partitions.values()) * 4 * manifest.embedder.dimension
-    kept = chunks.cache_bytes + chunks.runs_bytes + filters.nbytes
+    kept = chunks.cache_bytes + filters.nbytes
     return sum(manifest.sizes.values()) + HNSW_INDEX_BYTES + copies + kept
 
 

@@ -45,8 +45,6 @@ CACHE_BYTES: Final = 1 << 21
 # What a decoded chunk takes beyond its strings' bytes: the Chunk, nine str headers, a tuple and
 # a dict (sys.getsizeof, Python 3.11: ~700 bytes), so that many tiny chunks cannot pass the bound.
 _KEPT_OVERHEAD: Final = 768
-_STR_BYTES: Final = 49  # a Python ASCII str's header (sys.getsizeof("") in 3.11)
-_RUN_KEY_BYTES: Final = 64 + 8  # a 2-tuple (sys.getsizeof) and its slot in the list
 # A chunk's text as read is at most MAX_CHUNK_BYTES (UTF-8), the chunker's cap: a snapshot built
 # before the cap may hold larger ones (a whole page as one chunk), cut here at a character, so
 # that no answer, tool output or rerank request carries more of one (the whole page is
@@ -85,7 +83,7 @@ class ChunkTable(Sequence[Chunk]):
 
     __slots__ = (
         "_blob", "_cache", "_cached_bytes", "_crumbs", "_ends", "_first", "_meta_first", "_meta_n",
-        "_over", "_runs", "_runs_bytes", "_source", "_source_of", "cache_bytes", "source_names", "source_of",
+        "_over", "_source", "_source_of", "cache_bytes", "source_names", "source_of",
     )  # fmt: skip
 
     def __init__(
@@ -109,8 +107,6 @@ class ChunkTable(Sequence[Chunk]):
         self._source = list(source_names)
         self._cache: dict[int, Chunk] = {}
         self._cached_bytes = 0
-        self._runs: tuple[npt.NDArray[np.int64], list[tuple[str, str]]] | None = None
-        self._runs_bytes = 0
         over = _oversized(np.asarray(self._ends), first, crumbs)
         self._over = over.data if over is not None else None  # 1: read with every cap
         # no more than every chunk decoded: a small base does not reserve what it cannot fill
@@ -217,19 +213,8 @@ class ChunkTable(Sequence[Chunk]):
         once a chunk (a build writes a page's chunks together: 1M chunks of 125k pages took 3.8 s
         a chunk at a time). A page whose chunks are apart is several runs, as is one whose path
         is over RUN_PATH_BYTES (a run a chunk): a reader keyed by page keeps its first run.
-        Found once and kept (the filter index and the page index both read them at a load)."""
-        if self._runs is None:
-            self._runs = self._find_runs()
-        return self._runs
-
-    @property
-    def runs_bytes(self) -> int:
-        """What the page runs kept take (0 until found): the bounds, a (source, path) tuple a
-        run and its path string."""
-        if self._runs is None:
-            return 0
-        bounds, keys = self._runs
-        return int(bounds.nbytes) + len(keys) * (_RUN_KEY_BYTES + _STR_BYTES) + self._runs_bytes
+        Found anew each call: the filter index reads them once at a load and keeps its paths."""
+        return self._find_runs()
 
     def _find_runs(self) -> tuple[npt.NDArray[np.int64], list[tuple[str, str]]]:
         n = len(self)
@@ -247,7 +232,6 @@ class ChunkTable(Sequence[Chunk]):
         first = np.concatenate(([0], np.flatnonzero(~same) + 1)).astype(np.int64)
         bounds = np.append(first, n)
         bounds.setflags(write=False)
-        self._runs_bytes = int(np.minimum(lengths[first], MAX_FIELD_BYTES).sum())  # the paths
         return bounds, self._run_keys(first, starts, starts + lengths)
 
     def _run_keys(

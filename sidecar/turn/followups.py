@@ -300,8 +300,9 @@ class Gazetteer:
         the chunks, seconds at 100k). No event loop needed."""
         table = snapshot.entities
         if table is not None and table.rules == RULES:
-            if snapshot.key_tables is not None:
-                return cls.of_tables(snapshot.key_tables, table)  # mapped: counted in its file
+            mapped = snapshot.key_tables
+            if mapped is not None:  # their arrays counted in their file's bytes
+                return cls.of_tables(mapped, table, built_bytes=mapped.python_bytes)
             tables = KeyTables.build(table.rated_keys())
             return cls.of_tables(tables, table, built_bytes=tables.nbytes)
         entity_of = chunk_entities(snapshot.chunks)[1]
