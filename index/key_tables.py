@@ -11,7 +11,8 @@ worker processes share the tables' pages through the page cache.
     PrefixTable   every distinct prefix of every key, once (the keys sorted: a key's prefixes no
                   longer than its common prefix with the key before it are that key's), in an
                   open-addressing table of its 64-bit hash -> a key it starts (the key itself
-                  when the prefix is a key); linear probing, placed in order of home slot
+                  when the prefix is a key); linear probing from the top bits of the hash times
+                  a constant (Fibonacci hashing), placed in order of home slot
     NearKeys      the long keys' one-letter deletions and the keys themselves as 64-bit hashes in
                   one sorted array (12 bytes a variant: the hash and its key), and a bitmap of the
                   hashes' top bits asked in Python first (a numpy call costs microseconds)
@@ -33,7 +34,7 @@ bound of its home, the variants sorted, the bitmap's size), so a hostile file is
     near_hash, near_key       <u8, <i4 per variant, sorted by hash: the key it is of
     near_filter               |u1: the bitmap of the variants' hashes' top bits
     header                    tables (TABLES), entities (the sha256 of entities.bin), keys (how
-                              many), prefix_base, prefix_bits, probe, near_base, near_shift
+                              many), prefix_mod, prefix_bits, probe, near_base, near_shift
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ GAZETTEER_KIND: Final = "voxrecall.gazetteer"
 # The tables' layout and hashing: a file of other rules is ignored and the tables built at load.
 TABLES: Final = 1
 _MASK = (1 << 64) - 1
+_MIX = 0x9E3779B97F4A7C15  # 2^64 / the golden ratio, odd: Fibonacci hashing's multiplier
 ROWS = 1 << 16  # keys compared at a time when sorting out the distinct prefixes (memory bound)
 # A lookup first asks a bitmap of the variants' hashes' top bits, in Python (a numpy call costs
 # microseconds): bits per variant, so that a span's 10-15 hashes rarely pass it by chance; at
@@ -140,12 +142,54 @@ class RatedKeys:
         return np.flatnonzero(chosen).astype(np.int32)
 
 
-def _hash_of(data: bytes, base: int) -> int:
-    """The polynomial hash of ``data`` (mod 2^64), as the tables' builds compute it in numpy."""
-    h = 0
-    for c in data:
-        h = (h * base + c) & _MASK
-    return h
+def _hash_of(data: bytes, mod: int) -> int:
+    """A prefix's hash: its bytes as a number, mod ``mod`` (a polynomial of base 256, computed
+    by Python's integers in C: a loop a letter took 3x a set lookup), as ``_mod_hashes``."""
+    return int.from_bytes(data, "big") % mod
+
+
+def _mod_hashes(matrix: npt.NDArray[np.uint8], mod: int) -> npt.NDArray[np.uint64]:
+    """Per row (keys of one length n), ``_hash_of`` its first 1..n letters (n columns): mod
+    is below 2^55, so a hash times 256 plus a letter stays below 2^63."""
+    n = matrix.shape[1]
+    m = np.uint64(mod)
+    out = np.zeros((matrix.shape[0], n), dtype=np.uint64)
+    h = np.zeros(matrix.shape[0], dtype=np.uint64)
+    for j in range(n):
+        h = (h * np.uint64(256) + matrix[:, j].astype(np.uint64)) % m
+        out[:, j] = h
+    return out
+
+
+def _random_prime(bits: int) -> int:
+    """A prime of ``bits`` bits: the first from a random odd start (Miller-Rabin with the
+    bases that decide every n < 3.3e24; primes near 2^55 lie a few dozen apart)."""
+    n = secrets.randbelow(1 << (bits - 2)) * 2 + (1 << (bits - 1)) + 1
+    while not _is_prime(n):
+        n += 2
+    return n
+
+
+def _is_prime(n: int) -> bool:
+    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+    if n in bases:
+        return True
+    if n < 2 or any(n % b == 0 for b in bases):
+        return False
+    d, r = n - 1, 0
+    while not d & 1:
+        d, r = d >> 1, r + 1
+    for b in bases:
+        x = pow(b, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
 
 
 def _matrix(keys: Sequence[str]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
@@ -198,30 +242,31 @@ def prefix_slots(prefixes: int) -> int:
 
 class PrefixTable:
     """Every prefix of every key -> a key it starts: ``find(text)`` is that key's index, or -1
-    when no key starts with ``text``; ``text`` is a key when that key is as long as it."""
+    when no key starts with ``text``; ``text`` is a key when that key is as long as it. A
+    prefix's hash is its bytes as a number mod a prime drawn when the table is built
+    (``_hash_of``), its home slot the top bits of that times _MIX."""
 
-    __slots__ = ("_base", "_blob", "_ends", "_hashes", "_keys", "_powers", "_probe", "_shift",
+    __slots__ = ("_blob", "_ends", "_hashes", "_keys", "_mod", "_probe", "_shift",
                  "_size", "hashes", "keys")  # fmt: skip
 
     def __init__(
         self,
         keys: StringTable,
-        base: int,
+        mod: int,
         bits: int,
         probe: int,
         hashes: npt.NDArray[np.uint64],
         key_of: npt.NDArray[np.int32],
     ) -> None:
         self.hashes, self.keys = hashes, key_of
-        self._base, self._shift, self._probe, self._size = base, 64 - bits, probe, hashes.size
+        self._mod, self._shift, self._probe, self._size = mod, 64 - bits, probe, hashes.size
         self._blob, self._ends = keys.parts()
         self._hashes, self._keys = hashes.data, key_of.data  # Python ints on indexing
-        self._powers = [pow(base, k, 1 << 64) for k in range(MAX_POWERS)]
 
     @classmethod
-    def build(cls, keys: StringTable, base: int | None = None) -> PrefixTable:
-        """The table of these keys ([a-z0-9] strings, at most MAX_POWERS - 1 letters)."""
-        base = secrets.randbits(64) | 1 if base is None else base
+    def build(cls, keys: StringTable, mod: int | None = None) -> PrefixTable:
+        """The table of these keys ([a-z0-9] strings)."""
+        mod = _random_prime(MOD_BITS) if mod is None else mod
         strings = list(keys)
         order = sorted(range(len(strings)), key=strings.__getitem__)
         common = np.zeros(len(strings), dtype=np.int64)
@@ -230,29 +275,22 @@ class PrefixTable:
         for rows, matrix in _by_length(strings):
             n = matrix.shape[1]
             new = np.arange(1, n + 1) > common[rows][:, None]  # the prefixes first made here
-            hashes.append(_prefix_hashes(matrix, base)[:, 1:][new])
+            hashes.append(_mod_hashes(matrix, mod)[new])
             owners.append(np.repeat(rows.astype(np.int32), new.sum(axis=1)))
         found, key_of = np.concatenate(hashes), np.concatenate(owners)
         bits = prefix_slots(found.size).bit_length() - 1
         table_hash, table_key, probe = _place(found, key_of, bits)
-        return cls(keys, base, bits, probe, table_hash, table_key)
+        return cls(keys, mod, bits, probe, table_hash, table_key)
 
     def find(self, text: str) -> int:
         data = text.encode("ascii", "replace")
-        return self.find_hashed(data, _hash_of(data, self._base))
-
-    def extend(self, h: int, data: bytes) -> int:
-        """The hash of a text whose hash is ``h`` with ``data`` appended."""
-        n = len(data)
-        if n >= MAX_POWERS:
-            return _hash_of(data, self._base)  # longer than any key: found nowhere anyway
-        return (h * self._powers[n] + _hash_of(data, self._base)) & _MASK
+        return self.find_hashed(data, int.from_bytes(data, "big") % self._mod)
 
     def find_hashed(self, data: bytes, h: int) -> int:
         """``find`` of ``data`` whose hash is ``h``: the slots from its home until an empty one,
         at most ``probe`` + 1 of them."""
         hashes, key_of, blob, ends = self._hashes, self._keys, self._blob, self._ends
-        at = h >> self._shift
+        at = (h * _MIX & _MASK) >> self._shift
         end = min(at + self._probe + 1, self._size)
         n = len(data)
         while at < end:
@@ -267,8 +305,8 @@ class PrefixTable:
         return -1
 
     @property
-    def base(self) -> int:
-        return self._base
+    def mod(self) -> int:
+        return self._mod
 
     @property
     def bits(self) -> int:
@@ -280,10 +318,20 @@ class PrefixTable:
 
     @property
     def nbytes(self) -> int:
-        return int(self.hashes.nbytes + self.keys.nbytes) + _list_bytes(self._powers)
+        return int(self.hashes.nbytes + self.keys.nbytes)
 
 
 MAX_POWERS = 2 + 160  # index.entities.MAX_KEY_CHARS + 2: powers of the base a lookup needs
+# A prefix table's modulus: a prime of this many bits (a hash times 256 fits in 63 bits)
+MOD_BITS = 55
+
+
+def _home(hashes: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.int64]:
+    """Each hash's home slot: the top bits of the hash times _MIX (keys that differ in their
+    last letter hash a few units apart: their top bits alone would crowd one run of slots)."""
+    with np.errstate(over="ignore"):
+        mixed = hashes * np.uint64(_MIX)  # mod 2^64
+    return (mixed >> np.uint64(64 - bits)).astype(np.int64)
 
 
 def _place(
@@ -292,7 +340,7 @@ def _place(
     """Linear probing in numpy: the items in order of home slot, each at its home or just past
     the one before (position = i + the running max of home - i), the table long enough for the
     last; and the farthest an item sits from its home."""
-    home = (hashes >> np.uint64(64 - bits)).astype(np.int64)
+    home = _home(hashes, bits)
     order = np.argsort(home, kind="stable")
     home = home[order]
     rank = np.arange(home.size, dtype=np.int64)
@@ -459,12 +507,13 @@ class KeyTables:
     lengths: tuple[int, int]  # the lengths a span one edit from a long key may have
 
     @classmethod
-    def build(cls, rated: RatedKeys, bases: tuple[int, int] | None = None) -> KeyTables:
+    def build(cls, rated: RatedKeys, seeds: tuple[int, int] | None = None) -> KeyTables:
         """The tables, built in numpy (at index time, or at load for a snapshot without them),
-        with hash bases drawn here unless given (prefixes, near keys)."""
+        with their hashes' seeds drawn here unless given (the prefixes' modulus, the near keys'
+        base)."""
         long = rated.long()
-        prefix_base, near_base = bases or (None, None)
-        prefixes = PrefixTable.build(rated.keys, prefix_base)
+        prefix_mod, near_base = seeds or (None, None)
+        prefixes = PrefixTable.build(rated.keys, prefix_mod)
         return cls._of(rated, prefixes, NearKeys(rated.keys, long.tolist(), near_base), long)
 
     @classmethod
@@ -495,7 +544,7 @@ class KeyTables:
         }
         return dump_arrays(
             GAZETTEER_KIND, arrays, tables=TABLES, entities=entities_sha256,
-            keys=len(self.rated.keys), prefix_base=self.prefixes.base,
+            keys=len(self.rated.keys), prefix_mod=self.prefixes.mod,
             prefix_bits=self.prefixes.bits, probe=self.prefixes.probe, near_base=near._base,
             near_shift=near._shift,
         )  # fmt: skip
@@ -518,8 +567,8 @@ class KeyTables:
 
     @property
     def python_bytes(self) -> int:
-        """What a process holds of mapped tables: the powers of their hash bases."""
-        return _list_bytes(self.prefixes._powers) + _list_bytes(self.near._powers)
+        """What a process holds of mapped tables: the powers of the near keys' hash base."""
+        return _list_bytes(self.near._powers)
 
 
 def _list_bytes(values: list[int]) -> int:
@@ -541,10 +590,11 @@ def _read_prefixes(file: ArraysFile, keys: StringTable) -> PrefixTable:
     if key_of.size and (int(key_of.min()) < -1 or int(key_of.max()) >= len(keys)):
         raise ValueError("a prefix's key is outside the keys")
     at = np.flatnonzero(key_of >= 0)
-    home = (hashes[at] >> np.uint64(64 - bits)).astype(np.int64)
+    home = _home(hashes[at], bits)
     if at.size and (bool(np.any(home > at)) or int((at - home).max()) > probe):
         raise ValueError(f"a prefix lies before its home slot or over {probe} slots past it")
-    return PrefixTable(keys, _base(file, "prefix_base"), bits, probe, hashes, key_of)
+    mod = file.integer("prefix_mod", 1 << (MOD_BITS - 1), (1 << MOD_BITS) - 1)
+    return PrefixTable(keys, mod, bits, probe, hashes, key_of)
 
 
 def _read_near(file: ArraysFile, rated: RatedKeys) -> NearKeys:

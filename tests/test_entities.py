@@ -309,7 +309,7 @@ def test_the_mapped_tables_are_the_tables_built_from_its_keys(base: Path) -> Non
     assert mapped is not None
     assert table is not None
     assert isinstance(_mapping_of(mapped.prefixes.hashes), mmap.mmap)
-    built = KeyTables.build(table.rated_keys(), (mapped.prefixes.base, mapped.near._base))
+    built = KeyTables.build(table.rated_keys(), (mapped.prefixes.mod, mapped.near._base))
     assert len(built.near) > 0  # the base has long keys: the variants are compared too
     for a, b in [
         (mapped.prefixes.hashes, built.prefixes.hashes),
@@ -384,7 +384,8 @@ TABLE_ATTACKS = {
     "near_hashes_unsorted": lambda f: item_set(f, "near_hash", 0, (1 << 64) - 1),
     "near_bitmap_of_another_size": lambda f: tampered(f, "near_shift", 64 - 20),
     "an_even_hash_base": lambda f: tampered(f, "near_base", 2),
-    "a_hash_base_that_is_text": lambda f: tampered(f, "prefix_base", "7"),
+    "a_modulus_that_is_text": lambda f: tampered(f, "prefix_mod", "7"),
+    "a_modulus_past_63_bits": lambda f: tampered(f, "prefix_mod", 1 << 60),
     "keys_counted_otherwise": lambda f: tampered(f, "keys", 3),
     "of_another_entities_file": lambda f: tampered(f, "entities", "0" * 64),
     "cut_in_half": lambda f: (

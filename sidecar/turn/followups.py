@@ -153,6 +153,7 @@ MIN_CONFIDENCE = 0.5
 # The turn alone's top results that must all be the weakly named entity's to confirm it.
 CONFIRM_DEPTH = 3
 NEAR_KEPT = 4096  # spans whose near match a gazetteer remembers (each ~150 bytes)
+PREFIX_KEPT = 4096  # words whose prefix lookup a gazetteer remembers (each ~120 bytes)
 # chunks whose entity a gazetteer remembers (each ~200 bytes): a conversation's hits recur, and
 # ``chunk_entity`` costs about a microsecond
 ENTITIES_KEPT = 4096
@@ -282,6 +283,7 @@ class Gazetteer:
         self._initials = tables.initials
         self._lengths = tables.lengths
         self._near_kept: dict[str, str] = {}  # span -> its near key ("": none)
+        self._prefix_kept: dict[str, int] = {}  # word -> a key it starts (-1: none)
         self._streets = streets
         self._function_words = function_words
         self._span = counts.span
@@ -325,11 +327,11 @@ class Gazetteer:
     def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
         """Every entity the tokens match, each once (its surest match), in order of first match."""
         found: dict[str, float] = {}
-        prefixes, function_words, initials = self._prefixes, self._function_words, self._initials
+        function_words, initials = self._function_words, self._initials
         i = 0
         while i < len(toks):
             tok = toks[i]
-            if (tok in function_words or tok[:1] not in initials) and prefixes.find(tok) < 0:
+            if (tok in function_words or tok[:1] not in initials) and self._starts(tok) < 0:
                 i += 1  # most words: no name starts with it, none is one edit from it
                 continue
             span, key, near = self._match(toks, i)
@@ -360,21 +362,29 @@ class Gazetteer:
 
     def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, str, int]:
         """The longest run of tokens from ``i`` (at most ``longest``) whose words joined are a
-        key, as (tokens, key, the key's index), or (0, "", -1). The words joined are hashed a
-        word at a time, each step looked up in the prefix table."""
-        prefixes, keys = self._prefixes, self.tables.rated.keys
+        key, as (tokens, key, the key's index), or (0, "", -1)."""
+        keys = self.tables.rated.keys
         found, key, at = 0, "", -1
-        joined, h = b"", 0
+        joined = ""
         for n in range(1, longest + 1):
-            word = toks[i + n - 1].encode("ascii", "replace")
-            h = prefixes.extend(h, word)
-            joined += word
-            starts = prefixes.find_hashed(joined, h)
+            joined += toks[i + n - 1]
+            starts = self._starts(joined) if n == 1 else self._prefixes.find(joined)
             if starts < 0:
                 break
             if len(keys[starts]) == len(joined):
-                found, key, at = n, joined.decode("ascii"), starts
+                found, key, at = n, joined, starts
         return found, key, at
+
+    def _starts(self, word: str) -> int:
+        """A key ``word`` starts (its index; -1: none), remembered for the PREFIX_KEPT words
+        last asked about (a conversation's words recur; each lookup hashes the word and walks
+        the mapped table's slots, a few microseconds in Python)."""
+        found = self._prefix_kept.get(word)
+        if found is None:
+            if len(self._prefix_kept) >= PREFIX_KEPT:
+                self._prefix_kept = {}  # a new dict: another thread may be reading the old one
+            found = self._prefix_kept[word] = self._prefixes.find(word)
+        return found
 
     def _near_match(self, key: str) -> str:
         """The one name key within one edit of ``key`` (first letter kept), or "": remembered
