@@ -10,18 +10,20 @@ worker processes share the tables' pages through the page cache.
 
     PrefixTable   every distinct prefix of every key, once (the keys sorted: a key's prefixes no
                   longer than its common prefix with the key before it are that key's), in an
-                  open-addressing table of its 64-bit hash -> a key it starts (the key itself
-                  when the prefix is a key); linear probing from the top bits of the hash times
-                  a constant (Fibonacci hashing), placed in order of home slot
+                  open-addressing table of its hash (its bytes as a number, mod a 55-bit prime:
+                  hashed in C by Python's integers) -> a key it starts (the key itself when the
+                  prefix is a key); linear probing from the top bits of the hash times a
+                  constant (Fibonacci hashing), placed in order of home slot
     NearKeys      the long keys' one-letter deletions and the keys themselves as 64-bit hashes in
                   one sorted array (12 bytes a variant: the hash and its key), and a bitmap of the
                   hashes' top bits asked in Python first (a numpy call costs microseconds)
 
 A hash says where to look, never what matches: every key a lookup finds is checked letter by
 letter (a prefix against its key's bytes here, a near key by ``followups._one_edit``), so a
-collision costs a comparison, never a wrong match. Each table draws its own hash base when it is
-built (at index time), kept in the file, so every process reads the same tables and a knowledge
-base's names cannot be chosen to collide (a collision would cost only comparisons).
+collision costs a comparison, never a wrong match. Each table draws its hash's seed when it is
+built (at index time: the prefixes' prime, the near keys' base), kept in the file, so every
+process reads the same tables and a knowledge base's names cannot be chosen to collide (a
+collision would cost only comparisons).
 
 ``gazetteer.bin`` (kind ``voxrecall.gazetteer``) is optional in a format-5 snapshot: one without
 it (or written by other table rules, ``TABLES``) has its tables built at load from
