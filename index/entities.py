@@ -22,10 +22,12 @@ lexical postings (about 3 s of a 7 s load at 100k chunks):
     header              count (chunks), rules (RULES), names (how many names were read), span
                         (the most tokens of a name), shared (the words most names hold)
 
-``sidecar.turn.followups.Gazetteer`` builds its matching tables (prefixes, one-edit variants)
-from these keys; a snapshot of format 4, or one built with other rules (``RULES``), is rated at
-load from its chunks as before. The reader checks every array and bounds what the keys would
-take in memory (``MAX_GAZETTEER_BYTES``), so a hostile file is a ``ValueError``, never a blow-up.
+The gazetteer's matching tables of these keys (prefixes, one-edit variants: ``index.key_tables``)
+are written beside it (``gazetteer.bin``) and mapped by the sidecar, or built from the keys at
+load for a snapshot without them; a snapshot of format 4, or one built with other rules
+(``RULES``), is rated at load from its chunks as before. The reader checks every array and
+bounds what the keys' tables would take in memory (``MAX_GAZETTEER_BYTES``), so a hostile file
+is a ``ValueError``, never a blow-up.
 
 The name tokenizer (``tokens``) is here, for the indexer and the sidecar alike: a name's keys
 are matched against a turn's tokens, so both must be made by the same function.
@@ -33,7 +35,6 @@ are matched against a turn's tokens, so both must be made by the same function.
 
 from __future__ import annotations
 
-import itertools
 import re
 import unicodedata
 from collections import Counter
@@ -45,6 +46,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from index.key_tables import RatedKeys, tables_bytes
 from index.lexical import LexicalIndex
 from index.mapped import ArraysFile, StringTable, dump_arrays
 from index.tables import MAX_EMBED_BYTES, ChunkTable, _bounded
@@ -82,13 +84,10 @@ WEAK_CONFIDENCE = 0.25
 # A word in at least this share of the names (and in two) is the base's shared name ("Windows
 # Terminal", which every page's title starts with): it says little about which page is meant.
 SHARED_NAME_SHARE = 0.5
-# What the sidecar's matching tables built from the keys may take in memory (every prefix of
-# every key and the one-edit variants of the long ones, as Python strings, estimated from the
-# keys' lengths): ~350 MB for a 1M-chunk base of 125k names; a file claiming more is refused.
-MAX_GAZETTEER_BYTES = 2 << 30
-_STR_BYTES = 49  # a Python ASCII str's header (sys.getsizeof("") in 3.11)
-_SET_SLOT_BYTES = 24  # what a set or dict member adds beyond its string, amortised
-FUZZY_MIN_CHARS = 7  # one edit from a shorter name is often a word ("lovell" -> "lovely")
+# What the sidecar's matching tables of the keys may take in memory, mapped or built at load
+# (``index.key_tables.tables_bytes``, at most: every prefix distinct, a hashed variant per letter
+# of each long key): ~130 MB for a 1M-chunk base of 125k names; a file claiming more is refused.
+MAX_GAZETTEER_BYTES = 1 << 30
 _MAX_SHARED = 2 * MAX_NAME_TOKENS  # each shared word is in half the names: at most this many
 
 _TOKEN = re.compile(r"[a-z0-9]+")
@@ -406,7 +405,7 @@ def common_words(lexical: LexicalIndex, entity_of: Sequence[str]) -> Callable[[s
 @dataclass(frozen=True, slots=True)
 class EntityTable:
     """``entities.bin`` read: the chunks' entities (``names``, ``entity_of``) and the rated keys
-    (``rated()`` builds the dicts a gazetteer matches by)."""
+    (``rated_keys()``, the arrays a gazetteer's tables index)."""
 
     names: StringTable
     entity_of: npt.NDArray[np.int32]
@@ -426,19 +425,10 @@ class EntityTable:
         entity read and every name rated (a pass over the chunks and the postings)."""
         stats = EntityStats(lexical, chunk_entities(chunks)[1])
         rated = stats.rated()
-        owners = list(dict.fromkeys(n for n in rated.keys.values() if n is not None))
-        at = {name: i for i, name in enumerate(owners)}
-        keys = list(rated.keys)
         arrays: dict[str, npt.NDArray[Any]] = {
             **StringTable.of(stats.names).arrays("n_"),
             "entity_of": stats.entity_ids,
-            **StringTable.of(owners).arrays("g_"),
-            **StringTable.of(keys).arrays("k_"),
-            "key_owner": np.asarray(
-                [-1 if (n := rated.keys[k]) is None else at[n] for k in keys], dtype=np.int32
-            ),
-            "key_sure": np.asarray([rated.sure.get(k, 1.0) for k in keys], dtype=np.float64),
-            "key_partial": np.asarray([k in rated.partial for k in keys], dtype=np.uint8),
+            **RatedKeys.of(rated.keys, rated.sure, rated.partial).arrays(),
         }
         return dump_arrays(
             ENTITIES_KIND, arrays, count=len(chunks), rules=RULES, names=rated.size,
@@ -482,38 +472,9 @@ class EntityTable:
             shared=_shared_of(file.header.get("shared")),
         )
 
-    def rated(self) -> Rated:
-        """The rated keys as the dicts a gazetteer matches by."""
-        blob, ends = self.keys.parts()
-        text = str(blob, "ascii")  # checked at read: [a-z0-9] only
-        offsets = ends.tolist()
-        keys = [text[a:b] for a, b in itertools.pairwise(offsets)]
-        at = self.key_owner.tolist()
-        owners = self._owners_of(set(at) - {-1})
-        owner_of = [owners[i] if i >= 0 else None for i in at]
-        owned = (self.key_owner >= 0).tolist()
-        sure = itertools.compress(self.key_sure.tolist(), owned)
-        return Rated(
-            keys=dict(zip(keys, owner_of, strict=True)),
-            sure=dict(zip(itertools.compress(keys, owned), sure, strict=True)),
-            partial=frozenset(itertools.compress(keys, self.key_partial.tolist())),
-            size=self.size,
-            span=self.span,
-            shared=self.shared,
-        )
-
-    def _owners_of(self, wanted: set[int]) -> dict[int, str]:
-        """The names that own a key, each cut as a chunk's context is read (``index.tables``): a
-        name is folded into queries, answers and sessions (a hostile owner of 20 MB behind a key
-        of 14 letters was). A name of at most a third of the cap in bytes is within it decoded
-        (a byte replaced takes three)."""
-        blob, ends = self.owners.parts()
-        owners: dict[int, str] = {}
-        for i in wanted:
-            name = str(blob[ends[i] : ends[i + 1]], "utf-8", "replace")
-            short = (ends[i + 1] - ends[i]) * 3 <= MAX_EMBED_BYTES
-            owners[i] = name if short else _bounded(name, MAX_EMBED_BYTES)
-        return owners
+    def rated_keys(self) -> RatedKeys:
+        """The rated keys, as the arrays a gazetteer's tables index (``index.key_tables``)."""
+        return RatedKeys(self.keys, self.key_owner, self.key_sure, self.key_partial, self.owners)
 
     def entity(self, label: int) -> str:
         """Chunk ``label``'s entity."""
@@ -536,12 +497,9 @@ def _check_keys(file: ArraysFile, keys: StringTable) -> None:
 
 
 def gazetteer_bytes(lengths: npt.NDArray[np.int64]) -> int:
-    """What a gazetteer's tables take for keys of these lengths, estimated high: each key's every
-    prefix, and the one-edit variants (one letter dropped) of the long keys, as set members."""
-    prefixes = lengths * (_STR_BYTES + _SET_SLOT_BYTES) + lengths * (lengths + 1) // 2
-    long = lengths[lengths >= FUZZY_MIN_CHARS]
-    variants = (long - 1) * (_STR_BYTES + _SET_SLOT_BYTES + long - 1)
-    return int(prefixes.sum() + variants.sum())
+    """What a gazetteer's tables take for keys of these lengths, at most (the tables' own
+    bytes: ``index.key_tables.tables_bytes``)."""
+    return tables_bytes(lengths)
 
 
 def _check_per_key(

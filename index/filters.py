@@ -55,6 +55,7 @@ GATHER_MAX_ROWS = 256
 # What the masks of recent filters may hold, in bytes (one byte per chunk each): a caller's
 # filters repeat from turn to turn, and a mask over 100k chunks takes ~0.1 ms to build.
 MASK_CACHE_BYTES = 16 * 1024 * 1024
+_STR_BYTES = 49  # a Python ASCII str's header (sys.getsizeof("") in 3.11)
 GLOB_CHARS = frozenset("*?[")
 
 Ranked = list[tuple[int, float]]
@@ -103,6 +104,22 @@ class FilterIndex:
     @classmethod
     def empty(cls, chunks: Sequence[Chunk] = ()) -> FilterIndex:
         return cls({}, chunks)
+
+    @property
+    def nbytes(self) -> int:
+        """What it holds beyond the snapshot's files, at most (``memory_budget_mb`` evicts by
+        it): the fields' labels, the pages' labels and sorted paths (each a string), each
+        label's row in the mapped vectors and the value partitions' copies of their vectors
+        (the masks it caches as calls come, up to MASK_CACHE_BYTES, are not: a bound that
+        would price each of a thousand small bases at 16 MB)."""
+        fields = sum(int(a.nbytes) for values in self.fields.values() for a in values.values())
+        paths = len(self.paths) * (_STR_BYTES + 8) + sum(map(len, self.paths))
+        pages = int(self._by_path.nbytes + self._path_ends.nbytes) + paths
+        rows, width = 0, 0  # partitions are built from the vectors: none without them
+        if self.vectors is not None:
+            rows, width = int(self.vectors[1].nbytes), int(self.vectors[0].shape[1]) * 4
+        copies = sum(p.size for p in self.partitions.values()) * width
+        return fields + pages + rows + copies
 
     def values(self, field: str) -> tuple[str, ...]:
         """The values ``field`` takes in this snapshot, sorted (empty when not filterable)."""

@@ -9,11 +9,14 @@
       lexical.bin     the BM25 index over the chunks' embedded text, for fallback and hybrid
       entities.bin    every chunk's entity and the entities' names rated as the follow-ups
                       match them (``index/entities.py``); format 5 on
+      gazetteer.bin   the follow-ups' matching tables of entities.bin's keys (prefixes,
+                      one-edit variants: ``index/key_tables.py``); optional (a snapshot
+                      without one has them built at load), verified when the manifest lists it
       filters.json    value -> chunk labels of each filterable metadata field
                       (``index/filters.py``); only for a base with ``filterable`` fields, and
                       verified when the manifest lists it
 
-``chunks.bin``, ``pages.bin``, ``lexical.bin`` and ``entities.bin`` are arrays files
+``chunks.bin``, ``pages.bin``, ``lexical.bin``, ``entities.bin`` and ``gazetteer.bin`` are arrays files
 (``index/mapped.py``): a loader memory-maps them and reads them in place, so loading costs what
 hnswlib's graph costs and worker processes share those pages through the page cache. A format-4
 snapshot (no ``entities.bin``) is still read: the sidecar rates its names at load, as before.
@@ -45,12 +48,14 @@ import orjson
 
 from index.config import MAX_EF_SEARCH, HnswConfig
 from index.embedders.base import EmbedderInfo, Vectors
-from index.entities import EntityTable
+from index.entities import ENTITIES_KIND, EntityTable
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters
 from index.filters import build_partitions as build_value_partitions
 from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, vector_rows
+from index.key_tables import GAZETTEER_KIND, TABLES, KeyTables, tables_rules
 from index.lexical import LexicalIndex
+from index.mapped import ArraysFile
 from index.summaries import SUMMARY_VECTORS, SummaryIndex, has_summaries, load_summary_index
 from index.tables import ChunkTable, PageTable
 from index.types import Chunk, Page
@@ -71,7 +76,11 @@ CHUNKS = "chunks.bin"
 PAGES = "pages.bin"
 LEXICAL = "lexical.bin"
 ENTITIES = "entities.bin"
-DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL, ENTITIES)  # what this format's snapshots hold
+GAZETTEER = "gazetteer.bin"
+DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL, ENTITIES, GAZETTEER)  # what a build writes
+# Written by every build now, optional to a reader: a format-5 snapshot written before has the
+# gazetteer's tables built at load from entities.bin's keys.
+OPTIONAL_FILES = (GAZETTEER,)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
 MAX_MANIFEST_BYTES = 4 << 20  # a manifest is a few KiB; a bigger file is not one
 # A file a build adds beside DATA_FILES (summaries, originals): listed in the manifest and checked
@@ -372,7 +381,9 @@ def write_snapshot(
     write_atomic(folder / PAGES, PageTable.dump(pages))
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     write_atomic(folder / LEXICAL, lexical.to_bytes())
-    write_atomic(folder / ENTITIES, EntityTable.dump(lexical, chunks))
+    entities = EntityTable.dump(lexical, chunks)
+    write_atomic(folder / ENTITIES, entities)
+    write_atomic(folder / GAZETTEER, gazetteer_tables(entities, len(chunks)))
     names = [*DATA_FILES, *(more_files(folder) if more_files else ())]
     if filterable:
         write_atomic(folder / FILTERS, build_filters(chunks, filterable))
@@ -396,6 +407,13 @@ def write_snapshot(
     write_atomic(folder / MANIFEST, manifest.to_json())
     fsync_dir(folder)
     return manifest
+
+
+def gazetteer_tables(entities: bytes, count: int) -> bytes:
+    """The bytes of ``gazetteer.bin``: the matching tables of the keys of ``entities`` (the
+    bytes of ``entities.bin``), naming its sha256."""
+    table = EntityTable.read(ArraysFile(entities, ENTITIES_KIND), count)
+    return KeyTables.build(table.rated_keys()).dump(hashlib.sha256(entities).hexdigest())
 
 
 def read_small(path: Path, cap: int, what: str) -> bytes:
@@ -425,8 +443,10 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 def data_files(format_version: int) -> tuple[str, ...]:
-    """The files every snapshot of this format holds."""
-    return DATA_FILES if format_version >= 5 else DATA_FILES[:-1]  # 4: no entities.bin
+    """The files every snapshot of this format holds (OPTIONAL_FILES are checked where its
+    manifest lists them)."""
+    absent = (*OPTIONAL_FILES, *((ENTITIES,) if format_version < 5 else ()))  # 4: no entities.bin
+    return tuple(name for name in DATA_FILES if name not in absent)
 
 
 def verify_snapshot(
@@ -544,10 +564,11 @@ class LoadedSnapshot:
     partitions: Mapping[int, Partition] = field(default_factory=dict)  # source index -> copy
     summaries: SummaryIndex | None = None  # the second view (index/summaries.py), when built
     entities: EntityTable | None = None  # entities.bin (None: format 4, rated at load)
+    key_tables: KeyTables | None = None  # gazetteer.bin mapped (None: built at load)
     filters: FilterIndex = field(default_factory=FilterIndex.empty)  # metadata and paths
     # What serving it may take in memory: the graph file as hnswlib holds it and hnswlib's own
     # fixed cost, the partitions' copies, the mapped files in full (as if every page of them
-    # were read) and the decoded chunks kept.
+    # were read), the decoded chunks kept and the filter index (``_memory_bytes``).
     memory_bytes: int = 0
 
     @property
@@ -724,6 +745,7 @@ def load_snapshot(
                 f"manifest {manifest.chunks}"
             )
         entities = _entities(folder, manifest)
+        key_tables = _key_tables(folder, manifest, entities)
         ef = ef_search or manifest.hnsw.ef
         index = read_hnsw(folder / VECTORS, manifest, ef, checked=fetched)
         summaries = _summaries(folder, manifest, ef, checked=fetched)
@@ -747,12 +769,24 @@ def load_snapshot(
         partitions=partitions,
         summaries=summaries,
         entities=entities,
+        key_tables=key_tables,
         filters=filters,
-        memory_bytes=sum(manifest.sizes.values())
-        + sum(p.size for p in partitions.values()) * 4 * manifest.embedder.dimension
-        + chunks.cache_bytes
-        + HNSW_INDEX_BYTES,
+        memory_bytes=_memory_bytes(manifest, partitions, chunks, filters),
     )
+
+
+def _memory_bytes(
+    manifest: Manifest,
+    partitions: Mapping[int, Partition],
+    chunks: ChunkTable,
+    filters: FilterIndex,
+) -> int:
+    """``LoadedSnapshot.memory_bytes``: the files (mapped, as if every page were read; the graph
+    as hnswlib holds it) and hnswlib's fixed cost, the source partitions' copies of their
+    vectors, the decoded chunks kept and the filter index (its pages' paths and labels)."""
+    copies = sum(p.size for p in partitions.values()) * 4 * manifest.embedder.dimension
+    kept = chunks.cache_bytes + filters.nbytes
+    return sum(manifest.sizes.values()) + HNSW_INDEX_BYTES + copies + kept
 
 
 def _entities(folder: Path, manifest: Manifest) -> EntityTable | None:
@@ -760,6 +794,20 @@ def _entities(folder: Path, manifest: Manifest) -> EntityTable | None:
     if ENTITIES not in manifest.files:
         return None
     return read_table(folder / ENTITIES, lambda path: EntityTable.open(path, manifest.chunks))
+
+
+def _key_tables(folder: Path, manifest: Manifest, entities: EntityTable | None) -> KeyTables | None:
+    """``gazetteer.bin`` mapped and checked against the keys of ``entities.bin``, when the
+    snapshot has both (None when it has no tables, or tables of other rules: built at load)."""
+    if GAZETTEER not in manifest.files or entities is None:
+        return None
+    path = folder / GAZETTEER
+    file = read_table(path, lambda p: ArraysFile.open(p, GAZETTEER_KIND))
+    if read_table(path, lambda _: tables_rules(file)) != TABLES:
+        return None
+    if file.header.get("entities") != manifest.files.get(ENTITIES):
+        raise CorruptSnapshot(f"{path}: the tables of another entities.bin than this snapshot's")
+    return read_table(path, lambda _: KeyTables.read(file, entities.rated_keys()))
 
 
 def _summaries(folder: Path, manifest: Manifest, ef: int, checked: bool) -> SummaryIndex | None:

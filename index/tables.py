@@ -83,7 +83,7 @@ class ChunkTable(Sequence[Chunk]):
 
     __slots__ = (
         "_blob", "_cache", "_cached_bytes", "_crumbs", "_ends", "_first", "_meta_first", "_meta_n",
-        "_over", "_runs", "_source", "_source_of", "cache_bytes", "source_names", "source_of",
+        "_over", "_source", "_source_of", "cache_bytes", "source_names", "source_of",
     )  # fmt: skip
 
     def __init__(
@@ -107,7 +107,6 @@ class ChunkTable(Sequence[Chunk]):
         self._source = list(source_names)
         self._cache: dict[int, Chunk] = {}
         self._cached_bytes = 0
-        self._runs: tuple[npt.NDArray[np.int64], list[tuple[str, str]]] | None = None
         over = _oversized(np.asarray(self._ends), first, crumbs)
         self._over = over.data if over is not None else None  # 1: read with every cap
         # no more than every chunk decoded: a small base does not reserve what it cannot fill
@@ -214,10 +213,8 @@ class ChunkTable(Sequence[Chunk]):
         once a chunk (a build writes a page's chunks together: 1M chunks of 125k pages took 3.8 s
         a chunk at a time). A page whose chunks are apart is several runs, as is one whose path
         is over RUN_PATH_BYTES (a run a chunk): a reader keyed by page keeps its first run.
-        Found once and kept (the filter index and the page index both read them at a load)."""
-        if self._runs is None:
-            self._runs = self._find_runs()
-        return self._runs
+        Found anew each call: the filter index reads them once at a load and keeps its paths."""
+        return self._find_runs()
 
     def _find_runs(self) -> tuple[npt.NDArray[np.int64], list[tuple[str, str]]]:
         n = len(self)

@@ -16,7 +16,17 @@ from bench.fuzz_snapshot import array_slots, set_item
 from index.embedders.base import Embedder
 from index.hnsw_file import HEADER
 from index.http_store import HttpStore
-from index.snapshot import CHUNKS, LEXICAL, MANIFEST, PAGES, VECTORS, sha256_file, write_snapshot
+from index.mapped import MAGIC
+from index.snapshot import (
+    CHUNKS,
+    GAZETTEER,
+    LEXICAL,
+    MANIFEST,
+    PAGES,
+    VECTORS,
+    sha256_file,
+    write_snapshot,
+)
 from index.store import LATEST, LocalStore, new_version_id
 from index.types import Chunk
 
@@ -164,6 +174,22 @@ def _item(array: str, i: int, value: int) -> Callable[[bytes], bytes]:
     return edit
 
 
+def _header(field: str, value: object) -> Callable[[bytes], bytes]:
+    """One field of a mapped file's JSON header set to ``value``, the arrays moved with the end
+    of the header (their offsets count from there)."""
+
+    def edit(data: bytes) -> bytes:
+        start = len(MAGIC) + 4
+        length = int.from_bytes(data[len(MAGIC) : start], "little")
+        header = {**json.loads(data[start : start + length]), field: value}
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        prefix = MAGIC + len(raw).to_bytes(4, "little") + raw
+        body = data[start + length + (-(start + length) % 64) :]
+        return prefix + b"\0" * (-len(prefix) % 64) + body
+
+    return edit
+
+
 # Files whose checksums match a manifest re-signed after the change (issue 14's attacks): each
 # crashed the sidecar or broke its calls before the loader checked what it reads.
 TAMPERED: dict[str, Callable[[Path], None]] = {
@@ -184,6 +210,10 @@ TAMPERED: dict[str, Callable[[Path], None]] = {
     "lexical_indptr_decreases": _patch(LEXICAL, _item("indptr", 1, 0xFFFFFF00)),
     "lexical_cut_in_half": _patch(LEXICAL, lambda data: data[: len(data) // 2]),
     "lexical_10_bytes": _patch(LEXICAL, lambda data: data[:10]),
+    # the follow-ups' matching tables: a lookup would read a key past the keys' table, or
+    # tables made for another entities.bin than the snapshot's (issue 19)
+    "gazetteer_prefix_key_past_the_keys": _patch(GAZETTEER, _item("prefix_key", 0, 1 << 20)),
+    "gazetteer_of_another_entities_file": _patch(GAZETTEER, _header("entities", "0" * 64)),
 }
 
 # Element 0's first level-0 link named past the end (96 bytes of header, then its link count):

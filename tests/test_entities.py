@@ -5,6 +5,7 @@ snapshot without them is still read, and a hostile file is refused by name."""
 from __future__ import annotations
 
 import json
+import mmap
 import shutil
 from pathlib import Path
 
@@ -20,14 +21,23 @@ from index.entities import (
     chunk_entity,
 )
 from index.errors import CorruptSnapshot
-from index.mapped import ArraysFile, StringTable, dump_arrays
-from index.snapshot import ENTITIES, MANIFEST, LoadedSnapshot, load_snapshot, write_pages_snapshot
+from index.key_tables import GAZETTEER_KIND, KeyTables, RatedKeys
+from index.mapped import ArraysFile, StringTable, _mapping_of, dump_arrays
+from index.snapshot import (
+    ENTITIES,
+    GAZETTEER,
+    MANIFEST,
+    LoadedSnapshot,
+    gazetteer_tables,
+    load_snapshot,
+    write_pages_snapshot,
+)
 from index.tables import MAX_EMBED_BYTES
 from index.types import Page
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups
 from sidecar.turn.followups import FUNCTION_WORDS_EN, STREETS_EN, Gazetteer
-from tests.snapshot_kit import resign
+from tests.snapshot_kit import _header, _item, resign
 
 DIM = 16
 # name -> what its page says: partial names ("the Lensfield"), names one edit away when misheard
@@ -224,6 +234,8 @@ def owner_grown(folder: Path) -> None:
     )  # fmt: skip
     (folder / ENTITIES).write_bytes(raw)
     resign(folder, ENTITIES)
+    (folder / GAZETTEER).write_bytes(gazetteer_tables(raw, held))  # the tables of these keys
+    resign(folder, GAZETTEER)
 
 
 ATTACKS = {
@@ -286,3 +298,127 @@ def test_keys_that_would_blow_memory_are_refused_before_they_are_read(
         EntityTable.open(path, len(lexical_chunks.chunks))
     long_name = "a" * (entities.MAX_KEY_CHARS + 1)
     assert followups.Gazetteer([long_name, "Gonville"], FUNCTION_WORDS_EN).size == 1
+
+
+def test_the_mapped_tables_are_the_tables_built_from_its_keys(base: Path) -> None:
+    """gazetteer.bin holds what the sidecar would build from entities.bin's keys (given the
+    file's hash bases), mapped, not copied; a gazetteer on them answers as one rated from the
+    chunks (test above) and as one built at load."""
+    snapshot = load_snapshot(base)
+    mapped, table = snapshot.key_tables, snapshot.entities
+    assert mapped is not None
+    assert table is not None
+    assert isinstance(_mapping_of(mapped.prefixes.hashes), mmap.mmap)
+    built = KeyTables.build(table.rated_keys(), (mapped.prefixes.mod, mapped.near._base))
+    assert len(built.near) > 0  # the base has long keys: the variants are compared too
+    for a, b in [
+        (mapped.prefixes.hashes, built.prefixes.hashes),
+        (mapped.prefixes.keys, built.prefixes.keys),
+        (mapped.near._hashes, built.near._hashes),
+        (mapped.near._owners, built.near._owners),
+        (mapped.near._bitmap, built.near._bitmap),
+    ]:
+        np.testing.assert_array_equal(a, b)
+    assert (mapped.initials, mapped.lengths) == (built.initials, built.lengths)
+    gazetteer = Gazetteer.of(snapshot)
+    assert gazetteer.tables is mapped
+    assert gazetteer.built_bytes == mapped.python_bytes  # the arrays are the file's
+    assert_same_answers(gazetteer, Gazetteer.of_tables(built, table), snapshot)
+
+
+def without_tables(base: Path, folder: Path) -> Path:
+    """A format-5 snapshot written before gazetteer.bin: the manifest lists no tables."""
+    shutil.copytree(base, folder)
+    manifest = json.loads((folder / MANIFEST).read_bytes())
+    del manifest["files"][GAZETTEER], manifest["sizes"][GAZETTEER]
+    (folder / GAZETTEER).unlink()
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_snapshot_without_its_tables_builds_them_at_load_and_answers_the_same(
+    base: Path, tmp_path: Path
+) -> None:
+    snapshot = load_snapshot(without_tables(base, tmp_path / "older"))
+    assert snapshot.key_tables is None
+    searcher = Searcher.build(snapshot)
+    assert searcher.gazetteer.built_bytes == searcher.gazetteer.tables.nbytes > 0
+    assert searcher.held_bytes >= searcher.gazetteer.built_bytes  # counted: built here
+    assert_same_answers(searcher.gazetteer, Gazetteer.of(load_snapshot(base)), snapshot)
+
+
+def test_tables_of_other_rules_are_built_again(base: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "other-rules"
+    shutil.copytree(base, folder)
+    tampered(folder, "tables", 99)
+    snapshot = load_snapshot(folder)
+    assert snapshot.key_tables is None
+    assert_same_answers(Gazetteer.of(snapshot), from_the_chunks(snapshot), snapshot)
+
+
+def tampered(folder: Path, field: str, value: object) -> None:
+    """gazetteer.bin with one header field changed, re-signed."""
+    path = folder / GAZETTEER
+    path.write_bytes(_header(field, value)(path.read_bytes()))
+    resign(folder, GAZETTEER)
+
+
+def item_set(folder: Path, array: str, i: int, value: int) -> None:
+    """gazetteer.bin with element ``i`` of ``array`` set (``i`` < 0: the first occupied prefix
+    slot), re-signed."""
+    path = folder / GAZETTEER
+    data = path.read_bytes()
+    if i < 0:
+        i = int(np.flatnonzero(ArraysFile(data, GAZETTEER_KIND).array("prefix_key", "<i4") >= 0)[0])
+    path.write_bytes(_item(array, i, value)(data))
+    resign(folder, GAZETTEER)
+
+
+TABLE_ATTACKS = {
+    "prefix_key_past_the_keys": lambda f: item_set(f, "prefix_key", 0, 1 << 20),
+    "prefix_key_below_empty": lambda f: item_set(f, "prefix_key", 0, (1 << 32) - 7),
+    "prefix_before_its_home": lambda f: item_set(f, "prefix_hash", -1, (1 << 64) - 1),
+    "probe_over_the_bound": lambda f: tampered(f, "probe", 1 << 20),
+    "slots_not_the_table_size": lambda f: tampered(f, "prefix_bits", 30),
+    "near_key_past_the_keys": lambda f: item_set(f, "near_key", 0, 1 << 20),
+    "near_hashes_unsorted": lambda f: item_set(f, "near_hash", 0, (1 << 64) - 1),
+    "near_bitmap_of_another_size": lambda f: tampered(f, "near_shift", 64 - 20),
+    "an_even_hash_base": lambda f: tampered(f, "near_base", 2),
+    "a_modulus_that_is_text": lambda f: tampered(f, "prefix_mod", "7"),
+    "a_modulus_past_63_bits": lambda f: tampered(f, "prefix_mod", 1 << 60),
+    "keys_counted_otherwise": lambda f: tampered(f, "keys", 3),
+    "of_another_entities_file": lambda f: tampered(f, "entities", "0" * 64),
+    "cut_in_half": lambda f: (
+        (f / GAZETTEER).write_bytes((f / GAZETTEER).read_bytes()[:700]),
+        resign(f, GAZETTEER),
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(TABLE_ATTACKS))
+def test_hostile_tables_are_refused_by_name(attack: str, base: Path, tmp_path: Path) -> None:
+    """Every offset a lookup reads is checked at load: a tampered gazetteer.bin whose checksum
+    matches is CorruptSnapshot naming it, never an IndexError in a turn."""
+    folder = tmp_path / attack
+    shutil.copytree(base, folder)
+    TABLE_ATTACKS[attack](folder)
+    with pytest.raises(CorruptSnapshot, match=r"gazetteer\.bin"):
+        load_snapshot(folder)
+
+
+def test_the_keys_memory_bound_is_the_tables_bytes(base: Path) -> None:
+    """MAX_GAZETTEER_BYTES bounds the tables' own bytes (hashed, not strings): at least what
+    they take for these keys, and not many times more for keys of distinct prefixes."""
+    from index import entities
+
+    table = load_snapshot(base).entities
+    assert table is not None
+    lengths = np.diff(np.asarray(table.keys.parts()[1], dtype=np.int64))
+    built = KeyTables.build(table.rated_keys())
+    assert built.nbytes <= entities.gazetteer_bytes(lengths)
+    distinct = KeyTables.build(
+        RatedKeys.of({"x" * 12 + str(i): "N" for i in range(4000)}, {}, frozenset())
+    )
+    lengths = np.full(4000, 13, dtype=np.int64)
+    lengths[:10] = 12
+    assert entities.gazetteer_bytes(lengths) <= 4 * distinct.nbytes

@@ -24,7 +24,7 @@ from index.build import build_knowledge_base
 from index.embedders.base import Embedder, EmbedderInfo
 from index.errors import ConfigError, CorruptSnapshot
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters, search
-from index.snapshot import load_snapshot, sha256_file, write_snapshot
+from index.snapshot import HNSW_INDEX_BYTES, load_snapshot, sha256_file, write_snapshot
 from index.types import Chunk, MetadataFilter
 from sidecar.config import Config, parse_config
 from sidecar.gen import retrieval_pb2 as pb
@@ -154,6 +154,21 @@ def test_filtered_search_finds_the_exact_filtered_top_10(
         assert len(found) == min(10, labels.size)
         recall.append(len({label for label, _ in found} & set(exact.tolist())) / len(exact))
     assert float(np.mean(recall)) >= 0.95
+
+
+def test_a_snapshots_bytes_count_its_filter_index(filtered_snapshot: Any) -> None:
+    """memory_budget_mb evicts by ``memory_bytes``: beyond the files, the filter index's value
+    labels, its value partitions' copies of their vectors, each label's row in the mapped
+    vectors and its pages' labels."""
+    snapshot, vectors = filtered_snapshot
+    index = snapshot.filters
+    assert index.partitions  # the half and tenth shares are partitioned: their vectors copied
+    labels = sum(a.nbytes for values in index.fields.values() for a in values.values())
+    copies = sum(p.size for p in index.partitions.values()) * vectors.shape[1] * 4
+    rows = index.vectors[1].nbytes
+    assert index.nbytes >= labels + copies + rows + 8 * len(snapshot.chunks)  # + pages' labels
+    files = sum(snapshot.manifest.sizes.values()) + HNSW_INDEX_BYTES
+    assert snapshot.memory_bytes >= files + index.nbytes
 
 
 def test_a_snapshot_without_a_filter_index_loads_and_has_no_fields(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from sidecar.turn import followups, key_tables
+from index import key_tables
+from index.mapped import StringTable
+from sidecar.turn import followups
 from sidecar.turn.followups import FUNCTION_WORDS_EN, Gazetteer
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -33,8 +35,16 @@ def _deletions(key: str) -> set[str]:
 @pytest.mark.parametrize("rows", [3, key_tables.ROWS])  # keys compared a block at a time
 def test_prefixes_are_every_prefix_of_every_key(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
     monkeypatch.setattr(key_tables, "ROWS", rows)
-    for keys in ([], ["a"], ["abc", "abc", "ab"], _keys(500, 1)):
-        assert key_tables.prefixes(keys) == {k[:i] for k in keys for i in range(1, len(k) + 1)}
+    for keys in ([], ["a"], ["abc", "ab"], _keys(500, 1)):
+        table = key_tables.PrefixTable.build(StringTable.of(keys))
+        prefixes = {k[:i] for k in keys for i in range(1, len(k) + 1)}
+        assert int((table.keys >= 0).sum()) == len(prefixes)  # each distinct prefix once
+        for prefix in prefixes:
+            found = table.find(prefix)
+            assert keys[found].startswith(prefix)
+            assert (keys[found] == prefix) == (prefix in keys)  # a key finds itself
+        for other in ("z", "abd", "documentz", "g" * 20, "pizzahutf" + "a" * 9):
+            assert table.find(other) == -1 or other in prefixes
 
 
 def test_sharing_finds_every_key_with_a_common_deletion() -> None:

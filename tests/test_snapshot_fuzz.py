@@ -67,7 +67,12 @@ def test_every_tampered_file_is_a_corrupt_snapshot_naming_the_file(
     folder = tampered(seed, tmp_path, attack)
     with pytest.raises(CorruptSnapshot) as refused:
         load_snapshot(folder, INFO)
-    name = {"hnsw": "vectors.hnsw", "pages": "pages.bin", "chunk": "chunks.bin"}
+    name = {
+        "hnsw": "vectors.hnsw",
+        "pages": "pages.bin",
+        "chunk": "chunks.bin",
+        "gazetteer": "gazetteer.bin",
+    }
     assert name.get(attack.split("_")[0], "lexical.bin") in str(refused.value)
 
 
@@ -121,6 +126,7 @@ def test_a_seeded_fuzz_run_finds_no_crash_no_hang_and_no_unnamed_error(tmp_path:
         "pages.bin",
         "lexical.bin",
         "entities.bin",
+        "gazetteer.bin",
     }
     # the mutations reach past the checksums: most are refused, some still load
     assert result["outcomes"]["refused"] > 150

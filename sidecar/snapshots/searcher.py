@@ -23,17 +23,16 @@ Immutable once built (the BM25 buffers are scratch space, zero between queries).
 
 from __future__ import annotations
 
-import itertools
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from index.filters import Mask
+from index.filters import FilterIndex, Mask
 from index.hnsw_file import vector_rows
 from index.lexical import Bm25
+from index.mapped import let_go
 from index.snapshot import VECTORS, LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk
@@ -41,7 +40,6 @@ from sidecar.turn import followups
 
 Labels = npt.NDArray[np.int64]
 VectorRows = tuple[npt.NDArray[np.float32], Labels]  # vectors, and each label's row in them
-PageIndex = Mapping[tuple[str, str], int]  # (source, source_path) -> the page's first chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +110,14 @@ class Searcher:
     bm25: Bm25
     sources: Sources
     gazetteer: followups.Gazetteer
-    pages: PageIndex
-    held_bytes: int  # the Python objects of the gazetteer and the page index, estimated
+    pages: Pages  # (source, source_path) -> the page's first chunk
+    held_bytes: int  # the gazetteer's tables built at load (the pages are the filter index's)
 
     @classmethod
     def build(cls, snapshot: LoadedSnapshot) -> Searcher:
         """Build everything; blocking (it reads every chunk once): call it off the event loop."""
         gazetteer = followups.gazetteer(snapshot)
-        pages = page_index(snapshot.chunks)
+        pages = page_index(snapshot.chunks, snapshot.filters)
         searcher = cls(
             snapshot=snapshot,
             vectors=_vector_rows(snapshot),
@@ -127,7 +125,7 @@ class Searcher:
             sources=Sources.of(snapshot),
             gazetteer=gazetteer,
             pages=pages,
-            held_bytes=python_bytes(vars(gazetteer)) + python_bytes(pages),
+            held_bytes=gazetteer.built_bytes,
         )
         _let_go(snapshot)
         return searcher
@@ -155,11 +153,16 @@ class Searcher:
 
 
 def _let_go(snapshot: LoadedSnapshot) -> None:
-    """The load and the build above read every chunk's path and head and every posting: the
-    process lets those pages of the mapped files go, and keeps what calls read."""
+    """The load and the build above read every chunk's path and head and every posting, and
+    checked every array of the entities and the gazetteer's tables: the process lets those
+    pages of the mapped files go, and keeps what calls read."""
     if isinstance(snapshot.chunks, ChunkTable):
         snapshot.chunks.let_go()
     snapshot.lexical.let_go()
+    if snapshot.entities is not None:
+        let_go(snapshot.entities.entity_of)
+    if snapshot.key_tables is not None:
+        let_go(snapshot.key_tables.prefixes.hashes)
 
 
 def _vector_rows(snapshot: LoadedSnapshot) -> VectorRows:
@@ -176,47 +179,45 @@ def _vector_rows(snapshot: LoadedSnapshot) -> VectorRows:
     )
 
 
-# Members of a container sized one by one; past this many, the rest are counted at their mean
-# (a 100k-chunk base's gazetteer holds ~300k strings: sizing each took a tenth of its load).
-SIZED_MEMBERS = 4096
+class Pages(Mapping[tuple[str, str], int]):
+    """(source, source_path) -> the label of the page's first chunk, read from the filter
+    index's pages (each path's chunks in label order, the paths sorted: ``FilterIndex``), so
+    that no process holds a dict of every page beside them (125k pages at 1M chunks: 13 MB of
+    dict and key tuples a worker)."""
+
+    __slots__ = ("_filters", "_names", "_source_of")
+
+    def __init__(
+        self, filters: FilterIndex, names: Sequence[str], source_of: npt.NDArray[np.int32]
+    ) -> None:
+        self._filters, self._names, self._source_of = filters, tuple(names), source_of
+
+    def __getitem__(self, key: tuple[str, str]) -> int:
+        source, path = key
+        labels = self._filters.page_labels(path)
+        if source not in self._names or not labels.size:
+            raise KeyError(key)
+        mine = labels[self._source_of[labels] == self._names.index(source)]
+        if not mine.size:
+            raise KeyError(key)
+        return int(mine[0])
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        for path in self._filters.paths:
+            sources = self._source_of[self._filters.page_labels(path)].tolist()
+            for i in dict.fromkeys(sources):
+                yield self._names[i], path
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
-def python_bytes(value: object) -> int:
-    """The bytes of ``value`` and, for a container, of its members, one level down (a member
-    shared by two containers counts twice: an estimate on the high side)."""
-    size = sys.getsizeof(value)
-    if isinstance(value, Mapping):
-        pairs = itertools.islice(value.items(), SIZED_MEMBERS)
-        return size + _scaled(sum(_flat_bytes(k) + _flat_bytes(v) for k, v in pairs), len(value))
-    if isinstance(value, (list, tuple, set, frozenset)):
-        members = itertools.islice(value, SIZED_MEMBERS)
-        return size + _scaled(sum(_flat_bytes(m) for m in members), len(value))
-    return size
-
-
-def _flat_bytes(value: object) -> int:
-    if isinstance(value, Mapping):
-        return python_bytes(value)  # the gazetteer's tables, one level into vars()
-    if isinstance(value, (list, tuple, set, frozenset)):
-        members = itertools.islice(value, SIZED_MEMBERS)
-        return sys.getsizeof(value) + _scaled(sum(map(sys.getsizeof, members)), len(value))
-    return sys.getsizeof(value)
-
-
-def _scaled(sized: int, count: int) -> int:
-    """The bytes of ``count`` members from the first SIZED_MEMBERS' ``sized`` bytes."""
-    return sized if count <= SIZED_MEMBERS else sized * count // SIZED_MEMBERS
-
-
-def page_index(chunks: Sequence[Chunk]) -> dict[tuple[str, str], int]:
-    """(source, source_path) -> the label of the page's first chunk: a mapped table's from its
-    runs of chunks of one page (``ChunkTable.page_runs``, a string a page), else a scan."""
-    first: dict[tuple[str, str], int] = {}
+def page_index(chunks: Sequence[Chunk], filters: FilterIndex | None = None) -> Pages:
+    """The pages of ``chunks``, by the filter index of them (``filters``, or one made here)."""
     if isinstance(chunks, ChunkTable):
-        bounds, keys = chunks.page_runs()
-        for label, key in zip(bounds.tolist(), keys, strict=False):  # bounds end with len
-            first.setdefault(key, label)
-        return first
-    for label, chunk in enumerate(chunks):
-        first.setdefault((chunk.source, chunk.source_path), label)
-    return first
+        names, source_of = chunks.source_names, chunks.source_of
+    else:
+        names = tuple(dict.fromkeys(chunk.source for chunk in chunks))
+        at = {name: i for i, name in enumerate(names)}
+        source_of = np.asarray([at[chunk.source] for chunk in chunks], dtype=np.int32)
+    return Pages(FilterIndex.empty(chunks) if filters is None else filters, names, source_of)

@@ -68,22 +68,22 @@ from index.entities import (
     FUNCTION_WORDS_EN as FUNCTION_WORDS_EN,
 )
 from index.entities import (
-    FUZZY_MIN_CHARS,
     RULES,
     WEAK_CONFIDENCE,
     Confidence,
     EntityStats,
+    EntityTable,
     Rated,
     chunk_entities,
     chunk_entity,
     rate,
 )
+from index.key_tables import KeyOwners, KeySure, KeyTables, RatedKeys
 from index.lexical import IntArray, LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.config import FollowupConfig
-from sidecar.turn import key_tables
 from sidecar.turn.sessions import Mention, Said, Session, Speaker
 from sidecar.turn.text import Utterance, tokens, words
 
@@ -161,6 +161,7 @@ MIN_CONFIDENCE = 0.5
 # The turn alone's top results that must all be the weakly named entity's to confirm it.
 CONFIRM_DEPTH = 3
 NEAR_KEPT = 4096  # spans whose near match a gazetteer remembers (each ~150 bytes)
+PREFIX_KEPT = 4096  # words whose prefix lookup a gazetteer remembers (each ~120 bytes)
 # chunks whose entity a gazetteer remembers (each ~200 bytes): a conversation's hits recur, and
 # ``chunk_entity`` costs about a microsecond
 ENTITIES_KEPT = 4096
@@ -252,39 +253,71 @@ class Gazetteer:
         return gazetteer
 
     def _index(self, rated: Rated, function_words: frozenset[str], streets: frozenset[str]) -> None:
-        """The tables ``find`` matches by, from the rated keys."""
-        keys = rated.keys
-        self._keys = keys
-        self._sure = rated.sure
-        self._partial = rated.partial
-        self._streets = streets
-        # every string prefix of every key: a span is extended only while it may still be one
-        self._prefixes = key_tables.prefixes(list(keys))
-        self._long = {k: n for k, n in keys.items() if n is not None and len(k) >= FUZZY_MIN_CHARS}
-        # the long keys' one-edit variants, hashed (1M chunks, 125k long keys: 911k variants,
-        # 12 bytes each; as strings they took ~150 MB and 5 s to build)
-        self._near = key_tables.NearKeys(list(self._long))
+        """The tables ``find`` matches by, built from the rated keys."""
+        keys = RatedKeys.of(rated.keys, rated.sure, rated.partial)
+        tables = KeyTables.build(keys)
+        self._use(tables, function_words, streets, rated)
+        self.built_bytes = tables.nbytes + keys.nbytes
+
+    @classmethod
+    def of_tables(
+        cls,
+        tables: KeyTables,
+        counts: Rated | EntityTable,
+        streets: frozenset[str] = STREETS_EN,
+        built_bytes: int = 0,
+    ) -> Gazetteer:
+        """The gazetteer of a snapshot's tables (``gazetteer.bin`` mapped, or built from
+        ``entities.bin``'s keys: ``built_bytes`` they take in memory); ``counts`` gives its
+        size, span and shared words."""
+        gazetteer = cls.__new__(cls)
+        gazetteer._use(tables, FUNCTION_WORDS_EN, streets, counts)
+        gazetteer.built_bytes = built_bytes
+        return gazetteer
+
+    def _use(
+        self,
+        tables: KeyTables,
+        function_words: frozenset[str],
+        streets: frozenset[str],
+        counts: Rated | EntityTable,
+    ) -> None:
+        self.tables = tables
+        # every string prefix of every key (a span is extended only while it may still be one),
+        # and the long keys' one-edit variants, hashed: arrays only, mapped from the snapshot's
+        # gazetteer.bin when it has one (1M chunks, 249k keys: 250k prefixes, 1.5M variants)
+        self._prefixes = tables.prefixes
+        self._keys = KeyOwners(tables)  # key -> its name (None: shared), read from the tables
+        self._sure = KeySure(self._keys, tables)
+        self._near = tables.near
         # one edit keeps the first letter and the length within one: most spans are not tried
-        self._initials = frozenset(k[0] for k in self._long)
+        self._initials = tables.initials
+        self._lengths = tables.lengths
         self._near_kept: dict[str, str] = {}  # span -> its near key ("": none)
-        lengths = [len(k) for k in self._long] or [0]
-        self._lengths = (max(FUZZY_MIN_CHARS, min(lengths) - 1), max(lengths) + 1)
+        self._prefix_kept: dict[str, int] = {}  # word -> a key it starts (-1: none)
+        self._streets = streets
         self._function_words = function_words
-        self._span = rated.span
+        self._span = counts.span
         self._entities: dict[str, str] = {}  # chunk id -> entity, for the chunks last asked about
-        self.size = rated.size
-        self.shared = rated.shared
+        self.size = counts.size
+        self.shared = counts.shared
+        self.built_bytes = 0  # what the tables built in memory take (0: mapped from the snapshot)
 
     @classmethod
     def of(cls, snapshot: LoadedSnapshot) -> Gazetteer:
-        """The gazetteer of a snapshot's entities: the keys its ``entities.bin`` holds, rated at
-        build time; for a snapshot without one (format 4) or rated by other rules, rated here
-        by the snapshot's own statistics (``EntityStats``: every chunk's entity read once, the
-        names' words looked up in the lexical index's postings in one pass; linear in the
-        chunks, seconds at 100k). No event loop needed."""
+        """The gazetteer of a snapshot's entities: the tables its ``gazetteer.bin`` holds,
+        mapped; for a snapshot without one, built from the keys its ``entities.bin`` holds,
+        rated at build time; for a snapshot without those (format 4) or rated by other rules,
+        rated here by the snapshot's own statistics (``EntityStats``: every chunk's entity read
+        once, the names' words looked up in the lexical index's postings in one pass; linear in
+        the chunks, seconds at 100k). No event loop needed."""
         table = snapshot.entities
         if table is not None and table.rules == RULES:
-            return cls.rated(table.rated())
+            mapped = snapshot.key_tables
+            if mapped is not None:  # their arrays counted in their file's bytes
+                return cls.of_tables(mapped, table, built_bytes=mapped.python_bytes)
+            tables = KeyTables.build(table.rated_keys())
+            return cls.of_tables(tables, table, built_bytes=tables.nbytes)
         entity_of = chunk_entities(snapshot.chunks)[1]
         return cls.rated(EntityStats(snapshot.lexical, entity_of).rated())
 
@@ -305,11 +338,11 @@ class Gazetteer:
     def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
         """Every entity the tokens match, each once (its surest match), in order of first match."""
         found: dict[str, float] = {}
-        prefixes, function_words, initials = self._prefixes, self._function_words, self._initials
+        function_words, initials = self._function_words, self._initials
         i = 0
         while i < len(toks):
             tok = toks[i]
-            if tok not in prefixes and (tok in function_words or tok[:1] not in initials):
+            if (tok in function_words or tok[:1] not in initials) and self._starts(tok) < 0:
                 i += 1  # most words: no name starts with it, none is one edit from it
                 continue
             span, key, near = self._match(toks, i)
@@ -323,9 +356,10 @@ class Gazetteer:
     def _match(self, toks: Sequence[str], i: int) -> tuple[int, str, bool]:
         """(tokens consumed, the key matched or "", whether it matched one edit away)."""
         longest = min(self._span, len(toks) - i)
-        n, key = self._exact(toks, i, longest)
+        n, key, at = self._exact(toks, i, longest)
         if n:
-            if key in self._partial and i + n < len(toks) and toks[i + n] in self._streets:
+            partial = bool(self.tables.rated.partial[at])
+            if partial and i + n < len(toks) and toks[i + n] in self._streets:
                 return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
             return n, key, False
         if toks[i] in self._function_words:
@@ -337,17 +371,31 @@ class Gazetteer:
                     return n, key, True
         return 1, "", False
 
-    def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, str]:
+    def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, str, int]:
         """The longest run of tokens from ``i`` (at most ``longest``) whose words joined are a
-        key, as (tokens, key), or (0, "")."""
-        found, key, joined = 0, "", ""
+        key, as (tokens, key, the key's index), or (0, "", -1)."""
+        keys = self.tables.rated.keys
+        found, key, at = 0, "", -1
+        joined = ""
         for n in range(1, longest + 1):
             joined += toks[i + n - 1]
-            if joined not in self._prefixes:
+            starts = self._starts(joined) if n == 1 else self._prefixes.find(joined)
+            if starts < 0:
                 break
-            if joined in self._keys:
-                found, key = n, joined
-        return found, key
+            if len(keys[starts]) == len(joined):
+                found, key, at = n, joined, starts
+        return found, key, at
+
+    def _starts(self, word: str) -> int:
+        """A key ``word`` starts (its index; -1: none), remembered for the PREFIX_KEPT words
+        last asked about (a conversation's words recur; each lookup hashes the word and walks
+        the mapped table's slots, a few microseconds in Python)."""
+        found = self._prefix_kept.get(word)
+        if found is None:
+            if len(self._prefix_kept) >= PREFIX_KEPT:
+                self._prefix_kept = {}  # a new dict: another thread may be reading the old one
+            found = self._prefix_kept[word] = self._prefixes.find(word)
+        return found
 
     def _near_match(self, key: str) -> str:
         """The one name key within one edit of ``key`` (first letter kept), or "": remembered
@@ -363,10 +411,12 @@ class Gazetteer:
         return found
 
     def _near_lookup(self, key: str) -> str:
-        candidates = self._near.sharing(key)  # hashed: each is checked here
-        close = {c for c in candidates if c[0] == key[0] and _one_edit(key, c)}
-        names = {self._long[c] for c in close}
-        return min(close) if len(names) == 1 else ""
+        rated = self.tables.rated
+        candidates = self._near.sharing_ids(key)  # hashed: each is checked here
+        close = {(rated.keys[c], c) for c in candidates}
+        close = {(k, c) for k, c in close if k[0] == key[0] and _one_edit(key, k)}
+        owners = {int(rated.owner[c]) for _, c in close}
+        return min(k for k, _ in close) if len(owners) == 1 and -1 not in owners else ""
 
 
 def _one_edit(a: str, b: str) -> bool:
