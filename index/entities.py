@@ -35,6 +35,7 @@ are matched against a turn's tokens, so both must be made by the same function.
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections import Counter
