@@ -5,6 +5,7 @@ snapshot without them is still read, and a hostile file is refused by name."""
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import shutil
 from pathlib import Path
@@ -160,15 +161,19 @@ def test_a_format_4_snapshot_is_read_and_rated_at_load(base: Path, tmp_path: Pat
 
 
 def test_keys_rated_by_other_rules_are_rated_again(
-    base: Path, monkeypatch: pytest.MonkeyPatch
+    base: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     snapshot = load_snapshot(base)
     monkeypatch.setattr(followups, "RULES", followups.RULES + 1)
     rated = []
     monkeypatch.setattr(EntityStats, "rated", lambda self: rated.append(1) or rate_of(self))
-    gazetteer = Gazetteer.of(snapshot)
+    with caplog.at_level(logging.WARNING, logger=followups.__name__):
+        gazetteer = Gazetteer.of(snapshot)
     assert rated == [1]
     assert_same_answers(gazetteer, from_the_chunks(snapshot), snapshot)
+    # the operator is told what it costs and what ends it
+    assert snapshot.version in caplog.text
+    assert "index the base again" in caplog.text
 
 
 def rate_of(stats: EntityStats) -> followups.Rated:

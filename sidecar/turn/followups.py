@@ -56,6 +56,7 @@ was (nothing, when the turn's own words decided the answer).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
@@ -86,6 +87,8 @@ from index.types import Chunk
 from sidecar.config import FollowupConfig
 from sidecar.turn.sessions import Mention, Said, Session, Speaker
 from sidecar.turn.text import Utterance, tokens, words
+
+log = logging.getLogger(__name__)
 
 STREETS_EN = frozenset("street st road rd lane avenue ave way drive square".split())
 
@@ -318,6 +321,15 @@ class Gazetteer:
                 return cls.of_tables(mapped, table, built_bytes=mapped.python_bytes)
             tables = KeyTables.build(table.rated_keys())
             return cls.of_tables(tables, table, built_bytes=tables.nbytes)
+        if table is not None:
+            log.warning(
+                "snapshot %s: its entities were rated by follow-up rules %d, this sidecar's are %d:"
+                " rating them again at every load (seconds per 100k chunks, in every worker);"
+                " index the base again to store them rated",
+                snapshot.version,
+                table.rules,
+                RULES,
+            )
         entity_of = chunk_entities(snapshot.chunks)[1]
         return cls.rated(EntityStats(snapshot.lexical, entity_of).rated())
 
