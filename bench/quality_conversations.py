@@ -22,7 +22,7 @@ often the session's top-1 chunk is about the gold entity or page (its contextual
 the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``),
 ``bench.spoken`` (``dstc11-spoken``) and ``bench.topics`` (``topics``: stand-alone questions and
 follow-ups in one session; ``topics-2``: another draw of them; ``topics-spoken``: that draw said
-aloud); ``cast`` is ``bench.quality_turns``' TREC CAsT rewrite closeness,
+aloud; ``topics-spoken-2``: a third draw, said aloud); ``cast`` is ``bench.quality_turns``' TREC CAsT rewrite closeness,
 reported beside them.
 
 As a library, with a variant of the engine and no snapshot rebuilt (each set's snapshot is
@@ -235,7 +235,12 @@ DIALOGUE_SETS: dict[str, Callable[[Path, bool, bool], ConversationSet]] = {
     "dstc11-spoken": dstc11_spoken,
     "doc2dial": conversations.doc2dial,
 }
-TOPIC_DRAWS = {"topics": topics.WRITTEN, "topics-2": topics.SECOND, "topics-spoken": topics.SPOKEN}
+TOPIC_DRAWS = {
+    "topics": topics.WRITTEN,
+    "topics-2": topics.SECOND,
+    "topics-spoken": topics.SPOKEN,
+    "topics-spoken-2": topics.SPOKEN_2,
+}
 SETS = (*DIALOGUE_SETS, *TOPIC_DRAWS, "cast")
 
 
@@ -309,7 +314,7 @@ async def _topics(
         folder = data_dir / topics.BASES[base]
         store_dir = await asyncio.to_thread(topics.docs_store, base, folder / "docs", embedder)
         async with options.serve(eval_config(store_dir, options.sidecar), embedder) as engine:
-            out[base] = await topics.topic_quality(base, folder, engine, draw)
+            out[base] = await topics.topic_quality(base, folder, engine, draw, options.per_turn)
     return out
 
 

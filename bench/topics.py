@@ -35,7 +35,9 @@ and restarts), a file name's dots said ("settings dot json"). Its vocabulary (wh
 names, what they sound like) is the base's chunk texts and the session's turns; each turn is
 drawn with a seed of its own (``SECOND_SEED``, the base, the session, the turn's index) and a
 name is heard alike through a session. A stand-alone turn is asked alone as heard in its
-session, so the two are the same words.
+session, so the two are the same words. A third draw said aloud (``topics-spoken-2``,
+``SPOKEN_2``: seed ``THIRD_SEED``, other pairs, another interleaving, other mishearings) judges
+the goal on a fourth ordering; any other seed is as valid (``Draw(seed, spoken)``).
 """
 
 from __future__ import annotations
@@ -58,10 +60,11 @@ from index.embedders.base import Embedder
 from index.snapshot import FORMAT_VERSION, LoadedSnapshot
 from index.store import LocalStore
 from sidecar.config import parse_config
-from sidecar.turn.engine import Engine, SearchInput, TurnInput
+from sidecar.turn.engine import Engine, SearchInput, TurnInput, TurnResult
 
 SEED = "voxrecall-topics-1"
 SECOND_SEED = "voxrecall-topics-spoken-1"  # the second draw: other pairs and order
+THIRD_SEED = "voxrecall-topics-spoken-2"  # the third: other pairs and order again, said aloud
 SESSION_TURNS = 10  # the issue's docs session: ten questions
 MIN_HEADING_PAGES = 2  # a follow-up's heading heads sections of at least this many pages
 PAIRS_PER_QUESTION = 0.5  # follow-up pairs per FAQ question (rclone: 18 questions, 9 pairs)
@@ -177,6 +180,7 @@ class Draw:
 WRITTEN = Draw()
 SECOND = Draw(SECOND_SEED)  # ``topics-2``: the second draw as written
 SPOKEN = Draw(SECOND_SEED, spoken=True)  # ``topics-spoken``: the second draw said aloud
+SPOKEN_2 = Draw(THIRD_SEED, spoken=True)  # ``topics-spoken-2``: a third draw, said aloud
 _DOT = re.compile(r"(?<=\w)\.(?=\w)")  # "settings.json": said "settings dot json"
 
 
@@ -214,9 +218,11 @@ class Tally:
 
 
 async def topic_quality(
-    name: str, folder: Path, engine: Engine, draw: Draw = WRITTEN
+    name: str, folder: Path, engine: Engine, draw: Draw = WRITTEN, per_turn: bool = False
 ) -> dict[str, Any]:
-    """Every session of one docs base through ``engine``: the figures of the module docstring."""
+    """Every session of one docs base through ``engine``: the figures of the module docstring;
+    with ``per_turn`` every turn (its kind, what was folded in, its top-1 in the session and
+    alone) under ``per_turn``, to list the misses by."""
     snapshot = engine.snapshot(name)
     rng = random.Random(f"{draw.seed}\x00{name}")
     questions = faq_questions(folder)
@@ -226,11 +232,10 @@ async def topic_quality(
         runs = said_aloud(runs, [c.text for c in snapshot.chunks], draw.seed, name)
         pairs = [a for run in runs for a in run if a.kind != "faq"]
 
-    async def turn(sid: str, text: str) -> list[Any]:
-        result = await engine.turn(
+    async def turn(sid: str, text: str) -> TurnResult:
+        return await engine.turn(
             TurnInput(session_id=sid, text=text, knowledge_base=name, budget_ms=EVAL_BUDGET_MS)
         )
-        return list(result.hits)
 
     async def search(text: str) -> list[str]:
         found = await engine.search(SearchInput(query=text, knowledge_base=name, limit=EVAL_DEPTH))
@@ -239,10 +244,13 @@ async def topic_quality(
     same, same_faq, opener, followup = Tally(), Tally(), Tally(), Tally()
     alone_followup, joined_followup = Tally(), Tally()
     changed: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
     for s, run in enumerate(runs):
         sid = f"topics-{name}-{s}"
         for i, asked in enumerate(run):
-            hits = await turn(sid, asked.text)
+            result = await turn(sid, asked.text)
+            hits = result.hits
+            turns.append(_turn_row(s, asked, result))
             if asked.kind == "followup":
                 followup.add(asked.page in [h.chunk.source_path for h in hits[:3]])
                 alone_followup.add(asked.page in (await search(asked.text))[:3])
@@ -251,11 +259,12 @@ async def topic_quality(
                 )
                 continue
             alone_sid = f"{sid}-alone-{i}"
-            alone = await turn(alone_sid, asked.text)
+            alone = (await turn(alone_sid, asked.text)).hits
             engine.end_session(alone_sid)
             top = hits[0].chunk.chunk_id if hits else ""
             same_top = top == (alone[0].chunk.chunk_id if alone else "")
             same.add(same_top)
+            turns[-1] |= {"alone_top1": _where(alone), "same_top1": same_top}
             if asked.kind == "faq":
                 same_faq.add(same_top)
             else:
@@ -280,6 +289,21 @@ async def topic_quality(
             for a, b in zip(pairs[::2], pairs[1::2], strict=True)
         ],
         "standalone_changed": changed,
+        **({"per_turn": turns} if per_turn else {}),
+    }
+
+
+def _turn_row(session: int, asked: Asked, result: TurnResult) -> dict[str, Any]:
+    """One turn as ``per_turn`` lists it: what it was, what was folded in, where it landed."""
+    followup = result.followup
+    return {
+        "session": session,
+        "kind": asked.kind,
+        "turn": asked.text,
+        "query": result.query,
+        "followup": [followup.used, followup.source, followup.confidence],
+        "top1": _where(result.hits),
+        "degraded": result.degraded,
     }
 
 

@@ -409,6 +409,13 @@ def against_diy(
             [x.client_ms for x in turn_run.samples if x.text in first and not x.skipped]
         ),
         "turn_server": {k: turn[k] for k in ("p50_ms", "p95_ms", "p99_ms")},
+        "turn_server_first_turns": percentiles(
+            [x.server_ms for x in turn_run.samples if x.text in first and not x.skipped]
+        ),
+        # the RPC's share of a Turn: the client's time less the server's, per searched turn
+        "turn_rpc": percentiles(
+            [x.client_ms - x.server_ms for x in turn_run.samples if not x.skipped]
+        ),
         "turn_over_diy_p50": round(mine["p50_ms"] / every["p50_ms"], 3) if diy else 0.0,
         "searched_turn_over_diy_p50": (
             round(mine_searched["p50_ms"] / only["p50_ms"], 3) if only["p50_ms"] else 0.0
@@ -465,6 +472,9 @@ async def run(quick: bool) -> dict[str, Any]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+    from bench import turn_breakdown  # it imports this module's workload
+
+    breakdown = await turn_breakdown.run(quick)
     return {
         "suite": "turn",
         "quick": quick,
@@ -491,6 +501,8 @@ async def run(quick: bool) -> dict[str, Any]:
             for name in ("local_rerank", "local_rerank_40ms")
         },
         "env": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        # where local_default's server-side time goes (``bench.turn_breakdown``, in process)
+        "breakdown": breakdown,
     }
 
 

@@ -2,7 +2,8 @@
 
 A chunk's entity is what it is about (``chunk_entity``: its source's context, or its page title).
 At build time every chunk's entity is read once, and each entity name is turned into the keys a
-turn can name it by (its words joined; its distinctive words alone), each rated by the
+turn can name it by (its words joined; its distinctive words alone; the words it does not
+share with most names, ``_unshared_keys``), each rated by the
 snapshot's own statistics (``EntityStats``: the share of the chunks holding the key's words that
 are the entity's own). ``entities.bin`` (kind ``voxrecall.entities``, snapshot format 5) stores
 the result, so that a sidecar's load reads the keys instead of scanning every chunk and the
@@ -52,7 +53,7 @@ from index.types import Chunk
 ENTITIES_KIND: Final = "voxrecall.entities"
 # The naming and rating rules' version: a snapshot rated by other rules is rated again at load.
 # Bump it with any change to FUNCTION_WORDS_EN, the constants below or the functions that rate.
-RULES: Final = 1
+RULES: Final = 2
 
 FUNCTION_WORDS_EN = frozenset(
     """
@@ -150,8 +151,9 @@ def rate(
     is_common: Callable[[str, str], bool] | None = None,
     confidence: Confidence | None = None,
 ) -> Rated:
-    """The keys of ``names``: each name's words joined, and its distinctive words alone (the
-    words left after dropping function words and words shared by many names, like "hotel"). A
+    """The keys of ``names``: each name's words joined, its distinctive words alone (the
+    words left after dropping function words and words shared by many names, like "hotel"),
+    and its words less those most names hold (``_unshared_keys``). A
     partial key shared by two names names neither; a one-word key that ``is_common`` calls an
     ordinary word is dropped (a partial name) or made weak (a whole name: "Selection").
     ``confidence`` (words, name) rates every key; without it every key is sure."""
@@ -161,7 +163,9 @@ def rate(
     full: dict[str, str] = {}
     for name, toks in stripped.items():
         full.setdefault("".join(toks), name)
+    shared = _shared_words(named.values(), function_words)
     partial, one_word = _partial_keys(stripped, function_words, full)
+    _unshared_keys(partial, stripped, function_words, shared, full)
     keys: dict[str, str | None] = {
         key: next(iter(owners)) if len(owners) == 1 else None for key, owners in partial.items()
     }
@@ -177,7 +181,7 @@ def rate(
         partial=frozenset(k for k in partial if k in keys),
         size=len(named),
         span=max((len(t) for t in named.values()), default=0),
-        shared=_shared_words(named.values(), function_words),
+        shared=shared,
     )
 
 
@@ -233,6 +237,33 @@ def _partial_keys(
                 if len(core) == 1:
                     one_word.add(key)
     return partial, one_word
+
+
+def _unshared_keys(
+    partial: dict[str, set[str]],
+    stripped: dict[str, list[str]],
+    function_words: frozenset[str],
+    shared: frozenset[str],
+    full: dict[str, str],
+) -> None:
+    """Add to ``partial`` each name's words of two or more less its function words and the
+    ``shared`` words (those most names hold, ``_shared_words``), for the names holding one of
+    those (a base with none, or a name with none, gets no key here): "interaction settings" of
+    "Windows Terminal Interaction Settings" in a base where most titles start "Windows
+    Terminal". A recogniser mishears the shared words as readily as any ("windows tenal
+    interaction settings"), and they tell no page from another; the rest, said together, name
+    the page where no other name holds them all (a key two names have names neither). The
+    distinctive keys (``_partial_keys``) miss it where each of those words is in other names
+    too ("settings", "profile"), or where the one word left is an ordinary word."""
+    if not shared:
+        return
+    for name, toks in stripped.items():
+        if shared.isdisjoint(toks):
+            continue
+        core = [t for t in toks if t not in function_words and t not in shared]
+        key = "".join(core)
+        if len(core) > 1 and len(key) >= MIN_ALIAS_CHARS and key not in full:
+            partial.setdefault(key, set()).add(name)
 
 
 def _rate(

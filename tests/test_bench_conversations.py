@@ -232,12 +232,18 @@ async def test_topic_sessions_compare_each_question_with_itself_alone(
     folder = shared("docs-windows-terminal")
     store = wt_config.index.store
     async with served(eval_config(store), local_embedder) as engine:
-        result = await topics.topic_quality("docs", folder, engine)
+        result = await topics.topic_quality("docs", folder, engine, per_turn=True)
     questions = topics.faq_questions(folder)
     assert result["faq_questions"] == len(questions)
     assert result["followups"] == len(result["pairs"]) > 0
     assert result["standalone_turns"] == len(questions) + result["followups"]
     assert 0.0 <= result["standalone_same_top1"] <= 1.0
+    # every turn listed; the stand-alone ones say whether they kept their top-1 alone
+    rows = result["per_turn"]
+    assert len(rows) == result["standalone_turns"] + result["followups"]
+    alone = [row for row in rows if row["kind"] != "followup"]
+    kept = sum(row["same_top1"] for row in alone) / len(alone)
+    assert round(kept, 4) == result["standalone_same_top1"]
     for pair in result["pairs"]:
         assert pair["followup"].endswith(" for it?")
         assert pair["opener"].startswith("Tell me about ")

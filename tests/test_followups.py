@@ -195,6 +195,9 @@ def test_fold_referring_leaves_self_contained_turns_alone() -> None:
         ("Is it known to have clean rooms and a friendly staff?", True),
         ("Is it easy to get to from the train station?", True),
         ("Is it close to the city centre and the museums?", True),
+        # "too" says "also" at the end, "more than enough" before a word
+        ("Do the rooms have a view of the river garden too?", True),
+        ("Rclone is using too much memory or appears to leak", False),
     ],
 )
 def test_a_word_that_can_refer_back_refers_only_where_it_is_used_so(
@@ -505,6 +508,56 @@ def test_the_words_most_names_share_are_the_shared_name() -> None:
     assert followups.Gazetteer(names, followups.FUNCTION_WORDS_EN).shared == {"windows", "terminal"}
     hotels = ["Lensfield Hotel", "Gonville Hotel", "Acorn Guest House", "Loch Fyne", "Nandos"]
     assert followups.Gazetteer(hotels, followups.FUNCTION_WORDS_EN).shared == frozenset()
+
+
+DOCS_TITLES = [
+    "Windows Terminal Interaction Settings",
+    "Windows Terminal General Profile Settings",
+    "Windows Terminal Appearance Profile Settings",
+    "Windows Terminal Startup Settings",
+    "Windows Terminal Actions",
+    "Windows Terminal Panes",
+    "Windows Terminal Themes",
+    "Windows Terminal Tips",
+    "Windows Terminal SSH",
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        # the shared words misheard: the rest of the name, said together, names the page
+        ("tell me about windows tenal interaction settings", [DOCS_TITLES[0]]),
+        ("tell me about window's tunnel general profile settings", [DOCS_TITLES[1]]),
+        ("tell um me about windows tenal startup settings", [DOCS_TITLES[3]]),
+        # words two names hold ("profile settings") name neither; one word left ("panes") is
+        # no such key (the distinctive keys decide it: here every one is an ordinary word)
+        ("how do i change the profile settings", []),
+        ("how do i split panes", []),
+    ],
+)
+def test_a_name_less_the_words_most_names_share_names_it(text: str, named: list[str]) -> None:
+    # every one-word partial name an ordinary word ("interaction", "general", as in a real
+    # docs base): only the words left said together name a page
+    gazetteer = Gazetteer(DOCS_TITLES, FUNCTION_WORDS_EN, lambda word, name: True)
+    assert gazetteer.shared == {"windows", "terminal"}
+    assert gazetteer.mentions(text) == named
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("Rclone gives Failed to load config file", True),  # first
+        ("Is it possible to start a Windows Terminal profile from a batch file?", True),  # "a"
+        ("Help! The Terminal has no titlebar.", False),  # "the": a common noun
+        ("which terminal do you mean", False),
+        ("How do I open 2 tabs at once?", False),
+    ],
+)
+def test_the_words_most_names_share_said_as_a_name(text: str, named: bool) -> None:
+    shared = frozenset({"windows", "terminal", "rclone"})
+    assert followups.names_shared(Utterance.of(text), shared) is named
+    assert followups.names_shared(Utterance.of(text), frozenset()) is False
 
 
 @pytest.mark.parametrize(

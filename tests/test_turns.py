@@ -609,3 +609,101 @@ async def test_a_section_named_in_more_chunks_than_are_read_a_turn_is_no_section
         "what about command line arguments for it",
         "",
     )
+
+
+async def test_a_spoken_opener_that_mishears_the_shared_words_names_its_page(
+    tmp_path: Path,
+) -> None:
+    """A recogniser mishears "Acme Terminal", the words every title shares ("acme tunnel");
+    "profile settings" is in three names and "general" alone is an ordinary word of the base
+    (other pages' chunks use it): the rest of the name said together,
+    "general profile settings", names the page, so the opener is searched as said and tracked,
+    and "what about the icon for it" is folded with that page, not with the turn before."""
+    results = await run_turns(
+        {
+            "ACME TERMINAL GENERAL PROFILE SETTINGS": [
+                "General profile settings set the starting directory and the icon of a profile."
+            ],
+            "ACME TERMINAL APPEARANCE PROFILE SETTINGS": [
+                "Appearance profile settings set the font face and the cursor shape."
+            ],
+            "ACME TERMINAL ADVANCED PROFILE SETTINGS": [
+                "Advanced profile settings set the bell style and the history size."
+            ],
+            "ACME TERMINAL STARTUP": ["Startup options pick a profile, in general the first."],
+            "ACME TERMINAL ACTIONS": ["Actions bind keys to commands, as a general rule one."],
+            "ACME TERMINAL THEMES": ["Themes set the colour of the tab row."],
+            "ACME TERMINAL PANES": ["Panes split a tab in two."],
+        },
+        [
+            ("user", "how do i bind keys to commands"),
+            ("user", "tell me about acme tunnel general profile settings"),
+            ("user", "what about the icon for it"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    opener = "tell me about acme tunnel general profile settings"
+    assert_said_as_itself(results[1], opener, "ACME TERMINAL GENERAL PROFILE SETTINGS")
+    assert results[2].followup.used == "ACME TERMINAL GENERAL PROFILE SETTINGS"
+    assert results[2].followup.source == Source.ENTITY
+
+
+async def test_a_question_naming_the_product_after_another_question_is_searched_as_itself(
+    tmp_path: Path,
+) -> None:
+    """Two questions in a row, nothing tracked: the second points back at nothing and says the
+    words every title shares ("Acme CLI") as a name, so it is a question put in full and is
+    searched as said, not folded with the first (whose answer the folded query would prefer:
+    its chunk holds words of both)."""
+    said = "Acme CLI gives a failed to load config file error"
+    results = await run_turns(
+        {
+            "ACME CLI FAQ": [
+                "Acme CLI using too much memory: lower the buffer size. An error that a file "
+                "fails to load is often memory too."
+            ],
+            "ACME CLI CONFIG FILE": ["Where Acme CLI loads its config file from."],
+            "ACME CLI SYNC": [
+                "Acme CLI sync makes a folder match another; it reads the config file first."
+            ],
+            "ACME CLI COPY": ["Acme CLI copy copies new files; the config file names the remotes."],
+            "ACME CLI MOUNT": ["Acme CLI mount shows a remote as a disk, as its config file says."],
+        },
+        [("user", "Acme CLI is using too much memory"), ("user", said)],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[0].hits[0].chunk.title == "ACME CLI FAQ"
+    assert_said_as_itself(results[1], said, "ACME CLI CONFIG FILE")
+
+
+async def test_a_weak_name_said_as_one_word_makes_it_the_topic(tmp_path: Path) -> None:
+    """A recogniser writes "Box Drive" as "boxdrive": the turn still says nothing but the
+    name, if weakly (the overview pages say it too), its words run together, so the name
+    becomes the topic and the follow-up leans on it, not on the page tracked before."""
+    results = await run_turns(
+        {
+            "PCLOUD": ["pCloud keeps modification times.", "pCloud uploads at most 50 GB a day."],
+            "BOX DRIVE": [
+                "Box Drive needs an enterprise account.",
+                "Box Drive uploads 5 GB a day.",
+            ],
+            "OVERVIEW": [
+                "Backends: Google Drive, Box Drive and pCloud.",
+                "Every backend, Box Drive or pCloud, keeps hashes.",
+                "Box Drive and Google Drive keep modification times.",
+            ],
+            "LIMITS": ["Box Drive and pCloud cap file names.", "Box Drive has no quota call."],
+        },
+        [
+            ("user", "tell me about pcloud"),
+            ("user", "tell me about uh boxdrive"),
+            ("user", "what about the uploads a day for it"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].query == "tell me about uh boxdrive"
+    assert results[2].followup.source == Source.ENTITY
+    assert results[2].followup.used == "BOX DRIVE"

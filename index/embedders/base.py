@@ -55,6 +55,16 @@ class TokenLimited(Protocol):
         ...
 
 
+@runtime_checkable
+class Deferrable(Protocol):
+    """An embedder with a background lane, where work never queues ahead of ``embed``'s (the
+    embedded model: a thread of its own beside the worker the callers' texts go to)."""
+
+    async def embed_later(self, texts: Sequence[str]) -> Vectors:
+        """Embed as ``embed`` does (the same vectors), off the callers' path."""
+        ...
+
+
 def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
     """Scale each row to unit length so inner product equals cosine similarity."""
     out = np.asarray(vectors, dtype=np.float32)

@@ -87,6 +87,11 @@ class LocalEmbedder:
     on a dedicated single worker thread so the event loop never blocks, but for a call of
     ``SIDE_BY_SIDE`` texts, whose second runs beside the first on a thread of its own.
 
+    ``embed_later`` runs on a third thread of its own (the background lane): background work (an
+    agent's turn) never queues ahead of a caller's text on the worker. It runs at the worker's
+    priority: at nice 19 a loaded machine's other processes starved it, and the next user turn,
+    which reads the agent's turn, then waited for it (``python -m bench.turn_breakdown --agent``).
+
     ``parallel`` > 1 (index builds: one per core) runs ``embed_batch`` on that many threads, each
     running one text at a time through the shared session (onnxruntime releases the GIL in
     ``run``; with one intra-op thread a run stays on its caller's thread), so every vector is
@@ -148,6 +153,7 @@ class LocalEmbedder:
         self._beside = ThreadPoolExecutor(
             max_workers=SIDE_BY_SIDE - 1, thread_name_prefix="voxrecall-embed-beside"
         )
+        self._later = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrecall-embed-later")
         self._parallel = (
             ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="voxrecall-embed-build")
             if parallel > 1
@@ -198,6 +204,15 @@ class LocalEmbedder:
         ]
         return np.concatenate(parts)
 
+    async def embed_later(self, texts: Sequence[str]) -> Vectors:
+        """Embed on the background lane (a thread of its own), one hand-off."""
+        if self._closed:
+            raise EmbedderError("LocalEmbedder is closed")
+        if isinstance(texts, str):
+            raise TypeError("embed_later takes a sequence of texts, not one str")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._later, self._embed_rows, list(texts))
+
     async def aclose(self) -> None:
         """Stop the worker: queued calls are cancelled, a running one finishes off the loop."""
         if self._closed:
@@ -205,6 +220,7 @@ class LocalEmbedder:
         self._closed = True
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
         await asyncio.to_thread(self._beside.shutdown, wait=True, cancel_futures=True)
+        await asyncio.to_thread(self._later.shutdown, wait=True, cancel_futures=True)
         if self._parallel is not None:
             await asyncio.to_thread(self._parallel.shutdown, wait=True, cancel_futures=True)
 

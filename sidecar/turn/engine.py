@@ -408,14 +408,15 @@ class Engine:
 
     def _read_later(self, session: Session, utterance: Utterance) -> None:
         """Embed an agent turn in the background (it is read by the next user turn's page
-        prior), off the caller's path and bounded: beyond MAX_READ_LATER at once, it waits."""
+        prior), off the caller's path and behind every caller's query (``QueryEmbedder.later``),
+        and bounded: beyond MAX_READ_LATER at once, it waits."""
         if not self.config.followups.enabled or not utterance.words:
             return
         session.keep_unread(utterance.text, MAX_UNREAD)
         if len(self._reading) >= MAX_READ_LATER:
             return
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self.vectors.get(utterance.text, loop.time() + READ_LATER_S))
+        task = loop.create_task(self.vectors.later(utterance.text, loop.time() + READ_LATER_S))
         self._reading.add(task)
         task.add_done_callback(self._reading.discard)
 

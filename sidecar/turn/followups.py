@@ -29,6 +29,10 @@ fades with each turn. A user turn is then searched as (``plan``):
       "I'm a noncitizen adult.")                   or, with no entity tracked,
                                                    "exchange turn"
     an entity is tracked (``fold``)                "entity: turn"               "entity"
+    none is, and it says the words most names      as said                      source "none"
+      share as a name ("Rclone gives ...", "a
+      Windows Terminal profile") and points back
+      at nothing (``names_shared``)
     otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
 where the exchange is the caller's previous turn with content and what the agent said after it
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -97,6 +102,9 @@ REFERRING_EN = frozenset(
 CLAUSE_THAT_EN = frozenset({"that"})
 DETERMINER_LIKE_EN = frozenset({"one", "same"})
 EXISTENTIAL_THERE_EN = frozenset({"there"})
+# "too" says "also" at the end of what is said ("do they have wifi too"); before a word it says
+# "more than enough" ("using too much memory", "too slow") and points at nothing.
+CLAUSE_FINAL_EN = frozenset({"too"})
 BE_EN = frozenset("is are was were be been isn't aren't wasn't weren't 's".split())
 # "it" with no referent (an expletive): "is it possible to ...", "would it be necessary to
 # ...", "it's okay to ...". These adjectives take a clause ("to ...", "that ...") as their
@@ -213,7 +221,10 @@ class Gazetteer:
     A name is matched by its words joined without spaces ("A and B Guesthouse" matches "A AND B
     GUEST HOUSE"; a recogniser's "hob sons house" matches too), by its distinctive words alone
     ("the Lensfield" matches "THE LENSFIELD HOTEL": the words left after dropping function words
-    and words shared by many names, like "hotel"), and, for keys of seven letters or more, within
+    and words shared by many names, like "hotel"), by its words less those most names hold
+    ("windows tenal interaction settings", misheard, still says "interaction settings" of
+    "Windows Terminal Interaction Settings" where most titles start "Windows Terminal"), and,
+    for keys of seven letters or more, within
     one edit that keeps the first letter ("Goonville", "cityroomz"). A partial name shared by two
     entities matches neither; a one-word name or partial name that ``is_common`` calls an ordinary
     word ("worth" of "WORTH HOUSE", a docs page titled "Selection") is not used. ``confidence``
@@ -489,7 +500,8 @@ def _points_back(toks: Sequence[str]) -> bool:
 
 def _refers_at(toks: Sequence[str], i: int) -> bool:
     """Whether ``toks[i]`` refers back: a referring word, unless its neighbours show it is used
-    otherwise (``CLAUSE_THAT_EN``, ``DETERMINER_LIKE_EN``, ``EXISTENTIAL_THERE_EN``)."""
+    otherwise (``CLAUSE_THAT_EN``, ``DETERMINER_LIKE_EN``, ``EXISTENTIAL_THERE_EN``,
+    ``CLAUSE_FINAL_EN``)."""
     word = toks[i]
     if word not in REFERRING_EN:
         return False
@@ -501,6 +513,8 @@ def _refers_at(toks: Sequence[str], i: int) -> bool:
         return not _is_content(after)
     if word in EXISTENTIAL_THERE_EN:
         return before not in BE_EN and after not in BE_EN
+    if word in CLAUSE_FINAL_EN:
+        return not after
     return not _expletive_it(toks, i)
 
 
@@ -658,7 +672,7 @@ def plan(
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
         # a turn that refers back ("do they take reservations") has no meaning alone
         return Plan(f"{entity.name}: {text}", folded, alone=not refers, named=mentions)
-    if not refers and config.fold == "referring":
+    if not refers and (config.fold == "referring" or names_shared(utterance, shared)):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
     recent = _recent(session)
     if recent:
@@ -698,14 +712,22 @@ def _section_asked(
 
 def only_names(utterance: Utterance, mentions: Sequence[Mention]) -> Mention | None:
     """The weakly named entity whose name holds every content word the caller said ("Tell me
-    about rclone check.", "pCloud?"), if any: the words then have no ordinary reading to fall
-    back on ("the zip code is nine four one two two" says more than "Two Two Cafe")."""
+    about rclone check.", "pCloud?"; a recogniser's merged "rclonecheck" is the name's words
+    run together), if any: the words then have no ordinary reading to fall back on ("the zip
+    code is nine four one two two" says more than "Two Two Cafe")."""
     if not mentions:
         return None
     said = set(_content(t for t in utterance.tokens if t not in FILLERS_EN))
     if not said:
         return None
-    return next((m for m in mentions if said <= set(tokens(m.name))), None)
+    return next((m for m in mentions if said <= _name_words(m.name)), None)
+
+
+def _name_words(name: str) -> set[str]:
+    """A name's words and every run of them written as one ("rclone copy": "rclone", "copy",
+    "rclonecopy"), as a recogniser may merge them."""
+    toks = tokens(name)
+    return {"".join(toks[i:j]) for i in range(len(toks)) for j in range(i + 1, len(toks) + 1)}
 
 
 def confirmed(named: Sequence[Mention], found: Sequence[str]) -> Mention | None:
@@ -858,11 +880,22 @@ def says_shared(
     name = set(tokens(entity.name))  # "the bed and breakfast": one run of the name's words
     if not name & shared or any(m.name == entity.name for m in mentions):
         return False
-    toks = utterance.tokens
+    return _said_as_name(utterance.tokens, name & shared, name)
+
+
+def names_shared(utterance: Utterance, shared: frozenset[str]) -> bool:
+    """Whether a turn says the words most of the base's names hold (``shared``) as a name,
+    after no determiner ("Rclone gives ...", "... initialize a Windows Terminal profile ...";
+    not "the terminal"), where no entity is tracked: the product or series every page is about,
+    named, marks a question put in full, not one leaning on the exchange before it."""
+    return bool(shared) and _said_as_name(utterance.tokens, shared, shared)
+
+
+def _said_as_name(toks: Sequence[str], said: AbstractSet[str], run: AbstractSet[str]) -> bool:
+    """Whether a word of ``said`` starts a run of ``run``'s words in ``toks`` with no
+    determiner before it ("a" and "an" are none: they bring in something new)."""
     return any(
-        tok in shared
-        and tok in name
-        and (i == 0 or (toks[i - 1] not in name and toks[i - 1] not in DETERMINERS_EN))
+        tok in said and (i == 0 or (toks[i - 1] not in run and toks[i - 1] not in DETERMINERS_EN))
         for i, tok in enumerate(toks)
     )
 

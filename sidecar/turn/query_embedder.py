@@ -24,6 +24,14 @@ and miss its own deadline too. A cancelled caller counts as a late one: a client
 and hangs up at once would otherwise queue a job per call for LATE_CUTOFF_S each, and every other
 caller's turn would wait behind them.
 
+``later`` embeds in the background (an agent's turn, read by the next user turn's page prior),
+behind every caller: it is submitted only once no caller's query is being embedded, or after
+LATER_WAIT_S at most (so a stream of callers delays it, never starves it), and to the embedder's
+background lane where it has one (``Deferrable``: the embedded model's runs on a thread of its
+own), so a caller's query arriving meanwhile never queues behind it on the worker. A caller
+asking for the same words while they wait embeds them at once itself. A call on the background
+lane is never counted among the late ones: it does not hold the worker.
+
 A call left behind (late, or its caller cancelled) is cancelled LATE_CUTOFF_S later if it is still
 running. For a remote embedder that closes the request. A job already running on the local
 worker thread cannot be interrupted: it finishes there and its result is dropped (a job still
@@ -34,12 +42,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cachetools import LRUCache
 
-from index.embedders.base import Embedder, Vectors
+from index.embedders.base import Deferrable, Embedder, Vectors
 from index.errors import EmbedderError
 
 log = logging.getLogger("voxrecall.embed")
@@ -47,6 +55,9 @@ log = logging.getLogger("voxrecall.embed")
 # A vector arriving this long after its caller gave up is for a turn long answered; past it a
 # trickling remote response stops holding a connection and a late slot.
 LATE_CUTOFF_S = 2.0
+# A background query (``later``) waits at most this long for the callers' queries in flight to
+# end before it is submitted anyway: a steady stream of callers delays it, never starves it.
+LATER_WAIT_S = 0.5
 
 
 @dataclass(slots=True)
@@ -71,6 +82,12 @@ class QueryEmbedder:
         self._late: set[asyncio.Task[Vectors]] = set()
         self._left: dict[asyncio.Task[Vectors], asyncio.TimerHandle] = {}
         self.max_late = max(1, int(getattr(embedder, "parallel_calls", 1)))
+        self._hot: set[asyncio.Task[Vectors]] = set()  # callers' calls in flight
+        self._idle: list[asyncio.Future[None]] = []  # background queries waiting for no _hot
+        self._embed_later: Callable[[Sequence[str]], Awaitable[Vectors]] = embedder.embed
+        self._lane = isinstance(embedder, Deferrable)  # background calls do not hold the worker
+        if isinstance(embedder, Deferrable):
+            self._embed_later = embedder.embed_later
 
     def cached(self, query: str) -> Vectors | None:
         return self._cache.get(query)
@@ -87,11 +104,34 @@ class QueryEmbedder:
             return vector
         return (await self.get_many((query,), deadline, ahead=ahead))[0]
 
+    async def later(self, query: str, deadline: float) -> Vectors | None:
+        """The query's vector embedded in the background, behind every caller's: submitted once
+        no caller's query is in flight (or LATER_WAIT_S at most), on the embedder's background
+        lane; None as ``get`` answers it (the deadline passed first, the embedder failed)."""
+        if query not in self._cache and query not in self._inflight and self._hot:
+            loop = asyncio.get_running_loop()
+            idle = loop.create_future()
+            self._idle.append(idle)
+            wait = min(LATER_WAIT_S, max(0.0, deadline - loop.time()))
+            try:
+                await asyncio.wait((idle,), timeout=wait)
+            finally:
+                idle.cancel()
+                self._idle.remove(idle)
+        return (await self.get_many((query,), deadline, background=True))[0]
+
     async def get_many(
-        self, queries: Sequence[str], deadline: float, *, ahead: bool = False
+        self,
+        queries: Sequence[str],
+        deadline: float,
+        *,
+        ahead: bool = False,
+        background: bool = False,
     ) -> list[Vectors | None]:
         """Each query's vector, or None where ``get`` would answer None (counted per query as
-        ``get`` counts); the queries neither cached nor in flight are embedded in one call."""
+        ``get`` counts); the queries neither cached nor in flight are embedded in one call
+        (``background``: on the embedder's background lane, if it has one, never counted late
+        there)."""
         found: dict[str, Vectors | None] = {}
         waiting: dict[str, tuple[asyncio.Task[Vectors], int]] = {}
         new: list[str] = []
@@ -109,10 +149,15 @@ class QueryEmbedder:
             else:
                 new.append(query)
         if new and self._admit(len(new), deadline):
-            task = self._submit(new)
+            task = self._submit(new, background)
             waiting.update((query, (task, row)) for row, query in enumerate(new))
         if waiting:
-            found.update(await self._collect(waiting, deadline, late_if_cancelled=not ahead))
+            late = not (background and self._lane)
+            found.update(
+                await self._collect(
+                    waiting, deadline, late_if_cancelled=late and not ahead, late=late
+                )
+            )
         return [found.get(query) for query in queries]
 
     async def aclose(self) -> None:
@@ -139,10 +184,12 @@ class QueryEmbedder:
         deadline: float,
         *,
         late_if_cancelled: bool = True,
+        late: bool = True,
     ) -> dict[str, Vectors | None]:
         """Wait for the calls ``waiting`` holds until ``deadline``, without cancelling them: a
-        call still running then is left to finish in the background (late); a cancelled caller
-        leaves them all, bounded by LATE_CUTOFF_S (and counted late unless told otherwise)."""
+        call still running then is left to finish in the background (late, unless ``late`` is
+        False); a cancelled caller leaves them all, bounded by LATE_CUTOFF_S (and counted late
+        unless told otherwise)."""
         tasks = {task for task, _ in waiting.values()}
         timeout = max(0.0, deadline - asyncio.get_running_loop().time())
         try:
@@ -152,13 +199,13 @@ class QueryEmbedder:
                 self._leave(task, late=late_if_cancelled)
             raise
         for task in tasks:
-            self._report(task)
+            self._report(task, late)
         return {query: self._outcome(task, row) for query, (task, row) in waiting.items()}
 
-    def _report(self, task: asyncio.Task[Vectors]) -> None:
+    def _report(self, task: asyncio.Task[Vectors], late: bool = True) -> None:
         """Once per call: a call still running is left to finish (late), a failure logged."""
         if not task.done():
-            self._leave(task)
+            self._leave(task, late=late)
             log.warning("embedder missed its deadline: the turn falls back")
         elif not task.cancelled() and isinstance(task.exception(), EmbedderError):
             log.warning("embedder failed: %s: the turn falls back", task.exception())
@@ -180,13 +227,21 @@ class QueryEmbedder:
         vector: Vectors = task.result()[row]
         return vector
 
-    def _submit(self, queries: list[str]) -> asyncio.Task[Vectors]:
-        task = asyncio.get_running_loop().create_task(self._embed(queries), name="voxrecall-embed")
+    def _submit(self, queries: list[str], background: bool = False) -> asyncio.Task[Vectors]:
+        embed = self._embed_later if background else self.embedder.embed
+        task = asyncio.get_running_loop().create_task(
+            self._embed(queries, embed), name="voxrecall-embed"
+        )
         for row, query in enumerate(queries):
             self._inflight[query] = (task, row)
+        if not background:
+            self._hot.add(task)
 
         def done(t: asyncio.Task[Vectors]) -> None:
             self._late.discard(t)
+            self._hot.discard(t)
+            if not self._hot:
+                self._wake_idle()
             handle = self._left.pop(t, None)
             if handle is not None:
                 handle.cancel()
@@ -201,8 +256,16 @@ class QueryEmbedder:
         task.add_done_callback(done)
         return task
 
-    async def _embed(self, queries: list[str]) -> Vectors:
-        vectors = await self.embedder.embed(queries)
+    def _wake_idle(self) -> None:
+        """No caller's query is in flight: the background queries waiting for that go on."""
+        for idle in self._idle:
+            if not idle.done():
+                idle.set_result(None)
+
+    async def _embed(
+        self, queries: list[str], embed: Callable[[Sequence[str]], Awaitable[Vectors]]
+    ) -> Vectors:
+        vectors = await embed(queries)
         if len(vectors) != len(queries):
             raise EmbedderError(
                 f"the embedder answered {len(vectors)} vectors for {len(queries)} texts"
