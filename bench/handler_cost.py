@@ -17,6 +17,13 @@ calls (its ``knn_query`` behind a proxy that adds this thread's CPU): ``knn_in_c
 ``hooks_alone_us``: the interceptor and its hooks around a handler that returns a response built
 before, less that handler alone (the hooks without a graph search evicting them between calls).
 
+``ways_alternating``: ``wrapped`` with the engine's short way for a plain Search
+(``Engine._nearest``) and with it turned off (the same calls through ``relevance.rank``), in
+alternating blocks of ``WAY_BLOCK`` calls (load falls on both alike; means, not least rounds):
+each way's CPU a call and the graph's inside it (what each way leaves in the caches);
+``plain_over_general`` of the whole call, ``python_plain_over_general`` of the Python beside
+the graph.
+
 Writes ``bench/results/handler_cost.json`` (``--out``).
 """
 
@@ -24,10 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -77,6 +85,54 @@ def _timed_graph(holder: Any, kb: str) -> TimedIndex:
     graph = TimedIndex(searcher.snapshot.index, time.thread_time)
     holder.publish(replace(searcher, snapshot=replace(searcher.snapshot, index=graph)))
     return graph
+
+
+# calls a block when the two ways alternate: short enough that load moves both alike
+WAY_BLOCK = 50
+
+
+async def _ways(
+    engine: Any, fn: Handler, requests: list[Any], graph: TimedIndex, calls: int
+) -> dict[str, Any]:
+    """``fn`` (the wrapped handler) with the engine's short way for a plain Search and with
+    the general way, alternating blocks of WAY_BLOCK calls, ``calls`` each: each way's CPU a
+    call and the graph's inside it. Empty for a tree without the short way (a before run)."""
+    if not hasattr(engine, "_plain"):
+        return {}
+    spent = {"plain": [0.0, 0.0], "general": [0.0, 0.0]}  # this thread's CPU, the graph's
+    for block in range(2 * max(1, calls // WAY_BLOCK)):
+        way = "general" if block % 2 else "plain"
+        graph_s = graph.seconds
+        with _general_way(engine, way == "general"):
+            us = await _cpu_us(fn, requests, WAY_BLOCK)
+        spent[way][0] += us
+        spent[way][1] += (graph.seconds - graph_s) / WAY_BLOCK * 1e6
+    blocks = max(1, calls // WAY_BLOCK)
+    plain, general = (spent[w][0] / blocks for w in ("plain", "general"))
+    return {
+        "ways_alternating": {
+            way: {"cpu_us": round(cpu / blocks, 1), "knn_in_call_us": round(g / blocks, 1)}
+            for way, (cpu, g) in spent.items()
+        },
+        "plain_over_general": round(plain / general, 3),
+        "python_plain_over_general": round(
+            (plain - spent["plain"][1] / blocks) / (general - spent["general"][1] / blocks), 3
+        ),
+    }
+
+
+@contextlib.contextmanager
+def _general_way(engine: Any, on: bool) -> Iterator[None]:
+    """While ``on``: every Search takes the engine's general way (``relevance.rank``), not the
+    short way a plain one takes (``Engine._plain`` answers False on this engine alone)."""
+    if not on:
+        yield
+        return
+    engine._plain = lambda *args: False
+    try:
+        yield
+    finally:
+        del engine._plain
 
 
 class _Details:
@@ -187,6 +243,7 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> di
                     in_call = (graph.seconds - graph_s) / (graph.calls - graph_calls) * 1e6
                     if us == best[name]:
                         best["knn_in_call"] = in_call
+        ways = await _ways(made[0].engine, variants["wrapped"], requests, graph, rounds * calls)
     finally:
         await sidecar.stop(0.1)
     return {
@@ -199,6 +256,7 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> di
         "sidecar_python_share_us": round(best["wrapped"] - best["knn"], 1),
         "python_beside_graph_us": round(best["wrapped"] - best["knn_in_call"], 1),
         "hooks_us": round(best["wrapped"] - best["bare"], 1),
+        **ways,
         # the interceptor and every hook around a handler that returns a built response: the
         # hooks' cost without the graph's cache misses around them (steadier than hooks_us)
         "hooks_alone_us": round(best["hooks_alone"] - best["answered"], 1),

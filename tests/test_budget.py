@@ -138,6 +138,21 @@ async def test_misbehaving_embedder_is_answered_lexically_and_degraded(
     assert server.requests == before + 1  # no retries on the hot path
 
 
+async def test_a_plain_search_whose_embedder_fails_is_answered_lexically(
+    openai_sidecar: Sidecar, server: OpenAIServer
+) -> None:
+    """A Search with a query and a limit alone (the engine's short way) falls back as a turn
+    does: the same base searched by BM25, within the limit, saying degraded."""
+    server.set(Behaviour(fail_status=500, fail_times=-1))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{openai_sidecar.port}") as channel:
+        resp = await pb_grpc.RetrievalStub(channel).Search(
+            pb.SearchRequest(query=QUESTION, limit=3), timeout=30
+        )
+    assert resp.degraded
+    assert 0 < len(resp.chunks) <= 3
+    assert PAGE in [c.source_path for c in resp.chunks]
+
+
 async def test_embedder_down_is_answered_and_degraded(openai_config: Config) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))

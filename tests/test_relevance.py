@@ -72,6 +72,31 @@ async def test_search_min_score_drops_weaker_results(wt_sidecar: Sidecar) -> Non
     assert all(c.score >= 0.6 for c in strict.chunks)
 
 
+@pytest.mark.parametrize(
+    ("question", "limit", "min_score"),
+    [("split a pane", 7, 0.3), ("How do I change the color scheme of a profile?", 3, 0.0)],
+)
+async def test_plain_search_answers_as_the_general_path(
+    wt_sidecar: Sidecar, local_embedder: Embedder, question: str, limit: int, min_score: float
+) -> None:
+    """A Search with no sources, filter, lift or rerank takes the engine's short way (the
+    graph's answer straight into hits); naming every source takes the general one
+    (relevance.rank): the same chunks, scores and order, by text and by vector alike."""
+    vector = local_embedder.embed_batch([question])[0].astype("<f4").tobytes()
+    for asked in ({"query": question}, {"query": "", "vector": vector}):
+        plain = await search(wt_sidecar, limit=limit, min_score=min_score, **asked)
+        general = await search(
+            wt_sidecar, limit=limit, min_score=min_score, sources=["terminal-docs"], **asked
+        )
+        assert 0 < len(plain.chunks) <= limit
+        assert not plain.degraded
+        assert not general.degraded
+        assert [(c.chunk_id, c.score) for c in plain.chunks] == [
+            (c.chunk_id, c.score) for c in general.chunks
+        ]
+        assert all(c.score >= min_score for c in plain.chunks)
+
+
 # -- hybrid: a per-base choice ---------------------------------------------------------------
 
 

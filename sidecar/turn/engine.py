@@ -501,6 +501,34 @@ class Engine:
 
     async def search(self, req: SearchInput) -> SearchResult:
         budget = Budget.start(self._budget_ms(req.budget_ms))
+        self._check_search(req)
+        kb = req.knowledge_base or self.default_knowledge_base
+        searcher = self.searcher(kb)
+        allowed = scope.resolve(searcher, kb, req.filters, req.source_paths, req.sources)
+        vector = self._vector_from_bytes(req.vector, searcher.snapshot) if req.vector else None
+        limit = req.limit or self.config.max_results
+        min_score = req.min_score or self.config.min_score
+        query = "" if vector is not None else req.query  # a vector's query is for logs only
+        if allowed is None and self._plain(req, kb, searcher, query):
+            result = await self._nearest(searcher, kb, query, vector, limit, min_score, budget)
+        else:
+            target = SearchScope(
+                searcher,
+                kb,
+                limit=self._depth(kb, limit),
+                min_score=min_score,
+                sources=req.sources,
+                context_url=req.context_url,
+                allowed=allowed,
+            )
+            result = await self._search(target, query, budget.embed_deadline(), vector=vector)
+            result = await self._reranked(kb, query, result, limit, budget)
+        if req.session_id:
+            self._remember(self.sessions.get(req.session_id), result.hits)
+        result.timings.total_ms = budget.elapsed_ms()  # made by this call alone
+        return result
+
+    def _check_search(self, req: SearchInput) -> None:
         # with a vector the query is for logging only: checked like any text, never searched
         self._check_text(req.query, allow_empty=bool(req.vector))
         self._check_session(req.session_id)
@@ -510,27 +538,43 @@ class Engine:
             )
         if not (-1.0 <= req.min_score <= 1.0):
             raise InvalidArgument(f"min_score must be between -1 and 1, got {req.min_score}")
-        kb = req.knowledge_base or self.default_knowledge_base
-        searcher = self.searcher(kb)
-        allowed = scope.resolve(searcher, kb, req.filters, req.source_paths, req.sources)
-        vector = self._vector_from_bytes(req.vector, searcher.snapshot) if req.vector else None
-        limit = req.limit or self.config.max_results
-        target = SearchScope(
-            searcher,
-            kb,
-            limit=self._depth(kb, limit),
-            min_score=req.min_score or self.config.min_score,
-            sources=req.sources,
-            context_url=req.context_url,
-            allowed=allowed,
+
+    def _plain(self, req: SearchInput, kb: str, searcher: Searcher, query: str) -> bool:
+        """Whether a Search (with no filter) is the common one: the graph's nearest chunks
+        alone, no sources, no ``context_url`` lift, no summary prong, no lexical side, no
+        rerank stage (``_nearest``, which ranks as ``relevance.dense`` does)."""
+        return (
+            not req.sources
+            and not (self.config.context_bonus and req.context_url.strip())
+            and searcher.snapshot.summaries is None
+            and not (query and kb in self.hybrid_bases)
+            and self.policy(kb).reranker is None
         )
-        query = "" if vector is not None else req.query  # a vector's query is for logs only
-        result = await self._search(target, query, budget.embed_deadline(), vector=vector)
-        result = await self._reranked(kb, query, result, limit, budget)
-        if req.session_id:
-            self._remember(self.sessions.get(req.session_id), result.hits)
-        result.timings.total_ms = budget.elapsed_ms()  # made by _rank for this call alone
-        return result
+
+    async def _nearest(
+        self,
+        searcher: Searcher,
+        kb: str,
+        query: str,
+        vector: Vectors | None,
+        limit: int,
+        min_score: float,
+        budget: Budget,
+    ) -> SearchResult:
+        """A plain Search (``_plain``): embed by the budget's deadline (unless given a vector),
+        then the graph's answer straight into hits, in one pass; without a vector, the lexical
+        fallback as any search's."""
+        start = time.perf_counter()
+        if vector is None:
+            vector = await self.vectors.get(query, budget.embed_deadline())
+        embed_ms = (time.perf_counter() - start) * 1000.0
+        if vector is None:
+            target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
+            return self._rank(target, query, None, embed_ms=embed_ms)
+        start = time.perf_counter()
+        hits = _nearest_hits(searcher, kb, vector, limit, min_score)
+        search_ms = (time.perf_counter() - start) * 1000.0
+        return SearchResult(hits, searcher.version, timings=Timings(embed_ms, search_ms))
 
     def end_session(self, session_id: str) -> bool:
         self._check_session(session_id)
@@ -746,6 +790,26 @@ class Engine:
             raise InvalidArgument("vector is all zeros: it has no direction to search by")
         scaled = vector / peak  # in [-1, 1]: its norm cannot overflow, however large the values
         return (scaled / np.linalg.norm(scaled)).astype(np.float32)
+
+
+def _nearest_hits(
+    searcher: Searcher, kb: str, vector: Vectors, limit: int, min_score: float
+) -> list[Hit]:
+    """The graph's nearest ``limit`` chunks with cosine >= ``min_score``, best first, as hits:
+    labels to chunks in one pass (``relevance.dense`` without a lift, through
+    ``LoadedSnapshot.search_dense`` with no sources)."""
+    snapshot = searcher.snapshot
+    chunks = snapshot.chunks
+    k = min(limit, len(chunks))
+    if k <= 0:
+        return []
+    labels, distances = snapshot.index.knn_query(vector.reshape(1, -1), k=k)
+    hits = []
+    for label, distance in zip(labels[0].tolist(), distances[0].tolist(), strict=True):
+        score = 1.0 - distance
+        if score >= min_score:
+            hits.append(Hit(kb, chunks[label], score))
+    return hits
 
 
 def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:
