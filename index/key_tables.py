@@ -356,12 +356,16 @@ def _place(
     return table_hash, table_key, probe
 
 
+def _filter_log2(variants: int) -> int:
+    """The bits (log 2) of the bitmap of this many variants' hashes."""
+    return min(
+        FILTER_MAX_LOG2, max(FILTER_MIN_LOG2, int(variants * FILTER_BITS_PER_VARIANT).bit_length())
+    )
+
+
 def _bitmap(hashes: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint8], int]:
     """A bitmap of the hashes' top bits, and the shift that leaves those bits of a hash."""
-    log2 = min(
-        FILTER_MAX_LOG2,
-        max(FILTER_MIN_LOG2, int(hashes.size * FILTER_BITS_PER_VARIANT).bit_length()),
-    )
+    log2 = _filter_log2(hashes.size)
     slots = (hashes >> np.uint64(64 - log2)).astype(np.int64)
     bits = np.zeros(1 << (log2 - 3), dtype=np.uint8)
     np.bitwise_or.at(bits, slots >> 3, np.left_shift(1, slots & 7).astype(np.uint8))
@@ -558,8 +562,9 @@ class KeyTables:
         count = len(rated.keys)
         if file.integer("keys", 0, 1 << 40) != count:
             raise ValueError(f"it indexes {file.header.get('keys')} keys, not {count}")
-        prefixes = _read_prefixes(file, rated.keys)
-        near = _read_near(file, rated)
+        lengths = rated.lengths()
+        prefixes = _read_prefixes(file, rated.keys, int(lengths.sum()))
+        near = _read_near(file, rated, lengths >= FUZZY_MIN_CHARS)
         return cls._of(rated, prefixes, near, rated.long())
 
     @property
@@ -582,8 +587,10 @@ def tables_rules(file: ArraysFile) -> int:
     return file.integer("tables", 0, 1 << 16)
 
 
-def _read_prefixes(file: ArraysFile, keys: StringTable) -> PrefixTable:
-    bits = file.integer("prefix_bits", 4, 40)
+def _read_prefixes(file: ArraysFile, keys: StringTable, letters: int) -> PrefixTable:
+    """The prefix table, no larger than the keys' ``letters`` (their prefixes, at most) allow
+    and at most half full, as built (a full table would make every lookup walk MAX_PROBE)."""
+    bits = file.integer("prefix_bits", 4, prefix_slots(letters).bit_length() - 1)
     probe = file.integer("probe", 0, MAX_PROBE)
     hashes = file.array("prefix_hash", "<u8")
     key_of = file.array("prefix_key", "<i4")
@@ -592,6 +599,8 @@ def _read_prefixes(file: ArraysFile, keys: StringTable) -> PrefixTable:
     if key_of.size and (int(key_of.min()) < -1 or int(key_of.max()) >= len(keys)):
         raise ValueError("a prefix's key is outside the keys")
     at = np.flatnonzero(key_of >= 0)
+    if at.size * SLOTS_PER_PREFIX > 1 << bits:
+        raise ValueError(f"the prefix table holds {at.size} prefixes in 2^{bits} slots")
     home = _home(hashes[at], bits)
     if at.size and (bool(np.any(home > at)) or int((at - home).max()) > probe):
         raise ValueError(f"a prefix lies before its home slot or over {probe} slots past it")
@@ -599,15 +608,24 @@ def _read_prefixes(file: ArraysFile, keys: StringTable) -> PrefixTable:
     return PrefixTable(keys, mod, bits, probe, hashes, key_of)
 
 
-def _read_near(file: ArraysFile, rated: RatedKeys) -> NearKeys:
+def _read_near(file: ArraysFile, rated: RatedKeys, long: npt.NDArray[np.bool_]) -> NearKeys:
+    """The one-edit table: a variant per letter of each ``long`` key at most, each of a long
+    key (a short key's one-edit matches are what FUZZY_MIN_CHARS keeps out), its bitmap the
+    size the build gives that many."""
     shift = file.integer("near_shift", 64 - FILTER_MAX_LOG2, 64 - FILTER_MIN_LOG2)
     hashes = file.array("near_hash", "<u8")
     owners = file.array("near_key", "<i4")
     bitmap = file.array("near_filter", "|u1")
-    if hashes.size != owners.size or bitmap.size != 1 << (64 - shift - 3):
+    if hashes.size > int(rated.lengths()[long].sum()):
+        raise ValueError(f"{hashes.size} near keys, more than the long keys' letters")
+    if hashes.size != owners.size or 64 - shift != _filter_log2(hashes.size):
         raise ValueError("the near keys' arrays do not agree in length")
+    if bitmap.size != 1 << (64 - shift - 3):
+        raise ValueError("the near keys' bitmap is not the size of its shift")
     if owners.size and (int(owners.min()) < 0 or int(owners.max()) >= len(rated.keys)):
         raise ValueError("a near key is outside the keys")
+    if owners.size and not bool(long[owners].all()):
+        raise ValueError("a near key is shorter than a one-edit match allows")
     if hashes.size > 1 and bool(np.any(hashes[1:] < hashes[:-1])):
         raise ValueError("the near keys' hashes are not sorted")
     return NearKeys.mapped(rated.keys, _base(file, "near_base"), hashes, owners, bitmap, shift)
@@ -626,9 +644,7 @@ def tables_bytes(lengths: npt.NDArray[np.int64]) -> int:
     enough (and its own), and the variants' bitmap."""
     slots = prefix_slots(int(lengths.sum())) + MAX_PROBE
     variants = int(lengths[lengths >= FUZZY_MIN_CHARS].sum())
-    log2 = min(
-        FILTER_MAX_LOG2, max(FILTER_MIN_LOG2, (variants * FILTER_BITS_PER_VARIANT).bit_length())
-    )
+    log2 = _filter_log2(variants)
     return slots * SLOT_BYTES + variants * VARIANT_BYTES + (1 << (log2 - 3))
 
 

@@ -690,6 +690,8 @@ def read_table(path: Path, open_: Callable[[Path], T]) -> T:
         return open_(path)
     except ValueError as exc:
         raise CorruptSnapshot(f"{path}: {exc}") from exc
+    except MemoryError as exc:  # its sizes are checked against its keys first: a last guard
+        raise CorruptSnapshot(f"{path}: too large to read into memory") from exc
 
 
 def read_hnsw(path: Path, manifest: Manifest, ef: int, *, checked: bool = False) -> hnswlib.Index:

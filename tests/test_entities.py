@@ -379,7 +379,51 @@ def item_set(folder: Path, array: str, i: int, value: int) -> None:
     resign(folder, GAZETTEER)
 
 
+_ARRAYS = {"prefix_hash": "<u8", "prefix_key": "<i4", "near_hash": "<u8", "near_key": "<i4",
+           "near_filter": "|u1"}  # fmt: skip
+
+
+def rewritten(folder: Path, **changed: object) -> None:
+    """gazetteer.bin written again with arrays (numpy values) or header fields replaced,
+    re-signed: a file that parses, sized or filled as no build makes it."""
+    path = folder / GAZETTEER
+    file = ArraysFile(path.read_bytes(), GAZETTEER_KIND)
+    arrays = {name: np.array(file.array(name, dtype)) for name, dtype in _ARRAYS.items()}
+    fields = {k: v for k, v in file.header.items() if k not in ("kind", "arrays", "version")}
+    arrays.update({k: v for k, v in changed.items() if isinstance(v, np.ndarray)})
+    fields.update({k: v for k, v in changed.items() if not isinstance(v, np.ndarray)})
+    path.write_bytes(dump_arrays(GAZETTEER_KIND, arrays, **fields))
+    resign(folder, GAZETTEER)
+
+
+def _table_of(folder: Path, bits: int = 0, fill: bool = False) -> dict[str, object]:
+    """A prefix table of 2^bits slots (0: the file's own size): empty, or every slot holding a
+    prefix whose home is the first slot (hash 0), each within the probe of it."""
+    file = ArraysFile((folder / GAZETTEER).read_bytes(), GAZETTEER_KIND)
+    bits = bits or int(file.header["prefix_bits"])
+    table_key = np.full(1 << bits, 0 if fill else -1, np.int32)
+    return {"prefix_hash": np.zeros(1 << bits, np.uint64), "prefix_key": table_key,
+            "prefix_bits": bits, "probe": (1 << bits) - 1 if fill else 0}  # fmt: skip
+
+
+def _near_of_a_short_key(folder: Path) -> None:
+    file = ArraysFile((folder / GAZETTEER).read_bytes(), GAZETTEER_KIND)
+    keys = load_snapshot(folder).entities.rated_keys()  # type: ignore[union-attr]
+    short = int(np.flatnonzero(keys.lengths() < 7)[0])
+    owners = np.array(file.array("near_key", "<i4"))
+    owners[0] = short
+    rewritten(folder, near_key=owners)
+
+
 TABLE_ATTACKS = {
+    # sized past what the keys allow: every worker would map and check gigabytes
+    "a_prefix_table_larger_than_its_keys_allow": lambda f: rewritten(f, **_table_of(f, 24)),
+    # every lookup would walk the whole table
+    "a_full_prefix_table": lambda f: rewritten(f, **_table_of(f, fill=True)),
+    "more_near_keys_than_letters": lambda f: rewritten(
+        f, near_hash=np.zeros(1 << 20, np.uint64), near_key=np.zeros(1 << 20, np.int32)
+    ),
+    "a_near_key_too_short_for_one_edit_matches": _near_of_a_short_key,
     "prefix_key_past_the_keys": lambda f: item_set(f, "prefix_key", 0, 1 << 20),
     "prefix_key_below_empty": lambda f: item_set(f, "prefix_key", 0, (1 << 32) - 7),
     "prefix_before_its_home": lambda f: item_set(f, "prefix_hash", -1, (1 << 64) - 1),
