@@ -109,6 +109,21 @@ async def test_a_background_query_is_not_starved_by_callers(
     await vectors.aclose()
 
 
+async def test_a_hung_lane_takes_no_more_background_queries_until_its_call_ends() -> None:
+    """A model that hangs on the lane would otherwise queue one call per agent turn there."""
+    lanes = Lanes()
+    vectors = QueryEmbedder(lanes, cache_size=16)
+    soon = asyncio.get_running_loop().time() + 0.05
+    assert await vectors.later("Roaming is free in the EU.", soon) is None  # left running
+    assert await vectors.later("Calls to the UK cost extra.", far()) is None  # not submitted
+    assert lanes.calls == [("later", ("Roaming is free in the EU.",))]
+    assert vectors.stats.busy == 1
+    lanes.later.set()  # the lane's call ends: background queries go on again
+    await eventually(lambda: vectors.cached("Roaming is free in the EU.") is not None)
+    assert await vectors.later("Calls to the UK cost extra.", far()) is not None
+    await vectors.aclose()
+
+
 @pytest.mark.usefixtures("no_wait_limit")
 async def test_a_caller_asking_for_a_waiting_background_query_embeds_it_at_once() -> None:
     """The next user turn reads the agent's turn (the page prior): it does not wait for it."""

@@ -83,6 +83,7 @@ class QueryEmbedder:
         self._left: dict[asyncio.Task[Vectors], asyncio.TimerHandle] = {}
         self.max_late = max(1, int(getattr(embedder, "parallel_calls", 1)))
         self._hot: set[asyncio.Task[Vectors]] = set()  # callers' calls in flight
+        self._background: set[asyncio.Task[Vectors]] = set()  # background calls in flight
         self._idle: list[asyncio.Future[None]] = []  # background queries waiting for no _hot
         self._embed_later: Callable[[Sequence[str]], Awaitable[Vectors]] = embedder.embed
         self._lane = isinstance(embedder, Deferrable)  # background calls do not hold the worker
@@ -148,7 +149,7 @@ class QueryEmbedder:
                 waiting[query] = entry
             else:
                 new.append(query)
-        if new and self._admit(len(new), deadline):
+        if new and self._admit(len(new), deadline, background):
             task = self._submit(new, background)
             waiting.update((query, (task, row)) for row, query in enumerate(new))
         if waiting:
@@ -167,10 +168,13 @@ class QueryEmbedder:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _admit(self, count: int, deadline: float) -> bool:
+    def _admit(self, count: int, deadline: float, background: bool = False) -> bool:
         """Whether ``count`` new queries may go to the embedder now: not while late calls fill
-        it (``busy``), nor past the deadline (``late``)."""
-        if len(self._late) >= self.max_late:
+        it (``busy``), nor a background query while a background call missed its deadline and
+        still runs (a hung model would queue one per agent turn on its lane), nor past the
+        deadline (``late``)."""
+        stuck = background and any(task in self._left for task in self._background)
+        if stuck or len(self._late) >= self.max_late:
             self.stats.busy += count
             return False
         if deadline <= asyncio.get_running_loop().time():
@@ -206,7 +210,8 @@ class QueryEmbedder:
         """Once per call: a call still running is left to finish (late), a failure logged."""
         if not task.done():
             self._leave(task, late=late)
-            log.warning("embedder missed its deadline: the turn falls back")
+            if late:  # a background read (late=False) has no turn to fall back
+                log.warning("embedder missed its deadline: the turn falls back")
         elif not task.cancelled() and isinstance(task.exception(), EmbedderError):
             log.warning("embedder failed: %s: the turn falls back", task.exception())
 
@@ -234,12 +239,12 @@ class QueryEmbedder:
         )
         for row, query in enumerate(queries):
             self._inflight[query] = (task, row)
-        if not background:
-            self._hot.add(task)
+        (self._background if background else self._hot).add(task)
 
         def done(t: asyncio.Task[Vectors]) -> None:
             self._late.discard(t)
             self._hot.discard(t)
+            self._background.discard(t)
             if not self._hot:
                 self._wake_idle()
             handle = self._left.pop(t, None)
