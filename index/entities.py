@@ -280,8 +280,9 @@ def _names_holding(stripped: dict[str, list[str]]) -> dict[str, set[str]]:
 def _holders(holding: dict[str, set[str]], core: list[str]) -> set[str]:
     """The names holding every word of ``core``, from the rarest word's up (a key two names
     hold names neither: "getting started" of three products' "Getting Started" pages). Where
-    the rarest word is in more than MAX_CORE_HOLDERS names, those stand for the holders (bounded
-    work per name; such a key names no page either way)."""
+    the rarest word is in more than MAX_CORE_HOLDERS names, two of them stand for the holders: the
+    work per name is bounded, and such a key names no page even where one name alone holds all
+    its words (a key lost, never a wrong page named)."""
     sets = sorted((holding[tok] for tok in core), key=len)
     if len(sets[0]) > MAX_CORE_HOLDERS:
         return set(itertools.islice(sets[0], 2))
