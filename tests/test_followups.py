@@ -216,6 +216,29 @@ def test_a_word_that_can_refer_back_refers_only_where_it_is_used_so(
     assert plan.alone is not refers
 
 
+@pytest.mark.parametrize(
+    ("turn", "said"),
+    [
+        (
+            "what about what uh about advanced options for it",
+            "what uh about advanced options for it",
+        ),
+        ("Can I, can I book it?", "can I book it?"),
+        ("I want to I want to go there", "I want to go there"),
+        ("is it quiet", "is it quiet"),
+        ("no no is it quiet", "no no is it quiet"),  # one word twice: not a restart
+        ("is it is it quiet", "is it quiet"),
+    ],
+)
+def test_a_restart_is_searched_once(turn: str, said: str) -> None:
+    """A run of two or three words said twice at once (fillers aside) is a restart: the turn
+    is folded and searched with it said once; anything else is searched as said."""
+    g = gaz()
+    session = _session(("agent", "The Lensfield is nice."), g=g)
+    plan = followups.plan(session, Utterance.of(turn), g.find(tokens(turn)))
+    assert plan.query == f"THE LENSFIELD HOTEL: {said}"
+
+
 def test_without_entities_a_turn_is_searched_with_the_recent_turns() -> None:
     session = _session(("user", "What is throat cancer?"))
     assert (

@@ -35,9 +35,11 @@ fades with each turn. A user turn is then searched as (``plan``):
       at nothing (``names_shared``)
     otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
-where the exchange is the caller's previous turn with content and what the agent said after it
-(with no entity to name the topic, an answer's content is in both: "I lost my card." / "Do you
-want to know how to replace it?" / "Yes.").
+where a folded turn is its words with a restart said once ("what about what uh about X":
+``said_once``; a turn searched as said is searched as said), and the exchange is the caller's
+previous turn with content and what the agent said after it (with no entity to name the topic,
+an answer's content is in both: "I lost my card." / "Do you want to know how to replace it?" /
+"Yes.").
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
 are lifted a little (``sidecar.turn.engine``). A turn folded with the recent exchange is also
@@ -58,7 +60,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
@@ -154,6 +156,7 @@ class Source:
 
 
 SHORT_TURN = 5  # words; a turn this short rarely names its own topic
+RESTART_WORDS = (3, 2)  # a run this long said twice at once is a restart ("what about what about")
 RECENT_CONFIDENCE = 0.5  # nothing names what the recent turns are about: a guess, said as one
 MAX_FOLDED_WORDS = 60  # of the agent's turns folded into an answer: the caller's words stay read
 ANSWER_CONTENT_WORDS = 3  # an answer with more content words than this is its own question
@@ -610,6 +613,32 @@ def _spoken(utterance: Utterance) -> tuple[str, ...]:
     return utterance.spoken
 
 
+def said_once(utterance: Utterance) -> str:
+    """The turn's text with a restart said once: a run of ``RESTART_WORDS`` words said twice
+    at once, fillers aside ("what about what uh about advanced options for it" -> "what uh about
+    advanced options for it"; the repeat, folded with a name, leads a search astray). Anything
+    else is the text as said."""
+    toks = _spoken(utterance)
+    if len(set(toks)) == len(toks):
+        return utterance.text  # no word said twice: no restart (most turns)
+    pieces = utterance.text.split()
+    said = [(i, w) for i, piece in enumerate(pieces) for w in words(piece) if w not in FILLERS_EN]
+    starts = {i: k for k, (i, _) in reversed(list(enumerate(said)))}  # a piece's first word
+    for start, n in _restart(tuple(w for _, w in said)):
+        first, again = said[start][0], said[start + n][0]
+        if starts[first] == start and starts[again] == start + n:
+            return " ".join(pieces[:first] + pieces[again:])
+    return utterance.text
+
+
+def _restart(toks: Sequence[str]) -> Iterator[tuple[int, int]]:
+    """Where a run of ``RESTART_WORDS`` words is said twice at once: (its start, its length)."""
+    for n in RESTART_WORDS:
+        for i in range(len(toks) - 2 * n + 1):
+            if toks[i : i + n] == toks[i + n : i + 2 * n]:
+                yield i, n
+
+
 def _content(toks: Iterable[str]) -> list[str]:
     """The words that carry content: not function words, reply words or contractions ("i'm")."""
     return [
@@ -729,17 +758,21 @@ def plan(
     if question:
         # the answer's topic: the tracked entity, else what the caller asked before the question
         used = f"{entity.name}: {question}" if entity is not None else _recent(session) or question
-        return Plan(f"{used} {text}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
+        said = said_once(utterance)
+        return Plan(f"{used} {said}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
     if entity is not None:
         folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
         # a turn that refers back ("do they take reservations") has no meaning alone
-        return Plan(f"{entity.name}: {text}", folded, alone=not refers, named=mentions)
+        return Plan(
+            f"{entity.name}: {said_once(utterance)}", folded, alone=not refers, named=mentions
+        )
     if not refers and (config.fold == "referring" or names_shared(utterance, shared)):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
     recent = _recent(session)
     if recent:
         joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
-        plan = Plan(f"{recent} {text}", joined, alone=True, prior=True, named=mentions)
+        said = said_once(utterance)
+        plan = Plan(f"{recent} {said}", joined, alone=True, prior=True, named=mentions)
         return replace(plan, refers=refers)
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
 
@@ -753,7 +786,7 @@ def _sure_plan(
     if tracked is None or not _section_asked(tracked, sure, utterance, section):
         return Plan(utterance.text, NO_FOLLOWUP)
     folded = FollowUp(tracked.name, Source.ENTITY, tracked.confidence)
-    return Plan(f"{tracked.name}: {utterance.text}", folded, refers=True)
+    return Plan(f"{tracked.name}: {said_once(utterance)}", folded, refers=True)
 
 
 def _section_asked(
