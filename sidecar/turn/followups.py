@@ -260,7 +260,7 @@ class Gazetteer:
         keys = RatedKeys.of(rated.keys, rated.sure, rated.partial)
         tables = KeyTables.build(keys)
         self._use(tables, function_words, streets, rated)
-        self.built_bytes = tables.nbytes + keys.nbytes
+        self.built_bytes = tables.nbytes + tables.prefixes.python_bytes + keys.nbytes
 
     @classmethod
     def of_tables(
@@ -320,7 +320,9 @@ class Gazetteer:
             if mapped is not None:  # their arrays counted in their file's bytes
                 return cls.of_tables(mapped, table, built_bytes=mapped.python_bytes)
             tables = KeyTables.build(table.rated_keys())
-            return cls.of_tables(tables, table, built_bytes=tables.nbytes)
+            return cls.of_tables(
+                tables, table, built_bytes=tables.nbytes + tables.prefixes.python_bytes
+            )
         if table is not None:
             log.warning(
                 "snapshot %s: its entities were rated by follow-up rules %d, this sidecar's are %d:"
@@ -350,11 +352,14 @@ class Gazetteer:
     def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
         """Every entity the tokens match, each once (its surest match), in order of first match."""
         found: dict[str, float] = {}
-        function_words, initials = self._function_words, self._initials
+        function_words, initials, kept = self._function_words, self._initials, self._prefix_kept
         i = 0
         while i < len(toks):
             tok = toks[i]
-            if (tok in function_words or tok[:1] not in initials) and self._starts(tok) < 0:
+            starts = kept.get(tok)  # the words last asked about first (a turn's recur)
+            if starts is None:
+                starts = self._remember(tok)
+            if starts < 0 and (tok in function_words or tok[:1] not in initials):
                 i += 1  # most words: no name starts with it, none is one edit from it
                 continue
             span, key, near = self._match(toks, i)
@@ -403,10 +408,13 @@ class Gazetteer:
         last asked about (a conversation's words recur; each lookup hashes the word and walks
         the mapped table's slots, a few microseconds in Python)."""
         found = self._prefix_kept.get(word)
-        if found is None:
-            if len(self._prefix_kept) >= PREFIX_KEPT:
-                self._prefix_kept = {}  # a new dict: another thread may be reading the old one
-            found = self._prefix_kept[word] = self._prefixes.find(word)
+        return self._remember(word) if found is None else found
+
+    def _remember(self, word: str) -> int:
+        """``_starts`` of a word not remembered: looked up, and remembered."""
+        if len(self._prefix_kept) >= PREFIX_KEPT:
+            self._prefix_kept = {}  # a new dict: another thread may be reading the old one
+        found = self._prefix_kept[word] = self._prefixes.find(word)
         return found
 
     def _near_match(self, key: str) -> str:
