@@ -291,6 +291,7 @@ class Gazetteer:
         # gazetteer.bin when it has one (1M chunks, 249k keys: 250k prefixes, 1.5M variants)
         self._prefixes = tables.prefixes
         self._keys = KeyOwners(tables)  # key -> its name (None: shared), read from the tables
+        self._key_ends = tables.rated.keys.parts()[1]  # where each key ends in the keys' bytes
         self._sure = KeySure(self._keys, tables)
         self._near = tables.near
         # one edit keeps the first letter and the length within one: most spans are not tried
@@ -362,46 +363,55 @@ class Gazetteer:
             if starts < 0 and (tok in function_words or tok[:1] not in initials):
                 i += 1  # most words: no name starts with it, none is one edit from it
                 continue
-            span, key, near = self._match(toks, i)
-            name = self._keys.get(key) if key else None
-            if name is not None:
-                sure = self._sure.get(key, 1.0) * (NEAR_FACTOR if near else 1.0)
-                found[name] = max(found.get(name, 0.0), sure)
+            span, at, near = self._match(toks, i)
+            if at >= 0:
+                self._mention(found, at, near)
             i += span
         return tuple(Mention(name, round(sure, 3)) for name, sure in found.items())
 
-    def _match(self, toks: Sequence[str], i: int) -> tuple[int, str, bool]:
-        """(tokens consumed, the key matched or "", whether it matched one edit away)."""
+    def _mention(self, found: dict[str, float], at: int, near: bool) -> None:
+        """Key ``at``'s name into ``found`` with its confidence, when it names one name (read
+        by the key's index: the key is not looked up again)."""
+        rated = self.tables.rated
+        owner = int(rated.owner[at])
+        if owner >= 0:
+            name = rated.owner_name(owner)
+            sure = float(rated.sure[at]) * (NEAR_FACTOR if near else 1.0)
+            found[name] = max(found.get(name, 0.0), sure)
+
+    def _match(self, toks: Sequence[str], i: int) -> tuple[int, int, bool]:
+        """(tokens consumed, the index of the key matched or -1, whether it matched one edit
+        away)."""
         longest = min(self._span, len(toks) - i)
-        n, key, at = self._exact(toks, i, longest)
+        n, at = self._exact(toks, i, longest)
         if n:
             partial = bool(self.tables.rated.partial[at])
             if partial and i + n < len(toks) and toks[i + n] in self._streets:
-                return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
-            return n, key, False
+                return n, -1, False  # "12 Bridge Street" is an address, not Bridge Guest House
+            return n, at, False
         if toks[i] in self._function_words:
-            return 1, "", False
+            return 1, -1, False
         if toks[i][:1] in self._initials:
             for n in range(min(longest, FUZZY_MAX_TOKENS), 0, -1):
                 key = self._near_match("".join(toks[i : i + n]))
                 if key:
-                    return n, key, True
-        return 1, "", False
+                    return n, self._keys.index(key), True
+        return 1, -1, False
 
-    def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, str, int]:
+    def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, int]:
         """The longest run of tokens from ``i`` (at most ``longest``) whose words joined are a
-        key, as (tokens, key, the key's index), or (0, "", -1)."""
-        keys = self.tables.rated.keys
-        found, key, at = 0, "", -1
+        key, as (tokens, the key's index), or (0, -1)."""
+        ends = self._key_ends
+        found, at = 0, -1
         joined = ""
         for n in range(1, longest + 1):
             joined += toks[i + n - 1]
             starts = self._starts(joined) if n == 1 else self._prefixes.find(joined)
             if starts < 0:
                 break
-            if len(keys[starts]) == len(joined):
-                found, key, at = n, joined, starts
-        return found, key, at
+            if ends[starts + 1] - ends[starts] == len(joined):  # the key's length, not decoded
+                found, at = n, starts
+        return found, at
 
     def _starts(self, word: str) -> int:
         """A key ``word`` starts (its index; -1: none), remembered for the PREFIX_KEPT words
