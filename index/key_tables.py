@@ -13,7 +13,9 @@ worker processes share the tables' pages through the page cache.
                   open-addressing table of its hash (its bytes as a number, mod a 55-bit prime:
                   hashed in C by Python's integers) -> a key it starts (the key itself when the
                   prefix is a key); linear probing from the top bits of the hash times a
-                  constant (Fibonacci hashing), placed in order of home slot
+                  constant (Fibonacci hashing), placed in order of home slot; a lookup first
+                  asks a Python set of the keys' prefixes of at most three letters (built at
+                  load: most words are refused there, ~0.1 us, not 1-3 us of hashing and slots)
     NearKeys      the long keys' one-letter deletions and the keys themselves as 64-bit hashes in
                   one sorted array (12 bytes a variant: the hash and its key), and a bitmap of the
                   hashes' top bits asked in Python first (a numpy call costs microseconds)
@@ -73,6 +75,13 @@ SLOTS_PER_PREFIX = 2
 # walks at most this many slots). Linear probing at a half full: runs of a few dozen at most.
 MAX_PROBE = 1 << 12
 SLOT_BYTES = 12  # a slot's hash and key
+# A prefix lookup first asks a Python set of the keys' distinct prefixes of at most SHORT_CHARS
+# letters (an ordinary word no key starts with is refused without hashing it or walking the
+# mapped slots: ~0.1 us, not 1-3), built at load from the keys' bytes; with more than SHORT_KEPT
+# of them, the longest prefixes kept are one letter shorter (at most 36 + 36^2 + 16,384 strings:
+# ~1.5 MB, counted in ``KeyTables.python_bytes``)
+SHORT_CHARS = 3
+SHORT_KEPT = 1 << 14
 VARIANT_BYTES = 12  # a variant's hash and key
 
 
@@ -248,8 +257,8 @@ class PrefixTable:
     prefix's hash is its bytes as a number mod a prime drawn when the table is built
     (``_hash_of``), its home slot the top bits of that times _MIX."""
 
-    __slots__ = ("_blob", "_ends", "_hashes", "_keys", "_mod", "_probe", "_shift",
-                 "_size", "hashes", "keys")  # fmt: skip
+    __slots__ = ("_blob", "_chars", "_ends", "_hashes", "_keys", "_mod", "_probe", "_shift",
+                 "_short", "_size", "hashes", "keys")  # fmt: skip
 
     def __init__(
         self,
@@ -264,6 +273,7 @@ class PrefixTable:
         self._mod, self._shift, self._probe, self._size = mod, 64 - bits, probe, hashes.size
         self._blob, self._ends = keys.parts()
         self._hashes, self._keys = hashes.data, key_of.data  # Python ints on indexing
+        self._short, self._chars = _short_prefixes(self._blob, self._ends)
 
     @classmethod
     def build(cls, keys: StringTable, mod: int | None = None) -> PrefixTable:
@@ -285,6 +295,8 @@ class PrefixTable:
         return cls(keys, mod, bits, probe, table_hash, table_key)
 
     def find(self, text: str) -> int:
+        if text[: self._chars] not in self._short:
+            return -1  # no key starts with its first letters
         data = text.encode("ascii", "replace")
         return self.find_hashed(data, int.from_bytes(data, "big") % self._mod)
 
@@ -321,6 +333,30 @@ class PrefixTable:
     @property
     def nbytes(self) -> int:
         return int(self.hashes.nbytes + self.keys.nbytes)
+
+    @property
+    def python_bytes(self) -> int:
+        """What the set of short prefixes takes (held in each process, beside the arrays)."""
+        return sys.getsizeof(self._short) + sum(map(sys.getsizeof, self._short))
+
+
+def _short_prefixes(blob: memoryview, ends: memoryview) -> tuple[frozenset[str], int]:
+    """The keys' distinct prefixes of at most n letters, and n: SHORT_CHARS, or fewer where
+    the longer ones would pass SHORT_KEPT (the keys' bytes read in numpy, a length at a time)."""
+    data = np.frombuffer(blob, dtype=np.uint8)
+    offsets = np.asarray(ends, dtype=np.int64)
+    starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
+    found: set[str] = set()
+    for n in range(1, SHORT_CHARS + 1):
+        rows = starts[lengths >= n]
+        codes = np.zeros(rows.size, dtype=np.uint32)
+        for j in range(n):
+            codes = codes << np.uint32(8) | data[rows + j].astype(np.uint32)
+        distinct = np.unique(codes).tolist()
+        if n > 1 and len(distinct) > SHORT_KEPT:
+            return frozenset(found), n - 1
+        found.update(code.to_bytes(n, "big").decode("latin-1") for code in distinct)
+    return frozenset(found), SHORT_CHARS
 
 
 MAX_POWERS = 2 + 160  # index.entities.MAX_KEY_CHARS + 2: powers of the base a lookup needs
@@ -574,8 +610,9 @@ class KeyTables:
 
     @property
     def python_bytes(self) -> int:
-        """What a process holds of mapped tables: the powers of the near keys' hash base."""
-        return _list_bytes(self.near._powers)
+        """What a process holds of mapped tables: the powers of the near keys' hash base, the
+        set of short prefixes."""
+        return _list_bytes(self.near._powers) + self.prefixes.python_bytes
 
 
 def _list_bytes(values: list[int]) -> int:

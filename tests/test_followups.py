@@ -84,7 +84,8 @@ def _find_every_word_tried(g: Gazetteer, toks: tuple[str, ...]) -> dict[str, flo
     found: dict[str, float] = {}
     i = 0
     while i < len(toks):
-        span, key, near = g._match(toks, i)
+        span, at, near = g._match(toks, i)
+        key = g.tables.rated.keys[at] if at >= 0 else ""
         name = g._keys.get(key) if key else None
         if name is not None:
             sure = g._sure.get(key, 1.0) * (followups.NEAR_FACTOR if near else 1.0)

@@ -32,9 +32,13 @@ def _deletions(key: str) -> set[str]:
     return {key[:i] + key[i + 1 :] for i in range(1, len(key))}
 
 
-@pytest.mark.parametrize("rows", [3, key_tables.ROWS])  # keys compared a block at a time
-def test_prefixes_are_every_prefix_of_every_key(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+# keys compared a block at a time; the short prefixes asked first two letters long, not three
+@pytest.mark.parametrize(("rows", "short"), [(3, key_tables.SHORT_KEPT), (key_tables.ROWS, 60)])
+def test_prefixes_are_every_prefix_of_every_key(
+    monkeypatch: pytest.MonkeyPatch, rows: int, short: int
+) -> None:
     monkeypatch.setattr(key_tables, "ROWS", rows)
+    monkeypatch.setattr(key_tables, "SHORT_KEPT", short)
     for keys in ([], ["a"], ["abc", "ab"], _keys(500, 1)):
         table = key_tables.PrefixTable.build(StringTable.of(keys))
         prefixes = {k[:i] for k in keys for i in range(1, len(k) + 1)}
@@ -43,8 +47,9 @@ def test_prefixes_are_every_prefix_of_every_key(monkeypatch: pytest.MonkeyPatch,
             found = table.find(prefix)
             assert keys[found].startswith(prefix)
             assert (keys[found] == prefix) == (prefix in keys)  # a key finds itself
-        for other in ("z", "abd", "documentz", "g" * 20, "pizzahutf" + "a" * 9):
+        for other in ("z", "abd", "documentz", "g" * 20, "pizzahutf" + "a" * 9, "", "thé"):
             assert table.find(other) == -1 or other in prefixes
+        assert table.python_bytes > 0  # the short prefixes' set, counted
 
 
 def test_sharing_finds_every_key_with_a_common_deletion() -> None:

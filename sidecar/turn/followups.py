@@ -263,7 +263,7 @@ class Gazetteer:
         keys = RatedKeys.of(rated.keys, rated.sure, rated.partial)
         tables = KeyTables.build(keys)
         self._use(tables, function_words, streets, rated)
-        self.built_bytes = tables.nbytes + keys.nbytes
+        self.built_bytes = tables.nbytes + tables.prefixes.python_bytes + keys.nbytes
 
     @classmethod
     def of_tables(
@@ -294,6 +294,7 @@ class Gazetteer:
         # gazetteer.bin when it has one (1M chunks, 249k keys: 250k prefixes, 1.5M variants)
         self._prefixes = tables.prefixes
         self._keys = KeyOwners(tables)  # key -> its name (None: shared), read from the tables
+        self._key_ends = tables.rated.keys.parts()[1]  # where each key ends in the keys' bytes
         self._sure = KeySure(self._keys, tables)
         self._near = tables.near
         # one edit keeps the first letter and the length within one: most spans are not tried
@@ -323,7 +324,9 @@ class Gazetteer:
             if mapped is not None:  # their arrays counted in their file's bytes
                 return cls.of_tables(mapped, table, built_bytes=mapped.python_bytes)
             tables = KeyTables.build(table.rated_keys())
-            return cls.of_tables(tables, table, built_bytes=tables.nbytes)
+            return cls.of_tables(
+                tables, table, built_bytes=tables.nbytes + tables.prefixes.python_bytes
+            )
         if table is not None:
             log.warning(
                 "snapshot %s: its entities were rated by follow-up rules %d, this sidecar's are %d:"
@@ -353,63 +356,78 @@ class Gazetteer:
     def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
         """Every entity the tokens match, each once (its surest match), in order of first match."""
         found: dict[str, float] = {}
-        function_words, initials = self._function_words, self._initials
+        function_words, initials, kept = self._function_words, self._initials, self._prefix_kept
         i = 0
         while i < len(toks):
             tok = toks[i]
-            if (tok in function_words or tok[:1] not in initials) and self._starts(tok) < 0:
+            starts = kept.get(tok)  # the words last asked about first (a turn's recur)
+            if starts is None:
+                starts = self._remember(tok)
+            if starts < 0 and (tok in function_words or tok[:1] not in initials):
                 i += 1  # most words: no name starts with it, none is one edit from it
                 continue
-            span, key, near = self._match(toks, i)
-            name = self._keys.get(key) if key else None
-            if name is not None:
-                sure = self._sure.get(key, 1.0) * (NEAR_FACTOR if near else 1.0)
-                found[name] = max(found.get(name, 0.0), sure)
+            span, at, near = self._match(toks, i)
+            if at >= 0:
+                self._mention(found, at, near)
             i += span
         return tuple(Mention(name, round(sure, 3)) for name, sure in found.items())
 
-    def _match(self, toks: Sequence[str], i: int) -> tuple[int, str, bool]:
-        """(tokens consumed, the key matched or "", whether it matched one edit away)."""
+    def _mention(self, found: dict[str, float], at: int, near: bool) -> None:
+        """Key ``at``'s name into ``found`` with its confidence, when it names one name (read
+        by the key's index: the key is not looked up again)."""
+        rated = self.tables.rated
+        owner = int(rated.owner[at])
+        if owner >= 0:
+            name = rated.owner_name(owner)
+            sure = float(rated.sure[at]) * (NEAR_FACTOR if near else 1.0)
+            found[name] = max(found.get(name, 0.0), sure)
+
+    def _match(self, toks: Sequence[str], i: int) -> tuple[int, int, bool]:
+        """(tokens consumed, the index of the key matched or -1, whether it matched one edit
+        away)."""
         longest = min(self._span, len(toks) - i)
-        n, key, at = self._exact(toks, i, longest)
+        n, at = self._exact(toks, i, longest)
         if n:
             partial = bool(self.tables.rated.partial[at])
             if partial and i + n < len(toks) and toks[i + n] in self._streets:
-                return n, "", False  # "12 Bridge Street" is an address, not Bridge Guest House
-            return n, key, False
+                return n, -1, False  # "12 Bridge Street" is an address, not Bridge Guest House
+            return n, at, False
         if toks[i] in self._function_words:
-            return 1, "", False
+            return 1, -1, False
         if toks[i][:1] in self._initials:
             for n in range(min(longest, FUZZY_MAX_TOKENS), 0, -1):
                 key = self._near_match("".join(toks[i : i + n]))
                 if key:
-                    return n, key, True
-        return 1, "", False
+                    return n, self._keys.index(key), True
+        return 1, -1, False
 
-    def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, str, int]:
+    def _exact(self, toks: Sequence[str], i: int, longest: int) -> tuple[int, int]:
         """The longest run of tokens from ``i`` (at most ``longest``) whose words joined are a
-        key, as (tokens, key, the key's index), or (0, "", -1)."""
-        keys = self.tables.rated.keys
-        found, key, at = 0, "", -1
+        key, as (tokens, the key's index), or (0, -1)."""
+        ends = self._key_ends
+        found, at = 0, -1
         joined = ""
         for n in range(1, longest + 1):
             joined += toks[i + n - 1]
             starts = self._starts(joined) if n == 1 else self._prefixes.find(joined)
             if starts < 0:
                 break
-            if len(keys[starts]) == len(joined):
-                found, key, at = n, joined, starts
-        return found, key, at
+            if ends[starts + 1] - ends[starts] == len(joined):  # the key's length, not decoded
+                found, at = n, starts
+        return found, at
 
     def _starts(self, word: str) -> int:
         """A key ``word`` starts (its index; -1: none), remembered for the PREFIX_KEPT words
         last asked about (a conversation's words recur; each lookup hashes the word and walks
         the mapped table's slots, a few microseconds in Python)."""
         found = self._prefix_kept.get(word)
-        if found is None:
-            if len(self._prefix_kept) >= PREFIX_KEPT:
-                self._prefix_kept = {}  # a new dict: another thread may be reading the old one
-            found = self._prefix_kept[word] = self._prefixes.find(word)
+        return self._remember(word) if found is None else found
+
+    def _remember(self, word: str) -> int:
+        """``_starts`` of a word not remembered: looked up, and remembered."""
+        if len(self._prefix_kept) >= PREFIX_KEPT:
+            self._prefix_kept = {}  # a new dict: another thread may be reading the old one
+        found = self._prefix_kept[word] = self._prefixes.find(word)
         return found
 
     def _near_match(self, key: str) -> str:
