@@ -74,6 +74,10 @@ SLOTS_PER_PREFIX = 2
 # The farthest a prefix may sit from its home slot; a file claiming more is refused (a lookup
 # walks at most this many slots). Linear probing at a half full: runs of a few dozen at most.
 MAX_PROBE = 1 << 12
+# The keys one hash's run gives a lookup at most: a form one edit from more keys than this names
+# none of them as it is (several owners), and a file's run of one hash (a hostile file's, of a
+# common word's deletion) costs each lookup no more than this
+MAX_NEAR_RUN = 256
 SLOT_BYTES = 12  # a slot's hash and key
 # A prefix lookup first asks a Python set of the keys' distinct prefixes of at most SHORT_CHARS
 # letters (an ordinary word no key starts with is refused without hashing it or walking the
@@ -504,7 +508,7 @@ class NearKeys:
         found: set[int] = set()
         for i in at[hit].tolist():
             stop = int(np.searchsorted(table, table[i], side="right"))
-            found.update(self._owners[i:stop].tolist())
+            found.update(self._owners[i : min(stop, i + MAX_NEAR_RUN)].tolist())
         return found
 
     def _hashes_of(self, span: str) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from index import key_tables
@@ -104,3 +105,19 @@ def test_colliding_hashes_match_no_other_name(monkeypatch: pytest.MonkeyPatch) -
 
 def _gazetteer() -> Gazetteer:
     return Gazetteer(NAMES, FUNCTION_WORDS_EN, None, followups.STREETS_EN)
+
+
+def test_a_run_of_one_hash_gives_a_lookup_a_bounded_number_of_keys() -> None:
+    """A hostile table of one span's hash repeated (the file names its hash base): the lookup
+    reads at most MAX_NEAR_RUN of the run, not all of it, each time the span is said."""
+    keys = [f"document{i:05d}" for i in range(3000)]
+    built = key_tables.NearKeys(keys)
+    run = 8 * key_tables.MAX_NEAR_RUN
+    span_hash = built._hashes_of("daughters")[0]
+    hashes = np.full(run, span_hash, dtype=np.uint64)
+    owners = np.arange(run, dtype=np.int32) % len(keys)
+    near = key_tables.NearKeys.mapped(
+        keys, built._base, hashes, owners, np.full(1 << 13, 0xFF, np.uint8), 48
+    )
+    found = near.sharing_ids("daughters")
+    assert 1 < len(found) <= key_tables.MAX_NEAR_RUN
