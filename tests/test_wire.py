@@ -18,18 +18,9 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.engine import BasePolicy, SearchResult, Timings
 from sidecar.turn.hits import Hit
 from sidecar.turn.rerank import Status as RerankStatus
+from tests.test_messages import CHUNK as BILLING
 
-CHUNK = Chunk(
-    chunk_id="c1",
-    source="faq",
-    source_path="billing.md",
-    title="Billing",
-    breadcrumbs=("Billing", "Refunds"),
-    text="Refunds take five days.",
-    embed_text="Billing > Refunds\n\nRefunds take five days.",
-    url="https://example.com/billing",
-    metadata={"lang": "en", "tags": ["a", "b"]},
-)
+CHUNK = replace(BILLING, metadata={"lang": "en", "tags": ["a", "b"]})
 BARE = Chunk(
     chunk_id="c2", source="", source_path="", title="", breadcrumbs=(), text="", embed_text=""
 )
