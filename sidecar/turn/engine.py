@@ -795,21 +795,11 @@ class Engine:
 def _nearest_hits(
     searcher: Searcher, kb: str, vector: Vectors, limit: int, min_score: float
 ) -> list[Hit]:
-    """The graph's nearest ``limit`` chunks with cosine >= ``min_score``, best first, as hits:
-    labels to chunks in one pass (``relevance.dense`` without a lift, through
-    ``LoadedSnapshot.search_dense`` with no sources)."""
-    snapshot = searcher.snapshot
-    chunks = snapshot.chunks
-    k = min(limit, len(chunks))
-    if k <= 0:
-        return []
-    labels, distances = snapshot.index.knn_query(vector.reshape(1, -1), k=k)
-    hits = []
-    for label, distance in zip(labels[0].tolist(), distances[0].tolist(), strict=True):
-        score = 1.0 - distance
-        if score >= min_score:
-            hits.append(Hit(kb, chunks[label], score))
-    return hits
+    """The graph's nearest ``limit`` chunks with cosine >= ``min_score``, best first, as hits
+    (``relevance.dense`` without a lift or sources)."""
+    chunks = searcher.snapshot.chunks
+    nearest = searcher.snapshot.search_dense(vector, limit)
+    return [Hit(kb, chunks[label], score) for label, score in nearest if score >= min_score]
 
 
 def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:
