@@ -466,11 +466,6 @@ def _one_edit(a: str, b: str) -> bool:
     return i + 1 < len(a) and a[i] == b[i + 1] and a[i + 1] == b[i] and a[i + 2 :] == b[i + 2 :]
 
 
-def _deletions(key: str) -> set[str]:
-    """``key`` with one letter dropped, never the first: one edit that keeps the initial."""
-    return {key[:i] + key[i + 1 :] for i in range(1, len(key))}
-
-
 _EMPTY = Gazetteer((), FUNCTION_WORDS_EN)
 _DEFAULTS = FollowupConfig()
 
