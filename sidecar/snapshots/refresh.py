@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import errno
 import gc
 import logging
@@ -98,9 +97,10 @@ def warm_up(snapshot: LoadedSnapshot) -> Searcher:
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, where the C library has it (not musl, not macOS)."""
+    """glibc's ``malloc_trim``, where the C library has it (not musl, not macOS): looked up
+    among the symbols the process already has (``find_library`` would run ``ldconfig``)."""
     try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
     except OSError:
         return None
 
