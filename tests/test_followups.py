@@ -392,7 +392,10 @@ async def test_a_markdown_base_follow_up_stays_on_the_page(wt_sidecar: Any) -> N
     assert follow.query.endswith("Can I resize them?")
     assert follow.query != "Can I resize them?"
     assert follow.followup.source in ("entity", "recent_turns")
-    assert follow.chunks[0].source_path == first.chunks[0].source_path
+    # on the pages the first answer found (both about split panes: which of the two comes first
+    # is within the int8 kernels' rounding of one CPU against another); alone, "Can I resize
+    # them?" finds neither (panes.md's and actions.md's resizing sections)
+    assert follow.chunks[0].source_path in {chunk.source_path for chunk in first.chunks}
 
 
 async def test_the_quality_bench_runs_on_a_few_dialogues(
