@@ -88,6 +88,7 @@ from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.config import FollowupConfig
 from sidecar.turn.sessions import Mention, Said, Session, Speaker
+from sidecar.turn.sounds import SoundNames
 from sidecar.turn.text import Utterance, tokens, words
 
 log = logging.getLogger(__name__)
@@ -309,6 +310,12 @@ class Gazetteer:
         self.size = counts.size
         self.shared = counts.shared
         self.built_bytes = 0  # what the tables built in memory take (0: mapped from the snapshot)
+        owners = tables.rated
+        count = len(owners.owners)
+        names = (owners.owner_name(i) for i in range(count))
+        # the names as a recogniser may hear them ("goal drive"), weak namings a turn's own
+        # search may confirm (``heard``)
+        self.sounds = SoundNames.of(names, function_words, self.shared, FILLERS_EN, count)
 
     @classmethod
     def of(cls, snapshot: LoadedSnapshot) -> Gazetteer:
@@ -788,6 +795,20 @@ def plan(
         plan = Plan(f"{recent} {said}", joined, alone=True, prior=True, named=mentions)
         return replace(plan, refers=refers)
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
+
+
+def heard(plan: Plan, mentions: Sequence[Mention], sounds: SoundNames, toks: Sequence[str]) -> Plan:
+    """``plan`` with the names the turn's words sound like (``SoundNames.find``: "goal drive"
+    of "Google Drive") among the weak namings its own search may confirm (``confirmed``), where
+    the gazetteer found no confident naming: a short turn naming a page misheard is then
+    answered as said, if its own top results are all that page's, instead of being folded with
+    the page before. Nothing else of the plan changes: a name heard is no naming until then."""
+    if plan.names or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
+        return plan
+    found = sounds.find(toks)
+    named = {m.name for m in plan.named}
+    new = tuple(m for m in found if m.name not in named)
+    return replace(plan, named=(*plan.named, *new)) if new else plan
 
 
 def _sure_plan(

@@ -1,0 +1,196 @@
+"""Names as a recogniser hears them: a page named in words that sound like its name.
+
+A recogniser that does not know a name writes what it heard: "goal drive" for Google Drive,
+"azon s three" for Amazon S3, "misoft onedrive" for Microsoft OneDrive. The gazetteer's keys
+match a name said as written or one edit away (``sidecar.turn.followups.Gazetteer``); these
+are further. Each name word gets a sound key (``sound_key``: its consonants, like sounds
+merged, vowels dropped, a number said as a word written as its digits), and a name is heard
+where a run of the turn's words (fillers skipped, a name word heard as one word or as two)
+gives the keys of all the name's words in order, each equal to the word's own key or to it
+less one or two of its letters (a syllable the recogniser dropped). Only where the name is
+distinctive: its words' keys hold at least ``MIN_KEY_LETTERS`` letters, and the run sounds
+like no other name ("koral bay" of "Coral Bay" and "Koral Bay" is neither's). A name said
+as written is the gazetteer's to rate, so a run heard here has a word said otherwise.
+
+A name heard is a weak naming (``HEARD_CONFIDENCE``, below the gazetteer's weakest): the turn
+is not planned by it, and it never tracks an entity of its own. It is only a candidate the
+turn's own search may confirm (``sidecar.turn.followups.confirmed``: the turn alone's top
+results all that page's), so that a short turn naming a page misheard is answered as said
+instead of being folded with the page before. Ordinary speech that sounds like a name ("my
+goal drive") rarely finds only that page.
+
+The tables are built at load from the snapshot's names (``SoundNames.of``), for bases of at
+most ``MAX_NAMES`` names: a larger base's sidecar hears no name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from itertools import combinations
+
+from index.entities import tokens
+from sidecar.turn.sessions import Mention
+
+# A name heard is weaker than any the gazetteer matches (index.entities.WEAK_CONFIDENCE, 0.25):
+# it is never the turn's topic until the turn's own search confirms it.
+HEARD_CONFIDENCE = 0.2
+# The names' words' keys together hold at least this many letters: a shorter name ("Box",
+# "S3") sounds like too much ordinary speech.
+MIN_KEY_LETTERS = 4
+MAX_NAME_WORDS = 4  # a longer name is not said whole as a name, and a run costs more to follow
+# A word key of this many letters may be heard with one letter dropped ("azon" for "amazon"),
+# of DROP_TWO or more with two (a syllable: "misoft" for "microsoft"); a shorter key only as it
+# is (a key of two letters left is too many ordinary words').
+DROP_ONE = 4
+DROP_TWO = 6
+# A name word heard as at most this many said words ("s three" for "s3", "goo gull" for
+# "google").
+WORD_PIECES = 2
+# Names whose sound tables are built (each name's words with their drop variants: a few
+# hundred bytes); above it no name is heard (the tables would cost every worker ~100 MB at 1M
+# chunks).
+MAX_NAMES = 20_000
+KEYS_KEPT = 4096  # said words whose sound key a table remembers (a conversation's words recur)
+
+# English number words a recogniser writes for a name's digits ("s three" for "S3").
+NUMBER_DIGITS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve".split()
+    )
+}
+# Letters that sound alike, merged (a Soundex-like grouping: voiced and voiceless pairs, the
+# spellings of one sound); vowels, "h", "w" and "y" after the first letter are dropped.
+_SPELLINGS = tuple(
+    (re.compile(pattern), said)
+    for pattern, said in (
+        ("ph", "f"), ("ck", "k"), ("c(?=[eiy])", "s"), ("[cgq]", "k"), ("x", "ks"), ("z", "s"),
+        ("d", "t"), ("b", "p"), ("v", "f"), ("j", "k"),
+    )
+)  # fmt: skip
+_LATER = re.compile(r"[aeiouhwy]")
+_DOUBLE = re.compile(r"(.)\1+")
+_VOWEL = frozenset("aeiouy")
+
+
+def sound_key(word: str) -> str:
+    """A word's sound key: "google" and "goal" "kl", "microsoft" "mkrsft", "amazon" "amsn",
+    "three" "3". A word starting with a vowel keeps an "a" for it."""
+    digits = NUMBER_DIGITS.get(word)
+    if digits is not None:
+        return digits
+    head = "a" if word[:1] in _VOWEL else ""
+    w = word
+    for pattern, said in _SPELLINGS:
+        w = pattern.sub(said, w)
+    return _DOUBLE.sub(r"\1", head + _LATER.sub("", w))
+
+
+def _dropped(key: str) -> set[str]:
+    """The key less one letter (keys of DROP_ONE letters or more) or two (DROP_TWO), its first
+    letter kept: a syllable the recogniser dropped."""
+    if len(key) < DROP_ONE:
+        return set()
+    most = 2 if len(key) >= DROP_TWO else 1
+    rest = range(1, len(key))
+    return {
+        "".join(c for i, c in enumerate(key) if i not in cut)
+        for n in range(1, most + 1)
+        for cut in combinations(rest, n)
+    }
+
+
+class SoundNames:
+    """The snapshot's names as sequences of word sound keys, looked up by their first word's
+    keys (its own and its drop variants)."""
+
+    def __init__(self, names: dict[str, tuple[str, ...]], skipped: frozenset[str]) -> None:
+        self._names = names  # name -> its words (less function and shared words)
+        self._keys = {name: tuple(sound_key(w) for w in ws) for name, ws in names.items()}
+        self._heard: dict[str, set[str]] = {}  # a key said -> the keys of name words it may be
+        self._first: dict[str, list[str]] = {}  # a name word's key -> the names it starts
+        for name, keys in self._keys.items():
+            self._first.setdefault(keys[0], []).append(name)
+            for key in keys:
+                for said in (key, *_dropped(key)):
+                    self._heard.setdefault(said, set()).add(key)
+        self._skipped = skipped  # fillers: never part of a name, never break one
+        self._kept: dict[str, str] = {}
+
+    @classmethod
+    def of(
+        cls, names: Iterable[str], function_words: frozenset[str], shared: frozenset[str],
+        skipped: frozenset[str], count: int,
+    ) -> SoundNames:  # fmt: skip
+        """The tables of ``names`` (``count`` of them; none above MAX_NAMES): each name's words
+        less ``function_words`` and the ``shared`` words most names hold (they tell no page
+        apart, and a caller leaves them out), of MAX_NAME_WORDS or fewer, whose keys hold
+        MIN_KEY_LETTERS letters."""
+        kept: dict[str, tuple[str, ...]] = {}
+        if count > MAX_NAMES:
+            return cls(kept, skipped)
+        for name in names:
+            ws = tuple(w for w in tokens(name) if w not in function_words and w not in shared)
+            if 0 < len(ws) <= MAX_NAME_WORDS and sum(len(sound_key(w)) for w in ws) >= (
+                MIN_KEY_LETTERS
+            ):
+                kept[name] = ws
+        return cls(kept, skipped)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
+        """The names a run of ``toks`` sounds like, each a weak naming (HEARD_CONFIDENCE), none
+        said as written (the gazetteer's) or sounding like another name too."""
+        if not self._names:
+            return ()
+        said = [t for t in toks if t not in self._skipped]
+        keys = [self._key(t) for t in said]
+        found: dict[str, None] = {}
+        for i in range(len(said)):
+            heard = [(name, written) for name in self._starting(keys, i) for written in
+                     self._follows(said, keys, i, name)]  # fmt: skip
+            if len(heard) == 1 and not heard[0][1]:  # one name, said otherwise than written
+                found[heard[0][0]] = None
+        return tuple(Mention(name, HEARD_CONFIDENCE) for name in found)
+
+    def _key(self, word: str) -> str:
+        found = self._kept.get(word)
+        if found is None:
+            if len(self._kept) >= KEYS_KEPT:
+                self._kept = {}  # a new dict: another thread may be reading the old one
+            found = self._kept[word] = sound_key(word)
+        return found
+
+    def _starting(self, keys: Sequence[str], i: int) -> set[str]:
+        """The names whose first word the words from ``i`` may be heard as."""
+        names: set[str] = set()
+        joined = ""
+        for n in range(min(WORD_PIECES, len(keys) - i)):
+            joined += keys[i + n]
+            for key in self._heard.get(joined, ()):
+                names.update(self._first.get(key, ()))
+        return names
+
+    def _follows(self, said: Sequence[str], keys: Sequence[str], i: int, name: str) -> list[bool]:
+        """Whether the words from ``i`` are heard as all of ``name``'s words in order: [] if
+        not, else [whether they are its words as written]."""
+        exact = True
+        for word, key in zip(self._names[name], self._keys[name], strict=True):
+            n = self._heard_as(keys, i, key)
+            if not n:
+                return []
+            exact = exact and said[i : i + n] == [word]
+            i += n
+        return [exact]
+
+    def _heard_as(self, keys: Sequence[str], i: int, key: str) -> int:
+        """How many words from ``i`` are heard as a name word of ``key`` (0: none)."""
+        joined = ""
+        for n in range(1, min(WORD_PIECES, len(keys) - i) + 1):
+            joined += keys[i + n - 1]
+            if key in self._heard.get(joined, ()):
+                return n
+        return 0
