@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import combinations
 
 from index.entities import tokens
@@ -72,6 +73,7 @@ _SPELLINGS = tuple(
 _LATER = re.compile(r"[aeiouhwy]")
 _DOUBLE = re.compile(r"(.)\1+")
 _VOWEL = frozenset("aeiouy")
+_NONE: frozenset[str] = frozenset()
 
 
 def sound_key(word: str) -> str:
@@ -105,7 +107,9 @@ class SoundNames:
     """The snapshot's names as sequences of word sound keys, looked up by their first word's
     keys (its own and its drop variants)."""
 
-    def __init__(self, names: dict[str, tuple[str, ...]], skipped: frozenset[str]) -> None:
+    def __init__(
+        self, names: dict[str, tuple[str, ...]], skipped: frozenset[str], unnamed: frozenset[str]
+    ) -> None:
         self._names = names  # name -> its words (less function and shared words)
         self._keys = {name: tuple(sound_key(w) for w in ws) for name, ws in names.items()}
         self._heard: dict[str, set[str]] = {}  # a key said -> the keys of name words it may be
@@ -116,7 +120,10 @@ class SoundNames:
                 for said in (key, *_dropped(key)):
                     self._heard.setdefault(said, set()).add(key)
         self._skipped = skipped  # fillers: never part of a name, never break one
+        self._unnamed = unnamed  # function words: no name starts with one
         self._kept: dict[str, str] = {}
+        # each name word as written: heard as itself only
+        self._written = {w: frozenset({sound_key(w)}) for ws in names.values() for w in ws}
 
     @classmethod
     def of(
@@ -129,14 +136,14 @@ class SoundNames:
         MIN_KEY_LETTERS letters."""
         kept: dict[str, tuple[str, ...]] = {}
         if count > MAX_NAMES:
-            return cls(kept, skipped)
+            return cls(kept, skipped, function_words)
         for name in names:
             ws = tuple(w for w in tokens(name) if w not in function_words and w not in shared)
             if 0 < len(ws) <= MAX_NAME_WORDS and sum(len(sound_key(w)) for w in ws) >= (
                 MIN_KEY_LETTERS
             ):
                 kept[name] = ws
-        return cls(kept, skipped)
+        return cls(kept, skipped, function_words)
 
     def __len__(self) -> int:
         return len(self._names)
@@ -146,31 +153,36 @@ class SoundNames:
         said as written (the gazetteer's) or sounding like another name too."""
         if not self._names:
             return ()
-        said = [t for t in toks if t not in self._skipped]
-        keys = [self._key(t) for t in said]
+        kept, skipped = self._kept, self._skipped
+        said = [t for t in toks if t not in skipped]
+        keys = [kept.get(t) or self._key(t) for t in said]
         found: dict[str, None] = {}
-        for i in range(len(said)):
-            heard = [(name, written) for name in self._starting(keys, i) for written in
+        for i, word in enumerate(said):
+            if word in self._unnamed:
+                continue  # most words: no name's word is heard from here
+            starting = self._starting(said, keys, i)
+            if not starting:
+                continue
+            heard = [(name, written) for name in starting for written in
                      self._follows(said, keys, i, name)]  # fmt: skip
             if len(heard) == 1 and not heard[0][1]:  # one name, said otherwise than written
                 found[heard[0][0]] = None
         return tuple(Mention(name, HEARD_CONFIDENCE) for name in found)
 
     def _key(self, word: str) -> str:
-        found = self._kept.get(word)
-        if found is None:
-            if len(self._kept) >= KEYS_KEPT:
-                self._kept = {}  # a new dict: another thread may be reading the old one
-            found = self._kept[word] = sound_key(word)
+        """``sound_key``, remembered for the KEYS_KEPT words last asked about."""
+        if len(self._kept) >= KEYS_KEPT:
+            self._kept = {}  # a new dict: another thread may be reading the old one
+        found = self._kept[word] = sound_key(word)
         return found
 
-    def _starting(self, keys: Sequence[str], i: int) -> set[str]:
+    def _starting(self, said: Sequence[str], keys: Sequence[str], i: int) -> set[str]:
         """The names whose first word the words from ``i`` may be heard as."""
         names: set[str] = set()
         joined = ""
         for n in range(min(WORD_PIECES, len(keys) - i)):
             joined += keys[i + n]
-            for key in self._heard.get(joined, ()):
+            for key in self._may_be(said, i, n + 1, joined):
                 names.update(self._first.get(key, ()))
         return names
 
@@ -179,18 +191,28 @@ class SoundNames:
         not, else [whether they are its words as written]."""
         exact = True
         for word, key in zip(self._names[name], self._keys[name], strict=True):
-            n = self._heard_as(keys, i, key)
+            n = self._heard_as(said, keys, i, key)
             if not n:
                 return []
             exact = exact and said[i : i + n] == [word]
             i += n
         return [exact]
 
-    def _heard_as(self, keys: Sequence[str], i: int, key: str) -> int:
+    def _heard_as(self, said: Sequence[str], keys: Sequence[str], i: int, key: str) -> int:
         """How many words from ``i`` are heard as a name word of ``key`` (0: none)."""
         joined = ""
         for n in range(1, min(WORD_PIECES, len(keys) - i) + 1):
             joined += keys[i + n - 1]
-            if key in self._heard.get(joined, ()):
+            if key in self._may_be(said, i, n, joined):
                 return n
         return 0
+
+    def _may_be(self, said: Sequence[str], i: int, n: int, joined: str) -> AbstractSet[str]:
+        """The keys of the name words that ``n`` words from ``i`` (their keys ``joined``) may be
+        heard as: a word that is a name's word as written is that word ("onedrive" is not
+        OpenDrive with a letter dropped)."""
+        if n == 1:
+            own = self._written.get(said[i])
+            if own is not None:
+                return own
+        return self._heard.get(joined, _NONE)
