@@ -471,7 +471,7 @@ class Engine:
         )
         if not self.config.followups.enabled:
             return plan
-        return followups.heard(plan, mentions, gazetteer.sounds, utterance.tokens)
+        return followups.heard(plan, utterance, mentions, gazetteer.sounds)
 
     async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
         """Embed and rank a planned query ahead of its turn; None when the embedder missed

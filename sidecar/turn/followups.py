@@ -797,15 +797,24 @@ def plan(
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
 
 
-def heard(plan: Plan, mentions: Sequence[Mention], sounds: SoundNames, toks: Sequence[str]) -> Plan:
+def heard(
+    plan: Plan, utterance: Utterance, mentions: Sequence[Mention], sounds: SoundNames
+) -> Plan:
     """``plan`` with the names the turn's words sound like (``SoundNames.find``: "goal drive"
-    of "Google Drive") among the weak namings its own search may confirm (``confirmed``), where
-    the gazetteer found no confident naming: a short turn naming a page misheard is then
-    answered as said, if its own top results are all that page's, instead of being folded with
-    the page before. Nothing else of the plan changes: a name heard is no naming until then."""
+    of "Google Drive"), where the gazetteer found no confident naming: among the weak namings
+    the turn's own search may confirm (``confirmed``), so that a short turn naming a page
+    misheard is answered as said, if its own top results are all that page's, instead of being
+    folded with the page before; and a turn that says nothing but a name heard so ("tell me
+    about smb saves"), answering no question of the agent's and pointing back at nothing, is
+    searched as said with it as its topic, as a weak name said alone is (``only_names``).
+    Otherwise a name heard is no naming."""
     if plan.names or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
         return plan
-    found = sounds.find(toks)
+    if plan.followup.source != Source.AGENT_QUESTION and not _points_back(_spoken(utterance)):
+        only = sounds.only(utterance.tokens, _content)
+        if only is not None:
+            return Plan(utterance.text, NO_FOLLOWUP, named=(only,), names=True)
+    found = sounds.find(utterance.tokens)
     named = {m.name for m in plan.named}
     new = tuple(m for m in found if m.name not in named)
     return replace(plan, named=(*plan.named, *new)) if new else plan

@@ -26,7 +26,7 @@ most ``MAX_NAMES`` names: a larger base's sidecar hears no name.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import combinations
 
@@ -151,23 +151,43 @@ class SoundNames:
     def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
         """The names a run of ``toks`` sounds like, each a weak naming (HEARD_CONFIDENCE), none
         said as written (the gazetteer's) or sounding like another name too."""
+        return tuple(
+            Mention(name, HEARD_CONFIDENCE) for name in dict.fromkeys(self._runs(toks)[1].values())
+        )
+
+    def only(
+        self, toks: Sequence[str], content: Callable[[Sequence[str]], list[str]]
+    ) -> Mention | None:
+        """The one name the turn's ``content`` words (fillers aside) are all heard as, in one run
+        ("tell me about smb saves" of "SMB / CIFS"), if any: the words then have no ordinary
+        reading to fall back on, as a weak name said alone has none
+        (``sidecar.turn.followups.only_names``)."""
+        said, runs = self._runs(toks)
+        if len(set(runs.values())) != 1:
+            return None
+        (start, end), name = next(iter(runs.items()))
+        rest = [*said[:start], *said[end:]]
+        return Mention(name, HEARD_CONFIDENCE) if not content(rest) else None
+
+    def _runs(self, toks: Sequence[str]) -> tuple[list[str], dict[tuple[int, int], str]]:
+        """The said words (fillers aside) and each run of them heard as one name: (start, end)
+        -> the name."""
         if not self._names:
-            return ()
+            return [], {}
         kept, skipped = self._kept, self._skipped
         said = [t for t in toks if t not in skipped]
         keys = [kept.get(t) or self._key(t) for t in said]
-        found: dict[str, None] = {}
+        found: dict[tuple[int, int], str] = {}
         for i, word in enumerate(said):
             if word in self._unnamed:
                 continue  # most words: no name's word is heard from here
             starting = self._starting(said, keys, i)
             if not starting:
                 continue
-            heard = [(name, written) for name in starting for written in
-                     self._follows(said, keys, i, name)]  # fmt: skip
-            if len(heard) == 1 and not heard[0][1]:  # one name, said otherwise than written
-                found[heard[0][0]] = None
-        return tuple(Mention(name, HEARD_CONFIDENCE) for name in found)
+            heard = [(name, run) for name in starting for run in self._follows(said, keys, i, name)]
+            if len(heard) == 1 and heard[0][1][1]:  # one name, said otherwise than written
+                found[(i, heard[0][1][0])] = heard[0][0]
+        return said, found
 
     def _key(self, word: str) -> str:
         """``sound_key``, remembered for the KEYS_KEPT words last asked about."""
@@ -186,17 +206,20 @@ class SoundNames:
                 names.update(self._first.get(key, ()))
         return names
 
-    def _follows(self, said: Sequence[str], keys: Sequence[str], i: int, name: str) -> list[bool]:
+    def _follows(
+        self, said: Sequence[str], keys: Sequence[str], i: int, name: str
+    ) -> list[tuple[int, bool]]:
         """Whether the words from ``i`` are heard as all of ``name``'s words in order: [] if
-        not, else [whether they are its words as written]."""
-        exact = True
+        not, else [(where the run ends, whether any word of it is said otherwise than
+        written)]."""
+        otherwise = False
         for word, key in zip(self._names[name], self._keys[name], strict=True):
             n = self._heard_as(said, keys, i, key)
             if not n:
                 return []
-            exact = exact and said[i : i + n] == [word]
+            otherwise = otherwise or said[i : i + n] != [word]
             i += n
-        return [exact]
+        return [(i, otherwise)]
 
     def _heard_as(self, said: Sequence[str], keys: Sequence[str], i: int, key: str) -> int:
         """How many words from ``i`` are heard as a name word of ``key`` (0: none)."""
