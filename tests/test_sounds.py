@@ -44,3 +44,8 @@ def test_a_short_name_or_words_apart_are_not_heard() -> None:
 def test_a_base_of_too_many_names_hears_none() -> None:
     sounds = SoundNames.of(NAMES, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, 10**6)
     assert sounds.find(tokens("goal drive")) == ()
+
+
+def test_a_name_word_heard_as_two_words_is_heard() -> None:
+    names = ["Appearance Profile Settings", "General Profile Settings"]
+    assert heard("tell me about appear ansi profile uh settings", names) == [names[0]]

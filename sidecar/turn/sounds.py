@@ -89,6 +89,15 @@ def sound_key(word: str) -> str:
     return _DOUBLE.sub(r"\1", head + _LATER.sub("", w))
 
 
+def _joined(first: str, then: str) -> str:
+    """The sound key of two words said as one ("appear ansi" as "appearance": "aprns"): the
+    second's vowel mark is inside the word now, and a letter at the seam is said once."""
+    if not first:
+        return then
+    then = then[1:] if then[:1] == "a" else then  # "a" in a key only ever marks a first vowel
+    return first + (then[1:] if then[:1] == first[-1:] else then)
+
+
 def _dropped(key: str) -> set[str]:
     """The key less one letter (keys of DROP_ONE letters or more) or two (DROP_TWO), its first
     letter kept: a syllable the recogniser dropped."""
@@ -201,7 +210,7 @@ class SoundNames:
         names: set[str] = set()
         joined = ""
         for n in range(min(WORD_PIECES, len(keys) - i)):
-            joined += keys[i + n]
+            joined = _joined(joined, keys[i + n])
             for key in self._may_be(said, i, n + 1, joined):
                 names.update(self._first.get(key, ()))
         return names
@@ -225,7 +234,7 @@ class SoundNames:
         """How many words from ``i`` are heard as a name word of ``key`` (0: none)."""
         joined = ""
         for n in range(1, min(WORD_PIECES, len(keys) - i) + 1):
-            joined += keys[i + n - 1]
+            joined = _joined(joined, keys[i + n - 1])
             if key in self._may_be(said, i, n, joined):
                 return n
         return 0
