@@ -12,7 +12,7 @@ NAMES = ["Google Drive", "Microsoft OneDrive", "Amazon S3", "Coral Bay", "Koral 
 
 def heard(text: str, names: list[str] = NAMES) -> list[str]:
     sounds = SoundNames.of(names, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, len(names))
-    found = sounds.find(tokens(text))
+    found = sounds.find(tokens(text)).mentions()
     assert all(m.confidence == HEARD_CONFIDENCE for m in found)
     return [m.name for m in found]
 
@@ -43,7 +43,7 @@ def test_a_short_name_or_words_apart_are_not_heard() -> None:
 
 def test_a_base_of_too_many_names_hears_none() -> None:
     sounds = SoundNames.of(NAMES, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, 10**6)
-    assert sounds.find(tokens("goal drive")) == ()
+    assert sounds.find(tokens("goal drive")).mentions() == ()
 
 
 def test_a_name_word_heard_as_two_words_is_heard() -> None:

@@ -52,7 +52,9 @@ the answer, the turn's words did: ``sidecar.turn.engine``). A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":
-``only_names``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
+``only_names``). A name the recogniser heard past one edit ("goal drive", "misoft onedrive") is
+such a weak naming too, heard by its sound (``heard``, ``sidecar.turn.sounds``).
+``TurnResponse.followup`` shows what was folded in, from where, and how sure it
 was (nothing, when the turn's own words decided the answer).
 """
 
@@ -810,13 +812,15 @@ def heard(
     Otherwise a name heard is no naming."""
     if plan.names or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
         return plan
+    found = sounds.find(utterance.tokens)
+    if not found.runs:
+        return plan  # most turns
     if plan.followup.source != Source.AGENT_QUESTION and not _points_back(_spoken(utterance)):
-        only = sounds.only(utterance.tokens, _content)
+        only = found.only(_content)
         if only is not None:
             return Plan(utterance.text, NO_FOLLOWUP, named=(only,), names=True)
-    found = sounds.find(utterance.tokens)
     named = {m.name for m in plan.named}
-    new = tuple(m for m in found if m.name not in named)
+    new = tuple(m for m in found.mentions() if m.name not in named)
     return replace(plan, named=(*plan.named, *new)) if new else plan
 
 

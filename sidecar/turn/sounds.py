@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from itertools import combinations
 
 from index.entities import tokens
@@ -112,6 +113,29 @@ def _dropped(key: str) -> set[str]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """A turn's words as heard (``said``: fillers aside) and each run of them heard as one name
+    (``runs``: (start, end) -> the name), worked out once per turn."""
+
+    said: list[str]
+    runs: dict[tuple[int, int], str]
+
+    def mentions(self) -> tuple[Mention, ...]:
+        """Each name heard, once, a weak naming (HEARD_CONFIDENCE)."""
+        return tuple(Mention(name, HEARD_CONFIDENCE) for name in dict.fromkeys(self.runs.values()))
+
+    def only(self, content: Callable[[Sequence[str]], list[str]]) -> Mention | None:
+        """The one name the turn's ``content`` words are all heard as, in one run ("tell me
+        about smb saves" of "SMB / CIFS"), if any: the words then have no ordinary reading to
+        fall back on, as a weak name said alone has none (``followups.only_names``)."""
+        if len(self.runs) != 1:
+            return None
+        (start, end), name = next(iter(self.runs.items()))
+        rest = [*self.said[:start], *self.said[end:]]
+        return None if content(rest) else Mention(name, HEARD_CONFIDENCE)
+
+
 class SoundNames:
     """The snapshot's names as sequences of word sound keys, looked up by their first word's
     keys (its own and its drop variants)."""
@@ -157,26 +181,10 @@ class SoundNames:
     def __len__(self) -> int:
         return len(self._names)
 
-    def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
-        """The names a run of ``toks`` sounds like, each a weak naming (HEARD_CONFIDENCE), none
-        said as written (the gazetteer's) or sounding like another name too."""
-        return tuple(
-            Mention(name, HEARD_CONFIDENCE) for name in dict.fromkeys(self._runs(toks)[1].values())
-        )
-
-    def only(
-        self, toks: Sequence[str], content: Callable[[Sequence[str]], list[str]]
-    ) -> Mention | None:
-        """The one name the turn's ``content`` words (fillers aside) are all heard as, in one run
-        ("tell me about smb saves" of "SMB / CIFS"), if any: the words then have no ordinary
-        reading to fall back on, as a weak name said alone has none
-        (``sidecar.turn.followups.only_names``)."""
-        said, runs = self._runs(toks)
-        if len(set(runs.values())) != 1:
-            return None
-        (start, end), name = next(iter(runs.items()))
-        rest = [*said[:start], *said[end:]]
-        return Mention(name, HEARD_CONFIDENCE) if not content(rest) else None
+    def find(self, toks: Sequence[str]) -> Heard:
+        """The runs of ``toks`` that sound like a name (``Heard``), none said as written (the
+        gazetteer's) or sounding like another name too."""
+        return Heard(*self._runs(toks))
 
     def _runs(self, toks: Sequence[str]) -> tuple[list[str], dict[tuple[int, int], str]]:
         """The said words (fillers aside) and each run of them heard as one name: (start, end)
