@@ -4,7 +4,8 @@ one name. How a name heard changes a turn: tests/test_turns.py."""
 from __future__ import annotations
 
 from index.entities import FUNCTION_WORDS_EN, tokens
-from sidecar.turn.followups import FILLERS_EN
+from sidecar.turn.followups import FILLERS_EN, _content
+from sidecar.turn.sessions import Mention
 from sidecar.turn.sounds import HEARD_CONFIDENCE, SoundNames, sound_key
 
 NAMES = ["Google Drive", "Microsoft OneDrive", "Amazon S3", "Coral Bay", "Koral Bay", "Box"]
@@ -49,3 +50,14 @@ def test_a_base_of_too_many_names_hears_none() -> None:
 def test_a_name_word_heard_as_two_words_is_heard() -> None:
     names = ["Appearance Profile Settings", "General Profile Settings"]
     assert heard("tell me about appear ansi profile uh settings", names) == [names[0]]
+
+
+def test_a_name_said_alone_after_the_base_s_shared_words_misheard_is_the_only_one() -> None:
+    names = ["Windows Terminal Appearance Profile Settings", "Windows Terminal Actions"]
+    shared = frozenset({"windows", "terminal"})
+    sounds = SoundNames.of(names, FUNCTION_WORDS_EN, shared, FILLERS_EN, len(names))
+    said = sounds.find(tokens("tell me about way needs uh tenal appear ansi profile settings"))
+    assert said.only(_content) == Mention(names[0], HEARD_CONFIDENCE)
+    other = sounds.find(tokens("tell me about old tunnels appear ansi profile settings"))
+    assert other.mentions() == (Mention(names[0], HEARD_CONFIDENCE),)
+    assert other.only(_content) is None  # "old tunnels" says more than the name

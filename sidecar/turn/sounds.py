@@ -99,6 +99,24 @@ def _joined(first: str, then: str) -> str:
     return first + (then[1:] if then[:1] == first[-1:] else then)
 
 
+def _loosely(words: Iterable[str]) -> frozenset[str]:
+    """What the base's shared words may be heard as: each word's key less up to two letters,
+    its first kept ("tenal" of "terminal"). Looser than a name word's drops: they only tell
+    that a caller said the product's name before a page's (``Heard.only``), never which page."""
+    heard: set[str] = set()
+    for word in words:
+        key = sound_key(word)
+        heard.add(key)
+        rest = range(1, len(key))
+        for n in (1, 2):
+            if len(key) - n >= DROP_ONE - 1:
+                heard.update(
+                    "".join(c for i, c in enumerate(key) if i not in cut)
+                    for cut in combinations(rest, n)
+                )
+    return frozenset(heard)
+
+
 def _dropped(key: str) -> set[str]:
     """The key less one letter (keys of DROP_ONE letters or more) or two (DROP_TWO), its first
     letter kept: a syllable the recogniser dropped."""
@@ -120,6 +138,8 @@ class Heard:
 
     said: list[str]
     runs: dict[tuple[int, int], str]
+    keys: list[str]  # the said words' sound keys
+    shared: frozenset[str] = frozenset()  # what the base's shared words may be heard as
 
     def mentions(self) -> tuple[Mention, ...]:
         """Each name heard, once, a weak naming (HEARD_CONFIDENCE)."""
@@ -132,8 +152,26 @@ class Heard:
         if len(self.runs) != 1:
             return None
         (start, end), name = next(iter(self.runs.items()))
-        rest = [*self.said[:start], *self.said[end:]]
+        rest = [*self._unshared(0, start), *self._unshared(end, len(self.said))]
         return None if content(rest) else Mention(name, HEARD_CONFIDENCE)
+
+    def _unshared(self, start: int, end: int) -> list[str]:
+        """The said words from ``start`` to ``end`` but those heard as the base's shared words
+        ("way needs tenal" of "Windows Terminal", which every page's name holds and a caller
+        says before the name: it adds nothing to the name)."""
+        kept: list[str] = []
+        i = start
+        while i < end:
+            n = next((n for n in (2, 1) if i + n <= end and self._shared_at(i, n)), 0)
+            kept.extend(self.said[i : i + 1] if not n else ())
+            i += n or 1
+        return kept
+
+    def _shared_at(self, i: int, n: int) -> bool:
+        joined = ""
+        for key in self.keys[i : i + n]:
+            joined = _joined(joined, key)
+        return joined in self.shared
 
 
 class SoundNames:
@@ -141,7 +179,11 @@ class SoundNames:
     keys (its own and its drop variants)."""
 
     def __init__(
-        self, names: dict[str, tuple[str, ...]], skipped: frozenset[str], unnamed: frozenset[str]
+        self,
+        names: dict[str, tuple[str, ...]],
+        skipped: frozenset[str],
+        unnamed: frozenset[str],
+        shared: frozenset[str] = frozenset(),
     ) -> None:
         self._names = names  # name -> its words (less function and shared words)
         self._keys = {name: tuple(sound_key(w) for w in ws) for name, ws in names.items()}
@@ -154,6 +196,7 @@ class SoundNames:
                     self._heard.setdefault(said, set()).add(key)
         self._skipped = skipped  # fillers: never part of a name, never break one
         self._unnamed = unnamed  # function words: no name starts with one
+        self._shared = shared  # what the base's shared words may be heard as (``Heard.only``)
         self._kept: dict[str, str] = {}
         # each name word as written: heard as itself only
         self._written = {w: frozenset({sound_key(w)}) for ws in names.values() for w in ws}
@@ -176,7 +219,7 @@ class SoundNames:
                 MIN_KEY_LETTERS
             ):
                 kept[name] = ws
-        return cls(kept, skipped, function_words)
+        return cls(kept, skipped, function_words, _loosely(shared))
 
     def __len__(self) -> int:
         return len(self._names)
@@ -184,13 +227,13 @@ class SoundNames:
     def find(self, toks: Sequence[str]) -> Heard:
         """The runs of ``toks`` that sound like a name (``Heard``), none said as written (the
         gazetteer's) or sounding like another name too."""
-        return Heard(*self._runs(toks))
+        return Heard(*self._runs(toks), self._shared)
 
-    def _runs(self, toks: Sequence[str]) -> tuple[list[str], dict[tuple[int, int], str]]:
+    def _runs(self, toks: Sequence[str]) -> tuple[list[str], dict[tuple[int, int], str], list[str]]:
         """The said words (fillers aside) and each run of them heard as one name: (start, end)
         -> the name."""
         if not self._names:
-            return [], {}
+            return [], {}, []
         kept, skipped = self._kept, self._skipped
         said = [t for t in toks if t not in skipped]
         keys = [kept.get(t) or self._key(t) for t in said]
@@ -204,7 +247,7 @@ class SoundNames:
             heard = [(name, run) for name in starting for run in self._follows(said, keys, i, name)]
             if len(heard) == 1 and heard[0][1][1]:  # one name, said otherwise than written
                 found[(i, heard[0][1][0])] = heard[0][0]
-        return said, found
+        return said, found, keys
 
     def _key(self, word: str) -> str:
         """``sound_key``, remembered for the KEYS_KEPT words last asked about."""
