@@ -12,12 +12,15 @@ distinctive: its words' keys hold at least ``MIN_KEY_LETTERS`` letters, and the 
 like no other name ("koral bay" of "Coral Bay" and "Koral Bay" is neither's). A name said
 as written is the gazetteer's to rate, so a run heard here has a word said otherwise.
 
-A name heard is a weak naming (``HEARD_CONFIDENCE``, below the gazetteer's weakest): the turn
-is not planned by it, and it never tracks an entity of its own. It is only a candidate the
-turn's own search may confirm (``sidecar.turn.followups.confirmed``: the turn alone's top
-results all that page's), so that a short turn naming a page misheard is answered as said
-instead of being folded with the page before. Ordinary speech that sounds like a name ("my
-goal drive") rarely finds only that page.
+A name heard is a weak naming (``HEARD_CONFIDENCE``, below the gazetteer's weakest): it never
+changes how a turn is searched but in two cases (``sidecar.turn.followups.heard``). A turn that
+says nothing but the name (``Heard.only``: "tell me about smb saves" of "SMB / CIFS"; the base's
+shared words, heard loosely, aside: "way needs tenal" of "Windows Terminal") is searched as said
+with it as its topic, as a weak name said alone is. Otherwise it is a candidate the turn's own
+search may confirm (``sidecar.turn.followups.confirmed``: the turn alone's top results all that
+page's), so that a short turn naming a page misheard is answered as said instead of being
+folded with the page before. Ordinary speech that sounds like a name ("my goal drive") rarely
+finds only that page.
 
 The tables are built at load from the snapshot's names (``SoundNames.of``), for bases of at
 most ``MAX_NAMES`` names: a larger base's sidecar hears no name.
@@ -63,7 +66,7 @@ NUMBER_DIGITS = {
     )
 }
 # Letters that sound alike, merged (a Soundex-like grouping: voiced and voiceless pairs, the
-# spellings of one sound); vowels, "h", "w" and "y" after the first letter are dropped.
+# spellings of one sound); vowels (a first one kept as "a"), "h", "w" and "y" are dropped.
 _SPELLINGS = tuple(
     (re.compile(pattern), said)
     for pattern, said in (
