@@ -782,3 +782,23 @@ async def test_a_sound_many_names_share_names_none_of_them(tmp_path: Path) -> No
         embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
     assert results[1].followup.used == "HARBOR GRILL"
+
+
+async def test_a_misheard_name_in_a_question_is_tracked_when_its_own_search_confirms_it(
+    tmp_path: Path,
+) -> None:
+    """A question that says more than the misheard name ("keep versions of a file") is not
+    taken as naming it on its words alone; its own search finding only OneDrive's chunks at the
+    top confirms it, and the follow-up leans on OneDrive, not on Google Drive."""
+    results = await run_turns(
+        HEARD,
+        [
+            ("user", "tell me about google drive"),
+            ("user", "can misoft onedrive keep versions of a file"),
+            ("user", "what about a tenant id"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].hits[0].chunk.title == "MICROSOFT ONEDRIVE"
+    assert results[2].followup.used == "MICROSOFT ONEDRIVE"
