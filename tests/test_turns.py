@@ -707,3 +707,98 @@ async def test_a_weak_name_said_as_one_word_makes_it_the_topic(tmp_path: Path) -
     assert results[1].query == "tell me about uh boxdrive"
     assert results[2].followup.source == Source.ENTITY
     assert results[2].followup.used == "BOX DRIVE"
+
+
+# A misheard name: "OneDrive" is on the overview pages too, so no key names OneDrive's page by it
+HEARD = {
+    "GOOGLE DRIVE": [
+        "Google Drive limits uploads to 750 GB a day.",
+        "Google Drive shares folders with a link.",
+        "Google Drive keeps trashed files for 30 days.",
+    ],
+    "MICROSOFT ONEDRIVE": [
+        "OneDrive for Business needs a tenant id.",
+        "OneDrive limits files to 250 GB.",
+        "OneDrive keeps versions of a file.",
+    ],
+    "OVERVIEW": [
+        "Backends: Google Drive, OneDrive and pCloud.",
+        "Every backend, OneDrive or pCloud, keeps hashes.",
+    ],
+    "PCLOUD": ["pCloud keeps modification times.", "pCloud limits file names to 255 characters."],
+}
+
+
+async def test_a_misheard_distinctive_name_is_tracked(tmp_path: Path) -> None:
+    """ "misoft onedrive" is Microsoft OneDrive as a recogniser heard it: no gazetteer key matches
+    it (a syllable dropped), but its words sound like that name and no other, and the turn's
+    own search finds only that page: it is answered as said, not folded with Google Drive, and
+    the follow-up leans on OneDrive."""
+    results = await run_turns(
+        HEARD,
+        [
+            ("user", "tell me about google drive"),
+            ("user", "tell um me about misoft um onedrive"),
+            ("user", "what about the versions for it"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert_said_as_itself(results[1], "tell um me about misoft um onedrive", "MICROSOFT ONEDRIVE")
+    assert results[2].followup.source == Source.ENTITY
+    assert results[2].followup.used == "MICROSOFT ONEDRIVE"
+
+
+async def test_a_name_s_sound_in_an_ordinary_sentence_is_not_tracked(tmp_path: Path) -> None:
+    """ "goal drive" sounds like Google Drive, but the turn's own search does not find only that
+    page: the words are ordinary speech here, the turn is folded with the page tracked before,
+    and that page stays tracked."""
+    results = await run_turns(
+        HEARD,
+        [
+            ("user", "tell me about microsoft onedrive"),
+            ("user", "does it keep versions of a file for my goal drive"),
+            ("user", "what about a tenant id"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].followup.used == "MICROSOFT ONEDRIVE"
+    assert results[2].followup.used == "MICROSOFT ONEDRIVE"
+
+
+async def test_a_sound_many_names_share_names_none_of_them(tmp_path: Path) -> None:
+    """ "corel bey" sounds like both Coral Bay and Koral Bay: it names neither, and a short turn
+    saying it is folded with the place tracked before."""
+    base = {
+        "CORAL BAY": ["Coral Bay has a pool.", "Coral Bay has a spa.", "Coral Bay has a gym."],
+        "KORAL BAY": ["Koral Bay has a pool.", "Koral Bay has a spa.", "Koral Bay has a bar."],
+        "HARBOR GRILL": ["Harbor Grill serves fish.", "Harbor Grill opens at noon."],
+    }
+    results = await run_turns(
+        base,
+        [("user", "tell me about harbor grill"), ("user", "and corel bey")],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].followup.used == "HARBOR GRILL"
+
+
+async def test_a_misheard_name_in_a_question_is_tracked_when_its_own_search_confirms_it(
+    tmp_path: Path,
+) -> None:
+    """A question that says more than the misheard name ("keep versions of a file") is not
+    taken as naming it on its words alone; its own search finding only OneDrive's chunks at the
+    top confirms it, and the follow-up leans on OneDrive, not on Google Drive."""
+    results = await run_turns(
+        HEARD,
+        [
+            ("user", "tell me about google drive"),
+            ("user", "can misoft onedrive keep versions of a file"),
+            ("user", "what about a tenant id"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].hits[0].chunk.title == "MICROSOFT ONEDRIVE"
+    assert results[2].followup.used == "MICROSOFT ONEDRIVE"

@@ -52,7 +52,9 @@ the answer, the turn's words did: ``sidecar.turn.engine``). A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":
-``only_names``). ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
+``only_names``). A name the recogniser heard past one edit ("goal drive", "misoft onedrive") is
+such a weak naming too, heard by its sound (``heard``, ``sidecar.turn.sounds``).
+``TurnResponse.followup`` shows what was folded in, from where, and how sure it
 was (nothing, when the turn's own words decided the answer).
 """
 
@@ -88,6 +90,7 @@ from index.tables import ChunkTable
 from index.types import Chunk
 from sidecar.config import FollowupConfig
 from sidecar.turn.sessions import Mention, Said, Session, Speaker
+from sidecar.turn.sounds import SoundNames
 from sidecar.turn.text import Utterance, tokens, words
 
 log = logging.getLogger(__name__)
@@ -309,6 +312,12 @@ class Gazetteer:
         self.size = counts.size
         self.shared = counts.shared
         self.built_bytes = 0  # what the tables built in memory take (0: mapped from the snapshot)
+        owners = tables.rated
+        count = len(owners.owners)
+        names = (owners.owner_name(i) for i in range(count))
+        # the names as a recogniser may hear them ("goal drive"), weak namings a turn's own
+        # search may confirm (``heard``)
+        self.sounds = SoundNames.of(names, function_words, self.shared, FILLERS_EN, count)
 
     @classmethod
     def of(cls, snapshot: LoadedSnapshot) -> Gazetteer:
@@ -788,6 +797,31 @@ def plan(
         plan = Plan(f"{recent} {said}", joined, alone=True, prior=True, named=mentions)
         return replace(plan, refers=refers)
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
+
+
+def heard(
+    plan: Plan, utterance: Utterance, mentions: Sequence[Mention], sounds: SoundNames
+) -> Plan:
+    """``plan`` with the names the turn's words sound like (``SoundNames.find``: "goal drive"
+    of "Google Drive"), where the gazetteer found no confident naming: among the weak namings
+    the turn's own search may confirm (``confirmed``), so that a short turn naming a page
+    misheard is answered as said, if its own top results are all that page's, instead of being
+    folded with the page before; and a turn that says nothing but a name heard so ("tell me
+    about smb saves"), answering no question of the agent's and pointing back at nothing, is
+    searched as said with it as its topic, as a weak name said alone is (``only_names``).
+    Otherwise a name heard is no naming."""
+    if plan.names or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
+        return plan
+    found = sounds.find(utterance.tokens)
+    if not found.runs:
+        return plan  # most turns
+    if plan.followup.source != Source.AGENT_QUESTION and not _points_back(_spoken(utterance)):
+        only = found.only(_content)
+        if only is not None:
+            return Plan(utterance.text, NO_FOLLOWUP, named=(only,), names=True)
+    named = {m.name for m in plan.named}
+    new = tuple(m for m in found.mentions() if m.name not in named)
+    return replace(plan, named=(*plan.named, *new)) if new else plan
 
 
 def _sure_plan(

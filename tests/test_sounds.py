@@ -1,0 +1,63 @@
+"""Names as a recogniser hears them (``sidecar.turn.sounds``): which runs of words sound like
+one name. How a name heard changes a turn: tests/test_turns.py."""
+
+from __future__ import annotations
+
+from index.entities import FUNCTION_WORDS_EN, tokens
+from sidecar.turn.followups import FILLERS_EN, _content
+from sidecar.turn.sessions import Mention
+from sidecar.turn.sounds import HEARD_CONFIDENCE, SoundNames, sound_key
+
+NAMES = ["Google Drive", "Microsoft OneDrive", "Amazon S3", "Coral Bay", "Koral Bay", "Box"]
+
+
+def heard(text: str, names: list[str] = NAMES) -> list[str]:
+    sounds = SoundNames.of(names, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, len(names))
+    found = sounds.find(tokens(text)).mentions()
+    assert all(m.confidence == HEARD_CONFIDENCE for m in found)
+    return [m.name for m in found]
+
+
+def test_words_that_sound_alike_share_a_key() -> None:
+    assert sound_key("google") == sound_key("goal")
+    assert sound_key("three") == "3"
+
+
+def test_a_name_misheard_past_one_edit_is_heard() -> None:
+    assert heard("tell um me about misoft um onedrive") == ["Microsoft OneDrive"]  # a syllable
+    assert heard("azon s three") == ["Amazon S3"]  # a letter dropped, a digit said, two words
+    assert heard("what about goal drive") == ["Google Drive"]  # a sound-alike
+
+
+def test_a_run_that_sounds_like_two_names_names_neither() -> None:
+    assert heard("tell me about corel bey") == []
+
+
+def test_a_name_said_as_written_is_left_to_the_gazetteer() -> None:
+    assert heard("tell me about google drive") == []
+
+
+def test_a_short_name_or_words_apart_are_not_heard() -> None:
+    assert heard("the bocks") == []  # too few letters to tell from ordinary speech
+    assert heard("my goal is to drive there") == []  # not one run
+
+
+def test_a_base_of_too_many_names_hears_none() -> None:
+    sounds = SoundNames.of(NAMES, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, 10**6)
+    assert sounds.find(tokens("goal drive")).mentions() == ()
+
+
+def test_a_name_word_heard_as_two_words_is_heard() -> None:
+    names = ["Appearance Profile Settings", "General Profile Settings"]
+    assert heard("tell me about appear ansi profile uh settings", names) == [names[0]]
+
+
+def test_a_name_said_alone_after_the_base_s_shared_words_misheard_is_the_only_one() -> None:
+    names = ["Windows Terminal Appearance Profile Settings", "Windows Terminal Actions"]
+    shared = frozenset({"windows", "terminal"})
+    sounds = SoundNames.of(names, FUNCTION_WORDS_EN, shared, FILLERS_EN, len(names))
+    said = sounds.find(tokens("tell me about way needs uh tenal appear ansi profile settings"))
+    assert said.only(_content) == Mention(names[0], HEARD_CONFIDENCE)
+    other = sounds.find(tokens("tell me about old tunnels appear ansi profile settings"))
+    assert other.mentions() == (Mention(names[0], HEARD_CONFIDENCE),)
+    assert other.only(_content) is None  # "old tunnels" says more than the name
