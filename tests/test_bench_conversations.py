@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bench import quality_turns, spoken, topics
+from bench import doc2dial_halves, quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue, Said, after_agent_question
 from bench.quality_conversations import eval_config, measure, served
 from index.embedders.base import Embedder
@@ -350,3 +350,15 @@ def test_followups_ask_for_a_heading_that_several_pages_share() -> None:
         assert followup.text == "What about limitations for it?"
         assert (followup.page, followup.opener) == (opener.page, opener.text)
     assert len(topics.followup_pairs(snapshot, 1, random.Random("t"))) == 2  # one pair
+
+
+def test_doc2dial_halves_score_the_first_and_last_half_of_the_dialogues_apart() -> None:
+    """A judged turn's qid is its dialogue's id and its turn's: each half is scored on its own
+    dialogues, in the order the set lists them."""
+    per_turn = [
+        {"qid": qid, "hit_at_3": {"session": hit, "joined3": False}}
+        for qid, hit in (("d_1_4", True), ("d_1_6", False), ("d2_3", True), ("d3_2", False))
+    ]
+    first, last = doc2dial_halves.halves(per_turn, ["d_1", "d2", "d3", "d4"])
+    assert first == {"turns": 3, "session": 0.6667, "joined3": 0.0}
+    assert last == {"turns": 1, "session": 0.0, "joined3": 0.0}

@@ -802,3 +802,47 @@ async def test_a_misheard_name_in_a_question_is_tracked_when_its_own_search_conf
     )
     assert results[1].hits[0].chunk.title == "MICROSOFT ONEDRIVE"
     assert results[2].followup.used == "MICROSOFT ONEDRIVE"
+
+
+# a help desk's pages: one the caller's question is about, and one of many like sections (a fee
+# per vehicle class) that every search about registrations also finds, lower, several times
+HELP_DESK = {
+    "RENEWALS": [
+        "Renew your registration online with the plate number.",
+        "Mail the renewal form with a check when you cannot renew online.",
+    ],
+    "FEES": [
+        "Pay the registration fee online for a car.",
+        "Pay the registration fee online for a truck.",
+        "Pay the registration fee online for a trailer.",
+        "Pay the registration fee online or with a check for a bus.",
+    ],
+}
+
+
+async def test_a_page_of_many_like_sections_counts_once_a_search_in_the_page_prior(
+    tmp_path: Path,
+) -> None:
+    """Each search votes once for each page in its top five: the fee page's three or four like
+    sections in every search's top do not outvote the renewals page the caller's question
+    found first, so the vague last turn gets the renewals page's other section (the answer)
+    in its top three (summed by score, the fee page led and its sections took that place)."""
+    engine = build_engine(HELP_DESK, tmp_path, embedder=FakeEmbedder(dimension=1024), max_results=5)
+    try:
+        results = await run_turns(
+            engine,
+            [
+                ("user", "How do I renew my registration online?"),
+                ("agent", "You can renew online with your plate number."),
+                ("user", "Can I pay with a check?"),
+                ("agent", "Yes, mail it with the form."),
+                ("user", "Is that the only way?"),
+            ],
+        )
+        pages = engine.sessions.get(SESSION).pages
+    finally:
+        await engine.aclose()
+    assert pages["FEES"] <= pages["RENEWALS"]
+    assert results[-1].followup.source == Source.RECENT_TURNS
+    top3 = [hit.chunk.text for hit in results[-1].hits[:3]]
+    assert any(text.startswith("Mail the renewal form") for text in top3)

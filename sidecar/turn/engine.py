@@ -52,8 +52,9 @@ MAX_SESSION_ID = 256
 # float32) it takes the careful way, which names the fault or scales in two steps.
 SQUARED_NORM_RANGE = (1e-30, 1e30)
 # The page prior (doc2dial-style dialogues stay on one help page): each searched turn counts the
-# pages of its top PRIOR_COUNTED chunks, by score; a chunk on a page the conversation found gets
-# up to +PRIOR_BONUS (the most found page) among the top PRIOR_DEPTH. Measured on doc2dial-dev.
+# pages of its top PRIOR_COUNTED chunks, one vote each; a chunk on a page the conversation found
+# gets up to +PRIOR_BONUS (the page most turns found) among the top PRIOR_DEPTH. Measured on
+# doc2dial-dev.
 PRIOR_COUNTED = 5
 # How much better (in the turn's own cosine) the turn alone must rate its best chunk than the
 # folded query's best for the turn to keep its own result outright: a question that plainly
@@ -806,10 +807,13 @@ def _nearest_hits(
 
 
 def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:
-    """Add what one turn's search found (its top PRIOR_COUNTED) to the session's pages
-    (``Session.pages``), keeping the MAX_PAGES most found."""
-    found = [(entity_of(hit.chunk), max(hit.score, 0.0)) for hit in hits[:PRIOR_COUNTED]]
-    session.count_pages(found, MAX_PAGES)
+    """Add what one turn's search found to the session's pages (``Session.pages``): one vote
+    for each page among its top PRIOR_COUNTED, keeping the MAX_PAGES most found. The prior is
+    how many turns found a page, not how much of their tops it filled: a page of many like
+    sections (a fee per vehicle class, a list of questions) fills the top of every search near
+    its subject, and summed it outvoted the page each turn found first."""
+    found = dict.fromkeys(entity_of(hit.chunk) for hit in hits[:PRIOR_COUNTED])
+    session.count_pages([(page, 1.0) for page in found], MAX_PAGES)
 
 
 def _prior_lifted(
