@@ -16,7 +16,6 @@ hook has parsed it, the message is what is sent, so a hook that changes it is ob
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import Message
 
-from sidecar.edge.messages import MESSAGES, field_key, varint
+from sidecar.edge.messages import MESSAGES, field_key, string_field, varint
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.turn.hits import TableHits
 from sidecar.turn.rerank import Status as RerankStatus
 
 if TYPE_CHECKING:
@@ -80,7 +80,9 @@ def search_response(result: SearchResult, policy: BasePolicy) -> EncodedResponse
     fallback only when nothing was found)."""
     hits = result.hits
     parts: list[bytes] = []
-    if hits:
+    if type(hits) is TableHits:  # a plain Search's: written from the chunk table
+        MESSAGES.table_pieces(parts, _CHUNKS, hits)
+    elif hits:
         MESSAGES.pieces(parts, _CHUNKS, hits)
     timings = result.timings
     parts += (
@@ -93,30 +95,16 @@ def search_response(result: SearchResult, policy: BasePolicy) -> EncodedResponse
             _TIMING_KEYS[2],
             timings.total_ms,
         ),
-        _string(_VERSION, result.snapshot_version),
+        string_field(_VERSION, result.snapshot_version),
     )
     if result.degraded:
         parts.append(_DEGRADED)
     if policy.fallback and not hits:
-        parts.append(_string(_FALLBACK, policy.fallback))
+        parts.append(string_field(_FALLBACK, policy.fallback))
     if policy.instructions:
-        parts.append(_string(_INSTRUCTIONS, policy.instructions))
+        parts.append(string_field(_INSTRUCTIONS, policy.instructions))
     parts.append(_RERANK[result.rerank])
     return EncodedResponse(b"".join(parts), pb.SearchResponse, timings)
-
-
-# A base's snapshot versions and policy words: a handful per base, the same on every call.
-_KEPT_STRINGS = 256
-
-
-@functools.lru_cache(maxsize=_KEPT_STRINGS)
-def _string(key: bytes, text: str) -> bytes:
-    """A string field: its key, its length and its UTF-8 bytes (nothing for an empty string,
-    the default); kept, since the same few come on every call."""
-    if not text:
-        return b""
-    data = text.encode("utf-8")
-    return key + varint(len(data)) + data
 
 
 Serializer = Callable[[Any], bytes]
