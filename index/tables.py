@@ -11,7 +11,9 @@ page keys, sorted, and their texts in the same order: a page is found by binary 
 
 Opening either checks every array's extent and every offset (monotonic, within the tables,
 counts that add up), in numpy over the offsets alone; the texts are not read until a caller asks
-for one. A chunk is built on each access, in a few microseconds.
+for one. A chunk is built on each access, in a few microseconds; a caller that writes UTF-8
+(a Search's answer) may read a chunk's strings as bytes instead (``ChunkTable.utf8``), for
+every chunk within its caps whose strings are valid UTF-8.
 """
 
 from __future__ import annotations

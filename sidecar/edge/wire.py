@@ -2,7 +2,8 @@
 
 A ``SearchResponse`` built per call (made, its hits merged from the kept chunk encodings of
 ``sidecar/edge/messages.py``, then serialized again by grpc) is written here as bytes from kept
-pieces instead: per hit its field's tag, the chunk's kept encoding and the score's four bytes;
+pieces instead: per hit its field's tag, the chunk's kept encoding (for a plain Search's
+``TableHits``, written from the chunk table's bytes) and the score's four bytes;
 the timings as one packed field; the snapshot version, the base's policy words and the rerank
 status as fields encoded once and kept. Fields go in the proto's order and parse as the message
 protobuf would build (``tests/test_wire.py`` holds every field to it).
