@@ -18,10 +18,10 @@ starts over.
 
 A plain Search's hits come as labels into a mapped chunk table (``TableHits``): over a large base
 with varied questions nearly every hit is new, and decoding its chunk (strings, a tuple, a dict)
-to build a ``pb.Chunk`` cost ~2x writing its field from the table's UTF-8 bytes straight away
-(``table_encoded``: the bytes protobuf writes, a key, a length and the string each). Those
-encodings are kept too, on a second sighting, per table (a weak reference: a snapshot let go
-takes its encodings along), within the same bound.
+to build a ``pb.Chunk`` cost ~3x writing its field from the table's UTF-8 bytes straight away
+(``table_encoded``: the bytes protobuf writes, a key, a length and the string each; ``python
+-m bench.hits_written``). Those encodings are kept too, on a second sighting, per table (a weak
+reference: a snapshot let go takes its encodings along), within the same bound.
 """
 
 from __future__ import annotations
