@@ -265,3 +265,14 @@ def test_a_tables_encodings_are_kept_the_second_time_and_only_for_that_table(
     del table, other
     gc.collect()
     assert not messages._tables  # a snapshot let go takes its encodings with it
+
+
+def test_a_tables_kept_encodings_stay_within_the_bound(tmp_path: Path) -> None:
+    table = crafted(tmp_path)
+    messages = ChunkMessages(max_bytes=700)  # two of chunks 0, 4 and 6 (~300 bytes each)
+    for label in (0, 4, 6, 0, 4, 6, 0, 4, 6):  # each kept on its second sighting
+        messages.table_pieces([], b"\x0a", TableHits("billing", table, [(label, 0.5)]))
+        assert messages._bytes <= messages.max_bytes
+        assert len(messages._tables[table]) <= 2
+    messages.table_pieces([], b"\x0a", TableHits("billing", table, [(2, 0.5)] * 2))
+    assert len(messages._tables[table]) <= 2  # 1,700 bytes: never kept

@@ -231,29 +231,35 @@ class ChunkMessages:
         table says must be decoded (a string over its cap, bytes not UTF-8), encoded from it."""
         kb, table = hits.knowledge_base, hits.table
         kept = self._tables.get(table)
+        if kept is None:  # the table's first answer: its own dict, for as long as it lives
+            kept = self._tables[table] = {}
         for label, score in hits.found:
-            encoded = kept.get((kb, label)) if kept is not None else None
+            encoded = kept.get((kb, label))
             if encoded is None:
-                encoded = self._table_encode(kb, table, label)
+                encoded = self._table_encode(kept, kb, table, label)
             parts += (key, encoded, _float32(score))
 
-    def _table_encode(self, kb: str, table: ChunkTable, label: int) -> bytes:
-        """Chunk ``label`` of ``table`` encoded, and kept when it was encoded before (kept per
-        table, so that a snapshot's encodings go with it; a table is one base's)."""
+    def _table_encode(
+        self, kept: dict[tuple[str, int], bytes], kb: str, table: ChunkTable, label: int
+    ) -> bytes:
+        """Chunk ``label`` of ``table`` encoded, and kept in ``kept`` (the table's) when it was
+        encoded before."""
         raw = table.utf8(label)
         encoded = _encoded(kb, table[label]) if raw is None else table_encoded(kb, table.blob, raw)
         held = len(encoded) + _TABLE_ENTRY_BYTES
         if self._seen_before((kb, id(table), label)) and held <= self.max_bytes:
             self._make_room(held)
-            self._tables.setdefault(table, {})[kb, label] = encoded
+            kept[kb, label] = encoded
             self._bytes += held
         return encoded
 
     def _make_room(self, held: int) -> None:
-        """Start over (both caches) when ``held`` more bytes would pass the bound."""
+        """Start over (both caches) when ``held`` more bytes would pass the bound. The tables'
+        dicts are emptied, not replaced: a call writing hits holds its table's."""
         if self._bytes + held > self.max_bytes:
             self._cache = {}
-            self._tables = weakref.WeakKeyDictionary()
+            for kept in self._tables.values():
+                kept.clear()
             self._bytes = 0
 
     def _encode(self, key: tuple[str, str], hit: Hit) -> bytes:
