@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import scale, search, search_parts
+from bench import hits_written, scale, search, search_parts
 from bench.corpus import CorpusSpec, exact_top_k, generate, load_or_generate, recall_at_k
 
 TINY = CorpusSpec(n=1500, dim=32, queries=60)
@@ -144,3 +144,11 @@ def test_scale_extrapolation_is_marked_and_follows_the_measured_trend() -> None:
     assert guess["snapshot_mb"] == 2000.0
     assert guess["rss_mb"] == 5100.0
     assert guess["search_p50_ms"] == 0.6  # one more step per tenfold N
+
+
+def test_hits_written_times_every_way_over_the_same_answers(tmp_path: Path) -> None:
+    tiny = ["--n", "2000", "--dim", "384", "--queries", "100", "--calls", "20", "--rounds", "1"]
+    result = hits_written.main([*tiny, "--out", str(tmp_path / "hits.json")])
+    for workload in ("fresh", "repeated"):
+        assert set(result[workload]["us_per_answer"]) == {"decoded", "table", "unkept"}
+        assert all(us > 0 for us in result[workload]["us_per_answer"].values())

@@ -17,6 +17,7 @@ from index.embedders.base import Embedder
 from index.lexical import SPOKEN_STOPWORDS
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import LocalStore
+from index.tables import ChunkTable
 from sidecar.config import Config
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
@@ -77,24 +78,45 @@ async def test_search_min_score_drops_weaker_results(wt_sidecar: Sidecar) -> Non
     [("split a pane", 7, 0.3), ("How do I change the color scheme of a profile?", 3, 0.0)],
 )
 async def test_plain_search_answers_as_the_general_path(
-    wt_sidecar: Sidecar, local_embedder: Embedder, question: str, limit: int, min_score: float
+    wt_sidecar: Sidecar,
+    local_embedder: Embedder,
+    question: str,
+    limit: int,
+    min_score: float,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A Search with no sources, filter, lift or rerank takes the engine's short way (the
-    graph's answer straight into hits); naming every source takes the general one
-    (relevance.rank): the same chunks, scores and order, by text and by vector alike."""
+    graph's labels and scores written from the chunk table, no chunk decoded); naming every
+    source takes the general one (relevance.rank, its hits' chunks decoded and encoded): the
+    same chunks, every field, scores and order, by text and by vector alike."""
     vector = local_embedder.embed_batch([question])[0].astype("<f4").tobytes()
+    decoded = counting_decodes(monkeypatch)
     for asked in ({"query": question}, {"query": "", "vector": vector}):
+        decoded.clear()
         plain = await search(wt_sidecar, limit=limit, min_score=min_score, **asked)
+        assert decoded == []  # written from the table's bytes
         general = await search(
             wt_sidecar, limit=limit, min_score=min_score, sources=["terminal-docs"], **asked
         )
+        assert decoded
         assert 0 < len(plain.chunks) <= limit
         assert not plain.degraded
         assert not general.degraded
-        assert [(c.chunk_id, c.score) for c in plain.chunks] == [
-            (c.chunk_id, c.score) for c in general.chunks
-        ]
+        assert list(plain.chunks) == list(general.chunks)
         assert all(c.score >= min_score for c in plain.chunks)
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The labels of the chunks read from the tables as Chunks from now on."""
+    decoded: list[int] = []
+    read = ChunkTable.__getitem__
+
+    def counted(table: ChunkTable, i: Any) -> Any:
+        decoded.append(i)
+        return read(table, i)
+
+    monkeypatch.setattr(ChunkTable, "__getitem__", counted)
+    return decoded
 
 
 # -- hybrid: a per-base choice ---------------------------------------------------------------

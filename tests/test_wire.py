@@ -4,19 +4,22 @@ get it parsed once, and what they change is sent. Every server test goes through
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from index.tables import MAX_FIELD_BYTES, ChunkTable
 from index.types import Chunk
 from sidecar.edge.interceptor import Call, Hook, HookRun, Phases
-from sidecar.edge.messages import chunk_message
+from sidecar.edge.messages import ChunkMessages, chunk_message
 from sidecar.edge.wire import passing_through, search_response
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.engine import BasePolicy, SearchResult, Timings
-from sidecar.turn.hits import Hit
+from sidecar.turn.hits import Hit, TableHits
 from sidecar.turn.rerank import Status as RerankStatus
 from tests.test_messages import CHUNK as BILLING
 
@@ -165,3 +168,111 @@ def test_a_message_answer_reaches_every_hook_as_it_is() -> None:
     sent([reads, needs], message)
     assert reads.seen == [message]
     assert needs.seen == [message]
+
+
+# -- a plain Search's hits, written from the chunk table ---------------------------------------
+
+# chunks whose metadata has at most one entry: protobuf writes a map's entries in its own hash
+# order, the table's bytes in the table's, so only those are compared byte for byte
+ONE_ENTRY = replace(CHUNK, metadata={"tags": ("a", "", "b")})  # a list, joined with ", "
+TABLE = [
+    ONE_ENTRY,
+    BARE,
+    UNICODE,
+    replace(LONG, metadata={}),  # a text over the cap: cut at it, as decoding cuts it
+    replace(CHUNK, chunk_id="c4", breadcrumbs=("", "Ärger"), url="", metadata={"": ""}),
+    replace(CHUNK, chunk_id="c5", title="T" * (MAX_FIELD_BYTES + 10), metadata={}),  # over a cap
+    replace(CHUNK, chunk_id="c6", title="AB", text="CD text", metadata={"k": "AB"}),
+    replace(CHUNK, chunk_id="c7", title="Broken title"),  # two entries
+]
+SPLIT, BROKEN = 6, 7  # made not UTF-8 by ``crafted``
+
+
+def crafted(tmp_path: Path) -> ChunkTable:
+    """TABLE as a mapped table, with bytes no build writes: chunk SPLIT's title ending in a
+    character's first byte and its text starting with its second (the chunk's span is UTF-8,
+    neither string is), and one of chunk BROKEN's title bytes not UTF-8."""
+    data = bytearray(ChunkTable.dump(TABLE))
+    at = data.index(b"ABCD text")  # chunk SPLIT's title, then its text
+    data[at + 1 : at + 3] = "é".encode()
+    data[data.index(b"Broken title") + 1] = 0xFF
+    (tmp_path / "c.bin").write_bytes(bytes(data))
+    return ChunkTable.open(tmp_path / "c.bin")
+
+
+def old_way(kb: str, table: ChunkTable, found: list[tuple[int, float]]) -> bytes:
+    """The response's bytes as the hits' chunks, decoded, were written before."""
+    hits = [Hit(kb, table[label], score) for label, score in found]
+    return search_response(result(hits), BasePolicy()).data
+
+
+def test_hits_written_from_a_table_are_the_bytes_of_its_decoded_chunks(tmp_path: Path) -> None:
+    table = crafted(tmp_path)
+    assert table[SPLIT].title == "A\ufffd"  # replaced, as decoding replaces it
+    assert table[SPLIT].text.startswith("\ufffdD")
+    assert "\ufffd" in table[BROKEN].title
+    decoded = [i for i in range(len(TABLE)) if table.utf8(i) is None]
+    assert decoded == [3, 5, SPLIT, BROKEN]  # over a cap, or not UTF-8: the rest from their bytes
+    for label in range(len(TABLE)):
+        found = [(label, 0.75)]
+        written = search_response(result(TableHits("wissen-ü", table, found)), BasePolicy())
+        expected = old_way("wissen-ü", table, found)
+        if len(table[label].metadata) <= 1:
+            assert written.data == expected, label
+        assert pb.SearchResponse.FromString(written.data) == pb.SearchResponse.FromString(expected)
+    sent = pb.SearchResponse.FromString(written.data).chunks[0]  # BROKEN, two entries
+    assert sent.metadata == {"lang": "en", "tags": "a, b"}
+
+
+def test_a_responses_hits_from_a_table_parse_as_protobuf_builds_them(tmp_path: Path) -> None:
+    table = crafted(tmp_path)
+    found = [(label, 1.0 - label / 10) for label in reversed(range(len(TABLE)))]
+    hits = TableHits("billing", table, found)
+    written = search_response(result(hits), BasePolicy(fallback="none"))
+    expected = built(result([Hit("billing", table[i], s) for i, s in found]), BasePolicy())
+    assert pb.SearchResponse.FromString(written.data) == expected
+    assert [c.title for c in expected.chunks][-1] == ONE_ENTRY.title
+    assert len(expected.chunks[-6].title.encode()) == MAX_FIELD_BYTES  # c5's, cut at its cap
+
+
+def test_table_hits_make_each_hit_from_the_table_when_read(tmp_path: Path) -> None:
+    table = crafted(tmp_path)
+    hits = TableHits("billing", table, [(2, 0.5), (0, 0.25)])
+    assert len(hits) == 2
+    assert list(hits) == [Hit("billing", table[2], 0.5), Hit("billing", table[0], 0.25)]
+    assert hits[0] is next(iter(hits))  # made once, then kept
+    assert hits[1:] == [Hit("billing", TABLE[0], 0.25)]
+
+
+def test_a_tables_encodings_are_kept_the_second_time_and_only_for_that_table(
+    tmp_path: Path,
+) -> None:
+    table = crafted(tmp_path)
+    messages = ChunkMessages()
+    first = b""
+    for _ in range(3):  # written, written and kept, then from the kept bytes
+        parts: list[bytes] = []
+        messages.table_pieces(parts, b"\x0a", TableHits("billing", table, [(2, 0.5)]))
+        assert not first or b"".join(parts) == first
+        first = b"".join(parts)
+    assert list(messages._tables[table]) == [("billing", 2)]
+    (tmp_path / "other").mkdir()
+    other = crafted(tmp_path / "other")  # the next snapshot: its own encodings
+    for _ in range(2):
+        messages.table_pieces([], b"\x0a", TableHits("billing", other, [(2, 0.5)]))
+    assert messages._tables[other] is not messages._tables[table]
+    assert len(messages._tables) == 2
+    del table, other
+    gc.collect()
+    assert not messages._tables  # a snapshot let go takes its encodings with it
+
+
+def test_a_tables_kept_encodings_stay_within_the_bound(tmp_path: Path) -> None:
+    table = crafted(tmp_path)
+    messages = ChunkMessages(max_bytes=700)  # two of chunks 0, 4 and 6 (~300 bytes each)
+    for label in (0, 4, 6, 0, 4, 6, 0, 4, 6):  # each kept on its second sighting
+        messages.table_pieces([], b"\x0a", TableHits("billing", table, [(label, 0.5)]))
+        assert messages._bytes <= messages.max_bytes
+        assert len(messages._tables[table]) <= 2
+    messages.table_pieces([], b"\x0a", TableHits("billing", table, [(2, 0.5)] * 2))
+    assert len(messages._tables[table]) <= 2  # 1,700 bytes: never kept

@@ -15,6 +15,13 @@ differs (a new snapshot changed a chunk's url or metadata under the same id) is 
 Bounded in bytes: each entry counts its encoding and the chunk it holds (its strings as Python
 keeps them, the embedded text beside the text, and a fixed cost for the objects); full, it
 starts over.
+
+A plain Search's hits come as labels into a mapped chunk table (``TableHits``): over a large base
+with varied questions nearly every hit is new, and decoding its chunk (strings, a tuple, a dict)
+to build a ``pb.Chunk`` cost ~3x writing its field from the table's UTF-8 bytes straight away
+(``table_encoded``: the bytes protobuf writes, a key, a length and the string each; ``python
+-m bench.hits_written``). Those encodings are kept too, on a second sighting, per table (a weak
+reference: a snapshot let go takes its encodings along), within the same bound.
 """
 
 from __future__ import annotations
@@ -22,15 +29,17 @@ from __future__ import annotations
 import functools
 import struct
 import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
+from index.tables import ChunkTable, Utf8Chunk
 from index.types import Chunk, meta_text
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.turn.hits import Hit
+from sidecar.turn.hits import Hit, TableHits
 
 # A few thousand chunks' messages: the hits of the calls of a busy minute. Per process.
 CACHE_BYTES = 8 << 20
@@ -87,6 +96,90 @@ def _encoded(knowledge_base: str, chunk: Chunk) -> bytes:
     return varint(len(data) + _SCORE_BYTES) + data + _SCORE_TAG
 
 
+_CHUNK = pb.Chunk.DESCRIPTOR
+# the keys of ``pb.Chunk``'s string fields, in the order a Utf8Chunk holds its fixed strings
+# (id, path, title, text, embed text, url; the embedded text is not sent)
+_ID, _PATH, _TITLE, _TEXT, _URL = (
+    field_key(_CHUNK, name) for name in ("chunk_id", "source_path", "title", "text", "url")
+)
+_KB, _SOURCE = field_key(_CHUNK, "knowledge_base"), field_key(_CHUNK, "source")
+_CRUMB, _ENTRY = field_key(_CHUNK, "breadcrumbs"), field_key(_CHUNK, "metadata")
+_ENTRY_KEY, _ENTRY_VALUE = b"\x0a", b"\x12"  # a map entry's key (1) and value (2), both strings
+_STRING_VALUE = -1  # a Utf8Chunk's meta_n of a value that is one string (index/tables.py)
+_LIST_JOIN = b", "  # meta_text's separator of a list's strings
+
+
+def table_encoded(knowledge_base: str, blob: memoryview, chunk: Utf8Chunk) -> bytes:
+    """What ``_encoded`` makes of the chunk whose strings are ``chunk`` in ``blob``, written
+    from their bytes: the fields in ``pb.Chunk``'s order, an empty string left out as protobuf
+    leaves it (a breadcrumb, and a map entry's key and value, are written whatever they hold),
+    the metadata entries in the table's order (a map's order is no part of its value; protobuf
+    writes its own, in hash order) and a key met again replacing its value, as a dict does.
+    Straight-line, one list joined once: it runs for nearly every hit of a large base."""
+    source, e, crumbs, meta_n = chunk
+    a, b, c, d, t, u, v = e[:7]  # id, path, title, text, embed text, url: where each starts
+    parts: list[bytes | memoryview] = [_ID, _length(b - a), blob[a:b]] if b > a else []
+    parts += (string_field(_KB, knowledge_base), string_field(_SOURCE, source))
+    if c > b:
+        parts += (_PATH, _length(c - b), blob[b:c])
+    if d > c:
+        parts += (_TITLE, _length(d - c), blob[c:d])
+    for k in range(6, 6 + crumbs):
+        parts += (_CRUMB, _length(e[k + 1] - e[k]), blob[e[k] : e[k + 1]])
+    if t > d:
+        parts += (_TEXT, _length(t - d), blob[d:t])
+    if v > u:
+        parts += (_URL, _length(v - u), blob[u:v])
+    if meta_n:
+        _put_metadata(parts, blob, e, 6 + crumbs, meta_n)
+    body = b"".join(parts)
+    return b"".join((_length(len(body) + _SCORE_BYTES), body, _SCORE_TAG))
+
+
+def _put_metadata(
+    parts: list[bytes | memoryview], blob: memoryview, e: list[int], at: int, meta_n: list[int]
+) -> None:
+    """The map entries of a chunk's metadata, whose strings start at its string ``at``; a
+    list's strings joined as ``meta_text`` joins them."""
+    entries: dict[bytes, bytes] = {}
+    for n in meta_n:
+        width = 1 if n == _STRING_VALUE else n
+        values = [blob[e[k] : e[k + 1]] for k in range(at + 1, at + 1 + width)]
+        entries[bytes(blob[e[at] : e[at + 1]])] = _LIST_JOIN.join(values)
+        at += 1 + width
+    for key, value in entries.items():
+        entry = _ENTRY_KEY + _length(len(key)) + key + _ENTRY_VALUE + _length(len(value)) + value
+        parts += (_ENTRY, _length(len(entry)), entry)
+
+
+# The varints of the lengths below this (every one of one or two bytes), kept: a chunk's
+# fields and encodings are mostly this short, and a two-byte varint made per call cost ~0.18 us
+# more than one read here, 2-3 a hit. ~0.7 MB a process.
+_SHORT = 1 << 14
+_LENGTHS = tuple(varint(n) for n in range(_SHORT))
+
+
+def _length(n: int) -> bytes:
+    return _LENGTHS[n] if n < _SHORT else varint(n)
+
+
+# A base's snapshot versions, policy words and sources' names: a handful per base, the same on
+# every call.
+_KEPT_STRINGS = 256
+
+
+@functools.lru_cache(maxsize=_KEPT_STRINGS)
+def string_field(key: bytes, text: str) -> bytes:
+    """A string field: its key, its length and its UTF-8 bytes (nothing for an empty string,
+    the default); kept, since the same few come on every call."""
+    if not text:
+        return b""
+    data = text.encode("utf-8")
+    return key + varint(len(data)) + data
+
+
+# A table's entry beside its encoding: the key and its tuple, the bytes' header, the dict's slot.
+_TABLE_ENTRY_BYTES = 200
 # An entry's objects beside its strings: the key, the tuples, the Chunk and the bytes' headers.
 _ENTRY_BYTES = 400
 
@@ -103,6 +196,10 @@ class ChunkMessages:
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
         self._cache: dict[tuple[str, str], tuple[Chunk, bytes]] = {}
+        # a plain Search's encodings (``table_pieces``), by table, then base and label
+        self._tables: weakref.WeakKeyDictionary[ChunkTable, dict[tuple[str, int], bytes]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._seen: set[int] = set()
         self._bytes = 0
 
@@ -128,19 +225,54 @@ class ChunkMessages:
                 encoded = self._encode((hit.knowledge_base, chunk.chunk_id), hit)
             parts += (key, encoded, _float32(hit.score))
 
+    def table_pieces(self, parts: list[bytes], key: bytes, hits: TableHits) -> None:
+        """As ``pieces``, for hits read from a chunk table: each chunk's encoding kept, or
+        written from the table's bytes (``table_encoded``: no Chunk built), or, for a chunk the
+        table says must be decoded (a string over its cap, bytes not UTF-8), encoded from it."""
+        kb, table = hits.knowledge_base, hits.table
+        kept = self._tables.get(table)
+        if kept is None:  # the table's first answer: its own dict, for as long as it lives
+            kept = self._tables[table] = {}
+        for label, score in hits.found:
+            encoded = kept.get((kb, label))
+            if encoded is None:
+                encoded = self._table_encode(kept, kb, table, label)
+            parts += (key, encoded, _float32(score))
+
+    def _table_encode(
+        self, kept: dict[tuple[str, int], bytes], kb: str, table: ChunkTable, label: int
+    ) -> bytes:
+        """Chunk ``label`` of ``table`` encoded, and kept in ``kept`` (the table's) when it was
+        encoded before."""
+        raw = table.utf8(label)
+        encoded = _encoded(kb, table[label]) if raw is None else table_encoded(kb, table.blob, raw)
+        held = len(encoded) + _TABLE_ENTRY_BYTES
+        if self._seen_before((kb, id(table), label)) and held <= self.max_bytes:
+            self._make_room(held)
+            kept[kb, label] = encoded
+            self._bytes += held
+        return encoded
+
+    def _make_room(self, held: int) -> None:
+        """Start over (both caches) when ``held`` more bytes would pass the bound. The tables'
+        dicts are emptied, not replaced: a call writing hits holds its table's."""
+        if self._bytes + held > self.max_bytes:
+            self._cache = {}
+            for kept in self._tables.values():
+                kept.clear()
+            self._bytes = 0
+
     def _encode(self, key: tuple[str, str], hit: Hit) -> bytes:
         """The hit's chunk encoded, and kept when it was encoded before."""
         encoded = _encoded(hit.knowledge_base, hit.chunk)
         held = _held_bytes(hit.chunk, encoded)
         if self._seen_before(key) and held <= self.max_bytes:
-            if self._bytes + held > self.max_bytes:
-                self._cache = {}
-                self._bytes = 0
+            self._make_room(held)
             self._cache[key] = (hit.chunk, encoded)
             self._bytes += held
         return encoded
 
-    def _seen_before(self, key: tuple[str, str]) -> bool:
+    def _seen_before(self, key: tuple[str | int, ...]) -> bool:
         """Whether ``key`` was encoded since the last start-over (kept as its hash: a collision
         only keeps an encoding one time early); records it."""
         h = hash(key)

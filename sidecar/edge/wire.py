@@ -2,7 +2,8 @@
 
 A ``SearchResponse`` built per call (made, its hits merged from the kept chunk encodings of
 ``sidecar/edge/messages.py``, then serialized again by grpc) is written here as bytes from kept
-pieces instead: per hit its field's tag, the chunk's kept encoding and the score's four bytes;
+pieces instead: per hit its field's tag, the chunk's kept encoding (for a plain Search's
+``TableHits``, written from the chunk table's bytes) and the score's four bytes;
 the timings as one packed field; the snapshot version, the base's policy words and the rerank
 status as fields encoded once and kept. Fields go in the proto's order and parse as the message
 protobuf would build (``tests/test_wire.py`` holds every field to it).
@@ -16,7 +17,6 @@ hook has parsed it, the message is what is sent, so a hook that changes it is ob
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import Message
 
-from sidecar.edge.messages import MESSAGES, field_key, varint
+from sidecar.edge.messages import MESSAGES, field_key, string_field, varint
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.turn.hits import TableHits
 from sidecar.turn.rerank import Status as RerankStatus
 
 if TYPE_CHECKING:
@@ -80,7 +81,9 @@ def search_response(result: SearchResult, policy: BasePolicy) -> EncodedResponse
     fallback only when nothing was found)."""
     hits = result.hits
     parts: list[bytes] = []
-    if hits:
+    if type(hits) is TableHits:  # a plain Search's: written from the chunk table
+        MESSAGES.table_pieces(parts, _CHUNKS, hits)
+    elif hits:
         MESSAGES.pieces(parts, _CHUNKS, hits)
     timings = result.timings
     parts += (
@@ -93,30 +96,16 @@ def search_response(result: SearchResult, policy: BasePolicy) -> EncodedResponse
             _TIMING_KEYS[2],
             timings.total_ms,
         ),
-        _string(_VERSION, result.snapshot_version),
+        string_field(_VERSION, result.snapshot_version),
     )
     if result.degraded:
         parts.append(_DEGRADED)
     if policy.fallback and not hits:
-        parts.append(_string(_FALLBACK, policy.fallback))
+        parts.append(string_field(_FALLBACK, policy.fallback))
     if policy.instructions:
-        parts.append(_string(_INSTRUCTIONS, policy.instructions))
+        parts.append(string_field(_INSTRUCTIONS, policy.instructions))
     parts.append(_RERANK[result.rerank])
     return EncodedResponse(b"".join(parts), pb.SearchResponse, timings)
-
-
-# A base's snapshot versions and policy words: a handful per base, the same on every call.
-_KEPT_STRINGS = 256
-
-
-@functools.lru_cache(maxsize=_KEPT_STRINGS)
-def _string(key: bytes, text: str) -> bytes:
-    """A string field: its key, its length and its UTF-8 bytes (nothing for an empty string,
-    the default); kept, since the same few come on every call."""
-    if not text:
-        return b""
-    data = text.encode("utf-8")
-    return key + varint(len(data)) + data
 
 
 Serializer = Callable[[Any], bytes]

@@ -397,7 +397,7 @@ class Invocation:
 
     output: str
     is_error: bool = False
-    hits: list[Hit] = field(default_factory=list)
+    hits: Sequence[Hit] = field(default_factory=list)
     fallback: str = ""  # the base's, when nothing was found
 
 

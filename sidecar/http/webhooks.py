@@ -29,7 +29,7 @@ import heapq
 import hmac
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -165,7 +165,7 @@ class Conversations:
         self._fed[key] = entry
 
 
-def _documents(hits: list[Hit]) -> list[dict[str, Any]]:
+def _documents(hits: Sequence[Hit]) -> list[dict[str, Any]]:
     docs = []
     for hit in hits:
         c = hit.chunk
@@ -401,7 +401,7 @@ class Webhooks:
         key = (sessions.owner.get(), call_id)
         fresh, fed = self.conversations.new(key, messages)
         said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
-        hits: list[Hit] = []
+        hits: Sequence[Hit] = []
         for i, turn in enumerate(said):
             result = await self._turn(call, call_id, turn)
             if turn.speaker == Speaker.USER and i == len(said) - 1:

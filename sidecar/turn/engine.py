@@ -26,6 +26,7 @@ from index.embedders.base import Embedder, TokenLimited, Vectors
 from index.errors import SnapshotNotFound
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
+from index.tables import ChunkTable
 from index.types import Chunk, MetadataFilter
 from sidecar.config import MAX_LIMIT, SidecarConfig
 from sidecar.errors import InvalidArgument, Loading
@@ -33,7 +34,7 @@ from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups, relevance, scope
 from sidecar.turn.budget import Budget
-from sidecar.turn.hits import Hit
+from sidecar.turn.hits import Hit, TableHits
 from sidecar.turn.query_embedder import QueryEmbedder
 from sidecar.turn.rerank import Reranker
 from sidecar.turn.rerank import Status as RerankStatus
@@ -138,7 +139,7 @@ NO_POLICY = BasePolicy()
 
 @dataclass(slots=True)
 class SearchResult:
-    hits: list[Hit]
+    hits: Sequence[Hit]  # a plain Search's are TableHits: made from the table when read
     snapshot_version: str
     degraded: bool = False
     timings: Timings = field(default_factory=Timings)
@@ -147,7 +148,7 @@ class SearchResult:
 
 @dataclass(slots=True)
 class TurnResult:
-    hits: list[Hit]
+    hits: Sequence[Hit]
     context: list[Hit]
     skipped: Skip
     query: str
@@ -744,7 +745,7 @@ class Engine:
         followups.remember(session, said)
 
     @staticmethod
-    def _remember(session: Session, hits: list[Hit]) -> None:
+    def _remember(session: Session, hits: Sequence[Hit]) -> None:
         session.retain(hits)
 
     def _context_limit(self) -> int:
@@ -798,12 +799,17 @@ class Engine:
 
 def _nearest_hits(
     searcher: Searcher, kb: str, vector: Vectors, limit: int, min_score: float
-) -> list[Hit]:
+) -> Sequence[Hit]:
     """The graph's nearest ``limit`` chunks with cosine >= ``min_score``, best first, as hits
-    (``relevance.dense`` without a lift or sources)."""
+    (``relevance.dense`` without a lift or sources): labels and scores (``TableHits``), which
+    the servicer writes from the table without decoding a chunk."""
     chunks = searcher.snapshot.chunks
-    nearest = searcher.snapshot.search_dense(vector, limit)
-    return [Hit(kb, chunks[label], score) for label, score in nearest if score >= min_score]
+    found = [
+        (label, s) for label, s in searcher.snapshot.search_dense(vector, limit) if s >= min_score
+    ]
+    if type(chunks) is ChunkTable:
+        return TableHits(kb, chunks, found)
+    return [Hit(kb, chunks[label], score) for label, score in found]
 
 
 def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:

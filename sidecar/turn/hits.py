@@ -6,8 +6,11 @@ webhooks answer with them. They live here, apart from all of those, so each impo
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
+from index.tables import ChunkTable
 from index.types import Chunk
 
 
@@ -20,3 +23,37 @@ class Hit:
     knowledge_base: str
     chunk: Chunk
     score: float
+
+
+class TableHits(Sequence[Hit]):
+    """A plain Search's hits as the graph found them: labels into a base's chunk table, with
+    their scores. The servicer writes the answer from the table's bytes (sidecar/edge/wire.py),
+    so nothing is decoded for it; a ``Hit`` (its chunk decoded) is made for the first reader
+    that asks for one (a session retaining them, the webhooks), then kept."""
+
+    __slots__ = ("_hits", "found", "knowledge_base", "table")
+
+    def __init__(self, knowledge_base: str, table: ChunkTable, found: list[tuple[int, float]]):
+        self.knowledge_base = knowledge_base
+        self.table = table
+        self.found = found
+        self._hits: list[Hit] | None = None
+
+    def __len__(self) -> int:
+        return len(self.found)
+
+    @overload
+    def __getitem__(self, i: int) -> Hit: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Hit]: ...
+    def __getitem__(self, i: int | slice) -> Hit | list[Hit]:
+        return self._made()[i]
+
+    def __iter__(self) -> Iterator[Hit]:
+        return iter(self._made())
+
+    def _made(self) -> list[Hit]:
+        if self._hits is None:
+            kb, table = self.knowledge_base, self.table
+            self._hits = [Hit(kb, table[label], score) for label, score in self.found]
+        return self._hits
