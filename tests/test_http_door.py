@@ -768,6 +768,48 @@ async def test_a_connection_that_stalls_in_its_head_is_closed(
     assert await exchange(sidecar, sent) == b""  # closed, where it was held open for ever
 
 
+PIPELINED_GET = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+async def test_requests_pipelined_within_the_bound_are_all_answered_in_order(
+    sidecar: Sidecar,
+) -> None:
+    answers = await exchange(sidecar, PIPELINED_GET * http_door.MAX_PIPELINED + CLOSING_GET)
+    assert answers.count(b"HTTP/1.1 200 ") == http_door.MAX_PIPELINED + 1
+
+
+async def test_a_client_pipelining_without_reading_is_closed_with_its_queue_bounded(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client sends GETs back to back and never reads an answer: past MAX_PIPELINED queued
+    requests its connection is closed, the queue never held more, nothing more of it is read
+    (where every request was queued and every answer kept, without end), and the door serves
+    others on."""
+    queued: list[int] = []  # the queue's length after each request's head
+    real = http_door._BoundedHead.on_headers_complete
+
+    def counted(self: http_door._BoundedHead) -> None:
+        real(self)
+        queued.append(len(self.pipeline))
+
+    monkeypatch.setattr(http_door._BoundedHead, "on_headers_complete", counted)
+    assert sidecar.http is not None
+    _, writer = await asyncio.open_connection("127.0.0.1", sidecar.http_port)
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        async with asyncio.timeout(LIVENESS_S):
+            while sent < 4 << 20:  # 4 MiB: far past what a bounded door reads of it
+                writer.write(PIPELINED_GET * 1000)
+                await writer.drain()
+                sent += len(PIPELINED_GET) * 1000
+    assert sent < 4 << 20, "the door read on without closing the connection"
+    assert max(queued) == http_door.MAX_PIPELINED  # one more closed it (the queue dropped)
+    assert sidecar.http.admission.overrun_total == 1
+    writer.close()
+    async with httpx2.AsyncClient() as http:  # the door serves on
+        assert (await http.get(url(sidecar, "/healthz"))).status_code == 200
+
+
 # -- the connection cap ------------------------------------------------------------------------
 
 
