@@ -38,6 +38,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
 from sidecar.http.door import MAX_HEAD_BYTES
+from sidecar.http.mcp import SDK_SESSION_LOGGERS
 from sidecar.http.webhooks import (
     SIGNATURE_TOLERANCE_MS,
     Replays,
@@ -193,6 +194,58 @@ async def test_mcp_without_a_token_is_401_with_a_json_error(sidecar: Sidecar) ->
     assert reply.status_code == 401
     assert reply.headers["www-authenticate"] == "Bearer"
     assert "authorization: Bearer" in reply.json()["error"]["message"]
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"},
+    },
+}
+MCP_ACCEPT = {"accept": "application/json, text/event-stream"}
+
+
+async def test_one_callers_mcp_sessions_cannot_lock_another_out(
+    store: Path, local_embedder: Embedder, secrets: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_sessions = 4 between two callers: each holds at most its share of 2. The first
+    opens sessions (initialize, never DELETE) until refused, 429 naming its share (where it
+    took all four and the other's initialize got 503); the other still opens one; a session
+    ended gives its share back. The SDK's line per session is not logged."""
+    config = sidecar_config(store, auth=AUTH, http=HTTP, max_sessions=4)
+    caplog.set_level(logging.INFO)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+
+        async def initialize(token: str) -> httpx2.Response:
+            return await http.post(
+                url(sc, "/mcp"), json=INITIALIZE, headers=auth(token, **MCP_ACCEPT)
+            )
+
+        opened = []
+        for _ in range(5):
+            reply = await initialize(TOKEN_A)
+            if reply.status_code != 200:
+                break
+            opened.append(reply.headers["mcp-session-id"])
+        assert len(opened) == 2
+        assert reply.status_code == 429, reply.text
+        assert "max_sessions = 2" in reply.json()["error"]["message"]
+
+        other = await initialize(TOKEN_B)
+        assert other.status_code == 200, other.text
+
+        ended = await http.delete(
+            url(sc, "/mcp"), headers=auth(TOKEN_A, **{"mcp-session-id": opened[0]})
+        )
+        assert ended.status_code == 200, ended.text
+        assert (await initialize(TOKEN_A)).status_code == 200
+    sdk = [r for r in caplog.records if r.name in SDK_SESSION_LOGGERS]
+    assert not [r for r in sdk if r.levelno < logging.WARNING]  # two lines a session, before
+    assert "closing 3 MCP session(s)" in caplog.text  # the drain: one line
 
 
 async def test_a_base_with_no_snapshot_is_a_tool_error_and_not_ready(

@@ -16,7 +16,12 @@ request's context: ``scope_for`` hands the request's ``HttpCall`` and a copy of 
 scope, and the handler runs in that context. The voxrecall session of a call is the
 ``x-voxrecall-session`` header when given, else the MCP session id, so a call's tool calls
 share its retained context. A session belongs to the caller that opened it (the SDK answers
-another token's request for it 404).
+another token's request for it 404), and with ``[sidecar.auth]`` each caller holds at most its
+share of ``[sidecar] max_sessions`` (``SessionShares``, checked before the SDK sees a request
+that opens one: 429), so one caller's sessions never make another's ``initialize`` fail. The
+SDK's line per session opened and closed is left out of the log (a client opening sessions on
+end, or a drain closing thousands, wrote two lines each); the drain logs once how many it
+closes.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,7 +42,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from index.errors import SnapshotError, VoxrecallError
 from sidecar import __version__
@@ -44,6 +50,7 @@ from sidecar.config import Config
 from sidecar.edge import tls
 from sidecar.edge.auth import Authenticator
 from sidecar.edge.status import status_for, tool_error_type
+from sidecar.errors import ResourceExhausted
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
     UNAVAILABLE,
@@ -58,6 +65,9 @@ if TYPE_CHECKING:
     from sidecar.http.door import HttpCall
 
 log = logging.getLogger("voxrecall.mcp")
+# The SDK logs a line at INFO for every session opened and closed: quiet below WARNING, so a
+# client opening sessions, or a drain closing them, costs no log line each.
+SDK_SESSION_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http")
 
 READ_PAGE = "read_page"
 SESSION_HEADER = "x-voxrecall-session"
@@ -111,6 +121,74 @@ def _page_part(head: dict[str, str], part: str, end: int) -> str:
     ).decode()
 
 
+class SessionShares:
+    """The MCP sessions each caller holds (opening or open), against its share of ``[sidecar]
+    max_sessions`` (``[sidecar.auth.caller] max_sessions``, resolved by the config: the shares
+    add up to at most the whole, so no caller can take another's). Without auth every session
+    is the caller ``""``'s, with no share: the SDK's own ``max_sessions`` is the only bound.
+
+    ``take`` counts a session opening (or refuses it); ``opened`` names it once the SDK has
+    answered with its id; ``settle`` gives back one that did not open; ``closed`` one the SDK
+    discards, however it ended (DELETE, idle, a crash, the drain). A caller at its share is
+    logged once, until it has room again."""
+
+    def __init__(self, shares: Mapping[str, int]) -> None:
+        self.shares = dict(shares)
+        self.held: Counter[str] = Counter()
+        self.owner_of: dict[str, str] = {}  # session id -> the caller holding it
+        self.full: set[str] = set()  # callers at their share, logged
+
+    def take(self, caller: str) -> None:
+        share = self.shares.get(caller)
+        held = self.held[caller]
+        if share is not None and held >= share:
+            if caller not in self.full:
+                self.full.add(caller)
+                log.warning(
+                    "caller %r holds %d MCP sessions, its share ([sidecar.auth.caller] "
+                    "max_sessions); its next ones are refused until one closes",
+                    caller,
+                    held,
+                )
+            raise ResourceExhausted(
+                f"caller {caller!r} has {held} MCP sessions open, its share ([sidecar.auth."
+                f"caller] max_sessions = {share}): end one (DELETE /mcp with its "
+                "mcp-session-id) or reuse one"
+            )
+        self.held[caller] = held + 1
+
+    def opened(self, caller: str, session_id: str) -> None:
+        self.owner_of[session_id] = caller
+
+    def settle(self, caller: str, session_id: str | None) -> None:
+        """The opening request is done: ``session_id`` None, nothing opened."""
+        if session_id is None:
+            self._give(caller)
+
+    def closed(self, session_id: str) -> None:
+        caller = self.owner_of.pop(session_id, None)
+        if caller is not None:
+            self._give(caller)
+
+    def _give(self, caller: str) -> None:
+        self.held[caller] -= 1
+        if self.held[caller] <= 0:
+            del self.held[caller]
+        self.full.discard(caller)
+
+
+class _SharedSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, telling ``SessionShares`` of each session it discards."""
+
+    def __init__(self, shares: SessionShares, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.session_shares = shares
+
+    async def _discard_session(self, session_id: str, transport: Any) -> None:
+        self.session_shares.closed(session_id)
+        await super()._discard_session(session_id, transport)
+
+
 def _text(output: str, is_error: bool) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=output)], is_error=is_error)
 
@@ -138,7 +216,11 @@ class McpDoor:
         self.server.middleware.clear()
         settings = config.sidecar
         loopback = tls.is_loopback(settings.http.listen)
-        self.manager = StreamableHTTPSessionManager(
+        self.sessions = SessionShares({c.name: c.max_sessions for c in settings.auth.callers})
+        for name in SDK_SESSION_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+        self.manager = _SharedSessionManager(
+            self.sessions,
             app=self.server,
             json_response=True,  # one JSON answer per POST: no event stream to hold open
             # a browser page must not reach a loopback sidecar by rebinding a name to 127.0.0.1
@@ -155,10 +237,36 @@ class McpDoor:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         async with self.manager.run():
-            yield
+            try:
+                yield
+            finally:
+                if self.sessions.owner_of:
+                    log.info("closing %d MCP session(s)", len(self.sessions.owner_of))
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.manager.handle_request(scope, receive, send)
+        """Hand the request to the SDK; one that opens a session (a POST without a session
+        id) from a caller is counted against its share first (``ResourceExhausted``)."""
+        header = MCP_SESSION_HEADER.encode()
+        if scope["method"] != "POST" or any(name == header for name, _ in scope["headers"]):
+            await self.manager.handle_request(scope, receive, send)
+            return
+        call: HttpCall = scope[_CALL]
+        owner = call.call.caller.name if call.call.caller is not None else ""
+        self.sessions.take(owner)
+        opened: list[str] = []
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                found = [v for k, v in message.get("headers", ()) if k.lower() == header]
+                if found:
+                    opened.append(found[0].decode("latin-1"))
+                    self.sessions.opened(owner, opened[0])
+            await send(message)
+
+        try:
+            await self.manager.handle_request(scope, receive, watched)
+        finally:
+            self.sessions.settle(owner, opened[0] if opened else None)
 
     @staticmethod
     def method_name(body: bytes) -> str:
