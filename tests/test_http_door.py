@@ -245,7 +245,7 @@ async def test_one_callers_mcp_sessions_cannot_lock_another_out(
         assert (await initialize(TOKEN_A)).status_code == 200
     sdk = [r for r in caplog.records if r.name in SDK_SESSION_LOGGERS]
     assert not [r for r in sdk if r.levelno < logging.WARNING]  # two lines a session, before
-    assert "closing 3 MCP session(s)" in caplog.text  # the drain: one line
+    assert "closed 3 MCP session(s)" in caplog.text  # the drain: one line
 
 
 async def test_a_base_with_no_snapshot_is_a_tool_error_and_not_ready(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
@@ -236,12 +237,14 @@ class McpDoor:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
+        open_, started = 0, 0.0
         async with self.manager.run():
             try:
                 yield
             finally:
-                if self.sessions.owner_of:
-                    log.info("closing %d MCP session(s)", len(self.sessions.owner_of))
+                open_, started = len(self.sessions.owner_of), time.monotonic()
+        if open_:  # one line for the lot, where the SDK logged one per session
+            log.info("closed %d MCP session(s) in %.1f s", open_, time.monotonic() - started)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Hand the request to the SDK; one that opens a session (a POST without a session
