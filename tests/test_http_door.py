@@ -248,6 +248,29 @@ async def test_one_callers_mcp_sessions_cannot_lock_another_out(
     assert "closed 3 MCP session(s)" in caplog.text  # the drain: one line
 
 
+async def test_without_auth_one_address_cannot_lock_another_out_of_mcp(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """No callers: each client address holds at most the share of max_sessions that it may
+    hold of the connections (4 x 2 / 4 = 2). 127.0.0.2 opens two and is refused a third (429,
+    naming the share; it took all four before, and everyone else's initialize got 503);
+    127.0.0.1 still opens one."""
+    http = {"listen": "127.0.0.1:0", "max_connections": 4, "max_connections_per_ip": 2}
+    config = sidecar_config(store, http=http, max_sessions=4)
+    async with running(config, local_embedder) as sc:
+
+        async def initialize(source: str) -> httpx2.Response:
+            transport = httpx2.AsyncHTTPTransport(local_address=source)
+            async with httpx2.AsyncClient(transport=transport) as client:
+                return await client.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+
+        replies = [await initialize("127.0.0.2") for _ in range(3)]
+        assert [r.status_code for r in replies] == [200, 200, 429], replies[-1].text
+        assert "address 127.0.0.2 has 2 MCP sessions open" in replies[-1].json()["error"]["message"]
+        other = await initialize("127.0.0.1")
+        assert other.status_code == 200, other.text
+
+
 async def test_a_base_with_no_snapshot_is_a_tool_error_and_not_ready(
     tmp_path: Path, store: Path, local_embedder: Embedder
 ) -> None:

@@ -16,9 +16,10 @@ request's context: ``scope_for`` hands the request's ``HttpCall`` and a copy of 
 scope, and the handler runs in that context. The voxrecall session of a call is the
 ``x-voxrecall-session`` header when given, else the MCP session id, so a call's tool calls
 share its retained context. A session belongs to the caller that opened it (the SDK answers
-another token's request for it 404), and with ``[sidecar.auth]`` each caller holds at most its
-share of ``[sidecar] max_sessions`` (``SessionShares``, checked before the SDK sees a request
-that opens one: 429), so one caller's sessions never make another's ``initialize`` fail. The
+another token's request for it 404), and each caller (without ``[sidecar.auth]``, each client
+address) holds at most its share of ``[sidecar] max_sessions`` (``SessionShares``, checked
+before the SDK sees a request that opens one: 429), so one caller's sessions never make
+another's ``initialize`` fail. The
 SDK's line per session opened and closed is left out of the log (a client opening sessions on
 end, or a drain closing thousands, wrote two lines each); the drain logs once how many it
 closes.
@@ -47,7 +48,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from index.errors import SnapshotError, VoxrecallError
 from sidecar import __version__
-from sidecar.config import Config
+from sidecar.config import Config, HttpConfig
 from sidecar.edge import tls
 from sidecar.edge.auth import Authenticator
 from sidecar.edge.status import status_for, tool_error_type
@@ -123,40 +124,51 @@ def _page_part(head: dict[str, str], part: str, end: int) -> str:
 
 
 class SessionShares:
-    """The MCP sessions each caller holds (opening or open), against its share of ``[sidecar]
-    max_sessions`` (``[sidecar.auth.caller] max_sessions``, resolved by the config: the shares
-    add up to at most the whole, so no caller can take another's). Without auth every session
-    is the caller ``""``'s, with no share: the SDK's own ``max_sessions`` is the only bound.
+    """The MCP sessions each owner holds (opening or open), against its share of ``[sidecar]
+    max_sessions``. With auth the owners are the callers, each with its ``[sidecar.auth.caller]
+    max_sessions`` (resolved by the config: the shares add up to at most the whole, so no
+    caller can take another's). Without auth they are the client addresses, each with
+    ``per_address`` (0: no share, the SDK's own ``max_sessions`` the only bound).
 
     ``take`` counts a session opening (or refuses it); ``opened`` names it once the SDK has
     answered with its id; ``settle`` gives back one that did not open; ``closed`` one the SDK
-    discards, however it ended (DELETE, idle, a crash, the drain). A caller at its share is
+    discards, however it ended (DELETE, idle, a crash, the drain). An owner at its share is
     logged once, until it has room again."""
 
-    def __init__(self, shares: Mapping[str, int]) -> None:
+    def __init__(self, shares: Mapping[str, int], per_address: int = 0) -> None:
         self.shares = dict(shares)
+        self.per_address = per_address
         self.held: Counter[str] = Counter()
-        self.owner_of: dict[str, str] = {}  # session id -> the caller holding it
-        self.full: set[str] = set()  # callers at their share, logged
+        self.owner_of: dict[str, str] = {}  # session id -> its owner
+        self.full: set[str] = set()  # owners at their share, logged
 
-    def take(self, caller: str) -> None:
-        share = self.shares.get(caller)
-        held = self.held[caller]
-        if share is not None and held >= share:
-            if caller not in self.full:
-                self.full.add(caller)
+    def take(self, owner: str) -> None:
+        share = self.shares.get(owner, self.per_address)
+        held = self.held[owner]
+        if share and held >= share:
+            who, key = self._named(owner, share)
+            if owner not in self.full:
+                self.full.add(owner)
                 log.warning(
-                    "caller %r holds %d MCP sessions, its share ([sidecar.auth.caller] "
-                    "max_sessions); its next ones are refused until one closes",
-                    caller,
+                    "%s holds %d MCP sessions, its share (%s); its next ones are refused "
+                    "until one closes",
+                    who,
                     held,
+                    key,
                 )
             raise ResourceExhausted(
-                f"caller {caller!r} has {held} MCP sessions open, its share ([sidecar.auth."
-                f"caller] max_sessions = {share}): end one (DELETE /mcp with its "
-                "mcp-session-id) or reuse one"
+                f"{who} has {held} MCP sessions open, its share ({key}): end one "
+                "(DELETE /mcp with its mcp-session-id) or reuse one"
             )
-        self.held[caller] = held + 1
+        self.held[owner] = held + 1
+
+    def _named(self, owner: str, share: int) -> tuple[str, str]:
+        if owner in self.shares:
+            return f"caller {owner!r}", f"[sidecar.auth.caller] max_sessions = {share}"
+        return f"address {owner}", (
+            f"[sidecar] max_sessions x [sidecar.http] max_connections_per_ip / "
+            f"max_connections = {share}"
+        )
 
     def opened(self, caller: str, session_id: str) -> None:
         self.owner_of[session_id] = caller
@@ -190,6 +202,16 @@ class _SharedSessionManager(StreamableHTTPSessionManager):
         await super()._discard_session(session_id, transport)
 
 
+def _per_address(max_sessions: int, http: HttpConfig) -> int:
+    """Without auth, an address's share of the sessions: the share of the connections it may
+    hold (``max_connections_per_ip`` of ``max_connections``; 0, no cap: no share), at least 1.
+    Behind a proxy every client has its address; the docs say to lift the per-address cap
+    there, which lifts this too."""
+    if not http.max_connections_per_ip or http.max_connections_per_ip >= http.max_connections:
+        return 0
+    return max(1, max_sessions * http.max_connections_per_ip // http.max_connections)
+
+
 def _text(output: str, is_error: bool) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=output)], is_error=is_error)
 
@@ -217,7 +239,11 @@ class McpDoor:
         self.server.middleware.clear()
         settings = config.sidecar
         loopback = tls.is_loopback(settings.http.listen)
-        self.sessions = SessionShares({c.name: c.max_sessions for c in settings.auth.callers})
+        http = settings.http
+        self.sessions = SessionShares(
+            {c.name: c.max_sessions for c in settings.auth.callers},
+            per_address=_per_address(settings.max_sessions, http),
+        )
         for name in SDK_SESSION_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
         self.manager = _SharedSessionManager(
@@ -254,7 +280,8 @@ class McpDoor:
             await self.manager.handle_request(scope, receive, send)
             return
         call: HttpCall = scope[_CALL]
-        owner = call.call.caller.name if call.call.caller is not None else ""
+        caller, client = call.call.caller, scope.get("client")
+        owner = caller.name if caller is not None else str(client[0] if client else "")
         self.sessions.take(owner)
         opened: list[str] = []
 
