@@ -19,11 +19,11 @@ the token could not reach over gRPC it cannot reach here. The body is read after
 check and before the concurrency slot is taken (``HttpDoor._admit``). A body over ``[sidecar.http]
 max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
-whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). Requests pipelined ahead of their
-answers wait in a queue of at most ``MAX_PIPELINED`` (one more closes the connection), and no
-more is read while one waits or while the client leaves its answers unread. At most ``[sidecar.http]
-max_connections`` connections are served at once: one more gets a 503 as soon as it is
-accepted, before it is read and without a task, and is closed (``_Admission``); so does one
+whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). Requests pipelined ahead of
+their answers wait in a queue of at most ``MAX_PIPELINED`` (one more closes the connection),
+and no more is read while one waits or while the client leaves its answers unread. At most
+``[sidecar.http] max_connections`` connections are served at once: one more gets a 503 as soon
+as it is accepted, before it is read and without a task, and is closed (``_Admission``); so does one
 past ``max_connections_per_ip`` from one client address (with TLS, where nothing can be said
 before a handshake, it is only closed, and the log says so). With TLS the door makes the handshake
 itself, counted from the accept and bounded by ``TLS_HANDSHAKE_TIMEOUT_S``. Errors are ``{"error": {"code",
@@ -95,8 +95,8 @@ REFUSED_LINGER_S = 1.0
 # dropped. No common client pipelines; one that sends without reading would otherwise have
 # every request of each read queued (8,000 GETs in one 256 KiB read) and every answer kept.
 MAX_PIPELINED = 8
-# Such a close is logged once per this many (the first one logged): one client reconnecting on end
-# must not flood the log.
+# Such a close is logged once per this many (the first one logged): one client reconnecting
+# without end must not flood the log.
 OVERRUN_LOG_EVERY = 1000
 # A TLS handshake is a round trip or two: one not done within this long is a client that stalled
 # (or one holding a connection on purpose); asyncio's own default would hold it for 60 s.

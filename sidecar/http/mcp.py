@@ -19,10 +19,9 @@ share its retained context. A session belongs to the caller that opened it (the 
 another token's request for it 404), and each caller (without ``[sidecar.auth]``, each client
 address) holds at most its share of ``[sidecar] max_sessions`` (``SessionShares``, checked
 before the SDK sees a request that opens one: 429), so one caller's sessions never make
-another's ``initialize`` fail. The
-SDK's line per session opened and closed is left out of the log (a client opening sessions on
-end, or a drain closing thousands, wrote two lines each); the drain logs once how many it
-closes.
+another's ``initialize`` fail. The SDK's line per session opened and closed is left out of
+the log (a client opening sessions on end, or a drain closing thousands, wrote two lines each);
+the drain logs once how many it closed.
 """
 
 from __future__ import annotations
@@ -170,24 +169,25 @@ class SessionShares:
             f"max_connections = {share}"
         )
 
-    def opened(self, caller: str, session_id: str) -> None:
-        self.owner_of[session_id] = caller
+    def opened(self, owner: str, session_id: str) -> None:
+        self.owner_of[session_id] = owner
 
-    def settle(self, caller: str, session_id: str | None) -> None:
+    def settle(self, owner: str, session_id: str | None) -> None:
         """The opening request is done: ``session_id`` None, nothing opened."""
         if session_id is None:
-            self._give(caller)
+            self._give(owner)
 
     def closed(self, session_id: str) -> None:
-        caller = self.owner_of.pop(session_id, None)
-        if caller is not None:
-            self._give(caller)
+        """The SDK discards a session (it may say so twice: the second finds no owner)."""
+        owner = self.owner_of.pop(session_id, None)
+        if owner is not None:
+            self._give(owner)
 
-    def _give(self, caller: str) -> None:
-        self.held[caller] -= 1
-        if self.held[caller] <= 0:
-            del self.held[caller]
-        self.full.discard(caller)
+    def _give(self, owner: str) -> None:
+        self.held[owner] -= 1
+        if self.held[owner] <= 0:
+            del self.held[owner]
+        self.full.discard(owner)
 
 
 class _SharedSessionManager(StreamableHTTPSessionManager):
@@ -274,7 +274,7 @@ class McpDoor:
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Hand the request to the SDK; one that opens a session (a POST without a session
-        id) from a caller is counted against its share first (``ResourceExhausted``)."""
+        id) is counted against its owner's share first (``ResourceExhausted``)."""
         header = MCP_SESSION_HEADER.encode()
         if scope["method"] != "POST" or any(name == header for name, _ in scope["headers"]):
             await self.manager.handle_request(scope, receive, send)
