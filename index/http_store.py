@@ -13,8 +13,11 @@ Every answer is capped: a file at the size its manifest records, the manifest at
 ``MAX_MANIFEST_BYTES``, the pointer at ``MAX_POINTER_BYTES``; more is a CorruptSnapshot, and no
 byte past the cap is written. Every download has a total deadline
 (``HttpOptions.download_timeout_s``) besides the per-read timeout, so a server trickling a byte
-at a time cannot hold a refresh. ``close()`` cuts the downloads in progress: their sockets are
-shut down, which wakes a read blocked in the refresher's thread, so a drain never waits for one.
+at a time cannot hold a refresh: a timer shuts the request's socket down when it passes, so it
+also ends what http.client reads in loops of its own (the status line and headers, endless
+``100 Continue`` answers, a chunked body's trailer), and the request fails StoreUnavailable,
+whatever the cut made http.client raise or return. ``close()`` cuts the downloads in progress
+the same way, so a drain never waits for one.
 
 Blocking (urllib, stdlib only): the refresher calls it from a worker thread. Proxies from the
 environment are not used: nothing below the entry point reads the environment.
@@ -36,7 +39,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -85,8 +88,8 @@ class HttpOptions:
 
     ``timeout_s`` bounds each connect and each read: a static server answers in milliseconds, so
     ten seconds of silence is a dead connection, not a slow one. ``download_timeout_s`` bounds
-    each download as a whole (checked between reads, so it may be passed by one read's
-    ``timeout_s``). A file is tried ``attempts``
+    each download as a whole, from the connect to the body's last byte (a timer shuts the
+    socket down when it passes). A file is tried ``attempts``
     times with backoff ``backoff_s`` doubling up to ``max_backoff_s``: the defaults ride out
     about seven seconds of errors within one poll; longer outages are retried on the next poll.
     """
@@ -115,21 +118,65 @@ class _TooLong(Exception):
     """An answer went past its cap; the caller names what was capped."""
 
 
+class _Deadline:
+    """The sockets one request opened, shut down when its deadline passes (``expire``, from a
+    timer's thread); ``passed`` says it did."""
+
+    def __init__(self) -> None:
+        self.passed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            passed = self.passed
+        if passed:
+            _shutdown(sock)
+
+    def expire(self) -> None:
+        with self._lock:
+            self.passed = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shutdown(sock)
+
+
 class _Connections:
     """The sockets of this store's requests, so ``close`` can cut a read blocked in another
-    thread (a socket shut down wakes its reader with end-of-file)."""
+    thread (a socket shut down wakes its reader with end-of-file), and so can a request's
+    deadline (``bounded``)."""
 
     def __init__(self) -> None:
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closed = False
+        self._local = threading.local()  # the request this thread makes now: its _Deadline
 
     def track(self, sock: socket.socket) -> None:
         with self._lock:
             self._sockets.add(sock)
             closed = self._closed
+        request: _Deadline | None = getattr(self._local, "request", None)
+        if request is not None:
+            request.add(sock)
         if closed:
             _shutdown(sock)
+
+    @contextlib.contextmanager
+    def bounded(self, deadline: float) -> Iterator[_Deadline]:
+        """The sockets this thread connects inside are shut down at ``deadline`` (a timer
+        thread, cancelled on the way out): http.client's own loops cannot outlast it."""
+        request = _Deadline()
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), request.expire)
+        timer.daemon = True
+        self._local.request = request
+        timer.start()
+        try:
+            yield request
+        finally:
+            timer.cancel()
+            self._local.request = None
 
     def close(self) -> None:
         with self._lock:
@@ -213,7 +260,7 @@ class HttpStore:
             headers["If-None-Match"] = known.etag
         deadline = time.monotonic() + self.options.download_timeout_s
         try:
-            with self._open(url, headers) as resp:
+            with self._within(url, deadline), self._open(url, headers) as resp:
                 data = self._read_all(resp, url, MAX_POINTER_BYTES, deadline)
                 etag = resp.headers.get("ETag")
         except _TooLong as exc:
@@ -347,7 +394,7 @@ class HttpStore:
 
     def _get_small(self, url: str) -> bytes:
         deadline = time.monotonic() + self.options.download_timeout_s
-        with self._request(url, {}) as resp:
+        with self._within(url, deadline), self._request(url, {}) as resp:
             try:
                 return self._read_all(resp, url, MAX_MANIFEST_BYTES, deadline)
             except _TooLong as exc:
@@ -370,7 +417,7 @@ class HttpStore:
             dest.unlink()
             offset = 0
         headers = {"Range": f"bytes={offset}-"} if offset else {}
-        with self._request(url, headers) as resp:
+        with self._within(url, deadline), self._request(url, headers) as resp:
             if resp.status == 206 and _range_start(resp) != offset:
                 dest.unlink(missing_ok=True)
                 raise _Retry(f"asked for bytes from {offset}, got {resp.headers['Content-Range']}")
@@ -429,10 +476,7 @@ class HttpStore:
         if self._closed.is_set():
             raise StoreUnavailable(f"{url}: store closed during the download")
         if time.monotonic() > deadline:
-            raise StoreUnavailable(
-                f"{url}: not downloaded within {self.options.download_timeout_s:g} s "
-                "([sidecar] http_download_timeout_s); resumed on the next poll"
-            )
+            raise self._late(url)
         try:
             block = resp.read1(self.options.block_bytes)
         except (OSError, http.client.HTTPException) as exc:
@@ -440,6 +484,27 @@ class HttpStore:
         if not block and self._closed.is_set():  # our own shutdown looks like the end
             raise StoreUnavailable(f"{url}: store closed during the download")
         return block
+
+    @contextlib.contextmanager
+    def _within(self, url: str, deadline: float) -> Iterator[None]:
+        """The request made inside ends by ``deadline``: its socket is shut down then, and
+        whatever that made http.client raise (a reset, a status line cut off) or return (a
+        head or trailer ended early, a body cut short) is this StoreUnavailable instead."""
+        with self._connections.bounded(deadline) as request:
+            try:
+                yield
+            except Exception as exc:
+                if request.passed:
+                    raise self._late(url) from exc
+                raise
+            if request.passed:
+                raise self._late(url)
+
+    def _late(self, url: str) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"{url}: not downloaded within {self.options.download_timeout_s:g} s "
+            "([sidecar] http_download_timeout_s); tried again on the next poll"
+        )
 
     def _request(self, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
         """An open 2xx response; _Retry for what may pass, IncompleteSnapshot for a 404."""

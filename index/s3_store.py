@@ -189,17 +189,18 @@ class S3Store(HttpStore):
         url = f"{self._bucket_url}?{encoded}"
 
         def attempt() -> bytes:
-            try:
-                resp = self._request(url, {})
-            except IncompleteSnapshot as exc:  # a 404 here: the bucket is not there
-                raise StoreUnavailable(f"HTTP 404: no bucket {self.location.bucket}") from exc
-            with resp:
+            with self._within(url, deadline):
                 try:
-                    return self._read_all(resp, url, MAX_LIST_PAGE_BYTES, deadline)
-                except _TooLong as exc:
-                    raise StoreUnavailable(
-                        f"a page of the listing is over {MAX_LIST_PAGE_BYTES} bytes"
-                    ) from exc
+                    resp = self._request(url, {})
+                except IncompleteSnapshot as exc:  # a 404 here: the bucket is not there
+                    raise StoreUnavailable(f"HTTP 404: no bucket {self.location.bucket}") from exc
+                with resp:
+                    try:
+                        return self._read_all(resp, url, MAX_LIST_PAGE_BYTES, deadline)
+                    except _TooLong as exc:
+                        raise StoreUnavailable(
+                            f"a page of the listing is over {MAX_LIST_PAGE_BYTES} bytes"
+                        ) from exc
 
         return _parse_listing(self._with_retries(url, attempt))
 

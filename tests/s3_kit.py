@@ -8,7 +8,8 @@ requests on to moto and misbehaves on purpose: ``fail_next`` answers 500 to that
 ``cut_next`` sends the headers of that many answers for keys ending in ``cut_suffix`` and half
 the body, and for keys ending in ``hostile_suffix``, ``hostile`` = ``"oversize"`` announces and
 sends the object and 1 MiB more, ``"trickle"`` sends the headers and then one byte every
-``trickle_s`` seconds (0: silence) until the proxy stops.
+``trickle_s`` seconds (0: silence) until the proxy stops, and the liars of
+``tests.static_http.lie`` (``"continue"``, ``"trailer"``, ``"headers"``) answer in their place.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import free_port
-from tests.static_http import Logged
+from tests.static_http import LIARS, Logged, lie
 
 STARTUP_S = 60.0  # moto imports every AWS service's models on start: seconds on a busy machine
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -182,6 +183,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         with proxy.lock:
             proxy.log.append(Logged("GET", path, status, wanted))
         if status == 200 and proxy.hostile and path.endswith(proxy.hostile_suffix):
+            if proxy.hostile in LIARS:
+                self.close_connection = True
+                lie(self._raw_write, proxy.hostile, proxy.stopped, proxy.trickle_s)
+                return
             self._hostile(headers, body)
             return
         self.send_response(status)
@@ -231,6 +236,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             proxy.stopped.wait()
         except OSError:
             return  # the client hung up
+
+    def _raw_write(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
 
     def _send_plain(self, path: str, status: int, body: bytes, wanted: str) -> None:
         with self.proxy.lock:

@@ -8,16 +8,43 @@ answers for paths ending in ``hostile_suffix``, as ``hostile`` says: ``"unbounde
 Content-Length and the file followed by zeros until the client hangs up; ``"oversize"``
 announces and sends the file and 1 MiB more; ``"trickle"`` sends no Content-Length and one byte
 every ``trickle_s`` seconds (0: the headers, then silence) until the client hangs up or the
-server stops. ``hostile_sent`` counts the body bytes those answers got out.
+server stops. ``hostile_sent`` counts the body bytes those answers got out. The liars (``lie``)
+never finish an answer's head or trailer: ``"continue"`` sends ``100 Continue`` answers without
+end, ``"trailer"`` a chunked body whose trailer never ends, ``"headers"`` one header line every
+``trickle_s`` seconds.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote
+
+LIARS = ("continue", "trailer", "headers")
+
+
+def lie(
+    write: Callable[[bytes], object], kind: str, stopped: threading.Event, pace_s: float
+) -> None:
+    """An answer whose head or trailer never ends (``kind``: one of LIARS), until the client
+    hangs up or ``stopped`` is set; every loop is one that http.client runs inside itself."""
+    try:
+        if kind == "continue":
+            while not stopped.is_set():
+                write(b"HTTP/1.1 100 Continue\r\n\r\n" * 64)
+        elif kind == "trailer":
+            write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n")
+            while not stopped.is_set():
+                write(b"X-Trailer: y\r\n" * 64)
+        else:
+            write(b"HTTP/1.1 200 OK\r\n")
+            while not stopped.wait(pace_s):
+                write(b"X-Header: y\r\n")
+    except OSError:
+        return  # the client hung up
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +61,7 @@ class StaticServer:
         self.fail_next = 0
         self.cut_next = 0
         self.cut_suffix = ""
-        self.hostile = ""  # "", "unbounded", "oversize" or "trickle"
+        self.hostile = ""  # "", "unbounded", "oversize", "trickle" or one of LIARS
         self.hostile_suffix = "\0"  # matches no path until a test sets it
         self.trickle_s = 0.0
         self.hostile_sent = 0
@@ -116,6 +143,10 @@ class _Handler(BaseHTTPRequestHandler):
         data = file.read_bytes()
         if owner.hostile and path.endswith(owner.hostile_suffix):
             owner._record(Logged("GET", path, 200, wanted))
+            if owner.hostile in LIARS:
+                self.close_connection = True
+                lie(self._raw_write, owner.hostile, owner.stopped, owner.trickle_s)
+                return
             self._hostile(data)
             return
         start = int(wanted.removeprefix("bytes=").split("-")[0]) if wanted else 0
@@ -161,6 +192,10 @@ class _Handler(BaseHTTPRequestHandler):
                 break
             self._send(data[i : i + 1])
         owner.stopped.wait()  # silence until the server stops (or the client hangs up)
+
+    def _raw_write(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
 
     def _send(self, body: bytes) -> None:
         self.wfile.write(body)

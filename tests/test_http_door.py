@@ -38,6 +38,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
 from sidecar.http.door import MAX_HEAD_BYTES
+from sidecar.http.mcp import SDK_SESSION_LOGGERS
 from sidecar.http.webhooks import (
     SIGNATURE_TOLERANCE_MS,
     Replays,
@@ -193,6 +194,81 @@ async def test_mcp_without_a_token_is_401_with_a_json_error(sidecar: Sidecar) ->
     assert reply.status_code == 401
     assert reply.headers["www-authenticate"] == "Bearer"
     assert "authorization: Bearer" in reply.json()["error"]["message"]
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"},
+    },
+}
+MCP_ACCEPT = {"accept": "application/json, text/event-stream"}
+
+
+async def test_one_callers_mcp_sessions_cannot_lock_another_out(
+    store: Path, local_embedder: Embedder, secrets: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_sessions = 4 between two callers: each holds at most its share of 2. The first
+    opens sessions (initialize, never DELETE) until refused, 429 naming its share (where it
+    took all four and the other's initialize got 503); the other still opens one; a session
+    ended gives its share back. The SDK's line per session is not logged."""
+    config = sidecar_config(store, auth=AUTH, http=HTTP, max_sessions=4)
+    caplog.set_level(logging.INFO)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+
+        async def initialize(token: str) -> httpx2.Response:
+            return await http.post(
+                url(sc, "/mcp"), json=INITIALIZE, headers=auth(token, **MCP_ACCEPT)
+            )
+
+        opened = []
+        for _ in range(5):
+            reply = await initialize(TOKEN_A)
+            if reply.status_code != 200:
+                break
+            opened.append(reply.headers["mcp-session-id"])
+        assert len(opened) == 2
+        assert reply.status_code == 429, reply.text
+        assert "max_sessions = 2" in reply.json()["error"]["message"]
+
+        other = await initialize(TOKEN_B)
+        assert other.status_code == 200, other.text
+
+        ended = await http.delete(
+            url(sc, "/mcp"), headers=auth(TOKEN_A, **{"mcp-session-id": opened[0]})
+        )
+        assert ended.status_code == 200, ended.text
+        assert (await initialize(TOKEN_A)).status_code == 200
+    sdk = [r for r in caplog.records if r.name in SDK_SESSION_LOGGERS]
+    assert not [r for r in sdk if r.levelno < logging.WARNING]  # two lines a session, before
+    assert "closed 3 MCP session(s)" in caplog.text  # the drain: one line
+
+
+async def test_without_auth_one_address_cannot_lock_another_out_of_mcp(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """No callers: each client address holds at most the share of max_sessions that it may
+    hold of the connections (4 x 2 / 4 = 2). 127.0.0.2 opens two and is refused a third (429,
+    naming the share; it took all four before, and everyone else's initialize got 503);
+    127.0.0.1 still opens one."""
+    http = {"listen": "127.0.0.1:0", "max_connections": 4, "max_connections_per_ip": 2}
+    config = sidecar_config(store, http=http, max_sessions=4)
+    async with running(config, local_embedder) as sc:
+
+        async def initialize(source: str) -> httpx2.Response:
+            transport = httpx2.AsyncHTTPTransport(local_address=source)
+            async with httpx2.AsyncClient(transport=transport) as client:
+                return await client.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+
+        replies = [await initialize("127.0.0.2") for _ in range(3)]
+        assert [r.status_code for r in replies] == [200, 200, 429], replies[-1].text
+        assert "address 127.0.0.2 has 2 MCP sessions open" in replies[-1].json()["error"]["message"]
+        other = await initialize("127.0.0.1")
+        assert other.status_code == 200, other.text
 
 
 async def test_a_base_with_no_snapshot_is_a_tool_error_and_not_ready(
@@ -766,6 +842,48 @@ async def test_a_connection_that_stalls_in_its_head_is_closed(
     sidecar: Sidecar, sent: bytes
 ) -> None:
     assert await exchange(sidecar, sent) == b""  # closed, where it was held open for ever
+
+
+PIPELINED_GET = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+async def test_requests_pipelined_within_the_bound_are_all_answered_in_order(
+    sidecar: Sidecar,
+) -> None:
+    answers = await exchange(sidecar, PIPELINED_GET * http_door.MAX_PIPELINED + CLOSING_GET)
+    assert answers.count(b"HTTP/1.1 200 ") == http_door.MAX_PIPELINED + 1
+
+
+async def test_a_client_pipelining_without_reading_is_closed_with_its_queue_bounded(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client sends GETs back to back and never reads an answer: past MAX_PIPELINED queued
+    requests its connection is closed, the queue never held more, nothing more of it is read
+    (where every request was queued and every answer kept, without end), and the door serves
+    others on."""
+    queued: list[int] = []  # the queue's length after each request's head
+    real = http_door._BoundedHead.on_headers_complete
+
+    def counted(self: http_door._BoundedHead) -> None:
+        real(self)
+        queued.append(len(self.pipeline))
+
+    monkeypatch.setattr(http_door._BoundedHead, "on_headers_complete", counted)
+    assert sidecar.http is not None
+    _, writer = await asyncio.open_connection("127.0.0.1", sidecar.http_port)
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        async with asyncio.timeout(LIVENESS_S):
+            while sent < 4 << 20:  # 4 MiB: far past what a bounded door reads of it
+                writer.write(PIPELINED_GET * 1000)
+                await writer.drain()
+                sent += len(PIPELINED_GET) * 1000
+    assert sent < 4 << 20, "the door read on without closing the connection"
+    assert max(queued) == http_door.MAX_PIPELINED  # one more closed it (the queue dropped)
+    assert sidecar.http.admission.overrun_total == 1
+    writer.close()
+    async with httpx2.AsyncClient() as http:  # the door serves on
+        assert (await http.get(url(sidecar, "/healthz"))).status_code == 200
 
 
 # -- the connection cap ------------------------------------------------------------------------

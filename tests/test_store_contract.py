@@ -45,7 +45,7 @@ from tests.snapshot_kit import (
     version_id,
     write_version,
 )
-from tests.static_http import StaticServer
+from tests.static_http import LIARS, StaticServer
 
 EMBEDDER = HashEmbedder(dimension=32)
 FAST = HttpOptions(timeout_s=5.0, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
@@ -497,6 +497,42 @@ def test_a_trickling_download_ends_at_its_deadline_and_resumes_later(
     server.hostile = ""
     assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
     assert server.requests(f"/{VECTORS}")[-1].status == 206  # resumed
+
+
+@pytest.mark.parametrize("lie", LIARS)
+def test_an_answer_whose_head_or_trailer_never_ends_ends_at_the_deadline(
+    downloading: Downloading, lie: str
+) -> None:
+    """Endless ``100 Continue`` answers, a chunked trailer without end, headers trickled: loops
+    inside http.client, where no read times out and the deadline between reads never came.
+    The pointer and a file each end StoreUnavailable naming the deadline (not the corrupt
+    answer the cut could leave), and the store reads on once the server tells the truth."""
+    options = HttpOptions(timeout_s=5.0, download_timeout_s=2.0, attempts=2, backoff_s=0.01)
+    store, server = downloading.open(options), downloading.server
+    downloading.publish()
+    server.hostile, server.trickle_s = lie, 0.05
+    for suffix, read in (("/LATEST", lambda: store.latest(KB)),
+                         (f"/{VECTORS}", lambda: store.fetch(KB, version_id(1)))):  # fmt: skip
+        server.hostile_suffix = suffix
+        errors: list[BaseException] = []
+        thread = threading.Thread(target=_caught, args=(read, errors), daemon=True)
+        thread.start()
+        thread.join(LIVENESS_S)
+        assert not thread.is_alive(), f"{lie} held {suffix} past its deadline"
+        (error,) = errors
+        assert isinstance(error, StoreUnavailable), error
+        assert "not downloaded within 2 s ([sidecar] http_download_timeout_s)" in str(error)
+        assert len(server.requests(suffix)) == 1  # the deadline is not retried
+    server.hostile = ""
+    assert store.latest(KB) == version_id(1)
+    assert verify_snapshot(store.fetch(KB, version_id(1))).version == version_id(1)
+
+
+def _caught(read: Callable[[], object], errors: list[BaseException]) -> None:
+    try:
+        read()
+    except BaseException as exc:
+        errors.append(exc)
 
 
 def test_close_cuts_a_download_blocked_on_a_silent_server(downloading: Downloading) -> None:

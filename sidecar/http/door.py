@@ -19,9 +19,11 @@ the token could not reach over gRPC it cannot reach here. The body is read after
 check and before the concurrency slot is taken (``HttpDoor._admit``). A body over ``[sidecar.http]
 max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
-whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). At most ``[sidecar.http]
-max_connections`` connections are served at once: one more gets a 503 as soon as it is
-accepted, before it is read and without a task, and is closed (``_Admission``); so does one
+whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). Requests pipelined ahead of
+their answers wait in a queue of at most ``MAX_PIPELINED`` (one more closes the connection),
+and no more is read while one waits or while the client leaves its answers unread. At most
+``[sidecar.http] max_connections`` connections are served at once: one more gets a 503 as soon
+as it is accepted, before it is read and without a task, and is closed (``_Admission``); so does one
 past ``max_connections_per_ip`` from one client address (with TLS, where nothing can be said
 before a handshake, it is only closed, and the log says so). With TLS the door makes the handshake
 itself, counted from the accept and bounded by ``TLS_HANDSHAKE_TIMEOUT_S``. Errors are ``{"error": {"code",
@@ -87,6 +89,15 @@ KEEP_ALIVE_S = 5
 # writing; it has this long to send its request and read the answer before its socket closes
 # (closing on a request still arriving would reset the connection and lose the 503).
 REFUSED_LINGER_S = 1.0
+# HTTP/1.1 pipelining: requests a client sends before reading the answers wait in a queue and
+# are answered one at a time. At most this many wait per connection (each holds its head, up to
+# MAX_HEAD_BYTES); one more closes the connection, its queued requests and unsent answers
+# dropped. No common client pipelines; one that sends without reading would otherwise have
+# every request of each read queued (8,000 GETs in one 256 KiB read) and every answer kept.
+MAX_PIPELINED = 8
+# Such a close is logged once per this many (the first one logged): one client reconnecting
+# without end must not flood the log.
+OVERRUN_LOG_EVERY = 1000
 # A TLS handshake is a round trip or two: one not done within this long is a client that stalled
 # (or one holding a connection on purpose); asyncio's own default would hold it for 60 s.
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
@@ -467,6 +478,7 @@ class _Admission:
         self.refused = 0  # since the door last had room
         self.refused_total = 0
         self.refused_by_ip: Counter[str] = Counter()  # addresses at their cap: since they had room
+        self.overrun_total = 0  # connections closed past MAX_PIPELINED
         self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         self.closing = False  # the door stops: a handshake done now is not served
         self._full = _refusal("max_connections", limit)  # the 503s, made once
@@ -487,6 +499,19 @@ class _Admission:
         self.open += 1
         self.by_ip[address] += 1
         return None
+
+    def overran(self, address: str) -> None:
+        """A connection from ``address`` queued more than ``MAX_PIPELINED`` requests and is
+        closed: logged the first time, then once per ``OVERRUN_LOG_EVERY``."""
+        self.overrun_total += 1
+        if self.overrun_total % OVERRUN_LOG_EVERY == 1:
+            log.warning(
+                "closed a connection from %s: it sent more than %d requests ahead without "
+                "reading the answers (%d such connection(s) closed since the start)",
+                address,
+                MAX_PIPELINED,
+                self.overrun_total,
+            )
 
     def release(self, address: str) -> None:
         self.open -= 1
@@ -555,6 +580,7 @@ class _BoundedHead(HttpToolsProtocol):
     _address = ""  # the client's address
     _admitted = False  # counted by the admission, until the connection is lost
     _served = False  # uvicorn's protocol has its transport (with TLS: the handshake is done)
+    _overrun = False  # more than MAX_PIPELINED requests queued: closed, the rest of a read dropped
 
     def __init__(
         self, *args: Any, admission: _Admission, tls: ssl.SSLContext | None, **kwargs: Any
@@ -642,13 +668,61 @@ class _BoundedHead(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
+        if self._overrun:
+            return
         super().on_message_begin()
         self._arm()
 
+    def on_url(self, url: bytes) -> None:
+        if not self._overrun:
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._overrun:
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        if self._overrun:
+            return
         self._disarm()
         self._head_bytes = 0
         super().on_headers_complete()
+        if len(self.pipeline) > MAX_PIPELINED:
+            self._overran()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._overrun:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._overrun:
+            super().on_message_complete()
+
+    def _overran(self) -> None:
+        """Too many pipelined requests queued: drop them and what is unsent, and close. The
+        parser still walks the rest of the read it is in (the callbacks above do nothing), but
+        nothing more is read."""
+        self._overrun = True
+        self.pipeline.clear()
+        self.admission.overran(self._address)
+        self.transport.abort()
+
+    def on_response_complete(self) -> None:
+        """uvicorn resumes reading after each answer; read on only while no request waits in
+        the queue and the client reads its answers (else it would queue more, and their
+        answers pile up unsent)."""
+        super().on_response_complete()
+        if self.pipeline or self.flow.write_paused:
+            self.flow.pause_reading()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.flow.pause_reading()  # answers the client leaves unread: read no more requests
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.pipeline and (self.cycle is None or self.cycle.response_complete):
+            self.flow.resume_reading()  # what on_response_complete held back
 
     def data_received(self, data: bytes) -> None:
         if self._refused is not None:

@@ -16,7 +16,12 @@ request's context: ``scope_for`` hands the request's ``HttpCall`` and a copy of 
 scope, and the handler runs in that context. The voxrecall session of a call is the
 ``x-voxrecall-session`` header when given, else the MCP session id, so a call's tool calls
 share its retained context. A session belongs to the caller that opened it (the SDK answers
-another token's request for it 404).
+another token's request for it 404), and each caller (without ``[sidecar.auth]``, each client
+address) holds at most its share of ``[sidecar] max_sessions`` (``SessionShares``, checked
+before the SDK sees a request that opens one: 429), so one caller's sessions never make
+another's ``initialize`` fail. The SDK's line per session opened and closed is left out of
+the log (a client opening sessions on end, or a drain closing thousands, wrote two lines each);
+the drain logs once how many it closed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,14 +43,15 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from index.errors import SnapshotError, VoxrecallError
 from sidecar import __version__
-from sidecar.config import Config
+from sidecar.config import Config, HttpConfig
 from sidecar.edge import tls
 from sidecar.edge.auth import Authenticator
 from sidecar.edge.status import status_for, tool_error_type
+from sidecar.errors import ResourceExhausted
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
     UNAVAILABLE,
@@ -58,6 +66,9 @@ if TYPE_CHECKING:
     from sidecar.http.door import HttpCall
 
 log = logging.getLogger("voxrecall.mcp")
+# The SDK logs a line at INFO for every session opened and closed: quiet below WARNING, so a
+# client opening sessions, or a drain closing them, costs no log line each.
+SDK_SESSION_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http")
 
 READ_PAGE = "read_page"
 SESSION_HEADER = "x-voxrecall-session"
@@ -111,6 +122,96 @@ def _page_part(head: dict[str, str], part: str, end: int) -> str:
     ).decode()
 
 
+class SessionShares:
+    """The MCP sessions each owner holds (opening or open), against its share of ``[sidecar]
+    max_sessions``. With auth the owners are the callers, each with its ``[sidecar.auth.caller]
+    max_sessions`` (resolved by the config: the shares add up to at most the whole, so no
+    caller can take another's). Without auth they are the client addresses, each with
+    ``per_address`` (0: no share, the SDK's own ``max_sessions`` the only bound).
+
+    ``take`` counts a session opening (or refuses it); ``opened`` names it once the SDK has
+    answered with its id; ``settle`` gives back one that did not open; ``closed`` one the SDK
+    discards, however it ended (DELETE, idle, a crash, the drain). An owner at its share is
+    logged once, until it has room again."""
+
+    def __init__(self, shares: Mapping[str, int], per_address: int = 0) -> None:
+        self.shares = dict(shares)
+        self.per_address = per_address
+        self.held: Counter[str] = Counter()
+        self.owner_of: dict[str, str] = {}  # session id -> its owner
+        self.full: set[str] = set()  # owners at their share, logged
+
+    def take(self, owner: str) -> None:
+        share = self.shares.get(owner, self.per_address)
+        held = self.held[owner]
+        if share and held >= share:
+            who, key = self._named(owner, share)
+            if owner not in self.full:
+                self.full.add(owner)
+                log.warning(
+                    "%s holds %d MCP sessions, its share (%s); its next ones are refused "
+                    "until one closes",
+                    who,
+                    held,
+                    key,
+                )
+            raise ResourceExhausted(
+                f"{who} has {held} MCP sessions open, its share ({key}): end one "
+                "(DELETE /mcp with its mcp-session-id) or reuse one"
+            )
+        self.held[owner] = held + 1
+
+    def _named(self, owner: str, share: int) -> tuple[str, str]:
+        if owner in self.shares:
+            return f"caller {owner!r}", f"[sidecar.auth.caller] max_sessions = {share}"
+        return f"address {owner}", (
+            f"[sidecar] max_sessions x [sidecar.http] max_connections_per_ip / "
+            f"max_connections = {share}"
+        )
+
+    def opened(self, owner: str, session_id: str) -> None:
+        self.owner_of[session_id] = owner
+
+    def settle(self, owner: str, session_id: str | None) -> None:
+        """The opening request is done: ``session_id`` None, nothing opened."""
+        if session_id is None:
+            self._give(owner)
+
+    def closed(self, session_id: str) -> None:
+        """The SDK discards a session (it may say so twice: the second finds no owner)."""
+        owner = self.owner_of.pop(session_id, None)
+        if owner is not None:
+            self._give(owner)
+
+    def _give(self, owner: str) -> None:
+        self.held[owner] -= 1
+        if self.held[owner] <= 0:
+            del self.held[owner]
+        self.full.discard(owner)
+
+
+class _SharedSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, telling ``SessionShares`` of each session it discards."""
+
+    def __init__(self, shares: SessionShares, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.session_shares = shares
+
+    async def _discard_session(self, session_id: str, transport: Any) -> None:
+        self.session_shares.closed(session_id)
+        await super()._discard_session(session_id, transport)
+
+
+def _per_address(max_sessions: int, http: HttpConfig) -> int:
+    """Without auth, an address's share of the sessions: the share of the connections it may
+    hold (``max_connections_per_ip`` of ``max_connections``; 0, no cap: no share), at least 1.
+    Behind a proxy every client has its address; the docs say to lift the per-address cap
+    there, which lifts this too."""
+    if not http.max_connections_per_ip or http.max_connections_per_ip >= http.max_connections:
+        return 0
+    return max(1, max_sessions * http.max_connections_per_ip // http.max_connections)
+
+
 def _text(output: str, is_error: bool) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=output)], is_error=is_error)
 
@@ -138,7 +239,15 @@ class McpDoor:
         self.server.middleware.clear()
         settings = config.sidecar
         loopback = tls.is_loopback(settings.http.listen)
-        self.manager = StreamableHTTPSessionManager(
+        http = settings.http
+        self.sessions = SessionShares(
+            {c.name: c.max_sessions for c in settings.auth.callers},
+            per_address=_per_address(settings.max_sessions, http),
+        )
+        for name in SDK_SESSION_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+        self.manager = _SharedSessionManager(
+            self.sessions,
             app=self.server,
             json_response=True,  # one JSON answer per POST: no event stream to hold open
             # a browser page must not reach a loopback sidecar by rebinding a name to 127.0.0.1
@@ -154,11 +263,40 @@ class McpDoor:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
+        open_, started = 0, 0.0
         async with self.manager.run():
-            yield
+            try:
+                yield
+            finally:
+                open_, started = len(self.sessions.owner_of), time.monotonic()
+        if open_:  # one line for the lot, where the SDK logged one per session
+            log.info("closed %d MCP session(s) in %.1f s", open_, time.monotonic() - started)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.manager.handle_request(scope, receive, send)
+        """Hand the request to the SDK; one that opens a session (a POST without a session
+        id) is counted against its owner's share first (``ResourceExhausted``)."""
+        header = MCP_SESSION_HEADER.encode()
+        if scope["method"] != "POST" or any(name == header for name, _ in scope["headers"]):
+            await self.manager.handle_request(scope, receive, send)
+            return
+        call: HttpCall = scope[_CALL]
+        caller, client = call.call.caller, scope.get("client")
+        owner = caller.name if caller is not None else str(client[0] if client else "")
+        self.sessions.take(owner)
+        opened: list[str] = []
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                found = [v for k, v in message.get("headers", ()) if k.lower() == header]
+                if found:
+                    opened.append(found[0].decode("latin-1"))
+                    self.sessions.opened(owner, opened[0])
+            await send(message)
+
+        try:
+            await self.manager.handle_request(scope, receive, watched)
+        finally:
+            self.sessions.settle(owner, opened[0] if opened else None)
 
     @staticmethod
     def method_name(body: bytes) -> str:
