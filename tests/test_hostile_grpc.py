@@ -13,12 +13,14 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.embedders.base import Embedder
-from sidecar.edge.server import Sidecar
+from sidecar.edge.health import peer_host
+from sidecar.edge.server import SERVICE_NAME, Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from tests.conftest import LIVENESS_S
+from tests.conftest import LIVENESS_S, eventually
 from tests.hardening_kit import build_store, running, sidecar_config
 
 QUESTION = "how do I reset my password"
@@ -85,3 +87,79 @@ async def test_a_converse_stream_going_on_after_a_bad_context_url_ends_invalid_a
         await stream.write(pb.ConverseRequest(turn=_turn(session_id="c")))
     assert await _code(stream) is grpc.StatusCode.INVALID_ARGUMENT
     assert "context_url is not a URL" in (await stream.details() or "")
+
+
+# -- health ------------------------------------------------------------------------------------
+
+
+async def _first(watch: Any) -> int:
+    reply: health_pb2.HealthCheckResponse = await asyncio.wait_for(watch.read(), LIVENESS_S)
+    return reply.status
+
+
+async def test_health_watches_only_the_names_it_reports_and_bounds_the_name(
+    channel: grpc.aio.Channel,
+) -> None:
+    health = health_pb2_grpc.HealthStub(channel)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    for name in ("", SERVICE_NAME):
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=name))
+        assert await _first(watch) == serving
+        watch.cancel()
+    unknown = health.Watch(health_pb2.HealthCheckRequest(service="x1" * 100))
+    assert await _code(unknown) is grpc.StatusCode.NOT_FOUND
+    assert SERVICE_NAME in (await unknown.details() or "")  # says what may be asked for
+    huge = health.Watch(health_pb2.HealthCheckRequest(service="x" * 100_000))
+    assert await _code(huge) is grpc.StatusCode.INVALID_ARGUMENT
+    assert "the limit is" in (await huge.details() or "")
+    check = await health.Check(health_pb2.HealthCheckRequest())
+    assert check.status == serving
+
+
+async def test_health_watches_are_capped_in_total_and_a_closed_one_frees_its_slot(
+    sidecar: Sidecar, channel: grpc.aio.Channel
+) -> None:
+    sidecar.health.max_watches = 2
+    health = health_pb2_grpc.HealthStub(channel)
+    held = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
+    for watch in held:
+        await _first(watch)
+    refused = health.Watch(health_pb2.HealthCheckRequest())
+    assert await _code(refused) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "2 health watches are open, the limit is 2" in (await refused.details() or "")
+    check = await health.Check(health_pb2.HealthCheckRequest())  # never capped
+    assert check.status == health_pb2.HealthCheckResponse.SERVING
+
+    held[0].cancel()
+    await eventually(lambda: sidecar.health.watching == 1, "the watch's slot")
+    again = health.Watch(health_pb2.HealthCheckRequest())
+    assert await _first(again) == health_pb2.HealthCheckResponse.SERVING
+    # a drain still reaches every watcher left
+    await sidecar.health.enter_graceful_shutdown()
+    for watch in (held[1], again):
+        reply = await asyncio.wait_for(watch.read(), LIVENESS_S)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_health_watches_from_one_address_are_capped(
+    sidecar: Sidecar, channel: grpc.aio.Channel
+) -> None:
+    sidecar.health.max_per_peer = 2
+    health = health_pb2_grpc.HealthStub(channel)
+    held = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
+    for watch in held:
+        await _first(watch)
+    refused = health.Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+    assert await _code(refused) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = await refused.details() or ""
+    assert "from ipv4:127.0.0.1" in details
+    assert "the limit for one address is 2" in details
+    held[1].cancel()
+    await eventually(lambda: sidecar.health.watching == 1, "the watch's slot")
+    assert await _first(health.Watch(health_pb2.HealthCheckRequest())) is not None
+
+
+def test_a_peer_is_counted_by_its_host() -> None:
+    assert peer_host("ipv4:10.0.0.7:51234") == "ipv4:10.0.0.7"
+    assert peer_host("ipv6:[::1]:51234") == "ipv6:[::1]"
+    assert peer_host("unix:/run/sock") == "unix:/run/sock"
