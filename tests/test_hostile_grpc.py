@@ -14,9 +14,12 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from index.embedders.base import Embedder
+from sidecar.edge import reflection
 from sidecar.edge.health import peer_host
+from sidecar.edge.limits import REFLECTION_STREAMS
 from sidecar.edge.server import SERVICE_NAME, Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -163,3 +166,61 @@ def test_a_peer_is_counted_by_its_host() -> None:
     assert peer_host("ipv4:10.0.0.7:51234") == "ipv4:10.0.0.7"
     assert peer_host("ipv6:[::1]:51234") == "ipv6:[::1]"
     assert peer_host("unix:/run/sock") == "unix:/run/sock"
+
+
+# -- reflection --------------------------------------------------------------------------------
+
+
+def _reflection_stream(channel: grpc.aio.Channel) -> Any:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    return stub.ServerReflectionInfo()
+
+
+async def _reflect(stream: Any) -> None:
+    await stream.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+    answer = await asyncio.wait_for(stream.read(), LIVENESS_S)
+    assert answer.list_services_response.service
+
+
+async def test_reflection_streams_are_counted_apart_from_converse_and_capped(
+    channel: grpc.aio.Channel,
+) -> None:
+    """The attack: reflection streams held open took every Converse slot. Now they have slots of
+    their own; one more is refused naming the method; Converse still has both of its slots."""
+    held = [_reflection_stream(channel) for _ in range(REFLECTION_STREAMS)]
+    for stream in held:
+        await _reflect(stream)
+    refused = _reflection_stream(channel)
+    assert await _code(refused) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = await refused.details() or ""
+    assert details.startswith("ServerReflectionInfo refused")
+    assert f"server reflection streams open, the limit is {REFLECTION_STREAMS}" in details
+
+    stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+    conversing = [stub.Converse() for _ in range(2)]  # max_streams = 2
+    for i, stream in enumerate(conversing):
+        await stream.write(pb.ConverseRequest(turn=_turn(session_id=f"r{i}")))
+        assert (await asyncio.wait_for(stream.read(), LIVENESS_S)).turn.chunks
+    third = stub.Converse()
+    assert await _code(third) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (await third.details() or "").startswith("Converse refused: 2 Converse streams open")
+    for stream in (*held, *conversing):
+        stream.cancel()
+
+
+async def test_an_idle_reflection_stream_ends_and_gives_its_slot_back(
+    store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reflection, "REFLECTION_IDLE_S", 0.2)
+    async with (
+        running(sidecar_config(store), local_embedder) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
+        stream = _reflection_stream(channel)
+        await _reflect(stream)  # then nothing
+        code = await asyncio.wait_for(stream.code(), LIVENESS_S)
+        assert code is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "no request on this stream" in (await stream.details() or "")
+        assert sidecar.guards is not None
+        limit = sidecar.guards.limit
+        await eventually(lambda: limit.reflection.in_flight == 0, "the stream's slot")

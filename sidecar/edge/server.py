@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from index.embedders import Embedder
 from index.embedders.factory import make_embedder
 from index.store import SnapshotStore, open_store
 from sidecar.config import Config
-from sidecar.edge import tls
+from sidecar.edge import reflection, tls
 from sidecar.edge.guards import Guards
 from sidecar.edge.health import Health
 from sidecar.edge.lifecycle import Lifecycle, State
@@ -260,13 +259,8 @@ async def create_server(
         RetrievalService(engine, holder, lifecycle, toolbox), _SearchSendsBytes(server)
     )
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
+    reflection.enable(
+        server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     )
     refresher = Refresher(
         store,
