@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from index.embedders.base import Embedder
+from index.errors import ConfigError
 from sidecar.edge import reflection
 from sidecar.edge.health import peer_host
 from sidecar.edge.limits import REFLECTION_STREAMS
@@ -224,3 +225,30 @@ async def test_an_idle_reflection_stream_ends_and_gives_its_slot_back(
         assert sidecar.guards is not None
         limit = sidecar.guards.limit
         await eventually(lambda: limit.reflection.in_flight == 0, "the stream's slot")
+
+
+# -- idle connections --------------------------------------------------------------------------
+
+
+async def test_a_connection_with_no_call_is_closed_after_max_connection_idle_s(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack held 20,000 such connections until no descriptor was left; keepalive closed
+    them only after 60-70 s. The wait is a bound, not a timing."""
+    config = sidecar_config(store, max_connection_idle_s=IDLE_S)
+    async with running(config, local_embedder) as sidecar:
+        reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
+        writer.write(PREFACE)
+        await writer.drain()
+        try:
+            async with asyncio.timeout(LIVENESS_S):
+                while await reader.read(65536):  # SETTINGS, its ACK, then GOAWAY: until EOF
+                    pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, "15", True, 10**9])
+def test_max_connection_idle_s_is_checked(store: Path, value: object) -> None:
+    with pytest.raises(ConfigError, match="max_connection_idle_s must be a number of seconds"):
+        sidecar_config(store, max_connection_idle_s=value)
