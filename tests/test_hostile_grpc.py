@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,14 +17,17 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+import index.store
 from index.embedders.base import Embedder
-from index.errors import ConfigError
+from index.errors import ConfigError, CorruptSnapshot, StoreUnavailable
+from index.store import LocalStore
 from sidecar.edge import reflection
 from sidecar.edge.health import peer_host
 from sidecar.edge.limits import REFLECTION_STREAMS
 from sidecar.edge.server import SERVICE_NAME, Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots.refresh import refusal_kind
 from tests.conftest import LIVENESS_S, eventually
 from tests.hardening_kit import build_store, running, sidecar_config
 
@@ -252,3 +256,34 @@ async def test_a_connection_with_no_call_is_closed_after_max_connection_idle_s(
 def test_max_connection_idle_s_is_checked(store: Path, value: object) -> None:
     with pytest.raises(ConfigError, match="max_connection_idle_s must be a number of seconds"):
         sidecar_config(store, max_connection_idle_s=value)
+
+
+# -- a store read without descriptors ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE])
+def test_a_store_read_out_of_descriptors_is_unavailable_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    (tmp_path / "help").mkdir()
+    (tmp_path / "help" / "LATEST").write_text("v1")
+
+    def out_of_descriptors(*_: object) -> bytes:
+        raise OSError(code, "Too many open files")
+
+    monkeypatch.setattr(index.store, "read_small", out_of_descriptors)
+    with pytest.raises(StoreUnavailable, match="not a fault of the snapshot") as refused:
+        LocalStore(tmp_path).latest("help")
+    assert refusal_kind(refused.value) == ("unavailable", True)
+
+
+def test_a_store_file_unreadable_for_itself_is_still_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(*_: object) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(index.store, "read_small", denied)
+    with pytest.raises(CorruptSnapshot) as refused:
+        LocalStore(tmp_path).latest("help")
+    assert refusal_kind(refused.value) == ("corrupt", False)
