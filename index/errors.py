@@ -12,7 +12,8 @@
     │   ├── CorruptSnapshot    a file is missing, or its checksum or counts disagree
     │   ├── IncompatibleSnapshot  another format version, embedder or dimension
     │   ├── IncompleteSnapshot the pointer names a version whose files are not all there (yet)
-    │   ├── StoreUnavailable   the store did not answer, or answered an error; retried later
+    │   ├── StoreUnavailable   the store did not answer, or answered an error, or this process
+    │   │                      ran out of descriptors reading it (``unreadable``); retried later
     │   └── CacheWriteError    a download could not be written locally (disk full, permissions)
     └── RequestError           a call's input or state (sidecar.errors: the sidecar's branch)
         ├── InvalidArgument    BodyTooLarge, FilterRefused, ToolCallError below it
@@ -29,6 +30,8 @@ modules imports gRPC.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class VoxrecallError(Exception):
@@ -81,6 +84,26 @@ class IncompleteSnapshot(SnapshotError):
 
 class StoreUnavailable(SnapshotError):
     """The store could not be reached or answered an error; the next poll tries again."""
+
+
+# An OSError of the process's (or the system's) own limits, not of the file: the same read
+# succeeds once descriptors or memory are free again.
+_OUT_OF = {
+    errno.EMFILE: "this process has no file descriptor left",
+    errno.ENFILE: "the system has no file descriptor left",
+    errno.ENOMEM: "this process is out of memory",
+}
+
+
+def unreadable(what: str, exc: OSError) -> SnapshotError:
+    """The error for a store's or snapshot's file that could not be read (``what``: its path and
+    the reason): ``StoreUnavailable``, tried again on the next poll, when the process ran out of
+    descriptors or memory (a flood of connections: the snapshot is not at fault); otherwise
+    ``CorruptSnapshot``, and the version is refused until a new one is published."""
+    cause = _OUT_OF.get(exc.errno or 0)
+    if cause is not None:
+        return StoreUnavailable(f"{what}: {cause}, not a fault of the snapshot")
+    return CorruptSnapshot(what)
 
 
 class CacheWriteError(SnapshotError):

@@ -49,7 +49,7 @@ import orjson
 from index.config import MAX_EF_SEARCH, HnswConfig
 from index.embedders.base import EmbedderInfo, Vectors
 from index.entities import ENTITIES_KIND, EntityTable
-from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError
+from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError, unreadable
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters
 from index.filters import build_partitions as build_value_partitions
 from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, vector_rows
@@ -438,7 +438,7 @@ def read_manifest(folder: Path) -> Manifest:
     try:
         data = read_small(folder / MANIFEST, MAX_MANIFEST_BYTES, "the manifest")
     except OSError as exc:
-        raise CorruptSnapshot(f"{folder}: no readable {MANIFEST} ({exc.strerror})") from exc
+        raise unreadable(f"{folder}: no readable {MANIFEST} ({exc.strerror})", exc) from exc
     return Manifest.from_json(data, str(folder))
 
 
@@ -506,7 +506,7 @@ def check_graphs(folder: Path, manifest: Manifest) -> None:
         try:
             check_hnsw_file(folder / name, count=count, dimension=dim, m=m)
         except OSError as exc:
-            raise CorruptSnapshot(f"{folder}: cannot read {name}: {exc}") from exc
+            raise unreadable(f"{folder}: cannot read {name}: {exc}", exc) from exc
 
 
 def verify_fetched(folder: Path) -> Manifest:
@@ -752,7 +752,7 @@ def load_snapshot(
         index = read_hnsw(folder / VECTORS, manifest, ef, checked=fetched)
         summaries = _summaries(folder, manifest, ef, checked=fetched)
     except OSError as exc:
-        raise CorruptSnapshot(f"{folder}: cannot read: {exc}") from exc
+        raise unreadable(f"{folder}: cannot read: {exc}", exc) from exc
     names, source_of = chunks.source_names, chunks.source_of
     try:
         partitions = build_partitions(index, source_of, len(names))
@@ -834,7 +834,7 @@ def load_filters(folder: Path, manifest: Manifest, chunks: Sequence[Chunk]) -> F
     try:
         fields = read_filters((folder / FILTERS).read_bytes(), chunks, str(folder / FILTERS))
     except OSError as exc:
-        raise CorruptSnapshot(f"{folder}: cannot read {FILTERS}: {exc}") from exc
+        raise unreadable(f"{folder}: cannot read {FILTERS}: {exc}", exc) from exc
     except ValueError as exc:
         raise CorruptSnapshot(str(exc)) from exc
     if not chunks:

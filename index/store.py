@@ -26,7 +26,13 @@ from typing import Protocol, runtime_checkable
 
 import orjson
 
-from index.errors import CorruptSnapshot, IncompleteSnapshot, SnapshotError, SnapshotNotFound
+from index.errors import (
+    CorruptSnapshot,
+    IncompleteSnapshot,
+    SnapshotError,
+    SnapshotNotFound,
+    unreadable,
+)
 from index.hnsw_file import CHECKS_VERSION
 from index.snapshot import (
     MANIFEST,
@@ -147,7 +153,7 @@ class LocalStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise CorruptSnapshot(f"{pointer}: unreadable ({exc.strerror})") from exc
+            raise unreadable(f"{pointer}: unreadable ({exc.strerror})", exc) from exc
         return parse_pointer(data, str(pointer))
 
     def version_dir(self, knowledge_base: str, version: str) -> Path:
@@ -278,7 +284,7 @@ class Verified:
         try:
             seen = file_stats(snapshot, manifest)
         except OSError as exc:
-            raise CorruptSnapshot(f"{snapshot}: cannot read: {exc}") from exc
+            raise unreadable(f"{snapshot}: cannot read: {exc}", exc) from exc
         record = self.record(knowledge_base, version)
         if self._seen.get((knowledge_base, version)) != seen and _read_record(record) != seen:
             verify_fetched(snapshot)

@@ -193,6 +193,9 @@ class SidecarConfig:
     # A Converse stream with no request for this long ends DEADLINE_EXCEEDED: an abandoned stream
     # must not hold its slot. A live call sends transcripts far more often.
     stream_idle_s: float = 60.0
+    # A connection with no call open for this long is closed (GOAWAY; a client reconnects on its
+    # next call): idle connections, each a file descriptor, cannot pile up until none is left.
+    max_connection_idle_s: float = 15.0
     max_message_bytes: int = 4 * 1024 * 1024
     metrics_listen: str = ""  # host:port for Prometheus; empty: no metrics endpoint
     workers: int = 1  # processes serving `listen` together (sidecar/edge/workers.py)
@@ -459,10 +462,17 @@ def _check_shared_limits(sidecar: SidecarConfig, where: str) -> None:
         or sidecar.session_memory_bytes < sidecar.max_session_bytes
     ):
         raise ConfigError(f"{where}: session_memory_bytes must be >= max_session_bytes")
-    if isinstance(sidecar.stream_idle_s, bool) or not (
-        isinstance(sidecar.stream_idle_s, int | float) and sidecar.stream_idle_s > 0
-    ):
-        raise ConfigError(f"{where}: stream_idle_s must be a number of seconds > 0")
+    for key in ("stream_idle_s", "max_connection_idle_s"):
+        _check_seconds(getattr(sidecar, key), key, where)
+
+
+# The most seconds an idle limit may be: gRPC takes it in milliseconds, as a 32-bit int.
+MAX_IDLE_S = 86400.0
+
+
+def _check_seconds(value: object, key: str, where: str) -> None:
+    if isinstance(value, bool) or not (isinstance(value, int | float) and 0 < value <= MAX_IDLE_S):
+        raise ConfigError(f"{where}: {key} must be a number of seconds > 0 and <= {MAX_IDLE_S:g}")
 
 
 def _tls_config(raw: Mapping[str, Any], base: Path, where: str) -> TlsConfig:

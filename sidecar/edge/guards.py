@@ -11,7 +11,9 @@ the drain gate (``body_at``): a stranger's body is never read, and a slow body h
 
 The server pings a connection that has been quiet for ``KEEPALIVE_S`` and closes it when no
 answer comes within ``KEEPALIVE_TIMEOUT_S``: a caller that vanished (a pod killed, a network
-cut without a FIN) gives its streams' slots back then rather than never.
+cut without a FIN) gives its streams' slots back then rather than never. A connection with no
+call open for ``[sidecar] max_connection_idle_s`` is closed (GOAWAY): connections opened and
+left idle, each holding a file descriptor, cannot pile up until the process has none left.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Guards:
             ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MIN_S * 1000),
+            ("grpc.max_connection_idle_ms", round(settings.max_connection_idle_s * 1000)),
         )
         interceptors = (HookInterceptor(hooks),)
         return cls(limit, metrics, auth, interceptors, options, tuple(hooks), len(headers))

@@ -30,7 +30,8 @@ from sidecar.edge.wire import EncodedResponse
 from sidecar.errors import InvalidArgument, RequestError
 
 # Health stays callable without a token and under any load: a kubelet probing a busy sidecar
-# must see SERVING, not RESOURCE_EXHAUSTED.
+# must see SERVING, not RESOURCE_EXHAUSTED. Its Watch streams are bounded by the servicer itself
+# (sidecar/edge/health.py).
 EXEMPT_SERVICES = ("/grpc.health.v1.Health/",)
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -48,7 +49,9 @@ class Call:
     call_id: str = ""
     session_id: str = ""
     caller: Any = None  # the authenticated caller (sidecar.edge.auth), None without auth
-    streaming: bool = False  # a request stream (Converse), counted apart from unary calls
+    streaming: bool = (
+        False  # a request stream (Converse, reflection), counted apart from unary calls
+    )
     code: grpc.StatusCode = grpc.StatusCode.OK
     notes: dict[str, Any] = field(default_factory=dict)
     task: asyncio.Task[Any] | None = field(default_factory=asyncio.current_task)

@@ -5,8 +5,10 @@ queueing it: a voice turn answered late is worth nothing, and the caller can ret
 Unary calls (``[sidecar] max_concurrent_rpcs``) and Converse streams (``max_streams``; a stream
 holds its slot for as long as it is open) are counted apart, so neither kind can starve the
 other; with authentication each caller may hold only its share of each
-(``[sidecar.auth.caller]``), so no caller can lock the others out. ``idle_limited`` ends a
-request stream that sends nothing for ``stream_idle_s``. ``DrainGate`` refuses new calls with
+(``[sidecar.auth.caller]``), so no caller can lock the others out. Server reflection streams
+(grpcurl's) are a third kind, with a small fixed limit (``REFLECTION_STREAMS``), so that idle
+reflection streams cannot take Converse's slots; a refusal names the method refused and the kind
+that is full. ``idle_limited`` ends a request stream that sends nothing for ``stream_idle_s``. ``DrainGate`` refuses new calls with
 UNAVAILABLE once the sidecar drains, ``wait_idle`` tells the drain when the calls in flight are
 done, and ``cut_off`` ends those still running when the grace period is over, with UNAVAILABLE
 (clients retry it; CANCELLED they do not).
@@ -29,6 +31,12 @@ from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 _SLOT = "limits.slot"
 _T = TypeVar("_T")
 
+REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
+# grpcurl opens one reflection stream per command and closes it within a second; a few at once
+# are plenty, and with authentication each caller may hold REFLECTION_SHARE of them.
+REFLECTION_STREAMS = 4
+REFLECTION_SHARE = 2
+
 
 class Pool:
     """One kind of call: its limit, how many are in flight, and each caller's share of them."""
@@ -36,7 +44,7 @@ class Pool:
     def __init__(self, key: str, what: str, limit: int, shares: Mapping[str, int]) -> None:
         if limit < 1:
             raise ValueError(f"{key} must be >= 1, got {limit}")
-        self.key = key  # the config key that sets the limit (and a caller's share)
+        self.key = key  # the config key that sets the limit (and a caller's share); "": fixed
         self.what = what  # "calls in flight", as a refusal names them
         self.limit = limit
         self.shares = dict(shares)
@@ -44,18 +52,22 @@ class Pool:
         # a plain dict: a Counter's misses and deletes are Python calls, on every call
         self.by_caller: dict[str, int] = {}
 
-    def take(self, caller: str) -> None:
+    def take(self, caller: str, method: str) -> None:
+        """A slot for ``caller``'s call of ``method``, or ResourceExhausted naming both the
+        method refused and what is full."""
         share = self.shares.get(caller)
         held = self.by_caller.get(caller, 0)
         if share is not None and held >= share:
+            where = f"[sidecar.auth.caller] {self.key} = " if self.key else ""
             raise ResourceExhausted(
-                f"caller {caller!r} has {held} {self.what}, its share ([sidecar.auth.caller] "
-                f"{self.key} = {share}): finish one, or retry with backoff"
+                f"{method} refused: caller {caller!r} has {held} {self.what}, its share "
+                f"({where}{share}): finish one, or retry with backoff"
             )
         if self.in_flight >= self.limit:
+            where = f" ([sidecar] {self.key})" if self.key else ""
             raise ResourceExhausted(
-                f"{self.in_flight} {self.what}, the limit is {self.limit} ([sidecar] {self.key}): "
-                "retry with backoff"
+                f"{method} refused: {self.in_flight} {self.what}, the limit is {self.limit}"
+                f"{where}: retry with backoff"
             )
         self.in_flight += 1
         self.by_caller[caller] = held + 1
@@ -92,6 +104,12 @@ class ConcurrencyLimit(Hook):
             limit if max_streams is None else max_streams,
             {name: streams for name, (_, streams) in shares.items()},
         )
+        self.reflection = Pool(
+            "",
+            "server reflection streams open",
+            REFLECTION_STREAMS,
+            dict.fromkeys(shares, REFLECTION_SHARE),
+        )
         self.refused = 0
         # streams whose handler has ended while gRPC still holds their answers unread: each
         # keeps its slot (and so its bytes stay bounded) until the client reads or goes
@@ -105,8 +123,8 @@ class ConcurrencyLimit(Hook):
 
     @property
     def in_flight(self) -> int:
-        """Calls in flight, of both kinds."""
-        return self.unary.in_flight + self.streams.in_flight
+        """Calls in flight, of every kind."""
+        return self.unary.in_flight + self.streams.in_flight + self.reflection.in_flight
 
     async def wait_idle(self, deadline: float) -> bool:
         """Wait until no call is in flight or ``deadline`` (``loop.time()``) passes; whether
@@ -129,10 +147,12 @@ class ConcurrencyLimit(Hook):
         return len(calls)
 
     def start(self, call: Call) -> None:
-        pool = self.streams if call.streaming else self.unary
+        pool = self.unary
+        if call.streaming:
+            pool = self.reflection if call.service == REFLECTION_SERVICE else self.streams
         caller = getattr(call.caller, "name", "")
         try:
-            pool.take(caller)
+            pool.take(caller, call.method)
         except ResourceExhausted:
             self.refused += 1
             raise
@@ -164,9 +184,20 @@ class ConcurrencyLimit(Hook):
             self._idle.set()
 
 
-async def idle_limited(requests: AsyncIterator[_T], idle_s: float) -> AsyncIterator[_T]:
+# What a Converse stream's idle refusal names: the setting, and how to go on.
+STREAM_IDLE = "[sidecar] stream_idle_s"
+CONVERSE_AGAIN = "open a new stream with the same session_id to go on"
+
+
+async def idle_limited(
+    requests: AsyncIterator[_T],
+    idle_s: float,
+    setting: str = STREAM_IDLE,
+    again: str = CONVERSE_AGAIN,
+) -> AsyncIterator[_T]:
     """``requests``, ended with ``IdleTimeout`` (DEADLINE_EXCEEDED) when the next one does not
-    come within ``idle_s``: an abandoned stream gives its slot back."""
+    come within ``idle_s`` (``setting`` names where it is set, ``again`` how to go on): an
+    abandoned stream gives its slot back."""
     iterator = aiter(requests)
     while True:
         try:
@@ -176,13 +207,17 @@ async def idle_limited(requests: AsyncIterator[_T], idle_s: float) -> AsyncItera
             return
         except TimeoutError:
             raise IdleTimeout(
-                f"no request on this stream for {idle_s:g} s ([sidecar] stream_idle_s): it is "
-                "closed; open a new stream with the same session_id to go on"
+                f"no request on this stream for {idle_s:g} s ({setting}): it is closed; {again}"
             ) from None
         yield request
 
 
-async def written_within(write: Awaitable[None], idle_s: float) -> None:
+async def written_within(
+    write: Awaitable[None],
+    idle_s: float,
+    setting: str = STREAM_IDLE,
+    again: str = CONVERSE_AGAIN,
+) -> None:
     """One answer of a stream written, ended with ``IdleTimeout`` (DEADLINE_EXCEEDED) when the
     client has not read enough of the answers before it to make room within ``idle_s``: a stream
     that sends and never reads would otherwise hold its slot once flow control is full."""
@@ -191,9 +226,8 @@ async def written_within(write: Awaitable[None], idle_s: float) -> None:
             await write
     except TimeoutError:
         raise IdleTimeout(
-            f"this stream's answers were not read for {idle_s:g} s ([sidecar] stream_idle_s): "
-            "it is closed; read each answer, and open a new stream with the same session_id "
-            "to go on"
+            f"this stream's answers were not read for {idle_s:g} s ({setting}): it is closed; "
+            f"read each answer, and {again}"
         ) from None
 
 

@@ -10,15 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from index.embedders import Embedder
 from index.embedders.factory import make_embedder
 from index.store import SnapshotStore, open_store
 from sidecar.config import Config
-from sidecar.edge import tls
+from sidecar.edge import reflection, tls
 from sidecar.edge.guards import Guards
+from sidecar.edge.health import Health
 from sidecar.edge.lifecycle import Lifecycle, State
 from sidecar.edge.service import RetrievalService
 from sidecar.edge.wire import passing_through
@@ -72,7 +71,7 @@ class Sidecar:
     engine: Engine
     holder: SnapshotHolder
     lifecycle: Lifecycle
-    health: HealthServicer
+    health: Health
     refresher: Refresher
     owns_embedder: bool = True
     guards: Guards | None = None
@@ -254,19 +253,14 @@ async def create_server(
         interceptors=guards.interceptors,
         options=[*guards.options, ("grpc.so_reuseport", reuse_port)],
     )
-    health = HealthServicer()
+    health = Health()
     toolbox = Toolbox.from_config(config, policies)
     pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]
         RetrievalService(engine, holder, lifecycle, toolbox), _SearchSendsBytes(server)
     )
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
+    reflection.enable(
+        server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     )
     refresher = Refresher(
         store,

@@ -325,6 +325,7 @@ class Engine:
         (with the searcher serving it) and what its filters and paths let it reach."""
         self._check_text(req.text, allow_empty=True)
         self._check_session(req.session_id)
+        relevance.check_context_url(req.context_url)
         kb = req.knowledge_base or self.default_knowledge_base
         searcher = self.searcher(kb)
         return kb, searcher, scope.resolve(searcher, kb, req.filters, req.source_paths, req.sources)
@@ -537,6 +538,7 @@ class Engine:
         # with a vector the query is for logging only: checked like any text, never searched
         self._check_text(req.query, allow_empty=bool(req.vector))
         self._check_session(req.session_id)
+        relevance.check_context_url(req.context_url)
         if req.limit < 0 or req.limit > MAX_LIMIT:
             raise InvalidArgument(
                 f"limit must be between 1 and {MAX_LIMIT} (0 for the default), got {req.limit}"

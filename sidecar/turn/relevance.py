@@ -41,6 +41,7 @@ from index.filters import Allowed, Mask
 from index.filters import search as search_allowed
 from index.lexical import SPOKEN_STOPWORDS, convex_fusion
 from index.types import MetaValue
+from sidecar.errors import InvalidArgument
 from sidecar.snapshots.searcher import Searcher
 
 # Candidates per retriever before fusion. On SciFact (bench/quality_scifact.py) convex fusion
@@ -76,6 +77,20 @@ class Query:
     # A base built with summaries (index/summaries.py): how its summary prong joins the content
     # prong; "off" (the content prong alone) is for the quality benchmark.
     summaries: Literal["max", "mean", "off"] = "max"
+
+
+def check_context_url(context_url: str) -> None:
+    """``context_url`` parsed as ``related_to`` will parse it, or InvalidArgument saying why: a
+    caller's "http://[" is its mistake to fix, not an exception in the middle of a ranking."""
+    if not context_url:
+        return
+    try:
+        urlsplit(context_url.strip())
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"context_url is not a URL: {exc} (got {context_url[:80]!r}); send the page the "
+            "caller is on, like https://app.example.com/settings/billing, or leave it empty"
+        ) from None
 
 
 def related_to(context_url: str) -> Related | None:

@@ -1,0 +1,289 @@
+"""The gRPC port against a hostile caller (an attack's findings): a context_url that is not a URL,
+health watches without bound, reflection streams taking Converse's slots, idle connections
+holding every file descriptor, and a store read without descriptors refused as corrupt. A real
+sidecar on 127.0.0.1 port 0; no timing is asserted (waits are bounded, never measured)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+import index.store
+from index.embedders.base import Embedder
+from index.errors import ConfigError, CorruptSnapshot, StoreUnavailable
+from index.store import LocalStore
+from sidecar.edge import reflection
+from sidecar.edge.health import peer_host
+from sidecar.edge.limits import REFLECTION_STREAMS
+from sidecar.edge.server import SERVICE_NAME, Sidecar
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots.refresh import refusal_kind
+from tests.conftest import LIVENESS_S, eventually
+from tests.hardening_kit import build_store, running, sidecar_config
+
+QUESTION = "how do I reset my password"
+NOT_A_URL = "http://["  # urlsplit: "Invalid IPv6 URL"
+# HTTP/2's client preface and an empty SETTINGS frame: a connection that then says nothing
+IDLE_S = 0.5
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) -> Path:
+    return build_store(tmp_path_factory.mktemp("hostile-grpc"), local_embedder)
+
+
+@pytest.fixture
+async def sidecar(store: Path, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+    async with running(sidecar_config(store, max_streams=2), local_embedder) as sc:
+        yield sc
+
+
+@pytest.fixture
+async def channel(sidecar: Sidecar) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as ch:
+        yield ch
+
+
+def _turn(**fields: Any) -> pb.TurnRequest:
+    return pb.TurnRequest(**{"session_id": "h", "text": QUESTION, "is_final": True, **fields})
+
+
+async def _code(call: Any) -> grpc.StatusCode:
+    """A call's status, waited for a bounded while (a call the old code never ended fails)."""
+    code: grpc.StatusCode = await asyncio.wait_for(call.code(), LIVENESS_S)
+    return code
+
+
+# -- context_url -------------------------------------------------------------------------------
+
+
+async def test_a_context_url_that_is_not_a_url_is_invalid_argument_on_turn_and_search(
+    channel: grpc.aio.Channel,
+) -> None:
+    stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+    calls = {
+        "Turn": lambda: stub.Turn(_turn(context_url=NOT_A_URL)),
+        "Search": lambda: stub.Search(pb.SearchRequest(query=QUESTION, context_url="https://[x/a")),
+    }
+    for name, call in calls.items():
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call()
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, name
+        assert "context_url is not a URL" in (refused.value.details() or ""), name
+    # a path, as related_urls globs match it, is still a context_url
+    assert (await stub.Turn(_turn(context_url="/settings/account"))).chunks
+
+
+async def test_a_converse_stream_going_on_after_a_bad_context_url_ends_invalid_argument(
+    channel: grpc.aio.Channel,
+) -> None:
+    stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+    stream = stub.Converse()
+    await stream.write(pb.ConverseRequest(turn=_turn(session_id="c", context_url=NOT_A_URL)))
+    with contextlib.suppress(grpc.aio.AioRpcError):  # the refusal may come before this write
+        await stream.write(pb.ConverseRequest(turn=_turn(session_id="c")))
+    assert await _code(stream) is grpc.StatusCode.INVALID_ARGUMENT
+    assert "context_url is not a URL" in (await stream.details() or "")
+
+
+# -- health ------------------------------------------------------------------------------------
+
+
+async def _first(watch: Any) -> int:
+    reply: health_pb2.HealthCheckResponse = await asyncio.wait_for(watch.read(), LIVENESS_S)
+    return reply.status
+
+
+async def test_health_watches_only_the_names_it_reports_and_bounds_the_name(
+    channel: grpc.aio.Channel,
+) -> None:
+    health = health_pb2_grpc.HealthStub(channel)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    for name in ("", SERVICE_NAME):
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=name))
+        assert await _first(watch) == serving
+        watch.cancel()
+    unknown = health.Watch(health_pb2.HealthCheckRequest(service="x1" * 100))
+    assert await _code(unknown) is grpc.StatusCode.NOT_FOUND
+    assert SERVICE_NAME in (await unknown.details() or "")  # says what may be asked for
+    huge = health.Watch(health_pb2.HealthCheckRequest(service="x" * 100_000))
+    assert await _code(huge) is grpc.StatusCode.INVALID_ARGUMENT
+    assert "the limit is" in (await huge.details() or "")
+    check = await health.Check(health_pb2.HealthCheckRequest())
+    assert check.status == serving
+
+
+async def test_health_watches_are_capped_in_total_and_a_closed_one_frees_its_slot(
+    sidecar: Sidecar, channel: grpc.aio.Channel
+) -> None:
+    sidecar.health.max_watches = 2
+    health = health_pb2_grpc.HealthStub(channel)
+    held = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
+    for watch in held:
+        await _first(watch)
+    refused = health.Watch(health_pb2.HealthCheckRequest())
+    assert await _code(refused) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "2 health watches are open, the limit is 2" in (await refused.details() or "")
+    check = await health.Check(health_pb2.HealthCheckRequest())  # never capped
+    assert check.status == health_pb2.HealthCheckResponse.SERVING
+
+    held[0].cancel()
+    await eventually(lambda: sidecar.health.watching == 1, "the watch's slot")
+    again = health.Watch(health_pb2.HealthCheckRequest())
+    assert await _first(again) == health_pb2.HealthCheckResponse.SERVING
+    # a drain still reaches every watcher left
+    await sidecar.health.enter_graceful_shutdown()
+    for watch in (held[1], again):
+        reply = await asyncio.wait_for(watch.read(), LIVENESS_S)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_health_watches_from_one_address_are_capped(
+    sidecar: Sidecar, channel: grpc.aio.Channel
+) -> None:
+    sidecar.health.max_per_peer = 2
+    health = health_pb2_grpc.HealthStub(channel)
+    held = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
+    for watch in held:
+        await _first(watch)
+    refused = health.Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+    assert await _code(refused) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = await refused.details() or ""
+    assert "from ipv4:127.0.0.1" in details
+    assert "the limit for one address is 2" in details
+    held[1].cancel()
+    await eventually(lambda: sidecar.health.watching == 1, "the watch's slot")
+    assert await _first(health.Watch(health_pb2.HealthCheckRequest())) is not None
+
+
+def test_a_peer_is_counted_by_its_host() -> None:
+    assert peer_host("ipv4:10.0.0.7:51234") == "ipv4:10.0.0.7"
+    assert peer_host("ipv6:[::1]:51234") == "ipv6:[::1]"
+    assert peer_host("unix:/run/sock") == "unix:/run/sock"
+
+
+# -- reflection --------------------------------------------------------------------------------
+
+
+def _reflection_stream(channel: grpc.aio.Channel) -> Any:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    return stub.ServerReflectionInfo()
+
+
+async def _reflect(stream: Any) -> None:
+    await stream.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+    answer = await asyncio.wait_for(stream.read(), LIVENESS_S)
+    assert answer.list_services_response.service
+
+
+async def test_reflection_streams_are_counted_apart_from_converse_and_capped(
+    channel: grpc.aio.Channel,
+) -> None:
+    """The attack: reflection streams held open took every Converse slot. Now they have slots of
+    their own; one more is refused naming the method; Converse still has both of its slots."""
+    held = [_reflection_stream(channel) for _ in range(REFLECTION_STREAMS)]
+    for stream in held:
+        await _reflect(stream)
+    refused = _reflection_stream(channel)
+    assert await _code(refused) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = await refused.details() or ""
+    assert details.startswith("ServerReflectionInfo refused")
+    assert f"server reflection streams open, the limit is {REFLECTION_STREAMS}" in details
+
+    stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+    conversing = [stub.Converse() for _ in range(2)]  # max_streams = 2
+    for i, stream in enumerate(conversing):
+        await stream.write(pb.ConverseRequest(turn=_turn(session_id=f"r{i}")))
+        assert (await asyncio.wait_for(stream.read(), LIVENESS_S)).turn.chunks
+    third = stub.Converse()
+    assert await _code(third) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (await third.details() or "").startswith("Converse refused: 2 Converse streams open")
+    for stream in (*held, *conversing):
+        stream.cancel()
+
+
+async def test_an_idle_reflection_stream_ends_and_gives_its_slot_back(
+    store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reflection, "REFLECTION_IDLE_S", 0.2)
+    async with (
+        running(sidecar_config(store), local_embedder) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
+        stream = _reflection_stream(channel)
+        await _reflect(stream)  # then nothing
+        code = await asyncio.wait_for(stream.code(), LIVENESS_S)
+        assert code is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "no request on this stream" in (await stream.details() or "")
+        assert sidecar.guards is not None
+        limit = sidecar.guards.limit
+        await eventually(lambda: limit.reflection.in_flight == 0, "the stream's slot")
+
+
+# -- idle connections --------------------------------------------------------------------------
+
+
+async def test_a_connection_with_no_call_is_closed_after_max_connection_idle_s(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack held 20,000 such connections until no descriptor was left; keepalive closed
+    them only after 60-70 s. The wait is a bound, not a timing."""
+    config = sidecar_config(store, max_connection_idle_s=IDLE_S)
+    async with running(config, local_embedder) as sidecar:
+        reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
+        writer.write(PREFACE)
+        await writer.drain()
+        try:
+            async with asyncio.timeout(LIVENESS_S):
+                while await reader.read(65536):  # SETTINGS, its ACK, then GOAWAY: until EOF
+                    pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, "15", True, 10**9])
+def test_max_connection_idle_s_is_checked(store: Path, value: object) -> None:
+    with pytest.raises(ConfigError, match="max_connection_idle_s must be a number of seconds"):
+        sidecar_config(store, max_connection_idle_s=value)
+
+
+# -- a store read without descriptors ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE])
+def test_a_store_read_out_of_descriptors_is_unavailable_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    (tmp_path / "help").mkdir()
+    (tmp_path / "help" / "LATEST").write_text("v1")
+
+    def out_of_descriptors(*_: object) -> bytes:
+        raise OSError(code, "Too many open files")
+
+    monkeypatch.setattr(index.store, "read_small", out_of_descriptors)
+    with pytest.raises(StoreUnavailable, match="not a fault of the snapshot") as refused:
+        LocalStore(tmp_path).latest("help")
+    assert refusal_kind(refused.value) == ("unavailable", True)
+
+
+def test_a_store_file_unreadable_for_itself_is_still_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(*_: object) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(index.store, "read_small", denied)
+    with pytest.raises(CorruptSnapshot) as refused:
+        LocalStore(tmp_path).latest("help")
+    assert refusal_kind(refused.value) == ("corrupt", False)
