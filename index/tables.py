@@ -34,10 +34,12 @@ from index.types import Chunk, MetaValue
 
 CHUNKS_KIND: Final = "voxrecall.chunks"
 PAGES_KIND: Final = "voxrecall.pages"
-_FIXED: Final = 6  # id, path, title, text, embed text, url
+FIXED: Final = 6  # a chunk's first strings: id, path, title, text, embed text, url
+_FIXED: Final = FIXED
 _NO_METADATA: Final[Mapping[str, MetaValue]] = MappingProxyType({})
 _HEAD_BYTES: Final = 512  # of an embed text searched for its head first (``ChunkTable.heads``)
-_STRING: Final = -1  # meta_n of a metadata value that is one string, not a list
+STRING_VALUE: Final = -1  # meta_n of a metadata value that is one string, not a list
+_STRING: Final = STRING_VALUE
 # Chunks decoded for calls are kept, up to this many bytes per snapshot (their strings' UTF-8
 # and _KEPT_OVERHEAD each): the hits of recent calls come back (a follow-up, the same question
 # asked again) and a decode costs as much as building the response. 2 MiB holds the hits of a

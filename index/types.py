@@ -21,10 +21,13 @@ def meta_values(value: MetaValue) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else value
 
 
+META_JOIN = ", "  # a list metadata value's strings, as one string
+
+
 def meta_text(value: MetaValue) -> str:
     """A metadata value as one string (for display and the proto's string map): lists joined
     with ", ", as metadata was written before lists were kept."""
-    return value if isinstance(value, str) else ", ".join(value)
+    return value if isinstance(value, str) else META_JOIN.join(value)
 
 
 @dataclass(frozen=True, slots=True)

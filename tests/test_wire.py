@@ -4,7 +4,9 @@ get it parsed once, and what they change is sent. Every server test goes through
 
 from __future__ import annotations
 
+import copy
 import gc
+import pickle
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -242,6 +244,13 @@ def test_table_hits_make_each_hit_from_the_table_when_read(tmp_path: Path) -> No
     assert list(hits) == [Hit("billing", table[2], 0.5), Hit("billing", table[0], 0.25)]
     assert hits[0] is next(iter(hits))  # made once, then kept
     assert hits[1:] == [Hit("billing", TABLE[0], 0.25)]
+    # a list's value: equal to the same hits in a list, pickled and copied as that list
+    assert hits == list(hits)
+    assert list(hits) == hits
+    assert TableHits("billing", table, []) == []
+    assert pickle.loads(pickle.dumps(hits)) == list(hits)
+    assert copy.deepcopy(hits) == list(hits)
+    assert repr(hits).startswith("TableHits([Hit(")
 
 
 def test_a_tables_encodings_are_kept_the_second_time_and_only_for_that_table(
@@ -262,9 +271,11 @@ def test_a_tables_encodings_are_kept_the_second_time_and_only_for_that_table(
         messages.table_pieces([], b"\x0a", TableHits("billing", other, [(2, 0.5)]))
     assert messages._tables[other] is not messages._tables[table]
     assert len(messages._tables) == 2
+    assert messages.held_bytes > 0
     del table, other
     gc.collect()
     assert not messages._tables  # a snapshot let go takes its encodings with it
+    assert messages.held_bytes == 0  # and their count: the next table gets the whole bound
 
 
 def test_a_tables_kept_encodings_stay_within_the_bound(tmp_path: Path) -> None:
@@ -272,7 +283,7 @@ def test_a_tables_kept_encodings_stay_within_the_bound(tmp_path: Path) -> None:
     messages = ChunkMessages(max_bytes=700)  # two of chunks 0, 4 and 6 (~300 bytes each)
     for label in (0, 4, 6, 0, 4, 6, 0, 4, 6):  # each kept on its second sighting
         messages.table_pieces([], b"\x0a", TableHits("billing", table, [(label, 0.5)]))
-        assert messages._bytes <= messages.max_bytes
+        assert messages.held_bytes <= messages.max_bytes
         assert len(messages._tables[table]) <= 2
     messages.table_pieces([], b"\x0a", TableHits("billing", table, [(2, 0.5)] * 2))
     assert len(messages._tables[table]) <= 2  # 1,700 bytes: never kept

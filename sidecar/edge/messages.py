@@ -36,8 +36,8 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
-from index.tables import ChunkTable, Utf8Chunk
-from index.types import Chunk, meta_text
+from index.tables import FIXED, STRING_VALUE, ChunkTable, Utf8Chunk
+from index.types import META_JOIN, Chunk, meta_text
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.hits import Hit, TableHits
 
@@ -105,8 +105,7 @@ _ID, _PATH, _TITLE, _TEXT, _URL = (
 _KB, _SOURCE = field_key(_CHUNK, "knowledge_base"), field_key(_CHUNK, "source")
 _CRUMB, _ENTRY = field_key(_CHUNK, "breadcrumbs"), field_key(_CHUNK, "metadata")
 _ENTRY_KEY, _ENTRY_VALUE = b"\x0a", b"\x12"  # a map entry's key (1) and value (2), both strings
-_STRING_VALUE = -1  # a Utf8Chunk's meta_n of a value that is one string (index/tables.py)
-_LIST_JOIN = b", "  # meta_text's separator of a list's strings
+_LIST_JOIN = META_JOIN.encode()  # meta_text's separator of a list's strings
 
 
 def table_encoded(knowledge_base: str, blob: memoryview, chunk: Utf8Chunk) -> bytes:
@@ -117,21 +116,21 @@ def table_encoded(knowledge_base: str, blob: memoryview, chunk: Utf8Chunk) -> by
     writes its own, in hash order) and a key met again replacing its value, as a dict does.
     Straight-line, one list joined once: it runs for nearly every hit of a large base."""
     source, e, crumbs, meta_n = chunk
-    a, b, c, d, t, u, v = e[:7]  # id, path, title, text, embed text, url: where each starts
+    a, b, c, d, t, u, v = e[: FIXED + 1]  # id, path, title, text, embed text, url: their starts
     parts: list[bytes | memoryview] = [_ID, _length(b - a), blob[a:b]] if b > a else []
     parts += (string_field(_KB, knowledge_base), string_field(_SOURCE, source))
     if c > b:
         parts += (_PATH, _length(c - b), blob[b:c])
     if d > c:
         parts += (_TITLE, _length(d - c), blob[c:d])
-    for k in range(6, 6 + crumbs):
+    for k in range(FIXED, FIXED + crumbs):
         parts += (_CRUMB, _length(e[k + 1] - e[k]), blob[e[k] : e[k + 1]])
     if t > d:
         parts += (_TEXT, _length(t - d), blob[d:t])
     if v > u:
         parts += (_URL, _length(v - u), blob[u:v])
     if meta_n:
-        _put_metadata(parts, blob, e, 6 + crumbs, meta_n)
+        _put_metadata(parts, blob, e, FIXED + crumbs, meta_n)
     body = b"".join(parts)
     return b"".join((_length(len(body) + _SCORE_BYTES), body, _SCORE_TAG))
 
@@ -143,7 +142,7 @@ def _put_metadata(
     list's strings joined as ``meta_text`` joins them."""
     entries: dict[bytes, bytes] = {}
     for n in meta_n:
-        width = 1 if n == _STRING_VALUE else n
+        width = 1 if n == STRING_VALUE else n
         values = [blob[e[k] : e[k + 1]] for k in range(at + 1, at + 1 + width)]
         entries[bytes(blob[e[at] : e[at + 1]])] = _LIST_JOIN.join(values)
         at += 1 + width
@@ -190,6 +189,17 @@ def _held_bytes(chunk: Chunk, encoded: bytes) -> int:
     return len(encoded) + sys.getsizeof(chunk.text) + sys.getsizeof(chunk.embed_text) + _ENTRY_BYTES
 
 
+class _Kept(dict[tuple[str, int], bytes]):
+    """One chunk table's kept encodings, by base and label, and the bytes they hold (``held``):
+    counted with the table, so a table let go takes its count with it."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = 0
+
+
 class ChunkMessages:
     """Fills a response's repeated ``Chunk`` field from hits, from encodings kept."""
 
@@ -197,11 +207,15 @@ class ChunkMessages:
         self.max_bytes = max_bytes
         self._cache: dict[tuple[str, str], tuple[Chunk, bytes]] = {}
         # a plain Search's encodings (``table_pieces``), by table, then base and label
-        self._tables: weakref.WeakKeyDictionary[ChunkTable, dict[tuple[str, int], bytes]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._tables: weakref.WeakKeyDictionary[ChunkTable, _Kept] = weakref.WeakKeyDictionary()
         self._seen: set[int] = set()
-        self._bytes = 0
+        self._bytes = 0  # what ``_cache`` holds (each table's encodings count in its ``_Kept``)
+
+    @property
+    def held_bytes(self) -> int:
+        """What the kept encodings hold: the chunks' and those of the tables still alive (a
+        table let go takes its encodings, and their count, with it)."""
+        return self._bytes + sum(kept.held for kept in list(self._tables.values()))
 
     def fill(self, message: Message, name: str, hits: Sequence[Hit]) -> None:
         """Append one ``Chunk`` per hit, with its score, to ``message``'s repeated field
@@ -232,16 +246,14 @@ class ChunkMessages:
         kb, table = hits.knowledge_base, hits.table
         kept = self._tables.get(table)
         if kept is None:  # the table's first answer: its own dict, for as long as it lives
-            kept = self._tables[table] = {}
+            kept = self._tables[table] = _Kept()
         for label, score in hits.found:
             encoded = kept.get((kb, label))
             if encoded is None:
                 encoded = self._table_encode(kept, kb, table, label)
             parts += (key, encoded, _float32(score))
 
-    def _table_encode(
-        self, kept: dict[tuple[str, int], bytes], kb: str, table: ChunkTable, label: int
-    ) -> bytes:
+    def _table_encode(self, kept: _Kept, kb: str, table: ChunkTable, label: int) -> bytes:
         """Chunk ``label`` of ``table`` encoded, and kept in ``kept`` (the table's) when it was
         encoded before."""
         raw = table.utf8(label)
@@ -250,16 +262,17 @@ class ChunkMessages:
         if self._seen_before((kb, id(table), label)) and held <= self.max_bytes:
             self._make_room(held)
             kept[kb, label] = encoded
-            self._bytes += held
+            kept.held += held
         return encoded
 
     def _make_room(self, held: int) -> None:
         """Start over (both caches) when ``held`` more bytes would pass the bound. The tables'
         dicts are emptied, not replaced: a call writing hits holds its table's."""
-        if self._bytes + held > self.max_bytes:
+        if self.held_bytes + held > self.max_bytes:
             self._cache = {}
-            for kept in self._tables.values():
+            for kept in list(self._tables.values()):
                 kept.clear()
+                kept.held = 0
             self._bytes = 0
 
     def _encode(self, key: tuple[str, str], hit: Hit) -> bytes:

@@ -52,6 +52,22 @@ class TableHits(Sequence[Hit]):
     def __iter__(self) -> Iterator[Hit]:
         return iter(self._made())
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence of the same hits, as the list of them it stands for is."""
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return self._made() == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # a list's equality, a list's (absent) hash
+
+    def __repr__(self) -> str:
+        return f"TableHits({self._made()!r})"
+
+    def __reduce__(self) -> tuple[type[list[Hit]], tuple[list[Hit]]]:
+        """Pickled (and deep-copied) as the list of its hits: the table, a snapshot's mapped
+        files, is no part of the value."""
+        return list, (self._made(),)
+
     def _made(self) -> list[Hit]:
         if self._hits is None:
             kb, table = self.knowledge_base, self.table
