@@ -6,7 +6,7 @@ from __future__ import annotations
 from index.entities import FUNCTION_WORDS_EN, tokens
 from sidecar.turn.followups import FILLERS_EN, _content
 from sidecar.turn.sessions import Mention
-from sidecar.turn.sounds import HEARD_CONFIDENCE, SoundNames, sound_key
+from sidecar.turn.sounds import HEARD_CONFIDENCE, MAX_NAMES, SoundNames, sound_key
 
 NAMES = ["Google Drive", "Microsoft OneDrive", "Amazon S3", "Coral Bay", "Koral Bay", "Box"]
 
@@ -45,6 +45,25 @@ def test_a_short_name_or_words_apart_are_not_heard() -> None:
 def test_a_base_of_too_many_names_hears_none() -> None:
     sounds = SoundNames.of(NAMES, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, 10**6)
     assert sounds.find(tokens("goal drive")).mentions() == ()
+
+
+def test_the_tables_bytes_are_counted_and_grow_with_the_names() -> None:
+    few = SoundNames.of(NAMES[:2], FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, 2)
+    more = [f"{first} {second}" for first in ("Alpha", "Bravo", "Delta") for second in NAMES]
+    many = SoundNames.of(more, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, len(more))
+    assert 0 < few.nbytes < many.nbytes
+    none = SoundNames.of(more, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, MAX_NAMES + 1)
+    assert none.nbytes < few.nbytes  # above MAX_NAMES nothing is built
+
+
+def test_one_word_heard_is_no_turn_s_only_naming() -> None:
+    names = ["Premiumize.me", "Google Drive"]
+    sounds = SoundNames.of(names, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, len(names))
+    assert [m.name for m in sounds.find(tokens("price")).mentions()] == ["Premiumize.me"]
+    assert sounds.find(tokens("price")).only(_content) is None  # a word a follow-up says
+    only = sounds.find(tokens("tell me about goal drive")).only(_content)
+    assert only is not None
+    assert only.name == "Google Drive"
 
 
 def test_a_name_word_heard_as_two_words_is_heard() -> None:

@@ -767,6 +767,28 @@ async def test_a_name_s_sound_in_an_ordinary_sentence_is_not_tracked(tmp_path: P
     assert results[2].followup.used == "MICROSOFT ONEDRIVE"
 
 
+async def test_one_ordinary_word_that_sounds_like_a_name_is_no_topic(tmp_path: Path) -> None:
+    """ "price?" is one letter off premiumize.me's first word: a follow-up about the page
+    tracked, not a naming said alone; the next turn still leans on Google Drive."""
+    base = {
+        **HEARD,
+        "PREMIUMIZE.ME": ["Premiumize.me needs an API key.", "Premiumize.me has no hashes."],
+        "CRYPT": ["Crypt encrypts file names.", "Crypt wraps another remote."],
+    }
+    results = await run_turns(
+        base,
+        [
+            ("user", "tell me about google drive"),
+            ("user", "price?"),
+            ("user", "what are the limits"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].followup.used == "GOOGLE DRIVE"
+    assert results[2].followup.used == "GOOGLE DRIVE"
+
+
 async def test_a_sound_many_names_share_names_none_of_them(tmp_path: Path) -> None:
     """ "corel bey" sounds like both Coral Bay and Koral Bay: it names neither, and a short turn
     saying it is folded with the place tracked before."""

@@ -266,7 +266,7 @@ class Gazetteer:
         keys = RatedKeys.of(rated.keys, rated.sure, rated.partial)
         tables = KeyTables.build(keys)
         self._use(tables, function_words, streets, rated)
-        self.built_bytes = tables.nbytes + tables.prefixes.python_bytes + keys.nbytes
+        self.built_bytes += tables.nbytes + tables.prefixes.python_bytes + keys.nbytes
 
     @classmethod
     def of_tables(
@@ -281,7 +281,7 @@ class Gazetteer:
         size, span and shared words."""
         gazetteer = cls.__new__(cls)
         gazetteer._use(tables, FUNCTION_WORDS_EN, streets, counts)
-        gazetteer.built_bytes = built_bytes
+        gazetteer.built_bytes += built_bytes
         return gazetteer
 
     def _use(
@@ -311,13 +311,15 @@ class Gazetteer:
         self._entities: dict[str, str] = {}  # chunk id -> entity, for the chunks last asked about
         self.size = counts.size
         self.shared = counts.shared
-        self.built_bytes = 0  # what the tables built in memory take (0: mapped from the snapshot)
         owners = tables.rated
         count = len(owners.owners)
         names = (owners.owner_name(i) for i in range(count))
         # the names as a recogniser may hear them ("goal drive"), weak namings a turn's own
         # search may confirm (``heard``)
         self.sounds = SoundNames.of(names, function_words, self.shared, FILLERS_EN, count)
+        # what the tables built in memory take: the sound tables, and the key tables unless
+        # they are mapped from the snapshot
+        self.built_bytes = self.sounds.nbytes
 
     @classmethod
     def of(cls, snapshot: LoadedSnapshot) -> Gazetteer:

@@ -29,6 +29,7 @@ most ``MAX_NAMES`` names: a larger base's sidecar hears no name.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -52,10 +53,15 @@ DROP_TWO = 6
 # A name word heard as at most this many said words ("s three" for "s3", "goo gull" for
 # "google").
 WORD_PIECES = 2
-# Names whose sound tables are built (each name's words with their drop variants: a few
-# hundred bytes); above it no name is heard (the tables would cost every worker ~100 MB at 1M
-# chunks).
-MAX_NAMES = 20_000
+# Names whose sound tables are built; above it no name is heard. Each name's words with their
+# drop variants take 0.65-1.6 KB (``SoundNames.nbytes``: 4 MiB at 2,000 names), and a turn's
+# lookup grows with the names sharing its words' keys (~20 us a DSTC11 turn at 143 names, ~64 at
+# 2,000, ~600 at 20,000): a base of more names than this is one a caller does not name by ear.
+MAX_NAMES = 2_000
+# Content words a run must hold to be a turn's only naming (``Heard.only``): in DSTC11's user
+# turns against rclone's names, most runs heard were one ordinary word ("great", "price",
+# "clean", "star"); a name a recogniser misheard is said in two or more ("goal drive").
+ONLY_WORDS = 2
 KEYS_KEPT = 4096  # said words whose sound key a table remembers (a conversation's words recur)
 
 # English number words a recogniser writes for a name's digits ("s three" for "S3").
@@ -149,12 +155,16 @@ class Heard:
         return tuple(Mention(name, HEARD_CONFIDENCE) for name in dict.fromkeys(self.runs.values()))
 
     def only(self, content: Callable[[Sequence[str]], list[str]]) -> Mention | None:
-        """The one name the turn's ``content`` words are all heard as, in one run ("tell me
-        about smb saves" of "SMB / CIFS"), if any: the words then have no ordinary reading to
-        fall back on, as a weak name said alone has none (``followups.only_names``)."""
+        """The one name the turn's ``content`` words are all heard as, in one run of at least
+        ONLY_WORDS of them ("tell me about smb saves" of "SMB / CIFS"), if any: the words then
+        have no ordinary reading to fall back on, as a weak name said alone has none
+        (``followups.only_names``). One word is not enough: an ordinary word one letter off a
+        name word ("price?" of "premiumize.me", "great" of "Crypt") is what a follow-up says."""
         if len(self.runs) != 1:
             return None
         (start, end), name = next(iter(self.runs.items()))
+        if len(content(self.said[start:end])) < ONLY_WORDS:
+            return None
         rest = [*self._unshared(0, start), *self._unshared(end, len(self.said))]
         return None if content(rest) else Mention(name, HEARD_CONFIDENCE)
 
@@ -203,6 +213,20 @@ class SoundNames:
         self._kept: dict[str, str] = {}
         # each name word as written: heard as itself only
         self._written = {w: frozenset({sound_key(w)}) for ws in names.values() for w in ws}
+        self.nbytes = self._table_bytes()  # counted in the searcher's memory (``held_bytes``)
+
+    def _table_bytes(self) -> int:
+        """What the tables hold, as Python counts it: the dicts, their keys, lists and sets (the
+        word-key cache, KEYS_KEPT short strings, aside, as the gazetteer's own caches are)."""
+        size = sys.getsizeof
+        tables = (self._names, self._keys, self._heard, self._first, self._written)
+        total = sum(size(table) for table in tables)
+        total += sum(
+            size(name) + size(ws) + size(self._keys[name]) for name, ws in self._names.items()
+        )
+        total += sum(size(said) + size(keys) for said, keys in self._heard.items())
+        total += sum(size(names) for names in self._first.values())
+        return total + sum(size(word) + size(keys) for word, keys in self._written.items())
 
     @classmethod
     def of(
