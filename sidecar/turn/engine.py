@@ -469,12 +469,16 @@ class Engine:
         section = followups.section_of(
             searcher.snapshot.lexical, searcher.chunks, gazetteer.entity_of, mask
         )
-        plan = followups.plan(
-            session, utterance, mentions, self.config.followups, gazetteer.shared, keyword, section
+        return followups.plan(
+            session,
+            utterance,
+            mentions,
+            self.config.followups,
+            gazetteer.shared,
+            keyword,
+            section,
+            gazetteer.sounds,
         )
-        if not self.config.followups.enabled:
-            return plan
-        return followups.heard(plan, utterance, mentions, gazetteer.sounds)
 
     async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
         """Embed and rank a planned query ahead of its turn; None when the embedder missed

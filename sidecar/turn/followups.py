@@ -742,15 +742,33 @@ def plan(
     shared: frozenset[str] = frozenset(),
     keyword: Keyword | None = None,
     section: Section | None = None,
+    sounds: SoundNames | None = None,
 ) -> Plan:
     """How to search this user turn, given the session so far, the turn's own ``mentions``,
     the words most of the snapshot's names share (``Gazetteer.shared``), the entity a word
-    only a few chunks hold is about (``keyword``: ``keyword_of``) and whether an entity's page
-    has a section of a name (``section``: ``section_of``).
+    only a few chunks hold is about (``keyword``: ``keyword_of``), whether an entity's page
+    has a section of a name (``section``: ``section_of``) and the names the turn's words sound
+    like (``sounds``: ``Gazetteer.sounds``, ``heard``).
 
     Records nothing (an interim transcript may be planned and dropped): ``remember`` does, once
     the engine records the turn.
     """
+    planned = _plan(session, utterance, mentions, config, shared, keyword, section)
+    if sounds is None or not config.enabled:
+        return planned
+    return heard(planned, utterance, mentions, sounds)
+
+
+def _plan(
+    session: Session,
+    utterance: Utterance,
+    mentions: tuple[Mention, ...],
+    config: FollowupConfig,
+    shared: frozenset[str],
+    keyword: Keyword | None,
+    section: Section | None,
+) -> Plan:
+    """``plan`` from the gazetteer's namings alone."""
     text = utterance.text
     if not config.enabled:
         return Plan(text, NO_FOLLOWUP)
@@ -907,7 +925,9 @@ def rewrite(
     """The query ``plan`` would search for this user turn (the text only; records nothing)."""
     utterance = Utterance.of(text)
     mentions = gazetteer.find(utterance.tokens)
-    return plan(session, utterance, mentions, config, gazetteer.shared).query
+    return plan(
+        session, utterance, mentions, config, gazetteer.shared, sounds=gazetteer.sounds
+    ).query
 
 
 def record(session: Session, speaker: str, text: str, gazetteer: Gazetteer = _EMPTY) -> None:
