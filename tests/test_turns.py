@@ -868,3 +868,60 @@ async def test_a_page_of_many_like_sections_counts_once_a_search_in_the_page_pri
     assert results[-1].followup.source == Source.RECENT_TURNS
     top3 = [hit.chunk.text for hit in results[-1].hits[:3]]
     assert any(text.startswith("Mail the renewal form") for text in top3)
+
+
+SETTINGS = {
+    "ACME TERMINAL THEMES": [
+        "## Tab row\n\nA theme sets the colour of the tab row.",
+        "## Background\n\nA theme's window background can be dark or light.",
+    ],
+    "ACME TERMINAL APPEARANCE": [
+        "## Background color\n\nSets the background color of a profile, in hex.",
+        "## Font\n\nSets the font face of a profile.",
+    ],
+}
+BACKGROUND = "what about background color for it"
+
+
+async def test_a_follow_up_pointing_back_gets_the_tracked_page_s_like_section(
+    tmp_path: Path,
+) -> None:
+    """ "what about background color for it" after the theme settings is folded with that page,
+    yet its words match the appearance page's "Background color" section better than the
+    theme page's "Background": the tracked page's chunks are lifted (``ENTITY_BONUS``), so its
+    own section answers, and the other page's stays among the results."""
+    results = await run_turns(
+        SETTINGS,
+        [("user", "Tell me about Acme Terminal themes."), ("user", BACKGROUND)],
+        tmp_path,
+        kind="markdown",
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    followup = results[1]
+    assert followup.followup.source == Source.ENTITY
+    assert followup.followup.used == "ACME TERMINAL THEMES"
+    assert followup.hits[0].chunk.breadcrumbs[-1] == "Background"
+    assert followup.hits[0].chunk.title == "ACME TERMINAL THEMES"
+    assert "ACME TERMINAL APPEARANCE" in [hit.chunk.title for hit in followup.hits]
+
+
+async def test_a_follow_up_answered_from_a_prefetch_gets_the_tracked_page_s_like_section(
+    tmp_path: Path,
+) -> None:
+    """The same follow-up answered from the search started on its interim transcript is
+    lifted as one searched at the final is (``test_a_follow_up_pointing_back_gets_...``)."""
+    engine = build_engine(
+        SETTINGS, tmp_path, embedder=FakeEmbedder(dimension=1024), kind="markdown"
+    )
+    prefetcher = Prefetcher(engine, stable_ms=200)
+    try:
+        await run_turns(engine, [("user", "Tell me about Acme Terminal themes.")])
+        said = f"{BACKGROUND}?"  # a pause: the interim is searched ahead at once
+        prefetcher.interim(TurnInput(session_id=SESSION, text=said, is_final=False))
+        result = await engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
+    finally:
+        await prefetcher.aclose()
+        await engine.aclose()
+    assert result.prefetched
+    assert result.followup.used == "ACME TERMINAL THEMES"
+    assert result.hits[0].chunk.breadcrumbs[-1] == "Background"
