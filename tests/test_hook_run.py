@@ -5,6 +5,7 @@ call without a usable ``x-call-id`` a fresh one."""
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import grpc
@@ -118,7 +119,7 @@ def test_a_call_keeps_a_usable_call_id_and_gets_a_fresh_one_otherwise(given: str
     context = _Context()
     metadata = {} if given is None else {"x-call-id": given}
     call = Call("Search", "voxrecall.v1.Retrieval", metadata, context, task=None)  # type: ignore[arg-type]
-    CallLog().start(call)
+    contextvars.copy_context().run(CallLog().start, call)  # its log ids stay in that copy
     if given == "agent-call-7":
         assert call.call_id == given
     else:
