@@ -192,10 +192,15 @@ class HookRun:
         call, first = self.call, self.started
         stop = self.phases.count if until is None else until
         try:
-            for i, start in self.phases.start:
-                if first <= i < stop:
+            if first == 0 and until is None:  # a gRPC call: every hook in one pass, unchecked
+                for i, start in self.phases.start:
                     self.started = i  # the hooks before this one have started, whatever it raises
                     start(call)
+            else:
+                for i, start in self.phases.start:
+                    if first <= i < stop:
+                        self.started = i
+                        start(call)
         except RequestError as exc:
             self.refused(exc)
         if stop > self.started:
@@ -221,6 +226,10 @@ class HookRun:
         """Every started hook's ``end``, with ``call.code`` final; once."""
         call, started = self.call, self.started
         self.started = 0
+        if started == self.phases.count:  # every hook started (nearly every call): no check
+            for _, end in self.phases.end:
+                end(call)
+            return
         for i, end in self.phases.end:
             if i < started:
                 end(call)

@@ -17,11 +17,9 @@ done, and ``cut_off`` ends those still running when the grace period is over, wi
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from sidecar.edge.interceptor import Call, Hook
@@ -180,7 +178,7 @@ class ConcurrencyLimit(Hook):
         pool, caller = slot
         pool.give(caller)
         self._calls.pop(id(call), None)
-        if self.in_flight == 0 and self._idle is not None:
+        if self._idle is not None and self.in_flight == 0:  # a drain waits (seldom): then count
             self._idle.set()
 
 
@@ -286,15 +284,23 @@ def _text_bytes(message: Message) -> int:
     """A bound on the bytes of any string in ``message`` (and on twice the entries of any
     repeated field): its serialized size less the values of its top-level bytes fields."""
     size: int = message.ByteSize()
-    for name in _bytes_fields(message.DESCRIPTOR):
+    kind = type(message)
+    names = _BYTES_FIELDS.get(kind)
+    if names is None:
+        names = _BYTES_FIELDS[kind] = _bytes_fields(kind)
+    for name in names:
         size -= len(getattr(message, name))
     return size
 
 
-@functools.cache
-def _bytes_fields(descriptor: Descriptor) -> tuple[str, ...]:
+# A message class's top-level bytes fields, found once per class: looked up by the class, where
+# a cache keyed by its descriptor hashed the descriptor on every request (~0.6 us a Search).
+_BYTES_FIELDS: dict[type[Message], tuple[str, ...]] = {}
+
+
+def _bytes_fields(kind: type[Message]) -> tuple[str, ...]:
     return tuple(
-        fd.name for fd in descriptor.fields if fd.type == fd.TYPE_BYTES and not fd.is_repeated
+        fd.name for fd in kind.DESCRIPTOR.fields if fd.type == fd.TYPE_BYTES and not fd.is_repeated
     )
 
 

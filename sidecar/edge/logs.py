@@ -154,8 +154,8 @@ class CallLog(Hook):
     """Sets the log context of each call, and logs its end at DEBUG (failures at INFO)."""
 
     def start(self, call: Call) -> None:
-        given = call.metadata.get(CALL_ID_HEADER, "")
-        call.call_id = given if _CALL_ID.fullmatch(given) else _fresh_call_id()
+        given = call.metadata.get(CALL_ID_HEADER)  # most callers send none: no match tried
+        call.call_id = given if given and _CALL_ID.fullmatch(given) else _fresh_call_id()
         call_id.set(call.call_id)
         method.set(call.method)
         door.set(call.door)

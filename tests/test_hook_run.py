@@ -1,0 +1,128 @@
+"""The hooks' per-call paths, without a server: ``HookRun`` starts and ends hooks in order on
+both doors (a gRPC call's single pass, the HTTP door's two steps), a refusal ends only the hooks
+that started; ``FieldLimits`` finds each message class's bytes fields apart; ``CallLog`` gives a
+call without a usable ``x-call-id`` a fresh one."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from sidecar.edge.interceptor import Call, Hook, HookRun, Phases
+from sidecar.edge.limits import TEXT_BYTES, FieldLimits
+from sidecar.edge.logs import CallLog
+from sidecar.errors import InvalidArgument, RequestError, ResourceExhausted
+from sidecar.gen import retrieval_pb2 as pb
+
+
+class Recorded(Hook):
+    """Writes ``start NAME`` and ``end NAME`` to a shared list; refuses at start if told to."""
+
+    def __init__(self, name: str, seen: list[str], refuse: bool = False) -> None:
+        self.name, self.seen, self.refuse = name, seen, refuse
+
+    def start(self, call: Call) -> None:
+        self.seen.append(f"start {self.name}")
+        if self.refuse:
+            raise ResourceExhausted("no room")
+
+    def end(self, call: Call) -> None:
+        self.seen.append(f"end {self.name}")
+
+
+class StartsOnly(Hook):
+    def start(self, call: Call) -> None:
+        pass
+
+
+def new_call() -> Call:
+    return Call("Search", "voxrecall.v1.Retrieval", {}, None, task=None)  # type: ignore[arg-type]
+
+
+def hooks(seen: list[str], refused: str = "") -> list[Hook]:
+    # a hook without an end among them: positions, not the end phase's index, decide
+    return [
+        Recorded("a", seen, refused == "a"),
+        StartsOnly(),
+        Recorded("b", seen, refused == "b"),
+        Recorded("c", seen, refused == "c"),
+    ]
+
+
+@pytest.mark.parametrize("steps", [(None,), (2, None)], ids=["grpc", "http-two-steps"])
+def test_every_started_hook_ends_once_last_first(steps: tuple[int | None, ...]) -> None:
+    seen: list[str] = []
+    run = HookRun(Phases.of(hooks(seen)), new_call())
+    for until in steps:
+        run.start(until)
+    run.end()
+    run.end()  # once: a second end finds no hook started
+    assert seen == ["start a", "start b", "start c", "end c", "end b", "end a"]
+
+
+@pytest.mark.parametrize("steps", [(None,), (2, None)], ids=["grpc", "http-two-steps"])
+@pytest.mark.parametrize("refused", ["a", "b", "c"])
+def test_a_refusal_ends_only_the_hooks_before_it(
+    steps: tuple[int | None, ...], refused: str
+) -> None:
+    seen: list[str] = []
+    call = new_call()
+    run = HookRun(Phases.of(hooks(seen, refused)), call)
+    *first, last = steps
+    for until in first:  # the HTTP door's first step: refused there when "a" refuses
+        if refused == "a":
+            with pytest.raises(RequestError):
+                run.start(until)
+            break
+        run.start(until)
+    else:
+        with pytest.raises(RequestError):
+            run.start(last)
+    run.end()
+    started = ["a", "b", "c"][: ["a", "b", "c"].index(refused) + 1]
+    ended = [f"end {n}" for n in reversed(started[:-1])]  # not the one that refused
+    assert seen == [f"start {n}" for n in started] + ended
+    assert call.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_field_limits_find_each_message_classs_bytes_fields_apart() -> None:
+    limits, call = FieldLimits(), new_call()
+    vector = np.ones(1536, dtype="<f4").tobytes()  # 6 KiB of bytes: no text
+    limits.request(call, pb.SearchRequest(query="panes", vector=vector))
+    limits.request(call, pb.SearchRequest(query="x" * TEXT_BYTES, vector=vector))  # at the limit
+    with pytest.raises(InvalidArgument, match="query is"):
+        limits.request(call, pb.SearchRequest(query="x" * (TEXT_BYTES + 1), vector=vector))
+    # another class, seen after SearchRequest's bytes field was found: none subtracted from it
+    with pytest.raises(InvalidArgument, match="text is"):
+        limits.request(call, pb.TurnRequest(text="x" * (TEXT_BYTES + 1)))
+    with pytest.raises(InvalidArgument, match="session_id is"):
+        limits.request(call, pb.TurnRequest(text="hi", session_id="s" * 2000))
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.trailers: Any = None
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        self.trailers = metadata
+
+
+@pytest.mark.parametrize("given", [None, "", "bad id!", "agent-call-7"])
+def test_a_call_keeps_a_usable_call_id_and_gets_a_fresh_one_otherwise(given: str | None) -> None:
+    context = _Context()
+    metadata = {} if given is None else {"x-call-id": given}
+    call = Call("Search", "voxrecall.v1.Retrieval", metadata, context, task=None)  # type: ignore[arg-type]
+    contextvars.copy_context().run(CallLog().start, call)  # its log ids stay in that copy
+    if given == "agent-call-7":
+        assert call.call_id == given
+    else:
+        assert len(call.call_id) == 16
+        assert int(call.call_id, 16) >= 0
+    assert context.trailers == (("x-call-id", call.call_id),)
