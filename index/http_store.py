@@ -88,8 +88,10 @@ class HttpOptions:
 
     ``timeout_s`` bounds each connect and each read: a static server answers in milliseconds, so
     ten seconds of silence is a dead connection, not a slow one. ``download_timeout_s`` bounds
-    each download as a whole, from the connect to the body's last byte (a timer shuts the
-    socket down when it passes). A file is tried ``attempts``
+    each download as a whole, from the connection's set-up to the body's last byte (a timer shuts
+    the socket down when it passes; the connect and, for https, the TLS handshake are bounded by
+    ``timeout_s`` each, so the deadline may be passed by up to ``timeout_s`` an address tried).
+    A file is tried ``attempts``
     times with backoff ``backoff_s`` doubling up to ``max_backoff_s``: the defaults ride out
     about seven seconds of errors within one poll; longer outages are retried on the next poll.
     """

@@ -30,6 +30,7 @@ size only (``check_hnsw_head``).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
@@ -706,9 +707,21 @@ def read_hnsw(path: Path, manifest: Manifest, ef: int, *, checked: bool = False)
     try:
         index.load_index(str(path), max_elements=count)
     except (RuntimeError, MemoryError) as exc:
+        _out_of_descriptors(path)
         raise CorruptSnapshot(f"{path}: hnswlib cannot load it: {exc}") from exc
     index.set_ef(ef)  # hnswlib resets ef to 10 on load
     return index
+
+
+def _out_of_descriptors(path: Path) -> None:
+    """Raise ``unreadable``'s StoreUnavailable if ``path`` cannot be opened now for want of
+    descriptors: hnswlib says only "Cannot open file", and a good graph it could not open in a
+    flood of connections must be tried again, not refused as corrupt until a new version."""
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise unreadable(f"{path}: unreadable ({exc.strerror})", exc) from exc
 
 
 def load_snapshot(

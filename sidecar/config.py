@@ -195,7 +195,9 @@ class SidecarConfig:
     stream_idle_s: float = 60.0
     # A connection with no call open for this long is closed (GOAWAY; a client reconnects on its
     # next call): idle connections, each a file descriptor, cannot pile up until none is left.
-    max_connection_idle_s: float = 15.0
+    # Well past a call's pauses: a reconnect costs the next turn ~1.5-2 ms on loopback, and with
+    # ``workers`` > 1 it may reach another worker, which holds none of the call's session.
+    max_connection_idle_s: float = 300.0
     max_message_bytes: int = 4 * 1024 * 1024
     metrics_listen: str = ""  # host:port for Prometheus; empty: no metrics endpoint
     workers: int = 1  # processes serving `listen` together (sidecar/edge/workers.py)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -287,3 +289,62 @@ def test_a_store_file_unreadable_for_itself_is_still_corrupt(
     with pytest.raises(CorruptSnapshot) as refused:
         LocalStore(tmp_path).latest("help")
     assert refusal_kind(refused.value) == ("corrupt", False)
+
+
+# hnswlib says only "Cannot open file": the graph is read in a process with every descriptor
+# taken (its checks aside, as when a descriptor a check freed was taken again before the load)
+GRAPH_WITHOUT_DESCRIPTORS = """
+import resource, sys, types
+import hnswlib, numpy as np
+from index import snapshot
+path = sys.argv[1]
+graph = hnswlib.Index(space="ip", dim=8)
+graph.init_index(max_elements=10)
+graph.add_items(np.random.default_rng(0).random((10, 8), dtype=np.float32))
+graph.save_index(path)
+snapshot.check_hnsw_file = lambda *args, **kwargs: None
+manifest = types.SimpleNamespace(
+    embedder=types.SimpleNamespace(dimension=8), chunks=10, hnsw=types.SimpleNamespace(m=16)
+)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+held = []
+try:
+    while True:
+        held.append(open(path, "rb"))
+except OSError:
+    pass
+try:
+    snapshot.read_hnsw(snapshot.Path(path), manifest, 10)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_graph_hnswlib_cannot_open_for_want_of_descriptors_is_unavailable(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", GRAPH_WITHOUT_DESCRIPTORS, str(tmp_path / "index.bin")],
+        capture_output=True,
+        text=True,
+        timeout=LIVENESS_S * 6,
+        check=True,
+    )
+    assert done.stdout.startswith("StoreUnavailable"), done.stdout + done.stderr
+    assert "no file descriptor left" in done.stdout
+
+
+def test_serve_raises_the_open_file_limit_to_the_hard_one() -> None:
+    script = (
+        "import resource\n"
+        "from sidecar.edge.server import raise_open_files_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "print(raise_open_files_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    raised, soft, hard = (int(word) for word in done.stdout.split())
+    assert raised == soft > 64
+    assert soft == hard or hard == -1  # -1: unlimited, raised to MAX_OPEN_FILES

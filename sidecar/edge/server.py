@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -302,6 +303,27 @@ async def create_server(
     return sidecar
 
 
+# The open-file limit ``serve`` raises its soft limit to, when the hard one is unlimited.
+MAX_OPEN_FILES = 1 << 20
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft open-file limit to its hard limit (MAX_OPEN_FILES where that is
+    unlimited) and return it: every connection, stream and snapshot file is a descriptor, and a
+    default soft limit (often 1,024) is what a flood of idle connections exhausts first. Left as
+    it is where the system refuses."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("the open-file limit stays at %d: %s", soft, exc)
+            return soft
+        return target
+    return soft
+
+
 async def serve(
     config: Config, listen: str | None = None, *, listen_while_loading: bool = True
 ) -> None:
@@ -319,6 +341,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+    raise_open_files_limit()
     sidecar = await create_server(
         config, listen=listen, store=store, listen_while_loading=listen_while_loading
     )

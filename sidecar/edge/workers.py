@@ -7,7 +7,8 @@ binds the same address with SO_REUSEPORT and the kernel spreads new connections 
 (worker 0 binds while it loads, to answer health; the others once loaded, so that no connection
 reaches a worker still loading, whose calls it could only refuse). A
 connection stays with its worker, so the turns of a call that keeps its channel (or its
-``Converse`` stream) keep their session. Each worker loads every snapshot (memory x N), polls
+``Converse`` stream) keep their session while the connection lives (a connection closed after
+``[sidecar] max_connection_idle_s`` without a call reconnects wherever the kernel sends it). Each worker loads every snapshot (memory x N), polls
 the store itself (an HTTP store's downloads under ``cache_dir/worker-i``) and serves metrics on
 the configured port + i.
 
