@@ -122,6 +122,8 @@ async def test_health_watches_only_the_names_it_reports_and_bounds_the_name(
     huge = health.Watch(health_pb2.HealthCheckRequest(service="x" * 100_000))
     assert await _code(huge) is grpc.StatusCode.INVALID_ARGUMENT
     assert "the limit is" in (await huge.details() or "")
+    wide = health.Watch(health_pb2.HealthCheckRequest(service="\U0001f600" * 100))  # 400 bytes
+    assert await _code(wide) is grpc.StatusCode.INVALID_ARGUMENT
     check = await health.Check(health_pb2.HealthCheckRequest())
     assert check.status == serving
 

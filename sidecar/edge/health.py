@@ -9,7 +9,7 @@ is bounded here instead:
 - only the names the sidecar reports on (``""`` and ``voxrecall.v1.Retrieval``) can be watched;
   any other is NOT_FOUND at once (grpcio's servicer kept a stream, and the name, for each:
   20,000 watches took 490 MB, 300 naming a 3 MB service 2.9 GB);
-- a name over ``MAX_SERVICE_BYTES`` is INVALID_ARGUMENT before it is looked up;
+- a name over ``MAX_SERVICE_BYTES`` bytes of UTF-8 is INVALID_ARGUMENT before it is looked up;
 - at most ``MAX_WATCHES`` watches are open at once, and ``MAX_WATCHES_PER_PEER`` from one client
   address (its host, whatever the port): one more is RESOURCE_EXHAUSTED saying which.
 
@@ -105,11 +105,12 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def _status(self, request: health_pb2.HealthCheckRequest, context: Context) -> Status:
         """The status of the name asked for, or the call aborted saying why it has none."""
         service = request.service
-        if len(service) > MAX_SERVICE_BYTES:
+        size = len(service.encode())  # a limit in bytes: a character may be four
+        if size > MAX_SERVICE_BYTES:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"service is {len(service)} characters; the limit is {MAX_SERVICE_BYTES}: send "
-                'a service name, or "" for the whole sidecar',
+                f"service is {size} bytes; the limit is {MAX_SERVICE_BYTES}: send a service "
+                'name, or "" for the whole sidecar',
             )
         status = self.statuses.get(service)
         if status is None:

@@ -8,10 +8,10 @@ other; with authentication each caller may hold only its share of each
 (``[sidecar.auth.caller]``), so no caller can lock the others out. Server reflection streams
 (grpcurl's) are a third kind, with a small fixed limit (``REFLECTION_STREAMS``), so that idle
 reflection streams cannot take Converse's slots; a refusal names the method refused and the kind
-that is full. ``idle_limited`` ends a request stream that sends nothing for ``stream_idle_s``. ``DrainGate`` refuses new calls with
-UNAVAILABLE once the sidecar drains, ``wait_idle`` tells the drain when the calls in flight are
-done, and ``cut_off`` ends those still running when the grace period is over, with UNAVAILABLE
-(clients retry it; CANCELLED they do not).
+that is full. ``idle_limited`` ends a request stream that sends nothing for ``stream_idle_s``.
+``DrainGate`` refuses new calls with UNAVAILABLE once the sidecar drains, ``wait_idle`` tells
+the drain when the calls in flight are done, and ``cut_off`` ends those still running when the
+grace period is over, with UNAVAILABLE (clients retry it; CANCELLED they do not).
 """
 
 from __future__ import annotations
