@@ -13,6 +13,7 @@ import hmac
 import io
 import logging
 import re
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -269,6 +270,34 @@ async def test_without_auth_one_address_cannot_lock_another_out_of_mcp(
         assert "address 127.0.0.2 has 2 MCP sessions open" in replies[-1].json()["error"]["message"]
         other = await initialize("127.0.0.1")
         assert other.status_code == 200, other.text
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+async def test_without_auth_an_ipv6_client_s_sessions_count_against_its_64(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """An IPv6 client may speak from any address of its /64, so its share is the /64's: the
+    refusal names ``::/64``, not the one address (``sidecar.edge.addresses``)."""
+    http = {"listen": "[::1]:0", "max_connections": 4, "max_connections_per_ip": 2}
+    config = sidecar_config(store, http=http, max_sessions=4)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as client:
+        replies = [
+            await client.post(
+                f"http://[::1]:{sc.http_port}/mcp", json=INITIALIZE, headers=MCP_ACCEPT
+            )
+            for _ in range(3)
+        ]
+    assert [r.status_code for r in replies] == [200, 200, 429], replies[-1].text
+    assert "address ::/64 has 2 MCP sessions open" in replies[-1].json()["error"]["message"]
 
 
 async def test_a_base_with_no_snapshot_is_a_tool_error_and_not_ready(

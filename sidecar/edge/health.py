@@ -26,6 +26,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar.edge.addresses import grpc_peer_key
+
 Status = int  # a HealthCheckResponse.ServingStatus value
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -37,15 +39,6 @@ MAX_WATCHES = 1024
 # One address's share, so one host cannot take every watch; generous, as callers behind one
 # proxy or node address share it.
 MAX_WATCHES_PER_PEER = 64
-
-
-def peer_host(peer: str) -> str:
-    """The host of a gRPC peer string: ``ipv4:10.0.0.7:51234`` -> ``ipv4:10.0.0.7``,
-    ``ipv6:[::1]:51234`` -> ``ipv6:[::1]``; anything else (``unix:...``) as it is."""
-    kind, _, address = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return f"{kind}:{address.rpartition(':')[0]}"
-    return peer
 
 
 class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
@@ -88,7 +81,7 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Context) -> None:
         """The name's status now, then each time it changes, until the client goes."""
         status = await self._status(request, context)
-        peer = peer_host(context.peer() or "")
+        peer = grpc_peer_key(context.peer() or "")
         await self._take(peer, context)
         try:
             await context.write(health_pb2.HealthCheckResponse(status=status))

@@ -52,6 +52,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from index.errors import VoxrecallError
 from sidecar.config import Config
 from sidecar.edge import logs, tls
+from sidecar.edge.addresses import share_key
 from sidecar.edge.guards import Guards
 from sidecar.edge.interceptor import Call, HookRun, Phases
 from sidecar.edge.lifecycle import Lifecycle, State
@@ -764,9 +765,10 @@ class _BoundedHead(HttpToolsProtocol):
 
 
 def _address_of(transport: asyncio.BaseTransport) -> str:
-    """The client's IP address (a socket without one, "")."""
+    """The client's share key (``sidecar.edge.addresses``: its IPv4 address, its IPv6 /64; a
+    socket without an address, "")."""
     peer = transport.get_extra_info("peername")
-    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+    return share_key(str(peer[0])) if isinstance(peer, tuple) and peer else ""
 
 
 class _InLoopServer(uvicorn.Server):

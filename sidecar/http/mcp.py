@@ -49,6 +49,7 @@ from index.errors import SnapshotError, VoxrecallError
 from sidecar import __version__
 from sidecar.config import Config, HttpConfig
 from sidecar.edge import tls
+from sidecar.edge.addresses import share_key
 from sidecar.edge.auth import Authenticator
 from sidecar.edge.status import status_for, tool_error_type
 from sidecar.errors import ResourceExhausted
@@ -281,7 +282,7 @@ class McpDoor:
             return
         call: HttpCall = scope[_CALL]
         caller, client = call.call.caller, scope.get("client")
-        owner = caller.name if caller is not None else str(client[0] if client else "")
+        owner = caller.name if caller is not None else share_key(str(client[0] if client else ""))
         self.sessions.take(owner)
         opened: list[str] = []
 
