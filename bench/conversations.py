@@ -111,8 +111,7 @@ def dstc11(data_dir: Path, quick: bool, tiny: bool = False) -> ConversationSet:
         dialogues.append(
             Dialogue(str(q["_id"]), (*history, Said(Speaker.USER, q["text"], q["_id"])))
         )
-        relevant = data.qrels[q["_id"]]
-        gold[q["_id"]] = Counter(data.entity[d] for d in relevant).most_common(1)[0][0]
+        gold[q["_id"]] = data.gold_entity(q["_id"])
     return ConversationSet(
         name="dstc11",
         knowledge_base=quality_turns.KB,

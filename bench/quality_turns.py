@@ -111,6 +111,12 @@ class Dstc:
     qrels: dict[str, set[str]]
     entity: dict[str, str]  # doc id -> entity name
 
+    def gold_entity(self, qid: str) -> str:
+        """The entity most of a query's relevant snippets are about; a tie goes to the first
+        name in order (not to the set's order, which follows PYTHONHASHSEED)."""
+        counts = Counter(self.entity[d] for d in self.qrels[qid])
+        return min(counts, key=lambda name: (-counts[name], name))
+
 
 def load_dstc(folder: Path, quick: bool) -> Dstc:
     records = [orjson.loads(line) for line in (folder / "corpus.jsonl").read_bytes().splitlines()]
@@ -254,7 +260,7 @@ async def dstc_quality(data: Dstc, engine: Engine) -> dict[str, Any]:
         last.add(await search(text), relevant)
         before = [h["text"] for h in q["history"][-2:]]
         previous.add(await search(" ".join([*before, text])), relevant)
-        gold, _ = Counter(data.entity[d] for d in relevant).most_common(1)[0]
+        gold = data.gold_entity(q["_id"])
         ceiling.add(await search(f"{gold}: {text}"), relevant)
 
         hybrid = await in_session(q, hybrid=True)
@@ -296,7 +302,7 @@ def lexical_fallback(data: Dstc, snapshot: LoadedSnapshot, min_lexical_score: fl
         for q in data.queries:
             relevant = data.qrels[q["_id"]]
             last.add(ranker(q["text"]), relevant)
-            gold, _ = Counter(data.entity[d] for d in relevant).most_common(1)[0]
+            gold = data.gold_entity(q["_id"])
             prefixed.add(ranker(f"{gold}: {q['text']}"), relevant)
         out[name] = {"last_turn": last.as_dict(), "gold_entity_prefixed": prefixed.as_dict()}
     out["spoken_stopwords_dropped"] = len(SPOKEN_STOPWORDS)

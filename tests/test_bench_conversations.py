@@ -362,3 +362,14 @@ def test_doc2dial_halves_score_the_first_and_last_half_of_the_dialogues_apart() 
     first, last = doc2dial_halves.halves(per_turn, ["d_1", "d2", "d3", "d4"])
     assert first == {"turns": 3, "session": 0.6667, "joined3": 0.0}
     assert last == {"turns": 1, "session": 0.0, "joined3": 0.0}
+
+
+def test_a_dstc11_gold_entity_tie_goes_the_same_way_whatever_the_order() -> None:
+    """One relevant snippet about each of two entities: the gold one is the first name, not the
+    one the set's iteration order (which follows PYTHONHASHSEED) met first; a majority wins."""
+    entity = {"z1": "Zedd Hotel", "z2": "Zedd Hotel", "a1": "Acorn House"}
+    for order in (["z1", "a1"], ["a1", "z1"]):
+        data = quality_turns.Dstc([], [], {"tie": dict.fromkeys(order)}, entity)  # type: ignore[dict-item]
+        assert data.gold_entity("tie") == "Acorn House"
+    data = quality_turns.Dstc([], [], {"most": {"a1", "z1", "z2"}}, entity)
+    assert data.gold_entity("most") == "Zedd Hotel"
