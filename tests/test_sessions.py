@@ -19,6 +19,7 @@ from sidecar.turn.sessions import (
     RECENT_TURNS,
     SESSION_BYTES,
     Hit,
+    Mention,
     Session,
     SessionStore,
     owner,
@@ -225,6 +226,19 @@ def test_a_session_keeps_at_most_its_bytes_dropping_the_oldest_turns() -> None:
     assert session.size == session.measure() <= 40_000
     assert [said.text[-1] for said in session.turns] == ["6", "7"]  # the newest kept
     assert session.turn_count == RECENT_TURNS
+
+
+def test_a_mention_s_name_counts_in_the_session_s_bytes() -> None:
+    """The attack: a snapshot's owner names of 34 KiB, decoded anew for each turn's mentions,
+    held 94x the bytes the sessions said they held. Each name is counted as the string it is."""
+    session = Session("s", context_turns=3, max_bytes=40_000)
+    for i in range(RECENT_TURNS):
+        names = tuple(Mention(f"{i}{j} " + "owner " * 1500, 0.9) for j in range(2))
+        session.record_turn("user", f"about {i}", names)
+    held = [m.name for said in session.turns for m in said.mentions]
+    assert session.size == session.measure() <= 40_000
+    assert session.size > sum(map(sys.getsizeof, held))
+    assert 1 <= len(session.turns) < RECENT_TURNS  # the oldest went to keep within the bytes
 
 
 def test_an_owner_over_its_quota_evicts_only_its_own_oldest() -> None:

@@ -3,10 +3,19 @@ one name. How a name heard changes a turn: tests/test_turns.py."""
 
 from __future__ import annotations
 
+import random
+
 from index.entities import FUNCTION_WORDS_EN, tokens
 from sidecar.turn.followups import FILLERS_EN, _content
 from sidecar.turn.sessions import Mention
-from sidecar.turn.sounds import HEARD_CONFIDENCE, MAX_NAMES, SoundNames, sound_key
+from sidecar.turn.sounds import (
+    HEARD_CONFIDENCE,
+    MAX_KEY_LETTERS,
+    MAX_NAMES,
+    MAX_TABLE_BYTES,
+    SoundNames,
+    sound_key,
+)
 
 NAMES = ["Google Drive", "Microsoft OneDrive", "Amazon S3", "Coral Bay", "Koral Bay", "Box"]
 
@@ -54,6 +63,37 @@ def test_the_tables_bytes_are_counted_and_grow_with_the_names() -> None:
     assert 0 < few.nbytes < many.nbytes
     none = SoundNames.of(more, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, MAX_NAMES + 1)
     assert none.nbytes < few.nbytes  # above MAX_NAMES nothing is built
+
+
+def test_a_name_word_too_long_to_say_is_not_heard_nor_its_name() -> None:
+    """The attack: one name word of 800 consonants took 347 MB and 32 s to load (its drop
+    variants grow with the square of its letters, each as long as it)."""
+    long_word = "kt" * 100
+    assert len(sound_key(long_word)) > MAX_KEY_LETTERS
+    sounds = SoundNames.of(
+        [f"{long_word} drive", *NAMES], FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, 7
+    )
+    assert len(sounds) == len(SoundNames.of(NAMES, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, 6))
+    assert sounds.find(tokens("misoft onedrive")).mentions()  # the other names still heard
+
+
+def test_the_tables_stop_at_their_bytes_limit() -> None:
+    """As many names as a base may have, each as long as a name heard may be, of words no two
+    names share (every variant its own entry): the tables stop at MAX_TABLE_BYTES, keeping the
+    names first met."""
+    rng = random.Random(1)
+    consonants = "ktpsfmnlr"
+
+    def word() -> str:
+        return "".join(rng.choice(consonants) for _ in range(MAX_KEY_LETTERS))
+
+    names = [" ".join(word() for _ in range(4)) for _ in range(MAX_NAMES)]
+    sounds = SoundNames.of(names, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, len(names))
+    assert 0 < len(sounds) < len(names)
+    assert sounds.nbytes <= MAX_TABLE_BYTES
+    assert (
+        sounds.find(tokens(names[0].replace(" ", " uh "))).mentions() == ()
+    )  # written: gazetteer's
 
 
 def test_one_word_heard_is_no_turn_s_only_naming() -> None:

@@ -4,8 +4,8 @@ Sessions live in a bounded, expiring store: a session nobody ends is forgotten `
 its last use, and memory stays bounded in bytes under any number of calls. A session keeps at
 most ``max_bytes`` (``[sidecar] max_session_bytes``): past that its oldest turns, then its oldest
 retained searches, are dropped. What it keeps is accounted as the bytes the session itself
-allocates: its turns' text (``sys.getsizeof``, so 1 to 4 bytes a character), a fixed cost per
-turn, per entity mention, per page the follow-ups count, per retained hit and per session
+allocates: its turns' text and its mentions' names (``sys.getsizeof``, so 1 to 4 bytes a
+character), a fixed cost per turn, per entity mention, per page the follow-ups count, per retained hit and per session
 (``TURN_BYTES``, ``MENTION_BYTES``, ``PAGE_BYTES``, ``HIT_BYTES``, ``SESSION_BYTES``, measured
 with tracemalloc in tests/test_sessions.py). A retained chunk is the snapshot's own
 object, counted as a reference (``HIT_BYTES``), not as its text.
@@ -44,7 +44,7 @@ RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this 
 SESSION_BYTES = 2048
 TURN_BYTES = 64
 HIT_BYTES = 96
-MENTION_BYTES = 64  # a Mention (its name is the gazetteer's string)
+MENTION_BYTES = 64  # a Mention, beyond its name (decoded from the snapshot for each turn)
 PAGE_BYTES = 100  # a page's slot in ``Session.pages`` and its float, beyond the name
 
 
@@ -212,8 +212,10 @@ class Session:
 
 
 def _said_bytes(said: Said) -> int:
-    """One recorded turn's share of a session's bytes: its text, its slot, its mentions."""
-    return TURN_BYTES + sys.getsizeof(said.text) + MENTION_BYTES * len(said.mentions)
+    """One recorded turn's share of a session's bytes: its text, its slot, its mentions with
+    their names (each a string of its own: a snapshot's owner names may be 36 KiB long)."""
+    mentions = sum(MENTION_BYTES + sys.getsizeof(m.name) for m in said.mentions)
+    return TURN_BYTES + sys.getsizeof(said.text) + mentions
 
 
 def _bytes_of_pages(pages: Mapping[str, float]) -> int:

@@ -23,7 +23,9 @@ folded with the page before. Ordinary speech that sounds like a name ("my goal d
 finds only that page.
 
 The tables are built at load from the snapshot's names (``SoundNames.of``), for bases of at
-most ``MAX_NAMES`` names: a larger base's sidecar hears no name.
+most ``MAX_NAMES`` names (a larger base's sidecar hears no name), of words a caller says (a key
+of at most ``MAX_KEY_LETTERS`` letters), within ``MAX_TABLE_BYTES``: a snapshot's names are its
+builder's, so what they cost at load is bounded whatever they are.
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ WORD_PIECES = 2
 # lookup grows with the names sharing its words' keys (~20 us a DSTC11 turn at 143 names, ~64 at
 # 2,000, ~600 at 20,000): a base of more names than this is one a caller does not name by ear.
 MAX_NAMES = 2_000
+# A word's drop variants grow with the square of its key's letters (a hostile name of one
+# 800-letter word took 347 MB and 32 s): a name word whose key holds more letters than this is
+# not one said by ear (the longest in the doc sets' and DSTC11's names hold 11: "oracle object
+# storage"'s one-word form; 13 and 15 are identifiers, "readconsoleinputstream"), and neither
+# is its name. A shared word of more is heard only as it is.
+MAX_KEY_LETTERS = 12
+# The tables' bytes (``SoundNames.nbytes``) at most: names past it are not heard. Real names
+# take 0.65-1.6 KB each (MAX_NAMES of them ~4 MiB); a name of MAX_NAME_WORDS words of
+# MAX_KEY_LETTERS letters, each with 67 drop variants, up to ~85 KB.
+MAX_TABLE_BYTES = 16 << 20
 # Content words a run must hold to be a turn's only naming (``Heard.only``): in DSTC11's user
 # turns against rclone's names, most runs heard were one ordinary word ("great", "price",
 # "clean", "star"); a name a recogniser misheard is said in two or more ("goal drive").
@@ -116,6 +128,8 @@ def _loosely(words: Iterable[str]) -> frozenset[str]:
     for word in words:
         key = sound_key(word)
         heard.add(key)
+        if len(key) > MAX_KEY_LETTERS:
+            continue
         rest = range(1, len(key))
         for n in (1, 2):
             if len(key) - n >= DROP_ONE - 1:
@@ -138,6 +152,36 @@ def _dropped(key: str) -> set[str]:
         for n in range(1, most + 1)
         for cut in combinations(rest, n)
     }
+
+
+def _heard_by_ear(keys: Sequence[str]) -> bool:
+    """Whether a name of these word keys is one a caller says and a recogniser mishears: of
+    MAX_NAME_WORDS words or fewer, each of MAX_KEY_LETTERS letters or fewer, MIN_KEY_LETTERS in
+    all."""
+    return (
+        0 < len(keys) <= MAX_NAME_WORDS
+        and max(map(len, keys)) <= MAX_KEY_LETTERS
+        and sum(map(len, keys)) >= MIN_KEY_LETTERS
+    )
+
+
+# The most one key takes in the tables as ``_table_bytes`` counts them, beyond its letters: a
+# str's header, the set of name keys it may be heard as, and its dict slot (keys many names'
+# words share take less: real names take half this estimate).
+_KEY_BYTES = sys.getsizeof("") + sys.getsizeof(set()) + 40
+
+
+def _table_cost(keys: Sequence[str]) -> int:
+    """About what a name's words add to the tables: each key and each of its drop variants."""
+    return sum((1 + _variants(len(key))) * (_KEY_BYTES + len(key)) for key in keys)
+
+
+def _variants(letters: int) -> int:
+    """How many drop variants ``_dropped`` makes of a key of ``letters`` letters."""
+    rest = letters - 1
+    if letters < DROP_ONE:
+        return 0
+    return rest + (rest * (rest - 1) // 2 if letters >= DROP_TWO else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,11 +284,14 @@ class SoundNames:
         kept: dict[str, tuple[str, ...]] = {}
         if count > MAX_NAMES:
             return cls(kept, skipped, function_words)
+        spent = 0
         for name in names:
             ws = tuple(w for w in tokens(name) if w not in function_words and w not in shared)
-            if 0 < len(ws) <= MAX_NAME_WORDS and sum(len(sound_key(w)) for w in ws) >= (
-                MIN_KEY_LETTERS
-            ):
+            keys = [sound_key(w) for w in ws]
+            if _heard_by_ear(keys):
+                spent += _table_cost(keys)
+                if spent > MAX_TABLE_BYTES:
+                    break
                 kept[name] = ws
         return cls(kept, skipped, function_words, _loosely(shared))
 
