@@ -8,6 +8,7 @@ to pass is one that has already passed, or one the gated embedder is held past.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from index.embedders.base import EmbedderInfo, FakeEmbedder, Vectors
 from sidecar.turn import query_embedder
-from sidecar.turn.query_embedder import QueryEmbedder
+from sidecar.turn.query_embedder import ENTRY_QUERY_BYTES, QueryEmbedder
 from tests.conftest import eventually
 from tests.turns import build_engine, run_turns
 
@@ -243,3 +244,26 @@ async def test_a_turn_searched_folded_and_alone_embeds_both_in_one_call(tmp_path
     assert later.hits[0].chunk.title == "FILTERING"
     # both queries went to the embedder together, in one call
     assert fake.calls[1:] == [(f"GOOGLE DRIVE: {question}", question)]
+
+
+async def test_the_cache_is_bounded_in_bytes_long_queries_taking_the_room_of_several() -> None:
+    """The attack: 2,048 cached queries of 16 KiB each held ~36 MB under a setting of "2048".
+    ``cache_size`` entries are counted as queries of ENTRY_QUERY_BYTES: a long one takes the
+    room of several, so long queries push the older ones out sooner, and the bytes held stay
+    within what ``cache_size`` short ones would hold."""
+    fake = FakeEmbedder(dimension=16)
+    vectors = QueryEmbedder(fake, cache_size=8)
+    short = [f"short question {i}" for i in range(8)]
+    for query in short:
+        await vectors.get(query, far())
+    assert all(vectors.cached(q) is not None for q in short)  # eight short ones fit
+    long = ["\U0001f4de" * 500 + str(i) for i in range(8)]  # 2 kB of str each
+    for query in long:
+        await vectors.get(query, far())
+    held = [q for q in (*short, *long) if vectors.cached(q) is not None]
+    assert long[-1] in held
+    assert all(q not in held for q in short)  # pushed out
+    assert sum(map(sys.getsizeof, held)) <= 8 * (ENTRY_QUERY_BYTES + 4 * 16 + 200)
+    huge = "\U0001f4de" * 4000  # larger than the whole cache: answered, not kept
+    assert await vectors.get(huge, far()) is not None
+    assert vectors.cached(huge) is None and vectors.cached(long[-1]) is not None

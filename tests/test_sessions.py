@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import tracemalloc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -276,10 +276,27 @@ def test_a_session_evicted_while_in_use_is_no_longer_counted() -> None:
     assert store.bytes == sum(s.size for s in (store.peek("b"), store.peek("c")) if s)
 
 
+def decoded(i: int, j: int) -> Hit:
+    """A hit whose chunk is a copy of its own, as a snapshot's chunk table decodes one for a
+    call: every string new."""
+    text = f"{i}:{j} " + "chunk text " * 60
+    chunk = Chunk(
+        chunk_id=f"c{i}-{j}",
+        source="s",
+        source_path=f"page-{j}.md",
+        title=f"Page {j}",
+        breadcrumbs=(f"Page {j}", f"Section {i}"),
+        text=text,
+        embed_text=f"Page {j} > Section {i}\n\n{text}",
+        metadata={"lang": f"en-{i}", "tags": (f"t{i}", f"u{j}")},
+    )
+    return Hit("kb", chunk, float(i))
+
+
 def test_the_accounting_matches_what_tracemalloc_sees() -> None:
-    """SESSION_BYTES, TURN_BYTES and HIT_BYTES stay honest: the store's figure is within a
-    quarter of what 200 sessions really allocate (chunks excluded: the snapshot owns them)."""
-    chunks = [hit(f"c{i}") for i in range(10)]
+    """SESSION_BYTES, TURN_BYTES, HIT_BYTES and CHUNK_BYTES stay honest: the store's figure is
+    within a quarter of what 200 sessions really allocate, their retained chunks decoded copies
+    of their own (as a mapped chunk table's are once its cache has turned over)."""
     store = SessionStore(1000, TTL, 3, timer=Clock())
     texts = [f"{i:04d} " + "word " * 200 for i in range(200 * RECENT_TURNS)]
     tracemalloc.start()
@@ -288,12 +305,28 @@ def test_the_accounting_matches_what_tracemalloc_sees() -> None:
         session = store.get(f"session-{i}")
         for j in range(RECENT_TURNS):
             session.record_turn("user", texts[i * RECENT_TURNS + j])
-        for _ in range(3):
-            session.retain(Hit(h.knowledge_base, h.chunk, float(i)) for h in chunks[:5])
+        for k in range(3):
+            session.retain(decoded(i, 5 * k + j) for j in range(5))
     used = tracemalloc.get_traced_memory()[0] - start
     tracemalloc.stop()
     text_bytes = sum(sys.getsizeof(t) for t in texts)  # allocated before the start
     assert 0.75 < store.bytes / (used + text_bytes) < 1.25
+
+
+def test_retained_chunks_count_whole_and_old_searches_go_first() -> None:
+    """The attack: sessions over chunks of 27 KB counted each retained hit as a 96-byte
+    reference and held 44x what they counted. A search of big chunks counts their bytes, and
+    the oldest searches go to keep the session within its bytes."""
+    session = Session("s", context_turns=3, max_bytes=64 * 1024)
+    big = "\U0001f4de" * 3000  # 12 kB of str
+    for k in range(3):
+        session.retain(
+            Hit("kb", replace(decoded(k, j).chunk, text=big + str(k)), 0.5) for j in range(2)
+        )
+    assert session.size == session.measure() <= 64 * 1024
+    held = [hit.chunk.text for hits in session.retained for hit in hits]
+    assert session.size > sum(map(sys.getsizeof, held))
+    assert 1 <= len(session.retained) < 3  # the oldest search went
 
 
 class OwnersMachine(RuleBasedStateMachine):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -70,13 +71,37 @@ class EmbedStats:
     failed: int = 0  # the embedder raised, or the call was cut off
 
 
+# The cache holds ``cache_size`` entries of a query of this many bytes and its vector, in bytes:
+# a longer query (a turn may be 16 KiB) takes the room of several, so the cache is bounded in
+# bytes whatever its callers say.
+ENTRY_QUERY_BYTES = 512
+_ENTRY_OVERHEAD = 200  # an entry's array header and its place in the cache's dict and order
+
+
+class _Cache(LRUCache[str, Vectors]):
+    """Query vectors, least recently used first out, bounded in bytes: an entry counts its
+    query's and its vector's (cachetools sizes a value alone; the key's size is noted here)."""
+
+    _key_bytes = 0
+
+    def __setitem__(self, key: str, value: Vectors) -> None:
+        """Cache ``value``; one larger than the whole cache is not kept."""
+        self._key_bytes = sys.getsizeof(key)
+        if self.getsizeof(value) <= self.maxsize:
+            super().__setitem__(key, value)
+
+    def getsizeof(self, value: Vectors) -> int:  # type: ignore[override]
+        return self._key_bytes + int(value.nbytes) + _ENTRY_OVERHEAD
+
+
 class QueryEmbedder:
     """One per engine; used from the event loop only."""
 
     def __init__(self, embedder: Embedder, cache_size: int) -> None:
         self.embedder = embedder
         self.stats = EmbedStats()
-        self._cache: LRUCache[str, Vectors] = LRUCache(maxsize=max(1, cache_size))
+        room = ENTRY_QUERY_BYTES + 4 * embedder.info.dimension + _ENTRY_OVERHEAD
+        self._cache = _Cache(maxsize=max(1, cache_size) * room)
         # query -> the call embedding it, and its row in that call's answer
         self._inflight: dict[str, tuple[asyncio.Task[Vectors], int]] = {}
         self._late: set[asyncio.Task[Vectors]] = set()

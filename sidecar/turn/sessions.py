@@ -4,11 +4,14 @@ Sessions live in a bounded, expiring store: a session nobody ends is forgotten `
 its last use, and memory stays bounded in bytes under any number of calls. A session keeps at
 most ``max_bytes`` (``[sidecar] max_session_bytes``): past that its oldest turns, then its oldest
 retained searches, are dropped. What it keeps is accounted as the bytes the session itself
-allocates: its turns' text and its mentions' names (``sys.getsizeof``, so 1 to 4 bytes a
-character), a fixed cost per turn, per entity mention, per page the follow-ups count, per retained hit and per session
-(``TURN_BYTES``, ``MENTION_BYTES``, ``PAGE_BYTES``, ``HIT_BYTES``, ``SESSION_BYTES``, measured
-with tracemalloc in tests/test_sessions.py). A retained chunk is the snapshot's own
-object, counted as a reference (``HIT_BYTES``), not as its text.
+allocates: its turns' text, its mentions' names and its retained chunks' strings
+(``sys.getsizeof``, so 1 to 4 bytes a character), and a fixed cost per turn, per entity
+mention, per page the follow-ups count, per retained hit and chunk, and per session
+(``TURN_BYTES``, ``MENTION_BYTES``, ``PAGE_BYTES``, ``HIT_BYTES``, ``CHUNK_BYTES``,
+``SESSION_BYTES``, measured with tracemalloc in tests/test_sessions.py). A retained chunk is
+counted whole: a snapshot's chunk table decodes a chunk of its own for each call and shares only
+its last few MiB of them (``index.tables.CACHE_BYTES``), so a session keeping a hit may be the
+only holder of its chunk (sessions over chunks of 27 KB held 44x what they counted as references).
 
 With authentication on, sessions belong to the caller that made them: the store keys each by
 ``owner`` (the authenticated caller of the current call, set by ``sidecar.edge.auth``) and its id, so
@@ -27,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from index.types import Chunk, MetaValue
 from sidecar.turn.hits import Hit
 
 # The caller the current call belongs to ("": no authentication); set per call by sidecar.edge.auth.
@@ -44,6 +48,7 @@ RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this 
 SESSION_BYTES = 2048
 TURN_BYTES = 64
 HIT_BYTES = 96
+CHUNK_BYTES = 200  # a decoded Chunk beyond its strings: its slots, the breadcrumbs' tuple
 MENTION_BYTES = 64  # a Mention, beyond its name (decoded from the snapshot for each turn)
 PAGE_BYTES = 100  # a page's slot in ``Session.pages`` and its float, beyond the name
 
@@ -148,16 +153,16 @@ class Session:
         if hits:
             retained = self.retained
             if len(retained) == retained.maxlen:  # the append drops the oldest
-                self._hit_bytes -= HIT_BYTES * len(retained[0])
+                self._hit_bytes -= _hits_bytes(retained[0])
             retained.append(hits)
-            self._hit_bytes += HIT_BYTES * len(hits)
+            self._hit_bytes += _hits_bytes(hits)
             self.fit()
 
     def measure(self) -> int:
         """The bytes the session keeps, as accounted (the module docstring says how), counted
         anew; ``fit`` keeps the same sum as the session changes (``_held``)."""
         turns = sum(map(_said_bytes, self.turns))
-        hits = HIT_BYTES * sum(map(len, self.retained))
+        hits = sum(map(_hits_bytes, self.retained))
         return SESSION_BYTES + turns + self._page_bytes + hits
 
     def _held(self) -> int:
@@ -188,7 +193,7 @@ class Session:
             turns.popleft()
             self._count_turns()
         while len(retained) > 1 and self._held() > self.max_bytes:
-            self._hit_bytes -= HIT_BYTES * len(retained.popleft())
+            self._hit_bytes -= _hits_bytes(retained.popleft())
         return self._held()
 
     def _unread_only_of_turns(self) -> None:
@@ -216,6 +221,26 @@ def _said_bytes(said: Said) -> int:
     their names (each a string of its own: a snapshot's owner names may be 36 KiB long)."""
     mentions = sum(MENTION_BYTES + sys.getsizeof(m.name) for m in said.mentions)
     return TURN_BYTES + sys.getsizeof(said.text) + mentions
+
+
+def _hits_bytes(hits: tuple[Hit, ...]) -> int:
+    """A retained search's share of a session's bytes: each hit, and its chunk whole."""
+    return sum(HIT_BYTES + _chunk_bytes(hit.chunk) for hit in hits)
+
+
+def _chunk_bytes(chunk: Chunk) -> int:
+    """A decoded chunk's strings and metadata (its source name is the table's, shared)."""
+    strings = (chunk.chunk_id, chunk.source_path, chunk.title, chunk.text, chunk.embed_text)
+    size = sys.getsizeof
+    held = sum(map(size, strings)) + size(chunk.url) + sum(map(size, chunk.breadcrumbs))
+    return CHUNK_BYTES + held + sum(size(k) + _value_bytes(v) for k, v in chunk.metadata.items())
+
+
+def _value_bytes(value: MetaValue) -> int:
+    """A metadata value's bytes: a string, or a tuple of them."""
+    if isinstance(value, tuple):
+        return sys.getsizeof(value) + sum(map(sys.getsizeof, value))
+    return sys.getsizeof(value)
 
 
 def _bytes_of_pages(pages: Mapping[str, float]) -> int:
