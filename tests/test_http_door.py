@@ -41,12 +41,14 @@ from sidecar.http import door as http_door
 from sidecar.http.door import MAX_HEAD_BYTES
 from sidecar.http.mcp import SDK_SESSION_LOGGERS
 from sidecar.http.webhooks import (
+    SESSION_HEADER,
     SIGNATURE_TOLERANCE_MS,
     Replays,
     Signature,
     verify_signature,
 )
 from sidecar.turn import sessions
+from sidecar.turn.engine import MAX_TEXT_CHARS
 from tests.hardening_kit import (
     TOKEN_A,
     TOKEN_B,
@@ -377,6 +379,26 @@ async def vapi(sc: Sidecar, messages: list[dict[str, Any]], **headers: str) -> h
             json=vapi_request(messages),
             headers=auth(**{"x-vapi-secret": VAPI_SECRET, **headers}),
         )
+
+
+async def test_a_vapi_request_retried_as_it_was_gets_the_same_answer_at_the_text_cap(
+    sidecar: Sidecar,
+) -> None:
+    """The attack: a retried request whose last turn was near the text cap answered 400 "text is
+    4791 characters" (its folded query searched again as if the caller had sent it). A retry
+    is answered with what the first request was."""
+    words = " ".join(f"export{i}" for i in range(800))
+    long_turn = ("How do I export my data? " + words)[: MAX_TEXT_CHARS - 1]
+    messages = [
+        GREETING,
+        {"role": "user", "content": "How do I export my data?"},
+        {"role": "bot", "message": "Go to Settings, Privacy, Export: it builds a zip."},
+        {"role": "user", "content": long_turn},
+    ]
+    first = await vapi(sidecar, messages, **{SESSION_HEADER: "retried-call"})
+    again = await vapi(sidecar, messages, **{SESSION_HEADER: "retried-call"})
+    assert first.status_code == again.status_code == 200, again.text
+    assert again.json() == first.json()
 
 
 async def test_a_vapi_call_sequence_resolves_the_follow_up_and_feeds_each_message_once(

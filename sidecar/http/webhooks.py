@@ -408,8 +408,20 @@ class Webhooks:
                 hits, fed.query = result.hits, result.query
         self.conversations.fed(key, fed)
         if not fresh and fed.query:  # the same request again (a retry): the same answer
-            hits = (await self.engine.search(SearchInput(fed.query, self.knowledge_base))).hits
+            hits = self._last_answer(call_id) or await self._searched_again(fed.query)
         return 200, orjson.dumps({"documents": _documents(hits)}), []
+
+    def _last_answer(self, call_id: str) -> Sequence[Hit]:
+        """The hits the call's session kept of its last searched turn: what the request
+        retried was answered with (none once the session has gone)."""
+        session = self.engine.sessions.peek(call_id)
+        return session.retained[-1] if session is not None and session.retained else ()
+
+    async def _searched_again(self, query: str) -> Sequence[Hit]:
+        """The last searched query again, for a call whose session has gone: a folded query
+        may be longer than a caller's text may be, so its end (the turn's own words) is kept."""
+        again = SearchInput(query[-MAX_TEXT_CHARS:], self.knowledge_base)
+        return (await self.engine.search(again)).hits
 
     async def _turn(self, call: HttpCall, session_id: str, said: Said) -> TurnResult:
         speaker = pb.AGENT if said.speaker == Speaker.AGENT else pb.USER
