@@ -140,7 +140,7 @@ class Conversations:
     again (every request carries the whole call) is fed once. Bounded like the sessions: as
     many calls as ``max_sessions``, each forgotten ``session_ttl_s`` after its last request;
     an entry is its key (a caller name and a call id of at most ``NAME_BYTES``, checked before
-    it is kept), 24 bytes and one query (at most ``MAX_TEXT_CHARS``)."""
+    it is kept), 24 bytes and one query (the turn's as searched: the turn and what was folded in)."""
 
     def __init__(self, max_calls: int, ttl_s: float) -> None:
         self._fed: TTLCache[tuple[str, str], Fed] = TTLCache(max_calls, ttl_s)
