@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import conversations, quality_turns, spoken, topics
+from bench import asr, conversations, quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking, eval_config
 from bench.vector_cache import CachedEmbedder
@@ -228,6 +228,20 @@ async def score_set(cs: ConversationSet, engine: Engine, per_turn: bool = False)
 
 def dstc11_spoken(data_dir: Path, quick: bool, tiny: bool = False) -> ConversationSet:
     return spoken.spoken(conversations.dstc11(data_dir, quick, tiny))
+
+
+def dstc11_recognised(data_dir: Path, quick: bool, tiny: bool = False) -> ConversationSet:
+    return asr.recognised(conversations.dstc11(data_dir, quick, tiny))
+
+
+def redraw_spoken(spec: str) -> None:
+    """``--spoken``: a seed under ``asr.PREFIX`` measures ``dstc11-spoken`` through the second
+    recogniser (``bench.asr``, both sides of a call); any other is ``bench.spoken``'s redraw."""
+    if spec.startswith(asr.PREFIX):
+        asr.redraw(spec)
+        DIALOGUE_SETS["dstc11-spoken"] = dstc11_recognised
+    else:
+        spoken.redraw(spec)
 
 
 DIALOGUE_SETS: dict[str, Callable[[Path, bool, bool], ConversationSet]] = {
@@ -464,11 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--spoken",
         metavar="SEED[,NAME_ERR[,FILLER]]",
-        help="draw the spoken set with another seed (and name-error and filler rates)",
+        help="draw the spoken set with another seed (and name-error and filler rates); a seed "
+        f"{asr.PREFIX}N draws it with the second recogniser (bench.asr)",
     )
     args = parser.parse_args(argv)
     if args.spoken:
-        spoken.redraw(args.spoken)
+        redraw_spoken(args.spoken)
     sets = tuple(s for s in args.sets.split(",") if s)
     result = asyncio.run(
         _run_cached(args.data, args.quick, sets, args.per_turn, not args.no_vector_cache)
