@@ -3,10 +3,11 @@
 ``bench.spoken`` hears names by a Metaphone-like code close to the engine's own sound key
 (``sidecar.turn.sounds``), hears the agent as written and a name alike through a call, so it may
 share the engine's assumptions. This one draws its errors another way, from what recognisers do
-that ``bench.spoken`` does not, seeded per dialogue, turn and speaker (``SEED``; a set is the same
-on every run and machine). ``--spoken voxrecall-asr-1`` (``quality_conversations``) measures
-DSTC11 through it; another seed under ``PREFIX`` draws it again. Its only word lists are English
-function words, fillers and number words; the vocabulary is the set's own turns. ``redraw`` draws it harsher or kinder, or with the agent as written.
+that ``bench.spoken`` does not, seeded per dialogue and turn (``SEED``; a set is the same on
+every run and machine). ``--spoken voxrecall-asr-1`` (``quality_conversations``) measures DSTC11
+through it; another seed under ``PREFIX`` draws it again, ``redraw`` harsher or kinder, or with
+the agent as written. Its only word lists are English function words, fillers and number
+words; its vocabulary is the set's own turns. Examples below are from DSTC11's vocabulary.
 
 What every turn, the agent's as the caller's (a call recorded and transcribed on both sides),
 goes through (``Recogniser.transcribe``), in order:
@@ -19,14 +20,15 @@ goes through (``Recogniser.transcribe``), in order:
 2. **Lower case, no punctuation** (``bench.spoken.written_words``): the agent's question mark too.
 3. **Rare words heard worst**: a content word (not a function word, number word or filler) is
    misheard with ``min(MAX_ERROR, RARE_ERROR / sqrt(count))``, its count in the set's turns
-   (a word said once 0.5, 25 times 0.12, 400 times 0.03). A speaker hears a word the same way
-   through a call, but the two sides of a call are heard apart (the agent says "lovell", the
-   caller is heard as "level"). Misheard, a word becomes one drawn among what applies:
-   * **a coarse sound-alike**: the most common other vocabulary word whose consonants fall in
-     the same manner classes (``coarse``: stops, fricatives, nasals, liquids, glides; place and
-     voicing lost, so "lovell" -> "level", "milton" -> "molten");
+   (a word said once 0.5, 25 times 0.12, 400 times 0.03). A word misheard as a sound-alike or
+   split stays so for that speaker through the call, but the two sides of a call are heard
+   apart (the agent heard saying "belfry", the caller "delivery"); the other forms are drawn
+   afresh at each mention. Misheard, a word becomes one drawn among what applies:
+   * **a coarse sound-alike**: the most common other vocabulary word of about its length whose
+     consonants fall in the same manner classes (``coarse``: stops, fricatives, nasals,
+     liquids, glides; place and voicing lost: "belfry" -> "delivery", "thong" -> "find");
    * **split in two at a syllable**, each half the coarse sound-alike of its letters, or as
-     written when none is ("cityroomz" -> "city rooms", "alexander" -> "alex ender");
+     written when none is ("belfry" -> "table sorry", "cityroomz" -> "two rooms");
    * **run into a neighbouring short word** ("at lovell" -> "atlovell", "the gonville" ->
      "thegonville"): a recogniser's word boundary in the wrong place;
    * **a first syllable, then again** (a restart around the word: "the lo the lovell" ->

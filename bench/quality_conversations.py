@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.quality_conversations [--quick] [--sets dstc11,doc2dial,...]
                                         [--per-turn] [--data ../shared/data] [--out DIR]
                                         [--no-vector-cache] [--spoken SEED[,NAME_ERR[,FILLER]]]
+                                        [--spoken voxrecall-asr-N[,RARE_ERROR[,both|caller]]]
 
 Every dialogue is driven turn by turn through the real ``sidecar.turn.engine.Engine`` in-process
 (one session per dialogue; user turns as ``Speaker.USER``, agent turns as ``Speaker.AGENT``, in
@@ -20,7 +21,8 @@ Each figure is also given for the judged turns right after an agent question (th
 previous turn ends with "?"), where the content is often in that question. ``gold_top1``: how
 often the session's top-1 chunk is about the gold entity or page (its contextual prefix), and
 the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``),
-``bench.spoken`` (``dstc11-spoken``) and ``bench.topics`` (``topics``: stand-alone questions and
+``bench.spoken`` (``dstc11-spoken``; ``--spoken voxrecall-asr-N`` draws it through
+``bench.asr``'s second recogniser instead, both sides of a call heard) and ``bench.topics`` (``topics``: stand-alone questions and
 follow-ups in one session; ``topics-2``: another draw of them; ``topics-spoken``: that draw said
 aloud; ``topics-spoken-2``: a third draw, said aloud); ``cast`` is ``bench.quality_turns``' TREC CAsT rewrite closeness,
 reported beside them.

@@ -475,3 +475,27 @@ def test_spoken_flag_picks_the_second_recogniser(monkeypatch: pytest.MonkeyPatch
     qc.redraw_spoken(f"{asr.PREFIX}7")
     assert f"{asr.PREFIX}7" == asr.SEED
     assert qc.DIALOGUE_SETS["dstc11-spoken"] is qc.dstc11_recognised
+
+
+def test_spoken_misses_classes_a_missed_turn_by_where_the_gold_name_was_heard() -> None:
+    from bench import spoken_misses
+
+    turns = (
+        Said(Speaker.USER, "a cheap hotel in the north"),
+        Said(Speaker.AGENT, "the alexander lodge is cheap would you like to book"),
+        Said(Speaker.USER, "do they have parking", "q1"),
+    )
+    d = Dialogue("d1", turns)
+    row = {"top1_about": "CITYROOMZ", "hit_at_3": {"session": False, "gold_entity": True}}
+    assert (
+        spoken_misses.miss_class(d, 2, "ALEXANDER LODGE", row)
+        == "gold named as heard (agent), lost; ceiling hit"
+    )
+    assert (
+        spoken_misses.miss_class(d, 2, "LOVELL LODGE", row) == "gold never heard whole; ceiling hit"
+    )
+    on_gold = {**row, "top1_about": "LOVELL LODGE", "hit_at_3": {"gold_entity": False}}
+    assert (
+        spoken_misses.miss_class(d, 2, "LOVELL LODGE", on_gold)
+        == "gold top-1, chunk missed; ceiling missed"
+    )
