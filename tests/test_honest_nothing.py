@@ -70,9 +70,15 @@ async def test_an_off_topic_question_after_a_tracked_page_gets_an_honest_nothing
 async def test_a_question_that_does_not_point_back_but_asks_about_the_page_is_answered(
     engine: Engine,
 ) -> None:
-    """No "it", but about the page: its own words find chunks at min_score, and the tracked
-    page answers it."""
-    for question in ("How long are messages kept?", "Can I read my messages instead?"):
+    """No "it", and over five words (it does not refer back), but about the page: its own
+    words find chunks at min_score asked alone, and after the page the page answers it."""
+    for question in (
+        "How many messages can be stored at one time?",
+        "Can I read my messages instead?",
+    ):
+        alone = await run_turns(engine, [("user", question)])
+        engine.end_session(SESSION)
+        assert alone[0].hits
         results = await run_turns(
             engine, [("user", "How do I set up voicemail?"), ("user", question)]
         )
@@ -80,3 +86,21 @@ async def test_a_question_that_does_not_point_back_but_asks_about_the_page_is_an
         assert results[1].followup.used == "Voicemail"
         assert results[1].hits
         assert pages(results[1]) == {VOICEMAIL}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a turn folded with the recent exchange (no entity tracked) is not held to its own "
+    "words: the exchange's question carries the roaming chunks over min_score, and held to the "
+    "mean of both cosines two of them still pass (0.35, 0.31; bench/README.md, 'An honest "
+    "nothing after a topic')",
+)
+async def test_an_off_topic_question_after_an_exchange_gets_an_honest_nothing(
+    engine: Engine,
+) -> None:
+    results = await run_turns(
+        engine, [("user", "How much does roaming cost in Europe?"), ("user", OFF_TOPIC)]
+    )
+    engine.end_session(SESSION)
+    assert results[0].hits
+    assert results[1].hits == []
