@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.quality_conversations [--quick] [--sets dstc11,doc2dial,...]
                                         [--per-turn] [--data ../shared/data] [--out DIR]
                                         [--no-vector-cache] [--spoken SEED[,NAME_ERR[,FILLER]]]
+                                        [--spoken voxrecall-asr-N[,RARE_ERROR[,both|caller]]]
 
 Every dialogue is driven turn by turn through the real ``sidecar.turn.engine.Engine`` in-process
 (one session per dialogue; user turns as ``Speaker.USER``, agent turns as ``Speaker.AGENT``, in
@@ -20,7 +21,8 @@ Each figure is also given for the judged turns right after an agent question (th
 previous turn ends with "?"), where the content is often in that question. ``gold_top1``: how
 often the session's top-1 chunk is about the gold entity or page (its contextual prefix), and
 the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``),
-``bench.spoken`` (``dstc11-spoken``) and ``bench.topics`` (``topics``: stand-alone questions and
+``bench.spoken`` (``dstc11-spoken``; ``--spoken voxrecall-asr-N`` draws it through
+``bench.asr``'s second recogniser instead, both sides of a call heard) and ``bench.topics`` (``topics``: stand-alone questions and
 follow-ups in one session; ``topics-2``: another draw of them; ``topics-spoken``: that draw said
 aloud; ``topics-spoken-2``: a third draw, said aloud); ``cast`` is ``bench.quality_turns``' TREC CAsT rewrite closeness,
 reported beside them.
@@ -53,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import conversations, quality_turns, spoken, topics
+from bench import asr, conversations, quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue
 from bench.quality_turns import EVAL_BUDGET_MS, EVAL_DEPTH, Ranking, eval_config
 from bench.vector_cache import CachedEmbedder
@@ -95,6 +97,7 @@ class Scores:
         self.modes = {name: Ranking() for name in ("session", *BASELINES, ceiling)}
         self.skipped = 0
         self.degraded = 0
+        self.empty = 0  # searched, and nothing at or above min_score: an honest nothing or a miss
         self.gold_top1 = 0  # the session's top-1 chunk is about the gold entity or page
         self.gold_top1_hits = 0  # ... and the session's top 3 hold a relevant chunk
 
@@ -104,6 +107,7 @@ class Scores:
         out["session"] |= {
             "skipped": self.skipped,
             "degraded": self.degraded,
+            "empty": self.empty,
             "gold_top1": round(self.gold_top1 / n, 4) if n else None,
             "hit_at_3_when_gold_top1": (
                 round(self.gold_top1_hits / self.gold_top1, 4) if self.gold_top1 else None
@@ -186,6 +190,7 @@ class Runner:
                 bucket.modes[mode].add(paths, relevant)
             bucket.skipped += result.skipped is not Skip.NOT_SKIPPED
             bucket.degraded += result.degraded
+            bucket.empty += result.skipped is Skip.NOT_SKIPPED and not result.hits
             bucket.gold_top1 += on_gold
             bucket.gold_top1_hits += on_gold and any(p in relevant for p in ranked["session"][:3])
         if self.per_turn is not None:
@@ -228,6 +233,20 @@ async def score_set(cs: ConversationSet, engine: Engine, per_turn: bool = False)
 
 def dstc11_spoken(data_dir: Path, quick: bool, tiny: bool = False) -> ConversationSet:
     return spoken.spoken(conversations.dstc11(data_dir, quick, tiny))
+
+
+def dstc11_recognised(data_dir: Path, quick: bool, tiny: bool = False) -> ConversationSet:
+    return asr.recognised(conversations.dstc11(data_dir, quick, tiny))
+
+
+def redraw_spoken(spec: str) -> None:
+    """``--spoken``: a seed under ``asr.PREFIX`` measures ``dstc11-spoken`` through the second
+    recogniser (``bench.asr``, both sides of a call); any other is ``bench.spoken``'s redraw."""
+    if spec.startswith(asr.PREFIX):
+        asr.redraw(spec)
+        DIALOGUE_SETS["dstc11-spoken"] = dstc11_recognised
+    else:
+        spoken.redraw(spec)
 
 
 DIALOGUE_SETS: dict[str, Callable[[Path, bool, bool], ConversationSet]] = {
@@ -338,6 +357,7 @@ def summary_row(result: dict[str, Any]) -> dict[str, Any]:
         "afterq_best": after.get("best_naive", {}).get("hit_at_3"),
         "afterq_turns": after["session"]["turns"],
         "degraded": result["session"].get("degraded", 0),
+        "empty": result["session"].get("empty", 0),
     }
 
 
@@ -389,6 +409,7 @@ def topics_row(result: dict[str, Any]) -> dict[str, Any]:
         "alone_hit3": result["followup_alone_hit_at_3"],
         "joined_hit3": result["followup_joined_hit_at_3"],
         "followups": result["followups"],
+        "empty": result.get("empty_turns", 0),
     }
 
 
@@ -423,16 +444,24 @@ async def run(
 
 
 async def _run_cached(
-    data_dir: Path, quick: bool, sets: Sequence[str], per_turn: bool, cache: bool
+    data_dir: Path,
+    quick: bool,
+    sets: Sequence[str],
+    per_turn: bool,
+    cache: bool,
+    sidecar: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``run`` with the embedded model, its query vectors kept between runs when ``cache``."""
+    """``run`` with the embedded model, its query vectors kept between runs when ``cache``, and
+    ``sidecar`` over the evaluation's ``[sidecar]`` (``eval_config``)."""
     from index.embedders.local import LocalEmbedder
 
     embedder: Embedder = LocalEmbedder()
     if cache:
         embedder = CachedEmbedder(embedder, CachedEmbedder.default_path(embedder.info))
     try:
-        return await run(data_dir, quick, sets, per_turn=per_turn, embedder=embedder)
+        return await run(
+            data_dir, quick, sets, per_turn=per_turn, embedder=embedder, sidecar=sidecar
+        )
     finally:
         await embedder.aclose()
 
@@ -464,14 +493,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--spoken",
         metavar="SEED[,NAME_ERR[,FILLER]]",
-        help="draw the spoken set with another seed (and name-error and filler rates)",
+        help="draw the spoken set with another seed (and name-error and filler rates); a seed "
+        f"{asr.PREFIX}N draws it with the second recogniser (bench.asr)",
+    )
+    parser.add_argument(
+        "--min-score",
+        type=float,
+        default=0.0,
+        help="the sidecar's min_score for every set (0.0: the ranking alone, as the figures are "
+        "measured; 0.3 is the production default): what a threshold costs, and which turns "
+        "end with no hits ('empty')",
     )
     args = parser.parse_args(argv)
     if args.spoken:
-        spoken.redraw(args.spoken)
+        redraw_spoken(args.spoken)
     sets = tuple(s for s in args.sets.split(",") if s)
     result = asyncio.run(
-        _run_cached(args.data, args.quick, sets, args.per_turn, not args.no_vector_cache)
+        _run_cached(
+            args.data,
+            args.quick,
+            sets,
+            args.per_turn,
+            not args.no_vector_cache,
+            {"min_score": args.min_score} if args.min_score else None,
+        )
     )
     if "skipped" in result:
         return 0

@@ -61,6 +61,7 @@ from index.snapshot import FORMAT_VERSION, LoadedSnapshot
 from index.store import LocalStore
 from sidecar.config import parse_config
 from sidecar.turn.engine import Engine, SearchInput, TurnInput, TurnResult
+from sidecar.turn.skip import Skip
 
 SEED = "voxrecall-topics-1"
 SECOND_SEED = "voxrecall-topics-spoken-1"  # the second draw: other pairs and order
@@ -245,11 +246,13 @@ async def topic_quality(
     alone_followup, joined_followup = Tally(), Tally()
     changed: list[dict[str, str]] = []
     turns: list[dict[str, Any]] = []
+    empty = 0  # turns searched that found nothing at or above min_score
     for s, run in enumerate(runs):
         sid = f"topics-{name}-{s}"
         for i, asked in enumerate(run):
             result = await turn(sid, asked.text)
             hits = result.hits
+            empty += result.skipped is Skip.NOT_SKIPPED and not hits
             turns.append(_turn_row(s, asked, result))
             if asked.kind == "followup":
                 followup.add(asked.page in [h.chunk.source_path for h in hits[:3]])
@@ -281,6 +284,7 @@ async def topic_quality(
         "followup_alone_hit_at_3": alone_followup.share(),
         "followup_joined_hit_at_3": joined_followup.share(),
         "followups": followup.n,
+        "empty_turns": empty,
         "opener_hit_at_3": opener.share(),
         "sessions": len(runs),
         "chunks": len(snapshot.chunks),

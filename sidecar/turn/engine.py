@@ -368,7 +368,7 @@ class Engine:
             return plan.query, result
         depth = max(keep, FUSION_DEPTH)
         target = self._turn_scope(searcher, kb, req, depth, allowed)
-        folded, own = await self._searched_both(target, (plan.query, req.text), budget, embed)
+        folded, own, said = await self._searched_both(target, (plan.query, req.text), budget, embed)
         # the turn's own words' result is what the conversation's pages count
         _count_pages(session, own.hits, entity_of)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
@@ -376,6 +376,8 @@ class Engine:
         if not plan.alone:  # searched alone only to see whether it names its own topic
             found = _entity_lifted(folded, _pointed_at(plan), entity_of)
             return plan.query, _prior_lifted(found, prior, entity_of, keep)
+        if _name_alone(plan, own) and said is not None:
+            folded = _backed(searcher, folded, said, self.config.min_score, depth)
         return _combined(plan, req.text, folded, own, prior, entity_of, keep)
 
     async def _turn_search(
@@ -396,17 +398,18 @@ class Engine:
 
     async def _searched_both(
         self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
-    ) -> tuple[SearchResult, SearchResult]:
-        """A turn's two searches (the folded query, the turn alone), both queries embedded in
-        one embedder call: on the embedded model's one worker, two calls would run one after
-        the other, each with its own hand-off to the worker thread and back."""
+    ) -> tuple[SearchResult, SearchResult, Vectors | None]:
+        """A turn's two searches (the folded query, the turn alone) and the turn's own vector
+        (None when not embedded), both queries embedded in one embedder call: on the embedded
+        model's one worker, two calls would run one after the other, each with its own
+        hand-off to the worker thread and back."""
         start = time.perf_counter()
         vectors: Sequence[Vectors | None] = (None, None)
         if embed:
             vectors = await self.vectors.get_many(queries, budget.embed_deadline())
         embed_ms = (time.perf_counter() - start) * 1000.0
         first = self._rank(target, queries[0], vectors[0], embed_ms)
-        return first, self._rank(target, queries[1], vectors[1], embed_ms)
+        return first, self._rank(target, queries[1], vectors[1], embed_ms), vectors[1]
 
     def _turn_scope(
         self, searcher: Searcher, kb: str, req: TurnInput, limit: int, allowed: Allowed | None
@@ -974,6 +977,42 @@ def _stands_alone(folded: SearchResult, own: SearchResult, margin: float) -> boo
     top = folded.hits[0].chunk.chunk_id
     theirs = next((h.score for h in own.hits if h.chunk.chunk_id == top), own.hits[-1].score)
     return own.hits[0].chunk.chunk_id != top and own.hits[0].score - theirs >= margin
+
+
+def _name_alone(plan: followups.Plan, own: SearchResult) -> bool:
+    """Whether only the tracked name can have found the folded query's hits: the turn is folded
+    with an entity it does not point back at ("What is the capital of France?" after a page on
+    voicemail), and its own words, searched alone, find nothing at or above min_score."""
+    source = plan.followup.source
+    return (
+        source == followups.Source.ENTITY and not plan.refers and not own.hits and not own.degraded
+    )
+
+
+def _backed(
+    searcher: Searcher, folded: SearchResult, said: Vectors, min_score: float, depth: int
+) -> SearchResult:
+    """``folded`` less the hits the turn's own words do not back: a hit is kept when the mean of
+    its score and the turn's own cosine for its chunk reaches ``min_score`` (a chunk not among
+    the turn's top ``depth`` is given the last of them, the most it could have), as
+    ``_fused`` scores a chunk by both queries. The name alone rates its page's chunks high
+    whatever is asked; an off-topic question folded with it ("Voicemail: What is the capital
+    of France?") still clears the threshold on the name's words, where by both it does not, and
+    its answer is the honest nothing it gets asked alone. A question that does not point back
+    but asks about the page ("Can I pay by card?" after a hotel) has its own words near the
+    page's chunks, and keeps them."""
+    found = searcher.snapshot.search_dense(said, depth)
+    if not found:
+        return replace(folded, hits=[])
+    chunks = searcher.chunks
+    own = {chunks[label].chunk_id: score for label, score in found}
+    floor = found[-1][1]
+    kept = [
+        hit
+        for hit in folded.hits
+        if (hit.score + own.get(hit.chunk.chunk_id, floor)) / 2.0 >= min_score
+    ]
+    return replace(folded, hits=kept)
 
 
 def _about(folded: SearchResult, entity: str, entity_of: EntityOf) -> bool:

@@ -48,7 +48,8 @@ otherwise the candidates of both searches are ranked by the mean of their two co
 both the turn and the conversation point to wins (``Plan.alone``); one folded with an entity
 that does not refer back keeps its own result when its own words prefer another chunk by a
 wider margin, or when the folded query's best chunk is not the entity's (the name did not decide
-the answer, the turn's words did: ``sidecar.turn.engine``). A
+the answer, the turn's words did: ``sidecar.turn.engine``); where its own words find nothing at
+``min_score``, it keeps only the folded chunks they back too, and off the base nothing. A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":

@@ -1,0 +1,106 @@
+"""An honest nothing after a topic: a question off the base, asked right after a page the
+session tracks, gets no hits at the configured ``min_score``, as it does asked alone, while the
+turns that lean on the page are still answered from it.
+
+Through a real engine (``run_turns``) over the example help centre (``examples/kb``) with the
+embedded model and the production ``min_score`` (0.3): the README's promise, as a newcomer
+following it found it broken (the tracked name "Voicemail" folded into "What is the capital of
+France?" lifted three voicemail chunks to 0.38-0.42).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from index.embedders.base import Embedder
+from sidecar.config import Config
+from sidecar.turn.engine import Engine
+from sidecar.turn.followups import Source
+from tests.turns import SESSION, run_turns
+
+VOICEMAIL = "help-center:voicemail.md"
+OFF_TOPIC = "What is the capital of France?"
+
+
+@pytest.fixture
+async def engine(example_config: Config, local_embedder: Embedder) -> AsyncIterator[Engine]:
+    from sidecar.edge.server import create_server
+
+    sidecar = await create_server(example_config, embedder=local_embedder, poll=False)
+    yield sidecar.engine
+    await sidecar.stop(0.5)
+
+
+def pages(result: Any) -> set[str]:
+    return {f"{hit.chunk.source}:{hit.chunk.source_path}" for hit in result.hits}
+
+
+async def test_an_off_topic_question_after_a_tracked_page_gets_an_honest_nothing(
+    engine: Engine,
+) -> None:
+    assert engine.config.min_score == 0.3  # the production default, as examples/voxrecall.toml
+    alone = await run_turns(engine, [("user", OFF_TOPIC)])
+    assert alone[0].hits == []  # asked alone: nothing on the base
+    engine.end_session(SESSION)
+    results = await run_turns(
+        engine,
+        [
+            ("user", "How do I set up voicemail?"),
+            ("user", OFF_TOPIC),
+            ("user", "and how do I turn it on?"),
+            ("user", "how much does it cost?"),
+        ],
+    )
+    assert pages(results[0]) == {VOICEMAIL}
+    # the page is tracked, yet the question's own words find nothing: nor does the turn
+    assert results[1].hits == []
+    assert results[1].query == OFF_TOPIC
+    assert results[1].followup.used == ""
+    # the page stays tracked: the follow-ups that point back are answered from it
+    for result in results[2:]:
+        assert result.followup.source == Source.ENTITY
+        assert result.followup.used == "Voicemail"
+        assert result.hits
+        assert pages(result) == {VOICEMAIL}
+
+
+async def test_a_question_that_does_not_point_back_but_asks_about_the_page_is_answered(
+    engine: Engine,
+) -> None:
+    """No "it", and over five words (it does not refer back), but about the page: its own
+    words find chunks at min_score asked alone, and after the page the page answers it."""
+    for question in (
+        "How many messages can be stored at one time?",
+        "Can I read my messages instead?",
+    ):
+        alone = await run_turns(engine, [("user", question)])
+        engine.end_session(SESSION)
+        assert alone[0].hits
+        results = await run_turns(
+            engine, [("user", "How do I set up voicemail?"), ("user", question)]
+        )
+        engine.end_session(SESSION)
+        assert results[1].followup.used == "Voicemail"
+        assert results[1].hits
+        assert pages(results[1]) == {VOICEMAIL}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a turn folded with the recent exchange (no entity tracked) is not held to its own "
+    "words: the exchange's question carries the roaming chunks over min_score, and held to the "
+    "mean of both cosines two of them still pass (0.35, 0.31; bench/README.md, 'An honest "
+    "nothing after a topic')",
+)
+async def test_an_off_topic_question_after_an_exchange_gets_an_honest_nothing(
+    engine: Engine,
+) -> None:
+    results = await run_turns(
+        engine, [("user", "How much does roaming cost in Europe?"), ("user", OFF_TOPIC)]
+    )
+    engine.end_session(SESSION)
+    assert results[0].hits
+    assert results[1].hits == []
