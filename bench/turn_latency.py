@@ -105,6 +105,7 @@ class Sample:
 class Run:
     samples: list[Sample] = field(default_factory=list)
     reranked: list[bool] = field(default_factory=list)  # per turn: the reranker's order
+    answer: pb.TurnResponse | None = None  # the last searched turn's answer (bench.grpc_floor's)
 
 
 # -- the workload ----------------------------------------------------------------------------
@@ -232,6 +233,7 @@ def record(
 ) -> None:
     if resp.skipped == pb.NOT_SKIPPED:
         run.reranked.append(resp.rerank == pb.RERANKED)
+        run.answer = resp
     run.samples.append(
         Sample(
             server_ms=resp.timings.total_ms,
@@ -315,24 +317,48 @@ async def _run_scenario(
     scenario: Scenario, config: Config, calls: list[list[str]], rerank_port: int
 ) -> Run:
     proc, port = await start_sidecar(config, scenario.budget_ms, rerank_port)
-    run = Run()
-    gate = asyncio.Semaphore(CONCURRENCY)
-    caller = call_with_converse if scenario.converse else call_with_turns
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
-
-            async def one(i: int, turns: list[str]) -> None:
-                async with gate:
-                    await caller(stub, f"{scenario.name}-{i}", turns, scenario.budget_ms, run)
-
-            await one(-1, ["How do I open a new tab?"])  # warm-up: connections, model pages
-            run.samples.clear()
-            await asyncio.gather(*(one(i, turns) for i, turns in enumerate(calls)))
+        return await drive(port, scenario, calls)
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), timeout=30)
+
+
+async def drive(port: int, scenario: Scenario, calls: list[list[str]]) -> Run:
+    """The callers of ``calls`` against the server on ``port``, CONCURRENCY at once, paced as
+    spoken, after one warm-up turn."""
+    run = Run()
+    gate = asyncio.Semaphore(CONCURRENCY)
+    caller = call_with_converse if scenario.converse else call_with_turns
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+
+        async def one(i: int, turns: list[str]) -> None:
+            async with gate:
+                await caller(stub, f"{scenario.name}-{i}", turns, scenario.budget_ms, run)
+
+        await one(-1, ["How do I open a new tab?"])  # warm-up: connections, model pages
+        run.samples.clear()
+        await asyncio.gather(*(one(i, turns) for i, turns in enumerate(calls)))
     return run
+
+
+async def grpc_floor(answer: pb.TurnResponse, calls: list[list[str]], folder: Path = WORK) -> Run:
+    """The same callers against ``bench.grpc_floor`` answering ``answer`` (written into
+    ``folder``) at once: what gRPC itself costs a ``Turn`` at this pace (the client's time; no
+    server-side time to take off)."""
+    path = folder / "floor-answer.bin"
+    path.write_bytes(answer.SerializeToString())
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.grpc_floor", str(path), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(await asyncio.wait_for(proc.stdout.readline(), timeout=STARTUP_S))
+        return await drive(port, Scenario("grpc_floor", "local", 150, converse=False), calls)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=30)
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -541,7 +567,8 @@ DIY_ROUNDS = 3
 
 
 async def diy_rounds(quick: bool) -> dict[str, Any]:
-    """``--diy``: ``local_default`` and the DIY system over the same calls, DIY_ROUNDS times."""
+    """``--diy``: ``local_default``, gRPC's floor (``grpc_floor``) and the DIY system over the
+    same calls, in that order, DIY_ROUNDS times."""
     calls = workload(quick)
     config = write_config(WORK / "local", "local", 0)
     await asyncio.to_thread(build, config, "local")
@@ -550,7 +577,9 @@ async def diy_rounds(quick: bool) -> dict[str, Any]:
     for _ in range(DIY_ROUNDS):
         turn_run = await run_scenario(scenario, config, calls)
         summary = summarise(scenario, turn_run)
+        floor = await grpc_floor(turn_run.answer or pb.TurnResponse(), calls)
         rounds.append(against_diy(summary, turn_run, await run_diy(config, calls), calls))
+        rounds[-1].update(floor_beside(rounds[-1], floor))
         print(json.dumps(rounds[-1]), flush=True)
     ratios = sorted(r["turn_over_diy_p50"] for r in rounds)
     return {
@@ -559,6 +588,18 @@ async def diy_rounds(quick: bool) -> dict[str, Any]:
         "rounds": rounds,
         "median_turn_over_diy_p50": ratios[len(ratios) // 2],
         "load_average": os.getloadavg(),
+    }
+
+
+def floor_beside(round_: dict[str, Any], floor: Run) -> dict[str, Any]:
+    """gRPC's own cost of a call at this pace (``bench.grpc_floor``: the client's time to a
+    server answering at once) beside the RPC's share of a ``Turn`` in the same round: the share
+    above the floor is what the sidecar's own path outside ``timings.total_ms`` adds."""
+    measured = percentiles([x.client_ms for x in floor.samples])
+    rpc = round_["turn_rpc"]["p50_ms"]
+    return {
+        "grpc_floor": measured,
+        "turn_rpc_above_floor_p50_ms": round(rpc - measured["p50_ms"], 2),
     }
 
 
