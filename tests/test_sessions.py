@@ -241,6 +241,21 @@ def test_a_mention_s_name_counts_in_the_session_s_bytes() -> None:
     assert 1 <= len(session.turns) < RECENT_TURNS  # the oldest went to keep within the bytes
 
 
+def test_big_searches_go_before_the_turns_a_follow_up_reads() -> None:
+    """Over its bytes, a session drops its oldest retained searches first: a search of ten big
+    chunks weighs more than all its turns, and the turns are what the next follow-up reads."""
+    session = Session("s", context_turns=3, max_bytes=64 * 1024)
+    big = "chunk text " * 1500  # 16 kB
+    for k in range(3):
+        session.record_turn("user", f"question {k}")
+        session.retain(
+            Hit("kb", replace(decoded(k, j).chunk, text=big + str(j)), 0.5) for j in range(2)
+        )
+    assert session.size == session.measure() <= 64 * 1024
+    assert [said.text for said in session.turns] == ["question 0", "question 1", "question 2"]
+    assert len(session.retained) < 3
+
+
 def test_an_owner_over_its_quota_evicts_only_its_own_oldest() -> None:
     clock = Clock()
     quota = 3 * SESSION_BYTES + 40_000

@@ -2,8 +2,9 @@
 
 Sessions live in a bounded, expiring store: a session nobody ends is forgotten ``ttl_s`` after
 its last use, and memory stays bounded in bytes under any number of calls. A session keeps at
-most ``max_bytes`` (``[sidecar] max_session_bytes``): past that its oldest turns, then its oldest
-retained searches, are dropped. What it keeps is accounted as the bytes the session itself
+most ``max_bytes`` (``[sidecar] max_session_bytes``): past that its oldest retained searches,
+then its oldest turns, are dropped (a turn is what a follow-up reads; a search of big chunks
+weighs more than many turns). What it keeps is accounted as the bytes the session itself
 allocates: its turns' text, its mentions' names and its retained chunks' strings
 (``sys.getsizeof``, so 1 to 4 bytes a character), and a fixed cost per turn, per entity
 mention, per page the follow-ups count, per retained hit and chunk, and per session
@@ -171,7 +172,7 @@ class Session:
         return SESSION_BYTES + self._turn_bytes + self._page_bytes + self._hit_bytes
 
     def fit(self) -> None:
-        """Drop the oldest turns, then the oldest searches, past ``max_bytes`` (keeping the
+        """Drop the oldest searches, then the oldest turns, past ``max_bytes`` (keeping the
         newest of each); then tell the store what changed."""
         size = self._held()
         if self.max_bytes and size > self.max_bytes:
@@ -186,14 +187,14 @@ class Session:
         self._turn_bytes = sum(map(_said_bytes, self.turns))
 
     def _shrunk(self) -> int:
-        """Drop the oldest turns, then the oldest searches, until within ``max_bytes`` (the
+        """Drop the oldest searches, then the oldest turns, until within ``max_bytes`` (the
         newest of each stays); the bytes then held."""
         turns, retained = self.turns, self.retained
+        while len(retained) > 1 and self._held() > self.max_bytes:
+            self._hit_bytes -= _hits_bytes(retained.popleft())
         while len(turns) > 1 and self._held() > self.max_bytes:
             turns.popleft()
             self._count_turns()
-        while len(retained) > 1 and self._held() > self.max_bytes:
-            self._hit_bytes -= _hits_bytes(retained.popleft())
         return self._held()
 
     def _unread_only_of_turns(self) -> None:
