@@ -401,6 +401,31 @@ async def test_a_vapi_request_retried_as_it_was_gets_the_same_answer_at_the_text
     assert again.json() == first.json()
 
 
+async def test_a_vapi_retry_answers_what_its_request_was_answered_even_nothing(
+    store: Path, local_embedder: Embedder, secrets: None
+) -> None:
+    """A review: the retry answered the session's last kept search, which is an earlier turn's
+    when the retried turn found nothing (searches that find nothing are not kept), and a request
+    ending on the agent's message answered nothing but its retry the turn before's chunks."""
+    config = sidecar_config(store, auth=AUTH, http=HTTP, min_score=0.45)
+    async with running(config, local_embedder) as sc:
+        asked = [GREETING, {"role": "user", "content": "How do I export my data?"}]
+        off_topic = [
+            *asked,
+            {"role": "bot", "message": "Is there anything else I can help with?"},
+            {"role": "user", "content": "Who won the football world cup in 1998?"},
+        ]
+        header = {SESSION_HEADER: "retry-nothing"}
+        assert (await vapi(sc, asked, **header)).json()["documents"]
+        first, again = [await vapi(sc, off_topic, **header) for _ in range(2)]
+        assert first.json() == again.json() == {"documents": []}
+        answered = [*off_topic, {"role": "bot", "message": "France won it."}]
+        header = {SESSION_HEADER: "retry-after-the-agent"}
+        await vapi(sc, asked, **header)
+        first, again = [await vapi(sc, answered[:2] + answered[-1:], **header) for _ in range(2)]
+        assert first.json() == again.json() == {"documents": []}
+
+
 async def test_a_vapi_call_sequence_resolves_the_follow_up_and_feeds_each_message_once(
     sidecar: Sidecar,
 ) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from index.types import Chunk
+from sidecar.edge.messages import _encoded
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.turn.sessions import (
@@ -254,6 +255,21 @@ def test_big_searches_go_before_the_turns_a_follow_up_reads() -> None:
     assert session.size == session.measure() <= 64 * 1024
     assert [said.text for said in session.turns] == ["question 0", "question 1", "question 2"]
     assert len(session.retained) < 3
+
+
+def test_a_search_s_drop_takes_off_what_it_added_though_its_strings_grew() -> None:
+    """A review: a non-ASCII str grows once its UTF-8 form is made (a Turn response makes it), so
+    a search measured again at its drop took off more than it added: a session's bytes fell
+    below zero within 12 turns. Each search's bytes are kept as counted."""
+    session = Session("x", context_turns=3, max_bytes=65536)
+    for turn in range(12):
+        hits = [decoded(turn, j) for j in range(3)]
+        hits = [Hit("kb", replace(h.chunk, text="Réponse numéro " * 200), 0.5) for h in hits]
+        session.retain(hits)
+        for h in hits:
+            h.chunk.text.encode()  # what encoding a response does to the str
+            _encoded("kb", h.chunk)
+        assert 0 < session.size == session.measure() <= 65536
 
 
 def test_an_owner_over_its_quota_evicts_only_its_own_oldest() -> None:

@@ -91,6 +91,18 @@ def test_the_tables_stop_at_their_bytes_limit() -> None:
     sounds = SoundNames.of(names, FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, len(names))
     assert 0 < len(sounds) < len(names)
     assert sounds.nbytes <= MAX_TABLE_BYTES
+    # the cheapest names first, whatever their order: a review found the names kept in one
+    # order and its reverse had none in common, and costly names early shut out cheap ones
+    cheap = [f"{name.split()[0][:6]} drive" for name in names[:50]]
+    costly = names[: MAX_NAMES - len(cheap)]
+    forward = SoundNames.of(
+        [*costly, *cheap], FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, MAX_NAMES
+    )
+    backward = SoundNames.of(
+        [*cheap, *reversed(costly)], FUNCTION_WORDS_EN, frozenset(), FILLERS_EN, MAX_NAMES
+    )
+    assert forward._names == backward._names
+    assert all(name in forward._names for name in cheap)
     assert (
         sounds.find(tokens(names[0].replace(" ", " uh "))).mentions() == ()
     )  # written: gazetteer's

@@ -127,12 +127,14 @@ def _words(message: Any) -> tuple[str | None, str | None]:
 
 @dataclass(slots=True)
 class Fed:
-    """What a call's session has been fed: how many messages, their digest, and the query of
-    its last searched user turn (a request repeated as it was is answered with it again)."""
+    """What a call's session has been fed: how many messages, their digest, the query of its
+    last searched user turn, and the chunks the last request was answered with (a request
+    repeated as it was is answered with them again)."""
 
     count: int
     digest: bytes
     query: str = ""
+    answer: tuple[str, ...] = ()  # the chunk ids of the last answer, in order
 
 
 class Conversations:
@@ -140,7 +142,8 @@ class Conversations:
     again (every request carries the whole call) is fed once. Bounded like the sessions: as
     many calls as ``max_sessions``, each forgotten ``session_ttl_s`` after its last request;
     an entry is its key (a caller name and a call id of at most ``NAME_BYTES``, checked before
-    it is kept), 24 bytes and one query (the turn's as searched: the turn and what was folded in)."""
+    it is kept), 24 bytes, one query (the turn's as searched: the turn and what was folded in) and
+    the ids of at most ``max_results`` chunks."""
 
     def __init__(self, max_calls: int, ttl_s: float) -> None:
         self._fed: TTLCache[tuple[str, str], Fed] = TTLCache(max_calls, ttl_s)
@@ -152,9 +155,9 @@ class Conversations:
         again would repeat turns."""
         digests = list(_digests(messages))
         before = self._fed.get(key)
-        fed = Fed(len(messages), digests[-1], before.query if before is not None else "")
         if before is None:
-            return messages, fed
+            return messages, Fed(len(messages), digests[-1])
+        fed = Fed(len(messages), digests[-1], before.query, before.answer)
         if before.count <= len(messages) and digests[before.count] == before.digest:
             return messages[before.count :], fed
         return messages[-1:], fed
@@ -406,16 +409,23 @@ class Webhooks:
             result = await self._turn(call, call_id, turn)
             if turn.speaker == Speaker.USER and i == len(said) - 1:
                 hits, fed.query = result.hits, result.query
+        if fresh:
+            fed.answer = tuple(hit.chunk.chunk_id for hit in hits)
         self.conversations.fed(key, fed)
-        if not fresh and fed.query:  # the same request again (a retry): the same answer
-            hits = self._last_answer(call_id) or await self._searched_again(fed.query)
+        if not fresh:  # the same request again (a retry): the same answer
+            hits = await self._answered_again(call_id, fed)
         return 200, orjson.dumps({"documents": _documents(hits)}), []
 
-    def _last_answer(self, call_id: str) -> Sequence[Hit]:
-        """The hits the call's session kept of its last searched turn: what the request
-        retried was answered with (none once the session has gone)."""
+    async def _answered_again(self, call_id: str, fed: Fed) -> Sequence[Hit]:
+        """What the request retried was answered with: nothing, or the search the call's
+        session kept of it, or (the session gone, or the search dropped) its query again."""
+        if not fed.answer:
+            return ()
         session = self.engine.sessions.peek(call_id)
-        return session.retained[-1] if session is not None and session.retained else ()
+        for hits in reversed(session.retained if session is not None else ()):
+            if tuple(hit.chunk.chunk_id for hit in hits) == fed.answer:
+                return hits
+        return await self._searched_again(fed.query)
 
     async def _searched_again(self, query: str) -> Sequence[Hit]:
         """The last searched query again, for a call whose session has gone: a folded query

@@ -281,7 +281,7 @@ class QueryEmbedder:
                 if entry is not None and entry[0] is t:
                     del self._inflight[query]
                 if vectors is not None:
-                    self._cache[query] = vectors[row]
+                    self._cache[query] = vectors[row].copy()  # not a view of them all
 
         task.add_done_callback(done)
         return task

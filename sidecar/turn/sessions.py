@@ -108,9 +108,13 @@ class Session:
     # made, so a turn is counted as it is now, as ``measure`` does), and ``retained``'s
     _turn_bytes: int = field(default=0, init=False, repr=False)
     _hit_bytes: int = field(default=0, init=False, repr=False)
+    # each retained search's bytes as counted when it was retained (a chunk's strings grow once
+    # a response encodes them: what a search added is what its drop takes off)
+    _counted: deque[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.retained = deque(maxlen=max(1, self.context_turns))
+        self._counted = deque(maxlen=self.retained.maxlen)
         self._count_turns()
         self.size = self.measure()
 
@@ -152,18 +156,19 @@ class Session:
     def retain(self, hits: Iterable[Hit]) -> None:
         hits = tuple(hits)
         if hits:
-            retained = self.retained
-            if len(retained) == retained.maxlen:  # the append drops the oldest
-                self._hit_bytes -= _hits_bytes(retained[0])
-            retained.append(hits)
-            self._hit_bytes += _hits_bytes(hits)
+            counted = _hits_bytes(hits)
+            if len(self._counted) == self._counted.maxlen:  # the appends drop the oldest
+                self._hit_bytes -= self._counted[0]
+            self.retained.append(hits)
+            self._counted.append(counted)
+            self._hit_bytes += counted
             self.fit()
 
     def measure(self) -> int:
         """The bytes the session keeps, as accounted (the module docstring says how), counted
         anew; ``fit`` keeps the same sum as the session changes (``_held``)."""
         turns = sum(map(_said_bytes, self.turns))
-        hits = sum(map(_hits_bytes, self.retained))
+        hits = sum(self._counted)
         return SESSION_BYTES + turns + self._page_bytes + hits
 
     def _held(self) -> int:
@@ -191,7 +196,8 @@ class Session:
         newest of each stays); the bytes then held."""
         turns, retained = self.turns, self.retained
         while len(retained) > 1 and self._held() > self.max_bytes:
-            self._hit_bytes -= _hits_bytes(retained.popleft())
+            retained.popleft()
+            self._hit_bytes -= self._counted.popleft()
         while len(turns) > 1 and self._held() > self.max_bytes:
             turns.popleft()
             self._count_turns()
@@ -226,15 +232,21 @@ def _said_bytes(said: Said) -> int:
 
 def _hits_bytes(hits: tuple[Hit, ...]) -> int:
     """A retained search's share of a session's bytes: each hit, and its chunk whole."""
-    return sum(HIT_BYTES + _chunk_bytes(hit.chunk) for hit in hits)
+    return sum([HIT_BYTES + _chunk_bytes(hit.chunk) for hit in hits])
 
 
 def _chunk_bytes(chunk: Chunk) -> int:
     """A decoded chunk's strings and metadata (its source name is the table's, shared)."""
-    strings = (chunk.chunk_id, chunk.source_path, chunk.title, chunk.text, chunk.embed_text)
     size = sys.getsizeof
-    held = sum(map(size, strings)) + size(chunk.url) + sum(map(size, chunk.breadcrumbs))
-    return CHUNK_BYTES + held + sum(size(k) + _value_bytes(v) for k, v in chunk.metadata.items())
+    held = (
+        size(chunk.chunk_id) + size(chunk.source_path) + size(chunk.title) + size(chunk.text)
+        + size(chunk.embed_text) + size(chunk.url) + CHUNK_BYTES
+    )  # fmt: skip
+    for crumb in chunk.breadcrumbs:
+        held += size(crumb)
+    if chunk.metadata:
+        held += sum([size(k) + _value_bytes(v) for k, v in chunk.metadata.items()])
+    return held
 
 
 def _value_bytes(value: MetaValue) -> int:

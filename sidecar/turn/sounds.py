@@ -30,6 +30,7 @@ builder's, so what they cost at load is bounded whatever they are.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +40,8 @@ from itertools import combinations
 
 from index.entities import tokens
 from sidecar.turn.sessions import Mention
+
+log = logging.getLogger(__name__)
 
 # A name heard is weaker than any the gazetteer matches (index.entities.WEAK_CONFIDENCE, 0.25):
 # it is never the turn's topic until the turn's own search confirms it.
@@ -284,15 +287,22 @@ class SoundNames:
         kept: dict[str, tuple[str, ...]] = {}
         if count > MAX_NAMES:
             return cls(kept, skipped, function_words)
-        spent = 0
+        costed = []
         for name in names:
             ws = tuple(w for w in tokens(name) if w not in function_words and w not in shared)
             keys = [sound_key(w) for w in ws]
             if _heard_by_ear(keys):
-                spent += _table_cost(keys)
-                if spent > MAX_TABLE_BYTES:
-                    break
-                kept[name] = ws
+                costed.append((_table_cost(keys), name, ws))
+        spent = 0
+        for cost, name, ws in sorted(costed):  # the cheapest first, whatever the names' order
+            spent += cost
+            if spent > MAX_TABLE_BYTES:
+                log.warning(
+                    "%d of %d names are not heard by their sound: their tables would pass %d MiB",
+                    len(costed) - len(kept), len(costed), MAX_TABLE_BYTES >> 20,
+                )  # fmt: skip
+                break
+            kept[name] = ws
         return cls(kept, skipped, function_words, _loosely(shared))
 
     def __len__(self) -> int:
