@@ -10,19 +10,39 @@ Every chunk's text is a verbatim slice of the page text, so Markdown is kept as 
 Whatever the structure, no chunk's text is over ``MAX_CHUNK_BYTES`` (UTF-8): a larger one (a
 huge table or code block, or a "word" of megabytes, which counts as one token) is cut into
 consecutive slices, at a line break where there is one.
+
+Every other string a chunk carries is cut to what the sidecar reads of it (``index/tables.py``
+cuts a snapshot's strings to these caps as it reads them): each breadcrumb and the title at
+``MAX_FIELD_BYTES``, the contextual prefix of ``embed_text`` within the same field, the
+metadata within ``MAX_META_BYTES`` and ``MAX_META_STRINGS``. A chunk is then its text plus a
+constant, however long a page's headings, title or frontmatter: a heading of megabytes was
+copied into every chunk of its section (quadratic in the page), and the build wrote what the
+reader threw away. A page with more than ``MAX_PAGE_HEADINGS`` headings or ``MAX_PAGE_CHUNKS``
+chunks is refused whole (``PageOverLimit``, the build skips it with the reason).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from types import MappingProxyType
 
-from index.types import Chunk, Page
+from index.errors import SourceError
+from index.types import Chunk, MetaValue, Page, meta_values
 
-__all__ = ["ChunkOptions", "Heading", "chunk_page", "count_tokens", "markdown_headings"]
+__all__ = [
+    "ChunkOptions",
+    "Heading",
+    "PageOverLimit",
+    "bounded",
+    "chunk_page",
+    "count_tokens",
+    "first_h1",
+    "markdown_headings",
+]
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _ATX_RE = re.compile(r" {0,3}(#{1,6})(?=[ \t]|$)(.*)")
@@ -40,6 +60,26 @@ _NON_SPACE_RE = re.compile(r"\S+")
 # an answer is at most [sidecar] max_message_bytes (4 MiB by default): a 4 MB table kept whole
 # failed every Turn that found it, and the session's next turns too. 50 results of 32 KiB fit.
 MAX_CHUNK_BYTES = 32 * 1024
+# What a snapshot's reader keeps of a chunk's other strings (index/tables.py), and so what the
+# chunker writes: each breadcrumb, the title (and the id, path, URL, metadata strings) at
+# MAX_FIELD_BYTES (PATH_MAX; a sitemap's URLs are at most 2,048 characters), the metadata's
+# entries while their strings stay within MAX_META_BYTES and MAX_META_STRINGS together.
+MAX_FIELD_BYTES = 4096
+MAX_META_BYTES = 16 * 1024
+MAX_META_STRINGS = 64
+# A page's sections and chunks are held at once, and each chunk is a vector and a row of every
+# table: "## h\n" on every line of an 8 MiB page was 1.7 million headings (14 s, 724 MB, to yield
+# no chunk), "## hN\nwN\n" 524,032 chunks of 7 bytes. The real pages measured are 100 times below
+# both (the most: rclone's s3.md, 183 headings; its changelog.md, 454 chunks: bench/README.md,
+# "Pages bounded"). An 8 MiB page of prose is ~6,000 chunks of 256 tokens, of punctuation ~33,000.
+MAX_PAGE_HEADINGS = 20_000
+MAX_PAGE_CHUNKS = 50_000
+_CRUMB_JOIN = " > "
+_PREFIX_GAP = "\n\n"  # between embed_text's prefix and the text: the prefix is a field with it
+
+
+class PageOverLimit(SourceError):
+    """A page with more headings or chunks than a page may have; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -154,13 +194,18 @@ def _fence_end(texts: Sequence[str], i: int, hi: int, fence: tuple[str, int]) ->
 
 def markdown_headings(text: str) -> list[Heading]:
     """Every ATX heading of a Markdown text that is not inside fenced code, in order."""
-    return _headings(_Lines(text))
+    return list(_headings(_Lines(text).texts))
 
 
-def _headings(lines: _Lines) -> list[Heading]:
-    out: list[Heading] = []
+def first_h1(text: str) -> str:
+    """The title of a Markdown text's first H1 that has one, else "": found without holding
+    the headings before it (a page of a million of them)."""
+    return next((h.title for h in _headings(_Lines(text).texts) if h.level == 1 and h.title), "")
+
+
+def _headings(texts: Sequence[str]) -> Iterator[Heading]:
     fence: tuple[str, int] | None = None
-    for i, line in enumerate(lines.texts):
+    for i, line in enumerate(texts):
         if fence is not None:
             if _fence_closes(line, fence):
                 fence = None
@@ -170,7 +215,19 @@ def _headings(lines: _Lines) -> list[Heading]:
             continue
         h = _atx(line)
         if h is not None:
-            out.append(Heading(h[0], h[1], i))
+            yield Heading(h[0], h[1], i)
+
+
+def _page_headings(lines: _Lines) -> list[Heading]:
+    """The page's headings; raises PageOverLimit past MAX_PAGE_HEADINGS, holding no more."""
+    out: list[Heading] = []
+    for heading in _headings(lines.texts):
+        if len(out) == MAX_PAGE_HEADINGS:
+            raise PageOverLimit(
+                f"more than {MAX_PAGE_HEADINGS:,} headings, over MAX_PAGE_HEADINGS (a page "
+                "of headings a line or two apart): split the page to index it"
+            )
+        out.append(heading)
     return out
 
 
@@ -452,28 +509,33 @@ def _norm(title: str) -> str:
 
 
 def _sections(page: Page, lines: _Lines, levels: int) -> list[tuple[tuple[str, ...], int, int]]:
-    """(breadcrumbs, first body line, one past the last body line) of each heading section."""
-    base: tuple[str, ...] = (page.title,) if page.title else ()
+    """(breadcrumbs, first body line, one past the last body line) of each heading section.
+
+    Each breadcrumb is cut at MAX_FIELD_BYTES once here; the sections of a heading share one
+    tuple of them, however many chunks they make."""
+    title = bounded(page.title, MAX_FIELD_BYTES)
+    base: tuple[str, ...] = (title,) if title else ()
     n = len(lines.texts)
     if page.kind != "markdown":
         return [(base, 0, n)]
     sections: list[tuple[tuple[str, ...], int, int]] = []
     stack: dict[int, str] = {}
     crumbs, body_lo = base, 0
-    headings = _headings(lines)
+    headings = _page_headings(lines)
     # The page's first H1 is its own heading: the title stands for it in the breadcrumbs, even
     # when the two are worded differently ("Panes in Windows Terminal" vs "Windows Terminal Panes").
-    first_h1 = next((h.title for h in headings if h.level == 1), None)
+    first = next((h.title for h in headings if h.level == 1), None)
+    first_h1 = bounded(first, MAX_FIELD_BYTES) if first is not None else None
     for h in headings:
         if h.level > levels:
             continue
         sections.append((crumbs, body_lo, h.line))
         stack = {lvl: t for lvl, t in stack.items() if lvl < h.level}
-        stack[h.level] = h.title
+        stack[h.level] = bounded(h.title, MAX_FIELD_BYTES)
         trail = [
             t
             for lvl, t in sorted(stack.items())
-            if t and not (lvl == 1 and (_norm(t) == _norm(page.title) or t == first_h1))
+            if t and not (lvl == 1 and (_norm(t) == _norm(title) or t == first_h1))
         ]
         crumbs, body_lo = base + tuple(trail), h.line + 1
     sections.append((crumbs, body_lo, n))
@@ -493,12 +555,16 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
     Breadcrumbs are the page title followed by the headings above the section (the page's first
     H1, and any H1 equal to the title, are not repeated). ``embed_text`` is ``page.context`` (or the breadcrumbs joined with
     " > ") followed by a blank line and the text. Identical chunks of one page get ids suffixed
-    "-2", "-3", ... in page order.
+    "-2", "-3", ... in page order. The title, each breadcrumb, the prefix and the metadata are
+    cut to the reader's caps (the module's docstring). Raises PageOverLimit for a page of more
+    than MAX_PAGE_HEADINGS headings or MAX_PAGE_CHUNKS chunks.
     """
     text = page.text
     markdown = page.kind == "markdown"
     lines = _Lines(text)
     splitter = _Splitter(text, lines, options.target_tokens)
+    title = bounded(page.title, MAX_FIELD_BYTES)
+    metadata = bounded_metadata(page.metadata)
     chunks: list[Chunk] = []
     seen: dict[str, int] = {}
     for crumbs, lo, hi in _sections(page, lines, options.heading_levels):
@@ -506,9 +572,14 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
         units = list(splitter.units(blocks))
         if not units:
             continue
-        prefix = page.context or " > ".join(crumbs)
+        prefix = _prefix(page.context or _CRUMB_JOIN.join(crumbs))
         for a, b in _pack(units, options.target_tokens, options.overlap_tokens):
             for start, end in _within_bytes(text, units[a].start, units[b - 1].end):
+                if len(chunks) == MAX_PAGE_CHUNKS:
+                    raise PageOverLimit(
+                        f"more than {MAX_PAGE_CHUNKS:,} chunks, over MAX_PAGE_CHUNKS: split "
+                        "the page (or raise the base's target_tokens) to index it"
+                    )
                 body = text[start:end]
                 cid = _chunk_id(page, crumbs, body)
                 count = seen.get(cid, 0) + 1
@@ -518,15 +589,52 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
                         chunk_id=cid if count == 1 else f"{cid}-{count}",
                         source=page.source,
                         source_path=page.source_path,
-                        title=page.title,
+                        title=title,
                         breadcrumbs=crumbs,
                         text=body,
-                        embed_text=f"{prefix}\n\n{body}" if prefix else body,
+                        embed_text=f"{prefix}{_PREFIX_GAP}{body}" if prefix else body,
                         url=page.url,
-                        metadata=page.metadata,
+                        metadata=metadata,
                     )
                 )
     return chunks
+
+
+def _prefix(context: str) -> str:
+    """``embed_text``'s prefix: with the blank line after it, one field (MAX_FIELD_BYTES)."""
+    return bounded(context, MAX_FIELD_BYTES - len(_PREFIX_GAP))
+
+
+def bounded(text: str, cap: int) -> str:
+    """``text`` within ``cap`` bytes (UTF-8), cut at a character when over."""
+    if len(text) <= cap // 4:  # within it whatever the characters are
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= cap:
+        return text
+    return data[:cap].decode("utf-8", "ignore")
+
+
+def bounded_metadata(metadata: Mapping[str, MetaValue]) -> Mapping[str, MetaValue]:
+    """``metadata`` as the reader keeps it (index/tables.py): each key and string cut at
+    MAX_FIELD_BYTES, entries in order while their strings stay within MAX_META_STRINGS, and
+    those within what is left of MAX_META_BYTES (an entry over it is left out, the ones after
+    it still looked at). The mapping itself when it is within every cap, as nearly all are."""
+    out: dict[str, MetaValue] = {}
+    budget, strings = MAX_META_BYTES, MAX_META_STRINGS
+    for key, value in metadata.items():
+        values = meta_values(value)
+        if 1 + len(values) > strings:
+            break
+        strings -= 1 + len(values)
+        cut = [bounded(s, MAX_FIELD_BYTES) for s in (key, *values)]
+        size = sum(len(s.encode("utf-8", "surrogatepass")) for s in cut)
+        if size <= budget:
+            out[cut[0]] = cut[1] if isinstance(value, str) else tuple(cut[1:])
+            budget -= size
+    if len(out) == len(metadata) and all(out.get(k) == v for k, v in metadata.items()):
+        return metadata
+    return MappingProxyType(out)
 
 
 def _within_bytes(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:

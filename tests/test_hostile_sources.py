@@ -246,6 +246,18 @@ def test_a_page_over_max_page_bytes_is_skipped_with_the_reason(tmp_path: Path) -
     assert {c.source_path for c in snap.chunks} == {"billing.md"}
 
 
+def test_a_page_of_too_many_headings_is_skipped_with_the_limit_named(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path)
+    (docs / "headings.md").write_text("## h\n" * 20_001)  # 100 kB: no chunk, 20,001 sections
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {
+        "headings.md": "more than 20,000 headings, over MAX_PAGE_HEADINGS (a page of headings "
+        "a line or two apart): split the page to index it"
+    }
+    assert (summary.pages, summary.chunks) == (1, 1)
+    assert set(snap.pages) == {page_key("markdown", "billing.md")}
+
+
 def test_the_default_limit_skips_a_page_of_more_than_8_mib(tmp_path: Path) -> None:
     docs = docs_folder(tmp_path, "texts")
     (docs / "ok.txt").write_text("Fine\n\nA page of text.\n")

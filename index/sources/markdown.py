@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import yaml
 
-from index.chunker import markdown_headings
+from index.chunker import first_h1
 from index.errors import SourceError
 from index.sources import SkippedPage
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
@@ -167,12 +167,7 @@ def metadata_entry(value: object) -> MetaValue:
 
 def _title(frontmatter: Mapping[str, object], body: str, path: Path) -> str:
     title = metadata_value(frontmatter.get("title")).strip()
-    if title:
-        return title
-    for heading in markdown_headings(body):
-        if heading.level == 1 and heading.title:
-            return heading.title
-    return path.stem
+    return title or first_h1(body) or path.stem
 
 
 def load_markdown(
