@@ -12,13 +12,14 @@ huge table or code block, or a "word" of megabytes, which counts as one token) i
 consecutive slices, at a line break where there is one.
 
 Every other string a chunk carries is cut to what the sidecar reads of it (``index/tables.py``
-cuts a snapshot's strings to these caps as it reads them): each breadcrumb and the title at
-``MAX_FIELD_BYTES``, the contextual prefix of ``embed_text`` within the same field, the
+cuts a snapshot's strings to these caps as it reads them): each breadcrumb, the title and the
+URL at ``MAX_FIELD_BYTES``, the contextual prefix of ``embed_text`` within the same field, the
 metadata within ``MAX_META_BYTES`` and ``MAX_META_STRINGS``. A chunk is then its text plus a
 constant, however long a page's headings, title or frontmatter: a heading of megabytes was
 copied into every chunk of its section (quadratic in the page), and the build wrote what the
 reader threw away. A page with more than ``MAX_PAGE_HEADINGS`` headings or ``MAX_PAGE_CHUNKS``
-chunks is refused whole (``PageOverLimit``, the build skips it with the reason).
+chunks, or a path (its key, not cut) over ``MAX_FIELD_BYTES``, is refused whole
+(``PageOverLimit``, the build skips it with the reason).
 """
 
 from __future__ import annotations
@@ -573,15 +574,18 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
     Breadcrumbs are the page title followed by the headings above the section (the page's first
     H1, and any H1 equal to the title, are not repeated). ``embed_text`` is ``page.context`` (or the breadcrumbs joined with
     " > ") followed by a blank line and the text. Identical chunks of one page get ids suffixed
-    "-2", "-3", ... in page order. The title, each breadcrumb, the prefix and the metadata are
-    cut to the reader's caps (the module's docstring). Raises PageOverLimit for a page of more
-    than MAX_PAGE_HEADINGS headings or MAX_PAGE_CHUNKS chunks.
+    "-2", "-3", ... in page order. The title, URL, each breadcrumb, the prefix and the metadata
+    are cut to the reader's caps (the module's docstring). Raises PageOverLimit for a page of
+    more than MAX_PAGE_HEADINGS headings or MAX_PAGE_CHUNKS chunks, or whose path is over
+    MAX_FIELD_BYTES.
     """
+    _check_path(page.source_path)
     text = page.text
     markdown = page.kind == "markdown"
     lines = _Lines(text)
     splitter = _Splitter(text, lines, options.target_tokens)
     title = bounded(page.title, MAX_FIELD_BYTES)
+    url = bounded(page.url, MAX_FIELD_BYTES)
     metadata = bounded_metadata(page.metadata)
     chunks: list[Chunk] = []
     seen: dict[str, int] = {}
@@ -611,11 +615,24 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
                         breadcrumbs=crumbs,
                         text=body,
                         embed_text=f"{prefix}{_PREFIX_GAP}{body}" if prefix else body,
-                        url=page.url,
+                        url=url,
                         metadata=metadata,
                     )
                 )
     return chunks
+
+
+def _check_path(path: str) -> None:
+    """Raise PageOverLimit for a path over MAX_FIELD_BYTES (a record's id, a folder nested
+    deep): it is the key of the page and of each chunk's, so it is refused, not cut (a cut key
+    finds no page), and never written into every chunk for the reader to cut."""
+    if len(path) <= MAX_FIELD_BYTES // 4:
+        return
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if size > MAX_FIELD_BYTES:
+        raise PageOverLimit(
+            f"a path (or record id) of {size:,} bytes, over MAX_FIELD_BYTES ({MAX_FIELD_BYTES:,})"
+        )
 
 
 def _prefix(context: str) -> str:

@@ -670,3 +670,12 @@ def test_a_page_of_more_chunks_than_a_page_may_have_is_refused() -> None:
     with pytest.raises(SourceError, match="over MAX_PAGE_CHUNKS"):
         chunk_page(page_of("w " * 50_001, kind="text"), one_each)
     assert len(chunk_page(page_of("w " * 50_000, kind="text"), one_each)) == 50_000
+
+
+def test_a_long_url_is_cut_and_a_long_path_refused() -> None:
+    [chunk] = chunk_page(page_of("Some text.", url="https://x/" + "a" * 10_000))
+    assert chunk.url == ("https://x/" + "a" * 10_000)[:MAX_FIELD_BYTES]
+    long_id = Page("records", "r" * (MAX_FIELD_BYTES + 1), "T", "Some text.", kind="text")
+    with pytest.raises(SourceError, match="over MAX_FIELD_BYTES"):
+        chunk_page(long_id)
+    assert chunk_page(Page("records", "r" * MAX_FIELD_BYTES, "T", "Some text.", kind="text"))
