@@ -81,7 +81,8 @@ _PREFIX_GAP = "\n\n"  # between embed_text's prefix and the text: the prefix is 
 
 
 class PageOverLimit(SourceError):
-    """A page with more headings or chunks than a page may have; the message says which."""
+    """A page with more headings or chunks than a page may have, or a path longer than a field
+    may be; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -527,12 +528,14 @@ def _norm(title: str) -> str:
     return " ".join(title.split()).casefold()
 
 
-def _sections(page: Page, lines: _Lines, levels: int) -> list[tuple[tuple[str, ...], int, int]]:
-    """(breadcrumbs, first body line, one past the last body line) of each heading section.
+def _sections(
+    page: Page, title: str, lines: _Lines, levels: int
+) -> list[tuple[tuple[str, ...], int, int]]:
+    """(breadcrumbs, first body line, one past the last body line) of each heading section;
+    ``title`` is the page's, cut.
 
-    Each breadcrumb is cut at MAX_FIELD_BYTES once here; the sections of a heading share one
-    tuple of them, however many chunks they make."""
-    title = bounded(page.title, MAX_FIELD_BYTES)
+    Each breadcrumb is cut at MAX_FIELD_BYTES once here; the chunks of a section share one tuple
+    of them, however many they are."""
     base: tuple[str, ...] = (title,) if title else ()
     n = len(lines.texts)
     if page.kind != "markdown":
@@ -544,7 +547,7 @@ def _sections(page: Page, lines: _Lines, levels: int) -> list[tuple[tuple[str, .
     # The page's first H1 is its own heading: the title stands for it in the breadcrumbs, even
     # when the two are worded differently ("Panes in Windows Terminal" vs "Windows Terminal Panes").
     first = next((h.title for h in headings if h.level == 1), None)
-    first_h1 = bounded(first, MAX_FIELD_BYTES) if first is not None else None
+    h1 = bounded(first, MAX_FIELD_BYTES) if first is not None else None
     for h in headings:
         if h.level > levels:
             continue
@@ -554,7 +557,7 @@ def _sections(page: Page, lines: _Lines, levels: int) -> list[tuple[tuple[str, .
         trail = [
             t
             for lvl, t in sorted(stack.items())
-            if t and not (lvl == 1 and (_norm(t) == _norm(title) or t == first_h1))
+            if t and not (lvl == 1 and (_norm(t) == _norm(title) or t == h1))
         ]
         crumbs, body_lo = base + tuple(trail), h.line + 1
     sections.append((crumbs, body_lo, n))
@@ -589,7 +592,7 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
     metadata = bounded_metadata(page.metadata)
     chunks: list[Chunk] = []
     seen: dict[str, int] = {}
-    for crumbs, lo, hi in _sections(page, lines, options.heading_levels):
+    for crumbs, lo, hi in _sections(page, title, lines, options.heading_levels):
         blocks = _parse_blocks(lines.texts, lo, hi, markdown=markdown, lists=markdown)
         units = list(splitter.units(blocks))
         if not units:
