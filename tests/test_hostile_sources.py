@@ -359,6 +359,18 @@ def test_the_hostile_pages_bench_runs(tmp_path: Path) -> None:
         assert row["time_ratio"] is not None
 
 
+def test_the_page_limits_bench_runs(tmp_path: Path) -> None:
+    from bench import page_limits
+
+    out = tmp_path / "page_limits.json"
+    result = page_limits.main(["--sets", "examples", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    row = result["sets"]["examples"]
+    assert (row["pages"], row["skipped"]) == (4, [])
+    assert 1 <= row["most_chunks_a_page"]["chunks"] <= row["chunks"]
+    assert row["most_headings_a_page"]["headings"] >= 1
+
+
 def test_a_folder_tree_nested_past_the_recursion_limit_is_walked(tmp_path: Path) -> None:
     docs = docs_folder(tmp_path)
     fd = os.open(docs, os.O_RDONLY)
