@@ -679,3 +679,9 @@ def test_a_long_url_is_cut_and_a_long_path_refused() -> None:
     with pytest.raises(SourceError, match="over MAX_FIELD_BYTES"):
         chunk_page(long_id)
     assert chunk_page(Page("records", "r" * MAX_FIELD_BYTES, "T", "Some text.", kind="text"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="ab\r\n", max_size=40), st.integers(1, 7))
+def test_lines_one_at_a_time_are_the_pages_lines(text: str, block: int) -> None:
+    assert list(chunker._each_line(text, block)) == chunker._Lines(text).texts
