@@ -2,7 +2,7 @@
 
 For each kind of Markdown page (single lines: prose with sentences, one run of dots, a heading
 padded with spaces; shapes: one H2 of half the page over short paragraphs, a heading on every
-line, "## hN\\nwN" sections), at a small and a 5x larger size (1 and 5 MB; ``--smoke``: 50 and
+line, "## hN\\nwN" sections, "a" on every line, "ab" paragraphs), at a small and a 5x larger size (1 and 5 MB; ``--smoke``: 50 and
 250 kB), ``chunk_page`` runs in a child process of its own (at most ``CHILD_MAX_BYTES`` of
 address space), which reports its seconds, its peak RSS (``resource.getrusage``), its chunks
 and the bytes of their strings a snapshot would write, or the page's refusal (a per-page limit
@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hostile_pages.json"
-KINDS = ("prose", "dots", "spaces", "huge_heading", "headings", "sections")
+KINDS = (
+    "prose", "dots", "spaces", "huge_heading", "headings", "sections", "short_lines",
+    "short_paragraphs",
+)  # fmt: skip
 SIZES_MB = (1.0, 5.0)
 SMOKE_SIZES_MB = (0.05, 0.25)
 CHILD_TIMEOUT_S = 600  # a quadratic step at 5 MB runs for hours: report it as such, not hang
@@ -50,6 +53,10 @@ elif kind == "huge_heading":
     text = "# Page\\n\\n## " + "word " * (size // 10) + "\\n\\n" + para * (size // 2 // len(para))
 elif kind == "headings":
     text = "## h\\n" * (size // 5)
+elif kind == "short_lines":
+    text = "a\\n" * (size // 2)
+elif kind == "short_paragraphs":
+    text = "ab\\n\\n" * (size // 4)
 else:
     text = "".join(f"## h{i}\\nw{i}\\n" for i in range(size // 12))
 start = time.perf_counter()
