@@ -216,8 +216,8 @@ def chunk_pages(
     pages: Sequence[Page], options: ChunkOptions, *, several: bool = False
 ) -> tuple[list[Page], list[Chunk], list[SkippedPage]]:
     """The pages the chunker takes, their chunks, and the pages it refuses (``PageOverLimit``:
-    too many headings or chunks, a path over 4 KiB), skipped with the reason as a source skips a page (the path
-    prefixed with the source's name when the base has ``several`` sources)."""
+    too many headings or chunks, a path over 4 KiB), skipped with the reason as a source skips
+    a page (the path prefixed with the source's name when the base has ``several`` sources)."""
     kept: list[Page] = []
     chunks: list[Chunk] = []
     refused: list[SkippedPage] = []
