@@ -6,9 +6,10 @@ line, "## hN\\nwN" sections, "a" on every line, "ab" paragraphs), at a small and
 size (1 and 5 MB; ``--smoke``: 50 and 250 kB), ``chunk_page`` runs in a child process of its
 own (at most ``CHILD_MAX_BYTES`` of address space), which reports its seconds, its peak RSS
 (``resource.getrusage``), its chunks and the bytes of their strings a snapshot would write, or
-the page's refusal (a per-page limit of the chunker). ``time_ratio`` is the larger size's seconds over the smaller's, within this one
-run: about 5 is linear, about 25 quadratic. Writes ``bench/results/hostile_pages.json``;
-``--smoke`` writes nothing unless ``--out`` is given, and exists so CI can run it.
+the page's refusal (a per-page limit of the chunker). ``time_ratio`` is the larger size's
+seconds over the smaller's, within this one run: about 5 is linear, about 25 quadratic. Writes
+``bench/results/hostile_pages.json``; ``--smoke`` writes nothing unless ``--out`` is given, and
+exists so CI can run it.
 """
 
 from __future__ import annotations

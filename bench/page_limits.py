@@ -5,11 +5,11 @@ Markdown, the DSTC11, doc2dial and SciFact corpora as jsonl records) and the exa
 (``examples/kb``) as ``voxrecall index build`` does (sources, chunker, snapshot; the hash
 embedder, so no model runs), reads each snapshot back, and reports per set: its pages, chunks,
 pages skipped and the seconds of the build's chunk phase, the most headings and the most chunks
-on one page (against ``MAX_PAGE_HEADINGS`` and ``MAX_PAGE_CHUNKS``), the longest title, breadcrumb, URL and metadata of a chunk (against
-the reader's caps), and a digest of every chunk's strings as read back and of the pages' texts:
-the same digests on two branches mean their builds of that set are the same. Writes
-``bench/results/page_limits.json``; a set whose data is absent is left out (``--sets`` names
-the ones to build).
+on one page (against ``MAX_PAGE_HEADINGS`` and ``MAX_PAGE_CHUNKS``), the longest title,
+breadcrumb, URL and metadata of a chunk (against the reader's caps), and a digest of every
+chunk's strings as read back and of the pages' texts: the same digests on two branches mean
+their builds of that set are the same. Writes ``bench/results/page_limits.json``; a set whose
+data is absent is left out (``--sets`` names the ones to build).
 """
 
 from __future__ import annotations
