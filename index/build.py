@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from index import enrich
-from index.chunker import ChunkOptions, chunk_page
+from index.chunker import ChunkOptions, PageOverLimit, chunk_page
 from index.config import BuildConfig, KnowledgeBaseConfig, LlmConfig, SourceConfig
 from index.curation import APPROVED_FILES, approved_sources, load_approved_files
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
@@ -212,6 +212,27 @@ def _image_pages(
     return pages, skipped + failed
 
 
+def chunk_pages(
+    pages: Sequence[Page], options: ChunkOptions, *, several: bool = False
+) -> tuple[list[Page], list[Chunk], list[SkippedPage]]:
+    """The pages the chunker takes, their chunks, and the pages it refuses (``PageOverLimit``:
+    too many headings or chunks, a path over 4 KiB), skipped with the reason as a source skips
+    a page (the path prefixed with the source's name when the base has ``several`` sources)."""
+    kept: list[Page] = []
+    chunks: list[Chunk] = []
+    refused: list[SkippedPage] = []
+    for page in pages:
+        try:
+            got = chunk_page(page, options)
+        except PageOverLimit as exc:
+            path = f"{page.source}:{page.source_path}" if several else page.source_path
+            refused.append(SkippedPage(path, str(exc)))
+            continue
+        kept.append(page)
+        chunks.extend(got)
+    return kept, chunks, refused
+
+
 def needs_model(kb: KnowledgeBaseConfig) -> bool:
     """Whether a build of ``kb`` calls [index.llm]: clean-up, model summaries or images."""
     return any(s.options.get("clean") or s.type == "image" for s in kb.sources) or (
@@ -255,15 +276,15 @@ def build_knowledge_base(
     if caller is not None and config.index.llm is not None:
         with _phase(summary, "clean"):
             pages, originals = enrich.clean_pages(pages, kb, config.index.llm, caller)
-    summary.pages = len(pages)
-    summary.skipped_pages = [{"path": s.path, "reason": s.reason} for s in skipped]
     options = ChunkOptions(
         target_tokens=kb.chunking.target_tokens,
         overlap_tokens=kb.chunking.overlap_tokens,
         heading_levels=kb.chunking.heading_levels,
     )
     with _phase(summary, "chunk"):
-        chunks = [chunk for page in pages for chunk in chunk_page(page, options)]
+        pages, chunks, refused = chunk_pages(pages, options, several=len(kb.sources) > 1)
+    summary.pages = len(pages)
+    summary.skipped_pages = [{"path": s.path, "reason": s.reason} for s in skipped + refused]
     summary.chunks = len(chunks)
     summary_texts: list[str] = []
     if kb.summaries:

@@ -10,19 +10,41 @@ Every chunk's text is a verbatim slice of the page text, so Markdown is kept as 
 Whatever the structure, no chunk's text is over ``MAX_CHUNK_BYTES`` (UTF-8): a larger one (a
 huge table or code block, or a "word" of megabytes, which counts as one token) is cut into
 consecutive slices, at a line break where there is one.
+
+Every other string a chunk carries is cut to what the sidecar reads of it (``index/tables.py``
+cuts a snapshot's strings to these caps as it reads them): each breadcrumb, the title and the
+URL at ``MAX_FIELD_BYTES``, the contextual prefix of ``embed_text`` within the same field, the
+metadata within ``MAX_META_BYTES`` and ``MAX_META_STRINGS``. A chunk is then its text plus a
+constant, however long a page's headings, title or frontmatter: a heading of megabytes was
+copied into every chunk of its section (quadratic in the page), and the build wrote what the
+reader threw away. A page with more than ``MAX_PAGE_HEADINGS`` headings or ``MAX_PAGE_CHUNKS``
+chunks, or a path (its key, not cut) over ``MAX_FIELD_BYTES``, is refused whole
+(``PageOverLimit``, the build skips it with the reason).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from types import MappingProxyType
 
-from index.types import Chunk, Page
+from index.errors import SourceError
+from index.types import Chunk, MetaValue, Page, meta_values
 
-__all__ = ["ChunkOptions", "Heading", "chunk_page", "count_tokens", "markdown_headings"]
+__all__ = [
+    "ChunkOptions",
+    "Heading",
+    "PageOverLimit",
+    "bounded",
+    "chunk_page",
+    "count_tokens",
+    "first_h1",
+    "markdown_headings",
+]
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _ATX_RE = re.compile(r" {0,3}(#{1,6})(?=[ \t]|$)(.*)")
@@ -40,6 +62,27 @@ _NON_SPACE_RE = re.compile(r"\S+")
 # an answer is at most [sidecar] max_message_bytes (4 MiB by default): a 4 MB table kept whole
 # failed every Turn that found it, and the session's next turns too. 50 results of 32 KiB fit.
 MAX_CHUNK_BYTES = 32 * 1024
+# What a snapshot's reader keeps of a chunk's other strings (index/tables.py), and so what the
+# chunker writes: each breadcrumb, the title (and the id, path, URL, metadata strings) at
+# MAX_FIELD_BYTES (PATH_MAX; a sitemap's URLs are at most 2,048 characters), the metadata's
+# entries while their strings stay within MAX_META_BYTES and MAX_META_STRINGS together.
+MAX_FIELD_BYTES = 4096
+MAX_META_BYTES = 16 * 1024
+MAX_META_STRINGS = 64
+# A page's sections and chunks are held at once, and each chunk is a vector and a row of every
+# table: "## h\n" on every line of an 8 MiB page was 1.7 million headings (14 s, 724 MB, to yield
+# no chunk), "## hN\nwN\n" 524,032 chunks of 7 bytes. The real pages measured are 100 times below
+# both (the most: rclone's s3.md, 183 headings; its changelog.md, 454 chunks: bench/README.md,
+# "Pages bounded"). An 8 MiB page of prose is ~6,000 chunks of 256 tokens, of punctuation ~33,000.
+MAX_PAGE_HEADINGS = 20_000
+MAX_PAGE_CHUNKS = 50_000
+_CRUMB_JOIN = " > "
+_PREFIX_GAP = "\n\n"  # between embed_text's prefix and the text: the prefix is a field with it
+
+
+class PageOverLimit(SourceError):
+    """A page with more headings or chunks than a page may have, or a path longer than a field
+    may be; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -124,22 +167,45 @@ def _indented(line: str) -> bool:
 
 
 class _Lines:
-    """The page text cut at ``\\n``, with each line's offsets (the ``\\r`` of CRLF is dropped)."""
+    """The page text cut at ``\\n``, with each line's offsets (the ``\\r`` of CRLF is dropped).
+
+    The offsets are arrays of machine integers: as lists of ints they took 72 bytes a line, more
+    than most lines' text (a page of 8 MiB of "## h" lines: 250 MB held, 131 MB now)."""
 
     __slots__ = ("ends", "starts", "texts")
 
     def __init__(self, text: str) -> None:
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        self.texts: list[str] = []
+        self.starts = array("q")
+        self.ends = array("q")
+        self.texts: list[str] = text.split("\n")
         pos = 0
-        for piece in text.split("\n"):
+        for i, piece in enumerate(self.texts):
             end = pos + len(piece)
-            line = piece[:-1] if piece.endswith("\r") else piece
+            if piece.endswith("\r"):
+                self.texts[i] = piece[:-1]
+                self.ends.append(end - 1)
+            else:
+                self.ends.append(end)
             self.starts.append(pos)
-            self.ends.append(pos + len(line))
-            self.texts.append(line)
             pos = end + 1
+
+
+def _each_line(text: str, block: int = 1 << 16) -> Iterator[str]:
+    """The lines of ``text`` as ``_Lines`` cuts them, one at a time: split ``block`` characters
+    at a time, at C speed, holding one block's lines (found a line at a time in Python, 8 million
+    empty lines took 4.2 s; 1.9 s this way, load 6-7)."""
+    head: list[str] = []  # the start of a line that runs on past the block before
+    for pos in range(0, len(text), block):
+        lines = text[pos : pos + block].split("\n")
+        head.append(lines[0])
+        if len(lines) == 1:
+            continue
+        lines[0] = "".join(head)
+        head = [lines.pop()]
+        for line in lines:
+            yield line[:-1] if line.endswith("\r") else line
+    last = "".join(head)
+    yield last[:-1] if last.endswith("\r") else last
 
 
 def _fence_end(texts: Sequence[str], i: int, hi: int, fence: tuple[str, int]) -> int:
@@ -154,13 +220,18 @@ def _fence_end(texts: Sequence[str], i: int, hi: int, fence: tuple[str, int]) ->
 
 def markdown_headings(text: str) -> list[Heading]:
     """Every ATX heading of a Markdown text that is not inside fenced code, in order."""
-    return _headings(_Lines(text))
+    return list(_headings(_each_line(text)))
 
 
-def _headings(lines: _Lines) -> list[Heading]:
-    out: list[Heading] = []
+def first_h1(text: str) -> str:
+    """The title of a Markdown text's first H1 that has one, else "": found without holding
+    the headings before it (a page of a million of them)."""
+    return next((h.title for h in _headings(_each_line(text)) if h.level == 1 and h.title), "")
+
+
+def _headings(texts: Iterable[str]) -> Iterator[Heading]:
     fence: tuple[str, int] | None = None
-    for i, line in enumerate(lines.texts):
+    for i, line in enumerate(texts):
         if fence is not None:
             if _fence_closes(line, fence):
                 fence = None
@@ -170,7 +241,19 @@ def _headings(lines: _Lines) -> list[Heading]:
             continue
         h = _atx(line)
         if h is not None:
-            out.append(Heading(h[0], h[1], i))
+            yield Heading(h[0], h[1], i)
+
+
+def _page_headings(lines: _Lines) -> list[Heading]:
+    """The page's headings; raises PageOverLimit past MAX_PAGE_HEADINGS, holding no more."""
+    out: list[Heading] = []
+    for heading in _headings(lines.texts):
+        if len(out) == MAX_PAGE_HEADINGS:
+            raise PageOverLimit(
+                f"more than {MAX_PAGE_HEADINGS:,} headings, over MAX_PAGE_HEADINGS (a page "
+                "of headings a line or two apart): split the page to index it"
+            )
+        out.append(heading)
     return out
 
 
@@ -222,9 +305,9 @@ def _list_end(texts: Sequence[str], i: int, hi: int) -> int:
 
 def _parse_blocks(
     texts: Sequence[str], lo: int, hi: int, *, markdown: bool, lists: bool
-) -> list[_Block]:
-    """Cut lines ``lo:hi`` into blocks. Text pages only know blank-line paragraphs."""
-    blocks: list[_Block] = []
+) -> Iterator[_Block]:
+    """Cut lines ``lo:hi`` into blocks, one at a time (a page of 8 MiB of two-letter paragraphs
+    is 2 million of them). Text pages only know blank-line paragraphs."""
     i = lo
     while i < hi:
         line = texts[i]
@@ -235,24 +318,24 @@ def _parse_blocks(
             j = i + 1
             while j < hi and texts[j].strip():
                 j += 1
-            blocks.append(_Block(_PARA, i, j))
+            yield _Block(_PARA, i, j)
             i = j
             continue
         fence = _fence_open(line)
         if fence is not None:
             j = _fence_end(texts, i, hi, fence)
-            blocks.append(_Block(_FENCE, i, j))
+            yield _Block(_FENCE, i, j)
         elif _is_table(line):
             j = i + 1
             while j < hi and _is_table(texts[j]):
                 j += 1
-            blocks.append(_Block(_TABLE, i, j))
+            yield _Block(_TABLE, i, j)
         elif _atx(line) is not None:
             j = i + 1
-            blocks.append(_Block(_HEADING, i, j))
+            yield _Block(_HEADING, i, j)
         elif lists and _LIST_ITEM_RE.match(line):
             j = _list_end(texts, i, hi)
-            blocks.append(_Block(_LIST, i, j))
+            yield _Block(_LIST, i, j)
         else:
             j = i + 1
             while j < hi:
@@ -265,9 +348,8 @@ def _parse_blocks(
                 ):
                     break
                 j += 1
-            blocks.append(_Block(_PARA, i, j))
+            yield _Block(_PARA, i, j)
         i = j
-    return blocks
 
 
 def _list_items(texts: Sequence[str], block: _Block) -> list[_Block]:
@@ -315,7 +397,7 @@ class _Splitter:
             end -= 1
         return start, end
 
-    def units(self, blocks: Sequence[_Block]) -> Iterator[_Unit]:
+    def units(self, blocks: Iterable[_Block]) -> Iterator[_Unit]:
         for block in blocks:
             yield from self._block_units(block)
 
@@ -333,7 +415,9 @@ class _Splitter:
             for item in _list_items(self.lines.texts, block):
                 yield from self._block_units(item)
         elif block.kind == _ITEM:
-            inner = _parse_blocks(self.lines.texts, block.lo, block.hi, markdown=True, lists=False)
+            inner = list(
+                _parse_blocks(self.lines.texts, block.lo, block.hi, markdown=True, lists=False)
+            )
             if len(inner) == 1 and inner[0].kind == _PARA:
                 yield from self._split_text(start, end, 0)
             else:
@@ -396,8 +480,27 @@ class _Splitter:
                 yield from self._split_text(a, b, level + 1)
 
 
-def _pack(units: Sequence[_Unit], target: int, overlap: int) -> list[tuple[int, int]]:
-    """Group consecutive units into chunks as ``[first, last)`` unit index ranges.
+class _Units:
+    """A section's units as arrays (start, end, tokens, sticky): a unit object and its ints took
+    ~110 bytes, 2 million of them for a page of 8 MiB of two-letter lines; ~25 bytes here."""
+
+    __slots__ = ("ends", "starts", "sticky", "tokens")
+
+    def __init__(self, units: Iterable[_Unit]) -> None:
+        self.starts, self.ends, self.tokens = array("q"), array("q"), array("q")
+        self.sticky = bytearray()
+        for unit in units:
+            self.starts.append(unit.start)
+            self.ends.append(unit.end)
+            self.tokens.append(unit.tokens)
+            self.sticky.append(unit.sticky)
+
+
+def _pack(
+    tokens: Sequence[int], sticky: Sequence[int], target: int, overlap: int
+) -> list[tuple[int, int]]:
+    """Group consecutive units (their ``tokens`` and whether each is ``sticky``) into chunks as
+    ``[first, last)`` unit index ranges.
 
     A chunk takes units while they fit in ``target``; the next chunk starts with the trailing whole
     units of the previous one that fit in ``overlap`` (dropped from the front when they would push
@@ -411,11 +514,10 @@ def _pack(units: Sequence[_Unit], target: int, overlap: int) -> list[tuple[int, 
     first = 0  # first unit of the current chunk
     fresh = 0  # first unit of the current chunk that no earlier chunk holds
     total = 0  # tokens of units[first:i]
-    for i, unit in enumerate(units):
-        t = unit.tokens
+    for i, t in enumerate(tokens):
         if fresh == i:  # only overlap so far: make room, then always take the unit
             while first < i and total + t > target:
-                total -= units[first].tokens
+                total -= tokens[first]
                 first += 1
             total += t
             continue
@@ -423,24 +525,24 @@ def _pack(units: Sequence[_Unit], target: int, overlap: int) -> list[tuple[int, 
             total += t
             continue
         cut = i
-        while cut > fresh + 1 and units[cut - 1].sticky and not unit.sticky:
+        while cut > fresh + 1 and sticky[cut - 1] and not sticky[i]:
             cut -= 1
-        tail = sum(u.tokens for u in units[cut:i])
+        tail = sum(tokens[cut:i])
         if cut == i or tail + t > target:
             cut, tail = i, 0
         out.append((first, cut))
         # trailing whole units of the emitted chunk, up to the overlap budget
         ov_first, ov_tokens = cut, 0
-        while ov_first > first and ov_tokens + units[ov_first - 1].tokens <= overlap:
+        while ov_first > first and ov_tokens + tokens[ov_first - 1] <= overlap:
             ov_first -= 1
-            ov_tokens += units[ov_first].tokens
+            ov_tokens += tokens[ov_first]
         first, fresh, total = ov_first, cut, ov_tokens + tail
         while first < cut and total + t > target:
-            total -= units[first].tokens
+            total -= tokens[first]
             first += 1
         total += t
-    if fresh < len(units):
-        out.append((first, len(units)))
+    if fresh < len(tokens):
+        out.append((first, len(tokens)))
     return out
 
 
@@ -451,29 +553,36 @@ def _norm(title: str) -> str:
     return " ".join(title.split()).casefold()
 
 
-def _sections(page: Page, lines: _Lines, levels: int) -> list[tuple[tuple[str, ...], int, int]]:
-    """(breadcrumbs, first body line, one past the last body line) of each heading section."""
-    base: tuple[str, ...] = (page.title,) if page.title else ()
+def _sections(
+    page: Page, title: str, lines: _Lines, levels: int
+) -> list[tuple[tuple[str, ...], int, int]]:
+    """(breadcrumbs, first body line, one past the last body line) of each heading section;
+    ``title`` is the page's, cut.
+
+    Each breadcrumb is cut at MAX_FIELD_BYTES once here; the chunks of a section share one tuple
+    of them, however many they are."""
+    base: tuple[str, ...] = (title,) if title else ()
     n = len(lines.texts)
     if page.kind != "markdown":
         return [(base, 0, n)]
     sections: list[tuple[tuple[str, ...], int, int]] = []
     stack: dict[int, str] = {}
     crumbs, body_lo = base, 0
-    headings = _headings(lines)
+    headings = _page_headings(lines)
     # The page's first H1 is its own heading: the title stands for it in the breadcrumbs, even
     # when the two are worded differently ("Panes in Windows Terminal" vs "Windows Terminal Panes").
-    first_h1 = next((h.title for h in headings if h.level == 1), None)
+    first = next((h.title for h in headings if h.level == 1), None)
+    h1 = bounded(first, MAX_FIELD_BYTES) if first is not None else None
     for h in headings:
         if h.level > levels:
             continue
         sections.append((crumbs, body_lo, h.line))
         stack = {lvl: t for lvl, t in stack.items() if lvl < h.level}
-        stack[h.level] = h.title
+        stack[h.level] = bounded(h.title, MAX_FIELD_BYTES)
         trail = [
             t
             for lvl, t in sorted(stack.items())
-            if t and not (lvl == 1 and (_norm(t) == _norm(page.title) or t == first_h1))
+            if t and not (lvl == 1 and (_norm(t) == _norm(title) or t == h1))
         ]
         crumbs, body_lo = base + tuple(trail), h.line + 1
     sections.append((crumbs, body_lo, n))
@@ -493,22 +602,36 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
     Breadcrumbs are the page title followed by the headings above the section (the page's first
     H1, and any H1 equal to the title, are not repeated). ``embed_text`` is ``page.context`` (or the breadcrumbs joined with
     " > ") followed by a blank line and the text. Identical chunks of one page get ids suffixed
-    "-2", "-3", ... in page order.
+    "-2", "-3", ... in page order. The title, URL, each breadcrumb, the prefix and the metadata
+    are cut to the reader's caps (the module's docstring). Raises PageOverLimit for a page of
+    more than MAX_PAGE_HEADINGS headings or MAX_PAGE_CHUNKS chunks, or whose path is over
+    MAX_FIELD_BYTES.
     """
+    _check_path(page.source_path)
     text = page.text
     markdown = page.kind == "markdown"
     lines = _Lines(text)
     splitter = _Splitter(text, lines, options.target_tokens)
+    title = bounded(page.title, MAX_FIELD_BYTES)
+    url = bounded(page.url, MAX_FIELD_BYTES)
+    metadata = bounded_metadata(page.metadata)
     chunks: list[Chunk] = []
     seen: dict[str, int] = {}
-    for crumbs, lo, hi in _sections(page, lines, options.heading_levels):
+    for crumbs, lo, hi in _sections(page, title, lines, options.heading_levels):
         blocks = _parse_blocks(lines.texts, lo, hi, markdown=markdown, lists=markdown)
-        units = list(splitter.units(blocks))
-        if not units:
+        units = _Units(splitter.units(blocks))
+        if not units.tokens:
             continue
-        prefix = page.context or " > ".join(crumbs)
-        for a, b in _pack(units, options.target_tokens, options.overlap_tokens):
-            for start, end in _within_bytes(text, units[a].start, units[b - 1].end):
+        prefix = _prefix(page.context or _CRUMB_JOIN.join(crumbs))
+        for a, b in _pack(
+            units.tokens, units.sticky, options.target_tokens, options.overlap_tokens
+        ):
+            for start, end in _within_bytes(text, units.starts[a], units.ends[b - 1]):
+                if len(chunks) == MAX_PAGE_CHUNKS:
+                    raise PageOverLimit(
+                        f"more than {MAX_PAGE_CHUNKS:,} chunks, over MAX_PAGE_CHUNKS: split "
+                        "the page (or raise the base's target_tokens) to index it"
+                    )
                 body = text[start:end]
                 cid = _chunk_id(page, crumbs, body)
                 count = seen.get(cid, 0) + 1
@@ -518,15 +641,65 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
                         chunk_id=cid if count == 1 else f"{cid}-{count}",
                         source=page.source,
                         source_path=page.source_path,
-                        title=page.title,
+                        title=title,
                         breadcrumbs=crumbs,
                         text=body,
-                        embed_text=f"{prefix}\n\n{body}" if prefix else body,
-                        url=page.url,
-                        metadata=page.metadata,
+                        embed_text=f"{prefix}{_PREFIX_GAP}{body}" if prefix else body,
+                        url=url,
+                        metadata=metadata,
                     )
                 )
     return chunks
+
+
+def _check_path(path: str) -> None:
+    """Raise PageOverLimit for a path over MAX_FIELD_BYTES (a record's id, a folder nested
+    deep): it is the key of the page and of each chunk's, so it is refused, not cut (a cut key
+    finds no page), and never written into every chunk for the reader to cut."""
+    if len(path) <= MAX_FIELD_BYTES // 4:
+        return
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if size > MAX_FIELD_BYTES:
+        raise PageOverLimit(
+            f"a path (or record id) of {size:,} bytes, over MAX_FIELD_BYTES ({MAX_FIELD_BYTES:,})"
+        )
+
+
+def _prefix(context: str) -> str:
+    """``embed_text``'s prefix: with the blank line after it, one field (MAX_FIELD_BYTES)."""
+    return bounded(context, MAX_FIELD_BYTES - len(_PREFIX_GAP))
+
+
+def bounded(text: str, cap: int) -> str:
+    """``text`` within ``cap`` bytes (UTF-8), cut at a character when over."""
+    if len(text) <= cap // 4:  # within it whatever the characters are
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= cap:
+        return text
+    return data[:cap].decode("utf-8", "ignore")
+
+
+def bounded_metadata(metadata: Mapping[str, MetaValue]) -> Mapping[str, MetaValue]:
+    """``metadata`` as the reader keeps it (index/tables.py): each key and string cut at
+    MAX_FIELD_BYTES, entries in order while their strings stay within MAX_META_STRINGS, and
+    those within what is left of MAX_META_BYTES (an entry over it is left out, the ones after
+    it still looked at). The mapping itself when it is within every cap, as nearly all are."""
+    out: dict[str, MetaValue] = {}
+    budget, strings = MAX_META_BYTES, MAX_META_STRINGS
+    for key, value in metadata.items():
+        values = meta_values(value)
+        if 1 + len(values) > strings:
+            break
+        strings -= 1 + len(values)
+        cut = [bounded(s, MAX_FIELD_BYTES) for s in (key, *values)]
+        size = sum(len(s.encode("utf-8", "surrogatepass")) for s in cut)
+        if size <= budget:
+            out[cut[0]] = cut[1] if isinstance(value, str) else tuple(cut[1:])
+            budget -= size
+    if len(out) == len(metadata) and all(out.get(k) == v for k, v in metadata.items()):
+        return metadata
+    return MappingProxyType(out)
 
 
 def _within_bytes(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:

@@ -28,7 +28,13 @@ from typing import Any, Final, TypeAlias, overload
 import numpy as np
 import numpy.typing as npt
 
-from index.chunker import MAX_CHUNK_BYTES
+from index.chunker import (
+    MAX_CHUNK_BYTES,
+    MAX_FIELD_BYTES,
+    MAX_META_BYTES,
+    MAX_META_STRINGS,
+    bounded,
+)
 from index.mapped import ArraysFile, StringTable, dump_arrays, let_go
 from index.types import Chunk, MetaValue
 
@@ -59,14 +65,12 @@ _SURE_CHARS: Final = MAX_CHUNK_BYTES // 4
 # value at MAX_FIELD_BYTES (PATH_MAX; a sitemap's URLs are at most 2,048 characters), the
 # embedded text at the text's cap plus one field (its "Title > H2 > H3" prefix), at most
 # MAX_CRUMBS breadcrumbs (the chunker writes the title and H1-H3), and metadata entries while
-# their strings stay within MAX_META_BYTES and MAX_META_STRINGS. A real build's chunks are far
-# within all of it; only a chunk over one of them is read the slow way (``_over``, found at open
-# in numpy over the offsets).
-MAX_FIELD_BYTES: Final = 4096
+# their strings stay within MAX_META_BYTES and MAX_META_STRINGS. The caps are the chunker's
+# (index/chunker.py), which cuts a chunk's strings to them as it builds them: a snapshot of
+# this version's build is within all of it; only a chunk over one of them (an older build's,
+# a hand-made one's) is read the slow way (``_over``, found at open in numpy over the offsets).
 MAX_EMBED_BYTES: Final = MAX_CHUNK_BYTES + MAX_FIELD_BYTES
 MAX_CRUMBS: Final = 16
-MAX_META_BYTES: Final = 16 * 1024
-MAX_META_STRINGS: Final = 64
 _BLOCK: Final = 1 << 16  # chunks checked at a time at open (``_oversized``)
 # A source path compared byte for byte with its neighbour's to find a page's run of chunks
 # (``ChunkTable.page_runs``) up to this many bytes; a longer one is a run of its own chunk.
@@ -411,11 +415,9 @@ def _whole_characters(blob: memoryview, ends: list[int]) -> bool:
 
 
 def _bounded(text: str, cap: int = MAX_CHUNK_BYTES) -> str:
-    """``text`` within ``cap`` bytes (UTF-8), cut at a character when over."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= cap:
-        return text
-    return data[:cap].decode("utf-8", "ignore")
+    """``text`` within ``cap`` bytes (UTF-8), cut at a character when over (the chunker's
+    ``bounded``, at the text's cap by default)."""
+    return bounded(text, cap)
 
 
 def _read(blob: memoryview, start: int, stop: int, cap: int) -> str:

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from index import chunker
 from index.chunker import ChunkOptions, chunk_page, count_tokens, markdown_headings
-from index.types import Chunk, Page
+from index.errors import SourceError
+from index.tables import MAX_EMBED_BYTES, MAX_FIELD_BYTES, MAX_META_BYTES, MAX_META_STRINGS
+from index.types import Chunk, MetaValue, Page, meta_values
 
 TITLE = "Guide"
 
@@ -606,3 +608,80 @@ def test_a_run_of_dots_is_cut_between_tokens() -> None:
     assert all(count_tokens(c.text) <= 256 for c in chunks)
     assert "".join(c.text for c in chunks).replace(" ", "") == text.replace(" ", "")
     assert len(chunks) > 200_000 // 256
+
+
+# --- a chunk's strings within the reader's caps; a page's headings and chunks bounded ---------
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def test_a_huge_heading_is_cut_to_the_readers_field_cap_in_every_chunk() -> None:
+    heading = "word " * 100_000  # 500 kB: every chunk of its section carried a copy
+    body = "The roaming password resets every ninety days.\n\n" * 200
+    chunks = chunk_page(page_of(f"# Guide\n\n## {heading}\n\n{body}"))
+    assert len(chunks) > 5
+    cut = heading.strip()[:MAX_FIELD_BYTES]
+    for chunk in chunks:
+        assert chunk.breadcrumbs == (TITLE, cut)
+        assert _utf8(chunk.embed_text) <= _utf8(chunk.text) + MAX_FIELD_BYTES
+        assert chunk.embed_text.startswith(f"{TITLE} > word word")
+
+
+def test_a_long_title_and_context_are_cut_at_a_character() -> None:
+    title = "é" * 10_000  # 20,000 bytes: the cut falls inside none of them
+    chunks = chunk_page(page_of("Some text.", title=title, context="ü" * 10_000))
+    [chunk] = chunks
+    assert chunk.title == chunk.breadcrumbs[0] == "é" * (MAX_FIELD_BYTES // 2)
+    prefix = chunk.embed_text.removesuffix("\n\nSome text.")
+    assert prefix == "ü" * ((MAX_FIELD_BYTES - 2) // 2)
+    assert _utf8(chunk.embed_text) <= MAX_EMBED_BYTES
+
+
+def test_metadata_is_written_as_the_reader_keeps_it() -> None:
+    metadata: dict[str, MetaValue] = {"plan": "x" * 10_000, "tags": ("a", "b" * 5_000)}
+    metadata |= {f"k{i}": "v" * 1_000 for i in range(40)}  # 40 kB: past MAX_META_BYTES
+    [chunk] = chunk_page(page_of("Some text.", metadata=metadata))  # type: ignore[arg-type]
+    kept = chunk.metadata
+    assert kept["plan"] == "x" * MAX_FIELD_BYTES
+    assert kept["tags"] == ("a", "b" * MAX_FIELD_BYTES)
+    strings = [s for k, v in kept.items() for s in (k, *meta_values(v))]
+    assert sum(map(_utf8, strings)) <= MAX_META_BYTES
+    assert len(strings) <= MAX_META_STRINGS
+    assert len(kept) < len(metadata)
+    assert list(kept) == list(metadata)[: len(kept)]  # in order, none skipped before the cut
+
+
+def test_ordinary_metadata_is_passed_on_as_it_was() -> None:
+    metadata = {"title": "Guide", "tags": ("a", "b")}
+    [chunk] = chunk_page(page_of("Some text.", metadata=metadata))  # type: ignore[arg-type]
+    assert chunk.metadata is metadata
+
+
+def test_a_page_of_more_headings_than_a_page_may_have_is_refused() -> None:
+    with pytest.raises(SourceError, match="over MAX_PAGE_HEADINGS"):
+        chunk_page(page_of("## h\n" * 20_001))
+    assert chunk_page(page_of("## h\nw\n" * 2_000))  # far within it
+
+
+def test_a_page_of_more_chunks_than_a_page_may_have_is_refused() -> None:
+    one_each = ChunkOptions(target_tokens=1, overlap_tokens=0)
+    with pytest.raises(SourceError, match="over MAX_PAGE_CHUNKS"):
+        chunk_page(page_of("w " * 50_001, kind="text"), one_each)
+    assert len(chunk_page(page_of("w " * 50_000, kind="text"), one_each)) == 50_000
+
+
+def test_a_long_url_is_cut_and_a_long_path_refused() -> None:
+    [chunk] = chunk_page(page_of("Some text.", url="https://x/" + "a" * 10_000))
+    assert chunk.url == ("https://x/" + "a" * 10_000)[:MAX_FIELD_BYTES]
+    long_id = Page("records", "r" * (MAX_FIELD_BYTES + 1), "T", "Some text.", kind="text")
+    with pytest.raises(SourceError, match="over MAX_FIELD_BYTES"):
+        chunk_page(long_id)
+    assert chunk_page(Page("records", "r" * MAX_FIELD_BYTES, "T", "Some text.", kind="text"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="ab\r\n", max_size=40), st.integers(1, 7))
+def test_lines_one_at_a_time_are_the_pages_lines(text: str, block: int) -> None:
+    assert list(chunker._each_line(text, block)) == chunker._Lines(text).texts

@@ -246,6 +246,18 @@ def test_a_page_over_max_page_bytes_is_skipped_with_the_reason(tmp_path: Path) -
     assert {c.source_path for c in snap.chunks} == {"billing.md"}
 
 
+def test_a_page_of_too_many_headings_is_skipped_with_the_limit_named(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path)
+    (docs / "headings.md").write_text("## h\n" * 20_001)  # 100 kB: no chunk, 20,001 sections
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {
+        "headings.md": "more than 20,000 headings, over MAX_PAGE_HEADINGS (a page of headings "
+        "a line or two apart): split the page to index it"
+    }
+    assert (summary.pages, summary.chunks) == (1, 1)
+    assert set(snap.pages) == {page_key("markdown", "billing.md")}
+
+
 def test_the_default_limit_skips_a_page_of_more_than_8_mib(tmp_path: Path) -> None:
     docs = docs_folder(tmp_path, "texts")
     (docs / "ok.txt").write_text("Fine\n\nA page of text.\n")
@@ -338,10 +350,25 @@ def test_the_hostile_pages_bench_runs(tmp_path: Path) -> None:
     assert json.loads(out.read_text()) == result
     for kind in hostile_pages.KINDS:
         row = result["kinds"][kind]
-        assert row["small"]["chunks"] >= 1
-        assert row["large"]["chunks"] >= row["small"]["chunks"]
+        assert row["small"]["chunks"] >= (kind != "headings")  # bare headings: no chunk
+        if kind in ("headings", "sections"):  # 250 kB of them: past MAX_PAGE_HEADINGS
+            assert "MAX_PAGE_HEADINGS" in row["large"]["refused"]
+        else:
+            assert row["large"]["chunks"] >= row["small"]["chunks"]
         assert row["large"]["peak_rss_bytes"] > 0
         assert row["time_ratio"] is not None
+
+
+def test_the_page_limits_bench_runs(tmp_path: Path) -> None:
+    from bench import page_limits
+
+    out = tmp_path / "page_limits.json"
+    result = page_limits.main(["--sets", "examples", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    row = result["sets"]["examples"]
+    assert (row["pages"], row["skipped"]) == (4, [])
+    assert 1 <= row["most_chunks_a_page"]["chunks"] <= row["chunks"]
+    assert row["most_headings_a_page"]["headings"] >= 1
 
 
 def test_a_folder_tree_nested_past_the_recursion_limit_is_walked(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import yaml
 
-from index.chunker import markdown_headings
+from index.chunker import first_h1
 from index.errors import SourceError
 from index.sources import SkippedPage
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
@@ -64,13 +64,11 @@ def split_frontmatter(raw: str) -> tuple[dict[str, object] | None, str, int]:
     the YAML is malformed, or it is not a mapping.
     """
     text = raw.removeprefix("\ufeff")
-    lines = text.split("\n")
-    if lines[0].rstrip() != _FENCE:
+    opening, _, rest = text.partition("\n")
+    if opening.rstrip() != _FENCE:
         return None, text, 0
-    close = next((i for i in range(1, len(lines)) if lines[i].rstrip() in _CLOSERS), None)
-    if close is None:
-        raise FrontmatterError("malformed frontmatter: no closing '---' line")
-    source = "\n".join(lines[1:close])
+    at, close = _closing_line(rest)
+    source = rest[: max(0, at - 1)]
     _check_text(source)
     try:
         data = yaml.safe_load(source)
@@ -88,8 +86,23 @@ def split_frontmatter(raw: str) -> tuple[dict[str, object] | None, str, int]:
         raise FrontmatterError(
             f"malformed frontmatter: not a mapping (a YAML {type(data).__name__})"
         )
-    body = "\n".join(lines[close + 1 :])
+    end = rest.find("\n", at)  # of the closing line
+    body = rest[end + 1 :] if end >= 0 else ""
     return {str(k): v for k, v in data.items()}, body, close + 1
+
+
+def _closing_line(rest: str) -> tuple[int, int]:
+    """Where the frontmatter's closing line starts in ``rest`` (the text after the opening
+    line), and its line index in the whole text; the lines are looked at one at a time, not
+    split all at once (a page of 8 MiB of short lines was a list of 1.7 million strings)."""
+    at, close = 0, 1
+    while True:
+        nl = rest.find("\n", at)
+        if (rest[at:] if nl < 0 else rest[at:nl]).rstrip() in _CLOSERS:
+            return at, close
+        if nl < 0:
+            raise FrontmatterError("malformed frontmatter: no closing '---' line")
+        at, close = nl + 1, close + 1
 
 
 def _check_text(source: str) -> None:
@@ -167,12 +180,7 @@ def metadata_entry(value: object) -> MetaValue:
 
 def _title(frontmatter: Mapping[str, object], body: str, path: Path) -> str:
     title = metadata_value(frontmatter.get("title")).strip()
-    if title:
-        return title
-    for heading in markdown_headings(body):
-        if heading.level == 1 and heading.title:
-            return heading.title
-    return path.stem
+    return title or first_h1(body) or path.stem
 
 
 def load_markdown(

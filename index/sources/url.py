@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from index.chunker import markdown_headings
+from index.chunker import first_h1
 from index.errors import ConfigError
 from index.snapshot import write_atomic
 from index.sources import SkippedPage
@@ -230,7 +230,7 @@ def _parse(source: str, url: str, got: Fetched) -> list[Page] | SkippedPage:
     except (UnicodeError, LookupError) as exc:
         return SkippedPage(url, f"cannot decode as {got.charset or 'utf-8'}: {exc}")
     if got.content_type in _MARKDOWN_TYPES:
-        h1 = next((h.title for h in markdown_headings(text) if h.level == 1 and h.title), "")
+        h1 = first_h1(text)
         return [Page(source, url, h1 or fallback, text, kind="markdown", url=got.final_url)]
     title, body = split_title_line(text)
     return [Page(source, url, title or fallback, body or text, kind="text", url=got.final_url)]
