@@ -28,7 +28,7 @@ from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk, MetadataFilter
-from sidecar.config import MAX_LIMIT, SidecarConfig
+from sidecar.config import MAX_BUDGET_MS, MAX_LIMIT, SidecarConfig
 from sidecar.errors import InvalidArgument, Loading
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
@@ -46,7 +46,6 @@ from sidecar.turn.text import Utterance
 log = logging.getLogger("voxrecall.engine")
 
 MAX_TEXT_CHARS = 4000  # a spoken turn is a few hundred characters; more is a client bug
-MAX_BUDGET_MS = 10_000
 MAX_SESSION_ID = 256
 # A query vector whose squared norm is within this range is scaled to unit length at once;
 # outside it (a NaN, an infinity, components so large or small that the scale would not fit a
