@@ -423,8 +423,6 @@ def _function(fn_raw: Any, kbs: list[KnowledgeBaseConfig], fn_where: str) -> Fun
             f"[[knowledge_base]] (known: {known})"
         )
     sources = _function_sources(fn_raw.get("sources", []), base, fn_where)
-    if isinstance(fn.limit, bool) or not isinstance(fn.limit, int):
-        raise ConfigError(f"{fn_where}: limit must be an integer, got {fn.limit!r}")
     if not 0 <= fn.limit <= MAX_LIMIT:
         raise ConfigError(f"{fn_where}: limit must be 0..{MAX_LIMIT}, got {fn.limit}")
     filterable = _function_filterable(fn, fn_raw, base, fn_where)
