@@ -235,9 +235,9 @@ class KnowledgeFunction:
         accepted = [QUERY, *([SOURCES] if self.filterable else []), SOURCE_PATHS]
         accepted += self.config.filterable
         extra = sorted(k for k in args if k not in accepted)
-        if extra:
+        if extra:  # a misnamed argument: no filter is involved
             raise ToolCallError(
-                FILTER_NOT_ALLOWED,
+                INVALID_ARGUMENTS,
                 f"{self.name} does not take {_quote_all(extra)}; "
                 f"it takes only {', '.join(accepted)}",
             )
@@ -451,12 +451,19 @@ class Toolbox:
         return found
 
     async def invoke(
-        self, engine: Engine, name: str, arguments_json: str, session_id: str = ""
+        self,
+        engine: Engine,
+        name: str,
+        arguments_json: str,
+        session_id: str = "",
+        other_tools: Sequence[str] = (),
     ) -> Invocation:
-        """Run one call. Model mistakes and a base without a snapshot come back as error outputs."""
+        """Run one call. Model mistakes and a base without a snapshot come back as error outputs.
+        ``other_tools``: what the door serves beside the functions (MCP's read_page), named with
+        them when a call names no tool."""
         fn = self.get(name)
         if fn is None:
-            known = ", ".join(self._visible()) or "none are configured"
+            known = ", ".join([*self._visible(), *other_tools]) or "none are configured"
             return self._error(
                 UNKNOWN_FUNCTION, f"no function named {_quote(name)}; known: {known}"
             )
