@@ -221,6 +221,7 @@ async def test_a_scoped_token_neither_sees_nor_calls_what_it_may_not(sidecar: Si
             "source_path",
             "source",
             "offset",
+            "knowledge_base",
         }
         refused = await session.call_tool("search_help", {"query": "reset password"})
         assert refused.is_error

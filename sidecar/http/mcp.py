@@ -461,10 +461,10 @@ def page_arguments(arguments: Mapping[str, Any], bases: list[str]) -> tuple[str,
 
 
 def _page_base(arguments: Mapping[str, Any], bases: list[str]) -> str:
-    """The base read_page reads: the only one it may, or the ``knowledge_base`` given."""
-    if len(bases) == 1:
-        return bases[0]
+    """The base read_page reads: the ``knowledge_base`` given, or the only one it may."""
     kb = arguments.get("knowledge_base")
+    if kb is None and len(bases) == 1:
+        return bases[0]
     if kb not in bases:
         raise ToolCallError(
             INVALID_ARGUMENTS,
@@ -488,8 +488,8 @@ def _page_schema(bases: list[str]) -> dict[str, Any]:
             "description": "Where to read on from: the next_offset a cut answer gave.",
         },
     }
-    if len(bases) > 1:
-        properties["knowledge_base"] = {"type": "string", "enum": bases}
+    # listed with one base too (a call naming it was always taken); required with several
+    properties["knowledge_base"] = {"type": "string", "enum": bases}
     return {
         "type": "object",
         "properties": properties,
