@@ -579,6 +579,9 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ConfigError(f"config file not found: {path}") from exc
+        raise ConfigError(
+            f"config file not found: {path}: pass --config with your file's path (without it, "
+            "voxrecall.toml in the working directory is read; examples/voxrecall.toml is one)"
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc

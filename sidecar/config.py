@@ -43,7 +43,7 @@ MAX_WORKERS = 64  # processes: each holds every snapshot in memory
 MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
 SKIP_LANGUAGES = tuple(skip.LEXICONS)  # the languages sidecar/turn/skip.py ships word lists for
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-# A session must hold at least its newest turn: 4000 characters of up to 4 bytes (engine).
+# A session must hold at least its newest turn: 16 KiB of text (engine.MAX_TEXT_BYTES) and its costs.
 MIN_SESSION_BYTES = 32 * 1024
 # A page read whole (ReadPage) must fit; more lets one call pin that much memory per RPC.
 MESSAGE_BYTES_RANGE = (64 * 1024, 64 * 1024 * 1024)

@@ -214,3 +214,12 @@ def test_serve_and_build_refuse_a_bad_value_in_one_line(
     assert err.startswith("error: ")
     assert err.count("\n") == 1
     assert "budget_ms must be a whole number, got '150ms'" in err
+
+
+def test_no_config_file_says_to_pass_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config file not found: voxrecall.toml: pass --config")

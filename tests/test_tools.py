@@ -265,7 +265,7 @@ def test_parse_never_widens_a_function(
         (TERMINAL, '{"query": null}', "invalid_arguments", "query is required"),
         (TERMINAL, '{"query": "  "}', "invalid_arguments", "query is empty"),
         (TERMINAL, '{"query": 7}', "invalid_arguments", "must be a string"),
-        (TERMINAL, json.dumps({"query": "a" * 4001}), "invalid_arguments", "keep it under"),
+        (TERMINAL, json.dumps({"query": "a" * 16385}), "invalid_arguments", "keep it under"),
         (TERMINAL, '{"query": "x", "sources": ["help"]}', "filter_not_allowed", "cannot search"),
         (TERMINAL, '{"query": "x", "sources": "settings"}', "invalid_arguments", "list of source"),
         (

@@ -51,7 +51,7 @@ from sidecar.errors import (
 )
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import scope
-from sidecar.turn.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
+from sidecar.turn.engine import MAX_TEXT_BYTES, NO_POLICY, BasePolicy, Engine, SearchInput
 from sidecar.turn.hits import Hit
 
 log = logging.getLogger("voxrecall.tools")
@@ -274,10 +274,11 @@ class KnowledgeFunction:
             raise ToolCallError(INVALID_ARGUMENTS, "query must be a string")
         if not query.strip():
             raise ToolCallError(INVALID_ARGUMENTS, "query is empty: send the words to look up")
-        if len(query) > MAX_TEXT_CHARS:
+        size = utf8_size(query, MAX_TEXT_BYTES)
+        if size > MAX_TEXT_BYTES:
             raise ToolCallError(
                 INVALID_ARGUMENTS,
-                f"query is {len(query)} characters; keep it under {MAX_TEXT_CHARS}: the key words are enough",
+                f"query is {size} bytes; keep it under {MAX_TEXT_BYTES}: the key words are enough",
             )
         return query
 
