@@ -1208,3 +1208,15 @@ async def test_a_secret_variable_named_but_unset_stops_the_start(
     config = sidecar_config(store, auth=AUTH, http=HTTP)
     with pytest.raises(ConfigError, match=f"{variable} is unset or empty"):
         await create_server(config, embedder=local_embedder, poll=False)
+
+
+def test_a_json_line_leaves_out_uvicorns_colour_codes() -> None:
+    """uvicorn attaches ``color_message`` (its message in ANSI colours) for a terminal; in the
+    JSON log it was a field full of escape codes."""
+    record = logging.makeLogRecord(
+        {"msg": "Uvicorn running on %s", "args": ("http://127.0.0.1:8080",), "levelno": 20}
+    )
+    record.color_message = "Uvicorn running on \x1b[1m%s\x1b[0m"
+    line = orjson.loads(logs.JsonFormatter().format(record))
+    assert line["msg"] == "Uvicorn running on http://127.0.0.1:8080"
+    assert "color_message" not in line
