@@ -82,6 +82,23 @@ CLEANABLE_TYPES = frozenset({"markdown", "text", "html", "pdf", "url"})
 for _type in CLEANABLE_TYPES:
     SOURCE_OPTIONS[_type] = SOURCE_OPTIONS[_type] | {"clean"}
 SOURCE_TYPES = tuple(SOURCE_OPTIONS)
+# Each option's type, checked when the file is read (its range by the source that reads it).
+OPTION_TYPES: dict[str, Any] = {
+    "clean": bool,
+    "approved": bool,
+    "follow_symlinks": bool,
+    "require_last_updated": bool,
+    "max_page_bytes": int,
+    "max_image_bytes": int,
+    "refresh": float,
+    "id_field": str,
+    "title_field": str,
+    "text_field": str,
+    "urls": list[str],
+    "required_files": list[str],
+    "context_fields": list[str],
+    "metadata_fields": list[str],
+}
 SOURCE_KEYS = frozenset({"name", "type", "path"})  # every type's, beside its options
 OPENAI_MAX_INPUTS = 2048  # the OpenAI embeddings API's limit on inputs per request
 
@@ -110,9 +127,10 @@ def check_options(source: SourceConfig) -> None:
             f"source {source.name!r}: unknown option(s) {unknown_names(unknown, allowed)} for type "
             f"{source.type} (it takes: {', '.join(sorted(allowed)) or 'none'})"
         )
-    for flag in ("clean", "approved"):
-        if flag in source.options and not isinstance(source.options[flag], bool):
-            raise ConfigError(f"source {source.name!r}: {flag} must be true or false")
+    for key, value in source.options.items():
+        wanted = _wanted(OPTION_TYPES[key], value)
+        if wanted:
+            raise ConfigError(f"source {source.name!r}: {key} must be {wanted}, got {value!r}")
     if source.type == "image":
         if (source.path is None) == ("urls" not in source.options):
             raise ConfigError(f"source {source.name!r}: type image takes a path (a folder) or urls")
@@ -287,6 +305,9 @@ def _wanted(hint: Any, value: Any) -> str:
     if get_origin(hint) is Literal:
         words = get_args(hint)
         return "" if value in words else " or ".join(json.dumps(w) for w in words)
+    if hint == list[str]:
+        strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return "" if strings else "a list of strings"
     for kind, fits, name in _KINDS:
         if hint is kind:
             return "" if fits(value) else name

@@ -223,3 +223,22 @@ def test_no_config_file_says_to_pass_config(
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: config file not found: voxrecall.toml: pass --config")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"follow_symlinks": "yes"}, "follow_symlinks must be true or false, got 'yes'"),
+        ({"max_page_bytes": "8MB"}, "max_page_bytes must be a whole number, got '8MB'"),
+        ({"required_files": "a.md"}, "required_files must be a list of strings, got 'a.md'"),
+        ({"clean": 1}, "clean must be true or false, got 1"),
+    ],
+)
+def test_a_source_options_type_is_checked_where_the_file_is_read(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    """A folder's option is read by the build: ``follow_symlinks = "yes"`` was taken as true,
+    and the sidecar, which reads no source, started with any of them."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(source_with(**SOURCE, **options), base=tmp_path)
+    assert message in str(info.value)
