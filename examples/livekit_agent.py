@@ -18,18 +18,27 @@ turn and only then (when it differs) changes the context. The LLM may also call
 from __future__ import annotations
 
 import os
+import sys
 
-from livekit.agents import (
-    Agent,
-    AgentServer,
-    AgentSession,
-    ChatContext,
-    ChatMessage,
-    JobContext,
-    cli,
-    llm,
-)
-from livekit.plugins import openai, silero
+try:  # what the livekit-example extra installs; without it, one line says so
+    from livekit.agents import (
+        Agent,
+        AgentServer,
+        AgentSession,
+        ChatContext,
+        ChatMessage,
+        JobContext,
+        cli,
+        llm,
+    )
+    from livekit.plugins import openai, silero
+except ModuleNotFoundError as exc:
+    print(
+        f"error: {exc.name} is not installed: this example needs its extra, "
+        "pip install -e '.[livekit-example]'",
+        file=sys.stderr,
+    )
+    raise SystemExit(2) from None
 
 from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.livekit import LiveKitKnowledge, knowledge_tools

@@ -16,23 +16,33 @@ aggregator runs the LLM. Interim transcriptions are prefetched. The LLM may also
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
-from pipecat.audio.vad.silero import SileroVADAnalyzer
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineWorker
-from pipecat.processors.aggregators.llm_context import LLMContext
-from pipecat.processors.aggregators.llm_response_universal import (
-    LLMContextAggregatorPair,
-    LLMUserAggregatorParams,
-)
-from pipecat.runner.types import RunnerArguments
-from pipecat.runner.utils import create_transport
-from pipecat.services.openai.llm import OpenAILLMService
-from pipecat.services.openai.stt import OpenAISTTService
-from pipecat.services.openai.tts import OpenAITTSService
-from pipecat.transports.base_transport import TransportParams
-from pipecat.workers.runner import WorkerRunner
+try:  # what the pipecat-example extra installs; without it, one line says so
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.aggregators.llm_response_universal import (
+        LLMContextAggregatorPair,
+        LLMUserAggregatorParams,
+    )
+    from pipecat.runner.run import main as run_main
+    from pipecat.runner.types import RunnerArguments
+    from pipecat.runner.utils import create_transport
+    from pipecat.services.openai.llm import OpenAILLMService
+    from pipecat.services.openai.stt import OpenAISTTService
+    from pipecat.services.openai.tts import OpenAITTSService
+    from pipecat.transports.base_transport import TransportParams
+    from pipecat.workers.runner import WorkerRunner
+except ModuleNotFoundError as exc:
+    print(
+        f"error: {exc.name} is not installed: this example needs its extra, "
+        "pip install -e '.[pipecat-example]'",
+        file=sys.stderr,
+    )
+    raise SystemExit(2) from None
 
 from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.pipecat import VoxrecallRetrieval, register_knowledge_functions
@@ -80,6 +90,8 @@ async def bot(runner_args: RunnerArguments) -> None:
 
 
 if __name__ == "__main__":
-    from pipecat.runner.run import main
-
-    main()
+    if not os.environ.get("OPENAI_API_KEY"):
+        print("error: set OPENAI_API_KEY to an OpenAI API key (speech, the LLM and the voice "
+              "need one)", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    run_main()

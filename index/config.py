@@ -11,12 +11,15 @@ the API key is looked up here, by the variable name the file gives.
 from __future__ import annotations
 
 import difflib
+import functools
+import json
+import math
 import os
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from index.errors import ConfigError
 
@@ -79,6 +82,23 @@ CLEANABLE_TYPES = frozenset({"markdown", "text", "html", "pdf", "url"})
 for _type in CLEANABLE_TYPES:
     SOURCE_OPTIONS[_type] = SOURCE_OPTIONS[_type] | {"clean"}
 SOURCE_TYPES = tuple(SOURCE_OPTIONS)
+# Each option's type, checked when the file is read (its range by the source that reads it).
+OPTION_TYPES: dict[str, Any] = {
+    "clean": bool,
+    "approved": bool,
+    "follow_symlinks": bool,
+    "require_last_updated": bool,
+    "max_page_bytes": int,
+    "max_image_bytes": int,
+    "refresh": float,
+    "id_field": str,
+    "title_field": str,
+    "text_field": str,
+    "urls": list[str],
+    "required_files": list[str],
+    "context_fields": list[str],
+    "metadata_fields": list[str],
+}
 SOURCE_KEYS = frozenset({"name", "type", "path"})  # every type's, beside its options
 OPENAI_MAX_INPUTS = 2048  # the OpenAI embeddings API's limit on inputs per request
 
@@ -107,9 +127,10 @@ def check_options(source: SourceConfig) -> None:
             f"source {source.name!r}: unknown option(s) {unknown_names(unknown, allowed)} for type "
             f"{source.type} (it takes: {', '.join(sorted(allowed)) or 'none'})"
         )
-    for flag in ("clean", "approved"):
-        if flag in source.options and not isinstance(source.options[flag], bool):
-            raise ConfigError(f"source {source.name!r}: {flag} must be true or false")
+    for key, value in source.options.items():
+        wanted = _wanted(OPTION_TYPES[key], value)
+        if wanted:
+            raise ConfigError(f"source {source.name!r}: {key} must be {wanted}, got {value!r}")
     if source.type == "image":
         if (source.path is None) == ("urls" not in source.options):
             raise ConfigError(f"source {source.name!r}: type image takes a path (a folder) or urls")
@@ -241,10 +262,89 @@ def build_table(
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown_names(unknown, known | set(keys))}")
+    check_types(cls, values, where)
     try:
         return cls(**{**values, **extra})
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# A field's type -> whether a value fits it, and what the error calls it. TOML's own types:
+# an integer is a number too; inf and nan are no number a limit can take.
+_KINDS: tuple[tuple[type, Callable[[Any], bool], str], ...] = (
+    (bool, lambda v: isinstance(v, bool), "true or false"),
+    (int, lambda v: is_whole(v), "a whole number"),
+    (float, _is_number, "a number"),
+    (str, lambda v: isinstance(v, str), "a string"),
+)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def check_types(cls: type, values: Mapping[str, Any], where: str) -> None:
+    """Every key the file gave has its field's type (a whole number, a number, true or false, a
+    string, one of a Literal's words), so a value such as ``budget_ms = "150ms"`` stops the start
+    naming the key, instead of failing every call that reads it. Paths, lists and sub-tables are
+    converted and checked by their tables' parsers before they get here."""
+    types = _field_types(cls)
+    for key, value in values.items():
+        wanted = _wanted(types.get(key), value)
+        if wanted:
+            raise ConfigError(f"{where}: {key} must be {wanted}, got {value!r}")
+
+
+def _wanted(hint: Any, value: Any) -> str:
+    """What ``value`` should have been for a field of type ``hint``; "" when it fits."""
+    if get_origin(hint) is Literal:
+        words = get_args(hint)
+        return "" if value in words else " or ".join(json.dumps(w) for w in words)
+    if hint == list[str]:
+        strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return "" if strings else "a list of strings"
+    for kind, fits, name in _KINDS:
+        if hint is kind:
+            return "" if fits(value) else name
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The values a numeric key takes: ``low`` to ``high`` (None: no upper bound), ``low``
+    itself excluded when ``above``; ``note`` says what the value counts or means."""
+
+    low: float
+    high: float | None = None
+    above: bool = False
+    note: str = ""
+
+    def holds(self, value: float) -> bool:
+        over_low = value > self.low if self.above else value >= self.low
+        return over_low and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        low = f"{self.low:g}"
+        if self.high is not None and not self.above:
+            allowed = f"from {low} to {self.high:g}"
+        else:
+            allowed = f"> {low}" if self.above else f">= {low}"
+            allowed += f" and <= {self.high:g}" if self.high is not None else ""
+        return f"{allowed} ({self.note})" if self.note else allowed
+
+
+def check_ranges(table: object, ranges: Mapping[str, Range], where: str) -> None:
+    """Each of ``ranges``' keys of a parsed table within its range (its type already checked),
+    with one error naming the key, what is allowed and the value given."""
+    for key, allowed in ranges.items():
+        value = getattr(table, key)
+        if not allowed.holds(value):
+            raise ConfigError(f"{where}: {key} must be {allowed}, got {value!r}")
 
 
 def resolve_path(base: Path, value: Any, where: str) -> Path:
@@ -277,15 +377,35 @@ def parse_build_config(raw: Mapping[str, Any], base: Path, path: Path | None = N
     return BuildConfig(embedder=embedder, knowledge_bases=tuple(kbs), index=index, path=path)
 
 
+# The numeric keys' ranges, per table (their types are the fields' own, checked by build_table).
+EMBEDDER_RANGES = {
+    "dimensions": Range(0, note="0: the model's own"),
+    "batch_size": Range(1),
+    "max_concurrency": Range(1),
+    "threads": Range(1),
+}
+CHUNKING_RANGES = {
+    "target_tokens": Range(1),
+    "overlap_tokens": Range(0),
+    "heading_levels": Range(0, 6, note="split at H1..Hn; 0: no heading splits"),
+}
+HNSW_RANGES = {
+    "m": Range(2),
+    "ef_construction": Range(1),
+    "target_recall": Range(0, 1, above=True, note="a recall@10"),
+}
+INDEX_RANGES = {"keep_versions": Range(1, note="the newest version is always kept")}
+
+
 def _embedder_config(raw: Mapping[str, Any], where: str) -> EmbedderConfig:
     provider = raw.get("provider", "local")
     if provider not in ("local", "openai"):
         raise ConfigError(f'{where}: [embedder] provider must be "local" or "openai"')
     if provider == "local":
-        return build_table(EmbedderConfig, raw, f"{where} [embedder]")
+        return _ranged(EmbedderConfig, raw, EMBEDDER_RANGES, f"{where} [embedder]")
     # a build's requests as large as the API takes (index/embedders/remote.py)
     values = {"model": "text-embedding-3-small", "batch_size": OPENAI_MAX_INPUTS, **raw}
-    embedder = build_table(EmbedderConfig, values, f"{where} [embedder]")
+    embedder = _ranged(EmbedderConfig, values, EMBEDDER_RANGES, f"{where} [embedder]")
     if not 1 <= embedder.batch_size <= OPENAI_MAX_INPUTS:
         raise ConfigError(
             f"{where} [embedder] batch_size must be 1 to {OPENAI_MAX_INPUTS} for openai "
@@ -322,11 +442,20 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
         name=name,
         rerank=_rerank_config(kb_raw.get("rerank"), f"{kb_where} [rerank]"),
         sources=sources,
-        chunking=build_table(
-            ChunkingConfig, sub_table(kb_raw, "chunking", kb_where), f"{kb_where} [chunking]"
-        ),
-        hnsw=build_table(HnswConfig, sub_table(kb_raw, "hnsw", kb_where), f"{kb_where} [hnsw]"),
-    )
+        chunking=_ranged(ChunkingConfig, sub_table(kb_raw, "chunking", kb_where),
+                         CHUNKING_RANGES, f"{kb_where} [chunking]"),
+        hnsw=_ranged(HnswConfig, sub_table(kb_raw, "hnsw", kb_where), HNSW_RANGES,
+                     f"{kb_where} [hnsw]"),
+    )  # fmt: skip
+
+
+def _ranged(
+    cls: type[_T], values: Mapping[str, Any], ranges: Mapping[str, Range], where: str
+) -> _T:
+    """``build_table``, then ``ranges`` checked on what it built."""
+    table = build_table(cls, values, where)
+    check_ranges(table, ranges, where)
+    return table
 
 
 def _sources(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> tuple[SourceConfig, ...]:
@@ -376,7 +505,7 @@ def _index_config(raw: Mapping[str, Any], base: Path, where: str) -> IndexConfig
             f"{where} [index]: a token never goes in the file: name its variable with "
             "rebuild_token_env"
         )
-    index = build_table(IndexConfig, idx_raw, f"{where} [index]")
+    index = _ranged(IndexConfig, idx_raw, INDEX_RANGES, f"{where} [index]")
     return replace(index, rebuild_token=os.environ.get(index.rebuild_token_env, ""))
 
 
@@ -471,6 +600,9 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ConfigError(f"config file not found: {path}") from exc
+        raise ConfigError(
+            f"config file not found: {path}: pass --config with your file's path (without it, "
+            "voxrecall.toml in the working directory is read; examples/voxrecall.toml is one)"
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc

@@ -2,6 +2,7 @@
 
     VoxrecallError
     ├── ConfigError            the config file or a flag is wrong; says which key
+    │   └── CannotListen       an address to serve on is in use or cannot be bound
     ├── SourceError            a page could not be read; the build skips it unless strict
     ├── EmbedderError          the model could not be loaded or did not answer
     ├── LlmError               the [index.llm] chat model could not be used for a build
@@ -40,6 +41,14 @@ class VoxrecallError(Exception):
 
 class ConfigError(VoxrecallError):
     """The configuration is invalid: the message names the file and key."""
+
+
+class CannotListen(ConfigError):
+    """An address the sidecar serves on (gRPC, the HTTP door, metrics) is in use or cannot be
+    bound: the message names the address and the key (or flag) that set it."""
+
+    def __init__(self, listen: str, key: str, reason: str) -> None:
+        super().__init__(f"cannot listen on {listen} ({key}): {reason}")
 
 
 class SourceError(VoxrecallError):

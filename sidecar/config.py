@@ -20,7 +20,9 @@ from index.config import (
     MAX_EF_SEARCH,
     BuildConfig,
     KnowledgeBaseConfig,
+    Range,
     build_table,
+    check_ranges,
     is_whole,
     parse_build_config,
     read_toml,
@@ -36,11 +38,12 @@ from sidecar.turn import skip
 # OpenAI's rule for function names (Realtime, Responses and Chat Completions alike).
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_LIMIT = 50  # the most results one search returns: a request's limit and a function's
+MAX_BUDGET_MS = 10_000  # the longest turn budget, [sidecar] budget_ms's and a call's alike
 MAX_WORKERS = 64  # processes: each holds every snapshot in memory
 MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
 SKIP_LANGUAGES = tuple(skip.LEXICONS)  # the languages sidecar/turn/skip.py ships word lists for
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-# A session must hold at least its newest turn: 4000 characters of up to 4 bytes (engine).
+# A session must hold at least its newest turn: 16 KiB of text (engine.MAX_TEXT_BYTES) and its costs.
 MIN_SESSION_BYTES = 32 * 1024
 # A page read whole (ReadPage) must fit; more lets one call pin that much memory per RPC.
 MESSAGE_BYTES_RANGE = (64 * 1024, 64 * 1024 * 1024)
@@ -274,11 +277,33 @@ def _sidecar_config(
     )
     values |= _sub_tables(raw, base, list(built.knowledge_bases), where)
     sidecar = build_table(SidecarConfig, values, sc_where)
+    check_ranges(sidecar, SIDECAR_RANGES, sc_where)
+    _check_addresses(sidecar, built, sc_where)
     _check_operations(sidecar, sc_where)
     _check_shard(sidecar.shard, sidecar.shards, sc_where)
     _check_snapshots(sidecar, sc_where)
     _check_serving(sidecar, sc_where)
     return sidecar
+
+
+# [sidecar]'s numeric keys no check below covers with more than a range (their types are the
+# fields', checked by build_table): a value out of these stops the start, naming the key.
+SIDECAR_RANGES = {
+    "budget_ms": Range(1, MAX_BUDGET_MS, note="milliseconds, as a call's budget_ms"),
+    "max_results": Range(1, MAX_LIMIT),
+    "min_score": Range(-1, 1, note="a cosine similarity: over 1 no chunk ever passes"),
+    "min_lexical_score": Range(0, note="a BM25 score"),
+    "context_turns": Range(0),
+    "session_ttl_s": Range(0, above=True, note="seconds"),
+    "query_cache_size": Range(0),
+    "context_bonus": Range(0, 1, note="added to a cosine similarity; 0: off"),
+    "prefetch_stable_ms": Range(0, note="milliseconds; 0: no prefetch"),
+    "grace_s": Range(0, note="seconds"),
+    "poll_seconds": Range(0, above=True, note="seconds"),
+    "keep_downloaded": Range(1, note="the serving version"),
+    "http_timeout_s": Range(0, above=True, note="seconds"),
+    "http_download_timeout_s": Range(0, above=True, note="seconds"),
+}
 
 
 def _store(raw: Mapping[str, Any], base: Path, index_store: Path, where: str) -> Path | str:
@@ -306,18 +331,33 @@ def _sub_tables(
     }
 
 
+def _check_addresses(sidecar: SidecarConfig, built: BuildConfig, where: str) -> None:
+    """The addresses served on, as host:port, and the default base, one that is configured."""
+    for key in ("listen", "metrics_listen"):
+        if getattr(sidecar, key):
+            _check_host_port(getattr(sidecar, key), key, where)
+    known = [kb.name for kb in built.knowledge_bases]
+    default = sidecar.default_knowledge_base
+    if default and known and default not in known:
+        raise ConfigError(
+            f"{where}: default_knowledge_base {default!r} is not a configured [[knowledge_base]] "
+            f"(known: {', '.join(known)})"
+        )
+
+
+def _check_host_port(address: str, key: str, where: str) -> None:
+    """``host:port`` (``[::1]:50051`` too), the port a number up to 65535."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{where}: {key} must be host:port, e.g. 127.0.0.1:8080, got {address!r}")
+
+
 def _check_snapshots(sidecar: SidecarConfig, where: str) -> None:
-    """How snapshots are kept, loaded and fetched: versions, the memory budget, the timeouts."""
-    if sidecar.keep_downloaded < 1:
-        raise ConfigError(f"{where} keep_downloaded must be >= 1 (the serving version)")
+    """How snapshots are loaded: the memory budget (how they are kept and fetched: ranges)."""
     if not is_whole(sidecar.memory_budget_mb) or sidecar.memory_budget_mb < 0:
         raise ConfigError(
             f"{where} memory_budget_mb must be a whole number of MiB, 0 for no budget "
             "(every base loaded at start)"
-        )
-    if min(sidecar.poll_seconds, sidecar.http_timeout_s, sidecar.http_download_timeout_s) <= 0:
-        raise ConfigError(
-            f"{where} poll_seconds, http_timeout_s and http_download_timeout_s must be > 0"
         )
 
 
@@ -383,8 +423,6 @@ def _function(fn_raw: Any, kbs: list[KnowledgeBaseConfig], fn_where: str) -> Fun
             f"[[knowledge_base]] (known: {known})"
         )
     sources = _function_sources(fn_raw.get("sources", []), base, fn_where)
-    if isinstance(fn.limit, bool) or not isinstance(fn.limit, int):
-        raise ConfigError(f"{fn_where}: limit must be an integer, got {fn.limit!r}")
     if not 0 <= fn.limit <= MAX_LIMIT:
         raise ConfigError(f"{fn_where}: limit must be 0..{MAX_LIMIT}, got {fn.limit}")
     filterable = _function_filterable(fn, fn_raw, base, fn_where)
@@ -443,10 +481,6 @@ def _check_operations(sidecar: SidecarConfig, where: str) -> None:
         raise ConfigError(f"{where}: log_level must be one of {', '.join(LOG_LEVELS)}")
     if sidecar.log_format not in ("json", "text"):
         raise ConfigError(f'{where}: log_format must be "json" or "text"')
-    if sidecar.metrics_listen:
-        host, _, port = str(sidecar.metrics_listen).rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"{where}: metrics_listen must be host:port, e.g. 127.0.0.1:9464")
 
 
 def _check_shared_limits(sidecar: SidecarConfig, where: str) -> None:
@@ -507,9 +541,7 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
         HttpConfig, {**raw, "read_page_bases": bases}, where, vapi_secret="", webhook_secret=""
     )
     if http.listen:
-        host, _, port = str(http.listen).rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"{where}: listen must be host:port, e.g. 127.0.0.1:8080")
+        _check_host_port(http.listen, "listen", where)
     _check_http_limits(http, where)
     known = {kb.name for kb in kbs}
     named = [*bases, *([http.vapi_knowledge_base] if http.vapi_knowledge_base else [])]

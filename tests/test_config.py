@@ -4,14 +4,28 @@ to, at every table, and a source's misspelt ``type`` is named as the unknown key
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
-from index.config import unknown_names
+from index.config import (
+    ChunkingConfig,
+    EmbedderConfig,
+    HnswConfig,
+    IndexConfig,
+    LlmConfig,
+    RerankConfig,
+    unknown_names,
+)
 from index.errors import ConfigError
 from sidecar.cli import main
-from sidecar.config import load_config, parse_config
+from sidecar.config import (
+    HttpConfig,
+    SidecarConfig,
+    SkipConfig,
+    load_config,
+    parse_config,
+)
 
 SOURCE = {"name": "help", "type": "markdown", "path": "kb"}
 
@@ -117,3 +131,114 @@ def test_the_cli_prints_the_guess_without_a_traceback(
     err = capsys.readouterr().err
     assert "unknown key(s) typ (did you mean `type`?)" in err
     assert "Traceback" not in err
+
+
+def _numeric_keys(cls: type) -> list[str]:
+    return [k for k, t in get_type_hints(cls).items() if t in (int, float)]
+
+
+def _placed(table: str, key: str, value: object) -> dict[str, Any]:
+    """A valid config with ``key = value`` in ``table`` (a dotted table name)."""
+    if table == "knowledge_base.rerank":
+        return kb_with(rerank={"base_url": "http://127.0.0.1:1", key: value})
+    if table.startswith("knowledge_base."):
+        return kb_with(**{table.split(".")[1]: {key: value}})
+    if table == "index.llm":
+        return config(index={"llm": {key: value}})
+    if "." in table:
+        outer, inner = table.split(".")
+        return config(**{outer: {inner: {key: value}}})
+    return config(**{table: {key: value}})
+
+
+EVERY_NUMBER = [
+    (table, key)
+    for table, cls in (
+        ("sidecar", SidecarConfig),
+        ("sidecar.http", HttpConfig),
+        ("sidecar.skip", SkipConfig),
+        ("embedder", EmbedderConfig),
+        ("index", IndexConfig),
+        ("index.llm", LlmConfig),
+        ("knowledge_base.chunking", ChunkingConfig),
+        ("knowledge_base.hnsw", HnswConfig),
+        ("knowledge_base.rerank", RerankConfig),
+    )
+    for key in _numeric_keys(cls)
+]
+
+
+@pytest.mark.parametrize(("table", "key"), EVERY_NUMBER)
+@pytest.mark.parametrize("value", ["150ms", -(10**9), float("nan"), True])
+def test_every_number_of_every_table_is_checked_where_the_file_is_read(
+    tmp_path: Path, table: str, key: str, value: object
+) -> None:
+    """A wrong type or a value out of range stops the parse with the key's name, never later on
+    the first call that reads it (``budget_ms = "150ms"`` served, then failed every Turn)."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(_placed(table, key, value), base=tmp_path)
+    assert f" {key} " in f" {info.value} "
+
+
+@pytest.mark.parametrize(
+    ("sidecar", "message"),
+    [
+        ({"budget_ms": "150ms"}, "[sidecar]: budget_ms must be a whole number, got '150ms'"),
+        ({"budget_ms": -5}, "[sidecar]: budget_ms must be from 1 to 10000"),
+        ({"min_score": 3}, "[sidecar]: min_score must be from -1 to 1"),
+        ({"listen": "50051"}, "[sidecar]: listen must be host:port"),
+        ({"log_format": "xml"}, '[sidecar]: log_format must be "json" or "text"'),
+        ({"default_knowledge_base": "nope"}, "default_knowledge_base 'nope' is not a configured"),
+        ({"s3_region": 5}, "[sidecar]: s3_region must be a string, got 5"),
+    ],
+)
+def test_a_bad_sidecar_value_names_the_key_the_value_and_what_is_allowed(
+    tmp_path: Path, sidecar: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(config(sidecar=sidecar), base=tmp_path)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("command", [["serve"], ["index", "build"]])
+def test_serve_and_build_refuse_a_bad_value_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(
+        '[[knowledge_base]]\nname = "docs"\n[[knowledge_base.source]]\ntype = "markdown"\n'
+        'path = "kb"\n[sidecar]\nbudget_ms = "150ms"\n'
+    )
+    assert main([*command, "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ")
+    assert err.count("\n") == 1
+    assert "budget_ms must be a whole number, got '150ms'" in err
+
+
+def test_no_config_file_says_to_pass_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config file not found: voxrecall.toml: pass --config")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"follow_symlinks": "yes"}, "follow_symlinks must be true or false, got 'yes'"),
+        ({"max_page_bytes": "8MB"}, "max_page_bytes must be a whole number, got '8MB'"),
+        ({"required_files": "a.md"}, "required_files must be a list of strings, got 'a.md'"),
+        ({"clean": 1}, "clean must be true or false, got 1"),
+    ],
+)
+def test_a_source_options_type_is_checked_where_the_file_is_read(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    """A folder's option is read by the build: ``follow_symlinks = "yes"`` was taken as true,
+    and the sidecar, which reads no source, started with any of them."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(source_with(**SOURCE, **options), base=tmp_path)
+    assert message in str(info.value)

@@ -20,7 +20,7 @@ from index.embedders.base import Embedder
 from index.lexical import LexicalIndex
 from sidecar.edge import logs
 from sidecar.edge.server import Sidecar
-from sidecar.functions.tools import MAX_ARGUMENTS_BYTES, error_output
+from sidecar.functions.tools import error_output
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.hardening_kit import TOKEN_A, bearer, build_store, running, sidecar_config
@@ -83,8 +83,7 @@ async def test_an_amplifying_tool_call_gets_an_error_within_the_output_cap(
     assert reply.is_error
     assert len(reply.output) <= OUTPUT_CHARS
     error = orjson.loads(reply.output)["error"]
-    expected = "filter_not_allowed" if size < MAX_ARGUMENTS_BYTES else "invalid_arguments"
-    assert error["type"] == expected
+    assert error["type"] == "invalid_arguments"
     lines = log_lines.getvalue().splitlines()
     assert lines
     assert max(len(line.encode()) for line in lines) < 2 * logs.MAX_FIELD_BYTES

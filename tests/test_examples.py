@@ -44,3 +44,37 @@ def test_realtime_example_reads_the_clients_variables() -> None:
     (line,) = out.stderr.strip().splitlines()
     assert "in the clear to sidecar:50051" in line
     assert "VOXRECALL_TLS_CA" in line
+
+
+# An example run with one of its extra's modules made unimportable (None in sys.modules), as
+# after only `pip install -e '.[pipecat]'`: one line naming the module and the extra, exit 2.
+WITHOUT = (
+    "import runpy, sys; sys.modules[sys.argv[1]] = None; sys.argv = sys.argv[2:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+@pytest.mark.parametrize(
+    ("example", "module", "extra"),
+    [
+        ("pipecat_agent.py", "fastapi", "pipecat-example"),
+        ("pipecat_agent.py", "pipecat", "pipecat-example"),
+        ("livekit_agent.py", "livekit.plugins", "livekit-example"),
+        ("livekit_agent.py", "livekit", "livekit-example"),
+    ],
+)
+def test_an_example_without_its_extra_says_what_to_install(
+    example: str, module: str, extra: str
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT, module, str(REPO / "examples" / example)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    (error,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(f"error: {module}")  # or the submodule the example imports from it
+    assert error.endswith(
+        f"is not installed: this example needs its extra, pip install -e '.[{extra}]'"
+    )
+    assert "Traceback" not in out.stderr

@@ -370,6 +370,32 @@ async def test_path_filters_on_search_turn_and_the_tool(stub: pb_grpc.RetrievalS
     assert tool.chunks[0].source_path == "features/sso.md"
 
 
+@pytest.mark.parametrize("path", ["./billing/refunds.md", "/billing/refunds.md", "./billing/"])
+async def test_a_path_written_from_a_root_is_refused_saying_how_results_give_it(
+    stub: pb_grpc.RetrievalStub, path: str
+) -> None:
+    """No page's path begins with "./" or "/": such a path matched nothing, silently, and the
+    answer was the fallback; it is refused naming the path as results give it."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Search(
+            pb.SearchRequest(query=SSO, min_score=-1, source_paths=["features/", path]),
+            metadata=FULL,
+        )
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    given = path.removeprefix(".").removeprefix("/")
+    assert f"source_paths[1] {path!r} begins with" in (info.value.details() or "")
+    assert f"give it as results do, e.g. {given!r}" in (info.value.details() or "")
+    tool = await stub.InvokeTool(
+        pb.InvokeToolRequest(
+            name="search_help",
+            arguments_json=orjson.dumps({"query": SSO, "source_paths": [path]}).decode(),
+        ),
+        metadata=FULL,
+    )
+    assert tool.is_error
+    assert orjson.loads(tool.output)["error"]["type"] == "invalid_arguments"
+
+
 async def test_a_glob_of_many_wildcards_is_refused_before_it_is_compiled(
     stub: pb_grpc.RetrievalStub,
 ) -> None:

@@ -303,7 +303,7 @@ def test_an_html_page_of_unclosed_comments_is_read_in_linear_time(tmp_path: Path
     [
         ({"follow_symlinks": "yes"}, "follow_symlinks must be true or false"),
         ({"max_page_bytes": 0}, "max_page_bytes must be a whole number of bytes above 0, got 0"),
-        ({"max_page_bytes": "8MB"}, "max_page_bytes must be a whole number of bytes"),
+        ({"max_page_bytes": "8MB"}, "max_page_bytes must be a whole number"),
     ],
 )
 def test_folder_options_are_checked(tmp_path: Path, options: dict[str, Any], message: str) -> None:

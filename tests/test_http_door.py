@@ -155,7 +155,7 @@ async def test_the_sdk_client_lists_and_calls_every_tool_with_a_token(sidecar: S
     [
         ("search_help", {"query": 5}, "invalid_arguments"),
         ("search_help", {"query": ""}, "invalid_arguments"),
-        ("search_help", {"querry": "password"}, "filter_not_allowed"),
+        ("search_help", {"querry": "password"}, "invalid_arguments"),
         ("search_help", {"query": 10**30}, "invalid_arguments"),  # past orjson's 64 bits
         ("no_such_tool", {"query": "password"}, "unknown_function"),
         ("read_page", {"source_path": "nope.md", "knowledge_base": "help"}, "not_found"),
@@ -171,14 +171,60 @@ async def test_a_models_mistake_is_a_tool_error_not_a_failed_request(
     assert output(result)["error"]["type"] == error_type
 
 
+async def test_read_page_takes_the_path_a_search_result_gave(sidecar: Sidecar) -> None:
+    """A search result names the page ``path``; read_page takes that name, and ReadPage's
+    ``source_path`` too, as its schema lists them."""
+    async with mcp_session(sidecar) as session:
+        found = await session.call_tool("search_help", {"query": "how do I reset my password"})
+        path = output(found)["results"][0]["path"]
+        by_path = await session.call_tool("read_page", {"path": path, "knowledge_base": "help"})
+        by_source_path = await session.call_tool(
+            "read_page", {"source_path": path, "knowledge_base": "help"}
+        )
+    assert not by_path.is_error
+    assert not by_source_path.is_error
+    assert output(by_path)["text"] == output(by_source_path)["text"]
+    assert "A link arrives by email" in output(by_path)["text"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        ({"knowledge_base": "help"}, "path is required"),
+        ({"path": 5, "knowledge_base": "help"}, "path must be one string"),
+        ({"path": "password.md", "source_path": "refunds.md", "knowledge_base": "help"}, "one"),
+        ({"path": "password.md", "knowledge_base": "help", "page": 2}, "does not take page"),
+        ({"path": "password.md"}, "knowledge_base must be one of help, billing; got nothing"),
+    ],
+)
+async def test_a_wrong_read_page_call_names_the_argument_to_change(
+    sidecar: Sidecar, arguments: dict[str, Any], says: str
+) -> None:
+    async with mcp_session(sidecar) as session:
+        result = await session.call_tool("read_page", arguments)
+    assert result.is_error
+    error = output(result)["error"]
+    assert error["type"] == "invalid_arguments"
+    assert says in error["message"]
+
+
+async def test_an_unknown_tool_error_names_every_tool_read_page_too(sidecar: Sidecar) -> None:
+    async with mcp_session(sidecar) as session:
+        result = await session.call_tool("no_such_tool", {"query": "password"})
+    message = output(result)["error"]["message"]
+    assert message.endswith("known: search_help, search_billing, read_page")
+
+
 async def test_a_scoped_token_neither_sees_nor_calls_what_it_may_not(sidecar: Sidecar) -> None:
     async with mcp_session(sidecar, TOKEN_B) as session:
         listed = await session.list_tools()
         assert [t.name for t in listed.tools] == ["search_billing", "read_page"]
         assert listed.tools[1].input_schema["properties"].keys() == {
+            "path",
             "source_path",
             "source",
             "offset",
+            "knowledge_base",
         }
         refused = await session.call_tool("search_help", {"query": "reset password"})
         assert refused.is_error
@@ -1238,3 +1284,15 @@ async def test_a_secret_variable_named_but_unset_stops_the_start(
     config = sidecar_config(store, auth=AUTH, http=HTTP)
     with pytest.raises(ConfigError, match=f"{variable} is unset or empty"):
         await create_server(config, embedder=local_embedder, poll=False)
+
+
+def test_a_json_line_leaves_out_uvicorns_colour_codes() -> None:
+    """uvicorn attaches ``color_message`` (its message in ANSI colours) for a terminal; in the
+    JSON log it was a field full of escape codes."""
+    record = logging.makeLogRecord(
+        {"msg": "Uvicorn running on %s", "args": ("http://127.0.0.1:8080",), "levelno": 20}
+    )
+    record.color_message = "Uvicorn running on \x1b[1m%s\x1b[0m"
+    line = orjson.loads(logs.JsonFormatter().format(record))
+    assert line["msg"] == "Uvicorn running on http://127.0.0.1:8080"
+    assert "color_message" not in line

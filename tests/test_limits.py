@@ -20,8 +20,10 @@ from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.edge import logs
 from sidecar.edge.server import Sidecar
+from sidecar.errors import InvalidArgument
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.turn.engine import MAX_TEXT_BYTES, SearchInput
 from tests.hardening_kit import build_store, running, sidecar_config
 
 WAIT_S = 30.0  # a bound on waiting for the server to notice a closed stream, not a timing
@@ -102,13 +104,28 @@ async def test_long_text_is_cut_to_the_embedders_input_and_the_answer_says_so(
         cut = await stub.Turn(_turn(long_text, budget_ms=5000))  # room to embed it all
         whole = await stub.Turn(_turn())
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.Turn(_turn("x" * 4001))
+            await stub.Turn(_turn("x" * (MAX_TEXT_BYTES + 1)))
     assert cut.truncated
     assert cut.chunks
     assert not cut.degraded
     assert not whole.truncated
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert "limit is 4000" in (info.value.details() or "")
+    assert f"limit is {MAX_TEXT_BYTES}" in (info.value.details() or "")
+
+
+async def test_a_text_limit_is_in_bytes_and_names_the_field_sent(sidecar: Sidecar) -> None:
+    """One unit for every text limit, bytes: 5,000 two-byte characters (10,000 bytes) are within
+    it (they were refused as over 4000 characters), and Search's error names query, not text."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        within = await stub.Search(pb.SearchRequest(query="é" * 5000, min_score=-1))
+        turn = await stub.Turn(_turn("é" * 5000))
+    assert within.chunks
+    assert turn.snapshot_version  # answered, not refused
+    over = "é" * (MAX_TEXT_BYTES // 2) + "x"  # past the engine's own check, the edge's aside
+    with pytest.raises(InvalidArgument) as info:
+        await sidecar.engine.search(SearchInput(query=over))
+    assert str(info.value) == f"query is {MAX_TEXT_BYTES + 1} bytes; the limit is {MAX_TEXT_BYTES}"
 
 
 async def test_deadline_exceeded_only_when_the_callers_own_deadline_passed(

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -792,8 +792,10 @@ async def test_an_old_snapshot_is_freed_when_the_last_call_holding_it_ends(
     v1 = await publish(root, 1, local_embedder, "password")
     gated = GatedEmbedder(local_embedder)
     # the call waits at the gate through a publish and a refresh: its budget outlasts them on
-    # any machine, so it is answered densely from the snapshot it started with
-    config = sidecar_config(Store(root, str(root)), tmp_path, budget_ms=int(WAIT_S * 1000))
+    # any machine, so it is answered densely from the snapshot it started with (past the most a
+    # file may give, MAX_BUDGET_MS: set on the parsed config)
+    parsed = sidecar_config(Store(root, str(root)), tmp_path)
+    config = replace(parsed, sidecar=replace(parsed.sidecar, budget_ms=int(WAIT_S * 1000)))
     async with (
         running(config, gated, poll=False) as sidecar,
         grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,

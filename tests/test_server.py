@@ -237,6 +237,26 @@ async def test_bad_turn_input_gets_a_clear_status(example_sidecar: Any) -> None:
     assert budget.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_a_fault_of_ours_is_internal_never_unknown(
+    example_sidecar: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug (here a ValueError out of the engine, as a bad budget once raised) reaches the
+    caller as INTERNAL naming its kind, with the traceback in the log, not as grpc's UNKNOWN."""
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("could not convert string to float: '150ms'")
+
+    monkeypatch.setattr(example_sidecar.engine, "turn", broken)
+    channel, client = stub(example_sidecar.port)
+    async with channel:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await client.Turn(pb.TurnRequest(text="hi there friend", is_final=True), timeout=10)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert "ValueError" in (failed.value.details() or "")
+    assert "150ms" not in (failed.value.details() or "")
+    assert any(r.exc_info and "Turn failed" in r.getMessage() for r in caplog.records)
+
+
 async def test_empty_store_serves_not_serving_until_a_snapshot_arrives(
     tmp_path: Path, local_embedder: Embedder, caplog: pytest.LogCaptureFixture
 ) -> None:

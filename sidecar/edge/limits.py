@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 from sidecar.edge.interceptor import Call, Hook
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
+from sidecar.turn.engine import MAX_TEXT_BYTES
 
 _SLOT = "limits.slot"
 _T = TypeVar("_T")
@@ -233,7 +234,7 @@ async def written_within(
 # any work: a spoken turn is a few hundred characters (4000 at most, of up to 4 bytes each);
 # names, ids and URLs are short. ``arguments_json`` is the model's, bounded by sidecar.functions.tools so
 # that a model's mistake comes back to it as an error output.
-TEXT_BYTES = 16 * 1024
+TEXT_BYTES = MAX_TEXT_BYTES  # the engine's, so both say the same limit
 FIELD_BYTES: dict[str, int | None] = {
     "text": TEXT_BYTES,
     "query": TEXT_BYTES,

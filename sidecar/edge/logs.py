@@ -42,7 +42,9 @@ REDACTED = "[redacted]"
 # is a caller's input echoed back, and a line per call of it would flood the log.
 MAX_FIELD_BYTES = 4096
 MAX_TRACEBACK_BYTES = 16 * 1024  # a deep traceback is still worth reading whole
-_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({})))
+# A record's own attributes, and what a library attaches for its terminal alone (uvicorn's
+# ``color_message``: the message again, in ANSI colour codes): neither is an extra of the line.
+_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"color_message"}
 
 log = logging.getLogger("voxrecall.calls")
 

@@ -35,6 +35,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from index.errors import CannotListen
 from sidecar.edge.interceptor import Call, Hook
 from sidecar.edge.lifecycle import Lifecycle, State
 from sidecar.edge.limits import ConcurrencyLimit
@@ -179,7 +180,12 @@ class Metrics(Hook):
     def serve(self, listen: str) -> int:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the bound port."""
         host, _, port = listen.rpartition(":")
-        server, thread = start_http_server(int(port), host.strip("[]"), registry=self.registry)
+        try:
+            server, thread = start_http_server(int(port), host.strip("[]"), registry=self.registry)
+        except OSError as exc:
+            raise CannotListen(
+                listen, "[sidecar] metrics_listen", exc.strerror or str(exc)
+            ) from exc
         self._server, self._thread = server, thread
         return int(server.server_port)
 

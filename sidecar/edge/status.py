@@ -13,6 +13,9 @@ interceptor, HTTP for the HTTP door, from the same table.
     EmbedderError                  UNAVAILABLE          503  (only where no fallback answered)
     SnapshotError                  INTERNAL             500
     anything else                  INTERNAL             500  (ConfigError, SourceError: our fault)
+    any other exception            INTERNAL             500  (a bug: ``internal_message``, the
+                                                              traceback in the log; grpc itself
+                                                              would answer UNKNOWN with its text)
 
 Handlers raise; ``status_for`` maps; the servicer aborts with the mapped code and the message.
 No handler builds a status code itself. The HTTP codes are those grpc-gateway gives each gRPC
@@ -52,21 +55,28 @@ _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode, int], ...] = (
 _INTERNAL = (Code.INTERNAL, 500)
 
 
-def _row(error: VoxrecallError) -> tuple[grpc.StatusCode, int]:
+def _row(error: Exception) -> tuple[grpc.StatusCode, int]:
     for cls, code, http in _STATUS:
         if isinstance(error, cls):
             return code, http
     return _INTERNAL
 
 
-def status_for(error: VoxrecallError) -> grpc.StatusCode:
-    """The gRPC status code for one of our errors (the most specific class listed wins)."""
+def status_for(error: Exception) -> grpc.StatusCode:
+    """The gRPC status code for one of our errors (the most specific class listed wins); any
+    other exception is a fault of ours, INTERNAL."""
     return _row(error)[0]
 
 
-def http_status_for(error: VoxrecallError) -> int:
-    """The HTTP status for one of our errors, from the same row as its gRPC code."""
+def http_status_for(error: Exception) -> int:
+    """The HTTP status for an error, from the same row as its gRPC code."""
     return _row(error)[1]
+
+
+def internal_message(error: Exception) -> str:
+    """What a caller reads for an exception that is none of ours: its kind, not its text (which
+    may hold a path or a value of the server's); the log has the traceback."""
+    return f"internal error ({type(error).__name__}): the sidecar's log has the details"
 
 
 def code_of_http_status(status: int) -> grpc.StatusCode:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from index.errors import ConfigError
+from index.errors import CannotListen, ConfigError
 from sidecar.config import TlsConfig
 
 log = logging.getLogger("voxrecall.tls")
@@ -89,7 +89,12 @@ def is_loopback(listen: str) -> bool:
 def add_port(server: grpc.aio.Server, listen: str, tls: TlsConfig) -> int:
     """Bind ``listen`` with TLS when configured; the bound port (``listen`` may say 0)."""
     if tls.enabled:
-        port = server.add_secure_port(listen, server_credentials(tls))
+        try:
+            port = server.add_secure_port(listen, server_credentials(tls))
+        except RuntimeError as exc:
+            raise CannotListen(
+                listen, LISTEN_KEY, "the address is in use or cannot be bound"
+            ) from exc
     else:
         if not is_loopback(listen):
             log.warning(
@@ -97,7 +102,17 @@ def add_port(server: grpc.aio.Server, listen: str, tls: TlsConfig) -> int:
                 "set [sidecar.tls] cert_file and key_file",
                 listen,
             )
-        port = server.add_insecure_port(listen)
+        port = _insecure_port(server, listen)
     if port == 0:
-        raise OSError(f"cannot listen on {listen}")
+        raise CannotListen(listen, LISTEN_KEY, "the address cannot be bound")
     return port
+
+
+LISTEN_KEY = "[sidecar] listen, or --listen"
+
+
+def _insecure_port(server: grpc.aio.Server, listen: str) -> int:
+    try:
+        return server.add_insecure_port(listen)
+    except RuntimeError as exc:  # grpc's "Failed to bind to address ...": in use, most often
+        raise CannotListen(listen, LISTEN_KEY, "the address is in use or cannot be bound") from exc

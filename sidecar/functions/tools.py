@@ -51,7 +51,7 @@ from sidecar.errors import (
 )
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import scope
-from sidecar.turn.engine import MAX_TEXT_CHARS, NO_POLICY, BasePolicy, Engine, SearchInput
+from sidecar.turn.engine import MAX_TEXT_BYTES, NO_POLICY, BasePolicy, Engine, SearchInput
 from sidecar.turn.hits import Hit
 
 log = logging.getLogger("voxrecall.tools")
@@ -235,9 +235,9 @@ class KnowledgeFunction:
         accepted = [QUERY, *([SOURCES] if self.filterable else []), SOURCE_PATHS]
         accepted += self.config.filterable
         extra = sorted(k for k in args if k not in accepted)
-        if extra:
+        if extra:  # a misnamed argument: no filter is involved
             raise ToolCallError(
-                FILTER_NOT_ALLOWED,
+                INVALID_ARGUMENTS,
                 f"{self.name} does not take {_quote_all(extra)}; "
                 f"it takes only {', '.join(accepted)}",
             )
@@ -274,10 +274,11 @@ class KnowledgeFunction:
             raise ToolCallError(INVALID_ARGUMENTS, "query must be a string")
         if not query.strip():
             raise ToolCallError(INVALID_ARGUMENTS, "query is empty: send the words to look up")
-        if len(query) > MAX_TEXT_CHARS:
+        size = utf8_size(query, MAX_TEXT_BYTES)
+        if size > MAX_TEXT_BYTES:
             raise ToolCallError(
                 INVALID_ARGUMENTS,
-                f"query is {len(query)} characters; keep it under {MAX_TEXT_CHARS}: the key words are enough",
+                f"query is {size} bytes; keep it under {MAX_TEXT_BYTES}: the key words are enough",
             )
         return query
 
@@ -451,12 +452,19 @@ class Toolbox:
         return found
 
     async def invoke(
-        self, engine: Engine, name: str, arguments_json: str, session_id: str = ""
+        self,
+        engine: Engine,
+        name: str,
+        arguments_json: str,
+        session_id: str = "",
+        other_tools: Sequence[str] = (),
     ) -> Invocation:
-        """Run one call. Model mistakes and a base without a snapshot come back as error outputs."""
+        """Run one call. Model mistakes and a base without a snapshot come back as error outputs.
+        ``other_tools``: what the door serves beside the functions (MCP's read_page), named with
+        them when a call names no tool."""
         fn = self.get(name)
         if fn is None:
-            known = ", ".join(self._visible()) or "none are configured"
+            known = ", ".join([*self._visible(), *other_tools]) or "none are configured"
             return self._error(
                 UNKNOWN_FUNCTION, f"no function named {_quote(name)}; known: {known}"
             )

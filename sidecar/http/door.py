@@ -49,7 +49,7 @@ import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from index.errors import VoxrecallError
+from index.errors import CannotListen, VoxrecallError
 from sidecar.config import Config
 from sidecar.edge import logs, tls
 from sidecar.edge.addresses import share_key
@@ -793,7 +793,7 @@ def _bind(listen: str, *, reuse_port: bool) -> socket.socket:
         sock.bind((host, int(port)))
     except OSError as exc:
         sock.close()
-        raise OSError(f"cannot listen on {listen} ([sidecar.http] listen): {exc}") from exc
+        raise CannotListen(listen, "[sidecar.http] listen", exc.strerror or str(exc)) from exc
     sock.listen(1024)
     sock.setblocking(False)
     return sock

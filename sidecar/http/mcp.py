@@ -52,9 +52,10 @@ from sidecar.edge import tls
 from sidecar.edge.addresses import share_key
 from sidecar.edge.auth import Authenticator
 from sidecar.edge.status import status_for, tool_error_type
-from sidecar.errors import ResourceExhausted
+from sidecar.errors import ResourceExhausted, ToolCallError
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
+    QUOTE_CHARS,
     UNAVAILABLE,
     PageReader,
     Toolbox,
@@ -377,31 +378,19 @@ class McpDoor:
         )
         try:
             call.check(request)  # the caller's scope and the byte limits, as on gRPC
-            result = await self.toolbox.invoke(self.engine, name, arguments_json, session_id)
+            also = (READ_PAGE,) if self._page_bases(call) else ()
+            result = await self.toolbox.invoke(
+                self.engine, name, arguments_json, session_id, other_tools=also
+            )
         except VoxrecallError as exc:
             return self._refused(exc)
         return _text(result.output, result.is_error)
 
     async def _read_page(self, call: HttpCall, arguments: dict[str, Any]) -> types.CallToolResult:
-        bases = self._page_bases(call)
-        kb = arguments.get("knowledge_base") or (bases[0] if len(bases) == 1 else "")
-        path, source = arguments.get("source_path"), arguments.get("source") or ""
-        offset = arguments.get(OFFSET, 0)
-        offset = 0 if offset is None else offset  # null: from the start
-        if not isinstance(path, str) or not isinstance(source, str) or not isinstance(kb, str):
-            return self._error(
-                INVALID_ARGUMENTS, "source_path (and source, knowledge_base) must be strings"
-            )
-        if type(offset) is not int or offset < 0:
-            return self._error(
-                INVALID_ARGUMENTS, "offset must be a whole number of characters, 0 or more"
-            )
-        if kb not in bases:
-            return self._error(
-                INVALID_ARGUMENTS,
-                f"read_page reads the knowledge bases {', '.join(bases) or 'none'}; "
-                f"got {kb!r}: set knowledge_base",
-            )
+        try:
+            kb, path, source, offset = page_arguments(arguments, self._page_bases(call))
+        except ToolCallError as exc:
+            return self._error(exc.type, exc.message)
         try:
             call.check(pb.ReadPageRequest(knowledge_base=kb, source_path=path, source=source))
             page = await self.pages.read(self.engine.searcher(kb), kb, path, source, offset)
@@ -437,9 +426,62 @@ class McpDoor:
         return _text(error_output(type_, message, self.max_chars), is_error=True)
 
 
+# The page's path by the name a search result gives it, and by ReadPage's (the schema's first).
+PAGE_PATHS = ("path", "source_path")
+
+
+def page_arguments(arguments: Mapping[str, Any], bases: list[str]) -> tuple[str, str, str, int]:
+    """read_page's base, page path, source and offset, or ``ToolCallError`` naming the argument
+    to change and only the arguments its schema (``_page_schema(bases)``) has."""
+    takes = list(_page_schema(bases)["properties"])
+    extra = sorted(k for k in arguments if k not in takes)
+    if extra:
+        raise ToolCallError(
+            INVALID_ARGUMENTS,
+            f"{READ_PAGE} does not take {', '.join(extra)}; it takes {', '.join(takes)}",
+        )
+    given = {arguments[k] for k in PAGE_PATHS if arguments.get(k) is not None}
+    if not given:
+        raise ToolCallError(
+            INVALID_ARGUMENTS, "path is required: the page's path, as a search result gave it"
+        )
+    if len(given) > 1 or not isinstance(path := next(iter(given)), str):
+        raise ToolCallError(
+            INVALID_ARGUMENTS, "path must be one string: the path a search result gave"
+        )
+    source = arguments.get("source") or ""
+    if not isinstance(source, str):
+        raise ToolCallError(INVALID_ARGUMENTS, "source must be a string: the result's source")
+    offset = arguments.get(OFFSET)
+    offset = 0 if offset is None else offset  # null: from the start
+    if type(offset) is not int or offset < 0:
+        raise ToolCallError(
+            INVALID_ARGUMENTS, "offset must be a whole number of characters, 0 or more"
+        )
+    return _page_base(arguments, bases), path, source, offset
+
+
+def _page_base(arguments: Mapping[str, Any], bases: list[str]) -> str:
+    """The base read_page reads: the ``knowledge_base`` given, or the only one it may."""
+    kb = arguments.get("knowledge_base")
+    if kb is None and len(bases) == 1:
+        return bases[0]
+    if kb not in bases:
+        raise ToolCallError(
+            INVALID_ARGUMENTS,
+            f"knowledge_base must be one of {', '.join(bases) or 'none'}; got {_shown(kb)}",
+        )
+    return str(kb)
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value is None else repr(value)[:QUOTE_CHARS]
+
+
 def _page_schema(bases: list[str]) -> dict[str, Any]:
     properties: dict[str, Any] = {
-        "source_path": {"type": "string", "description": "The page's path, as a result gave it."},
+        "path": {"type": "string", "description": "The page's path, as a search result gave it."},
+        "source_path": {"type": "string", "description": "The same as path (ReadPage's name)."},
         "source": {"type": "string", "description": "The result's source, when paths repeat."},
         OFFSET: {
             "type": "integer",
@@ -447,12 +489,14 @@ def _page_schema(bases: list[str]) -> dict[str, Any]:
             "description": "Where to read on from: the next_offset a cut answer gave.",
         },
     }
-    if len(bases) > 1:
-        properties["knowledge_base"] = {"type": "string", "enum": bases}
+    # listed with one base too (a call naming it was always taken); required with several
+    properties["knowledge_base"] = {"type": "string", "enum": bases}
     return {
         "type": "object",
         "properties": properties,
-        "required": ["source_path", *(["knowledge_base"] if len(bases) > 1 else [])],
+        # path or source_path: one is needed (page_arguments says so); neither is required here,
+        # so a client that checks arguments against the schema passes either
+        "required": ["knowledge_base"] if len(bases) > 1 else [],
         "additionalProperties": False,
     }
 

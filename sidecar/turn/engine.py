@@ -28,7 +28,7 @@ from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk, MetadataFilter
-from sidecar.config import MAX_LIMIT, SidecarConfig
+from sidecar.config import MAX_BUDGET_MS, MAX_LIMIT, SidecarConfig
 from sidecar.errors import InvalidArgument, Loading
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
@@ -45,8 +45,10 @@ from sidecar.turn.text import Utterance
 
 log = logging.getLogger("voxrecall.engine")
 
-MAX_TEXT_CHARS = 4000  # a spoken turn is a few hundred characters; more is a client bug
-MAX_BUDGET_MS = 10_000
+# A spoken turn is a few hundred bytes; more is a client bug. In bytes, as every limit is: the
+# edge's field limit on text and query is this one (sidecar/edge/limits.py).
+MAX_TEXT_BYTES = 16 * 1024
+MAX_TEXT_CHARS = MAX_TEXT_BYTES // 4  # characters that fit it whatever they are: where to cut
 MAX_SESSION_ID = 256
 # A query vector whose squared norm is within this range is scaled to unit length at once;
 # outside it (a NaN, an infinity, components so large or small that the scale would not fit a
@@ -332,7 +334,7 @@ class Engine:
     def _admit(self, req: TurnInput) -> tuple[str, Searcher, Allowed | None]:
         """A turn's checks, shared by ``turn`` and ``plan``: its text and session id, its base
         (with the searcher serving it) and what its filters and paths let it reach."""
-        self._check_text(req.text, allow_empty=True)
+        self._check_text(req.text, "text", allow_empty=True)
         self._check_session(req.session_id)
         relevance.check_context_url(req.context_url)
         kb = req.knowledge_base or self.default_knowledge_base
@@ -555,7 +557,7 @@ class Engine:
 
     def _check_search(self, req: SearchInput) -> None:
         # with a vector the query is for logging only: checked like any text, never searched
-        self._check_text(req.query, allow_empty=bool(req.vector))
+        self._check_text(req.query, "query", allow_empty=bool(req.vector))
         self._check_session(req.session_id)
         relevance.check_context_url(req.context_url)
         if req.limit < 0 or req.limit > MAX_LIMIT:
@@ -780,11 +782,15 @@ class Engine:
         return float(requested or self.config.budget_ms)
 
     @staticmethod
-    def _check_text(text: str, *, allow_empty: bool) -> None:
+    def _check_text(text: str, field: str, *, allow_empty: bool) -> None:
+        """``field`` (text, or Search's query) within ``MAX_TEXT_BYTES``, named as the caller
+        sent it; encoded only when its length cannot decide."""
         if not allow_empty and not text.strip():
-            raise InvalidArgument("query is empty: send the words to search for")
-        if len(text) > MAX_TEXT_CHARS:
-            raise InvalidArgument(f"text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+            raise InvalidArgument(f"{field} is empty: send the words to search for")
+        fits = len(text) * 4 <= MAX_TEXT_BYTES
+        size = len(text) if fits else len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_TEXT_BYTES:
+            raise InvalidArgument(f"{field} is {size} bytes; the limit is {MAX_TEXT_BYTES}")
 
     @staticmethod
     def _check_session(session_id: str) -> None:

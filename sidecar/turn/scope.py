@@ -15,6 +15,7 @@ dropped source would otherwise answer nothing, as if the base knew nothing of th
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 
@@ -100,6 +101,24 @@ def check(filters: Sequence[MetadataFilter], source_paths: Sequence[str]) -> Non
             )
 
 
+ROOTS = ("./", "/")  # how a path written from a folder, or the file system's root, begins
+QUOTED_PATH = 80  # how much of a refused path the error repeats
+
+
+def check_rooted(paths: Sequence[str], source_paths: Sequence[str]) -> None:
+    """A pattern written from a root (``./voicemail.md``, ``/voicemail.md``) where no page's path
+    begins so (a folder source's paths are relative to its folder) is refused, saying how
+    results give it, rather than matching nothing. ``paths``: the snapshot's, sorted."""
+    for i, pattern in enumerate(source_paths):
+        root = next((r for r in ROOTS if pattern.startswith(r)), "")
+        at = bisect.bisect_left(paths, root)
+        if root and not (at < len(paths) and paths[at].startswith(root)):
+            raise FilterRefused(
+                f"source_paths[{i}] {pattern[:QUOTED_PATH]!r} begins with {root!r}, as no page's "
+                f"path does: give it as results do, e.g. {pattern.removeprefix(root)[:QUOTED_PATH]!r}"
+            )
+
+
 def resolve(
     searcher: Searcher,
     kb: str,
@@ -126,6 +145,7 @@ def resolve(
         )
     if not every and not source_paths:
         return None
+    check_rooted(snapshot.filters.paths, source_paths)
     ids = searcher.sources.ids(sources)
     mask = searcher.sources.mask(ids) if ids is not None else None
     return snapshot.filters.allowed(every, source_paths, mask)
