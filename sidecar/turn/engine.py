@@ -278,7 +278,7 @@ class Engine:
             return self._skipped(session, Skip.NOT_FINAL, searcher, budget)
         utterance = Utterance.of(req.text)
         gazetteer = searcher.gazetteer
-        mentions = gazetteer.find(utterance.tokens)
+        mentions = gazetteer.find(utterance.named)
         if req.speaker == Speaker.AGENT:
             self._record(session, Speaker.AGENT, utterance, mentions)
             self._read_later(session, utterance)
@@ -457,7 +457,7 @@ class Engine:
         utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
-        mentions = searcher.gazetteer.find(utterance.tokens)
+        mentions = searcher.gazetteer.find(utterance.named)
         plan = self._plan(session, utterance, mentions, searcher, allowed)
         return PlannedSearch(
             kb, searcher, plan.query, req.sources, req.context_url, allowed, plan.followup
