@@ -224,6 +224,7 @@ class Counters:
     degraded: int = 0
     prefetched: int = 0  # final turns answered from a prefetch
     prefetch_started: int = 0  # prefetches started on interim transcripts
+    prefetch_deferred: int = 0  # paused interims held back by their stream's prefetch bound
     by_skip: dict[str, int] = field(default_factory=dict)
 
 
