@@ -228,6 +228,34 @@ def test_truncates_agrees_with_the_tokenizer(embedder: LocalEmbedder) -> None:
         "한" * 63,  # a Hangul syllable is more than one token
         "한" * 70,
         "é?" * 127,
+        "roaming123456 " * 285,  # a turn at the 4,000-character cap, counted a slice at a time
+        "supercalifragilisticexpialidocious " * 114,  # few words, many pieces each
+        "x" * 3999,  # one word: one [UNK]
+        ("x" * 300 + " ") * 13,  # words longer than a slice
+        "a\tb\nc " * 500,
+        "pneumonoultramicroscopic " * 9 + "é " * 100,  # 2 + 8 pieces a word: short of the limit
     ]
     for text in texts:
         assert embedder.truncates(text) == (len(whole.encode(text).ids) > 256), text[:20]
+
+
+class _Counting:
+    """A tokenizer that records the length of every text it encodes."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.lengths = tokenizer, list[int]()
+
+    def encode(self, text: str, **options: bool) -> object:
+        self.lengths.append(len(text))
+        return self.tokenizer.encode(text, **options)
+
+
+def test_truncates_reads_a_long_turn_only_until_it_is_past_the_limit(
+    embedder: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn at the 4,000-character cap is tokenized on the event loop (a Turn's ``truncated``):
+    only its first slices, until their tokens are past the limit, not the whole text."""
+    counting = _Counting(embedder._tokenizer)
+    monkeypatch.setattr(embedder, "_tokenizer", counting)
+    assert embedder.truncates(" ".join(f"roaming{i}" for i in range(450))[:3999])
+    assert sum(counting.lengths) < 2000  # of 3,999

@@ -140,6 +140,7 @@ async def test_searches_ahead_and_the_finals_that_took_them_are_counted(
     assert answered.prefetched
     assert value(m, "voxrecall_prefetches_started_total") == 1
     assert value(m, "voxrecall_prefetched_turns_total") == 1
+    assert value(m, "voxrecall_prefetches_deferred_total") == 0  # one interim: nothing held back
 
 
 async def test_the_endpoint_stops_with_the_sidecar(store: Path, local_embedder: Embedder) -> None:

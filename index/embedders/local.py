@@ -173,9 +173,23 @@ class LocalEmbedder:
         # Every Turn asks, on the event loop: tokenizing a question of 64-254 characters there
         # was ~50 us of a cached Turn's ~300 us of CPU (``bench/README.md``, the first-turn gap).
         per_char = 1 if text.isascii() else 4
-        if len(text) * per_char <= self._max_tokens - 2:
+        room = self._max_tokens - 2
+        if len(text) * per_char <= room:
             return False
-        return bool(self._tokenizer.encode(text).overflowing)
+        # A longer text is counted a slice at a time, stopping once the count is past the
+        # limit: the tokenizer splits at whitespace before anything else, so a text's tokens
+        # are its space-cut slices' tokens added up. Encoding a 4,000-character turn whole
+        # held the event loop ~5 ms; its first slices past the limit are a few hundred.
+        counted, start = 0, 0
+        while start < len(text):
+            cut = text.find(" ", start + room)
+            end = len(text) if cut < 0 else cut
+            piece = self._tokenizer.encode(text[start:end], add_special_tokens=False)
+            counted += len(piece.ids)  # one cut at the limit is past it: enough
+            if counted > room:
+                return True
+            start = end
+        return False
 
     def embed_batch(self, texts: Sequence[str]) -> Vectors:
         """Embed synchronously in the calling thread; safe to call from several threads."""

@@ -328,6 +328,12 @@ class _CountersAtScrape(Collector):
             "how often the final took what was searched ahead).",
             counters.prefetch_started,
         )
+        yield CounterMetricFamily(
+            "voxrecall_prefetches_deferred",
+            "Interims ending in a pause held back because their stream started a prefetch less "
+            "than prefetch_stable_ms before (most are replaced by a newer interim meanwhile).",
+            counters.prefetch_deferred,
+        )
         yield from self._embeddings()
         sessions = self.engine.sessions  # two ints: no expiry from this thread
         yield GaugeMetricFamily("voxrecall_sessions", "Sessions held.", sessions.count)

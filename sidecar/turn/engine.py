@@ -226,6 +226,7 @@ class Counters:
     degraded: int = 0
     prefetched: int = 0  # final turns answered from a prefetch
     prefetch_started: int = 0  # prefetches started on interim transcripts
+    prefetch_deferred: int = 0  # paused interims held back by their stream's prefetch bound
     by_skip: dict[str, int] = field(default_factory=dict)
 
 
@@ -280,7 +281,7 @@ class Engine:
             return self._skipped(session, Skip.NOT_FINAL, searcher, budget)
         utterance = Utterance.of(req.text)
         gazetteer = searcher.gazetteer
-        mentions = gazetteer.find(utterance.tokens)
+        mentions = gazetteer.find(utterance.named)
         if req.speaker == Speaker.AGENT:
             self._record(session, Speaker.AGENT, utterance, mentions)
             self._read_later(session, utterance)
@@ -462,7 +463,7 @@ class Engine:
         utterance = Utterance.of(req.text)
         if self._skip(session, utterance) is not Skip.NOT_SKIPPED:
             return None
-        mentions = searcher.gazetteer.find(utterance.tokens)
+        mentions = searcher.gazetteer.find(utterance.named)
         plan = self._plan(session, utterance, mentions, searcher, allowed)
         return PlannedSearch(
             kb, searcher, plan.query, req.sources, req.context_url, allowed, plan.followup

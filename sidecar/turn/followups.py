@@ -92,7 +92,7 @@ from index.types import Chunk
 from sidecar.config import FollowupConfig
 from sidecar.turn.sessions import Mention, Said, Session, Speaker
 from sidecar.turn.sounds import SoundNames
-from sidecar.turn.text import Utterance, tokens, words
+from sidecar.turn.text import Utterance, named_tokens, tokens, words
 
 log = logging.getLogger(__name__)
 
@@ -833,7 +833,7 @@ def heard(
     Otherwise a name heard is no naming."""
     if plan.names or any(m.confidence >= MIN_CONFIDENCE for m in mentions):
         return plan
-    found = sounds.find(utterance.tokens)
+    found = sounds.find(utterance.named)
     if not found.runs:
         return plan  # most turns
     if plan.followup.source != Source.AGENT_QUESTION and not _points_back(_spoken(utterance)):
@@ -925,7 +925,7 @@ def rewrite(
 ) -> str:
     """The query ``plan`` would search for this user turn (the text only; records nothing)."""
     utterance = Utterance.of(text)
-    mentions = gazetteer.find(utterance.tokens)
+    mentions = gazetteer.find(utterance.named)
     return plan(
         session, utterance, mentions, config, gazetteer.shared, sounds=gazetteer.sounds
     ).query
@@ -933,7 +933,9 @@ def rewrite(
 
 def record(session: Session, speaker: str, text: str, gazetteer: Gazetteer = _EMPTY) -> None:
     """Record a turn with the entities it names and track them, as the engine does."""
-    remember(session, session.record_turn(speaker, text, gazetteer.find(tokens(text))))
+    remember(
+        session, session.record_turn(speaker, text, gazetteer.find(named_tokens(tokens(text))))
+    )
 
 
 def _ordinal(session: Session, utterance: Utterance) -> Mention | None:

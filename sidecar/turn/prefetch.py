@@ -11,6 +11,14 @@ searched as a final turn (not a backchannel or closing), and either
 
 Words compare normalised: lowercased, punctuation dropped, whitespace collapsed.
 
+**At most one prefetch starts per stream per ``prefetch_stable_ms``** (each is a plan and an
+embedding, most of it on the event loop or the one embedding thread): a pause-punctuated interim
+within that time of the stream's last start waits out the rest of it, and a newer interim
+replaces it meanwhile (counted, ``prefetch_deferred``). A recogniser sends a few interims a
+second, and a speaker's stable clause is its last interim before the final, so an ordinary
+stream loses nothing; a stream sending fifty a second no longer starts fifty searches a second
+(20 such streams held every other caller's Status p50 at ~50 ms; bench/README.md).
+
 **Match** (the final is answered from the prefetch, ``prefetched = true``) when the knowledge
 base, sources, context_url and snapshot are the same and the final's normalised words equal the
 prefetched ones or overlap them with a Jaccard index of at least MATCH_JACCARD (0.8: one word
@@ -88,7 +96,10 @@ class Prefetcher:
         self._engine = engine
         self._stable_s = stable_ms / 1000.0
         self._seen: tuple[str, ...] = ()  # the words of the latest interim
-        self._timer: asyncio.Task[None] | None = None
+        self._timer: asyncio.Task[None] | None = None  # starts ``_waiting`` when it is due
+        self._waiting: tuple[TurnInput, tuple[str, ...]] | None = None  # an interim and its words
+        self._due = 0.0  # loop time at which ``_waiting`` starts
+        self._next_start = 0.0  # loop time before which no prefetch starts (one per stable_ms)
         self._ahead: _Ahead | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -100,14 +111,20 @@ class Prefetcher:
         if words == self._seen:
             return  # unchanged: a running stability timer keeps running
         self._seen = words
-        self._cancel(self._timer)
-        self._timer = None
+        self._waiting = None  # a newer interim: the one waiting is stale
         if len(words) < MIN_WORDS:
             return
-        if req.text.rstrip().endswith(PAUSE_PUNCTUATION):
+        now = asyncio.get_running_loop().time()
+        paused = req.text.rstrip().endswith(PAUSE_PUNCTUATION)
+        due = now if paused else now + self._stable_s
+        if paused and self._next_start <= now:
             self._start(req, words)
-        else:
-            self._timer = self._spawn(self._when_stable(req, words), "voxrecall-prefetch-timer")
+            return
+        if paused:
+            self._engine.counters.prefetch_deferred += 1  # the stream's last start was too recent
+        self._waiting, self._due = (req, words), max(due, self._next_start)
+        if self._timer is None:
+            self._timer = self._spawn(self._when_due(), "voxrecall-prefetch-timer")
 
     async def take(
         self, req: TurnInput, searcher: Searcher, budget: Budget
@@ -115,7 +132,7 @@ class Prefetcher:
         """The prefetch for this final transcript, if one matches (see the module docstring)."""
         ahead, self._ahead = self._ahead, None
         self._cancel(self._timer)
-        self._timer, self._seen = None, ()
+        self._timer, self._waiting, self._seen = None, None, ()
         if ahead is None:
             return None
         if not self._matches(ahead, req, searcher):
@@ -146,7 +163,7 @@ class Prefetcher:
         if self._ahead is not None:
             self._cancel(self._ahead.task)
         self._cancel(self._timer)
-        self._ahead, self._timer, self._seen = None, None, ()
+        self._ahead, self._timer, self._waiting, self._seen = None, None, None, ()
 
     async def aclose(self) -> None:
         """Cancel the timer and every prefetch still running, and wait for them to end."""
@@ -154,14 +171,23 @@ class Prefetcher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._ahead = self._timer = None
+        self._ahead = self._timer = self._waiting = None
 
     # -- helpers ---------------------------------------------------------------------------
 
-    async def _when_stable(self, req: TurnInput, words: tuple[str, ...]) -> None:
-        await asyncio.sleep(self._stable_s)
+    async def _when_due(self) -> None:
+        """Start the waiting interim's prefetch once it is due; a newer interim may replace it
+        (or put its time off) while this sleeps, and one of too few words drops it."""
+        loop = asyncio.get_running_loop()
+        while self._waiting is not None:
+            wait = self._due - loop.time()
+            if wait <= 0:
+                break
+            await asyncio.sleep(wait)  # a deadline that moves: no one event to wait on
         self._timer = None
-        self._start(req, words)
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            self._start(*waiting)
 
     def _start(self, req: TurnInput, words: tuple[str, ...]) -> None:
         if self._ahead is not None and self._ahead.words == words:
@@ -177,6 +203,7 @@ class Prefetcher:
             self._cancel(self._ahead.task)
         deadline = asyncio.get_running_loop().time() + PREFETCH_TIMEOUT_S
         task = self._spawn(self._engine.search_ahead(planned, deadline), "voxrecall-prefetch")
+        self._next_start = asyncio.get_running_loop().time() + self._stable_s
         self._ahead = _Ahead(words=words, planned=planned, task=task)
         self._engine.counters.prefetch_started += 1
 

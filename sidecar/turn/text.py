@@ -17,11 +17,20 @@ the snapshot's texts were.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from index.entities import tokens as tokens  # the indexer rates names by the same tokens
 
 _WORD = re.compile(r"[\w'-]+")
+# Names are matched over a long turn's first and last NAMED_TOKENS tokens only (``named``): a
+# spoken turn is a few hundred characters (the longest of every evaluation set's 43,669 turns is
+# 68 tokens), so no ordinary turn loses a word, while a turn at the 4,000-character cap (~600
+# tokens) no longer holds the event loop for every word's name lookups (~25 us each, more for a
+# word one edit from a name: 30-70 ms per turn; bench/README.md). A caller names the topic as
+# it starts or as it ends ("..., so how do I set up rclone sync?"), not in the middle of a
+# monologue. A name split across the two ends' seam is not found.
+NAMED_TOKENS = 64
 
 
 def words(text: str) -> list[str]:
@@ -37,14 +46,26 @@ class Utterance:
     Never changed once made, but for two memos the follow-up rules fill on first use
     (``followups.spoken`` and ``followups.asks``: the words without fillers, and whether the turn
     asks something), which three or four of them read a turn. Not frozen: a frozen class's
-    ``__init__`` costs a few times a plain slotted one's, and the memos are set after it."""
+    ``__init__`` costs a few times a plain slotted one's, and the memos are set after it.
+
+    ``named`` is the tokens names are matched by: all of them, but for a turn longer than twice
+    NAMED_TOKENS, its first and last NAMED_TOKENS."""
 
     text: str
     words: tuple[str, ...]
     tokens: tuple[str, ...]
+    named: tuple[str, ...]
     spoken: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
     asks: bool | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, text: str) -> Utterance:
-        return cls(text, tuple(words(text)), tuple(tokens(text)))
+        toks = tuple(tokens(text))
+        return cls(text, tuple(words(text)), toks, named_tokens(toks))
+
+
+def named_tokens(toks: Sequence[str]) -> tuple[str, ...]:
+    """The tokens a turn's names are matched over (``NAMED_TOKENS``)."""
+    if len(toks) <= 2 * NAMED_TOKENS:
+        return tuple(toks)
+    return (*toks[:NAMED_TOKENS], *toks[-NAMED_TOKENS:])
