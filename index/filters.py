@@ -33,6 +33,7 @@ import numpy.typing as npt
 import orjson
 from cachetools import LRUCache
 
+from index.hnsw_file import knn
 from index.tables import ChunkTable
 from index.types import Chunk, MetadataFilter, meta_values
 
@@ -323,7 +324,7 @@ def search(
 
 
 def _knn(index: hnswlib.Index, vector: npt.NDArray[np.float32], k: int) -> Ranked:
-    labels, distances = index.knn_query(vector.reshape(1, -1), k=k)
+    labels, distances = knn(index, vector.reshape(1, -1), k, "the snapshot's graph")
     return [(int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0], strict=True)]
 
 

@@ -53,7 +53,7 @@ from index.entities import ENTITIES_KIND, EntityTable
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError, unreadable
 from index.filters import FILTERS, FilterIndex, build_filters, read_filters
 from index.filters import build_partitions as build_value_partitions
-from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, vector_rows
+from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, knn, vector_rows
 from index.key_tables import GAZETTEER_KIND, TABLES, KeyTables, tables_rules
 from index.lexical import LexicalIndex
 from index.mapped import ArraysFile
@@ -631,7 +631,7 @@ class LoadedSnapshot:
         return self._exact(vector, k, labels())
 
     def _knn(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
-        labels, distances = self.index.knn_query(vector.reshape(1, -1), k=k)
+        labels, distances = knn(self.index, vector.reshape(1, -1), k, str(self.folder / VECTORS))
         pairs = zip(labels[0].tolist(), distances[0].tolist(), strict=True)
         return [(label, 1.0 - d) for label, d in pairs]
 

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hnswlib
+import numpy as np
 import pytest
 
 from bench.fuzz_snapshot import INFO, Worker, fuzz, write_seed
@@ -58,6 +60,27 @@ def test_the_hnsw_attacks_crash_hnswlib_but_the_loader_refuses_them(
         assert runner.load(folder) == {"outcome": "refused", "error": "CorruptSnapshot"}
     finally:
         runner.close()
+
+
+def test_an_entry_point_linked_to_none_fails_hnswlibs_searches_but_the_loader_refuses_it(
+    seed: Path, tmp_path: Path
+) -> None:
+    """s12's F5: a layout every earlier check passed; hnswlib itself raises for a share of
+    searches (found fewer than k), so it reached callers as UNKNOWN until the load refused it."""
+    folder = tampered(seed, tmp_path, "hnsw_entry_point_linked_to_none")
+    graph = hnswlib.Index(space="ip", dim=INFO.dimension)
+    graph.load_index(str(folder / VECTORS), max_elements=400)
+    graph.set_ef(32)
+    queries = np.random.default_rng(0).standard_normal((300, INFO.dimension)).astype(np.float32)
+    failed = 0
+    for query in queries:
+        try:
+            graph.knn_query(query[None, :], k=3)
+        except RuntimeError:
+            failed += 1
+    assert failed > 0, "hnswlib answered every search: the attack no longer reproduces"
+    with pytest.raises(CorruptSnapshot, match=r"vectors.hnsw: element \d+ links to no other"):
+        load_snapshot(folder, INFO)
 
 
 @pytest.mark.parametrize("attack", sorted(TAMPERED))
