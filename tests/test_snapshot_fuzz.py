@@ -164,6 +164,7 @@ def test_a_seeded_fuzz_run_finds_no_crash_no_hang_and_no_unnamed_error(tmp_path:
     # the mutations reach past the checksums: most are refused, some still load
     assert result["outcomes"]["refused"] > 150
     assert result["outcomes"]["ok"] > 0
+    assert "degraded" not in result["outcomes"]  # no graph the load passes fails a search
 
 
 def test_a_format_2_snapshot_is_incompatible_not_corrupt(seed: Path, tmp_path: Path) -> None:
@@ -242,10 +243,14 @@ def test_a_filters_file_within_the_caps_loads(seed: Path, tmp_path: Path) -> Non
 
 
 class _Broken:
-    """A graph whose every search raises what no layer names (as hnswlib's RuntimeError did)."""
+    """A graph whose every search raises ``error`` (hnswlib's RuntimeError: it found fewer than
+    asked for; anything else: what no layer names)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
     def knn_query(self, *_: object, **__: object) -> None:
-        raise ValueError("a late failure")
+        raise self.error
 
 
 def test_the_worker_answers_from_a_loaded_case_and_reports_a_late_failure(seed: Path) -> None:
@@ -253,7 +258,9 @@ def test_the_worker_answers_from_a_loaded_case_and_reports_a_late_failure(seed: 
     and turns from each case, so an error escaping at answer time is a bug, named "late"."""
     searcher = Searcher.build(load_snapshot(seed, INFO))
     assert answered(searcher) == {"outcome": "ok"}
-    searcher.snapshot.index = _Broken()  # type: ignore[assignment]
+    searcher.snapshot.index = _Broken(RuntimeError("Cannot return the results"))  # type: ignore[assignment]
+    assert answered(searcher) == {"outcome": "degraded"}  # named, answered lexically
+    searcher.snapshot.index = _Broken(ValueError("a late failure"))  # type: ignore[assignment]
     late = answered(searcher)
     assert late["outcome"] == "bug"
     assert late["error"].startswith("late: ValueError: a late failure")
