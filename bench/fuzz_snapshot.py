@@ -2,17 +2,23 @@
 
 ``python -m bench fuzz_snapshot --seconds 300`` (or ``python -m bench.fuzz_snapshot``) writes a
 real snapshot (``write_snapshot``: 400 chunks in three sources, a 16-d hnswlib graph, pages, the
-BM25 index), then, case after case, copies it, mutates one of its files (bit flips, bytes and
+BM25 index, and the files a build adds: ``filters.json``, the summary view's ``summaries.hnsw``
+and ``summaries.json``, ``originals.json``), then, case after case, copies it, mutates one of its files (bit flips, bytes and
 integers set to edge values, cuts, splices; JSON values swapped for another type in the
 manifest; one element of a named array set to an edge value in the mapped files; for
-``vectors.hnsw`` also header fields) and re-signs the manifest with the mutated file's sha256
-and size, as someone able to write to the store would. A worker process loads each case the
-way the sidecar does (``load_snapshot``, then the refresher's ``warm_up``) and answers one line
-per case:
+the graphs also header fields and links) and re-signs the manifest with the mutated file's
+sha256 and size, as someone able to write to the store would. A worker process loads each case
+the way the sidecar does (``load_snapshot``, the refresher's ``warm_up``, ``Searcher.build``),
+then answers through a real ``Engine`` (``answer``: a search, a search by a vector, a sourced
+and a filtered search, turns, lexically too): what a load lets through and fails later (s12's
+F5: a graph that failed a share of searches with UNKNOWN) is found. One line per case:
 
-    ok         the mutation left a snapshot that loads and searches
+    ok         the mutation left a snapshot that loads and answers (a named error at answer
+               time, ``VoxrecallError``, is a status the caller reads: ok)
+    degraded   it loads, then a graph could not answer a search (``GraphSearchFailed``: named,
+               answered lexically or INTERNAL): a check the load could add, not a failure
     refused    a named SnapshotError (CorruptSnapshot, IncompatibleSnapshot): what must happen
-    bug        any other exception: a loader error escaping the refusal path
+    bug        any other exception, at load or at answer time ("late: ...")
     crash      the worker died by a signal (hnswlib read memory it should not): restarted
     hang       no answer within HANG_S: killed and restarted
 
@@ -23,6 +29,7 @@ seeded run in CI.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
@@ -33,12 +40,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from index.embedders.base import EmbedderInfo
+from index.enrich import ORIGINALS, originals_writer, summary_writer
+from index.filters import FILTERS
 from index.hnsw_file import HEADER
 from index.mapped import MAGIC
 from index.snapshot import (
@@ -52,12 +61,21 @@ from index.snapshot import (
     sha256_file,
 )
 from index.snapshot import write_snapshot as _write_snapshot
+from index.summaries import SUMMARY_TEXTS, SUMMARY_VECTORS
 from index.types import Chunk
+
+if TYPE_CHECKING:
+    from sidecar.snapshots.searcher import Searcher
 
 INFO = EmbedderInfo(name="fuzz-16", dimension=16)
 CHUNK_COUNT = 400  # enough for every hnsw level-1 list and a few level-2 ones at M = 6
+# seeded vectors each case searches by alone (the graph's own answer, no fallback): a graph
+# whose search stops short at one element failed ~6% of random searches (s12's F5), so 64
+# find it ~98% of the time
+VECTORS_SEARCHED = 64
 HANG_S = 20.0  # a tiny snapshot loads in milliseconds; this long is a loop, not a slow disk
-FILES = (MANIFEST, *DATA_FILES)
+EXTRA_FILES = (FILTERS, SUMMARY_VECTORS, SUMMARY_TEXTS, ORIGINALS)  # the seed's, beside DATA_FILES
+FILES = (MANIFEST, *DATA_FILES, *EXTRA_FILES)
 # 64-bit and 32-bit values that break code trusting a length, a count or an id
 EDGE_INTS = (0, 1, 2, 7, 255, 0xFFFF, 0x7FFFFFFF, 0xFFFFFF00, 0xFFFFFFFF, 100_000, 1 << 40)
 EDGE_JSON: tuple[Any, ...] = (None, True, 5, -1, 1.5, 1e308, "x", "", [], [1, 2], {}, {"n": 5})
@@ -78,11 +96,13 @@ def write_seed(folder: Path) -> Path:
             text=f"roaming password invoice number {i} of the fuzz corpus",
             embed_text=f"Page {i // 4} > Part {i % 4}\nroaming password invoice {i}",
             url=f"https://example.com/page{i // 4}",
-            metadata={"lang": "en"},
+            metadata={"lang": "en", "tier": f"t{i % 7}"},
         )
         for i in range(CHUNK_COUNT)
     ]
     pages = {f"src{i % 3}:page{i // 4}.md": f"page {i // 4} text" for i in range(CHUNK_COUNT)}
+    summaries = summary_writer([c.embed_text for c in chunks], vectors[::-1].copy(), 6, 40)
+    originals = originals_writer({key: f"{text} before clean-up" for key, text in pages.items()})
     _write_snapshot(
         folder,
         knowledge_base="fuzz",
@@ -96,6 +116,9 @@ def write_seed(folder: Path) -> Path:
         hnsw_ef_construction=40,
         target_recall=0.9,
         sources=["src0", "src1", "src2"],
+        extra={"summaries": "heading"},
+        more_files=lambda f: [*summaries(f), *originals(f)],
+        filterable=("lang", "tier"),
     )
     return folder
 
@@ -218,6 +241,10 @@ def _swap_value(doc: Any, rng: random.Random) -> Any:
 MUTATIONS = {
     "bytes": (_flip, _edge_byte, _edge_int, _cut, _splice),
     VECTORS: (_hnsw_field, _hnsw_field, _hnsw_link, _hnsw_link),
+    SUMMARY_VECTORS: (_hnsw_field, _hnsw_link, _hnsw_link),
+    FILTERS: (_json_value, _json_value),
+    SUMMARY_TEXTS: (_json_value,),
+    ORIGINALS: (_json_value,),
     CHUNKS: (_array_value, _array_value),
     PAGES: (_array_value,),
     LEXICAL: (_array_value,),
@@ -250,23 +277,92 @@ def _resign(folder: Path, name: str) -> None:
 
 
 def worker() -> None:
-    """Load each folder named on stdin as the sidecar would; one JSON line per folder."""
+    """Load each folder named on stdin as the sidecar would, then answer from it; one JSON line
+    per folder."""
     from index.errors import SnapshotError
     from index.snapshot import load_snapshot
     from sidecar.snapshots.refresh import warm_up
+    from sidecar.snapshots.searcher import Searcher
 
     for line in sys.stdin:
         folder = Path(line.strip())
         try:
             snapshot = load_snapshot(folder, INFO)
             warm_up(snapshot)
-            outcome = {"outcome": "ok"}
+            searcher = Searcher.build(snapshot)
         except SnapshotError as exc:
             outcome = {"outcome": "refused", "error": type(exc).__name__}
         except Exception as exc:  # what the harness is here to find
             outcome = {"outcome": "bug", "error": f"{type(exc).__name__}: {exc}"[:300]}
+        else:
+            outcome = answered(searcher)
         sys.stdout.write(json.dumps(outcome) + "\n")
         sys.stdout.flush()
+
+
+def answered(searcher: Searcher) -> dict[str, Any]:
+    """``answer`` over a loaded case: "ok"; "degraded" when a graph could not answer a search
+    (named, answered lexically: a check the load could add); or a "bug" naming what escaped."""
+    import asyncio
+
+    from index.errors import VoxrecallError
+
+    try:
+        failures = asyncio.run(answer(searcher))
+    except VoxrecallError:  # a named status a caller reads (a base renamed: NOT_FOUND, ...)
+        return {"outcome": "ok"}
+    except Exception as exc:
+        return {"outcome": "bug", "error": f"late: {type(exc).__name__}: {exc}"[:300]}
+    return {"outcome": "degraded" if failures else "ok"}
+
+
+async def answer(searcher: Searcher) -> int:
+    """What a caller reaches, through a real Engine over ``searcher``: searches (plain, by
+    source, by filter, by VECTORS_SEARCHED seeded vectors alone), turns naming pages and
+    pointing back; with the embedder up, then failing (the lexical fallback). Returns the
+    searches the graph could not answer (``GraphSearchFailed``, a named status)."""
+    from dataclasses import replace
+
+    from index.embedders.base import FakeEmbedder
+    from index.errors import VoxrecallError
+    from index.types import MetadataFilter
+    from sidecar.config import SidecarConfig
+    from sidecar.snapshots.holder import SnapshotHolder
+    from sidecar.turn.engine import Engine, SearchInput, TurnInput
+    from sidecar.turn.sessions import SessionStore
+
+    tier = (MetadataFilter(field="tier", any_of=("t3",)),)
+    searches = [
+        SearchInput(query="roaming password invoice"),
+        SearchInput(query="invoice number 7", sources=("src1",)),
+        SearchInput(query="invoice", filters=tier),
+    ]
+    vectors = np.random.default_rng(5).normal(size=(VECTORS_SEARCHED, INFO.dimension))
+    by_vector = [SearchInput(query="", vector=v.astype(np.float32).tobytes()) for v in vectors]
+    failures = 0
+    for fail in (False, True):
+        holder = SnapshotHolder()
+        holder.publish(searcher)
+        engine = Engine(
+            replace(SidecarConfig(), budget_ms=2000, min_score=0.0),
+            FakeEmbedder(dimension=INFO.dimension, name=INFO.name, fail=fail),
+            holder,
+            frozenset({"fuzz"}),
+            SessionStore(max_sessions=8, ttl_s=60, context_turns=3),
+            default_knowledge_base="fuzz",
+        )
+        try:
+            for search in [*searches, *(by_vector if not fail else ())]:
+                # a named status (a filter on a field the case lost, GraphSearchFailed for a
+                # vector alone: counted below): the caller reads it, the next search is tried
+                with contextlib.suppress(VoxrecallError):
+                    await engine.search(search)
+            for text in ("Tell me about Page 3.", "What about its invoice?", "And page 12?"):
+                await engine.turn(TurnInput(session_id="fuzz", text=text, speaker="user"))
+        finally:
+            await engine.aclose()
+        failures += engine.counters.graph_failures
+    return failures
 
 
 class Worker:

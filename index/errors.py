@@ -11,6 +11,7 @@
     ├── SnapshotError
     │   ├── SnapshotNotFound   the store has no published snapshot for a base yet
     │   ├── CorruptSnapshot    a file is missing, or its checksum or counts disagree
+    │   │   └── GraphSearchFailed  a loaded graph could not answer a search (hnswlib refused)
     │   ├── IncompatibleSnapshot  another format version, embedder or dimension
     │   ├── IncompleteSnapshot the pointer names a version whose files are not all there (yet)
     │   ├── StoreUnavailable   the store did not answer, or answered an error, or this process
@@ -81,6 +82,13 @@ class SnapshotNotFound(SnapshotError):
 
 class CorruptSnapshot(SnapshotError):
     """A snapshot's files disagree with its manifest (missing file, checksum, counts)."""
+
+
+class GraphSearchFailed(CorruptSnapshot):
+    """hnswlib could not answer one search of a loaded graph (fewer elements reachable than
+    asked for: a graph its load's checks could not tell apart from a sound one). The engine
+    answers such a turn lexically, degraded; a search by a vector alone has no text to fall back
+    on and fails INTERNAL, never UNKNOWN."""
 
 
 class IncompatibleSnapshot(SnapshotError):

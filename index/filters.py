@@ -33,10 +33,14 @@ import numpy.typing as npt
 import orjson
 from cachetools import LRUCache
 
-from index.tables import ChunkTable
+from index.hnsw_file import knn
+from index.tables import MAX_META_STRINGS, ChunkTable
 from index.types import Chunk, MetadataFilter, meta_values
 
 FILTERS = "filters.json"
+_JSON_ESCAPE = 6  # the most JSON bytes one byte of a string is written as ("\u0001")
+_VALUE_JSON = 6  # a value's '"":[' and '],' around its labels
+_FIELDS_SLACK = 64 * 1024  # '{"fields":{}}' and the filterable fields' names
 # A filter letting through at least this share of chunks is served by over-fetching from the
 # shared graph (about 1 / share x k candidates suffice); below it, by exact search.
 OVERFETCH_MIN_SHARE = 0.5
@@ -238,9 +242,22 @@ def build_filters(chunks: Sequence[Chunk], filterable: Sequence[str]) -> bytes:
     return orjson.dumps({"fields": fields}, option=orjson.OPT_SORT_KEYS)
 
 
+def max_filters_bytes(chunks: int, chunks_bytes: int) -> int:
+    """The most bytes a build writes to ``filters.json`` for a snapshot of ``chunks`` chunks
+    whose ``chunks.bin`` is ``chunks_bytes``: every value is a metadata string that file holds
+    (at most 6 bytes of JSON per byte, a control character's ``\\u00XX``), and each chunk is
+    among the labels of at most MAX_META_STRINGS values (a label's digits, its comma, and a
+    value's quotes and brackets each); a field's name is a config key (the slack). A larger file
+    was not written by a build: refused before it is read or parsed (s12's F6: 15.6 MB took
+    13 s and 371 MB to load)."""
+    per_label = len(str(max(chunks, 1))) + 1 + _VALUE_JSON
+    return _JSON_ESCAPE * chunks_bytes + chunks * MAX_META_STRINGS * per_label + _FIELDS_SLACK
+
+
 def read_filters(data: bytes, chunks: Sequence[Chunk], where: str) -> dict[str, dict[str, Labels]]:
     """The fields of a ``filters.json``, each label list checked (ascending, within the
-    snapshot); ValueError naming what is wrong."""
+    snapshot), the values and labels counted before any is converted (``_check_counts``);
+    ValueError naming what is wrong."""
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -248,6 +265,7 @@ def read_filters(data: bytes, chunks: Sequence[Chunk], where: str) -> dict[str, 
     fields = raw.get("fields") if type(raw) is dict else None
     if type(fields) is not dict:
         raise ValueError(f"{where}: no 'fields' object")
+    _check_counts(fields, len(chunks), where)
     out: dict[str, dict[str, Labels]] = {}
     for name, values in fields.items():
         if type(values) is not dict:
@@ -257,6 +275,24 @@ def read_filters(data: bytes, chunks: Sequence[Chunk], where: str) -> dict[str, 
             for v, labels in values.items()
         }
     return out
+
+
+def _check_counts(fields: dict[str, object], n: int, where: str) -> None:
+    """At most ``n`` x MAX_META_STRINGS values and as many labels in all: a build writes one
+    label per string of a chunk's metadata, each string one value at most (``build_filters``).
+    Counted on the parsed lists, before one numpy array is made of them."""
+    cap = n * MAX_META_STRINGS
+    values = labels = 0
+    for name, field in fields.items():
+        if type(field) is not dict:
+            raise ValueError(f"{where}: field {name!r} is not an object of values")
+        values += len(field)
+        labels += sum(len(v) for v in field.values() if type(v) is list)
+        if values > cap or labels > cap:
+            raise ValueError(
+                f"{where}: {values} values and {labels} labels by field {name!r}, over "
+                f"{cap} ({n} chunks x {MAX_META_STRINGS} metadata strings)"
+            )
 
 
 def _labels(raw: object, n: int, where: str) -> Labels:
@@ -323,7 +359,7 @@ def search(
 
 
 def _knn(index: hnswlib.Index, vector: npt.NDArray[np.float32], k: int) -> Ranked:
-    labels, distances = index.knn_query(vector.reshape(1, -1), k=k)
+    labels, distances = knn(index, vector.reshape(1, -1), k, "the snapshot's graph")
     return [(int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0], strict=True)]
 
 

@@ -31,10 +31,11 @@ import mmap
 import struct
 from pathlib import Path
 
+import hnswlib
 import numpy as np
 import numpy.typing as npt
 
-from index.errors import CorruptSnapshot
+from index.errors import CorruptSnapshot, GraphSearchFailed
 from index.mapped import DONTNEED
 
 HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # the 13 fields saveIndex writes, 96 bytes
@@ -45,7 +46,7 @@ MAX_M = 4096  # hnswlib keeps a link count in 16 bits; beyond a few hundred nobo
 _WORD = 4  # tableint and linklistsizeint are uint32
 # The version of the checks below: raise it when one is added or made stricter, so a store's
 # record of a graph checked by older code (``index.store.RECORD_CHECKS``) is not trusted.
-CHECKS_VERSION = 2
+CHECKS_VERSION = 3
 _LABEL = 8  # labeltype is size_t
 _BLOCK = 1 << 16  # elements checked at once: ~10 MB of temporaries at M = 16
 # elements whose labels ``vector_rows`` reads before it lets their pages go: 27 MB at 384-d
@@ -145,7 +146,7 @@ def _check_level0(f: io.BufferedReader, head: _Header, where: str) -> None:
         block = buffer[: min(_BLOCK, count - start)]
         if f.readinto(block.data) != block.size:
             raise CorruptSnapshot(f"{where}: the file ends inside level 0")
-        _check_level0_links(block[:, : _WORD * (head.max_m0 + 1)], head, where)
+        _check_level0_links(block[:, : _WORD * (head.max_m0 + 1)], head, start, where)
         labels = np.ascontiguousarray(block[:, head.label_offset : head.label_offset + _LABEL])
         flat = labels.view("<u8").ravel()
         if int(flat.max()) >= count:
@@ -155,7 +156,12 @@ def _check_level0(f: io.BufferedReader, head: _Header, where: str) -> None:
         raise CorruptSnapshot(f"{where}: the labels are not 0..{count - 1}, each once")
 
 
-def _check_level0_links(raw: npt.NDArray[np.uint8], head: _Header, where: str) -> None:
+def _check_level0_links(raw: npt.NDArray[np.uint8], head: _Header, start: int, where: str) -> None:
+    """The level-0 lists of elements ``start``.. : counts within maxM0, ids elements, and each
+    element linked to another. hnswlib links every element it adds to its nearest (pruning
+    keeps the nearest), so in a graph of two or more a list with no other element is a
+    tampered one: a search whose descent ends there finds that element alone and hnswlib
+    raises for want of ``k`` results, at answer time."""
     lists = np.ascontiguousarray(raw).view("<u4")  # (elements, 1 + maxM0)
     header = lists[:, 0]
     if np.any(header >> 16):
@@ -164,8 +170,15 @@ def _check_level0_links(raw: npt.NDArray[np.uint8], head: _Header, where: str) -
     if int(sizes.max()) > head.max_m0:
         raise CorruptSnapshot(f"{where}: a level-0 link list is longer than maxM0 {head.max_m0}")
     used = np.arange(head.max_m0, dtype=np.uint32) < sizes[:, None]
-    if int(np.where(used, lists[:, 1:], 0).max()) >= head.count:
+    ids = lists[:, 1:]
+    if int(np.where(used, ids, 0).max()) >= head.count:
         raise CorruptSnapshot(f"{where}: a level-0 link names an element past {head.count}")
+    if head.count > 1:
+        own = np.arange(start, start + len(lists), dtype=np.uint32)[:, None]
+        alone = ~np.any(used & (ids != own), axis=1)
+        if alone.any():
+            element = start + int(np.argmax(alone))
+            raise CorruptSnapshot(f"{where}: element {element} links to no other at level 0")
 
 
 def _upper_lists(tail: U32, head: _Header, where: str) -> tuple[npt.NDArray[np.int64], list[int]]:
@@ -239,6 +252,21 @@ def _check_upper_links(
     level_of_list = np.repeat(within + 1, sizes.astype(np.int64))
     if np.any(levels[ids] < level_of_list):
         raise CorruptSnapshot(f"{where}: a link at some level names an element below that level")
+
+
+def knn(
+    index: hnswlib.Index, query: npt.NDArray[np.float32], k: int, where: str
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
+    """``index.knn_query(query, k=k)``, with hnswlib's RuntimeError (it found fewer than ``k``
+    elements from where its descent entered level 0) raised as ``GraphSearchFailed`` naming the
+    graph: the one place a graph is searched, so no hnswlib error reaches a caller as UNKNOWN.
+    A graph whose level-0 lists let a search stop short is refused at load where that can be
+    seen cheaply (``_check_level0_links``); a sparser reachability is only met here."""
+    try:
+        found: tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]] = index.knn_query(query, k=k)
+    except RuntimeError as exc:
+        raise GraphSearchFailed(f"{where}: a search for {k} found fewer ({exc})") from exc
+    return found
 
 
 def vector_rows(

@@ -49,6 +49,11 @@ ANALYZER: Final = "word-lower-stop33-snowball-english/1"
 # Classic Robertson/Lucene defaults. On BEIR SciFact (bench/eval_lexical_scifact.py) they gave
 # nDCG@10 0.686 against 0.680 for Anserini's k1=0.9, b=0.4.
 DEFAULT_K1: Final = 1.2
+# BM25's k1 is tuned in 0.5..2 (Lucene 1.2, Anserini 0.9): above 10 a term's tf barely
+# saturates, and a k1 past float32's range (1e300) is inf and NaN weights; 0 is tf ignored
+# and, with a tf of 0, 0/0. A file outside (0, MAX_K1] was not written by a build.
+MAX_K1: Final = 10.0
+_POSTINGS_BLOCK = 1 << 20  # postings checked at once: ~13 MB of temporaries
 DEFAULT_B: Final = 0.75
 
 # Lucene's (and so Anserini's) default English stopword set.
@@ -173,9 +178,10 @@ class LexicalIndex:
     ) -> None:
         """``terms`` sorted and unique (checked when a list; a mapped table out of order only
         makes lookups miss); the arrays are checked in numpy, so that no posting can index
-        past a document."""
-        if k1 < 0 or not 0.0 <= b <= 1.0:
-            raise ValueError(f"BM25 parameters out of range: k1={k1}, b={b}")
+        past a document, and no value a build never writes can leave BM25 silently empty
+        (``_check_postings``)."""
+        if not (0.0 < k1 <= MAX_K1 and 0.0 <= b <= 1.0):  # NaN fails both
+            raise ValueError(f"BM25 parameters out of range: k1={k1} (0..{MAX_K1}], b={b}")
         n_terms = len(terms)
         if indptr.shape != (n_terms + 1,) or int(indptr[0]) != 0:
             raise ValueError("indptr does not match the vocabulary")
@@ -188,6 +194,7 @@ class LexicalIndex:
             raise ValueError("posting doc id out of range")
         if isinstance(terms, list) and any(a >= b for a, b in itertools.pairwise(terms)):
             raise ValueError("the vocabulary is not sorted or holds duplicate terms")
+        _check_postings(indptr, doc_ids, tfs, doc_len)
         self._terms = terms
         self._indptr = indptr.astype(np.int64, copy=False)
         self._doc_ids = doc_ids.astype(np.int32, copy=False)
@@ -380,6 +387,33 @@ class LexicalIndex:
             k1=stored_k1 if k1 is None else k1,
             b=stored_b if b is None else b,
         )
+
+
+def _check_postings(
+    indptr: npt.NDArray[np.int64], doc_ids: IntArray, tfs: npt.NDArray[np.uint16], doc_len: IntArray
+) -> None:
+    """What a build writes and the scorer relies on, in numpy over the (mapped) arrays, a block
+    of postings at a time: every tf at least 1 (a tf of 0 with k1 gives 0/0, NaN weights), every
+    document with postings at least 1 long, doc ids strictly ascending within each posting list
+    (``scores`` adds with fancy ``+=``, right only for unique ids; a list of duplicates has
+    df > N and a negative idf). Each of these made the lexical fallback answer nothing, silently
+    (s12's F8)."""
+    if np.any(doc_len < 0):
+        raise ValueError("a document length is negative")
+    starts = np.zeros(len(doc_ids), dtype=np.bool_)  # True where a posting list begins
+    firsts = indptr[:-1][np.diff(indptr) > 0]
+    starts[firsts] = True
+    for lo in range(0, len(doc_ids), _POSTINGS_BLOCK):
+        hi = min(len(doc_ids), lo + _POSTINGS_BLOCK)
+        docs = doc_ids[lo:hi]
+        if int(tfs[lo:hi].min()) < 1:
+            raise ValueError("a posting's term frequency is 0")
+        if int(doc_len[docs].min()) < 1:
+            raise ValueError("a document with postings has length 0")
+        pairs = doc_ids[lo : hi + 1]  # the block and the posting after it
+        rising = pairs[1:] > pairs[:-1]  # no temporary wider than the ids (np.diff: 40x slower)
+        if not np.all(rising | starts[lo + 1 : lo + len(pairs)]):
+            raise ValueError("doc ids are not strictly ascending within a posting list")
 
 
 def best(

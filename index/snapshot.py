@@ -51,9 +51,9 @@ from index.config import MAX_EF_SEARCH, HnswConfig
 from index.embedders.base import EmbedderInfo, Vectors
 from index.entities import ENTITIES_KIND, EntityTable
 from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError, unreadable
-from index.filters import FILTERS, FilterIndex, build_filters, read_filters
+from index.filters import FILTERS, FilterIndex, build_filters, max_filters_bytes, read_filters
 from index.filters import build_partitions as build_value_partitions
-from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, vector_rows
+from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, knn, vector_rows
 from index.key_tables import GAZETTEER_KIND, TABLES, KeyTables, tables_rules
 from index.lexical import LexicalIndex
 from index.mapped import ArraysFile
@@ -631,7 +631,7 @@ class LoadedSnapshot:
         return self._exact(vector, k, labels())
 
     def _knn(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
-        labels, distances = self.index.knn_query(vector.reshape(1, -1), k=k)
+        labels, distances = knn(self.index, vector.reshape(1, -1), k, str(self.folder / VECTORS))
         pairs = zip(labels[0].tolist(), distances[0].tolist(), strict=True)
         return [(label, 1.0 - d) for label, d in pairs]
 
@@ -844,8 +844,15 @@ def load_filters(folder: Path, manifest: Manifest, chunks: Sequence[Chunk]) -> F
     snapshot built before filters, or without ``filterable``, has none) and the pages."""
     if FILTERS not in manifest.files:
         return FilterIndex.empty(chunks)
+    path = folder / FILTERS
+    cap = max_filters_bytes(len(chunks), manifest.sizes.get(CHUNKS, 0))
+    if manifest.sizes.get(FILTERS, 0) > cap:
+        raise CorruptSnapshot(
+            f"{path}: {manifest.sizes[FILTERS]} bytes, over the {cap} a build writes for "
+            f"{len(chunks)} chunks"
+        )
     try:
-        fields = read_filters((folder / FILTERS).read_bytes(), chunks, str(folder / FILTERS))
+        fields = read_filters(read_small(path, cap, FILTERS), chunks, str(path))
     except OSError as exc:
         raise unreadable(f"{folder}: cannot read {FILTERS}: {exc}", exc) from exc
     except ValueError as exc:

@@ -26,7 +26,7 @@ import orjson
 
 from index.embedders.base import Vectors
 from index.errors import CorruptSnapshot
-from index.hnsw_file import check_hnsw_file, check_hnsw_head
+from index.hnsw_file import check_hnsw_file, check_hnsw_head, knn
 from index.types import Chunk
 
 SUMMARY_VECTORS = "summaries.hnsw"
@@ -60,7 +60,7 @@ class SummaryIndex:
     def search(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
         if k <= 0 or not self.count:
             return []
-        labels, distances = self.index.knn_query(vector.reshape(1, -1), k=k)
+        labels, distances = knn(self.index, vector.reshape(1, -1), k, "the summaries' graph")
         return [
             (int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0], strict=True)
         ]

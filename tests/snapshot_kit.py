@@ -190,6 +190,14 @@ def _header(field: str, value: object) -> Callable[[bytes], bytes]:
     return edit
 
 
+def _entry_point_alone(data: bytes) -> bytes:
+    """The entry point's level-0 link count set to 0: a well-formed layout, every id in range,
+    but a search whose descent ends at the entry point finds it alone (attack F5, s12)."""
+    entry = int.from_bytes(data[52:56], "little")
+    per_element = int.from_bytes(data[24:32], "little")
+    return _at(HEADER.size + entry * per_element, 0, 4)(data)
+
+
 # Files whose checksums match a manifest re-signed after the change (issue 14's attacks): each
 # crashed the sidecar or broke its calls before the loader checked what it reads.
 TAMPERED: dict[str, Callable[[Path], None]] = {
@@ -198,6 +206,9 @@ TAMPERED: dict[str, Callable[[Path], None]] = {
     # every run; at 100,000 it read ~13 MB past them, which the heap sometimes held, and then
     # it either crashed or raised "cand error" on the garbage (the test's reproduction flaked)
     "hnsw_top_level_2_30": _patch(VECTORS, _at(48, 1 << 30, 4)),
+    # passed every check and warm-up, then failed a share of searches with hnswlib's
+    # RuntimeError, UNKNOWN to the caller, while SERVING (s12's F5)
+    "hnsw_entry_point_linked_to_none": _patch(VECTORS, _entry_point_alone),
     "pages_file_is_5": _patch(PAGES, lambda _: b"5"),
     "pages_text_offset_past_the_blob": _patch(PAGES, _item("t_offsets", 1, 1 << 40)),
     "chunk_string_offsets_decrease": _patch(CHUNKS, _item("s_offsets", 2, 1)),
@@ -210,6 +221,11 @@ TAMPERED: dict[str, Callable[[Path], None]] = {
     "lexical_indptr_decreases": _patch(LEXICAL, _item("indptr", 1, 0xFFFFFF00)),
     "lexical_cut_in_half": _patch(LEXICAL, lambda data: data[: len(data) // 2]),
     "lexical_10_bytes": _patch(LEXICAL, lambda data: data[:10]),
+    # within the earlier checks, but BM25's weights NaN or its fallback empty (s12's F8)
+    "lexical_k1_0": _patch(LEXICAL, _header("k1", 0.0)),
+    "lexical_k1_1e300": _patch(LEXICAL, _header("k1", 1e300)),
+    "lexical_tf_0": _patch(LEXICAL, _item("tfs", 0, 0)),
+    "lexical_doc_len_0": _patch(LEXICAL, _item("doc_len", 0, 0)),
     # the follow-ups' matching tables: a lookup would read a key past the keys' table, or
     # tables made for another entities.bin than the snapshot's (issue 19)
     "gazetteer_prefix_key_past_the_keys": _patch(GAZETTEER, _item("prefix_key", 0, 1 << 20)),

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import index.lexical as index_lexical
 from index.lexical import (
     ANALYZER,
     SPOKEN_STOPWORDS,
@@ -300,3 +304,60 @@ def test_convex_fusion_is_monotone_and_bounded(
     before, after = dict(fused), dict(convex_fusion(raised))
     for other in before:
         assert after[doc] - after[other] >= before[doc] - before[other] - 1e-9
+
+
+def _arrays(index: LexicalIndex) -> dict[str, Any]:
+    return {
+        "terms": [index._terms[i] for i in range(len(index._terms))],
+        "indptr": np.array(index._indptr),
+        "doc_ids": np.array(index._doc_ids),
+        "tfs": np.array(index._tfs),
+        "doc_len": np.array(index._doc_len),
+    }
+
+
+def _doubled(arrays: dict[str, Any]) -> dict[str, Any]:
+    """Every posting listed twice in its own list (df > N: a negative idf)."""
+    indptr = arrays["indptr"]
+    spans = list(itertools.pairwise(indptr.tolist()))
+    return {
+        **arrays,
+        "indptr": np.concatenate([[0], np.cumsum(np.diff(indptr) * 2)]).astype(np.int64),
+        "doc_ids": np.concatenate([np.tile(arrays["doc_ids"][a:z], 2) for a, z in spans]),
+        "tfs": np.concatenate([np.tile(arrays["tfs"][a:z], 2) for a, z in spans]),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: {**a, "k1": 0.0}, "k1=0.0"),
+        (lambda a: {**a, "k1": 1e300}, "k1=1e"),
+        (lambda a: {**a, "k1": float("nan")}, "k1=nan"),
+        (lambda a: {**a, "tfs": np.zeros_like(a["tfs"])}, "term frequency is 0"),
+        (lambda a: {**a, "doc_len": np.zeros_like(a["doc_len"])}, "has length 0"),
+        (lambda a: {**a, "doc_len": -a["doc_len"]}, "negative"),
+        (_doubled, "strictly ascending"),
+    ],
+)
+def test_values_that_leave_bm25_silently_empty_are_refused_by_name(
+    index: LexicalIndex, change: Any, message: str
+) -> None:
+    """s12's F8: each loaded, then NaN or negative weights made the lexical fallback answer []."""
+    arrays = change({**_arrays(index), "k1": index.k1})
+    k1 = arrays.pop("k1")
+    with pytest.raises(ValueError, match=message):
+        LexicalIndex(**arrays, k1=k1, b=index.b)
+    built = LexicalIndex(**_arrays(index), k1=index.k1, b=index.b)  # the unchanged ones load
+    assert built.search("cats dogs", 5) == index.search("cats dogs", 5)
+
+
+def test_duplicate_doc_ids_are_found_across_a_block_boundary(
+    index: LexicalIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The postings are checked a block at a time: a pair split by a block's edge is seen."""
+    arrays = _doubled(_arrays(index))
+    monkeypatch.setattr(index_lexical, "_POSTINGS_BLOCK", 1)
+    with pytest.raises(ValueError, match="strictly ascending"):
+        LexicalIndex(**arrays, k1=index.k1, b=index.b)
+    LexicalIndex(**_arrays(index), k1=index.k1, b=index.b)

@@ -14,13 +14,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hnswlib
+import numpy as np
+import orjson
 import pytest
 
-from bench.fuzz_snapshot import INFO, Worker, fuzz, write_seed
+import index.snapshot
+from bench.fuzz_snapshot import INFO, Worker, answered, fuzz, write_seed
 from index.errors import CorruptSnapshot, IncompatibleSnapshot
+from index.filters import FILTERS, max_filters_bytes
 from index.lexical import LexicalIndex
 from index.snapshot import VECTORS, load_snapshot
-from tests.snapshot_kit import TAMPERED
+from index.tables import MAX_META_STRINGS
+from sidecar.snapshots.searcher import Searcher
+from tests.snapshot_kit import TAMPERED, resign
 
 RAW_HNSWLIB = """
 import sys, hnswlib, numpy as np
@@ -58,6 +65,27 @@ def test_the_hnsw_attacks_crash_hnswlib_but_the_loader_refuses_them(
         assert runner.load(folder) == {"outcome": "refused", "error": "CorruptSnapshot"}
     finally:
         runner.close()
+
+
+def test_an_entry_point_linked_to_none_fails_hnswlibs_searches_but_the_loader_refuses_it(
+    seed: Path, tmp_path: Path
+) -> None:
+    """s12's F5: a layout every earlier check passed; hnswlib itself raises for a share of
+    searches (found fewer than k), so it reached callers as UNKNOWN until the load refused it."""
+    folder = tampered(seed, tmp_path, "hnsw_entry_point_linked_to_none")
+    graph = hnswlib.Index(space="ip", dim=INFO.dimension)
+    graph.load_index(str(folder / VECTORS), max_elements=400)
+    graph.set_ef(32)
+    queries = np.random.default_rng(0).standard_normal((300, INFO.dimension)).astype(np.float32)
+    failed = 0
+    for query in queries:
+        try:
+            graph.knn_query(query[None, :], k=3)
+        except RuntimeError:
+            failed += 1
+    assert failed > 0, "hnswlib answered every search: the attack no longer reproduces"
+    with pytest.raises(CorruptSnapshot, match=r"vectors.hnsw: element \d+ links to no other"):
+        load_snapshot(folder, INFO)
 
 
 @pytest.mark.parametrize("attack", sorted(TAMPERED))
@@ -114,7 +142,8 @@ def test_the_harness_counts_a_signal_death_as_a_crash(tmp_path: Path) -> None:
 
 
 def test_a_seeded_fuzz_run_finds_no_crash_no_hang_and_no_unnamed_error(tmp_path: Path) -> None:
-    """Every file of the folder is mutated; each case is loaded and warmed in a child process."""
+    """Every file of the folder is mutated, the extra files a build adds too; each case is
+    loaded, warmed and answered from (searches and turns) in a child process."""
     result = fuzz(seed=14, cases=300, work=tmp_path).as_dict()
     assert result["failures"] == []
     assert (result["crashes"], result["hangs"], result["bugs"]) == (0, 0, 0)
@@ -127,10 +156,15 @@ def test_a_seeded_fuzz_run_finds_no_crash_no_hang_and_no_unnamed_error(tmp_path:
         "lexical.bin",
         "entities.bin",
         "gazetteer.bin",
+        "filters.json",
+        "summaries.hnsw",
+        "summaries.json",
+        "originals.json",
     }
     # the mutations reach past the checksums: most are refused, some still load
     assert result["outcomes"]["refused"] > 150
     assert result["outcomes"]["ok"] > 0
+    assert "degraded" not in result["outcomes"]  # no graph the load passes fails a search
 
 
 def test_a_format_2_snapshot_is_incompatible_not_corrupt(seed: Path, tmp_path: Path) -> None:
@@ -169,3 +203,64 @@ def test_an_arrays_header_naming_an_array_past_the_end_is_a_value_error() -> Non
     garbled = prefix + b"\0" * (-len(prefix) % 64) + data[end + (-end % 64) :]
     with pytest.raises(ValueError, match=r"doc_ids.*outside the file"):
         LexicalIndex.from_bytes(garbled)
+
+
+def with_filters(seed: Path, tmp_path: Path, data: bytes) -> Path:
+    """The seed with ``data`` as its filters.json, re-signed (as a store's writer could)."""
+    folder = tmp_path / "filtered"
+    shutil.copytree(seed, folder)
+    (folder / FILTERS).write_bytes(data)
+    resign(folder, FILTERS)
+    return folder
+
+
+def test_a_filters_file_larger_than_a_build_writes_is_refused_unread(
+    seed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """s12's F6: 15.6 MB took 13 s and 371 MB to load; the cap, from the manifest's sizes, is
+    checked before the file is read (so never parsed)."""
+    cap = max_filters_bytes(400, (seed / "chunks.bin").stat().st_size)
+    folder = with_filters(seed, tmp_path, b'{"fields": {}}' + b" " * cap)
+    monkeypatch.setattr(index.snapshot, "read_filters", lambda *_: pytest.fail("parsed"))
+    with pytest.raises(CorruptSnapshot, match=rf"filters.json: {cap + 14} bytes, over the {cap}"):
+        load_snapshot(folder, INFO)
+
+
+def test_more_filter_values_than_the_chunks_metadata_holds_are_refused_by_name(
+    seed: Path, tmp_path: Path
+) -> None:
+    """Within the byte cap, 400 chunks x 64 metadata strings + 1 values of one label each."""
+    values = {f"v{i}": [i % 400] for i in range(400 * MAX_META_STRINGS + 1)}
+    folder = with_filters(seed, tmp_path, orjson.dumps({"fields": {"lang": values}}))
+    with pytest.raises(CorruptSnapshot, match=r"filters.json: 25601 values .* over 25600"):
+        load_snapshot(folder, INFO)
+
+
+def test_a_filters_file_within_the_caps_loads(seed: Path, tmp_path: Path) -> None:
+    values = {f"v{i}": list(range(i, 400, 64)) for i in range(64)}
+    folder = with_filters(seed, tmp_path, orjson.dumps({"fields": {"lang": values}}))
+    assert load_snapshot(folder, INFO).filters.n == 400
+
+
+class _Broken:
+    """A graph whose every search raises ``error`` (hnswlib's RuntimeError: it found fewer than
+    asked for; anything else: what no layer names)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def knn_query(self, *_: object, **__: object) -> None:
+        raise self.error
+
+
+def test_the_worker_answers_from_a_loaded_case_and_reports_a_late_failure(seed: Path) -> None:
+    """The loader's checks and warm-up let s12's F5 through: the worker now answers searches
+    and turns from each case, so an error escaping at answer time is a bug, named "late"."""
+    searcher = Searcher.build(load_snapshot(seed, INFO))
+    assert answered(searcher) == {"outcome": "ok"}
+    searcher.snapshot.index = _Broken(RuntimeError("Cannot return the results"))  # type: ignore[assignment]
+    assert answered(searcher) == {"outcome": "degraded"}  # named, answered lexically
+    searcher.snapshot.index = _Broken(ValueError("a late failure"))  # type: ignore[assignment]
+    late = answered(searcher)
+    assert late["outcome"] == "bug"
+    assert late["error"].startswith("late: ValueError: a late failure")

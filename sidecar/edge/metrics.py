@@ -318,6 +318,12 @@ class _CountersAtScrape(Collector):
             counters.degraded,
         )
         yield CounterMetricFamily(
+            "voxrecall_graph_search_failures",
+            "Searches a loaded graph could not answer (answered lexically, degraded; a search "
+            "by a vector alone fails INTERNAL); the log names the snapshot once.",
+            counters.graph_failures,
+        )
+        yield CounterMetricFamily(
             "voxrecall_prefetched_turns",
             "Turns answered from a search started on an interim transcript.",
             counters.prefetched,

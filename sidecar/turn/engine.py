@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from index.embedders.base import Embedder, TokenLimited, Vectors
-from index.errors import SnapshotNotFound
+from index.errors import GraphSearchFailed, SnapshotNotFound
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
@@ -224,6 +224,7 @@ class Counters:
     turns: int = 0
     skipped: int = 0
     degraded: int = 0
+    graph_failures: int = 0  # searches the graph could not answer (GraphSearchFailed)
     prefetched: int = 0  # final turns answered from a prefetch
     prefetch_started: int = 0  # prefetches started on interim transcripts
     prefetch_deferred: int = 0  # paused interims held back by their stream's prefetch bound
@@ -256,6 +257,7 @@ class Engine:
         self.default_knowledge_base = default_knowledge_base
         self.policies = dict(policies or {})
         self.counters = Counters()
+        self._graph_logged: dict[str, str] = {}  # base -> the snapshot whose failure was logged
         self.vectors = QueryEmbedder(embedder, config.query_cache_size)
         self._reading: set[asyncio.Task[Vectors | None]] = set()  # agent turns being embedded
         # whether the embedder reads less than all of a query (TokenLimited); the
@@ -305,7 +307,7 @@ class Engine:
             _taken_ahead(session, plan, req.text, result, gazetteer.entity_of)
         else:
             if plan.prior:
-                await self._read(session, searcher, budget)
+                await self._read(session, searcher, kb, budget)
             embed = taken is None
             query, result = await self._retrieve(
                 searcher, kb, req, session, plan, budget, embed, allowed
@@ -441,15 +443,20 @@ class Engine:
         self._reading.add(task)
         task.add_done_callback(self._reading.discard)
 
-    async def _read(self, session: Session, searcher: Searcher, budget: Budget) -> None:
+    async def _read(self, session: Session, searcher: Searcher, kb: str, budget: Budget) -> None:
         """Count the pages the agent's turns since the last user turn are about: their vectors
-        were embedded when they arrived (or are joined now, within the turn's embedding time)."""
+        were embedded when they arrived (or are joined now, within the turn's embedding time).
+        A graph that cannot answer counts nothing: the pages are a prior, not the answer."""
         unread, session.unread = session.unread, []
         for text in unread:
             vector = await self.vectors.get(text, budget.embed_deadline())
             if vector is None:
                 continue
-            found = searcher.snapshot.search_dense(vector, PRIOR_COUNTED)
+            try:
+                found = searcher.snapshot.search_dense(vector, PRIOR_COUNTED)
+            except GraphSearchFailed as exc:
+                self._graph_failed(kb, searcher, exc)
+                continue
             hits = [Hit("", searcher.chunks[label], score) for label, score in found]
             _count_pages(session, hits, searcher.gazetteer.entity_of)
 
@@ -601,7 +608,11 @@ class Engine:
             target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
             return self._rank(target, query, None, embed_ms=embed_ms)
         start = time.perf_counter()
-        hits = _nearest_hits(searcher, kb, vector, limit, min_score)
+        try:
+            hits = _nearest_hits(searcher, kb, vector, limit, min_score)
+        except GraphSearchFailed as exc:
+            target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
+            return self._unsearched(target, query, exc, embed_ms)
         search_ms = (time.perf_counter() - start) * 1000.0
         return SearchResult(hits, searcher.version, timings=Timings(embed_ms, search_ms))
 
@@ -632,21 +643,10 @@ class Engine:
     ) -> SearchResult:
         start = time.perf_counter()
         searcher = target.searcher
-        ranked = relevance.rank(
-            searcher,
-            relevance.Query(
-                text=query,
-                vector=vector,
-                limit=target.limit,
-                min_score=target.min_score,
-                min_lexical_score=self.config.min_lexical_score,
-                sources=target.sources,
-                hybrid=target.knowledge_base in self.hybrid_bases and bool(query),  # no text: dense
-                context_url=target.context_url,
-                context_bonus=self.config.context_bonus,
-                allowed=target.allowed,
-            ),
-        )
+        try:
+            ranked = relevance.rank(searcher, self._query(target, query, vector))
+        except GraphSearchFailed as exc:
+            return self._unsearched(target, query, exc, embed_ms)
         chunks = searcher.chunks
         hits = [Hit(target.knowledge_base, chunks[label], score) for label, score in ranked]
         return SearchResult(
@@ -655,6 +655,46 @@ class Engine:
             degraded=vector is None,
             timings=Timings(embed_ms=embed_ms, search_ms=(time.perf_counter() - start) * 1000.0),
         )
+
+    def _unsearched(
+        self, target: SearchScope, query: str, exc: GraphSearchFailed, embed_ms: float
+    ) -> SearchResult:
+        """A search the graph could not answer: counted, then answered as a missed embedding
+        is, by the lexical index (``degraded``): a voice agent gets an answer mid-call, where
+        INTERNAL would leave it none. A search by a vector alone has no text to fall back on:
+        the error (INTERNAL, naming the graph) is raised on, never hnswlib's UNKNOWN."""
+        self._graph_failed(target.knowledge_base, target.searcher, exc)
+        if not query:
+            raise exc
+        return self._rank(target, query, None, embed_ms)
+
+    def _query(self, target: SearchScope, query: str, vector: Vectors | None) -> relevance.Query:
+        return relevance.Query(
+            text=query,
+            vector=vector,
+            limit=target.limit,
+            min_score=target.min_score,
+            min_lexical_score=self.config.min_lexical_score,
+            sources=target.sources,
+            hybrid=target.knowledge_base in self.hybrid_bases and bool(query),  # no text: dense
+            context_url=target.context_url,
+            context_bonus=self.config.context_bonus,
+            allowed=target.allowed,
+        )
+
+    def _graph_failed(self, kb: str, searcher: Searcher, exc: GraphSearchFailed) -> None:
+        """Count a search the graph could not answer; log it once per snapshot of a base (one
+        such graph fails a share of every turn's searches: a line per turn would flood)."""
+        self.counters.graph_failures += 1
+        version = searcher.version
+        if self._graph_logged.get(kb) != version:
+            self._graph_logged[kb] = version
+            log.error(
+                "base %r snapshot %s: %s; answering lexically (degraded) until a new snapshot",
+                kb,
+                version,
+                exc,
+            )
 
     # -- the rerank stage ------------------------------------------------------------------------
 
