@@ -33,8 +33,9 @@ import numpy.typing as npt
 import orjson
 from cachetools import LRUCache
 
+from index.chunker import MAX_META_STRINGS
 from index.hnsw_file import knn
-from index.tables import MAX_META_STRINGS, ChunkTable
+from index.tables import ChunkTable
 from index.types import Chunk, MetadataFilter, meta_values
 
 FILTERS = "filters.json"
