@@ -162,6 +162,15 @@ def _length(n: int) -> bytes:
     return _LENGTHS[n] if n < _SHORT else varint(n)
 
 
+def utf8_field(key: bytes, text: str) -> bytes:
+    """A string field as ``string_field`` writes it, not kept: for words new on most calls (a
+    turn's query), which would only push the kept ones out."""
+    if not text:
+        return b""
+    data = text.encode("utf-8")
+    return key + _length(len(data)) + data
+
+
 # A base's snapshot versions, policy words and sources' names: a handful per base, the same on
 # every call.
 _KEPT_STRINGS = 256

@@ -44,10 +44,14 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Retrieval"].full_name
 CUT_OFF_WAIT_S = 1.0
 
 
-class _SearchSendsBytes:
+# The methods whose handlers answer a response's bytes (sidecar/edge/wire.py).
+SENDS_BYTES = ("Search", "Turn")
+
+
+class _SendsBytes:
     """The server as the generated registration sees it: the same method handlers, registered
-    both ways it registers them, with ``Search``'s serializer sending the bytes the handler
-    wrote (sidecar/edge/wire.py) as they are. The generated code stays as generated."""
+    both ways it registers them, with the serializers of ``SENDS_BYTES`` sending the bytes the
+    handler wrote (sidecar/edge/wire.py) as they are. The generated code stays as generated."""
 
     def __init__(self, server: grpc.aio.Server) -> None:
         self.server = server
@@ -56,7 +60,7 @@ class _SearchSendsBytes:
         """Nothing: ``add_registered_method_handlers`` comes next with the same table."""
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-        handlers = {**handlers, "Search": passing_through(handlers["Search"])}
+        handlers = {**handlers, **{m: passing_through(handlers[m]) for m in SENDS_BYTES}}
         generic = grpc.method_handlers_generic_handler(service, handlers)
         self.server.add_generic_rpc_handlers((generic,))
         self.server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]
@@ -257,7 +261,7 @@ async def create_server(
     health = Health()
     toolbox = Toolbox.from_config(config, policies)
     pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]
-        RetrievalService(engine, holder, lifecycle, toolbox), _SearchSendsBytes(server)
+        RetrievalService(engine, holder, lifecycle, toolbox), _SendsBytes(server)
     )
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable(

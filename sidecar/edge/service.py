@@ -22,7 +22,7 @@ from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import MESSAGES
 from sidecar.edge.status import internal_message, status_for, trailers_for
-from sidecar.edge.wire import EncodedResponse, search_response
+from sidecar.edge.wire import EncodedResponse, search_response, turn_response
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.functions.tools import PageReader, PageText, Toolbox
 from sidecar.gen import retrieval_pb2 as pb
@@ -36,11 +36,8 @@ from sidecar.turn.engine import (
     Speaker,
     Timings,
     TurnInput,
-    TurnResult,
 )
 from sidecar.turn.prefetch import Prefetcher
-from sidecar.turn.rerank import Status as RerankStatus
-from sidecar.turn.skip import Skip
 
 log = logging.getLogger("voxrecall.service")
 
@@ -89,11 +86,6 @@ _TOOL_FORMATS = {
 _SPEAKERS = {pb.SPEAKER_UNSPECIFIED: Speaker.USER, pb.USER: Speaker.USER, pb.AGENT: Speaker.AGENT}
 
 
-# An enum member's ``name`` is a descriptor call; these are dict reads (every response has one).
-_SKIP_NAMES = {skip: skip.name for skip in Skip}
-_RERANK_NAMES = {status: status.name for status in RerankStatus}
-
-
 def strings(field: Sequence[str]) -> tuple[str, ...]:
     """A repeated string field as a tuple; most calls send none, and no tuple is built then."""
     return tuple(field) if field else ()
@@ -122,29 +114,6 @@ def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
         filters=metadata_filters(request.filters),
         source_paths=strings(request.source_paths),
     )
-
-
-def turn_response(result: TurnResult, policy: BasePolicy) -> pb.TurnResponse:
-    searched = result.skipped is Skip.NOT_SKIPPED
-    response = pb.TurnResponse(
-        skipped=_SKIP_NAMES[result.skipped],
-        degraded=result.degraded,
-        query=result.query,
-        snapshot_version=result.snapshot_version,
-        truncated=result.truncated,
-        followup=pb.FollowUp(
-            used=result.followup.used,
-            source=result.followup.source,
-            confidence=result.followup.confidence,
-        ),
-        fallback=policy.fallback if searched and not result.hits else "",
-        instructions=policy.instructions,
-        rerank=_RERANK_NAMES[result.rerank],
-    )
-    set_timings(response.timings, result.timings)
-    MESSAGES.fill(response, "chunks", result.hits)
-    MESSAGES.fill(response, "context", result.context)
-    return response
 
 
 # A ReadPageResponse's bytes beyond its strings: eight fields' tags and lengths.
@@ -201,7 +170,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         self.started = time.monotonic()
 
     @_errors
-    async def Turn(self, request: pb.TurnRequest, context: Context) -> pb.TurnResponse:
+    async def Turn(self, request: pb.TurnRequest, context: Context) -> EncodedResponse:
+        """Answers a ``TurnResponse``'s bytes, written from kept pieces as a Search's are."""
         self.lifecycle.check_accepting()
         turn = turn_input(request)
         return turn_response(await self.engine.turn(turn), self._policy(turn.knowledge_base))
@@ -232,8 +202,9 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 result = await self.engine.turn(turn, prefetch=prefetcher)
                 if turn.speaker == Speaker.USER:
                     prefetcher.discard()  # e.g. a skipped final never took its prefetch
+                written = turn_response(result, self._policy(turn.knowledge_base))
                 answer = pb.ConverseResponse(
-                    turn=turn_response(result, self._policy(turn.knowledge_base)),
+                    turn=pb.TurnResponse.FromString(written.data),
                     prefetched=result.prefetched,
                     transcript=turn.text,
                 )

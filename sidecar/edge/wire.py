@@ -1,16 +1,19 @@
-"""A Search's response written straight out as protobuf's wire format (issue 19, 5).
+"""A Search's and a Turn's response written straight out as protobuf's wire format (issue 19, 5).
 
-A ``SearchResponse`` built per call (made, its hits merged from the kept chunk encodings of
+A ``SearchResponse`` (or a ``TurnResponse``) built per call (made, its hits merged from the kept chunk encodings of
 ``sidecar/edge/messages.py``, then serialized again by grpc) is written here as bytes from kept
 pieces instead: per hit its field's tag, the chunk's kept encoding (for a plain Search's
 ``TableHits``, written from the chunk table's bytes) and the score's four bytes;
 the timings as one packed field; the snapshot version, the base's policy words and the rerank
 status as fields encoded once and kept. Fields go in the proto's order and parse as the message
-protobuf would build (``tests/test_wire.py`` holds every field to it).
+protobuf would build (``tests/test_wire.py`` holds every field to it). A Turn's response is
+written alike (``turn_response``): its hits and the session's context chunks are the snapshot's
+chunks, whose encodings are kept; its query and follow-up words, new on most calls, are encoded
+there and not kept.
 
-``EncodedResponse`` carries the bytes to the Search method's serializer, which passes them
-through (``passing_through``, registered by ``sidecar.edge.server``), beside the timings (what
-the metrics hook reads of every response). A hook that needs the message gets it parsed from the
+``EncodedResponse`` carries the bytes to the method's serializer, which passes them through
+(``passing_through``, registered by ``sidecar.edge.server`` for Search and Turn), beside the
+timings and whether the call searched (what the metrics hook reads of every response). A hook that needs the message gets it parsed from the
 bytes, once a call and only then (``EncodedResponse.message``; ``Hook.reads_encoded``); when a
 hook has parsed it, the message is what is sent, so a hook that changes it is obeyed.
 """
@@ -18,19 +21,21 @@ hook has parsed it, the message is what is sent, so a hook that changes it is ob
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import Message
 
-from sidecar.edge.messages import MESSAGES, field_key, string_field, varint
+from sidecar.edge.messages import MESSAGES, field_key, string_field, utf8_field, varint
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.turn.hits import TableHits
+from sidecar.turn.hits import Hit, TableHits
 from sidecar.turn.rerank import Status as RerankStatus
+from sidecar.turn.skip import Skip
 
 if TYPE_CHECKING:
-    from sidecar.turn.engine import BasePolicy, SearchResult, Timings
+    from sidecar.turn.engine import BasePolicy, SearchResult, Timings, TurnResult
+    from sidecar.turn.followups import FollowUp
 
 _SEARCH = pb.SearchResponse.DESCRIPTOR
 _LENGTH_DELIMITED, _FIXED32, _VARINT = 2, 5, 0
@@ -55,14 +60,19 @@ _RERANK = {
 
 
 class EncodedResponse:
-    """A response as the bytes sent, the message class they parse as, and its timings."""
+    """A response as the bytes sent, the message class they parse as, its timings, and
+    whether the call searched (a skipped turn did not: its embed and search stages are not
+    observed)."""
 
-    __slots__ = ("_message", "data", "kind", "timings")
+    __slots__ = ("_message", "data", "kind", "searched", "timings")
 
-    def __init__(self, data: bytes, kind: type[Message], timings: Timings) -> None:
+    def __init__(
+        self, data: bytes, kind: type[Message], timings: Timings, searched: bool = True
+    ) -> None:
         self.data = data
         self.kind = kind
         self.timings = timings
+        self.searched = searched
         self._message: Message | None = None
 
     def message(self) -> Any:
@@ -81,23 +91,9 @@ def search_response(result: SearchResult, policy: BasePolicy) -> EncodedResponse
     fallback only when nothing was found)."""
     hits = result.hits
     parts: list[bytes] = []
-    if type(hits) is TableHits:  # a plain Search's: written from the chunk table
-        MESSAGES.table_pieces(parts, _CHUNKS, hits)
-    elif hits:
-        MESSAGES.pieces(parts, _CHUNKS, hits)
+    _put_hits(parts, _CHUNKS, hits)
     timings = result.timings
-    parts += (
-        _TIMINGS
-        + _three_floats(
-            _TIMING_KEYS[0],
-            timings.embed_ms,
-            _TIMING_KEYS[1],
-            timings.search_ms,
-            _TIMING_KEYS[2],
-            timings.total_ms,
-        ),
-        string_field(_VERSION, result.snapshot_version),
-    )
+    parts += (_timings(_TIMINGS, timings), string_field(_VERSION, result.snapshot_version))
     if result.degraded:
         parts.append(_DEGRADED)
     if policy.fallback and not hits:
@@ -106,6 +102,79 @@ def search_response(result: SearchResult, policy: BasePolicy) -> EncodedResponse
         parts.append(string_field(_INSTRUCTIONS, policy.instructions))
     parts.append(_RERANK[result.rerank])
     return EncodedResponse(b"".join(parts), pb.SearchResponse, timings)
+
+
+def _put_hits(parts: list[bytes], key: bytes, hits: Sequence[Hit]) -> None:
+    """``hits`` as ``Chunk`` fields of key ``key``, from their kept encodings."""
+    if type(hits) is TableHits:  # a plain search's: written from the chunk table
+        MESSAGES.table_pieces(parts, key, hits)
+    elif hits:
+        MESSAGES.pieces(parts, key, hits)
+
+
+def _timings(field: bytes, timings: Timings) -> bytes:
+    """``timings`` as the field ``field`` (its key and length): three floats, zeros written too
+    (they parse as protobuf's defaults)."""
+    embed, search, total = _TIMING_KEYS
+    return field + _three_floats(
+        embed, timings.embed_ms, search, timings.search_ms, total, timings.total_ms
+    )
+
+
+_TURN = pb.TurnResponse.DESCRIPTOR
+_TURN_CHUNKS, _TURN_CONTEXT = (field_key(_TURN, name) for name in ("chunks", "context"))
+_TURN_QUERY, _TURN_VERSION, _TURN_FOLLOWUP = (
+    field_key(_TURN, name) for name in ("query", "snapshot_version", "followup")
+)
+_TURN_FALLBACK, _TURN_INSTRUCTIONS = (field_key(_TURN, n) for n in ("fallback", "instructions"))
+_TURN_TIMINGS = field_key(_TURN, "timings") + b"\x0f"
+_TURN_DEGRADED = field_key(_TURN, "degraded", _VARINT) + b"\x01"
+_TURN_TRUNCATED = field_key(_TURN, "truncated", _VARINT) + b"\x01"
+# each skip's field (none for NOT_SKIPPED, the default), and each rerank status's
+_SKIPPED = {
+    skip: field_key(_TURN, "skipped", _VARINT) + varint(skip.value) if skip.value else b""
+    for skip in Skip
+}
+_TURN_RERANK = {
+    status: field_key(_TURN, "rerank", _VARINT) + varint(number) if number else b""
+    for status in RerankStatus
+    for number in (pb.RerankStatus.Value(status.name),)
+}
+_FOLLOWUP = pb.FollowUp.DESCRIPTOR
+_USED, _SOURCE = field_key(_FOLLOWUP, "used"), field_key(_FOLLOWUP, "source")
+_CONFIDENCE = field_key(_FOLLOWUP, "confidence", _FIXED32)
+_float32 = struct.Struct("<f").pack
+
+
+def turn_response(result: TurnResult, policy: BasePolicy) -> EncodedResponse:
+    """``result`` as a ``TurnResponse``'s bytes, with ``policy``'s words beside it (the
+    fallback only when the turn searched and found nothing)."""
+    hits, searched = result.hits, result.skipped is Skip.NOT_SKIPPED
+    parts: list[bytes] = []
+    _put_hits(parts, _TURN_CHUNKS, hits)
+    _put_hits(parts, _TURN_CONTEXT, result.context)
+    parts += (_SKIPPED[result.skipped], _TURN_DEGRADED if result.degraded else b"")
+    parts += (
+        utf8_field(_TURN_QUERY, result.query),  # new on most calls: not kept
+        _timings(_TURN_TIMINGS, result.timings),
+        string_field(_TURN_VERSION, result.snapshot_version),
+        _TURN_TRUNCATED if result.truncated else b"",
+        _followup(result.followup),
+    )
+    if searched and policy.fallback and not hits:
+        parts.append(string_field(_TURN_FALLBACK, policy.fallback))
+    if policy.instructions:
+        parts.append(string_field(_TURN_INSTRUCTIONS, policy.instructions))
+    parts.append(_TURN_RERANK[result.rerank])
+    return EncodedResponse(b"".join(parts), pb.TurnResponse, result.timings, searched)
+
+
+def _followup(followup: FollowUp) -> bytes:
+    """The ``followup`` field, present (if empty) on every response, as protobuf's was."""
+    body = utf8_field(_USED, followup.used) + string_field(_SOURCE, followup.source)
+    if followup.confidence:
+        body += _CONFIDENCE + _float32(followup.confidence)
+    return _TURN_FOLLOWUP + varint(len(body)) + body
 
 
 Serializer = Callable[[Any], bytes]
