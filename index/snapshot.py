@@ -543,6 +543,18 @@ class Partition:
     size: int
 
 
+class _GraphOf:
+    """A snapshot's graph file named in an error, the path made only when one is raised."""
+
+    __slots__ = ("folder",)
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __str__(self) -> str:
+        return str(self.folder / VECTORS)
+
+
 @dataclass(slots=True, eq=False)  # identity: one loaded folder is one snapshot
 class LoadedSnapshot:
     """A verified snapshot in memory, immutable once built; what one sidecar request reads.
@@ -631,7 +643,7 @@ class LoadedSnapshot:
         return self._exact(vector, k, labels())
 
     def _knn(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
-        labels, distances = knn(self.index, vector.reshape(1, -1), k, str(self.folder / VECTORS))
+        labels, distances = knn(self.index, vector.reshape(1, -1), k, _GraphOf(self.folder))
         pairs = zip(labels[0].tolist(), distances[0].tolist(), strict=True)
         return [(label, 1.0 - d) for label, d in pairs]
 
