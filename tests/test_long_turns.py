@@ -62,3 +62,13 @@ async def test_a_long_turn_ending_on_a_name_makes_it_the_topic(tmp_path: Path) -
     )
     assert results[1].followup.source == Source.ENTITY
     assert results[1].followup.used == "GOOGLE DRIVE"
+
+
+def test_an_agent_answer_of_a_few_hundred_tokens_is_matched_whole() -> None:
+    """A second attack: at 64 tokens an end, an agent's answer of ~200 tokens listing three
+    options in its middle lost them, and "the second one" after it folded the padding."""
+    padding = " ".join(f"pleasantry{i}" for i in range(110))
+    answer = Utterance.of(f"{padding} I can help with voicemail, roaming, or passwords. {padding}")
+    assert len(answer.tokens) > 200
+    assert answer.named == answer.tokens
+    assert "roaming" in answer.named

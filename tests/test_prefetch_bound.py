@@ -1,5 +1,6 @@
-"""The prefetch bound: one Converse stream starts at most one search ahead per
-``prefetch_stable_ms``, however many interim transcripts it sends (``sidecar.turn.prefetch``)."""
+"""The prefetch bound: one Converse stream starts at most PREFETCH_BURST searches ahead per
+PREFETCH_BURST x ``prefetch_stable_ms``, however many interim transcripts it sends
+(``sidecar.turn.prefetch``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from index.embedders.base import FakeEmbedder
 from sidecar.turn.engine import Engine, TurnInput
-from sidecar.turn.prefetch import Prefetcher
+from sidecar.turn.prefetch import PREFETCH_BURST, Prefetcher
 from tests.conftest import eventually
 from tests.test_turns import BACKENDS
 from tests.turns import SESSION, build_engine
@@ -23,35 +24,38 @@ def engine_at(tmp_path: Path) -> Engine:
     return build_engine(BACKENDS, tmp_path, embedder=FakeEmbedder(dimension=1024))
 
 
-async def test_a_flood_of_paused_interims_starts_one_prefetch(tmp_path: Path) -> None:
+async def test_a_flood_of_paused_interims_starts_a_burst_of_prefetches(tmp_path: Path) -> None:
     """200 interims of new words, each ending in "?" (each one "stable" at once), within one
-    ``prefetch_stable_ms``: the first is searched ahead, the rest wait and are replaced, and
-    each held back is counted."""
+    ``prefetch_stable_ms``: the first PREFETCH_BURST are searched ahead, the rest wait and are
+    replaced, and each held back is counted."""
     engine = engine_at(tmp_path)
     prefetcher = Prefetcher(engine, stable_ms=LONG_MS)
     try:
         for i in range(200):
             prefetcher.interim(interim(f"how big can a pCloud file name be, number {i}?"))
-        assert engine.counters.prefetch_started == 1
-        assert engine.counters.prefetch_deferred == 199
+        assert engine.counters.prefetch_started == PREFETCH_BURST
+        assert engine.counters.prefetch_deferred == 200 - PREFETCH_BURST
     finally:
         await prefetcher.aclose()
         await engine.aclose()
 
 
 async def test_the_last_paused_interim_held_back_is_searched_when_due(tmp_path: Path) -> None:
-    """Two paused interims in a row: the second waits out the bound, then is searched ahead,
-    and its final is answered from that search: the stable clause a speaker ends on is not
-    lost, only put off."""
+    """Paused interims past the burst in a row: the last waits out the bound, then is searched
+    ahead, and its final is answered from that search: the stable clause a speaker ends on is
+    not lost, only put off."""
     engine = engine_at(tmp_path)
     prefetcher = Prefetcher(engine, stable_ms=50)
     said = "What are the limits on file names in pCloud?"
     try:
-        prefetcher.interim(interim("Tell me about Google Drive."))
+        for i in range(PREFETCH_BURST):
+            prefetcher.interim(interim(f"Tell me about Google Drive, part {i}."))
         prefetcher.interim(interim(said))
-        assert engine.counters.prefetch_started == 1
+        assert engine.counters.prefetch_started == PREFETCH_BURST
         assert engine.counters.prefetch_deferred == 1
-        await eventually(lambda: engine.counters.prefetch_started == 2, "the held-back interim")
+        await eventually(
+            lambda: engine.counters.prefetch_started == PREFETCH_BURST + 1, "the held-back one"
+        )
         result = await engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
     finally:
         await prefetcher.aclose()
@@ -73,3 +77,25 @@ async def test_words_that_change_without_a_pause_start_nothing(tmp_path: Path) -
     finally:
         await prefetcher.aclose()
         await engine.aclose()
+
+
+async def test_a_short_question_s_quick_interims_each_start_within_the_burst(
+    tmp_path: Path,
+) -> None:
+    """A second attack: a four-word question's punctuated interims 150 ms apart with the final
+    right after lost every prefetch to one start per ``prefetch_stable_ms`` (the first interim's
+    words, three of four, do not match the final). Within the burst each starts at once, and the
+    final is answered from the last."""
+    engine = engine_at(tmp_path)
+    prefetcher = Prefetcher(engine, stable_ms=LONG_MS)
+    said = "pCloud file name limits?"
+    try:
+        prefetcher.interim(interim("pCloud file name?"))
+        prefetcher.interim(interim(said))
+        assert engine.counters.prefetch_started == 2
+        assert engine.counters.prefetch_deferred == 0
+        result = await engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
+    finally:
+        await prefetcher.aclose()
+        await engine.aclose()
+    assert result.prefetched

@@ -11,11 +11,13 @@ searched as a final turn (not a backchannel or closing), and either
 
 Words compare normalised: lowercased, punctuation dropped, whitespace collapsed.
 
-**At most one prefetch starts per stream per ``prefetch_stable_ms``** (each is a plan and an
-embedding, most of it on the event loop or the one embedding thread): a pause-punctuated interim
-within that time of the stream's last start waits out the rest of it, and a newer interim
-replaces it meanwhile (counted, ``prefetch_deferred``). A recogniser sends a few interims a
-second, and a speaker's stable clause is its last interim before the final, so an ordinary
+**At most PREFETCH_BURST prefetches start per stream per PREFETCH_BURST x
+``prefetch_stable_ms``** (each is a plan and an embedding, most of it on the event loop or the
+one embedding thread): one per ``prefetch_stable_ms`` on average, a few at once. A
+pause-punctuated interim past that waits until a start is free, and a newer interim replaces it
+meanwhile (counted, ``prefetch_deferred``). A recogniser sends a few interims a second, and a
+short question's punctuated interims may come faster than ``prefetch_stable_ms`` with the final
+right after (one start a window lost every such prefetch: a second attack), so an ordinary
 stream loses nothing; a stream sending fifty a second no longer starts fifty searches a second
 (20 such streams held every other caller's Status p50 at ~50 ms; bench/README.md).
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -62,6 +65,8 @@ log = logging.getLogger("voxrecall.prefetch")
 MIN_WORDS = 3  # a shorter interim is most often the start of a longer question
 MATCH_JACCARD = 0.8
 PAUSE_PUNCTUATION = ("?", ".", "!")
+# Prefetches a stream may start at once (``Prefetcher``: one per prefetch_stable_ms on average).
+PREFETCH_BURST = 3
 # A prefetch's own embedding deadline: a final transcript follows its stable interim within a
 # second or so; a prefetch still embedding after this is for a turn already answered.
 PREFETCH_TIMEOUT_S = 2.0
@@ -99,7 +104,9 @@ class Prefetcher:
         self._timer: asyncio.Task[None] | None = None  # starts ``_waiting`` when it is due
         self._waiting: tuple[TurnInput, tuple[str, ...]] | None = None  # an interim and its words
         self._due = 0.0  # loop time at which ``_waiting`` starts
-        self._next_start = 0.0  # loop time before which no prefetch starts (one per stable_ms)
+        # loop times of the stream's last PREFETCH_BURST starts: the next may start once the
+        # oldest is PREFETCH_BURST x stable_ms old
+        self._starts: deque[float] = deque(maxlen=PREFETCH_BURST)
         self._ahead: _Ahead | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -117,12 +124,13 @@ class Prefetcher:
         now = asyncio.get_running_loop().time()
         paused = req.text.rstrip().endswith(PAUSE_PUNCTUATION)
         due = now if paused else now + self._stable_s
-        if paused and self._next_start <= now:
+        free = self._free_at()
+        if paused and free <= now:
             self._start(req, words)
             return
         if paused:
-            self._engine.counters.prefetch_deferred += 1  # the stream's last start was too recent
-        self._waiting, self._due = (req, words), max(due, self._next_start)
+            self._engine.counters.prefetch_deferred += 1  # the stream's recent starts fill it
+        self._waiting, self._due = (req, words), max(due, free)
         if self._timer is None:
             self._timer = self._spawn(self._when_due(), "voxrecall-prefetch-timer")
 
@@ -203,9 +211,15 @@ class Prefetcher:
             self._cancel(self._ahead.task)
         deadline = asyncio.get_running_loop().time() + PREFETCH_TIMEOUT_S
         task = self._spawn(self._engine.search_ahead(planned, deadline), "voxrecall-prefetch")
-        self._next_start = asyncio.get_running_loop().time() + self._stable_s
+        self._starts.append(asyncio.get_running_loop().time())
         self._ahead = _Ahead(words=words, planned=planned, task=task)
         self._engine.counters.prefetch_started += 1
+
+    def _free_at(self) -> float:
+        """The loop time from which the stream may start another prefetch."""
+        if len(self._starts) < PREFETCH_BURST:
+            return 0.0
+        return self._starts[0] + PREFETCH_BURST * self._stable_s
 
     def _matches(self, ahead: _Ahead, req: TurnInput, searcher: Searcher) -> bool:
         planned = ahead.planned

@@ -25,12 +25,12 @@ from index.entities import tokens as tokens  # the indexer rates names by the sa
 _WORD = re.compile(r"[\w'-]+")
 # Names are matched over a long turn's first and last NAMED_TOKENS tokens only (``named``): a
 # spoken turn is a few hundred characters (the longest of every evaluation set's 43,669 turns is
-# 68 tokens), so no ordinary turn loses a word, while a turn at the 4,000-character cap (~600
-# tokens) no longer holds the event loop for every word's name lookups (~25 us each, more for a
-# word one edit from a name: 30-70 ms per turn; bench/README.md). A caller names the topic as
-# it starts or as it ends ("..., so how do I set up rclone sync?"), not in the middle of a
-# monologue. A name split across the two ends' seam is not found.
-NAMED_TOKENS = 64
+# 68 tokens) and an agent's answer, which lists the options "the second one" reads, a few
+# hundred tokens (an attack: at 64 a 200-token answer's list was not seen), so no ordinary turn
+# loses a word, while a turn at the text cap (16 KiB: ~2,400 tokens) no longer holds the event
+# loop for every word's name lookups (~25 us each, more for a word one edit from a name).
+# A name split across the two ends' seam, in the middle of a longer monologue, is not found.
+NAMED_TOKENS = 128
 
 
 def words(text: str) -> list[str]:
