@@ -272,6 +272,19 @@ def test_a_search_s_drop_takes_off_what_it_added_though_its_strings_grew() -> No
         assert 0 < session.size == session.measure() <= 65536
 
 
+def test_one_search_over_the_bound_goes_before_any_turn() -> None:
+    """A second attack: one search of rclone's 66 KB flag tables dropped every turn but the
+    newest and left the session at 201 KB against its 64 KiB. The search goes, the turns stay."""
+    session = Session("s", context_turns=3, max_bytes=64 * 1024)
+    for k in range(5):
+        session.record_turn("user", f"question {k}")
+    huge = "flag | default | help\n" * 3000  # 66 kB a chunk
+    session.retain(Hit("kb", replace(decoded(0, j).chunk, text=huge), 0.5) for j in range(3))
+    assert len(session.turns) == 5
+    assert not session.retained
+    assert session.size == session.measure() <= 64 * 1024
+
+
 def test_an_owner_over_its_quota_evicts_only_its_own_oldest() -> None:
     clock = Clock()
     quota = 3 * SESSION_BYTES + 40_000

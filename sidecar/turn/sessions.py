@@ -3,8 +3,8 @@
 Sessions live in a bounded, expiring store: a session nobody ends is forgotten ``ttl_s`` after
 its last use, and memory stays bounded in bytes under any number of calls. A session keeps at
 most ``max_bytes`` (``[sidecar] max_session_bytes``): past that its oldest retained searches,
-then its oldest turns, are dropped (a turn is what a follow-up reads; a search of big chunks
-weighs more than many turns). What it keeps is accounted as the bytes the session itself
+every one of them if need be, then its oldest turns but the newest, are dropped (a turn is what
+a follow-up reads; one search of big chunks may weigh more than the bound). What it keeps is accounted as the bytes the session itself
 allocates: its turns' text, its mentions' names and its retained chunks' strings
 (``sys.getsizeof``, so 1 to 4 bytes a character), and a fixed cost per turn, per entity
 mention, per page the follow-ups count, per retained hit and chunk, and per session
@@ -177,8 +177,8 @@ class Session:
         return SESSION_BYTES + self._turn_bytes + self._page_bytes + self._hit_bytes
 
     def fit(self) -> None:
-        """Drop the oldest searches, then the oldest turns, past ``max_bytes`` (keeping the
-        newest of each); then tell the store what changed."""
+        """Drop the oldest searches, then the oldest turns, past ``max_bytes`` (``_shrunk``);
+        then tell the store what changed."""
         size = self._held()
         if self.max_bytes and size > self.max_bytes:
             size = self._shrunk()
@@ -192,10 +192,11 @@ class Session:
         self._turn_bytes = sum(map(_said_bytes, self.turns))
 
     def _shrunk(self) -> int:
-        """Drop the oldest searches, then the oldest turns, until within ``max_bytes`` (the
-        newest of each stays); the bytes then held."""
+        """Drop the oldest searches (all of them if need be: one search of big chunks may
+        outweigh the bound alone), then the oldest turns (the newest stays), until within
+        ``max_bytes``; the bytes then held."""
         turns, retained = self.turns, self.retained
-        while len(retained) > 1 and self._held() > self.max_bytes:
+        while retained and self._held() > self.max_bytes:
             retained.popleft()
             self._hit_bytes -= self._counted.popleft()
         while len(turns) > 1 and self._held() > self.max_bytes:
