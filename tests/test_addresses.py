@@ -20,7 +20,11 @@ from sidecar.http.mcp import SessionShares
         ("2001:db8:0:1::7", "2001:db8:0:1::/64"),
         ("2001:db8:0:1:ffff:ffff:ffff:ffff", "2001:db8:0:1::/64"),
         ("[2001:db8:0:1::7]", "2001:db8:0:1::/64"),
-        ("fe80::1%eth0", "fe80::/64"),
+        ("fe80::1%eth0", "fe80::1"),  # a link-local peer: its own address
+        ("64:ff9b::a00:7", "10.0.0.7"),  # NAT64's well-known prefix: the IPv4 client
+        ("64:ff9b::a00:8", "10.0.0.8"),
+        ("2002:a00:7::1", "10.0.0.7"),  # 6to4
+        ("2001:0:4136:e378:8000:63bf:f5ff:fff8", "10.0.0.7"),  # Teredo: the client's IPv4
         ("::ffff:10.0.0.7", "10.0.0.7"),
         ("::1", "::/64"),
         ("", ""),
