@@ -50,6 +50,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     worker = os.environ.get(workers.WORKER_ENV)
     if worker is None and config.sidecar.workers > 1:
         workers.check(config)
+        workers.claim(config)
         argv = ["serve", "--config", str(args.config)]
         argv += ["--listen", config.sidecar.listen, "--store", str(config.sidecar.store)]
         argv += ["--shards", str(config.sidecar.shards), "--shard", str(config.sidecar.shard)]

@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -301,3 +303,20 @@ async def test_a_later_worker_listens_only_once_its_snapshots_are_loaded(
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await sidecar.stop(0.5)
+
+
+def test_a_second_sidecar_with_workers_is_refused_the_port_the_first_serves(
+    supervisor: Supervisor,
+) -> None:
+    """A second attack: workers bind with SO_REUSEPORT, which any process of the same user may
+    join, so a second sidecar of workers > 1 on the port bound beside the first and took part of
+    its calls. Its supervisor probes the port first: one error line, exit 2."""
+    supervisor.wait_serving()
+    config = supervisor.proc.args[supervisor.proc.args.index("--config") + 1]
+    second = subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config)],
+        capture_output=True, text=True, timeout=PROCESS_WAIT_S, env={"PATH": os.environ.get("PATH", "")},
+    )  # fmt: skip
+    assert second.returncode == 2, second.stderr
+    assert f"cannot listen on 127.0.0.1:{supervisor.port} ([sidecar] listen" in second.stderr
+    assert "Traceback" not in second.stderr

@@ -24,13 +24,14 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from index.errors import ConfigError
+from index.errors import CannotListen, ConfigError
 from sidecar.config import Config
 
 log = logging.getLogger("voxrecall.workers")
@@ -55,6 +56,35 @@ def check(config: Config) -> None:
             f"[sidecar] workers = {settings.workers} needs a fixed metrics_listen port: worker i "
             "serves its metrics on that port + i"
         )
+
+
+def claim(config: Config) -> None:
+    """Raise CannotListen when another process already serves an address the workers would
+    share. Workers bind with SO_REUSEPORT, which any process of the same user may join: a
+    second sidecar with workers > 1 on the same port would bind beside the first and take part
+    of its calls. A plain bind (no SO_REUSEPORT) fails wherever anything listens there."""
+    settings = config.sidecar
+    addresses = [(settings.listen, "[sidecar] listen, or --listen")]
+    if settings.http.listen:
+        addresses.append((settings.http.listen, "[sidecar.http] listen"))
+    for listen, key in addresses:
+        _probe(listen, key)
+
+
+def _probe(listen: str, key: str) -> None:
+    host, _, port = listen.rpartition(":")
+    if listen.startswith("unix:") or not port.isdigit():
+        return  # a unix socket, or an address gRPC itself refuses
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(address)
+    except OSError as exc:
+        raise CannotListen(
+            listen, key, f"{exc.strerror or exc}: another process serves it (a sidecar already?)"
+        ) from exc
 
 
 def worker_config(config: Config, index: int) -> Config:
