@@ -90,7 +90,8 @@ async def bot(runner_args: RunnerArguments) -> None:
 
 
 if __name__ == "__main__":
-    if not os.environ.get("OPENAI_API_KEY"):
+    asks_help = {"-h", "--help"} & set(sys.argv[1:])  # pipecat's runner prints its options
+    if not os.environ.get("OPENAI_API_KEY") and not asks_help:
         print("error: set OPENAI_API_KEY to an OpenAI API key (speech, the LLM and the voice "
               "need one)", file=sys.stderr)  # fmt: skip
         sys.exit(2)
