@@ -234,6 +234,8 @@ class Config(BuildConfig):
         if not given:
             return self
         config = replace(self, sidecar=replace(self.sidecar, **given))
+        if "listen" in given:
+            check_listen(config.sidecar.listen, "--listen", "command line")
         _check_shard(config.sidecar.shard, config.sidecar.shards, "--shard:")
         return config
 
@@ -332,10 +334,11 @@ def _sub_tables(
 
 
 def _check_addresses(sidecar: SidecarConfig, built: BuildConfig, where: str) -> None:
-    """The addresses served on, as host:port, and the default base, one that is configured."""
-    for key in ("listen", "metrics_listen"):
-        if getattr(sidecar, key):
-            _check_host_port(getattr(sidecar, key), key, where)
+    """The addresses served on (gRPC's a unix socket too), and the default base, one that is
+    configured."""
+    check_listen(sidecar.listen, "listen", where)
+    if sidecar.metrics_listen:
+        _check_host_port(sidecar.metrics_listen, "metrics_listen", where, "127.0.0.1:9464")
     known = [kb.name for kb in built.knowledge_bases]
     default = sidecar.default_knowledge_base
     if default and known and default not in known:
@@ -345,11 +348,44 @@ def _check_addresses(sidecar: SidecarConfig, built: BuildConfig, where: str) -> 
         )
 
 
-def _check_host_port(address: str, key: str, where: str) -> None:
-    """``host:port`` (``[::1]:50051`` too), the port a number up to 65535."""
+# gRPC's unix socket addresses: a path, or an abstract socket's name (sidecar/connection.py
+# dials them as local).
+UNIX_LISTEN = ("unix:", "unix-abstract:")
+MAX_PORT = 65535
+
+
+def check_listen(address: str, key: str, where: str) -> None:
+    """gRPC's ``listen``, from the file or ``--listen``: a unix socket or ``host:port``."""
+    if address.startswith(UNIX_LISTEN) and address.partition(":")[2]:
+        return
+    _check_host_port(address, key, where, "127.0.0.1:50051 or unix:/run/voxrecall.sock")
+
+
+def _check_host_port(address: str, key: str, where: str, example: str) -> None:
+    """``host:port`` as a server binds it: an IPv6 host bracketed (``[::1]:50051``; ``::1:50051``
+    reads two ways), the port ASCII digits (``int`` reads other scripts' digits, gRPC does not)
+    up to 65535."""
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"{where}: {key} must be host:port, e.g. 127.0.0.1:8080, got {address!r}")
+    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if not host or bare_ipv6 or not _is_port(port):
+        raise ConfigError(f"{where}: {key} must be host:port, e.g. {example}, got {address!r}")
+
+
+def _is_port(port: str) -> bool:
+    return port.isascii() and port.isdigit() and int(port) <= MAX_PORT
+
+
+def _check_worker_ports(sidecar: SidecarConfig, where: str) -> None:
+    """Worker i serves metrics on metrics_listen's port + i (sidecar/edge/workers.py): each one
+    a port, checked here rather than failing in the last workers once they have loaded."""
+    if not sidecar.metrics_listen or sidecar.workers <= 1:
+        return
+    port = int(sidecar.metrics_listen.rpartition(":")[2])
+    if port and port + sidecar.workers - 1 > MAX_PORT:
+        raise ConfigError(
+            f"{where} metrics_listen port {port} + {sidecar.workers - 1}: worker i serves its "
+            f"metrics on that port + i, over {MAX_PORT} for the last of {sidecar.workers} workers"
+        )
 
 
 def _check_snapshots(sidecar: SidecarConfig, where: str) -> None:
@@ -366,6 +402,7 @@ def _check_serving(sidecar: SidecarConfig, where: str) -> None:
     workers = sidecar.workers
     if not is_whole(workers) or not 1 <= workers <= MAX_WORKERS:
         raise ConfigError(f"{where} workers must be a whole number from 1 to {MAX_WORKERS}")
+    _check_worker_ports(sidecar, where)
     ef = sidecar.ef_search
     if not is_whole(ef) or not 0 <= ef <= MAX_EF_SEARCH:
         raise ConfigError(
@@ -541,7 +578,7 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
         HttpConfig, {**raw, "read_page_bases": bases}, where, vapi_secret="", webhook_secret=""
     )
     if http.listen:
-        _check_host_port(http.listen, "listen", where)
+        _check_host_port(http.listen, "listen", where, "127.0.0.1:8080")
     _check_http_limits(http, where)
     known = {kb.name for kb in kbs}
     named = [*bases, *([http.vapi_knowledge_base] if http.vapi_knowledge_base else [])]

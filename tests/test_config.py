@@ -200,6 +200,45 @@ def test_a_bad_sidecar_value_names_the_key_the_value_and_what_is_allowed(
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "listen", ["unix:/run/voxrecall.sock", "unix:voxrecall.sock", "unix-abstract:voxrecall"]
+)
+def test_listen_on_a_unix_socket_is_accepted_from_the_file_and_the_flag(
+    tmp_path: Path, listen: str
+) -> None:
+    """A pod-local sidecar on a unix socket, as gRPC binds it and connection.py dials it."""
+    assert parse_config(config(sidecar={"listen": listen}), base=tmp_path).sidecar.listen == listen
+    flagged = parse_config(config(), base=tmp_path).with_overrides(listen=listen)
+    assert flagged.sidecar.listen == listen
+
+
+@pytest.mark.parametrize(
+    "listen", ["127.0.0.1:\u0665\u0660", "::1:50051", "unix:", "localhost:65536", "50051"]
+)
+def test_a_listen_grpc_cannot_bind_is_refused_from_the_file_and_the_flag(
+    tmp_path: Path, listen: str
+) -> None:
+    """Another script's digits (``int`` reads them, gRPC does not), an unbracketed IPv6 host
+    with a port, a socket without a path: refused at start, ``--listen`` as the file."""
+    with pytest.raises(ConfigError, match="listen must be host:port"):
+        parse_config(config(sidecar={"listen": listen}), base=tmp_path)
+    with pytest.raises(ConfigError, match="--listen must be host:port"):
+        parse_config(config(), base=tmp_path).with_overrides(listen=listen)
+
+
+@pytest.mark.parametrize(("port", "workers"), [(65535, 2), (65530, 7)])
+def test_every_workers_metrics_port_is_checked_at_load(
+    tmp_path: Path, port: int, workers: int
+) -> None:
+    """Worker i serves metrics on the port + i: past 65535 is one error line at load, not a
+    traceback from the last worker once it has loaded."""
+    sidecar = {"metrics_listen": f"127.0.0.1:{port}", "workers": workers}
+    with pytest.raises(ConfigError, match="over 65535 for the last of"):
+        parse_config(config(sidecar=sidecar), base=tmp_path)
+    sidecar["workers"] = workers - 1
+    assert parse_config(config(sidecar=sidecar), base=tmp_path).sidecar.workers == workers - 1
+
+
 @pytest.mark.parametrize("command", [["serve"], ["index", "build"]])
 def test_serve_and_build_refuse_a_bad_value_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]

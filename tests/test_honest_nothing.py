@@ -17,6 +17,7 @@ import pytest
 
 from index.embedders.base import Embedder
 from sidecar.config import Config
+from sidecar.turn import engine as engine_module
 from sidecar.turn.engine import Engine
 from sidecar.turn.followups import Source
 from tests.turns import SESSION, run_turns
@@ -104,3 +105,34 @@ async def test_an_off_topic_question_after_an_exchange_gets_an_honest_nothing(
     engine.end_session(SESSION)
     assert results[0].hits
     assert results[1].hits == []
+
+
+class FailingGraph:
+    """A graph hnswlib cannot search: its RuntimeError, as one whose search stops short."""
+
+    def knn_query(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Cannot return the results in a contiguous 2D array")
+
+
+async def test_a_graph_that_cannot_back_the_name_leaves_the_folded_answer(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check of a name-alone turn by its own words searches the graph once more; a graph
+    that cannot answer that search (GraphSearchFailed, attack 2's F9) skips the check, counted
+    as every failed graph search, rather than failing the turn with the graph's error."""
+
+    snapshot = engine.searcher(engine.default_knowledge_base).snapshot
+
+    def name_alone(plan: Any, own: Any) -> bool:
+        alone = checked(plan, own)
+        if alone:  # the graph fails from here: the own-words search is the next one
+            monkeypatch.setattr(snapshot, "index", FailingGraph())
+        return alone
+
+    checked = engine_module._name_alone
+    monkeypatch.setattr(engine_module, "_name_alone", name_alone)
+    failures = engine.counters.graph_failures
+    results = await run_turns(engine, [("user", "How do I set up voicemail?"), ("user", OFF_TOPIC)])
+    assert engine.counters.graph_failures == failures + 1
+    assert results[1].followup.used == "Voicemail"  # the folded answer, as before the check
+    assert pages(results[1]) == {VOICEMAIL}

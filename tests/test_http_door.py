@@ -34,12 +34,12 @@ from sidecar.config import parse_config
 from sidecar.edge import logs
 from sidecar.edge.metrics import Metrics
 from sidecar.edge.server import Sidecar, create_server
-from sidecar.errors import Unauthenticated
+from sidecar.errors import ToolCallError, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
 from sidecar.http.door import MAX_HEAD_BYTES
-from sidecar.http.mcp import SDK_SESSION_LOGGERS
+from sidecar.http.mcp import SDK_SESSION_LOGGERS, page_arguments
 from sidecar.http.webhooks import (
     SESSION_HEADER,
     SIGNATURE_TOLERANCE_MS,
@@ -206,6 +206,42 @@ async def test_a_wrong_read_page_call_names_the_argument_to_change(
     error = output(result)["error"]
     assert error["type"] == "invalid_arguments"
     assert says in error["message"]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"path": ["password.md"], "knowledge_base": "help"},
+        {"source_path": {"a": 1}, "knowledge_base": "help"},
+        {"path": "password.md", "source_path": ["password.md"], "knowledge_base": "help"},
+    ],
+)
+def test_a_list_or_object_path_is_an_argument_error_not_a_crash(arguments: dict[str, Any]) -> None:
+    """An unhashable path is named as the argument to change, the tool's error output, rather
+    than a TypeError the MCP layer answers with a JSON-RPC error and a traceback."""
+    with pytest.raises(ToolCallError, match="path must be one string"):
+        page_arguments(arguments, ["help", "billing"])
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"path": "password.md", "knowledge_base": ""},
+        {"path": "password.md", "source_path": "", "knowledge_base": ""},
+        {"path": "", "source_path": "password.md", "source": "", "knowledge_base": None},
+    ],
+)
+def test_read_page_takes_empty_optional_arguments_as_not_given(arguments: dict[str, Any]) -> None:
+    """Models fill every listed property, "" for those they have no value for: with one base,
+    "" is no base named, and "" beside a path is no second path."""
+    assert page_arguments(arguments, ["help"]) == ("help", "password.md", "", 0)
+
+
+def test_an_empty_knowledge_base_among_several_is_still_asked_for() -> None:
+    with pytest.raises(
+        ToolCallError, match="knowledge_base must be one of help, billing; got nothing"
+    ):
+        page_arguments({"path": "password.md", "knowledge_base": ""}, ["help", "billing"])
 
 
 async def test_an_unknown_tool_error_names_every_tool_read_page_too(sidecar: Sidecar) -> None:

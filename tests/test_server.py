@@ -257,6 +257,32 @@ async def test_a_fault_of_ours_is_internal_never_unknown(
     assert any(r.exc_info and "Turn failed" in r.getMessage() for r in caplog.records)
 
 
+class FailingGraph:
+    """A graph hnswlib cannot search: its RuntimeError, as one whose search stops short."""
+
+    def knn_query(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Cannot return the results in a contiguous 2D array")
+
+
+async def test_a_search_by_a_vector_alone_a_graph_cannot_answer_names_no_server_path(
+    example_sidecar: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """INTERNAL, with no text to fall back on, and the error's kind for the caller: the graph's
+    path on the server (the snapshot's folder) is in the log, not in the caller's message."""
+    snapshot = example_sidecar.engine.searcher("docs").snapshot
+    monkeypatch.setattr(snapshot, "index", FailingGraph())
+    channel, client = stub(example_sidecar.port)
+    async with channel:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await client.Search(pb.SearchRequest(vector=unit_vector_bytes(1, 0.5)), timeout=10)
+    details = failed.value.details() or ""
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert "GraphSearchFailed" in details
+    assert str(snapshot.folder) not in details
+    assert "vectors.hnsw" not in details
+    assert any(str(snapshot.folder) in r.getMessage() for r in caplog.records)
+
+
 async def test_empty_store_serves_not_serving_until_a_snapshot_arrives(
     tmp_path: Path, local_embedder: Embedder, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -232,6 +232,15 @@ def test_workers_need_fixed_ports(tmp_path: Path) -> None:
     workers.check(sidecar_config(tmp_path, workers=1, listen="127.0.0.1:0"))  # one: any port
 
 
+def test_workers_refuse_a_unix_socket(tmp_path: Path) -> None:
+    """gRPC unlinks a unix socket's path before binding it: a second worker would take the
+    path from the first, which would serve no connection."""
+    config = sidecar_config(tmp_path, workers=2, listen="unix:/run/voxrecall.sock")
+    with pytest.raises(ConfigError, match="needs host:port in listen"):
+        workers.check(config)
+    workers.check(sidecar_config(tmp_path, workers=1, listen="unix:/run/voxrecall.sock"))
+
+
 def test_each_worker_has_its_own_metrics_port_and_download_cache(tmp_path: Path) -> None:
     config = sidecar_config(
         tmp_path, workers=3, listen="127.0.0.1:50051", metrics_listen="127.0.0.1:9464"

@@ -21,7 +21,7 @@ from sidecar import __version__
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import MESSAGES
-from sidecar.edge.status import internal_message, status_for, trailers_for
+from sidecar.edge.status import caller_message, internal_message, status_for, trailers_for
 from sidecar.edge.wire import EncodedResponse, search_response, turn_response
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.functions.tools import PageReader, PageText, Toolbox
@@ -56,7 +56,7 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
             code = status_for(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed: %s", handler.__name__, exc)
-            await context.abort(code, str(exc), trailing_metadata=trailers_for(exc))
+            await context.abort(code, caller_message(exc), trailing_metadata=trailers_for(exc))
             raise AssertionError("unreachable: abort raises") from exc
         except grpc.aio.AbortError:
             raise  # a status already set (a hook's refusal, the abort above)

@@ -79,6 +79,15 @@ def internal_message(error: Exception) -> str:
     return f"internal error ({type(error).__name__}): the sidecar's log has the details"
 
 
+def caller_message(error: VoxrecallError) -> str:
+    """What a caller reads for one of our errors: its text, but for an INTERNAL one (a snapshot
+    that cannot be read, a graph that cannot answer) its kind only: that text names the server's
+    own files, which the log has beside the error."""
+    if status_for(error) is Code.INTERNAL:
+        return internal_message(error)
+    return str(error)
+
+
 def code_of_http_status(status: int) -> grpc.StatusCode:
     """The gRPC code of an HTTP status someone else answered with (the MCP SDK's own refusals),
     read back from the table: another 4xx is INVALID_ARGUMENT, a 5xx INTERNAL."""

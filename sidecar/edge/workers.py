@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from index.errors import CannotListen, ConfigError
-from sidecar.config import Config
+from sidecar.config import UNIX_LISTEN, Config
 
 log = logging.getLogger("voxrecall.workers")
 
@@ -46,6 +46,12 @@ def check(config: Config) -> None:
     settings = config.sidecar
     if settings.workers <= 1:
         return
+    if settings.listen.startswith(UNIX_LISTEN):
+        raise ConfigError(
+            f"[sidecar] workers = {settings.workers} needs host:port in listen (got "
+            f"{settings.listen}): each worker binding a unix socket's path replaces the one "
+            "before, which then gets no connection"
+        )
     if settings.listen.rpartition(":")[2] == "0":
         raise ConfigError(
             f"[sidecar] workers = {settings.workers} needs a fixed port in listen (got {settings.listen}): "

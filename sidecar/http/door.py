@@ -56,7 +56,12 @@ from sidecar.edge.addresses import share_key
 from sidecar.edge.guards import Guards
 from sidecar.edge.interceptor import Call, HookRun, Phases
 from sidecar.edge.lifecycle import Lifecycle, State
-from sidecar.edge.status import code_of_http_status, http_status_for, status_for
+from sidecar.edge.status import (
+    caller_message,
+    code_of_http_status,
+    http_status_for,
+    status_for,
+)
 from sidecar.errors import BodyTooLarge, IdleTimeout, RequestError
 from sidecar.functions.tools import Toolbox
 from sidecar.http.mcp import McpDoor
@@ -203,7 +208,7 @@ def _too_large(size: int, limit: int) -> str:
 
 def error_body(exc: VoxrecallError) -> bytes:
     code = status_for(exc).name
-    return orjson.dumps({"error": {"code": code, "message": str(exc)}})
+    return orjson.dumps({"error": {"code": code, "message": caller_message(exc)}})
 
 
 async def respond(

@@ -440,15 +440,7 @@ def page_arguments(arguments: Mapping[str, Any], bases: list[str]) -> tuple[str,
             INVALID_ARGUMENTS,
             f"{READ_PAGE} does not take {', '.join(extra)}; it takes {', '.join(takes)}",
         )
-    given = {arguments[k] for k in PAGE_PATHS if arguments.get(k) is not None}
-    if not given:
-        raise ToolCallError(
-            INVALID_ARGUMENTS, "path is required: the page's path, as a search result gave it"
-        )
-    if len(given) > 1 or not isinstance(path := next(iter(given)), str):
-        raise ToolCallError(
-            INVALID_ARGUMENTS, "path must be one string: the path a search result gave"
-        )
+    path = _page_path(arguments)
     source = arguments.get("source") or ""
     if not isinstance(source, str):
         raise ToolCallError(INVALID_ARGUMENTS, "source must be a string: the result's source")
@@ -461,9 +453,31 @@ def page_arguments(arguments: Mapping[str, Any], bases: list[str]) -> tuple[str,
     return _page_base(arguments, bases), path, source, offset
 
 
+def _page_path(arguments: Mapping[str, Any]) -> str:
+    """The page path given by either name. Types are checked before the values are compared
+    (a list or object is unhashable), and "" is not given: models send it for the optional
+    fields they have no value for."""
+    given = [arguments[k] for k in PAGE_PATHS if _given(arguments.get(k))]
+    if not given:
+        raise ToolCallError(
+            INVALID_ARGUMENTS, "path is required: the page's path, as a search result gave it"
+        )
+    if not all(isinstance(path, str) for path in given) or len(set(given)) > 1:
+        raise ToolCallError(
+            INVALID_ARGUMENTS, "path must be one string: the path a search result gave"
+        )
+    return str(given[0])
+
+
+def _given(value: Any) -> bool:
+    """Whether an optional argument was given: null and "" (a model's "no value") are not."""
+    return value is not None and value != ""
+
+
 def _page_base(arguments: Mapping[str, Any], bases: list[str]) -> str:
     """The base read_page reads: the ``knowledge_base`` given, or the only one it may."""
     kb = arguments.get("knowledge_base")
+    kb = kb if _given(kb) else None
     if kb is None and len(bases) == 1:
         return bases[0]
     if kb not in bases:

@@ -382,7 +382,7 @@ class Engine:
             found = _entity_lifted(folded, _pointed_at(plan), entity_of)
             return plan.query, _prior_lifted(found, prior, entity_of, keep)
         if _name_alone(plan, own) and said is not None:
-            folded = _backed(searcher, folded, said, self.config.min_score, depth)
+            folded = self._backed(searcher, kb, folded, said, depth)
         return _combined(plan, req.text, folded, own, prior, entity_of, keep)
 
     async def _turn_search(
@@ -681,6 +681,18 @@ class Engine:
             context_bonus=self.config.context_bonus,
             allowed=target.allowed,
         )
+
+    def _backed(
+        self, searcher: Searcher, kb: str, folded: SearchResult, said: Vectors, depth: int
+    ) -> SearchResult:
+        """``_backed``, or ``folded`` as searched when the graph cannot answer its search: the
+        rule is skipped (counted and logged as every search the graph fails), rather than the
+        turn failing with the graph's error where every other search of it is answered."""
+        try:
+            return _backed(searcher, folded, said, self.config.min_score, depth)
+        except GraphSearchFailed as exc:
+            self._graph_failed(kb, searcher, exc)
+            return folded
 
     def _graph_failed(self, kb: str, searcher: Searcher, exc: GraphSearchFailed) -> None:
         """Count a search the graph could not answer; log it once per snapshot of a base (one
