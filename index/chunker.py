@@ -29,7 +29,7 @@ import re
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import islice, pairwise
 from types import MappingProxyType
 
 from index.errors import SourceError
@@ -65,7 +65,8 @@ MAX_CHUNK_BYTES = 32 * 1024
 # What a snapshot's reader keeps of a chunk's other strings (index/tables.py), and so what the
 # chunker writes: each breadcrumb, the title (and the id, path, URL, metadata strings) at
 # MAX_FIELD_BYTES (PATH_MAX; a sitemap's URLs are at most 2,048 characters), the metadata's
-# entries while their strings stay within MAX_META_BYTES and MAX_META_STRINGS together.
+# entries whose strings fit within MAX_META_BYTES and MAX_META_STRINGS together (one over is
+# left out, the next still kept: ``bounded_metadata``).
 MAX_FIELD_BYTES = 4096
 MAX_META_BYTES = 16 * 1024
 MAX_META_STRINGS = 64
@@ -682,15 +683,18 @@ def bounded(text: str, cap: int) -> str:
 
 def bounded_metadata(metadata: Mapping[str, MetaValue]) -> Mapping[str, MetaValue]:
     """``metadata`` as the reader keeps it (index/tables.py): each key and string cut at
-    MAX_FIELD_BYTES, entries in order while their strings stay within MAX_META_STRINGS, and
-    those within what is left of MAX_META_BYTES (an entry over it is left out, the ones after
-    it still looked at). The mapping itself when it is within every cap, as nearly all are."""
+    MAX_FIELD_BYTES; of the first MAX_META_STRINGS entries, in order, those whose strings fit
+    in what is left of MAX_META_STRINGS and MAX_META_BYTES. An entry over either is left out
+    and the ones after it still looked at: a record's 70 tags cost the tags, not the ``lang``
+    after them (s12's F7: a filter ``lang = "en"`` lost such records). No more entries are
+    looked at than could be kept (each kept one is a string at least). The mapping itself
+    when it is within every cap, as nearly all are."""
     out: dict[str, MetaValue] = {}
     budget, strings = MAX_META_BYTES, MAX_META_STRINGS
-    for key, value in metadata.items():
+    for key, value in islice(metadata.items(), MAX_META_STRINGS):
         values = meta_values(value)
         if 1 + len(values) > strings:
-            break
+            continue
         strings -= 1 + len(values)
         cut = [bounded(s, MAX_FIELD_BYTES) for s in (key, *values)]
         size = sum(len(s.encode("utf-8", "surrogatepass")) for s in cut)

@@ -653,6 +653,17 @@ def test_metadata_is_written_as_the_reader_keeps_it() -> None:
     assert list(kept) == list(metadata)[: len(kept)]  # in order, none skipped before the cut
 
 
+def test_an_entry_over_the_string_cap_is_left_out_and_the_ones_after_it_kept() -> None:
+    """s12's F7: 70 tags are over MAX_META_STRINGS; the ``lang`` after them was lost too."""
+    tags = tuple(f"t{i}" for i in range(70))
+    metadata: dict[str, MetaValue] = {"tags": tags, "lang": "en", "more": tags, "plan": "all"}
+    [chunk] = chunk_page(page_of("Some text.", metadata=metadata))  # type: ignore[arg-type]
+    assert dict(chunk.metadata) == {"lang": "en", "plan": "all"}
+    many = {f"k{i}": tags for i in range(10_000)} | {"lang": "en"}  # past the entries looked at
+    [chunk] = chunk_page(page_of("Some text.", metadata=many))  # type: ignore[arg-type]
+    assert dict(chunk.metadata) == {}
+
+
 def test_ordinary_metadata_is_passed_on_as_it_was() -> None:
     metadata = {"title": "Guide", "tags": ("a", "b")}
     [chunk] = chunk_page(page_of("Some text.", metadata=metadata))  # type: ignore[arg-type]
