@@ -17,8 +17,8 @@ URL at ``MAX_FIELD_BYTES``, the contextual prefix of ``embed_text`` within the s
 metadata within ``MAX_META_BYTES`` and ``MAX_META_STRINGS``. A chunk is then its text plus a
 constant, however long a page's headings, title or frontmatter: a heading of megabytes was
 copied into every chunk of its section (quadratic in the page), and the build wrote what the
-reader threw away. A page with more than ``MAX_PAGE_HEADINGS`` headings or ``MAX_PAGE_CHUNKS``
-chunks, or a path (its key, not cut) over ``MAX_FIELD_BYTES``, is refused whole
+reader threw away. A page with more than ``MAX_PAGE_HEADINGS`` headings at the split levels
+(deeper ones are text) or ``MAX_PAGE_CHUNKS`` chunks, or a path (its key, not cut) over ``MAX_FIELD_BYTES``, is refused whole
 (``PageOverLimit``, the build skips it with the reason).
 """
 
@@ -75,6 +75,8 @@ MAX_META_STRINGS = 64
 # no chunk), "## hN\nwN\n" 524,032 chunks of 7 bytes. The real pages measured are 100 times below
 # both (the most: rclone's s3.md, 183 headings; its changelog.md, 454 chunks: bench/README.md,
 # "Pages bounded"). An 8 MiB page of prose is ~6,000 chunks of 256 tokens, of punctuation ~33,000.
+# Only headings that start a section count: a deeper one is a line of text (8 MiB of "#### h"
+# lines under heading_levels 3 cost what 8 MiB of punctuation does, bench/README.md, "F7, F10").
 MAX_PAGE_HEADINGS = 20_000
 MAX_PAGE_CHUNKS = 50_000
 _CRUMB_JOIN = " > "
@@ -245,10 +247,15 @@ def _headings(texts: Iterable[str]) -> Iterator[Heading]:
             yield Heading(h[0], h[1], i)
 
 
-def _page_headings(lines: _Lines) -> list[Heading]:
-    """The page's headings; raises PageOverLimit past MAX_PAGE_HEADINGS, holding no more."""
+def _page_headings(lines: _Lines, levels: int) -> list[Heading]:
+    """The page's headings down to ``levels``, those that start a section; raises PageOverLimit
+    past MAX_PAGE_HEADINGS of them, holding no more. A deeper heading is only a line of its
+    section's text (a glossary of H4 terms under heading_levels 3 is packed like prose), so it
+    is neither held nor counted."""
     out: list[Heading] = []
     for heading in _headings(lines.texts):
+        if heading.level > levels:
+            continue
         if len(out) == MAX_PAGE_HEADINGS:
             raise PageOverLimit(
                 f"more than {MAX_PAGE_HEADINGS:,} headings, over MAX_PAGE_HEADINGS (a page "
@@ -569,14 +576,12 @@ def _sections(
     sections: list[tuple[tuple[str, ...], int, int]] = []
     stack: dict[int, str] = {}
     crumbs, body_lo = base, 0
-    headings = _page_headings(lines)
+    headings = _page_headings(lines, levels)
     # The page's first H1 is its own heading: the title stands for it in the breadcrumbs, even
     # when the two are worded differently ("Panes in Windows Terminal" vs "Windows Terminal Panes").
     first = next((h.title for h in headings if h.level == 1), None)
     h1 = bounded(first, MAX_FIELD_BYTES) if first is not None else None
     for h in headings:
-        if h.level > levels:
-            continue
         sections.append((crumbs, body_lo, h.line))
         stack = {lvl: t for lvl, t in stack.items() if lvl < h.level}
         stack[h.level] = bounded(h.title, MAX_FIELD_BYTES)
@@ -605,7 +610,8 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
     " > ") followed by a blank line and the text. Identical chunks of one page get ids suffixed
     "-2", "-3", ... in page order. The title, URL, each breadcrumb, the prefix and the metadata
     are cut to the reader's caps (the module's docstring). Raises PageOverLimit for a page of
-    more than MAX_PAGE_HEADINGS headings or MAX_PAGE_CHUNKS chunks, or whose path is over
+    more than MAX_PAGE_HEADINGS headings down to ``options.heading_levels`` or MAX_PAGE_CHUNKS
+    chunks, or whose path is over
     MAX_FIELD_BYTES.
     """
     _check_path(page.source_path)

@@ -673,7 +673,20 @@ def test_ordinary_metadata_is_passed_on_as_it_was() -> None:
 def test_a_page_of_more_headings_than_a_page_may_have_is_refused() -> None:
     with pytest.raises(SourceError, match="over MAX_PAGE_HEADINGS"):
         chunk_page(page_of("## h\n" * 20_001))
+    with pytest.raises(SourceError, match="over MAX_PAGE_HEADINGS"):
+        chunk_page(page_of("#### h\n" * 20_001), ChunkOptions(heading_levels=4))
     assert chunk_page(page_of("## h\nw\n" * 2_000))  # far within it
+
+
+def test_headings_below_the_split_levels_are_not_counted_against_the_cap() -> None:
+    """s12's F10: a glossary of 21,000 H4 terms (650 kB) under heading_levels 3 makes no
+    section of them; it is chunked as text, not refused for its headings."""
+    glossary = "# Glossary\n\n" + "".join(
+        f"#### term{i}\n\nWhat term {i} means.\n\n" for i in range(21_000)
+    )
+    chunks = chunk_page(page_of(glossary))
+    assert len(chunks) > 100
+    assert "#### term20999" in chunks[-1].text
 
 
 def test_a_page_of_more_chunks_than_a_page_may_have_is_refused() -> None:
