@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from index import enrich
-from index.chunker import ChunkOptions, PageOverLimit, chunk_page
+from index.chunker import ChunkOptions, PageOverLimit, bounded, chunk_page
 from index.config import BuildConfig, KnowledgeBaseConfig, LlmConfig, SourceConfig
 from index.curation import APPROVED_FILES, approved_sources, load_approved_files
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
@@ -230,7 +230,23 @@ def chunk_pages(
             continue
         kept.append(page)
         chunks.extend(got)
+        if got and got[0].metadata is not page.metadata:
+            _log_metadata_cut(page, got[0].metadata)
     return kept, chunks, refused
+
+
+def _log_metadata_cut(page: Page, kept: Mapping[str, object]) -> None:
+    """Say which page's metadata the chunker cut to the reader's caps (MAX_META_STRINGS,
+    MAX_META_BYTES, a string at MAX_FIELD_BYTES): its chunks, and so its filters, lack the
+    fields left out, and the build would otherwise say nothing of it (s12's F7)."""
+    lost = [k for k in page.metadata if k not in kept]
+    log.warning(
+        "%s: metadata cut to what a snapshot keeps of it (%d of %d fields kept%s)",
+        page.source_path,
+        len(kept),
+        len(page.metadata),
+        f"; left out: {', '.join(repr(bounded(k, 64)) for k in lost[:8])}" if lost else "",
+    )
 
 
 def needs_model(kb: KnowledgeBaseConfig) -> bool:

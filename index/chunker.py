@@ -17,8 +17,8 @@ URL at ``MAX_FIELD_BYTES``, the contextual prefix of ``embed_text`` within the s
 metadata within ``MAX_META_BYTES`` and ``MAX_META_STRINGS``. A chunk is then its text plus a
 constant, however long a page's headings, title or frontmatter: a heading of megabytes was
 copied into every chunk of its section (quadratic in the page), and the build wrote what the
-reader threw away. A page with more than ``MAX_PAGE_HEADINGS`` headings or ``MAX_PAGE_CHUNKS``
-chunks, or a path (its key, not cut) over ``MAX_FIELD_BYTES``, is refused whole
+reader threw away. A page with more than ``MAX_PAGE_HEADINGS`` headings at the split levels
+(deeper ones are text) or ``MAX_PAGE_CHUNKS`` chunks, or a path (its key, not cut) over ``MAX_FIELD_BYTES``, is refused whole
 (``PageOverLimit``, the build skips it with the reason).
 """
 
@@ -29,7 +29,7 @@ import re
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import islice, pairwise
 from types import MappingProxyType
 
 from index.errors import SourceError
@@ -65,7 +65,8 @@ MAX_CHUNK_BYTES = 32 * 1024
 # What a snapshot's reader keeps of a chunk's other strings (index/tables.py), and so what the
 # chunker writes: each breadcrumb, the title (and the id, path, URL, metadata strings) at
 # MAX_FIELD_BYTES (PATH_MAX; a sitemap's URLs are at most 2,048 characters), the metadata's
-# entries while their strings stay within MAX_META_BYTES and MAX_META_STRINGS together.
+# entries whose strings fit within MAX_META_BYTES and MAX_META_STRINGS together (one over is
+# left out, the next still kept: ``bounded_metadata``).
 MAX_FIELD_BYTES = 4096
 MAX_META_BYTES = 16 * 1024
 MAX_META_STRINGS = 64
@@ -74,6 +75,8 @@ MAX_META_STRINGS = 64
 # no chunk), "## hN\nwN\n" 524,032 chunks of 7 bytes. The real pages measured are 100 times below
 # both (the most: rclone's s3.md, 183 headings; its changelog.md, 454 chunks: bench/README.md,
 # "Pages bounded"). An 8 MiB page of prose is ~6,000 chunks of 256 tokens, of punctuation ~33,000.
+# Only headings that start a section count: a deeper one is a line of text (8 MiB of "#### h"
+# lines under heading_levels 3 cost what 8 MiB of punctuation does, bench/README.md, "F7, F10").
 MAX_PAGE_HEADINGS = 20_000
 MAX_PAGE_CHUNKS = 50_000
 _CRUMB_JOIN = " > "
@@ -244,10 +247,15 @@ def _headings(texts: Iterable[str]) -> Iterator[Heading]:
             yield Heading(h[0], h[1], i)
 
 
-def _page_headings(lines: _Lines) -> list[Heading]:
-    """The page's headings; raises PageOverLimit past MAX_PAGE_HEADINGS, holding no more."""
+def _page_headings(lines: _Lines, levels: int) -> list[Heading]:
+    """The page's headings down to ``levels``, those that start a section; raises PageOverLimit
+    past MAX_PAGE_HEADINGS of them, holding no more. A deeper heading is only a line of its
+    section's text (a glossary of H4 terms under heading_levels 3 is packed like prose), so it
+    is neither held nor counted."""
     out: list[Heading] = []
     for heading in _headings(lines.texts):
+        if heading.level > levels:
+            continue
         if len(out) == MAX_PAGE_HEADINGS:
             raise PageOverLimit(
                 f"more than {MAX_PAGE_HEADINGS:,} headings, over MAX_PAGE_HEADINGS (a page "
@@ -568,14 +576,12 @@ def _sections(
     sections: list[tuple[tuple[str, ...], int, int]] = []
     stack: dict[int, str] = {}
     crumbs, body_lo = base, 0
-    headings = _page_headings(lines)
+    headings = _page_headings(lines, levels)
     # The page's first H1 is its own heading: the title stands for it in the breadcrumbs, even
     # when the two are worded differently ("Panes in Windows Terminal" vs "Windows Terminal Panes").
     first = next((h.title for h in headings if h.level == 1), None)
     h1 = bounded(first, MAX_FIELD_BYTES) if first is not None else None
     for h in headings:
-        if h.level > levels:
-            continue
         sections.append((crumbs, body_lo, h.line))
         stack = {lvl: t for lvl, t in stack.items() if lvl < h.level}
         stack[h.level] = bounded(h.title, MAX_FIELD_BYTES)
@@ -604,7 +610,8 @@ def chunk_page(page: Page, options: ChunkOptions = _DEFAULT_OPTIONS) -> list[Chu
     " > ") followed by a blank line and the text. Identical chunks of one page get ids suffixed
     "-2", "-3", ... in page order. The title, URL, each breadcrumb, the prefix and the metadata
     are cut to the reader's caps (the module's docstring). Raises PageOverLimit for a page of
-    more than MAX_PAGE_HEADINGS headings or MAX_PAGE_CHUNKS chunks, or whose path is over
+    more than MAX_PAGE_HEADINGS headings down to ``options.heading_levels`` or MAX_PAGE_CHUNKS
+    chunks, or whose path is over
     MAX_FIELD_BYTES.
     """
     _check_path(page.source_path)
@@ -682,15 +689,18 @@ def bounded(text: str, cap: int) -> str:
 
 def bounded_metadata(metadata: Mapping[str, MetaValue]) -> Mapping[str, MetaValue]:
     """``metadata`` as the reader keeps it (index/tables.py): each key and string cut at
-    MAX_FIELD_BYTES, entries in order while their strings stay within MAX_META_STRINGS, and
-    those within what is left of MAX_META_BYTES (an entry over it is left out, the ones after
-    it still looked at). The mapping itself when it is within every cap, as nearly all are."""
+    MAX_FIELD_BYTES; of the first MAX_META_STRINGS entries, in order, those whose strings fit
+    in what is left of MAX_META_STRINGS and MAX_META_BYTES. An entry over either is left out
+    and the ones after it still looked at: a record's 70 tags cost the tags, not the ``lang``
+    after them (s12's F7: a filter ``lang = "en"`` lost such records). No more entries are
+    looked at than could be kept (each kept one is a string at least). The mapping itself
+    when it is within every cap, as nearly all are."""
     out: dict[str, MetaValue] = {}
     budget, strings = MAX_META_BYTES, MAX_META_STRINGS
-    for key, value in metadata.items():
+    for key, value in islice(metadata.items(), MAX_META_STRINGS):
         values = meta_values(value)
         if 1 + len(values) > strings:
-            break
+            continue
         strings -= 1 + len(values)
         cut = [bounded(s, MAX_FIELD_BYTES) for s in (key, *values)]
         size = sum(len(s.encode("utf-8", "surrogatepass")) for s in cut)

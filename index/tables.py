@@ -352,15 +352,18 @@ class ChunkTable(Sequence[Chunk]):
         )  # fmt: skip
 
     def _metadata_bounded(self, i: int, at: int) -> dict[str, MetaValue]:
-        """Chunk ``i``'s metadata entries, whose strings start at string ``at``: those of its
-        first MAX_META_STRINGS strings that fit in MAX_META_BYTES together (each string cut at
-        MAX_FIELD_BYTES)."""
+        """Chunk ``i``'s metadata entries, whose strings start at string ``at``: of its first
+        MAX_META_STRINGS entries, those whose strings fit in what is left of MAX_META_STRINGS
+        and MAX_META_BYTES (each string cut at MAX_FIELD_BYTES), as the chunker writes them
+        (``bounded_metadata``: an entry over a cap is left out, the ones after it still read)."""
         out: dict[str, MetaValue] = {}
         ends, budget, strings = self._ends, MAX_META_BYTES, MAX_META_STRINGS
-        for n in self._meta_n[self._meta_first[i] : self._meta_first[i + 1]]:
+        first = self._meta_first[i]
+        for n in self._meta_n[first : min(first + MAX_META_STRINGS, self._meta_first[i + 1])]:
             width = 2 if n == _STRING else 1 + n
             if width > strings:
-                break
+                at += width
+                continue
             size = ends[at + width] - ends[at]
             if size <= budget:  # else left out, and the entries after it still looked at
                 e = ends[at : at + width + 1].tolist()

@@ -653,6 +653,17 @@ def test_metadata_is_written_as_the_reader_keeps_it() -> None:
     assert list(kept) == list(metadata)[: len(kept)]  # in order, none skipped before the cut
 
 
+def test_an_entry_over_the_string_cap_is_left_out_and_the_ones_after_it_kept() -> None:
+    """s12's F7: 70 tags are over MAX_META_STRINGS; the ``lang`` after them was lost too."""
+    tags = tuple(f"t{i}" for i in range(70))
+    metadata: dict[str, MetaValue] = {"tags": tags, "lang": "en", "more": tags, "plan": "all"}
+    [chunk] = chunk_page(page_of("Some text.", metadata=metadata))  # type: ignore[arg-type]
+    assert dict(chunk.metadata) == {"lang": "en", "plan": "all"}
+    many = {f"k{i}": tags for i in range(10_000)} | {"lang": "en"}  # past the entries looked at
+    [chunk] = chunk_page(page_of("Some text.", metadata=many))  # type: ignore[arg-type]
+    assert dict(chunk.metadata) == {}
+
+
 def test_ordinary_metadata_is_passed_on_as_it_was() -> None:
     metadata = {"title": "Guide", "tags": ("a", "b")}
     [chunk] = chunk_page(page_of("Some text.", metadata=metadata))  # type: ignore[arg-type]
@@ -662,7 +673,20 @@ def test_ordinary_metadata_is_passed_on_as_it_was() -> None:
 def test_a_page_of_more_headings_than_a_page_may_have_is_refused() -> None:
     with pytest.raises(SourceError, match="over MAX_PAGE_HEADINGS"):
         chunk_page(page_of("## h\n" * 20_001))
+    with pytest.raises(SourceError, match="over MAX_PAGE_HEADINGS"):
+        chunk_page(page_of("#### h\n" * 20_001), ChunkOptions(heading_levels=4))
     assert chunk_page(page_of("## h\nw\n" * 2_000))  # far within it
+
+
+def test_headings_below_the_split_levels_are_not_counted_against_the_cap() -> None:
+    """s12's F10: a glossary of 21,000 H4 terms (650 kB) under heading_levels 3 makes no
+    section of them; it is chunked as text, not refused for its headings."""
+    glossary = "# Glossary\n\n" + "".join(
+        f"#### term{i}\n\nWhat term {i} means.\n\n" for i in range(21_000)
+    )
+    chunks = chunk_page(page_of(glossary))
+    assert len(chunks) > 100
+    assert "#### term20999" in chunks[-1].text
 
 
 def test_a_page_of_more_chunks_than_a_page_may_have_is_refused() -> None:

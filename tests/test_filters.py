@@ -203,6 +203,34 @@ def test_a_bad_filter_index_refuses_the_snapshot(tmp_path: Path) -> None:
         load_snapshot(folder)
 
 
+def test_a_page_of_too_many_tags_keeps_its_other_fields_and_their_filters(
+    tmp_path: Path, local_embedder: Embedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """s12's F7: 70 tags are over MAX_META_STRINGS; the tags are left out, the ``plan_scope``
+    after them kept, in the chunks and in filters.json (it lost the page: a filter on it found
+    half the pages), and the build says which page's metadata it cut."""
+    tags = json.dumps([f"t{i}" for i in range(70)])
+    for i in range(4):
+        page = tmp_path / "pages" / f"p{i}.md"
+        page.parent.mkdir(exist_ok=True)
+        many = i % 2 == 0
+        front = f"---\ntags: {tags if many else '[a, b]'}\nplan_scope: all\n---\n"
+        page.write_text(f"{front}# Page {i}\n\nThe text of page {i}.\n", encoding="utf-8")
+    raw = _raw(tmp_path)
+    del raw["function"], raw["sidecar"]
+    config = parse_config(raw, base=tmp_path)
+    build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
+    [folder] = (tmp_path / "store" / "help").glob("2*")
+    snapshot = load_snapshot(folder)
+    fields = orjson.loads((folder / FILTERS).read_bytes())["fields"]
+    assert fields["plan_scope"]["all"] == list(range(len(snapshot.chunks)))  # every page
+    assert set(fields["tags"]) == {"a", "b"}
+    assert sorted(c.metadata.get("plan_scope", "") for c in snapshot.chunks) == ["all"] * 4
+    cut = [r.getMessage() for r in caplog.records if "metadata cut" in r.getMessage()]
+    assert sorted(m.split(":")[0] for m in cut) == ["p0.md", "p2.md"]
+    assert all("left out: 'tags'" in m for m in cut)
+
+
 # -- a real sidecar ------------------------------------------------------------------------------
 
 PAGES = {

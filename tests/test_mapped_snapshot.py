@@ -4,6 +4,7 @@ tests/test_snapshot_fuzz.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections import Counter
@@ -16,7 +17,7 @@ import pytest
 
 import index.hnsw_file
 import index.snapshot
-from index.chunker import MAX_CHUNK_BYTES
+from index.chunker import MAX_CHUNK_BYTES, bounded_metadata
 from index.embedders.base import Embedder
 from index.errors import CorruptSnapshot
 from index.filters import FilterIndex
@@ -192,6 +193,19 @@ def test_a_hostile_chunks_huge_fields_are_cut_as_read_and_its_neighbours_untouch
     assert _utf8(head[1]) <= MAX_FIELD_BYTES
     assert len(head[2]) == MAX_CRUMBS
     assert next(iter(table.heads()))[1:3] == (CHUNKS_IN[0].title, CHUNKS_IN[0].breadcrumbs)
+
+
+def test_an_older_builds_entry_over_the_string_cap_is_read_as_the_chunker_writes_it(
+    tmp_path: Path,
+) -> None:
+    """s12's F7: a chunk written with 70 tags before ``lang`` (an older build's) reads as this
+    build writes it (``bounded_metadata``): the tags left out, ``lang`` kept."""
+    tags = tuple(f"t{i}" for i in range(70))
+    metadata = {"tags": tags, "lang": "en", "more": tags, "plan": "all"}
+    old = dataclasses.replace(CHUNKS_IN[1], metadata=metadata)
+    (tmp_path / "c.bin").write_bytes(ChunkTable.dump([CHUNKS_IN[0], old]))
+    table = ChunkTable.open(tmp_path / "c.bin")
+    assert table[1].metadata == dict(bounded_metadata(metadata)) == {"lang": "en", "plan": "all"}
 
 
 def test_an_empty_or_foreign_file_is_refused_by_kind(tmp_path: Path) -> None:
