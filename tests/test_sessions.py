@@ -274,14 +274,18 @@ def test_a_search_s_drop_takes_off_what_it_added_though_its_strings_grew() -> No
 
 def test_one_search_over_the_bound_goes_before_any_turn() -> None:
     """A second attack: one search of rclone's 66 KB flag tables dropped every turn but the
-    newest and left the session at 201 KB against its 64 KiB. The search goes, the turns stay."""
+    newest and left the session at 201 KB against its 64 KiB. The turns stay; the search is the
+    turn's context until the next one replaces it."""
     session = Session("s", context_turns=3, max_bytes=64 * 1024)
     for k in range(5):
         session.record_turn("user", f"question {k}")
     huge = "flag | default | help\n" * 3000  # 66 kB a chunk
     session.retain(Hit("kb", replace(decoded(0, j).chunk, text=huge), 0.5) for j in range(3))
     assert len(session.turns) == 5
-    assert not session.retained
+    assert len(session.retained) == 1  # the turn's context, until the next search
+    assert session.size == session.measure()
+    session.retain([decoded(1, 0)])  # an ordinary search replaces it: within the bound again
+    assert len(session.turns) == 5
     assert session.size == session.measure() <= 64 * 1024
 
 

@@ -3,8 +3,9 @@
 Sessions live in a bounded, expiring store: a session nobody ends is forgotten ``ttl_s`` after
 its last use, and memory stays bounded in bytes under any number of calls. A session keeps at
 most ``max_bytes`` (``[sidecar] max_session_bytes``): past that its oldest retained searches,
-every one of them if need be, then its oldest turns but the newest, are dropped (a turn is what
-a follow-up reads; one search of big chunks may weigh more than the bound). What it keeps is accounted as the bytes the session itself
+then its oldest turns, are dropped, the newest of each kept (a turn is what a follow-up reads;
+a newest search over the whole bound on its own costs no turn, and leaves the session over its
+bound until the next search replaces it). What it keeps is accounted as the bytes the session itself
 allocates: its turns' text, its mentions' names and its retained chunks' strings
 (``sys.getsizeof``, so 1 to 4 bytes a character), and a fixed cost per turn, per entity
 mention, per page the follow-ups count, per retained hit and chunk, and per session
@@ -192,14 +193,18 @@ class Session:
         self._turn_bytes = sum(map(_said_bytes, self.turns))
 
     def _shrunk(self) -> int:
-        """Drop the oldest searches (all of them if need be: one search of big chunks may
-        outweigh the bound alone), then the oldest turns (the newest stays), until within
-        ``max_bytes``; the bytes then held."""
+        """Drop the oldest searches (the newest stays: it is the turn's context), then the
+        oldest turns (the newest stays), until within ``max_bytes``; the bytes then held. A
+        newest search over the whole bound on its own costs no turn (one search of big chunks
+        dropped every turn a follow-up reads): the session is over its bound by that search
+        until the next replaces it."""
         turns, retained = self.turns, self.retained
-        while retained and self._held() > self.max_bytes:
+        while len(retained) > 1 and self._held() > self.max_bytes:
             retained.popleft()
             self._hit_bytes -= self._counted.popleft()
-        while len(turns) > 1 and self._held() > self.max_bytes:
+        alone = self._counted[-1] if self._counted else 0
+        spared = alone if alone > self.max_bytes else 0
+        while len(turns) > 1 and self._held() - spared > self.max_bytes:
             turns.popleft()
             self._count_turns()
         return self._held()
