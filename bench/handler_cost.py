@@ -49,7 +49,7 @@ from bench.profile_turn import TimedIndex
 from index.embedders.base import HashEmbedder
 from sidecar.config import parse_config
 from sidecar.edge.interceptor import HookInterceptor
-from sidecar.edge.server import create_server
+from sidecar.edge.server import Sidecar, create_server
 from sidecar.edge.service import RetrievalService
 from sidecar.gen import retrieval_pb2 as pb
 
@@ -183,12 +183,12 @@ async def _cpu_us(fn: Handler, requests: list[Any], calls: int) -> float:
     return (time.thread_time() - started) / calls * 1e6
 
 
-async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> dict[str, Any]:
-    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
+async def served(corpus: Any, dim: int, **settings: Any) -> tuple[Sidecar, RetrievalService]:
+    """A sidecar over ``corpus``'s snapshot (``[sidecar]`` ``settings`` added), not started,
+    and the servicer it made: its handlers are called in process."""
     folder, _ = build_snapshot(corpus)
     store = folder.parent.parent
-    info = embedder_info(corpus)
-    raw = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0"}}
+    raw = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0", **settings}}
     made: list[RetrievalService] = []
     real_init = RetrievalService.__init__
 
@@ -199,12 +199,18 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> di
     with mock.patch.object(RetrievalService, "__init__", keep):
         sidecar = await create_server(
             parse_config(raw, base=store.parent),
-            embedder=HashEmbedder(dimension=dim, name=info.name),
+            embedder=HashEmbedder(dimension=dim, name=embedder_info(corpus).name),
             poll=False,
         )
+    return sidecar, made[0]
+
+
+async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> dict[str, Any]:
+    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
+    sidecar, servicer = await served(corpus, dim)
     try:
         assert sidecar.guards is not None
-        bare: Handler = made[0].Search
+        bare: Handler = servicer.Search
         interceptor = sidecar.guards.interceptors[0]
         assert isinstance(interceptor, HookInterceptor)
         requests = [_request(q) for q in corpus.queries]
@@ -243,7 +249,7 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> di
                     in_call = (graph.seconds - graph_s) / (graph.calls - graph_calls) * 1e6
                     if us == best[name]:
                         best["knn_in_call"] = in_call
-        ways = await _ways(made[0].engine, variants["wrapped"], requests, graph, rounds * calls)
+        ways = await _ways(servicer.engine, variants["wrapped"], requests, graph, rounds * calls)
     finally:
         await sidecar.stop(0.1)
     return {

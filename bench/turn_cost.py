@@ -38,14 +38,10 @@ from unittest import mock
 import grpc
 
 from bench.corpus import CorpusSpec, load_or_generate
-from bench.handler_cost import Handler, _Context
-from bench.ours import build_snapshot, embedder_info
-from index.embedders.base import HashEmbedder
-from sidecar.config import parse_config
+from bench.handler_cost import Handler, _Context, served
 from sidecar.edge import service
 from sidecar.edge.interceptor import HookInterceptor
 from sidecar.edge.messages import MESSAGES
-from sidecar.edge.server import create_server
 from sidecar.edge.service import RetrievalService, set_timings
 from sidecar.edge.wire import passing_through
 from sidecar.gen import retrieval_pb2 as pb
@@ -157,25 +153,9 @@ async def _turns(engine: Any, sessions: int) -> tuple[list[pb.TurnRequest], list
 
 async def measure(n: int, dim: int, queries: int, sessions: int, calls: int, rounds: int) -> Any:
     corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
-    folder, _ = build_snapshot(corpus)
-    store = folder.parent.parent
     # every turn finds its max_results (3): random vectors score low, under the 0.3 default
-    raw = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0", "min_score": -1.0}}
-    made: list[RetrievalService] = []
-    real_init = RetrievalService.__init__
-
-    def keep(self: RetrievalService, *args: Any, **kwargs: Any) -> None:
-        real_init(self, *args, **kwargs)
-        made.append(self)
-
-    with mock.patch.object(RetrievalService, "__init__", keep):
-        sidecar = await create_server(
-            parse_config(raw, base=store.parent),
-            embedder=HashEmbedder(dimension=dim, name=embedder_info(corpus).name),
-            poll=False,
-        )
+    sidecar, servicer = await served(corpus, dim, min_score=-1.0)
     try:
-        servicer = made[0]
         interceptor = sidecar.guards.interceptors[0]  # type: ignore[union-attr]
         assert isinstance(interceptor, HookInterceptor)
         requests, results = await _turns(servicer.engine, sessions)
