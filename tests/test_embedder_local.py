@@ -234,6 +234,8 @@ def test_truncates_agrees_with_the_tokenizer(embedder: LocalEmbedder) -> None:
         ("x" * 300 + " ") * 13,  # words longer than a slice
         "a\tb\nc " * 500,
         "pneumonoultramicroscopic " * 9 + "é " * 100,  # 2 + 8 pieces a word: short of the limit
+        "世" * 4000,  # no whitespace: a character a token
+        "x" * 16000,  # no whitespace, one word a slice: an [UNK] each
     ]
     for text in texts:
         assert embedder.truncates(text) == (len(whole.encode(text).ids) > 256), text[:20]
@@ -259,3 +261,6 @@ def test_truncates_reads_a_long_turn_only_until_it_is_past_the_limit(
     monkeypatch.setattr(embedder, "_tokenizer", counting)
     assert embedder.truncates(" ".join(f"roaming{i}" for i in range(450))[:3999])
     assert sum(counting.lengths) < 2000  # of 3,999
+    counting.lengths.clear()
+    assert embedder.truncates("世" * 16000)  # no whitespace to cut at (a review)
+    assert sum(counting.lengths) < 2000

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.resources
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,6 +68,9 @@ def _read_verified(path: Path, expected_sha256: str, constant: str) -> bytes:
             "index/embedders/local.py"
         )
     return data
+
+
+_WHITESPACE = re.compile(r"\s")  # where the tokenizer splits a text first
 
 
 class LocalEmbedder:
@@ -178,12 +182,15 @@ class LocalEmbedder:
             return False
         # A longer text is counted a slice at a time, stopping once the count is past the
         # limit: the tokenizer splits at whitespace before anything else, so a text's tokens
-        # are its space-cut slices' tokens added up. Encoding a 4,000-character turn whole
+        # are its whitespace-cut slices' tokens added up. Encoding a 4,000-character turn whole
         # held the event loop ~5 ms; its first slices past the limit are a few hundred.
         counted, start = 0, 0
         while start < len(text):
-            cut = text.find(" ", start + room)
-            end = len(text) if cut < 0 else cut
+            # past the room, at whitespace, or where a text without any (CJK, a pasted blob) has
+            # a few times the room: CJK is split a character a token anyway, and a longer word
+            # is one [UNK]
+            gap = _WHITESPACE.search(text, start + room, start + 4 * room)
+            end = min(len(text), gap.start() if gap else start + 4 * room)
             piece = self._tokenizer.encode(text[start:end], add_special_tokens=False)
             counted += len(piece.ids)  # one cut at the limit is past it: enough
             if counted > room:
