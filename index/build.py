@@ -299,6 +299,9 @@ def build_knowledge_base(
     )
     with _phase(summary, "chunk"):
         pages, chunks, refused = chunk_pages(pages, options, several=len(kb.sources) > 1)
+    if refused and originals:  # a refused page is in no table: its original goes with it
+        served = {page_key(p.source, p.source_path) for p in pages}
+        originals = {key: text for key, text in originals.items() if key in served}
     summary.pages = len(pages)
     summary.skipped_pages = [{"path": s.path, "reason": s.reason} for s in skipped + refused]
     summary.chunks = len(chunks)

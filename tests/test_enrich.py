@@ -16,6 +16,7 @@ import pytest
 
 from index import build as index_build
 from index.build import build_knowledge_base
+from index.chunker import MAX_PAGE_HEADINGS
 from index.embedders.base import HashEmbedder, Vectors
 from index.enrich import ORIGINALS, summary_writer
 from index.errors import ConfigError, SpendCapReached
@@ -99,6 +100,22 @@ def test_cleanup_lands_in_the_snapshot_and_the_original_is_kept(
     originals = orjson.loads((snap.folder / ORIGINALS).read_bytes())
     assert originals == {page_key("markdown", "manual.md"): BROKEN}
     assert ORIGINALS in snap.manifest.files
+
+
+def test_a_cleaned_page_the_chunker_refuses_leaves_no_original_behind(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder
+) -> None:
+    """A review: a page refused after its cleanup (here more headings than a page may have) was
+    left out of the tables, but its original stayed in originals.json and the content hash."""
+    server.answer = lambda body: "# Router manual\n\n" + "## h\nw\n" * (MAX_PAGE_HEADINGS + 1)
+    sources = [{"type": "markdown", "path": str(docs(tmp_path)), "clean": True}]
+    config = configure(tmp_path, server, sources)
+    summary = build(config, embedder)
+    assert summary.published
+    assert [s["path"] for s in summary.skipped_pages] == ["manual.md"]
+    snap = latest(config, embedder)
+    assert {c.source_path for c in snap.chunks} == {"billing.md"}
+    assert ORIGINALS not in snap.manifest.files
 
 
 @pytest.mark.parametrize(
