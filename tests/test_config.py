@@ -281,3 +281,11 @@ def test_a_source_options_type_is_checked_where_the_file_is_read(
     with pytest.raises(ConfigError) as info:
         parse_config(source_with(**SOURCE, **options), base=tmp_path)
     assert message in str(info.value)
+
+
+def test_every_source_option_has_a_type_to_check() -> None:
+    """``check_options`` types each option from OPTION_TYPES: an option added to a source type
+    without one would be a KeyError at load (a review)."""
+    from index.config import OPTION_TYPES, SOURCE_OPTIONS
+
+    assert set().union(*SOURCE_OPTIONS.values()) <= set(OPTION_TYPES)
