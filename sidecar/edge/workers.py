@@ -79,13 +79,16 @@ def claim(config: Config) -> None:
 
 def _probe(listen: str, key: str) -> None:
     host, _, port = listen.rpartition(":")
-    if listen.startswith("unix:") or not port.isdigit():
-        return  # a unix socket, or an address gRPC itself refuses
+    if not port.isdigit():
+        return  # an address gRPC itself refuses (``check`` refuses a unix socket before)
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host.strip("[]") or None, int(port), type=socket.SOCK_STREAM
         )[0]
         with socket.socket(family, kind, proto) as probe:
+            # a closed connection's TIME_WAIT does not hold the port (a restart would be
+            # refused for a minute); a listener still does, without SO_REUSEPORT
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
     except OSError as exc:
         raise CannotListen(
