@@ -20,7 +20,7 @@ from sidecar.http.mcp import SessionShares
         ("2001:db8:0:1::7", "2001:db8:0:1::/64"),
         ("2001:db8:0:1:ffff:ffff:ffff:ffff", "2001:db8:0:1::/64"),
         ("[2001:db8:0:1::7]", "2001:db8:0:1::/64"),
-        ("fe80::1%eth0", "fe80::1"),  # a link-local peer: its own address
+        ("fe80::1%eth0", "fe80::/64"),  # a link-local peer picks its own: its /64
         ("64:ff9b::a00:7", "10.0.0.7"),  # NAT64's well-known prefix: the IPv4 client
         ("64:ff9b::a00:8", "10.0.0.8"),
         ("2002:a00:7::1", "10.0.0.7"),  # 6to4

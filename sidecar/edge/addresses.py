@@ -6,8 +6,7 @@ address; an IPv6 client is routinely given a whole /64 (SLAAC, privacy addresses
 host's range) and can open each connection from another address in it, so an IPv6 address
 counts against its /64. An IPv4 host carried in IPv6 form (``::ffff:10.0.0.7`` from a
 dual-stack socket, NAT64's ``64:ff9b::a00:7``, Teredo, 6to4) is that IPv4 address, so clients
-behind one translator are not one; a link-local peer is its own address. Anything else (a unix
-socket, a name) counts as itself.
+behind one translator are not one. Anything else (a unix socket, a name) counts as itself.
 """
 
 from __future__ import annotations
@@ -33,15 +32,12 @@ def share_key(host: str) -> str:
 
 def _ipv6_key(address: ipaddress.IPv6Address) -> str:
     """An IPv6 address's share key: the IPv4 host it carries (IPv4-mapped, NAT64's well-known
-    prefix, Teredo's client, 6to4), the address itself on the local link (peers there pick
-    their own, one each), else its /64."""
+    prefix, Teredo's client, 6to4), else its /64."""
     carried = address.ipv4_mapped or _nat64(address) or address.sixtofour
     if address.teredo is not None:
         carried = address.teredo[1]
     if carried is not None:
         return str(carried)
-    if address.is_link_local:
-        return str(address)
     return str(ipaddress.IPv6Network((address, IPV6_HOST_PREFIX), strict=False))
 
 
