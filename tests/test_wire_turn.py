@@ -127,6 +127,19 @@ def test_a_written_turn_response_parses_as_the_one_protobuf_builds(case: str) ->
     assert written.timings is found.timings
 
 
+@pytest.mark.parametrize("skip", list(Skip))
+@pytest.mark.parametrize("status", list(RerankStatus))
+def test_every_skip_and_rerank_status_is_written_as_protobuf_reads_it(
+    skip: Skip, status: RerankStatus
+) -> None:
+    """Each enum's number taken by name, as protobuf's: not by the Python enum's value, which
+    agrees today only by chance (a review)."""
+    found = turn([], skipped=skip, rerank=status)
+    got = pb.TurnResponse.FromString(turn_response(found, BasePolicy()).data)
+    assert got.skipped == pb.SkipReason.Value(skip.name)
+    assert got.rerank == pb.RerankStatus.Value(status.name)
+
+
 def test_a_hitless_turn_is_protobufs_bytes_exactly() -> None:
     """Without chunks (whose score a kept encoding writes last) every field is in protobuf's
     order and form: the bytes are protobuf's own."""

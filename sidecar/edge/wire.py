@@ -132,8 +132,9 @@ _TURN_DEGRADED = field_key(_TURN, "degraded", _VARINT) + b"\x01"
 _TURN_TRUNCATED = field_key(_TURN, "truncated", _VARINT) + b"\x01"
 # each skip's field (none for NOT_SKIPPED, the default), and each rerank status's
 _SKIPPED = {
-    skip: field_key(_TURN, "skipped", _VARINT) + varint(skip.value) if skip.value else b""
+    skip: field_key(_TURN, "skipped", _VARINT) + varint(number) if number else b""
     for skip in Skip
+    for number in (pb.SkipReason.Value(skip.name),)  # by name, as protobuf reads it
 }
 _TURN_RERANK = {
     status: field_key(_TURN, "rerank", _VARINT) + varint(number) if number else b""
