@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -285,9 +286,102 @@ def build_knowledge_base(
     caller = caller or model_caller(config.index.llm, kb)
     if caller is not None:
         summary.llm = caller.usage
+    prepared = _prepare(config, kb, caller, summary, time.time() if now is None else now)
+    with _phase(summary, "reuse"):
+        reuse = previous_vectors(store, kb.name, embedder.info, summaries=kb.summaries)
+    with _phase(summary, "embed"):
+        vectors, summary.embedded = embed_chunks(
+            embedder,
+            prepared.chunks,
+            reuse.vectors,
+            config.embedder.batch_size,
+            config.embedder.max_concurrency,
+            progress or EmbedProgress(kb.name, len(prepared.pages), len(prepared.chunks)),
+        )
+    summary.reused = len(prepared.chunks) - summary.embedded
+    summary.removed = len(reuse.chunk_ids - {c.chunk_id for c in prepared.chunks})
+
+    content_hash = prepared.content_hash(embedder.info, kb.filterable)
+    published = store.latest(kb.name)
+    if (
+        published is not None
+        and _content_hash(store, kb.name) == content_hash
+        and not summary.embedded
+    ):
+        summary.version = published
+        log.info("%s unchanged: still %s", kb.name, published)
+        return summary
+
+    version = new_version_id(content_hash)
+    if published is not None and version <= published:
+        raise SnapshotError(f"clock went backwards: new version {version} <= published {published}")
+    writers = _extra_writers(config, kb, embedder, prepared, reuse, summary, progress)
+    staging = store.staging_dir(kb.name)
+    with _phase(summary, "write"):
+        write_snapshot(
+            staging,
+            knowledge_base=kb.name,
+            version=version,
+            embedder=embedder.info,
+            chunks=prepared.chunks,
+            vectors=vectors,
+            pages={page_key(p.source, p.source_path): p.text for p in prepared.pages},
+            page_count=len(prepared.pages),
+            hnsw_m=kb.hnsw.m,
+            hnsw_ef_construction=kb.hnsw.ef_construction,
+            target_recall=kb.hnsw.target_recall,
+            sources=[s.name for s in kb.sources],
+            extra={"content_hash": content_hash}
+            | ({"summaries": kb.summary_text} if kb.summaries else {}),
+            more_files=(lambda folder: [n for w in writers for n in w(folder)])
+            if writers
+            else None,
+            filterable=kb.filterable,
+        )
+        store.publish(kb.name, staging, version, keep=config.index.keep_versions)
+    summary.version = version
+    summary.published = True
+    return summary
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """What a build embeds and writes: its pages and chunks, with the model's outputs."""
+
+    pages: list[Page]
+    chunks: list[Chunk]
+    originals: dict[str, str]  # a cleaned page's text as its source gave it, by page key
+    summary_texts: list[str]
+
+    def content_hash(self, info: EmbedderInfo, filterable: tuple[str, ...]) -> str:
+        """What decides whether a build publishes: every text embedded, under its embedder."""
+        content = hashlib.sha256(info.name.encode())
+        for chunk in self.chunks:
+            content.update(text_key(info, chunk.embed_text).encode())
+            content.update(chunk.chunk_id.encode())
+        for text in self.summary_texts:
+            content.update(b"s" + text_key(info, text).encode())
+        for key in sorted(self.originals):
+            content.update(b"o" + key.encode())
+        # a filter must see a changed plan_scope at once: the filterable values count as content
+        if filterable:
+            filtered = [_filtered(c, filterable) for c in self.chunks]
+            content.update(orjson.dumps([filterable, filtered]))
+        return content.hexdigest()
+
+
+def _prepare(
+    config: BuildConfig,
+    kb: KnowledgeBaseConfig,
+    caller: ModelCaller | None,
+    summary: BuildSummary,
+    now: float,
+) -> _Prepared:
+    """Sources -> pages (cleaned by the model when asked) -> chunks (and their summaries)."""
     with _phase(summary, "load"):
-        context = LoadContext(kb.name, config.index.cache_dir, time.time() if now is None else now)
-        pages, skipped = collect_pages(kb, context, caller)
+        pages, skipped = collect_pages(
+            kb, LoadContext(kb.name, config.index.cache_dir, now), caller
+        )
     originals: dict[str, str] = {}
     if caller is not None and config.index.llm is not None:
         with _phase(summary, "clean"):
@@ -309,52 +403,25 @@ def build_knowledge_base(
     if kb.summaries:
         with _phase(summary, "summaries"):
             summary_texts = enrich.summary_texts(chunks, kb, caller)
-    with _phase(summary, "reuse"):
-        reuse = previous_vectors(store, kb.name, embedder.info, summaries=kb.summaries)
-    with _phase(summary, "embed"):
-        vectors, summary.embedded = embed_chunks(
-            embedder,
-            chunks,
-            reuse.vectors,
-            config.embedder.batch_size,
-            config.embedder.max_concurrency,
-            progress or EmbedProgress(kb.name, len(pages), len(chunks)),
-        )
-    summary.reused = len(chunks) - summary.embedded
-    summary.removed = len(reuse.chunk_ids - {c.chunk_id for c in chunks})
+    return _Prepared(pages, chunks, originals, summary_texts)
 
-    content = hashlib.sha256(embedder.info.name.encode())
-    for chunk in chunks:
-        content.update(text_key(embedder.info, chunk.embed_text).encode())
-        content.update(chunk.chunk_id.encode())
-    for text in summary_texts:
-        content.update(b"s" + text_key(embedder.info, text).encode())
-    for key in sorted(originals):
-        content.update(b"o" + key.encode())
-    # a filter must see a changed plan_scope at once: the filterable values count as content
-    if kb.filterable:
-        filtered = [_filtered(c, kb.filterable) for c in chunks]
-        content.update(orjson.dumps([kb.filterable, filtered]))
-    content_hash = content.hexdigest()
-    published = store.latest(kb.name)
-    if (
-        published is not None
-        and _content_hash(store, kb.name) == content_hash
-        and not summary.embedded
-    ):
-        summary.version = published
-        log.info("%s unchanged: still %s", kb.name, published)
-        return summary
 
-    version = new_version_id(content_hash)
-    if published is not None and version <= published:
-        raise SnapshotError(f"clock went backwards: new version {version} <= published {published}")
+def _extra_writers(
+    config: BuildConfig,
+    kb: KnowledgeBaseConfig,
+    embedder: Embedder,
+    prepared: _Prepared,
+    reuse: Reuse,
+    summary: BuildSummary,
+    progress: Callable[[int, int], None] | None,
+) -> list[Callable[[Path], list[str]]]:
+    """The writers of a snapshot's optional files: summaries (embedded here) and originals."""
     writers = []
     if kb.summaries:
         with _phase(summary, "embed summaries"):
             summary_vectors, _ = embed_texts(
                 embedder,
-                summary_texts,
+                prepared.summary_texts,
                 reuse.summaries,
                 config.embedder.batch_size,
                 config.embedder.max_concurrency,
@@ -362,37 +429,12 @@ def build_knowledge_base(
             )
         writers.append(
             enrich.summary_writer(
-                summary_texts, summary_vectors, kb.hnsw.m, kb.hnsw.ef_construction
+                prepared.summary_texts, summary_vectors, kb.hnsw.m, kb.hnsw.ef_construction
             )
         )
-    if originals:
-        writers.append(enrich.originals_writer(originals))
-    staging = store.staging_dir(kb.name)
-    with _phase(summary, "write"):
-        write_snapshot(
-            staging,
-            knowledge_base=kb.name,
-            version=version,
-            embedder=embedder.info,
-            chunks=chunks,
-            vectors=vectors,
-            pages={page_key(p.source, p.source_path): p.text for p in pages},
-            page_count=len(pages),
-            hnsw_m=kb.hnsw.m,
-            hnsw_ef_construction=kb.hnsw.ef_construction,
-            target_recall=kb.hnsw.target_recall,
-            sources=[s.name for s in kb.sources],
-            extra={"content_hash": content_hash}
-            | ({"summaries": kb.summary_text} if kb.summaries else {}),
-            more_files=(lambda folder: [n for w in writers for n in w(folder)])
-            if writers
-            else None,
-            filterable=kb.filterable,
-        )
-        store.publish(kb.name, staging, version, keep=config.index.keep_versions)
-    summary.version = version
-    summary.published = True
-    return summary
+    if prepared.originals:
+        writers.append(enrich.originals_writer(prepared.originals))
+    return writers
 
 
 def _filtered(chunk: Chunk, filterable: tuple[str, ...]) -> list[object]:
