@@ -6,6 +6,7 @@ import asyncio
 import logging
 import resource
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -228,56 +229,15 @@ async def create_server(
         log.warning("no knowledge base to serve: name them with [[knowledge_base]] (%r)", store)
     holder = SnapshotHolder()
     lifecycle = Lifecycle()
-    settings = config.sidecar
-    sessions = SessionStore(
-        max_sessions=settings.max_sessions,
-        ttl_s=settings.session_ttl_s,
-        context_turns=settings.context_turns,
-        max_session_bytes=settings.max_session_bytes,
-        max_bytes=settings.session_memory_bytes,
-        quotas={c.name: (c.max_sessions, c.session_memory_bytes) for c in settings.auth.callers},
-    )
     policies = base_policies(config)
-    engine = Engine(
-        config.sidecar,
-        embedder,
-        holder,
-        names,
-        sessions,
-        skip_policy=SkipPolicy.from_config(config.sidecar.skip),
-        hybrid_bases=frozenset(kb.name for kb in config.knowledge_bases if kb.hybrid),
-        default_knowledge_base=config.default_knowledge_base
-        or (min(names) if len(names) == 1 else ""),
-        policies=policies,
-    )
+    engine = _engine(config, embedder, holder, names, policies)
     guards = Guards.build(config, engine, holder, lifecycle)
-    # Port sharing only between the workers of one sidecar: otherwise a second sidecar started
-    # on the same port fails to bind, rather than silently taking half the calls.
-    reuse_port = 1 if config.sidecar.workers > 1 else 0
-    server = grpc.aio.server(
-        interceptors=guards.interceptors,
-        options=[*guards.options, ("grpc.so_reuseport", reuse_port)],
-    )
-    health = Health()
     toolbox = Toolbox.from_config(config, policies)
-    pb_grpc.add_RetrievalServicer_to_server(  # type: ignore[no-untyped-call]
-        RetrievalService(engine, holder, lifecycle, toolbox), _SendsBytes(server)
-    )
+    server = _grpc_server(config, guards, RetrievalService(engine, holder, lifecycle, toolbox))
+    health = Health()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable(
-        server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-    )
-    refresher = Refresher(
-        store,
-        holder,
-        embedder.info,
-        sorted(names),
-        keep_downloaded=config.sidecar.keep_downloaded,
-        ef_search=config.sidecar.ef_search,
-        budget_bytes=config.sidecar.memory_budget_mb * 2**20,
-        retry_refused_s=config.sidecar.poll_seconds,
-    )
-    if refresher.budget_bytes:
+    refresher = _refresher(config, store, holder, embedder, names)
+    if refresher.budget_bytes:  # bases load on their first call, under the budget
         engine.load_on_demand = refresher.want
     if not listen_while_loading:
         await refresher.refresh()
@@ -305,6 +265,74 @@ async def create_server(
             asyncio.create_task(refresher.poll_forever(config.sidecar.poll_seconds))
         )
     return sidecar
+
+
+def _engine(
+    config: Config,
+    embedder: Embedder,
+    holder: SnapshotHolder,
+    names: frozenset[str],
+    policies: Mapping[str, BasePolicy],
+) -> Engine:
+    """The turn engine over its sessions, with the config's policies and skip rules."""
+    settings = config.sidecar
+    sessions = SessionStore(
+        max_sessions=settings.max_sessions,
+        ttl_s=settings.session_ttl_s,
+        context_turns=settings.context_turns,
+        max_session_bytes=settings.max_session_bytes,
+        max_bytes=settings.session_memory_bytes,
+        quotas={c.name: (c.max_sessions, c.session_memory_bytes) for c in settings.auth.callers},
+    )
+    return Engine(
+        settings,
+        embedder,
+        holder,
+        names,
+        sessions,
+        skip_policy=SkipPolicy.from_config(settings.skip),
+        hybrid_bases=frozenset(kb.name for kb in config.knowledge_bases if kb.hybrid),
+        default_knowledge_base=config.default_knowledge_base
+        or (min(names) if len(names) == 1 else ""),
+        policies=policies,
+    )
+
+
+def _refresher(
+    config: Config,
+    store: SnapshotStore,
+    holder: SnapshotHolder,
+    embedder: Embedder,
+    names: frozenset[str],
+) -> Refresher:
+    """What loads the bases' snapshots into ``holder`` and keeps them current."""
+    settings = config.sidecar
+    return Refresher(
+        store,
+        holder,
+        embedder.info,
+        sorted(names),
+        keep_downloaded=settings.keep_downloaded,
+        ef_search=settings.ef_search,
+        budget_bytes=settings.memory_budget_mb * 2**20,
+        retry_refused_s=settings.poll_seconds,
+    )
+
+
+def _grpc_server(config: Config, guards: Guards, service: RetrievalService) -> grpc.aio.Server:
+    """A grpc.aio server behind the guards' interceptors, serving ``service`` and reflection."""
+    # Port sharing only between the workers of one sidecar: otherwise a second sidecar started
+    # on the same port fails to bind, rather than silently taking half the calls.
+    reuse_port = 1 if config.sidecar.workers > 1 else 0
+    server = grpc.aio.server(
+        interceptors=guards.interceptors,
+        options=[*guards.options, ("grpc.so_reuseport", reuse_port)],
+    )
+    pb_grpc.add_RetrievalServicer_to_server(service, _SendsBytes(server))  # type: ignore[no-untyped-call]
+    reflection.enable(
+        server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+    )
+    return server
 
 
 # The open-file limit ``serve`` raises its soft limit to, when the hard one is unlimited.
