@@ -343,26 +343,54 @@ def _check_page(
     except FrontmatterError:  # load_markdown already reported it
         return
     lines = text.split("\n")
-    chrome = PurePosixPath(rel).name.lower() in CHROME
-    sidebar = PurePosixPath(rel).name.lower() == SIDEBAR
+    name = PurePosixPath(rel).name.lower()
+    _check_links(report, site, rel, lines, offset, sidebar=name == SIDEBAR)
+    chrome = name in CHROME
+    date = _check_last_updated(report, options, rel, lines, offset, metadata, chrome=chrome)
+    if not chrome:
+        report.pages.append(
+            PageEntry(
+                path=rel,
+                title=title,
+                fingerprint=_fingerprint(data),
+                last_updated=date if _valid_date(date) else None,
+                title_line=_title_line(lines, offset, frontmatter),
+            )
+        )
+
+
+def _check_links(
+    report: DocsReport, site: _Site, rel: str, lines: list[str], offset: int, *, sidebar: bool
+) -> None:
+    """A problem for every link to a page the site lacks (a sidebar's named as such)."""
     for number, line in _content_lines(lines[offset:], offset + 1):
         for target, wiki_link in _links(line, site.wiki):
             why = site.missing(rel, target, wiki_link)
             if why is None:
                 continue
             if sidebar:
-                report.problems.append(
-                    Problem(
-                        rel,
-                        number,
-                        "sidebar-link",
-                        f"sidebar links to a missing page: {target} ({why})",
-                    )
+                problem = Problem(
+                    rel,
+                    number,
+                    "sidebar-link",
+                    f"sidebar links to a missing page: {target} ({why})",
                 )
             else:
-                report.problems.append(
-                    Problem(rel, number, "broken-link", f"broken link: {target} ({why})")
-                )
+                problem = Problem(rel, number, "broken-link", f"broken link: {target} ({why})")
+            report.problems.append(problem)
+
+
+def _check_last_updated(
+    report: DocsReport,
+    options: ValidateOptions,
+    rel: str,
+    lines: list[str],
+    offset: int,
+    metadata: Mapping[str, MetaValue],
+    *,
+    chrome: bool,
+) -> str:
+    """The page's 'Last updated' date (its text's, else its metadata's), checked."""
     found = _last_updated(_content_lines(lines[offset:], offset + 1))
     date = found[1] if found else meta_text(metadata.get("last_updated", ""))
     if found and not _valid_date(found[1]):
@@ -375,24 +403,17 @@ def _check_page(
         report.problems.append(
             Problem(rel, 1, "last-updated", "missing 'Last updated: YYYY-MM-DD'")
         )
-    title_line = 1
+    return date
+
+
+def _title_line(lines: list[str], offset: int, frontmatter: Mapping[str, object] | None) -> int:
+    """The line a page's title is on: its front matter's title key, else its first H1."""
     if frontmatter and "title" in frontmatter:
-        title_line = next((i + 1 for i in range(1, offset) if _TITLE_KEY_RE.match(lines[i])), 1)
-    else:
-        for number, line in _content_lines(lines[offset:], offset + 1):
-            if re.match(r" {0,3}#[ \t]", line):
-                title_line = number
-                break
-    if not chrome:
-        report.pages.append(
-            PageEntry(
-                path=rel,
-                title=title,
-                fingerprint=_fingerprint(data),
-                last_updated=date if _valid_date(date) else None,
-                title_line=title_line,
-            )
-        )
+        return next((i + 1 for i in range(1, offset) if _TITLE_KEY_RE.match(lines[i])), 1)
+    for number, line in _content_lines(lines[offset:], offset + 1):
+        if re.match(r" {0,3}#[ \t]", line):
+            return number
+    return 1
 
 
 def _check_titles(report: DocsReport) -> None:
