@@ -73,6 +73,33 @@ def _read_verified(path: Path, expected_sha256: str, constant: str) -> bytes:
 _WHITESPACE = re.compile(r"\s")  # where the tokenizer splits a text first
 
 
+def _tokenizer(data: bytes, max_tokens: int) -> Tokenizer:
+    """The model's tokenizer, unpadded and truncated at ``max_tokens``."""
+    tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+    # the shipped tokenizer.json pads every input to 128 tokens: wrong here, and 10x slower
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    return tokenizer
+
+
+def _session(model: bytes, threads: int) -> ort.InferenceSession:
+    """An ONNX Runtime session of the model on ``threads`` CPU threads, its output checked."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # the arena keeps the peak of the largest input ever seen (~1.5 GB after a 64-chunk
+    # batch); with one unpadded text per run it buys nothing measurable, so leave it off
+    options.enable_cpu_mem_arena = False
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+    outputs = {o.name: o.shape for o in session.get_outputs()}
+    if _OUTPUT not in outputs or outputs[_OUTPUT][-1] != DIMENSION:
+        raise EmbedderError(f"{MODEL_FILE} has outputs {outputs}, expected {_OUTPUT} x 384")
+    return session
+
+
 class LocalEmbedder:
     """all-MiniLM-L6-v2 (int8) in process: 384-d unit vectors, ~2 ms for a short query.
 
@@ -128,28 +155,9 @@ class LocalEmbedder:
             folder / TOKENIZER_FILE, TOKENIZER_SHA256, "TOKENIZER_SHA256"
         )
 
-        tokenizer = Tokenizer.from_str(tokenizer_bytes.decode("utf-8"))
-        # the shipped tokenizer.json pads every input to 128 tokens: wrong here, and 10x slower
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(max_length=max_tokens)
-        self._tokenizer = tokenizer
+        self._tokenizer = _tokenizer(tokenizer_bytes, max_tokens)
         self._max_tokens = max_tokens
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # the arena keeps the peak of the largest input ever seen (~1.5 GB after a 64-chunk
-        # batch); with one unpadded text per run it buys nothing measurable, so leave it off
-        options.enable_cpu_mem_arena = False
-        options.log_severity_level = 3
-        self._session = ort.InferenceSession(
-            model_bytes, sess_options=options, providers=["CPUExecutionProvider"]
-        )
-        outputs = {o.name: o.shape for o in self._session.get_outputs()}
-        if _OUTPUT not in outputs or outputs[_OUTPUT][-1] != DIMENSION:
-            raise EmbedderError(f"{MODEL_FILE} has outputs {outputs}, expected {_OUTPUT} x 384")
+        self._session = _session(model_bytes, threads)
 
         self._info = EmbedderInfo(name=NAME, dimension=DIMENSION)
         self._batch_size = batch_size
