@@ -264,3 +264,42 @@ def test_truncates_reads_a_long_turn_only_until_it_is_past_the_limit(
     counting.lengths.clear()
     assert embedder.truncates("世" * 16000)  # no whitespace to cut at (a review)
     assert sum(counting.lengths) < 2000
+
+
+def test_a_long_text_is_embedded_from_its_head_alone(
+    embedder: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer holds the GIL for all it is given (the event loop waits ~7 ms for a 16 KiB
+    turn): embedding hands it only the head the model reads, and the vector is the whole text's."""
+    text = " ".join(f"roaming{i}" for i in range(1800))[:16000]
+    whole = embedder.embed_batch([text])
+    counting = _Counting(embedder._tokenizer)
+    monkeypatch.setattr(embedder, "_tokenizer", counting)
+    np.testing.assert_array_equal(embedder.embed_batch([text]), whole)
+    assert max(counting.lengths) < 4000  # of 16,000
+
+
+def test_a_head_has_exactly_the_whole_texts_first_tokens(embedder: LocalEmbedder) -> None:
+    """Cut where the tokenizer splits for certain, and given way to the whole text when it falls
+    short: words longer than a slice, control characters the count splits at and the
+    tokenizer drops, accents alone, CJK, every kind of space, seeded mixes of them all."""
+    rng = np.random.default_rng(7)
+    parts = [
+        "word",
+        "x" * 120,
+        "é",
+        "\u0301",
+        "\x1c",
+        "\u00a0",
+        "。",
+        "日本",
+        "a.b",
+        "\u3000",
+        "naïve",
+    ]
+    texts = ["a\x1cb " * 3000, "\u0301 " * 2000 + "word " * 300, ("x" * 900 + "\x1f") * 16]
+    for _ in range(60):
+        picks = rng.integers(0, len(parts), int(rng.integers(100, 3000)))
+        texts.append("".join(parts[i] + (" " if rng.random() < 0.6 else "") for i in picks))
+    for text in texts:
+        assert embedder._encode(text).ids == embedder._tokenizer.encode(text).ids, text[:30]
