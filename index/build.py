@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from index import enrich
@@ -111,8 +112,11 @@ def previous_vectors(
     if not snap.chunks:
         return Reuse()
     stored = np.asarray(snap.index.get_items(np.arange(len(snap.chunks))), dtype=np.float32)
+    sound = _sound_rows(stored, kb)
     return Reuse(
-        vectors={text_key(info, c.embed_text): stored[i] for i, c in enumerate(snap.chunks)},
+        vectors={
+            text_key(info, c.embed_text): stored[i] for i, c in enumerate(snap.chunks) if sound[i]
+        },
         chunk_ids=frozenset(c.chunk_id for c in snap.chunks),
         summaries=_summary_vectors(snap, info) if summaries else {},
     )
@@ -129,7 +133,21 @@ def _summary_vectors(snap: LoadedSnapshot, info: EmbedderInfo) -> dict[str, Vect
         log.info("%s: the published summaries cannot be reused (%s)", snap.folder, exc)
         return {}
     stored = np.asarray(snap.summaries.index.get_items(np.arange(len(texts))), dtype=np.float32)
-    return {text_key(info, t): stored[i] for i, t in enumerate(texts)}
+    sound = _sound_rows(stored, str(snap.folder))
+    return {text_key(info, t): stored[i] for i, t in enumerate(texts) if sound[i]}
+
+
+def _sound_rows(stored: Vectors, where: str) -> npt.NDArray[np.bool_]:
+    """Which published vectors are worth reusing: finite, with a direction. A snapshot published
+    before its embedder's answers were checked may hold NaN rows; reused, they stay for good."""
+    sound = np.asarray(np.isfinite(stored).all(axis=1) & stored.any(axis=1), dtype=np.bool_)
+    if not sound.all():
+        log.warning(
+            "%s: %d published vectors are not finite or all zero: embedded again",
+            where,
+            int((~sound).sum()),
+        )
+    return sound
 
 
 def _quiet(done: int, total: int) -> None:

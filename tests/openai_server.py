@@ -50,6 +50,9 @@ class Behaviour:
     close: bool = False  # close the connection without answering
     hang: bool = False  # never answer (until the server stops)
     hold_until: int = 0  # hold every answer until this many requests are in flight at once
+    values: str = ""  # "huge" (1e39 and more: past float32's range), "zero": every vector's values
+    pad_bytes: int = 0  # > 0: a valid answer padded with a string of this many bytes
+    shift_index: bool = False  # answer index i + 1 for text i
 
 
 def sample_latency_ms(spec: str, rng: random.Random) -> float:
@@ -132,17 +135,30 @@ class OpenAIServer(LocalHttpServer):
             )
         vectors = embedder.embed_batch([str(t) for t in texts])
         tokens = sum(len(str(t).split()) for t in texts)
-        return orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"object": "embedding", "index": i, "embedding": row.tolist()}
-                    for i, row in enumerate(vectors)
-                ],
-                "model": body.get("model", ""),
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            }
-        )
+        with self._lock:
+            b = self._behaviour
+        rows = [_values(row.tolist(), b.values) for row in vectors]
+        answer = {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i + b.shift_index, "embedding": row}
+                for i, row in enumerate(rows)
+            ],
+            "model": body.get("model", ""),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        if b.pad_bytes:
+            answer["padding"] = "x" * b.pad_bytes
+        return orjson.dumps(answer)
+
+
+def _values(row: list[float], kind: str) -> list[float]:
+    """A vector's values as a misbehaving server answers them (``Behaviour.values``)."""
+    if kind == "huge":
+        return [v * 1e39 for v in row]  # float32 cannot hold them: infinities, NaN once scaled
+    if kind == "zero":
+        return [0.0] * len(row)
+    return row
 
 
 class _Handler(BaseHTTPRequestHandler):

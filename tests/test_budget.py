@@ -122,8 +122,11 @@ async def turn(sidecar: Sidecar, text: str, budget_ms: int = 150, session: str =
         Behaviour(fail_status=500, fail_times=-1),
         Behaviour(fail_status=429, fail_times=-1),
         Behaviour(close=True),
+        Behaviour(values="zero"),
+        Behaviour(pad_bytes=4_000_000),
+        Behaviour(shift_index=True),
     ],
-    ids=["hang", "trickle", "slow", "500", "429", "closed"],
+    ids=["hang", "trickle", "slow", "500", "429", "closed", "zero", "4MB", "index"],
 )
 async def test_misbehaving_embedder_is_answered_lexically_and_degraded(
     openai_sidecar: Sidecar, server: OpenAIServer, behaviour: Behaviour
@@ -177,6 +180,19 @@ async def test_embedder_recovers_after_failures(
     assert (await turn(openai_sidecar, QUESTION)).degraded
     resp = await turn(openai_sidecar, "How do I reset my password?", budget_ms=AMPLE_MS)
     assert not resp.degraded
+
+
+async def test_a_vector_with_no_direction_is_not_kept(
+    openai_sidecar: Sidecar, server: OpenAIServer
+) -> None:
+    """An answer of zeros fails the turn over to the lexical side and is not cached: the same
+    question once the server is honest is searched densely."""
+    server.set(values="zero")
+    assert (await turn(openai_sidecar, QUESTION, budget_ms=AMPLE_MS)).degraded
+    server.set(Behaviour())
+    resp = await turn(openai_sidecar, QUESTION, budget_ms=AMPLE_MS)
+    assert not resp.degraded
+    assert PAGE in [c.source_path for c in resp.chunks]
 
 
 async def test_repeated_query_hits_the_embedding_cache(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -13,14 +15,18 @@ import pytest
 from index.build import build_knowledge_base
 from index.config import EmbedderConfig
 from index.embedders import remote
-from index.embedders.base import Embedder, HashEmbedder
+from index.embedders.base import Embedder, HashEmbedder, unit_rows
 from index.embedders.remote import OpenAIEmbedder
 from index.errors import ConfigError, EmbedderError
+from index.hnsw_file import HEADER, _Header
+from index.snapshot import VECTORS, read_manifest
+from index.store import LocalStore
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.conftest import EXAMPLE_KB, make_config
 from tests.openai_server import Behaviour, OpenAIServer
+from tests.snapshot_kit import resign
 
 DIMENSION = 64
 
@@ -186,3 +192,84 @@ async def test_snapshot_built_with_openai_is_refused_by_a_local_sidecar(
         assert "openai/text-embedding-3-small" in status.knowledge_bases[0].last_refusal
     finally:
         await sidecar.stop(0.5)
+
+
+async def test_values_too_large_for_float32_keep_their_direction(
+    server: OpenAIServer, embedder: OpenAIEmbedder
+) -> None:
+    """Values of 1e39 and more (past float32's range: infinities, then NaN, when they were read
+    as float32) are read as float64 and scaled before the norm: the same direction."""
+    server.set(values="huge")
+    got = await embedder.embed(["roaming prices", "reset my password"])
+    np.testing.assert_allclose(got, expected(["roaming prices", "reset my password"]), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "says"),
+    [
+        (Behaviour(values="zero"), "every value zero"),
+        (Behaviour(pad_bytes=2_000_000), "bytes for its texts"),
+        (Behaviour(shift_index=True), "indexes [1, 2]"),
+    ],
+    ids=["zero", "2MB", "index"],
+)
+async def test_an_answer_that_is_no_vectors_is_refused_by_name(
+    server: OpenAIServer, embedder: OpenAIEmbedder, behaviour: Behaviour, says: str
+) -> None:
+    server.set(behaviour)
+    with pytest.raises(EmbedderError, match=re.escape(says)):
+        await embedder.embed(["roaming prices", "reset my password"])
+    with pytest.raises(EmbedderError, match=re.escape(says)):
+        await asyncio.to_thread(embedder.embed_batch, ["roaming prices", "reset my password"])
+
+
+def test_a_build_refuses_vectors_with_no_direction_and_reuses_none(
+    tmp_path: Path, server: OpenAIServer
+) -> None:
+    """A server answering zeros publishes nothing; a snapshot that already holds NaN vectors
+    (published before answers were checked) has them embedded again, not reused."""
+    config = make_config(
+        tmp_path / "store",
+        [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}],
+    )
+    kb = config.knowledge_bases[0]
+    embedder = OpenAIEmbedder(openai_config(server), retries=0, backoff_s=0.01)
+    server.set(values="zero")
+    with pytest.raises(EmbedderError, match="every value zero"):
+        build_knowledge_base(config, kb, embedder)
+    assert LocalStore(config.index.store).latest(kb.name) is None
+    server.set(Behaviour())
+    first = build_knowledge_base(config, kb, embedder)
+    assert first.published
+    _spoil_vectors(LocalStore(config.index.store).latest_dir(kb.name))
+    again = build_knowledge_base(config, kb, embedder)
+    assert again.published
+    assert again.reused == 0
+    assert again.embedded == first.embedded
+
+
+def _spoil_vectors(folder: Path) -> None:
+    """Overwrite a published snapshot's vectors with NaN in place (the graph kept), and write
+    the file's new checksum into its manifest, as a store's writer could."""
+    path = folder / VECTORS
+    data = bytearray(path.read_bytes())
+    head = _Header(bytes(data[: HEADER.size]), str(path))
+    dimension = read_manifest(folder).embedder.dimension
+    nan = np.full(dimension, np.nan, "<f4").tobytes()
+    for i in range(head.count):
+        start = HEADER.size + i * head.size_per_element + head.offset_data
+        data[start : start + len(nan)] = nan
+    path.write_bytes(bytes(data))
+    resign(folder, VECTORS)
+
+
+def test_unit_rows_names_the_first_row_with_no_direction() -> None:
+    np.testing.assert_allclose(unit_rows(np.array([[3e300, 4e300]])), [[0.6, 0.8]], atol=1e-7)
+    for rows, says in (
+        ([[1.0, 1.0], [np.nan, 1.0]], "vector 1 has a value that is not finite (1 of 2"),
+        ([[np.inf, 0.0]], "vector 0 has a value that is not finite"),
+        ([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]], "vector 1 has every value zero (2 of 3"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            unit_rows(np.array(rows))
+    assert unit_rows(np.zeros((0, 4))).shape == (0, 4)

@@ -65,6 +65,23 @@ class Deferrable(Protocol):
         ...
 
 
+def unit_rows(vectors: npt.NDArray[np.floating]) -> Vectors:
+    """Each row scaled to unit length, or ValueError naming the first row that has no direction
+    to scale: a value that is not finite, or every value zero. An embedder's answer is checked
+    this way (a caller's vector is, by the engine): a row of NaN or zeros finds nothing, silently.
+    """
+    rows = np.asarray(vectors, dtype=np.float64)
+    finite = np.isfinite(rows).all(axis=1)
+    peaks = np.max(np.abs(rows), axis=1) if rows.size else np.zeros(len(rows))
+    bad = np.flatnonzero(~finite | (peaks == 0.0))
+    if bad.size:
+        row = int(bad[0])
+        why = "every value zero" if np.isfinite(rows[row]).all() else "a value that is not finite"
+        raise ValueError(f"vector {row} has {why} ({bad.size} of {len(rows)} such)")
+    scaled = rows / peaks[:, None]  # in [-1, 1]: the norm cannot overflow, however large
+    return normalise(scaled)
+
+
 def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
     """Scale each row to unit length so inner product equals cosine similarity."""
     out = np.asarray(vectors, dtype=np.float32)

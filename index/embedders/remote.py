@@ -6,16 +6,20 @@ bound a body that trickles in. Index builds (``embed_batch``) use a separate cli
 5xx and connection errors with exponential backoff, and send up to ``max_concurrency`` requests
 side by side when given more than ``batch_size`` texts.
 
-Responses are read raw and parsed with orjson into one numpy array: the client's own parsing
-builds a pydantic object per float (~5-10 ms of event-loop time for one 384-d vector), which on
-the hot path delays every other turn's deadline.
+Responses are read raw, at most ``response_cap`` bytes (an honest answer's size with room to
+spare: a server answering more is refused before it fills the heap), and parsed with orjson into
+one numpy array: the client's own parsing builds a pydantic object per float (~5-10 ms of
+event-loop time for one 384-d vector), which on the hot path delays every other turn's deadline.
+The vectors are checked as a caller's are (``unit_rows``: finite, with a direction), so a
+server's overflow or zeros are an ``EmbedderError`` (a turn falls back, a build publishes
+nothing), never a silent nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,7 +27,7 @@ import openai
 import orjson
 
 from index.config import OPENAI_MAX_INPUTS, EmbedderConfig
-from index.embedders.base import EmbedderInfo, Vectors, normalise
+from index.embedders.base import EmbedderInfo, Vectors, unit_rows
 from index.errors import ConfigError, EmbedderError
 
 NATIVE_DIMENSIONS = {
@@ -43,6 +47,10 @@ MAX_REQUEST_BYTES = 600_000
 # Hot-path requests overlap on the server; this many still running past their turns' deadlines
 # means the server is down or drowning, and the sidecar stops adding to it until one ends.
 HOT_PARALLEL_CALLS = 8
+# An honest answer writes a float in ~20 bytes of JSON ("-0.0123456789012345,"); this many a
+# value, and this much besides (the envelope, usage), is room to spare.
+RESPONSE_BYTES_PER_VALUE = 32
+RESPONSE_BYTES_FLOOR = 64 * 1024
 _RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
 
 
@@ -102,16 +110,18 @@ class OpenAIEmbedder:
         """One request, no retries; bound it with a deadline (``asyncio.timeout``)."""
         if not texts:
             return np.zeros((0, self._info.dimension), dtype=np.float32)
+        cap = response_cap(len(texts), self._info.dimension)
         try:
-            raw = await self._hot.embeddings.with_raw_response.create(
+            async with self._hot.embeddings.with_streaming_response.create(
                 model=self._config.model,
                 input=list(texts),
                 encoding_format="float",
                 dimensions=self._dimensions(),
-            )
+            ) as response:
+                body = await _read_capped(response.iter_bytes(), cap)
         except openai.OpenAIError as exc:
             raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
-        return self._vectors(raw.http_response.content, len(texts))
+        return self._vectors(body, len(texts))
 
     def embed_batch(self, texts: Sequence[str]) -> Vectors:
         """Embed for a build: requests of up to ``batch_size`` texts and MAX_REQUEST_BYTES, up
@@ -141,30 +151,39 @@ class OpenAIEmbedder:
     def _vectors(self, body: bytes, count: int) -> Vectors:
         try:
             rows = sorted(orjson.loads(body)["data"], key=lambda e: int(e["index"]))
-            out = np.asarray([r["embedding"] for r in rows], dtype=np.float32)
+            indexes = [int(r["index"]) for r in rows]
+            # float64: a value past float32's range is refused by name, not read as infinity
+            out = np.asarray([r["embedding"] for r in rows], dtype=np.float64)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise EmbedderError(
                 f"{self._info.name}: unreadable embeddings response: {exc}"
             ) from exc
         if len(rows) != count:
             raise EmbedderError(f"embedder returned {len(rows)} vectors for {count} texts")
+        if indexes != list(range(count)):  # each text's vector once: none swapped in twice
+            raise EmbedderError(f"embedder returned indexes {indexes[:8]} for {count} texts")
         if out.ndim != 2 or out.shape[1] != self._info.dimension:
             raise EmbedderError(
                 f"embedder returned vectors of shape {out.shape}, expected {self._info.dimension}-d"
             )
-        return normalise(out)
+        try:
+            return unit_rows(out)
+        except ValueError as exc:
+            raise EmbedderError(f"{self._info.name}: {exc}") from exc
 
     def _with_retries(self, texts: list[str]) -> Vectors:
         delay = self._backoff_s
         for attempt in range(self._retries + 1):
             try:
-                raw = self._bulk.embeddings.with_raw_response.create(
+                with self._bulk.embeddings.with_streaming_response.create(
                     model=self._config.model,
                     input=texts,
                     encoding_format="float",
                     dimensions=self._dimensions(),
-                )
-                return self._vectors(raw.http_response.content, len(texts))
+                ) as response:
+                    cap = response_cap(len(texts), self._info.dimension)
+                    body = b"".join(_capped(response.iter_bytes(), cap))
+                return self._vectors(body, len(texts))
             except _RETRYABLE as exc:
                 if attempt == self._retries:
                     raise EmbedderError(
@@ -176,6 +195,32 @@ class OpenAIEmbedder:
             except openai.OpenAIError as exc:
                 raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")
+
+
+def response_cap(texts: int, dimension: int) -> int:
+    """The most bytes an embeddings answer of ``texts`` vectors may take (see
+    RESPONSE_BYTES_PER_VALUE)."""
+    return RESPONSE_BYTES_FLOOR + texts * dimension * RESPONSE_BYTES_PER_VALUE
+
+
+async def _read_capped(parts: AsyncIterator[bytes], cap: int) -> bytes:
+    """The body, or EmbedderError once it is past ``cap`` bytes (the rest is not read)."""
+    out = bytearray()
+    async for part in parts:
+        out += part
+        if len(out) > cap:
+            raise EmbedderError(f"the embeddings answer is over {cap} bytes for its texts")
+    return bytes(out)
+
+
+def _capped(parts: Iterator[bytes], cap: int) -> Iterator[bytes]:
+    """``_read_capped`` for the build's blocking client."""
+    size = 0
+    for part in parts:
+        size += len(part)
+        if size > cap:
+            raise EmbedderError(f"the embeddings answer is over {cap} bytes for its texts")
+        yield part
 
 
 def request_batches(texts: list[str], max_inputs: int, max_bytes: int) -> list[list[str]]:
