@@ -198,6 +198,14 @@ def _entry_point_alone(data: bytes) -> bytes:
     return _at(HEADER.size + entry * per_element, 0, 4)(data)
 
 
+def _a_vector_of_nan(data: bytes) -> bytes:
+    """Element 7's vector's first value set to NaN: hnswlib loads and searches it without error,
+    and the element is near nothing (s13's attack, F1: an embedder's overflow published)."""
+    per_element = int.from_bytes(data[24:32], "little")
+    offset_data = int.from_bytes(data[40:48], "little")
+    return _at(HEADER.size + 7 * per_element + offset_data, 0x7FC00000, 4)(data)
+
+
 # Files whose checksums match a manifest re-signed after the change (issue 14's attacks): each
 # crashed the sidecar or broke its calls before the loader checked what it reads.
 TAMPERED: dict[str, Callable[[Path], None]] = {
@@ -209,6 +217,8 @@ TAMPERED: dict[str, Callable[[Path], None]] = {
     # passed every check and warm-up, then failed a share of searches with hnswlib's
     # RuntimeError, UNKNOWN to the caller, while SERVING (s12's F5)
     "hnsw_entry_point_linked_to_none": _patch(VECTORS, _entry_point_alone),
+    # searched without an error, and the element is found by no query (s13's F1)
+    "hnsw_a_vector_of_nan": _patch(VECTORS, _a_vector_of_nan),
     "pages_file_is_5": _patch(PAGES, lambda _: b"5"),
     "pages_text_offset_past_the_blob": _patch(PAGES, _item("t_offsets", 1, 1 << 40)),
     "chunk_string_offsets_decrease": _patch(CHUNKS, _item("s_offsets", 2, 1)),

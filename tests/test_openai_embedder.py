@@ -226,8 +226,8 @@ async def test_an_answer_that_is_no_vectors_is_refused_by_name(
 def test_a_build_refuses_vectors_with_no_direction_and_reuses_none(
     tmp_path: Path, server: OpenAIServer
 ) -> None:
-    """A server answering zeros publishes nothing; a snapshot that already holds NaN vectors
-    (published before answers were checked) has them embedded again, not reused."""
+    """A server answering zeros publishes nothing; a snapshot that already holds vectors of
+    zeros (published before answers were checked) has them embedded again, not reused."""
     config = make_config(
         tmp_path / "store",
         [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}],
@@ -249,16 +249,16 @@ def test_a_build_refuses_vectors_with_no_direction_and_reuses_none(
 
 
 def _spoil_vectors(folder: Path) -> None:
-    """Overwrite a published snapshot's vectors with NaN in place (the graph kept), and write
+    """Overwrite a published snapshot's vectors with zeros in place (the graph kept), and write
     the file's new checksum into its manifest, as a store's writer could."""
     path = folder / VECTORS
     data = bytearray(path.read_bytes())
     head = _Header(bytes(data[: HEADER.size]), str(path))
     dimension = read_manifest(folder).embedder.dimension
-    nan = np.full(dimension, np.nan, "<f4").tobytes()
+    zeros = bytes(4 * dimension)
     for i in range(head.count):
         start = HEADER.size + i * head.size_per_element + head.offset_data
-        data[start : start + len(nan)] = nan
+        data[start : start + len(zeros)] = zeros
     path.write_bytes(bytes(data))
     resign(folder, VECTORS)
 
