@@ -312,11 +312,6 @@ def redraw(spec: str) -> None:
     SIDES = rest[1] if len(rest) > 1 else SIDES
 
 
-def turn_rng(dialogue_id: str, index: int) -> random.Random:
-    """The seeded draw of one turn (a string seed hashes the same on every run and machine)."""
-    return random.Random(f"{SEED}\x00{dialogue_id}\x00{index}")
-
-
 def transcribed(recogniser: Recogniser, d: Dialogue) -> Dialogue:
     """Every turn of the dialogue recognised, each speaker's words heard alike through it."""
     heard: dict[str, dict[str, str]] = {}
@@ -324,7 +319,7 @@ def transcribed(recogniser: Recogniser, d: Dialogue) -> Dialogue:
         Said(
             t.speaker,
             recogniser.transcribe(
-                t.text, turn_rng(d.dialogue_id, i), heard.setdefault(t.speaker, {})
+                t.text, spoken.turn_rng(d.dialogue_id, i, SEED), heard.setdefault(t.speaker, {})
             ),
             t.qid,
         )

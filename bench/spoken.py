@@ -382,9 +382,10 @@ def redraw(spec: str) -> None:
     FILLER_RATE = float(rates[1]) if len(rates) > 1 else FILLER_RATE
 
 
-def turn_rng(dialogue_id: str, index: int) -> random.Random:
-    """The seeded draw of one turn (a string seed hashes the same on every run and machine)."""
-    return random.Random(f"{SEED}\x00{dialogue_id}\x00{index}")
+def turn_rng(dialogue_id: str, index: int, seed: str = "") -> random.Random:
+    """The seeded draw of one turn (a string seed hashes the same on every run and machine):
+    under ``seed``, or this module's ``SEED`` (``bench.asr`` passes its own)."""
+    return random.Random(f"{seed or SEED}\x00{dialogue_id}\x00{index}")
 
 
 def transcribed(speech: Speech, d: Dialogue) -> Dialogue:

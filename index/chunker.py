@@ -692,17 +692,18 @@ def bounded_metadata(metadata: Mapping[str, MetaValue]) -> Mapping[str, MetaValu
     MAX_FIELD_BYTES; of the first MAX_META_STRINGS entries, in order, those whose strings fit
     in what is left of MAX_META_STRINGS and MAX_META_BYTES. An entry over either is left out
     and the ones after it still looked at: a record's 70 tags cost the tags, not the ``lang``
-    after them (s12's F7: a filter ``lang = "en"`` lost such records). No more entries are
-    looked at than could be kept (each kept one is a string at least). The mapping itself
-    when it is within every cap, as nearly all are."""
+    after them (s12's F7: a filter ``lang = "en"`` lost such records). Of two keys the cut
+    makes one, the first is kept and the second left out (the build names it), not written over
+    the first. No more entries are looked at than could be kept (each kept one is a string at
+    least). The mapping itself when it is within every cap, as nearly all are."""
     out: dict[str, MetaValue] = {}
     budget, strings = MAX_META_BYTES, MAX_META_STRINGS
     for key, value in islice(metadata.items(), MAX_META_STRINGS):
         values = meta_values(value)
-        if 1 + len(values) > strings:
+        cut = [bounded(s, MAX_FIELD_BYTES) for s in (key, *values)]
+        if 1 + len(values) > strings or cut[0] in out:
             continue
         strings -= 1 + len(values)
-        cut = [bounded(s, MAX_FIELD_BYTES) for s in (key, *values)]
         size = sum(len(s.encode("utf-8", "surrogatepass")) for s in cut)
         if size <= budget:
             out[cut[0]] = cut[1] if isinstance(value, str) else tuple(cut[1:])

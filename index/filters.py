@@ -249,8 +249,8 @@ def max_filters_bytes(chunks: int, chunks_bytes: int) -> int:
     (at most 6 bytes of JSON per byte, a control character's ``\\u00XX``), and each chunk is
     among the labels of at most MAX_META_STRINGS values (a label's digits, its comma, and a
     value's quotes and brackets each); a field's name is a config key (the slack). A larger file
-    was not written by a build: refused before it is read or parsed (s12's F6: 15.6 MB took
-    13 s and 371 MB to load)."""
+    was not written by a build: refused before it is parsed, no more than this and a byte read
+    (s12's F6: 15.6 MB took 13 s and 371 MB to load)."""
     per_label = len(str(max(chunks, 1))) + 1 + _VALUE_JSON
     return _JSON_ESCAPE * chunks_bytes + chunks * MAX_META_STRINGS * per_label + _FIELDS_SLACK
 

@@ -11,7 +11,6 @@ memory-mapped and read in place (``LexicalIndex.open``), with no dictionary to b
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 import re
 import threading
@@ -176,25 +175,12 @@ class LexicalIndex:
         k1: float = DEFAULT_K1,
         b: float = DEFAULT_B,
     ) -> None:
-        """``terms`` sorted and unique (checked when a list; a mapped table out of order only
-        makes lookups miss); the arrays are checked in numpy, so that no posting can index
-        past a document, and no value a build never writes can leave BM25 silently empty
-        (``_check_postings``)."""
+        """``terms`` sorted and unique, the arrays as a build writes them: those of a file are
+        checked where the file is read (``_read``, ``_check_arrays``), those ``build`` makes are
+        not checked again. The BM25 parameters, a caller's or a file's, are checked here."""
         if not (0.0 < k1 <= MAX_K1 and 0.0 <= b <= 1.0):  # NaN fails both
             raise ValueError(f"BM25 parameters out of range: k1={k1} (0..{MAX_K1}], b={b}")
-        n_terms = len(terms)
-        if indptr.shape != (n_terms + 1,) or int(indptr[0]) != 0:
-            raise ValueError("indptr does not match the vocabulary")
-        if doc_ids.shape != tfs.shape or doc_ids.shape != (int(indptr[-1]),):
-            raise ValueError("postings do not match indptr")
-        if np.any(np.diff(indptr) < 0):
-            raise ValueError("indptr is not monotonic")
         n_docs = len(doc_len)
-        if doc_ids.size and (int(doc_ids.min()) < 0 or int(doc_ids.max()) >= n_docs):
-            raise ValueError("posting doc id out of range")
-        if isinstance(terms, list) and any(a >= b for a, b in itertools.pairwise(terms)):
-            raise ValueError("the vocabulary is not sorted or holds duplicate terms")
-        _check_postings(indptr, doc_ids, tfs, doc_len)
         self._terms = terms
         self._indptr = indptr.astype(np.int64, copy=False)
         self._doc_ids = doc_ids.astype(np.int32, copy=False)
@@ -378,15 +364,36 @@ class LexicalIndex:
         stored_k1, stored_b = header.get("k1"), header.get("b")
         if type(stored_k1) is not float or type(stored_b) is not float:
             raise ValueError("lexical index parameters k1 and b are not numbers")
-        return cls(
-            StringTable.read(file, "vocab_"),
-            file.array("indptr", "<i8"),
-            file.array("doc_ids", "<i4"),
-            file.array("tfs", "<u2"),
-            file.array("doc_len", "<i4"),
-            k1=stored_k1 if k1 is None else k1,
-            b=stored_b if b is None else b,
-        )
+        terms = StringTable.read(file, "vocab_")
+        indptr = file.array("indptr", "<i8")
+        doc_ids = file.array("doc_ids", "<i4")
+        tfs = file.array("tfs", "<u2")
+        doc_len = file.array("doc_len", "<i4")
+        _check_arrays(len(terms), indptr, doc_ids, tfs, doc_len)
+        k1 = stored_k1 if k1 is None else k1
+        return cls(terms, indptr, doc_ids, tfs, doc_len, k1=k1, b=stored_b if b is None else b)
+
+
+def _check_arrays(
+    n_terms: int,
+    indptr: npt.NDArray[np.int64],
+    doc_ids: IntArray,
+    tfs: npt.NDArray[np.uint16],
+    doc_len: IntArray,
+) -> None:
+    """A file's arrays, checked in numpy before they are trusted: no posting can index past a
+    document, and no value a build never writes can leave BM25 silently empty
+    (``_check_postings``). A mapped vocabulary out of order only makes lookups miss."""
+    if indptr.shape != (n_terms + 1,) or int(indptr[0]) != 0:
+        raise ValueError("indptr does not match the vocabulary")
+    if doc_ids.shape != tfs.shape or doc_ids.shape != (int(indptr[-1]),):
+        raise ValueError("postings do not match indptr")
+    if np.any(np.diff(indptr) < 0):
+        raise ValueError("indptr is not monotonic")
+    n_docs = len(doc_len)
+    if doc_ids.size and (int(doc_ids.min()) < 0 or int(doc_ids.max()) >= n_docs):
+        raise ValueError("posting doc id out of range")
+    _check_postings(indptr, doc_ids, tfs, doc_len)
 
 
 def _check_postings(

@@ -103,12 +103,10 @@ class ValidateOptions:
     def from_options(cls, source: str, options: Mapping[str, Any]) -> ValidateOptions:
         """Read the ``required_files`` and ``require_last_updated`` options of a source, and
         the folder options it is built with."""
-        files = options.get("required_files", [])
-        if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        files = options.get("required_files", [])  # the types checked at load (check_options)
+        if not all(files):
             raise ConfigError(f"source {source!r}: required_files must be a list of file names")
         required = options.get("require_last_updated", False)
-        if not isinstance(required, bool):
-            raise ConfigError(f"source {source!r}: require_last_updated must be true or false")
         folder = FolderOptions.from_options(source, options)
         return cls(tuple(files), required, folder)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,46 @@ EXAMPLE_KB = REPO / "examples" / "kb"
 # judging what is found never gets the lexical fallback because the machine was slow. A test of
 # the budget itself gives its own budget_ms per call.
 AMPLE_BUDGET_MS = 10_000
+
+
+# A bound on one test, its set-up and tear-down: a regression that waits for ever where it should
+# fail (a gRPC call with no deadline, a future never set, a process that should have stopped)
+# ends the run, naming the test, with every thread's stack, instead of holding CI until its own
+# limit. Far past the slowest test (a shared-data build on two busy cores; a build subprocess
+# bounds itself at 300 s). No pytest-timeout (no new dependency): its "thread" method is this.
+TEST_BOUND_S = 900.0
+# faulthandler's own timer, a minute later, for a hang that holds the GIL (a C extension's loop):
+# the watching thread below cannot run then; this one says no test name.
+_GIL_HELD_S = 60.0
+_STDERR: list[int] = []  # the terminal's stderr, kept before the tests capture it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _STDERR.append(os.dup(2))
+
+
+def _bound(nodeid: str, done: threading.Event) -> None:
+    """Unless ``done`` within TEST_BOUND_S: name the test, dump every stack, end the run."""
+    if done.wait(TEST_BOUND_S):
+        return
+    said = f"\n{nodeid} ran past TEST_BOUND_S ({TEST_BOUND_S:.0f} s): every thread's stack:\n"
+    os.write(_STDERR[0], said.encode())
+    faulthandler.dump_traceback(file=_STDERR[0])
+    os._exit(1)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    done = threading.Event()
+    threading.Thread(
+        target=_bound, args=(item.nodeid, done), name="test-bound", daemon=True
+    ).start()
+    faulthandler.dump_traceback_later(TEST_BOUND_S + _GIL_HELD_S, exit=True, file=_STDERR[0])
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        done.set()
 
 
 def shared(*parts: str) -> Path:

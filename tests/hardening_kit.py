@@ -169,6 +169,25 @@ REPO = Path(__file__).resolve().parents[1]
 PROCESS_WAIT_S = 60.0  # a bound on waiting for a process (imports, snapshot loads), not a timing
 
 
+def serve_refused(
+    config: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``voxrecall serve --config CONFIG [ARGS]`` that a test expects to stop by itself (a
+    refusal at start): run to its end, or failed with its log if it still runs after
+    PROCESS_WAIT_S (a regression that serves would otherwise hold the test for ever)."""
+    command = [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), *args]
+    try:
+        return subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=PROCESS_WAIT_S
+        )
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        raise AssertionError(
+            f"voxrecall serve still ran after {PROCESS_WAIT_S:.0f} s, where it should have "
+            f"stopped (killed):\n{err or ''}"
+        ) from None
+
+
 class ServeProcess:
     """``voxrecall serve --config CONFIG [ARGS]`` as a child process, its stderr collected line
     by line (its log)."""

@@ -397,15 +397,24 @@ def test_second_recogniser_hears_by_manner_of_sound_not_by_a_sound_key() -> None
 
 def _second_draws(text: str, n: int = 200, vocabulary: list[str] = VOCABULARY) -> list[str]:
     recogniser = asr.Recogniser(vocabulary)
-    return [recogniser.transcribe(text, asr.turn_rng("d", i)) for i in range(n)]
+    return [recogniser.transcribe(text, spoken.turn_rng("d", i, asr.SEED)) for i in range(n)]
+
+
+def test_both_transformations_draw_a_turn_from_one_seeded_stream_under_their_own_seeds() -> None:
+    """One ``turn_rng`` (``bench.spoken``'s) for both: each set's draws as they were."""
+    for seed in (spoken.SEED, asr.SEED):
+        want = random.Random(f"{seed}\x00d1\x003").random()
+        assert spoken.turn_rng("d1", 3, seed).random() == want
+    assert spoken.turn_rng("d1", 3).random() == random.Random(f"{spoken.SEED}\x00d1\x003").random()
+    assert not hasattr(asr, "turn_rng")
 
 
 def test_second_recogniser_is_seeded_per_dialogue_and_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("SEED", "RARE_ERROR", "SIDES"):
         monkeypatch.setattr(asr, name, getattr(asr, name))  # restored after the test
     text = WRITTEN[0]
-    first = asr.Recogniser(VOCABULARY).transcribe(text, asr.turn_rng("d1", 3))
-    assert asr.Recogniser(VOCABULARY).transcribe(text, asr.turn_rng("d1", 3)) == first
+    first = asr.Recogniser(VOCABULARY).transcribe(text, spoken.turn_rng("d1", 3, asr.SEED))
+    assert asr.Recogniser(VOCABULARY).transcribe(text, spoken.turn_rng("d1", 3, asr.SEED)) == first
     assert len(set(_second_draws(text, 40))) > 1  # other turns draw other errors
     before = _second_draws(text, 40)
     asr.redraw(f"{asr.PREFIX}other")

@@ -664,6 +664,15 @@ def test_an_entry_over_the_string_cap_is_left_out_and_the_ones_after_it_kept() -
     assert dict(chunk.metadata) == {}
 
 
+def test_of_two_keys_the_cut_makes_one_the_first_is_kept() -> None:
+    """Two keys alike in their first MAX_FIELD_BYTES are one key once cut: the second was
+    written over the first (and both counted against the caps)."""
+    long = "k" * MAX_FIELD_BYTES
+    metadata: dict[str, MetaValue] = {f"{long}-first": "1", "lang": "en", f"{long}-second": "2"}
+    [chunk] = chunk_page(page_of("Some text.", metadata=metadata))  # type: ignore[arg-type]
+    assert dict(chunk.metadata) == {long: "1", "lang": "en"}
+
+
 def test_ordinary_metadata_is_passed_on_as_it_was() -> None:
     metadata = {"title": "Guide", "tags": ("a", "b")}
     [chunk] = chunk_page(page_of("Some text.", metadata=metadata))  # type: ignore[arg-type]

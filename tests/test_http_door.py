@@ -38,8 +38,9 @@ from sidecar.errors import ToolCallError, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
+from sidecar.http import mcp
 from sidecar.http.door import MAX_HEAD_BYTES
-from sidecar.http.mcp import SDK_SESSION_LOGGERS, page_arguments
+from sidecar.http.mcp import PAGE_ARGUMENTS, SDK_SESSION_LOGGERS, page_arguments
 from sidecar.http.webhooks import (
     SESSION_HEADER,
     SIGNATURE_TOLERANCE_MS,
@@ -235,6 +236,18 @@ def test_read_page_takes_empty_optional_arguments_as_not_given(arguments: dict[s
     """Models fill every listed property, "" for those they have no value for: with one base,
     "" is no base named, and "" beside a path is no second path."""
     assert page_arguments(arguments, ["help"]) == ("help", "password.md", "", 0)
+
+
+def test_read_pages_arguments_are_checked_without_building_its_schema(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The names are the schema's, taken once: a call built the whole schema for its keys."""
+    assert tuple(mcp._page_schema(["help", "billing"])["properties"]) == PAGE_ARGUMENTS
+    monkeypatch.setattr(mcp, "_page_schema", lambda bases: pytest.fail("a schema per call"))
+    with pytest.raises(
+        ToolCallError, match=f"does not take colour; it takes {', '.join(PAGE_ARGUMENTS)}$"
+    ):
+        page_arguments({"path": "password.md", "colour": "red"}, ["help"])
 
 
 def test_an_empty_knowledge_base_among_several_is_still_asked_for() -> None:

@@ -347,9 +347,25 @@ def test_values_that_leave_bm25_silently_empty_are_refused_by_name(
     arrays = change({**_arrays(index), "k1": index.k1})
     k1 = arrays.pop("k1")
     with pytest.raises(ValueError, match=message):
-        LexicalIndex(**arrays, k1=k1, b=index.b)
-    built = LexicalIndex(**_arrays(index), k1=index.k1, b=index.b)  # the unchanged ones load
+        _loaded(arrays, k1=k1, b=index.b)
+    built = _loaded(_arrays(index), k1=index.k1, b=index.b)  # the unchanged ones load
     assert built.search("cats dogs", 5) == index.search("cats dogs", 5)
+
+
+def _loaded(arrays: dict[str, Any], **parameters: float) -> LexicalIndex:
+    """``arrays`` written to a file and read back: where a snapshot's are checked."""
+    return LexicalIndex.from_bytes(LexicalIndex(**arrays, **parameters).to_bytes())
+
+
+def test_a_build_does_not_check_again_the_postings_it_wrote(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checks are where a file's arrays come in, not in ``build``, which made them."""
+    monkeypatch.setattr(index_lexical, "_check_postings", lambda *_: pytest.fail("checked"))
+    built = LexicalIndex.build(["cats and dogs", "dogs chase cats"])
+    assert built.search("cats", 2)
+    with pytest.raises(pytest.fail.Exception, match="checked"):
+        LexicalIndex.from_bytes(built.to_bytes())
 
 
 def test_duplicate_doc_ids_are_found_across_a_block_boundary(
@@ -359,5 +375,5 @@ def test_duplicate_doc_ids_are_found_across_a_block_boundary(
     arrays = _doubled(_arrays(index))
     monkeypatch.setattr(index_lexical, "_POSTINGS_BLOCK", 1)
     with pytest.raises(ValueError, match="strictly ascending"):
-        LexicalIndex(**arrays, k1=index.k1, b=index.b)
-    LexicalIndex(**_arrays(index), k1=index.k1, b=index.b)
+        _loaded(arrays, k1=index.k1, b=index.b)
+    _loaded(_arrays(index), k1=index.k1, b=index.b)

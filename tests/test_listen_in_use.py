@@ -1,16 +1,18 @@
 """A port in use (gRPC's ``listen``, the HTTP door's, metrics') stops ``voxrecall serve`` with
-one ``error:`` line naming the address and the setting, exit 2, no traceback."""
+one ``error:`` line naming the address and the setting, exit 2, no traceback. A real process,
+bounded: a regression that serves fails the test rather than holding it for ever."""
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sidecar.cli import main
 from tests.conftest import EXAMPLE_KB
+from tests.hardening_kit import serve_refused
 
 
 @pytest.fixture
@@ -45,17 +47,13 @@ def _config(tmp_path: Path, sidecar: str) -> Path:
     ],
 )
 def test_a_port_in_use_is_one_error_line_naming_the_setting(
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    taken: str,
-    sidecar: str,
-    flags: list[str],
-    setting: str,
+    tmp_path: Path, taken: str, sidecar: str, flags: list[str], setting: str
 ) -> None:
     path = _config(tmp_path, sidecar.format(taken=taken))
-    argv = ["serve", "--config", str(path), *(f.format(taken=taken) for f in flags)]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
+    args = [f.format(taken=taken) for f in flags]
+    done = serve_refused(path, {"PATH": os.environ.get("PATH", "")}, *args)
+    err = done.stderr
+    assert done.returncode == 2, err
     assert f"error: cannot listen on {taken} ({setting}): " in err
     assert "Traceback" not in err
     assert sum(line.startswith("error:") for line in err.splitlines()) == 1

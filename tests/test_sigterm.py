@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import shutil
 import signal
 import time
@@ -176,6 +177,8 @@ async def test_a_call_outliving_the_grace_period_is_cut_and_the_process_still_ex
 async def test_sigint_stops_an_idle_sidecar_with_exit_zero(serve: Start) -> None:
     process = serve(1)
     await _target(process)
+    said = await asyncio.to_thread(process.wait_for, r"listening on .*, up to (\d+) open files")
+    assert int(said.group(1)) == resource.prlimit(process.proc.pid, resource.RLIMIT_NOFILE)[0]
     process.proc.send_signal(signal.SIGINT)
     assert await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S) == 0
 

@@ -7,8 +7,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -30,6 +28,7 @@ from tests.hardening_kit import (
     PROCESS_WAIT_S,
     ServeProcess,
     build_store,
+    serve_refused,
     sidecar_config,
     toml_config,
 )
@@ -322,10 +321,7 @@ def test_a_second_sidecar_with_workers_is_refused_the_port_the_first_serves(
     its calls. Its supervisor probes the port first: one error line, exit 2."""
     supervisor.wait_serving()
     config = supervisor.proc.args[supervisor.proc.args.index("--config") + 1]
-    second = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config)],
-        capture_output=True, text=True, timeout=PROCESS_WAIT_S, env={"PATH": os.environ.get("PATH", "")},
-    )  # fmt: skip
+    second = serve_refused(Path(config), {"PATH": os.environ.get("PATH", "")})
     assert second.returncode == 2, second.stderr
     assert f"cannot listen on 127.0.0.1:{supervisor.port} ([sidecar] listen" in second.stderr
     assert "Traceback" not in second.stderr

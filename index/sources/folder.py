@@ -51,9 +51,10 @@ _OUTSIDE = "a symbolic link to outside the source folder (set follow_symlinks = 
 
 
 def max_page_bytes_option(source: str, options: Mapping[str, Any], default: int) -> int:
-    """A source's ``max_page_bytes`` (bytes, > 0); raises ConfigError naming a wrong value."""
-    value = options.get("max_page_bytes", default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """A source's ``max_page_bytes`` (bytes, > 0); raises ConfigError naming a wrong value. Its
+    type, as every option's, was checked at load (``index.config.check_options``)."""
+    value: int = options.get("max_page_bytes", default)
+    if value < 1:
         raise ConfigError(
             f"source {source!r}: max_page_bytes must be a whole number of bytes above 0, "
             f"got {value!r}"
@@ -80,10 +81,9 @@ class FolderOptions:
     def from_options(
         cls, source: str, options: Mapping[str, Any], default_max: int = DEFAULT_MAX_PAGE_BYTES
     ) -> FolderOptions:
-        """Read the options of a source; raises ConfigError naming a wrong one."""
+        """Read the options of a source (their types checked at load); raises ConfigError
+        naming a wrong one."""
         follow = options.get("follow_symlinks", False)
-        if not isinstance(follow, bool):
-            raise ConfigError(f"source {source!r}: follow_symlinks must be true or false")
         return cls(follow, max_page_bytes_option(source, options, default_max))
 
 

@@ -42,8 +42,8 @@ class ImageFile:
 
 
 def image_limit(source: SourceConfig, default: int) -> int:
-    value = source.options.get("max_image_bytes", default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    value: int = source.options.get("max_image_bytes", default)  # a whole number (check_options)
+    if value < 1:
         raise ConfigError(f"source {source.name!r}: max_image_bytes must be a whole number >= 1")
     return value
 
@@ -54,8 +54,8 @@ def load_images(source: SourceConfig, limit: int) -> tuple[list[ImageFile], list
         return [], [SkippedPage(source.name, NOT_APPROVED)]
     if source.path is not None:
         return _folder(source, limit)
-    urls = source.options.get("urls")
-    if not isinstance(urls, list) or not all(isinstance(u, str) and u for u in urls):
+    urls: list[str] = source.options["urls"]  # check_options: urls, a list of strings, or a path
+    if not all(urls):
         raise ConfigError(f"source {source.name!r}: urls must be a list of image URLs")
     return _urls(urls, limit)
 

@@ -45,19 +45,19 @@ class RecordFields:
 
     @classmethod
     def from_options(cls, source: str, options: Mapping[str, Any]) -> RecordFields:
-        """Read the field options of a source; raises ConfigError naming a wrong one."""
+        """Read the field options of a source (their types checked at load: a string, a list
+        of strings); raises ConfigError naming an empty name."""
         values: dict[str, Any] = {}
         for key in ("id_field", "title_field", "text_field"):
             if key in options:
-                if not isinstance(options[key], str) or not options[key]:
+                if not options[key]:
                     raise ConfigError(f"source {source!r}: {key} must be a field name")
                 values[key] = options[key]
         for key in ("context_fields", "metadata_fields"):
             if key in options:
-                got = options[key]
-                if not isinstance(got, list) or not all(isinstance(f, str) and f for f in got):
+                if not all(options[key]):
                     raise ConfigError(f"source {source!r}: {key} must be a list of field names")
-                values[key] = tuple(got)
+                values[key] = tuple(options[key])
         return cls(**values)
 
 

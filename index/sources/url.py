@@ -66,18 +66,19 @@ class UrlOptions:
 
     @classmethod
     def from_options(cls, source: str, options: Mapping[str, Any]) -> UrlOptions:
-        """Read ``urls`` and ``refresh``; raises ConfigError naming what is wrong."""
+        """Read ``urls`` and ``refresh`` (their types checked at load: a list of strings, a
+        number); raises ConfigError naming what is wrong."""
         urls = options.get("urls")
-        if not isinstance(urls, list) or not urls:
+        if not urls:
             raise ConfigError(f'source {source!r}: type url needs urls = ["https://...", ...]')
         for url in urls:
-            parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
-            if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
                 raise ConfigError(f"source {source!r}: {url!r} is not an http(s) URL")
         if len(set(urls)) != len(urls):
             raise ConfigError(f"source {source!r}: urls lists a URL twice")
         refresh = options.get("refresh", DEFAULT_REFRESH_S)
-        if isinstance(refresh, bool) or not isinstance(refresh, int | float) or refresh < 0:
+        if refresh < 0:
             raise ConfigError(f"source {source!r}: refresh must be seconds >= 0, got {refresh!r}")
         return cls(urls=tuple(urls), refresh_s=float(refresh))
 

@@ -341,9 +341,9 @@ MAX_OPEN_FILES = 1 << 20
 
 def raise_open_files_limit() -> int:
     """Raise this process's soft open-file limit to its hard limit (MAX_OPEN_FILES where that is
-    unlimited) and return it: every connection, stream and snapshot file is a descriptor, and a
-    default soft limit (often 1,024) is what a flood of idle connections exhausts first. Left as
-    it is where the system refuses."""
+    unlimited) and return it, for ``serve``'s start line to say: every connection, stream and
+    snapshot file is a descriptor, and a default soft limit (often 1,024) is what a flood of idle
+    connections exhausts first. Left as it is where the system refuses."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else hard
     if soft != resource.RLIM_INFINITY and soft < target:
@@ -373,16 +373,17 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    raise_open_files_limit()
+    open_files = raise_open_files_limit()
     sidecar = await create_server(
         config, listen=listen, store=store, listen_while_loading=listen_while_loading
     )
     log.info(
-        "voxrecall sidecar listening on port %d (%s)%s%s",
+        "voxrecall sidecar listening on port %d (%s)%s%s, up to %d open files",
         sidecar.port,
         sidecar.lifecycle.state.name,
         f", HTTP on port {sidecar.http_port}" if sidecar.http_port else "",
         f", metrics on port {sidecar.metrics_port}" if sidecar.metrics_port else "",
+        open_files,
     )
     await stopping.wait()
     log.info("draining (grace %.1f s)", config.sidecar.grace_s)

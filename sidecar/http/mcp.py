@@ -432,13 +432,12 @@ PAGE_PATHS = ("path", "source_path")
 
 def page_arguments(arguments: Mapping[str, Any], bases: list[str]) -> tuple[str, str, str, int]:
     """read_page's base, page path, source and offset, or ``ToolCallError`` naming the argument
-    to change and only the arguments its schema (``_page_schema(bases)``) has."""
-    takes = list(_page_schema(bases)["properties"])
-    extra = sorted(k for k in arguments if k not in takes)
+    to change and only the arguments its schema has (``PAGE_ARGUMENTS``)."""
+    extra = sorted(k for k in arguments if k not in PAGE_ARGUMENTS)
     if extra:
         raise ToolCallError(
             INVALID_ARGUMENTS,
-            f"{READ_PAGE} does not take {', '.join(extra)}; it takes {', '.join(takes)}",
+            f"{READ_PAGE} does not take {', '.join(extra)}; it takes {', '.join(PAGE_ARGUMENTS)}",
         )
     path = _page_path(arguments)
     source = arguments.get("source") or ""
@@ -492,24 +491,29 @@ def _shown(value: Any) -> str:
     return "nothing" if value is None else repr(value)[:QUOTE_CHARS]
 
 
+# read_page's arguments but the base, whose names (an enum) are the caller's: built once.
+_PAGE_PROPERTIES: dict[str, Any] = {
+    "path": {"type": "string", "description": "The page's path, as a search result gave it."},
+    "source_path": {"type": "string", "description": "The same as path (ReadPage's name)."},
+    "source": {"type": "string", "description": "The result's source, when paths repeat."},
+    OFFSET: {
+        "type": "integer",
+        "minimum": 0,
+        "description": "Where to read on from: the next_offset a cut answer gave.",
+    },
+}
+# Every argument read_page takes, in its schema's order.
+PAGE_ARGUMENTS = (*_PAGE_PROPERTIES, "knowledge_base")
+
+
 def _page_schema(bases: list[str]) -> dict[str, Any]:
-    properties: dict[str, Any] = {
-        "path": {"type": "string", "description": "The page's path, as a search result gave it."},
-        "source_path": {"type": "string", "description": "The same as path (ReadPage's name)."},
-        "source": {"type": "string", "description": "The result's source, when paths repeat."},
-        OFFSET: {
-            "type": "integer",
-            "minimum": 0,
-            "description": "Where to read on from: the next_offset a cut answer gave.",
-        },
-    }
-    # listed with one base too (a call naming it was always taken); required with several
-    properties["knowledge_base"] = {"type": "string", "enum": bases}
     return {
         "type": "object",
-        "properties": properties,
+        # the base listed with one base too (a call naming it was always taken)
+        "properties": {**_PAGE_PROPERTIES, "knowledge_base": {"type": "string", "enum": bases}},
         # path or source_path: one is needed (page_arguments says so); neither is required here,
-        # so a client that checks arguments against the schema passes either
+        # so a client that checks arguments against the schema passes either; the base is
+        # required with several
         "required": ["knowledge_base"] if len(bases) > 1 else [],
         "additionalProperties": False,
     }
