@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("httpx", "chromadb", "pgserver", "faiss.loader"):  # a line per request drowns the progress
+    # a line per request (or per CPU feature faiss looks for) drowns the progress
+    for noisy in ("httpx", "chromadb", "pgserver", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in SUITES if args.suite == "all" else (args.suite,):
