@@ -33,15 +33,17 @@ def plain(doc: str | None) -> str:
     return " ".join(first.replace("``", "").split())
 
 
-def cell(value: Any) -> str:
+def cell(value: Any, limit: int = CELL) -> str:
+    """A value as a table shows it: floats to 4 digits, lists of numbers likewise, a setting as
+    its ef, anything longer than ``limit`` cut (a grid's cells; a line of its own is not)."""
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):  # a system's setting: its ef, if it has one
         return str(value.get("ef_search", "-"))
-    if isinstance(value, list) and all(isinstance(v, float | int) for v in value):
+    if isinstance(value, list | tuple) and all(isinstance(v, float | int) for v in value):
         value = "[" + ", ".join(cell(v) for v in value) + "]"
     text = "-" if value is None else str(value)
-    return text if len(text) <= CELL else text[: CELL - 1] + "~"
+    return text if len(text) <= limit else text[: limit - 1] + "~"
 
 
 def grid(title: str, rows: dict[str, dict[str, Any]]) -> list[str]:
@@ -102,13 +104,14 @@ def sections(result: dict[str, Any]) -> list[str]:
         elif isinstance(value, dict) and value:
             parallel.setdefault(tuple(value), {})[key] = value
         elif not isinstance(value, list):
-            scalars.append(f"{key}: {cell(value)}")
+            scalars.append(f"{key}: {cell(value, limit=200)}")
     for keys, group in parallel.items():
         if len(group) > 1:  # the same keys: one grid, a column per dict
             lines += grid("", {k: {name: d[k] for name, d in group.items()} for k in keys})
         else:
             ((name, d),) = group.items()
-            scalars.append(f"{name}: " + ", ".join(f"{k} {cell(v)}" for k, v in d.items()))
+            pairs = ", ".join(f"{k} {cell(v)}" for k, v in d.items())
+            scalars.append(f"{name}: {pairs}")
     return scalars + ([""] if scalars else []) + lines
 
 
