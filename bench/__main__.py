@@ -1,12 +1,9 @@
 """``python -m bench SUITE [--quick] [--out DIR]``: run a suite, write DIR/SUITE.json, print a table.
 
-SUITE is ``search``, ``turn``, ``quality``, ``scale``, ``index`` (the build's embedding rate,
-``bench/embed_rate.py``), ``shards`` (``bench/shards.py``), ``http`` (``bench/http_door.py``),
-``filters`` (metadata filters at 50/10/1% selectivity, ``bench/metadata_filter.py``), ``policy``
-(Turn and InvokeTool agree, ``bench/policy_agreement.py``) or ``all``; ``fuzz_snapshot [--seconds S]``
-fuzzes the snapshot loader in child processes (``bench/fuzz_snapshot.py``; not part of ``all``). ``--quick`` is the smoke mode
-CI runs: small sizes, no optional peer, a couple of minutes a suite on two cores; it checks that
-a suite still runs, never a timing. ``turn`` and ``quality`` call the entry points of
+The suites and what each needs are ``SUITE_HELP`` (the ``--help`` text; bench/README.md's suite
+table lists the same). ``--quick`` is the smoke mode CI runs: small sizes, no optional peer
+unless ``--systems`` names one, a couple of minutes a suite on two cores; it checks that a suite
+still runs and judges no goal. ``turn`` and ``quality`` call the entry points of
 ``bench.turn_latency``, ``bench.quality_scifact``, ``bench.quality_turns`` and
 ``bench.quality_conversations``. See bench/README.md.
 """
@@ -27,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import report
 from bench.shared_data import SHARED_DATA
 
 # One BLAS thread: a single query's matrix-vector product gains nothing from more, and on a
@@ -38,6 +36,23 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 SUITES = ("search", "turn", "quality", "scale", "index", "shards", "http", "filters", "policy")
+# One line a suite for --help: what it measures, and what it needs beyond the package (the
+# evaluation data in ../shared/data, or VOXRECALL_SHARED_DATA; the bench extra's peers).
+SUITE_HELP = {
+    "search": "top-10 latency, recall and qps x16 of voxrecall beside its floors and peers "
+    "(synthetic vectors; peers need the bench extra)",
+    "turn": "the Turn RPC end to end (needs ../shared/data: Windows Terminal docs, DSTC11)",
+    "quality": "SciFact, DSTC11, CAsT and the conversation sets (needs ../shared/data)",
+    "scale": "snapshot size, load time, memory and Search latency at 10k-1M chunks (synthetic)",
+    "index": "the build's embedding rate (the rclone docs in ../shared/data; else examples/kb)",
+    "shards": "the base -> shard mapping's balance and the routing overhead (examples/kb)",
+    "http": "the HTTP door (MCP, /tools, Vapi) beside gRPC InvokeTool and Turn (examples/kb)",
+    "filters": "metadata filters at 50/10/1% selectivity against unfiltered (synthetic)",
+    "policy": "Turn and InvokeTool agree on the same questions (needs ../shared/data)",
+    "fuzz_snapshot": "mutated snapshots loaded in child processes: crashes, hangs, bugs "
+    "(--seconds; not part of all)",
+    "all": "every suite above but fuzz_snapshot, one after another",
+}
 
 
 def machine() -> dict[str, Any]:
@@ -172,48 +187,11 @@ def run_suite(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return run_quality(args.quick)
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    text = "-" if value is None else str(value)
-    return text if len(text) <= 16 else text[:15] + "~"  # the JSON has it whole
-
-
 def table(result: dict[str, Any]) -> str:
-    """A plain-text table of a suite's rows: systems, sizes, scenarios or modes."""
-    lines = []
-    for section in ("systems", "sizes", "scenarios", "scifact", "dstc11"):
-        rows = result.get(section)
-        if not isinstance(rows, dict):
-            continue
-        if isinstance(rows.get("skipped"), str):
-            lines.append(f"{section}: skipped: {rows['skipped']}")
-            continue
-        rows = {k: v for k, v in rows.items() if isinstance(v, dict)}
-        if not rows:
-            continue
-        cols: list[str] = []
-        for row in rows.values():
-            cols += [c for c, v in row.items() if c not in cols and not isinstance(v, dict | list)]
-        width = max(len(k) for k in rows) + 2
-        lines.append(f"{section:<{width}}" + "".join(f"{c:>18}" for c in cols))
-        for name, row in rows.items():
-            if "skipped" in row and len(row) == 1:
-                lines.append(f"{name:<{width}}  skipped: {row['skipped']}")
-            else:
-                lines.append(f"{name:<{width}}" + "".join(f"{_fmt(row.get(c)):>18}" for c in cols))
-        lines.append("")
-    for name, goal in result.get("goals", {}).items():
-        verdict = goal.get("skipped") or (
-            f"{goal['value']} (goal {goal['goal']}): {'met' if goal['met'] else 'MISSED'}"
-        )
-        lines.append(f"goal {name}: {verdict}")
+    """The suite's table (``bench.report``), its goals, and the conversation sets' rows."""
+    lines = report.sections(result) + report.versus_lines(result) + report.goal_lines(result)
     lines += _conversations_table(result.get("conversations"))
-    if "skip" in result and isinstance(result["skip"], dict):
-        lines.append(f"skip policy: {json.dumps(result['skip'])[:200]}")
-    if "skipped" in result:
-        lines.append(f"skipped: {result['skipped']}")
-    return "\n".join(lines)
+    return "\n".join(lines + report.skip_lines(result))
 
 
 def _conversations_table(rows: Any) -> list[str]:
@@ -242,21 +220,48 @@ def plot(name: str, result: dict[str, Any], out: Path) -> list[str]:
     return []
 
 
+def search_systems() -> tuple[str, ...]:
+    """The search suite's systems, read without importing its peers' packages."""
+    from bench.search import ALL
+
+    return ALL
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("suite", choices=(*SUITES, "fuzz_snapshot", "all"))
-    parser.add_argument("--quick", action="store_true", help="smoke mode: small, no peers")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for SUITE.json")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Run a benchmark suite, write DIR/SUITE.json and print its table. Figures, "
+        "commands and the data each suite needs: bench/README.md.",
+        epilog="suites:\n" + "\n".join(f"  {k:<16}{v}" for k, v in SUITE_HELP.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("suite", choices=tuple(SUITE_HELP), help="one of the suites below")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke mode: small sizes, no peer unless --systems names one, no goal judged",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="folder for SUITE.json (default: bench/results)"
+    )
     search = parser.add_argument_group("search")
     search.add_argument("--n", type=int, help="corpus size (default 100,000; quick 20,000)")
     search.add_argument("--dim", type=int, help="dimension (default 1536; quick 384)")
     search.add_argument("--queries", type=int, help="timed queries (default 1000; quick 200)")
-    search.add_argument("--systems", help="comma-separated systems (default: all; quick: no peer)")
+    search.add_argument(
+        "--systems",
+        help="comma-separated, of "
+        + ", ".join(search_systems())
+        + " (default: all; quick: no peer)",
+    )
     parser.add_argument("--sizes", help="scale: comma-separated N to measure")
-    parser.add_argument("--seconds", type=float, default=300.0, help="fuzz_snapshot: how long")
+    parser.add_argument(
+        "--seconds", type=float, default=300.0, help="fuzz_snapshot: how long (default 300)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("httpx", "chromadb", "pgserver"):  # a line per request drowns the progress
+    # a line per request (or per CPU feature faiss looks for) drowns the progress
+    for noisy in ("httpx", "chromadb", "pgserver", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in SUITES if args.suite == "all" else (args.suite,):
@@ -268,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         result = run_suite(name, args)
         result = {**result, "quick": args.quick, **info}
+        if args.quick and isinstance(result.get("goals"), dict):
+            result["goals"] = report.unjudged(result["goals"])
         result["elapsed_s"] = round(time.perf_counter() - started, 1)
         path = args.out / f"{name}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import plain
 from index.embedders.local import LocalEmbedder
 from sidecar.turn.query_embedder import QueryEmbedder
 
@@ -92,10 +93,10 @@ async def run(pairs: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=200)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
+    parser.add_argument("--pairs", type=int, default=200, help="pairs embedded (default 200)")
     parser.add_argument("--quick", action="store_true", help="10 pairs")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
     args = parser.parse_args()
     result = asyncio.run(run(10 if args.quick else args.pairs))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from bench.report import plain
 from index.embedders.local import LocalEmbedder
 
 QUERY = "How do I open a new tab?"
@@ -89,12 +90,12 @@ async def time_async(embedder: LocalEmbedder, iterations: int, warmup: int) -> l
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--batch-repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
+    parser.add_argument("--iterations", type=int, default=300, help="timed embeddings")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed ones first")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads")
+    parser.add_argument("--batch-repeats", type=int, default=5, help="batch runs timed")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
     args = parser.parse_args(argv)
 
     rss_before = peak_rss_mb()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import orjson
 
+from bench.report import plain
 from bench.shared_data import SHARED_DATA
 from index.lexical import SPOKEN_STOPWORDS, LexicalIndex
 
@@ -66,8 +67,8 @@ def recall_at(ranked: list[str], rels: dict[str, int], k: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the scifact set")
     args = parser.parse_args()
     doc_ids, texts, queries, qrels = load(args.data)
     print(f"{len(texts)} docs, {len(queries)} queries")

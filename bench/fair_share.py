@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from bench.report import plain
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
 from sidecar.config import parse_config
@@ -147,11 +148,9 @@ async def _run(folder: Path, duration: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.fair_share", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m bench.fair_share", description=plain(__doc__))
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load (default 20)")
-    p.add_argument("--out", type=Path, default=RESULTS / "fair_share.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "fair_share.json", help="the JSON written")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="voxrecall-fair-") as tmp:
         result = {

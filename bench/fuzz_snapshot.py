@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from bench.report import plain
 from index.embedders.base import EmbedderInfo
 from index.enrich import ORIGINALS, originals_writer, summary_writer
 from index.filters import FILTERS
@@ -74,6 +75,9 @@ CHUNK_COUNT = 400  # enough for every hnsw level-1 list and a few level-2 ones a
 # find it ~98% of the time
 VECTORS_SEARCHED = 64
 HANG_S = 20.0  # a tiny snapshot loads in milliseconds; this long is a loop, not a slow disk
+# every outcome a case can have (the docstring's table), each counted in the JSON even at 0: a
+# run's "0 crashes" is read, not inferred from a missing key
+OUTCOMES = ("ok", "degraded", "refused", "bug", "crash", "hang")
 EXTRA_FILES = (FILTERS, SUMMARY_VECTORS, SUMMARY_TEXTS, ORIGINALS)  # the seed's, beside DATA_FILES
 FILES = (MANIFEST, *DATA_FILES, *EXTRA_FILES)
 # 64-bit and 32-bit values that break code trusting a length, a count or an id
@@ -433,7 +437,7 @@ class FuzzResult:
     def as_dict(self) -> dict[str, Any]:
         return {
             "cases": self.cases,
-            "outcomes": dict(self.outcomes),
+            "outcomes": {name: self.outcomes[name] for name in OUTCOMES},
             "by_file": {k: dict(v) for k, v in sorted(self.by_file.items())},
             "crashes": self.outcomes["crash"],
             "hangs": self.outcomes["hang"],
@@ -480,10 +484,12 @@ def run(quick: bool, seconds: float = 300.0, seed: int = 14) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fuzz_snapshot", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.fuzz_snapshot", description=plain(__doc__)
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--seconds", type=float, default=300.0)
-    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--seconds", type=float, default=300.0, help="how long (default 300)")
+    parser.add_argument("--seed", type=int, default=14, help="the cases' seed (default 14)")
     args = parser.parse_args(argv)
     if args.worker:
         worker()

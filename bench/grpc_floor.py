@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import uvloop
 
+from bench.report import plain
 from sidecar.gen import retrieval_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Retrieval"].full_name
@@ -48,7 +49,7 @@ async def serve(answer: bytes) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("answer", type=Path, help="a serialized TurnResponse to answer with")
     args = parser.parse_args()
     uvloop.run(serve(args.answer.read_bytes()))

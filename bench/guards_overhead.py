@@ -26,6 +26,7 @@ from unittest import mock
 import grpc
 import numpy as np
 
+from bench.report import plain
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
 from sidecar.config import parse_config
@@ -133,12 +134,15 @@ async def _call(stub: Any, rpc: str, turn: pb.TurnRequest, metadata: Any) -> Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.guards_overhead", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m bench.guards_overhead", description=plain(__doc__))
     p.add_argument("--quick", action="store_true", help="400 calls per RPC and server, not 3000")
     p.add_argument("--calls", type=int, default=0, help="calls per RPC and server (overrides)")
-    p.add_argument("--out", type=Path, default=REPO / "bench/results/guards_overhead.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench/results/guards_overhead.json",
+        help="the JSON written",
+    )
     args = p.parse_args(argv)
     calls = args.calls or (400 if args.quick else 3000)
     results = {

@@ -1,5 +1,5 @@
-"""What writing a Search's hits costs, from decoded chunks or from the chunk table:
-``python -m bench.hits_written``.
+"""What writing a Search's hits costs, from decoded chunks or from the chunk table
+(``python -m bench.hits_written``).
 
 In one process, over the ``search`` suite's cached snapshot (built if missing), its mapped chunk
 table and answers of ``HITS`` hits, two workloads: ``fresh``, labels drawn at random over the
@@ -33,6 +33,7 @@ from typing import Any
 
 from bench.corpus import CorpusSpec, load_or_generate
 from bench.ours import build_snapshot
+from bench.report import plain
 from index.tables import ChunkTable
 from sidecar.edge.messages import ChunkMessages, table_encoded
 from sidecar.turn.hits import Hit, TableHits
@@ -114,14 +115,14 @@ def measure(n: int, dim: int, queries: int, calls: int, rounds: int, pool: int) 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=50_000)
-    parser.add_argument("--dim", type=int, default=1536)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
+    parser.add_argument("--n", type=int, default=50_000, help="chunks in the base (default 50,000)")
+    parser.add_argument("--dim", type=int, default=1536, help="vector dimension (default 1536)")
     parser.add_argument("--queries", type=int, default=1000, help="as the corpus was cached with")
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=2000, help="answers written a round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds, the ways interleaved")
     parser.add_argument("--pool", type=int, default=200, help="answers the repeated ones are of")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
     args = parser.parse_args(argv)
     result = measure(args.n, args.dim, args.queries, args.calls, args.rounds, args.pool)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 import hnswlib
 import numpy as np
 
+from bench.report import plain
 from index.hnsw_file import HEADER, check_hnsw_file
 
 DIM = 384
@@ -111,9 +112,9 @@ def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.hnsw_check", description=__doc__)
-    parser.add_argument("--n", type=int, default=100_000)
-    parser.add_argument("--ef-construction", type=int, default=100)
+    parser = argparse.ArgumentParser(prog="python -m bench.hnsw_check", description=plain(__doc__))
+    parser.add_argument("--n", type=int, default=100_000, help="elements in the graph")
+    parser.add_argument("--ef-construction", type=int, default=100, help="of the graph built")
     parser.add_argument("--synthetic", action="store_true", help="random links, no build")
     args = parser.parse_args()
     print(json.dumps(measure(args.n, args.ef_construction, synthetic=args.synthetic)), flush=True)

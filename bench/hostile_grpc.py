@@ -33,6 +33,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.report import plain
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -147,11 +149,13 @@ async def watches(port: int, pid: int, n: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--connections", type=int, default=500)
-    parser.add_argument("--watches", type=int, default=2000)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
+    parser.add_argument("--connections", type=int, default=500, help="idle connections opened")
+    parser.add_argument("--watches", type=int, default=2000, help="health watches opened")
     parser.add_argument("--quick", action="store_true", help="50 connections, 200 watches")
-    parser.add_argument("--out", type=Path, default=RESULTS / "hostile_grpc.json")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "hostile_grpc.json", help="the JSON written"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.connections, args.watches = 50, 200

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.report import plain
+
 RESULTS = Path(__file__).resolve().parent / "results" / "hostile_pages.json"
 KINDS = (
     "prose", "dots", "spaces", "huge_heading", "headings", "sections", "short_lines",
@@ -110,9 +112,9 @@ def bench_kind(kind: str, sizes_mb: tuple[float, float]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--smoke", action="store_true", help="50 and 250 kB pages")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="a JSON to write")
     args = parser.parse_args(argv)
     sizes = SMOKE_SIZES_MB if args.smoke else SIZES_MB
     result: dict[str, Any] = {

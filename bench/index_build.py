@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import plain
 from bench.shared_data import SHARED_DATA
 from index.build import BuildSummary, build_knowledge_base
 from index.config import EmbedderConfig
@@ -121,9 +122,9 @@ def bench_dstc(work: Path, embedder: Embedder, smoke: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--smoke", action="store_true", help="a few pages and records only")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="a JSON to write")
     args = parser.parse_args(argv)
     for path in (RCLONE, DSTC):
         if not path.exists():

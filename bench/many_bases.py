@@ -48,6 +48,7 @@ import numpy as np
 from bench.corpus import CACHE
 from bench.measure import percentiles_ms
 from bench.ours import _chunks
+from bench.report import plain
 from index.embedders.base import EmbedderInfo
 from index.snapshot import FORMAT_VERSION, MANIFEST, read_manifest, write_atomic, write_snapshot
 from index.store import LocalStore, new_version_id
@@ -224,15 +225,15 @@ def _store_bytes(root: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.many_bases", description=__doc__)
-    parser.add_argument("--bases", type=int, default=1000)
+    parser = argparse.ArgumentParser(prog="python -m bench.many_bases", description=plain(__doc__))
+    parser.add_argument("--bases", type=int, default=1000, help="bases served")
     parser.add_argument("--chunks", default="1000-5000", help="chunks per base, LOW-HIGH")
-    parser.add_argument("--budget-mb", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--budget-mb", type=int, default=512, help="[sidecar] memory_budget_mb")
+    parser.add_argument("--rounds", type=int, default=2, help="passes over the bases")
     parser.add_argument("--distinct", type=int, default=50, help="bases written; the rest copies")
     parser.add_argument("--malloc-arena-max", type=int, default=0, help="0: glibc's default")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quick", action="store_true", help="smoke mode: 50 bases")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
     args = parser.parse_args(argv)
     low, high = (int(x) for x in args.chunks.split("-"))
     result = run(

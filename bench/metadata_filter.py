@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from bench.corpus import CACHE, CorpusSpec, load_or_generate
+from bench.report import plain
 from bench.source_filter import summary, timed
 from index.embedders.base import EmbedderInfo
 from index.errors import SnapshotError
@@ -155,7 +156,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--quick", action="store_true", help="5,000 vectors, 100 queries")
     args = parser.parse_args()
     out = run(args.quick)

@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.report import plain
 from bench.shared_data import SHARED_DATA
 from index.build import build_knowledge_base
 from index.chunker import MAX_PAGE_CHUNKS, MAX_PAGE_HEADINGS, markdown_headings
@@ -97,9 +98,11 @@ def measure(source: dict[str, Any], work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--sets", nargs="+", choices=sorted(SETS), default=list(SETS))
+    parser = argparse.ArgumentParser(description=plain(__doc__))
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
+    parser.add_argument(
+        "--sets", nargs="+", choices=sorted(SETS), default=list(SETS), help="default: all"
+    )
     args = parser.parse_args(argv)
     result: dict[str, Any] = {
         "limits": {"MAX_PAGE_HEADINGS": MAX_PAGE_HEADINGS, "MAX_PAGE_CHUNKS": MAX_PAGE_CHUNKS},

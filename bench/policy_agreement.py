@@ -37,6 +37,7 @@ import orjson
 from bench import conversations
 from bench.conversations import ConversationSet
 from bench.quality_turns import DEFAULT_DATA, EVAL_BUDGET_MS
+from bench.report import plain
 from index.embedders.base import Embedder
 from sidecar.config import Config, parse_config
 from sidecar.gen import retrieval_pb2 as pb
@@ -195,11 +196,11 @@ def run(quick: bool, data_dir: Path = DEFAULT_DATA) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument(
         "--quick", action="store_true", help="150 DSTC11 turns, 40 doc2dial dialogues"
     )
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the evaluation data")
     args = parser.parse_args(argv)
     result = run(args.quick, args.data)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

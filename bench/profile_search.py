@@ -29,6 +29,7 @@ import grpc
 
 from bench.corpus import CACHE, CorpusSpec, load_or_generate
 from bench.ours import CALL_TIMEOUT_S, _request, build_snapshot, embedder_info
+from bench.report import plain
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
@@ -136,9 +137,9 @@ def handler_profile(path: Path, calls: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=20_000)
-    parser.add_argument("--dim", type=int, default=384)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
+    parser.add_argument("--n", type=int, default=20_000, help="chunks in the base (default 20,000)")
+    parser.add_argument("--dim", type=int, default=384, help="vector dimension (default 384)")
     parser.add_argument("--queries", type=int, default=200, help="as the corpus was cached with")
     parser.add_argument("--calls", type=int, default=3000, help="profiled sequential calls")
     args = parser.parse_args(argv)

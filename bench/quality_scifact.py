@@ -36,6 +36,7 @@ import numpy as np
 
 from bench.corpus import CACHE
 from bench.eval_lexical_scifact import DEFAULT_DATA, load, ndcg_at, recall_at
+from bench.report import plain
 from index.embedders.base import EmbedderInfo, Vectors
 from index.embedders.local import MODEL_SHA256, NAME, LocalEmbedder
 from index.errors import SnapshotError
@@ -320,7 +321,7 @@ def variants(data_dir: Path, folds: int = 5, repeats: int = 20) -> dict[str, Any
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument(
         "--data", type=Path, default=DEFAULT_DATA.parent, help="the shared data folder"
     )

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench.report import plain
 from bench.shared_data import SHARED_DATA
 from index.build import embed_chunks
 from index.chunker import chunk_page
@@ -401,10 +402,10 @@ async def run(data_dir: Path, quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--quick", action="store_true", help="a small subset (smoke mode)")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the evaluation data")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
     args = parser.parse_args()
     result = asyncio.run(run(args.data, args.quick))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,13 @@
 Every system answers the same seeded queries over the same corpus (``bench.corpus``), measured
 the same way (``bench.measure``): a sequential single client, the systems taking turns so that
 load elsewhere on the machine falls on all alike, first in blocks of 20 queries (warm: the
-p50/p95/p99 the goals are judged on), then query by query (cold: every call after the other
-systems' work, as a sidecar called once per caller turn meets it); then 16 concurrent clients,
-one system at a time. Servers (the sidecar, PostgreSQL, Chroma) run in their own processes on
-127.0.0.1 and are all stopped at the end, also on error. The goals of issue 7 are checked on the
-ratios of this one run, so a noisy machine moves the figures but not the verdicts.
+p50/p95/p99), then query by query (cold: every call after the other systems' work, as a sidecar
+called once per caller turn meets it); then 16 concurrent clients, one system at a time. Servers
+(the sidecar, PostgreSQL, Chroma) run in their own processes on 127.0.0.1 and are all stopped at
+the end, also on error. The goals of issue 7 are checked on the ratios of this one run, so a
+noisy machine moves the figures but not the verdicts; against pgvector, warm p50, cold p50 and
+qps x16 are each a goal, and ``versus_pgvector`` says which system is ahead on each, since they
+have disagreed (a warm p50 ahead while pgvector answered cold calls and 16 clients faster).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.util
 import logging
 import os
 import time
@@ -54,6 +57,15 @@ PEERS = {  # name -> module under bench.peers
     "chroma": "chroma",
     "qdrant": "qdrant_edge",
 }
+# the packages each peer imports, checked before it is opened: a missing one is a skipped row
+# saying what to install, with no "opening" line before it
+REQUIRES = {
+    "faiss-hnsw": ("faiss",),
+    "pgvector": ("pgserver", "psycopg", "pgvector"),
+    "chroma": ("chromadb",),
+    "qdrant": ("qdrant_edge",),
+}
+INSTALL = "pip install -e '.[bench]'"
 CORE = ("numpy-exact", "hnswlib", "voxrecall", "grpc-echo")
 # voxrecall again, at the ef where its graph reaches pgvector's recall on the calibration
 # queries: the goal compares the two at equal recall, and the default ef may land lower.
@@ -66,8 +78,16 @@ MIN_RECALL = 0.95
 WORKERS = os.cpu_count() or 1
 
 
+def _not_installed(name: str) -> str | None:
+    """Why ``name`` cannot run here for want of a package, or None."""
+    missing = [m for m in REQUIRES[name] if importlib.util.find_spec(m) is None]
+    return f"{', '.join(missing)} not installed ({INSTALL})" if missing else None
+
+
 def _open_peer(name: str, corpus: Corpus, cache: Path) -> SyncSystem | dict[str, Any]:
     """The opened peer, or its ``{"skipped": reason}`` row."""
+    if why := _not_installed(name):
+        return {"skipped": why}
     module = importlib.import_module(f"bench.peers.{PEERS[name]}")
     opener: Callable[[Corpus, Path, float], SyncSystem] = module.open_system
     started = time.perf_counter()
@@ -129,9 +149,10 @@ async def _measure(
 
 
 def _measure_all(
-    corpus: Corpus, cache: Path, plan: Plan, wanted: set[str], quick: bool
+    corpus: Corpus, cache: Path, plan: Plan, wanted: set[str], unwanted: str
 ) -> dict[str, dict[str, Any]]:
-    """Open every wanted system, time them together, and close them all, also on error."""
+    """Open every wanted system, time them together, and close them all, also on error; a peer
+    not wanted is a row skipped for the reason ``unwanted``."""
     rows: dict[str, dict[str, Any]] = {}
     sync: list[SyncSystem] = []
     makers: list[Callable[[], AsyncSystem]] = []
@@ -162,8 +183,7 @@ def _measure_all(
                     makers.append(partial(GrpcEcho, proc.echo_port, proc.info["response_bytes"]))
         for name in PEERS:
             if name not in wanted:
-                why = "--quick measures no peer" if quick else "not selected (--systems)"
-                rows[name] = {"skipped": why}
+                rows[name] = {"skipped": unwanted}
                 continue
             peer = _open_peer(name, corpus, cache)
             if isinstance(peer, dict):
@@ -193,6 +213,54 @@ def _measure_all(
 
 def _ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("inf")
+
+
+PGVECTOR_GOALS = (
+    "voxrecall_p50_over_pgvector",
+    "voxrecall_cold_p50_over_pgvector",
+    "voxrecall_qps_over_pgvector",
+)
+# (metric, row key, True when more is better): the three a "faster than pgvector?" answer needs
+VERSUS = (("warm p50 ms", "p50_ms", False), ("cold p50 ms", "cold_p50_ms", False),
+          ("qps x16", "qps_concurrent_16", True))  # fmt: skip
+
+
+def _compared(vox: dict[str, Any], pg: dict[str, Any], ok: dict[str, Any]) -> str:
+    """voxrecall's row compared with pgvector's: the default setting when it already reaches
+    pgvector's recall, else the recall-matched one."""
+    return MATCHED if vox["recall_at_10"] < pg["recall_at_10"] and MATCHED in ok else "voxrecall"
+
+
+def versus_pgvector(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Which of voxrecall and pgvector wins each metric of this run, and a one-line verdict
+    naming both sides: a warm p50 that favours one says nothing of the cold call or of load."""
+    ok = {name: row for name, row in systems.items() if "skipped" not in row}
+    if "voxrecall" not in ok or "pgvector" not in ok:
+        missing = [n for n in ("voxrecall", "pgvector") if n not in ok]
+        return {"skipped": f"not measured: {', '.join(missing)}"}
+    pg = ok["pgvector"]
+    name = _compared(ok["voxrecall"], pg, ok)
+    ours = ok[name]
+    out: dict[str, Any] = {"compared": name}
+    for metric, key, more_is_better in VERSUS:
+        ratio = _ratio(ours[key], pg[key])
+        ahead = ratio >= 1.0 if more_is_better else ratio <= 1.0
+        out[metric] = {
+            name: ours[key],
+            "pgvector": pg[key],
+            "ratio": ratio,
+            "better": name if ahead else "pgvector",
+        }
+    wins = {
+        side: [m for m, _, _ in VERSUS if out[m]["better"] == side] for side in (name, "pgvector")
+    }
+    out["verdict"] = (
+        "; ".join(
+            f"{side} ahead on {', '.join(metrics)}" for side, metrics in wins.items() if metrics
+        )
+        + f" (recall@10 {ours['recall_at_10']} vs {pg['recall_at_10']})"
+    )
+    return out
 
 
 def check_goals(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -225,11 +293,7 @@ def check_goals(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
         goals["sidecar_share_ms"] = {"skipped": why}
     if (why := need("pgvector")) is None and vox:
         pg = ok["pgvector"]
-        # at equal recall: the default setting when it already reaches pgvector's, else the
-        # recall-matched one
-        name = (
-            MATCHED if vox["recall_at_10"] < pg["recall_at_10"] and MATCHED in ok else "voxrecall"
-        )
+        name = _compared(vox, pg, ok)
         ours = ok[name]
         value = _ratio(ours["p50_ms"], pg["p50_ms"])
         recall_ok = ours["recall_at_10"] >= pg["recall_at_10"]
@@ -240,11 +304,25 @@ def check_goals(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "recall": {name: ours["recall_at_10"], "pgvector": pg["recall_at_10"]},
             "met": value <= 1.0 and recall_ok,
         }
-        qps = _ratio(vox["qps_concurrent_16"], pg["qps_concurrent_16"])
-        goals["voxrecall_qps_over_pgvector"] = {"value": qps, "goal": ">= 1.0", "met": qps >= 1.0}
+        # cold: a sidecar called once per caller turn meets every call cold, so the warm p50
+        # alone never settles "faster than pgvector" (bench/README.md, the current answer)
+        cold = _ratio(ours["cold_p50_ms"], pg["cold_p50_ms"])
+        goals["voxrecall_cold_p50_over_pgvector"] = {
+            "value": cold,
+            "goal": "<= 1.0 at equal or better recall",
+            "compared": name,
+            "met": cold <= 1.0 and recall_ok,
+        }
+        qps = _ratio(ours["qps_concurrent_16"], pg["qps_concurrent_16"])
+        goals["voxrecall_qps_over_pgvector"] = {
+            "value": qps,
+            "goal": ">= 1.0 at equal or better recall",
+            "compared": name,
+            "met": qps >= 1.0 and recall_ok,
+        }
     else:
-        goals["voxrecall_p50_over_pgvector"] = {"skipped": why}
-        goals["voxrecall_qps_over_pgvector"] = {"skipped": why}
+        for goal in PGVECTOR_GOALS:
+            goals[goal] = {"skipped": why}
     if (why := need("chroma")) is None and vox:
         value = _ratio(ok["chroma"]["p50_ms"], vox["p50_ms"])
         goals["chroma_p50_over_voxrecall"] = {"value": value, "goal": ">= 3", "met": value >= 3}
@@ -273,7 +351,9 @@ def run(
     corpus = load_or_generate(spec, cache)
     corpus_s = round(time.perf_counter() - started, 1)
     plan = Plan(latency_queries=spec.queries, throughput_queries=size["throughput"])
-    results = _measure_all(corpus, cache, plan, wanted, quick)
+    # an explicit --systems decides, quick or not; only quick's own default leaves peers out
+    unwanted = "not selected (--systems)" if systems else "--quick measures no peer"
+    results = _measure_all(corpus, cache, plan, wanted, unwanted)
     ordered = {name: results[name] for name in ALL if name in results}
     return {
         "suite": "search",
@@ -287,4 +367,5 @@ def run(
         "corpus_s": corpus_s,
         "systems": ordered,
         "goals": check_goals(ordered),
+        "versus_pgvector": versus_pgvector(ordered),
     }

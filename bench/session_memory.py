@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from bench.report import plain
 from bench.soak import _rss_mb, _start
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
@@ -140,11 +141,11 @@ def _mode(folder: Path, store: Path, name: str, sessions: int) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.session_memory", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m bench.session_memory", description=plain(__doc__))
     p.add_argument("--sessions", type=int, default=10_000, help="sessions opened (10,000)")
-    p.add_argument("--out", type=Path, default=RESULTS / "session_memory.json")
+    p.add_argument(
+        "--out", type=Path, default=RESULTS / "session_memory.json", help="the JSON written"
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="voxrecall-sessions-") as tmp:
         folder = Path(tmp)

@@ -26,6 +26,7 @@ import grpc
 import numpy as np
 import uvloop
 
+from bench.report import plain
 from index.embedders.base import HashEmbedder
 from sidecar.config import SidecarConfig, parse_config
 from sidecar.edge.server import Sidecar, create_server
@@ -129,14 +130,14 @@ async def run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", type=Path, required=True)
-    parser.add_argument("--dim", type=int, required=True)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
+    parser.add_argument("--store", type=Path, required=True, help="the snapshot store")
+    parser.add_argument("--dim", type=int, required=True, help="the vectors' dimension")
     parser.add_argument("--embedder", required=True, help="the embedder name the snapshot records")
     parser.add_argument(
         "--ef-search", type=int, default=0, help="[sidecar] ef_search (0: the snapshot's)"
     )
-    parser.add_argument("--listen", default="127.0.0.1:0")
+    parser.add_argument("--listen", default="127.0.0.1:0", help="[sidecar] listen")
     parser.add_argument("--workers", type=int, default=1, help="[sidecar] workers")
     parser.add_argument(
         "--memory-budget-mb", type=int, default=0, help="[sidecar] memory_budget_mb (0: none)"

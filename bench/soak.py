@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from bench.report import plain
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
 from sidecar.config import parse_config
@@ -240,11 +241,11 @@ def _plot(result: dict[str, Any], path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=plain(__doc__))
     p.add_argument("--duration", type=float, default=300.0, help="seconds of load (default 300)")
     p.add_argument("--quick", action="store_true", help="60 seconds, the smoke mode")
     p.add_argument("--workers", type=int, default=8, help="concurrent phone calls (default 8)")
-    p.add_argument("--out", type=Path, default=RESULTS / "soak.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "soak.json", help="the JSON written")
     args = p.parse_args(argv)
     duration = 60.0 if args.quick else args.duration
     with tempfile.TemporaryDirectory(prefix="voxrecall-soak-") as tmp:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from bench.corpus import CACHE, CorpusSpec, load_or_generate
+from bench.report import plain
 from index.embedders.base import EmbedderInfo
 from index.errors import SnapshotError
 from index.snapshot import LoadedSnapshot, load_snapshot, write_snapshot
@@ -109,7 +110,7 @@ def summary(micros: list[float], found: list[list[int]], truth: list[list[int]])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--quick", action="store_true", help="5,000 vectors, 100 queries")
     args = parser.parse_args()
     spec = CorpusSpec(n=5000 if args.quick else 20000, dim=384, queries=100 if args.quick else 200)

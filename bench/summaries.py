@@ -32,6 +32,7 @@ import numpy as np
 from bench import quality_conversations, quality_scifact
 from bench.corpus import CACHE
 from bench.eval_lexical_scifact import DEFAULT_DATA, load, ndcg_at, recall_at
+from bench.report import plain
 from index.embedders.base import Embedder
 from index.embedders.local import LocalEmbedder
 from index.enrich import summary_writer
@@ -159,9 +160,13 @@ async def dialogues(name: str, quick: bool, embedder: Embedder) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--quick", action="store_true", help="slices of every set (smoke mode)")
-    parser.add_argument("--sets", default="scifact,dstc11,doc2dial")
+    parser.add_argument(
+        "--sets",
+        default="scifact,dstc11,doc2dial",
+        help="comma-separated, of scifact, dstc11, doc2dial (default: all three)",
+    )
     args = parser.parse_args(argv)
     embedder = LocalEmbedder()
     started = time.perf_counter()

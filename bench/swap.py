@@ -42,6 +42,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.measure import free_port
+from bench.report import plain
 from index.embedders.base import EmbedderInfo, normalise
 from index.snapshot import (
     FORMAT_VERSION,
@@ -512,9 +513,9 @@ def swap_cost(n: int, cache: Path = CACHE) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--quick", action="store_true", help="smoke mode: few swaps, small sizes")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
     parser.add_argument("--measure-swap", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure_swap is not None:

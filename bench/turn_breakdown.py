@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.report import plain
 from bench.turn_latency import CONCURRENCY, FAQ, WORK, build, pause_s, workload, write_config
 from index.embedders.base import Vectors
 from index.embedders.local import LocalEmbedder
@@ -300,7 +301,7 @@ async def run(quick: bool, agent: bool = False) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--quick", action="store_true", help="30 turns")
     parser.add_argument("--agent", action="store_true", help="an agent turn after each answer")
     args = parser.parse_args()

@@ -42,6 +42,7 @@ from bench import diy_turn
 from bench.corpus import CACHE
 from bench.diy_turn import Diy
 from bench.measure import Unavailable, free_port
+from bench.report import plain
 from bench.shared_data import SHARED_DATA
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
@@ -604,7 +605,7 @@ def floor_beside(round_: dict[str, Any], floor: Run) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=plain(__doc__))
     parser.add_argument("--quick", action="store_true", help="30 turns per scenario")
     parser.add_argument("--rerank", action="store_true", help="only the rerank stage's cost")
     parser.add_argument("--diy", action="store_true", help="only Turn against the DIY system")
