@@ -633,11 +633,32 @@ async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
             json=vapi_request(messages),
             headers=auth(**{"x-vapi-secret": VAPI_SECRET, "x-voxrecall-session": "h" * 4000}),
         )
-    for answer in (reply, by_header):
+    for answer, field in ((reply, "message.call.id"), (by_header, SESSION_HEADER)):
         assert answer.status_code == 400
         assert answer.json()["error"]["code"] == "INVALID_ARGUMENT"
-        assert "the limit is 1024" in answer.json()["error"]["message"]
+        assert answer.json()["error"]["message"].startswith(f"{field} is ")
+        assert "the limit is 256" in answer.json()["error"]["message"]
     assert len(fed) == before
+
+
+@pytest.mark.parametrize(
+    ("payload", "headers", "field"),
+    [
+        ({"args": {"query": "x"}, "call": {"call_id": "c" * 900}}, {}, "call.call_id"),
+        ({"query": "x", "session_id": "c" * 900}, {}, "session_id"),
+        ({"query": "x", "call_id": "c" * 900}, {}, "call_id"),
+        ({"query": "x"}, {SESSION_HEADER: "c" * 900}, SESSION_HEADER),
+    ],
+)
+async def test_an_overlong_tool_call_id_is_refused_naming_the_field_sent(
+    sidecar: Sidecar, payload: dict[str, Any], headers: dict[str, str], field: str
+) -> None:
+    """A Retell call id of 900 characters was refused as "session_id is 900 characters", a
+    field the platform never sent."""
+    body = orjson.dumps(payload)
+    reply = await post_tool(sidecar, body, {**signed(body), **headers})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"].startswith(f"{field} is 900 characters")
 
 
 DEEP = b"[" * 600 + b"]" * 600  # JSON orjson reads (1024 levels) but writes only to 255
@@ -771,19 +792,54 @@ async def test_a_replayed_call_is_refused_once_the_window_has_passed(sidecar: Si
 
 
 @pytest.mark.parametrize("sign", [signed, retell_signed])
-async def test_a_signed_call_replayed_within_its_window_is_refused(
+async def test_a_signed_call_sent_again_within_its_window_gets_its_first_answer(
     sidecar: Sidecar, sign: Any
 ) -> None:
+    """A platform resends a call whose answer it lost (Retell cannot sign it anew): it gets the
+    call's first answer, not a 401 mid-call; the same signature to another path, or from
+    another caller, is refused as a replay."""
     captured = sign(RETELL_BODY)
-    assert (await post_tool(sidecar, RETELL_BODY, captured)).status_code == 200
-    replayed = await post_tool(sidecar, RETELL_BODY, captured)
-    assert replayed.status_code == 401
-    assert replayed.json()["error"]["code"] == "UNAUTHENTICATED"
-    assert "already received" in replayed.json()["error"]["message"]
+    first = await post_tool(sidecar, RETELL_BODY, captured)
+    assert first.status_code == 200
+    again = await post_tool(sidecar, RETELL_BODY, captured)
+    assert again.status_code == 200
+    assert again.content == first.content
     elsewhere = await post_tool(sidecar, RETELL_BODY, captured, function="search_billing")
     assert elsewhere.status_code == 401  # the signature covers the body, not the path
+    assert "already received" in elsewhere.json()["error"]["message"]
+    stranger = await post_tool(sidecar, RETELL_BODY, {**captured, **auth(TOKEN_B)})
+    assert stranger.status_code in (401, 404)  # never the first caller's answer
     other = RETELL_BODY.replace(b"retell-call-1", b"retell-call-2")  # a new call: served
     assert (await post_tool(sidecar, other, sign(other))).status_code == 200
+
+
+async def test_a_retry_while_its_call_is_answered_waits_for_that_answer(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert sidecar.http is not None
+    webhooks = sidecar.http.webhooks
+    release, entered = asyncio.Event(), asyncio.Event()
+    served = 0
+    tool = webhooks._tool
+
+    async def slow(*args: Any) -> Any:
+        nonlocal served
+        served += 1
+        entered.set()
+        await release.wait()
+        return await tool(*args)
+
+    monkeypatch.setattr(webhooks, "_tool", slow)
+    captured = retell_signed(RETELL_BODY)
+    first = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
+    await entered.wait()
+    retry = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
+    await asyncio.sleep(0.2)  # the retry most likely arrives while the call is answered
+    release.set()
+    answers = await asyncio.gather(first, retry)
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].content == answers[1].content
+    assert served == 1  # the retry was answered with the call's answer, not searched again
 
 
 def test_the_replay_table_is_fixed_in_size_and_lets_no_forgotten_replay_through() -> None:
@@ -855,6 +911,38 @@ async def test_tool_arguments_nested_too_deep_are_a_400_not_a_500(sidecar: Sidec
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
     assert "flat object" in reply.json()["error"]["message"]
+
+
+async def test_a_source_path_naming_no_page_is_told_apart_from_a_miss(sidecar: Sidecar) -> None:
+    """A model whose own source_paths named no page must read so, or it will not retry without
+    them; a real miss still says nothing matched."""
+    nowhere = orjson.dumps({"args": {"query": "reset my password", "source_paths": ["nope/"]}})
+    reply = await post_tool(sidecar, nowhere, signed(nowhere))
+    assert reply.status_code == 200
+    assert reply.json()["results"] == []
+    assert "No page of the knowledge base is under source_paths 'nope/'" in reply.json()["note"]
+    path = reply.json()["note"]
+    assert "without source_paths" in path
+    found = orjson.dumps({"args": {"query": "reset my password", "source_paths": ["*.md"]}})
+    assert (await post_tool(sidecar, found, signed(found))).json()["results"]
+
+
+async def test_an_empty_vapi_answer_says_whether_anything_was_asked(sidecar: Sidecar) -> None:
+    """Vapi reads only documents; a person testing by curl must tell "nothing asked" from
+    "nothing found" (the x-voxrecall-note header), also on a retry."""
+    header = {SESSION_HEADER: "empty-answers"}
+    for messages in ([], [GREETING]):
+        for _ in range(2):  # the request, then its retry
+            reply = await vapi(sidecar, messages, **header)
+            assert reply.json() == {"documents": []}
+            assert reply.headers["x-voxrecall-note"].startswith("nothing asked")
+    asked = [GREETING, {"role": "user", "content": "How do I reset my password?"}]
+    reply = await vapi(sidecar, asked, **header)
+    assert reply.json()["documents"]
+    assert "x-voxrecall-note" not in reply.headers
+    skipped = [*asked, {"role": "bot", "message": "Done."}, {"role": "user", "content": "ok"}]
+    reply = await vapi(sidecar, skipped, **header)
+    assert reply.headers["x-voxrecall-note"].startswith("not searched")
 
 
 async def test_tool_webhook_mistakes_are_outputs_and_bad_requests_are_4xx(
