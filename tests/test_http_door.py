@@ -974,6 +974,7 @@ async def test_a_body_over_the_byte_limit_is_413_before_it_is_read(sidecar: Side
     big = orjson.dumps({"args": {"query": "x" * 20_000}})
     reply = await post_tool(sidecar, big, signed(big))
     assert reply.status_code == 413
+    assert reply.json()["error"]["code"] == "RESOURCE_EXHAUSTED"  # as gRPC's own for a message
     assert "max_body_bytes" in reply.json()["error"]["message"]
     async with httpx2.AsyncClient() as http:
         wrong = await http.get(url(sidecar, "/tools/search_help"), headers=auth())
