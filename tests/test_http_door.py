@@ -33,7 +33,7 @@ from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.edge import logs
 from sidecar.edge.metrics import Metrics
-from sidecar.edge.server import Sidecar, create_server
+from sidecar.edge.server import Sidecar, create_server, start_line
 from sidecar.errors import ToolCallError, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -1312,6 +1312,45 @@ async def test_the_http_door_speaks_mutual_tls_from_the_same_files(
         async with httpx2.AsyncClient() as http:  # plaintext to a TLS port
             with pytest.raises(httpx2.TransportError):
                 await http.get(f"http://127.0.0.1:{sc.http_port}/readyz")
+
+
+async def test_a_tls_door_says_https_and_logs_a_plain_http_request_once_per_many(
+    tmp_path: Path,
+    store: Path,
+    local_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A team that read "HTTP on port" sent http:// and saw its calls closed and a silent log:
+    the start line says HTTPS, and such a request is logged (the first, then one per
+    OVERRUN_LOG_EVERY, so a flood of them is not a line each)."""
+    caplog.set_level(logging.INFO, logger="voxrecall")
+    monkeypatch.setattr(http_door, "OVERRUN_LOG_EVERY", 3)
+    certs = make_certs(tmp_path / "certs")
+    tls = {"cert_file": str(certs / "server.pem"), "key_file": str(certs / "server.key")}
+    config = sidecar_config(store, tls=tls, http={"listen": "127.0.0.1:0"})
+    async with running(config, local_embedder) as sc:
+        assert f"HTTPS on port {sc.http_port}" in start_line(sc)
+        assert sc.http is not None
+        admission, counted = sc.http.admission, asyncio.Event()
+        plain_http = admission.plain_http
+
+        def count(address: str) -> None:
+            plain_http(address)
+            if admission.plain_http_total == 4:
+                counted.set()
+
+        monkeypatch.setattr(admission, "plain_http", count)
+        for _ in range(4):
+            await exchange(sc, b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
+        async with asyncio.timeout(LIVENESS_S):  # the door counts each as its handshake fails
+            await counted.wait()
+    said = [r.getMessage() for r in caplog.records if "plain http://" in r.getMessage()]
+    assert len(said) == 2  # the first and the fourth
+    assert "https://" in said[0]
+    plain = sidecar_config(store, http={"listen": "127.0.0.1:0"})
+    async with running(plain, local_embedder) as sc:
+        assert f", HTTP on port {sc.http_port}" in start_line(sc)
 
 
 @pytest.mark.usefixtures("long_keep_alive")
