@@ -166,11 +166,6 @@ class FilterIndex:
         count = int(np.count_nonzero(mask))
         return Allowed(mask, count, self._covering(filters, count))
 
-    def any_page(self, source_paths: Sequence[str]) -> bool:
-        """Whether any page's path matches one of ``source_paths`` (the mask ``allowed`` builds
-        of them, cached): a search answering nothing may be a path that names no page."""
-        return bool(self._paths_mask(tuple(source_paths)).any())
-
     def _filter_mask(self, f: MetadataFilter) -> Mask:
         key = ("field", f.field, frozenset(f.any_of))
         mask = self._masks.get(key)

@@ -506,6 +506,7 @@ class Toolbox:
                     source_paths=call.source_paths,
                 )
             )
+            nowhere = not result.hits and _no_page_under(engine, fn, call.source_paths, sources)
         except SnapshotError as exc:
             log.warning("%s: %s", name, exc)
             return self._error(
@@ -516,9 +517,9 @@ class Toolbox:
         except FilterRefused as exc:  # a filter or path the snapshot cannot apply
             return self._error(INVALID_ARGUMENTS, str(exc))
         fallback = fn.policy.fallback if not result.hits else ""
-        if not result.hits and _no_page_under(engine, fn.config.knowledge_base, call.source_paths):
+        if nowhere:  # the model's own filter, not a miss: it may search again without it
             note = NO_PAGE_THERE.format(paths=_quote_all(call.source_paths))
-            return Invocation(output=format_results((), self.max_chars, note))
+            return Invocation(output=format_results((), self.max_chars, note), fallback=fallback)
         output = format_results(result.hits, self.max_chars, fn.policy.fallback)
         return Invocation(output=output, hits=result.hits, fallback=fallback)
 
@@ -687,8 +688,17 @@ def _served(engine: Engine, kb: str, sources: tuple[str, ...]) -> tuple[str, ...
     return tuple(s for s in sources if s in names)
 
 
-def _no_page_under(engine: Engine, kb: str, source_paths: tuple[str, ...]) -> bool:
-    """Whether a call's ``source_paths`` name no page of the serving snapshot at all: its
-    empty answer is then the model's filter, not a miss, and its note says so (a model told
-    "nothing matched" would not retry without the filter)."""
-    return bool(source_paths) and not engine.searcher(kb).snapshot.filters.any_page(source_paths)
+def _no_page_under(
+    engine: Engine, fn: KnowledgeFunction, source_paths: tuple[str, ...], sources: tuple[str, ...]
+) -> bool:
+    """Whether a call's ``source_paths`` name no page the function may reach (its sources, its
+    fixed filters, the caller's filters: nothing outside its scope is told apart): its empty
+    answer is then the model's filter, not a miss, and its note says so (a model told "nothing
+    matched" would not retry without the filter)."""
+    if not source_paths:
+        return False
+    searcher = engine.searcher(fn.config.knowledge_base)
+    allowed = scope.resolve(
+        searcher, fn.config.knowledge_base, fn.config.filters, source_paths, sources
+    )
+    return allowed is not None and allowed.count == 0
