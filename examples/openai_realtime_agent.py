@@ -20,6 +20,8 @@ import os
 import sys
 
 import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import InvalidHandshake
 
 from index.errors import ConfigError
 from sidecar.adapters.client import Voxrecall
@@ -27,18 +29,32 @@ from sidecar.adapters.openai_realtime import RealtimeToolBridge
 from sidecar.connection import Connection
 
 URL = "wss://api.openai.com/v1/realtime?model=gpt-realtime"
+# How long the Realtime API's connection may take to open (websockets' own default, named).
+OPEN_TIMEOUT_S = 10
 INSTRUCTIONS = (
     "You are Northwind Mobile's phone assistant. Before answering a question about the "
     "caller's phone service, call knowledge_search; answer in one or two sentences."
 )
 
 
-async def main(question: str, api_key: str, connection: Connection) -> None:
+class Unreachable(Exception):
+    """The Realtime API could not be reached or refused the connection: one line, no traceback."""
+
+
+async def connect(api_key: str) -> ClientConnection:
+    """The Realtime API's websocket, or ``Unreachable`` saying why (offline, a proxy needed, a
+    key refused)."""
     headers = {"Authorization": f"Bearer {api_key}"}
-    async with (
-        Voxrecall(connection) as voxrecall,
-        websockets.connect(URL, additional_headers=headers) as ws,
-    ):
+    try:
+        return await websockets.connect(
+            URL, additional_headers=headers, open_timeout=OPEN_TIMEOUT_S
+        )
+    except (OSError, TimeoutError, InvalidHandshake) as exc:
+        raise Unreachable(f"cannot reach {URL}: {exc or type(exc).__name__}") from None
+
+
+async def main(question: str, api_key: str, connection: Connection) -> None:
+    async with Voxrecall(connection) as voxrecall, await connect(api_key) as ws:
         bridge = await RealtimeToolBridge.create(voxrecall, session_id="realtime-demo")
         update = bridge.session_update(instructions=INSTRUCTIONS, output_modalities=["text"])
         await ws.send(json.dumps(update))
@@ -73,4 +89,8 @@ if __name__ == "__main__":
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     question = " ".join(args.question) or "How much does roaming cost in Europe?"
-    asyncio.run(main(question, api_key, connection))
+    try:
+        asyncio.run(main(question, api_key, connection))
+    except Unreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -18,10 +18,10 @@
     │   │                      ran out of descriptors reading it (``unreadable``); retried later
     │   └── CacheWriteError    a download could not be written locally (disk full, permissions)
     └── RequestError           a call's input or state (sidecar.errors: the sidecar's branch)
-        ├── InvalidArgument    BodyTooLarge, FilterRefused, ToolCallError below it
+        ├── InvalidArgument    FilterRefused, ToolCallError below it
         ├── NotFound
         ├── Unavailable        Loading below it: a base loading, retry after a pause
-        ├── ResourceExhausted
+        ├── ResourceExhausted  BodyTooLarge below it (HTTP 413)
         ├── IdleTimeout
         └── Unauthenticated
 

@@ -4,13 +4,13 @@ them and stay free of any transport.
 
     RequestError
     ├── InvalidArgument        the request is malformed; the message says what to change
-    │   ├── BodyTooLarge       an HTTP body over [sidecar.http] max_body_bytes
     │   ├── FilterRefused      a filter or path the serving snapshot cannot apply
     │   └── ToolCallError      a model called a knowledge function wrongly (an error output)
     ├── NotFound
     ├── Unavailable
     │   └── Loading            a base is loading for this call: retry after ``retry_ms``
     ├── ResourceExhausted
+    │   └── BodyTooLarge       an HTTP body over [sidecar.http] max_body_bytes (413)
     ├── IdleTimeout            a stream sent nothing for too long
     └── Unauthenticated        (a name outside a token's scope is NotFound: nothing is learnt)
 
@@ -28,10 +28,6 @@ class RequestError(VoxrecallError):
 
 class InvalidArgument(RequestError):
     pass
-
-
-class BodyTooLarge(InvalidArgument):
-    """An HTTP request body over ``[sidecar.http] max_body_bytes``."""
 
 
 class FilterRefused(InvalidArgument):
@@ -69,6 +65,11 @@ class Loading(Unavailable):
 
 class ResourceExhausted(RequestError):
     pass
+
+
+class BodyTooLarge(ResourceExhausted):
+    """An HTTP request body over ``[sidecar.http] max_body_bytes``: RESOURCE_EXHAUSTED, as
+    gRPC answers a message over its size, with HTTP's own 413."""
 
 
 class IdleTimeout(RequestError):

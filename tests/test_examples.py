@@ -78,3 +78,12 @@ def test_an_example_without_its_extra_says_what_to_install(
         f"is not installed: this example needs its extra, pip install -e '.[{extra}]'"
     )
     assert "Traceback" not in out.stderr
+
+
+def test_realtime_example_that_cannot_reach_the_api_says_so_in_one_line() -> None:
+    """Offline (as here), behind a proxy, or with a key refused: one line naming the URL, not
+    a websockets traceback."""
+    out = run_realtime(OPENAI_API_KEY="sk-test")
+    assert out.returncode == 1, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: cannot reach wss://api.openai.com/")

@@ -33,7 +33,7 @@ from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.edge import logs
 from sidecar.edge.metrics import Metrics
-from sidecar.edge.server import Sidecar, create_server
+from sidecar.edge.server import Sidecar, create_server, start_line
 from sidecar.errors import ToolCallError, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -646,11 +646,32 @@ async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
             json=vapi_request(messages),
             headers=auth(**{"x-vapi-secret": VAPI_SECRET, "x-voxrecall-session": "h" * 4000}),
         )
-    for answer in (reply, by_header):
+    for answer, field in ((reply, "message.call.id"), (by_header, SESSION_HEADER)):
         assert answer.status_code == 400
         assert answer.json()["error"]["code"] == "INVALID_ARGUMENT"
-        assert "the limit is 1024" in answer.json()["error"]["message"]
+        assert answer.json()["error"]["message"].startswith(f"{field} is ")
+        assert "the limit is 256" in answer.json()["error"]["message"]
     assert len(fed) == before
+
+
+@pytest.mark.parametrize(
+    ("payload", "headers", "field"),
+    [
+        ({"args": {"query": "x"}, "call": {"call_id": "c" * 900}}, {}, "call.call_id"),
+        ({"query": "x", "session_id": "c" * 900}, {}, "session_id"),
+        ({"query": "x", "call_id": "c" * 900}, {}, "call_id"),
+        ({"query": "x"}, {SESSION_HEADER: "c" * 900}, SESSION_HEADER),
+    ],
+)
+async def test_an_overlong_tool_call_id_is_refused_naming_the_field_sent(
+    sidecar: Sidecar, payload: dict[str, Any], headers: dict[str, str], field: str
+) -> None:
+    """A Retell call id of 900 characters was refused as "session_id is 900 characters", a
+    field the platform never sent."""
+    body = orjson.dumps(payload)
+    reply = await post_tool(sidecar, body, {**signed(body), **headers})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"].startswith(f"{field} is 900 characters")
 
 
 DEEP = b"[" * 600 + b"]" * 600  # JSON orjson reads (1024 levels) but writes only to 255
@@ -784,19 +805,54 @@ async def test_a_replayed_call_is_refused_once_the_window_has_passed(sidecar: Si
 
 
 @pytest.mark.parametrize("sign", [signed, retell_signed])
-async def test_a_signed_call_replayed_within_its_window_is_refused(
+async def test_a_signed_call_sent_again_within_its_window_gets_its_first_answer(
     sidecar: Sidecar, sign: Any
 ) -> None:
+    """A platform resends a call whose answer it lost (Retell cannot sign it anew): it gets the
+    call's first answer, not a 401 mid-call; the same signature to another path, or from
+    another caller, is refused as a replay."""
     captured = sign(RETELL_BODY)
-    assert (await post_tool(sidecar, RETELL_BODY, captured)).status_code == 200
-    replayed = await post_tool(sidecar, RETELL_BODY, captured)
-    assert replayed.status_code == 401
-    assert replayed.json()["error"]["code"] == "UNAUTHENTICATED"
-    assert "already received" in replayed.json()["error"]["message"]
+    first = await post_tool(sidecar, RETELL_BODY, captured)
+    assert first.status_code == 200
+    again = await post_tool(sidecar, RETELL_BODY, captured)
+    assert again.status_code == 200
+    assert again.content == first.content
     elsewhere = await post_tool(sidecar, RETELL_BODY, captured, function="search_billing")
     assert elsewhere.status_code == 401  # the signature covers the body, not the path
+    assert "already received" in elsewhere.json()["error"]["message"]
+    stranger = await post_tool(sidecar, RETELL_BODY, {**captured, **auth(TOKEN_B)})
+    assert stranger.status_code in (401, 404)  # never the first caller's answer
     other = RETELL_BODY.replace(b"retell-call-1", b"retell-call-2")  # a new call: served
     assert (await post_tool(sidecar, other, sign(other))).status_code == 200
+
+
+async def test_a_retry_while_its_call_is_answered_waits_for_that_answer(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert sidecar.http is not None
+    webhooks = sidecar.http.webhooks
+    release, entered = asyncio.Event(), asyncio.Event()
+    served = 0
+    tool = webhooks._tool
+
+    async def slow(*args: Any) -> Any:
+        nonlocal served
+        served += 1
+        entered.set()
+        await release.wait()
+        return await tool(*args)
+
+    monkeypatch.setattr(webhooks, "_tool", slow)
+    captured = retell_signed(RETELL_BODY)
+    first = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
+    await entered.wait()
+    retry = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
+    await asyncio.sleep(0.2)  # the retry most likely arrives while the call is answered
+    release.set()
+    answers = await asyncio.gather(first, retry)
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].content == answers[1].content
+    assert served == 1  # the retry was answered with the call's answer, not searched again
 
 
 def test_the_replay_table_is_fixed_in_size_and_lets_no_forgotten_replay_through() -> None:
@@ -870,6 +926,38 @@ async def test_tool_arguments_nested_too_deep_are_a_400_not_a_500(sidecar: Sidec
     assert "flat object" in reply.json()["error"]["message"]
 
 
+async def test_a_source_path_naming_no_page_is_told_apart_from_a_miss(sidecar: Sidecar) -> None:
+    """A model whose own source_paths named no page must read so, or it will not retry without
+    them; a real miss still says nothing matched."""
+    nowhere = orjson.dumps({"args": {"query": "reset my password", "source_paths": ["nope/"]}})
+    reply = await post_tool(sidecar, nowhere, signed(nowhere))
+    assert reply.status_code == 200
+    assert reply.json()["results"] == []
+    assert "No page of the knowledge base is under source_paths 'nope/'" in reply.json()["note"]
+    path = reply.json()["note"]
+    assert "without source_paths" in path
+    found = orjson.dumps({"args": {"query": "reset my password", "source_paths": ["*.md"]}})
+    assert (await post_tool(sidecar, found, signed(found))).json()["results"]
+
+
+async def test_an_empty_vapi_answer_says_whether_anything_was_asked(sidecar: Sidecar) -> None:
+    """Vapi reads only documents; a person testing by curl must tell "nothing asked" from
+    "nothing found" (the x-voxrecall-note header), also on a retry."""
+    header = {SESSION_HEADER: "empty-answers"}
+    for messages in ([], [GREETING]):
+        for _ in range(2):  # the request, then its retry
+            reply = await vapi(sidecar, messages, **header)
+            assert reply.json() == {"documents": []}
+            assert reply.headers["x-voxrecall-note"].startswith("nothing asked")
+    asked = [GREETING, {"role": "user", "content": "How do I reset my password?"}]
+    reply = await vapi(sidecar, asked, **header)
+    assert reply.json()["documents"]
+    assert "x-voxrecall-note" not in reply.headers
+    skipped = [*asked, {"role": "bot", "message": "Done."}, {"role": "user", "content": "ok"}]
+    reply = await vapi(sidecar, skipped, **header)
+    assert reply.headers["x-voxrecall-note"].startswith("not searched")
+
+
 async def test_tool_webhook_mistakes_are_outputs_and_bad_requests_are_4xx(
     sidecar: Sidecar,
 ) -> None:
@@ -899,6 +987,7 @@ async def test_a_body_over_the_byte_limit_is_413_before_it_is_read(sidecar: Side
     big = orjson.dumps({"args": {"query": "x" * 20_000}})
     reply = await post_tool(sidecar, big, signed(big))
     assert reply.status_code == 413
+    assert reply.json()["error"]["code"] == "RESOURCE_EXHAUSTED"  # as gRPC's own for a message
     assert "max_body_bytes" in reply.json()["error"]["message"]
     async with httpx2.AsyncClient() as http:
         wrong = await http.get(url(sidecar, "/tools/search_help"), headers=auth())
@@ -1236,6 +1325,45 @@ async def test_the_http_door_speaks_mutual_tls_from_the_same_files(
         async with httpx2.AsyncClient() as http:  # plaintext to a TLS port
             with pytest.raises(httpx2.TransportError):
                 await http.get(f"http://127.0.0.1:{sc.http_port}/readyz")
+
+
+async def test_a_tls_door_says_https_and_logs_a_plain_http_request_once_per_many(
+    tmp_path: Path,
+    store: Path,
+    local_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A team that read "HTTP on port" sent http:// and saw its calls closed and a silent log:
+    the start line says HTTPS, and such a request is logged (the first, then one per
+    OVERRUN_LOG_EVERY, so a flood of them is not a line each)."""
+    caplog.set_level(logging.INFO, logger="voxrecall")
+    monkeypatch.setattr(http_door, "OVERRUN_LOG_EVERY", 3)
+    certs = make_certs(tmp_path / "certs")
+    tls = {"cert_file": str(certs / "server.pem"), "key_file": str(certs / "server.key")}
+    config = sidecar_config(store, tls=tls, http={"listen": "127.0.0.1:0"})
+    async with running(config, local_embedder) as sc:
+        assert f"HTTPS on port {sc.http_port}" in start_line(sc)
+        assert sc.http is not None
+        admission, counted = sc.http.admission, asyncio.Event()
+        plain_http = admission.plain_http
+
+        def count(address: str) -> None:
+            plain_http(address)
+            if admission.plain_http_total == 4:
+                counted.set()
+
+        monkeypatch.setattr(admission, "plain_http", count)
+        for _ in range(4):
+            await exchange(sc, b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
+        async with asyncio.timeout(LIVENESS_S):  # the door counts each as its handshake fails
+            await counted.wait()
+    said = [r.getMessage() for r in caplog.records if "plain http://" in r.getMessage()]
+    assert len(said) == 2  # the first and the fourth
+    assert "https://" in said[0]
+    plain = sidecar_config(store, http={"listen": "127.0.0.1:0"})
+    async with running(plain, local_embedder) as sc:
+        assert f", HTTP on port {sc.http_port}" in start_line(sc)
 
 
 @pytest.mark.usefixtures("long_keep_alive")

@@ -49,7 +49,7 @@ def test_the_indexer_never_imports_the_sidecar() -> None:
 @pytest.mark.parametrize(
     ("error", "code", "http"),
     [
-        (errors.BodyTooLarge("big"), grpc.StatusCode.INVALID_ARGUMENT, 413),
+        (errors.BodyTooLarge("big"), grpc.StatusCode.RESOURCE_EXHAUSTED, 413),
         (errors.ToolCallError("invalid_arguments", "no"), grpc.StatusCode.INVALID_ARGUMENT, 400),
         (errors.Loading("wait", retry_ms=50), grpc.StatusCode.UNAVAILABLE, 503),
         (errors.IdleTimeout("quiet"), grpc.StatusCode.DEADLINE_EXCEEDED, 408),
@@ -67,7 +67,7 @@ def test_one_row_gives_an_error_its_grpc_and_http_status(
 
 def test_an_http_status_reads_back_as_the_code_of_its_row() -> None:
     assert code_of_http_status(401) is grpc.StatusCode.UNAUTHENTICATED
-    assert code_of_http_status(413) is grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of_http_status(413) is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert code_of_http_status(418) is grpc.StatusCode.INVALID_ARGUMENT
     assert code_of_http_status(500) is grpc.StatusCode.INTERNAL
     assert code_of_http_status(502) is grpc.StatusCode.INTERNAL

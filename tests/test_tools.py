@@ -184,6 +184,25 @@ def test_definitions_match_the_openai_types(fn: KnowledgeFunction) -> None:
     assert chat["function"]["parameters"] == realtime["parameters"]
 
 
+@pytest.mark.parametrize("fn", [TERMINAL, HELP, WHOLE_BASE, FILTERED], ids=lambda f: f.name)
+def test_an_argument_is_described_as_nullable_only_where_its_schema_allows_null(
+    fn: KnowledgeFunction,
+) -> None:
+    """A model told "null or left out" may send null, and a client validating its arguments
+    against the schema would refuse it: the words and the schema agree in every format."""
+    realtime, responses, chat = fn.definitions(VALUES)
+    for parameters in (
+        realtime["parameters"],
+        responses["parameters"],
+        chat["function"]["parameters"],
+    ):
+        for name, prop in parameters["properties"].items():
+            nullable = "null" in prop["type"]
+            assert ("null" in prop.get("description", "")) == nullable, (name, prop)
+            if name != "query":
+                assert "left out" in prop["description"]
+
+
 def test_sources_filter_is_offered_only_with_a_choice() -> None:
     terminal = TERMINAL.realtime()["parameters"]["properties"]
     assert terminal["sources"]["items"]["enum"] == ["settings", "tutorials"]

@@ -356,6 +356,19 @@ def raise_open_files_limit() -> int:
     return soft
 
 
+def start_line(sidecar: Sidecar) -> str:
+    """The line ``serve`` logs once listening: each door's port, HTTPS where the HTTP door
+    speaks TLS (a team reading "HTTP" would send http:// and see its calls closed)."""
+    http = ""
+    if sidecar.http is not None and sidecar.http_port:
+        http = f", {sidecar.http.scheme} on port {sidecar.http_port}"
+    metrics = f", metrics on port {sidecar.metrics_port}" if sidecar.metrics_port else ""
+    return (
+        f"voxrecall sidecar listening on port {sidecar.port} "
+        f"({sidecar.lifecycle.state.name}){http}{metrics}"
+    )
+
+
 async def serve(
     config: Config, listen: str | None = None, *, listen_while_loading: bool = True
 ) -> None:
@@ -377,14 +390,7 @@ async def serve(
     sidecar = await create_server(
         config, listen=listen, store=store, listen_while_loading=listen_while_loading
     )
-    log.info(
-        "voxrecall sidecar listening on port %d (%s)%s%s, up to %d open files",
-        sidecar.port,
-        sidecar.lifecycle.state.name,
-        f", HTTP on port {sidecar.http_port}" if sidecar.http_port else "",
-        f", metrics on port {sidecar.metrics_port}" if sidecar.metrics_port else "",
-        open_files,
-    )
+    log.info("%s, up to %d open files", start_line(sidecar), open_files)
     await stopping.wait()
     log.info("draining (grace %.1f s)", config.sidecar.grace_s)
     await sidecar.stop()

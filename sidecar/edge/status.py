@@ -2,7 +2,7 @@
 interceptor, HTTP for the HTTP door, from the same table.
 
     error (most specific first)    gRPC status          HTTP
-    BodyTooLarge                   INVALID_ARGUMENT     413
+    BodyTooLarge                   RESOURCE_EXHAUSTED   413  (as gRPC's own, for a message too large)
     InvalidArgument                INVALID_ARGUMENT     400
     NotFound                       NOT_FOUND            404
     Unavailable (and Loading)      UNAVAILABLE          503  (+ grpc-retry-pushback-ms)
@@ -41,7 +41,7 @@ from sidecar.errors import (
 Code = grpc.StatusCode
 
 _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode, int], ...] = (
-    (BodyTooLarge, Code.INVALID_ARGUMENT, 413),
+    (BodyTooLarge, Code.RESOURCE_EXHAUSTED, 413),
     (InvalidArgument, Code.INVALID_ARGUMENT, 400),
     (NotFound, Code.NOT_FOUND, 404),
     (Unavailable, Code.UNAVAILABLE, 503),

@@ -84,15 +84,26 @@ QUERY_DESCRIPTION = (
     "What to look up: the caller's question or its key words, self-contained (spell out what "
     "'it' or 'that' refers to from the conversation)."
 )
-SOURCES_DESCRIPTION = "Only search these sources; null or left out searches all of them."
+# An optional argument's description ends with what leaving it out does: "null or left out"
+# only where the schema allows null (strict mode), so a model's schema and its words agree.
+SOURCES_DESCRIPTION = "Only search these sources; {omitted} searches all of them."
 PATHS_DESCRIPTION = (
     'Only search pages under these paths: a folder ending in "/" (e.g. "billing/"), a glob '
-    '(e.g. "billing/*.md") or one page\'s path; null or left out searches every page.'
+    '(e.g. "billing/*.md") or one page\'s path; {omitted} searches every page.'
+)
+NO_PAGE_THERE = (
+    "No page of the knowledge base is under source_paths {paths}: search again without "
+    "source_paths (or with a path a result gave)."
 )
 
 
-def field_description(name: str) -> str:
-    return f"Only results whose {name} is one of these; null or left out: any {name}."
+def omitted(strict: bool) -> str:
+    """How a description names an optional argument not given, as its schema allows it."""
+    return "null or left out" if strict else "left out"
+
+
+def field_description(name: str, strict: bool) -> str:
+    return f"Only results whose {name} is one of these; {omitted(strict)}: any {name}."
 
 
 def _dumps(value: Any) -> str:
@@ -164,12 +175,15 @@ class KnowledgeFunction:
         nullable. ``values``: each filterable field's values in the serving snapshot (enums)."""
         properties: dict[str, Any] = {QUERY: {"type": "string", "description": QUERY_DESCRIPTION}}
         if self.filterable:
-            properties[SOURCES] = _strings_argument(strict, SOURCES_DESCRIPTION, self.searchable)
-        properties[SOURCE_PATHS] = _strings_argument(strict, PATHS_DESCRIPTION, None)
+            properties[SOURCES] = _strings_argument(
+                strict, SOURCES_DESCRIPTION.format(omitted=omitted(strict)), self.searchable
+            )
+        paths = PATHS_DESCRIPTION.format(omitted=omitted(strict))
+        properties[SOURCE_PATHS] = _strings_argument(strict, paths, None)
         for name in self.config.filterable:
             known = self.allowed_values(name, (values or {}).get(name, ()))
             enum = known if 0 < len(known) <= MAX_ENUM_VALUES else None
-            properties[name] = _strings_argument(strict, field_description(name), enum)
+            properties[name] = _strings_argument(strict, field_description(name, strict), enum)
         required = list(properties) if strict else [QUERY]
         return {
             "type": "object",
@@ -492,6 +506,7 @@ class Toolbox:
                     source_paths=call.source_paths,
                 )
             )
+            nowhere = not result.hits and _no_page_under(engine, fn, call.source_paths, sources)
         except SnapshotError as exc:
             log.warning("%s: %s", name, exc)
             return self._error(
@@ -502,6 +517,9 @@ class Toolbox:
         except FilterRefused as exc:  # a filter or path the snapshot cannot apply
             return self._error(INVALID_ARGUMENTS, str(exc))
         fallback = fn.policy.fallback if not result.hits else ""
+        if nowhere:  # the model's own filter, not a miss: it may search again without it
+            note = NO_PAGE_THERE.format(paths=_quote_all(call.source_paths))
+            return Invocation(output=format_results((), self.max_chars, note), fallback=fallback)
         output = format_results(result.hits, self.max_chars, fn.policy.fallback)
         return Invocation(output=output, hits=result.hits, fallback=fallback)
 
@@ -668,3 +686,19 @@ def _served(engine: Engine, kb: str, sources: tuple[str, ...]) -> tuple[str, ...
         return sources
     names = engine.searcher(kb).sources.names
     return tuple(s for s in sources if s in names)
+
+
+def _no_page_under(
+    engine: Engine, fn: KnowledgeFunction, source_paths: tuple[str, ...], sources: tuple[str, ...]
+) -> bool:
+    """Whether a call's ``source_paths`` name no page the function may reach (its sources, its
+    fixed filters, the caller's filters: nothing outside its scope is told apart): its empty
+    answer is then the model's filter, not a miss, and its note says so (a model told "nothing
+    matched" would not retry without the filter)."""
+    if not source_paths:
+        return False
+    searcher = engine.searcher(fn.config.knowledge_base)
+    allowed = scope.resolve(
+        searcher, fn.config.knowledge_base, fn.config.filters, source_paths, sources
+    )
+    return allowed is not None and allowed.count == 0

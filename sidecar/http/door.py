@@ -102,8 +102,10 @@ REFUSED_LINGER_S = 1.0
 # every request of each read queued (8,000 GETs in one 256 KiB read) and every answer kept.
 MAX_PIPELINED = 8
 # Such a close is logged once per this many (the first one logged): one client reconnecting
-# without end must not flood the log.
+# without end must not flood the log. A plain HTTP request to the TLS door is logged so too.
 OVERRUN_LOG_EVERY = 1000
+# The reason OpenSSL gives a handshake whose first bytes are a plain HTTP request.
+PLAIN_HTTP = "HTTP_REQUEST"
 # A TLS handshake is a round trip or two: one not done within this long is a client that stalled
 # (or one holding a connection on purpose); asyncio's own default would hold it for 60 s.
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
@@ -397,6 +399,11 @@ class HttpDoor:
 
     # -- the server --------------------------------------------------------------------------
 
+    @property
+    def scheme(self) -> str:
+        """What the door speaks, as the start line says it: HTTPS with ``[sidecar.tls]``."""
+        return "HTTPS" if self.config.sidecar.tls.enabled else "HTTP"
+
     def bind(self, listen: str) -> int:
         """Bind ``listen`` now (port 0 picks one), so a port in use stops the start before
         anything serves; the bound port."""
@@ -485,6 +492,7 @@ class _Admission:
         self.refused_total = 0
         self.refused_by_ip: Counter[str] = Counter()  # addresses at their cap: since they had room
         self.overrun_total = 0  # connections closed past MAX_PIPELINED
+        self.plain_http_total = 0  # plain HTTP requests to a TLS door
         self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         self.closing = False  # the door stops: a handshake done now is not served
         self._full = _refusal("max_connections", limit)  # the 503s, made once
@@ -517,6 +525,20 @@ class _Admission:
                 address,
                 MAX_PIPELINED,
                 self.overrun_total,
+            )
+
+    def plain_http(self, address: str) -> None:
+        """A plain ``http://`` request came to the TLS door (a platform's URL typed without the
+        s): the client only sees its connection closed, so the log says why, for the first and
+        then once per ``OVERRUN_LOG_EVERY`` (a flood of them must not flood the log)."""
+        self.plain_http_total += 1
+        if self.plain_http_total % OVERRUN_LOG_EVERY == 1:
+            log.info(
+                "a plain http:// request from %s came to the HTTP door, which speaks HTTPS only "
+                "([sidecar.tls]): it was closed unanswered; send it to https:// (%d such since "
+                "the start)",
+                address,
+                self.plain_http_total,
             )
 
     def release(self, address: str) -> None:
@@ -624,7 +646,10 @@ class _BoundedHead(HttpToolsProtocol):
                 ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
             )
         except OSError as exc:  # a bad handshake, one out of time, or a client gone
-            log.debug("a TLS handshake from %s failed: %s", self._address, exc)
+            if getattr(exc, "reason", None) == PLAIN_HTTP:
+                self.admission.plain_http(self._address)
+            else:
+                log.debug("a TLS handshake from %s failed: %s", self._address, exc)
             secure = None
         except asyncio.CancelledError:  # the door stops: start_tls has closed the socket
             self._release()

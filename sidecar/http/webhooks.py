@@ -24,6 +24,7 @@ The ``x-voxrecall-session`` header, when sent, names the session on both.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import heapq
 import hmac
@@ -38,14 +39,22 @@ from cachetools import TTLCache
 
 from index.errors import ConfigError
 from sidecar.config import Config, HttpConfig
-from sidecar.edge.limits import NAME_BYTES, utf8_size
 from sidecar.edge.service import set_timings
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.functions.tools import Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn import sessions
-from sidecar.turn.engine import MAX_TEXT_CHARS, Engine, SearchInput, Speaker, TurnInput, TurnResult
+from sidecar.turn.engine import (
+    MAX_SESSION_ID,
+    MAX_TEXT_CHARS,
+    Engine,
+    SearchInput,
+    Speaker,
+    TurnInput,
+    TurnResult,
+)
 from sidecar.turn.hits import Hit
+from sidecar.turn.skip import Skip
 
 if TYPE_CHECKING:
     from sidecar.http.door import HttpCall
@@ -74,6 +83,16 @@ SIGNATURE_TOLERANCE_MS = 5 * 60 * 1000
 # Signatures remembered (``Replays``), each until its window has passed: about 250 bytes
 # each, so ~4 MiB at most; 16,384 calls in 5 minutes is 55 a second, beyond any one agent's.
 SEEN_SIGNATURES = 16_384
+# Answers of signed tool calls kept for a platform's retry of the same call (``Answers``): each
+# an output within [sidecar] tool_output_chars (2,000 characters by default, so ~2 MiB at most),
+# kept for the signature's window. A retry is sent within seconds of its call; past this many
+# calls since, it is refused as a replay (401), as before.
+ANSWERS_KEPT = 1024
+NOTE_HEADER = b"x-voxrecall-note"
+# What an empty Vapi answer's ``x-voxrecall-note`` says (Vapi reads only ``documents``; a
+# person testing by curl must tell "nothing asked" from "nothing found").
+NOTHING_ASKED = "nothing asked: the last message with words is not the caller's"
+NOTHING_FOUND = "nothing found: nothing in the knowledge base matched the caller's last turn"
 _RETELL = re.compile(r"v=(\d{1,16}),d=([0-9a-fA-F]{64})")
 _STAMP = re.compile(r"\d{1,12}")
 # Top-level keys of a tool webhook body that describe the call rather than being arguments.
@@ -135,6 +154,7 @@ class Fed:
     digest: bytes
     query: str = ""
     answer: tuple[str, ...] = ()  # the chunk ids of the last answer, in order
+    note: str = ""  # why the last answer was empty (``NOTE_HEADER``)
 
 
 class Conversations:
@@ -157,7 +177,7 @@ class Conversations:
         before = self._fed.get(key)
         if before is None:
             return messages, Fed(len(messages), digests[-1])
-        fed = Fed(len(messages), digests[-1], before.query, before.answer)
+        fed = Fed(len(messages), digests[-1], before.query, before.answer, before.note)
         if before.count <= len(messages) and digests[before.count] == before.digest:
             return messages[before.count :], fed
         return messages[-1:], fed
@@ -274,6 +294,40 @@ class Replays:
                 return stamp_ms
 
 
+class Answers:
+    """The answers of signed tool calls, so a platform's retry of one (the same body and
+    signature, to the same path, from the same caller: its first answer lost to a timeout or a
+    dropped connection) is answered as the call was, and not refused as a replay: Retell cannot
+    sign a retry anew. A retry that comes while its call is still being answered waits for that
+    answer. A call that failed (an error status) is forgotten, as ``Replays`` forgets it, so its
+    retry is served afresh. At most ``size`` answers, each for the signature's window: past
+    that a retry is refused as a replay. Whoever could replay a captured call within its window
+    holds the caller's token too, and gets only the answer the call got."""
+
+    def __init__(self, size: int = ANSWERS_KEPT) -> None:
+        self._kept: TTLCache[tuple[str, str, bytes], asyncio.Future[Reply | None]] = TTLCache(
+            size, SIGNATURE_TOLERANCE_MS / 1000
+        )
+
+    async def of(self, key: tuple[str, str, bytes]) -> Reply | None:
+        """The answer of the call ``key`` names, once it has one; None if none is kept (or the
+        call failed)."""
+        answer = self._kept.get(key)
+        return None if answer is None else await asyncio.shield(answer)
+
+    def expect(self, key: tuple[str, str, bytes]) -> asyncio.Future[Reply | None]:
+        """The answer to come of a call being served: set its result once answered."""
+        answer: asyncio.Future[Reply | None] = asyncio.get_running_loop().create_future()
+        self._kept[key] = answer
+        return answer
+
+    def failed(self, key: tuple[str, str, bytes], answer: asyncio.Future[Reply | None]) -> None:
+        """The call failed: forget it; a retry waiting for it is served afresh."""
+        if self._kept.get(key) is answer:
+            del self._kept[key]
+        answer.set_result(None)
+
+
 def verify_signature(
     secret: bytes, body: bytes, headers: Mapping[str, str], now: float | None = None
 ) -> Signature:
@@ -376,6 +430,7 @@ class Webhooks:
             config.sidecar.max_sessions, config.sidecar.session_ttl_s
         )
         self.replays = Replays()
+        self.answers = Answers()
 
     # -- Vapi ----------------------------------------------------------------------------------
 
@@ -395,26 +450,29 @@ class Webhooks:
         if not isinstance(messages, list):
             raise InvalidArgument("message.messages must be the list of the call's messages")
         call_info = message.get("call")
-        call_id = headers.get(SESSION_HEADER) or _string(
-            call_info.get("id") if isinstance(call_info, dict) else None, "message.call.id"
-        )
+        call_id, field = headers.get(SESSION_HEADER, ""), SESSION_HEADER
+        if not call_id:
+            field = "message.call.id"
+            call_id = _string(call_info.get("id") if isinstance(call_info, dict) else None, field)
         if not call_id:
             raise InvalidArgument("message.call.id is missing: it names the call's session")
-        _check_call_id(call_id)
+        _check_call_id(call_id, field)
         key = (sessions.owner.get(), call_id)
         fresh, fed = self.conversations.new(key, messages)
         said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
         hits: Sequence[Hit] = []
+        note = NOTHING_ASKED
         for i, turn in enumerate(said):
             result = await self._turn(call, call_id, turn)
             if turn.speaker == Speaker.USER and i == len(said) - 1:
-                hits, fed.query = result.hits, result.query
+                hits, fed.query, note = result.hits, result.query, _why_nothing(result)
         if fresh:
-            fed.answer = tuple(hit.chunk.chunk_id for hit in hits)
+            fed.answer, fed.note = tuple(hit.chunk.chunk_id for hit in hits), note
         self.conversations.fed(key, fed)
         if not fresh:  # the same request again (a retry): the same answer
             hits = await self._answered_again(call_id, fed)
-        return 200, orjson.dumps({"documents": _documents(hits)}), []
+        extra = [] if hits else [(NOTE_HEADER, (fed.note or NOTHING_ASKED).encode())]
+        return 200, orjson.dumps({"documents": _documents(hits)}), extra
 
     async def _answered_again(self, call_id: str, fed: Fed) -> Sequence[Hit]:
         """What the request retried was answered with: nothing, or the search the call's
@@ -464,12 +522,20 @@ class Webhooks:
             return await self._tool(call, function, headers, body)
         now, caller = time.time(), sessions.owner.get()
         signature = verify_signature(self.webhook_secret, body, headers, now)
+        key = (caller, function, signature.digest)
+        retried = await self.answers.of(key)
+        if retried is not None:  # the same signed call again: a platform retrying it
+            return retried
         self.replays.first(caller, signature, now * 1000)
+        answer = self.answers.expect(key)
         try:
-            return await self._tool(call, function, headers, body)
+            reply = await self._tool(call, function, headers, body)
         except BaseException:
             self.replays.forget(caller, signature)
+            self.answers.failed(key, answer)
             raise
+        answer.set_result(reply)
+        return reply
 
     async def _tool(
         self, call: HttpCall, function: str, headers: dict[str, str], body: bytes
@@ -481,7 +547,8 @@ class Webhooks:
                 f"the body names function {name!r} but the URL {function!r}: point the "
                 f"platform's {name!r} at /tools/{name}"
             )
-        arguments, session_id = _tool_call(payload, headers)
+        arguments, session_id, field = _tool_call(payload, headers)
+        _check_call_id(session_id, field)
         call.check(
             pb.InvokeToolRequest(name=function, arguments_json=arguments, session_id=session_id)
         )
@@ -493,6 +560,13 @@ class Webhooks:
         return 200, result.output.encode(), extra
 
 
+def _why_nothing(result: TurnResult) -> str:
+    """Why a searched (or skipped) last user turn answered no documents."""
+    if result.skipped is not Skip.NOT_SKIPPED:
+        return f"not searched: the caller's last turn was skipped ({result.skipped.name.lower()})"
+    return NOTHING_FOUND
+
+
 def _seen(result: TurnResult) -> pb.TurnResponse:
     """What the hooks read of a turn's answer (the metrics: whether it searched, its timings):
     Vapi gets documents, so the chunks a ``TurnResponse`` would carry are never built."""
@@ -501,20 +575,23 @@ def _seen(result: TurnResult) -> pb.TurnResponse:
     return seen
 
 
-def _check_call_id(call_id: str) -> None:
-    """Refuse a call id over ``NAME_BYTES`` before it is kept: a request that feeds no turn
-    (no messages, or none with words) is otherwise never checked, and each entry of
-    ``Conversations`` would hold as much as a whole body."""
-    size = utf8_size(call_id, NAME_BYTES)
-    if size > NAME_BYTES:
+def _check_call_id(call_id: str, field: str) -> None:
+    """Refuse a call id longer than a session id may be (``MAX_SESSION_ID`` characters, within
+    the hooks' byte limit on any id) before it is kept, naming ``field``, the one the caller
+    sent it in: a request that feeds no turn (no messages, or none with words) is otherwise
+    never checked, each entry of ``Conversations`` would hold as much as a whole body, and the
+    engine's refusal would name ``session_id``, which no platform sends."""
+    if len(call_id) > MAX_SESSION_ID:
         raise InvalidArgument(
-            f"message.call.id (or {SESSION_HEADER}) is {'at least ' if len(call_id) > NAME_BYTES else ''}"
-            f"{size} bytes; the limit is {NAME_BYTES}: send the platform's call id"
+            f"{field} is {len(call_id)} characters; the limit is {MAX_SESSION_ID}: send the "
+            "platform's call id"
         )
 
 
-def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str, str]:
-    """The arguments (as a JSON string) and the session id of a tool webhook's body."""
+def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str, str, str]:
+    """The arguments (as a JSON string), the session id of a tool webhook's body, and the
+    field that named it (the first given of the header, ``call.call_id``, ``session_id``,
+    ``call_id``)."""
     if "args" in payload:
         arguments: Any = payload["args"]
     elif "arguments" in payload:
@@ -522,15 +599,17 @@ def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str
     else:
         arguments = {k: v for k, v in payload.items() if k not in TOOL_METADATA}
     call_info = payload.get("call")
-    session_id = (
-        headers.get(SESSION_HEADER)
-        or _string(
-            call_info.get("call_id") if isinstance(call_info, dict) else None, "call.call_id"
-        )
-        or _string(payload.get("session_id"), "session_id")
-        or _string(payload.get("call_id"), "call_id")
+    named = (
+        (SESSION_HEADER, headers.get(SESSION_HEADER)),
+        ("call.call_id", call_info.get("call_id") if isinstance(call_info, dict) else None),
+        ("session_id", payload.get("session_id")),
+        ("call_id", payload.get("call_id")),
     )
-    return _arguments_json(arguments), session_id
+    for field, value in named:
+        session_id = _string(value, field)
+        if session_id:
+            return _arguments_json(arguments), session_id, field
+    return _arguments_json(arguments), "", ""
 
 
 def _arguments_json(arguments: Any) -> str:
