@@ -5,6 +5,7 @@ them and stay free of any transport.
     RequestError
     ├── InvalidArgument        the request is malformed; the message says what to change
     │   ├── BodyTooLarge       an HTTP body over [sidecar.http] max_body_bytes
+    │   ├── BodyEncoded        an HTTP body sent with a Content-Encoding (gzip, ...)
     │   ├── FilterRefused      a filter or path the serving snapshot cannot apply
     │   └── ToolCallError      a model called a knowledge function wrongly (an error output)
     ├── NotFound
@@ -32,6 +33,11 @@ class InvalidArgument(RequestError):
 
 class BodyTooLarge(InvalidArgument):
     """An HTTP request body over ``[sidecar.http] max_body_bytes``."""
+
+
+class BodyEncoded(InvalidArgument):
+    """An HTTP request body sent with a ``Content-Encoding`` other than identity: the door never
+    inflates one (a small gzip may inflate to any size), and its bytes are not JSON."""
 
 
 class FilterRefused(InvalidArgument):

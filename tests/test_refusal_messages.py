@@ -4,16 +4,22 @@ is 415 naming its Content-Encoding, and a ConverseRequest without a turn is INVA
 
 from __future__ import annotations
 
+import gzip
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import httpx2
 import pytest
 
 from index.embedders.base import Embedder
+from sidecar.config import Config
+from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.turn.scope import NAMED
 from tests.bases_kit import config as bases_config
+from tests.conftest import EXAMPLE_KB, make_config
 from tests.hardening_kit import running
 
 BASES = 1000  # names of 51 characters: 52 KB listed whole, over gRPC's 16 KiB of metadata
@@ -46,3 +52,30 @@ def _no_embedder() -> Embedder:
     from index.embedders.base import FakeEmbedder
 
     return FakeEmbedder(dimension=8)  # no base is loaded: the refusal comes first
+
+
+@pytest.fixture
+async def http_sidecar(example_config: Config, local_embedder: Embedder) -> AsyncIterator[Sidecar]:
+    source = [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}]
+    store = example_config.sidecar.store
+    assert isinstance(store, Path)
+    config = make_config(store, source, http={"listen": "127.0.0.1:0"})
+    async with running(config, local_embedder) as sidecar:
+        yield sidecar
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/vapi/knowledge-base", "/tools/search"])
+async def test_a_compressed_http_body_is_415_naming_its_encoding(
+    http_sidecar: Sidecar, path: str
+) -> None:
+    body = gzip.compress(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}')
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(
+            f"http://127.0.0.1:{http_sidecar.http_port}{path}",
+            content=body,
+            headers={"content-type": "application/json", "content-encoding": "gzip"},
+        )
+    assert reply.status_code == 415
+    error = reply.json()["error"]
+    assert error["code"] == "INVALID_ARGUMENT"
+    assert error["message"].startswith("Content-Encoding 'gzip' is not supported")
