@@ -79,3 +79,17 @@ async def test_a_compressed_http_body_is_415_naming_its_encoding(
     error = reply.json()["error"]
     assert error["code"] == "INVALID_ARGUMENT"
     assert error["message"].startswith("Content-Encoding 'gzip' is not supported")
+
+
+async def test_a_converse_request_without_a_turn_is_refused_naming_the_field(
+    example_sidecar: Sidecar,
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        stream = stub.Converse()
+        await stream.write(pb.ConverseRequest())
+        await stream.done_writing()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stream.read()
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "turn" in (info.value.details() or "")
