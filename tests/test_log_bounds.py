@@ -16,7 +16,7 @@ import pytest
 
 from index.config import EmbedderConfig
 from index.embedders.remote import OpenAIEmbedder
-from sidecar.edge import logs
+from sidecar.edge import addresses, logs
 from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -142,3 +142,20 @@ async def test_an_embedding_request_writes_no_line_of_the_http_client(
         server.stop()
     assert server.requests >= 1
     assert "HTTP Request" not in log_stream.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("peer", "key"),
+    [
+        ("ipv4:10.0.0.7:51234", "10.0.0.7"),
+        ("ipv6:%5B2001:db8::1%5D:51234", "2001:db8::/64"),
+        ("10.0.0.7:51234", "10.0.0.7"),  # the HTTP door's
+        ("2001:db8::1:51234", "2001:db8::/64"),
+        ("unix:/run/vr.sock", "unix:/run/vr.sock"),
+        ("", ""),
+    ],
+)
+def test_a_failure_line_counts_against_its_client_host_from_either_door(
+    peer: str, key: str
+) -> None:
+    assert addresses.peer_key(peer) == key
