@@ -4,6 +4,7 @@ them and stay free of any transport.
 
     RequestError
     ├── InvalidArgument        the request is malformed; the message says what to change
+    │   ├── BodyEncoded        an HTTP body sent with a Content-Encoding (gzip, ...)
     │   ├── FilterRefused      a filter or path the serving snapshot cannot apply
     │   └── ToolCallError      a model called a knowledge function wrongly (an error output)
     ├── NotFound
@@ -28,6 +29,11 @@ class RequestError(VoxrecallError):
 
 class InvalidArgument(RequestError):
     pass
+
+
+class BodyEncoded(InvalidArgument):
+    """An HTTP request body sent with a ``Content-Encoding`` other than identity: the door never
+    inflates one (a small gzip may inflate to any size), and its bytes are not JSON."""
 
 
 class FilterRefused(InvalidArgument):

@@ -59,3 +59,11 @@ def grpc_peer_key(peer: str) -> str:
     if kind in ("ipv4", "ipv6"):
         return share_key(address.rpartition(":")[0])
     return peer
+
+
+def peer_key(peer: str) -> str:
+    """``share_key`` of a call's peer as either door gives it: gRPC's ``ipv4:10.0.0.7:51234``
+    (``grpc_peer_key``), the HTTP door's ``10.0.0.7:51234`` or ``::1:51234``; empty as it is."""
+    if peer.startswith(("ipv4:", "ipv6:", "unix:", "unix-abstract:")):
+        return grpc_peer_key(peer)
+    return share_key(peer.rpartition(":")[0]) if ":" in peer else peer

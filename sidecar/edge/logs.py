@@ -6,9 +6,18 @@
 ``CallLog`` gives every call an id (the caller's ``x-call-id`` metadata when it sends a usable
 one, else a fresh one, returned in the trailing metadata) and puts it and the session id in
 context variables, so every log line written while the call runs carries them, in the engine as
-in the service. Any configured secret that finds its way into a message is replaced by
-``[redacted]`` before the line is written. Every field of a line (the message, each extra, a
-traceback) is cut to ``MAX_FIELD_BYTES`` (``bounded``), so no input makes a line large.
+in the service. Any configured secret of ``MIN_SECRET_CHARS`` or more that finds its way into a
+line is replaced by ``[redacted]`` before the line is written (a shorter one, vLLM's customary
+key ``EMPTY`` or an ``x``, is no secret, and replacing it in every word would garble every line
+and tell the reader the key). Every field of a line (the message, each extra, a traceback) is
+cut to ``MAX_FIELD_BYTES`` (``bounded``), and the call's ids to ``MAX_ID_BYTES`` (a session id
+the field limits refuse is logged on the line of its refusal), so no input makes a line large.
+
+A call's end is logged at DEBUG, a failed call's at INFO; at most ``FAILURE_LINES`` such lines a
+``FAILURE_WINDOW_S`` per client address, method and code, the first ones, and one line saying how
+many more there were (``FailureLines``): a client sending refused calls in a loop cannot make the
+log grow with its call rate. The HTTP client libraries' own line per request (``httpx``'s "HTTP
+Request: POST ...", one per embedding) is left out below WARNING (``QUIET_LOGGERS``).
 """
 
 from __future__ import annotations
@@ -18,13 +27,16 @@ import logging
 import re
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from random import getrandbits as _random_bits
+from time import monotonic
 from typing import Any, TextIO
 
 import grpc
 import orjson
 
+from sidecar.edge.addresses import peer_key
 from sidecar.edge.interceptor import Call, Hook
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.sessions import connection
@@ -42,6 +54,19 @@ REDACTED = "[redacted]"
 # is a caller's input echoed back, and a line per call of it would flood the log.
 MAX_FIELD_BYTES = 4096
 MAX_TRACEBACK_BYTES = 16 * 1024  # a deep traceback is still worth reading whole
+# A call's ids on every line of it: a session id may be 1 KiB (sidecar.edge.limits), or anything
+# on the line refusing it; its first bytes and its length say which session it was.
+MAX_ID_BYTES = 128
+# A secret shorter than this is no secret (bearer tokens need MIN_TOKEN_CHARS, 16; an API key
+# of "EMPTY" or "x" is a placeholder), and scrubbing it as a substring garbles every line.
+MIN_SECRET_CHARS = 8
+# Failed calls' lines per client address, method and code in a window: the first few of a kind say
+# all there is to say; a client failing in a loop wrote 1,980 lines (2.4 MB) a second.
+FAILURE_LINES = 10
+FAILURE_WINDOW_S = 1.0
+# Libraries that log a line per HTTP request at INFO (the OpenAI client's httpx, the reranker's):
+# kept at WARNING, or a sidecar at 100 turns/s writes 100 lines a second about its embedder.
+QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 # A record's own attributes, and what a library attaches for its terminal alone (uvicorn's
 # ``color_message``: the message again, in ANSI colour codes): neither is an extra of the line.
 _RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"color_message"}
@@ -55,7 +80,7 @@ class JsonFormatter(logging.Formatter):
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
-        self.secrets = tuple(s for s in secrets if s)
+        self.secrets = worth_scrubbing(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -64,15 +89,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": bounded(record.getMessage()),
         }
-        for key, var in (
-            ("session_id", session_id),
-            ("call_id", call_id),
-            ("method", method),
-            ("door", door),
-        ):
-            value = var.get()
-            if value:
-                line[key] = value
+        line.update(context_ids())
         for key, value in vars(record).items():
             if key not in _RECORD_FIELDS and not key.startswith("_"):
                 line[key] = _field(value)  # extra={...}
@@ -87,7 +104,7 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.secrets = tuple(s for s in secrets if s)
+        self.secrets = worth_scrubbing(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
         record = logging.makeLogRecord({**vars(record), "msg": bounded(record.getMessage())})
@@ -95,8 +112,16 @@ class TextFormatter(logging.Formatter):
         text = super().format(record)
         if record.exc_text:
             text = text.replace(record.exc_text, bounded(record.exc_text, MAX_TRACEBACK_BYTES))
-        ids = [f"{k}={v.get()}" for k, v in (("session", session_id), ("call", call_id)) if v.get()]
+        context = context_ids()
+        ids = [f"{k}={context[f'{k}_id']}" for k in ("session", "call") if f"{k}_id" in context]
         return scrub(f"{text} [{' '.join(ids)}]" if ids else text, self.secrets)
+
+
+def context_ids() -> dict[str, str]:
+    """The current call's ids as a line carries them, each cut to ``MAX_ID_BYTES``: the one place
+    a caller's own strings reach a line outside its message and extras."""
+    ids = (("session_id", session_id), ("call_id", call_id), ("method", method), ("door", door))
+    return {key: bounded(value, MAX_ID_BYTES) for key, var in ids if (value := var.get())}
 
 
 def bounded(text: str, limit: int = MAX_FIELD_BYTES) -> str:
@@ -113,6 +138,11 @@ def _field(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     return bounded(value if isinstance(value, str) else str(value))
+
+
+def worth_scrubbing(secrets: Iterable[str]) -> tuple[str, ...]:
+    """The secrets a line is scrubbed of: those of ``MIN_SECRET_CHARS`` or more."""
+    return tuple(s for s in secrets if len(s) >= MIN_SECRET_CHARS)
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
@@ -136,6 +166,8 @@ def configure(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _fresh_call_id() -> str:
@@ -152,8 +184,73 @@ def _session_of(message: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+@dataclass(slots=True)
+class _Kind:
+    """One client's failures of one method and code in the window begun at ``since``."""
+
+    since: float
+    logged: int = 0
+    suppressed: int = 0
+
+
+class FailureLines:
+    """Which failed calls get a line: the first ``FAILURE_LINES`` of each kind (client address,
+    method, code) in a ``FAILURE_WINDOW_S``; the others are counted, and the count is written once
+    the window is over (with the kind's next failure, or any call's end after it)."""
+
+    def __init__(self, limit: int = FAILURE_LINES) -> None:
+        self.limit = limit
+        self._kinds: dict[tuple[str, str, str], _Kind] = {}
+        self._swept = monotonic()
+
+    def admit(self, client: str, method: str, code: str) -> bool:
+        """Whether this failure gets its line (counted if not)."""
+        now = self.sweep()
+        key = (client, method, code)
+        kind = self._kinds.get(key)
+        if kind is None:
+            kind = self._kinds[key] = _Kind(now)
+        if kind.logged < self.limit:
+            kind.logged += 1
+            return True
+        kind.suppressed += 1
+        return False
+
+    def sweep(self) -> float:
+        """Write the counts of the windows that are over, and forget those kinds (so the table
+        holds only the last window's clients); at most once a window. Answers the time."""
+        now = monotonic()
+        if now - self._swept < FAILURE_WINDOW_S:
+            return now
+        self._swept = now
+        over = [k for k, kind in self._kinds.items() if now - kind.since >= FAILURE_WINDOW_S]
+        for key in over:
+            kind = self._kinds.pop(key)
+            if kind.suppressed:
+                # outside any call's context: the count is no one call's
+                contextvars.Context().run(_suppressed, key, kind.suppressed, now - kind.since)
+        return now
+
+
+def _suppressed(key: tuple[str, str, str], count: int, seconds: float) -> None:
+    client, name, code = key
+    log.info(
+        "%s %s: %d more like this suppressed (from %s in %.1f s)",
+        name,
+        code,
+        count,
+        client or "an unknown client",
+        seconds,
+        extra={"client": client},
+    )
+
+
 class CallLog(Hook):
-    """Sets the log context of each call, and logs its end at DEBUG (failures at INFO)."""
+    """Sets the log context of each call, and logs its end at DEBUG (failures at INFO, the
+    first few of a kind: ``FailureLines``)."""
+
+    def __init__(self) -> None:
+        self.failures = FailureLines()
 
     def start(self, call: Call) -> None:
         given = call.metadata.get(CALL_ID_HEADER)  # most callers send none: no match tried
@@ -172,7 +269,15 @@ class CallLog(Hook):
             session_id.set(sid)
 
     def end(self, call: Call) -> None:
-        level = logging.DEBUG if call.code is grpc.StatusCode.OK else logging.INFO
+        if call.code is grpc.StatusCode.OK:
+            self.failures.sweep()  # a window's count is written once its failures stop too
+            level = logging.DEBUG
+        elif log.isEnabledFor(logging.INFO) and self.failures.admit(
+            peer_key(call.context.peer()), call.method, call.code.name
+        ):
+            level = logging.INFO
+        else:
+            return
         if not log.isEnabledFor(level):
             return
         log.log(

@@ -189,6 +189,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             self.lifecycle.check_accepting()
             idle_s = self.engine.config.stream_idle_s
             async for request in idle_limited(request_iterator, idle_s):
+                if not request.HasField("turn"):  # a client bug: it would get no answer
+                    raise InvalidArgument("a ConverseRequest carries its turn: set turn")
                 turn = turn_input(request.turn, session_id)
                 if session_id and turn.session_id != session_id:
                     raise InvalidArgument(

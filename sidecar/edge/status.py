@@ -3,6 +3,7 @@ interceptor, HTTP for the HTTP door, from the same table.
 
     error (most specific first)    gRPC status          HTTP
     BodyTooLarge                   RESOURCE_EXHAUSTED   413  (as gRPC's own, for a message too large)
+    BodyEncoded                    INVALID_ARGUMENT     415  (a gzip body: sent uncompressed)
     InvalidArgument                INVALID_ARGUMENT     400
     NotFound                       NOT_FOUND            404
     Unavailable (and Loading)      UNAVAILABLE          503  (+ grpc-retry-pushback-ms)
@@ -19,7 +20,7 @@ interceptor, HTTP for the HTTP door, from the same table.
 
 Handlers raise; ``status_for`` maps; the servicer aborts with the mapped code and the message.
 No handler builds a status code itself. The HTTP codes are those grpc-gateway gives each gRPC
-code, except an over-long body's 413.
+code, except an over-long body's 413 and an encoded body's 415.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import grpc
 
 from index.errors import EmbedderError, SnapshotError, SnapshotNotFound, VoxrecallError
 from sidecar.errors import (
+    BodyEncoded,
     BodyTooLarge,
     IdleTimeout,
     InvalidArgument,
@@ -42,6 +44,7 @@ Code = grpc.StatusCode
 
 _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode, int], ...] = (
     (BodyTooLarge, Code.RESOURCE_EXHAUSTED, 413),
+    (BodyEncoded, Code.INVALID_ARGUMENT, 415),
     (InvalidArgument, Code.INVALID_ARGUMENT, 400),
     (NotFound, Code.NOT_FOUND, 404),
     (Unavailable, Code.UNAVAILABLE, 503),

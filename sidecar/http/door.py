@@ -62,7 +62,7 @@ from sidecar.edge.status import (
     http_status_for,
     status_for,
 )
-from sidecar.errors import BodyTooLarge, IdleTimeout, RequestError
+from sidecar.errors import BodyEncoded, BodyTooLarge, IdleTimeout, RequestError
 from sidecar.functions.tools import Toolbox
 from sidecar.http.mcp import McpDoor
 from sidecar.http.webhooks import Reply, Webhooks
@@ -172,7 +172,12 @@ def peer_of(scope: Scope) -> str:
 
 async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     """The whole body, at most ``limit`` bytes (``BodyTooLarge`` past it, before reading on),
-    within ``BODY_TIMEOUT_S``."""
+    within ``BODY_TIMEOUT_S``; one with a ``Content-Encoding`` is refused unread (415)."""
+    encoding = headers.get("content-encoding", "").strip()
+    if encoding and encoding.lower() != "identity":
+        raise BodyEncoded(
+            f"Content-Encoding {encoding[:40]!r} is not supported: send the body uncompressed"
+        )
     length = headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise BodyTooLarge(_too_large(int(length), limit))

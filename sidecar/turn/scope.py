@@ -16,6 +16,7 @@ dropped source would otherwise answer nothing, as if the base knew nothing of th
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 
@@ -45,16 +46,23 @@ NAME_CHARS = 64
 def unknown_base(kb: str, known: Iterable[str]) -> NotFound:
     """The answer for a base a call cannot reach: one that does not exist, or (for a scoped
     token, ``sidecar.edge.auth``) one outside its scope, alike, so a token learns no name outside
-    its scope; ``known`` is what the caller may reach."""
-    return NotFound(f"unknown knowledge base {kb!r}; known: {', '.join(sorted(known)) or 'none'}")
+    its scope; ``known`` is what the caller may reach. It names the first ``NAMED`` of them
+    (``named``): a sidecar of 800 bases listed them all, over the 16 KiB of metadata a gRPC client
+    takes, which then answered RESOURCE_EXHAUSTED instead."""
+    names = list(known)
+    first = heapq.nsmallest(NAMED, names)
+    more = f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
+    return NotFound(f"unknown knowledge base {_quoted(kb)}; known: {named(first)}{more}")
+
+
+def _quoted(name: str) -> str:
+    return repr(name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "...")
 
 
 def named(names: Sequence[str]) -> str:
     """The first ``NAMED`` of ``names``, quoted and each cut to ``NAME_CHARS``, and how many
     more there are: what an error message repeats of a list it cannot bound."""
-    shown = ", ".join(
-        repr(n if len(n) <= NAME_CHARS else n[:NAME_CHARS] + "...") for n in names[:NAMED]
-    )
+    shown = ", ".join(map(_quoted, names[:NAMED]))
     more = len(names) - NAMED
     return f"{shown} and {more} more" if more > 0 else shown or "none"
 

@@ -1,0 +1,161 @@
+"""What one caller can make the log say, against a real sidecar on 127.0.0.1 port 0 (the s13
+attack's F3, F12, F4, F10): a refused session id cut on every line, a failing caller's lines
+bounded per window with a count of the rest, short secrets left alone, and no line per embedding
+request from the HTTP client library."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+
+from index.config import EmbedderConfig
+from index.embedders.remote import OpenAIEmbedder
+from sidecar.edge import addresses, logs
+from sidecar.edge.server import Sidecar
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from tests.conftest import eventually
+from tests.hardening_kit import TOKEN_A
+from tests.openai_server import OpenAIServer
+
+HUGE_SESSION = "S" * 100_000 + '\n{"level": "ERROR", "msg": "forged"}'
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    """The lines the sidecar writes, in the format the test sets with ``logs.configure``."""
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers)
+    yield stream
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+
+
+@pytest.fixture
+async def stub(example_sidecar: Sidecar) -> AsyncIterator[pb_grpc.RetrievalStub]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
+        yield pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+
+
+async def _refused(call: Any) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    code: grpc.StatusCode = info.value.code()
+    return code
+
+
+def _said(stream: io.StringIO, text: str) -> bool:
+    """Whether a line says ``text``: a call's end is logged after its status is sent."""
+    return text in stream.getvalue()
+
+
+def _json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in stream.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+async def test_a_refused_session_id_is_cut_on_its_line(
+    stub: pb_grpc.RetrievalStub, log_stream: io.StringIO, fmt: str
+) -> None:
+    logs.configure("DEBUG", fmt, stream=log_stream)
+    turn = pb.TurnRequest(session_id=HUGE_SESSION, text="hello", is_final=True)
+    assert await _refused(stub.Turn(turn)) is grpc.StatusCode.INVALID_ARGUMENT
+    at_limit = pb.TurnRequest(session_id="f" * 256, knowledge_base="nope", text="hi")
+    assert await _refused(stub.Turn(at_limit)) is grpc.StatusCode.NOT_FOUND
+    await eventually(lambda: _said(log_stream, "Turn NOT_FOUND in"), "the second call's line")
+    lines = log_stream.getvalue().splitlines()
+    assert any("Turn INVALID_ARGUMENT in" in line for line in lines)
+    assert max(len(line.encode()) for line in lines) < logs.MAX_FIELD_BYTES
+    assert not any("forged" in line for line in lines)
+    if fmt == "json":
+        ids = [x["session_id"] for x in _json_lines(log_stream) if "session_id" in x]
+        assert {i[:8] for i in ids} == {"SSSSSSSS", "ffffffff"}
+        assert all(len(i.encode()) < logs.MAX_ID_BYTES + 40 for i in ids)
+        assert any("100036 characters" in i for i in ids)  # its length is still said
+
+
+@pytest.fixture
+def frozen(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The failure lines' clock, moved by the test alone: ``now[0] += ...``."""
+    import time
+
+    now = [time.monotonic()]
+    monkeypatch.setattr(logs, "monotonic", lambda: now[0], raising=False)  # main: none
+    return now
+
+
+async def test_a_failing_caller_gets_the_first_lines_of_a_kind_and_then_a_count(
+    stub: pb_grpc.RetrievalStub, log_stream: io.StringIO, frozen: list[float]
+) -> None:
+    logs.configure("INFO", "json", stream=log_stream)
+    calls = logs.FAILURE_LINES + 25
+    for i in range(calls):
+        unknown = pb.TurnRequest(session_id=f"s{i}", knowledge_base="nope", text="hi")
+        assert await _refused(stub.Turn(unknown)) is grpc.StatusCode.NOT_FOUND
+    search = pb.SearchRequest(knowledge_base="nope", query="hi")
+    assert await _refused(stub.Search(search)) is grpc.StatusCode.NOT_FOUND
+    await eventually(lambda: _said(log_stream, "Search NOT_FOUND in"), "the Search's line")
+    lines = _json_lines(log_stream)
+    turns = [x for x in lines if x["msg"].startswith("Turn NOT_FOUND in")]
+    assert [x["session_id"] for x in turns] == [f"s{i}" for i in range(logs.FAILURE_LINES)]
+    assert [x for x in lines if x["msg"].startswith("Search NOT_FOUND in")]  # its own first
+    assert not [x for x in lines if "suppressed" in x["msg"]]
+
+    frozen[0] += logs.FAILURE_WINDOW_S  # the window is over: the next call's end says so
+    await stub.Status(pb.StatusRequest())
+    await eventually(lambda: _said(log_stream, "suppressed"), "the count")
+    (count,) = [x for x in _json_lines(log_stream) if "suppressed" in x["msg"]]
+    assert count["msg"].startswith("Turn NOT_FOUND: 25 more like this suppressed")
+    assert count["level"] == "INFO"
+    assert "session_id" not in count  # no one call's
+    assert count["client"] == "127.0.0.1"
+    unknown = pb.TurnRequest(session_id="again", knowledge_base="nope", text="hi")
+    assert await _refused(stub.Turn(unknown)) is grpc.StatusCode.NOT_FOUND
+    await eventually(lambda: _said(log_stream, '"again"'), "a new window's first line")
+
+
+def test_a_secret_too_short_to_be_one_is_left_in_the_lines(log_stream: io.StringIO) -> None:
+    logs.configure("INFO", "json", secrets=["x", "EMPTY", TOKEN_A], stream=log_stream)
+    logging.getLogger("voxrecall.test").info("voxrecall expected 64-d; key EMPTY; %s", TOKEN_A)
+    (line,) = _json_lines(log_stream)
+    assert line["msg"] == f"voxrecall expected 64-d; key EMPTY; {logs.REDACTED}"
+
+
+async def test_an_embedding_request_writes_no_line_of_the_http_client(
+    log_stream: io.StringIO,
+) -> None:
+    server = OpenAIServer().start()
+    config = EmbedderConfig(provider="openai", base_url=server.base_url, dimensions=64)
+    embedder = OpenAIEmbedder(config)
+    try:
+        logs.configure("INFO", "json", stream=log_stream)
+        await embedder.embed(["how do I reset my password"])
+    finally:
+        await embedder.aclose()
+        server.stop()
+    assert server.requests >= 1
+    assert "HTTP Request" not in log_stream.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("peer", "key"),
+    [
+        ("ipv4:10.0.0.7:51234", "10.0.0.7"),
+        ("ipv6:%5B2001:db8::1%5D:51234", "2001:db8::/64"),
+        ("10.0.0.7:51234", "10.0.0.7"),  # the HTTP door's
+        ("2001:db8::1:51234", "2001:db8::/64"),
+        ("unix:/run/vr.sock", "unix:/run/vr.sock"),
+        ("", ""),
+    ],
+)
+def test_a_failure_line_counts_against_its_client_host_from_either_door(
+    peer: str, key: str
+) -> None:
+    assert addresses.peer_key(peer) == key
