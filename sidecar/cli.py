@@ -61,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(
         level="DEBUG" if args.verbose else config.sidecar.log_level,
         fmt=config.sidecar.log_format,
-        secrets=[c.token for c in config.sidecar.auth.callers] + [config.embedder.api_key],
+        secrets=config.secrets,
     )
     # the first worker (or the only process) answers health while it loads; the others bind
     # once loaded, so no connection reaches a worker that cannot serve it yet

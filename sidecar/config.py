@@ -228,6 +228,19 @@ class Config(BuildConfig):
             return self.sidecar.default_knowledge_base
         return self.knowledge_bases[0].name if self.knowledge_bases else ""
 
+    @property
+    def secrets(self) -> list[str]:
+        """Every secret value the file's variables gave: the sidecar's logs redact each one
+        (``logs.configure``): callers' tokens, the embedder's, the LLM's and the rerankers'
+        API keys, the HTTP door's Vapi and signing secrets."""
+        http = self.sidecar.http
+        keys = [self.embedder.api_key, http.vapi_secret, http.webhook_secret]
+        keys += [c.token for c in self.sidecar.auth.callers]
+        keys += [kb.rerank.api_key for kb in self.knowledge_bases if kb.rerank is not None]
+        if self.index.llm is not None:
+            keys.append(self.index.llm.api_key)
+        return [key for key in keys if key]
+
     def with_overrides(self, **sidecar: Any) -> Config:
         """The same config with [sidecar] keys replaced (command-line flags); None means unset."""
         given = {k: v for k, v in sidecar.items() if v is not None}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,6 +17,7 @@ import pytest
 
 from index.config import EmbedderConfig
 from index.embedders.remote import OpenAIEmbedder
+from sidecar.config import load_config
 from sidecar.edge import addresses, logs
 from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
@@ -159,3 +161,38 @@ def test_a_failure_line_counts_against_its_client_host_from_either_door(
     peer: str, key: str
 ) -> None:
     assert addresses.peer_key(peer) == key
+
+
+def test_every_secret_the_file_names_is_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_stream: io.StringIO
+) -> None:
+    """The HTTP door's Vapi and signing secrets and a reranker's key were written to the logs
+    as they were (only callers' tokens and the embedder's key were redacted)."""
+    values = {f"VOX_SECRET_{i}": f"s3cret-value-number-{i}" for i in range(3)}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(
+        f"""
+[[knowledge_base]]
+name = "help"
+[[knowledge_base.source]]
+name = "kb"
+type = "markdown"
+path = "{tmp_path}"
+[knowledge_base.rerank]
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "VOX_SECRET_0"
+[sidecar.http]
+listen = "127.0.0.1:0"
+vapi_secret_env = "VOX_SECRET_1"
+webhook_secret_env = "VOX_SECRET_2"
+""",
+        encoding="utf-8",
+    )
+    config = load_config(path)
+    assert sorted(config.secrets) == sorted(values.values())
+    logs.configure(level="INFO", fmt="text", secrets=config.secrets, stream=log_stream)
+    logging.getLogger("voxrecall.test").info("keys %s", " ".join(values.values()))
+    assert not any(value in log_stream.getvalue() for value in values.values())
+    assert log_stream.getvalue().count("[redacted]") == 3
