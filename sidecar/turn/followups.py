@@ -54,7 +54,11 @@ page named by a word other pages also use ("pCloud", which every overview lists)
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":
 ``only_names``). A name the recogniser heard past one edit ("goal drive", "misoft onedrive") is
-such a weak naming too, heard by its sound (``heard``, ``sidecar.turn.sounds``).
+such a weak naming too, heard by its sound (``heard``, ``sidecar.turn.sounds``). An agent's
+turn that names no entity by a key names one by a word only that name holds ("sala find" of
+Sala Thong, the other word misheard; ``NameWords``), or by a name run into the short word
+before it ("thegardenia"): the agent names the place it offers, and a recogniser hearing both
+sides of a call mishears the rest.
 ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
 was (nothing, when the turn's own words decided the answer).
 """
@@ -257,7 +261,9 @@ class Gazetteer:
     word ("worth" of "WORTH HOUSE", a docs page titled "Selection") is not used. ``confidence``
     (words, name) rates every key from the snapshot (``index.entities.EntityStats``); without it
     every key is sure. The keys and their ratings are ``index.entities.rate``'s, which a
-    snapshot stores (``entities.bin``): ``Gazetteer.rated`` builds one from them.
+    snapshot stores (``entities.bin``): ``Gazetteer.rated`` builds one from them. ``words``
+    (``NameWords``, from a snapshot's statistics at load: ``Gazetteer.of``) are what an agent's
+    turn is also matched by (``find(toks, words=True)``).
     """
 
     def __init__(
@@ -574,7 +580,7 @@ class NameWords:
         candidates = {
             w: at
             for at, name in enumerate(names)
-            for w in tokens(name)
+            for w in _said_words(name)
             if held[w] == 1 and len(w) >= MIN_ALIAS_CHARS and w not in FUNCTION_WORDS_EN
         }
         words: dict[str, tuple[str, float]] = {}
@@ -586,6 +592,18 @@ class NameWords:
             if len(docs) - own < COMMON_ELSEWHERE:
                 words[word] = (names[at], WORD_FACTOR * (own + 1.0) / (len(docs) + 1.0))
         return cls(words, streets)
+
+
+def _said_words(name: str) -> list[str]:
+    """A name's tokens but a function word's contraction ("can't", "you'll" of "... If You
+    Can't Work", "Where You'll Go For Care": "cant", "youll", which any sentence says); a
+    name's possessive ("Rosa's") is its own."""
+    return [
+        tok
+        for word in words(name)
+        if "'" not in word or word.split("'")[0] not in FUNCTION_WORDS_EN
+        for tok in tokens(word)
+    ]
 
 
 _EMPTY = Gazetteer((), FUNCTION_WORDS_EN)
