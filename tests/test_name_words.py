@@ -2,7 +2,8 @@
 misheard ("sala find" of Sala Thong), is tracked where that word is the name's alone; an
 ordinary word of a name, a street's name, or a word beside a name said whole is not
 (``sidecar.turn.followups.NameWords``); a name run into the short word before it
-("thegardenia") is heard as the name. Each through ``run_turns`` on a base built here."""
+("thegardenia") is heard as the name, and a partial name after a street word ("clifton way
+cherry hinton") is an address's area, not a name. Each through ``run_turns`` on a base built here."""
 
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ PLACES = {
     "THE GARDENIA": [
         "The Gardenia serves Mediterranean food and falafel.",
         "The Gardenia is a cheap restaurant in the centre.",
+    ],
+    "FRANKIE AND BENNYS": [
+        "Frankie and Bennys serves Italian food in the south, with a view of the park.",
+        "Frankie and Bennys is expensive.",
+    ],
+    "PIZZA HUT CHERRY HINTON": [
+        "Pizza Hut Cherry Hinton serves pizza in the south.",
+        "Pizza Hut Cherry Hinton has a salad bar.",
+    ],
+    "PIZZA HUT CITY CENTRE": [
+        "Pizza Hut City Centre serves pizza in the centre.",
+        "Pizza Hut City Centre is cheap.",
     ],
     "SAINT JOHNS CHOP HOUSE": [
         "Saint Johns Chop House serves British food and steaks.",
@@ -95,3 +108,21 @@ async def test_a_streets_name_and_a_word_beside_a_whole_name_name_nothing(tmp_pa
     )
     assert results[2].followup.used == "HARBOR GRILL"  # "saint ... road" is an address
     assert results[4].followup.used == "HARBOR GRILL"  # a name said whole wins over a word
+
+
+async def test_an_area_after_a_street_is_an_address(tmp_path: Path) -> None:
+    # "cherry hinton" names Pizza Hut Cherry Hinton where two Pizza Huts share the rest; after
+    # "clifton way" it is the area of an address, and "frankie" names the place offered
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "an expensive italian restaurant in the south please"),
+            (
+                "agent",
+                "frankie and time nys is at cambridge leisure park clifton way cherry hinton",
+            ),
+            ("user", "do they have a nice view"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used == "FRANKIE AND BENNYS"

@@ -461,6 +461,8 @@ class Gazetteer:
             partial = bool(self.tables.rated.partial[at])
             if partial and i + n < len(toks) and toks[i + n] in self._streets:
                 return n, -1, False  # "12 Bridge Street" is an address, not Bridge Guest House
+            if partial and i > 0 and toks[i - 1] in self._streets:
+                return n, -1, False  # "clifton way cherry hinton": the area of an address
             return n, at, False
         if toks[i] in self._function_words:
             return 1, -1, False
