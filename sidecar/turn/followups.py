@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
@@ -364,6 +365,7 @@ class Gazetteer:
                     tables, table, built_bytes=tables.nbytes + tables.prefixes.python_bytes
                 )
             found.words = NameWords.of_snapshot(snapshot.lexical, table)
+            found.built_bytes += found.words.nbytes
             return found
         if table is not None:
             log.warning(
@@ -550,6 +552,10 @@ class NameWords:
     def __init__(self, words: dict[str, tuple[str, float]], streets: frozenset[str]) -> None:
         self._words = words  # word -> (its name, how sure)
         self._streets = streets
+        # counted in the searcher's memory (``held_bytes``), as the sound tables are; a name's
+        # string is the table's, shared
+        size = sys.getsizeof
+        self.nbytes = size(words) + sum(size(w) + size(hit) for w, hit in words.items())
 
     def __bool__(self) -> bool:
         return bool(self._words)
