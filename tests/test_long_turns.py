@@ -35,9 +35,9 @@ async def test_a_turn_at_the_text_cap_looks_names_up_in_a_bounded_number_of_word
     seen: list[int] = []
 
     def counted(find: Any) -> Any:
-        def find_counted(self: Any, toks: Sequence[str]) -> Any:
+        def find_counted(self: Any, toks: Sequence[str], **how: Any) -> Any:
             seen.append(len(toks))
-            return find(self, toks)
+            return find(self, toks, **how)
 
         return find_counted
 

@@ -291,7 +291,8 @@ async def test_a_new_question_after_recent_turns_keeps_its_own_answer(tmp_path: 
         DOCS,
         [
             ("user", "How do I set up my cloud storage?"),
-            ("agent", "Run rclone config and pick drive."),
+            # no page named: "pick drive" names Google Drive here, where no other page says "drive"
+            ("agent", "Run rclone config and pick a backend."),
             ("user", question),
             ("user", "And after that?"),
         ],

@@ -283,8 +283,9 @@ class Engine:
             return self._skipped(session, Skip.NOT_FINAL, searcher, budget)
         utterance = Utterance.of(req.text)
         gazetteer = searcher.gazetteer
-        mentions = gazetteer.find(utterance.named)
-        if req.speaker == Speaker.AGENT:
+        agent = req.speaker == Speaker.AGENT  # the agent's naming: its names' words alone too
+        mentions = gazetteer.find(utterance.named, words=agent)
+        if agent:
             self._record(session, Speaker.AGENT, utterance, mentions)
             self._read_later(session, utterance)
             return self._skipped(session, Skip.AGENT_TURN, searcher, budget)

@@ -54,7 +54,11 @@ page named by a word other pages also use ("pCloud", which every overview lists)
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":
 ``only_names``). A name the recogniser heard past one edit ("goal drive", "misoft onedrive") is
-such a weak naming too, heard by its sound (``heard``, ``sidecar.turn.sounds``).
+such a weak naming too, heard by its sound (``heard``, ``sidecar.turn.sounds``). An agent's
+turn that names no entity by a key names one by a word only that name holds ("sala find" of
+Sala Thong, the other word misheard; ``NameWords``), or by a name run into the short word
+before it ("thegardenia"): the agent names the place it offers, and a recogniser hearing both
+sides of a call mishears the rest.
 ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
 was (nothing, when the turn's own words decided the answer).
 """
@@ -63,6 +67,8 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
@@ -71,9 +77,8 @@ import numpy as np
 import numpy.typing as npt
 
 from index.entities import (
-    FUNCTION_WORDS_EN as FUNCTION_WORDS_EN,
-)
-from index.entities import (
+    COMMON_ELSEWHERE,
+    MIN_ALIAS_CHARS,
     RULES,
     WEAK_CONFIDENCE,
     Confidence,
@@ -83,6 +88,9 @@ from index.entities import (
     chunk_entities,
     chunk_entity,
     rate,
+)
+from index.entities import (
+    FUNCTION_WORDS_EN as FUNCTION_WORDS_EN,
 )
 from index.key_tables import KeyOwners, KeySure, KeyTables, RatedKeys
 from index.lexical import IntArray, LexicalIndex
@@ -187,6 +195,19 @@ KEYWORD_DOCS = 3
 RARE_POSTINGS = 16_384
 SECTION_CHUNKS = 256
 SPOKEN_DOT_EN = "dot"  # how a transcript writes a file name's dot: "conhost dot exe"
+# A name word that no other name holds, said alone in an agent's turn ("sala find" of Sala
+# Thong, the other word misheard): a naming this much less sure than the word's own rating.
+WORD_FACTOR = 0.8
+# A street word up to this many words after a name's word makes it a street's ("saint andrews
+# street", "fifty six saint train give road": a street's name misheard too).
+ADDRESS_WORDS = 3
+# Short function words a recogniser runs into the word after them ("the gardenia" heard as
+# "thegardenia"), looked for at the start of an agent turn's word that matches nothing.
+GLUED_EN = frozenset(w for w in FUNCTION_WORDS_EN if len(w) <= 3 and w != "s")
+GLUED_LETTERS = 3
+GLUED_REST = 3  # letters left after it, at least: "theoak bistro" of The Oak Bistro
+# Names whose words are looked up alone (``NameWords``): a base of more is not named by ear.
+WORD_NAMES = 2_000
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
@@ -241,7 +262,9 @@ class Gazetteer:
     word ("worth" of "WORTH HOUSE", a docs page titled "Selection") is not used. ``confidence``
     (words, name) rates every key from the snapshot (``index.entities.EntityStats``); without it
     every key is sure. The keys and their ratings are ``index.entities.rate``'s, which a
-    snapshot stores (``entities.bin``): ``Gazetteer.rated`` builds one from them.
+    snapshot stores (``entities.bin``): ``Gazetteer.rated`` builds one from them. ``words``
+    (``NameWords``, from a snapshot's statistics at load: ``Gazetteer.of``) are what an agent's
+    turn is also matched by (``find(toks, words=True)``).
     """
 
     def __init__(
@@ -318,6 +341,7 @@ class Gazetteer:
         # the names as a recogniser may hear them ("goal drive"), weak namings a turn's own
         # search may confirm (``heard``)
         self.sounds = SoundNames.of(names, function_words, self.shared, FILLERS_EN, count)
+        self.words = NameWords({}, streets)  # filled from the snapshot's statistics (``of``)
         # what the tables built in memory take: the sound tables, and the key tables unless
         # they are mapped from the snapshot
         self.built_bytes = self.sounds.nbytes
@@ -334,11 +358,15 @@ class Gazetteer:
         if table is not None and table.rules == RULES:
             mapped = snapshot.key_tables
             if mapped is not None:  # their arrays counted in their file's bytes
-                return cls.of_tables(mapped, table, built_bytes=mapped.python_bytes)
-            tables = KeyTables.build(table.rated_keys())
-            return cls.of_tables(
-                tables, table, built_bytes=tables.nbytes + tables.prefixes.python_bytes
-            )
+                found = cls.of_tables(mapped, table, built_bytes=mapped.python_bytes)
+            else:
+                tables = KeyTables.build(table.rated_keys())
+                found = cls.of_tables(
+                    tables, table, built_bytes=tables.nbytes + tables.prefixes.python_bytes
+                )
+            found.words = NameWords.of_snapshot(snapshot.lexical, table)
+            found.built_bytes += found.words.nbytes
+            return found
         if table is not None:
             log.warning(
                 "snapshot %s: its entities were rated by follow-up rules %d, this sidecar's are %d:"
@@ -365,10 +393,14 @@ class Gazetteer:
         """The entity names a text mentions confidently, in order of first mention."""
         return [m.name for m in self.find(tokens(text)) if m.confidence >= MIN_CONFIDENCE]
 
-    def find(self, toks: Sequence[str]) -> tuple[Mention, ...]:
-        """Every entity the tokens match, each once (its surest match), in order of first match."""
+    def find(self, toks: Sequence[str], words: bool = False) -> tuple[Mention, ...]:
+        """Every entity the tokens match, each once (its surest match), in order of first match;
+        with ``words``, a name's word no other name holds said alone too (``NameWords``: an
+        agent's turn)."""
         found: dict[str, float] = {}
         function_words, initials, kept = self._function_words, self._initials, self._prefix_kept
+        alone = self.words if words and self.words else None
+        heard: dict[str, float] = {}  # names by a word alone: only where no key names one
         i = 0
         while i < len(toks):
             tok = toks[i]
@@ -376,13 +408,41 @@ class Gazetteer:
             if starts is None:
                 starts = self._remember(tok)
             if starts < 0 and (tok in function_words or tok[:1] not in initials):
-                i += 1  # most words: no name starts with it, none is one edit from it
+                # most words: no name starts with it, none is one edit from it
+                i += 1 if alone is None else self._alone(toks, i, found, heard)
                 continue
             span, at, near = self._match(toks, i)
             if at >= 0:
                 self._mention(found, at, near)
+            elif alone is not None:
+                span = max(span, self._alone(toks, i, found, heard))
             i += span
+        if heard and not any(sure >= MIN_CONFIDENCE for sure in found.values()):
+            found |= {name: max(sure, found.get(name, 0.0)) for name, sure in heard.items()}
         return tuple(Mention(name, round(sure, 3)) for name, sure in found.items())
+
+    def _alone(
+        self, toks: Sequence[str], i: int, found: dict[str, float], heard: dict[str, float]
+    ) -> int:
+        """For a word no key matched at ``toks[i]``, in an agent's turn: a name's word said
+        alone (``NameWords``) into ``heard``, or a short function word run into a name or its
+        word ("thegardenia", "theoak bistro": the recogniser's word boundary misplaced) into
+        ``found`` as a near match or ``heard``; the tokens consumed (1 but for a name of more
+        words run into)."""
+        tok = toks[i]
+        if self.words.find(tok, toks, i, heard) or tok in self._function_words:
+            return 1
+        for n in range(1, min(GLUED_LETTERS, len(tok) - GLUED_REST) + 1):
+            if tok[:n] not in GLUED_EN:
+                continue
+            rest = [tok[n:], *toks[i + 1 : i + self._span]]
+            span, at = self._exact(rest, 0, len(rest))
+            if at >= 0:
+                self._mention(found, at, True)
+                return span
+            if self.words.find(rest[0], toks, i, heard):
+                return 1
+        return 1
 
     def _mention(self, found: dict[str, float], at: int, near: bool) -> None:
         """Key ``at``'s name into ``found`` with its confidence, when it names one name (read
@@ -403,6 +463,8 @@ class Gazetteer:
             partial = bool(self.tables.rated.partial[at])
             if partial and i + n < len(toks) and toks[i + n] in self._streets:
                 return n, -1, False  # "12 Bridge Street" is an address, not Bridge Guest House
+            if partial and i > 0 and toks[i - 1] in self._streets:
+                return n, -1, False  # "clifton way cherry hinton": the area of an address
             return n, at, False
         if toks[i] in self._function_words:
             return 1, -1, False
@@ -476,6 +538,80 @@ def _one_edit(a: str, b: str) -> bool:
     if a[i + 1 :] == b[i + 1 :]:
         return True
     return i + 1 < len(a) and a[i] == b[i + 1] and a[i + 1] == b[i] and a[i + 2 :] == b[i + 2 :]
+
+
+class NameWords:
+    """The names' words no other name holds, each looked up alone: an agent's turn naming a
+    place by one word of its name, the rest misheard ("sala find" of Sala Thong, "frankie and
+    time nys" of Frankie and Bennys), which no key matches. Only a word of ``MIN_ALIAS_CHARS``
+    letters or more that fewer than ``COMMON_ELSEWHERE`` chunks of other entities use (the
+    rule a one-word partial key is kept by: "stop" of City Stop Restaurant, "coffee" of
+    Stazione Restaurant and Coffee Bar are ordinary words), rated by the snapshot: the share
+    of the chunks holding it that are the name's own, times ``WORD_FACTOR``."""
+
+    def __init__(self, words: dict[str, tuple[str, float]], streets: frozenset[str]) -> None:
+        self._words = words  # word -> (its name, how sure)
+        self._streets = streets
+        # counted in the searcher's memory (``held_bytes``), as the sound tables are; a name's
+        # string is the table's, shared
+        size = sys.getsizeof
+        self.nbytes = size(words) + sum(size(w) + size(hit) for w, hit in words.items())
+
+    def __bool__(self) -> bool:
+        return bool(self._words)
+
+    def __len__(self) -> int:
+        return len(self._words)
+
+    def find(self, word: str, toks: Sequence[str], i: int, found: dict[str, float]) -> bool:
+        """Key the name ``word`` (said as ``toks[i]``) is a word of into ``found``
+        (``Gazetteer.find``), unless it is a street's ("fifty six saint barnabas road"); whether
+        it is a name's word."""
+        hit = self._words.get(word)
+        if hit is None:
+            return False
+        if self._streets.isdisjoint(toks[i + 1 : i + 1 + ADDRESS_WORDS]):
+            name, sure = hit
+            found[name] = max(found.get(name, 0.0), sure)
+        return True
+
+    @classmethod
+    def of_snapshot(
+        cls, lexical: LexicalIndex, table: EntityTable, streets: frozenset[str] = STREETS_EN
+    ) -> NameWords:
+        """The words of a snapshot's names (``entities.bin``: every chunk's entity), rated by
+        its lexical postings; none for a base of more than WORD_NAMES names."""
+        if len(table.names) > WORD_NAMES:
+            return cls({}, streets)
+        names = [table.names[i].strip() for i in range(len(table.names))]
+        held = Counter(w for name in names for w in set(tokens(name)))
+        candidates = {
+            w: at
+            for at, name in enumerate(names)
+            for w in _said_words(name)
+            if held[w] == 1 and len(w) >= MIN_ALIAS_CHARS and w not in FUNCTION_WORDS_EN
+        }
+        words: dict[str, tuple[str, float]] = {}
+        for (word, at), docs in zip(
+            candidates.items(), lexical.postings(list(candidates)), strict=True
+        ):
+            owners = table.entity_of[docs]
+            own = int(np.count_nonzero(owners == at))
+            if len(docs) - own < COMMON_ELSEWHERE:
+                words[word] = (names[at], WORD_FACTOR * (own + 1.0) / (len(docs) + 1.0))
+        return cls(words, streets)
+
+
+def _said_words(name: str) -> list[str]:
+    """A name's tokens but a function word's contraction ("can't", "you'll" of "... If You
+    Can't Work", "Where You'll Go For Care": "cant", "youll", which any sentence says); a
+    name's possessive ("Rosa's") is its own."""
+    return [
+        tok
+        for word in words(name)
+        if "'" not in word or word.split("'")[0] not in FUNCTION_WORDS_EN
+        for tok in tokens(word)
+    ]
 
 
 _EMPTY = Gazetteer((), FUNCTION_WORDS_EN)

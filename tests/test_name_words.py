@@ -1,0 +1,128 @@
+"""An agent's naming heard through a recogniser: a name said by one of its words, the rest
+misheard ("sala find" of Sala Thong), is tracked where that word is the name's alone; an
+ordinary word of a name, a street's name, or a word beside a name said whole is not
+(``sidecar.turn.followups.NameWords``); a name run into the short word before it
+("thegardenia") is heard as the name, and a partial name after a street word ("clifton way
+cherry hinton") is an address's area, not a name. Each through ``run_turns`` on a base built here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sidecar.turn.followups import Source
+from tests.turns import run_turns
+
+PLACES = {
+    "SALA THONG": [
+        "Sala Thong serves Thai food by the river, with a long list of beers.",
+        "Sala Thong is an expensive restaurant in the west of town.",
+    ],
+    "BANGKOK CITY": [
+        "Bangkok City serves Thai curries in the centre, next to the tram stop.",
+        "Bangkok City has a small garden and no beer.",
+    ],
+    "CITY STOP RESTAURANT": [
+        "City Stop Restaurant serves European food in the north.",
+        "City Stop Restaurant has a wine list and a terrace.",
+    ],
+    "HARBOR GRILL": [
+        "Harbor Grill is a short walk from the bus stop, with fish on the menu.",
+        "Harbor Grill takes reservations online.",
+    ],
+    "THE GARDENIA": [
+        "The Gardenia serves Mediterranean food and falafel.",
+        "The Gardenia is a cheap restaurant in the centre.",
+    ],
+    "FRANKIE AND BENNYS": [
+        "Frankie and Bennys serves Italian food in the south, with a view of the park.",
+        "Frankie and Bennys is expensive.",
+    ],
+    "PIZZA HUT CHERRY HINTON": [
+        "Pizza Hut Cherry Hinton serves pizza in the south.",
+        "Pizza Hut Cherry Hinton has a salad bar.",
+    ],
+    "PIZZA HUT CITY CENTRE": [
+        "Pizza Hut City Centre serves pizza in the centre.",
+        "Pizza Hut City Centre is cheap.",
+    ],
+    "SAINT JOHNS CHOP HOUSE": [
+        "Saint Johns Chop House serves British food and steaks.",
+        "Saint Johns Chop House has a quiet dining room upstairs.",
+    ],
+}
+
+
+async def test_an_agents_naming_with_one_word_misheard_is_tracked(tmp_path: Path) -> None:
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "is there a thai restaurant in the west"),
+            ("agent", "hmm yes there is sala find which is an expensive restaurant"),
+            ("user", "do they have a big beer selection there"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.source == Source.ENTITY
+    assert results[-1].followup.used == "SALA THONG"
+    assert results[-1].query == "SALA THONG: do they have a big beer selection there"
+
+
+async def test_an_agents_naming_run_into_the_word_before_is_tracked(tmp_path: Path) -> None:
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "a cheap mediterranean restaurant please"),
+            ("agent", "thegardenia is located in the centre"),
+            ("user", "do they serve falafel"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used == "THE GARDENIA"
+
+
+async def test_an_ordinary_word_of_a_name_is_not_a_naming(tmp_path: Path) -> None:
+    # "stop" is City Stop Restaurant's alone among the names, but other places' chunks say it
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "i would like european food in the north"),
+            ("agent", "the ci two stop place is in that area"),
+            ("user", "do they serve alcohol"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used != "CITY STOP RESTAURANT"
+
+
+async def test_a_streets_name_and_a_word_beside_a_whole_name_name_nothing(tmp_path: Path) -> None:
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "where is the harbor grill"),
+            ("agent", "harbor grill is at fifty six saint barnabas road"),
+            ("user", "do they take reservations"),
+            ("agent", "sala find is full tonight but harbor grill takes reservations online"),
+            ("user", "is it open late"),
+        ],
+        tmp_path,
+    )
+    assert results[2].followup.used == "HARBOR GRILL"  # "saint ... road" is an address
+    assert results[4].followup.used == "HARBOR GRILL"  # a name said whole wins over a word
+
+
+async def test_an_area_after_a_street_is_an_address(tmp_path: Path) -> None:
+    # "cherry hinton" names Pizza Hut Cherry Hinton where two Pizza Huts share the rest; after
+    # "clifton way" it is the area of an address, and "frankie" names the place offered
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "an expensive italian restaurant in the south please"),
+            (
+                "agent",
+                "frankie and time nys is at cambridge leisure park clifton way cherry hinton",
+            ),
+            ("user", "do they have a nice view"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used == "FRANKIE AND BENNYS"
