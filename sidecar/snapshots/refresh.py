@@ -11,9 +11,10 @@ event loop, one refresh at a time. After a swap the
 heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
 
 With a memory budget (``budget_bytes`` > 0, ``[sidecar] memory_budget_mb``) bases are lazy: none
-is loaded at start, and ``want(kb, requester)`` (a call to a base not loaded) queues its load. The
-loads run one at a time, off the event loop, taken from one queue per requester (the connection
-a call came by) in turn, each base queued once (``LoadQueue``): a requester that asks for many
+is loaded at start, and ``want(kb, peer)`` (a call to a base not loaded) queues its load. The
+loads run one at a time, off the event loop, taken from one queue per requester (the client's
+host, ``addresses.load_requester``: each connection on the loopback, where a sidecar's own agents
+are) in turn, each base queued once (``LoadQueue``): a requester that asks for many
 bases delays another's first load by at most one load per requester waiting, never by its whole
 queue. A load is fetched, verified and built before anything is evicted, then the bases
 ``SnapshotHolder.over_budget`` names go until the loaded bytes are within the budget again: a
@@ -53,6 +54,7 @@ from index.errors import (
 )
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import SnapshotStore
+from sidecar.edge.addresses import load_requester
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
 
@@ -190,6 +192,11 @@ class LoadQueue:
 
     def pop(self) -> str | None:
         """The next base to load, or None when none waits."""
+        taken = self.take()
+        return taken[0] if taken else None
+
+    def take(self) -> tuple[str, str] | None:
+        """The next base to load and its requester, or None when none waits."""
         if not self._by:
             return None
         requester, bases = next(iter(self._by.items()))
@@ -199,7 +206,7 @@ class LoadQueue:
         else:
             del self._by[requester]
         del self._queued[kb]
-        return kb
+        return kb, requester
 
     def clear(self) -> None:
         self._by.clear()
@@ -261,10 +268,11 @@ class Refresher:
             return self.knowledge_bases
         return tuple(kb for kb in self.knowledge_bases if self.holder.get(kb) is not None)
 
-    def want(self, kb: str, requester: str = "") -> int:
-        """Lazy mode: make sure ``kb`` is queued or loading (queued for ``requester``, the
-        connection the call came by); the retry hint in ms, or 0 when its last load failed less
-        than ``retry_refused_s`` ago (the caller reports the refusal)."""
+    def want(self, kb: str, peer: str = "") -> int:
+        """Lazy mode: make sure ``kb`` is queued or loading (queued for the requester of
+        ``peer``, the call's client: ``load_requester``); the retry hint in ms, or 0 when its
+        last load failed less than ``retry_refused_s`` ago (the caller reports the refusal)."""
+        requester = load_requester(peer)
         if kb not in self._queue and kb != self._loading:
             failed_at = self._tried.get(kb)
             if failed_at is not None and time.monotonic() - failed_at < self.retry_refused_s:
@@ -291,19 +299,19 @@ class Refresher:
     async def _load_queued(self) -> None:
         """Load what the queue holds, one base at a time, until it is empty."""
         try:
-            while (kb := self._queue.pop()) is not None:
-                self._loading = kb
-                await self._load_wanted(kb)
+            while (taken := self._queue.take()) is not None:
+                self._loading = taken[0]
+                await self._load_wanted(*taken)
         finally:
             self._loading = ""
             self._loader = None
 
-    async def _load_wanted(self, kb: str) -> None:
+    async def _load_wanted(self, kb: str, requester: str) -> None:
         async with self._lock:  # a poll holds it too: its time is not the load's
             started = time.perf_counter()
             if self.holder.get(kb) is not None:
                 return
-            loaded = await self._refresh_one(kb)
+            loaded = await self._refresh_one(kb, requester)
         if loaded:
             self._tried.pop(kb, None)
             self.load_ms = (time.perf_counter() - started) * 1000.0
@@ -317,7 +325,7 @@ class Refresher:
             self.holder.remove(victim)
             log.info("evicted %s to keep within the memory budget", victim)
 
-    async def _refresh_one(self, kb: str) -> bool:
+    async def _refresh_one(self, kb: str, requester: str = "") -> bool:
         try:
             version = await asyncio.to_thread(self.store.latest, kb)
         except SnapshotError as exc:
@@ -351,7 +359,7 @@ class Refresher:
             log.exception("loading %s snapshot %s failed unexpectedly", kb, version)
             self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
             return False
-        self.holder.publish(searcher)  # the swap: one reference assignment, on the loop
+        self.holder.publish(searcher, requester)  # the swap: one reference assignment, on the loop
         if self.budget_bytes:  # after the load was verified: a bad version evicts nothing
             self._make_room(kb)
         freeze_heap()
