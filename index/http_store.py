@@ -318,14 +318,19 @@ class HttpStore:
         return done
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
-        """Delete cached versions not named, and leftover partial downloads of older versions."""
+        """Delete cached versions not named (a refused one too), and every partial download
+        but the newest one's, when it is newer than them all (the next poll resumes it): so the
+        cache holds ``versions`` and one download in progress, whatever the store offers."""
         base = self.cache_dir / check_name(knowledge_base, "knowledge base", self.base_url)
         if not base.is_dir():
             return
-        newest = max(versions, default="")
+        partials = sorted(
+            e.name[len(PARTIAL) :] for e in base.iterdir() if e.name.startswith(PARTIAL)
+        )
+        resumed = partials[-1] if partials and partials[-1] > max(versions, default="") else None
         for entry in base.iterdir():
             if entry.name.startswith(PARTIAL):
-                if entry.name[len(PARTIAL) :] <= newest:
+                if entry.name[len(PARTIAL) :] != resumed:
                     shutil.rmtree(entry, ignore_errors=True)
             elif is_version(entry.name) and entry.name not in versions:
                 shutil.rmtree(entry, ignore_errors=True)

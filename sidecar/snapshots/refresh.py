@@ -347,30 +347,40 @@ class Refresher:
                     f"the store's pointer went back from {current.version} (served) to {version}",
                 )
             return False
-        try:
-            searcher = await self._load(kb, version)
-        except SnapshotError as exc:
-            self._refuse(kb, version, exc)
-            return False
-        except OSError as exc:
-            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
-            return False
-        except Exception as exc:  # a loader bug, not a verdict: still a refusal, traceback once
-            log.exception("loading %s snapshot %s failed unexpectedly", kb, version)
-            self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
+        searcher = await self._load_or_refuse(kb, version)
+        if searcher is None:
+            await self._prune(kb)  # a refused download goes: else one stays per version offered
             return False
         self.holder.publish(searcher, requester)  # the swap: one reference assignment, on the loop
         if self.budget_bytes:  # after the load was verified: a bad version evicts nothing
             self._make_room(kb)
         freeze_heap()
         log.info("serving %s version %s (%d chunks)", kb, version, len(searcher.chunks))
-        served = self._served.setdefault(kb, deque(maxlen=2))
-        served.append(version)
+        self._served.setdefault(kb, deque(maxlen=2)).append(version)
+        await self._prune(kb)
+        return True
+
+    async def _load_or_refuse(self, kb: str, version: str) -> Searcher | None:
+        """``version``'s searcher, or None once it is refused (every failure is a refusal)."""
         try:
-            await asyncio.to_thread(self.store.retain, kb, tuple(served))
+            return await self._load(kb, version)
+        except SnapshotError as exc:
+            self._refuse(kb, version, exc)
+        except OSError as exc:
+            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
+        except Exception as exc:  # a loader bug, not a verdict: still a refusal, traceback once
+            log.exception("loading %s snapshot %s failed unexpectedly", kb, version)
+            self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
+        return None
+
+    async def _prune(self, kb: str) -> None:
+        """Keep only the served versions' downloads (``keep_downloaded``) in the store's cache,
+        after every load, served or refused: a store offering a new bad version every poll
+        must not fill the disk with them."""
+        try:
+            await asyncio.to_thread(self.store.retain, kb, tuple(self._served.get(kb, ())))
         except OSError as exc:
             log.warning("could not prune the snapshot cache of %s: %s", kb, exc)
-        return True
 
     async def _load(self, kb: str, version: str) -> Searcher:
         """Fetch, load and verify, check it is the version asked for, warm and build its
