@@ -19,6 +19,10 @@ also ends what http.client reads in loops of its own (the status line and header
 whatever the cut made http.client raise or return. ``close()`` cuts the downloads in progress
 the same way, so a drain never waits for one.
 
+A redirect is followed only within the store's own scheme, host and port: one elsewhere would
+hand the request's headers (an S3 store's signature) to another host, or send them in clear
+text; it is refused as the store being unavailable, naming where it led.
+
 Blocking (urllib, stdlib only): the refresher calls it from a worker thread. Proxies from the
 environment are not used: nothing below the entry point reads the environment.
 """
@@ -37,6 +41,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import weakref
 from collections.abc import Callable, Collection, Iterator
@@ -223,6 +228,34 @@ class _HttpsHandler(urllib.request.HTTPSHandler):
         return self.do_open(self._connection, req, context=self._tls)
 
 
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port: urllib's own handler passes
+    every header on (an S3 store's SigV4 ``Authorization`` and session token included) to any
+    host, and from https to http. A static server or S3 needs no redirect elsewhere; one is an
+    HTTPError of its code, naming where it led (a StoreUnavailable for the caller)."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if _origin(newurl) != _origin(req.full_url):
+            where = newurl if len(newurl) <= 200 else f"{newurl[:200]}..."
+            raise urllib.error.HTTPError(
+                req.full_url, code, f"redirect to another origin refused: {where}", headers, fp
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class HttpStore:
     """A SnapshotStore over HTTP(S) with a local cache of verified downloads.
 
@@ -243,6 +276,7 @@ class HttpStore:
         self._connections = _Connections()
         self._opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({}),
+            _SameOrigin(),
             _HttpHandler(self._connections),
             _HttpsHandler(self._connections),
         )
