@@ -84,6 +84,10 @@ PARTIAL = ".partial-"
 VERIFIED = ".verified"
 _MISSING = frozenset({404, 410})  # the file is not there (yet): a half-uploaded version
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
+# Files one version may list: a build writes DATA_FILES and a few beside them (summaries,
+# originals); a manifest listing thousands (a 4 MiB manifest holds ~40,000) is not a snapshot,
+# and each would be one more download (and deadline) before the version could be refused.
+MAX_VERSION_FILES = 64
 _T = TypeVar("_T")
 
 
@@ -105,6 +109,9 @@ class HttpOptions:
     # A whole file, every attempt included: a 2 GB vectors file at 4 MB/s. A server that sends
     # a byte every few seconds passes every per-read timeout; this ends it.
     download_timeout_s: float = 600.0
+    # A whole version, every file included: without it a version of N files trickled could hold
+    # a refresh for N x download_timeout_s.
+    version_timeout_s: float = 1800.0
     attempts: int = 4
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
@@ -390,24 +397,59 @@ class HttpStore:
                 f"{url}: manifest is of {manifest.knowledge_base} {manifest.version}, "
                 f"not {kb} {version}"
             )
-        for name in manifest_files(manifest, url):
-            size = manifest.sizes.get(name)
-            if size is None:
-                raise CorruptSnapshot(f"{url}: no size for {name}: nothing to cap its download at")
-            self._download_file(
-                self._url(kb, version, name), partial / name, manifest.files[name], size
-            )
+        sizes = self._sizes(manifest, url, partial)
+        deadline = time.monotonic() + self.options.version_timeout_s
+        try:
+            for name, size in sizes.items():
+                self._download_file(
+                    self._url(kb, version, name), partial / name, manifest.files[name], size,
+                    deadline,
+                )  # fmt: skip
+        except StoreUnavailable as exc:
+            if time.monotonic() < deadline:
+                raise
+            raise StoreUnavailable(
+                f"{kb} {version}: not downloaded within {self.options.version_timeout_s:g} s "
+                "([sidecar] http_version_timeout_s); tried again on the next poll"
+            ) from exc
         self._write_file(partial / MANIFEST, raw)
         fsync_dir(partial)
         return manifest
 
-    def _download_file(self, url: str, dest: Path, sha256: str, size: int) -> None:
+    def _sizes(self, manifest: Manifest, url: str, partial: Path) -> dict[str, int]:
+        """Each file's size to cap its download at, checked before any download: at most
+        ``MAX_VERSION_FILES`` files, and the bytes still to download within the cache's free
+        space (a manifest may claim any sizes: it is refused, not downloaded until the disk
+        fills)."""
+        names = manifest_files(manifest, url)
+        if len(names) > MAX_VERSION_FILES:
+            raise CorruptSnapshot(
+                f"{url}: lists {len(names)} files; a snapshot has at most {MAX_VERSION_FILES}"
+            )
+        sizes: dict[str, int] = {}
+        for name in names:
+            size = manifest.sizes.get(name)
+            if size is None:
+                raise CorruptSnapshot(f"{url}: no size for {name}: nothing to cap its download at")
+            sizes[name] = size
+        have = sum(p.stat().st_size for p in partial.iterdir() if p.is_file())
+        free = shutil.disk_usage(partial).free
+        if sum(sizes.values()) - have > free:
+            raise CacheWriteError(
+                f"{url}: the version needs {sum(sizes.values()) - have} bytes more, "
+                f"{partial.parent} has {free} free: free space in [sidecar] cache_dir"
+            ) from OSError(errno.ENOSPC, "no room for the version")
+        return sizes
+
+    def _download_file(
+        self, url: str, dest: Path, sha256: str, size: int, version_deadline: float
+    ) -> None:
         """Download (resuming what a broken try left) at most ``size`` bytes within the
-        download deadline, then verify; a mismatch is retried once from zero when part of the
-        file came from an earlier try, else CorruptSnapshot."""
+        download deadline (and the version's), then verify; a mismatch is retried once from
+        zero when part of the file came from an earlier try, else CorruptSnapshot."""
         if dest.is_file() and dest.stat().st_size == size and sha256_file(dest) == sha256:
             return  # finished by an earlier fetch of this version
-        deadline = time.monotonic() + self.options.download_timeout_s
+        deadline = min(time.monotonic() + self.options.download_timeout_s, version_deadline)
         resumed = self._with_retries(url, lambda: self._get_to_file(url, dest, size, deadline))
         got = sha256_file(dest)
         if got != sha256 and resumed:
