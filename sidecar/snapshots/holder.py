@@ -43,7 +43,8 @@ class Refusal:
     """Why a base's newest offered snapshot is not served: ``kind`` is the metric's label."""
 
     version: str  # empty when the store could not even say which version it has
-    kind: str  # corrupt, incompatible, invalid, incomplete, unavailable, disk_full, cache_write, backwards
+    kind: str  # corrupt, incompatible, invalid, incomplete, unavailable, disk_full, cache_write,
+    # backwards, over_budget
     reason: str
     at: float
     retried: bool = False  # the store or the cache failed, not the version: it is tried again

@@ -348,6 +348,8 @@ class Refresher:
                 )
             return False
         searcher = await self._load_or_refuse(kb, version)
+        if searcher is not None and self._over_budget_alone(kb, version, searcher):
+            searcher = None
         if searcher is None:
             await self._prune(kb)  # a refused download goes: else one stays per version offered
             return False
@@ -358,6 +360,23 @@ class Refresher:
         log.info("serving %s version %s (%d chunks)", kb, version, len(searcher.chunks))
         self._served.setdefault(kb, deque(maxlen=2)).append(version)
         await self._prune(kb)
+        return True
+
+    def _over_budget_alone(self, kb: str, version: str, searcher: Searcher) -> bool:
+        """Refuse (once, for good) a version whose bytes pass the memory budget on their own:
+        served, it would evict every other base and be evicted by the next load, a reload per
+        call for every caller, and nothing would say why."""
+        if not self.budget_bytes or searcher.memory_bytes <= self.budget_bytes:
+            return False
+        self._rejected[kb] = version
+        self._record(
+            kb,
+            version,
+            "over_budget",
+            f"it needs {searcher.memory_bytes / 2**20:.1f} MiB loaded, more than [sidecar] "
+            f"memory_budget_mb = {self.budget_bytes / 2**20:g} on its own: raise the budget "
+            "or split the base",
+        )
         return True
 
     async def _load_or_refuse(self, kb: str, version: str) -> Searcher | None:
