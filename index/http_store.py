@@ -280,6 +280,8 @@ class HttpStore:
         self.verified = Verified(cache_dir / VERIFIED)  # a cached version is not hashed again
         self._pointers: dict[str, _Pointer] = {}
         self._closed = threading.Event()
+        self._fetch_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
         self._connections = _Connections()
         self._opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({}),
@@ -328,8 +330,16 @@ class HttpStore:
         return version
 
     def fetch(self, knowledge_base: str, version: str) -> Path:
+        """One fetch of a base at a time (the refresher may download a base in the background
+        while a poll fetches another version of it): both would write one partial folder."""
         check_name(knowledge_base, "knowledge base", self.base_url)
         check_name(version, "version", self.base_url)
+        with self._locks_lock:
+            lock = self._fetch_locks.setdefault(knowledge_base, threading.Lock())
+        with lock:
+            return self._fetch(knowledge_base, version)
+
+    def _fetch(self, knowledge_base: str, version: str) -> Path:
         base = self.cache_dir / knowledge_base
         done = base / version
         if done.is_dir():

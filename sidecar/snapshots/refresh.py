@@ -16,7 +16,11 @@ loads run one at a time, off the event loop, taken from one queue per requester 
 host, ``addresses.load_requester``: each connection on the loopback, where a sidecar's own agents
 are) in turn, each base queued once (``LoadQueue``): a requester that asks for many
 bases delays another's first load by at most one load per requester waiting, never by its whole
-queue. A load is fetched, verified and built before anything is evicted, then the bases
+queue. A base's download (``store.fetch``) runs outside the load lock, on one of
+``DOWNLOAD_THREADS`` threads of its own; one still going after ``DOWNLOAD_WAIT_S`` goes on in the
+background while the next bases load, and its base is queued again when it is in: a store
+trickling one base holds no other base's load. A load is verified and built before anything is
+evicted, then the bases
 ``SnapshotHolder.over_budget`` names go until the loaded bytes are within the budget again: a
 version that fails evicts nothing, and the process holds one base beyond the budget for the time
 of a load. A poll refreshes only the loaded bases.
@@ -40,6 +44,8 @@ import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -66,6 +72,11 @@ WARMUP_QUERIES = 8  # enough to touch the upper graph layers once
 WARMUP_LEXICAL = 2
 # The retry hint before any lazy load was timed: a small base loads in tens of milliseconds.
 FIRST_RETRY_MS = 100
+# Lazy: how long the loader waits for one base's download before it goes on to the next base
+# (the download goes on, on one of DOWNLOAD_THREADS threads of its own, and the base is queued
+# again when it ends): a store trickling one base cannot hold every other base's first load.
+DOWNLOAD_WAIT_S = 1.0
+DOWNLOAD_THREADS = 2
 
 # (error class, refusal kind, retried on the next poll); the first match wins
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
@@ -240,6 +251,9 @@ class Refresher:
         self._loading = ""  # lazy: the base loading now
         self._loader: asyncio.Task[None] | None = None  # lazy: loads what the queue holds
         self._tried: dict[str, float] = {}  # lazy: when a base's last load on demand failed
+        self._downloads: dict[str, asyncio.Future[Path]] = {}  # lazy: going on in the background
+        self._download_pool = ThreadPoolExecutor(DOWNLOAD_THREADS, "voxrecall-download")
+        self._closing = False
         self.load_ms = 0.0  # how long the last lazy load took: the retry hint
         self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
         self.holder = holder
@@ -273,19 +287,25 @@ class Refresher:
         ``peer``, the call's client: ``load_requester``); the retry hint in ms, or 0 when its
         last load failed less than ``retry_refused_s`` ago (the caller reports the refusal)."""
         requester = load_requester(peer)
+        if kb in self._downloads:
+            return round(DOWNLOAD_WAIT_S * 1000)
         if kb not in self._queue and kb != self._loading:
             failed_at = self._tried.get(kb)
             if failed_at is not None and time.monotonic() - failed_at < self.retry_refused_s:
                 return 0
+        self._enqueue(kb, requester)
+        return self._retry_ms(kb)
+
+    def _enqueue(self, kb: str, requester: str) -> None:
+        if kb not in self._queue and kb != self._loading:
             self._queue.add(kb, requester)
         if self._loader is None:
             self._loader = asyncio.get_running_loop().create_task(self._load_queued())
-        return self._retry_ms(kb)
 
     @property
     def waiting(self) -> int:
-        """Bases queued to load and the one loading (lazy mode)."""
-        return len(self._queue) + bool(self._loading)
+        """Bases queued to load, downloading, and the one loading (lazy mode)."""
+        return len(self._queue) + len(self._downloads) + bool(self._loading)
 
     def _retry_ms(self, kb: str) -> int:
         """About when ``kb`` will be in: the last load's time for each load before it and its
@@ -307,6 +327,8 @@ class Refresher:
             self._loader = None
 
     async def _load_wanted(self, kb: str, requester: str) -> None:
+        if not await self._downloaded(kb, requester):
+            return  # still downloading, or its download failed (a refusal)
         async with self._lock:  # a poll holds it too: its time is not the load's
             started = time.perf_counter()
             if self.holder.get(kb) is not None:
@@ -317,6 +339,51 @@ class Refresher:
             self.load_ms = (time.perf_counter() - started) * 1000.0
         else:
             self._tried[kb] = time.monotonic()
+
+    async def _downloaded(self, kb: str, requester: str) -> bool:
+        """Download ``kb``'s newest version before the load, outside the lock and on a thread
+        of its own, waiting at most ``DOWNLOAD_WAIT_S``: True when the load may go on (done, or
+        nothing to download: the load says why); False when it goes on in the background
+        (the base is queued again when it is in) or failed (refused, as a load would)."""
+        if self.holder.get(kb) is not None:
+            return True
+        try:
+            version = await asyncio.to_thread(self.store.latest, kb)
+        except (SnapshotError, OSError):
+            return True  # the load reads the pointer again and refuses it
+        if version is None or self._rejected.get(kb) == version:
+            return True
+        loop = asyncio.get_running_loop()
+        download = loop.run_in_executor(self._download_pool, self.store.fetch, kb, version)
+        done, _ = await asyncio.wait({download}, timeout=DOWNLOAD_WAIT_S)
+        if done:
+            return self._download_ended(kb, version, download)
+        log.info("%s %s is still downloading: other bases load meanwhile", kb, version)
+        self._downloads[kb] = download
+
+        def ended(_: object) -> None:
+            self._downloads.pop(kb, None)
+            if self._download_ended(kb, version, download) and not self._closing:
+                self._enqueue(kb, requester)
+
+        download.add_done_callback(ended)
+        return False
+
+    def _download_ended(self, kb: str, version: str, download: asyncio.Future[Path]) -> bool:
+        """Whether the download of ``kb`` ``version`` succeeded; a failure is its refusal."""
+        if download.cancelled():
+            return False
+        exc = download.exception()
+        if exc is None:
+            return True
+        if isinstance(exc, SnapshotError):
+            self._refuse(kb, version, exc)
+        elif isinstance(exc, OSError):
+            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
+        else:
+            self._refuse(kb, version, SnapshotError(f"cannot fetch {kb} {version}: {exc!r}"))
+        self._tried[kb] = time.monotonic()
+        return False
 
     def _make_room(self, kb: str) -> None:
         """Evict bases (``SnapshotHolder.over_budget``'s order) until the loaded bytes are
@@ -446,7 +513,9 @@ class Refresher:
         """Abandon the store's waits (retry backoff), and hand the heap frozen at each swap back
         to the garbage collector, which then collects a stopped sidecar in a process that goes on
         (tests; an embedding host)."""
+        self._closing = True
         self.store.close()
+        self._download_pool.shutdown(wait=False, cancel_futures=True)
         self._queue.clear()
         if self._loader is not None:
             self._loader.cancel()
