@@ -19,6 +19,10 @@ also ends what http.client reads in loops of its own (the status line and header
 whatever the cut made http.client raise or return. ``close()`` cuts the downloads in progress
 the same way, so a drain never waits for one.
 
+A redirect is followed only within the store's own scheme, host and port: one elsewhere would
+hand the request's headers (an S3 store's signature) to another host, or send them in clear
+text; it is refused as the store being unavailable, naming where it led.
+
 Blocking (urllib, stdlib only): the refresher calls it from a worker thread. Proxies from the
 environment are not used: nothing below the entry point reads the environment.
 """
@@ -37,6 +41,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import weakref
 from collections.abc import Callable, Collection, Iterator
@@ -79,6 +84,10 @@ PARTIAL = ".partial-"
 VERIFIED = ".verified"
 _MISSING = frozenset({404, 410})  # the file is not there (yet): a half-uploaded version
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
+# Files one version may list: a build writes DATA_FILES and a few beside them (summaries,
+# originals); a manifest listing thousands (a 4 MiB manifest holds ~40,000) is not a snapshot,
+# and each would be one more download (and deadline) before the version could be refused.
+MAX_VERSION_FILES = 64
 _T = TypeVar("_T")
 
 
@@ -100,6 +109,9 @@ class HttpOptions:
     # A whole file, every attempt included: a 2 GB vectors file at 4 MB/s. A server that sends
     # a byte every few seconds passes every per-read timeout; this ends it.
     download_timeout_s: float = 600.0
+    # A whole version, every file included: without it a version of N files trickled could hold
+    # a refresh for N x download_timeout_s.
+    version_timeout_s: float = 1800.0
     attempts: int = 4
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
@@ -223,6 +235,34 @@ class _HttpsHandler(urllib.request.HTTPSHandler):
         return self.do_open(self._connection, req, context=self._tls)
 
 
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port: urllib's own handler passes
+    every header on (an S3 store's SigV4 ``Authorization`` and session token included) to any
+    host, and from https to http. A static server or S3 needs no redirect elsewhere; one is an
+    HTTPError of its code, naming where it led (a StoreUnavailable for the caller)."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if _origin(newurl) != _origin(req.full_url):
+            where = newurl if len(newurl) <= 200 else f"{newurl[:200]}..."
+            raise urllib.error.HTTPError(
+                req.full_url, code, f"redirect to another origin refused: {where}", headers, fp
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class HttpStore:
     """A SnapshotStore over HTTP(S) with a local cache of verified downloads.
 
@@ -240,9 +280,12 @@ class HttpStore:
         self.verified = Verified(cache_dir / VERIFIED)  # a cached version is not hashed again
         self._pointers: dict[str, _Pointer] = {}
         self._closed = threading.Event()
+        self._fetch_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
         self._connections = _Connections()
         self._opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({}),
+            _SameOrigin(),
             _HttpHandler(self._connections),
             _HttpsHandler(self._connections),
         )
@@ -287,8 +330,16 @@ class HttpStore:
         return version
 
     def fetch(self, knowledge_base: str, version: str) -> Path:
+        """One fetch of a base at a time (the refresher may download a base in the background
+        while a poll fetches another version of it): both would write one partial folder."""
         check_name(knowledge_base, "knowledge base", self.base_url)
         check_name(version, "version", self.base_url)
+        with self._locks_lock:
+            lock = self._fetch_locks.setdefault(knowledge_base, threading.Lock())
+        with lock:
+            return self._fetch(knowledge_base, version)
+
+    def _fetch(self, knowledge_base: str, version: str) -> Path:
         base = self.cache_dir / knowledge_base
         done = base / version
         if done.is_dir():
@@ -318,14 +369,19 @@ class HttpStore:
         return done
 
     def retain(self, knowledge_base: str, versions: Collection[str]) -> None:
-        """Delete cached versions not named, and leftover partial downloads of older versions."""
+        """Delete cached versions not named (a refused one too), and every partial download
+        but the newest one's, when it is newer than them all (the next poll resumes it): so the
+        cache holds ``versions`` and one download in progress, whatever the store offers."""
         base = self.cache_dir / check_name(knowledge_base, "knowledge base", self.base_url)
         if not base.is_dir():
             return
-        newest = max(versions, default="")
+        partials = sorted(
+            e.name[len(PARTIAL) :] for e in base.iterdir() if e.name.startswith(PARTIAL)
+        )
+        resumed = partials[-1] if partials and partials[-1] > max(versions, default="") else None
         for entry in base.iterdir():
             if entry.name.startswith(PARTIAL):
-                if entry.name[len(PARTIAL) :] <= newest:
+                if entry.name[len(PARTIAL) :] != resumed:
                     shutil.rmtree(entry, ignore_errors=True)
             elif is_version(entry.name) and entry.name not in versions:
                 shutil.rmtree(entry, ignore_errors=True)
@@ -351,24 +407,59 @@ class HttpStore:
                 f"{url}: manifest is of {manifest.knowledge_base} {manifest.version}, "
                 f"not {kb} {version}"
             )
-        for name in manifest_files(manifest, url):
-            size = manifest.sizes.get(name)
-            if size is None:
-                raise CorruptSnapshot(f"{url}: no size for {name}: nothing to cap its download at")
-            self._download_file(
-                self._url(kb, version, name), partial / name, manifest.files[name], size
-            )
+        sizes = self._sizes(manifest, url, partial)
+        deadline = time.monotonic() + self.options.version_timeout_s
+        try:
+            for name, size in sizes.items():
+                self._download_file(
+                    self._url(kb, version, name), partial / name, manifest.files[name], size,
+                    deadline,
+                )  # fmt: skip
+        except StoreUnavailable as exc:
+            if time.monotonic() < deadline:
+                raise
+            raise StoreUnavailable(
+                f"{kb} {version}: not downloaded within {self.options.version_timeout_s:g} s "
+                "([sidecar] http_version_timeout_s); tried again on the next poll"
+            ) from exc
         self._write_file(partial / MANIFEST, raw)
         fsync_dir(partial)
         return manifest
 
-    def _download_file(self, url: str, dest: Path, sha256: str, size: int) -> None:
+    def _sizes(self, manifest: Manifest, url: str, partial: Path) -> dict[str, int]:
+        """Each file's size to cap its download at, checked before any download: at most
+        ``MAX_VERSION_FILES`` files, and the bytes still to download within the cache's free
+        space (a manifest may claim any sizes: it is refused, not downloaded until the disk
+        fills)."""
+        names = manifest_files(manifest, url)
+        if len(names) > MAX_VERSION_FILES:
+            raise CorruptSnapshot(
+                f"{url}: lists {len(names)} files; a snapshot has at most {MAX_VERSION_FILES}"
+            )
+        sizes: dict[str, int] = {}
+        for name in names:
+            size = manifest.sizes.get(name)
+            if size is None:
+                raise CorruptSnapshot(f"{url}: no size for {name}: nothing to cap its download at")
+            sizes[name] = size
+        have = sum(p.stat().st_size for p in partial.iterdir() if p.is_file())
+        free = shutil.disk_usage(partial).free
+        if sum(sizes.values()) - have > free:
+            raise CacheWriteError(
+                f"{url}: the version needs {sum(sizes.values()) - have} bytes more, "
+                f"{partial.parent} has {free} free: free space in [sidecar] cache_dir"
+            ) from OSError(errno.ENOSPC, "no room for the version")
+        return sizes
+
+    def _download_file(
+        self, url: str, dest: Path, sha256: str, size: int, version_deadline: float
+    ) -> None:
         """Download (resuming what a broken try left) at most ``size`` bytes within the
-        download deadline, then verify; a mismatch is retried once from zero when part of the
-        file came from an earlier try, else CorruptSnapshot."""
+        download deadline (and the version's), then verify; a mismatch is retried once from
+        zero when part of the file came from an earlier try, else CorruptSnapshot."""
         if dest.is_file() and dest.stat().st_size == size and sha256_file(dest) == sha256:
             return  # finished by an earlier fetch of this version
-        deadline = time.monotonic() + self.options.download_timeout_s
+        deadline = min(time.monotonic() + self.options.download_timeout_s, version_deadline)
         resumed = self._with_retries(url, lambda: self._get_to_file(url, dest, size, deadline))
         got = sha256_file(dest)
         if got != sha256 and resumed:

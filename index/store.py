@@ -397,6 +397,7 @@ def open_store(
     cache_dir: Path,
     timeout_s: float = 10.0,
     download_timeout_s: float = 600.0,
+    version_timeout_s: float = 1800.0,
     s3_endpoint_url: str = "",
     s3_region: str = "",
 ) -> SnapshotStore:
@@ -406,12 +407,12 @@ def open_store(
         from index.http_store import HttpOptions
         from index.s3_store import S3Options, S3Store
 
-        options = HttpOptions(timeout_s=timeout_s, download_timeout_s=download_timeout_s)
+        options = HttpOptions(timeout_s, download_timeout_s, version_timeout_s)
         return S3Store(location, cache_dir, options, S3Options(s3_endpoint_url, s3_region))
     if is_url(location):
         from index.http_store import HttpOptions, HttpStore
 
-        options = HttpOptions(timeout_s=timeout_s, download_timeout_s=download_timeout_s)
+        options = HttpOptions(timeout_s, download_timeout_s, version_timeout_s)
         return HttpStore(str(location), cache_dir, options)
     return LocalStore(Path(location), verified_dir=cache_dir / "verified")
 

@@ -180,6 +180,7 @@ class SidecarConfig:
     keep_downloaded: int = 2  # downloaded versions kept per base: the current and the previous
     http_timeout_s: float = 10.0  # per connect and per read against an http(s) store
     http_download_timeout_s: float = 600.0  # per file downloaded from an http(s) store, whole
+    http_version_timeout_s: float = 1800.0  # per version (all its files) from an http(s) store
     s3_endpoint_url: str = ""  # an s3:// store's S3-compatible endpoint; "": AWS
     s3_region: str = ""  # "": the AWS configuration's, else us-east-1
     # Sharding (sidecar/shards.py): this replica serves the bases with shard_of(base, shards)
@@ -318,6 +319,7 @@ SIDECAR_RANGES = {
     "keep_downloaded": Range(1, note="the serving version"),
     "http_timeout_s": Range(0, above=True, note="seconds"),
     "http_download_timeout_s": Range(0, above=True, note="seconds"),
+    "http_version_timeout_s": Range(0, above=True, note="seconds"),
 }
 
 

@@ -120,6 +120,33 @@ async def test_a_base_the_store_does_not_have_is_not_found_without_a_load(
         assert sidecar.refresher.waiting == 0
 
 
+async def test_a_base_over_the_budget_on_its_own_is_refused_once_naming_why(
+    store: Path, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """Attack F8: under a budget smaller than any one base, a base is loaded once and refused,
+    the caller told its size and the budget; nothing is evicted, and calls to it (and to
+    another such base) do not load it again and again."""
+    sidecar = await create_server(
+        config(store, tmp_path, memory_budget_mb=2), embedder=local_embedder, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            for _ in range(2):
+                for kb in (kb_name(0), kb_name(1)):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await answered(stub, kb)
+                    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+                    details = str(refused.value.details())
+                    assert "over_budget" in details
+                    assert "memory_budget_mb = 2 on its own" in details
+            assert loaded(sidecar) == set()
+            assert sidecar.holder.evictions == 0
+            assert sidecar.holder.refusals == {"over_budget": 2}  # one load each, refused once
+    finally:
+        await sidecar.stop(0.5)
+
+
 @pytest.mark.parametrize("value", [-1, 1.5, True, "64"])
 def test_memory_budget_mb_is_a_whole_number(value: object, store: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="memory_budget_mb"):

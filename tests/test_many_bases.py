@@ -30,12 +30,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.many_bases import publish_copies
 from index.embedders.base import HashEmbedder
+from index.store import LocalStore
 from sidecar.config import parse_config
+from sidecar.edge.addresses import load_requester
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.holder import SnapshotHolder
-from sidecar.snapshots.refresh import LoadQueue
+from sidecar.snapshots.refresh import LoadQueue, Refresher
 from sidecar.snapshots.searcher import Searcher
 from tests.bases_kit import LOAD_WAIT_S, hint_ms, retried, search
 from tests.snapshot_kit import version_id, write_version
@@ -112,8 +114,8 @@ def published(sidecar: Sidecar, then: Callable[[], None] | None = None) -> list[
     publish = sidecar.holder.publish
     loop = asyncio.get_running_loop()
 
-    def watched(searcher: Searcher) -> None:
-        publish(searcher)
+    def watched(searcher: Searcher, requester: str = "") -> None:
+        publish(searcher, requester)
         order.append(searcher.snapshot.manifest.knowledge_base)
         if then is not None:
             loop.call_soon(then)
@@ -262,6 +264,38 @@ async def test_a_new_base_is_kept_for_its_caller_while_another_cycles_through_ba
         assert order.count(kb_name(500)) == 1
 
 
+async def test_a_caller_asking_for_bases_it_never_calls_evicts_its_own_not_a_used_one(
+    store: Path, tmp_path: Path
+) -> None:
+    """Attack F6: caller A asks once for each of more bases than the budget holds and never
+    comes back for them; caller B's base, used, stays loaded and answers B's next call at once.
+    A's bases, loaded and not called, are evicted instead (its newest one kept for it)."""
+    async with (
+        serving(store, tmp_path) as sidecar,
+        channel(sidecar) as a_ch,
+        channel(sidecar) as b_ch,
+    ):
+        sidecar.holder.fresh_s = 3600.0  # however slow the machine, A's bases are all fresh
+        a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
+        b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+        await answered(b, kb_name(700))
+        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+        last = kb_name(700 + 2 * fits)
+        all_in = asyncio.Event()
+        order = published(sidecar, then=lambda: all_in.set() if last in order else None)
+        for i in range(701, 701 + 2 * fits):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await a.Search(search(kb_name(i)), timeout=CALL_S)
+            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        async with asyncio.timeout(LOAD_WAIT_S * 2):
+            await all_in.wait()
+        assert sidecar.holder.evictions >= fits
+        assert kb_name(700) in loaded(sidecar)
+        resp = await b.Search(search(kb_name(700)), timeout=CALL_S)  # no retry: it is there
+        assert {c.knowledge_base for c in resp.chunks} == {kb_name(700)}
+        assert last in loaded(sidecar)  # A's newest, kept for A
+
+
 def test_a_base_loaded_and_never_called_goes_first_once_its_wait_is_over() -> None:
     """Eviction order: a fresh base (loaded, not called yet) goes after every used one while
     its caller may still come back (``fresh_s``), before them once that wait is over."""
@@ -301,3 +335,21 @@ def test_the_load_queue_says_how_many_loads_come_before_each_base() -> None:
         ahead = {kb: queue.ahead(kb) for kb in bases}
         order = list(iter(queue.pop, None))
         assert ahead == {kb: i for i, kb in enumerate(order)}
+
+
+async def test_the_load_queue_counts_a_remote_client_once_whatever_its_connections(
+    tmp_path: Path,
+) -> None:
+    """Attack F11: a remote host's connections share one turn of the queue (its address, as
+    every per-address share counts it), so its 40 connections' bases do not come before
+    another host's one; on the loopback each connection is its own caller (local agents)."""
+    refresher = Refresher(LocalStore(tmp_path), SnapshotHolder(), EMBEDDER, [], budget_bytes=1)
+    async with refresher._lock:  # nothing loads while the callers ask
+        for c in range(40):
+            refresher.want(f"a{c}", f"ipv4:10.0.0.7:{5000 + c}")
+        refresher.want("victim", "10.0.0.8:6000")  # the HTTP door's form of a peer
+        await asyncio.sleep(0)  # the loader takes a0 and waits for the lock
+        assert refresher._queue.ahead("victim") == 0  # the other host had its turn: a0
+        refresher.close()
+    assert load_requester("ipv6:%5B2001:db8::1%5D:1") == load_requester("[2001:db8::2]:2")
+    assert load_requester("ipv4:127.0.0.1:1") != load_requester("ipv4:127.0.0.1:2")

@@ -462,6 +462,32 @@ async def test_a_snapshot_of_another_embedder_is_refused(
         assert sidecar.holder.refusals == {"incompatible": 1}
 
 
+async def test_refused_downloads_leave_the_cache_the_served_versions_and_one_partial(
+    http_store: Store, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """Attack F7: a store offering a new version every poll that the sidecar refuses (another
+    embedder's) leaves no copy of any of them in the cache, only the served one; and of partial
+    downloads only the newest, newer than every served version, stays to be resumed."""
+    v1 = await publish(http_store.root, 1, local_embedder, "password")
+    other = HashEmbedder(dimension=384, name="test/hash")
+    async with running(sidecar_config(http_store, tmp_path), local_embedder) as sidecar:
+        for n in (2, 3, 4):
+            version = await publish(http_store.root, n, other, "roaming")
+            await eventually(partial(refused, sidecar.port, version, "incompatible"), "refused")
+        await assert_still_serving(sidecar, v1)
+        cache = tmp_path / "cache" / KB
+
+        async def pruned() -> bool:
+            return sorted(p.name for p in cache.iterdir()) == [v1]
+
+        await eventually(pruned, "the refused downloads deleted")  # just after each refusal
+        store = sidecar.refresher.store
+        for n in (5, 6):
+            (cache / f"{PARTIAL}{version_id(n)}").mkdir()
+        await asyncio.to_thread(store.retain, KB, [v1])
+        assert sorted(p.name for p in cache.iterdir()) == sorted([v1, f"{PARTIAL}{version_id(6)}"])
+
+
 async def test_a_pointer_going_backwards_is_refused(
     store: Store, tmp_path: Path, local_embedder: Embedder
 ) -> None:

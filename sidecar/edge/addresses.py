@@ -67,3 +67,20 @@ def peer_key(peer: str) -> str:
     if peer.startswith(("ipv4:", "ipv6:", "unix:", "unix-abstract:")):
         return grpc_peer_key(peer)
     return share_key(peer.rpartition(":")[0]) if ":" in peer else peer
+
+
+def load_requester(peer: str) -> str:
+    """Whose turn a lazy load is queued under (``Refresher.want``), from a call's peer (gRPC's
+    ``ipv4:10.0.0.7:51234``, the HTTP door's ``10.0.0.7:51234``): a remote client's host
+    (``share_key``), so its share of the loads is not its count of connections; on the
+    loopback, where a sidecar's own agents run as several processes of one host, the
+    connection itself (each agent process its own share), as for anything not an address."""
+    if peer.startswith(("ipv4:", "ipv6:")):
+        peer = unquote(peer).partition(":")[2]
+    host = peer.rpartition(":")[0].strip("[]")
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return peer
+    mapped = getattr(address, "ipv4_mapped", None)
+    return peer if (mapped or address).is_loopback else share_key(host)

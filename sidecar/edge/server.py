@@ -173,6 +173,7 @@ def sidecar_store(config: Config) -> SnapshotStore:
         cache_dir=config.sidecar.cache_dir,
         timeout_s=config.sidecar.http_timeout_s,
         download_timeout_s=config.sidecar.http_download_timeout_s,
+        version_timeout_s=config.sidecar.http_version_timeout_s,
         s3_endpoint_url=config.sidecar.s3_endpoint_url,
         s3_region=config.sidecar.s3_region,
     )

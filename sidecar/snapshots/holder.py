@@ -10,9 +10,11 @@ With a memory budget (``[sidecar] memory_budget_mb``) bases come and go: ``use``
 used, ``over_budget`` names the ones to ``remove`` until the loaded bases' bytes
 (``Searcher.memory_bytes``) fit: the least recently used first. A base just loaded is not yet
 used: it is *fresh* until its first call uses it (the caller that asked for it retries after the
-hint), and fresh bases go only after every used one, for ``FRESH_S``; so a caller cycling
-through bases cannot get another caller's new base evicted before that caller's first call. A new
-version of a used base keeps its place.
+hint). Each requester's newest fresh base goes only after every used one, for ``FRESH_S``; so a
+caller cycling through bases cannot get another caller's new base evicted before that caller's
+first call. A requester's older fresh bases (it asked for another since, and never called them)
+go before every used one: a caller cycling through bases it never calls evicts its own, not a
+base another caller is using. A new version of a used base keeps its place.
 
 Refusals are kept beside the snapshots: the last one per base (shown by ``Status``) and a count
 per reason (``refusals``), the figures a metrics exporter reads.
@@ -41,7 +43,8 @@ class Refusal:
     """Why a base's newest offered snapshot is not served: ``kind`` is the metric's label."""
 
     version: str  # empty when the store could not even say which version it has
-    kind: str  # corrupt, incompatible, invalid, incomplete, unavailable, disk_full, cache_write, backwards
+    kind: str  # corrupt, incompatible, invalid, incomplete, unavailable, disk_full, cache_write,
+    # backwards, over_budget
     reason: str
     at: float
     retried: bool = False  # the store or the cache failed, not the version: it is tried again
@@ -57,7 +60,7 @@ class SnapshotHolder:
         self._refusals: dict[str, Refusal] = {}
         self.refusals: Counter[str] = Counter()  # refusals by kind, since start
         self._used: OrderedDict[str, None] = OrderedDict()  # least recently used first
-        self._fresh: dict[str, float] = {}  # loaded, not used yet: when it was published
+        self._fresh: dict[str, tuple[float, str]] = {}  # loaded, not used: when, for whom
         self.fresh_s = FRESH_S
         self.evictions = 0  # bases removed to keep within the memory budget, since start
 
@@ -76,13 +79,14 @@ class SnapshotHolder:
             self._used.move_to_end(knowledge_base)
         return searcher
 
-    def publish(self, searcher: Searcher) -> None:
+    def publish(self, searcher: Searcher, requester: str = "") -> None:
         """Serve ``searcher`` (built, warm) for its base: one reference swap. A base new here is
-        fresh (not used yet); a new version of a used base keeps its place."""
+        fresh (not used yet) for ``requester`` (who asked for its load); a new version of a used
+        base keeps its place."""
         kb = searcher.snapshot.manifest.knowledge_base
         self._searchers = MappingProxyType({**self._searchers, kb: searcher})
-        if kb not in self._used:
-            self._fresh[kb] = time.monotonic()
+        if kb not in self._used and kb not in self._fresh:
+            self._fresh[kb] = (time.monotonic(), requester)
 
     def loaded_bytes(self) -> int:
         return sum(s.memory_bytes for s in self._searchers.values())
@@ -92,7 +96,7 @@ class SnapshotHolder:
         ``budget_bytes``, in ``eviction_order``; fewer when only ``keep`` is left."""
         excess = self.loaded_bytes() - budget_bytes
         out: list[str] = []
-        for kb in self.eviction_order(time.monotonic()):
+        for kb in self.eviction_order(time.monotonic(), keep):
             if excess <= 0:
                 break
             searcher = self._searchers.get(kb)
@@ -101,13 +105,21 @@ class SnapshotHolder:
                 excess -= searcher.memory_bytes
         return out
 
-    def eviction_order(self, now: float) -> list[str]:
+    def eviction_order(self, now: float, keep: str = "") -> list[str]:
         """Which loaded bases go first: fresh ones loaded more than ``fresh_s`` ago (their
-        caller did not come), then the used ones, least recently used first, then the fresh
-        ones, oldest first."""
-        stale = [kb for kb, at in self._fresh.items() if now - at > self.fresh_s]
-        waiting = [kb for kb, at in self._fresh.items() if now - at <= self.fresh_s]
-        return [*stale, *self._used, *waiting]
+        caller did not come), then fresh ones whose requester has a newer fresh base than
+        ``keep`` (the one loading now), then the used ones, least recently used first, then
+        each requester's newest fresh base, oldest first."""
+        stale = [kb for kb, (at, _) in self._fresh.items() if now - at > self.fresh_s]
+        newest: dict[str, str] = {}  # requester -> its newest waiting base; dicts keep order
+        crowded: list[str] = []
+        for kb, (at, requester) in self._fresh.items():
+            if now - at <= self.fresh_s and kb != keep:
+                if requester in newest:
+                    crowded.append(newest[requester])
+                newest[requester] = kb
+        waiting = [kb for kb in self._fresh if kb == keep or kb in newest.values()]
+        return [*stale, *crowded, *self._used, *(kb for kb in waiting if kb not in stale)]
 
     def remove(self, knowledge_base: str) -> None:
         """Stop serving a base (evicted): its searcher goes when the last call holding it ends."""

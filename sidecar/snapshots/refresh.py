@@ -11,11 +11,16 @@ event loop, one refresh at a time. After a swap the
 heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
 
 With a memory budget (``budget_bytes`` > 0, ``[sidecar] memory_budget_mb``) bases are lazy: none
-is loaded at start, and ``want(kb, requester)`` (a call to a base not loaded) queues its load. The
-loads run one at a time, off the event loop, taken from one queue per requester (the connection
-a call came by) in turn, each base queued once (``LoadQueue``): a requester that asks for many
+is loaded at start, and ``want(kb, peer)`` (a call to a base not loaded) queues its load. The
+loads run one at a time, off the event loop, taken from one queue per requester (the client's
+host, ``addresses.load_requester``: each connection on the loopback, where a sidecar's own agents
+are) in turn, each base queued once (``LoadQueue``): a requester that asks for many
 bases delays another's first load by at most one load per requester waiting, never by its whole
-queue. A load is fetched, verified and built before anything is evicted, then the bases
+queue. A base's download (``store.fetch``) runs outside the load lock, on one of
+``DOWNLOAD_THREADS`` threads of its own; one still going after ``DOWNLOAD_WAIT_S`` goes on in the
+background while the next bases load, and its base is queued again when it is in: a store
+trickling one base holds no other base's load. A load is verified and built before anything is
+evicted, then the bases
 ``SnapshotHolder.over_budget`` names go until the loaded bytes are within the budget again: a
 version that fails evicts nothing, and the process holds one base beyond the budget for the time
 of a load. A poll refreshes only the loaded bases.
@@ -39,6 +44,8 @@ import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -53,6 +60,7 @@ from index.errors import (
 )
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import SnapshotStore
+from sidecar.edge.addresses import load_requester
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
 
@@ -64,6 +72,11 @@ WARMUP_QUERIES = 8  # enough to touch the upper graph layers once
 WARMUP_LEXICAL = 2
 # The retry hint before any lazy load was timed: a small base loads in tens of milliseconds.
 FIRST_RETRY_MS = 100
+# Lazy: how long the loader waits for one base's download before it goes on to the next base
+# (the download goes on, on one of DOWNLOAD_THREADS threads of its own, and the base is queued
+# again when it ends): a store trickling one base cannot hold every other base's first load.
+DOWNLOAD_WAIT_S = 1.0
+DOWNLOAD_THREADS = 2
 
 # (error class, refusal kind, retried on the next poll); the first match wins
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
@@ -190,6 +203,11 @@ class LoadQueue:
 
     def pop(self) -> str | None:
         """The next base to load, or None when none waits."""
+        taken = self.take()
+        return taken[0] if taken else None
+
+    def take(self) -> tuple[str, str] | None:
+        """The next base to load and its requester, or None when none waits."""
         if not self._by:
             return None
         requester, bases = next(iter(self._by.items()))
@@ -199,7 +217,7 @@ class LoadQueue:
         else:
             del self._by[requester]
         del self._queued[kb]
-        return kb
+        return kb, requester
 
     def clear(self) -> None:
         self._by.clear()
@@ -233,6 +251,9 @@ class Refresher:
         self._loading = ""  # lazy: the base loading now
         self._loader: asyncio.Task[None] | None = None  # lazy: loads what the queue holds
         self._tried: dict[str, float] = {}  # lazy: when a base's last load on demand failed
+        self._downloads: dict[str, asyncio.Future[Path]] = {}  # lazy: going on in the background
+        self._download_pool = ThreadPoolExecutor(DOWNLOAD_THREADS, "voxrecall-download")
+        self._closing = False
         self.load_ms = 0.0  # how long the last lazy load took: the retry hint
         self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
         self.holder = holder
@@ -261,23 +282,30 @@ class Refresher:
             return self.knowledge_bases
         return tuple(kb for kb in self.knowledge_bases if self.holder.get(kb) is not None)
 
-    def want(self, kb: str, requester: str = "") -> int:
-        """Lazy mode: make sure ``kb`` is queued or loading (queued for ``requester``, the
-        connection the call came by); the retry hint in ms, or 0 when its last load failed less
-        than ``retry_refused_s`` ago (the caller reports the refusal)."""
+    def want(self, kb: str, peer: str = "") -> int:
+        """Lazy mode: make sure ``kb`` is queued or loading (queued for the requester of
+        ``peer``, the call's client: ``load_requester``); the retry hint in ms, or 0 when its
+        last load failed less than ``retry_refused_s`` ago (the caller reports the refusal)."""
+        requester = load_requester(peer)
+        if kb in self._downloads:
+            return round(DOWNLOAD_WAIT_S * 1000)
         if kb not in self._queue and kb != self._loading:
             failed_at = self._tried.get(kb)
             if failed_at is not None and time.monotonic() - failed_at < self.retry_refused_s:
                 return 0
+        self._enqueue(kb, requester)
+        return self._retry_ms(kb)
+
+    def _enqueue(self, kb: str, requester: str) -> None:
+        if kb not in self._queue and kb != self._loading:
             self._queue.add(kb, requester)
         if self._loader is None:
             self._loader = asyncio.get_running_loop().create_task(self._load_queued())
-        return self._retry_ms(kb)
 
     @property
     def waiting(self) -> int:
-        """Bases queued to load and the one loading (lazy mode)."""
-        return len(self._queue) + bool(self._loading)
+        """Bases queued to load, downloading, and the one loading (lazy mode)."""
+        return len(self._queue) + len(self._downloads) + bool(self._loading)
 
     def _retry_ms(self, kb: str) -> int:
         """About when ``kb`` will be in: the last load's time for each load before it and its
@@ -291,24 +319,71 @@ class Refresher:
     async def _load_queued(self) -> None:
         """Load what the queue holds, one base at a time, until it is empty."""
         try:
-            while (kb := self._queue.pop()) is not None:
-                self._loading = kb
-                await self._load_wanted(kb)
+            while (taken := self._queue.take()) is not None:
+                self._loading = taken[0]
+                await self._load_wanted(*taken)
         finally:
             self._loading = ""
             self._loader = None
 
-    async def _load_wanted(self, kb: str) -> None:
+    async def _load_wanted(self, kb: str, requester: str) -> None:
+        if not await self._downloaded(kb, requester):
+            return  # still downloading, or its download failed (a refusal)
         async with self._lock:  # a poll holds it too: its time is not the load's
             started = time.perf_counter()
             if self.holder.get(kb) is not None:
                 return
-            loaded = await self._refresh_one(kb)
+            loaded = await self._refresh_one(kb, requester)
         if loaded:
             self._tried.pop(kb, None)
             self.load_ms = (time.perf_counter() - started) * 1000.0
         else:
             self._tried[kb] = time.monotonic()
+
+    async def _downloaded(self, kb: str, requester: str) -> bool:
+        """Download ``kb``'s newest version before the load, outside the lock and on a thread
+        of its own, waiting at most ``DOWNLOAD_WAIT_S``: True when the load may go on (done, or
+        nothing to download: the load says why); False when it goes on in the background
+        (the base is queued again when it is in) or failed (refused, as a load would)."""
+        if self.holder.get(kb) is not None:
+            return True
+        try:
+            version = await asyncio.to_thread(self.store.latest, kb)
+        except (SnapshotError, OSError):
+            return True  # the load reads the pointer again and refuses it
+        if version is None or self._rejected.get(kb) == version:
+            return True
+        loop = asyncio.get_running_loop()
+        download = loop.run_in_executor(self._download_pool, self.store.fetch, kb, version)
+        done, _ = await asyncio.wait({download}, timeout=DOWNLOAD_WAIT_S)
+        if done:
+            return self._download_ended(kb, version, download)
+        log.info("%s %s is still downloading: other bases load meanwhile", kb, version)
+        self._downloads[kb] = download
+
+        def ended(_: object) -> None:
+            self._downloads.pop(kb, None)
+            if self._download_ended(kb, version, download) and not self._closing:
+                self._enqueue(kb, requester)
+
+        download.add_done_callback(ended)
+        return False
+
+    def _download_ended(self, kb: str, version: str, download: asyncio.Future[Path]) -> bool:
+        """Whether the download of ``kb`` ``version`` succeeded; a failure is its refusal."""
+        if download.cancelled():
+            return False
+        exc = download.exception()
+        if exc is None:
+            return True
+        if isinstance(exc, SnapshotError):
+            self._refuse(kb, version, exc)
+        elif isinstance(exc, OSError):
+            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
+        else:
+            self._refuse(kb, version, SnapshotError(f"cannot fetch {kb} {version}: {exc!r}"))
+        self._tried[kb] = time.monotonic()
+        return False
 
     def _make_room(self, kb: str) -> None:
         """Evict bases (``SnapshotHolder.over_budget``'s order) until the loaded bytes are
@@ -317,7 +392,7 @@ class Refresher:
             self.holder.remove(victim)
             log.info("evicted %s to keep within the memory budget", victim)
 
-    async def _refresh_one(self, kb: str) -> bool:
+    async def _refresh_one(self, kb: str, requester: str = "") -> bool:
         try:
             version = await asyncio.to_thread(self.store.latest, kb)
         except SnapshotError as exc:
@@ -339,30 +414,59 @@ class Refresher:
                     f"the store's pointer went back from {current.version} (served) to {version}",
                 )
             return False
-        try:
-            searcher = await self._load(kb, version)
-        except SnapshotError as exc:
-            self._refuse(kb, version, exc)
+        searcher = await self._load_or_refuse(kb, version)
+        if searcher is not None and self._over_budget_alone(kb, version, searcher):
+            searcher = None
+        if searcher is None:
+            await self._prune(kb)  # a refused download goes: else one stays per version offered
             return False
-        except OSError as exc:
-            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
-            return False
-        except Exception as exc:  # a loader bug, not a verdict: still a refusal, traceback once
-            log.exception("loading %s snapshot %s failed unexpectedly", kb, version)
-            self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
-            return False
-        self.holder.publish(searcher)  # the swap: one reference assignment, on the loop
+        self.holder.publish(searcher, requester)  # the swap: one reference assignment, on the loop
         if self.budget_bytes:  # after the load was verified: a bad version evicts nothing
             self._make_room(kb)
         freeze_heap()
         log.info("serving %s version %s (%d chunks)", kb, version, len(searcher.chunks))
-        served = self._served.setdefault(kb, deque(maxlen=2))
-        served.append(version)
+        self._served.setdefault(kb, deque(maxlen=2)).append(version)
+        await self._prune(kb)
+        return True
+
+    def _over_budget_alone(self, kb: str, version: str, searcher: Searcher) -> bool:
+        """Refuse (once, for good) a version whose bytes pass the memory budget on their own:
+        served, it would evict every other base and be evicted by the next load, a reload per
+        call for every caller, and nothing would say why."""
+        if not self.budget_bytes or searcher.memory_bytes <= self.budget_bytes:
+            return False
+        self._rejected[kb] = version
+        self._record(
+            kb,
+            version,
+            "over_budget",
+            f"it needs {searcher.memory_bytes / 2**20:.1f} MiB loaded, more than [sidecar] "
+            f"memory_budget_mb = {self.budget_bytes / 2**20:g} on its own: raise the budget "
+            "or split the base",
+        )
+        return True
+
+    async def _load_or_refuse(self, kb: str, version: str) -> Searcher | None:
+        """``version``'s searcher, or None once it is refused (every failure is a refusal)."""
         try:
-            await asyncio.to_thread(self.store.retain, kb, tuple(served))
+            return await self._load(kb, version)
+        except SnapshotError as exc:
+            self._refuse(kb, version, exc)
+        except OSError as exc:
+            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
+        except Exception as exc:  # a loader bug, not a verdict: still a refusal, traceback once
+            log.exception("loading %s snapshot %s failed unexpectedly", kb, version)
+            self._refuse(kb, version, SnapshotError(f"cannot load {kb} {version}: {exc!r}"))
+        return None
+
+    async def _prune(self, kb: str) -> None:
+        """Keep only the served versions' downloads (``keep_downloaded``) in the store's cache,
+        after every load, served or refused: a store offering a new bad version every poll
+        must not fill the disk with them."""
+        try:
+            await asyncio.to_thread(self.store.retain, kb, tuple(self._served.get(kb, ())))
         except OSError as exc:
             log.warning("could not prune the snapshot cache of %s: %s", kb, exc)
-        return True
 
     async def _load(self, kb: str, version: str) -> Searcher:
         """Fetch, load and verify, check it is the version asked for, warm and build its
@@ -409,7 +513,9 @@ class Refresher:
         """Abandon the store's waits (retry backoff), and hand the heap frozen at each swap back
         to the garbage collector, which then collects a stopped sidecar in a process that goes on
         (tests; an embedding host)."""
+        self._closing = True
         self.store.close()
+        self._download_pool.shutdown(wait=False, cancel_futures=True)
         self._queue.clear()
         if self._loader is not None:
             self._loader.cancel()

@@ -1,0 +1,147 @@
+"""Attack s13 F9: an HTTP store's fetch is bounded per version, not only per file, a
+manifest's file count and total size are checked before any of its files is downloaded, and a
+lazy sidecar loads other bases while one base's download goes on.
+
+Real parts: a real static HTTP server on 127.0.0.1 (``tests/static_http.py``) serving real
+snapshots written by the indexer's writer, the real HttpStore and its cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from index.embedders.base import HashEmbedder
+from index.errors import CacheWriteError, CorruptSnapshot, StoreUnavailable
+from index.http_store import MAX_VERSION_FILES, HttpOptions, HttpStore
+from index.snapshot import MANIFEST
+from sidecar.config import parse_config
+from sidecar.edge.server import create_server
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots.refresh import refusal_kind
+from tests.bases_kit import LOAD_WAIT_S, answered, search
+from tests.snapshot_kit import KB, version_id, write_version
+from tests.static_http import StaticServer
+
+EMBEDDER = HashEmbedder(dimension=64)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[StaticServer]:
+    root = tmp_path / "published"
+    root.mkdir()
+    server = StaticServer(root).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def with_extra_files(folder: Path, count: int, size: int = 4, claimed: int | None = None) -> None:
+    """Add ``count`` files beside the snapshot's, each listed in its manifest with its true
+    sha256 (and its true size, or ``claimed``)."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for i in range(count):
+        name = f"pad{i:04d}.bin"
+        data = bytes([i % 256]) * size
+        (folder / name).write_bytes(data)
+        manifest["files"][name] = hashlib.sha256(data).hexdigest()
+        manifest["sizes"][name] = size if claimed is None else claimed
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def requested_files(server: StaticServer) -> list[str]:
+    return [e.path for e in server.log if "/pad" in e.path]
+
+
+def test_a_manifest_listing_too_many_files_is_refused_before_any_download(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    version = version_id(1)
+    write_version(
+        server.root, version, EMBEDDER, damage=lambda f: with_extra_files(f, MAX_VERSION_FILES)
+    )
+    store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
+    with pytest.raises(CorruptSnapshot, match=f"a snapshot has at most {MAX_VERSION_FILES}"):
+        store.fetch(KB, version)
+    assert requested_files(server) == []
+
+
+def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_any_download(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    version = version_id(1)
+    write_version(
+        server.root, version, EMBEDDER, damage=lambda f: with_extra_files(f, 1, claimed=2**60)
+    )
+    store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
+    with pytest.raises(CacheWriteError, match="free space") as refused:
+        store.fetch(KB, version)
+    assert refusal_kind(refused.value) == ("disk_full", True)
+    assert requested_files(server) == []
+
+
+def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Files trickled a byte at a time: the version's deadline (half a second) ends the fetch
+    long before a file's (a minute), and the refusal names its key."""
+    version = version_id(1)
+    write_version(server.root, version, EMBEDDER, damage=lambda f: with_extra_files(f, 2))
+    server.hostile, server.hostile_suffix, server.trickle_s = "trickle", ".bin", 0.05
+    options = HttpOptions(attempts=1, download_timeout_s=60.0, version_timeout_s=0.5)
+    store = HttpStore(server.url, tmp_path / "cache", options)
+    with pytest.raises(StoreUnavailable, match="http_version_timeout_s"):
+        store.fetch(KB, version)
+
+
+async def test_a_base_still_downloading_does_not_hold_another_bases_first_load(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """One base's file sends its headers, then nothing (each read allowed ten minutes); a call
+    to another base, made after it, is answered while that download goes on (on main it held
+    every other base's load until it ended)."""
+    version = version_id(1)
+    write_version(
+        server.root, version, EMBEDDER, kb="slow", damage=lambda f: with_extra_files(f, 1)
+    )
+    write_version(server.root, version, EMBEDDER, kb="fast")
+    server.hostile, server.hostile_suffix, server.trickle_s = (
+        "trickle",
+        "slow/" + version + "/pad0000.bin",
+        0.0,  # the headers, then silence until the server stops
+    )
+    keys = {"store": server.url, "listen": "127.0.0.1:0", "cache_dir": str(tmp_path / "cache")}
+    source = [{"name": "faq", "type": "markdown", "path": str(tmp_path)}]
+    bases = [{"name": kb, "source": source} for kb in ("slow", "fast")]
+    raw = {
+        "knowledge_base": bases,
+        "sidecar": {
+            **keys,
+            "memory_budget_mb": 64,
+            "http_timeout_s": 600,
+            "min_score": -1.0,
+            "budget_ms": 5_000,
+        },
+    }
+    cfg = parse_config(raw, base=tmp_path)
+    sidecar = await create_server(cfg, embedder=EMBEDDER, poll=False)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            with pytest.raises(grpc.aio.AioRpcError) as loading:
+                await stub.Search(search("slow"), timeout=LOAD_WAIT_S)
+            assert loading.value.code() is grpc.StatusCode.UNAVAILABLE
+            resp = await answered(stub, "fast")
+            assert {c.knowledge_base for c in resp.chunks} == {"fast"}
+            assert sidecar.holder.get("slow") is None  # still downloading
+            with pytest.raises(grpc.aio.AioRpcError) as still:
+                await stub.Search(search("slow"), timeout=LOAD_WAIT_S)
+            assert "is loading" in str(still.value.details())
+    finally:
+        await sidecar.stop(0.5)
