@@ -313,6 +313,7 @@ class Engine:
                 searcher, kb, req, session, plan, budget, embed, allowed
             )
         result = await self._reranked(kb, query, result, self.config.max_results, budget)
+        _moved_on(session, mentions, query == req.text, result, gazetteer.entity_of)
         self._remember(session, result.hits)
         if result.degraded:
             self.counters.degraded += 1
@@ -991,6 +992,29 @@ def _taken_ahead(
     _count_pages(session, ahead.hits, entity_of)
     if plan.query == text:
         _confirm(session, plan, ahead, entity_of)
+
+
+def _moved_on(
+    session: Session,
+    mentions: Sequence[Mention],
+    as_said: bool,
+    result: SearchResult,
+    entity_of: EntityOf,
+) -> None:
+    """Let the tracked entity go (``followups.leave``) when the turn was answered as said and
+    its best chunk is another page's, though it did not name the entity (``_about``): the
+    caller moved on ("Tell me about Bisync." ... "can rclone sync directly from drive to s3",
+    answered from the FAQ). The next question that does not point back is then searched as
+    said: folded with the entity, its words can lose to the name's ("tcp lookup ... no such
+    host" to Bisync's "Lock file"). A turn that points back ("what about filters for it")
+    is still folded with it. A turn answered with the entity folded in never lets it go."""
+    tracked = session.entity
+    if tracked is None or session.left or not as_said or result.degraded or not result.hits:
+        return
+    if any(m.name == tracked.name for m in mentions):
+        return
+    if entity_of(result.hits[0].chunk) != tracked.name:
+        followups.leave(session)
 
 
 def _combined(
