@@ -18,8 +18,9 @@ import pytest
 from index.embedders.base import Embedder
 from sidecar.config import Config
 from sidecar.turn import engine as engine_module
-from sidecar.turn.engine import Engine
+from sidecar.turn.engine import Engine, TurnInput
 from sidecar.turn.followups import Source
+from sidecar.turn.prefetch import Prefetcher
 from tests.turns import SESSION, run_turns
 
 VOICEMAIL = "help-center:voicemail.md"
@@ -87,6 +88,27 @@ async def test_a_question_that_does_not_point_back_but_asks_about_the_page_is_an
         assert results[1].followup.used == "Voicemail"
         assert results[1].hits
         assert pages(results[1]) == {VOICEMAIL}
+
+
+async def test_an_off_topic_question_answered_from_a_prefetch_gets_an_honest_nothing(
+    engine: Engine,
+) -> None:
+    """The same question on a Converse stream, searched ahead on its interim transcript: the
+    prefetch ranked the folded query only ("Voicemail: What is the capital of France?"), so
+    the final turn ranks both its searches itself (their vectors embedded ahead) and gets the
+    nothing the turn searched at its final gets."""
+    await run_turns(engine, [("user", "How do I set up voicemail?")])
+    prefetcher = Prefetcher(engine, stable_ms=200)
+    try:
+        said = OFF_TOPIC  # ends in "?": a pause, searched ahead at once
+        prefetcher.interim(TurnInput(session_id=SESSION, text=said, is_final=False))
+        result = await engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
+    finally:
+        await prefetcher.aclose()
+        engine.end_session(SESSION)
+    assert engine.counters.prefetch_started == 1
+    assert result.hits == []
+    assert result.query == OFF_TOPIC
 
 
 @pytest.mark.xfail(

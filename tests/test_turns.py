@@ -212,6 +212,47 @@ async def test_a_self_contained_question_after_a_topic_is_searched_as_itself(
     assert results[3].hits[0].chunk.text == "Google Drive limits uploads to 750 GB a day."
 
 
+SYNC_DOCS = {
+    "BISYNC": [
+        "Bisync keeps a lock file while a sync runs.",
+        "Bisync filters are read on the first run.",
+    ],
+    "FAQ": [
+        "No such host: the lookup of the domain failed in DNS.",
+        "Copy the config file from one machine to another.",
+    ],
+    "INSTALL": ["Install rclone with the install script or a package manager."],
+}
+
+
+async def test_a_question_after_the_caller_moved_on_from_a_topic_is_searched_as_itself(
+    tmp_path: Path,
+) -> None:
+    """A question answered on another page lets the tracked page go: the next question that
+    does not point back is searched as said, where folded with the page's name ("BISYNC: the
+    lookup says no such host while a sync runs") the name's words would win it the page's
+    lock-file chunk over the FAQ answer its own words prefer. A turn that points back is
+    still folded with the page."""
+    lookup = "the lookup says no such host while a sync runs"
+    results = await run_turns(
+        SYNC_DOCS,
+        [
+            ("user", "Tell me about Bisync."),
+            ("user", "how do I copy the config file from one machine to another"),
+            ("user", lookup),
+            ("user", "what about filters for it"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+    )
+    assert results[1].hits[0].chunk.title == "FAQ"
+    assert_said_as_itself(results[2], lookup, "FAQ")
+    assert results[2].hits[0].chunk.text.startswith("No such host")
+    assert results[3].followup.source == Source.ENTITY
+    assert results[3].followup.used == "BISYNC"
+    assert results[3].hits[0].chunk.text == "Bisync filters are read on the first run."
+
+
 TERMINAL = {
     "KEY BINDINGS": [
         "Key bindings map keys to commands such as copy and paste.",
@@ -241,17 +282,17 @@ async def test_a_question_the_tracked_name_does_not_decide_keeps_its_own_answer(
         TERMINAL,
         [
             ("user", "Tell me about key bindings."),
-            ("user", question),
             ("user", "what does paste have as a setting"),
+            ("user", question),
         ],
         tmp_path,
         embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
-    assert_said_as_itself(results[1], question, "CONFIGURATION")
-    # the page stays tracked, and answers a question whose folded search finds it first
-    assert results[2].followup.source == Source.ENTITY
-    assert results[2].followup.used == "KEY BINDINGS"
-    assert results[2].hits[0].chunk.title == "KEY BINDINGS"
+    # the tracked page answers a question whose folded search finds it first
+    assert results[1].followup.source == Source.ENTITY
+    assert results[1].followup.used == "KEY BINDINGS"
+    assert results[1].hits[0].chunk.title == "KEY BINDINGS"
+    assert_said_as_itself(results[2], question, "CONFIGURATION")
 
 
 BACKENDS = {
@@ -456,8 +497,8 @@ async def test_a_question_saying_the_base_s_shared_name_is_searched_as_itself(
     page."""
     turns = [
         ("user", "Tell me about Acme Terminal Actions."),
-        ("user", "What shells does Acme Terminal support?"),
         ("user", "Can the terminal open a new tab with a key binding?"),
+        ("user", "What shells does Acme Terminal support?"),
     ]
     results = await run_turns(
         APP_PAGES,
@@ -466,11 +507,11 @@ async def test_a_question_saying_the_base_s_shared_name_is_searched_as_itself(
         embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
     )
     assert results[0].followup.used == ""  # named confidently: searched as said, and tracked
+    assert results[1].query.startswith("ACME TERMINAL ACTIONS: ")
+    assert results[1].followup.used == "ACME TERMINAL ACTIONS"
     assert_said_as_itself(
-        results[1], "What shells does Acme Terminal support?", "ACME TERMINAL PROFILES"
+        results[2], "What shells does Acme Terminal support?", "ACME TERMINAL PROFILES"
     )
-    assert results[2].query.startswith("ACME TERMINAL ACTIONS: ")
-    assert results[2].followup.used == "ACME TERMINAL ACTIONS"
 
 
 DOCS_PAGES = {

@@ -182,6 +182,9 @@ class PlannedSearch:
     context_url: str
     allowed: Allowed | None = None  # the filters' and paths' mask (sidecar/turn/scope.py)
     followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the query folded in
+    # the turn's words, where its plan searches them alone too (``_searches_both``): embedded
+    # ahead with the query, for the final turn's own two searches
+    alone: str = ""
 
 
 @dataclass(slots=True)
@@ -296,9 +299,14 @@ class Engine:
         plan = self._plan(session, utterance, mentions, searcher, allowed)
         self._record(session, Speaker.USER, utterance, mentions)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
-        if taken is not None and taken.followup != plan.followup:
+        if taken is not None and (
+            taken.followup != plan.followup or _searches_both(plan, req.text)
+        ):
             # planned otherwise on its interim words ("conhost exe" folded, "conhost.exe?" said
-            # as a name of its own): the final's own plan is searched, and its pages counted
+            # as a name of its own): the final's own plan is searched, and its pages counted;
+            # or a plan of two searches, folded and alone, of which the prefetch ranked the
+            # first only: the final ranks both (their vectors embedded ahead, or joined in
+            # flight), so its answer is the one decided by both (``_combined``, ``_backed``)
             taken = None
         prefetched = taken is not None and taken.result is not None
         if taken is not None and taken.result is not None:
@@ -314,6 +322,7 @@ class Engine:
                 searcher, kb, req, session, plan, budget, embed, allowed
             )
         result = await self._reranked(kb, query, result, self.config.max_results, budget)
+        _moved_on(session, mentions, query == req.text, result, gazetteer.entity_of)
         self._remember(session, result.hits)
         if result.degraded:
             self.counters.degraded += 1
@@ -362,7 +371,7 @@ class Engine:
         entity_of = searcher.gazetteer.entity_of
         prior = session.pages if plan.prior and session.pages else None
         keep = self._depth(kb, self.config.max_results)  # the rerank stage's candidates
-        if plan.query == req.text or not (plan.alone or plan.named):
+        if not _searches_both(plan, req.text):
             tracked = _pointed_at(plan)
             depth = PRIOR_DEPTH if prior or tracked else 0
             search = self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed)
@@ -473,8 +482,9 @@ class Engine:
             return None
         mentions = searcher.gazetteer.find(utterance.named)
         plan = self._plan(session, utterance, mentions, searcher, allowed)
+        alone = req.text if _searches_both(plan, req.text) else ""
         return PlannedSearch(
-            kb, searcher, plan.query, req.sources, req.context_url, allowed, plan.followup
+            kb, searcher, plan.query, req.sources, req.context_url, allowed, plan.followup, alone
         )
 
     def _plan(
@@ -519,7 +529,11 @@ class Engine:
             allowed=planned.allowed,
         )
         start = time.perf_counter()
-        vector = await self.vectors.get(planned.query, deadline, ahead=True)
+        if planned.alone:  # the final searches both: both embedded now, in one call
+            queries = (planned.query, planned.alone)
+            vector = (await self.vectors.get_many(queries, deadline, ahead=True))[0]
+        else:
+            vector = await self.vectors.get(planned.query, deadline, ahead=True)
         if vector is None:  # no lexical search ahead: the turn itself falls back if it must
             return None
         embed_ms = (time.perf_counter() - start) * 1000.0
@@ -985,13 +999,40 @@ def _taken_ahead(
     ahead on its interim transcript (the same plan's query): the pages it found counted, and a
     weak name the turn says alone ("Tell me about pCloud."), or that its own result confirms,
     tracked, so a turn answered from a prefetch tracks what one searched at its final would.
-    A plan that ``_retrieve`` would search twice (folded and alone) was searched ahead folded
-    only: nothing of the turn alone is known, so nothing is counted or tracked."""
-    if plan.query != text and (plan.alone or plan.named):
-        return
+    A plan of two searches (``_searches_both``) is never answered from a prefetch."""
     _count_pages(session, ahead.hits, entity_of)
     if plan.query == text:
         _confirm(session, plan, ahead, entity_of)
+
+
+def _searches_both(plan: followups.Plan, text: str) -> bool:
+    """Whether ``Engine._retrieve`` searches the turn alone beside the plan's folded query:
+    to rank both (``plan.alone``), or to see whether the turn names its own topic
+    (``plan.named``, ``_confirm``)."""
+    return plan.query != text and (plan.alone or bool(plan.named))
+
+
+def _moved_on(
+    session: Session,
+    mentions: Sequence[Mention],
+    as_said: bool,
+    result: SearchResult,
+    entity_of: EntityOf,
+) -> None:
+    """Let the tracked entity go (``followups.leave``) when the turn was answered as said and
+    its best chunk is another page's, though it did not name the entity (``_about``): the
+    caller moved on ("Tell me about Bisync." ... "can rclone sync directly from drive to s3",
+    answered from the FAQ). The next question that does not point back is then searched as
+    said: folded with the entity, its words can lose to the name's ("tcp lookup ... no such
+    host" to Bisync's "Lock file"). A turn that points back ("what about filters for it")
+    is still folded with it. A turn answered with the entity folded in never lets it go."""
+    tracked = session.entity
+    if tracked is None or session.left or not as_said or result.degraded or not result.hits:
+        return
+    if any(m.name == tracked.name for m in mentions):
+        return
+    if entity_of(result.hits[0].chunk) != tracked.name:
+        followups.leave(session)
 
 
 def _combined(

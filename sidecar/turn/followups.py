@@ -29,6 +29,9 @@ fades with each turn. A user turn is then searched as (``plan``):
       "I'm a noncitizen adult.")                   or, with no entity tracked,
                                                    "exchange turn"
     an entity is tracked (``fold``)                "entity: turn"               "entity"
+      unless the caller moved on from it (a turn   as said                      source "none"
+      answered on another page: ``leave``) and
+      this one points back at nothing
     none is, and it says the words most names      as said                      source "none"
       share as a name ("Rclone gives ...", "a
       Windows Terminal profile") and points back
@@ -932,7 +935,8 @@ def _plan(
         and says_shared(utterance, entity, shared, mentions)
     ):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # "Windows Terminal" as a name of its own
-    if entity is not None and not (refers or question or config.fold == "always"):
+    left = entity is not None and entity is session.entity and session.left
+    if entity is not None and not (refers or question) and (config.fold != "always" or left):
         entity = None
     if question:
         # the answer's topic: the tracked entity, else what the caller asked before the question
@@ -945,7 +949,7 @@ def _plan(
         return Plan(
             f"{entity.name}: {said_once(utterance)}", folded, alone=not refers, named=mentions
         )
-    if not refers and (config.fold == "referring" or names_shared(utterance, shared)):
+    if not refers and (config.fold == "referring" or left or names_shared(utterance, shared)):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
     recent = _recent(session)
     if recent:
@@ -1041,7 +1045,13 @@ def confirmed(named: Sequence[Mention], found: Sequence[str]) -> Mention | None:
 
 def confirm(session: Session, mention: Mention) -> None:
     """Track an entity the turn named and its own search confirmed, as a sure naming."""
-    session.entity, session.weight = Mention(mention.name, 1.0), 1.0
+    session.entity, session.weight, session.left = Mention(mention.name, 1.0), 1.0, False
+
+
+def leave(session: Session) -> None:
+    """The caller moved on from the tracked entity (a question its own words answered on other
+    pages: ``sidecar.turn.engine``): it is folded only into turns that point back at it."""
+    session.left = True
 
 
 def _recent(session: Session) -> str:
@@ -1096,8 +1106,8 @@ def remember(session: Session, said: Said) -> None:
         return
     best = sure[0]  # "Gonville or the Lensfield?": the first named retrieved best on DSTC11
     weight = best.confidence * (AGENT_WEIGHT if said.speaker == Speaker.AGENT else 1.0)
-    if weight >= session.weight:
-        session.entity, session.weight = best, weight
+    if weight >= session.weight or session.left:
+        session.entity, session.weight, session.left = best, weight, False
 
 
 def _keyword_topic(

@@ -97,6 +97,9 @@ class Session:
     # (each the str of one of ``turns``: it goes when its turn goes, see ``keep_unread``)
     entity: Mention | None = None  # the entity the conversation is about now (followups.py)
     weight: float = 0.0  # how strongly ``entity`` was last named; fades with each turn
+    # the caller moved on from ``entity`` (``followups.leave``): folded only into a turn that
+    # points back at it, until a turn names an entity again
+    left: bool = False
     options: tuple[str, ...] = ()  # the entities the agent last listed, in its order
     turn_count: int = 0  # turns ever recorded; ``turns`` keeps only the recent ones
     max_bytes: int = 0  # what it may keep (0: no bound); see the module docstring
