@@ -196,3 +196,33 @@ webhook_secret_env = "VOX_SECRET_2"
     logging.getLogger("voxrecall.test").info("keys %s", " ".join(values.values()))
     assert not any(value in log_stream.getvalue() for value in values.values())
     assert log_stream.getvalue().count("[redacted]") == 3
+
+
+QUOTED_SECRET = 's3cr"et\\value-with-both'  # a `"` and a `\`: JSON escapes both
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_secret_is_redacted_before_its_field_is_escaped_or_cut(
+    log_stream: io.StringIO, fmt: str
+) -> None:
+    """Redaction ran on the written line: JSON had escaped a secret's `"` and `\\` so it no
+    longer matched, and a field cut through a secret kept the secret's head."""
+    cut_secret = "ABCDEFGHIJKLMNOPQRSTUVWX"
+    logs.configure("INFO", fmt, secrets=[QUOTED_SECRET, cut_secret], stream=log_stream)
+    at_the_cut = "x" * (logs.MAX_FIELD_BYTES - 11) + cut_secret
+    token = logs.session_id.set(f"sess-{QUOTED_SECRET}")
+    try:
+        log = logging.getLogger("voxrecall.test")
+        log.info("key %s", QUOTED_SECRET, extra={"detail": at_the_cut})
+        log.info("%s", at_the_cut)
+        try:
+            raise ValueError(f"refused {QUOTED_SECRET}")
+        except ValueError:
+            log.exception("failed")
+    finally:
+        logs.session_id.reset(token)
+    written = log_stream.getvalue()
+    for secret in (QUOTED_SECRET, cut_secret):
+        for form in (secret, orjson.dumps(secret).decode()[1:-1], secret[:11]):
+            assert form not in written, form
+    assert written.count(logs.REDACTED) >= 5

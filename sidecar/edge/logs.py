@@ -7,9 +7,10 @@
 one, else a fresh one, returned in the trailing metadata) and puts it and the session id in
 context variables, so every log line written while the call runs carries them, in the engine as
 in the service. Any configured secret of ``MIN_SECRET_CHARS`` or more that finds its way into a
-line is replaced by ``[redacted]`` before the line is written (a shorter one, vLLM's customary
-key ``EMPTY`` or an ``x``, is no secret, and replacing it in every word would garble every line
-and tell the reader the key). Every field of a line (the message, each extra, a traceback) is
+line is replaced by ``[redacted]`` in each field before the field is cut or encoded
+(``clean``), so neither JSON's escaping of a ``"`` in it nor a cut through it lets it out (a
+shorter one, vLLM's customary key ``EMPTY`` or an ``x``, is no secret, and replacing it in every
+word would garble every line and tell the reader the key). Every field of a line (the message, each extra, a traceback) is
 cut to ``MAX_FIELD_BYTES`` (``bounded``), and the call's ids to ``MAX_ID_BYTES`` (a session id
 the field limits refuse is logged on the line of its refusal), so no input makes a line large.
 
@@ -87,16 +88,16 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "msg": bounded(record.getMessage()),
+            "msg": clean(record.getMessage(), self.secrets),
         }
-        line.update(context_ids())
+        line.update(context_ids(self.secrets))
         for key, value in vars(record).items():
             if key not in _RECORD_FIELDS and not key.startswith("_"):
-                line[key] = _field(value)  # extra={...}
+                line[key] = _field(value, self.secrets)  # extra={...}
         if record.exc_info:
-            line["exc"] = bounded(self.formatException(record.exc_info), MAX_TRACEBACK_BYTES)
-        text = orjson.dumps(line, default=str).decode()
-        return scrub(text, self.secrets)
+            exc = self.formatException(record.exc_info)
+            line["exc"] = clean(exc, self.secrets, MAX_TRACEBACK_BYTES)
+        return orjson.dumps(line, default=str).decode()
 
 
 class TextFormatter(logging.Formatter):
@@ -107,21 +108,33 @@ class TextFormatter(logging.Formatter):
         self.secrets = worth_scrubbing(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
-        record = logging.makeLogRecord({**vars(record), "msg": bounded(record.getMessage())})
-        record.args = None
-        text = super().format(record)
+        record = logging.makeLogRecord(
+            {**vars(record), "msg": clean(record.getMessage(), self.secrets), "args": None}
+        )
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
-            text = text.replace(record.exc_text, bounded(record.exc_text, MAX_TRACEBACK_BYTES))
-        context = context_ids()
+            record.exc_text = clean(record.exc_text, self.secrets, MAX_TRACEBACK_BYTES)
+        if record.stack_info:
+            record.stack_info = clean(record.stack_info, self.secrets, MAX_TRACEBACK_BYTES)
+        text = super().format(record)
+        context = context_ids(self.secrets)
         ids = [f"{k}={context[f'{k}_id']}" for k in ("session", "call") if f"{k}_id" in context]
-        return scrub(f"{text} [{' '.join(ids)}]" if ids else text, self.secrets)
+        return f"{text} [{' '.join(ids)}]" if ids else text
 
 
-def context_ids() -> dict[str, str]:
+def context_ids(secrets: tuple[str, ...] = ()) -> dict[str, str]:
     """The current call's ids as a line carries them, each cut to ``MAX_ID_BYTES``: the one place
     a caller's own strings reach a line outside its message and extras."""
     ids = (("session_id", session_id), ("call_id", call_id), ("method", method), ("door", door))
-    return {key: bounded(value, MAX_ID_BYTES) for key, var in ids if (value := var.get())}
+    return {key: clean(value, secrets, MAX_ID_BYTES) for key, var in ids if (value := var.get())}
+
+
+def clean(text: str, secrets: tuple[str, ...], limit: int = MAX_FIELD_BYTES) -> str:
+    """A field of a line as it is written: scrubbed of ``secrets``, then cut to ``limit``. In
+    this order, and on the field rather than the line: a cut secret's head no longer matches it,
+    nor does a secret holding ``"`` or ``\\`` once JSON has escaped it."""
+    return bounded(scrub(text, secrets), limit)
 
 
 def bounded(text: str, limit: int = MAX_FIELD_BYTES) -> str:
@@ -134,10 +147,10 @@ def bounded(text: str, limit: int = MAX_FIELD_BYTES) -> str:
     return f"{head}...[cut: {len(text)} characters]"
 
 
-def _field(value: Any) -> Any:
+def _field(value: Any, secrets: tuple[str, ...]) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
-    return bounded(value if isinstance(value, str) else str(value))
+    return clean(value if isinstance(value, str) else str(value), secrets)
 
 
 def worth_scrubbing(secrets: Iterable[str]) -> tuple[str, ...]:
