@@ -34,7 +34,7 @@ from sidecar.config import parse_config
 from sidecar.edge import logs
 from sidecar.edge.metrics import Metrics
 from sidecar.edge.server import Sidecar, create_server, start_line
-from sidecar.errors import ToolCallError, Unauthenticated
+from sidecar.errors import InvalidArgument, ToolCallError, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
@@ -44,6 +44,7 @@ from sidecar.http.mcp import PAGE_ARGUMENTS, SDK_SESSION_LOGGERS, page_arguments
 from sidecar.http.webhooks import (
     SESSION_HEADER,
     SIGNATURE_TOLERANCE_MS,
+    Answers,
     Replays,
     Signature,
     verify_signature,
@@ -853,6 +854,70 @@ async def test_a_retry_while_its_call_is_answered_waits_for_that_answer(
     assert [a.status_code for a in answers] == [200, 200]
     assert answers[0].content == answers[1].content
     assert served == 1  # the retry was answered with the call's answer, not searched again
+
+
+async def test_every_retry_waiting_on_a_failed_call_is_answered_not_refused(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two retries waited on a call that failed: the first was served afresh and the second
+    refused as a replay (401). Now the first is served afresh and the second gets its answer."""
+    assert sidecar.http is not None
+    webhooks = sidecar.http.webhooks
+    release, entered = asyncio.Event(), asyncio.Event()
+    served = 0
+    tool = webhooks._tool
+
+    async def failing_once(*args: Any) -> Any:
+        nonlocal served
+        served += 1
+        if served == 1:
+            entered.set()
+            await release.wait()
+            raise InvalidArgument("the first attempt fails")
+        return await tool(*args)
+
+    monkeypatch.setattr(webhooks, "_tool", failing_once)
+    captured = retell_signed(RETELL_BODY)
+    first = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
+    await entered.wait()
+    retries = [asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured)) for _ in range(2)]
+    await asyncio.sleep(0.2)  # the retries most likely arrive while the call is answered
+    release.set()
+    failed, *answers = await asyncio.gather(first, *retries)
+    assert failed.status_code == 400
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].content == answers[1].content
+    assert served == 2  # the failed call, then once afresh for both retries
+
+
+async def test_the_answers_kept_for_retries_are_bounded_in_bytes(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table was bounded in answers alone, and an answer may be 4 bytes a character of an
+    unbounded ``tool_output_chars``: past its bytes the oldest answer is forgotten (its retry
+    refused as a replay), and one over the whole budget is not kept."""
+    assert sidecar.http is not None
+    webhooks = sidecar.http.webhooks
+    calls = [RETELL_BODY.replace(b"retell-call-1", f"retell-byte-{i}".encode()) for i in range(4)]
+    probe = await post_tool(sidecar, calls[3], retell_signed(calls[3]))
+    size = len(probe.content)  # the same results for every call id: the same size
+    answers = Answers(size=100, budget=size * 5 // 2)  # two answers, by bytes alone
+    monkeypatch.setattr(webhooks, "answers", answers)
+    signatures = [retell_signed(body) for body in calls[:3]]
+    for body, signature in zip(calls, signatures, strict=False):
+        assert (await post_tool(sidecar, body, signature)).status_code == 200
+    assert answers._kept.currsize <= answers.budget
+    again = [await post_tool(sidecar, b, s) for b, s in zip(calls, signatures, strict=False)]
+    assert [a.status_code for a in again] == [401, 200, 200]  # the oldest went
+    assert again[2].content == probe.content
+
+    small = Answers(size=100, budget=size // 2)  # no answer fits
+    monkeypatch.setattr(webhooks, "answers", small)
+    lone = RETELL_BODY.replace(b"retell-call-1", b"retell-large-1")
+    signature = retell_signed(lone)
+    assert (await post_tool(sidecar, lone, signature)).status_code == 200
+    assert len(small._kept) == 0
+    assert (await post_tool(sidecar, lone, signature)).status_code == 401
 
 
 def test_the_replay_table_is_fixed_in_size_and_lets_no_forgotten_replay_through() -> None:

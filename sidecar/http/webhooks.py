@@ -83,11 +83,14 @@ SIGNATURE_TOLERANCE_MS = 5 * 60 * 1000
 # Signatures remembered (``Replays``), each until its window has passed: about 250 bytes
 # each, so ~4 MiB at most; 16,384 calls in 5 minutes is 55 a second, beyond any one agent's.
 SEEN_SIGNATURES = 16_384
-# Answers of signed tool calls kept for a platform's retry of the same call (``Answers``): each
-# an output within [sidecar] tool_output_chars (2,000 characters by default, so ~2 MiB at most),
-# kept for the signature's window. A retry is sent within seconds of its call; past this many
-# calls since, it is refused as a replay (401), as before.
+# Answers of signed tool calls kept for a platform's retry of the same call (``Answers``), each
+# for the signature's window: at most this many, and this many bytes of them, each counted as at
+# least their quotient (8 KiB: an output of the default 2,000 characters is at most 8,000 bytes,
+# so 1,024 of those fit; [sidecar] tool_output_chars has no maximum, and at 100,000 characters
+# an answer may hold 400 KB). A retry is sent within seconds of its call; its answer forgotten
+# (the table full since), it is refused as a replay (401), as before.
 ANSWERS_KEPT = 1024
+ANSWER_BYTES_KEPT = 8 * 1024 * 1024
 NOTE_HEADER = b"x-voxrecall-note"
 # What an empty Vapi answer's ``x-voxrecall-note`` says (Vapi reads only ``documents``; a
 # person testing by curl must tell "nothing asked" from "nothing found").
@@ -300,31 +303,61 @@ class Answers:
     dropped connection) is answered as the call was, and not refused as a replay: Retell cannot
     sign a retry anew. A retry that comes while its call is still being answered waits for that
     answer. A call that failed (an error status) is forgotten, as ``Replays`` forgets it, so its
-    retry is served afresh. At most ``size`` answers, each for the signature's window: past
-    that a retry is refused as a replay. Whoever could replay a captured call within its window
-    holds the caller's token too, and gets only the answer the call got."""
+    retry is served afresh: the first retry waiting on it is served, the others wait for that
+    one's answer. At most ``size`` answers and ``budget`` bytes of them (each counted as at least
+    ``budget / size``; a call being answered as that), each for the signature's window, the
+    least recently answered or asked for forgotten first; an answer over ``budget`` is not kept.
+    A retry of a call forgotten is refused as a replay. Whoever could replay a captured call
+    within its window holds the caller's token too, and gets only the answer the call got."""
 
-    def __init__(self, size: int = ANSWERS_KEPT) -> None:
+    def __init__(self, size: int = ANSWERS_KEPT, budget: int = ANSWER_BYTES_KEPT) -> None:
+        self.budget = budget
+        self.least = budget // size
         self._kept: TTLCache[tuple[str, str, bytes], asyncio.Future[Reply | None]] = TTLCache(
-            size, SIGNATURE_TOLERANCE_MS / 1000
+            budget, SIGNATURE_TOLERANCE_MS / 1000, getsizeof=self._bytes
         )
 
+    def _bytes(self, answer: asyncio.Future[Reply | None]) -> int:
+        """What ``answer`` counts against the budget: its body and headers, or ``least``."""
+        reply = answer.result() if answer.done() else None
+        if reply is None:
+            return self.least
+        _, body, headers = reply
+        return max(self.least, len(body) + sum(len(k) + len(v) for k, v in headers))
+
     async def of(self, key: tuple[str, str, bytes]) -> Reply | None:
-        """The answer of the call ``key`` names, once it has one; None if none is kept (or the
-        call failed)."""
-        answer = self._kept.get(key)
-        return None if answer is None else await asyncio.shield(answer)
+        """The answer of the call ``key`` names, once it has one; None if none is kept. A call
+        that failed is forgotten before its waiters wake, so a waiter looks again: the first
+        finds nothing and serves it afresh (``expect``), the others wait for that answer."""
+        while (answer := self._kept.get(key)) is not None:
+            reply = await asyncio.shield(answer)
+            if reply is not None:
+                return reply
+        return None
 
     def expect(self, key: tuple[str, str, bytes]) -> asyncio.Future[Reply | None]:
-        """The answer to come of a call being served: set its result once answered."""
+        """The answer to come of a call being served: ``answered`` or ``failed`` settle it."""
         answer: asyncio.Future[Reply | None] = asyncio.get_running_loop().create_future()
         self._kept[key] = answer
         return answer
 
+    def answered(
+        self, key: tuple[str, str, bytes], answer: asyncio.Future[Reply | None], reply: Reply
+    ) -> None:
+        """The call was answered ``reply``: its waiters get it, and it is kept by its size (the
+        oldest forgotten to make room), or not at all when it is over the whole budget."""
+        answer.set_result(reply)
+        if self._kept.get(key) is not answer:  # forgotten while it was answered
+            return
+        if self._bytes(answer) > self.budget:
+            self._kept.pop(key, None)
+        else:
+            self._kept[key] = answer  # counted again, at its size
+
     def failed(self, key: tuple[str, str, bytes], answer: asyncio.Future[Reply | None]) -> None:
         """The call failed: forget it; a retry waiting for it is served afresh."""
         if self._kept.get(key) is answer:
-            del self._kept[key]
+            self._kept.pop(key, None)
         answer.set_result(None)
 
 
@@ -534,7 +567,7 @@ class Webhooks:
             self.replays.forget(caller, signature)
             self.answers.failed(key, answer)
             raise
-        answer.set_result(reply)
+        self.answers.answered(key, answer, reply)
         return reply
 
     async def _tool(
