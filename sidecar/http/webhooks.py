@@ -18,6 +18,8 @@ mistake is an error output for the model (200, ``x-voxrecall-tool-error: true``)
 ``[sidecar.http] webhook_secret_env`` set, every call must be signed with that secret and
 recently (``verify_signature``), and an unsigned, badly signed or stale one is refused (401);
 so is a signature seen before (``Replays``): within its window, a captured call sent again.
+Both tables are the process's: with ``[sidecar] workers`` > 1 each worker keeps its own, so a
+call sent again that reaches another worker is served there afresh.
 
 The ``x-voxrecall-session`` header, when sent, names the session on both.
 """
