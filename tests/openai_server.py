@@ -53,6 +53,7 @@ class Behaviour:
     values: str = ""  # "huge" (1e39 and more: past float32's range), "zero": every vector's values
     pad_bytes: int = 0  # > 0: a valid answer padded with a string of this many bytes
     shift_index: bool = False  # answer index i + 1 for text i
+    drop_mid_body: bool = False  # send the headers and half the body, then close
 
 
 def sample_latency_ms(spec: str, rng: random.Random) -> float:
@@ -218,9 +219,25 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if status:
             error = {"error": {"message": f"injected {status}", "type": "server_error"}}
+            if behaviour.pad_bytes:
+                error["padding"] = "x" * behaviour.pad_bytes  # type: ignore[assignment]
             self._send(status, orjson.dumps(error))
             return
-        self._send(HTTPStatus.OK, self.api._embeddings(body), behaviour.trickle_s)
+        answer = self.api._embeddings(body)
+        if behaviour.drop_mid_body:
+            self._send_half(answer)
+            return
+        self._send(HTTPStatus.OK, answer, behaviour.trickle_s)
+
+    def _send_half(self, body: bytes) -> None:
+        """The headers of ``body`` and half of it, then the connection closed."""
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[: len(body) // 2])
+        self.wfile.flush()
+        self.close_connection = True
 
 
 def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:

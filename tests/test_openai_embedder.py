@@ -21,6 +21,7 @@ from index.errors import ConfigError, EmbedderError
 from index.hnsw_file import HEADER, _Header
 from index.snapshot import VECTORS, read_manifest
 from index.store import LocalStore
+from sidecar.config import Config
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -208,10 +209,12 @@ async def test_values_too_large_for_float32_keep_their_direction(
     ("behaviour", "says"),
     [
         (Behaviour(values="zero"), "every value zero"),
-        (Behaviour(pad_bytes=2_000_000), "bytes for its texts"),
+        (Behaviour(pad_bytes=2_000_000), "bytes"),
+        (Behaviour(fail_status=400, fail_times=-1, pad_bytes=20_000_000), "bytes"),
+        (Behaviour(drop_mid_body=True), "RemoteProtocolError"),
         (Behaviour(shift_index=True), "indexes [1, 2]"),
     ],
-    ids=["zero", "2MB", "index"],
+    ids=["zero", "2MB", "20MB-error", "dropped", "index"],
 )
 async def test_an_answer_that_is_no_vectors_is_refused_by_name(
     server: OpenAIServer, embedder: OpenAIEmbedder, behaviour: Behaviour, says: str
@@ -232,8 +235,15 @@ def test_a_build_refuses_vectors_with_no_direction_and_reuses_none(
         tmp_path / "store",
         [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}],
     )
-    kb = config.knowledge_bases[0]
     embedder = OpenAIEmbedder(openai_config(server), retries=0, backoff_s=0.01)
+    try:
+        _build_twice_over_zeros(config, embedder, server)
+    finally:
+        asyncio.run(embedder.aclose())
+
+
+def _build_twice_over_zeros(config: Config, embedder: OpenAIEmbedder, server: OpenAIServer) -> None:
+    kb = config.knowledge_bases[0]
     server.set(values="zero")
     with pytest.raises(EmbedderError, match="every value zero"):
         build_knowledge_base(config, kb, embedder)

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import httpx2
 import numpy as np
 import openai
 import orjson
@@ -48,10 +50,18 @@ MAX_REQUEST_BYTES = 600_000
 # means the server is down or drowning, and the sidecar stops adding to it until one ends.
 HOT_PARALLEL_CALLS = 8
 # An honest answer writes a float in ~20 bytes of JSON ("-0.0123456789012345,"); this many a
-# value, and this much besides (the envelope, usage), is room to spare.
-RESPONSE_BYTES_PER_VALUE = 32
+# value, and this much besides (the envelope, usage, an error's message), is room to spare.
+RESPONSE_BYTES_PER_VALUE = 64  # an indented answer takes ~34 (a review found 32 too few)
+# The most texts one hot-path request holds (a turn embeds a query or two, a few side by side):
+# the cap every hot answer's body is read under, an error's included.
+HOT_MAX_TEXTS = 16
 RESPONSE_BYTES_FLOOR = 64 * 1024
-_RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
+_RETRYABLE = (
+    openai.RateLimitError,
+    openai.InternalServerError,
+    openai.APIConnectionError,
+    httpx2.TransportError,  # a connection dropped inside a body: the client does not wrap it
+)
 
 
 class OpenAIEmbedder:
@@ -90,11 +100,27 @@ class OpenAIEmbedder:
         self._info = EmbedderInfo(name=f"openai/{config.model}", dimension=dimension)
         key = config.api_key or "unused"
         base_url = config.base_url or None
+        # every answer's body is capped where it is read, an error's too (the client reads an
+        # error's body whole before raising): the hot path's few texts, a build's batch
+        hot_cap = response_cap(HOT_MAX_TEXTS, dimension)
         self._hot = openai.AsyncOpenAI(
-            api_key=key, base_url=base_url, max_retries=0, timeout=HOT_TIMEOUT_S
+            api_key=key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=HOT_TIMEOUT_S,
+            http_client=openai.DefaultAsyncHttpxClient(
+                event_hooks={"response": [_async_capped(hot_cap)]}
+            ),
         )
+        bulk_cap = response_cap(config.batch_size, dimension)
         self._bulk = openai.OpenAI(
-            api_key=key, base_url=base_url, max_retries=0, timeout=BUILD_TIMEOUT_S
+            api_key=key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=BUILD_TIMEOUT_S,
+            http_client=openai.DefaultHttpxClient(
+                event_hooks={"response": [_capped_hook(bulk_cap)]}
+            ),
         )
 
     @property
@@ -119,7 +145,7 @@ class OpenAIEmbedder:
                 dimensions=self._dimensions(),
             ) as response:
                 body = await _read_capped(response.iter_bytes(), cap)
-        except openai.OpenAIError as exc:
+        except (openai.OpenAIError, httpx2.HTTPError) as exc:
             raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
         return self._vectors(body, len(texts))
 
@@ -211,6 +237,60 @@ async def _read_capped(parts: AsyncIterator[bytes], cap: int) -> bytes:
         if len(out) > cap:
             raise EmbedderError(f"the embeddings answer is over {cap} bytes for its texts")
     return bytes(out)
+
+
+def _async_capped(cap: int) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """A response hook (run before the body is read, an error's too: the client reads that
+    whole before it raises) capping the body at ``cap`` bytes. A hook, not a transport, so the
+    client's own transport (its proxies from the environment) stays as it is."""
+
+    async def cap_body(response: httpx2.Response) -> None:
+        response.stream = _AsyncCappedStream(response.stream, cap)
+
+    return cap_body
+
+
+class _AsyncCappedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, cap: int) -> None:
+        self._inner, self._cap = inner, cap
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        async for part in self._inner:
+            size += len(part)
+            if size > self._cap:
+                await self.aclose()  # the connection is not reused half read
+                raise EmbedderError(f"the embeddings server's answer is over {self._cap} bytes")
+            yield part
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _capped_hook(cap: int) -> Callable[[httpx2.Response], None]:
+    """``_async_capped`` for the build's blocking client."""
+
+    def cap_body(response: httpx2.Response) -> None:
+        response.stream = _CappedStream(response.stream, cap)
+
+    return cap_body
+
+
+class _CappedStream(httpx2.SyncByteStream):
+    def __init__(self, inner: Any, cap: int) -> None:
+        self._inner, self._cap = inner, cap
+
+    def __iter__(self) -> Iterator[bytes]:
+        size = 0
+        for part in self._inner:
+            size += len(part)
+            if size > self._cap:
+                self.close()
+                raise EmbedderError(f"the embeddings server's answer is over {self._cap} bytes")
+            yield part
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 def _capped(parts: Iterator[bytes], cap: int) -> Iterator[bytes]:
