@@ -8,9 +8,10 @@ snapshots written by the indexer's writer, the real HttpStore and its cache.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import grpc
@@ -20,7 +21,7 @@ from index.embedders.base import HashEmbedder
 from index.errors import CacheWriteError, CorruptSnapshot, StoreUnavailable
 from index.http_store import MAX_VERSION_FILES, HttpOptions, HttpStore
 from index.snapshot import MANIFEST
-from sidecar.config import parse_config
+from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.refresh import refusal_kind
@@ -100,27 +101,13 @@ def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(
         store.fetch(KB, version)
 
 
-async def test_a_base_still_downloading_does_not_hold_another_bases_first_load(
-    server: StaticServer, tmp_path: Path
-) -> None:
-    """One base's file sends its headers, then nothing (each read allowed ten minutes); a call
-    to another base, made after it, is answered while that download goes on (on main it held
-    every other base's load until it ended)."""
-    version = version_id(1)
-    write_version(
-        server.root, version, EMBEDDER, kb="slow", damage=lambda f: with_extra_files(f, 1)
-    )
-    write_version(server.root, version, EMBEDDER, kb="fast")
-    server.hostile, server.hostile_suffix, server.trickle_s = (
-        "trickle",
-        "slow/" + version + "/pad0000.bin",
-        0.0,  # the headers, then silence until the server stops
-    )
+def lazy_config(server: StaticServer, tmp_path: Path, bases: Iterable[str]) -> Config:
+    """A lazy sidecar's configuration serving ``bases`` from ``server`` (reads allowed ten
+    minutes, so a trickle holds its download for the whole test)."""
     keys = {"store": server.url, "listen": "127.0.0.1:0", "cache_dir": str(tmp_path / "cache")}
     source = [{"name": "faq", "type": "markdown", "path": str(tmp_path)}]
-    bases = [{"name": kb, "source": source} for kb in ("slow", "fast")]
     raw = {
-        "knowledge_base": bases,
+        "knowledge_base": [{"name": kb, "source": source} for kb in bases],
         "sidecar": {
             **keys,
             "memory_budget_mb": 64,
@@ -129,19 +116,84 @@ async def test_a_base_still_downloading_does_not_hold_another_bases_first_load(
             "budget_ms": 5_000,
         },
     }
-    cfg = parse_config(raw, base=tmp_path)
-    sidecar = await create_server(cfg, embedder=EMBEDDER, poll=False)
+    return parse_config(raw, base=tmp_path)
+
+
+def trickle(server: StaticServer, suffix: str) -> None:
+    """Answers for paths ending in ``suffix``: the headers, then silence until the server stops."""
+    server.hostile, server.hostile_suffix, server.trickle_s = "trickle", suffix, 0.0
+
+
+async def refused_loading(stub: pb_grpc.RetrievalStub, kb: str) -> str:
+    """A call to ``kb`` not loaded: UNAVAILABLE at once; its details."""
+    with pytest.raises(grpc.aio.AioRpcError) as loading:
+        await stub.Search(search(kb), timeout=LOAD_WAIT_S)
+    assert loading.value.code() is grpc.StatusCode.UNAVAILABLE
+    return str(loading.value.details())
+
+
+# more slow bases than the two download threads of storefix's fix (review s13 #15)
+@pytest.mark.parametrize("slow_bases", [1, 3])
+async def test_bases_still_downloading_do_not_hold_another_bases_first_load(
+    server: StaticServer, tmp_path: Path, slow_bases: int
+) -> None:
+    """Each slow base's file sends its headers, then nothing (each read allowed ten minutes); a
+    call to another base, made after them, is answered while those downloads go on (on main one
+    held every other base's load until it ended; with two download threads, two did)."""
+    version = version_id(1)
+    slow = [f"slow{i}" for i in range(slow_bases)]
+    for kb in slow:
+        write_version(
+            server.root, version, EMBEDDER, kb=kb, damage=lambda f: with_extra_files(f, 1)
+        )
+    write_version(server.root, version, EMBEDDER, kb="fast")
+    trickle(server, "/" + version + "/pad0000.bin")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, [*slow, "fast"]), embedder=EMBEDDER, poll=False
+    )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
             stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
-            with pytest.raises(grpc.aio.AioRpcError) as loading:
-                await stub.Search(search("slow"), timeout=LOAD_WAIT_S)
-            assert loading.value.code() is grpc.StatusCode.UNAVAILABLE
+            for kb in slow:
+                await refused_loading(stub, kb)
             resp = await answered(stub, "fast")
             assert {c.knowledge_base for c in resp.chunks} == {"fast"}
-            assert sidecar.holder.get("slow") is None  # still downloading
-            with pytest.raises(grpc.aio.AioRpcError) as still:
-                await stub.Search(search("slow"), timeout=LOAD_WAIT_S)
-            assert "is loading" in str(still.value.details())
+            for kb in slow:
+                assert sidecar.holder.get(kb) is None  # still downloading
+                assert "is loading" in await refused_loading(stub, kb)
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_a_poll_downloading_a_new_version_does_not_hold_another_bases_first_load(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """A loaded base's new version trickles while a poll fetches it: a call to another base is
+    answered meanwhile (the poll downloaded under the load lock, holding every first load until
+    the download ended), and the old version serves until the new one is in."""
+    first, second = version_id(1), version_id(2)
+    for kb in ("polled", "fast"):
+        write_version(server.root, first, EMBEDDER, kb=kb)
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["polled", "fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            await answered(stub, "polled")
+            write_version(
+                server.root, second, EMBEDDER, kb="polled", damage=lambda f: with_extra_files(f, 1)
+            )
+            trickle(server, "polled/" + second + "/pad0000.bin")
+            poll = asyncio.create_task(sidecar.refresher.refresh())
+            await asyncio.sleep(0)  # the poll runs to its first wait (on main, in the lock)
+            resp = await answered(stub, "fast")
+            assert {c.knowledge_base for c in resp.chunks} == {"fast"}
+            assert not poll.done()
+            assert requested_files(server)  # its download is going on
+            served = sidecar.holder.get("polled")
+            assert served is not None
+            assert served.version == first
+            poll.cancel()
     finally:
         await sidecar.stop(0.5)

@@ -16,14 +16,14 @@ loads run one at a time, off the event loop, taken from one queue per requester 
 host, ``addresses.load_requester``: each connection on the loopback, where a sidecar's own agents
 are) in turn, each base queued once (``LoadQueue``): a requester that asks for many
 bases delays another's first load by at most one load per requester waiting, never by its whole
-queue. A base's download (``store.fetch``) runs outside the load lock, on one of
-``DOWNLOAD_THREADS`` threads of its own; one still going after ``DOWNLOAD_WAIT_S`` goes on in the
-background while the next bases load, and its base is queued again when it is in: a store
-trickling one base holds no other base's load. A load is verified and built before anything is
-evicted, then the bases
-``SnapshotHolder.over_budget`` names go until the loaded bytes are within the budget again: a
-version that fails evicts nothing, and the process holds one base beyond the budget for the time
-of a load. A poll refreshes only the loaded bases.
+queue. A base's download (``store.fetch``) runs outside the load lock, on a thread of its own
+(one per base downloading, at most ``MAX_DOWNLOADS``); one still going after ``DOWNLOAD_WAIT_S``
+goes on in the background while the next bases load, and its base is queued again when it is in:
+a store trickling some bases holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at
+once). A poll downloads a loaded base's new version outside the lock too. A load is verified
+and built before anything is evicted, then the bases ``SnapshotHolder.over_budget`` names go
+until the loaded bytes are within the budget again: a version that fails evicts nothing, and the
+process holds one base beyond the budget for the time of a load. A poll refreshes only the loaded bases.
 
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
@@ -73,10 +73,15 @@ WARMUP_LEXICAL = 2
 # The retry hint before any lazy load was timed: a small base loads in tens of milliseconds.
 FIRST_RETRY_MS = 100
 # Lazy: how long the loader waits for one base's download before it goes on to the next base
-# (the download goes on, on one of DOWNLOAD_THREADS threads of its own, and the base is queued
-# again when it ends): a store trickling one base cannot hold every other base's first load.
+# (the download goes on, on a thread of its own, and the base is queued again when it ends): a
+# store trickling one base cannot hold every other base's first load.
 DOWNLOAD_WAIT_S = 1.0
-DOWNLOAD_THREADS = 2
+# Downloads at once: one thread per base downloading, up to the bases configured and this many.
+# A fixed two let two trickling bases take both threads, every other base's download waiting
+# behind them for up to http_version_timeout_s (review s13 #15). Each holds a thread, a socket
+# and a partial folder checked against the cache's free space; 32 stays far from a process's
+# usual 1,024 descriptors.
+MAX_DOWNLOADS = 32
 
 # (error class, refusal kind, retried on the next poll); the first match wins
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
@@ -252,13 +257,14 @@ class Refresher:
         self._loader: asyncio.Task[None] | None = None  # lazy: loads what the queue holds
         self._tried: dict[str, float] = {}  # lazy: when a base's last load on demand failed
         self._downloads: dict[str, asyncio.Future[Path]] = {}  # lazy: going on in the background
-        self._download_pool = ThreadPoolExecutor(DOWNLOAD_THREADS, "voxrecall-download")
+        self.knowledge_bases = tuple(knowledge_bases)
+        threads = max(1, min(len(self.knowledge_bases), MAX_DOWNLOADS))
+        self._download_pool = ThreadPoolExecutor(threads, "voxrecall-download")
         self._closing = False
         self.load_ms = 0.0  # how long the last lazy load took: the retry hint
         self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
         self.holder = holder
         self.embedder = embedder
-        self.knowledge_bases = tuple(knowledge_bases)
         self.on_change = on_change
         self._lock = asyncio.Lock()
         self._rejected: dict[str, str] = {}  # kb -> the newest version refused for good
@@ -269,13 +275,31 @@ class Refresher:
     async def refresh(self) -> list[str]:
         """Load every base whose published version is newer than the one served; returns them."""
         swapped: list[str] = []
+        polled = [kb for kb in self._polled() if await self._prefetched(kb)]
         async with self._lock:
-            for kb in self._polled():
+            for kb in polled:
                 if await self._refresh_one(kb):
                     swapped.append(kb)
         if swapped and self.on_change is not None:
             await self.on_change()
         return swapped
+
+    async def _prefetched(self, kb: str) -> bool:
+        """Lazy: download a loaded base's new version before the poll takes the load lock, so a
+        store trickling it holds the poll alone, not every other base's first load; False when
+        that download failed (refused here, not tried again under the lock)."""
+        if not self.budget_bytes or (current := self.holder.get(kb)) is None:
+            return True
+        try:
+            version = await asyncio.to_thread(self.store.latest, kb)
+        except (SnapshotError, OSError):
+            return True  # the refresh reads the pointer again and refuses it
+        if version is None or version <= current.version or self._rejected.get(kb) == version:
+            return True
+        loop = asyncio.get_running_loop()
+        download = loop.run_in_executor(self._download_pool, self.store.fetch, kb, version)
+        await asyncio.wait({download})
+        return self._download_ended(kb, version, download)
 
     def _polled(self) -> tuple[str, ...]:
         if not self.budget_bytes:
@@ -357,13 +381,13 @@ class Refresher:
         download = loop.run_in_executor(self._download_pool, self.store.fetch, kb, version)
         done, _ = await asyncio.wait({download}, timeout=DOWNLOAD_WAIT_S)
         if done:
-            return self._download_ended(kb, version, download)
+            return self._wanted_download_ended(kb, version, download)
         log.info("%s %s is still downloading: other bases load meanwhile", kb, version)
         self._downloads[kb] = download
 
         def ended(_: object) -> None:
             self._downloads.pop(kb, None)
-            if self._download_ended(kb, version, download) and not self._closing:
+            if self._wanted_download_ended(kb, version, download) and not self._closing:
                 self._enqueue(kb, requester)
 
         download.add_done_callback(ended)
@@ -382,6 +406,13 @@ class Refresher:
             self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
         else:
             self._refuse(kb, version, SnapshotError(f"cannot fetch {kb} {version}: {exc!r}"))
+        return False
+
+    def _wanted_download_ended(self, kb: str, version: str, download: asyncio.Future[Path]) -> bool:
+        """``_download_ended`` for a base loading on demand: a failure starts its
+        ``retry_refused_s``."""
+        if self._download_ended(kb, version, download):
+            return True
         self._tried[kb] = time.monotonic()
         return False
 
