@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from sidecar.edge.logs import quiet_http_clients
+
+    quiet_http_clients()  # an index build's embeddings: a line per request otherwise
     try:
         return int(args.func(args))
     except VoxrecallError as exc:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from sidecar.edge import addresses, logs
 from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from tests.conftest import eventually
+from tests.conftest import EXAMPLE_KB, eventually
 from tests.hardening_kit import TOKEN_A
 from tests.openai_server import OpenAIServer
 
@@ -226,3 +229,43 @@ def test_a_secret_is_redacted_before_its_field_is_escaped_or_cut(
         for form in (secret, orjson.dumps(secret).decode()[1:-1], secret[:11]):
             assert form not in written, form
     assert written.count(logs.REDACTED) >= 5
+
+
+CLI = "from sidecar.cli import main; raise SystemExit(main())"
+
+
+def test_an_index_build_writes_no_line_of_the_http_client(tmp_path: Path) -> None:
+    """`voxrecall index build` over an OpenAI-compatible server wrote httpx's INFO line per
+    embedding request (the sidecar's logging quieted it; the other commands' did not)."""
+    server = OpenAIServer().start()
+    try:
+        path = tmp_path / "voxrecall.toml"
+        path.write_text(
+            f"""
+[embedder]
+provider = "openai"
+base_url = "{server.base_url}"
+dimensions = 64
+[[knowledge_base]]
+name = "help"
+[[knowledge_base.source]]
+name = "kb"
+type = "markdown"
+path = "{EXAMPLE_KB}"
+[index]
+store = "{tmp_path / "store"}"
+""",
+            encoding="utf-8",
+        )
+        run = subprocess.run(
+            [sys.executable, "-c", CLI, "index", "build", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OPENAI_API_KEY": "unused-by-the-local-server"},
+        )
+    finally:
+        server.stop()
+    assert run.returncode == 0, run.stderr
+    assert server.requests >= 1
+    assert "HTTP Request" not in run.stderr

@@ -179,6 +179,12 @@ def configure(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    quiet_http_clients()
+
+
+def quiet_http_clients() -> None:
+    """The HTTP client libraries' line per request left out below WARNING (``QUIET_LOGGERS``):
+    the sidecar's and every other command's logs (an index build's embeddings too)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
