@@ -13,10 +13,11 @@ there and not kept. A Converse stream's answer (``converse_response``) is those 
 ``turn`` field, beside the prefetch flag and the transcript: nothing parsed and serialized again.
 
 ``EncodedResponse`` carries the bytes to the method's serializer, which passes them through
-(``passing_through``, registered by ``sidecar.edge.server`` for Search, Turn and Converse), beside the
-timings and whether the call searched (what the metrics hook reads of every response). A hook that needs the message gets it parsed from the
-bytes, once a call and only then (``EncodedResponse.message``; ``Hook.reads_encoded``); when a
-hook has parsed it, the message is what is sent, so a hook that changes it is obeyed.
+(``passing_through``, registered by ``sidecar.edge.server`` for Search, Turn and Converse),
+beside the timings and whether the call searched (what the metrics hook reads of every
+response). A hook that needs the message gets it parsed from the bytes, once a call and only
+then (``EncodedResponse.message``; ``Hook.reads_encoded``); when a hook has parsed it, the
+message is what is sent, so a hook that changes it is obeyed.
 """
 
 from __future__ import annotations
