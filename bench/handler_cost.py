@@ -35,48 +35,20 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from unittest import mock
-
-import grpc
 
 from bench.corpus import CorpusSpec, load_or_generate
-from bench.ours import _request, build_snapshot, embedder_info
+from bench.in_process import Context, Handler, cpu_us, serialized, served, wrapped
+from bench.ours import _request
 from bench.profile_turn import TimedIndex
-from index.embedders.base import HashEmbedder
-from sidecar.config import parse_config
 from sidecar.edge.interceptor import HookInterceptor
-from sidecar.edge.server import Sidecar, create_server
-from sidecar.edge.service import RetrievalService
 from sidecar.gen import retrieval_pb2 as pb
 
 RESULTS = Path(__file__).resolve().parent / "results" / "handler_cost.json"
 WARM_CALLS = 200
-
-
-class _Context:
-    """What the hooks and the handler touch of a servicer context."""
-
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
-
-    def set_trailing_metadata(self, metadata: Any) -> None:
-        pass
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
-
-    def code(self) -> None:
-        return None
-
-    def time_remaining(self) -> float:
-        return 10.0
-
-    async def abort(self, code: Any, details: str = "", trailing_metadata: Any = ()) -> None:
-        raise RuntimeError(f"{code}: {details}")
 
 
 def _timed_graph(holder: Any, kb: str) -> TimedIndex:
@@ -104,7 +76,7 @@ async def _ways(
         way = "general" if block % 2 else "plain"
         graph_s = graph.seconds
         with _general_way(engine, way == "general"):
-            us = await _cpu_us(fn, requests, WAY_BLOCK)
+            us = await cpu_us(fn, requests, WAY_BLOCK)
         spent[way][0] += us
         spent[way][1] += (graph.seconds - graph_s) / WAY_BLOCK * 1e6
     blocks = max(1, calls // WAY_BLOCK)
@@ -135,76 +107,6 @@ def _general_way(engine: Any, on: bool) -> Iterator[None]:
         del engine._plain
 
 
-class _Details:
-    method = "/voxrecall.v1.Retrieval/Search"
-    invocation_metadata = ()
-
-
-Handler = Callable[[Any, Any], Awaitable[Any]]
-
-
-def _search_serializer() -> Callable[[Any], bytes]:
-    """What the ``Search`` method's serializer does with a handler's answer."""
-    try:
-        from sidecar.edge.wire import passing_through
-    except ImportError:  # a tree from before the handler wrote bytes (a before/after run)
-        return pb.SearchResponse.SerializeToString  # type: ignore[no-any-return]
-    plain = grpc.unary_unary_rpc_method_handler(
-        None, response_serializer=pb.SearchResponse.SerializeToString
-    )
-    return passing_through(plain).response_serializer  # type: ignore[no-any-return]
-
-
-def _serialized(fn: Handler) -> Handler:
-    """``fn``, its answer serialized as grpc would send it."""
-    serialize = _search_serializer()
-
-    async def handler(request: Any, context: Any) -> bytes:
-        return serialize(await fn(request, context))
-
-    return handler
-
-
-async def _wrapped(interceptor: HookInterceptor, bare: Handler) -> Handler:
-    handler = grpc.unary_unary_rpc_method_handler(bare)
-
-    async def continuation(details: Any) -> Any:
-        return handler
-
-    wrapped = await interceptor.intercept_service(continuation, _Details())  # type: ignore[arg-type]
-    return wrapped.unary_unary  # type: ignore[no-any-return]
-
-
-async def _cpu_us(fn: Handler, requests: list[Any], calls: int) -> float:
-    context = _Context()
-    started = time.thread_time()
-    for i in range(calls):
-        await fn(requests[i % len(requests)], context)
-    return (time.thread_time() - started) / calls * 1e6
-
-
-async def served(corpus: Any, dim: int, **settings: Any) -> tuple[Sidecar, RetrievalService]:
-    """A sidecar over ``corpus``'s snapshot (``[sidecar]`` ``settings`` added), not started,
-    and the servicer it made: its handlers are called in process."""
-    folder, _ = build_snapshot(corpus)
-    store = folder.parent.parent
-    raw = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0", **settings}}
-    made: list[RetrievalService] = []
-    real_init = RetrievalService.__init__
-
-    def keep(self: RetrievalService, *args: Any, **kwargs: Any) -> None:
-        real_init(self, *args, **kwargs)
-        made.append(self)
-
-    with mock.patch.object(RetrievalService, "__init__", keep):
-        sidecar = await create_server(
-            parse_config(raw, base=store.parent),
-            embedder=HashEmbedder(dimension=dim, name=embedder_info(corpus).name),
-            poll=False,
-        )
-    return sidecar, made[0]
-
-
 async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> dict[str, Any]:
     corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
     sidecar, servicer = await served(corpus, dim)
@@ -223,27 +125,29 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> di
             knn.i += 1  # type: ignore[attr-defined]
 
         knn.i = 0  # type: ignore[attr-defined]
-        built = await bare(requests[0], _Context())
+        built = await bare(requests[0], Context())
 
         async def answered(request: Any, context: Any) -> Any:
             return built
 
         variants: dict[str, Handler] = {
-            "wrapped": _serialized(await _wrapped(interceptor, bare)),
-            "bare": _serialized(bare),
+            "wrapped": serialized(await wrapped(interceptor, bare, "Search"), pb.SearchResponse),
+            "bare": serialized(bare, pb.SearchResponse),
             "knn": knn,
-            "hooks_alone": await _wrapped(interceptor, answered),
+            "hooks_alone": await wrapped(interceptor, answered, "Search"),
             "answered": answered,
         }
         for hook in interceptor.hooks:
-            variants[f"hook:{type(hook).__name__}"] = await _wrapped(HookInterceptor([hook]), bare)
+            variants[f"hook:{type(hook).__name__}"] = await wrapped(
+                HookInterceptor([hook]), bare, "Search"
+            )
         best: dict[str, float] = {}
         for fn in variants.values():
-            await _cpu_us(fn, requests, WARM_CALLS)
+            await cpu_us(fn, requests, WARM_CALLS)
         for _ in range(rounds):
             for name, fn in variants.items():
                 graph_s, graph_calls = graph.seconds, graph.calls
-                us = await _cpu_us(fn, requests, calls)
+                us = await cpu_us(fn, requests, calls)
                 best[name] = min(us, best.get(name, us))
                 if name == "wrapped":  # the graph's share of these calls, from the same round
                     in_call = (graph.seconds - graph_s) / (graph.calls - graph_calls) * 1e6

@@ -19,6 +19,11 @@ before (``message_response`` here). ``bytes_over_message``: their ratio.
 written before, less that handler alone, for a Turn and for a Search (the same hooks; a
 difference is per-method work); ``each_hook_us`` the same with one hook at a time. Times are this
 thread's CPU (``time.thread_time``), least of ``--rounds`` rounds for the hooks.
+
+``converse_answer_us``: a Converse stream's answer to each turn made and serialized by its
+method's serializer, ``bytes`` as the servicer writes it (``converse_response``) and ``parsed``
+as it did before (the turn's bytes parsed into a built ``ConverseResponse``, serialized by
+protobuf), least of ``--rounds`` alternating rounds; ``converse_bytes_over_parsed`` their ratio.
 Writes ``bench/results/turn_cost.json`` (``--out``).
 """
 
@@ -35,15 +40,12 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import grpc
-
 from bench.corpus import CorpusSpec, load_or_generate
-from bench.handler_cost import Handler, _Context, served
+from bench.in_process import Handler, cpu_us, serialized, serializer, served, wrapped
 from sidecar.edge import service
 from sidecar.edge.interceptor import HookInterceptor
 from sidecar.edge.messages import MESSAGES
 from sidecar.edge.service import RetrievalService, set_timings
-from sidecar.edge.wire import passing_through
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.engine import BasePolicy, TurnResult
 from sidecar.turn.skip import Skip
@@ -98,41 +100,6 @@ def _way(way: str) -> Iterator[None]:
         yield
 
 
-class _Details:
-    def __init__(self, method: str) -> None:
-        self.method = f"/voxrecall.v1.Retrieval/{method}"
-        self.invocation_metadata = ()
-
-
-async def _wrapped(interceptor: HookInterceptor, inner: Handler, method: str) -> Handler:
-    handler = grpc.unary_unary_rpc_method_handler(inner)
-
-    async def continuation(details: Any) -> Any:
-        return handler
-
-    wrapped = await interceptor.intercept_service(continuation, _Details(method))  # type: ignore[arg-type]
-    return wrapped.unary_unary  # type: ignore[no-any-return]
-
-
-def _serialized(fn: Handler, message: Any) -> Handler:
-    """``fn``, its answer serialized as the method's serializer sends it."""
-    plain = grpc.unary_unary_rpc_method_handler(None, response_serializer=message.SerializeToString)
-    serialize = passing_through(plain).response_serializer
-
-    async def handler(request: Any, context: Any) -> bytes:
-        return serialize(await fn(request, context))  # type: ignore[no-any-return]
-
-    return handler
-
-
-async def _cpu_us(fn: Handler, requests: list[Any], calls: int) -> float:
-    context = _Context()
-    started = time.thread_time()
-    for i in range(calls):
-        await fn(requests[i % len(requests)], context)
-    return (time.thread_time() - started) / calls * 1e6
-
-
 async def _turns(engine: Any, sessions: int) -> tuple[list[pb.TurnRequest], list[TurnResult]]:
     """Real turns, run once: their requests and what the engine answered."""
     requests, results = [], []
@@ -170,9 +137,10 @@ async def measure(n: int, dim: int, queries: int, sessions: int, calls: int, rou
             return await servicer.Turn(request, context)
 
         servicer.engine.turn = answered_turn  # type: ignore[method-assign]
-        whole = _serialized(await _wrapped(interceptor, turn_handler, "Turn"), pb.TurnResponse)
+        whole = serialized(await wrapped(interceptor, turn_handler, "Turn"), pb.TurnResponse)
         ways = await _alternating(whole, requests, calls)
         hooks = await _hooks(interceptor, servicer, requests, results, calls, rounds)
+        converse = _converse(servicer._policy("bench"), requests, results, calls, rounds)
         searched = sum(r.skipped is Skip.NOT_SKIPPED for r in results)
     finally:
         await sidecar.stop(0.1)
@@ -187,6 +155,7 @@ async def measure(n: int, dim: int, queries: int, sessions: int, calls: int, rou
         "load_average": os.getloadavg(),
         **ways,
         **hooks,
+        **converse,
     }
 
 
@@ -194,13 +163,13 @@ async def _alternating(fn: Handler, requests: list[Any], calls: int) -> dict[str
     """``fn`` with each way of making the response, in alternating blocks: mean CPU a call."""
     for way in ("bytes", "message"):
         with _way(way):
-            await _cpu_us(fn, requests, WARM_CALLS)
+            await cpu_us(fn, requests, WARM_CALLS)
     spent = {"bytes": 0.0, "message": 0.0}
     blocks = max(1, calls // BLOCK)
     for block in range(2 * blocks):
         way = ("bytes", "message")[block % 2]
         with _way(way):
-            spent[way] += await _cpu_us(fn, requests, BLOCK)
+            spent[way] += await cpu_us(fn, requests, BLOCK)
     return {
         "turn_cpu_us_alternating": {way: round(us / blocks, 1) for way, us in spent.items()},
         "bytes_over_message": round(spent["bytes"] / spent["message"], 3),
@@ -224,19 +193,19 @@ async def _hooks(
 
     variants: dict[str, Handler] = {
         "answered": answered,
-        "turn": await _wrapped(interceptor, answered, "Turn"),
-        "search": await _wrapped(interceptor, answered, "Search"),
+        "turn": await wrapped(interceptor, answered, "Turn"),
+        "search": await wrapped(interceptor, answered, "Search"),
     }
     for hook in interceptor.hooks:
-        variants[f"hook:{type(hook).__name__}"] = await _wrapped(
+        variants[f"hook:{type(hook).__name__}"] = await wrapped(
             HookInterceptor([hook]), answered, "Turn"
         )
     best: dict[str, float] = {}
     for fn in variants.values():
-        await _cpu_us(fn, requests, WARM_CALLS)
+        await cpu_us(fn, requests, WARM_CALLS)
     for _ in range(rounds):
         for name, fn in variants.items():
-            us = await _cpu_us(fn, requests, calls)
+            us = await cpu_us(fn, requests, calls)
             best[name] = min(us, best.get(name, us))
     alone = best["answered"]
     return {
@@ -244,6 +213,43 @@ async def _hooks(
         "each_hook_us": {
             k.split(":", 1)[1]: round(v - alone, 1) for k, v in best.items() if ":" in k
         },
+    }
+
+
+def parsed_answer(result: TurnResult, policy: BasePolicy, transcript: str) -> pb.ConverseResponse:
+    """A Converse answer as the servicer made it before it wrote bytes: the turn's written
+    bytes parsed into a built message."""
+    return pb.ConverseResponse(
+        turn=pb.TurnResponse.FromString(service.turn_response(result, policy).data),
+        prefetched=result.prefetched,
+        transcript=transcript,
+    )
+
+
+def _converse(
+    policy: BasePolicy,
+    requests: list[pb.TurnRequest],
+    results: list[TurnResult],
+    calls: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """Each turn's Converse answer made and serialized, both ways, alternating rounds."""
+    serialize = serializer(pb.ConverseResponse)
+    ways = {"bytes": service.converse_response, "parsed": parsed_answer}
+    turns = [(result, request.text) for request, result in zip(requests, results, strict=True)]
+    best: dict[str, float] = {}
+    for round_ in range(2 * rounds + 2):  # the first two warm both up
+        for name, make in sorted(ways.items(), reverse=bool(round_ % 2)):
+            started = time.thread_time()
+            for i in range(calls):
+                result, transcript = turns[i % len(turns)]
+                serialize(make(result, policy, transcript))
+            us = (time.thread_time() - started) / calls * 1e6
+            if round_ >= 2:
+                best[name] = min(us, best.get(name, us))
+    return {
+        "converse_answer_us": {name: round(us, 2) for name, us in best.items()},
+        "converse_bytes_over_parsed": round(best["bytes"] / best["parsed"], 3),
     }
 
 

@@ -128,11 +128,11 @@ class Metrics(Hook):
 
     # -- the hook -----------------------------------------------------------------------------
 
-    reads_encoded = True  # a Search's or Turn's timings are read beside its bytes, never parsed
+    reads_encoded = True  # a written answer's timings are read beside its bytes, never parsed
 
     def response(self, call: Call, message: Any) -> None:
         kind = type(message)  # generated message classes are never subclassed
-        if kind is EncodedResponse:  # a Search's or a Turn's answer, the most frequent
+        if kind is EncodedResponse:  # a Search's, a Turn's or a Converse answer, as bytes
             self._timings(call.method, message.timings, searched=message.searched)
             return
         if kind is pb.SearchResponse:

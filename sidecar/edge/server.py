@@ -46,7 +46,7 @@ CUT_OFF_WAIT_S = 1.0
 
 
 # The methods whose handlers answer a response's bytes (sidecar/edge/wire.py).
-SENDS_BYTES = ("Search", "Turn")
+SENDS_BYTES = ("Search", "Turn", "Converse")
 
 
 class _SendsBytes:

@@ -22,7 +22,12 @@ from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import MESSAGES
 from sidecar.edge.status import caller_message, internal_message, status_for, trailers_for
-from sidecar.edge.wire import EncodedResponse, search_response, turn_response
+from sidecar.edge.wire import (
+    EncodedResponse,
+    converse_response,
+    search_response,
+    turn_response,
+)
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.functions.tools import PageReader, PageText, Toolbox
 from sidecar.gen import retrieval_pb2 as pb
@@ -181,7 +186,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         self, request_iterator: AsyncIterator[pb.ConverseRequest], context: Context
     ) -> None:
         """One stream per call. A user interim transcript may start a prefetch and gets no
-        answer; every other request (a final user transcript, an agent turn) gets one."""
+        answer; every other request (a final user transcript, an agent turn) gets one, written
+        as bytes (``converse_response``) as a Turn's is."""
         prefetcher = Prefetcher(self.engine, self.engine.config.prefetch_stable_ms)
         session_id = ""
         try:
@@ -204,12 +210,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                 result = await self.engine.turn(turn, prefetch=prefetcher)
                 if turn.speaker == Speaker.USER:
                     prefetcher.discard()  # e.g. a skipped final never took its prefetch
-                written = turn_response(result, self._policy(turn.knowledge_base))
-                answer = pb.ConverseResponse(
-                    turn=pb.TurnResponse.FromString(written.data),
-                    prefetched=result.prefetched,
-                    transcript=turn.text,
-                )
+                policy = self._policy(turn.knowledge_base)
+                answer = converse_response(result, policy, turn.text)
                 try:
                     await written_within(context.write(answer), idle_s)
                 except IdleTimeout as exc:  # abort would wait behind the answers left unread

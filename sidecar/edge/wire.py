@@ -9,13 +9,15 @@ status as fields encoded once and kept. Fields go in the proto's order and parse
 protobuf would build (``tests/test_wire.py`` holds every field to it). A Turn's response is
 written alike (``turn_response``): its hits and the session's context chunks are the snapshot's
 chunks, whose encodings are kept; its query and follow-up words, new on most calls, are encoded
-there and not kept.
+there and not kept. A Converse stream's answer (``converse_response``) is those bytes as its
+``turn`` field, beside the prefetch flag and the transcript: nothing parsed and serialized again.
 
 ``EncodedResponse`` carries the bytes to the method's serializer, which passes them through
-(``passing_through``, registered by ``sidecar.edge.server`` for Search and Turn), beside the
-timings and whether the call searched (what the metrics hook reads of every response). A hook that needs the message gets it parsed from the
-bytes, once a call and only then (``EncodedResponse.message``; ``Hook.reads_encoded``); when a
-hook has parsed it, the message is what is sent, so a hook that changes it is obeyed.
+(``passing_through``, registered by ``sidecar.edge.server`` for Search, Turn and Converse),
+beside the timings and whether the call searched (what the metrics hook reads of every
+response). A hook that needs the message gets it parsed from the bytes, once a call and only
+then (``EncodedResponse.message``; ``Hook.reads_encoded``); when a hook has parsed it, the
+message is what is sent, so a hook that changes it is obeyed.
 """
 
 from __future__ import annotations
@@ -150,7 +152,38 @@ _float32 = struct.Struct("<f").pack
 def turn_response(result: TurnResult, policy: BasePolicy) -> EncodedResponse:
     """``result`` as a ``TurnResponse``'s bytes, with ``policy``'s words beside it (the
     fallback only when the turn searched and found nothing)."""
-    hits, searched = result.hits, result.skipped is Skip.NOT_SKIPPED
+    searched = result.skipped is Skip.NOT_SKIPPED
+    data = _turn_bytes(result, policy, searched)
+    return EncodedResponse(data, pb.TurnResponse, result.timings, searched)
+
+
+_CONVERSE = pb.ConverseResponse.DESCRIPTOR
+_CONVERSE_TURN, _TRANSCRIPT = (field_key(_CONVERSE, name) for name in ("turn", "transcript"))
+_PREFETCHED = field_key(_CONVERSE, "prefetched", _VARINT) + b"\x01"
+
+
+def converse_response(result: TurnResult, policy: BasePolicy, transcript: str) -> EncodedResponse:
+    """A Converse stream's answer to one turn as a ``ConverseResponse``'s bytes: the turn's, as
+    ``turn_response`` writes them, as its ``turn`` field (present however short, as protobuf
+    writes a message field set), whether a prefetch answered it, and the final ``transcript``
+    (new on every call: not kept)."""
+    searched = result.skipped is Skip.NOT_SKIPPED
+    turn = _turn_bytes(result, policy, searched)
+    data = b"".join(
+        (
+            _CONVERSE_TURN,
+            varint(len(turn)),
+            turn,
+            _PREFETCHED if result.prefetched else b"",
+            utf8_field(_TRANSCRIPT, transcript),
+        )
+    )
+    return EncodedResponse(data, pb.ConverseResponse, result.timings, searched)
+
+
+def _turn_bytes(result: TurnResult, policy: BasePolicy, searched: bool) -> bytes:
+    """A ``TurnResponse``'s fields, in the proto's order."""
+    hits = result.hits
     parts: list[bytes] = []
     _put_hits(parts, _TURN_CHUNKS, hits)
     _put_hits(parts, _TURN_CONTEXT, result.context)
@@ -167,7 +200,7 @@ def turn_response(result: TurnResult, policy: BasePolicy) -> EncodedResponse:
     if policy.instructions:
         parts.append(string_field(_TURN_INSTRUCTIONS, policy.instructions))
     parts.append(_TURN_RERANK[result.rerank])
-    return EncodedResponse(b"".join(parts), pb.TurnResponse, result.timings, searched)
+    return b"".join(parts)
 
 
 def _followup(followup: FollowUp) -> bytes:

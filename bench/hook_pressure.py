@@ -1,0 +1,209 @@
+"""What a Search's Python costs piece by piece, and what the hooks cost around handlers that
+touch more or less data: ``python -m bench.hook_pressure``.
+
+``bench.in_process``'s sidecar (2,000 x 384 by default), its graph's ``knn`` answered from a
+canned result (the first answer for each k, kept), so no hnswlib search runs and what is timed
+is the sidecar's own Python.
+
+``pieces_us``: parts of a ``Search`` by ``timeit`` on this thread's CPU (least of 5 x
+``--number``): the request read into a ``SearchInput``, the vector read, the graph's answer
+made into hits, the response written, ``Engine.search`` and the whole handler.
+
+``hooks_us``: the interceptor with every hook (``all``) and with one hook that does nothing
+(``nothing``) around each handler, less that handler alone (least of ``--rounds`` rounds of
+``--calls`` calls, this thread's CPU): one answering a response written before (``answered``),
+``Engine.search`` (``engine``), the whole ``Search`` (``search``), and handlers reading one
+attribute of each of N objects picked at random from 200,000 (``walk_N``: data scattered as a
+graph search's is). Writes ``bench/results/hook_pressure.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import time
+import timeit
+from pathlib import Path
+from typing import Any
+
+import index.snapshot
+from bench.corpus import CorpusSpec, load_or_generate
+from bench.in_process import Context, Handler, cpu_us, served, wrapped
+from bench.ours import _request
+from sidecar.edge import service, wire
+from sidecar.edge.interceptor import Hook, HookInterceptor
+from sidecar.turn.engine import SearchInput, _nearest_hits
+
+RESULTS = Path(__file__).resolve().parent / "results" / "hook_pressure.json"
+WALKS = (300, 1_500, 3_000)
+OBJECTS = 200_000
+
+
+class Nothing(Hook):
+    """A hook whose start does nothing: the interceptor's own cost."""
+
+    def start(self, call: Any) -> None:
+        pass
+
+
+class _Slot:
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def _canned_graph() -> None:
+    """The graph's ``knn`` answered from the first answer for each k."""
+    real, kept = index.snapshot.knn, {}
+
+    def canned(graph: Any, query: Any, k: int, where: object) -> Any:
+        if k not in kept:
+            kept[k] = real(graph, query, k, where)
+        return kept[k]
+
+    index.snapshot.knn = canned  # type: ignore[assignment]
+
+
+def _walker(n: int, built: Any) -> Handler:
+    objects = [_Slot(i) for i in range(OBJECTS)]
+    picks = random.Random(n).sample(objects, n)
+
+    async def walk(request: Any, context: Any) -> Any:
+        total = 0
+        for o in picks:
+            total += o.value
+        return built
+
+    return walk
+
+
+def _pieces(servicer: Any, request: Any, number: int) -> dict[str, float]:
+    engine = servicer.engine
+    searcher = engine.searcher("bench")
+    given = SearchInput(query="", knowledge_base="bench", vector=request.vector)
+    vector = engine._vector_from_bytes(request.vector, searcher.snapshot)
+    found = _run(engine.search(given))
+    policy = servicer._policy("bench")
+
+    def search_input() -> Any:
+        r = request
+        return SearchInput(
+            query=r.query,
+            knowledge_base=r.knowledge_base,
+            limit=r.limit,
+            min_score=r.min_score,
+            sources=service.strings(r.sources),
+            session_id=r.session_id,
+            context_url=r.context_url,
+            vector=r.vector,
+            filters=service.metadata_filters(r.filters),
+            source_paths=service.strings(r.source_paths),
+        )
+
+    timed = {
+        "search_input": search_input,
+        "vector_read": lambda: engine._vector_from_bytes(request.vector, searcher.snapshot),
+        "graph_answer_into_hits": lambda: _nearest_hits(searcher, "bench", vector, 10, 0.0),
+        "response_written": lambda: wire.search_response(found, policy),
+        "engine_search": lambda: _run(engine.search(given)),
+        "whole_search": lambda: _run(servicer.Search(request, Context())),
+    }
+    return {
+        name: round(
+            min(timeit.repeat(fn, timer=time.thread_time, number=number, repeat=5)) / number * 1e6,
+            2,
+        )
+        for name, fn in timed.items()
+    }
+
+
+def _run(coroutine: Any) -> Any:
+    """A coroutine that never waits, run to its end without an event loop's round trip."""
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("the coroutine waited")
+
+
+async def measure(n: int, dim: int, queries: int, calls: int, rounds: int, number: int) -> Any:
+    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
+    sidecar, servicer = await served(corpus, dim)
+    try:
+        _canned_graph()
+        requests = [_request(q) for q in corpus.queries]
+        built = await servicer.Search(requests[0], Context())
+        given = SearchInput(query="", knowledge_base="bench", vector=requests[0].vector)
+
+        async def answered(request: Any, context: Any) -> Any:
+            return built
+
+        async def engine(request: Any, context: Any) -> Any:
+            await servicer.engine.search(given)
+            return built
+
+        handlers: dict[str, Handler] = {
+            "answered": answered,
+            "engine": engine,
+            "search": servicer.Search,
+            **{f"walk_{w}": _walker(w, built) for w in WALKS},
+        }
+        interceptor = sidecar.guards.interceptors[0]  # type: ignore[union-attr]
+        assert isinstance(interceptor, HookInterceptor)
+        variants: dict[str, Handler] = {}
+        for name, handler in handlers.items():
+            variants[name] = handler
+            variants[f"all+{name}"] = await wrapped(interceptor, handler, "Search")
+            variants[f"nothing+{name}"] = await wrapped(
+                HookInterceptor([Nothing()]), handler, "Search"
+            )
+        best: dict[str, float] = {}
+        for fn in variants.values():
+            await cpu_us(fn, requests, calls // 4)
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                us = await cpu_us(fn, requests, calls)
+                best[name] = min(us, best.get(name, us))
+        pieces = _pieces(servicer, requests[0], number)
+    finally:
+        await sidecar.stop(0.1)
+    return {
+        "n": n,
+        "dim": dim,
+        "load_average": os.getloadavg(),
+        "pieces_us": pieces,
+        "handler_us": {name: round(best[name], 2) for name in handlers},
+        "hooks_us": {
+            name: {
+                hooks: round(best[f"{hooks}+{name}"] - best[name], 2)
+                for hooks in ("all", "nothing")
+            }
+            for name in handlers
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2_000)
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=100, help="as the corpus was cached with")
+    parser.add_argument("--calls", type=int, default=4_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--number", type=int, default=20_000, help="timeit's calls a repeat")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    result = asyncio.run(
+        measure(args.n, args.dim, args.queries, args.calls, args.rounds, args.number)
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
