@@ -158,15 +158,21 @@ def _check_level0(f: io.BufferedReader, head: _Header, where: str) -> None:
 
 
 def _check_vectors(raw: npt.NDArray[np.uint8], start: int, where: str) -> None:
-    """Every value of the vectors of elements ``start``.. finite: a NaN searches without error
-    and finds nothing near it, and a build never writes one (its embedder's answers are checked)."""
-    # a NaN or an infinity makes its row's sum one; finite values do only past ~1e36 a value,
-    # which no unit vector holds (a build writes unit vectors). Summing reads the rows in place:
-    # a third of the time of np.isfinite over a copy.
-    finite = np.isfinite(np.einsum("ij->i", raw.view("<f4")))
+    """Every value of the vectors of elements ``start``.. finite and of a unit vector's size: a
+    NaN searches without error and is near nothing, a huge value is near everything, and a build
+    writes neither (its embedder's answers are checked and scaled)."""
+    # a NaN or an infinity makes its row's squared norm one, and so does a value past ~1e19,
+    # which no unit vector holds (a build writes unit vectors; a value of 3e38 is finite and
+    # wins every inner product). Summing reads the rows in place: a third of the time of
+    # np.isfinite over a copy.
+    rows = raw.view("<f4")
+    finite = np.isfinite(np.einsum("ij,ij->i", rows, rows))
     if not finite.all():
         element = start + int(np.argmin(finite))
-        raise CorruptSnapshot(f"{where}: element {element}'s vector has a value that is not finite")
+        raise CorruptSnapshot(
+            f"{where}: element {element}'s vector has a value that is not finite, or too large "
+            "for a unit vector"
+        )
 
 
 def _check_level0_links(raw: npt.NDArray[np.uint8], head: _Header, start: int, where: str) -> None:

@@ -18,6 +18,7 @@ runs on its own thread, so slow answers overlap as a real server's do.
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
 import random
 import threading
@@ -54,6 +55,7 @@ class Behaviour:
     pad_bytes: int = 0  # > 0: a valid answer padded with a string of this many bytes
     shift_index: bool = False  # answer index i + 1 for text i
     drop_mid_body: bool = False  # send the headers and half the body, then close
+    gzip_error: bool = False  # with fail_status: the error's body gzipped, unasked
 
 
 def sample_latency_ms(spec: str, rng: random.Random) -> float:
@@ -221,6 +223,9 @@ class _Handler(BaseHTTPRequestHandler):
             error = {"error": {"message": f"injected {status}", "type": "server_error"}}
             if behaviour.pad_bytes:
                 error["padding"] = "x" * behaviour.pad_bytes  # type: ignore[assignment]
+            if behaviour.gzip_error:
+                self._send_gzipped(status, orjson.dumps(error))
+                return
             self._send(status, orjson.dumps(error))
             return
         answer = self.api._embeddings(body)
@@ -228,6 +233,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_half(answer)
             return
         self._send(HTTPStatus.OK, answer, behaviour.trickle_s)
+
+    def _send_gzipped(self, status: int, body: bytes) -> None:
+        """``body`` gzipped, whatever the request's Accept-Encoding said."""
+        packed = gzip.compress(body)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(packed)))
+        self.end_headers()
+        self.wfile.write(packed)
 
     def _send_half(self, body: bytes) -> None:
         """The headers of ``body`` and half of it, then the connection closed."""

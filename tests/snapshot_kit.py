@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -206,6 +207,14 @@ def _a_vector_of_nan(data: bytes) -> bytes:
     return _at(HEADER.size + 7 * per_element + offset_data, 0x7FC00000, 4)(data)
 
 
+def _a_vector_of_huge_values(data: bytes) -> bytes:
+    """Element 7's first two values set to +3e38 and -3e38 (s13's second attack, V1)."""
+    per_element = int.from_bytes(data[24:32], "little")
+    start = HEADER.size + 7 * per_element + int.from_bytes(data[40:48], "little")
+    values = struct.pack("<2f", 3e38, -3e38)
+    return data[:start] + values + data[start + len(values) :]
+
+
 # Files whose checksums match a manifest re-signed after the change (issue 14's attacks): each
 # crashed the sidecar or broke its calls before the loader checked what it reads.
 TAMPERED: dict[str, Callable[[Path], None]] = {
@@ -219,6 +228,8 @@ TAMPERED: dict[str, Callable[[Path], None]] = {
     "hnsw_entry_point_linked_to_none": _patch(VECTORS, _entry_point_alone),
     # searched without an error, and the element is found by no query (s13's F1)
     "hnsw_a_vector_of_nan": _patch(VECTORS, _a_vector_of_nan),
+    # +3e38 and -3e38: finite, summing to 0; the element came first for half of all queries
+    "hnsw_a_vector_of_3e38": _patch(VECTORS, _a_vector_of_huge_values),
     "pages_file_is_5": _patch(PAGES, lambda _: b"5"),
     "pages_text_offset_past_the_blob": _patch(PAGES, _item("t_offsets", 1, 1 << 40)),
     "chunk_string_offsets_decrease": _patch(CHUNKS, _item("s_offsets", 2, 1)),

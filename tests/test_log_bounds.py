@@ -133,6 +133,15 @@ def test_a_secret_too_short_to_be_one_is_left_in_the_lines(log_stream: io.String
     assert line["msg"] == f"voxrecall expected 64-d; key EMPTY; {logs.REDACTED}"
 
 
+def test_a_secret_that_begins_another_leaves_none_of_the_longer(log_stream: io.StringIO) -> None:
+    """Scrubbed in the order given, the shorter secret left the longer's rest in the line."""
+    short, longer = "sk-live-0123", "sk-live-0123-and-the-rest-of-it"
+    logs.configure("INFO", "json", secrets=[short, longer], stream=log_stream)
+    logging.getLogger("voxrecall.test").info("keys %s and %s", longer, short)
+    (line,) = _json_lines(log_stream)
+    assert line["msg"] == f"keys {logs.REDACTED} and {logs.REDACTED}"
+
+
 async def test_an_embedding_request_writes_no_line_of_the_http_client(
     log_stream: io.StringIO,
 ) -> None:

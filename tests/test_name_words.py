@@ -126,3 +126,25 @@ async def test_an_area_after_a_street_is_an_address(tmp_path: Path) -> None:
         tmp_path,
     )
     assert results[-1].followup.used == "FRANKIE AND BENNYS"
+
+
+async def test_a_name_too_long_to_be_one_is_not_named_by_its_words(tmp_path: Path) -> None:
+    """A name of more than WORD_NAME_TOKENS tokens (a hostile snapshot's 10 MB of names took
+    29 s and 400 MB to rate) is not looked up by its words; the same word in a real name is."""
+    filler = " ".join(f"word{i}" for i in range(30))
+    places = {
+        **PLACES,
+        f"ZANZIBARQUE {filler}": ["Zanzibarque serves grilled fish by the harbour."],
+        "QUETZALCOATL CANTINA": ["Quetzalcoatl Cantina serves Mexican food."],
+    }
+    for word, tracked in (("zanzibarque", False), ("quetzalcoatl", True)):
+        results = await run_turns(
+            places,
+            [
+                ("user", "somewhere for dinner"),
+                ("agent", f"hmm yes there is {word} tinna which is near the harbour"),
+                ("user", "do they take reservations"),
+            ],
+            tmp_path / word,
+        )
+        assert (results[-1].followup.source == Source.ENTITY) is tracked, word

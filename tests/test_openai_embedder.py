@@ -212,9 +212,13 @@ async def test_values_too_large_for_float32_keep_their_direction(
         (Behaviour(pad_bytes=2_000_000), "bytes"),
         (Behaviour(fail_status=400, fail_times=-1, pad_bytes=20_000_000), "bytes"),
         (Behaviour(drop_mid_body=True), "RemoteProtocolError"),
+        (
+            Behaviour(fail_status=400, fail_times=-1, pad_bytes=50_000_000, gzip_error=True),
+            "Content-Encoding 'gzip'",
+        ),
         (Behaviour(shift_index=True), "indexes [1, 2]"),
     ],
-    ids=["zero", "2MB", "20MB-error", "dropped", "index"],
+    ids=["zero", "2MB", "20MB-error", "dropped", "gzip-bomb-error", "index"],
 )
 async def test_an_answer_that_is_no_vectors_is_refused_by_name(
     server: OpenAIServer, embedder: OpenAIEmbedder, behaviour: Behaviour, says: str

@@ -55,6 +55,7 @@ RESPONSE_BYTES_PER_VALUE = 64  # an indented answer takes ~34 (a review found 32
 # The most texts one hot-path request holds (a turn embeds a query or two, a few side by side):
 # the cap every hot answer's body is read under, an error's included.
 HOT_MAX_TEXTS = 16
+IDENTITY = {"Accept-Encoding": "identity"}  # a body's cap counts its bytes as sent: uncompressed
 RESPONSE_BYTES_FLOOR = 64 * 1024
 _RETRYABLE = (
     openai.RateLimitError,
@@ -109,7 +110,7 @@ class OpenAIEmbedder:
             max_retries=0,
             timeout=HOT_TIMEOUT_S,
             http_client=openai.DefaultAsyncHttpxClient(
-                event_hooks={"response": [_async_capped(hot_cap)]}
+                headers=IDENTITY, event_hooks={"response": [_async_capped(hot_cap)]}
             ),
         )
         bulk_cap = response_cap(config.batch_size, dimension)
@@ -119,7 +120,7 @@ class OpenAIEmbedder:
             max_retries=0,
             timeout=BUILD_TIMEOUT_S,
             http_client=openai.DefaultHttpxClient(
-                event_hooks={"response": [_capped_hook(bulk_cap)]}
+                headers=IDENTITY, event_hooks={"response": [_capped_hook(bulk_cap)]}
             ),
         )
 
@@ -245,14 +246,24 @@ def _async_capped(cap: int) -> Callable[[httpx2.Response], Awaitable[None]]:
     client's own transport (its proxies from the environment) stays as it is."""
 
     async def cap_body(response: httpx2.Response) -> None:
-        response.stream = _AsyncCappedStream(response.stream, cap)
+        response.stream = _AsyncCappedStream(response.stream, *_limit(response, cap))
 
     return cap_body
 
 
+def _limit(response: httpx2.Response, cap: int) -> tuple[int, str]:
+    """The bytes of ``response``'s body that may be read, and the error past them. The cap
+    counts the bytes as sent: a compressed body (asked for identity, answered gzip anyway: 1.5 MB
+    inflating to GBs) is refused at its first byte, before anything is inflated."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        return -1, f"the embeddings server answered with Content-Encoding {encoding[:32]!r}"
+    return cap, f"the embeddings server's answer is over {cap} bytes"
+
+
 class _AsyncCappedStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: Any, cap: int) -> None:
-        self._inner, self._cap = inner, cap
+    def __init__(self, inner: Any, cap: int, refusal: str) -> None:
+        self._inner, self._cap, self._refusal = inner, cap, refusal
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         size = 0
@@ -260,7 +271,7 @@ class _AsyncCappedStream(httpx2.AsyncByteStream):
             size += len(part)
             if size > self._cap:
                 await self.aclose()  # the connection is not reused half read
-                raise EmbedderError(f"the embeddings server's answer is over {self._cap} bytes")
+                raise EmbedderError(self._refusal)
             yield part
 
     async def aclose(self) -> None:
@@ -271,14 +282,14 @@ def _capped_hook(cap: int) -> Callable[[httpx2.Response], None]:
     """``_async_capped`` for the build's blocking client."""
 
     def cap_body(response: httpx2.Response) -> None:
-        response.stream = _CappedStream(response.stream, cap)
+        response.stream = _CappedStream(response.stream, *_limit(response, cap))
 
     return cap_body
 
 
 class _CappedStream(httpx2.SyncByteStream):
-    def __init__(self, inner: Any, cap: int) -> None:
-        self._inner, self._cap = inner, cap
+    def __init__(self, inner: Any, cap: int, refusal: str) -> None:
+        self._inner, self._cap, self._refusal = inner, cap, refusal
 
     def __iter__(self) -> Iterator[bytes]:
         size = 0
@@ -286,7 +297,7 @@ class _CappedStream(httpx2.SyncByteStream):
             size += len(part)
             if size > self._cap:
                 self.close()
-                raise EmbedderError(f"the embeddings server's answer is over {self._cap} bytes")
+                raise EmbedderError(self._refusal)
             yield part
 
     def close(self) -> None:

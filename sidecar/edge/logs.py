@@ -154,8 +154,10 @@ def _field(value: Any, secrets: tuple[str, ...]) -> Any:
 
 
 def worth_scrubbing(secrets: Iterable[str]) -> tuple[str, ...]:
-    """The secrets a line is scrubbed of: those of ``MIN_SECRET_CHARS`` or more."""
-    return tuple(s for s in secrets if len(s) >= MIN_SECRET_CHARS)
+    """The secrets a line is scrubbed of: those of ``MIN_SECRET_CHARS`` or more, the longest
+    first (a shorter secret that begins a longer one would otherwise leave the longer's rest)."""
+    kept = {s for s in secrets if len(s) >= MIN_SECRET_CHARS}
+    return tuple(sorted(kept, key=len, reverse=True))
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:

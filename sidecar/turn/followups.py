@@ -211,6 +211,11 @@ GLUED_LETTERS = 3
 GLUED_REST = 3  # letters left after it, at least: "theoak bistro" of The Oak Bistro
 # Names whose words are looked up alone (``NameWords``): a base of more is not named by ear.
 WORD_NAMES = 2_000
+# A name of more tokens, or a word of more letters, is not looked up by its words: real names'
+# longest hold 12 tokens (doc2dial's page titles) and their words a few dozen letters; a hostile
+# snapshot's 10 MB of names took 29 s and 400 MB to rate (s13's second attack, A1).
+WORD_NAME_TOKENS = 24
+WORD_LETTERS = 32
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
@@ -587,12 +592,16 @@ class NameWords:
         if len(table.names) > WORD_NAMES:
             return cls({}, streets)
         names = [table.names[i].strip() for i in range(len(table.names))]
+        said = [_said_words(name) for name in names]
         held = Counter(w for name in names for w in set(tokens(name)))
         candidates = {
             w: at
-            for at, name in enumerate(names)
-            for w in _said_words(name)
-            if held[w] == 1 and len(w) >= MIN_ALIAS_CHARS and w not in FUNCTION_WORDS_EN
+            for at, name_words in enumerate(said)
+            if len(name_words) <= WORD_NAME_TOKENS
+            for w in name_words
+            if held[w] == 1
+            and MIN_ALIAS_CHARS <= len(w) <= WORD_LETTERS
+            and w not in FUNCTION_WORDS_EN
         }
         words: dict[str, tuple[str, float]] = {}
         for (word, at), docs in zip(
@@ -600,7 +609,7 @@ class NameWords:
         ):
             owners = table.entity_of[docs]
             own = int(np.count_nonzero(owners == at))
-            if len(docs) - own < COMMON_ELSEWHERE:
+            if own and len(docs) - own < COMMON_ELSEWHERE:  # in a chunk of its own name
                 words[word] = (names[at], WORD_FACTOR * (own + 1.0) / (len(docs) + 1.0))
         return cls(words, streets)
 
