@@ -278,3 +278,17 @@ store = "{tmp_path / "store"}"
     assert run.returncode == 0, run.stderr
     assert server.requests >= 1
     assert "HTTP Request" not in run.stderr
+
+
+def test_failures_from_many_addresses_are_lines_for_a_bounded_few(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """65,536 /64s of one /48 each got their own first lines: a flood of one line per failure.
+    Past FAILURE_KINDS kinds in a window, the other clients are one kind."""
+    monkeypatch.setattr(logs, "monotonic", lambda: 1000.0)  # one window, however slow the run
+    lines = logs.FailureLines()
+    admitted = sum(
+        lines.admit(f"2001:db8:0:{i:x}::/64", "Turn", "INVALID_ARGUMENT") for i in range(5_000)
+    )
+    assert admitted == logs.FAILURE_KINDS + logs.FAILURE_LINES
+    assert lines.admit("10.0.0.1", "Search", "NOT_FOUND")  # another method's first line: kept

@@ -65,6 +65,10 @@ MIN_SECRET_CHARS = 8
 # all there is to say; a client failing in a loop wrote 1,980 lines (2.4 MB) a second.
 FAILURE_LINES = 10
 FAILURE_WINDOW_S = 1.0
+# Kinds a window tells apart: past them, a new client's failures count as "other clients" (a
+# flood from 65,536 /64s of one /48 wrote a line each; s13's second attack, L1).
+FAILURE_KINDS = 100
+OTHER_CLIENTS = "other clients"
 # Libraries that log a line per HTTP request at INFO (the OpenAI client's httpx, the reranker's):
 # kept at WARNING, or a sidecar at 100 turns/s writes 100 lines a second about its embedder.
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
@@ -217,7 +221,8 @@ class _Kind:
 class FailureLines:
     """Which failed calls get a line: the first ``FAILURE_LINES`` of each kind (client address,
     method, code) in a ``FAILURE_WINDOW_S``; the others are counted, and the count is written once
-    the window is over (with the kind's next failure, or any call's end after it)."""
+    the window is over (with the kind's next failure, or any call's end after it). A window
+    tells ``FAILURE_KINDS`` kinds apart; the clients past them are one, "other clients"."""
 
     def __init__(self, limit: int = FAILURE_LINES) -> None:
         self.limit = limit
@@ -228,6 +233,8 @@ class FailureLines:
         """Whether this failure gets its line (counted if not)."""
         now = self.sweep()
         key = (client, method, code)
+        if key not in self._kinds and len(self._kinds) >= FAILURE_KINDS:
+            key = (OTHER_CLIENTS, method, code)  # a flood from many addresses: one kind
         kind = self._kinds.get(key)
         if kind is None:
             kind = self._kinds[key] = _Kind(now)
