@@ -400,16 +400,16 @@ class HttpStore:
 
     def _download_version(self, kb: str, version: str, partial: Path) -> Manifest:
         url = self._url(kb, version, MANIFEST)
-        raw = self._with_retries(url, lambda: self._get_small(url))
-        manifest = Manifest.from_json(raw, url)
-        if manifest.version != version or manifest.knowledge_base != kb:
-            raise CorruptSnapshot(
-                f"{url}: manifest is of {manifest.knowledge_base} {manifest.version}, "
-                f"not {kb} {version}"
-            )
-        sizes = self._sizes(manifest, url, partial)
-        deadline = time.monotonic() + self.options.version_timeout_s
+        deadline = time.monotonic() + self.options.version_timeout_s  # the manifest's too
         try:
+            raw = self._with_retries(url, lambda: self._get_small(url, deadline))
+            manifest = Manifest.from_json(raw, url)
+            if manifest.version != version or manifest.knowledge_base != kb:
+                raise CorruptSnapshot(
+                    f"{url}: manifest is of {manifest.knowledge_base} {manifest.version}, "
+                    f"not {kb} {version}"
+                )
+            sizes = self._sizes(manifest, url, partial)
             for name, size in sizes.items():
                 self._download_file(
                     self._url(kb, version, name), partial / name, manifest.files[name], size,
@@ -485,8 +485,8 @@ class HttpStore:
                 last = exc
         raise StoreUnavailable(f"{url}: {last} ({self.options.attempts} attempts)") from last
 
-    def _get_small(self, url: str) -> bytes:
-        deadline = time.monotonic() + self.options.download_timeout_s
+    def _get_small(self, url: str, version_deadline: float) -> bytes:
+        deadline = min(time.monotonic() + self.options.download_timeout_s, version_deadline)
         with self._within(url, deadline), self._request(url, {}) as resp:
             try:
                 return self._read_all(resp, url, MAX_MANIFEST_BYTES, deadline)

@@ -101,6 +101,20 @@ def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(
         store.fetch(KB, version)
 
 
+def test_a_trickled_manifest_ends_at_the_version_deadline(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """The version's deadline covered its files, not its manifest: a trickled manifest ran to
+    the download deadline (600 s by default; a second attack's R2)."""
+    version = version_id(1)
+    write_version(server.root, version, EMBEDDER)
+    server.hostile, server.hostile_suffix, server.trickle_s = "trickle", "/manifest.json", 0.05
+    options = HttpOptions(attempts=1, download_timeout_s=60.0, version_timeout_s=0.5)
+    store = HttpStore(server.url, tmp_path / "cache", options)
+    with pytest.raises(StoreUnavailable, match="http_version_timeout_s"):
+        store.fetch(KB, version)
+
+
 def lazy_config(server: StaticServer, tmp_path: Path, bases: Iterable[str]) -> Config:
     """A lazy sidecar's configuration serving ``bases`` from ``server`` (reads allowed ten
     minutes, so a trickle holds its download for the whole test)."""
