@@ -6,8 +6,10 @@ bound a body that trickles in. Index builds (``embed_batch``) use a separate cli
 5xx and connection errors with exponential backoff, and send up to ``max_concurrency`` requests
 side by side when given more than ``batch_size`` texts.
 
-Responses are read raw, at most ``response_cap`` bytes (an honest answer's size with room to
-spare: a server answering more is refused before it fills the heap), and parsed with orjson into
+Responses are read raw, every body (an error's too) at most ``response_cap`` bytes of
+``HOT_MAX_TEXTS`` texts, or a build's ``batch_size`` (an honest answer's size with room to spare:
+a server answering more is refused before it fills the heap; a response hook on each client),
+and parsed with orjson into
 one numpy array: the client's own parsing builds a pydantic object per float (~5-10 ms of
 event-loop time for one 384-d vector), which on the hot path delays every other turn's deadline.
 The vectors are checked as a caller's are (``unit_rows``: finite, with a direction), so a
@@ -137,7 +139,6 @@ class OpenAIEmbedder:
         """One request, no retries; bound it with a deadline (``asyncio.timeout``)."""
         if not texts:
             return np.zeros((0, self._info.dimension), dtype=np.float32)
-        cap = response_cap(len(texts), self._info.dimension)
         try:
             async with self._hot.embeddings.with_streaming_response.create(
                 model=self._config.model,
@@ -145,7 +146,7 @@ class OpenAIEmbedder:
                 encoding_format="float",
                 dimensions=self._dimensions(),
             ) as response:
-                body = await _read_capped(response.iter_bytes(), cap)
+                body = b"".join([part async for part in response.iter_bytes()])  # capped: hook
         except (openai.OpenAIError, httpx2.HTTPError) as exc:
             raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
         return self._vectors(body, len(texts))
@@ -208,8 +209,7 @@ class OpenAIEmbedder:
                     encoding_format="float",
                     dimensions=self._dimensions(),
                 ) as response:
-                    cap = response_cap(len(texts), self._info.dimension)
-                    body = b"".join(_capped(response.iter_bytes(), cap))
+                    body = b"".join(response.iter_bytes())  # capped by the client's hook
                 return self._vectors(body, len(texts))
             except _RETRYABLE as exc:
                 if attempt == self._retries:
@@ -219,7 +219,7 @@ class OpenAIEmbedder:
                     ) from exc
                 time.sleep(min(retry_after(exc) or delay, MAX_BACKOFF_S))
                 delay = min(delay * 2, MAX_BACKOFF_S)
-            except openai.OpenAIError as exc:
+            except (openai.OpenAIError, httpx2.HTTPError) as exc:
                 raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")
 
@@ -228,16 +228,6 @@ def response_cap(texts: int, dimension: int) -> int:
     """The most bytes an embeddings answer of ``texts`` vectors may take (see
     RESPONSE_BYTES_PER_VALUE)."""
     return RESPONSE_BYTES_FLOOR + texts * dimension * RESPONSE_BYTES_PER_VALUE
-
-
-async def _read_capped(parts: AsyncIterator[bytes], cap: int) -> bytes:
-    """The body, or EmbedderError once it is past ``cap`` bytes (the rest is not read)."""
-    out = bytearray()
-    async for part in parts:
-        out += part
-        if len(out) > cap:
-            raise EmbedderError(f"the embeddings answer is over {cap} bytes for its texts")
-    return bytes(out)
 
 
 def _async_capped(cap: int) -> Callable[[httpx2.Response], Awaitable[None]]:
@@ -302,16 +292,6 @@ class _CappedStream(httpx2.SyncByteStream):
 
     def close(self) -> None:
         self._inner.close()
-
-
-def _capped(parts: Iterator[bytes], cap: int) -> Iterator[bytes]:
-    """``_read_capped`` for the build's blocking client."""
-    size = 0
-    for part in parts:
-        size += len(part)
-        if size > cap:
-            raise EmbedderError(f"the embeddings answer is over {cap} bytes for its texts")
-        yield part
 
 
 def request_batches(texts: list[str], max_inputs: int, max_bytes: int) -> list[list[str]]:
