@@ -16,7 +16,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -827,6 +827,33 @@ async def test_a_signed_call_sent_again_within_its_window_gets_its_first_answer(
     assert (await post_tool(sidecar, other, sign(other))).status_code == 200
 
 
+def _count_waiting(
+    webhooks: Any, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[int], Coroutine[Any, Any, None]]:
+    """A wait until ``n`` calls are waiting on a kept answer (``Answers.of`` entered while one
+    is pending): a retry that came only after its call was answered would pass the tests below
+    without waiting."""
+    entered = 0
+    changed = asyncio.Event()
+    of = webhooks.answers.of
+
+    async def counting(key: Any) -> Any:
+        nonlocal entered
+        if webhooks.answers._kept.get(key) is not None:
+            entered += 1
+            changed.set()
+        return await of(key)
+
+    monkeypatch.setattr(webhooks.answers, "of", counting)
+
+    async def until(n: int) -> None:
+        while entered < n:
+            changed.clear()
+            await changed.wait()
+
+    return until
+
+
 async def test_a_retry_while_its_call_is_answered_waits_for_that_answer(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -847,8 +874,9 @@ async def test_a_retry_while_its_call_is_answered_waits_for_that_answer(
     captured = retell_signed(RETELL_BODY)
     first = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
     await entered.wait()
+    waiting = _count_waiting(webhooks, monkeypatch)
     retry = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
-    await asyncio.sleep(0.2)  # the retry most likely arrives while the call is answered
+    await asyncio.wait_for(waiting(1), 10)  # the retry waits on the call's answer
     release.set()
     answers = await asyncio.gather(first, retry)
     assert [a.status_code for a in answers] == [200, 200]
@@ -880,8 +908,9 @@ async def test_every_retry_waiting_on_a_failed_call_is_answered_not_refused(
     captured = retell_signed(RETELL_BODY)
     first = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
     await entered.wait()
+    waiting = _count_waiting(webhooks, monkeypatch)
     retries = [asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured)) for _ in range(2)]
-    await asyncio.sleep(0.2)  # the retries most likely arrive while the call is answered
+    await asyncio.wait_for(waiting(2), 10)  # both wait on the call's answer
     release.set()
     failed, *answers = await asyncio.gather(first, *retries)
     assert failed.status_code == 400
