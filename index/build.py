@@ -138,15 +138,12 @@ def _summary_vectors(snap: LoadedSnapshot, info: EmbedderInfo) -> dict[str, Vect
 
 
 def _sound_rows(stored: Vectors, where: str) -> npt.NDArray[np.bool_]:
-    """Which published vectors are worth reusing: finite, with a direction. A snapshot published
-    before its embedder's answers were checked may hold NaN rows; reused, they stay for good."""
-    sound = np.asarray(np.isfinite(stored).all(axis=1) & stored.any(axis=1), dtype=np.bool_)
+    """Which published vectors are worth reusing: those with a direction. A snapshot published
+    before its embedder's answers were checked may hold rows of zeros; reused, they would stay
+    for good (a row that is not finite cannot be here: the load refuses its graph)."""
+    sound = np.asarray(stored.any(axis=1), dtype=np.bool_)
     if not sound.all():
-        log.warning(
-            "%s: %d published vectors are not finite or all zero: embedded again",
-            where,
-            int((~sound).sum()),
-        )
+        log.warning("%s: %d published vectors are all zero: embedded again", where, (~sound).sum())
     return sound
 
 
