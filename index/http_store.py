@@ -235,9 +235,14 @@ class _HttpsHandler(urllib.request.HTTPSHandler):
         return self.do_open(self._connection, req, context=self._tls)
 
 
-def _origin(url: str) -> tuple[str, str]:
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """A URL's scheme, host and port, the scheme's default port spelt out or not."""
     parts = urllib.parse.urlsplit(url)
-    return parts.scheme.lower(), parts.netloc.lower()
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class _SameOrigin(urllib.request.HTTPRedirectHandler):

@@ -26,6 +26,7 @@ from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.refresh import refusal_kind
 from tests.bases_kit import LOAD_WAIT_S, answered, search
+from tests.conftest import eventually
 from tests.snapshot_kit import KB, version_id, write_version
 from tests.static_http import StaticServer
 
@@ -204,7 +205,7 @@ async def test_a_poll_downloading_a_new_version_does_not_hold_another_bases_firs
             resp = await answered(stub, "fast")
             assert {c.knowledge_base for c in resp.chunks} == {"fast"}
             assert not poll.done()
-            assert requested_files(server)  # its download is going on
+            await eventually(lambda: bool(requested_files(server)))  # its download is going on
             served = sidecar.holder.get("polled")
             assert served is not None
             assert served.version == first

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from index.errors import StoreUnavailable
-from index.http_store import HttpOptions, HttpStore
+from index.http_store import HttpOptions, HttpStore, _origin
 from index.s3_store import S3Options, S3Store
 from tests.local_http import LocalHttpServer
 
@@ -114,3 +114,13 @@ def test_a_redirect_within_the_store_is_followed(
     assert (
         HttpStore(store.url, tmp_path / "cache", FAST).latest("support") == POINTER.decode().strip()
     )
+
+
+def test_an_origin_is_the_same_with_its_default_port_spelt_out() -> None:
+    """A same-origin redirect to ``https://h:443/...`` from ``https://h/...`` was refused as
+    another origin (the host and port compared as written)."""
+    assert _origin("https://Store.example/a") == _origin("https://store.example:443/b")
+    assert _origin("http://store.example/a") == _origin("http://store.example:80/b")
+    assert _origin("http://store.example/a") != _origin("https://store.example/a")
+    assert _origin("https://store.example/a") != _origin("https://store.example:8443/a")
+    assert _origin("https://user@store.example/a") == _origin("https://store.example/a")

@@ -118,8 +118,10 @@ class SnapshotHolder:
                 if requester in newest:
                     crowded.append(newest[requester])
                 newest[requester] = kb
-        waiting = [kb for kb in self._fresh if kb == keep or kb in newest.values()]
-        return [*stale, *crowded, *self._used, *(kb for kb in waiting if kb not in stale)]
+        newest_of = set(newest.values())
+        waiting = [kb for kb in self._fresh if kb == keep or kb in newest_of]
+        stale_set = set(stale)
+        return [*stale, *crowded, *self._used, *(kb for kb in waiting if kb not in stale_set)]
 
     def remove(self, knowledge_base: str) -> None:
         """Stop serving a base (evicted): its searcher goes when the last call holding it ends."""

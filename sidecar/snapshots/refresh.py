@@ -404,7 +404,8 @@ class Refresher:
             self._refuse(kb, version, exc)
         elif isinstance(exc, OSError):
             self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
-        else:
+        else:  # a bug, not the store: its traceback logged, as a load's is
+            log.error("fetching %s %s failed", kb, version, exc_info=exc)
             self._refuse(kb, version, SnapshotError(f"cannot fetch {kb} {version}: {exc!r}"))
         return False
 
