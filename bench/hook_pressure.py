@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import time
 import timeit
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import index.snapshot
+from bench import report
 from bench.corpus import CorpusSpec, load_or_generate
 from bench.in_process import Context, Handler, cpu_us, served, wrapped
 from bench.ours import _request
@@ -56,8 +60,10 @@ class _Slot:
         self.value = value
 
 
-def _canned_graph() -> None:
-    """The graph's ``knn`` answered from the first answer for each k."""
+@contextlib.contextmanager
+def _canned_graph() -> Iterator[None]:
+    """The graph's ``knn`` answered from the first answer for each k, while inside: put back
+    after, so nothing else in the process searches a canned graph."""
     real, kept = index.snapshot.knn, {}
 
     def canned(graph: Any, query: Any, k: int, where: object) -> Any:
@@ -65,7 +71,8 @@ def _canned_graph() -> None:
             kept[k] = real(graph, query, k, where)
         return kept[k]
 
-    index.snapshot.knn = canned  # type: ignore[assignment]
+    with mock.patch.object(index.snapshot, "knn", canned):
+        yield
 
 
 def _walker(n: int, built: Any) -> Handler:
@@ -133,44 +140,44 @@ def _run(coroutine: Any) -> Any:
 async def measure(n: int, dim: int, queries: int, calls: int, rounds: int, number: int) -> Any:
     corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
     sidecar, servicer = await served(corpus, dim)
-    try:
-        _canned_graph()
-        requests = [_request(q) for q in corpus.queries]
-        built = await servicer.Search(requests[0], Context())
-        given = SearchInput(query="", knowledge_base="bench", vector=requests[0].vector)
+    with _canned_graph():
+        try:
+            requests = [_request(q) for q in corpus.queries]
+            built = await servicer.Search(requests[0], Context())
+            given = SearchInput(query="", knowledge_base="bench", vector=requests[0].vector)
 
-        async def answered(request: Any, context: Any) -> Any:
-            return built
+            async def answered(request: Any, context: Any) -> Any:
+                return built
 
-        async def engine(request: Any, context: Any) -> Any:
-            await servicer.engine.search(given)
-            return built
+            async def engine(request: Any, context: Any) -> Any:
+                await servicer.engine.search(given)
+                return built
 
-        handlers: dict[str, Handler] = {
-            "answered": answered,
-            "engine": engine,
-            "search": servicer.Search,
-            **{f"walk_{w}": _walker(w, built) for w in WALKS},
-        }
-        interceptor = sidecar.guards.interceptors[0]  # type: ignore[union-attr]
-        assert isinstance(interceptor, HookInterceptor)
-        variants: dict[str, Handler] = {}
-        for name, handler in handlers.items():
-            variants[name] = handler
-            variants[f"all+{name}"] = await wrapped(interceptor, handler, "Search")
-            variants[f"nothing+{name}"] = await wrapped(
-                HookInterceptor([Nothing()]), handler, "Search"
-            )
-        best: dict[str, float] = {}
-        for fn in variants.values():
-            await cpu_us(fn, requests, calls // 4)
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                us = await cpu_us(fn, requests, calls)
-                best[name] = min(us, best.get(name, us))
-        pieces = _pieces(servicer, requests[0], number)
-    finally:
-        await sidecar.stop(0.1)
+            handlers: dict[str, Handler] = {
+                "answered": answered,
+                "engine": engine,
+                "search": servicer.Search,
+                **{f"walk_{w}": _walker(w, built) for w in WALKS},
+            }
+            interceptor = sidecar.guards.interceptors[0]  # type: ignore[union-attr]
+            assert isinstance(interceptor, HookInterceptor)
+            variants: dict[str, Handler] = {}
+            for name, handler in handlers.items():
+                variants[name] = handler
+                variants[f"all+{name}"] = await wrapped(interceptor, handler, "Search")
+                variants[f"nothing+{name}"] = await wrapped(
+                    HookInterceptor([Nothing()]), handler, "Search"
+                )
+            best: dict[str, float] = {}
+            for fn in variants.values():
+                await cpu_us(fn, requests, calls // 4)
+            for _ in range(rounds):
+                for name, fn in variants.items():
+                    us = await cpu_us(fn, requests, calls)
+                    best[name] = min(us, best.get(name, us))
+            pieces = _pieces(servicer, requests[0], number)
+        finally:
+            await sidecar.stop(0.1)
     return {
         "n": n,
         "dim": dim,
@@ -188,14 +195,14 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int, numbe
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=2_000)
-    parser.add_argument("--dim", type=int, default=384)
+    parser = argparse.ArgumentParser(description=report.plain(__doc__))
+    parser.add_argument("--n", type=int, default=2_000, help="chunks of the synthetic corpus")
+    parser.add_argument("--dim", type=int, default=384, help="its vectors' dimension")
     parser.add_argument("--queries", type=int, default=100, help="as the corpus was cached with")
-    parser.add_argument("--calls", type=int, default=4_000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=4_000, help="calls a round, per handler")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; the least is kept")
     parser.add_argument("--number", type=int, default=20_000, help="timeit's calls a repeat")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
     args = parser.parse_args()
     result = asyncio.run(
         measure(args.n, args.dim, args.queries, args.calls, args.rounds, args.number)

@@ -56,6 +56,8 @@ def grid(title: str, rows: dict[str, dict[str, Any]]) -> list[str]:
         cols.insert(0, "setting")
     heads = ["ef" if c == "setting" else c for c in cols]
     cells = {name: [cell(row.get(c)) for c in cols] for name, row in rows.items()}
+    if not rows:  # a section of no rows prints its title alone
+        return [title, ""]
     first = max(len(title), *(len(name) for name in rows)) + 2
     body = [cells[name] for name, row in rows.items() if not _skip_only(row)]
     widths = [max([len(h), *(len(c[i]) for c in body)]) + 2 for i, h in enumerate(heads)]
@@ -131,9 +133,13 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
         if goal.get("skipped"):
             lines.append(f"goal {name}: {goal['skipped']}")
             continue
-        verdict = goal.get("verdict") or ("met" if goal["met"] else "MISSED")
-        lines.append(f"goal {name}: {cell(goal['value'])} (goal {goal['goal']}): {verdict}")
+        verdict = goal.get("verdict") or _verdict(goal.get("met"))
+        lines.append(f"goal {name}: {cell(goal.get('value'))} (goal {goal.get('goal')}): {verdict}")
     return lines
+
+
+def _verdict(met: object) -> str:
+    return "not judged" if met is None else "met" if met else "MISSED"
 
 
 def versus_lines(result: dict[str, Any]) -> list[str]:

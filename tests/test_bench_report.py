@@ -50,6 +50,14 @@ def test_columns_never_run_together_and_a_systems_ef_is_shown() -> None:
     assert pg.endswith("skipped: pgserver not installed (pip install -e '.[bench]')")
 
 
+def test_an_empty_section_or_a_goal_without_its_fields_prints_and_never_raises() -> None:
+    """A section of no rows raised TypeError and a goal without ``met`` KeyError, after the
+    suite's JSON was written: ``python -m bench all`` stopped at the first such table."""
+    printed = cli.table({"systems": {"x": {}}, "goals": {"g": {"value": 1, "goal": "<= 2"}}})
+    assert "goal g: 1 (goal <= 2): not judged" in printed
+    assert report.grid("systems", {}) == ["systems", ""]
+
+
 def test_suites_without_rows_print_a_table_too() -> None:
     index = {"chunks": 13, "chunks_per_s": {"single": 200.0, "parallel": 300.0},
              "cores_used": {"single": 1.0, "parallel": 1.9}}  # fmt: skip
@@ -154,7 +162,7 @@ def test_help_has_no_markup_and_no_description_ends_mid_sentence(
 # profile_turn, search_parts, doc2dial_halves, quality_conversations, spoken_misses
 MODULES = (
     "embed_pair", "embedder_latency", "eval_lexical_scifact", "fair_share", "fuzz_snapshot",
-    "grpc_floor", "guards_overhead", "hits_written", "hnsw_check", "hostile_grpc",
+    "grpc_floor", "guards_overhead", "hits_written", "hook_pressure", "hnsw_check", "hostile_grpc",
     "hostile_pages", "index_build", "many_bases", "metadata_filter", "page_limits",
     "policy_agreement", "profile_search", "quality_scifact", "quality_turns", "session_memory",
     "sidecar_proc", "soak", "source_filter", "summaries", "swap", "turn_breakdown",
