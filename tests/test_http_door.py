@@ -1558,6 +1558,22 @@ async def test_a_secret_variable_named_but_unset_stops_the_start(
         await create_server(config, embedder=local_embedder, poll=False)
 
 
+@pytest.mark.parametrize("variable", ["VOX_TEST_VAPI", "VOX_TEST_WEBHOOK"])
+async def test_a_secret_too_short_to_be_redacted_stops_the_start(
+    store: Path,
+    local_embedder: Embedder,
+    secrets: None,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+) -> None:
+    """The logs redact secrets of 8 characters or more: a 7-character secret would be written
+    in every line that held it, so it is refused, as a short token is."""
+    monkeypatch.setenv(variable, "s3cr3t!")
+    config = sidecar_config(store, auth=AUTH, http=HTTP)
+    with pytest.raises(ConfigError, match=f"{variable} is shorter than 8 characters"):
+        await create_server(config, embedder=local_embedder, poll=False)
+
+
 def test_a_json_line_leaves_out_uvicorns_colour_codes() -> None:
     """uvicorn attaches ``color_message`` (its message in ANSI colours) for a terminal; in the
     JSON log it was a field full of escape codes."""

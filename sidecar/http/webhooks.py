@@ -41,6 +41,7 @@ from cachetools import TTLCache
 
 from index.errors import ConfigError
 from sidecar.config import Config, HttpConfig
+from sidecar.edge.logs import MIN_SECRET_CHARS
 from sidecar.edge.service import set_timings
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
 from sidecar.functions.tools import Toolbox
@@ -440,7 +441,8 @@ def _check_fresh(header: str, stamp_ms: int, now_ms: float) -> None:
 
 def _check_secrets(http: HttpConfig) -> None:
     """A secret's variable named but unset or empty would switch the check off: refuse to start,
-    as an unset caller token does."""
+    as an unset caller token does; and one under ``MIN_SECRET_CHARS`` is refused too (a guess
+    away, and the logs do not redact so short a string: ``logs.worth_scrubbing``)."""
     for key, secret in (
         ("vapi_secret_env", http.vapi_secret),
         ("webhook_secret_env", http.webhook_secret),
@@ -449,6 +451,11 @@ def _check_secrets(http: HttpConfig) -> None:
             raise ConfigError(
                 f"[sidecar.http] {key}: the environment variable {getattr(http, key)} is unset "
                 "or empty: set it to the secret, or remove the key to accept unsigned calls"
+            )
+        if getattr(http, key) and len(secret) < MIN_SECRET_CHARS:
+            raise ConfigError(
+                f"[sidecar.http] {key}: the secret in {getattr(http, key)} is shorter than "
+                f"{MIN_SECRET_CHARS} characters: use a longer one (e.g. `openssl rand -hex 16`)"
             )
 
 
