@@ -39,6 +39,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
 from sidecar.http import mcp
+from sidecar.http import webhooks as webhooks_module
 from sidecar.http.door import MAX_HEAD_BYTES
 from sidecar.http.mcp import PAGE_ARGUMENTS, SDK_SESSION_LOGGERS, page_arguments
 from sidecar.http.webhooks import (
@@ -882,6 +883,33 @@ async def test_a_retry_while_its_call_is_answered_waits_for_that_answer(
     assert [a.status_code for a in answers] == [200, 200]
     assert answers[0].content == answers[1].content
     assert served == 1  # the retry was answered with the call's answer, not searched again
+
+
+async def test_a_retry_waits_for_its_calls_answer_a_bounded_time(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry waited with no deadline for a call still being answered, holding its connection
+    for as long as the call took: past ANSWER_WAIT_S it is 503, to be retried."""
+    assert sidecar.http is not None
+    webhooks = sidecar.http.webhooks
+    release, entered = asyncio.Event(), asyncio.Event()
+    tool = webhooks._tool
+
+    async def held(*args: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await tool(*args)
+
+    monkeypatch.setattr(webhooks, "_tool", held)
+    monkeypatch.setattr(webhooks_module, "ANSWER_WAIT_S", 0.2)
+    captured = retell_signed(RETELL_BODY)
+    first = asyncio.create_task(post_tool(sidecar, RETELL_BODY, captured))
+    await entered.wait()
+    retry = await asyncio.wait_for(post_tool(sidecar, RETELL_BODY, captured), 10)
+    assert retry.status_code == 503
+    assert "still being answered" in retry.text
+    release.set()
+    assert (await first).status_code == 200
 
 
 async def test_every_retry_waiting_on_a_failed_call_is_answered_not_refused(

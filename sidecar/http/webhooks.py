@@ -43,7 +43,7 @@ from index.errors import ConfigError
 from sidecar.config import Config, HttpConfig
 from sidecar.edge.logs import MIN_SECRET_CHARS
 from sidecar.edge.service import set_timings
-from sidecar.errors import InvalidArgument, NotFound, Unauthenticated
+from sidecar.errors import InvalidArgument, NotFound, Unauthenticated, Unavailable
 from sidecar.functions.tools import Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn import sessions
@@ -94,6 +94,9 @@ SEEN_SIGNATURES = 16_384
 # (the table full since), it is refused as a replay (401), as before.
 ANSWERS_KEPT = 1024
 ANSWER_BYTES_KEPT = 8 * 1024 * 1024
+# How long a retry waits for the answer of its call still being answered (a tool call answers
+# within its turn's budget; one held longer holds every retry's connection): then 503, retry.
+ANSWER_WAIT_S = 10.0
 NOTE_HEADER = b"x-voxrecall-note"
 # What an empty Vapi answer's ``x-voxrecall-note`` says (Vapi reads only ``documents``; a
 # person testing by curl must tell "nothing asked" from "nothing found").
@@ -331,11 +334,18 @@ class Answers:
     async def of(self, key: tuple[str, str, bytes]) -> Reply | None:
         """The answer of the call ``key`` names, once it has one; None if none is kept. A call
         that failed is forgotten before its waiters wake, so a waiter looks again: the first
-        finds nothing and serves it afresh (``expect``), the others wait for that answer."""
-        while (answer := self._kept.get(key)) is not None:
-            reply = await asyncio.shield(answer)
-            if reply is not None:
-                return reply
+        finds nothing and serves it afresh (``expect``), the others wait for that answer.
+        Waiting past ``ANSWER_WAIT_S`` is ``Unavailable`` (503): a retry holds its connection."""
+        try:
+            async with asyncio.timeout(ANSWER_WAIT_S):
+                while (answer := self._kept.get(key)) is not None:
+                    reply = await asyncio.shield(answer)
+                    if reply is not None:
+                        return reply
+        except TimeoutError:
+            raise Unavailable(
+                f"the call this retries is still being answered after {ANSWER_WAIT_S:g} s: retry it"
+            ) from None
         return None
 
     def expect(self, key: tuple[str, str, bytes]) -> asyncio.Future[Reply | None]:
