@@ -414,12 +414,18 @@ def topics_row(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def cast_row(result: dict[str, Any]) -> dict[str, Any]:
+    """Closeness to the human rewrite; the cosine is the measure (a joined query holds more of the
+    rewrite's words, and more besides), judged against the better naive baseline."""
+    best_naive = max(result["raw_turn"]["cosine"], result["joined3"]["cosine"])
     return {
         "turns": result["turns"],
         "raw_recall": result["raw_turn"]["content_recall"],
         "session_recall": result["session"]["content_recall"],
+        "joined3_recall": result["joined3"]["content_recall"],
         "raw_cosine": result["raw_turn"]["cosine"],
         "session_cosine": result["session"]["cosine"],
+        "joined3_cosine": result["joined3"]["cosine"],
+        "cosine_gain": round(result["session"]["cosine"] - best_naive, 4),
     }
 
 

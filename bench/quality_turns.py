@@ -15,8 +15,8 @@
   (``sidecar.turn.relevance.rank`` without a vector) finds for the last turn and for the gold-entity
   prefixed one, with and without the spoken-query stopwords.
 * ``cast``: TREC CAsT follow-ups: how close the query the session would search gets to the
-  human rewrite (recall of the rewrite's content words, and cosine of the embedded texts),
-  against the raw turn. No base knows these topics, so only the conversation's own words count.
+  human rewrite (recall and precision of the rewrite's content words, and cosine of the embedded
+  texts), against the two naive baselines: the raw turn, and the last three turns joined. No base knows these topics, so only the conversation's own words count.
 
 The snapshot is cached under ``bench/.cache/`` keyed by the corpus hash (the full one takes a few
 minutes to embed on two cores). ``--quick`` uses four entities and a few hundred turns.
@@ -32,7 +32,6 @@ import json
 import platform
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -313,6 +312,9 @@ def lexical_fallback(data: Dstc, snapshot: LoadedSnapshot, min_lexical_score: fl
 # -- TREC CAsT ------------------------------------------------------------------------------------
 
 
+CAST_JOINED = 3  # turns joined for the naive baseline, the raw turn included
+
+
 def content_words(text: str) -> set[str]:
     return {w for w in words(text) if w not in followups.FUNCTION_WORDS_EN}
 
@@ -322,37 +324,52 @@ def cast_quality(path: Path, embedder: Embedder, quick: bool) -> dict[str, Any]:
     rows = [r for r in rows if r["history"] and r["raw"].strip() != r["manual_rewrite"].strip()]
     if quick:
         rows = rows[:QUICK_TURNS]
-    raw_q, ours_q, rewrites = [], [], []
+    queries: dict[str, list[str]] = {"raw_turn": [], "session": [], "joined3": []}
+    rewrites = []
     for r in rows:
         session = Session(session_id="cast", context_turns=3)
         for said in r["history"]:
             followups.rewrite(session, said)
             followups.record(session, Speaker.USER, said)
-        raw_q.append(r["raw"])
-        ours_q.append(followups.rewrite(session, r["raw"]))
+        queries["raw_turn"].append(r["raw"])
+        queries["session"].append(followups.rewrite(session, r["raw"]))
+        queries["joined3"].append(" ".join([*r["history"], r["raw"]][-CAST_JOINED:]))
         rewrites.append(r["manual_rewrite"])
-
-    def recall(queries: Iterable[str]) -> float:
-        scores = []
-        for q, rw in zip(queries, rewrites, strict=True):
-            want = content_words(rw)
-            if want:
-                scores.append(len(want & content_words(q)) / len(want))
-        return round(float(np.mean(scores)), 4)
-
     target = embedder.embed_batch(rewrites)
-    raw_cos = np.sum(embedder.embed_batch(raw_q) * target, axis=1)
-    ours_cos = np.sum(embedder.embed_batch(ours_q) * target, axis=1)
-    changed = sum(a != b for a, b in zip(raw_q, ours_q, strict=True))
+    scores = {name: cast_scores(qs, rewrites, embedder, target) for name, qs in queries.items()}
+    changed = sum(a != b for a, b in zip(queries["raw_turn"], queries["session"], strict=True))
     return {
         "turns": len(rows),
         "rewritten": changed,
-        "raw_turn": {"content_recall": recall(raw_q), "cosine": round(float(raw_cos.mean()), 4)},
-        "session": {"content_recall": recall(ours_q), "cosine": round(float(ours_cos.mean()), 4)},
+        **scores,
         "examples": [
             {"turn": a, "query": b, "rewrite": c}
-            for a, b, c in list(zip(raw_q, ours_q, rewrites, strict=True))[:6]
+            for a, b, c in list(
+                zip(queries["raw_turn"], queries["session"], rewrites, strict=True)
+            )[:6]
         ],
+    }
+
+
+def cast_scores(
+    queries: list[str], rewrites: list[str], embedder: Embedder, target: np.ndarray
+) -> dict[str, float]:
+    """How close each query is to its human rewrite: the share of the rewrite's content words it
+    holds (recall), the share of its own content words the rewrite holds (precision: a query that
+    joins every turn holds more of the rewrite's words and much else), and the cosine of the two
+    embedded texts, the measure that weighs both."""
+    recall, precision = [], []
+    for query, rewrite in zip(queries, rewrites, strict=True):
+        want, have = content_words(rewrite), content_words(query)
+        if want:
+            recall.append(len(want & have) / len(want))
+        if have:
+            precision.append(len(want & have) / len(have))
+    cosine = np.sum(embedder.embed_batch(queries) * target, axis=1)
+    return {
+        "content_recall": round(float(np.mean(recall)), 4),
+        "content_precision": round(float(np.mean(precision)), 4),
+        "cosine": round(float(cosine.mean()), 4),
     }
 
 

@@ -519,3 +519,46 @@ def test_spoken_misses_classes_a_missed_turn_by_where_the_gold_name_was_heard() 
         spoken_misses.miss_class(d, 2, "LOVELL LODGE", on_gold)
         == "gold top-1, chunk missed; ceiling missed"
     )
+
+
+class _WordVectors(Embedder):
+    """A unit test's embedder: a text's vector is its content words' one-hot sum, normalised."""
+
+    def __init__(self, vocabulary: list[str]) -> None:
+        self.words = sorted({w for text in vocabulary for w in quality_turns.content_words(text)})
+
+    @property
+    def dim(self) -> int:
+        return len(self.words)
+
+    def embed_batch(self, texts: list[str]) -> Any:
+        import numpy as np
+
+        rows = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in zip(rows, texts, strict=True):
+            for word in quality_turns.content_words(text):
+                row[self.words.index(word)] = 1.0
+        return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-9)
+
+
+def test_cast_judges_the_session_against_the_better_of_both_naive_baselines(
+    tmp_path: Path,
+) -> None:
+    from bench.quality_conversations import cast_row
+
+    rows = [
+        {"raw": "Is it treatable?", "manual_rewrite": "Is throat cancer treatable?",
+         "history": ["What is throat cancer?", "Tell me about lung cancer symptoms today."]},
+    ]  # fmt: skip
+    path = tmp_path / "followup_turns.jsonl"
+    path.write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
+    texts = [t for r in rows for t in (r["raw"], r["manual_rewrite"], *r["history"])]
+    result = quality_turns.cast_quality(path, _WordVectors(texts), quick=False)
+    joined = result["joined3"]
+    # the joined query holds every rewrite word and much else: full recall, low precision
+    assert joined["content_recall"] == 1.0
+    assert joined["content_precision"] < result["raw_turn"]["content_precision"]
+    row = cast_row(result)
+    best = max(row["raw_cosine"], row["joined3_cosine"])
+    assert row["cosine_gain"] == round(row["session_cosine"] - best, 4)
+    assert row["joined3_cosine"] > row["raw_cosine"]  # here the better baseline is the joined one
