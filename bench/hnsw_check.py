@@ -60,6 +60,7 @@ def _synthetic(path: Path, n: int) -> None:
             lists[:, 0] = m0
             block[:, :links0] = lists.view(np.uint8)
             vectors = rng.normal(size=(rows, DIM)).astype(np.float32)
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)  # what a build writes
             block[:, links0 : links0 + 4 * DIM] = vectors.view(np.uint8)
             labels = np.arange(start, start + rows, dtype=np.uint64)
             block[:, links0 + 4 * DIM :] = labels.view(np.uint8).reshape(rows, 8)

@@ -96,23 +96,8 @@ def _pieces(servicer: Any, request: Any, number: int) -> dict[str, float]:
     found = _run(engine.search(given))
     policy = servicer._policy("bench")
 
-    def search_input() -> Any:
-        r = request
-        return SearchInput(
-            query=r.query,
-            knowledge_base=r.knowledge_base,
-            limit=r.limit,
-            min_score=r.min_score,
-            sources=service.strings(r.sources),
-            session_id=r.session_id,
-            context_url=r.context_url,
-            vector=r.vector,
-            filters=service.metadata_filters(r.filters),
-            source_paths=service.strings(r.source_paths),
-        )
-
     timed = {
-        "search_input": search_input,
+        "search_input": lambda: service.search_input(request),
         "vector_read": lambda: engine._vector_from_bytes(request.vector, searcher.snapshot),
         "graph_answer_into_hits": lambda: _nearest_hits(searcher, "bench", vector, 10, 0.0),
         "response_written": lambda: wire.search_response(found, policy),

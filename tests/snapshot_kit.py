@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -199,20 +200,16 @@ def _entry_point_alone(data: bytes) -> bytes:
     return _at(HEADER.size + entry * per_element, 0, 4)(data)
 
 
-def _a_vector_of_nan(data: bytes) -> bytes:
-    """Element 7's vector's first value set to NaN: hnswlib loads and searches it without error,
-    and the element is near nothing (s13's attack, F1: an embedder's overflow published)."""
-    per_element = int.from_bytes(data[24:32], "little")
-    offset_data = int.from_bytes(data[40:48], "little")
-    return _at(HEADER.size + 7 * per_element + offset_data, 0x7FC00000, 4)(data)
+def _element_7_starts(*values: float) -> Callable[[bytes], bytes]:
+    """Element 7's vector's first values set to ``values``."""
 
+    def edit(data: bytes) -> bytes:
+        per_element = int.from_bytes(data[24:32], "little")
+        start = HEADER.size + 7 * per_element + int.from_bytes(data[40:48], "little")
+        packed = struct.pack(f"<{len(values)}f", *values)
+        return data[:start] + packed + data[start + len(packed) :]
 
-def _a_vector_of_huge_values(data: bytes) -> bytes:
-    """Element 7's first two values set to +3e38 and -3e38 (s13's second attack, V1)."""
-    per_element = int.from_bytes(data[24:32], "little")
-    start = HEADER.size + 7 * per_element + int.from_bytes(data[40:48], "little")
-    values = struct.pack("<2f", 3e38, -3e38)
-    return data[:start] + values + data[start + len(values) :]
+    return edit
 
 
 # Files whose checksums match a manifest re-signed after the change (issue 14's attacks): each
@@ -226,10 +223,15 @@ TAMPERED: dict[str, Callable[[Path], None]] = {
     # passed every check and warm-up, then failed a share of searches with hnswlib's
     # RuntimeError, UNKNOWN to the caller, while SERVING (s12's F5)
     "hnsw_entry_point_linked_to_none": _patch(VECTORS, _entry_point_alone),
-    # searched without an error, and the element is found by no query (s13's F1)
-    "hnsw_a_vector_of_nan": _patch(VECTORS, _a_vector_of_nan),
-    # +3e38 and -3e38: finite, summing to 0; the element came first for half of all queries
-    "hnsw_a_vector_of_3e38": _patch(VECTORS, _a_vector_of_huge_values),
+    # searched without an error, and the element is found by no query (s13's F1: an
+    # embedder's overflow published)
+    "hnsw_a_vector_of_nan": _patch(VECTORS, _element_7_starts(math.nan)),
+    # +3e38 and -3e38 (s13's second attack, V1): finite, summing to 0; the element came first
+    # for half of all queries
+    "hnsw_a_vector_of_3e38": _patch(VECTORS, _element_7_starts(3e38, -3e38)),
+    # a squared norm of 1e36, finite in float32: the element comes first for every query whose
+    # first value is positive (a norm check that only asked "finite" let it through)
+    "hnsw_a_vector_of_1e18": _patch(VECTORS, _element_7_starts(1e18)),
     "pages_file_is_5": _patch(PAGES, lambda _: b"5"),
     "pages_text_offset_past_the_blob": _patch(PAGES, _item("t_offsets", 1, 1 << 40)),
     "chunk_string_offsets_decrease": _patch(CHUNKS, _item("s_offsets", 2, 1)),

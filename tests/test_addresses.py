@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.edge.addresses import grpc_peer_key, share_key
+from sidecar.edge.addresses import peer_key, share_key
 from sidecar.errors import ResourceExhausted
 from sidecar.http.door import _address_of
 from sidecar.http.mcp import SessionShares
@@ -53,7 +53,7 @@ def test_two_ipv6_addresses_of_one_64_are_one_share_and_of_two_are_two() -> None
     ],
 )
 def test_a_grpc_peer_counts_against_its_host_s_share(peer: str, key: str) -> None:
-    assert grpc_peer_key(peer) == key
+    assert peer_key(peer) == key
 
 
 class _Transport(asyncio.Transport):

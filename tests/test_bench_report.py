@@ -166,7 +166,7 @@ MODULES = (
     "hostile_pages", "index_build", "many_bases", "metadata_filter", "page_limits",
     "policy_agreement", "profile_search", "quality_scifact", "quality_turns", "session_memory",
     "sidecar_proc", "soak", "source_filter", "summaries", "swap", "turn_breakdown",
-    "turn_latency",
+    "turn_latency", "turn_text",
 )  # fmt: skip
 
 

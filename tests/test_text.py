@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from sidecar.turn import followups, prefetch, skip
-from sidecar.turn.text import Utterance, tokens, words
+from sidecar.turn.text import MAX_RUN_BYTES, Utterance, read, tokens, words
 
 
 def test_one_utterance_serves_every_stage() -> None:
@@ -54,3 +54,30 @@ def test_an_agent_turn_keeps_whether_it_asks_for_the_callers_next_turns() -> Non
     Engine._record(asking, Speaker.USER, Utterance.of("yes"), ())
     assert asking.turns[-1].question is None  # a caller's turn is never asked about
     assert followups.agent_question(asking) == ""
+
+
+def test_a_run_without_whitespace_is_read_up_to_its_first_max_run_bytes() -> None:
+    """A turn at the text cap without whitespace (punctuation, one long token) is read as its
+    head is: it was tokenized whole on the event loop, for what says nothing. The text stays
+    whole; a run in the middle of a turn is cut alone, the words after it still read."""
+    cap = 16 * 1024
+    for run in ("a." * (cap // 2), "x" * cap, "&" * cap, "é" * (cap // 2), "Hobson's-" * 1820):
+        head = run.encode()[:MAX_RUN_BYTES].decode("utf-8", "ignore")
+        said, read = Utterance.of(run), Utterance.of(head)
+        assert (said.words, said.tokens, said.named) == (read.words, read.tokens, read.named)
+        assert said.text == run
+        assert words(run) == words(head)  # a prefetch's and the skip policy's words too
+    said = Utterance.of("the " + "!" * cap + " Hobson's House please")
+    assert said.words[-3:] == ("hobson's", "house", "please")
+    assert said.tokens == ("the", "hobsons", "house", "please")
+
+
+def test_a_real_turn_is_read_whole() -> None:
+    """Runs up to MAX_RUN_BYTES (a long URL) and a long turn of words are as they were."""
+    url = "https://example.com/help/" + "a1-" * 300  # ~925 bytes, no whitespace
+    assert len(url.encode()) <= MAX_RUN_BYTES
+    text = "please open " + url + " and tell me " + "about the hotel " * 900
+    assert read(text) is text
+    said = Utterance.of(text)
+    assert said.tokens == tuple(tokens(text))
+    assert said.words[-3:] == ("about", "the", "hotel")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -65,21 +66,51 @@ class Deferrable(Protocol):
         ...
 
 
+# A vector whose squared norm is within this range is scaled to unit length at once
+# (``unit_vector``); outside it (a NaN, an infinity, components so large or small that the scale
+# would not fit a float32) it takes the careful way, which names the fault or scales in two steps.
+SQUARED_NORM_RANGE = (1e-30, 1e30)
+
+
+class NoDirection(ValueError):
+    """A vector ``unit_rows`` cannot scale to unit length: ``row``, and ``at``, its first value
+    that is not finite (None when every value is zero)."""
+
+    def __init__(self, rows: npt.NDArray[np.float64], bad: npt.NDArray[np.intp]) -> None:
+        self.row = int(bad[0])
+        finite = np.isfinite(rows[self.row])
+        self.at = None if finite.all() else int(np.argmin(finite))
+        why = "every value zero" if self.at is None else "a value that is not finite"
+        super().__init__(f"vector {self.row} has {why} ({bad.size} of {len(rows)} such)")
+
+
 def unit_rows(vectors: npt.NDArray[np.floating]) -> Vectors:
-    """Each row scaled to unit length, or ValueError naming the first row that has no direction
-    to scale: a value that is not finite, or every value zero. An embedder's answer is checked
-    this way (a caller's vector is, by the engine): a row of NaN or zeros finds nothing, silently.
+    """Each row scaled to unit length, or NoDirection (a ValueError) naming the first row that
+    has no direction to scale: a value that is not finite, or every value zero. An embedder's
+    answer is checked this way, and a caller's vector (``unit_vector``): a row of NaN or zeros
+    finds nothing, silently.
     """
     rows = np.asarray(vectors, dtype=np.float64)
     finite = np.isfinite(rows).all(axis=1)
     peaks = np.max(np.abs(rows), axis=1) if rows.size else np.zeros(len(rows))
     bad = np.flatnonzero(~finite | (peaks == 0.0))
     if bad.size:
-        row = int(bad[0])
-        why = "every value zero" if np.isfinite(rows[row]).all() else "a value that is not finite"
-        raise ValueError(f"vector {row} has {why} ({bad.size} of {len(rows)} such)")
+        raise NoDirection(rows, bad)
     scaled = rows / peaks[:, None]  # in [-1, 1]: the norm cannot overflow, however large
     return normalise(scaled)
+
+
+def unit_vector(values: Vectors) -> Vectors:
+    """One float32 vector scaled to unit length (``unit_rows``, NoDirection): the common case,
+    a squared norm in ``SQUARED_NORM_RANGE``, in a few steps (a NaN or an infinity makes it
+    NaN or infinite, so out of range)."""
+    vector = values.astype(np.float64)  # float32 squares cannot overflow in float64
+    squares = float(vector.dot(vector))  # half the cost of ``@`` on two vectors
+    if SQUARED_NORM_RANGE[0] < squares < SQUARED_NORM_RANGE[1]:
+        unit: Vectors = values * np.float32(1.0 / math.sqrt(squares))
+    else:
+        unit = unit_rows(vector[None, :])[0]
+    return unit
 
 
 def normalise(vectors: npt.NDArray[np.floating]) -> Vectors:

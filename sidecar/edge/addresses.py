@@ -21,10 +21,19 @@ IPV6_HOST_PREFIX = 64
 def share_key(host: str) -> str:
     """The key ``host``'s share is counted under: an IPv4 address as it is, an IPv6 address as
     its /64 (``2001:db8:0:1::/64``), anything that is not an address unchanged."""
+    address = _address(host)
+    return host if address is None else _key(address)
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` (brackets and an IPv6 zone allowed) as an address, or None when it is not one."""
     try:
-        address = ipaddress.ip_address(host.strip("[]").partition("%")[0])
+        return ipaddress.ip_address(host.strip("[]").partition("%")[0])
     except ValueError:
-        return host
+        return None
+
+
+def _key(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
     if isinstance(address, ipaddress.IPv6Address):
         return _ipv6_key(address)
     return str(address)
@@ -51,22 +60,14 @@ def _nat64(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
 
 
-def grpc_peer_key(peer: str) -> str:
-    """``share_key`` of a gRPC peer string: ``ipv4:10.0.0.7:51234`` -> ``10.0.0.7``,
-    ``ipv6:%5B2001:db8::1%5D:51234`` (grpc percent-encodes the brackets) -> ``2001:db8::/64``;
-    anything else (``unix:...``) as it is."""
-    kind, _, address = unquote(peer).partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return share_key(address.rpartition(":")[0])
-    return peer
-
-
 def peer_key(peer: str) -> str:
     """``share_key`` of a call's peer as either door gives it: gRPC's ``ipv4:10.0.0.7:51234``
-    (``grpc_peer_key``), the HTTP door's ``10.0.0.7:51234`` or ``::1:51234``; empty as it is."""
-    if peer.startswith(("ipv4:", "ipv6:", "unix:", "unix-abstract:")):
-        return grpc_peer_key(peer)
-    return share_key(peer.rpartition(":")[0]) if ":" in peer else peer
+    -> ``10.0.0.7`` and ``ipv6:%5B2001:db8::1%5D:51234`` (grpc percent-encodes the brackets)
+    -> ``2001:db8::/64``, the HTTP door's ``10.0.0.7:51234`` or ``::1:51234``; a unix socket's
+    and an empty one as they are."""
+    if peer.startswith(("unix:", "unix-abstract:")) or ":" not in peer:
+        return peer
+    return share_key(_host(peer))
 
 
 def load_requester(peer: str) -> str:
@@ -75,12 +76,15 @@ def load_requester(peer: str) -> str:
     (``share_key``), so its share of the loads is not its count of connections; on the
     loopback, where a sidecar's own agents run as several processes of one host, the
     connection itself (each agent process its own share), as for anything not an address."""
-    if peer.startswith(("ipv4:", "ipv6:")):
-        peer = unquote(peer).partition(":")[2]
-    host = peer.rpartition(":")[0].strip("[]")
-    try:
-        address = ipaddress.ip_address(host.partition("%")[0])
-    except ValueError:
+    address = _address(_host(peer))
+    if address is None:
         return peer
     mapped = getattr(address, "ipv4_mapped", None)
-    return peer if (mapped or address).is_loopback else share_key(host)
+    return peer if (mapped or address).is_loopback else _key(address)
+
+
+def _host(peer: str) -> str:
+    """The host of a call's peer as either door gives it: the part before its port."""
+    if peer.startswith(("ipv4:", "ipv6:")):
+        peer = unquote(peer).partition(":")[2]
+    return peer.rpartition(":")[0]

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.edge.addresses import grpc_peer_key
+from sidecar.edge.addresses import peer_key
 
 Status = int  # a HealthCheckResponse.ServingStatus value
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -81,7 +81,7 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Context) -> None:
         """The name's status now, then each time it changes, until the client goes."""
         status = await self._status(request, context)
-        peer = grpc_peer_key(context.peer() or "")
+        peer = peer_key(context.peer() or "")
         await self._take(peer, context)
         try:
             await context.write(health_pb2.HealthCheckResponse(status=status))

@@ -102,6 +102,22 @@ def metadata_filters(messages: Sequence[pb.MetadataFilter]) -> tuple[MetadataFil
     return tuple(MetadataFilter(m.field, tuple(m.any_of)) for m in messages)
 
 
+def search_input(request: pb.SearchRequest) -> SearchInput:
+    """The engine's input for a ``Search`` call."""
+    return SearchInput(
+        query=request.query,
+        knowledge_base=request.knowledge_base,
+        limit=request.limit,
+        min_score=request.min_score,
+        sources=strings(request.sources),
+        session_id=request.session_id,
+        context_url=request.context_url,
+        vector=request.vector,
+        filters=metadata_filters(request.filters),
+        source_paths=strings(request.source_paths),
+    )
+
+
 def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
     """``session_id``, when given, stands in for an empty ``request.session_id`` (Converse)."""
     speaker = _SPEAKERS.get(request.speaker)
@@ -227,20 +243,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         """Answers a ``SearchResponse``'s bytes, written from kept pieces (sidecar/edge/wire.py),
         which the method's serializer sends as they are."""
         self.lifecycle.check_accepting()
-        result = await self.engine.search(
-            SearchInput(
-                query=request.query,
-                knowledge_base=request.knowledge_base,
-                limit=request.limit,
-                min_score=request.min_score,
-                sources=strings(request.sources),
-                session_id=request.session_id,
-                context_url=request.context_url,
-                vector=request.vector,
-                filters=metadata_filters(request.filters),
-                source_paths=strings(request.source_paths),
-            )
-        )
+        result = await self.engine.search(search_input(request))
         return search_response(result, self._policy(request.knowledge_base))
 
     def _policy(self, kb: str) -> BasePolicy:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from index.embedders.base import Embedder, TokenLimited, Vectors
+from index.embedders.base import Embedder, NoDirection, TokenLimited, Vectors, unit_vector
 from index.errors import GraphSearchFailed, SnapshotNotFound
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot
@@ -50,10 +49,6 @@ log = logging.getLogger("voxrecall.engine")
 MAX_TEXT_BYTES = 16 * 1024
 MAX_TEXT_CHARS = MAX_TEXT_BYTES // 4  # characters that fit it whatever they are: where to cut
 MAX_SESSION_ID = 256
-# A query vector whose squared norm is within this range is scaled to unit length at once;
-# outside it (a NaN, an infinity, components so large or small that the scale would not fit a
-# float32) it takes the careful way, which names the fault or scales in two steps.
-SQUARED_NORM_RANGE = (1e-30, 1e30)
 # The page prior (doc2dial-style dialogues stay on one help page): each searched turn counts the
 # pages of its top PRIOR_COUNTED chunks, one vote each; a chunk on a page the conversation found
 # gets up to +PRIOR_BONUS (the page most turns found) among the top PRIOR_DEPTH. Measured on
@@ -874,22 +869,16 @@ class Engine:
                 f"vector is {len(data)} bytes; this snapshot needs {dim} float32 values ({dim * 4} bytes, little-endian)"
             )
         given = np.frombuffer(data, dtype="<f4")
-        vector = given.astype(np.float64)  # float32 squares cannot overflow in float64
-        # the common case in a few steps: finite, neither tiny nor huge (a NaN or an infinity
-        # makes the sum NaN or infinite); anything else takes the careful way, which says why
-        squares = float(vector.dot(vector))  # half the cost of ``@`` on two vectors
-        if SQUARED_NORM_RANGE[0] < squares < SQUARED_NORM_RANGE[1]:
-            unit: Vectors = given * np.float32(1.0 / math.sqrt(squares))
-            return unit
-        bad = np.flatnonzero(~np.isfinite(vector))
-        if bad.size:
-            i = int(bad[0])
-            raise InvalidArgument(f"vector[{i}] is {vector[i]}: every component must be finite")
-        peak = float(np.max(np.abs(vector)))
-        if peak == 0.0:
-            raise InvalidArgument("vector is all zeros: it has no direction to search by")
-        scaled = vector / peak  # in [-1, 1]: its norm cannot overflow, however large the values
-        return (scaled / np.linalg.norm(scaled)).astype(np.float32)
+        try:
+            return unit_vector(given)
+        except NoDirection as exc:
+            if exc.at is None:
+                raise InvalidArgument(
+                    "vector is all zeros: it has no direction to search by"
+                ) from None
+            raise InvalidArgument(
+                f"vector[{exc.at}] is {given[exc.at]}: every component must be finite"
+            ) from None
 
 
 def _nearest_hits(
