@@ -288,7 +288,7 @@ class CallLog(Hook):
         self.failures = FailureLines()
 
     def start(self, call: Call) -> None:
-        given = call.metadata.get(CALL_ID_HEADER)  # most callers send none: no match tried
+        given = call.header(CALL_ID_HEADER)  # most callers send none: no match tried
         call.call_id = given if given and _CALL_ID.fullmatch(given) else _fresh_call_id()
         current.set(call)
         connection.set(call.context.peer)  # whose queue a lazy load joins (read then)
