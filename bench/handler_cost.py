@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import CorpusSpec, load_or_generate
+from bench.corpus import CACHE, CorpusSpec, load_or_generate
 from bench.in_process import Context, Handler, cpu_us, serialized, served, wrapped
 from bench.ours import _request
 from bench.profile_turn import TimedIndex
@@ -107,9 +107,11 @@ def _general_way(engine: Any, on: bool) -> Iterator[None]:
         del engine._plain
 
 
-async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> dict[str, Any]:
-    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
-    sidecar, servicer = await served(corpus, dim)
+async def measure(
+    n: int, dim: int, queries: int, calls: int, rounds: int, cache: Path = CACHE
+) -> dict[str, Any]:
+    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries), cache)
+    sidecar, servicer = await served(corpus, dim, cache)
     try:
         assert sidecar.guards is not None
         bare: Handler = servicer.Search
@@ -176,7 +178,7 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int) -> di
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--dim", type=int, default=384)
@@ -184,11 +186,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    result = asyncio.run(measure(args.n, args.dim, args.queries, args.calls, args.rounds))
+    parser.add_argument(
+        "--cache", type=Path, default=CACHE, help="where the corpus and its snapshot are cached"
+    )
+    args = parser.parse_args(argv)
+    result = asyncio.run(
+        measure(args.n, args.dim, args.queries, args.calls, args.rounds, args.cache)
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from unittest import mock
 
 import index.snapshot
 from bench import report
-from bench.corpus import CorpusSpec, load_or_generate
+from bench.corpus import CACHE, CorpusSpec, load_or_generate
 from bench.in_process import Context, Handler, cpu_us, served, wrapped
 from bench.ours import _request
 from sidecar.edge import service, wire
@@ -122,9 +122,11 @@ def _run(coroutine: Any) -> Any:
     raise RuntimeError("the coroutine waited")
 
 
-async def measure(n: int, dim: int, queries: int, calls: int, rounds: int, number: int) -> Any:
-    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
-    sidecar, servicer = await served(corpus, dim)
+async def measure(
+    n: int, dim: int, queries: int, calls: int, rounds: int, number: int, cache: Path = CACHE
+) -> Any:
+    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries), cache)
+    sidecar, servicer = await served(corpus, dim, cache)
     with _canned_graph():
         try:
             requests = [_request(q) for q in corpus.queries]
@@ -179,7 +181,7 @@ async def measure(n: int, dim: int, queries: int, calls: int, rounds: int, numbe
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=report.plain(__doc__))
     parser.add_argument("--n", type=int, default=2_000, help="chunks of the synthetic corpus")
     parser.add_argument("--dim", type=int, default=384, help="its vectors' dimension")
@@ -188,13 +190,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the least is kept")
     parser.add_argument("--number", type=int, default=20_000, help="timeit's calls a repeat")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
-    args = parser.parse_args()
-    result = asyncio.run(
-        measure(args.n, args.dim, args.queries, args.calls, args.rounds, args.number)
+    parser.add_argument(
+        "--cache", type=Path, default=CACHE, help="where the corpus and its snapshot are cached"
+    )
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = asyncio.run(
+        measure(args.n, args.dim, args.queries, args.calls, args.rounds, args.number, args.cache)
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

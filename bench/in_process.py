@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import grpc
 from google.protobuf.message import Message
 
+from bench.corpus import CACHE
 from bench.ours import build_snapshot, embedder_info
 from index.embedders.base import HashEmbedder
 from sidecar.config import parse_config
@@ -58,10 +60,13 @@ class _Details:
         self.invocation_metadata = ()
 
 
-async def served(corpus: Any, dim: int, **settings: Any) -> tuple[Sidecar, RetrievalService]:
-    """A sidecar over ``corpus``'s snapshot (``[sidecar]`` ``settings`` added), not started,
-    and the servicer it made: its handlers are called in process."""
-    folder, _ = build_snapshot(corpus)
+async def served(
+    corpus: Any, dim: int, cache: Path = CACHE, **settings: Any
+) -> tuple[Sidecar, RetrievalService]:
+    """A sidecar over ``corpus``'s snapshot (built in ``cache``, or found there; ``[sidecar]``
+    ``settings`` added), not started, and the servicer it made: its handlers are called in
+    process."""
+    folder, _ = build_snapshot(corpus, cache)
     store = folder.parent.parent
     raw = {"sidecar": {"store": str(store), "listen": "127.0.0.1:0", **settings}}
     made: list[RetrievalService] = []

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from bench.corpus import CorpusSpec, load_or_generate
+from bench.corpus import CACHE, CorpusSpec, load_or_generate
 from bench.in_process import Handler, cpu_us, serialized, serializer, served, wrapped
 from sidecar.edge import service
 from sidecar.edge.interceptor import HookInterceptor
@@ -118,10 +118,12 @@ async def _turns(engine: Any, sessions: int) -> tuple[list[pb.TurnRequest], list
     return requests, results
 
 
-async def measure(n: int, dim: int, queries: int, sessions: int, calls: int, rounds: int) -> Any:
-    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries))
+async def measure(
+    n: int, dim: int, queries: int, sessions: int, calls: int, rounds: int, cache: Path = CACHE
+) -> Any:
+    corpus = load_or_generate(CorpusSpec(n=n, dim=dim, queries=queries), cache)
     # every turn finds its max_results (3): random vectors score low, under the 0.3 default
-    sidecar, servicer = await served(corpus, dim, min_score=-1.0)
+    sidecar, servicer = await served(corpus, dim, cache, min_score=-1.0)
     try:
         interceptor = sidecar.guards.interceptors[0]  # type: ignore[union-attr]
         assert isinstance(interceptor, HookInterceptor)
@@ -253,7 +255,7 @@ def _converse(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--dim", type=int, default=384)
@@ -262,13 +264,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4000, help="per way, and per hooks round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    result = asyncio.run(
-        measure(args.n, args.dim, args.queries, args.sessions, args.calls, args.rounds)
+    parser.add_argument(
+        "--cache", type=Path, default=CACHE, help="where the corpus and its snapshot are cached"
+    )
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = asyncio.run(
+        measure(args.n, args.dim, args.queries, args.sessions, args.calls, args.rounds, args.cache)
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

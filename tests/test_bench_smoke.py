@@ -6,11 +6,13 @@ is judged on the same ground truth, and that the goals are read the way issue 7 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
-from bench import hits_written, scale, search, search_parts
+import index.snapshot
+from bench import handler_cost, hits_written, hook_pressure, scale, search, search_parts, turn_cost
 from bench.corpus import CorpusSpec, exact_top_k, generate, load_or_generate, recall_at_k
 
 TINY = CorpusSpec(n=1500, dim=32, queries=60)
@@ -152,3 +154,61 @@ def test_hits_written_times_every_way_over_the_same_answers(tmp_path: Path) -> N
     for workload in ("fresh", "repeated"):
         assert set(result[workload]["us_per_answer"]) == {"decoded", "table", "unkept"}
         assert all(us > 0 for us in result[workload]["us_per_answer"].values())
+
+
+# The in-process cost tools, run small: a tiny corpus and a few calls, cached in the test's own
+# folder (``--cache``), never the shared bench cache.
+SMALL = ["--n", "1500", "--dim", "32", "--queries", "60", "--rounds", "1"]
+HOOKS = {"CallLog", "Metrics", "DrainGate", "ConcurrencyLimit", "FieldLimits"}
+
+
+def _small(tmp_path: Path, *extra: str) -> list[str]:
+    return [*SMALL, *extra, "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out.json")]
+
+
+def _written(tmp_path: Path, result: dict[str, object]) -> None:
+    """The JSON written is the result returned, and the corpus and its snapshot were cached in
+    the test's folder."""
+    assert json.loads((tmp_path / "out.json").read_text()) == json.loads(json.dumps(result))
+    assert len(list((tmp_path / "cache").glob("corpus-*"))) == 1
+    assert list((tmp_path / "cache").glob("*/*/bench"))  # the snapshot's store: a base "bench"
+
+
+def test_hook_pressure_times_every_piece_and_handler_and_puts_the_graph_back(
+    tmp_path: Path,
+) -> None:
+    knn = index.snapshot.knn
+    result = hook_pressure.main(_small(tmp_path, "--calls", "40", "--number", "20"))
+    _written(tmp_path, result)
+    assert index.snapshot.knn is knn  # the canned graph is gone once measured
+    assert set(result["pieces_us"]) == {
+        "search_input", "vector_read", "graph_answer_into_hits", "response_written",
+        "engine_search", "whole_search",
+    }  # fmt: skip
+    assert all(us > 0 for us in result["pieces_us"].values())
+    walks = {f"walk_{w}" for w in hook_pressure.WALKS}
+    assert set(result["handler_us"]) == set(result["hooks_us"]) == {
+        "answered", "engine", "search", *walks
+    }  # fmt: skip
+    assert all(set(row) == {"all", "nothing"} for row in result["hooks_us"].values())
+
+
+def test_handler_cost_times_the_search_with_and_without_each_hook(tmp_path: Path) -> None:
+    result = handler_cost.main(_small(tmp_path, "--calls", "60"))
+    _written(tmp_path, result)
+    assert {"wrapped", "bare", "knn", "hooks_alone", "answered", "knn_in_call"} <= set(
+        result["cpu_us_per_call"]
+    )
+    assert set(result["each_hook_us"]) == HOOKS  # one row per hook of the sidecar's interceptor
+    assert (result["n"], result["dim"], result["calls"], result["rounds"]) == (1500, 32, 60, 1)
+
+
+def test_turn_cost_replays_real_turns_every_way(tmp_path: Path) -> None:
+    result = turn_cost.main(_small(tmp_path, "--calls", "100", "--sessions", "1"))
+    _written(tmp_path, result)
+    assert result["turns"] == len(turn_cost.TURNS)  # one session's turns, each answered
+    assert 0 < result["searched_turns"] < result["turns"]  # the backchannel and agent skipped
+    assert set(result["turn_cpu_us_alternating"]) == {"bytes", "message"}
+    assert set(result["hooks_alone_us"]) == {"turn", "search"}
+    assert set(result["each_hook_us"]) == HOOKS
+    assert set(result["converse_answer_us"]) == {"bytes", "parsed"}

@@ -126,3 +126,23 @@ def test_a_call_keeps_a_usable_call_id_and_gets_a_fresh_one_otherwise(given: str
         assert len(call.call_id) == 16
         assert int(call.call_id, 16) >= 0
     assert context.trailers == (("x-call-id", call.call_id),)
+
+
+def test_a_calls_metadata_is_read_as_grpc_gives_it() -> None:
+    """A gRPC call's metadata is kept as its (key, value) pairs and read by the entry a hook
+    asks for: the last one sent when one is sent twice (as the dict made of every entry kept),
+    a binary entry's bytes never taken for text; the HTTP door's headers are a dict."""
+    pairs = (
+        ("user-agent", "grpc-python"),
+        ("x-call-id", "first"),
+        ("authorization-bin", b"\x00"),
+        ("x-call-id", "second"),
+    )
+    call = Call("Search", "voxrecall.v1.Retrieval", pairs, None, task=None)  # type: ignore[arg-type]
+    assert call.header("x-call-id") == "second"
+    assert call.header("user-agent") == "grpc-python"
+    assert call.header("authorization-bin") == ""
+    assert call.header("authorization") == ""
+    headers = Call("MCP", "http", {"authorization": "Bearer t"}, None, task=None)  # type: ignore[arg-type]
+    assert headers.header("authorization") == "Bearer t"
+    assert headers.header("x-call-id") == ""

@@ -22,6 +22,7 @@ from index.config import EmbedderConfig
 from index.embedders.remote import OpenAIEmbedder
 from sidecar.config import load_config
 from sidecar.edge import addresses, logs
+from sidecar.edge.interceptor import Call
 from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -222,7 +223,9 @@ def test_a_secret_is_redacted_before_its_field_is_escaped_or_cut(
     cut_secret = "ABCDEFGHIJKLMNOPQRSTUVWX"
     logs.configure("INFO", fmt, secrets=[QUOTED_SECRET, cut_secret], stream=log_stream)
     at_the_cut = "x" * (logs.MAX_FIELD_BYTES - 11) + cut_secret
-    token = logs.session_id.set(f"sess-{QUOTED_SECRET}")
+    call = Call("Search", "voxrecall.v1.Retrieval", {}, None, task=None)  # type: ignore[arg-type]
+    call.session_id = f"sess-{QUOTED_SECRET}"
+    token = logs.current.set(call)
     try:
         log = logging.getLogger("voxrecall.test")
         log.info("key %s", QUOTED_SECRET, extra={"detail": at_the_cut})
@@ -232,7 +235,7 @@ def test_a_secret_is_redacted_before_its_field_is_escaped_or_cut(
         except ValueError:
             log.exception("failed")
     finally:
-        logs.session_id.reset(token)
+        logs.current.reset(token)
     written = log_stream.getvalue()
     for secret in (QUOTED_SECRET, cut_secret):
         for form in (secret, orjson.dumps(secret).decode()[1:-1], secret[:11]):

@@ -7,13 +7,16 @@ Each test feeds a conversation through ``run_turns`` (a real snapshot, the shipp
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from index.embedders.base import FakeEmbedder
+from sidecar.turn import engine as engine_module
 from sidecar.turn import followups
 from sidecar.turn.engine import TurnInput, TurnResult
 from sidecar.turn.followups import Source
+from sidecar.turn.hits import Hit
 from sidecar.turn.prefetch import Prefetcher
 from sidecar.turn.skip import Skip
 from tests.conftest import eventually
@@ -967,3 +970,40 @@ async def test_a_follow_up_answered_from_a_prefetch_gets_the_tracked_page_s_like
     assert result.prefetched
     assert result.followup.used == "ACME TERMINAL THEMES"
     assert result.hits[0].chunk.breadcrumbs[-1] == "Background"
+
+
+async def test_a_turn_makes_hits_for_its_answer_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn ranks the candidates of its searches (the folded query's and its own words',
+    each up to FUSION_DEPTH deep) as (chunk, score) pairs, and makes a ``Hit`` only for each
+    chunk it answers with: it made one for every candidate of both searches, and again for
+    each score the fold or a lift changed, ~18 a turn to answer 2.5."""
+    made: list[Hit] = []
+
+    class Counted(Hit):
+        __slots__ = ()
+
+        def __init__(self, *args: Any) -> None:
+            made.append(self)
+            super().__init__(*args)
+
+    monkeypatch.setattr(engine_module, "Hit", Counted)
+    results = await run_turns(
+        DOCS,
+        [
+            ("user", "How do I set up my cloud storage?"),
+            ("agent", "Run rclone config and pick a backend."),
+            ("user", "how can I skip files matching a pattern"),
+            ("user", "And after that?"),
+            ("user", "what about the daily limit"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),
+        max_results=2,
+    )
+    assert results[3].followup.source == Source.RECENT_TURNS  # folded: two searches ranked
+    answered = [hit for r in results for hit in r.hits]
+    assert answered  # the answers are still made of hits, and nothing else is
+    assert len(made) == len(answered)
+    assert all(type(hit) is Counted for hit in answered)

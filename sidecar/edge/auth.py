@@ -65,7 +65,7 @@ class Authenticator(Hook):
         self.functions = dict(functions or {})
 
     def start(self, call: Call) -> None:
-        header = call.metadata.get("authorization", "")
+        header = call.header("authorization")
         if not header:
             raise Unauthenticated(
                 "no credentials: send `authorization: Bearer <token>` (gRPC metadata, or an "

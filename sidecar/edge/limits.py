@@ -27,7 +27,6 @@ from sidecar.edge.lifecycle import Lifecycle
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.turn.engine import MAX_TEXT_BYTES
 
-_SLOT = "limits.slot"
 _T = TypeVar("_T")
 
 REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
@@ -113,7 +112,7 @@ class ConcurrencyLimit(Hook):
         # streams whose handler has ended while gRPC still holds their answers unread: each
         # keeps its slot (and so its bytes stay bounded) until the client reads or goes
         self.lingering = 0
-        self._calls: dict[int, Call] = {}  # the calls holding a slot, by id()
+        self._calls: set[Call] = set()  # the calls holding a slot
         self._idle: asyncio.Event | None = None  # made on the loop, when a drain waits
 
     @property
@@ -140,7 +139,7 @@ class ConcurrencyLimit(Hook):
 
     def cut_off(self, reason: str) -> int:
         """End every call in flight with UNAVAILABLE ``reason``; how many there were."""
-        calls = list(self._calls.values())
+        calls = list(self._calls)
         for call in calls:
             call.cut_off(reason)
         return len(calls)
@@ -155,15 +154,16 @@ class ConcurrencyLimit(Hook):
         except ResourceExhausted:
             self.refused += 1
             raise
-        call.notes[_SLOT] = (pool, caller)
-        self._calls[id(call)] = call
+        call.slot = pool
+        self._calls.add(call)
 
     def end(self, call: Call) -> None:
         """The call's handler is over: its slot is given back, once the call is done too (a
         stream ended unread, ``written_within``, is done only when its client reads or goes)."""
-        slot = call.notes.pop(_SLOT, None)
+        slot: Pool | None = call.slot
         if slot is None:
             return
+        call.slot = None
         if call.streaming and not call.context.done():
             self.lingering += 1
             # (grpc-stubs type the callback as a class of its own, not a callable)
@@ -171,14 +171,13 @@ class ConcurrencyLimit(Hook):
             return
         self._give(call, slot)
 
-    def _lingered(self, call: Call, slot: tuple[Pool, str]) -> None:
+    def _lingered(self, call: Call, slot: Pool) -> None:
         self.lingering -= 1
         self._give(call, slot)
 
-    def _give(self, call: Call, slot: tuple[Pool, str]) -> None:
-        pool, caller = slot
-        pool.give(caller)
-        self._calls.pop(id(call), None)
+    def _give(self, call: Call, pool: Pool) -> None:
+        pool.give(getattr(call.caller, "name", ""))  # the caller it was taken for (set before)
+        self._calls.discard(call)
         if self._idle is not None and self.in_flight == 0:  # a drain waits (seldom): then count
             self._idle.set()
 

@@ -4,9 +4,9 @@
     server = grpc.aio.server(interceptors=[HookInterceptor([CallLog(), ...])])
 
 ``CallLog`` gives every call an id (the caller's ``x-call-id`` metadata when it sends a usable
-one, else a fresh one, returned in the trailing metadata) and puts it and the session id in
-context variables, so every log line written while the call runs carries them, in the engine as
-in the service. Any configured secret of ``MIN_SECRET_CHARS`` or more that finds its way into a
+one, else a fresh one, returned in the trailing metadata) and puts the call's record in a
+context variable (``current``, one set a call), so every log line written while the call runs
+carries its ids and its session id, in the engine as in the service. Any configured secret of ``MIN_SECRET_CHARS`` or more that finds its way into a
 line is replaced by ``[redacted]`` in each field before the field is cut or encoded
 (``clean``), so neither JSON's escaping of a ``"`` in it nor a cut through it lets it out (a
 shorter one, vLLM's customary key ``EMPTY`` or an ``x``, is no secret, and replacing it in every
@@ -34,18 +34,17 @@ from random import getrandbits as _random_bits
 from time import monotonic
 from typing import Any, TextIO
 
-import grpc
 import orjson
 
 from sidecar.edge.addresses import peer_key
-from sidecar.edge.interceptor import Call, Hook
+from sidecar.edge.interceptor import OK, Call, Hook
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.sessions import connection
 
-session_id: contextvars.ContextVar[str] = contextvars.ContextVar("session_id", default="")
-call_id: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")
-method: contextvars.ContextVar[str] = contextvars.ContextVar("method", default="")
-door: contextvars.ContextVar[str] = contextvars.ContextVar("door", default="")
+# The call at hand, whose ids every line written while it runs carries: one variable set once a
+# call (its session id, learnt from the request, and its method, renamed by an MCP body, are read
+# from the record as the line is written).
+current: contextvars.ContextVar[Call | None] = contextvars.ContextVar("call", default=None)
 
 CALL_ID_HEADER = "x-call-id"
 # A caller's own id is kept only when it is short and plain, so it cannot forge log lines.
@@ -130,8 +129,16 @@ class TextFormatter(logging.Formatter):
 def context_ids(secrets: tuple[str, ...] = ()) -> dict[str, str]:
     """The current call's ids as a line carries them, each cut to ``MAX_ID_BYTES``: the one place
     a caller's own strings reach a line outside its message and extras."""
-    ids = (("session_id", session_id), ("call_id", call_id), ("method", method), ("door", door))
-    return {key: clean(value, secrets, MAX_ID_BYTES) for key, var in ids if (value := var.get())}
+    call = current.get()
+    if call is None:
+        return {}
+    ids = (
+        ("session_id", call.session_id),
+        ("call_id", call.call_id),
+        ("method", call.method),
+        ("door", call.door),
+    )
+    return {key: clean(value, secrets, MAX_ID_BYTES) for key, value in ids if value}
 
 
 def clean(text: str, secrets: tuple[str, ...], limit: int = MAX_FIELD_BYTES) -> str:
@@ -281,23 +288,19 @@ class CallLog(Hook):
         self.failures = FailureLines()
 
     def start(self, call: Call) -> None:
-        given = call.metadata.get(CALL_ID_HEADER)  # most callers send none: no match tried
+        given = call.header(CALL_ID_HEADER)  # most callers send none: no match tried
         call.call_id = given if given and _CALL_ID.fullmatch(given) else _fresh_call_id()
-        call_id.set(call.call_id)
-        method.set(call.method)
-        door.set(call.door)
-        session_id.set("")
+        current.set(call)
         connection.set(call.context.peer)  # whose queue a lazy load joins (read then)
         call.context.set_trailing_metadata(((CALL_ID_HEADER, call.call_id),))
 
     def request(self, call: Call, message: Any) -> None:
         sid = _session_of(message)
-        if sid and sid != call.session_id:
-            call.session_id = sid
-            session_id.set(sid)
+        if sid:
+            call.session_id = sid  # on this call's lines from now on (``current``)
 
     def end(self, call: Call) -> None:
-        if call.code is grpc.StatusCode.OK:
+        if call.code is OK:
             self.failures.sweep()  # a window's count is written once its failures stop too
             level = logging.DEBUG
         elif log.isEnabledFor(logging.INFO) and self.failures.admit(

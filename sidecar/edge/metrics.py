@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from index.errors import CannotListen
-from sidecar.edge.interceptor import Call, Hook
+from sidecar.edge.interceptor import OK, Call, Hook
 from sidecar.edge.lifecycle import Lifecycle, State
 from sidecar.edge.limits import ConcurrencyLimit
 from sidecar.edge.wire import EncodedResponse
@@ -122,6 +122,9 @@ class Metrics(Hook):
             self.registry.register(collector)
         self.registry.register(_CountersAtScrape(engine, holder, lifecycle, limit))
         self._ended: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any, Any]] = {}
+        # the same for calls ended OK (nearly all), by door then method: looked up with no key
+        # made and no status code hashed (an enum's hash is a Python call)
+        self._ended_ok: dict[str, dict[str, tuple[Any, Any, Any]]] = {}
         self._stages: dict[str, tuple[Any, Any, Any]] = {}
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -157,9 +160,24 @@ class Metrics(Hook):
         return children
 
     def end(self, call: Call) -> None:
+        ended = None
+        if call.code is OK:
+            by_method = self._ended_ok.get(call.door)
+            ended = by_method.get(call.method) if by_method is not None else None
+        if ended is None:
+            ended = self._ended_children(call)
+        calls, seconds, refusals = ended
+        calls.inc()
+        seconds.observe(call.elapsed_s())
+        if refusals is not None:
+            refusals.inc()
+
+    def _ended_children(self, call: Call) -> tuple[Any, Any, Any]:
+        """The labelled children a call's end counts in, looked up once per door, method and
+        code (those of an OK call kept apart too, for ``end``'s lookup)."""
         key = (call.door, call.method, call.code)
         ended = self._ended.get(key)
-        if ended is None:  # the labelled children, looked up once per door, method and code
+        if ended is None:
             code = call.code.name
             refused = self.refusals.labels(code.lower()) if code in REFUSALS else None
             ended = (
@@ -168,11 +186,9 @@ class Metrics(Hook):
                 refused,
             )
             self._ended[key] = ended
-        calls, seconds, refusals = ended
-        calls.inc()
-        seconds.observe(call.elapsed_s())
-        if refusals is not None:
-            refusals.inc()
+        if call.code is OK:
+            self._ended_ok.setdefault(call.door, {})[call.method] = ended
+        return ended
 
     # -- the endpoint -------------------------------------------------------------------------
 

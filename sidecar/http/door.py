@@ -51,7 +51,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from index.errors import CannotListen, VoxrecallError
 from sidecar.config import Config
-from sidecar.edge import logs, tls
+from sidecar.edge import tls
 from sidecar.edge.addresses import share_key
 from sidecar.edge.guards import Guards
 from sidecar.edge.interceptor import Call, HookRun, Phases
@@ -149,8 +149,7 @@ class HttpCall(HookRun):
 
     def rename(self, method: str) -> None:
         """Name the call once its body says what it is (an MCP request's method)."""
-        self.call.method = method
-        logs.method.set(method)
+        self.call.method = method  # on the call's lines from now on (``logs.current``)
 
     def finish(self, code: grpc.StatusCode) -> None:
         """End the hooks with ``code``, unless a refusal seen in ``check`` named the call's."""

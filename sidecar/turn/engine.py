@@ -33,7 +33,7 @@ from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups, relevance, scope
 from sidecar.turn.budget import Budget
-from sidecar.turn.hits import Hit, TableHits
+from sidecar.turn.hits import Hit, Scored, TableHits
 from sidecar.turn.query_embedder import QueryEmbedder
 from sidecar.turn.rerank import Reranker
 from sidecar.turn.rerank import Status as RerankStatus
@@ -152,6 +152,32 @@ class SearchResult:
 
 
 @dataclass(slots=True)
+class Ranking:
+    """A search as ranked, before its answer is made: its candidates as (chunk, score) pairs,
+    best first, all from ``knowledge_base``. A turn's searches go ``depth`` deep and its follow-up
+    folding (``_combined``, the lifts) re-ranks them; ``Hit``s are made only for the few that
+    answer (``result``), not for every candidate of both searches."""
+
+    knowledge_base: str
+    found: list[Scored]
+    snapshot_version: str
+    degraded: bool = False
+    timings: Timings = field(default_factory=Timings)
+    rerank: RerankStatus = RerankStatus.RERANK_NONE
+
+    def result(self) -> SearchResult:
+        """The answer: a ``Hit`` for each kept candidate."""
+        kb = self.knowledge_base
+        return SearchResult(
+            [Hit(kb, chunk, score) for chunk, score in self.found],
+            self.snapshot_version,
+            self.degraded,
+            self.timings,
+            self.rerank,
+        )
+
+
+@dataclass(slots=True)
 class TurnResult:
     hits: Sequence[Hit]
     context: list[Hit]
@@ -202,7 +228,7 @@ class PrefetchMatch:
     the turn's embedding deadline (the turn then falls back rather than embed the words again)."""
 
     query: str
-    result: SearchResult | None
+    result: Ranking | None
     followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the prefetched query folded in
 
 
@@ -316,27 +342,28 @@ class Engine:
             query, result = await self._retrieve(
                 searcher, kb, req, session, plan, budget, embed, allowed
             )
-        result = await self._reranked(kb, query, result, self.config.max_results, budget)
-        _moved_on(session, mentions, query == req.text, result, gazetteer.entity_of)
-        self._remember(session, result.hits)
-        if result.degraded:
+        ranked = await self._reranked(kb, query, result, self.config.max_results, budget)
+        _moved_on(session, mentions, query == req.text, ranked, gazetteer.entity_of)
+        answer = ranked.result()  # the answer's hits, made now for the few kept
+        self._remember(session, answer.hits)
+        if answer.degraded:
             self.counters.degraded += 1
         return TurnResult(
-            hits=result.hits,
+            hits=answer.hits,
             context=session.context(self._context_limit()),
             skipped=Skip.NOT_SKIPPED,
             query=query,
             snapshot_version=searcher.version,
-            degraded=result.degraded,
+            degraded=answer.degraded,
             timings=Timings(
-                embed_ms=result.timings.embed_ms,
-                search_ms=result.timings.search_ms,
+                embed_ms=answer.timings.embed_ms,
+                search_ms=answer.timings.search_ms,
                 total_ms=budget.elapsed_ms(),
             ),
             prefetched=prefetched,
             truncated=self._truncates(query),
             followup=plan.followup if prefetched or query == plan.query else followups.NO_FOLLOWUP,
-            rerank=result.rerank,
+            rerank=answer.rerank,
         )
 
     def _admit(self, req: TurnInput) -> tuple[str, Searcher, Allowed | None]:
@@ -359,7 +386,7 @@ class Engine:
         budget: Budget,
         embed: bool,
         allowed: Allowed | None = None,
-    ) -> tuple[str, SearchResult]:
+    ) -> tuple[str, Ranking]:
         """Search the plan's query; when the plan says so, the turn alone too (both embedded at
         once), and rank the candidates of both by both (``_combined``): a new question keeps
         its own answer where its words clearly prefer it, a follow-up gets the conversation's."""
@@ -372,7 +399,7 @@ class Engine:
             search = self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed)
             found = _entity_lifted(await search, tracked, entity_of)
             result = _prior_lifted(found, prior, entity_of, keep)
-            _count_pages(session, result.hits, entity_of)
+            _count_pages(session, result.found, entity_of)
             if plan.query == req.text:
                 _confirm(session, plan, result, entity_of)
             return plan.query, result
@@ -380,7 +407,7 @@ class Engine:
         target = self._turn_scope(searcher, kb, req, depth, allowed)
         folded, own, said = await self._searched_both(target, (plan.query, req.text), budget, embed)
         # the turn's own words' result is what the conversation's pages count
-        _count_pages(session, own.hits, entity_of)
+        _count_pages(session, own.found, entity_of)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
             return req.text, _cut(own, keep)
         if not plan.alone:  # searched alone only to see whether it names its own topic
@@ -400,7 +427,7 @@ class Engine:
         embed: bool,
         limit: int = 0,
         allowed: Allowed | None = None,
-    ) -> SearchResult:
+    ) -> Ranking:
         """One of a turn's searches, ``limit`` deep (at least ``max_results``), within what
         the call may reach (``allowed``)."""
         target = self._turn_scope(searcher, kb, req, limit, allowed)
@@ -408,7 +435,7 @@ class Engine:
 
     async def _searched_both(
         self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
-    ) -> tuple[SearchResult, SearchResult, Vectors | None]:
+    ) -> tuple[Ranking, Ranking, Vectors | None]:
         """A turn's two searches (the folded query, the turn alone) and the turn's own vector
         (None when not embedded), both queries embedded in one embedder call: on the embedded
         model's one worker, two calls would run one after the other, each with its own
@@ -462,8 +489,9 @@ class Engine:
             except GraphSearchFailed as exc:
                 self._graph_failed(kb, searcher, exc)
                 continue
-            hits = [Hit("", searcher.chunks[label], score) for label, score in found]
-            _count_pages(session, hits, searcher.gazetteer.entity_of)
+            chunks = searcher.chunks
+            scored = [(chunks[label], score) for label, score in found]
+            _count_pages(session, scored, searcher.gazetteer.entity_of)
 
     def plan(self, req: TurnInput) -> PlannedSearch | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
@@ -511,7 +539,7 @@ class Engine:
             gazetteer.sounds,
         )
 
-    async def search_ahead(self, planned: PlannedSearch, deadline: float) -> SearchResult | None:
+    async def search_ahead(self, planned: PlannedSearch, deadline: float) -> Ranking | None:
         """Embed and rank a planned query ahead of its turn; None when the embedder missed
         ``deadline`` (``loop.time()``) or failed: the turn itself then decides."""
         target = SearchScope(
@@ -566,8 +594,8 @@ class Engine:
                 context_url=req.context_url,
                 allowed=allowed,
             )
-            result = await self._search(target, query, budget.embed_deadline(), vector=vector)
-            result = await self._reranked(kb, query, result, limit, budget)
+            ranked = await self._search(target, query, budget.embed_deadline(), vector=vector)
+            result = (await self._reranked(kb, query, ranked, limit, budget)).result()
         if req.session_id:
             self._remember(self.sessions.get(req.session_id), result.hits)
         result.timings.total_ms = budget.elapsed_ms()  # made by this call alone
@@ -616,13 +644,13 @@ class Engine:
         embed_ms = (time.perf_counter() - start) * 1000.0
         if vector is None:
             target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
-            return self._rank(target, query, None, embed_ms=embed_ms)
+            return self._rank(target, query, None, embed_ms=embed_ms).result()
         start = time.perf_counter()
         try:
             hits = _nearest_hits(searcher, kb, vector, limit, min_score)
         except GraphSearchFailed as exc:
             target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
-            return self._unsearched(target, query, exc, embed_ms)
+            return self._unsearched(target, query, exc, embed_ms).result()
         search_ms = (time.perf_counter() - start) * 1000.0
         return SearchResult(hits, searcher.version, timings=Timings(embed_ms, search_ms))
 
@@ -640,7 +668,7 @@ class Engine:
         *,
         vector: Vectors | None = None,
         embed: bool = True,
-    ) -> SearchResult:
+    ) -> Ranking:
         """Embed by ``deadline`` (``loop.time()``; unless given a vector, or told not to), then
         rank: without a vector, lexically (the result says ``degraded``)."""
         start = time.perf_counter()
@@ -650,7 +678,7 @@ class Engine:
 
     def _rank(
         self, target: SearchScope, query: str, vector: Vectors | None, embed_ms: float
-    ) -> SearchResult:
+    ) -> Ranking:
         start = time.perf_counter()
         searcher = target.searcher
         try:
@@ -658,9 +686,9 @@ class Engine:
         except GraphSearchFailed as exc:
             return self._unsearched(target, query, exc, embed_ms)
         chunks = searcher.chunks
-        hits = [Hit(target.knowledge_base, chunks[label], score) for label, score in ranked]
-        return SearchResult(
-            hits=hits,
+        return Ranking(
+            target.knowledge_base,
+            [(chunks[label], score) for label, score in ranked],
             snapshot_version=searcher.version,
             degraded=vector is None,
             timings=Timings(embed_ms=embed_ms, search_ms=(time.perf_counter() - start) * 1000.0),
@@ -668,7 +696,7 @@ class Engine:
 
     def _unsearched(
         self, target: SearchScope, query: str, exc: GraphSearchFailed, embed_ms: float
-    ) -> SearchResult:
+    ) -> Ranking:
         """A search the graph could not answer: counted, then answered as a missed embedding
         is, by the lexical index (``degraded``): a voice agent gets an answer mid-call, where
         INTERNAL would leave it none. A search by a vector alone has no text to fall back on:
@@ -693,8 +721,8 @@ class Engine:
         )
 
     def _backed(
-        self, searcher: Searcher, kb: str, folded: SearchResult, said: Vectors, depth: int
-    ) -> SearchResult:
+        self, searcher: Searcher, kb: str, folded: Ranking, said: Vectors, depth: int
+    ) -> Ranking:
         """``_backed``, or ``folded`` as searched when the graph cannot answer its search: the
         rule is skipped (counted and logged as every search the graph fails), rather than the
         turn failing with the graph's error where every other search of it is answered."""
@@ -729,19 +757,19 @@ class Engine:
         return max(limit, reranker.config.candidates) if reranker is not None else limit
 
     async def _reranked(
-        self, kb: str, query: str, result: SearchResult, limit: int, budget: Budget
-    ) -> SearchResult:
+        self, kb: str, query: str, result: Ranking, limit: int, budget: Budget
+    ) -> Ranking:
         """The result in the reranker's order, cut to ``limit``; in vector order, saying why,
         when the reranker misses its share of what is left of the budget or fails."""
         reranker = self.policy(kb).reranker
-        if reranker is None or len(result.hits) < 2 or not query:
+        if reranker is None or len(result.found) < 2 or not query:
             return _cut(result, limit)
         left_ms = max(0.0, budget.remaining_ms() - budget.reserve_ms) * reranker.config.budget_share
         deadline = asyncio.get_running_loop().time() + left_ms / 1000.0
-        documents = [hit.chunk.embed_text for hit in result.hits]
-        order, status = await reranker.order(query, documents, deadline)
-        hits = [result.hits[i] for i in order] if order is not None else result.hits
-        return replace(result, hits=hits[:limit], rerank=status)
+        found = result.found
+        order, status = await reranker.order(query, [c.embed_text for c, _ in found], deadline)
+        kept = [found[i] for i in order] if order is not None else found
+        return replace(result, found=kept[:limit], rerank=status)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -896,22 +924,22 @@ def _nearest_hits(
     return [Hit(kb, chunks[label], score) for label, score in found]
 
 
-def _count_pages(session: Session, hits: Sequence[Hit], entity_of: EntityOf) -> None:
+def _count_pages(session: Session, found: Sequence[Scored], entity_of: EntityOf) -> None:
     """Add what one turn's search found to the session's pages (``Session.pages``): one vote
     for each page among its top PRIOR_COUNTED, keeping the MAX_PAGES most found. The prior is
     how many turns found a page, not how much of their tops it filled: a page of many like
     sections (a fee per vehicle class, a list of questions) fills the top of every search near
     its subject, and summed it outvoted the page each turn found first."""
-    found = dict.fromkeys(entity_of(hit.chunk) for hit in hits[:PRIOR_COUNTED])
-    session.count_pages([(page, 1.0) for page in found], MAX_PAGES)
+    pages = dict.fromkeys(entity_of(chunk) for chunk, _ in found[:PRIOR_COUNTED])
+    session.count_pages([(page, 1.0) for page in pages], MAX_PAGES)
 
 
 def _prior_lifted(
-    result: SearchResult, prior: Mapping[str, float] | None, entity_of: EntityOf, limit: int
-) -> SearchResult:
+    result: Ranking, prior: Mapping[str, float] | None, entity_of: EntityOf, limit: int
+) -> Ranking:
     """``result`` with the page prior applied (when there is one), cut to ``limit``."""
     if prior and not result.degraded:
-        return replace(result, hits=_lifted(result.hits, prior, entity_of)[:limit])
+        return replace(result, found=_lifted(result.found, prior, entity_of)[:limit])
     return _cut(result, limit)
 
 
@@ -923,7 +951,7 @@ def _pointed_at(plan: followups.Plan) -> str:
     return ""
 
 
-def _entity_lifted(result: SearchResult, entity: str, entity_of: EntityOf) -> SearchResult:
+def _entity_lifted(result: Ranking, entity: str, entity_of: EntityOf) -> Ranking:
     """``result`` with ``entity``'s chunks lifted by ENTITY_BONUS (none when ``entity`` is "" or
     the result is lexical): the turn asked about that page, and another page's like section
     ("Background color" of the appearance settings, asked after the theme settings) that the
@@ -931,42 +959,47 @@ def _entity_lifted(result: SearchResult, entity: str, entity_of: EntityOf) -> Se
     if not entity or result.degraded:
         return result
     lifted = [
-        _plus(hit, ENTITY_BONUS) if entity_of(hit.chunk) == entity else hit for hit in result.hits
+        _plus(scored, ENTITY_BONUS) if entity_of(scored[0]) == entity else scored
+        for scored in result.found
     ]
-    lifted.sort(key=lambda hit: -hit.score)
-    return replace(result, hits=lifted)
+    lifted.sort(key=_by_score)
+    return replace(result, found=lifted)
 
 
-def _cut(result: SearchResult, limit: int) -> SearchResult:
-    return result if len(result.hits) <= limit else replace(result, hits=result.hits[:limit])
+def _by_score(scored: Scored) -> float:
+    """The sort key of a ranking, best first (a stable sort: ties keep their order)."""
+    return -scored[1]
 
 
-def _lifted(hits: Sequence[Hit], pages: Mapping[str, float], entity_of: EntityOf) -> list[Hit]:
+def _cut(result: Ranking, limit: int) -> Ranking:
+    return result if len(result.found) <= limit else replace(result, found=result.found[:limit])
+
+
+def _lifted(
+    found: Sequence[Scored], pages: Mapping[str, float], entity_of: EntityOf
+) -> list[Scored]:
     """The hits re-ranked with the page prior: + PRIOR_BONUS times how much the conversation
     found a hit's page, relative to the page it found most (the score reported is the lifted
     one, as ``context_url``'s bonus is)."""
     most = max(pages.values())
     if most <= 0.0:
-        return list(hits)
+        return list(found)
     bonus = PRIOR_BONUS / most
-    lifted = [_plus(hit, bonus * pages.get(entity_of(hit.chunk), 0.0)) for hit in hits]
-    lifted.sort(key=lambda hit: -hit.score)
+    lifted = [_plus(scored, bonus * pages.get(entity_of(scored[0]), 0.0)) for scored in found]
+    lifted.sort(key=_by_score)
     return lifted
 
 
-def _plus(hit: Hit, bonus: float) -> Hit:
-    """``hit`` with ``bonus`` added to its score; the hit itself when there is none (hits are
-    never changed once made, so one may stand in two lists)."""
-    return Hit(hit.knowledge_base, hit.chunk, hit.score + bonus) if bonus else hit
+def _plus(scored: Scored, bonus: float) -> Scored:
+    """``scored`` with ``bonus`` added to its score; the pair itself when there is none."""
+    return (scored[0], scored[1] + bonus) if bonus else scored
 
 
 def _reads_everything(text: str) -> bool:
     return False
 
 
-def _confirm(
-    session: Session, plan: followups.Plan, own: SearchResult, entity_of: EntityOf
-) -> bool:
+def _confirm(session: Session, plan: followups.Plan, own: Ranking, entity_of: EntityOf) -> bool:
     """Track the entity the turn named weakly when its own search finds only that entity's
     chunks at the top (``followups.confirmed``), or when the turn says nothing but its name
     (``followups.only_names``); whether it did."""
@@ -975,21 +1008,21 @@ def _confirm(
         return True
     if own.degraded or not plan.named:
         return False
-    named = followups.confirmed(plan.named, [entity_of(hit.chunk) for hit in own.hits])
+    named = followups.confirmed(plan.named, [entity_of(chunk) for chunk, _ in own.found])
     if named is not None:
         followups.confirm(session, named)
     return named is not None
 
 
 def _taken_ahead(
-    session: Session, plan: followups.Plan, text: str, ahead: SearchResult, entity_of: EntityOf
+    session: Session, plan: followups.Plan, text: str, ahead: Ranking, entity_of: EntityOf
 ) -> None:
     """What ``Engine._retrieve`` does with a turn's one search, done with the result searched
     ahead on its interim transcript (the same plan's query): the pages it found counted, and a
     weak name the turn says alone ("Tell me about pCloud."), or that its own result confirms,
     tracked, so a turn answered from a prefetch tracks what one searched at its final would.
     A plan of two searches (``_searches_both``) is never answered from a prefetch."""
-    _count_pages(session, ahead.hits, entity_of)
+    _count_pages(session, ahead.found, entity_of)
     if plan.query == text:
         _confirm(session, plan, ahead, entity_of)
 
@@ -1005,7 +1038,7 @@ def _moved_on(
     session: Session,
     mentions: Sequence[Mention],
     as_said: bool,
-    result: SearchResult,
+    result: Ranking,
     entity_of: EntityOf,
 ) -> None:
     """Let the tracked entity go (``followups.leave``) when the turn was answered as said and
@@ -1016,28 +1049,28 @@ def _moved_on(
     host" to Bisync's "Lock file"). A turn that points back ("what about filters for it")
     is still folded with it. A turn answered with the entity folded in never lets it go."""
     tracked = session.entity
-    if tracked is None or session.left or not as_said or result.degraded or not result.hits:
+    if tracked is None or session.left or not as_said or result.degraded or not result.found:
         return
     if any(m.name == tracked.name for m in mentions):
         return
-    if entity_of(result.hits[0].chunk) != tracked.name:
+    if entity_of(result.found[0][0]) != tracked.name:
         followups.leave(session)
 
 
 def _combined(
     plan: followups.Plan,
     text: str,
-    folded: SearchResult,
-    own: SearchResult,
+    folded: Ranking,
+    own: Ranking,
     prior: Mapping[str, float] | None,
     entity_of: EntityOf,
     limit: int,
-) -> tuple[str, SearchResult]:
+) -> tuple[str, Ranking]:
     """The folded query's and the turn's own candidates ranked by both (``_fused``), the page
     prior after; the query reported is the turn's when its own words decided the answer."""
     if folded.degraded or own.degraded:
         # BM25 scores of two queries are on no common scale: the planned query answers
-        chosen, query = (folded, plan.query) if folded.hits or not own.hits else (own, text)
+        chosen, query = (folded, plan.query) if folded.found or not own.found else (own, text)
         return query, _cut(chosen, limit)
     entity = plan.followup.source == followups.Source.ENTITY
     margin = ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN
@@ -1047,41 +1080,42 @@ def _combined(
         if not _about(folded, plan.followup.used, entity_of):
             return text, _cut(own, limit)  # the entity did not decide it: the turn's words did
         return plan.query, _cut(folded, limit)
-    hits = _fused(folded.hits, own.hits)
+    found = _fused(folded.found, own.found)
     if prior:
-        hits = _lifted(hits, prior, entity_of)
+        found = _lifted(found, prior, entity_of)
     timings = Timings(
         embed_ms=max(folded.timings.embed_ms, own.timings.embed_ms),
         search_ms=folded.timings.search_ms + own.timings.search_ms,
     )
-    result = SearchResult(hits[:limit], folded.snapshot_version, timings=timings)
-    return (text if _own_answer(hits, folded, own) else plan.query), result
+    result = Ranking(folded.knowledge_base, found[:limit], folded.snapshot_version, timings=timings)
+    return (text if _own_answer(found, folded, own) else plan.query), result
 
 
-def _stands_alone(folded: SearchResult, own: SearchResult, margin: float) -> bool:
+def _stands_alone(folded: Ranking, own: Ranking, margin: float) -> bool:
     """Whether the turn alone prefers another chunk than the folded query found by ``margin``
     of its own cosine (its best against its score for the folded
     query's best; below its last one when not among them)."""
-    if not folded.hits or not own.hits:
-        return bool(own.hits)
-    top = folded.hits[0].chunk.chunk_id
-    theirs = next((h.score for h in own.hits if h.chunk.chunk_id == top), own.hits[-1].score)
-    return own.hits[0].chunk.chunk_id != top and own.hits[0].score - theirs >= margin
+    if not folded.found or not own.found:
+        return bool(own.found)
+    top = folded.found[0][0].chunk_id
+    theirs = next((s for c, s in own.found if c.chunk_id == top), own.found[-1][1])
+    best, best_score = own.found[0]
+    return best.chunk_id != top and best_score - theirs >= margin
 
 
-def _name_alone(plan: followups.Plan, own: SearchResult) -> bool:
+def _name_alone(plan: followups.Plan, own: Ranking) -> bool:
     """Whether only the tracked name can have found the folded query's hits: the turn is folded
     with an entity it does not point back at ("What is the capital of France?" after a page on
     voicemail), and its own words, searched alone, find nothing at or above min_score."""
     source = plan.followup.source
     return (
-        source == followups.Source.ENTITY and not plan.refers and not own.hits and not own.degraded
+        source == followups.Source.ENTITY and not plan.refers and not own.found and not own.degraded
     )
 
 
 def _backed(
-    searcher: Searcher, folded: SearchResult, said: Vectors, min_score: float, depth: int
-) -> SearchResult:
+    searcher: Searcher, folded: Ranking, said: Vectors, min_score: float, depth: int
+) -> Ranking:
     """``folded`` less the hits the turn's own words do not back: a hit is kept when the mean of
     its score and the turn's own cosine for its chunk reaches ``min_score`` (a chunk not among
     the turn's top ``depth`` is given the last of them, the most it could have), as
@@ -1093,58 +1127,54 @@ def _backed(
     page's chunks, and keeps them."""
     found = searcher.snapshot.search_dense(said, depth)
     if not found:
-        return replace(folded, hits=[])
+        return replace(folded, found=[])
     chunks = searcher.chunks
     own = {chunks[label].chunk_id: score for label, score in found}
     floor = found[-1][1]
     kept = [
-        hit
-        for hit in folded.hits
-        if (hit.score + own.get(hit.chunk.chunk_id, floor)) / 2.0 >= min_score
+        (chunk, score)
+        for chunk, score in folded.found
+        if (score + own.get(chunk.chunk_id, floor)) / 2.0 >= min_score
     ]
-    return replace(folded, hits=kept)
+    return replace(folded, found=kept)
 
 
-def _about(folded: SearchResult, entity: str, entity_of: EntityOf) -> bool:
+def _about(folded: Ranking, entity: str, entity_of: EntityOf) -> bool:
     """Whether the entity-folded query's best chunk is the tracked ``entity``'s. The name is
     folded in to lift that entity's chunks over the like chunks of others ("Do guests find the
     staff friendly?"); where another page's chunk still comes first, the name did not decide
     the answer, the turn's words did, and the turn alone ranks those words truer: a question
     of its own ("Where can I find the settings file?" after a page on key bindings) keeps its
     own answer, however close the two are in its own cosine."""
-    return bool(folded.hits) and entity_of(folded.hits[0].chunk) == entity
+    return bool(folded.found) and entity_of(folded.found[0][0]) == entity
 
 
-def _fused(folded: Sequence[Hit], own: Sequence[Hit]) -> list[Hit]:
+def _fused(folded: Sequence[Scored], own: Sequence[Scored]) -> list[Scored]:
     """The candidates of the folded query and of the turn alone, each scored by the mean of its
     two cosines (CombSUM): a chunk one search did not return is given that search's last score,
     the most it could have had. A chunk both queries like wins over one only the conversation's
     words (or only the turn's) like; no threshold decides between the two queries."""
     if not folded or not own:
         return list(folded or own)
-    first = {hit.chunk.chunk_id: hit.score for hit in folded}
-    second = {hit.chunk.chunk_id: hit.score for hit in own}
-    floor_first, floor_second = folded[-1].score, own[-1].score
-    candidates = {hit.chunk.chunk_id: hit for hit in (*folded, *own)}
+    first = {chunk.chunk_id: score for chunk, score in folded}
+    second = {chunk.chunk_id: score for chunk, score in own}
+    floor_first, floor_second = folded[-1][1], own[-1][1]
+    candidates = {chunk.chunk_id: chunk for chunk, _ in (*folded, *own)}
     out = [
-        Hit(
-            hit.knowledge_base,
-            hit.chunk,
-            (first.get(key, floor_first) + second.get(key, floor_second)) / 2.0,
-        )
-        for key, hit in candidates.items()
+        (chunk, (first.get(key, floor_first) + second.get(key, floor_second)) / 2.0)
+        for key, chunk in candidates.items()
     ]
-    out.sort(key=lambda hit: -hit.score)
+    out.sort(key=_by_score)
     return out
 
 
-def _own_answer(hits: Sequence[Hit], folded: SearchResult, own: SearchResult) -> bool:
+def _own_answer(found: Sequence[Scored], folded: Ranking, own: Ranking) -> bool:
     """Whether the turn's own words decided the answer: its best chunk is the turn alone's
     best, where the folded query's was another (the turn is then reported as searched as said;
     where both agree, what was folded in is reported)."""
-    if not hits or not own.hits:
+    if not found or not own.found:
         return False
-    top = hits[0].chunk.chunk_id
-    return top == own.hits[0].chunk.chunk_id and (
-        not folded.hits or top != folded.hits[0].chunk.chunk_id
+    top = found[0][0].chunk_id
+    return top == own.found[0][0].chunk_id and (
+        not folded.found or top != folded.found[0][0].chunk_id
     )

@@ -25,6 +25,11 @@ class Hit:
     score: float
 
 
+# A candidate as a turn ranks it: its chunk and score, a tuple (made in a fraction of a
+# ``Hit``'s time); the engine makes ``Hit``s only for the candidates that answer.
+Scored = tuple[Chunk, float]
+
+
 class TableHits(Sequence[Hit]):
     """A plain Search's hits as the graph found them: labels into a base's chunk table, with
     their scores. The servicer writes the answer from the table's bytes (sidecar/edge/wire.py),

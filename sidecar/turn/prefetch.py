@@ -54,7 +54,7 @@ from sidecar.turn.engine import (
     Engine,
     PlannedSearch,
     PrefetchMatch,
-    SearchResult,
+    Ranking,
     Timings,
     TurnInput,
 )
@@ -91,7 +91,7 @@ def words_match(ahead: tuple[str, ...], final: tuple[str, ...]) -> bool:
 class _Ahead:
     words: tuple[str, ...]
     planned: PlannedSearch
-    task: asyncio.Task[SearchResult | None]
+    task: asyncio.Task[Ranking | None]
 
 
 class Prefetcher:
