@@ -212,3 +212,83 @@ async def test_a_poll_downloading_a_new_version_does_not_hold_another_bases_firs
             poll.cancel()
     finally:
         await sidecar.stop(0.5)
+
+
+async def test_a_trickled_pointer_does_not_hold_another_bases_first_load(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """A second attack's R3: one base's ``LATEST`` sends its headers, then nothing (each read
+    allowed ten minutes); a call to another base, made after it, is answered while that read
+    goes on (on main the loader read each pointer in turn, the download alone on a thread)."""
+    version = version_id(1)
+    for kb in ("slow", "fast"):
+        write_version(server.root, version, EMBEDDER, kb=kb)
+    trickle(server, "slow/LATEST")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["slow", "fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            await refused_loading(stub, "slow")
+            resp = await answered(stub, "fast")
+            assert {c.knowledge_base for c in resp.chunks} == {"fast"}
+            assert sidecar.holder.get("slow") is None  # its pointer still trickles
+            assert "is loading" in await refused_loading(stub, "slow")
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_a_base_loaded_on_demand_reads_its_pointer_once(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """The download read ``LATEST``, then the load read it again under the load lock."""
+    write_version(server.root, version_id(1), EMBEDDER, kb="fast")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            await answered(stub, "fast")
+            assert len(server.requests("/fast/LATEST")) == 1
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_a_poll_serves_each_base_as_its_download_ends_not_after_a_trickling_one(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Two loaded bases get new versions; the first one's trickles. The poll downloads them
+    side by side and serves the second's as soon as it is in (on main it downloaded them in
+    turn, the second waiting for the first's whole download)."""
+    first, second = version_id(1), version_id(2)
+    for kb in ("slow", "fast"):
+        write_version(server.root, first, EMBEDDER, kb=kb)
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["slow", "fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            for kb in ("slow", "fast"):
+                await answered(stub, kb)
+            write_version(
+                server.root, second, EMBEDDER, kb="slow", damage=lambda f: with_extra_files(f, 1)
+            )
+            write_version(server.root, second, EMBEDDER, kb="fast")
+            trickle(server, "slow/" + second + "/pad0000.bin")
+            poll = asyncio.create_task(sidecar.refresher.refresh())
+
+            def fast_swapped() -> bool:
+                served = sidecar.holder.get("fast")
+                return served is not None and served.version == second
+
+            await eventually(fast_swapped)
+            assert not poll.done()
+            slow = sidecar.holder.get("slow")
+            assert slow is not None
+            assert slow.version == first  # the old version serves until the new one is in
+            poll.cancel()
+    finally:
+        await sidecar.stop(0.5)

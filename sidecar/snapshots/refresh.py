@@ -16,11 +16,14 @@ loads run one at a time, off the event loop, taken from one queue per requester 
 host, ``addresses.load_requester``: each connection on the loopback, where a sidecar's own agents
 are) in turn, each base queued once (``LoadQueue``): a requester that asks for many
 bases delays another's first load by at most one load per requester waiting, never by its whole
-queue. A base's download (``store.fetch``) runs outside the load lock, on a thread of its own
-(one per base downloading, at most ``MAX_DOWNLOADS``); one still going after ``DOWNLOAD_WAIT_S``
-goes on in the background while the next bases load, and its base is queued again when it is in:
-a store trickling some bases holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at
-once). A poll downloads a loaded base's new version outside the lock too. A load is verified
+queue. A base's pointer read and download (``newest``: ``store.latest``, then ``store.fetch``)
+run outside the load lock, on a thread of their own (one per base, at most ``MAX_DOWNLOADS``),
+each within the store's deadlines; one still going after ``DOWNLOAD_WAIT_S`` goes on in the
+background while the next bases load, and its base is queued again, the version it read kept,
+when it is in (the pointer is read once per load): a store trickling some bases' pointers or
+files holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at once). A poll reads
+the pointers and downloads the new versions of its bases side by side, outside the lock, and
+loads each as its download ends. A load is verified
 and built before anything is evicted, then the bases ``SnapshotHolder.over_budget`` names go
 until the loaded bytes are within the budget again: a version that fails evicts nothing, and the
 process holds one base beyond the budget for the time of a load. A poll refreshes only the loaded bases.
@@ -45,7 +48,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
@@ -229,6 +231,28 @@ class LoadQueue:
         self._queued.clear()
 
 
+class Downloading(Exception):
+    """A download of ``version`` failed (its cause): the pointer was read, and named it."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__(version)
+        self.version = version
+
+
+def newest(store: SnapshotStore, kb: str, served: str | None, rejected: str | None) -> str | None:
+    """The version ``kb``'s pointer names, downloaded (``store.fetch``) when it is one to load:
+    newer than ``served`` and not ``rejected``. Blocking: on a download thread. A failed
+    download is ``Downloading`` (its version), from the error as its cause."""
+    version = store.latest(kb)
+    if version is None or version == rejected or (served is not None and version <= served):
+        return version
+    try:
+        store.fetch(kb, version)
+    except Exception as exc:
+        raise Downloading(version) from exc
+    return version
+
+
 class Refresher:
     """Keeps ``holder`` at the newest good snapshot of each base in ``store``.
 
@@ -256,7 +280,8 @@ class Refresher:
         self._loading = ""  # lazy: the base loading now
         self._loader: asyncio.Task[None] | None = None  # lazy: loads what the queue holds
         self._tried: dict[str, float] = {}  # lazy: when a base's last load on demand failed
-        self._downloads: dict[str, asyncio.Future[Path]] = {}  # lazy: going on in the background
+        self._downloads: dict[str, asyncio.Future[str | None]] = {}  # lazy: in the background
+        self._ready: dict[str, str | None] = {}  # lazy: downloaded in the background, queued
         self.knowledge_bases = tuple(knowledge_bases)
         threads = max(1, min(len(self.knowledge_bases), MAX_DOWNLOADS))
         self._download_pool = ThreadPoolExecutor(threads, "voxrecall-download")
@@ -273,33 +298,38 @@ class Refresher:
         }
 
     async def refresh(self) -> list[str]:
-        """Load every base whose published version is newer than the one served; returns them."""
+        """Load every base whose published version is newer than the one served; returns them.
+        The bases' pointers are read and their new versions downloaded side by side (one thread
+        per base, at most ``MAX_DOWNLOADS``), outside the load lock, and each is loaded as its
+        download ends: a store trickling one base holds that base alone, not another base's
+        poll nor any first load."""
+        offers = {self._offer(kb): kb for kb in self._polled()}
+        pending: set[asyncio.Future[str | None]] = set(offers)
         swapped: list[str] = []
-        polled = [kb for kb in self._polled() if await self._prefetched(kb)]
-        async with self._lock:
-            for kb in polled:
-                if await self._refresh_one(kb):
-                    swapped.append(kb)
-        if swapped and self.on_change is not None:
-            await self.on_change()
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            now = [await self._serve_offered(offers[f], f) for f in done]
+            swapped += [kb for kb in now if kb]
+            if any(now) and self.on_change is not None:
+                await self.on_change()
         return swapped
 
-    async def _prefetched(self, kb: str) -> bool:
-        """Lazy: download a loaded base's new version before the poll takes the load lock, so a
-        store trickling it holds the poll alone, not every other base's first load; False when
-        that download failed (refused here, not tried again under the lock)."""
-        if not self.budget_bytes or (current := self.holder.get(kb)) is None:
-            return True
-        try:
-            version = await asyncio.to_thread(self.store.latest, kb)
-        except (SnapshotError, OSError):
-            return True  # the refresh reads the pointer again and refuses it
-        if version is None or version <= current.version or self._rejected.get(kb) == version:
-            return True
+    async def _serve_offered(self, kb: str, offer: asyncio.Future[str | None]) -> str:
+        """``kb`` when its offer (``_offer``, done) is loaded and served now, else ""."""
+        if not self._offered(kb, offer):
+            return ""
+        async with self._lock:
+            return kb if await self._serve(kb, offer.result()) else ""
+
+    def _offer(self, kb: str) -> asyncio.Future[str | None]:
+        """``kb``'s pointer read and, when it names a version to load, that version downloaded:
+        on a download thread of its own (``newest``)."""
+        current = self.holder.get(kb)
+        served = current.version if current is not None else None
         loop = asyncio.get_running_loop()
-        download = loop.run_in_executor(self._download_pool, self.store.fetch, kb, version)
-        await asyncio.wait({download})
-        return self._download_ended(kb, version, download)
+        return loop.run_in_executor(
+            self._download_pool, newest, self.store, kb, served, self._rejected.get(kb)
+        )
 
     def _polled(self) -> tuple[str, ...]:
         if not self.budget_bytes:
@@ -351,68 +381,71 @@ class Refresher:
             self._loader = None
 
     async def _load_wanted(self, kb: str, requester: str) -> None:
-        if not await self._downloaded(kb, requester):
-            return  # still downloading, or its download failed (a refusal)
+        if self.holder.get(kb) is not None:
+            self._ready.pop(kb, None)
+            return
+        if kb in self._ready:
+            version = self._ready.pop(kb)
+        elif (offered := await self._downloaded(kb, requester)) is not None:
+            version = offered.result()
+        else:
+            return  # still downloading, or the pointer or the download failed (a refusal)
         async with self._lock:  # a poll holds it too: its time is not the load's
             started = time.perf_counter()
             if self.holder.get(kb) is not None:
                 return
-            loaded = await self._refresh_one(kb, requester)
+            loaded = await self._serve(kb, version, requester)
         if loaded:
             self._tried.pop(kb, None)
             self.load_ms = (time.perf_counter() - started) * 1000.0
         else:
             self._tried[kb] = time.monotonic()
 
-    async def _downloaded(self, kb: str, requester: str) -> bool:
-        """Download ``kb``'s newest version before the load, outside the lock and on a thread
-        of its own, waiting at most ``DOWNLOAD_WAIT_S``: True when the load may go on (done, or
-        nothing to download: the load says why); False when it goes on in the background
-        (the base is queued again when it is in) or failed (refused, as a load would)."""
-        if self.holder.get(kb) is not None:
-            return True
-        try:
-            version = await asyncio.to_thread(self.store.latest, kb)
-        except (SnapshotError, OSError):
-            return True  # the load reads the pointer again and refuses it
-        if version is None or self._rejected.get(kb) == version:
-            return True
-        loop = asyncio.get_running_loop()
-        download = loop.run_in_executor(self._download_pool, self.store.fetch, kb, version)
-        done, _ = await asyncio.wait({download}, timeout=DOWNLOAD_WAIT_S)
+    async def _downloaded(self, kb: str, requester: str) -> asyncio.Future[str | None] | None:
+        """Read ``kb``'s pointer and download the version it names before the load, outside
+        the lock and on a thread of its own, waiting at most ``DOWNLOAD_WAIT_S``: the done
+        future when the load may go on; None when it goes on in the background (the base is
+        queued again, its version ready, when it is in) or failed (refused, as a load would)."""
+        offer = self._offer(kb)
+        done, _ = await asyncio.wait({offer}, timeout=DOWNLOAD_WAIT_S)
         if done:
-            return self._wanted_download_ended(kb, version, download)
-        log.info("%s %s is still downloading: other bases load meanwhile", kb, version)
-        self._downloads[kb] = download
+            return offer if self._wanted_offer(kb, offer) else None
+        log.info("%s is still downloading: other bases load meanwhile", kb)
+        self._downloads[kb] = offer
 
         def ended(_: object) -> None:
             self._downloads.pop(kb, None)
-            if self._wanted_download_ended(kb, version, download) and not self._closing:
+            if self._wanted_offer(kb, offer) and not self._closing:
+                self._ready[kb] = offer.result()
                 self._enqueue(kb, requester)
 
-        download.add_done_callback(ended)
-        return False
+        offer.add_done_callback(ended)
+        return None
 
-    def _download_ended(self, kb: str, version: str, download: asyncio.Future[Path]) -> bool:
-        """Whether the download of ``kb`` ``version`` succeeded; a failure is its refusal."""
-        if download.cancelled():
+    def _offered(self, kb: str, offer: asyncio.Future[str | None]) -> bool:
+        """Whether ``offer`` (``_offer``) succeeded; a failure is refused here: the pointer's
+        (version unknown) or the download's."""
+        if offer.cancelled():
             return False
-        exc = download.exception()
+        exc = offer.exception()
         if exc is None:
             return True
-        if isinstance(exc, SnapshotError):
-            self._refuse(kb, version, exc)
-        elif isinstance(exc, OSError):
-            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
+        version = exc.version if isinstance(exc, Downloading) else ""
+        cause = exc.__cause__ if isinstance(exc, Downloading) else exc
+        what = f"{kb} {version}" if version else f"the pointer of {kb}"
+        if isinstance(cause, SnapshotError):
+            self._refuse(kb, version, cause)
+        elif isinstance(cause, OSError):
+            self._refuse(kb, version, StoreUnavailable(f"cannot read {what}: {cause}"))
         else:  # a bug, not the store: its traceback logged, as a load's is
-            log.error("fetching %s %s failed", kb, version, exc_info=exc)
-            self._refuse(kb, version, SnapshotError(f"cannot fetch {kb} {version}: {exc!r}"))
+            log.error("fetching %s failed", what, exc_info=cause)
+            self._refuse(kb, version, SnapshotError(f"cannot fetch {what}: {cause!r}"))
         return False
 
-    def _wanted_download_ended(self, kb: str, version: str, download: asyncio.Future[Path]) -> bool:
-        """``_download_ended`` for a base loading on demand: a failure starts its
+    def _wanted_offer(self, kb: str, offer: asyncio.Future[str | None]) -> bool:
+        """``_offered`` for a base loading on demand: a failure starts its
         ``retry_refused_s``."""
-        if self._download_ended(kb, version, download):
+        if self._offered(kb, offer):
             return True
         self._tried[kb] = time.monotonic()
         return False
@@ -424,15 +457,9 @@ class Refresher:
             self.holder.remove(victim)
             log.info("evicted %s to keep within the memory budget", victim)
 
-    async def _refresh_one(self, kb: str, requester: str = "") -> bool:
-        try:
-            version = await asyncio.to_thread(self.store.latest, kb)
-        except SnapshotError as exc:
-            self._refuse(kb, "", exc)
-            return False
-        except OSError as exc:  # e.g. a store folder this user may not read: retried next poll
-            self._refuse(kb, "", StoreUnavailable(f"cannot read the pointer of {kb}: {exc}"))
-            return False
+    async def _serve(self, kb: str, version: str | None, requester: str = "") -> bool:
+        """Load, verify and publish ``version`` (what ``kb``'s pointer named, downloaded by
+        ``newest``) when it is newer than the one served: under the load lock."""
         current = self.holder.get(kb)
         if version is None or self._rejected.get(kb) == version:
             return False
