@@ -282,6 +282,7 @@ class Refresher:
         self._tried: dict[str, float] = {}  # lazy: when a base's last load on demand failed
         self._downloads: dict[str, asyncio.Future[str | None]] = {}  # lazy: in the background
         self._ready: dict[str, str | None] = {}  # lazy: downloaded in the background, queued
+        self._held: dict[str, float] = {}  # lazy: held back for room until then (monotonic)
         self.knowledge_bases = tuple(knowledge_bases)
         threads = max(1, min(len(self.knowledge_bases), MAX_DOWNLOADS))
         self._download_pool = ThreadPoolExecutor(threads, "voxrecall-download")
@@ -343,12 +344,26 @@ class Refresher:
         requester = load_requester(peer)
         if kb in self._downloads:
             return round(DOWNLOAD_WAIT_S * 1000)
+        if (held := self._held_ms(kb)) > 0:
+            return held
         if kb not in self._queue and kb != self._loading:
             failed_at = self._tried.get(kb)
             if failed_at is not None and time.monotonic() - failed_at < self.retry_refused_s:
                 return 0
         self._enqueue(kb, requester)
         return self._retry_ms(kb)
+
+    def _held_ms(self, kb: str) -> int:
+        """How long ``kb``, held back for room (``_room_for``), still waits, in ms (0: no
+        more), within the retry hint's bounds."""
+        until = self._held.get(kb)
+        if until is None:
+            return 0
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._held[kb]
+            return 0
+        return max(FIRST_RETRY_MS, min(round(left * 1000), round(self.holder.fresh_s * 500)))
 
     def _enqueue(self, kb: str, requester: str) -> None:
         if kb not in self._queue and kb != self._loading:
@@ -398,7 +413,7 @@ class Refresher:
         if loaded:
             self._tried.pop(kb, None)
             self.load_ms = (time.perf_counter() - started) * 1000.0
-        else:
+        elif kb not in self._held:  # held back for room: not a failure
             self._tried[kb] = time.monotonic()
 
     async def _downloaded(self, kb: str, requester: str) -> asyncio.Future[str | None] | None:
@@ -450,16 +465,10 @@ class Refresher:
         self._tried[kb] = time.monotonic()
         return False
 
-    def _make_room(self, kb: str) -> None:
-        """Evict bases (``SnapshotHolder.over_budget``'s order) until the loaded bytes are
-        within the budget again, ``kb`` (just published) kept."""
-        for victim in self.holder.over_budget(self.budget_bytes, keep=kb):
-            self.holder.remove(victim)
-            log.info("evicted %s to keep within the memory budget", victim)
-
-    async def _serve(self, kb: str, version: str | None, requester: str = "") -> bool:
+    async def _serve(self, kb: str, version: str | None, requester: str | None = None) -> bool:
         """Load, verify and publish ``version`` (what ``kb``'s pointer named, downloaded by
-        ``newest``) when it is newer than the one served: under the load lock."""
+        ``newest``) when it is newer than the one served, for ``requester``'s load (None: a
+        poll): under the load lock."""
         current = self.holder.get(kb)
         if version is None or self._rejected.get(kb) == version:
             return False
@@ -473,20 +482,49 @@ class Refresher:
                     f"the store's pointer went back from {current.version} (served) to {version}",
                 )
             return False
+        return await self._publish(kb, version, requester)
+
+    async def _publish(self, kb: str, version: str, requester: str | None) -> bool:
+        """Load ``version`` and serve it, evicting what it needs room for (``_room_for``)."""
         searcher = await self._load_or_refuse(kb, version)
         if searcher is not None and self._over_budget_alone(kb, version, searcher):
             searcher = None
         if searcher is None:
             await self._prune(kb)  # a refused download goes: else one stays per version offered
             return False
-        self.holder.publish(searcher, requester)  # the swap: one reference assignment, on the loop
-        if self.budget_bytes:  # after the load was verified: a bad version evicts nothing
-            self._make_room(kb)
+        victims = self._room_for(kb, version, searcher, requester)
+        if victims is None:
+            return False  # its download stays for the retry
+        self.holder.publish(searcher, requester or "")  # the swap: one reference, on the loop
+        for victim in victims:  # after the load was verified: a bad version evicts nothing
+            self.holder.remove(victim)
+            log.info("evicted %s to keep within the memory budget", victim)
         freeze_heap()
         log.info("serving %s version %s (%d chunks)", kb, version, len(searcher.chunks))
         self._served.setdefault(kb, deque(maxlen=2)).append(version)
         await self._prune(kb)
         return True
+
+    def _room_for(
+        self, kb: str, version: str, searcher: Searcher, requester: str | None
+    ) -> list[str] | None:
+        """The bases to evict so that ``searcher`` fits the budget (``over_budget``); None when
+        only other callers' working sets would make room: ``kb`` is held back (``_held``) until
+        the first of them may leave, and its calls get the retry hint meanwhile."""
+        if not self.budget_bytes:
+            return []
+        victims = self.holder.over_budget(self.budget_bytes, kb, searcher.memory_bytes, requester)
+        if victims is None:
+            wait_s = self.holder.room_in(requester or "")
+            self._held[kb] = time.monotonic() + wait_s
+            log.info(
+                "%s %s waits %.1f s for room: the bases other callers keep using fill "
+                "[sidecar] memory_budget_mb",
+                kb,
+                version,
+                wait_s,
+            )
+        return victims
 
     def _over_budget_alone(self, kb: str, version: str, searcher: Searcher) -> bool:
         """Refuse (once, for good) a version whose bytes pass the memory budget on their own:
