@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import grpc
@@ -86,6 +89,70 @@ def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_any_down
         store.fetch(KB, version)
     assert refusal_kind(refused.value) == ("disk_full", True)
     assert requested_files(server) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, where this machine lets the test mount one (root); else skipped."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
+    server: StaticServer, small_disk: Path
+) -> None:
+    """A second attack's R1: two versions of 600 kB each, a 1 MiB cache. The first one's
+    download is in flight (its file trickles); the second is refused ``disk_full`` before any
+    of its files is downloaded, the first one's bytes counted as taken (on main each download
+    checked the free space alone, and the two together would have overrun the disk)."""
+    version = version_id(1)
+    for kb in ("first", "second"):
+        write_version(
+            server.root, version, EMBEDDER, kb=kb,
+            damage=lambda f: with_extra_files(f, 1, size=600_000),
+        )  # fmt: skip
+    trickle(server, "first/" + version + "/pad0000.bin")
+    store = HttpStore(server.url, small_disk, HttpOptions(attempts=1))
+    failed: list[BaseException] = []
+
+    def fetch_first() -> None:
+        try:
+            store.fetch("first", version)
+        except StoreUnavailable as exc:  # cut by close() below
+            failed.append(exc)
+
+    first = threading.Thread(target=fetch_first)
+    first.start()
+    try:
+        wait_until(lambda: bool(server.requests("first/" + version + "/pad0000.bin")))
+        with pytest.raises(CacheWriteError, match="promised to downloads in progress") as refused:
+            store.fetch("second", version)
+        assert refusal_kind(refused.value) == ("disk_full", True)
+        assert server.requests("second/" + version + "/pad0000.bin") == []
+    finally:
+        store.close()
+        first.join()
+    assert len(failed) == 1
+    again = HttpStore(server.url, small_disk, HttpOptions(attempts=1))
+    assert again.fetch("second", version).is_dir()  # the first's promise ended with it
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + LOAD_WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "the first download did not start"
+        time.sleep(0.01)
 
 
 def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(
