@@ -26,7 +26,10 @@ the pointers and downloads the new versions of its bases side by side, outside t
 loads each as its download ends. A load is verified
 and built before anything is evicted, then the bases ``SnapshotHolder.over_budget`` names go
 until the loaded bytes are within the budget again: a version that fails evicts nothing, and the
-process holds one base beyond the budget for the time of a load. A poll refreshes only the loaded bases.
+process holds one base beyond the budget for the time of a load. When only other requesters'
+working sets could make room (``SnapshotHolder`` says None), the load is not served: its base
+is held back (``_held``), its calls told to retry, until the first of those bases may leave
+(nothing evicted, nothing refused). A poll refreshes only the loaded bases.
 
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
@@ -174,7 +177,7 @@ def freeze_heap() -> None:
 class LoadQueue:
     """Bases waiting to load: one queue per requester, served in turn, each base queued once.
 
-    ``pop`` takes the first base of the requester whose turn it is, then moves that requester to
+    ``take`` takes the first base of the requester whose turn it is, then moves that requester to
     the back, so with R requesters waiting a base waits for at most R - 1 loads ahead of its own
     requester's turn (and then its own requester's earlier bases)."""
 
@@ -196,7 +199,7 @@ class LoadQueue:
         self._by.setdefault(requester, deque()).append(kb)
 
     def ahead(self, kb: str) -> int:
-        """How many queued bases ``pop`` returns before ``kb`` (queued)."""
+        """How many queued bases ``take`` returns before ``kb`` (queued)."""
         mine = self._queued[kb]
         rounds = self._by[mine].index(kb)  # its requester's bases before it: one per round
         before = True  # requesters before its own in the turn take one more round
@@ -207,11 +210,6 @@ class LoadQueue:
                 continue
             ahead += min(len(bases), rounds + before)
         return ahead
-
-    def pop(self) -> str | None:
-        """The next base to load, or None when none waits."""
-        taken = self.take()
-        return taken[0] if taken else None
 
     def take(self) -> tuple[str, str] | None:
         """The next base to load and its requester, or None when none waits."""
