@@ -251,6 +251,20 @@ def newest(store: SnapshotStore, kb: str, served: str | None, rejected: str | No
     return version
 
 
+def fetch_error(kb: str, exc: BaseException) -> tuple[str, SnapshotError]:
+    """The version and the refusal of a failed ``newest``: its pointer's read (no version) or
+    its download's (``Downloading``); an unexpected error (a bug) has its traceback logged."""
+    version = exc.version if isinstance(exc, Downloading) else ""
+    cause = exc.__cause__ if isinstance(exc, Downloading) else exc
+    what = f"{kb} {version}" if version else f"the pointer of {kb}"
+    if isinstance(cause, SnapshotError):
+        return version, cause
+    if isinstance(cause, OSError):
+        return version, StoreUnavailable(f"cannot read {what}: {cause}")
+    log.error("fetching %s failed", what, exc_info=cause)
+    return version, SnapshotError(f"cannot fetch {what}: {cause!r}")
+
+
 class Refresher:
     """Keeps ``holder`` at the newest good snapshot of each base in ``store``.
 
@@ -394,6 +408,7 @@ class Refresher:
             self._loader = None
 
     async def _load_wanted(self, kb: str, requester: str) -> None:
+        self._held.pop(kb, None)  # its wait for room, if any, is over: it is tried again
         if self.holder.get(kb) is not None:
             self._ready.pop(kb, None)
             return
@@ -443,16 +458,7 @@ class Refresher:
         exc = offer.exception()
         if exc is None:
             return True
-        version = exc.version if isinstance(exc, Downloading) else ""
-        cause = exc.__cause__ if isinstance(exc, Downloading) else exc
-        what = f"{kb} {version}" if version else f"the pointer of {kb}"
-        if isinstance(cause, SnapshotError):
-            self._refuse(kb, version, cause)
-        elif isinstance(cause, OSError):
-            self._refuse(kb, version, StoreUnavailable(f"cannot read {what}: {cause}"))
-        else:  # a bug, not the store: its traceback logged, as a load's is
-            log.error("fetching %s failed", what, exc_info=cause)
-            self._refuse(kb, version, SnapshotError(f"cannot fetch {what}: {cause!r}"))
+        self._refuse(kb, *fetch_error(kb, exc))
         return False
 
     def _wanted_offer(self, kb: str, offer: asyncio.Future[str | None]) -> bool:
