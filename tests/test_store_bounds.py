@@ -22,7 +22,7 @@ import pytest
 
 from index.embedders.base import HashEmbedder
 from index.errors import CacheWriteError, CorruptSnapshot, StoreUnavailable
-from index.http_store import MAX_VERSION_FILES, HttpOptions, HttpStore
+from index.http_store import MAX_VERSION_FILES, PARTIAL, HttpOptions, HttpStore
 from index.snapshot import MANIFEST
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
@@ -357,5 +357,36 @@ async def test_a_poll_serves_each_base_as_its_download_ends_not_after_a_tricklin
             assert slow is not None
             assert slow.version == first  # the old version serves until the new one is in
             poll.cancel()
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_a_poll_whose_downloads_fail_leaves_one_partial_not_one_per_version(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Two new versions in turn whose file is always cut off: each poll's download fails
+    (``unavailable``, resumed later), and the cache keeps the served version and the newest
+    partial only (the refused downloads were pruned after a load, not after a download)."""
+    first = version_id(1)
+    write_version(server.root, first, EMBEDDER, kb="polled")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["polled"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            await answered(stub, "polled")
+            server.cut_suffix, server.cut_next = "pad0000.bin", 1000
+            for n in (2, 3):
+                write_version(
+                    server.root, version_id(n), EMBEDDER, kb="polled",
+                    damage=lambda f: with_extra_files(f, 1, size=100_000),
+                )  # fmt: skip
+                assert await sidecar.refresher.refresh() == []
+                refusal = sidecar.holder.last_refusal("polled")
+                assert refusal is not None
+                assert (refusal.version, refusal.kind) == (version_id(n), "unavailable")
+            cache = sorted(p.name for p in (tmp_path / "cache" / "polled").iterdir())
+            assert cache == sorted([first, f"{PARTIAL}{version_id(3)}"])
     finally:
         await sidecar.stop(0.5)

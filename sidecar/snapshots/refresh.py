@@ -49,7 +49,7 @@ import logging
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -237,16 +237,24 @@ class Downloading(Exception):
         self.version = version
 
 
-def newest(store: SnapshotStore, kb: str, served: str | None, rejected: str | None) -> str | None:
+def newest(
+    store: SnapshotStore, kb: str, served: str | None, rejected: str | None, keep: Sequence[str]
+) -> str | None:
     """The version ``kb``'s pointer names, downloaded (``store.fetch``) when it is one to load:
     newer than ``served`` and not ``rejected``. Blocking: on a download thread. A failed
-    download is ``Downloading`` (its version), from the error as its cause."""
+    download is ``Downloading`` (its version), from the error as its cause, once the cache
+    keeps only ``keep`` (the served versions) and the newest partial download: a store offering
+    a new version every poll that never downloads must not fill the disk with their partials."""
     version = store.latest(kb)
     if version is None or version == rejected or (served is not None and version <= served):
         return version
     try:
         store.fetch(kb, version)
     except Exception as exc:
+        try:
+            store.retain(kb, keep)
+        except OSError as pruning:
+            log.warning("could not prune the snapshot cache of %s: %s", kb, pruning)
         raise Downloading(version) from exc
     return version
 
@@ -340,8 +348,9 @@ class Refresher:
         current = self.holder.get(kb)
         served = current.version if current is not None else None
         loop = asyncio.get_running_loop()
+        keep = tuple(self._served.get(kb, ()))
         return loop.run_in_executor(
-            self._download_pool, newest, self.store, kb, served, self._rejected.get(kb)
+            self._download_pool, newest, self.store, kb, served, self._rejected.get(kb), keep
         )
 
     def _polled(self) -> tuple[str, ...]:
