@@ -55,10 +55,11 @@ REUSE_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class Use:
-    """A base's last call: by whom, when, and whether that requester called it within
+    """A base's last call: by whom (the call's peer: its requester, ``load_requester``, is
+    worked out only when it is compared), when, and whether that requester called it within
     ``reuse_s`` before (its working set)."""
 
-    requester: str
+    peer: str
     at: float
     again: bool
 
@@ -106,20 +107,26 @@ class SnapshotHolder:
             self._used[knowledge_base] = None
             self._used.move_to_end(knowledge_base)
             if peer:
-                self._called(knowledge_base, load_requester(peer), time.monotonic())
+                self._called(knowledge_base, peer, time.monotonic())
         return searcher
 
-    def _called(self, kb: str, requester: str, now: float) -> None:
+    def _called(self, kb: str, peer: str, now: float) -> None:
+        """Record a call; on the hot path, so a call from the last call's connection (the
+        usual case) compares strings, not requesters."""
         last = self._calls.get(kb)
-        again = last is not None and last.requester == requester and now - last.at <= self.reuse_s
-        self._calls[kb] = Use(requester, now, again)
+        again = (
+            last is not None
+            and now - last.at <= self.reuse_s
+            and (last.peer == peer or load_requester(last.peer) == load_requester(peer))
+        )
+        self._calls[kb] = Use(peer, now, again)
 
     def _working_set_of(self, kb: str, now: float) -> str | None:
         """The requester whose working set ``kb`` is in (see the module docstring), if any."""
         last = self._calls.get(kb)
         if last is None or not last.again or now - last.at > self.reuse_s:
             return None
-        return last.requester
+        return load_requester(last.peer)
 
     def publish(self, searcher: Searcher, requester: str = "") -> None:
         """Serve ``searcher`` (built, warm) for its base: one reference swap. A base new here is
