@@ -9,6 +9,10 @@ the manifest's sha256, the manifest is written last, and the folder is renamed t
 ``<cache>/<kb>/<version>/``. So a version-named folder in the cache is always complete and
 verified, and a broken download leaves at most a ``.partial-`` folder that the next try resumes.
 
+Before a version's files are downloaded, the bytes it still needs are promised to it out of
+the cache's free space (``_Room``), less what the other downloads in flight still have to
+write: downloads running together cannot together overrun the disk (``disk_full``).
+
 Every answer is capped: a file at the size its manifest records, the manifest at
 ``MAX_MANIFEST_BYTES``, the pointer at ``MAX_POINTER_BYTES``; more is a CorruptSnapshot, and no
 byte past the cap is written. Every download has a total deadline
@@ -268,6 +272,38 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+class _Room:
+    """The cache's bytes promised to the downloads in flight, one per thread (a fetch is one
+    thread's): what each still has to write, by its manifest's sizes. A download's check of the
+    free space counts the others' as taken, so downloads running together (up to 32 bases at
+    once) cannot together overrun the disk; each promise shrinks as its bytes are written."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._left: dict[int, int] = {}  # thread -> bytes it still has to write
+
+    def take(self, need: int, free: int) -> int | None:
+        """Promise ``need`` bytes to this thread's download when ``free`` minus the others'
+        promises holds them (None); else the bytes promised to the others."""
+        with self._lock:
+            me = threading.get_ident()
+            others = sum(left for thread, left in self._left.items() if thread != me)
+            if need > free - others:
+                return others
+            self._left[me] = need
+            return None
+
+    def wrote(self, count: int) -> None:
+        with self._lock:
+            me = threading.get_ident()
+            if me in self._left:
+                self._left[me] = max(0, self._left[me] - count)
+
+    def release(self) -> None:
+        with self._lock:
+            self._left.pop(threading.get_ident(), None)
+
+
 class HttpStore:
     """A SnapshotStore over HTTP(S) with a local cache of verified downloads.
 
@@ -288,6 +324,7 @@ class HttpStore:
         self._fetch_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._connections = _Connections()
+        self._room = _Room()
         self._opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({}),
             _SameOrigin(),
@@ -342,7 +379,10 @@ class HttpStore:
         with self._locks_lock:
             lock = self._fetch_locks.setdefault(knowledge_base, threading.Lock())
         with lock:
-            return self._fetch(knowledge_base, version)
+            try:
+                return self._fetch(knowledge_base, version)
+            finally:
+                self._room.release()  # what it promised itself of the cache (``_sizes``)
 
     def _fetch(self, knowledge_base: str, version: str) -> Path:
         base = self.cache_dir / knowledge_base
@@ -448,13 +488,21 @@ class HttpStore:
                 raise CorruptSnapshot(f"{url}: no size for {name}: nothing to cap its download at")
             sizes[name] = size
         have = sum(p.stat().st_size for p in partial.iterdir() if p.is_file())
-        free = shutil.disk_usage(partial).free
-        if sum(sizes.values()) - have > free:
-            raise CacheWriteError(
-                f"{url}: the version needs {sum(sizes.values()) - have} bytes more, "
-                f"{partial.parent} has {free} free: free space in [sidecar] cache_dir"
-            ) from OSError(errno.ENOSPC, "no room for the version")
+        self._promise(sum(sizes.values()) - have, url, partial.parent)
         return sizes
+
+    def _promise(self, need: int, url: str, folder: Path) -> None:
+        """Take ``need`` bytes of ``folder``'s free space for this download (``_Room``), or
+        refuse the version (CacheWriteError, ENOSPC: ``disk_full``) before any of its files."""
+        free = shutil.disk_usage(folder).free
+        others = self._room.take(need, free)
+        if others is None:
+            return
+        taken = f", {others} of them promised to downloads in progress" if others else ""
+        raise CacheWriteError(
+            f"{url}: the version needs {need} bytes more, {folder} has {free} free{taken}: "
+            "free space in [sidecar] cache_dir"
+        ) from OSError(errno.ENOSPC, "no room for the version")
 
     def _download_file(
         self, url: str, dest: Path, sha256: str, size: int, version_deadline: float
@@ -637,6 +685,7 @@ class HttpStore:
     def _write(self, f: BinaryIO, data: bytes) -> None:
         """Every byte written to the cache goes through here (a seam to inject disk errors)."""
         f.write(data)
+        self._room.wrote(len(data))
 
     def _url(self, *parts: str) -> str:
         return "/".join([self.base_url, *(quote(p, safe="") for p in parts)])

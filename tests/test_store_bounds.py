@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import grpc
@@ -19,7 +22,7 @@ import pytest
 
 from index.embedders.base import HashEmbedder
 from index.errors import CacheWriteError, CorruptSnapshot, StoreUnavailable
-from index.http_store import MAX_VERSION_FILES, HttpOptions, HttpStore
+from index.http_store import MAX_VERSION_FILES, PARTIAL, HttpOptions, HttpStore
 from index.snapshot import MANIFEST
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
@@ -86,6 +89,70 @@ def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_any_down
         store.fetch(KB, version)
     assert refusal_kind(refused.value) == ("disk_full", True)
     assert requested_files(server) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, where this machine lets the test mount one (root); else skipped."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
+    server: StaticServer, small_disk: Path
+) -> None:
+    """A second attack's R1: two versions of 600 kB each, a 1 MiB cache. The first one's
+    download is in flight (its file trickles); the second is refused ``disk_full`` before any
+    of its files is downloaded, the first one's bytes counted as taken (on main each download
+    checked the free space alone, and the two together would have overrun the disk)."""
+    version = version_id(1)
+    for kb in ("first", "second"):
+        write_version(
+            server.root, version, EMBEDDER, kb=kb,
+            damage=lambda f: with_extra_files(f, 1, size=600_000),
+        )  # fmt: skip
+    trickle(server, "first/" + version + "/pad0000.bin")
+    store = HttpStore(server.url, small_disk, HttpOptions(attempts=1))
+    failed: list[BaseException] = []
+
+    def fetch_first() -> None:
+        try:
+            store.fetch("first", version)
+        except StoreUnavailable as exc:  # cut by close() below
+            failed.append(exc)
+
+    first = threading.Thread(target=fetch_first)
+    first.start()
+    try:
+        wait_until(lambda: bool(server.requests("first/" + version + "/pad0000.bin")))
+        with pytest.raises(CacheWriteError, match="promised to downloads in progress") as refused:
+            store.fetch("second", version)
+        assert refusal_kind(refused.value) == ("disk_full", True)
+        assert server.requests("second/" + version + "/pad0000.bin") == []
+    finally:
+        store.close()
+        first.join()
+    assert len(failed) == 1
+    again = HttpStore(server.url, small_disk, HttpOptions(attempts=1))
+    assert again.fetch("second", version).is_dir()  # the first's promise ended with it
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + LOAD_WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "the first download did not start"
+        time.sleep(0.01)
 
 
 def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(
@@ -210,5 +277,116 @@ async def test_a_poll_downloading_a_new_version_does_not_hold_another_bases_firs
             assert served is not None
             assert served.version == first
             poll.cancel()
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_a_trickled_pointer_does_not_hold_another_bases_first_load(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """A second attack's R3: one base's ``LATEST`` sends its headers, then nothing (each read
+    allowed ten minutes); a call to another base, made after it, is answered while that read
+    goes on (on main the loader read each pointer in turn, the download alone on a thread)."""
+    version = version_id(1)
+    for kb in ("slow", "fast"):
+        write_version(server.root, version, EMBEDDER, kb=kb)
+    trickle(server, "slow/LATEST")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["slow", "fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            await refused_loading(stub, "slow")
+            resp = await answered(stub, "fast")
+            assert {c.knowledge_base for c in resp.chunks} == {"fast"}
+            assert sidecar.holder.get("slow") is None  # its pointer still trickles
+            assert "is loading" in await refused_loading(stub, "slow")
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_a_base_loaded_on_demand_reads_its_pointer_once(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """The download read ``LATEST``, then the load read it again under the load lock."""
+    write_version(server.root, version_id(1), EMBEDDER, kb="fast")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            await answered(stub, "fast")
+            assert len(server.requests("/fast/LATEST")) == 1
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_a_poll_serves_each_base_as_its_download_ends_not_after_a_trickling_one(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Two loaded bases get new versions; the first one's trickles. The poll downloads them
+    side by side and serves the second's as soon as it is in (on main it downloaded them in
+    turn, the second waiting for the first's whole download)."""
+    first, second = version_id(1), version_id(2)
+    for kb in ("slow", "fast"):
+        write_version(server.root, first, EMBEDDER, kb=kb)
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["slow", "fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            for kb in ("slow", "fast"):
+                await answered(stub, kb)
+            write_version(
+                server.root, second, EMBEDDER, kb="slow", damage=lambda f: with_extra_files(f, 1)
+            )
+            write_version(server.root, second, EMBEDDER, kb="fast")
+            trickle(server, "slow/" + second + "/pad0000.bin")
+            poll = asyncio.create_task(sidecar.refresher.refresh())
+
+            def fast_swapped() -> bool:
+                served = sidecar.holder.get("fast")
+                return served is not None and served.version == second
+
+            await eventually(fast_swapped)
+            assert not poll.done()
+            slow = sidecar.holder.get("slow")
+            assert slow is not None
+            assert slow.version == first  # the old version serves until the new one is in
+            poll.cancel()
+    finally:
+        await sidecar.stop(0.5)
+
+
+async def test_a_poll_whose_downloads_fail_leaves_one_partial_not_one_per_version(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Two new versions in turn whose file is always cut off: each poll's download fails
+    (``unavailable``, resumed later), and the cache keeps the served version and the newest
+    partial only (the refused downloads were pruned after a load, not after a download)."""
+    first = version_id(1)
+    write_version(server.root, first, EMBEDDER, kb="polled")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, ["polled"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            await answered(stub, "polled")
+            server.cut_suffix, server.cut_next = "pad0000.bin", 1000
+            for n in (2, 3):
+                write_version(
+                    server.root, version_id(n), EMBEDDER, kb="polled",
+                    damage=lambda f: with_extra_files(f, 1, size=100_000),
+                )  # fmt: skip
+                assert await sidecar.refresher.refresh() == []
+                refusal = sidecar.holder.last_refusal("polled")
+                assert refusal is not None
+                assert (refusal.version, refusal.kind) == (version_id(n), "unavailable")
+            cache = sorted(p.name for p in (tmp_path / "cache" / "polled").iterdir())
+            assert cache == sorted([first, f"{PARTIAL}{version_id(3)}"])
     finally:
         await sidecar.stop(0.5)

@@ -7,14 +7,24 @@ snapshot are freed when the last request holding them finishes. ``publish`` is o
 assignment. ``get(kb)`` is the served snapshot alone (its version, counts, manifest).
 
 With a memory budget (``[sidecar] memory_budget_mb``) bases come and go: ``use`` marks a base
-used, ``over_budget`` names the ones to ``remove`` until the loaded bases' bytes
-(``Searcher.memory_bytes``) fit: the least recently used first. A base just loaded is not yet
-used: it is *fresh* until its first call uses it (the caller that asked for it retries after the
-hint). Each requester's newest fresh base goes only after every used one, for ``FRESH_S``; so a
-caller cycling through bases cannot get another caller's new base evicted before that caller's
-first call. A requester's older fresh bases (it asked for another since, and never called them)
-go before every used one: a caller cycling through bases it never calls evicts its own, not a
-base another caller is using. A new version of a used base keeps its place.
+used (by the call's requester, ``addresses.load_requester``), ``over_budget`` names the ones to
+``remove`` until the loaded bases' bytes (``Searcher.memory_bytes``) fit with a base about to
+be published: the least recently used first. A base just loaded is not yet used: it is *fresh*
+until its first call uses it (the caller that asked for it retries after the hint). Each
+requester's newest fresh base goes only after every used one, for ``FRESH_S``; so a caller
+cycling through bases cannot get another caller's new base evicted before that caller's first
+call. A requester's older fresh bases (it asked for another since, and never called them) go
+before every used one: a caller cycling through bases it never calls evicts its own, not a base
+another caller is using. A new version of a used base keeps its place.
+
+A requester's *working set* is never evicted for another requester's load: a base its last
+requester called again within ``REUSE_S`` of its previous call, and last called less than
+``REUSE_S`` ago. A load that could only be made by evicting one is not served (``over_budget``
+says None, ``room_in`` when to try again): a caller going through many bases, however many
+connections or addresses it uses, cannot thrash the bases another caller keeps coming back to;
+when the working sets alone fill the budget, new loads wait (the working-set rule of paging,
+not thrashing). A caller's own working set goes for its own loads, least recently used first
+as any base, and a poll's new version of a loaded base may evict any base (the budget holds).
 
 Refusals are kept beside the snapshots: the last one per base (shown by ``Status``) and a count
 per reason (``refusals``), the figures a metrics exporter reads.
@@ -29,6 +39,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from index.snapshot import LoadedSnapshot
+from sidecar.edge.addresses import load_requester
 from sidecar.snapshots.searcher import Searcher
 
 # How long a base loaded for a caller stays ahead of used bases before its first call. A caller
@@ -36,6 +47,21 @@ from sidecar.snapshots.searcher import Searcher
 # slow client on a busy machine, and bounds how long a base whose caller went away is kept ahead
 # of bases in use.
 FRESH_S = 10.0
+# A base its caller comes back to within this, and called this recently, is in that caller's
+# working set: another caller's load does not evict it. A voice agent searches its base every
+# turn or few (seconds apart); a caller gone for 30 s lets its bases go.
+REUSE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """A base's last call: by whom (the call's peer: its requester, ``load_requester``, is
+    worked out only when it is compared), when, and whether that requester called it within
+    ``reuse_s`` before (its working set)."""
+
+    peer: str
+    at: float
+    again: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +87,9 @@ class SnapshotHolder:
         self.refusals: Counter[str] = Counter()  # refusals by kind, since start
         self._used: OrderedDict[str, None] = OrderedDict()  # least recently used first
         self._fresh: dict[str, tuple[float, str]] = {}  # loaded, not used: when, for whom
+        self._calls: dict[str, Use] = {}  # base -> its last call (kept after an eviction)
         self.fresh_s = FRESH_S
+        self.reuse_s = REUSE_S
         self.evictions = 0  # bases removed to keep within the memory budget, since start
 
     def get(self, knowledge_base: str) -> LoadedSnapshot | None:
@@ -69,15 +97,36 @@ class SnapshotHolder:
         searcher = self._searchers.get(knowledge_base)
         return searcher.snapshot if searcher is not None else None
 
-    def use(self, knowledge_base: str) -> Searcher | None:
-        """The searcher for a call: marks the base most recently used (O(1))."""
+    def use(self, knowledge_base: str, peer: str = "") -> Searcher | None:
+        """The searcher for a call: marks the base most recently used (O(1)), by the requester
+        of ``peer`` (the call's client) when one is given (a sidecar with a memory budget)."""
         searcher = self._searchers.get(knowledge_base)
         if searcher is not None:
             if self._fresh:
                 self._fresh.pop(knowledge_base, None)
             self._used[knowledge_base] = None
             self._used.move_to_end(knowledge_base)
+            if peer:
+                self._called(knowledge_base, peer, time.monotonic())
         return searcher
+
+    def _called(self, kb: str, peer: str, now: float) -> None:
+        """Record a call; on the hot path, so a call from the last call's connection (the
+        usual case) compares strings, not requesters."""
+        last = self._calls.get(kb)
+        again = (
+            last is not None
+            and now - last.at <= self.reuse_s
+            and (last.peer == peer or load_requester(last.peer) == load_requester(peer))
+        )
+        self._calls[kb] = Use(peer, now, again)
+
+    def _working_set_of(self, kb: str, now: float) -> str | None:
+        """The requester whose working set ``kb`` is in (see the module docstring), if any."""
+        last = self._calls.get(kb)
+        if last is None or not last.again or now - last.at > self.reuse_s:
+            return None
+        return load_requester(last.peer)
 
     def publish(self, searcher: Searcher, requester: str = "") -> None:
         """Serve ``searcher`` (built, warm) for its base: one reference swap. A base new here is
@@ -91,37 +140,63 @@ class SnapshotHolder:
     def loaded_bytes(self) -> int:
         return sum(s.memory_bytes for s in self._searchers.values())
 
-    def over_budget(self, budget_bytes: int, keep: str) -> list[str]:
-        """The bases (never ``keep``) whose removal brings the loaded bytes within
-        ``budget_bytes``, in ``eviction_order``; fewer when only ``keep`` is left."""
-        excess = self.loaded_bytes() - budget_bytes
+    def over_budget(
+        self, budget_bytes: int, keep: str, adding: int = 0, requester: str | None = None
+    ) -> list[str] | None:
+        """The bases (never ``keep``) whose removal brings the loaded bytes, with ``adding``
+        more for ``keep`` (replacing its searcher, if any), within ``budget_bytes``, in
+        ``eviction_order``. For a load of ``requester``'s (None: a poll) another requester's
+        working set is not evicted: None when only that would make room."""
+        current = self._searchers.get(keep)
+        excess = self.loaded_bytes() - (current.memory_bytes if current else 0) + adding
+        excess -= budget_bytes
         out: list[str] = []
-        for kb in self.eviction_order(time.monotonic(), keep):
+        for kb in self.eviction_order(time.monotonic(), keep, requester):
             if excess <= 0:
                 break
             searcher = self._searchers.get(kb)
             if kb != keep and searcher is not None:
                 out.append(kb)
                 excess -= searcher.memory_bytes
-        return out
+        return out if excess <= 0 or requester is None else None
 
-    def eviction_order(self, now: float, keep: str = "") -> list[str]:
+    def room_in(self, requester: str) -> float:
+        """Seconds until the first base of another requester's working set leaves it (its
+        caller did not come back within ``reuse_s``): when a load refused room may try again."""
+        now = time.monotonic()
+        lapses = [
+            self._calls[kb].at + self.reuse_s - now
+            for kb in self._used
+            if self._working_set_of(kb, now) not in (None, requester)
+        ]
+        return max(0.0, min(lapses, default=0.0))
+
+    def eviction_order(self, now: float, keep: str = "", requester: str | None = None) -> list[str]:
         """Which loaded bases go first: fresh ones loaded more than ``fresh_s`` ago (their
         caller did not come), then fresh ones whose requester has a newer fresh base than
-        ``keep`` (the one loading now), then the used ones, least recently used first, then
-        each requester's newest fresh base, oldest first."""
+        ``keep`` (the one loading now), then the used ones, least recently used first (for a
+        load of ``requester``'s, other requesters' working sets left out), then each
+        requester's newest fresh base, oldest first."""
         stale = [kb for kb, (at, _) in self._fresh.items() if now - at > self.fresh_s]
         newest: dict[str, str] = {}  # requester -> its newest waiting base; dicts keep order
         crowded: list[str] = []
-        for kb, (at, requester) in self._fresh.items():
+        for kb, (at, asker) in self._fresh.items():
             if now - at <= self.fresh_s and kb != keep:
-                if requester in newest:
-                    crowded.append(newest[requester])
-                newest[requester] = kb
+                if asker in newest:
+                    crowded.append(newest[asker])
+                newest[asker] = kb
         newest_of = set(newest.values())
         waiting = [kb for kb in self._fresh if kb == keep or kb in newest_of]
         stale_set = set(stale)
-        return [*stale, *crowded, *self._used, *(kb for kb in waiting if kb not in stale_set)]
+        used = self._used_order(now, requester)
+        return [*stale, *crowded, *used, *(kb for kb in waiting if kb not in stale_set)]
+
+    def _used_order(self, now: float, requester: str | None) -> list[str]:
+        """The used bases, least recently used first; for a load of ``requester``'s, without
+        other requesters' working sets."""
+        if requester is None:
+            return list(self._used)
+        return [kb for kb in self._used if self._working_set_of(kb, now) in (None, requester)]
 
     def remove(self, knowledge_base: str) -> None:
         """Stop serving a base (evicted): its searcher goes when the last call holding it ends."""
@@ -138,6 +213,7 @@ class SnapshotHolder:
         self._searchers = MappingProxyType({})
         self._used.clear()
         self._fresh.clear()
+        self._calls.clear()
 
     def refuse(
         self, knowledge_base: str, version: str, kind: str, reason: str, retried: bool = False

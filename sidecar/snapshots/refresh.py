@@ -16,14 +16,20 @@ loads run one at a time, off the event loop, taken from one queue per requester 
 host, ``addresses.load_requester``: each connection on the loopback, where a sidecar's own agents
 are) in turn, each base queued once (``LoadQueue``): a requester that asks for many
 bases delays another's first load by at most one load per requester waiting, never by its whole
-queue. A base's download (``store.fetch``) runs outside the load lock, on a thread of its own
-(one per base downloading, at most ``MAX_DOWNLOADS``); one still going after ``DOWNLOAD_WAIT_S``
-goes on in the background while the next bases load, and its base is queued again when it is in:
-a store trickling some bases holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at
-once). A poll downloads a loaded base's new version outside the lock too. A load is verified
+queue. A base's pointer read and download (``newest``: ``store.latest``, then ``store.fetch``)
+run outside the load lock, on a thread of their own (one per base, at most ``MAX_DOWNLOADS``),
+each within the store's deadlines; one still going after ``DOWNLOAD_WAIT_S`` goes on in the
+background while the next bases load, and its base is queued again, the version it read kept,
+when it is in (the pointer is read once per load): a store trickling some bases' pointers or
+files holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at once). A poll reads
+the pointers and downloads the new versions of its bases side by side, outside the lock, and
+loads each as its download ends. A load is verified
 and built before anything is evicted, then the bases ``SnapshotHolder.over_budget`` names go
 until the loaded bytes are within the budget again: a version that fails evicts nothing, and the
-process holds one base beyond the budget for the time of a load. A poll refreshes only the loaded bases.
+process holds one base beyond the budget for the time of a load. When only other requesters'
+working sets could make room (``SnapshotHolder`` says None), the load is not served: its base
+is held back (``_held``), its calls told to retry, until the first of those bases may leave
+(nothing evicted, nothing refused). A poll refreshes only the loaded bases.
 
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
@@ -43,9 +49,8 @@ import logging
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
@@ -172,7 +177,7 @@ def freeze_heap() -> None:
 class LoadQueue:
     """Bases waiting to load: one queue per requester, served in turn, each base queued once.
 
-    ``pop`` takes the first base of the requester whose turn it is, then moves that requester to
+    ``take`` takes the first base of the requester whose turn it is, then moves that requester to
     the back, so with R requesters waiting a base waits for at most R - 1 loads ahead of its own
     requester's turn (and then its own requester's earlier bases)."""
 
@@ -194,7 +199,7 @@ class LoadQueue:
         self._by.setdefault(requester, deque()).append(kb)
 
     def ahead(self, kb: str) -> int:
-        """How many queued bases ``pop`` returns before ``kb`` (queued)."""
+        """How many queued bases ``take`` returns before ``kb`` (queued)."""
         mine = self._queued[kb]
         rounds = self._by[mine].index(kb)  # its requester's bases before it: one per round
         before = True  # requesters before its own in the turn take one more round
@@ -205,11 +210,6 @@ class LoadQueue:
                 continue
             ahead += min(len(bases), rounds + before)
         return ahead
-
-    def pop(self) -> str | None:
-        """The next base to load, or None when none waits."""
-        taken = self.take()
-        return taken[0] if taken else None
 
     def take(self) -> tuple[str, str] | None:
         """The next base to load and its requester, or None when none waits."""
@@ -227,6 +227,50 @@ class LoadQueue:
     def clear(self) -> None:
         self._by.clear()
         self._queued.clear()
+
+
+class Downloading(Exception):
+    """A download of ``version`` failed (its cause): the pointer was read, and named it."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__(version)
+        self.version = version
+
+
+def newest(
+    store: SnapshotStore, kb: str, served: str | None, rejected: str | None, keep: Sequence[str]
+) -> str | None:
+    """The version ``kb``'s pointer names, downloaded (``store.fetch``) when it is one to load:
+    newer than ``served`` and not ``rejected``. Blocking: on a download thread. A failed
+    download is ``Downloading`` (its version), from the error as its cause, once the cache
+    keeps only ``keep`` (the served versions) and the newest partial download: a store offering
+    a new version every poll that never downloads must not fill the disk with their partials."""
+    version = store.latest(kb)
+    if version is None or version == rejected or (served is not None and version <= served):
+        return version
+    try:
+        store.fetch(kb, version)
+    except Exception as exc:
+        try:
+            store.retain(kb, keep)
+        except OSError as pruning:
+            log.warning("could not prune the snapshot cache of %s: %s", kb, pruning)
+        raise Downloading(version) from exc
+    return version
+
+
+def fetch_error(kb: str, exc: BaseException) -> tuple[str, SnapshotError]:
+    """The version and the refusal of a failed ``newest``: its pointer's read (no version) or
+    its download's (``Downloading``); an unexpected error (a bug) has its traceback logged."""
+    version = exc.version if isinstance(exc, Downloading) else ""
+    cause = exc.__cause__ if isinstance(exc, Downloading) else exc
+    what = f"{kb} {version}" if version else f"the pointer of {kb}"
+    if isinstance(cause, SnapshotError):
+        return version, cause
+    if isinstance(cause, OSError):
+        return version, StoreUnavailable(f"cannot read {what}: {cause}")
+    log.error("fetching %s failed", what, exc_info=cause)
+    return version, SnapshotError(f"cannot fetch {what}: {cause!r}")
 
 
 class Refresher:
@@ -256,7 +300,9 @@ class Refresher:
         self._loading = ""  # lazy: the base loading now
         self._loader: asyncio.Task[None] | None = None  # lazy: loads what the queue holds
         self._tried: dict[str, float] = {}  # lazy: when a base's last load on demand failed
-        self._downloads: dict[str, asyncio.Future[Path]] = {}  # lazy: going on in the background
+        self._downloads: dict[str, asyncio.Future[str | None]] = {}  # lazy: in the background
+        self._ready: dict[str, str | None] = {}  # lazy: downloaded in the background, queued
+        self._held: dict[str, float] = {}  # lazy: held back for room until then (monotonic)
         self.knowledge_bases = tuple(knowledge_bases)
         threads = max(1, min(len(self.knowledge_bases), MAX_DOWNLOADS))
         self._download_pool = ThreadPoolExecutor(threads, "voxrecall-download")
@@ -273,33 +319,39 @@ class Refresher:
         }
 
     async def refresh(self) -> list[str]:
-        """Load every base whose published version is newer than the one served; returns them."""
+        """Load every base whose published version is newer than the one served; returns them.
+        The bases' pointers are read and their new versions downloaded side by side (one thread
+        per base, at most ``MAX_DOWNLOADS``), outside the load lock, and each is loaded as its
+        download ends: a store trickling one base holds that base alone, not another base's
+        poll nor any first load."""
+        offers = {self._offer(kb): kb for kb in self._polled()}
+        pending: set[asyncio.Future[str | None]] = set(offers)
         swapped: list[str] = []
-        polled = [kb for kb in self._polled() if await self._prefetched(kb)]
-        async with self._lock:
-            for kb in polled:
-                if await self._refresh_one(kb):
-                    swapped.append(kb)
-        if swapped and self.on_change is not None:
-            await self.on_change()
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            now = [await self._serve_offered(offers[f], f) for f in done]
+            swapped += [kb for kb in now if kb]
+            if any(now) and self.on_change is not None:
+                await self.on_change()
         return swapped
 
-    async def _prefetched(self, kb: str) -> bool:
-        """Lazy: download a loaded base's new version before the poll takes the load lock, so a
-        store trickling it holds the poll alone, not every other base's first load; False when
-        that download failed (refused here, not tried again under the lock)."""
-        if not self.budget_bytes or (current := self.holder.get(kb)) is None:
-            return True
-        try:
-            version = await asyncio.to_thread(self.store.latest, kb)
-        except (SnapshotError, OSError):
-            return True  # the refresh reads the pointer again and refuses it
-        if version is None or version <= current.version or self._rejected.get(kb) == version:
-            return True
+    async def _serve_offered(self, kb: str, offer: asyncio.Future[str | None]) -> str:
+        """``kb`` when its offer (``_offer``, done) is loaded and served now, else ""."""
+        if not self._offered(kb, offer):
+            return ""
+        async with self._lock:
+            return kb if await self._serve(kb, offer.result()) else ""
+
+    def _offer(self, kb: str) -> asyncio.Future[str | None]:
+        """``kb``'s pointer read and, when it names a version to load, that version downloaded:
+        on a download thread of its own (``newest``)."""
+        current = self.holder.get(kb)
+        served = current.version if current is not None else None
         loop = asyncio.get_running_loop()
-        download = loop.run_in_executor(self._download_pool, self.store.fetch, kb, version)
-        await asyncio.wait({download})
-        return self._download_ended(kb, version, download)
+        keep = tuple(self._served.get(kb, ()))
+        return loop.run_in_executor(
+            self._download_pool, newest, self.store, kb, served, self._rejected.get(kb), keep
+        )
 
     def _polled(self) -> tuple[str, ...]:
         if not self.budget_bytes:
@@ -313,12 +365,26 @@ class Refresher:
         requester = load_requester(peer)
         if kb in self._downloads:
             return round(DOWNLOAD_WAIT_S * 1000)
+        if (held := self._held_ms(kb)) > 0:
+            return held
         if kb not in self._queue and kb != self._loading:
             failed_at = self._tried.get(kb)
             if failed_at is not None and time.monotonic() - failed_at < self.retry_refused_s:
                 return 0
         self._enqueue(kb, requester)
         return self._retry_ms(kb)
+
+    def _held_ms(self, kb: str) -> int:
+        """How long ``kb``, held back for room (``_room_for``), still waits, in ms (0: no
+        more), within the retry hint's bounds."""
+        until = self._held.get(kb)
+        if until is None:
+            return 0
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._held[kb]
+            return 0
+        return max(FIRST_RETRY_MS, min(round(left * 1000), round(self.holder.fresh_s * 500)))
 
     def _enqueue(self, kb: str, requester: str) -> None:
         if kb not in self._queue and kb != self._loading:
@@ -351,88 +417,71 @@ class Refresher:
             self._loader = None
 
     async def _load_wanted(self, kb: str, requester: str) -> None:
-        if not await self._downloaded(kb, requester):
-            return  # still downloading, or its download failed (a refusal)
+        self._held.pop(kb, None)  # its wait for room, if any, is over: it is tried again
+        if self.holder.get(kb) is not None:
+            self._ready.pop(kb, None)
+            return
+        if kb in self._ready:
+            version = self._ready.pop(kb)
+        elif (offered := await self._downloaded(kb, requester)) is not None:
+            version = offered.result()
+        else:
+            return  # still downloading, or the pointer or the download failed (a refusal)
         async with self._lock:  # a poll holds it too: its time is not the load's
             started = time.perf_counter()
             if self.holder.get(kb) is not None:
                 return
-            loaded = await self._refresh_one(kb, requester)
+            loaded = await self._serve(kb, version, requester)
         if loaded:
             self._tried.pop(kb, None)
             self.load_ms = (time.perf_counter() - started) * 1000.0
-        else:
+        elif kb not in self._held:  # held back for room: not a failure
             self._tried[kb] = time.monotonic()
 
-    async def _downloaded(self, kb: str, requester: str) -> bool:
-        """Download ``kb``'s newest version before the load, outside the lock and on a thread
-        of its own, waiting at most ``DOWNLOAD_WAIT_S``: True when the load may go on (done, or
-        nothing to download: the load says why); False when it goes on in the background
-        (the base is queued again when it is in) or failed (refused, as a load would)."""
-        if self.holder.get(kb) is not None:
-            return True
-        try:
-            version = await asyncio.to_thread(self.store.latest, kb)
-        except (SnapshotError, OSError):
-            return True  # the load reads the pointer again and refuses it
-        if version is None or self._rejected.get(kb) == version:
-            return True
-        loop = asyncio.get_running_loop()
-        download = loop.run_in_executor(self._download_pool, self.store.fetch, kb, version)
-        done, _ = await asyncio.wait({download}, timeout=DOWNLOAD_WAIT_S)
+    async def _downloaded(self, kb: str, requester: str) -> asyncio.Future[str | None] | None:
+        """Read ``kb``'s pointer and download the version it names before the load, outside
+        the lock and on a thread of its own, waiting at most ``DOWNLOAD_WAIT_S``: the done
+        future when the load may go on; None when it goes on in the background (the base is
+        queued again, its version ready, when it is in) or failed (refused, as a load would)."""
+        offer = self._offer(kb)
+        done, _ = await asyncio.wait({offer}, timeout=DOWNLOAD_WAIT_S)
         if done:
-            return self._wanted_download_ended(kb, version, download)
-        log.info("%s %s is still downloading: other bases load meanwhile", kb, version)
-        self._downloads[kb] = download
+            return offer if self._wanted_offer(kb, offer) else None
+        log.info("%s is still downloading: other bases load meanwhile", kb)
+        self._downloads[kb] = offer
 
         def ended(_: object) -> None:
             self._downloads.pop(kb, None)
-            if self._wanted_download_ended(kb, version, download) and not self._closing:
+            if self._wanted_offer(kb, offer) and not self._closing:
+                self._ready[kb] = offer.result()
                 self._enqueue(kb, requester)
 
-        download.add_done_callback(ended)
-        return False
+        offer.add_done_callback(ended)
+        return None
 
-    def _download_ended(self, kb: str, version: str, download: asyncio.Future[Path]) -> bool:
-        """Whether the download of ``kb`` ``version`` succeeded; a failure is its refusal."""
-        if download.cancelled():
+    def _offered(self, kb: str, offer: asyncio.Future[str | None]) -> bool:
+        """Whether ``offer`` (``_offer``) succeeded; a failure is refused here: the pointer's
+        (version unknown) or the download's."""
+        if offer.cancelled():
             return False
-        exc = download.exception()
+        exc = offer.exception()
         if exc is None:
             return True
-        if isinstance(exc, SnapshotError):
-            self._refuse(kb, version, exc)
-        elif isinstance(exc, OSError):
-            self._refuse(kb, version, StoreUnavailable(f"cannot read {kb} {version}: {exc}"))
-        else:  # a bug, not the store: its traceback logged, as a load's is
-            log.error("fetching %s %s failed", kb, version, exc_info=exc)
-            self._refuse(kb, version, SnapshotError(f"cannot fetch {kb} {version}: {exc!r}"))
+        self._refuse(kb, *fetch_error(kb, exc))
         return False
 
-    def _wanted_download_ended(self, kb: str, version: str, download: asyncio.Future[Path]) -> bool:
-        """``_download_ended`` for a base loading on demand: a failure starts its
+    def _wanted_offer(self, kb: str, offer: asyncio.Future[str | None]) -> bool:
+        """``_offered`` for a base loading on demand: a failure starts its
         ``retry_refused_s``."""
-        if self._download_ended(kb, version, download):
+        if self._offered(kb, offer):
             return True
         self._tried[kb] = time.monotonic()
         return False
 
-    def _make_room(self, kb: str) -> None:
-        """Evict bases (``SnapshotHolder.over_budget``'s order) until the loaded bytes are
-        within the budget again, ``kb`` (just published) kept."""
-        for victim in self.holder.over_budget(self.budget_bytes, keep=kb):
-            self.holder.remove(victim)
-            log.info("evicted %s to keep within the memory budget", victim)
-
-    async def _refresh_one(self, kb: str, requester: str = "") -> bool:
-        try:
-            version = await asyncio.to_thread(self.store.latest, kb)
-        except SnapshotError as exc:
-            self._refuse(kb, "", exc)
-            return False
-        except OSError as exc:  # e.g. a store folder this user may not read: retried next poll
-            self._refuse(kb, "", StoreUnavailable(f"cannot read the pointer of {kb}: {exc}"))
-            return False
+    async def _serve(self, kb: str, version: str | None, requester: str | None = None) -> bool:
+        """Load, verify and publish ``version`` (what ``kb``'s pointer named, downloaded by
+        ``newest``) when it is newer than the one served, for ``requester``'s load (None: a
+        poll): under the load lock."""
         current = self.holder.get(kb)
         if version is None or self._rejected.get(kb) == version:
             return False
@@ -446,20 +495,49 @@ class Refresher:
                     f"the store's pointer went back from {current.version} (served) to {version}",
                 )
             return False
+        return await self._publish(kb, version, requester)
+
+    async def _publish(self, kb: str, version: str, requester: str | None) -> bool:
+        """Load ``version`` and serve it, evicting what it needs room for (``_room_for``)."""
         searcher = await self._load_or_refuse(kb, version)
         if searcher is not None and self._over_budget_alone(kb, version, searcher):
             searcher = None
         if searcher is None:
             await self._prune(kb)  # a refused download goes: else one stays per version offered
             return False
-        self.holder.publish(searcher, requester)  # the swap: one reference assignment, on the loop
-        if self.budget_bytes:  # after the load was verified: a bad version evicts nothing
-            self._make_room(kb)
+        victims = self._room_for(kb, version, searcher, requester)
+        if victims is None:
+            return False  # its download stays for the retry
+        self.holder.publish(searcher, requester or "")  # the swap: one reference, on the loop
+        for victim in victims:  # after the load was verified: a bad version evicts nothing
+            self.holder.remove(victim)
+            log.info("evicted %s to keep within the memory budget", victim)
         freeze_heap()
         log.info("serving %s version %s (%d chunks)", kb, version, len(searcher.chunks))
         self._served.setdefault(kb, deque(maxlen=2)).append(version)
         await self._prune(kb)
         return True
+
+    def _room_for(
+        self, kb: str, version: str, searcher: Searcher, requester: str | None
+    ) -> list[str] | None:
+        """The bases to evict so that ``searcher`` fits the budget (``over_budget``); None when
+        only other callers' working sets would make room: ``kb`` is held back (``_held``) until
+        the first of them may leave, and its calls get the retry hint meanwhile."""
+        if not self.budget_bytes:
+            return []
+        victims = self.holder.over_budget(self.budget_bytes, kb, searcher.memory_bytes, requester)
+        if victims is None:
+            wait_s = self.holder.room_in(requester or "")
+            self._held[kb] = time.monotonic() + wait_s
+            log.info(
+                "%s %s waits %.1f s for room: the bases other callers keep using fill "
+                "[sidecar] memory_budget_mb",
+                kb,
+                version,
+                wait_s,
+            )
+        return victims
 
     def _over_budget_alone(self, kb: str, version: str, searcher: Searcher) -> bool:
         """Refuse (once, for good) a version whose bytes pass the memory budget on their own:

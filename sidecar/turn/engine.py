@@ -783,13 +783,16 @@ class Engine:
             raise InvalidArgument("knowledge_base is empty and no default is configured")
         if kb not in self.known_bases:
             raise scope.unknown_base(kb, self.known_bases)
-        searcher = self.holder.use(kb)
+        lazy = self.load_on_demand is not None
+        peer = connection.get()() if lazy else ""  # whose working set the base is in
+        searcher = self.holder.use(kb, peer)
         if searcher is None and self.load_on_demand is not None:
-            retry_ms = self.load_on_demand(kb, connection.get()())
+            retry_ms = self.load_on_demand(kb, peer)
             if retry_ms:
                 raise Loading(
                     f"knowledge base {kb!r} is loading (its first call, or it was evicted to keep "
-                    f"within [sidecar] memory_budget_mb): retry in about {retry_ms} ms",
+                    "within [sidecar] memory_budget_mb, or it waits for room while other callers "
+                    f"keep using theirs): retry in about {retry_ms} ms",
                     retry_ms,
                 )
         if searcher is None:
