@@ -176,3 +176,15 @@ async def test_a_listing_that_fails_at_a_poll_keeps_what_is_served(
         assert (await answered(stub_of(channel), "help")).chunks
         assert sidecar.engine.known_bases == frozenset({"help"})
     assert sum(failed in r.getMessage() for r in caplog.records) == 1  # once per reason
+
+
+async def test_a_store_listing_more_bases_than_a_sidecar_serves_at_start_is_cut_to_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(server, "MAX_LISTED_BASES", 2)
+    store = tmp_path / "store"
+    for kb in ("c-base", "a-base", "b-base"):
+        publish(store, kb)
+    async with serving(store, tmp_path, memory_budget_mb=64) as (sidecar, _):
+        assert sidecar.engine.known_bases == frozenset({"a-base", "b-base"})
+    assert any("the store lists 3 bases" in r.getMessage() for r in caplog.records)

@@ -137,7 +137,10 @@ class Sidecar:
         if new:
             self.engine.known_bases = self.engine.known_bases | new
             self.refresher.add_bases(sorted(new))
-            log.info("new in the store: %s", ", ".join(sorted(new)[:20]) + _more(len(new), 20))
+            log.info(
+                "serving new bases of the store: %s",
+                ", ".join(sorted(new)[:20]) + _more(len(new), 20),
+            )
 
     def _room_for(self, new: frozenset[str]) -> frozenset[str]:
         """The first of ``new`` (by name) that keep this sidecar within ``MAX_LISTED_BASES``;
@@ -288,11 +291,30 @@ def no_bases(config: Config, store: SnapshotStore) -> str:
     if config.knowledge_bases:
         return f"none of the bases [[knowledge_base]] names is{shard}: this replica serves none"
     if not lists_store(config):
-        return f"no knowledge base to serve: {store!r} cannot be listed: name them with [[knowledge_base]]"
+        return (
+            f"no knowledge base to serve: {store!r} cannot be listed: name them with "
+            "[[knowledge_base]]"
+        )
     return (
         f"no knowledge base{shard} in {store!r} yet: SERVING none; the store is listed again "
         f"every {settings.poll_seconds:g} s and a base published there is served from that poll"
     )
+
+
+def first_bases(config: Config, store: SnapshotStore, names: frozenset[str]) -> frozenset[str]:
+    """The bases a sidecar starts with: ``names``, the first ``MAX_LISTED_BASES`` of a listing
+    that holds more; a start with none logs what is true of it (``no_bases``)."""
+    if not names:
+        log.warning("%s", no_bases(config, store))
+    elif lists_store(config) and len(names) > MAX_LISTED_BASES:
+        log.warning(
+            "the store lists %d bases, more than one sidecar serves: the first %d by name; "
+            "split them over shards ([sidecar] shards)",
+            len(names),
+            MAX_LISTED_BASES,
+        )
+        return frozenset(sorted(names)[:MAX_LISTED_BASES])
+    return names
 
 
 def _more(count: int, shown: int) -> str:
@@ -322,15 +344,7 @@ async def create_server(
         store = await asyncio.to_thread(sidecar_store, config)
     # listing a remote store (s3://) is a request: off the loop too
     names = await asyncio.to_thread(knowledge_base_names, config, store)
-    if not names:
-        log.warning("%s", no_bases(config, store))
-    elif len(names) > MAX_LISTED_BASES:
-        log.warning(
-            "the store lists %d bases; this sidecar serves the first %d by name",
-            len(names),
-            MAX_LISTED_BASES,
-        )
-        names = frozenset(sorted(names)[:MAX_LISTED_BASES])
+    names = first_bases(config, store, names)
     holder = SnapshotHolder()
     lifecycle = Lifecycle()
     policies = base_policies(config)
