@@ -19,9 +19,17 @@ import json
 import os
 import sys
 
-import websockets
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import InvalidHandshake
+try:  # what the realtime-example extra installs; without it, one line says so
+    import websockets
+    from websockets.asyncio.client import ClientConnection
+    from websockets.exceptions import InvalidHandshake
+except ModuleNotFoundError as exc:
+    print(
+        f"error: {exc.name} is not installed: this example needs its extra, "
+        "pip install -e '.[realtime-example]'",
+        file=sys.stderr,
+    )
+    raise SystemExit(2) from None
 
 from index.errors import ConfigError
 from sidecar.adapters.client import Voxrecall

@@ -26,7 +26,13 @@ from index.chunker import ChunkOptions, PageOverLimit, bounded, chunk_page
 from index.config import BuildConfig, KnowledgeBaseConfig, LlmConfig, SourceConfig
 from index.curation import APPROVED_FILES, approved_sources, load_approved_files
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
-from index.errors import CorruptSnapshot, SnapshotError, SnapshotNotFound, VoxrecallError
+from index.errors import (
+    ConfigError,
+    CorruptSnapshot,
+    SnapshotError,
+    SnapshotNotFound,
+    VoxrecallError,
+)
 from index.llm import LlmUsage, ModelCaller
 from index.progress import EmbedProgress
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key, read_manifest, write_snapshot
@@ -276,6 +282,18 @@ def model_caller(llm: LlmConfig | None, kb: KnowledgeBaseConfig) -> ModelCaller 
     return ModelCaller(llm) if llm is not None and needs_model(kb) else None
 
 
+def with_sources(config: BuildConfig, kb: KnowledgeBaseConfig) -> KnowledgeBaseConfig:
+    """``kb`` with its approved curated sources added; ConfigError when it then has none: a
+    base a config only serves needs no source, a build does."""
+    kb = dataclasses.replace(kb, sources=kb.sources + approved_sources(config.index.registry, kb))
+    if not kb.sources:
+        raise ConfigError(
+            f"knowledge base {kb.name!r} has no [[knowledge_base.source]] (nor an approved "
+            "`voxrecall source`): give it one to build it; a config that only serves it needs none"
+        )
+    return kb
+
+
 def build_knowledge_base(
     config: BuildConfig,
     kb: KnowledgeBaseConfig,
@@ -297,7 +315,7 @@ def build_knowledge_base(
     """
     store = LocalStore(config.index.store)
     summary = BuildSummary(knowledge_base=kb.name)
-    kb = dataclasses.replace(kb, sources=kb.sources + approved_sources(config.index.registry, kb))
+    kb = with_sources(config, kb)
     caller = caller or model_caller(config.index.llm, kb)
     if caller is not None:
         summary.llm = caller.usage

@@ -463,8 +463,6 @@ def _sources(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> tuple[Sour
         _source(src, base, kb_where, f"{kb_where} source #{j + 1}")
         for j, src in enumerate(kb_raw.get("source", []))
     ]
-    if not sources:
-        raise ConfigError(f"{kb_where}: at least one [[knowledge_base.source]] is required")
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ConfigError(f"{kb_where}: source names must be unique, got {names}")

@@ -37,13 +37,6 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-import boto3
-import botocore.auth
-import botocore.awsrequest
-import botocore.config
-import botocore.credentials
-import botocore.exceptions
-
 from index.errors import ConfigError, IncompleteSnapshot, SnapshotError, StoreUnavailable
 from index.http_store import HttpOptions, HttpStore, _TooLong
 from index.snapshot import MANIFEST, verify_snapshot
@@ -55,6 +48,22 @@ from index.store import (
     manifest_files,
     parse_pointer,
 )
+
+# an s3:// store is the only user of boto3 (the s3 extra): without it, one line says what to
+# install, at the first use of such a store (publish or serve), not a traceback
+NEEDS_EXTRA = (
+    "an s3:// store needs boto3, the s3 extra: pip install 'voxrecall[s3]' "
+    "(from a clone: pip install -e '.[s3]')"
+)
+try:
+    import boto3
+    import botocore.auth
+    import botocore.awsrequest
+    import botocore.config
+    import botocore.credentials
+    import botocore.exceptions
+except ModuleNotFoundError as exc:
+    raise ConfigError(f"{NEEDS_EXTRA}; {exc.name} is not installed") from None
 
 log = logging.getLogger("voxrecall.store")
 

@@ -31,6 +31,7 @@ from index.errors import (
     IncompleteSnapshot,
     SnapshotError,
     SnapshotNotFound,
+    StoreUnavailable,
     unreadable,
 )
 from index.hnsw_file import CHECKS_VERSION
@@ -53,6 +54,9 @@ LATEST = "LATEST"
 # where it lives (a 0700 parent folder), never by its own modes.
 READABLE_DIR = 0o755
 READABLE_FILE = 0o644
+# The entries a store's listing is read for at most: S3's 100 pages of 1,000 names
+# (index/s3_store.py), and as many entries of a folder.
+MAX_LISTED_ENTRIES = 100_000
 MAX_POINTER_BYTES = 256  # a version id is ~33 characters; anything longer is not a pointer
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # one safe path component, no ".."
 
@@ -197,11 +201,21 @@ class LocalStore:
         self.verified.keep_only(knowledge_base, versions)
 
     def knowledge_bases(self) -> frozenset[str]:
+        """The folders under the root, but dot-folders; a root of more than
+        ``MAX_LISTED_ENTRIES`` entries is refused (StoreUnavailable) when the next is read, so
+        a folder of millions holds no more than that many names (255 bytes each at most)."""
         if not self.root.is_dir():
             return frozenset()
-        return frozenset(
-            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
-        )
+        names: set[str] = set()
+        for i, p in enumerate(self.root.iterdir()):
+            if i == MAX_LISTED_ENTRIES:
+                raise StoreUnavailable(
+                    f"{self.root}: over {MAX_LISTED_ENTRIES} entries, more than a store holds: "
+                    "point the store at the folder that holds the bases"
+                )
+            if not p.name.startswith(".") and p.is_dir():
+                names.add(p.name)
+        return frozenset(names)
 
     def close(self) -> None:
         """Nothing to abandon: local reads do not wait."""

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -105,25 +106,34 @@ def cmd_ask(args: argparse.Namespace) -> int:
     try:
         resp = ask(" ".join(args.question), options)
     except grpc.RpcError as exc:
-        print(ask_failure(exc, options.connection.target), file=sys.stderr)
+        print(ask_failure(exc, options.connection.target, args.config), file=sys.stderr)
         return 1
     print(format_response(resp))
     return 0
 
 
-def ask_failure(exc: grpc.RpcError, target: str) -> str:
-    """The sidecar's own error as it sent it; where no sidecar answered (every answer carries
-    its call id), the address tried and the command that starts one."""
-    from sidecar.edge.logs import CALL_ID_HEADER
-
+def ask_failure(exc: grpc.RpcError, target: str, config: Path | None = None) -> str:
+    """The sidecar's own error as it sent it (a base loading, a snapshot missing); where no
+    sidecar answered (every answer carries its call id), the address tried and the command that
+    starts one, with the config ``ask`` was given (else the default)."""
     line = f"error: {exc.code().name}: {exc.details()}"
-    trailers = exc.trailing_metadata() if isinstance(exc, grpc.Call) else None
-    if exc.code() is not grpc.StatusCode.UNAVAILABLE or CALL_ID_HEADER in dict(trailers or ()):
+    if exc.code() is not grpc.StatusCode.UNAVAILABLE or _answered_by_a_sidecar(exc):
         return line
     return (
         f"{line}\nno voxrecall sidecar answered at {target}: start one with "
-        f"`voxrecall serve --config {DEFAULT_CONFIG}`, or give its address with --target"
+        f"`voxrecall serve --config {config or DEFAULT_CONFIG}`, or give its address with --target"
     )
+
+
+def _answered_by_a_sidecar(exc: grpc.RpcError) -> bool:
+    """Whether a sidecar sent this status: its trailers carry the call id (and a base loading,
+    its retry hint)."""
+    from sidecar.edge.logs import CALL_ID_HEADER
+    from sidecar.edge.status import PUSHBACK
+
+    trailing = getattr(exc, "trailing_metadata", None)  # a blocking call's, or grpc.aio's
+    trailers: dict[str, Any] = dict(trailing() or ()) if callable(trailing) else {}
+    return CALL_ID_HEADER in trailers or PUSHBACK in trailers
 
 
 def parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ anything but a loopback address, as gRPC refuses call credentials on an insecure
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,6 +32,28 @@ from index.errors import ConfigError
 from sidecar.edge.tls import is_loopback, read_pem
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+
+# Every channel of the project's clients (``open_channel``, ``open_blocking_channel``) retries a
+# call refused UNAVAILABLE (gRFC A6): a base loading under ``[sidecar] memory_budget_mb`` (after
+# the sidecar's ``grpc-retry-pushback-ms`` hint: the last load's time), a sidecar starting or
+# draining (after a backoff of 50 ms doubling to 400 ms, jittered). At most RETRY_ATTEMPTS
+# attempts in all, every one within the call's own deadline (a turn's 1 s), which ends them. A
+# refusal whose hint is negative is not retried (a base with no snapshot: none comes in a turn).
+RETRY_ATTEMPTS = 4
+RETRY_POLICY = {
+    "maxAttempts": RETRY_ATTEMPTS,
+    "initialBackoff": "0.05s",
+    "maxBackoff": "0.4s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {"name": [{"service": "voxrecall.v1.Retrieval"}], "retryPolicy": RETRY_POLICY}
+        ]
+    }
+)
 
 # field -> (environment variable, command-line flag): the names every client and doc uses
 NAMES: dict[str, tuple[str, str]] = {
@@ -129,8 +152,15 @@ class Connection:
             ),
         )
 
-    def options(self) -> list[tuple[str, str]]:
-        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+    def options(self) -> list[tuple[str, str | int]]:
+        """The channel's options: the retry policy, and the TLS name to check, if given."""
+        options: list[tuple[str, str | int]] = [
+            ("grpc.enable_retries", 1),
+            ("grpc.service_config", SERVICE_CONFIG),
+        ]
+        if self.server_name:
+            options.append(("grpc.ssl_target_name_override", self.server_name))
+        return options
 
 
 def _is_local(target: str) -> bool:

@@ -61,6 +61,7 @@ WITHOUT = (
         ("pipecat_agent.py", "pipecat", "pipecat-example"),
         ("livekit_agent.py", "livekit.plugins", "livekit-example"),
         ("livekit_agent.py", "livekit", "livekit-example"),
+        ("openai_realtime_agent.py", "websockets", "realtime-example"),
     ],
 )
 def test_an_example_without_its_extra_says_what_to_install(

@@ -497,3 +497,27 @@ def test_credentials_missing_at_start_are_looked_for_again(
     clock[0] += s3_store.CREDENTIALS_LOOK_AGAIN_S
     assert store._frozen_credentials().access_key == "AKIDEXAMPLE"
     assert len(asked) == 3
+
+
+async def test_a_base_missing_from_an_s3_store_says_to_publish_it_there(
+    moto_server: Any, bucket: tuple[Any, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The LOADING line said to run `voxrecall index build` (which publishes to a local folder
+    the sidecar never reads): a remote store is written by `voxrecall index publish --to`."""
+    _, name = bucket
+    raw = {
+        "knowledge_base": [{"name": KB, "source": [{"type": "markdown", "path": "docs"}]}],
+        "sidecar": {
+            "store": f"s3://{name}/prod",
+            "s3_endpoint_url": moto_server.url,
+            "listen": "127.0.0.1:0",
+            "cache_dir": str(tmp_path / "cache"),
+        },
+    }
+    config = parse_config(raw, base=tmp_path)
+    sidecar = await create_server(config, embedder=HashEmbedder(dimension=64), poll=False)
+    await sidecar.stop(0.5)
+    (waiting,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("LOADING")]
+    assert f"waiting for a snapshot of '{KB}' in s3://{name}/prod" in waiting
+    assert f"then `voxrecall index publish --to s3://{name}/prod` to publish it there" in waiting
+    assert "it publishes to" not in waiting

@@ -123,10 +123,19 @@ async def test_each_replica_loads_only_its_shard_and_the_router_finds_every_base
             await sidecar.stop(0.5)
 
 
+def fits(budget_mb: int, limit: str) -> bool:
+    """A shard's pod of thousands of bases holds them under a memory budget (it loaded every
+    base at start), sized by docs/config.md's rule: the process grows to about 1.6x the budget
+    plus 100 MB, and keeps up to 64 + 32 MiB of pages outside it."""
+    assert limit.endswith("Gi")
+    return budget_mb > 0 and 1.6 * budget_mb + 100 + 96 <= int(limit[:-2]) * 1024
+
+
 def test_the_sharded_manifest_is_consistent() -> None:
     """deploy/sharded.yaml: shard i's Deployment serves `--shard i` of the same count, its
     Service selects those pods, the agents list the Services in shard order, and the config
-    parses (an s3 store, no base named: each replica serves its shard of what the store has)."""
+    parses (an s3 store, no base named: each replica serves its shard of what the store has,
+    under a memory budget its pod's limit holds)."""
     docs = list(yaml.safe_load_all((REPO / "deploy" / "sharded.yaml").read_text()))
     kinds = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
@@ -143,6 +152,7 @@ def test_the_sharded_manifest_is_consistent() -> None:
         assert args[args.index("--shard") + 1] == str(i)
         service = kinds[("Service", f"voxrecall-shard-{i}")]
         assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        assert fits(config.sidecar.memory_budget_mb, container["resources"]["limits"]["memory"])
         targets.append(f"voxrecall-shard-{i}:{service['spec']['ports'][0]['port']}")
     agent = kinds[("Deployment", "voice-agent")]["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in agent["env"]}

@@ -15,7 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index.embedders import Embedder
 from index.embedders.factory import make_embedder
-from index.store import SnapshotStore, open_store
+from index.errors import SnapshotError
+from index.store import SnapshotStore, is_url, open_store
 from sidecar.config import Config
 from sidecar.edge import reflection, tls
 from sidecar.edge.guards import Guards
@@ -44,6 +45,12 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Retrieval"].full_name
 # left for them to send that status before the server closes their connections.
 CUT_OFF_WAIT_S = 1.0
 
+
+# The most bases one sidecar serves from its store's listing (a config that names none): far
+# past what one replica holds (tests/test_many_bases.py serves 1,000 under a budget), and a bound
+# on what a store listing new names at every poll can make it keep (each base: its name, its
+# entry in the engine, the refresher and the metrics, about 1 KiB).
+MAX_LISTED_BASES = 10_000
 
 # The methods whose handlers answer a response's bytes (sidecar/edge/wire.py).
 SENDS_BYTES = ("Search", "Turn", "Converse")
@@ -85,6 +92,8 @@ class Sidecar:
     http: HttpDoor | None = None  # [sidecar.http]: MCP, webhooks and health over HTTP
     http_port: int = 0  # 0: no HTTP door
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _listing_failed: str = ""  # the last reason listing the store failed, logged once
+    _over_cap_logged: bool = False
 
     async def update_health(self) -> None:
         # with a memory budget, bases load on their first call: the sidecar serves from the start
@@ -92,14 +101,9 @@ class Sidecar:
         ready = lazy or all(self.holder.get(kb) is not None for kb in self.engine.known_bases)
         if self.lifecycle.state is State.DRAINING:
             return
-        if ready and self.engine.known_bases:
+        if ready and (self.engine.known_bases or nothing_to_wait_for(self.config)):
             if self.lifecycle.state is State.LOADING:
-                log.info(
-                    "SERVING: %s",
-                    "bases load on their first call"
-                    if lazy
-                    else "every knowledge base has a snapshot",
-                )
+                log.info("SERVING: %s", self._ready_because(lazy))
             self.lifecycle.state = State.SERVING
         status = (
             health_pb2.HealthCheckResponse.SERVING
@@ -108,6 +112,51 @@ class Sidecar:
         )
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+
+    def _ready_because(self, lazy: bool) -> str:
+        if not self.engine.known_bases:
+            return "no knowledge base to load yet"
+        return "bases load on their first call" if lazy else "every knowledge base has a snapshot"
+
+    async def add_listed_bases(self) -> None:
+        """For a config that names no base: list the store again and serve the bases published
+        there since (of this replica's shard), up to ``MAX_LISTED_BASES`` in all; the next
+        refresh loads them (with a memory budget, their first call). A listing that fails is
+        logged once per reason, and what is served goes on."""
+        try:
+            listed = await asyncio.to_thread(
+                knowledge_base_names, self.config, self.refresher.store
+            )
+        except (SnapshotError, OSError) as exc:
+            if str(exc) != self._listing_failed:
+                log.warning("could not list the bases in the store again: %s", exc)
+            self._listing_failed = str(exc)
+            return
+        self._listing_failed = ""
+        new = self._room_for(listed - self.engine.known_bases)
+        if new:
+            self.engine.known_bases = self.engine.known_bases | new
+            self.refresher.add_bases(sorted(new))
+            log.info(
+                "serving new bases of the store: %s",
+                ", ".join(sorted(new)[:20]) + _more(len(new), 20),
+            )
+
+    def _room_for(self, new: frozenset[str]) -> frozenset[str]:
+        """The first of ``new`` (by name) that keep this sidecar within ``MAX_LISTED_BASES``;
+        the rest logged once."""
+        room = MAX_LISTED_BASES - len(self.engine.known_bases)
+        if len(new) <= room:
+            return new
+        if not self._over_cap_logged:
+            log.warning(
+                "the store lists more bases than one sidecar serves (%d): %d left out; split "
+                "them over shards ([sidecar] shards)",
+                MAX_LISTED_BASES,
+                len(new) - max(room, 0),
+            )
+            self._over_cap_logged = True
+        return frozenset(sorted(new)[: max(room, 0)])
 
     def log_waiting(self) -> None:
         """While LOADING, say which bases have no snapshot, where it is looked for, and what to
@@ -155,15 +204,33 @@ class Sidecar:
 
 def waiting_for(config: Config, missing: list[str]) -> str:
     """``waiting for a snapshot of 'help' in var/store (checked every 2 s): run `voxrecall index
-    build --config voxrecall.toml` to build one``."""
-    command = "voxrecall index build" + (f" --config {config.path}" if config.path else "")
+    build --config voxrecall.toml` to build one``; for a remote store, the build then the
+    publish to it."""
     where = str(config.sidecar.store)
-    built_into = str(config.index.store)
-    into = "" if built_into == where else f" (it publishes to {built_into})"
     return (
         f"waiting for a snapshot of {', '.join(map(repr, missing))} in {where} "
-        f"(checked every {config.sidecar.poll_seconds:g} s): run `{command}` to build one{into}"
+        f"(checked every {config.sidecar.poll_seconds:g} s): {to_make_one(config)}"
     )
+
+
+def to_make_one(config: Config) -> str:
+    """What to run to put a snapshot where this sidecar reads: a remote store (s3://, http(s))
+    is written by ``voxrecall index publish``, a folder by the build itself."""
+    flag = f" --config {config.path}" if config.path else ""
+    where = str(config.sidecar.store)
+    if where.startswith("s3://"):
+        return (
+            f"run `voxrecall index build{flag}`, then `voxrecall index publish{flag} --to "
+            f"{where}` to publish it there"
+        )
+    if is_url(where):
+        return (
+            f"run `voxrecall index build{flag}`, then `voxrecall index publish{flag} --to "
+            f"FOLDER` into the folder {where} serves"
+        )
+    built_into = str(config.index.store)
+    into = "" if built_into == where else f" (it publishes to {built_into})"
+    return f"run `voxrecall index build{flag}` to build one{into}"
 
 
 def sidecar_store(config: Config) -> SnapshotStore:
@@ -193,7 +260,7 @@ def base_policies(config: Config) -> dict[str, BasePolicy]:
 
 
 def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]:
-    """The configured bases, or, for a config that names none, those already in the store;
+    """The configured bases, or, for a config that names none, those in the store now;
     with ``[sidecar] shards`` > 1, only those of this replica's shard (sidecar/shards.py)."""
     if config.knowledge_bases:
         names = frozenset(kb.name for kb in config.knowledge_bases)
@@ -201,6 +268,57 @@ def knowledge_base_names(config: Config, store: SnapshotStore) -> frozenset[str]
         names = store.knowledge_bases()
     settings = config.sidecar
     return names if settings.shards == 1 else in_shard(names, settings.shard, settings.shards)
+
+
+def lists_store(config: Config) -> bool:
+    """Whether this sidecar serves the bases its store lists (its config names none), the
+    store being one that can be listed (a folder or s3://; a static http(s) server cannot)."""
+    store = config.sidecar.store
+    return not config.knowledge_bases and not is_url(store)
+
+
+def nothing_to_wait_for(config: Config) -> bool:
+    """Whether a sidecar with no base is SERVING (nothing to load): its shard has none of the
+    configured bases, or none of its store's yet (picked up at the polls); not a config that
+    names none over a store that cannot be listed, which can never serve anything."""
+    return bool(config.knowledge_bases) or lists_store(config)
+
+
+def no_bases(config: Config, store: SnapshotStore) -> str:
+    """What is true of a sidecar that starts with no base to serve, and what to do."""
+    settings = config.sidecar
+    shard = f" of shard {settings.shard} of {settings.shards}" if settings.shards > 1 else ""
+    if config.knowledge_bases:
+        return f"none of the bases [[knowledge_base]] names is{shard}: this replica serves none"
+    if not lists_store(config):
+        return (
+            f"no knowledge base to serve: {store!r} cannot be listed: name them with "
+            "[[knowledge_base]]"
+        )
+    return (
+        f"no knowledge base{shard} in {store!r} yet: SERVING none; the store is listed again "
+        f"every {settings.poll_seconds:g} s and a base published there is served from that poll"
+    )
+
+
+def first_bases(config: Config, store: SnapshotStore, names: frozenset[str]) -> frozenset[str]:
+    """The bases a sidecar starts with: ``names``, the first ``MAX_LISTED_BASES`` of a listing
+    that holds more; a start with none logs what is true of it (``no_bases``)."""
+    if not names:
+        log.warning("%s", no_bases(config, store))
+    elif lists_store(config) and len(names) > MAX_LISTED_BASES:
+        log.warning(
+            "the store lists %d bases, more than one sidecar serves: the first %d by name; "
+            "split them over shards ([sidecar] shards)",
+            len(names),
+            MAX_LISTED_BASES,
+        )
+        return frozenset(sorted(names)[:MAX_LISTED_BASES])
+    return names
+
+
+def _more(count: int, shown: int) -> str:
+    return f" and {count - shown} more" if count > shown else ""
 
 
 async def create_server(
@@ -226,8 +344,7 @@ async def create_server(
         store = await asyncio.to_thread(sidecar_store, config)
     # listing a remote store (s3://) is a request: off the loop too
     names = await asyncio.to_thread(knowledge_base_names, config, store)
-    if not names:
-        log.warning("no knowledge base to serve: name them with [[knowledge_base]] (%r)", store)
+    names = first_bases(config, store, names)
     holder = SnapshotHolder()
     lifecycle = Lifecycle()
     policies = base_policies(config)
@@ -262,8 +379,9 @@ async def create_server(
         await refresher.refresh()
     sidecar.log_waiting()
     if poll:
+        relist = sidecar.add_listed_bases if lists_store(config) else None
         sidecar._tasks.append(
-            asyncio.create_task(refresher.poll_forever(config.sidecar.poll_seconds))
+            asyncio.create_task(refresher.poll_forever(config.sidecar.poll_seconds, relist))
         )
     return sidecar
 

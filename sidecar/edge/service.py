@@ -61,7 +61,9 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
             code = status_for(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed: %s", handler.__name__, exc)
-            await context.abort(code, caller_message(exc), trailing_metadata=trailers_for(exc))
+            await context.abort(
+                code, caller_message(exc), trailing_metadata=_trailers(context, exc)
+            )
             raise AssertionError("unreachable: abort raises") from exc
         except grpc.aio.AbortError:
             raise  # a status already set (a hook's refusal, the abort above)
@@ -71,6 +73,13 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
             raise AssertionError("unreachable: abort raises") from exc
 
     return wrapper
+
+
+def _trailers(context: Context, exc: VoxrecallError) -> tuple[tuple[str, str], ...]:
+    """The error's trailers (``trailers_for``) after those the hooks set (the call id): trailers
+    given to ``abort`` replace those set before, and every answer carries its call id."""
+    own = trailers_for(exc)
+    return (*(context.trailing_metadata() or ()), *own) if own else ()
 
 
 def set_timings(message: pb.Timings, timings: Timings) -> None:

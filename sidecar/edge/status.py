@@ -10,7 +10,8 @@ interceptor, HTTP for the HTTP door, from the same table.
     ResourceExhausted              RESOURCE_EXHAUSTED   429
     IdleTimeout                    DEADLINE_EXCEEDED    408  (a client that stopped sending)
     Unauthenticated                UNAUTHENTICATED      401
-    SnapshotNotFound               UNAVAILABLE          503  (the message says what to run)
+    SnapshotNotFound               UNAVAILABLE          503  (the message says what to run; + a
+                                                              pushback of -1: not retried)
     EmbedderError                  UNAVAILABLE          503  (only where no fallback answered)
     SnapshotError                  INTERNAL             500
     anything else                  INTERNAL             500  (ConfigError, SourceError: our fault)
@@ -41,6 +42,7 @@ from sidecar.errors import (
 )
 
 Code = grpc.StatusCode
+PUSHBACK = "grpc-retry-pushback-ms"  # gRFC A6: when a retry policy may try again, in ms
 
 _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode, int], ...] = (
     (BodyTooLarge, Code.RESOURCE_EXHAUSTED, 413),
@@ -119,7 +121,11 @@ def tool_error_type(code: grpc.StatusCode) -> str:
 
 
 def trailers_for(error: VoxrecallError) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata sent with the status: the retry hint of a base that is loading."""
+    """Trailing metadata sent with the status: the retry hint of a base that is loading; for a
+    base with no snapshot, a negative one, which tells a gRPC retry policy not to retry (gRFC
+    A6): none comes within a call's deadline, and retrying would spend the caller's turn."""
     if isinstance(error, Loading):
-        return (("grpc-retry-pushback-ms", str(error.retry_ms)),)
+        return ((PUSHBACK, str(error.retry_ms)),)
+    if isinstance(error, SnapshotNotFound):
+        return ((PUSHBACK, "-1"),)
     return ()

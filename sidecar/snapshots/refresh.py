@@ -314,8 +314,9 @@ class Refresher:
         self.on_change = on_change
         self._lock = asyncio.Lock()
         self._rejected: dict[str, str] = {}  # kb -> the newest version refused for good
+        self.keep_downloaded = max(1, keep_downloaded)
         self._served: dict[str, deque[str]] = {
-            kb: deque(maxlen=max(1, keep_downloaded)) for kb in self.knowledge_bases
+            kb: deque(maxlen=self.keep_downloaded) for kb in self.knowledge_bases
         }
 
     async def refresh(self) -> list[str]:
@@ -631,11 +632,25 @@ class Refresher:
             self._loader.cancel()
         gc.unfreeze()
 
-    async def poll_forever(self, every_s: float) -> None:
-        """Refresh every ``every_s`` seconds with +-10% jitter, so a fleet does not poll in step."""
+    def add_bases(self, names: Iterable[str]) -> list[str]:
+        """Keep these bases current too (published to the store since the start): the next
+        refresh loads them, or, with a memory budget, their first call; returns those new here."""
+        new = [kb for kb in names if kb not in self._served]
+        for kb in new:
+            self._served[kb] = deque(maxlen=self.keep_downloaded)
+        self.knowledge_bases = (*self.knowledge_bases, *new)
+        return new
+
+    async def poll_forever(
+        self, every_s: float, before: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Refresh every ``every_s`` seconds with +-10% jitter, so a fleet does not poll in step;
+        ``before`` runs first at each poll (the sidecar lists the store's bases again)."""
         while True:
             await asyncio.sleep(every_s * random.uniform(0.9, 1.1))
             try:
+                if before is not None:
+                    await before()
                 await self.refresh()
             except Exception:  # keep polling: the last good snapshot serves meanwhile
                 log.exception("snapshot refresh failed")

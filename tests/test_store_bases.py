@@ -1,0 +1,190 @@
+"""A sidecar whose config names no base serves its store's: each poll lists the store again and
+serves the bases published there since the start (those of its shard), loaded at that poll or,
+under ``[sidecar] memory_budget_mb``, at their first call; a shard with no base yet is SERVING
+(nothing to load) and takes its bases at the polls. The listing is bounded: a sidecar keeps at
+most ``MAX_LISTED_BASES`` bases however many names a store lists, and a folder of more than
+``MAX_LISTED_ENTRIES`` entries is refused, not read to its end.
+
+Real parts: a real sidecar on 127.0.0.1 port 0 polling a real local store every 50 ms, real
+snapshots (the hash embedder: nothing here measures quality), real hnswlib.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import index.store
+from index.embedders.base import HashEmbedder
+from index.errors import StoreUnavailable
+from index.store import LocalStore
+from sidecar.edge import server
+from sidecar.edge.server import Sidecar, create_server
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.shards import shard_of
+from tests.bases_kit import LOAD_WAIT_S, answered, config, search
+from tests.conftest import eventually
+from tests.snapshot_kit import version_id, write_version
+
+EMBEDDER = HashEmbedder(dimension=64)
+POLL_S = 0.05
+
+
+def names_of_shard(shard: int, shards: int, count: int) -> list[str]:
+    """The first ``count`` names ``base-N`` of that shard."""
+    found = (f"base-{i}" for i in range(10_000))
+    return [n for n in found if shard_of(n, shards) == shard][:count]
+
+
+def publish(store: Path, kb: str) -> None:
+    write_version(store, version_id(1), EMBEDDER, "invoices", kb=kb)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    store: Path, tmp_path: Path, **sidecar: Any
+) -> AsyncIterator[tuple[Sidecar, grpc.aio.Channel]]:
+    cfg = config(store, tmp_path, poll_seconds=POLL_S, cache_dir=str(tmp_path / "c"), **sidecar)
+    running = await create_server(cfg, embedder=EMBEDDER)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            yield running, channel
+    finally:
+        await running.stop(0.5)
+
+
+def stub_of(channel: grpc.aio.Channel) -> pb_grpc.RetrievalStub:
+    return pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+
+
+async def health(channel: grpc.aio.Channel) -> int:
+    check = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    return int(check.status)
+
+
+@pytest.mark.parametrize("budget_mb", [0, 64], ids=["loaded", "lazy"])
+async def test_a_base_published_after_the_start_is_served_from_the_next_poll(
+    tmp_path: Path, budget_mb: int
+) -> None:
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path, memory_budget_mb=budget_mb) as (sidecar, channel):
+        stub = stub_of(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as before:
+            await stub.Search(search("billing"), timeout=LOAD_WAIT_S)
+        assert before.value.code() is grpc.StatusCode.NOT_FOUND
+        publish(store, "billing")
+        await eventually(lambda: "billing" in sidecar.engine.known_bases, "the poll")
+        resp = await answered(stub, "billing")
+        assert {c.knowledge_base for c in resp.chunks} == {"billing"}
+        assert (await answered(stub, "help")).chunks  # the first base serves on
+
+
+async def test_a_shard_takes_the_new_bases_of_its_shard_only(tmp_path: Path) -> None:
+    mine, other = names_of_shard(0, 2, 2), names_of_shard(1, 2, 1)
+    store = tmp_path / "store"
+    publish(store, mine[0])
+    shard_0 = {"shards": 2, "shard": 0, "memory_budget_mb": 64}
+    async with serving(store, tmp_path, **shard_0) as (sidecar, channel):
+        publish(store, other[0])
+        publish(store, mine[1])
+        await eventually(lambda: mine[1] in sidecar.engine.known_bases, "the poll")
+        assert sidecar.engine.known_bases == frozenset(mine)
+        assert (await answered(stub_of(channel), mine[1])).chunks
+        with pytest.raises(grpc.aio.AioRpcError) as elsewhere:
+            await stub_of(channel).Search(search(other[0]), timeout=LOAD_WAIT_S)
+        assert elsewhere.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+async def test_an_empty_shard_is_serving_and_takes_its_bases_at_the_polls(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A StatefulSet's startupProbe restarted a shard with no base yet in a loop: it stayed
+    LOADING, its log telling it to name bases with [[knowledge_base]]."""
+    store = tmp_path / "store"
+    for kb in names_of_shard(0, 2, 3):
+        publish(store, kb)
+    (theirs,) = names_of_shard(1, 2, 1)
+    async with serving(store, tmp_path, shards=2, shard=1) as (sidecar, channel):
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+        assert sidecar.engine.known_bases == frozenset()
+        publish(store, theirs)
+        await eventually(lambda: sidecar.holder.get(theirs) is not None, "the poll's load")
+        assert (await answered(stub_of(channel), theirs)).chunks
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+    warned = [r.getMessage() for r in caplog.records if r.name == "voxrecall.server"]
+    assert any("no knowledge base of shard 1 of 2 in" in m for m in warned), warned
+    assert not any("[[knowledge_base]]" in m for m in warned), warned
+
+
+async def test_a_store_listing_ever_more_names_grows_no_sidecar_past_its_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(server, "MAX_LISTED_BASES", 3)
+    listings: list[frozenset[str]] = []
+    listed = server.knowledge_base_names
+
+    def counted(*args: Any) -> frozenset[str]:
+        listings.append(listed(*args))
+        return listings[-1]
+
+    monkeypatch.setattr(server, "knowledge_base_names", counted)
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path, memory_budget_mb=64) as (sidecar, _):
+        for i in range(6):  # new names between polls, as a hostile store would list them
+            (store / f"junk-{i}").mkdir()
+        await eventually(lambda: len(sidecar.engine.known_bases) == 3, "the poll")
+        (store / "junk-late").mkdir()
+        seen = len(listings)
+        await eventually(lambda: len(listings) >= seen + 2, "two more polls")
+        assert "junk-late" in listings[-1]
+        assert len(sidecar.engine.known_bases) == 3
+        assert len(sidecar.refresher.knowledge_bases) == 3
+    over = [r for r in caplog.records if "more bases than one sidecar serves" in r.getMessage()]
+    assert len(over) == 1  # said once, not at every poll
+
+
+def test_a_folder_of_more_entries_than_a_store_holds_is_refused_not_read_to_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(index.store, "MAX_LISTED_ENTRIES", 5)
+    for i in range(5):
+        (tmp_path / f"kb{i}").mkdir()
+    assert len(LocalStore(tmp_path).knowledge_bases()) == 5
+    (tmp_path / "kb5").mkdir()
+    with pytest.raises(StoreUnavailable, match="over 5 entries"):
+        LocalStore(tmp_path).knowledge_bases()
+
+
+async def test_a_listing_that_fails_at_a_poll_keeps_what_is_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path) as (sidecar, channel):
+        monkeypatch.setattr(index.store, "MAX_LISTED_ENTRIES", 1)
+        publish(store, "billing")  # two entries: the listing is refused from now on
+        failed = "could not list the bases in the store again"
+        await eventually(lambda: any(failed in r.getMessage() for r in caplog.records), "poll")
+        assert (await answered(stub_of(channel), "help")).chunks
+        assert sidecar.engine.known_bases == frozenset({"help"})
+    assert sum(failed in r.getMessage() for r in caplog.records) == 1  # once per reason
+
+
+async def test_a_store_listing_more_bases_than_a_sidecar_serves_at_start_is_cut_to_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(server, "MAX_LISTED_BASES", 2)
+    store = tmp_path / "store"
+    for kb in ("c-base", "a-base", "b-base"):
+        publish(store, kb)
+    async with serving(store, tmp_path, memory_budget_mb=64) as (sidecar, _):
+        assert sidecar.engine.known_bases == frozenset({"a-base", "b-base"})
+    assert any("the store lists 3 bases" in r.getMessage() for r in caplog.records)
