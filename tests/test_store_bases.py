@@ -81,6 +81,8 @@ async def test_a_base_published_after_the_start_is_served_from_the_next_poll(
         assert before.value.code() is grpc.StatusCode.NOT_FOUND
         publish(store, "billing")
         await eventually(lambda: "billing" in sidecar.engine.known_bases, "the poll")
+        if not budget_mb:  # loaded by the poll that listed it: until then it has no snapshot
+            await eventually(lambda: sidecar.engine.holder.get("billing") is not None, "its load")
         resp = await answered(stub, "billing")
         assert {c.knowledge_base for c in resp.chunks} == {"billing"}
         assert (await answered(stub, "help")).chunks  # the first base serves on

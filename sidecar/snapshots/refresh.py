@@ -304,8 +304,9 @@ class Refresher:
         self._ready: dict[str, str | None] = {}  # lazy: downloaded in the background, queued
         self._held: dict[str, float] = {}  # lazy: held back for room until then (monotonic)
         self.knowledge_bases = tuple(knowledge_bases)
-        threads = max(1, min(len(self.knowledge_bases), MAX_DOWNLOADS))
-        self._download_pool = ThreadPoolExecutor(threads, "voxrecall-download")
+        # threads start as downloads need them, so bases listed after the start (a config that
+        # names none) download side by side too
+        self._download_pool = ThreadPoolExecutor(MAX_DOWNLOADS, "voxrecall-download")
         self._closing = False
         self.load_ms = 0.0  # how long the last lazy load took: the retry hint
         self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
