@@ -15,7 +15,9 @@ import logging
 import re
 import socket
 import ssl
+import sys
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -555,6 +557,61 @@ async def test_a_vapi_call_sequence_resolves_the_follow_up_and_feeds_each_messag
     assert [t.text for t in session.turns][-1] == "and how long does it take?"
 
 
+async def test_another_callers_vapi_requests_cannot_make_a_call_feed_its_turns_twice(
+    store: Path, local_embedder: Embedder, secrets: None
+) -> None:
+    """The attack: what each call was fed was one table of ``max_sessions`` calls for every
+    caller, least recently used first: another caller's requests of no messages, each a new
+    call id, pushed a live call's out, and its next request fed its turns again (each user turn
+    a search). It is kept in the call's own session, under its caller's quota."""
+    config = sidecar_config(store, auth=AUTH, http=HTTP, max_sessions=8)
+    async with running(config, local_embedder) as sc:
+        asked = [GREETING, {"role": "user", "content": "How do I export my data?"}]
+        assert (await vapi(sc, asked)).json()["documents"]
+        async with httpx2.AsyncClient() as http:
+            for i in range(40):  # another caller's, and the victim's own, requests feeding nothing
+                body = vapi_request([] if i % 2 else [{"role": "system", "content": "Be kind."}])
+                body["message"]["call"]["id"] = f"flood-{i}"
+                token = TOKEN_B if i < 20 else TOKEN_A
+                headers = auth(token, **{"x-vapi-secret": VAPI_SECRET})
+                reply = await http.post(url(sc, "/vapi/knowledge-base"), json=body, headers=headers)
+                assert reply.status_code == 200, reply.text
+        follow_up = [
+            *asked,
+            {"role": "bot", "message": "Go to Settings, Privacy, Export: it builds a zip."},
+            {"role": "user", "content": "and how long does it take?"},
+        ]
+        assert (await vapi(sc, follow_up)).status_code == 200
+        sessions.owner.set("default")
+        session = sc.engine.sessions.peek(CALL_ID)
+        assert session is not None
+        assert session.turn_count == 4  # each message fed once
+        assert sc.engine.sessions.usage("billing-agent") == sessions.Usage(0, 0)
+
+
+def test_a_vapi_calls_fed_state_is_counted_in_its_sessions_bytes() -> None:
+    """``FED_BYTES`` stays honest: what 500 sessions' fed states count is within a quarter of
+    what tracemalloc sees them allocate (their strings made beforehand, as a request's are)."""
+    store = sessions.SessionStore(1000, 60.0, 3)
+    queries = [f"{i:04d} how long does an export take" for i in range(500)]
+    answers = [tuple(f"{i:04d}-chunk-{j}" for j in range(5)) for i in range(500)]
+    held = [store.get(f"call-{i}") for i in range(500)]
+    before = store.bytes
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    for i, session in enumerate(held):
+        digest = hashlib.blake2b(str(i).encode(), digest_size=16).digest()
+        session.keep(webhooks_module.Fed(1000 + i, digest, queries[i], answers[i]), 0)
+    used = tracemalloc.get_traced_memory()[0] - start
+    tracemalloc.stop()
+    for session in held:
+        assert isinstance(session.kept, webhooks_module.Fed)
+        session.keep(session.kept, session.kept.size())
+    strings = sum(sys.getsizeof(s) for s in (*queries, *(i for a in answers for i in a)))
+    tuples = sum(map(sys.getsizeof, answers))
+    assert 0.75 < (store.bytes - before) / (used + strings + tuples) < 1.25
+
+
 async def test_the_hooks_see_each_vapi_turns_timings_and_no_chunks_are_built_for_them(
     store: Path, local_embedder: Embedder, secrets: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -632,9 +689,7 @@ async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
 ) -> None:
     """A request that feeds no turn is never checked by the hooks: its call id must still be
     bounded, or each remembered call holds as much as a whole body."""
-    assert sidecar.http is not None
-    fed = sidecar.http.webhooks.conversations._fed
-    before = len(fed)
+    before = sidecar.engine.sessions.usage()
     body = vapi_request(messages)
     body["message"]["call"]["id"] = "c" * 8000
     async with httpx2.AsyncClient() as http:
@@ -653,7 +708,7 @@ async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
         assert answer.json()["error"]["code"] == "INVALID_ARGUMENT"
         assert answer.json()["error"]["message"].startswith(f"{field} is ")
         assert "the limit is 256" in answer.json()["error"]["message"]
-    assert len(fed) == before
+    assert sidecar.engine.sessions.usage() == before
 
 
 @pytest.mark.parametrize(
