@@ -176,6 +176,80 @@ async def test_a_models_mistake_is_a_tool_error_not_a_failed_request(
     assert output(result)["error"]["type"] == error_type
 
 
+MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+async def raw_mcp_calls(sc: Sidecar, params: list[Any]) -> list[dict[str, Any]]:
+    """tools/call with each of ``params`` as sent, past the SDK client's own checks: the
+    JSON-RPC answers."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+    async with httpx2.AsyncClient(headers={**auth(), **MCP_HEADERS}) as http:
+        opened = await http.post(url(sc, "/mcp"), json=initialize)
+        headers = {"mcp-session-id": opened.headers["mcp-session-id"]}
+        headers["mcp-protocol-version"] = "2025-06-18"
+        answers = []
+        for i, sent in enumerate(params):
+            call = {"jsonrpc": "2.0", "id": i + 2, "method": "tools/call", "params": sent}
+            reply = await http.post(url(sc, "/mcp"), json=call, headers=headers)
+            assert reply.status_code == 200, reply.text
+            answers.append(reply.json())
+    return answers
+
+
+async def test_arguments_sent_as_a_json_string_are_taken_as_the_tool_webhook_takes_them(
+    sidecar: Sidecar,
+) -> None:
+    """The attack: a model's arguments as the JSON string it emitted got a JSON-RPC error
+    ("Invalid request parameters", which the model never reads); /tools/ took them."""
+    sent = [{"name": "search_help", "arguments": '{"query": "reset my password"}'}]
+    (answer,) = await raw_mcp_calls(sidecar, sent)
+    assert "error" not in answer
+    assert not answer["result"]["isError"]
+    assert "Reset your password" in answer["result"]["content"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("params", "error_type", "says"),
+    [
+        ({"name": "search_help", "arguments": ["reset password"]}, "invalid_arguments", "object"),
+        ({"name": "search_help", "arguments": "reset password"}, "invalid_json", "not valid JSON"),
+        ({"name": "search_help", "arguments": '"a string"'}, "invalid_arguments", "object"),
+        ({"name": "search_help", "arguments": 5}, "invalid_arguments", "object"),
+        (
+            {"name": "search_help", "arguments": orjson.dumps({"query": "x" * 70_000}).decode()},
+            "invalid_arguments",
+            "the limit is 65536",
+        ),
+        ({"arguments": {"query": "x"}}, "invalid_arguments", "no name was sent"),
+        ({"name": 5, "arguments": {"query": "x"}}, "invalid_arguments", "name 5 was sent"),
+        (["search_help"], "invalid_arguments", "tools/call takes an object"),
+    ],
+)
+async def test_malformed_tool_call_params_are_a_tool_error_saying_what_to_send(
+    store: Path, local_embedder: Embedder, secrets: None, params: Any, error_type: str, says: str
+) -> None:
+    """The attack: arguments as a list, a missing or numeric name, got a JSON-RPC error with
+    no word of what to send, not a tool result the model reads."""
+    config = sidecar_config(store, auth=AUTH, http={**HTTP, "max_body_bytes": 128 * 1024})
+    async with running(config, local_embedder) as sc:
+        (answer,) = await raw_mcp_calls(sc, [params])
+    assert "error" not in answer, answer
+    assert answer["result"]["isError"]
+    error = orjson.loads(answer["result"]["content"][0]["text"])["error"]
+    assert error["type"] == error_type
+    assert says in error["message"]
+    assert '"arguments": {"query": "..."}' in error["message"] or "65536" in error["message"]
+
+
 async def test_read_page_takes_the_path_a_search_result_gave(sidecar: Sidecar) -> None:
     """A search result names the page ``path``; read_page takes that name, and ReadPage's
     ``source_path`` too, as its schema lists them."""

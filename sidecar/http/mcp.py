@@ -7,8 +7,10 @@ Built on the official SDK's low-level ``Server`` and its ``StreamableHTTPSession
 within ``tool_output_chars`` like every output: a longer page is cut (``truncated``), and the
 answer gives the ``next_offset`` to read on from (``page_output``).
 Everything a model can get wrong (bad arguments, an unknown tool, a function outside the
-token's scope, a base with no snapshot, a page that is not there) is a tool result with
-``isError``, never a failed request.
+token's scope, a base with no snapshot, a page that is not there, a tools/call whose params the
+SDK would refuse: arguments not an object, a name not a string) is a tool result with
+``isError``, never a failed request; arguments sent as the JSON string a model emitted are read
+as their object, as ``/tools/`` reads them (``call_params``).
 
 The SDK runs each MCP session in a task of its own, so a tool call does not run in the HTTP
 request's context: ``scope_for`` hands the request's ``HttpCall`` and a copy of its context
@@ -51,10 +53,12 @@ from sidecar.config import Config, HttpConfig
 from sidecar.edge import tls
 from sidecar.edge.addresses import share_key
 from sidecar.edge.auth import Authenticator
+from sidecar.edge.limits import MAX_ARGUMENTS_BYTES, arguments_too_large, utf8_size
 from sidecar.edge.status import status_for, tool_error_type
 from sidecar.errors import ResourceExhausted, ToolCallError
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
+    INVALID_JSON,
     QUOTE_CHARS,
     UNAVAILABLE,
     PageReader,
@@ -82,6 +86,8 @@ KNOWN_METHODS = frozenset(
 )
 _CALL = "voxrecall.call"
 _CONTEXT = "voxrecall.context"
+_MISTAKE = "voxrecall.mistake"  # what was wrong with a tools/call's params (``call_params``)
+CALL_SHAPE = '{"name": "<a tool tools/list gives>", "arguments": {"query": "..."}}'
 _T = TypeVar("_T")
 READ_PAGE_DESCRIPTION = (
     "Read a whole page of the knowledge base, by the path a search result gave, when its "
@@ -275,8 +281,11 @@ class McpDoor:
             log.info("closed %d MCP session(s) in %.1f s", open_, time.monotonic() - started)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Hand the request to the SDK; one that opens a session (a POST without a session
-        id) is counted against its owner's share first (``ResourceExhausted``)."""
+        """Hand the request to the SDK, a tools/call's params made what it takes first
+        (``call_params``); one that opens a session (a POST without a session id) is counted
+        against its owner's share first (``ResourceExhausted``)."""
+        if scope["method"] == "POST":
+            scope, receive = await _with_call_params(scope, receive)
         header = MCP_SESSION_HEADER.encode()
         if scope["method"] != "POST" or any(name == header for name, _ in scope["headers"]):
             await self.manager.handle_request(scope, receive, send)
@@ -331,6 +340,9 @@ class McpDoor:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        mistake = ctx.request.scope.get(_MISTAKE) if ctx.request is not None else None
+        if mistake is not None:  # params the SDK would have refused with a JSON-RPC error
+            return self._error(*mistake)
         headers = ctx.request.headers if ctx.request is not None else {}
         session_id = headers.get(SESSION_HEADER) or headers.get(MCP_SESSION_HEADER) or ""
 
@@ -424,6 +436,85 @@ class McpDoor:
 
     def _error(self, type_: str, message: str) -> types.CallToolResult:
         return _text(error_output(type_, message, self.max_chars), is_error=True)
+
+
+Mistake = tuple[str, str]  # (error type, message): a tool error's
+
+
+async def _with_call_params(scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
+    """The scope and body the SDK is handed: a tools/call's params as it takes them, and what
+    was wrong with them in the scope (``_MISTAKE``), for ``_call_tool`` to answer as a tool
+    error. The door has read the body whole, within ``max_body_bytes``."""
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body"):
+            break
+    body, mistake = call_params(b"".join(chunks))
+    if mistake is not None:
+        scope = {**scope, _MISTAKE: mistake}
+    given = False
+
+    async def replayed() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return scope, replayed
+
+
+def call_params(body: bytes) -> tuple[bytes, Mistake | None]:
+    """A JSON-RPC body with a tools/call's params made what the SDK takes, and what was wrong
+    with them (None: nothing). The SDK answers params not of its shape with a JSON-RPC error
+    ("Invalid request parameters"), which a model never reads: arguments sent as the JSON
+    string a model emitted are parsed (within ``MAX_ARGUMENTS_BYTES``); arguments not an object,
+    or a name not a string, are a tool error saying what to send."""
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body, None
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return body, None
+    params = message.get("params")
+    fixed, mistake = _call_params(params)
+    if fixed is params:
+        return body, None
+    return orjson.dumps({**message, "params": fixed}), mistake
+
+
+def _call_params(params: Any) -> tuple[Any, Mistake | None]:
+    """``params`` as the SDK takes them (``params`` itself when it does), and the mistake."""
+    if not isinstance(params, dict):
+        return {"name": ""}, (INVALID_ARGUMENTS, f"tools/call takes an object: {CALL_SHAPE}")
+    name, given = params.get("name"), params.get("arguments")
+    arguments, mistake = _arguments(given)
+    if not isinstance(name, str):
+        sent = "no name" if name is None else f"name {_shown(name)}"
+        mistake = (INVALID_ARGUMENTS, f"{sent} was sent: send the tool's name, {CALL_SHAPE}")
+        name = ""
+    if name is params.get("name") and arguments is given:
+        return params, None
+    return {**params, "name": name, "arguments": arguments}, mistake
+
+
+def _arguments(arguments: Any) -> tuple[dict[str, Any] | None, Mistake | None]:
+    """Arguments as the SDK takes them (an object, or none), and what was wrong with them."""
+    if arguments is None or isinstance(arguments, dict):
+        return arguments, None
+    if isinstance(arguments, str):  # the JSON text a model emitted
+        size = utf8_size(arguments, MAX_ARGUMENTS_BYTES)
+        if size > MAX_ARGUMENTS_BYTES:
+            return {}, (INVALID_ARGUMENTS, arguments_too_large(size))
+        try:
+            parsed = orjson.loads(arguments) if arguments.strip() else {}
+        except orjson.JSONDecodeError as exc:
+            return {}, (INVALID_JSON, f"arguments are not valid JSON ({exc}): {CALL_SHAPE}")
+        if isinstance(parsed, dict):
+            return parsed, None
+    return {}, (INVALID_ARGUMENTS, f"arguments must be an object of the tool's: {CALL_SHAPE}")
 
 
 # The page's path by the name a search result gives it, and by ReadPage's (the schema's first).
