@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import hmac
 import io
@@ -176,24 +177,11 @@ async def test_a_models_mistake_is_a_tool_error_not_a_failed_request(
     assert output(result)["error"]["type"] == error_type
 
 
-MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-
-
 async def raw_mcp_calls(sc: Sidecar, params: list[Any]) -> list[dict[str, Any]]:
     """tools/call with each of ``params`` as sent, past the SDK client's own checks: the
     JSON-RPC answers."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"},
-        },
-    }
-    async with httpx2.AsyncClient(headers={**auth(), **MCP_HEADERS}) as http:
-        opened = await http.post(url(sc, "/mcp"), json=initialize)
+    async with httpx2.AsyncClient(headers={**auth(), **MCP_ACCEPT}) as http:
+        opened = await http.post(url(sc, "/mcp"), json=INITIALIZE)
         headers = {"mcp-session-id": opened.headers["mcp-session-id"]}
         headers["mcp-protocol-version"] = "2025-06-18"
         answers = []
@@ -422,6 +410,57 @@ async def test_one_callers_mcp_sessions_cannot_lock_another_out(
     sdk = [r for r in caplog.records if r.name in SDK_SESSION_LOGGERS]
     assert not [r for r in sdk if r.levelno < logging.WARNING]  # two lines a session, before
     assert "closed 3 MCP session(s)" in caplog.text  # the drain: one line
+
+
+async def test_mcp_sessions_count_in_the_sessions_bytes_and_are_bounded_by_them(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack: an MCP session holds ~42 KB in the SDK, counted nowhere, so the default
+    shares let 10,000 of them hold ~420 MB past ``session_memory_bytes``. Each counts
+    ``MCP_SESSION_BYTES`` there: the budget of 4 is full at the 4th (429 naming the key), and a
+    session ended gives its bytes back."""
+    budget = 4 * mcp.MCP_SESSION_BYTES
+    limits = {"max_session_bytes": 32768, "session_memory_bytes": budget}
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0"}, **limits)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+        replies = [
+            await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT) for _ in range(5)
+        ]
+        assert [r.status_code for r in replies] == [200, 200, 200, 200, 429]
+        assert "session_memory_bytes" in replies[-1].json()["error"]["message"]
+        assert sc.engine.sessions.usage().bytes == budget
+        sid = replies[0].headers["mcp-session-id"]
+        ended = await http.delete(url(sc, "/mcp"), headers={**MCP_ACCEPT, "mcp-session-id": sid})
+        assert ended.status_code == 200, ended.text
+        assert sc.engine.sessions.usage().bytes == budget - mcp.MCP_SESSION_BYTES
+        again = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+        assert again.status_code == 200, again.text
+
+
+async def test_what_an_mcp_session_counts_is_what_it_allocates(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """``MCP_SESSION_BYTES`` stays honest: what 100 sessions (initialize alone) count in the
+    sessions' bytes is within a quarter of what tracemalloc sees the process allocate for them."""
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0", "max_connections_per_ip": 0})
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+
+        async def initialize() -> None:
+            reply = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+            assert reply.status_code == 200, reply.text
+
+        for _ in range(10):  # the connection, and whatever the first sessions build once
+            await initialize()
+        counted = sc.engine.sessions.usage().bytes
+        gc.collect()
+        tracemalloc.start()
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            await initialize()
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - start
+        tracemalloc.stop()
+        assert 0.75 < (sc.engine.sessions.usage().bytes - counted) / used < 1.25
 
 
 async def test_without_auth_one_address_cannot_lock_another_out_of_mcp(

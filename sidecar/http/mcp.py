@@ -21,7 +21,8 @@ share its retained context. A session belongs to the caller that opened it (the 
 another token's request for it 404), and each caller (without ``[sidecar.auth]``, each client
 address) holds at most its share of ``[sidecar] max_sessions`` (``SessionShares``, checked
 before the SDK sees a request that opens one: 429), so one caller's sessions never make
-another's ``initialize`` fail. The SDK's line per session opened and closed is left out of
+another's ``initialize`` fail; each counts ``MCP_SESSION_BYTES`` in its caller's share of the
+sessions' bytes (``session_memory_bytes``), so they are bounded in bytes too. The SDK's line per session opened and closed is left out of
 the log (a client opening sessions on end, or a drain closing thousands, wrote two lines each);
 the drain logs once how many it closed.
 """
@@ -67,6 +68,7 @@ from sidecar.functions.tools import (
 )
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.engine import Engine
+from sidecar.turn.sessions import SessionStore
 
 if TYPE_CHECKING:
     from sidecar.http.door import HttpCall
@@ -84,6 +86,11 @@ MCP_SESSION_HEADER = "mcp-session-id"
 KNOWN_METHODS = frozenset(
     {"initialize", "notifications/initialized", "ping", "tools/list", "tools/call"}
 )
+# What one MCP session holds in the SDK (its transport, streams, tasks and server session):
+# 41 to 45 KB each, measured with tracemalloc over 100 to 200 sessions opened by initialize
+# alone (the RSS grew 42 KB a session); counted in the sessions' bytes (``SessionShares``;
+# tests/test_http_door.py keeps it honest).
+MCP_SESSION_BYTES = 44 * 1024
 _CALL = "voxrecall.call"
 _CONTEXT = "voxrecall.context"
 _MISTAKE = "voxrecall.mistake"  # what was wrong with a tools/call's params (``call_params``)
@@ -140,16 +147,38 @@ class SessionShares:
     ``take`` counts a session opening (or refuses it); ``opened`` names it once the SDK has
     answered with its id; ``settle`` gives back one that did not open; ``closed`` one the SDK
     discards, however it ended (DELETE, idle, a crash, the drain). An owner at its share is
-    logged once, until it has room again."""
+    logged once, until it has room again.
 
-    def __init__(self, shares: Mapping[str, int], per_address: int = 0) -> None:
+    With ``store`` (the engine's sessions), each session also counts ``MCP_SESSION_BYTES``
+    in its holder's bytes there (``SessionStore.reserve``: the caller's, without auth the one
+    owner's), so the sessions' byte budget (``session_memory_bytes``) bounds MCP sessions too:
+    one past it is refused as one past the share is."""
+
+    def __init__(
+        self, shares: Mapping[str, int], per_address: int = 0, store: SessionStore | None = None
+    ) -> None:
         self.shares = dict(shares)
         self.per_address = per_address
+        self.store = store
         self.held: Counter[str] = Counter()
-        self.owner_of: dict[str, str] = {}  # session id -> its owner
+        self.owner_of: dict[str, tuple[str, str]] = {}  # session id -> its owner, its holder
         self.full: set[str] = set()  # owners at their share, logged
 
-    def take(self, owner: str) -> None:
+    def take(self, owner: str, holder: str = "") -> None:
+        """Count a session ``owner`` opens, its bytes in ``holder``'s (a caller's name, or
+        "" without auth), or raise ``ResourceExhausted``."""
+        self._within_share(owner)
+        if self.store is not None and not self.store.reserve(holder, MCP_SESSION_BYTES):
+            key = f"[sidecar{'.auth.caller' if holder else ''}] session_memory_bytes"
+            of = f" of caller {holder!r}" if holder else ""
+            raise ResourceExhausted(
+                f"the MCP sessions open{of} fill its share of the sessions' bytes ({key}; "
+                f"each counts {MCP_SESSION_BYTES} bytes): end one (DELETE /mcp with its "
+                "mcp-session-id) or reuse one"
+            )
+        self.held[owner] += 1
+
+    def _within_share(self, owner: str) -> None:
         share = self.shares.get(owner, self.per_address)
         held = self.held[owner]
         if share and held >= share:
@@ -167,7 +196,6 @@ class SessionShares:
                 f"{who} has {held} MCP sessions open, its share ({key}): end one "
                 "(DELETE /mcp with its mcp-session-id) or reuse one"
             )
-        self.held[owner] = held + 1
 
     def _named(self, owner: str, share: int) -> tuple[str, str]:
         if owner in self.shares:
@@ -177,21 +205,23 @@ class SessionShares:
             f"max_connections = {share}"
         )
 
-    def opened(self, owner: str, session_id: str) -> None:
-        self.owner_of[session_id] = owner
+    def opened(self, owner: str, session_id: str, holder: str = "") -> None:
+        self.owner_of[session_id] = (owner, holder)
 
-    def settle(self, owner: str, session_id: str | None) -> None:
+    def settle(self, owner: str, session_id: str | None, holder: str = "") -> None:
         """The opening request is done: ``session_id`` None, nothing opened."""
         if session_id is None:
-            self._give(owner)
+            self._give(owner, holder)
 
     def closed(self, session_id: str) -> None:
         """The SDK discards a session (it may say so twice: the second finds no owner)."""
-        owner = self.owner_of.pop(session_id, None)
-        if owner is not None:
-            self._give(owner)
+        named = self.owner_of.pop(session_id, None)
+        if named is not None:
+            self._give(*named)
 
-    def _give(self, owner: str) -> None:
+    def _give(self, owner: str, holder: str) -> None:
+        if self.store is not None:
+            self.store.release(holder, MCP_SESSION_BYTES)
         self.held[owner] -= 1
         if self.held[owner] <= 0:
             del self.held[owner]
@@ -251,6 +281,7 @@ class McpDoor:
         self.sessions = SessionShares(
             {c.name: c.max_sessions for c in settings.auth.callers},
             per_address=_per_address(settings.max_sessions, http),
+            store=engine.sessions,
         )
         for name in SDK_SESSION_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -293,7 +324,8 @@ class McpDoor:
         call: HttpCall = scope[_CALL]
         caller, client = call.call.caller, scope.get("client")
         owner = caller.name if caller is not None else share_key(str(client[0] if client else ""))
-        self.sessions.take(owner)
+        holder = caller.name if caller is not None else ""  # whose bytes (``sessions.owner``)
+        self.sessions.take(owner, holder)
         opened: list[str] = []
 
         async def watched(message: Message) -> None:
@@ -301,13 +333,13 @@ class McpDoor:
                 found = [v for k, v in message.get("headers", ()) if k.lower() == header]
                 if found:
                     opened.append(found[0].decode("latin-1"))
-                    self.sessions.opened(owner, opened[0])
+                    self.sessions.opened(owner, opened[0], holder)
             await send(message)
 
         try:
             await self.manager.handle_request(scope, receive, watched)
         finally:
-            self.sessions.settle(owner, opened[0] if opened else None)
+            self.sessions.settle(owner, opened[0] if opened else None, holder)
 
     @staticmethod
     def method_name(body: bytes) -> str:

@@ -20,7 +20,8 @@ With authentication on, sessions belong to the caller that made them: the store 
 two agents that pick the same session id never share memory and one cannot end the other's.
 Each owner has its own quota of sessions and bytes (``[sidecar.auth.caller] max_sessions`` and
 ``session_memory_bytes``; without authentication the one owner has the whole store's): an owner
-over its quota loses its own least recently used sessions, never another owner's.
+over its quota loses its own least recently used sessions, never another owner's. What an owner
+holds outside its sessions for its calls (its MCP sessions, ``reserve``) counts in its bytes too.
 """
 
 from __future__ import annotations
@@ -294,7 +295,8 @@ class _Shelf:
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
         self.sessions: OrderedDict[str, tuple[Session, float]] = OrderedDict()
-        self.bytes = 0
+        self.bytes = 0  # its sessions' and what is held outside them (``reserved``)
+        self.reserved = 0  # counted by ``SessionStore.reserve``: never evicted
 
 
 class SessionStore:
@@ -359,6 +361,27 @@ class SessionStore:
         shelf = self._shelves.get(of)
         return Usage(len(shelf.sessions), shelf.bytes) if shelf else Usage(0, 0)
 
+    def reserve(self, of: str, size: int) -> bool:
+        """Count ``size`` bytes held outside the sessions (an MCP session's, which the SDK
+        keeps) in owner ``of``'s bytes: its least recently used sessions go to make room.
+        False, nothing counted, when what it has reserved would be over its share of bytes
+        (those cannot be evicted)."""
+        shelf = self._shelf(of)
+        if shelf.reserved + size > shelf.max_bytes:
+            return False
+        self._resize(shelf, size)
+        self._evict(shelf, keep=None)
+        return True
+
+    def release(self, of: str, size: int) -> None:
+        """Give back ``size`` bytes ``reserve`` counted."""
+        self._resize(self._shelf(of), -size)
+
+    def _resize(self, shelf: _Shelf, change: int) -> None:
+        shelf.reserved += change
+        shelf.bytes += change
+        self.bytes += change
+
     def __len__(self) -> int:
         self.expire()
         return self.count
@@ -408,10 +431,12 @@ class SessionStore:
         self.count -= 1
         return True
 
-    def _evict(self, shelf: _Shelf, keep: Session) -> None:
+    def _evict(self, shelf: _Shelf, keep: Session | None) -> None:
         """The owner's least recently used sessions go while it is over its quota; never
         ``keep`` (the one in use), never another owner's."""
-        while len(shelf.sessions) > shelf.max_sessions or shelf.bytes > shelf.max_bytes:
+        while shelf.sessions and (
+            len(shelf.sessions) > shelf.max_sessions or shelf.bytes > shelf.max_bytes
+        ):
             oldest = next(iter(shelf.sessions))
             if shelf.sessions[oldest][0] is keep:
                 if len(shelf.sessions) == 1:
