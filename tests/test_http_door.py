@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import hmac
 import io
@@ -15,7 +16,9 @@ import logging
 import re
 import socket
 import ssl
+import sys
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -172,6 +175,67 @@ async def test_a_models_mistake_is_a_tool_error_not_a_failed_request(
         result = await session.call_tool(name, arguments)
     assert result.is_error
     assert output(result)["error"]["type"] == error_type
+
+
+async def raw_mcp_calls(sc: Sidecar, params: list[Any]) -> list[dict[str, Any]]:
+    """tools/call with each of ``params`` as sent, past the SDK client's own checks: the
+    JSON-RPC answers."""
+    async with httpx2.AsyncClient(headers={**auth(), **MCP_ACCEPT}) as http:
+        opened = await http.post(url(sc, "/mcp"), json=INITIALIZE)
+        headers = {"mcp-session-id": opened.headers["mcp-session-id"]}
+        headers["mcp-protocol-version"] = "2025-06-18"
+        answers = []
+        for i, sent in enumerate(params):
+            call = {"jsonrpc": "2.0", "id": i + 2, "method": "tools/call", "params": sent}
+            reply = await http.post(url(sc, "/mcp"), json=call, headers=headers)
+            assert reply.status_code == 200, reply.text
+            answers.append(reply.json())
+    return answers
+
+
+async def test_arguments_sent_as_a_json_string_are_taken_as_the_tool_webhook_takes_them(
+    sidecar: Sidecar,
+) -> None:
+    """The attack: a model's arguments as the JSON string it emitted got a JSON-RPC error
+    ("Invalid request parameters", which the model never reads); /tools/ took them."""
+    sent = [{"name": "search_help", "arguments": '{"query": "reset my password"}'}]
+    (answer,) = await raw_mcp_calls(sidecar, sent)
+    assert "error" not in answer
+    assert not answer["result"]["isError"]
+    assert "Reset your password" in answer["result"]["content"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("params", "error_type", "says"),
+    [
+        ({"name": "search_help", "arguments": ["reset password"]}, "invalid_arguments", "object"),
+        ({"name": "search_help", "arguments": "reset password"}, "invalid_json", "not valid JSON"),
+        ({"name": "search_help", "arguments": '"a string"'}, "invalid_arguments", "object"),
+        ({"name": "search_help", "arguments": 5}, "invalid_arguments", "object"),
+        (
+            {"name": "search_help", "arguments": orjson.dumps({"query": "x" * 70_000}).decode()},
+            "invalid_arguments",
+            "the limit is 65536",
+        ),
+        ({"arguments": {"query": "x"}}, "invalid_arguments", "no name was sent"),
+        ({"name": 5, "arguments": {"query": "x"}}, "invalid_arguments", "name 5 was sent"),
+        (["search_help"], "invalid_arguments", "tools/call takes an object"),
+    ],
+)
+async def test_malformed_tool_call_params_are_a_tool_error_saying_what_to_send(
+    store: Path, local_embedder: Embedder, secrets: None, params: Any, error_type: str, says: str
+) -> None:
+    """The attack: arguments as a list, a missing or numeric name, got a JSON-RPC error with
+    no word of what to send, not a tool result the model reads."""
+    config = sidecar_config(store, auth=AUTH, http={**HTTP, "max_body_bytes": 128 * 1024})
+    async with running(config, local_embedder) as sc:
+        (answer,) = await raw_mcp_calls(sc, [params])
+    assert "error" not in answer, answer
+    assert answer["result"]["isError"]
+    error = orjson.loads(answer["result"]["content"][0]["text"])["error"]
+    assert error["type"] == error_type
+    assert says in error["message"]
+    assert '"arguments": {"query": "..."}' in error["message"] or "65536" in error["message"]
 
 
 async def test_read_page_takes_the_path_a_search_result_gave(sidecar: Sidecar) -> None:
@@ -346,6 +410,57 @@ async def test_one_callers_mcp_sessions_cannot_lock_another_out(
     sdk = [r for r in caplog.records if r.name in SDK_SESSION_LOGGERS]
     assert not [r for r in sdk if r.levelno < logging.WARNING]  # two lines a session, before
     assert "closed 3 MCP session(s)" in caplog.text  # the drain: one line
+
+
+async def test_mcp_sessions_count_in_the_sessions_bytes_and_are_bounded_by_them(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack: an MCP session holds ~42 KB in the SDK, counted nowhere, so the default
+    shares let 10,000 of them hold ~420 MB past ``session_memory_bytes``. Each counts
+    ``MCP_SESSION_BYTES`` there: the budget of 4 is full at the 4th (429 naming the key), and a
+    session ended gives its bytes back."""
+    budget = 4 * mcp.MCP_SESSION_BYTES
+    limits = {"max_session_bytes": 32768, "session_memory_bytes": budget}
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0"}, **limits)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+        replies = [
+            await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT) for _ in range(5)
+        ]
+        assert [r.status_code for r in replies] == [200, 200, 200, 200, 429]
+        assert "session_memory_bytes" in replies[-1].json()["error"]["message"]
+        assert sc.engine.sessions.usage().bytes == budget
+        sid = replies[0].headers["mcp-session-id"]
+        ended = await http.delete(url(sc, "/mcp"), headers={**MCP_ACCEPT, "mcp-session-id": sid})
+        assert ended.status_code == 200, ended.text
+        assert sc.engine.sessions.usage().bytes == budget - mcp.MCP_SESSION_BYTES
+        again = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+        assert again.status_code == 200, again.text
+
+
+async def test_what_an_mcp_session_counts_is_what_it_allocates(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """``MCP_SESSION_BYTES`` stays honest: what 100 sessions (initialize alone) count in the
+    sessions' bytes is within a quarter of what tracemalloc sees the process allocate for them."""
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0", "max_connections_per_ip": 0})
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+
+        async def initialize() -> None:
+            reply = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+            assert reply.status_code == 200, reply.text
+
+        for _ in range(10):  # the connection, and whatever the first sessions build once
+            await initialize()
+        counted = sc.engine.sessions.usage().bytes
+        gc.collect()
+        tracemalloc.start()
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            await initialize()
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - start
+        tracemalloc.stop()
+        assert 0.75 < (sc.engine.sessions.usage().bytes - counted) / used < 1.25
 
 
 async def test_without_auth_one_address_cannot_lock_another_out_of_mcp(
@@ -555,6 +670,61 @@ async def test_a_vapi_call_sequence_resolves_the_follow_up_and_feeds_each_messag
     assert [t.text for t in session.turns][-1] == "and how long does it take?"
 
 
+async def test_another_callers_vapi_requests_cannot_make_a_call_feed_its_turns_twice(
+    store: Path, local_embedder: Embedder, secrets: None
+) -> None:
+    """The attack: what each call was fed was one table of ``max_sessions`` calls for every
+    caller, least recently used first: another caller's requests of no messages, each a new
+    call id, pushed a live call's out, and its next request fed its turns again (each user turn
+    a search). It is kept in the call's own session, under its caller's quota."""
+    config = sidecar_config(store, auth=AUTH, http=HTTP, max_sessions=8)
+    async with running(config, local_embedder) as sc:
+        asked = [GREETING, {"role": "user", "content": "How do I export my data?"}]
+        assert (await vapi(sc, asked)).json()["documents"]
+        async with httpx2.AsyncClient() as http:
+            for i in range(40):  # another caller's, and the victim's own, requests feeding nothing
+                body = vapi_request([] if i % 2 else [{"role": "system", "content": "Be kind."}])
+                body["message"]["call"]["id"] = f"flood-{i}"
+                token = TOKEN_B if i < 20 else TOKEN_A
+                headers = auth(token, **{"x-vapi-secret": VAPI_SECRET})
+                reply = await http.post(url(sc, "/vapi/knowledge-base"), json=body, headers=headers)
+                assert reply.status_code == 200, reply.text
+        follow_up = [
+            *asked,
+            {"role": "bot", "message": "Go to Settings, Privacy, Export: it builds a zip."},
+            {"role": "user", "content": "and how long does it take?"},
+        ]
+        assert (await vapi(sc, follow_up)).status_code == 200
+        sessions.owner.set("default")
+        session = sc.engine.sessions.peek(CALL_ID)
+        assert session is not None
+        assert session.turn_count == 4  # each message fed once
+        assert sc.engine.sessions.usage("billing-agent") == sessions.Usage(0, 0)
+
+
+def test_a_vapi_calls_fed_state_is_counted_in_its_sessions_bytes() -> None:
+    """``FED_BYTES`` stays honest: what 500 sessions' fed states count is within a quarter of
+    what tracemalloc sees them allocate (their strings made beforehand, as a request's are)."""
+    store = sessions.SessionStore(1000, 60.0, 3)
+    queries = [f"{i:04d} how long does an export take" for i in range(500)]
+    answers = [tuple(f"{i:04d}-chunk-{j}" for j in range(5)) for i in range(500)]
+    held = [store.get(f"call-{i}") for i in range(500)]
+    before = store.bytes
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    for i, session in enumerate(held):
+        digest = hashlib.blake2b(str(i).encode(), digest_size=16).digest()
+        session.keep(webhooks_module.Fed(1000 + i, digest, queries[i], answers[i]), 0)
+    used = tracemalloc.get_traced_memory()[0] - start
+    tracemalloc.stop()
+    for session in held:
+        assert isinstance(session.kept, webhooks_module.Fed)
+        session.keep(session.kept, session.kept.size())
+    strings = sum(sys.getsizeof(s) for s in (*queries, *(i for a in answers for i in a)))
+    tuples = sum(map(sys.getsizeof, answers))
+    assert 0.75 < (store.bytes - before) / (used + strings + tuples) < 1.25
+
+
 async def test_the_hooks_see_each_vapi_turns_timings_and_no_chunks_are_built_for_them(
     store: Path, local_embedder: Embedder, secrets: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -632,9 +802,7 @@ async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
 ) -> None:
     """A request that feeds no turn is never checked by the hooks: its call id must still be
     bounded, or each remembered call holds as much as a whole body."""
-    assert sidecar.http is not None
-    fed = sidecar.http.webhooks.conversations._fed
-    before = len(fed)
+    before = sidecar.engine.sessions.usage()
     body = vapi_request(messages)
     body["message"]["call"]["id"] = "c" * 8000
     async with httpx2.AsyncClient() as http:
@@ -653,7 +821,7 @@ async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
         assert answer.json()["error"]["code"] == "INVALID_ARGUMENT"
         assert answer.json()["error"]["message"].startswith(f"{field} is ")
         assert "the limit is 256" in answer.json()["error"]["message"]
-    assert len(fed) == before
+    assert sidecar.engine.sessions.usage() == before
 
 
 @pytest.mark.parametrize(

@@ -359,7 +359,9 @@ class _CountersAtScrape(Collector):
         sessions = self.engine.sessions  # two ints: no expiry from this thread
         yield GaugeMetricFamily("voxrecall_sessions", "Sessions held.", sessions.count)
         yield GaugeMetricFamily(
-            "voxrecall_session_bytes", "Bytes the sessions keep, as accounted.", sessions.bytes
+            "voxrecall_session_bytes",
+            "Bytes the sessions keep, as accounted (open MCP sessions included).",
+            sessions.bytes,
         )
         if self.limit is not None:
             yield GaugeMetricFamily(

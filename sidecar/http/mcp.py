@@ -7,8 +7,10 @@ Built on the official SDK's low-level ``Server`` and its ``StreamableHTTPSession
 within ``tool_output_chars`` like every output: a longer page is cut (``truncated``), and the
 answer gives the ``next_offset`` to read on from (``page_output``).
 Everything a model can get wrong (bad arguments, an unknown tool, a function outside the
-token's scope, a base with no snapshot, a page that is not there) is a tool result with
-``isError``, never a failed request.
+token's scope, a base with no snapshot, a page that is not there, a tools/call whose params the
+SDK would refuse: arguments not an object, a name not a string) is a tool result with
+``isError``, never a failed request; arguments sent as the JSON string a model emitted are read
+as their object, as ``/tools/`` reads them (``call_params``).
 
 The SDK runs each MCP session in a task of its own, so a tool call does not run in the HTTP
 request's context: ``scope_for`` hands the request's ``HttpCall`` and a copy of its context
@@ -19,7 +21,8 @@ share its retained context. A session belongs to the caller that opened it (the 
 another token's request for it 404), and each caller (without ``[sidecar.auth]``, each client
 address) holds at most its share of ``[sidecar] max_sessions`` (``SessionShares``, checked
 before the SDK sees a request that opens one: 429), so one caller's sessions never make
-another's ``initialize`` fail. The SDK's line per session opened and closed is left out of
+another's ``initialize`` fail; each counts ``MCP_SESSION_BYTES`` in its caller's share of the
+sessions' bytes (``session_memory_bytes``), so they are bounded in bytes too. The SDK's line per session opened and closed is left out of
 the log (a client opening sessions on end, or a drain closing thousands, wrote two lines each);
 the drain logs once how many it closed.
 """
@@ -51,10 +54,12 @@ from sidecar.config import Config, HttpConfig
 from sidecar.edge import tls
 from sidecar.edge.addresses import share_key
 from sidecar.edge.auth import Authenticator
+from sidecar.edge.limits import MAX_ARGUMENTS_BYTES, arguments_too_large, utf8_size
 from sidecar.edge.status import status_for, tool_error_type
 from sidecar.errors import ResourceExhausted, ToolCallError
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
+    INVALID_JSON,
     QUOTE_CHARS,
     UNAVAILABLE,
     PageReader,
@@ -63,6 +68,7 @@ from sidecar.functions.tools import (
 )
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.engine import Engine
+from sidecar.turn.sessions import SessionStore
 
 if TYPE_CHECKING:
     from sidecar.http.door import HttpCall
@@ -80,8 +86,15 @@ MCP_SESSION_HEADER = "mcp-session-id"
 KNOWN_METHODS = frozenset(
     {"initialize", "notifications/initialized", "ping", "tools/list", "tools/call"}
 )
+# What one MCP session holds in the SDK (its transport, streams, tasks and server session):
+# 41 to 45 KB each, measured with tracemalloc over 100 to 200 sessions opened by initialize
+# alone (the RSS grew 42 KB a session); counted in the sessions' bytes (``SessionShares``;
+# tests/test_http_door.py keeps it honest).
+MCP_SESSION_BYTES = 44 * 1024
 _CALL = "voxrecall.call"
 _CONTEXT = "voxrecall.context"
+_MISTAKE = "voxrecall.mistake"  # what was wrong with a tools/call's params (``call_params``)
+CALL_SHAPE = '{"name": "<a tool tools/list gives>", "arguments": {"query": "..."}}'
 _T = TypeVar("_T")
 READ_PAGE_DESCRIPTION = (
     "Read a whole page of the knowledge base, by the path a search result gave, when its "
@@ -134,16 +147,38 @@ class SessionShares:
     ``take`` counts a session opening (or refuses it); ``opened`` names it once the SDK has
     answered with its id; ``settle`` gives back one that did not open; ``closed`` one the SDK
     discards, however it ended (DELETE, idle, a crash, the drain). An owner at its share is
-    logged once, until it has room again."""
+    logged once, until it has room again.
 
-    def __init__(self, shares: Mapping[str, int], per_address: int = 0) -> None:
+    With ``store`` (the engine's sessions), each session also counts ``MCP_SESSION_BYTES``
+    in its holder's bytes there (``SessionStore.reserve``: the caller's, without auth the one
+    owner's), so the sessions' byte budget (``session_memory_bytes``) bounds MCP sessions too:
+    one past it is refused as one past the share is."""
+
+    def __init__(
+        self, shares: Mapping[str, int], per_address: int = 0, store: SessionStore | None = None
+    ) -> None:
         self.shares = dict(shares)
         self.per_address = per_address
+        self.store = store
         self.held: Counter[str] = Counter()
-        self.owner_of: dict[str, str] = {}  # session id -> its owner
+        self.owner_of: dict[str, tuple[str, str]] = {}  # session id -> its owner, its holder
         self.full: set[str] = set()  # owners at their share, logged
 
-    def take(self, owner: str) -> None:
+    def take(self, owner: str, holder: str = "") -> None:
+        """Count a session ``owner`` opens, its bytes in ``holder``'s (a caller's name, or
+        "" without auth), or raise ``ResourceExhausted``."""
+        self._within_share(owner)
+        if self.store is not None and not self.store.reserve(holder, MCP_SESSION_BYTES):
+            key = f"[sidecar{'.auth.caller' if holder else ''}] session_memory_bytes"
+            of = f" of caller {holder!r}" if holder else ""
+            raise ResourceExhausted(
+                f"the MCP sessions open{of} fill its share of the sessions' bytes ({key}; "
+                f"each counts {MCP_SESSION_BYTES} bytes): end one (DELETE /mcp with its "
+                "mcp-session-id) or reuse one"
+            )
+        self.held[owner] += 1
+
+    def _within_share(self, owner: str) -> None:
         share = self.shares.get(owner, self.per_address)
         held = self.held[owner]
         if share and held >= share:
@@ -161,7 +196,6 @@ class SessionShares:
                 f"{who} has {held} MCP sessions open, its share ({key}): end one "
                 "(DELETE /mcp with its mcp-session-id) or reuse one"
             )
-        self.held[owner] = held + 1
 
     def _named(self, owner: str, share: int) -> tuple[str, str]:
         if owner in self.shares:
@@ -171,21 +205,23 @@ class SessionShares:
             f"max_connections = {share}"
         )
 
-    def opened(self, owner: str, session_id: str) -> None:
-        self.owner_of[session_id] = owner
+    def opened(self, owner: str, session_id: str, holder: str = "") -> None:
+        self.owner_of[session_id] = (owner, holder)
 
-    def settle(self, owner: str, session_id: str | None) -> None:
+    def settle(self, owner: str, session_id: str | None, holder: str = "") -> None:
         """The opening request is done: ``session_id`` None, nothing opened."""
         if session_id is None:
-            self._give(owner)
+            self._give(owner, holder)
 
     def closed(self, session_id: str) -> None:
         """The SDK discards a session (it may say so twice: the second finds no owner)."""
-        owner = self.owner_of.pop(session_id, None)
-        if owner is not None:
-            self._give(owner)
+        named = self.owner_of.pop(session_id, None)
+        if named is not None:
+            self._give(*named)
 
-    def _give(self, owner: str) -> None:
+    def _give(self, owner: str, holder: str) -> None:
+        if self.store is not None:
+            self.store.release(holder, MCP_SESSION_BYTES)
         self.held[owner] -= 1
         if self.held[owner] <= 0:
             del self.held[owner]
@@ -245,6 +281,7 @@ class McpDoor:
         self.sessions = SessionShares(
             {c.name: c.max_sessions for c in settings.auth.callers},
             per_address=_per_address(settings.max_sessions, http),
+            store=engine.sessions,
         )
         for name in SDK_SESSION_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -275,8 +312,11 @@ class McpDoor:
             log.info("closed %d MCP session(s) in %.1f s", open_, time.monotonic() - started)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Hand the request to the SDK; one that opens a session (a POST without a session
-        id) is counted against its owner's share first (``ResourceExhausted``)."""
+        """Hand the request to the SDK, a tools/call's params made what it takes first
+        (``call_params``); one that opens a session (a POST without a session id) is counted
+        against its owner's share first (``ResourceExhausted``)."""
+        if scope["method"] == "POST":
+            scope, receive = await _with_call_params(scope, receive)
         header = MCP_SESSION_HEADER.encode()
         if scope["method"] != "POST" or any(name == header for name, _ in scope["headers"]):
             await self.manager.handle_request(scope, receive, send)
@@ -284,7 +324,8 @@ class McpDoor:
         call: HttpCall = scope[_CALL]
         caller, client = call.call.caller, scope.get("client")
         owner = caller.name if caller is not None else share_key(str(client[0] if client else ""))
-        self.sessions.take(owner)
+        holder = caller.name if caller is not None else ""  # whose bytes (``sessions.owner``)
+        self.sessions.take(owner, holder)
         opened: list[str] = []
 
         async def watched(message: Message) -> None:
@@ -292,13 +333,13 @@ class McpDoor:
                 found = [v for k, v in message.get("headers", ()) if k.lower() == header]
                 if found:
                     opened.append(found[0].decode("latin-1"))
-                    self.sessions.opened(owner, opened[0])
+                    self.sessions.opened(owner, opened[0], holder)
             await send(message)
 
         try:
             await self.manager.handle_request(scope, receive, watched)
         finally:
-            self.sessions.settle(owner, opened[0] if opened else None)
+            self.sessions.settle(owner, opened[0] if opened else None, holder)
 
     @staticmethod
     def method_name(body: bytes) -> str:
@@ -331,6 +372,9 @@ class McpDoor:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        mistake = ctx.request.scope.get(_MISTAKE) if ctx.request is not None else None
+        if mistake is not None:  # params the SDK would have refused with a JSON-RPC error
+            return self._error(*mistake)
         headers = ctx.request.headers if ctx.request is not None else {}
         session_id = headers.get(SESSION_HEADER) or headers.get(MCP_SESSION_HEADER) or ""
 
@@ -424,6 +468,85 @@ class McpDoor:
 
     def _error(self, type_: str, message: str) -> types.CallToolResult:
         return _text(error_output(type_, message, self.max_chars), is_error=True)
+
+
+Mistake = tuple[str, str]  # (error type, message): a tool error's
+
+
+async def _with_call_params(scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
+    """The scope and body the SDK is handed: a tools/call's params as it takes them, and what
+    was wrong with them in the scope (``_MISTAKE``), for ``_call_tool`` to answer as a tool
+    error. The door has read the body whole, within ``max_body_bytes``."""
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body"):
+            break
+    body, mistake = call_params(b"".join(chunks))
+    if mistake is not None:
+        scope = {**scope, _MISTAKE: mistake}
+    given = False
+
+    async def replayed() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return scope, replayed
+
+
+def call_params(body: bytes) -> tuple[bytes, Mistake | None]:
+    """A JSON-RPC body with a tools/call's params made what the SDK takes, and what was wrong
+    with them (None: nothing). The SDK answers params not of its shape with a JSON-RPC error
+    ("Invalid request parameters"), which a model never reads: arguments sent as the JSON
+    string a model emitted are parsed (within ``MAX_ARGUMENTS_BYTES``); arguments not an object,
+    or a name not a string, are a tool error saying what to send."""
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body, None
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return body, None
+    params = message.get("params")
+    fixed, mistake = _call_params(params)
+    if fixed is params:
+        return body, None
+    return orjson.dumps({**message, "params": fixed}), mistake
+
+
+def _call_params(params: Any) -> tuple[Any, Mistake | None]:
+    """``params`` as the SDK takes them (``params`` itself when it does), and the mistake."""
+    if not isinstance(params, dict):
+        return {"name": ""}, (INVALID_ARGUMENTS, f"tools/call takes an object: {CALL_SHAPE}")
+    name, given = params.get("name"), params.get("arguments")
+    arguments, mistake = _arguments(given)
+    if not isinstance(name, str):
+        sent = "no name" if name is None else f"name {_shown(name)}"
+        mistake = (INVALID_ARGUMENTS, f"{sent} was sent: send the tool's name, {CALL_SHAPE}")
+        name = ""
+    if name is params.get("name") and arguments is given:
+        return params, None
+    return {**params, "name": name, "arguments": arguments}, mistake
+
+
+def _arguments(arguments: Any) -> tuple[dict[str, Any] | None, Mistake | None]:
+    """Arguments as the SDK takes them (an object, or none), and what was wrong with them."""
+    if arguments is None or isinstance(arguments, dict):
+        return arguments, None
+    if isinstance(arguments, str):  # the JSON text a model emitted
+        size = utf8_size(arguments, MAX_ARGUMENTS_BYTES)
+        if size > MAX_ARGUMENTS_BYTES:
+            return {}, (INVALID_ARGUMENTS, arguments_too_large(size))
+        try:
+            parsed = orjson.loads(arguments) if arguments.strip() else {}
+        except orjson.JSONDecodeError as exc:
+            return {}, (INVALID_JSON, f"arguments are not valid JSON ({exc}): {CALL_SHAPE}")
+        if isinstance(parsed, dict):
+            return parsed, None
+    return {}, (INVALID_ARGUMENTS, f"arguments must be an object of the tool's: {CALL_SHAPE}")
 
 
 # The page's path by the name a search result gives it, and by ReadPage's (the schema's first).

@@ -31,6 +31,7 @@ import hashlib
 import heapq
 import hmac
 import re
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,6 +98,9 @@ ANSWER_BYTES_KEPT = 8 * 1024 * 1024
 # How long a retry waits for the answer of its call still being answered (a tool call answers
 # within its turn's budget; one held longer holds every retry's connection): then 503, retry.
 ANSWER_WAIT_S = 10.0
+# A ``Fed`` beyond its strings and its tuple: the object and its digest (tracemalloc,
+# tests/test_http_door.py)
+FED_BYTES = 160
 NOTE_HEADER = b"x-voxrecall-note"
 # What an empty Vapi answer's ``x-voxrecall-note`` says (Vapi reads only ``documents``; a
 # person testing by curl must tell "nothing asked" from "nothing found").
@@ -165,36 +169,46 @@ class Fed:
     answer: tuple[str, ...] = ()  # the chunk ids of the last answer, in order
     note: str = ""  # why the last answer was empty (``NOTE_HEADER``)
 
+    def size(self) -> int:
+        """The bytes it holds (``FED_BYTES`` and its strings), counted in its session's."""
+        strings = (self.query, self.note, *self.answer)
+        return FED_BYTES + sys.getsizeof(self.answer) + sum(map(sys.getsizeof, strings))
+
 
 class Conversations:
     """How much of each call's message list its session has been fed, so a message Vapi sends
-    again (every request carries the whole call) is fed once. Bounded like the sessions: as
-    many calls as ``max_sessions``, each forgotten ``session_ttl_s`` after its last request;
-    an entry is its key (a caller name and a call id of at most ``NAME_BYTES``, checked before
-    it is kept), 24 bytes, one query (the turn's as searched: the turn and what was folded in) and
-    the ids of at most ``max_results`` chunks."""
+    again (every request carries the whole call) is fed once. Kept in the call's own session
+    (``Session.keep``), counted in its bytes: it is the caller's, under its quota of sessions and
+    bytes, and no other caller's requests can push it out (a table shared by all let 10,000
+    requests of no messages push a live call's out, and its next request fed its turns again).
+    It goes with the session (ended, expired, evicted within its owner's quota): the call's
+    next request then feeds its last ``MAX_FED`` messages anew, rebuilding the context. A request
+    that feeds no turn to a call with no session keeps nothing (it fed nothing to remember)."""
 
-    def __init__(self, max_calls: int, ttl_s: float) -> None:
-        self._fed: TTLCache[tuple[str, str], Fed] = TTLCache(max_calls, ttl_s)
+    def __init__(self, store: sessions.SessionStore) -> None:
+        self._store = store
 
-    def new(self, key: tuple[str, str], messages: list[Any]) -> tuple[list[Any], Fed]:
+    def new(self, call_id: str, messages: list[Any]) -> tuple[list[Any], Fed]:
         """The messages after those already fed (all of them for a new call), and the call's
         entry once they are, which ``fed`` keeps. When the list no longer starts with what was
         fed (the platform trimmed or rewrote it), only its last message is new: feeding the rest
         again would repeat turns."""
         digests = list(_digests(messages))
-        before = self._fed.get(key)
-        if before is None:
+        session = self._store.peek(call_id)
+        before = session.kept if session is not None else None
+        if not isinstance(before, Fed):
             return messages, Fed(len(messages), digests[-1])
         fed = Fed(len(messages), digests[-1], before.query, before.answer, before.note)
         if before.count <= len(messages) and digests[before.count] == before.digest:
             return messages[before.count :], fed
         return messages[-1:], fed
 
-    def fed(self, key: tuple[str, str], entry: Fed) -> None:
-        """Keep ``entry`` once its messages were fed: a request that failed on the way (a base
-        still loading) is fed again when the platform retries it, not answered as a repeat."""
-        self._fed[key] = entry
+    def fed(self, call_id: str, entry: Fed) -> None:
+        """Keep ``entry`` in the call's session once its messages were fed: a request that
+        failed on the way (a base still loading) is fed again when the platform retries it, not
+        answered as a repeat."""
+        if self._store.peek(call_id) is not None:
+            self._store.get(call_id).keep(entry, entry.size())
 
 
 def _documents(hits: Sequence[Hit]) -> list[dict[str, Any]]:
@@ -478,9 +492,7 @@ class Webhooks:
         _check_secrets(http)
         self.vapi_secret = http.vapi_secret.encode()
         self.webhook_secret = http.webhook_secret.encode()
-        self.conversations = Conversations(
-            config.sidecar.max_sessions, config.sidecar.session_ttl_s
-        )
+        self.conversations = Conversations(engine.sessions)
         self.replays = Replays()
         self.answers = Answers()
 
@@ -509,8 +521,7 @@ class Webhooks:
         if not call_id:
             raise InvalidArgument("message.call.id is missing: it names the call's session")
         _check_call_id(call_id, field)
-        key = (sessions.owner.get(), call_id)
-        fresh, fed = self.conversations.new(key, messages)
+        fresh, fed = self.conversations.new(call_id, messages)
         said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
         hits: Sequence[Hit] = []
         note = NOTHING_ASKED
@@ -520,7 +531,7 @@ class Webhooks:
                 hits, fed.query, note = result.hits, result.query, _why_nothing(result)
         if fresh:
             fed.answer, fed.note = tuple(hit.chunk.chunk_id for hit in hits), note
-        self.conversations.fed(key, fed)
+        self.conversations.fed(call_id, fed)
         if not fresh:  # the same request again (a retry): the same answer
             hits = await self._answered_again(call_id, fed)
         extra = [] if hits else [(NOTE_HEADER, (fed.note or NOTHING_ASKED).encode())]
@@ -631,7 +642,7 @@ def _check_call_id(call_id: str, field: str) -> None:
     """Refuse a call id longer than a session id may be (``MAX_SESSION_ID`` characters, within
     the hooks' byte limit on any id) before it is kept, naming ``field``, the one the caller
     sent it in: a request that feeds no turn (no messages, or none with words) is otherwise
-    never checked, each entry of ``Conversations`` would hold as much as a whole body, and the
+    never checked, a session's ``Conversations`` entry would hold as much as a whole body, and the
     engine's refusal would name ``session_id``, which no platform sends."""
     if len(call_id) > MAX_SESSION_ID:
         raise InvalidArgument(

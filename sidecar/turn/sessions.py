@@ -7,7 +7,7 @@ then its oldest turns, are dropped, the newest of each kept (a turn is what a fo
 a newest search over the whole bound on its own costs no turn, and leaves the session over its
 bound until the next search replaces it). What it keeps is accounted as the bytes the session itself
 allocates: its turns' text, its mentions' names and its retained chunks' strings
-(``sys.getsizeof``, so 1 to 4 bytes a character), and a fixed cost per turn, per entity
+(``sys.getsizeof``, so 1 to 4 bytes a character), what a door keeps of the call (``keep``), and a fixed cost per turn, per entity
 mention, per page the follow-ups count, per retained hit and chunk, and per session
 (``TURN_BYTES``, ``MENTION_BYTES``, ``PAGE_BYTES``, ``HIT_BYTES``, ``CHUNK_BYTES``,
 ``SESSION_BYTES``, measured with tracemalloc in tests/test_sessions.py). A retained chunk is
@@ -20,7 +20,8 @@ With authentication on, sessions belong to the caller that made them: the store 
 two agents that pick the same session id never share memory and one cannot end the other's.
 Each owner has its own quota of sessions and bytes (``[sidecar.auth.caller] max_sessions`` and
 ``session_memory_bytes``; without authentication the one owner has the whole store's): an owner
-over its quota loses its own least recently used sessions, never another owner's.
+over its quota loses its own least recently used sessions, never another owner's. What an owner
+holds outside its sessions for its calls (its MCP sessions, ``reserve``) counts in its bytes too.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class Session:
     left: bool = False
     options: tuple[str, ...] = ()  # the entities the agent last listed, in its order
     turn_count: int = 0  # turns ever recorded; ``turns`` keeps only the recent ones
+    # what a door keeps of the call beside its turns (the Vapi door: how much of the platform's
+    # message list was fed, ``sidecar.http.webhooks.Fed``), counted in ``size`` as it says
+    # (``keep``): so it is the owner's, under its quota, and goes when the session goes
+    kept: object | None = None
     max_bytes: int = 0  # what it may keep (0: no bound); see the module docstring
     size: int = 0  # the bytes it keeps now, as accounted
     # told (session, change in bytes) when ``size`` changes: the store's accounting
@@ -112,6 +117,7 @@ class Session:
     # made, so a turn is counted as it is now, as ``measure`` does), and ``retained``'s
     _turn_bytes: int = field(default=0, init=False, repr=False)
     _hit_bytes: int = field(default=0, init=False, repr=False)
+    _kept_bytes: int = field(default=0, init=False, repr=False)  # ``kept``'s share
     # each retained search's bytes as counted when it was retained (a chunk's strings grow once
     # a response encodes them: what a search added is what its drop takes off)
     _counted: deque[int] = field(init=False, repr=False)
@@ -157,6 +163,12 @@ class Session:
         self.unread = [*self.unread[-most + 1 :], text] if most > 1 else [text]
         self.fit()
 
+    def keep(self, state: object, size: int) -> None:
+        """Keep a door's ``state`` of the call (replacing the one kept), counted as ``size``
+        bytes."""
+        self.kept, self._kept_bytes = state, size
+        self.fit()
+
     def retain(self, hits: Iterable[Hit]) -> None:
         hits = tuple(hits)
         if hits:
@@ -173,12 +185,13 @@ class Session:
         anew; ``fit`` keeps the same sum as the session changes (``_held``)."""
         turns = sum(map(_said_bytes, self.turns))
         hits = sum(self._counted)
-        return SESSION_BYTES + turns + self._page_bytes + hits
+        return SESSION_BYTES + turns + self._page_bytes + hits + self._kept_bytes
 
     def _held(self) -> int:
         """``measure()`` from the shares counted as they change: a search or a page count
         walks no turn."""
-        return SESSION_BYTES + self._turn_bytes + self._page_bytes + self._hit_bytes
+        held = SESSION_BYTES + self._turn_bytes + self._page_bytes + self._hit_bytes
+        return held + self._kept_bytes
 
     def fit(self) -> None:
         """Drop the oldest searches, then the oldest turns, past ``max_bytes`` (``_shrunk``);
@@ -282,7 +295,8 @@ class _Shelf:
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
         self.sessions: OrderedDict[str, tuple[Session, float]] = OrderedDict()
-        self.bytes = 0
+        self.bytes = 0  # its sessions' and what is held outside them (``reserved``)
+        self.reserved = 0  # counted by ``SessionStore.reserve``: never evicted
 
 
 class SessionStore:
@@ -347,6 +361,27 @@ class SessionStore:
         shelf = self._shelves.get(of)
         return Usage(len(shelf.sessions), shelf.bytes) if shelf else Usage(0, 0)
 
+    def reserve(self, of: str, size: int) -> bool:
+        """Count ``size`` bytes held outside the sessions (an MCP session's, which the SDK
+        keeps) in owner ``of``'s bytes: its least recently used sessions go to make room.
+        False, nothing counted, when what it has reserved would be over its share of bytes
+        (those cannot be evicted)."""
+        shelf = self._shelf(of)
+        if shelf.reserved + size > shelf.max_bytes:
+            return False
+        self._resize(shelf, size)
+        self._evict(shelf, keep=None)
+        return True
+
+    def release(self, of: str, size: int) -> None:
+        """Give back ``size`` bytes ``reserve`` counted."""
+        self._resize(self._shelf(of), -size)
+
+    def _resize(self, shelf: _Shelf, change: int) -> None:
+        shelf.reserved += change
+        shelf.bytes += change
+        self.bytes += change
+
     def __len__(self) -> int:
         self.expire()
         return self.count
@@ -396,10 +431,12 @@ class SessionStore:
         self.count -= 1
         return True
 
-    def _evict(self, shelf: _Shelf, keep: Session) -> None:
+    def _evict(self, shelf: _Shelf, keep: Session | None) -> None:
         """The owner's least recently used sessions go while it is over its quota; never
         ``keep`` (the one in use), never another owner's."""
-        while len(shelf.sessions) > shelf.max_sessions or shelf.bytes > shelf.max_bytes:
+        while shelf.sessions and (
+            len(shelf.sessions) > shelf.max_sessions or shelf.bytes > shelf.max_bytes
+        ):
             oldest = next(iter(shelf.sessions))
             if shelf.sessions[oldest][0] is keep:
                 if len(shelf.sessions) == 1:
