@@ -188,3 +188,16 @@ async def test_a_request_whose_rest_trickles_past_its_deadline_is_closed(
     finally:
         trickling.cancel()
         writer.close()
+
+
+async def test_a_head_over_the_limit_in_one_read_is_431(sidecar: Sidecar) -> None:
+    """A whole head of 100 KiB sent at once: 431, where one read holding it whole was
+    answered as if within MAX_HEAD_BYTES (64 KiB)."""
+    head = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (100 << 10) + b"\r\n\r\n"
+    reader, writer = await connect(sidecar)
+    writer.write(head)
+    async with asyncio.timeout(LIVENESS_S):
+        got = await reader.read()
+    writer.close()
+    assert got.startswith(b"HTTP/1.1 431 "), got[:60]
+    assert b"headers are over 65536 bytes" in got

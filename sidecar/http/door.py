@@ -786,6 +786,9 @@ class _BoundedHead(HttpToolsProtocol):
         self._disarm()
         self._in_head = False
         self._head_bytes = 0
+        if _head_size(self.url, self.headers) > MAX_HEAD_BYTES:  # whole within one read
+            self._refuse_head()
+            return
         self._in_body = True  # (the call's task, started now, arms the request's deadline)
         super().on_headers_complete()
         self._answer_first(self.cycle)
@@ -939,6 +942,11 @@ class _ClosedAtEnd:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _head_size(url: bytes, headers: Sequence[tuple[bytes, bytes]]) -> int:
+    """A parsed head's bytes as sent: its target, each field with its ': ' and CRLF."""
+    return len(url) + sum(len(name) + len(value) + 4 for name, value in headers)
 
 
 def _address_of(transport: asyncio.BaseTransport) -> str:
