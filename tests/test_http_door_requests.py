@@ -164,15 +164,21 @@ async def test_an_answer_before_its_request_is_whole_says_close_and_closes_at_it
     writer.close()
 
 
+@pytest.mark.parametrize(
+    "ahead", [b"", b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n"], ids=["alone", "pipelined"]
+)
 async def test_a_request_whose_rest_trickles_past_its_deadline_is_closed(
-    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, ahead: bytes
 ) -> None:
-    """A chunked body trickled to a path that answers without reading it (health): the
-    connection is closed at REQUEST_TIMEOUT_S, where a byte a second held it open for ever
-    (past the head's, the body's and the keep-alive's limits)."""
+    """A chunked body trickled to a path that answers without reading it (health), alone or
+    pipelined behind another request (its deadline starts with its turn): the connection is
+    closed at REQUEST_TIMEOUT_S, where a byte a second held it open for ever (past the head's,
+    the body's and the keep-alive's limits)."""
     monkeypatch.setattr(http_door, "REQUEST_TIMEOUT_S", 0.2)
     reader, writer = await connect(sidecar)
-    writer.write(chunked("/healthz") + b"1\r\na\r\n")
+    writer.write(ahead + chunked("/healthz") + b"1\r\na\r\n")
+    if ahead:
+        assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
     assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
 
     async def trickle() -> None:

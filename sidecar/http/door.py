@@ -789,11 +789,13 @@ class _BoundedHead(HttpToolsProtocol):
         if _head_size(self.url, self.headers) > MAX_HEAD_BYTES:  # whole within one read
             self._refuse_head()
             return
-        self._in_body = True  # (the call's task, started now, arms the request's deadline)
+        self._in_body = True
         super().on_headers_complete()
         self._answer_first(self.cycle)
         if len(self.pipeline) > MAX_PIPELINED:
             self._overran()
+            return
+        self._arm_rest()
 
     def on_body(self, body: bytes) -> None:
         if self._dropped:
@@ -823,10 +825,14 @@ class _BoundedHead(HttpToolsProtocol):
 
     # -- the rest of a request --------------------------------------------------------------
 
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        super()._start_asgi_task(cycle, app)
-        if cycle is self.cycle and self._in_body:  # the rest of it comes within the deadline
+    def _arm_rest(self) -> None:
+        """Once the call of a request still arriving has started (at once, or when its turn
+        in the pipeline comes), the rest of it must come within ``REQUEST_TIMEOUT_S``."""
+        if self._in_body and self._deadline is None and not self._queued(self.cycle):
             self._arm(REQUEST_TIMEOUT_S)
+
+    def _queued(self, cycle: RequestResponseCycle) -> bool:
+        return any(queued is cycle for queued, _ in self.pipeline)
 
     def _answer_first(self, cycle: RequestResponseCycle) -> None:
         """Until ``cycle``'s request is whole, an answer to it says ``connection: close``
@@ -879,6 +885,7 @@ class _BoundedHead(HttpToolsProtocol):
         super().on_response_complete()
         if self.pipeline or self.flow.write_paused:
             self.flow.pause_reading()
+        self._arm_rest()  # a request whose turn came (super started its call)
 
     def pause_writing(self) -> None:
         super().pause_writing()
