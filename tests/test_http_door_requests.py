@@ -164,6 +164,30 @@ async def test_an_answer_before_its_request_is_whole_says_close_and_closes_at_it
     writer.close()
 
 
+async def test_a_body_over_the_limit_sent_on_anyway_gets_its_413_and_a_clean_close(
+    sidecar: Sidecar,
+) -> None:
+    """A body of three times max_body_bytes, its first KiB sent with the head: the 413 comes
+    from its Content-Length and says close; the rest the client sends on is read and dropped
+    (a close with it unread would reset the connection), and the connection closes cleanly at
+    its end, where it was kept alive after the 413."""
+    body = b"x" * (3 * 16 * 1024)
+    head = (
+        "POST /vapi/knowledge-base HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {TOKEN_A}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    reader, writer = await connect(sidecar)
+    writer.write(head + body[:1024])
+    got = await answer(reader)
+    assert got.startswith(b"HTTP/1.1 413 "), got
+    assert b"connection: close" in got.lower()
+    writer.write(body[1024:])
+    await writer.drain()
+    async with asyncio.timeout(LIVENESS_S):
+        assert await reader.read() == b""  # closed, and not reset
+    writer.close()
+
+
 @pytest.mark.parametrize(
     "ahead", [b"", b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n"], ids=["alone", "pipelined"]
 )

@@ -24,7 +24,7 @@ app or not (a body, a chunked body's trailer), must be whole within ``REQUEST_TI
 call's start, its trailer within ``MAX_TRAILER_BYTES`` (read and dropped: no path sees one), or
 the connection is closed; an answer sent before its request is whole (health, 404, a refused
 token, 413) says ``connection: close``, and the connection closes once the rest has been read
-and dropped (at most ``max_body_bytes`` of it). Requests pipelined ahead of
+and dropped (at most ``MAX_DROPPED_BYTES`` of it). Requests pipelined ahead of
 their answers wait in a queue of at most ``MAX_PIPELINED`` (one more closes the connection),
 and no more is read while one waits or while the client leaves its answers unread. At most
 ``[sidecar.http] max_connections`` connections are served at once: one more gets a 503 as soon
@@ -98,6 +98,11 @@ HEAD_TIMEOUT_S = 10.0
 # body is read, and this bounds the paths that answer without reading it (health, 404, 405, a
 # refused token), which uvicorn would otherwise read on for ever.
 REQUEST_TIMEOUT_S = BODY_TIMEOUT_S + 2.0
+# A body a client sends on after its answer (a 413 for one over max_body_bytes, a refused
+# token, health) is read and dropped, so that the client reads the answer (a close with its
+# bytes unread would reset the connection and lose it), up to this many bytes: past them the
+# connection is closed. Nothing of it is kept; REQUEST_TIMEOUT_S bounds it too.
+MAX_DROPPED_BYTES = 16 * 1024 * 1024
 # A chunked body's trailer fields are read and dropped (no path reads them; uvicorn would add
 # them to the request's headers without bound): more than this many bytes of them closes the
 # connection.
@@ -453,9 +458,7 @@ class HttpDoor:
             timeout_keep_alive=KEEP_ALIVE_S,
             http=cast(
                 Any,
-                functools.partial(
-                    _BoundedHead, admission=self.admission, tls=context, max_body=self.max_body
-                ),
+                functools.partial(_BoundedHead, admission=self.admission, tls=context),
             ),
         )
         self._mcp_task = asyncio.create_task(self._run_mcp())
@@ -639,7 +642,7 @@ class _BoundedHead(HttpToolsProtocol):
     trailer) by ``REQUEST_TIMEOUT_S`` from its call's start and ``MAX_TRAILER_BYTES`` (closed),
     counted as it is parsed, whether or not the app reads it. An answer sent before its request
     is whole says ``connection: close``; the rest of the request is then read and dropped (at
-    most ``max_body_bytes`` of it, within the same deadline) and the connection closed at its
+    most ``MAX_DROPPED_BYTES`` of it, within the same deadline) and the connection closed at its
     end, so the client reads the answer rather than a reset (``_close_at_end``). Connections
     past the door's ``_Admission`` are refused as they are accepted (``_refuse``). With TLS it
     makes the handshake itself (``_handshake``), so a connection counts from its accept and its
@@ -664,13 +667,11 @@ class _BoundedHead(HttpToolsProtocol):
         *args: Any,
         admission: _Admission,
         tls: ssl.SSLContext | None,
-        max_body: int,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.admission = admission
         self.tls = tls
-        self.max_body = max_body
         # with TLS, what the handshake's last read decrypted before ``_serve`` ran: one read's
         # worth, handed to the parser then (and counted in the head's bytes)
         self._early: list[bytes] = []
@@ -804,11 +805,8 @@ class _BoundedHead(HttpToolsProtocol):
             super().on_body(body)
             return
         self._late_bytes += len(body)  # answered already: read and dropped, up to a cap
-        if self._late_bytes > self.max_body:
-            self._cut(
-                f"it sent more than {self.max_body} bytes of a body after its answer "
-                "([sidecar.http] max_body_bytes)"
-            )
+        if self._late_bytes > MAX_DROPPED_BYTES:
+            self._cut(f"it sent more than {MAX_DROPPED_BYTES} bytes of a body after its answer")
 
     def on_message_complete(self) -> None:
         if self._dropped:
