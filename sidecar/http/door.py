@@ -19,7 +19,12 @@ the token could not reach over gRPC it cannot reach here. The body is read after
 check and before the concurrency slot is taken (``HttpDoor._admit``). A body over ``[sidecar.http]
 max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
-whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). Requests pipelined ahead of
+whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). The rest of a request, read by the
+app or not (a body, a chunked body's trailer), must be whole within ``REQUEST_TIMEOUT_S`` of its
+call's start, its trailer within ``MAX_TRAILER_BYTES`` (read and dropped: no path sees one), or
+the connection is closed; an answer sent before its request is whole (health, 404, a refused
+token, 413) says ``connection: close``, and the connection closes once the rest has been read
+and dropped (at most ``MAX_DROPPED_BYTES`` of it). Requests pipelined ahead of
 their answers wait in a queue of at most ``MAX_PIPELINED`` (one more closes the connection),
 and no more is read while one waits or while the client leaves its answers unread. At most
 ``[sidecar.http] max_connections`` connections are served at once: one more gets a 503 as soon
@@ -47,7 +52,7 @@ import grpc
 import orjson
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from index.errors import CannotListen, VoxrecallError
 from sidecar.config import Config
@@ -88,6 +93,20 @@ CLOSE_TIMEOUT_S = 1
 # hold a connection open by never finishing one.
 MAX_HEAD_BYTES = 64 * 1024
 HEAD_TIMEOUT_S = 10.0
+# The rest of a request (its body, a chunked body's trailer) must be whole within this long of
+# its call's start, or the connection is closed: BODY_TIMEOUT_S's 408 comes first where the
+# body is read, and this bounds the paths that answer without reading it (health, 404, 405, a
+# refused token), which uvicorn would otherwise read on for ever.
+REQUEST_TIMEOUT_S = BODY_TIMEOUT_S + 2.0
+# A body a client sends on after its answer (a 413 for one over max_body_bytes, a refused
+# token, health) is read and dropped, so that the client reads the answer (a close with its
+# bytes unread would reset the connection and lose it), up to this many bytes: past them the
+# connection is closed. Nothing of it is kept; REQUEST_TIMEOUT_S bounds it too.
+MAX_DROPPED_BYTES = 16 * 1024 * 1024
+# A chunked body's trailer fields are read and dropped (no path reads them; uvicorn would add
+# them to the request's headers without bound): more than this many bytes of them closes the
+# connection.
+MAX_TRAILER_BYTES = 8 * 1024
 # An idle keep-alive connection is closed after this long (uvicorn's default, named here): a
 # platform sends its next call on it within seconds, and an idle one must give its slot back.
 KEEP_ALIVE_S = 5
@@ -436,7 +455,10 @@ class HttpDoor:
             server_header=False,
             timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
             timeout_keep_alive=KEEP_ALIVE_S,
-            http=cast(Any, functools.partial(_BoundedHead, admission=self.admission, tls=context)),
+            http=cast(
+                Any,
+                functools.partial(_BoundedHead, admission=self.admission, tls=context),
+            ),
         )
         self._mcp_task = asyncio.create_task(self._run_mcp())
         await self._mcp_ready.wait()
@@ -496,6 +518,7 @@ class _Admission:
         self.refused_total = 0
         self.refused_by_ip: Counter[str] = Counter()  # addresses at their cap: since they had room
         self.overrun_total = 0  # connections closed past MAX_PIPELINED
+        self.cut_total = 0  # connections closed past another bound of a request (``cut``)
         self.plain_http_total = 0  # plain HTTP requests to a TLS door
         self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         self.closing = False  # the door stops: a handshake done now is not served
@@ -529,6 +552,19 @@ class _Admission:
                 address,
                 MAX_PIPELINED,
                 self.overrun_total,
+            )
+
+    def cut(self, address: str, why: str) -> None:
+        """A connection from ``address`` is closed for ``why`` (a request past one of its
+        bounds, where no answer can be given): logged the first time, then once per
+        ``OVERRUN_LOG_EVERY``."""
+        self.cut_total += 1
+        if self.cut_total % OVERRUN_LOG_EVERY == 1:
+            log.warning(
+                "closed a connection from %s: %s (%d such connection(s) closed since the start)",
+                address,
+                why,
+                self.cut_total,
             )
 
     def plain_http(self, address: str) -> None:
@@ -600,22 +636,37 @@ def _refusal(key: str, limit: int) -> bytes:
 
 
 class _BoundedHead(HttpToolsProtocol):
-    """uvicorn's httptools protocol with each request's head bounded: ``MAX_HEAD_BYTES``
-    (431, then closed) and ``HEAD_TIMEOUT_S`` (closed), and connections past the door's
-    ``_Admission`` refused as they are accepted (``_refuse``). With TLS it makes the handshake
-    itself (``_handshake``), so a connection counts from its accept and its handshake is
-    bounded (``TLS_HANDSHAKE_TIMEOUT_S``). The body is ``read_body``'s."""
+    """uvicorn's httptools protocol with each request bounded: its head by ``MAX_HEAD_BYTES``
+    (431, then closed) and ``HEAD_TIMEOUT_S`` (closed); the rest of it (body, a chunked body's
+    trailer) by ``REQUEST_TIMEOUT_S`` from its call's start and ``MAX_TRAILER_BYTES`` (closed),
+    counted as it is parsed, whether or not the app reads it. An answer sent before its request
+    is whole says ``connection: close``; the rest of the request is then read and dropped (at
+    most ``MAX_DROPPED_BYTES`` of it, within the same deadline) and the connection closed at its
+    end, so the client reads the answer rather than a reset (``_close_at_end``). Connections
+    past the door's ``_Admission`` are refused as they are accepted (``_refuse``). With TLS it
+    makes the handshake itself (``_handshake``), so a connection counts from its accept and its
+    handshake is bounded (``TLS_HANDSHAKE_TIMEOUT_S``). The body is ``read_body``'s."""
 
-    _head_timer: asyncio.TimerHandle | None = None
-    _head_bytes = 0
+    _deadline: asyncio.TimerHandle | None = None  # the head's, then the rest of the request's
+    _in_head = False  # a request's head is awaited (a new connection) or arriving
+    _in_body = False  # a request's head is in, and the rest of it (body, trailer) is not
+    _head_bytes = 0  # read while a head was not whole
+    _trailer_bytes = 0  # of the request's trailer fields, dropped
+    _late_bytes = 0  # of the request's body, read and dropped after its answer
+    _keep_alive = True  # whether the request asked to keep its connection
+    _closing = False  # answered before the request was whole: closed once it is
     _refused: asyncio.Handle | None = None  # the close of a refused connection, pending
     _address = ""  # the client's address
     _admitted = False  # counted by the admission, until the connection is lost
     _served = False  # uvicorn's protocol has its transport (with TLS: the handshake is done)
-    _overrun = False  # more than MAX_PIPELINED requests queued: closed, the rest of a read dropped
+    _dropped = False  # being closed: the rest of a read is dropped (its callbacks do nothing)
 
     def __init__(
-        self, *args: Any, admission: _Admission, tls: ssl.SSLContext | None, **kwargs: Any
+        self,
+        *args: Any,
+        admission: _Admission,
+        tls: ssl.SSLContext | None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.admission = admission
@@ -668,7 +719,8 @@ class _BoundedHead(HttpToolsProtocol):
     def _serve(self, transport: asyncio.Transport) -> None:
         self._served = True
         super().connection_made(transport)
-        self._arm()
+        self._in_head = True
+        self._arm(HEAD_TIMEOUT_S)
         early, self._early = self._early, []
         for data in early:
             self.data_received(data)
@@ -702,45 +754,126 @@ class _BoundedHead(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        self._keep_alive = False  # the server stops: no request keeps its connection
+        super().shutdown()
+
+    # -- the parser's callbacks: each does nothing once the connection is being dropped ------
+
     def on_message_begin(self) -> None:
-        if self._overrun:
+        if self._dropped:
             return
         super().on_message_begin()
-        self._arm()
+        self._in_head = True
+        self._trailer_bytes = self._late_bytes = 0
+        self._arm(HEAD_TIMEOUT_S)
 
     def on_url(self, url: bytes) -> None:
-        if not self._overrun:
+        if not self._dropped:
             super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._overrun:
+        if self._dropped:
+            return
+        if self._in_head:
             super().on_header(name, value)
+        else:  # a field of a chunked body's trailer
+            self._trailer(len(name) + len(value))
 
     def on_headers_complete(self) -> None:
-        if self._overrun:
+        if self._dropped:
             return
         self._disarm()
+        self._in_head = False
         self._head_bytes = 0
+        if _head_size(self.url, self.headers) > MAX_HEAD_BYTES:  # whole within one read
+            self._refuse_head()
+            return
+        self._in_body = True
         super().on_headers_complete()
+        self._answer_first(self.cycle)
         if len(self.pipeline) > MAX_PIPELINED:
             self._overran()
+            return
+        self._arm_rest()
 
     def on_body(self, body: bytes) -> None:
-        if not self._overrun:
+        if self._dropped:
+            return
+        if not self._closing:
             super().on_body(body)
+            return
+        self._late_bytes += len(body)  # answered already: read and dropped, up to a cap
+        if self._late_bytes > MAX_DROPPED_BYTES:
+            self._cut(f"it sent more than {MAX_DROPPED_BYTES} bytes of a body after its answer")
 
     def on_message_complete(self) -> None:
-        if not self._overrun:
-            super().on_message_complete()
+        if self._dropped:
+            return
+        self._disarm()
+        self._in_body = False
+        if self._closing:  # its answer is out and said close: nothing more is read
+            self._dropped = True
+            self.transport.close()
+            return
+        if not self.cycle.response_started:  # whole before its answer: kept alive as asked
+            self.cycle.keep_alive = self._keep_alive
+        super().on_message_complete()
+
+    # -- the rest of a request --------------------------------------------------------------
+
+    def _arm_rest(self) -> None:
+        """Once the call of a request still arriving has started (at once, or when its turn
+        in the pipeline comes), the rest of it must come within ``REQUEST_TIMEOUT_S``."""
+        if self._in_body and self._deadline is None and not self._queued(self.cycle):
+            self._arm(REQUEST_TIMEOUT_S)
+
+    def _queued(self, cycle: RequestResponseCycle) -> bool:
+        return any(queued is cycle for queued, _ in self.pipeline)
+
+    def _answer_first(self, cycle: RequestResponseCycle) -> None:
+        """Until ``cycle``'s request is whole, an answer to it says ``connection: close``
+        (``on_message_complete`` puts back what the request asked), and uvicorn's close after
+        that answer is ``_close_at_end``'s."""
+        self._keep_alive = cycle.keep_alive
+        cycle.keep_alive = False
+        cycle.transport = cast(asyncio.Transport, _ClosedAtEnd(self.transport, self._close_at_end))
+
+    def _close_at_end(self) -> None:
+        """uvicorn closes the connection after an answer that said ``connection: close``: at
+        once if its request is whole, else once it is, its rest read and dropped meanwhile
+        (closed with the client's bytes unread, the connection would be reset and the answer
+        lost)."""
+        if self._in_body and not self.transport.is_closing():
+            self._closing = True
+        else:
+            self.transport.close()
+
+    def _trailer(self, size: int) -> None:
+        """A trailer field: dropped (no path reads one), counted against MAX_TRAILER_BYTES."""
+        self._trailer_bytes += size
+        if self._trailer_bytes > MAX_TRAILER_BYTES:
+            self._cut(f"its chunked body's trailer fields were over {MAX_TRAILER_BYTES} bytes")
+
+    def _cut(self, why: str) -> None:
+        """Close the connection now, for ``why`` (logged as ``_Admission.cut`` says)."""
+        self.admission.cut(self._address, why)
+        self._drop()
+
+    def _drop(self) -> None:
+        """Drop the queued requests and what is unsent, and close. The parser still walks the
+        rest of the read it is in (the callbacks above do nothing), but nothing more is read."""
+        self._disarm()
+        self._dropped = True
+        self.pipeline.clear()
+        self.transport.abort()
 
     def _overran(self) -> None:
-        """Too many pipelined requests queued: drop them and what is unsent, and close. The
-        parser still walks the rest of the read it is in (the callbacks above do nothing), but
-        nothing more is read."""
-        self._overrun = True
-        self.pipeline.clear()
+        """Too many pipelined requests queued: the connection is dropped."""
         self.admission.overran(self._address)
-        self.transport.abort()
+        self._drop()
+
+    # -- reading and writing ----------------------------------------------------------------
 
     def on_response_complete(self) -> None:
         """uvicorn resumes reading after each answer; read on only while no request waits in
@@ -749,6 +882,7 @@ class _BoundedHead(HttpToolsProtocol):
         super().on_response_complete()
         if self.pipeline or self.flow.write_paused:
             self.flow.pause_reading()
+        self._arm_rest()  # a request whose turn came (super started its call)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -765,37 +899,58 @@ class _BoundedHead(HttpToolsProtocol):
         if not self._served:
             self._early.append(data)
             return
-        if self._head_timer is not None:
+        if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._head_timer is None or self.transport.is_closing():
-            return
-        if self._head_bytes > MAX_HEAD_BYTES:
-            self._disarm()
-            message = f"the request's headers are over {MAX_HEAD_BYTES} bytes"
-            body = orjson.dumps({"error": {"code": "INVALID_ARGUMENT", "message": message}})
-            self.transport.write(
-                b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
-                b"application/json\r\nconnection: close\r\ncontent-length: "
-                + str(len(body)).encode()
-                + b"\r\n\r\n"
-                + body
-            )
-            self.transport.close()
+        if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+            self._refuse_head()  # a head still arriving, over the limit across reads
 
-    def _arm(self) -> None:
+    def _refuse_head(self) -> None:
+        """431, and close: nothing more of the connection is read."""
         self._disarm()
-        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+        self._dropped = True
+        message = f"the request's headers are over {MAX_HEAD_BYTES} bytes"
+        body = orjson.dumps({"error": {"code": "INVALID_ARGUMENT", "message": message}})
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
+            b"application/json\r\nconnection: close\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        self.transport.close()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._late)
 
     def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
-    def _head_late(self) -> None:
-        self._head_timer = None
+    def _late(self) -> None:
+        """A head, or the rest of a request, not whole within its deadline: closed."""
+        self._deadline = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class _ClosedAtEnd:
+    """A connection's transport as the answer to one request (uvicorn's
+    ``RequestResponseCycle``) sees it: its close is the protocol's ``_close_at_end``."""
+
+    def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
+        self._transport = transport
+        self.close = close
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def _head_size(url: bytes, headers: Sequence[tuple[bytes, bytes]]) -> int:
+    """A parsed head's bytes as sent: its target, each field with its ': ' and CRLF."""
+    return len(url) + sum(len(name) + len(value) + 4 for name, value in headers)
 
 
 def _address_of(transport: asyncio.BaseTransport) -> str:

@@ -1,0 +1,233 @@
+"""The HTTP door's bounds on the rest of a request (its body and a chunked body's trailer, read
+or not) and on a head that comes in one read, against a real sidecar on 127.0.0.1 port 0 and
+clients on raw sockets that misbehave.
+
+The other bounds of the door (the head's deadline, pipelining, the connection caps) are in
+tests/test_http_door.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from index.embedders.base import Embedder
+from sidecar.edge.server import Sidecar
+from sidecar.http import door as http_door
+from tests.hardening_kit import TOKEN_A, build_store, running, sidecar_config
+
+LIVENESS_S = 20.0  # how long a raw exchange may wait for the door: not a timing check
+SENT_CAP = 4 << 20  # 4 MiB: far past what a bounded door reads of a request's trailer
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) -> Path:
+    return build_store(tmp_path_factory.mktemp("http-requests"), local_embedder)
+
+
+@pytest.fixture
+def long_keep_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    # only the bounds under test close a connection, however slow the machine
+    monkeypatch.setattr(http_door, "KEEP_ALIVE_S", 600)
+
+
+@pytest.fixture
+async def sidecar(
+    store: Path, local_embedder: Embedder, long_keep_alive: None, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Sidecar]:
+    """A door with a token on /mcp; the Vapi path needs none (it reads its body at once)."""
+    monkeypatch.setenv("VOX_TEST_TOKEN", TOKEN_A)
+    http = {"listen": "127.0.0.1:0", "read_page_bases": ["help"], "max_body_bytes": 16 * 1024}
+    config = sidecar_config(store, auth={"token_env": "VOX_TEST_TOKEN"}, http=http)
+    async with running(config, local_embedder) as sc:
+        yield sc
+
+
+async def connect(sc: Sidecar) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", sc.http_port)
+
+
+async def answer(reader: asyncio.StreamReader) -> bytes:
+    """One answer's head and body (every answer of the door has a content-length)."""
+    async with asyncio.timeout(LIVENESS_S):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.lower().split(b"\r\n")
+            if line.startswith(b"content-length:")
+        )
+        return head + await reader.readexactly(length)
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    """Whether the door closes the connection (it sends nothing more before it does)."""
+    with contextlib.suppress(ConnectionResetError):
+        async with asyncio.timeout(LIVENESS_S):
+            return await reader.read() == b""
+    return True
+
+
+def chunked(path: str, *headers: str, host: str = "x") -> bytes:
+    lines = "".join(f"{h}\r\n" for h in headers)
+    return f"POST {path} HTTP/1.1\r\nhost: {host}\r\n{lines}transfer-encoding: chunked\r\n\r\n".encode()
+
+
+TRAILER = b"x-t: " + b"a" * 8000 + b"\r\n"
+
+
+@pytest.mark.parametrize("path", ["/vapi/knowledge-base", "/healthz", "/mcp"])
+async def test_trailer_fields_past_their_cap_close_the_connection_unkept(
+    sidecar: Sidecar, path: str
+) -> None:
+    """A chunked body's trailer sent without end, to a path that reads its body (Vapi), one
+    that answers without reading it (health) and one that refuses it unread (/mcp without a
+    token): the connection is closed soon after MAX_TRAILER_BYTES, where the door kept every
+    field in the request's headers (2.5 GB of them in 8 s) for as long as the client sent."""
+    assert sidecar.http is not None
+    _, writer = await connect(sidecar)
+    writer.write(chunked(path, "content-type: application/json") + b"2\r\n{}\r\n0\r\n")
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        async with asyncio.timeout(LIVENESS_S):
+            while sent < SENT_CAP:
+                writer.write(TRAILER * 64)
+                await writer.drain()
+                sent += len(TRAILER) * 64
+    writer.close()
+    assert sent < SENT_CAP, "the door read the trailer on without closing the connection"
+    assert sidecar.http.admission.cut_total == 1
+
+
+INITIALIZE = orjson.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+)
+
+
+async def test_a_short_trailer_is_dropped_unseen_and_the_connection_kept(sidecar: Sidecar) -> None:
+    """A trailer within MAX_TRAILER_BYTES is read and dropped: no path sees it as a header
+    (an MCP session id sent as one made the door's initialize a 404 for an unknown session),
+    and the connection serves on."""
+    reader, writer = await connect(sidecar)
+    request = chunked(
+        "/mcp",
+        "content-type: application/json",
+        "accept: application/json, text/event-stream",
+        f"authorization: Bearer {TOKEN_A}",
+        host=f"127.0.0.1:{sidecar.http_port}",  # MCP's DNS-rebinding check
+    )
+    body = b"%x\r\n%b\r\n0\r\nmcp-session-id: not-a-session\r\n\r\n" % (len(INITIALIZE), INITIALIZE)
+    writer.write(request + body)
+    first = await answer(reader)
+    assert first.startswith(b"HTTP/1.1 200 "), first
+    assert b"connection: close" not in first.lower()
+    writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")  # the same connection serves on
+    assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status"),
+    [
+        (chunked("/healthz"), b"200"),
+        (chunked("/nowhere"), b"404"),
+        (chunked("/mcp", "content-type: application/json"), b"401"),  # no token: never read
+    ],
+    ids=["health", "not-found", "refused"],
+)
+async def test_an_answer_before_its_request_is_whole_says_close_and_closes_at_its_end(
+    sidecar: Sidecar, request_head: bytes, status: bytes
+) -> None:
+    """A path answers before the body is in: the answer says ``connection: close``, the rest
+    of the body is read (so the client reads its answer, not a reset) and dropped, and the
+    connection closes once the request is whole, where it was kept alive for the next one."""
+    reader, writer = await connect(sidecar)
+    writer.write(request_head + b"2\r\n{}\r\n")
+    got = await answer(reader)
+    assert got.startswith(b"HTTP/1.1 " + status), got
+    assert b"connection: close" in got.lower()
+    writer.write(b"5\r\nhello\r\n" * 100 + b"0\r\n\r\n")  # the rest of it, after the answer
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_a_body_over_the_limit_sent_on_anyway_gets_its_413_and_a_clean_close(
+    sidecar: Sidecar,
+) -> None:
+    """A body of three times max_body_bytes, its first KiB sent with the head: the 413 comes
+    from its Content-Length and says close; the rest the client sends on is read and dropped
+    (a close with it unread would reset the connection), and the connection closes cleanly at
+    its end, where it was kept alive after the 413."""
+    body = b"x" * (3 * 16 * 1024)
+    head = (
+        "POST /vapi/knowledge-base HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {TOKEN_A}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    reader, writer = await connect(sidecar)
+    writer.write(head + body[:1024])
+    got = await answer(reader)
+    assert got.startswith(b"HTTP/1.1 413 "), got
+    assert b"connection: close" in got.lower()
+    writer.write(body[1024:])
+    await writer.drain()
+    async with asyncio.timeout(LIVENESS_S):
+        assert await reader.read() == b""  # closed, and not reset
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "ahead", [b"", b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n"], ids=["alone", "pipelined"]
+)
+async def test_a_request_whose_rest_trickles_past_its_deadline_is_closed(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, ahead: bytes
+) -> None:
+    """A chunked body trickled to a path that answers without reading it (health), alone or
+    pipelined behind another request (its deadline starts with its turn): the connection is
+    closed at REQUEST_TIMEOUT_S, where a byte a second held it open for ever (past the head's,
+    the body's and the keep-alive's limits)."""
+    monkeypatch.setattr(http_door, "REQUEST_TIMEOUT_S", 0.2)
+    reader, writer = await connect(sidecar)
+    writer.write(ahead + chunked("/healthz") + b"1\r\na\r\n")
+    if ahead:
+        assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
+    assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"1\r\na\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # pacing, not a timing check
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        assert await closed(reader)
+    finally:
+        trickling.cancel()
+        writer.close()
+
+
+async def test_a_head_over_the_limit_in_one_read_is_431(sidecar: Sidecar) -> None:
+    """A whole head of 100 KiB sent at once: 431, where one read holding it whole was
+    answered as if within MAX_HEAD_BYTES (64 KiB)."""
+    head = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (100 << 10) + b"\r\n\r\n"
+    reader, writer = await connect(sidecar)
+    writer.write(head)
+    async with asyncio.timeout(LIVENESS_S):
+        got = await reader.read()
+    writer.close()
+    assert got.startswith(b"HTTP/1.1 431 "), got[:60]
+    assert b"headers are over 65536 bytes" in got
