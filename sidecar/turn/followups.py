@@ -42,7 +42,7 @@ where a folded turn is its words with a restart said once ("what about what uh a
 ``said_once``; a turn searched as said is searched as said), and the exchange is the caller's
 previous turn with content and what the agent said after it (with no entity to name the topic,
 an answer's content is in both: "I lost my card." / "Do you want to know how to replace it?" /
-"Yes.").
+"Yes."), less the turns the skip policy passed over ("ok great thanks").
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
 are lifted a little (``sidecar.turn.engine``). A turn folded with the recent exchange is also
@@ -1066,13 +1066,19 @@ def leave(session: Session) -> None:
 def _recent(session: Session) -> str:
     """The exchange this turn follows, for a turn that names nothing and follows no named
     entity: the caller's previous turn with content (not "Ok.") and everything said after it,
-    oldest first."""
+    oldest first, less the turns the skip policy passed over ("ok great thanks": no content,
+    and folded in, its words lead the search astray)."""
     said: list[str] = []
-    for turn in reversed(session.turns):
+    for turn in _unskipped(session):
         said.append(turn.text.strip())
         if turn.speaker != Speaker.AGENT and _content(words(turn.text)):
             break
     return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
+
+
+def _unskipped(session: Session) -> Iterator[Said]:
+    """The session's turns the skip policy did not pass over, newest first."""
+    return (turn for turn in reversed(session.turns) if not turn.skipped)
 
 
 def rewrite(
