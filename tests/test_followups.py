@@ -705,3 +705,41 @@ async def test_a_skipped_closing_is_not_folded_into_the_next_question(tmp_path: 
     assert planned.query == "How do I change the default profile? can I run it as administrator?"
     assert "thanks" not in result.query
     assert result.hits[0].chunk.title == "ELEVATION"
+
+
+async def test_a_question_put_in_full_after_a_fragment_is_searched_as_itself(
+    tmp_path: Path,
+) -> None:
+    """After "How do I change the font?" / "and the size?" (a fragment leaning on the turn
+    before it), a question of its own is searched as said: folded, it would get "and the
+    size?" and none of the topic those words leaned on. A turn that refers back to it is
+    still folded."""
+    fragment = [("user", "How do I change the font?"), ("user", "and the size?")]
+    question = "How do I split the window into panes?"
+    planned, result = await _planned_after(fragment, question, tmp_path / "question")
+    assert (planned.query, planned.followup) == (question, followups.NO_FOLLOWUP)
+    assert result.query == question
+    assert result.hits[0].chunk.title == "LAYOUT"
+    planned, _ = await _planned_after(
+        [*fragment, ("user", question)], "Can I resize them?", tmp_path / "follow-up"
+    )
+    assert planned.followup.source == Source.RECENT_TURNS
+    assert planned.query != "Can I resize them?"
+
+
+def test_a_fragment_the_agent_answered_or_a_turn_leaning_on_it_is_still_folded() -> None:
+    """Only a question after the caller's own fragment, nothing said since, asks anew: after
+    the agent's answer the exchange carries its topic (folded, as measured on doc2dial-dev),
+    and a turn that points back leans on the fragment."""
+    question = "How do I split the window into panes?"
+    fragment = (("user", "How do I change the font?"), ("user", "and the size?"))
+    assert followups.rewrite(_session(*fragment), question) == question
+    answered = _session(*fragment, ("agent", "Font size is set in points."))
+    assert followups.rewrite(answered, question).endswith(f"points. {question}")
+    after_agent = _session(
+        ("agent", "Do you want a bigger font?"), ("user", "yes the size"), g=gaz()
+    )
+    assert followups.rewrite(after_agent, question) == f"yes the size {question}"
+    assert followups.rewrite(_session(*fragment), "Can I make it bold?") == (
+        "and the size? Can I make it bold?"
+    )

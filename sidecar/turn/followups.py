@@ -36,6 +36,10 @@ fades with each turn. A user turn is then searched as (``plan``):
       share as a name ("Rclone gives ...", "a
       Windows Terminal profile") and points back
       at nothing (``names_shared``)
+    none is, and it asks, pointing back at         as said                      source "none"
+      nothing, after a fragment of the caller's
+      that leaned on the caller's turn before it
+      ("and the size?"; ``asks_after_fragment``)
     otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
 where a folded turn is its words with a restart said once ("what about what uh about X":
@@ -960,6 +964,8 @@ def _plan(
         )
     if not refers and (config.fold == "referring" or left or names_shared(utterance, shared)):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
+    if not refers and asks_after_fragment(session, utterance):
+        return Plan(text, NO_FOLLOWUP, named=mentions)  # a new question, not the fragment's
     recent = _recent(session)
     if recent:
         joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
@@ -1074,6 +1080,26 @@ def _recent(session: Session) -> str:
         if turn.speaker != Speaker.AGENT and _content(words(turn.text)):
             break
     return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
+
+
+def asks_after_fragment(session: Session, utterance: Utterance) -> bool:
+    """Whether a turn asks a question after a fragment of the caller's that leaned on the
+    caller's own turn before it ("How do I change the font?" / "and the size?": the
+    fragment ``refers_back``), nothing said by the agent since: the exchange ``_recent`` would
+    fold in is the fragment alone, its words without the topic they leaned on, and a
+    question put in full ("How do I split the window into panes?") asks anew. A fragment
+    after an agent's turn (an answer to its question) is left folded in, as measured."""
+    if not asks(utterance):
+        return False
+    turns = _unskipped(session)
+    for turn in turns:
+        if turn.speaker == Speaker.AGENT:
+            return False
+        said = Utterance.of(turn.text)
+        if _content(_spoken(said)):
+            before = next(turns, None)
+            return before is not None and before.speaker != Speaker.AGENT and refers_back(said)
+    return False
 
 
 def _unskipped(session: Session) -> Iterator[Said]:
