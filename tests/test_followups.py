@@ -15,7 +15,7 @@ import pytest
 from index import entities
 from index.build import embed_chunks
 from index.chunker import chunk_page
-from index.embedders.base import Embedder
+from index.embedders.base import Embedder, FakeEmbedder
 from index.lexical import LexicalIndex
 from index.snapshot import load_snapshot, write_snapshot
 from index.sources.markdown import load_markdown
@@ -28,10 +28,12 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups
-from sidecar.turn.followups import FUNCTION_WORDS_EN, Gazetteer
+from sidecar.turn.engine import TurnInput
+from sidecar.turn.followups import FUNCTION_WORDS_EN, Gazetteer, Source
 from sidecar.turn.sessions import Session
 from sidecar.turn.text import Utterance, tokens
 from tests.conftest import shared
+from tests.turns import SESSION, build_engine, run_turns
 
 HOTELS = ("THE LENSFIELD HOTEL", "HOBSONS HOUSE", "ACORN GUEST HOUSE", "GONVILLE HOTEL")
 KB = "hotels"
@@ -664,3 +666,80 @@ def test_the_docs_a_section_check_keeps_are_those_both_lists_hold() -> None:
         few = np.unique(rng.integers(0, 60, size=rng.integers(0, 8))).astype(np.int32)
         many = np.unique(rng.integers(0, 60, size=rng.integers(0, 50))).astype(np.int32)
         assert followups._within(few, many).tolist() == np.intersect1d(few, many).tolist()
+
+
+# -- the recent turns a turn is folded with (no entity tracked), through a real engine ----------
+
+WINDOW = {
+    "APPEARANCE": ["Change the font face in the appearance settings.", "Font size is in points."],
+    "LAYOUT": ["Split the window into panes with alt+shift+plus.", "Resize a pane with the mouse."],
+    "STARTUP": ["Change the default profile in the startup settings."],
+    "ELEVATION": ["Run a profile as administrator: set elevate in the profile."],
+}
+
+
+async def _planned_after(turns: list[tuple[str, str]], last: str, folder: Path) -> Any:
+    """The search ``last`` is planned as after ``turns`` (fed through a real engine over
+    WINDOW), and the result it then gets."""
+    engine = build_engine(WINDOW, folder, embedder=FakeEmbedder(dimension=1024))
+    try:
+        await run_turns(engine, turns)
+        planned = engine.plan(TurnInput(session_id=SESSION, text=last))
+        [result] = await run_turns(engine, [("user", last)])
+    finally:
+        await engine.aclose()
+    assert planned is not None
+    return planned, result
+
+
+async def test_a_skipped_closing_is_not_folded_into_the_next_question(tmp_path: Path) -> None:
+    """ "ok great thanks" is skipped (a closing): its words carry nothing, and the question
+    after it is folded with the exchange before it, not with them."""
+    planned, result = await _planned_after(
+        [("user", "How do I change the default profile?"), ("user", "ok great thanks")],
+        "can I run it as administrator?",
+        tmp_path,
+    )
+    assert planned.followup.source == Source.RECENT_TURNS
+    assert planned.followup.used == "How do I change the default profile?"
+    assert planned.query == "How do I change the default profile? can I run it as administrator?"
+    assert "thanks" not in result.query
+    assert result.hits[0].chunk.title == "ELEVATION"
+
+
+async def test_a_question_put_in_full_after_a_fragment_is_searched_as_itself(
+    tmp_path: Path,
+) -> None:
+    """After "How do I change the font?" / "and the size?" (a fragment leaning on the turn
+    before it), a question of its own is searched as said: folded, it would get "and the
+    size?" and none of the topic those words leaned on. A turn that refers back to it is
+    still folded."""
+    fragment = [("user", "How do I change the font?"), ("user", "and the size?")]
+    question = "How do I split the window into panes?"
+    planned, result = await _planned_after(fragment, question, tmp_path / "question")
+    assert (planned.query, planned.followup) == (question, followups.NO_FOLLOWUP)
+    assert result.query == question
+    assert result.hits[0].chunk.title == "LAYOUT"
+    planned, _ = await _planned_after(
+        [*fragment, ("user", question)], "Can I resize them?", tmp_path / "follow-up"
+    )
+    assert planned.followup.source == Source.RECENT_TURNS
+    assert planned.query != "Can I resize them?"
+
+
+def test_a_fragment_the_agent_answered_or_a_turn_leaning_on_it_is_still_folded() -> None:
+    """Only a question after the caller's own fragment, nothing said since, asks anew: after
+    the agent's answer the exchange carries its topic (folded, as measured on doc2dial-dev),
+    and a turn that points back leans on the fragment."""
+    question = "How do I split the window into panes?"
+    fragment = (("user", "How do I change the font?"), ("user", "and the size?"))
+    assert followups.rewrite(_session(*fragment), question) == question
+    answered = _session(*fragment, ("agent", "Font size is set in points."))
+    assert followups.rewrite(answered, question).endswith(f"points. {question}")
+    after_agent = _session(
+        ("agent", "Do you want a bigger font?"), ("user", "yes the size"), g=gaz()
+    )
+    assert followups.rewrite(after_agent, question) == f"yes the size {question}"
+    assert followups.rewrite(_session(*fragment), "Can I make it bold?") == (
+        "and the size? Can I make it bold?"
+    )

@@ -315,7 +315,7 @@ class Engine:
             return self._skipped(session, Skip.AGENT_TURN, searcher, budget)
         skip = self._skip(session, utterance)
         if skip is not Skip.NOT_SKIPPED:
-            self._record(session, Speaker.USER, utterance, mentions)
+            self._record(session, Speaker.USER, utterance, mentions, skipped=True)
             return self._skipped(session, skip, searcher, budget)
         plan = self._plan(session, utterance, mentions, searcher, allowed)
         self._record(session, Speaker.USER, utterance, mentions)
@@ -855,10 +855,11 @@ class Engine:
         speaker: str,
         utterance: Utterance,
         mentions: tuple[Mention, ...],
+        skipped: bool = False,
     ) -> None:
         # an agent's turn keeps whether it asks: the caller's next turns read it (agent_question)
         question = followups.asks(utterance) if speaker == Speaker.AGENT else None
-        said = session.record_turn(speaker, utterance.text, mentions, question)
+        said = session.record_turn(speaker, utterance.text, mentions, question, skipped)
         followups.remember(session, said)
 
     @staticmethod

@@ -36,13 +36,17 @@ fades with each turn. A user turn is then searched as (``plan``):
       share as a name ("Rclone gives ...", "a
       Windows Terminal profile") and points back
       at nothing (``names_shared``)
+    none is, and it asks, pointing back at         as said                      source "none"
+      nothing, after a fragment of the caller's
+      that leaned on the caller's turn before it
+      ("and the size?"; ``asks_after_fragment``)
     otherwise, after earlier turns                 "exchange turn"              "recent_turns"
 
 where a folded turn is its words with a restart said once ("what about what uh about X":
 ``said_once``; a turn searched as said is searched as said), and the exchange is the caller's
 previous turn with content and what the agent said after it (with no entity to name the topic,
 an answer's content is in both: "I lost my card." / "Do you want to know how to replace it?" /
-"Yes.").
+"Yes."), less the turns the skip policy passed over ("ok great thanks").
 Turns that do not name an entity also get a prior: chunks of the pages the conversation's
 searches found (the caller's turns, and the agent's, embedded in the background as they arrive)
 are lifted a little (``sidecar.turn.engine``). A turn folded with the recent exchange is also
@@ -960,6 +964,8 @@ def _plan(
         )
     if not refers and (config.fold == "referring" or left or names_shared(utterance, shared)):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
+    if not refers and asks_after_fragment(session, utterance):
+        return Plan(text, NO_FOLLOWUP, named=mentions)  # a new question, not the fragment's
     recent = _recent(session)
     if recent:
         joined = FollowUp(recent, Source.RECENT_TURNS, RECENT_CONFIDENCE)
@@ -1066,13 +1072,39 @@ def leave(session: Session) -> None:
 def _recent(session: Session) -> str:
     """The exchange this turn follows, for a turn that names nothing and follows no named
     entity: the caller's previous turn with content (not "Ok.") and everything said after it,
-    oldest first."""
+    oldest first, less the turns the skip policy passed over ("ok great thanks": no content,
+    and folded in, its words lead the search astray)."""
     said: list[str] = []
-    for turn in reversed(session.turns):
+    for turn in _unskipped(session):
         said.append(turn.text.strip())
         if turn.speaker != Speaker.AGENT and _content(words(turn.text)):
             break
     return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
+
+
+def asks_after_fragment(session: Session, utterance: Utterance) -> bool:
+    """Whether a turn asks a question after a fragment of the caller's that leaned on the
+    caller's own turn before it ("How do I change the font?" / "and the size?": the
+    fragment ``refers_back``), nothing said by the agent since: the exchange ``_recent`` would
+    fold in is the fragment alone, its words without the topic they leaned on, and a
+    question put in full ("How do I split the window into panes?") asks anew. A fragment
+    after an agent's turn (an answer to its question) is left folded in, as measured."""
+    if not asks(utterance):
+        return False
+    turns = _unskipped(session)
+    for turn in turns:
+        if turn.speaker == Speaker.AGENT:
+            return False
+        said = Utterance.of(turn.text)
+        if _content(_spoken(said)):
+            before = next(turns, None)
+            return before is not None and before.speaker != Speaker.AGENT and refers_back(said)
+    return False
+
+
+def _unskipped(session: Session) -> Iterator[Said]:
+    """The session's turns the skip policy did not pass over, newest first."""
+    return (turn for turn in reversed(session.turns) if not turn.skipped)
 
 
 def rewrite(

@@ -82,6 +82,9 @@ class Said:
     # whether it asks something (``followups.asks``), worked out when the engine recorded an
     # agent's turn, for the caller's turns after it; None: not worked out
     question: bool | None = None
+    # the skip policy passed it over ("okay", "ok great thanks"): it asks nothing, and no
+    # later turn is folded with its words (it still counts as a turn: a tracked entity fades)
+    skipped: bool = False
 
 
 @dataclass(slots=True)
@@ -148,8 +151,9 @@ class Session:
         text: str,
         mentions: tuple[Mention, ...] = (),
         question: bool | None = None,
+        skipped: bool = False,
     ) -> Said:
-        said = Said(speaker, text, mentions, question)
+        said = Said(speaker, text, mentions, question, skipped)
         self.turns.append(said)
         self._count_turns()
         self.turn_count += 1
