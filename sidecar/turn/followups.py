@@ -383,6 +383,7 @@ class Gazetteer:
             found.words = NameWords.of_snapshot(snapshot.lexical, table)
             found.built_bytes += found.words.nbytes
             found._whole = whole_names(snapshot.lexical, table, found.tables)
+            found.built_bytes += sys.getsizeof(found._whole)
             return found
         if table is not None:
             log.warning(
@@ -650,12 +651,16 @@ def whole_names(lexical: LexicalIndex, table: EntityTable, tables: KeyTables) ->
     if len(table.names) > WORD_NAMES:
         return {}
     runs = _name_runs([table.names[i].strip() for i in range(len(table.names))])
-    keys, rated, found = KeyOwners(tables), tables.rated, {}
+    keys, rated = KeyOwners(tables), tables.rated
+    said = {owner: _content(run) or list(run) for owner, (run, _) in runs.items()}
+    words = list(dict.fromkeys(w for ws in said.values() for w in ws))
+    postings = dict(zip(words, lexical.postings(words), strict=True))  # the vocabulary read once
+    found: dict[int, float] = {}
     for owner, (run, holders) in runs.items():
         at = keys.index("".join(run))
         if at < 0 or rated.owner_name(int(rated.owner[at])) != table.names[owner].strip():
             continue
-        sure = _own_share(lexical, table, owner, _content(run) or list(run), holders)
+        sure = _own_share([postings[w] for w in said[owner]], table, owner, holders)
         if sure > float(rated.sure[at]):
             found[at] = sure
     return found
@@ -679,16 +684,20 @@ def _name_runs(names: Sequence[str]) -> dict[int, tuple[tuple[str, ...], list[in
 
 
 def _own_share(
-    lexical: LexicalIndex, table: EntityTable, owner: int, said: Sequence[str], aside: list[int]
+    postings: Sequence[IntArray], table: EntityTable, owner: int, aside: list[int]
 ) -> float:
-    """The share of the chunks holding every one of ``said`` that are ``owner``'s, the chunks of
-    the entities ``aside`` left out (1 when none holds them)."""
-    docs: IntArray | None = None
-    for posting in lexical.postings(list(dict.fromkeys(said))):
-        if len(posting):  # a word no chunk holds tells nothing apart
-            docs = posting if docs is None else np.intersect1d(docs, posting)
-    if docs is None:
+    """The share of the chunks in every one of ``postings`` (a name's words') that are
+    ``owner``'s, the chunks of the entities ``aside`` left out (1 when none holds them; 0 when
+    each word is in more than RARE_POSTINGS chunks: too common to tell, and a load's cost
+    bounded whatever the base's size)."""
+    held = sorted((p for p in postings if len(p)), key=len)  # a word no chunk holds tells nothing
+    if not held:
         return 1.0
+    if len(held[0]) > RARE_POSTINGS:
+        return 0.0
+    docs = held[0]
+    for posting in held[1:]:
+        docs = _within(docs, posting)
     owners = table.entity_of[docs]
     owners = owners[~np.isin(owners, aside)]
     return (int(np.count_nonzero(owners == owner)) + 1.0) / (len(owners) + 1.0)
