@@ -206,3 +206,30 @@ async def test_a_whole_name_a_longer_name_holds_is_a_naming(tmp_path: Path) -> N
         tmp_path,
     )
     assert results[-1].followup.used == "NANDOS"
+
+
+async def test_an_agents_naming_without_its_inner_function_words_is_tracked(
+    tmp_path: Path,
+) -> None:
+    # "and" unheard: "a b guesthouse" is A and B Guest House, "guest house" two names' words
+    places = {
+        **PLACES,
+        "A AND B GUEST HOUSE": [
+            "A and B Guest House is a moderately priced guesthouse in the east.",
+            "A and B Guest House has free wifi.",
+        ],
+        "BRIDGE GUEST HOUSE": [
+            "Bridge Guest House is a guesthouse in the south.",
+            "Bridge Guest House has free parking.",
+        ],
+    }
+    results = await run_turns(
+        places,
+        [
+            ("user", "a moderately priced place to stay with wifi"),
+            ("agent", "i have the a b guesthouse that has wifi and is moderately priced"),
+            ("user", "do they have a good view"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used == "A AND B GUEST HOUSE"

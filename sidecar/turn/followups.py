@@ -63,7 +63,9 @@ Sala Thong, the other word misheard; ``NameWords``), or by a name run into the s
 before it ("thegardenia"): the agent names the place it offers, and a recogniser hearing both
 sides of a call mishears the rest. There a name said with a hesitation inside it ("the
 cambridge chop uh house") is the name, and a whole name that longer names hold ("nandos" beside
-Nandos City Centre) is rated without their chunks (``whole_names``).
+Nandos City Centre) is rated without their chunks (``whole_names``), and where nothing names
+a place confidently, a name said without its inner function words ("a b guesthouse") is one
+(``Elided``).
 ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
 was (nothing, when the turn's own words decided the answer).
 """
@@ -349,6 +351,7 @@ class Gazetteer:
         self._span = counts.span
         self._entities: dict[str, str] = {}  # chunk id -> entity, for the chunks last asked about
         self._whole: dict[int, float] = {}  # a whole name's key -> its rating (``whole_names``)
+        self._elided = Elided({})  # names said without their inner function words
         self.size = counts.size
         self.shared = counts.shared
         owners = tables.rated
@@ -380,10 +383,7 @@ class Gazetteer:
                 found = cls.of_tables(
                     tables, table, built_bytes=tables.nbytes + tables.prefixes.python_bytes
                 )
-            found.words = NameWords.of_snapshot(snapshot.lexical, table)
-            found.built_bytes += found.words.nbytes
-            found._whole = whole_names(snapshot.lexical, table, found.tables)
-            found.built_bytes += sys.getsizeof(found._whole)
+            found._said_by_agents(snapshot.lexical, table)
             return found
         if table is not None:
             log.warning(
@@ -396,6 +396,15 @@ class Gazetteer:
             )
         entity_of = chunk_entities(snapshot.chunks)[1]
         return cls.rated(EntityStats(snapshot.lexical, entity_of).rated())
+
+    def _said_by_agents(self, lexical: LexicalIndex, table: EntityTable) -> None:
+        """What an agent's turn is also matched by, from the snapshot's statistics at load: the
+        names' words alone (``NameWords``), whole names longer ones hold (``whole_names``) and
+        names said without their inner function words (``Elided``)."""
+        self.words = NameWords.of_snapshot(lexical, table)
+        self._whole = whole_names(lexical, table, self.tables)
+        self._elided = Elided.of(table, self.tables, self._whole)
+        self.built_bytes += self.words.nbytes + sys.getsizeof(self._whole) + self._elided.nbytes
 
     def entity_of(self, chunk: Chunk) -> str:
         """``chunk_entity(chunk)``, remembered for the ENTITIES_KEPT chunks last asked about
@@ -421,7 +430,10 @@ class Gazetteer:
             return self._scan(toks, None, _NO_WHOLE)
         if not HESITATIONS_EN.isdisjoint(toks):
             toks = [t for t in toks if t not in HESITATIONS_EN]
-        return self._scan(toks, self.words or None, self._whole)
+        found = self._scan(toks, self.words or None, self._whole)
+        if any(m.confidence >= MIN_CONFIDENCE for m in found):
+            return found
+        return (*found, *self._elided.find(toks, {m.name for m in found}))
 
     def _scan(
         self, toks: Sequence[str], alone: NameWords | None, whole: dict[int, float]
@@ -639,6 +651,76 @@ class NameWords:
             if own and len(docs) - own < COMMON_ELSEWHERE:  # in a chunk of its own name
                 words[word] = (names[at], WORD_FACTOR * (own + 1.0) / (len(docs) + 1.0))
         return cls(words, streets)
+
+
+class Elided:
+    """Names said without the function words inside them ("a b guest house" of A and B Guest
+    House, "frankie bennys"): a recogniser drops short words, a name's too. Each name's
+    tokens ("the" first aside) less the function words after its first, joined, where that
+    is no key and no other name's so; rated as the whole name, times NEAR_FACTOR."""
+
+    def __init__(self, by_first: dict[str, list[tuple[str, int, str, float]]]) -> None:
+        # first token -> (the tokens joined, how many, the name, how sure)
+        self._by_first = by_first
+        size = sys.getsizeof
+        self.nbytes = size(by_first) + sum(
+            size(w) + size(v) + sum(size(key) for key, _, _, _ in v) for w, v in by_first.items()
+        )
+
+    def find(self, toks: Sequence[str], named: AbstractSet[str]) -> tuple[Mention, ...]:
+        """The names the tokens say so, but those in ``named``."""
+        if not self._by_first or self._by_first.keys().isdisjoint(toks):
+            return ()  # most turns
+        found: dict[str, float] = {}
+        for i, tok in enumerate(toks):
+            for key, count, name, sure in self._by_first.get(tok, ()):
+                if name not in named and _joined_at(toks, i, count, key):
+                    found[name] = max(found.get(name, 0.0), sure)
+        return tuple(Mention(name, round(sure, 3)) for name, sure in found.items())
+
+    @classmethod
+    def of(cls, table: EntityTable, tables: KeyTables, whole: dict[int, float]) -> Elided:
+        """The names of ``entities.bin`` (at most WORD_NAMES, of at most WORD_NAME_TOKENS
+        tokens) said without their inner function words, rated as the tables rate each whole
+        name (``whole`` where it does)."""
+        if len(table.names) > WORD_NAMES:
+            return cls({})
+        keys, rated = KeyOwners(tables), tables.rated
+        elided: dict[str, list[tuple[str, int, str, float] | None]] = {}
+        for i in range(len(table.names)):
+            name = table.names[i].strip()
+            toks = _stripped(tokens(name))
+            said = toks[:1] + [t for t in toks[1:] if t not in FUNCTION_WORDS_EN]
+            at = keys.index("".join(toks))
+            if len(said) < 2 or said == toks or len(toks) > WORD_NAME_TOKENS or at < 0:
+                continue
+            key = "".join(said)
+            sure = (whole.get(at) or float(rated.sure[at])) * NEAR_FACTOR
+            taken = key in elided or keys.index(key) >= 0
+            elided[key] = [None] if taken else [(key, len(said), name, sure)]
+        by_first: dict[str, list[tuple[str, int, str, float]]] = {}
+        for (hit,) in elided.values():
+            if hit is not None and hit[3] >= MIN_CONFIDENCE:
+                by_first.setdefault(_stripped(tokens(hit[2]))[0], []).append(hit)
+        return cls(by_first)
+
+
+def _stripped(toks: list[str]) -> list[str]:
+    """A name's tokens, "the" first aside."""
+    return toks[1:] if toks[:1] == ["the"] and len(toks) > 1 else toks
+
+
+def _joined_at(toks: Sequence[str], i: int, most: int, key: str) -> bool:
+    """Whether up to ``most`` tokens from ``i``, joined, are ``key`` (a recogniser may merge
+    two: "a b guesthouse")."""
+    joined = ""
+    for tok in toks[i : i + most]:
+        joined += tok
+        if joined == key:
+            return True
+        if not key.startswith(joined):
+            return False
+    return False
 
 
 def whole_names(lexical: LexicalIndex, table: EntityTable, tables: KeyTables) -> dict[int, float]:
