@@ -404,7 +404,12 @@ class Gazetteer:
         self.words = NameWords.of_snapshot(lexical, table)
         self._whole = whole_names(lexical, table, self.tables)
         self._elided = Elided.of(table, self.tables, self._whole)
-        self.built_bytes += self.words.nbytes + sys.getsizeof(self._whole) + self._elided.nbytes
+        self.built_bytes += self.agent_bytes
+
+    @property
+    def agent_bytes(self) -> int:
+        """What the tables an agent's turn is also matched by take (``_said_by_agents``)."""
+        return self.words.nbytes + sys.getsizeof(self._whole) + self._elided.nbytes
 
     def entity_of(self, chunk: Chunk) -> str:
         """``chunk_entity(chunk)``, remembered for the ENTITIES_KEPT chunks last asked about
