@@ -328,9 +328,11 @@ def test_the_mapped_tables_are_the_tables_built_from_its_keys(base: Path) -> Non
     gazetteer = Gazetteer.of(snapshot)
     assert gazetteer.tables is mapped
     # the arrays are the file's; the sound tables are built at load
-    # (and the name words looked up alone, ``NameWords``)
+    # (and what an agent's turn is also matched by: the name words looked up alone,
+    # ``NameWords``, whole names' ratings, names without their inner function words)
+    assert gazetteer.agent_bytes > gazetteer.words.nbytes
     assert gazetteer.built_bytes == (
-        mapped.python_bytes + gazetteer.sounds.nbytes + gazetteer.words.nbytes
+        mapped.python_bytes + gazetteer.sounds.nbytes + gazetteer.agent_bytes
     )
     assert_same_answers(gazetteer, Gazetteer.of_tables(built, table), snapshot)
 
@@ -353,7 +355,7 @@ def test_a_snapshot_without_its_tables_builds_them_at_load_and_answers_the_same(
     searcher = Searcher.build(snapshot)
     tables = searcher.gazetteer.tables
     built = tables.nbytes + tables.prefixes.python_bytes + searcher.gazetteer.sounds.nbytes
-    built += searcher.gazetteer.words.nbytes
+    built += searcher.gazetteer.agent_bytes
     assert searcher.gazetteer.built_bytes == built > 0
     assert searcher.held_bytes >= searcher.gazetteer.built_bytes  # counted: built here
     assert_same_answers(searcher.gazetteer, Gazetteer.of(load_snapshot(base)), snapshot)

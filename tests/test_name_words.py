@@ -148,3 +148,88 @@ async def test_a_name_too_long_to_be_one_is_not_named_by_its_words(tmp_path: Pat
             tmp_path / word,
         )
         assert (results[-1].followup.source == Source.ENTITY) is tracked, word
+
+
+async def test_an_agents_naming_with_a_hesitation_inside_is_tracked(tmp_path: Path) -> None:
+    # every word of Pizza Hut City Centre is another name's too: only the whole name names it
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "somewhere cheap for pizza"),
+            ("agent", "pizza hut city uh centre is cheap"),
+            ("user", "is it busy at lunch"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used == "PIZZA HUT CITY CENTRE"
+
+
+async def test_a_names_words_in_an_address_name_nothing_alone(tmp_path: Path) -> None:
+    # "cherry" is Pizza Hut Cherry Hinton's alone, but after "clifton way" it is an address's
+    results = await run_turns(
+        PLACES,
+        [
+            ("user", "an expensive italian restaurant in the south please"),
+            ("agent", "frankie and bennys is in the south"),
+            ("user", "what is the address"),
+            ("agent", "the address is cambridge leisure park clifton way cherry hinton"),
+            ("user", "do they have a nice view"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used == "FRANKIE AND BENNYS"
+
+
+async def test_a_whole_name_a_longer_name_holds_is_a_naming(tmp_path: Path) -> None:
+    """NANDOS said whole by the agent names it, though NANDOS CITY CENTRE's chunks say "nandos"
+    more often than its own do: they say it as their own name."""
+    places = {
+        **PLACES,
+        "NANDOS": [
+            "Nandos serves Portuguese chicken in the south.",
+            "Nandos is cheap and has a terrace.",
+        ],
+        "NANDOS CITY CENTRE": [
+            "Nandos City Centre serves Portuguese chicken in the centre.",
+            "Nandos City Centre is cheap.",
+            "Nandos City Centre has no terrace.",
+            "Nandos City Centre opens at noon.",
+        ],
+    }
+    results = await run_turns(
+        places,
+        [
+            ("user", "a cheap portuguese restaurant in the south"),
+            ("agent", "nandos is a cheap portuguese restaurant in the south"),
+            ("user", "do they have good beer"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used == "NANDOS"
+
+
+async def test_an_agents_naming_without_its_inner_function_words_is_tracked(
+    tmp_path: Path,
+) -> None:
+    # "and" unheard: "a b guesthouse" is A and B Guest House, "guest house" two names' words
+    places = {
+        **PLACES,
+        "A AND B GUEST HOUSE": [
+            "A and B Guest House is a moderately priced guesthouse in the east.",
+            "A and B Guest House has free wifi.",
+        ],
+        "BRIDGE GUEST HOUSE": [
+            "Bridge Guest House is a guesthouse in the south.",
+            "Bridge Guest House has free parking.",
+        ],
+    }
+    results = await run_turns(
+        places,
+        [
+            ("user", "a moderately priced place to stay with wifi"),
+            ("agent", "i have the a b guesthouse that has wifi and is moderately priced"),
+            ("user", "do they have a good view"),
+        ],
+        tmp_path,
+    )
+    assert results[-1].followup.used == "A AND B GUEST HOUSE"

@@ -24,6 +24,7 @@ import numpy as np
 from index.embedders.base import Embedder, NoDirection, TokenLimited, Vectors, unit_vector
 from index.errors import GraphSearchFailed, SnapshotNotFound
 from index.filters import Allowed
+from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk, MetadataFilter
@@ -415,6 +416,8 @@ class Engine:
             return plan.query, _prior_lifted(found, prior, entity_of, keep)
         if _name_alone(plan, own) and said is not None:
             folded = self._backed(searcher, kb, folded, said, depth)
+        elif _asked_alone(plan, own, req.text, searcher.snapshot.lexical):
+            return req.text, _cut(own, keep)  # nothing: the exchange alone found them
         return _combined(plan, req.text, folded, own, prior, entity_of, keep)
 
     async def _turn_search(
@@ -1115,6 +1118,19 @@ def _name_alone(plan: followups.Plan, own: Ranking) -> bool:
     return (
         source == followups.Source.ENTITY and not plan.refers and not own.found and not own.degraded
     )
+
+
+def _asked_alone(plan: followups.Plan, own: Ranking, text: str, lexical: LexicalIndex) -> bool:
+    """Whether a turn folded with the recent exchange is a question off the base: it points
+    back at nothing, asks, its own search finds nothing at min_score, and no chunk holds any
+    of its words ("What is the capital of France?" after "How much does roaming cost in
+    Europe?"). Only the exchange's words can have found the folded chunks, and its answer is
+    the honest nothing it gets asked alone. A question in the base's words ("Can you explain
+    to me on the subject?") may lean on the exchange without a pointer, and keeps them."""
+    source = plan.followup.source
+    if source != followups.Source.RECENT_TURNS or plan.refers or own.found or own.degraded:
+        return False
+    return followups.is_question(text) and not len(lexical.matching(text))
 
 
 def _backed(

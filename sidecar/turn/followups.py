@@ -65,7 +65,11 @@ such a weak naming too, heard by its sound (``heard``, ``sidecar.turn.sounds``).
 turn that names no entity by a key names one by a word only that name holds ("sala find" of
 Sala Thong, the other word misheard; ``NameWords``), or by a name run into the short word
 before it ("thegardenia"): the agent names the place it offers, and a recogniser hearing both
-sides of a call mishears the rest.
+sides of a call mishears the rest. There a name said with a hesitation inside it ("the
+cambridge chop uh house") is the name, and a whole name that longer names hold ("nandos" beside
+Nandos City Centre) is rated without their chunks (``whole_names``), and where nothing names
+a place confidently, a name said without its inner function words ("a b guesthouse") is one
+(``Elided``).
 ``TurnResponse.followup`` shows what was folded in, from where, and how sure it
 was (nothing, when the turn's own words decided the answer).
 """
@@ -160,6 +164,9 @@ _SENTENCE_BREAK = re.compile(r"[.!?]\s+")  # where a turn's last sentence starts
 # Words a reply opens with ("Yes, please tell me", "No, I'm a student").
 REPLY_OPENERS_EN = frozenset("yes yeah yep yup ya sure ok okay no nope nah please".split())
 FILLERS_EN = frozenset("uh um umm uhm er erm ah hmm mm mhm well so oh".split())
+# The fillers that are no word ("uh", not "well"): a recogniser writes one inside a name the
+# speaker hesitated in ("the cambridge chop uh house"), and no name holds one.
+HESITATIONS_EN = frozenset("uh um umm uhm er erm hmm mm mhm".split())
 # "the second one": a position in the agent's last list of options (-1: its last)
 ORDINALS_EN = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4}
 ORDINALS_EN |= {"former": 0, "latter": -1, "last": -1}
@@ -220,6 +227,8 @@ WORD_NAMES = 2_000
 # snapshot's 10 MB of names took 29 s and 400 MB to rate (s13's second attack, A1).
 WORD_NAME_TOKENS = 24
 WORD_LETTERS = 32
+_NO_WHOLE: dict[int, float] = {}  # ``Gazetteer._scan`` of a caller's turn: the keys as rated
+ADDRESS = -2  # ``Gazetteer._match``: a partial name in an address ("clifton way cherry hinton")
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
 
 
@@ -345,6 +354,8 @@ class Gazetteer:
         self._function_words = function_words
         self._span = counts.span
         self._entities: dict[str, str] = {}  # chunk id -> entity, for the chunks last asked about
+        self._whole: dict[int, float] = {}  # a whole name's key -> its rating (``whole_names``)
+        self._elided = Elided({})  # names said without their inner function words
         self.size = counts.size
         self.shared = counts.shared
         owners = tables.rated
@@ -376,8 +387,7 @@ class Gazetteer:
                 found = cls.of_tables(
                     tables, table, built_bytes=tables.nbytes + tables.prefixes.python_bytes
                 )
-            found.words = NameWords.of_snapshot(snapshot.lexical, table)
-            found.built_bytes += found.words.nbytes
+            found._said_by_agents(snapshot.lexical, table)
             return found
         if table is not None:
             log.warning(
@@ -390,6 +400,20 @@ class Gazetteer:
             )
         entity_of = chunk_entities(snapshot.chunks)[1]
         return cls.rated(EntityStats(snapshot.lexical, entity_of).rated())
+
+    def _said_by_agents(self, lexical: LexicalIndex, table: EntityTable) -> None:
+        """What an agent's turn is also matched by, from the snapshot's statistics at load: the
+        names' words alone (``NameWords``), whole names longer ones hold (``whole_names``) and
+        names said without their inner function words (``Elided``)."""
+        self.words = NameWords.of_snapshot(lexical, table)
+        self._whole = whole_names(lexical, table, self.tables)
+        self._elided = Elided.of(table, self.tables, self._whole)
+        self.built_bytes += self.agent_bytes
+
+    @property
+    def agent_bytes(self) -> int:
+        """What the tables an agent's turn is also matched by take (``_said_by_agents``)."""
+        return self.words.nbytes + sys.getsizeof(self._whole) + self._elided.nbytes
 
     def entity_of(self, chunk: Chunk) -> str:
         """``chunk_entity(chunk)``, remembered for the ENTITIES_KEPT chunks last asked about
@@ -407,11 +431,26 @@ class Gazetteer:
 
     def find(self, toks: Sequence[str], words: bool = False) -> tuple[Mention, ...]:
         """Every entity the tokens match, each once (its surest match), in order of first match;
-        with ``words``, a name's word no other name holds said alone too (``NameWords``: an
-        agent's turn)."""
+        with ``words`` (an agent's turn: the agent names the place it offers), a name's word no
+        other name holds said alone too (``NameWords``), a name said with a hesitation inside
+        ("the cambridge chop uh house"), and a whole name that longer names hold rated without
+        their chunks (``whole_names``: "nandos" of NANDOS beside NANDOS CITY CENTRE)."""
+        if not words:
+            return self._scan(toks, None, _NO_WHOLE)
+        if not HESITATIONS_EN.isdisjoint(toks):
+            toks = [t for t in toks if t not in HESITATIONS_EN]
+        found = self._scan(toks, self.words or None, self._whole)
+        if any(m.confidence >= MIN_CONFIDENCE for m in found):
+            return found
+        return (*found, *self._elided.find(toks, {m.name for m in found}))
+
+    def _scan(
+        self, toks: Sequence[str], alone: NameWords | None, whole: dict[int, float]
+    ) -> tuple[Mention, ...]:
+        """``find``'s one pass over the tokens: names by their keys, then, with ``alone``, by a
+        word of theirs (``_alone``) where no key names one confidently."""
         found: dict[str, float] = {}
         function_words, initials, kept = self._function_words, self._initials, self._prefix_kept
-        alone = self.words if words and self.words else None
         heard: dict[str, float] = {}  # names by a word alone: only where no key names one
         i = 0
         while i < len(toks):
@@ -425,8 +464,8 @@ class Gazetteer:
                 continue
             span, at, near = self._match(toks, i)
             if at >= 0:
-                self._mention(found, at, near)
-            elif alone is not None:
+                self._mention(found, at, near, whole)
+            elif alone is not None and at != ADDRESS:
                 span = max(span, self._alone(toks, i, found, heard))
             i += span
         if heard and not any(sure >= MIN_CONFIDENCE for sure in found.values()):
@@ -450,33 +489,38 @@ class Gazetteer:
             rest = [tok[n:], *toks[i + 1 : i + self._span]]
             span, at = self._exact(rest, 0, len(rest))
             if at >= 0:
-                self._mention(found, at, True)
+                self._mention(found, at, True, self._whole)
                 return span
             if self.words.find(rest[0], toks, i, heard):
                 return 1
         return 1
 
-    def _mention(self, found: dict[str, float], at: int, near: bool) -> None:
-        """Key ``at``'s name into ``found`` with its confidence, when it names one name (read
-        by the key's index: the key is not looked up again)."""
+    def _mention(
+        self, found: dict[str, float], at: int, near: bool, whole: dict[int, float]
+    ) -> None:
+        """Key ``at``'s name into ``found`` with its confidence (``whole``'s where it rates the
+        key), when it names one name (read by the key's index: the key is not looked up
+        again)."""
         rated = self.tables.rated
         owner = int(rated.owner[at])
         if owner >= 0:
             name = rated.owner_name(owner)
-            sure = float(rated.sure[at]) * (NEAR_FACTOR if near else 1.0)
+            sure = whole.get(at) or float(rated.sure[at])
+            sure *= NEAR_FACTOR if near else 1.0
             found[name] = max(found.get(name, 0.0), sure)
 
     def _match(self, toks: Sequence[str], i: int) -> tuple[int, int, bool]:
-        """(tokens consumed, the index of the key matched or -1, whether it matched one edit
+        """(tokens consumed, the index of the key matched, -1 or ADDRESS (a partial name that
+        is an address's: its words name nothing alone either), whether it matched one edit
         away)."""
         longest = min(self._span, len(toks) - i)
         n, at = self._exact(toks, i, longest)
         if n:
             partial = bool(self.tables.rated.partial[at])
             if partial and i + n < len(toks) and toks[i + n] in self._streets:
-                return n, -1, False  # "12 Bridge Street" is an address, not Bridge Guest House
+                return n, ADDRESS, False  # "12 Bridge Street": an address, not Bridge Guest House
             if partial and i > 0 and toks[i - 1] in self._streets:
-                return n, -1, False  # "clifton way cherry hinton": the area of an address
+                return n, ADDRESS, False  # "clifton way cherry hinton": the area of an address
             return n, at, False
         if toks[i] in self._function_words:
             return 1, -1, False
@@ -616,6 +660,138 @@ class NameWords:
             if own and len(docs) - own < COMMON_ELSEWHERE:  # in a chunk of its own name
                 words[word] = (names[at], WORD_FACTOR * (own + 1.0) / (len(docs) + 1.0))
         return cls(words, streets)
+
+
+class Elided:
+    """Names said without the function words inside them ("a b guest house" of A and B Guest
+    House, "frankie bennys"): a recogniser drops short words, a name's too. Each name's
+    tokens ("the" first aside) less the function words after its first, joined, where that
+    is no key and no other name's so; rated as the whole name, times NEAR_FACTOR."""
+
+    def __init__(self, by_first: dict[str, list[tuple[str, int, str, float]]]) -> None:
+        # first token -> (the tokens joined, how many, the name, how sure)
+        self._by_first = by_first
+        size = sys.getsizeof
+        self.nbytes = size(by_first) + sum(
+            size(w) + size(v) + sum(size(key) for key, _, _, _ in v) for w, v in by_first.items()
+        )
+
+    def find(self, toks: Sequence[str], named: AbstractSet[str]) -> tuple[Mention, ...]:
+        """The names the tokens say so, but those in ``named``."""
+        if not self._by_first or self._by_first.keys().isdisjoint(toks):
+            return ()  # most turns
+        found: dict[str, float] = {}
+        for i, tok in enumerate(toks):
+            for key, count, name, sure in self._by_first.get(tok, ()):
+                if name not in named and _joined_at(toks, i, count, key):
+                    found[name] = max(found.get(name, 0.0), sure)
+        return tuple(Mention(name, round(sure, 3)) for name, sure in found.items())
+
+    @classmethod
+    def of(cls, table: EntityTable, tables: KeyTables, whole: dict[int, float]) -> Elided:
+        """The names of ``entities.bin`` (at most WORD_NAMES, of at most WORD_NAME_TOKENS
+        tokens) said without their inner function words, rated as the tables rate each whole
+        name (``whole`` where it does)."""
+        if len(table.names) > WORD_NAMES:
+            return cls({})
+        keys, rated = KeyOwners(tables), tables.rated
+        elided: dict[str, list[tuple[str, int, str, float] | None]] = {}
+        for i in range(len(table.names)):
+            name = table.names[i].strip()
+            toks = _stripped(tokens(name))
+            said = toks[:1] + [t for t in toks[1:] if t not in FUNCTION_WORDS_EN]
+            at = keys.index("".join(toks))
+            if len(said) < 2 or said == toks or len(toks) > WORD_NAME_TOKENS or at < 0:
+                continue
+            key = "".join(said)
+            sure = (whole.get(at) or float(rated.sure[at])) * NEAR_FACTOR
+            taken = key in elided or keys.index(key) >= 0
+            elided[key] = [None] if taken else [(key, len(said), name, sure)]
+        by_first: dict[str, list[tuple[str, int, str, float]]] = {}
+        for (hit,) in elided.values():
+            if hit is not None and hit[3] >= MIN_CONFIDENCE:
+                by_first.setdefault(_stripped(tokens(hit[2]))[0], []).append(hit)
+        return cls(by_first)
+
+
+def _stripped(toks: list[str]) -> list[str]:
+    """A name's tokens, "the" first aside."""
+    return toks[1:] if toks[:1] == ["the"] and len(toks) > 1 else toks
+
+
+def _joined_at(toks: Sequence[str], i: int, most: int, key: str) -> bool:
+    """Whether up to ``most`` tokens from ``i``, joined, are ``key`` (a recogniser may merge
+    two: "a b guesthouse")."""
+    joined = ""
+    for tok in toks[i : i + most]:
+        joined += tok
+        if joined == key:
+            return True
+        if not key.startswith(joined):
+            return False
+    return False
+
+
+def whole_names(lexical: LexicalIndex, table: EntityTable, tables: KeyTables) -> dict[int, float]:
+    """The keys of whole names that longer names hold as a run of their words ("NANDOS" in
+    "NANDOS CITY CENTRE", "PIZZA EXPRESS" in "PIZZA EXPRESS FEN DITTON"), rated by the share
+    of the chunks holding the name's words that are its own, the longer names' chunks aside:
+    those say the words as their own name, and a turn naming them says their other words too
+    (the longest key matches). Where that rates the key higher than the snapshot did, key index
+    -> the rating; none for a base of more than WORD_NAMES names."""
+    if len(table.names) > WORD_NAMES:
+        return {}
+    runs = _name_runs([table.names[i].strip() for i in range(len(table.names))])
+    keys, rated = KeyOwners(tables), tables.rated
+    said = {owner: _content(run) or list(run) for owner, (run, _) in runs.items()}
+    words = list(dict.fromkeys(w for ws in said.values() for w in ws))
+    postings = dict(zip(words, lexical.postings(words), strict=True))  # the vocabulary read once
+    found: dict[int, float] = {}
+    for owner, (run, holders) in runs.items():
+        at = keys.index("".join(run))
+        if at < 0 or rated.owner_name(int(rated.owner[at])) != table.names[owner].strip():
+            continue
+        sure = _own_share([postings[w] for w in said[owner]], table, owner, holders)
+        if sure > float(rated.sure[at]):
+            found[at] = sure
+    return found
+
+
+def _name_runs(names: Sequence[str]) -> dict[int, tuple[tuple[str, ...], list[int]]]:
+    """Each name (by index) whose tokens ("the" first aside) are a run of longer names' tokens
+    (of at most WORD_NAME_TOKENS): its tokens and those names."""
+    stripped = [tuple(tokens(name)) for name in names]
+    stripped = [t[1:] if t[:1] == ("the",) and len(t) > 1 else t for t in stripped]
+    whole = {t: at for at, t in enumerate(stripped) if 0 < len(t) <= WORD_NAME_TOKENS}
+    held: dict[int, tuple[tuple[str, ...], list[int]]] = {}
+    for at, toks in enumerate(stripped):
+        if len(toks) > WORD_NAME_TOKENS:
+            continue
+        for run in {toks[i:j] for i in range(len(toks)) for j in range(i + 1, len(toks) + 1)}:
+            inner = whole.get(run)
+            if inner is not None and inner != at and run != toks:
+                held.setdefault(inner, (run, []))[1].append(at)
+    return held
+
+
+def _own_share(
+    postings: Sequence[IntArray], table: EntityTable, owner: int, aside: list[int]
+) -> float:
+    """The share of the chunks in every one of ``postings`` (a name's words') that are
+    ``owner``'s, the chunks of the entities ``aside`` left out (1 when none holds them; 0 when
+    each word is in more than RARE_POSTINGS chunks: too common to tell, and a load's cost
+    bounded whatever the base's size)."""
+    held = sorted((p for p in postings if len(p)), key=len)  # a word no chunk holds tells nothing
+    if not held:
+        return 1.0
+    if len(held[0]) > RARE_POSTINGS:
+        return 0.0
+    docs = held[0]
+    for posting in held[1:]:
+        docs = _within(docs, posting)
+    owners = table.entity_of[docs]
+    owners = owners[~np.isin(owners, aside)]
+    return (int(np.count_nonzero(owners == owner)) + 1.0) / (len(owners) + 1.0)
 
 
 def _said_words(name: str) -> list[str]:
