@@ -552,3 +552,24 @@ def test_frontmatter_too_large_or_too_deep_for_yaml_is_refused_unparsed(tmp_path
         "a few fields: put the text in the page)",
     }
     assert {c.source_path for c in snap.chunks} == {"billing.md", "nested.md"}
+
+
+def test_frontmatter_aliases_that_expand_past_64_kib_are_refused_and_a_reused_list_kept(
+    tmp_path: Path,
+) -> None:
+    # 26 kB of frontmatter, 9,000 values: one 223 MB metadata string on expansion
+    docs = docs_folder(tmp_path)
+    inner = "[" + ", ".join(["*s"] * 99) + "]"
+    laughs = ", ".join(f"k{i}: *b" for i in range(90))
+    (docs / "laughs.md").write_text(
+        f'---\ns: &s "{"x" * 25_000}"\nb: &b {inner}\nc: {{{laughs}}}\n---\n# Laughs\n\nText.\n'
+    )
+    (docs / "reused.md").write_text(
+        "---\ntags: &t [billing, refunds]\nalso: *t\n---\n# Reused\n\nText.\n"
+    )
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {
+        "laughs.md": "malformed frontmatter: more than 65,536 bytes once its YAML aliases are "
+        "expanded (an alias counts each time it is used)",
+    }
+    assert {c.source_path for c in snap.chunks} == {"billing.md", "reused.md"}
