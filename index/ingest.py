@@ -13,8 +13,9 @@ moved) only once complete, and nothing when nothing changed. Requests carry no b
 
 A connection gets ``REQUEST_TIMEOUT_S`` for its whole request, each read and all of them
 together (one that stalls or trickles is closed), and at most ``MAX_CONNECTIONS`` are served at
-once (one past that is closed unread): the listener's threads are bounded, and held briefly,
-whatever its callers do.
+once, at most ``MAX_CONNECTIONS_PER_ADDRESS`` of them from one address (one past either is
+closed unread): the listener's threads are bounded, and held briefly, whatever its callers do,
+and one address cannot take every slot.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ __all__ = ["RebuildListener", "Rebuilds"]
 log = logging.getLogger("voxrecall.index.ingest")
 
 PREFIX = "/rebuild/"
-# A CI job sends its request at once; a connection still silent after this long is stalled
-# (or holding a thread on purpose).
-REQUEST_TIMEOUT_S = 10.0
+# A CI job sends its request (a line and a head, no body) at once; a connection not done after
+# this long is stalled, or holding a slot on purpose (at 10 s, 16 idle connections re-opened
+# every 10 s kept every request out).
+REQUEST_TIMEOUT_S = 2.0
 # Requests are rare: more at once than this is a flood, and each would hold a thread.
 MAX_CONNECTIONS = 16
+# ... and a CI job sends one or two at once: more from one address is a stranger taking slots.
+MAX_CONNECTIONS_PER_ADDRESS = 4
 
 
 class Rebuilds(Protocol):
@@ -89,28 +93,55 @@ class RebuildListener:
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A threading server that serves at most ``MAX_CONNECTIONS`` connections at once; one
-    past that is closed unread (its client may retry)."""
+    """A threading server that serves at most ``MAX_CONNECTIONS`` connections at once, and at
+    most ``MAX_CONNECTIONS_PER_ADDRESS`` from one address; one past either is closed unread
+    (its client may retry)."""
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._by_address: dict[str, int] = {}
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.warning("rebuild listener: %d connections open; closed one more", MAX_CONNECTIONS)
+        if not self._take(client_address[0]):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give_back(client_address[0])
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._give_back(client_address[0])
+
+    def _take(self, address: str) -> bool:
+        """A slot for one more connection from ``address``, if it may have one."""
+        with self._lock:
+            if self._by_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
+                log.warning(
+                    "rebuild listener: %d connections open from %s; closed one more",
+                    MAX_CONNECTIONS_PER_ADDRESS,
+                    address,
+                )
+                return False
+            if not self._slots.acquire(blocking=False):
+                log.warning(
+                    "rebuild listener: %d connections open; closed one more", MAX_CONNECTIONS
+                )
+                return False
+            self._by_address[address] = self._by_address.get(address, 0) + 1
+            return True
+
+    def _give_back(self, address: str) -> None:
+        with self._lock:
+            left = self._by_address.pop(address) - 1
+            if left:
+                self._by_address[address] = left
             self._slots.release()
 
 

@@ -246,6 +246,37 @@ def test_a_flood_of_rebuild_connections_is_bounded(
     assert watcher.last("kb")["queued"] is True
 
 
+@pytest.fixture
+def idle_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ingest, "REQUEST_TIMEOUT_S", 600.0)  # the idle ones hold their slots
+
+
+@pytest.mark.usefixtures("idle_holds")
+def test_one_address_cannot_take_every_rebuild_slot(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    """16 idle connections from a stranger (no token, nothing sent) held every slot, and the
+    CI's POST was closed unread; now the stranger's address holds 4, and the CI is served."""
+    watcher, listener = listening
+    stranger = ("127.0.0.2", 0)  # another loopback address than the CI's 127.0.0.1
+    idle = [
+        socket.create_connection(("127.0.0.1", listener.port), source_address=stranger)
+        for _ in range(ingest.MAX_CONNECTIONS - 1)
+    ]
+    try:
+        with socket.create_connection(("127.0.0.1", listener.port), source_address=stranger) as one:
+            one.sendall(
+                f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+            )
+            assert closed_unanswered(one)  # the stranger's fifth and later are closed unread
+        assert watcher.last("kb")["queued"] is False
+        assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
+        assert watcher.last("kb")["queued"] is True
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 def test_the_listener_needs_a_long_token() -> None:
     with pytest.raises(ConfigError, match="VOXRECALL_REBUILD_TOKEN"):
         RebuildListener("127.0.0.1:0", "short", None, "VOXRECALL_REBUILD_TOKEN")  # type: ignore[arg-type]

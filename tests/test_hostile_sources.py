@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import tracemalloc
+import zlib
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from index.build import BuildSummary, build_knowledge_base
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key
+from index.sources import pdf
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
 from index.sources.registry import LoadContext, load_source
 from index.sources.url import Failed, fetch
@@ -552,3 +554,95 @@ def test_frontmatter_too_large_or_too_deep_for_yaml_is_refused_unparsed(tmp_path
         "a few fields: put the text in the page)",
     }
     assert {c.source_path for c in snap.chunks} == {"billing.md", "nested.md"}
+
+
+def test_frontmatter_aliases_that_expand_past_64_kib_are_refused_and_a_reused_list_kept(
+    tmp_path: Path,
+) -> None:
+    # 26 kB of frontmatter, 9,000 values: one 223 MB metadata string on expansion
+    docs = docs_folder(tmp_path)
+    inner = "[" + ", ".join(["*s"] * 99) + "]"
+    laughs = ", ".join(f"k{i}: *b" for i in range(90))
+    (docs / "laughs.md").write_text(
+        f'---\ns: &s "{"x" * 25_000}"\nb: &b {inner}\nc: {{{laughs}}}\n---\n# Laughs\n\nText.\n'
+    )
+    (docs / "reused.md").write_text(
+        "---\ntags: &t [billing, refunds]\nalso: *t\n---\n# Reused\n\nText.\n"
+    )
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {
+        "laughs.md": "malformed frontmatter: more than 65,536 bytes once its YAML aliases are "
+        "expanded (an alias counts each time it is used)",
+    }
+    assert {c.source_path for c in snap.chunks} == {"billing.md", "reused.md"}
+
+
+# --- PDF text that decompresses far past its file ------------------------------------------------
+
+
+def shared_stream_pdf(pages: int, content: bytes) -> bytes:
+    """A PDF of ``pages`` pages that all draw one Flate-compressed content stream."""
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>"]
+    kids = b" ".join(b"%d 0 R" % (5 + i) for i in range(pages))
+    objects.append(b"<< /Type /Pages /Kids [" + kids + b"] /Count %d >>" % pages)
+    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    packed = zlib.compress(content, 9)
+    objects.append(b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed) + packed)
+    objects[-1] += b"\nendstream"
+    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+    page += b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>"
+    objects += [page] * pages
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\n" % (len(objects) + 1)
+    return bytes(out + b"startxref\n%d\n%%%%EOF\n" % xref)
+
+
+def text_ops(size: int) -> bytes:
+    line = b"BT /F1 12 Tf 10 10 Td (" + b"word " * 40 + b") Tj ET\n"
+    return line * (size // len(line) + 1)
+
+
+def test_pdf_text_past_a_page_or_a_document_limit_is_skipped_named(tmp_path: Path) -> None:
+    # 7 kB of PDF held 17 MB of text, and pypdf's time is quadratic in a page's: 12 MB, 129 s
+    docs = tmp_path / "pdfs"
+    docs.mkdir()
+    (docs / "manual.pdf").write_bytes(make_pdf([["Short manual."]]))
+    (docs / "page.pdf").write_bytes(shared_stream_pdf(1, text_ops(400_000)))  # ~350 kB of text
+    (docs / "pages.pdf").write_bytes(shared_stream_pdf(8, text_ops(200_000)))  # ~170 kB a page
+    blank = b" " * (5 << 20) + b"BT /F1 12 Tf 10 10 Td (Hi) Tj ET\n"
+    (docs / "stream.pdf").write_bytes(shared_stream_pdf(1, blank))  # 5 MiB decompressed
+    source = {"type": "pdf", "path": str(docs), "max_page_bytes": 1_000_000}
+    summary, snap = build(tmp_path, [source])
+    assert reasons(summary) == {
+        "page.pdf": "too much text to extract: page 1: its text passes 262,144 bytes "
+        "(PDF_MAX_PAGE_TEXT_BYTES)",
+        "pages.pdf": "too much text to extract: page 6: the document's text passes 1,000,000 "
+        "bytes (PDF_MAX_TEXT_BYTES, or max_page_bytes if lower)",
+        "stream.pdf": "a stream decompresses past 4,194,304 bytes (PDF_MAX_STREAM_BYTES)",
+    }
+    assert {c.source_path for c in snap.chunks} == {"manual.pdf#page=1"}
+
+
+def test_a_pdf_whose_extraction_runs_past_its_deadline_is_skipped_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pypdf parses a shared stream of numbers anew for every page (20 pages of 4 MB: 248 s);
+    # no count of text or operators sees it, so the child process that extracts is killed
+    monkeypatch.setattr(pdf, "PDF_DEADLINE_S", 2.0, raising=False)
+    monkeypatch.setattr(pdf, "PDF_DEADLINE_S_PER_MIB", 0.0, raising=False)
+    docs = tmp_path / "pdfs"
+    docs.mkdir()
+    (docs / "manual.pdf").write_bytes(make_pdf([["Short manual."]]))
+    (docs / "numbers.pdf").write_bytes(shared_stream_pdf(4, b"1 " * 500_000))
+    summary, snap = build(tmp_path, [{"type": "pdf", "path": str(docs)}])
+    assert reasons(summary) == {
+        "numbers.pdf": "text extraction ran past its 2.0 s (PDF_DEADLINE_S, plus "
+        "PDF_DEADLINE_S_PER_MIB of file)"
+    }
+    assert {c.source_path for c in snap.chunks} == {"manual.pdf#page=1"}

@@ -40,6 +40,12 @@ _CLOSERS = ("---", "...")
 # Frontmatter is a few fields. YAML aliases can make a few lines expand to billions of values
 # ("billion laughs") or into a cycle; metadata_value would walk either until memory runs out.
 MAX_FRONTMATTER_VALUES = 10_000
+# ... and a few aliases of a long string expand into hundreds of megabytes in few values: 26 kB of
+# frontmatter became one 223 MB metadata string (RSS 445 MiB per page; load_markdown holds every
+# page). Its scalars, aliases expanded, are counted in bytes too (the chunker's MAX_META_BYTES cuts
+# only once the page is in memory). Twice MAX_FRONTMATTER_BYTES: room for a tag list reused by
+# alias, never a page's worth of text. Aliases stay allowed: they are ordinary YAML.
+MAX_FRONTMATTER_EXPANDED_BYTES = 64 * 1024
 # PyYAML is pure Python: 200 kB of frontmatter took 14 s to parse, the 8 MiB a page may hold
 # ten minutes. Frontmatter is a few fields; its size is checked before it is parsed.
 MAX_FRONTMATTER_BYTES = 32 * 1024
@@ -126,8 +132,10 @@ def _check_text(source: str) -> None:
 
 def _check_size(data: object) -> None:
     """Raise FrontmatterError when ``data``, aliases expanded, holds too many values (a cycle
-    holds infinitely many); the walk stops at the limit, so it is cheap either way."""
-    todo, seen = [data], 0
+    holds infinitely many) or too many bytes; an alias counts each time it is used, and is
+    never expanded. The walk stops at either limit, so it is cheap either way."""
+    todo, seen, size = [data], 0, 0
+    sizes: dict[int, int] = {}  # id -> UTF-8 bytes of a scalar, measured once however shared
     while todo:
         value = todo.pop()
         seen += 1
@@ -141,6 +149,25 @@ def _check_size(data: object) -> None:
             todo.extend(value.values())
         elif isinstance(value, list | tuple | set | frozenset):
             todo.extend(value)
+        else:
+            size += _scalar_bytes(value, sizes)
+            _check_expanded(size)
+
+
+def _scalar_bytes(value: object, sizes: dict[int, int]) -> int:
+    """The UTF-8 bytes of one scalar as metadata writes it, plus 2 for its separator."""
+    got = sizes.get(id(value))
+    if got is None:
+        got = sizes[id(value)] = len(metadata_value(value).encode("utf-8", "surrogatepass")) + 2
+    return got
+
+
+def _check_expanded(size: int) -> None:
+    if size > MAX_FRONTMATTER_EXPANDED_BYTES:
+        raise FrontmatterError(
+            f"malformed frontmatter: more than {MAX_FRONTMATTER_EXPANDED_BYTES:,} bytes once "
+            "its YAML aliases are expanded (an alias counts each time it is used)"
+        )
 
 
 def _json_default(value: object) -> str:

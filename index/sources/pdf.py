@@ -4,54 +4,222 @@ A PDF page's ``source_path`` is ``<file>#page=<n>`` (the fragment PDF viewers op
 title is the document's title (its metadata, else the file name's stem), and its metadata holds
 ``page`` and ``pages``. A PDF that cannot be parsed, is encrypted, or has no text layer at all
 (a scan) is skipped with the reason. Text is extracted with pypdf (pure Python).
+
+A few kilobytes of PDF can hold megabytes of text (one compressed content stream shared by every
+page) and pypdf's extraction takes time quadratic in a page's text (12 MB of it: 129 s). So a
+document is skipped with the reason once a page's text passes ``PDF_MAX_PAGE_TEXT_BYTES``, a page
+or the document, runs ``PDF_MAX_OPERATORS`` content-stream operators, a stream decompresses past
+``PDF_MAX_STREAM_BYTES``, or the document's text passes ``PDF_MAX_TEXT_BYTES`` (or a
+folder's lower ``max_page_bytes``).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
+import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 from types import MappingProxyType
 
-from pypdf import PdfReader
+from pypdf import PdfReader, apply_configuration
+from pypdf.errors import LimitReachedError
 
 from index.errors import SourceError
 from index.sources import SkippedPage
-from index.sources.folder import FolderOptions, list_files, read_file
+from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, FolderOptions, list_files, read_file
 from index.types import Page
 
-__all__ = ["PDF_MAX_BYTES", "PDF_OPTIONS", "PDF_SUFFIXES", "load_pdf", "pdf_pages"]
+__all__ = [
+    "PDF_DEADLINE_S",
+    "PDF_DEADLINE_S_PER_MIB",
+    "PDF_MAX_BYTES",
+    "PDF_MAX_MEMORY_BYTES",
+    "PDF_MAX_OPERATORS",
+    "PDF_MAX_PAGE_TEXT_BYTES",
+    "PDF_MAX_STREAM_BYTES",
+    "PDF_MAX_TEXT_BYTES",
+    "PDF_OPTIONS",
+    "PDF_SUFFIXES",
+    "load_pdf",
+    "pdf_pages",
+]
 
 PDF_SUFFIXES = (".pdf",)
 # A PDF file's default max_page_bytes: manuals with pictures run to tens of MiB, and pypdf holds
 # the whole file and its parsed objects in memory.
 PDF_MAX_BYTES = 64 << 20
 PDF_OPTIONS = FolderOptions(max_page_bytes=PDF_MAX_BYTES)
+# A printed page holds a few kilobytes of text; pypdf's extraction is quadratic in a page's text
+# (1 MB: 1 s, 2 MB: 3 s, 4 MB: 12 s), so a page's text is bounded well under a second of it.
+PDF_MAX_PAGE_TEXT_BYTES = 256 << 10
+# A document's text, all pages told (a 1,000-page manual holds ~3 MB); the file may be 64 MiB of
+# pictures, its text is held to what any other page may be (max_page_bytes, if lower).
+PDF_MAX_TEXT_BYTES = DEFAULT_MAX_PAGE_BYTES
+# Operators run in one document, forms included (a form may be drawn 5,000 times a page): a
+# dense page of text runs a few thousand, a detailed drawing some hundreds of thousands; pypdf
+# runs ~300,000 a second.
+PDF_MAX_OPERATORS = 5_000_000
+# One stream, decompressed (pypdf's default is 75 MB): a content stream is parsed whole before a
+# single operator runs, ~2 MB a second.
+PDF_MAX_STREAM_BYTES = 4 << 20
+# What else a document may cost, in a child process of its own: pypdf parses a content stream of
+# numbers at ~0.3 MB a second, a stream it parses anew for each page that draws it (20 pages
+# sharing a 4 MB stream: 248 s), which no count of text or operators sees. The child is killed
+# past its deadline (PDF_DEADLINE_S, plus PDF_DEADLINE_S_PER_MIB of file: a 1,000-page manual
+# takes pypdf ~30 s) and runs in at most PDF_MAX_MEMORY_BYTES.
+PDF_DEADLINE_S = 20.0
+PDF_DEADLINE_S_PER_MIB = 10.0
+PDF_MAX_MEMORY_BYTES = 4 << 30
+_STREAM_LIMITS = (
+    "zlib_maximum_output_length",
+    "lzw_maximum_output_length",
+    "run_length_maximum_output_length",
+    "brotli_maximum_output_length",
+    "array_based_stream_maximum_output_length",
+)
 
 # pypdf logs every recoverable oddity of a damaged file; the build reports what matters.
 logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 
-def _read(data: bytes) -> tuple[str, list[str]]:
-    reader = PdfReader(io.BytesIO(data))
-    if reader.is_encrypted and not reader.decrypt(""):
-        raise ValueError("encrypted with a password")
-    meta = reader.metadata
-    title = " ".join(str(meta.title).split()) if meta is not None and meta.title else ""
-    texts = [(page.extract_text() or "").replace("\x00", "") for page in reader.pages]
+class _TextBudgetSpent(MemoryError):
+    """A page or document ran past a text or operator limit. A MemoryError, because pypdf lets
+    MemoryError through where it logs and skips any other error (a form, a font); extraction
+    must stop at once, not go on to the next of 5,000 forms."""
+
+
+class _Budget:
+    """What one page's extraction may still write and run; pypdf's visitors call it."""
+
+    def __init__(self, page: int, doc_left: int, doc_limit: int, operators: int) -> None:
+        self.page, self.operators = page, operators  # run so far in the document
+        if doc_left >= PDF_MAX_PAGE_TEXT_BYTES:
+            self.left, self.over = (
+                PDF_MAX_PAGE_TEXT_BYTES,
+                (f"its text passes {PDF_MAX_PAGE_TEXT_BYTES:,} bytes (PDF_MAX_PAGE_TEXT_BYTES)"),
+            )
+        else:
+            self.left = doc_left
+            self.over = (
+                f"the document's text passes {doc_limit:,} bytes "
+                "(PDF_MAX_TEXT_BYTES, or max_page_bytes if lower)"
+            )
+
+    def text(self, text: str, *_: object) -> None:
+        self.left -= len(text.encode("utf-8", "surrogatepass"))
+        if self.left < 0:
+            raise _TextBudgetSpent(f"page {self.page}: {self.over}")
+
+    def operator(self, *_: object) -> None:
+        self.operators += 1
+        if self.operators > PDF_MAX_OPERATORS:
+            raise _TextBudgetSpent(
+                f"page {self.page}: the document runs more than {PDF_MAX_OPERATORS:,} "
+                "operators (PDF_MAX_OPERATORS)"
+            )
+
+
+def _read(data: bytes, max_text_bytes: int) -> tuple[str, list[str]]:
+    limits = dict.fromkeys(_STREAM_LIMITS, PDF_MAX_STREAM_BYTES)
+    with apply_configuration(None, stream_parsing_work_maximum_count=PDF_MAX_OPERATORS, **limits):
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise ValueError("encrypted with a password")
+        meta = reader.metadata
+        title = " ".join(str(meta.title).split()) if meta is not None and meta.title else ""
+        texts, left, operators = [], max_text_bytes, 0
+        for n, page in enumerate(reader.pages, 1):
+            budget = _Budget(n, left, max_text_bytes, operators)
+            text = page.extract_text(
+                visitor_text=budget.text, visitor_operand_before=budget.operator
+            )
+            texts.append((text or "").replace("\x00", ""))
+            left -= len(texts[-1].encode("utf-8", "surrogatepass"))
+            operators = budget.operators
     return title, [t.replace("\r\n", "\n").replace("\r", "\n").strip() for t in texts]
 
 
-def pdf_pages(
-    source: str, rel: str, data: bytes, fallback_title: str, url: str = ""
-) -> list[Page] | SkippedPage:
-    """The pages of one PDF document with text, or why the document cannot be used."""
+def _limit_reason(exc: LimitReachedError) -> str:
+    """Which of the limits set on pypdf a document ran past (else pypdf's own words)."""
+    if "decompress" in str(exc).lower():
+        return f"a stream decompresses past {PDF_MAX_STREAM_BYTES:,} bytes (PDF_MAX_STREAM_BYTES)"
+    return f"over a limit of pypdf's (PDF_MAX_OPERATORS is {PDF_MAX_OPERATORS:,}): {exc}"
+
+
+def _extract(data: bytes, max_text_bytes: int) -> tuple[str, list[str]] | str:
+    """The document's title and page texts, or why there are none."""
     try:
-        title, texts = _read(data)
+        return _read(data, max_text_bytes)
+    except _TextBudgetSpent as exc:
+        return f"too much text to extract: {exc}"
+    except LimitReachedError as exc:
+        return _limit_reason(exc)
     # A damaged PDF can make a pure-Python parser raise almost anything; any failure here is a
     # property of this one file, reported with its type, and never stops the build.
     except Exception as exc:
-        return SkippedPage(rel, f"unreadable PDF: {type(exc).__name__}: {exc}")
+        return f"unreadable PDF: {type(exc).__name__}: {exc}"
+
+
+def _child() -> None:
+    """``python -m index.sources.pdf MAX_TEXT_BYTES CPU_S``: the PDF on stdin, ``_extract``'s
+    answer as JSON on stdout."""
+    max_text_bytes, cpu_s = int(sys.argv[1]), int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (PDF_MAX_MEMORY_BYTES, PDF_MAX_MEMORY_BYTES))
+    got = _extract(sys.stdin.buffer.read(), max_text_bytes)
+    sys.stdout.write(json.dumps(got))
+
+
+def _extract_apart(data: bytes, max_text_bytes: int) -> tuple[str, list[str]] | str:
+    """``_extract`` in a child process, killed past the document's deadline (a process of its
+    own: nothing of pypdf's can be stopped in this one, and a fork of a threaded process is
+    unsafe). Starting it costs ~0.3 s a document."""
+    deadline = PDF_DEADLINE_S + PDF_DEADLINE_S_PER_MIB * len(data) / (1 << 20)
+    root = str(Path(__file__).resolve().parents[2])  # where ``index`` is imported from
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "index.sources.pdf",
+        str(max_text_bytes),
+        str(int(deadline) + 1),
+    ]
+    try:
+        done = subprocess.run(
+            command, input=data, capture_output=True, timeout=deadline, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"text extraction ran past its {deadline:.1f} s (PDF_DEADLINE_S, plus PDF_DEADLINE_S_PER_MIB of file)"
+    if done.returncode != 0:
+        return (
+            f"text extraction stopped (exit {done.returncode}): past its CPU time or "
+            f"{PDF_MAX_MEMORY_BYTES:,} bytes of memory (PDF_MAX_MEMORY_BYTES)"
+        )
+    got = json.loads(done.stdout)
+    return got if isinstance(got, str) else (got[0], got[1])
+
+
+def pdf_pages(
+    source: str,
+    rel: str,
+    data: bytes,
+    fallback_title: str,
+    url: str = "",
+    max_text_bytes: int = PDF_MAX_TEXT_BYTES,
+) -> list[Page] | SkippedPage:
+    """The pages of one PDF document with text, or why the document cannot be used (among the
+    reasons, text past ``max_text_bytes`` all told, or past a limit of this module)."""
+    got = _extract_apart(data, max_text_bytes)
+    if isinstance(got, str):
+        return SkippedPage(rel, got)
+    title, texts = got
     if not any(texts):
         return SkippedPage(rel, f"no text layer in {len(texts)} page(s) (a scanned PDF?)")
     title = title or fallback_title
@@ -75,7 +243,8 @@ def load_pdf(
     source: str, root: Path, options: FolderOptions = PDF_OPTIONS
 ) -> tuple[list[Page], list[SkippedPage]]:
     """Read every PDF under ``root`` (``index.sources.folder`` says which); a bad file is
-    skipped, never raised. ``max_page_bytes`` bounds a PDF file.
+    skipped, never raised. ``max_page_bytes`` bounds a PDF file, and its text
+    if under PDF_MAX_TEXT_BYTES.
 
     Raises SourceError only when ``root`` is not a folder.
     """
@@ -86,9 +255,23 @@ def load_pdf(
     skipped = listing.skipped
     for rel, path in listing.files:
         data = read_file(rel, path, options.max_page_bytes)
-        got = data if isinstance(data, SkippedPage) else pdf_pages(source, rel, data, path.stem)
+        got = (
+            data
+            if isinstance(data, SkippedPage)
+            else pdf_pages(
+                source,
+                rel,
+                data,
+                path.stem,
+                max_text_bytes=min(options.max_page_bytes, PDF_MAX_TEXT_BYTES),
+            )
+        )
         if isinstance(got, SkippedPage):
             skipped.append(got)
         else:
             pages.extend(got)
     return pages, skipped
+
+
+if __name__ == "__main__":
+    _child()
