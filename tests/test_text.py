@@ -81,3 +81,12 @@ def test_a_real_turn_is_read_whole() -> None:
     said = Utterance.of(text)
     assert said.tokens == tuple(tokens(text))
     assert said.words[-3:] == ("about", "the", "hotel")
+
+
+def test_a_long_run_with_a_lone_surrogate_is_read_as_any_other() -> None:
+    """An in-process caller may hand a turn a lone surrogate (the network cannot: its decoders
+    refuse one); the words were read before the cut at MAX_RUN_BYTES, so they are after it."""
+    said = "x" * 2000 + "\ud800 and the rest"
+    utterance = Utterance.of(said)
+    assert utterance.words[-2:] == ("the", "rest")
+    assert len(utterance.words[0]) == MAX_RUN_BYTES

@@ -49,14 +49,14 @@ _PAST = b"x" * (MAX_RUN_BYTES + 1)
 def read(text: str) -> str:
     """``text`` with each run of it without whitespace cut to its first ``MAX_RUN_BYTES``: what
     the turn's words and tokens are taken from. A real turn is returned as it is."""
-    data = text.encode()
+    data = text.encode("utf-8", "surrogatepass")
     if len(data) <= MAX_RUN_BYTES or _PAST not in data.translate(_RUNS):
         return text
     return _LONG_RUN.sub(_run_head, text)
 
 
 def _run_head(run: re.Match[str]) -> str:
-    return run[0].encode()[:MAX_RUN_BYTES].decode("utf-8", "ignore")
+    return run[0].encode("utf-8", "surrogatepass")[:MAX_RUN_BYTES].decode("utf-8", "ignore")
 
 
 def words(text: str) -> list[str]:
