@@ -8,7 +8,9 @@ not hashed nor the graphs' links checked a second time), build its searcher (``s
 everything a query needs, the follow-ups' gazetteer and the page index included), run warm-up
 queries, and publish the searcher with one reference swap. All of it but the swap runs off the
 event loop, one refresh at a time. After a swap the
-heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
+heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot; the
+garbage frozen with it (sessions alive at the swap, ended since) is bounded: once the frozen heap
+has grown by ``FREEZE_GROWTH`` since the last full collection, one full collection runs.
 
 With a memory budget (``budget_bytes`` > 0, ``[sidecar] memory_budget_mb``) bases are lazy: none
 is loaded at start, and ``want(kb, peer)`` (a call to a base not loaded) queues its load. The
@@ -160,18 +162,62 @@ def warm_searches(snapshot: LoadedSnapshot) -> None:
         snapshot.lexical.search(chunk.title, 3)
 
 
-def freeze_heap() -> None:
-    """Take every object alive now out of the cyclic garbage collector's walks (``gc.freeze``).
+# Frozen garbage: each swap freezes every object alive then, a live session's too, and a frozen
+# reference cycle is never collected once it is garbage. When the frozen heap has grown past its
+# size after the last full collection by the larger of this share and FREEZE_SLACK objects, the
+# swap unfreezes it and runs one full collection, so the frozen garbage stays within that bound;
+# a heap that grows by loading bases pays one such collection each time it grows by the share.
+FREEZE_GROWTH = 0.25
+FREEZE_SLACK = 50_000  # objects: ~7 MB of sessions' garbage (~140 bytes each); a heap is ~190k
 
-    A snapshot is millions of objects that live until the next swap. Each full collection walked
-    all of them with the GIL held, stalling the event loop (70-100 ms a time at 100k chunks,
-    during the next load; ``python -m bench.swap``). Frozen objects are still freed by reference
-    counting when the last request holding an old snapshot ends, as snapshots hold no reference
-    cycles. What is kept for good is a cycle that is garbage at this moment and survived a young
-    collection: the young generations are collected first (cheap: they are small).
+
+class _Frozen:
+    """The frozen heap's size in objects after the last full collection, or its smallest since
+    (evictions and freed old snapshots shrink it): the base the bound is counted from."""
+
+    base: int | None = None
+
+
+def freeze_heap() -> bool:
+    """Take every object alive now out of the cyclic garbage collector's walks (``gc.freeze``);
+    True when a full collection ran first, the frozen heap past its bound (``FREEZE_GROWTH``).
+
+    Full collections walked the served snapshot's objects with the GIL held, stalling the event
+    loop (70-100 ms a time at 100k chunks, during the next load, before chunks were mapped;
+    ``python -m bench.swap``). Frozen objects are still freed by reference counting when the
+    last request holding an old snapshot ends, as snapshots hold no reference cycles. A reference
+    cycle frozen while alive (a live session's: the MCP SDK's, a call's state) is never collected
+    once it is garbage: the young generations are collected first (cheap: they are small), and
+    once the frozen heap has outgrown its bound the heap is unfrozen and collected in full, once
+    (33 ms at 100k chunks; counting the frozen heap, at every swap, 3-7 ms; ``python -m
+    bench.frozen_garbage``), which keeps the frozen garbage bounded however many swaps a
+    process serves.
     """
     gc.collect(1)
     gc.freeze()
+    frozen = gc.get_freeze_count()  # walks the frozen objects' list
+    base = _Frozen.base
+    if base is None or frozen <= base + max(FREEZE_SLACK, int(base * FREEZE_GROWTH)):
+        _Frozen.base = frozen if base is None else min(base, frozen)
+        return False
+    collect_frozen()
+    return True
+
+
+def collect_frozen() -> None:
+    """Collect the whole heap, frozen garbage included, and freeze it again: one full walk of
+    the heap with the GIL held. The frozen heap's size then is the next bound's base."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    _Frozen.base = gc.get_freeze_count()
+
+
+def thaw_heap() -> None:
+    """Hand the frozen heap back to the garbage collector (a stopped sidecar); the next
+    ``freeze_heap`` counts its bound anew."""
+    gc.unfreeze()
+    _Frozen.base = None
 
 
 class LoadQueue:
@@ -631,7 +677,7 @@ class Refresher:
         self._queue.clear()
         if self._loader is not None:
             self._loader.cancel()
-        gc.unfreeze()
+        thaw_heap()
 
     def add_bases(self, names: Iterable[str]) -> list[str]:
         """Keep these bases current too (published to the store since the start): the next
