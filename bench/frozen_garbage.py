@@ -12,8 +12,9 @@
    so its objects alive at a swap are frozen too (as a gRPC call's would be).
 2. The cost of the bound at 100k chunks (``bench.swap``'s synthetic snapshot, cached in
    ``bench/.cache/swap/``), in a fresh process serving it: the heap's objects, how long
-   ``gc.get_freeze_count()`` (run at every swap) and the full collection (run when the frozen
-   heap has grown by ``FREEZE_GROWTH``) hold the GIL.
+   ``sys.getallocatedblocks()`` (the bound's count, at every swap), ``gc.get_freeze_count()``
+   (the count it replaced) and the full collection (run when the heap has grown by
+   ``FREEZE_GROWTH``) hold the GIL.
 
 Writes ``bench/results/frozen_garbage.json``.
 """
@@ -132,6 +133,7 @@ async def _sessions_across_swaps(
                         "swap": n,
                         "tracked": len(gc.get_objects()),
                         "frozen": gc.get_freeze_count(),
+                        "blocks": sys.getallocatedblocks(),
                         "rss_mb": _status_mb("VmRSS"),
                     }
                 )
@@ -146,6 +148,7 @@ async def _sessions_across_swaps(
         "frozen_growth_per_swap": (last["frozen"] - first["frozen"]) / (len(rows) - 1),
         "rss_growth_mb": last["rss_mb"] - first["rss_mb"],
         "frozen_most_over_first": max(r["frozen"] for r in rows) - first["frozen"],
+        "blocks_most_over_first": max(r["blocks"] for r in rows) - first["blocks"],
         "frozen_garbage_at_end": garbage,
         "frozen_garbage_bytes_at_end": garbage_bytes,
         "frozen_garbage_per_session_swap": garbage / (swaps * sessions),
@@ -196,6 +199,9 @@ def measure_stall(folder: Path) -> dict[str, Any]:
     frozen = gc.get_freeze_count()
     count_s = time.perf_counter() - start
     start = time.perf_counter()
+    blocks = sys.getallocatedblocks()
+    blocks_s = time.perf_counter() - start
+    start = time.perf_counter()
     gc.collect(1)
     gc.freeze()
     young_s = time.perf_counter() - start
@@ -208,6 +214,8 @@ def measure_stall(folder: Path) -> dict[str, Any]:
         "chunks": len(holder.get(KB).chunks),  # type: ignore[union-attr]
         "frozen_objects": frozen,
         "freeze_count_ms": count_s * 1000,
+        "allocated_blocks": blocks,
+        "allocated_blocks_ms": blocks_s * 1000,
         "young_collection_and_freeze_ms": young_s * 1000,
         "full_collection_ms": full_s * 1000,
         "rss_mb": _status_mb("VmRSS"),

@@ -64,8 +64,8 @@ def test_the_frozen_heap_stays_bounded_across_many_swaps(
     monkeypatch: pytest.MonkeyPatch, thawed: None
 ) -> None:
     """100 swaps, each freezing a live session that ends after it (200k objects of garbage in
-    all), keep the frozen heap within its bound (here ``SLACK`` objects) of its size at the
-    first: a full collection runs whenever it is passed."""
+    all), keep the frozen heap within its bound of its size at the first (here ``SLACK``
+    allocator blocks: fewer objects than that): a full collection runs whenever it is passed."""
     monkeypatch.setattr(refresh, "FREEZE_GROWTH", 0.0, raising=False)
     monkeypatch.setattr(refresh, "FREEZE_SLACK", SLACK, raising=False)
     live: Session | None = None
