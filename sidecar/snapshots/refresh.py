@@ -8,7 +8,9 @@ not hashed nor the graphs' links checked a second time), build its searcher (``s
 everything a query needs, the follow-ups' gazetteer and the page index included), run warm-up
 queries, and publish the searcher with one reference swap. All of it but the swap runs off the
 event loop, one refresh at a time. After a swap the
-heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot.
+heap is frozen (``freeze_heap``) so the garbage collector stops walking the served snapshot; the
+garbage frozen with it (sessions alive at the swap, ended since) is bounded: once the heap
+has grown by ``FREEZE_GROWTH`` since the last full collection, one full collection runs.
 
 With a memory budget (``budget_bytes`` > 0, ``[sidecar] memory_budget_mb``) bases are lazy: none
 is loaded at start, and ``want(kb, peer)`` (a call to a base not loaded) queues its load. The
@@ -47,6 +49,7 @@ import errno
 import gc
 import logging
 import random
+import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -160,18 +163,63 @@ def warm_searches(snapshot: LoadedSnapshot) -> None:
         snapshot.lexical.search(chunk.title, 3)
 
 
-def freeze_heap() -> None:
-    """Take every object alive now out of the cyclic garbage collector's walks (``gc.freeze``).
+# Frozen garbage: each swap freezes every object alive then, a live session's too, and a frozen
+# reference cycle is never collected once it is garbage. When the heap has grown past its size
+# after the last full collection by the larger of this share and FREEZE_SLACK blocks, the swap
+# unfreezes it and runs one full collection, so the frozen garbage stays within that bound; a
+# heap that grows by loading bases pays one such collection each time it grows by the share. The
+# heap is counted in the object allocator's blocks (``sys.getallocatedblocks``: 0.03 ms, where
+# counting the frozen objects walks their list: 3-13 ms at 100k chunks).
+FREEZE_GROWTH = 0.25
+FREEZE_SLACK = 100_000  # blocks: ~6 MB of sessions' garbage (~60 bytes each); a heap is ~500k
 
-    A snapshot is millions of objects that live until the next swap. Each full collection walked
-    all of them with the GIL held, stalling the event loop (70-100 ms a time at 100k chunks,
-    during the next load; ``python -m bench.swap``). Frozen objects are still freed by reference
-    counting when the last request holding an old snapshot ends, as snapshots hold no reference
-    cycles. What is kept for good is a cycle that is garbage at this moment and survived a young
-    collection: the young generations are collected first (cheap: they are small).
+
+class _Frozen:
+    """The heap's size in blocks after the last full collection, or its smallest since
+    (evictions and freed old snapshots shrink it): the base the bound is counted from."""
+
+    base: int | None = None
+
+
+def freeze_heap() -> bool:
+    """Take every object alive now out of the cyclic garbage collector's walks (``gc.freeze``);
+    True when a full collection ran first, the heap past its bound (``FREEZE_GROWTH``).
+
+    Full collections walked the served snapshot's objects with the GIL held, stalling the event
+    loop (70-100 ms a time at 100k chunks, during the next load, before chunks were mapped;
+    ``python -m bench.swap``). Frozen objects are still freed by reference counting when the
+    last request holding an old snapshot ends, as snapshots hold no reference cycles. A reference
+    cycle frozen while alive (a live session's: the MCP SDK's, a call's state) is never collected
+    once it is garbage: the young generations are collected first (cheap: they are small), and
+    once the heap has outgrown its bound it is unfrozen and collected in full, once (32-45 ms at
+    100k chunks, ``python -m bench.frozen_garbage``), which keeps the frozen garbage bounded
+    however many swaps a process serves.
     """
     gc.collect(1)
     gc.freeze()
+    blocks = sys.getallocatedblocks()
+    base = _Frozen.base
+    if base is None or blocks <= base + max(FREEZE_SLACK, int(base * FREEZE_GROWTH)):
+        _Frozen.base = blocks if base is None else min(base, blocks)
+        return False
+    collect_frozen()
+    return True
+
+
+def collect_frozen() -> None:
+    """Collect the whole heap, frozen garbage included, and freeze it again: one full walk of
+    the heap with the GIL held. The heap's size then is the next bound's base."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    _Frozen.base = sys.getallocatedblocks()
+
+
+def thaw_heap() -> None:
+    """Hand the frozen heap back to the garbage collector (a stopped sidecar); the next
+    ``freeze_heap`` counts its bound anew."""
+    gc.unfreeze()
+    _Frozen.base = None
 
 
 class LoadQueue:
@@ -631,7 +679,7 @@ class Refresher:
         self._queue.clear()
         if self._loader is not None:
             self._loader.cancel()
-        gc.unfreeze()
+        thaw_heap()
 
     def add_bases(self, names: Iterable[str]) -> list[str]:
         """Keep these bases current too (published to the store since the start): the next
