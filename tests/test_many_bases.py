@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -447,3 +448,41 @@ async def test_the_load_queue_counts_a_remote_client_once_whatever_its_connectio
         refresher.close()
     assert load_requester("ipv6:%5B2001:db8::1%5D:1") == load_requester("[2001:db8::2]:2")
     assert load_requester("ipv4:127.0.0.1:1") != load_requester("ipv4:127.0.0.1:2")
+
+
+async def test_a_poll_does_not_bring_back_a_base_evicted_while_its_pointer_was_read(
+    store: Path, tmp_path: Path
+) -> None:
+    """A poll reads B's base's pointer slowly; meanwhile C's working set fills the budget and
+    evicts B's base. The poll does not load that base again (evicting C's working set to fit
+    it: a poll protects nobody's): a poll refreshes only the bases still loaded."""
+    async with (
+        serving(store, tmp_path) as sidecar,
+        channel(sidecar) as b_ch,
+        channel(sidecar) as c_ch,
+    ):
+        sidecar.holder.reuse_s = 3600.0
+        b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+        c = pb_grpc.RetrievalStub(c_ch)  # type: ignore[no-untyped-call]
+        target = kb_name(700)
+        await answered(b, target)  # loaded, called once: in nobody's working set
+        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+        reading, gate = threading.Event(), threading.Event()
+        real = sidecar.refresher.store.latest
+
+        def latest(kb: str) -> str | None:
+            if kb == target:
+                reading.set()
+                gate.wait(CALL_S)
+            return real(kb)
+
+        sidecar.refresher.store.latest = latest  # type: ignore[method-assign]
+        poll = asyncio.create_task(sidecar.refresher.refresh())
+        await eventually(reading.is_set, "the poll's read of the pointer")
+        mine = [kb_name(710 + i) for i in range(fits)]
+        await working_set(c, mine)
+        assert target not in loaded(sidecar)
+        before = loaded(sidecar)
+        gate.set()
+        assert await poll == []
+        assert loaded(sidecar) == before

@@ -29,7 +29,8 @@ until the loaded bytes are within the budget again: a version that fails evicts 
 process holds one base beyond the budget for the time of a load. When only other requesters'
 working sets could make room (``SnapshotHolder`` says None), the load is not served: its base
 is held back (``_held``), its calls told to retry, until the first of those bases may leave
-(nothing evicted, nothing refused). A poll refreshes only the loaded bases.
+(nothing evicted, nothing refused). A poll refreshes only the loaded bases: one evicted while
+the poll read its pointer is left out.
 
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
@@ -483,9 +484,13 @@ class Refresher:
     async def _serve(self, kb: str, version: str | None, requester: str | None = None) -> bool:
         """Load, verify and publish ``version`` (what ``kb``'s pointer named, downloaded by
         ``newest``) when it is newer than the one served, for ``requester``'s load (None: a
-        poll): under the load lock."""
+        poll): under the load lock. A poll refreshes only the bases still loaded: one evicted
+        while the poll read its pointer is not loaded again (that would evict another caller's
+        working set for a base nobody asked for)."""
         current = self.holder.get(kb)
         if version is None or self._rejected.get(kb) == version:
+            return False
+        if current is None and requester is None and self.budget_bytes:
             return False
         if current is not None and version <= current.version:
             if version < current.version:
