@@ -275,8 +275,8 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
 class _Room:
     """The cache's bytes promised to the downloads in flight, one per thread (a fetch is one
     thread's): what each still has to write, by its manifest's sizes. A download's check of the
-    free space counts the others' as taken, so downloads running together (up to 32 bases at
-    once) cannot together overrun the disk; each promise shrinks as its bytes are written."""
+    free space counts the others' as taken, so downloads running together (up to 48 bases at
+    once: 32 first loads', 16 a poll's) cannot together overrun the disk; each promise shrinks as its bytes are written."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -69,12 +69,14 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def serving(store: Path, tmp_path: Path) -> AsyncIterator[Sidecar]:
+async def serving(
+    store: Path, tmp_path: Path, budget_mb: int = BUDGET_MB
+) -> AsyncIterator[Sidecar]:
     raw = {
         "sidecar": {
             "store": str(store),
             "listen": "127.0.0.1:0",
-            "memory_budget_mb": BUDGET_MB,
+            "memory_budget_mb": budget_mb,
             "min_score": -1.0,
             "budget_ms": 5_000,
             "cache_dir": str(tmp_path / "cache"),
@@ -486,3 +488,35 @@ async def test_a_poll_does_not_bring_back_a_base_evicted_while_its_pointer_was_r
         gate.set()
         assert await poll == []
         assert loaded(sidecar) == before
+
+
+async def test_a_first_load_does_not_wait_behind_a_polls_pointer_reads(
+    store: Path, tmp_path: Path
+) -> None:
+    """40 loaded bases whose pointers the store holds (more than the download threads): a
+    poll's reads of them hold none of a first call's load, which is served while they hang (on
+    the shared pool the poll's reads took every thread and the first load queued behind them)."""
+    async with serving(store, tmp_path, budget_mb=400) as sidecar, channel(sidecar) as ch:
+        s = pb_grpc.RetrievalStub(ch)  # type: ignore[no-untyped-call]
+        for i in range(40):
+            await answered(s, kb_name(i))
+        slow = loaded(sidecar)
+        reads: list[str] = []
+        gate = threading.Event()
+        real = sidecar.refresher.store.latest
+
+        def latest(kb: str) -> str | None:
+            if kb in slow:
+                reads.append(kb)
+                gate.wait(2 * LOAD_WAIT_S)  # past the caller's patience
+            return real(kb)
+
+        sidecar.refresher.store.latest = latest  # type: ignore[method-assign]
+        poll = asyncio.create_task(sidecar.refresher.refresh())
+        try:
+            await eventually(lambda: len(reads) >= 16, "the poll's reads of the pointers")
+            await answered(s, kb_name(500))  # served while every read of the poll hangs
+            assert kb_name(500) in loaded(sidecar)
+        finally:
+            gate.set()
+            await poll

@@ -22,8 +22,9 @@ each within the store's deadlines; one still going after ``DOWNLOAD_WAIT_S`` goe
 background while the next bases load, and its base is queued again, the version it read kept,
 when it is in (the pointer is read once per load): a store trickling some bases' pointers or
 files holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at once). A poll reads
-the pointers and downloads the new versions of its bases side by side, outside the lock, and
-loads each as its download ends. A load is verified
+the pointers and downloads the new versions of its bases side by side, outside the lock, on
+threads of its own (at most ``POLL_DOWNLOADS``), and loads each as its download ends: its reads
+never hold a first load's download thread. A load is verified
 and built before anything is evicted, then the bases ``SnapshotHolder.over_budget`` names go
 until the loaded bytes are within the budget again: a version that fails evicts nothing, and the
 process holds one base beyond the budget for the time of a load. When only other requesters'
@@ -88,6 +89,10 @@ DOWNLOAD_WAIT_S = 1.0
 # and a partial folder checked against the cache's free space; 32 stays far from a process's
 # usual 1,024 descriptors.
 MAX_DOWNLOADS = 32
+# A poll's pointer reads and downloads run on threads of their own, this many at once: on the
+# first loads' threads, a poll of more loaded bases than those threads took all of them, and a
+# first call's load queued behind the poll's reads (4.1 s behind 40 bases whose LATEST took 4 s).
+POLL_DOWNLOADS = 16
 
 # (error class, refusal kind, retried on the next poll); the first match wins
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
@@ -308,6 +313,7 @@ class Refresher:
         # threads start as downloads need them, so bases listed after the start (a config that
         # names none) download side by side too
         self._download_pool = ThreadPoolExecutor(MAX_DOWNLOADS, "voxrecall-download")
+        self._poll_pool = ThreadPoolExecutor(POLL_DOWNLOADS, "voxrecall-poll")
         self._closing = False
         self.load_ms = 0.0  # how long the last lazy load took: the retry hint
         self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
@@ -324,10 +330,11 @@ class Refresher:
     async def refresh(self) -> list[str]:
         """Load every base whose published version is newer than the one served; returns them.
         The bases' pointers are read and their new versions downloaded side by side (one thread
-        per base, at most ``MAX_DOWNLOADS``), outside the load lock, and each is loaded as its
-        download ends: a store trickling one base holds that base alone, not another base's
-        poll nor any first load."""
-        offers = {self._offer(kb): kb for kb in self._polled()}
+        per base, at most ``POLL_DOWNLOADS``, threads of the poll's own), outside the load lock,
+        and each is loaded as its download ends: a store trickling one base holds that base
+        (and, trickling more bases than those threads, the poll's next ones), never a first
+        load."""
+        offers = {self._offer(kb, self._poll_pool): kb for kb in self._polled()}
         pending: set[asyncio.Future[str | None]] = set(offers)
         swapped: list[str] = []
         while pending:
@@ -345,15 +352,21 @@ class Refresher:
         async with self._lock:
             return kb if await self._serve(kb, offer.result()) else ""
 
-    def _offer(self, kb: str) -> asyncio.Future[str | None]:
+    def _offer(self, kb: str, pool: ThreadPoolExecutor | None = None) -> asyncio.Future[str | None]:
         """``kb``'s pointer read and, when it names a version to load, that version downloaded:
-        on a download thread of its own (``newest``)."""
+        on a thread of its own (``newest``), of ``pool`` (a poll's) or the first loads'."""
         current = self.holder.get(kb)
         served = current.version if current is not None else None
         loop = asyncio.get_running_loop()
         keep = tuple(self._served.get(kb, ()))
         return loop.run_in_executor(
-            self._download_pool, newest, self.store, kb, served, self._rejected.get(kb), keep
+            pool or self._download_pool,
+            newest,
+            self.store,
+            kb,
+            served,
+            self._rejected.get(kb),
+            keep,
         )
 
     def _polled(self) -> tuple[str, ...]:
@@ -633,6 +646,7 @@ class Refresher:
         self._closing = True
         self.store.close()
         self._download_pool.shutdown(wait=False, cancel_futures=True)
+        self._poll_pool.shutdown(wait=False, cancel_futures=True)
         self._queue.clear()
         if self._loader is not None:
             self._loader.cancel()
