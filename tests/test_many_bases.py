@@ -399,6 +399,44 @@ def test_a_load_leaves_other_callers_working_sets_out() -> None:
     assert holder.eviction_order(later, requester=load_requester(b)) == ["b_set", "once", "a_set"]
 
 
+def holding(*bases: str) -> SnapshotHolder:
+    """A holder serving ``bases`` (stand-in searchers: the order alone is tested)."""
+    holder = SnapshotHolder()
+    for kb in bases:
+        manifest = SimpleNamespace(knowledge_base=kb)
+        holder.publish(cast(Searcher, SimpleNamespace(snapshot=SimpleNamespace(manifest=manifest))))
+    return holder
+
+
+def test_a_base_two_agent_processes_keep_calling_is_their_working_set() -> None:
+    """Two agent processes on the loopback (each a requester) take turns calling one base: it
+    is in their working set, left out of a third requester's load; either of them may evict it
+    (on main no call came from the previous call's requester, so it was never protected)."""
+    holder = holding("shared", "other")
+    p1, p2, third = "ipv4:127.0.0.1:1000", "ipv4:127.0.0.1:2000", "ipv4:127.0.0.1:4000"
+    for _ in range(3):
+        holder.use("shared", p1)
+        holder.use("shared", p2)
+    holder.use("other", third)
+    now = time.monotonic()
+    assert holder.eviction_order(now, requester=load_requester(third)) == ["other"]
+    assert holder.eviction_order(now, requester=load_requester(p1)) == ["shared", "other"]
+
+
+def test_one_call_by_another_requester_leaves_a_working_set_in_place() -> None:
+    """A keeps calling its base; B calls it once: it stays A's working set (and B's: B called it),
+    left out of a third requester's load (on main B's one call stripped it, A's next call not
+    following A's own)."""
+    holder = holding("a_set", "x")
+    a, b, c = "ipv4:10.0.0.1:1000", "ipv4:10.0.0.2:2000", "ipv4:10.0.0.3:3000"
+    for peer in (a, a, a, b, a):
+        holder.use("a_set", peer)
+    holder.use("x", c)
+    now = time.monotonic()
+    assert holder.eviction_order(now, requester=load_requester(c)) == ["x"]
+    assert holder.eviction_order(now, requester=load_requester(b)) == ["a_set", "x"]
+
+
 def taken(queue: LoadQueue) -> list[str]:
     """The bases ``queue`` gives, in order, until it is empty."""
     order: list[str] = []
