@@ -366,6 +366,46 @@ async def test_a_load_that_could_only_evict_anothers_working_set_waits_with_a_hi
             await b.Search(search(kb), timeout=CALL_S)  # no retry: every one is there
 
 
+async def test_a_load_held_for_room_is_built_once_then_served_when_room_is_made(
+    store: Path, tmp_path: Path
+) -> None:
+    """B's working set fills the budget and B keeps it (its wait for room ends at once, B still
+    there): A's retries of a base held back for room do not build it again (on main each retry
+    built it in full and threw it away, under the load lock: 26-52 s at 1M chunks); once B's
+    set lapses, A's next call builds it and it is served."""
+    async with (
+        serving(store, tmp_path) as sidecar,
+        channel(sidecar) as a_ch,
+        channel(sidecar) as b_ch,
+    ):
+        sidecar.holder.reuse_s = 3600.0
+        a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
+        b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+        await working_set(b, [kb_name(600)])
+        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+        mine = [kb_name(600 + i) for i in range(fits)]
+        await working_set(b, mine[1:])
+        sidecar.holder.room_in = lambda requester: 0.0  # type: ignore[method-assign]
+        builds: list[str] = []
+        load = sidecar.refresher._load
+
+        async def counted(kb: str, version: str) -> Searcher:
+            builds.append(kb)
+            return await load(kb, version)
+
+        sidecar.refresher._load = counted  # type: ignore[method-assign]
+        for _ in range(3):
+            with pytest.raises(grpc.aio.AioRpcError):
+                await a.Search(search(kb_name(650)), timeout=CALL_S)
+            await eventually(lambda: sidecar.refresher.waiting == 0, "the load of kb0650")
+        assert builds == [kb_name(650)]
+        assert loaded(sidecar) == set(mine)
+        sidecar.holder.reuse_s = 0.0  # B's working set lapses
+        await answered(a, kb_name(650))
+        assert builds == [kb_name(650)] * 2
+        assert kb_name(650) in loaded(sidecar)
+
+
 def test_a_base_loaded_and_never_called_goes_first_once_its_wait_is_over() -> None:
     """Eviction order: a fresh base (loaded, not called yet) goes after every used one while
     its caller may still come back (``fresh_s``), before them once that wait is over."""

@@ -30,7 +30,8 @@ until the loaded bytes are within the budget again: a version that fails evicts 
 process holds one base beyond the budget for the time of a load. When only other requesters'
 working sets could make room (``SnapshotHolder`` says None), the load is not served: its base
 is held back (``_held``), its calls told to retry, until the first of those bases may leave
-(nothing evicted, nothing refused). A poll refreshes only the loaded bases: one evicted while
+(nothing evicted, nothing refused); its bytes are kept (``_held_bytes``), so a retry that still
+finds no room extends the hold without building it again. A poll refreshes only the loaded bases: one evicted while
 the poll read its pointer is left out.
 
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
@@ -309,6 +310,7 @@ class Refresher:
         self._downloads: dict[str, asyncio.Future[str | None]] = {}  # lazy: in the background
         self._ready: dict[str, str | None] = {}  # lazy: downloaded in the background, queued
         self._held: dict[str, float] = {}  # lazy: held back for room until then (monotonic)
+        self._held_bytes: dict[str, tuple[str, int]] = {}  # lazy: held: its version, its bytes
         self.knowledge_bases = tuple(knowledge_bases)
         # threads start as downloads need them, so bases listed after the start (a config that
         # names none) download side by side too
@@ -519,6 +521,8 @@ class Refresher:
 
     async def _publish(self, kb: str, version: str, requester: str | None) -> bool:
         """Load ``version`` and serve it, evicting what it needs room for (``_room_for``)."""
+        if self._still_no_room(kb, version, requester):
+            return False
         searcher = await self._load_or_refuse(kb, version)
         if searcher is not None and self._over_budget_alone(kb, version, searcher):
             searcher = None
@@ -528,6 +532,7 @@ class Refresher:
         victims = self._room_for(kb, version, searcher, requester)
         if victims is None:
             return False  # its download stays for the retry
+        self._held_bytes.pop(kb, None)
         self.holder.publish(searcher, requester or "")  # the swap: one reference, on the loop
         for victim in victims:  # after the load was verified: a bad version evicts nothing
             self.holder.remove(victim)
@@ -548,16 +553,33 @@ class Refresher:
             return []
         victims = self.holder.over_budget(self.budget_bytes, kb, searcher.memory_bytes, requester)
         if victims is None:
-            wait_s = self.holder.room_in(requester or "")
-            self._held[kb] = time.monotonic() + wait_s
-            log.info(
-                "%s %s waits %.1f s for room: the bases other callers keep using fill "
-                "[sidecar] memory_budget_mb",
-                kb,
-                version,
-                wait_s,
-            )
+            self._held_bytes[kb] = (version, searcher.memory_bytes)
+            self._hold(kb, version, requester)
         return victims
+
+    def _still_no_room(self, kb: str, version: str, requester: str | None) -> bool:
+        """Whether ``version``, built before and held back for room (``_held_bytes``), still
+        has none: its hold is extended without building it again (a build takes tens of
+        seconds at 1M chunks, under the load lock)."""
+        held = self._held_bytes.get(kb)
+        if held is None or held[0] != version or requester is None:
+            return False
+        if self.holder.over_budget(self.budget_bytes, kb, held[1], requester) is not None:
+            return False
+        self._hold(kb, version, requester)
+        return True
+
+    def _hold(self, kb: str, version: str, requester: str | None) -> None:
+        """Hold ``kb`` back until the first working set in its way may leave (``room_in``)."""
+        wait_s = self.holder.room_in(requester or "")
+        self._held[kb] = time.monotonic() + wait_s
+        log.info(
+            "%s %s waits %.1f s for room: the bases other callers keep using fill "
+            "[sidecar] memory_budget_mb",
+            kb,
+            version,
+            wait_s,
+        )
 
     def _over_budget_alone(self, kb: str, version: str, searcher: Searcher) -> bool:
         """Refuse (once, for good) a version whose bytes pass the memory budget on their own:
