@@ -275,12 +275,15 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
 class _Room:
     """The cache's bytes promised to the downloads in flight, one per thread (a fetch is one
     thread's): what each still has to write, by its manifest's sizes. A download's check of the
-    free space counts the others' as taken, so downloads running together (up to 32 bases at
-    once) cannot together overrun the disk; each promise shrinks as its bytes are written."""
+    free space counts the others' as taken, so downloads running together (up to 48 bases at
+    once: 32 first loads', 16 a poll's) cannot together overrun the disk; each promise shrinks as
+    its new bytes are written: a file deleted to be written again from zero (``rewrites``) takes
+    no more of the disk until its bytes pass its old size."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._left: dict[int, int] = {}  # thread -> bytes it still has to write
+        self._again: dict[int, int] = {}  # thread -> bytes it deleted, to be written again
 
     def take(self, need: int, free: int) -> int | None:
         """Promise ``need`` bytes to this thread's download when ``free`` minus the others'
@@ -293,15 +296,25 @@ class _Room:
             self._left[me] = need
             return None
 
+    def rewrites(self, count: int) -> None:
+        """This thread's download deleted ``count`` bytes it writes again: not new bytes."""
+        with self._lock:
+            me = threading.get_ident()
+            if me in self._left:
+                self._again[me] = self._again.get(me, 0) + count
+
     def wrote(self, count: int) -> None:
         with self._lock:
             me = threading.get_ident()
             if me in self._left:
-                self._left[me] = max(0, self._left[me] - count)
+                again = min(count, self._again.get(me, 0))
+                self._again[me] = self._again.get(me, 0) - again
+                self._left[me] = max(0, self._left[me] - (count - again))
 
     def release(self) -> None:
         with self._lock:
             self._left.pop(threading.get_ident(), None)
+            self._again.pop(threading.get_ident(), None)
 
 
 class HttpStore:
@@ -517,7 +530,7 @@ class HttpStore:
         got = sha256_file(dest)
         if got != sha256 and resumed:
             log.warning("%s: resumed download fails its checksum; downloading it whole", url)
-            dest.unlink()
+            self._restart(dest)
             self._with_retries(url, lambda: self._get_to_file(url, dest, size, deadline))
             got = sha256_file(dest)
         if got != sha256:
@@ -560,15 +573,17 @@ class HttpStore:
         At most ``size`` bytes end up in ``dest``: an answer with more is CorruptSnapshot."""
         offset = dest.stat().st_size if dest.is_file() else 0
         if offset >= size:  # whole but wrong (it failed its checksum), or longer than it may be
-            dest.unlink()
+            self._restart(dest)
             offset = 0
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         with self._within(url, deadline), self._request(url, headers) as resp:
             if resp.status == 206 and _range_start(resp) != offset:
-                dest.unlink(missing_ok=True)
+                self._restart(dest)
                 raise _Retry(f"asked for bytes from {offset}, got {resp.headers['Content-Range']}")
             resumed = resp.status == 206  # else a 200: the whole file, from the start
             start = offset if resumed else 0
+            if not resumed:
+                self._room.rewrites(offset)  # its bytes so far are written again
             announced = resp.headers.get("Content-Length", "")
             if announced.isdigit() and start + int(announced) > size:
                 raise CorruptSnapshot(f"{url}: announces {announced} bytes from {start}, "
@@ -681,6 +696,12 @@ class HttpStore:
                 os.fsync(f.fileno())
         except OSError as exc:
             raise _cache_error(path, exc) from exc
+
+    def _restart(self, dest: Path) -> None:
+        """Delete ``dest`` to download it from zero: its bytes are written again, not added to
+        the cache (``_Room.rewrites``)."""
+        self._room.rewrites(dest.stat().st_size if dest.is_file() else 0)
+        dest.unlink(missing_ok=True)
 
     def _write(self, f: BinaryIO, data: bytes) -> None:
         """Every byte written to the cache goes through here (a seam to inject disk errors)."""

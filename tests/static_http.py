@@ -11,7 +11,8 @@ every ``trickle_s`` seconds (0: the headers, then silence) until the client hang
 server stops. ``hostile_sent`` counts the body bytes those answers got out. The liars (``lie``)
 never finish an answer's head or trailer: ``"continue"`` sends ``100 Continue`` answers without
 end, ``"trailer"`` a chunked body whose trailer never ends, ``"headers"`` one header line every
-``trickle_s`` seconds.
+``trickle_s`` seconds. ``ignore_range`` answers every ``Range`` request with the whole file
+(200), as a server without range support does.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class StaticServer:
         self.hostile_suffix = "\0"  # matches no path until a test sets it
         self.trickle_s = 0.0
         self.hostile_sent = 0
+        self.ignore_range = False
         self.stopped = threading.Event()
         self.log: list[Logged] = []
         self._lock = threading.Lock()
@@ -149,8 +151,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._hostile(data)
             return
-        start = int(wanted.removeprefix("bytes=").split("-")[0]) if wanted else 0
-        status = 206 if wanted else 200
+        ranged = bool(wanted) and not owner.ignore_range
+        start = int(wanted.removeprefix("bytes=").split("-")[0]) if ranged else 0
+        status = 206 if ranged else 200
         body = data[start:]
         owner._record(Logged("GET", path, status, wanted))
         self.send_response(status)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -68,12 +69,14 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def serving(store: Path, tmp_path: Path) -> AsyncIterator[Sidecar]:
+async def serving(
+    store: Path, tmp_path: Path, budget_mb: int = BUDGET_MB
+) -> AsyncIterator[Sidecar]:
     raw = {
         "sidecar": {
             "store": str(store),
             "listen": "127.0.0.1:0",
-            "memory_budget_mb": BUDGET_MB,
+            "memory_budget_mb": budget_mb,
             "min_score": -1.0,
             "budget_ms": 5_000,
             "cache_dir": str(tmp_path / "cache"),
@@ -363,6 +366,46 @@ async def test_a_load_that_could_only_evict_anothers_working_set_waits_with_a_hi
             await b.Search(search(kb), timeout=CALL_S)  # no retry: every one is there
 
 
+async def test_a_load_held_for_room_is_built_once_then_served_when_room_is_made(
+    store: Path, tmp_path: Path
+) -> None:
+    """B's working set fills the budget and B keeps it (its wait for room ends at once, B still
+    there): A's retries of a base held back for room do not build it again (on main each retry
+    built it in full and threw it away, under the load lock: 26-52 s at 1M chunks); once B's
+    set lapses, A's next call builds it and it is served."""
+    async with (
+        serving(store, tmp_path) as sidecar,
+        channel(sidecar) as a_ch,
+        channel(sidecar) as b_ch,
+    ):
+        sidecar.holder.reuse_s = 3600.0
+        a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
+        b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+        await working_set(b, [kb_name(600)])
+        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+        mine = [kb_name(600 + i) for i in range(fits)]
+        await working_set(b, mine[1:])
+        sidecar.holder.room_in = lambda requester: 0.0  # type: ignore[method-assign]
+        builds: list[str] = []
+        load = sidecar.refresher._load
+
+        async def counted(kb: str, version: str) -> Searcher:
+            builds.append(kb)
+            return await load(kb, version)
+
+        sidecar.refresher._load = counted  # type: ignore[method-assign]
+        for _ in range(3):
+            with pytest.raises(grpc.aio.AioRpcError):
+                await a.Search(search(kb_name(650)), timeout=CALL_S)
+            await eventually(lambda: sidecar.refresher.waiting == 0, "the load of kb0650")
+        assert builds == [kb_name(650)]
+        assert loaded(sidecar) == set(mine)
+        sidecar.holder.reuse_s = 0.0  # B's working set lapses
+        await answered(a, kb_name(650))
+        assert builds == [kb_name(650)] * 2
+        assert kb_name(650) in loaded(sidecar)
+
+
 def test_a_base_loaded_and_never_called_goes_first_once_its_wait_is_over() -> None:
     """Eviction order: a fresh base (loaded, not called yet) goes after every used one while
     its caller may still come back (``fresh_s``), before them once that wait is over."""
@@ -394,6 +437,44 @@ def test_a_load_leaves_other_callers_working_sets_out() -> None:
     assert holder.eviction_order(now) == ["b_set", "once", "a_set"]
     later = now + holder.reuse_s + 1  # nobody came back: no working sets
     assert holder.eviction_order(later, requester=load_requester(b)) == ["b_set", "once", "a_set"]
+
+
+def holding(*bases: str) -> SnapshotHolder:
+    """A holder serving ``bases`` (stand-in searchers: the order alone is tested)."""
+    holder = SnapshotHolder()
+    for kb in bases:
+        manifest = SimpleNamespace(knowledge_base=kb)
+        holder.publish(cast(Searcher, SimpleNamespace(snapshot=SimpleNamespace(manifest=manifest))))
+    return holder
+
+
+def test_a_base_two_agent_processes_keep_calling_is_their_working_set() -> None:
+    """Two agent processes on the loopback (each a requester) take turns calling one base: it
+    is in their working set, left out of a third requester's load; either of them may evict it
+    (on main no call came from the previous call's requester, so it was never protected)."""
+    holder = holding("shared", "other")
+    p1, p2, third = "ipv4:127.0.0.1:1000", "ipv4:127.0.0.1:2000", "ipv4:127.0.0.1:4000"
+    for _ in range(3):
+        holder.use("shared", p1)
+        holder.use("shared", p2)
+    holder.use("other", third)
+    now = time.monotonic()
+    assert holder.eviction_order(now, requester=load_requester(third)) == ["other"]
+    assert holder.eviction_order(now, requester=load_requester(p1)) == ["shared", "other"]
+
+
+def test_one_call_by_another_requester_leaves_a_working_set_in_place() -> None:
+    """A keeps calling its base; B calls it once: it stays A's working set (and B's: B called it),
+    left out of a third requester's load (on main B's one call stripped it, A's next call not
+    following A's own)."""
+    holder = holding("a_set", "x")
+    a, b, c = "ipv4:10.0.0.1:1000", "ipv4:10.0.0.2:2000", "ipv4:10.0.0.3:3000"
+    for peer in (a, a, a, b, a):
+        holder.use("a_set", peer)
+    holder.use("x", c)
+    now = time.monotonic()
+    assert holder.eviction_order(now, requester=load_requester(c)) == ["x"]
+    assert holder.eviction_order(now, requester=load_requester(b)) == ["a_set", "x"]
 
 
 def taken(queue: LoadQueue) -> list[str]:
@@ -447,3 +528,73 @@ async def test_the_load_queue_counts_a_remote_client_once_whatever_its_connectio
         refresher.close()
     assert load_requester("ipv6:%5B2001:db8::1%5D:1") == load_requester("[2001:db8::2]:2")
     assert load_requester("ipv4:127.0.0.1:1") != load_requester("ipv4:127.0.0.1:2")
+
+
+async def test_a_poll_does_not_bring_back_a_base_evicted_while_its_pointer_was_read(
+    store: Path, tmp_path: Path
+) -> None:
+    """A poll reads B's base's pointer slowly; meanwhile C's working set fills the budget and
+    evicts B's base. The poll does not load that base again (evicting C's working set to fit
+    it: a poll protects nobody's): a poll refreshes only the bases still loaded."""
+    async with (
+        serving(store, tmp_path) as sidecar,
+        channel(sidecar) as b_ch,
+        channel(sidecar) as c_ch,
+    ):
+        sidecar.holder.reuse_s = 3600.0
+        b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+        c = pb_grpc.RetrievalStub(c_ch)  # type: ignore[no-untyped-call]
+        target = kb_name(700)
+        await answered(b, target)  # loaded, called once: in nobody's working set
+        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+        reading, gate = threading.Event(), threading.Event()
+        real = sidecar.refresher.store.latest
+
+        def latest(kb: str) -> str | None:
+            if kb == target:
+                reading.set()
+                gate.wait(CALL_S)
+            return real(kb)
+
+        sidecar.refresher.store.latest = latest  # type: ignore[method-assign]
+        poll = asyncio.create_task(sidecar.refresher.refresh())
+        await eventually(reading.is_set, "the poll's read of the pointer")
+        mine = [kb_name(710 + i) for i in range(fits)]
+        await working_set(c, mine)
+        assert target not in loaded(sidecar)
+        before = loaded(sidecar)
+        gate.set()
+        assert await poll == []
+        assert loaded(sidecar) == before
+
+
+async def test_a_first_load_does_not_wait_behind_a_polls_pointer_reads(
+    store: Path, tmp_path: Path
+) -> None:
+    """40 loaded bases whose pointers the store holds (more than the download threads): a
+    poll's reads of them hold none of a first call's load, which is served while they hang (on
+    the shared pool the poll's reads took every thread and the first load queued behind them)."""
+    async with serving(store, tmp_path, budget_mb=400) as sidecar, channel(sidecar) as ch:
+        s = pb_grpc.RetrievalStub(ch)  # type: ignore[no-untyped-call]
+        for i in range(40):
+            await answered(s, kb_name(i))
+        slow = loaded(sidecar)
+        reads: list[str] = []
+        gate = threading.Event()
+        real = sidecar.refresher.store.latest
+
+        def latest(kb: str) -> str | None:
+            if kb in slow:
+                reads.append(kb)
+                gate.wait(2 * LOAD_WAIT_S)  # past the caller's patience
+            return real(kb)
+
+        sidecar.refresher.store.latest = latest  # type: ignore[method-assign]
+        poll = asyncio.create_task(sidecar.refresher.refresh())
+        try:
+            await eventually(lambda: len(reads) >= 16, "the poll's reads of the pointers")
+            await answered(s, kb_name(500))  # served while every read of the poll hangs
+            assert kb_name(500) in loaded(sidecar)
+        finally:
+            gate.set()
+            await poll

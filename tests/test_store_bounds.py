@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 import pytest
@@ -146,6 +147,46 @@ def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
     assert len(failed) == 1
     again = HttpStore(server.url, small_disk, HttpOptions(attempts=1))
     assert again.fetch("second", version).is_dir()  # the first's promise ended with it
+
+
+def test_a_file_downloaded_again_from_zero_counts_only_its_new_bytes_as_taken(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """A partial file of 40 kB (of 100 kB) and a server that ignores ``Range`` (a 200, the
+    whole file): the file is written again from zero, and the download's promise of the cache's
+    free space shrinks only by the bytes past the 40 kB it held (on main by every byte written,
+    the rewritten ones counted twice: the promise ran out 40 kB early, and downloads running
+    beside it could take bytes it still needed)."""
+    version = version_id(1)
+    write_version(
+        server.root, version, EMBEDDER, damage=lambda f: with_extra_files(f, 1, size=100_000)
+    )
+    pad = server.root / KB / version / "pad0000.bin"
+    partial = tmp_path / "cache" / KB / f"{PARTIAL}{version}"
+    partial.mkdir(parents=True)
+    (partial / pad.name).write_bytes(pad.read_bytes()[:40_000])
+    server.ignore_range = True
+    store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
+    seen: list[tuple[int, int]] = []  # the pad's bytes written, the promise left, at each write
+    write = store._write
+
+    def promise() -> int:
+        return store._room._left.get(threading.get_ident(), 0)
+
+    def watched(f: BinaryIO, data: bytes) -> None:
+        if not f.name.endswith(pad.name):
+            return write(f, data)
+        if not seen:
+            seen.append((0, promise()))
+        write(f, data)
+        seen.append((seen[-1][0] + len(data), promise()))
+
+    store._write = watched  # type: ignore[method-assign]
+    assert store.fetch(KB, version).is_dir()
+    assert [e.status for e in server.requests(pad.name)] == [200]  # Range asked, ignored
+    assert seen[-1][0] == 100_000
+    start = seen[0][1]
+    assert [left for _, left in seen] == [start - max(0, w - 40_000) for w, _ in seen]
 
 
 def wait_until(condition: Callable[[], bool]) -> None:

@@ -17,14 +17,18 @@ call. A requester's older fresh bases (it asked for another since, and never cal
 before every used one: a caller cycling through bases it never calls evicts its own, not a base
 another caller is using. A new version of a used base keeps its place.
 
-A requester's *working set* is never evicted for another requester's load: a base its last
-requester called again within ``REUSE_S`` of its previous call, and last called less than
-``REUSE_S`` ago. A load that could only be made by evicting one is not served (``over_budget``
-says None, ``room_in`` when to try again): a caller going through many bases, however many
-connections or addresses it uses, cannot thrash the bases another caller keeps coming back to;
-when the working sets alone fill the budget, new loads wait (the working-set rule of paging,
-not thrashing). A caller's own working set goes for its own loads, least recently used first
-as any base, and a poll's new version of a loaded base may evict any base (the budget holds).
+A base is in a *working set* when it was called again within ``REUSE_S`` of its previous call
+(by any requester) and last called less than ``REUSE_S`` ago; it is the working set of the
+requesters that called it in that window (the last ``SHARERS`` of them, kept per base), and is
+never evicted for the load of a requester that did not: a base several agent processes share
+(on the loopback each connection is a requester) is theirs together, and one call by another
+requester does not strip it. A load that could only be made by evicting one is not served
+(``over_budget`` says None, ``room_in`` when to try again): a caller going through many bases,
+however many connections or addresses it uses, cannot thrash the bases other callers keep
+coming back to; when the working sets alone fill the budget, new loads wait (the working-set
+rule of paging, not thrashing). A working set goes for the loads of the requesters that called
+it, least recently used first as any base, and a poll's new version of a loaded base may evict
+any base (the budget holds).
 
 Refusals are kept beside the snapshots: the last one per base (shown by ``Status``) and a count
 per reason (``refusals``), the figures a metrics exporter reads.
@@ -35,7 +39,7 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from index.snapshot import LoadedSnapshot
@@ -51,17 +55,22 @@ FRESH_S = 10.0
 # working set: another caller's load does not evict it. A voice agent searches its base every
 # turn or few (seconds apart); a caller gone for 30 s lets its bases go.
 REUSE_S = 30.0
+# Requesters remembered per base as calling it (its working set's): a base shared by more
+# agent processes than this is protected for the last ones only; its others' loads may evict it.
+SHARERS = 8
 
 
-@dataclass(frozen=True, slots=True)
-class Use:
-    """A base's last call: by whom (the call's peer: its requester, ``load_requester``, is
-    worked out only when it is compared), when, and whether that requester called it within
-    ``reuse_s`` before (its working set)."""
+@dataclass(slots=True)
+class Uses:
+    """A base's calls: the last one's peer and requester (``load_requester``, worked out again
+    only for a call from another peer) and time, whether it came within ``reuse_s`` of the one
+    before (by any requester), and the last ``SHARERS`` requesters' last calls, oldest first."""
 
     peer: str
+    requester: str
     at: float
-    again: bool
+    again: bool = False
+    by: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +96,7 @@ class SnapshotHolder:
         self.refusals: Counter[str] = Counter()  # refusals by kind, since start
         self._used: OrderedDict[str, None] = OrderedDict()  # least recently used first
         self._fresh: dict[str, tuple[float, str]] = {}  # loaded, not used: when, for whom
-        self._calls: dict[str, Use] = {}  # base -> its last call (kept after an eviction)
+        self._calls: dict[str, Uses] = {}  # base -> its calls (kept after an eviction)
         self.fresh_s = FRESH_S
         self.reuse_s = REUSE_S
         self.evictions = 0  # bases removed to keep within the memory budget, since start
@@ -112,21 +121,28 @@ class SnapshotHolder:
 
     def _called(self, kb: str, peer: str, now: float) -> None:
         """Record a call; on the hot path, so a call from the last call's connection (the
-        usual case) compares strings, not requesters."""
-        last = self._calls.get(kb)
-        again = (
-            last is not None
-            and now - last.at <= self.reuse_s
-            and (last.peer == peer or load_requester(last.peer) == load_requester(peer))
-        )
-        self._calls[kb] = Use(peer, now, again)
+        usual case) compares strings, not requesters: O(1)."""
+        uses = self._calls.get(kb)
+        if uses is None:
+            uses = self._calls[kb] = Uses(peer, load_requester(peer), now)
+        else:
+            uses.again = now - uses.at <= self.reuse_s
+            uses.at = now
+            if uses.peer != peer:
+                uses.peer, uses.requester = peer, load_requester(peer)
+        uses.by[uses.requester] = now
+        uses.by.move_to_end(uses.requester)
+        if len(uses.by) > SHARERS:
+            uses.by.popitem(last=False)
 
-    def _working_set_of(self, kb: str, now: float) -> str | None:
-        """The requester whose working set ``kb`` is in (see the module docstring), if any."""
-        last = self._calls.get(kb)
-        if last is None or not last.again or now - last.at > self.reuse_s:
-            return None
-        return load_requester(last.peer)
+    def _kept_from(self, kb: str, now: float, requester: str | None) -> bool:
+        """Whether ``kb`` is in a working set (see the module docstring) that ``requester``
+        (None: a poll, kept from nothing) did not call it in."""
+        uses = self._calls.get(kb)
+        if requester is None or uses is None or not uses.again or now - uses.at > self.reuse_s:
+            return False
+        at = uses.by.get(requester)
+        return at is None or now - at > self.reuse_s
 
     def publish(self, searcher: Searcher, requester: str = "") -> None:
         """Serve ``searcher`` (built, warm) for its base: one reference swap. A base new here is
@@ -145,8 +161,8 @@ class SnapshotHolder:
     ) -> list[str] | None:
         """The bases (never ``keep``) whose removal brings the loaded bytes, with ``adding``
         more for ``keep`` (replacing its searcher, if any), within ``budget_bytes``, in
-        ``eviction_order``. For a load of ``requester``'s (None: a poll) another requester's
-        working set is not evicted: None when only that would make room."""
+        ``eviction_order``. For a load of ``requester``'s (None: a poll) a working set it is not
+        in is not evicted: None when only that would make room."""
         current = self._searchers.get(keep)
         excess = self.loaded_bytes() - (current.memory_bytes if current else 0) + adding
         excess -= budget_bytes
@@ -161,13 +177,13 @@ class SnapshotHolder:
         return out if excess <= 0 or requester is None else None
 
     def room_in(self, requester: str) -> float:
-        """Seconds until the first base of another requester's working set leaves it (its
-        caller did not come back within ``reuse_s``): when a load refused room may try again."""
+        """Seconds until the first base of a working set ``requester`` is not in leaves it (its
+        callers did not come back within ``reuse_s``): when a load refused room may try again."""
         now = time.monotonic()
         lapses = [
             self._calls[kb].at + self.reuse_s - now
             for kb in self._used
-            if self._working_set_of(kb, now) not in (None, requester)
+            if self._kept_from(kb, now, requester)
         ]
         return max(0.0, min(lapses, default=0.0))
 
@@ -175,7 +191,7 @@ class SnapshotHolder:
         """Which loaded bases go first: fresh ones loaded more than ``fresh_s`` ago (their
         caller did not come), then fresh ones whose requester has a newer fresh base than
         ``keep`` (the one loading now), then the used ones, least recently used first (for a
-        load of ``requester``'s, other requesters' working sets left out), then each
+        load of ``requester``'s, the working sets it is not in left out), then each
         requester's newest fresh base, oldest first."""
         stale = [kb for kb, (at, _) in self._fresh.items() if now - at > self.fresh_s]
         newest: dict[str, str] = {}  # requester -> its newest waiting base; dicts keep order
@@ -193,10 +209,10 @@ class SnapshotHolder:
 
     def _used_order(self, now: float, requester: str | None) -> list[str]:
         """The used bases, least recently used first; for a load of ``requester``'s, without
-        other requesters' working sets."""
+        the working sets it is not in."""
         if requester is None:
             return list(self._used)
-        return [kb for kb in self._used if self._working_set_of(kb, now) in (None, requester)]
+        return [kb for kb in self._used if not self._kept_from(kb, now, requester)]
 
     def remove(self, knowledge_base: str) -> None:
         """Stop serving a base (evicted): its searcher goes when the last call holding it ends."""

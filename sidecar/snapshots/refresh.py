@@ -24,14 +24,17 @@ each within the store's deadlines; one still going after ``DOWNLOAD_WAIT_S`` goe
 background while the next bases load, and its base is queued again, the version it read kept,
 when it is in (the pointer is read once per load): a store trickling some bases' pointers or
 files holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at once). A poll reads
-the pointers and downloads the new versions of its bases side by side, outside the lock, and
-loads each as its download ends. A load is verified
+the pointers and downloads the new versions of its bases side by side, outside the lock, on
+threads of its own (at most ``POLL_DOWNLOADS``), and loads each as its download ends: its reads
+never hold a first load's download thread. A load is verified
 and built before anything is evicted, then the bases ``SnapshotHolder.over_budget`` names go
 until the loaded bytes are within the budget again: a version that fails evicts nothing, and the
 process holds one base beyond the budget for the time of a load. When only other requesters'
 working sets could make room (``SnapshotHolder`` says None), the load is not served: its base
 is held back (``_held``), its calls told to retry, until the first of those bases may leave
-(nothing evicted, nothing refused). A poll refreshes only the loaded bases.
+(nothing evicted, nothing refused); its bytes are kept (``_held_bytes``), so a retry that still
+finds no room extends the hold without building it again. A poll refreshes only the loaded bases: one evicted while
+the poll read its pointer is left out.
 
 A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
@@ -90,6 +93,10 @@ DOWNLOAD_WAIT_S = 1.0
 # and a partial folder checked against the cache's free space; 32 stays far from a process's
 # usual 1,024 descriptors.
 MAX_DOWNLOADS = 32
+# A poll's pointer reads and downloads run on threads of their own, this many at once: on the
+# first loads' threads, a poll of more loaded bases than those threads took all of them, and a
+# first call's load queued behind the poll's reads (4.1 s behind 40 bases whose LATEST took 4 s).
+POLL_DOWNLOADS = 16
 
 # (error class, refusal kind, retried on the next poll); the first match wins
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
@@ -351,10 +358,12 @@ class Refresher:
         self._downloads: dict[str, asyncio.Future[str | None]] = {}  # lazy: in the background
         self._ready: dict[str, str | None] = {}  # lazy: downloaded in the background, queued
         self._held: dict[str, float] = {}  # lazy: held back for room until then (monotonic)
+        self._held_bytes: dict[str, tuple[str, int]] = {}  # lazy: held: its version, its bytes
         self.knowledge_bases = tuple(knowledge_bases)
         # threads start as downloads need them, so bases listed after the start (a config that
         # names none) download side by side too
         self._download_pool = ThreadPoolExecutor(MAX_DOWNLOADS, "voxrecall-download")
+        self._poll_pool = ThreadPoolExecutor(POLL_DOWNLOADS, "voxrecall-poll")
         self._closing = False
         self.load_ms = 0.0  # how long the last lazy load took: the retry hint
         self.ef_search = ef_search  # [sidecar] ef_search: 0 keeps each snapshot's own
@@ -371,10 +380,11 @@ class Refresher:
     async def refresh(self) -> list[str]:
         """Load every base whose published version is newer than the one served; returns them.
         The bases' pointers are read and their new versions downloaded side by side (one thread
-        per base, at most ``MAX_DOWNLOADS``), outside the load lock, and each is loaded as its
-        download ends: a store trickling one base holds that base alone, not another base's
-        poll nor any first load."""
-        offers = {self._offer(kb): kb for kb in self._polled()}
+        per base, at most ``POLL_DOWNLOADS``, threads of the poll's own), outside the load lock,
+        and each is loaded as its download ends: a store trickling one base holds that base
+        (and, trickling more bases than those threads, the poll's next ones), never a first
+        load."""
+        offers = {self._offer(kb, self._poll_pool): kb for kb in self._polled()}
         pending: set[asyncio.Future[str | None]] = set(offers)
         swapped: list[str] = []
         while pending:
@@ -392,15 +402,21 @@ class Refresher:
         async with self._lock:
             return kb if await self._serve(kb, offer.result()) else ""
 
-    def _offer(self, kb: str) -> asyncio.Future[str | None]:
+    def _offer(self, kb: str, pool: ThreadPoolExecutor | None = None) -> asyncio.Future[str | None]:
         """``kb``'s pointer read and, when it names a version to load, that version downloaded:
-        on a download thread of its own (``newest``)."""
+        on a thread of its own (``newest``), of ``pool`` (a poll's) or the first loads'."""
         current = self.holder.get(kb)
         served = current.version if current is not None else None
         loop = asyncio.get_running_loop()
         keep = tuple(self._served.get(kb, ()))
         return loop.run_in_executor(
-            self._download_pool, newest, self.store, kb, served, self._rejected.get(kb), keep
+            pool or self._download_pool,
+            newest,
+            self.store,
+            kb,
+            served,
+            self._rejected.get(kb),
+            keep,
         )
 
     def _polled(self) -> tuple[str, ...]:
@@ -531,9 +547,13 @@ class Refresher:
     async def _serve(self, kb: str, version: str | None, requester: str | None = None) -> bool:
         """Load, verify and publish ``version`` (what ``kb``'s pointer named, downloaded by
         ``newest``) when it is newer than the one served, for ``requester``'s load (None: a
-        poll): under the load lock."""
+        poll): under the load lock. A poll refreshes only the bases still loaded: one evicted
+        while the poll read its pointer is not loaded again (that would evict another caller's
+        working set for a base nobody asked for)."""
         current = self.holder.get(kb)
         if version is None or self._rejected.get(kb) == version:
+            return False
+        if current is None and requester is None and self.budget_bytes:
             return False
         if current is not None and version <= current.version:
             if version < current.version:
@@ -549,6 +569,8 @@ class Refresher:
 
     async def _publish(self, kb: str, version: str, requester: str | None) -> bool:
         """Load ``version`` and serve it, evicting what it needs room for (``_room_for``)."""
+        if self._still_no_room(kb, version, requester):
+            return False
         searcher = await self._load_or_refuse(kb, version)
         if searcher is not None and self._over_budget_alone(kb, version, searcher):
             searcher = None
@@ -558,6 +580,7 @@ class Refresher:
         victims = self._room_for(kb, version, searcher, requester)
         if victims is None:
             return False  # its download stays for the retry
+        self._held_bytes.pop(kb, None)
         self.holder.publish(searcher, requester or "")  # the swap: one reference, on the loop
         for victim in victims:  # after the load was verified: a bad version evicts nothing
             self.holder.remove(victim)
@@ -578,16 +601,33 @@ class Refresher:
             return []
         victims = self.holder.over_budget(self.budget_bytes, kb, searcher.memory_bytes, requester)
         if victims is None:
-            wait_s = self.holder.room_in(requester or "")
-            self._held[kb] = time.monotonic() + wait_s
-            log.info(
-                "%s %s waits %.1f s for room: the bases other callers keep using fill "
-                "[sidecar] memory_budget_mb",
-                kb,
-                version,
-                wait_s,
-            )
+            self._held_bytes[kb] = (version, searcher.memory_bytes)
+            self._hold(kb, version, requester)
         return victims
+
+    def _still_no_room(self, kb: str, version: str, requester: str | None) -> bool:
+        """Whether ``version``, built before and held back for room (``_held_bytes``), still
+        has none: its hold is extended without building it again (a build takes tens of
+        seconds at 1M chunks, under the load lock)."""
+        held = self._held_bytes.get(kb)
+        if held is None or held[0] != version or requester is None:
+            return False
+        if self.holder.over_budget(self.budget_bytes, kb, held[1], requester) is not None:
+            return False
+        self._hold(kb, version, requester)
+        return True
+
+    def _hold(self, kb: str, version: str, requester: str | None) -> None:
+        """Hold ``kb`` back until the first working set in its way may leave (``room_in``)."""
+        wait_s = self.holder.room_in(requester or "")
+        self._held[kb] = time.monotonic() + wait_s
+        log.info(
+            "%s %s waits %.1f s for room: the bases other callers keep using fill "
+            "[sidecar] memory_budget_mb",
+            kb,
+            version,
+            wait_s,
+        )
 
     def _over_budget_alone(self, kb: str, version: str, searcher: Searcher) -> bool:
         """Refuse (once, for good) a version whose bytes pass the memory budget on their own:
@@ -676,6 +716,7 @@ class Refresher:
         self._closing = True
         self.store.close()
         self._download_pool.shutdown(wait=False, cancel_futures=True)
+        self._poll_pool.shutdown(wait=False, cancel_futures=True)
         self._queue.clear()
         if self._loader is not None:
             self._loader.cancel()
