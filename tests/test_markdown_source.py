@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -151,6 +152,28 @@ def test_bad_files_are_skipped_with_a_reason(tmp_path: Path) -> None:
     )
     assert reasons["list.md"] == "malformed frontmatter: not a mapping (a YAML list)"
     assert "no closing" in reasons["unterminated.md"]
+
+
+def test_a_number_too_long_to_write_as_text_skips_its_page(tmp_path: Path) -> None:
+    # YAML reads hex, octal, binary and sexagesimal integers of any length, but Python refuses to write
+    # one of more than 4,300 decimal digits as text: the page is skipped, the build goes on
+    write(tmp_path, "good.md", "---\ntitle: Good\n---\nfine\n")
+    write(tmp_path, "hex.md", "---\nn: 0x" + "f" * 8_000 + "\n---\nbody\n")
+    write(tmp_path, "octal.md", "---\nn: 0" + "7" * 8_000 + "\n---\nbody\n")
+    write(tmp_path, "sexagesimal.md", "---\nn: 1" + ":59" * 3_000 + "\n---\nbody\n")
+    write(tmp_path, "key.md", "---\n? 0x" + "f" * 8_000 + "\n: v\n---\nbody\n")
+    write(tmp_path, "title.md", "---\ntitle: 0b" + "1" * 20_000 + "\n---\nbody\n")
+    pages, skipped = load_markdown("kb", tmp_path)
+    assert [p.source_path for p in pages] == ["good.md"]
+    reasons = {s.path: s.reason for s in skipped}
+    assert sorted(reasons) == ["hex.md", "key.md", "octal.md", "sexagesimal.md", "title.md"]
+    for reason in reasons.values():
+        assert reason == (
+            f"malformed frontmatter: a number of more than {sys.get_int_max_str_digits():,} "
+            "digits (too long to write as text)"
+        )
+    with pytest.raises(FrontmatterError, match="digits"):
+        split_frontmatter("---\nn: 0x" + "f" * 8_000 + "\n---\n")
 
 
 def test_bom_and_crlf(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -158,8 +159,22 @@ def _scalar_bytes(value: object, sizes: dict[int, int]) -> int:
     """The UTF-8 bytes of one scalar as metadata writes it, plus 2 for its separator."""
     got = sizes.get(id(value))
     if got is None:
-        got = sizes[id(value)] = len(metadata_value(value).encode("utf-8", "surrogatepass")) + 2
+        got = sizes[id(value)] = len(_scalar_text(value).encode("utf-8", "surrogatepass")) + 2
     return got
+
+
+def _scalar_text(value: object) -> str:
+    """``metadata_value`` of one scalar, or FrontmatterError when it cannot be written as text:
+    YAML reads a hex, octal, binary or sexagesimal integer of any length, but Python writes no integer
+    of more than ``sys.get_int_max_str_digits()`` decimal digits. Every scalar goes through
+    here before the page's metadata and title are written, so those conversions cannot fail."""
+    try:
+        return metadata_value(value)
+    except ValueError as exc:
+        raise FrontmatterError(
+            f"malformed frontmatter: a number of more than {sys.get_int_max_str_digits():,} "
+            "digits (too long to write as text)"
+        ) from exc
 
 
 def _check_expanded(size: int) -> None:
