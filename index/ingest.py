@@ -15,7 +15,11 @@ A connection gets ``REQUEST_TIMEOUT_S`` for its whole request, each read and all
 together (one that stalls or trickles is closed), and at most ``MAX_CONNECTIONS`` are served at
 once, at most ``MAX_CONNECTIONS_PER_ADDRESS`` of them from one address (one past either is
 closed unread): the listener's threads are bounded, and held briefly, whatever its callers do,
-and one address cannot take every slot.
+and one address cannot take every slot. A refused connection is logged once per address a
+``REFUSAL_WINDOW_S``; the ones after it are counted, and the count is written once the window is
+over (with the address's next refusal, any connection after the window, or ``stop``), for at most
+``REFUSAL_ADDRESSES`` addresses at once (the others are one, "other addresses"): a flood of
+connections writes a few lines a minute, not one per connection.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import hmac
 import logging
 import socket
 import threading
+import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -47,6 +53,12 @@ REQUEST_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 16
 # ... and a CI job sends one or two at once: more from one address is a stranger taking slots.
 MAX_CONNECTIONS_PER_ADDRESS = 4
+# One line per refused connection was 153,379 lines (10.6 MB) in 6 s from 20 threads on 4
+# addresses: a refusal gets a line once per address a window, the rest a count at its end ...
+REFUSAL_WINDOW_S = 60.0
+# ... and the addresses told apart are bounded: a flood from many addresses is one.
+REFUSAL_ADDRESSES = 64
+OTHER_ADDRESSES = "other addresses"
 
 
 class Rebuilds(Protocol):
@@ -88,6 +100,7 @@ class RebuildListener:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+        self._httpd.refusals.flush()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -102,6 +115,7 @@ class _BoundedServer(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._lock = threading.Lock()
         self._by_address: dict[str, int] = {}
+        self.refusals = RefusalLines()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._take(client_address[0]):
@@ -123,17 +137,14 @@ class _BoundedServer(ThreadingHTTPServer):
         """A slot for one more connection from ``address``, if it may have one."""
         with self._lock:
             if self._by_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
-                log.warning(
-                    "rebuild listener: %d connections open from %s; closed one more",
-                    MAX_CONNECTIONS_PER_ADDRESS,
-                    address,
+                self.refusals.refused(
+                    address, f"{MAX_CONNECTIONS_PER_ADDRESS} connections open from this address"
                 )
                 return False
             if not self._slots.acquire(blocking=False):
-                log.warning(
-                    "rebuild listener: %d connections open; closed one more", MAX_CONNECTIONS
-                )
+                self.refusals.refused(address, f"{MAX_CONNECTIONS} connections open in all")
                 return False
+            self.refusals.sweep()
             self._by_address[address] = self._by_address.get(address, 0) + 1
             return True
 
@@ -143,6 +154,66 @@ class _BoundedServer(ThreadingHTTPServer):
             if left:
                 self._by_address[address] = left
             self._slots.release()
+
+
+class RefusalLines:
+    """The log lines of refused connections: the first from an address in a
+    ``REFUSAL_WINDOW_S`` gets a warning, the others a count, written once the window is over
+    (by ``sweep``, at most once a window, or ``flush``). At most ``REFUSAL_ADDRESSES`` addresses
+    are told apart at once; the ones past them are counted as ``OTHER_ADDRESSES``. Not
+    thread-safe: the server calls it under its lock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._since: dict[str, float] = {}  # address -> its window's start
+        self._counts: dict[str, int] = {}  # address -> refusals since its line
+        self._swept = clock()
+
+    def refused(self, address: str, why: str) -> None:
+        """Log this refusal (``why`` says which limit), or count it."""
+        now = self.sweep()
+        if address not in self._since and len(self._since) >= REFUSAL_ADDRESSES:
+            address = OTHER_ADDRESSES
+        if address in self._since and now - self._since[address] >= REFUSAL_WINDOW_S:
+            self._write(address, now)  # its window is over: its count, then a new line
+        if address in self._since:
+            self._counts[address] = self._counts.get(address, 0) + 1
+            return
+        self._since[address] = now
+        log.warning(
+            "rebuild listener: closed a connection from %s unread, %s (more refusals from it "
+            "are counted, one line every %.0f s)",
+            address,
+            why,
+            REFUSAL_WINDOW_S,
+        )
+
+    def sweep(self) -> float:
+        """Write the counts of the windows that are over and forget those addresses; at most
+        once a window. Answers the time."""
+        now = self._clock()
+        if now - self._swept >= REFUSAL_WINDOW_S:
+            self._swept = now
+            for address in [a for a, t in self._since.items() if now - t >= REFUSAL_WINDOW_S]:
+                self._write(address, now)
+        return now
+
+    def flush(self) -> None:
+        """Write every count now (the listener stops)."""
+        now = self._clock()
+        for address in list(self._since):
+            self._write(address, now)
+
+    def _write(self, address: str, now: float) -> None:
+        since = self._since.pop(address)
+        count = self._counts.pop(address, 0)
+        if count:
+            log.warning(
+                "rebuild listener: closed %d more connections from %s in %.0f s",
+                count,
+                address,
+                now - since,
+            )
 
 
 def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:

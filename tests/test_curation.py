@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import threading
 import time
@@ -275,6 +276,80 @@ def test_one_address_cannot_take_every_rebuild_slot(
     finally:
         for sock in idle:
             sock.close()
+
+
+@pytest.mark.usefixtures("idle_holds")
+def test_refused_rebuild_connections_get_one_line_and_a_count(
+    listening: tuple[Watcher, RebuildListener], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stranger re-opening connections past its 4 wrote a warning per refusal (153,379 lines
+    in 6 s); now its first refusal gets one, and the rest one count (here written at stop)."""
+    _, listener = listening
+    stranger = ("127.0.0.2", 0)
+    idle = [
+        socket.create_connection(("127.0.0.1", listener.port), source_address=stranger)
+        for _ in range(ingest.MAX_CONNECTIONS_PER_ADDRESS)
+    ]
+    try:
+        with caplog.at_level(logging.WARNING, logger="voxrecall.index.ingest"):
+            for _ in range(50):
+                with socket.create_connection(
+                    ("127.0.0.1", listener.port), source_address=stranger
+                ) as one:
+                    assert closed_unanswered(one)
+            listener.stop()
+    finally:
+        for sock in idle:
+            sock.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "voxrecall.index.ingest"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(
+        "rebuild listener: closed a connection from 127.0.0.2 unread, 4 connections open from "
+        "this address"
+    )
+    assert "closed 49 more connections from 127.0.0.2" in lines[1]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_refusal_lines_are_one_a_window_per_address_and_bounded(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ingest, "REFUSAL_ADDRESSES", 3)
+    clock = Clock()
+    lines = ingest.RefusalLines(clock)
+    with caplog.at_level(logging.WARNING, logger="voxrecall.index.ingest"):
+        for address in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"] * 10:
+            lines.refused(address, "full")
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        clock.now += ingest.REFUSAL_WINDOW_S / 2
+        lines.refused("10.0.0.1", "full")  # still in its window: counted
+        assert caplog.records == []
+        clock.now += ingest.REFUSAL_WINDOW_S / 2
+        lines.refused("10.0.0.9", "full")  # the window is over: every count, then its line
+        later = [r.getMessage() for r in caplog.records]
+    # three addresses told apart, the two past them are one
+    assert [line.split("from ")[1].split(" unread")[0] for line in first] == [
+        "10.0.0.1",
+        "10.0.0.2",
+        "10.0.0.3",
+        "other addresses",
+    ]
+    counts = sorted(line.split("closed ")[1] for line in later if "more connections" in line)
+    assert counts == [
+        "10 more connections from 10.0.0.1 in 60 s",
+        "19 more connections from other addresses in 60 s",
+        "9 more connections from 10.0.0.2 in 60 s",
+        "9 more connections from 10.0.0.3 in 60 s",
+    ]
+    assert "closed a connection from 10.0.0.9 unread, full" in later[-1]
 
 
 def test_the_listener_needs_a_long_token() -> None:
