@@ -19,6 +19,7 @@ import pytest
 from index.embedders.base import Embedder
 from sidecar.edge.server import Sidecar
 from sidecar.http import door as http_door
+from tests import test_http_door
 from tests.hardening_kit import TOKEN_A, build_store, running, sidecar_config
 
 LIVENESS_S = 20.0  # how long a raw exchange may wait for the door: not a timing check
@@ -103,18 +104,7 @@ async def test_trailer_fields_past_their_cap_close_the_connection_unkept(
     assert sidecar.http.admission.cut_total == 1
 
 
-INITIALIZE = orjson.dumps(
-    {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "test", "version": "1"},
-        },
-    }
-)
+INITIALIZE = orjson.dumps(test_http_door.INITIALIZE)
 
 
 async def test_a_short_trailer_is_dropped_unseen_and_the_connection_kept(sidecar: Sidecar) -> None:

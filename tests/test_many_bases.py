@@ -308,6 +308,16 @@ async def working_set(stub: pb_grpc.RetrievalStub, bases: list[str]) -> None:
         await stub.Search(search(kb), timeout=CALL_S)
 
 
+async def fill_with_working_set(sidecar: Sidecar, stub: pb_grpc.RetrievalStub) -> list[str]:
+    """The caller of ``stub`` fills the budget with its working set (every base it holds called
+    twice): the bases, ``kb0600`` on."""
+    await working_set(stub, [kb_name(600)])
+    fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+    mine = [kb_name(600 + i) for i in range(fits)]
+    await working_set(stub, mine[1:])
+    return mine
+
+
 async def test_a_caller_cycling_through_bases_from_new_connections_keeps_off_anothers_working_set(
     store: Path, tmp_path: Path
 ) -> None:
@@ -345,10 +355,7 @@ async def test_a_load_that_could_only_evict_anothers_working_set_waits_with_a_hi
         sidecar.holder.reuse_s = 3600.0
         a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
         b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
-        await working_set(b, [kb_name(600)])
-        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
-        mine = [kb_name(600 + i) for i in range(fits)]
-        await working_set(b, mine[1:])
+        mine = await fill_with_working_set(sidecar, b)
         assert loaded(sidecar) == set(mine)
         refused: list[grpc.aio.AioRpcError] = []
         for _ in range(3):
@@ -381,10 +388,7 @@ async def test_a_load_held_for_room_is_built_once_then_served_when_room_is_made(
         sidecar.holder.reuse_s = 3600.0
         a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
         b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
-        await working_set(b, [kb_name(600)])
-        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
-        mine = [kb_name(600 + i) for i in range(fits)]
-        await working_set(b, mine[1:])
+        mine = await fill_with_working_set(sidecar, b)
         sidecar.holder.room_in = lambda requester: 0.0  # type: ignore[method-assign]
         builds: list[str] = []
         load = sidecar.refresher._load
