@@ -22,6 +22,7 @@ import pytest
 from index.embedders.base import HashEmbedder
 from sidecar.adapters.client import Voxrecall
 from sidecar.cli import ask_failure, main
+from sidecar.edge.lifecycle import State
 from sidecar.edge.logs import CALL_ID_HEADER
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.edge.status import trailers_for
@@ -173,3 +174,26 @@ def test_a_retry_hint_is_sent_only_when_the_retry_fits(
 ) -> None:
     error = Loading(f"retry in about {retry_ms} ms", retry_ms)
     assert trailers_for(error, time_left_s) == (("grpc-retry-pushback-ms", sent),)
+
+
+async def test_a_draining_sidecar_is_not_asked_again(tmp_path: Path) -> None:
+    """It answered every attempt alike, and the client spent a third of its turn on 4 attempts
+    before "retry on another instance": now the refusal's hint is -1, and one attempt answers."""
+    async with serving(tmp_path) as (sidecar, _):
+        checks: list[State] = []
+        accepting = sidecar.lifecycle.check_accepting
+
+        def checked() -> None:
+            checks.append(sidecar.lifecycle.state)
+            accepting()
+
+        sidecar.lifecycle.check_accepting = checked  # type: ignore[method-assign]
+        sidecar.lifecycle.state = State.DRAINING  # what stop() sets first
+        async with Voxrecall(f"127.0.0.1:{sidecar.port}", knowledge_base="help") as client:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await client.turn("call-1", "how do I reset my password")
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "retry on another instance" in str(refused.value.details())
+    assert trailers(refused.value)["grpc-retry-pushback-ms"] == "-1"
+    assert CALL_ID_HEADER in trailers(refused.value)
+    assert checks == [State.DRAINING]

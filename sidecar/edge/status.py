@@ -6,7 +6,8 @@ interceptor, HTTP for the HTTP door, from the same table.
     BodyEncoded                    INVALID_ARGUMENT     415  (a gzip body: sent uncompressed)
     InvalidArgument                INVALID_ARGUMENT     400
     NotFound                       NOT_FOUND            404
-    Unavailable (and Loading)      UNAVAILABLE          503  (+ grpc-retry-pushback-ms)
+    Unavailable (and Loading)      UNAVAILABLE          503  (+ grpc-retry-pushback-ms; -1 for
+                                                              Draining: not retried)
     ResourceExhausted              RESOURCE_EXHAUSTED   429
     IdleTimeout                    DEADLINE_EXCEEDED    408  (a client that stopped sending)
     Unauthenticated                UNAUTHENTICATED      401
@@ -34,6 +35,7 @@ from index.errors import EmbedderError, SnapshotError, SnapshotNotFound, Voxreca
 from sidecar.errors import (
     BodyEncoded,
     BodyTooLarge,
+    Draining,
     IdleTimeout,
     InvalidArgument,
     Loading,
@@ -132,12 +134,13 @@ def trailers_for(
     error: VoxrecallError, time_left_s: float | None = None
 ) -> tuple[tuple[str, str], ...]:
     """Trailing metadata sent with the status: the retry hint of a base that is loading, when the
-    retry fits in the call's ``time_left_s`` (``retry_hint``); for a base with no snapshot, a
-    negative one, which tells a gRPC retry policy not to retry (gRFC A6): none comes within a
-    call's deadline, and retrying would spend the caller's turn."""
+    retry fits in the call's ``time_left_s`` (``retry_hint``); for a base with no snapshot or a
+    sidecar draining, a negative one, which tells a gRPC retry policy not to retry (gRFC A6):
+    no snapshot comes within a call's deadline, a draining sidecar answers every attempt alike,
+    and retrying would spend the caller's turn before it goes to another instance."""
     if isinstance(error, Loading):
         return ((PUSHBACK, retry_hint(error.retry_ms, time_left_s)),)
-    if isinstance(error, SnapshotNotFound):
+    if isinstance(error, SnapshotNotFound | Draining):
         return ((PUSHBACK, NO_RETRY),)
     return ()
 
