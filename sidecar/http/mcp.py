@@ -91,6 +91,11 @@ KNOWN_METHODS = frozenset(
 # alone (the RSS grew 42 KB a session); counted in the sessions' bytes (``SessionShares``;
 # tests/test_http_door.py keeps it honest).
 MCP_SESSION_BYTES = 44 * 1024
+# An initialize request's body, at most, in bytes: the SDK keeps its params (capabilities,
+# clientInfo) as long as its session (even params it refused), which counts MCP_SESSION_BYTES
+# whatever they hold: a 245 KB initialize held ~600 KB a session. Real clients send under 1 KiB.
+MAX_INITIALIZE_BYTES = 8 * 1024
+INITIALIZE = "MCP initialize"  # ``McpDoor.method_name`` of an initialize request
 _CALL = "voxrecall.call"
 _CONTEXT = "voxrecall.context"
 _MISTAKE = "voxrecall.mistake"  # what was wrong with a tools/call's params (``call_params``)
@@ -248,6 +253,20 @@ def _per_address(max_sessions: int, http: HttpConfig) -> int:
     if not http.max_connections_per_ip or http.max_connections_per_ip >= http.max_connections:
         return 0
     return max(1, max_sessions * http.max_connections_per_ip // http.max_connections)
+
+
+def initialize_refusal(method_name: str, body: bytes) -> bytes | None:
+    """The JSON-RPC error answering an initialize (``method_name``, ``McpDoor.method_name``)
+    whose body is over ``MAX_INITIALIZE_BYTES``; None for any other request. Its id is null, as
+    the SDK's own refusals of a body it cannot take (a client reads it as its request's)."""
+    if method_name != INITIALIZE or len(body) <= MAX_INITIALIZE_BYTES:
+        return None
+    message = (
+        f"this initialize is {len(body)} bytes; the limit is {MAX_INITIALIZE_BYTES} bytes "
+        "(its session keeps its params): send your capabilities and clientInfo without payloads"
+    )
+    error = {"code": types.INVALID_PARAMS, "message": message}
+    return orjson.dumps({"jsonrpc": "2.0", "id": None, "error": error})
 
 
 def _text(output: str, is_error: bool) -> types.CallToolResult:
