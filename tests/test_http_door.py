@@ -515,6 +515,44 @@ async def test_what_an_mcp_session_counts_is_what_it_allocates(
         assert 0.75 < (sc.engine.sessions.usage().bytes - counted) / used < 1.25
 
 
+def costly_initialize(size: int) -> dict[str, Any]:
+    """An initialize of at most ``size`` bytes whose params cost the most to keep: empty lists,
+    each a Python list of 56 bytes for 3 bytes of JSON."""
+    body = fat_initialize(0)
+    experimental = body["params"]["capabilities"]["experimental"]
+    while len(orjson.dumps(body)) < size - 200:
+        experimental[f"k{len(experimental)}"] = {"v": [[] for _ in range(20)]}
+    return body
+
+
+async def test_a_session_counts_what_its_initialize_keeps(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack's shape within the limit: a session opened by an initialize of ~8 KiB of
+    empty lists held ~240 KB, counted 44 KiB. It now counts its initialize's bytes too
+    (``session_bytes``): 100 of them count within a quarter of what tracemalloc sees."""
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0", "max_connections_per_ip": 0})
+    body = costly_initialize(mcp.MAX_INITIALIZE_BYTES)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+
+        async def initialize() -> None:
+            reply = await http.post(url(sc, "/mcp"), json=body, headers=MCP_ACCEPT)
+            assert reply.status_code == 200, reply.text
+
+        for _ in range(10):  # the connection, and whatever the first sessions build once
+            await initialize()
+        counted = sc.engine.sessions.usage().bytes
+        gc.collect()
+        tracemalloc.start()
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            await initialize()
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - start
+        tracemalloc.stop()
+        assert 0.75 < (sc.engine.sessions.usage().bytes - counted) / used < 1.25
+
+
 async def test_without_auth_one_address_cannot_lock_another_out_of_mcp(
     store: Path, local_embedder: Embedder
 ) -> None:

@@ -372,7 +372,8 @@ class HttpDoor:
                     call.call.code = grpc.StatusCode.INVALID_ARGUMENT
                     await respond(send, 400, too_large, call.context.headers)
                     return
-            await self.mcp.handle(self.mcp.scope_for(scope, call), replay(body, receive), watched)
+            scoped = self.mcp.scope_for(scope, call)
+            await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
             if status and status[0] >= 400:
                 call.call.code = code_of_http_status(status[0])
 
