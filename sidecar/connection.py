@@ -38,7 +38,9 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 # the sidecar's ``grpc-retry-pushback-ms`` hint: the last load's time), a sidecar starting or
 # draining (after a backoff of 50 ms doubling to 400 ms, jittered). At most RETRY_ATTEMPTS
 # attempts in all, every one within the call's own deadline (a turn's 1 s), which ends them. A
-# refusal whose hint is negative is not retried (a base with no snapshot: none comes in a turn).
+# refusal whose hint is negative is not retried (a base with no snapshot: none comes in a turn;
+# a base loading whose hint would not leave the call time for its retry: the message at once;
+# a sidecar draining: another instance answers).
 RETRY_ATTEMPTS = 4
 RETRY_POLICY = {
     "maxAttempts": RETRY_ATTEMPTS,

@@ -9,7 +9,8 @@ them and stay free of any transport.
     │   └── ToolCallError      a model called a knowledge function wrongly (an error output)
     ├── NotFound
     ├── Unavailable
-    │   └── Loading            a base is loading for this call: retry after ``retry_ms``
+    │   ├── Loading            a base is loading for this call: retry after ``retry_ms``
+    │   └── Draining           the sidecar is shutting down: retry on another instance
     ├── ResourceExhausted
     │   └── BodyTooLarge       an HTTP body over [sidecar.http] max_body_bytes (413)
     ├── IdleTimeout            a stream sent nothing for too long
@@ -67,6 +68,11 @@ class Loading(Unavailable):
     def __init__(self, message: str, retry_ms: int) -> None:
         super().__init__(message)
         self.retry_ms = retry_ms
+
+
+class Draining(Unavailable):
+    """The sidecar is shutting down: a new call goes to another instance, not here again (its
+    status carries a ``grpc-retry-pushback-ms`` of -1: a retry policy does not retry it)."""
 
 
 class ResourceExhausted(RequestError):

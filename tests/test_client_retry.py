@@ -22,8 +22,11 @@ import pytest
 from index.embedders.base import HashEmbedder
 from sidecar.adapters.client import Voxrecall
 from sidecar.cli import ask_failure, main
+from sidecar.edge.lifecycle import State
 from sidecar.edge.logs import CALL_ID_HEADER
 from sidecar.edge.server import Sidecar, create_server
+from sidecar.edge.status import trailers_for
+from sidecar.errors import Loading
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.bases_kit import LOAD_WAIT_S, config, search
 from tests.snapshot_kit import version_id, write_version
@@ -132,3 +135,65 @@ async def test_a_turn_of_the_client_is_retried_too(tmp_path: Path) -> None:
                 await client.turn("call-1", "how do I reset my password")
         await asyncio.sleep(0)
     assert attempts[:2] == ["help", "help"]
+
+
+@pytest.mark.parametrize("hint_ms", [1000, 5000])
+async def test_a_hint_past_the_turns_deadline_answers_the_refusal_at_once(
+    tmp_path: Path, hint_ms: int
+) -> None:
+    """A base downloading (a hint of 1,000 ms) or held for room (up to 5,000 ms) for a 1 s turn:
+    the client's retry policy waited out the hint past its deadline, and the caller got
+    DEADLINE_EXCEEDED with no word of the base loading. Now the hint is -1 (a retry would not
+    fit): the caller reads "is loading, retry in about N ms" from the one attempt."""
+    async with serving(tmp_path, memory_budget_mb=64) as (sidecar, attempts):
+        sidecar.engine.load_on_demand = lambda kb, peer: hint_ms
+        async with Voxrecall(f"127.0.0.1:{sidecar.port}", knowledge_base="help") as client:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await client.turn("call-1", "how do I reset my password")
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "is loading" in str(refused.value.details())
+    assert f"retry in about {hint_ms} ms" in str(refused.value.details())
+    assert trailers(refused.value)["grpc-retry-pushback-ms"] == "-1"
+    assert CALL_ID_HEADER in trailers(refused.value)
+    assert attempts == ["help"]
+
+
+@pytest.mark.parametrize(
+    ("retry_ms", "time_left_s", "sent"),
+    [
+        (100, None, "100"),  # no deadline: any hint fits
+        (100, 1.0, "100"),
+        (400, 0.6, "400"),
+        (400, 0.45, "-1"),  # the retry would land within the margin of the deadline
+        (1000, 1.0, "-1"),
+        (5000, 1.0, "-1"),
+    ],
+)
+def test_a_retry_hint_is_sent_only_when_the_retry_fits(
+    retry_ms: int, time_left_s: float | None, sent: str
+) -> None:
+    error = Loading(f"retry in about {retry_ms} ms", retry_ms)
+    assert trailers_for(error, time_left_s) == (("grpc-retry-pushback-ms", sent),)
+
+
+async def test_a_draining_sidecar_is_not_asked_again(tmp_path: Path) -> None:
+    """It answered every attempt alike, and the client spent a third of its turn on 4 attempts
+    before "retry on another instance": now the refusal's hint is -1, and one attempt answers."""
+    async with serving(tmp_path) as (sidecar, _):
+        checks: list[State] = []
+        accepting = sidecar.lifecycle.check_accepting
+
+        def checked() -> None:
+            checks.append(sidecar.lifecycle.state)
+            accepting()
+
+        sidecar.lifecycle.check_accepting = checked  # type: ignore[method-assign]
+        sidecar.lifecycle.state = State.DRAINING  # what stop() sets first
+        async with Voxrecall(f"127.0.0.1:{sidecar.port}", knowledge_base="help") as client:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await client.turn("call-1", "how do I reset my password")
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "retry on another instance" in str(refused.value.details())
+    assert trailers(refused.value)["grpc-retry-pushback-ms"] == "-1"
+    assert CALL_ID_HEADER in trailers(refused.value)
+    assert checks == [State.DRAINING]

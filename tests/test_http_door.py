@@ -26,10 +26,12 @@ from typing import Any
 
 import grpc
 import httpx2
+import mcp_types as types
 import orjson
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from index.embedders.base import Embedder, FakeEmbedder
 from index.errors import ConfigError
@@ -437,6 +439,56 @@ async def test_mcp_sessions_count_in_the_sessions_bytes_and_are_bounded_by_them(
         assert again.status_code == 200, again.text
 
 
+def fat_initialize(payload_bytes: int) -> dict[str, Any]:
+    """An initialize carrying ``payload_bytes`` of small strings in its experimental
+    capabilities (what the SDK keeps with the session)."""
+    experimental = {f"k{i}": ["x" * 20] * 4 for i in range(payload_bytes // 110)}
+    params = {**INITIALIZE["params"], "capabilities": {"experimental": experimental}}  # type: ignore[dict-item]
+    return {**INITIALIZE, "params": params}
+
+
+async def test_an_initialize_over_its_byte_limit_is_refused_and_opens_no_session(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack: an initialize carrying ~245 KB in ``capabilities.experimental`` was kept with
+    its session, which counts 44 KiB: 1,850 sessions held ~1.1 GB against a 256 MiB budget. One
+    over ``MAX_INITIALIZE_BYTES`` is now a JSON-RPC error naming the limit, and opens none (the
+    SDK opened one even for params it refused); so is one sent within a session."""
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0"})
+    fat = fat_initialize(245_000)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+        refused = await http.post(url(sc, "/mcp"), json=fat, headers=MCP_ACCEPT)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == -32602  # INVALID_PARAMS
+        assert f"the limit is {mcp.MAX_INITIALIZE_BYTES} bytes" in error["message"]
+        assert "mcp-session-id" not in refused.headers
+        assert sc.engine.sessions.usage().bytes == 0
+        opened = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+        assert opened.status_code == 200, opened.text
+        session = {**MCP_ACCEPT, "mcp-session-id": opened.headers["mcp-session-id"]}
+        again = await http.post(url(sc, "/mcp"), json=fat, headers=session)
+        assert again.status_code == 400, again.text
+        assert f"the limit is {mcp.MAX_INITIALIZE_BYTES} bytes" in again.json()["error"]["message"]
+
+
+async def test_an_sdk_client_reads_why_its_initialize_was_refused(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The MCP SDK's own client raises the refusal's message (not "Server returned an error
+    response")."""
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0"})
+    fat = types.Implementation(name="x" * 20_000, version="1")
+    async with (
+        running(config, local_embedder) as sc,
+        httpx2.AsyncClient() as http,
+        streamable_http_client(url(sc, "/mcp"), http_client=http) as (read, write),
+        ClientSession(read, write, client_info=fat) as session,
+    ):
+        with pytest.raises(MCPError, match=f"the limit is {mcp.MAX_INITIALIZE_BYTES} bytes"):
+            await session.initialize()
+
+
 async def test_what_an_mcp_session_counts_is_what_it_allocates(
     store: Path, local_embedder: Embedder
 ) -> None:
@@ -447,6 +499,44 @@ async def test_what_an_mcp_session_counts_is_what_it_allocates(
 
         async def initialize() -> None:
             reply = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+            assert reply.status_code == 200, reply.text
+
+        for _ in range(10):  # the connection, and whatever the first sessions build once
+            await initialize()
+        counted = sc.engine.sessions.usage().bytes
+        gc.collect()
+        tracemalloc.start()
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            await initialize()
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - start
+        tracemalloc.stop()
+        assert 0.75 < (sc.engine.sessions.usage().bytes - counted) / used < 1.25
+
+
+def costly_initialize(size: int) -> dict[str, Any]:
+    """An initialize of at most ``size`` bytes whose params cost the most to keep: empty lists,
+    each a Python list of 56 bytes for 3 bytes of JSON."""
+    body = fat_initialize(0)
+    experimental = body["params"]["capabilities"]["experimental"]
+    while len(orjson.dumps(body)) < size - 200:
+        experimental[f"k{len(experimental)}"] = {"v": [[] for _ in range(20)]}
+    return body
+
+
+async def test_a_session_counts_what_its_initialize_keeps(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack's shape within the limit: a session opened by an initialize of ~8 KiB of
+    empty lists held ~240 KB, counted 44 KiB. It now counts its initialize's bytes too
+    (``session_bytes``): 100 of them count within a quarter of what tracemalloc sees."""
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0", "max_connections_per_ip": 0})
+    body = costly_initialize(mcp.MAX_INITIALIZE_BYTES)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+
+        async def initialize() -> None:
+            reply = await http.post(url(sc, "/mcp"), json=body, headers=MCP_ACCEPT)
             assert reply.status_code == 200, reply.text
 
         for _ in range(10):  # the connection, and whatever the first sessions build once

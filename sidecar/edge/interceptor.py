@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NoReturn
 
 import grpc
 
-from sidecar.edge.status import status_for
+from sidecar.edge.status import abort_trailers, status_for
 from sidecar.edge.wire import EncodedResponse
 from sidecar.errors import InvalidArgument, RequestError
 
@@ -277,7 +277,10 @@ class _HookedCall(HookRun):
         return arg
 
     async def refuse(self, exc: RequestError) -> NoReturn:
-        await self.call.context.abort(self.call.code, str(exc))
+        context = self.call.context
+        await context.abort(
+            self.call.code, str(exc), trailing_metadata=abort_trailers(context, exc)
+        )
         raise AssertionError("unreachable: abort raises") from exc
 
     async def __aenter__(self) -> _HookedCall:

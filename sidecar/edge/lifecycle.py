@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from sidecar.errors import Unavailable
+from sidecar.errors import Draining
 
 
 class State(Enum):
@@ -24,4 +24,4 @@ class Lifecycle:
 
     def check_accepting(self) -> None:
         if self.state is State.DRAINING:
-            raise Unavailable("the sidecar is shutting down: retry on another instance")
+            raise Draining("the sidecar is shutting down: retry on another instance")

@@ -21,7 +21,7 @@ from sidecar import __version__
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import MESSAGES
-from sidecar.edge.status import caller_message, internal_message, status_for, trailers_for
+from sidecar.edge.status import abort_trailers, caller_message, internal_message, status_for
 from sidecar.edge.wire import (
     EncodedResponse,
     converse_response,
@@ -62,7 +62,7 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
             if code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed: %s", handler.__name__, exc)
             await context.abort(
-                code, caller_message(exc), trailing_metadata=_trailers(context, exc)
+                code, caller_message(exc), trailing_metadata=abort_trailers(context, exc)
             )
             raise AssertionError("unreachable: abort raises") from exc
         except grpc.aio.AbortError:
@@ -73,13 +73,6 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
             raise AssertionError("unreachable: abort raises") from exc
 
     return wrapper
-
-
-def _trailers(context: Context, exc: VoxrecallError) -> tuple[tuple[str, str], ...]:
-    """The error's trailers (``trailers_for``) after those the hooks set (the call id): trailers
-    given to ``abort`` replace those set before, and every answer carries its call id."""
-    own = trailers_for(exc)
-    return (*(context.trailing_metadata() or ()), *own) if own else ()
 
 
 def set_timings(message: pb.Timings, timings: Timings) -> None:

@@ -6,7 +6,8 @@ interceptor, HTTP for the HTTP door, from the same table.
     BodyEncoded                    INVALID_ARGUMENT     415  (a gzip body: sent uncompressed)
     InvalidArgument                INVALID_ARGUMENT     400
     NotFound                       NOT_FOUND            404
-    Unavailable (and Loading)      UNAVAILABLE          503  (+ grpc-retry-pushback-ms)
+    Unavailable (and Loading)      UNAVAILABLE          503  (+ grpc-retry-pushback-ms; -1 for
+                                                              Draining: not retried)
     ResourceExhausted              RESOURCE_EXHAUSTED   429
     IdleTimeout                    DEADLINE_EXCEEDED    408  (a client that stopped sending)
     Unauthenticated                UNAUTHENTICATED      401
@@ -26,12 +27,15 @@ code, except an over-long body's 413 and an encoded body's 415.
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from index.errors import EmbedderError, SnapshotError, SnapshotNotFound, VoxrecallError
 from sidecar.errors import (
     BodyEncoded,
     BodyTooLarge,
+    Draining,
     IdleTimeout,
     InvalidArgument,
     Loading,
@@ -42,7 +46,13 @@ from sidecar.errors import (
 )
 
 Code = grpc.StatusCode
+Context = grpc.aio.ServicerContext[Any, Any]
 PUSHBACK = "grpc-retry-pushback-ms"  # gRFC A6: when a retry policy may try again, in ms
+NO_RETRY = "-1"  # a negative pushback: a retry policy does not try again
+# A retry hint is sent only when the retry it asks for comes this long before the call's deadline
+# (a round trip and a turn's answer): a client's retry policy waits out a hint even past its
+# deadline, and the caller got DEADLINE_EXCEEDED at its deadline instead of the refusal's message.
+RETRY_MARGIN_S = 0.1
 
 _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode, int], ...] = (
     (BodyTooLarge, Code.RESOURCE_EXHAUSTED, 413),
@@ -120,12 +130,33 @@ def tool_error_type(code: grpc.StatusCode) -> str:
     return _MODEL_TYPES.get(code, UNAVAILABLE_TYPE)
 
 
-def trailers_for(error: VoxrecallError) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata sent with the status: the retry hint of a base that is loading; for a
-    base with no snapshot, a negative one, which tells a gRPC retry policy not to retry (gRFC
-    A6): none comes within a call's deadline, and retrying would spend the caller's turn."""
+def trailers_for(
+    error: VoxrecallError, time_left_s: float | None = None
+) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata sent with the status: the retry hint of a base that is loading, when the
+    retry fits in the call's ``time_left_s`` (``retry_hint``); for a base with no snapshot or a
+    sidecar draining, a negative one, which tells a gRPC retry policy not to retry (gRFC A6):
+    no snapshot comes within a call's deadline, a draining sidecar answers every attempt alike,
+    and retrying would spend the caller's turn before it goes to another instance."""
     if isinstance(error, Loading):
-        return ((PUSHBACK, str(error.retry_ms)),)
-    if isinstance(error, SnapshotNotFound):
-        return ((PUSHBACK, "-1"),)
+        return ((PUSHBACK, retry_hint(error.retry_ms, time_left_s)),)
+    if isinstance(error, SnapshotNotFound | Draining):
+        return ((PUSHBACK, NO_RETRY),)
     return ()
+
+
+def retry_hint(retry_ms: int, time_left_s: float | None) -> str:
+    """The pushback for a retry ``retry_ms`` away: itself while it comes ``RETRY_MARGIN_S``
+    before the call's deadline (or the call has none), else -1, so that the caller reads the
+    refusal (whose message says when to ask again) at once rather than at its deadline."""
+    if time_left_s is None or retry_ms / 1000 < time_left_s - RETRY_MARGIN_S:
+        return str(retry_ms)
+    return NO_RETRY
+
+
+def abort_trailers(context: Context, error: VoxrecallError) -> tuple[tuple[str, str], ...]:
+    """The error's trailers (``trailers_for``, within the call's time left) after those the hooks
+    set (the call id): trailers given to ``abort`` replace those set before, and every answer
+    carries its call id. Empty when the error has none of its own: ``abort`` keeps those set."""
+    own = trailers_for(error, context.time_remaining())
+    return (*(context.trailing_metadata() or ()), *own) if own else ()

@@ -69,7 +69,7 @@ from sidecar.edge.status import (
 )
 from sidecar.errors import BodyEncoded, BodyTooLarge, IdleTimeout, RequestError
 from sidecar.functions.tools import Toolbox
-from sidecar.http.mcp import McpDoor
+from sidecar.http.mcp import McpDoor, initialize_refusal
 from sidecar.http.webhooks import Reply, Webhooks
 from sidecar.turn.engine import Engine
 
@@ -368,7 +368,12 @@ class HttpDoor:
             body = await self._admit(call, receive, headers, read=posted)
             if posted:
                 call.rename(self.mcp.method_name(body))
-            await self.mcp.handle(self.mcp.scope_for(scope, call), replay(body, receive), watched)
+                if (too_large := initialize_refusal(call.call.method, body)) is not None:
+                    call.call.code = grpc.StatusCode.INVALID_ARGUMENT
+                    await respond(send, 400, too_large, call.context.headers)
+                    return
+            scoped = self.mcp.scope_for(scope, call)
+            await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
             if status and status[0] >= 400:
                 call.call.code = code_of_http_status(status[0])
 

@@ -91,6 +91,26 @@ KNOWN_METHODS = frozenset(
 # alone (the RSS grew 42 KB a session); counted in the sessions' bytes (``SessionShares``;
 # tests/test_http_door.py keeps it honest).
 MCP_SESSION_BYTES = 44 * 1024
+# An initialize request's body, at most, in bytes: the SDK keeps its params (capabilities,
+# clientInfo) as long as its session (even params it refused), which counts MCP_SESSION_BYTES
+# whatever they hold: a 245 KB initialize held ~600 KB a session. Real clients send under 1 KiB.
+MAX_INITIALIZE_BYTES = 8 * 1024
+INITIALIZE = "MCP initialize"  # ``McpDoor.method_name`` of an initialize request
+# What an initialize's params hold in the SDK past MCP_SESSION_BYTES, per byte of its body over
+# INITIALIZE_COUNTED_BYTES (those MCP_SESSION_BYTES covers: real clients' are a few hundred):
+# 24.9 bytes measured with tracemalloc for the costliest shape found (empty lists, ``[[],...]``;
+# small strings cost 6.6), so a session opened with an 8 KiB initialize counts what it holds.
+INITIALIZE_BYTE_COST = 25
+INITIALIZE_COUNTED_BYTES = 512
+
+
+def session_bytes(initialize_bytes: int) -> int:
+    """What a session opened by an initialize of ``initialize_bytes`` counts in the sessions'
+    bytes: ``MCP_SESSION_BYTES``, and the params it keeps past those of a plain client."""
+    extra = max(0, initialize_bytes - INITIALIZE_COUNTED_BYTES)
+    return MCP_SESSION_BYTES + INITIALIZE_BYTE_COST * extra
+
+
 _CALL = "voxrecall.call"
 _CONTEXT = "voxrecall.context"
 _MISTAKE = "voxrecall.mistake"  # what was wrong with a tools/call's params (``call_params``)
@@ -149,8 +169,8 @@ class SessionShares:
     discards, however it ended (DELETE, idle, a crash, the drain). An owner at its share is
     logged once, until it has room again.
 
-    With ``store`` (the engine's sessions), each session also counts ``MCP_SESSION_BYTES``
-    in its holder's bytes there (``SessionStore.reserve``: the caller's, without auth the one
+    With ``store`` (the engine's sessions), each session also counts its bytes
+    (``session_bytes``: ``MCP_SESSION_BYTES`` and its initialize's params) in its holder's bytes there (``SessionStore.reserve``: the caller's, without auth the one
     owner's), so the sessions' byte budget (``session_memory_bytes``) bounds MCP sessions too:
     one past it is refused as one past the share is."""
 
@@ -161,19 +181,20 @@ class SessionShares:
         self.per_address = per_address
         self.store = store
         self.held: Counter[str] = Counter()
-        self.owner_of: dict[str, tuple[str, str]] = {}  # session id -> its owner, its holder
+        # session id -> its owner, its holder, the bytes it counts there
+        self.owner_of: dict[str, tuple[str, str, int]] = {}
         self.full: set[str] = set()  # owners at their share, logged
 
-    def take(self, owner: str, holder: str = "") -> None:
-        """Count a session ``owner`` opens, its bytes in ``holder``'s (a caller's name, or
-        "" without auth), or raise ``ResourceExhausted``."""
+    def take(self, owner: str, holder: str = "", size: int = MCP_SESSION_BYTES) -> None:
+        """Count a session ``owner`` opens, its ``size`` bytes in ``holder``'s (a caller's name,
+        or "" without auth), or raise ``ResourceExhausted``."""
         self._within_share(owner)
-        if self.store is not None and not self.store.reserve(holder, MCP_SESSION_BYTES):
+        if self.store is not None and not self.store.reserve(holder, size):
             key = f"[sidecar{'.auth.caller' if holder else ''}] session_memory_bytes"
             of = f" of caller {holder!r}" if holder else ""
             raise ResourceExhausted(
                 f"the MCP sessions open{of} fill its share of the sessions' bytes ({key}; "
-                f"each counts {MCP_SESSION_BYTES} bytes): end one (DELETE /mcp with its "
+                f"this one counts {size} bytes): end one (DELETE /mcp with its "
                 "mcp-session-id) or reuse one"
             )
         self.held[owner] += 1
@@ -205,13 +226,17 @@ class SessionShares:
             f"max_connections = {share}"
         )
 
-    def opened(self, owner: str, session_id: str, holder: str = "") -> None:
-        self.owner_of[session_id] = (owner, holder)
+    def opened(
+        self, owner: str, session_id: str, holder: str = "", size: int = MCP_SESSION_BYTES
+    ) -> None:
+        self.owner_of[session_id] = (owner, holder, size)
 
-    def settle(self, owner: str, session_id: str | None, holder: str = "") -> None:
+    def settle(
+        self, owner: str, session_id: str | None, holder: str = "", size: int = MCP_SESSION_BYTES
+    ) -> None:
         """The opening request is done: ``session_id`` None, nothing opened."""
         if session_id is None:
-            self._give(owner, holder)
+            self._give(owner, holder, size)
 
     def closed(self, session_id: str) -> None:
         """The SDK discards a session (it may say so twice: the second finds no owner)."""
@@ -219,9 +244,9 @@ class SessionShares:
         if named is not None:
             self._give(*named)
 
-    def _give(self, owner: str, holder: str) -> None:
+    def _give(self, owner: str, holder: str, size: int) -> None:
         if self.store is not None:
-            self.store.release(holder, MCP_SESSION_BYTES)
+            self.store.release(holder, size)
         self.held[owner] -= 1
         if self.held[owner] <= 0:
             del self.held[owner]
@@ -248,6 +273,20 @@ def _per_address(max_sessions: int, http: HttpConfig) -> int:
     if not http.max_connections_per_ip or http.max_connections_per_ip >= http.max_connections:
         return 0
     return max(1, max_sessions * http.max_connections_per_ip // http.max_connections)
+
+
+def initialize_refusal(method_name: str, body: bytes) -> bytes | None:
+    """The JSON-RPC error answering an initialize (``method_name``, ``McpDoor.method_name``)
+    whose body is over ``MAX_INITIALIZE_BYTES``; None for any other request. Its id is null, as
+    the SDK's own refusals of a body it cannot take (a client reads it as its request's)."""
+    if method_name != INITIALIZE or len(body) <= MAX_INITIALIZE_BYTES:
+        return None
+    message = (
+        f"this initialize is {len(body)} bytes; the limit is {MAX_INITIALIZE_BYTES} bytes "
+        "(its session keeps its params): send your capabilities and clientInfo without payloads"
+    )
+    error = {"code": types.INVALID_PARAMS, "message": message}
+    return orjson.dumps({"jsonrpc": "2.0", "id": None, "error": error})
 
 
 def _text(output: str, is_error: bool) -> types.CallToolResult:
@@ -311,10 +350,11 @@ class McpDoor:
         if open_:  # one line for the lot, where the SDK logged one per session
             log.info("closed %d MCP session(s) in %.1f s", open_, time.monotonic() - started)
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Send, body_bytes: int = 0) -> None:
         """Hand the request to the SDK, a tools/call's params made what it takes first
         (``call_params``); one that opens a session (a POST without a session id) is counted
-        against its owner's share first (``ResourceExhausted``)."""
+        against its owner's share first (``ResourceExhausted``), its ``body_bytes`` with it
+        (``session_bytes``)."""
         if scope["method"] == "POST":
             scope, receive = await _with_call_params(scope, receive)
         header = MCP_SESSION_HEADER.encode()
@@ -325,7 +365,8 @@ class McpDoor:
         caller, client = call.call.caller, scope.get("client")
         owner = caller.name if caller is not None else share_key(str(client[0] if client else ""))
         holder = caller.name if caller is not None else ""  # whose bytes (``sessions.owner``)
-        self.sessions.take(owner, holder)
+        size = session_bytes(body_bytes)
+        self.sessions.take(owner, holder, size)
         opened: list[str] = []
 
         async def watched(message: Message) -> None:
@@ -333,13 +374,13 @@ class McpDoor:
                 found = [v for k, v in message.get("headers", ()) if k.lower() == header]
                 if found:
                     opened.append(found[0].decode("latin-1"))
-                    self.sessions.opened(owner, opened[0], holder)
+                    self.sessions.opened(owner, opened[0], holder, size)
             await send(message)
 
         try:
             await self.manager.handle_request(scope, receive, watched)
         finally:
-            self.sessions.settle(owner, opened[0] if opened else None, holder)
+            self.sessions.settle(owner, opened[0] if opened else None, holder, size)
 
     @staticmethod
     def method_name(body: bytes) -> str:
