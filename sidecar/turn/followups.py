@@ -434,7 +434,9 @@ class Gazetteer:
         with ``words`` (an agent's turn: the agent names the place it offers), a name's word no
         other name holds said alone too (``NameWords``), a name said with a hesitation inside
         ("the cambridge chop uh house"), and a whole name that longer names hold rated without
-        their chunks (``whole_names``: "nandos" of NANDOS beside NANDOS CITY CENTRE)."""
+        their chunks (``whole_names``: "nandos" of NANDOS beside NANDOS CITY CENTRE), and, when
+        none of those is confident, the names said without their inner function words
+        (``Elided``: "a b guest house" of A and B Guest House)."""
         if not words:
             return self._scan(toks, None, _NO_WHOLE)
         if not HESITATIONS_EN.isdisjoint(toks):

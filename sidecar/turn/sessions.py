@@ -329,7 +329,7 @@ class SessionStore:
         self._quotas = dict(quotas or {})
         self._shelves: dict[str, _Shelf] = {}
         self.count = 0  # sessions held, expired ones not yet dropped included
-        self.bytes = 0  # what they keep, as accounted
+        self.bytes = 0  # what they keep, as accounted, and what ``reserve`` holds
 
     def get(self, session_id: str) -> Session:
         """The session, created on first use; an empty id gets a throwaway session."""
