@@ -437,6 +437,35 @@ async def test_mcp_sessions_count_in_the_sessions_bytes_and_are_bounded_by_them(
         assert again.status_code == 200, again.text
 
 
+async def test_mcp_sessions_filling_the_bytes_never_evict_a_live_calls_session(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack: without auth every MCP session's bytes go to the one owner every call's
+    session has, and a reservation evicted that owner's least recently used sessions: enough
+    ``initialize`` calls (~6,000 by default) took live calls' context. Now the MCP sessions
+    that do not fit beside it are refused (429), and the call keeps its context."""
+    budget = 4 * mcp.MCP_SESSION_BYTES
+    limits = {"max_session_bytes": 32768, "session_memory_bytes": budget}
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0"}, **limits)
+    async with (
+        running(config, local_embedder) as sc,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel,
+        httpx2.AsyncClient() as http,
+    ):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        turn = pb.TurnRequest(session_id="call-1", text="reset my password", is_final=True)
+        assert (await stub.Turn(turn)).chunks
+        replies = [
+            await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT) for _ in range(5)
+        ]
+        assert [r.status_code for r in replies] == [200, 200, 200, 429, 429]
+        assert "session_memory_bytes" in replies[-1].json()["error"]["message"]
+        kept = sc.engine.sessions.peek("call-1")
+        assert kept is not None
+        assert [said.text for said in kept.turns] == ["reset my password"]
+        assert sc.engine.sessions.usage().bytes <= budget
+
+
 async def test_what_an_mcp_session_counts_is_what_it_allocates(
     store: Path, local_embedder: Embedder
 ) -> None:

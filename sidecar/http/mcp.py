@@ -153,7 +153,8 @@ class SessionShares:
     With ``store`` (the engine's sessions), each session also counts ``MCP_SESSION_BYTES``
     in its holder's bytes there (``SessionStore.reserve``: the caller's, without auth the one
     owner's), so the sessions' byte budget (``session_memory_bytes``) bounds MCP sessions too:
-    one past it is refused as one past the share is."""
+    one past it is refused as one past the share is, never making room by evicting a session
+    (a live call's context)."""
 
     def __init__(
         self, shares: Mapping[str, int], per_address: int = 0, store: SessionStore | None = None
@@ -173,9 +174,9 @@ class SessionShares:
             key = f"[sidecar{'.auth.caller' if holder else ''}] session_memory_bytes"
             of = f" of caller {holder!r}" if holder else ""
             raise ResourceExhausted(
-                f"the MCP sessions open{of} fill its share of the sessions' bytes ({key}; "
-                f"each counts {MCP_SESSION_BYTES} bytes): end one (DELETE /mcp with its "
-                "mcp-session-id) or reuse one"
+                f"the sessions{of} fill its share of the sessions' bytes ({key}; an MCP "
+                f"session counts {MCP_SESSION_BYTES} bytes, and never evicts a call's "
+                "session): end an MCP session (DELETE /mcp with its mcp-session-id) or reuse one"
             )
         self.held[owner] += 1
 

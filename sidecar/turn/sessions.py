@@ -367,14 +367,13 @@ class SessionStore:
 
     def reserve(self, of: str, size: int) -> bool:
         """Count ``size`` bytes held outside the sessions (an MCP session's, which the SDK
-        keeps) in owner ``of``'s bytes: its least recently used sessions go to make room.
-        False, nothing counted, when what it has reserved would be over its share of bytes
-        (those cannot be evicted)."""
+        keeps) in owner ``of``'s bytes, if they fit in its share beside what it holds. False,
+        nothing counted, when they do not: a reservation never evicts a session (without auth
+        every MCP session's goes to the one owner "", whose sessions are every live call's)."""
         shelf = self._shelf(of)
-        if shelf.reserved + size > shelf.max_bytes:
+        if shelf.bytes + size > shelf.max_bytes:
             return False
         self._resize(shelf, size)
-        self._evict(shelf, keep=None)
         return True
 
     def release(self, of: str, size: int) -> None:
