@@ -743,12 +743,12 @@ def test_a_vapi_calls_fed_state_is_counted_in_its_sessions_bytes() -> None:
     start = tracemalloc.get_traced_memory()[0]
     for i, session in enumerate(held):
         digest = hashlib.blake2b(str(i).encode(), digest_size=16).digest()
-        session.keep(webhooks_module.Fed(1000 + i, digest, queries[i], answers[i]), 0)
+        session.keep_door_state(webhooks_module.Fed(1000 + i, digest, queries[i], answers[i]), 0)
     used = tracemalloc.get_traced_memory()[0] - start
     tracemalloc.stop()
     for session in held:
-        assert isinstance(session.kept, webhooks_module.Fed)
-        session.keep(session.kept, session.kept.size())
+        assert isinstance(session.door_state, webhooks_module.Fed)
+        session.keep_door_state(session.door_state, session.door_state.size())
     strings = sum(sys.getsizeof(s) for s in (*queries, *(i for a in answers for i in a)))
     tuples = sum(map(sys.getsizeof, answers))
     assert 0.75 < (store.bytes - before) / (used + strings + tuples) < 1.25
