@@ -1106,7 +1106,9 @@ def _plan(
     keyword: Keyword | None,
     section: Section | None,
 ) -> Plan:
-    """``plan`` from the gazetteer's namings alone."""
+    """``plan`` from the gazetteer's namings alone: a sure naming's plan; else a turn that
+    names its own topic searched as said (``_OWN_TOPIC``, in order); else the folding
+    choice (``_folded``)."""
     text = utterance.text
     if not config.enabled:
         return Plan(text, NO_FOLLOWUP)
@@ -1119,20 +1121,76 @@ def _plan(
         # "Tell me about rclone check.": a naming, if weak, and nothing else ("What about
         # pricing?" points back, and "Pricing, yes." answers the agent: both stay folded)
         return Plan(text, NO_FOLLOWUP, named=(only,), names=True)
-    refers = refers_back(utterance)
     entity = _ordinal(session, utterance) or session.entity
-    if not question and entity is session.entity and _moves_on(entity, mentions, utterance):
-        return Plan(text, NO_FOLLOWUP, named=mentions)  # it names its own topic, if weakly
-    if not question and entity is session.entity and keyword is not None:
-        own = _keyword_topic(entity, utterance, keyword)
-        if own is not None:  # "What is conhost.exe?": a word only another page's chunks use
-            return Plan(text, NO_FOLLOWUP, named=(*mentions, own))
-    if (
-        entity is not None
-        and not (refers or question)
-        and says_shared(utterance, entity, shared, mentions)
-    ):
-        return Plan(text, NO_FOLLOWUP, named=mentions)  # "Windows Terminal" as a name of its own
+    turn = _Turn(session, utterance, mentions, question, refers_back(utterance), entity)
+    for own_topic in _OWN_TOPIC:
+        named = own_topic(turn, shared, keyword)
+        if named is not None:
+            return Plan(text, NO_FOLLOWUP, named=named)
+    return _folded(turn, config, shared)
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    """A user turn as ``_plan`` reads it past its namings: the agent's question it answers
+    ("": none), whether it refers back, and the entity it would fold (an ordinal's, else the
+    tracked one)."""
+
+    session: Session
+    utterance: Utterance
+    mentions: tuple[Mention, ...]
+    question: str
+    refers: bool
+    entity: Mention | None
+
+    @property
+    def tracked(self) -> bool:
+        """It answers no question and would fold the tracked entity (no ordinal's)."""
+        return not self.question and self.entity is self.session.entity
+
+
+def _moved_on_named(
+    turn: _Turn, shared: frozenset[str], keyword: Keyword | None
+) -> tuple[Mention, ...] | None:
+    """It names its own topic, if weakly, away from the tracked one (``_moves_on``)."""
+    if turn.tracked and _moves_on(turn.entity, turn.mentions, turn.utterance):
+        return turn.mentions
+    return None
+
+
+def _keyword_named(
+    turn: _Turn, shared: frozenset[str], keyword: Keyword | None
+) -> tuple[Mention, ...] | None:
+    """ "What is conhost.exe?": a word only another page's chunks use (``_keyword_topic``)."""
+    if not turn.tracked or keyword is None:
+        return None
+    own = _keyword_topic(turn.entity, turn.utterance, keyword)
+    return None if own is None else (*turn.mentions, own)
+
+
+def _shared_named(
+    turn: _Turn, shared: frozenset[str], keyword: Keyword | None
+) -> tuple[Mention, ...] | None:
+    """ "Windows Terminal" as a name of its own (``says_shared``)."""
+    entity = turn.entity
+    if entity is None or turn.refers or turn.question:
+        return None
+    return turn.mentions if says_shared(turn.utterance, entity, shared, turn.mentions) else None
+
+
+# A turn that names its own topic is searched as said: these checks, in order, say so (the
+# names it is searched with) or not (None).
+_OWN_TOPIC: tuple[
+    Callable[[_Turn, frozenset[str], Keyword | None], tuple[Mention, ...] | None], ...
+] = (_moved_on_named, _keyword_named, _shared_named)
+
+
+def _folded(turn: _Turn, config: FollowupConfig, shared: frozenset[str]) -> Plan:
+    """The folding choice for a turn that names no topic of its own: the agent's question it
+    answers, the entity it refers back to (or every turn's, with ``fold = "always"``), else
+    the recent exchange, but for a turn of its own (searched as said)."""
+    session, utterance, mentions = turn.session, turn.utterance, turn.mentions
+    text, question, refers, entity = utterance.text, turn.question, turn.refers, turn.entity
     left = entity is not None and entity is session.entity and session.left
     if entity is not None and not (refers or question) and (config.fold != "always" or left):
         entity = None
