@@ -164,9 +164,9 @@ _SENTENCE_BREAK = re.compile(r"[.!?]\s+")  # where a turn's last sentence starts
 # Words a reply opens with ("Yes, please tell me", "No, I'm a student").
 REPLY_OPENERS_EN = frozenset("yes yeah yep yup ya sure ok okay no nope nah please".split())
 FILLERS_EN = frozenset("uh um umm uhm er erm ah hmm mm mhm well so oh".split())
-# The fillers that are no word ("uh", not "well", "so"; nor "oh", "ah", which names hold: "Oh
-# My Cod"): a recogniser writes one inside a name the speaker hesitated in ("the cambridge
-# chop uh house"), and no name holds one.
+# The fillers that are no word ("uh"; not "well", "so", "oh" or "ah", which are words a
+# name may hold): a recogniser writes one inside a name the speaker hesitated in ("the
+# cambridge chop uh house"), and no name holds one.
 HESITATIONS_EN = FILLERS_EN - frozenset("well so oh ah".split())
 # "the second one": a position in the agent's last list of options (-1: its last)
 ORDINALS_EN = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4}
