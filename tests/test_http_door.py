@@ -489,6 +489,35 @@ async def test_an_sdk_client_reads_why_its_initialize_was_refused(
             await session.initialize()
 
 
+async def test_mcp_sessions_filling_the_bytes_never_evict_a_live_calls_session(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The attack: without auth every MCP session's bytes go to the one owner every call's
+    session has, and a reservation evicted that owner's least recently used sessions: enough
+    ``initialize`` calls (~6,000 by default) took live calls' context. Now the MCP sessions
+    that do not fit beside it are refused (429), and the call keeps its context."""
+    budget = 4 * mcp.MCP_SESSION_BYTES
+    limits = {"max_session_bytes": 32768, "session_memory_bytes": budget}
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0"}, **limits)
+    async with (
+        running(config, local_embedder) as sc,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel,
+        httpx2.AsyncClient() as http,
+    ):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        turn = pb.TurnRequest(session_id="call-1", text="reset my password", is_final=True)
+        assert (await stub.Turn(turn)).chunks
+        replies = [
+            await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT) for _ in range(5)
+        ]
+        assert [r.status_code for r in replies] == [200, 200, 200, 429, 429]
+        assert "session_memory_bytes" in replies[-1].json()["error"]["message"]
+        kept = sc.engine.sessions.peek("call-1")
+        assert kept is not None
+        assert [said.text for said in kept.turns] == ["reset my password"]
+        assert sc.engine.sessions.usage().bytes <= budget
+
+
 async def test_what_an_mcp_session_counts_is_what_it_allocates(
     store: Path, local_embedder: Embedder
 ) -> None:
@@ -804,12 +833,12 @@ def test_a_vapi_calls_fed_state_is_counted_in_its_sessions_bytes() -> None:
     start = tracemalloc.get_traced_memory()[0]
     for i, session in enumerate(held):
         digest = hashlib.blake2b(str(i).encode(), digest_size=16).digest()
-        session.keep(webhooks_module.Fed(1000 + i, digest, queries[i], answers[i]), 0)
+        session.keep_door_state(webhooks_module.Fed(1000 + i, digest, queries[i], answers[i]), 0)
     used = tracemalloc.get_traced_memory()[0] - start
     tracemalloc.stop()
     for session in held:
-        assert isinstance(session.kept, webhooks_module.Fed)
-        session.keep(session.kept, session.kept.size())
+        assert isinstance(session.door_state, webhooks_module.Fed)
+        session.keep_door_state(session.door_state, session.door_state.size())
     strings = sum(sys.getsizeof(s) for s in (*queries, *(i for a in answers for i in a)))
     tuples = sum(map(sys.getsizeof, answers))
     assert 0.75 < (store.bytes - before) / (used + strings + tuples) < 1.25

@@ -446,24 +446,25 @@ TestOwners = OwnersMachine.TestCase
 TestOwners.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
-def test_bytes_reserved_outside_the_sessions_push_out_only_their_owners_sessions() -> None:
-    """What an owner holds outside its sessions (its MCP sessions) counts in its bytes: its own
-    least recently used sessions go to make room, never another owner's, and a reservation
-    that alone would pass its share is refused, counting nothing."""
-    store = SessionStore(100, TTL, 2, timer=Clock(), quotas={"x": (100, 3 * SESSION_BYTES)})
+def test_bytes_reserved_outside_the_sessions_never_evict_a_session() -> None:
+    """What an owner holds outside its sessions (its MCP sessions) counts in its bytes where it
+    fits beside its sessions; one that does not is refused, counting nothing and evicting no
+    session (without auth the owner's sessions are every live call's)."""
+    store = SessionStore(100, TTL, 2, timer=Clock(), quotas={"x": (100, 4 * SESSION_BYTES)})
     for sid in ("a", "b"):
         owner.set("x")
         store.get(sid)
         owner.set("y")
         store.get(sid)
+    assert not store.reserve("x", 3 * SESSION_BYTES)
     assert store.reserve("x", 2 * SESSION_BYTES)
     owner.set("x")
-    assert store.peek("a") is None
+    assert store.peek("a") is not None
     assert store.peek("b") is not None
-    assert store.usage("x") == Usage(1, 3 * SESSION_BYTES)
+    assert store.usage("x") == Usage(2, 4 * SESSION_BYTES)
     assert store.usage("y").sessions == 2
-    assert not store.reserve("x", 2 * SESSION_BYTES)
-    assert store.usage("x").bytes == 3 * SESSION_BYTES
+    assert not store.reserve("x", SESSION_BYTES)
+    assert store.usage("x").bytes == 4 * SESSION_BYTES
     store.release("x", 2 * SESSION_BYTES)
-    assert store.usage() == Usage(3, 3 * SESSION_BYTES)
+    assert store.usage() == Usage(4, 4 * SESSION_BYTES)
     owner.set("")

@@ -133,7 +133,7 @@ class Sidecar:
             self._listing_failed = str(exc)
             return
         self._listing_failed = ""
-        new = self._room_for(listed - self.engine.known_bases)
+        new = self._within_listed_cap(listed - self.engine.known_bases, len(listed))
         if new:
             self.engine.known_bases = self.engine.known_bases | new
             self.refresher.add_bases(sorted(new))
@@ -142,21 +142,14 @@ class Sidecar:
                 ", ".join(sorted(new)[:20]) + _more(len(new), 20),
             )
 
-    def _room_for(self, new: frozenset[str]) -> frozenset[str]:
+    def _within_listed_cap(self, new: frozenset[str], listed: int) -> frozenset[str]:
         """The first of ``new`` (by name) that keep this sidecar within ``MAX_LISTED_BASES``;
-        the rest logged once."""
-        room = MAX_LISTED_BASES - len(self.engine.known_bases)
-        if len(new) <= room:
-            return new
-        if not self._over_cap_logged:
-            log.warning(
-                "the store lists more bases than one sidecar serves (%d): %d left out; split "
-                "them over shards ([sidecar] shards)",
-                MAX_LISTED_BASES,
-                len(new) - max(room, 0),
-            )
-            self._over_cap_logged = True
-        return frozenset(sorted(new)[: max(room, 0)])
+        the rest logged once (``listed_within_cap``)."""
+        kept = listed_within_cap(
+            new, len(self.engine.known_bases), listed, warn=not self._over_cap_logged
+        )
+        self._over_cap_logged |= kept is not new
+        return kept
 
     def log_waiting(self) -> None:
         """While LOADING, say which bases have no snapshot, where it is looked for, and what to
@@ -306,15 +299,29 @@ def first_bases(config: Config, store: SnapshotStore, names: frozenset[str]) -> 
     that holds more; a start with none logs what is true of it (``no_bases``)."""
     if not names:
         log.warning("%s", no_bases(config, store))
-    elif lists_store(config) and len(names) > MAX_LISTED_BASES:
-        log.warning(
-            "the store lists %d bases, more than one sidecar serves: the first %d by name; "
-            "split them over shards ([sidecar] shards)",
-            len(names),
-            MAX_LISTED_BASES,
-        )
-        return frozenset(sorted(names)[:MAX_LISTED_BASES])
+    elif lists_store(config):
+        return listed_within_cap(names, 0, len(names))
     return names
+
+
+def listed_within_cap(
+    new: frozenset[str], held: int, listed: int, warn: bool = True
+) -> frozenset[str]:
+    """The first of ``new`` (by name) that keep ``held`` bases and them within
+    ``MAX_LISTED_BASES`` (``new`` itself when all do); with ``warn``, a cut is logged with
+    the ``listed`` count of the store's listing."""
+    room = max(MAX_LISTED_BASES - held, 0)
+    if len(new) <= room:
+        return new
+    if warn:
+        log.warning(
+            "the store lists %d bases, more bases than one sidecar serves (%d): the first by "
+            "name are served, %d left out; split them over shards ([sidecar] shards)",
+            listed,
+            MAX_LISTED_BASES,
+            len(new) - room,
+        )
+    return frozenset(sorted(new)[:room])
 
 
 def _more(count: int, shown: int) -> str:

@@ -140,6 +140,33 @@ class ToolCall:
     source_paths: tuple[str, ...] = ()
 
 
+# What a tool's arguments look like, for an error saying what to send.
+ARGUMENTS_SHAPE = '{"query": "how do I reset my password"}'
+
+
+def arguments_object(text: str, like: str = ARGUMENTS_SHAPE) -> dict[str, Any]:
+    """A tool call's arguments, sent as the JSON text a model emitted, as their object (blank:
+    none), or ``ToolCallError`` saying to send an object ``like`` this: the one reading every
+    door (``/tools/``, gRPC ``InvokeTool``, MCP's ``tools/call``) gives them."""
+    size = utf8_size(text, MAX_ARGUMENTS_BYTES)
+    if size > MAX_ARGUMENTS_BYTES:
+        raise ToolCallError(INVALID_ARGUMENTS, arguments_too_large(size))
+    try:
+        args = orjson.loads(text) if text.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise ToolCallError(
+            INVALID_JSON, f"arguments are not valid JSON ({exc}); send an object like {like}"
+        ) from exc
+    if not isinstance(args, dict):
+        raise ToolCallError(INVALID_ARGUMENTS, not_an_object(like))
+    return args
+
+
+def not_an_object(like: str) -> str:
+    """What arguments that are no JSON object are told."""
+    return f"arguments must be a JSON object like {like}"
+
+
 @dataclass(frozen=True, slots=True)
 class KnowledgeFunction:
     """One configured function and the sources it may search."""
@@ -231,21 +258,7 @@ class KnowledgeFunction:
 
     def parse(self, arguments_json: str) -> ToolCall:
         """The call the model meant, or ``ToolCallError`` saying what to change."""
-        size = utf8_size(arguments_json, MAX_ARGUMENTS_BYTES)
-        if size > MAX_ARGUMENTS_BYTES:
-            raise ToolCallError(INVALID_ARGUMENTS, arguments_too_large(size))
-        try:
-            args = orjson.loads(arguments_json) if arguments_json.strip() else {}
-        except orjson.JSONDecodeError as exc:
-            raise ToolCallError(
-                INVALID_JSON,
-                f"arguments are not valid JSON ({exc}); send an object like "
-                '{"query": "how do I reset my password"}',
-            ) from exc
-        if not isinstance(args, dict):
-            raise ToolCallError(
-                INVALID_ARGUMENTS, 'arguments must be a JSON object like {"query": "..."}'
-            )
+        args = arguments_object(arguments_json)
         accepted = [QUERY, *([SOURCES] if self.filterable else []), SOURCE_PATHS]
         accepted += self.config.filterable
         extra = sorted(k for k in args if k not in accepted)

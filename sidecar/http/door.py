@@ -523,7 +523,7 @@ class _Admission:
         self.refused_total = 0
         self.refused_by_ip: Counter[str] = Counter()  # addresses at their cap: since they had room
         self.overrun_total = 0  # connections closed past MAX_PIPELINED
-        self.cut_total = 0  # connections closed past another bound of a request (``cut``)
+        self.cut_total = 0  # connections closed past a bound of a request (``cut``), those too
         self.plain_http_total = 0  # plain HTTP requests to a TLS door
         self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         self.closing = False  # the door stops: a handshake done now is not served
@@ -548,16 +548,11 @@ class _Admission:
 
     def overran(self, address: str) -> None:
         """A connection from ``address`` queued more than ``MAX_PIPELINED`` requests and is
-        closed: logged the first time, then once per ``OVERRUN_LOG_EVERY``."""
+        closed: counted, and logged as every ``cut`` is."""
         self.overrun_total += 1
-        if self.overrun_total % OVERRUN_LOG_EVERY == 1:
-            log.warning(
-                "closed a connection from %s: it sent more than %d requests ahead without "
-                "reading the answers (%d such connection(s) closed since the start)",
-                address,
-                MAX_PIPELINED,
-                self.overrun_total,
-            )
+        self.cut(
+            address, f"it sent more than {MAX_PIPELINED} requests ahead without reading the answers"
+        )
 
     def cut(self, address: str, why: str) -> None:
         """A connection from ``address`` is closed for ``why`` (a request past one of its

@@ -10,7 +10,8 @@ Everything a model can get wrong (bad arguments, an unknown tool, a function out
 token's scope, a base with no snapshot, a page that is not there, a tools/call whose params the
 SDK would refuse: arguments not an object, a name not a string) is a tool result with
 ``isError``, never a failed request; arguments sent as the JSON string a model emitted are read
-as their object, as ``/tools/`` reads them (``call_params``).
+as their object, by the one reading ``/tools/`` gives them (``call_params``,
+``arguments_object``).
 
 The SDK runs each MCP session in a task of its own, so a tool call does not run in the HTTP
 request's context: ``scope_for`` hands the request's ``HttpCall`` and a copy of its context
@@ -54,17 +55,17 @@ from sidecar.config import Config, HttpConfig
 from sidecar.edge import tls
 from sidecar.edge.addresses import share_key
 from sidecar.edge.auth import Authenticator
-from sidecar.edge.limits import MAX_ARGUMENTS_BYTES, arguments_too_large, utf8_size
 from sidecar.edge.status import status_for, tool_error_type
 from sidecar.errors import ResourceExhausted, ToolCallError
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
-    INVALID_JSON,
     QUOTE_CHARS,
     UNAVAILABLE,
     PageReader,
     Toolbox,
+    arguments_object,
     error_output,
+    not_an_object,
 )
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.engine import Engine
@@ -172,7 +173,8 @@ class SessionShares:
     With ``store`` (the engine's sessions), each session also counts its bytes
     (``session_bytes``: ``MCP_SESSION_BYTES`` and its initialize's params) in its holder's bytes there (``SessionStore.reserve``: the caller's, without auth the one
     owner's), so the sessions' byte budget (``session_memory_bytes``) bounds MCP sessions too:
-    one past it is refused as one past the share is."""
+    one past it is refused as one past the share is, never making room by evicting a session
+    (a live call's context)."""
 
     def __init__(
         self, shares: Mapping[str, int], per_address: int = 0, store: SessionStore | None = None
@@ -193,9 +195,9 @@ class SessionShares:
             key = f"[sidecar{'.auth.caller' if holder else ''}] session_memory_bytes"
             of = f" of caller {holder!r}" if holder else ""
             raise ResourceExhausted(
-                f"the MCP sessions open{of} fill its share of the sessions' bytes ({key}; "
-                f"this one counts {size} bytes): end one (DELETE /mcp with its "
-                "mcp-session-id) or reuse one"
+                f"the sessions{of} fill its share of the sessions' bytes ({key}; this MCP "
+                f"session counts {size} bytes, and never evicts a call's session): end an MCP "
+                "session (DELETE /mcp with its mcp-session-id) or reuse one"
             )
         self.held[owner] += 1
 
@@ -574,20 +576,16 @@ def _call_params(params: Any) -> tuple[Any, Mistake | None]:
 
 
 def _arguments(arguments: Any) -> tuple[dict[str, Any] | None, Mistake | None]:
-    """Arguments as the SDK takes them (an object, or none), and what was wrong with them."""
+    """Arguments as the SDK takes them (an object, or none), and what was wrong with them:
+    JSON text (a model's) read as ``/tools/`` reads it (``arguments_object``)."""
     if arguments is None or isinstance(arguments, dict):
         return arguments, None
-    if isinstance(arguments, str):  # the JSON text a model emitted
-        size = utf8_size(arguments, MAX_ARGUMENTS_BYTES)
-        if size > MAX_ARGUMENTS_BYTES:
-            return {}, (INVALID_ARGUMENTS, arguments_too_large(size))
-        try:
-            parsed = orjson.loads(arguments) if arguments.strip() else {}
-        except orjson.JSONDecodeError as exc:
-            return {}, (INVALID_JSON, f"arguments are not valid JSON ({exc}): {CALL_SHAPE}")
-        if isinstance(parsed, dict):
-            return parsed, None
-    return {}, (INVALID_ARGUMENTS, f"arguments must be an object of the tool's: {CALL_SHAPE}")
+    if not isinstance(arguments, str):
+        return {}, (INVALID_ARGUMENTS, not_an_object(CALL_SHAPE))
+    try:
+        return arguments_object(arguments, CALL_SHAPE), None
+    except ToolCallError as exc:
+        return {}, (exc.type, exc.message)
 
 
 # The page's path by the name a search result gives it, and by ReadPage's (the schema's first).

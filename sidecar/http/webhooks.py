@@ -178,7 +178,7 @@ class Fed:
 class Conversations:
     """How much of each call's message list its session has been fed, so a message Vapi sends
     again (every request carries the whole call) is fed once. Kept in the call's own session
-    (``Session.keep``), counted in its bytes: it is the caller's, under its quota of sessions and
+    (``Session.keep_door_state``), counted in its bytes: it is the caller's, under its quota of sessions and
     bytes, and no other caller's requests can push it out (a table shared by all let 10,000
     requests of no messages push a live call's out, and its next request fed its turns again).
     It goes with the session (ended, expired, evicted within its owner's quota): the call's
@@ -195,7 +195,7 @@ class Conversations:
         again would repeat turns."""
         digests = list(_digests(messages))
         session = self._store.peek(call_id)
-        before = session.kept if session is not None else None
+        before = session.door_state if session is not None else None
         if not isinstance(before, Fed):
             return messages, Fed(len(messages), digests[-1])
         fed = Fed(len(messages), digests[-1], before.query, before.answer, before.note)
@@ -208,7 +208,7 @@ class Conversations:
         failed on the way (a base still loading) is fed again when the platform retries it, not
         answered as a repeat."""
         if self._store.peek(call_id) is not None:
-            self._store.get(call_id).keep(entry, entry.size())
+            self._store.get(call_id).keep_door_state(entry, entry.size())
 
 
 def _documents(hits: Sequence[Hit]) -> list[dict[str, Any]]:

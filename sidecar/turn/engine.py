@@ -341,7 +341,7 @@ class Engine:
                 await self._read(session, searcher, kb, budget)
             embed = taken is None
             query, result = await self._retrieve(
-                searcher, kb, req, session, plan, budget, embed, allowed
+                searcher, kb, req, utterance, session, plan, budget, embed, allowed
             )
         ranked = await self._reranked(kb, query, result, self.config.max_results, budget)
         _moved_on(session, mentions, query == req.text, ranked, gazetteer.entity_of)
@@ -382,6 +382,7 @@ class Engine:
         searcher: Searcher,
         kb: str,
         req: TurnInput,
+        utterance: Utterance,
         session: Session,
         plan: followups.Plan,
         budget: Budget,
@@ -416,7 +417,7 @@ class Engine:
             return plan.query, _prior_lifted(found, prior, entity_of, keep)
         if _name_alone(plan, own) and said is not None:
             folded = self._backed(searcher, kb, folded, said, depth)
-        elif _asked_alone(plan, own, req.text, searcher.snapshot.lexical):
+        elif _asked_alone(plan, own, utterance, searcher.snapshot.lexical):
             return req.text, _cut(own, keep)  # nothing: the exchange alone found them
         return _combined(plan, req.text, folded, own, prior, entity_of, keep)
 
@@ -786,11 +787,11 @@ class Engine:
             raise InvalidArgument("knowledge_base is empty and no default is configured")
         if kb not in self.known_bases:
             raise scope.unknown_base(kb, self.known_bases)
-        lazy = self.load_on_demand is not None
-        peer = connection.get()() if lazy else ""  # whose working set the base is in
+        load = self.load_on_demand
+        peer = connection.get()() if load is not None else ""  # whose working set the base is in
         searcher = self.holder.use(kb, peer)
-        if searcher is None and self.load_on_demand is not None:
-            retry_ms = self.load_on_demand(kb, peer)
+        if searcher is None and load is not None:
+            retry_ms = load(kb, peer)
             if retry_ms:
                 raise Loading(
                     f"knowledge base {kb!r} is loading (its first call, or it was evicted to keep "
@@ -1120,7 +1121,9 @@ def _name_alone(plan: followups.Plan, own: Ranking) -> bool:
     )
 
 
-def _asked_alone(plan: followups.Plan, own: Ranking, text: str, lexical: LexicalIndex) -> bool:
+def _asked_alone(
+    plan: followups.Plan, own: Ranking, utterance: Utterance, lexical: LexicalIndex
+) -> bool:
     """Whether a turn folded with the recent exchange is a question off the base: it points
     back at nothing, asks, its own search finds nothing at min_score, and no chunk holds any
     of its words ("What is the capital of France?" after "How much does roaming cost in
@@ -1130,7 +1133,7 @@ def _asked_alone(plan: followups.Plan, own: Ranking, text: str, lexical: Lexical
     source = plan.followup.source
     if source != followups.Source.RECENT_TURNS or plan.refers or own.found or own.degraded:
         return False
-    return followups.is_question(text) and not len(lexical.matching(text))
+    return followups.asks(utterance) and not len(lexical.matching(utterance.text))
 
 
 def _backed(

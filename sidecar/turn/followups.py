@@ -164,9 +164,10 @@ _SENTENCE_BREAK = re.compile(r"[.!?]\s+")  # where a turn's last sentence starts
 # Words a reply opens with ("Yes, please tell me", "No, I'm a student").
 REPLY_OPENERS_EN = frozenset("yes yeah yep yup ya sure ok okay no nope nah please".split())
 FILLERS_EN = frozenset("uh um umm uhm er erm ah hmm mm mhm well so oh".split())
-# The fillers that are no word ("uh", not "well"): a recogniser writes one inside a name the
-# speaker hesitated in ("the cambridge chop uh house"), and no name holds one.
-HESITATIONS_EN = frozenset("uh um umm uhm er erm hmm mm mhm".split())
+# The fillers that are no word ("uh"; not "well", "so", "oh" or "ah", which are words a
+# name may hold): a recogniser writes one inside a name the speaker hesitated in ("the
+# cambridge chop uh house"), and no name holds one.
+HESITATIONS_EN = FILLERS_EN - frozenset("well so oh ah".split())
 # "the second one": a position in the agent's last list of options (-1: its last)
 ORDINALS_EN = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4}
 ORDINALS_EN |= {"former": 0, "latter": -1, "last": -1}
@@ -434,21 +435,25 @@ class Gazetteer:
         with ``words`` (an agent's turn: the agent names the place it offers), a name's word no
         other name holds said alone too (``NameWords``), a name said with a hesitation inside
         ("the cambridge chop uh house"), and a whole name that longer names hold rated without
-        their chunks (``whole_names``: "nandos" of NANDOS beside NANDOS CITY CENTRE)."""
+        their chunks (``whole_names``: "nandos" of NANDOS beside NANDOS CITY CENTRE), and, when
+        none of those is confident, the names said without their inner function words
+        (``Elided``: "a b guest house" of A and B Guest House)."""
         if not words:
-            return self._scan(toks, None, _NO_WHOLE)
+            return self._scan(toks, words=False)
         if not HESITATIONS_EN.isdisjoint(toks):
             toks = [t for t in toks if t not in HESITATIONS_EN]
-        found = self._scan(toks, self.words or None, self._whole)
+        found = self._scan(toks, words=True)
         if any(m.confidence >= MIN_CONFIDENCE for m in found):
             return found
         return (*found, *self._elided.find(toks, {m.name for m in found}))
 
-    def _scan(
-        self, toks: Sequence[str], alone: NameWords | None, whole: dict[int, float]
-    ) -> tuple[Mention, ...]:
-        """``find``'s one pass over the tokens: names by their keys, then, with ``alone``, by a
-        word of theirs (``_alone``) where no key names one confidently."""
+    def _scan(self, toks: Sequence[str], words: bool) -> tuple[Mention, ...]:
+        """``find``'s one pass over the tokens: names by their keys, then, with ``words`` (an
+        agent's turn), each key rated as a whole name where it is one (``whole_names``), and
+        names by a word of theirs (``_alone``, which rates so too) where no key names one
+        confidently."""
+        alone = (self.words or None) if words else None
+        whole = self._whole if words else _NO_WHOLE
         found: dict[str, float] = {}
         function_words, initials, kept = self._function_words, self._initials, self._prefix_kept
         heard: dict[str, float] = {}  # names by a word alone: only where no key names one
@@ -505,8 +510,7 @@ class Gazetteer:
         owner = int(rated.owner[at])
         if owner >= 0:
             name = rated.owner_name(owner)
-            sure = whole.get(at) or float(rated.sure[at])
-            sure *= NEAR_FACTOR if near else 1.0
+            sure = _key_rating(rated, whole, at) * (NEAR_FACTOR if near else 1.0)
             found[name] = max(found.get(name, 0.0), sure)
 
     def _match(self, toks: Sequence[str], i: int) -> tuple[int, int, bool]:
@@ -704,7 +708,7 @@ class Elided:
             if len(said) < 2 or said == toks or len(toks) > WORD_NAME_TOKENS or at < 0:
                 continue
             key = "".join(said)
-            sure = (whole.get(at) or float(rated.sure[at])) * NEAR_FACTOR
+            sure = _key_rating(rated, whole, at) * NEAR_FACTOR
             taken = key in elided or keys.index(key) >= 0
             elided[key] = [None] if taken else [(key, len(said), name, sure)]
         by_first: dict[str, list[tuple[str, int, str, float]]] = {}
@@ -717,6 +721,12 @@ class Elided:
 def _stripped(toks: list[str]) -> list[str]:
     """A name's tokens, "the" first aside."""
     return toks[1:] if toks[:1] == ["the"] and len(toks) > 1 else toks
+
+
+def _key_rating(rated: RatedKeys, whole: dict[int, float], at: int) -> float:
+    """How sure key ``at`` names its name: ``whole``'s rating where it has one, else the
+    snapshot's."""
+    return whole.get(at) or float(rated.sure[at])
 
 
 def _joined_at(toks: Sequence[str], i: int, most: int, key: str) -> bool:
@@ -760,8 +770,7 @@ def whole_names(lexical: LexicalIndex, table: EntityTable, tables: KeyTables) ->
 def _name_runs(names: Sequence[str]) -> dict[int, tuple[tuple[str, ...], list[int]]]:
     """Each name (by index) whose tokens ("the" first aside) are a run of longer names' tokens
     (of at most WORD_NAME_TOKENS): its tokens and those names."""
-    stripped = [tuple(tokens(name)) for name in names]
-    stripped = [t[1:] if t[:1] == ("the",) and len(t) > 1 else t for t in stripped]
+    stripped = [tuple(_stripped(tokens(name))) for name in names]
     whole = {t: at for at, t in enumerate(stripped) if 0 < len(t) <= WORD_NAME_TOKENS}
     held: dict[int, tuple[tuple[str, ...], list[int]]] = {}
     for at, toks in enumerate(stripped):
@@ -1097,7 +1106,9 @@ def _plan(
     keyword: Keyword | None,
     section: Section | None,
 ) -> Plan:
-    """``plan`` from the gazetteer's namings alone."""
+    """``plan`` from the gazetteer's namings alone: a sure naming's plan; else a turn that
+    names its own topic searched as said (``_OWN_TOPIC``, in order); else the folding
+    choice (``_folded``)."""
     text = utterance.text
     if not config.enabled:
         return Plan(text, NO_FOLLOWUP)
@@ -1110,20 +1121,76 @@ def _plan(
         # "Tell me about rclone check.": a naming, if weak, and nothing else ("What about
         # pricing?" points back, and "Pricing, yes." answers the agent: both stay folded)
         return Plan(text, NO_FOLLOWUP, named=(only,), names=True)
-    refers = refers_back(utterance)
     entity = _ordinal(session, utterance) or session.entity
-    if not question and entity is session.entity and _moves_on(entity, mentions, utterance):
-        return Plan(text, NO_FOLLOWUP, named=mentions)  # it names its own topic, if weakly
-    if not question and entity is session.entity and keyword is not None:
-        own = _keyword_topic(entity, utterance, keyword)
-        if own is not None:  # "What is conhost.exe?": a word only another page's chunks use
-            return Plan(text, NO_FOLLOWUP, named=(*mentions, own))
-    if (
-        entity is not None
-        and not (refers or question)
-        and says_shared(utterance, entity, shared, mentions)
-    ):
-        return Plan(text, NO_FOLLOWUP, named=mentions)  # "Windows Terminal" as a name of its own
+    turn = _Turn(session, utterance, mentions, question, refers_back(utterance), entity)
+    for own_topic in _OWN_TOPIC:
+        named = own_topic(turn, shared, keyword)
+        if named is not None:
+            return Plan(text, NO_FOLLOWUP, named=named)
+    return _folded(turn, config, shared)
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    """A user turn as ``_plan`` reads it past its namings: the agent's question it answers
+    ("": none), whether it refers back, and the entity it would fold (an ordinal's, else the
+    tracked one)."""
+
+    session: Session
+    utterance: Utterance
+    mentions: tuple[Mention, ...]
+    question: str
+    refers: bool
+    entity: Mention | None
+
+    @property
+    def tracked(self) -> bool:
+        """It answers no question and would fold the tracked entity (no ordinal's)."""
+        return not self.question and self.entity is self.session.entity
+
+
+def _moved_on_named(
+    turn: _Turn, shared: frozenset[str], keyword: Keyword | None
+) -> tuple[Mention, ...] | None:
+    """It names its own topic, if weakly, away from the tracked one (``_moves_on``)."""
+    if turn.tracked and _moves_on(turn.entity, turn.mentions, turn.utterance):
+        return turn.mentions
+    return None
+
+
+def _keyword_named(
+    turn: _Turn, shared: frozenset[str], keyword: Keyword | None
+) -> tuple[Mention, ...] | None:
+    """ "What is conhost.exe?": a word only another page's chunks use (``_keyword_topic``)."""
+    if not turn.tracked or keyword is None:
+        return None
+    own = _keyword_topic(turn.entity, turn.utterance, keyword)
+    return None if own is None else (*turn.mentions, own)
+
+
+def _shared_named(
+    turn: _Turn, shared: frozenset[str], keyword: Keyword | None
+) -> tuple[Mention, ...] | None:
+    """ "Windows Terminal" as a name of its own (``says_shared``)."""
+    entity = turn.entity
+    if entity is None or turn.refers or turn.question:
+        return None
+    return turn.mentions if says_shared(turn.utterance, entity, shared, turn.mentions) else None
+
+
+# A turn that names its own topic is searched as said: these checks, in order, say so (the
+# names it is searched with) or not (None).
+_OWN_TOPIC: tuple[
+    Callable[[_Turn, frozenset[str], Keyword | None], tuple[Mention, ...] | None], ...
+] = (_moved_on_named, _keyword_named, _shared_named)
+
+
+def _folded(turn: _Turn, config: FollowupConfig, shared: frozenset[str]) -> Plan:
+    """The folding choice for a turn that names no topic of its own: the agent's question it
+    answers, the entity it refers back to (or every turn's, with ``fold = "always"``), else
+    the recent exchange, but for a turn of its own (searched as said)."""
+    session, utterance, mentions = turn.session, turn.utterance, turn.mentions
+    text, question, refers, entity = utterance.text, turn.question, turn.refers, turn.entity
     left = entity is not None and entity is session.entity and session.left
     if entity is not None and not (refers or question) and (config.fold != "always" or left):
         entity = None
@@ -1253,7 +1320,7 @@ def _recent(session: Session) -> str:
     said: list[str] = []
     for turn in _unskipped(session):
         said.append(turn.text.strip())
-        if turn.speaker != Speaker.AGENT and _content(words(turn.text)):
+        if turn.speaker != Speaker.AGENT and _has_content(turn):
             break
     return " ".join(" ".join(reversed(said)).split()[-MAX_FOLDED_WORDS:])
 
@@ -1271,11 +1338,20 @@ def asks_after_fragment(session: Session, utterance: Utterance) -> bool:
     for turn in turns:
         if turn.speaker == Speaker.AGENT:
             return False
-        said = Utterance.of(turn.text)
-        if _content(_spoken(said)):
+        if _has_content(turn):
             before = next(turns, None)
-            return before is not None and before.speaker != Speaker.AGENT and refers_back(said)
+            if before is None or before.speaker == Speaker.AGENT:
+                return False
+            return refers_back(Utterance.of(turn.text))
     return False
+
+
+def _has_content(turn: Said) -> bool:
+    """Whether a turn says more than function words and reply words ("Ok.", "yes please"):
+    the caller's previous turn with content is what ``_recent`` folds from and
+    ``asks_after_fragment`` reads. Its words as said, fillers too: without them (``_spoken``)
+    doc2dial's session hit@3 fell 0.5933 -> 0.5922."""
+    return bool(_content(words(turn.text)))
 
 
 def _unskipped(session: Session) -> Iterator[Said]:

@@ -7,7 +7,7 @@ then its oldest turns, are dropped, the newest of each kept (a turn is what a fo
 a newest search over the whole bound on its own costs no turn, and leaves the session over its
 bound until the next search replaces it). What it keeps is accounted as the bytes the session itself
 allocates: its turns' text, its mentions' names and its retained chunks' strings
-(``sys.getsizeof``, so 1 to 4 bytes a character), what a door keeps of the call (``keep``), and a fixed cost per turn, per entity
+(``sys.getsizeof``, so 1 to 4 bytes a character), what a door keeps of the call (``door_state``), and a fixed cost per turn, per entity
 mention, per page the follow-ups count, per retained hit and chunk, and per session
 (``TURN_BYTES``, ``MENTION_BYTES``, ``PAGE_BYTES``, ``HIT_BYTES``, ``CHUNK_BYTES``,
 ``SESSION_BYTES``, measured with tracemalloc in tests/test_sessions.py). A retained chunk is
@@ -108,8 +108,8 @@ class Session:
     turn_count: int = 0  # turns ever recorded; ``turns`` keeps only the recent ones
     # what a door keeps of the call beside its turns (the Vapi door: how much of the platform's
     # message list was fed, ``sidecar.http.webhooks.Fed``), counted in ``size`` as it says
-    # (``keep``): so it is the owner's, under its quota, and goes when the session goes
-    kept: object | None = None
+    # (``keep_door_state``): so it is the owner's, under its quota, and goes when the session goes
+    door_state: object | None = None
     max_bytes: int = 0  # what it may keep (0: no bound); see the module docstring
     size: int = 0  # the bytes it keeps now, as accounted
     # told (session, change in bytes) when ``size`` changes: the store's accounting
@@ -120,7 +120,7 @@ class Session:
     # made, so a turn is counted as it is now, as ``measure`` does), and ``retained``'s
     _turn_bytes: int = field(default=0, init=False, repr=False)
     _hit_bytes: int = field(default=0, init=False, repr=False)
-    _kept_bytes: int = field(default=0, init=False, repr=False)  # ``kept``'s share
+    _door_bytes: int = field(default=0, init=False, repr=False)  # ``door_state``'s share
     # each retained search's bytes as counted when it was retained (a chunk's strings grow once
     # a response encodes them: what a search added is what its drop takes off)
     _counted: deque[int] = field(init=False, repr=False)
@@ -167,10 +167,10 @@ class Session:
         self.unread = [*self.unread[-most + 1 :], text] if most > 1 else [text]
         self.fit()
 
-    def keep(self, state: object, size: int) -> None:
+    def keep_door_state(self, state: object, size: int) -> None:
         """Keep a door's ``state`` of the call (replacing the one kept), counted as ``size``
         bytes."""
-        self.kept, self._kept_bytes = state, size
+        self.door_state, self._door_bytes = state, size
         self.fit()
 
     def retain(self, hits: Iterable[Hit]) -> None:
@@ -189,13 +189,13 @@ class Session:
         anew; ``fit`` keeps the same sum as the session changes (``_held``)."""
         turns = sum(map(_said_bytes, self.turns))
         hits = sum(self._counted)
-        return SESSION_BYTES + turns + self._page_bytes + hits + self._kept_bytes
+        return SESSION_BYTES + turns + self._page_bytes + hits + self._door_bytes
 
     def _held(self) -> int:
         """``measure()`` from the shares counted as they change: a search or a page count
         walks no turn."""
         held = SESSION_BYTES + self._turn_bytes + self._page_bytes + self._hit_bytes
-        return held + self._kept_bytes
+        return held + self._door_bytes
 
     def fit(self) -> None:
         """Drop the oldest searches, then the oldest turns, past ``max_bytes`` (``_shrunk``);
@@ -329,7 +329,7 @@ class SessionStore:
         self._quotas = dict(quotas or {})
         self._shelves: dict[str, _Shelf] = {}
         self.count = 0  # sessions held, expired ones not yet dropped included
-        self.bytes = 0  # what they keep, as accounted
+        self.bytes = 0  # what they keep, as accounted, and what ``reserve`` holds
 
     def get(self, session_id: str) -> Session:
         """The session, created on first use; an empty id gets a throwaway session."""
@@ -367,14 +367,13 @@ class SessionStore:
 
     def reserve(self, of: str, size: int) -> bool:
         """Count ``size`` bytes held outside the sessions (an MCP session's, which the SDK
-        keeps) in owner ``of``'s bytes: its least recently used sessions go to make room.
-        False, nothing counted, when what it has reserved would be over its share of bytes
-        (those cannot be evicted)."""
+        keeps) in owner ``of``'s bytes, if they fit in its share beside what it holds. False,
+        nothing counted, when they do not: a reservation never evicts a session (without auth
+        every MCP session's goes to the one owner "", whose sessions are every live call's)."""
         shelf = self._shelf(of)
-        if shelf.reserved + size > shelf.max_bytes:
+        if shelf.bytes + size > shelf.max_bytes:
             return False
         self._resize(shelf, size)
-        self._evict(shelf, keep=None)
         return True
 
     def release(self, of: str, size: int) -> None:
