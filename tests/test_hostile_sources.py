@@ -633,12 +633,14 @@ def test_a_pdf_whose_extraction_runs_past_its_deadline_is_skipped_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # pypdf parses a shared stream of numbers anew for every page (20 pages of 4 MB: 248 s);
-    # no count of text or operators sees it, so the child process that extracts is killed
-    monkeypatch.setattr(pdf, "PDF_DEADLINE_S", 2.0, raising=False)
-    monkeypatch.setattr(pdf, "PDF_DEADLINE_S_PER_MIB", 0.0, raising=False)
+    # no count of text or operators sees it, so the child process that extracts is killed.
+    # A deadline grows with the file: the good file, 1 MiB, has 12 s for a child that starts in
+    # ~0.3 s; the slow one, 3 kB, has 2.0 s for 13 s of parsing.
+    monkeypatch.setattr(pdf, "PDF_DEADLINE_S", 2.0)
+    monkeypatch.setattr(pdf, "PDF_DEADLINE_S_PER_MIB", 10.0)
     docs = tmp_path / "pdfs"
     docs.mkdir()
-    (docs / "manual.pdf").write_bytes(make_pdf([["Short manual."]]))
+    (docs / "manual.pdf").write_bytes(make_pdf([["Short manual."]], pad=1 << 20))
     (docs / "numbers.pdf").write_bytes(shared_stream_pdf(4, b"1 " * 500_000))
     summary, snap = build(tmp_path, [{"type": "pdf", "path": str(docs)}])
     assert reasons(summary) == {
