@@ -15,14 +15,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
 
 from index.embedders.base import HashEmbedder
 from index.errors import CacheWriteError, CorruptSnapshot, StoreUnavailable
-from index.http_store import MAX_VERSION_FILES, PARTIAL, HttpOptions, HttpStore
+from index.http_store import MAX_VERSION_FILES, PARTIAL, HttpOptions, HttpStore, _Room
 from index.snapshot import MANIFEST
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
@@ -34,6 +36,7 @@ from tests.snapshot_kit import KB, version_id, write_version
 from tests.static_http import StaticServer
 
 EMBEDDER = HashEmbedder(dimension=64)
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -146,6 +149,26 @@ def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
     assert len(failed) == 1
     again = HttpStore(server.url, small_disk, HttpOptions(attempts=1))
     assert again.fetch("second", version).is_dir()  # the first's promise ended with it
+
+
+def test_a_download_counts_the_others_promises_as_taken_until_they_are_released() -> None:
+    """``_Room``, where no tmpfs can be mounted: with 1,000 bytes free, one download promised
+    600, another is refused 500 (told the 600 promised) and given 400; the first asking again
+    counts only the other's promise; a released promise frees its bytes."""
+    room = _Room()
+    with ThreadPoolExecutor(1) as other:  # one thread: a promise is its thread's
+
+        def elsewhere(call: Callable[..., T], *args: int) -> T:
+            return other.submit(call, *args).result()
+
+        assert room.take(600, free=1_000) is None
+        assert elsewhere(room.take, 500, 1_000) == 600
+        assert elsewhere(room.take, 400, 1_000) is None
+        assert room.take(700, free=1_000) == 400  # its own 600 is not in the way
+        assert room.take(600, free=1_000) is None
+        elsewhere(room.release)
+        assert room.take(1_000, free=1_000) is None
+        assert elsewhere(room.take, 1, 1_000) == 1_000
 
 
 def wait_until(condition: Callable[[], bool]) -> None:
