@@ -346,6 +346,17 @@ def test_a_pdf_over_max_page_bytes_is_skipped_unparsed(tmp_path: Path) -> None:
     assert {c.source_path for c in snap.chunks} == {"small.pdf#page=1"}
 
 
+def test_the_hostile_pdfs_bench_runs(tmp_path: Path) -> None:
+    from bench import hostile_pdfs
+
+    out = tmp_path / "hostile_pdfs.json"
+    result = hostile_pdfs.main(["--only", "shared_20_pages_1mb", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    row = result["attacks"]["shared_20_pages_1mb"]
+    assert row["file_bytes"] < 10_000
+    assert "PDF_MAX_PAGE_TEXT_BYTES" in row["skipped"]
+
+
 def test_the_hostile_pages_bench_runs(tmp_path: Path) -> None:
     from bench import hostile_pages
 
