@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,7 +29,7 @@ from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.refresh import refusal_kind
 from tests.bases_kit import LOAD_WAIT_S, answered, search
-from tests.conftest import eventually
+from tests.conftest import eventually, eventually_here, small_tmpfs
 from tests.snapshot_kit import KB, version_id, write_version
 from tests.static_http import StaticServer
 
@@ -96,20 +94,9 @@ def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_any_down
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs, where this machine lets the test mount one (root); else skipped."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A 1 MiB tmpfs (root only; else skipped)."""
+    with small_tmpfs(tmp_path, "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
@@ -138,7 +125,8 @@ def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
     first = threading.Thread(target=fetch_first)
     first.start()
     try:
-        wait_until(lambda: bool(server.requests("first/" + version + "/pad0000.bin")))
+        pad = "first/" + version + "/pad0000.bin"
+        eventually_here(lambda: bool(server.requests(pad)), "its download", within_s=LOAD_WAIT_S)
         with pytest.raises(CacheWriteError, match="promised to downloads in progress") as refused:
             store.fetch("second", version)
         assert refusal_kind(refused.value) == ("disk_full", True)
@@ -169,13 +157,6 @@ def test_a_download_counts_the_others_promises_as_taken_until_they_are_released(
         elsewhere(room.release)
         assert room.take(1_000, free=1_000) is None
         assert elsewhere(room.take, 1, 1_000) == 1_000
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + LOAD_WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, "the first download did not start"
-        time.sleep(0.01)
 
 
 def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(
