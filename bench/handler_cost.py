@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -41,7 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import CACHE, CorpusSpec, load_or_generate
-from bench.in_process import Context, Handler, cpu_us, serialized, served, wrapped
+from bench.in_process import (
+    Context,
+    Handler,
+    cache_option,
+    cpu_us,
+    serialized,
+    served,
+    wrapped,
+    written,
+)
 from bench.ours import _request
 from bench.profile_turn import TimedIndex
 from sidecar.edge.interceptor import HookInterceptor
@@ -186,17 +194,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument(
-        "--cache", type=Path, default=CACHE, help="where the corpus and its snapshot are cached"
-    )
+    cache_option(parser)
     args = parser.parse_args(argv)
     result = asyncio.run(
         measure(args.n, args.dim, args.queries, args.calls, args.rounds, args.cache)
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(result, indent=2))
-    return result
+    return written(result, args.out)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import time
@@ -35,7 +34,7 @@ from unittest import mock
 import index.snapshot
 from bench import report
 from bench.corpus import CACHE, CorpusSpec, load_or_generate
-from bench.in_process import Context, Handler, cpu_us, served, wrapped
+from bench.in_process import Context, Handler, cache_option, cpu_us, served, wrapped, written
 from bench.ours import _request
 from sidecar.edge import service, wire
 from sidecar.edge.interceptor import Hook, HookInterceptor
@@ -190,17 +189,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the least is kept")
     parser.add_argument("--number", type=int, default=20_000, help="timeit's calls a repeat")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON written")
-    parser.add_argument(
-        "--cache", type=Path, default=CACHE, help="where the corpus and its snapshot are cached"
-    )
+    cache_option(parser)
     args = parser.parse_args(argv)
     result: dict[str, Any] = asyncio.run(
         measure(args.n, args.dim, args.queries, args.calls, args.rounds, args.number, args.cache)
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(result, indent=2))
-    return result
+    return written(result, args.out)
 
 
 if __name__ == "__main__":

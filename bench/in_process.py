@@ -11,6 +11,8 @@ not count).
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -94,6 +96,22 @@ async def wrapped(interceptor: HookInterceptor, inner: Handler, method: str) -> 
 
     hooked = await interceptor.intercept_service(continuation, _Details(method))  # type: ignore[arg-type]
     return hooked.unary_unary  # type: ignore[no-any-return]
+
+
+def cache_option(parser: argparse.ArgumentParser) -> None:
+    """The in-process benches' ``--cache``: where the search suite's corpus is cached."""
+    parser.add_argument(
+        "--cache", type=Path, default=CACHE, help="where the corpus and its snapshot are cached"
+    )
+
+
+def written(result: dict[str, Any], out: Path) -> dict[str, Any]:
+    """``result`` written to ``out`` as JSON and printed; returned (a bench's ``main``)."""
+    text = json.dumps(result, indent=2)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return result
 
 
 def serializer(message: type[Message]) -> Callable[[Any], bytes]:

@@ -168,7 +168,7 @@ def _check_vectors(raw: npt.NDArray[np.uint8], start: int, where: str) -> None:
     inner product) was written by no build. A row of zeros passes: a build published before the
     answers were checked may hold them, they are near nothing, and the next build embeds them
     again (``index.build``)."""
-    # a NaN or an infinity makes its row's squared norm NaN, never within the tolerance.
+    # a NaN makes its row's squared norm NaN, an infinity makes it inf: never within the tolerance.
     # Summing reads the rows in place: a third of the time of np.isfinite over a copy.
     rows = raw.view("<f4")
     squares = np.einsum("ij,ij->i", rows, rows)

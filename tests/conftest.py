@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import os
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -185,3 +187,32 @@ async def eventually(condition: Callable[[], bool], what: str = "background work
     while not condition():
         assert time.monotonic() < deadline, f"{what} did not finish"
         await asyncio.sleep(0.01)
+
+
+def eventually_here(
+    condition: Callable[[], bool], what: str = "background work", within_s: float = LIVENESS_S
+) -> None:
+    """``eventually`` for a test with no event loop: this thread sleeps between looks."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not finish"
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def small_tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's words: "256k", "1m"), where this machine lets the test
+    mount one (root); else the test is skipped."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

@@ -7,12 +7,14 @@ asserted, only that every judged turn is scored and every mode measured the same
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bench import asr, doc2dial_halves, quality_turns, spoken, topics
@@ -532,8 +534,6 @@ class _WordVectors(Embedder):
         return len(self.words)
 
     def embed_batch(self, texts: list[str]) -> Any:
-        import numpy as np
-
         rows = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in zip(rows, texts, strict=True):
             for word in quality_turns.content_words(text):
@@ -551,7 +551,7 @@ def test_cast_judges_the_session_against_the_better_of_both_naive_baselines(
          "history": ["What is throat cancer?", "Tell me about lung cancer symptoms today."]},
     ]  # fmt: skip
     path = tmp_path / "followup_turns.jsonl"
-    path.write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     texts = [t for r in rows for t in (r["raw"], r["manual_rewrite"], *r["history"])]
     result = quality_turns.cast_quality(path, _WordVectors(texts), quick=False)
     joined = result["joined3"]

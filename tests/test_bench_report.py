@@ -163,7 +163,7 @@ def test_help_has_no_markup_and_no_description_ends_mid_sentence(
 MODULES = (
     "embed_pair", "embedder_latency", "eval_lexical_scifact", "fair_share", "fuzz_snapshot",
     "grpc_floor", "guards_overhead", "hits_written", "hook_pressure", "hnsw_check", "hostile_grpc",
-    "hostile_pages", "index_build", "many_bases", "metadata_filter", "page_limits",
+    "hostile_pages", "hostile_pdfs", "index_build", "many_bases", "metadata_filter", "page_limits",
     "policy_agreement", "profile_search", "quality_scifact", "quality_turns", "session_memory",
     "sidecar_proc", "soak", "source_filter", "summaries", "swap", "turn_breakdown",
     "turn_latency", "turn_text",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import tracemalloc
 import zlib
@@ -344,6 +346,17 @@ def test_a_pdf_over_max_page_bytes_is_skipped_unparsed(tmp_path: Path) -> None:
     assert {c.source_path for c in snap.chunks} == {"small.pdf#page=1"}
 
 
+def test_the_hostile_pdfs_bench_runs(tmp_path: Path) -> None:
+    from bench import hostile_pdfs
+
+    out = tmp_path / "hostile_pdfs.json"
+    result = hostile_pdfs.main(["--only", "shared_20_pages_1mb", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    row = result["attacks"]["shared_20_pages_1mb"]
+    assert row["file_bytes"] < 10_000
+    assert "PDF_MAX_PAGE_TEXT_BYTES" in row["skipped"]
+
+
 def test_the_hostile_pages_bench_runs(tmp_path: Path) -> None:
     from bench import hostile_pages
 
@@ -633,12 +646,14 @@ def test_a_pdf_whose_extraction_runs_past_its_deadline_is_skipped_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # pypdf parses a shared stream of numbers anew for every page (20 pages of 4 MB: 248 s);
-    # no count of text or operators sees it, so the child process that extracts is killed
-    monkeypatch.setattr(pdf, "PDF_DEADLINE_S", 2.0, raising=False)
-    monkeypatch.setattr(pdf, "PDF_DEADLINE_S_PER_MIB", 0.0, raising=False)
+    # no count of text or operators sees it, so the child process that extracts is killed.
+    # A deadline grows with the file: the good file, 1 MiB, has 12 s for a child that starts in
+    # ~0.3 s; the slow one, 3 kB, has 2.0 s for 13 s of parsing.
+    monkeypatch.setattr(pdf, "PDF_DEADLINE_S", 2.0)
+    monkeypatch.setattr(pdf, "PDF_DEADLINE_S_PER_MIB", 10.0)
     docs = tmp_path / "pdfs"
     docs.mkdir()
-    (docs / "manual.pdf").write_bytes(make_pdf([["Short manual."]]))
+    (docs / "manual.pdf").write_bytes(make_pdf([["Short manual."]], pad=1 << 20))
     (docs / "numbers.pdf").write_bytes(shared_stream_pdf(4, b"1 " * 500_000))
     summary, snap = build(tmp_path, [{"type": "pdf", "path": str(docs)}])
     assert reasons(summary) == {
@@ -646,3 +661,44 @@ def test_a_pdf_whose_extraction_runs_past_its_deadline_is_skipped_named(
         "PDF_DEADLINE_S_PER_MIB of file)"
     }
     assert {c.source_path for c in snap.chunks} == {"manual.pdf#page=1"}
+
+
+def failed_child(code: str) -> str:
+    """The reason ``pdf`` gives for a real child process that ran ``code`` and gave no answer."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=False)
+    assert done.returncode != 0
+    return pdf._exit_reason(done.returncode, done.stderr, 1)
+
+
+def test_a_pdf_child_that_fails_is_reported_by_how_it_failed() -> None:
+    """Every exit was "past its CPU time or 4 GiB of memory", its stderr dropped: a child
+    killed at its CPU limit says so, one out of memory says so, any other gives its exit and
+    the last line it wrote, at most PDF_MAX_REASON_BYTES of it."""
+    spin = "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (1, 2))\nwhile True: pass"
+    assert failed_child(spin) == (
+        "text extraction was killed (SIGXCPU) past its 1 s of CPU time, or out of memory"
+    )
+    assert failed_child("raise MemoryError") == (
+        "text extraction ran out of its 4,294,967,296 bytes of memory (PDF_MAX_MEMORY_BYTES)"
+    )
+    said = failed_child("import sys; print('noise', file=sys.stderr); raise OSError('x' * 5000)")
+    assert said.startswith("text extraction failed (exit 1): ")
+    assert said.endswith("x" * 100)
+    assert len(said.encode()) < 40 + pdf.PDF_MAX_REASON_BYTES
+    assert failed_child("import sys; sys.exit(3)") == (
+        "text extraction failed (exit 3): nothing on stderr"
+    )
+
+
+def test_a_pdf_whose_parse_runs_out_of_memory_is_named_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A MemoryError in the child was "unreadable PDF: MemoryError"."""
+
+    def exhausted(data: bytes, max_text_bytes: int) -> tuple[str, list[str]]:
+        raise MemoryError
+
+    monkeypatch.setattr(pdf, "_read", exhausted)
+    assert pdf._extract(b"%PDF-1.4", 1_000) == (
+        "text extraction ran out of its 4,294,967,296 bytes of memory (PDF_MAX_MEMORY_BYTES)"
+    )

@@ -13,7 +13,6 @@ import contextlib
 import gc
 import logging
 import shutil
-import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +35,7 @@ from sidecar.config import Config, parse_config
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from tests.conftest import small_tmpfs
 from tests.snapshot_kit import (
     KB,
     LEVEL0_LINK_PAST_THE_END,
@@ -565,20 +565,9 @@ async def test_a_full_disk_while_downloading_keeps_the_last_good_snapshot(
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 256 KiB tmpfs, where this machine lets the test mount one (root); else skipped."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A 256 KiB tmpfs (root only; else skipped)."""
+    with small_tmpfs(tmp_path, "256k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 async def test_a_real_full_disk_while_downloading_keeps_the_last_good_snapshot(

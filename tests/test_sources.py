@@ -145,8 +145,9 @@ def test_html_text_that_looks_like_markdown_is_not_structure() -> None:
 # --- pdf ---------------------------------------------------------------------------------------
 
 
-def make_pdf(pages: list[list[str]], title: str = "") -> bytes:
-    """A minimal valid PDF: Helvetica text, one line per string, one PDF page per list."""
+def make_pdf(pages: list[list[str]], title: str = "", pad: int = 0) -> bytes:
+    """A minimal valid PDF: Helvetica text, one line per string, one PDF page per list, and
+    ``pad`` bytes of a string no page uses (a larger file, no more to extract)."""
 
     def esc(s: str) -> str:
         return s.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
@@ -167,6 +168,8 @@ def make_pdf(pages: list[list[str]], title: str = "") -> bytes:
     if title:
         objects.append(f"<< /Title ({esc(title)}) >>".encode())
         info = f" /Info {len(objects)} 0 R"
+    if pad:
+        objects.append(b"(" + b"x" * pad + b")")
     out = b"%PDF-1.4\n"
     offsets = []
     for number, body in enumerate(objects, 1):

@@ -11,30 +11,30 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import grpc
 import pytest
 
 from index.embedders.base import HashEmbedder
 from index.errors import CacheWriteError, CorruptSnapshot, StoreUnavailable
-from index.http_store import MAX_VERSION_FILES, PARTIAL, HttpOptions, HttpStore
+from index.http_store import MAX_VERSION_FILES, PARTIAL, HttpOptions, HttpStore, _Room
 from index.snapshot import MANIFEST
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.refresh import refusal_kind
 from tests.bases_kit import LOAD_WAIT_S, answered, search
-from tests.conftest import eventually
+from tests.conftest import eventually, eventually_here, small_tmpfs
 from tests.snapshot_kit import KB, version_id, write_version
 from tests.static_http import StaticServer
 
 EMBEDDER = HashEmbedder(dimension=64)
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -94,20 +94,9 @@ def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_any_down
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs, where this machine lets the test mount one (root); else skipped."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A 1 MiB tmpfs (root only; else skipped)."""
+    with small_tmpfs(tmp_path, "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
@@ -136,7 +125,8 @@ def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
     first = threading.Thread(target=fetch_first)
     first.start()
     try:
-        wait_until(lambda: bool(server.requests("first/" + version + "/pad0000.bin")))
+        pad = "first/" + version + "/pad0000.bin"
+        eventually_here(lambda: bool(server.requests(pad)), "its download", within_s=LOAD_WAIT_S)
         with pytest.raises(CacheWriteError, match="promised to downloads in progress") as refused:
             store.fetch("second", version)
         assert refusal_kind(refused.value) == ("disk_full", True)
@@ -189,11 +179,24 @@ def test_a_file_downloaded_again_from_zero_counts_only_its_new_bytes_as_taken(
     assert [left for _, left in seen] == [start - max(0, w - 40_000) for w, _ in seen]
 
 
-def wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + LOAD_WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, "the first download did not start"
-        time.sleep(0.01)
+def test_a_download_counts_the_others_promises_as_taken_until_they_are_released() -> None:
+    """``_Room``, where no tmpfs can be mounted: with 1,000 bytes free, one download promised
+    600, another is refused 500 (told the 600 promised) and given 400; the first asking again
+    counts only the other's promise; a released promise frees its bytes."""
+    room = _Room()
+    with ThreadPoolExecutor(1) as other:  # one thread: a promise is its thread's
+
+        def elsewhere(call: Callable[..., T], *args: int) -> T:
+            return other.submit(call, *args).result()
+
+        assert room.take(600, free=1_000) is None
+        assert elsewhere(room.take, 500, 1_000) == 600
+        assert elsewhere(room.take, 400, 1_000) is None
+        assert room.take(700, free=1_000) == 400  # its own 600 is not in the way
+        assert room.take(600, free=1_000) is None
+        elsewhere(room.release)
+        assert room.take(1_000, free=1_000) is None
+        assert elsewhere(room.take, 1, 1_000) == 1_000
 
 
 def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(

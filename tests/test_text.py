@@ -63,8 +63,8 @@ def test_a_run_without_whitespace_is_read_up_to_its_first_max_run_bytes() -> Non
     cap = 16 * 1024
     for run in ("a." * (cap // 2), "x" * cap, "&" * cap, "é" * (cap // 2), "Hobson's-" * 1820):
         head = run.encode()[:MAX_RUN_BYTES].decode("utf-8", "ignore")
-        said, read = Utterance.of(run), Utterance.of(head)
-        assert (said.words, said.tokens, said.named) == (read.words, read.tokens, read.named)
+        said, cut = Utterance.of(run), Utterance.of(head)
+        assert (said.words, said.tokens, said.named) == (cut.words, cut.tokens, cut.named)
         assert said.text == run
         assert words(run) == words(head)  # a prefetch's and the skip policy's words too
     said = Utterance.of("the " + "!" * cap + " Hobson's House please")

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ __all__ = [
     "PDF_MAX_MEMORY_BYTES",
     "PDF_MAX_OPERATORS",
     "PDF_MAX_PAGE_TEXT_BYTES",
+    "PDF_MAX_REASON_BYTES",
     "PDF_MAX_STREAM_BYTES",
     "PDF_MAX_TEXT_BYTES",
     "PDF_OPTIONS",
@@ -74,6 +76,9 @@ PDF_MAX_STREAM_BYTES = 4 << 20
 PDF_DEADLINE_S = 20.0
 PDF_DEADLINE_S_PER_MIB = 10.0
 PDF_MAX_MEMORY_BYTES = 4 << 30
+_OUT_OF_MEMORY = f"text extraction ran out of its {PDF_MAX_MEMORY_BYTES:,} bytes of memory (PDF_MAX_MEMORY_BYTES)"
+# The most of a failed child's last stderr line a skip's reason quotes.
+PDF_MAX_REASON_BYTES = 300
 _STREAM_LIMITS = (
     "zlib_maximum_output_length",
     "lzw_maximum_output_length",
@@ -98,9 +103,9 @@ class _Budget:
     def __init__(self, page: int, doc_left: int, doc_limit: int, operators: int) -> None:
         self.page, self.operators = page, operators  # run so far in the document
         if doc_left >= PDF_MAX_PAGE_TEXT_BYTES:
-            self.left, self.over = (
-                PDF_MAX_PAGE_TEXT_BYTES,
-                (f"its text passes {PDF_MAX_PAGE_TEXT_BYTES:,} bytes (PDF_MAX_PAGE_TEXT_BYTES)"),
+            self.left = PDF_MAX_PAGE_TEXT_BYTES
+            self.over = (
+                f"its text passes {PDF_MAX_PAGE_TEXT_BYTES:,} bytes (PDF_MAX_PAGE_TEXT_BYTES)"
             )
         else:
             self.left = doc_left
@@ -158,10 +163,33 @@ def _extract(data: bytes, max_text_bytes: int) -> tuple[str, list[str]] | str:
         return f"too much text to extract: {exc}"
     except LimitReachedError as exc:
         return _limit_reason(exc)
+    except MemoryError:
+        return _OUT_OF_MEMORY
     # A damaged PDF can make a pure-Python parser raise almost anything; any failure here is a
     # property of this one file, reported with its type, and never stops the build.
     except Exception as exc:
         return f"unreadable PDF: {type(exc).__name__}: {exc}"
+
+
+def _exit_reason(returncode: int, stderr: bytes, cpu_s: int) -> str:
+    """Why the child exited without an answer: killed at its CPU time (SIGXCPU, then SIGKILL
+    at the hard limit), out of memory, or else its exit and the last line it wrote."""
+    said = _last_line(stderr)
+    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        name = signal.Signals(-returncode).name
+        return (
+            f"text extraction was killed ({name}) past its {cpu_s} s of CPU time, or out of memory"
+        )
+    if said.startswith("MemoryError"):
+        return _OUT_OF_MEMORY
+    return f"text extraction failed (exit {returncode}): {said or 'nothing on stderr'}"
+
+
+def _last_line(stderr: bytes) -> str:
+    """The last line the child wrote on stderr, at most ``PDF_MAX_REASON_BYTES`` of it."""
+    lines = stderr.rstrip().rsplit(b"\n", 1)
+    last = lines[-1][-PDF_MAX_REASON_BYTES:] if lines else b""
+    return last.decode("utf-8", "replace").strip()
 
 
 def _child() -> None:
@@ -198,10 +226,7 @@ def _extract_apart(data: bytes, max_text_bytes: int) -> tuple[str, list[str]] | 
     except subprocess.TimeoutExpired:
         return f"text extraction ran past its {deadline:.1f} s (PDF_DEADLINE_S, plus PDF_DEADLINE_S_PER_MIB of file)"
     if done.returncode != 0:
-        return (
-            f"text extraction stopped (exit {done.returncode}): past its CPU time or "
-            f"{PDF_MAX_MEMORY_BYTES:,} bytes of memory (PDF_MAX_MEMORY_BYTES)"
-        )
+        return _exit_reason(done.returncode, done.stderr, int(deadline) + 1)
     got = json.loads(done.stdout)
     return got if isinstance(got, str) else (got[0], got[1])
 
@@ -255,17 +280,11 @@ def load_pdf(
     skipped = listing.skipped
     for rel, path in listing.files:
         data = read_file(rel, path, options.max_page_bytes)
-        got = (
-            data
-            if isinstance(data, SkippedPage)
-            else pdf_pages(
-                source,
-                rel,
-                data,
-                path.stem,
-                max_text_bytes=min(options.max_page_bytes, PDF_MAX_TEXT_BYTES),
-            )
-        )
+        if isinstance(data, SkippedPage):
+            got: list[Page] | SkippedPage = data
+        else:
+            max_text_bytes = min(options.max_page_bytes, PDF_MAX_TEXT_BYTES)
+            got = pdf_pages(source, rel, data, path.stem, max_text_bytes=max_text_bytes)
         if isinstance(got, SkippedPage):
             skipped.append(got)
         else:
