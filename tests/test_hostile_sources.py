@@ -702,3 +702,41 @@ def test_a_pdf_whose_parse_runs_out_of_memory_is_named_so(
     assert pdf._extract(b"%PDF-1.4", 1_000) == (
         "text extraction ran out of its 4,294,967,296 bytes of memory (PDF_MAX_MEMORY_BYTES)"
     )
+
+
+def test_a_pdf_child_is_not_run_from_the_builds_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second attack: ``python -m`` put the working folder first on the child's path, so a
+    ``json.py`` in the folder a build ran from was imported (and ran) in the PDF child, and its
+    empty answer raised ``JSONDecodeError`` out of the build. Now the child's path leaves the
+    working folder out, and an answer that is not JSON skips the file."""
+    marker = tmp_path / "ran"
+    (tmp_path / "json.py").write_text(
+        f"open({str(marker)!r}, 'w').write('x')\nraise SystemExit(0)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    got = pdf.pdf_pages("docs", "manual.pdf", make_pdf([["Hello from page one"]]), "Manual")
+    assert not marker.exists()
+    assert isinstance(got, list)
+    assert "Hello from page one" in got[0].text
+    assert (
+        pdf._answer(b"") == "text extraction gave no answer it could read (no JSON on its stdout)"
+    )
+    assert pdf._answer(b"[1, 2]") == "text extraction gave an answer of the wrong shape"
+
+
+def test_a_pdf_child_flooding_stderr_is_stopped_at_its_bytes() -> None:
+    """A child's stderr went whole into this process (``capture_output``): it goes to a file the
+    child may not grow past PDF_MAX_STDERR_BYTES (its write past it fails), and only its tail is
+    read back."""
+    flood = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({pdf.PDF_MAX_STDERR_BYTES},) * 2)\n"
+        "while True: sys.stderr.write('w' * 65536)\n"
+    )
+    command = [sys.executable, "-c", flood]
+    returncode, _, tail, full = pdf._run_child(command, b"", dict(os.environ), 60.0)
+    assert returncode != 0
+    assert full
+    assert len(tail) <= 4 * pdf.PDF_MAX_REASON_BYTES

@@ -23,6 +23,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import MappingProxyType
 
@@ -79,6 +80,8 @@ PDF_MAX_MEMORY_BYTES = 4 << 30
 _OUT_OF_MEMORY = f"text extraction ran out of its {PDF_MAX_MEMORY_BYTES:,} bytes of memory (PDF_MAX_MEMORY_BYTES)"
 # The most of a failed child's last stderr line a skip's reason quotes.
 PDF_MAX_REASON_BYTES = 300
+# The most the child may write on stderr (a file: RLIMIT_FSIZE kills it past this).
+PDF_MAX_STDERR_BYTES = 1 << 20
 _STREAM_LIMITS = (
     "zlib_maximum_output_length",
     "lzw_maximum_output_length",
@@ -198,6 +201,7 @@ def _child() -> None:
     max_text_bytes, cpu_s = int(sys.argv[1]), int(sys.argv[2])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (PDF_MAX_MEMORY_BYTES, PDF_MAX_MEMORY_BYTES))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (PDF_MAX_STDERR_BYTES, PDF_MAX_STDERR_BYTES))
     got = _extract(sys.stdin.buffer.read(), max_text_bytes)
     sys.stdout.write(json.dumps(got))
 
@@ -214,21 +218,59 @@ def _extract_apart(data: bytes, max_text_bytes: int) -> tuple[str, list[str]] | 
     }
     command = [
         sys.executable,
+        "-P",  # not the build's working folder first on the child's path: a json.py there ran
         "-m",
         "index.sources.pdf",
         str(max_text_bytes),
         str(int(deadline) + 1),
     ]
     try:
-        done = subprocess.run(
-            command, input=data, capture_output=True, timeout=deadline, env=env, check=False
-        )
+        done = _run_child(command, data, env, deadline)
     except subprocess.TimeoutExpired:
         return f"text extraction ran past its {deadline:.1f} s (PDF_DEADLINE_S, plus PDF_DEADLINE_S_PER_MIB of file)"
-    if done.returncode != 0:
-        return _exit_reason(done.returncode, done.stderr, int(deadline) + 1)
-    got = json.loads(done.stdout)
-    return got if isinstance(got, str) else (got[0], got[1])
+    returncode, stdout, stderr, stderr_full = done
+    if stderr_full:
+        return f"text extraction wrote {PDF_MAX_STDERR_BYTES:,} bytes of warnings or more (PDF_MAX_STDERR_BYTES)"
+    if returncode != 0:
+        return _exit_reason(returncode, stderr, int(deadline) + 1)
+    return _answer(stdout)
+
+
+def _run_child(
+    command: list[str], data: bytes, env: dict[str, str], deadline: float
+) -> tuple[int, bytes, bytes, bool]:
+    """Run the child: its exit, its answer, the tail of what it wrote on stderr, and whether
+    that reached ``PDF_MAX_STDERR_BYTES``. Its stderr goes to a file it may not grow past that
+    (``RLIMIT_FSIZE``, set in the child: Python ignores SIGXFSZ, so a write past it fails), so
+    a flood of warnings never reaches this process."""
+    with tempfile.TemporaryFile() as err:
+        done = subprocess.run(
+            command, input=data, stdout=subprocess.PIPE, stderr=err, timeout=deadline, env=env,
+            check=False,
+        )  # fmt: skip
+        size = err.seek(0, os.SEEK_END)
+        err.seek(max(0, size - PDF_MAX_REASON_BYTES * 4))
+        return done.returncode, done.stdout, err.read(), size >= PDF_MAX_STDERR_BYTES
+
+
+def _answer(stdout: bytes) -> tuple[str, list[str]] | str:
+    """The child's answer: a reason (a string) or the title and the pages' texts; anything else
+    (a child that wrote no JSON, or not that shape) a reason too."""
+    try:
+        got = json.loads(stdout)
+    except ValueError:
+        return "text extraction gave no answer it could read (no JSON on its stdout)"
+    if isinstance(got, str):
+        return got
+    if (
+        isinstance(got, list)
+        and len(got) == 2
+        and isinstance(got[0], str)
+        and isinstance(got[1], list)
+        and all(isinstance(t, str) for t in got[1])
+    ):
+        return got[0], got[1]
+    return "text extraction gave an answer of the wrong shape"
 
 
 def pdf_pages(
