@@ -190,3 +190,23 @@ async def test_a_store_listing_more_bases_than_a_sidecar_serves_at_start_is_cut_
     async with serving(store, tmp_path, memory_budget_mb=64) as (sidecar, _):
         assert sidecar.engine.known_bases == frozenset({"a-base", "b-base"})
     assert any("the store lists 3 bases" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_folder_of_the_store_that_is_not_a_base_holds_no_sidecar_loading(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ "lost+found" (at the root of every fresh ext4 volume) was listed as a base with no
+    snapshot: a sidecar with no memory budget stayed LOADING, its startupProbe restarting it."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    for odd in ("lost+found", "new\nline", "x" * 200, "caf\u00e9"):
+        (store / odd).mkdir()
+    async with serving(store, tmp_path) as (sidecar, channel):
+        assert sidecar.engine.known_bases == frozenset({"help"})
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+        listings = len([r for r in caplog.records if "not base names" in r.getMessage()])
+        await sidecar.add_listed_bases()  # a poll's listing: the same skipped, not said again
+    said = [r.getMessage() for r in caplog.records if "not base names" in r.getMessage()]
+    assert listings == len(said) == 1, said
+    assert "skipped 4 names" in said[0]
+    assert "'lost+found'" in said[0]
