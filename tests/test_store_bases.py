@@ -11,7 +11,11 @@ snapshots (the hash embedder: nothing here measures quality), real hnswlib.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +214,49 @@ async def test_a_folder_of_the_store_that_is_not_a_base_holds_no_sidecar_loading
     assert listings == len(said) == 1, said
     assert "skipped 4 names" in said[0]
     assert "'lost+found'" in said[0]
+
+
+async def test_a_listed_base_with_nothing_published_yet_holds_no_sidecar_loading(
+    tmp_path: Path,
+) -> None:
+    """A base's folder made before its first publish (a valid name, no LATEST) held a sidecar
+    with no memory budget LOADING for ever; it is served once published."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    (store / "pending").mkdir()
+    async with serving(store, tmp_path) as (sidecar, channel):
+        await eventually(
+            lambda: sidecar.lifecycle.state.name == "SERVING", "SERVING without 'pending'"
+        )
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+        publish(store, "pending")
+        await eventually(lambda: sidecar.holder.get("pending") is not None, "the poll's load")
+        assert (await answered(stub_of(channel), "pending")).chunks
+
+
+async def test_readyz_names_the_first_20_bases_it_waits_for_and_counts_them(
+    tmp_path: Path,
+) -> None:
+    """The 503 body listed every base waited for: 1 MB at 5,000."""
+    store = tmp_path / "store"
+    for i in range(25):
+        write_version(store, version_id(1), EMBEDDER, "invoices", kb=f"kb-{i:02d}")
+        (store / f"kb-{i:02d}" / "LATEST").write_text("v-not-there\n")  # never loads
+    cfg = config(
+        store,
+        tmp_path,
+        poll_seconds=60,
+        cache_dir=str(tmp_path / "c"),
+        http={"listen": "127.0.0.1:0"},
+    )
+    running = await create_server(cfg, embedder=EMBEDDER)
+    try:
+        url = f"http://127.0.0.1:{running.http_port}/readyz"
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            await asyncio.to_thread(urllib.request.urlopen, url, timeout=10)
+        assert answer.value.code == 503
+        body = json.loads(answer.value.read())
+        assert body["waiting_for"] == [f"kb-{i:02d}" for i in range(20)]
+        assert body["waiting_count"] == 25
+    finally:
+        await running.stop(0.5)

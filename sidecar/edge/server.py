@@ -98,7 +98,7 @@ class Sidecar:
     async def update_health(self) -> None:
         # with a memory budget, bases load on their first call: the sidecar serves from the start
         lazy = self.engine.load_on_demand is not None
-        ready = lazy or all(self.holder.get(kb) is not None for kb in self.engine.known_bases)
+        ready = lazy or not self.holder.waiting(self.engine.known_bases)
         if self.lifecycle.state is State.DRAINING:
             return
         if ready and (self.engine.known_bases or nothing_to_wait_for(self.config)):
@@ -161,7 +161,7 @@ class Sidecar:
     def log_waiting(self) -> None:
         """While LOADING, say which bases have no snapshot, where it is looked for, and what to
         run to make one."""
-        missing = sorted(kb for kb in self.engine.known_bases if self.holder.get(kb) is None)
+        missing = self.holder.waiting(self.engine.known_bases)
         if missing and self.engine.load_on_demand is None:
             log.warning("LOADING: %s", waiting_for(self.config, missing))
 
@@ -208,7 +208,8 @@ def waiting_for(config: Config, missing: list[str]) -> str:
     publish to it."""
     where = str(config.sidecar.store)
     return (
-        f"waiting for a snapshot of {', '.join(map(repr, missing))} in {where} "
+        f"waiting for a snapshot of {', '.join(map(repr, missing[:20]))}"
+        f"{_more(len(missing), 20)} in {where} "
         f"(checked every {config.sidecar.poll_seconds:g} s): {to_make_one(config)}"
     )
 
@@ -426,7 +427,7 @@ def _refresher(
 ) -> Refresher:
     """What loads the bases' snapshots into ``holder`` and keeps them current."""
     settings = config.sidecar
-    return Refresher(
+    refresher = Refresher(
         store,
         holder,
         embedder.info,
@@ -436,6 +437,8 @@ def _refresher(
         budget_bytes=settings.memory_budget_mb * 2**20,
         retry_refused_s=settings.poll_seconds,
     )
+    refresher.listed = lists_store(config)
+    return refresher
 
 
 def _grpc_server(config: Config, guards: Guards, service: RetrievalService) -> grpc.aio.Server:

@@ -360,6 +360,7 @@ class Refresher:
         self._held: dict[str, float] = {}  # lazy: held back for room until then (monotonic)
         self._held_bytes: dict[str, tuple[str, int]] = {}  # lazy: held: its version, its bytes
         self.knowledge_bases = tuple(knowledge_bases)
+        self.listed = False  # the bases are a store's listing's (a config that names none)
         # threads start as downloads need them, so bases listed after the start (a config that
         # names none) download side by side too
         self._download_pool = ThreadPoolExecutor(MAX_DOWNLOADS, "voxrecall-download")
@@ -387,20 +388,32 @@ class Refresher:
         offers = {self._offer(kb, self._poll_pool): kb for kb in self._polled()}
         pending: set[asyncio.Future[str | None]] = set(offers)
         swapped: list[str] = []
+        unpublished = set(self.holder.unpublished)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             now = [await self._serve_offered(offers[f], f) for f in done]
             swapped += [kb for kb in now if kb]
             if any(now) and self.on_change is not None:
                 await self.on_change()
+        if self.holder.unpublished != unpublished and self.on_change is not None:
+            await self.on_change()  # a listed base published or not yet: LOADING waits on it
         return swapped
 
     async def _serve_offered(self, kb: str, offer: asyncio.Future[str | None]) -> str:
         """``kb`` when its offer (``_offer``, done) is loaded and served now, else ""."""
         if not self._offered(kb, offer):
             return ""
+        self._note_pointer(kb, offer.result())
         async with self._lock:
             return kb if await self._serve(kb, offer.result()) else ""
+
+    def _note_pointer(self, kb: str, version: str | None) -> None:
+        """For a listed base (``listed``): whether its store has a LATEST yet (a base with
+        none is not waited for: ``SnapshotHolder.waiting``)."""
+        if version is not None:
+            self.holder.unpublished.discard(kb)
+        elif self.listed:
+            self.holder.unpublished.add(kb)
 
     def _offer(self, kb: str, pool: ThreadPoolExecutor | None = None) -> asyncio.Future[str | None]:
         """``kb``'s pointer read and, when it names a version to load, that version downloaded:
