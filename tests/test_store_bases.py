@@ -260,3 +260,44 @@ async def test_readyz_names_the_first_20_bases_it_waits_for_and_counts_them(
         assert body["waiting_count"] == 25
     finally:
         await running.stop(0.5)
+
+
+async def test_bases_gone_from_the_store_free_their_room_for_new_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folders made then deleted were kept as bases until a restart: the cap stayed full and
+    the bases published since answered NOT_FOUND."""
+    monkeypatch.setattr(server, "MAX_LISTED_BASES", 3)
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path, memory_budget_mb=64) as (sidecar, channel):
+        for i in range(4):
+            (store / f"junk-{i}").mkdir()
+        await eventually(lambda: len(sidecar.engine.known_bases) == 3, "the junk listed")
+        for i in range(4):
+            (store / f"junk-{i}").rmdir()
+        publish(store, "billing")
+        await eventually(lambda: "billing" in sidecar.engine.known_bases, "the room freed")
+        assert sidecar.engine.known_bases == frozenset({"help", "billing"})
+        assert set(sidecar.refresher.knowledge_bases) == {"help", "billing"}
+        assert (await answered(stub_of(channel), "billing")).chunks
+        assert (await answered(stub_of(channel), "help")).chunks
+
+
+async def test_only_bases_with_something_published_count_toward_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folders with nothing published (no LATEST) filled the cap: a base published beside them
+    was never served."""
+    monkeypatch.setattr(server, "MAX_LISTED_BASES", 3)
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path) as (sidecar, channel):
+        for i in range(3):
+            (store / f"junk-{i}").mkdir()
+        junk = {f"junk-{i}" for i in range(3)}
+        await eventually(lambda: junk <= sidecar.holder.unpublished, "the junk's pointers read")
+        publish(store, "billing")
+        await eventually(lambda: sidecar.holder.get("billing") is not None, "the poll's load")
+        assert (await answered(stub_of(channel), "billing")).chunks
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING

@@ -119,10 +119,11 @@ class Sidecar:
         return "bases load on their first call" if lazy else "every knowledge base has a snapshot"
 
     async def add_listed_bases(self) -> None:
-        """For a config that names no base: list the store again and serve the bases published
-        there since (of this replica's shard), up to ``MAX_LISTED_BASES`` in all; the next
-        refresh loads them (with a memory budget, their first call). A listing that fails is
-        logged once per reason, and what is served goes on."""
+        """For a config that names no base: list the store again, forget the bases gone from it
+        (those not loaded), and serve the bases published there since (of this replica's
+        shard), within ``MAX_LISTED_BASES`` (``_room_for``); the next refresh loads them (with
+        a memory budget, their first call). A listing that fails is logged once per reason,
+        and what is served goes on."""
         try:
             listed = await asyncio.to_thread(
                 knowledge_base_names, self.config, self.refresher.store
@@ -133,6 +134,7 @@ class Sidecar:
             self._listing_failed = str(exc)
             return
         self._listing_failed = ""
+        self._forget_gone(listed)
         new = self._room_for(listed - self.engine.known_bases)
         if new:
             self.engine.known_bases = self.engine.known_bases | new
@@ -142,10 +144,25 @@ class Sidecar:
                 ", ".join(sorted(new)[:20]) + _more(len(new), 20),
             )
 
+    def _forget_gone(self, listed: frozenset[str]) -> None:
+        """Forget the bases the store no longer lists and that are not loaded: 10,000 folders
+        made then deleted kept the cap full until a restart. A loaded one serves on (a base
+        deleted from the store serves its last snapshot until a restart)."""
+        gone = frozenset(
+            kb for kb in self.engine.known_bases - listed if self.holder.get(kb) is None
+        )
+        if gone:
+            self.engine.known_bases = self.engine.known_bases - gone
+            self.refresher.remove_bases(gone)
+            log.info("forgot %d bases gone from the store", len(gone))
+
     def _room_for(self, new: frozenset[str]) -> frozenset[str]:
-        """The first of ``new`` (by name) that keep this sidecar within ``MAX_LISTED_BASES``;
-        the rest logged once."""
-        room = MAX_LISTED_BASES - len(self.engine.known_bases)
+        """The first of ``new`` (by name) that keep this sidecar within ``MAX_LISTED_BASES``
+        bases with something published (a base whose pointer read found no LATEST does not
+        count: ``SnapshotHolder.unpublished``) and twice that in all; the rest logged once."""
+        known = self.engine.known_bases
+        published = len(known - self.holder.unpublished)
+        room = min(MAX_LISTED_BASES - published, 2 * MAX_LISTED_BASES - len(known))
         if len(new) <= room:
             return new
         if not self._over_cap_logged:

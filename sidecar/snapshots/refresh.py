@@ -412,7 +412,7 @@ class Refresher:
         none is not waited for: ``SnapshotHolder.waiting``)."""
         if version is not None:
             self.holder.unpublished.discard(kb)
-        elif self.listed:
+        elif self.listed and kb in self._served:  # not one forgotten while its pointer read
             self.holder.unpublished.add(kb)
 
     def _offer(self, kb: str, pool: ThreadPoolExecutor | None = None) -> asyncio.Future[str | None]:
@@ -553,6 +553,7 @@ class Refresher:
         """``_offered`` for a base loading on demand: a failure starts its
         ``retry_refused_s``."""
         if self._offered(kb, offer):
+            self._note_pointer(kb, offer.result())
             return True
         self._tried[kb] = time.monotonic()
         return False
@@ -743,6 +744,16 @@ class Refresher:
             self._served[kb] = deque(maxlen=self.keep_downloaded)
         self.knowledge_bases = (*self.knowledge_bases, *new)
         return new
+
+    def remove_bases(self, names: Iterable[str]) -> None:
+        """Forget these bases (gone from the store's listing, not loaded)."""
+        gone = set(names)
+        self.knowledge_bases = tuple(kb for kb in self.knowledge_bases if kb not in gone)
+        for kb in gone:
+            self._served.pop(kb, None)
+            self._rejected.pop(kb, None)
+            self._tried.pop(kb, None)
+        self.holder.unpublished -= gone
 
     async def poll_forever(
         self, every_s: float, before: Callable[[], Awaitable[None]] | None = None
