@@ -32,6 +32,7 @@ from sidecar.edge import server
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.shards import shard_of
+from sidecar.snapshots import refresh
 from tests.bases_kit import LOAD_WAIT_S, answered, config, search
 from tests.conftest import eventually
 from tests.snapshot_kit import version_id, write_version
@@ -301,3 +302,45 @@ async def test_only_bases_with_something_published_count_toward_the_cap(
         await eventually(lambda: sidecar.holder.get("billing") is not None, "the poll's load")
         assert (await answered(stub_of(channel), "billing")).chunks
         assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_a_poll_reads_many_pointers_in_a_few_jobs_and_downloads_only_what_changed(
+    tmp_path: Path,
+) -> None:
+    """Each base's pointer was a job of its own on the poll's pool (10,000 bases: 10,000 jobs
+    and future chains, the loop stalled up to a second each poll)."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    for i in range(60):
+        (store / f"pending-{i:02d}").mkdir()
+    cfg = config(store, tmp_path, poll_seconds=3600, cache_dir=str(tmp_path / "c"))
+    sidecar = await create_server(cfg, embedder=EMBEDDER)  # polls only when told here
+    try:
+        refresher = sidecar.refresher
+        pool, fetches = refresher._poll_pool, []
+        submitted = 0
+        submit, fetch = pool.submit, refresher.store.fetch
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal submitted
+            submitted += 1
+            return submit(*args, **kwargs)
+
+        def fetched(kb: str, version: str) -> Path:
+            fetches.append(kb)
+            return fetch(kb, version)
+
+        pool.submit = counted  # type: ignore[method-assign]
+        refresher.store.fetch = fetched  # type: ignore[method-assign]
+        assert await refresher.refresh() == []  # nothing new: pointers read, nothing fetched
+        assert submitted <= refresh.POLL_DOWNLOADS
+        assert fetches == []
+        write_version(store, version_id(2), EMBEDDER, "invoices", kb="help")
+        submitted = 0
+        assert await refresher.refresh() == ["help"]
+        assert submitted <= refresh.POLL_DOWNLOADS + 1
+        assert set(fetches) == {"help"}  # downloaded, then opened by its load
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            assert (await answered(stub_of(channel), "help")).chunks
+    finally:
+        await sidecar.stop(0.5)
