@@ -31,7 +31,6 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,9 @@ from index.snapshot import MANIFEST, verify_snapshot
 from index.store import (
     LATEST,
     MAX_POINTER_BYTES,
+    SkippedNames,
     check_name,
-    is_version,
+    is_base_name,
     manifest_files,
     parse_pointer,
 )
@@ -160,6 +160,7 @@ class S3Store(HttpStore):
         self._credentials: botocore.credentials.Credentials | None = None
         self._look_again_at = 0.0  # while no credentials are found: when to look again
         self._lock = threading.Lock()
+        self.skipped = SkippedNames()  # the listing's names that are not bases, logged once
 
     def __repr__(self) -> str:
         return f"S3Store({str(self.location)!r}, cache={str(self.cache_dir)!r})"
@@ -172,6 +173,7 @@ class S3Store(HttpStore):
         deadline = time.monotonic() + self.options.download_timeout_s
         prefix = self.location.key("") if self.location.prefix else ""
         names: set[str] = set()
+        skipped: list[str] = []
         token: str | None = ""
         pages = 0
         try:
@@ -183,9 +185,12 @@ class S3Store(HttpStore):
                         "bases: point the store at the prefix that holds them"
                     )
                 found, token = self._list_page(prefix, token, deadline)
-                names.update(_base_names(found, prefix, self.location))
+                page, passed = _base_names(found, prefix)
+                names.update(page)
+                skipped += passed
         except SnapshotError as exc:
             raise StoreUnavailable(f"{self.location}: cannot list the bases: {exc}") from exc
+        self.skipped.note(str(self.location), skipped)
         return frozenset(names)
 
     def _list_page(self, prefix: str, token: str, deadline: float) -> tuple[list[str], str | None]:
@@ -266,15 +271,18 @@ def _parse_listing(data: bytes) -> tuple[list[str], str | None]:
     return found, token if truncated else None
 
 
-def _base_names(found: list[str], prefix: str, location: S3Location) -> Iterator[str]:
-    """The base names of a page's common prefixes: those directly under ``prefix`` that are one
-    safe path component. Anything else ("a/../../x", a name with "/") is skipped, logged."""
+def _base_names(found: list[str], prefix: str) -> tuple[list[str], list[str]]:
+    """The base names of a page's common prefixes (those directly under ``prefix`` that are one
+    safe path component), and the prefixes skipped ("a/../../x", a name with "/")."""
+    names: list[str] = []
+    skipped: list[str] = []
     for full in found:
         name = full[len(prefix) :].removesuffix("/") if full.startswith(prefix) else ""
-        if is_version(name):  # one safe path component (a letter or digit first)
-            yield name
+        if is_base_name(name):  # one safe path component (a letter or digit first)
+            names.append(name)
         elif name:
-            log.warning("%s: skipped %r in the listing: not a base name", location, full[:200])
+            skipped.append(full)
+    return names, skipped
 
 
 def _client_config(timeout_s: float) -> botocore.config.Config:

@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -136,6 +136,7 @@ class LocalStore:
         # sidecar's cache_dir) the record is also kept on disk, so that the next start, or
         # another worker, need not hash or check the same unchanged files either.
         self.verified = Verified(verified_dir)
+        self.skipped = SkippedNames()  # the listing's names that are not bases, logged once
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
@@ -201,20 +202,28 @@ class LocalStore:
         self.verified.keep_only(knowledge_base, versions)
 
     def knowledge_bases(self) -> frozenset[str]:
-        """The folders under the root, but dot-folders; a root of more than
+        """The folders under the root named as a base can be (``is_base_name``, as an S3
+        store's listing): dot-folders and others ("lost+found" at the root of a fresh volume)
+        are skipped, summed up in one log line when they change; a root of more than
         ``MAX_LISTED_ENTRIES`` entries is refused (StoreUnavailable) when the next is read, so
         a folder of millions holds no more than that many names (255 bytes each at most)."""
         if not self.root.is_dir():
             return frozenset()
         names: set[str] = set()
+        skipped: list[str] = []
         for i, p in enumerate(self.root.iterdir()):
             if i == MAX_LISTED_ENTRIES:
                 raise StoreUnavailable(
                     f"{self.root}: over {MAX_LISTED_ENTRIES} entries, more than a store holds: "
                     "point the store at the folder that holds the bases"
                 )
-            if not p.name.startswith(".") and p.is_dir():
+            if p.name.startswith(".") or not p.is_dir():
+                continue
+            if is_base_name(p.name):
                 names.add(p.name)
+            else:
+                skipped.append(p.name)
+        self.skipped.note(str(self.root), skipped)
         return frozenset(names)
 
     def close(self) -> None:
@@ -429,6 +438,37 @@ def open_store(
         options = HttpOptions(timeout_s, download_timeout_s, version_timeout_s)
         return HttpStore(str(location), cache_dir, options)
     return LocalStore(Path(location), verified_dir=cache_dir / "verified")
+
+
+def is_base_name(name: str) -> bool:
+    """Whether a listed folder name can be a base: one safe path component, as a version's."""
+    return is_version(name)
+
+
+class SkippedNames:
+    """What a store's listing skipped (names that are not base names: "lost+found", a name
+    with a newline): one summary line, only when the set changes, not one line per name at
+    every poll."""
+
+    SHOWN = 5  # names quoted in the line (80 characters each at most)
+
+    def __init__(self) -> None:
+        self._last: frozenset[str] = frozenset()
+
+    def note(self, where: str, skipped: Iterable[str]) -> None:
+        now = frozenset(n[:200] for n in skipped)
+        if now and now != self._last:
+            shown = ", ".join(repr(n[:80]) for n in sorted(now)[: self.SHOWN])
+            more = f" and {len(now) - self.SHOWN} more" if len(now) > self.SHOWN else ""
+            log.warning(
+                "%s: skipped %d names in the listing that are not base names (a letter or "
+                "digit, then letters, digits, '.', '_' or '-', 128 at most): %s%s",
+                where,
+                len(now),
+                shown,
+                more,
+            )
+        self._last = now
 
 
 def is_version(name: str) -> bool:

@@ -659,7 +659,12 @@ async def test_a_base_with_no_snapshot_is_a_tool_error_and_not_ready(
             ready = await http.get(url(sc, "/readyz"))
             alive = await http.get(url(sc, "/healthz"))
     assert ready.status_code == 503
-    assert ready.json() == {"status": "not ready", "state": "LOADING", "waiting_for": ["help"]}
+    assert ready.json() == {
+        "status": "not ready",
+        "state": "LOADING",
+        "waiting_for": ["help"],
+        "waiting_count": 1,
+    }
     assert alive.status_code == 200
 
 

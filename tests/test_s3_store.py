@@ -11,6 +11,7 @@ the store and moto, are the contract's too (its `downloading` fixture).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -521,3 +522,26 @@ async def test_a_base_missing_from_an_s3_store_says_to_publish_it_there(
     assert f"waiting for a snapshot of '{KB}' in s3://{name}/prod" in waiting
     assert f"then `voxrecall index publish --to s3://{name}/prod` to publish it there" in waiting
     assert "it publishes to" not in waiting
+
+
+def test_the_names_a_listing_skips_are_one_line_and_only_when_they_change(
+    moto_server: Any, bucket: tuple[Any, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each name that is not a base was one warning at every poll: 3,000 of them, 734 KB of
+    log per listing."""
+    client, name = bucket
+    for i in range(30):
+        client.put_object(Bucket=name, Key=f"{PREFIX}/_odd-{i}/LATEST", Body=b"x")
+    client.put_object(Bucket=name, Key=f"{PREFIX}/help/LATEST", Body=b"x")
+    options = S3Options(endpoint_url=moto_server.url)
+    store = S3Store(f"s3://{name}/{PREFIX}", tmp_path / "cache", FAST, options)
+    with caplog.at_level(logging.WARNING, logger="voxrecall.store"):
+        assert store.knowledge_bases() == {"help"}
+        assert store.knowledge_bases() == {"help"}  # the same skipped: not said again
+        client.put_object(Bucket=name, Key=f"{PREFIX}/_odd-new/LATEST", Body=b"x")
+        assert store.knowledge_bases() == {"help"}
+    said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "skipped 30 names" in said[0]
+    assert "and 25 more" in said[0]
+    assert "skipped 31 names" in said[1]

@@ -11,7 +11,11 @@ snapshots (the hash embedder: nothing here measures quality), real hnswlib.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from sidecar.edge import server
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.shards import shard_of
+from sidecar.snapshots import refresh
 from tests.bases_kit import LOAD_WAIT_S, answered, config, search
 from tests.conftest import eventually
 from tests.snapshot_kit import version_id, write_version
@@ -190,3 +195,152 @@ async def test_a_store_listing_more_bases_than_a_sidecar_serves_at_start_is_cut_
     async with serving(store, tmp_path, memory_budget_mb=64) as (sidecar, _):
         assert sidecar.engine.known_bases == frozenset({"a-base", "b-base"})
     assert any("the store lists 3 bases" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_folder_of_the_store_that_is_not_a_base_holds_no_sidecar_loading(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ "lost+found" (at the root of every fresh ext4 volume) was listed as a base with no
+    snapshot: a sidecar with no memory budget stayed LOADING, its startupProbe restarting it."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    for odd in ("lost+found", "new\nline", "x" * 200, "caf\u00e9"):
+        (store / odd).mkdir()
+    async with serving(store, tmp_path) as (sidecar, channel):
+        assert sidecar.engine.known_bases == frozenset({"help"})
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+        listings = len([r for r in caplog.records if "not base names" in r.getMessage()])
+        await sidecar.add_listed_bases()  # a poll's listing: the same skipped, not said again
+    said = [r.getMessage() for r in caplog.records if "not base names" in r.getMessage()]
+    assert listings == len(said) == 1, said
+    assert "skipped 4 names" in said[0]
+    assert "'lost+found'" in said[0]
+
+
+async def test_a_listed_base_with_nothing_published_yet_holds_no_sidecar_loading(
+    tmp_path: Path,
+) -> None:
+    """A base's folder made before its first publish (a valid name, no LATEST) held a sidecar
+    with no memory budget LOADING for ever; it is served once published."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    (store / "pending").mkdir()
+    async with serving(store, tmp_path) as (sidecar, channel):
+        await eventually(
+            lambda: sidecar.lifecycle.state.name == "SERVING", "SERVING without 'pending'"
+        )
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+        publish(store, "pending")
+        await eventually(lambda: sidecar.holder.get("pending") is not None, "the poll's load")
+        assert (await answered(stub_of(channel), "pending")).chunks
+
+
+async def test_readyz_names_the_first_20_bases_it_waits_for_and_counts_them(
+    tmp_path: Path,
+) -> None:
+    """The 503 body listed every base waited for: 1 MB at 5,000."""
+    store = tmp_path / "store"
+    for i in range(25):
+        write_version(store, version_id(1), EMBEDDER, "invoices", kb=f"kb-{i:02d}")
+        (store / f"kb-{i:02d}" / "LATEST").write_text("v-not-there\n")  # never loads
+    cfg = config(
+        store,
+        tmp_path,
+        poll_seconds=60,
+        cache_dir=str(tmp_path / "c"),
+        http={"listen": "127.0.0.1:0"},
+    )
+    running = await create_server(cfg, embedder=EMBEDDER)
+    try:
+        url = f"http://127.0.0.1:{running.http_port}/readyz"
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            await asyncio.to_thread(urllib.request.urlopen, url, timeout=10)
+        assert answer.value.code == 503
+        body = json.loads(answer.value.read())
+        assert body["waiting_for"] == [f"kb-{i:02d}" for i in range(20)]
+        assert body["waiting_count"] == 25
+    finally:
+        await running.stop(0.5)
+
+
+async def test_bases_gone_from_the_store_free_their_room_for_new_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folders made then deleted were kept as bases until a restart: the cap stayed full and
+    the bases published since answered NOT_FOUND."""
+    monkeypatch.setattr(server, "MAX_LISTED_BASES", 3)
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path, memory_budget_mb=64) as (sidecar, channel):
+        for i in range(4):
+            (store / f"junk-{i}").mkdir()
+        await eventually(lambda: len(sidecar.engine.known_bases) == 3, "the junk listed")
+        for i in range(4):
+            (store / f"junk-{i}").rmdir()
+        publish(store, "billing")
+        await eventually(lambda: "billing" in sidecar.engine.known_bases, "the room freed")
+        assert sidecar.engine.known_bases == frozenset({"help", "billing"})
+        assert set(sidecar.refresher.knowledge_bases) == {"help", "billing"}
+        assert (await answered(stub_of(channel), "billing")).chunks
+        assert (await answered(stub_of(channel), "help")).chunks
+
+
+async def test_only_bases_with_something_published_count_toward_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folders with nothing published (no LATEST) filled the cap: a base published beside them
+    was never served."""
+    monkeypatch.setattr(server, "MAX_LISTED_BASES", 3)
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path) as (sidecar, channel):
+        for i in range(3):
+            (store / f"junk-{i}").mkdir()
+        junk = {f"junk-{i}" for i in range(3)}
+        await eventually(lambda: junk <= sidecar.holder.unpublished, "the junk's pointers read")
+        publish(store, "billing")
+        await eventually(lambda: sidecar.holder.get("billing") is not None, "the poll's load")
+        assert (await answered(stub_of(channel), "billing")).chunks
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_a_poll_reads_many_pointers_in_a_few_jobs_and_downloads_only_what_changed(
+    tmp_path: Path,
+) -> None:
+    """Each base's pointer was a job of its own on the poll's pool (10,000 bases: 10,000 jobs
+    and future chains, the loop stalled up to a second each poll)."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    for i in range(60):
+        (store / f"pending-{i:02d}").mkdir()
+    cfg = config(store, tmp_path, poll_seconds=3600, cache_dir=str(tmp_path / "c"))
+    sidecar = await create_server(cfg, embedder=EMBEDDER)  # polls only when told here
+    try:
+        refresher = sidecar.refresher
+        pool, fetches = refresher._poll_pool, []
+        submitted = 0
+        submit, fetch = pool.submit, refresher.store.fetch
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal submitted
+            submitted += 1
+            return submit(*args, **kwargs)
+
+        def fetched(kb: str, version: str) -> Path:
+            fetches.append(kb)
+            return fetch(kb, version)
+
+        pool.submit = counted  # type: ignore[method-assign]
+        refresher.store.fetch = fetched  # type: ignore[method-assign]
+        assert await refresher.refresh() == []  # nothing new: pointers read, nothing fetched
+        assert submitted <= refresh.POLL_DOWNLOADS
+        assert fetches == []
+        write_version(store, version_id(2), EMBEDDER, "invoices", kb="help")
+        submitted = 0
+        assert await refresher.refresh() == ["help"]
+        assert submitted <= refresh.POLL_DOWNLOADS + 1
+        assert set(fetches) == {"help"}  # downloaded, then opened by its load
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            assert (await answered(stub_of(channel), "help")).chunks
+    finally:
+        await sidecar.stop(0.5)

@@ -98,7 +98,7 @@ class Sidecar:
     async def update_health(self) -> None:
         # with a memory budget, bases load on their first call: the sidecar serves from the start
         lazy = self.engine.load_on_demand is not None
-        ready = lazy or all(self.holder.get(kb) is not None for kb in self.engine.known_bases)
+        ready = lazy or not self.holder.waiting(self.engine.known_bases)
         if self.lifecycle.state is State.DRAINING:
             return
         if ready and (self.engine.known_bases or nothing_to_wait_for(self.config)):
@@ -119,10 +119,11 @@ class Sidecar:
         return "bases load on their first call" if lazy else "every knowledge base has a snapshot"
 
     async def add_listed_bases(self) -> None:
-        """For a config that names no base: list the store again and serve the bases published
-        there since (of this replica's shard), up to ``MAX_LISTED_BASES`` in all; the next
-        refresh loads them (with a memory budget, their first call). A listing that fails is
-        logged once per reason, and what is served goes on."""
+        """For a config that names no base: list the store again, forget the bases gone from it
+        (those not loaded), and serve the bases published there since (of this replica's
+        shard), within ``MAX_LISTED_BASES`` (``_within_listed_cap``); the next refresh loads them (with
+        a memory budget, their first call). A listing that fails is logged once per reason,
+        and what is served goes on."""
         try:
             listed = await asyncio.to_thread(
                 knowledge_base_names, self.config, self.refresher.store
@@ -133,6 +134,7 @@ class Sidecar:
             self._listing_failed = str(exc)
             return
         self._listing_failed = ""
+        self._forget_gone(listed)
         new = self._within_listed_cap(listed - self.engine.known_bases, len(listed))
         if new:
             self.engine.known_bases = self.engine.known_bases | new
@@ -142,19 +144,34 @@ class Sidecar:
                 ", ".join(sorted(new)[:20]) + _more(len(new), 20),
             )
 
-    def _within_listed_cap(self, new: frozenset[str], listed: int) -> frozenset[str]:
-        """The first of ``new`` (by name) that keep this sidecar within ``MAX_LISTED_BASES``;
-        the rest logged once (``listed_within_cap``)."""
-        kept = listed_within_cap(
-            new, len(self.engine.known_bases), listed, warn=not self._over_cap_logged
+    def _forget_gone(self, listed: frozenset[str]) -> None:
+        """Forget the bases the store no longer lists and that are not loaded: 10,000 folders
+        made then deleted kept the cap full until a restart. A loaded one serves on (a base
+        deleted from the store serves its last snapshot until a restart)."""
+        gone = frozenset(
+            kb for kb in self.engine.known_bases - listed if self.holder.get(kb) is None
         )
+        if gone:
+            self.engine.known_bases = self.engine.known_bases - gone
+            self.refresher.remove_bases(gone)
+            log.info("forgot %d bases gone from the store", len(gone))
+
+    def _within_listed_cap(self, new: frozenset[str], listed: int) -> frozenset[str]:
+        """The first of ``new`` (by name) that keep this sidecar within ``MAX_LISTED_BASES``
+        bases with something published (a base whose pointer read found no LATEST does not
+        count: ``SnapshotHolder.unpublished``) and twice that in all; the rest logged once
+        (``listed_within_cap``)."""
+        known = self.engine.known_bases
+        published = len(known - self.holder.unpublished)
+        room = min(MAX_LISTED_BASES - published, 2 * MAX_LISTED_BASES - len(known))
+        kept = listed_within_cap(new, room, listed, warn=not self._over_cap_logged)
         self._over_cap_logged |= kept is not new
         return kept
 
     def log_waiting(self) -> None:
         """While LOADING, say which bases have no snapshot, where it is looked for, and what to
         run to make one."""
-        missing = sorted(kb for kb in self.engine.known_bases if self.holder.get(kb) is None)
+        missing = self.holder.waiting(self.engine.known_bases)
         if missing and self.engine.load_on_demand is None:
             log.warning("LOADING: %s", waiting_for(self.config, missing))
 
@@ -201,7 +218,8 @@ def waiting_for(config: Config, missing: list[str]) -> str:
     publish to it."""
     where = str(config.sidecar.store)
     return (
-        f"waiting for a snapshot of {', '.join(map(repr, missing))} in {where} "
+        f"waiting for a snapshot of {', '.join(map(repr, missing[:20]))}"
+        f"{_more(len(missing), 20)} in {where} "
         f"(checked every {config.sidecar.poll_seconds:g} s): {to_make_one(config)}"
     )
 
@@ -300,17 +318,16 @@ def first_bases(config: Config, store: SnapshotStore, names: frozenset[str]) -> 
     if not names:
         log.warning("%s", no_bases(config, store))
     elif lists_store(config):
-        return listed_within_cap(names, 0, len(names))
+        return listed_within_cap(names, MAX_LISTED_BASES, len(names))
     return names
 
 
 def listed_within_cap(
-    new: frozenset[str], held: int, listed: int, warn: bool = True
+    new: frozenset[str], room: int, listed: int, warn: bool = True
 ) -> frozenset[str]:
-    """The first of ``new`` (by name) that keep ``held`` bases and them within
-    ``MAX_LISTED_BASES`` (``new`` itself when all do); with ``warn``, a cut is logged with
-    the ``listed`` count of the store's listing."""
-    room = max(MAX_LISTED_BASES - held, 0)
+    """The first ``room`` of ``new`` by name (``new`` itself when all fit); with ``warn``, a cut
+    is logged with the ``listed`` count of the store's listing."""
+    room = max(room, 0)
     if len(new) <= room:
         return new
     if warn:
@@ -433,7 +450,7 @@ def _refresher(
 ) -> Refresher:
     """What loads the bases' snapshots into ``holder`` and keeps them current."""
     settings = config.sidecar
-    return Refresher(
+    refresher = Refresher(
         store,
         holder,
         embedder.info,
@@ -443,6 +460,8 @@ def _refresher(
         budget_bytes=settings.memory_budget_mb * 2**20,
         retry_refused_s=settings.poll_seconds,
     )
+    refresher.listed = lists_store(config)
+    return refresher
 
 
 def _grpc_server(config: Config, guards: Guards, service: RetrievalService) -> grpc.aio.Server:

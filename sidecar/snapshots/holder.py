@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -100,6 +100,15 @@ class SnapshotHolder:
         self.fresh_s = FRESH_S
         self.reuse_s = REUSE_S
         self.evictions = 0  # bases removed to keep within the memory budget, since start
+        # bases a store's listing named (a config that names none) whose LATEST was not there
+        # at the last read of their pointer (a folder made, nothing published yet): not waited
+        # for (``waiting``); the refresher keeps it
+        self.unpublished: set[str] = set()
+
+    def waiting(self, known: Iterable[str]) -> list[str]:
+        """The bases of ``known`` with no snapshot served that a sidecar waits for (LOADING),
+        by name: not a listed base with nothing published yet (``unpublished``)."""
+        return sorted(kb for kb in known if kb not in self.unpublished and self.get(kb) is None)
 
     def get(self, knowledge_base: str) -> LoadedSnapshot | None:
         """The snapshot served for ``knowledge_base`` (a call searches through ``use``)."""

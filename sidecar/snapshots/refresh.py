@@ -24,9 +24,10 @@ each within the store's deadlines; one still going after ``DOWNLOAD_WAIT_S`` goe
 background while the next bases load, and its base is queued again, the version it read kept,
 when it is in (the pointer is read once per load): a store trickling some bases' pointers or
 files holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at once). A poll reads
-the pointers and downloads the new versions of its bases side by side, outside the lock, on
-threads of its own (at most ``POLL_DOWNLOADS``), and loads each as its download ends: its reads
-never hold a first load's download thread. A load is verified
+the pointers of its bases in at most ``POLL_DOWNLOADS`` jobs on threads of its own
+(``read_pointers``, a batch each), then downloads only the versions that changed, side by side on
+those threads, outside the lock, and loads each as its download ends: its reads never hold a
+first load's download thread, and 10,000 bases are 16 jobs a poll, not 10,000. A load is verified
 and built before anything is evicted, then the bases ``SnapshotHolder.over_budget`` names go
 until the loaded bytes are within the budget again: a version that fails evicts nothing, and the
 process holds one base beyond the budget for the time of a load. When only other requesters'
@@ -295,14 +296,25 @@ class Downloading(Exception):
 def newest(
     store: SnapshotStore, kb: str, served: str | None, rejected: str | None, keep: Sequence[str]
 ) -> str | None:
-    """The version ``kb``'s pointer names, downloaded (``store.fetch``) when it is one to load:
-    newer than ``served`` and not ``rejected``. Blocking: on a download thread. A failed
-    download is ``Downloading`` (its version), from the error as its cause, once the cache
-    keeps only ``keep`` (the served versions) and the newest partial download: a store offering
-    a new version every poll that never downloads must not fill the disk with their partials."""
+    """The version ``kb``'s pointer names, downloaded (``download``) when it is one to load:
+    newer than ``served`` and not ``rejected``. Blocking: on a download thread."""
     version = store.latest(kb)
-    if version is None or version == rejected or (served is not None and version <= served):
+    if not to_load(version, served, rejected):
         return version
+    assert version is not None
+    return download(store, kb, version, keep)
+
+
+def to_load(version: str | None, served: str | None, rejected: str | None) -> bool:
+    """Whether a pointer naming ``version`` names one to download and load."""
+    return version is not None and version != rejected and (served is None or version > served)
+
+
+def download(store: SnapshotStore, kb: str, version: str, keep: Sequence[str]) -> str:
+    """``version`` of ``kb`` fetched (``store.fetch``); blocking. A failed download is
+    ``Downloading`` (its version), from the error as its cause, once the cache keeps only
+    ``keep`` (the served versions) and the newest partial download: a store offering a new
+    version every poll that never downloads must not fill the disk with their partials."""
     try:
         store.fetch(kb, version)
     except Exception as exc:
@@ -312,6 +324,20 @@ def newest(
             log.warning("could not prune the snapshot cache of %s: %s", kb, pruning)
         raise Downloading(version) from exc
     return version
+
+
+Pointer = tuple[str, str | None, Exception | None]  # a base, what its LATEST names, or the error
+
+
+def read_pointers(store: SnapshotStore, kbs: Sequence[str]) -> list[Pointer]:
+    """The pointers of ``kbs``, one after another: one job of a poll's pool for many bases."""
+    read: list[Pointer] = []
+    for kb in kbs:
+        try:
+            read.append((kb, store.latest(kb), None))
+        except Exception as exc:
+            read.append((kb, None, exc))
+    return read
 
 
 def fetch_error(kb: str, exc: BaseException) -> tuple[str, SnapshotError]:
@@ -360,6 +386,7 @@ class Refresher:
         self._held: dict[str, float] = {}  # lazy: held back for room until then (monotonic)
         self._held_bytes: dict[str, tuple[str, int]] = {}  # lazy: held: its version, its bytes
         self.knowledge_bases = tuple(knowledge_bases)
+        self.listed = False  # the bases are a store's listing's (a config that names none)
         # threads start as downloads need them, so bases listed after the start (a config that
         # names none) download side by side too
         self._download_pool = ThreadPoolExecutor(MAX_DOWNLOADS, "voxrecall-download")
@@ -379,28 +406,84 @@ class Refresher:
 
     async def refresh(self) -> list[str]:
         """Load every base whose published version is newer than the one served; returns them.
-        The bases' pointers are read and their new versions downloaded side by side (one thread
-        per base, at most ``POLL_DOWNLOADS``, threads of the poll's own), outside the load lock,
-        and each is loaded as its download ends: a store trickling one base holds that base
-        (and, trickling more bases than those threads, the poll's next ones), never a first
-        load."""
-        offers = {self._offer(kb, self._poll_pool): kb for kb in self._polled()}
-        pending: set[asyncio.Future[str | None]] = set(offers)
+        The bases' pointers are read in at most ``POLL_DOWNLOADS`` jobs of the poll's own
+        threads (``read_pointers``: 10,000 bases were 10,000 jobs and future chains, the loop
+        stalled up to a second each poll), then only the new versions are downloaded, side by
+        side on those threads, outside the load lock, each loaded as its download ends: a
+        store trickling pointers holds the poll (each read within the store's deadlines), a
+        trickling download holds its base only, and neither holds a first load."""
+        unpublished = set(self.holder.unpublished)
+        downloads: dict[asyncio.Future[str | None], str] = {}
+        for kb, version, exc in await self._read_pointers(self._polled()):
+            if exc is not None:
+                self._refuse(kb, *fetch_error(kb, exc))
+                continue
+            self._note_pointer(kb, version)
+            offer = await self._pointed(kb, version)
+            if offer is not None:
+                downloads[offer] = kb
+        swapped = await self._serve_downloads(downloads)
+        if self.holder.unpublished != unpublished and self.on_change is not None:
+            await self.on_change()  # a listed base published or not yet: LOADING waits on it
+        return swapped
+
+    async def _read_pointers(self, kbs: Sequence[str]) -> list[Pointer]:
+        """``read_pointers`` of ``kbs`` in at most ``POLL_DOWNLOADS`` jobs of the poll's pool."""
+        jobs = min(POLL_DOWNLOADS, len(kbs))
+        loop = asyncio.get_running_loop()
+        batches = await asyncio.gather(
+            *(
+                loop.run_in_executor(self._poll_pool, read_pointers, self.store, kbs[i::jobs])
+                for i in range(jobs)
+            )
+        )
+        return [pointer for batch in batches for pointer in batch]
+
+    async def _pointed(self, kb: str, version: str | None) -> asyncio.Future[str | None] | None:
+        """What a poll does with the version ``kb``'s pointer names: its download started when
+        it is one to load (returned), a pointer gone back refused (``_serve``), else nothing."""
+        current = self.holder.get(kb)
+        served = current.version if current is not None else None
+        if to_load(version, served, self._rejected.get(kb)):
+            assert version is not None
+            keep = tuple(self._served.get(kb, ()))
+            loop = asyncio.get_running_loop()
+            return loop.run_in_executor(self._poll_pool, download, self.store, kb, version, keep)
+        if version is not None and served is not None and version < served:
+            async with self._lock:
+                await self._serve(kb, version)
+        return None
+
+    async def _serve_downloads(self, downloads: dict[asyncio.Future[str | None], str]) -> list[str]:
+        """Load each download as it ends (a queue its futures fill as they end, not a wait
+        on all of those pending each round); the bases swapped."""
+        ended: asyncio.Queue[asyncio.Future[str | None]] = asyncio.Queue()
+        for offer in downloads:
+            offer.add_done_callback(ended.put_nowait)
         swapped: list[str] = []
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            now = [await self._serve_offered(offers[f], f) for f in done]
-            swapped += [kb for kb in now if kb]
-            if any(now) and self.on_change is not None:
-                await self.on_change()
+        for _ in downloads:
+            offer = await ended.get()
+            if await self._serve_offered(downloads[offer], offer):
+                swapped.append(downloads[offer])
+                if self.on_change is not None:
+                    await self.on_change()
         return swapped
 
     async def _serve_offered(self, kb: str, offer: asyncio.Future[str | None]) -> str:
         """``kb`` when its offer (``_offer``, done) is loaded and served now, else ""."""
         if not self._offered(kb, offer):
             return ""
+        self._note_pointer(kb, offer.result())
         async with self._lock:
             return kb if await self._serve(kb, offer.result()) else ""
+
+    def _note_pointer(self, kb: str, version: str | None) -> None:
+        """For a listed base (``listed``): whether its store has a LATEST yet (a base with
+        none is not waited for: ``SnapshotHolder.waiting``)."""
+        if version is not None:
+            self.holder.unpublished.discard(kb)
+        elif self.listed and kb in self._served:  # not one forgotten while its pointer read
+            self.holder.unpublished.add(kb)
 
     def _offer(self, kb: str, pool: ThreadPoolExecutor | None = None) -> asyncio.Future[str | None]:
         """``kb``'s pointer read and, when it names a version to load, that version downloaded:
@@ -540,6 +623,7 @@ class Refresher:
         """``_offered`` for a base loading on demand: a failure starts its
         ``retry_refused_s``."""
         if self._offered(kb, offer):
+            self._note_pointer(kb, offer.result())
             return True
         self._tried[kb] = time.monotonic()
         return False
@@ -730,6 +814,16 @@ class Refresher:
             self._served[kb] = deque(maxlen=self.keep_downloaded)
         self.knowledge_bases = (*self.knowledge_bases, *new)
         return new
+
+    def remove_bases(self, names: Iterable[str]) -> None:
+        """Forget these bases (gone from the store's listing, not loaded)."""
+        gone = set(names)
+        self.knowledge_bases = tuple(kb for kb in self.knowledge_bases if kb not in gone)
+        for kb in gone:
+            self._served.pop(kb, None)
+            self._rejected.pop(kb, None)
+            self._tried.pop(kb, None)
+        self.holder.unpublished -= gone
 
     async def poll_forever(
         self, every_s: float, before: Callable[[], Awaitable[None]] | None = None
