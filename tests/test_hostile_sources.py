@@ -9,13 +9,13 @@ import subprocess
 import sys
 import threading
 import tracemalloc
-import zlib
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.hostile_pdfs import shared_stream_pdf
 from index.build import BuildSummary, build_knowledge_base
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError
@@ -591,29 +591,6 @@ def test_frontmatter_aliases_that_expand_past_64_kib_are_refused_and_a_reused_li
 
 
 # --- PDF text that decompresses far past its file ------------------------------------------------
-
-
-def shared_stream_pdf(pages: int, content: bytes) -> bytes:
-    """A PDF of ``pages`` pages that all draw one Flate-compressed content stream."""
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>"]
-    kids = b" ".join(b"%d 0 R" % (5 + i) for i in range(pages))
-    objects.append(b"<< /Type /Pages /Kids [" + kids + b"] /Count %d >>" % pages)
-    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    packed = zlib.compress(content, 9)
-    objects.append(b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed) + packed)
-    objects[-1] += b"\nendstream"
-    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-    page += b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>"
-    objects += [page] * pages
-    out, offsets = bytearray(b"%PDF-1.4\n"), []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\n" % (len(objects) + 1)
-    return bytes(out + b"startxref\n%d\n%%%%EOF\n" % xref)
 
 
 def text_ops(size: int) -> bytes:
