@@ -257,7 +257,7 @@ def test_one_address_cannot_take_every_rebuild_slot(
     listening: tuple[Watcher, RebuildListener],
 ) -> None:
     """16 idle connections from a stranger (no token, nothing sent) held every slot, and the
-    CI's POST was closed unread; now the stranger's address holds 4, and the CI is served."""
+    CI's POST was closed unread; now the stranger's address holds 2, and the CI is served."""
     watcher, listener = listening
     stranger = ("127.0.0.2", 0)  # another loopback address than the CI's 127.0.0.1
     idle = [
@@ -269,8 +269,30 @@ def test_one_address_cannot_take_every_rebuild_slot(
             one.sendall(
                 f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
             )
-            assert closed_unanswered(one)  # the stranger's fifth and later are closed unread
+            assert closed_unanswered(one)  # the stranger's third and later are closed unread
         assert watcher.last("kb")["queued"] is False
+        assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
+        assert watcher.last("kb")["queued"] is True
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+@pytest.mark.usefixtures("idle_holds")
+def test_four_stranger_addresses_cannot_take_every_rebuild_slot(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    """Four stranger addresses with 4 idle connections each held all 16 slots, and the CI's
+    POST was closed unread; now each holds 2, eight slots stay free, and the CI is served."""
+    watcher, listener = listening
+    idle = []
+    try:
+        for n in range(2, 6):  # 127.0.0.2 .. 127.0.0.5, other loopback addresses than the CI's
+            for _ in range(4):
+                sock = socket.create_connection(
+                    ("127.0.0.1", listener.port), source_address=(f"127.0.0.{n}", 0)
+                )
+                idle.append(sock)
         assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
         assert watcher.last("kb")["queued"] is True
     finally:
@@ -282,7 +304,7 @@ def test_one_address_cannot_take_every_rebuild_slot(
 def test_refused_rebuild_connections_get_one_line_and_a_count(
     listening: tuple[Watcher, RebuildListener], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A stranger re-opening connections past its 4 wrote a warning per refusal (153,379 lines
+    """A stranger re-opening connections past its 2 wrote a warning per refusal (153,379 lines
     in 6 s); now its first refusal gets one, and the rest one count (here written at stop)."""
     _, listener = listening
     stranger = ("127.0.0.2", 0)
@@ -304,7 +326,7 @@ def test_refused_rebuild_connections_get_one_line_and_a_count(
     lines = [r.getMessage() for r in caplog.records if r.name == "voxrecall.index.ingest"]
     assert len(lines) == 2, lines
     assert lines[0].startswith(
-        "rebuild listener: closed a connection from 127.0.0.2 unread, 4 connections open from "
+        "rebuild listener: closed a connection from 127.0.0.2 unread, 2 connections open from "
         "this address"
     )
     assert "closed 49 more connections from 127.0.0.2" in lines[1]

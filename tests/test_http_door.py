@@ -430,6 +430,7 @@ async def test_mcp_sessions_count_in_the_sessions_bytes_and_are_bounded_by_them(
         ]
         assert [r.status_code for r in replies] == [200, 200, 200, 200, 429]
         assert "session_memory_bytes" in replies[-1].json()["error"]["message"]
+        assert replies[-1].json()["jsonrpc"] == "2.0"
         assert sc.engine.sessions.usage().bytes == budget
         sid = replies[0].headers["mcp-session-id"]
         ended = await http.delete(url(sc, "/mcp"), headers={**MCP_ACCEPT, "mcp-session-id": sid})
@@ -512,10 +513,33 @@ async def test_mcp_sessions_filling_the_bytes_never_evict_a_live_calls_session(
         ]
         assert [r.status_code for r in replies] == [200, 200, 200, 429, 429]
         assert "session_memory_bytes" in replies[-1].json()["error"]["message"]
+        assert replies[-1].json()["jsonrpc"] == "2.0"
         kept = sc.engine.sessions.peek("call-1")
         assert kept is not None
         assert [said.text for said in kept.turns] == ["reset my password"]
         assert sc.engine.sessions.usage().bytes <= budget
+
+
+async def test_an_sdk_client_reads_why_its_session_was_refused_for_bytes(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """The 429 for sessions filling their bytes was the door's own JSON, and the MCP SDK's
+    client showed "Server returned an error response"; now it is a JSON-RPC error with the
+    request's id, and the client raises its message, naming ``session_memory_bytes``."""
+    limits = {"max_session_bytes": 32768, "session_memory_bytes": mcp.MCP_SESSION_BYTES}
+    config = sidecar_config(store, http={"listen": "127.0.0.1:0"}, **limits)
+    async with running(config, local_embedder) as sc, httpx2.AsyncClient() as http:
+        first = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+        assert first.status_code == 200
+        second = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
+        assert second.status_code == 429
+        assert second.json()["id"] == INITIALIZE["id"]
+        async with (
+            streamable_http_client(url(sc, "/mcp"), http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            with pytest.raises(MCPError, match="session_memory_bytes"):
+                await session.initialize()
 
 
 async def counted_over_allocated(sc: Sidecar, body: dict[str, Any]) -> float:

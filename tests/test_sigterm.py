@@ -168,6 +168,9 @@ async def test_a_call_outliving_the_grace_period_is_cut_and_the_process_still_ex
             cut.value.code() is grpc.StatusCode.UNAVAILABLE
         )  # retried elsewhere; CANCELLED is not
         assert "grace_s" in (cut.value.details() or "")
+        # a pushback of -1: a retry policy does not try it again on this closing sidecar
+        trailers = dict(cut.value.trailing_metadata() or ())
+        assert trailers.get("grpc-retry-pushback-ms") == "-1", trailers
     code = await asyncio.to_thread(process.proc.wait, PROCESS_WAIT_S)
     assert code == 0, process.log()
     assert any("Turn UNAVAILABLE" in line for line in process.lines), process.log()

@@ -27,7 +27,7 @@ import grpc
 
 from sidecar.edge.status import abort_trailers, status_for
 from sidecar.edge.wire import EncodedResponse
-from sidecar.errors import InvalidArgument, RequestError
+from sidecar.errors import Draining, InvalidArgument, RequestError
 
 # Health stays callable without a token and under any load: a kubelet probing a busy sidecar
 # must see SERVING, not RESOURCE_EXHAUSTED. Its Watch streams are bounded by the servicer itself
@@ -296,7 +296,9 @@ class _HookedCall(HookRun):
         try:
             if isinstance(exc, asyncio.CancelledError) and self.call.cut:
                 self.call.code = grpc.StatusCode.UNAVAILABLE
-                await self.call.context.abort(grpc.StatusCode.UNAVAILABLE, self.call.cut)
+                context = self.call.context  # a pushback of -1: not retried on this sidecar
+                trailers = abort_trailers(context, Draining(self.call.cut))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, self.call.cut, trailers)
         finally:
             self.finish(exc)
 

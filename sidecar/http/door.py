@@ -67,9 +67,9 @@ from sidecar.edge.status import (
     http_status_for,
     status_for,
 )
-from sidecar.errors import BodyEncoded, BodyTooLarge, IdleTimeout, RequestError
+from sidecar.errors import BodyEncoded, BodyTooLarge, IdleTimeout, RequestError, ResourceExhausted
 from sidecar.functions.tools import Toolbox
-from sidecar.http.mcp import McpDoor, initialize_refusal
+from sidecar.http.mcp import McpDoor, initialize_refusal, session_refusal
 from sidecar.http.webhooks import Reply, Webhooks
 from sidecar.turn.engine import Engine
 
@@ -372,7 +372,14 @@ class HttpDoor:
                     await respond(send, 400, too_large, call.context.headers)
                     return
             scoped = self.mcp.scope_for(scope, call)
-            await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
+            try:
+                await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
+            except ResourceExhausted as exc:  # its owner's sessions are full: a JSON-RPC 429
+                call.call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                await respond(
+                    send, 429, session_refusal(body, caller_message(exc)), call.context.headers
+                )
+                return
             if status and status[0] >= 400:
                 call.call.code = code_of_http_status(status[0])
 

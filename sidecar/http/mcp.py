@@ -97,6 +97,8 @@ MCP_SESSION_BYTES = 44 * 1024
 # whatever they hold: a 245 KB initialize held ~600 KB a session. Real clients send under 1 KiB.
 MAX_INITIALIZE_BYTES = 8 * 1024
 INITIALIZE = "MCP initialize"  # ``McpDoor.method_name`` of an initialize request
+# The JSON-RPC code of a session refused for its owner's full share (the server-error range).
+SESSIONS_FULL = -32000
 # What an initialize's params hold in the SDK past MCP_SESSION_BYTES, per byte of its body over
 # INITIALIZE_COUNTED_BYTES (those MCP_SESSION_BYTES covers: real clients' are a few hundred):
 # 24.9 bytes measured with tracemalloc for the costliest shape found (empty lists, ``[[],...]``;
@@ -289,6 +291,20 @@ def initialize_refusal(method_name: str, body: bytes) -> bytes | None:
     )
     error = {"code": types.INVALID_PARAMS, "message": message}
     return orjson.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+
+
+def session_refusal(body: bytes, message: str) -> bytes:
+    """The JSON-RPC error answering a request that would open a session past its owner's share
+    (the door answers it 429): a client's SDK shows ``message`` only from a JSON-RPC error.
+    Its id is the request's, when its body names one, else null."""
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        request = None
+    found = request.get("id") if isinstance(request, dict) else None
+    id_ = found if isinstance(found, str | int) and not isinstance(found, bool) else None
+    error = {"code": SESSIONS_FULL, "message": message}
+    return orjson.dumps({"jsonrpc": "2.0", "id": id_, "error": error})
 
 
 def _text(output: str, is_error: bool) -> types.CallToolResult:
