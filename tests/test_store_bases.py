@@ -275,11 +275,19 @@ async def test_bases_gone_from_the_store_free_their_room_for_new_ones(
         for i in range(4):
             (store / f"junk-{i}").mkdir()
         await eventually(lambda: len(sidecar.engine.known_bases) == 3, "the junk listed")
+        junk = sorted(sidecar.engine.known_bases - {"help"})[0]
+        # what a base's calls and a held load leave behind, planted: forgetting it drops them
+        sidecar.holder._calls[junk] = None  # type: ignore[assignment]
+        sidecar.refresher._held[junk] = 0.0
+        sidecar.refresher._held_bytes[junk] = ("v", 1)
         for i in range(4):
             (store / f"junk-{i}").rmdir()
         publish(store, "billing")
         await eventually(lambda: "billing" in sidecar.engine.known_bases, "the room freed")
         assert sidecar.engine.known_bases == frozenset({"help", "billing"})
+        assert junk not in sidecar.holder._calls
+        assert junk not in sidecar.refresher._held
+        assert junk not in sidecar.refresher._held_bytes
         assert set(sidecar.refresher.knowledge_bases) == {"help", "billing"}
         assert (await answered(stub_of(channel), "billing")).chunks
         assert (await answered(stub_of(channel), "help")).chunks

@@ -110,6 +110,14 @@ class SnapshotHolder:
         by name: not a listed base with nothing published yet (``unpublished``)."""
         return sorted(kb for kb in known if kb not in self.unpublished and self.get(kb) is None)
 
+    def forget(self, names: set[str]) -> None:
+        """Drop what is kept of bases the sidecar no longer knows (gone from the store, not
+        loaded): their calls, kept after an eviction, would otherwise grow with every name a
+        store ever listed."""
+        for kb in names:
+            self._calls.pop(kb, None)
+            self._fresh.pop(kb, None)
+
     def get(self, knowledge_base: str) -> LoadedSnapshot | None:
         """The snapshot served for ``knowledge_base`` (a call searches through ``use``)."""
         searcher = self._searchers.get(knowledge_base)

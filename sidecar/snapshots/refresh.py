@@ -823,7 +823,11 @@ class Refresher:
             self._served.pop(kb, None)
             self._rejected.pop(kb, None)
             self._tried.pop(kb, None)
+            self._held.pop(kb, None)
+            self._held_bytes.pop(kb, None)
+            self._ready.pop(kb, None)
         self.holder.unpublished -= gone
+        self.holder.forget(gone)
 
     async def poll_forever(
         self, every_s: float, before: Callable[[], Awaitable[None]] | None = None
