@@ -9,7 +9,8 @@ them and stay free of any transport.
     │   └── ToolCallError      a model called a knowledge function wrongly (an error output)
     ├── NotFound
     ├── Unavailable
-    │   ├── Loading            a base is loading for this call: retry after ``retry_ms``
+    │   ├── RetryLater         not now, for a while: retry after ``retry_ms``
+    │   │   └── Loading        a base is loading for this call
     │   └── Draining           the sidecar is shutting down: retry on another instance
     ├── ResourceExhausted
     │   └── BodyTooLarge       an HTTP body over [sidecar.http] max_body_bytes (413)
@@ -60,14 +61,19 @@ class Unavailable(RequestError):
     pass
 
 
-class Loading(Unavailable):
-    """A base is being loaded for this call (``[sidecar] memory_budget_mb``): retry after
-    ``retry_ms``, which the status carries as ``grpc-retry-pushback-ms`` for clients that
-    retry by policy."""
+class RetryLater(Unavailable):
+    """Not now, and not for a while: retry after ``retry_ms``, which the status carries as
+    ``grpc-retry-pushback-ms`` for clients that retry by policy (a base whose pointer the store
+    could not give, read again at the next poll)."""
 
     def __init__(self, message: str, retry_ms: int) -> None:
         super().__init__(message)
         self.retry_ms = retry_ms
+
+
+class Loading(RetryLater):
+    """A base is being loaded for this call (``[sidecar] memory_budget_mb``): retry after
+    ``retry_ms``."""
 
 
 class Draining(Unavailable):

@@ -2,6 +2,7 @@
 
 It serves a folder the way nginx or a CDN would: ``ETag`` and ``If-None-Match`` (304),
 ``Range: bytes=N-`` (206). Switches: ``fail_next`` answers 500 to that many requests,
+``fail_suffix`` to every request for a path ending in it, for as long as it is set,
 ``cut_next`` sends the headers of that many answers for paths ending in ``cut_suffix`` but only
 half the body, and ``stop()`` closes the port (``start()`` reopens the same port). Hostile
 answers for paths ending in ``hostile_suffix``, as ``hostile`` says: ``"unbounded"`` sends no
@@ -60,6 +61,7 @@ class StaticServer:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.fail_next = 0
+        self.fail_suffix = "\0"  # matches no path until a test sets it
         self.cut_next = 0
         self.cut_suffix = ""
         self.hostile = ""  # "", "unbounded", "oversize", "trickle" or one of LIARS
@@ -127,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server_owner
         path = unquote(self.path.split("?", 1)[0])
         wanted = self.headers.get("Range", "")
-        if owner._take("fail_next"):
+        if owner._take("fail_next") or path.endswith(owner.fail_suffix):
             self._answer(path, 500, b"injected failure", wanted)
             return
         file = (owner.root / path.lstrip("/")).resolve()

@@ -527,6 +527,39 @@ async def test_an_unavailable_store_keeps_the_last_good_until_it_recovers(
         assert served_right(await search(sidecar.port), v2)
 
 
+async def test_a_base_whose_pointer_the_store_fails_for_ever_holds_no_other_base_loading(
+    http_store: Store, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """A base whose LATEST the store answered 500 for at every read held the sidecar LOADING
+    (health NOT_SERVING) for ever, its other bases loaded and unreachable behind it."""
+    server = http_store.server
+    assert server is not None
+    v1 = await publish(http_store.root, 1, local_embedder, "password")
+    server.fail_suffix = "/broken/LATEST"
+    config = sidecar_config(http_store, tmp_path)
+    broken = replace(config.knowledge_bases[0], name="broken")
+    config = replace(config, knowledge_bases=(*config.knowledge_bases, broken))
+    store = index.http_store.HttpStore(http_store.location, tmp_path / "cache", FAST)
+    async with running(config, local_embedder, store=store) as sidecar:
+        await eventually(
+            lambda: _is(health(sidecar.port), health_pb2.HealthCheckResponse.SERVING),
+            "SERVING with 'broken' failing",
+        )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            client = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            found = await client.Search(pb.SearchRequest(knowledge_base=KB, query="password"))
+            assert served_right(found, v1)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await client.Search(pb.SearchRequest(knowledge_base="broken", query="password"))
+        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
+        said = str(failed.value.details())
+        assert "'broken'" in said, said
+        assert "pointer (LATEST) could not be read" in said, said
+        assert "HTTP 500" in said, said
+        pushback = dict(failed.value.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+        assert pushback == str(round(POLL_S * 1000))
+
+
 async def test_a_download_cut_off_midway_is_resumed(
     http_store: Store, tmp_path: Path, local_embedder: Embedder
 ) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -33,7 +34,7 @@ from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.shards import shard_of
 from sidecar.snapshots import refresh
-from tests.bases_kit import LOAD_WAIT_S, answered, config, search
+from tests.bases_kit import LOAD_WAIT_S, answered, config, hint_ms, retried, search
 from tests.conftest import eventually
 from tests.snapshot_kit import version_id, write_version
 
@@ -53,9 +54,9 @@ def publish(store: Path, kb: str) -> None:
 
 @contextlib.asynccontextmanager
 async def serving(
-    store: Path, tmp_path: Path, **sidecar: Any
+    store: Path, tmp_path: Path, poll_s: float = POLL_S, **sidecar: Any
 ) -> AsyncIterator[tuple[Sidecar, grpc.aio.Channel]]:
-    cfg = config(store, tmp_path, poll_seconds=POLL_S, cache_dir=str(tmp_path / "c"), **sidecar)
+    cfg = config(store, tmp_path, poll_seconds=poll_s, cache_dir=str(tmp_path / "c"), **sidecar)
     running = await create_server(cfg, embedder=EMBEDDER)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
@@ -352,3 +353,69 @@ async def test_a_poll_reads_many_pointers_in_a_few_jobs_and_downloads_only_what_
             assert (await answered(stub_of(channel), "help")).chunks
     finally:
         await sidecar.stop(0.5)
+
+
+def break_pointer(store: Path, kb: str) -> None:
+    """A LATEST no read can take (a folder where the file should be): an error, not absent."""
+    (store / kb / "LATEST").mkdir(parents=True)
+
+
+def pointer_said(caplog: pytest.LogCaptureFixture, kb: str) -> list[str]:
+    """The log lines about ``kb``'s pointer failing or reading again."""
+    said = (r.getMessage() for r in caplog.records if r.name == "voxrecall.refresh")
+    return [m for m in said if f"the pointer of {kb}" in m]
+
+
+@pytest.mark.parametrize(("budget_mb", "poll_s"), [(0, POLL_S), (64, 1.0)], ids=["loaded", "lazy"])
+async def test_a_base_whose_pointer_cannot_be_read_holds_no_sidecar_loading(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, budget_mb: int, poll_s: float
+) -> None:
+    """A listed base whose LATEST could not be read (not absent: a store answering 500, a file
+    that cannot be read) held a sidecar with no memory budget LOADING for ever, and its calls
+    were told its version was refused, to publish a good one, with a hint not to retry."""
+    caplog.set_level(logging.INFO, "voxrecall.refresh")
+    store = tmp_path / "store"
+    publish(store, "help")
+    break_pointer(store, "broken")
+    async with serving(store, tmp_path, poll_s, memory_budget_mb=budget_mb) as (sidecar, channel):
+        stub = stub_of(channel)
+        await eventually(lambda: sidecar.lifecycle.state.name == "SERVING", "SERVING")
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+        assert (await answered(stub, "help")).chunks
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await retried(lambda: stub.Search(search("broken"), timeout=LOAD_WAIT_S))
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        said = str(refused.value.details())
+        assert "'broken'" in said, said
+        assert "pointer (LATEST) could not be read" in said, said
+        assert "LATEST is not a regular file" in said, said
+        assert hint_ms(refused.value) == round(poll_s * 1000)
+        if not budget_mb:  # read again at every poll, said once
+            seen = sidecar.holder.last_refusal("broken")
+            assert seen is not None
+            read_again = lambda: sidecar.holder.last_refusal("broken").at > seen.at  # noqa: E731
+            await eventually(read_again, "another poll's read")
+        assert len(pointer_said(caplog, "broken")) == 1, pointer_said(caplog, "broken")
+        (store / "broken" / "LATEST").rmdir()
+        publish(store, "broken")
+        if budget_mb:  # tried again on a call past the hint
+            await asyncio.sleep(hint_ms(refused.value) / 1000)
+        else:
+            await eventually(lambda: sidecar.holder.get("broken") is not None, "the poll's load")
+        assert (await answered(stub, "broken")).chunks
+        said_now = pointer_said(caplog, "broken")
+        assert len(said_now) == 2, said_now
+        assert "reads again" in said_now[1], said_now
+
+
+async def test_a_store_whose_every_pointer_fails_keeps_a_sidecar_loading(
+    tmp_path: Path,
+) -> None:
+    """A broken base is not waited for once another serves: when none can, NOT_SERVING is
+    true (the store is down, not one base)."""
+    store = tmp_path / "store"
+    break_pointer(store, "broken")
+    async with serving(store, tmp_path) as (sidecar, channel):
+        await eventually(lambda: sidecar.holder.last_refusal("broken") is not None, "its read")
+        await sidecar.update_health()
+        assert await health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING

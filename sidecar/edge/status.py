@@ -6,7 +6,7 @@ interceptor, HTTP for the HTTP door, from the same table.
     BodyEncoded                    INVALID_ARGUMENT     415  (a gzip body: sent uncompressed)
     InvalidArgument                INVALID_ARGUMENT     400
     NotFound                       NOT_FOUND            404
-    Unavailable (and Loading)      UNAVAILABLE          503  (+ grpc-retry-pushback-ms; -1 for
+    Unavailable (and RetryLater)   UNAVAILABLE          503  (+ grpc-retry-pushback-ms; -1 for
                                                               Draining: not retried)
     ResourceExhausted              RESOURCE_EXHAUSTED   429
     IdleTimeout                    DEADLINE_EXCEEDED    408  (a client that stopped sending)
@@ -38,9 +38,9 @@ from sidecar.errors import (
     Draining,
     IdleTimeout,
     InvalidArgument,
-    Loading,
     NotFound,
     ResourceExhausted,
+    RetryLater,
     Unauthenticated,
     Unavailable,
 )
@@ -133,12 +133,12 @@ def tool_error_type(code: grpc.StatusCode) -> str:
 def trailers_for(
     error: VoxrecallError, time_left_s: float | None = None
 ) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata sent with the status: the retry hint of a base that is loading, when the
-    retry fits in the call's ``time_left_s`` (``retry_hint``); for a base with no snapshot or a
+    """Trailing metadata sent with the status: the retry hint of a base that is loading (or whose
+    pointer is read again at the next poll: ``RetryLater``), when the retry fits in the call's ``time_left_s`` (``retry_hint``); for a base with no snapshot or a
     sidecar draining, a negative one, which tells a gRPC retry policy not to retry (gRFC A6):
     no snapshot comes within a call's deadline, a draining sidecar answers every attempt alike,
     and retrying would spend the caller's turn before it goes to another instance."""
-    if isinstance(error, Loading):
+    if isinstance(error, RetryLater):
         return ((PUSHBACK, retry_hint(error.retry_ms, time_left_s)),)
     if isinstance(error, SnapshotNotFound | Draining):
         return ((PUSHBACK, NO_RETRY),)

@@ -104,11 +104,22 @@ class SnapshotHolder:
         # at the last read of their pointer (a folder made, nothing published yet): not waited
         # for (``waiting``); the refresher keeps it
         self.unpublished: set[str] = set()
+        # bases whose pointer could not be read at its last read (an error, not an absent
+        # LATEST: a store answering 500, a file that cannot be read): read again at each poll,
+        # and not waited for once another base serves (``waiting``); the refresher keeps it
+        self.unreadable: set[str] = set()
 
     def waiting(self, known: Iterable[str]) -> list[str]:
         """The bases of ``known`` with no snapshot served that a sidecar waits for (LOADING),
-        by name: not a listed base with nothing published yet (``unpublished``)."""
-        return sorted(kb for kb in known if kb not in self.unpublished and self.get(kb) is None)
+        by name: not a listed base with nothing published yet (``unpublished``), nor, once
+        another base serves, one whose pointer could not be read (``unreadable``): one broken
+        base holds no sidecar out of SERVING, a store that fails every base's does."""
+        skip = self.unreadable if self._searchers else frozenset()
+        return sorted(
+            kb
+            for kb in known
+            if kb not in self.unpublished and kb not in skip and self.get(kb) is None
+        )
 
     def forget(self, names: set[str]) -> None:
         """Drop what is kept of bases the sidecar no longer knows (gone from the store, not
@@ -117,6 +128,8 @@ class SnapshotHolder:
         for kb in names:
             self._calls.pop(kb, None)
             self._fresh.pop(kb, None)
+        self.unpublished -= names
+        self.unreadable -= names
 
     def get(self, knowledge_base: str) -> LoadedSnapshot | None:
         """The snapshot served for ``knowledge_base`` (a call searches through ``use``)."""

@@ -42,7 +42,9 @@ and the last refusal in ``Status``; the last good snapshot keeps serving. Every 
 is a refusal (an unexpected exception too: kind ``invalid``, its traceback logged once), so a bad
 version at start leaves the sidecar up, NOT_SERVING for that base. A corrupt or incompatible version, or a
 pointer that went backwards, is not tried again; a store that did not answer or a half-uploaded
-version is tried again on the next poll.
+version is tried again on the next poll. A pointer that could not be read (an error, not an
+absent LATEST) is read again at every poll; its base is ``SnapshotHolder.unreadable`` meanwhile,
+logged once as it fails and once as it reads again, and not waited for once another base serves.
 """
 
 from __future__ import annotations
@@ -412,20 +414,25 @@ class Refresher:
         side on those threads, outside the load lock, each loaded as its download ends: a
         store trickling pointers holds the poll (each read within the store's deadlines), a
         trickling download holds its base only, and neither holds a first load."""
-        unpublished = set(self.holder.unpublished)
+        pointers = self._pointer_states()
         downloads: dict[asyncio.Future[str | None], str] = {}
         for kb, version, exc in await self._read_pointers(self._polled()):
             if exc is not None:
-                self._refuse(kb, *fetch_error(kb, exc))
+                self._pointer_failed(kb, exc)
                 continue
             self._note_pointer(kb, version)
             offer = await self._pointed(kb, version)
             if offer is not None:
                 downloads[offer] = kb
         swapped = await self._serve_downloads(downloads)
-        if self.holder.unpublished != unpublished and self.on_change is not None:
-            await self.on_change()  # a listed base published or not yet: LOADING waits on it
+        if self._pointer_states() != pointers and self.on_change is not None:
+            await self.on_change()  # a base published or not yet, readable or not: LOADING
         return swapped
+
+    def _pointer_states(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The bases with nothing published and those whose pointer could not be read: what
+        LOADING waits on besides the snapshots (``SnapshotHolder.waiting``)."""
+        return frozenset(self.holder.unpublished), frozenset(self.holder.unreadable)
 
     async def _read_pointers(self, kbs: Sequence[str]) -> list[Pointer]:
         """``read_pointers`` of ``kbs`` in at most ``POLL_DOWNLOADS`` jobs of the poll's pool."""
@@ -478,8 +485,12 @@ class Refresher:
             return kb if await self._serve(kb, offer.result()) else ""
 
     def _note_pointer(self, kb: str, version: str | None) -> None:
-        """For a listed base (``listed``): whether its store has a LATEST yet (a base with
-        none is not waited for: ``SnapshotHolder.waiting``)."""
+        """``kb``'s pointer was read (``version``): it is readable (again), and, for a listed
+        base (``listed``), whether its store has a LATEST yet (a base with none is not waited
+        for: ``SnapshotHolder.waiting``)."""
+        if kb in self.holder.unreadable:
+            self.holder.unreadable.discard(kb)
+            log.info("the pointer of %s reads again: %s", kb, version or "nothing published")
         if version is not None:
             self.holder.unpublished.discard(kb)
         elif self.listed and kb in self._served:  # not one forgotten while its pointer read
@@ -616,8 +627,32 @@ class Refresher:
         exc = offer.exception()
         if exc is None:
             return True
-        self._refuse(kb, *fetch_error(kb, exc))
+        if isinstance(exc, Downloading):
+            self._refuse(kb, *fetch_error(kb, exc))
+        else:
+            self._pointer_failed(kb, exc)
         return False
+
+    def _pointer_failed(self, kb: str, exc: BaseException) -> None:
+        """A read of ``kb``'s pointer failed (an error, not an absent LATEST): a refusal of no
+        version (``Status`` shows it; a call is told to retry after the next poll), and the
+        base ``unreadable``, not waited for once another base serves. Logged once as it starts
+        failing and once as it reads again (``_note_pointer``), not at every poll."""
+        if kb not in self._served:  # forgotten while its pointer was read
+            return
+        _, error = fetch_error(kb, exc)
+        kind, retried = refusal_kind(error)
+        self.holder.refuse(kb, "", kind, str(error), retried)
+        if kb in self.holder.unreadable:
+            return
+        self.holder.unreadable.add(kb)
+        log.error(
+            "cannot read the pointer of %s (%s): %s; %s; it is read again at each poll",
+            kb,
+            kind,
+            error,
+            self._keeps(kb),
+        )
 
     def _wanted_offer(self, kb: str, offer: asyncio.Future[str | None]) -> bool:
         """``_offered`` for a base loading on demand: a failure starts its
@@ -784,14 +819,21 @@ class Refresher:
     def _record(
         self, kb: str, version: str, kind: str, reason: str, *, retried: bool = False
     ) -> None:
-        served = self.holder.get(kb)
-        keeps = f"still serving {served.version}" if served else "nothing to serve yet"
         if self.holder.refuse(kb, version, kind, reason, retried):
             log.error(
-                "refused %s snapshot %s (%s): %s; %s", kb, version or "?", kind, reason, keeps
+                "refused %s snapshot %s (%s): %s; %s",
+                kb,
+                version or "?",
+                kind,
+                reason,
+                self._keeps(kb),
             )
         else:
             log.debug("still refusing %s snapshot %s (%s): %s", kb, version or "?", kind, reason)
+
+    def _keeps(self, kb: str) -> str:
+        served = self.holder.get(kb)
+        return f"still serving {served.version}" if served else "nothing to serve yet"
 
     def close(self) -> None:
         """Abandon the store's waits (retry backoff), and hand the heap frozen at each swap back
@@ -826,7 +868,6 @@ class Refresher:
             self._held.pop(kb, None)
             self._held_bytes.pop(kb, None)
             self._ready.pop(kb, None)
-        self.holder.unpublished -= gone
         self.holder.forget(gone)
 
     async def poll_forever(

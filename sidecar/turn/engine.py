@@ -22,14 +22,14 @@ from typing import Protocol
 import numpy as np
 
 from index.embedders.base import Embedder, NoDirection, TokenLimited, Vectors, unit_vector
-from index.errors import GraphSearchFailed, SnapshotNotFound
+from index.errors import GraphSearchFailed, SnapshotNotFound, VoxrecallError
 from index.filters import Allowed
 from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk, MetadataFilter
 from sidecar.config import MAX_BUDGET_MS, MAX_LIMIT, SidecarConfig
-from sidecar.errors import InvalidArgument, Loading
+from sidecar.errors import InvalidArgument, Loading, RetryLater
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import followups, relevance, scope
@@ -803,15 +803,18 @@ class Engine:
             raise self._not_loaded(kb)
         return searcher
 
-    def _not_loaded(self, kb: str) -> SnapshotNotFound:
-        """Why ``kb`` has nothing to serve: its newest version could not be fetched (tried
-        again), or was refused (a good one must be published), or none was ever published."""
+    def _not_loaded(self, kb: str) -> VoxrecallError:
+        """Why ``kb`` has nothing to serve: its pointer could not be read (read again, a retry
+        hint), its newest version could not be fetched (tried again), or was refused (a good one
+        must be published), or none was ever published."""
         refusal = self.holder.last_refusal(kb)
         again = (
             "on a call after [sidecar] poll_seconds"
             if self.load_on_demand is not None
             else "on the next poll"
         )
+        if refusal is not None and kb in self.holder.unreadable:
+            return self._unreadable(kb, str(refusal), again)
         if refusal is not None and refusal.retried:
             return SnapshotNotFound(
                 f"knowledge base {kb!r} has no snapshot loaded: fetching its newest version "
@@ -826,6 +829,17 @@ class Engine:
         return SnapshotNotFound(
             f"knowledge base {kb!r} has no snapshot loaded yet: run `voxrecall index build` "
             "against the sidecar's store, and it is picked up on the next poll"
+        )
+
+    def _unreadable(self, kb: str, refusal: str, again: str) -> RetryLater:
+        """A base whose pointer (LATEST) the store could not give at its last read: retry after
+        the next read, a poll away."""
+        poll_s = self.config.poll_seconds
+        return RetryLater(
+            f"knowledge base {kb!r} has no snapshot loaded: its pointer (LATEST) could not be "
+            f"read ({refusal}), a fault of the store, not of a snapshot; it is read again {again}: "
+            f"retry in about {poll_s:g} s",
+            round(poll_s * 1000),
         )
 
     def _skipped(
