@@ -31,12 +31,14 @@ from index.errors import StoreUnavailable
 from index.store import LocalStore
 from sidecar.edge import server
 from sidecar.edge.server import Sidecar, create_server
+from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.shards import shard_of
 from sidecar.snapshots import refresh
 from tests.bases_kit import LOAD_WAIT_S, answered, config, hint_ms, retried, search
 from tests.conftest import eventually
 from tests.snapshot_kit import version_id, write_version
+from tests.test_metrics import scraped, value
 
 EMBEDDER = HashEmbedder(dimension=64)
 POLL_S = 0.05
@@ -419,3 +421,26 @@ async def test_a_store_whose_every_pointer_fails_keeps_a_sidecar_loading(
         await eventually(lambda: sidecar.holder.last_refusal("broken") is not None, "its read")
         await sidecar.update_health()
         assert await health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_a_forgotten_base_leaves_no_refusal_status_nor_metric_behind(
+    tmp_path: Path,
+) -> None:
+    """A base gone from the store kept its last refusal until a restart: a store listing new
+    broken names at every poll grew the sidecar by one each."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path, metrics_listen="127.0.0.1:0") as (sidecar, channel):
+        break_pointer(store, "junk")
+        await eventually(lambda: sidecar.holder.last_refusal("junk") is not None, "its read")
+        samples = await scraped(sidecar)
+        assert value(samples, "voxrecall_snapshot_loaded", knowledge_base="help") == 1.0
+        assert ("voxrecall_snapshot_loaded", frozenset({("knowledge_base", "junk")})) in samples
+        (store / "junk" / "LATEST").rmdir()
+        (store / "junk").rmdir()
+        await eventually(lambda: "junk" not in sidecar.engine.known_bases, "forgotten")
+        assert sidecar.holder.last_refusal("junk") is None
+        samples = await scraped(sidecar)
+        assert not [k for k in samples if ("knowledge_base", "junk") in k[1]]
+        status = await stub_of(channel).Status(pb.StatusRequest(), timeout=LOAD_WAIT_S)
+        assert [b.name for b in status.knowledge_bases] == ["help"]

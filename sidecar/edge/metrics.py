@@ -12,7 +12,10 @@ counters the parts already keep: turns, skips by reason, degraded and prefetched
 (``Engine.counters``), query embeddings by outcome and the cache hit ratio
 (``QueryEmbedder.stats``), sessions, calls in flight, the lifecycle state, each base's snapshot
 version, age and size, and snapshot refusals by kind (``SnapshotHolder.refusals``).
-No label ever holds a token, a query or a session id.
+No label ever holds a token, a query or a session id. The per-base series are read at each
+scrape from the bases the engine knows (``Engine.known_bases``, at most ``MAX_LISTED_BASES``
+listed ones): a base forgotten at a poll leaves none behind; calls are counted by door,
+method and code, never by base, so a call naming a base that does not exist makes none.
 """
 
 from __future__ import annotations

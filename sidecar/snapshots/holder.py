@@ -123,11 +123,12 @@ class SnapshotHolder:
 
     def forget(self, names: set[str]) -> None:
         """Drop what is kept of bases the sidecar no longer knows (gone from the store, not
-        loaded): their calls, kept after an eviction, would otherwise grow with every name a
-        store ever listed."""
+        loaded): their calls, kept after an eviction, and their last refusal would otherwise
+        grow with every name a store ever listed."""
         for kb in names:
             self._calls.pop(kb, None)
             self._fresh.pop(kb, None)
+            self._refusals.pop(kb, None)
         self.unpublished -= names
         self.unreadable -= names
 
