@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -444,3 +445,19 @@ async def test_a_forgotten_base_leaves_no_refusal_status_nor_metric_behind(
         assert not [k for k in samples if ("knowledge_base", "junk") in k[1]]
         status = await stub_of(channel).Status(pb.StatusRequest(), timeout=LOAD_WAIT_S)
         assert [b.name for b in status.knowledge_bases] == ["help"]
+
+
+async def test_a_loaded_base_deleted_from_the_store_serves_its_last_snapshot(
+    tmp_path: Path,
+) -> None:
+    """Deliberate (docs/config.md, poll_seconds): a listing that names nothing for a moment (a
+    store's glitch) must not unload every base, so a loaded base gone from the store serves on
+    until a restart; one not loaded is forgotten (above)."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    async with serving(store, tmp_path) as (sidecar, channel):
+        shutil.rmtree(store / "help")
+        await eventually(lambda: "help" in sidecar.holder.unpublished, "a poll finding it gone")
+        assert sidecar.engine.known_bases == frozenset({"help"})
+        assert (await answered(stub_of(channel), "help")).chunks
+        assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
