@@ -2,10 +2,10 @@
 
 Builds small PDFs whose pages all draw one Flate-compressed content stream (a few kilobytes of
 file, megabytes of text: the attack on ``index/sources/pdf.py``) and runs ``pdf_pages`` on each,
-child process included: its seconds, the file's bytes, and the pages' text bytes or the reason
-it was skipped. ``--only NAME`` runs one; ``--smoke`` runs the quick ones (the stream of numbers
-runs to the deadline, 20 s and more). Writes ``bench/results/hostile_pdfs.json``; ``--smoke``
-writes nothing unless ``--out`` is given.
+child process included: its seconds, the file's bytes, and the pages' text bytes and the pages
+left out, or the reason it was skipped. ``--only NAME`` runs one; ``--smoke`` runs the quick
+ones (the stream of numbers runs to the deadline, 20 s and more). Writes
+``bench/results/hostile_pdfs.json``; ``--smoke`` writes nothing unless ``--out`` is given.
 """
 
 from __future__ import annotations
@@ -80,8 +80,10 @@ def measure(name: str) -> dict[str, Any]:
         "pages": pages,
         "seconds": round(time.perf_counter() - start, 3),
     }
-    if isinstance(got, list):
-        return row | {"text_bytes": sum(len(p.text.encode()) for p in got)}
+    if isinstance(got, tuple):
+        kept, left_out = got
+        text_bytes = sum(len(p.text.encode()) for p in kept)
+        return row | {"text_bytes": text_bytes, "left_out": [p.reason for p in left_out]}
     return row | {"skipped": got.reason}
 
 

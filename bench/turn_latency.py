@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import platform
 import random
@@ -50,6 +51,10 @@ from index.embedders.remote import OpenAIEmbedder
 from sidecar.config import Config, load_config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+
+# Progress goes to the log (stderr): stdout is the table ``python -m bench`` prints, and the
+# figures are the JSON file's.
+log = logging.getLogger("bench.turn_latency")
 
 RESULTS = Path(__file__).resolve().parent / "results" / "turn_latency.json"
 DATA = SHARED_DATA
@@ -460,8 +465,20 @@ async def diy_beside(
     except Unavailable as exc:
         return {"skipped": str(exc)}
     out = against_diy(turn, turn_run, measured, calls)
-    print("diy_pgvector", json.dumps(out), flush=True)
+    log.info(
+        "diy_pgvector: Turn p50 %.1f ms, DIY p50 %.1f ms (client's time; ratio %.3f)",
+        out["turn_client"]["p50_ms"], out["diy"]["p50_ms"], out["turn_over_diy_p50"],
+    )  # fmt: skip
     return out
+
+
+def scenario_line(name: str, summary: dict[str, Any]) -> str:
+    """One line of a scenario's figures, for the progress log."""
+    return (
+        f"{name}: {summary['turns']} turns, p50 {summary['p50_ms']:.1f} ms, p99 "
+        f"{summary['p99_ms']:.1f} ms, within budget {summary['within_budget']:.0%}, degraded "
+        f"{summary['degraded']:.0%}, skipped {summary['skipped']:.0%}"
+    )
 
 
 def removed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -493,7 +510,7 @@ async def run(quick: bool) -> dict[str, Any]:
             set_latency(openai_port, scenario.latency)
             run = await run_scenario(scenario, configs[scenario.embedder], calls)
             results[scenario.name] = summarise(scenario, run)
-            print(scenario.name, json.dumps(results[scenario.name]), flush=True)
+            log.info("%s", scenario_line(scenario.name, results[scenario.name]))
             if scenario.name == "local_default" and not quick:  # --quick runs no peer
                 diy = await diy_beside(results[scenario.name], run, configs["local"], calls)
     finally:
@@ -610,6 +627,7 @@ def main() -> None:
     parser.add_argument("--rerank", action="store_true", help="only the rerank stage's cost")
     parser.add_argument("--diy", action="store_true", help="only Turn against the DIY system")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.diy:
         result = asyncio.run(diy_rounds(args.quick))
         path = RESULTS.with_name("turn_diy.json")

@@ -13,9 +13,13 @@ moved) only once complete, and nothing when nothing changed. Requests carry no b
 
 A connection gets ``REQUEST_TIMEOUT_S`` for its whole request, each read and all of them
 together (one that stalls or trickles is closed), and at most ``MAX_CONNECTIONS`` are served at
-once, at most ``MAX_CONNECTIONS_PER_ADDRESS`` of them from one address (one past either is
-closed unread): the listener's threads are bounded, and held briefly, whatever its callers do,
-and one address cannot take every slot. A refused connection is logged once per address a
+once, at most ``MAX_CONNECTIONS_PER_ADDRESS`` of them from one address (one past that is closed
+unread): the listener's threads are bounded, and held briefly, whatever its callers do, and one
+address cannot take every slot. When all ``MAX_CONNECTIONS`` are held, a new connection pushes
+out the oldest one that has not shown the token yet (it is closed with its request unread, as a
+refused one): strangers on any number of addresses cannot keep the CI's request out, only
+``MAX_CONNECTIONS`` requests with the token in progress do (then the new one is closed unread).
+A refused or pushed-out connection is logged once per address a
 ``REFUSAL_WINDOW_S``; the ones after it are counted, and the count is written once the window is
 over (with the address's next refusal, any connection after the window, or ``stop``), for at most
 ``REFUSAL_ADDRESSES`` addresses at once (the others are one, "other addresses"): a flood of
@@ -31,9 +35,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 
@@ -49,7 +54,9 @@ PREFIX = "/rebuild/"
 # this long is stalled, or holding a slot on purpose (at 10 s, 16 idle connections re-opened
 # every 10 s kept every request out).
 REQUEST_TIMEOUT_S = 2.0
-# Requests are rare: more at once than this is a flood, and each would hold a thread.
+# Requests are rare: more at once than this is a flood, and each would hold a thread (past it,
+# a newcomer pushes out the oldest connection without the token: eight stranger addresses
+# holding 2 idle connections each kept the CI's POST out).
 MAX_CONNECTIONS = 16
 # ... and a CI job sends one or two at once: more from one address is a stranger taking slots
 # (at 4, four stranger addresses' idle connections held all 16, and the CI's POST was refused;
@@ -109,33 +116,44 @@ class RebuildListener:
 
 class _BoundedServer(ThreadingHTTPServer):
     """A threading server that serves at most ``MAX_CONNECTIONS`` connections at once, and at
-    most ``MAX_CONNECTIONS_PER_ADDRESS`` from one address; one past either is closed unread
-    (its client may retry)."""
+    most ``MAX_CONNECTIONS_PER_ADDRESS`` from one address; one past the address's share is
+    closed unread (its client may retry). When every slot is held, a new connection pushes out
+    the oldest one that has not shown the token yet (one still reading its request): only
+    ``MAX_CONNECTIONS`` requests that showed the token keep a newcomer out."""
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._lock = threading.Lock()
+        self._held: dict[Any, _Held] = {}  # socket -> its slot, oldest first
         self._by_address: dict[str, int] = {}
         self.refusals = RefusalLines()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._take(client_address[0]):
+        if not self._take(request, client_address[0]):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._give_back(client_address[0])
+            self._give_back(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._give_back(client_address[0])
+            self._give_back(request)
 
-    def _take(self, address: str) -> bool:
+    def vouch(self, request: Any) -> bool:
+        """``request`` showed the token: it keeps its slot to the end. False when it was
+        already pushed out."""
+        with self._lock:
+            held = self._held.get(request)
+            if held is not None:
+                held.vouched = True
+            return held is not None
+
+    def _take(self, request: Any, address: str) -> bool:
         """A slot for one more connection from ``address``, if it may have one."""
         with self._lock:
             if self._by_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
@@ -143,19 +161,50 @@ class _BoundedServer(ThreadingHTTPServer):
                     address, f"{MAX_CONNECTIONS_PER_ADDRESS} connections open from this address"
                 )
                 return False
-            if not self._slots.acquire(blocking=False):
-                self.refusals.refused(address, f"{MAX_CONNECTIONS} connections open in all")
+            if len(self._held) >= MAX_CONNECTIONS and not self._push_out():
+                self.refusals.refused(
+                    address, f"{MAX_CONNECTIONS} requests with the token in progress"
+                )
                 return False
             self.refusals.sweep()
+            self._held[request] = _Held(address)
             self._by_address[address] = self._by_address.get(address, 0) + 1
             return True
 
-    def _give_back(self, address: str) -> None:
+    def _push_out(self) -> bool:
+        """Close the oldest connection that has not shown the token, if any; its slot is free
+        at once (its thread ends on the closed socket). Under the lock."""
+        request = next((r for r, held in self._held.items() if not held.vouched), None)
+        if request is None:
+            return False
+        address = self._release(request)
+        with contextlib.suppress(OSError):  # its blocked read returns; its handler ends
+            request.shutdown(socket.SHUT_RDWR)
+        self.refusals.refused(
+            address, f"pushed out without a token: {MAX_CONNECTIONS} connections open in all"
+        )
+        return True
+
+    def _give_back(self, request: Any) -> None:
         with self._lock:
-            left = self._by_address.pop(address) - 1
-            if left:
-                self._by_address[address] = left
-            self._slots.release()
+            if request in self._held:  # not when it was pushed out
+                self._release(request)
+
+    def _release(self, request: Any) -> str:
+        """Forget ``request``'s slot; answers its address. Under the lock."""
+        address = self._held.pop(request).address
+        left = self._by_address.pop(address) - 1
+        if left:
+            self._by_address[address] = left
+        return address
+
+
+@dataclass
+class _Held:
+    """A served connection's slot: its address, and whether it showed the token."""
+
+    address: str
+    vouched: bool = False
 
 
 class RefusalLines:
@@ -218,6 +267,23 @@ class RefusalLines:
             )
 
 
+def _reply(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+    data = orjson.dumps(body)
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    if status == HTTPStatus.UNAUTHORIZED:
+        handler.send_header("WWW-Authenticate", "Bearer")
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def _keeps_slot(handler: BaseHTTPRequestHandler) -> bool:
+    """The request showed the token: its connection may no longer be pushed out. False when it
+    already was."""
+    return cast(_BoundedServer, handler.server).vouch(handler.connection)
+
+
 def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -242,29 +308,21 @@ def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), format % args)
 
-        def _reply(self, status: int, body: dict[str, Any]) -> None:
-            data = orjson.dumps(body)
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if status == HTTPStatus.UNAUTHORIZED:
-                self.send_header("WWW-Authenticate", "Bearer")
-            self.end_headers()
-            self.wfile.write(data)
-
         def _base(self) -> str | None:
             """The base the request names, after its token and the base were checked."""
             self.close_connection = True  # requests are rare: no keep-alive, no body to drain
             given = self.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, b"Bearer " + token):
-                self._reply(HTTPStatus.UNAUTHORIZED, {"error": "a valid bearer token is required"})
+                _reply(self, HTTPStatus.UNAUTHORIZED, {"error": "a valid bearer token is required"})
                 return None
+            if not _keeps_slot(self):
+                return None  # pushed out while its head arrived: its socket is closed
             if not self.path.startswith(PREFIX):
-                self._reply(HTTPStatus.NOT_FOUND, {"error": f"use {PREFIX}<knowledge_base>"})
+                _reply(self, HTTPStatus.NOT_FOUND, {"error": f"use {PREFIX}<knowledge_base>"})
                 return None
             kb = self.path[len(PREFIX) :]
             if not rebuilds.knows(kb):
-                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no knowledge base {kb[:80]!r}"})
+                _reply(self, HTTPStatus.NOT_FOUND, {"error": f"no knowledge base {kb[:80]!r}"})
                 return None
             return kb
 
@@ -273,11 +331,11 @@ def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:
             if kb is not None:
                 rebuilds.request(kb)
                 log.info("rebuild of %s requested by %s", kb, self.address_string())
-                self._reply(HTTPStatus.ACCEPTED, {"knowledge_base": kb, "queued": True})
+                _reply(self, HTTPStatus.ACCEPTED, {"knowledge_base": kb, "queued": True})
 
         def do_GET(self) -> None:
             kb = self._base()
             if kb is not None:
-                self._reply(HTTPStatus.OK, rebuilds.last(kb))
+                _reply(self, HTTPStatus.OK, rebuilds.last(kb))
 
     return Handler

@@ -70,6 +70,8 @@ def format_response(resp: pb.TurnResponse | pb.SearchResponse, width: int = 100)
             lines.append(f"followup: {f.used!r} from {f.source} (confidence {f.confidence:.2f})")
     if not resp.chunks and not skipped:
         lines.append("no chunk scored above min_score")
+    if resp.fallback:
+        lines.append(f"fallback: {resp.fallback}")
     for i, chunk in enumerate(resp.chunks, 1):
         crumbs = " > ".join(chunk.breadcrumbs) or chunk.title
         lines.append(f"{i}. [{chunk.score:.3f}] {crumbs}  ({chunk.source}:{chunk.source_path})")

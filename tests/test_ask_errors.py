@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from index.embedders.base import Embedder
 from sidecar.cli import main
+from sidecar.config import Config
 from sidecar.edge.server import create_server
 from tests.conftest import EXAMPLE_KB, make_config
 
@@ -59,3 +61,30 @@ async def test_ask_prints_the_answer(
     assert await asyncio.to_thread(main, ["ask", "--target", target, question]) == 0
     out = capsys.readouterr().out
     assert "roaming.md" in out
+
+
+async def test_ask_prints_the_bases_fallback_when_nothing_was_found(
+    example_config: Config, local_embedder: Embedder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The base's ``fallback`` (what the agent says when nothing was found) came in the answer
+    and ``ask`` left it out; it is printed under the line that says nothing was found."""
+    fallback = "I don't have that information; let me transfer you."
+    bases = tuple(replace(kb, fallback=fallback) for kb in example_config.knowledge_bases)
+    config = replace(example_config, knowledge_bases=bases)
+    sidecar = await create_server(config, embedder=local_embedder, poll=False)
+    try:
+        target = f"127.0.0.1:{sidecar.port}"
+        asks = [
+            ["ask", "--target", target, "the airspeed velocity of an unladen swallow"],
+            ["ask", "--search", "--target", target, "the airspeed velocity of an unladen swallow"],
+            ["ask", "--target", target, "How much does roaming cost in Europe?"],
+        ]
+        outs = []
+        for argv in asks:
+            assert await asyncio.to_thread(main, argv) == 0
+            outs.append(capsys.readouterr().out.splitlines())
+    finally:
+        await sidecar.stop(0.5)
+    for lines in outs[:2]:  # Turn and Search: nothing found
+        assert lines[-3:-1] == ["no chunk scored above min_score", f"fallback: {fallback}"]
+    assert not any(line.startswith("fallback:") for line in outs[2])  # something was found

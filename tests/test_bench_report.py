@@ -190,3 +190,58 @@ def test_a_modules_help_is_plain_and_says_what_each_option_is(
     assert parser.description.rstrip().endswith((".", ")")), parser.description
     for action in parser._actions:
         assert action.help, (name, action.dest)
+
+
+class _Server:
+    """The OpenAI-shaped server's process, not started."""
+
+    def terminate(self) -> None: ...
+    def wait(self, timeout: float) -> int:
+        return 0
+
+
+def test_the_turn_suite_prints_its_table_first_and_its_figures_only_to_the_json(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``python -m bench turn --quick`` printed each scenario's JSON on a line of its own before
+    the table; a scenario's figures now go to the JSON file, and a line of them to the log. The
+    sidecar runs are canned (one piece: the suite's loop and what it prints)."""
+    from bench import turn_breakdown, turn_latency
+    from sidecar.config import SidecarConfig
+
+    data = tmp_path / "faq.json"
+    data.write_text("[]")
+    monkeypatch.setattr(turn_latency, "FAQ", data)
+    monkeypatch.setattr(turn_latency, "DSTC11", data)
+    monkeypatch.setattr(turn_latency, "workload", lambda quick: [["how do I split a pane"]])
+    monkeypatch.setattr(turn_latency, "start_openai_server", lambda: (_Server(), 0))
+    monkeypatch.setattr(turn_latency, "set_latency", lambda port, latency: None)
+    config = argparse.Namespace(sidecar=SidecarConfig())
+    monkeypatch.setattr(turn_latency, "write_config", lambda folder, name, port: config)
+    monkeypatch.setattr(turn_latency, "build", lambda config, name: None)
+    sample = turn_latency.Sample(12.0, 14.0, False, False, False, "how do I split a pane")
+
+    async def canned(*_: object) -> turn_latency.Run:
+        return turn_latency.Run([sample], [False])
+
+    async def no_breakdown(quick: bool) -> dict[str, object]:
+        return {"skipped": "not measured here"}
+
+    monkeypatch.setattr(turn_latency, "run_scenario", canned)
+    monkeypatch.setattr(turn_breakdown, "run", no_breakdown)
+    with caplog.at_level(logging.INFO, logger="bench.turn_latency"):
+        assert cli.main(["turn", "--quick", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "== turn (quick)"
+    assert lines[-1].startswith(f"wrote {tmp_path / 'turn.json'}")
+    assert not [line for line in lines if "{" in line], lines  # no JSON on stdout
+    assert lines[1] == "calls: 1"  # the table comes first
+    header = lines.index(next(line for line in lines if line.startswith("scenarios ")))
+    assert lines[header + 2].split()[:3] == ["local_default", "local", "in"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "bench.turn_latency"]
+    assert logged[0].startswith("local_default: 1 turns, p50 12.0 ms")
+    saved = json.loads((tmp_path / "turn.json").read_text())
+    assert saved["scenarios"]["local_default"]["p50_ms"] == 12.0

@@ -300,6 +300,122 @@ def test_four_stranger_addresses_cannot_take_every_rebuild_slot(
             sock.close()
 
 
+def idle_from(port: int, *addresses: str) -> list[socket.socket]:
+    """Connections that send nothing, two from each of ``addresses`` (127.0.0.N: Linux routes
+    all of 127.0.0.0/8 to loopback), in that order."""
+    return [
+        socket.create_connection(("127.0.0.1", port), source_address=(address, 0))
+        for address in addresses
+        for _ in range(ingest.MAX_CONNECTIONS_PER_ADDRESS)
+    ]
+
+
+def still_open(sock: socket.socket) -> bool:
+    """Whether the listener still holds ``sock`` silently (not closed, nothing answered)."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1)  # b"": closed; a byte: answered
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.usefixtures("idle_holds")
+def test_eight_stranger_addresses_cannot_keep_the_ci_out(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    """Eight stranger addresses with 2 idle connections each held all 16 slots, and the CI's
+    POST was closed unread; now it pushes out the oldest connection without the token and is
+    served, and the other strangers keep theirs."""
+    watcher, listener = listening
+    idle = idle_from(listener.port, *(f"127.0.0.{n}" for n in range(2, 10)))
+    try:
+        assert len(idle) == ingest.MAX_CONNECTIONS
+        assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
+        assert watcher.last("kb")["queued"] is True
+        assert closed_unanswered(idle[0])  # the oldest was pushed out
+        assert all(still_open(sock) for sock in idle[1:])
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+class HeldRebuilds:
+    """The watcher, with each request held until ``go`` is set: requests with the token that
+    are still in progress."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self._watcher = watcher
+        self.go = threading.Event()
+        self._arrived = threading.Condition()
+        self.waiting = 0
+
+    def knows(self, knowledge_base: str) -> bool:
+        return self._watcher.knows(knowledge_base)
+
+    def last(self, knowledge_base: str) -> dict[str, object]:
+        return self._watcher.last(knowledge_base)
+
+    def request(self, knowledge_base: str) -> None:
+        with self._arrived:
+            self.waiting += 1
+            self._arrived.notify_all()
+        self.go.wait(LIVENESS_S)
+        self._watcher.request(knowledge_base)
+
+    def wait_for(self, n: int) -> None:
+        with self._arrived:
+            assert self._arrived.wait_for(lambda: self.waiting >= n, LIVENESS_S), self.waiting
+
+
+POST = f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+
+
+def post_from(port: int, address: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), source_address=(address, 0))
+    sock.sendall(POST)
+    return sock
+
+
+def answer(sock: socket.socket) -> bytes:
+    sock.settimeout(LIVENESS_S)
+    with sock, sock.makefile("rb") as reader:
+        return reader.readline()
+
+
+@pytest.mark.usefixtures("idle_holds")
+def test_only_requests_with_the_token_keep_a_newcomer_out(tmp_path: Path) -> None:
+    """15 requests with the token in progress and one idle stranger: the CI's POST pushes out
+    the stranger (it was closed unread) and is served; with 16 requests with the token in
+    progress, the next one is closed unread, and none of the 16 is pushed out."""
+    path, _ = setup(tmp_path)
+    watcher = Watcher(load_config(path), HashEmbedder(dimension=32), WatchOptions(poll_s=3600))
+    held = HeldRebuilds(watcher)
+    listener = RebuildListener("127.0.0.1:0", TOKEN, held, "VOXRECALL_REBUILD_TOKEN").start()
+    addresses = [f"127.0.0.{n}" for n in range(2, 10) for _ in range(2)][:15]
+    posts = [post_from(listener.port, address) for address in addresses]
+    stranger = socket.socket()
+    try:
+        held.wait_for(15)
+        stranger.bind(("127.0.0.10", 0))
+        stranger.connect(("127.0.0.1", listener.port))  # sends nothing
+        posts.append(post_from(listener.port, "127.0.0.1"))  # the CI
+        held.wait_for(16)
+        assert closed_unanswered(stranger)
+        with post_from(listener.port, "127.0.0.11") as late:
+            assert closed_unanswered(late)
+        held.go.set()
+        assert [answer(sock) for sock in posts] == [b"HTTP/1.1 202 Accepted\r\n"] * 16
+    finally:
+        held.go.set()
+        stranger.close()
+        for sock in posts:
+            sock.close()
+        listener.stop()
+
+
 @pytest.mark.usefixtures("idle_holds")
 def test_refused_rebuild_connections_get_one_line_and_a_count(
     listening: tuple[Watcher, RebuildListener], caplog: pytest.LogCaptureFixture

@@ -619,6 +619,30 @@ def test_pdf_text_past_a_page_or_a_document_limit_is_skipped_named(tmp_path: Pat
     assert {c.source_path for c in snap.chunks} == {"manual.pdf#page=1"}
 
 
+def test_a_pdf_page_past_its_text_limit_is_left_out_and_the_others_kept(tmp_path: Path) -> None:
+    """A page of ~350 kB of text skipped its whole document (a manual of a hundred pages, for
+    one page of a table dump); now that page is left out, named with the reason, and the pages
+    before and after it are kept. A second such page still skips the document."""
+    docs = tmp_path / "pdfs"
+    docs.mkdir()
+    dump = ["word " * 40] * 1_800  # ~360 kB of text on one page
+    (docs / "manual.pdf").write_bytes(
+        make_pdf([["Billing is monthly."], dump, ["Refunds take a week."]])
+    )
+    (docs / "two.pdf").write_bytes(make_pdf([["Intro."], dump, ["Middle."], dump]))
+    summary, snap = build(tmp_path, [{"type": "pdf", "path": str(docs)}])
+    assert reasons(summary) == {
+        "manual.pdf#page=2": "too much text to extract: page 2: its text passes 262,144 bytes "
+        "(PDF_MAX_PAGE_TEXT_BYTES); the page is left out, the document's other pages kept",
+        "two.pdf": "too much text to extract: page 4: its text passes 262,144 bytes "
+        "(PDF_MAX_PAGE_TEXT_BYTES), as 1 page(s) before it did (PDF_MAX_PAGES_OVER_TEXT is 1)",
+    }
+    texts = {c.source_path: c.text for c in snap.chunks}
+    assert set(texts) == {"manual.pdf#page=1", "manual.pdf#page=3"}
+    assert "Billing is monthly." in texts["manual.pdf#page=1"]
+    assert "Refunds take a week." in texts["manual.pdf#page=3"]
+
+
 def test_a_pdf_whose_extraction_runs_past_its_deadline_is_skipped_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -672,7 +696,7 @@ def test_a_pdf_whose_parse_runs_out_of_memory_is_named_so(
 ) -> None:
     """A MemoryError in the child was "unreadable PDF: MemoryError"."""
 
-    def exhausted(data: bytes, max_text_bytes: int) -> tuple[str, list[str]]:
+    def exhausted(data: bytes, max_text_bytes: int) -> tuple[str, list[str], list[object]]:
         raise MemoryError
 
     monkeypatch.setattr(pdf, "_read", exhausted)
@@ -695,8 +719,8 @@ def test_a_pdf_child_is_not_run_from_the_builds_working_folder(
     monkeypatch.chdir(tmp_path)
     got = pdf.pdf_pages("docs", "manual.pdf", make_pdf([["Hello from page one"]]), "Manual")
     assert not marker.exists()
-    assert isinstance(got, list)
-    assert "Hello from page one" in got[0].text
+    assert isinstance(got, tuple)
+    assert "Hello from page one" in got[0][0].text
     assert (
         pdf._answer(b"") == "text extraction gave no answer it could read (no JSON on its stdout)"
     )

@@ -7,10 +7,13 @@ title is the document's title (its metadata, else the file name's stem), and its
 
 A few kilobytes of PDF can hold megabytes of text (one compressed content stream shared by every
 page) and pypdf's extraction takes time quadratic in a page's text (12 MB of it: 129 s). So a
-document is skipped with the reason once a page's text passes ``PDF_MAX_PAGE_TEXT_BYTES``, a page
-or the document, runs ``PDF_MAX_OPERATORS`` content-stream operators, a stream decompresses past
-``PDF_MAX_STREAM_BYTES``, or the document's text passes ``PDF_MAX_TEXT_BYTES`` (or a
-folder's lower ``max_page_bytes``).
+page whose text passes ``PDF_MAX_PAGE_TEXT_BYTES`` is left out, its extraction stopped there, and
+named with the reason (the document's other pages are kept); a document is skipped with the
+reason once a second page passes it (``PDF_MAX_PAGES_OVER_TEXT``: no printed document has two
+such pages, and every page of an attack that shares one stream does), a page or the document
+runs ``PDF_MAX_OPERATORS`` content-stream operators, a stream decompresses past
+``PDF_MAX_STREAM_BYTES``, or the document's text passes ``PDF_MAX_TEXT_BYTES`` (or a folder's
+lower ``max_page_bytes``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import tempfile
 from pathlib import Path
 from types import MappingProxyType
 
-from pypdf import PdfReader, apply_configuration
+from pypdf import PageObject, PdfReader, apply_configuration
 from pypdf.errors import LimitReachedError
 
 from index.errors import SourceError
@@ -41,6 +44,7 @@ __all__ = [
     "PDF_MAX_BYTES",
     "PDF_MAX_MEMORY_BYTES",
     "PDF_MAX_OPERATORS",
+    "PDF_MAX_PAGES_OVER_TEXT",
     "PDF_MAX_PAGE_TEXT_BYTES",
     "PDF_MAX_REASON_BYTES",
     "PDF_MAX_STREAM_BYTES",
@@ -57,8 +61,13 @@ PDF_SUFFIXES = (".pdf",)
 PDF_MAX_BYTES = 64 << 20
 PDF_OPTIONS = FolderOptions(max_page_bytes=PDF_MAX_BYTES)
 # A printed page holds a few kilobytes of text; pypdf's extraction is quadratic in a page's text
-# (1 MB: 1 s, 2 MB: 3 s, 4 MB: 12 s), so a page's text is bounded well under a second of it.
+# (1 MB: 1 s, 2 MB: 3 s, 4 MB: 12 s), so a page's text is bounded well under a second of it: a
+# page past it is left out, the document's other pages kept (it skipped the whole file) ...
 PDF_MAX_PAGE_TEXT_BYTES = 256 << 10
+# ... for this many pages a document: one more skips the document, so that a stream shared by
+# every page costs what it did when the first such page skipped the document (each page past
+# the cap costs its stream's parse and a cap's extraction).
+PDF_MAX_PAGES_OVER_TEXT = 1
 # A document's text, all pages told (a 1,000-page manual holds ~3 MB); the file may be 64 MiB of
 # pictures, its text is held to what any other page may be (max_page_bytes, if lower).
 PDF_MAX_TEXT_BYTES = DEFAULT_MAX_PAGE_BYTES
@@ -100,18 +109,23 @@ class _TextBudgetSpent(MemoryError):
     must stop at once, not go on to the next of 5,000 forms."""
 
 
+class _PageTextSpent(_TextBudgetSpent):
+    """A page's text ran past ``PDF_MAX_PAGE_TEXT_BYTES``: the page is left out."""
+
+
 class _Budget:
     """What one page's extraction may still write and run; pypdf's visitors call it."""
 
     def __init__(self, page: int, doc_left: int, doc_limit: int, operators: int) -> None:
         self.page, self.operators = page, operators  # run so far in the document
+        self.spent: type[_TextBudgetSpent]  # what passing ``left`` raises
         if doc_left >= PDF_MAX_PAGE_TEXT_BYTES:
-            self.left = PDF_MAX_PAGE_TEXT_BYTES
+            self.left, self.spent = PDF_MAX_PAGE_TEXT_BYTES, _PageTextSpent
             self.over = (
                 f"its text passes {PDF_MAX_PAGE_TEXT_BYTES:,} bytes (PDF_MAX_PAGE_TEXT_BYTES)"
             )
         else:
-            self.left = doc_left
+            self.left, self.spent = doc_left, _TextBudgetSpent
             self.over = (
                 f"the document's text passes {doc_limit:,} bytes "
                 "(PDF_MAX_TEXT_BYTES, or max_page_bytes if lower)"
@@ -120,7 +134,7 @@ class _Budget:
     def text(self, text: str, *_: object) -> None:
         self.left -= len(text.encode("utf-8", "surrogatepass"))
         if self.left < 0:
-            raise _TextBudgetSpent(f"page {self.page}: {self.over}")
+            raise self.spent(f"page {self.page}: {self.over}")
 
     def operator(self, *_: object) -> None:
         self.operators += 1
@@ -131,7 +145,12 @@ class _Budget:
             )
 
 
-def _read(data: bytes, max_text_bytes: int) -> tuple[str, list[str]]:
+# What a document's extraction answers: its title, each page's text ("" for one left out), and
+# the pages left out with the reason.
+_Extracted = tuple[str, list[str], list[tuple[int, str]]]
+
+
+def _read(data: bytes, max_text_bytes: int) -> _Extracted:
     limits = dict.fromkeys(_STREAM_LIMITS, PDF_MAX_STREAM_BYTES)
     with apply_configuration(None, stream_parsing_work_maximum_count=PDF_MAX_OPERATORS, **limits):
         reader = PdfReader(io.BytesIO(data))
@@ -139,16 +158,32 @@ def _read(data: bytes, max_text_bytes: int) -> tuple[str, list[str]]:
             raise ValueError("encrypted with a password")
         meta = reader.metadata
         title = " ".join(str(meta.title).split()) if meta is not None and meta.title else ""
-        texts, left, operators = [], max_text_bytes, 0
+        texts: list[str] = []
+        left_out: list[tuple[int, str]] = []
+        left, operators = max_text_bytes, 0
         for n, page in enumerate(reader.pages, 1):
             budget = _Budget(n, left, max_text_bytes, operators)
-            text = page.extract_text(
-                visitor_text=budget.text, visitor_operand_before=budget.operator
-            )
-            texts.append((text or "").replace("\x00", ""))
+            texts.append(_page_text(page, budget, left_out))
             left -= len(texts[-1].encode("utf-8", "surrogatepass"))
             operators = budget.operators
-    return title, [t.replace("\r\n", "\n").replace("\r", "\n").strip() for t in texts]
+    texts = [t.replace("\r\n", "\n").replace("\r", "\n").strip() for t in texts]
+    return title, texts, left_out
+
+
+def _page_text(page: PageObject, budget: _Budget, left_out: list[tuple[int, str]]) -> str:
+    """One page's text, or "" for a page past ``PDF_MAX_PAGE_TEXT_BYTES`` (noted in
+    ``left_out``; one past ``PDF_MAX_PAGES_OVER_TEXT`` of them raises for the document)."""
+    try:
+        text = page.extract_text(visitor_text=budget.text, visitor_operand_before=budget.operator)
+    except _PageTextSpent as exc:
+        if len(left_out) >= PDF_MAX_PAGES_OVER_TEXT:
+            raise _TextBudgetSpent(
+                f"{exc}, as {len(left_out)} page(s) before it did (PDF_MAX_PAGES_OVER_TEXT is "
+                f"{PDF_MAX_PAGES_OVER_TEXT})"
+            ) from None
+        left_out.append((budget.page, str(exc)))
+        return ""
+    return (text or "").replace("\x00", "")
 
 
 def _limit_reason(exc: LimitReachedError) -> str:
@@ -158,7 +193,7 @@ def _limit_reason(exc: LimitReachedError) -> str:
     return f"over a limit of pypdf's (PDF_MAX_OPERATORS is {PDF_MAX_OPERATORS:,}): {exc}"
 
 
-def _extract(data: bytes, max_text_bytes: int) -> tuple[str, list[str]] | str:
+def _extract(data: bytes, max_text_bytes: int) -> _Extracted | str:
     """The document's title and page texts, or why there are none."""
     try:
         return _read(data, max_text_bytes)
@@ -206,7 +241,7 @@ def _child() -> None:
     sys.stdout.write(json.dumps(got))
 
 
-def _extract_apart(data: bytes, max_text_bytes: int) -> tuple[str, list[str]] | str:
+def _extract_apart(data: bytes, max_text_bytes: int) -> _Extracted | str:
     """``_extract`` in a child process, killed past the document's deadline (a process of its
     own: nothing of pypdf's can be stopped in this one, and a fork of a threaded process is
     unsafe). Starting it costs ~0.3 s a document."""
@@ -253,24 +288,34 @@ def _run_child(
         return done.returncode, done.stdout, err.read(), size >= PDF_MAX_STDERR_BYTES
 
 
-def _answer(stdout: bytes) -> tuple[str, list[str]] | str:
-    """The child's answer: a reason (a string) or the title and the pages' texts; anything else
-    (a child that wrote no JSON, or not that shape) a reason too."""
+def _answer(stdout: bytes) -> _Extracted | str:
+    """The child's answer: a reason (a string) or the title, the pages' texts and the pages left
+    out; anything else (a child that wrote no JSON, or not that shape) a reason too."""
     try:
         got = json.loads(stdout)
     except ValueError:
         return "text extraction gave no answer it could read (no JSON on its stdout)"
     if isinstance(got, str):
         return got
-    if (
-        isinstance(got, list)
-        and len(got) == 2
-        and isinstance(got[0], str)
-        and isinstance(got[1], list)
-        and all(isinstance(t, str) for t in got[1])
-    ):
-        return got[0], got[1]
+    if isinstance(got, list) and len(got) == 3 and isinstance(got[0], str):
+        texts, left_out = _texts(got[1]), _left_out(got[2])
+        if texts is not None and left_out is not None:
+            return got[0], texts, left_out
     return "text extraction gave an answer of the wrong shape"
+
+
+def _texts(got: object) -> list[str] | None:
+    if isinstance(got, list) and all(isinstance(t, str) for t in got):
+        return got
+    return None
+
+
+def _left_out(got: object) -> list[tuple[int, str]] | None:
+    if not isinstance(got, list):
+        return None
+    pairs = [p for p in got if isinstance(p, list) and len(p) == 2]
+    out = [(n, why) for n, why in pairs if isinstance(n, int) and isinstance(why, str)]
+    return out if len(out) == len(got) else None
 
 
 def pdf_pages(
@@ -280,16 +325,27 @@ def pdf_pages(
     fallback_title: str,
     url: str = "",
     max_text_bytes: int = PDF_MAX_TEXT_BYTES,
-) -> list[Page] | SkippedPage:
-    """The pages of one PDF document with text, or why the document cannot be used (among the
-    reasons, text past ``max_text_bytes`` all told, or past a limit of this module)."""
+) -> tuple[list[Page], list[SkippedPage]] | SkippedPage:
+    """The pages of one PDF document with text and the pages left out (``<rel>#page=<n>``, past
+    ``PDF_MAX_PAGE_TEXT_BYTES``), or why the document cannot be used (among the reasons, text
+    past ``max_text_bytes`` all told, or past a limit of this module)."""
     got = _extract_apart(data, max_text_bytes)
     if isinstance(got, str):
         return SkippedPage(rel, got)
-    title, texts = got
+    title, texts, left_out = got
     if not any(texts):
+        if left_out:  # its one page of text was left out
+            return SkippedPage(rel, f"too much text to extract: {left_out[0][1]}")
         return SkippedPage(rel, f"no text layer in {len(texts)} page(s) (a scanned PDF?)")
-    title = title or fallback_title
+    pages = _pages(source, rel, title or fallback_title, texts, url)
+    kept = "; the page is left out, the document's other pages kept"
+    return pages, [
+        SkippedPage(f"{rel}#page={n}", f"too much text to extract: {why}{kept}")
+        for n, why in left_out
+    ]
+
+
+def _pages(source: str, rel: str, title: str, texts: list[str], url: str) -> list[Page]:
     total = str(len(texts))
     return [
         Page(
@@ -323,14 +379,15 @@ def load_pdf(
     for rel, path in listing.files:
         data = read_file(rel, path, options.max_page_bytes)
         if isinstance(data, SkippedPage):
-            got: list[Page] | SkippedPage = data
+            got: tuple[list[Page], list[SkippedPage]] | SkippedPage = data
         else:
             max_text_bytes = min(options.max_page_bytes, PDF_MAX_TEXT_BYTES)
             got = pdf_pages(source, rel, data, path.stem, max_text_bytes=max_text_bytes)
         if isinstance(got, SkippedPage):
             skipped.append(got)
         else:
-            pages.extend(got)
+            pages.extend(got[0])
+            skipped.extend(got[1])
     return pages, skipped
 
 

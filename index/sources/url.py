@@ -214,10 +214,21 @@ def _fallback_title(url: str) -> str:
     return urllib.parse.unquote(segment.rsplit(".", 1)[0]) or parts.netloc
 
 
+def _pdf(source: str, url: str, got: Fetched, fallback: str) -> list[Page] | SkippedPage:
+    """A PDF's pages; a page left out (too much text) is logged, the others kept."""
+    parsed = pdf_pages(source, url, got.body, fallback, url=got.final_url)
+    if isinstance(parsed, SkippedPage):
+        return parsed
+    pages, left_out = parsed
+    for page in left_out:
+        log.warning("%s: %s", page.path, page.reason)
+    return pages
+
+
 def _parse(source: str, url: str, got: Fetched) -> list[Page] | SkippedPage:
     fallback = _fallback_title(url)
     if got.content_type == "application/pdf":
-        return pdf_pages(source, url, got.body, fallback, url=got.final_url)
+        return _pdf(source, url, got, fallback)
     if got.content_type in _HTML_TYPES:
         parsed = html_page_text(url, got.body, got.charset)
         if isinstance(parsed, SkippedPage):
