@@ -4,7 +4,10 @@ address, which address was tried and what starts one; a sidecar's own refusal as
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +62,20 @@ async def test_ask_prints_the_answer(
     assert await asyncio.to_thread(main, ["ask", "--target", target, question]) == 0
     out = capsys.readouterr().out
     assert "roaming.md" in out
+
+
+async def test_ask_into_a_closed_pipe_stops_quietly(example_sidecar: Any) -> None:
+    """``voxrecall ask "..." | head -3``: the reader gone, the command ends as a Unix tool does
+    (the shell's status for SIGPIPE), not with a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before anything is written
+    target = f"127.0.0.1:{example_sidecar.port}"
+    args = ["-m", "sidecar.cli", "ask", "--target", target, "How much does roaming cost?"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=write_end, stderr=asyncio.subprocess.PIPE
+    )
+    os.close(write_end)
+    _, err = await proc.communicate()
+    assert b"Traceback" not in err, err.decode()
+    assert b"BrokenPipeError" not in err
+    assert proc.returncode == 128 + signal.SIGPIPE
