@@ -148,6 +148,20 @@ def test_scale_extrapolation_is_marked_and_follows_the_measured_trend() -> None:
     assert guess["search_p50_ms"] == 0.6  # one more step per tenfold N
 
 
+def test_scale_extrapolation_never_goes_below_what_was_measured() -> None:
+    """The newcomer's quick run: p99 measured lower at 10k than at 2k (noise) was carried out
+    to 1M as -1.103 ms."""
+    rows = {
+        2_000: {"snapshot_mb": 4.4, "rss_mb": 86.0, "search_p50_ms": 1.018, "search_p99_ms": 2.203},
+        10_000: {"snapshot_mb": 23.0, "rss_mb": 84.0, "search_p50_ms": 0.9, "search_p99_ms": 1.6},
+    }
+    guess = scale.extrapolate(1_000_000, rows, "--quick measures only the small sizes")
+    assert guess["search_p99_ms"] == 2.203  # the larger measured, not a negative time
+    assert guess["search_p50_ms"] == 1.018
+    assert guess["rss_mb"] == 86.0
+    assert guess["snapshot_mb"] > 23.0  # a real trend still carries on
+
+
 def test_hits_written_times_every_way_over_the_same_answers(tmp_path: Path) -> None:
     tiny = ["--n", "2000", "--dim", "384", "--queries", "100", "--calls", "20", "--rounds", "1"]
     result = hits_written.main([*tiny, "--out", str(tmp_path / "hits.json")])
