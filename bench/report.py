@@ -157,8 +157,9 @@ def versus_lines(result: dict[str, Any]) -> list[str]:
 
 def skip_lines(result: dict[str, Any]) -> list[str]:
     lines = []
-    if isinstance(result.get("skip"), dict):
-        lines.append(f"skip policy: {json.dumps(result['skip'])[:200]}")
+    skip = result.get("skip")
+    if isinstance(skip, dict) and "skipped" not in skip:  # skipped: the dstc11 line says so
+        lines.append(f"skip policy: {json.dumps(skip)[:200]}")
     if "skipped" in result:
         lines.append(f"skipped: {result['skipped']}")
     return lines

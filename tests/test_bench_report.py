@@ -13,7 +13,10 @@ import importlib
 import inspect
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -190,3 +193,26 @@ def test_a_modules_help_is_plain_and_says_what_each_option_is(
     assert parser.description.rstrip().endswith((".", ")")), parser.description
     for action in parser._actions:
         assert action.help, (name, action.dest)
+
+
+@pytest.mark.parametrize("suite", ["turn", "quality"])
+def test_a_suite_without_its_data_prints_one_skipped_line(tmp_path: Path, suite: str) -> None:
+    """As both READMEs say: one ``skipped: shared data not present: ...`` line (``turn`` printed
+    ``scenarios: -`` and a blank line first, ``quality`` a line a part and a raw ``skip
+    policy: {...}``)."""
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    env = {**os.environ, "VOXRECALL_SHARED_DATA": str(empty)}
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", suite, "--quick", "--out", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"== {suite} (quick)"
+    assert lines[1].startswith(f"skipped: shared data not present: {empty}")
+    assert lines[2].startswith("wrote ")
+    assert len(lines) == 3, run.stdout
