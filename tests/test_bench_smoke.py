@@ -7,9 +7,11 @@ is judged on the same ground truth, and that the goals are read the way issue 7 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import index.snapshot
 from bench import handler_cost, hits_written, hook_pressure, scale, search, search_parts, turn_cost
@@ -34,7 +36,10 @@ def test_corpus_is_seeded_unit_and_its_truth_is_exact(tmp_path: Path) -> None:
     )
 
 
-def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(tmp_path: Path) -> None:
+def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bench.search")
     result = search.run(
         True,
         n=TINY.n,
@@ -57,6 +62,17 @@ def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(tmp_path: Path) -
     for peer in search.PEERS:
         assert rows[peer] == {"skipped": "not selected (--systems)"}  # named, even in --quick
     assert result["goals"]["voxrecall_p50_over_pgvector"] == {"skipped": "not measured: pgvector"}
+    # a bare clone's first run spends minutes here: each step says so as it starts and ends
+    said = [r.getMessage() for r in caplog.records if r.name == "bench.search"]
+    steps = (
+        "corpus ",
+        "corpus ready in",
+        "voxrecall's snapshot",
+        "snapshot built in",
+        "starting a sidecar",
+    )
+    for step in steps:
+        assert any(line.startswith(step) for line in said), (step, said)
 
 
 def _row(p50: float, recall: float | None = 0.99, qps: float = 1000.0) -> dict[str, object]:
