@@ -216,3 +216,14 @@ def test_a_suite_without_its_data_prints_one_skipped_line(tmp_path: Path, suite:
     assert lines[1].startswith(f"skipped: shared data not present: {empty}")
     assert lines[2].startswith("wrote ")
     assert len(lines) == 3, run.stdout
+
+
+def test_a_list_of_counts_is_shown_whole_or_as_its_range_never_cut() -> None:
+    """The shards table cut 16 shards' counts with ``~`` mid-number."""
+    from bench import shards
+
+    printed = cli.table({"balance": shards.balance()})
+    for row in shards.balance().values():
+        assert "[" + ", ".join(str(c) for c in row["counts"]) + "]" in printed
+    assert "~" not in printed
+    assert report.cell(list(range(1000))) == "1000 values, 0 to 999"
