@@ -111,6 +111,8 @@ def run_turn(quick: bool) -> dict[str, Any]:
     if isinstance(fn, str):
         return {"suite": "turn", "skipped": fn}
     result = _call(fn, quick)
+    if "skipped" in result:  # one line, as the README says: no empty scenarios table before it
+        return {"suite": "turn", **result}
     scenarios = result.pop("scenarios", None)
     if scenarios is None:  # a flat {scenario: {p50_ms, ...}} is accepted too
         scenarios = {k: v for k, v in result.items() if isinstance(v, dict) and "p50_ms" in v}
@@ -144,7 +146,21 @@ def run_quality(quick: bool) -> dict[str, Any]:
         result = _call(conversations, quick)
         out["conversations"] = result.get("table", result)  # one row a set: the table below
         out["conversations_detail"] = result.get("sets", {})
-    return out
+    return _all_skipped(out, ("scifact", "dstc11", "conversations"))
+
+
+def _all_skipped(out: dict[str, Any], parts: tuple[str, ...]) -> dict[str, Any]:
+    """A suite whose every part skipped, as one ``skipped`` (one line, naming what was missing:
+    ``shared data not present: PATH, PATH``); a suite with any part run, as it was."""
+    reasons = [
+        out[part].get("skipped") if isinstance(out.get(part), dict) else None for part in parts
+    ]
+    if not all(isinstance(reason, str) for reason in reasons):
+        return out
+    prefix = "shared data not present: "
+    unique = dict.fromkeys(str(r).removeprefix(prefix) for r in reasons)
+    data = all(str(r).startswith(prefix) for r in reasons)
+    return {"suite": out["suite"], "skipped": (prefix if data else "") + ", ".join(unique)}
 
 
 def run_suite(name: str, args: argparse.Namespace) -> dict[str, Any]:

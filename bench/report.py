@@ -22,7 +22,10 @@ from typing import Any
 # what every JSON carries (bench/__main__.py) or a section printed its own way below
 META = {"suite", "command", "machine", "quick", "elapsed_s", "goals", "env", "failures"}
 OWN_WAY = {"conversations", "conversations_detail", "skip", "skipped", "versus_pgvector"}
-CELL = 40  # a longer cell (a skip reason, a list of counts) is cut here: the JSON has it whole
+CELL = 40  # a longer cell (a skip reason) is cut here: the JSON has it whole
+# A list of numbers (a shard's counts) is shown whole up to this many characters (16 shards'
+# counts of 10,000 names: ~100), and past them as its length and range, never cut mid-number.
+NUMBERS_CELL = 120
 NOT_JUDGED = "not judged (quick)"
 
 
@@ -40,10 +43,18 @@ def cell(value: Any, limit: int = CELL) -> str:
         return f"{value:.4g}"
     if isinstance(value, dict):  # a system's setting: its ef, if it has one
         return str(value.get("ef_search", "-"))
-    if isinstance(value, list | tuple) and all(isinstance(v, float | int) for v in value):
-        value = "[" + ", ".join(cell(v) for v in value) + "]"
+    if isinstance(value, list | tuple) and value and all(isinstance(v, float | int) for v in value):
+        return _numbers(value, max(limit, NUMBERS_CELL))
     text = "-" if value is None else str(value)
     return text if len(text) <= limit else text[: limit - 1] + "~"
+
+
+def _numbers(values: list[Any] | tuple[Any, ...], limit: int) -> str:
+    """A list of numbers whole, or, longer than ``limit``, its length and range."""
+    text = "[" + ", ".join(cell(v) for v in values) + "]"
+    if len(text) <= limit:
+        return text
+    return f"{len(values)} values, {cell(min(values))} to {cell(max(values))}"
 
 
 def grid(title: str, rows: dict[str, dict[str, Any]]) -> list[str]:
@@ -157,8 +168,9 @@ def versus_lines(result: dict[str, Any]) -> list[str]:
 
 def skip_lines(result: dict[str, Any]) -> list[str]:
     lines = []
-    if isinstance(result.get("skip"), dict):
-        lines.append(f"skip policy: {json.dumps(result['skip'])[:200]}")
+    skip = result.get("skip")
+    if isinstance(skip, dict) and "skipped" not in skip:  # skipped: the dstc11 line says so
+        lines.append(f"skip policy: {json.dumps(skip)[:200]}")
     if "skipped" in result:
         lines.append(f"skipped: {result['skipped']}")
     return lines

@@ -12,7 +12,8 @@ beside the first (``worker_rss_mb``, and ``worker_private_mb``: its pages no oth
 shares; the mapped chunk, page and lexical files are shared through the page cache). Vectors are the ``search`` suite's synthetic corpus
 at 384 dimensions, the embedded model's. A size that is not run is extrapolated from the two
 largest measured ones and marked so: linearly for size, load time and memory, and for latency
-by the same step per tenfold N (an HNSW search grows with log N).
+by the same step per tenfold N (an HNSW search grows with log N), each never below the largest
+of the two measured (a figure smaller at the larger size is noise, not a trend).
 """
 
 from __future__ import annotations
@@ -191,16 +192,19 @@ LINEAR = ("snapshot_mb", "load_s", "rss_mb", "raw_hnswlib_load_s", "raw_index_mb
 
 
 def extrapolate(n: int, rows: dict[int, dict[str, Any]], why: str) -> dict[str, Any]:
+    """``n``'s row projected from the two largest measured sizes, each figure at least the
+    largest measured (nothing here shrinks as N grows: a smaller figure at the larger size is
+    noise, and its step, carried out to 1M, went below zero: a p99 of -1.1 ms)."""
     (n1, a), (n2, b) = sorted(rows.items())[-2:]
     out: dict[str, Any] = {"extrapolated": why}
     for key in LINEAR:
         if key not in a or key not in b:
             continue
         slope = (b[key] - a[key]) / (n2 - n1)
-        out[key] = round(b[key] + slope * (n - n2), 1)
+        out[key] = round(max(b[key] + slope * (n - n2), a[key], b[key]), 1)
     decades = math.log10(n / n2) / math.log10(n2 / n1)
     for key in ("search_p50_ms", "search_p99_ms"):
-        out[key] = round(b[key] + (b[key] - a[key]) * decades, 3)
+        out[key] = round(max(b[key] + (b[key] - a[key]) * decades, a[key], b[key]), 3)
     return out
 
 

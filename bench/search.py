@@ -162,8 +162,14 @@ def _measure_all(
             sync.append(NumpyExact(corpus))
         if wanted & {"hnswlib", "voxrecall", "grpc-echo"}:
             started = time.perf_counter()
+            log.info(
+                "voxrecall's snapshot of %d vectors: from the cache, or built (a first run: "
+                "minutes at 100k x 1536)",
+                corpus.spec.n,
+            )
             snapshot, built = build_snapshot(corpus, cache)
             build_s = round(time.perf_counter() - started, 1)
+            log.info("snapshot %s in %.1f s", "built" if built else "read from the cache", build_s)
             floor = Hnswlib(corpus, snapshot)
             if "hnswlib" in wanted:
                 sync.append(floor)
@@ -171,6 +177,7 @@ def _measure_all(
             if built:
                 setting["build_s"] = build_s
             if wanted & {"voxrecall", "grpc-echo"}:
+                log.info("starting a sidecar process on the snapshot (%d workers)", WORKERS)
                 proc = SidecarProcess(
                     snapshot.parent.parent, embedder_info(corpus), workers=WORKERS
                 )
@@ -339,8 +346,16 @@ def run(
     if unknown:
         raise ValueError(f"unknown system(s) {sorted(unknown)}; known: {', '.join(ALL)}")
     started = time.perf_counter()
+    log.info(
+        "corpus %d x %d: read from the cache, or drawn with each query's exact top-%d (a first "
+        "run: about a minute at 100k x 1536)",
+        spec.n,
+        spec.dim,
+        spec.k,
+    )
     corpus = load_or_generate(spec, cache)
     corpus_s = round(time.perf_counter() - started, 1)
+    log.info("corpus ready in %.1f s", corpus_s)
     plan = Plan(latency_queries=spec.queries, throughput_queries=size["throughput"])
     # an explicit --systems decides, quick or not; only quick's own default leaves peers out
     unwanted = "not selected (--systems)" if systems else "--quick measures no peer"

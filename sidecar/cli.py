@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -232,10 +233,24 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_http_clients()  # an index build's embeddings: a line per request otherwise
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
     except VoxrecallError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Stdout's reader went away (``voxrecall ask ... | head -3``): stop quietly, as a Unix tool
+    does on SIGPIPE, with the status a shell shows for one (128 + SIGPIPE). Stdout is pointed at
+    the null device first, so the interpreter's own flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -95,4 +95,9 @@ class IdleTimeout(RequestError):
 
 
 class Unauthenticated(RequestError):
-    pass
+    """``challenge``: what the HTTP door's 401 sends as ``WWW-Authenticate``, naming what the
+    caller must send (the bearer token, unless a header of a platform's is what was wrong)."""
+
+    def __init__(self, message: str, challenge: str = "Bearer") -> None:
+        super().__init__(message)
+        self.challenge = challenge

@@ -7,6 +7,7 @@ package's own Realtime event types, so the shapes are the API's, not ours.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -132,10 +133,18 @@ async def test_bad_arguments_get_an_error_output_the_model_can_read(vr: Voxrecal
     assert sent[-1] == [{"type": "response.create"}]  # the model gets to recover
 
 
-async def test_other_functions_are_left_to_the_app(vr: Voxrecall) -> None:
+async def test_other_functions_are_left_to_the_app(
+    vr: Voxrecall, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Left alone, and said once per name (a misnamed knowledge function is seen in the log)."""
     bridge = await RealtimeToolBridge.create(vr)
+    caplog.set_level(logging.INFO, logger="voxrecall.adapters.openai_realtime")
     sent = await replay(bridge, function_call_turn("resp_4", "transfer_call", "call_4", "{}"))
+    sent += await replay(bridge, function_call_turn("resp_5", "transfer_call", "call_5", "{}"))
     assert sent == [[] for _ in sent]
+    said = [r.getMessage() for r in caplog.records if "transfer_call" in r.getMessage()]
+    assert len(said) == 1
+    assert "left to the app" in said[0]
 
 
 async def test_session_update_offers_the_knowledge_functions(vr: Voxrecall) -> None:

@@ -4,8 +4,11 @@ address, which address was tried and what starts one; a sidecar's own refusal as
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 from dataclasses import replace
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +91,18 @@ async def test_ask_prints_the_bases_fallback_when_nothing_was_found(
     for lines in outs[:2]:  # Turn and Search: nothing found
         assert lines[-3:-1] == ["no chunk scored above min_score", f"fallback: {fallback}"]
     assert not any(line.startswith("fallback:") for line in outs[2])  # something was found
+async def test_ask_into_a_closed_pipe_stops_quietly(example_sidecar: Any) -> None:
+    """``voxrecall ask "..." | head -3``: the reader gone, the command ends as a Unix tool does
+    (the shell's status for SIGPIPE), not with a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before anything is written
+    target = f"127.0.0.1:{example_sidecar.port}"
+    args = ["-m", "sidecar.cli", "ask", "--target", target, "How much does roaming cost?"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=write_end, stderr=asyncio.subprocess.PIPE
+    )
+    os.close(write_end)
+    _, err = await proc.communicate()
+    assert b"Traceback" not in err, err.decode()
+    assert b"BrokenPipeError" not in err
+    assert proc.returncode == 128 + signal.SIGPIPE

@@ -13,7 +13,10 @@ import importlib
 import inspect
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -245,3 +248,35 @@ def test_the_turn_suite_prints_its_table_first_and_its_figures_only_to_the_json(
     assert logged[0].startswith("local_default: 1 turns, p50 12.0 ms")
     saved = json.loads((tmp_path / "turn.json").read_text())
     assert saved["scenarios"]["local_default"]["p50_ms"] == 12.0
+@pytest.mark.parametrize("suite", ["turn", "quality"])
+def test_a_suite_without_its_data_prints_one_skipped_line(tmp_path: Path, suite: str) -> None:
+    """As both READMEs say: one ``skipped: shared data not present: ...`` line (``turn`` printed
+    ``scenarios: -`` and a blank line first, ``quality`` a line a part and a raw ``skip
+    policy: {...}``)."""
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    env = {**os.environ, "VOXRECALL_SHARED_DATA": str(empty)}
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", suite, "--quick", "--out", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"== {suite} (quick)"
+    assert lines[1].startswith(f"skipped: shared data not present: {empty}")
+    assert lines[2].startswith("wrote ")
+    assert len(lines) == 3, run.stdout
+
+
+def test_a_list_of_counts_is_shown_whole_or_as_its_range_never_cut() -> None:
+    """The shards table cut 16 shards' counts with ``~`` mid-number."""
+    from bench import shards
+
+    printed = cli.table({"balance": shards.balance()})
+    for row in shards.balance().values():
+        assert "[" + ", ".join(str(c) for c in row["counts"]) + "]" in printed
+    assert "~" not in printed
+    assert report.cell(list(range(1000))) == "1000 values, 0 to 999"

@@ -7,9 +7,11 @@ is judged on the same ground truth, and that the goals are read the way issue 7 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import index.snapshot
 from bench import handler_cost, hits_written, hook_pressure, scale, search, search_parts, turn_cost
@@ -34,7 +36,10 @@ def test_corpus_is_seeded_unit_and_its_truth_is_exact(tmp_path: Path) -> None:
     )
 
 
-def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(tmp_path: Path) -> None:
+def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bench.search")
     result = search.run(
         True,
         n=TINY.n,
@@ -57,6 +62,17 @@ def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(tmp_path: Path) -
     for peer in search.PEERS:
         assert rows[peer] == {"skipped": "not selected (--systems)"}  # named, even in --quick
     assert result["goals"]["voxrecall_p50_over_pgvector"] == {"skipped": "not measured: pgvector"}
+    # a bare clone's first run spends minutes here: each step says so as it starts and ends
+    said = [r.getMessage() for r in caplog.records if r.name == "bench.search"]
+    steps = (
+        "corpus ",
+        "corpus ready in",
+        "voxrecall's snapshot",
+        "snapshot built in",
+        "starting a sidecar",
+    )
+    for step in steps:
+        assert any(line.startswith(step) for line in said), (step, said)
 
 
 def _row(p50: float, recall: float | None = 0.99, qps: float = 1000.0) -> dict[str, object]:
@@ -146,6 +162,20 @@ def test_scale_extrapolation_is_marked_and_follows_the_measured_trend() -> None:
     assert guess["snapshot_mb"] == 2000.0
     assert guess["rss_mb"] == 5100.0
     assert guess["search_p50_ms"] == 0.6  # one more step per tenfold N
+
+
+def test_scale_extrapolation_never_goes_below_what_was_measured() -> None:
+    """The newcomer's quick run: p99 measured lower at 10k than at 2k (noise) was carried out
+    to 1M as -1.103 ms."""
+    rows = {
+        2_000: {"snapshot_mb": 4.4, "rss_mb": 86.0, "search_p50_ms": 1.018, "search_p99_ms": 2.203},
+        10_000: {"snapshot_mb": 23.0, "rss_mb": 84.0, "search_p50_ms": 0.9, "search_p99_ms": 1.6},
+    }
+    guess = scale.extrapolate(1_000_000, rows, "--quick measures only the small sizes")
+    assert guess["search_p99_ms"] == 2.203  # the larger measured, not a negative time
+    assert guess["search_p50_ms"] == 1.018
+    assert guess["rss_mb"] == 86.0
+    assert guess["snapshot_mb"] > 23.0  # a real trend still carries on
 
 
 def test_hits_written_times_every_way_over_the_same_answers(tmp_path: Path) -> None:

@@ -1410,6 +1410,122 @@ async def test_tool_webhook_mistakes_are_outputs_and_bad_requests_are_4xx(
     assert scoped.json()["error"]["message"].endswith("known: search_billing")
 
 
+# -- Vapi's tools -----------------------------------------------------------------------------
+
+
+def vapi_tool_calls(calls: list[dict[str, Any]], call_id: str = "vapi-tools-1") -> bytes:
+    """Vapi's ``tool-calls`` server message (its other call metadata trimmed)."""
+    return orjson.dumps(
+        {
+            "message": {
+                "type": "tool-calls",
+                "toolCallList": calls,
+                "call": {"id": call_id, "orgId": "org-1"},
+            }
+        }
+    )
+
+
+def tool_call(id_: str, name: str, arguments: Any) -> dict[str, Any]:
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+async def post_vapi_tools(
+    sc: Sidecar, body: bytes, function: str = "search_help", **headers: str
+) -> httpx2.Response:
+    return await post_tool(
+        sc, body, {**signed(body), "x-vapi-secret": VAPI_SECRET, **headers}, function
+    )
+
+
+async def test_vapis_tool_calls_are_each_answered_in_vapis_results_form(sidecar: Sidecar) -> None:
+    """The newcomer's attack: Vapi's own envelope got "does not take 'message'". Each call is
+    answered by the function it names, in order; the model's mistakes are that call's error."""
+    body = vapi_tool_calls(
+        [
+            tool_call("call_a", "search_help", {"query": "how do I reset my password"}),
+            tool_call("call_b", "search_nothing", {"query": "x"}),
+            tool_call("call_c", "search_help", {"query": ""}),
+            tool_call("call_d", "search_help", '{"query": "reset my password"}'),  # as a string
+        ]
+    )
+    reply = await post_vapi_tools(sidecar, body)
+    assert reply.status_code == 200
+    results = reply.json()["results"]
+    assert [r["toolCallId"] for r in results] == ["call_a", "call_b", "call_c", "call_d"]
+    assert orjson.loads(results[0]["result"])["results"][0]["title"] == "Reset your password"
+    assert orjson.loads(results[1]["error"])["error"]["type"] == "unknown_function"
+    assert "search_help" in orjson.loads(results[1]["error"])["error"]["message"]
+    assert orjson.loads(results[2]["error"])["error"]["type"] == "invalid_arguments"
+    assert "result" not in results[2]
+    assert orjson.loads(results[3]["result"])["results"]
+    assert reply.headers["x-voxrecall-tool-error"] == "true"
+    sessions.owner.set("default")
+    session = sidecar.engine.sessions.peek("vapi-tools-1")
+    assert session is not None  # the call's id is its session
+    assert len(session.retained) == 2
+
+
+async def test_vapis_tool_calls_are_scoped_like_any_other(sidecar: Sidecar) -> None:
+    body = vapi_tool_calls([tool_call("call_a", "search_help", {"query": "reset my password"})])
+    reply = await post_vapi_tools(sidecar, body, **auth(TOKEN_B))
+    (result,) = reply.json()["results"]
+    assert orjson.loads(result["error"])["error"]["type"] == "unknown_function"  # outside scope
+
+
+async def test_vapis_tool_calls_without_the_secret_are_refused_naming_the_header(
+    sidecar: Sidecar,
+) -> None:
+    body = vapi_tool_calls([tool_call("call_a", "search_help", {"query": "reset"})])
+    reply = await post_vapi_tools(sidecar, body, **{"x-vapi-secret": "wrong-secret-000000000"})
+    assert reply.status_code == 401
+    assert "X-Vapi-Secret" in reply.json()["error"]["message"]
+    assert reply.headers["www-authenticate"] == 'Secret header="X-Vapi-Secret"'
+
+
+@pytest.mark.parametrize(
+    ("calls", "says"),
+    [
+        ("not a list", "toolCallList must be the list"),
+        ([{"function": {"name": "search_help"}}], "needs its id"),
+        ([tool_call(f"c{i}", "search_help", {"query": "x"}) for i in range(17)], "at most 16"),
+    ],
+)
+async def test_a_bad_vapi_tool_calls_envelope_is_a_400_saying_what_to_send(
+    sidecar: Sidecar, calls: Any, says: str
+) -> None:
+    reply = await post_vapi_tools(sidecar, vapi_tool_calls(calls))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
+    assert says in reply.json()["error"]["message"]
+
+
+async def test_a_retell_signature_stamped_in_seconds_is_told_it_is_milliseconds(
+    sidecar: Sidecar,
+) -> None:
+    stamp = str(int(time.time()))
+    digest = hmac.new(WEBHOOK_SECRET.encode(), RETELL_BODY + stamp.encode(), hashlib.sha256)
+    headers = {"x-retell-signature": f"v={stamp},d={digest.hexdigest()}"}
+    reply = await post_tool(sidecar, RETELL_BODY, headers)
+    assert reply.status_code == 401
+    assert "milliseconds" in reply.json()["error"]["message"]
+
+
+async def test_an_empty_vapi_list_and_content_parts_are_read_as_they_are(sidecar: Sidecar) -> None:
+    """``"messages": []`` has no message at all (not "not the caller's"); a user message whose
+    content is a list of OpenAI content parts is the caller's words."""
+    empty = await vapi(sidecar, [], **{SESSION_HEADER: "parts-empty"})
+    assert (
+        empty.headers["x-voxrecall-note"]
+        == "nothing asked: no user or assistant message has words yet"
+    )
+    parts = [{"type": "text", "text": "How do I reset"}, {"type": "text", "text": "my password?"}]
+    asked = await vapi(
+        sidecar, [GREETING, {"role": "user", "content": parts}], **{SESSION_HEADER: "parts-1"}
+    )
+    assert asked.json()["documents"][0]["content"].startswith("Reset your password")
+
+
 # -- limits, methods, metrics -----------------------------------------------------------------
 
 
@@ -1423,6 +1539,7 @@ async def test_a_body_over_the_byte_limit_is_413_before_it_is_read(sidecar: Side
         wrong = await http.get(url(sidecar, "/tools/search_help"), headers=auth())
         nowhere = await http.get(url(sidecar, "/nowhere"))
     assert wrong.status_code == 405
+    assert wrong.json()["error"]["code"] == "UNIMPLEMENTED"  # the method, not the request's content
     assert nowhere.status_code == 404
     assert "/vapi/knowledge-base" in nowhere.json()["error"]["message"]
 

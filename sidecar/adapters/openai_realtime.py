@@ -6,7 +6,9 @@ back the client events it returns. For a ``function_call`` of a knowledge functi
 returns a ``conversation.item.create`` holding the ``function_call_output``; at that response's
 ``response.done`` it returns the ``response.create`` that lets the model speak the answer (sent
 earlier, it would collide with the response still in progress). Other events, and calls of
-functions that are not voxrecall's, return nothing. Each call runs through
+functions that are not voxrecall's (the app's own tools), return nothing; the first call of each
+such name is logged at INFO (``voxrecall.adapters.openai_realtime``), so a knowledge function
+misnamed in the session's tools is seen rather than silently unanswered. Each call runs through
 ``sidecar.adapters.client.call_tool``: arguments over the sidecar's limit are answered with its
 own refusal, never sent, and a refused call is an error output the model can act on. Needs no
 extra: only the core client.
@@ -33,6 +35,9 @@ from sidecar.gen import retrieval_pb2 as pb
 log = logging.getLogger("voxrecall.adapters.openai_realtime")
 
 CALLS_REMEMBERED = 256  # call ids answered, so the second event of the same call is ignored
+# Names of other tools already logged (once each): an app has a few tools, but a model can call
+# any name, so past this many the rest go unlogged rather than growing the set.
+OTHER_NAMES_LOGGED = 64
 
 
 class RealtimeToolBridge:
@@ -47,6 +52,7 @@ class RealtimeToolBridge:
         self._names = {t.name for t in tools}
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._responses: set[str] = set()  # responses with an answered call, awaiting response.done
+        self._others: set[str] = set()  # other tools' names already logged
 
     @classmethod
     async def create(cls, client: Voxrecall, *, session_id: str = "") -> RealtimeToolBridge:
@@ -74,7 +80,10 @@ class RealtimeToolBridge:
         if call is None:
             return []
         name, call_id, arguments = call
-        if name not in self._names or not call_id or call_id in self._answered:
+        if name not in self._names:
+            self._log_other(name)
+            return []
+        if not call_id or call_id in self._answered:
             return []
         self._answered[call_id] = None
         while len(self._answered) > CALLS_REMEMBERED:
@@ -87,6 +96,17 @@ class RealtimeToolBridge:
                 "item": {"type": "function_call_output", "call_id": call_id, "output": output},
             }
         ]
+
+    def _log_other(self, name: str) -> None:
+        """Say once per name that a call of a tool not voxrecall's is left to the app."""
+        if name in self._others or len(self._others) >= OTHER_NAMES_LOGGED:
+            return
+        self._others.add(name)
+        log.info(
+            "function %r is not a knowledge function (%s): left to the app to answer",
+            name,
+            ", ".join(sorted(self._names)) or "none",
+        )
 
     async def _invoke(self, name: str, arguments: str, call_id: str) -> str:
         out = await call_tool(

@@ -67,7 +67,14 @@ from sidecar.edge.status import (
     http_status_for,
     status_for,
 )
-from sidecar.errors import BodyEncoded, BodyTooLarge, IdleTimeout, RequestError, ResourceExhausted
+from sidecar.errors import (
+    BodyEncoded,
+    BodyTooLarge,
+    IdleTimeout,
+    RequestError,
+    ResourceExhausted,
+    Unauthenticated,
+)
 from sidecar.functions.tools import Toolbox
 from sidecar.http.mcp import McpDoor, initialize_refusal, session_refusal
 from sidecar.http.webhooks import Reply, Webhooks
@@ -79,6 +86,9 @@ MCP_PATH = "/mcp"
 VAPI_PATH = "/vapi/knowledge-base"
 TOOLS_PREFIX = "/tools/"
 PATHS = f"{MCP_PATH}, {VAPI_PATH}, {TOOLS_PREFIX}{{function}}, /healthz, /readyz"
+# A 405's code: the gRPC status name a path asked with a method it does not take maps to (as
+# grpc-gateway maps its 405s), not INVALID_ARGUMENT, which says the request's content was wrong.
+METHOD_NOT_ALLOWED = grpc.StatusCode.UNIMPLEMENTED.name
 # The server answers each MCP POST with JSON and pushes nothing, so a GET event stream would only
 # hold a connection (and a max_streams slot) open: the spec lets a server refuse it with 405.
 MCP_GET_REFUSED = "this MCP server sends no event stream: POST each JSON-RPC message to /mcp"
@@ -334,7 +344,7 @@ class HttpDoor:
         self, method: str, scope: Scope, receive: Receive, send: Send, handler: Handler
     ) -> None:
         if scope["method"] != "POST":
-            error = {"code": "INVALID_ARGUMENT", "message": f"{scope['path']} takes POST"}
+            error = {"code": METHOD_NOT_ALLOWED, "message": f"{scope['path']} takes POST"}
             await respond(send, 405, orjson.dumps({"error": error}), [(b"allow", b"POST")])
             return
         headers = headers_of(scope)
@@ -348,7 +358,7 @@ class HttpDoor:
 
     async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] == "GET":  # the server pushes nothing: no event stream to hold open
-            refusal = {"error": {"code": "METHOD_NOT_ALLOWED", "message": MCP_GET_REFUSED}}
+            refusal = {"error": {"code": METHOD_NOT_ALLOWED, "message": MCP_GET_REFUSED}}
             await respond(send, 405, orjson.dumps(refusal), [(b"allow", b"POST, DELETE")])
             return
         headers = headers_of(scope)
@@ -996,6 +1006,6 @@ def _bind(listen: str, *, reuse_port: bool) -> socket.socket:
 
 def _refusal_headers(exc: RequestError, call: HttpCall) -> list[tuple[bytes, bytes]]:
     headers = list(call.context.headers)
-    if status_for(exc) is grpc.StatusCode.UNAUTHENTICATED:
-        headers.append((b"www-authenticate", b"Bearer"))
+    if isinstance(exc, Unauthenticated):
+        headers.append((b"www-authenticate", exc.challenge.encode()))
     return headers

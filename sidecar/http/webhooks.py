@@ -21,7 +21,15 @@ so is a signature seen before (``Replays``): within its window, a captured call 
 Both tables are the process's: with ``[sidecar] workers`` > 1 each worker keeps its own, so a
 call sent again that reaches another worker is served there afresh.
 
-The ``x-voxrecall-session`` header, when sent, names the session on both.
+**Vapi's tools** post their own envelope to the same path, ``{"message": {"type": "tool-calls",
+"toolCallList": [{"id", "function": {"name", "arguments"}}...], "call": {"id", ...}}}``: each
+call in the list is run by the function it names (``Webhooks._vapi_tools``; at most
+``MAX_TOOL_CALLS``) and answered in Vapi's form, ``{"results": [{"toolCallId", "name", "result"}]}``,
+a model's mistake (an unknown function, bad arguments) as that call's ``error`` instead of its
+``result``, the model's to read. The call id names the session; with ``vapi_secret_env`` set the
+``X-Vapi-Secret`` header must hold that secret, as for the knowledge base.
+
+The ``x-voxrecall-session`` header, when sent, names the session on all three.
 """
 
 from __future__ import annotations
@@ -68,6 +76,9 @@ Reply = tuple[int, bytes, list[tuple[bytes, bytes]]]
 
 SESSION_HEADER = "x-voxrecall-session"
 VAPI_SECRET_HEADER = "x-vapi-secret"
+# The 401's WWW-Authenticate when X-Vapi-Secret is missing or wrong: the header wanted, not the
+# bearer token the door's own refusal asks for.
+VAPI_CHALLENGE = 'Secret header="X-Vapi-Secret"'
 # as written in messages and docs; looked up in lower case (ASGI gives header names so)
 RETELL_SIGNATURE = "X-Retell-Signature"
 SIGNATURE = "X-Voxrecall-Signature"
@@ -76,6 +87,15 @@ RETELL_SIGNATURE_HEADER = RETELL_SIGNATURE.lower()
 SIGNATURE_HEADER = SIGNATURE.lower()
 TIMESTAMP_HEADER = TIMESTAMP.lower()
 KNOWLEDGE_BASE_REQUEST = "knowledge-base-request"
+TOOL_CALLS = "tool-calls"
+# Tool calls of one Vapi envelope answered at most: a model calls a few tools at once, and each
+# call is a search; a body of thousands (256 KiB holds them) would hold its slot that long.
+MAX_TOOL_CALLS = 16
+VAPI_TOOLS_EXAMPLE = (
+    '{"message": {"type": "tool-calls", "toolCallList": [{"id": "call_1", "function": '
+    '{"name": "knowledge_search", "arguments": {"query": "..."}}}], "call": {"id": "..."}}}'
+)
+TOOL_ERROR_HEADER = (b"x-voxrecall-tool-error", b"true")
 USER_ROLES = frozenset({"user"})
 AGENT_ROLES = frozenset({"assistant", "bot"})
 # Messages of one request fed at most: the session keeps a few turns (context_turns), so older
@@ -105,6 +125,7 @@ NOTE_HEADER = b"x-voxrecall-note"
 # What an empty Vapi answer's ``x-voxrecall-note`` says (Vapi reads only ``documents``; a
 # person testing by curl must tell "nothing asked" from "nothing found").
 NOTHING_ASKED = "nothing asked: the last message with words is not the caller's"
+NOTHING_SAID = "nothing asked: no user or assistant message has words yet"
 NOTHING_FOUND = "nothing found: nothing in the knowledge base matched the caller's last turn"
 _RETELL = re.compile(r"v=(\d{1,16}),d=([0-9a-fA-F]{64})")
 _STAMP = re.compile(r"\d{1,12}")
@@ -118,13 +139,26 @@ class Said:
     text: str
 
 
+def _text(message: dict[str, Any]) -> str | None:
+    """A message's words: its ``content`` (or ``message``) string, or the text of its content
+    parts where ``content`` is a list of OpenAI content parts (``{"type": "text", "text"}``);
+    None where it has no words of either shape."""
+    content = message.get("content", message.get("message"))
+    if isinstance(content, list):
+        parts = [
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
+        return " ".join(parts) if parts else None
+    return content if isinstance(content, str) else None
+
+
 def _said(message: Any) -> Said | None:
     """A Vapi message as a turn, or None for one that is not (system, tool calls, empty)."""
     if not isinstance(message, dict):
         return None
     role = message.get("role")
-    text = message.get("content", message.get("message"))
-    if not isinstance(text, str) or not text.strip():
+    text = _text(message)
+    if text is None or not text.strip():
         return None
     if len(text) > MAX_TEXT_CHARS:  # a long answer of the agent's: its start is what it is about
         text = text[:MAX_TEXT_CHARS].rsplit(" ", 1)[0]
@@ -150,11 +184,8 @@ def _words(message: Any) -> tuple[str | None, str | None]:
     else it holds, nested however deep, neither feeds a turn nor breaks the digest."""
     if not isinstance(message, dict):
         return None, None
-    role, text = message.get("role"), message.get("content", message.get("message"))
-    return (
-        role if isinstance(role, str) else None,
-        text if isinstance(text, str) else None,
-    )
+    role = message.get("role")
+    return role if isinstance(role, str) else None, _text(message)
 
 
 @dataclass(slots=True)
@@ -445,6 +476,11 @@ def _verify_retell(secret: bytes, body: bytes, header: str, now_ms: float) -> Si
     if match is None:
         raise Unauthenticated(f"{RETELL_SIGNATURE} is not v=<ms>,d=<hex digest>")
     stamp, given = match.groups()
+    if abs(now_ms - int(stamp) * 1000) <= SIGNATURE_TOLERANCE_MS:  # Unix seconds, not ms
+        raise Unauthenticated(
+            f"{RETELL_SIGNATURE}'s v= is the Unix time in milliseconds; v={stamp} is in "
+            "seconds: send v=<unix ms>,d=<hex HMAC-SHA256 of the body followed by those digits>"
+        )
     _check_fresh(RETELL_SIGNATURE, int(stamp), now_ms)
     expected = hmac.new(secret, body + stamp.encode(), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(given.lower(), expected):
@@ -498,14 +534,18 @@ class Webhooks:
 
     # -- Vapi ----------------------------------------------------------------------------------
 
-    async def vapi(self, call: HttpCall, headers: dict[str, str], body: bytes) -> Reply:
+    def _check_vapi_secret(self, headers: Mapping[str, str], where: str) -> None:
         if self.vapi_secret and not hmac.compare_digest(
             headers.get(VAPI_SECRET_HEADER, "").encode(), self.vapi_secret
         ):
             raise Unauthenticated(
-                "X-Vapi-Secret is missing or wrong: set the knowledge base's server.secret to "
-                "the secret in the variable [sidecar.http] vapi_secret_env names"
+                f"X-Vapi-Secret is missing or wrong: set the {where}'s server.secret to the "
+                "secret in the variable [sidecar.http] vapi_secret_env names",
+                challenge=VAPI_CHALLENGE,
             )
+
+    async def vapi(self, call: HttpCall, headers: dict[str, str], body: bytes) -> Reply:
+        self._check_vapi_secret(headers, "knowledge base")
         example = '{"message": {"type": "knowledge-base-request", "messages": [...], "call": {"id": ...}}}'
         message = _object(body, example).get("message")
         if not isinstance(message, dict) or message.get("type") != KNOWLEDGE_BASE_REQUEST:
@@ -513,18 +553,13 @@ class Webhooks:
         messages = message.get("messages")
         if not isinstance(messages, list):
             raise InvalidArgument("message.messages must be the list of the call's messages")
-        call_info = message.get("call")
-        call_id, field = headers.get(SESSION_HEADER, ""), SESSION_HEADER
-        if not call_id:
-            field = "message.call.id"
-            call_id = _string(call_info.get("id") if isinstance(call_info, dict) else None, field)
+        call_id = _vapi_call_id(message, headers)
         if not call_id:
             raise InvalidArgument("message.call.id is missing: it names the call's session")
-        _check_call_id(call_id, field)
         fresh, fed = self.conversations.new(call_id, messages)
         said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
         hits: Sequence[Hit] = []
-        note = NOTHING_ASKED
+        note = NOTHING_ASKED if any(map(_said, messages)) else NOTHING_SAID
         for i, turn in enumerate(said):
             result = await self._turn(call, call_id, turn)
             if turn.speaker == Speaker.USER and i == len(said) - 1:
@@ -534,7 +569,7 @@ class Webhooks:
         self.conversations.fed(call_id, fed)
         if not fresh:  # the same request again (a retry): the same answer
             hits = await self._answered_again(call_id, fed)
-        extra = [] if hits else [(NOTE_HEADER, (fed.note or NOTHING_ASKED).encode())]
+        extra = [] if hits else [(NOTE_HEADER, (fed.note or note).encode())]
         return 200, orjson.dumps({"documents": _documents(hits)}), extra
 
     async def _answered_again(self, call_id: str, fed: Fed) -> Sequence[Hit]:
@@ -604,6 +639,9 @@ class Webhooks:
         self, call: HttpCall, function: str, headers: dict[str, str], body: bytes
     ) -> Reply:
         payload = _object(body, '{"args": {"query": "..."}, "call": {"call_id": "..."}}')
+        message = payload.get("message")
+        if isinstance(message, dict) and message.get("type") == TOOL_CALLS:
+            return await self._vapi_tools(call, headers, message)
         name = payload.get("name")
         if name is not None and name != function:
             raise InvalidArgument(
@@ -619,8 +657,39 @@ class Webhooks:
             known = ", ".join(fn.name for fn in self.toolbox.visible_functions()) or "none"
             raise NotFound(f"no function {function!r} at /tools/: known: {known}")
         result = await self.toolbox.invoke(self.engine, function, arguments, session_id)
-        extra = [(b"x-voxrecall-tool-error", b"true")] if result.is_error else []
+        extra = [TOOL_ERROR_HEADER] if result.is_error else []
         return 200, result.output.encode(), extra
+
+    async def _vapi_tools(
+        self, call: HttpCall, headers: Mapping[str, str], message: dict[str, Any]
+    ) -> Reply:
+        """Vapi's ``tool-calls`` envelope: each call run by the function it names, answered
+        ``{"results": [{"toolCallId", "name", "result" or "error"}]}`` in the list's order."""
+        self._check_vapi_secret(headers, "tool")
+        calls = message.get("toolCallList", message.get("toolCalls"))
+        if not isinstance(calls, list):
+            raise InvalidArgument(
+                f"message.toolCallList must be the list of the model's tool calls: {VAPI_TOOLS_EXAMPLE}"
+            )
+        if len(calls) > MAX_TOOL_CALLS:
+            raise InvalidArgument(
+                f"message.toolCallList holds {len(calls)} calls; at most {MAX_TOOL_CALLS} are "
+                "answered in one request"
+            )
+        session_id = _vapi_call_id(message, headers)
+        results = [await self._vapi_tool(call, _tool_call_of(c), session_id) for c in calls]
+        extra = [TOOL_ERROR_HEADER] if any("error" in r for r in results) else []
+        return 200, orjson.dumps({"results": results}), extra
+
+    async def _vapi_tool(
+        self, call: HttpCall, tool_call: tuple[str, str, str], session_id: str
+    ) -> dict[str, str]:
+        """One of Vapi's tool calls run: its result, or its error for the model to read."""
+        call_id, name, arguments = tool_call
+        call.check(pb.InvokeToolRequest(name=name, arguments_json=arguments, session_id=session_id))
+        result = await self.toolbox.invoke(self.engine, name, arguments, session_id)
+        answer = "error" if result.is_error else "result"
+        return {"toolCallId": call_id, "name": name, answer: result.output}
 
 
 def _why_nothing(result: TurnResult) -> str:
@@ -649,6 +718,34 @@ def _check_call_id(call_id: str, field: str) -> None:
             f"{field} is {len(call_id)} characters; the limit is {MAX_SESSION_ID}: send the "
             "platform's call id"
         )
+
+
+def _vapi_call_id(message: dict[str, Any], headers: Mapping[str, str]) -> str:
+    """The session of a Vapi request: the ``x-voxrecall-session`` header, else
+    ``message.call.id`` ("" when neither is sent), checked against the name limit."""
+    call_id, field = headers.get(SESSION_HEADER, ""), SESSION_HEADER
+    if not call_id:
+        field = "message.call.id"
+        call_info = message.get("call")
+        call_id = _string(call_info.get("id") if isinstance(call_info, dict) else None, field)
+    _check_call_id(call_id, field)
+    return call_id
+
+
+def _tool_call_of(tool_call: Any) -> tuple[str, str, str]:
+    """One entry of Vapi's ``toolCallList``: its id, the function's name ("" when missing: the
+    toolbox answers that no function has that name) and its arguments as JSON text. An entry
+    without an id cannot be answered, so it refuses the request (400)."""
+    call_id = tool_call.get("id") if isinstance(tool_call, dict) else None
+    if not isinstance(call_id, str) or not call_id:
+        raise InvalidArgument(
+            f"each entry of message.toolCallList needs its id (a string): {VAPI_TOOLS_EXAMPLE}"
+        )
+    function = tool_call.get("function")
+    function = function if isinstance(function, dict) else {}
+    name = function.get("name")
+    arguments = function.get("arguments", {})
+    return call_id, name if isinstance(name, str) else "", _arguments_json(arguments)
 
 
 def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str, str, str]:
