@@ -7,8 +7,8 @@ import asyncio
 import os
 import signal
 import socket
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,8 @@ async def test_ask_prints_the_bases_fallback_when_nothing_was_found(
     for lines in outs[:2]:  # Turn and Search: nothing found
         assert lines[-3:-1] == ["no chunk scored above min_score", f"fallback: {fallback}"]
     assert not any(line.startswith("fallback:") for line in outs[2])  # something was found
+
+
 async def test_ask_into_a_closed_pipe_stops_quietly(example_sidecar: Any) -> None:
     """``voxrecall ask "..." | head -3``: the reader gone, the command ends as a Unix tool does
     (the shell's status for SIGPIPE), not with a BrokenPipeError traceback."""

@@ -248,6 +248,8 @@ def test_the_turn_suite_prints_its_table_first_and_its_figures_only_to_the_json(
     assert logged[0].startswith("local_default: 1 turns, p50 12.0 ms")
     saved = json.loads((tmp_path / "turn.json").read_text())
     assert saved["scenarios"]["local_default"]["p50_ms"] == 12.0
+
+
 @pytest.mark.parametrize("suite", ["turn", "quality"])
 def test_a_suite_without_its_data_prints_one_skipped_line(tmp_path: Path, suite: str) -> None:
     """As both READMEs say: one ``skipped: shared data not present: ...`` line (``turn`` printed
