@@ -1,4 +1,4 @@
-"""The hooks' per-call paths, without a server: ``HookRun`` starts and ends hooks in order on
+"""The hooks' per-call paths, without a server: a ``Call`` starts and ends hooks in order on
 both doors (a gRPC call's single pass, the HTTP door's two steps), a refusal ends only the hooks
 that started; ``FieldLimits`` finds each message class's bytes fields apart; ``CallLog`` gives a
 call without a usable ``x-call-id`` a fresh one."""
@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from sidecar.edge.interceptor import Call, Hook, HookRun, Phases
+from sidecar.edge.interceptor import NO_HOOKS, Call, Hook, Phases
 from sidecar.edge.limits import TEXT_BYTES, FieldLimits
 from sidecar.edge.logs import CallLog
 from sidecar.errors import InvalidArgument, RequestError, ResourceExhausted
@@ -39,8 +39,8 @@ class StartsOnly(Hook):
         pass
 
 
-def new_call() -> Call:
-    return Call("Search", "voxrecall.v1.Retrieval", {}, None, task=None)  # type: ignore[arg-type]
+def new_call(phases: Phases = NO_HOOKS) -> Call:
+    return Call("Search", "voxrecall.v1.Retrieval", {}, None, phases, task=None)  # type: ignore[arg-type]
 
 
 def hooks(seen: list[str], refused: str = "") -> list[Hook]:
@@ -56,7 +56,7 @@ def hooks(seen: list[str], refused: str = "") -> list[Hook]:
 @pytest.mark.parametrize("steps", [(None,), (2, None)], ids=["grpc", "http-two-steps"])
 def test_every_started_hook_ends_once_last_first(steps: tuple[int | None, ...]) -> None:
     seen: list[str] = []
-    run = HookRun(Phases.of(hooks(seen)), new_call())
+    run = new_call(Phases.of(hooks(seen)))
     for until in steps:
         run.start(until)
     run.end()
@@ -70,8 +70,7 @@ def test_a_refusal_ends_only_the_hooks_before_it(
     steps: tuple[int | None, ...], refused: str
 ) -> None:
     seen: list[str] = []
-    call = new_call()
-    run = HookRun(Phases.of(hooks(seen, refused)), call)
+    call = run = new_call(Phases.of(hooks(seen, refused)))
     *first, last = steps
     for until in first:  # the HTTP door's first step: refused there when "a" refuses
         if refused == "a":
