@@ -157,7 +157,7 @@ class ConcurrencyLimit(Hook):
         pool = self.unary
         if call.streaming:
             pool = self.reflection if call.service == REFLECTION_SERVICE else self.streams
-        caller = getattr(call.caller, "name", "")
+        caller = "" if call.caller is None else call.caller.name  # no AttributeError made
         try:
             pool.take(caller, call.method)
         except ResourceExhausted:
@@ -185,7 +185,7 @@ class ConcurrencyLimit(Hook):
         self._give(call, slot)
 
     def _give(self, call: Call, pool: Pool) -> None:
-        pool.give(getattr(call.caller, "name", ""))  # the caller it was taken for (set before)
+        pool.give("" if call.caller is None else call.caller.name)  # the one it was taken for
         self._calls.discard(call)
         if self._idle is not None and self.in_flight == 0:  # a drain waits (seldom): then count
             self._idle.set()
