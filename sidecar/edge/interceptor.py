@@ -145,7 +145,7 @@ def _parsed(response: Callable[[Call, Any], None]) -> Callable[[Call, Any], None
     return with_message
 
 
-NO_HOOKS = Phases.of(())
+NO_HOOKS = Phases.of(())  # a call's phases made without any (a hook's own unit test)
 
 
 _CURRENT_TASK: Any = object()  # ``Call``'s default task: the one running when it is made
@@ -170,9 +170,8 @@ class Call:
     metadata: dict[str, str] | Iterable[tuple[str, Any]]
     context: Context
     phases: Phases = NO_HOOKS
-    streaming: bool = (
-        False  # a request stream (Converse, reflection), counted apart from unary calls
-    )
+    # a request stream (Converse, reflection), counted apart from unary calls
+    streaming: bool = False
     door: str = "grpc"  # the listener it came in by: "grpc", or "http" (sidecar.http.door)
     task: asyncio.Task[Any] | None = _CURRENT_TASK
     started: float = field(default_factory=time.perf_counter)
