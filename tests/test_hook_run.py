@@ -1,22 +1,30 @@
-"""The hooks' per-call paths, without a server: ``HookRun`` starts and ends hooks in order on
+"""The hooks' per-call paths, without a server: a ``Call`` starts and ends hooks in order on
 both doors (a gRPC call's single pass, the HTTP door's two steps), a refusal ends only the hooks
 that started; ``FieldLimits`` finds each message class's bytes fields apart; ``CallLog`` gives a
-call without a usable ``x-call-id`` a fresh one."""
+call without a usable ``x-call-id`` a fresh one, and sets one context variable; the limit counts
+a caller apart only where it has a share; a method's calls count in one ``Tally``."""
 
 from __future__ import annotations
 
 import contextvars
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 
-from sidecar.edge.interceptor import Call, Hook, HookRun, Phases
-from sidecar.edge.limits import TEXT_BYTES, FieldLimits
+from sidecar.edge import logs
+from sidecar.edge.interceptor import NO_HOOKS, Call, Hook, Phases
+from sidecar.edge.lifecycle import Lifecycle
+from sidecar.edge.limits import TEXT_BYTES, ConcurrencyLimit, FieldLimits
 from sidecar.edge.logs import CallLog
+from sidecar.edge.metrics import Metrics
+from sidecar.edge.wire import EncodedResponse
 from sidecar.errors import InvalidArgument, RequestError, ResourceExhausted
 from sidecar.gen import retrieval_pb2 as pb
+from sidecar.turn import sessions
+from sidecar.turn.engine import Timings
 
 
 class Recorded(Hook):
@@ -39,8 +47,8 @@ class StartsOnly(Hook):
         pass
 
 
-def new_call() -> Call:
-    return Call("Search", "voxrecall.v1.Retrieval", {}, None, task=None)  # type: ignore[arg-type]
+def new_call(phases: Phases = NO_HOOKS) -> Call:
+    return Call("Search", "voxrecall.v1.Retrieval", {}, None, phases, task=None)  # type: ignore[arg-type]
 
 
 def hooks(seen: list[str], refused: str = "") -> list[Hook]:
@@ -56,7 +64,7 @@ def hooks(seen: list[str], refused: str = "") -> list[Hook]:
 @pytest.mark.parametrize("steps", [(None,), (2, None)], ids=["grpc", "http-two-steps"])
 def test_every_started_hook_ends_once_last_first(steps: tuple[int | None, ...]) -> None:
     seen: list[str] = []
-    run = HookRun(Phases.of(hooks(seen)), new_call())
+    run = new_call(Phases.of(hooks(seen)))
     for until in steps:
         run.start(until)
     run.end()
@@ -70,8 +78,7 @@ def test_a_refusal_ends_only_the_hooks_before_it(
     steps: tuple[int | None, ...], refused: str
 ) -> None:
     seen: list[str] = []
-    call = new_call()
-    run = HookRun(Phases.of(hooks(seen, refused)), call)
+    call = run = new_call(Phases.of(hooks(seen, refused)))
     *first, last = steps
     for until in first:  # the HTTP door's first step: refused there when "a" refuses
         if refused == "a":
@@ -146,3 +153,66 @@ def test_a_calls_metadata_is_read_as_grpc_gives_it() -> None:
     headers = Call("MCP", "http", {"authorization": "Bearer t"}, None, task=None)  # type: ignore[arg-type]
     assert headers.header("authorization") == "Bearer t"
     assert headers.header("x-call-id") == ""
+
+
+def test_a_calls_start_sets_one_context_variable_the_log_and_a_lazy_load_read() -> None:
+    """The log's ids and the connection a lazy load queues by are the same record, in one
+    variable: one set a call, where two were."""
+    call = Call("Search", "voxrecall.v1.Retrieval", {}, _Context(), task=None)  # type: ignore[arg-type]
+    context = contextvars.Context()  # empty: what the start sets is all there is in it
+    context.run(CallLog().start, call)
+    assert len(context) == 1
+    assert context.run(logs.current.get) is call
+    assert context.run(sessions.connection) == "ipv4:127.0.0.1:1"
+    assert sessions.connection() == ""  # outside the call
+
+
+def test_a_limit_counts_callers_apart_only_where_they_have_a_share() -> None:
+    limit = ConcurrencyLimit(4, shares={"agent": (1, 1)})
+    anonymous, agent, again = new_call(), new_call(), new_call()
+    agent.caller = again.caller = SimpleNamespace(name="agent")
+    limit.start(anonymous)
+    limit.start(agent)
+    assert (limit.unary.in_flight, limit.unary.by_caller) == (2, {"agent": 1})
+    with pytest.raises(ResourceExhausted, match="its share"):
+        limit.start(again)
+    limit.end(agent)
+    limit.end(anonymous)
+    assert (limit.unary.in_flight, limit.unary.by_caller) == (0, {})
+
+
+def test_a_methods_calls_count_in_one_tally_folded_in_at_scrape() -> None:
+    """An OK call's end and its answer's stages count in its door's method's one record; a
+    failed call by its code too; a scrape reads the families as the labelled children said."""
+    metrics = Metrics(None, None, Lifecycle())  # type: ignore[arg-type]
+    answer = EncodedResponse(b"", pb.SearchResponse, Timings(1.0, 2.0, 4.0))
+    calls = [new_call() for _ in range(3)]
+    for call in calls:
+        metrics.response(call, answer)
+        metrics.end(call)
+    failed = new_call()
+    failed.code = grpc.StatusCode.INVALID_ARGUMENT
+    metrics.end(failed)
+    assert len({id(call.tally) for call in [*calls, failed]}) == 1
+    samples = {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in (metrics.rpcs, metrics.rpc_seconds, metrics.stage_seconds, metrics.refusals)
+        for metric in family.collect()
+        for sample in metric.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, frozenset(labels.items()))]
+
+    search = {"door": "grpc", "method": "Search"}
+    assert value("voxrecall_rpcs_total", code="OK", **search) == 3
+    assert value("voxrecall_rpcs_total", code="INVALID_ARGUMENT", **search) == 1
+    assert value("voxrecall_refusals_total", reason="invalid_argument") == 1
+    assert value("voxrecall_rpc_seconds_count", **search) == 4
+    for stage, seconds in (("embed", 0.001), ("search", 0.002), ("total", 0.004)):
+        assert value("voxrecall_stage_seconds_count", rpc="Search", stage=stage) == 3
+        total = value("voxrecall_stage_seconds_sum", rpc="Search", stage=stage)
+        assert total == pytest.approx(3 * seconds)
+        assert value("voxrecall_stage_seconds_bucket", rpc="Search", stage=stage, le="0.005") == 3
+        within = value("voxrecall_stage_seconds_bucket", rpc="Search", stage=stage, le="0.001")
+        assert within == (3 if stage == "embed" else 0)

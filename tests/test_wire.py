@@ -16,7 +16,7 @@ import pytest
 
 from index.tables import MAX_FIELD_BYTES, ChunkTable
 from index.types import Chunk
-from sidecar.edge.interceptor import Call, Hook, HookRun, Phases
+from sidecar.edge.interceptor import Call, Hook, Phases
 from sidecar.edge.messages import ChunkMessages, chunk_message
 from sidecar.edge.wire import passing_through, search_response
 from sidecar.gen import retrieval_pb2 as pb
@@ -139,8 +139,8 @@ class Needs(Hook):
 
 
 def sent(hooks: list[Hook], message: Any) -> None:
-    run = HookRun(Phases.of(hooks), Call("Search", "voxrecall.v1.Retrieval", {}, None, task=None))  # type: ignore[arg-type]
-    run.sent(message)
+    call = Call("Search", "voxrecall.v1.Retrieval", {}, None, Phases.of(hooks), task=None)  # type: ignore[arg-type]
+    call.sent(message)
 
 
 def test_hooks_that_read_encoded_answers_never_make_the_message() -> None:

@@ -75,8 +75,8 @@ def test_the_metrics_hook_reads_a_written_answers_timings_and_skip() -> None:
     seen: list[tuple[Timings, bool]] = []
 
     class Stages:
-        def _timings(self, rpc: str, timings: Timings, *, searched: bool) -> None:
-            assert rpc == "Converse"
+        def _timings(self, call: Call, timings: Timings, *, searched: bool) -> None:
+            assert call.method == "Converse"
             seen.append((timings, searched))
 
     call = Call("Converse", "voxrecall.v1.Retrieval", {}, None, task=None)  # type: ignore[arg-type]

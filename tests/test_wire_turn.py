@@ -179,9 +179,9 @@ def test_the_metrics_hook_reads_a_written_turns_timings_and_skip() -> None:
     seen: list[tuple[str, bool]] = []
 
     class Stages:
-        def _timings(self, rpc: str, timings: Timings, *, searched: bool) -> None:
+        def _timings(self, call: Call, timings: Timings, *, searched: bool) -> None:
             assert timings is TIMED
-            seen.append((rpc, searched))
+            seen.append((call.method, searched))
 
     call = Call("Turn", "voxrecall.v1.Retrieval", {}, None, task=None)  # type: ignore[arg-type]
     for written in (searched, skipped):

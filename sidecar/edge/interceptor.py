@@ -40,57 +40,6 @@ Context = grpc.aio.ServicerContext[Any, Any]
 OK = grpc.StatusCode.OK
 
 
-@dataclass(slots=True, eq=False)
-class Call:
-    """One call as the hooks see it; hooks leave what they learn here for the others. One
-    record a call, no dict of its own: its metadata is kept as given and read by ``header``,
-    what a hook keeps is a field (``slot``), and the log context is this record
-    (``sidecar.edge.logs``). Compared and hashed as itself (``eq=False``): a limit holds the
-    calls in flight in a set."""
-
-    method: str  # "Turn"
-    service: str  # "voxrecall.v1.Retrieval"
-    # a gRPC call's invocation metadata, (key, value) pairs as grpc gives them (keys in lower
-    # case: gRPC allows no other), or the HTTP door's headers
-    metadata: dict[str, str] | Iterable[tuple[str, Any]]
-    context: Context
-    started: float = field(default_factory=time.perf_counter)
-    call_id: str = ""
-    session_id: str = ""
-    caller: Any = None  # the authenticated caller (sidecar.edge.auth), None without auth
-    streaming: bool = (
-        False  # a request stream (Converse, reflection), counted apart from unary calls
-    )
-    code: grpc.StatusCode = grpc.StatusCode.OK
-    slot: Any = None  # the pool a concurrency limit counts the call in (sidecar.edge.limits)
-    task: asyncio.Task[Any] | None = field(default_factory=asyncio.current_task)
-    cut: str = ""  # set with the task cancelled: the drain's grace ended; the call ends UNAVAILABLE
-    door: str = "grpc"  # the listener it came in by: "grpc", or "http" (sidecar.http.door)
-
-    def cut_off(self, reason: str) -> None:
-        """End this call from outside (the drain, when its grace ends): UNAVAILABLE, which a
-        client retries on another instance, where a plain cancel would answer CANCELLED."""
-        self.cut = reason
-        if self.task is not None:
-            self.task.cancel()
-
-    def elapsed_s(self) -> float:
-        return time.perf_counter() - self.started
-
-    def header(self, name: str) -> str:
-        """The text of metadata entry ``name`` (lower case; the last one sent when it is sent
-        twice), "" when there is none: found where a hook asks (the call id, the token), where
-        a dict of every entry was made for every call."""
-        metadata = self.metadata
-        if isinstance(metadata, dict):
-            return metadata.get(name, "")
-        found = ""
-        for key, value in metadata:
-            if key == name and type(value) is str:  # a "-bin" entry's value is bytes
-                found = value
-        return found
-
-
 @dataclass(frozen=True, slots=True)
 class Malformed:
     """A request body that did not parse as the method's message."""
@@ -196,45 +145,104 @@ def _parsed(response: Callable[[Call, Any], None]) -> Callable[[Call, Any], None
     return with_message
 
 
-class HookRun:
-    """The hooks around one call, on either door: ``start`` (all of them, or in two steps with
-    ``until``: the HTTP door reads a body between them), ``check`` each request, ``sent`` each
-    response, ``end`` once. A refusal sets ``call.code`` and raises the ``RequestError``."""
+NO_HOOKS = Phases.of(())  # a call's phases made without any (a hook's own unit test)
 
-    __slots__ = ("call", "phases", "started")
 
-    def __init__(self, phases: Phases, call: Call) -> None:
-        self.phases = phases
-        self.call = call
-        self.started = 0  # hooks whose start returned: those before this position
+_CURRENT_TASK: Any = object()  # ``Call``'s default task: the one running when it is made
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """One call and the hooks around it, on either door: the one object a call makes for them.
+    Hooks leave what they learn here for the others (a field each: no dict of its own); its
+    metadata is kept as given and read by ``header``; the log context is this record
+    (``sidecar.edge.logs``), and so is the connection a lazy load queues by (``peer``). Compared
+    and hashed as itself (``eq=False``): a limit holds the calls in flight in a set.
+
+    It runs its hooks (``phases``): ``start`` (all of them, or in two steps with ``until``: the
+    HTTP door reads a body between them), ``check`` each request, ``sent`` each response,
+    ``end`` once. A refusal sets ``code`` and raises the ``RequestError``."""
+
+    method: str  # "Turn"
+    service: str  # "voxrecall.v1.Retrieval"
+    # a gRPC call's invocation metadata, (key, value) pairs as grpc gives them (keys in lower
+    # case: gRPC allows no other), or the HTTP door's headers
+    metadata: dict[str, str] | Iterable[tuple[str, Any]]
+    context: Context
+    phases: Phases = NO_HOOKS
+    # a request stream (Converse, reflection), counted apart from unary calls
+    streaming: bool = False
+    door: str = "grpc"  # the listener it came in by: "grpc", or "http" (sidecar.http.door)
+    task: asyncio.Task[Any] | None = _CURRENT_TASK
+    started: float = field(default_factory=time.perf_counter)
+    call_id: str = ""
+    session_id: str = ""
+    caller: Any = None  # the authenticated caller (sidecar.edge.auth), None without auth
+    code: grpc.StatusCode = OK
+    slot: Any = None  # the pool a concurrency limit counts the call in (sidecar.edge.limits)
+    tally: Any = None  # what the metrics count its door's method in (sidecar.edge.metrics)
+    cut: str = ""  # set with the task cancelled: the drain's grace ended; the call ends UNAVAILABLE
+    begun: int = 0  # hooks whose start returned: those before this position
+
+    def __post_init__(self) -> None:
+        if self.task is _CURRENT_TASK:
+            self.task = asyncio.current_task()
+
+    def cut_off(self, reason: str) -> None:
+        """End this call from outside (the drain, when its grace ends): UNAVAILABLE, which a
+        client retries on another instance, where a plain cancel would answer CANCELLED."""
+        self.cut = reason
+        if self.task is not None:
+            self.task.cancel()
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def peer(self) -> str:
+        """The address the call came from (grpc's form: ``ipv4:127.0.0.1:5000``)."""
+        return self.context.peer()
+
+    def header(self, name: str) -> str:
+        """The text of metadata entry ``name`` (lower case; the last one sent when it is sent
+        twice), "" when there is none: found where a hook asks (the call id, the token), where
+        a dict of every entry was made for every call."""
+        metadata = self.metadata
+        if isinstance(metadata, dict):
+            return metadata.get(name, "")
+        found = ""
+        for key, value in metadata:
+            if key == name and type(value) is str:  # a "-bin" entry's value is bytes
+                found = value
+        return found
+
+    # -- the hooks around it --------------------------------------------------------------------
 
     def start(self, until: int | None = None) -> None:
         """Every hook's ``start`` from where the last step stopped, up to position ``until``
         (the end by default)."""
-        call, first = self.call, self.started
+        first = self.begun
         stop = self.phases.count if until is None else until
         try:
             if first == 0 and until is None:  # a gRPC call: every hook in one pass, unchecked
                 for i, start in self.phases.start:
-                    self.started = i  # the hooks before this one have started, whatever it raises
-                    start(call)
+                    self.begun = i  # the hooks before this one have started, whatever it raises
+                    start(self)
             else:
                 for i, start in self.phases.start:
                     if first <= i < stop:
-                        self.started = i
-                        start(call)
+                        self.begun = i
+                        start(self)
         except RequestError as exc:
             self.refused(exc)
-        if stop > self.started:
-            self.started = stop
+        if stop > self.begun:
+            self.begun = stop
 
     def check(self, message: Any) -> None:
-        call = self.call
         try:
             if isinstance(message, Malformed):
                 raise message.error()
             for request in self.phases.request:
-                request(call, message)
+                request(self, message)
         except RequestError as exc:
             self.refused(exc)
 
@@ -242,28 +250,28 @@ class HookRun:
         phases = self.phases
         hooks = phases.encoded if type(message) is EncodedResponse else phases.response
         for response in hooks:
-            response(self.call, message)
+            response(self, message)
 
     def end(self) -> None:
-        """Every started hook's ``end``, with ``call.code`` final; once."""
-        call, started = self.call, self.started
-        self.started = 0
-        if started == self.phases.count:  # every hook started (nearly every call): no check
+        """Every started hook's ``end``, with ``code`` final; once."""
+        begun = self.begun
+        self.begun = 0
+        if begun == self.phases.count:  # every hook started (nearly every call): no check
             for _, end in self.phases.end:
-                end(call)
+                end(self)
             return
         for i, end in self.phases.end:
-            if i < started:
-                end(call)
+            if i < begun:
+                end(self)
 
     def refused(self, exc: RequestError) -> NoReturn:
         """The call's code is the refusal's; ``exc`` goes on up."""
-        self.call.code = status_for(exc)
+        self.code = status_for(exc)
         raise exc
 
 
-class _HookedCall(HookRun):
-    """The hooks around one gRPC call: a refusal aborts the call with its status."""
+class _HookedCall(Call):
+    """A gRPC call and the hooks around it: a refusal aborts the call with its status."""
 
     __slots__ = ()
 
@@ -277,10 +285,8 @@ class _HookedCall(HookRun):
         return arg
 
     async def refuse(self, exc: RequestError) -> NoReturn:
-        context = self.call.context
-        await context.abort(
-            self.call.code, str(exc), trailing_metadata=abort_trailers(context, exc)
-        )
+        context = self.context
+        await context.abort(self.code, str(exc), trailing_metadata=abort_trailers(context, exc))
         raise AssertionError("unreachable: abort raises") from exc
 
     async def __aenter__(self) -> _HookedCall:
@@ -294,20 +300,19 @@ class _HookedCall(HookRun):
         aborts UNAVAILABLE here (AbortError); then every started hook's ``end``, whatever
         happened."""
         try:
-            if isinstance(exc, asyncio.CancelledError) and self.call.cut:
-                self.call.code = grpc.StatusCode.UNAVAILABLE
-                context = self.call.context  # a pushback of -1: not retried on this sidecar
-                trailers = abort_trailers(context, Draining(self.call.cut))
-                await context.abort(grpc.StatusCode.UNAVAILABLE, self.call.cut, trailers)
+            if isinstance(exc, asyncio.CancelledError) and self.cut:
+                self.code = grpc.StatusCode.UNAVAILABLE
+                context = self.context  # a pushback of -1: not retried on this sidecar
+                trailers = abort_trailers(context, Draining(self.cut))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, self.cut, trailers)
         finally:
             self.finish(exc)
 
     def finish(self, exc: BaseException | None) -> None:
-        call = self.call
         if exc is None:
-            call.code = _code_of(call.context) or OK
-        elif call.code is OK:
-            call.code = _code_of(call.context) or _code_for(exc, call.context)
+            self.code = _code_of(self.context) or OK
+        elif self.code is OK:
+            self.code = _code_of(self.context) or _code_for(exc, self.context)
         self.end()
 
 
@@ -353,7 +358,7 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
         def new_hooked_call(context: Context, streaming: bool) -> _HookedCall:
             metadata = context.invocation_metadata() or ()
-            return _HookedCall(phases, Call(name, service, metadata, context, streaming=streaming))
+            return _HookedCall(name, service, metadata, context, phases, streaming)
 
         wrapped = _wrap(handler, new_hooked_call)
         self._wrapped[method] = (handler, wrapped)

@@ -47,20 +47,17 @@ class Pool:
         self.limit = limit
         self.shares = dict(shares)
         self.in_flight = 0
-        # a plain dict: a Counter's misses and deletes are Python calls, on every call
+        # the calls in flight of each caller with a share (the others are not counted apart:
+        # without authentication, none); a plain dict: a Counter's misses and deletes are
+        # Python calls, on every call
         self.by_caller: dict[str, int] = {}
 
     def take(self, caller: str, method: str) -> None:
         """A slot for ``caller``'s call of ``method``, or ResourceExhausted naming both the
         method refused and what is full."""
         share = self.shares.get(caller)
-        held = self.by_caller.get(caller, 0)
-        if share is not None and held >= share:
-            where = f"[sidecar.auth.caller] {self.key} = " if self.key else ""
-            raise ResourceExhausted(
-                f"{method} refused: caller {caller!r} has {held} {self.what}, its share "
-                f"({where}{share}): finish one, or retry with backoff"
-            )
+        if share is not None:
+            self._within_share(caller, share, method)
         if self.in_flight >= self.limit:
             where = f" ([sidecar] {self.key})" if self.key else ""
             raise ResourceExhausted(
@@ -68,10 +65,22 @@ class Pool:
                 f"{where}: retry with backoff"
             )
         self.in_flight += 1
-        self.by_caller[caller] = held + 1
+        if share is not None:
+            self.by_caller[caller] = self.by_caller.get(caller, 0) + 1
+
+    def _within_share(self, caller: str, share: int, method: str) -> None:
+        held = self.by_caller.get(caller, 0)
+        if held >= share:
+            where = f"[sidecar.auth.caller] {self.key} = " if self.key else ""
+            raise ResourceExhausted(
+                f"{method} refused: caller {caller!r} has {held} {self.what}, its share "
+                f"({where}{share}): finish one, or retry with backoff"
+            )
 
     def give(self, caller: str) -> None:
         self.in_flight -= 1
+        if caller not in self.shares:
+            return
         held = self.by_caller[caller] - 1
         if held:
             self.by_caller[caller] = held
@@ -148,7 +157,7 @@ class ConcurrencyLimit(Hook):
         pool = self.unary
         if call.streaming:
             pool = self.reflection if call.service == REFLECTION_SERVICE else self.streams
-        caller = getattr(call.caller, "name", "")
+        caller = "" if call.caller is None else call.caller.name  # no AttributeError made
         try:
             pool.take(caller, call.method)
         except ResourceExhausted:
@@ -176,7 +185,7 @@ class ConcurrencyLimit(Hook):
         self._give(call, slot)
 
     def _give(self, call: Call, pool: Pool) -> None:
-        pool.give(getattr(call.caller, "name", ""))  # the caller it was taken for (set before)
+        pool.give("" if call.caller is None else call.caller.name)  # the one it was taken for
         self._calls.discard(call)
         if self._idle is not None and self.in_flight == 0:  # a drain waits (seldom): then count
             self._idle.set()

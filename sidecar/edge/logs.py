@@ -32,19 +32,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from random import getrandbits as _random_bits
 from time import monotonic
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import orjson
 
 from sidecar.edge.addresses import peer_key
 from sidecar.edge.interceptor import OK, Call, Hook
 from sidecar.gen import retrieval_pb2 as pb
-from sidecar.turn.sessions import connection
+from sidecar.turn.sessions import at_hand
 
 # The call at hand, whose ids every line written while it runs carries: one variable set once a
 # call (its session id, learnt from the request, and its method, renamed by an MCP body, are read
-# from the record as the line is written).
-current: contextvars.ContextVar[Call | None] = contextvars.ContextVar("call", default=None)
+# from the record as the line is written). The turn layer's own (``sessions.at_hand``, where a
+# lazy load reads the call's connection): one variable, one set a call.
+current = cast("contextvars.ContextVar[Call | None]", at_hand)
 
 CALL_ID_HEADER = "x-call-id"
 # A caller's own id is kept only when it is short and plain, so it cannot forge log lines.
@@ -233,18 +234,18 @@ class FailureLines:
 
     def __init__(self, limit: int = FAILURE_LINES) -> None:
         self.limit = limit
-        self._kinds: dict[tuple[str, str, str], _Kind] = {}
+        self.kinds: dict[tuple[str, str, str], _Kind] = {}
         self._swept = monotonic()
 
     def admit(self, client: str, method: str, code: str) -> bool:
         """Whether this failure gets its line (counted if not)."""
         now = self.sweep()
         key = (client, method, code)
-        if key not in self._kinds and len(self._kinds) >= FAILURE_KINDS:
+        if key not in self.kinds and len(self.kinds) >= FAILURE_KINDS:
             key = (OTHER_CLIENTS, method, code)  # a flood from many addresses: one kind
-        kind = self._kinds.get(key)
+        kind = self.kinds.get(key)
         if kind is None:
-            kind = self._kinds[key] = _Kind(now)
+            kind = self.kinds[key] = _Kind(now)
         if kind.logged < self.limit:
             kind.logged += 1
             return True
@@ -258,9 +259,9 @@ class FailureLines:
         if now - self._swept < FAILURE_WINDOW_S:
             return now
         self._swept = now
-        over = [k for k, kind in self._kinds.items() if now - kind.since >= FAILURE_WINDOW_S]
+        over = [k for k, kind in self.kinds.items() if now - kind.since >= FAILURE_WINDOW_S]
         for key in over:
-            kind = self._kinds.pop(key)
+            kind = self.kinds.pop(key)
             if kind.suppressed:
                 # outside any call's context: the count is no one call's
                 contextvars.Context().run(_suppressed, key, kind.suppressed, now - kind.since)
@@ -290,8 +291,7 @@ class CallLog(Hook):
     def start(self, call: Call) -> None:
         given = call.header(CALL_ID_HEADER)  # most callers send none: no match tried
         call.call_id = given if given and _CALL_ID.fullmatch(given) else _fresh_call_id()
-        current.set(call)
-        connection.set(call.context.peer)  # whose queue a lazy load joins (read then)
+        current.set(call)  # the log's ids, and the connection a lazy load queues by
         call.context.set_trailing_metadata(((CALL_ID_HEADER, call.call_id),))
 
     def request(self, call: Call, message: Any) -> None:
@@ -301,7 +301,8 @@ class CallLog(Hook):
 
     def end(self, call: Call) -> None:
         if call.code is OK:
-            self.failures.sweep()  # a window's count is written once its failures stop too
+            if self.failures.kinds:  # a window's count is written once its failures stop too
+                self.failures.sweep()
             level = logging.DEBUG
         elif log.isEnabledFor(logging.INFO) and self.failures.admit(
             peer_key(call.context.peer()), call.method, call.code.name

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -124,11 +124,13 @@ class Metrics(Hook):
         for collector in (self.rpcs, self.rpc_seconds, self.stage_seconds, self.refusals):
             self.registry.register(collector)
         self.registry.register(_CountersAtScrape(engine, holder, lifecycle, limit))
-        self._ended: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any, Any]] = {}
-        # the same for calls ended OK (nearly all), by door then method: looked up with no key
-        # made and no status code hashed (an enum's hash is a Python call)
-        self._ended_ok: dict[str, dict[str, tuple[Any, Any, Any]]] = {}
-        self._stages: dict[str, tuple[Any, Any, Any]] = {}
+        # each door's methods, by door then method: what their calls count, found once a call
+        self._tallies: dict[str, dict[str, Tally]] = {}
+        # the calls that end otherwise than OK (few), by door, method and code: counted apart
+        self._failed: dict[tuple[str, str, grpc.StatusCode], tuple[Any, Any]] = {}
+        self.rpcs.fold = self._ok_calls
+        self.rpc_seconds.fold = self._call_seconds
+        self.stage_seconds.fold = self._stage_seconds
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -139,59 +141,90 @@ class Metrics(Hook):
     def response(self, call: Call, message: Any) -> None:
         kind = type(message)  # generated message classes are never subclassed
         if kind is EncodedResponse:  # a Search's, a Turn's or a Converse answer, as bytes
-            self._timings(call.method, message.timings, searched=message.searched)
+            self._timings(call, message.timings, searched=message.searched)
             return
         if kind is pb.SearchResponse:
-            self._timings(call.method, message.timings, searched=True)
+            self._timings(call, message.timings, searched=True)
             return
         if kind is pb.ConverseResponse:
             message, kind = message.turn, pb.TurnResponse
         if kind is pb.TurnResponse:
-            self._timings(call.method, message.timings, searched=not message.skipped)
+            self._timings(call, message.timings, searched=not message.skipped)
 
-    def _timings(self, rpc: str, timings: pb.Timings | Timings, *, searched: bool) -> None:
-        embed, search, total = self._stages.get(rpc) or self._stages_of(rpc)
+    def _timings(self, call: Call, timings: pb.Timings | Timings, *, searched: bool) -> None:
+        tally: Tally = call.tally or self._tally(call)
         if searched:
-            embed.observe(timings.embed_ms / 1000.0)
-            search.observe(timings.search_ms / 1000.0)
-        total.observe(timings.total_ms / 1000.0)
-
-    def _stages_of(self, rpc: str) -> tuple[Any, Any, Any]:
-        """``rpc``'s embed, search and total children, looked up once per method."""
-        children = tuple(self.stage_seconds.labels(rpc, s) for s in ("embed", "search", "total"))
-        self._stages[rpc] = children
-        return children
+            tally.stage(EMBED, timings.embed_ms / 1000.0)
+            tally.stage(SEARCH, timings.search_ms / 1000.0)
+        tally.stage(TOTAL, timings.total_ms / 1000.0)
 
     def end(self, call: Call) -> None:
-        ended = None
+        tally: Tally = call.tally or self._tally(call)
+        seconds = call.elapsed_s()
+        tally.seconds[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        tally.seconds_sum += seconds
         if call.code is OK:
-            by_method = self._ended_ok.get(call.door)
-            ended = by_method.get(call.method) if by_method is not None else None
-        if ended is None:
-            ended = self._ended_children(call)
-        calls, seconds, refusals = ended
+            tally.ok += 1
+        else:
+            self._failed_call(call)
+
+    def _tally(self, call: Call) -> Tally:
+        """The tally of the call's door and method, made at its first call; kept on the call."""
+        by_method = self._tallies.get(call.door)
+        if by_method is None:
+            by_method = self._tallies[call.door] = {}
+        tally = by_method.get(call.method)
+        if tally is None:
+            tally = by_method[call.method] = Tally(call.door, call.method)
+        call.tally = tally
+        return tally
+
+    def _failed_call(self, call: Call) -> None:
+        """A call ended otherwise than OK, counted by its code (and as a refusal, when it was
+        one); the children looked up once per door, method and code."""
+        key = (call.door, call.method, call.code)
+        failed = self._failed.get(key)
+        if failed is None:
+            code = call.code.name
+            refused = self.refusals.labels(code.lower()) if code in REFUSALS else None
+            failed = self._failed[key] = (self.rpcs.labels(call.door, call.method, code), refused)
+        calls, refusals = failed
         calls.inc()
-        seconds.observe(call.elapsed_s())
         if refusals is not None:
             refusals.inc()
 
-    def _ended_children(self, call: Call) -> tuple[Any, Any, Any]:
-        """The labelled children a call's end counts in, looked up once per door, method and
-        code (those of an OK call kept apart too, for ``end``'s lookup)."""
-        key = (call.door, call.method, call.code)
-        ended = self._ended.get(key)
-        if ended is None:
-            code = call.code.name
-            refused = self.refusals.labels(code.lower()) if code in REFUSALS else None
-            ended = (
-                self.rpcs.labels(call.door, call.method, code),
-                self.rpc_seconds.labels(call.door, call.method),
-                refused,
-            )
-            self._ended[key] = ended
-        if call.code is OK:
-            self._ended_ok.setdefault(call.door, {})[call.method] = ended
-        return ended
+    # -- the tallies, folded into the families at scrape ---------------------------------------
+
+    def _every_tally(self) -> list[Tally]:
+        return [t for by_method in list(self._tallies.values()) for t in list(by_method.values())]
+
+    def _ok_calls(self) -> Iterator[tuple[tuple[str, ...], float]]:
+        for tally in self._every_tally():
+            if tally.ok:
+                yield (tally.door, tally.method, "OK"), float(tally.ok)
+
+    def _call_seconds(self) -> Iterator[tuple[tuple[str, ...], list[int], float]]:
+        for tally in self._every_tally():
+            counts, total = list(tally.seconds), tally.seconds_sum
+            if any(counts):
+                yield (tally.door, tally.method), counts, total
+
+    def _stage_seconds(self) -> Iterator[tuple[tuple[str, ...], list[int], float]]:
+        """Each method's stages, summed over the doors it was answered by."""
+        by_rpc: dict[str, list[tuple[list[int], float]]] = {}
+        for tally in self._every_tally():
+            stages, sums = list(tally.stages), list(tally.stage_sums)
+            width = len(LATENCY_BUCKETS) + 1
+            if not any(stages[TOTAL * width : (TOTAL + 1) * width]):
+                continue  # no answer of this door's method reported its timings
+            rows = by_rpc.setdefault(tally.method, [([0] * width, 0.0) for _ in STAGES])
+            for i in range(len(STAGES)):
+                counts, total = rows[i]
+                part = stages[i * width : (i + 1) * width]
+                rows[i] = [a + b for a, b in zip(counts, part, strict=True)], total + sums[i]
+        for rpc, rows in by_rpc.items():
+            for stage, (counts, total) in zip(STAGES, rows, strict=True):
+                yield (rpc, stage), counts, total
 
     # -- the endpoint -------------------------------------------------------------------------
 
@@ -245,6 +278,36 @@ class _Buckets:
         self.sum += value
 
 
+STAGES = ("embed", "search", "total")  # the ``stage`` label's values, in ``Tally.stages``' order
+EMBED, SEARCH, TOTAL = range(len(STAGES))
+_WIDTH = len(LATENCY_BUCKETS) + 1  # a histogram's buckets, +Inf's own last
+
+
+class Tally:
+    """What one door's method counts of its calls, in plain ints the event loop adds to and a
+    scrape folds into the families (``Counted.fold``): the calls ended OK, every call's seconds
+    (per bucket, not cumulative, and their sum), and the seconds each answer reports per stage
+    (``STAGES``, one row of buckets each). One record a call touches, where a child per label
+    set made six (a counter, two histograms' and three stages' buckets). Read by the scrape's
+    thread as it stands (a list copied whole under the GIL; a sum may be one observation
+    ahead of its counts)."""
+
+    __slots__ = ("door", "method", "ok", "seconds", "seconds_sum", "stage_sums", "stages")
+
+    def __init__(self, door: str, method: str) -> None:
+        self.door = door
+        self.method = method
+        self.ok = 0
+        self.seconds = [0] * _WIDTH
+        self.seconds_sum = 0.0
+        self.stages = [0] * (_WIDTH * len(STAGES))
+        self.stage_sums = [0.0] * len(STAGES)
+
+    def stage(self, stage: int, seconds: float) -> None:
+        self.stages[stage * _WIDTH + bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.stage_sums[stage] += seconds
+
+
 class Counted(Collector):
     """A counter for the hot path: prometheus_client's ``Counter`` takes a lock on every ``inc``
     (and ``Histogram`` one per bucket and one for the sum: ~4 us an observation, five a
@@ -257,6 +320,8 @@ class Counted(Collector):
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self._children: dict[tuple[str, ...], Any] = {}
+        # more samples, read at scrape from where the hot path counts them (``Tally``)
+        self.fold: Callable[[], Iterator[Any]] = _nothing
 
     def labels(self, *values: str) -> Any:
         child = self._children.get(values)
@@ -274,6 +339,8 @@ class Counted(Collector):
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in list(self._children.items()):
             family.add_metric(list(values), child.value)
+        for values, value in self.fold():
+            family.add_metric(list(values), value)
         yield family
 
 
@@ -292,15 +359,24 @@ class Histogram(Counted):
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in list(self._children.items()):
-            counts, total = list(child.counts), child.sum
-            cumulative, running = [], 0
-            for bound, count in zip(
-                (*map(floatToGoString, self.buckets), "+Inf"), counts, strict=True
-            ):
-                running += count
-                cumulative.append((bound, running))
-            family.add_metric(list(values), cumulative, sum_value=total)
+            family.add_metric(list(values), self._cumulative(child.counts), sum_value=child.sum)
+        for values, counts, total in self.fold():
+            family.add_metric(list(values), self._cumulative(counts), sum_value=total)
         yield family
+
+    def _cumulative(self, counts: Sequence[int]) -> list[tuple[str, float]]:
+        """Per-bucket ``counts`` (copied whole first) as Prometheus' cumulative buckets."""
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        bounds = (*map(floatToGoString, self.buckets), "+Inf")
+        for bound, count in zip(bounds, list(counts), strict=True):
+            running += count
+            cumulative.append((bound, running))
+        return cumulative
+
+
+def _nothing() -> Iterator[Any]:
+    return iter(())
 
 
 class _CountersAtScrape(Collector):

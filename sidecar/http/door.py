@@ -59,7 +59,7 @@ from sidecar.config import Config
 from sidecar.edge import tls
 from sidecar.edge.addresses import share_key
 from sidecar.edge.guards import Guards
-from sidecar.edge.interceptor import Call, HookRun, Phases
+from sidecar.edge.interceptor import Call, Phases
 from sidecar.edge.lifecycle import Lifecycle, State
 from sidecar.edge.status import (
     caller_message,
@@ -159,31 +159,30 @@ class _Context:
         return None
 
 
-class HttpCall(HookRun):
-    """One call over HTTP, run through the same hooks as a gRPC call (``HookRun``, as
+class HttpCall(Call):
+    """One call over HTTP, run through the same hooks as a gRPC call (``Call``, as
     ``sidecar.edge.interceptor`` runs them): ``start(until=...)`` the hooks that read only the
     headers, then, once the body is in, ``start()`` the rest; ``check`` each message it
     carries, ``finish`` exactly once."""
 
-    __slots__ = ("answered", "context")
+    __slots__ = ("answered", "reply")
 
     def __init__(
         self, phases: Phases, method: str, headers: dict[str, str], peer: str = ""
     ) -> None:
-        self.context = _Context(peer)
-        super().__init__(
-            phases, Call(method, "http", headers, cast(Any, self.context), door="http")
-        )
+        reply = _Context(peer)
+        super().__init__(method, "http", headers, cast(Any, reply), phases, door="http")
+        self.reply = reply  # the reply's headers (the call id), as the hooks set them
         self.answered = False  # a response has started: no error answer can follow it
 
     def rename(self, method: str) -> None:
         """Name the call once its body says what it is (an MCP request's method)."""
-        self.call.method = method  # on the call's lines from now on (``logs.current``)
+        self.method = method  # on the call's lines from now on (``logs.current``)
 
     def finish(self, code: grpc.StatusCode) -> None:
         """End the hooks with ``code``, unless a refusal seen in ``check`` named the call's."""
-        if self.call.code is grpc.StatusCode.OK:
-            self.call.code = code
+        if self.code is grpc.StatusCode.OK:
+            self.code = code
         self.end()
 
 
@@ -354,7 +353,7 @@ class HttpDoor:
             answer.append(await handler(call, headers, request))
         if answer:
             status, payload, extra = answer[0]
-            await respond(send, status, payload, [*call.context.headers, *extra])
+            await respond(send, status, payload, [*call.reply.headers, *extra])
 
     async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] == "GET":  # the server pushes nothing: no event stream to hold open
@@ -369,7 +368,7 @@ class HttpDoor:
             if message["type"] == "http.response.start":
                 call.answered = True
                 status.append(message["status"])
-                message = {**message, "headers": [*message["headers"], *call.context.headers]}
+                message = {**message, "headers": [*message["headers"], *call.reply.headers]}
             await send(message)
 
         async with self._guarded(call, send):
@@ -377,21 +376,21 @@ class HttpDoor:
             body = await self._admit(call, receive, headers, read=posted)
             if posted:
                 call.rename(self.mcp.method_name(body))
-                if (too_large := initialize_refusal(call.call.method, body)) is not None:
-                    call.call.code = grpc.StatusCode.INVALID_ARGUMENT
-                    await respond(send, 400, too_large, call.context.headers)
+                if (too_large := initialize_refusal(call.method, body)) is not None:
+                    call.code = grpc.StatusCode.INVALID_ARGUMENT
+                    await respond(send, 400, too_large, call.reply.headers)
                     return
             scoped = self.mcp.scope_for(scope, call)
             try:
                 await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
             except ResourceExhausted as exc:  # its owner's sessions are full: a JSON-RPC 429
-                call.call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
                 await respond(
-                    send, 429, session_refusal(body, caller_message(exc)), call.context.headers
+                    send, 429, session_refusal(body, caller_message(exc)), call.reply.headers
                 )
                 return
             if status and status[0] >= 400:
-                call.call.code = code_of_http_status(status[0])
+                call.code = code_of_http_status(status[0])
 
     async def _admit(
         self, call: HttpCall, receive: Receive, headers: dict[str, str], *, read: bool = True
@@ -421,21 +420,21 @@ class HttpDoor:
         except ClientGone:
             code = grpc.StatusCode.CANCELLED
         except asyncio.CancelledError:
-            if not call.call.cut:
+            if not call.cut:
                 code = grpc.StatusCode.CANCELLED
                 raise
             code = grpc.StatusCode.UNAVAILABLE
-            body = {"error": {"code": "UNAVAILABLE", "message": call.call.cut}}
-            failed = 503, orjson.dumps(body), call.context.headers
+            body = {"error": {"code": "UNAVAILABLE", "message": call.cut}}
+            failed = 503, orjson.dumps(body), call.reply.headers
         except VoxrecallError as exc:
             code = status_for(exc)
-            log.error("%s failed: %s", call.call.method, exc)
-            failed = http_status_for(exc), error_body(exc), call.context.headers
+            log.error("%s failed: %s", call.method, exc)
+            failed = http_status_for(exc), error_body(exc), call.reply.headers
         except Exception:
             code = grpc.StatusCode.INTERNAL
-            log.exception("%s failed", call.call.method)
+            log.exception("%s failed", call.method)
             body = {"error": {"code": "INTERNAL", "message": "internal error: see the logs"}}
-            failed = 500, orjson.dumps(body), call.context.headers
+            failed = 500, orjson.dumps(body), call.reply.headers
         finally:
             call.finish(code)
         if failed is not None and not call.answered:  # an MCP event stream cut mid-way just ends
@@ -1005,7 +1004,7 @@ def _bind(listen: str, *, reuse_port: bool) -> socket.socket:
 
 
 def _refusal_headers(exc: RequestError, call: HttpCall) -> list[tuple[bytes, bytes]]:
-    headers = list(call.context.headers)
+    headers = list(call.reply.headers)
     if isinstance(exc, Unauthenticated):
         headers.append((b"www-authenticate", exc.challenge.encode()))
     return headers

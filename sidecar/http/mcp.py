@@ -380,7 +380,7 @@ class McpDoor:
             await self.manager.handle_request(scope, receive, send)
             return
         call: HttpCall = scope[_CALL]
-        caller, client = call.call.caller, scope.get("client")
+        caller, client = call.caller, scope.get("client")
         owner = caller.name if caller is not None else share_key(str(client[0] if client else ""))
         holder = caller.name if caller is not None else ""  # whose bytes (``sessions.owner``)
         size = session_bytes(body_bytes)
@@ -414,7 +414,7 @@ class McpDoor:
     def scope_for(scope: Scope, call: HttpCall) -> Scope:
         """The ASGI scope the SDK sees: the caller as its user (a session is its opener's), and
         the call with its context for the handlers."""
-        caller = call.call.caller
+        caller = call.caller
         extra: dict[str, Any] = {_CALL: call, _CONTEXT: contextvars.copy_context()}
         if caller is not None:
             token = AccessToken(token=caller.name, client_id=caller.name, scopes=[])
@@ -513,7 +513,7 @@ class McpDoor:
     def _page_bases(self, call: HttpCall) -> list[str]:
         if self.auth is None:
             return list(self.read_page_bases)
-        return self.auth.reachable_bases(call.call.caller, self.read_page_bases)
+        return self.auth.reachable_bases(call.caller, self.read_page_bases)
 
     def _refused(self, exc: VoxrecallError) -> types.CallToolResult:
         if isinstance(exc, SnapshotError):

@@ -788,7 +788,7 @@ class Engine:
         if kb not in self.known_bases:
             raise scope.unknown_base(kb, self.known_bases)
         load = self.load_on_demand
-        peer = connection.get()() if load is not None else ""  # whose working set the base is in
+        peer = connection() if load is not None else ""  # whose working set the base is in
         searcher = self.holder.use(kb, peer)
         if searcher is None and load is not None:
             retry_ms = load(kb, peer)

@@ -32,17 +32,33 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from index.types import Chunk, MetaValue
 from sidecar.turn.hits import Hit
 
 # The caller the current call belongs to ("": no authentication); set per call by sidecar.edge.auth.
 owner: ContextVar[str] = ContextVar("owner", default="")
-# The connection the current call came by (its peer address); set per call by sidecar.edge.logs.
-# Lazy loads queue per connection (sidecar.snapshots.refresh.LoadQueue), so one client asking for
-# many bases cannot hold back another's.
-# It holds the call's ``peer`` method, called only when a load is queued: most calls never need it.
-connection: ContextVar[Callable[[], str]] = ContextVar("connection", default=str)
+
+
+class Peered(Protocol):
+    """What the turn layer reads of the call at hand: the connection it came by."""
+
+    def peer(self) -> str: ...
+
+
+# The call at hand (sidecar.edge.interceptor.Call), set once a call by sidecar.edge.logs, whose
+# log lines read their ids from it (``logs.current`` is this variable). Lazy loads queue per
+# connection (sidecar.snapshots.refresh.LoadQueue), so one client asking for many bases cannot
+# hold back another's: its ``peer`` is read only when a load is queued (most calls never need it).
+at_hand: ContextVar[Peered | None] = ContextVar("call", default=None)
+
+
+def connection() -> str:
+    """The peer address of the call at hand ("" outside a call)."""
+    call = at_hand.get()
+    return "" if call is None else call.peer()
+
 
 RECENT_TURNS = 8  # turns remembered for follow-ups; a referent older than this is rarely meant
 # Bytes, measured with tracemalloc (tests/test_sessions.py keeps them honest): a Session with
