@@ -320,15 +320,17 @@ class Engine:
             return self._skipped(session, skip, searcher, budget)
         plan = self._plan(session, utterance, mentions, searcher, allowed)
         self._record(session, Speaker.USER, utterance, mentions)
+        followups.track_pick(session, plan)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
         if taken is not None and (
-            taken.followup != plan.followup or _searches_both(plan, req.text)
+            taken.followup != plan.followup or _searches_both(plan, req.text) or plan.each
         ):
             # planned otherwise on its interim words ("conhost exe" folded, "conhost.exe?" said
             # as a name of its own): the final's own plan is searched, and its pages counted;
             # or a plan of two searches, folded and alone, of which the prefetch ranked the
             # first only: the final ranks both (their vectors embedded ahead, or joined in
-            # flight), so its answer is the one decided by both (``_combined``, ``_backed``)
+            # flight), so its answer is the one decided by both (``_combined``, ``_backed``);
+            # or a question over the agent's listed options, ranked per option (``_each_listed``)
             taken = None
         prefetched = taken is not None and taken.result is not None
         if taken is not None and taken.result is not None:
@@ -393,8 +395,13 @@ class Engine:
         once), and rank the candidates of both by both (``_combined``): a new question keeps
         its own answer where its words clearly prefer it, a follow-up gets the conversation's."""
         entity_of = searcher.gazetteer.entity_of
-        prior = session.pages if plan.prior and session.pages else None
         keep = self._depth(kb, self.config.max_results)  # the rerank stage's candidates
+        if plan.each:
+            target = self._turn_scope(searcher, kb, req, keep, allowed)
+            result = await self._each_listed(target, plan, budget, embed)
+            _count_pages(session, result.found, entity_of)
+            return plan.query, result
+        prior = session.pages if plan.prior and session.pages else None
         if not _searches_both(plan, req.text):
             tracked = _pointed_at(plan)
             depth = PRIOR_DEPTH if prior or tracked else 0
@@ -420,6 +427,37 @@ class Engine:
         elif _asked_alone(plan, own, utterance, searcher.snapshot.lexical):
             return req.text, _cut(own, keep)  # nothing: the exchange alone found them
         return _combined(plan, req.text, folded, own, prior, entity_of, keep)
+
+    async def _each_listed(
+        self, target: SearchScope, plan: followups.Plan, budget: Budget, embed: bool
+    ) -> Ranking:
+        """A question over the agent's listed options (``plan.each``): the turn's words
+        (``plan.asked``) embedded once, each option's chunks ranked by them exactly, the best of
+        each first (``relevance.each_best``); without a vector, BM25 of the names and the words
+        (``degraded``), as any turn's fallback."""
+        start = time.perf_counter()
+        vector = await self.vectors.get(plan.asked, budget.embed_deadline()) if embed else None
+        embed_ms = (time.perf_counter() - start) * 1000.0
+        searcher = target.searcher
+        groups = [searcher.gazetteer.labels_of(name) for name in plan.each]
+        if vector is None or any(labels is None for labels in groups):
+            # no vector, or a base whose names' chunks are not indexed: ranked as one query
+            found = self._rank(
+                target, plan.query if vector is None else plan.asked, vector, embed_ms
+            )
+            return replace(
+                found, found=_each_first(found.found, plan.each, searcher.gazetteer.entity_of)
+            )
+        start = time.perf_counter()
+        query = self._query(target, plan.asked, vector)
+        ranked = relevance.each_best(searcher, query, [g for g in groups if g is not None])
+        chunks = searcher.chunks
+        return Ranking(
+            target.knowledge_base,
+            [(chunks[label], score) for label, score in ranked],
+            snapshot_version=searcher.version,
+            timings=Timings(embed_ms=embed_ms, search_ms=(time.perf_counter() - start) * 1000.0),
+        )
 
     async def _turn_search(
         self,
@@ -510,8 +548,11 @@ class Engine:
         mentions = searcher.gazetteer.find(utterance.named)
         plan = self._plan(session, utterance, mentions, searcher, allowed)
         alone = req.text if _searches_both(plan, req.text) else ""
+        # a question over listed options embeds its words alone: searched ahead so, the final
+        # turn finds their vector cached (``_each_listed``)
+        query = plan.asked if plan.each else plan.query
         return PlannedSearch(
-            kb, searcher, plan.query, req.sources, req.context_url, allowed, plan.followup, alone
+            kb, searcher, query, req.sources, req.context_url, allowed, plan.followup, alone
         )
 
     def _plan(
@@ -954,7 +995,7 @@ def _prior_lifted(
 def _pointed_at(plan: followups.Plan) -> str:
     """The tracked entity a turn points back at and is folded with alone ("what about tab
     color for it"), whose chunks its search lifts (``_entity_lifted``); "" for any other plan."""
-    if plan.followup.source == followups.Source.ENTITY and not plan.alone:
+    if plan.followup.source in followups.ONE_ENTITY and not plan.alone:
         return plan.followup.used
     return ""
 
@@ -1080,7 +1121,7 @@ def _combined(
         # BM25 scores of two queries are on no common scale: the planned query answers
         chosen, query = (folded, plan.query) if folded.found or not own.found else (own, text)
         return query, _cut(chosen, limit)
-    entity = plan.followup.source == followups.Source.ENTITY
+    entity = plan.followup.source in followups.ONE_ENTITY
     margin = ENTITY_STANDALONE_MARGIN if entity else STANDALONE_MARGIN
     if not plan.refers and _stands_alone(folded, own, margin):
         return text, _cut(own, limit)
@@ -1116,9 +1157,7 @@ def _name_alone(plan: followups.Plan, own: Ranking) -> bool:
     with an entity it does not point back at ("What is the capital of France?" after a page on
     voicemail), and its own words, searched alone, find nothing at or above min_score."""
     source = plan.followup.source
-    return (
-        source == followups.Source.ENTITY and not plan.refers and not own.found and not own.degraded
-    )
+    return source in followups.ONE_ENTITY and not plan.refers and not own.found and not own.degraded
 
 
 def _asked_alone(
@@ -1201,3 +1240,17 @@ def _own_answer(found: Sequence[Scored], folded: Ranking, own: Ranking) -> bool:
     return top == own.found[0][0].chunk_id and (
         not folded.found or top != folded.found[0][0].chunk_id
     )
+
+
+def _each_first(found: Sequence[Scored], names: Sequence[str], entity_of: EntityOf) -> list[Scored]:
+    """``found`` with the best chunk of each of ``names`` first, best first (a question over
+    listed options ranked as one query: ``Engine._each_listed``), then the rest as ranked."""
+    wanted = set(names)
+    first: list[Scored] = []
+    for scored in found:
+        name = entity_of(scored[0])
+        if name in wanted:
+            wanted.discard(name)
+            first.append(scored)
+    taken = {id(scored) for scored in first}
+    return [*first, *(scored for scored in found if id(scored) not in taken)]
