@@ -152,6 +152,37 @@ def test_the_words_that_ask_about_a_whole_list(text: str, over: bool) -> None:
     assert followups._over_list(text.split()) is over
 
 
+HELP = {
+    "PHONE ABROAD": [
+        "Roaming in Europe costs five dollars a day with a travel pass.",
+        "Turn roaming on in the app settings before you travel.",
+        "Calls home from abroad are free with a travel pass.",
+    ],
+    "BILLS": ["Your bill arrives by email each month.", "Pay your bill by card or bank transfer."],
+    "STORES": ["Our stores open at nine.", "Bring your card to a store to swap a phone."],
+}
+
+
+async def test_the_recent_turns_fold_is_surer_where_the_turns_own_words_agree(
+    tmp_path: Path,
+) -> None:
+    """A turn folded with the recent exchange reports how well its two searches agree: one
+    whose own words find the folded answer too is surer than one whose words point elsewhere
+    (it was a constant 0.5)."""
+    exchange = [
+        ("user", "How much does roaming cost in Europe?"),
+        ("agent", "A travel pass costs five dollars a day."),
+    ]
+    found = []
+    for i, last in enumerate(["and roaming with a travel pass?", "and what about my bill?"]):
+        results = await run_turns(HELP, [*exchange, ("user", last)], tmp_path / str(i))
+        assert results[-1].followup.source == Source.RECENT_TURNS
+        found.append(results[-1].followup.confidence)
+    agreeing, elsewhere = found
+    assert 0.0 <= elsewhere < agreeing <= 1.0
+    assert agreeing - elsewhere > 0.2
+
+
 async def test_a_spoken_number_does_not_become_a_name(tmp_path: Path) -> None:
     results = await run_turns(
         PLACES,

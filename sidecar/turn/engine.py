@@ -165,6 +165,9 @@ class Ranking:
     degraded: bool = False
     timings: Timings = field(default_factory=Timings)
     rerank: RerankStatus = RerankStatus.RERANK_NONE
+    # how sure the recent-turns fold that ranked it is, as its two searches say (``_agreement``);
+    # None: not ranked so
+    sure: float | None = None
 
     def result(self) -> SearchResult:
         """The answer: a ``Hit`` for each kept candidate."""
@@ -365,7 +368,7 @@ class Engine:
             ),
             prefetched=prefetched,
             truncated=self._truncates(query),
-            followup=plan.followup if prefetched or query == plan.query else followups.NO_FOLLOWUP,
+            followup=_followup(plan, query, prefetched, ranked.sure),
             rerank=answer.rerank,
         )
 
@@ -414,7 +417,9 @@ class Engine:
             return plan.query, result
         depth = max(keep, FUSION_DEPTH)
         target = self._turn_scope(searcher, kb, req, depth, allowed)
-        folded, own, said = await self._searched_both(target, (plan.query, req.text), budget, embed)
+        folded, own, every, said = await self._searched_both(
+            target, (plan.query, req.text), budget, embed
+        )
         # the turn's own words' result is what the conversation's pages count
         _count_pages(session, own.found, entity_of)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
@@ -426,7 +431,10 @@ class Engine:
             folded = self._backed(searcher, kb, folded, said, depth)
         elif _asked_alone(plan, own, utterance, searcher.snapshot.lexical):
             return req.text, _cut(own, keep)  # nothing: the exchange alone found them
-        return _combined(plan, req.text, folded, own, prior, entity_of, keep)
+        query, result = _combined(plan, req.text, folded, own, prior, entity_of, keep)
+        if plan.followup.source == followups.Source.RECENT_TURNS and query == plan.query:
+            result = replace(result, sure=_agreement(folded, every))
+        return query, result
 
     async def _each_listed(
         self, target: SearchScope, plan: followups.Plan, budget: Budget, embed: bool
@@ -477,18 +485,27 @@ class Engine:
 
     async def _searched_both(
         self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
-    ) -> tuple[Ranking, Ranking, Vectors | None]:
-        """A turn's two searches (the folded query, the turn alone) and the turn's own vector
-        (None when not embedded), both queries embedded in one embedder call: on the embedded
-        model's one worker, two calls would run one after the other, each with its own
-        hand-off to the worker thread and back."""
+    ) -> tuple[Ranking, Ranking, Ranking, Vectors | None]:
+        """A turn's two searches (the folded query, the turn alone), the turn alone's ranking
+        before ``min_score`` (``_agreement`` reads its cosines; the same ranking where the
+        threshold does not cut a dense one) and the turn's own vector (None when not
+        embedded), both queries embedded in one embedder call: on the embedded model's one
+        worker, two calls would run one after the other, each with its own hand-off to the
+        worker thread and back."""
         start = time.perf_counter()
         vectors: Sequence[Vectors | None] = (None, None)
         if embed:
             vectors = await self.vectors.get_many(queries, budget.embed_deadline())
         embed_ms = (time.perf_counter() - start) * 1000.0
         first = self._rank(target, queries[0], vectors[0], embed_ms)
-        return first, self._rank(target, queries[1], vectors[1], embed_ms), vectors[1]
+        if vectors[1] is None or target.knowledge_base in self.hybrid_bases:
+            own = self._rank(target, queries[1], vectors[1], embed_ms)  # no cosines to read
+            return first, own, own, vectors[1]
+        every = self._rank(replace(target, min_score=-1.0), queries[1], vectors[1], embed_ms)
+        if every.degraded:  # the graph failed: BM25 answered, min_score is not its threshold
+            return first, every, every, vectors[1]
+        kept = [scored for scored in every.found if scored[1] >= target.min_score]
+        return first, replace(every, found=kept), every, vectors[1]
 
     def _turn_scope(
         self, searcher: Searcher, kb: str, req: TurnInput, limit: int, allowed: Allowed | None
@@ -1138,6 +1155,34 @@ def _combined(
     )
     result = Ranking(folded.knowledge_base, found[:limit], folded.snapshot_version, timings=timings)
     return (text if _own_answer(found, folded, own) else plan.query), result
+
+
+def _agreement(folded: Ranking, own: Ranking) -> float | None:
+    """How sure a turn folded with the recent exchange is of its answer, from its two searches:
+    the mean of the turn alone's cosine for the folded query's best chunk and the folded
+    query's cosine for the turn alone's best (a chunk a search did not return counts at its
+    last score), within 0 to 1. Where the two agree the fold was right more often: on
+    doc2dial-dev's 481 turns answered so, by quarter of it, hit@3 0.46, 0.52, 0.65, 0.80
+    (the constant 0.5 it replaces said nothing). None when either found nothing."""
+    if not folded.found or not own.found:
+        return None
+    top_folded, top_own = folded.found[0][0].chunk_id, own.found[0][0].chunk_id
+    theirs = next((s for c, s in own.found if c.chunk_id == top_folded), own.found[-1][1])
+    ours = next((s for c, s in folded.found if c.chunk_id == top_own), folded.found[-1][1])
+    return round(min(1.0, max(0.0, (theirs + ours) / 2.0)), 3)
+
+
+def _followup(
+    plan: followups.Plan, query: str, prefetched: bool, sure: float | None
+) -> followups.FollowUp:
+    """What a turn's answer folded in (``TurnResult.followup``): the plan's, when its query
+    answered (nothing when the turn's own words did), as sure as its searches said where they
+    said (``_agreement``)."""
+    if not prefetched and query != plan.query:
+        return followups.NO_FOLLOWUP
+    if sure is None or plan.followup.source != followups.Source.RECENT_TURNS:
+        return plan.followup
+    return replace(plan.followup, confidence=sure)
 
 
 def _stands_alone(folded: Ranking, own: Ranking, margin: float) -> bool:

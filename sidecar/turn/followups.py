@@ -205,7 +205,9 @@ ONE_ENTITY = frozenset({Source.ENTITY, Source.OPTIONS})
 
 SHORT_TURN = 5  # words; a turn this short rarely names its own topic
 RESTART_WORDS = (3, 2)  # a run this long said twice at once is a restart ("what about what about")
-RECENT_CONFIDENCE = 0.5  # nothing names what the recent turns are about: a guess, said as one
+# nothing names what the recent turns are about: a guess, said as one, where the engine's two
+# searches do not say better (``sidecar.turn.engine._agreement``: how well they agree)
+RECENT_CONFIDENCE = 0.5
 MAX_FOLDED_WORDS = 60  # of the agent's turns folded into an answer: the caller's words stay read
 ANSWER_CONTENT_WORDS = 3  # an answer with more content words than this is its own question
 FUZZY_MAX_TOKENS = 3  # misspelt names are short; longer spans only cost time
