@@ -104,6 +104,19 @@ async def test_a_question_over_the_agents_list_gets_the_best_chunk_of_each(
     assert results[0].hits  # the first turn was searched
 
 
+async def test_a_question_over_the_list_keeps_each_options_best_below_min_score(
+    tmp_path: Path,
+) -> None:
+    """The turn's words alone, without the options' names, rate their chunks lower than a
+    turn folded with a name: each option's best answers even under min_score, as a turn
+    folded with an entity it points back at keeps that entity's chunks."""
+    asked = "which of them has outdoor seating?"
+    results = await run_turns(PLACES, [LISTED, ("user", asked)], tmp_path, min_score=0.3)
+    titles = [hit.chunk.title for hit in results[-1].hits]
+    assert sorted(titles) == ["BLUE DOOR CAFE", "HARBOR GRILL"]
+    assert min(hit.score for hit in results[-1].hits) < 0.3  # one of them is below it
+
+
 async def test_the_other_one_and_a_position_pick_from_the_agents_list(tmp_path: Path) -> None:
     """ "the second one" picks from the list and is tracked after it ("do they ..." asks about
     it); "the other one" is the option not being talked about."""
