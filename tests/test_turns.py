@@ -82,6 +82,7 @@ LISTED = ("agent", "There are two options, Blue Door Cafe and Harbor Grill.")
         "do either of them take reservations",
         "uh are they both near the park",
         "is one better than the other?",
+        "do they take reservations",  # right after the list: "they" is the list
     ],
 )
 async def test_a_question_over_the_agents_list_gets_the_best_chunk_of_each(
@@ -132,6 +133,7 @@ async def test_the_other_one_and_a_position_pick_from_the_agents_list(tmp_path: 
         tmp_path,
     )
     picked, asked, other = results[1], results[2], results[4]
+    # "they" after a pick is the picked one, not the list
     assert (picked.followup.used, picked.followup.source) == ("HARBOR GRILL", Source.OPTIONS)
     assert asked.query == "HARBOR GRILL: do they take reservations?"
     assert (other.followup.used, other.followup.source) == ("BLUE DOOR CAFE", Source.OPTIONS)
