@@ -195,8 +195,10 @@ class Runner:
             bucket.gold_top1_hits += on_gold and any(p in relevant for p in ranked["session"][:3])
         if self.per_turn is not None:
             hits = {m: any(p in relevant for p in paths[:3]) for m, paths in ranked.items()}
+            followup = {"source": result.followup.source, "confidence": result.followup.confidence}
             self.per_turn.append({"qid": said.qid, "turn": said.text, "query": result.query,
-                                  "top1_about": about(result.hits), "hit_at_3": hits})  # fmt: skip
+                                  "top1_about": about(result.hits), "hit_at_3": hits,
+                                  "followup": followup})  # fmt: skip
         if len(self.examples) < EXAMPLES and result.query != said.text:
             self.examples.append({"turn": said.text, "query": result.query})
 

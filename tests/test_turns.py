@@ -55,7 +55,7 @@ async def test_the_agents_naming_wins_over_a_passing_mention(tmp_path: Path) -> 
         ],
         tmp_path / "listed",
     )
-    assert listed[-1].followup.source == Source.ENTITY
+    assert listed[-1].followup.source == Source.OPTIONS
     assert listed[-1].followup.used == "HARBOR GRILL"
     assert listed[-1].hits[0].chunk.title == "HARBOR GRILL"
     named = await run_turns(
@@ -70,6 +70,132 @@ async def test_the_agents_naming_wins_over_a_passing_mention(tmp_path: Path) -> 
     )
     assert [r.followup.used for r in named[2:]] == ["BLUE DOOR CAFE"] * 2
     assert named[-1].query == "BLUE DOOR CAFE: Do they take reservations?"
+
+
+LISTED = ("agent", "There are two options, Blue Door Cafe and Harbor Grill.")
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        "which of them has outdoor seating?",
+        "do either of them take reservations",
+        "uh are they both near the park",
+        "is one better than the other?",
+        "do they take reservations",  # right after the list: "they" is the list
+    ],
+)
+async def test_a_question_over_the_agents_list_gets_the_best_chunk_of_each(
+    tmp_path: Path, asked: str
+) -> None:
+    """Asked of the options together, each option's chunks are ranked by the turn's words
+    (embedded once) and the best of each answers: not the first option's two chunks."""
+    embedder = FakeEmbedder()
+    engine = build_engine(PLACES, tmp_path, embedder=embedder)
+    results = await run_turns(engine, [("user", "Somewhere to eat near the park?"), LISTED])
+    embedder.calls.clear()
+    last = (await run_turns(engine, [("user", asked)]))[-1]
+    await engine.aclose()
+    assert last.followup.source == Source.OPTIONS
+    assert last.followup.used == "BLUE DOOR CAFE | HARBOR GRILL"
+    assert last.query == f"BLUE DOOR CAFE | HARBOR GRILL: {asked}"
+    assert {hit.chunk.title for hit in last.hits[:2]} == {"BLUE DOOR CAFE", "HARBOR GRILL"}
+    assert {hit.chunk.title for hit in last.hits} <= {"BLUE DOOR CAFE", "HARBOR GRILL"}
+    assert embedder.calls == [(asked,)]  # one embedding, the turn's words
+    assert results[0].hits  # the first turn was searched
+
+
+async def test_a_question_over_the_list_keeps_each_options_best_below_min_score(
+    tmp_path: Path,
+) -> None:
+    """The turn's words alone, without the options' names, rate their chunks lower than a
+    turn folded with a name: each option's best answers even under min_score, as a turn
+    folded with an entity it points back at keeps that entity's chunks."""
+    asked = "which of them has outdoor seating?"
+    results = await run_turns(PLACES, [LISTED, ("user", asked)], tmp_path, min_score=0.3)
+    titles = [hit.chunk.title for hit in results[-1].hits]
+    assert sorted(titles) == ["BLUE DOOR CAFE", "HARBOR GRILL"]
+    assert min(hit.score for hit in results[-1].hits) < 0.3  # one of them is below it
+
+
+async def test_the_other_one_and_a_position_pick_from_the_agents_list(tmp_path: Path) -> None:
+    """ "the second one" picks from the list and is tracked after it ("do they ..." asks about
+    it); "the other one" is the option not being talked about."""
+    results = await run_turns(
+        PLACES,
+        [
+            LISTED,
+            ("user", "the second one"),
+            ("user", "do they take reservations?"),
+            ("agent", "Yes, Harbor Grill takes reservations online and by phone."),
+            ("user", "what about the other one?"),
+        ],
+        tmp_path,
+    )
+    picked, asked, other = results[1], results[2], results[4]
+    # "they" after a pick is the picked one, not the list
+    assert (picked.followup.used, picked.followup.source) == ("HARBOR GRILL", Source.OPTIONS)
+    assert asked.query == "HARBOR GRILL: do they take reservations?"
+    assert (other.followup.used, other.followup.source) == ("BLUE DOOR CAFE", Source.OPTIONS)
+    assert other.hits[0].chunk.title == "BLUE DOOR CAFE"
+
+
+async def test_a_list_is_left_when_the_caller_names_another_place(tmp_path: Path) -> None:
+    """Once the caller asks about a place not on the agent's list, "which of them" is no
+    question over that list."""
+    results = await run_turns(
+        PLACES,
+        [LISTED, ("user", "Does River Inn have a bar?"), ("user", "which of them is nearest?")],
+        tmp_path,
+    )
+    assert results[-1].followup.source != Source.OPTIONS
+
+
+@pytest.mark.parametrize(
+    ("text", "over"),
+    [
+        ("which one is quieter", True),
+        ("do any of those have parking", True),
+        ("neither has a pool right", True),
+        ("i don't like that one either", False),  # "either" last: "too"
+        ("does it do both breakfast and dinner", False),  # a coordination
+        ("which floor is the room on", False),
+        ("is there one with a garden", False),
+    ],
+)
+def test_the_words_that_ask_about_a_whole_list(text: str, over: bool) -> None:
+    assert followups._over_list(text.split()) is over
+
+
+HELP = {
+    "PHONE ABROAD": [
+        "Roaming in Europe costs five dollars a day with a travel pass.",
+        "Turn roaming on in the app settings before you travel.",
+        "Calls home from abroad are free with a travel pass.",
+    ],
+    "BILLS": ["Your bill arrives by email each month.", "Pay your bill by card or bank transfer."],
+    "STORES": ["Our stores open at nine.", "Bring your card to a store to swap a phone."],
+}
+
+
+async def test_the_recent_turns_fold_is_surer_where_the_turns_own_words_agree(
+    tmp_path: Path,
+) -> None:
+    """A turn folded with the recent exchange reports how well its two searches agree: one
+    whose own words find the folded answer too is surer than one whose words point elsewhere
+    (it was a constant 0.5)."""
+    exchange = [
+        ("user", "How much does roaming cost in Europe?"),
+        ("agent", "A travel pass costs five dollars a day."),
+    ]
+    found = []
+    for i, last in enumerate(["and roaming with a travel pass?", "and what about my bill?"]):
+        results = await run_turns(HELP, [*exchange, ("user", last)], tmp_path / str(i))
+        assert results[-1].followup.source == Source.RECENT_TURNS
+        found.append(results[-1].followup.confidence)
+    agreeing, elsewhere = found
+    assert 0.0 <= elsewhere < agreeing <= 1.0
+    assert agreeing - elsewhere > 0.2
 
 
 async def test_a_spoken_number_does_not_become_a_name(tmp_path: Path) -> None:

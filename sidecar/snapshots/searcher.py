@@ -146,7 +146,9 @@ class Searcher:
         built = rows + self.bm25.nbytes + self.sources.nbytes + self.held_bytes
         return self.snapshot.memory_bytes + built
 
-    def vectors_of(self, labels: Sequence[int]) -> npt.NDArray[np.float32]:
+    def vectors_of(
+        self, labels: Sequence[int] | npt.NDArray[np.integer]
+    ) -> npt.NDArray[np.float32]:
         """The stored (unit) vectors of ``labels``, read from the mapped graph file."""
         table, rows = self.vectors
         return np.asarray(table[rows[np.asarray(labels, dtype=np.int64)]], dtype=np.float32)

@@ -14,6 +14,9 @@ The session's entity is the newest confidently named one, where the agent's nami
 fades with each turn. A user turn is then searched as (``plan``):
 
     it names an entity itself                      as said                      source "none"
+    it asks about the options of the agent's       each option's chunks ranked  "options"
+      last list together ("which of them",           by the turn's words, the
+      "do either of them": ``_listed``)              best of each first
     it says nothing but a weak name ("Tell me      as said, and tracks it       source "none"
       about pCloud.": ``only_names``)
     it names another than the tracked one, if      as said                      source "none"
@@ -29,6 +32,8 @@ fades with each turn. A user turn is then searched as (``plan``):
       "I'm a noncitizen adult.")                   or, with no entity tracked,
                                                    "exchange turn"
     an entity is tracked (``fold``)                "entity: turn"               "entity"
+      or picked from the agent's list ("the                                     "options"
+      second one", "the other one"; tracked after)
       unless the caller moved on from it (a turn   as said                      source "none"
       answered on another page: ``leave``) and
       this one points back at nothing
@@ -171,6 +176,21 @@ HESITATIONS_EN = FILLERS_EN - frozenset("well so oh ah".split())
 # "the second one": a position in the agent's last list of options (-1: its last)
 ORDINALS_EN = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4}
 ORDINALS_EN |= {"former": 0, "latter": -1, "last": -1}
+# Words that ask about every option of the agent's list at once (English grammar: quantifiers
+# over a set). "both", "either" and "neither" do wherever they stand but at a turn's end ("me
+# either") or opening a short coordination ("both breakfast and dinner": ``_over_list``);
+# "which", "any", "each" and "all" do before "of" or "one" ("which of them", "any of those",
+# "which one").
+PAIR_WORDS_EN = frozenset({"both", "either", "neither"})
+QUANTIFIERS_EN = frozenset({"which", "any", "each", "all", "either", "neither"})
+OF_SET_EN = frozenset({"of", "one", "ones"})
+COORDINATION_WORDS = 3
+# Plural pointers: said right after the agent listed options ("There are two, A and B." / "do
+# they take reservations?"), they point at the list (DSTC11 hit@3 0.8314 -> 0.8333, spoken
+# 0.8004 -> 0.8023; said later, "they" is as often one place, as English uses it).
+PLURAL_EN = frozenset(
+    "they them their theirs those these".split()
+)  # "both X and": the "and" within this many words after "both"
 
 
 class Source:
@@ -178,13 +198,22 @@ class Source:
 
     NONE = "none"
     ENTITY = "entity"
+    # the agent's last list of options: one picked by position ("the second one") or as the
+    # one not being talked about ("the other one"), or each of them searched ("which of them")
+    OPTIONS = "options"
     AGENT_QUESTION = "agent_question"
     RECENT_TURNS = "recent_turns"
 
 
+# The sources that fold one entity's name into the turn (the engine lifts its chunks).
+ONE_ENTITY = frozenset({Source.ENTITY, Source.OPTIONS})
+
+
 SHORT_TURN = 5  # words; a turn this short rarely names its own topic
 RESTART_WORDS = (3, 2)  # a run this long said twice at once is a restart ("what about what about")
-RECENT_CONFIDENCE = 0.5  # nothing names what the recent turns are about: a guess, said as one
+# nothing names what the recent turns are about: a guess, said as one, where the engine's two
+# searches do not say better (``sidecar.turn.engine._agreement``: how well they agree)
+RECENT_CONFIDENCE = 0.5
 MAX_FOLDED_WORDS = 60  # of the agent's turns folded into an answer: the caller's words stay read
 ANSWER_CONTENT_WORDS = 3  # an answer with more content words than this is its own question
 FUZZY_MAX_TOKENS = 3  # misspelt names are short; longer spans only cost time
@@ -259,6 +288,11 @@ class Plan:
     prior: bool = False  # the pages the conversation has been on get a small bonus
     named: tuple[Mention, ...] = ()  # weak matches the turn's own search may confirm
     refers: bool = False  # it leans on the conversation ("it", a few words): never kept alone
+    # the options of the agent's list the turn asks about together ("which of them"): each
+    # one's chunks ranked by ``asked`` (the turn's words, embedded once), its best answering
+    each: tuple[str, ...] = ()
+    asked: str = ""
+    picked: Mention | None = None  # the option the turn picked ("the second one"): tracked
     # the turn says nothing but ``named[0]``: taken as its topic (``only_names``)
     names: bool = False
 
@@ -357,6 +391,7 @@ class Gazetteer:
         self._entities: dict[str, str] = {}  # chunk id -> entity, for the chunks last asked about
         self._whole: dict[int, float] = {}  # a whole name's key -> its rating (``whole_names``)
         self._elided = Elided({})  # names said without their inner function words
+        self._listed = Listed(None, {})  # the names' chunks (``labels_of``), from entities.bin
         self.size = counts.size
         self.shared = counts.shared
         owners = tables.rated
@@ -409,12 +444,21 @@ class Gazetteer:
         self.words = NameWords.of_snapshot(lexical, table)
         self._whole = whole_names(lexical, table, self.tables)
         self._elided = Elided.of(table, self.tables, self._whole)
+        self._listed = Listed.of(table)
         self.built_bytes += self.agent_bytes
+
+    def labels_of(self, name: str) -> IntArray | None:
+        """The labels of the chunks whose entity is ``name`` (a question over the agent's
+        listed options ranks each one's: ``sidecar.turn.engine``); None where the snapshot's
+        names are not indexed so (no ``entities.bin``, or more than WORD_NAMES names)."""
+        return self._listed.labels_of(name)
 
     @property
     def agent_bytes(self) -> int:
-        """What the tables an agent's turn is also matched by take (``_said_by_agents``)."""
-        return self.words.nbytes + sys.getsizeof(self._whole) + self._elided.nbytes
+        """What the tables an agent's turn is also matched by take (``_said_by_agents``), and
+        the names' index of ``labels_of``."""
+        words = self.words.nbytes + sys.getsizeof(self._whole) + self._elided.nbytes
+        return words + self._listed.nbytes
 
     def entity_of(self, chunk: Chunk) -> str:
         """``chunk_entity(chunk)``, remembered for the ENTITIES_KEPT chunks last asked about
@@ -664,6 +708,33 @@ class NameWords:
             if own and len(docs) - own < COMMON_ELSEWHERE:  # in a chunk of its own name
                 words[word] = (names[at], WORD_FACTOR * (own + 1.0) / (len(docs) + 1.0))
         return cls(words, streets)
+
+
+class Listed:
+    """Each name's index in a snapshot's ``entities.bin``, for the labels of its chunks
+    (``Gazetteer.labels_of``): read from its ``entity_of`` array when asked (a pass over one
+    int32 per chunk, tens of microseconds at 100k chunks), for a base of at most WORD_NAMES
+    names."""
+
+    def __init__(self, entity_of: npt.NDArray[np.int32] | None, at: dict[str, int]) -> None:
+        self._entity_of = entity_of
+        self._at = at  # name -> its index in the names table
+        size = sys.getsizeof
+        self.nbytes = size(at) + sum(size(name) for name in at)
+
+    def labels_of(self, name: str) -> IntArray | None:
+        at = self._at.get(name)
+        if self._entity_of is None or at is None:
+            return None
+        labels: IntArray = np.flatnonzero(self._entity_of == at).astype(np.int32)
+        return labels
+
+    @classmethod
+    def of(cls, table: EntityTable) -> Listed:
+        if len(table.names) > WORD_NAMES:
+            return cls(None, {})
+        at = {table.names[i].strip(): i for i in range(len(table.names))}
+        return cls(table.entity_of, at)
 
 
 class Elided:
@@ -1121,8 +1192,12 @@ def _plan(
         # "Tell me about rclone check.": a naming, if weak, and nothing else ("What about
         # pricing?" points back, and "Pricing, yes." answers the agent: both stay folded)
         return Plan(text, NO_FOLLOWUP, named=(only,), names=True)
-    entity = _ordinal(session, utterance) or session.entity
-    turn = _Turn(session, utterance, mentions, question, refers_back(utterance), entity)
+    listed = _listed(session, utterance)
+    if len(listed) > 1:
+        return _each_plan(utterance, listed, question)
+    picked = listed[0] if listed else None
+    entity = picked or session.entity
+    turn = _Turn(session, utterance, mentions, question, refers_back(utterance), entity, picked)
     for own_topic in _OWN_TOPIC:
         named = own_topic(turn, shared, keyword)
         if named is not None:
@@ -1142,10 +1217,11 @@ class _Turn:
     question: str
     refers: bool
     entity: Mention | None
+    picked: Mention | None = None  # the option of the agent's list it picked, if any
 
     @property
     def tracked(self) -> bool:
-        """It answers no question and would fold the tracked entity (no ordinal's)."""
+        """It answers no question and would fold the tracked entity (no option it picked)."""
         return not self.question and self.entity is self.session.entity
 
 
@@ -1194,17 +1270,19 @@ def _folded(turn: _Turn, config: FollowupConfig, shared: frozenset[str]) -> Plan
     left = entity is not None and entity is session.entity and session.left
     if entity is not None and not (refers or question) and (config.fold != "always" or left):
         entity = None
+    picked = turn.picked
     if question:
         # the answer's topic: the tracked entity, else what the caller asked before the question
         used = f"{entity.name}: {question}" if entity is not None else _recent(session) or question
         said = said_once(utterance)
-        return Plan(f"{used} {said}", FollowUp(used, Source.AGENT_QUESTION, 1.0), prior=True)
+        folded = FollowUp(used, Source.AGENT_QUESTION, 1.0)
+        return Plan(f"{used} {said}", folded, prior=True, picked=picked)
     if entity is not None:
-        folded = FollowUp(entity.name, Source.ENTITY, entity.confidence)
+        source = Source.OPTIONS if picked is not None else Source.ENTITY
+        folded = FollowUp(entity.name, source, entity.confidence)
         # a turn that refers back ("do they take reservations") has no meaning alone
-        return Plan(
-            f"{entity.name}: {said_once(utterance)}", folded, alone=not refers, named=mentions
-        )
+        query = f"{entity.name}: {said_once(utterance)}"
+        return Plan(query, folded, alone=not refers, named=mentions, picked=picked)
     if not refers and (config.fold == "referring" or left or names_shared(utterance, shared)):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
     if not refers and asks_after_fragment(session, utterance):
@@ -1377,30 +1455,125 @@ def record(session: Session, speaker: str, text: str, gazetteer: Gazetteer = _EM
     )
 
 
-def _ordinal(session: Session, utterance: Utterance) -> Mention | None:
-    """The option "the second one" picks from the agent's last list, if the turn says so."""
-    if len(session.options) < 2:
-        return None
-    for word in _spoken(utterance):
-        index = ORDINALS_EN.get(word)
-        if index is not None and index < len(session.options):
-            return Mention(session.options[index], 1.0)
+def _listed(session: Session, utterance: Utterance) -> tuple[Mention, ...]:
+    """The options of the agent's last list the turn is about: the one it picks by position
+    ("the second one", ``ORDINALS_EN``) or as the one not being talked about ("what about the
+    other one"), or those it asks about together ("which of them has parking", "do either of
+    them", "is one better than the other": ``_over_list``; "do they take reservations" said
+    right after the list: ``PLURAL_EN``); none when there is no list."""
+    options = session.options
+    if len(options) < 2:
+        return ()
+    toks = _spoken(utterance)
+    index = _position(toks)
+    if index is not None and index < len(options):
+        return (Mention(options[index].name, 1.0),)
+    other = _the_other(toks)
+    if other == "than" or _over_list(toks):
+        return options
+    if not PLURAL_EN.isdisjoint(toks) and _just_listed(session):
+        return options
+    if other is None or session.entity is None:
+        return ()
+    rest = tuple(m for m in options if m.name != session.entity.name)
+    if len(rest) == len(options):  # the one talked about is not on the list: no "other"
+        return ()
+    return rest if len(rest) > 1 else (Mention(rest[0].name, 1.0),)
+
+
+def _position(toks: Sequence[str]) -> int | None:
+    """The position in a list an ordinal said after "the" or before "one" names ("the second",
+    "second one", "the latter"; ``ORDINALS_EN``), if any: "could you first confirm" and "at
+    last" name none."""
+    for i, tok in enumerate(toks):
+        index = ORDINALS_EN.get(tok)
+        if index is None:
+            continue
+        after = toks[i + 1] if i + 1 < len(toks) else ""
+        if (i > 0 and toks[i - 1] == "the") or after in OF_SET_EN:
+            return index
     return None
+
+
+def _just_listed(session: Session) -> bool:
+    """Whether the turn before this one is the agent's, naming several of its options (the
+    list it just gave)."""
+    if not session.turns or session.turns[-1].speaker != Speaker.AGENT:
+        return False
+    options = {m.name for m in session.options}
+    named = {m.name for m in session.turns[-1].mentions if m.confidence >= MIN_CONFIDENCE}
+    return len(named & options) > 1
+
+
+def _the_other(toks: Sequence[str]) -> str | None:
+    """How a turn says "the other": "than" where it compares with it ("better than the
+    other": both are asked about), "the" where it points at it ("what about the other one");
+    None where it does not."""
+    for i in range(1, len(toks)):
+        if toks[i] == "other" and toks[i - 1] == "the":
+            return "than" if i > 1 and toks[i - 2] == "than" else "the"
+    return None
+
+
+def _over_list(toks: Sequence[str]) -> bool:
+    """Whether the words ask about every option of a list at once (``PAIR_WORDS_EN``,
+    ``QUANTIFIERS_EN``): "which of them", "do either of those", "are they both", "which one";
+    not "me either", "both breakfast and dinner"."""
+    last = len(toks) - 1
+    for i, tok in enumerate(toks):
+        if tok in QUANTIFIERS_EN and i < last and toks[i + 1] in OF_SET_EN:
+            return True
+        coordinates = tok == "both" and "and" in toks[i + 1 : i + 2 + COORDINATION_WORDS]
+        if tok in PAIR_WORDS_EN and i < last and not coordinates:
+            return True
+    return False
+
+
+def _each_plan(utterance: Utterance, listed: Sequence[Mention], question: str) -> Plan:
+    """A turn asking about several options of the agent's list at once: each one's chunks are
+    ranked by the turn's words (with the agent's question it answers, "Yes, both."), embedded
+    once, and the best of each answers; as sure as the least sure naming of the list."""
+    names = tuple(m.name for m in listed)
+    asked = f"{question} {said_once(utterance)}" if question else said_once(utterance)
+    used = " | ".join(names)
+    sure = min(m.confidence for m in listed)
+    return Plan(f"{used}: {asked}", FollowUp(used, Source.OPTIONS, sure), each=names, asked=asked)
+
+
+def track_pick(session: Session, plan: Plan) -> None:
+    """Track the option a just-recorded turn picked from the agent's list ("the second one"):
+    the caller chose it, so it is the caller's sure naming ("do they take reservations" next
+    asks about it)."""
+    if plan.picked is not None:
+        session.entity, session.weight, session.left = plan.picked, 1.0, False
 
 
 def remember(session: Session, said: Said) -> None:
     """Track the entity a just-recorded turn names: the agent's naming outweighs the caller's
-    passing mention, a confident naming outweighs a doubtful one, and older namings fade."""
+    passing mention, a confident naming outweighs a doubtful one, and older namings fade. An
+    agent's turn naming several confidently lists options; a turn naming one outside the list
+    leaves it."""
     session.weight *= FADE
     sure = [m for m in said.mentions if m.confidence >= MIN_CONFIDENCE]
-    if said.speaker == Speaker.AGENT and sure:
-        session.options = tuple(m.name for m in sure) if len(sure) > 1 else ()
     if not sure:
         return
+    _keep_options(session, said.speaker, sure)
     best = sure[0]  # "Gonville or the Lensfield?": the first named retrieved best on DSTC11
     weight = best.confidence * (AGENT_WEIGHT if said.speaker == Speaker.AGENT else 1.0)
     if weight >= session.weight or session.left:
         session.entity, session.weight, session.left = best, weight, False
+
+
+def _keep_options(session: Session, speaker: str, sure: Sequence[Mention]) -> None:
+    """The agent's list of options after a turn naming ``sure`` confidently: an agent's turn
+    naming several is a new list; a turn naming one on the list keeps it (the agent telling
+    about one of them), one naming another leaves it."""
+    named = dict.fromkeys(m.name for m in sure)
+    if speaker == Speaker.AGENT and len(named) > 1:
+        first = {m.name: m for m in reversed(sure)}  # each name as its first naming rated it
+        session.options = tuple(first[name] for name in named)
+    elif not named.keys() <= {m.name for m in session.options}:
+        session.options = ()
 
 
 def _keyword_topic(

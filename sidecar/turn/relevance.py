@@ -51,6 +51,10 @@ FUSION_DEPTH = 20
 # climb into the top max_results with a realistic bonus, farther down it is not relevant enough.
 CONTEXT_DEPTH = 10
 LEXICAL_LIFT = 2.0
+# A listed option's chunks scored exactly by a question over the options (``each_best``): at
+# most this many of each (a page of more is scored by its first ones; a place's reviews and a
+# help page's sections are tens).
+EACH_CHUNKS = 4096
 # the frontmatter / metadata key holding the globs: a string of comma-separated globs, or a list
 RELATED_URLS = "related_urls"
 
@@ -169,6 +173,36 @@ def hybrid(searcher: Searcher, q: Query, related: Related | None, depth: int) ->
         }
     fused = convex_fusion([cosine, bm25])
     return [(label, score) for label, score in fused if label in relevant][: q.limit]
+
+
+def each_best(searcher: Searcher, q: Query, groups: Sequence[npt.NDArray[np.integer]]) -> Ranked:
+    """The chunks of each group (a listed option's labels: at most EACH_CHUNKS of it, those the
+    query may reach) scored exactly by the query's vector from the stored vectors: the best of
+    each group first, best first, then the groups' other chunks with cosine >= min_score, best
+    first; at most ``q.limit``. "Which of them has parking?" is answered by each option's best
+    chunk, not by the one whose name its words happen to rate highest. The best of each is kept
+    below min_score, as a turn folded with an entity it points back at keeps that entity's: the
+    turn asks about those options, and its words alone, without their names, rate their
+    chunks lower (on DSTC11 at min_score 0.3, 17 such turns rated every option's best at
+    0.15-0.30 and got nothing)."""
+    assert q.vector is not None
+    firsts: Ranked = []
+    rest: Ranked = []
+    for group in groups:
+        labels = group[:EACH_CHUNKS]
+        keep = _keep(searcher, q, labels)
+        if keep is not None:
+            labels = labels[keep]
+        if not len(labels):
+            continue
+        scores = searcher.vectors_of(labels) @ q.vector.ravel()
+        order = np.argsort(-scores, kind="stable")[: q.limit]
+        ranked = [(int(labels[i]), float(scores[i])) for i in order]
+        firsts += ranked[:1]
+        rest += [(label, score) for label, score in ranked[1:] if score >= q.min_score]
+    firsts.sort(key=lambda hit: -hit[1])
+    rest.sort(key=lambda hit: -hit[1])
+    return (firsts + rest)[: q.limit]
 
 
 def _keep(searcher: Searcher, q: Query, labels: npt.NDArray[np.integer]) -> Mask | None:

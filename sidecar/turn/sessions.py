@@ -120,7 +120,9 @@ class Session:
     # the caller moved on from ``entity`` (``followups.leave``): folded only into a turn that
     # points back at it, until a turn names an entity again
     left: bool = False
-    options: tuple[str, ...] = ()  # the entities the agent last listed, in its order
+    # the entities the agent last listed, in its order, each as sure as its naming was: kept
+    # while the conversation names none outside them (``followups.remember``)
+    options: tuple[Mention, ...] = ()
     turn_count: int = 0  # turns ever recorded; ``turns`` keeps only the recent ones
     # what a door keeps of the call beside its turns (the Vapi door: how much of the platform's
     # message list was fed, ``sidecar.http.webhooks.Fed``), counted in ``size`` as it says
