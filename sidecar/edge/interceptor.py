@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NoReturn
 
 import grpc
 
-from sidecar.edge.status import abort_trailers, status_for
+from sidecar.edge.status import abort_trailers, status_for, status_message
 from sidecar.edge.wire import EncodedResponse
 from sidecar.errors import Draining, InvalidArgument, RequestError
 
@@ -279,7 +279,7 @@ class _HookedCall(HookRun):
     async def refuse(self, exc: RequestError) -> NoReturn:
         context = self.call.context
         await context.abort(
-            self.call.code, str(exc), trailing_metadata=abort_trailers(context, exc)
+            self.call.code, status_message(str(exc)), trailing_metadata=abort_trailers(context, exc)
         )
         raise AssertionError("unreachable: abort raises") from exc
 
