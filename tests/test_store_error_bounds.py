@@ -11,6 +11,7 @@ Real parts: a real sidecar on 127.0.0.1 port 0, a real static HTTP server that m
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -128,3 +129,23 @@ async def test_status_answers_within_its_bytes_and_counts_the_bases_left_out(
     assert status.knowledge_bases_left_out == len(names) - len(listed)
     assert all(b.last_refusal.startswith("store: unavailable: ") for b in status.knowledge_bases)
     assert status.ByteSize() <= min(service.MAX_STATUS_BYTES, limit // 2) + 1024
+
+
+async def test_a_store_down_at_a_poll_is_one_log_line_naming_a_count_and_a_few_bases(
+    failing: StaticServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store outage failed every listed base's pointer: one ERROR line each (10,000 lines at
+    the first poll); now one line a poll, the same failures at the next poll not again."""
+    names = [f"kb{i:02d}" for i in range(30)]
+    with caplog.at_level(logging.ERROR, logger="voxrecall"):
+        async with _stub(_config(failing.url, tmp_path, names)) as (sidecar, stub):
+            await sidecar.refresher.refresh()  # the same refusals: nothing logged again
+            status = await stub.Status(pb.StatusRequest(), timeout=10)
+    lines = [r.getMessage() for r in caplog.records if "pointer" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].startswith("cannot read the pointers of 30 bases (30 unavailable): ")
+    assert "kb00" in lines[0]
+    assert "and 25 more" in lines[0]
+    assert "HTTP 500 Internal EEE" in lines[0]
+    assert len(status.knowledge_bases) == 30  # each base's refusal is still in Status
+    assert all(b.last_refusal.startswith("store: unavailable") for b in status.knowledge_bases)
