@@ -125,3 +125,15 @@ def unreadable(what: str, exc: OSError) -> SnapshotError:
 
 class CacheWriteError(SnapshotError):
     """A downloaded snapshot could not be written to the local cache (disk full, permissions)."""
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8, the cut marked with the size it had: a
+    message quoting what another party sent (an HTTP reason phrase of 60,000 characters) stays
+    readable and small wherever it is kept or sent."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    marker = f" [... cut from {len(data)} bytes]"
+    keep = max(0, limit - len(marker))
+    return data[:keep].decode("utf-8", "ignore") + marker

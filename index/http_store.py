@@ -60,6 +60,7 @@ from index.errors import (
     CorruptSnapshot,
     IncompleteSnapshot,
     StoreUnavailable,
+    shortened,
 )
 from index.snapshot import (
     MANIFEST,
@@ -92,6 +93,10 @@ _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 # originals); a manifest listing thousands (a 4 MiB manifest holds ~40,000) is not a snapshot,
 # and each would be one more download (and deadline) before the version could be refused.
 MAX_VERSION_FILES = 64
+# What a store's own words (an HTTP reason phrase, a connection error's text) keep in a message:
+# a phrase is a word or two; http.client reads a status line of up to 64 KiB, and a message that
+# carries it whole goes into every refusal, Status answer, gRPC status and log line.
+MAX_REASON_BYTES = 200
 _T = TypeVar("_T")
 
 
@@ -374,7 +379,7 @@ class HttpStore:
             if exc.code in _MISSING:
                 self._pointers.pop(knowledge_base, None)
                 return None
-            raise StoreUnavailable(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+            raise StoreUnavailable(f"{url}: {_status(exc)}") from exc
         except (OSError, http.client.HTTPException) as exc:
             raise StoreUnavailable(f"{url}: {_why(exc)}") from exc
         version = parse_pointer(data, url)
@@ -676,8 +681,8 @@ class HttpStore:
             if exc.code in _MISSING:
                 raise IncompleteSnapshot(f"{url}: HTTP {exc.code}: not uploaded (yet)") from exc
             if exc.code in _RETRYABLE or exc.code == 416:
-                raise _Retry(f"HTTP {exc.code} {exc.reason}") from exc
-            raise StoreUnavailable(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+                raise _Retry(_status(exc)) from exc
+            raise StoreUnavailable(f"{url}: {_status(exc)}") from exc
         except (OSError, http.client.HTTPException) as exc:
             raise _Retry(_why(exc)) from exc
 
@@ -737,5 +742,12 @@ def _cache_error(path: Path, exc: OSError) -> CacheWriteError:
 
 
 def _why(exc: BaseException) -> str:
+    """What went wrong with a request, cut to ``MAX_REASON_BYTES`` (http.client's errors quote
+    the line the server sent)."""
     reason = getattr(exc, "reason", None)
-    return str(reason or exc) or type(exc).__name__
+    return shortened(str(reason or exc) or type(exc).__name__, MAX_REASON_BYTES)
+
+
+def _status(exc: urllib.error.HTTPError) -> str:
+    """An error answer's status: its code and its reason phrase, cut to ``MAX_REASON_BYTES``."""
+    return f"HTTP {exc.code} {shortened(str(exc.reason), MAX_REASON_BYTES)}"

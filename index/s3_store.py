@@ -41,6 +41,7 @@ from index.http_store import HttpOptions, HttpStore, _TooLong
 from index.snapshot import MANIFEST, verify_snapshot
 from index.store import (
     LATEST,
+    MAX_LISTED_ENTRIES,
     MAX_POINTER_BYTES,
     SkippedNames,
     check_name,
@@ -78,6 +79,9 @@ MAX_LIST_PAGES = 100
 # One page's bytes at most: 1000 common prefixes of S3's longest keys (1024 bytes) and their
 # tags; a page past this is not a listing.
 MAX_LIST_PAGE_BYTES = 2 * 1024 * 1024
+# One page's names at most: S3 sends at most 1,000 keys and common prefixes a page (MaxKeys); a
+# page of 33,000 short prefixes fits in its bytes, and 100 of them were 3.3 M names to keep.
+MAX_LIST_PAGE_NAMES = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,9 @@ class S3Options:
 
     endpoint_url: str = ""
     region: str = ""
+    # the base names a listing reads at most (the first by name, as S3 lists them): a sidecar
+    # asks for what it can serve, not every name of a prefix that holds millions
+    max_names: int = MAX_LISTED_ENTRIES
 
 
 def _session(options: S3Options) -> tuple[Any, str]:
@@ -161,15 +168,18 @@ class S3Store(HttpStore):
         self._look_again_at = 0.0  # while no credentials are found: when to look again
         self._lock = threading.Lock()
         self.skipped = SkippedNames()  # the listing's names that are not bases, logged once
+        self._cut_logged = False  # a listing past ``S3Options.max_names`` was said once
 
     def __repr__(self) -> str:
         return f"S3Store({str(self.location)!r}, cache={str(self.cache_dir)!r})"
 
     def knowledge_bases(self) -> frozenset[str]:
         """The bases under the prefix (ListObjectsV2 by "/", needs s3:ListBucket), read with
-        the downloads' own guards: each page at most ``MAX_LIST_PAGE_BYTES``, the whole listing
-        within ``download_timeout_s``, at most ``MAX_LIST_PAGES`` pages, and only names that
-        are one safe path component (a listing is not trusted to name folders of the cache)."""
+        the downloads' own guards: each page at most ``MAX_LIST_PAGE_BYTES`` and
+        ``MAX_LIST_PAGE_NAMES``, the whole listing within ``download_timeout_s``, at most
+        ``MAX_LIST_PAGES`` pages, and only names that are one safe path component (a listing is
+        not trusted to name folders of the cache). It stops at ``S3Options.max_names`` names,
+        the first by name (as S3 lists), said once in the log."""
         deadline = time.monotonic() + self.options.download_timeout_s
         prefix = self.location.key("") if self.location.prefix else ""
         names: set[str] = set()
@@ -177,7 +187,7 @@ class S3Store(HttpStore):
         token: str | None = ""
         pages = 0
         try:
-            while token is not None:
+            while token is not None and len(names) < self.s3.max_names:
                 pages += 1
                 if pages > MAX_LIST_PAGES:
                     raise StoreUnavailable(
@@ -191,7 +201,22 @@ class S3Store(HttpStore):
         except SnapshotError as exc:
             raise StoreUnavailable(f"{self.location}: cannot list the bases: {exc}") from exc
         self.skipped.note(str(self.location), skipped)
-        return frozenset(names)
+        return self._first_names(names, more=token is not None)
+
+    def _first_names(self, names: set[str], more: bool) -> frozenset[str]:
+        """The first ``max_names`` of ``names`` by name; a listing cut short is logged once."""
+        if not more and len(names) <= self.s3.max_names:
+            return frozenset(names)
+        if not self._cut_logged:
+            log.warning(
+                "%s: the listing goes on past %d base names: the first %d by name are read; "
+                "split the bases over shards ([sidecar] shards) or prefixes",
+                self.location,
+                self.s3.max_names,
+                self.s3.max_names,
+            )
+            self._cut_logged = True
+        return frozenset(sorted(names)[: self.s3.max_names])
 
     def _list_page(self, prefix: str, token: str, deadline: float) -> tuple[list[str], str | None]:
         """One page of the listing: its common prefixes, and the token of the next page (None
@@ -264,6 +289,11 @@ def _parse_listing(data: bytes) -> tuple[list[str], str | None]:
     except ElementTree.ParseError as exc:
         raise StoreUnavailable(f"the listing is not XML ({exc})") from exc
     found = [p.text or "" for p in root.iterfind("{*}CommonPrefixes/{*}Prefix")]
+    if len(found) > MAX_LIST_PAGE_NAMES:
+        raise StoreUnavailable(
+            f"a page of the listing names {len(found)} prefixes; S3 sends at most "
+            f"{MAX_LIST_PAGE_NAMES} a page: not an S3 listing"
+        )
     truncated = (root.findtext("{*}IsTruncated") or "").strip() == "true"
     token = (root.findtext("{*}NextContinuationToken") or "").strip()
     if truncated and not token:

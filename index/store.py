@@ -423,15 +423,18 @@ def open_store(
     version_timeout_s: float = 1800.0,
     s3_endpoint_url: str = "",
     s3_region: str = "",
+    max_listed: int = MAX_LISTED_ENTRIES,
 ) -> SnapshotStore:
     """The store a sidecar reads: an http(s) or s3 URL downloads into ``cache_dir``; else a
-    folder. boto3 (the ``s3`` extra) is imported only for an s3:// store."""
+    folder. boto3 (the ``s3`` extra) is imported only for an s3:// store, whose listing stops at
+    ``max_listed`` names (the first by name)."""
     if isinstance(location, str) and location.startswith("s3://"):
         from index.http_store import HttpOptions
         from index.s3_store import S3Options, S3Store
 
         options = HttpOptions(timeout_s, download_timeout_s, version_timeout_s)
-        return S3Store(location, cache_dir, options, S3Options(s3_endpoint_url, s3_region))
+        s3 = S3Options(s3_endpoint_url, s3_region, max_listed)
+        return S3Store(location, cache_dir, options, s3)
     if is_url(location):
         from index.http_store import HttpOptions, HttpStore
 

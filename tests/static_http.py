@@ -1,7 +1,8 @@
 """A real static HTTP server on 127.0.0.1 for store tests, with switches that make it misbehave.
 
 It serves a folder the way nginx or a CDN would: ``ETag`` and ``If-None-Match`` (304),
-``Range: bytes=N-`` (206). Switches: ``fail_next`` answers 500 to that many requests,
+``Range: bytes=N-`` (206). Switches: ``fail_next`` answers 500 to that many requests
+(with ``fail_reason`` as its reason phrase when set: a status line as long as a server cares),
 ``fail_suffix`` to every request for a path ending in it, for as long as it is set,
 ``cut_next`` sends the headers of that many answers for paths ending in ``cut_suffix`` but only
 half the body, and ``stop()`` closes the port (``start()`` reopens the same port). Hostile
@@ -62,6 +63,7 @@ class StaticServer:
         self.root = root
         self.fail_next = 0
         self.fail_suffix = "\0"  # matches no path until a test sets it
+        self.fail_reason = ""  # the reason phrase of those 500s; "" is the standard one
         self.cut_next = 0
         self.cut_suffix = ""
         self.hostile = ""  # "", "unbounded", "oversize", "trickle" or one of LIARS
@@ -210,7 +212,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, path: str, status: int, body: bytes, wanted: str) -> None:
         self.server_owner._record(Logged("GET", path, status, wanted))
-        self.send_response(status)
+        reason = self.server_owner.fail_reason if status == 500 else ""
+        self.send_response(status, reason or None)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

@@ -19,7 +19,7 @@ import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import pytest
@@ -31,7 +31,7 @@ from index.snapshot import MANIFEST, verify_snapshot
 from index.store import open_store
 from sidecar.cli import main
 from sidecar.config import parse_config
-from sidecar.edge.server import create_server
+from sidecar.edge.server import MAX_LISTED_BASES, create_server, sidecar_store
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.s3_kit import FaultProxy, Mirror, MotoServer, new_bucket, s3_client
@@ -171,9 +171,13 @@ class _HostileListing(BaseHTTPRequestHandler):
     """An S3-compatible endpoint whose bucket listing is endless (each page truncated, with a
     new continuation token; it would end after ``ENDLESS_PAGES``), not XML, names bases that
     are paths out of the cache (``escape``), is one page of ``HUGE_BYTES`` (``huge``), or
-    sends its headers and then a byte every ``TRICKLE_S`` (``trickle``)."""
+    sends its headers and then a byte every ``TRICKLE_S`` (``trickle``), or is pages of
+    ``PAGE_NAMES`` short prefixes each (``stuffed``: S3 sends at most 1,000 a page); ``pages``
+    counts the pages asked for."""
 
     ENDLESS_PAGES = 40
+    PAGE_NAMES = 1000
+    pages: ClassVar[list[int]] = []
     HUGE_BYTES = 64 * 1024 * 1024
     TRICKLE_S = 0.05
     ESCAPES = ("a/../../evil", "x/y", "..", ".hidden", "spaced name", "é")
@@ -185,6 +189,7 @@ class _HostileListing(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         page = int(query.get("continuation-token", ["0"])[0])
+        self.pages.append(page)
         if self.mode in ("huge", "trickle"):
             self._hostile_body(query.get("prefix", [""])[0])
             return
@@ -198,6 +203,8 @@ class _HostileListing(BaseHTTPRequestHandler):
                 )
                 + "</ListBucketResult>"
             ).encode()
+        elif self.mode == "stuffed":
+            body = self._stuffed(page)
         elif self.mode == "endless":
             more = page + 1 < self.ENDLESS_PAGES
             body = (
@@ -216,6 +223,19 @@ class _HostileListing(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _stuffed(self, page: int) -> bytes:
+        more = page + 1 < self.ENDLESS_PAGES
+        return (
+            '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<IsTruncated>{str(more).lower()}</IsTruncated>"
+            + "".join(
+                f"<CommonPrefixes><Prefix>prod/{page:02d}{i:05d}/</Prefix></CommonPrefixes>"
+                for i in range(self.PAGE_NAMES)
+            )
+            + (f"<NextContinuationToken>{page + 1}</NextContinuationToken>" if more else "")
+            + "</ListBucketResult>"
+        ).encode()
 
     def _hostile_body(self, prefix: str) -> None:
         self.send_response(200)
@@ -278,6 +298,46 @@ def test_a_listing_names_only_bases_never_paths_out_of_the_cache(
     monkeypatch.setattr(_HostileListing, "mode", "escape")
     store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
     assert store.knowledge_bases() == {"support"}
+
+
+def test_a_listing_page_of_more_names_than_s3_sends_is_refused_naming_the_store(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """100 pages of 33,000 short prefixes each fit the pages' bytes: 3.3 M names were kept."""
+    monkeypatch.setattr(_HostileListing, "mode", "stuffed")
+    monkeypatch.setattr(_HostileListing, "PAGE_NAMES", 32_000)  # within MAX_LIST_PAGE_BYTES
+    monkeypatch.setattr(_HostileListing, "pages", [])
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with pytest.raises(StoreUnavailable) as info:
+        store.knowledge_bases()
+    assert str(info.value).startswith("s3://snaps/prod: cannot list the bases: ")
+    assert "names 32000 prefixes; S3 sends at most 1000 a page" in str(info.value)
+    assert _HostileListing.pages == [0]  # not one page more
+
+
+def test_a_listing_stops_at_the_names_a_sidecar_reads_the_first_by_name(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any
+) -> None:
+    monkeypatch.setattr(_HostileListing, "mode", "stuffed")
+    monkeypatch.setattr(_HostileListing, "pages", [])
+    options = S3Options(endpoint_url=hostile_s3, max_names=2500)
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, options)
+    with caplog.at_level(logging.WARNING, logger="voxrecall.store"):
+        names = store.knowledge_bases()
+        assert store.knowledge_bases() == names
+    assert _HostileListing.pages == [0, 1, 2, 0, 1, 2]  # 3 of the 40 pages, each time
+    assert names == frozenset(
+        f"{p:02d}{i:05d}" for p in range(3) for i in range(1000)[: 2500 - 1000 * p]
+    )
+    cut = [r.getMessage() for r in caplog.records if "goes on past 2500" in r.getMessage()]
+    assert len(cut) == 1  # said once, not at every poll
+
+
+def test_a_sidecar_reads_of_an_s3_listing_what_its_shard_may_serve(tmp_path: Path) -> None:
+    raw = {"sidecar": {"store": "s3://snaps/prod", "shards": 4, "shard": 1}}
+    store = sidecar_store(parse_config(raw, base=tmp_path))
+    assert isinstance(store, S3Store)
+    assert store.s3.max_names == 2 * MAX_LISTED_BASES * 4
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NoReturn
 
 import grpc
 
-from sidecar.edge.status import abort_trailers, status_for
+from sidecar.edge.status import abort_trailers, status_for, status_message
 from sidecar.edge.wire import EncodedResponse
 from sidecar.errors import Draining, InvalidArgument, RequestError
 
@@ -286,7 +286,9 @@ class _HookedCall(Call):
 
     async def refuse(self, exc: RequestError) -> NoReturn:
         context = self.context
-        await context.abort(self.code, str(exc), trailing_metadata=abort_trailers(context, exc))
+        await context.abort(
+            self.code, status_message(str(exc)), trailing_metadata=abort_trailers(context, exc)
+        )
         raise AssertionError("unreachable: abort raises") from exc
 
     async def __aenter__(self) -> _HookedCall:

@@ -135,13 +135,12 @@ class Sidecar:
             return
         self._listing_failed = ""
         self._forget_gone(listed)
-        new = self._within_listed_cap(listed - self.engine.known_bases, len(listed))
+        new = await self._within_listed_cap(listed)
         if new:
-            self.engine.known_bases = self.engine.known_bases | new
-            self.refresher.add_bases(sorted(new))
+            self.engine.known_bases = self.engine.known_bases | frozenset(new)
+            self.refresher.add_bases(new)
             log.info(
-                "serving new bases of the store: %s",
-                ", ".join(sorted(new)[:20]) + _more(len(new), 20),
+                "serving new bases of the store: %s", ", ".join(new[:20]) + _more(len(new), 20)
             )
 
     def _forget_gone(self, listed: frozenset[str]) -> None:
@@ -156,17 +155,19 @@ class Sidecar:
             self.refresher.remove_bases(gone)
             log.info("forgot %d bases gone from the store", len(gone))
 
-    def _within_listed_cap(self, new: frozenset[str], listed: int) -> frozenset[str]:
-        """The first of ``new`` (by name) that keep this sidecar within ``MAX_LISTED_BASES``
-        bases with something published (a base whose pointer read found no LATEST does not
-        count: ``SnapshotHolder.unpublished``) and twice that in all; the rest logged once
-        (``listed_within_cap``)."""
+    async def _within_listed_cap(self, listed: frozenset[str]) -> list[str]:
+        """The bases of ``listed`` not known yet, by name, the first that keep this sidecar
+        within ``MAX_LISTED_BASES`` bases with something published (a base whose pointer read
+        found no LATEST does not count: ``SnapshotHolder.unpublished``) and twice that in all;
+        the rest logged once (``listed_within_cap``). The set and sort work over a listing (a
+        folder's is up to ``MAX_LISTED_ENTRIES`` names) runs off the event loop."""
         known = self.engine.known_bases
         published = len(known - self.holder.unpublished)
         room = min(MAX_LISTED_BASES - published, 2 * MAX_LISTED_BASES - len(known))
-        kept = listed_within_cap(new, room, listed, warn=not self._over_cap_logged)
-        self._over_cap_logged |= kept is not new
-        return kept
+        warn = not self._over_cap_logged
+        new, cut = await asyncio.to_thread(_new_within_cap, listed, known, room, warn)
+        self._over_cap_logged |= cut
+        return new
 
     def log_waiting(self) -> None:
         """While LOADING, say which bases have no snapshot, where it is looked for, and what to
@@ -254,7 +255,16 @@ def sidecar_store(config: Config) -> SnapshotStore:
         version_timeout_s=config.sidecar.http_version_timeout_s,
         s3_endpoint_url=config.sidecar.s3_endpoint_url,
         s3_region=config.sidecar.s3_region,
+        max_listed=listed_names_read(config),
     )
+
+
+def listed_names_read(config: Config) -> int:
+    """The names of a store's listing a sidecar reads at most (an s3:// listing stops there,
+    the first by name): all its shard may serve, ``MAX_LISTED_BASES`` with something published
+    and as many more with nothing yet (``_within_listed_cap``), from a listing spread over
+    ``shards``."""
+    return 2 * MAX_LISTED_BASES * config.sidecar.shards
 
 
 def base_policies(config: Config) -> dict[str, BasePolicy]:
@@ -312,6 +322,11 @@ def no_bases(config: Config, store: SnapshotStore) -> str:
     )
 
 
+def starting_bases(config: Config, store: SnapshotStore) -> frozenset[str]:
+    """The bases a sidecar starts with (``knowledge_base_names`` within ``first_bases``)."""
+    return first_bases(config, store, knowledge_base_names(config, store))
+
+
 def first_bases(config: Config, store: SnapshotStore, names: frozenset[str]) -> frozenset[str]:
     """The bases a sidecar starts with: ``names``, the first ``MAX_LISTED_BASES`` of a listing
     that holds more; a start with none logs what is true of it (``no_bases``)."""
@@ -320,6 +335,16 @@ def first_bases(config: Config, store: SnapshotStore, names: frozenset[str]) -> 
     elif lists_store(config):
         return listed_within_cap(names, MAX_LISTED_BASES, len(names))
     return names
+
+
+def _new_within_cap(
+    listed: frozenset[str], known: frozenset[str], room: int, warn: bool
+) -> tuple[list[str], bool]:
+    """The names of ``listed`` not in ``known`` within ``room`` (``listed_within_cap``), by
+    name, and whether some were left out (a worker thread's work: a listing may be long)."""
+    new = listed - known
+    kept = listed_within_cap(new, room, len(listed), warn=warn)
+    return sorted(kept), kept is not new
 
 
 def listed_within_cap(
@@ -366,9 +391,8 @@ async def create_server(
         embedder = await asyncio.to_thread(make_embedder, config.embedder)
     if store is None:  # an s3:// store reads the AWS configuration files: off the loop
         store = await asyncio.to_thread(sidecar_store, config)
-    # listing a remote store (s3://) is a request: off the loop too
-    names = await asyncio.to_thread(knowledge_base_names, config, store)
-    names = first_bases(config, store, names)
+    # listing a remote store (s3://) is a request, and a long listing is cut by name: off the loop
+    names = await asyncio.to_thread(starting_bases, config, store)
     holder = SnapshotHolder()
     lifecycle = Lifecycle()
     policies = base_policies(config)

@@ -21,7 +21,13 @@ from sidecar import __version__
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import MESSAGES
-from sidecar.edge.status import abort_trailers, caller_message, internal_message, status_for
+from sidecar.edge.status import (
+    abort_trailers,
+    caller_message,
+    internal_message,
+    status_for,
+    status_message,
+)
 from sidecar.edge.wire import (
     EncodedResponse,
     converse_response,
@@ -82,6 +88,10 @@ def set_timings(message: pb.Timings, timings: Timings) -> None:
     message.total_ms = timings.total_ms
 
 
+# A Status answer's bases at most, in bytes (and half of [sidecar] max_message_bytes): a client's
+# default limit to receive is 4 MiB, and the rest are counted (``knowledge_bases_left_out``).
+MAX_STATUS_BYTES = 1024 * 1024
+STATUS_ENTRY_OVERHEAD = 4  # an entry's tag and length prefix in the repeated field
 MAX_CALL_ID = 256  # a model's call ids are a few dozen characters
 # ListToolsRequest.format -> the formats its answer fills in.
 _TOOL_FORMATS = {
@@ -234,7 +244,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                     await written_within(context.write(answer), idle_s)
                 except IdleTimeout as exc:  # abort would wait behind the answers left unread
                     context.set_code(status_for(exc))
-                    context.set_details(str(exc))
+                    context.set_details(status_message(str(exc)))
                     return
         finally:
             # a cancelled stream arrives here as CancelledError: nothing it started outlives it
@@ -261,21 +271,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
 
     @_errors
     async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusResponse:
-        now = time.time()
-        bases = []
-        for name in sorted(self.engine.known_bases):
-            snap = self.holder.get(name)
-            refusal = self.holder.last_refusal(name)
-            bases.append(
-                pb.KnowledgeBaseStatus(
-                    name=name,
-                    snapshot_version=snap.version if snap else "",
-                    chunks=len(snap.chunks) if snap else 0,
-                    pages=snap.manifest.pages if snap else 0,
-                    age_seconds=now - snap.manifest.created_at if snap else 0.0,
-                    last_refusal=str(refusal) if refusal else "",
-                )
-            )
+        limit = min(MAX_STATUS_BYTES, self.engine.config.max_message_bytes // 2)
+        bases, left_out = self._base_statuses(time.time(), limit)
         info = self.engine.embedder.info
         usage = self.engine.sessions.usage(sessions.owner.get())  # the caller's own
         return pb.StatusResponse(
@@ -287,6 +284,34 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             sessions=usage.sessions,
             version=__version__,
             session_bytes=usage.bytes,
+            knowledge_bases_left_out=left_out,
+        )
+
+    def _base_statuses(self, now: float, limit: int) -> tuple[list[pb.KnowledgeBaseStatus], int]:
+        """The known bases' statuses by name, as many as fit in ``limit`` bytes, and how many
+        were left out: 10,000 bases failing with long names and refusals made a 4 MB answer
+        that gRPC refused to send."""
+        names = sorted(self.engine.known_bases)
+        bases: list[pb.KnowledgeBaseStatus] = []
+        size = 0
+        for name in names:
+            entry = self._base_status(name, now)
+            size += entry.ByteSize() + STATUS_ENTRY_OVERHEAD
+            if size > limit:
+                break
+            bases.append(entry)
+        return bases, len(names) - len(bases)
+
+    def _base_status(self, name: str, now: float) -> pb.KnowledgeBaseStatus:
+        snap = self.holder.get(name)
+        refusal = self.holder.last_refusal(name)
+        return pb.KnowledgeBaseStatus(
+            name=name,
+            snapshot_version=snap.version if snap else "",
+            chunks=len(snap.chunks) if snap else 0,
+            pages=snap.manifest.pages if snap else 0,
+            age_seconds=now - snap.manifest.created_at if snap else 0.0,
+            last_refusal=str(refusal) if refusal else "",
         )
 
     # -- knowledge functions -------------------------------------------------------------------

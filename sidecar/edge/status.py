@@ -20,7 +20,8 @@ interceptor, HTTP for the HTTP door, from the same table.
                                                               traceback in the log; grpc itself
                                                               would answer UNKNOWN with its text)
 
-Handlers raise; ``status_for`` maps; the servicer aborts with the mapped code and the message.
+Handlers raise; ``status_for`` maps; the servicer aborts with the mapped code and the message,
+cut to ``MAX_STATUS_MESSAGE_BYTES`` (``status_message``), so a status always reaches its caller.
 No handler builds a status code itself. The HTTP codes are those grpc-gateway gives each gRPC
 code, except an over-long body's 413 and an encoded body's 415.
 """
@@ -31,7 +32,7 @@ from typing import Any
 
 import grpc
 
-from index.errors import EmbedderError, SnapshotError, SnapshotNotFound, VoxrecallError
+from index.errors import EmbedderError, SnapshotError, SnapshotNotFound, VoxrecallError, shortened
 from sidecar.errors import (
     BodyEncoded,
     BodyTooLarge,
@@ -53,6 +54,11 @@ NO_RETRY = "-1"  # a negative pushback: a retry policy does not try again
 # (a round trip and a turn's answer): a client's retry policy waits out a hint even past its
 # deadline, and the caller got DEADLINE_EXCEEDED at its deadline instead of the refusal's message.
 RETRY_MARGIN_S = 0.1
+# A status message at most, in bytes: it travels in the trailing metadata (grpc-message,
+# percent-encoded: up to three bytes a byte), which a client refuses whole past 16 KiB
+# (RESOURCE_EXHAUSTED "metadata size exceeds hard limit" instead of the status sent). A message
+# that names a base, a cause and what to do fits many times over; more is cut and marked.
+MAX_STATUS_MESSAGE_BYTES = 2048
 
 _STATUS: tuple[tuple[type[VoxrecallError], grpc.StatusCode, int], ...] = (
     (BodyTooLarge, Code.RESOURCE_EXHAUSTED, 413),
@@ -100,7 +106,12 @@ def caller_message(error: VoxrecallError) -> str:
     own files, which the log has beside the error."""
     if status_for(error) is Code.INTERNAL:
         return internal_message(error)
-    return str(error)
+    return status_message(str(error))
+
+
+def status_message(text: str) -> str:
+    """A status message as sent: cut to ``MAX_STATUS_MESSAGE_BYTES``, the cut marked."""
+    return shortened(text, MAX_STATUS_MESSAGE_BYTES)
 
 
 def code_of_http_status(status: int) -> grpc.StatusCode:

@@ -239,7 +239,7 @@ class KnowledgeBaseStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., snapshot_version: _Optional[str] = ..., chunks: _Optional[int] = ..., pages: _Optional[int] = ..., age_seconds: _Optional[float] = ..., last_refusal: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("state", "knowledge_bases", "embedder", "dimension", "uptime_seconds", "sessions", "version", "session_bytes")
+    __slots__ = ("state", "knowledge_bases", "embedder", "dimension", "uptime_seconds", "sessions", "version", "session_bytes", "knowledge_bases_left_out")
     STATE_FIELD_NUMBER: _ClassVar[int]
     KNOWLEDGE_BASES_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +248,7 @@ class StatusResponse(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_BASES_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     state: str
     knowledge_bases: _containers.RepeatedCompositeFieldContainer[KnowledgeBaseStatus]
     embedder: str
@@ -256,7 +257,8 @@ class StatusResponse(_message.Message):
     sessions: int
     version: str
     session_bytes: int
-    def __init__(self, state: _Optional[str] = ..., knowledge_bases: _Optional[_Iterable[_Union[KnowledgeBaseStatus, _Mapping]]] = ..., embedder: _Optional[str] = ..., dimension: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., sessions: _Optional[int] = ..., version: _Optional[str] = ..., session_bytes: _Optional[int] = ...) -> None: ...
+    knowledge_bases_left_out: int
+    def __init__(self, state: _Optional[str] = ..., knowledge_bases: _Optional[_Iterable[_Union[KnowledgeBaseStatus, _Mapping]]] = ..., embedder: _Optional[str] = ..., dimension: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., sessions: _Optional[int] = ..., version: _Optional[str] = ..., session_bytes: _Optional[int] = ..., knowledge_bases_left_out: _Optional[int] = ...) -> None: ...
 
 class ConverseRequest(_message.Message):
     __slots__ = ("turn",)

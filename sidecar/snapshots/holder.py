@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from index.errors import shortened
 from index.snapshot import LoadedSnapshot
 from sidecar.edge.addresses import load_requester
 from sidecar.snapshots.searcher import Searcher
@@ -58,6 +59,10 @@ REUSE_S = 30.0
 # Requesters remembered per base as calling it (its working set's): a base shared by more
 # agent processes than this is protected for the last ones only; its others' loads may evict it.
 SHARERS = 8
+# A refusal's reason as kept (and shown by Status, and quoted by a call refused for the base):
+# a sentence naming a file and a cause fits many times over; a store's error text is cut at
+# its source too (``index.http_store.MAX_REASON_BYTES``), and this holds whatever else says more.
+MAX_REFUSAL_BYTES = 1024
 
 
 @dataclass(slots=True)
@@ -265,10 +270,12 @@ class SnapshotHolder:
     def refuse(
         self, knowledge_base: str, version: str, kind: str, reason: str, retried: bool = False
     ) -> bool:
-        """Record a refusal; False (and not counted again) when it repeats the last one."""
+        """Record a refusal, its reason cut to ``MAX_REFUSAL_BYTES``; False (and not counted
+        again) when it repeats the last one."""
         last = self._refusals.get(knowledge_base)
         repeat = last is not None and (last.version, last.kind) == (version, kind)
-        self._refusals[knowledge_base] = Refusal(version, kind, reason, time.time(), retried)
+        kept = shortened(reason, MAX_REFUSAL_BYTES)
+        self._refusals[knowledge_base] = Refusal(version, kind, kept, time.time(), retried)
         if not repeat:
             self.refusals[kind] += 1
         return not repeat

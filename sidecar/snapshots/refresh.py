@@ -37,7 +37,10 @@ is held back (``_held``), its calls told to retry, until the first of those base
 finds no room extends the hold without building it again. A poll refreshes only the loaded bases: one evicted while
 the poll read its pointer is left out.
 
-A version that fails is refused: one log line per version and kind, ``holder.refusals[kind] += 1``
+A version that fails is refused: one log line per version and kind (the pointers a poll
+starts failing to read, a store down failing every base's: one line for them all,
+``refused_line``),
+``holder.refusals[kind] += 1``
 and the last refusal in ``Status``; the last good snapshot keeps serving. Every failure of a load
 is a refusal (an unexpected exception too: kind ``invalid``, its traceback logged once), so a bad
 version at start leaves the sidecar up, NOT_SERVING for that base. A corrupt or incompatible version, or a
@@ -57,7 +60,7 @@ import logging
 import random
 import sys
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -100,6 +103,8 @@ MAX_DOWNLOADS = 32
 # first loads' threads, a poll of more loaded bases than those threads took all of them, and a
 # first call's load queued behind the poll's reads (4.1 s behind 40 bases whose LATEST took 4 s).
 POLL_DOWNLOADS = 16
+# Bases a poll's one line of failed pointer reads names (``refused_line``); the rest counted.
+SHOWN_BASES = 5
 
 # (error class, refusal kind, retried on the next poll); the first match wins
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
@@ -342,6 +347,20 @@ def read_pointers(store: SnapshotStore, kbs: Sequence[str]) -> list[Pointer]:
     return read
 
 
+def refused_line(fresh: Sequence[tuple[str, str, str]]) -> str:
+    """One line for the pointer reads of a poll that started failing (base, kind, reason): how
+    many, of which kinds, the first ``SHOWN_BASES`` bases and the first reason."""
+    kinds = Counter(kind for _, kind, _ in fresh)
+    shown = ", ".join(kb for kb, _, _ in fresh[:SHOWN_BASES])
+    more = f" and {len(fresh) - SHOWN_BASES} more" if len(fresh) > SHOWN_BASES else ""
+    return (
+        f"cannot read the pointers of {len(fresh)} bases "
+        f"({', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}): {shown}{more}; "
+        f"{fresh[0][0]}: {fresh[0][2]}; they are read again at each poll, and what each serves "
+        "keeps serving (Status has each base's refusal)"
+    )
+
+
 def fetch_error(kb: str, exc: BaseException) -> tuple[str, SnapshotError]:
     """The version and the refusal of a failed ``newest``: its pointer's read (no version) or
     its download's (``Downloading``); an unexpected error (a bug) has its traceback logged."""
@@ -416,9 +435,10 @@ class Refresher:
         trickling download holds its base only, and neither holds a first load."""
         pointers = self._pointer_states()
         downloads: dict[asyncio.Future[str | None], str] = {}
-        for kb, version, exc in await self._read_pointers(self._polled()):
+        read = await self._read_pointers(self._polled())
+        self._pointers_failed([(kb, exc) for kb, _, exc in read if exc is not None])
+        for kb, version, exc in read:
             if exc is not None:
-                self._pointer_failed(kb, exc)
                 continue
             self._note_pointer(kb, version)
             offer = await self._pointed(kb, version)
@@ -633,26 +653,43 @@ class Refresher:
             self._pointer_failed(kb, exc)
         return False
 
-    def _pointer_failed(self, kb: str, exc: BaseException) -> None:
+    def _pointers_failed(self, failed: list[tuple[str, Exception]]) -> None:
+        """``_pointer_failed`` for each pointer read of a poll that failed, those that started
+        failing at this poll logged in one line (``refused_line``): a store down fails every
+        base's pointer, and one line each was 10,000 lines at the first poll."""
+        fresh = [
+            started
+            for kb, exc in failed
+            if (started := self._pointer_failed(kb, exc, quiet=len(failed) > 1)) is not None
+        ]
+        if len(failed) > 1 and fresh:
+            log.error("%s", refused_line(fresh))
+
+    def _pointer_failed(
+        self, kb: str, exc: BaseException, quiet: bool = False
+    ) -> tuple[str, str, str] | None:
         """A read of ``kb``'s pointer failed (an error, not an absent LATEST): a refusal of no
         version (``Status`` shows it; a call is told to retry after the next poll), and the
         base ``unreadable``, not waited for once another base serves. Logged once as it starts
-        failing and once as it reads again (``_note_pointer``), not at every poll."""
+        failing (unless ``quiet``: the caller sums it up; returned, base, kind and reason, then)
+        and once as it reads again (``_note_pointer``), not at every poll."""
         if kb not in self._served:  # forgotten while its pointer was read
-            return
+            return None
         _, error = fetch_error(kb, exc)
         kind, retried = refusal_kind(error)
         self.holder.refuse(kb, "", kind, str(error), retried)
         if kb in self.holder.unreadable:
-            return
+            return None
         self.holder.unreadable.add(kb)
-        log.error(
-            "cannot read the pointer of %s (%s): %s; %s; it is read again at each poll",
-            kb,
-            kind,
-            error,
-            self._keeps(kb),
-        )
+        if not quiet:
+            log.error(
+                "cannot read the pointer of %s (%s): %s; %s; it is read again at each poll",
+                kb,
+                kind,
+                error,
+                self._keeps(kb),
+            )
+        return kb, kind, str(error)
 
     def _wanted_offer(self, kb: str, offer: asyncio.Future[str | None]) -> bool:
         """``_offered`` for a base loading on demand: a failure starts its
