@@ -37,6 +37,7 @@ from sidecar.edge.addresses import load_requester
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots.fair_pool import FairPool
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.refresh import LoadQueue, Refresher
 from sidecar.snapshots.searcher import Searcher
@@ -637,3 +638,40 @@ async def test_a_first_load_does_not_wait_behind_a_polls_pointer_reads(
         finally:
             gate.set()
             await poll
+
+
+async def test_the_download_pool_shares_its_threads_between_requesters() -> None:
+    """``FairPool`` with 4 threads: a requester alone takes half of them, however many jobs it
+    queues; another's first job starts at once beside them, a third's on the last free thread;
+    the last free thread waits for a requester with nothing running, which starts at once."""
+    pool = FairPool(4, "test-fair")
+    gates = {name: threading.Event() for name in ("a", "b", "c", "d")}
+    started: list[str] = []
+
+    def job(name: str) -> str:
+        started.append(name)
+        gates[name].wait(LOAD_WAIT_S)
+        return name
+
+    try:
+        a_jobs = [pool.submit("a", job, "a") for _ in range(6)]
+        assert (pool.running("a"), pool.queued("a")) == (2, 4)
+        b_jobs = [pool.submit("b", job, "b") for _ in range(2)]
+        assert (pool.running("b"), pool.queued("b")) == (1, 1)
+        c_job = pool.submit("c", job, "c")
+        assert pool.running("c") == 1
+        gates["c"].set()
+        assert await c_job == "c"
+        # the thread c freed is kept for a requester with nothing running: a and b hold more
+        assert (pool.running("a"), pool.running("b")) == (2, 1)
+        d_job = pool.submit("d", job, "d")
+        assert pool.running("d") == 1  # a newcomer starts at once, whatever a and b queued
+        gates["d"].set()
+        gates["a"].set()
+        gates["b"].set()
+        assert await asyncio.gather(*a_jobs, *b_jobs, d_job) == ["a"] * 6 + ["b"] * 2 + ["d"]
+        assert (pool.running("a"), pool.queued("a"), pool.running("b")) == (0, 0, 0)
+    finally:
+        for gate in gates.values():
+            gate.set()
+        pool.shutdown()

@@ -27,6 +27,7 @@ from index.snapshot import MANIFEST
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots import refresh
 from sidecar.snapshots.refresh import refusal_kind
 from tests.bases_kit import LOAD_WAIT_S, answered, search
 from tests.conftest import eventually, eventually_here, small_tmpfs
@@ -287,6 +288,53 @@ async def test_bases_still_downloading_do_not_hold_another_bases_first_load(
             for kb in slow:
                 assert sidecar.holder.get(kb) is None  # still downloading
                 assert "is loading" in await refused_loading(stub, kb)
+    finally:
+        await sidecar.stop(0.5)
+
+
+def own_channel(port: int) -> grpc.aio.Channel:
+    """A channel with a connection of its own: another caller (channels to one target share a
+    connection otherwise, and the sidecar sees one requester)."""
+    return grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
+async def test_one_callers_trickling_downloads_do_not_hold_another_callers_first_load(
+    server: StaticServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack s15 B: caller A asks for more bases than there are download threads (4 here, 32
+    in production), each of whose files the store trickles; caller B then asks for a base that
+    downloads at once. B's pointer read and download start beside A's (at most half the threads
+    are A's) and B is answered while A's go on (on main A's jobs took every thread and queued
+    the rest ahead of B's in one FIFO pool: B waited for A's downloads' timeouts)."""
+    monkeypatch.setattr(refresh, "MAX_DOWNLOADS", 4)
+    monkeypatch.setattr(refresh, "DOWNLOAD_WAIT_S", 0.05)  # the loader goes through A's fast
+    version = version_id(1)
+    slow = [f"slow{i}" for i in range(6)]
+    for kb in slow:
+        write_version(
+            server.root, version, EMBEDDER, kb=kb, damage=lambda f: with_extra_files(f, 1)
+        )
+    write_version(server.root, version, EMBEDDER, kb="fast")
+    trickle(server, "/" + version + "/pad0000.bin")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, [*slow, "fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with own_channel(sidecar.port) as a_ch, own_channel(sidecar.port) as b_ch:
+            a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
+            b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+            for kb in slow:
+                await refused_loading(a, kb)
+            downloads = sidecar.refresher._downloads
+            await eventually(lambda: set(downloads) == set(slow), "A's bases all offered")
+            await eventually(lambda: bool(requested_files(server)), "A's downloads trickling")
+            async with asyncio.timeout(LOAD_WAIT_S):
+                resp = await answered(b, "fast")
+            assert {c.knowledge_base for c in resp.chunks} == {"fast"}
+            assert all(sidecar.holder.get(kb) is None for kb in slow)  # still trickling
+            assert len(server.requests("fast/LATEST")) == 1
     finally:
         await sidecar.stop(0.5)
 
