@@ -11,7 +11,10 @@ verified, and a broken download leaves at most a ``.partial-`` folder that the n
 
 Before a version's files are downloaded, the bytes it still needs are promised to it out of
 the cache's free space (``_Room``), less what the other downloads in flight still have to
-write: downloads running together cannot together overrun the disk (``disk_full``).
+write: downloads running together cannot together overrun the disk (``disk_full``). A promise
+is kept only at the pace that writes it by the version's deadline: a download that needs room
+held by downloads behind that pace (a manifest claiming much, its bytes trickled) takes it, and
+those downloads are cut (StoreUnavailable, tried again), so claims cannot hold the disk.
 
 Every answer is capped: a file at the size its manifest records, the manifest at
 ``MAX_MANIFEST_BYTES``, the pointer at ``MAX_POINTER_BYTES``; more is a CorruptSnapshot, and no
@@ -277,49 +280,120 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+# A download's promise of the cache's free space must be kept at the pace its version's
+# deadline needs (``_Promise.behind``), after this long to get going (a request's connect and
+# first bytes); one behind is released when another download needs its room (``_Room.take``).
+PACE_GRACE_S = 1.0
+
+
+@dataclass(slots=True)
+class _Promise:
+    """One download's promise: ``need`` bytes at ``since`` (monotonic), ``left`` still to write,
+    ``again`` deleted to be written again; ``until``: its version's deadline (None: no pace)."""
+
+    need: int
+    left: int
+    since: float
+    until: float | None
+    again: int = 0
+
+    def behind(self, now: float) -> bool:
+        """Whether it wrote less than its share of ``need`` for the time since ``since`` (less
+        ``PACE_GRACE_S``) at the pace that writes all of it by ``until``: a trickle's promise,
+        which its download cannot keep."""
+        if self.until is None or now - self.since <= PACE_GRACE_S:
+            return False
+        span = max(self.until - self.since - PACE_GRACE_S, 1e-3)  # the pace's time
+        due = int(self.need * min(1.0, (now - self.since - PACE_GRACE_S) / span))
+        return self.need - self.left < due
+
+    def cut_reason(self, now: float) -> str:
+        return (
+            f"cut after {now - self.since:.1f} s, {self.need - self.left} of the {self.need} "
+            "bytes its manifest claims written: behind the pace that ends by "
+            "[sidecar] http_version_timeout_s, its room in cache_dir was given to another "
+            "download; tried again on a later call"
+        )
+
+
 class _Room:
     """The cache's bytes promised to the downloads in flight, one per thread (a fetch is one
     thread's): what each still has to write, by its manifest's sizes. A download's check of the
     free space counts the others' as taken, so downloads running together (up to 48 bases at
     once: 32 first loads', 16 a poll's) cannot together overrun the disk; each promise shrinks as
     its new bytes are written: a file deleted to be written again from zero (``rewrites``) takes
-    no more of the disk until its bytes pass its old size."""
+    no more of the disk until its bytes pass its old size.
+
+    A manifest may claim any sizes, and a store may trickle the bytes: a promise kept only by
+    its deadline held its room for that long (claims of 2^35..2^12 bytes, trickled, took a
+    disk's free space; every other base was refused ``disk_full``). So a download that needs
+    room held by downloads behind their pace (``_Promise.behind``) takes it: those promises are
+    released at once, largest first, and their downloads fail (``cut``: StoreUnavailable, tried
+    again) at their next read or write."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._left: dict[int, int] = {}  # thread -> bytes it still has to write
-        self._again: dict[int, int] = {}  # thread -> bytes it deleted, to be written again
+        self._promises: dict[int, _Promise] = {}  # thread -> its download's promise
+        self._cut: dict[int, str] = {}  # thread -> why its promise was released
 
-    def take(self, need: int, free: int) -> int | None:
-        """Promise ``need`` bytes to this thread's download when ``free`` minus the others'
-        promises holds them (None); else the bytes promised to the others."""
+    def take(self, need: int, free: int, until: float | None = None) -> int | None:
+        """Promise ``need`` bytes to this thread's download, to be written by ``until``
+        (monotonic; None: no pace), when ``free`` minus the others' promises holds them, once
+        those behind their pace are released if that makes room (None); else the bytes
+        promised to the others."""
         with self._lock:
             me = threading.get_ident()
-            others = sum(left for thread, left in self._left.items() if thread != me)
-            if need > free - others:
-                return others
-            self._left[me] = need
+            now = time.monotonic()
+            others = {t: p for t, p in self._promises.items() if t != me}
+            taken = sum(p.left for p in others.values())
+            if need > free - taken:
+                released = self._behind(others, need - (free - taken), now)
+                if released is None:
+                    return taken
+                for thread in released:
+                    self._cut[thread] = self._promises.pop(thread).cut_reason(now)
+            self._promises[me] = _Promise(need, need, now, until)
             return None
+
+    @staticmethod
+    def _behind(others: dict[int, _Promise], short: int, now: float) -> list[int] | None:
+        """The threads whose promises, behind their pace, release at least ``short`` bytes,
+        largest first; None when all of them would not."""
+        behind = sorted(
+            (t for t, p in others.items() if p.behind(now)), key=lambda t: -others[t].left
+        )
+        released: list[int] = []
+        for thread in behind:
+            if short <= 0:
+                break
+            released.append(thread)
+            short -= others[thread].left
+        return released if short <= 0 else None
+
+    def cut(self) -> str | None:
+        """Why this thread's promise was released for another download's (None: it was not)."""
+        with self._lock:
+            return self._cut.get(threading.get_ident())
 
     def rewrites(self, count: int) -> None:
         """This thread's download deleted ``count`` bytes it writes again: not new bytes."""
         with self._lock:
-            me = threading.get_ident()
-            if me in self._left:
-                self._again[me] = self._again.get(me, 0) + count
+            promise = self._promises.get(threading.get_ident())
+            if promise is not None:
+                promise.again += count
 
     def wrote(self, count: int) -> None:
         with self._lock:
-            me = threading.get_ident()
-            if me in self._left:
-                again = min(count, self._again.get(me, 0))
-                self._again[me] = self._again.get(me, 0) - again
-                self._left[me] = max(0, self._left[me] - (count - again))
+            promise = self._promises.get(threading.get_ident())
+            if promise is not None:
+                again = min(count, promise.again)
+                promise.again -= again
+                promise.left = max(0, promise.left - (count - again))
 
     def release(self) -> None:
         with self._lock:
-            self._left.pop(threading.get_ident(), None)
-            self._again.pop(threading.get_ident(), None)
+            self._promises.pop(threading.get_ident(), None)
+            self._cut.pop(threading.get_ident(), None)
 
 
 class HttpStore:
@@ -472,7 +546,7 @@ class HttpStore:
                     f"{url}: manifest is of {manifest.knowledge_base} {manifest.version}, "
                     f"not {kb} {version}"
                 )
-            sizes = self._sizes(manifest, url, partial)
+            sizes = self._sizes(manifest, url, partial, deadline)
             for name, size in sizes.items():
                 self._download_file(
                     self._url(kb, version, name), partial / name, manifest.files[name], size,
@@ -489,11 +563,14 @@ class HttpStore:
         fsync_dir(partial)
         return manifest
 
-    def _sizes(self, manifest: Manifest, url: str, partial: Path) -> dict[str, int]:
+    def _sizes(
+        self, manifest: Manifest, url: str, partial: Path, deadline: float
+    ) -> dict[str, int]:
         """Each file's size to cap its download at, checked before any download: at most
         ``MAX_VERSION_FILES`` files, and the bytes still to download within the cache's free
-        space (a manifest may claim any sizes: it is refused, not downloaded until the disk
-        fills)."""
+        space, promised to this download until ``deadline`` at the latest (a manifest may claim
+        any sizes: it is refused, not downloaded until the disk fills; a trickled one's promise
+        goes to the next download that needs its room: ``_Room``)."""
         names = manifest_files(manifest, url)
         if len(names) > MAX_VERSION_FILES:
             raise CorruptSnapshot(
@@ -506,14 +583,15 @@ class HttpStore:
                 raise CorruptSnapshot(f"{url}: no size for {name}: nothing to cap its download at")
             sizes[name] = size
         have = sum(p.stat().st_size for p in partial.iterdir() if p.is_file())
-        self._promise(sum(sizes.values()) - have, url, partial.parent)
+        self._promise(sum(sizes.values()) - have, url, partial.parent, deadline)
         return sizes
 
-    def _promise(self, need: int, url: str, folder: Path) -> None:
-        """Take ``need`` bytes of ``folder``'s free space for this download (``_Room``), or
-        refuse the version (CacheWriteError, ENOSPC: ``disk_full``) before any of its files."""
+    def _promise(self, need: int, url: str, folder: Path, deadline: float) -> None:
+        """Take ``need`` bytes of ``folder``'s free space for this download, to be written by
+        ``deadline`` (``_Room``), or refuse the version (CacheWriteError, ENOSPC:
+        ``disk_full``) before any of its files."""
         free = shutil.disk_usage(folder).free
-        others = self._room.take(need, free)
+        others = self._room.take(need, free, deadline)
         if others is None:
             return
         taken = f", {others} of them promised to downloads in progress" if others else ""
@@ -641,6 +719,8 @@ class HttpStore:
         ``close`` are looked at between reads), up to ``block_bytes``."""
         if self._closed.is_set():
             raise StoreUnavailable(f"{url}: store closed during the download")
+        if (why := self._room.cut()) is not None:
+            raise StoreUnavailable(f"{url}: {why}")
         if time.monotonic() > deadline:
             raise self._late(url)
         try:
@@ -709,7 +789,10 @@ class HttpStore:
         dest.unlink(missing_ok=True)
 
     def _write(self, f: BinaryIO, data: bytes) -> None:
-        """Every byte written to the cache goes through here (a seam to inject disk errors)."""
+        """Every byte written to the cache goes through here (a seam to inject disk errors);
+        none once this download's promise went to another (``_Room``)."""
+        if (why := self._room.cut()) is not None:
+            raise StoreUnavailable(f"{f.name}: {why}")
         f.write(data)
         self._room.wrote(len(data))
 

@@ -37,6 +37,7 @@ from sidecar.edge.addresses import load_requester
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots.fair_pool import FairPool
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.refresh import LoadQueue, Refresher
 from sidecar.snapshots.searcher import Searcher
@@ -342,6 +343,33 @@ async def test_a_caller_cycling_through_bases_from_new_connections_keeps_off_ano
             assert {c.knowledge_base for c in resp.chunks} == {kb}
 
 
+async def test_calling_anothers_working_set_does_not_make_it_evictable_for_ones_own_loads(
+    store: Path, tmp_path: Path
+) -> None:
+    """Attack s15 G: B keeps coming back to its base; A calls that base too (now one of its
+    callers), then goes through twice as many bases as the budget holds on its own connection.
+    B's base stays loaded and answers B's next call at once (on main A's call made A one of its
+    working set's requesters, and A's loads evicted it, the least recently used)."""
+    async with (
+        serving(store, tmp_path) as sidecar,
+        channel(sidecar) as a_ch,
+        channel(sidecar) as b_ch,
+    ):
+        sidecar.holder.reuse_s = 3600.0  # however slow the machine, B is still coming back
+        a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
+        b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+        theirs = kb_name(810)
+        await working_set(b, [theirs])
+        await a.Search(search(theirs), timeout=CALL_S)  # loaded: no retry
+        await a.Search(search(theirs), timeout=CALL_S)
+        fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
+        for i in range(910, 910 + 2 * fits):
+            await answered(a, kb_name(i))
+        assert sidecar.holder.evictions >= fits
+        resp = await b.Search(search(theirs), timeout=CALL_S)  # no retry: it is there
+        assert {c.knowledge_base for c in resp.chunks} == {theirs}
+
+
 async def test_a_load_that_could_only_evict_anothers_working_set_waits_with_a_hint(
     store: Path, tmp_path: Path
 ) -> None:
@@ -454,8 +482,9 @@ def holding(*bases: str) -> SnapshotHolder:
 
 def test_a_base_two_agent_processes_keep_calling_is_their_working_set() -> None:
     """Two agent processes on the loopback (each a requester) take turns calling one base: it
-    is in their working set, left out of a third requester's load; either of them may evict it
-    (on main no call came from the previous call's requester, so it was never protected)."""
+    is in their working set, left out of a third requester's load and of each one's own loads
+    while the other still calls it (attack s15 G), evictable by either once the other's calls
+    lapse."""
     holder = holding("shared", "other")
     p1, p2, third = "ipv4:127.0.0.1:1000", "ipv4:127.0.0.1:2000", "ipv4:127.0.0.1:4000"
     for _ in range(3):
@@ -464,13 +493,16 @@ def test_a_base_two_agent_processes_keep_calling_is_their_working_set() -> None:
     holder.use("other", third)
     now = time.monotonic()
     assert holder.eviction_order(now, requester=load_requester(third)) == ["other"]
+    assert holder.eviction_order(now, requester=load_requester(p1)) == ["other"]
+    holder._calls["shared"].by[load_requester(p2)] = now - holder.reuse_s - 1  # p2 went away
     assert holder.eviction_order(now, requester=load_requester(p1)) == ["shared", "other"]
+    assert holder.eviction_order(now, requester=load_requester(p2)) == ["other"]
 
 
 def test_one_call_by_another_requester_leaves_a_working_set_in_place() -> None:
-    """A keeps calling its base; B calls it once: it stays A's working set (and B's: B called it),
-    left out of a third requester's load (on main B's one call stripped it, A's next call not
-    following A's own)."""
+    """A keeps calling its base; B calls it once: it stays A's working set, left out of a third
+    requester's load (on main B's one call stripped it, A's next call not following A's own)
+    and of B's (attack s15 G: on main B's call made it B's too, evictable for B's loads)."""
     holder = holding("a_set", "x")
     a, b, c = "ipv4:10.0.0.1:1000", "ipv4:10.0.0.2:2000", "ipv4:10.0.0.3:3000"
     for peer in (a, a, a, b, a):
@@ -478,7 +510,11 @@ def test_one_call_by_another_requester_leaves_a_working_set_in_place() -> None:
     holder.use("x", c)
     now = time.monotonic()
     assert holder.eviction_order(now, requester=load_requester(c)) == ["x"]
-    assert holder.eviction_order(now, requester=load_requester(b)) == ["a_set", "x"]
+    assert holder.eviction_order(now, requester=load_requester(b)) == ["x"]
+    later = now + holder.reuse_s / 2
+    holder._calls["a_set"].by[load_requester(b)] = now - holder.reuse_s  # B's call lapses
+    holder._calls["a_set"].at = later
+    assert holder.eviction_order(later, requester=load_requester(a)) == ["a_set", "x"]
 
 
 def taken(queue: LoadQueue) -> list[str]:
@@ -602,3 +638,40 @@ async def test_a_first_load_does_not_wait_behind_a_polls_pointer_reads(
         finally:
             gate.set()
             await poll
+
+
+async def test_the_download_pool_shares_its_threads_between_requesters() -> None:
+    """``FairPool`` with 4 threads: a requester alone takes half of them, however many jobs it
+    queues; another's first job starts at once beside them, a third's on the last free thread;
+    the last free thread waits for a requester with nothing running, which starts at once."""
+    pool = FairPool(4, "test-fair")
+    gates = {name: threading.Event() for name in ("a", "b", "c", "d")}
+    started: list[str] = []
+
+    def job(name: str) -> str:
+        started.append(name)
+        gates[name].wait(LOAD_WAIT_S)
+        return name
+
+    try:
+        a_jobs = [pool.submit("a", job, "a") for _ in range(6)]
+        assert (pool.running("a"), pool.queued("a")) == (2, 4)
+        b_jobs = [pool.submit("b", job, "b") for _ in range(2)]
+        assert (pool.running("b"), pool.queued("b")) == (1, 1)
+        c_job = pool.submit("c", job, "c")
+        assert pool.running("c") == 1
+        gates["c"].set()
+        assert await c_job == "c"
+        # the thread c freed is kept for a requester with nothing running: a and b hold more
+        assert (pool.running("a"), pool.running("b")) == (2, 1)
+        d_job = pool.submit("d", job, "d")
+        assert pool.running("d") == 1  # a newcomer starts at once, whatever a and b queued
+        gates["d"].set()
+        gates["a"].set()
+        gates["b"].set()
+        assert await asyncio.gather(*a_jobs, *b_jobs, d_job) == ["a"] * 6 + ["b"] * 2 + ["d"]
+        assert (pool.running("a"), pool.queued("a"), pool.running("b")) == (0, 0, 0)
+    finally:
+        for gate in gates.values():
+            gate.set()
+        pool.shutdown()

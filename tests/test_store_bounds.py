@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shutil
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar, cast
 
 import grpc
 import pytest
 
+from index import http_store
 from index.embedders.base import HashEmbedder
 from index.errors import CacheWriteError, CorruptSnapshot, StoreUnavailable
 from index.http_store import MAX_VERSION_FILES, PARTIAL, HttpOptions, HttpStore, _Room
@@ -27,6 +30,7 @@ from index.snapshot import MANIFEST
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots import refresh
 from sidecar.snapshots.refresh import refusal_kind
 from tests.bases_kit import LOAD_WAIT_S, answered, search
 from tests.conftest import eventually, eventually_here, small_tmpfs
@@ -103,9 +107,10 @@ def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
     server: StaticServer, small_disk: Path
 ) -> None:
     """A second attack's R1: two versions of 600 kB each, a 1 MiB cache. The first one's
-    download is in flight (its file trickles); the second is refused ``disk_full`` before any
-    of its files is downloaded, the first one's bytes counted as taken (on main each download
-    checked the free space alone, and the two together would have overrun the disk)."""
+    download is in flight (its file sends nothing yet, within the pace its version's deadline,
+    a long one, needs); the second is refused ``disk_full`` before any of its files is
+    downloaded, the first one's bytes counted as taken (on main each download checked the free
+    space alone, and the two together would have overrun the disk)."""
     version = version_id(1)
     for kb in ("first", "second"):
         write_version(
@@ -113,7 +118,7 @@ def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
             damage=lambda f: with_extra_files(f, 1, size=600_000),
         )  # fmt: skip
     trickle(server, "first/" + version + "/pad0000.bin")
-    store = HttpStore(server.url, small_disk, HttpOptions(attempts=1))
+    store = HttpStore(server.url, small_disk, HttpOptions(attempts=1, version_timeout_s=1e9))
     failed: list[BaseException] = []
 
     def fetch_first() -> None:
@@ -139,6 +144,65 @@ def test_downloads_in_flight_together_cannot_promise_more_than_the_disk_holds(
     assert again.fetch("second", version).is_dir()  # the first's promise ended with it
 
 
+def first_file(folder: Path, size: int) -> None:
+    """Add a file of ``size`` bytes that a download fetches before the snapshot's (its name
+    sorts first), listed in the manifest with its true sha256 and size."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    data = b"x" * size
+    (folder / "0claim.bin").write_bytes(data)
+    manifest["files"]["0claim.bin"] = hashlib.sha256(data).hexdigest()
+    manifest["sizes"]["0claim.bin"] = size
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+async def test_a_trickled_downloads_claim_on_the_cache_goes_to_another_callers_download(
+    server: StaticServer, small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack s15 C: caller A's base claims (in its manifest) nearly all of the cache's free
+    space, and the store trickles its file, a byte every 0.2 s (its read timeout never passes).
+    Caller B's base, which fits beside what the hog really wrote, downloads and is answered:
+    the hog's promise, behind the pace its version's deadline needs, is released for it and its
+    download cut, refused ``unavailable`` (on main B was refused ``disk_full`` for as long as
+    the trickle went on, up to ``http_version_timeout_s``)."""
+    monkeypatch.setattr(http_store, "PACE_GRACE_S", 0.0)  # judged at once: no timing here
+    version = version_id(1)
+    write_version(server.root, version, EMBEDDER, kb="fast")
+    base = sum(f.stat().st_size for f in (server.root / "fast" / version).iterdir())
+    claim = shutil.disk_usage(small_disk).free - base - base // 2  # the hog's fits alone
+    write_version(server.root, version, EMBEDDER, kb="hog", damage=lambda f: first_file(f, claim))
+    hog_file = "hog/" + version + "/0claim.bin"
+    server.hostile, server.hostile_suffix, server.trickle_s = "trickle", hog_file, 0.2
+    config = lazy_config(server, tmp_path, ["hog", "fast"], cache=small_disk)
+    sidecar = await create_server(config, embedder=EMBEDDER, poll=False)
+    try:
+        async with own_channel(sidecar.port) as a_ch, own_channel(sidecar.port) as b_ch:
+            a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
+            b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+            await refused_loading(a, "hog")
+            await eventually(lambda: bool(server.requests(hog_file)), "the hog's trickle")
+            room = cast(HttpStore, sidecar.refresher.store)._room
+
+            def hog_behind() -> bool:
+                now = time.monotonic()
+                return any(p.behind(now) for p in list(room._promises.values()))
+
+            await eventually(hog_behind, "the hog's download behind its pace")
+            resp = await answered(b, "fast")
+            assert {c.knowledge_base for c in resp.chunks} == {"fast"}
+
+            def hog_cut() -> bool:
+                refusal = sidecar.holder.last_refusal("hog")
+                return refusal is not None and "its room in cache_dir" in refusal.reason
+
+            await eventually(hog_cut, "the hog's download cut")
+            refusal = sidecar.holder.last_refusal("hog")
+            assert refusal is not None
+            assert (refusal.kind, refusal.retried) == ("unavailable", True)
+            assert sidecar.holder.get("hog") is None
+    finally:
+        await sidecar.stop(0.5)
+
+
 def test_a_file_downloaded_again_from_zero_counts_only_its_new_bytes_as_taken(
     server: StaticServer, tmp_path: Path
 ) -> None:
@@ -161,7 +225,8 @@ def test_a_file_downloaded_again_from_zero_counts_only_its_new_bytes_as_taken(
     write = store._write
 
     def promise() -> int:
-        return store._room._left.get(threading.get_ident(), 0)
+        promised = store._room._promises.get(threading.get_ident())
+        return promised.left if promised is not None else 0
 
     def watched(f: BinaryIO, data: bytes) -> None:
         if not f.name.endswith(pad.name):
@@ -199,6 +264,33 @@ def test_a_download_counts_the_others_promises_as_taken_until_they_are_released(
         assert elsewhere(room.take, 1, 1_000) == 1_000
 
 
+def test_a_promise_behind_its_pace_goes_to_a_download_that_needs_its_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``_Room`` with 1,000 bytes free: a promise of 600 to be written by now (behind its pace,
+    nothing written) is released for a download of 500, and its thread told why (``cut``); a
+    promise with no pace (None) is not, and neither is one behind when releasing it would not
+    make room."""
+    monkeypatch.setattr(http_store, "PACE_GRACE_S", 0.0)
+    room = _Room()
+    with ThreadPoolExecutor(1) as other, ThreadPoolExecutor(1) as third:
+
+        def on(pool: ThreadPoolExecutor, call: Callable[..., T], *args: object) -> T:
+            return pool.submit(call, *args).result()
+
+        assert on(other, room.take, 600, 1_000, time.monotonic()) is None  # due by now
+        assert on(third, room.take, 300, 1_000, None) is None  # no pace: kept
+        assert room.take(800, free=1_000) == 900  # releasing the 600 would not make room
+        assert on(other, room.cut) is None
+        assert room.take(100, free=1_000) is None  # fits without releasing anything
+        assert room.take(500, free=1_000) is None  # the 600 behind go for it
+        assert "its room in cache_dir was given to another download" in str(on(other, room.cut))
+        assert on(third, room.cut) is None
+        assert on(third, room.take, 600, 1_000, None) == 500  # the new 500 are taken, kept
+        on(other, room.release)
+        assert on(other, room.cut) is None  # a new download on that thread starts afresh
+
+
 def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(
     server: StaticServer, tmp_path: Path
 ) -> None:
@@ -227,10 +319,13 @@ def test_a_trickled_manifest_ends_at_the_version_deadline(
         store.fetch(KB, version)
 
 
-def lazy_config(server: StaticServer, tmp_path: Path, bases: Iterable[str]) -> Config:
-    """A lazy sidecar's configuration serving ``bases`` from ``server`` (reads allowed ten
-    minutes, so a trickle holds its download for the whole test)."""
-    keys = {"store": server.url, "listen": "127.0.0.1:0", "cache_dir": str(tmp_path / "cache")}
+def lazy_config(
+    server: StaticServer, tmp_path: Path, bases: Iterable[str], cache: Path | None = None
+) -> Config:
+    """A lazy sidecar's configuration serving ``bases`` from ``server`` into ``cache`` (reads
+    allowed ten minutes, so a trickle holds its download for the whole test)."""
+    cache = cache or tmp_path / "cache"
+    keys = {"store": server.url, "listen": "127.0.0.1:0", "cache_dir": str(cache)}
     source = [{"name": "faq", "type": "markdown", "path": str(tmp_path)}]
     raw = {
         "knowledge_base": [{"name": kb, "source": source} for kb in bases],
@@ -287,6 +382,53 @@ async def test_bases_still_downloading_do_not_hold_another_bases_first_load(
             for kb in slow:
                 assert sidecar.holder.get(kb) is None  # still downloading
                 assert "is loading" in await refused_loading(stub, kb)
+    finally:
+        await sidecar.stop(0.5)
+
+
+def own_channel(port: int) -> grpc.aio.Channel:
+    """A channel with a connection of its own: another caller (channels to one target share a
+    connection otherwise, and the sidecar sees one requester)."""
+    return grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
+async def test_one_callers_trickling_downloads_do_not_hold_another_callers_first_load(
+    server: StaticServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack s15 B: caller A asks for more bases than there are download threads (4 here, 32
+    in production), each of whose files the store trickles; caller B then asks for a base that
+    downloads at once. B's pointer read and download start beside A's (at most half the threads
+    are A's) and B is answered while A's go on (on main A's jobs took every thread and queued
+    the rest ahead of B's in one FIFO pool: B waited for A's downloads' timeouts)."""
+    monkeypatch.setattr(refresh, "MAX_DOWNLOADS", 4)
+    monkeypatch.setattr(refresh, "DOWNLOAD_WAIT_S", 0.05)  # the loader goes through A's fast
+    version = version_id(1)
+    slow = [f"slow{i}" for i in range(6)]
+    for kb in slow:
+        write_version(
+            server.root, version, EMBEDDER, kb=kb, damage=lambda f: with_extra_files(f, 1)
+        )
+    write_version(server.root, version, EMBEDDER, kb="fast")
+    trickle(server, "/" + version + "/pad0000.bin")
+    sidecar = await create_server(
+        lazy_config(server, tmp_path, [*slow, "fast"]), embedder=EMBEDDER, poll=False
+    )
+    try:
+        async with own_channel(sidecar.port) as a_ch, own_channel(sidecar.port) as b_ch:
+            a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
+            b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
+            for kb in slow:
+                await refused_loading(a, kb)
+            downloads = sidecar.refresher._downloads
+            await eventually(lambda: set(downloads) == set(slow), "A's bases all offered")
+            await eventually(lambda: bool(requested_files(server)), "A's downloads trickling")
+            async with asyncio.timeout(LOAD_WAIT_S):
+                resp = await answered(b, "fast")
+            assert {c.knowledge_base for c in resp.chunks} == {"fast"}
+            assert all(sidecar.holder.get(kb) is None for kb in slow)  # still trickling
+            assert len(server.requests("fast/LATEST")) == 1
     finally:
         await sidecar.stop(0.5)
 

@@ -20,14 +20,16 @@ another caller is using. A new version of a used base keeps its place.
 A base is in a *working set* when it was called again within ``REUSE_S`` of its previous call
 (by any requester) and last called less than ``REUSE_S`` ago; it is the working set of the
 requesters that called it in that window (the last ``SHARERS`` of them, kept per base), and is
-never evicted for the load of a requester that did not: a base several agent processes share
-(on the loopback each connection is a requester) is theirs together, and one call by another
-requester does not strip it. A load that could only be made by evicting one is not served
+evicted for the load of a requester only when that requester is the only one whose working set
+holds it: a base several agent processes share (on the loopback each connection is a requester)
+is theirs together, none of their loads evicts it while another still calls it, and calling a
+base another requester keeps using (once, or every few seconds) does not make it evictable for
+one's own loads. A load that could only be made by evicting one is not served
 (``over_budget`` says None, ``room_in`` when to try again): a caller going through many bases,
 however many connections or addresses it uses, cannot thrash the bases other callers keep
 coming back to; when the working sets alone fill the budget, new loads wait (the working-set
-rule of paging, not thrashing). A working set goes for the loads of the requesters that called
-it, least recently used first as any base, and a poll's new version of a loaded base may evict
+rule of paging, not thrashing). A working set goes for the loads of its one requester, least
+recently used first as any base, and a poll's new version of a loaded base may evict
 any base (the budget holds).
 
 Refusals are kept beside the snapshots: the last one per base (shown by ``Status``) and a count
@@ -172,13 +174,13 @@ class SnapshotHolder:
             uses.by.popitem(last=False)
 
     def _kept_from(self, kb: str, now: float, requester: str | None) -> bool:
-        """Whether ``kb`` is in a working set (see the module docstring) that ``requester``
-        (None: a poll, kept from nothing) did not call it in."""
+        """Whether ``kb`` is in a working set (see the module docstring) of a requester other
+        than ``requester`` (None: a poll, kept from nothing): ``requester`` calling it too does
+        not make it evictable for its loads."""
         uses = self._calls.get(kb)
         if requester is None or uses is None or not uses.again or now - uses.at > self.reuse_s:
             return False
-        at = uses.by.get(requester)
-        return at is None or now - at > self.reuse_s
+        return any(by != requester and now - at <= self.reuse_s for by, at in uses.by.items())
 
     def publish(self, searcher: Searcher, requester: str = "") -> None:
         """Serve ``searcher`` (built, warm) for its base: one reference swap. A base new here is

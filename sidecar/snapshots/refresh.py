@@ -19,11 +19,14 @@ host, ``addresses.load_requester``: each connection on the loopback, where a sid
 are) in turn, each base queued once (``LoadQueue``): a requester that asks for many
 bases delays another's first load by at most one load per requester waiting, never by its whole
 queue. A base's pointer read and download (``newest``: ``store.latest``, then ``store.fetch``)
-run outside the load lock, on a thread of their own (one per base, at most ``MAX_DOWNLOADS``),
-each within the store's deadlines; one still going after ``DOWNLOAD_WAIT_S`` goes on in the
-background while the next bases load, and its base is queued again, the version it read kept,
-when it is in (the pointer is read once per load): a store trickling some bases' pointers or
-files holds no other base's load (up to ``MAX_DOWNLOADS`` - 1 trickling at once). A poll reads
+run outside the load lock, on a thread of their own (one per base, at most ``MAX_DOWNLOADS``,
+shared fairly between requesters: ``FairPool``, one requester alone holds at most half and
+another's first job starts at once while a thread is free), each within the store's deadlines;
+one still going after ``DOWNLOAD_WAIT_S`` goes on in the background while the next bases load,
+and its base is queued again, the version it read kept, when it is in (the pointer is read once
+per load): a store trickling some bases' pointers or files holds no other base's load (up to
+``MAX_DOWNLOADS`` / 2 - 1 of one requester's trickling at once, and however many of another
+requester's). A poll reads
 the pointers of its bases in at most ``POLL_DOWNLOADS`` jobs on threads of its own
 (``read_pointers``, a batch each), then downloads only the versions that changed, side by side on
 those threads, outside the lock, and loads each as its download ends: its reads never hold a
@@ -78,6 +81,7 @@ from index.errors import (
 from index.snapshot import LoadedSnapshot, load_snapshot
 from index.store import SnapshotStore
 from sidecar.edge.addresses import load_requester
+from sidecar.snapshots.fair_pool import FairPool
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
 
@@ -93,7 +97,8 @@ FIRST_RETRY_MS = 100
 # (the download goes on, on a thread of its own, and the base is queued again when it ends): a
 # store trickling one base cannot hold every other base's first load.
 DOWNLOAD_WAIT_S = 1.0
-# Downloads at once: one thread per base downloading, up to the bases configured and this many.
+# Downloads at once: one thread per base downloading, up to the bases configured and this many,
+# shared between requesters (``FairPool``: one requester alone holds at most half of them).
 # A fixed two let two trickling bases take both threads, every other base's download waiting
 # behind them for up to http_version_timeout_s (review s13 #15). Each holds a thread, a socket
 # and a partial folder checked against the cache's free space; 32 stays far from a process's
@@ -410,7 +415,9 @@ class Refresher:
         self.listed = False  # the bases are a store's listing's (a config that names none)
         # threads start as downloads need them, so bases listed after the start (a config that
         # names none) download side by side too
-        self._download_pool = ThreadPoolExecutor(MAX_DOWNLOADS, "voxrecall-download")
+        # shared fairly between requesters (``FairPool``): one that asks for many bases the
+        # store trickles holds at most half the threads, and another's first load takes the next
+        self._download_pool = FairPool(MAX_DOWNLOADS, "voxrecall-download")
         self._poll_pool = ThreadPoolExecutor(POLL_DOWNLOADS, "voxrecall-poll")
         self._closing = False
         self.load_ms = 0.0  # how long the last lazy load took: the retry hint
@@ -516,15 +523,14 @@ class Refresher:
         elif self.listed and kb in self._served:  # not one forgotten while its pointer read
             self.holder.unpublished.add(kb)
 
-    def _offer(self, kb: str, pool: ThreadPoolExecutor | None = None) -> asyncio.Future[str | None]:
+    def _offer(self, kb: str, requester: str) -> asyncio.Future[str | None]:
         """``kb``'s pointer read and, when it names a version to load, that version downloaded:
-        on a thread of its own (``newest``), of ``pool`` (a poll's) or the first loads'."""
+        on a thread of the first loads' (``newest``), in ``requester``'s turn (``FairPool``)."""
         current = self.holder.get(kb)
         served = current.version if current is not None else None
-        loop = asyncio.get_running_loop()
         keep = tuple(self._served.get(kb, ()))
-        return loop.run_in_executor(
-            pool or self._download_pool,
+        return self._download_pool.submit(
+            requester,
             newest,
             self.store,
             kb,
@@ -623,7 +629,7 @@ class Refresher:
         the lock and on a thread of its own, waiting at most ``DOWNLOAD_WAIT_S``: the done
         future when the load may go on; None when it goes on in the background (the base is
         queued again, its version ready, when it is in) or failed (refused, as a load would)."""
-        offer = self._offer(kb)
+        offer = self._offer(kb, requester)
         done, _ = await asyncio.wait({offer}, timeout=DOWNLOAD_WAIT_S)
         if done:
             return offer if self._wanted_offer(kb, offer) else None
@@ -878,7 +884,7 @@ class Refresher:
         (tests; an embedding host)."""
         self._closing = True
         self.store.close()
-        self._download_pool.shutdown(wait=False, cancel_futures=True)
+        self._download_pool.shutdown()
         self._poll_pool.shutdown(wait=False, cancel_futures=True)
         self._queue.clear()
         if self._loader is not None:
