@@ -25,6 +25,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.measure import free_port
+from bench.ours import OWN_CONNECTION
 from index.embedders.remote import OpenAIEmbedder
 from index.snapshot import MANIFEST, VECTORS
 from index.store import new_version_id
@@ -212,7 +213,8 @@ async def test_sigterm_under_load_every_call_in_flight_finishes_and_new_ones_are
     port = free_port() if workers > 1 else 0
     process = serve(30, workers=workers, listen=f"127.0.0.1:{port}")
     target = await _serving(process, workers)
-    channels = [grpc.aio.insecure_channel(target) for _ in range(IN_FLIGHT)]
+    # own connections: a process's channels otherwise share one, which reaches one worker
+    channels = [grpc.aio.insecure_channel(target, options=OWN_CONNECTION) for _ in range(IN_FLIGHT)]
     try:
         for channel in channels:
             await _check_serving(channel)
@@ -224,7 +226,8 @@ async def test_sigterm_under_load_every_call_in_flight_finishes_and_new_ones_are
         ]
         await _wait_for(lambda: openai.requests - before >= IN_FLIGHT, "every call's embedding")
         process.proc.send_signal(signal.SIGTERM)
-        await asyncio.to_thread(process.wait_for, "draining")
+        # every worker draining: the late call's connection may reach either
+        await asyncio.to_thread(process.wait_for, "draining", workers)
         async with grpc.aio.insecure_channel(target) as fresh:
             with pytest.raises(grpc.aio.AioRpcError) as late:
                 await stub_for(fresh).Turn(_turn(99), timeout=10)
@@ -268,7 +271,9 @@ async def test_sigterm_answers_the_turns_in_flight_on_converse_streams_then_ends
     port = free_port() if workers > 1 else 0
     process = serve(GRACE_S, workers=workers, listen=f"127.0.0.1:{port}")
     target = await _serving(process, workers)
-    channels = [grpc.aio.insecure_channel(target) for _ in range(IN_FLIGHT + 1)]
+    channels = [
+        grpc.aio.insecure_channel(target, options=OWN_CONNECTION) for _ in range(IN_FLIGHT + 1)
+    ]
     try:
         for channel in channels:
             await _check_serving(channel)
