@@ -209,14 +209,14 @@ class ServeProcess:
     def log(self) -> str:
         return "".join(self.lines)
 
-    def wait_for(self, pattern: str) -> re.Match[str]:
-        """The first log line matching ``pattern``; fails if the process exits first."""
+    def wait_for(self, pattern: str, count: int = 1) -> re.Match[str]:
+        """The ``count``-th log line matching ``pattern`` (with workers, each worker logs its
+        own: ``count`` = workers waits for them all); fails if the process exits first."""
         deadline = time.monotonic() + PROCESS_WAIT_S
         while time.monotonic() < deadline:
-            for line in list(self.lines):
-                found = re.search(pattern, line)
-                if found:
-                    return found
+            found = [m for m in (re.search(pattern, line) for line in list(self.lines)) if m]
+            if len(found) >= count:
+                return found[count - 1]
             assert self.proc.poll() is None, self.log()
             time.sleep(0.05)
         raise AssertionError(f"no log line matched {pattern!r}:\n{self.log()}")

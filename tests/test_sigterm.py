@@ -25,6 +25,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.measure import free_port
+from bench.ours import OWN_CONNECTION
 from index.embedders.remote import OpenAIEmbedder
 from index.snapshot import MANIFEST, VECTORS
 from index.store import new_version_id
@@ -103,18 +104,22 @@ async def _wait_for(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _serving(channel: grpc.aio.Channel) -> None:
-    """Until the process on the other end of ``channel`` says SERVING. With workers, each one
-    listens before its snapshots are loaded (health NOT_SERVING, turns refused) and the kernel
-    spreads connections over every listener, so a connection may land on one still loading."""
+async def _serving(process: ServeProcess, workers: int) -> str:
+    """The address to call once each of ``process``'s ``workers`` logs its start line, which it
+    writes once its snapshots are loaded: "listening on port N (SERVING)". A channel opened then
+    connects at once. A health Check with wait_for_ready, sent before any worker had bound the
+    port, waited out gRPC's reconnect backoff instead (1 s, growing 1.6 times a try): on a loaded
+    machine workers serving at 35 s were reached at 45 s, and a start of 45 s not before the
+    Check's 60 s deadline."""
+    found = await asyncio.to_thread(
+        process.wait_for, r"listening on port (\d+) \(SERVING\)", workers
+    )
+    return f"127.0.0.1:{found.group(1)}"
+
+
+async def _check_serving(channel: grpc.aio.Channel) -> None:
     health = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + PROCESS_WAIT_S
-    request = health_pb2.HealthCheckRequest()
-    while (
-        await health.Check(request, timeout=PROCESS_WAIT_S, wait_for_ready=True)
-    ).status != SERVING:
-        assert time.monotonic() < deadline, "timed out waiting for SERVING"
-        await asyncio.sleep(0.05)
+    assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=10)).status == SERVING
 
 
 async def test_sigterm_drains_the_call_in_flight_refuses_new_ones_and_exits_zero(
@@ -207,11 +212,12 @@ async def test_sigterm_under_load_every_call_in_flight_finishes_and_new_ones_are
     a call started after the signal is UNAVAILABLE; none ends CANCELLED."""
     port = free_port() if workers > 1 else 0
     process = serve(30, workers=workers, listen=f"127.0.0.1:{port}")
-    target = await _target(process) if workers == 1 else f"127.0.0.1:{port}"
-    channels = [grpc.aio.insecure_channel(target) for _ in range(IN_FLIGHT)]
+    target = await _serving(process, workers)
+    # own connections: a process's channels otherwise share one, which reaches one worker
+    channels = [grpc.aio.insecure_channel(target, options=OWN_CONNECTION) for _ in range(IN_FLIGHT)]
     try:
         for channel in channels:
-            await _serving(channel)
+            await _check_serving(channel)
         openai.set(Behaviour(latency="1500"))
         before = openai.requests
         calls = [
@@ -220,7 +226,8 @@ async def test_sigterm_under_load_every_call_in_flight_finishes_and_new_ones_are
         ]
         await _wait_for(lambda: openai.requests - before >= IN_FLIGHT, "every call's embedding")
         process.proc.send_signal(signal.SIGTERM)
-        await asyncio.to_thread(process.wait_for, "draining")
+        # every worker draining: the late call's connection may reach either
+        await asyncio.to_thread(process.wait_for, "draining", workers)
         async with grpc.aio.insecure_channel(target) as fresh:
             with pytest.raises(grpc.aio.AioRpcError) as late:
                 await stub_for(fresh).Turn(_turn(99), timeout=10)
@@ -263,11 +270,13 @@ async def test_sigterm_answers_the_turns_in_flight_on_converse_streams_then_ends
     which a client retries on another instance."""
     port = free_port() if workers > 1 else 0
     process = serve(GRACE_S, workers=workers, listen=f"127.0.0.1:{port}")
-    target = await _target(process) if workers == 1 else f"127.0.0.1:{port}"
-    channels = [grpc.aio.insecure_channel(target) for _ in range(IN_FLIGHT + 1)]
+    target = await _serving(process, workers)
+    channels = [
+        grpc.aio.insecure_channel(target, options=OWN_CONNECTION) for _ in range(IN_FLIGHT + 1)
+    ]
     try:
         for channel in channels:
-            await _serving(channel)
+            await _check_serving(channel)
         idle = stub_for(channels[-1]).Converse(timeout=PROCESS_WAIT_S)
         await idle.write(pb.ConverseRequest(turn=_turn(100)))
         assert (await idle.read()).turn.chunks  # open, answered, now between turns
