@@ -27,8 +27,9 @@ at most, and each prefetch's embedding costs with its length, up to the model's 
 
 **Every stream's prefetches share the embedder, behind every final turn**
 (``QueryEmbedder.ahead``): a prefetch's embedding waits until no final turn's is in flight and
-no other prefetch's is, then runs on the embedder's background lane, so a final never queues
-behind one; the waiting ones are taken one caller (``caller``: the stream's client, one
+no other prefetch's is (nor the last one's rest: prefetches embed at most AHEAD_SHARE of the
+time), then runs on the embedder's background lane, so a final never queues behind one; the
+waiting ones are taken one caller (``caller``: the stream's client, one
 connection on the loopback, else one host) at a time in turn, and at most AHEAD_WAITING wait
 (more drop the oldest of the caller with the most waiting). Only the per-stream bound above
 limited prefetch before, so four streams of long interims made ~20 embeddings a second on the
@@ -97,7 +98,8 @@ def normalise(text: str) -> tuple[str, ...]:
 
 
 def _too_long(text: str) -> bool:
-    """Whether ``text`` is over PREFETCH_MAX_BYTES in UTF-8 (a longer str is, unencoded)."""
+    """Whether ``text`` is over PREFETCH_MAX_BYTES in UTF-8 (a str of more characters is: not
+    encoded)."""
     too_many = len(text) > PREFETCH_MAX_BYTES
     return too_many or len(text.encode("utf-8", "surrogatepass")) > PREFETCH_MAX_BYTES
 
