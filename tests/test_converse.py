@@ -101,6 +101,30 @@ async def test_final_is_answered_from_a_prefetched_pause(
     assert example_sidecar.engine.counters.prefetched == 1
 
 
+async def test_long_interims_on_many_streams_start_no_search_ahead(
+    example_sidecar: Sidecar,
+) -> None:
+    """A flood's streams of long punctuated interims (the attack: each one embedded ahead on
+    the worker, queueing other callers' finals) start no prefetch; a final on such a stream is
+    searched as usual."""
+    rambling = "How do I reset my password on my roaming plan and my voicemail " * 10 + "?"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
+        calls = [pb_grpc.RetrievalStub(channel).Converse(timeout=60) for _ in range(4)]
+        for i, call in enumerate(calls):
+            for n in range(5):
+                await call.write(interim(f"{n} {rambling}", session=f"flood{i}"))
+        await calls[0].write(final(rambling, session="flood0"))
+        resp = await calls[0].read()
+        for call in calls:
+            await call.done_writing()
+    counters = example_sidecar.engine.counters
+    assert counters.prefetch_started == 0
+    assert counters.prefetch_too_long == 20
+    assert not resp.prefetched
+    assert not resp.turn.degraded
+    assert resp.turn.chunks
+
+
 async def test_words_unchanged_for_a_while_are_prefetched(
     example_sidecar: Sidecar, stream: Any
 ) -> None:

@@ -128,6 +128,8 @@ async def test_searches_ahead_and_the_finals_that_took_them_are_counted(
         grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
     ):
         call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)  # type: ignore[no-untyped-call]
+        rambling = pb.TurnRequest(session_id="p1", text=QUESTION * 25 + "?", is_final=False)
+        await call.write(pb.ConverseRequest(turn=rambling))  # over 512 bytes: never ahead
         interim = pb.TurnRequest(session_id="p1", text=QUESTION + "?", is_final=False)
         await call.write(pb.ConverseRequest(turn=interim))  # a pause: searched ahead at once
         await call.write(pb.ConverseRequest(turn=_turn(QUESTION + "?", session_id="p1")))
@@ -141,6 +143,8 @@ async def test_searches_ahead_and_the_finals_that_took_them_are_counted(
     assert value(m, "voxrecall_prefetches_started_total") == 1
     assert value(m, "voxrecall_prefetched_turns_total") == 1
     assert value(m, "voxrecall_prefetches_deferred_total") == 0  # one interim: nothing held back
+    assert value(m, "voxrecall_prefetches_too_long_total") == 1
+    assert value(m, "voxrecall_query_embeddings_total", outcome="dropped") == 0
 
 
 async def test_the_endpoint_stops_with_the_sidecar(store: Path, local_embedder: Embedder) -> None:

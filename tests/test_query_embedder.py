@@ -203,7 +203,7 @@ async def test_a_query_asked_ahead_and_superseded_holds_no_late_slot() -> None:
     its call goes on for the cache, and another caller's query is still embedded."""
     gated = Gated()
     vectors = QueryEmbedder(gated, cache_size=16)
-    ahead = asyncio.create_task(vectors.get("how do I roam", far(), ahead=True))
+    ahead = asyncio.create_task(vectors.ahead(["how do I roam"], far()))
     await eventually(lambda: len(gated.calls) == 1)
     ahead.cancel()
     with pytest.raises(asyncio.CancelledError):

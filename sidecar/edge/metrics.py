@@ -86,6 +86,7 @@ _OUTCOMES = (
     ("late", "late"),
     ("busy", "busy"),
     ("failed", "failed"),
+    ("dropped", "dropped"),
 )
 
 
@@ -434,6 +435,12 @@ class _CountersAtScrape(Collector):
             "than prefetch_stable_ms before (most are replaced by a newer interim meanwhile).",
             counters.prefetch_deferred,
         )
+        yield CounterMetricFamily(
+            "voxrecall_prefetches_too_long",
+            "Interim transcripts over 512 bytes, never searched ahead (their finals are "
+            "searched as usual).",
+            counters.prefetch_too_long,
+        )
         yield from self._embeddings()
         sessions = self.engine.sessions  # two ints: no expiry from this thread
         yield GaugeMetricFamily("voxrecall_sessions", "Sessions held.", sessions.count)
@@ -461,7 +468,8 @@ class _CountersAtScrape(Collector):
         outcomes = CounterMetricFamily(
             "voxrecall_query_embeddings",
             "Query vectors asked for, by outcome: hit (cache), miss, joined (a call in flight), "
-            "late (missed the deadline), busy (not submitted), failed.",
+            "late (missed the deadline), busy (not submitted), failed, dropped (asked ahead of a "
+            "turn and never embedded: the queue behind the final turns was full or out of time).",
             labels=["outcome"],
         )
         for label, field in _OUTCOMES:

@@ -18,6 +18,7 @@ import grpc
 from index.errors import VoxrecallError
 from index.types import MetadataFilter
 from sidecar import __version__
+from sidecar.edge.addresses import load_requester
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import MESSAGES
@@ -216,7 +217,8 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         """One stream per call. A user interim transcript may start a prefetch and gets no
         answer; every other request (a final user transcript, an agent turn) gets one, written
         as bytes (``converse_response``) as a Turn's is."""
-        prefetcher = Prefetcher(self.engine, self.engine.config.prefetch_stable_ms)
+        stable_ms = self.engine.config.prefetch_stable_ms
+        prefetcher = Prefetcher(self.engine, stable_ms, load_requester(context.peer() or ""))
         session_id = ""
         try:
             # checked once: a call whose stream opened before a drain may finish within the grace

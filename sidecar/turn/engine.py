@@ -256,6 +256,7 @@ class Counters:
     prefetched: int = 0  # final turns answered from a prefetch
     prefetch_started: int = 0  # prefetches started on interim transcripts
     prefetch_deferred: int = 0  # paused interims held back by their stream's prefetch bound
+    prefetch_too_long: int = 0  # interims over PREFETCH_MAX_BYTES, never searched ahead
     by_skip: dict[str, int] = field(default_factory=dict)
 
 
@@ -601,9 +602,13 @@ class Engine:
             gazetteer.sounds,
         )
 
-    async def search_ahead(self, planned: PlannedSearch, deadline: float) -> Ranking | None:
-        """Embed and rank a planned query ahead of its turn; None when the embedder missed
-        ``deadline`` (``loop.time()``) or failed: the turn itself then decides."""
+    async def search_ahead(
+        self, planned: PlannedSearch, deadline: float, caller: str = ""
+    ) -> Ranking | None:
+        """Embed and rank a planned query ahead of its turn, behind every caller's turn and in
+        ``caller``'s turn among the others searching ahead (``QueryEmbedder.ahead``); None when
+        it was dropped, the embedder missed ``deadline`` (``loop.time()``) or failed: the turn
+        itself then decides."""
         target = SearchScope(
             planned.searcher,
             planned.knowledge_base,
@@ -614,11 +619,9 @@ class Engine:
             allowed=planned.allowed,
         )
         start = time.perf_counter()
-        if planned.alone:  # the final searches both: both embedded now, in one call
-            queries = (planned.query, planned.alone)
-            vector = (await self.vectors.get_many(queries, deadline, ahead=True))[0]
-        else:
-            vector = await self.vectors.get(planned.query, deadline, ahead=True)
+        # the final searches both when it has ``alone``: both embedded now, in one call
+        queries = (planned.query, planned.alone) if planned.alone else (planned.query,)
+        vector = (await self.vectors.ahead(queries, deadline, caller))[0]
         if vector is None:  # no lexical search ahead: the turn itself falls back if it must
             return None
         embed_ms = (time.perf_counter() - start) * 1000.0

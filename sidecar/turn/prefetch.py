@@ -21,6 +21,21 @@ right after (one start a window lost every such prefetch: a second attack), so a
 stream loses nothing; a stream sending fifty a second no longer starts fifty searches a second
 (20 such streams held every other caller's Status p50 at ~50 ms; bench/README.md).
 
+**An interim over PREFETCH_MAX_BYTES is never searched ahead** (counted,
+``prefetch_too_long``; its final is searched as usual): a spoken question is a few hundred bytes
+at most, and each prefetch's embedding costs with its length, up to the model's 256 tokens.
+
+**Every stream's prefetches share the embedder, behind every final turn**
+(``QueryEmbedder.ahead``): a prefetch's embedding waits until no final turn's is in flight and
+no other prefetch's is (nor the last one's rest: prefetches embed at most AHEAD_SHARE of the
+time), then runs on the embedder's background lane, so a final never queues behind one; the
+waiting ones are taken one caller (``caller``: the stream's client, one
+connection on the loopback, else one host) at a time in turn, and at most AHEAD_WAITING wait
+(more drop the oldest of the caller with the most waiting). Only the per-stream bound above
+limited prefetch before, so four streams of long interims made ~20 embeddings a second on the
+one worker and another caller's final queued behind them (bench/README.md). A final whose
+matching prefetch is still waiting for its turn cancels it and is searched as usual.
+
 **Match** (the final is answered from the prefetch, ``prefetched = true``) when the knowledge
 base, sources, context_url and snapshot are the same and the final's normalised words equal the
 prefetched ones or overlap them with a Jaccard index of at least MATCH_JACCARD (0.8: one word
@@ -67,6 +82,9 @@ MATCH_JACCARD = 0.8
 PAUSE_PUNCTUATION = ("?", ".", "!")
 # Prefetches a stream may start at once (``Prefetcher``: one per prefetch_stable_ms on average).
 PREFETCH_BURST = 3
+# The longest interim searched ahead, in UTF-8 bytes: over twice the longest user turn in the
+# evaluation sets (225 bytes; 99.9% are under 210).
+PREFETCH_MAX_BYTES = 512
 # A prefetch's own embedding deadline: a final transcript follows its stable interim within a
 # second or so; a prefetch still embedding after this is for a turn already answered.
 PREFETCH_TIMEOUT_S = 2.0
@@ -77,6 +95,13 @@ _T = TypeVar("_T")
 def normalise(text: str) -> tuple[str, ...]:
     """The words of a transcript: lowercased, without punctuation (``sidecar.turn.text.words``)."""
     return tuple(transcript_words(text))
+
+
+def _too_long(text: str) -> bool:
+    """Whether ``text`` is over PREFETCH_MAX_BYTES in UTF-8 (a str of more characters is: not
+    encoded)."""
+    too_many = len(text) > PREFETCH_MAX_BYTES
+    return too_many or len(text.encode("utf-8", "surrogatepass")) > PREFETCH_MAX_BYTES
 
 
 def words_match(ahead: tuple[str, ...], final: tuple[str, ...]) -> bool:
@@ -97,8 +122,9 @@ class _Ahead:
 class Prefetcher:
     """The speculative side of one Converse stream; used from the event loop only."""
 
-    def __init__(self, engine: Engine, stable_ms: int) -> None:
+    def __init__(self, engine: Engine, stable_ms: int, caller: str = "") -> None:
         self._engine = engine
+        self._caller = caller  # whose turn among the streams' prefetches (QueryEmbedder.ahead)
         self._stable_s = stable_ms / 1000.0
         self._seen: tuple[str, ...] = ()  # the words of the latest interim
         self._timer: asyncio.Task[None] | None = None  # starts ``_waiting`` when it is due
@@ -113,6 +139,10 @@ class Prefetcher:
     def interim(self, req: TurnInput) -> None:
         """An interim transcript arrived: maybe start (or schedule) a prefetch."""
         if self._stable_s <= 0:
+            return
+        if _too_long(req.text):
+            self._engine.counters.prefetch_too_long += 1
+            self._seen, self._waiting = (), None  # a newer interim: the one waiting is stale
             return
         words = normalise(req.text)
         if words == self._seen:
@@ -145,6 +175,9 @@ class Prefetcher:
             return None
         if not self._matches(ahead, req, searcher):
             self._cancel(ahead.task)
+            return None
+        if not await self._under_way(ahead):
+            self._cancel(ahead.task)  # still waiting for its turn at the embedder
             return None
         start = time.perf_counter()
         if not ahead.task.done():
@@ -210,10 +243,22 @@ class Prefetcher:
         if self._ahead is not None:
             self._cancel(self._ahead.task)
         deadline = asyncio.get_running_loop().time() + PREFETCH_TIMEOUT_S
-        task = self._spawn(self._engine.search_ahead(planned, deadline), "voxrecall-prefetch")
+        search = self._engine.search_ahead(planned, deadline, self._caller)
+        task = self._spawn(search, "voxrecall-prefetch")
         self._starts.append(asyncio.get_running_loop().time())
         self._ahead = _Ahead(words=words, planned=planned, task=task)
         self._engine.counters.prefetch_started += 1
+
+    async def _under_way(self, ahead: _Ahead) -> bool:
+        """Whether the prefetch is done or its words are embedded or being embedded, not
+        waiting for their turn behind other calls. A prefetch started in this pass of the loop
+        is let take its first step first: it joins the line or submits its embedding before it
+        waits on anything."""
+        vectors = self._engine.vectors
+        if ahead.task.done() or vectors.started(ahead.planned.query):
+            return True
+        await asyncio.sleep(0)
+        return ahead.task.done() or vectors.started(ahead.planned.query)
 
     def _free_at(self) -> float:
         """The loop time from which the stream may start another prefetch."""

@@ -32,6 +32,19 @@ own), so a caller's query arriving meanwhile never queues behind it on the worke
 asking for the same words while they wait embeds them at once itself. A call on the background
 lane is never counted among the late ones: it does not hold the worker.
 
+``ahead`` embeds a query searched ahead of its turn (an interim transcript, for the prefetch),
+behind every caller's and only while the embedder is otherwise idle: a new ahead query waits
+until no caller's query is in flight, fewer than AHEAD_IN_FLIGHT ahead calls are (one left
+behind by its prefetch counts until it ends) and the last one's rest is over (ahead calls take
+at most AHEAD_SHARE of the time), and is then submitted on the background lane where there is
+one, so a final turn is never queued behind it on the worker. The waiting ones are
+taken a caller at a time in turn (``caller``: whose connection asked, so many streams of one
+client do not take every turn from another's one); at most AHEAD_WAITING wait, and one more
+drops the oldest of the caller with the most waiting (``dropped``, as is one whose deadline
+passes while it waits). Ahead queries asked for words cached or in flight join at once. Without
+this, a few streams of long interims (each embedding on the worker) queued every other caller's
+final behind theirs (bench/README.md, "Prefetch under a flood of interims").
+
 A call left behind (late, or its caller cancelled) is cancelled LATE_CUTOFF_S later if it is still
 running. For a remote embedder that closes the request. A job already running on the local
 worker thread cannot be interrupted: it finishes there and its result is dropped (a job still
@@ -43,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -59,6 +73,18 @@ LATE_CUTOFF_S = 2.0
 # A background query (``later``) waits at most this long for the callers' queries in flight to
 # end before it is submitted anyway: a steady stream of callers delays it, never starves it.
 LATER_WAIT_S = 0.5
+# Ahead calls (``ahead``) in flight at once, whoever asked: one keeps the embedder's second core
+# (the background lane's thread) from being taken by many streams' speculation.
+AHEAD_IN_FLIGHT = 1
+# The share of the time ahead calls may take: one that took d seconds is followed by a rest of
+# d x (1 / AHEAD_SHARE - 1) before the next is submitted. On a machine of two busy cores the one
+# ahead call in flight without a rest still held another caller's p50 at several times its own
+# (bench/README.md).
+AHEAD_SHARE = 0.25
+# Ahead queries waiting for their turn, all callers together; one more drops the oldest of the
+# caller with the most waiting. Each stream waits with one at most (a newer interim cancels the
+# one before), so this bounds the speculation a flood of streams can queue.
+AHEAD_WAITING = 16
 
 
 @dataclass(slots=True)
@@ -69,6 +95,7 @@ class EmbedStats:
     late: int = 0  # missed the caller's deadline (the call went on in the background)
     busy: int = 0  # not submitted: late calls already fill the embedder
     failed: int = 0  # the embedder raised, or the call was cut off
+    dropped: int = 0  # ahead queries never embedded: pushed out of the queue, or out of time
 
 
 # The cache holds ``cache_size`` entries of a query of this many bytes and its vector, in bytes:
@@ -112,23 +139,45 @@ class QueryEmbedder:
         self._idle: list[asyncio.Future[None]] = []  # background queries waiting for no _hot
         self._embed_later: Callable[[Sequence[str]], Awaitable[Vectors]] = embedder.embed
         self._lane = isinstance(embedder, Deferrable)  # background calls do not hold the worker
+        self._ahead: set[asyncio.Task[Vectors]] = set()  # ahead calls in flight (left ones too)
+        self._granted = 0  # ahead queries given their turn, not yet submitted
+        self._rest_until = 0.0  # loop time before which no ahead call is submitted
+        self._rest: asyncio.TimerHandle | None = None  # looks at the line when the rest ends
+        # caller -> its ahead queries waiting for a turn, oldest first; the first caller's
+        # oldest goes next, and that caller then goes to the back
+        self._waiting: dict[str, deque[asyncio.Future[bool]]] = {}
         if isinstance(embedder, Deferrable):
             self._embed_later = embedder.embed_later
 
     def cached(self, query: str) -> Vectors | None:
         return self._cache.get(query)
 
-    async def get(self, query: str, deadline: float, *, ahead: bool = False) -> Vectors | None:
+    def started(self, query: str) -> bool:
+        """Whether the query's vector is cached or being embedded (an ahead query still waiting
+        for its turn is neither)."""
+        return query in self._cache or query in self._inflight
+
+    async def get(self, query: str, deadline: float) -> Vectors | None:
         """The query's unit vector, or None when the deadline (``loop.time()``) passed first or
-        the embedder failed; never raises for the embedder's sake. ``ahead``: asked ahead of a
-        turn (an interim transcript), whose cancelling is the sidecar's own choice (a newer
-        interim came), not a caller hanging up: the call goes on for the cache without counting
-        among the late ones, so it never makes another caller's query fall back as busy."""
+        the embedder failed; never raises for the embedder's sake."""
         vector = self._cache.get(query)
         if vector is not None:
             self.stats.hits += 1
             return vector
-        return (await self.get_many((query,), deadline, ahead=ahead))[0]
+        return (await self.get_many((query,), deadline))[0]
+
+    async def ahead(
+        self, queries: Sequence[str], deadline: float, caller: str = ""
+    ) -> list[Vectors | None]:
+        """The queries' vectors as ``get_many`` answers them, asked ahead of a turn (an interim
+        transcript) by ``caller``: embedded only in its turn while the embedder is otherwise
+        idle (see the module docstring); None for each when dropped first. Its cancelling is
+        the sidecar's own choice (a newer interim came), not a caller hanging up: a call under
+        way goes on for the cache without counting among the late ones."""
+        fresh = any(q not in self._cache and q not in self._inflight for q in queries)
+        if fresh and not await self._turn(caller, deadline):
+            return [self._cache.get(query) for query in queries]
+        return await self.get_many(queries, deadline, ahead=True)
 
     async def later(self, query: str, deadline: float) -> Vectors | None:
         """The query's vector embedded in the background, behind every caller's: submitted once
@@ -175,10 +224,10 @@ class QueryEmbedder:
             else:
                 new.append(query)
         if new and self._admit(len(new), deadline, background):
-            task = self._submit(new, background)
+            task = self._submit(new, "ahead" if ahead else "background" if background else "hot")
             waiting.update((query, (task, row)) for row, query in enumerate(new))
         if waiting:
-            late = not (background and self._lane)
+            late = not ((background or ahead) and self._lane)
             found.update(
                 await self._collect(
                     waiting, deadline, late_if_cancelled=late and not ahead, late=late
@@ -186,8 +235,96 @@ class QueryEmbedder:
             )
         return [found.get(query) for query in queries]
 
+    async def _turn(self, caller: str, deadline: float) -> bool:
+        """Wait in ``caller``'s line until an ahead call may be submitted: True (the caller
+        submits at once, before anything else runs); False when dropped first (pushed out of
+        the line, or ``deadline`` passed)."""
+        turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(caller, deque()).append(turn)
+        if sum(len(line) for line in self._waiting.values()) > AHEAD_WAITING:
+            self._drop_one()
+        self._next_ahead()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await turn
+        except TimeoutError:
+            self.stats.dropped += 1
+            return False
+        finally:
+            self._leave_line(caller, turn)
+
+    def _leave_line(self, caller: str, turn: asyncio.Future[bool]) -> None:
+        """``turn`` leaves the line: still in it (its asker cancelled, or out of time), it is
+        removed; given, the turn is taken or handed on (the next is looked at once the asker
+        has submitted, or given up)."""
+        line = self._waiting.get(caller)
+        if line is not None and turn in line:
+            line.remove(turn)
+            if not line:
+                del self._waiting[caller]
+        elif turn.done() and not turn.cancelled() and turn.result():
+            self._granted -= 1
+            asyncio.get_running_loop().call_soon(self._next_ahead)
+
+    def _drop_one(self) -> None:
+        """The line is full: the oldest query of the caller with the most waiting is dropped."""
+        caller = max(self._waiting, key=lambda name: len(self._waiting[name]))
+        turn = self._first(caller)
+        if turn is not None:
+            turn.set_result(False)
+            self.stats.dropped += 1
+
+    def _next_ahead(self) -> None:
+        """While the embedder is otherwise idle, the next caller in line gets its turn, and
+        goes to the back of the callers."""
+        while self._ahead_free():
+            caller = next(iter(self._waiting))
+            turn = self._first(caller)
+            if caller in self._waiting:
+                self._waiting[caller] = self._waiting.pop(caller)  # to the back
+            if turn is not None:
+                turn.set_result(True)
+                self._granted += 1
+
+    def _ahead_free(self) -> bool:
+        """Whether an ahead query waiting may be given its turn now: no caller's query in
+        flight, fewer than AHEAD_IN_FLIGHT ahead calls, the last one's rest over (else the line
+        is looked at again when it is)."""
+        if not self._waiting or self._hot or len(self._ahead) + self._granted >= AHEAD_IN_FLIGHT:
+            return False
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._rest_until:
+            return True
+        if self._rest is None:
+            self._rest = loop.call_at(self._rest_until, self._rested)
+        return False
+
+    def _rested(self) -> None:
+        self._rest = None
+        self._next_ahead()
+
+    def _first(self, caller: str) -> asyncio.Future[bool] | None:
+        """Take ``caller``'s oldest query waiting off its line (None: only cancelled ones, whose
+        askers have not run since, were left)."""
+        line = self._waiting[caller]
+        turn = None
+        while line and turn is None:
+            first = line.popleft()
+            turn = None if first.done() else first
+        if not line:
+            del self._waiting[caller]
+        return turn
+
     async def aclose(self) -> None:
-        """Cancel every call still running and wait for them to end."""
+        """Drop the ahead queries waiting, cancel every call still running and wait for them to
+        end."""
+        for line in self._waiting.values():
+            for turn in line:
+                if not turn.done():
+                    turn.set_result(False)
+        self._waiting.clear()
+        if self._rest is not None:
+            self._rest.cancel()
         tasks = list({task for task, _ in self._inflight.values()})
         for task in tasks:
             task.cancel()
@@ -257,24 +394,20 @@ class QueryEmbedder:
         vector: Vectors = task.result()[row]
         return vector
 
-    def _submit(self, queries: list[str], background: bool = False) -> asyncio.Task[Vectors]:
-        embed = self._embed_later if background else self.embedder.embed
+    def _submit(self, queries: list[str], lane: str = "hot") -> asyncio.Task[Vectors]:
+        """One call for ``queries`` on ``lane``: "hot" (a caller's, on ``embed``), "background"
+        (``later``) or "ahead" (both on the embedder's background lane where it has one)."""
+        embed = self.embedder.embed if lane == "hot" else self._embed_later
         task = asyncio.get_running_loop().create_task(
             self._embed(queries, embed), name="voxrecall-embed"
         )
         for row, query in enumerate(queries):
             self._inflight[query] = (task, row)
-        (self._background if background else self._hot).add(task)
+        {"hot": self._hot, "background": self._background, "ahead": self._ahead}[lane].add(task)
+        started = task.get_loop().time()
 
         def done(t: asyncio.Task[Vectors]) -> None:
-            self._late.discard(t)
-            self._hot.discard(t)
-            self._background.discard(t)
-            if not self._hot:
-                self._wake_idle()
-            handle = self._left.pop(t, None)
-            if handle is not None:
-                handle.cancel()
+            self._call_ended(t, lane, started)
             vectors = t.result() if not t.cancelled() and t.exception() is None else None
             for row, query in enumerate(queries):
                 entry = self._inflight.get(query)
@@ -285,6 +418,22 @@ class QueryEmbedder:
 
         task.add_done_callback(done)
         return task
+
+    def _call_ended(self, task: asyncio.Task[Vectors], lane: str, started: float) -> None:
+        """A call submitted at ``started`` on ``lane`` ended: it leaves every count; an ahead
+        call's rest begins (AHEAD_SHARE); with no caller's query left in flight, the background
+        and ahead queries waiting go on."""
+        if lane == "ahead":
+            now = task.get_loop().time()
+            self._rest_until = now + (now - started) * (1.0 / AHEAD_SHARE - 1.0)
+        for calls in (self._late, self._hot, self._background, self._ahead):
+            calls.discard(task)
+        handle = self._left.pop(task, None)
+        if handle is not None:
+            handle.cancel()
+        if not self._hot:
+            self._wake_idle()
+            self._next_ahead()
 
     def _wake_idle(self) -> None:
         """No caller's query is in flight: the background queries waiting for that go on."""
