@@ -412,7 +412,9 @@ async def test_a_tracked_page_the_caller_moved_on_from_is_not_folded_into_short_
     """Once the caller moved on from the tracked page (a question answered on another page),
     later short questions that point back at nothing are searched as said, each answered
     from its own page: they were all still folded with the page, at confidence 1. A turn
-    that points back at it ("what about the PIN for it") is still folded with it."""
+    that leans back by an elliptic opening alone ("and for Unlimited?") is folded with the
+    last exchange, not the page left behind; one that points back at it with a pronoun
+    ("what about the PIN for it") is still folded with it."""
     results = await run_turns(
         {**HELP, "MAILBOX": [*HELP["MAILBOX"], "Mailbox is the voicemail service."]},
         [
@@ -420,6 +422,7 @@ async def test_a_tracked_page_the_caller_moved_on_from_is_not_folded_into_short_
             ("user", "How much does roaming cost in Europe?"),
             ("user", "I forgot my password"),
             ("user", "Is there a family discount?"),
+            ("user", "and for Unlimited?"),
             ("user", "what about the PIN for it"),
         ],
         tmp_path,
@@ -430,8 +433,12 @@ async def test_a_tracked_page_the_caller_moved_on_from_is_not_folded_into_short_
     assert results[1].hits[0].chunk.title == "TRAVEL ABROAD"
     assert_said_as_itself(results[2], "I forgot my password", "SIGN-IN HELP")
     assert_said_as_itself(results[3], "Is there a family discount?", "PRICE LIST")
-    assert results[4].followup.used == "MAILBOX"
-    assert results[4].hits[0].chunk.title == "MAILBOX"
+    # an elliptic opening alone leans on what was just said, not on the page left behind
+    assert results[4].followup.source == Source.RECENT_TURNS
+    assert results[4].query == "Is there a family discount? and for Unlimited?"
+    assert results[4].hits[0].chunk.title == "PRICE LIST"
+    assert results[5].followup.used == "MAILBOX"
+    assert results[5].hits[0].chunk.title == "MAILBOX"
 
 
 async def test_a_tracked_entity_survives_a_backchannel_and_a_skipped_turn(tmp_path: Path) -> None:

@@ -932,6 +932,16 @@ def _points_back(toks: Sequence[str]) -> bool:
     return any(_refers_at(toks, i) for i in range(len(toks)))
 
 
+def _elliptic_only(toks: Sequence[str]) -> bool:
+    """Whether the words point back by an elliptic opening alone ("and for teams?", "what about
+    on a Mac?"): no pronoun or other referring word says what they lean on, so they lean on
+    what was just said."""
+    opening = tuple(_opening(toks))
+    if not any(opening[: len(e)] == e for e in ELLIPTIC_OPENERS_EN):
+        return False
+    return not any(_refers_at(toks, i) for i in range(len(toks)))
+
+
 def _refers_at(toks: Sequence[str], i: int) -> bool:
     """Whether ``toks[i]`` refers back: a referring word, unless its neighbours show it is used
     otherwise (``CLAUSE_THAT_EN``, ``DETERMINER_LIKE_EN``, ``EXISTENTIAL_THERE_EN``,
@@ -1200,6 +1210,8 @@ def _folded(turn: _Turn, config: FollowupConfig, shared: frozenset[str]) -> Plan
     session, utterance, mentions = turn.session, turn.utterance, turn.mentions
     text, question, refers, entity = utterance.text, turn.question, turn.refers, turn.entity
     left = entity is not None and entity is session.entity and session.left
+    if left and not question and _elliptic_only(_spoken(utterance)):
+        entity = None  # "and for teams?" after the caller moved on: it leans on the last exchange
     if entity is not None and not (refers or question) and (config.fold != "always" or left):
         entity = None
     if question:
