@@ -474,6 +474,99 @@ async def test_a_new_question_after_recent_turns_keeps_its_own_answer(tmp_path: 
     assert question in results[3].query
 
 
+# A help line's pages, none of whose titles the callers say ("roaming", "voicemail" name none)
+HELP = {
+    "TRAVEL ABROAD": [
+        "How much roaming costs in Europe: 2 euros a day.",
+        "Roaming in Europe: how much data you get.",
+    ],
+    "MAILBOX": [
+        "Set up voicemail: call 123 and choose a PIN.",
+        "Change your voicemail PIN from the voicemail menu.",
+    ],
+    "SIGN-IN HELP": [
+        "Forgot your password? Reset it here.",
+        "After five wrong passwords your account is locked for an hour.",
+    ],
+    "PRICE LIST": [
+        "Our plans are Basic, Plus and Unlimited.",
+        "A family discount takes 10 percent off every line.",
+    ],
+}
+
+
+async def test_a_short_question_of_its_own_after_a_topic_is_searched_as_itself(
+    tmp_path: Path,
+) -> None:
+    """A turn of five words or fewer that points back at nothing ("I forgot my password") is
+    searched alone too, and is answered as said where its own words single out another page
+    than the folded query's answer: folded with the roaming question, or with a tracked page,
+    it was answered from that page whatever it asked. Words several pages answer alike
+    ("Can I make reservations?" after a restaurant) stay folded with the tracked page."""
+    engine = build_engine(
+        {**HELP, "MAILBOX": [*HELP["MAILBOX"], "Mailbox is the voicemail service."]},
+        tmp_path / "help",
+        embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
+        min_score=0.3,
+    )
+    try:
+        after_exchange = [
+            await engine.turn(TurnInput(session_id="roaming", text=text))
+            for text in ("How much does roaming cost in Europe?", "I forgot my password")
+        ]
+        after_page = [
+            await engine.turn(TurnInput(session_id="mailbox", text=text))
+            for text in ("Tell me about Mailbox.", "I forgot my password")
+        ]
+    finally:
+        await engine.aclose()
+    assert after_page[0].hits[0].chunk.title == "MAILBOX"
+    assert_said_as_itself(after_exchange[1], "I forgot my password", "SIGN-IN HELP")
+    assert_said_as_itself(after_page[1], "I forgot my password", "SIGN-IN HELP")
+    alike = await run_turns(
+        PLACES,
+        [("user", "Tell me about Park Inn."), ("user", "Can I make reservations?")],
+        tmp_path / "places",
+        embedder=FakeEmbedder(dimension=1024),
+    )
+    assert alike[1].followup.used == "PARK INN"
+
+
+async def test_a_tracked_page_the_caller_moved_on_from_is_not_folded_into_short_questions(
+    tmp_path: Path,
+) -> None:
+    """Once the caller moved on from the tracked page (a question answered on another page),
+    later short questions that point back at nothing are searched as said, each answered
+    from its own page: they were all still folded with the page, at confidence 1. A turn
+    that leans back by an elliptic opening alone ("and for Unlimited?") is folded with the
+    last exchange, not the page left behind; one that points back at it with a pronoun
+    ("what about the PIN for it") is still folded with it."""
+    results = await run_turns(
+        {**HELP, "MAILBOX": [*HELP["MAILBOX"], "Mailbox is the voicemail service."]},
+        [
+            ("user", "Tell me about Mailbox."),
+            ("user", "How much does roaming cost in Europe?"),
+            ("user", "I forgot my password"),
+            ("user", "Is there a family discount?"),
+            ("user", "and for Unlimited?"),
+            ("user", "what about the PIN for it"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),
+        min_score=0.3,
+    )
+    assert results[0].hits[0].chunk.title == "MAILBOX"
+    assert results[1].hits[0].chunk.title == "TRAVEL ABROAD"
+    assert_said_as_itself(results[2], "I forgot my password", "SIGN-IN HELP")
+    assert_said_as_itself(results[3], "Is there a family discount?", "PRICE LIST")
+    # an elliptic opening alone leans on what was just said, not on the page left behind
+    assert results[4].followup.source == Source.RECENT_TURNS
+    assert results[4].query == "Is there a family discount? and for Unlimited?"
+    assert results[4].hits[0].chunk.title == "PRICE LIST"
+    assert results[5].followup.used == "MAILBOX"
+    assert results[5].hits[0].chunk.title == "MAILBOX"
+
+
 async def test_a_tracked_entity_survives_a_backchannel_and_a_skipped_turn(tmp_path: Path) -> None:
     results = await run_turns(
         PLACES,

@@ -80,6 +80,13 @@ PRIOR_BONUS = 0.1
 # 0.8192 / 0.8192 (0.8107 without); at 0.2 a stand-alone question of topics-2 is pulled to it.
 ENTITY_BONUS = 0.1
 PRIOR_DEPTH = 20
+# How far above every other page a short turn that points back at nothing ("I forgot my
+# password" after roaming prices) must rate its own best chunk's page, in its own cosine, to be
+# answered as said rather than folded (``_switched``): its words single out a page of their own.
+# Measured (all sets, bench/README.md): 0.15 moves DSTC11 and spoken DSTC11 by 2 turns each
+# (a decor question whose words one other restaurant's review says nearly verbatim), 0.10 by 4
+# and 7; the margin over the folded answer's chunk alone instead, 0.15, lost 9 and 6.
+SHORT_MARGIN = 0.15
 MAX_PAGES = 64  # pages a session keeps counts for
 MAX_UNREAD = 4  # agent turns waiting for the next user turn to be counted
 MAX_READ_LATER = 4  # agent turns embedded in the background at once, all sessions together
@@ -425,6 +432,8 @@ class Engine:
         _count_pages(session, own.found, entity_of)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
             return req.text, _cut(own, keep)
+        if plan.short and self._switched(searcher, kb, plan, folded, own, said, depth):
+            return req.text, _cut(own, keep)  # a short question of its own
         if not plan.alone:  # searched alone only to see whether it names its own topic
             found = _entity_lifted(folded, _pointed_at(plan), entity_of)
             return plan.query, _prior_lifted(found, prior, entity_of, keep)
@@ -797,6 +806,27 @@ class Engine:
             self._graph_failed(kb, searcher, exc)
             return folded
 
+    def _switched(
+        self,
+        searcher: Searcher,
+        kb: str,
+        plan: followups.Plan,
+        folded: Ranking,
+        own: Ranking,
+        said: Vectors | None,
+        depth: int,
+    ) -> bool:
+        """``_switched`` against the folded query's answer (the tracked entity's chunks lifted
+        where the turn is folded with it alone), or False when the graph cannot answer its
+        search (counted and logged as every search the graph fails): the turn is then answered
+        as folded."""
+        answer = _entity_lifted(folded, _pointed_at(plan), searcher.gazetteer.entity_of)
+        try:
+            return _switched(searcher, answer, own, said, depth)
+        except GraphSearchFailed as exc:
+            self._graph_failed(kb, searcher, exc)
+            return False
+
     def _graph_failed(self, kb: str, searcher: Searcher, exc: GraphSearchFailed) -> None:
         """Count a search the graph could not answer; log it once per snapshot of a base (one
         such graph fails a share of every turn's searches: a line per turn would flood)."""
@@ -1114,7 +1144,7 @@ def _searches_both(plan: followups.Plan, text: str) -> bool:
     """Whether ``Engine._retrieve`` searches the turn alone beside the plan's folded query:
     to rank both (``plan.alone``), or to see whether the turn names its own topic
     (``plan.named``, ``_confirm``)."""
-    return plan.query != text and (plan.alone or bool(plan.named))
+    return plan.query != text and (plan.alone or plan.short or bool(plan.named))
 
 
 def _moved_on(
@@ -1212,6 +1242,32 @@ def _stands_alone(folded: Ranking, own: Ranking, margin: float) -> bool:
     theirs = next((s for c, s in own.found if c.chunk_id == top), own.found[-1][1])
     best, best_score = own.found[0]
     return best.chunk_id != top and best_score - theirs >= margin
+
+
+def _switched(
+    searcher: Searcher, folded: Ranking, own: Ranking, said: Vectors | None, depth: int
+) -> bool:
+    """Whether a short turn that points back at nothing (``Plan.short``: "I forgot my password"
+    after roaming prices) asks a question of its own: its own best chunk's page is not the
+    folded answer's best chunk's, and its own words single that page out, rating it
+    SHORT_MARGIN above any other page in cosine (read from the turn's own vector ``depth``
+    deep, before ``min_score``: a page not among them counts at the last of them, the most it
+    could have). Words many pages answer alike ("is the room spotless", of any hotel) single
+    out none."""
+    if said is None or folded.degraded or own.degraded or not own.found or not folded.found:
+        return False
+    entity_of = searcher.gazetteer.entity_of
+    best = own.found[0][0]
+    page = entity_of(best)
+    if entity_of(folded.found[0][0]) == page:
+        return False
+    found = searcher.snapshot.search_dense(said, depth)
+    if not found:
+        return False
+    chunks = searcher.chunks
+    mine = next((s for label, s in found if chunks[label].chunk_id == best.chunk_id), None)
+    other = next((s for label, s in found if entity_of(chunks[label]) != page), found[-1][1])
+    return mine is not None and mine - other >= SHORT_MARGIN
 
 
 def _name_alone(plan: followups.Plan, own: Ranking) -> bool:

@@ -61,7 +61,10 @@ both the turn and the conversation point to wins (``Plan.alone``); one folded wi
 that does not refer back keeps its own result when its own words prefer another chunk by a
 wider margin, or when the folded query's best chunk is not the entity's (the name did not decide
 the answer, the turn's words did: ``sidecar.turn.engine``); where its own words find nothing at
-``min_score``, it keeps only the folded chunks they back too, and off the base nothing. A
+``min_score``, it keeps only the folded chunks they back too, and off the base nothing. A turn
+folded with either by its length alone (five words or fewer, none pointing back: "I forgot my
+password", ``Plan.short``) is searched alone too, and answered as said where its own words
+single out a page other than the folded answer's. A
 page named by a word other pages also use ("pCloud", which every overview lists) is a weak
 match, taken as the turn's topic only when the turn's own top results are all that page's
 (``confirmed``), or when the turn says nothing but its name ("Tell me about pCloud.":
@@ -295,6 +298,10 @@ class Plan:
     picked: Mention | None = None  # the option the turn picked ("the second one"): tracked
     # the turn says nothing but ``named[0]``: taken as its topic (``only_names``)
     names: bool = False
+    # it folds the tracked entity or the recent exchange in by its length alone, no word of it
+    # pointing back ("I forgot my password"): searched alone too, it keeps its own answer where
+    # that is surely another page's (``sidecar.turn.engine._switched``)
+    short: bool = False
 
 
 # the entity whose chunks alone hold a word, when at most KEYWORD_DOCS do ("" otherwise)
@@ -996,6 +1003,16 @@ def _points_back(toks: Sequence[str]) -> bool:
     return any(_refers_at(toks, i) for i in range(len(toks)))
 
 
+def _elliptic_only(toks: Sequence[str]) -> bool:
+    """Whether the words point back by an elliptic opening alone ("and for teams?", "what about
+    on a Mac?"): no pronoun or other referring word says what they lean on, so they lean on
+    what was just said."""
+    opening = tuple(_opening(toks))
+    if not any(opening[: len(e)] == e for e in ELLIPTIC_OPENERS_EN):
+        return False
+    return not any(_refers_at(toks, i) for i in range(len(toks)))
+
+
 def _refers_at(toks: Sequence[str], i: int) -> bool:
     """Whether ``toks[i]`` refers back: a referring word, unless its neighbours show it is used
     otherwise (``CLAUSE_THAT_EN``, ``DETERMINER_LIKE_EN``, ``EXISTENTIAL_THERE_EN``,
@@ -1163,6 +1180,7 @@ def plan(
     the engine records the turn.
     """
     planned = _plan(session, utterance, mentions, config, shared, keyword, section)
+    planned = _by_length(planned, utterance)
     if sounds is None or not config.enabled:
         return planned
     return heard(planned, utterance, mentions, sounds)
@@ -1268,6 +1286,8 @@ def _folded(turn: _Turn, config: FollowupConfig, shared: frozenset[str]) -> Plan
     session, utterance, mentions = turn.session, turn.utterance, turn.mentions
     text, question, refers, entity = utterance.text, turn.question, turn.refers, turn.entity
     left = entity is not None and entity is session.entity and session.left
+    if left and not question and _elliptic_only(_spoken(utterance)):
+        entity = None  # "and for teams?" after the caller moved on: it leans on the last exchange
     if entity is not None and not (refers or question) and (config.fold != "always" or left):
         entity = None
     picked = turn.picked
@@ -1294,6 +1314,19 @@ def _folded(turn: _Turn, config: FollowupConfig, shared: frozenset[str]) -> Plan
         plan = Plan(f"{recent} {said}", joined, alone=True, prior=True, named=mentions)
         return replace(plan, refers=refers)
     return Plan(text, NO_FOLLOWUP, prior=True, named=mentions)
+
+
+def _by_length(plan: Plan, utterance: Utterance) -> Plan:
+    """``plan``, marked ``short`` where it folds the tracked entity or the recent exchange into
+    a turn that leans on them by its length alone (``SHORT_TURN`` words or fewer, none pointing
+    back: "I forgot my password", "Where is my data stored?"; not "and for teams?" or "do they
+    have wifi"): such a turn rarely names its own topic, yet may ask a question of its own."""
+    if plan.followup.source not in (Source.ENTITY, Source.RECENT_TURNS):
+        return plan
+    toks = _spoken(utterance)
+    if len(toks) > SHORT_TURN or _points_back(toks):
+        return plan
+    return replace(plan, short=True)
 
 
 def heard(
