@@ -475,7 +475,7 @@ async def test_a_new_question_after_recent_turns_keeps_its_own_answer(tmp_path: 
 
 
 # A help line's pages, none of whose titles the callers say ("roaming", "voicemail" name none)
-HELP = {
+PHONE_HELP = {
     "TRAVEL ABROAD": [
         "How much roaming costs in Europe: 2 euros a day.",
         "Roaming in Europe: how much data you get.",
@@ -504,7 +504,7 @@ async def test_a_short_question_of_its_own_after_a_topic_is_searched_as_itself(
     it was answered from that page whatever it asked. Words several pages answer alike
     ("Can I make reservations?" after a restaurant) stay folded with the tracked page."""
     engine = build_engine(
-        {**HELP, "MAILBOX": [*HELP["MAILBOX"], "Mailbox is the voicemail service."]},
+        {**PHONE_HELP, "MAILBOX": [*PHONE_HELP["MAILBOX"], "Mailbox is the voicemail service."]},
         tmp_path / "help",
         embedder=FakeEmbedder(dimension=1024),  # few hash collisions between the words
         min_score=0.3,
@@ -542,7 +542,7 @@ async def test_a_tracked_page_the_caller_moved_on_from_is_not_folded_into_short_
     last exchange, not the page left behind; one that points back at it with a pronoun
     ("what about the PIN for it") is still folded with it."""
     results = await run_turns(
-        {**HELP, "MAILBOX": [*HELP["MAILBOX"], "Mailbox is the voicemail service."]},
+        {**PHONE_HELP, "MAILBOX": [*PHONE_HELP["MAILBOX"], "Mailbox is the voicemail service."]},
         [
             ("user", "Tell me about Mailbox."),
             ("user", "How much does roaming cost in Europe?"),
