@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +39,7 @@ CHILD_MAX_BYTES = 3 << 30
 
 _CHILD = """
 import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]),) * 2)  # a MemoryError past it
 from index.chunker import chunk_page
 from index.errors import SourceError
 from index.types import Page
@@ -78,21 +78,17 @@ print(json.dumps(row | ({"refused": refused} if refused else {})))
 """
 
 
-def _address_space() -> None:
-    """In the child: at most CHILD_MAX_BYTES of address space (a MemoryError past it)."""
-    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MAX_BYTES, CHILD_MAX_BYTES))
-
-
 def measure(kind: str, size: int) -> dict[str, Any]:
-    """One page chunked in a fresh child: its seconds, chunks and peak RSS."""
+    """One page chunked in a fresh child, its address space held to CHILD_MAX_BYTES: its
+    seconds, chunks and peak RSS. The child sets its own limit: a ``preexec_fn`` would fork this
+    process, whose gRPC threads (a test run's servers) then wrote into the child's stderr."""
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _CHILD, kind, str(size)],
+            [sys.executable, "-c", _CHILD, kind, str(size), str(CHILD_MAX_BYTES)],
             capture_output=True,
             text=True,
             timeout=CHILD_TIMEOUT_S,
             check=True,
-            preexec_fn=_address_space,
         )
     except subprocess.TimeoutExpired:
         return {"bytes": size, "error": f"ran past {CHILD_TIMEOUT_S} s"}
