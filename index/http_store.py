@@ -100,6 +100,12 @@ MAX_VERSION_FILES = 64
 # a phrase is a word or two; http.client reads a status line of up to 64 KiB, and a message that
 # carries it whole goes into every refusal, Status answer, gRPC status and log line.
 MAX_REASON_BYTES = 200
+# The longest ETag a store's pointer is remembered by (for ``If-None-Match``): a server's is a
+# hash or a size and time, tens of bytes; http.client reads a header line of up to 64 KiB, and one
+# kept per base (10,000 bases from a listing) could hold 640 MB. One longer is not kept: that
+# base's next poll reads its pointer's body, as for a store that sends no ETag. (http.client
+# reads headers as ISO-8859-1: one character a byte.)
+MAX_ETAG_BYTES = 256
 _T = TypeVar("_T")
 
 
@@ -457,7 +463,7 @@ class HttpStore:
         except (OSError, http.client.HTTPException) as exc:
             raise StoreUnavailable(f"{url}: {_why(exc)}") from exc
         version = parse_pointer(data, url)
-        if etag:
+        if etag and len(etag) <= MAX_ETAG_BYTES:
             self._pointers[knowledge_base] = _Pointer(etag, version)
         else:
             self._pointers.pop(knowledge_base, None)

@@ -57,6 +57,23 @@ SERVICE_CONFIG = json.dumps(
     }
 )
 
+# Every channel of the project's clients tries to connect again, after a failed try, within
+# RECONNECT_MAX_BACKOFF_MS (gRPC's default grows 1 s by 1.6x a try to 120 s: an agent started
+# with its sidecar, whose first tries were refused while the sidecar loaded, could connect
+# minutes after the sidecar served). A sidecar is on this machine or in this cluster: a refused
+# try costs a SYN, so 100 ms growing 1.6x (jittered) to 2 s costs nothing and finds it within
+# about 2 s of serving. gRPC reads ``min_reconnect_backoff_ms`` as the least time one try is
+# given to connect (TCP, TLS, HTTP/2; default 20 s), not as a backoff: 1 s, which a handshake
+# with a sidecar this near never needs, while a try that hangs (a dropped SYN) is given up soon.
+RECONNECT_INITIAL_BACKOFF_MS = 100
+RECONNECT_MIN_CONNECT_MS = 1_000
+RECONNECT_MAX_BACKOFF_MS = 2_000
+RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_INITIAL_BACKOFF_MS),
+    ("grpc.min_reconnect_backoff_ms", RECONNECT_MIN_CONNECT_MS),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_BACKOFF_MS),
+)
+
 # field -> (environment variable, command-line flag): the names every client and doc uses
 NAMES: dict[str, tuple[str, str]] = {
     "target": ("VOXRECALL_TARGET", "--target"),
@@ -155,10 +172,12 @@ class Connection:
         )
 
     def options(self) -> list[tuple[str, str | int]]:
-        """The channel's options: the retry policy, and the TLS name to check, if given."""
+        """The channel's options: the retry policy, the reconnect backoff, and the TLS name to
+        check, if given."""
         options: list[tuple[str, str | int]] = [
             ("grpc.enable_retries", 1),
             ("grpc.service_config", SERVICE_CONFIG),
+            *RECONNECT_OPTIONS,
         ]
         if self.server_name:
             options.append(("grpc.ssl_target_name_override", self.server_name))

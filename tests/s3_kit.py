@@ -127,6 +127,7 @@ class FaultProxy:
         self.hostile = ""  # "", "oversize" or "trickle"
         self.hostile_suffix = "\0"
         self.trickle_s = 0.0
+        self.etag_pad = 0  # bytes added inside every ETag sent (and taken off If-None-Match)
         self.stopped = threading.Event()
         self.log: list[Logged] = []
         self.lock = threading.Lock()
@@ -203,11 +204,16 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _upstream(self) -> tuple[int, list[tuple[str, str]], bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.proxy.upstream_port, timeout=30)
         try:
+            pad = "0" * self.proxy.etag_pad
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            if pad and "If-None-Match" in headers:
+                headers["If-None-Match"] = headers["If-None-Match"].replace(pad + '"', '"')
             conn.request("GET", self.path, headers=headers)
             resp = conn.getresponse()
             body = resp.read()
             kept = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP]
+            if pad:
+                kept = [(k, v[:-1] + pad + '"' if k.lower() == "etag" else v) for k, v in kept]
             return resp.status, kept, body
         finally:
             conn.close()

@@ -14,7 +14,8 @@ server stops. ``hostile_sent`` counts the body bytes those answers got out. The 
 never finish an answer's head or trailer: ``"continue"`` sends ``100 Continue`` answers without
 end, ``"trailer"`` a chunked body whose trailer never ends, ``"headers"`` one header line every
 ``trickle_s`` seconds. ``ignore_range`` answers every ``Range`` request with the whole file
-(200), as a server without range support does.
+(200), as a server without range support does. ``etag_pad`` makes every ETag that many bytes
+longer.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class StaticServer:
         self.trickle_s = 0.0
         self.hostile_sent = 0
         self.ignore_range = False
+        self.etag_pad = 0  # bytes added inside every ETag (a server whose ETags are huge)
         self.stopped = threading.Event()
         self.log: list[Logged] = []
         self._lock = threading.Lock()
@@ -139,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(path, 404, b"not found", wanted)
             return
         stat = file.stat()
-        etag = f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"'
+        etag = f'"{stat.st_size:x}-{stat.st_mtime_ns:x}{"0" * owner.etag_pad}"'
         if self.headers.get("If-None-Match") == etag:
             owner._record(Logged("GET", path, 304, wanted))
             self.send_response(304)

@@ -146,6 +146,21 @@ def test_requests_are_signed_with_sigv4(faulty: tuple[Mirror, FaultProxy, S3Stor
     assert "X-Amz-Date" in headers
 
 
+def test_a_huge_etag_is_not_kept_and_the_pointer_is_read_again(
+    faulty: tuple[Mirror, FaultProxy, S3Store],
+) -> None:
+    """As for an http(s) store (the same ``latest``): an S3-compatible server answering
+    60,000-byte ETags had each base's kept whole; now each poll reads the pointer, and an ETag
+    of the usual size is still answered 304."""
+    mirror, proxy, store = faulty
+    _publish(mirror)
+    proxy.etag_pad = 60_000
+    assert [store.latest(KB), store.latest(KB)] == [version_id(1)] * 2
+    proxy.etag_pad = 0
+    assert [store.latest(KB), store.latest(KB)] == [version_id(1)] * 2
+    assert [e.status for e in proxy.requests(f"/{KB}/LATEST")] == [200, 200, 200, 304]
+
+
 def test_the_bases_under_the_prefix_are_listed(
     moto_server: Any, bucket: tuple[Any, str], tmp_path: Path
 ) -> None:

@@ -576,3 +576,20 @@ async def test_a_poll_whose_downloads_fail_leaves_one_partial_not_one_per_versio
             assert cache == sorted([first, f"{PARTIAL}{version_id(3)}"])
     finally:
         await sidecar.stop(0.5)
+
+
+def test_a_huge_etag_is_not_kept_and_the_pointer_is_read_again(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """A store answering 60,000-byte ETags: each base's was kept whole for its next
+    ``If-None-Match`` (http.client reads a header line of up to 64 KiB: 600 MB for 10,000
+    bases). Now it is not kept, and each poll reads the pointer, as with no ETag; an ETag of
+    the usual size is kept and answered 304 again."""
+    version = version_id(1)
+    write_version(server.root, version, EMBEDDER)
+    store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
+    server.etag_pad = 60_000
+    assert [store.latest(KB), store.latest(KB)] == [version, version]
+    server.etag_pad = 0
+    assert [store.latest(KB), store.latest(KB)] == [version, version]
+    assert [e.status for e in server.requests(f"/{KB}/LATEST")] == [200, 200, 200, 304]

@@ -322,19 +322,24 @@ def no_bases(config: Config, store: SnapshotStore) -> str:
     )
 
 
-def starting_bases(config: Config, store: SnapshotStore) -> frozenset[str]:
-    """The bases a sidecar starts with (``knowledge_base_names`` within ``first_bases``)."""
+def starting_bases(config: Config, store: SnapshotStore) -> tuple[frozenset[str], bool]:
+    """The bases a sidecar starts with (``knowledge_base_names`` within ``first_bases``), and
+    whether the listing was cut to the cap."""
     return first_bases(config, store, knowledge_base_names(config, store))
 
 
-def first_bases(config: Config, store: SnapshotStore, names: frozenset[str]) -> frozenset[str]:
+def first_bases(
+    config: Config, store: SnapshotStore, names: frozenset[str]
+) -> tuple[frozenset[str], bool]:
     """The bases a sidecar starts with: ``names``, the first ``MAX_LISTED_BASES`` of a listing
-    that holds more; a start with none logs what is true of it (``no_bases``)."""
+    that holds more (logged: the polls then say it no more, ``Sidecar._over_cap_logged``), and
+    whether it held more; a start with none logs what is true of it (``no_bases``)."""
     if not names:
         log.warning("%s", no_bases(config, store))
     elif lists_store(config):
-        return listed_within_cap(names, MAX_LISTED_BASES, len(names))
-    return names
+        kept = listed_within_cap(names, MAX_LISTED_BASES, len(names))
+        return kept, kept is not names
+    return names, False
 
 
 def _new_within_cap(
@@ -392,7 +397,7 @@ async def create_server(
     if store is None:  # an s3:// store reads the AWS configuration files: off the loop
         store = await asyncio.to_thread(sidecar_store, config)
     # listing a remote store (s3://) is a request, and a long listing is cut by name: off the loop
-    names = await asyncio.to_thread(starting_bases, config, store)
+    names, over_cap = await asyncio.to_thread(starting_bases, config, store)
     holder = SnapshotHolder()
     lifecycle = Lifecycle()
     policies = base_policies(config)
@@ -411,6 +416,7 @@ async def create_server(
     sidecar = Sidecar(
         server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder, guards
     )
+    sidecar._over_cap_logged = over_cap  # said once, at the start
     if config.sidecar.http.enabled:
         from sidecar.http.door import HttpDoor
 
