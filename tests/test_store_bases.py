@@ -134,10 +134,8 @@ async def test_an_empty_shard_is_serving_and_takes_its_bases_at_the_polls(
     assert not any("[[knowledge_base]]" in m for m in warned), warned
 
 
-async def test_a_store_listing_ever_more_names_grows_no_sidecar_past_its_cap(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(server, "MAX_LISTED_BASES", 3)
+def counted_listings(monkeypatch: pytest.MonkeyPatch) -> list[frozenset[str]]:
+    """Every listing the sidecar reads from its store, in order."""
     listings: list[frozenset[str]] = []
     listed = server.knowledge_base_names
 
@@ -146,6 +144,14 @@ async def test_a_store_listing_ever_more_names_grows_no_sidecar_past_its_cap(
         return listings[-1]
 
     monkeypatch.setattr(server, "knowledge_base_names", counted)
+    return listings
+
+
+async def test_a_store_listing_ever_more_names_grows_no_sidecar_past_its_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(server, "MAX_LISTED_BASES", 3)
+    listings = counted_listings(monkeypatch)
     store = tmp_path / "store"
     publish(store, "help")
     async with serving(store, tmp_path, memory_budget_mb=64) as (sidecar, _):
@@ -206,14 +212,7 @@ async def test_a_store_listing_more_bases_than_a_sidecar_serves_says_so_once(
 ) -> None:
     """It said so at the start and again at the first poll (the start's cut was not noted)."""
     monkeypatch.setattr(server, "MAX_LISTED_BASES", 2)
-    listings: list[frozenset[str]] = []
-    listed = server.knowledge_base_names
-
-    def counted(*args: Any) -> frozenset[str]:
-        listings.append(listed(*args))
-        return listings[-1]
-
-    monkeypatch.setattr(server, "knowledge_base_names", counted)
+    listings = counted_listings(monkeypatch)
     store = tmp_path / "store"
     for kb in ("c-base", "a-base", "b-base"):
         publish(store, kb)

@@ -353,6 +353,20 @@ async def refused_loading(stub: pb_grpc.RetrievalStub, kb: str) -> str:
     return str(loading.value.details())
 
 
+def slow_and_fast_bases(server: StaticServer, count: int) -> list[str]:
+    """``count`` bases whose one extra file the store trickles (headers, then nothing), and a
+    base ``fast`` that downloads at once; the slow ones' names."""
+    version = version_id(1)
+    slow = [f"slow{i}" for i in range(count)]
+    for kb in slow:
+        write_version(
+            server.root, version, EMBEDDER, kb=kb, damage=lambda f: with_extra_files(f, 1)
+        )
+    write_version(server.root, version, EMBEDDER, kb="fast")
+    trickle(server, "/" + version + "/pad0000.bin")
+    return slow
+
+
 # more slow bases than the two download threads of storefix's fix (review s13 #15)
 @pytest.mark.parametrize("slow_bases", [1, 3])
 async def test_bases_still_downloading_do_not_hold_another_bases_first_load(
@@ -361,14 +375,7 @@ async def test_bases_still_downloading_do_not_hold_another_bases_first_load(
     """Each slow base's file sends its headers, then nothing (each read allowed ten minutes); a
     call to another base, made after them, is answered while those downloads go on (on main one
     held every other base's load until it ended; with two download threads, two did)."""
-    version = version_id(1)
-    slow = [f"slow{i}" for i in range(slow_bases)]
-    for kb in slow:
-        write_version(
-            server.root, version, EMBEDDER, kb=kb, damage=lambda f: with_extra_files(f, 1)
-        )
-    write_version(server.root, version, EMBEDDER, kb="fast")
-    trickle(server, "/" + version + "/pad0000.bin")
+    slow = slow_and_fast_bases(server, slow_bases)
     sidecar = await create_server(
         lazy_config(server, tmp_path, [*slow, "fast"]), embedder=EMBEDDER, poll=False
     )
@@ -404,14 +411,7 @@ async def test_one_callers_trickling_downloads_do_not_hold_another_callers_first
     the rest ahead of B's in one FIFO pool: B waited for A's downloads' timeouts)."""
     monkeypatch.setattr(refresh, "MAX_DOWNLOADS", 4)
     monkeypatch.setattr(refresh, "DOWNLOAD_WAIT_S", 0.05)  # the loader goes through A's fast
-    version = version_id(1)
-    slow = [f"slow{i}" for i in range(6)]
-    for kb in slow:
-        write_version(
-            server.root, version, EMBEDDER, kb=kb, damage=lambda f: with_extra_files(f, 1)
-        )
-    write_version(server.root, version, EMBEDDER, kb="fast")
-    trickle(server, "/" + version + "/pad0000.bin")
+    slow = slow_and_fast_bases(server, 6)
     sidecar = await create_server(
         lazy_config(server, tmp_path, [*slow, "fast"]), embedder=EMBEDDER, poll=False
     )
