@@ -6,7 +6,6 @@ sidecar on 127.0.0.1 port 0; no timing is asserted (waits are bounded, never mea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import subprocess
 import sys
@@ -86,16 +85,19 @@ async def test_a_context_url_that_is_not_a_url_is_invalid_argument_on_turn_and_s
     assert (await stub.Turn(_turn(context_url="/settings/account"))).chunks
 
 
-async def test_a_converse_stream_going_on_after_a_bad_context_url_ends_invalid_argument(
+async def test_a_converse_stream_with_a_bad_context_url_ends_invalid_argument_and_takes_no_more(
     channel: grpc.aio.Channel,
 ) -> None:
     stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
     stream = stub.Converse()
     await stream.write(pb.ConverseRequest(turn=_turn(session_id="c", context_url=NOT_A_URL)))
-    with contextlib.suppress(grpc.aio.AioRpcError):  # the refusal may come before this write
-        await stream.write(pb.ConverseRequest(turn=_turn(session_id="c")))
+    # The refusal is read before the next write: a grpc.aio client's write still in flight as the
+    # server's status arrives fails, and grpc.aio then reports its own INTERNAL "Internal error
+    # from Core" in place of the status the server sent (grpc/grpc#36066), about 1 run in 10.
     assert await _code(stream) is grpc.StatusCode.INVALID_ARGUMENT
     assert "context_url is not a URL" in (await stream.details() or "")
+    with pytest.raises((asyncio.InvalidStateError, grpc.aio.AioRpcError)):  # the stream is over
+        await stream.write(pb.ConverseRequest(turn=_turn(session_id="c")))
 
 
 # -- health ------------------------------------------------------------------------------------
