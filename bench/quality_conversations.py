@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.quality_conversations [--quick] [--sets dstc11,doc2dial,...]
                                         [--per-turn] [--data ../shared/data] [--out DIR]
                                         [--no-vector-cache] [--spoken SEED[,NAME_ERR[,FILLER]]]
+                                        [--min-score MIN_SCORE] [--fold always|referring]
                                         [--spoken voxrecall-asr-N[,RARE_ERROR[,both|caller]]]
 
 Every dialogue is driven turn by turn through the real ``sidecar.turn.engine.Engine`` in-process
@@ -474,6 +475,14 @@ async def _run_cached(
         await embedder.aclose()
 
 
+def _sidecar(min_score: float, fold: str) -> dict[str, Any] | None:
+    """The ``[sidecar]`` keys the command line sets over the evaluation's (None: none)."""
+    keys: dict[str, Any] = {"min_score": min_score} if min_score else {}
+    if fold != "always":
+        keys["followups"] = {"fold": fold}
+    return keys or None
+
+
 def _warn_degraded(rows: dict[str, dict[str, Any]]) -> None:
     """A turn that fell back (the embedder late or busy: the machine's load, not the engine)
     scores the fallback, not the follow-ups: say so, so that such a run is not compared."""
@@ -512,6 +521,13 @@ def main(argv: list[str] | None = None) -> int:
         "measured; 0.3 is the production default): what a threshold costs, and which turns "
         "end with no hits ('empty')",
     )
+    parser.add_argument(
+        "--fold",
+        choices=("always", "referring"),
+        default="always",
+        help="the sidecar's [sidecar.followups] fold for every set (docs/config.md: 'always', "
+        "the default, or 'referring')",
+    )
     args = parser.parse_args(argv)
     if args.spoken:
         redraw_spoken(args.spoken)
@@ -523,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             sets,
             args.per_turn,
             not args.no_vector_cache,
-            {"min_score": args.min_score} if args.min_score else None,
+            _sidecar(args.min_score, args.fold),
         )
     )
     if "skipped" in result:

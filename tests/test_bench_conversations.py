@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import asr, doc2dial_halves, quality_turns, spoken, topics
+from bench import asr, doc2dial_halves, quality_conversations, quality_turns, spoken, topics
 from bench.conversations import ConversationSet, Dialogue, Said, after_agent_question
 from bench.quality_conversations import eval_config, measure, served
 from index.embedders.base import Embedder
@@ -226,6 +226,26 @@ async def test_engine_variants_are_measured_without_rebuilding(
     # the variant took effect: with follow-ups off no Turn searched anything but what was said
     assert first["sets"]["doc2dial"]["examples"]
     assert off["sets"]["doc2dial"]["examples"] == []
+
+
+def test_the_command_line_sets_fold_and_min_score_over_the_evaluation_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--fold referring`` measures that setting (docs/config.md's ``fold`` figures), beside
+    ``--min-score``; without either, the evaluation config is left as it is."""
+    given: list[dict[str, Any] | None] = []
+
+    async def run(*args: Any) -> dict[str, Any]:
+        given.append(args[5])
+        return {"skipped": "the engine is not what is tested"}
+
+    monkeypatch.setattr(quality_conversations, "_run_cached", run)
+    data = ["--data", str(tmp_path)]
+    assert quality_conversations.main([*data, "--fold", "referring", "--min-score", "0.3"]) == 0
+    assert quality_conversations.main(data) == 0
+    assert given == [{"min_score": 0.3, "followups": {"fold": "referring"}}, None]
+    with pytest.raises(SystemExit):
+        quality_conversations.main([*data, "--fold", "never"])
 
 
 async def test_topic_sessions_compare_each_question_with_itself_alone(

@@ -559,12 +559,57 @@ async def test_a_tracked_page_the_caller_moved_on_from_is_not_folded_into_short_
     assert results[1].hits[0].chunk.title == "TRAVEL ABROAD"
     assert_said_as_itself(results[2], "I forgot my password", "SIGN-IN HELP")
     assert_said_as_itself(results[3], "Is there a family discount?", "PRICE LIST")
-    # an elliptic opening alone leans on what was just said, not on the page left behind
-    assert results[4].followup.source == Source.RECENT_TURNS
-    assert results[4].query == "Is there a family discount? and for Unlimited?"
-    assert results[4].hits[0].chunk.title == "PRICE LIST"
+    # an elliptic opening alone leans on what was just said, not on the page left behind (its
+    # own words, searched beside the exchange, rank "Basic, Plus and Unlimited" first of both)
+    assert "MAILBOX" not in results[4].query
+    assert results[4].followup.used != "MAILBOX"
+    assert results[4].hits[0].chunk.text == "Our plans are Basic, Plus and Unlimited."
     assert results[5].followup.used == "MAILBOX"
     assert results[5].hits[0].chunk.title == "MAILBOX"
+
+
+# A help line whose chunks share their words with its callers' questions (cosines above 0.3)
+PLAN_HELP = {
+    "TRAVEL ABROAD": [
+        "Roaming in Europe costs 2 euros a day.",
+        "Roaming in Europe: you get 5 GB of data a day.",
+    ],
+    "SIGN-IN HELP": [
+        "Forgot your password? Reset your password here.",
+        "After five wrong passwords your account is locked for an hour.",
+    ],
+    "PRICE LIST": [
+        "Our plans are Basic, Plus and Unlimited.",
+        "A family discount takes 10 percent off every plan.",
+    ],
+    "MAILBOX": [
+        "Set up voicemail: call 123 and choose a PIN.",
+        "Change your voicemail PIN from the voicemail menu.",
+    ],
+}
+
+
+@pytest.mark.parametrize("min_score", [0.0, 0.3])
+async def test_min_score_does_not_reorder_the_two_searches_fused_ranking(
+    tmp_path: Path, min_score: float
+) -> None:
+    """A turn folded with the recent exchange and searched alone too is ranked by both searches'
+    cosines as read before min_score, the threshold only choosing the candidates: at 0.3 the
+    turn alone's list was cut short, and the exchange's chunks it did not keep counted at its
+    last kept cosine, well above their own, so "is there a discount for a family" after
+    roaming prices was answered with roaming (at 0.0, and now at 0.3 too: the discount)."""
+    results = await run_turns(
+        PLAN_HELP,
+        [
+            ("user", "How much does roaming cost in Europe?"),
+            ("user", "is there a discount for a family"),
+        ],
+        tmp_path,
+        embedder=FakeEmbedder(dimension=1024),
+        min_score=min_score,
+    )
+    assert results[1].hits[0].chunk.text.startswith("A family discount")
+    assert all(hit.score >= min_score for hit in results[1].hits)
 
 
 async def test_a_tracked_entity_survives_a_backchannel_and_a_skipped_turn(tmp_path: Path) -> None:

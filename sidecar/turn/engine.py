@@ -425,7 +425,7 @@ class Engine:
             return plan.query, result
         depth = max(keep, FUSION_DEPTH)
         target = self._turn_scope(searcher, kb, req, depth, allowed)
-        folded, own, every, said = await self._searched_both(
+        folded, own, before, said = await self._searched_both(
             target, (plan.query, req.text), budget, embed
         )
         # the turn's own words' result is what the conversation's pages count
@@ -441,9 +441,10 @@ class Engine:
             folded = self._backed(searcher, kb, folded, said, depth)
         elif _asked_alone(plan, own, utterance, searcher.snapshot.lexical):
             return req.text, _cut(own, keep)  # nothing: the exchange alone found them
-        query, result = _combined(plan, req.text, folded, own, prior, entity_of, keep)
+        floors = _floors((folded, own), before, self.config.min_score)
+        query, result = _combined(plan, req.text, (folded, own), floors, prior, entity_of, keep)
         if plan.followup.source == followups.Source.RECENT_TURNS and query == plan.query:
-            result = replace(result, sure=_agreement(folded, every))
+            result = replace(result, sure=_agreement(folded, before[1]))
         return query, result
 
     async def _each_listed(
@@ -495,10 +496,10 @@ class Engine:
 
     async def _searched_both(
         self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
-    ) -> tuple[Ranking, Ranking, Ranking, Vectors | None]:
-        """A turn's two searches (the folded query, the turn alone), the turn alone's ranking
-        before ``min_score`` (``_agreement`` reads its cosines; the same ranking where the
-        threshold does not cut a dense one) and the turn's own vector (None when not
+    ) -> tuple[Ranking, Ranking, tuple[Ranking, Ranking], Vectors | None]:
+        """A turn's two searches (the folded query, the turn alone), both rankings before
+        ``min_score`` (``_floors`` sees where it cut them, ``_agreement`` reads the turn
+        alone's cosines; the same rankings where the threshold does not cut a dense one) and the turn's own vector (None when not
         embedded), both queries embedded in one embedder call: on the embedded model's one
         worker, two calls would run one after the other, each with its own hand-off to the
         worker thread and back."""
@@ -507,15 +508,23 @@ class Engine:
         if embed:
             vectors = await self.vectors.get_many(queries, budget.embed_deadline())
         embed_ms = (time.perf_counter() - start) * 1000.0
-        first = self._rank(target, queries[0], vectors[0], embed_ms)
-        if vectors[1] is None or target.knowledge_base in self.hybrid_bases:
-            own = self._rank(target, queries[1], vectors[1], embed_ms)  # no cosines to read
-            return first, own, own, vectors[1]
-        every = self._rank(replace(target, min_score=-1.0), queries[1], vectors[1], embed_ms)
+        first, first_all = self._ranked_before(target, queries[0], vectors[0], embed_ms)
+        own, own_all = self._ranked_before(target, queries[1], vectors[1], embed_ms)
+        return first, own, (first_all, own_all), vectors[1]
+
+    def _ranked_before(
+        self, target: SearchScope, query: str, vector: Vectors | None, embed_ms: float
+    ) -> tuple[Ranking, Ranking]:
+        """One of a turn's two searches: its ranking at ``min_score`` and before it (the same
+        ranking where no cosines are there to read: BM25 or a hybrid base)."""
+        if vector is None or target.knowledge_base in self.hybrid_bases:
+            ranked = self._rank(target, query, vector, embed_ms)
+            return ranked, ranked
+        every = self._rank(replace(target, min_score=-1.0), query, vector, embed_ms)
         if every.degraded:  # the graph failed: BM25 answered, min_score is not its threshold
-            return first, every, every, vectors[1]
+            return every, every
         kept = [scored for scored in every.found if scored[1] >= target.min_score]
-        return first, replace(every, found=kept), every, vectors[1]
+        return replace(every, found=kept), every
 
     def _turn_scope(
         self, searcher: Searcher, kb: str, req: TurnInput, limit: int, allowed: Allowed | None
@@ -1173,14 +1182,16 @@ def _moved_on(
 def _combined(
     plan: followups.Plan,
     text: str,
-    folded: Ranking,
-    own: Ranking,
+    searched: tuple[Ranking, Ranking],
+    floors: tuple[float, float],
     prior: Mapping[str, float] | None,
     entity_of: EntityOf,
     limit: int,
 ) -> tuple[str, Ranking]:
-    """The folded query's and the turn's own candidates ranked by both (``_fused``), the page
-    prior after; the query reported is the turn's when its own words decided the answer."""
+    """The folded query's and the turn's own candidates (``searched``) ranked by both
+    (``_fused``, a chunk one did not return counted at its floor: ``_floors``), the page prior
+    after; the query reported is the turn's when its own words decided the answer."""
+    folded, own = searched
     if folded.degraded or own.degraded:
         # BM25 scores of two queries are on no common scale: the planned query answers
         chosen, query = (folded, plan.query) if folded.found or not own.found else (own, text)
@@ -1193,7 +1204,7 @@ def _combined(
         if not _about(folded, plan.followup.used, entity_of):
             return text, _cut(own, limit)  # the entity did not decide it: the turn's words did
         return plan.query, _cut(folded, limit)
-    found = _fused(folded.found, own.found)
+    found = _fused(folded.found, own.found, floors)
     if prior:
         found = _lifted(found, prior, entity_of)
     timings = Timings(
@@ -1329,16 +1340,41 @@ def _about(folded: Ranking, entity: str, entity_of: EntityOf) -> bool:
     return bool(folded.found) and entity_of(folded.found[0][0]) == entity
 
 
-def _fused(folded: Sequence[Scored], own: Sequence[Scored]) -> list[Scored]:
+def _floors(
+    searched: tuple[Ranking, Ranking], before: tuple[Ranking, Ranking], min_score: float
+) -> tuple[float, float]:
+    """The most a chunk each of a turn's two searches did not return can have scored in it
+    (``_fused``): its last score, or ``min_score`` where the threshold cut it short (the
+    search before it, ``before``, returned more), the chunks it dropped being below it. The
+    last kept score counted them well above their own, and the other search's chunks won:
+    "What plans do you have?" after "How much does roaming cost in Europe?" (the README's
+    example base, at ``min_score`` 0.3) was answered from the roaming page."""
+    return (
+        _floor(searched[0].found, before[0].found, min_score),
+        _floor(searched[1].found, before[1].found, min_score),
+    )
+
+
+def _floor(kept: Sequence[Scored], before: Sequence[Scored], min_score: float) -> float:
+    """One search's floor (``_floors``): ``kept`` at the threshold, ``before`` it."""
+    if not kept:
+        return min_score
+    return min_score if len(kept) < len(before) else kept[-1][1]
+
+
+def _fused(
+    folded: Sequence[Scored], own: Sequence[Scored], floors: tuple[float, float]
+) -> list[Scored]:
     """The candidates of the folded query and of the turn alone, each scored by the mean of its
-    two cosines (CombSUM): a chunk one search did not return is given that search's last score,
-    the most it could have had. A chunk both queries like wins over one only the conversation's
-    words (or only the turn's) like; no threshold decides between the two queries."""
+    two cosines (CombSUM): a chunk one search did not return is given that search's floor
+    (``_floors``), the most it could have had. A chunk both queries like wins over one only the
+    conversation's words (or only the turn's) like; no threshold decides between the two
+    queries."""
     if not folded or not own:
         return list(folded or own)
     first = {chunk.chunk_id: score for chunk, score in folded}
     second = {chunk.chunk_id: score for chunk, score in own}
-    floor_first, floor_second = folded[-1][1], own[-1][1]
+    floor_first, floor_second = floors
     candidates = {chunk.chunk_id: chunk for chunk, _ in (*folded, *own)}
     out = [
         (chunk, (first.get(key, floor_first) + second.get(key, floor_second)) / 2.0)
