@@ -487,8 +487,8 @@ class Engine:
         prior: Mapping[str, float] | None,
     ) -> tuple[str, Ranking]:
         """A turn searched alone too: the fold backed by the turn's name, the turn's own
-        answer, or both ranked by both (``_combined``), with how sure the fold is
-        (``_agreement``)."""
+        answer, or both ranked by both (``_combined``), with how sure the fold is where its
+        searches read cosines (``_agreement``)."""
         folded, own, every, said = both
         entity_of = searcher.gazetteer.entity_of
         keep = self._depth(kb, self.config.max_results)
@@ -498,8 +498,16 @@ class Engine:
             return req.text, _cut(own, keep)  # nothing: the exchange alone found them
         query, result = _combined(plan, req.text, folded, own, prior, entity_of, keep)
         if plan.followup.source == followups.Source.RECENT_TURNS and query == plan.query:
-            result = replace(result, sure=_agreement(folded, every))
+            result = replace(result, sure=self._agreement(kb, folded, every))
         return query, result
+
+    def _agreement(self, kb: str, folded: Ranking, every: Ranking) -> float | None:
+        """``_agreement`` where both searches' scores are cosines; None (the plan's guess)
+        where either was lexical (``degraded``: BM25's scores) or the base is hybrid (fused
+        ranks)."""
+        if folded.degraded or every.degraded or kb in self.hybrid_bases:
+            return None
+        return _agreement(folded, every)
 
     async def _each_listed(
         self, target: SearchScope, plan: followups.Plan, budget: Budget, embed: bool
