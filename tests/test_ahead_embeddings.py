@@ -64,6 +64,25 @@ async def test_a_final_turn_is_embedded_before_the_ahead_query_waiting() -> None
 
 
 @pytest.mark.usefixtures("no_rest")
+async def test_an_ahead_query_waits_for_the_background_calls_on_its_lane() -> None:
+    """The background lane is one thread, first in first out: an ahead call submitted behind
+    an agent turn's embedding (``later``) queued there, and a final joining it waited for both."""
+    lanes = Lanes()
+    vectors = QueryEmbedder(lanes, cache_size=16)
+    read = asyncio.create_task(vectors.later("A travel pass costs five dollars a day.", far()))
+    await eventually(lambda: len(lanes.calls) == 1)
+    interim = ahead(vectors, "what does a data plan cost in France?")
+    await settle()
+    assert lanes.calls == [("later", ("A travel pass costs five dollars a day.",))]
+    assert not vectors.started("what does a data plan cost in France?")  # in line, not queued
+    lanes.later.set()
+    assert await read is not None
+    assert (await interim)[0] is not None
+    assert lanes.calls[1] == ("later", ("what does a data plan cost in France?",))
+    assert vectors.stats.dropped == 0
+
+
+@pytest.mark.usefixtures("no_rest")
 async def test_one_ahead_call_at_a_time_whoever_asks() -> None:
     lanes = Lanes()
     vectors = QueryEmbedder(lanes, cache_size=16)
@@ -183,6 +202,39 @@ async def test_a_final_whose_prefetch_waits_in_line_is_searched_at_once(tmp_path
         lanes.hot.set()
         result = await turn
         await other
+    finally:
+        await prefetcher.aclose()
+        await engine.aclose()
+    assert not result.prefetched
+    assert not result.degraded
+
+
+async def test_a_final_whose_prefetch_waits_behind_background_work_is_searched_at_once(
+    tmp_path: Path,
+) -> None:
+    """A prefetch asked while an agent turn embeds on the background lane waits in line (it
+    was queued behind it), and the final embeds its words itself on the worker rather than
+    join it and wait behind that work."""
+    lanes = Lanes()
+    engine = build_engine(BACKENDS, tmp_path, embedder=lanes)
+    prefetcher = Prefetcher(engine, stable_ms=200, caller="me")
+    said = "What are the limits on file names in pCloud?"
+    try:
+        read = asyncio.create_task(engine.vectors.later("An agent's turn, read later.", far()))
+        await eventually(lambda: len(lanes.calls) == 1)
+        prefetcher.interim(TurnInput(session_id=SESSION, text=said, is_final=False))
+        await settle()
+        assert engine.counters.prefetch_started == 1
+        assert len(lanes.calls) == 1  # the prefetch waits behind the background call
+        turn = asyncio.create_task(
+            engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
+        )
+        await eventually(lambda: len(lanes.calls) == 2)
+        assert lanes.calls[1][0] == "hot"  # the final's own embedding, on the worker
+        lanes.hot.set()
+        result = await turn
+        lanes.later.set()
+        await read
     finally:
         await prefetcher.aclose()
         await engine.aclose()

@@ -1,96 +1,103 @@
-"""An agent whose channel tried to connect before its sidecar listened connects within seconds
-of the sidecar serving (``sidecar.connection``'s reconnect backoff, at most 2 s), not after
-gRPC's default backoff (1 s growing 1.6x a try to 120 s: minutes, for a pod whose agent and
-sidecar start together).
+"""Every channel the project's clients open to a sidecar (``Voxrecall`` and so ``ShardRouter``,
+``voxrecall ask``, the health probe; plaintext and TLS) tries to connect again within 2 s of a
+failed try (``sidecar.connection.RECONNECT_OPTIONS``), not after gRPC's default backoff (1 s
+growing 1.6x a try to 120 s): an agent started with its sidecar, refused while the sidecar
+loaded, connected minutes after it served.
 
-Real parts: the project's client over a real channel; a real socket on 127.0.0.1 that accepts
-each connection and closes it at once (a port where nothing serves gRPC yet, which counts the
-client's tries), then a real sidecar on that same port over a real local store.
+Checked on the real channel-making functions: gRPC's channel constructors are wrapped to note
+the options each channel is made with, and still make it. No figure of time here: how soon a
+client started before its sidecar is answered, against gRPC's default options, is measured by
+``python -m bench.client_reconnect`` (bench/README.md).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
+import pytest
 
-from index.embedders.base import HashEmbedder
+from sidecar import client, healthcheck
 from sidecar.adapters.client import Voxrecall
-from sidecar.edge.server import create_server
-from tests.bases_kit import config, search
-from tests.snapshot_kit import version_id, write_version
+from sidecar.connection import Connection, open_blocking_channel, open_channel
+from tests.hardening_kit import make_certs
 
-EMBEDDER = HashEmbedder(dimension=64)
-# After its 8th failed try, gRPC's default backoff waits 1 s x 1.6^7 (+-20%): at least 21 s,
-# and its 8 tries take at least 34 s; the bounded one waits at most 2.4 s, its 8 take about 5 s.
-TRIES = 8
-TRIES_WITHIN_S = 30.0
-SERVED_WITHIN_S = 15.0
+MAX_BACKOFF_MS = 2_000  # the longest an agent may wait between tries for a sidecar nearby
+
+Made = list[dict[str, int | str]]
 
 
-class Refuser:
-    """A port that takes each connection and closes it unanswered, counting them."""
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> Made:
+    """The options of every channel gRPC is asked to make, in order (each still made)."""
+    seen: Made = []
 
-    def __init__(self, tries: int) -> None:
-        self.tries = 0
-        self.enough = asyncio.Event()
-        self._wanted = tries
+    def noting(make: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, options: Any = None, **kwargs: Any) -> Any:
+            seen.append(dict(options or ()))
+            return make(*args, options=options, **kwargs)
 
-    async def refuse(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.tries += 1
-        writer.close()
-        if self.tries >= self._wanted:
-            self.enough.set()
+        return wrapped
 
-
-async def fail_until_tried(client: Voxrecall, refuser: Refuser) -> list[grpc.StatusCode]:
-    """The agent's calls while nothing serves (each refused at once); until the channel has
-    tried ``TRIES`` times, or ``TRIES_WITHIN_S`` have passed."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + TRIES_WITHIN_S
-    refused: list[grpc.StatusCode] = []
-    while not refuser.enough.is_set() and loop.time() < give_up:
-        try:
-            await client.search("reset my password")
-        except grpc.aio.AioRpcError as exc:
-            refused.append(exc.code())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(refuser.enough.wait(), timeout=1.0)
-    return refused
+    for module in (grpc, grpc.aio):
+        for name in ("insecure_channel", "secure_channel"):
+            monkeypatch.setattr(module, name, noting(getattr(module, name)))
+    return seen
 
 
-async def test_an_agent_started_before_its_sidecar_connects_soon_after_it_serves(
-    tmp_path: Path,
+def closed_port() -> str:
+    """An address on this machine where nothing listens: every try is refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def assert_bounded(options: dict[str, int | str]) -> None:
+    assert 0 < int(options["grpc.max_reconnect_backoff_ms"]) <= MAX_BACKOFF_MS, options
+    initial = int(options["grpc.initial_reconnect_backoff_ms"])
+    assert 0 < initial <= int(options["grpc.max_reconnect_backoff_ms"]), options
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_certs(tmp_path_factory.mktemp("certs")) / "ca.pem"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+async def test_every_channel_a_connection_opens_reconnects_within_2_s(
+    made: Made, ca: Path, tls: bool
 ) -> None:
-    """It waited out gRPC's default backoff: after 8 refused tries, at least 21 s more."""
-    refuser = Refuser(TRIES)
-    listener = await asyncio.start_server(refuser.refuse, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    client = Voxrecall(f"127.0.0.1:{port}", knowledge_base="help")
-    try:
-        refused = await fail_until_tried(client, refuser)
-        listener.close()
-        await listener.wait_closed()
-        assert refuser.tries >= TRIES, (
-            f"the channel tried to connect {refuser.tries} times in {TRIES_WITHIN_S} s: "
-            "its backoff grows as gRPC's default"
-        )
-        assert set(refused) == {grpc.StatusCode.UNAVAILABLE}  # each call, at once
+    connection = Connection(closed_port(), ca_file=ca if tls else None)
+    async with open_channel(connection):
+        pass
+    with open_blocking_channel(connection):
+        pass
+    assert len(made) == 2
+    for options in made:
+        assert_bounded(options)
 
-        store = tmp_path / "store"
-        write_version(store, version_id(1), EMBEDDER, "password", kb="help")
-        cfg = config(store, tmp_path, cache_dir=str(tmp_path / "cache"))
-        sidecar = await create_server(
-            cfg, embedder=EMBEDDER, poll=False, listen=f"127.0.0.1:{port}"
-        )
-        try:
-            found = await client.stub.Search(
-                search("help"), timeout=SERVED_WITHIN_S, wait_for_ready=True
-            )
-        finally:
-            await sidecar.stop(0.5)
+
+async def test_the_agent_client_reconnects_within_2_s(made: Made) -> None:
+    agent = Voxrecall(closed_port(), knowledge_base="help")
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await agent.search("reset my password")
     finally:
-        await client.close()
-    assert found.chunks
+        await agent.close()
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    (options,) = made
+    assert_bounded(options)
+
+
+def test_the_command_line_and_the_health_probe_reconnect_within_2_s(made: Made) -> None:
+    connection = Connection(closed_port())
+    with pytest.raises(grpc.RpcError):
+        healthcheck.check(connection, timeout_s=5.0)
+    with pytest.raises(grpc.RpcError):
+        client.ask("reset my password", client.AskOptions(connection=connection))
+    assert len(made) == 2
+    for options in made:
+        assert_bounded(options)

@@ -640,6 +640,17 @@ async def test_a_first_load_does_not_wait_behind_a_polls_pointer_reads(
             await poll
 
 
+async def test_a_job_submitted_after_the_pool_shut_down_is_refused_holding_no_thread() -> None:
+    """A job submitted after ``shutdown`` counted a thread busy and a job running for its
+    requester before the executor refused it: neither was given back."""
+    pool = FairPool(1, "test-fair-shut")
+    pool.shutdown()
+    with pytest.raises(RuntimeError):
+        pool.submit("late", str, "x")
+    assert (pool.running("late"), pool.queued("late")) == (0, 0)
+    assert pool.may_start("another")  # its one thread is not counted busy
+
+
 async def test_the_download_pool_shares_its_threads_between_requesters() -> None:
     """``FairPool`` with 4 threads: a requester alone takes half of them, however many jobs it
     queues; another's first job starts at once beside them, a third's on the last free thread;

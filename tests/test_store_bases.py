@@ -38,7 +38,7 @@ from sidecar.shards import shard_of
 from sidecar.snapshots import refresh
 from tests.bases_kit import LOAD_WAIT_S, answered, config, hint_ms, retried, search
 from tests.conftest import eventually
-from tests.snapshot_kit import version_id, write_version
+from tests.snapshot_kit import flip_a_byte, version_id, write_version
 from tests.test_metrics import scraped, value
 
 EMBEDDER = HashEmbedder(dimension=64)
@@ -431,6 +431,33 @@ async def test_a_base_whose_pointer_cannot_be_read_holds_no_sidecar_loading(
         said_now = pointer_said(caplog, "broken")
         assert len(said_now) == 2, said_now
         assert "reads again" in said_now[1], said_now
+
+
+async def test_a_lazy_base_whose_pointer_reads_again_naming_a_corrupt_version_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A base loading on demand whose pointer failed once and then read again, naming a corrupt
+    version, stayed "pointer could not be read": its calls were told to retry (UNAVAILABLE) a
+    version that no retry can fix, not to publish a good one (SnapshotNotFound, no retry)."""
+    store = tmp_path / "store"
+    publish(store, "help")
+    break_pointer(store, "broken")
+    async with serving(store, tmp_path, 0.2, memory_budget_mb=64) as (sidecar, channel):
+        stub = stub_of(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as unread:
+            await retried(lambda: stub.Search(search("broken"), timeout=LOAD_WAIT_S))
+        assert "pointer (LATEST) could not be read" in str(unread.value.details())
+        (store / "broken" / "LATEST").rmdir()
+        write_version(store, version_id(1), EMBEDDER, "invoices", kb="broken", damage=flip_a_byte)
+        await asyncio.sleep(hint_ms(unread.value) / 1000)  # tried again on a call past the hint
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await retried(lambda: stub.Search(search("broken"), timeout=LOAD_WAIT_S))
+        said = str(refused.value.details())
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, said
+        assert hint_ms(refused.value) == -1, said  # not retried: a retry cannot fix it
+        assert "corrupt" in said, said
+        assert "publish a good one" in said, said
+        assert "broken" not in sidecar.holder.unreadable
 
 
 async def test_a_store_whose_every_pointer_fails_keeps_a_sidecar_loading(

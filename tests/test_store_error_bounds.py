@@ -27,6 +27,7 @@ from sidecar.errors import Unavailable
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.holder import MAX_REFUSAL_BYTES, SnapshotHolder
+from tests.hardening_kit import TOKEN_A, TOKEN_B, bearer
 from tests.static_http import StaticServer
 
 EMBEDDER = HashEmbedder(dimension=32)
@@ -129,6 +130,27 @@ async def test_status_answers_within_its_bytes_and_counts_the_bases_left_out(
     assert status.knowledge_bases_left_out == len(names) - len(listed)
     assert all(b.last_refusal.startswith("store: unavailable: ") for b in status.knowledge_bases)
     assert status.ByteSize() <= min(service.MAX_STATUS_BYTES, limit // 2) + 1024
+
+
+async def test_a_scoped_callers_status_lists_its_own_bases_and_counts_only_those_left_out(
+    failing: StaticServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Status was cut to its bytes before the caller's scope was applied: a caller scoped to a
+    base late in the order saw none of its bases, and ``knowledge_bases_left_out`` counted the
+    bases of the whole sidecar, which it may not know of."""
+    limit = 64 * 1024
+    names = [f"{i:03d}" + "k" * 125 for i in range(200)]  # with their refusals: over 64 KiB
+    monkeypatch.setenv("VOX_TEST_TOKEN", TOKEN_A)
+    monkeypatch.setenv("VOX_TEST_LAST", TOKEN_B)
+    scoped = {"name": "last", "token_env": "VOX_TEST_LAST", "knowledge_bases": [names[-1]]}
+    auth = {"token_env": "VOX_TEST_TOKEN", "caller": [scoped]}
+    config = _config(failing.url, tmp_path, names, max_message_bytes=limit, auth=auth)
+    async with _stub(config) as (_sidecar, stub):
+        everyone = await stub.Status(pb.StatusRequest(), metadata=bearer(TOKEN_A), timeout=10)
+        status = await stub.Status(pb.StatusRequest(), metadata=bearer(TOKEN_B), timeout=10)
+    assert names[-1] not in [b.name for b in everyone.knowledge_bases]  # the cut leaves it out
+    assert [b.name for b in status.knowledge_bases] == [names[-1]]
+    assert status.knowledge_bases_left_out == 0
 
 
 async def test_a_store_down_at_a_poll_is_one_log_line_naming_a_count_and_a_few_bases(

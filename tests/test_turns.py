@@ -198,6 +198,32 @@ async def test_the_recent_turns_fold_is_surer_where_the_turns_own_words_agree(
     assert agreeing - elsewhere > 0.2
 
 
+@pytest.mark.parametrize(
+    ("searched", "last"),
+    [("lexically", "and what about my bill?"), ("hybrid", "and roaming with a travel pass?")],
+)
+async def test_a_fold_not_searched_by_cosines_keeps_the_guess_for_its_confidence(
+    tmp_path: Path, searched: str, last: str
+) -> None:
+    """A fold's confidence reads its searches' cosines: a turn searched lexically (the
+    embedder down: BM25 scores) or on a hybrid base (fused scores) reported 1.0 for scores that
+    are not cosines; it is the documented guess, 0.5."""
+    embedder = FakeEmbedder()
+    engine = build_engine(HELP, tmp_path, embedder=embedder)
+    if searched == "hybrid":
+        engine.hybrid_bases = frozenset(engine.known_bases)
+    else:
+        embedder.fail = True
+    exchange = [
+        ("user", "How much does roaming cost in Europe?"),
+        ("agent", "A travel pass costs five dollars a day."),
+    ]
+    results = await run_turns(engine, [*exchange, ("user", last)])
+    assert results[-1].degraded is (searched == "lexically")
+    assert results[-1].followup.source == Source.RECENT_TURNS
+    assert results[-1].followup.confidence == 0.5
+
+
 async def test_a_spoken_number_does_not_become_a_name(tmp_path: Path) -> None:
     results = await run_turns(
         PLACES,

@@ -80,6 +80,7 @@ class Authenticator(Hook):
         call.caller = caller
         sessions.owner.set(caller.name)  # this caller's sessions are its own
         scope.caller_filters.set(caller.filters)  # every search of this call carries them
+        scope.caller_bases.set(frozenset(caller.knowledge_bases) or None)  # what Status lists
         tools.visible.set(self._visible_functions(caller))
 
     def _match(self, presented: bytes) -> CallerConfig | None:

@@ -290,10 +290,13 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         )
 
     def _base_statuses(self, now: float, limit: int) -> tuple[list[pb.KnowledgeBaseStatus], int]:
-        """The known bases' statuses by name, as many as fit in ``limit`` bytes, and how many
-        were left out: 10,000 bases failing with long names and refusals made a 4 MB answer
-        that gRPC refused to send."""
-        names = sorted(self.engine.known_bases)
+        """The statuses of the known bases the caller may use (``scope.caller_bases``) by name,
+        as many as fit in ``limit`` bytes, and how many of those were left out: 10,000 bases
+        failing with long names and refusals made a 4 MB answer that gRPC refused to send. The
+        caller's bases are chosen before the cut: a scoped caller saw none of its own where
+        others' filled the answer, and a count of bases it may not know of."""
+        mine = scope.caller_bases.get()
+        names = sorted(kb for kb in self.engine.known_bases if mine is None or kb in mine)
         bases: list[pb.KnowledgeBaseStatus] = []
         size = 0
         for name in names:

@@ -34,13 +34,18 @@ class FairPool:
 
     def __init__(self, threads: int, name: str) -> None:
         self.threads = threads
+        self._name = name
         self._executor = ThreadPoolExecutor(threads, name)
         self._queued: OrderedDict[str, deque[_Job]] = OrderedDict()  # in turn order
         self._running: dict[str, int] = {}  # requester -> its jobs on a thread now
         self._busy = 0  # threads running a job
+        self._shut = False  # ``shutdown`` ran: no job is taken
 
     def submit(self, requester: str, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
-        """Run ``fn(*args)`` on a thread, in ``requester``'s turn: its future (on the loop)."""
+        """Run ``fn(*args)`` on a thread, in ``requester``'s turn: its future (on the loop).
+        After ``shutdown``, RuntimeError, the pool's counts as they were."""
+        if self._shut:
+            raise RuntimeError(f"the thread pool {self._name!r} is shut down: no job is taken")
         future: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
         self._queued.setdefault(requester, deque()).append((future, functools.partial(fn, *args)))
         self._dispatch()
@@ -99,6 +104,7 @@ class FairPool:
     def shutdown(self) -> None:
         """Cancel every queued job and the threads' pending ones; a running job ends by its
         own deadlines (the store's ``close`` cuts its download)."""
+        self._shut = True
         for jobs in self._queued.values():
             for future, _ in jobs:
                 future.cancel()

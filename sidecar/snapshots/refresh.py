@@ -653,7 +653,8 @@ class Refresher:
         exc = offer.exception()
         if exc is None:
             return True
-        if isinstance(exc, Downloading):
+        if isinstance(exc, Downloading):  # the pointer read: readable again, its version bad
+            self._note_pointer(kb, exc.version)
             self._refuse(kb, *fetch_error(kb, exc))
         else:
             self._pointer_failed(kb, exc)

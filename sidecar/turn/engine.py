@@ -414,22 +414,59 @@ class Engine:
             return plan.query, result
         prior = session.pages if plan.prior and session.pages else None
         if not _searches_both(plan, req.text):
-            tracked = _pointed_at(plan)
-            depth = PRIOR_DEPTH if prior or tracked else 0
-            search = self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed)
-            found = _entity_lifted(await search, tracked, entity_of)
-            result = _prior_lifted(found, prior, entity_of, keep)
-            _count_pages(session, result.found, entity_of)
-            if plan.query == req.text:
-                _confirm(session, plan, result, entity_of)
-            return plan.query, result
+            return await self._retrieve_one(
+                searcher, kb, req, session, plan, budget, embed, allowed, prior
+            )
         depth = max(keep, FUSION_DEPTH)
         target = self._turn_scope(searcher, kb, req, depth, allowed)
-        folded, own, before, said = await self._searched_both(
-            target, (plan.query, req.text), budget, embed
-        )
+        both = await self._searched_both(target, (plan.query, req.text), budget, embed)
         # the turn's own words' result is what the conversation's pages count
-        _count_pages(session, own.found, entity_of)
+        _count_pages(session, both[1].found, entity_of)
+        return self._folded_or_own(searcher, kb, req, utterance, session, plan, both, prior)
+
+    async def _retrieve_one(
+        self,
+        searcher: Searcher,
+        kb: str,
+        req: TurnInput,
+        session: Session,
+        plan: followups.Plan,
+        budget: Budget,
+        embed: bool,
+        allowed: Allowed | None,
+        prior: Mapping[str, float] | None,
+    ) -> tuple[str, Ranking]:
+        """A turn searched once, the plan's query (its entity and the conversation's pages
+        lifted)."""
+        entity_of = searcher.gazetteer.entity_of
+        keep = self._depth(kb, self.config.max_results)
+        tracked = _pointed_at(plan)
+        depth = PRIOR_DEPTH if prior or tracked else 0
+        search = self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed)
+        found = _entity_lifted(await search, tracked, entity_of)
+        result = _prior_lifted(found, prior, entity_of, keep)
+        _count_pages(session, result.found, entity_of)
+        if plan.query == req.text:
+            _confirm(session, plan, result, entity_of)
+        return plan.query, result
+
+    def _folded_or_own(
+        self,
+        searcher: Searcher,
+        kb: str,
+        req: TurnInput,
+        utterance: Utterance,
+        session: Session,
+        plan: followups.Plan,
+        both: tuple[Ranking, Ranking, tuple[Ranking, Ranking], Vectors | None],
+        prior: Mapping[str, float] | None,
+    ) -> tuple[str, Ranking]:
+        """Which of a turn's two searches (``_searched_both``) answers it: the turn's own words
+        where they name their own topic or a short question of its own, else the fold."""
+        folded, own, _, said = both
+        entity_of = searcher.gazetteer.entity_of
+        keep = self._depth(kb, self.config.max_results)
+        depth = max(keep, FUSION_DEPTH)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
             return req.text, _cut(own, keep)
         if plan.short and self._switched(searcher, kb, plan, folded, own, said, depth):
@@ -437,15 +474,41 @@ class Engine:
         if not plan.alone:  # searched alone only to see whether it names its own topic
             found = _entity_lifted(folded, _pointed_at(plan), entity_of)
             return plan.query, _prior_lifted(found, prior, entity_of, keep)
+        return self._combined_both(searcher, kb, req, utterance, plan, both, prior)
+
+    def _combined_both(
+        self,
+        searcher: Searcher,
+        kb: str,
+        req: TurnInput,
+        utterance: Utterance,
+        plan: followups.Plan,
+        both: tuple[Ranking, Ranking, tuple[Ranking, Ranking], Vectors | None],
+        prior: Mapping[str, float] | None,
+    ) -> tuple[str, Ranking]:
+        """A turn searched alone too: the fold backed by the turn's name, the turn's own
+        answer, or both ranked by both (``_combined``), with how sure the fold is where its
+        searches read cosines (``_agreement``)."""
+        folded, own, before, said = both
+        entity_of = searcher.gazetteer.entity_of
+        keep = self._depth(kb, self.config.max_results)
         if _name_alone(plan, own) and said is not None:
-            folded = self._backed(searcher, kb, folded, said, depth)
+            folded = self._backed(searcher, kb, folded, said, max(keep, FUSION_DEPTH))
         elif _asked_alone(plan, own, utterance, searcher.snapshot.lexical):
             return req.text, _cut(own, keep)  # nothing: the exchange alone found them
         floors = _floors((folded, own), before, self.config.min_score)
         query, result = _combined(plan, req.text, (folded, own), floors, prior, entity_of, keep)
         if plan.followup.source == followups.Source.RECENT_TURNS and query == plan.query:
-            result = replace(result, sure=_agreement(folded, before[1]))
+            result = replace(result, sure=self._agreement(kb, folded, before[1]))
         return query, result
+
+    def _agreement(self, kb: str, folded: Ranking, every: Ranking) -> float | None:
+        """``_agreement`` where both searches' scores are cosines; None (the plan's guess)
+        where either was lexical (``degraded``: BM25's scores) or the base is hybrid (fused
+        ranks)."""
+        if folded.degraded or every.degraded or kb in self.hybrid_bases:
+            return None
+        return _agreement(folded, every)
 
     async def _each_listed(
         self, target: SearchScope, plan: followups.Plan, budget: Budget, embed: bool
@@ -499,8 +562,9 @@ class Engine:
     ) -> tuple[Ranking, Ranking, tuple[Ranking, Ranking], Vectors | None]:
         """A turn's two searches (the folded query, the turn alone), both rankings before
         ``min_score`` (``_floors`` sees where it cut them, ``_agreement`` reads the turn
-        alone's cosines; the same rankings where the threshold does not cut a dense one) and the turn's own vector (None when not
-        embedded), both queries embedded in one embedder call: on the embedded model's one
+        alone's cosines; the same rankings where the threshold does not cut a dense one) and
+        the turn's own vector (None when not embedded), both queries embedded in one embedder
+        call: on the embedded model's one
         worker, two calls would run one after the other, each with its own hand-off to the
         worker thread and back."""
         start = time.perf_counter()

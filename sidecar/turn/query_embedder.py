@@ -34,7 +34,9 @@ lane is never counted among the late ones: it does not hold the worker.
 
 ``ahead`` embeds a query searched ahead of its turn (an interim transcript, for the prefetch),
 behind every caller's and only while the embedder is otherwise idle: a new ahead query waits
-until no caller's query is in flight, fewer than AHEAD_IN_FLIGHT ahead calls are (one left
+until no caller's query and no background query (``later``: the lane is first in first out, and
+a final joining the ahead call would wait behind them) is in flight, fewer than
+AHEAD_IN_FLIGHT ahead calls are (one left
 behind by its prefetch counts until it ends) and the last one's rest is over (ahead calls take
 at most AHEAD_SHARE of the time), and is then submitted on the background lane where there is
 one, so a final turn is never queued behind it on the worker. The waiting ones are
@@ -288,9 +290,12 @@ class QueryEmbedder:
 
     def _ahead_free(self) -> bool:
         """Whether an ahead query waiting may be given its turn now: no caller's query in
-        flight, fewer than AHEAD_IN_FLIGHT ahead calls, the last one's rest over (else the line
-        is looked at again when it is)."""
-        if not self._waiting or self._hot or len(self._ahead) + self._granted >= AHEAD_IN_FLIGHT:
+        flight, no background call (``later``: its lane is one thread, first in first out, and a
+        final joining the ahead call would wait behind them), fewer than AHEAD_IN_FLIGHT ahead
+        calls, the last one's rest over (else the line is looked at again when it is)."""
+        if not self._waiting or self._hot or self._background:
+            return False
+        if len(self._ahead) + self._granted >= AHEAD_IN_FLIGHT:
             return False
         loop = asyncio.get_running_loop()
         if loop.time() >= self._rest_until:
