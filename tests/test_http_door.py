@@ -1544,6 +1544,96 @@ async def test_a_body_over_the_byte_limit_is_413_before_it_is_read(sidecar: Side
     assert "/vapi/knowledge-base" in nowhere.json()["error"]["message"]
 
 
+def padded(payload: dict[str, Any], size: int) -> bytes:
+    """``payload`` with a ``junk`` key of empty arrays, ``size`` bytes in all: the body of
+    thousands of tiny JSON values whose parse held the event loop (87,000 in 256 KiB)."""
+    body = orjson.dumps(payload)
+    return body[:-1] + b', "junk": [' + b"[]," * ((size - len(body) - 12) // 3) + b"[]]}"
+
+
+def padded_requests() -> list[tuple[str, bytes]]:
+    envelope = orjson.loads(vapi_tool_calls([tool_call("c", "search_help", {"query": "x"})]))
+    return [
+        ("/tools/search_help", padded(envelope, 15_000)),
+        ("/tools/search_help", padded({"args": {"query": "x"}, "call": {"call_id": "c"}}, 15_000)),
+        ("/vapi/knowledge-base", padded(vapi_request([{"role": "user", "content": "x"}]), 15_000)),
+        ("/mcp", padded({**INITIALIZE}, 15_000)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), padded_requests(), ids=["vapi-tools", "tool", "vapi", "mcp"]
+)
+async def test_a_body_of_many_tiny_json_values_is_refused_before_it_is_parsed(
+    sidecar: Sidecar, path: str, body: bytes
+) -> None:
+    """Every JSON body the door reads is held to one object or array per 8 bytes of
+    max_body_bytes (2,048 at the tests' 16 KiB): the padded body is refused naming the limit,
+    and no search runs for it."""
+    headers = {**auth(), **signed(body), "x-vapi-secret": VAPI_SECRET, **MCP_ACCEPT}
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(url(sidecar, path), content=body, headers=headers)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
+    message = reply.json()["error"]["message"]
+    assert "JSON objects and arrays" in message
+    assert "the limit is 2048" in message
+    assert "max_body_bytes" in message
+    sessions.owner.set("default")
+    assert sidecar.engine.sessions.peek("c") is None
+
+
+def retell_body(utterances: int) -> bytes:
+    """Retell's custom function body with the call's transcript and every word's timings."""
+    turns = []
+    for i in range(utterances):
+        words = ["uh", "I", "want", "to", "reset", "my", "password", "please"][: 1 + i % 8]
+        timed = [{"word": w, "start": 0.25 * j, "end": 0.25 * j + 0.2} for j, w in enumerate(words)]
+        turns.append(
+            {"role": "user" if i % 2 else "agent", "content": " ".join(words), "words": timed}
+        )
+    call = {"call_id": "retell-long", "transcript_object": turns}
+    return orjson.dumps(
+        {"name": "search_help", "args": {"query": "reset my password"}, "call": call}
+    )
+
+
+def vapi_parts_body(messages: int) -> bytes:
+    """Vapi's knowledge-base request of short messages as OpenAI content parts: the densest
+    real shape, one object or array per 22 bytes."""
+    said = [
+        {
+            "role": "assistant" if i % 2 else "user",
+            "content": [{"type": "text", "text": "okay yes"}],
+        }
+        for i in range(messages)
+    ]
+    asked = {"role": "user", "content": [{"type": "text", "text": "How do I reset my password?"}]}
+    return orjson.dumps(vapi_request([*said, asked]))
+
+
+async def test_real_payloads_are_far_within_the_json_limit(sidecar: Sidecar) -> None:
+    """The densest real shapes, filling the byte limit, hold a third of the objects and arrays
+    the door takes, and are answered."""
+    limit = HTTP["max_body_bytes"]
+    assert isinstance(limit, int)
+    retell, vapi_kb = retell_body(70), vapi_parts_body(120)
+    for body in (retell, vapi_kb):
+        assert limit * 0.8 < len(body) <= limit
+        assert (body.count(b"[") + body.count(b"{")) * 2.5 < limit // http_door.BYTES_PER_CONTAINER
+    tool = await post_tool(sidecar, retell, signed(retell))
+    assert tool.status_code == 200
+    assert tool.json()["results"][0]["title"] == "Reset your password"
+    async with httpx2.AsyncClient() as http:
+        kb = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            content=vapi_kb,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+    assert kb.status_code == 200
+    assert kb.json()["documents"][0]["content"].startswith("Reset your password")
+
+
 async def exchange(sc: Sidecar, data: bytes) -> bytes:
     """What the door answers to ``data`` sent raw, up to its closing the connection."""
     reader, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
