@@ -1500,6 +1500,106 @@ async def test_a_bad_vapi_tool_calls_envelope_is_a_400_saying_what_to_send(
     assert says in reply.json()["error"]["message"]
 
 
+DEEPER = b"[" * 1000 + b"]" * 1000  # read by orjson (1024 levels), not written back (255)
+
+
+async def test_one_bad_call_of_a_vapi_envelope_is_its_own_error_and_the_others_run(
+    sidecar: Sidecar,
+) -> None:
+    """A 5,000-character function name, or arguments nested 1,000 deep, refused the whole
+    envelope (400, naming no call) after the calls before them had searched: each is now that
+    call's error, naming it, and the calls around it are answered."""
+    good = tool_call("call_a", "search_help", {"query": "how do I reset my password"})
+    long_name = tool_call("call_b", "s" * 5000, {"query": "x"})
+    deep = orjson.dumps(tool_call("call_c", "search_help", {})).replace(b"{}", DEEPER)
+    last = tool_call("call_d", "search_help", {"query": "reset my password"})
+    body = vapi_tool_calls([good, long_name, {}, last]).replace(b"{}", deep)
+    reply = await post_vapi_tools(sidecar, body)
+    assert reply.status_code == 200
+    results = reply.json()["results"]
+    assert [r["toolCallId"] for r in results] == ["call_a", "call_b", "call_c", "call_d"]
+    assert orjson.loads(results[0]["result"])["results"][0]["title"] == "Reset your password"
+    assert orjson.loads(results[3]["result"])["results"]
+    for result, says in ((results[1], "name is"), (results[2], "flat object")):
+        error = orjson.loads(result["error"])["error"]
+        assert error["type"] == "invalid_arguments"
+        assert result["toolCallId"] in error["message"]
+        assert says in error["message"]
+    assert len(results[1]["name"]) <= 256  # not echoed whole
+    assert reply.headers["x-voxrecall-tool-error"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"function": {"name": "search_help"}}, "toolCallList[1].id has none"),
+        (tool_call("c" * 300, "search_help", {"query": "x"}), "toolCallList[1].id is 300"),
+    ],
+    ids=["no-id", "long-id"],
+)
+async def test_an_envelope_whose_call_cannot_be_answered_is_refused_before_any_runs(
+    sidecar: Sidecar, bad: dict[str, Any], says: str
+) -> None:
+    """A call without an id, or with one of 300 characters (200 KB ids were echoed back), cannot
+    be answered: the envelope is refused naming the entry, before the call ahead of it
+    searched."""
+    good = tool_call("call_a", "search_help", {"query": "how do I reset my password"})
+    body = vapi_tool_calls([good, bad], call_id="vapi-refused-whole")
+    reply = await post_vapi_tools(sidecar, body)
+    assert reply.status_code == 400
+    assert says in reply.json()["error"]["message"]
+    assert b"c" * 300 not in reply.content
+    sessions.owner.set("default")
+    assert sidecar.engine.sessions.peek("vapi-refused-whole") is None  # nothing searched
+
+
+def marked(body: bytes, marker: str) -> bytes:
+    """``body`` with ``marker`` as a key of its message (no dict of it is kept by the test)."""
+    return body.replace(b'"message":{', b'"message":{"' + marker.encode() + b'":[[],[]],', 1)
+
+
+@pytest.mark.parametrize("path", ["tools", "vapi"])
+async def test_the_parsed_body_is_let_go_before_the_searches(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A Vapi envelope's parsed body was held through its searches: 64 bodies of tiny JSON
+    values kept millions of objects alive for the collector to walk on every search."""
+    assert sidecar.http is not None
+    marker = "held-body-marker-7f3a"
+    alive: list[bool] = []
+    engine = sidecar.http.webhooks.engine
+
+    def watched(run: Any) -> Any:
+        async def running(*args: Any, **kwargs: Any) -> Any:
+            alive.append(any(isinstance(o, dict) and marker in o for o in gc.get_objects()))
+            return await run(*args, **kwargs)
+
+        return running
+
+    monkeypatch.setattr(engine, "search", watched(engine.search))
+    monkeypatch.setattr(engine, "turn", watched(engine.turn))
+    if path == "tools":
+        reply = await post_vapi_tools(
+            sidecar,
+            marked(vapi_tool_calls([tool_call("c1", "search_help", {"query": "reset"})]), marker),
+        )
+    else:
+        async with httpx2.AsyncClient() as http:
+            reply = await http.post(
+                url(sidecar, "/vapi/knowledge-base"),
+                content=marked(
+                    orjson.dumps(
+                        vapi_request([{"role": "user", "content": "How do I reset my password?"}])
+                    ),
+                    marker,
+                ),
+                headers=auth(**{"x-vapi-secret": VAPI_SECRET, SESSION_HEADER: "let-go"}),
+            )
+    assert reply.status_code == 200
+    assert alive
+    assert not any(alive)
+
+
 async def test_a_retell_signature_stamped_in_seconds_is_told_it_is_milliseconds(
     sidecar: Sidecar,
 ) -> None:
@@ -1542,6 +1642,96 @@ async def test_a_body_over_the_byte_limit_is_413_before_it_is_read(sidecar: Side
     assert wrong.json()["error"]["code"] == "UNIMPLEMENTED"  # the method, not the request's content
     assert nowhere.status_code == 404
     assert "/vapi/knowledge-base" in nowhere.json()["error"]["message"]
+
+
+def padded(payload: dict[str, Any], size: int) -> bytes:
+    """``payload`` with a ``junk`` key of empty arrays, ``size`` bytes in all: the body of
+    thousands of tiny JSON values whose parse held the event loop (87,000 in 256 KiB)."""
+    body = orjson.dumps(payload)
+    return body[:-1] + b', "junk": [' + b"[]," * ((size - len(body) - 12) // 3) + b"[]]}"
+
+
+def padded_requests() -> list[tuple[str, bytes]]:
+    envelope = orjson.loads(vapi_tool_calls([tool_call("c", "search_help", {"query": "x"})]))
+    return [
+        ("/tools/search_help", padded(envelope, 15_000)),
+        ("/tools/search_help", padded({"args": {"query": "x"}, "call": {"call_id": "c"}}, 15_000)),
+        ("/vapi/knowledge-base", padded(vapi_request([{"role": "user", "content": "x"}]), 15_000)),
+        ("/mcp", padded({**INITIALIZE}, 15_000)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), padded_requests(), ids=["vapi-tools", "tool", "vapi", "mcp"]
+)
+async def test_a_body_of_many_tiny_json_values_is_refused_before_it_is_parsed(
+    sidecar: Sidecar, path: str, body: bytes
+) -> None:
+    """Every JSON body the door reads is held to one object or array per 8 bytes of
+    max_body_bytes (2,048 at the tests' 16 KiB): the padded body is refused naming the limit,
+    and no search runs for it."""
+    headers = {**auth(), **signed(body), "x-vapi-secret": VAPI_SECRET, **MCP_ACCEPT}
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(url(sidecar, path), content=body, headers=headers)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
+    message = reply.json()["error"]["message"]
+    assert "JSON objects and arrays" in message
+    assert "the limit is 2048" in message
+    assert "max_body_bytes" in message
+    sessions.owner.set("default")
+    assert sidecar.engine.sessions.peek("c") is None
+
+
+def retell_body(utterances: int) -> bytes:
+    """Retell's custom function body with the call's transcript and every word's timings."""
+    turns = []
+    for i in range(utterances):
+        words = ["uh", "I", "want", "to", "reset", "my", "password", "please"][: 1 + i % 8]
+        timed = [{"word": w, "start": 0.25 * j, "end": 0.25 * j + 0.2} for j, w in enumerate(words)]
+        turns.append(
+            {"role": "user" if i % 2 else "agent", "content": " ".join(words), "words": timed}
+        )
+    call = {"call_id": "retell-long", "transcript_object": turns}
+    return orjson.dumps(
+        {"name": "search_help", "args": {"query": "reset my password"}, "call": call}
+    )
+
+
+def vapi_parts_body(messages: int) -> bytes:
+    """Vapi's knowledge-base request of short messages as OpenAI content parts: the densest
+    real shape, one object or array per 22 bytes."""
+    said = [
+        {
+            "role": "assistant" if i % 2 else "user",
+            "content": [{"type": "text", "text": "okay yes"}],
+        }
+        for i in range(messages)
+    ]
+    asked = {"role": "user", "content": [{"type": "text", "text": "How do I reset my password?"}]}
+    return orjson.dumps(vapi_request([*said, asked]))
+
+
+async def test_real_payloads_are_far_within_the_json_limit(sidecar: Sidecar) -> None:
+    """The densest real shapes, filling the byte limit, hold a third of the objects and arrays
+    the door takes, and are answered."""
+    limit = HTTP["max_body_bytes"]
+    assert isinstance(limit, int)
+    retell, vapi_kb = retell_body(70), vapi_parts_body(120)
+    for body in (retell, vapi_kb):
+        assert limit * 0.8 < len(body) <= limit
+        assert (body.count(b"[") + body.count(b"{")) * 2.5 < limit // http_door.BYTES_PER_CONTAINER
+    tool = await post_tool(sidecar, retell, signed(retell))
+    assert tool.status_code == 200
+    assert tool.json()["results"][0]["title"] == "Reset your password"
+    async with httpx2.AsyncClient() as http:
+        kb = await http.post(
+            url(sidecar, "/vapi/knowledge-base"),
+            content=vapi_kb,
+            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
+        )
+    assert kb.status_code == 200
+    assert kb.json()["documents"][0]["content"].startswith("Reset your password")
 
 
 async def exchange(sc: Sidecar, data: bytes) -> bytes:

@@ -17,7 +17,9 @@ of each field), on a ``Call`` whose door is ``http``, and checks the same proto 
 (``TurnRequest``, ``InvokeToolRequest``, ``ReadPageRequest``) a gRPC client would send: whatever
 the token could not reach over gRPC it cannot reach here. The body is read after the token's
 check and before the concurrency slot is taken (``HttpDoor._admit``). A body over ``[sidecar.http]
-max_body_bytes`` is refused (413) before it is read whole; one that does not arrive within
+max_body_bytes`` is refused (413) before it is read whole, and one with more JSON objects and
+arrays than one per ``BYTES_PER_CONTAINER`` of it (400) before it is parsed
+(``check_json_containers``); one that does not arrive within
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). The rest of a request, read by the
 app or not (a body, a chunked body's trailer), must be whole within ``REQUEST_TIMEOUT_S`` of its
@@ -71,6 +73,7 @@ from sidecar.errors import (
     BodyEncoded,
     BodyTooLarge,
     IdleTimeout,
+    InvalidArgument,
     RequestError,
     ResourceExhausted,
     Unauthenticated,
@@ -95,6 +98,13 @@ MCP_GET_REFUSED = "this MCP server sends no event stream: POST each JSON-RPC mes
 # A platform posts a few kilobytes at once; a body still arriving after this long is a client
 # that stalled (or one holding a slot on purpose).
 BODY_TIMEOUT_S = 10.0
+# A JSON body may hold one object or array per this many bytes of max_body_bytes (32,768 at the
+# default): each is a Python object its parse builds on the event loop (87,000 empty arrays fit
+# in 256 KiB; a parse of them held the loop 16 ms and more). The densest real payloads hold one
+# per 22 bytes (Vapi messages of two words as OpenAI content parts), Retell's transcript with
+# every word's timings one per 35, Vapi's tool calls one per 41
+# (tests/test_http_door.py, test_real_payloads_are_far_within_the_json_limit).
+BYTES_PER_CONTAINER = 8
 # After the drain every call is done: this is how long a connection still sending gets.
 CLOSE_TIMEOUT_S = 1
 # A request's head (request line and headers): at most this many bytes (431 past it), and
@@ -240,6 +250,26 @@ def _too_large(size: int, limit: int) -> str:
     )
 
 
+def max_json_containers(max_body: int) -> int:
+    """The JSON objects and arrays a body may hold: one per ``BYTES_PER_CONTAINER`` of
+    ``max_body_bytes``."""
+    return max_body // BYTES_PER_CONTAINER
+
+
+def check_json_containers(body: bytes, limit: int) -> None:
+    """Refuse (400) a body with more than ``limit`` JSON objects and arrays, before it is
+    parsed: each is a Python object the parse builds on the event loop and the collector walks
+    while it lives. Counted at C speed as its ``[`` and ``{``, brackets inside strings too, so
+    the count errs only toward refusing."""
+    count = body.count(b"[") + body.count(b"{")
+    if count > limit:
+        raise InvalidArgument(
+            f"the request body holds {count} JSON objects and arrays (counting brackets inside "
+            f"strings); the limit is {limit}, one per {BYTES_PER_CONTAINER} bytes of "
+            "[sidecar.http] max_body_bytes: send the payload without padding"
+        )
+
+
 def error_body(exc: VoxrecallError) -> bytes:
     code = status_for(exc).name
     return orjson.dumps({"error": {"code": code, "message": caller_message(exc)}})
@@ -292,6 +322,7 @@ class HttpDoor:
         self.phases = Phases.of(guards.hooks)
         self.body_at = guards.body_at
         self.max_body = config.sidecar.http.max_body_bytes
+        self.max_containers = max_json_containers(self.max_body)
         http = config.sidecar.http
         self.admission = _Admission(
             http.max_connections, http.max_connections_per_ip, tls=config.sidecar.tls.enabled
@@ -401,6 +432,7 @@ class HttpDoor:
         slot."""
         call.start(until=self.body_at)
         body = await read_body(receive, headers, self.max_body) if read else b""
+        check_json_containers(body, self.max_containers)
         call.start()
         return body
 

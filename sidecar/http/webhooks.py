@@ -25,9 +25,16 @@ call sent again that reaches another worker is served there afresh.
 "toolCallList": [{"id", "function": {"name", "arguments"}}...], "call": {"id", ...}}}``: each
 call in the list is run by the function it names (``Webhooks._vapi_tools``; at most
 ``MAX_TOOL_CALLS``) and answered in Vapi's form, ``{"results": [{"toolCallId", "name", "result"}]}``,
-a model's mistake (an unknown function, bad arguments) as that call's ``error`` instead of its
-``result``, the model's to read. The call id names the session; with ``vapi_secret_env`` set the
-``X-Vapi-Secret`` header must hold that secret, as for the knowledge base.
+a model's mistake (an unknown function, bad arguments, a name or arguments that cannot be read)
+as that call's ``error`` instead of its ``result``, the model's to read. Every call is read
+before any runs: one that cannot be answered (no id, or one over ``MAX_TOOL_CALL_ID``) refuses
+the envelope. The call id names the session; with ``vapi_secret_env`` set the
+``X-Vapi-Secret`` header must hold that secret, as for the knowledge base. Only Vapi's envelope
+is checked for it: the other bodies ``/tools/`` takes carry the bearer token alone.
+
+Each body is parsed (the door has bounded its objects and arrays:
+``sidecar.http.door.check_json_containers``) and read at once, and the parsed body dropped
+before the first search: held through them, it kept every value alive for the collector.
 
 The ``x-voxrecall-session`` header, when sent, names the session on all three.
 """
@@ -50,10 +57,11 @@ from cachetools import TTLCache
 
 from index.errors import ConfigError
 from sidecar.config import Config, HttpConfig
+from sidecar.edge.limits import check_fields
 from sidecar.edge.logs import MIN_SECRET_CHARS
 from sidecar.edge.service import set_timings
 from sidecar.errors import InvalidArgument, NotFound, Unauthenticated, Unavailable
-from sidecar.functions.tools import Toolbox
+from sidecar.functions.tools import INVALID_ARGUMENTS, Toolbox, error_output
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn import sessions
 from sidecar.turn.engine import (
@@ -91,6 +99,9 @@ TOOL_CALLS = "tool-calls"
 # Tool calls of one Vapi envelope answered at most: a model calls a few tools at once, and each
 # call is a search; a body of thousands (256 KiB holds them) would hold its slot that long.
 MAX_TOOL_CALLS = 16
+# The longest id of a Vapi tool call, in characters: it is echoed in the answer, so it is
+# bounded as a session id is (``MAX_SESSION_ID``); a platform's call ids are a few dozen.
+MAX_TOOL_CALL_ID = MAX_SESSION_ID
 VAPI_TOOLS_EXAMPLE = (
     '{"message": {"type": "tool-calls", "toolCallList": [{"id": "call_1", "function": '
     '{"name": "knowledge_search", "arguments": {"query": "..."}}}], "call": {"id": "..."}}}'
@@ -546,6 +557,25 @@ class Webhooks:
 
     async def vapi(self, call: HttpCall, headers: dict[str, str], body: bytes) -> Reply:
         self._check_vapi_secret(headers, "knowledge base")
+        asked = self._kb_request(headers, body)
+        fed, note = asked.fed, asked.note
+        hits: Sequence[Hit] = ()
+        for i, turn in enumerate(asked.said):
+            result = await self._turn(call, asked.call_id, turn)
+            if turn.speaker == Speaker.USER and i == len(asked.said) - 1:
+                hits, fed.query, note = result.hits, result.query, _why_nothing(result)
+        if asked.fresh:
+            fed.answer, fed.note = tuple(hit.chunk.chunk_id for hit in hits), note
+        self.conversations.fed(asked.call_id, fed)
+        if not asked.fresh:  # the same request again (a retry): the same answer
+            hits = await self._answered_again(asked.call_id, fed)
+        extra = [] if hits else [(NOTE_HEADER, (fed.note or note).encode())]
+        return 200, orjson.dumps({"documents": _documents(hits)}), extra
+
+    def _kb_request(self, headers: Mapping[str, str], body: bytes) -> KbRequest:
+        """What a knowledge-base request asks, read from its body at once: the parsed body is
+        dropped before the first search (kept through them, 64 bodies of tiny JSON values held
+        millions of objects for the collector to walk)."""
         example = '{"message": {"type": "knowledge-base-request", "messages": [...], "call": {"id": ...}}}'
         message = _object(body, example).get("message")
         if not isinstance(message, dict) or message.get("type") != KNOWLEDGE_BASE_REQUEST:
@@ -558,19 +588,8 @@ class Webhooks:
             raise InvalidArgument("message.call.id is missing: it names the call's session")
         fresh, fed = self.conversations.new(call_id, messages)
         said = [s for s in map(_said, fresh[-MAX_FED:]) if s is not None]
-        hits: Sequence[Hit] = []
         note = NOTHING_ASKED if any(map(_said, messages)) else NOTHING_SAID
-        for i, turn in enumerate(said):
-            result = await self._turn(call, call_id, turn)
-            if turn.speaker == Speaker.USER and i == len(said) - 1:
-                hits, fed.query, note = result.hits, result.query, _why_nothing(result)
-        if fresh:
-            fed.answer, fed.note = tuple(hit.chunk.chunk_id for hit in hits), note
-        self.conversations.fed(call_id, fed)
-        if not fresh:  # the same request again (a retry): the same answer
-            hits = await self._answered_again(call_id, fed)
-        extra = [] if hits else [(NOTE_HEADER, (fed.note or note).encode())]
-        return 200, orjson.dumps({"documents": _documents(hits)}), extra
+        return KbRequest(call_id, said, fed, bool(fresh), note)
 
     async def _answered_again(self, call_id: str, fed: Fed) -> Sequence[Hit]:
         """What the request retried was answered with: nothing, or the search the call's
@@ -638,18 +657,10 @@ class Webhooks:
     async def _tool(
         self, call: HttpCall, function: str, headers: dict[str, str], body: bytes
     ) -> Reply:
-        payload = _object(body, '{"args": {"query": "..."}, "call": {"call_id": "..."}}')
-        message = payload.get("message")
-        if isinstance(message, dict) and message.get("type") == TOOL_CALLS:
-            return await self._vapi_tools(call, headers, message)
-        name = payload.get("name")
-        if name is not None and name != function:
-            raise InvalidArgument(
-                f"the body names function {name!r} but the URL {function!r}: point the "
-                f"platform's {name!r} at /tools/{name}"
-            )
-        arguments, session_id, field = _tool_call(payload, headers)
-        _check_call_id(session_id, field)
+        asked = self._tool_request(function, headers, body)
+        if isinstance(asked, VapiTools):
+            return await self._vapi_tools(call, asked)
+        arguments, session_id = asked
         call.check(
             pb.InvokeToolRequest(name=function, arguments_json=arguments, session_id=session_id)
         )
@@ -660,36 +671,94 @@ class Webhooks:
         extra = [TOOL_ERROR_HEADER] if result.is_error else []
         return 200, result.output.encode(), extra
 
-    async def _vapi_tools(
-        self, call: HttpCall, headers: Mapping[str, str], message: dict[str, Any]
-    ) -> Reply:
+    def _tool_request(
+        self, function: str, headers: Mapping[str, str], body: bytes
+    ) -> VapiTools | tuple[str, str]:
+        """What a ``/tools/`` body asks, read at once so the parsed body is dropped before any
+        search: Vapi's envelope, or the arguments (as JSON text) and session id of one call."""
+        payload = _object(body, '{"args": {"query": "..."}, "call": {"call_id": "..."}}')
+        message = payload.get("message")
+        if isinstance(message, dict) and message.get("type") == TOOL_CALLS:
+            self._check_vapi_secret(headers, "tool")
+            return _vapi_envelope(message, headers)
+        name = payload.get("name")
+        if name is not None and name != function:
+            raise InvalidArgument(
+                f"the body names function {name!r} but the URL {function!r}: point the "
+                f"platform's {name!r} at /tools/{name}"
+            )
+        arguments, session_id, field = _tool_call(payload, headers)
+        _check_call_id(session_id, field)
+        return arguments, session_id
+
+    async def _vapi_tools(self, call: HttpCall, asked: VapiTools) -> Reply:
         """Vapi's ``tool-calls`` envelope: each call run by the function it names, answered
-        ``{"results": [{"toolCallId", "name", "result" or "error"}]}`` in the list's order."""
-        self._check_vapi_secret(headers, "tool")
-        calls = message.get("toolCallList", message.get("toolCalls"))
-        if not isinstance(calls, list):
-            raise InvalidArgument(
-                f"message.toolCallList must be the list of the model's tool calls: {VAPI_TOOLS_EXAMPLE}"
-            )
-        if len(calls) > MAX_TOOL_CALLS:
-            raise InvalidArgument(
-                f"message.toolCallList holds {len(calls)} calls; at most {MAX_TOOL_CALLS} are "
-                "answered in one request"
-            )
-        session_id = _vapi_call_id(message, headers)
-        results = [await self._vapi_tool(call, _tool_call_of(c), session_id) for c in calls]
+        ``{"results": [{"toolCallId", "name", "result" or "error"}]}`` in the list's order; a
+        call that cannot run (its arguments or name unreadable) is its ``error``, the others
+        run."""
+        results = [await self._vapi_tool(call, c, asked.session_id) for c in asked.calls]
         extra = [TOOL_ERROR_HEADER] if any("error" in r for r in results) else []
         return 200, orjson.dumps({"results": results}), extra
 
     async def _vapi_tool(
-        self, call: HttpCall, tool_call: tuple[str, str, str], session_id: str
+        self, call: HttpCall, tool_call: VapiCall, session_id: str
     ) -> dict[str, str]:
         """One of Vapi's tool calls run: its result, or its error for the model to read."""
-        call_id, name, arguments = tool_call
+        call_id, name, arguments = tool_call.call_id, tool_call.name, tool_call.arguments
+        if tool_call.error:
+            return {"toolCallId": call_id, "name": name, "error": tool_call.error}
         call.check(pb.InvokeToolRequest(name=name, arguments_json=arguments, session_id=session_id))
         result = await self.toolbox.invoke(self.engine, name, arguments, session_id)
         answer = "error" if result.is_error else "result"
         return {"toolCallId": call_id, "name": name, answer: result.output}
+
+
+@dataclass(slots=True)
+class KbRequest:
+    """What a Vapi knowledge-base request asks (``Webhooks._kb_request``)."""
+
+    call_id: str
+    said: list[Said]  # the turns to feed, in order
+    fed: Fed  # the call's entry once they are
+    fresh: bool  # the request holds messages not fed before (else it is a retry)
+    note: str  # why an answer would be empty
+
+
+@dataclass(frozen=True, slots=True)
+class VapiCall:
+    """One entry of Vapi's ``toolCallList``, read: ``error`` (an output for the model) where it
+    cannot run."""
+
+    call_id: str
+    name: str
+    arguments: str
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class VapiTools:
+    """A Vapi ``tool-calls`` envelope, every call read before any runs."""
+
+    session_id: str
+    calls: list[VapiCall]
+
+
+def _vapi_envelope(message: dict[str, Any], headers: Mapping[str, str]) -> VapiTools:
+    """Vapi's ``tool-calls`` envelope read, every call checked before any runs: one whose
+    answer could not be matched to it (no id, an id over ``MAX_TOOL_CALL_ID``) refuses the
+    envelope (400, naming its entry)."""
+    calls = message.get("toolCallList", message.get("toolCalls"))
+    if not isinstance(calls, list):
+        raise InvalidArgument(
+            f"message.toolCallList must be the list of the model's tool calls: {VAPI_TOOLS_EXAMPLE}"
+        )
+    if len(calls) > MAX_TOOL_CALLS:
+        raise InvalidArgument(
+            f"message.toolCallList holds {len(calls)} calls; at most {MAX_TOOL_CALLS} are "
+            "answered in one request"
+        )
+    session_id = _vapi_call_id(message, headers)
+    return VapiTools(session_id, [_tool_call_of(i, c, session_id) for i, c in enumerate(calls)])
 
 
 def _why_nothing(result: TurnResult) -> str:
@@ -732,20 +801,37 @@ def _vapi_call_id(message: dict[str, Any], headers: Mapping[str, str]) -> str:
     return call_id
 
 
-def _tool_call_of(tool_call: Any) -> tuple[str, str, str]:
-    """One entry of Vapi's ``toolCallList``: its id, the function's name ("" when missing: the
-    toolbox answers that no function has that name) and its arguments as JSON text. An entry
-    without an id cannot be answered, so it refuses the request (400)."""
+def _tool_call_of(index: int, tool_call: Any, session_id: str) -> VapiCall:
+    """Entry ``index`` of Vapi's ``toolCallList``: its id, the function's name ("" when missing:
+    the toolbox answers that no function has that name) and its arguments as JSON text, or the
+    error its call answers (arguments nested too deep to write, a name or arguments over their
+    byte limits). An entry without an id, or with one over ``MAX_TOOL_CALL_ID`` characters,
+    cannot be answered (its id is echoed), so it refuses the request (400)."""
+    where = f"message.toolCallList[{index}].id"
     call_id = tool_call.get("id") if isinstance(tool_call, dict) else None
     if not isinstance(call_id, str) or not call_id:
         raise InvalidArgument(
-            f"each entry of message.toolCallList needs its id (a string): {VAPI_TOOLS_EXAMPLE}"
+            f"each entry of message.toolCallList needs its id (a string), {where} has none: "
+            f"{VAPI_TOOLS_EXAMPLE}"
+        )
+    if len(call_id) > MAX_TOOL_CALL_ID:
+        raise InvalidArgument(
+            f"{where} is {len(call_id)} characters; the limit is {MAX_TOOL_CALL_ID}: send the "
+            "id Vapi gave the call"
         )
     function = tool_call.get("function")
     function = function if isinstance(function, dict) else {}
     name = function.get("name")
-    arguments = function.get("arguments", {})
-    return call_id, name if isinstance(name, str) else "", _arguments_json(arguments)
+    name = name if isinstance(name, str) else ""
+    try:
+        arguments = _arguments_json(function.get("arguments", {}))
+        check_fields(
+            pb.InvokeToolRequest(name=name, arguments_json=arguments, session_id=session_id)
+        )
+    except InvalidArgument as exc:
+        error = error_output(INVALID_ARGUMENTS, f"tool call {call_id!r}: {exc}")
+        return VapiCall(call_id, name[:MAX_TOOL_CALL_ID], "", error)
+    return VapiCall(call_id, name, arguments)
 
 
 def _tool_call(payload: dict[str, Any], headers: Mapping[str, str]) -> tuple[str, str, str]:
