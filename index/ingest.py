@@ -17,7 +17,8 @@ once, at most ``MAX_CONNECTIONS_PER_ADDRESS`` of them from one address (one past
 unread): the listener's threads are bounded, and held briefly, whatever its callers do, and one
 address cannot take every slot. A connection shows the token as soon as its head's
 ``Authorization: Bearer <token>`` line has arrived whole (its bytes are watched as they come,
-before the head is parsed), and keeps its slot from then on. When all ``MAX_CONNECTIONS`` are
+before the head is parsed, and the bytes its handler has not read yet are looked at before it
+is pushed out), and keeps its slot from then on. When all ``MAX_CONNECTIONS`` are
 held, a new connection pushes out one that has not shown the token (closed with its request
 unread, as a refused one): first one that sent nothing, then one whose first bytes are not the
 start of ``POST /rebuild/``, then one whose are, the oldest of each. Only ``MAX_CONNECTIONS``
@@ -47,6 +48,7 @@ import contextlib
 import hmac
 import io
 import logging
+import os
 import socket
 import sys
 import threading
@@ -92,6 +94,9 @@ PLAUSIBLE = b"POST " + PREFIX.encode()
 # A head's line longer than this is not the CI's: its Authorization line is not looked for in
 # the bytes as they arrive (the whole head is still checked once parsed).
 MAX_WATCHED_LINE = 8192
+# A connection about to be pushed out is looked at first: its bytes not read yet, up to this
+# many, may show the token (the CI's head, arrived before its handler read it).
+MAX_PEEK = 4096
 
 
 class Rebuilds(Protocol):
@@ -114,7 +119,9 @@ class RebuildListener:
         host, _, port = listen.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError(f"--listen must be host:port, e.g. 127.0.0.1:8089, got {listen!r}")
-        self._httpd = _BoundedServer((host, int(port)), _handler(token.encode(), rebuilds))
+        self._httpd = _BoundedServer(
+            (host, int(port)), _handler(token.encode(), rebuilds), token.encode()
+        )
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -145,8 +152,11 @@ class _BoundedServer(ThreadingHTTPServer):
     the oldest one that has not shown the token yet (one still reading its request): only
     ``MAX_CONNECTIONS`` requests that showed the token keep a newcomer out."""
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], token: bytes
+    ) -> None:
         super().__init__(address, handler)
+        self._expected = b"Bearer " + token
         self._lock = threading.Lock()
         self._held: dict[Any, _Held] = {}  # socket -> its slot, oldest first
         self._by_address: dict[str, int] = {}
@@ -218,15 +228,30 @@ class _BoundedServer(ThreadingHTTPServer):
         CI's (``_Held.rank``), the oldest of those; its slot is free at once (its thread ends on
         the closed socket). Under the lock."""
         unvouched = [(held.rank(), r) for r, held in self._held.items() if not held.vouched]
-        if not unvouched:
+        unvouched.sort(key=lambda ranked: ranked[0])  # stable: the oldest of each rank first
+        request = next((r for _, r in unvouched if not self._token_unread(r)), None)
+        if request is None:
             return False
-        request = min(unvouched, key=lambda ranked: ranked[0])[1]  # the oldest of the lowest
         address = self._release(request)
         with contextlib.suppress(OSError):  # its blocked read returns; its handler ends
             request.shutdown(socket.SHUT_RDWR)
         self.refusals.refused(
             address, f"pushed out without a token: {MAX_CONNECTIONS} connections open in all"
         )
+        return True
+
+    def _token_unread(self, request: Any) -> bool:
+        """Whether ``request``'s bytes its handler has not read yet show the token: then it is
+        vouched for, not pushed out. Under the lock; never waits."""
+        try:  # a copy without the handler's timeout (``dup`` copies it): MSG_DONTWAIT answers
+            # at once, where a socket with a timeout first polls for up to that long
+            with socket.socket(fileno=os.dup(request.fileno())) as copy:
+                data = copy.recv(MAX_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:  # nothing unread (BlockingIOError), or closed
+            return False
+        if not any(_is_token_line(line, self._expected) for line in data.split(b"\n")):
+            return False
+        self._held[request].vouched = True
         return True
 
     def _give_back(self, request: Any) -> None:
@@ -293,13 +318,16 @@ class _Head:
         """Whether ``line`` ends the watch: the head's end, or the token shown."""
         if not line.strip():
             return True
-        name, _, value = line.partition(b":")
-        if name.lower() != b"authorization":
-            return False
-        if hmac.compare_digest(value.strip(), self._expected):
+        if _is_token_line(line, self._expected):
             self._vouch()
             return True
         return False
+
+
+def _is_token_line(line: bytes, expected: bytes) -> bool:
+    """Whether ``line`` is ``Authorization: <expected>``."""
+    name, _, value = line.partition(b":")
+    return name.lower() == b"authorization" and hmac.compare_digest(value.strip(), expected)
 
 
 class _Watched(io.RawIOBase):

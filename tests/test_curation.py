@@ -603,6 +603,28 @@ def test_strangers_whose_bytes_are_no_rebuild_request_are_pushed_out_first(
             sock.close()
 
 
+def test_a_head_its_handler_has_not_read_yet_is_looked_at_before_a_push_out(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    """The server's side of a connection whose handler has not read its head yet (a socket
+    pair, no handler): about to be pushed out, its unread bytes are peeked, without waiting
+    for the handler's timeout; with the token it is vouched for, without it not, and nothing is
+    taken from what the handler will read."""
+    _, listener = listening
+    server = listener._httpd
+    for head, shows in [(POST, True), (PLAUSIBLE_HEAD, False), (b"", False)]:
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            ours.settimeout(600.0)  # the handler's: a peek must not wait it out
+            theirs.sendall(head)
+            with server._lock:
+                server._held[ours] = ingest._Held("127.0.0.9")
+                assert server._token_unread(ours) is shows
+                assert server._held.pop(ours).vouched is shows
+            if head:
+                assert ours.recv(len(head)) == head
+
+
 def test_a_connection_is_pushed_out_by_what_it_sent() -> None:
     """``_Held.rank``: nothing sent first, then bytes that are no POST to the rebuild path,
     then ones that may be."""
