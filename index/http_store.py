@@ -12,7 +12,8 @@ verified, and a broken download leaves at most a ``.partial-`` folder that the n
 Before a version's files are downloaded, the bytes it still needs are promised to it out of
 the cache's free space (``_Room``), less what the other downloads in flight still have to
 write: downloads running together cannot together overrun the disk (``disk_full``). A promise
-is kept only at the pace that writes it by the version's deadline: a download that needs room
+is kept only at the pace that writes it by the version's deadline, counted from its first byte
+(``START_GRACE_S`` for that byte to come): a download that needs room
 held by downloads behind that pace (a manifest claiming much, its bytes trickled) takes it, and
 those downloads are cut (StoreUnavailable, tried again), so claims cannot hold the disk.
 
@@ -287,31 +288,52 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
 
 
 # A download's promise of the cache's free space must be kept at the pace its version's
-# deadline needs (``_Promise.behind``), after this long to get going (a request's connect and
-# first bytes); one behind is released when another download needs its room (``_Room.take``).
+# deadline needs (``_Promise.behind``), measured from its first byte written: its first byte
+# may take this long (a request's connect, a cold object's first byte, the backoff of a retry
+# or two: 0.5 s, then 1 s at the defaults) ...
+START_GRACE_S = 10.0
+# ... and from that byte on, the pace counts after this long to get going (a file's first
+# bytes). One behind is released when another download needs its room (``_Room.take``).
 PACE_GRACE_S = 1.0
 
 
 @dataclass(slots=True)
 class _Promise:
     """One download's promise: ``need`` bytes at ``since`` (monotonic), ``left`` still to write,
-    ``again`` deleted to be written again; ``until``: its version's deadline (None: no pace)."""
+    ``again`` deleted to be written again; ``until``: its version's deadline (None: no pace);
+    ``first``: when its first byte was written (None: not yet)."""
 
     need: int
     left: int
     since: float
     until: float | None
     again: int = 0
+    first: float | None = None
 
     def behind(self, now: float) -> bool:
-        """Whether it wrote less than its share of ``need`` for the time since ``since`` (less
-        ``PACE_GRACE_S``) at the pace that writes all of it by ``until``: a trickle's promise,
-        which its download cannot keep."""
-        if self.until is None or now - self.since <= PACE_GRACE_S:
+        """Whether it wrote no byte within ``START_GRACE_S``, or since its first byte (less
+        ``PACE_GRACE_S``) less than its share of ``need`` at the pace that writes all of it by
+        ``until``: a trickle's promise, which its download cannot keep. A slow first byte
+        costs an honest download nothing; a claim trickled is behind a second after its first
+        byte, one never sent after ``START_GRACE_S``."""
+        if self.until is None:
             return False
-        span = max(self.until - self.since - PACE_GRACE_S, 1e-3)  # the pace's time
-        due = int(self.need * min(1.0, (now - self.since - PACE_GRACE_S) / span))
+        if self.first is None:
+            return now - self.since > START_GRACE_S
+        going = now - self.first - PACE_GRACE_S
+        if going <= 0:
+            return False
+        span = max(self.until - self.first - PACE_GRACE_S, 1e-3)  # the pace's time
+        due = int(self.need * min(1.0, going / span))
         return self.need - self.left < due
+
+    def wrote(self, count: int, now: float) -> None:
+        """``count`` bytes written at ``now``: those past ``again`` are new."""
+        if count and self.first is None:
+            self.first = now
+        again = min(count, self.again)
+        self.again -= again
+        self.left = max(0, self.left - (count - again))
 
     def cut_reason(self, now: float) -> str:
         return (
@@ -392,9 +414,7 @@ class _Room:
         with self._lock:
             promise = self._promises.get(threading.get_ident())
             if promise is not None:
-                again = min(count, promise.again)
-                promise.again -= again
-                promise.left = max(0, promise.left - (count - again))
+                promise.wrote(count, time.monotonic())
 
     def release(self) -> None:
         with self._lock:

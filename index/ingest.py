@@ -15,10 +15,26 @@ A connection gets ``REQUEST_TIMEOUT_S`` for its whole request, each read and all
 together (one that stalls or trickles is closed), and at most ``MAX_CONNECTIONS`` are served at
 once, at most ``MAX_CONNECTIONS_PER_ADDRESS`` of them from one address (one past that is closed
 unread): the listener's threads are bounded, and held briefly, whatever its callers do, and one
-address cannot take every slot. When all ``MAX_CONNECTIONS`` are held, a new connection pushes
-out the oldest one that has not shown the token yet (it is closed with its request unread, as a
-refused one): strangers on any number of addresses cannot keep the CI's request out, only
-``MAX_CONNECTIONS`` requests with the token in progress do (then the new one is closed unread).
+address cannot take every slot. A connection shows the token as soon as its head's
+``Authorization: Bearer <token>`` line has arrived whole (its bytes are watched as they come,
+before the head is parsed, and the bytes its handler has not read yet are looked at before it
+is pushed out), and keeps its slot from then on. When all ``MAX_CONNECTIONS`` are
+held, a new connection pushes out one that has not shown the token (closed with its request
+unread, as a refused one): first one that sent nothing, then one whose first bytes are not the
+start of ``POST /rebuild/``, then one whose are, the oldest of each. Only ``MAX_CONNECTIONS``
+requests with the token in progress keep a newcomer out (then it is closed unread).
+
+What that guarantees: strangers that send nothing or anything but a rebuild POST cannot push
+out a CI request whose first bytes have arrived, nor any request once its token line has. What
+it does not: a request whose token line has not arrived yet can still be pushed out by
+strangers that send the start of a rebuild POST themselves, from enough addresses to fill the
+slots (``MAX_CONNECTIONS_PER_ADDRESS`` each) and re-opened as they are pushed out; the CI's
+request, its head sent in one write, is exposed for a round trip, one sent in pieces for
+longer. The listener belongs on a private network, or behind the platform's network policy,
+reachable from the CI alone; its client retries a closed connection.
+
+A connection closed under its handler (by its client, pushed out, cut at its deadline) ends
+quietly; an unexpected error in a handler is logged as a refusal is, one line, no traceback.
 A refused or pushed-out connection is logged once per address a
 ``REFUSAL_WINDOW_S``; the ones after it are counted, and the count is written once the window is
 over (with the address's next refusal, any connection after the window, or ``stop``), for at most
@@ -30,12 +46,16 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import io
 import logging
+import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol, cast
@@ -68,6 +88,15 @@ REFUSAL_WINDOW_S = 60.0
 # ... and the addresses told apart are bounded: a flood from many addresses is one.
 REFUSAL_ADDRESSES = 64
 OTHER_ADDRESSES = "other addresses"
+# What the CI's request starts with: a connection whose first bytes are not a prefix of it is
+# pushed out before one whose are (and one that sent nothing before both).
+PLAUSIBLE = b"POST " + PREFIX.encode()
+# A head's line longer than this is not the CI's: its Authorization line is not looked for in
+# the bytes as they arrive (the whole head is still checked once parsed).
+MAX_WATCHED_LINE = 8192
+# A connection about to be pushed out is looked at first: its bytes not read yet, up to this
+# many, may show the token (the CI's head, arrived before its handler read it).
+MAX_PEEK = 4096
 
 
 class Rebuilds(Protocol):
@@ -90,7 +119,9 @@ class RebuildListener:
         host, _, port = listen.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError(f"--listen must be host:port, e.g. 127.0.0.1:8089, got {listen!r}")
-        self._httpd = _BoundedServer((host, int(port)), _handler(token.encode(), rebuilds))
+        self._httpd = _BoundedServer(
+            (host, int(port)), _handler(token.encode(), rebuilds), token.encode()
+        )
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -121,8 +152,11 @@ class _BoundedServer(ThreadingHTTPServer):
     the oldest one that has not shown the token yet (one still reading its request): only
     ``MAX_CONNECTIONS`` requests that showed the token keep a newcomer out."""
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], token: bytes
+    ) -> None:
         super().__init__(address, handler)
+        self._expected = b"Bearer " + token
         self._lock = threading.Lock()
         self._held: dict[Any, _Held] = {}  # socket -> its slot, oldest first
         self._by_address: dict[str, int] = {}
@@ -171,10 +205,31 @@ class _BoundedServer(ThreadingHTTPServer):
             self._by_address[address] = self._by_address.get(address, 0) + 1
             return True
 
+    def heard(self, request: Any, first: bytes) -> None:
+        """``request``'s first bytes so far (``_Held.rank``)."""
+        with self._lock:
+            held = self._held.get(request)
+            if held is not None:
+                held.first = first
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection closed under its handler (by its client, pushed out, or cut at its
+        deadline: the handler's last write fails) ends quietly; another error is one line of
+        the refusal lines (socketserver wrote a traceback each: 15,590 in 10 s)."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            log.debug("rebuild listener: a connection from %s closed: %s", client_address, error)
+            return
+        with self._lock:
+            self.refusals.failed(str(client_address[0]), f"{type(error).__name__}: {error}"[:200])
+
     def _push_out(self) -> bool:
-        """Close the oldest connection that has not shown the token, if any; its slot is free
-        at once (its thread ends on the closed socket). Under the lock."""
-        request = next((r for r, held in self._held.items() if not held.vouched), None)
+        """Close the connection that has not shown the token, if any, that least looks like the
+        CI's (``_Held.rank``), the oldest of those; its slot is free at once (its thread ends on
+        the closed socket). Under the lock."""
+        unvouched = [(held.rank(), r) for r, held in self._held.items() if not held.vouched]
+        unvouched.sort(key=lambda ranked: ranked[0])  # stable: the oldest of each rank first
+        request = next((r for _, r in unvouched if not self._token_unread(r)), None)
         if request is None:
             return False
         address = self._release(request)
@@ -183,6 +238,20 @@ class _BoundedServer(ThreadingHTTPServer):
         self.refusals.refused(
             address, f"pushed out without a token: {MAX_CONNECTIONS} connections open in all"
         )
+        return True
+
+    def _token_unread(self, request: Any) -> bool:
+        """Whether ``request``'s bytes its handler has not read yet show the token: then it is
+        vouched for, not pushed out. Under the lock; never waits."""
+        try:  # a copy without the handler's timeout (``dup`` copies it): MSG_DONTWAIT answers
+            # at once, where a socket with a timeout first polls for up to that long
+            with socket.socket(fileno=os.dup(request.fileno())) as copy:
+                data = copy.recv(MAX_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:  # nothing unread (BlockingIOError), or closed
+            return False
+        if not any(_is_token_line(line, self._expected) for line in data.split(b"\n")):
+            return False
+        self._held[request].vouched = True
         return True
 
     def _give_back(self, request: Any) -> None:
@@ -201,10 +270,86 @@ class _BoundedServer(ThreadingHTTPServer):
 
 @dataclass
 class _Held:
-    """A served connection's slot: its address, and whether it showed the token."""
+    """A served connection's slot: its address, whether it showed the token, and its first
+    bytes so far (up to ``len(PLAUSIBLE)``)."""
 
     address: str
     vouched: bool = False
+    first: bytes = b""
+
+    def rank(self) -> int:
+        """The order it is pushed out in: 0 when it sent nothing, 1 when its first bytes are
+        not the start of a POST to the rebuild path, 2 when they are."""
+        if not self.first:
+            return 0
+        return 2 if PLAUSIBLE.startswith(self.first) else 1
+
+
+class _Head:
+    """Watches a connection's bytes as they arrive, before its head is parsed: tells the
+    server its first bytes (``heard``), and vouches for it (``vouch``) once a whole line of
+    them is ``Authorization: Bearer <token>``, so a CI request whose head is still arriving
+    keeps its slot from then on. Stops at the head's end or at a line over
+    ``MAX_WATCHED_LINE`` bytes."""
+
+    def __init__(
+        self, token: bytes, heard: Callable[[bytes], None], vouch: Callable[[], object]
+    ) -> None:
+        self._expected = b"Bearer " + token
+        self._heard = heard
+        self._vouch = vouch
+        self._first = b""
+        self._line = b""
+        self._done = False
+
+    def feed(self, data: bytes) -> None:
+        if len(self._first) < len(PLAUSIBLE):
+            self._first += data[: len(PLAUSIBLE) - len(self._first)]
+            self._heard(self._first)
+        if self._done:
+            return
+        *lines, self._line = (self._line + data).split(b"\n")
+        for line in lines:
+            self._done = self._done or self._ends(line)
+        if len(self._line) > MAX_WATCHED_LINE:
+            self._done = True
+
+    def _ends(self, line: bytes) -> bool:
+        """Whether ``line`` ends the watch: the head's end, or the token shown."""
+        if not line.strip():
+            return True
+        if _is_token_line(line, self._expected):
+            self._vouch()
+            return True
+        return False
+
+
+def _is_token_line(line: bytes, expected: bytes) -> bool:
+    """Whether ``line`` is ``Authorization: <expected>``."""
+    name, _, value = line.partition(b":")
+    return name.lower() == b"authorization" and hmac.compare_digest(value.strip(), expected)
+
+
+class _Watched(io.RawIOBase):
+    """A connection's socket reader that hands each chunk read to ``feed`` too."""
+
+    def __init__(self, raw: Any, feed: Callable[[bytes], None]) -> None:
+        super().__init__()
+        self._raw = raw
+        self._feed = feed
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        count = self._raw.readinto(buffer)
+        if count:
+            self._feed(bytes(memoryview(buffer)[:count]))
+        return cast("int | None", count)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class RefusalLines:
@@ -222,6 +367,15 @@ class RefusalLines:
 
     def refused(self, address: str, why: str) -> None:
         """Log this refusal (``why`` says which limit), or count it."""
+        self._note(address, "closed a connection from {} unread, ", why)
+
+    def failed(self, address: str, error: str) -> None:
+        """Log a connection's unexpected error (one line, no traceback), or count it."""
+        self._note(address, "a connection from {} failed: ", error)
+
+    def _note(self, address: str, what: str, why: str) -> None:
+        """Log ``what`` (``{}``: the address) and ``why``, or count it in the address's
+        window."""
         now = self.sweep()
         if address not in self._since and len(self._since) >= REFUSAL_ADDRESSES:
             address = OTHER_ADDRESSES
@@ -232,9 +386,8 @@ class RefusalLines:
             return
         self._since[address] = now
         log.warning(
-            "rebuild listener: closed a connection from %s unread, %s (more refusals from it "
-            "are counted, one line every %.0f s)",
-            address,
+            "rebuild listener: %s%s (more refusals from it are counted, one line every %.0f s)",
+            what.format(address),
             why,
             REFUSAL_WINDOW_S,
         )
@@ -291,6 +444,10 @@ def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:
 
         def setup(self) -> None:
             super().setup()
+            server = cast(_BoundedServer, self.server)
+            request = self.connection
+            head = _Head(token, partial(server.heard, request), partial(server.vouch, request))
+            self.rfile = io.BufferedReader(_Watched(self.rfile.detach(), head.feed))
             # the whole request, not only each read: a byte every few seconds passes any
             # per-read timeout, and 16 such connections would keep every request out
             self._deadline = threading.Timer(REQUEST_TIMEOUT_S, self._cut)

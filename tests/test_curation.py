@@ -448,6 +448,193 @@ def test_refused_rebuild_connections_get_one_line_and_a_count(
     assert "closed 49 more connections from 127.0.0.2" in lines[1]
 
 
+def handler_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if "process_request_thread" in t.name}
+
+
+def held_with_bytes(listener: RebuildListener) -> int:
+    """How many of the listener's connections it has heard bytes from (``_Held.first``)."""
+    return sum(1 for held in list(listener._httpd._held.values()) if held.first)
+
+
+@pytest.mark.usefixtures("two_connections")
+def test_connections_pushed_out_mid_request_end_without_a_traceback(
+    listening: tuple[Watcher, RebuildListener],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Connections with half a request line, pushed out by the next: each one's handler read
+    the half line, answered it 400 on the closed socket and socketserver printed the
+    BrokenPipeError's traceback (15,590 in 10 s from 10 addresses); now they end quietly, and
+    the refusals are one line per address."""
+    _, listener = listening
+    before = handler_threads()
+    socks = []
+    try:
+        with caplog.at_level(logging.WARNING, logger="voxrecall.index.ingest"):
+            for n in range(12):  # two addresses in turn; each newcomer pushes one out
+                sock = socket.create_connection(
+                    ("127.0.0.1", listener.port), source_address=(f"127.0.0.{2 + n % 2}", 0)
+                )
+                sock.sendall(b"GET /x H")
+                socks.append(sock)
+            for sock in socks:
+                sock.close()
+            wait_for(lambda: not handler_threads() - before, "the handlers' end")
+            listener.stop()
+    finally:
+        for sock in socks:
+            sock.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err[:2000]
+    lines = [r.getMessage() for r in caplog.records if r.name == "voxrecall.index.ingest"]
+    assert len(lines) <= 4, lines  # a line and a count per address
+    assert not any("failed" in line for line in lines), lines
+
+
+class BrokenRebuilds:
+    """A watcher whose every call raises: an error no closed connection explains."""
+
+    def knows(self, knowledge_base: str) -> bool:
+        raise RuntimeError("the watcher broke")
+
+    def request(self, knowledge_base: str) -> None:
+        raise RuntimeError("the watcher broke")
+
+    def last(self, knowledge_base: str) -> dict[str, object]:
+        raise RuntimeError("the watcher broke")
+
+
+def test_an_unexpected_handler_error_is_one_counted_line(
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error no closed connection explains is a line of the refusal lines, once per address
+    a window, not a traceback per connection."""
+    listener = RebuildListener("127.0.0.1:0", TOKEN, BrokenRebuilds(), "X").start()
+    before = handler_threads()
+    with caplog.at_level(logging.WARNING, logger="voxrecall.index.ingest"):
+        for _ in range(5):
+            with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+                request(listener.port, "POST", "/rebuild/kb")
+        wait_for(lambda: not handler_threads() - before, "the handlers' end")
+        listener.stop()
+    assert "Traceback" not in capfd.readouterr().err
+    lines = [r.getMessage() for r in caplog.records if r.name == "voxrecall.index.ingest"]
+    assert lines[0].startswith(
+        "rebuild listener: a connection from 127.0.0.1 failed: RuntimeError: the watcher broke"
+    )
+    assert "closed 4 more connections from 127.0.0.1" in lines[1]
+    assert len(lines) == 2, lines
+
+
+def strangers_from(port: int, count: int, first: int) -> list[socket.socket]:
+    """``count`` connections, two from each address from 127.0.0.``first`` on."""
+    return [
+        socket.create_connection(
+            ("127.0.0.1", port), source_address=(f"127.0.0.{first + i // 2}", 0)
+        )
+        for i in range(count)
+    ]
+
+
+PLAUSIBLE_HEAD = b"POST /rebuild/kb HTTP/1.1\r\n"
+
+
+@pytest.mark.usefixtures("idle_holds")
+def test_a_ci_request_keeps_its_slot_once_its_token_arrives(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    """The CI's head in two writes: its request line and token, then the blank line. Strangers
+    whose request lines look as the CI's fill the other 15 slots and one more arrives: the CI,
+    the oldest without its head whole, was pushed out; now its token, read as it arrived,
+    keeps its slot, the oldest stranger is pushed out and the CI is answered 202."""
+    watcher, listener = listening
+    ci = socket.create_connection(("127.0.0.1", listener.port))
+    ci.sendall(f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n".encode())
+    strangers = strangers_from(listener.port, 15, 2)
+    late = None
+    try:
+        for sock in strangers:
+            sock.sendall(PLAUSIBLE_HEAD)
+        wait_for(lambda: held_with_bytes(listener) == 16, "the heads heard")
+        late = socket.create_connection(
+            ("127.0.0.1", listener.port), source_address=("127.0.0.10", 0)
+        )
+        assert closed_unanswered(strangers[0])
+        ci.sendall(b"\r\n")
+        assert answer(ci) == b"HTTP/1.1 202 Accepted\r\n"
+        assert watcher.last("kb")["queued"] is True
+        assert all(still_open(sock) for sock in strangers[1:])
+    finally:
+        ci.close()
+        for sock in [*strangers, *([late] if late else [])]:
+            sock.close()
+
+
+@pytest.mark.usefixtures("idle_holds")
+def test_strangers_whose_bytes_are_no_rebuild_request_are_pushed_out_first(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    """The CI's request line half sent (no token yet), two connections sending ``GET /x H``
+    and 13 whose request lines look as the CI's: a newcomer pushed out the CI, the oldest; now
+    it pushes out a ``GET /x H`` one, and the CI, its head done, is answered 202."""
+    _, listener = listening
+    ci = socket.create_connection(("127.0.0.1", listener.port))
+    ci.sendall(b"POST /rebuild/kb H")
+    garbage = strangers_from(listener.port, 2, 2)
+    others = strangers_from(listener.port, 13, 3)
+    late = None
+    try:
+        for sock in garbage:
+            sock.sendall(b"GET /x H")
+        for sock in others:
+            sock.sendall(PLAUSIBLE_HEAD)
+        wait_for(lambda: held_with_bytes(listener) == 16, "the first bytes heard")
+        late = socket.create_connection(
+            ("127.0.0.1", listener.port), source_address=("127.0.0.10", 0)
+        )
+        assert closed_unanswered(garbage[0])
+        assert all(still_open(sock) for sock in [garbage[1], *others])
+        ci.sendall(f"TTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+        assert answer(ci) == b"HTTP/1.1 202 Accepted\r\n"
+    finally:
+        ci.close()
+        for sock in [*garbage, *others, *([late] if late else [])]:
+            sock.close()
+
+
+def test_a_head_its_handler_has_not_read_yet_is_looked_at_before_a_push_out(
+    listening: tuple[Watcher, RebuildListener],
+) -> None:
+    """The server's side of a connection whose handler has not read its head yet (a socket
+    pair, no handler): about to be pushed out, its unread bytes are peeked, without waiting
+    for the handler's timeout; with the token it is vouched for, without it not, and nothing is
+    taken from what the handler will read."""
+    _, listener = listening
+    server = listener._httpd
+    for head, shows in [(POST, True), (PLAUSIBLE_HEAD, False), (b"", False)]:
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            ours.settimeout(600.0)  # the handler's: a peek must not wait it out
+            theirs.sendall(head)
+            with server._lock:
+                server._held[ours] = ingest._Held("127.0.0.9")
+                assert server._token_unread(ours) is shows
+                assert server._held.pop(ours).vouched is shows
+            if head:
+                assert ours.recv(len(head)) == head
+
+
+def test_a_connection_is_pushed_out_by_what_it_sent() -> None:
+    """``_Held.rank``: nothing sent first, then bytes that are no POST to the rebuild path,
+    then ones that may be."""
+    ranks = [
+        ingest._Held("a", first=first).rank()
+        for first in [b"", b"GET /x H", b"POST /x", b"P", b"POST /rebuild/"]
+    ]
+    assert ranks == [0, 1, 1, 2, 2]
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0

@@ -25,7 +25,14 @@ import pytest
 from index import http_store
 from index.embedders.base import HashEmbedder
 from index.errors import CacheWriteError, CorruptSnapshot, StoreUnavailable
-from index.http_store import MAX_VERSION_FILES, PARTIAL, HttpOptions, HttpStore, _Room
+from index.http_store import (
+    MAX_VERSION_FILES,
+    PARTIAL,
+    HttpOptions,
+    HttpStore,
+    _Promise,
+    _Room,
+)
 from index.snapshot import MANIFEST
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
@@ -165,6 +172,7 @@ async def test_a_trickled_downloads_claim_on_the_cache_goes_to_another_callers_d
     download cut, refused ``unavailable`` (on main B was refused ``disk_full`` for as long as
     the trickle went on, up to ``http_version_timeout_s``)."""
     monkeypatch.setattr(http_store, "PACE_GRACE_S", 0.0)  # judged at once: no timing here
+    monkeypatch.setattr(http_store, "START_GRACE_S", 0.0)
     version = version_id(1)
     write_version(server.root, version, EMBEDDER, kb="fast")
     base = sum(f.stat().st_size for f in (server.root / "fast" / version).iterdir())
@@ -272,6 +280,7 @@ def test_a_promise_behind_its_pace_goes_to_a_download_that_needs_its_room(
     promise with no pace (None) is not, and neither is one behind when releasing it would not
     make room."""
     monkeypatch.setattr(http_store, "PACE_GRACE_S", 0.0)
+    monkeypatch.setattr(http_store, "START_GRACE_S", 0.0)
     room = _Room()
     with ThreadPoolExecutor(1) as other, ThreadPoolExecutor(1) as third:
 
@@ -289,6 +298,46 @@ def test_a_promise_behind_its_pace_goes_to_a_download_that_needs_its_room(
         assert on(third, room.take, 600, 1_000, None) == 500  # the new 500 are taken, kept
         on(other, room.release)
         assert on(other, room.cut) is None  # a new download on that thread starts afresh
+
+
+MIB = 2**20
+
+
+def test_a_slow_first_byte_keeps_its_promise_and_a_trickled_claim_does_not() -> None:
+    """``_Promise`` of 100 MiB to write within 60 s (clocks given, no timing): an honest
+    download whose first byte took 1.6 s (a cold object, a retry's backoff) then writing
+    10 MiB/s was behind at 1.6 s and cut for another's claim; now its pace counts from its
+    first byte, and it is never behind. A claim trickled (its first byte at once, then 1 KiB a
+    second) is behind a second or so after its first byte, and one that never sends a byte
+    after ``START_GRACE_S``."""
+    honest = _Promise(100 * MIB, 100 * MIB, since=0.0, until=60.0)
+    assert not honest.behind(1.6)
+    now = 1.6
+    while honest.left:
+        honest.wrote(MIB, now)
+        now += 0.1
+        assert not honest.behind(now), now
+    trickle = _Promise(100 * MIB, 100 * MIB, since=0.0, until=60.0)
+    trickle.wrote(1, 0.1)
+    for second in range(1, 4):
+        trickle.wrote(1024, 0.1 + second)
+    assert trickle.behind(3.2)
+    silent = _Promise(100 * MIB, 100 * MIB, since=0.0, until=60.0)
+    assert not silent.behind(http_store.START_GRACE_S)
+    assert silent.behind(http_store.START_GRACE_S + 0.1)
+
+
+def test_a_download_waiting_for_its_first_byte_keeps_its_room() -> None:
+    """``_Room``: a download that took its promise and has not written yet, its first byte
+    still on the way past ``PACE_GRACE_S`` (it was cut then), is not cut for another
+    download's take, and the other is refused, told the bytes promised."""
+    room = _Room()
+    with ThreadPoolExecutor(1) as other:
+        now = time.monotonic()
+        assert other.submit(room.take, 600, 1_000, now + 60.0).result() is None
+        time.sleep(http_store.PACE_GRACE_S + 0.1)  # well within START_GRACE_S
+        assert room.take(500, free=1_000, until=now + 60.0) == 600
+        assert other.submit(room.cut).result() is None
 
 
 def test_a_version_trickled_file_by_file_ends_at_the_version_deadline(
