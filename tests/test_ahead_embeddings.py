@@ -9,13 +9,14 @@ over the engine. No assertion is about a duration.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from index.embedders.base import FakeEmbedder, Vectors
 from sidecar.turn import query_embedder
-from sidecar.turn.engine import TurnInput
+from sidecar.turn.engine import Engine, TurnInput
 from sidecar.turn.prefetch import PREFETCH_MAX_BYTES, Prefetcher
 from sidecar.turn.query_embedder import AHEAD_WAITING, QueryEmbedder
 from tests.conftest import eventually
@@ -179,53 +180,33 @@ async def test_an_interim_over_the_byte_bound_is_not_searched_ahead(tmp_path: Pa
         await engine.aclose()
 
 
-async def test_a_final_whose_prefetch_waits_in_line_is_searched_at_once(tmp_path: Path) -> None:
-    """The prefetch of a final's words still waiting behind another caller's final turn is
-    cancelled, and the final embeds its words itself rather than wait for the prefetch (and
-    fall back to the lexical index at its deadline)."""
-    lanes = Lanes()
-    engine = build_engine(BACKENDS, tmp_path, embedder=lanes)
-    prefetcher = Prefetcher(engine, stable_ms=200, caller="me")
-    said = "What are the limits on file names in pCloud?"
-    try:
-        other = asyncio.create_task(engine.vectors.get("another caller's turn", far()))
-        await eventually(lambda: len(lanes.calls) == 1)
-        prefetcher.interim(TurnInput(session_id=SESSION, text=said, is_final=False))
-        await settle()
-        assert engine.counters.prefetch_started == 1
-        assert len(lanes.calls) == 1  # the prefetch waits behind the other caller's turn
-        turn = asyncio.create_task(
-            engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
-        )
-        await eventually(lambda: len(lanes.calls) == 2)
-        assert lanes.calls[1][0] == "hot"  # the final's own embedding, on the worker
-        lanes.hot.set()
-        result = await turn
-        await other
-    finally:
-        await prefetcher.aclose()
-        await engine.aclose()
-    assert not result.prefetched
-    assert not result.degraded
+def another_callers_final(engine: Engine) -> Awaitable[Vectors | None]:
+    return engine.vectors.get("another caller's turn", far())
 
 
-async def test_a_final_whose_prefetch_waits_behind_background_work_is_searched_at_once(
-    tmp_path: Path,
+def an_agent_turn_read_later(engine: Engine) -> Awaitable[Vectors | None]:
+    return engine.vectors.later("An agent's turn, read later.", far())
+
+
+@pytest.mark.parametrize("holder", [another_callers_final, an_agent_turn_read_later])
+async def test_a_final_whose_prefetch_waits_in_line_is_searched_at_once(
+    tmp_path: Path, holder: Callable[[Engine], Awaitable[Vectors | None]]
 ) -> None:
-    """A prefetch asked while an agent turn embeds on the background lane waits in line (it
-    was queued behind it), and the final embeds its words itself on the worker rather than
-    join it and wait behind that work."""
+    """The prefetch of a final's words still waiting in line (behind another caller's final
+    turn on the worker, or an agent turn's embedding on the background lane it would be
+    queued behind) is cancelled, and the final embeds its words itself on the worker rather
+    than wait for the prefetch (and fall back to the lexical index at its deadline)."""
     lanes = Lanes()
     engine = build_engine(BACKENDS, tmp_path, embedder=lanes)
     prefetcher = Prefetcher(engine, stable_ms=200, caller="me")
     said = "What are the limits on file names in pCloud?"
     try:
-        read = asyncio.create_task(engine.vectors.later("An agent's turn, read later.", far()))
+        held = asyncio.ensure_future(holder(engine))
         await eventually(lambda: len(lanes.calls) == 1)
         prefetcher.interim(TurnInput(session_id=SESSION, text=said, is_final=False))
         await settle()
         assert engine.counters.prefetch_started == 1
-        assert len(lanes.calls) == 1  # the prefetch waits behind the background call
+        assert len(lanes.calls) == 1  # the prefetch waits behind the call holding the lane
         turn = asyncio.create_task(
             engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
         )
@@ -234,7 +215,7 @@ async def test_a_final_whose_prefetch_waits_behind_background_work_is_searched_a
         lanes.hot.set()
         result = await turn
         lanes.later.set()
-        await read
+        await held
     finally:
         await prefetcher.aclose()
         await engine.aclose()
