@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from bench.in_process import written
 from bench.report import plain
 from index.build import build_knowledge_base
 from index.embedders.local import LocalEmbedder
@@ -159,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             "duration_s": args.duration,
             **asyncio.run(_run(Path(tmp), args.duration)),
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(result, indent=2))
+    written(result, args.out)
     return 0
 
 
