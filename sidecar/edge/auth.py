@@ -80,7 +80,6 @@ class Authenticator(Hook):
         call.caller = caller
         sessions.owner.set(caller.name)  # this caller's sessions are its own
         scope.caller_filters.set(caller.filters)  # every search of this call carries them
-        scope.caller_bases.set(frozenset(caller.knowledge_bases) or None)  # what Status lists
         tools.visible.set(self._visible_functions(caller))
 
     def _match(self, presented: bytes) -> CallerConfig | None:
@@ -102,17 +101,13 @@ class Authenticator(Hook):
         if isinstance(message, pb.TurnRequest | pb.SearchRequest | pb.ReadPageRequest):
             self._check_base(caller, message.knowledge_base or self.default_knowledge_base)
 
-    reads_encoded = True  # it changes a Status or ListTools answer only; never a Search's
+    reads_encoded = True  # it changes a ListTools answer only; never a Search's
 
     def response(self, call: Call, message: Any) -> None:
         caller: CallerConfig | None = call.caller
         if caller is None or not (caller.knowledge_bases or caller.functions):
             return
-        if isinstance(message, pb.StatusResponse):
-            kept = [kb for kb in message.knowledge_bases if self._base_allowed(caller, kb.name)]
-            del message.knowledge_bases[:]
-            message.knowledge_bases.extend(kept)
-        elif isinstance(message, pb.ListToolsResponse):
+        if isinstance(message, pb.ListToolsResponse):  # a Status lists the caller's bases itself
             tools = [t for t in message.tools if self._function_allowed(caller, t.name)]
             del message.tools[:]
             message.tools.extend(tools)

@@ -19,6 +19,7 @@ from index.errors import VoxrecallError
 from index.types import MetadataFilter
 from sidecar import __version__
 from sidecar.edge.addresses import load_requester
+from sidecar.edge.interceptor import Call
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import MESSAGES
@@ -290,13 +291,15 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         )
 
     def _base_statuses(self, now: float, limit: int) -> tuple[list[pb.KnowledgeBaseStatus], int]:
-        """The statuses of the known bases the caller may use (``scope.caller_bases``) by name,
+        """The statuses of the known bases the caller may use (its ``[sidecar.auth.caller]``
+        knowledge_bases, read from the call at hand) by name,
         as many as fit in ``limit`` bytes, and how many of those were left out: 10,000 bases
         failing with long names and refusals made a 4 MB answer that gRPC refused to send. The
         caller's bases are chosen before the cut: a scoped caller saw none of its own where
         others' filled the answer, and a count of bases it may not know of."""
-        mine = scope.caller_bases.get()
-        names = sorted(kb for kb in self.engine.known_bases if mine is None or kb in mine)
+        call = sessions.at_hand.get()
+        mine = call.caller.knowledge_bases if isinstance(call, Call) and call.caller else ()
+        names = sorted(kb for kb in self.engine.known_bases if not mine or kb in mine)
         bases: list[pb.KnowledgeBaseStatus] = []
         size = 0
         for name in names:

@@ -27,8 +27,6 @@ from sidecar.snapshots.searcher import Searcher
 
 # The current call's caller's filters ([sidecar.auth.caller] filters); empty without auth.
 caller_filters: ContextVar[tuple[MetadataFilter, ...]] = ContextVar("caller_filters", default=())
-# The current call's caller's bases ([sidecar.auth.caller] knowledge_bases); None: every base.
-caller_bases: ContextVar[frozenset[str] | None] = ContextVar("caller_bases", default=None)
 # A request names a few fields; past this it is a client bug, refused before any mask is built.
 MAX_FILTERS = 16
 # Each glob is matched against every page of the snapshot (once, then the mask is cached):
