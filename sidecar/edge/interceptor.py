@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NoReturn
 
 import grpc
 
-from sidecar.edge.status import abort_trailers, status_for, status_message
+from sidecar.edge.status import abort_trailers, caller_message, status_for
 from sidecar.edge.wire import EncodedResponse
 from sidecar.errors import Draining, InvalidArgument, RequestError
 
@@ -148,9 +148,6 @@ def _parsed(response: Callable[[Call, Any], None]) -> Callable[[Call, Any], None
 NO_HOOKS = Phases.of(())  # a call's phases made without any (a hook's own unit test)
 
 
-_CURRENT_TASK: Any = object()  # ``Call``'s default task: the one running when it is made
-
-
 @dataclass(slots=True, eq=False)
 class Call:
     """One call and the hooks around it, on either door: the one object a call makes for them.
@@ -173,7 +170,7 @@ class Call:
     # a request stream (Converse, reflection), counted apart from unary calls
     streaming: bool = False
     door: str = "grpc"  # the listener it came in by: "grpc", or "http" (sidecar.http.door)
-    task: asyncio.Task[Any] | None = _CURRENT_TASK
+    task: asyncio.Task[Any] | None = field(default_factory=asyncio.current_task)
     started: float = field(default_factory=time.perf_counter)
     call_id: str = ""
     session_id: str = ""
@@ -183,10 +180,6 @@ class Call:
     tally: Any = None  # what the metrics count its door's method in (sidecar.edge.metrics)
     cut: str = ""  # set with the task cancelled: the drain's grace ended; the call ends UNAVAILABLE
     begun: int = 0  # hooks whose start returned: those before this position
-
-    def __post_init__(self) -> None:
-        if self.task is _CURRENT_TASK:
-            self.task = asyncio.current_task()
 
     def cut_off(self, reason: str) -> None:
         """End this call from outside (the drain, when its grace ends): UNAVAILABLE, which a
@@ -287,7 +280,7 @@ class _HookedCall(Call):
     async def refuse(self, exc: RequestError) -> NoReturn:
         context = self.context
         await context.abort(
-            self.code, status_message(str(exc)), trailing_metadata=abort_trailers(context, exc)
+            self.code, caller_message(exc), trailing_metadata=abort_trailers(context, exc)
         )
         raise AssertionError("unreachable: abort raises") from exc
 

@@ -46,6 +46,7 @@ from sidecar.edge.wire import EncodedResponse
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.turn.engine import Engine, Timings
+from sidecar.turn.prefetch import PREFETCH_MAX_BYTES
 
 # Seconds. A turn's default budget is 150 ms and an embedding ~2-10 ms: the buckets are dense
 # there, with a tail to show calls that waited on a slow remote embedder or a full queue.
@@ -215,13 +216,12 @@ class Metrics(Hook):
         by_rpc: dict[str, list[tuple[list[int], float]]] = {}
         for tally in self._every_tally():
             stages, sums = list(tally.stages), list(tally.stage_sums)
-            width = len(LATENCY_BUCKETS) + 1
-            if not any(stages[TOTAL * width : (TOTAL + 1) * width]):
+            if not any(stages[TOTAL * _WIDTH : (TOTAL + 1) * _WIDTH]):
                 continue  # no answer of this door's method reported its timings
-            rows = by_rpc.setdefault(tally.method, [([0] * width, 0.0) for _ in STAGES])
+            rows = by_rpc.setdefault(tally.method, [([0] * _WIDTH, 0.0) for _ in STAGES])
             for i in range(len(STAGES)):
                 counts, total = rows[i]
-                part = stages[i * width : (i + 1) * width]
+                part = stages[i * _WIDTH : (i + 1) * _WIDTH]
                 rows[i] = [a + b for a, b in zip(counts, part, strict=True)], total + sums[i]
         for rpc, rows in by_rpc.items():
             for stage, (counts, total) in zip(STAGES, rows, strict=True):
@@ -261,22 +261,6 @@ class _Count:
 
     def inc(self, amount: float = 1.0) -> None:
         self.value += amount
-
-
-class _Buckets:
-    """One labelled histogram: how many observations fell in each bucket (not cumulative; the
-    last slot is +Inf's own), and their sum."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value: "le"
-        self.sum += value
 
 
 STAGES = ("embed", "search", "total")  # the ``stage`` label's values, in ``Tally.stages``' order
@@ -346,7 +330,8 @@ class Counted(Collector):
 
 
 class Histogram(Counted):
-    """A histogram for the hot path (see ``Counted``)."""
+    """A histogram for the hot path, read only from where the hot path counts (``fold``, each
+    ``Tally``'s per-bucket counts): it has no labelled children of its own."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
@@ -354,13 +339,8 @@ class Histogram(Counted):
         super().__init__(name, documentation, labelnames)
         self.buckets = tuple(buckets)
 
-    def _child(self) -> Any:
-        return _Buckets(self.buckets)
-
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            family.add_metric(list(values), self._cumulative(child.counts), sum_value=child.sum)
         for values, counts, total in self.fold():
             family.add_metric(list(values), self._cumulative(counts), sum_value=total)
         yield family
@@ -437,8 +417,8 @@ class _CountersAtScrape(Collector):
         )
         yield CounterMetricFamily(
             "voxrecall_prefetches_too_long",
-            "Interim transcripts over 512 bytes, never searched ahead (their finals are "
-            "searched as usual).",
+            f"Interim transcripts over {PREFETCH_MAX_BYTES} bytes, never searched ahead (their "
+            "finals are searched as usual).",
             counters.prefetch_too_long,
         )
         yield from self._embeddings()

@@ -28,7 +28,6 @@ from sidecar.edge.status import (
     caller_message,
     internal_message,
     status_for,
-    status_message,
 )
 from sidecar.edge.wire import (
     EncodedResponse,
@@ -247,7 +246,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
                     await written_within(context.write(answer), idle_s)
                 except IdleTimeout as exc:  # abort would wait behind the answers left unread
                     context.set_code(status_for(exc))
-                    context.set_details(status_message(str(exc)))
+                    context.set_details(caller_message(exc))
                     return
         finally:
             # a cancelled stream arrives here as CancelledError: nothing it started outlives it
