@@ -39,7 +39,7 @@ from sidecar.config import parse_config
 from sidecar.edge import logs
 from sidecar.edge.metrics import Metrics
 from sidecar.edge.server import Sidecar, create_server, start_line
-from sidecar.errors import InvalidArgument, ToolCallError, Unauthenticated
+from sidecar.errors import InvalidArgument, Loading, ToolCallError, Unauthenticated
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.http import door as http_door
@@ -1526,6 +1526,39 @@ async def test_one_bad_call_of_a_vapi_envelope_is_its_own_error_and_the_others_r
         assert result["toolCallId"] in error["message"]
         assert says in error["message"]
     assert len(results[1]["name"]) <= 256  # not echoed whole
+    assert reply.headers["x-voxrecall-tool-error"] == "true"
+
+
+async def test_a_vapi_call_its_base_cannot_answer_now_is_its_own_error(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call whose search is refused (its base loading: UNAVAILABLE) made the whole envelope a
+    503 after the calls before it had searched and fed the session: it is that call's error,
+    the type a retry is told by, and the others are answered."""
+    assert sidecar.http is not None
+    engine = sidecar.http.webhooks.engine
+    search = engine.search
+
+    async def loading_for_one(req: Any, *args: Any, **kwargs: Any) -> Any:
+        if req.query == "the base that loads":
+            raise Loading("knowledge base 'help' is loading: retry in about 1 s", 1000)
+        return await search(req, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "search", loading_for_one)
+    calls = [
+        tool_call("call_a", "search_help", {"query": "how do I reset my password"}),
+        tool_call("call_b", "search_help", {"query": "the base that loads"}),
+        tool_call("call_c", "search_help", {"query": "reset my password"}),
+    ]
+    reply = await post_vapi_tools(sidecar, vapi_tool_calls(calls, call_id="vapi-loading"))
+    assert reply.status_code == 200
+    results = reply.json()["results"]
+    assert [r["toolCallId"] for r in results] == ["call_a", "call_b", "call_c"]
+    assert "result" in results[0]
+    assert "result" in results[2]
+    error = orjson.loads(results[1]["error"])["error"]
+    assert error["type"] == "unavailable"
+    assert "is loading" in error["message"]
     assert reply.headers["x-voxrecall-tool-error"] == "true"
 
 

@@ -60,7 +60,14 @@ from sidecar.config import Config, HttpConfig
 from sidecar.edge.limits import check_fields
 from sidecar.edge.logs import MIN_SECRET_CHARS
 from sidecar.edge.service import set_timings
-from sidecar.errors import InvalidArgument, NotFound, Unauthenticated, Unavailable
+from sidecar.edge.status import caller_message, status_for, tool_error_type
+from sidecar.errors import (
+    InvalidArgument,
+    NotFound,
+    RequestError,
+    Unauthenticated,
+    Unavailable,
+)
 from sidecar.functions.tools import INVALID_ARGUMENTS, Toolbox, error_output
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn import sessions
@@ -707,8 +714,14 @@ class Webhooks:
         call_id, name, arguments = tool_call.call_id, tool_call.name, tool_call.arguments
         if tool_call.error:
             return {"toolCallId": call_id, "name": name, "error": tool_call.error}
-        call.check(pb.InvokeToolRequest(name=name, arguments_json=arguments, session_id=session_id))
-        result = await self.toolbox.invoke(self.engine, name, arguments, session_id)
+        try:
+            call.check(
+                pb.InvokeToolRequest(name=name, arguments_json=arguments, session_id=session_id)
+            )
+            result = await self.toolbox.invoke(self.engine, name, arguments, session_id)
+        except RequestError as exc:  # this call's (a base loading, a scope): the others stand
+            error = error_output(tool_error_type(status_for(exc)), caller_message(exc))
+            return {"toolCallId": call_id, "name": name, "error": error}
         answer = "error" if result.is_error else "result"
         return {"toolCallId": call_id, "name": name, answer: result.output}
 
