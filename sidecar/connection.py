@@ -63,10 +63,12 @@ SERVICE_CONFIG = json.dumps(
 # minutes after the sidecar served). A sidecar is on this machine or in this cluster: a refused
 # try costs a SYN, so 100 ms growing 1.6x (jittered) to 2 s costs nothing and finds it within
 # about 2 s of serving. gRPC reads ``min_reconnect_backoff_ms`` as the least time one try is
-# given to connect (TCP, TLS, HTTP/2; default 20 s), not as a backoff: 1 s, which a handshake
-# with a sidecar this near never needs, while a try that hangs (a dropped SYN) is given up soon.
+# given to connect (TCP, TLS, HTTP/2; default 20 s), not as a backoff: a try's deadline is the
+# larger of it and the backoff, so at 1 s a sidecar reached over a slow link whose handshake
+# takes over 2 s would never connect; 5 s is far more than a near sidecar's handshake needs,
+# while a try that hangs (a dropped SYN) is still given up soon.
 RECONNECT_INITIAL_BACKOFF_MS = 100
-RECONNECT_MIN_CONNECT_MS = 1_000
+RECONNECT_MIN_CONNECT_MS = 5_000
 RECONNECT_MAX_BACKOFF_MS = 2_000
 RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", RECONNECT_INITIAL_BACKOFF_MS),
