@@ -175,15 +175,19 @@ class HttpCall(Call):
     headers, then, once the body is in, ``start()`` the rest; ``check`` each message it
     carries, ``finish`` exactly once."""
 
-    __slots__ = ("answered", "reply")
+    __slots__ = ("answered",)
 
     def __init__(
         self, phases: Phases, method: str, headers: dict[str, str], peer: str = ""
     ) -> None:
-        reply = _Context(peer)
-        super().__init__(method, "http", headers, cast(Any, reply), phases, door="http")
-        self.reply = reply  # the reply's headers (the call id), as the hooks set them
+        super().__init__(method, "http", headers, cast(Any, _Context(peer)), phases, door="http")
         self.answered = False  # a response has started: no error answer can follow it
+
+    @property
+    def reply(self) -> _Context:
+        """The call's context as the door made it: the reply's headers (the call id), as the
+        hooks set them."""
+        return cast(_Context, self.context)
 
     def rename(self, method: str) -> None:
         """Name the call once its body says what it is (an MCP request's method)."""
