@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -611,22 +612,24 @@ def test_a_head_its_handler_has_not_read_yet_is_looked_at_before_a_push_out(
     listening: tuple[Watcher, RebuildListener],
 ) -> None:
     """The server's side of a connection whose handler has not read its head yet (a socket
-    pair, no handler): about to be pushed out, its unread bytes are peeked, without waiting
-    for the handler's timeout; with the token it is vouched for, without it not, and nothing is
-    taken from what the handler will read."""
+    pair, no handler): about to be pushed out, its unread bytes are peeked, never waiting for
+    more (the peek runs under the lock); with the token it is vouched for, without it not, and
+    nothing is taken from what the handler will read."""
     _, listener = listening
     server = listener._httpd
-    for head, shows in [(POST, True), (PLAUSIBLE_HEAD, False), (b"", False)]:
-        ours, theirs = socket.socketpair()
-        with ours, theirs:
-            ours.settimeout(600.0)  # the handler's: a peek must not wait it out
-            theirs.sendall(head)
-            with server._lock:
-                server._held[ours] = ingest._Held("127.0.0.9")
-                assert server._token_unread(ours) is shows
-                assert server._held.pop(ours).vouched is shows
-            if head:
-                assert ours.recv(len(head)) == head
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for head, shows in [(POST, True), (PLAUSIBLE_HEAD, False), (b"", False)]:
+            ours, theirs = socket.socketpair()
+            with ours, theirs:  # closing ``theirs`` ends a peek that waits: the pool can end
+                ours.settimeout(None)  # a blocking socket: a peek that waits, waits for good
+                theirs.sendall(head)
+                with server._lock:
+                    server._held[ours] = ingest._Held("127.0.0.9")
+                    peek = pool.submit(server._token_unread, ours)
+                    assert peek.result(timeout=30) is shows  # a bound on liveness, not a timing
+                    assert server._held.pop(ours).vouched is shows
+                if head:
+                    assert ours.recv(len(head)) == head
 
 
 def test_a_connection_is_pushed_out_by_what_it_sent() -> None:
