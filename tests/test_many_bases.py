@@ -657,10 +657,7 @@ async def test_the_download_pool_shares_its_threads_between_requesters() -> None
     the last free thread waits for a requester with nothing running, which starts at once."""
     pool = FairPool(4, "test-fair")
     gates = {name: threading.Event() for name in ("a", "b", "c", "d")}
-    started: list[str] = []
-
     def job(name: str) -> str:
-        started.append(name)
         gates[name].wait(LOAD_WAIT_S)
         return name
 
