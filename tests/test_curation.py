@@ -510,10 +510,11 @@ def test_an_unexpected_handler_error_is_one_counted_line(
     capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """An error no closed connection explains is a line of the refusal lines, once per address
-    a window, not a traceback per connection."""
+    a window, not a traceback per connection on stderr; its stack is at DEBUG, where a bug's
+    can be found."""
     listener = RebuildListener("127.0.0.1:0", TOKEN, BrokenRebuilds(), "X").start()
     before = handler_threads()
-    with caplog.at_level(logging.WARNING, logger="voxrecall.index.ingest"):
+    with caplog.at_level(logging.DEBUG, logger="voxrecall.index.ingest"):
         for _ in range(5):
             with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
                 request(listener.port, "POST", "/rebuild/kb")
@@ -530,6 +531,8 @@ def test_an_unexpected_handler_error_is_one_counted_line(
     )
     assert "closed 4 more connections from 127.0.0.1" in lines[1]
     assert len(lines) == 2, lines
+    stacks = [r.exc_info for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
+    assert [str(info[1]) for info in stacks] == ["the watcher broke"] * 5
 
 
 def strangers_from(port: int, count: int, first: int) -> list[socket.socket]:
