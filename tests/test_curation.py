@@ -7,6 +7,7 @@ import http.client
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -253,6 +254,12 @@ def idle_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ingest, "REQUEST_TIMEOUT_S", 600.0)  # the idle ones hold their slots
 
 
+other_loopbacks = pytest.mark.skipif(
+    sys.platform != "linux", reason="binds 127.0.0.2-11, which only Linux routes to loopback"
+)
+
+
+@other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_one_address_cannot_take_every_rebuild_slot(
     listening: tuple[Watcher, RebuildListener],
@@ -279,6 +286,7 @@ def test_one_address_cannot_take_every_rebuild_slot(
             sock.close()
 
 
+@other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_four_stranger_addresses_cannot_take_every_rebuild_slot(
     listening: tuple[Watcher, RebuildListener],
@@ -323,6 +331,7 @@ def still_open(sock: socket.socket) -> bool:
         return False
 
 
+@other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_eight_stranger_addresses_cannot_keep_the_ci_out(
     listening: tuple[Watcher, RebuildListener],
@@ -386,6 +395,7 @@ def answer(sock: socket.socket) -> bytes:
         return reader.readline()
 
 
+@other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_only_requests_with_the_token_keep_a_newcomer_out(tmp_path: Path) -> None:
     """15 requests with the token in progress and one idle stranger: the CI's POST pushes out
@@ -417,6 +427,7 @@ def test_only_requests_with_the_token_keep_a_newcomer_out(tmp_path: Path) -> Non
         listener.stop()
 
 
+@other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_refused_rebuild_connections_get_one_line_and_a_count(
     listening: tuple[Watcher, RebuildListener], caplog: pytest.LogCaptureFixture
@@ -548,6 +559,7 @@ def strangers_from(port: int, count: int, first: int) -> list[socket.socket]:
 PLAUSIBLE_HEAD = b"POST /rebuild/kb HTTP/1.1\r\n"
 
 
+@other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_a_ci_request_keeps_its_slot_once_its_token_arrives(
     listening: tuple[Watcher, RebuildListener],
@@ -579,6 +591,7 @@ def test_a_ci_request_keeps_its_slot_once_its_token_arrives(
             sock.close()
 
 
+@other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_strangers_whose_bytes_are_no_rebuild_request_are_pushed_out_first(
     listening: tuple[Watcher, RebuildListener],
