@@ -309,13 +309,15 @@ def test_four_stranger_addresses_cannot_take_every_rebuild_slot(
             sock.close()
 
 
-def idle_from(port: int, *addresses: str) -> list[socket.socket]:
-    """Connections that send nothing, two from each of ``addresses`` (127.0.0.N: Linux routes
-    all of 127.0.0.0/8 to loopback), in that order."""
+def strangers_from(port: int, count: int, first: int) -> list[socket.socket]:
+    """``count`` connections that send nothing yet, ``MAX_CONNECTIONS_PER_ADDRESS`` (2) from
+    each address from 127.0.0.``first`` on (Linux routes all of 127.0.0.0/8 to loopback)."""
     return [
-        socket.create_connection(("127.0.0.1", port), source_address=(address, 0))
-        for address in addresses
-        for _ in range(ingest.MAX_CONNECTIONS_PER_ADDRESS)
+        socket.create_connection(
+            ("127.0.0.1", port),
+            source_address=(f"127.0.0.{first + i // ingest.MAX_CONNECTIONS_PER_ADDRESS}", 0),
+        )
+        for i in range(count)
     ]
 
 
@@ -340,7 +342,7 @@ def test_eight_stranger_addresses_cannot_keep_the_ci_out(
     POST was closed unread; now it pushes out the oldest connection without the token and is
     served, and the other strangers keep theirs."""
     watcher, listener = listening
-    idle = idle_from(listener.port, *(f"127.0.0.{n}" for n in range(2, 10)))
+    idle = strangers_from(listener.port, ingest.MAX_CONNECTIONS, 2)  # 127.0.0.2 .. 9
     try:
         assert len(idle) == ingest.MAX_CONNECTIONS
         assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
@@ -544,16 +546,6 @@ def test_an_unexpected_handler_error_is_one_counted_line(
     assert len(lines) == 2, lines
     stacks = [r.exc_info for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
     assert [str(info[1]) for info in stacks] == ["the watcher broke"] * 5
-
-
-def strangers_from(port: int, count: int, first: int) -> list[socket.socket]:
-    """``count`` connections, two from each address from 127.0.0.``first`` on."""
-    return [
-        socket.create_connection(
-            ("127.0.0.1", port), source_address=(f"127.0.0.{first + i // 2}", 0)
-        )
-        for i in range(count)
-    ]
 
 
 PLAUSIBLE_HEAD = b"POST /rebuild/kb HTTP/1.1\r\n"
