@@ -39,7 +39,7 @@ from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots import refresh
 from sidecar.snapshots.refresh import refusal_kind
-from tests.bases_kit import LOAD_WAIT_S, answered, search
+from tests.bases_kit import LOAD_WAIT_S, answered, own_channel, search
 from tests.conftest import eventually, eventually_here, small_tmpfs
 from tests.snapshot_kit import KB, version_id, write_version
 from tests.static_http import StaticServer
@@ -449,14 +449,6 @@ async def test_bases_still_downloading_do_not_hold_another_bases_first_load(
                 assert "is loading" in await refused_loading(stub, kb)
     finally:
         await sidecar.stop(0.5)
-
-
-def own_channel(port: int) -> grpc.aio.Channel:
-    """A channel with a connection of its own: another caller (channels to one target share a
-    connection otherwise, and the sidecar sees one requester)."""
-    return grpc.aio.insecure_channel(
-        f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
-    )
 
 
 async def test_one_callers_trickling_downloads_do_not_hold_another_callers_first_load(
