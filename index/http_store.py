@@ -300,13 +300,13 @@ PACE_GRACE_S = 1.0
 @dataclass(slots=True)
 class _Promise:
     """One download's promise: ``need`` bytes at ``since`` (monotonic), ``left`` still to write,
-    ``again`` deleted to be written again; ``until``: its version's deadline (None: no pace);
+    ``again`` deleted to be written again; ``until``: its version's deadline (monotonic);
     ``first``: when its first byte was written (None: not yet)."""
 
     need: int
     left: int
     since: float
-    until: float | None
+    until: float
     again: int = 0
     first: float | None = None
 
@@ -316,8 +316,6 @@ class _Promise:
         ``until``: a trickle's promise, which its download cannot keep. A slow first byte
         costs an honest download nothing; a claim trickled is behind a second after its first
         byte, one never sent after ``START_GRACE_S``."""
-        if self.until is None:
-            return False
         if self.first is None:
             return now - self.since > START_GRACE_S
         going = now - self.first - PACE_GRACE_S
@@ -359,19 +357,20 @@ class _Room:
     released at once, largest first, and their downloads fail (``cut``: StoreUnavailable, tried
     again) at their next read or write."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._promises: dict[int, _Promise] = {}  # thread -> its download's promise
         self._cut: dict[int, str] = {}  # thread -> why its promise was released
 
-    def take(self, need: int, free: int, until: float | None = None) -> int | None:
+    def take(self, need: int, free: int, until: float) -> int | None:
         """Promise ``need`` bytes to this thread's download, to be written by ``until``
-        (monotonic; None: no pace), when ``free`` minus the others' promises holds them, once
+        (the clock's), when ``free`` minus the others' promises holds them, once
         those behind their pace are released if that makes room (None); else the bytes
         promised to the others."""
         with self._lock:
             me = threading.get_ident()
-            now = time.monotonic()
+            now = self._clock()
             others = {t: p for t, p in self._promises.items() if t != me}
             taken = sum(p.left for p in others.values())
             if need > free - taken:
@@ -414,7 +413,7 @@ class _Room:
         with self._lock:
             promise = self._promises.get(threading.get_ident())
             if promise is not None:
-                promise.wrote(count, time.monotonic())
+                promise.wrote(count, self._clock())
 
     def release(self) -> None:
         with self._lock:

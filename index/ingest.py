@@ -215,11 +215,13 @@ class _BoundedServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection closed under its handler (by its client, pushed out, or cut at its
         deadline: the handler's last write fails) ends quietly; another error is one line of
-        the refusal lines (socketserver wrote a traceback each: 15,590 in 10 s)."""
+        the refusal lines (socketserver wrote a traceback each: 15,590 in 10 s), its stack at
+        DEBUG."""
         error = sys.exc_info()[1]
         if isinstance(error, (ConnectionError, TimeoutError)):
             log.debug("rebuild listener: a connection from %s closed: %s", client_address, error)
             return
+        log.debug("rebuild listener: a handler failed", exc_info=error)  # a bug's stack
         with self._lock:
             self.refusals.failed(str(client_address[0]), f"{type(error).__name__}: {error}"[:200])
 

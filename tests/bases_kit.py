@@ -33,6 +33,14 @@ def config(
     return parse_config(raw, base=tmp_path)
 
 
+def own_channel(port: int) -> grpc.aio.Channel:
+    """A channel with a connection of its own: another caller (channels to one target share a
+    connection otherwise, and the sidecar sees one requester)."""
+    return grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
 def hint_ms(exc: grpc.aio.AioRpcError) -> int:
     """The retry hint of a call refused while its base loads."""
     return int(dict(exc.trailing_metadata() or ())["grpc-retry-pushback-ms"])

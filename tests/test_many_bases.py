@@ -41,7 +41,7 @@ from sidecar.snapshots.fair_pool import FairPool
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.refresh import LoadQueue, Refresher
 from sidecar.snapshots.searcher import Searcher
-from tests.bases_kit import LOAD_WAIT_S, hint_ms, retried, search
+from tests.bases_kit import LOAD_WAIT_S, hint_ms, own_channel, retried, search
 from tests.conftest import eventually
 from tests.snapshot_kit import version_id, write_version
 
@@ -88,13 +88,6 @@ async def serving(
         yield sidecar
     finally:
         await sidecar.stop(0.5)
-
-
-def channel(sidecar: Sidecar) -> grpc.aio.Channel:
-    """A channel with a connection of its own: another caller."""
-    return grpc.aio.insecure_channel(
-        f"127.0.0.1:{sidecar.port}", options=[("grpc.use_local_subchannel_pool", 1)]
-    )
 
 
 async def answered(stub: pb_grpc.RetrievalStub, kb: str) -> tuple[pb.SearchResponse, int]:
@@ -147,7 +140,7 @@ async def test_a_thousand_bases_answer_within_the_budget_for_concurrent_callers(
         order = published(sidecar, then=within_budget)
 
         async def caller(c: int) -> int:
-            async with channel(sidecar) as ch:
+            async with own_channel(sidecar.port) as ch:
                 stub = pb_grpc.RetrievalStub(ch)  # type: ignore[no-untyped-call]
                 probe = health_pb2_grpc.HealthStub(ch)
                 refused = 0
@@ -178,7 +171,7 @@ async def test_a_thousand_bases_answer_within_the_budget_for_concurrent_callers(
 async def test_a_version_that_fails_to_load_evicts_nothing(store: Path, tmp_path: Path) -> None:
     """The budget is full and ``kb0000`` is the least recently used: a call to a base whose
     snapshot this sidecar refuses (another embedder) leaves every loaded base in place."""
-    async with serving(store, tmp_path) as sidecar, channel(sidecar) as ch:
+    async with serving(store, tmp_path) as sidecar, own_channel(sidecar.port) as ch:
         stub = pb_grpc.RetrievalStub(ch)  # type: ignore[no-untyped-call]
         await answered(stub, kb_name(0))
         fits = BUDGET_MB * 2**20 // sidecar.holder.loaded_bytes()
@@ -214,8 +207,8 @@ async def test_a_caller_with_many_bases_queued_does_not_hold_back_another(
     many = [kb_name(i) for i in range(100, 140)]
     async with (
         serving(store, tmp_path) as sidecar,
-        channel(sidecar) as first_ch,
-        channel(sidecar) as second_ch,
+        own_channel(sidecar.port) as first_ch,
+        own_channel(sidecar.port) as second_ch,
     ):
         order = published(sidecar)
         first = pb_grpc.RetrievalStub(first_ch)  # type: ignore[no-untyped-call]
@@ -248,8 +241,8 @@ async def test_a_new_base_is_kept_for_its_caller_while_another_cycles_through_ba
     budget holds. B's base was loaded, not used: it stays, and B's next call answers from it."""
     async with (
         serving(store, tmp_path) as sidecar,
-        channel(sidecar) as a_ch,
-        channel(sidecar) as b_ch,
+        own_channel(sidecar.port) as a_ch,
+        own_channel(sidecar.port) as b_ch,
     ):
         sidecar.holder.fresh_s = 3600.0  # however slow the machine, B is "about to come back"
         b_loaded = asyncio.Event()
@@ -278,8 +271,8 @@ async def test_a_caller_asking_for_bases_it_never_calls_evicts_its_own_not_a_use
     A's bases, loaded and not called, are evicted instead (its newest one kept for it)."""
     async with (
         serving(store, tmp_path) as sidecar,
-        channel(sidecar) as a_ch,
-        channel(sidecar) as b_ch,
+        own_channel(sidecar.port) as a_ch,
+        own_channel(sidecar.port) as b_ch,
     ):
         sidecar.holder.fresh_s = 3600.0  # however slow the machine, A's bases are all fresh
         a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
@@ -327,14 +320,14 @@ async def test_a_caller_cycling_through_bases_from_new_connections_keeps_off_ano
     loopback each connection is a requester of its own), calling each once. B's bases stay
     loaded and answer B's next calls at once (on main A's loads evicted them, the least
     recently used); A's loads evict A's bases."""
-    async with serving(store, tmp_path) as sidecar, channel(sidecar) as b_ch:
+    async with serving(store, tmp_path) as sidecar, own_channel(sidecar.port) as b_ch:
         sidecar.holder.reuse_s = 3600.0  # however slow the machine, B is still coming back
         b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
         mine = [kb_name(800), kb_name(801)]
         await working_set(b, mine)
         fits = BUDGET_MB * 2**20 // (sidecar.holder.loaded_bytes() // len(mine))
         for i in range(900, 900 + 2 * fits):
-            async with channel(sidecar) as a_ch:
+            async with own_channel(sidecar.port) as a_ch:
                 a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
                 await answered(a, kb_name(i))
         assert sidecar.holder.evictions >= fits
@@ -352,8 +345,8 @@ async def test_calling_anothers_working_set_does_not_make_it_evictable_for_ones_
     working set's requesters, and A's loads evicted it, the least recently used)."""
     async with (
         serving(store, tmp_path) as sidecar,
-        channel(sidecar) as a_ch,
-        channel(sidecar) as b_ch,
+        own_channel(sidecar.port) as a_ch,
+        own_channel(sidecar.port) as b_ch,
     ):
         sidecar.holder.reuse_s = 3600.0  # however slow the machine, B is still coming back
         a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
@@ -377,8 +370,8 @@ async def test_a_load_that_could_only_evict_anothers_working_set_waits_with_a_hi
     evicted), and A's calls get UNAVAILABLE with a retry hint, not a refusal."""
     async with (
         serving(store, tmp_path) as sidecar,
-        channel(sidecar) as a_ch,
-        channel(sidecar) as b_ch,
+        own_channel(sidecar.port) as a_ch,
+        own_channel(sidecar.port) as b_ch,
     ):
         sidecar.holder.reuse_s = 3600.0
         a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
@@ -410,8 +403,8 @@ async def test_a_load_held_for_room_is_built_once_then_served_when_room_is_made(
     set lapses, A's next call builds it and it is served."""
     async with (
         serving(store, tmp_path) as sidecar,
-        channel(sidecar) as a_ch,
-        channel(sidecar) as b_ch,
+        own_channel(sidecar.port) as a_ch,
+        own_channel(sidecar.port) as b_ch,
     ):
         sidecar.holder.reuse_s = 3600.0
         a = pb_grpc.RetrievalStub(a_ch)  # type: ignore[no-untyped-call]
@@ -578,8 +571,8 @@ async def test_a_poll_does_not_bring_back_a_base_evicted_while_its_pointer_was_r
     it: a poll protects nobody's): a poll refreshes only the bases still loaded."""
     async with (
         serving(store, tmp_path) as sidecar,
-        channel(sidecar) as b_ch,
-        channel(sidecar) as c_ch,
+        own_channel(sidecar.port) as b_ch,
+        own_channel(sidecar.port) as c_ch,
     ):
         sidecar.holder.reuse_s = 3600.0
         b = pb_grpc.RetrievalStub(b_ch)  # type: ignore[no-untyped-call]
@@ -614,7 +607,7 @@ async def test_a_first_load_does_not_wait_behind_a_polls_pointer_reads(
     """40 loaded bases whose pointers the store holds (more than the download threads): a
     poll's reads of them hold none of a first call's load, which is served while they hang (on
     the shared pool the poll's reads took every thread and the first load queued behind them)."""
-    async with serving(store, tmp_path, budget_mb=400) as sidecar, channel(sidecar) as ch:
+    async with serving(store, tmp_path, budget_mb=400) as sidecar, own_channel(sidecar.port) as ch:
         s = pb_grpc.RetrievalStub(ch)  # type: ignore[no-untyped-call]
         for i in range(40):
             await answered(s, kb_name(i))
@@ -657,10 +650,8 @@ async def test_the_download_pool_shares_its_threads_between_requesters() -> None
     the last free thread waits for a requester with nothing running, which starts at once."""
     pool = FairPool(4, "test-fair")
     gates = {name: threading.Event() for name in ("a", "b", "c", "d")}
-    started: list[str] = []
 
     def job(name: str) -> str:
-        started.append(name)
         gates[name].wait(LOAD_WAIT_S)
         return name
 

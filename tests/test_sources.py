@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -418,24 +417,29 @@ def test_url_content_types(tmp_path: Path, server: PagesServer) -> None:
     assert len(server.log) == 3
 
 
-def test_a_url_pdf_page_past_its_text_limit_is_left_out_and_logged(
-    tmp_path: Path, server: PagesServer, caplog: pytest.LogCaptureFixture
+def test_a_url_pdf_page_past_its_text_limit_is_left_out_and_reported(
+    tmp_path: Path, server: PagesServer
 ) -> None:
-    """A page of ~360 kB of text skipped the whole fetched PDF; now that page is left out, the
-    log names it and why, and the pages before and after it are kept."""
+    """A page of ~360 kB of text skipped the whole fetched PDF; now that page is left out,
+    named with why in the skipped pages (only logged before, where a ``pdf`` folder's was
+    reported), at the fetch and at a load from the crawl state, and the pages before and after
+    it are kept."""
     dump = ["word " * 40] * 1_800
     server.pages["/manual.pdf"] = ServedPage(
         make_pdf([["Page one text."], dump, ["Page three text."]]), "application/pdf"
     )
     url = server.url("/manual.pdf")
-    with caplog.at_level(logging.WARNING, logger="voxrecall"):
-        pages, skipped = load(tmp_path, "url", urls=[url], refresh=0)
+    pages, skipped = load(tmp_path, "url", urls=[url], refresh=0)
     assert [(p.source_path, p.text) for p in pages] == [
         (f"{url}#page=1", "Page one text."),
         (f"{url}#page=3", "Page three text."),
     ]
-    assert skipped == []
-    assert [r.getMessage() for r in caplog.records] == [
-        f"{url}#page=2: too much text to extract: page 2: its text passes 262,144 bytes "
-        "(PDF_MAX_PAGE_TEXT_BYTES); the page is left out, the document's other pages kept"
+    assert [(s.path, s.reason) for s in skipped] == [
+        (
+            f"{url}#page=2",
+            "too much text to extract: page 2: its text passes 262,144 bytes "
+            "(PDF_MAX_PAGE_TEXT_BYTES); the page is left out, the document's other pages kept",
+        )
     ]
+    assert load(tmp_path, "url", urls=[url], refresh=3600) == (pages, skipped)
+    assert len(server.log) == 1  # the second load answered from the crawl state

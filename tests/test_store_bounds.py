@@ -39,7 +39,7 @@ from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots import refresh
 from sidecar.snapshots.refresh import refusal_kind
-from tests.bases_kit import LOAD_WAIT_S, answered, search
+from tests.bases_kit import LOAD_WAIT_S, answered, own_channel, search
 from tests.conftest import eventually, eventually_here, small_tmpfs
 from tests.snapshot_kit import KB, version_id, write_version
 from tests.static_http import StaticServer
@@ -255,47 +255,56 @@ def test_a_file_downloaded_again_from_zero_counts_only_its_new_bytes_as_taken(
 def test_a_download_counts_the_others_promises_as_taken_until_they_are_released() -> None:
     """``_Room``, where no tmpfs can be mounted: with 1,000 bytes free, one download promised
     600, another is refused 500 (told the 600 promised) and given 400; the first asking again
-    counts only the other's promise; a released promise frees its bytes."""
-    room = _Room()
+    counts only the other's promise; a released promise frees its bytes (a still clock: no
+    promise is behind its pace)."""
+    room = _Room(lambda: 0.0)
     with ThreadPoolExecutor(1) as other:  # one thread: a promise is its thread's
 
-        def elsewhere(call: Callable[..., T], *args: int) -> T:
+        def elsewhere(call: Callable[..., T], *args: float) -> T:
             return other.submit(call, *args).result()
 
-        assert room.take(600, free=1_000) is None
-        assert elsewhere(room.take, 500, 1_000) == 600
-        assert elsewhere(room.take, 400, 1_000) is None
-        assert room.take(700, free=1_000) == 400  # its own 600 is not in the way
-        assert room.take(600, free=1_000) is None
+        assert room.take(600, free=1_000, until=60.0) is None
+        assert elsewhere(room.take, 500, 1_000, 60.0) == 600
+        assert elsewhere(room.take, 400, 1_000, 60.0) is None
+        assert room.take(700, free=1_000, until=60.0) == 400  # its own 600 is not in the way
+        assert room.take(600, free=1_000, until=60.0) is None
         elsewhere(room.release)
-        assert room.take(1_000, free=1_000) is None
-        assert elsewhere(room.take, 1, 1_000) == 1_000
+        assert room.take(1_000, free=1_000, until=60.0) is None
+        assert elsewhere(room.take, 1, 1_000, 60.0) == 1_000
 
 
-def test_a_promise_behind_its_pace_goes_to_a_download_that_needs_its_room(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """``_Room`` with 1,000 bytes free: a promise of 600 to be written by now (behind its pace,
-    nothing written) is released for a download of 500, and its thread told why (``cut``); a
-    promise with no pace (None) is not, and neither is one behind when releasing it would not
-    make room."""
-    monkeypatch.setattr(http_store, "PACE_GRACE_S", 0.0)
-    monkeypatch.setattr(http_store, "START_GRACE_S", 0.0)
-    room = _Room()
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_promise_behind_its_pace_goes_to_a_download_that_needs_its_room() -> None:
+    """``_Room`` with 1,000 bytes free (its clock driven): a promise of 600 to be written in a
+    minute, nothing written past ``START_GRACE_S``, is released for a download of 500, and its
+    thread told why (``cut``); a promise on its pace is not, and neither is one behind when
+    releasing it would not make room."""
+    clock = Clock()
+    room = _Room(clock)
     with ThreadPoolExecutor(1) as other, ThreadPoolExecutor(1) as third:
 
         def on(pool: ThreadPoolExecutor, call: Callable[..., T], *args: object) -> T:
             return pool.submit(call, *args).result()
 
-        assert on(other, room.take, 600, 1_000, time.monotonic()) is None  # due by now
-        assert on(third, room.take, 300, 1_000, None) is None  # no pace: kept
-        assert room.take(800, free=1_000) == 900  # releasing the 600 would not make room
+        assert on(other, room.take, 600, 1_000, clock.now + 60.0) is None
+        assert on(third, room.take, 300, 1_000, clock.now + 60.0) is None
+        on(third, room.wrote, 150)  # on its pace: 150 of 300 at once
+        clock.now += http_store.START_GRACE_S + 1.0  # the 600 have no first byte: behind
+        until = clock.now + 60.0
+        assert room.take(900, free=1_000, until=until) == 750  # releasing 600 would not do
         assert on(other, room.cut) is None
-        assert room.take(100, free=1_000) is None  # fits without releasing anything
-        assert room.take(500, free=1_000) is None  # the 600 behind go for it
+        assert room.take(100, free=1_000, until=until) is None  # fits without releasing any
+        assert room.take(500, free=1_000, until=until) is None  # the 600 behind go for it
         assert "its room in cache_dir was given to another download" in str(on(other, room.cut))
         assert on(third, room.cut) is None
-        assert on(third, room.take, 600, 1_000, None) == 500  # the new 500 are taken, kept
+        assert on(third, room.take, 600, 1_000, until) == 500  # the new 500 are taken, kept
         on(other, room.release)
         assert on(other, room.cut) is None  # a new download on that thread starts afresh
 
@@ -330,13 +339,13 @@ def test_a_slow_first_byte_keeps_its_promise_and_a_trickled_claim_does_not() -> 
 def test_a_download_waiting_for_its_first_byte_keeps_its_room() -> None:
     """``_Room``: a download that took its promise and has not written yet, its first byte
     still on the way past ``PACE_GRACE_S`` (it was cut then), is not cut for another
-    download's take, and the other is refused, told the bytes promised."""
-    room = _Room()
+    download's take, and the other is refused, told the bytes promised (its clock driven)."""
+    clock = Clock()
+    room = _Room(clock)
     with ThreadPoolExecutor(1) as other:
-        now = time.monotonic()
-        assert other.submit(room.take, 600, 1_000, now + 60.0).result() is None
-        time.sleep(http_store.PACE_GRACE_S + 0.1)  # well within START_GRACE_S
-        assert room.take(500, free=1_000, until=now + 60.0) == 600
+        assert other.submit(room.take, 600, 1_000, clock.now + 60.0).result() is None
+        clock.now += http_store.PACE_GRACE_S + 0.1  # well within START_GRACE_S
+        assert room.take(500, free=1_000, until=clock.now + 60.0) == 600
         assert other.submit(room.cut).result() is None
 
 
@@ -440,14 +449,6 @@ async def test_bases_still_downloading_do_not_hold_another_bases_first_load(
                 assert "is loading" in await refused_loading(stub, kb)
     finally:
         await sidecar.stop(0.5)
-
-
-def own_channel(port: int) -> grpc.aio.Channel:
-    """A channel with a connection of its own: another caller (channels to one target share a
-    connection otherwise, and the sidecar sees one requester)."""
-    return grpc.aio.insecure_channel(
-        f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
-    )
 
 
 async def test_one_callers_trickling_downloads_do_not_hold_another_callers_first_load(

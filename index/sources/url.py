@@ -7,6 +7,7 @@ fetched again only when its ``refresh`` interval has passed, and then with ``If-
 ``If-Modified-Since``: an unchanged page answers 304, so it is neither downloaded nor (its text
 being the same) re-embedded. A page that answers 404 or 410 is gone and is dropped; any other
 failure keeps the last text fetched (logged), or skips the page when there is none.
+A PDF's page left out for its text is kept in the state and reported skipped at every build.
 """
 
 from __future__ import annotations
@@ -214,21 +215,19 @@ def _fallback_title(url: str) -> str:
     return urllib.parse.unquote(segment.rsplit(".", 1)[0]) or parts.netloc
 
 
-def _pdf(source: str, url: str, got: Fetched, fallback: str) -> list[Page] | SkippedPage:
-    """A PDF's pages; a page left out (too much text) is logged, the others kept."""
-    parsed = pdf_pages(source, url, got.body, fallback, url=got.final_url)
-    if isinstance(parsed, SkippedPage):
-        return parsed
-    pages, left_out = parsed
-    for page in left_out:
-        log.warning("%s: %s", page.path, page.reason)
-    return pages
-
-
-def _parse(source: str, url: str, got: Fetched) -> list[Page] | SkippedPage:
-    fallback = _fallback_title(url)
+def _parse(
+    source: str, url: str, got: Fetched
+) -> tuple[list[Page], list[SkippedPage]] | SkippedPage:
+    """The pages of a fetched body and the pages left out of it (a PDF's page of too much
+    text), or why the body cannot be used."""
     if got.content_type == "application/pdf":
-        return _pdf(source, url, got, fallback)
+        return pdf_pages(source, url, got.body, _fallback_title(url), url=got.final_url)
+    parsed = _parse_text(source, url, got)
+    return parsed if isinstance(parsed, SkippedPage) else (parsed, [])
+
+
+def _parse_text(source: str, url: str, got: Fetched) -> list[Page] | SkippedPage:
+    fallback = _fallback_title(url)
     if got.content_type in _HTML_TYPES:
         parsed = html_page_text(url, got.body, got.charset)
         if isinstance(parsed, SkippedPage):
@@ -345,6 +344,7 @@ def crawl_urls(
         entry = state[url]
         if entry.get("skipped"):
             skipped.append(SkippedPage(url, str(entry["skipped"])))
+        skipped.extend(SkippedPage(s["path"], s["reason"]) for s in entry.get("left_out", []))
         pages.extend(_pages_from(source, entry))
     state_file.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(state_file, orjson.dumps({"version": _STATE_VERSION, "urls": state}))
@@ -366,4 +366,10 @@ def _entry(
     parsed = _parse(source, url, got)
     if isinstance(parsed, SkippedPage):
         return {**base, "fetched_at": now, "skipped": parsed.reason, "pages": []}
-    return {**base, "fetched_at": now, "pages": [_page_to_dict(p) for p in parsed]}
+    pages, left_out = parsed
+    return {
+        **base,
+        "fetched_at": now,
+        "pages": [_page_to_dict(p) for p in pages],
+        "left_out": [{"path": s.path, "reason": s.reason} for s in left_out],
+    }

@@ -92,8 +92,8 @@ class Sidecar:
     http: HttpDoor | None = None  # [sidecar.http]: MCP, webhooks and health over HTTP
     http_port: int = 0  # 0: no HTTP door
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    over_cap_logged: bool = False  # a listing was cut to MAX_LISTED_BASES and said so, once
     _listing_failed: str = ""  # the last reason listing the store failed, logged once
-    _over_cap_logged: bool = False
 
     async def update_health(self) -> None:
         # with a memory budget, bases load on their first call: the sidecar serves from the start
@@ -164,9 +164,9 @@ class Sidecar:
         known = self.engine.known_bases
         published = len(known - self.holder.unpublished)
         room = min(MAX_LISTED_BASES - published, 2 * MAX_LISTED_BASES - len(known))
-        warn = not self._over_cap_logged
+        warn = not self.over_cap_logged
         new, cut = await asyncio.to_thread(_new_within_cap, listed, known, room, warn)
-        self._over_cap_logged |= cut
+        self.over_cap_logged |= cut
         return new
 
     def log_waiting(self) -> None:
@@ -332,13 +332,13 @@ def first_bases(
     config: Config, store: SnapshotStore, names: frozenset[str]
 ) -> tuple[frozenset[str], bool]:
     """The bases a sidecar starts with: ``names``, the first ``MAX_LISTED_BASES`` of a listing
-    that holds more (logged: the polls then say it no more, ``Sidecar._over_cap_logged``), and
+    that holds more (logged: the polls then say it no more, ``Sidecar.over_cap_logged``), and
     whether it held more; a start with none logs what is true of it (``no_bases``)."""
     if not names:
         log.warning("%s", no_bases(config, store))
     elif lists_store(config):
-        kept = listed_within_cap(names, MAX_LISTED_BASES, len(names))
-        return kept, kept is not names
+        kept, cut = listed_within_cap(names, MAX_LISTED_BASES, len(names))
+        return frozenset(kept), cut
     return names, False
 
 
@@ -347,19 +347,17 @@ def _new_within_cap(
 ) -> tuple[list[str], bool]:
     """The names of ``listed`` not in ``known`` within ``room`` (``listed_within_cap``), by
     name, and whether some were left out (a worker thread's work: a listing may be long)."""
-    new = listed - known
-    kept = listed_within_cap(new, room, len(listed), warn=warn)
-    return sorted(kept), kept is not new
+    return listed_within_cap(listed - known, room, len(listed), warn=warn)
 
 
 def listed_within_cap(
     new: frozenset[str], room: int, listed: int, warn: bool = True
-) -> frozenset[str]:
-    """The first ``room`` of ``new`` by name (``new`` itself when all fit); with ``warn``, a cut
-    is logged with the ``listed`` count of the store's listing."""
+) -> tuple[list[str], bool]:
+    """The first ``room`` of ``new`` by name, and whether some were left out (cut); with
+    ``warn``, a cut is logged with the ``listed`` count of the store's listing."""
     room = max(room, 0)
     if len(new) <= room:
-        return new
+        return sorted(new), False
     if warn:
         log.warning(
             "the store lists %d bases, more bases than one sidecar serves (%d): the first by "
@@ -368,7 +366,7 @@ def listed_within_cap(
             MAX_LISTED_BASES,
             len(new) - room,
         )
-    return frozenset(sorted(new)[:room])
+    return sorted(new)[:room], True
 
 
 def _more(count: int, shown: int) -> str:
@@ -414,9 +412,18 @@ async def create_server(
         await refresher.refresh()
     port = tls.add_port(server, listen or config.sidecar.listen, config.sidecar.tls)
     sidecar = Sidecar(
-        server, port, config, engine, holder, lifecycle, health, refresher, owns_embedder, guards
+        server,
+        port,
+        config,
+        engine,
+        holder,
+        lifecycle,
+        health,
+        refresher,
+        owns_embedder,
+        guards,
+        over_cap_logged=over_cap,  # said once, at the start
     )
-    sidecar._over_cap_logged = over_cap  # said once, at the start
     if config.sidecar.http.enabled:
         from sidecar.http.door import HttpDoor
 

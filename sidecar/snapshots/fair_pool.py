@@ -38,7 +38,6 @@ class FairPool:
         self._executor = ThreadPoolExecutor(threads, name)
         self._queued: OrderedDict[str, deque[_Job]] = OrderedDict()  # in turn order
         self._running: dict[str, int] = {}  # requester -> its jobs on a thread now
-        self._busy = 0  # threads running a job
         self._shut = False  # ``shutdown`` ran: no job is taken
 
     def submit(self, requester: str, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
@@ -61,7 +60,7 @@ class FairPool:
 
     def may_start(self, requester: str) -> bool:
         """Whether ``requester`` may take a free thread: it holds fewer than are left free."""
-        return self.running(requester) < self.threads - self._busy
+        return self.running(requester) < self.threads - sum(self._running.values())
 
     def _dispatch(self) -> None:
         while (requester := self._next()) is not None:
@@ -82,13 +81,11 @@ class FairPool:
             del self._queued[requester]
         if future.cancelled():
             return
-        self._busy += 1
         self._running[requester] = self.running(requester) + 1
         ran = asyncio.get_running_loop().run_in_executor(self._executor, job)
         ran.add_done_callback(functools.partial(self._ended, requester, future))
 
     def _ended(self, requester: str, future: asyncio.Future[Any], ran: asyncio.Future[Any]) -> None:
-        self._busy -= 1
         self._running[requester] -= 1
         if not self._running[requester]:
             del self._running[requester]
