@@ -615,6 +615,64 @@ PLAN_HELP = {
 }
 
 
+BILLING = {
+    "BILLS": ["Your bill arrives by email each month."],
+    "STORES": ["Our stores open at nine."],
+    "ROAM": ["Roaming in Europe costs five dollars a day."],
+}
+
+
+async def _answered_on(tmp_path: Path, context_url: str, min_score: float) -> TurnResult:
+    """The last turn of a conversation whose last turn is searched twice (folded with the
+    recent exchange, and alone), the caller on page ``context_url`` (BILLS' related page)."""
+    engine = build_engine(
+        BILLING,
+        tmp_path / f"{min_score}-{bool(context_url)}",
+        min_score=min_score,
+        context_bonus=0.2,
+        metadata={"BILLS": {"related_urls": "/billing/*"}},
+    )
+    turns = [
+        ("user", "How much does roaming cost in Europe?"),
+        ("agent", "Roaming costs five dollars a day."),
+        ("user", "what about the weather today"),
+    ]
+    try:
+        results = [
+            await engine.turn(
+                TurnInput(session_id=SESSION, text=text, speaker=who, context_url=context_url)
+            )
+            for who, text in turns
+        ]
+    finally:
+        await engine.aclose()
+    assert results[-1].followup.source == Source.RECENT_TURNS
+    return results[-1]
+
+
+def _score_of(title: str, result: TurnResult) -> float:
+    return next(hit.score for hit in result.hits if hit.chunk.title == title)
+
+
+@pytest.mark.parametrize("min_score", [0.15, 0.25])
+async def test_a_context_url_lifts_a_turns_two_searches_after_min_score_not_past_it(
+    tmp_path: Path, min_score: float
+) -> None:
+    """A turn searched twice keeps the chunks of the caller's page (``context_url``) only where
+    its own cosines reach ``min_score``, as a single search does, and lifts them there; how
+    sure its fold is reads the cosines, not the lift. Both searches were ranked with the bonus
+    before the threshold: at 0.25 the billing chunk (cosines under it) came back, and the
+    fold's confidence moved with the page the caller was on."""
+    plain = await _answered_on(tmp_path, "", min_score)
+    on_page = await _answered_on(tmp_path, "https://app.example.com/billing/march", min_score)
+    assert {h.chunk.title for h in on_page.hits} == {h.chunk.title for h in plain.hits}
+    assert on_page.followup.confidence == plain.followup.confidence
+    if min_score < 0.2:  # the billing chunk passes the threshold: lifted, above its own score
+        assert _score_of("BILLS", on_page) > _score_of("BILLS", plain)
+    else:
+        assert [h.chunk.title for h in on_page.hits] == ["ROAM"]
+
+
 @pytest.mark.parametrize("min_score", [0.0, 0.3])
 async def test_min_score_does_not_reorder_the_two_searches_fused_ranking(
     tmp_path: Path, min_score: float

@@ -27,7 +27,7 @@ from index.filters import Allowed
 from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
-from index.types import Chunk, MetadataFilter
+from index.types import Chunk, MetadataFilter, MetaValue
 from sidecar.config import MAX_BUDGET_MS, MAX_LIMIT, SidecarConfig
 from sidecar.errors import InvalidArgument, Loading, RetryLater
 from sidecar.snapshots.holder import SnapshotHolder
@@ -499,16 +499,20 @@ class Engine:
         floors = _floors((folded, own), before, self.config.min_score)
         query, result = _combined(plan, req.text, (folded, own), floors, prior, entity_of, keep)
         if plan.followup.source == followups.Source.RECENT_TURNS and query == plan.query:
-            result = replace(result, sure=self._agreement(kb, folded, before[1]))
+            result = replace(result, sure=self._agreement(kb, before))
         return query, result
 
-    def _agreement(self, kb: str, folded: Ranking, every: Ranking) -> float | None:
-        """``_agreement`` where both searches' scores are cosines; None (the plan's guess)
-        where either was lexical (``degraded``: BM25's scores) or the base is hybrid (fused
-        ranks)."""
+    def _agreement(self, kb: str, before: tuple[Ranking, Ranking]) -> float | None:
+        """``_agreement`` of the folded query's plain cosines at ``min_score`` and the turn
+        alone's before it (no ``context_url`` lift: the caller's page is no agreement); None
+        (the plan's guess) where either was lexical (``degraded``: BM25's scores) or the base
+        is hybrid (fused ranks)."""
+        folded, every = before
         if folded.degraded or every.degraded or kb in self.hybrid_bases:
             return None
-        return _agreement(folded, every)
+        min_score = self.config.min_score
+        kept = replace(folded, found=[hit for hit in folded.found if hit[1] >= min_score])
+        return _agreement(kept, every)
 
     async def _each_listed(
         self, target: SearchScope, plan: followups.Plan, budget: Budget, embed: bool
@@ -579,15 +583,21 @@ class Engine:
     def _ranked_before(
         self, target: SearchScope, query: str, vector: Vectors | None, embed_ms: float
     ) -> tuple[Ranking, Ranking]:
-        """One of a turn's two searches: its ranking at ``min_score`` and before it (the same
-        ranking where no cosines are there to read: BM25 or a hybrid base)."""
+        """One of a turn's two searches: its ranking at ``min_score`` (``context_url``'s lift
+        added after the threshold, as a single search's) and its plain cosines before it (the
+        same ranking where no cosines are there to read: BM25 or a hybrid base). The turn's
+        searches are FUSION_DEPTH deep, past the CONTEXT_DEPTH a lift looks down to."""
         if vector is None or target.knowledge_base in self.hybrid_bases:
             ranked = self._rank(target, query, vector, embed_ms)
             return ranked, ranked
-        every = self._rank(replace(target, min_score=-1.0), query, vector, embed_ms)
+        every = self._rank(replace(target, min_score=-1.0, context_url=""), query, vector, embed_ms)
         if every.degraded:  # the graph failed: BM25 answered, min_score is not its threshold
-            return every, every
+            ranked = self._rank(target, query, None, embed_ms) if target.context_url else every
+            return ranked, ranked  # (lifted by the caller's page, as any search's fallback)
         kept = [scored for scored in every.found if scored[1] >= target.min_score]
+        related = relevance.related_to(target.context_url) if self.config.context_bonus else None
+        if related is not None:
+            kept = relevance.context_lifted(kept, _metadata, related, self.config.context_bonus)
         return replace(every, found=kept), every
 
     def _turn_scope(
@@ -1277,6 +1287,10 @@ def _combined(
     )
     result = Ranking(folded.knowledge_base, found[:limit], folded.snapshot_version, timings=timings)
     return (text if _own_answer(found, folded, own) else plan.query), result
+
+
+def _metadata(chunk: Chunk) -> Mapping[str, MetaValue]:
+    return chunk.metadata
 
 
 def _agreement(folded: Ranking, own: Ranking) -> float | None:
