@@ -558,6 +558,34 @@ async def test_a_short_question_of_its_own_after_a_topic_is_searched_as_itself(
     assert alike[1].followup.used == "PARK INN"
 
 
+async def test_a_short_question_of_its_own_is_judged_within_the_pages_the_call_may_reach(
+    tmp_path: Path,
+) -> None:
+    """Whether a short question's own words single out its page is read from its own search,
+    within the call's paths: a page the call may not reach (an old copy of the sign-in help)
+    that its words rate as high does not keep it folded with the roaming question. It was
+    judged by a search of the whole base; reachable, that copy still keeps it folded."""
+    base = {
+        **PHONE_HELP,
+        "MAILBOX": [*PHONE_HELP["MAILBOX"], "Mailbox is the voicemail service."],
+        "OLD SIGN-IN HELP": ["Forgot your password? Reset it here, on the old site."],
+    }
+    engine = build_engine(base, tmp_path, embedder=FakeEmbedder(dimension=1024), min_score=0.3)
+    reach = {"all": (), "new": ("TRAVEL*", "MAILBOX*", "SIGN-IN*", "PRICE*")}
+    try:
+        last = {
+            name: [
+                await engine.turn(TurnInput(session_id=name, text=text, source_paths=paths))
+                for text in ("How much does roaming cost in Europe?", "I forgot my password")
+            ][-1]
+            for name, paths in reach.items()
+        }
+    finally:
+        await engine.aclose()
+    assert_said_as_itself(last["new"], "I forgot my password", "SIGN-IN HELP")
+    assert last["all"].followup.source == Source.RECENT_TURNS
+
+
 async def test_a_tracked_page_the_caller_moved_on_from_is_not_folded_into_short_questions(
     tmp_path: Path,
 ) -> None:
