@@ -218,6 +218,11 @@ class PlannedSearch:
     # ahead with the query, for the final turn's own two searches
     alone: str = ""
 
+    @property
+    def queries(self) -> tuple[str, ...]:
+        """What a search ahead embeds, in one call: the query, and the turn's words alone."""
+        return (self.query, self.alone) if self.alone else (self.query,)
+
 
 @dataclass(slots=True)
 class SearchScope:
@@ -722,8 +727,7 @@ class Engine:
         )
         start = time.perf_counter()
         # the final searches both when it has ``alone``: both embedded now, in one call
-        queries = (planned.query, planned.alone) if planned.alone else (planned.query,)
-        vector = (await self.vectors.ahead(queries, deadline, caller))[0]
+        vector = (await self.vectors.ahead(planned.queries, deadline, caller))[0]
         if vector is None:  # no lexical search ahead: the turn itself falls back if it must
             return None
         embed_ms = (time.perf_counter() - start) * 1000.0
