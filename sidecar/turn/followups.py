@@ -997,20 +997,25 @@ def refers_back(utterance: Utterance) -> bool:
 def _points_back(toks: Sequence[str]) -> bool:
     """Whether the words point back at the conversation: a referring word used so
     (``_refers_at``), or an elliptic opening (``ELLIPTIC_OPENERS_EN``)."""
-    opening = tuple(_opening(toks))
-    if any(opening[: len(e)] == e for e in ELLIPTIC_OPENERS_EN):
-        return True
-    return any(_refers_at(toks, i) for i in range(len(toks)))
+    return _opens_elliptic(toks) or _refers(toks)
 
 
 def _elliptic_only(toks: Sequence[str]) -> bool:
     """Whether the words point back by an elliptic opening alone ("and for teams?", "what about
     on a Mac?"): no pronoun or other referring word says what they lean on, so they lean on
     what was just said."""
+    return _opens_elliptic(toks) and not _refers(toks)
+
+
+def _opens_elliptic(toks: Sequence[str]) -> bool:
+    """Whether the words open with an elliptic opening (``ELLIPTIC_OPENERS_EN``)."""
     opening = tuple(_opening(toks))
-    if not any(opening[: len(e)] == e for e in ELLIPTIC_OPENERS_EN):
-        return False
-    return not any(_refers_at(toks, i) for i in range(len(toks)))
+    return any(opening[: len(e)] == e for e in ELLIPTIC_OPENERS_EN)
+
+
+def _refers(toks: Sequence[str]) -> bool:
+    """Whether any of the words refers back (``_refers_at``)."""
+    return any(_refers_at(toks, i) for i in range(len(toks)))
 
 
 def _refers_at(toks: Sequence[str], i: int) -> bool:
