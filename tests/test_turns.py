@@ -6,6 +6,7 @@ Each test feeds a conversation through ``run_turns`` (a real snapshot, the shipp
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,30 @@ async def test_a_question_over_the_list_keeps_each_options_best_below_min_score(
     titles = [hit.chunk.title for hit in results[-1].hits]
     assert sorted(titles) == ["BLUE DOOR CAFE", "HARBOR GRILL"]
     assert min(hit.score for hit in results[-1].hits) < 0.3  # one of them is below it
+
+
+async def test_a_question_over_the_list_searched_ahead_is_embedded_only(tmp_path: Path) -> None:
+    """Searched ahead on its interim transcript, a question over the listed options embeds
+    its words alone and ranks nothing: the final ranks each option's chunks itself, from the
+    vector then cached. The words were ranked ahead as one query, a ranking every such final
+    threw away."""
+    embedder = FakeEmbedder()
+    engine = build_engine(PLACES, tmp_path, embedder=embedder)
+    asked = "which of them has outdoor seating?"
+    try:
+        await run_turns(engine, [LISTED])
+        planned = engine.plan(TurnInput(session_id=SESSION, text=asked, is_final=False))
+        assert planned is not None
+        assert (planned.each, planned.query) == (True, asked)
+        deadline = asyncio.get_running_loop().time() + 5.0
+        assert await engine.search_ahead(planned, deadline) is None
+        embedder.calls.clear()
+        last = await engine.turn(TurnInput(session_id=SESSION, text=asked))
+    finally:
+        await engine.aclose()
+    assert embedder.calls == []  # embedded ahead
+    assert last.followup.used == "BLUE DOOR CAFE | HARBOR GRILL"
+    assert {hit.chunk.title for hit in last.hits[:2]} == {"BLUE DOOR CAFE", "HARBOR GRILL"}
 
 
 async def test_the_other_one_and_a_position_pick_from_the_agents_list(tmp_path: Path) -> None:

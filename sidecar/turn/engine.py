@@ -217,6 +217,9 @@ class PlannedSearch:
     # the turn's words, where its plan searches them alone too (``_searches_both``): embedded
     # ahead with the query, for the final turn's own two searches
     alone: str = ""
+    # a question over the agent's listed options (``query``: its words alone): embedded ahead
+    # only, the final ranking each option's chunks itself (``Engine._each_listed``)
+    each: bool = False
 
     @property
     def queries(self) -> tuple[str, ...]:
@@ -677,7 +680,15 @@ class Engine:
         # turn finds their vector cached (``_each_listed``)
         query = plan.asked if plan.each else plan.query
         return PlannedSearch(
-            kb, searcher, query, req.sources, req.context_url, allowed, plan.followup, alone
+            kb,
+            searcher,
+            query,
+            req.sources,
+            req.context_url,
+            allowed,
+            plan.followup,
+            alone,
+            each=bool(plan.each),
         )
 
     def _plan(
@@ -715,7 +726,8 @@ class Engine:
         """Embed and rank a planned query ahead of its turn, behind every caller's turn and in
         ``caller``'s turn among the others searching ahead (``QueryEmbedder.ahead``); None when
         it was dropped, the embedder missed ``deadline`` (``loop.time()``) or failed: the turn
-        itself then decides."""
+        itself then decides. A question over listed options is embedded only: the final ranks
+        each option's chunks itself, from the vector then cached."""
         target = SearchScope(
             planned.searcher,
             planned.knowledge_base,
@@ -728,7 +740,7 @@ class Engine:
         start = time.perf_counter()
         # the final searches both when it has ``alone``: both embedded now, in one call
         vector = (await self.vectors.ahead(planned.queries, deadline, caller))[0]
-        if vector is None:  # no lexical search ahead: the turn itself falls back if it must
+        if vector is None or planned.each:  # no lexical search ahead: the turn falls back
             return None
         embed_ms = (time.perf_counter() - start) * 1000.0
         return self._rank(target, planned.query, vector, embed_ms=embed_ms)
