@@ -119,6 +119,18 @@ async def test_a_question_over_the_list_keeps_each_options_best_below_min_score(
     assert min(hit.score for hit in results[-1].hits) < 0.3  # one of them is below it
 
 
+@pytest.mark.parametrize(
+    "asked", ["could you first confirm they take reservations?", "ok at last do they have seats"]
+)
+async def test_an_ordinal_not_said_of_the_list_picks_no_option(tmp_path: Path, asked: str) -> None:
+    """ "first" and "last" name a position in the list only after "the" or before "one": "could
+    you first confirm" and "at last" pick none, and "they" right after the list asks about
+    both."""
+    results = await run_turns(PLACES, [LISTED, ("user", asked)], tmp_path)
+    assert results[-1].followup.source == Source.OPTIONS
+    assert results[-1].followup.used == "BLUE DOOR CAFE | HARBOR GRILL"
+
+
 async def test_a_question_over_the_list_searched_ahead_is_embedded_only(tmp_path: Path) -> None:
     """Searched ahead on its interim transcript, a question over the listed options embeds
     its words alone and ranks nothing: the final ranks each option's chunks itself, from the
