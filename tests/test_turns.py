@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from index.embedders.base import FakeEmbedder
@@ -1420,3 +1422,17 @@ async def test_a_turn_makes_hits_for_its_answer_alone(
     assert answered  # the answers are still made of hits, and nothing else is
     assert len(made) == len(answered)
     assert all(type(hit) is Counted for hit in answered)
+
+
+def test_the_listed_options_chunks_are_read_grouped_by_entity() -> None:
+    """``Listed`` groups the chunks' labels by entity once, each group ascending as a scan of
+    every chunk's entity finds them, for any order of the chunks' entities."""
+    entity_of = np.array([2, 0, 2, 1, 0, 2, 2], dtype=np.int32)
+    table: Any = SimpleNamespace(names=["A ", "B", "C"], entity_of=entity_of)
+    listed = followups.Listed.of(table)
+    for at, name in enumerate(("A", "B", "C")):
+        labels = listed.labels_of(name)
+        assert labels is not None
+        assert labels.tolist() == np.flatnonzero(entity_of == at).tolist()
+    assert listed.labels_of("D") is None
+    assert followups.Listed.nothing().labels_of("A") is None
