@@ -9,7 +9,7 @@ over the engine. No assertion is about a duration.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from sidecar.turn.prefetch import PREFETCH_MAX_BYTES, Prefetcher
 from sidecar.turn.query_embedder import AHEAD_WAITING, QueryEmbedder
 from tests.conftest import eventually
 from tests.test_embed_later import Lanes, far, settle
-from tests.test_turns import BACKENDS
+from tests.test_turns import BACKENDS, PHONE_HELP
 from tests.turns import SESSION, build_engine
 
 
@@ -219,5 +219,54 @@ async def test_a_final_whose_prefetch_waits_in_line_is_searched_at_once(
     finally:
         await prefetcher.aclose()
         await engine.aclose()
+    assert not result.prefetched
+    assert not result.degraded
+    assert engine.vectors.stats.dropped == 0  # cancelled in line, not waited on till dropped
+
+
+class HeldByAnother(Lanes):
+    """Calls run at once but another caller's, held until the test releases the hot lane."""
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        self.calls.append(("hot", tuple(texts)))
+        if "another caller's turn" in texts:
+            await self.hot.wait()
+        return self.fake.embed_batch(texts)
+
+
+async def test_a_final_whose_prefetchs_own_words_wait_in_line_is_searched_at_once(
+    tmp_path: Path,
+) -> None:
+    """A prefetch whose folded query was embedded before, but whose turn's own words (searched
+    alone too: ``PlannedSearch.alone``) wait in line behind another caller's final, is still
+    waiting: the final cancels it and embeds its words itself. It read only the folded query
+    as started, and the final waited on the prefetch until it was dropped from the line."""
+    lanes = HeldByAnother()
+    engine = build_engine(
+        {**PHONE_HELP, "MAILBOX": [*PHONE_HELP["MAILBOX"], "Mailbox is the voicemail service."]},
+        tmp_path,
+        embedder=lanes,
+    )
+    prefetcher = Prefetcher(engine, stable_ms=200, caller="me")
+    said = "How can I change the code that protects my messages?"
+    try:
+        await engine.turn(TurnInput(session_id=SESSION, text="Tell me about Mailbox."))
+        planned = engine.plan(TurnInput(session_id=SESSION, text=said, is_final=False))
+        assert planned is not None
+        assert planned.alone == said
+        await engine.vectors.get(planned.query, far())  # the folded query, embedded before
+        held = asyncio.ensure_future(another_callers_final(engine))
+        await settle()
+        prefetcher.interim(TurnInput(session_id=SESSION, text=said, is_final=False))
+        await settle()
+        assert engine.counters.prefetch_started == 1
+        assert not engine.vectors.started(said)  # in line behind another caller's final
+        result = await engine.turn(TurnInput(session_id=SESSION, text=said), prefetcher)
+        lanes.hot.set()
+        await held
+    finally:
+        await prefetcher.aclose()
+        await engine.aclose()
+    assert engine.vectors.stats.dropped == 0  # cancelled in line, not waited on till dropped
     assert not result.prefetched
     assert not result.degraded

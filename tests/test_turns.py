@@ -6,9 +6,12 @@ Each test feeds a conversation through ``run_turns`` (a real snapshot, the shipp
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from index.embedders.base import FakeEmbedder
@@ -116,6 +119,42 @@ async def test_a_question_over_the_list_keeps_each_options_best_below_min_score(
     titles = [hit.chunk.title for hit in results[-1].hits]
     assert sorted(titles) == ["BLUE DOOR CAFE", "HARBOR GRILL"]
     assert min(hit.score for hit in results[-1].hits) < 0.3  # one of them is below it
+
+
+@pytest.mark.parametrize(
+    "asked", ["could you first confirm they take reservations?", "ok at last do they have seats"]
+)
+async def test_an_ordinal_not_said_of_the_list_picks_no_option(tmp_path: Path, asked: str) -> None:
+    """ "first" and "last" name a position in the list only after "the" or before "one": "could
+    you first confirm" and "at last" pick none, and "they" right after the list asks about
+    both."""
+    results = await run_turns(PLACES, [LISTED, ("user", asked)], tmp_path)
+    assert results[-1].followup.source == Source.OPTIONS
+    assert results[-1].followup.used == "BLUE DOOR CAFE | HARBOR GRILL"
+
+
+async def test_a_question_over_the_list_searched_ahead_is_embedded_only(tmp_path: Path) -> None:
+    """Searched ahead on its interim transcript, a question over the listed options embeds
+    its words alone and ranks nothing: the final ranks each option's chunks itself, from the
+    vector then cached. The words were ranked ahead as one query, a ranking every such final
+    threw away."""
+    embedder = FakeEmbedder()
+    engine = build_engine(PLACES, tmp_path, embedder=embedder)
+    asked = "which of them has outdoor seating?"
+    try:
+        await run_turns(engine, [LISTED])
+        planned = engine.plan(TurnInput(session_id=SESSION, text=asked, is_final=False))
+        assert planned is not None
+        assert (planned.each, planned.query) == (True, asked)
+        deadline = asyncio.get_running_loop().time() + 5.0
+        assert await engine.search_ahead(planned, deadline) is None
+        embedder.calls.clear()
+        last = await engine.turn(TurnInput(session_id=SESSION, text=asked))
+    finally:
+        await engine.aclose()
+    assert embedder.calls == []  # embedded ahead
+    assert last.followup.used == "BLUE DOOR CAFE | HARBOR GRILL"
+    assert {hit.chunk.title for hit in last.hits[:2]} == {"BLUE DOOR CAFE", "HARBOR GRILL"}
 
 
 async def test_the_other_one_and_a_position_pick_from_the_agents_list(tmp_path: Path) -> None:
@@ -558,6 +597,34 @@ async def test_a_short_question_of_its_own_after_a_topic_is_searched_as_itself(
     assert alike[1].followup.used == "PARK INN"
 
 
+async def test_a_short_question_of_its_own_is_judged_within_the_pages_the_call_may_reach(
+    tmp_path: Path,
+) -> None:
+    """Whether a short question's own words single out its page is read from its own search,
+    within the call's paths: a page the call may not reach (an old copy of the sign-in help)
+    that its words rate as high does not keep it folded with the roaming question. It was
+    judged by a search of the whole base; reachable, that copy still keeps it folded."""
+    base = {
+        **PHONE_HELP,
+        "MAILBOX": [*PHONE_HELP["MAILBOX"], "Mailbox is the voicemail service."],
+        "OLD SIGN-IN HELP": ["Forgot your password? Reset it here, on the old site."],
+    }
+    engine = build_engine(base, tmp_path, embedder=FakeEmbedder(dimension=1024), min_score=0.3)
+    reach = {"all": (), "new": ("TRAVEL*", "MAILBOX*", "SIGN-IN*", "PRICE*")}
+    try:
+        last = {
+            name: [
+                await engine.turn(TurnInput(session_id=name, text=text, source_paths=paths))
+                for text in ("How much does roaming cost in Europe?", "I forgot my password")
+            ][-1]
+            for name, paths in reach.items()
+        }
+    finally:
+        await engine.aclose()
+    assert_said_as_itself(last["new"], "I forgot my password", "SIGN-IN HELP")
+    assert last["all"].followup.source == Source.RECENT_TURNS
+
+
 async def test_a_tracked_page_the_caller_moved_on_from_is_not_folded_into_short_questions(
     tmp_path: Path,
 ) -> None:
@@ -613,6 +680,64 @@ PLAN_HELP = {
         "Change your voicemail PIN from the voicemail menu.",
     ],
 }
+
+
+BILLING = {
+    "BILLS": ["Your bill arrives by email each month."],
+    "STORES": ["Our stores open at nine."],
+    "ROAM": ["Roaming in Europe costs five dollars a day."],
+}
+
+
+async def _answered_on(tmp_path: Path, context_url: str, min_score: float) -> TurnResult:
+    """The last turn of a conversation whose last turn is searched twice (folded with the
+    recent exchange, and alone), the caller on page ``context_url`` (BILLS' related page)."""
+    engine = build_engine(
+        BILLING,
+        tmp_path / f"{min_score}-{bool(context_url)}",
+        min_score=min_score,
+        context_bonus=0.2,
+        metadata={"BILLS": {"related_urls": "/billing/*"}},
+    )
+    turns = [
+        ("user", "How much does roaming cost in Europe?"),
+        ("agent", "Roaming costs five dollars a day."),
+        ("user", "what about the weather today"),
+    ]
+    try:
+        results = [
+            await engine.turn(
+                TurnInput(session_id=SESSION, text=text, speaker=who, context_url=context_url)
+            )
+            for who, text in turns
+        ]
+    finally:
+        await engine.aclose()
+    assert results[-1].followup.source == Source.RECENT_TURNS
+    return results[-1]
+
+
+def _score_of(title: str, result: TurnResult) -> float:
+    return next(hit.score for hit in result.hits if hit.chunk.title == title)
+
+
+@pytest.mark.parametrize("min_score", [0.15, 0.25])
+async def test_a_context_url_lifts_a_turns_two_searches_after_min_score_not_past_it(
+    tmp_path: Path, min_score: float
+) -> None:
+    """A turn searched twice keeps the chunks of the caller's page (``context_url``) only where
+    its own cosines reach ``min_score``, as a single search does, and lifts them there; how
+    sure its fold is reads the cosines, not the lift. Both searches were ranked with the bonus
+    before the threshold: at 0.25 the billing chunk (cosines under it) came back, and the
+    fold's confidence moved with the page the caller was on."""
+    plain = await _answered_on(tmp_path, "", min_score)
+    on_page = await _answered_on(tmp_path, "https://app.example.com/billing/march", min_score)
+    assert {h.chunk.title for h in on_page.hits} == {h.chunk.title for h in plain.hits}
+    assert on_page.followup.confidence == plain.followup.confidence
+    if min_score < 0.2:  # the billing chunk passes the threshold: lifted, above its own score
+        assert _score_of("BILLS", on_page) > _score_of("BILLS", plain)
+    else:
+        assert [h.chunk.title for h in on_page.hits] == ["ROAM"]
 
 
 @pytest.mark.parametrize("min_score", [0.0, 0.3])
@@ -1297,3 +1422,17 @@ async def test_a_turn_makes_hits_for_its_answer_alone(
     assert answered  # the answers are still made of hits, and nothing else is
     assert len(made) == len(answered)
     assert all(type(hit) is Counted for hit in answered)
+
+
+def test_the_listed_options_chunks_are_read_grouped_by_entity() -> None:
+    """``Listed`` groups the chunks' labels by entity once, each group ascending as a scan of
+    every chunk's entity finds them, for any order of the chunks' entities."""
+    entity_of = np.array([2, 0, 2, 1, 0, 2, 2], dtype=np.int32)
+    table: Any = SimpleNamespace(names=["A ", "B", "C"], entity_of=entity_of)
+    listed = followups.Listed.of(table)
+    for at, name in enumerate(("A", "B", "C")):
+        labels = listed.labels_of(name)
+        assert labels is not None
+        assert labels.tolist() == np.flatnonzero(entity_of == at).tolist()
+    assert listed.labels_of("D") is None
+    assert followups.Listed.nothing().labels_of("A") is None

@@ -24,7 +24,7 @@ from index.chunker import chunk_page
 from index.embedders.base import Embedder, FakeEmbedder
 from index.snapshot import load_snapshot, write_pages_snapshot
 from index.store import new_version_id
-from index.types import Page
+from index.types import MetaValue, Page
 from sidecar.config import SidecarConfig
 from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.snapshots.searcher import Searcher
@@ -35,10 +35,16 @@ KB = "base"
 SESSION = "call"
 
 
-def base_pages(base: Mapping[str, Sequence[str]], kind: str = "text") -> list[Page]:
+def base_pages(
+    base: Mapping[str, Sequence[str]],
+    kind: str = "text",
+    metadata: Mapping[str, Mapping[str, MetaValue]] | None = None,
+) -> list[Page]:
     """One jsonl-like page per chunk text, its entity as the context every chunk is embedded
     with (as a ``context_fields`` source does); ``kind="markdown"`` reads a text's headings
-    (its chunk's breadcrumbs, below the entity as the page's title)."""
+    (its chunk's breadcrumbs, below the entity as the page's title); ``metadata``: an entity's
+    pages' metadata (``related_urls``)."""
+    metadata = metadata or {}
     return [
         Page(
             source=KB,
@@ -47,6 +53,7 @@ def base_pages(base: Mapping[str, Sequence[str]], kind: str = "text") -> list[Pa
             text=text,
             kind=kind,
             context=entity if kind == "text" else "",  # markdown: the breadcrumbs
+            metadata=dict(metadata.get(entity, {})),
         )
         for entity, texts in base.items()
         for i, text in enumerate(texts)
@@ -59,12 +66,13 @@ def build_engine(
     *,
     embedder: Embedder | None = None,
     kind: str = "text",
+    metadata: Mapping[str, Mapping[str, MetaValue]] | None = None,
     **config: Any,
 ) -> Engine:
-    """An engine serving a snapshot of ``base`` (its pages of ``kind``: ``base_pages``) written
-    under ``folder``; ``config`` overrides ``SidecarConfig`` keys."""
+    """An engine serving a snapshot of ``base`` (its pages of ``kind`` and ``metadata``:
+    ``base_pages``) written under ``folder``; ``config`` overrides ``SidecarConfig`` keys."""
     embedder = embedder or FakeEmbedder()
-    pages = base_pages(base, kind)
+    pages = base_pages(base, kind, metadata)
     chunks = [c for p in pages for c in chunk_page(p)]
     vectors = embedder.embed_batch([c.embed_text for c in chunks])  # ``delay`` etc. spare it
     version = new_version_id("turns")

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from index.filters import Allowed
 from index.lexical import LexicalIndex
 from index.snapshot import LoadedSnapshot
 from index.tables import ChunkTable
-from index.types import Chunk, MetadataFilter
+from index.types import Chunk, MetadataFilter, MetaValue
 from sidecar.config import MAX_BUDGET_MS, MAX_LIMIT, SidecarConfig
 from sidecar.errors import InvalidArgument, Loading, RetryLater
 from sidecar.snapshots.holder import SnapshotHolder
@@ -217,6 +217,14 @@ class PlannedSearch:
     # the turn's words, where its plan searches them alone too (``_searches_both``): embedded
     # ahead with the query, for the final turn's own two searches
     alone: str = ""
+    # a question over the agent's listed options (``query``: its words alone): embedded ahead
+    # only, the final ranking each option's chunks itself (``Engine._each_listed``)
+    each: bool = False
+
+    @property
+    def queries(self) -> tuple[str, ...]:
+        """What a search ahead embeds, in one call: the query, and the turn's words alone."""
+        return (self.query, self.alone) if self.alone else (self.query,)
 
 
 @dataclass(slots=True)
@@ -231,6 +239,17 @@ class SearchScope:
     sources: Sequence[str] = ()
     context_url: str = ""
     allowed: Allowed | None = None
+
+
+class Searched(NamedTuple):
+    """A turn's two searches (``Engine._searched_both``)."""
+
+    folded: Ranking  # the folded query's ranking at min_score
+    own: Ranking  # the turn alone's
+    # both before min_score, plain cosines where they are cosines (``Engine._ranked_before``)
+    before: tuple[Ranking, Ranking]
+    said: Vectors | None  # the turn's own vector; None when not embedded
+    target: SearchScope  # what both searched: how deep, within what the call may reach
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,7 +440,7 @@ class Engine:
         target = self._turn_scope(searcher, kb, req, depth, allowed)
         both = await self._searched_both(target, (plan.query, req.text), budget, embed)
         # the turn's own words' result is what the conversation's pages count
-        _count_pages(session, both[1].found, entity_of)
+        _count_pages(session, both.own.found, entity_of)
         return self._folded_or_own(searcher, kb, req, utterance, session, plan, both, prior)
 
     async def _retrieve_one(
@@ -458,18 +477,17 @@ class Engine:
         utterance: Utterance,
         session: Session,
         plan: followups.Plan,
-        both: tuple[Ranking, Ranking, tuple[Ranking, Ranking], Vectors | None],
+        both: Searched,
         prior: Mapping[str, float] | None,
     ) -> tuple[str, Ranking]:
         """Which of a turn's two searches (``_searched_both``) answers it: the turn's own words
         where they name their own topic or a short question of its own, else the fold."""
-        folded, own, _, said = both
+        folded, own = both.folded, both.own
         entity_of = searcher.gazetteer.entity_of
         keep = self._depth(kb, self.config.max_results)
-        depth = max(keep, FUSION_DEPTH)
         if _confirm(session, plan, own, entity_of):  # it names its own topic: answered as said
             return req.text, _cut(own, keep)
-        if plan.short and self._switched(searcher, kb, plan, folded, own, said, depth):
+        if plan.short and self._switched(plan, both):
             return req.text, _cut(own, keep)  # a short question of its own
         if not plan.alone:  # searched alone only to see whether it names its own topic
             found = _entity_lifted(folded, _pointed_at(plan), entity_of)
@@ -483,32 +501,36 @@ class Engine:
         req: TurnInput,
         utterance: Utterance,
         plan: followups.Plan,
-        both: tuple[Ranking, Ranking, tuple[Ranking, Ranking], Vectors | None],
+        both: Searched,
         prior: Mapping[str, float] | None,
     ) -> tuple[str, Ranking]:
         """A turn searched alone too: the fold backed by the turn's name, the turn's own
         answer, or both ranked by both (``_combined``), with how sure the fold is where its
         searches read cosines (``_agreement``)."""
-        folded, own, before, said = both
+        folded, own, before = both.folded, both.own, both.before
         entity_of = searcher.gazetteer.entity_of
         keep = self._depth(kb, self.config.max_results)
-        if _name_alone(plan, own) and said is not None:
-            folded = self._backed(searcher, kb, folded, said, max(keep, FUSION_DEPTH))
+        if _name_alone(plan, own) and both.said is not None:
+            folded = self._backed(both)
         elif _asked_alone(plan, own, utterance, searcher.snapshot.lexical):
             return req.text, _cut(own, keep)  # nothing: the exchange alone found them
         floors = _floors((folded, own), before, self.config.min_score)
         query, result = _combined(plan, req.text, (folded, own), floors, prior, entity_of, keep)
         if plan.followup.source == followups.Source.RECENT_TURNS and query == plan.query:
-            result = replace(result, sure=self._agreement(kb, folded, before[1]))
+            result = replace(result, sure=self._agreement(kb, before))
         return query, result
 
-    def _agreement(self, kb: str, folded: Ranking, every: Ranking) -> float | None:
-        """``_agreement`` where both searches' scores are cosines; None (the plan's guess)
-        where either was lexical (``degraded``: BM25's scores) or the base is hybrid (fused
-        ranks)."""
+    def _agreement(self, kb: str, before: tuple[Ranking, Ranking]) -> float | None:
+        """``_agreement`` of the folded query's plain cosines at ``min_score`` and the turn
+        alone's before it (no ``context_url`` lift: the caller's page is no agreement); None
+        (the plan's guess) where either was lexical (``degraded``: BM25's scores) or the base
+        is hybrid (fused ranks)."""
+        folded, every = before
         if folded.degraded or every.degraded or kb in self.hybrid_bases:
             return None
-        return _agreement(folded, every)
+        min_score = self.config.min_score
+        kept = replace(folded, found=[hit for hit in folded.found if hit[1] >= min_score])
+        return _agreement(kept, every)
 
     async def _each_listed(
         self, target: SearchScope, plan: followups.Plan, budget: Budget, embed: bool
@@ -559,7 +581,7 @@ class Engine:
 
     async def _searched_both(
         self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
-    ) -> tuple[Ranking, Ranking, tuple[Ranking, Ranking], Vectors | None]:
+    ) -> Searched:
         """A turn's two searches (the folded query, the turn alone), both rankings before
         ``min_score`` (``_floors`` sees where it cut them, ``_agreement`` reads the turn
         alone's cosines; the same rankings where the threshold does not cut a dense one) and
@@ -574,20 +596,26 @@ class Engine:
         embed_ms = (time.perf_counter() - start) * 1000.0
         first, first_all = self._ranked_before(target, queries[0], vectors[0], embed_ms)
         own, own_all = self._ranked_before(target, queries[1], vectors[1], embed_ms)
-        return first, own, (first_all, own_all), vectors[1]
+        return Searched(first, own, (first_all, own_all), vectors[1], target)
 
     def _ranked_before(
         self, target: SearchScope, query: str, vector: Vectors | None, embed_ms: float
     ) -> tuple[Ranking, Ranking]:
-        """One of a turn's two searches: its ranking at ``min_score`` and before it (the same
-        ranking where no cosines are there to read: BM25 or a hybrid base)."""
+        """One of a turn's two searches: its ranking at ``min_score`` (``context_url``'s lift
+        added after the threshold, as a single search's) and its plain cosines before it (the
+        same ranking where no cosines are there to read: BM25 or a hybrid base). The turn's
+        searches are FUSION_DEPTH deep, past the CONTEXT_DEPTH a lift looks down to."""
         if vector is None or target.knowledge_base in self.hybrid_bases:
             ranked = self._rank(target, query, vector, embed_ms)
             return ranked, ranked
-        every = self._rank(replace(target, min_score=-1.0), query, vector, embed_ms)
+        every = self._rank(replace(target, min_score=-1.0, context_url=""), query, vector, embed_ms)
         if every.degraded:  # the graph failed: BM25 answered, min_score is not its threshold
-            return every, every
+            ranked = self._rank(target, query, None, embed_ms) if target.context_url else every
+            return ranked, ranked  # (lifted by the caller's page, as any search's fallback)
         kept = [scored for scored in every.found if scored[1] >= target.min_score]
+        related = relevance.related_to(target.context_url) if self.config.context_bonus else None
+        if related is not None:
+            kept = relevance.context_lifted(kept, _metadata, related, self.config.context_bonus)
         return replace(every, found=kept), every
 
     def _turn_scope(
@@ -652,7 +680,15 @@ class Engine:
         # turn finds their vector cached (``_each_listed``)
         query = plan.asked if plan.each else plan.query
         return PlannedSearch(
-            kb, searcher, query, req.sources, req.context_url, allowed, plan.followup, alone
+            kb,
+            searcher,
+            query,
+            req.sources,
+            req.context_url,
+            allowed,
+            plan.followup,
+            alone,
+            each=bool(plan.each),
         )
 
     def _plan(
@@ -690,7 +726,8 @@ class Engine:
         """Embed and rank a planned query ahead of its turn, behind every caller's turn and in
         ``caller``'s turn among the others searching ahead (``QueryEmbedder.ahead``); None when
         it was dropped, the embedder missed ``deadline`` (``loop.time()``) or failed: the turn
-        itself then decides."""
+        itself then decides. A question over listed options is embedded only: the final ranks
+        each option's chunks itself, from the vector then cached."""
         target = SearchScope(
             planned.searcher,
             planned.knowledge_base,
@@ -702,9 +739,8 @@ class Engine:
         )
         start = time.perf_counter()
         # the final searches both when it has ``alone``: both embedded now, in one call
-        queries = (planned.query, planned.alone) if planned.alone else (planned.query,)
-        vector = (await self.vectors.ahead(queries, deadline, caller))[0]
-        if vector is None:  # no lexical search ahead: the turn itself falls back if it must
+        vector = (await self.vectors.ahead(planned.queries, deadline, caller))[0]
+        if vector is None or planned.each:  # no lexical search ahead: the turn falls back
             return None
         embed_ms = (time.perf_counter() - start) * 1000.0
         return self._rank(target, planned.query, vector, embed_ms=embed_ms)
@@ -867,38 +903,43 @@ class Engine:
             allowed=target.allowed,
         )
 
-    def _backed(
-        self, searcher: Searcher, kb: str, folded: Ranking, said: Vectors, depth: int
-    ) -> Ranking:
-        """``_backed``, or ``folded`` as searched when the graph cannot answer its search: the
-        rule is skipped (counted and logged as every search the graph fails), rather than the
-        turn failing with the graph's error where every other search of it is answered."""
+    def _backed(self, both: Searched) -> Ranking:
+        """``_backed``, or the folded query's ranking as searched when the graph cannot answer
+        the turn's dense search on a hybrid base (``_alone_cosines``): the rule is skipped
+        (counted and logged as every search the graph fails), rather than the turn failing
+        with the graph's error where every other search of it is answered."""
         try:
-            return _backed(searcher, folded, said, self.config.min_score, depth)
+            return _backed(both.folded, self._alone_cosines(both), self.config.min_score)
         except GraphSearchFailed as exc:
-            self._graph_failed(kb, searcher, exc)
-            return folded
+            self._graph_failed(both.target.knowledge_base, both.target.searcher, exc)
+            return both.folded
 
-    def _switched(
-        self,
-        searcher: Searcher,
-        kb: str,
-        plan: followups.Plan,
-        folded: Ranking,
-        own: Ranking,
-        said: Vectors | None,
-        depth: int,
-    ) -> bool:
+    def _switched(self, plan: followups.Plan, both: Searched) -> bool:
         """``_switched`` against the folded query's answer (the tracked entity's chunks lifted
-        where the turn is folded with it alone), or False when the graph cannot answer its
-        search (counted and logged as every search the graph fails): the turn is then answered
-        as folded."""
-        answer = _entity_lifted(folded, _pointed_at(plan), searcher.gazetteer.entity_of)
-        try:
-            return _switched(searcher, answer, own, said, depth)
-        except GraphSearchFailed as exc:
-            self._graph_failed(kb, searcher, exc)
+        where the turn is folded with it alone), or False when the graph cannot answer the
+        turn's dense search on a hybrid base (counted and logged as every search the graph
+        fails): the turn is then answered as folded."""
+        target = both.target
+        entity_of = target.searcher.gazetteer.entity_of
+        answer = _entity_lifted(both.folded, _pointed_at(plan), entity_of)
+        if both.said is None or answer.degraded or both.own.degraded:
             return False
+        try:
+            return _switched(entity_of, answer, both.own, self._alone_cosines(both))
+        except GraphSearchFailed as exc:
+            self._graph_failed(target.knowledge_base, target.searcher, exc)
+            return False
+
+    def _alone_cosines(self, both: Searched) -> Sequence[Scored]:
+        """The turn alone's chunks by cosine, as deep as its search and before ``min_score``,
+        within what the call may reach: its ranking before the threshold, or on a hybrid base
+        (whose ranking is fused) a dense one of its vector, made as every dense search is."""
+        target = both.target
+        if target.knowledge_base not in self.hybrid_bases:
+            return both.before[1].found
+        plain = self._query(replace(target, min_score=-1.0, context_url=""), "", both.said)
+        chunks = target.searcher.chunks  # no text: dense; the graph's error is the caller's
+        return [(chunks[label], score) for label, score in relevance.rank(target.searcher, plain)]
 
     def _graph_failed(self, kb: str, searcher: Searcher, exc: GraphSearchFailed) -> None:
         """Count a search the graph could not answer; log it once per snapshot of a base (one
@@ -1279,6 +1320,10 @@ def _combined(
     return (text if _own_answer(found, folded, own) else plan.query), result
 
 
+def _metadata(chunk: Chunk) -> Mapping[str, MetaValue]:
+    return chunk.metadata
+
+
 def _agreement(folded: Ranking, own: Ranking) -> float | None:
     """How sure a turn folded with the recent exchange is of its answer, from its two searches:
     the mean of the turn alone's cosine for the folded query's best chunk and the folded
@@ -1320,28 +1365,23 @@ def _stands_alone(folded: Ranking, own: Ranking, margin: float) -> bool:
 
 
 def _switched(
-    searcher: Searcher, folded: Ranking, own: Ranking, said: Vectors | None, depth: int
+    entity_of: EntityOf, folded: Ranking, own: Ranking, cosines: Sequence[Scored]
 ) -> bool:
     """Whether a short turn that points back at nothing (``Plan.short``: "I forgot my password"
     after roaming prices) asks a question of its own: its own best chunk's page is not the
     folded answer's best chunk's, and its own words single that page out, rating it
-    SHORT_MARGIN above any other page in cosine (read from the turn's own vector ``depth``
-    deep, before ``min_score``: a page not among them counts at the last of them, the most it
-    could have). Words many pages answer alike ("is the room spotless", of any hotel) single
-    out none."""
-    if said is None or folded.degraded or own.degraded or not own.found or not folded.found:
+    SHORT_MARGIN above any other page in cosine (read from the turn's own ``cosines``, as deep
+    as its search, before ``min_score``: a page not among them counts at the last of them, the
+    most it could have). Words many pages answer alike ("is the room spotless", of any hotel)
+    single out none."""
+    if not own.found or not folded.found or not cosines:
         return False
-    entity_of = searcher.gazetteer.entity_of
     best = own.found[0][0]
     page = entity_of(best)
     if entity_of(folded.found[0][0]) == page:
         return False
-    found = searcher.snapshot.search_dense(said, depth)
-    if not found:
-        return False
-    chunks = searcher.chunks
-    mine = next((s for label, s in found if chunks[label].chunk_id == best.chunk_id), None)
-    other = next((s for label, s in found if entity_of(chunks[label]) != page), found[-1][1])
+    mine = next((s for chunk, s in cosines if chunk.chunk_id == best.chunk_id), None)
+    other = next((s for chunk, s in cosines if entity_of(chunk) != page), cosines[-1][1])
     return mine is not None and mine - other >= SHORT_MARGIN
 
 
@@ -1368,24 +1408,20 @@ def _asked_alone(
     return followups.asks(utterance) and not len(lexical.matching(utterance.text))
 
 
-def _backed(
-    searcher: Searcher, folded: Ranking, said: Vectors, min_score: float, depth: int
-) -> Ranking:
+def _backed(folded: Ranking, cosines: Sequence[Scored], min_score: float) -> Ranking:
     """``folded`` less the hits the turn's own words do not back: a hit is kept when the mean of
-    its score and the turn's own cosine for its chunk reaches ``min_score`` (a chunk not among
-    the turn's top ``depth`` is given the last of them, the most it could have), as
-    ``_fused`` scores a chunk by both queries. The name alone rates its page's chunks high
-    whatever is asked; an off-topic question folded with it ("Voicemail: What is the capital
-    of France?") still clears the threshold on the name's words, where by both it does not, and
-    its answer is the honest nothing it gets asked alone. A question that does not point back
-    but asks about the page ("Can I pay by card?" after a hotel) has its own words near the
-    page's chunks, and keeps them."""
-    found = searcher.snapshot.search_dense(said, depth)
-    if not found:
+    its score and the turn's own cosine for its chunk (``cosines``: as deep as its search,
+    before ``min_score``) reaches ``min_score`` (a chunk not among them is given the last of
+    them, the most it could have), as ``_fused`` scores a chunk by both queries. The name alone
+    rates its page's chunks high whatever is asked; an off-topic question folded with it
+    ("Voicemail: What is the capital of France?") still clears the threshold on the name's
+    words, where by both it does not, and its answer is the honest nothing it gets asked
+    alone. A question that does not point back but asks about the page ("Can I pay by card?"
+    after a hotel) has its own words near the page's chunks, and keeps them."""
+    if not cosines:
         return replace(folded, found=[])
-    chunks = searcher.chunks
-    own = {chunks[label].chunk_id: score for label, score in found}
-    floor = found[-1][1]
+    own = {chunk.chunk_id: score for chunk, score in cosines}
+    floor = cosines[-1][1]
     kept = [
         (chunk, score)
         for chunk, score in folded.found

@@ -250,15 +250,16 @@ class Prefetcher:
         self._engine.counters.prefetch_started += 1
 
     async def _under_way(self, ahead: _Ahead) -> bool:
-        """Whether the prefetch is done or its words are embedded or being embedded, not
-        waiting for their turn behind other calls. A prefetch started in this pass of the loop
-        is let take its first step first: it joins the line or submits its embedding before it
+        """Whether the prefetch is done or every query it embeds (``PlannedSearch.queries``) is
+        embedded or being embedded, not waiting for its turn behind other calls: it waits in
+        line while any of them has not started. A prefetch started in this pass of the loop is
+        let take its first step first: it joins the line or submits its embedding before it
         waits on anything."""
-        vectors = self._engine.vectors
-        if ahead.task.done() or vectors.started(ahead.planned.query):
+        started = self._engine.vectors.started
+        if ahead.task.done() or all(map(started, ahead.planned.queries)):
             return True
         await asyncio.sleep(0)
-        return ahead.task.done() or vectors.started(ahead.planned.query)
+        return ahead.task.done() or all(map(started, ahead.planned.queries))
 
     def _free_at(self) -> float:
         """The loop time from which the stream may start another prefetch."""

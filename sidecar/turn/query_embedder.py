@@ -176,8 +176,7 @@ class QueryEmbedder:
         idle (see the module docstring); None for each when dropped first. Its cancelling is
         the sidecar's own choice (a newer interim came), not a caller hanging up: a call under
         way goes on for the cache without counting among the late ones."""
-        fresh = any(q not in self._cache and q not in self._inflight for q in queries)
-        if fresh and not await self._turn(caller, deadline):
+        if not all(map(self.started, queries)) and not await self._turn(caller, deadline):
             return [self._cache.get(query) for query in queries]
         return await self.get_many(queries, deadline, ahead=True)
 
@@ -185,7 +184,7 @@ class QueryEmbedder:
         """The query's vector embedded in the background, behind every caller's: submitted once
         no caller's query is in flight (or LATER_WAIT_S at most), on the embedder's background
         lane; None as ``get`` answers it (the deadline passed first, the embedder failed)."""
-        if query not in self._cache and query not in self._inflight and self._hot:
+        if not self.started(query) and self._hot:
             loop = asyncio.get_running_loop()
             idle = loop.create_future()
             self._idle.append(idle)

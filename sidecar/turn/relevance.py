@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Literal
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -52,14 +52,15 @@ FUSION_DEPTH = 20
 CONTEXT_DEPTH = 10
 LEXICAL_LIFT = 2.0
 # A listed option's chunks scored exactly by a question over the options (``each_best``): at
-# most this many of each (a page of more is scored by its first ones; a place's reviews and a
-# help page's sections are tens).
-EACH_CHUNKS = 4096
+# most this many of each (a page of more is scored by its first ones). The largest entity of
+# every measured set holds 686 chunks (rclone's docs; DSTC11's places 100, doc2dial's pages 53).
+EACH_CHUNKS = 1024
 # the frontmatter / metadata key holding the globs: a string of comma-separated globs, or a list
 RELATED_URLS = "related_urls"
 
 Ranked = list[tuple[int, float]]
 Related = Callable[[Mapping[str, MetaValue]], bool]
+Item = TypeVar("Item")  # what a score is of: a chunk's label, or the chunk
 
 
 @dataclass(slots=True)
@@ -141,7 +142,7 @@ def lexical(searcher: Searcher, q: Query, related: Related | None, depth: int) -
     ]
     if related is not None:
         lift = 1.0 + LEXICAL_LIFT * q.context_bonus
-        ranked = _lift(searcher, ranked, related, lambda s: s * lift)
+        ranked = _lifted(ranked, _metadata(searcher), related, lambda s: s * lift)
     return ranked[: q.limit]
 
 
@@ -150,9 +151,20 @@ def dense(searcher: Searcher, q: Query, related: Related | None, depth: int) -> 
     found = _dense(searcher, q, depth)
     if related is None:  # most calls: one pass, no set
         return [(label, score) for label, score in found if score >= q.min_score][: q.limit]
-    relevant = {label for label, score in found if score >= q.min_score}
-    found = _lift(searcher, found, related, lambda s: s + q.context_bonus)
-    return [(label, score) for label, score in found if label in relevant][: q.limit]
+    relevant = [(label, score) for label, score in found if score >= q.min_score]
+    return context_lifted(relevant, _metadata(searcher), related, q.context_bonus)[: q.limit]
+
+
+def context_lifted(
+    found: Sequence[tuple[Item, float]],
+    metadata_of: Callable[[Item], Mapping[str, MetaValue]],
+    related: Related,
+    bonus: float,
+) -> list[tuple[Item, float]]:
+    """Cosines already at ``min_score`` (the threshold applies to the unlifted score) with
+    ``+bonus`` on each related chunk's, re-sorted: the ``context_url`` lift of a dense ranking
+    (``dense``; ``sidecar.turn.engine`` lifts a turn's two searches after its own threshold)."""
+    return _lifted(found, metadata_of, related, lambda s: s + bonus)
 
 
 def hybrid(searcher: Searcher, q: Query, related: Related | None, depth: int) -> Ranked:
@@ -288,13 +300,17 @@ def _score_both(
     return {label: cosine[label] for label in labels}, {label: bm25[label] for label in labels}
 
 
-def _lift(
-    searcher: Searcher, ranked: Ranked, related: Related, lifted: Callable[[float], float]
-) -> Ranked:
+def _metadata(searcher: Searcher) -> Callable[[int], Mapping[str, MetaValue]]:
     chunks = searcher.chunks
-    out = [
-        (label, lifted(score) if related(chunks[label].metadata) else score)
-        for label, score in ranked
-    ]
+    return lambda label: chunks[label].metadata
+
+
+def _lifted(
+    ranked: Sequence[tuple[Item, float]],
+    metadata_of: Callable[[Item], Mapping[str, MetaValue]],
+    related: Related,
+    lifted: Callable[[float], float],
+) -> list[tuple[Item, float]]:
+    out = [(item, lifted(score) if related(metadata_of(item)) else score) for item, score in ranked]
     out.sort(key=lambda hit: -hit[1])  # stable: ties keep their order
     return out
