@@ -214,14 +214,18 @@ class Voxrecall:
 
 
 class GrpcEcho:
-    """The same request and response bytes over the same kind of channel, with no search."""
+    """The same request and response bytes over the same kind of channel, with no search; or,
+    as ``grpc-knn`` (``method="Knn"``), with the sidecar's own graph searched in a bare method
+    of its process (``bench.sidecar_proc``): the floor of a Python server's Search."""
 
-    name = "grpc-echo"
-
-    def __init__(self, port: int, response_bytes: int) -> None:
+    def __init__(
+        self, port: int, response_bytes: int, method: str = "Search", name: str = "grpc-echo"
+    ) -> None:
+        self.name = name
+        self.method = f"/bench.Echo/{method}"
         self.target = f"127.0.0.1:{port}"
         self.channel = grpc.aio.insecure_channel(self.target)
-        self.call = _echo_call(self.channel)
+        self.call = _echo_call(self.channel, self.method)
         self.setting: dict[str, Any] = {"response_bytes": response_bytes}
 
     async def asearch(self, query: F32) -> Sequence[int]:
@@ -230,15 +234,15 @@ class GrpcEcho:
     @contextlib.asynccontextmanager
     async def clients(self, n: int) -> AsyncIterator[list[AsyncSearchFn]]:
         async with _channels(self.target, n) as channels:
-            yield [partial(_search_on, _echo_call(c)) for c in channels]
+            yield [partial(_search_on, _echo_call(c, self.method)) for c in channels]
 
     async def aclose(self) -> None:
         await self.channel.close(None)
 
 
-def _echo_call(channel: grpc.aio.Channel) -> Any:
+def _echo_call(channel: grpc.aio.Channel, method: str) -> Any:
     return channel.unary_unary(
-        "/bench.Echo/Search",
+        method,
         request_serializer=pb.SearchRequest.SerializeToString,
         response_deserializer=pb.SearchResponse.FromString,
     )

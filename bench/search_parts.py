@@ -8,8 +8,12 @@ same queries in turns of 20 so that load elsewhere falls on all alike:
     no-hooks          without the interceptor's hooks (call log, metrics, drain gate, limit)
     canned            the handler answers a stored top-10 response: hooks and typed messages,
                       no engine and no search
-    search-in-thread  the ranking (hnswlib) in a worker thread instead of on the event loop
+    canned-knn        the handler searches the graph as grpc-knn does and answers a stored
+                      response: the sidecar's server and hooks around a bare search
+    search-in-thread  a plain Search's graph search and hits in a worker thread, not on the loop
     grpc-echo         raw bytes in and out of a bare method: the transport floor
+    grpc-knn          a bare method searching the sidecar's own graph, answering the echo's bytes:
+                      the floor of a Python server's Search (no code of the sidecar's on the call)
     hnswlib           the same graph searched in this process (``bench.systems.Hnswlib``)
 
 Prints p50/p95 of one sequential client and queries per second of 16 concurrent ones (one
@@ -28,7 +32,6 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
 RESULTS = Path(__file__).resolve().parent / "results" / "search_parts.json"
-VARIANTS = ("sidecar", "no-hooks", "canned", "search-in-thread")
+VARIANTS = ("sidecar", "no-hooks", "canned", "canned-knn", "search-in-thread")
 BLOCK = 20  # queries per turn, as the search suite's warm percentiles
 CONCURRENCY = 16
 
@@ -71,19 +74,37 @@ def _patch(variant: str) -> None:
             return stored[0]
 
         service.RetrievalService.Search = canned  # type: ignore[method-assign]
+    elif variant == "canned-knn":
+        search = service.RetrievalService.Search
+        kept: list[Any] = []
+
+        async def canned_knn(self: Any, request: Any, context: Any) -> Any:
+            if not kept:
+                kept.append(await search(self, request, context))
+            graph = self.holder.get(request.knowledge_base).index
+            graph.knn_query(np.frombuffer(request.vector, dtype="<f4").reshape(1, -1), k=10)
+            return kept[0]
+
+        service.RetrievalService.Search = canned_knn  # type: ignore[method-assign]
     elif variant == "search-in-thread":
+        from sidecar.turn import engine
+
         pool = ThreadPoolExecutor(os.cpu_count() or 1)
+        nearest = Engine._nearest
 
-        async def in_thread(self: Any, target: Any, query: str, deadline: float, *,
-                            vector: Any = None, embed: bool = True) -> Any:  # fmt: skip
+        async def in_thread(self: Any, searcher: Any, kb: str, query: str, vector: Any,
+                            limit: int, min_score: float, budget: Any) -> Any:  # fmt: skip
+            """A plain Search's graph search and hits (``_nearest_hits``) in a worker thread."""
+            if vector is None:  # the benches send vectors: a query's embedding is not timed here
+                return await nearest(self, searcher, kb, query, vector, limit, min_score, budget)
             start = time.perf_counter()
-            if vector is None and embed:
-                vector = await self.vectors.get(query, deadline)
-            embed_ms = (time.perf_counter() - start) * 1000.0
-            rank = partial(self._rank, target, query, vector, embed_ms)
-            return await asyncio.get_running_loop().run_in_executor(pool, rank)
+            hits = await asyncio.get_running_loop().run_in_executor(
+                pool, engine._nearest_hits, searcher, kb, vector, limit, min_score
+            )
+            search_ms = (time.perf_counter() - start) * 1000.0
+            return engine.SearchResult(hits, searcher.version, engine.Timings(0.0, search_ms))
 
-        Engine._search = in_thread  # type: ignore[method-assign]
+        Engine._nearest = in_thread  # type: ignore[method-assign]
 
 
 async def _measure(
@@ -97,17 +118,17 @@ async def _measure(
 ) -> dict[str, dict[str, float]]:
     requests = [_request(q) for q in queries]
     channels = {name: grpc.aio.insecure_channel(f"127.0.0.1:{p}") for name, p in ports.items()}
-    channels["grpc-echo"] = grpc.aio.insecure_channel(f"127.0.0.1:{echo_port}")
     calls: dict[str, Any] = {
         name: pb_grpc.RetrievalStub(c).Search  # type: ignore[no-untyped-call]
         for name, c in channels.items()
-        if name != "grpc-echo"
     }
-    calls["grpc-echo"] = channels["grpc-echo"].unary_unary(
-        "/bench.Echo/Search",
-        request_serializer=pb.SearchRequest.SerializeToString,
-        response_deserializer=pb.SearchResponse.FromString,
-    )
+    channels["echo"] = grpc.aio.insecure_channel(f"127.0.0.1:{echo_port}")
+    for name, method in (("grpc-echo", "Search"), ("grpc-knn", "Knn")):
+        calls[name] = channels["echo"].unary_unary(
+            f"/bench.Echo/{method}",
+            request_serializer=pb.SearchRequest.SerializeToString,
+            response_deserializer=pb.SearchResponse.FromString,
+        )
     try:
         # connect and warm every path; the top chunks show what each variant answers
         answers: dict[str, list[str]] = {name: [] for name in calls}
@@ -119,7 +140,7 @@ async def _measure(
         cpu = dict.fromkeys(samples, 0.0)
         for b in range(blocks):
             for name, call in calls.items():
-                pid = pids.get(name, pids["sidecar"])  # the echo serves in the sidecar's process
+                pid = pids.get(name, pids["sidecar"])  # the echoes serve in the sidecar's process
                 cpu0 = _cpu_s(pid)
                 for i in range(BLOCK):
                     r = requests[(b * BLOCK + i) % len(requests)]
@@ -167,10 +188,10 @@ async def _measure(
             await channel.close(None)
 
 
-def _share(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+def _share(rows: dict[str, dict[str, Any]], served: str = "sidecar") -> dict[str, float]:
     """The sidecar's own share of a Search: its p50 (and server CPU per call) less the echo's and
-    hnswlib's."""
-    sidecar, echo, graph = rows["sidecar"], rows["grpc-echo"], rows["hnswlib"]
+    hnswlib's; ``served="grpc-knn"``, the same of the bare method searching the same graph."""
+    sidecar, echo, graph = rows[served], rows["grpc-echo"], rows["hnswlib"]
     return {
         "p50_ms": round(sidecar["p50_ms"] - echo["p50_ms"] - graph["p50_ms"], 4),
         "cpu_us": round(
@@ -216,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dim": args.dim,
         "variants": rows,
         "share": _share(rows),
+        "bare_server_share": _share(rows, "grpc-knn"),  # the same formula's floor
         "load_average": [load, os.getloadavg()],  # at the start, at the end
     }
     for name, row in rows.items():
@@ -223,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name:18} p50 {row['p50_ms']:.3f} ms  p95 {row['p95_ms']:.3f} ms  "
               f"{row['server_cpu_us_per_call']:>7} us CPU  {qps:>7} qps x{CONCURRENCY}")  # fmt: skip
     print("share (sidecar - echo - hnswlib):", result["share"])
+    print("bare server's share (grpc-knn - echo - hnswlib):", result["bare_server_share"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -4,7 +4,10 @@
 snapshots with ``create_server`` on 127.0.0.1 (queries arrive as vectors, so a fake embedder whose
 info matches the snapshot's stands in for the model), and beside it, on a second server, a
 ``bench.Echo/Search`` method that answers every request with the bytes of a real ``Search``
-response of the same store: the transport floor, the same sizes with no search behind them.
+response of the same store: the transport floor, the same sizes with no search behind them; and
+``bench.Echo/Knn``, which searches the sidecar's own graph (the very hnswlib index it serves)
+for the request's vector and answers those same bytes: the least a Python gRPC server does to
+answer a Search, with no code of the sidecar's on the call (the ``grpc-knn`` system).
 It prints one JSON line (ports, response size, load time), then serves until its stdin closes.
 
 ``--memory-budget-mb N`` serves the store's bases lazily under that budget (``bench.many_bases``):
@@ -53,8 +56,14 @@ async def _canned_response(port: int, dim: int) -> bytes:
 MAX_MESSAGE_BYTES = SidecarConfig().max_message_bytes  # the sidecar's own default limit
 
 
-def echo_server(response: bytes) -> tuple[grpc.aio.Server, int]:
+def echo_server(response: bytes, index: Any) -> tuple[grpc.aio.Server, int]:
+    """The echo and, on ``index`` (an ``hnswlib.Index``), the bare search beside it."""
+
     async def handle(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return response
+
+    async def knn(request: pb.SearchRequest, context: Any) -> bytes:
+        index.knn_query(np.frombuffer(request.vector, dtype="<f4").reshape(1, -1), k=LIMIT)
         return response
 
     server = grpc.aio.server(
@@ -65,8 +74,11 @@ def echo_server(response: bytes) -> tuple[grpc.aio.Server, int]:
         ]
     )
     handler = grpc.unary_unary_rpc_method_handler(handle)  # raw bytes in and out
+    searched = grpc.unary_unary_rpc_method_handler(
+        knn, request_deserializer=pb.SearchRequest.FromString
+    )
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("bench.Echo", {"Search": handler}),)
+        (grpc.method_handlers_generic_handler("bench.Echo", {"Search": handler, "Knn": searched}),)
     )
     port = server.add_insecure_port("127.0.0.1:0")
     return server, port
@@ -109,7 +121,9 @@ async def run(
         return
     try:
         response = await _canned_response(sidecar.port, dim)
-        echo, echo_port = echo_server(response)
+        served = sidecar.holder.get(KB)
+        assert served is not None, f"the store has no base {KB!r}"
+        echo, echo_port = echo_server(response, served.index)
         await echo.start()
         print(
             json.dumps(

@@ -45,7 +45,7 @@ def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(
         n=TINY.n,
         dim=TINY.dim,
         queries=TINY.queries,
-        systems=("numpy-exact", "hnswlib", "voxrecall", "grpc-echo"),
+        systems=("numpy-exact", "hnswlib", "voxrecall", "grpc-echo", "grpc-knn"),
         cache=tmp_path,
     )
     rows = result["systems"]
@@ -59,6 +59,11 @@ def test_search_suite_runs_the_sidecar_and_agrees_with_hnswlib(
     assert rows["voxrecall"]["setting"]["ef_search"] == rows["hnswlib"]["setting"]["ef_search"]
     assert rows["grpc-echo"]["recall_at_10"] is None
     assert rows["grpc-echo"]["setting"]["response_bytes"] > 10 * 100  # ten real chunks
+    assert rows["grpc-knn"]["recall_at_10"] is None  # it answers the echo's bytes
+    # the share is split at the bare server that searches the same graph
+    share = result["goals"]["sidecar_share_ms"]
+    parts = share["bare_server_share_ms"] + share["above_bare_server_ms"]
+    assert parts == pytest.approx(share["value"], abs=0.002)
     for peer in search.PEERS:
         assert rows[peer] == {"skipped": "not selected (--systems)"}  # named, even in --quick
     assert result["goals"]["voxrecall_p50_over_pgvector"] == {"skipped": "not measured: pgvector"}
@@ -136,18 +141,20 @@ def test_search_parts_swaps_each_part_in_its_own_process(tmp_path: Path) -> None
     tiny = ["--n", "2000", "--dim", "384", "--queries", "100", "--blocks", "1", "--rounds", "1"]
     result = search_parts.main([*tiny, "--out", str(tmp_path / "parts.json")])
     rows = result["variants"]
-    assert set(rows) == {*search_parts.VARIANTS, "grpc-echo", "hnswlib"}
+    assert set(rows) == {*search_parts.VARIANTS, "grpc-echo", "grpc-knn", "hnswlib"}
     for name, row in rows.items():
         assert row["p50_ms"] > 0
         assert row["server_cpu_us_per_call"] >= 0
         assert name == "hnswlib" or row["qps_concurrent_16"] > 0
-    assert set(result["share"]) == {"p50_ms", "cpu_us"}
+    assert set(result["share"]) == set(result["bare_server_share"]) == {"p50_ms", "cpu_us"}
     # each swap took effect in its own process, and only there
     assert rows["sidecar"]["distinct_top_chunks"] > 1
     assert rows["no-hooks"]["same_answers_as_sidecar"]
     assert rows["search-in-thread"]["same_answers_as_sidecar"]
     assert rows["canned"]["distinct_top_chunks"] == 1  # one stored answer for every query
+    assert rows["canned-knn"]["distinct_top_chunks"] == 1
     assert rows["grpc-echo"]["distinct_top_chunks"] == 1
+    assert rows["grpc-knn"]["distinct_top_chunks"] == 1  # the echo's bytes, after a search
 
 
 def test_scale_extrapolation_is_marked_and_follows_the_measured_trend() -> None:
