@@ -51,6 +51,22 @@ BLOCK = 20  # queries per turn, as the search suite's warm percentiles
 CONCURRENCY = 16
 
 
+def _stored(search: Any, searched: bool) -> Any:
+    """A ``Search`` that answers the first call's response to every call; ``searched``, after
+    searching the served graph for the call's vector as ``grpc-knn`` does."""
+    stored: list[Any] = []
+
+    async def canned(self: Any, request: Any, context: Any) -> Any:
+        if not stored:
+            stored.append(await search(self, request, context))
+        if searched:
+            graph = self.holder.get(request.knowledge_base).index
+            graph.knn_query(np.frombuffer(request.vector, dtype="<f4").reshape(1, -1), k=10)
+        return stored[0]
+
+    return canned
+
+
 def _patch(variant: str) -> None:
     """Swap the variant's part out of this (child) process."""
     from sidecar.edge import guards, service
@@ -64,28 +80,10 @@ def _patch(variant: str) -> None:
             return cls(built.limit, built.metrics, built.auth, (), built.options)
 
         guards.Guards.build = classmethod(without_hooks)  # type: ignore[assignment]
-    elif variant == "canned":
-        search = service.RetrievalService.Search
-        stored: list[Any] = []
-
-        async def canned(self: Any, request: Any, context: Any) -> Any:
-            if not stored:
-                stored.append(await search(self, request, context))
-            return stored[0]
-
-        service.RetrievalService.Search = canned  # type: ignore[method-assign]
-    elif variant == "canned-knn":
-        search = service.RetrievalService.Search
-        kept: list[Any] = []
-
-        async def canned_knn(self: Any, request: Any, context: Any) -> Any:
-            if not kept:
-                kept.append(await search(self, request, context))
-            graph = self.holder.get(request.knowledge_base).index
-            graph.knn_query(np.frombuffer(request.vector, dtype="<f4").reshape(1, -1), k=10)
-            return kept[0]
-
-        service.RetrievalService.Search = canned_knn  # type: ignore[method-assign]
+    elif variant in ("canned", "canned-knn"):
+        service.RetrievalService.Search = _stored(  # type: ignore[method-assign]
+            service.RetrievalService.Search, searched=variant == "canned-knn"
+        )
     elif variant == "search-in-thread":
         from sidecar.turn import engine
 
