@@ -73,11 +73,13 @@ def test_close_enough(ahead: str, final_text: str, match: bool) -> None:
 # -- over the wire ---------------------------------------------------------------------------
 
 
-async def plain_turn(sidecar: Sidecar, text: str) -> pb.TurnResponse:
+async def plain_turn(sidecar: Sidecar, text: str, **fields: Any) -> pb.TurnResponse:
     """What the Turn RPC answers for these words in a fresh session."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
         resp: pb.TurnResponse = await pb_grpc.RetrievalStub(channel).Turn(
-            pb.TurnRequest(session_id="plain", text=text, is_final=True, budget_ms=BUDGET_MS),
+            pb.TurnRequest(
+                session_id="plain", text=text, is_final=True, budget_ms=BUDGET_MS, **fields
+            ),
             timeout=30,
         )
         return resp
@@ -153,6 +155,46 @@ async def test_a_different_final_is_searched_normally(
     assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
     assert example_sidecar.engine.counters.prefetch_started == 1
     assert example_sidecar.engine.counters.prefetched == 0
+
+
+PASSWORD = "How do I reset my password?"
+
+
+def scoped_interim(text: str, **fields: Any) -> pb.ConverseRequest:
+    return pb.ConverseRequest(
+        turn=pb.TurnRequest(session_id="call", text=text, is_final=False, **fields)
+    )
+
+
+async def test_a_final_scoped_to_other_pages_than_its_interim_searches_itself(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    """An interim without paths, then its final with the same words limited to voicemail.md: the
+    final is answered within its own paths, as Turn answers it (it took the interim's search,
+    reset-password.md, a page it may not reach)."""
+    await stream.write(interim(PASSWORD))
+    await eventually(lambda: example_sidecar.engine.counters.prefetch_started == 1)
+    await stream.write(final(PASSWORD, source_paths=["voicemail.md"]))
+    resp = await stream.read()
+    plain = await plain_turn(example_sidecar, PASSWORD, source_paths=["voicemail.md"])
+    assert not resp.prefetched
+    assert {c.source_path for c in resp.turn.chunks} == {"voicemail.md"}
+    assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
+
+
+async def test_a_final_wider_than_its_filtered_interim_searches_itself(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    """The reverse: an interim limited to voicemail.md, its final unlimited: the final finds the
+    page Turn finds (it took the interim's search, voicemail.md only)."""
+    await stream.write(scoped_interim(PASSWORD, source_paths=["voicemail.md"]))
+    await eventually(lambda: example_sidecar.engine.counters.prefetch_started == 1)
+    await stream.write(final(PASSWORD))
+    resp = await stream.read()
+    plain = await plain_turn(example_sidecar, PASSWORD)
+    assert not resp.prefetched
+    assert "reset-password.md" in [c.source_path for c in plain.chunks]
+    assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
 
 
 async def test_a_prefetch_not_taken_by_its_final_is_dropped(

@@ -37,7 +37,9 @@ one worker and another caller's final queued behind them (bench/README.md). A fi
 matching prefetch is still waiting for its turn cancels it and is searched as usual.
 
 **Match** (the final is answered from the prefetch, ``prefetched = true``) when the knowledge
-base, sources, context_url and snapshot are the same and the final's normalised words equal the
+base, sources, context_url, filters, source_paths and snapshot are the same (a final scoped
+otherwise than its interim, by its filters or paths, searches itself: the prefetch's pages may be
+ones the final may not reach, or miss ones it may) and the final's normalised words equal the
 prefetched ones or overlap them with a Jaccard index of at least MATCH_JACCARD (0.8: one word
 added to or changed in a turn of four or more words still matches; "split the pane" against
 "split the pane in two" does not). A matching prefetch still embedding when the final arrives is
@@ -60,9 +62,10 @@ import time
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from index.errors import VoxrecallError
+from index.types import MetadataFilter
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn.budget import Budget
 from sidecar.turn.engine import (
@@ -112,9 +115,21 @@ def words_match(ahead: tuple[str, ...], final: tuple[str, ...]) -> bool:
     return bool(a | b) and len(a & b) / len(a | b) >= MATCH_JACCARD
 
 
+class _Scope(NamedTuple):
+    """What a turn's search is scoped by, as its request says it: a final answered from a
+    prefetch must say the same (its filters and paths decide the pages it may reach)."""
+
+    knowledge_base: str
+    sources: tuple[str, ...]
+    context_url: str
+    filters: tuple[MetadataFilter, ...]
+    source_paths: tuple[str, ...]
+
+
 @dataclass(slots=True)
 class _Ahead:
     words: tuple[str, ...]
+    scope: _Scope  # the interim's
     planned: PlannedSearch
     task: asyncio.Task[Ranking | None]
 
@@ -246,7 +261,7 @@ class Prefetcher:
         search = self._engine.search_ahead(planned, deadline, self._caller)
         task = self._spawn(search, "voxrecall-prefetch")
         self._starts.append(asyncio.get_running_loop().time())
-        self._ahead = _Ahead(words=words, planned=planned, task=task)
+        self._ahead = _Ahead(words, self._scope(req), planned, task)
         self._engine.counters.prefetch_started += 1
 
     async def _under_way(self, ahead: _Ahead) -> bool:
@@ -268,14 +283,22 @@ class Prefetcher:
         return self._starts[0] + PREFETCH_BURST * self._stable_s
 
     def _matches(self, ahead: _Ahead, req: TurnInput, searcher: Searcher) -> bool:
-        planned = ahead.planned
+        """Whether the final ``req`` may take ``ahead``: the same snapshot, the same scope
+        (base, sources, context_url, filters and paths) and words close enough."""
         return (
-            planned.searcher is searcher
-            and planned.knowledge_base
-            == (req.knowledge_base or self._engine.default_knowledge_base)
-            and planned.sources == tuple(req.sources)
-            and planned.context_url == req.context_url
+            ahead.planned.searcher is searcher
+            and ahead.scope == self._scope(req)
             and words_match(ahead.words, normalise(req.text))
+        )
+
+    def _scope(self, req: TurnInput) -> _Scope:
+        kb = req.knowledge_base or self._engine.default_knowledge_base
+        return _Scope(
+            kb,
+            tuple(req.sources),
+            req.context_url,
+            tuple(req.filters),
+            tuple(req.source_paths),
         )
 
     def _spawn(self, coro: Coroutine[Any, Any, _T], name: str) -> asyncio.Task[_T]:
