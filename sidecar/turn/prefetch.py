@@ -21,6 +21,13 @@ right after (one start a window lost every such prefetch: a second attack), so a
 stream loses nothing; a stream sending fifty a second no longer starts fifty searches a second
 (20 such streams held every other caller's Status p50 at ~50 ms; bench/README.md).
 
+A start is taken when the interim is planned, whatever the plan gives: an interim its plan
+refuses (a filter the base has no index for, an unknown source) or would not search takes its
+start too, so a stream of refused interims plans at most PREFETCH_BURST of them a window as any
+other. A refusal is counted (``prefetch_refused``) and logged at INFO once per stream (later ones
+at DEBUG), cut to REFUSAL_LOG_BYTES: the final turn reports the error to its caller; each such
+interim logged 1.2 KB at INFO, over 1,200 lines in 2 s from one stream.
+
 **An interim over PREFETCH_MAX_BYTES is never searched ahead** (counted,
 ``prefetch_too_long``; its final is searched as usual): a spoken question is a few hundred bytes
 at most, and each prefetch's embedding costs with its length, up to the model's 256 tokens.
@@ -64,7 +71,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
-from index.errors import VoxrecallError
+from index.errors import VoxrecallError, shortened
 from index.types import MetadataFilter
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn.budget import Budget
@@ -91,6 +98,9 @@ PREFETCH_MAX_BYTES = 512
 # A prefetch's own embedding deadline: a final transcript follows its stable interim within a
 # second or so; a prefetch still embedding after this is for a turn already answered.
 PREFETCH_TIMEOUT_S = 2.0
+# The most of a refused plan's message a log line repeats, in UTF-8 bytes: the message may quote
+# what the call sent (a filter field of 1 KiB), and a stream's interims come many a second.
+REFUSAL_LOG_BYTES = 256
 
 _T = TypeVar("_T")
 
@@ -149,6 +159,7 @@ class Prefetcher:
         # oldest is PREFETCH_BURST x stable_ms old
         self._starts: deque[float] = deque(maxlen=PREFETCH_BURST)
         self._ahead: _Ahead | None = None
+        self._refused = False  # a plan of this stream's was refused (logged at INFO once)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def interim(self, req: TurnInput) -> None:
@@ -248,21 +259,29 @@ class Prefetcher:
     def _start(self, req: TurnInput, words: tuple[str, ...]) -> None:
         if self._ahead is not None and self._ahead.words == words:
             return  # already searching these words
-        try:
-            planned = self._engine.plan(req)
-        except VoxrecallError as exc:
-            log.info("no prefetch: %s", exc)  # the final turn reports the error
-            return
+        loop = asyncio.get_running_loop()
+        self._starts.append(loop.time())  # a plan refused or skipped takes its start too
+        planned = self._planned(req)
         if planned is None:
             return
         if self._ahead is not None:
             self._cancel(self._ahead.task)
-        deadline = asyncio.get_running_loop().time() + PREFETCH_TIMEOUT_S
-        search = self._engine.search_ahead(planned, deadline, self._caller)
+        search = self._engine.search_ahead(planned, loop.time() + PREFETCH_TIMEOUT_S, self._caller)
         task = self._spawn(search, "voxrecall-prefetch")
-        self._starts.append(asyncio.get_running_loop().time())
         self._ahead = _Ahead(words, self._scope(req), planned, task)
         self._engine.counters.prefetch_started += 1
+
+    def _planned(self, req: TurnInput) -> PlannedSearch | None:
+        """What the interim would search, or None: one the final would not search, or one its
+        plan refuses (counted, and said once per stream: the final turn reports the error)."""
+        try:
+            return self._engine.plan(req)
+        except VoxrecallError as exc:
+            self._engine.counters.prefetch_refused += 1
+            level = logging.DEBUG if self._refused else logging.INFO
+            self._refused = True
+            log.log(level, "no prefetch: %s", shortened(str(exc), REFUSAL_LOG_BYTES))
+            return None
 
     async def _under_way(self, ahead: _Ahead) -> bool:
         """Whether the prefetch is done or every query it embeds (``PlannedSearch.queries``) is
