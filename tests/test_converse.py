@@ -4,7 +4,9 @@ match. A real grpc.aio server on port 0, the real embedded model, the example he
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -16,7 +18,8 @@ from sidecar.edge.lifecycle import State
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.turn.prefetch import normalise, words_match
+from sidecar.turn.engine import PlannedSearch, TurnInput
+from sidecar.turn.prefetch import PREFETCH_BURST, REFUSAL_LOG_BYTES, normalise, words_match
 from tests.conftest import eventually
 
 BUDGET_MS = 5000  # generous: these tests are about matching, not about the embedder's speed
@@ -30,6 +33,15 @@ def final(text: str, session: str = "", **fields: Any) -> pb.ConverseRequest:
     fields.setdefault("budget_ms", BUDGET_MS)
     return pb.ConverseRequest(
         turn=pb.TurnRequest(session_id=session, text=text, is_final=True, **fields)
+    )
+
+
+PASSWORD = "How do I reset my password?"
+
+
+def scoped_interim(text: str, **fields: Any) -> pb.ConverseRequest:
+    return pb.ConverseRequest(
+        turn=pb.TurnRequest(session_id="call", text=text, is_final=False, **fields)
     )
 
 
@@ -73,11 +85,13 @@ def test_close_enough(ahead: str, final_text: str, match: bool) -> None:
 # -- over the wire ---------------------------------------------------------------------------
 
 
-async def plain_turn(sidecar: Sidecar, text: str) -> pb.TurnResponse:
+async def plain_turn(sidecar: Sidecar, text: str, **fields: Any) -> pb.TurnResponse:
     """What the Turn RPC answers for these words in a fresh session."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
         resp: pb.TurnResponse = await pb_grpc.RetrievalStub(channel).Turn(
-            pb.TurnRequest(session_id="plain", text=text, is_final=True, budget_ms=BUDGET_MS),
+            pb.TurnRequest(
+                session_id="plain", text=text, is_final=True, budget_ms=BUDGET_MS, **fields
+            ),
             timeout=30,
         )
         return resp
@@ -126,6 +140,60 @@ async def test_long_interims_on_many_streams_start_no_search_ahead(
     assert resp.turn.chunks
 
 
+@pytest.fixture
+async def slow_bound_sidecar(
+    example_config: Config, local_embedder: Embedder
+) -> AsyncIterator[Sidecar]:
+    """The example sidecar with a prefetch window no test outlives: what its bound holds back
+    is never started, however slowly the server reads a stream."""
+    sidecar_config = replace(example_config.sidecar, prefetch_stable_ms=60_000)
+    config = replace(example_config, sidecar=sidecar_config)
+    sidecar = await create_server(config, embedder=local_embedder, poll=False)
+    yield sidecar
+    await sidecar.stop(0.5)
+
+
+@pytest.mark.parametrize("final_filtered", [True, False])
+async def test_refused_interims_are_planned_a_burst_and_said_once(
+    slow_bound_sidecar: Sidecar, caplog: pytest.LogCaptureFixture, final_filtered: bool
+) -> None:
+    """50 punctuated interims filtered on a field the base has no index for (1 KiB of name):
+    PREFETCH_BURST of them are planned (each planned and logged its 1.2 KB refusal at INFO), the
+    refusal is said once at INFO, cut, and counted; the final answers as Turn would: its own
+    INVALID_ARGUMENT with the filter, its pages without."""
+    engine = slow_bound_sidecar.engine
+    plans = 0
+    real_plan = engine.plan
+
+    def plan(req: TurnInput) -> PlannedSearch | None:
+        nonlocal plans
+        plans += 1
+        return real_plan(req)
+
+    engine.plan = plan  # type: ignore[method-assign]
+    bad = [pb.MetadataFilter(field="x" * 1024, any_of=["y"])]
+    caplog.set_level(logging.DEBUG, logger="voxrecall.prefetch")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{slow_bound_sidecar.port}") as channel:
+        call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)
+        for i in range(50):
+            await call.write(scoped_interim(f"How do I reset my password, take {i}?", filters=bad))
+        await call.write(final(PASSWORD, session="call", filters=bad if final_filtered else []))
+        if final_filtered:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call.read()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        else:
+            resp = await call.read()
+            assert "reset-password.md" in [c.source_path for c in resp.turn.chunks]
+            await call.done_writing()
+    said = [r for r in caplog.records if r.name == "voxrecall.prefetch"]
+    assert plans == PREFETCH_BURST
+    assert engine.counters.prefetch_refused == PREFETCH_BURST
+    assert engine.counters.prefetch_started == 0
+    assert [r.levelno for r in said] == [logging.INFO] + [logging.DEBUG] * (PREFETCH_BURST - 1)
+    assert len(said[0].getMessage().encode()) <= REFUSAL_LOG_BYTES + len("no prefetch: ")
+
+
 async def test_words_unchanged_for_a_while_are_prefetched(
     example_sidecar: Sidecar, stream: Any
 ) -> None:
@@ -153,6 +221,37 @@ async def test_a_different_final_is_searched_normally(
     assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
     assert example_sidecar.engine.counters.prefetch_started == 1
     assert example_sidecar.engine.counters.prefetched == 0
+
+
+async def test_a_final_scoped_to_other_pages_than_its_interim_searches_itself(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    """An interim without paths, then its final with the same words limited to voicemail.md: the
+    final is answered within its own paths, as Turn answers it (it took the interim's search,
+    reset-password.md, a page it may not reach)."""
+    await stream.write(interim(PASSWORD))
+    await eventually(lambda: example_sidecar.engine.counters.prefetch_started == 1)
+    await stream.write(final(PASSWORD, source_paths=["voicemail.md"]))
+    resp = await stream.read()
+    plain = await plain_turn(example_sidecar, PASSWORD, source_paths=["voicemail.md"])
+    assert not resp.prefetched
+    assert {c.source_path for c in resp.turn.chunks} == {"voicemail.md"}
+    assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
+
+
+async def test_a_final_wider_than_its_filtered_interim_searches_itself(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    """The reverse: an interim limited to voicemail.md, its final unlimited: the final finds the
+    page Turn finds (it took the interim's search, voicemail.md only)."""
+    await stream.write(scoped_interim(PASSWORD, source_paths=["voicemail.md"]))
+    await eventually(lambda: example_sidecar.engine.counters.prefetch_started == 1)
+    await stream.write(final(PASSWORD))
+    resp = await stream.read()
+    plain = await plain_turn(example_sidecar, PASSWORD)
+    assert not resp.prefetched
+    assert "reset-password.md" in [c.source_path for c in plain.chunks]
+    assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
 
 
 async def test_a_prefetch_not_taken_by_its_final_is_dropped(

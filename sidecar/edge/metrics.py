@@ -421,6 +421,13 @@ class _CountersAtScrape(Collector):
             "finals are searched as usual).",
             counters.prefetch_too_long,
         )
+        yield CounterMetricFamily(
+            "voxrecall_prefetches_refused",
+            "Interim transcripts whose plan was refused (a filter the base has no index for, an "
+            "unknown source): never searched ahead; the log says it once per stream, the final "
+            "reports the error.",
+            counters.prefetch_refused,
+        )
         yield from self._embeddings()
         sessions = self.engine.sessions  # two ints: no expiry from this thread
         yield GaugeMetricFamily("voxrecall_sessions", "Sessions held.", sessions.count)

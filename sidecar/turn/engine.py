@@ -283,6 +283,7 @@ class Counters:
     prefetch_started: int = 0  # prefetches started on interim transcripts
     prefetch_deferred: int = 0  # paused interims held back by their stream's prefetch bound
     prefetch_too_long: int = 0  # interims over PREFETCH_MAX_BYTES, never searched ahead
+    prefetch_refused: int = 0  # interims whose plan was refused (a bad filter), never searched
     by_skip: dict[str, int] = field(default_factory=dict)
 
 

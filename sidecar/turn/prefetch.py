@@ -21,6 +21,13 @@ right after (one start a window lost every such prefetch: a second attack), so a
 stream loses nothing; a stream sending fifty a second no longer starts fifty searches a second
 (20 such streams held every other caller's Status p50 at ~50 ms; bench/README.md).
 
+A start is taken when the interim is planned, whatever the plan gives: an interim its plan
+refuses (a filter the base has no index for, an unknown source) or would not search takes its
+start too, so a stream of refused interims plans at most PREFETCH_BURST of them a window as any
+other. A refusal is counted (``prefetch_refused``) and logged at INFO once per stream (later ones
+at DEBUG), cut to REFUSAL_LOG_BYTES: the final turn reports the error to its caller; each such
+interim logged 1.2 KB at INFO, over 1,200 lines in 2 s from one stream.
+
 **An interim over PREFETCH_MAX_BYTES is never searched ahead** (counted,
 ``prefetch_too_long``; its final is searched as usual): a spoken question is a few hundred bytes
 at most, and each prefetch's embedding costs with its length, up to the model's 256 tokens.
@@ -37,7 +44,9 @@ one worker and another caller's final queued behind them (bench/README.md). A fi
 matching prefetch is still waiting for its turn cancels it and is searched as usual.
 
 **Match** (the final is answered from the prefetch, ``prefetched = true``) when the knowledge
-base, sources, context_url and snapshot are the same and the final's normalised words equal the
+base, sources, context_url, filters, source_paths and snapshot are the same (a final scoped
+otherwise than its interim, by its filters or paths, searches itself: the prefetch's pages may be
+ones the final may not reach, or miss ones it may) and the final's normalised words equal the
 prefetched ones or overlap them with a Jaccard index of at least MATCH_JACCARD (0.8: one word
 added to or changed in a turn of four or more words still matches; "split the pane" against
 "split the pane in two" does not). A matching prefetch still embedding when the final arrives is
@@ -60,9 +69,10 @@ import time
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from index.errors import VoxrecallError
+from index.errors import VoxrecallError, shortened
+from index.types import MetadataFilter
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn.budget import Budget
 from sidecar.turn.engine import (
@@ -88,6 +98,9 @@ PREFETCH_MAX_BYTES = 512
 # A prefetch's own embedding deadline: a final transcript follows its stable interim within a
 # second or so; a prefetch still embedding after this is for a turn already answered.
 PREFETCH_TIMEOUT_S = 2.0
+# The most of a refused plan's message a log line repeats, in UTF-8 bytes: the message may quote
+# what the call sent (a filter field of 1 KiB), and a stream's interims come many a second.
+REFUSAL_LOG_BYTES = 256
 
 _T = TypeVar("_T")
 
@@ -112,9 +125,21 @@ def words_match(ahead: tuple[str, ...], final: tuple[str, ...]) -> bool:
     return bool(a | b) and len(a & b) / len(a | b) >= MATCH_JACCARD
 
 
+class _Scope(NamedTuple):
+    """What a turn's search is scoped by, as its request says it: a final answered from a
+    prefetch must say the same (its filters and paths decide the pages it may reach)."""
+
+    knowledge_base: str
+    sources: tuple[str, ...]
+    context_url: str
+    filters: tuple[MetadataFilter, ...]
+    source_paths: tuple[str, ...]
+
+
 @dataclass(slots=True)
 class _Ahead:
     words: tuple[str, ...]
+    scope: _Scope  # the interim's
     planned: PlannedSearch
     task: asyncio.Task[Ranking | None]
 
@@ -134,6 +159,7 @@ class Prefetcher:
         # oldest is PREFETCH_BURST x stable_ms old
         self._starts: deque[float] = deque(maxlen=PREFETCH_BURST)
         self._ahead: _Ahead | None = None
+        self._refused = False  # a plan of this stream's was refused (logged at INFO once)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def interim(self, req: TurnInput) -> None:
@@ -233,21 +259,29 @@ class Prefetcher:
     def _start(self, req: TurnInput, words: tuple[str, ...]) -> None:
         if self._ahead is not None and self._ahead.words == words:
             return  # already searching these words
-        try:
-            planned = self._engine.plan(req)
-        except VoxrecallError as exc:
-            log.info("no prefetch: %s", exc)  # the final turn reports the error
-            return
+        loop = asyncio.get_running_loop()
+        self._starts.append(loop.time())  # a plan refused or skipped takes its start too
+        planned = self._planned(req)
         if planned is None:
             return
         if self._ahead is not None:
             self._cancel(self._ahead.task)
-        deadline = asyncio.get_running_loop().time() + PREFETCH_TIMEOUT_S
-        search = self._engine.search_ahead(planned, deadline, self._caller)
+        search = self._engine.search_ahead(planned, loop.time() + PREFETCH_TIMEOUT_S, self._caller)
         task = self._spawn(search, "voxrecall-prefetch")
-        self._starts.append(asyncio.get_running_loop().time())
-        self._ahead = _Ahead(words=words, planned=planned, task=task)
+        self._ahead = _Ahead(words, self._scope(req), planned, task)
         self._engine.counters.prefetch_started += 1
+
+    def _planned(self, req: TurnInput) -> PlannedSearch | None:
+        """What the interim would search, or None: one the final would not search, or one its
+        plan refuses (counted, and said once per stream: the final turn reports the error)."""
+        try:
+            return self._engine.plan(req)
+        except VoxrecallError as exc:
+            self._engine.counters.prefetch_refused += 1
+            level = logging.DEBUG if self._refused else logging.INFO
+            self._refused = True
+            log.log(level, "no prefetch: %s", shortened(str(exc), REFUSAL_LOG_BYTES))
+            return None
 
     async def _under_way(self, ahead: _Ahead) -> bool:
         """Whether the prefetch is done or every query it embeds (``PlannedSearch.queries``) is
@@ -268,14 +302,22 @@ class Prefetcher:
         return self._starts[0] + PREFETCH_BURST * self._stable_s
 
     def _matches(self, ahead: _Ahead, req: TurnInput, searcher: Searcher) -> bool:
-        planned = ahead.planned
+        """Whether the final ``req`` may take ``ahead``: the same snapshot, the same scope
+        (base, sources, context_url, filters and paths) and words close enough."""
         return (
-            planned.searcher is searcher
-            and planned.knowledge_base
-            == (req.knowledge_base or self._engine.default_knowledge_base)
-            and planned.sources == tuple(req.sources)
-            and planned.context_url == req.context_url
+            ahead.planned.searcher is searcher
+            and ahead.scope == self._scope(req)
             and words_match(ahead.words, normalise(req.text))
+        )
+
+    def _scope(self, req: TurnInput) -> _Scope:
+        kb = req.knowledge_base or self._engine.default_knowledge_base
+        return _Scope(
+            kb,
+            tuple(req.sources),
+            req.context_url,
+            tuple(req.filters),
+            tuple(req.source_paths),
         )
 
     def _spawn(self, coro: Coroutine[Any, Any, _T], name: str) -> asyncio.Task[_T]:
