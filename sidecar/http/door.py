@@ -339,6 +339,7 @@ class HttpDoor:
         self.admission = _Admission(
             http.max_connections, http.max_connections_per_ip, tls=config.sidecar.tls.enabled
         )
+        self.auth = guards.auth
         self.mcp = McpDoor(config, engine, toolbox, guards.auth)
         self.webhooks = Webhooks(config, engine, toolbox)
         self._server: _InLoopServer | None = None
@@ -355,7 +356,7 @@ class HttpDoor:
             return  # no websockets; lifespan is off
         path: str = scope["path"]
         if path in ("/healthz", "/readyz"):
-            await self._health(path, send)
+            await self._health(path, scope, send)
         elif path.rstrip("/") == MCP_PATH:
             await self._mcp(scope, receive, send)
         elif path == VAPI_PATH:
@@ -369,7 +370,7 @@ class HttpDoor:
             body = {"error": {"code": "NOT_FOUND", "message": f"no path {path!r}; paths: {PATHS}"}}
             await respond(send, 404, orjson.dumps(body))
 
-    async def _health(self, path: str, send: Send) -> None:
+    async def _health(self, path: str, scope: Scope, send: Send) -> None:
         state = self.lifecycle.state
         if path == "/healthz":
             await respond(send, 200, orjson.dumps({"status": "ok", "state": state.name}))
@@ -378,9 +379,22 @@ class HttpDoor:
         body: dict[str, Any] = {"status": "ready" if ready else "not ready", "state": state.name}
         if not ready and self.engine.load_on_demand is None:
             waiting = self.engine.holder.waiting(self.engine.known_bases)
-            body["waiting_for"] = waiting[:20]  # the first 20 by name: 5,000 were 1 MB
-            body["waiting_count"] = len(waiting)
+            named = self._nameable(scope, waiting)
+            if named is not None:
+                body["waiting_for"] = named[:20]  # the first 20 by name: 5,000 were 1 MB
+            body["waiting_count"] = len(waiting)  # all of them: no name in it
         await respond(send, 200 if ready else 503, orjson.dumps(body))
+
+    def _nameable(self, scope: Scope, bases: list[str]) -> list[str] | None:
+        """Those of ``bases`` the client may learn the names of: with auth, only a caller's own
+        (its token is optional here: an orchestrator's probe sends none), and none without a
+        valid token (it learns no base name, as every other call's refusal says none)."""
+        if self.auth is None:
+            return bases
+        caller = self.auth.identify(headers_of(scope).get("authorization", ""))
+        if caller is None:
+            return None
+        return self.auth.reachable_bases(caller, bases)
 
     async def _webhook(
         self, method: str, scope: Scope, receive: Receive, send: Send, handler: Handler
