@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -221,3 +222,58 @@ async def test_a_head_over_the_limit_in_one_read_is_431(sidecar: Sidecar) -> Non
     writer.close()
     assert got.startswith(b"HTTP/1.1 431 "), got[:60]
     assert b"headers are over 65536 bytes" in got
+
+
+BAD_REQUESTS = [  # each refused by the parser: a Content-Length it cannot read
+    b"GET /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: z\r\n\r\n",
+    b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999999999999999\r\n\r\n{}",
+    b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: " + b"1" * 60_000 + b"\r\n\r\n{}",
+    "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: \u00b2\r\n\r\n{}".encode("latin-1"),
+]
+UPGRADE = b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+
+
+def door_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == level and r.name in ("uvicorn.error", "voxrecall.http")
+    ]
+
+
+async def test_a_flood_of_bad_requests_is_answered_400_each_and_logged_once_per_many(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Requests the parser refuses still get uvicorn's 400 each, but are logged as the door's
+    other refusals are: the first, then one per OVERRUN_LOG_EVERY, where uvicorn wrote a
+    WARNING line for each (2,000 from one client in 0.6 s)."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(http_door, "OVERRUN_LOG_EVERY", 10)
+    for i in range(25):
+        got = await test_http_door.exchange(sidecar, BAD_REQUESTS[i % len(BAD_REQUESTS)])
+        assert got.startswith(b"HTTP/1.1 400 "), got[:60]
+        assert got.endswith(b"\r\n\r\nInvalid HTTP request received.")
+    said = door_lines(caplog, logging.WARNING)
+    assert len(said) == 3, said  # the 1st, the 11th and the 21st
+    assert "(21 such since the start)" in said[-1]
+
+
+async def test_upgrade_requests_are_served_plain_and_logged_once_per_many(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request asking for a WebSocket is answered as a plain request, and logged once per
+    OVERRUN_LOG_EVERY at INFO: uvicorn wrote two WARNING lines for each, one of them advice to
+    install a WebSocket library the door does not use."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(http_door, "OVERRUN_LOG_EVERY", 10)
+    for _ in range(12):
+        reader, writer = await connect(sidecar)
+        writer.write(UPGRADE)
+        try:
+            assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
+        finally:
+            writer.close()
+    assert door_lines(caplog, logging.WARNING) == []
+    said = door_lines(caplog, logging.INFO)
+    assert len(said) == 2, said  # the 1st and the 11th
+    assert "(11 such since the start)" in said[-1]

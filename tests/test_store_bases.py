@@ -38,6 +38,7 @@ from sidecar.shards import shard_of
 from sidecar.snapshots import refresh
 from tests.bases_kit import LOAD_WAIT_S, answered, config, hint_ms, retried, search
 from tests.conftest import eventually
+from tests.hardening_kit import TOKEN_A, TOKEN_B
 from tests.snapshot_kit import flip_a_byte, version_id, write_version
 from tests.test_metrics import scraped, value
 
@@ -278,6 +279,49 @@ async def test_readyz_names_the_first_20_bases_it_waits_for_and_counts_them(
         body = json.loads(answer.value.read())
         assert body["waiting_for"] == [f"kb-{i:02d}" for i in range(20)]
         assert body["waiting_count"] == 25
+    finally:
+        await running.stop(0.5)
+
+
+def readyz(port: int, token: str = "") -> tuple[int, dict[str, Any]]:
+    """``/readyz``'s status and body, asked with ``token`` (none when empty)."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/readyz", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+async def test_readyz_names_the_bases_it_waits_for_only_to_a_token_that_may_use_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With auth, /readyz named the bases it waited for to any client, token or none (a base
+    named for a deal not yet public, to anyone who could reach the port): a probe with no token
+    (or a wrong one) gets the state and the count, a scoped token only its own bases' names."""
+    store = tmp_path / "store"
+    for i in range(25):
+        write_version(store, version_id(1), EMBEDDER, "invoices", kb=f"kb-{i:02d}")
+        (store / f"kb-{i:02d}" / "LATEST").write_text("v-not-there\n")  # never loads
+    monkeypatch.setenv("VOX_T_ALL", TOKEN_A)
+    monkeypatch.setenv("VOX_T_SCOPED", TOKEN_B)
+    scoped = {"name": "scoped", "token_env": "VOX_T_SCOPED", "knowledge_bases": ["kb-21", "kb-03"]}
+    auth = {"token_env": "VOX_T_ALL", "caller": [scoped]}
+    http = {"listen": "127.0.0.1:0"}
+    cfg = config(
+        store, tmp_path, poll_seconds=60, cache_dir=str(tmp_path / "c"), http=http, auth=auth
+    )
+    running = await create_server(cfg, embedder=EMBEDDER)
+    try:
+        port = running.http_port
+        unnamed = {"status": "not ready", "state": "LOADING", "waiting_count": 25}
+        assert await asyncio.to_thread(readyz, port) == (503, unnamed)
+        assert await asyncio.to_thread(readyz, port, "not-" + TOKEN_A) == (503, unnamed)
+        status, body = await asyncio.to_thread(readyz, port, TOKEN_B)
+        assert (status, body) == (503, {**unnamed, "waiting_for": ["kb-03", "kb-21"]})
+        status, body = await asyncio.to_thread(readyz, port, TOKEN_A)
+        assert body["waiting_for"] == [f"kb-{i:02d}" for i in range(20)]
     finally:
         await running.stop(0.5)
 

@@ -82,6 +82,15 @@ class Authenticator(Hook):
         scope.caller_filters.set(caller.filters)  # every search of this call carries them
         tools.visible.set(self._visible_functions(caller))
 
+    def identify(self, header: str) -> CallerConfig | None:
+        """The caller whose token an ``authorization`` header presents, or None (no token, a
+        bad one): for an answer open to every client that says more to a caller (``/readyz``
+        names the bases it may use)."""
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != BEARER or not token.strip():
+            return None
+        return self._match(token.strip().encode())
+
     def _match(self, presented: bytes) -> CallerConfig | None:
         found = None
         for secret, caller in self._callers:  # no early exit: every token is compared

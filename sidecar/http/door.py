@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import grpc
+import httptools
 import orjson
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
@@ -141,8 +142,12 @@ REFUSED_LINGER_S = 1.0
 # every request of each read queued (8,000 GETs in one 256 KiB read) and every answer kept.
 MAX_PIPELINED = 8
 # Such a close is logged once per this many (the first one logged): one client reconnecting
-# without end must not flood the log. A plain HTTP request to the TLS door is logged so too.
+# without end must not flood the log. A plain HTTP request to the TLS door, a request the
+# parser refuses (400) and an upgrade request are logged so too (``_Admission``).
 OVERRUN_LOG_EVERY = 1000
+# uvicorn's answer to a request its parser refuses (a Content-Length of ``z`` or of 20 digits),
+# kept as uvicorn sends it: 400, this text, and the connection closed.
+INVALID_REQUEST = "Invalid HTTP request received."
 # The reason OpenSSL gives a handshake whose first bytes are a plain HTTP request.
 PLAIN_HTTP = "HTTP_REQUEST"
 # A TLS handshake is a round trip or two: one not done within this long is a client that stalled
@@ -334,6 +339,7 @@ class HttpDoor:
         self.admission = _Admission(
             http.max_connections, http.max_connections_per_ip, tls=config.sidecar.tls.enabled
         )
+        self.auth = guards.auth
         self.mcp = McpDoor(config, engine, toolbox, guards.auth)
         self.webhooks = Webhooks(config, engine, toolbox)
         self._server: _InLoopServer | None = None
@@ -350,7 +356,7 @@ class HttpDoor:
             return  # no websockets; lifespan is off
         path: str = scope["path"]
         if path in ("/healthz", "/readyz"):
-            await self._health(path, send)
+            await self._health(path, scope, send)
         elif path.rstrip("/") == MCP_PATH:
             await self._mcp(scope, receive, send)
         elif path == VAPI_PATH:
@@ -364,7 +370,7 @@ class HttpDoor:
             body = {"error": {"code": "NOT_FOUND", "message": f"no path {path!r}; paths: {PATHS}"}}
             await respond(send, 404, orjson.dumps(body))
 
-    async def _health(self, path: str, send: Send) -> None:
+    async def _health(self, path: str, scope: Scope, send: Send) -> None:
         state = self.lifecycle.state
         if path == "/healthz":
             await respond(send, 200, orjson.dumps({"status": "ok", "state": state.name}))
@@ -373,9 +379,22 @@ class HttpDoor:
         body: dict[str, Any] = {"status": "ready" if ready else "not ready", "state": state.name}
         if not ready and self.engine.load_on_demand is None:
             waiting = self.engine.holder.waiting(self.engine.known_bases)
-            body["waiting_for"] = waiting[:20]  # the first 20 by name: 5,000 were 1 MB
-            body["waiting_count"] = len(waiting)
+            named = self._nameable(scope, waiting)
+            if named is not None:
+                body["waiting_for"] = named[:20]  # the first 20 by name: 5,000 were 1 MB
+            body["waiting_count"] = len(waiting)  # all of them: no name in it
         await respond(send, 200 if ready else 503, orjson.dumps(body))
+
+    def _nameable(self, scope: Scope, bases: list[str]) -> list[str] | None:
+        """Those of ``bases`` the client may learn the names of: with auth, only a caller's own
+        (its token is optional here: an orchestrator's probe sends none), and none without a
+        valid token (it learns no base name, as every other call's refusal says none)."""
+        if self.auth is None:
+            return bases
+        caller = self.auth.identify(headers_of(scope).get("authorization", ""))
+        if caller is None:
+            return None
+        return self.auth.reachable_bases(caller, bases)
 
     async def _webhook(
         self, method: str, scope: Scope, receive: Receive, send: Send, handler: Handler
@@ -579,6 +598,8 @@ class _Admission:
         self.overrun_total = 0  # connections closed past MAX_PIPELINED
         self.cut_total = 0  # connections closed past a bound of a request (``cut``), those too
         self.plain_http_total = 0  # plain HTTP requests to a TLS door
+        self.invalid_total = 0  # requests the parser refused (400)
+        self.upgrade_total = 0  # requests that asked to upgrade the connection (not done)
         self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         self.closing = False  # the door stops: a handshake done now is not served
         self._full = _refusal("max_connections", limit)  # the 503s, made once
@@ -613,7 +634,7 @@ class _Admission:
         bounds, where no answer can be given): logged the first time, then once per
         ``OVERRUN_LOG_EVERY``."""
         self.cut_total += 1
-        if self.cut_total % OVERRUN_LOG_EVERY == 1:
+        if _logged(self.cut_total):
             log.warning(
                 "closed a connection from %s: %s (%d such connection(s) closed since the start)",
                 address,
@@ -626,13 +647,39 @@ class _Admission:
         s): the client only sees its connection closed, so the log says why, for the first and
         then once per ``OVERRUN_LOG_EVERY`` (a flood of them must not flood the log)."""
         self.plain_http_total += 1
-        if self.plain_http_total % OVERRUN_LOG_EVERY == 1:
+        if _logged(self.plain_http_total):
             log.info(
                 "a plain http:// request from %s came to the HTTP door, which speaks HTTPS only "
                 "([sidecar.tls]): it was closed unanswered; send it to https:// (%d such since "
                 "the start)",
                 address,
                 self.plain_http_total,
+            )
+
+    def invalid(self, address: str) -> None:
+        """A request from ``address`` the parser refused was answered 400 and closed: logged as
+        every ``cut`` is (uvicorn wrote a WARNING line for each: 2,000 bad requests from one
+        client, 2,000 lines in 0.6 s)."""
+        self.invalid_total += 1
+        if _logged(self.invalid_total):
+            log.warning(
+                "answered 400 to a request from %s that is not valid HTTP/1.1 (a bad request line, "
+                "header or Content-Length) and closed its connection (%d such since the start)",
+                address,
+                self.invalid_total,
+            )
+
+    def upgrade(self, address: str) -> None:
+        """A request from ``address`` asked to upgrade its connection (a WebSocket): the door
+        upgrades none and answers it as a plain request; logged as ``plain_http`` is (uvicorn
+        wrote two WARNING lines for each, one of them advice to install a WebSocket library)."""
+        self.upgrade_total += 1
+        if _logged(self.upgrade_total):
+            log.info(
+                "a request from %s asked to upgrade its connection: the HTTP door upgrades none "
+                "(no WebSocket) and answered it as a plain request (%d such since the start)",
+                address,
+                self.upgrade_total,
             )
 
     def release(self, address: str) -> None:
@@ -672,6 +719,12 @@ class _Admission:
         self.refused_by_ip[address] += 1
         self.refused_total += 1
         return self._address_full
+
+
+def _logged(count: int) -> bool:
+    """Whether the ``count``-th of a kind of event a client can repeat at will is logged: the
+    first, then one per ``OVERRUN_LOG_EVERY`` (a flood of them must not flood the log)."""
+    return (count - 1) % OVERRUN_LOG_EVERY == 0
 
 
 def _refusal(key: str, limit: int) -> bytes:
@@ -955,9 +1008,23 @@ class _BoundedHead(HttpToolsProtocol):
             return
         if self._in_head:
             self._head_bytes += len(data)
-        super().data_received(data)
+        self._feed(data)
         if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
             self._refuse_head()  # a head still arriving, over the limit across reads
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's ``data_received``, with its log lines said by the door's admission, so a
+        client cannot flood the log: a request the parser refuses is answered 400 as uvicorn
+        answers it (``invalid``); one asking to upgrade is served as a plain request
+        (``upgrade``: the door has no WebSocket, so uvicorn would not upgrade it either)."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.admission.invalid(self._address)
+            self.send_400_response(INVALID_REQUEST)
+        except httptools.HttpParserUpgrade:
+            self.admission.upgrade(self._address)
 
     def _refuse_head(self) -> None:
         """431, and close: nothing more of the connection is read."""
