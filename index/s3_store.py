@@ -44,6 +44,7 @@ from index.store import (
     MAX_LISTED_ENTRIES,
     MAX_POINTER_BYTES,
     SkippedNames,
+    SkippedTally,
     check_name,
     is_base_name,
     manifest_files,
@@ -183,7 +184,7 @@ class S3Store(HttpStore):
         deadline = time.monotonic() + self.options.download_timeout_s
         prefix = self.location.key("") if self.location.prefix else ""
         names: set[str] = set()
-        skipped: list[str] = []
+        skipped = self.skipped.tally()  # counted as read: a page's names are not kept past it
         token: str | None = ""
         pages = 0
         try:
@@ -195,9 +196,7 @@ class S3Store(HttpStore):
                         "bases: point the store at the prefix that holds them"
                     )
                 found, token = self._list_page(prefix, token, deadline)
-                page, passed = _base_names(found, prefix)
-                names.update(page)
-                skipped += passed
+                names.update(_base_names(found, prefix, skipped))
         except SnapshotError as exc:
             raise StoreUnavailable(f"{self.location}: cannot list the bases: {exc}") from exc
         self.skipped.note(str(self.location), skipped)
@@ -301,18 +300,18 @@ def _parse_listing(data: bytes) -> tuple[list[str], str | None]:
     return found, token if truncated else None
 
 
-def _base_names(found: list[str], prefix: str) -> tuple[list[str], list[str]]:
+def _base_names(found: list[str], prefix: str, skipped: SkippedTally) -> list[str]:
     """The base names of a page's common prefixes (those directly under ``prefix`` that are one
-    safe path component), and the prefixes skipped ("a/../../x", a name with "/")."""
+    safe path component); the prefixes skipped ("a/../../x", a name with "/") are counted into
+    ``skipped``."""
     names: list[str] = []
-    skipped: list[str] = []
     for full in found:
         name = full[len(prefix) :].removesuffix("/") if full.startswith(prefix) else ""
         if is_base_name(name):  # one safe path component (a letter or digit first)
             names.append(name)
         elif name:
-            skipped.append(full)
-    return names, skipped
+            skipped.add(full)
+    return names
 
 
 def _client_config(timeout_s: float) -> botocore.config.Config:

@@ -14,13 +14,15 @@ it into a local cache first, and ``index.s3_store.S3Store`` does the same from a
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import logging
 import os
 import re
 import shutil
 import tempfile
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -210,7 +212,7 @@ class LocalStore:
         if not self.root.is_dir():
             return frozenset()
         names: set[str] = set()
-        skipped: list[str] = []
+        skipped = self.skipped.tally()
         for i, p in enumerate(self.root.iterdir()):
             if i == MAX_LISTED_ENTRIES:
                 raise StoreUnavailable(
@@ -222,7 +224,7 @@ class LocalStore:
             if is_base_name(p.name):
                 names.add(p.name)
             else:
-                skipped.append(p.name)
+                skipped.add(p.name)
         self.skipped.note(str(self.root), skipped)
         return frozenset(names)
 
@@ -448,30 +450,67 @@ def is_base_name(name: str) -> bool:
     return is_version(name)
 
 
+class SkippedTally:
+    """The names one listing skipped, in a fixed size however many and however long they are:
+    how many, the first ``shown`` by name (cut to ``CUT`` characters) and an order-free digest
+    of them all, to tell a listing that skipped the same names from one that did not."""
+
+    CUT = 80  # characters of a name quoted in the log
+
+    def __init__(self, shown: int) -> None:
+        self.count = 0
+        self.first: list[str] = []  # sorted, at most ``shown``
+        self._shown = shown
+        self._sum = 0  # the names' 128-bit hashes summed modulo 2**128: order-free
+
+    def add(self, name: str) -> None:
+        self.count += 1
+        data = name.encode("utf-8", "surrogatepass")  # a local name may hold lone surrogates
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        self._sum = (self._sum + int.from_bytes(digest, "big")) % (1 << 128)
+        if len(self.first) < self._shown or name < self.first[-1]:  # as its cut would compare
+            bisect.insort(self.first, name[: self.CUT])
+            del self.first[self._shown :]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Equal for two listings that skipped the same names (in any order)."""
+        return self.count, self._sum
+
+
 class SkippedNames:
     """What a store's listing skipped (names that are not base names: "lost+found", a name
-    with a newline): one summary line, only when the set changes, not one line per name at
-    every poll."""
+    with a newline): one summary line, only when the names change, not one line per name at
+    every poll. A listing's names are counted into a ``SkippedTally`` as they are read, so a
+    listing of many long names holds none of them (a hostile listing's 100,000 names of 2 KB
+    were held whole, then a set of them kept until the next listing)."""
 
-    SHOWN = 5  # names quoted in the line (80 characters each at most)
+    SHOWN = 5  # names quoted in the line (``SkippedTally.CUT`` characters each at most)
 
     def __init__(self) -> None:
-        self._last: frozenset[str] = frozenset()
+        self._last: tuple[int, int] = (0, 0)
 
-    def note(self, where: str, skipped: Iterable[str]) -> None:
-        now = frozenset(n[:200] for n in skipped)
-        if now and now != self._last:
-            shown = ", ".join(repr(n[:80]) for n in sorted(now)[: self.SHOWN])
-            more = f" and {len(now) - self.SHOWN} more" if len(now) > self.SHOWN else ""
+    def tally(self) -> SkippedTally:
+        """A new listing's tally, to ``add`` each skipped name to, then ``note``."""
+        return SkippedTally(self.SHOWN)
+
+    def note(self, where: str, tally: SkippedTally) -> None:
+        if tally.count and tally.key != self._last:
+            shown = ", ".join(repr(n) for n in tally.first)
+            more = (
+                f" and {tally.count - len(tally.first)} more"
+                if tally.count > len(tally.first)
+                else ""
+            )
             log.warning(
                 "%s: skipped %d names in the listing that are not base names (a letter or "
                 "digit, then letters, digits, '.', '_' or '-', 128 at most): %s%s",
                 where,
-                len(now),
+                tally.count,
                 shown,
                 more,
             )
-        self._last = now
+        self._last = tally.key
 
 
 def is_version(name: str) -> bool:

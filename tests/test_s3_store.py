@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import tracemalloc
 import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -187,14 +188,17 @@ class _HostileListing(BaseHTTPRequestHandler):
     new continuation token; it would end after ``ENDLESS_PAGES``), not XML, names bases that
     are paths out of the cache (``escape``), is one page of ``HUGE_BYTES`` (``huge``), or
     sends its headers and then a byte every ``TRICKLE_S`` (``trickle``), or is pages of
-    ``PAGE_NAMES`` short prefixes each (``stuffed``: S3 sends at most 1,000 a page); ``pages``
-    counts the pages asked for."""
+    ``PAGE_NAMES`` short prefixes each (``stuffed``: S3 sends at most 1,000 a page), or of
+    ``PAGE_NAMES`` prefixes of ``LONG`` ``TILDE`` characters, not base names (``long``);
+    ``pages`` counts the pages asked for."""
 
     ENDLESS_PAGES = 40
     PAGE_NAMES = 1000
     pages: ClassVar[list[int]] = []
     HUGE_BYTES = 64 * 1024 * 1024
     TRICKLE_S = 0.05
+    LONG = 2000
+    TILDE = "~"
     ESCAPES = ("a/../../evil", "x/y", "..", ".hidden", "spaced name", "é")
     mode = "endless"
 
@@ -218,7 +222,7 @@ class _HostileListing(BaseHTTPRequestHandler):
                 )
                 + "</ListBucketResult>"
             ).encode()
-        elif self.mode == "stuffed":
+        elif self.mode in ("stuffed", "long"):
             body = self._stuffed(page)
         elif self.mode == "endless":
             more = page + 1 < self.ENDLESS_PAGES
@@ -241,11 +245,12 @@ class _HostileListing(BaseHTTPRequestHandler):
 
     def _stuffed(self, page: int) -> bytes:
         more = page + 1 < self.ENDLESS_PAGES
+        tail = self.TILDE * self.LONG if self.mode == "long" else ""
         return (
             '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
             f"<IsTruncated>{str(more).lower()}</IsTruncated>"
             + "".join(
-                f"<CommonPrefixes><Prefix>prod/{page:02d}{i:05d}/</Prefix></CommonPrefixes>"
+                f"<CommonPrefixes><Prefix>prod/{page:02d}{i:05d}{tail}/</Prefix></CommonPrefixes>"
                 for i in range(self.PAGE_NAMES)
             )
             + (f"<NextContinuationToken>{page + 1}</NextContinuationToken>" if more else "")
@@ -346,6 +351,38 @@ def test_a_listing_stops_at_the_names_a_sidecar_reads_the_first_by_name(
     )
     cut = [r.getMessage() for r in caplog.records if "goes on past 2500" in r.getMessage()]
     assert len(cut) == 1  # said once, not at every poll
+
+
+def test_a_listing_of_many_long_names_that_are_not_bases_holds_none_of_them(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any
+) -> None:
+    """A listing of 100 pages of 1,000 prefixes of 2,000 bytes that are not bases (each page
+    within the limits) peaked at 237 MB: every name was held whole until the listing ended,
+    then a set of them (200 characters each) kept until the next listing, at every poll."""
+    monkeypatch.setattr(_HostileListing, "mode", "long")
+    monkeypatch.setattr(_HostileListing, "ENDLESS_PAGES", 20)
+    page_bytes = _HostileListing.PAGE_NAMES * _HostileListing.LONG  # 2 MB of names a page
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with caplog.at_level(logging.WARNING, logger="voxrecall.store"):
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            assert store.knowledge_bases() == frozenset()
+            held, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert store.knowledge_bases() == frozenset()  # the same names: not said again
+        monkeypatch.setattr(_HostileListing, "TILDE", "!")  # as many names, not the same
+        assert store.knowledge_bases() == frozenset()
+    assert peak - before < 8 * page_bytes  # about a page at a time, not the 20 of the listing
+    assert held - before < page_bytes // 4  # none of the 20,000 names kept (a client's own state)
+    said = [r.getMessage() for r in caplog.records if "not base names" in r.getMessage()]
+    assert len(said) == 2, [line[:200] for line in said]
+    for line, mark in zip(said, "~!", strict=True):
+        assert "skipped 20000 names" in line
+        assert repr(f"prod/0000000{mark * 68}") + ", " in line  # the first by name, cut to 80
+        assert line.endswith(" and 19995 more")
+        assert len(line) < 1000
 
 
 def test_a_sidecar_reads_of_an_s3_listing_what_its_shard_may_serve(tmp_path: Path) -> None:
