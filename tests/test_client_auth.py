@@ -194,6 +194,13 @@ async def test_the_async_client_sends_the_token_on_every_rpc(
         await stream.aclose()
         assert answer.chunks[0].title == "Reset your password"
         assert await vr.end_session("c1")
+        status = await vr.status()
+        assert {b.name for b in status.knowledge_bases} == {"help", "billing"}
+        page = await vr.for_base("help").read_page("password.md")
+        assert page.title == "Reset your password"
+        assert "within five minutes" in page.text
+        part = await vr.for_base("help").read_page("password.md", offset=7)
+        assert part.text == page.text[7:]
     assert "Converse stream broke" not in caplog.text  # the stream carried the token too
 
 
