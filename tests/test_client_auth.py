@@ -131,7 +131,14 @@ async def test_ask_without_the_token_is_unauthenticated(
 ) -> None:
     _export(replace(secured, token=""), monkeypatch)
     assert await _ask(QUESTION) == 1
-    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "UNAUTHENTICATED" in said
+    assert "reads the token from VOXRECALL_TOKEN, which is unset" in said
+    monkeypatch.setenv("VOXRECALL_TOKEN", "z" * 32)  # not the sidecar's
+    assert await _ask(QUESTION) == 1
+    said = capsys.readouterr().err
+    assert "UNAUTHENTICATED" in said
+    assert "sent the token in VOXRECALL_TOKEN" in said
 
 
 async def test_ask_flags_win_over_the_environment(
