@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import json
 import logging
@@ -53,6 +54,22 @@ SUITE_HELP = {
     "(--seconds; not part of all)",
     "all": "every suite above but fuzz_snapshot, one after another",
 }
+
+
+# Packages of the project's dependencies that every suite imports: one missing means Python is not
+# the project's venv (a system `python`), which a line says better than the first import's traceback.
+REQUIRED = ("grpc", "numpy", "hnswlib", "onnxruntime")
+
+
+def outside_the_venv() -> str | None:
+    """The line to print when a package every suite needs cannot be imported, else None."""
+    missing = [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (
+        f"python -m bench: {sys.executable} cannot import {', '.join(missing)}: run it with the "
+        "project's venv, `.venv/bin/python -m bench ...` (README.md, first commands)"
+    )
 
 
 def machine() -> dict[str, Any]:
@@ -244,6 +261,9 @@ def search_systems() -> tuple[str, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (problem := outside_the_venv()) is not None:
+        print(problem, file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description="Run a benchmark suite, write DIR/SUITE.json and print its table. Figures, "

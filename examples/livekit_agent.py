@@ -20,6 +20,37 @@ from __future__ import annotations
 import os
 import sys
 
+from sidecar.adapters.client import Voxrecall
+from sidecar.connection import Connection
+
+# The commands that connect to a LiveKit server, and each variable's flag. LiveKit's CLI reads
+# the variables itself, but without one it prints a traceback and exits 0: checked here first,
+# so one line says what to set (before the extra is imported: it is not needed to say so).
+SERVER_COMMANDS = {"dev", "start", "connect"}
+SETTINGS = {
+    "LIVEKIT_URL": "--url",
+    "LIVEKIT_API_KEY": "--api-key",
+    "LIVEKIT_API_SECRET": "--api-secret",
+}
+
+
+def unset_settings(argv: list[str]) -> list[str]:
+    """The LiveKit variables a server command needs that neither the environment nor a flag gives."""
+    if argv[1:2] != [] and argv[1] in SERVER_COMMANDS and not {"-h", "--help"} & set(argv):
+        given = {arg.split("=", 1)[0] for arg in argv[2:]}
+        return [
+            name
+            for name, flag in SETTINGS.items()
+            if not os.environ.get(name) and flag not in given
+        ]
+    return []
+
+
+if __name__ == "__main__" and (unset := unset_settings(sys.argv)):
+    print(f"error: set {', '.join(unset)} to your LiveKit server's URL, API key and secret "
+          "(or pass --url, --api-key, --api-secret)", file=sys.stderr)  # fmt: skip
+    raise SystemExit(2)
+
 try:  # what the livekit-example extra installs; without it, one line says so
     from livekit.agents import (
         Agent,
@@ -32,6 +63,8 @@ try:  # what the livekit-example extra installs; without it, one line says so
         llm,
     )
     from livekit.plugins import openai, silero
+
+    from sidecar.adapters.livekit import LiveKitKnowledge, knowledge_tools
 except ModuleNotFoundError as exc:
     print(
         f"error: {exc.name} is not installed: this example needs its extra, "
@@ -39,10 +72,6 @@ except ModuleNotFoundError as exc:
         file=sys.stderr,
     )
     raise SystemExit(2) from None
-
-from sidecar.adapters.client import Voxrecall
-from sidecar.adapters.livekit import LiveKitKnowledge, knowledge_tools
-from sidecar.connection import Connection
 
 INSTRUCTIONS = (
     "You are Northwind Mobile's phone assistant. Answer in one or two short spoken sentences, "

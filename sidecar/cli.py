@@ -107,7 +107,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     try:
         resp = ask(" ".join(args.question), options)
     except grpc.RpcError as exc:
-        print(ask_failure(exc, options.connection.target, args.config), file=sys.stderr)
+        said = ask_failure(exc, options.connection.target, args.config)
+        print(said + token_hint(exc, options.connection.token), file=sys.stderr)
         return 1
     print(format_response(resp))
     return 0
@@ -124,6 +125,16 @@ def ask_failure(exc: grpc.RpcError, target: str, config: Path | None = None) -> 
         f"{line}\nno voxrecall sidecar answered at {target}: start one with "
         f"`voxrecall serve --config {config or DEFAULT_CONFIG}`, or give its address with --target"
     )
+
+
+def token_hint(exc: grpc.RpcError, token: str) -> str:
+    """For a call refused UNAUTHENTICATED, where ``ask`` takes its token from (there is no flag:
+    a command line is visible to every user); else nothing."""
+    if exc.code() is not grpc.StatusCode.UNAUTHENTICATED:
+        return ""
+    if not token:
+        return "\nvoxrecall ask reads the token from VOXRECALL_TOKEN, which is unset: set it"
+    return "\nvoxrecall ask sent the token in VOXRECALL_TOKEN: check it is the sidecar's"
 
 
 def _answered_by_a_sidecar(exc: grpc.RpcError) -> bool:

@@ -131,7 +131,14 @@ async def test_ask_without_the_token_is_unauthenticated(
 ) -> None:
     _export(replace(secured, token=""), monkeypatch)
     assert await _ask(QUESTION) == 1
-    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "UNAUTHENTICATED" in said
+    assert "reads the token from VOXRECALL_TOKEN, which is unset" in said
+    monkeypatch.setenv("VOXRECALL_TOKEN", "z" * 32)  # not the sidecar's
+    assert await _ask(QUESTION) == 1
+    said = capsys.readouterr().err
+    assert "UNAUTHENTICATED" in said
+    assert "sent the token in VOXRECALL_TOKEN" in said
 
 
 async def test_ask_flags_win_over_the_environment(
@@ -194,6 +201,13 @@ async def test_the_async_client_sends_the_token_on_every_rpc(
         await stream.aclose()
         assert answer.chunks[0].title == "Reset your password"
         assert await vr.end_session("c1")
+        status = await vr.status()
+        assert {b.name for b in status.knowledge_bases} == {"help", "billing"}
+        page = await vr.for_base("help").read_page("password.md")
+        assert page.title == "Reset your password"
+        assert "within five minutes" in page.text
+        part = await vr.for_base("help").read_page("password.md", offset=7)
+        assert part.text == page.text[7:]
     assert "Converse stream broke" not in caplog.text  # the stream carried the token too
 
 

@@ -88,3 +88,46 @@ def test_realtime_example_that_cannot_reach_the_api_says_so_in_one_line() -> Non
     assert out.returncode == 1, out.stderr
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("error: cannot reach wss://api.openai.com/")
+
+
+LIVEKIT = REPO / "examples" / "livekit_agent.py"
+LIVEKIT_VARIABLES = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET")
+
+
+def run_livekit(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The example without LiveKit (unimportable, as without its extra), so that once past its
+    own check it stops at the import, wherever the extra is installed."""
+    keep = {k: v for k, v in os.environ.items() if k not in LIVEKIT_VARIABLES}
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT, "livekit", str(LIVEKIT), *argv],
+        cwd=REPO, env=keep | {"PYTHONPATH": str(REPO)} | env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_livekit_example_without_its_server_says_what_to_set() -> None:
+    """LiveKit's own CLI printed a traceback and exited 0; the example says it in one line."""
+    out = run_livekit("dev", LIVEKIT_API_KEY="key")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: set LIVEKIT_URL, LIVEKIT_API_SECRET to your LiveKit server's URL, API key and "
+        "secret (or pass --url, --api-key, --api-secret)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (("dev",), dict.fromkeys(LIVEKIT_VARIABLES, "x")),
+        (("start", "--url=wss://lk", "--api-key", "k", "--api-secret", "s"), {}),
+        (("console",), {}),  # runs in the terminal, no server
+        (("dev", "--help"), {}),
+    ],
+)
+def test_livekit_example_with_its_server_given_goes_on(
+    argv: tuple[str, ...], env: dict[str, str]
+) -> None:
+    out = run_livekit(*argv, **env)
+    assert out.returncode == 2
+    (error,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: livekit")  # past the check, at the extra's import

@@ -1,5 +1,7 @@
 """The README's "Hosted voice platforms" section, run: each `curl` it gives is sent to a real
-HTTP door over examples/voxrecall.toml and answered 200 with what it found, and the Retell
+HTTP door over examples/voxrecall.toml, configured as its `[sidecar.http]` snippet says, exactly
+as written (only the host and token differ) and answered 200 with what it found; signed by its signing
+snippet, each is answered with the webhook secret on too; and the Retell
 parameters schema it prints is the one ``ListTools`` gives. A newcomer writes their platform's
 requests from these, so they must be what the code takes."""
 
@@ -46,13 +48,16 @@ def curls() -> list[list[str]]:
 
 
 def request(args: list[str]) -> tuple[str, dict[str, str], bytes]:
-    """A curl's URL path, headers and body (-H, -d)."""
+    """A curl's URL path, headers and body (-H, -d), its placeholder `TOKEN` the test's token
+    (tokens are at least 16 characters)."""
     path, headers, body = "", {}, b""
     it = iter(args)
     for arg in it:
         if arg == "-H":
             name, _, value = next(it).partition(":")
-            headers[name.strip().lower()] = value.strip()
+            headers[name.strip().lower()] = value.strip().replace(
+                "Bearer TOKEN", f"Bearer {TOKEN_A}"
+            )
         elif arg == "-d":
             body = next(it).encode()
         else:
@@ -60,35 +65,57 @@ def request(args: list[str]) -> tuple[str, dict[str, str], bytes]:
     return path, headers, body
 
 
+def door_snippets() -> list[dict[str, Any]]:
+    """The section's `[sidecar.http]` snippets: the door's, then the signing paragraph's."""
+    return [tomllib.loads(block)["sidecar"]["http"] for block in blocks("toml")]
+
+
 @pytest.fixture(scope="module")
 def example_raw(
     tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder
 ) -> dict[str, Any]:
-    """examples/voxrecall.toml with its store in a temporary folder (built) and the HTTP door on."""
+    """examples/voxrecall.toml with its store in a temporary folder (built), the token on and
+    the HTTP door configured as the README's first snippet says (on a port of its own)."""
     raw: dict[str, Any] = tomllib.loads((REPO / "examples" / "voxrecall.toml").read_text())
     store = tmp_path_factory.mktemp("readme") / "store"
     raw["index"]["store"] = str(store)
     raw["sidecar"] |= {"store": str(store), "listen": "127.0.0.1:0"}
     config = parse_config(raw, base=REPO / "examples")
     build_knowledge_base(config, config.knowledge_bases[0], local_embedder)
-    raw["sidecar"] |= {
-        "auth": {"token_env": "VOX_README_TOKEN"},
-        "http": {
-            "listen": "127.0.0.1:0",
-            "vapi_secret_env": "VOX_README_VAPI",
-            "webhook_secret_env": "VOX_README_WEBHOOK",
-        },
-    }
+    door = door_snippets()[0] | {"listen": "127.0.0.1:0"}
+    raw["sidecar"] |= {"auth": {"token_env": "VOX_README_TOKEN"}, "http": door}
     return raw
 
 
 @pytest.fixture
-def example_config(example_raw: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Config:
-    """Its config, with the token and the secrets in the environment."""
+def environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token and the secrets the snippets name (Vapi's the placeholder the curl sends)."""
     monkeypatch.setenv("VOX_README_TOKEN", TOKEN_A)
-    monkeypatch.setenv("VOX_README_VAPI", VAPI_SECRET)
-    monkeypatch.setenv("VOX_README_WEBHOOK", WEBHOOK_SECRET)
+    monkeypatch.setenv("VAPI_SECRET", "VAPI_SECRET")
+    monkeypatch.setenv("RETELL_API_KEY", WEBHOOK_SECRET)
+
+
+@pytest.fixture
+def example_config(example_raw: dict[str, Any], environment: None) -> Config:
     return parse_config(example_raw, base=REPO / "examples")
+
+
+@pytest.fixture
+def signing_config(example_raw: dict[str, Any], environment: None) -> Config:
+    """The door with the signing paragraph's snippet added."""
+    raw = example_raw | {"sidecar": dict(example_raw["sidecar"])}
+    raw["sidecar"]["http"] = raw["sidecar"]["http"] | door_snippets()[1]
+    return parse_config(raw, base=REPO / "examples")
+
+
+def signed(body: bytes) -> dict[str, str]:
+    """The headers the README's signing snippet computes for ``body``, run as written."""
+    (snippet,) = (b for b in blocks("python") if "X-Voxrecall-Signature" in b)
+    scope: dict[str, Any] = {"time": time, "hmac": hmac, "hashlib": hashlib}
+    scope |= {"secret": WEBHOOK_SECRET.encode(), "body": body}
+    exec(snippet, scope)
+    headers: dict[str, str] = scope["headers"]
+    return headers
 
 
 def test_the_readme_gives_a_request_for_each_platform() -> None:
@@ -96,27 +123,21 @@ def test_the_readme_gives_a_request_for_each_platform() -> None:
     assert paths == ["/vapi/knowledge-base", "/tools/knowledge_search", "/tools/knowledge_search"]
 
 
-async def test_each_readme_request_is_answered_with_what_it_found(
+def test_the_signing_snippet_adds_only_the_webhook_secret() -> None:
+    first, signing = door_snippets()
+    assert "webhook_secret_env" not in first
+    assert set(signing) == {"webhook_secret_env"}
+
+
+async def test_each_readme_request_is_answered_as_written(
     example_config: Config, local_embedder: Embedder
 ) -> None:
+    """Sent as the README writes it, to the README's door: only the host and token differ."""
     async with running(example_config, local_embedder) as sc, httpx2.AsyncClient() as http:
         commands = curls()
         assert commands
         for args in commands:
             path, headers, body = request(args)
-            assert headers.pop("authorization") == "Bearer TOKEN"
-            headers["authorization"] = f"Bearer {TOKEN_A}"
-            if "x-vapi-secret" in headers:
-                headers["x-vapi-secret"] = VAPI_SECRET
-            if path.startswith("/tools/"):  # signed as the README's "Signing" paragraph says
-                stamp = str(int(time.time()))
-                digest = hmac.new(
-                    WEBHOOK_SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256
-                ).hexdigest()
-                headers |= {
-                    "x-voxrecall-timestamp": stamp,
-                    "x-voxrecall-signature": f"sha256={digest}",
-                }
             reply = await http.post(
                 f"http://127.0.0.1:{sc.http_port}{path}", content=body, headers=headers
             )
@@ -125,6 +146,25 @@ async def test_each_readme_request_is_answered_with_what_it_found(
             answer = reply.json()
             found = answer.get("documents") or answer.get("results")
             assert found, (path, answer)
+
+
+async def test_with_the_webhook_secret_a_tool_call_signed_as_the_readme_shows_is_answered(
+    signing_config: Config, local_embedder: Embedder
+) -> None:
+    """The signing paragraph: an unsigned `/tools/` curl is refused, the same one signed by the
+    README's snippet is answered; Vapi's knowledge base is not a tool webhook and needs none."""
+    async with running(signing_config, local_embedder) as sc, httpx2.AsyncClient() as http:
+        for args in curls():
+            path, headers, body = request(args)
+            url = f"http://127.0.0.1:{sc.http_port}{path}"
+            if path.startswith("/tools/"):
+                refused = await http.post(url, content=body, headers=headers)
+                assert refused.status_code == 401, (path, refused.text)
+                headers |= signed(body)
+            reply = await http.post(url, content=body, headers=headers)
+            assert reply.status_code == 200, (path, reply.text)
+            answer = reply.json()
+            assert answer.get("documents") or answer.get("results"), (path, answer)
 
 
 def test_the_readmes_retell_schema_is_what_list_tools_gives(example_config: Config) -> None:

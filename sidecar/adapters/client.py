@@ -200,6 +200,28 @@ class Voxrecall:
         )
         return resp.existed
 
+    async def status(self) -> pb.StatusResponse:
+        """Each base's snapshot, the embedder, uptime, and this caller's sessions."""
+        resp: pb.StatusResponse = await self.stub.Status(
+            pb.StatusRequest(), metadata=self.metadata, timeout=self.tool_timeout_s
+        )
+        return resp
+
+    async def read_page(
+        self, source_path: str, *, source: str = "", offset: int | None = None
+    ) -> pb.ReadPageResponse:
+        """A whole page of this client's base; with ``offset`` (0 for the start) the part from
+        there that fits one message (``truncated`` and ``next_offset`` say where to read on)."""
+        request = pb.ReadPageRequest(
+            knowledge_base=self.knowledge_base, source_path=source_path, source=source
+        )
+        if offset is not None:
+            request.offset = offset
+        resp: pb.ReadPageResponse = await self.stub.ReadPage(
+            request, metadata=self.metadata, timeout=self.tool_timeout_s
+        )
+        return resp
+
     def turn_stream(self, session_id: str, *, sources: Sequence[str] = ()) -> TurnStream:
         """A ``Converse`` stream for one call (opened on first use)."""
         return TurnStream(self, session_id, sources=sources)
