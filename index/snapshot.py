@@ -615,6 +615,16 @@ class LoadedSnapshot:
             vector, k, ids, allowed, lambda: np.flatnonzero(np.isin(self.source_of, ids))
         )
 
+    def nearest(self, vector: Vectors, k: int, min_score: float) -> list[tuple[int, float]]:
+        """``search_dense`` of every source, only the chunks with a cosine of ``min_score`` or
+        more: the graph's answer read in one pass (a plain Search's)."""
+        k = min(k, len(self.chunks))
+        if k <= 0:
+            return []
+        labels, distances = knn(self.index, vector, k, _GraphOf(self.folder))  # 1-D: one query
+        pairs = zip(labels.tolist()[0], distances.tolist()[0], strict=True)
+        return [(label, score) for label, d in pairs if (score := 1.0 - d) >= min_score]
+
     def search_sources(
         self,
         vector: Vectors,
