@@ -116,20 +116,18 @@ def metadata_filters(messages: Sequence[pb.MetadataFilter]) -> tuple[MetadataFil
 
 
 def search_input(request: pb.SearchRequest) -> SearchInput:
-    """The engine's input for a ``Search`` call (its fields in order: every call makes one, and
-    matching keywords cost over a quarter of it)."""
+    """The engine's input for a ``Search`` call."""
     return SearchInput(
-        request.query,
-        request.knowledge_base,
-        request.limit,
-        request.min_score,
-        strings(request.sources),
-        request.session_id,
-        request.context_url,
-        request.vector,
-        0,  # budget_ms: a Search has none of its own
-        metadata_filters(request.filters),
-        strings(request.source_paths),
+        query=request.query,
+        knowledge_base=request.knowledge_base,
+        limit=request.limit,
+        min_score=request.min_score,
+        sources=strings(request.sources),
+        session_id=request.session_id,
+        context_url=request.context_url,
+        vector=request.vector,
+        filters=metadata_filters(request.filters),
+        source_paths=strings(request.source_paths),
     )
 
 
