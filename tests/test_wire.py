@@ -264,7 +264,7 @@ def test_a_tables_encodings_are_kept_the_second_time_and_only_for_that_table(
         messages.table_pieces(parts, b"\x0a", TableHits("billing", table, [(2, 0.5)]))
         assert not first or b"".join(parts) == first
         first = b"".join(parts)
-    assert list(messages._tables[table]) == [("billing", 2)]
+    assert list(messages._tables[table]["billing"]) == [2]  # by base, then label
     (tmp_path / "other").mkdir()
     other = crafted(tmp_path / "other")  # the next snapshot: its own encodings
     for _ in range(2):
@@ -284,6 +284,6 @@ def test_a_tables_kept_encodings_stay_within_the_bound(tmp_path: Path) -> None:
     for label in (0, 4, 6, 0, 4, 6, 0, 4, 6):  # each kept on its second sighting
         messages.table_pieces([], b"\x0a", TableHits("billing", table, [(label, 0.5)]))
         assert messages.held_bytes <= messages.max_bytes
-        assert len(messages._tables[table]) <= 2
+        assert len(messages._tables[table]["billing"]) <= 2
     messages.table_pieces([], b"\x0a", TableHits("billing", table, [(2, 0.5)] * 2))
-    assert len(messages._tables[table]) <= 2  # 1,700 bytes: never kept
+    assert len(messages._tables[table]["billing"]) <= 2  # 1,700 bytes: never kept

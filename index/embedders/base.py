@@ -107,7 +107,8 @@ def unit_vector(values: Vectors) -> Vectors:
     vector = values.astype(np.float64)  # float32 squares cannot overflow in float64
     squares = float(vector.dot(vector))  # half the cost of ``@`` on two vectors
     if SQUARED_NORM_RANGE[0] < squares < SQUARED_NORM_RANGE[1]:
-        unit: Vectors = values * np.float32(1.0 / math.sqrt(squares))
+        # a Python float scales a float32 array as a float32 would (NEP 50), and is not made
+        unit: Vectors = values * (1.0 / math.sqrt(squares))
     else:
         unit = unit_rows(vector[None, :])[0]
     return unit

@@ -198,9 +198,9 @@ def _held_bytes(chunk: Chunk, encoded: bytes) -> int:
     return len(encoded) + sys.getsizeof(chunk.text) + sys.getsizeof(chunk.embed_text) + _ENTRY_BYTES
 
 
-class _Kept(dict[tuple[str, int], bytes]):
-    """One chunk table's kept encodings, by base and label, and the bytes they hold (``held``):
-    counted with the table, so a table let go takes its count with it."""
+class _Kept(dict[int, bytes]):
+    """One chunk table's kept encodings for one base, by label, and the bytes they hold
+    (``held``): counted with the table, so a table let go takes its count with it."""
 
     __slots__ = ("held",)
 
@@ -215,8 +215,10 @@ class ChunkMessages:
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
         self._cache: dict[tuple[str, str], tuple[Chunk, bytes]] = {}
-        # a plain Search's encodings (``table_pieces``), by table, then base and label
-        self._tables: weakref.WeakKeyDictionary[ChunkTable, _Kept] = weakref.WeakKeyDictionary()
+        # a plain Search's encodings (``table_pieces``), by table, then base, then label
+        self._tables: weakref.WeakKeyDictionary[ChunkTable, dict[str, _Kept]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._seen: set[int] = set()
         self._bytes = 0  # what ``_cache`` holds (each table's encodings count in its ``_Kept``)
 
@@ -224,7 +226,11 @@ class ChunkMessages:
     def held_bytes(self) -> int:
         """What the kept encodings hold: the chunks' and those of the tables still alive (a
         table let go takes its encodings, and their count, with it)."""
-        return self._bytes + sum(kept.held for kept in list(self._tables.values()))
+        return self._bytes + sum(kept.held for kept in self._table_kepts())
+
+    def _table_kepts(self) -> list[_Kept]:
+        """The kept encodings of every table still alive, each base's apart."""
+        return [kept for bases in list(self._tables.values()) for kept in bases.values()]
 
     def fill(self, message: Message, name: str, hits: Sequence[Hit]) -> None:
         """Append one ``Chunk`` per hit, with its score, to ``message``'s repeated field
@@ -251,16 +257,27 @@ class ChunkMessages:
     def table_pieces(self, parts: list[bytes], key: bytes, hits: TableHits) -> None:
         """As ``pieces``, for hits read from a chunk table: each chunk's encoding kept, or
         written from the table's bytes (``table_encoded``: no Chunk built), or, for a chunk the
-        table says must be decoded (a string over its cap, bytes not UTF-8), encoded from it."""
+        table says must be decoded (a string over its cap, bytes not UTF-8), encoded from it.
+        A plain Search's loop: kept by label, a base's apart (no key made a hit)."""
         kb, table = hits.knowledge_base, hits.table
-        kept = self._tables.get(table)
-        if kept is None:  # the table's first answer: its own dict, for as long as it lives
-            kept = self._tables[table] = _Kept()
+        kept = self._kept(table, kb)
+        get = kept.get
         for label, score in hits.found:
-            encoded = kept.get((kb, label))
+            encoded = get(label)
             if encoded is None:
                 encoded = self._table_encode(kept, kb, table, label)
             parts += (key, encoded, _float32(score))
+
+    def _kept(self, table: ChunkTable, kb: str) -> _Kept:
+        """The encodings kept of ``table``'s chunks for ``kb`` (its own dict from the table's
+        first answer, for as long as the table lives)."""
+        bases = self._tables.get(table)
+        if bases is None:
+            bases = self._tables[table] = {}
+        kept = bases.get(kb)
+        if kept is None:
+            kept = bases[kb] = _Kept()
+        return kept
 
     def _table_encode(self, kept: _Kept, kb: str, table: ChunkTable, label: int) -> bytes:
         """Chunk ``label`` of ``table`` encoded, and kept in ``kept`` (the table's) when it was
@@ -270,7 +287,7 @@ class ChunkMessages:
         held = len(encoded) + _TABLE_ENTRY_BYTES
         if self._seen_before((kb, id(table), label)) and held <= self.max_bytes:
             self._make_room(held)
-            kept[kb, label] = encoded
+            kept[label] = encoded
             kept.held += held
         return encoded
 
@@ -279,7 +296,7 @@ class ChunkMessages:
         dicts are emptied, not replaced: a call writing hits holds its table's."""
         if self.held_bytes + held > self.max_bytes:
             self._cache = {}
-            for kept in list(self._tables.values()):
+            for kept in self._table_kepts():
                 kept.clear()
                 kept.held = 0
             self._bytes = 0

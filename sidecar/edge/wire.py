@@ -102,7 +102,8 @@ def search_response(result: SearchResult, policy: BasePolicy) -> EncodedResponse
         parts.append(string_field(_FALLBACK, policy.fallback))
     if policy.instructions:
         parts.append(string_field(_INSTRUCTIONS, policy.instructions))
-    parts.append(_RERANK[result.rerank])
+    if result.rerank is not RerankStatus.RERANK_NONE:  # most calls: none, and no lookup (an
+        parts.append(_RERANK[result.rerank])  # Enum hashes in Python, a call a lookup)
     return EncodedResponse(b"".join(parts), pb.SearchResponse, timings)
 
 

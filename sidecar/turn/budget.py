@@ -32,11 +32,21 @@ class Budget:
     reserve_ms: float = FALLBACK_RESERVE_MS
 
     @classmethod
-    def start(cls, total_ms: float, reserve_ms: float = FALLBACK_RESERVE_MS) -> Budget:
+    def start(
+        cls,
+        total_ms: float,
+        reserve_ms: float = FALLBACK_RESERVE_MS,
+        *,
+        started: float | None = None,
+    ) -> Budget:
+        """A budget from now, or from ``started`` (``time.monotonic()``, read before: a call
+        that may not need its budget makes it only when it does)."""
         if total_ms <= 0:
             raise ValueError(f"a budget must be positive, got {total_ms} ms")
         return cls(
-            total_ms=total_ms, started=time.monotonic(), reserve_ms=min(reserve_ms, total_ms / 3)
+            total_ms=total_ms,
+            started=time.monotonic() if started is None else started,
+            reserve_ms=min(reserve_ms, total_ms / 3),
         )
 
     def elapsed_ms(self) -> float:

@@ -50,6 +50,8 @@ log = logging.getLogger("voxrecall.engine")
 MAX_TEXT_BYTES = 16 * 1024
 MAX_TEXT_CHARS = MAX_TEXT_BYTES // 4  # characters that fit it whatever they are: where to cut
 MAX_SESSION_ID = 256
+# a caller's vector as the wire carries it: little-endian float32 (a dtype made once, not per call)
+_WIRE_FLOATS = np.dtype("<f4")
 # The page prior (doc2dial-style dialogues stay on one help page): each searched turn counts the
 # pages of its top PRIOR_COUNTED chunks, one vote each; a chunk on a page the conversation found
 # gets up to +PRIOR_BONUS (the page most turns found) among the top PRIOR_DEPTH. Measured on
@@ -757,33 +759,49 @@ class Engine:
                 await policy.reranker.aclose()
 
     async def search(self, req: SearchInput) -> SearchResult:
-        budget = Budget.start(self._budget_ms(req.budget_ms))
+        started = time.monotonic()
+        total_ms = self._budget_ms(req.budget_ms)
         self._check_search(req)
         kb = req.knowledge_base or self.default_knowledge_base
         searcher = self.searcher(kb)
         allowed = scope.resolve(searcher, kb, req.filters, req.source_paths, req.sources)
+        if req.vector and allowed is None and self._plain(req, kb, searcher, ""):
+            result = self._nearest_to(searcher, kb, req)  # the common call: nothing to wait for
+        else:
+            budget = Budget.start(total_ms, started=started)
+            result = await self._searched(req, kb, searcher, allowed, budget)
+        if req.session_id:
+            self._remember(self.sessions.get(req.session_id), result.hits)
+        result.timings.total_ms = (time.monotonic() - started) * 1000.0  # this call's alone
+        return result
+
+    async def _searched(
+        self,
+        req: SearchInput,
+        kb: str,
+        searcher: Searcher,
+        allowed: Allowed | None,
+        budget: Budget,
+    ) -> SearchResult:
+        """Any Search but a plain one given its vector: a plain one by its words (``_nearest``),
+        or one with filters, sources, a lift, a lexical side or a rerank stage."""
         vector = self._vector_from_bytes(req.vector, searcher.snapshot) if req.vector else None
         limit = req.limit or self.config.max_results
         min_score = req.min_score or self.config.min_score
         query = "" if vector is not None else req.query  # a vector's query is for logs only
-        if allowed is None and self._plain(req, kb, searcher, query):
-            result = await self._nearest(searcher, kb, query, vector, limit, min_score, budget)
-        else:
-            target = SearchScope(
-                searcher,
-                kb,
-                limit=self._depth(kb, limit),
-                min_score=min_score,
-                sources=req.sources,
-                context_url=req.context_url,
-                allowed=allowed,
-            )
-            ranked = await self._search(target, query, budget.embed_deadline(), vector=vector)
-            result = (await self._reranked(kb, query, ranked, limit, budget)).result()
-        if req.session_id:
-            self._remember(self.sessions.get(req.session_id), result.hits)
-        result.timings.total_ms = budget.elapsed_ms()  # made by this call alone
-        return result
+        if vector is None and allowed is None and self._plain(req, kb, searcher, query):
+            return await self._nearest(searcher, kb, query, limit, min_score, budget)
+        target = SearchScope(
+            searcher,
+            kb,
+            limit=self._depth(kb, limit),
+            min_score=min_score,
+            sources=req.sources,
+            context_url=req.context_url,
+            allowed=allowed,
+        )
+        ranked = await self._search(target, query, budget.embed_deadline(), vector=vector)
+        return (await self._reranked(kb, query, ranked, limit, budget)).result()
 
     def _check_search(self, req: SearchInput) -> None:
         # with a vector the query is for logging only: checked like any text, never searched
@@ -800,7 +818,8 @@ class Engine:
     def _plain(self, req: SearchInput, kb: str, searcher: Searcher, query: str) -> bool:
         """Whether a Search (with no filter) is the common one: the graph's nearest chunks
         alone, no sources, no ``context_url`` lift, no summary prong, no lexical side, no
-        rerank stage (``_nearest``, which ranks as ``relevance.dense`` does)."""
+        rerank stage (``_nearest_to`` and ``_nearest``, which rank as ``relevance.dense``
+        does)."""
         return (
             not req.sources
             and not (self.config.context_bonus and req.context_url.strip())
@@ -809,29 +828,46 @@ class Engine:
             and self.policy(kb).reranker is None
         )
 
+    def _nearest_to(self, searcher: Searcher, kb: str, req: SearchInput) -> SearchResult:
+        """A plain Search (``_plain``) given its vector: the vector checked and scaled (its
+        ``embed_ms``), then the graph's answer straight into hits; a graph that fails it counted
+        and answered as any search's (``_unsearched``)."""
+        snapshot = searcher.snapshot
+        limit = req.limit or self.config.max_results
+        min_score = req.min_score or self.config.min_score
+        start = time.perf_counter()
+        vector = self._vector_from_bytes(req.vector, snapshot)
+        read = time.perf_counter()
+        embed_ms = (read - start) * 1000.0
+        try:
+            hits = _nearest_hits(snapshot, kb, vector, limit, min_score)
+        except GraphSearchFailed as exc:
+            target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
+            return self._unsearched(target, "", exc, embed_ms).result()
+        search_ms = (time.perf_counter() - read) * 1000.0
+        return SearchResult(hits, snapshot.manifest.version, timings=Timings(embed_ms, search_ms))
+
     async def _nearest(
         self,
         searcher: Searcher,
         kb: str,
         query: str,
-        vector: Vectors | None,
         limit: int,
         min_score: float,
         budget: Budget,
     ) -> SearchResult:
-        """A plain Search (``_plain``): embed by the budget's deadline (unless given a vector),
-        then the graph's answer straight into hits, in one pass; without a vector, the lexical
-        fallback as any search's."""
+        """A plain Search (``_plain``) by its words: embed by the budget's deadline, then the
+        graph's answer straight into hits, in one pass; without a vector, the lexical fallback
+        as any search's."""
         start = time.perf_counter()
-        if vector is None:
-            vector = await self.vectors.get(query, budget.embed_deadline())
+        vector = await self.vectors.get(query, budget.embed_deadline())
         embed_ms = (time.perf_counter() - start) * 1000.0
         if vector is None:
             target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
             return self._rank(target, query, None, embed_ms=embed_ms).result()
         start = time.perf_counter()
         try:
-            hits = _nearest_hits(searcher, kb, vector, limit, min_score)
+            hits = _nearest_hits(searcher.snapshot, kb, vector, limit, min_score)
         except GraphSearchFailed as exc:
             target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
             return self._unsearched(target, query, exc, embed_ms).result()
@@ -1124,7 +1160,7 @@ class Engine:
             raise InvalidArgument(
                 f"vector is {len(data)} bytes; this snapshot needs {dim} float32 values ({dim * 4} bytes, little-endian)"
             )
-        given = np.frombuffer(data, dtype="<f4")
+        given = np.frombuffer(data, dtype=_WIRE_FLOATS)
         try:
             return unit_vector(given)
         except NoDirection as exc:
@@ -1138,15 +1174,13 @@ class Engine:
 
 
 def _nearest_hits(
-    searcher: Searcher, kb: str, vector: Vectors, limit: int, min_score: float
+    snapshot: LoadedSnapshot, kb: str, vector: Vectors, limit: int, min_score: float
 ) -> Sequence[Hit]:
     """The graph's nearest ``limit`` chunks with cosine >= ``min_score``, best first, as hits
     (``relevance.dense`` without a lift or sources): labels and scores (``TableHits``), which
     the servicer writes from the table without decoding a chunk."""
-    chunks = searcher.snapshot.chunks
-    found = [
-        (label, s) for label, s in searcher.snapshot.search_dense(vector, limit) if s >= min_score
-    ]
+    chunks = snapshot.chunks
+    found = snapshot.nearest(vector, limit, min_score)
     if type(chunks) is ChunkTable:
         return TableHits(kb, chunks, found)
     return [Hit(kb, chunks[label], score) for label, score in found]
