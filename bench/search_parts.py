@@ -10,7 +10,6 @@ same queries in turns of 20 so that load elsewhere falls on all alike:
                       no engine and no search
     canned-knn        the handler searches the graph as grpc-knn does and answers a stored
                       response: the sidecar's server and hooks around a bare search
-    search-in-thread  a plain Search's graph search and hits in a worker thread, not on the loop
     grpc-echo         raw bytes in and out of a bare method: the transport floor
     grpc-knn          a bare method searching the sidecar's own graph, answering the echo's bytes:
                       the floor of a Python server's Search (no code of the sidecar's on the call)
@@ -31,7 +30,6 @@ import asyncio
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 
 RESULTS = Path(__file__).resolve().parent / "results" / "search_parts.json"
-VARIANTS = ("sidecar", "no-hooks", "canned", "canned-knn", "search-in-thread")
+VARIANTS = ("sidecar", "no-hooks", "canned", "canned-knn")
 BLOCK = 20  # queries per turn, as the search suite's warm percentiles
 CONCURRENCY = 16
 
@@ -70,7 +68,6 @@ def _stored(search: Any, searched: bool) -> Any:
 def _patch(variant: str) -> None:
     """Swap the variant's part out of this (child) process."""
     from sidecar.edge import guards, service
-    from sidecar.turn.engine import Engine
 
     if variant == "no-hooks":
         build = guards.Guards.build.__func__  # type: ignore[attr-defined]
@@ -84,25 +81,6 @@ def _patch(variant: str) -> None:
         service.RetrievalService.Search = _stored(  # type: ignore[method-assign]
             service.RetrievalService.Search, searched=variant == "canned-knn"
         )
-    elif variant == "search-in-thread":
-        from sidecar.turn import engine
-
-        pool = ThreadPoolExecutor(os.cpu_count() or 1)
-        nearest = Engine._nearest
-
-        async def in_thread(self: Any, searcher: Any, kb: str, query: str, vector: Any,
-                            limit: int, min_score: float, budget: Any) -> Any:  # fmt: skip
-            """A plain Search's graph search and hits (``_nearest_hits``) in a worker thread."""
-            if vector is None:  # the benches send vectors: a query's embedding is not timed here
-                return await nearest(self, searcher, kb, query, vector, limit, min_score, budget)
-            start = time.perf_counter()
-            hits = await asyncio.get_running_loop().run_in_executor(
-                pool, engine._nearest_hits, searcher, kb, vector, limit, min_score
-            )
-            search_ms = (time.perf_counter() - start) * 1000.0
-            return engine.SearchResult(hits, searcher.version, engine.Timings(0.0, search_ms))
-
-        Engine._nearest = in_thread  # type: ignore[method-assign]
 
 
 async def _measure(
