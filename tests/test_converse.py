@@ -13,13 +13,20 @@ import grpc
 import pytest
 
 from index.embedders.base import Embedder, EmbedderInfo, Vectors
+from index.types import MetadataFilter
 from sidecar.config import Config
 from sidecar.edge.lifecycle import State
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.turn.engine import PlannedSearch, TurnInput
-from sidecar.turn.prefetch import PREFETCH_BURST, REFUSAL_LOG_BYTES, normalise, words_match
+from sidecar.turn.prefetch import (
+    PREFETCH_BURST,
+    REFUSAL_LOG_BYTES,
+    Prefetcher,
+    normalise,
+    words_match,
+)
 from tests.conftest import eventually
 
 BUDGET_MS = 5000  # generous: these tests are about matching, not about the embedder's speed
@@ -252,6 +259,43 @@ async def test_a_final_wider_than_its_filtered_interim_searches_itself(
     assert not resp.prefetched
     assert "reset-password.md" in [c.source_path for c in plain.chunks]
     assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
+
+
+async def test_a_final_naming_its_interims_paths_in_another_order_takes_its_prefetch(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    """Paths are a set: the same two in the other order scope the same search."""
+    pages = ["reset-password.md", "voicemail.md"]
+    await stream.write(scoped_interim(PASSWORD, source_paths=pages))
+    await eventually(lambda: example_sidecar.engine.counters.prefetch_started == 1)
+    await stream.write(final(PASSWORD, session="call", source_paths=pages[::-1]))
+    resp = await stream.read()
+    assert resp.prefetched
+    assert {c.source_path for c in resp.turn.chunks} <= set(pages)
+
+
+async def test_a_turns_scope_is_its_sets_of_sources_paths_and_filters(
+    example_sidecar: Sidecar,
+) -> None:
+    """What a final must share with its interim to take its prefetch: the same filters (each
+    field's values as a set, the filters as a set), paths and sources, in any order."""
+    scope = Prefetcher(example_sidecar.engine, stable_ms=200)._scope
+    plan, tier = MetadataFilter("plan", ("basic", "pro")), MetadataFilter("tier", ("gold",))
+    base = TurnInput("call", PASSWORD, filters=(plan, tier), source_paths=("a.md", "b.md"))
+    reordered = replace(
+        base,
+        filters=(tier, MetadataFilter("plan", ("pro", "basic"))),
+        source_paths=("b.md", "a.md"),
+    )
+    assert scope(reordered) == scope(base)
+    for other in (
+        replace(base, filters=(plan,)),
+        replace(base, filters=(plan, MetadataFilter("tier", ("silver",)))),
+        replace(base, filters=(MetadataFilter("plan", ("basic",)), tier)),
+        replace(base, source_paths=("a.md",)),
+        replace(base, sources=("help",)),
+    ):
+        assert scope(other) != scope(base)
 
 
 async def test_a_prefetch_not_taken_by_its_final_is_dropped(

@@ -72,7 +72,6 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
 from index.errors import VoxrecallError, shortened
-from index.types import MetadataFilter
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn.budget import Budget
 from sidecar.turn.engine import (
@@ -127,13 +126,14 @@ def words_match(ahead: tuple[str, ...], final: tuple[str, ...]) -> bool:
 
 class _Scope(NamedTuple):
     """What a turn's search is scoped by, as its request says it: a final answered from a
-    prefetch must say the same (its filters and paths decide the pages it may reach)."""
+    prefetch must say the same (its filters and paths decide the pages it may reach). Each is
+    a set, as the search reads it: the same paths or filters in another order are the same."""
 
     knowledge_base: str
-    sources: tuple[str, ...]
+    sources: frozenset[str]
     context_url: str
-    filters: tuple[MetadataFilter, ...]
-    source_paths: tuple[str, ...]
+    filters: frozenset[tuple[str, frozenset[str]]]
+    source_paths: frozenset[str]
 
 
 @dataclass(slots=True)
@@ -314,10 +314,10 @@ class Prefetcher:
         kb = req.knowledge_base or self._engine.default_knowledge_base
         return _Scope(
             kb,
-            tuple(req.sources),
+            frozenset(req.sources),
             req.context_url,
-            tuple(req.filters),
-            tuple(req.source_paths),
+            frozenset((f.field, frozenset(f.any_of)) for f in req.filters),
+            frozenset(req.source_paths),
         )
 
     def _spawn(self, coro: Coroutine[Any, Any, _T], name: str) -> asyncio.Task[_T]:
