@@ -299,7 +299,8 @@ async def test_readyz_names_the_bases_it_waits_for_only_to_a_token_that_may_use_
 ) -> None:
     """With auth, /readyz named the bases it waited for to any client, token or none (a base
     named for a deal not yet public, to anyone who could reach the port): a probe with no token
-    (or a wrong one) gets the state and the count, a scoped token only its own bases' names."""
+    (or a wrong one) gets the state and the count, a scoped token only its own bases' names and
+    count."""
     store = tmp_path / "store"
     for i in range(25):
         write_version(store, version_id(1), EMBEDDER, "invoices", kb=f"kb-{i:02d}")
@@ -319,9 +320,11 @@ async def test_readyz_names_the_bases_it_waits_for_only_to_a_token_that_may_use_
         assert await asyncio.to_thread(readyz, port) == (503, unnamed)
         assert await asyncio.to_thread(readyz, port, "not-" + TOKEN_A) == (503, unnamed)
         status, body = await asyncio.to_thread(readyz, port, TOKEN_B)
-        assert (status, body) == (503, {**unnamed, "waiting_for": ["kb-03", "kb-21"]})
+        mine = {**unnamed, "waiting_count": 2, "waiting_for": ["kb-03", "kb-21"]}
+        assert (status, body) == (503, mine)
         status, body = await asyncio.to_thread(readyz, port, TOKEN_A)
         assert body["waiting_for"] == [f"kb-{i:02d}" for i in range(20)]
+        assert body["waiting_count"] == 25
     finally:
         await running.stop(0.5)
 

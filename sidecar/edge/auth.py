@@ -71,10 +71,10 @@ class Authenticator(Hook):
                 "no credentials: send `authorization: Bearer <token>` (gRPC metadata, or an "
                 "HTTP header)"
             )
-        scheme, _, token = header.strip().partition(" ")
-        if scheme.lower() != BEARER or not token.strip():
+        token = _bearer(header)
+        if token is None:
             raise Unauthenticated("authorization must be `Bearer <token>`")
-        caller = self._match(token.strip().encode())
+        caller = self._match(token)
         if caller is None:
             raise Unauthenticated("the bearer token is not valid")
         call.caller = caller
@@ -86,10 +86,8 @@ class Authenticator(Hook):
         """The caller whose token an ``authorization`` header presents, or None (no token, a
         bad one): for an answer open to every client that says more to a caller (``/readyz``
         names the bases it may use)."""
-        scheme, _, token = header.strip().partition(" ")
-        if scheme.lower() != BEARER or not token.strip():
-            return None
-        return self._match(token.strip().encode())
+        token = _bearer(header)
+        return None if token is None else self._match(token)
 
     def _match(self, presented: bytes) -> CallerConfig | None:
         found = None
@@ -146,3 +144,11 @@ class Authenticator(Hook):
         # an empty name with no default is the service's INVALID_ARGUMENT, not a scope question
         if kb and not self._base_allowed(caller, kb):
             raise scope.unknown_base(kb, caller.knowledge_bases)
+
+
+def _bearer(header: str) -> bytes | None:
+    """The token of an ``authorization: Bearer <token>`` header, or None for any other form."""
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != BEARER or not token.strip():
+        return None
+    return token.strip().encode()
