@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -277,3 +278,38 @@ async def test_upgrade_requests_are_served_plain_and_logged_once_per_many(
     said = door_lines(caplog, logging.INFO)
     assert len(said) == 2, said  # the 1st and the 11th
     assert "(11 such since the start)" in said[-1]
+
+
+def client_hello() -> bytes:
+    """The first bytes an https:// client sends: a real TLS ClientHello, made in memory."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    context = ssl.create_default_context()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+async def test_an_https_client_at_the_plain_door_is_logged_as_one_once_per_many(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An https:// URL to the plain door: curl says only "wrong version number", and the log
+    said only that a request was not valid HTTP. It says a TLS client came, and what to change
+    (the first, then one per OVERRUN_LOG_EVERY); the answer stays the parser's 400."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(http_door, "OVERRUN_LOG_EVERY", 10)
+    hello = client_hello()
+    assert hello[:2] == b"\x16\x03"  # a TLS record: a handshake
+    for _ in range(12):
+        got = await test_http_door.exchange(sidecar, hello)
+        assert got.startswith(b"HTTP/1.1 400 "), got[:60]
+    assert door_lines(caplog, logging.WARNING) == []  # not "not valid HTTP/1.1"
+    said = door_lines(caplog, logging.INFO)
+    assert len(said) == 2, said  # the 1st and the 11th
+    assert "TLS (https://) client" in said[0]
+    assert "send it to http://" in said[0]
+    assert "[sidecar.tls]" in said[0]
+    assert "(11 such since the start)" in said[-1]
+    # a request that is merely bad is still logged as one
+    await test_http_door.exchange(sidecar, BAD_REQUESTS[0])
+    assert "not valid HTTP/1.1" in door_lines(caplog, logging.WARNING)[0]

@@ -142,14 +142,18 @@ REFUSED_LINGER_S = 1.0
 # every request of each read queued (8,000 GETs in one 256 KiB read) and every answer kept.
 MAX_PIPELINED = 8
 # Such a close is logged once per this many (the first one logged): one client reconnecting
-# without end must not flood the log. A plain HTTP request to the TLS door, a request the
-# parser refuses (400) and an upgrade request are logged so too (``_Admission``).
+# without end must not flood the log. A plain HTTP request to the TLS door, a TLS client at the
+# plain door, a request the parser refuses (400) and an upgrade request are logged so too
+# (``_Admission``).
 OVERRUN_LOG_EVERY = 1000
 # uvicorn's answer to a request its parser refuses (a Content-Length of ``z`` or of 20 digits),
 # kept as uvicorn sends it: 400, this text, and the connection closed.
 INVALID_REQUEST = "Invalid HTTP request received."
 # The reason OpenSSL gives a handshake whose first bytes are a plain HTTP request.
 PLAIN_HTTP = "HTTP_REQUEST"
+# The first bytes of a TLS record holding a handshake (type 22, version 3.x): an https:// client
+# at the plain door.
+TLS_RECORD = b"\x16\x03"
 # A TLS handshake is a round trip or two: one not done within this long is a client that stalled
 # (or one holding a connection on purpose); asyncio's own default would hold it for 60 s.
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
@@ -599,6 +603,7 @@ class _Admission:
         self.overrun_total = 0  # connections closed past MAX_PIPELINED
         self.cut_total = 0  # connections closed past a bound of a request (``cut``), those too
         self.plain_http_total = 0  # plain HTTP requests to a TLS door
+        self.tls_client_total = 0  # TLS handshakes at a plain door (answered 400)
         self.invalid_total = 0  # requests the parser refused (400)
         self.upgrade_total = 0  # requests that asked to upgrade the connection (not done)
         self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
@@ -655,6 +660,20 @@ class _Admission:
                 "the start)",
                 address,
                 self.plain_http_total,
+            )
+
+    def tls_client(self, address: str) -> None:
+        """A TLS handshake (an ``https://`` URL) came to the plain door: the parser refuses it
+        and it is answered 400, which the client cannot read (curl says only "wrong version
+        number"), so the log says why, as ``plain_http`` does for the mirror mistake."""
+        self.tls_client_total += 1
+        if _logged(self.tls_client_total):
+            log.info(
+                "a TLS (https://) client from %s came to the HTTP door, which speaks plain HTTP: "
+                "it was answered 400 and closed; send it to http://, or set [sidecar.tls] to "
+                "serve HTTPS (%d such since the start)",
+                address,
+                self.tls_client_total,
             )
 
     def invalid(self, address: str) -> None:
@@ -768,6 +787,7 @@ class _BoundedHead(HttpToolsProtocol):
     _admitted = False  # counted by the admission, until the connection is lost
     _served = False  # uvicorn's protocol has its transport (with TLS: the handshake is done)
     _dropped = False  # being closed: the rest of a read is dropped (its callbacks do nothing)
+    _fed = False  # the connection's first bytes have reached the parser
 
     def __init__(
         self,
@@ -1018,12 +1038,18 @@ class _BoundedHead(HttpToolsProtocol):
         drift), with its log lines said by the door's admission, so a
         client cannot flood the log: a request the parser refuses is answered 400 as uvicorn
         answers it (``invalid``); one asking to upgrade is served as a plain request
-        (``upgrade``: the door has no WebSocket, so uvicorn would not upgrade it either)."""
+        (``upgrade``: the door has no WebSocket, so uvicorn would not upgrade it either). A
+        connection that opens with a TLS record is logged as a TLS client instead
+        (``tls_client``)."""
+        first, self._fed = not self._fed, True
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self.admission.invalid(self._address)
+            if first and self.tls is None and data.startswith(TLS_RECORD):
+                self.admission.tls_client(self._address)
+            else:
+                self.admission.invalid(self._address)
             self.send_400_response(INVALID_REQUEST)
         except httptools.HttpParserUpgrade:
             self.admission.upgrade(self._address)
