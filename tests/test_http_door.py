@@ -1091,6 +1091,20 @@ async def test_an_unsigned_or_badly_signed_tool_call_is_refused(
     assert reply.json()["error"]["code"] == "UNAUTHENTICATED"
 
 
+@pytest.mark.parametrize(("body", "says"), [(b"{not json", "not JSON"), (b"[1]", "JSON object")])
+async def test_a_tool_body_not_a_json_object_is_told_both_shapes(
+    sidecar: Sidecar, body: bytes, says: str
+) -> None:
+    """The 400 names Retell's body and the flat body ElevenLabs sends: showing Retell's alone,
+    it sent an ElevenLabs user to the wrong shape."""
+    reply = await post_tool(sidecar, body, signed(body))
+    assert reply.status_code == 400
+    message = reply.json()["error"]["message"]
+    assert says in message
+    assert '"args": {"query": "..."}, "call": {"call_id": "..."}' in message
+    assert 'ElevenLabs sends them: {"query": "...", "session_id": "..."}' in message
+
+
 async def test_a_signature_without_a_timestamp_is_refused_naming_the_header(
     sidecar: Sidecar,
 ) -> None:

@@ -149,6 +149,11 @@ _RETELL = re.compile(r"v=(\d{1,16}),d=([0-9a-fA-F]{64})")
 _STAMP = re.compile(r"\d{1,12}")
 # Top-level keys of a tool webhook body that describe the call rather than being arguments.
 TOOL_METADATA = frozenset({"name", "call", "session_id", "call_id"})
+# The bodies a bad one is told to send: Retell's, or the arguments at the top level (ElevenLabs)
+TOOL_BODIES = (
+    'Retell\'s {"args": {"query": "..."}, "call": {"call_id": "..."}}, or the arguments at the '
+    'top level, as ElevenLabs sends them: {"query": "...", "session_id": "..."}'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -683,7 +688,7 @@ class Webhooks:
     ) -> VapiTools | tuple[str, str]:
         """What a ``/tools/`` body asks, read at once so the parsed body is dropped before any
         search: Vapi's envelope, or the arguments (as JSON text) and session id of one call."""
-        payload = _object(body, '{"args": {"query": "..."}, "call": {"call_id": "..."}}')
+        payload = _object(body, TOOL_BODIES)
         message = payload.get("message")
         if isinstance(message, dict) and message.get("type") == TOOL_CALLS:
             self._check_vapi_secret(headers, "tool")
