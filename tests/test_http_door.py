@@ -1011,6 +1011,10 @@ async def test_a_deeply_nested_vapi_message_is_skipped_not_a_500(
 # -- the tool webhook -------------------------------------------------------------------------
 
 
+# a signature refusal's WWW-Authenticate: the headers to send, as the README writes them
+SIGNED_CHALLENGE = 'Signature headers="X-Voxrecall-Timestamp X-Voxrecall-Signature"'
+
+
 def signed(body: bytes, secret: str = WEBHOOK_SECRET, age_s: int = 0) -> dict[str, str]:
     """The README's signing code: HMAC-SHA256 of "<unix seconds>.<body>"."""
     stamp = str(int(time.time()) - age_s)
@@ -1086,9 +1090,22 @@ async def test_a_signed_tool_call_returns_the_functions_output(sidecar: Sidecar,
 async def test_an_unsigned_or_badly_signed_tool_call_is_refused(
     sidecar: Sidecar, headers: dict[str, str]
 ) -> None:
+    """Each refusal's WWW-Authenticate names the signature's headers: the bearer token sent
+    was good, and a client that read "Bearer" would look for the fault in its token."""
     reply = await post_tool(sidecar, RETELL_BODY, headers)
     assert reply.status_code == 401
     assert reply.json()["error"]["code"] == "UNAUTHENTICATED"
+    assert reply.headers["www-authenticate"] == SIGNED_CHALLENGE
+
+
+async def test_a_tool_call_without_a_good_token_is_challenged_for_the_token(
+    sidecar: Sidecar,
+) -> None:
+    """Signed or not, a call whose bearer token is missing or wrong is asked for the token."""
+    for headers in ({"authorization": "Bearer wrong-token"}, {"authorization": ""}):
+        reply = await post_tool(sidecar, RETELL_BODY, {**signed(RETELL_BODY), **headers})
+        assert reply.status_code == 401
+        assert reply.headers["www-authenticate"] == "Bearer"
 
 
 @pytest.mark.parametrize(("body", "says"), [(b"{not json", "not JSON"), (b"[1]", "JSON object")])
@@ -1144,6 +1161,7 @@ async def test_a_signed_call_sent_again_within_its_window_gets_its_first_answer(
     elsewhere = await post_tool(sidecar, RETELL_BODY, captured, function="search_billing")
     assert elsewhere.status_code == 401  # the signature covers the body, not the path
     assert "already received" in elsewhere.json()["error"]["message"]
+    assert elsewhere.headers["www-authenticate"] == SIGNED_CHALLENGE
     stranger = await post_tool(sidecar, RETELL_BODY, {**captured, **auth(TOKEN_B)})
     assert stranger.status_code in (401, 404)  # never the first caller's answer
     other = RETELL_BODY.replace(b"retell-call-1", b"retell-call-2")  # a new call: served

@@ -91,13 +91,14 @@ Reply = tuple[int, bytes, list[tuple[bytes, bytes]]]
 
 SESSION_HEADER = "x-voxrecall-session"
 VAPI_SECRET_HEADER = "x-vapi-secret"
-# The 401's WWW-Authenticate when X-Vapi-Secret is missing or wrong: the header wanted, not the
-# bearer token the door's own refusal asks for.
-VAPI_CHALLENGE = 'Secret header="X-Vapi-Secret"'
 # as written in messages and docs; looked up in lower case (ASGI gives header names so)
 RETELL_SIGNATURE = "X-Retell-Signature"
 SIGNATURE = "X-Voxrecall-Signature"
 TIMESTAMP = "X-Voxrecall-Timestamp"
+# A 401's WWW-Authenticate names what the caller must send: the bearer token for the door's own
+# refusal (``Unauthenticated``'s default), else the header of the check that failed.
+VAPI_CHALLENGE = 'Secret header="X-Vapi-Secret"'
+SIGNATURE_CHALLENGE = f'Signature headers="{TIMESTAMP} {SIGNATURE}"'
 RETELL_SIGNATURE_HEADER = RETELL_SIGNATURE.lower()
 SIGNATURE_HEADER = SIGNATURE.lower()
 TIMESTAMP_HEADER = TIMESTAMP.lower()
@@ -335,7 +336,7 @@ class Replays:
         key = (caller, signature.digest)
         if key in self._seen or signature.stamp_ms <= self.floor_ms:
             self.refused += 1
-            raise Unauthenticated(
+            raise _signature_refused(
                 "this signed call was already received (a signature is accepted once, or, "
                 f"past {self.size} calls in {SIGNATURE_TOLERANCE_MS // 60000} minutes, only "
                 "the newest): send each call with a new timestamp and its own signature"
@@ -442,6 +443,11 @@ class Answers:
         answer.set_result(None)
 
 
+def _signature_refused(message: str) -> Unauthenticated:
+    """A webhook call refused for its signature: the 401 names the signature's headers."""
+    return Unauthenticated(message, challenge=SIGNATURE_CHALLENGE)
+
+
 def verify_signature(
     secret: bytes, body: bytes, headers: Mapping[str, str], now: float | None = None
 ) -> Signature:
@@ -462,7 +468,7 @@ def verify_signature(
         return _verify_generic(secret, body, headers, now_ms)
     if headers.get(RETELL_SIGNATURE_HEADER, ""):
         return _verify_retell(secret, body, headers[RETELL_SIGNATURE_HEADER], now_ms)
-    raise Unauthenticated(
+    raise _signature_refused(
         f"this call is unsigned and a webhook secret is configured: send {TIMESTAMP}: "
         f"<unix seconds> and {SIGNATURE}: sha256=<hex HMAC-SHA256 of "
         f'"<timestamp>.<body>"> (or Retell\'s {RETELL_SIGNATURE})'
@@ -474,19 +480,19 @@ def _verify_generic(
 ) -> Signature:
     stamp = headers.get(TIMESTAMP_HEADER, "").strip()
     if not stamp:
-        raise Unauthenticated(
+        raise _signature_refused(
             f"{SIGNATURE} needs {TIMESTAMP}: <unix seconds>, and the signature "
             f'is over "<timestamp>.<body>": a signature of the body alone could be replayed '
             "forever, so it is refused"
         )
     if not _STAMP.fullmatch(stamp):
-        raise Unauthenticated(f"{TIMESTAMP} must be the Unix time in whole seconds")
+        raise _signature_refused(f"{TIMESTAMP} must be the Unix time in whole seconds")
     _check_fresh(TIMESTAMP, int(stamp) * 1000, now_ms)
     scheme, _, given = headers[SIGNATURE_HEADER].partition("=")
     expected = hmac.new(secret, stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
     # as bytes: compare_digest raises on a str with a non-ASCII character (a header may hold one)
     if scheme != "sha256" or not hmac.compare_digest(given.lower().encode(), expected.encode()):
-        raise Unauthenticated(
+        raise _signature_refused(
             f"{SIGNATURE} does not match: send sha256=<hex HMAC-SHA256 of "
             f'"<{TIMESTAMP}>.<the exact body bytes>"> with the secret in [sidecar.http] '
             "webhook_secret_env"
@@ -497,17 +503,17 @@ def _verify_generic(
 def _verify_retell(secret: bytes, body: bytes, header: str, now_ms: float) -> Signature:
     match = _RETELL.fullmatch(header.strip())
     if match is None:
-        raise Unauthenticated(f"{RETELL_SIGNATURE} is not v=<ms>,d=<hex digest>")
+        raise _signature_refused(f"{RETELL_SIGNATURE} is not v=<ms>,d=<hex digest>")
     stamp, given = match.groups()
     if abs(now_ms - int(stamp) * 1000) <= SIGNATURE_TOLERANCE_MS:  # Unix seconds, not ms
-        raise Unauthenticated(
+        raise _signature_refused(
             f"{RETELL_SIGNATURE}'s v= is the Unix time in milliseconds; v={stamp} is in "
             "seconds: send v=<unix ms>,d=<hex HMAC-SHA256 of the body followed by those digits>"
         )
     _check_fresh(RETELL_SIGNATURE, int(stamp), now_ms)
     expected = hmac.new(secret, body + stamp.encode(), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(given.lower(), expected):
-        raise Unauthenticated(
+        raise _signature_refused(
             f"{RETELL_SIGNATURE} does not match the body: set [sidecar.http] "
             "webhook_secret_env to the variable holding the Retell API key with the webhook badge"
         )
@@ -516,7 +522,7 @@ def _verify_retell(secret: bytes, body: bytes, header: str, now_ms: float) -> Si
 
 def _check_fresh(header: str, stamp_ms: int, now_ms: float) -> None:
     if abs(now_ms - stamp_ms) > SIGNATURE_TOLERANCE_MS:
-        raise Unauthenticated(
+        raise _signature_refused(
             f"{header} is more than {SIGNATURE_TOLERANCE_MS // 60000} minutes from this "
             "sidecar's clock: a replayed request is refused (if it is new, check both clocks)"
         )
