@@ -725,11 +725,20 @@ def vapi_request(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def vapi(sc: Sidecar, messages: list[dict[str, Any]], **headers: str) -> httpx2.Response:
+    return await post_vapi_kb(sc, vapi_request(messages), **headers)
+
+
+async def post_vapi_kb(
+    sc: Sidecar, body: bytes | dict[str, Any], **headers: str
+) -> httpx2.Response:
+    """A Vapi knowledge-base request of ``body`` (bytes as they are, or JSON), with the shared
+    secret and the token."""
+    sent: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
     async with httpx2.AsyncClient() as http:
         return await http.post(
             url(sc, "/vapi/knowledge-base"),
-            json=vapi_request(messages),
             headers=auth(**{"x-vapi-secret": VAPI_SECRET, **headers}),
+            **sent,
         )
 
 
@@ -895,14 +904,9 @@ async def test_the_hooks_see_each_vapi_turns_timings_and_no_chunks_are_built_for
 async def test_a_long_agent_message_is_fed_cut_not_refused(sidecar: Sidecar) -> None:
     rambling = {"role": "assistant", "content": "Thanks for calling, I am glad to help. " * 200}
     question = {"role": "user", "content": "How do I reset my password?"}
-    async with httpx2.AsyncClient() as http:
-        body = vapi_request([rambling, question])
-        body["message"]["call"]["id"] = "vapi-call-long"
-        reply = await http.post(
-            url(sidecar, "/vapi/knowledge-base"),
-            json=body,
-            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
-        )
+    body = vapi_request([rambling, question])
+    body["message"]["call"]["id"] = "vapi-call-long"
+    reply = await post_vapi_kb(sidecar, body)
     assert reply.status_code == 200
     assert reply.json()["documents"][0]["content"].startswith("Reset your password")
 
@@ -925,12 +929,7 @@ async def test_vapi_without_the_shared_secret_is_refused(sidecar: Sidecar, secre
 async def test_a_bad_vapi_body_is_a_400_saying_what_to_send(
     sidecar: Sidecar, body: bytes, says: str
 ) -> None:
-    async with httpx2.AsyncClient() as http:
-        reply = await http.post(
-            url(sidecar, "/vapi/knowledge-base"),
-            content=body,
-            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
-        )
+    reply = await post_vapi_kb(sidecar, body)
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
     assert says in reply.json()["error"]["message"]
@@ -945,17 +944,8 @@ async def test_a_vapi_call_id_over_the_name_limit_is_refused_before_it_is_kept(
     before = sidecar.engine.sessions.usage()
     body = vapi_request(messages)
     body["message"]["call"]["id"] = "c" * 8000
-    async with httpx2.AsyncClient() as http:
-        reply = await http.post(
-            url(sidecar, "/vapi/knowledge-base"),
-            json=body,
-            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
-        )
-        by_header = await http.post(
-            url(sidecar, "/vapi/knowledge-base"),
-            json=vapi_request(messages),
-            headers=auth(**{"x-vapi-secret": VAPI_SECRET, "x-voxrecall-session": "h" * 4000}),
-        )
+    reply = await post_vapi_kb(sidecar, body)
+    by_header = await vapi(sidecar, messages, **{"x-voxrecall-session": "h" * 4000})
     for answer, field in ((reply, "message.call.id"), (by_header, SESSION_HEADER)):
         assert answer.status_code == 400
         assert answer.json()["error"]["code"] == "INVALID_ARGUMENT"
@@ -998,12 +988,7 @@ async def test_a_deeply_nested_vapi_message_is_skipped_not_a_500(
         b'{"message": {"type": "knowledge-base-request", "call": {"id": "vapi-deep"}, '
         b'"messages": [' + junk + b", " + question + b"]}}"
     )
-    async with httpx2.AsyncClient() as http:
-        reply = await http.post(
-            url(sidecar, "/vapi/knowledge-base"),
-            content=body,
-            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
-        )
+    reply = await post_vapi_kb(sidecar, body)
     assert reply.status_code == 200
     assert "Reset your password" in reply.json()["documents"][0]["content"]
 
@@ -1649,17 +1634,10 @@ async def test_the_parsed_body_is_let_go_before_the_searches(
             marked(vapi_tool_calls([tool_call("c1", "search_help", {"query": "reset"})]), marker),
         )
     else:
-        async with httpx2.AsyncClient() as http:
-            reply = await http.post(
-                url(sidecar, "/vapi/knowledge-base"),
-                content=marked(
-                    orjson.dumps(
-                        vapi_request([{"role": "user", "content": "How do I reset my password?"}])
-                    ),
-                    marker,
-                ),
-                headers=auth(**{"x-vapi-secret": VAPI_SECRET, SESSION_HEADER: "let-go"}),
-            )
+        asked = vapi_request([{"role": "user", "content": "How do I reset my password?"}])
+        reply = await post_vapi_kb(
+            sidecar, marked(orjson.dumps(asked), marker), **{SESSION_HEADER: "let-go"}
+        )
     assert reply.status_code == 200
     assert alive
     assert not any(alive)
@@ -1799,12 +1777,7 @@ async def test_real_payloads_are_far_within_the_json_limit(sidecar: Sidecar) -> 
     tool = await post_tool(sidecar, retell, signed(retell))
     assert tool.status_code == 200
     assert tool.json()["results"][0]["title"] == "Reset your password"
-    async with httpx2.AsyncClient() as http:
-        kb = await http.post(
-            url(sidecar, "/vapi/knowledge-base"),
-            content=vapi_kb,
-            headers=auth(**{"x-vapi-secret": VAPI_SECRET}),
-        )
+    kb = await post_vapi_kb(sidecar, vapi_kb)
     assert kb.status_code == 200
     assert kb.json()["documents"][0]["content"].startswith("Reset your password")
 
