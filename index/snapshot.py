@@ -625,9 +625,7 @@ class LoadedSnapshot:
         k = min(k, len(self.chunks))
         if k <= 0:
             return []
-        labels, distances = knn(self.index, vector, k, self.graph)  # 1-D: one query
-        pairs = zip(labels.tolist()[0], distances.tolist()[0], strict=True)
-        return [(label, score) for label, d in pairs if (score := 1.0 - d) >= min_score]
+        return [(label, score) for label, score in self._knn(vector, k) if score >= min_score]
 
     def search_sources(
         self,

@@ -837,15 +837,8 @@ class Engine:
         min_score = req.min_score or self.config.min_score
         start = time.perf_counter()
         vector = self._vector_from_bytes(req.vector, snapshot)
-        read = time.perf_counter()
-        embed_ms = (read - start) * 1000.0
-        try:
-            hits = _nearest_hits(snapshot, kb, vector, limit, min_score)
-        except GraphSearchFailed as exc:
-            target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
-            return self._unsearched(target, "", exc, embed_ms).result()
-        search_ms = (time.perf_counter() - read) * 1000.0
-        return SearchResult(hits, snapshot.manifest.version, timings=Timings(embed_ms, search_ms))
+        embed_ms = (time.perf_counter() - start) * 1000.0
+        return self._from_graph(searcher, kb, "", vector, limit, min_score, embed_ms)
 
     async def _nearest(
         self,
@@ -865,6 +858,20 @@ class Engine:
         if vector is None:
             target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
             return self._rank(target, query, None, embed_ms=embed_ms).result()
+        return self._from_graph(searcher, kb, query, vector, limit, min_score, embed_ms)
+
+    def _from_graph(
+        self,
+        searcher: Searcher,
+        kb: str,
+        query: str,
+        vector: Vectors,
+        limit: int,
+        min_score: float,
+        embed_ms: float,
+    ) -> SearchResult:
+        """A plain Search's graph answer straight into hits (``_nearest_hits``); a graph that
+        fails it counted and answered as any search's (``_unsearched``)."""
         start = time.perf_counter()
         try:
             hits = _nearest_hits(searcher.snapshot, kb, vector, limit, min_score)
