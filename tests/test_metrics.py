@@ -266,3 +266,13 @@ async def test_a_refused_snapshot_keeps_the_served_one_and_is_counted(
     help_status = next(kb for kb in status.knowledge_bases if kb.name == "help")
     assert bad in help_status.last_refusal
     assert any(bad in r.getMessage() for r in caplog.records)
+
+
+def test_a_hot_path_histogram_has_no_labelled_child_to_count_into_unexported() -> None:
+    """Its observations are folded from the tallies; a child made by ``labels`` was counted and
+    never exported, so asking for one is an error, not a silent loss."""
+    from sidecar.edge.metrics import Histogram
+
+    hist = Histogram("voxrecall_test_seconds", "test", ("method",), (0.1, 1.0))
+    with pytest.raises(TypeError, match="Tally"):
+        hist.labels("Search")

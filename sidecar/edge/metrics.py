@@ -339,6 +339,11 @@ class Histogram(Counted):
         super().__init__(name, documentation, labelnames)
         self.buckets = tuple(buckets)
 
+    def labels(self, *values: str) -> Any:
+        """None to count into: an observation goes through a ``Tally`` (``fold`` exports it), and
+        a child counted here would never be exported."""
+        raise TypeError(f"{self.name} has no labelled children: count through a Tally")
+
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, counts, total in self.fold():
