@@ -36,7 +36,7 @@ SETTINGS = {
 
 def unset_settings(argv: list[str]) -> list[str]:
     """The LiveKit variables a server command needs that neither the environment nor a flag gives."""
-    if argv[1:2] != [] and argv[1] in SERVER_COMMANDS and not {"-h", "--help"} & set(argv):
+    if len(argv) > 1 and argv[1] in SERVER_COMMANDS and not {"-h", "--help"} & set(argv):
         given = {arg.split("=", 1)[0] for arg in argv[2:]}
         return [
             name
