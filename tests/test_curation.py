@@ -262,63 +262,63 @@ other_loopbacks = pytest.mark.skipif(
 @other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_one_address_cannot_take_every_rebuild_slot(
-    listening: tuple[Watcher, RebuildListener],
+    listening: tuple[Watcher, RebuildListener], clients: Clients
 ) -> None:
     """16 idle connections from a stranger (no token, nothing sent) held every slot, and the
     CI's POST was closed unread; now the stranger's address holds 2, and the CI is served."""
     watcher, listener = listening
-    stranger = ("127.0.0.2", 0)  # another loopback address than the CI's 127.0.0.1
-    idle = [
-        socket.create_connection(("127.0.0.1", listener.port), source_address=stranger)
-        for _ in range(ingest.MAX_CONNECTIONS - 1)
-    ]
-    try:
-        with socket.create_connection(("127.0.0.1", listener.port), source_address=stranger) as one:
-            one.sendall(
-                f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
-            )
-            assert closed_unanswered(one)  # the stranger's third and later are closed unread
-        assert watcher.last("kb")["queued"] is False
-        assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
-        assert watcher.last("kb")["queued"] is True
-    finally:
-        for sock in idle:
-            sock.close()
+    stranger = "127.0.0.2"  # another loopback address than the CI's 127.0.0.1
+    for _ in range(ingest.MAX_CONNECTIONS - 1):
+        clients.connect(stranger)
+    one = clients.connect(stranger)
+    one.sendall(f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+    assert closed_unanswered(one)  # the stranger's third and later are closed unread
+    assert watcher.last("kb")["queued"] is False
+    assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
+    assert watcher.last("kb")["queued"] is True
 
 
 @other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_four_stranger_addresses_cannot_take_every_rebuild_slot(
-    listening: tuple[Watcher, RebuildListener],
+    listening: tuple[Watcher, RebuildListener], clients: Clients
 ) -> None:
     """Four stranger addresses with 4 idle connections each held all 16 slots, and the CI's
     POST was closed unread; now each holds 2, eight slots stay free, and the CI is served."""
     watcher, listener = listening
-    idle = []
-    try:
-        for n in range(2, 6):  # 127.0.0.2 .. 127.0.0.5, other loopback addresses than the CI's
-            for _ in range(4):
-                sock = socket.create_connection(
-                    ("127.0.0.1", listener.port), source_address=(f"127.0.0.{n}", 0)
-                )
-                idle.append(sock)
-        assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
-        assert watcher.last("kb")["queued"] is True
-    finally:
-        for sock in idle:
-            sock.close()
+    for n in range(2, 6):  # 127.0.0.2 .. 127.0.0.5, other loopback addresses than the CI's
+        for _ in range(4):
+            clients.connect(f"127.0.0.{n}")
+    assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
+    assert watcher.last("kb")["queued"] is True
 
 
-def strangers_from(port: int, count: int, first: int) -> list[socket.socket]:
-    """``count`` connections that send nothing yet, ``MAX_CONNECTIONS_PER_ADDRESS`` (2) from
-    each address from 127.0.0.``first`` on (Linux routes all of 127.0.0.0/8 to loopback)."""
-    return [
-        socket.create_connection(
-            ("127.0.0.1", port),
-            source_address=(f"127.0.0.{first + i // ingest.MAX_CONNECTIONS_PER_ADDRESS}", 0),
-        )
-        for i in range(count)
-    ]
+class Clients:
+    """A test's connections to the listener, each from a loopback address of its choice (Linux
+    routes all of 127.0.0.0/8 to loopback); every one is closed when the test ends."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.made: list[socket.socket] = []
+
+    def connect(self, address: str = "127.0.0.1") -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), source_address=(address, 0))
+        self.made.append(sock)
+        return sock
+
+    def strangers(self, count: int, first: int) -> list[socket.socket]:
+        """``count`` connections that send nothing yet, ``MAX_CONNECTIONS_PER_ADDRESS`` (2)
+        from each address from 127.0.0.``first`` on."""
+        per = ingest.MAX_CONNECTIONS_PER_ADDRESS
+        return [self.connect(f"127.0.0.{first + i // per}") for i in range(count)]
+
+
+@pytest.fixture
+def clients(listening: tuple[Watcher, RebuildListener]) -> Iterator[Clients]:
+    made = Clients(listening[1].port)
+    yield made
+    for sock in made.made:
+        sock.close()
 
 
 def still_open(sock: socket.socket) -> bool:
@@ -336,22 +336,17 @@ def still_open(sock: socket.socket) -> bool:
 @other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_eight_stranger_addresses_cannot_keep_the_ci_out(
-    listening: tuple[Watcher, RebuildListener],
+    listening: tuple[Watcher, RebuildListener], clients: Clients
 ) -> None:
     """Eight stranger addresses with 2 idle connections each held all 16 slots, and the CI's
     POST was closed unread; now it pushes out the oldest connection without the token and is
     served, and the other strangers keep theirs."""
     watcher, listener = listening
-    idle = strangers_from(listener.port, ingest.MAX_CONNECTIONS, 2)  # 127.0.0.2 .. 9
-    try:
-        assert len(idle) == ingest.MAX_CONNECTIONS
-        assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
-        assert watcher.last("kb")["queued"] is True
-        assert closed_unanswered(idle[0])  # the oldest was pushed out
-        assert all(still_open(sock) for sock in idle[1:])
-    finally:
-        for sock in idle:
-            sock.close()
+    idle = clients.strangers(ingest.MAX_CONNECTIONS, 2)  # 127.0.0.2 .. 9
+    assert request(listener.port, "POST", "/rebuild/kb")[0] == 202
+    assert watcher.last("kb")["queued"] is True
+    assert closed_unanswered(idle[0])  # the oldest was pushed out
+    assert all(still_open(sock) for sock in idle[1:])
 
 
 class HeldRebuilds:
@@ -554,66 +549,50 @@ PLAUSIBLE_HEAD = b"POST /rebuild/kb HTTP/1.1\r\n"
 @other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_a_ci_request_keeps_its_slot_once_its_token_arrives(
-    listening: tuple[Watcher, RebuildListener],
+    listening: tuple[Watcher, RebuildListener], clients: Clients
 ) -> None:
     """The CI's head in two writes: its request line and token, then the blank line. Strangers
     whose request lines look as the CI's fill the other 15 slots and one more arrives: the CI,
     the oldest without its head whole, was pushed out; now its token, read as it arrived,
     keeps its slot, the oldest stranger is pushed out and the CI is answered 202."""
     watcher, listener = listening
-    ci = socket.create_connection(("127.0.0.1", listener.port))
+    ci = clients.connect()
     ci.sendall(f"POST /rebuild/kb HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n".encode())
-    strangers = strangers_from(listener.port, 15, 2)
-    late = None
-    try:
-        for sock in strangers:
-            sock.sendall(PLAUSIBLE_HEAD)
-        wait_for(lambda: held_with_bytes(listener) == 16, "the heads heard")
-        late = socket.create_connection(
-            ("127.0.0.1", listener.port), source_address=("127.0.0.10", 0)
-        )
-        assert closed_unanswered(strangers[0])
-        ci.sendall(b"\r\n")
-        assert answer(ci) == b"HTTP/1.1 202 Accepted\r\n"
-        assert watcher.last("kb")["queued"] is True
-        assert all(still_open(sock) for sock in strangers[1:])
-    finally:
-        ci.close()
-        for sock in [*strangers, *([late] if late else [])]:
-            sock.close()
+    strangers = clients.strangers(15, 2)
+    for sock in strangers:
+        sock.sendall(PLAUSIBLE_HEAD)
+    wait_for(lambda: held_with_bytes(listener) == 16, "the heads heard")
+    clients.connect("127.0.0.10")  # the late one
+    assert closed_unanswered(strangers[0])
+    ci.sendall(b"\r\n")
+    assert answer(ci) == b"HTTP/1.1 202 Accepted\r\n"
+    assert watcher.last("kb")["queued"] is True
+    assert all(still_open(sock) for sock in strangers[1:])
 
 
 @other_loopbacks
 @pytest.mark.usefixtures("idle_holds")
 def test_strangers_whose_bytes_are_no_rebuild_request_are_pushed_out_first(
-    listening: tuple[Watcher, RebuildListener],
+    listening: tuple[Watcher, RebuildListener], clients: Clients
 ) -> None:
     """The CI's request line half sent (no token yet), two connections sending ``GET /x H``
     and 13 whose request lines look as the CI's: a newcomer pushed out the CI, the oldest; now
     it pushes out a ``GET /x H`` one, and the CI, its head done, is answered 202."""
     _, listener = listening
-    ci = socket.create_connection(("127.0.0.1", listener.port))
+    ci = clients.connect()
     ci.sendall(b"POST /rebuild/kb H")
-    garbage = strangers_from(listener.port, 2, 2)
-    others = strangers_from(listener.port, 13, 3)
-    late = None
-    try:
-        for sock in garbage:
-            sock.sendall(b"GET /x H")
-        for sock in others:
-            sock.sendall(PLAUSIBLE_HEAD)
-        wait_for(lambda: held_with_bytes(listener) == 16, "the first bytes heard")
-        late = socket.create_connection(
-            ("127.0.0.1", listener.port), source_address=("127.0.0.10", 0)
-        )
-        assert closed_unanswered(garbage[0])
-        assert all(still_open(sock) for sock in [garbage[1], *others])
-        ci.sendall(f"TTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
-        assert answer(ci) == b"HTTP/1.1 202 Accepted\r\n"
-    finally:
-        ci.close()
-        for sock in [*garbage, *others, *([late] if late else [])]:
-            sock.close()
+    garbage = clients.strangers(2, 2)
+    others = clients.strangers(13, 3)
+    for sock in garbage:
+        sock.sendall(b"GET /x H")
+    for sock in others:
+        sock.sendall(PLAUSIBLE_HEAD)
+    wait_for(lambda: held_with_bytes(listener) == 16, "the first bytes heard")
+    clients.connect("127.0.0.10")  # the late one
+    assert closed_unanswered(garbage[0])
+    assert all(still_open(sock) for sock in [garbage[1], *others])
+    ci.sendall(f"TTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+    assert answer(ci) == b"HTTP/1.1 202 Accepted\r\n"
 
 
 def test_a_head_its_handler_has_not_read_yet_is_looked_at_before_a_push_out(
