@@ -39,6 +39,7 @@ import numpy as np
 from bench.corpus import CACHE, CorpusSpec, load_or_generate
 from bench.ours import CALL_TIMEOUT_S, _request, build_snapshot, embedder_info
 from bench.profile_search import _cpu_s, _start, _stop
+from bench.sidecar_proc import bare_knn
 from bench.systems import Hnswlib
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -58,8 +59,7 @@ def _stored(search: Any, searched: bool) -> Any:
         if not stored:
             stored.append(await search(self, request, context))
         if searched:
-            graph = self.holder.get(request.knowledge_base).index
-            graph.knn_query(np.frombuffer(request.vector, dtype="<f4").reshape(1, -1), k=10)
+            bare_knn(self.holder.get(request.knowledge_base).index, request)
         return stored[0]
 
     return canned

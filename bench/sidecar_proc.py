@@ -56,6 +56,12 @@ async def _canned_response(port: int, dim: int) -> bytes:
 MAX_MESSAGE_BYTES = SidecarConfig().max_message_bytes  # the sidecar's own default limit
 
 
+def bare_knn(index: Any, request: pb.SearchRequest) -> None:
+    """The least a server does for a Search: ``index`` (an ``hnswlib.Index``) searched for the
+    request's vector, the answer left unread (``grpc-knn``, ``bench.search_parts``' canned-knn)."""
+    index.knn_query(np.frombuffer(request.vector, dtype="<f4").reshape(1, -1), k=LIMIT)
+
+
 def echo_server(response: bytes, index: Any) -> tuple[grpc.aio.Server, int]:
     """The echo and, on ``index`` (an ``hnswlib.Index``), the bare search beside it."""
 
@@ -63,7 +69,7 @@ def echo_server(response: bytes, index: Any) -> tuple[grpc.aio.Server, int]:
         return response
 
     async def knn(request: pb.SearchRequest, context: Any) -> bytes:
-        index.knn_query(np.frombuffer(request.vector, dtype="<f4").reshape(1, -1), k=LIMIT)
+        bare_knn(index, request)
         return response
 
     server = grpc.aio.server(

@@ -9,13 +9,26 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
 import index.snapshot
-from bench import handler_cost, hits_written, hook_pressure, scale, search, search_parts, turn_cost
+from bench import (
+    handler_cost,
+    hits_written,
+    hook_pressure,
+    scale,
+    search,
+    search_parts,
+    sidecar_proc,
+    turn_cost,
+)
 from bench.corpus import CorpusSpec, exact_top_k, generate, load_or_generate, recall_at_k
+from sidecar.gen import retrieval_pb2 as pb
 
 TINY = CorpusSpec(n=1500, dim=32, queries=60)
 
@@ -154,6 +167,43 @@ def test_search_parts_swaps_each_part_in_its_own_process(tmp_path: Path) -> None
     assert rows["canned-knn"]["distinct_top_chunks"] == 1
     assert rows["grpc-echo"]["distinct_top_chunks"] == 1
     assert rows["grpc-knn"]["distinct_top_chunks"] == 1  # the echo's bytes, after a search
+
+
+class SeenIndex:
+    """An hnswlib index's ``knn_query`` that keeps what it was asked."""
+
+    def __init__(self) -> None:
+        self.queries: list[list[list[float]]] = []
+
+    def knn_query(self, query: Any, k: int) -> None:
+        self.queries.append(query.tolist())
+
+
+async def test_the_bare_search_floors_search_the_requests_vector() -> None:
+    """``grpc-knn`` and ``canned-knn`` are the share's floor only while they search: each hands
+    the request's vector to the graph before answering its stored bytes."""
+    vector = np.arange(4, dtype="<f4")
+    request = pb.SearchRequest(knowledge_base="bench", vector=vector.tobytes())
+    seen = SeenIndex()
+    server, port = sidecar_proc.echo_server(b"stored", seen)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            knn = channel.unary_unary(
+                "/bench.Echo/Knn", request_serializer=pb.SearchRequest.SerializeToString
+            )
+            assert await knn(request, timeout=10) == b"stored"
+    finally:
+        await server.stop(None)
+    assert seen.queries == [[vector.tolist()]]
+
+    async def search(self: Any, request: Any, context: Any) -> bytes:
+        return b"answer"
+
+    canned = search_parts._stored(search, searched=True)
+    servicer = SimpleNamespace(holder=SimpleNamespace(get=lambda kb: SimpleNamespace(index=seen)))
+    assert await canned(servicer, request, None) == b"answer"
+    assert seen.queries == [[vector.tolist()]] * 2
 
 
 def test_scale_extrapolation_is_marked_and_follows_the_measured_trend() -> None:
