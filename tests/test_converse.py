@@ -32,8 +32,10 @@ from tests.conftest import eventually
 BUDGET_MS = 5000  # generous: these tests are about matching, not about the embedder's speed
 
 
-def interim(text: str, session: str = "call") -> pb.ConverseRequest:
-    return pb.ConverseRequest(turn=pb.TurnRequest(session_id=session, text=text, is_final=False))
+def interim(text: str, session: str = "call", **fields: Any) -> pb.ConverseRequest:
+    return pb.ConverseRequest(
+        turn=pb.TurnRequest(session_id=session, text=text, is_final=False, **fields)
+    )
 
 
 def final(text: str, session: str = "", **fields: Any) -> pb.ConverseRequest:
@@ -44,12 +46,6 @@ def final(text: str, session: str = "", **fields: Any) -> pb.ConverseRequest:
 
 
 PASSWORD = "How do I reset my password?"
-
-
-def scoped_interim(text: str, **fields: Any) -> pb.ConverseRequest:
-    return pb.ConverseRequest(
-        turn=pb.TurnRequest(session_id="call", text=text, is_final=False, **fields)
-    )
 
 
 def prefetch_tasks() -> list[asyncio.Task[Any]]:
@@ -183,7 +179,7 @@ async def test_refused_interims_are_planned_a_burst_and_said_once(
     async with grpc.aio.insecure_channel(f"127.0.0.1:{slow_bound_sidecar.port}") as channel:
         call = pb_grpc.RetrievalStub(channel).Converse(timeout=60)
         for i in range(50):
-            await call.write(scoped_interim(f"How do I reset my password, take {i}?", filters=bad))
+            await call.write(interim(f"How do I reset my password, take {i}?", filters=bad))
         await call.write(final(PASSWORD, session="call", filters=bad if final_filtered else []))
         if final_filtered:
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -251,7 +247,7 @@ async def test_a_final_wider_than_its_filtered_interim_searches_itself(
 ) -> None:
     """The reverse: an interim limited to voicemail.md, its final unlimited: the final finds the
     page Turn finds (it took the interim's search, voicemail.md only)."""
-    await stream.write(scoped_interim(PASSWORD, source_paths=["voicemail.md"]))
+    await stream.write(interim(PASSWORD, source_paths=["voicemail.md"]))
     await eventually(lambda: example_sidecar.engine.counters.prefetch_started == 1)
     await stream.write(final(PASSWORD))
     resp = await stream.read()
@@ -266,7 +262,7 @@ async def test_a_final_naming_its_interims_paths_in_another_order_takes_its_pref
 ) -> None:
     """Paths are a set: the same two in the other order scope the same search."""
     pages = ["reset-password.md", "voicemail.md"]
-    await stream.write(scoped_interim(PASSWORD, source_paths=pages))
+    await stream.write(interim(PASSWORD, source_paths=pages))
     await eventually(lambda: example_sidecar.engine.counters.prefetch_started == 1)
     await stream.write(final(PASSWORD, session="call", source_paths=pages[::-1]))
     resp = await stream.read()
