@@ -497,7 +497,7 @@ def test_connections_pushed_out_mid_request_end_without_a_traceback(
     err = capfd.readouterr().err
     assert "Traceback" not in err, err[:2000]
     lines = [r.getMessage() for r in caplog.records if r.name == "voxrecall.index.ingest"]
-    assert len(lines) <= 4, lines  # a line and a count per address
+    assert 1 <= len(lines) <= 4, lines  # a line and a count per address
     assert not any("failed" in line for line in lines), lines
 
 
@@ -522,11 +522,13 @@ def test_an_unexpected_handler_error_is_one_counted_line(
     can be found."""
     listener = RebuildListener("127.0.0.1:0", TOKEN, BrokenRebuilds(), "X").start()
     before = handler_threads()
-    with caplog.at_level(logging.DEBUG, logger="voxrecall.index.ingest"):
-        for _ in range(5):
-            with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
-                request(listener.port, "POST", "/rebuild/kb")
-        wait_for(lambda: not handler_threads() - before, "the handlers' end")
+    try:
+        with caplog.at_level(logging.DEBUG, logger="voxrecall.index.ingest"):
+            for _ in range(5):
+                with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+                    request(listener.port, "POST", "/rebuild/kb")
+            wait_for(lambda: not handler_threads() - before, "the handlers' end")
+    finally:
         listener.stop()
     assert "Traceback" not in capfd.readouterr().err
     lines = [  # the listener's INFO start line too where an earlier test set INFO
@@ -539,7 +541,11 @@ def test_an_unexpected_handler_error_is_one_counted_line(
     )
     assert "closed 4 more connections from 127.0.0.1" in lines[1]
     assert len(lines) == 2, lines
-    stacks = [r.exc_info for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
+    stacks = [
+        r.exc_info
+        for r in caplog.records
+        if r.name == "voxrecall.index.ingest" and r.levelno == logging.DEBUG and r.exc_info
+    ]
     assert [str(info[1]) for info in stacks] == ["the watcher broke"] * 5
 
 
