@@ -16,6 +16,10 @@ is scored on the engine's answer to that very Turn, then the dialogue goes on.
 * ``doc2dial``: 300 typed dialogues over US government-service help pages
   (``../shared/data/doc2dial-dev``), fed whole, the 900 judged turns scored as they come. Ceiling:
   the dialogue's page title prefixed (``doc_title``: never an input to the session).
+* ``doc2dial-switch`` and ``dstc11-switch`` (``switched``): the same judged turns, each dialogue
+  preceded in its session by the whole of an earlier dialogue of the set about another page or
+  place (unjudged): a caller who had a conversation about something else first, as a call that
+  changes topic does. Neither set changes topic inside a dialogue; these do, once.
 
 The doc2dial base: one record per section (2,026), as a docs base built from those help pages
 would hold them. Each is a page titled with its ``doc_title`` whose text is the section (which
@@ -32,7 +36,7 @@ import csv
 import hashlib
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +135,47 @@ def _one_entity(data: quality_turns.Dstc) -> quality_turns.Dstc:
     queries = [q for q in data.queries if {data.entity[d] for d in data.qrels[q["_id"]]} == {keep}]
     records = [r for r in data.records if r["entity_name"] == keep]
     return quality_turns.Dstc(records, queries[:TINY_DSTC_TURNS], data.qrels, data.entity)
+
+
+# -- topic switches -------------------------------------------------------------------------------
+
+
+def switched(cs: ConversationSet, name: str) -> ConversationSet:
+    """``cs`` with each dialogue preceded by the nearest earlier one (wrapping around) of another
+    conversation about other gold entities or pages, its turns unjudged: every judged turn is
+    the same, asked after a whole conversation about something else."""
+    dialogues = []
+    for i, dialogue in enumerate(cs.dialogues):
+        j = _before(cs, i)
+        before = () if j is None else tuple(Said(t.speaker, t.text) for t in cs.dialogues[j].turns)
+        dialogues.append(Dialogue(dialogue.dialogue_id, (*before, *dialogue.turns)))
+    return replace(
+        cs, name=name, dialogues=dialogues, notes=f"{cs.notes}; each after another's dialogue"
+    )
+
+
+def _before(cs: ConversationSet, i: int) -> int | None:
+    """The nearest dialogue before ``i`` (wrapping around) that opens otherwise (not the same
+    conversation cut elsewhere, as DSTC11's judged turns of one dialogue would be) and shares
+    no gold with it."""
+    dialogues = cs.dialogues
+    gold = {cs.gold[t.qid] for t in dialogues[i].turns if t.qid}
+    for step in range(1, len(dialogues)):
+        j = (i - step) % len(dialogues)
+        other = dialogues[j]
+        if other.turns[0].text != dialogues[i].turns[0].text and not gold & {
+            cs.gold[t.qid] for t in other.turns if t.qid
+        }:
+            return j
+    return None
+
+
+def dstc11_switch(data_dir: Path, quick: bool, tiny: bool = False) -> ConversationSet:
+    return switched(dstc11(data_dir, quick, tiny), "dstc11-switch")
+
+
+def doc2dial_switch(data_dir: Path, quick: bool, tiny: bool = False) -> ConversationSet:
+    return switched(doc2dial(data_dir, quick, tiny), "doc2dial-switch")
 
 
 # -- doc2dial -------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ engine's Search and so measured the same way:
 Each figure is also given for the judged turns right after an agent question (the agent's
 previous turn ends with "?"), where the content is often in that question. ``gold_top1``: how
 often the session's top-1 chunk is about the gold entity or page (its contextual prefix), and
-the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``),
+the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``, and
+each after another dialogue of its own set, ``dstc11-switch`` and ``doc2dial-switch``),
 ``bench.spoken`` (``dstc11-spoken``; ``--spoken voxrecall-asr-N`` draws it through
 ``bench.asr``'s second recogniser instead, both sides of a call heard) and ``bench.topics`` (``topics``: stand-alone questions and
 follow-ups in one session; ``topics-2``: another draw of them; ``topics-spoken``: that draw said
@@ -256,6 +257,8 @@ DIALOGUE_SETS: dict[str, Callable[[Path, bool, bool], ConversationSet]] = {
     "dstc11": conversations.dstc11,
     "dstc11-spoken": dstc11_spoken,
     "doc2dial": conversations.doc2dial,
+    "dstc11-switch": conversations.dstc11_switch,
+    "doc2dial-switch": conversations.doc2dial_switch,
 }
 TOPIC_DRAWS = {
     "topics": topics.WRITTEN,

@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import asr, doc2dial_halves, quality_conversations, quality_turns, spoken, topics
+from bench import (
+    asr,
+    conversations,
+    doc2dial_halves,
+    quality_conversations,
+    quality_turns,
+    spoken,
+    topics,
+)
 from bench.conversations import ConversationSet, Dialogue, Said, after_agent_question
 from bench.quality_conversations import eval_config, measure, served
 from index.embedders.base import Embedder
@@ -143,6 +151,45 @@ def test_spoken_set_transcribes_user_turns_only() -> None:
     assert "eleven" in turns[2].text.split()
     assert after_agent_question(turns, 2)
     assert not after_agent_question(turns, 1)
+
+
+def test_a_switched_set_asks_each_dialogue_after_another_conversation_about_something_else() -> (
+    None
+):
+    def dialogue(name: str, opener: str, qid: str) -> Dialogue:
+        return Dialogue(
+            name,
+            (
+                Said(Speaker.USER, opener),
+                Said(Speaker.AGENT, f"Here is what {name} says. Anything else?"),
+                Said(Speaker.USER, f"And {name} again?", qid),
+            ),
+        )
+
+    a, b = (
+        dialogue("a", "Tell me about roaming", "qa"),
+        dialogue("b", "Tell me about voicemail", "qb"),
+    )
+    b2 = dialogue("b2", "Tell me about voicemail", "qb2")  # the same conversation cut elsewhere
+    c = dialogue("c", "Tell me about roaming prices", "qc")  # another conversation, a's page
+    gold = {"qa": "Roaming", "qb": "Voicemail", "qb2": "Voicemail", "qc": "Roaming"}
+    cs = ConversationSet(
+        "toy", "kb", [a, b, b2, c], {q: frozenset({q}) for q in gold}, gold, "gold_title",
+        store=lambda e: Path("."),
+    )  # fmt: skip
+    out = conversations.switched(cs, "toy-switch")
+    assert out.name == "toy-switch"
+    assert out.qrels == cs.qrels
+    assert out.gold == cs.gold
+    assert out.judged == cs.judged  # the same judged turns, and no others
+    first, second, third, fourth = out.dialogues
+    # wrapping round: c is about a's page, so b2 before it
+    assert first.turns == (*[Said(t.speaker, t.text) for t in b2.turns], *a.turns)
+    assert second.turns == (*[Said(t.speaker, t.text) for t in a.turns], *b.turns)
+    # b (the same conversation) is passed over for a, the nearest about something else
+    assert third.turns == (*[Said(t.speaker, t.text) for t in a.turns], *b2.turns)
+    assert fourth.turns == (*[Said(t.speaker, t.text) for t in b2.turns], *c.turns)
+    assert [d.dialogue_id for d in out.dialogues] == ["a", "b", "b2", "c"]
 
 
 # -- the harness on the real sets (skipped without ../shared/data) --------------------------------

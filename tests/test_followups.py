@@ -187,6 +187,7 @@ def test_fold_referring_leaves_self_contained_turns_alone() -> None:
         ("Is there free parking there for the guests?", True),  # the second "there": a place
         ("Do you know if that includes breakfast for the guests?", True),
         ("I see one place by the park there, is it that one?", True),
+        ("How can I place an order for new checks?", False),  # "place" is a verb, not a place
         ("Does this hotel have free parking for the guests?", True),
         ("Do they take reservations?", True),  # few words, and a pronoun
         ("And what may I need to qualify for the booking?", True),  # a fragment: ellipsis
