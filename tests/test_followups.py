@@ -163,6 +163,38 @@ def test_rewriting_records_nothing_about_the_turn_itself() -> None:
     assert followups.rewrite(session, "Is it quiet?", g) == "THE LENSFIELD HOTEL: Is it quiet?"
 
 
+def test_an_entity_no_turn_named_for_stale_turns_frames_only_a_turn_pointing_back() -> None:
+    """Named, then STALE_TURNS turns about other things: the name was an earlier topic. A turn
+    that points back still leans on it; one that does not is searched as said, and an answer to
+    the agent's question is folded with the exchange, not the old name. One turn sooner, the
+    name still frames both."""
+    g = gaz()
+    long_turn = "Do rooms come with breakfast included in the price of the booking?"
+    chat = [("agent", "Let me look into that."), ("user", "Okay.")]
+    fresh = _session(
+        ("user", "Tell me about the Lensfield."),
+        *chat * ((followups.STALE_TURNS - 2) // 2),
+        ("agent", "Would you like to hear about our loyalty programme?"),
+        g=g,
+    )
+    assert fresh.weight >= followups.STALE_WEIGHT
+    assert followups.rewrite(fresh, long_turn, g).startswith("THE LENSFIELD HOTEL: ")
+    assert followups.rewrite(fresh, "Yes, please.", g).startswith("THE LENSFIELD HOTEL: ")
+
+    stale = _session(
+        ("user", "Tell me about the Lensfield."),
+        *chat * (followups.STALE_TURNS // 2),
+        ("agent", "Would you like to hear about our loyalty programme?"),
+        g=g,
+    )
+    assert stale.weight < followups.STALE_WEIGHT
+    assert followups.rewrite(stale, "Is it quiet?", g) == "THE LENSFIELD HOTEL: Is it quiet?"
+    assert followups.rewrite(stale, long_turn, g) == long_turn
+    answered = followups.rewrite(stale, "Yes, please.", g)
+    assert "LENSFIELD" not in answered
+    assert "Would you like to hear about our loyalty programme?" in answered
+
+
 def test_fold_referring_leaves_self_contained_turns_alone() -> None:
     g = gaz()
     referring = FollowupConfig(fold="referring")

@@ -266,6 +266,14 @@ WORD_LETTERS = 32
 _NO_WHOLE: dict[int, float] = {}  # ``Gazetteer._scan`` of a caller's turn: the keys as rated
 ADDRESS = -2  # ``Gazetteer._match``: a partial name in an address ("clifton way cherry hinton")
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
+# A tracked entity that no turn has named or confirmed in the last STALE_TURNS recorded turns
+# (user and agent; its weight faded below STALE_WEIGHT) is an earlier topic: it frames only a
+# turn that points back at it ("is it open late?"); an answer to the agent's question is folded
+# with the exchange, and a turn that does not point back is searched as said. A caller who
+# talked about one page and then asked about another kept the first folded into every turn
+# (doc2dial-switch: bench/README.md, "Topic switches, measured").
+STALE_TURNS = 8
+STALE_WEIGHT = FADE**STALE_TURNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -1309,9 +1317,13 @@ def _folded(turn: _Turn, config: FollowupConfig, shared: frozenset[str]) -> Plan
     session, utterance, mentions = turn.session, turn.utterance, turn.mentions
     text, question, refers, entity = utterance.text, turn.question, turn.refers, turn.entity
     left = entity is not None and entity is session.entity and session.left
+    stale = entity is not None and entity is session.entity and session.weight < STALE_WEIGHT
     if left and not question and _elliptic_only(_spoken(utterance)):
         entity = None  # "and for teams?" after the caller moved on: it leans on the last exchange
-    if entity is not None and not (refers or question) and (config.fold != "always" or left):
+    if stale and question:
+        entity = None  # the agent's question is about what was said since
+    own = config.fold != "always" or left or stale  # a turn not pointing back is its own
+    if entity is not None and not (refers or question) and own:
         entity = None
     picked = turn.picked
     if question:
@@ -1326,7 +1338,7 @@ def _folded(turn: _Turn, config: FollowupConfig, shared: frozenset[str]) -> Plan
         # a turn that refers back ("do they take reservations") has no meaning alone
         query = f"{entity.name}: {said_once(utterance)}"
         return Plan(query, folded, alone=not refers, named=mentions, picked=picked)
-    if not refers and (config.fold == "referring" or left or names_shared(utterance, shared)):
+    if not refers and (own or names_shared(utterance, shared)):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a turn of its own is searched as said
     if not refers and asks_after_fragment(session, utterance):
         return Plan(text, NO_FOLLOWUP, named=mentions)  # a new question, not the fragment's
