@@ -11,9 +11,7 @@ import pytest
 from sidecar.adapters.client import KNOWLEDGE_HEADER, Voxrecall, is_knowledge, knowledge_text
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from tests.adapters import knowledge_sidecar_fixture  # noqa: F401
-
-INSTALL = "What alternative ways are there to install Windows Terminal?"
+from tests.adapters import ROAMING, knowledge_sidecar_fixture  # noqa: F401
 
 
 @pytest.fixture
@@ -24,14 +22,14 @@ async def vr(knowledge_sidecar: Any) -> AsyncIterator[Voxrecall]:
 
 async def test_finals_are_answered_in_order_over_one_converse_stream(vr: Voxrecall) -> None:
     stream = vr.turn_stream("client-1")
-    await stream.interim("What alternative ways")
-    await stream.interim(INSTALL)
-    first, _ = await stream.final(INSTALL)
+    await stream.interim("How much does roaming")
+    await stream.interim(ROAMING)
+    first, _ = await stream.final(ROAMING)
     second, _ = await stream.final("okay")
     await stream.aclose()
     assert stream.streaming
-    assert "install.md" in [c.source_path for c in first.chunks]
-    assert first.query == INSTALL
+    assert "roaming.md" in [c.source_path for c in first.chunks]
+    assert first.query == ROAMING
     assert second.skipped == pb.BACKCHANNEL
     assert {c.chunk_id for c in first.chunks} <= {c.chunk_id for c in second.context}
 
