@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from sidecar.adapters.client import KNOWLEDGE_HEADER, Voxrecall, is_knowledge, knowledge_text
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from tests.adapters import ROAMING, knowledge_sidecar_fixture  # noqa: F401
+from tests.adapters import ROAMING, VOICEMAIL, knowledge_sidecar_fixture  # noqa: F401
 
 
 @pytest.fixture
@@ -32,6 +33,25 @@ async def test_finals_are_answered_in_order_over_one_converse_stream(vr: Voxreca
     assert first.query == ROAMING
     assert second.skipped == pb.BACKCHANNEL
     assert {c.chunk_id for c in first.chunks} <= {c.chunk_id for c in second.context}
+
+
+async def test_a_final_cancelled_while_it_waits_leaves_the_stream_open(vr: Voxrecall) -> None:
+    """A caller cancelled mid-turn (Pipecat cancels a frame on each interruption) loses that
+    answer, not the call's stream: the next interim still prefetches, which only the stream
+    does. grpc.aio cancels an RPC whose read or write is cancelled, so it used to."""
+    stream = vr.turn_stream("client-3")
+    await stream.interim("How much does roaming")
+    waiting = asyncio.create_task(stream.final(ROAMING))
+    await asyncio.sleep(0)  # it is in the stream's write or read now
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await stream.interim(VOICEMAIL)
+    resp, prefetched = await stream.final(VOICEMAIL)
+    await stream.aclose()
+    assert prefetched
+    assert resp.query == VOICEMAIL
+    assert "voicemail.md" in [c.source_path for c in resp.chunks]
 
 
 class TurnOnly(pb_grpc.RetrievalServicer):  # type: ignore[misc]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -217,3 +218,24 @@ async def test_over_large_arguments_are_refused_unsent_as_the_sidecar_would(size
     (result,) = [f for f in down if isinstance(f, FunctionCallResultFrame)]
     assert result.result["error"]["type"] == "invalid_arguments"
     assert f"the limit is {MAX_ARGUMENTS_BYTES}" in result.result["error"]["message"]
+
+
+async def test_an_interruption_mid_turn_leaves_the_converse_stream_open(
+    vr: Voxrecall, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The aggregator starts a user turn on the interim and interrupts upstream while the final
+    waits for its answer: Pipecat cancels that frame (the first turn is its to drop), and the
+    call's Converse stream must outlive it. It was cancelled with the frame (grpc.aio cancels an
+    RPC whose read is cancelled), so the next final logged "Converse stream broke" and went
+    through Turn."""
+    caplog.set_level(logging.WARNING, logger="voxrecall.adapters")
+    context = LLMContext([{"role": "system", "content": "You are a helpful agent."}])
+    user = LLMContextAggregatorPair(context).user()
+    pipeline = Pipeline([VoxrecallRetrieval(vr, session_id="pipecat-5"), user])
+    frames = [saying("How much does roaming"), said(ROAMING), SleepFrame(1.0), said(VOICEMAIL)]
+    await run_test(pipeline, frames_to_send=frames)
+
+    assert [r.getMessage() for r in caplog.records] == []
+    (knowledge,) = knowledge_messages(context)
+    assert "(help-center:voicemail.md)" in knowledge
+    assert context.messages[-1] == {"role": "user", "content": VOICEMAIL}
