@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,9 +12,7 @@ import pytest
 from sidecar.adapters.client import KNOWLEDGE_HEADER, Voxrecall, is_knowledge, knowledge_text
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from tests.adapters import knowledge_sidecar_fixture  # noqa: F401
-
-INSTALL = "What alternative ways are there to install Windows Terminal?"
+from tests.adapters import ROAMING, VOICEMAIL, knowledge_sidecar_fixture  # noqa: F401
 
 
 @pytest.fixture
@@ -24,16 +23,35 @@ async def vr(knowledge_sidecar: Any) -> AsyncIterator[Voxrecall]:
 
 async def test_finals_are_answered_in_order_over_one_converse_stream(vr: Voxrecall) -> None:
     stream = vr.turn_stream("client-1")
-    await stream.interim("What alternative ways")
-    await stream.interim(INSTALL)
-    first, _ = await stream.final(INSTALL)
+    await stream.interim("How much does roaming")
+    await stream.interim(ROAMING)
+    first, _ = await stream.final(ROAMING)
     second, _ = await stream.final("okay")
     await stream.aclose()
     assert stream.streaming
-    assert "install.md" in [c.source_path for c in first.chunks]
-    assert first.query == INSTALL
+    assert "roaming.md" in [c.source_path for c in first.chunks]
+    assert first.query == ROAMING
     assert second.skipped == pb.BACKCHANNEL
     assert {c.chunk_id for c in first.chunks} <= {c.chunk_id for c in second.context}
+
+
+async def test_a_final_cancelled_while_it_waits_leaves_the_stream_open(vr: Voxrecall) -> None:
+    """A caller cancelled mid-turn (Pipecat cancels a frame on each interruption) loses that
+    answer, not the call's stream: the next interim still prefetches, which only the stream
+    does. grpc.aio cancels an RPC whose read or write is cancelled, so it used to."""
+    stream = vr.turn_stream("client-3")
+    await stream.interim("How much does roaming")
+    waiting = asyncio.create_task(stream.final(ROAMING))
+    await asyncio.sleep(0)  # it is in the stream's write or read now
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await stream.interim(VOICEMAIL)
+    resp, prefetched = await stream.final(VOICEMAIL)
+    await stream.aclose()
+    assert prefetched
+    assert resp.query == VOICEMAIL
+    assert "voicemail.md" in [c.source_path for c in resp.chunks]
 
 
 class TurnOnly(pb_grpc.RetrievalServicer):  # type: ignore[misc]

@@ -27,10 +27,7 @@ from sidecar.adapters.livekit import (
 )
 from sidecar.edge.limits import MAX_ARGUMENTS_BYTES
 from sidecar.gen import retrieval_pb2 as pb
-from tests.adapters import knowledge_sidecar_fixture  # noqa: F401
-
-INSTALL = "What alternative ways are there to install Windows Terminal?"
-THEME = "How do I change Windows Terminal theme back to system?"
+from tests.adapters import ROAMING, VOICEMAIL, knowledge_sidecar_fixture  # noqa: F401
 
 
 @pytest.fixture
@@ -60,8 +57,8 @@ async def test_turn_completed_adds_this_turns_knowledge(vr: Voxrecall) -> None:
     agent = Agent(instructions="You are a helpful agent.")
     knowledge = LiveKitKnowledge(vr, session_id="lk-1")
     turn_ctx = agent.chat_ctx.copy()
-    await knowledge.on_user_turn_completed(turn_ctx, user_says(INSTALL))
-    assert "(terminal-docs:install.md)" in knowledge_in(turn_ctx)
+    await knowledge.on_user_turn_completed(turn_ctx, user_says(ROAMING))
+    assert "(help-center:roaming.md)" in knowledge_in(turn_ctx)
     assert knowledge.kept_prefetch == 0
 
     before = turn_ctx.copy()
@@ -75,15 +72,15 @@ async def test_prefetched_knowledge_keeps_the_preemptive_generation(vr: Voxrecal
     knowledge = LiveKitKnowledge(vr, session_id="lk-2")
     knowledge.attach(session, agent)
 
-    await interim(session, knowledge, "What alternative ways are there")
-    await interim(session, knowledge, INSTALL)
-    assert "(terminal-docs:install.md)" in knowledge_in(agent.chat_ctx)
+    await interim(session, knowledge, "How much does roaming")
+    await interim(session, knowledge, ROAMING)
+    assert "(help-center:roaming.md)" in knowledge_in(agent.chat_ctx)
 
     # What LiveKit does next: the final transcript starts a preemptive generation with a copy
     # of the agent's context; the end of the turn runs the hook on another copy, then compares.
     preemptive_ctx = agent.chat_ctx.copy()
     turn_ctx = agent.chat_ctx.copy()
-    await knowledge.on_user_turn_completed(turn_ctx, user_says(INSTALL))
+    await knowledge.on_user_turn_completed(turn_ctx, user_says(ROAMING))
     assert preemptive_ctx.is_equivalent(turn_ctx)
     assert knowledge.kept_prefetch == 1
 
@@ -94,12 +91,12 @@ async def test_stale_prefetched_knowledge_is_replaced(vr: Voxrecall) -> None:
     knowledge = LiveKitKnowledge(vr, session_id="lk-3")
     knowledge.attach(session, agent)
 
-    await interim(session, knowledge, THEME)  # the caller then said something else
+    await interim(session, knowledge, VOICEMAIL)  # the caller then said something else
     preemptive_ctx = agent.chat_ctx.copy()
     turn_ctx = agent.chat_ctx.copy()
-    await knowledge.on_user_turn_completed(turn_ctx, user_says(INSTALL))
+    await knowledge.on_user_turn_completed(turn_ctx, user_says(ROAMING))
     assert not preemptive_ctx.is_equivalent(turn_ctx)  # LiveKit regenerates with the right one
-    assert "(terminal-docs:install.md)" in knowledge_in(turn_ctx)
+    assert "(help-center:roaming.md)" in knowledge_in(turn_ctx)
     assert len([i for i in turn_ctx.items if i.id == KNOWLEDGE_ID]) == 1
 
 
@@ -111,7 +108,7 @@ def run_context(session: AgentSession, name: str, call_id: str) -> RunContext[An
 @pytest.mark.parametrize(
     ("arguments", "is_error"),
     [
-        (orjson.dumps({"query": INSTALL}).decode(), False),
+        (orjson.dumps({"query": ROAMING}).decode(), False),
         ('{"query": ""}', True),
     ],
 )
@@ -136,7 +133,7 @@ async def test_knowledge_tool_runs_through_livekits_function_executor(
     if is_error:
         assert body["error"]["type"] == "invalid_arguments"
     else:
-        assert "install.md" in [r["path"] for r in body["results"]]
+        assert "roaming.md" in [r["path"] for r in body["results"]]
 
 
 @pytest.mark.parametrize("size", [100 * 1024, 5 * 1024 * 1024], ids=["100KiB", "5MiB"])

@@ -20,11 +20,10 @@ from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.openai_realtime import RealtimeToolBridge
 from sidecar.edge.limits import MAX_ARGUMENTS_BYTES
 from sidecar.gen import retrieval_pb2 as pb
-from tests.adapters import knowledge_sidecar_fixture  # noqa: F401
+from tests.adapters import ROAMING, knowledge_sidecar_fixture  # noqa: F401
 
 SERVER_EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RealtimeServerEvent)
 CLIENT_EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RealtimeClientEvent)
-QUESTION = "What alternative ways are there to install Windows Terminal?"
 
 
 @pytest.fixture
@@ -95,7 +94,7 @@ async def replay(bridge: RealtimeToolBridge, events: list[dict[str, Any]]) -> li
 async def test_a_knowledge_call_is_answered_then_a_response_requested(vr: Voxrecall) -> None:
     bridge = await RealtimeToolBridge.create(vr, session_id="rt-1")
     events = function_call_turn(
-        "resp_1", "knowledge_search", "call_1", json.dumps({"query": QUESTION})
+        "resp_1", "knowledge_search", "call_1", json.dumps({"query": ROAMING})
     )
     sent = await replay(bridge, events)
 
@@ -109,14 +108,14 @@ async def test_a_knowledge_call_is_answered_then_a_response_requested(vr: Voxrec
     assert item_create["item"]["type"] == "function_call_output"
     assert item_create["item"]["call_id"] == "call_1"
     output = orjson.loads(item_create["item"]["output"])
-    assert "install.md" in [r["path"] for r in output["results"]]
+    assert "roaming.md" in [r["path"] for r in output["results"]]
     assert sent[answered_at[1]] == [{"type": "response.create"}]
 
 
 async def test_only_the_second_event_of_a_call_is_enough(vr: Voxrecall) -> None:
     """A client that does not subscribe to argument events still gets its answer."""
     bridge = await RealtimeToolBridge.create(vr)
-    events = function_call_turn("resp_2", "knowledge_search", "call_2", '{"query": "ssh"}')
+    events = function_call_turn("resp_2", "knowledge_search", "call_2", '{"query": "voicemail"}')
     events = [e for e in events if not e["type"].startswith("response.function_call_arguments")]
     sent = await replay(bridge, events)
     assert [e["type"] for out in sent for e in out] == [
@@ -188,7 +187,7 @@ async def test_a_call_the_sidecar_refuses_gets_its_code_and_message_not_unavaila
     that code and the sidecar's message (as on MCP), not "the knowledge base did not answer"."""
     bridge = await RealtimeToolBridge.create(vr)
     call_id = "c" * 300
-    arguments = '{"query": "install"}'
+    arguments = '{"query": "roaming"}'
     sent = await replay(
         bridge, function_call_turn("resp_7", "knowledge_search", call_id, arguments)
     )

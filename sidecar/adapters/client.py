@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,12 +250,66 @@ class Voxrecall:
         await self.close()
 
 
+class _Converse:
+    """One open ``Converse`` call, whose reads and writes run in tasks of its own.
+
+    grpc.aio cancels an RPC whose read or write is cancelled, and a caller may be cancelled
+    mid-turn (Pipecat cancels the frame a processor is on at each interruption): that must
+    cost the caller its answer, not the call its stream. Answers wait in ``answers`` (one per
+    final written; a cancelled final's is skipped by the next), then the error that ended the
+    call, if any.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.answers: asyncio.Queue[pb.ConverseResponse | Exception] = asyncio.Queue()
+        self._writing = asyncio.Lock()  # one write at a time, in the order they were asked
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._spawn(self._read())
+
+    async def write(self, request: pb.ConverseRequest) -> None:
+        await asyncio.shield(self._spawn(self._write(request)))
+
+    async def answer(self) -> pb.ConverseResponse:
+        item = await self.answers.get()
+        if isinstance(item, Exception):
+            self.answers.put_nowait(item)  # the call is over: every later read says so
+            raise item
+        return item
+
+    def close(self) -> None:
+        self.call.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _write(self, request: pb.ConverseRequest) -> None:
+        async with self._writing:
+            await self.call.write(request)
+
+    async def _read(self) -> None:
+        try:
+            while (resp := await self.call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
+                self.answers.put_nowait(resp)
+            self.answers.put_nowait(asyncio.InvalidStateError("the sidecar ended the stream"))
+        except asyncio.CancelledError:  # closed (grpc.aio says a cancelled RPC's read so too)
+            self.answers.put_nowait(asyncio.InvalidStateError("the stream was closed"))
+        except Exception as exc:  # handed to the final waiting, which raises it
+            self.answers.put_nowait(exc)
+
+
 class TurnStream:
     """One call's ``Converse`` stream: interims go ahead (prefetch), a final waits for its answer.
 
     Where the sidecar has no ``Converse`` (UNIMPLEMENTED), or the stream breaks, a final
     transcript is sent as a plain ``Turn`` instead, so an answer never depends on the stream.
-    Feed it from one task: a final's answer is the next one the stream returns.
+    Feed it from one task: a final's answer is the next one the stream returns. A final whose
+    caller is cancelled while it waits loses its answer, not the stream (``_Converse``).
     """
 
     def __init__(self, client: Voxrecall, session_id: str, *, sources: Sequence[str] = ()) -> None:
@@ -263,7 +317,7 @@ class TurnStream:
         self.session_id = session_id
         self.sources = tuple(sources)
         self.streaming = True  # False once the sidecar said it has no Converse
-        self._call: Any = None
+        self._converse: _Converse | None = None
 
     async def interim(self, text: str) -> None:
         """Send an interim transcript ahead; nothing comes back for it."""
@@ -284,12 +338,10 @@ class TurnStream:
         if self.streaming:
             try:
                 async with asyncio.timeout(self.client.turn_timeout_s):
-                    call = self._open()
-                    await call.write(self._request(text, is_final=True))
+                    converse = self._open()
+                    await converse.write(self._request(text, is_final=True))
                     while True:
-                        resp = await call.read()
-                        if resp is grpc.aio.EOF:  # type: ignore[attr-defined]
-                            raise asyncio.InvalidStateError("the sidecar ended the stream")
+                        resp = await converse.answer()
                         # An answer to an earlier final that missed its deadline is skipped.
                         if not resp.transcript or resp.transcript.strip() == text.strip():
                             return resp.turn, resp.prefetched
@@ -301,14 +353,17 @@ class TurnStream:
         return await self.client.turn(self.session_id, text, sources=self.sources), False
 
     async def aclose(self) -> None:
-        call, self._call = self._call, None
-        if call is not None:
-            call.cancel()
+        self._close()
 
-    def _open(self) -> Any:
-        if self._call is None:
-            self._call = self.client.stub.Converse(metadata=self.client.metadata)
-        return self._call
+    def _open(self) -> _Converse:
+        if self._converse is None:
+            self._converse = _Converse(self.client.stub.Converse(metadata=self.client.metadata))
+        return self._converse
+
+    def _close(self) -> None:
+        converse, self._converse = self._converse, None
+        if converse is not None:
+            converse.close()
 
     def _request(self, text: str, *, is_final: bool) -> pb.ConverseRequest:
         turn = self.client.turn_request(
@@ -322,6 +377,4 @@ class TurnStream:
             self.streaming = False
         else:
             log.warning("Converse stream broke (%s): reopening on the next transcript", exc)
-        if self._call is not None:
-            self._call.cancel()
-        self._call = None
+        self._close()
