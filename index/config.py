@@ -16,7 +16,7 @@ import json
 import math
 import os
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -101,6 +101,24 @@ OPTION_TYPES: dict[str, Any] = {
 }
 SOURCE_KEYS = frozenset({"name", "type", "path"})  # every type's, beside its options
 OPENAI_MAX_INPUTS = 2048  # the OpenAI embeddings API's limit on inputs per request
+
+
+# A refusal names at most this many names of a list (unknown or known), each cut to
+# NAME_CHARS: a request may send 256 names of 1 KiB each, and a store may hold many bases.
+NAMED = 5
+NAME_CHARS = 64
+
+
+def quoted(name: str) -> str:
+    return repr(name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "...")
+
+
+def named(names: Sequence[str]) -> str:
+    """The first ``NAMED`` of ``names``, quoted and each cut to ``NAME_CHARS``, and how many
+    more there are: what an error message repeats of a list it cannot bound."""
+    shown = ", ".join(map(quoted, names[:NAMED]))
+    more = len(names) - NAMED
+    return f"{shown} and {more} more" if more > 0 else shown or "none"
 
 
 def unknown_names(unknown: Iterable[str], known: Iterable[str]) -> str:
@@ -242,7 +260,10 @@ class BuildConfig:
         for kb in self.knowledge_bases:
             if kb.name == name:
                 return kb
-        raise ConfigError(f"no [[knowledge_base]] named {name!r} in {self.path}")
+        configured = named([kb.name for kb in self.knowledge_bases])
+        raise ConfigError(
+            f"no [[knowledge_base]] named {quoted(name)} in {self.path} (configured: {configured})"
+        )
 
 
 def sub_table(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
