@@ -273,6 +273,18 @@ def sub_table(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
     return value
 
 
+def refuse_secrets(raw: Mapping[str, Any], keys: Iterable[str], where: str) -> None:
+    """A secret written in the file (``api_key``, a token) is refused, naming the ``KEY_env`` key
+    that names its environment variable: a config file is checked in, copied and shown, and the
+    secret is read from the variable only (taking the file's would hide that it is ignored)."""
+    for key in keys:
+        if key in raw:
+            raise ConfigError(
+                f"{where}: {key}: a secret never goes in the file: put it in an environment "
+                f"variable and name that with {key}_env"
+            )
+
+
 def build_table(
     cls: type[_T], values: Mapping[str, Any], where: str, keys: Iterable[str] = (), **extra: Any
 ) -> _T:
@@ -419,6 +431,7 @@ INDEX_RANGES = {"keep_versions": Range(1, note="the newest version is always kep
 
 
 def _embedder_config(raw: Mapping[str, Any], where: str) -> EmbedderConfig:
+    refuse_secrets(raw, ["api_key"], f"{where} [embedder]")
     provider = raw.get("provider", "local")
     if provider not in ("local", "openai"):
         raise ConfigError(f'{where}: [embedder] provider must be "local" or "openai"')
@@ -519,11 +532,7 @@ def _index_config(raw: Mapping[str, Any], base: Path, where: str) -> IndexConfig
         idx_raw["llm"] = _llm_config(
             sub_table(idx_raw, "llm", f"{where} [index]"), base, Path(idx_raw["store"]), where
         )
-    if "rebuild_token" in idx_raw:
-        raise ConfigError(
-            f"{where} [index]: a token never goes in the file: name its variable with "
-            "rebuild_token_env"
-        )
+    refuse_secrets(idx_raw, ["rebuild_token"], f"{where} [index]")
     index = _ranged(IndexConfig, idx_raw, INDEX_RANGES, f"{where} [index]")
     return replace(index, rebuild_token=os.environ.get(index.rebuild_token_env, ""))
 
@@ -531,6 +540,7 @@ def _index_config(raw: Mapping[str, Any], base: Path, where: str) -> IndexConfig
 def _llm_config(raw: Mapping[str, Any], base: Path, store: Path, where: str) -> LlmConfig:
     """``[index.llm]``: every limit a positive number; the key read from its variable here."""
     where = f"{where} [index.llm]"
+    refuse_secrets(raw, ["api_key"], where)
     values = dict(raw)
     values["cache_dir"] = (
         resolve_path(base, raw["cache_dir"], f"{where} cache_dir")
@@ -597,6 +607,7 @@ def _rerank_config(raw: Any, where: str) -> RerankConfig | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table")
+    refuse_secrets(raw, ["api_key"], where)
     url = raw.get("base_url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{where}: base_url is required: the http(s) URL before /rerank")

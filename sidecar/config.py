@@ -26,6 +26,7 @@ from index.config import (
     is_whole,
     parse_build_config,
     read_toml,
+    refuse_secrets,
     resolve_path,
     sub_table,
     unique_strings,
@@ -582,12 +583,7 @@ MIN_BODY_BYTES = 4 * 1024  # a tool call's arguments or a short Vapi conversatio
 
 def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: str) -> HttpConfig:
     """``[sidecar.http]``: the listen address, the body limit, Vapi's base, the secrets."""
-    for key in ("vapi_secret", "webhook_secret"):
-        if key in raw:
-            raise ConfigError(
-                f"{where}: a secret never goes in the file: put it in an environment variable "
-                f"and name that with {key}_env"
-            )
+    refuse_secrets(raw, ["vapi_secret", "webhook_secret"], where)
     bases = _names(raw, "read_page_bases", where)
     http = build_table(
         HttpConfig, {**raw, "read_page_bases": bases}, where, vapi_secret="", webhook_secret=""
@@ -685,11 +681,7 @@ def _auth_config(raw: Mapping[str, Any], where: str) -> AuthConfig:
     for c_where, c_raw in entries:
         if not isinstance(c_raw, dict):
             raise ConfigError(f"{c_where}: must be a table")
-        if "token" in c_raw:
-            raise ConfigError(
-                f"{c_where}: a token never goes in the file: put it in an environment variable "
-                "and name that with token_env"
-            )
+        refuse_secrets(c_raw, ["token"], c_where)
         for key in ("name", "token_env"):
             if not isinstance(c_raw.get(key), str) or not c_raw[key]:
                 raise ConfigError(f"{c_where}: {key} is required")

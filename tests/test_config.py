@@ -181,6 +181,47 @@ def test_every_number_of_every_table_is_checked_where_the_file_is_read(
 
 
 @pytest.mark.parametrize(
+    ("table", "where"),
+    [
+        ("embedder", "[embedder]"),
+        ("index.llm", "[index.llm]"),
+        ("knowledge_base.rerank", "[rerank]"),
+    ],
+)
+def test_an_api_key_in_the_file_is_refused_naming_its_env_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str, where: str
+) -> None:
+    """docs/config.md: the key never goes in the file. It was taken, then replaced by the
+    variable's (unset: no key) without a word."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    with pytest.raises(ConfigError) as info:
+        parse_config(_placed(table, "api_key", "sk-test-1234567890"), base=tmp_path)
+    said = str(info.value)
+    assert said.endswith(
+        f"{where}: api_key: a secret never goes in the file: put it in an environment variable "
+        "and name that with api_key_env"
+    )
+    assert "sk-" not in said
+
+
+def test_an_openai_embedder_key_in_the_file_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(
+        '[embedder]\nprovider = "openai"\napi_key = "sk-test-1234567890"\n'
+        '[[knowledge_base]]\nname = "docs"\n[[knowledge_base.source]]\ntype = "markdown"\n'
+        'path = "kb"\n'
+    )
+    assert main(["index", "build", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {path} [embedder]: api_key: a secret never goes in the file: put it in an "
+        "environment variable and name that with api_key_env\n"
+    )
+
+
+@pytest.mark.parametrize(
     ("sidecar", "message"),
     [
         ({"budget_ms": "150ms"}, "[sidecar]: budget_ms must be a whole number, got '150ms'"),
