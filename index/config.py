@@ -362,13 +362,18 @@ class Range:
         return over_low and (self.high is None or value <= self.high)
 
     def __str__(self) -> str:
-        low = f"{self.low:g}"
+        low = _number(self.low)
         if self.high is not None and not self.above:
-            allowed = f"from {low} to {self.high:g}"
+            allowed = f"from {low} to {_number(self.high)}"
         else:
             allowed = f"> {low}" if self.above else f">= {low}"
-            allowed += f" and <= {self.high:g}" if self.high is not None else ""
+            allowed += f" and <= {_number(self.high)}" if self.high is not None else ""
         return f"{allowed} ({self.note})" if self.note else allowed
+
+
+def _number(value: float) -> str:
+    """A bound as a person writes it: 67108864, not 6.71089e+07."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def check_ranges(table: object, ranges: Mapping[str, Range], where: str) -> None:
@@ -433,8 +438,7 @@ INDEX_RANGES = {"keep_versions": Range(1, note="the newest version is always kep
 def _embedder_config(raw: Mapping[str, Any], where: str) -> EmbedderConfig:
     refuse_secrets(raw, ["api_key"], f"{where} [embedder]")
     provider = raw.get("provider", "local")
-    if provider not in ("local", "openai"):
-        raise ConfigError(f'{where}: [embedder] provider must be "local" or "openai"')
+    check_types(EmbedderConfig, {"provider": provider}, f"{where} [embedder]")
     if provider == "local":
         return _ranged(EmbedderConfig, raw, EMBEDDER_RANGES, f"{where} [embedder]")
     # a build's requests as large as the API takes (index/embedders/remote.py)

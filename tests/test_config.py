@@ -242,6 +242,55 @@ def test_a_bad_sidecar_value_names_the_key_the_value_and_what_is_allowed(
 
 
 @pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            config(embedder={"provider": "locl"}),
+            '[embedder]: provider must be "local" or "openai", got \'locl\'',
+        ),
+        (
+            config(sidecar={"log_level": "debug"}),
+            '[sidecar]: log_level must be "DEBUG" or "INFO" or "WARNING" or "ERROR", got \'debug\'',
+        ),
+        (
+            config(sidecar={"workers": 0}),
+            "[sidecar]: workers must be from 1 to 64 (processes, each holding every snapshot), "
+            "got 0",
+        ),
+        (
+            config(sidecar={"max_session_bytes": 1000}),
+            "[sidecar]: max_session_bytes must be >= 32768 (room for the longest turn), got 1000",
+        ),
+        (
+            config(sidecar={"session_memory_bytes": 40000}),
+            "[sidecar]: session_memory_bytes must be >= 65536 (max_session_bytes, so one session "
+            "fits), got 40000",
+        ),
+        (
+            config(sidecar={"tool_output_chars": 100}),
+            "[sidecar]: tool_output_chars must be >= 200 (characters), got 100",
+        ),
+        (
+            config(sidecar={"http": {"max_body_bytes": 1000}}),
+            "[sidecar.http]: max_body_bytes must be >= 4096 (bytes), got 1000",
+        ),
+        (
+            config(sidecar={"max_message_bytes": 10}),
+            "[sidecar]: max_message_bytes must be from 65536 to 67108864, got 10",
+        ),
+    ],
+)
+def test_a_refusal_names_the_value_given_in_the_loaders_one_shape(
+    tmp_path: Path, raw: dict[str, Any], message: str
+) -> None:
+    """docs/config.md: one line naming the key, the value and what is allowed, each as
+    ``<file> [table]: key must be X, got Y`` (these said what was allowed only)."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, base=tmp_path, path=tmp_path / "t.toml")
+    assert str(info.value) == f"{tmp_path / 't.toml'} {message}"
+
+
+@pytest.mark.parametrize(
     "listen", ["unix:/run/voxrecall.sock", "unix:voxrecall.sock", "unix-abstract:voxrecall"]
 )
 def test_listen_on_a_unix_socket_is_accepted_from_the_file_and_the_flag(
