@@ -1,4 +1,4 @@
-"""The indexer's commands: ``voxrecall index build | validate | watch | publish``,
+"""The indexer's commands: ``voxrecall index build | validate | watch | publish | rollback``,
 ``voxrecall source add | approve | reject | list`` and ``voxrecall snapshot verify``.
 
 One registrar per command adds its parser. The entry point (``sidecar/cli.py``) calls them
@@ -205,6 +205,16 @@ def cmd_index_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index_rollback(args: argparse.Namespace) -> int:
+    from index.store import LocalStore
+
+    config = _config(args)
+    kb = config.knowledge_base(args.kb).name
+    folder = LocalStore(config.index.store).roll_back(kb, args.to, keep=config.index.keep_versions)
+    print(f"{kb}: published {args.to}'s content as {folder.name}")
+    return 0
+
+
 def _publisher(to: str, config: BuildConfig) -> Callable[[str, Path], object | None]:
     """What copies one base's snapshot folder to ``--to``: a folder, or s3://bucket/prefix."""
     if to.startswith("s3://"):
@@ -239,7 +249,14 @@ def register_index(commands: Commands, load: Loader) -> None:
     """``voxrecall index ...``: one registrar per command."""
     index = commands.add_parser("index", help="build snapshots of knowledge bases")
     index_commands = index.add_subparsers(dest="index_command", required=True)
-    for registrar in (_register_build, _register_validate, _register_watch, _register_publish):
+    registrars = (
+        _register_build,
+        _register_validate,
+        _register_watch,
+        _register_publish,
+        _register_rollback,
+    )
+    for registrar in registrars:
         registrar(index_commands, load)
 
 
@@ -340,6 +357,24 @@ def _register_publish(commands: Commands, load: Loader) -> None:
         "--kb", action="append", default=[], help="only this knowledge base (repeatable)"
     )
     publish.set_defaults(func=cmd_index_publish, load=load)
+
+
+def _register_rollback(commands: Commands, load: Loader) -> None:
+    rollback = commands.add_parser(
+        "rollback",
+        help="publish a kept older version of a base again, as its newest version",
+        description="Verify VERSION, a version of KB still kept in [index] store, and publish its "
+        "files as a new version (a newer id, the same content), LATEST written last: sidecars "
+        "take it at their next poll as any new build (they refuse a pointer moved back), and "
+        "`voxrecall index publish --to` carries it on. The next build publishes the sources "
+        "again: fix them first.",
+    )
+    rollback.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=CONFIG_HELP)
+    rollback.add_argument("--kb", required=True, help="the knowledge base to roll back")
+    rollback.add_argument(
+        "--to", required=True, metavar="VERSION", help="the kept version whose content to publish"
+    )
+    rollback.set_defaults(func=cmd_index_rollback, load=load)
 
 
 def register_source(commands: Commands, load: Loader) -> None:

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -101,6 +101,24 @@ OPTION_TYPES: dict[str, Any] = {
 }
 SOURCE_KEYS = frozenset({"name", "type", "path"})  # every type's, beside its options
 OPENAI_MAX_INPUTS = 2048  # the OpenAI embeddings API's limit on inputs per request
+
+
+# A refusal names at most this many names of a list (unknown or known), each cut to
+# NAME_CHARS: a request may send 256 names of 1 KiB each, and a store may hold many bases.
+NAMED = 5
+NAME_CHARS = 64
+
+
+def quoted(name: str) -> str:
+    return repr(name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "...")
+
+
+def named(names: Sequence[str]) -> str:
+    """The first ``NAMED`` of ``names``, quoted and each cut to ``NAME_CHARS``, and how many
+    more there are: what an error message repeats of a list it cannot bound."""
+    shown = ", ".join(map(quoted, names[:NAMED]))
+    more = len(names) - NAMED
+    return f"{shown} and {more} more" if more > 0 else shown or "none"
 
 
 def unknown_names(unknown: Iterable[str], known: Iterable[str]) -> str:
@@ -242,7 +260,10 @@ class BuildConfig:
         for kb in self.knowledge_bases:
             if kb.name == name:
                 return kb
-        raise ConfigError(f"no [[knowledge_base]] named {name!r} in {self.path}")
+        configured = named([kb.name for kb in self.knowledge_bases])
+        raise ConfigError(
+            f"no [[knowledge_base]] named {quoted(name)} in {self.path} (configured: {configured})"
+        )
 
 
 def sub_table(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -250,6 +271,18 @@ def sub_table(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: [{key}] must be a table")
     return value
+
+
+def refuse_secrets(raw: Mapping[str, Any], keys: Iterable[str], where: str) -> None:
+    """A secret written in the file (``api_key``, a token) is refused, naming the ``KEY_env`` key
+    that names its environment variable: a config file is checked in, copied and shown, and the
+    secret is read from the variable only (taking the file's would hide that it is ignored)."""
+    for key in keys:
+        if key in raw:
+            raise ConfigError(
+                f"{where}: {key}: a secret never goes in the file: put it in an environment "
+                f"variable and name that with {key}_env"
+            )
 
 
 def build_table(
@@ -329,13 +362,18 @@ class Range:
         return over_low and (self.high is None or value <= self.high)
 
     def __str__(self) -> str:
-        low = f"{self.low:g}"
+        low = _number(self.low)
         if self.high is not None and not self.above:
-            allowed = f"from {low} to {self.high:g}"
+            allowed = f"from {low} to {_number(self.high)}"
         else:
             allowed = f"> {low}" if self.above else f">= {low}"
-            allowed += f" and <= {self.high:g}" if self.high is not None else ""
+            allowed += f" and <= {_number(self.high)}" if self.high is not None else ""
         return f"{allowed} ({self.note})" if self.note else allowed
+
+
+def _number(value: float) -> str:
+    """A bound as a person writes it: 67108864, not 6.71089e+07."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def check_ranges(table: object, ranges: Mapping[str, Range], where: str) -> None:
@@ -398,9 +436,9 @@ INDEX_RANGES = {"keep_versions": Range(1, note="the newest version is always kep
 
 
 def _embedder_config(raw: Mapping[str, Any], where: str) -> EmbedderConfig:
+    refuse_secrets(raw, ["api_key"], f"{where} [embedder]")
     provider = raw.get("provider", "local")
-    if provider not in ("local", "openai"):
-        raise ConfigError(f'{where}: [embedder] provider must be "local" or "openai"')
+    check_types(EmbedderConfig, {"provider": provider}, f"{where} [embedder]")
     if provider == "local":
         return _ranged(EmbedderConfig, raw, EMBEDDER_RANGES, f"{where} [embedder]")
     # a build's requests as large as the API takes (index/embedders/remote.py)
@@ -498,11 +536,7 @@ def _index_config(raw: Mapping[str, Any], base: Path, where: str) -> IndexConfig
         idx_raw["llm"] = _llm_config(
             sub_table(idx_raw, "llm", f"{where} [index]"), base, Path(idx_raw["store"]), where
         )
-    if "rebuild_token" in idx_raw:
-        raise ConfigError(
-            f"{where} [index]: a token never goes in the file: name its variable with "
-            "rebuild_token_env"
-        )
+    refuse_secrets(idx_raw, ["rebuild_token"], f"{where} [index]")
     index = _ranged(IndexConfig, idx_raw, INDEX_RANGES, f"{where} [index]")
     return replace(index, rebuild_token=os.environ.get(index.rebuild_token_env, ""))
 
@@ -510,6 +544,7 @@ def _index_config(raw: Mapping[str, Any], base: Path, where: str) -> IndexConfig
 def _llm_config(raw: Mapping[str, Any], base: Path, store: Path, where: str) -> LlmConfig:
     """``[index.llm]``: every limit a positive number; the key read from its variable here."""
     where = f"{where} [index.llm]"
+    refuse_secrets(raw, ["api_key"], where)
     values = dict(raw)
     values["cache_dir"] = (
         resolve_path(base, raw["cache_dir"], f"{where} cache_dir")
@@ -576,6 +611,7 @@ def _rerank_config(raw: Any, where: str) -> RerankConfig | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table")
+    refuse_secrets(raw, ["api_key"], where)
     url = raw.get("base_url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{where}: base_url is required: the http(s) URL before /rerank")

@@ -53,7 +53,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from http import HTTPStatus
@@ -62,7 +62,7 @@ from typing import Any, Protocol, cast
 
 import orjson
 
-from index.config import MIN_TOKEN_CHARS
+from index.config import MIN_TOKEN_CHARS, named, quoted
 from index.errors import ConfigError
 
 __all__ = ["RebuildListener", "Rebuilds"]
@@ -102,7 +102,7 @@ MAX_PEEK = 4096
 class Rebuilds(Protocol):
     """What the listener asks of the watcher."""
 
-    def knows(self, knowledge_base: str) -> bool: ...
+    def bases(self) -> Sequence[str]: ...  # the bases it rebuilds, by name
     def request(self, knowledge_base: str) -> None: ...
     def last(self, knowledge_base: str) -> dict[str, Any]: ...
 
@@ -480,8 +480,10 @@ def _handler(token: bytes, rebuilds: Rebuilds) -> type[BaseHTTPRequestHandler]:
                 _reply(self, HTTPStatus.NOT_FOUND, {"error": f"use {PREFIX}<knowledge_base>"})
                 return None
             kb = self.path[len(PREFIX) :]
-            if not rebuilds.knows(kb):
-                _reply(self, HTTPStatus.NOT_FOUND, {"error": f"no knowledge base {kb[:80]!r}"})
+            known = rebuilds.bases()
+            if kb not in known:  # named as the sidecar's unknown-base errors are: a few, cut
+                error = f"no knowledge base {quoted(kb)}; known: {named(known)}"
+                _reply(self, HTTPStatus.NOT_FOUND, {"error": error})
                 return None
             return kb
 

@@ -15,6 +15,7 @@ it into a local cache first, and ``index.s3_store.S3Store`` does the same from a
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import logging
 import os
@@ -28,6 +29,7 @@ from typing import Protocol, runtime_checkable
 
 import orjson
 
+from index.config import named
 from index.errors import (
     CorruptSnapshot,
     IncompleteSnapshot,
@@ -259,15 +261,63 @@ class LocalStore:
         current = self.latest(knowledge_base)
         if current is not None and manifest.version <= current:
             return None
+        return self._publish_files(knowledge_base, source, manifest, keep)
+
+    def roll_back(self, knowledge_base: str, version: str, keep: int = 3) -> Path:
+        """Publish the content of ``version``, a kept older version, as a new version: its
+        files copied (``verify_fetched`` first), under a manifest naming the new version id
+        (``rolled_back_from`` in its ``extra``), LATEST pointed at it. A roll forward: a
+        sidecar refuses a pointer that goes back (a stale store's answer), and takes this as
+        any new build; ``index publish`` carries it on to other stores."""
+        kept = self.versions(knowledge_base)
+        if version not in kept:
+            newest_first = kept[::-1]
+            raise SnapshotError(
+                f"no version {version[:80]!r} of {knowledge_base!r} in {self.root} (pruned, or "
+                f"never built); kept: {named(newest_first)}"
+            )
+        current = self.latest(knowledge_base)
+        if version == current:
+            raise SnapshotError(f"{knowledge_base}: {version} is the published version already")
+        source = self.version_dir(knowledge_base, version)
+        try:
+            manifest = verify_fetched(source)
+        except SnapshotError as exc:
+            raise SnapshotError(f"{knowledge_base} {version} fails verification: {exc}") from exc
+        again = dataclasses.replace(
+            manifest,
+            version=new_version_id(version.rsplit("-", 1)[-1]),
+            created_at=time.time(),
+            extra={**manifest.extra, "rolled_back_from": version},
+        )
+        return self._publish_files(knowledge_base, source, again, keep, again.to_json())
+
+    def _publish_files(
+        self,
+        knowledge_base: str,
+        source: Path,
+        manifest: Manifest,
+        keep: int,
+        manifest_json: bytes | None = None,
+    ) -> Path:
+        """Copy the files ``manifest`` lists from ``source`` into a staging folder, then the
+        manifest (``manifest_json``, else ``source``'s), and publish it as ``manifest.version``."""
         staging = self.staging_dir(knowledge_base)
         try:
-            for name in [*manifest_files(manifest, str(source)), MANIFEST]:
+            for name in manifest_files(manifest, str(source)):
                 _copy_durably(source / name, staging / name)
+            if manifest_json is None:
+                _copy_durably(source / MANIFEST, staging / MANIFEST)
+            else:
+                write_atomic(staging / MANIFEST, manifest_json)
             fsync_dir(staging)
             return self.publish(knowledge_base, staging, manifest.version, keep)
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise SnapshotError(f"cannot copy {source} into {self.root}: {exc}") from exc
+        except SnapshotError:  # not newer than the published version: nothing left behind
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
     def prune(self, knowledge_base: str, keep: int) -> list[str]:
         """Delete all but the newest ``keep`` versions (never the published one) and stale staging."""

@@ -115,8 +115,8 @@ class Watcher:
     _last: dict[str, BuildEvent] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def knows(self, knowledge_base: str) -> bool:
-        return any(kb.name == knowledge_base for kb in self.config.knowledge_bases)
+    def bases(self) -> list[str]:
+        return [kb.name for kb in self.config.knowledge_bases]
 
     def request(self, knowledge_base: str) -> None:
         """Rebuild this base at the next cycle, which starts at once when the watcher is idle."""

@@ -28,6 +28,7 @@ from index.errors import ConfigError, VoxrecallError
 from sidecar.config import load_config
 from sidecar.connection import Connection, target_for_listen
 
+log = logging.getLogger("voxrecall.cli")
 EPILOG = """\
 first run (the example knowledge base, the embedded model, no API key):
   voxrecall index build --config examples/voxrecall.toml
@@ -117,13 +118,16 @@ def cmd_ask(args: argparse.Namespace) -> int:
 def ask_failure(exc: grpc.RpcError, target: str, config: Path | None = None) -> str:
     """The sidecar's own error as it sent it (a base loading, a snapshot missing); where no
     sidecar answered (every answer carries its call id), the address tried and the command that
-    starts one, with the config ``ask`` was given (else the default)."""
+    starts one, with the config ``ask`` was given (else the default), and not gRPC's own line,
+    whose "UNKNOWN" read as the sidecar's status (logged at DEBUG: ``-v``)."""
     line = f"error: {exc.code().name}: {exc.details()}"
     if exc.code() is not grpc.StatusCode.UNAVAILABLE or _answered_by_a_sidecar(exc):
         return line
+    log.debug("%s", line)  # gRPC's own words ("UNKNOWN: ... Connection refused"): with -v only
     return (
-        f"{line}\nno voxrecall sidecar answered at {target}: start one with "
-        f"`voxrecall serve --config {config or DEFAULT_CONFIG}`, or give its address with --target"
+        f"error: no voxrecall sidecar answered at {target} (-v shows gRPC's reason): start one "
+        f"with `voxrecall serve --config {config or DEFAULT_CONFIG}`, or give its address with "
+        "--target"
     )
 
 

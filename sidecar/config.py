@@ -26,6 +26,7 @@ from index.config import (
     is_whole,
     parse_build_config,
     read_toml,
+    refuse_secrets,
     resolve_path,
     sub_table,
     unique_strings,
@@ -42,7 +43,8 @@ MAX_BUDGET_MS = 10_000  # the longest turn budget, [sidecar] budget_ms's and a c
 MAX_WORKERS = 64  # processes: each holds every snapshot in memory
 MIN_TOOL_OUTPUT_CHARS = 200  # room for the JSON envelope, an error, or one short result
 SKIP_LANGUAGES = tuple(skip.LEXICONS)  # the languages sidecar/turn/skip.py ships word lists for
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Python logging's level names, as it spells them (it takes no other spelling)
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 # A session must hold at least its newest turn: 16 KiB of text (engine.MAX_TEXT_BYTES) and its costs.
 MIN_SESSION_BYTES = 32 * 1024
 # A page read whole (ReadPage) must fit; more lets one call pin that much memory per RPC.
@@ -208,7 +210,7 @@ class SidecarConfig:
     # 0: every base is loaded at start and kept. Above 0: a base is loaded on its first call and
     # the least recently used ones are evicted while the loaded bases' bytes exceed this budget.
     memory_budget_mb: int = 0
-    log_level: str = "INFO"
+    log_level: LogLevel = "INFO"
     log_format: Literal["json", "text"] = "json"
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
@@ -297,8 +299,7 @@ def _sidecar_config(
     _check_addresses(sidecar, built, sc_where)
     _check_operations(sidecar, sc_where)
     _check_shard(sidecar.shard, sidecar.shards, sc_where)
-    _check_snapshots(sidecar, sc_where)
-    _check_serving(sidecar, sc_where)
+    _check_worker_ports(sidecar, sc_where)
     return sidecar
 
 
@@ -320,6 +321,15 @@ SIDECAR_RANGES = {
     "http_timeout_s": Range(0, above=True, note="seconds"),
     "http_download_timeout_s": Range(0, above=True, note="seconds"),
     "http_version_timeout_s": Range(0, above=True, note="seconds"),
+    "workers": Range(1, MAX_WORKERS, note="processes, each holding every snapshot"),
+    "ef_search": Range(0, MAX_EF_SEARCH, note="0: the snapshot's"),
+    "tool_output_chars": Range(MIN_TOOL_OUTPUT_CHARS, note="characters"),
+    "memory_budget_mb": Range(0, note="MiB; 0: no budget, every base loaded at start"),
+    "max_message_bytes": Range(*MESSAGE_BYTES_RANGE),
+    "max_concurrent_rpcs": Range(1),
+    "max_streams": Range(1),
+    "max_sessions": Range(1),
+    "max_session_bytes": Range(MIN_SESSION_BYTES, note="room for the longest turn"),
 }
 
 
@@ -400,33 +410,6 @@ def _check_worker_ports(sidecar: SidecarConfig, where: str) -> None:
         raise ConfigError(
             f"{where} metrics_listen port {port} + {sidecar.workers - 1}: worker i serves its "
             f"metrics on that port + i, over {MAX_PORT} for the last of {sidecar.workers} workers"
-        )
-
-
-def _check_snapshots(sidecar: SidecarConfig, where: str) -> None:
-    """How snapshots are loaded: the memory budget (how they are kept and fetched: ranges)."""
-    if not is_whole(sidecar.memory_budget_mb) or sidecar.memory_budget_mb < 0:
-        raise ConfigError(
-            f"{where} memory_budget_mb must be a whole number of MiB, 0 for no budget "
-            "(every base loaded at start)"
-        )
-
-
-def _check_serving(sidecar: SidecarConfig, where: str) -> None:
-    """The worker processes, the search's ef and a knowledge function's output size."""
-    workers = sidecar.workers
-    if not is_whole(workers) or not 1 <= workers <= MAX_WORKERS:
-        raise ConfigError(f"{where} workers must be a whole number from 1 to {MAX_WORKERS}")
-    _check_worker_ports(sidecar, where)
-    ef = sidecar.ef_search
-    if not is_whole(ef) or not 0 <= ef <= MAX_EF_SEARCH:
-        raise ConfigError(
-            f"{where} ef_search must be a whole number from 0 (the snapshot's) to {MAX_EF_SEARCH}"
-        )
-    chars = sidecar.tool_output_chars
-    if not is_whole(chars) or chars < MIN_TOOL_OUTPUT_CHARS:
-        raise ConfigError(
-            f"{where} tool_output_chars must be at least {MIN_TOOL_OUTPUT_CHARS} (an integer)"
         )
 
 
@@ -522,34 +505,10 @@ def _followup_config(raw: Mapping[str, Any], where: str) -> FollowupConfig:
 
 
 def _check_operations(sidecar: SidecarConfig, where: str) -> None:
-    _check_shared_limits(sidecar, where)
-    low, high = MESSAGE_BYTES_RANGE
-    if (
-        not isinstance(sidecar.max_message_bytes, int)
-        or not low <= sidecar.max_message_bytes <= high
-    ):
-        raise ConfigError(f"{where}: max_message_bytes must be between {low} and {high}")
-    if sidecar.log_level not in LOG_LEVELS:
-        raise ConfigError(f"{where}: log_level must be one of {', '.join(LOG_LEVELS)}")
-    if sidecar.log_format not in ("json", "text"):
-        raise ConfigError(f'{where}: log_format must be "json" or "text"')
-
-
-def _check_shared_limits(sidecar: SidecarConfig, where: str) -> None:
-    """The limits callers share (calls, streams, sessions and their bytes) and the idle bound."""
-    for key in ("max_concurrent_rpcs", "max_streams", "max_sessions"):
-        if not is_whole(getattr(sidecar, key)) or getattr(sidecar, key) < 1:
-            raise ConfigError(f"{where}: {key} must be a whole number >= 1")
-    if not is_whole(sidecar.max_session_bytes) or sidecar.max_session_bytes < MIN_SESSION_BYTES:
-        raise ConfigError(
-            f"{where}: max_session_bytes must be a whole number >= {MIN_SESSION_BYTES} "
-            "(room for the longest turn)"
-        )
-    if (
-        not is_whole(sidecar.session_memory_bytes)
-        or sidecar.session_memory_bytes < sidecar.max_session_bytes
-    ):
-        raise ConfigError(f"{where}: session_memory_bytes must be >= max_session_bytes")
+    """What the ranges cannot say alone: the sessions' memory against one session's bytes,
+    and the idle bounds."""
+    room = Range(sidecar.max_session_bytes, note="max_session_bytes, so one session fits")
+    check_ranges(sidecar, {"session_memory_bytes": room}, where)
     for key in ("stream_idle_s", "max_connection_idle_s"):
         _check_seconds(getattr(sidecar, key), key, where)
 
@@ -582,19 +541,14 @@ MIN_BODY_BYTES = 4 * 1024  # a tool call's arguments or a short Vapi conversatio
 
 def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: str) -> HttpConfig:
     """``[sidecar.http]``: the listen address, the body limit, Vapi's base, the secrets."""
-    for key in ("vapi_secret", "webhook_secret"):
-        if key in raw:
-            raise ConfigError(
-                f"{where}: a secret never goes in the file: put it in an environment variable "
-                f"and name that with {key}_env"
-            )
+    refuse_secrets(raw, ["vapi_secret", "webhook_secret"], where)
     bases = _names(raw, "read_page_bases", where)
     http = build_table(
         HttpConfig, {**raw, "read_page_bases": bases}, where, vapi_secret="", webhook_secret=""
     )
     if http.listen:
         _check_host_port(http.listen, "listen", where, "127.0.0.1:8080")
-    _check_http_limits(http, where)
+    check_ranges(http, HTTP_RANGES, where)
     known = {kb.name for kb in kbs}
     named = [*bases, *([http.vapi_knowledge_base] if http.vapi_knowledge_base else [])]
     unknown = sorted(set(named) - known)
@@ -612,15 +566,11 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
     )
 
 
-def _check_http_limits(http: HttpConfig, where: str) -> None:
-    for key, least, note in (
-        ("max_body_bytes", MIN_BODY_BYTES, ""),
-        ("max_connections", 1, ""),
-        ("max_connections_per_ip", 0, " (0: off)"),
-    ):
-        value = getattr(http, key)
-        if not is_whole(value) or value < least:
-            raise ConfigError(f"{where}: {key} must be a whole number >= {least}{note}")
+HTTP_RANGES = {
+    "max_body_bytes": Range(MIN_BODY_BYTES, note="bytes"),
+    "max_connections": Range(1),
+    "max_connections_per_ip": Range(0, note="0: off"),
+}
 
 
 # Names the knowledge tool's arguments already use: a filterable field cannot take them.
@@ -685,11 +635,7 @@ def _auth_config(raw: Mapping[str, Any], where: str) -> AuthConfig:
     for c_where, c_raw in entries:
         if not isinstance(c_raw, dict):
             raise ConfigError(f"{c_where}: must be a table")
-        if "token" in c_raw:
-            raise ConfigError(
-                f"{c_where}: a token never goes in the file: put it in an environment variable "
-                "and name that with token_env"
-            )
+        refuse_secrets(c_raw, ["token"], c_where)
         for key in ("name", "token_env"):
             if not isinstance(c_raw.get(key), str) or not c_raw[key]:
                 raise ConfigError(f"{c_where}: {key} is required")

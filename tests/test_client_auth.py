@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import shutil
+import sys
 import warnings
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -24,7 +26,9 @@ from index.errors import ConfigError
 from sidecar.adapters.client import Voxrecall
 from sidecar.adapters.openai_realtime import RealtimeToolBridge
 from sidecar.cli import main
+from sidecar.config import Config
 from sidecar.connection import NAMES, Connection, target_for_listen
+from tests.conftest import EXAMPLE_KB, make_config
 from tests.hardening_kit import (
     TOKEN_A,
     build_store,
@@ -37,6 +41,7 @@ from tests.hardening_kit import (
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 
 QUESTION = "how do I reset my password"
+REPO = Path(__file__).resolve().parents[1]
 AUTH = {"token_env": "VOX_TEST_TOKEN"}
 
 
@@ -383,3 +388,48 @@ def test_ask_dials_a_listen_address_from_this_machine(listen: str, target: str) 
 def test_a_listen_with_port_zero_cannot_be_asked() -> None:
     with pytest.raises(ConfigError, match="use --target"):
         target_for_listen("127.0.0.1:0", "f.toml")
+
+
+def readme_client() -> str:
+    """The README's Python client snippet, as written."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    after = readme.split("From Python, the async client", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+async def run_readme_client(port: int, token: str) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXRECALL_")}
+    env["VOXRECALL_TARGET"] = f"127.0.0.1:{port}"
+    if token:
+        env["VOXRECALL_TOKEN"] = token
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", readme_client(),
+        cwd=REPO, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+    return await process.wait(), out.decode(), err.decode()
+
+
+async def test_the_readmes_client_without_the_token_says_so_in_one_line_not_a_traceback(
+    example_config: Config, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VOX_README_TOKEN", TOKEN_A)
+    store = example_config.index.store
+    config = make_config(
+        store,
+        [{"name": "help-center", "type": "markdown", "path": str(EXAMPLE_KB)}],
+        auth={"token_env": "VOX_README_TOKEN"},
+    )
+    async with running(config, local_embedder) as sidecar:
+        code, out, err = await run_readme_client(sidecar.port, "")
+        assert (code, out) == (1, "")
+        assert err == (
+            "error: UNAUTHENTICATED: no credentials: send `authorization: Bearer <token>` (gRPC "
+            "metadata, or an HTTP header; `voxrecall ask` and `Connection.from_env` read it from "
+            "VOXRECALL_TOKEN)\n"
+        )
+        code, out, err = await run_readme_client(sidecar.port, TOKEN_A)
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert out.count("\n") == 3  # the snippet's three prints

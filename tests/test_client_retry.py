@@ -127,8 +127,8 @@ def test_ask_with_no_sidecar_names_the_config_it_was_given(
     assert main(["ask", "--config", str(path), "How do I reset my password?"]) == 1
     err = capsys.readouterr().err
     assert (
-        f"no voxrecall sidecar answered at 127.0.0.1:1: start one with `voxrecall serve --config {path}`"
-        in err
+        f"no voxrecall sidecar answered at 127.0.0.1:1 (-v shows gRPC's reason): start one with "
+        f"`voxrecall serve --config {path}`" in err
     )
 
 

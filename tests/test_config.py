@@ -181,6 +181,47 @@ def test_every_number_of_every_table_is_checked_where_the_file_is_read(
 
 
 @pytest.mark.parametrize(
+    ("table", "where"),
+    [
+        ("embedder", "[embedder]"),
+        ("index.llm", "[index.llm]"),
+        ("knowledge_base.rerank", "[rerank]"),
+    ],
+)
+def test_an_api_key_in_the_file_is_refused_naming_its_env_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str, where: str
+) -> None:
+    """docs/config.md: the key never goes in the file. It was taken, then replaced by the
+    variable's (unset: no key) without a word."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    with pytest.raises(ConfigError) as info:
+        parse_config(_placed(table, "api_key", "sk-test-1234567890"), base=tmp_path)
+    said = str(info.value)
+    assert said.endswith(
+        f"{where}: api_key: a secret never goes in the file: put it in an environment variable "
+        "and name that with api_key_env"
+    )
+    assert "sk-" not in said
+
+
+def test_an_openai_embedder_key_in_the_file_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(
+        '[embedder]\nprovider = "openai"\napi_key = "sk-test-1234567890"\n'
+        '[[knowledge_base]]\nname = "docs"\n[[knowledge_base.source]]\ntype = "markdown"\n'
+        'path = "kb"\n'
+    )
+    assert main(["index", "build", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {path} [embedder]: api_key: a secret never goes in the file: put it in an "
+        "environment variable and name that with api_key_env\n"
+    )
+
+
+@pytest.mark.parametrize(
     ("sidecar", "message"),
     [
         ({"budget_ms": "150ms"}, "[sidecar]: budget_ms must be a whole number, got '150ms'"),
@@ -198,6 +239,55 @@ def test_a_bad_sidecar_value_names_the_key_the_value_and_what_is_allowed(
     with pytest.raises(ConfigError) as info:
         parse_config(config(sidecar=sidecar), base=tmp_path)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            config(embedder={"provider": "locl"}),
+            '[embedder]: provider must be "local" or "openai", got \'locl\'',
+        ),
+        (
+            config(sidecar={"log_level": "debug"}),
+            '[sidecar]: log_level must be "DEBUG" or "INFO" or "WARNING" or "ERROR", got \'debug\'',
+        ),
+        (
+            config(sidecar={"workers": 0}),
+            "[sidecar]: workers must be from 1 to 64 (processes, each holding every snapshot), "
+            "got 0",
+        ),
+        (
+            config(sidecar={"max_session_bytes": 1000}),
+            "[sidecar]: max_session_bytes must be >= 32768 (room for the longest turn), got 1000",
+        ),
+        (
+            config(sidecar={"session_memory_bytes": 40000}),
+            "[sidecar]: session_memory_bytes must be >= 65536 (max_session_bytes, so one session "
+            "fits), got 40000",
+        ),
+        (
+            config(sidecar={"tool_output_chars": 100}),
+            "[sidecar]: tool_output_chars must be >= 200 (characters), got 100",
+        ),
+        (
+            config(sidecar={"http": {"max_body_bytes": 1000}}),
+            "[sidecar.http]: max_body_bytes must be >= 4096 (bytes), got 1000",
+        ),
+        (
+            config(sidecar={"max_message_bytes": 10}),
+            "[sidecar]: max_message_bytes must be from 65536 to 67108864, got 10",
+        ),
+    ],
+)
+def test_a_refusal_names_the_value_given_in_the_loaders_one_shape(
+    tmp_path: Path, raw: dict[str, Any], message: str
+) -> None:
+    """docs/config.md: one line naming the key, the value and what is allowed, each as
+    ``<file> [table]: key must be X, got Y`` (these said what was allowed only)."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, base=tmp_path, path=tmp_path / "t.toml")
+    assert str(info.value) == f"{tmp_path / 't.toml'} {message}"
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import pytest
 
 from index import ingest
 from index.build import build_knowledge_base
+from index.config import NAME_CHARS, NAMED
 from index.curation import Registry
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError, RegistryError
@@ -142,7 +143,10 @@ def test_an_authenticated_request_rebuilds_one_base_now(
     (tmp_path / "docs" / "returns.md").write_text("# Returns\n\nReturn it within 30 days.\n")
     assert request(listener.port, "POST", "/rebuild/kb", token="")[0] == 401
     assert request(listener.port, "POST", "/rebuild/kb", token=TOKEN + "x")[0] == 401
-    assert request(listener.port, "POST", "/rebuild/other")[0] == 404
+    assert request(listener.port, "POST", "/rebuild/other") == (
+        404,
+        {"error": "no knowledge base 'other'; known: 'kb'"},  # named, as the sidecar's are
+    )
     assert store.latest("kb") == first  # no build was asked by those
     status, body = request(listener.port, "POST", "/rebuild/kb")
     assert (status, body) == (202, {"knowledge_base": "kb", "queued": True})
@@ -157,7 +161,7 @@ def test_an_authenticated_request_rebuilds_one_base_now(
     _, body = request(listener.port, "GET", "/rebuild/kb")
     assert body["last"]["summary"]["published"] is True  # type: ignore[index]
     assert store.latest("kb") != first
-    assert first in store.versions("kb")  # the previous version stays: a rollback is a pointer
+    assert first in store.versions("kb")  # the previous version stays: `index rollback` takes it
 
 
 @pytest.fixture
@@ -359,8 +363,8 @@ class HeldRebuilds:
         self._arrived = threading.Condition()
         self.waiting = 0
 
-    def knows(self, knowledge_base: str) -> bool:
-        return self._watcher.knows(knowledge_base)
+    def bases(self) -> list[str]:
+        return self._watcher.bases()
 
     def last(self, knowledge_base: str) -> dict[str, object]:
         return self._watcher.last(knowledge_base)
@@ -504,7 +508,7 @@ def test_connections_pushed_out_mid_request_end_without_a_traceback(
 class BrokenRebuilds:
     """A watcher whose every call raises: an error no closed connection explains."""
 
-    def knows(self, knowledge_base: str) -> bool:
+    def bases(self) -> list[str]:
         raise RuntimeError("the watcher broke")
 
     def request(self, knowledge_base: str) -> None:
@@ -547,6 +551,32 @@ def test_an_unexpected_handler_error_is_one_counted_line(
         if r.name == "voxrecall.index.ingest" and r.levelno == logging.DEBUG and r.exc_info
     ]
     assert [str(info[1]) for info in stacks] == ["the watcher broke"] * 5
+
+
+class ManyBases:
+    """A watcher of 200 bases of 200 characters each: an unknown base's error names 5, cut."""
+
+    def bases(self) -> list[str]:
+        return [f"{i:03d}" + "b" * 197 for i in range(200)]
+
+    def request(self, knowledge_base: str) -> None:
+        raise AssertionError("no rebuild is asked of an unknown base")
+
+    def last(self, knowledge_base: str) -> dict[str, object]:
+        raise AssertionError("no rebuild is asked of an unknown base")
+
+
+def test_an_unknown_base_is_answered_with_a_few_known_ones_within_bounds() -> None:
+    listener = RebuildListener("127.0.0.1:0", TOKEN, ManyBases(), "X").start()
+    try:
+        status, body = request(listener.port, "POST", "/rebuild/" + "n" * 500)
+    finally:
+        listener.stop()
+    assert status == 404
+    error = str(body["error"])
+    assert error.startswith(f"no knowledge base {'n' * NAME_CHARS + '...'!r}; known: '000bbb")
+    assert error.endswith(f"and {200 - NAMED} more")
+    assert len(error.encode()) < (NAMED + 1) * (NAME_CHARS + 8) + 100
 
 
 PLAUSIBLE_HEAD = b"POST /rebuild/kb HTTP/1.1\r\n"

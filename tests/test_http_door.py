@@ -463,6 +463,7 @@ async def test_an_initialize_over_its_byte_limit_is_refused_and_opens_no_session
         error = refused.json()["error"]
         assert error["code"] == -32602  # INVALID_PARAMS
         assert f"the limit is {mcp.MAX_INITIALIZE_BYTES} bytes" in error["message"]
+        assert refused.json()["id"] == fat["id"]  # the request's, not null: a client matches by it
         assert "mcp-session-id" not in refused.headers
         assert sc.engine.sessions.usage().bytes == 0
         opened = await http.post(url(sc, "/mcp"), json=INITIALIZE, headers=MCP_ACCEPT)
@@ -471,6 +472,10 @@ async def test_an_initialize_over_its_byte_limit_is_refused_and_opens_no_session
         again = await http.post(url(sc, "/mcp"), json=fat, headers=session)
         assert again.status_code == 400, again.text
         assert f"the limit is {mcp.MAX_INITIALIZE_BYTES} bytes" in again.json()["error"]["message"]
+        named = await http.post(url(sc, "/mcp"), json={**fat, "id": "init-7"}, headers=MCP_ACCEPT)
+        assert named.json()["id"] == "init-7"
+        odd = await http.post(url(sc, "/mcp"), json={**fat, "id": [1]}, headers=MCP_ACCEPT)
+        assert odd.json()["id"] is None  # no id a request may have: null, as JSON-RPC says
 
 
 async def test_an_sdk_client_reads_why_its_initialize_was_refused(

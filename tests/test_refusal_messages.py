@@ -12,12 +12,12 @@ import grpc
 import httpx2
 import pytest
 
+from index.config import NAMED
 from index.embedders.base import Embedder
 from sidecar.config import Config
 from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.turn.scope import NAMED
 from tests.bases_kit import config as bases_config
 from tests.conftest import EXAMPLE_KB, make_config
 from tests.hardening_kit import running

@@ -16,11 +16,11 @@ import grpc
 import orjson
 import pytest
 
+from index.config import NAME_CHARS, NAMED
 from index.embedders.base import Embedder
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.turn.scope import NAME_CHARS, NAMED
 from tests.bases_kit import config as bases_config
 from tests.snapshot_kit import KB, version_id, write_version
 

@@ -252,7 +252,7 @@ def test_each_worker_has_its_own_metrics_port_and_download_cache(tmp_path: Path)
 
 @pytest.mark.parametrize("count", [0, 65, True, 1.5])
 def test_a_wrong_worker_count_is_a_config_error(tmp_path: Path, count: object) -> None:
-    with pytest.raises(ConfigError, match="workers must be a whole number"):
+    with pytest.raises(ConfigError, match="workers must be "):
         sidecar_config(tmp_path, workers=count)
 
 

@@ -69,7 +69,8 @@ class Authenticator(Hook):
         if not header:
             raise Unauthenticated(
                 "no credentials: send `authorization: Bearer <token>` (gRPC metadata, or an "
-                "HTTP header)"
+                "HTTP header; `voxrecall ask` and `Connection.from_env` read it from "
+                "VOXRECALL_TOKEN)"
             )
         token = _bearer(header)
         if token is None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from index.config import named
 from index.errors import VoxrecallError
 from index.types import MetadataFilter
 from sidecar import __version__
@@ -40,7 +41,7 @@ from sidecar.functions.tools import PageReader, PageText, Toolbox
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.holder import SnapshotHolder
-from sidecar.turn import scope, sessions
+from sidecar.turn import sessions
 from sidecar.turn.engine import (
     BasePolicy,
     Engine,
@@ -164,7 +165,7 @@ def _check_fits(page: PageText, version: str, limit: int) -> None:
     if size > limit:
         exact = all(len(text) <= limit for text in texts)
         raise ResourceExhausted(
-            f"page {scope.named([page.source_path])} is {'' if exact else 'at least '}"
+            f"page {named([page.source_path])} is {'' if exact else 'at least '}"
             f"{size} bytes as a ReadPageResponse; the limit is {limit} bytes ([sidecar] "
             "max_message_bytes): read it in parts (set offset, 0 for the first), raise the "
             "limit, or search the page's chunks (Search with source_paths set to its path)"
@@ -182,7 +183,7 @@ def page_part(page: PageText, version: str, offset: int, limit: int) -> tuple[st
     part = window if len(data) <= room else data[:room].decode("utf-8", "ignore")
     if not part and offset < len(page.text):
         raise ResourceExhausted(
-            f"page {scope.named([page.source_path])}'s title, path and URL alone are over "
+            f"page {named([page.source_path])}'s title, path and URL alone are over "
             f"{limit} bytes ([sidecar] max_message_bytes): raise it"
         )
     return part, offset + len(part) < len(page.text)

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
+from index.config import named
 from index.errors import SnapshotError
 from index.filters import Allowed
 from index.snapshot import LoadedSnapshot, page_key
@@ -629,7 +630,7 @@ class PageReader:
         size = _page_bytes(snapshot.pages, key)
         if size > MAX_PAGE_BYTES:
             raise ResourceExhausted(
-                f"page {scope.named([key.partition(':')[2]])} is {size} bytes; pages are read up "
+                f"page {named([key.partition(':')[2]])} is {size} bytes; pages are read up "
                 f"to {MAX_PAGE_BYTES} bytes: search its chunks instead (source_paths set to its "
                 "path), or rebuild the base with a smaller max_page_bytes"
             )
@@ -674,8 +675,8 @@ class PageReader:
             raise InvalidArgument(f"source_path is longer than {MAX_PAGE_PATH} characters")
         if source and source not in snapshot.source_names:
             raise NotFound(
-                f"no source {scope.named([source])} in snapshot {snapshot.version}; its "
-                f"sources: {scope.named(snapshot.source_names)}"
+                f"no source {named([source])} in snapshot {snapshot.version}; its "
+                f"sources: {named(snapshot.source_names)}"
             )
         names = [source] if source else snapshot.source_names
         found = [s for s in names if page_key(s, source_path) in snapshot.pages]

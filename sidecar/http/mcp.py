@@ -281,30 +281,32 @@ def _per_address(max_sessions: int, http: HttpConfig) -> int:
 
 def initialize_refusal(method_name: str, body: bytes) -> bytes | None:
     """The JSON-RPC error answering an initialize (``method_name``, ``McpDoor.method_name``)
-    whose body is over ``MAX_INITIALIZE_BYTES``; None for any other request. Its id is null, as
-    the SDK's own refusals of a body it cannot take (a client reads it as its request's)."""
+    whose body is over ``MAX_INITIALIZE_BYTES``; None for any other request."""
     if method_name != INITIALIZE or len(body) <= MAX_INITIALIZE_BYTES:
         return None
     message = (
         f"this initialize is {len(body)} bytes; the limit is {MAX_INITIALIZE_BYTES} bytes "
         "(its session keeps its params): send your capabilities and clientInfo without payloads"
     )
-    error = {"code": types.INVALID_PARAMS, "message": message}
-    return orjson.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+    return _refusal(body, types.INVALID_PARAMS, message)
 
 
 def session_refusal(body: bytes, message: str) -> bytes:
     """The JSON-RPC error answering a request that would open a session past its owner's share
-    (the door answers it 429): a client's SDK shows ``message`` only from a JSON-RPC error.
-    Its id is the request's, when its body names one, else null."""
+    (the door answers it 429): a client's SDK shows ``message`` only from a JSON-RPC error."""
+    return _refusal(body, SESSIONS_FULL, message)
+
+
+def _refusal(body: bytes, code: int, message: str) -> bytes:
+    """A JSON-RPC error whose id is the request's, when its body (read whole already, within
+    ``max_body_bytes``) names one, else null: a client matches an answer to its request by it."""
     try:
         request = orjson.loads(body)
     except orjson.JSONDecodeError:
         request = None
     found = request.get("id") if isinstance(request, dict) else None
     id_ = found if isinstance(found, str | int) and not isinstance(found, bool) else None
-    error = {"code": SESSIONS_FULL, "message": message}
-    return orjson.dumps({"jsonrpc": "2.0", "id": id_, "error": error})
+    return orjson.dumps({"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message}})
 
 
 def _text(output: str, is_error: bool) -> types.CallToolResult:

@@ -20,6 +20,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 
+from index.config import NAMED, named, quoted
 from index.filters import Allowed
 from index.types import MetadataFilter
 from sidecar.errors import FilterRefused, NotFound
@@ -37,10 +38,6 @@ MAX_SOURCE_PATHS = 16
 # ones while every other call waited; 16 wildcards take ~2 ms. A path needs a few.
 MAX_GLOB_WILDCARDS = 16
 _WILDCARDS = ("*", "?", "[")
-# A refusal names at most this many sources (unknown or known), each cut to NAME_CHARS: a
-# request may send 256 names of 1 KiB each, and a base may have many sources.
-NAMED = 5
-NAME_CHARS = 64
 
 
 def unknown_base(kb: str, known: Iterable[str]) -> NotFound:
@@ -52,19 +49,7 @@ def unknown_base(kb: str, known: Iterable[str]) -> NotFound:
     names = list(known)
     first = heapq.nsmallest(NAMED, names)
     more = f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
-    return NotFound(f"unknown knowledge base {_quoted(kb)}; known: {named(first)}{more}")
-
-
-def _quoted(name: str) -> str:
-    return repr(name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "...")
-
-
-def named(names: Sequence[str]) -> str:
-    """The first ``NAMED`` of ``names``, quoted and each cut to ``NAME_CHARS``, and how many
-    more there are: what an error message repeats of a list it cannot bound."""
-    shown = ", ".join(map(_quoted, names[:NAMED]))
-    more = len(names) - NAMED
-    return f"{shown} and {more} more" if more > 0 else shown or "none"
+    return NotFound(f"unknown knowledge base {quoted(kb)}; known: {named(first)}{more}")
 
 
 def check_sources(searcher: Searcher, kb: str, sources: Sequence[str]) -> None:
