@@ -760,6 +760,11 @@ def test_a_frontmatter_escape_to_a_lone_surrogate_is_skipped_named(tmp_path: Pat
         "text: fix or remove the escape that wrote it",
     }
     assert {c.source_path for c in snap.chunks} == {"billing.md"}
+    report = validate_docs(docs)
+    assert [(p.path, p.kind) for p in report.problems] == [
+        ("odd.md", "unreadable"),
+        ("tag.md", "unreadable"),
+    ]
 
 
 def test_a_jsonl_record_escaping_a_lone_surrogate_is_skipped_named(tmp_path: Path) -> None:
