@@ -36,7 +36,7 @@ from index.errors import (
 from index.llm import LlmUsage, ModelCaller
 from index.progress import EmbedProgress
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key, read_manifest, write_snapshot
-from index.sources import SkippedPage
+from index.sources import SkippedPage, sound_pages
 from index.sources.image import image_limit, load_images
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore, new_version_id
@@ -206,7 +206,8 @@ def collect_pages(
     kb: KnowledgeBaseConfig, context: LoadContext, caller: ModelCaller | None = None
 ) -> tuple[list[Page], list[SkippedPage]]:
     """Every page of every source of a base, and the pages skipped (path prefixed with the
-    source's name when the base has several sources). Images go to ``caller``'s model, only
+    source's name when the base has several sources), a page that is not text among them
+    (``index.sources.sound_pages``). Images go to ``caller``'s model, only
     from ``approved = true`` sources (index/sources/image.py)."""
     pages: list[Page] = []
     skipped: list[SkippedPage] = []
@@ -217,6 +218,8 @@ def collect_pages(
             got, missed = load_approved_files(source)
         else:
             got, missed = load_source(source, context)
+        got, unsound = sound_pages(got)
+        missed = [*missed, *unsound]
         if len(kb.sources) > 1:
             missed = [SkippedPage(f"{source.name}:{s.path}", s.reason) for s in missed]
         pages.extend(got)

@@ -38,6 +38,7 @@ from typing import Any
 
 from index.errors import ConfigError, SourceError
 from index.snapshot import write_atomic
+from index.sources import sound_pages
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files
 from index.sources.markdown import (
     MARKDOWN_SUFFIXES,
@@ -307,7 +308,8 @@ def validate_docs(root: Path, options: ValidateOptions = ValidateOptions()) -> D
         if not (root / name).is_file():
             report.problems.append(Problem(name, 1, "required-file", "required file is missing"))
     pages, skipped = load_markdown("docs", root, options.folder)
-    for s in skipped:
+    pages, unsound = sound_pages(pages)  # as the build skips them
+    for s in skipped + unsound:
         at = _REASON_LINE_RE.search(s.reason)
         line = int(at.group(1)) if at else 1
         report.problems.append(Problem(s.path, line, "unreadable", f"unreadable page: {s.reason}"))

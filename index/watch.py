@@ -11,7 +11,7 @@ Every ``poll_s`` seconds it looks at each knowledge base and rebuilds it when:
     request    someone asked for it (``request``: the HTTP endpoint of ``index/ingest.py``)
 
 A build publishes only when a chunk changed, so sidecars pull only real updates. A failed build
-is logged and retried at the next trigger. SIGTERM or SIGINT stops the watcher: between builds at
+(whatever it raised) is logged and retried at the next trigger; the other bases are still built. SIGTERM or SIGINT stops the watcher: between builds at
 once, during a build at the next embedding slice, before anything is written.
 """
 
@@ -75,13 +75,14 @@ def local_fingerprint(kb: KnowledgeBaseConfig) -> str:
     for source in kb.sources:
         if source.path is None:
             continue
-        h.update(f"\x00{source.name}\x00".encode())
+        h.update(f"\x00{source.name}\x00".encode(errors="surrogatepass"))
         for rel, path in _files(source.path):
             try:
                 st = path.stat()
             except OSError:
                 continue  # removed while walking: the next poll sees it gone
-            h.update(f"{rel}\x00{st.st_size}\x00{st.st_mtime_ns}\n".encode())
+            # a name that is not UTF-8 comes as surrogate escapes: hashed as they are
+            h.update(f"{rel}\x00{st.st_size}\x00{st.st_mtime_ns}\n".encode(errors="surrogatepass"))
     return h.hexdigest()
 
 
@@ -198,9 +199,14 @@ class Watcher:
             summary = build_knowledge_base(
                 self.config, kb, self.embedder, progress=self._check_stop, now=now
             )
+        except Stopped:
+            raise
         except VoxrecallError as exc:
             log.error("%s: build failed (%s): %s", kb.name, ", ".join(reasons), exc)
             return BuildEvent(kb.name, reasons, None, str(exc))
+        except Exception as exc:  # a bug one base's input found must not stop the others' builds
+            log.exception("%s: build failed (%s)", kb.name, ", ".join(reasons))
+            return BuildEvent(kb.name, reasons, None, f"{type(exc).__name__}: {exc}")
         outcome = "published" if summary.published else "unchanged"
         log.info(
             "%s (%s): %s %s: %d chunks, %d embedded, %d removed, %d skipped pages",

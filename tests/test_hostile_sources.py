@@ -454,8 +454,7 @@ def test_an_html_page_whose_charset_fails_to_decode_is_skipped(tmp_path: Path) -
     summary, snap = build(tmp_path, [{"type": "html", "path": str(docs)}])
     assert summary.published
     assert reasons(summary) == {
-        "odd.html": "cannot decode: decoding with 'undefined' codec failed "
-        "(UnicodeError: undefined encoding)"
+        "odd.html": "unsupported charset 'undefined' (not a web encoding; save the page as UTF-8)"
     }
     assert {c.source_path for c in snap.chunks} == {"ok.html"}
 
@@ -741,3 +740,142 @@ def test_a_pdf_child_flooding_stderr_is_stopped_at_its_bytes() -> None:
     assert returncode != 0
     assert full
     assert len(tail) <= 4 * pdf.PDF_MAX_REASON_BYTES
+
+
+# --- session 17, F2-F4: text that is not text, names that are not UTF-8, link loops, charsets ----
+
+SURROGATE = "lone surrogate (U+D800 at character 0), which is not text"
+NOT_A_WEB_ENCODING = "(not a web encoding; save the page as UTF-8)"
+
+
+def test_a_frontmatter_escape_to_a_lone_surrogate_is_skipped_named(tmp_path: Path) -> None:
+    # YAML's "\ud800" escape makes a lone surrogate: the chunk id's hash stopped the build
+    docs = docs_folder(tmp_path)
+    (docs / "odd.md").write_text('---\ntitle: "\\ud800 hi"\n---\nBody text.\n')
+    (docs / "tag.md").write_text('---\ntags: ["ok", "\\udfff"]\n---\nBody text.\n')
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    assert reasons(summary) == {
+        "odd.md": f"title holds a {SURROGATE}: fix or remove the escape that wrote it",
+        "tag.md": "metadata 'tags' holds a lone surrogate (U+DFFF at character 0), which is not "
+        "text: fix or remove the escape that wrote it",
+    }
+    assert {c.source_path for c in snap.chunks} == {"billing.md"}
+    report = validate_docs(docs)
+    assert [(p.path, p.kind) for p in report.problems] == [
+        ("odd.md", "unreadable"),
+        ("tag.md", "unreadable"),
+    ]
+
+
+def test_a_jsonl_record_escaping_a_lone_surrogate_is_skipped_named(tmp_path: Path) -> None:
+    faq = tmp_path / "faq.jsonl"
+    faq.write_text(
+        '{"id": "ok", "text": "Fine."}\n{"id": "bad", "text": "hello \\udfff"}\n'
+        '{"id": "\\ud800", "text": "Its id is the surrogate."}\n'
+    )
+    summary, snap = build(tmp_path, [{"type": "jsonl", "path": str(faq)}])
+    assert reasons(summary) == {
+        "bad": "text holds a lone surrogate (U+DFFF at character 6), which is not text: "
+        "fix or remove the escape that wrote it",
+        "\\ud800": f"source_path holds a {SURROGATE}: fix or remove the escape that wrote it",
+    }
+    assert [c.source_path for c in snap.chunks] == ["ok"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "body"),
+    [
+        ("markdown", b"bad\xffname.md", b"# Bad\n\nContent.\n"),
+        ("text", b"bad\xfe.txt", b"Bad\n\nContent.\n"),
+        ("html", b"bad\xff.html", b"<h1>Bad</h1><p>Content.</p>"),
+    ],
+)
+def test_a_file_or_folder_name_that_is_not_utf8_is_skipped_named(
+    tmp_path: Path, kind: str, name: bytes, body: bytes
+) -> None:
+    # os.scandir reads such a name as surrogate escapes; as a source_path it stopped the build
+    docs = docs_folder(tmp_path)
+    (docs / "billing.md").unlink()
+    suffix = {"markdown": ".md", "text": ".txt", "html": ".html"}[kind]
+    (docs / f"ok{suffix}").write_bytes(body.replace(b"Bad", b"Fine"))
+    with open(os.path.join(os.fsencode(docs), name), "wb") as f:
+        f.write(body)
+    folder = os.path.join(os.fsencode(docs), b"sub\xff")
+    os.mkdir(folder)
+    with open(os.path.join(folder, b"inner" + suffix.encode()), "wb") as f:
+        f.write(body)
+    summary, snap = build(tmp_path, [{"type": kind, "path": str(docs)}])
+    why = "the name is not UTF-8 (rename it to index it)"
+    printed = name.decode("ascii", "backslashreplace")
+    assert reasons(summary) == {printed: why, "sub\\xff/": why}
+    assert {c.source_path for c in snap.chunks} == {f"ok{suffix}"}
+
+
+@pytest.mark.parametrize(
+    ("charset", "content"),
+    [
+        ("unicode_escape", b"hello \\udc80 world"),  # decoded to a lone surrogate
+        ("raw_unicode_escape", b"hello \\ud800 world"),
+        ("utf-7", b"+2AA- hi"),
+        ("punycode", b"roaming-" + ("\u00e9" * 200).encode("punycode")),  # quadratic to decode
+        ("hz-gb-2312", b"hi"),  # a WHATWG label, but of the "replacement" encoding
+    ],
+)
+def test_an_html_page_naming_a_charset_that_is_not_a_web_encoding_is_skipped(
+    tmp_path: Path, charset: str, content: bytes
+) -> None:
+    docs = docs_folder(tmp_path, "site")
+    (docs / "odd.html").write_bytes(b'<meta charset="' + charset.encode() + b'"><p>' + content)
+    (docs / "sjis.html").write_bytes(
+        b'<meta charset="Shift_JIS"><h1>Kana</h1><p>' + "\u30ab\u30ca".encode("cp932")
+    )
+    (docs / "latin.html").write_bytes(b'<meta charset="latin1"><p>caf\xe9 \x80</p>')
+    summary, snap = build(tmp_path, [{"type": "html", "path": str(docs)}])
+    assert reasons(summary) == {"odd.html": f"unsupported charset {charset!r} {NOT_A_WEB_ENCODING}"}
+    assert snap.pages[page_key("html", "sjis.html")] == "# Kana\n\n\u30ab\u30ca\n"
+    # latin1 is windows-1252 on the web (0x80 is the euro sign)
+    assert snap.pages[page_key("html", "latin.html")] == "caf\u00e9 \u20ac\n"
+
+
+def test_a_url_page_naming_a_charset_that_is_not_a_web_encoding_is_skipped(
+    tmp_path: Path,
+) -> None:
+    from tests.pages_server import PagesServer, ServedPage
+
+    with PagesServer() as server:
+        server.pages["/esc.txt"] = ServedPage(
+            b"Roaming\n\nhello \\ud800 world\n", "text/plain; charset=unicode_escape"
+        )
+        puny = b"<p>roaming</p>-" + ("\u00e9" * 200).encode("punycode")
+        server.pages["/puny.html"] = ServedPage(puny, "text/html; charset=punycode")
+        server.pages["/ok.txt"] = ServedPage(
+            "Roaming\n\nRoaming costs 5 \u20ac.\n".encode("cp1252"),
+            "text/plain; charset=windows-1252",
+        )
+        urls = [server.url(p) for p in ("/esc.txt", "/puny.html", "/ok.txt")]
+        summary, snap = build(tmp_path, [{"type": "url", "urls": urls}])
+        assert reasons(summary) == {
+            urls[0]: f"unsupported charset 'unicode_escape' {NOT_A_WEB_ENCODING}",
+            urls[1]: f"unsupported charset 'punycode' {NOT_A_WEB_ENCODING}",
+        }
+        assert snap.pages[page_key("url", urls[2])] == "Roaming costs 5 \u20ac.\n"
+        # the crawl state was written: the next build reads it and reports the same
+        again, _ = build(tmp_path, [{"type": "url", "urls": urls}])
+        assert reasons(again) == reasons(summary)
+
+
+def test_symbolic_link_loops_are_skipped_named_in_build_and_validate(tmp_path: Path) -> None:
+    docs = docs_folder(tmp_path)
+    (docs / "c").symlink_to("c")  # any name: it may have named a folder
+    (docs / "a.md").symlink_to("b.md")
+    (docs / "b.md").symlink_to("a.md")
+    summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
+    loop = "a symbolic link loop"
+    assert reasons(summary) == {"a.md": loop, "b.md": loop, "c": loop}
+    assert {c.source_path for c in snap.chunks} == {"billing.md"}
+    report = validate_docs(docs)
+    assert [(p.path, p.message) for p in report.problems if p.kind == "unreadable"] == [
+        ("a.md", f"unreadable page: {loop}"),
+        ("b.md", f"unreadable page: {loop}"),
+        ("c", f"unreadable page: {loop}"),
+    ]

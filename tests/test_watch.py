@@ -121,6 +121,94 @@ class StopWhileEmbedding:
         return None
 
 
+def two_bases(tmp_path: Path) -> Config:
+    for name in ("good", "bad"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.md").write_text(f"# {name}\n\nThe {name} base.\n")
+    raw = {
+        "knowledge_base": [
+            {"name": name, "source": [{"type": "markdown", "path": name}]}
+            for name in ("good", "bad")
+        ],
+        "index": {"store": "store"},
+    }
+    return parse_config(raw, base=tmp_path)
+
+
+def test_a_file_named_in_bytes_that_are_not_utf8_is_skipped_and_watching_goes_on(
+    tmp_path: Path, local_embedder: Embedder
+) -> None:
+    # the name's surrogate escapes stopped the watcher's poll (and so every base's rebuilds)
+    config = two_bases(tmp_path)
+    watcher = Watcher(config, local_embedder, WatchOptions(INTERVAL, poll_s=0), clock=Clock())
+    assert [(e.knowledge_base, e.reasons) for e in watcher.run(max_cycles=1)] == [
+        ("good", ("start",)),
+        ("bad", ("start",)),
+    ]
+    with open(os.path.join(os.fsencode(tmp_path / "bad"), b"n\xff.md"), "wb") as f:
+        f.write(b"# N\n\nA name in latin-1.\n")
+    (tmp_path / "bad" / "loop").symlink_to("loop")
+    (bad,) = watcher.run(max_cycles=1)
+    assert (bad.knowledge_base, bad.reasons, bad.error) == ("bad", ("files",), "")
+    assert bad.summary is not None
+    assert bad.summary.skipped_pages == [
+        {"path": "loop", "reason": "a symbolic link loop"},
+        {"path": "n\\xff.md", "reason": "the name is not UTF-8 (rename it to index it)"},
+    ]
+
+    (tmp_path / "good" / "b.md").write_text("# B\n\nStill watched.\n")
+    (edit,) = watcher.run(max_cycles=1)
+    assert (edit.knowledge_base, edit.reasons) == ("good", ("files",))
+    assert edit.summary is not None
+    assert (edit.summary.published, edit.summary.embedded) == (True, 1)
+
+
+class FailsOn:
+    """The real embedder, but a bug (RuntimeError) for any text holding ``word``."""
+
+    def __init__(self, inner: Embedder, word: str) -> None:
+        self.inner, self.word = inner, word
+
+    @property
+    def info(self) -> EmbedderInfo:
+        return self.inner.info
+
+    def embed_batch(self, texts: Sequence[str]) -> Vectors:
+        if any(self.word in t for t in texts):
+            raise RuntimeError(f"cannot embed {self.word!r}")
+        return self.inner.embed_batch(texts)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await self.inner.embed(texts)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_build_that_raises_anything_is_logged_and_the_other_bases_still_built(
+    tmp_path: Path, local_embedder: Embedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = two_bases(tmp_path)
+    embedder = FailsOn(local_embedder, "poison")
+    watcher = Watcher(config, embedder, WatchOptions(INTERVAL, poll_s=0), clock=Clock())
+    watcher.run(max_cycles=1)
+    (tmp_path / "bad" / "p.md").write_text("# P\n\nA poison page.\n")
+    (tmp_path / "good" / "b.md").write_text("# B\n\nStill watched.\n")
+    with caplog.at_level("ERROR", logger="voxrecall.index.watch"):
+        good, bad = watcher.run(max_cycles=1)
+    assert (bad.knowledge_base, bad.summary, bad.error) == (
+        "bad",
+        None,
+        "RuntimeError: cannot embed 'poison'",
+    )
+    assert [r.getMessage() for r in caplog.records] == ["bad: build failed (files)"]
+    assert caplog.records[0].exc_info is not None
+    assert good.summary is not None
+    assert (good.knowledge_base, good.summary.published) == ("good", True)
+    (tmp_path / "good" / "c.md").write_text("# C\n\nWatched still.\n")
+    assert [e.knowledge_base for e in watcher.run(max_cycles=1)] == ["good"]
+
+
 def test_stop_during_a_build_publishes_nothing(tmp_path: Path, local_embedder: Embedder) -> None:
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -9,7 +9,10 @@ is reported as a ``SkippedPage``, never raised:
   is read; a link to a folder inside it is not walked (its files are read where they are), so a
   page is never read twice under two names;
 - a name that is not a regular file (a FIFO, a socket, a device: reading one can block forever,
-  or never end) or a link to nothing;
+  or never end), a link to nothing, a link loop (whatever its suffix: it may name a folder) or
+  a name that cannot be looked at (an ``OSError``);
+- a file or folder whose name is not UTF-8 (named in the report with its odd bytes as ``\xff``):
+  a page's ``source_path`` is text;
 - a file larger than ``max_page_bytes``: the work one page costs (chunks, embeddings, memory)
   grows with its size, so one huge file could hold up the whole build.
 
@@ -19,6 +22,7 @@ being walked (a cycle) is not walked again.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Mapping
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from index.errors import ConfigError
-from index.sources import SkippedPage
+from index.sources import SkippedPage, printable
 
 __all__ = [
     "DEFAULT_MAX_PAGE_BYTES",
@@ -47,6 +51,7 @@ DEFAULT_MAX_PAGE_BYTES = 8 << 20
 # Opening a FIFO for reading waits for a writer; non-blocking, the open returns at once and the
 # fstat below refuses it before anything is read.
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOT_UTF8 = "the name is not UTF-8 (rename it to index it)"
 _OUTSIDE = "a symbolic link to outside the source folder (set follow_symlinks = true to read it)"
 
 
@@ -135,8 +140,17 @@ def _walk_folder(walk: _Walk, folder: Path, prefix: str, ancestors: tuple[Path, 
 
 
 def _visit(walk: _Walk, entry: os.DirEntry[str], rel: str, ancestors: tuple[Path, ...]) -> None:
-    is_dir = entry.is_dir()  # follows a link
+    try:
+        is_dir = entry.is_dir()  # follows a link
+    except OSError as exc:  # a link loop (what it names is unknown: named whatever its suffix)
+        walk.listing.skipped.append(SkippedPage(printable(rel), _unreadable(exc)))
+        return
     if not is_dir and Path(entry.name).suffix.lower() not in walk.suffixes:
+        return
+    if not _utf8(entry.name):
+        walk.listing.skipped.append(
+            SkippedPage(printable(rel) + ("/" if is_dir else ""), _NOT_UTF8)
+        )
         return
     if entry.is_symlink() and not walk.follow_symlinks:
         _visit_link(walk, entry, rel, is_dir)
@@ -168,13 +182,27 @@ def _add_file(walk: _Walk, entry: os.DirEntry[str], rel: str) -> None:
         walk.listing.files.append((rel, Path(entry.path)))
 
 
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.scandir gave its bytes as surrogate escapes
+        return False
+    return True
+
+
+def _unreadable(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "a symbolic link loop"
+    return f"unreadable: {exc.strerror or exc}"
+
+
 def _not_regular(entry: os.DirEntry[str]) -> str:
     try:
         mode = entry.stat().st_mode  # follows a link
     except FileNotFoundError:
         return "a symbolic link to nothing"
     except OSError as exc:
-        return f"unreadable: {exc.strerror or exc}"
+        return _unreadable(exc)
     return "" if stat.S_ISREG(mode) else f"not a regular file ({_kind(mode)})"
 
 

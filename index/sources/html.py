@@ -15,6 +15,7 @@ from pathlib import Path
 
 from index.errors import SourceError
 from index.sources import SkippedPage
+from index.sources.charsets import CharsetError, decode_web
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
 from index.types import Page
 
@@ -304,16 +305,13 @@ def html_to_markdown(markup: str) -> tuple[str, str]:
 
 def decode_html(data: bytes, declared: str | None = None) -> str:
     """Decode a document by its byte-order mark, else the declared charset (an HTTP header),
-    else a ``<meta charset>``, else UTF-8. Raises UnicodeError or LookupError."""
-    if data.startswith(b"\xef\xbb\xbf"):
-        return data[3:].decode("utf-8")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return data.decode("utf-16")
+    else a ``<meta charset>``, else UTF-8; only a web encoding is read
+    (``index.sources.charsets``). Raises CharsetError."""
     charset = declared
     if not charset:
         match = _META_CHARSET.search(data[:_SNIFF_BYTES])
         charset = match.group(1).decode("ascii") if match else "utf-8"
-    return data.decode(charset)
+    return decode_web(data, charset)
 
 
 def html_page_text(
@@ -322,12 +320,8 @@ def html_page_text(
     """``(title, markdown text)`` of an HTML document, or why it cannot be used."""
     try:
         markup = decode_html(data, declared)
-    except UnicodeDecodeError as exc:
-        return SkippedPage(rel, f"not valid {exc.encoding}: {exc.reason} at byte {exc.start}")
-    except UnicodeError as exc:  # a codec that fails its own way: <meta charset="undefined">
-        return SkippedPage(rel, f"cannot decode: {exc}")
-    except LookupError as exc:
-        return SkippedPage(rel, f"unknown charset: {exc}")
+    except CharsetError as exc:
+        return SkippedPage(rel, str(exc))
     title, text = html_to_markdown(markup.replace("\r\n", "\n").replace("\r", "\n"))
     if not text.strip():
         return SkippedPage(rel, "no readable text (only scripts, navigation or markup)")

@@ -32,7 +32,8 @@ import orjson
 from index.chunker import first_h1
 from index.errors import ConfigError
 from index.snapshot import write_atomic
-from index.sources import SkippedPage
+from index.sources import SkippedPage, sound_pages
+from index.sources.charsets import CharsetError, decode_web
 from index.sources.html import html_page_text
 from index.sources.pdf import pdf_pages
 from index.sources.text import split_title_line
@@ -237,9 +238,10 @@ def _parse_text(source: str, url: str, got: Fetched) -> list[Page] | SkippedPage
     if not got.content_type.startswith("text/"):
         return SkippedPage(url, f"unsupported content type {got.content_type}")
     try:
-        text = got.body.decode(got.charset or "utf-8").replace("\r\n", "\n").replace("\r", "\n")
-    except (UnicodeError, LookupError) as exc:
-        return SkippedPage(url, f"cannot decode as {got.charset or 'utf-8'}: {exc}")
+        text = decode_web(got.body, got.charset or "utf-8")
+    except CharsetError as exc:
+        return SkippedPage(url, str(exc))
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     if got.content_type in _MARKDOWN_TYPES:
         h1 = first_h1(text)
         return [Page(source, url, h1 or fallback, text, kind="markdown", url=got.final_url)]
@@ -367,6 +369,8 @@ def _entry(
     if isinstance(parsed, SkippedPage):
         return {**base, "fetched_at": now, "skipped": parsed.reason, "pages": []}
     pages, left_out = parsed
+    pages, unsound = sound_pages(pages)  # the state is written as UTF-8 JSON
+    left_out = [*left_out, *unsound]
     return {
         **base,
         "fetched_at": now,
