@@ -12,6 +12,8 @@ Every codec below reads a page in linear time.
 
 from __future__ import annotations
 
+import codecs
+
 __all__ = ["CharsetError", "decode_web", "web_codec"]
 
 # Python codec -> the WHATWG labels of the encoding it decodes (the standard's "replacement"
@@ -72,6 +74,15 @@ _CODECS = {label: codec for codec, labels in _LABELS.items() for label in labels
 _QUOTED_CHARS = 40
 
 
+# windows-1252 (every latin1/ascii label) leaves five bytes undefined, which Python's cp1252
+# refuses; the standard decodes each as the C1 control character of its value (0x81 -> U+0081),
+# as latin-1 did before this module: such a page is read, not skipped
+_C1 = "voxrecall-whatwg-c1"
+codecs.register_error(
+    _C1, lambda error: (error.object[error.start : error.end].decode("latin-1"), error.end)
+)
+
+
 class CharsetError(ValueError):
     """A page that cannot be decoded; the message says why (for the build report)."""
 
@@ -97,6 +108,6 @@ def decode_web(data: bytes, charset: str) -> str:
             )
         codec = found
     try:
-        return data.decode(codec)
+        return data.decode(codec, _C1 if codec == "cp1252" else "strict")
     except UnicodeDecodeError as exc:
         raise CharsetError(f"not valid {exc.encoding}: {exc.reason} at byte {exc.start}") from None
