@@ -6,6 +6,7 @@ sidecar on 127.0.0.1 port 0; no timing is asserted (waits are bounded, never mea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.refresh import refusal_kind
 from tests.conftest import LIVENESS_S, eventually
-from tests.hardening_kit import build_store, running, sidecar_config
+from tests.hardening_kit import TOKEN_A, TOKEN_B, bearer, build_store, running, sidecar_config
 
 QUESTION = "how do I reset my password"
 NOT_A_URL = "http://["  # urlsplit: "Invalid IPv6 URL"
@@ -255,6 +256,148 @@ async def test_a_connection_with_no_call_is_closed_after_max_connection_idle_s(
 def test_max_connection_idle_s_is_checked(store: Path, value: object) -> None:
     with pytest.raises(ConfigError, match="max_connection_idle_s must be a number"):
         sidecar_config(store, max_connection_idle_s=value)
+
+
+# -- answers left unread -----------------------------------------------------------------------
+
+# HTTP/2 frame types and SETTINGS ids the unread client uses (RFC 9113)
+DATA, HEADERS, SETTINGS, PING, WINDOW_UPDATE = 0, 1, 4, 6, 8
+END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
+INITIAL_WINDOW_SIZE = 4
+OPEN_WINDOW = 2**31 - 1
+TWO_CALLERS = {
+    "caller": [
+        {"name": "hog", "token_env": "VOX_TEST_HOG"},
+        {"name": "victim", "token_env": "VOX_TEST_VICTIM"},
+    ]
+}
+HOG_CALLS = 6  # the hog's share is 2 (max_concurrent_rpcs = 4, two callers)
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return (
+        len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+    )
+
+
+def _header(name: str, value: str) -> bytes:
+    """An HPACK literal field, not indexed, its name and value as plain text (< 127 bytes)."""
+    return b"\x00" + b"".join(bytes([len(s)]) + s for s in (name.encode(), value.encode()))
+
+
+class UnreadClient:
+    """A gRPC client on raw HTTP/2 that asks and never lets an answer through: its
+    SETTINGS_INITIAL_WINDOW_SIZE is 0 and it sends no WINDOW_UPDATE (until ``read``), while it
+    acknowledges SETTINGS and answers PINGs, so keepalive finds it alive."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.data_bytes = 0  # DATA received: the answers' bytes let through
+        self.ended: set[int] = set()  # the streams ended (END_STREAM) by the server
+        self.next_stream = 1
+        self.task = asyncio.create_task(self._read_frames())
+
+    @classmethod
+    async def connect(cls, port: int) -> UnreadClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        no_window = INITIAL_WINDOW_SIZE.to_bytes(2, "big") + (0).to_bytes(4, "big")
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(SETTINGS, 0, 0, no_window))
+        return cls(reader, writer)
+
+    def call(self, method: str, request: Any, token: str) -> int:
+        """Send one unary call; its stream id."""
+        stream, self.next_stream = self.next_stream, self.next_stream + 2
+        fields = {
+            ":method": "POST",
+            ":scheme": "http",
+            ":path": f"/{SERVICE_NAME}/{method}",
+            ":authority": "127.0.0.1",
+            "content-type": "application/grpc",
+            "te": "trailers",
+            "authorization": f"Bearer {token}",
+        }
+        block = b"".join(_header(k, v) for k, v in fields.items())
+        body = request.SerializeToString()
+        message = b"\x00" + len(body).to_bytes(4, "big") + body
+        self.writer.write(
+            _frame(HEADERS, END_HEADERS, stream, block) + _frame(DATA, END_STREAM, stream, message)
+        )
+        return stream
+
+    def read(self) -> None:
+        """Let every answer through at last: the whole window, on every stream and the
+        connection."""
+        window = INITIAL_WINDOW_SIZE.to_bytes(2, "big") + OPEN_WINDOW.to_bytes(4, "big")
+        update = (OPEN_WINDOW - 65535).to_bytes(4, "big")
+        self.writer.write(_frame(SETTINGS, 0, 0, window) + _frame(WINDOW_UPDATE, 0, 0, update))
+
+    async def close(self) -> None:
+        self.writer.close()
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await self.task
+
+    async def _read_frames(self) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await self.reader.readexactly(9)
+                kind, flags = head[3], head[4]
+                stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+                payload = await self.reader.readexactly(int.from_bytes(head[:3], "big"))
+                if kind == SETTINGS and not flags & ACK:
+                    self.writer.write(_frame(SETTINGS, ACK, 0))
+                elif kind == PING and not flags & ACK:
+                    self.writer.write(_frame(PING, ACK, 0, payload))
+                elif kind == DATA:
+                    self.data_bytes += len(payload)
+                if kind in (DATA, HEADERS) and flags & END_STREAM:
+                    self.ended.add(stream)
+
+
+@pytest.mark.parametrize("then", ["reads", "goes"])
+async def test_unary_answers_left_unread_keep_their_slots_and_starve_no_other_caller(
+    store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """The attack: one connection asks for answers it never reads (a zero flow-control window,
+    PINGs answered), and gRPC holds each answer in memory. A unary call keeps its slot while its
+    answer is held, so the hog holds its share of max_concurrent_rpcs (and so at most that many
+    answers, max_message_bytes each) and is refused past it, while the other caller is served.
+    The slots come back once the answers are read, or the client goes."""
+    monkeypatch.setenv("VOX_TEST_HOG", TOKEN_A)
+    monkeypatch.setenv("VOX_TEST_VICTIM", TOKEN_B)
+    config = sidecar_config(store, auth=TWO_CALLERS, max_concurrent_rpcs=4)
+    async with running(config, local_embedder) as sidecar:
+        assert sidecar.guards is not None
+        limit = sidecar.guards.limit
+        hog = await UnreadClient.connect(sidecar.port)
+        request = pb.SearchRequest(knowledge_base="help", query=QUESTION)
+        streams = [hog.call("Search", request, TOKEN_A) for _ in range(HOG_CALLS)]
+        try:
+            await eventually(
+                lambda: len(hog.ended) == HOG_CALLS - 2 and limit.lingering == 2,
+                "the hog's refusals, and its two handlers",
+            )
+            assert limit.unary.by_caller == {"hog": 2}  # its two answers, held unread
+            assert hog.data_bytes == 0
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+                stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+                for _ in range(3):  # the other caller is served, again and again
+                    assert (await stub.Search(request, metadata=bearer(TOKEN_B))).chunks
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Search(request, metadata=bearer(TOKEN_A))
+                assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "caller 'hog' has 2 calls in flight" in (refused.value.details() or "")
+                if then == "reads":
+                    hog.read()
+                    await eventually(lambda: hog.ended == set(streams), "the held answers")
+                    assert hog.data_bytes > 0
+                else:
+                    await hog.close()
+                await eventually(lambda: limit.unary.in_flight == 0, "the hog's slots")
+                assert limit.lingering == 0
+                assert (await stub.Search(request, metadata=bearer(TOKEN_A))).chunks
+        finally:
+            await hog.close()
 
 
 # -- a store read without descriptors ----------------------------------------------------------

@@ -191,6 +191,11 @@ class Call:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
+    def answer_held(self) -> bool:
+        """Whether, its handler over, the call's answer is still held for its client to read:
+        never for a call whose door writes its answer itself (HTTP)."""
+        return False
+
     def peer(self) -> str:
         """The address the call came from (grpc's form: ``ipv4:127.0.0.1:5000``)."""
         return self.context.peer()
@@ -276,6 +281,11 @@ class _HookedCall(Call):
             return _checked(arg, self)
         self.check(arg)
         return arg
+
+    def answer_held(self) -> bool:
+        """gRPC sends the answer (and the status) after the handler returns, and holds it while
+        the client's flow-control window has no room for it: until then the call is not done."""
+        return not self.context.done()
 
     async def refuse(self, exc: RequestError) -> NoReturn:
         context = self.context

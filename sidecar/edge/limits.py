@@ -5,7 +5,9 @@ queueing it: a voice turn answered late is worth nothing, and the caller can ret
 Unary calls (``[sidecar] max_concurrent_rpcs``) and Converse streams (``max_streams``; a stream
 holds its slot for as long as it is open) are counted apart, so neither kind can starve the
 other; with authentication each caller may hold only its share of each
-(``[sidecar.auth.caller]``), so no caller can lock the others out. Server reflection streams
+(``[sidecar.auth.caller]``), so no caller can lock the others out. A call holds its slot until
+gRPC is done with it, not only its handler (``end``): an answer its client leaves unread stays in
+gRPC's memory, so the slots bound those answers too, in calls and so in bytes. Server reflection streams
 (grpcurl's) are a third kind, with a small fixed limit (``REFLECTION_STREAMS``), so that idle
 reflection streams cannot take Converse's slots; a refusal names the method refused and the kind
 that is full. ``idle_limited`` ends a request stream that sends nothing for ``stream_idle_s``.
@@ -118,7 +120,7 @@ class ConcurrencyLimit(Hook):
             dict.fromkeys(shares, REFLECTION_SHARE),
         )
         self.refused = 0
-        # streams whose handler has ended while gRPC still holds their answers unread: each
+        # calls whose handler has ended while gRPC still holds their answers unread: each
         # keeps its slot (and so its bytes stay bounded) until the client reads or goes
         self.lingering = 0
         self._calls: set[Call] = set()  # the calls holding a slot
@@ -167,13 +169,15 @@ class ConcurrencyLimit(Hook):
         self._calls.add(call)
 
     def end(self, call: Call) -> None:
-        """The call's handler is over: its slot is given back, once the call is done too (a
-        stream ended unread, ``written_within``, is done only when its client reads or goes)."""
+        """The call's handler is over: its slot is given back once gRPC is done with the call
+        too, its answer read (a unary answer, or a stream's ended unread, ``written_within``,
+        is held until its client reads it or goes): so the answers a client leaves unread are
+        bounded by the slots, in calls and bytes."""
         slot: Pool | None = call.slot
         if slot is None:
             return
         call.slot = None
-        if call.streaming and not call.context.done():
+        if call.answer_held():
             self.lingering += 1
             # (grpc-stubs type the callback as a class of its own, not a callable)
             call.context.add_done_callback(lambda _: self._lingered(call, slot))  # type: ignore[arg-type]
