@@ -78,9 +78,15 @@ _QUOTED_CHARS = 40
 # refuses; the standard decodes each as the C1 control character of its value (0x81 -> U+0081),
 # as latin-1 did before this module: such a page is read, not skipped
 _C1 = "voxrecall-whatwg-c1"
-codecs.register_error(
-    _C1, lambda error: (error.object[error.start : error.end].decode("latin-1"), error.end)
-)
+
+
+def _c1(error: UnicodeError) -> tuple[str, int]:
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    return error.object[error.start : error.end].decode("latin-1"), error.end
+
+
+codecs.register_error(_C1, _c1)
 
 
 class CharsetError(ValueError):
