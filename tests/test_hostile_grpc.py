@@ -400,6 +400,32 @@ async def test_unary_answers_left_unread_keep_their_slots_and_starve_no_other_ca
             await hog.close()
 
 
+async def test_unread_answers_hold_every_slot_without_auth_only_until_stream_idle_s(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """With no [sidecar.auth] there are no shares: a client that never reads its answers holds
+    every slot, and every other caller is refused, but only until ``stream_idle_s``: then its
+    calls are ended, their answers dropped unsent, and the slots are given back."""
+    config = sidecar_config(store, max_concurrent_rpcs=4, stream_idle_s=1.0)
+    async with running(config, local_embedder) as sidecar:
+        assert sidecar.guards is not None
+        limit = sidecar.guards.limit
+        hog = await UnreadClient.connect(sidecar.port)
+        request = pb.SearchRequest(knowledge_base="help", query=QUESTION)
+        for _ in range(4):
+            hog.call("Search", request, "")
+        try:
+            await eventually(lambda: limit.lingering == 4, "the hog's four answers, held")
+            await eventually(lambda: limit.unary.in_flight == 0, "the slots, after stream_idle_s")
+            assert limit.lingering == 0
+            assert hog.data_bytes == 0  # the answers were dropped (RST_STREAM), never sent
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+                stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+                assert (await stub.Search(request)).chunks
+        finally:
+            await hog.close()
+
+
 # -- a store read without descriptors ----------------------------------------------------------
 
 

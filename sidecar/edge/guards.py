@@ -60,6 +60,7 @@ class Guards:
             settings.max_concurrent_rpcs,
             settings.max_streams,
             {c.name: (c.max_concurrent_rpcs, c.max_streams) for c in settings.auth.callers},
+            unread_s=settings.stream_idle_s,
         )
         metrics = Metrics(engine, holder, lifecycle, limit)
         auth = (

@@ -90,6 +90,12 @@ class Pool:
             del self.by_caller[caller]
 
 
+# How long a call's answer may wait unread once its handler is over ([sidecar] stream_idle_s, the
+# same bound a stream's unread answers get), and what the ended call is told.
+UNREAD_S = 60.0
+UNREAD = "its answer was not read in time ([sidecar] stream_idle_s): call again and read it"
+
+
 class ConcurrencyLimit(Hook):
     """Counts calls in flight, unary and streaming apart; used from the event loop only, so
     plain ints are enough. ``shares`` maps a caller's name to its (unary, streams) share."""
@@ -99,8 +105,10 @@ class ConcurrencyLimit(Hook):
         limit: int,
         max_streams: int | None = None,
         shares: Mapping[str, tuple[int, int]] | None = None,
+        unread_s: float = UNREAD_S,
     ) -> None:
         shares = shares or {}
+        self.unread_s = unread_s  # how long an answer may be held unread before the call ends
         self.unary = Pool(
             "max_concurrent_rpcs",
             "calls in flight",
@@ -171,20 +179,25 @@ class ConcurrencyLimit(Hook):
     def end(self, call: Call) -> None:
         """The call's handler is over: its slot is given back once gRPC is done with the call
         too, its answer read (a unary answer, or a stream's ended unread, ``written_within``,
-        is held until its client reads it or goes): so the answers a client leaves unread are
-        bounded by the slots, in calls and bytes."""
+        is held until its client reads it or goes, or ``unread_s`` passes and the call is ended):
+        so the answers a client leaves unread are bounded by the slots, in calls and bytes, and
+        in time."""
         slot: Pool | None = call.slot
         if slot is None:
             return
         call.slot = None
         if call.answer_held():
             self.lingering += 1
+            # a client that stays connected and never reads would hold the slot for good (with
+            # no [sidecar.auth], every slot): past unread_s its call is ended, its answer dropped
+            deadline = asyncio.get_running_loop().call_later(self.unread_s, call.cut_off, UNREAD)
             # (grpc-stubs type the callback as a class of its own, not a callable)
-            call.context.add_done_callback(lambda _: self._lingered(call, slot))  # type: ignore[arg-type]
+            call.context.add_done_callback(lambda _: self._lingered(call, slot, deadline))  # type: ignore[arg-type]
             return
         self._give(call, slot)
 
-    def _lingered(self, call: Call, slot: Pool) -> None:
+    def _lingered(self, call: Call, slot: Pool, deadline: asyncio.TimerHandle) -> None:
+        deadline.cancel()
         self.lingering -= 1
         self._give(call, slot)
 
