@@ -280,10 +280,7 @@ class LocalStore:
         if version == current:
             raise SnapshotError(f"{knowledge_base}: {version} is the published version already")
         source = self.version_dir(knowledge_base, version)
-        try:
-            manifest = verify_fetched(source)
-        except SnapshotError as exc:
-            raise SnapshotError(f"{knowledge_base} {version} fails verification: {exc}") from exc
+        manifest = self._servable_as(knowledge_base, version, current)
         again = dataclasses.replace(
             manifest,
             version=new_version_id(version.rsplit("-", 1)[-1]),
@@ -291,6 +288,26 @@ class LocalStore:
             extra={**manifest.extra, "rolled_back_from": version},
         )
         return self._publish_files(knowledge_base, source, again, keep, again.to_json())
+
+    def _servable_as(self, knowledge_base: str, version: str, current: str | None) -> Manifest:
+        """``version``'s manifest, verified, of ``knowledge_base`` and made by the embedder the
+        published ``current`` was (the sidecars serving it refuse any other); else
+        SnapshotError saying which."""
+        try:
+            manifest = verify_fetched(self.version_dir(knowledge_base, version))
+        except SnapshotError as exc:
+            raise SnapshotError(f"{knowledge_base} {version} fails verification: {exc}") from exc
+        if manifest.knowledge_base != knowledge_base:
+            raise SnapshotError(f"{version} is a snapshot of {manifest.knowledge_base!r}")
+        if current is not None:
+            served = read_manifest(self.version_dir(knowledge_base, current)).embedder
+            if manifest.embedder != served:
+                raise SnapshotError(
+                    f"{knowledge_base} {version} was embedded by {manifest.embedder.name} "
+                    f"({manifest.embedder.dimension}-d), {current} by {served.name} "
+                    f"({served.dimension}-d): sidecars serving {current} would refuse it"
+                )
+        return manifest
 
     def _publish_files(
         self,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from index.embedders.base import Embedder
+from index.embedders.base import Embedder, FakeEmbedder
 from index.snapshot import MANIFEST, read_manifest, sha256_file, verify_fetched
 from index.store import LocalStore
 from sidecar.cli import main
@@ -136,3 +136,19 @@ async def test_a_version_that_fails_verification_is_not_rolled_back_to(
     assert err.count("\n") == 1
     assert LocalStore(root).latest(KB) == v2
     assert [p.name for p in (root / KB).iterdir() if p.name.startswith(".")] == []
+
+
+async def test_a_version_another_embedder_made_is_not_rolled_back_to(
+    tmp_path: Path, local_embedder: Embedder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sidecars serving the published version refuse a snapshot of another embedder: the
+    rollback says so rather than publish one nobody can serve."""
+    root = tmp_path / "built"
+    v1 = await publish(root, 1, FakeEmbedder(dimension=384), "password")
+    v2 = await publish(root, 2, local_embedder, "roaming")
+    capsys.readouterr()
+    assert rollback(config_file(tmp_path, root), v1) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {KB} {v1} was embedded by ")
+    assert f"sidecars serving {v2} would refuse it" in err
+    assert LocalStore(root).latest(KB) == v2
