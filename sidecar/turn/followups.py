@@ -266,8 +266,9 @@ WORD_LETTERS = 32
 _NO_WHOLE: dict[int, float] = {}  # ``Gazetteer._scan`` of a caller's turn: the keys as rated
 ADDRESS = -2  # ``Gazetteer._match``: a partial name in an address ("clifton way cherry hinton")
 FADE = 0.5  # per recorded turn: a caller's confident naming outweighs the agent's last turn's
-# A tracked entity that no turn has named or confirmed in the last STALE_TURNS recorded turns
-# (user and agent; its weight faded below STALE_WEIGHT) is an earlier topic: it frames only a
+# A tracked entity that no turn has named or confirmed in about the last STALE_TURNS recorded
+# turns (user and agent: its weight, the naming's confidence, x AGENT_WEIGHT when the agent
+# named it, halved each turn, fell below STALE_WEIGHT: after 7 to 9) is an earlier topic: it frames only a
 # turn that points back at it ("is it open late?"); an answer to the agent's question is folded
 # with the exchange, and a turn that does not point back is searched as said. A caller who
 # talked about one page and then asked about another kept the first folded into every turn
