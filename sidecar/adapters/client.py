@@ -285,8 +285,16 @@ class _Converse:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
         return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        """Forget ``task``, reading its error: a write whose caller was cancelled is awaited by
+        nobody, and the error (the stream broke; the next read says so) would be logged by
+        asyncio as never retrieved."""
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()
 
     async def _write(self, request: pb.ConverseRequest) -> None:
         async with self._writing:

@@ -7,7 +7,10 @@ holds its slot for as long as it is open) are counted apart, so neither kind can
 other; with authentication each caller may hold only its share of each
 (``[sidecar.auth.caller]``), so no caller can lock the others out. A call holds its slot until
 gRPC is done with it, not only its handler (``end``): an answer its client leaves unread stays in
-gRPC's memory, so the slots bound those answers too, in calls and so in bytes. Server reflection streams
+gRPC's memory, so the slots bound those answers too, in calls and so in bytes, and for at most
+``stream_idle_s`` (then the call is ended, its answer dropped). The HTTP door writes its own
+answers: its slot is given back before it does, and its unread answers are bounded by its
+connections (``[sidecar.http] max_connections``). Server reflection streams
 (grpcurl's) are a third kind, with a small fixed limit (``REFLECTION_STREAMS``), so that idle
 reflection streams cannot take Converse's slots; a refusal names the method refused and the kind
 that is full. ``idle_limited`` ends a request stream that sends nothing for ``stream_idle_s``.
