@@ -133,7 +133,7 @@ async def test_health_watches_only_the_names_it_reports_and_bounds_the_name(
 async def test_health_watches_are_capped_in_total_and_a_closed_one_frees_its_slot(
     sidecar: Sidecar, channel: grpc.aio.Channel
 ) -> None:
-    sidecar.health.max_watches = 2
+    sidecar.health.watches.limit = 2
     health = health_pb2_grpc.HealthStub(channel)
     held = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
     for watch in held:
@@ -145,7 +145,7 @@ async def test_health_watches_are_capped_in_total_and_a_closed_one_frees_its_slo
     assert check.status == health_pb2.HealthCheckResponse.SERVING
 
     held[0].cancel()
-    await eventually(lambda: sidecar.health.watching == 1, "the watch's slot")
+    await eventually(lambda: sidecar.health.watches.total == 1, "the watch's slot")
     again = health.Watch(health_pb2.HealthCheckRequest())
     assert await _first(again) == health_pb2.HealthCheckResponse.SERVING
     # a drain still reaches every watcher left
@@ -158,7 +158,7 @@ async def test_health_watches_are_capped_in_total_and_a_closed_one_frees_its_slo
 async def test_health_watches_from_one_address_are_capped(
     sidecar: Sidecar, channel: grpc.aio.Channel
 ) -> None:
-    sidecar.health.max_per_peer = 2
+    sidecar.health.watches.per_peer = 2
     health = health_pb2_grpc.HealthStub(channel)
     held = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
     for watch in held:
@@ -169,7 +169,7 @@ async def test_health_watches_from_one_address_are_capped(
     assert "from 127.0.0.1," in details
     assert "the limit for one address is 2" in details
     held[1].cancel()
-    await eventually(lambda: sidecar.health.watching == 1, "the watch's slot")
+    await eventually(lambda: sidecar.health.watches.total == 1, "the watch's slot")
     assert await _first(health.Watch(health_pb2.HealthCheckRequest())) is not None
 
 
@@ -298,24 +298,26 @@ class UnreadClient:
         self.task = asyncio.create_task(self._read_frames())
 
     @classmethod
-    async def connect(cls, port: int) -> UnreadClient:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def connect(cls, port: int, address: str = "127.0.0.1") -> UnreadClient:
+        """A connection to the sidecar on ``port``, from the loopback ``address``."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(address, 0))
         no_window = INITIAL_WINDOW_SIZE.to_bytes(2, "big") + (0).to_bytes(4, "big")
         writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(SETTINGS, 0, 0, no_window))
         return cls(reader, writer)
 
-    def call(self, method: str, request: Any, token: str) -> int:
-        """Send one unary call; its stream id."""
+    def call(self, method: str, request: Any, token: str = "", service: str = SERVICE_NAME) -> int:
+        """Send one unary call (with a bearer ``token``, if one); its stream id."""
         stream, self.next_stream = self.next_stream, self.next_stream + 2
         fields = {
             ":method": "POST",
             ":scheme": "http",
-            ":path": f"/{SERVICE_NAME}/{method}",
+            ":path": f"/{service}/{method}",
             ":authority": "127.0.0.1",
             "content-type": "application/grpc",
             "te": "trailers",
-            "authorization": f"Bearer {token}",
         }
+        if token:
+            fields["authorization"] = f"Bearer {token}"
         block = b"".join(_header(k, v) for k, v in fields.items())
         body = request.SerializeToString()
         message = b"\x00" + len(body).to_bytes(4, "big") + body
@@ -424,6 +426,73 @@ async def test_unread_answers_hold_every_slot_without_auth_only_until_stream_idl
                 assert (await stub.Search(request)).chunks
         finally:
             await hog.close()
+
+
+HEALTH = "grpc.health.v1.Health"
+HOG_ADDRESS = "127.0.0.2"  # another loopback address: the hog's, apart from the prober's
+CHECKS_PER_PEER = 3
+
+
+async def _fill_checks(sidecar: Sidecar, address: str) -> UnreadClient:
+    """A client at ``address`` holding its share of Checks unread (and refused one more)."""
+    checks = sidecar.health.checks
+    client = await UnreadClient.connect(sidecar.port, address)
+    for _ in range(CHECKS_PER_PEER + 1):
+        client.call("Check", health_pb2.HealthCheckRequest(), service=HEALTH)
+    await eventually(
+        lambda: len(client.ended) == 1 and checks.by_peer.get(address) == CHECKS_PER_PEER,
+        f"{address}'s refusal, and its checks",
+    )
+    return client
+
+
+@pytest.mark.parametrize("then", ["reads", "goes"])
+async def test_health_checks_left_unread_are_capped_per_address_and_a_probe_is_still_answered(
+    sidecar: Sidecar, then: str
+) -> None:
+    """The attack: Health is exempt from the call limits, so Checks whose answers are never read
+    were held without bound (20,000 took 441 MiB). Now one address holds at most its share of
+    them and is refused past it, while a probe from another address is answered SERVING; its
+    count comes back once the answers are read, or the client goes."""
+    checks = sidecar.health.checks
+    checks.per_peer = CHECKS_PER_PEER
+    hog = await UnreadClient.connect(sidecar.port, HOG_ADDRESS)
+    request = health_pb2.HealthCheckRequest()
+    streams = [hog.call("Check", request, service=HEALTH) for _ in range(CHECKS_PER_PEER + 2)]
+    try:
+        await eventually(
+            lambda: len(hog.ended) == 2 and checks.total == CHECKS_PER_PEER,
+            "the hog's refusals, and its checks",
+        )
+        assert checks.by_peer == {HOG_ADDRESS: CHECKS_PER_PEER}
+        assert hog.data_bytes == 0  # its answers, held unread
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(3):  # a probe from another address is answered, again and again
+                reply = await health.Check(request)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            await eventually(lambda: "127.0.0.1" not in checks.by_peer, "the probes' counts")
+            # that address's share held unread in turn: its probe is refused, saying why
+            second = await _fill_checks(sidecar, "127.0.0.1")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await health.Check(request)
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            details = refused.value.details() or ""
+            assert "3 health check answers are unread from 127.0.0.1," in details
+            assert "the limit for one address is 3: read those" in details
+            await second.close()
+            await eventually(lambda: "127.0.0.1" not in checks.by_peer, "the second's checks")
+            if then == "reads":
+                hog.read()
+                await eventually(lambda: hog.ended == set(streams), "the held answers")
+                assert hog.data_bytes > 0
+            else:
+                await hog.close()
+            await eventually(lambda: checks.total == 0, "the hog's checks")
+            assert checks.by_peer == {}
+            assert (await health.Check(request)).status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await hog.close()
 
 
 # -- a store read without descriptors ----------------------------------------------------------

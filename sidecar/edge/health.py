@@ -2,16 +2,21 @@
 that may be hostile.
 
 Health is exempt from auth and from the call limits (``sidecar.edge.interceptor``): a kubelet or
-grpc-health-probe checking a busy sidecar must see SERVING, not RESOURCE_EXHAUSTED. ``Check`` is
-one small answer and stays so. ``Watch`` holds a stream for as long as the client likes, so it
-is bounded here instead:
+grpc-health-probe checking a busy sidecar must see SERVING, not RESOURCE_EXHAUSTED. So it bounds
+what a caller can hold itself, each kind of call in total and per client address (its host,
+whatever the port; an IPv6 client's /64), one more RESOURCE_EXHAUSTED saying which limit:
 
-- only the names the sidecar reports on (``""`` and ``voxrecall.v1.Retrieval``) can be watched;
-  any other is NOT_FOUND at once (grpcio's servicer kept a stream, and the name, for each:
-  20,000 watches took 490 MB, 300 naming a 3 MB service 2.9 GB);
-- a name over ``MAX_SERVICE_BYTES`` bytes of UTF-8 is INVALID_ARGUMENT before it is looked up;
-- at most ``MAX_WATCHES`` watches are open at once, and ``MAX_WATCHES_PER_PEER`` from one client
-  address (its host, whatever the port): one more is RESOURCE_EXHAUSTED saying which.
+- a ``Check`` is counted until gRPC is done with it, its answer sent: one whose client never
+  reads it (a flow-control window left shut, PINGs answered) is held in gRPC's memory, ~22-25 KB
+  (20,000 of them took 441 MiB), until the client reads or goes. At most ``MAX_CHECKS`` are
+  held (1,024 took 25 MiB) and ``MAX_CHECKS_PER_PEER`` from one address (~1.6 MiB), so a probe
+  from any other address is still answered; a Check that is read is counted for a moment only;
+- ``Watch`` holds a stream for as long as the client likes: at most ``MAX_WATCHES`` are open
+  (~25 MB) and ``MAX_WATCHES_PER_PEER`` from one address;
+- only the names the sidecar reports on (``""`` and ``voxrecall.v1.Retrieval``) can be asked
+  for; any other is NOT_FOUND at once (grpcio's servicer kept a stream, and the name, for each
+  watch: 20,000 watches took 490 MB, 300 naming a 3 MB service 2.9 GB);
+- a name over ``MAX_SERVICE_BYTES`` bytes of UTF-8 is INVALID_ARGUMENT before it is looked up.
 
 A change wakes every watcher through one event, and none holds a lock while it writes, so a
 watcher that never reads delays no other (grpcio's servicer dropped a name's condition when any
@@ -39,20 +44,64 @@ MAX_WATCHES = 1024
 # One address's share, so one host cannot take every watch; generous, as callers behind one
 # proxy or node address share it.
 MAX_WATCHES_PER_PEER = 64
+# A Check whose answer is left unread costs ~22-25 KB (the call in grpc's core, its answer and
+# task) until its client reads or goes: 1,024 of them took 25 MiB. A Check that is read is done
+# within a moment, so even a busy prober has a few at once; one address's share is as generous
+# as Watch's.
+MAX_CHECKS = 1024
+MAX_CHECKS_PER_PEER = 64
+
+
+class Held:
+    """The calls of one kind held at once, capped in total and per client address
+    (``peer_key``)."""
+
+    def __init__(self, what: str, limit: int, per_peer: int, advice: str) -> None:
+        self.what = what  # "health watches are open": how a refusal counts them
+        self.limit = limit
+        self.per_peer = per_peer
+        self.advice = advice  # what a refused caller can do
+        self.total = 0
+        self.by_peer: dict[str, int] = {}
+
+    def take(self, peer: str) -> str | None:
+        """One more held for ``peer``; or, over a limit, why not (and nothing is taken)."""
+        held = self.by_peer.get(peer, 0)
+        if held >= self.per_peer:
+            return (
+                f"{held} {self.what} from {peer}, the limit for one address is "
+                f"{self.per_peer}: {self.advice}"
+            )
+        if self.total >= self.limit:
+            return f"{self.total} {self.what}, the limit is {self.limit}: {self.advice}"
+        self.total += 1
+        self.by_peer[peer] = held + 1
+        return None
+
+    def give(self, peer: str) -> None:
+        self.total -= 1
+        held = self.by_peer[peer] - 1
+        if held:
+            self.by_peer[peer] = held
+        else:
+            del self.by_peer[peer]
 
 
 class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     """The sidecar's health service: ``set`` a name's status, ``enter_graceful_shutdown`` on a
     drain (every name NOT_SERVING from then on), ``Check`` and a bounded ``Watch``."""
 
-    def __init__(
-        self, max_watches: int = MAX_WATCHES, max_per_peer: int = MAX_WATCHES_PER_PEER
-    ) -> None:
+    def __init__(self) -> None:
         self.statuses: dict[str, Status] = {"": health_pb2.HealthCheckResponse.SERVING}
-        self.max_watches = max_watches
-        self.max_per_peer = max_per_peer
-        self.watching = 0
-        self.by_peer: dict[str, int] = {}
+        self.checks = Held(
+            "health check answers are unread",
+            MAX_CHECKS,
+            MAX_CHECKS_PER_PEER,
+            "read those before checking again",
+        )
+        self.watches = Held(
+            "health watches are open", MAX_WATCHES, MAX_WATCHES_PER_PEER, "close one, or use Check"
+        )
         self._changed = asyncio.Event()  # set, and replaced, on every change
         self._shutting_down = False
 
@@ -76,13 +125,19 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: Context
     ) -> health_pb2.HealthCheckResponse:
-        return health_pb2.HealthCheckResponse(status=await self._status(request, context))
+        """The name's status; the call counted (``checks``) until gRPC is done with it, its
+        answer read or its client gone."""
+        status = await self._status(request, context)
+        checks = self.checks
+        peer = await self._take(checks, context)
+        # (grpc-stubs type the callback as a class of its own, not a callable)
+        context.add_done_callback(lambda _: checks.give(peer))  # type: ignore[arg-type]
+        return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Context) -> None:
         """The name's status now, then each time it changes, until the client goes."""
         status = await self._status(request, context)
-        peer = peer_key(context.peer() or "")
-        await self._take(peer, context)
+        peer = await self._take(self.watches, context)
         try:
             await context.write(health_pb2.HealthCheckResponse(status=status))
             while True:
@@ -93,7 +148,7 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
                 status = self.statuses[request.service]
                 await context.write(health_pb2.HealthCheckResponse(status=status))
         finally:
-            self._give(peer)
+            self.watches.give(peer)
 
     async def _status(self, request: health_pb2.HealthCheckRequest, context: Context) -> Status:
         """The status of the name asked for, or the call aborted saying why it has none."""
@@ -115,27 +170,11 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         assert status is not None  # abort raises
         return status
 
-    async def _take(self, peer: str, context: Context) -> None:
-        held = self.by_peer.get(peer, 0)
-        if held >= self.max_per_peer:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{held} health watches are open from {peer}, the limit for one address is "
-                f"{self.max_per_peer}: close one, or use Check",
-            )
-        if self.watching >= self.max_watches:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.watching} health watches are open, the limit is {self.max_watches}: "
-                "close one, or use Check",
-            )
-        self.watching += 1
-        self.by_peer[peer] = held + 1
-
-    def _give(self, peer: str) -> None:
-        self.watching -= 1
-        held = self.by_peer[peer] - 1
-        if held:
-            self.by_peer[peer] = held
-        else:
-            del self.by_peer[peer]
+    async def _take(self, held: Held, context: Context) -> str:
+        """One more of ``held`` for the call's client address (returned), or the call aborted
+        RESOURCE_EXHAUSTED saying which limit it is over."""
+        peer = peer_key(context.peer() or "")
+        refusal = held.take(peer)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        return peer
