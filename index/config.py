@@ -109,8 +109,14 @@ NAMED = 5
 NAME_CHARS = 64
 
 
-def quoted(name: str) -> str:
-    return repr(name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "...")
+def quoted(value: object) -> str:
+    """``value`` as an error message quotes it: its repr, a string cut to ``NAME_CHARS``
+    characters and anything else's repr to as many, so a 5,000-character value in a file or a
+    request costs its refusal a bounded line."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= NAME_CHARS else value[:NAME_CHARS] + "...")
+    text = repr(value)
+    return text if len(text) <= NAME_CHARS else text[:NAME_CHARS] + "..."
 
 
 def named(names: Sequence[str]) -> str:
@@ -138,26 +144,34 @@ def check_options(source: SourceConfig) -> None:
     the type needs and lacks (or does not take)."""
     allowed = SOURCE_OPTIONS.get(source.type)
     if allowed is None:
-        raise ConfigError(f"source {source.name!r}: type {source.type!r} is not supported")
+        raise ConfigError(
+            f"source {quoted(source.name)}: type {quoted(source.type)} is not supported"
+        )
     unknown = sorted(set(source.options) - allowed)
     if unknown:
         raise ConfigError(
-            f"source {source.name!r}: unknown option(s) {unknown_names(unknown, allowed)} for type "
+            f"source {quoted(source.name)}: unknown option(s) {unknown_names(unknown, allowed)} for type "
             f"{source.type} (it takes: {', '.join(sorted(allowed)) or 'none'})"
         )
     for key, value in source.options.items():
         wanted = _wanted(OPTION_TYPES[key], value)
         if wanted:
-            raise ConfigError(f"source {source.name!r}: {key} must be {wanted}, got {value!r}")
+            raise ConfigError(
+                f"source {quoted(source.name)}: {key} must be {wanted}, got {quoted(value)}"
+            )
     if source.type == "image":
         if (source.path is None) == ("urls" not in source.options):
-            raise ConfigError(f"source {source.name!r}: type image takes a path (a folder) or urls")
+            raise ConfigError(
+                f"source {quoted(source.name)}: type image takes a path (a folder) or urls"
+            )
     elif source.type == "url":
         if source.path is not None:
-            raise ConfigError(f"source {source.name!r}: type url takes urls, not a path")
+            raise ConfigError(f"source {quoted(source.name)}: type url takes urls, not a path")
     elif source.path is None:
         what = "file" if source.type in ("jsonl", "csv") else "folder"
-        raise ConfigError(f"source {source.name!r}: type {source.type} needs a path (a {what})")
+        raise ConfigError(
+            f"source {quoted(source.name)}: type {source.type} needs a path (a {what})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +344,7 @@ def check_types(cls: type, values: Mapping[str, Any], where: str) -> None:
     for key, value in values.items():
         wanted = _wanted(types.get(key), value)
         if wanted:
-            raise ConfigError(f"{where}: {key} must be {wanted}, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be {wanted}, got {quoted(value)}")
 
 
 def _wanted(hint: Any, value: Any) -> str:
@@ -382,12 +396,16 @@ def check_ranges(table: object, ranges: Mapping[str, Range], where: str) -> None
     for key, allowed in ranges.items():
         value = getattr(table, key)
         if not allowed.holds(value):
-            raise ConfigError(f"{where}: {key} must be {allowed}, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be {allowed}, got {quoted(value)}")
 
 
 def resolve_path(base: Path, value: Any, where: str) -> Path:
+    """A path the file gives, relative ones against ``base``; no system call takes a NUL byte,
+    so one is refused here rather than failing the first open with a traceback."""
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}: expected a path string, got {value!r}")
+        raise ConfigError(f"{where}: expected a path string, got {quoted(value)}")
+    if "\0" in value:
+        raise ConfigError(f"{where}: a path cannot hold a NUL byte (\\u0000), got {quoted(value)}")
     p = Path(value).expanduser()
     return p if p.is_absolute() else (base / p).resolve()
 
@@ -400,7 +418,7 @@ def unique_strings(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ConfigError(f"{where} must be a list of non-empty strings")
     if len(set(value)) != len(value):
-        raise ConfigError(f"{where} must not repeat a name, got {value}")
+        raise ConfigError(f"{where} must not repeat a name, got {named(value)}")
     return tuple(value)
 
 
@@ -416,23 +434,29 @@ def parse_build_config(raw: Mapping[str, Any], base: Path, path: Path | None = N
 
 
 # The numeric keys' ranges, per table (their types are the fields' own, checked by build_table).
+# Every key has a top: far past what a deployment uses, and low enough that no value runs away
+# (threads the process cannot start, a timer past what the clock holds) or overflows a C int.
+# Threads per inference: a fixed cap, not the core count, so one file checks the same on the
+# laptop that builds and the pod that serves; one query's matrices stop gaining well before 64.
+MAX_THREADS = 64
+MAX_TOKENS = 8192  # a chunk's tokens: OpenAI's embedding input limit (8191), the local model's 512
 EMBEDDER_RANGES = {
-    "dimensions": Range(0, note="0: the model's own"),
-    "batch_size": Range(1),
-    "max_concurrency": Range(1),
-    "threads": Range(1),
+    "dimensions": Range(0, 8192, note="0: the model's own"),
+    "batch_size": Range(1, 4096, note="inputs per embedding call"),
+    "max_concurrency": Range(1, 64, note="embedding requests in flight"),
+    "threads": Range(1, MAX_THREADS, note="threads per inference"),
 }
 CHUNKING_RANGES = {
-    "target_tokens": Range(1),
-    "overlap_tokens": Range(0),
+    "target_tokens": Range(1, MAX_TOKENS),
+    "overlap_tokens": Range(0, MAX_TOKENS),
     "heading_levels": Range(0, 6, note="split at H1..Hn; 0: no heading splits"),
 }
 HNSW_RANGES = {
-    "m": Range(2),
-    "ef_construction": Range(1),
+    "m": Range(2, 256, note="links per node; hnswlib suggests 2 to 100"),
+    "ef_construction": Range(1, MAX_EF_SEARCH),
     "target_recall": Range(0, 1, above=True, note="a recall@10"),
 }
-INDEX_RANGES = {"keep_versions": Range(1, note="the newest version is always kept")}
+INDEX_RANGES = {"keep_versions": Range(1, 1000, note="the newest version is always kept")}
 
 
 def _embedder_config(raw: Mapping[str, Any], where: str) -> EmbedderConfig:
@@ -503,7 +527,7 @@ def _sources(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> tuple[Sour
     ]
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
-        raise ConfigError(f"{kb_where}: source names must be unique, got {names}")
+        raise ConfigError(f"{kb_where}: source names must be unique, got {named(names)}")
     return tuple(sources)
 
 
@@ -551,18 +575,23 @@ def _llm_config(raw: Mapping[str, Any], base: Path, store: Path, where: str) -> 
         if "cache_dir" in raw
         else store / ".llm-cache"
     )
-    llm = build_table(LlmConfig, values, where)
-    for key in ("max_concurrency", "max_build_tokens", "max_output_tokens", "clean_min_bytes",
-                "max_input_bytes", "max_image_bytes"):  # fmt: skip
-        if not is_whole(getattr(llm, key)) or getattr(llm, key) < 1:
-            raise ConfigError(f"{where}: {key} must be a whole number >= 1")
-    if not is_whole(llm.retries) or llm.retries < 0:
-        raise ConfigError(f"{where}: retries must be a whole number >= 0")
-    if isinstance(llm.timeout_s, bool) or not isinstance(llm.timeout_s, int | float):
-        raise ConfigError(f"{where}: timeout_s must be a number of seconds > 0")
-    if llm.timeout_s <= 0 or not isinstance(llm.model, str) or not llm.model:
-        raise ConfigError(f"{where}: timeout_s must be > 0 and model a model name")
+    llm = _ranged(LlmConfig, values, LLM_RANGES, where)
+    if not llm.model:
+        raise ConfigError(f"{where}: model must be a model name")
     return replace(llm, api_key=os.environ.get(llm.api_key_env, ""))
+
+
+MAX_FILE_BYTES = 1024**3  # a page or image read whole into memory: 1 GiB is past any real one
+LLM_RANGES = {
+    "max_concurrency": Range(1, 64, note="requests in flight"),
+    "max_build_tokens": Range(1, 10**12, note="tokens"),
+    "max_output_tokens": Range(1, 10**6, note="tokens"),
+    "timeout_s": Range(0, 3600, above=True, note="seconds"),
+    "retries": Range(0, 100),
+    "clean_min_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+    "max_input_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+    "max_image_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+}
 
 
 def _check_enrichment(kbs: list[KnowledgeBaseConfig], index: IndexConfig, where: str) -> None:
@@ -588,7 +617,7 @@ def _source_type_problem(src: Mapping[str, Any]) -> str:
     """Why a source's type is missing or wrong: a misspelt ``type`` key is named as unknown."""
     types = ", ".join(SOURCE_TYPES)
     if "type" in src:
-        return f"type {src['type']!r} is not one of {types}"
+        return f"type {quoted(src['type'])} is not one of {types}"
     known = SOURCE_KEYS.union(*SOURCE_OPTIONS.values())
     unknown = sorted(set(src) - known)
     needed = f"type is required (one of {types})"
@@ -623,8 +652,7 @@ def _rerank_config(raw: Any, where: str) -> RerankConfig | None:
     share = rerank.budget_share
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
         raise ConfigError(f"{where}: budget_share must be a number between 0 and 1")
-    if not is_whole(rerank.max_response_bytes) or rerank.max_response_bytes < 1024:
-        raise ConfigError(f"{where}: max_response_bytes must be a whole number >= 1024")
+    check_ranges(rerank, {"max_response_bytes": Range(1024, 64 * 1024**2, note="bytes")}, where)
     key = os.environ.get(rerank.api_key_env, "") if rerank.api_key_env else ""
     return replace(rerank, api_key=key, budget_share=float(share))
 

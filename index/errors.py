@@ -127,6 +127,13 @@ class CacheWriteError(SnapshotError):
     """A downloaded snapshot could not be written to the local cache (disk full, permissions)."""
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks written as ``\\n`` (``\\r``): what another party wrote
+    (urllib's redirect-loop text, a server's reason phrase) stays one line in a log, a refusal
+    and Status."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def shortened(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` bytes of UTF-8, the cut marked with the size it had: a
     message quoting what another party sent (an HTTP reason phrase of 60,000 characters) stays

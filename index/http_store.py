@@ -64,6 +64,7 @@ from index.errors import (
     CorruptSnapshot,
     IncompleteSnapshot,
     StoreUnavailable,
+    one_line,
     shortened,
 )
 from index.snapshot import (
@@ -850,12 +851,13 @@ def _cache_error(path: Path, exc: OSError) -> CacheWriteError:
 
 
 def _why(exc: BaseException) -> str:
-    """What went wrong with a request, cut to ``MAX_REASON_BYTES`` (http.client's errors quote
-    the line the server sent)."""
+    """What went wrong with a request, on one line and cut to ``MAX_REASON_BYTES`` (http.client's
+    errors quote the line the server sent)."""
     reason = getattr(exc, "reason", None)
-    return shortened(str(reason or exc) or type(exc).__name__, MAX_REASON_BYTES)
+    return shortened(one_line(str(reason or exc) or type(exc).__name__), MAX_REASON_BYTES)
 
 
 def _status(exc: urllib.error.HTTPError) -> str:
-    """An error answer's status: its code and its reason phrase, cut to ``MAX_REASON_BYTES``."""
-    return f"HTTP {exc.code} {shortened(str(exc.reason), MAX_REASON_BYTES)}"
+    """An error answer's status: its code and its reason phrase (urllib's own text for a
+    redirect loop, three lines), on one line and cut to ``MAX_REASON_BYTES``."""
+    return f"HTTP {exc.code} {shortened(one_line(str(exc.reason)), MAX_REASON_BYTES)}"

@@ -24,7 +24,9 @@ from index.config import (
     build_table,
     check_ranges,
     is_whole,
+    named,
     parse_build_config,
+    quoted,
     read_toml,
     refuse_secrets,
     resolve_path,
@@ -304,32 +306,43 @@ def _sidecar_config(
 
 
 # [sidecar]'s numeric keys no check below covers with more than a range (their types are the
-# fields', checked by build_table): a value out of these stops the start, naming the key.
+# fields', checked by build_table): a value out of these stops the start, naming the key. Each has
+# a top far past what a deployment uses: a count or a size that cannot run away with memory or
+# threads, a time that every timer and clock takes (1e308 seconds overflows time_t).
+HOUR_S = 3600.0
+DAY_S = 86400.0  # also the most an idle limit may be: gRPC takes it in milliseconds, a 32-bit int
+MAX_COUNT = 100_000  # calls, streams or connections at once, and cached queries
+MAX_SESSIONS = 1_000_000
+MAX_SESSION_MEMORY_BYTES = 64 * 1024**3
 SIDECAR_RANGES = {
     "budget_ms": Range(1, MAX_BUDGET_MS, note="milliseconds, as a call's budget_ms"),
     "max_results": Range(1, MAX_LIMIT),
     "min_score": Range(-1, 1, note="a cosine similarity: over 1 no chunk ever passes"),
-    "min_lexical_score": Range(0, note="a BM25 score"),
-    "context_turns": Range(0),
-    "session_ttl_s": Range(0, above=True, note="seconds"),
-    "query_cache_size": Range(0),
+    "min_lexical_score": Range(0, 1000, note="a BM25 score"),
+    "context_turns": Range(0, 100),
+    "session_ttl_s": Range(0, DAY_S, above=True, note="seconds"),
+    "query_cache_size": Range(0, MAX_COUNT, note="queries"),
     "context_bonus": Range(0, 1, note="added to a cosine similarity; 0: off"),
-    "prefetch_stable_ms": Range(0, note="milliseconds; 0: no prefetch"),
-    "grace_s": Range(0, note="seconds"),
-    "poll_seconds": Range(0, above=True, note="seconds"),
-    "keep_downloaded": Range(1, note="the serving version"),
-    "http_timeout_s": Range(0, above=True, note="seconds"),
-    "http_download_timeout_s": Range(0, above=True, note="seconds"),
-    "http_version_timeout_s": Range(0, above=True, note="seconds"),
+    "prefetch_stable_ms": Range(0, 60_000, note="milliseconds; 0: no prefetch"),
+    "grace_s": Range(0, HOUR_S, note="seconds"),
+    "poll_seconds": Range(0, DAY_S, above=True, note="seconds"),
+    "keep_downloaded": Range(1, 100, note="the serving version"),
+    "http_timeout_s": Range(0, HOUR_S, above=True, note="seconds"),
+    "http_download_timeout_s": Range(0, DAY_S, above=True, note="seconds"),
+    "http_version_timeout_s": Range(0, DAY_S, above=True, note="seconds"),
     "workers": Range(1, MAX_WORKERS, note="processes, each holding every snapshot"),
     "ef_search": Range(0, MAX_EF_SEARCH, note="0: the snapshot's"),
-    "tool_output_chars": Range(MIN_TOOL_OUTPUT_CHARS, note="characters"),
-    "memory_budget_mb": Range(0, note="MiB; 0: no budget, every base loaded at start"),
+    "tool_output_chars": Range(MIN_TOOL_OUTPUT_CHARS, 1_000_000, note="characters"),
+    "memory_budget_mb": Range(0, 1024**2, note="MiB; 0: no budget, every base loaded at start"),
     "max_message_bytes": Range(*MESSAGE_BYTES_RANGE),
-    "max_concurrent_rpcs": Range(1),
-    "max_streams": Range(1),
-    "max_sessions": Range(1),
-    "max_session_bytes": Range(MIN_SESSION_BYTES, note="room for the longest turn"),
+    "max_concurrent_rpcs": Range(1, MAX_COUNT),
+    "max_streams": Range(1, MAX_COUNT),
+    "max_sessions": Range(1, MAX_SESSIONS),
+    "max_session_bytes": Range(
+        MIN_SESSION_BYTES, MESSAGE_BYTES_RANGE[1], note="room for the longest turn"
+    ),
+    "stream_idle_s": Range(0, DAY_S, above=True, note="seconds"),
+    "max_connection_idle_s": Range(0, DAY_S, above=True, note="seconds"),
 }
 
 
@@ -337,6 +350,10 @@ def _store(raw: Mapping[str, Any], base: Path, index_store: Path, where: str) ->
     """A URL (its trailing slash dropped), or a folder resolved like every path."""
     store = raw.get("store")
     if isinstance(store, str) and store.startswith(("http://", "https://", "s3://")):
+        if "\0" in store:
+            raise ConfigError(
+                f"{where} [sidecar]: store cannot hold a NUL byte, got {quoted(store)}"
+            )
         return store.rstrip("/")
     return resolve_path(base, store, f"{where} [sidecar] store") if "store" in raw else index_store
 
@@ -368,7 +385,7 @@ def _check_addresses(sidecar: SidecarConfig, built: BuildConfig, where: str) -> 
     default = sidecar.default_knowledge_base
     if default and known and default not in known:
         raise ConfigError(
-            f"{where}: default_knowledge_base {default!r} is not a configured [[knowledge_base]] "
+            f"{where}: default_knowledge_base {quoted(default)} is not a configured [[knowledge_base]] "
             f"(known: {', '.join(known)})"
         )
 
@@ -393,7 +410,9 @@ def _check_host_port(address: str, key: str, where: str, example: str) -> None:
     host, _, port = address.rpartition(":")
     bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
     if not host or bare_ipv6 or not _is_port(port):
-        raise ConfigError(f"{where}: {key} must be host:port, e.g. {example}, got {address!r}")
+        raise ConfigError(
+            f"{where}: {key} must be host:port, e.g. {example}, got {quoted(address)}"
+        )
 
 
 def _is_port(port: str) -> bool:
@@ -416,10 +435,12 @@ def _check_worker_ports(sidecar: SidecarConfig, where: str) -> None:
 def _check_shard(shard: object, shards: object, where: str) -> None:
     """``[sidecar] shards`` (1 to 65536) and ``shard`` (0 to shards - 1), as integers."""
     if not (isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards <= 65536):
-        raise ConfigError(f"{where} shards must be an integer from 1 to 65536, got {shards!r}")
+        raise ConfigError(
+            f"{where} shards must be an integer from 1 to 65536, got {quoted(shards)}"
+        )
     if not (isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < shards):
         raise ConfigError(
-            f"{where} shard must be an integer from 0 to shards - 1 ({shards - 1}), got {shard!r}"
+            f"{where} shard must be an integer from 0 to shards - 1 ({shards - 1}), got {quoted(shard)}"
             " (`voxrecall serve --shard I` sets it per replica)"
         )
 
@@ -436,7 +457,7 @@ def _functions(
     ]
     names = [fn.name for fn in functions]
     if len(set(names)) != len(names):
-        raise ConfigError(f"{where}: [[function]] names must be unique, got {names}")
+        raise ConfigError(f"{where}: [[function]] names must be unique, got {named(names)}")
     return tuple(functions)
 
 
@@ -447,14 +468,16 @@ def _function(fn_raw: Any, kbs: list[KnowledgeBaseConfig], fn_where: str) -> Fun
     fixed = _filters(fn_raw.get("filters", {}), f"{fn_where} filters")
     fn = build_table(FunctionConfig, {**fn_raw, "sources": (), "filters": fixed}, fn_where)
     if not isinstance(fn.name, str) or not FUNCTION_NAME.fullmatch(fn.name):
-        raise ConfigError(f"{fn_where}: name must be 1-64 of a-z A-Z 0-9 _ -, got {fn.name!r}")
+        raise ConfigError(
+            f"{fn_where}: name must be 1-64 of a-z A-Z 0-9 _ -, got {quoted(fn.name)}"
+        )
     if not isinstance(fn.description, str) or not fn.description.strip():
         raise ConfigError(f"{fn_where}: a description is required: tell the model when to call it")
     base = next((kb for kb in kbs if kb.name == fn.knowledge_base), None)
     if base is None:
         known = ", ".join(sorted(kb.name for kb in kbs)) or "none"
         raise ConfigError(
-            f"{fn_where}: knowledge_base {fn.knowledge_base!r} is not a configured "
+            f"{fn_where}: knowledge_base {quoted(fn.knowledge_base)} is not a configured "
             f"[[knowledge_base]] (known: {known})"
         )
     sources = _function_sources(fn_raw.get("sources", []), base, fn_where)
@@ -476,7 +499,7 @@ def _function_sources(sources: Any, base: KnowledgeBaseConfig, fn_where: str) ->
             f"{base.name!r} (its sources: {', '.join(allowed)})"
         )
     if len(set(sources)) != len(sources):
-        raise ConfigError(f"{fn_where}: sources must be unique, got {sources}")
+        raise ConfigError(f"{fn_where}: sources must be unique, got {named(sources)}")
     return tuple(sources)
 
 
@@ -485,11 +508,10 @@ def _skip_config(raw: Mapping[str, Any], where: str) -> SkipConfig:
     if not isinstance(phrases, list) or not all(isinstance(p, str) and p.strip() for p in phrases):
         raise ConfigError(f"{where}: phrases must be a list of non-empty strings")
     skip = build_table(SkipConfig, {**raw, "phrases": tuple(phrases)}, where)
-    if not isinstance(skip.max_words, int) or skip.max_words < 1:
-        raise ConfigError(f"{where}: max_words must be a whole number >= 1")
+    check_ranges(skip, {"max_words": Range(1, 1000, note="words")}, where)
     if skip.language not in SKIP_LANGUAGES:
         raise ConfigError(
-            f"{where}: language {skip.language!r} has no built-in word lists; "
+            f"{where}: language {quoted(skip.language)} has no built-in word lists; "
             f"known: {', '.join(SKIP_LANGUAGES)}"
         )
     return skip
@@ -505,21 +527,13 @@ def _followup_config(raw: Mapping[str, Any], where: str) -> FollowupConfig:
 
 
 def _check_operations(sidecar: SidecarConfig, where: str) -> None:
-    """What the ranges cannot say alone: the sessions' memory against one session's bytes,
-    and the idle bounds."""
-    room = Range(sidecar.max_session_bytes, note="max_session_bytes, so one session fits")
+    """What the ranges cannot say alone: the sessions' memory against one session's bytes."""
+    room = Range(
+        sidecar.max_session_bytes,
+        MAX_SESSION_MEMORY_BYTES,
+        note="at least max_session_bytes, so one session fits",
+    )
     check_ranges(sidecar, {"session_memory_bytes": room}, where)
-    for key in ("stream_idle_s", "max_connection_idle_s"):
-        _check_seconds(getattr(sidecar, key), key, where)
-
-
-# The most seconds an idle limit may be: gRPC takes it in milliseconds, as a 32-bit int.
-MAX_IDLE_S = 86400.0
-
-
-def _check_seconds(value: object, key: str, where: str) -> None:
-    if isinstance(value, bool) or not (isinstance(value, int | float) and 0 < value <= MAX_IDLE_S):
-        raise ConfigError(f"{where}: {key} must be a number of seconds > 0 and <= {MAX_IDLE_S:g}")
 
 
 def _tls_config(raw: Mapping[str, Any], base: Path, where: str) -> TlsConfig:
@@ -550,8 +564,8 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
         _check_host_port(http.listen, "listen", where, "127.0.0.1:8080")
     check_ranges(http, HTTP_RANGES, where)
     known = {kb.name for kb in kbs}
-    named = [*bases, *([http.vapi_knowledge_base] if http.vapi_knowledge_base else [])]
-    unknown = sorted(set(named) - known)
+    given = [*bases, *([http.vapi_knowledge_base] if http.vapi_knowledge_base else [])]
+    unknown = sorted(set(given) - known)
     if kbs and unknown:
         raise ConfigError(f"{where}: knowledge base(s) {', '.join(unknown)} are not configured")
     for key in ("vapi_secret_env", "webhook_secret_env"):
@@ -567,9 +581,9 @@ def _http_config(raw: Mapping[str, Any], kbs: list[KnowledgeBaseConfig], where: 
 
 
 HTTP_RANGES = {
-    "max_body_bytes": Range(MIN_BODY_BYTES, note="bytes"),
-    "max_connections": Range(1),
-    "max_connections_per_ip": Range(0, note="0: off"),
+    "max_body_bytes": Range(MIN_BODY_BYTES, MESSAGE_BYTES_RANGE[1], note="bytes"),
+    "max_connections": Range(1, MAX_COUNT),
+    "max_connections_per_ip": Range(0, MAX_COUNT, note="0: off"),
 }
 
 
@@ -586,7 +600,9 @@ def _filters(raw: Any, where: str) -> tuple[MetadataFilter, ...]:
     for name, values in sorted(raw.items()):
         given = [values] if isinstance(values, str) else values
         if not name or not isinstance(given, list) or not given:
-            raise ConfigError(f"{where}: {name!r} needs a value or a non-empty list of values")
+            raise ConfigError(
+                f"{where}: {quoted(name)} needs a value or a non-empty list of values"
+            )
         out.append(MetadataFilter(name, unique_strings(given, f"{where}: {name}")))
     return tuple(out)
 
@@ -647,7 +663,7 @@ def _auth_config(raw: Mapping[str, Any], where: str) -> AuthConfig:
         callers.append(replace(caller, token=os.environ.get(caller.token_env, "")))
     names = [c.name for c in callers]
     if len(set(names)) != len(names):
-        raise ConfigError(f"{where}: caller names must be unique, got {names}")
+        raise ConfigError(f"{where}: caller names must be unique, got {named(names)}")
     return AuthConfig(callers=tuple(callers))
 
 

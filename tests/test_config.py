@@ -180,6 +180,74 @@ def test_every_number_of_every_table_is_checked_where_the_file_is_read(
     assert f" {key} " in f" {info.value} "
 
 
+@pytest.mark.parametrize(("table", "key"), EVERY_NUMBER)
+@pytest.mark.parametrize("value", [2**63 - 1, 1e308])
+def test_every_number_of_every_table_has_a_top(
+    tmp_path: Path, table: str, key: str, value: object
+) -> None:
+    """Attack s17 F5: 2**63-1 and 1e308 were taken by most keys: ``threads = 100000`` grew a
+    sidecar to 17,000 threads without serving, ``http_timeout_s = 1e308`` overflowed every
+    request's timer. Every number is refused past a top, in one line naming the key."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(_placed(table, key, value), base=tmp_path)
+    assert f" {key} " in f" {info.value} "
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            config(embedder={"threads": 100_000}),
+            "[embedder]: threads must be from 1 to 64 (threads per inference), got 100000",
+        ),
+        (
+            config(embedder={"threads": 2**63 - 1}),
+            "[embedder]: threads must be from 1 to 64 (threads per inference), "
+            "got 9223372036854775807",
+        ),
+        (
+            config(sidecar={"http_timeout_s": 1e308}),
+            "[sidecar]: http_timeout_s must be > 0 and <= 3600 (seconds), got 1e+308",
+        ),
+        (
+            config(sidecar={"http_download_timeout_s": 1e308}),
+            "[sidecar]: http_download_timeout_s must be > 0 and <= 86400 (seconds), got 1e+308",
+        ),
+        (
+            config(sidecar={"cache_dir": "\0"}),
+            "[sidecar] cache_dir: a path cannot hold a NUL byte (\\u0000), got '\\x00'",
+        ),
+        (
+            config(sidecar={"store": "http://127.0.0.1:1/\0"}),
+            "[sidecar]: store cannot hold a NUL byte, got 'http://127.0.0.1:1/\\x00'",
+        ),
+        (
+            config(index={"store": "st\0re"}),
+            "[index] store: a path cannot hold a NUL byte (\\u0000), got 'st\\x00re'",
+        ),
+        (
+            config(sidecar={"budget_ms": "x" * 5000}),
+            f"[sidecar]: budget_ms must be a whole number, got '{'x' * 64}...'",
+        ),
+        (
+            config(sidecar={"listen": "1" * 5000}),
+            f"[sidecar]: listen must be host:port, e.g. 127.0.0.1:50051 or "
+            f"unix:/run/voxrecall.sock, got '{'1' * 64}...'",
+        ),
+    ],
+)
+def test_the_attacks_values_are_refused_in_one_bounded_line(
+    tmp_path: Path, raw: dict[str, Any], message: str
+) -> None:
+    """Attack s17 F5/F6: each was taken and then never served, ran away or ended in a
+    traceback (a NUL byte: ``ValueError: embedded null byte``), or quoted a 5,000-character
+    value whole."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, base=tmp_path, path=tmp_path / "t.toml")
+    assert str(info.value) == f"{tmp_path / 't.toml'} {message}"
+
+
 @pytest.mark.parametrize(
     ("table", "where"),
     [
@@ -259,20 +327,21 @@ def test_a_bad_sidecar_value_names_the_key_the_value_and_what_is_allowed(
         ),
         (
             config(sidecar={"max_session_bytes": 1000}),
-            "[sidecar]: max_session_bytes must be >= 32768 (room for the longest turn), got 1000",
+            "[sidecar]: max_session_bytes must be from 32768 to 67108864 (room for the longest turn), "
+            "got 1000",
         ),
         (
             config(sidecar={"session_memory_bytes": 40000}),
-            "[sidecar]: session_memory_bytes must be >= 65536 (max_session_bytes, so one session "
-            "fits), got 40000",
+            "[sidecar]: session_memory_bytes must be from 65536 to 68719476736 (at least "
+            "max_session_bytes, so one session fits), got 40000",
         ),
         (
             config(sidecar={"tool_output_chars": 100}),
-            "[sidecar]: tool_output_chars must be >= 200 (characters), got 100",
+            "[sidecar]: tool_output_chars must be from 200 to 1000000 (characters), got 100",
         ),
         (
             config(sidecar={"http": {"max_body_bytes": 1000}}),
-            "[sidecar.http]: max_body_bytes must be >= 4096 (bytes), got 1000",
+            "[sidecar.http]: max_body_bytes must be from 4096 to 67108864 (bytes), got 1000",
         ),
         (
             config(sidecar={"max_message_bytes": 10}),
@@ -343,6 +412,32 @@ def test_serve_and_build_refuse_a_bad_value_in_one_line(
     assert err.startswith("error: ")
     assert err.count("\n") == 1
     assert "budget_ms must be a whole number, got '150ms'" in err
+
+
+@pytest.mark.parametrize(
+    ("table", "line", "says"),
+    [
+        ("sidecar", 'cache_dir = "\\u0000"', "cache_dir: a path cannot hold a NUL byte"),
+        ("embedder", "threads = 9223372036854775807", "threads must be from 1 to 64"),
+    ],
+)
+def test_serve_refuses_the_attacks_start_values_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str, line: str, says: str
+) -> None:
+    """Attack s17 F5: a NUL byte and 2**63-1 threads ended serve in a traceback (``embedded
+    null byte``, onnxruntime's ``incompatible function arguments``). (100000 threads, which
+    served nothing while the process grew without end, is checked on the parse alone: run
+    through serve, a regression would not end.)"""
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(
+        '[[knowledge_base]]\nname = "docs"\n[[knowledge_base.source]]\ntype = "markdown"\n'
+        f'path = "kb"\n[{table}]\n{line}\n'
+    )
+    assert main(["serve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ")
+    assert err.count("\n") == 1
+    assert says in err
 
 
 def test_no_config_file_says_to_pass_config(

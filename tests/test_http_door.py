@@ -21,6 +21,7 @@ import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,13 @@ async def test_a_models_mistake_is_a_tool_error_not_a_failed_request(
     assert output(result)["error"]["type"] == error_type
 
 
+@dataclass(frozen=True)
+class RawParams:
+    """A tools/call's params as JSON text, sent as written."""
+
+    text: str
+
+
 async def raw_mcp_calls(sc: Sidecar, params: list[Any]) -> list[dict[str, Any]]:
     """tools/call with each of ``params`` as sent, past the SDK client's own checks: the
     JSON-RPC answers."""
@@ -188,11 +196,35 @@ async def raw_mcp_calls(sc: Sidecar, params: list[Any]) -> list[dict[str, Any]]:
         headers["mcp-protocol-version"] = "2025-06-18"
         answers = []
         for i, sent in enumerate(params):
-            call = {"jsonrpc": "2.0", "id": i + 2, "method": "tools/call", "params": sent}
-            reply = await http.post(url(sc, "/mcp"), json=call, headers=headers)
+            if isinstance(sent, RawParams):  # JSON no encoder writes (1e99999), as the bytes sent
+                text = f'{{"jsonrpc": "2.0", "id": {i + 2}, "method": "tools/call", "params": {sent.text}}}'
+                typed = {**headers, "content-type": "application/json"}
+                reply = await http.post(url(sc, "/mcp"), content=text, headers=typed)
+            else:
+                call = {"jsonrpc": "2.0", "id": i + 2, "method": "tools/call", "params": sent}
+                reply = await http.post(url(sc, "/mcp"), json=call, headers=headers)
             assert reply.status_code == 200, reply.text
             answers.append(reply.json())
     return answers
+
+
+@pytest.mark.parametrize("number", ["1e99999", "-1e99999"])
+async def test_a_number_past_a_double_is_invalid_json_as_on_the_other_doors(
+    sidecar: Sidecar, number: str
+) -> None:
+    """Attack s17 F6: the SDK read ``1e99999`` as infinity, orjson wrote it as null and the
+    search ran, where gRPC ``InvokeTool`` and ``/tools/`` answer invalid_json (orjson refuses
+    the number in their text)."""
+    sent = RawParams(
+        f'{{"name": "search_help", "arguments": {{"query": "reset my password", "sources": {number}}}}}'
+    )
+    (answer,) = await raw_mcp_calls(sidecar, [sent])
+    assert "error" not in answer, answer
+    assert answer["result"]["isError"]
+    error = orjson.loads(answer["result"]["content"][0]["text"])["error"]
+    assert error["type"] == "invalid_json"
+    assert "not valid JSON (a number is " in error["message"]
+    assert '"arguments": {"query": "..."}' in error["message"]
 
 
 async def test_arguments_sent_as_a_json_string_are_taken_as_the_tool_webhook_takes_them(

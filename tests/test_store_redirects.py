@@ -42,6 +42,12 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             server.seen.append(dict(self.headers.items()))
+            if server.redirect_to == "loop":  # the same path again, for ever
+                self.send_response(302)
+                self.send_header("Location", self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if server.redirect_to and not self.path.startswith("/moved"):
                 self.send_response(302)
                 self.send_header("Location", f"{server.redirect_to}/moved{self.path}")
@@ -114,6 +120,22 @@ def test_a_redirect_within_the_store_is_followed(
     assert (
         HttpStore(store.url, tmp_path / "cache", FAST).latest("support") == POINTER.decode().strip()
     )
+
+
+def test_a_redirect_loop_is_refused_in_one_line(
+    servers: tuple[Server, Server], tmp_path: Path
+) -> None:
+    """Attack s17 F6: urllib's text for a loop is three lines ("...infinite loop.\\nThe last
+    30x error message was:\\nFound"), and the refusal carried them as they were into the log
+    and Status."""
+    store, _ = servers
+    store.redirect_to = "loop"
+    with pytest.raises(StoreUnavailable, match="infinite loop") as refused:
+        HttpStore(store.url, tmp_path / "cache", FAST).latest("support")
+    said = str(refused.value)
+    assert "\n" not in said
+    assert "\r" not in said
+    assert "infinite loop.\\nThe last 30x error message was:\\nFound" in said
 
 
 def test_an_origin_is_the_same_with_its_default_port_spelt_out() -> None:

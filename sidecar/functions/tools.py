@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -155,12 +156,32 @@ def arguments_object(text: str, like: str = ARGUMENTS_SHAPE) -> dict[str, Any]:
     try:
         args = orjson.loads(text) if text.strip() else {}
     except orjson.JSONDecodeError as exc:
-        raise ToolCallError(
-            INVALID_JSON, f"arguments are not valid JSON ({exc}); send an object like {like}"
-        ) from exc
+        raise _not_json(str(exc), like) from exc
     if not isinstance(args, dict):
         raise ToolCallError(INVALID_ARGUMENTS, not_an_object(like))
     return args
+
+
+def finite_arguments(args: dict[str, Any], like: str = ARGUMENTS_SHAPE) -> dict[str, Any]:
+    """Arguments a door was handed already parsed (MCP's, by its SDK, which reads ``1e99999``
+    as infinity and orjson then writes as null), refused as ``arguments_object`` refuses their
+    text on the other doors: a number past a double's range is no JSON the search reads."""
+    values: list[Any] = [args]
+    while values:  # not recursive: the nesting is as deep as the body allows
+        value = values.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _not_json(f"a number is {value} when parsed as double", like)
+        if isinstance(value, dict):
+            values.extend(value.values())
+        elif isinstance(value, list):
+            values.extend(value)
+    return args
+
+
+def _not_json(why: str, like: str) -> ToolCallError:
+    return ToolCallError(
+        INVALID_JSON, f"arguments are not valid JSON ({why}); send an object like {like}"
+    )
 
 
 def not_an_object(like: str) -> str:

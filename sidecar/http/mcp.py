@@ -65,6 +65,7 @@ from sidecar.functions.tools import (
     Toolbox,
     arguments_object,
     error_output,
+    finite_arguments,
     not_an_object,
 )
 from sidecar.gen import retrieval_pb2 as pb
@@ -471,7 +472,9 @@ class McpDoor:
         self, call: HttpCall, name: str, arguments: dict[str, Any], session_id: str
     ) -> types.CallToolResult:
         try:
-            arguments_json = orjson.dumps(arguments).decode()
+            arguments_json = orjson.dumps(finite_arguments(arguments, CALL_SHAPE)).decode()
+        except ToolCallError as exc:
+            return self._error(exc.type, exc.message)
         except orjson.JSONEncodeError as exc:  # an integer past 64 bits: a JSON-RPC error before
             return self._error(
                 INVALID_ARGUMENTS,
