@@ -254,7 +254,7 @@ async def test_a_connection_with_no_call_is_closed_after_max_connection_idle_s(
 
 @pytest.mark.parametrize("value", [0, -1, "15", True, 10**9])
 def test_max_connection_idle_s_is_checked(store: Path, value: object) -> None:
-    with pytest.raises(ConfigError, match="max_connection_idle_s must be a number"):
+    with pytest.raises(ConfigError, match="max_connection_idle_s must be "):
         sidecar_config(store, max_connection_idle_s=value)
 
 
