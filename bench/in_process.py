@@ -52,6 +52,9 @@ class Context:
     def time_remaining(self) -> float:
         return 10.0
 
+    def done(self) -> bool:
+        return True  # called in process: the answer is the caller's as the handler returns
+
     async def abort(self, code: Any, details: str = "", trailing_metadata: Any = ()) -> None:
         raise RuntimeError(f"{code}: {details}")
 
