@@ -356,6 +356,16 @@ class UnreadClient:
                     self.ended.add(stream)
 
 
+async def let_go(hog: UnreadClient, then: str, streams: list[int]) -> None:
+    """The hog reads its held answers (every one arrives), or goes."""
+    if then == "reads":
+        hog.read()
+        await eventually(lambda: hog.ended == set(streams), "the held answers")
+        assert hog.data_bytes > 0
+    else:
+        await hog.close()
+
+
 @pytest.mark.parametrize("then", ["reads", "goes"])
 async def test_unary_answers_left_unread_keep_their_slots_and_starve_no_other_caller(
     store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch, then: str
@@ -389,12 +399,7 @@ async def test_unary_answers_left_unread_keep_their_slots_and_starve_no_other_ca
                     await stub.Search(request, metadata=bearer(TOKEN_A))
                 assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert "caller 'hog' has 2 calls in flight" in (refused.value.details() or "")
-                if then == "reads":
-                    hog.read()
-                    await eventually(lambda: hog.ended == set(streams), "the held answers")
-                    assert hog.data_bytes > 0
-                else:
-                    await hog.close()
+                await let_go(hog, then, streams)
                 await eventually(lambda: limit.unary.in_flight == 0, "the hog's slots")
                 assert limit.lingering == 0
                 assert (await stub.Search(request, metadata=bearer(TOKEN_A))).chunks
@@ -482,12 +487,7 @@ async def test_health_checks_left_unread_are_capped_per_address_and_a_probe_is_s
             assert "the limit for one address is 3: read those" in details
             await second.close()
             await eventually(lambda: "127.0.0.1" not in checks.by_peer, "the second's checks")
-            if then == "reads":
-                hog.read()
-                await eventually(lambda: hog.ended == set(streams), "the held answers")
-                assert hog.data_bytes > 0
-            else:
-                await hog.close()
+            await let_go(hog, then, streams)
             await eventually(lambda: checks.total == 0, "the hog's checks")
             assert checks.by_peer == {}
             assert (await health.Check(request)).status == health_pb2.HealthCheckResponse.SERVING
