@@ -45,7 +45,9 @@ SEARCHES = 3  # [sidecar] context_turns: the retained searches
 RESULTS_PER_SEARCH = 50  # the largest Search limit
 WORKERS = 8
 MODES = {
-    "unbounded": {"max_session_bytes": 1 << 30, "session_memory_bytes": 1 << 40},
+    # the loader's tops (64 MiB a session, 64 GiB in all): far past what 10,000 maximal sessions
+    # hold (each ~1 MiB), so only max_sessions bounds them
+    "unbounded": {"max_session_bytes": 64 << 20, "session_memory_bytes": 64 << 30},
     "bounded": {
         "max_session_bytes": SidecarConfig().max_session_bytes,
         "session_memory_bytes": SidecarConfig().session_memory_bytes,
