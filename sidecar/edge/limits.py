@@ -131,11 +131,18 @@ class ConcurrencyLimit(Hook):
             dict.fromkeys(shares, REFLECTION_SHARE),
         )
         self.refused = 0
-        # calls whose handler has ended while gRPC still holds their answers unread: each
-        # keeps its slot (and so its bytes stay bounded) until the client reads or goes
-        self.lingering = 0
+        # calls whose handler has ended while gRPC still holds their answers, oldest first, with
+        # when it ended and the slot it keeps (so their bytes stay bounded) until its client
+        # reads them or goes, or ``unread_s`` passes (``_sweep``)
+        self._held: dict[Call, tuple[float, Pool]] = {}
+        self._sweeping: asyncio.TimerHandle | None = None  # the one sweep due, if any
         self._calls: set[Call] = set()  # the calls holding a slot
         self._idle: asyncio.Event | None = None  # made on the loop, when a drain waits
+
+    @property
+    def lingering(self) -> int:
+        """Calls whose handler has ended, their answers not yet sent."""
+        return len(self._held)
 
     @property
     def limit(self) -> int:
@@ -189,20 +196,33 @@ class ConcurrencyLimit(Hook):
         if slot is None:
             return
         call.slot = None
-        if call.answer_held():
-            self.lingering += 1
-            # a client that stays connected and never reads would hold the slot for good (with
-            # no [sidecar.auth], every slot): past unread_s its call is ended, its answer dropped
-            deadline = asyncio.get_running_loop().call_later(self.unread_s, call.cut_off, UNREAD)
-            # (grpc-stubs type the callback as a class of its own, not a callable)
-            call.context.add_done_callback(lambda _: self._lingered(call, slot, deadline))  # type: ignore[arg-type]
+        if not call.answer_held():
+            self._give(call, slot)
             return
+        # a dict entry a call, and one timer for them all: a timer a call cost ~2 us of every one
+        loop = asyncio.get_running_loop()
+        self._held[call] = (loop.time(), slot)
+        if self._sweeping is None:
+            self._sweeping = loop.call_later(self.unread_s, self._sweep)
+        # (grpc-stubs type the callback as a class of its own, not a callable)
+        call.context.add_done_callback(lambda _: self._lingered(call))  # type: ignore[arg-type]
+
+    def _lingered(self, call: Call) -> None:
+        _, slot = self._held.pop(call)
         self._give(call, slot)
 
-    def _lingered(self, call: Call, slot: Pool, deadline: asyncio.TimerHandle) -> None:
-        deadline.cancel()
-        self.lingering -= 1
-        self._give(call, slot)
+    def _sweep(self) -> None:
+        """End the calls whose answers have been held unread for ``unread_s``, their answers
+        dropped (a client that stays connected and never reads would hold their slots for good:
+        with no [sidecar.auth], every slot); then sweep again when the oldest left is due."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._sweeping = None
+        for call, (since, _) in list(self._held.items()):
+            if now - since < self.unread_s:
+                self._sweeping = loop.call_later(since + self.unread_s - now, self._sweep)
+                return
+            call.cut_off(UNREAD)  # its slot comes back as gRPC ends the call (``_lingered``)
 
     def _give(self, call: Call, pool: Pool) -> None:
         pool.give("" if call.caller is None else call.caller.name)  # the one it was taken for
