@@ -117,18 +117,24 @@ def test_a_config_typo_names_the_key_it_is_closest_to(
     assert message in str(info.value)
 
 
+DOCS_BASE = '[[knowledge_base]]\nname = "docs"\n[[knowledge_base.source]]\n'
+
+
+def _build_refused(path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``voxrecall index build`` prints when refusing the config ``text``, written at
+    ``path`` (it exits 2)."""
+    path.write_text(text)
+    with pytest.raises(ConfigError):
+        load_config(path)
+    assert main(["index", "build", "--config", str(path)]) == 2
+    return capsys.readouterr().err
+
+
 def test_the_cli_prints_the_guess_without_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "voxrecall.toml"
-    path.write_text(
-        '[[knowledge_base]]\nname = "docs"\n[[knowledge_base.source]]\ntyp = "markdown"\n'
-        'path = "kb"\n'
-    )
-    with pytest.raises(ConfigError):
-        load_config(path)
-    assert main(["index", "build", "--config", str(path)]) == 2
-    err = capsys.readouterr().err
+    err = _build_refused(path, DOCS_BASE + 'typ = "markdown"\npath = "kb"\n', capsys)
     assert "unknown key(s) typ (did you mean `type`?)" in err
     assert "Traceback" not in err
 
@@ -276,13 +282,8 @@ def test_an_openai_embedder_key_in_the_file_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "voxrecall.toml"
-    path.write_text(
-        '[embedder]\nprovider = "openai"\napi_key = "sk-test-1234567890"\n'
-        '[[knowledge_base]]\nname = "docs"\n[[knowledge_base.source]]\ntype = "markdown"\n'
-        'path = "kb"\n'
-    )
-    assert main(["index", "build", "--config", str(path)]) == 2
-    err = capsys.readouterr().err
+    embedder = '[embedder]\nprovider = "openai"\napi_key = "sk-test-1234567890"\n'
+    err = _build_refused(path, embedder + DOCS_BASE + 'type = "markdown"\npath = "kb"\n', capsys)
     assert err == (
         f"error: {path} [embedder]: api_key: a secret never goes in the file: put it in an "
         "environment variable and name that with api_key_env\n"
