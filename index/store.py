@@ -5,6 +5,7 @@ A store is laid out as (a local folder, a shared volume, the same tree behind HT
     <root>/<knowledge_base>/LATEST            the current version id, written last
     <root>/<knowledge_base>/<version>/        an immutable snapshot folder
     <root>/<knowledge_base>/.staging-*/       a build in progress, invisible to readers
+    <root>/<knowledge_base>/.publish.lock     held by the one publisher of the base at a time
 
 Version ids sort by creation time, so "newer" is a string comparison. ``SnapshotStore`` is what
 the sidecar's refresher needs: the pointer, and a local folder of one version whose files match
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import os
@@ -23,7 +25,8 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -61,6 +64,9 @@ READABLE_FILE = 0o644
 # The entries a store's listing is read for at most: S3's 100 pages of 1,000 names
 # (index/s3_store.py), and as many entries of a folder.
 MAX_LISTED_ENTRIES = 100_000
+# Held by the one publisher of a base at a time (``LocalStore._publishing``); a dot-file, which
+# no listing of versions or bases reads.
+PUBLISH_LOCK = ".publish.lock"
 MAX_POINTER_BYTES = 256  # a version id is ~33 characters; anything longer is not a pointer
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # one safe path component, no ".."
 
@@ -237,16 +243,29 @@ class LocalStore:
         """Move a finished staging folder into place, then point LATEST at it, then prune."""
         if not (staging / MANIFEST).is_file():
             raise SnapshotError(f"{staging}: refusing to publish a snapshot with no manifest")
-        current = self.latest(knowledge_base)
-        if current is not None and version <= current:
-            raise SnapshotError(f"version {version} is not newer than the published {current}")
-        target = self.version_dir(knowledge_base, version)
-        _make_readable(staging)  # mkdtemp made it 0700
-        staging.rename(target)
-        fsync_dir(target.parent)
-        write_atomic(target.parent / LATEST, f"{version}\n".encode(), mode=READABLE_FILE)
-        self.prune(knowledge_base, keep)
+        with self._publishing(knowledge_base):
+            current = self.latest(knowledge_base)
+            if current is not None and version <= current:
+                raise SnapshotError(f"version {version} is not newer than the published {current}")
+            target = self.version_dir(knowledge_base, version)
+            _make_readable(staging)  # mkdtemp made it 0700
+            staging.rename(target)
+            fsync_dir(target.parent)
+            write_atomic(target.parent / LATEST, f"{version}\n".encode(), mode=READABLE_FILE)
+            self.prune(knowledge_base, keep)
         return target
+
+    @contextmanager
+    def _publishing(self, knowledge_base: str) -> Iterator[None]:
+        """One publisher of a base at a time, across processes (a build, ``index watch``, a
+        rollback, ``index publish``): LATEST is read, checked older and written in one step.
+        Two publishers that both read the same LATEST could otherwise leave it naming the older
+        of their two versions, which every sidecar then refuses as a stale store's answer."""
+        base = self.base_dir(knowledge_base)
+        _mkdir_readable(base)
+        with open(base / PUBLISH_LOCK, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+            yield
 
     def publish_copy(self, knowledge_base: str, source: Path, keep: int = 3) -> Path | None:
         """Copy a verified snapshot folder in and publish it; None when this store is as new.

@@ -132,7 +132,7 @@ async def test_a_version_that_fails_verification_is_not_rolled_back_to(
     assert "sha256" in err
     assert err.count("\n") == 1
     assert LocalStore(root).latest(KB) == v2
-    assert [p.name for p in (root / KB).iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in (root / KB).iterdir() if p.name.startswith(".staging-")] == []
 
 
 async def test_a_version_another_embedder_made_is_not_rolled_back_to(

@@ -11,6 +11,7 @@ retrieval.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import threading
 import time
@@ -29,6 +30,7 @@ from index.errors import (
     CorruptSnapshot,
     IncompatibleSnapshot,
     IncompleteSnapshot,
+    SnapshotError,
     StoreUnavailable,
 )
 from index.http_store import PARTIAL, HttpOptions, HttpStore
@@ -647,3 +649,37 @@ def test_verifying_without_hashing_still_checks_the_rest(tmp_path: Path) -> None
     (folder / CHUNKS).unlink()
     with pytest.raises(CorruptSnapshot, match=f"{CHUNKS} is missing"):
         load_snapshot(folder, EMBEDDER.info, checksums=False)
+
+
+# -- two publishers of one base -----------------------------------------------------------------
+
+
+def test_a_publisher_waits_for_another_and_never_moves_latest_back(tmp_path: Path) -> None:
+    """A publish that read LATEST before another publisher wrote a newer one would leave LATEST
+    naming the older version: one publisher of a base at a time, the check made inside."""
+    root = tmp_path / "published"
+    write_version(root, version_id(1), EMBEDDER)
+    store = LocalStore(root)
+    older = store.staging_dir(KB)
+    (older / MANIFEST).write_bytes(b"{}")  # publish moves folders; it reads no manifest
+    outcome: list[BaseException | Path] = []
+    with open(root / KB / index.store.PUBLISH_LOCK, "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another publisher, mid-publish
+        waiting = threading.Thread(target=_publish_into, args=(store, older, outcome))
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive()  # waits for the lock,
+        assert not outcome  # having published nothing
+        write_version(root, version_id(3), EMBEDDER)  # what the other publisher wrote
+    waiting.join(10)
+    assert store.latest(KB) == version_id(3)
+    [refusal] = outcome
+    assert isinstance(refusal, SnapshotError)
+    assert f"{version_id(2)} is not newer than the published {version_id(3)}" in str(refusal)
+
+
+def _publish_into(store: LocalStore, staging: Path, outcome: list[BaseException | Path]) -> None:
+    try:
+        outcome.append(store.publish(KB, staging, version_id(2)))
+    except SnapshotError as exc:
+        outcome.append(exc)
