@@ -82,7 +82,7 @@ CLEANABLE_TYPES = frozenset({"markdown", "text", "html", "pdf", "url"})
 for _type in CLEANABLE_TYPES:
     SOURCE_OPTIONS[_type] = SOURCE_OPTIONS[_type] | {"clean"}
 SOURCE_TYPES = tuple(SOURCE_OPTIONS)
-# Each option's type, checked when the file is read (its range by the source that reads it).
+# Each option's type, checked when the file is read (its range too: SOURCE_OPTION_RANGES).
 OPTION_TYPES: dict[str, Any] = {
     "clean": bool,
     "approved": bool,
@@ -159,6 +159,8 @@ def check_options(source: SourceConfig) -> None:
             raise ConfigError(
                 f"source {quoted(source.name)}: {key} must be {wanted}, got {quoted(value)}"
             )
+    ranged = {k: v for k, v in SOURCE_OPTION_RANGES.items() if k in source.options}
+    check_ranges(source.options, ranged, f"source {quoted(source.name)}")
     if source.type == "image":
         if (source.path is None) == ("urls" not in source.options):
             raise ConfigError(
@@ -391,10 +393,11 @@ def _number(value: float) -> str:
 
 
 def check_ranges(table: object, ranges: Mapping[str, Range], where: str) -> None:
-    """Each of ``ranges``' keys of a parsed table within its range (its type already checked),
-    with one error naming the key, what is allowed and the value given."""
+    """Each of ``ranges``' keys of a parsed table (or a source's options, a mapping) within its
+    range (its type already checked), with one error naming the key, what is allowed and the
+    value given."""
     for key, allowed in ranges.items():
-        value = getattr(table, key)
+        value = table[key] if isinstance(table, Mapping) else getattr(table, key)
         if not allowed.holds(value):
             raise ConfigError(f"{where}: {key} must be {allowed}, got {quoted(value)}")
 
@@ -591,6 +594,13 @@ LLM_RANGES = {
     "clean_min_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
     "max_input_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
     "max_image_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+}
+YEAR_S = 365 * 86400  # a url source re-fetched less often than yearly is a list of files
+# A source's numeric options (check_options, when the file is read and again when it is built).
+SOURCE_OPTION_RANGES = {
+    "max_page_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+    "max_image_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+    "refresh": Range(0, YEAR_S, note="seconds"),
 }
 
 

@@ -57,7 +57,7 @@ def _folder(
 def _records(source: SourceConfig, context: LoadContext) -> Loaded:
     assert source.path is not None  # check_options ran
     fields = RecordFields.from_options(source.name, source.options)
-    limit = max_page_bytes_option(source.name, source.options, DEFAULT_MAX_PAGE_BYTES)
+    limit = max_page_bytes_option(source.options, DEFAULT_MAX_PAGE_BYTES)
     return load_records(source.name, source.path, source.type, fields, limit)
 
 

@@ -68,8 +68,8 @@ class UrlOptions:
 
     @classmethod
     def from_options(cls, source: str, options: Mapping[str, Any]) -> UrlOptions:
-        """Read ``urls`` and ``refresh`` (their types checked at load: a list of strings, a
-        number); raises ConfigError naming what is wrong."""
+        """Read ``urls`` and ``refresh`` (their types and ranges checked at load: a list of
+        strings, seconds); raises ConfigError naming a wrong URL."""
         urls = options.get("urls")
         if not urls:
             raise ConfigError(f'source {source!r}: type url needs urls = ["https://...", ...]')
@@ -79,9 +79,7 @@ class UrlOptions:
                 raise ConfigError(f"source {source!r}: {url!r} is not an http(s) URL")
         if len(set(urls)) != len(urls):
             raise ConfigError(f"source {source!r}: urls lists a URL twice")
-        refresh = options.get("refresh", DEFAULT_REFRESH_S)
-        if refresh < 0:
-            raise ConfigError(f"source {source!r}: refresh must be seconds >= 0, got {refresh!r}")
+        refresh = options.get("refresh", DEFAULT_REFRESH_S)  # in range (check_options)
         return cls(urls=tuple(urls), refresh_s=float(refresh))
 
 
