@@ -27,6 +27,10 @@ LOCAL_MODEL = "all-MiniLM-L6-v2-int8"
 MAX_RERANK_CANDIDATES = 100  # Cohere's documents per call is far higher; 100 is ~100 ms of it
 MAX_EF_SEARCH = 4096  # past this an HNSW search visits most of any graph: use exact search
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens can be guessed; `openssl rand -hex 32` makes one
+# A build holds every page of its base at once, and more again for their chunks and vectors.
+# 1M chunks of 256 tokens are ~1.2 GB of English text; this leaves room for text held at 2 bytes
+# a character (Python's, for most scripts past Latin-1) and larger chunks.
+DEFAULT_MAX_TEXT_BYTES = 4 * 1024**3
 _T = TypeVar("_T")
 
 
@@ -224,6 +228,8 @@ class KnowledgeBaseConfig:
     fallback: str = ""  # what the agent says when nothing passes (with every answer)
     instructions: str = ""  # how to use this base: the policy a system prompt carries
     rerank: RerankConfig | None = None
+    # What one build of the base may hold of its pages (index/sources/__init__.py PageBytes).
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,6 +466,7 @@ HNSW_RANGES = {
     "target_recall": Range(0, 1, above=True, note="a recall@10"),
 }
 INDEX_RANGES = {"keep_versions": Range(1, 1000, note="the newest version is always kept")}
+KB_RANGES = {"max_text_bytes": Range(1, 1024**4, note="bytes")}
 
 
 def _embedder_config(raw: Mapping[str, Any], where: str) -> EmbedderConfig:
@@ -499,7 +506,7 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
     sources = _sources(kb_raw, base, kb_where)
     apart = ("name", "source", "chunking", "hnsw", "rerank")
     rest = {k: v for k, v in kb_raw.items() if k not in apart}
-    return build_table(
+    kb = build_table(
         KnowledgeBaseConfig,
         _kb_policy(rest, kb_where),
         kb_where,
@@ -512,6 +519,8 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
         hnsw=_ranged(HnswConfig, sub_table(kb_raw, "hnsw", kb_where), HNSW_RANGES,
                      f"{kb_where} [hnsw]"),
     )  # fmt: skip
+    check_ranges(kb, KB_RANGES, kb_where)
+    return kb
 
 
 def _ranged(

@@ -493,6 +493,18 @@ def test_every_number_of_a_source_has_a_top_checked_where_the_file_is_read(
     )
 
 
+@pytest.mark.parametrize("value", [2**63 - 1, 0])
+def test_a_bases_max_text_bytes_has_a_top_checked_where_the_file_is_read(
+    tmp_path: Path, value: int
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(kb_with(max_text_bytes=value), base=tmp_path)
+    assert str(info.value) == (
+        "<config> [[knowledge_base]] #1: max_text_bytes must be from 1 to 1099511627776 "
+        f"(bytes), got {value}"
+    )
+
+
 def test_every_numeric_source_option_has_a_range() -> None:
     from index.config import OPTION_TYPES, SOURCE_OPTION_RANGES
 
