@@ -36,7 +36,7 @@ from index.errors import (
 from index.llm import LlmUsage, ModelCaller
 from index.progress import EmbedProgress
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key, read_manifest, write_snapshot
-from index.sources import SkippedPage, sound_pages
+from index.sources import PageBytes, SkippedPage, sound_pages
 from index.sources.image import image_limit, load_images
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore, new_version_id
@@ -208,14 +208,18 @@ def collect_pages(
     """Every page of every source of a base, and the pages skipped (path prefixed with the
     source's name when the base has several sources), a page that is not text among them
     (``index.sources.sound_pages``). Images go to ``caller``'s model, only
-    from ``approved = true`` sources (index/sources/image.py)."""
+    from ``approved = true`` sources (index/sources/image.py). Raises BaseTooLarge once the
+    pages pass the base's ``max_text_bytes`` (``context.budget``)."""
     pages: list[Page] = []
     skipped: list[SkippedPage] = []
+    budget = context.budget or PageBytes(kb.name, kb.max_text_bytes)
+    context = dataclasses.replace(context, budget=budget)
     for source in kb.sources:
         if source.type == "image":
             got, missed = _image_pages(source, caller)
+            budget.take(*got)
         elif source.type == APPROVED_FILES:
-            got, missed = load_approved_files(source)
+            got, missed = load_approved_files(source, budget)
         else:
             got, missed = load_source(source, context)
         got, unsound = sound_pages(got)

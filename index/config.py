@@ -27,6 +27,10 @@ LOCAL_MODEL = "all-MiniLM-L6-v2-int8"
 MAX_RERANK_CANDIDATES = 100  # Cohere's documents per call is far higher; 100 is ~100 ms of it
 MAX_EF_SEARCH = 4096  # past this an HNSW search visits most of any graph: use exact search
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens can be guessed; `openssl rand -hex 32` makes one
+# A build holds every page of its base at once, and more again for their chunks and vectors.
+# 1M chunks of 256 tokens are ~1.2 GB of English text; this leaves room for text held at 2 bytes
+# a character (Python's, for most scripts past Latin-1) and larger chunks.
+DEFAULT_MAX_TEXT_BYTES = 4 * 1024**3
 _T = TypeVar("_T")
 
 
@@ -82,7 +86,7 @@ CLEANABLE_TYPES = frozenset({"markdown", "text", "html", "pdf", "url"})
 for _type in CLEANABLE_TYPES:
     SOURCE_OPTIONS[_type] = SOURCE_OPTIONS[_type] | {"clean"}
 SOURCE_TYPES = tuple(SOURCE_OPTIONS)
-# Each option's type, checked when the file is read (its range by the source that reads it).
+# Each option's type, checked when the file is read (its range too: SOURCE_OPTION_RANGES).
 OPTION_TYPES: dict[str, Any] = {
     "clean": bool,
     "approved": bool,
@@ -159,6 +163,8 @@ def check_options(source: SourceConfig) -> None:
             raise ConfigError(
                 f"source {quoted(source.name)}: {key} must be {wanted}, got {quoted(value)}"
             )
+    ranged = {k: v for k, v in SOURCE_OPTION_RANGES.items() if k in source.options}
+    check_ranges(source.options, ranged, f"source {quoted(source.name)}")
     if source.type == "image":
         if (source.path is None) == ("urls" not in source.options):
             raise ConfigError(
@@ -222,6 +228,8 @@ class KnowledgeBaseConfig:
     fallback: str = ""  # what the agent says when nothing passes (with every answer)
     instructions: str = ""  # how to use this base: the policy a system prompt carries
     rerank: RerankConfig | None = None
+    # What one build of the base may hold of its pages (index/sources/__init__.py PageBytes).
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,10 +399,11 @@ def _number(value: float) -> str:
 
 
 def check_ranges(table: object, ranges: Mapping[str, Range], where: str) -> None:
-    """Each of ``ranges``' keys of a parsed table within its range (its type already checked),
-    with one error naming the key, what is allowed and the value given."""
+    """Each of ``ranges``' keys of a parsed table (or a source's options, a mapping) within its
+    range (its type already checked), with one error naming the key, what is allowed and the
+    value given."""
     for key, allowed in ranges.items():
-        value = getattr(table, key)
+        value = table[key] if isinstance(table, Mapping) else getattr(table, key)
         if not allowed.holds(value):
             raise ConfigError(f"{where}: {key} must be {allowed}, got {quoted(value)}")
 
@@ -457,6 +466,7 @@ HNSW_RANGES = {
     "target_recall": Range(0, 1, above=True, note="a recall@10"),
 }
 INDEX_RANGES = {"keep_versions": Range(1, 1000, note="the newest version is always kept")}
+KB_RANGES = {"max_text_bytes": Range(1, 1024**4, note="bytes")}
 
 
 def _embedder_config(raw: Mapping[str, Any], where: str) -> EmbedderConfig:
@@ -496,7 +506,7 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
     sources = _sources(kb_raw, base, kb_where)
     apart = ("name", "source", "chunking", "hnsw", "rerank")
     rest = {k: v for k, v in kb_raw.items() if k not in apart}
-    return build_table(
+    kb = build_table(
         KnowledgeBaseConfig,
         _kb_policy(rest, kb_where),
         kb_where,
@@ -509,6 +519,8 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
         hnsw=_ranged(HnswConfig, sub_table(kb_raw, "hnsw", kb_where), HNSW_RANGES,
                      f"{kb_where} [hnsw]"),
     )  # fmt: skip
+    check_ranges(kb, KB_RANGES, kb_where)
+    return kb
 
 
 def _ranged(
@@ -591,6 +603,13 @@ LLM_RANGES = {
     "clean_min_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
     "max_input_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
     "max_image_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+}
+YEAR_S = 365 * 86400  # a url source re-fetched less often than yearly is a list of files
+# A source's numeric options (check_options, when the file is read and again when it is built).
+SOURCE_OPTION_RANGES = {
+    "max_page_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+    "max_image_bytes": Range(1, MAX_FILE_BYTES, note="bytes"),
+    "refresh": Range(0, YEAR_S, note="seconds"),
 }
 
 

@@ -34,7 +34,7 @@ import orjson
 from index.config import KnowledgeBaseConfig, SourceConfig
 from index.errors import RegistryError
 from index.snapshot import write_atomic
-from index.sources import SkippedPage
+from index.sources import PageBytes, SkippedPage
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, read_file
 from index.sources.markdown import MARKDOWN_SUFFIXES, markdown_page
 from index.sources.text import TEXT_SUFFIXES, text_page
@@ -178,15 +178,23 @@ def approved_sources(registry: Path, kb: KnowledgeBaseConfig) -> tuple[SourceCon
     return tuple(out)
 
 
-def load_approved_files(source: SourceConfig) -> tuple[list[Page], list[SkippedPage]]:
-    """Each approved file as one page (Markdown or text), its path as its source path."""
+def load_approved_files(
+    source: SourceConfig, budget: PageBytes | None = None
+) -> tuple[list[Page], list[SkippedPage]]:
+    """Each approved file as one page (Markdown or text), its path as its source path; raises
+    BaseTooLarge when the pages pass ``budget`` (default: this source's own)."""
+    budget = budget or PageBytes(source.name)
     pages: list[Page] = []
     skipped: list[SkippedPage] = []
     for location in source.options["files"]:
         path = Path(location)
         data = read_file(location, path, DEFAULT_MAX_PAGE_BYTES)
         got = data if isinstance(data, SkippedPage) else _page(source.name, location, path, data)
-        (skipped if isinstance(got, SkippedPage) else pages).append(got)  # type: ignore[arg-type]
+        if isinstance(got, SkippedPage):
+            skipped.append(got)
+        else:
+            budget.take(got)
+            pages.append(got)
     return pages, skipped
 
 

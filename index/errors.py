@@ -7,6 +7,7 @@
     ├── EmbedderError          the model could not be loaded or did not answer
     ├── LlmError               the [index.llm] chat model could not be used for a build
     │   └── SpendCapReached    a build reached [index.llm] max_build_tokens: nothing published
+    ├── BaseTooLarge           a build's pages passed max_text_bytes: nothing published
     ├── RegistryError          the approved-sources registry is unreadable or an entry unknown
     ├── SnapshotError
     │   ├── SnapshotNotFound   the store has no published snapshot for a base yet
@@ -66,6 +67,10 @@ class LlmError(VoxrecallError):
 
 class SpendCapReached(LlmError):
     """A build used its token budget (``[index.llm] max_build_tokens``); nothing was published."""
+
+
+class BaseTooLarge(VoxrecallError):
+    """A build's pages held more than the base's ``max_text_bytes``; nothing was published."""
 
 
 class RegistryError(VoxrecallError):

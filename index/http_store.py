@@ -854,7 +854,7 @@ def _why(exc: BaseException) -> str:
     """What went wrong with a request, on one line and cut to ``MAX_REASON_BYTES`` (http.client's
     errors quote the line the server sent)."""
     reason = getattr(exc, "reason", None)
-    return shortened(one_line(str(reason or exc) or type(exc).__name__), MAX_REASON_BYTES)
+    return shortened(one_line(str(reason or exc).strip() or type(exc).__name__), MAX_REASON_BYTES)
 
 
 def _status(exc: urllib.error.HTTPError) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from index.errors import ConfigError, IncompleteSnapshot, SnapshotError, StoreUnavailable
-from index.http_store import HttpOptions, HttpStore, _TooLong
+from index.http_store import HttpOptions, HttpStore, _TooLong, _why
 from index.snapshot import MANIFEST, verify_snapshot
 from index.store import (
     LATEST,
@@ -83,6 +83,27 @@ MAX_LIST_PAGE_BYTES = 2 * 1024 * 1024
 # One page's names at most: S3 sends at most 1,000 keys and common prefixes a page (MaxKeys); a
 # page of 33,000 short prefixes fits in its bytes, and 100 of them were 3.3 M names to keep.
 MAX_LIST_PAGE_NAMES = 1000
+# What to do, said after botocore's words (one line, cut: ``http_store._why``), which may quote a
+# credential_process's stderr or a server's message over several lines.
+CREDENTIALS_HINT = (
+    "fix the AWS credential chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE and "
+    "the AWS config files, or the instance's role)"
+)
+BUCKET_HINT = (
+    "check that the bucket exists, that [index] s3_endpoint_url and s3_region name its server, "
+    "and that the credentials may s3:PutObject and s3:GetObject on the prefix and s3:ListBucket "
+    "on the bucket"
+)
+WRITE_HINT = (
+    f"{BUCKET_HINT}; LATEST is written last, so nothing points at a version part uploaded: run "
+    "`voxrecall index publish` again"
+)
+
+
+def _refusal(what: str, exc: BaseException, hint: str) -> str:
+    """``what`` failed, botocore's words on one line and cut to ``MAX_REASON_BYTES``, and what
+    to do: as the HTTP store's refusals read."""
+    return f"{what}: {_why(exc)}; {hint}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +149,18 @@ class S3Options:
 
 
 def _session(options: S3Options) -> tuple[Any, str]:
-    """A boto3 session and the region it signs for; reads no credentials yet."""
-    session = boto3.Session(region_name=options.region or None)
+    """A boto3 session and the region it signs for; reads no credentials yet. ConfigError when
+    the AWS configuration names what is not there (``AWS_PROFILE`` of no profile)."""
+    try:
+        session = boto3.Session(region_name=options.region or None)
+    except botocore.exceptions.BotoCoreError as exc:
+        raise ConfigError(
+            _refusal(
+                "the AWS configuration cannot be read",
+                exc,
+                "check AWS_PROFILE and the AWS config files (AWS_CONFIG_FILE, ~/.aws/config)",
+            )
+        ) from exc
     return session, session.region_name or DEFAULT_REGION
 
 
@@ -271,7 +302,13 @@ class S3Store(HttpStore):
                 try:
                     self._credentials = self._session.get_credentials()
                 except botocore.exceptions.BotoCoreError as exc:
-                    raise StoreUnavailable(f"{self.location}: no AWS credentials: {exc}") from exc
+                    raise StoreUnavailable(
+                        _refusal(
+                            f"{self.location}: no AWS credentials",
+                            exc,
+                            f"{CREDENTIALS_HINT}, or give none for a public bucket",
+                        )
+                    ) from exc
                 if self._credentials is None:
                     if not self._look_again_at:
                         log.warning("%s: no AWS credentials found: requests go unsigned", self)
@@ -332,12 +369,16 @@ class S3Publisher:
         self.location = S3Location.parse(url)
         options = s3 or S3Options()
         session, region = _session(options)
-        self._client = session.client(
-            "s3",
-            region_name=region,
-            endpoint_url=options.endpoint_url or None,
-            config=_client_config(timeout_s),
-        )
+        try:  # the credentials are read here
+            self._client = session.client(
+                "s3",
+                region_name=region,
+                endpoint_url=options.endpoint_url or None,
+                config=_client_config(timeout_s),
+            )
+        except botocore.exceptions.BotoCoreError as exc:
+            what = f"cannot publish to {self.location}: no AWS credentials"
+            raise SnapshotError(_refusal(what, exc, CREDENTIALS_HINT)) from exc
 
     def __str__(self) -> str:
         return str(self.location)
@@ -351,7 +392,8 @@ class S3Publisher:
         except self._client.exceptions.NoSuchKey:
             return None
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise SnapshotError(f"cannot read {SCHEME}{self.location.bucket}/{key}: {exc}") from exc
+            what = f"cannot read {SCHEME}{self.location.bucket}/{key}"
+            raise SnapshotError(_refusal(what, exc, BUCKET_HINT)) from exc
         return parse_pointer(data, f"{SCHEME}{self.location.bucket}/{key}")
 
     def publish_copy(self, knowledge_base: str, source: Path) -> str | None:
@@ -375,14 +417,17 @@ class S3Publisher:
     def _upload(self, path: Path, key: str) -> None:
         try:
             self._client.upload_file(str(path), self.location.bucket, key)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise SnapshotError(
-                f"cannot upload {path} to {SCHEME}{self.location.bucket}/{key}: {exc}"
-            ) from exc
-        except boto3.exceptions.S3UploadFailedError as exc:
-            raise SnapshotError(
-                f"cannot upload {path} to {SCHEME}{self.location.bucket}/{key}: {exc}"
-            ) from exc
+        except (
+            botocore.exceptions.BotoCoreError,
+            botocore.exceptions.ClientError,
+            boto3.exceptions.S3UploadFailedError,
+        ) as exc:
+            what = f"cannot upload {path.name} to {SCHEME}{self.location.bucket}/{key}"
+            # boto3's upload error repeats the path and key before the server's words (its
+            # ClientError, the context it was raised in)
+            upload = isinstance(exc, boto3.exceptions.S3UploadFailedError)
+            said = exc.__context__ if upload and exc.__context__ is not None else exc
+            raise SnapshotError(_refusal(what, said, WRITE_HINT)) from exc
 
     def _put(self, key: str, data: bytes) -> None:
         try:
@@ -390,6 +435,5 @@ class S3Publisher:
                 Bucket=self.location.bucket, Key=key, Body=data, CacheControl="no-cache"
             )
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise SnapshotError(
-                f"cannot write {SCHEME}{self.location.bucket}/{key}: {exc}"
-            ) from exc
+            what = f"cannot write {SCHEME}{self.location.bucket}/{key}"
+            raise SnapshotError(_refusal(what, exc, WRITE_HINT)) from exc

@@ -15,6 +15,7 @@ from index.config import (
     IndexConfig,
     LlmConfig,
     RerankConfig,
+    quoted,
     unknown_names,
 )
 from index.errors import ConfigError
@@ -467,6 +468,48 @@ def test_a_source_options_type_is_checked_where_the_file_is_read(
     with pytest.raises(ConfigError) as info:
         parse_config(source_with(**SOURCE, **options), base=tmp_path)
     assert message in str(info.value)
+
+
+# A source type taking each numeric option, and what its refusal says is allowed.
+SOURCE_NUMBERS = [
+    ({"type": "markdown", "path": "kb"}, "max_page_bytes", "from 1 to 1073741824 (bytes)"),
+    ({"type": "image", "path": "kb"}, "max_image_bytes", "from 1 to 1073741824 (bytes)"),
+    ({"type": "url", "urls": ["https://example.com/"]}, "refresh", "from 0 to 31536000 (seconds)"),
+]
+
+
+@pytest.mark.parametrize(("source", "key", "allowed"), SOURCE_NUMBERS)
+@pytest.mark.parametrize("value", [2**63 - 1, -1])
+def test_every_number_of_a_source_has_a_top_checked_where_the_file_is_read(
+    tmp_path: Path, source: dict[str, Any], key: str, allowed: str, value: float
+) -> None:
+    """Attack s18: max_page_bytes, max_image_bytes and refresh were the numbers without a top
+    (2**63-1 taken), their low end checked only when a build read the source."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(source_with(name="help", **source, **{key: value}), base=tmp_path)
+    assert str(info.value) == (
+        f"<config> [[knowledge_base]] #1: source 'help': {key} must be {allowed}, "
+        f"got {quoted(value)}"
+    )
+
+
+@pytest.mark.parametrize("value", [2**63 - 1, 0])
+def test_a_bases_max_text_bytes_has_a_top_checked_where_the_file_is_read(
+    tmp_path: Path, value: int
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(kb_with(max_text_bytes=value), base=tmp_path)
+    assert str(info.value) == (
+        "<config> [[knowledge_base]] #1: max_text_bytes must be from 1 to 1099511627776 "
+        f"(bytes), got {value}"
+    )
+
+
+def test_every_numeric_source_option_has_a_range() -> None:
+    from index.config import OPTION_TYPES, SOURCE_OPTION_RANGES
+
+    numbers = {k for k, t in OPTION_TYPES.items() if t in (int, float)}
+    assert numbers == set(SOURCE_OPTION_RANGES) == {key for _, key, _ in SOURCE_NUMBERS}
 
 
 def test_every_source_option_has_a_type_to_check() -> None:

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from index.embedders.base import Embedder
 from index.errors import ConfigError, CorruptSnapshot, StoreUnavailable
 from index.store import LocalStore
 from sidecar.edge import reflection
+from sidecar.edge.guards import streams_per_connection
+from sidecar.edge.health import MAX_CHECKS_PER_PEER, MAX_WATCHES_PER_PEER
 from sidecar.edge.limits import REFLECTION_STREAMS
 from sidecar.edge.server import SERVICE_NAME, Sidecar
 from sidecar.gen import retrieval_pb2 as pb
@@ -583,3 +586,120 @@ def test_serve_raises_the_open_file_limit_to_the_hard_one() -> None:
     raised, soft, hard = (int(word) for word in done.stdout.split())
     assert raised == soft > 64
     assert soft == hard or hard == -1  # -1: unlimited, raised to MAX_OPEN_FILES
+
+
+# -- streams on one connection -----------------------------------------------------------------
+
+RST_STREAM, REFUSED_STREAM, MAX_CONCURRENT_STREAMS = 3, 7, 3
+CONVERSE_FIELDS = {
+    ":method": "POST",
+    ":scheme": "http",
+    ":path": f"/{SERVICE_NAME}/Converse",
+    ":authority": "127.0.0.1",
+    "content-type": "application/grpc",
+    "te": "trailers",
+}
+
+
+def _opening(count: int) -> bytes:
+    """``count`` Converse streams opened at once (HEADERS, no request yet): the first names its
+    fields into HPACK's dynamic table, the others name them by index, 16 bytes a stream, so all
+    arrive in one read of the server's."""
+    literal = b"".join(
+        b"\x40" + bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode()
+        for k, v in CONVERSE_FIELDS.items()
+    )
+    indexed = bytes(0x80 | (62 + i) for i in range(len(CONVERSE_FIELDS)))  # newest first
+    return b"".join(
+        _frame(HEADERS, END_HEADERS, 1 + 2 * i, literal if i == 0 else indexed)
+        for i in range(count)
+    )
+
+
+async def _server_settings(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> dict[int, int]:
+    """The server's first SETTINGS, acknowledged."""
+    writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(SETTINGS, 0, 0))
+    head = await reader.readexactly(9)
+    payload = await reader.readexactly(int.from_bytes(head[:3], "big"))
+    assert head[3] == SETTINGS
+    writer.write(_frame(SETTINGS, ACK, 0))
+    pairs = (payload[i : i + 6] for i in range(0, len(payload), 6))
+    return {int.from_bytes(p[:2], "big"): int.from_bytes(p[2:], "big") for p in pairs}
+
+
+async def _refused_streams(reader: asyncio.StreamReader, wanted: int) -> list[int]:
+    """The streams the server refuses (RST_STREAM REFUSED_STREAM), once ``wanted`` are."""
+    refused: list[int] = []
+    async with asyncio.timeout(LIVENESS_S):
+        while len(refused) < wanted:
+            head = await reader.readexactly(9)
+            payload = await reader.readexactly(int.from_bytes(head[:3], "big"))
+            if head[3] == RST_STREAM and int.from_bytes(payload, "big") == REFUSED_STREAM:
+                refused.append(int.from_bytes(head[5:9], "big") & 0x7FFFFFFF)
+    return refused
+
+
+async def test_one_connection_opens_at_most_the_streams_one_caller_may_hold(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """Attack s18: one connection could open streams without bound (20,000 calls sent at once
+    held ~54 MiB of the server while they waited to be refused). The server now says how many
+    it takes (SETTINGS_MAX_CONCURRENT_STREAMS: every slot one caller may hold), and a stream a
+    client opens past it anyway is refused (REFUSED_STREAM) before anything is held for it."""
+    config = sidecar_config(store, max_concurrent_rpcs=2, max_streams=3)
+    async with running(config, local_embedder) as sidecar:
+        reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
+        try:
+            limit = (await _server_settings(reader, writer))[MAX_CONCURRENT_STREAMS]
+            assert limit == 2 + 3 + REFLECTION_STREAMS + MAX_CHECKS_PER_PEER + MAX_WATCHES_PER_PEER
+            writer.write(_opening(limit + 20))
+            refused = await _refused_streams(reader, 20)
+            assert refused == [1 + 2 * i for i in range(limit, limit + 20)]
+        finally:
+            writer.close()
+
+
+async def test_an_agent_holds_its_converse_streams_on_one_channel_and_calls_past_the_limit_wait(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """One channel holds every Converse stream the sidecar allows and answers on each; a burst
+    of three times the connection's streams on it meanwhile waits in the client (HTTP/2) and
+    each call ends: answered, or refused by max_concurrent_rpcs as ever, never UNAVAILABLE (gRPC's
+    default counted a stream the server had answered until its objects were freed, and refused
+    a call the client had sent within the limit)."""
+    config = sidecar_config(store, max_concurrent_rpcs=2, max_streams=3)
+    limit = streams_per_connection(config.sidecar)
+    async with (
+        running(config, local_embedder) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        streams = [stub.Converse(timeout=LIVENESS_S) for _ in range(3)]
+
+        async def turn() -> None:
+            for n, stream in enumerate(streams):  # a session a stream
+                await stream.write(pb.ConverseRequest(turn=_turn(session_id=f"agent{n}")))
+            for stream in streams:
+                assert (await stream.read()).turn.chunks
+
+        async def status() -> str:
+            try:
+                await stub.Status(pb.StatusRequest(), timeout=LIVENESS_S)
+            except grpc.aio.AioRpcError as exc:
+                return f"{exc.code().name}: {exc.details()}"
+            return "OK"
+
+        await turn()
+        ended = Counter(await asyncio.gather(*(status() for _ in range(3 * limit))))
+        await turn()
+        for stream in streams:
+            await stream.done_writing()
+            assert await stream.code() is grpc.StatusCode.OK
+    busy = (
+        "RESOURCE_EXHAUSTED: Status refused: 2 calls in flight, the limit is 2 ([sidecar] "
+        "max_concurrent_rpcs): retry with backoff"
+    )
+    assert set(ended) <= {"OK", busy}, ended
+    assert ended["OK"] > 0

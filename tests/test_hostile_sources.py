@@ -306,7 +306,7 @@ def test_an_html_page_of_unclosed_comments_is_read_in_linear_time(tmp_path: Path
     ("options", "message"),
     [
         ({"follow_symlinks": "yes"}, "follow_symlinks must be true or false"),
-        ({"max_page_bytes": 0}, "max_page_bytes must be a whole number of bytes above 0, got 0"),
+        ({"max_page_bytes": 0}, "max_page_bytes must be from 1 to 1073741824 \\(bytes\\), got 0"),
         ({"max_page_bytes": "8MB"}, "max_page_bytes must be a whole number"),
     ],
 )

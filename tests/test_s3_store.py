@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 import tracemalloc
@@ -657,3 +658,94 @@ def test_the_names_a_listing_skips_are_one_line_and_only_when_they_change(
     assert "skipped 30 names" in said[0]
     assert "and 25 more" in said[0]
     assert "skipped 31 names" in said[1]
+
+
+# -- refusals: one line, saying what to do (attack s18) -----------------------------------------
+
+# A credential_process failing as `aws sso` helpers do: its stderr, over two lines, is what
+# botocore's error quotes.
+FAILING_PROCESS = """[default]
+credential_process = sh -c "echo 'token expired' >&2; echo 'run: aws sso login' >&2; exit 1"
+"""
+
+
+def _one_line(err: str) -> str:
+    """The refusal `main` printed, last: one line (log lines, botocore's INFO among them, may
+    come before it)."""
+    refusal = err[re.search("^error: ", err, re.MULTILINE).start() :]  # type: ignore[union-attr]
+    assert refusal.count("\n") == 1, err
+    return refusal
+
+
+def test_credentials_failing_over_several_lines_are_refused_in_one_line_saying_what_to_do(
+    moto_server: Any,
+    bucket: tuple[Any, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """botocore's CredentialRetrievalError quotes the process's stderr whole: `index publish`
+    ended in a traceback, and the store's StoreUnavailable (its log line, Status) ran over
+    three lines."""
+    _, name = bucket
+    (tmp_path / "aws-config").write_text(FAILING_PROCESS)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    config = _config_file(tmp_path, moto_server.url)
+    write_version(tmp_path / "built", version_id(1), EMBEDDER)
+    to = f"s3://{name}/x"
+    assert main(["index", "publish", "--config", str(config), "--to", to]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert f"cannot publish to {to}: no AWS credentials: " in err
+    assert "token expired\\nrun: aws sso login; fix the AWS credential chain" in err
+    store = S3Store(to, tmp_path / "cache", FAST, S3Options(endpoint_url=moto_server.url))
+    with pytest.raises(StoreUnavailable) as info:
+        store.latest(KB)
+    said = str(info.value)
+    assert "\n" not in said
+    assert said.startswith(f"{to}: no AWS credentials: ")
+    assert said.endswith("fix the AWS credential chain (AWS_ACCESS_KEY_ID and "
+                         "AWS_SECRET_ACCESS_KEY, AWS_PROFILE and the AWS config files, or the "
+                         "instance's role), or give none for a public bucket")  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["publish", "serve"])
+def test_an_aws_profile_that_is_not_there_is_refused_in_one_line(
+    moto_server: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """botocore's ProfileNotFound came out of the session's making: a traceback from both."""
+    monkeypatch.setenv("AWS_PROFILE", "nowhere")
+    config = _config_file(tmp_path, moto_server.url)
+    if command == "publish":
+        write_version(tmp_path / "built", version_id(1), EMBEDDER)
+        argv = ["index", "publish", "--config", str(config), "--to", "s3://kb-snapshots/x"]
+    else:
+        argv = ["serve", "--config", str(config), "--store", "s3://kb-snapshots/x",
+                "--listen", "127.0.0.1:0"]  # fmt: skip
+    assert main(argv) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert err == (
+        "error: the AWS configuration cannot be read: The config profile (nowhere) could not be "
+        "found; check AWS_PROFILE and the AWS config files (AWS_CONFIG_FILE, ~/.aws/config)\n"
+    )
+
+
+def test_a_publish_the_bucket_refuses_says_what_to_do_in_one_line(
+    moto_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config_file(tmp_path, moto_server.url)
+    write_version(tmp_path / "built", version_id(1), EMBEDDER)
+    to = "s3://no-such-bucket-here/x"
+    assert main(["index", "publish", "--config", str(config), "--to", to]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert f"cannot read {to}/{KB}/LATEST: An error occurred (NoSuchBucket)" in err
+    assert err.endswith(
+        "; check that the bucket exists, that [index] s3_endpoint_url and s3_region name its "
+        "server, and that the credentials may s3:PutObject and s3:GetObject on the prefix and "
+        "s3:ListBucket on the bucket\n"
+    )

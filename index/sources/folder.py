@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from index.errors import ConfigError
 from index.sources import SkippedPage, printable
 
 __all__ = [
@@ -55,15 +54,10 @@ _NOT_UTF8 = "the name is not UTF-8 (rename it to index it)"
 _OUTSIDE = "a symbolic link to outside the source folder (set follow_symlinks = true to read it)"
 
 
-def max_page_bytes_option(source: str, options: Mapping[str, Any], default: int) -> int:
-    """A source's ``max_page_bytes`` (bytes, > 0); raises ConfigError naming a wrong value. Its
-    type, as every option's, was checked at load (``index.config.check_options``)."""
+def max_page_bytes_option(options: Mapping[str, Any], default: int) -> int:
+    """A source's ``max_page_bytes``, else ``default``: its type and range, as every option's,
+    were checked at load (``index.config.check_options``)."""
     value: int = options.get("max_page_bytes", default)
-    if value < 1:
-        raise ConfigError(
-            f"source {source!r}: max_page_bytes must be a whole number of bytes above 0, "
-            f"got {value!r}"
-        )
     return value
 
 
@@ -86,10 +80,9 @@ class FolderOptions:
     def from_options(
         cls, source: str, options: Mapping[str, Any], default_max: int = DEFAULT_MAX_PAGE_BYTES
     ) -> FolderOptions:
-        """Read the options of a source (their types checked at load); raises ConfigError
-        naming a wrong one."""
+        """Read the options of a source (their types and ranges checked at load)."""
         follow = options.get("follow_symlinks", False)
-        return cls(follow, max_page_bytes_option(source, options, default_max))
+        return cls(follow, max_page_bytes_option(options, default_max))
 
 
 DEFAULT_OPTIONS = FolderOptions()

@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from index.errors import SourceError
-from index.sources import SkippedPage
+from index.sources import PageBytes, SkippedPage
 from index.sources.charsets import CharsetError, decode_web
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
 from index.types import Page
@@ -329,13 +329,18 @@ def html_page_text(
 
 
 def load_html(
-    source: str, root: Path, options: FolderOptions = DEFAULT_OPTIONS
+    source: str,
+    root: Path,
+    options: FolderOptions = DEFAULT_OPTIONS,
+    budget: PageBytes | None = None,
 ) -> tuple[list[Page], list[SkippedPage]]:
     """Read every HTML file under ``root`` (``index.sources.folder`` says which); a bad file is
     skipped, never raised.
 
-    Raises SourceError only when ``root`` is not a folder.
+    Raises SourceError only when ``root`` is not a folder, BaseTooLarge when the pages pass
+    ``budget`` (``load_markdown``'s).
     """
+    budget = budget or PageBytes(source)
     if not root.is_dir():
         raise SourceError(f"html source {source!r}: {root} is not a folder")
     listing = list_files(root, HTML_SUFFIXES, follow_symlinks=options.follow_symlinks)
@@ -348,5 +353,7 @@ def load_html(
             skipped.append(got)
             continue
         title, text = got
-        pages.append(Page(source=source, source_path=rel, title=title or path.stem, text=text))
+        page = Page(source=source, source_path=rel, title=title or path.stem, text=text)
+        budget.take(page)
+        pages.append(page)
     return pages, skipped

@@ -20,7 +20,7 @@ import yaml
 
 from index.chunker import first_h1
 from index.errors import SourceError
-from index.sources import SkippedPage
+from index.sources import PageBytes, SkippedPage
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
 from index.sources.text import decode_utf8
 from index.types import MetaValue, Page
@@ -226,14 +226,19 @@ def _title(frontmatter: Mapping[str, object], body: str, path: Path) -> str:
 
 
 def load_markdown(
-    source: str, root: Path, options: FolderOptions = DEFAULT_OPTIONS
+    source: str,
+    root: Path,
+    options: FolderOptions = DEFAULT_OPTIONS,
+    budget: PageBytes | None = None,
 ) -> tuple[list[Page], list[SkippedPage]]:
     """Read every Markdown file under ``root`` (recursively, sorted by relative path;
     ``index.sources.folder`` says which files).
 
     Returns the pages and the files skipped with their reasons; a bad file never raises.
-    Raises SourceError only when ``root`` is not a folder.
+    Raises SourceError only when ``root`` is not a folder, BaseTooLarge when the pages pass
+    ``budget`` (default: this source's own, at the default limit).
     """
+    budget = budget or PageBytes(source)
     if not root.is_dir():
         raise SourceError(f"markdown source {source!r}: {root} is not a folder")
     listing = list_files(root, MARKDOWN_SUFFIXES, follow_symlinks=options.follow_symlinks)
@@ -245,6 +250,7 @@ def load_markdown(
         if isinstance(got, SkippedPage):
             skipped.append(got)
         else:
+            budget.take(got)
             pages.append(got)
     return pages, skipped
 

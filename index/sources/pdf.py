@@ -34,7 +34,7 @@ from pypdf import PageObject, PdfReader, apply_configuration
 from pypdf.errors import LimitReachedError
 
 from index.errors import SourceError
-from index.sources import SkippedPage
+from index.sources import PageBytes, SkippedPage
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, FolderOptions, list_files, read_file
 from index.types import Page
 
@@ -363,14 +363,19 @@ def _pages(source: str, rel: str, title: str, texts: list[str], url: str) -> lis
 
 
 def load_pdf(
-    source: str, root: Path, options: FolderOptions = PDF_OPTIONS
+    source: str,
+    root: Path,
+    options: FolderOptions = PDF_OPTIONS,
+    budget: PageBytes | None = None,
 ) -> tuple[list[Page], list[SkippedPage]]:
     """Read every PDF under ``root`` (``index.sources.folder`` says which); a bad file is
     skipped, never raised. ``max_page_bytes`` bounds a PDF file, and its text
     if under PDF_MAX_TEXT_BYTES.
 
-    Raises SourceError only when ``root`` is not a folder.
+    Raises SourceError only when ``root`` is not a folder, BaseTooLarge when the pages pass
+    ``budget`` (``load_markdown``'s).
     """
+    budget = budget or PageBytes(source)
     if not root.is_dir():
         raise SourceError(f"pdf source {source!r}: {root} is not a folder")
     listing = list_files(root, PDF_SUFFIXES, follow_symlinks=options.follow_symlinks)
@@ -386,6 +391,7 @@ def load_pdf(
         if isinstance(got, SkippedPage):
             skipped.append(got)
         else:
+            budget.take(*got[0])
             pages.extend(got[0])
             skipped.extend(got[1])
     return pages, skipped

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, BinaryIO, TextIO
 
 from index.errors import ConfigError, SourceError
-from index.sources import SkippedPage
+from index.sources import PageBytes, SkippedPage
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, too_large
 from index.sources.markdown import metadata_entry, metadata_value
 from index.types import Page
@@ -335,13 +335,15 @@ def load_records(
     kind: str,
     fields: RecordFields,
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+    budget: PageBytes | None = None,
 ) -> tuple[list[Page], list[SkippedPage]]:
     """Read a ``jsonl`` or ``csv`` export; a bad record (malformed, nested too deeply, over
     ``max_page_bytes``, ...) is skipped as ``<file>:<line>``.
 
     Raises SourceError when the file cannot be read at all (missing, or a CSV header without the
-    id or text column).
+    id or text column), BaseTooLarge when the pages pass ``budget`` (default: this source's own).
     """
+    budget = budget or PageBytes(source)
     if not path.is_file():
         raise SourceError(f"{kind} source {source!r}: {path} is not a file")
     records = (
@@ -363,6 +365,7 @@ def load_records(
                 )
             else:
                 first_line[page.source_path] = line
+                budget.take(page)
                 pages.append(page)
     except OSError as exc:
         raise SourceError(f"{kind} source {source!r}: cannot read {path}: {exc}") from exc

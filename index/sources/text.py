@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from index.errors import SourceError
-from index.sources import SkippedPage
+from index.sources import PageBytes, SkippedPage
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files, read_file
 from index.types import Page
 
@@ -44,13 +44,18 @@ def split_title_line(text: str) -> tuple[str, str]:
 
 
 def load_text(
-    source: str, root: Path, options: FolderOptions = DEFAULT_OPTIONS
+    source: str,
+    root: Path,
+    options: FolderOptions = DEFAULT_OPTIONS,
+    budget: PageBytes | None = None,
 ) -> tuple[list[Page], list[SkippedPage]]:
     """Read every ``.txt`` file under ``root`` (``index.sources.folder`` says which); a bad file
     is skipped, never raised.
 
-    Raises SourceError only when ``root`` is not a folder.
+    Raises SourceError only when ``root`` is not a folder, BaseTooLarge when the pages pass
+    ``budget`` (``load_markdown``'s).
     """
+    budget = budget or PageBytes(source)
     if not root.is_dir():
         raise SourceError(f"text source {source!r}: {root} is not a folder")
     listing = list_files(root, TEXT_SUFFIXES, follow_symlinks=options.follow_symlinks)
@@ -59,7 +64,11 @@ def load_text(
     for rel, path in listing.files:
         data = read_file(rel, path, options.max_page_bytes)
         page = data if isinstance(data, SkippedPage) else text_page(source, rel, path, data)
-        (skipped if isinstance(page, SkippedPage) else pages).append(page)  # type: ignore[arg-type]
+        if isinstance(page, SkippedPage):
+            skipped.append(page)
+        else:
+            budget.take(page)
+            pages.append(page)
     return pages, skipped
 
 

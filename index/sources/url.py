@@ -20,8 +20,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -32,7 +33,7 @@ import orjson
 from index.chunker import first_h1
 from index.errors import ConfigError
 from index.snapshot import write_atomic
-from index.sources import SkippedPage, sound_pages
+from index.sources import PageBytes, SkippedPage, sound_pages
 from index.sources.charsets import CharsetError, decode_web
 from index.sources.html import html_page_text
 from index.sources.pdf import pdf_pages
@@ -68,8 +69,8 @@ class UrlOptions:
 
     @classmethod
     def from_options(cls, source: str, options: Mapping[str, Any]) -> UrlOptions:
-        """Read ``urls`` and ``refresh`` (their types checked at load: a list of strings, a
-        number); raises ConfigError naming what is wrong."""
+        """Read ``urls`` and ``refresh`` (their types and ranges checked at load: a list of
+        strings, seconds); raises ConfigError naming a wrong URL."""
         urls = options.get("urls")
         if not urls:
             raise ConfigError(f'source {source!r}: type url needs urls = ["https://...", ...]')
@@ -79,9 +80,7 @@ class UrlOptions:
                 raise ConfigError(f"source {source!r}: {url!r} is not an http(s) URL")
         if len(set(urls)) != len(urls):
             raise ConfigError(f"source {source!r}: urls lists a URL twice")
-        refresh = options.get("refresh", DEFAULT_REFRESH_S)
-        if refresh < 0:
-            raise ConfigError(f"source {source!r}: refresh must be seconds >= 0, got {refresh!r}")
+        refresh = options.get("refresh", DEFAULT_REFRESH_S)  # in range (check_options)
         return cls(urls=tuple(urls), refresh_s=float(refresh))
 
 
@@ -293,13 +292,17 @@ class CrawlStats:
 
 def _fetch_all(
     due: Sequence[str], state: Mapping[str, Mapping[str, Any]], fetcher: Fetcher
-) -> list[FetchResult]:
+) -> Generator[FetchResult, None, None]:
+    """Each due URL's answer, in order, fetched MAX_WORKERS at a time side by side: the bodies
+    held at once are one window's (each at most MAX_BODY_BYTES), whatever the list's length."""
     if not due:
-        return []
+        return
     with ThreadPoolExecutor(
         max_workers=min(MAX_WORKERS, len(due)), thread_name_prefix="voxrecall-crawl"
     ) as pool:
-        return list(pool.map(lambda u: fetcher(u, state.get(u)), due))
+        for start in range(0, len(due), MAX_WORKERS):
+            window = due[start : start + MAX_WORKERS]
+            yield from pool.map(lambda u: fetcher(u, state.get(u)), window)
 
 
 def crawl_urls(
@@ -308,11 +311,16 @@ def crawl_urls(
     state_file: Path,
     now: float,
     fetcher: Fetcher = fetch,
+    *,
+    budget: PageBytes | None = None,
 ) -> tuple[list[Page], list[SkippedPage], CrawlStats]:
     """The pages of every URL: fetched (conditionally) when due, else from the crawl state.
 
-    Writes the updated crawl state atomically before returning.
+    Writes the updated crawl state atomically before returning. Raises BaseTooLarge, writing
+    nothing, when the pages pass ``budget`` (counted as each URL is fetched; default: this
+    source's own).
     """
+    budget = budget or PageBytes(source)
     old = _read_state(state_file)
     state: dict[str, dict[str, Any]] = {u: dict(old[u]) for u in options.urls if u in old}
     stats = CrawlStats()
@@ -322,24 +330,13 @@ def crawl_urls(
     ]  # fmt: skip
     stats.not_due = len(options.urls) - len(due)
     stats.requested = len(due)
-    for url, result in zip(due, _fetch_all(due, state, fetcher), strict=True):
-        entry = state.get(url)
-        if isinstance(result, NotModified) and entry is not None:
-            stats.not_modified += 1
-            entry["fetched_at"] = now
-        elif isinstance(result, Fetched):
-            stats.downloaded += 1
-            state[url] = _entry(source, url, result, entry, now)
-        elif isinstance(result, Failed) and result.gone:
-            stats.failed += 1
-            state[url] = {"fetched_at": now, "skipped": result.reason, "pages": []}
-        else:
-            stats.failed += 1
-            reason = result.reason if isinstance(result, Failed) else "304 with no stored copy"
-            if entry is not None and entry.get("pages"):
-                log.warning("%s: %s; keeping the copy fetched before", url, reason)
-            else:  # fetched_at 0: due again at the next crawl
-                state[url] = {"fetched_at": 0.0, "skipped": reason, "pages": []}
+    fresh = frozenset(due)
+    for url in (u for u in state if u not in fresh):  # each URL's pages counted once
+        budget.take(*_pages_from(source, state[url]))
+    with closing(_fetch_all(due, state, fetcher)) as results:  # a refusal ends the fetching
+        for url, result in zip(due, results, strict=True):
+            _take(url, result, state, stats, now, source)
+            budget.take(*_pages_from(source, state[url]))
     pages: list[Page] = []
     skipped: list[SkippedPage] = []
     for url in options.urls:
@@ -356,6 +353,34 @@ def crawl_urls(
         stats.downloaded, stats.failed,
     )  # fmt: skip
     return pages, skipped, stats
+
+
+def _take(
+    url: str,
+    result: FetchResult,
+    state: dict[str, dict[str, Any]],
+    stats: CrawlStats,
+    now: float,
+    source: str,
+) -> None:
+    """``url``'s answer into its crawl state entry (a copy fetched before is kept on an error)."""
+    entry = state.get(url)
+    if isinstance(result, NotModified) and entry is not None:
+        stats.not_modified += 1
+        entry["fetched_at"] = now
+    elif isinstance(result, Fetched):
+        stats.downloaded += 1
+        state[url] = _entry(source, url, result, entry, now)
+    elif isinstance(result, Failed) and result.gone:
+        stats.failed += 1
+        state[url] = {"fetched_at": now, "skipped": result.reason, "pages": []}
+    else:
+        stats.failed += 1
+        reason = result.reason if isinstance(result, Failed) else "304 with no stored copy"
+        if entry is not None and entry.get("pages"):
+            log.warning("%s: %s; keeping the copy fetched before", url, reason)
+        else:  # fetched_at 0: due again at the next crawl
+            state[url] = {"fetched_at": 0.0, "skipped": reason, "pages": []}
 
 
 def _entry(
