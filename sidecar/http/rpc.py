@@ -1,9 +1,11 @@
 """``Turn`` and ``Search`` as plain HTTP calls: ``POST /v1/turn`` and ``POST /v1/search``.
 
-A caller's turn over gRPC Python pays its thread hops after every idle pause (issue 19, 5: ~1.4-1.9
-ms on loopback against ~0.55 ms for an HTTP/1.1 POST to this door): these paths are the same
-methods over the HTTP door, for a client that holds an HTTP connection (aiohttp, which Pipecat
-and LiveKit Agents carry, or httpx).
+A call after an idle pause (every caller turn is one) costs gRPC Python its thread hops (issue
+19, 5: ~1.4-1.9 ms on loopback, where an HTTP/1.1 POST to a bare uvicorn app took ~0.55 ms from a
+lean asyncio client and ~1.15 from aiohttp): these paths are the same methods over the HTTP door,
+for a client that holds an HTTP connection (aiohttp, which Pipecat and LiveKit Agents carry, or
+httpx). End to end a turn gains little by it (bench/README.md, "Turn over HTTP against DIY,
+session 18").
 
 The body is the method's request in proto3's JSON mapping, read by protobuf's own parser
 (``json_format.ParseDict``: the proto's field names or their lowerCamelCase, enums by name or
