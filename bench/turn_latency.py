@@ -35,8 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import numpy as np
+import orjson
+from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import diy_turn
@@ -112,6 +115,7 @@ class Run:
     samples: list[Sample] = field(default_factory=list)
     reranked: list[bool] = field(default_factory=list)  # per turn: the reranker's order
     answer: pb.TurnResponse | None = None  # the last searched turn's answer (bench.grpc_floor's)
+    answer_json: bytes = b""  # the same over HTTP, as sent (bench.http_floor's)
 
 
 # -- the workload ----------------------------------------------------------------------------
@@ -191,15 +195,20 @@ def start_rerank_server(latency_s: float) -> tuple[subprocess.Popen[str], int]:
 
 
 async def start_sidecar(
-    config: Config, budget_ms: int, rerank_port: int = 0
+    config: Config, budget_ms: int, rerank_port: int = 0, http_port: int = 0
 ) -> tuple[asyncio.subprocess.Process, int]:
+    """A sidecar process over ``config`` (with its HTTP door on ``http_port`` when given) and
+    its gRPC port, once it serves."""
     assert config.path is not None
     text = config.path.read_text(encoding="utf-8")
     if rerank_port:
         table = f'[knowledge_base.rerank]\nbase_url = "http://127.0.0.1:{rerank_port}/v1"\n\n'
         text = text.replace("[index]", table + "[index]")
     scenario = config.path.with_name("scenario.toml")
-    scenario.write_text(text + f"budget_ms = {budget_ms}\n", encoding="utf-8")
+    text += f"budget_ms = {budget_ms}\n"
+    if http_port:
+        text += f'\n[sidecar.http]\nlisten = "127.0.0.1:{http_port}"\n'
+    scenario.write_text(text, encoding="utf-8")
     port = free_port()
     listen = f"127.0.0.1:{port}"
     proc = await asyncio.create_subprocess_exec(
@@ -307,6 +316,63 @@ async def call_with_converse(
         stream.cancel()
 
 
+TURN_PATH = "/v1/turn"
+JSON_BODY = {"content-type": "application/json"}
+
+
+async def call_over_http(
+    port: int, session: str, turns: list[str], budget_ms: int, run: Run
+) -> None:
+    """One caller's turns as ``POST /v1/turn``, over one aiohttp ``ClientSession`` for the call
+    (as an agent holds one: its first turn opens the connection). The client's time takes in
+    reading the answer and its JSON, as a gRPC client's takes in parsing the message."""
+    rng = random.Random(session)
+    url = f"http://127.0.0.1:{port}{TURN_PATH}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        for text in turns:
+            await asyncio.sleep(pause_s(rng, text))
+            request = {"session_id": session, "text": text, "is_final": True}
+            body = orjson.dumps({**request, "budget_ms": budget_ms})
+            start = time.perf_counter()
+            async with http.post(url, data=body, headers=JSON_BODY) as reply:
+                data = await reply.read()
+            answer = orjson.loads(data)
+            client_ms = (time.perf_counter() - start) * 1000.0
+            if reply.status != 200:
+                raise RuntimeError(f"{url} answered {reply.status}: {data[:300]!r}")
+            resp = json_format.ParseDict(answer, pb.TurnResponse())
+            if resp.skipped == pb.NOT_SKIPPED:
+                run.answer_json = data
+            record(run, resp, client_ms, prefetched=False, text=text)
+
+
+async def drive_http(port: int, name: str, calls: list[list[str]], budget_ms: int) -> Run:
+    """The callers of ``calls`` as ``POST /v1/turn`` to ``port``, CONCURRENCY at once, paced as
+    ``drive`` paces them, after one warm-up turn."""
+    run = Run()
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(i: int, turns: list[str]) -> None:
+        async with gate:
+            await call_over_http(port, f"{name}-{i}", turns, budget_ms, run)
+
+    await one(-1, ["How do I open a new tab?"])  # warm-up: model pages
+    run.samples.clear()
+    await asyncio.gather(*(one(i, turns) for i, turns in enumerate(calls)))
+    return run
+
+
+async def run_http_turns(scenario: Scenario, config: Config, calls: list[list[str]]) -> Run:
+    """``scenario``'s callers as ``Turn`` over the sidecar's HTTP door (``drive_http``)."""
+    http_port = free_port()
+    proc, _ = await start_sidecar(config, scenario.budget_ms, http_port=http_port)
+    try:
+        return await drive_http(http_port, f"{scenario.name}_http", calls, scenario.budget_ms)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=30)
+
+
 async def run_scenario(scenario: Scenario, config: Config, calls: list[list[str]]) -> Run:
     reranker, rerank_port = (
         start_rerank_server(scenario.rerank_s) if scenario.rerank_s is not None else (None, 0)
@@ -362,6 +428,25 @@ async def grpc_floor(answer: pb.TurnResponse, calls: list[list[str]], folder: Pa
         assert proc.stdout is not None
         port = int(await asyncio.wait_for(proc.stdout.readline(), timeout=STARTUP_S))
         return await drive(port, Scenario("grpc_floor", "local", 150, converse=False), calls)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=30)
+
+
+async def http_floor(answer: bytes, calls: list[list[str]], folder: Path = WORK) -> Run:
+    """The same callers against ``bench.http_floor`` answering ``answer`` (a ``TurnResponse`` in
+    the JSON mapping, written into ``folder``) at once: what HTTP itself costs a ``Turn`` over
+    ``/v1/turn`` at this pace, measured as ``grpc_floor`` measures gRPC's."""
+    path = folder / "floor-answer.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(answer)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.http_floor", str(path), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(await asyncio.wait_for(proc.stdout.readline(), timeout=STARTUP_S))
+        return await drive_http(port, "http_floor", calls, 150)
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), timeout=30)
@@ -585,27 +670,37 @@ DIY_ROUNDS = 3
 
 
 async def diy_rounds(quick: bool) -> dict[str, Any]:
-    """``--diy``: ``local_default``, gRPC's floor (``grpc_floor``) and the DIY system over the
-    same calls, in that order, DIY_ROUNDS times."""
+    """``--diy``: ``local_default``, the same as ``Turn`` over HTTP (``/v1/turn``, aiohttp),
+    gRPC's floor (``grpc_floor``), HTTP's floor (``http_floor``) and the DIY system over the same
+    calls, in that order, DIY_ROUNDS times."""
     calls = workload(quick)
     config = write_config(WORK / "local", "local", 0)
     await asyncio.to_thread(build, config, "local")
     scenario = SCENARIOS[0]
     rounds = []
+    loads = [os.getloadavg()]
     for _ in range(DIY_ROUNDS):
         turn_run = await run_scenario(scenario, config, calls)
         summary = summarise(scenario, turn_run)
+        http_run = await run_http_turns(scenario, config, calls)
         floor = await grpc_floor(turn_run.answer or pb.TurnResponse(), calls)
+        floor_http = await http_floor(http_run.answer_json or b"{}", calls)
         rounds.append(against_diy(summary, turn_run, await run_diy(config, calls), calls))
         rounds[-1].update(floor_beside(rounds[-1], floor))
+        rounds[-1].update(http_beside(rounds[-1], http_run, floor_http))
+        loads.append(os.getloadavg())
         print(json.dumps(rounds[-1]), flush=True)
     ratios = sorted(r["turn_over_diy_p50"] for r in rounds)
+    http_ratios = sorted(r["turn_http_over_diy_p50"] for r in rounds)
     return {
         "concurrency": CONCURRENCY,
         "turns": sum(len(c) for c in calls),
         "rounds": rounds,
         "median_turn_over_diy_p50": ratios[len(ratios) // 2],
+        "median_turn_http_over_diy_p50": http_ratios[len(http_ratios) // 2],
         "load_average": os.getloadavg(),
+        # at the start and after each round: (1, 5, 15 minutes)
+        "load_averages": loads,
     }
 
 
@@ -618,6 +713,28 @@ def floor_beside(round_: dict[str, Any], floor: Run) -> dict[str, Any]:
     return {
         "grpc_floor": measured,
         "turn_rpc_above_floor_p50_ms": round(rpc - measured["p50_ms"], 2),
+    }
+
+
+def http_beside(round_: dict[str, Any], http_run: Run, floor: Run) -> dict[str, Any]:
+    """``Turn`` over HTTP (``/v1/turn``) in the same round, by the client's clock: its p50 against
+    the round's DIY p50, its RPC share (the client's time less ``timings.total_ms``, per searched
+    turn) and HTTP's floor at this pace (``http_floor``)."""
+    samples = http_run.samples
+    searched = [x for x in samples if not x.skipped]
+    mine = percentiles([x.client_ms for x in samples])
+    rpc = percentiles([x.client_ms - x.server_ms for x in searched])
+    measured = percentiles([x.client_ms for x in floor.samples])
+    diy = round_.get("diy", {}).get("p50_ms", 0.0)
+    return {
+        "turn_http_client": mine,
+        "turn_http_client_searched": percentiles([x.client_ms for x in searched]),
+        "turn_http_server": percentiles([x.server_ms for x in samples]),
+        "turn_http_rpc": rpc,
+        "http_floor": measured,
+        "turn_http_rpc_above_floor_p50_ms": round(rpc["p50_ms"] - measured["p50_ms"], 2),
+        "turn_http_over_diy_p50": round(mine["p50_ms"] / diy, 3) if diy else 0.0,
+        "turn_http_goal_met": bool(diy) and mine["p50_ms"] <= diy,
     }
 
 

@@ -29,18 +29,19 @@ from tests.hardening_kit import TOKEN_A, running
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
 SECTION = README.split("## Hosted voice platforms", 1)[1].split("\n## ", 1)[0]
+CALLING = README.split("## Call it from anything", 1)[1].split("\n## ", 1)[0]
 VAPI_SECRET = "vapi-secret-for-readme-0001"
 WEBHOOK_SECRET = "webhook-secret-for-readme-0001"
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", SECTION, flags=re.DOTALL)
+def blocks(language: str, section: str = SECTION) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.DOTALL)
 
 
-def curls() -> list[list[str]]:
+def curls(section: str = SECTION) -> list[list[str]]:
     """Each `curl` of the section's shell blocks, as its arguments (continued lines joined)."""
     commands = []
-    for block in blocks("sh"):
+    for block in blocks("sh", section):
         for command in block.replace("\\\n", " ").splitlines():
             if command.startswith("curl "):
                 commands.append(shlex.split(command)[1:])
@@ -171,3 +172,20 @@ def test_the_readmes_retell_schema_is_what_list_tools_gives(example_config: Conf
     (schema,) = (json.loads(b) for b in blocks("json"))
     (function,) = Toolbox.from_config(example_config)
     assert schema == function.realtime()["parameters"]
+
+
+async def test_the_plain_turn_curl_is_answered_as_written(
+    example_config: Config, local_embedder: Embedder
+) -> None:
+    """The curl to ``/v1/turn`` in "Call it from anything", with the token its sentence names:
+    the example base's answer, in the response's JSON mapping."""
+    (args,) = curls(CALLING)
+    path, headers, body = request(args)
+    assert path == "/v1/turn"
+    headers["authorization"] = f"Bearer {TOKEN_A}"
+    async with running(example_config, local_embedder) as sc, httpx2.AsyncClient() as http:
+        reply = await http.post(
+            f"http://127.0.0.1:{sc.http_port}{path}", content=body, headers=headers
+        )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["chunks"][0]["source_path"] == "reset-password.md"

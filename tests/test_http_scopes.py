@@ -1,4 +1,5 @@
-"""One suite of scope cases, run against every door: gRPC, MCP over HTTP, and the webhooks.
+"""One suite of scope cases, run against every door: gRPC, Turn over HTTP (``/v1/turn``), MCP
+over HTTP, and the webhooks.
 
 Each case is a token and something it tries to reach (a function, a page, a base); the answer
 (reached or refused) must be the same through every door that offers a way to it.
@@ -59,7 +60,7 @@ CASES = [
     (TOKEN_B, "base", "help", False),
 ]
 # the kinds each door has a way to
-DOORS = {"grpc": {"function", "page", "base"}, "mcp": {"function", "page"}, "webhooks": {"function", "base"}}  # fmt: skip
+DOORS = {"grpc": {"function", "page", "base"}, "plain": {"base"}, "mcp": {"function", "page"}, "webhooks": {"function", "base"}}  # fmt: skip
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -144,6 +145,13 @@ async def through_webhooks(sc: Sidecar, token: str, kind: str, target: str) -> b
     return reply.status_code == 200
 
 
+async def through_plain(sc: Sidecar, token: str, kind: str, target: str) -> bool:
+    turn = {"session_id": "s", "text": "reset", "knowledge_base": target, "is_final": True}
+    reply = await post(sc, token, "/v1/turn", orjson.dumps(turn))
+    assert reply.status_code in (200, 404), reply.text
+    return reply.status_code == 200
+
+
 async def post(sc: Sidecar, token: str, path: str, body: bytes) -> httpx2.Response:
     stamp = str(int(time.time()))
     signature = hmac.new(SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
@@ -158,7 +166,12 @@ async def post(sc: Sidecar, token: str, path: str, body: bytes) -> httpx2.Respon
         )
 
 
-THROUGH = {"grpc": through_grpc, "mcp": through_mcp, "webhooks": through_webhooks}
+THROUGH = {
+    "grpc": through_grpc,
+    "plain": through_plain,
+    "mcp": through_mcp,
+    "webhooks": through_webhooks,
+}
 
 
 @pytest.mark.parametrize(
@@ -192,6 +205,12 @@ async def answer_grpc(sc: Sidecar, kind: str, name: str) -> str:
             return f"{exc.code().name} {exc.details()}"
 
 
+async def answer_plain(sc: Sidecar, kind: str, name: str) -> str:
+    turn = {"session_id": "s", "text": "reset", "knowledge_base": name, "is_final": True}
+    reply = await post(sc, TOKEN_B, "/v1/turn", orjson.dumps(turn))
+    return f"{reply.status_code} {reply.text}"
+
+
 async def answer_mcp(sc: Sidecar, kind: str, name: str) -> str:
     async with mcp(sc, TOKEN_B) as session:
         result = await session.call_tool(name, {"query": "refund"})
@@ -203,7 +222,12 @@ async def answer_webhooks(sc: Sidecar, kind: str, name: str) -> str:
     return f"{reply.status_code} {reply.text}"
 
 
-ANSWER = {"grpc": answer_grpc, "mcp": answer_mcp, "webhooks": answer_webhooks}
+ANSWER = {
+    "grpc": answer_grpc,
+    "plain": answer_plain,
+    "mcp": answer_mcp,
+    "webhooks": answer_webhooks,
+}
 
 
 @pytest.mark.parametrize(
@@ -211,6 +235,7 @@ ANSWER = {"grpc": answer_grpc, "mcp": answer_mcp, "webhooks": answer_webhooks}
     [
         ("grpc", "function", 'True {"error":{"type":"unknown_function"'),
         ("grpc", "base", "NOT_FOUND unknown knowledge base"),
+        ("plain", "base", '404 {"error":{"code":"NOT_FOUND","message":"unknown knowledge base'),
         ("mcp", "function", 'True {"error":{"type":"unknown_function"'),
         ("webhooks", "function", '404 {"error":{"code":"NOT_FOUND"'),
     ],

@@ -151,6 +151,11 @@ def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
     )
 
 
+def policy_for(engine: Engine, kb: str) -> BasePolicy:
+    """The policy of base ``kb`` (empty: the default base), whose words an answer carries."""
+    return engine.policy(kb or engine.default_knowledge_base)
+
+
 # A ReadPageResponse's bytes beyond its strings: eight fields' tags and lengths.
 PAGE_FRAMING_BYTES = 64
 
@@ -262,7 +267,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         return search_response(result, self._policy(request.knowledge_base))
 
     def _policy(self, kb: str) -> BasePolicy:
-        return self.engine.policy(kb or self.engine.default_knowledge_base)
+        return policy_for(self.engine, kb)
 
     @_errors
     async def EndSession(

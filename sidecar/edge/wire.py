@@ -83,6 +83,11 @@ class EncodedResponse:
             self._message = self.kind.FromString(self.data)
         return self._message
 
+    @property
+    def parsed(self) -> Any:
+        """The message a hook parsed (and may have changed), or None where none did."""
+        return self._message
+
     def wire(self) -> bytes:
         """The bytes to send: the message's, when a hook has read (and may have changed) it."""
         return self.data if self._message is None else self._message.SerializeToString()

@@ -1,4 +1,5 @@
-"""The HTTP door: MCP, platform webhooks and health over HTTP, beside gRPC, in the same loop.
+"""The HTTP door: Turn and Search, MCP, platform webhooks and health over HTTP, beside gRPC, in
+the same loop.
 
     door = HttpDoor(config, engine, lifecycle, guards, toolbox)
     port = door.bind("127.0.0.1:8080")         # before anything serves: a port in use stops it
@@ -6,15 +7,18 @@
     ...
     await door.stop()                          # after the drain (sidecar.edge.server.Sidecar.stop)
 
-Paths: ``/mcp`` (MCP streamable HTTP, ``sidecar.http.mcp``), ``POST /vapi/knowledge-base`` and
-``POST /tools/{function}`` (``sidecar.http.webhooks``), ``GET /healthz`` (the process is up) and
+Paths: ``POST /v1/turn`` and ``POST /v1/search`` (the gRPC methods, their messages in proto3's
+JSON mapping, ``sidecar.http.rpc``), ``/mcp`` (MCP streamable HTTP, ``sidecar.http.mcp``),
+``POST /vapi/knowledge-base`` and ``POST /tools/{function}`` (``sidecar.http.webhooks``),
+``GET /healthz`` (the process is up) and
 ``GET /readyz`` (200 once every base has a snapshot; 503 while loading or draining). Health
 needs no token, as on gRPC.
 
 Every other call runs the hooks a gRPC call runs (``sidecar.edge.guards``: the log context, metrics,
 the bearer token and the caller's scope, the drain gate, the concurrency limit, the byte limits
 of each field), on a ``Call`` whose door is ``http``, and checks the same proto messages
-(``TurnRequest``, ``InvokeToolRequest``, ``ReadPageRequest``) a gRPC client would send: whatever
+(``TurnRequest``, ``SearchRequest``, ``InvokeToolRequest``, ``ReadPageRequest``) a gRPC client
+would send: whatever
 the token could not reach over gRPC it cannot reach here. The body is read after the token's
 check and before the concurrency slot is taken (``HttpDoor._admit``). A body over ``[sidecar.http]
 max_body_bytes`` is refused (413) before it is read whole, and one with more JSON objects and
@@ -81,6 +85,7 @@ from sidecar.errors import (
 )
 from sidecar.functions.tools import Toolbox
 from sidecar.http.mcp import McpDoor, initialize_refusal, session_refusal
+from sidecar.http.rpc import SEARCH_PATH, TURN_PATH, PlainCalls
 from sidecar.http.webhooks import Reply, Webhooks
 from sidecar.turn.engine import Engine
 
@@ -89,7 +94,10 @@ log = logging.getLogger("voxrecall.http")
 MCP_PATH = "/mcp"
 VAPI_PATH = "/vapi/knowledge-base"
 TOOLS_PREFIX = "/tools/"
-PATHS = f"{MCP_PATH}, {VAPI_PATH}, {TOOLS_PREFIX}{{function}}, /healthz, /readyz"
+PATHS = (
+    f"{TURN_PATH}, {SEARCH_PATH}, {MCP_PATH}, {VAPI_PATH}, {TOOLS_PREFIX}{{function}}, /healthz, "
+    "/readyz"
+)
 # A 405's code: the gRPC status name a path asked with a method it does not take maps to (as
 # grpc-gateway maps its 405s), not INVALID_ARGUMENT, which says the request's content was wrong.
 METHOD_NOT_ALLOWED = grpc.StatusCode.UNIMPLEMENTED.name
@@ -346,6 +354,7 @@ class HttpDoor:
         self.auth = guards.auth
         self.mcp = McpDoor(config, engine, toolbox, guards.auth)
         self.webhooks = Webhooks(config, engine, toolbox)
+        self.plain = PlainCalls(engine, lifecycle)
         self._server: _InLoopServer | None = None
         self._serving: asyncio.Task[None] | None = None
         self._mcp_task: asyncio.Task[None] | None = None
@@ -363,11 +372,15 @@ class HttpDoor:
             await self._health(path, scope, send)
         elif path.rstrip("/") == MCP_PATH:
             await self._mcp(scope, receive, send)
+        elif path == TURN_PATH:
+            await self._posted("Turn", scope, receive, send, self.plain.turn)
+        elif path == SEARCH_PATH:
+            await self._posted("Search", scope, receive, send, self.plain.search)
         elif path == VAPI_PATH:
-            await self._webhook("Vapi", scope, receive, send, self.webhooks.vapi)
+            await self._posted("Vapi", scope, receive, send, self.webhooks.vapi)
         elif path.startswith(TOOLS_PREFIX) and len(path) > len(TOOLS_PREFIX):
             function = path[len(TOOLS_PREFIX) :]
-            await self._webhook(
+            await self._posted(
                 "Tool", scope, receive, send, lambda c, h, b: self.webhooks.tool(c, function, h, b)
             )
         else:
@@ -401,9 +414,11 @@ class HttpDoor:
             return None
         return self.auth.reachable_bases(caller, bases)
 
-    async def _webhook(
+    async def _posted(
         self, method: str, scope: Scope, receive: Receive, send: Send, handler: Handler
     ) -> None:
+        """A path that takes a POST body (Turn, Search, the webhooks): the call as ``method``,
+        its hooks, its body, ``handler``'s answer."""
         if scope["method"] != "POST":
             error = {"code": METHOD_NOT_ALLOWED, "message": f"{scope['path']} takes POST"}
             await respond(send, 405, orjson.dumps({"error": error}), [(b"allow", b"POST")])
