@@ -18,6 +18,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import orjson
 import uvicorn
 from google.protobuf import json_format
 
@@ -40,7 +41,8 @@ def app(answer: bytes) -> Any:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        json_format.Parse(b"".join(chunks), pb.TurnRequest())  # as the door reads it
+        # parsed as the door parses it (sidecar.http.rpc.read_request)
+        json_format.ParseDict(orjson.loads(b"".join(chunks)), pb.TurnRequest())
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
 

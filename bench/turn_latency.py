@@ -336,10 +336,10 @@ async def call_over_http(
             start = time.perf_counter()
             async with http.post(url, data=body, headers=JSON_BODY) as reply:
                 data = await reply.read()
-            answer = orjson.loads(data)
             client_ms = (time.perf_counter() - start) * 1000.0
             if reply.status != 200:
                 raise RuntimeError(f"{url} answered {reply.status}: {data[:300]!r}")
+            answer = orjson.loads(data)
             resp = json_format.ParseDict(answer, pb.TurnResponse())
             if resp.skipped == pb.NOT_SKIPPED:
                 run.answer_json = data

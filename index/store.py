@@ -263,8 +263,7 @@ class LocalStore:
         of their two versions, which every sidecar then refuses as a stale store's answer."""
         base = self.base_dir(knowledge_base)
         _mkdir_readable(base)
-        with open(base / PUBLISH_LOCK, "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        with _locked(base / PUBLISH_LOCK):
             yield
 
     def publish_copy(self, knowledge_base: str, source: Path, keep: int = 3) -> Path | None:
@@ -471,6 +470,29 @@ def _write_record(record: Path | None, stats: Stats) -> None:
         write_atomic(record, orjson.dumps(data))
     except OSError as exc:
         log.warning("could not record the verification of %s: %s", record.parent, exc)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """``path`` held with ``flock`` (released when the file closes, or the process ends); a
+    file that cannot be made or locked is a one-line SnapshotError saying so."""
+    try:
+        lock = open(path, "a+b")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise SnapshotError(_cannot_lock(path, exc)) from exc
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise SnapshotError(_cannot_lock(path, exc)) from exc
+        yield
+
+
+def _cannot_lock(path: Path, exc: OSError) -> str:
+    return (
+        f"{path}: cannot lock it to publish ({exc.strerror or exc}): the publisher needs to "
+        "write the base's folder, on a file system that has flock"
+    )
 
 
 def _mkdir_readable(path: Path) -> None:

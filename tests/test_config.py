@@ -474,7 +474,6 @@ def test_a_source_options_type_is_checked_where_the_file_is_read(
 SOURCE_NUMBERS = [
     ({"type": "markdown", "path": "kb"}, "max_page_bytes", "from 1 to 1073741824 (bytes)"),
     ({"type": "image", "path": "kb"}, "max_image_bytes", "from 1 to 1073741824 (bytes)"),
-    ({"type": "url", "urls": ["https://example.com/"]}, "refresh", "from 0 to 31536000 (seconds)"),
 ]
 
 
@@ -483,14 +482,26 @@ SOURCE_NUMBERS = [
 def test_every_number_of_a_source_has_a_top_checked_where_the_file_is_read(
     tmp_path: Path, source: dict[str, Any], key: str, allowed: str, value: float
 ) -> None:
-    """Attack s18: max_page_bytes, max_image_bytes and refresh were the numbers without a top
-    (2**63-1 taken), their low end checked only when a build read the source."""
+    """Attack s18: max_page_bytes and max_image_bytes were the numbers without a top (2**63-1
+    taken), their low end checked only when a build read the source."""
     with pytest.raises(ConfigError) as info:
         parse_config(source_with(name="help", **source, **{key: value}), base=tmp_path)
     assert str(info.value) == (
         f"<config> [[knowledge_base]] #1: source 'help': {key} must be {allowed}, "
         f"got {quoted(value)}"
     )
+
+
+def test_a_url_sources_refresh_has_no_top_and_is_refused_below_zero_where_the_file_is_read(
+    tmp_path: Path,
+) -> None:
+    """``refresh`` has no top (nothing is sized by it; configs with years in it loaded before
+    tops came); a negative one is refused when the file is read, not when a build reaches it."""
+    url = {"type": "url", "urls": ["https://example.com/"]}
+    parse_config(source_with(name="help", **url, refresh=2**63 - 1), base=tmp_path)
+    with pytest.raises(ConfigError) as info:
+        parse_config(source_with(name="help", **url, refresh=-1), base=tmp_path)
+    assert str(info.value).endswith("source 'help': refresh must be >= 0 (seconds), got -1")
 
 
 @pytest.mark.parametrize("value", [2**63 - 1, 0])
@@ -509,7 +520,9 @@ def test_every_numeric_source_option_has_a_range() -> None:
     from index.config import OPTION_TYPES, SOURCE_OPTION_RANGES
 
     numbers = {k for k, t in OPTION_TYPES.items() if t in (int, float)}
-    assert numbers == set(SOURCE_OPTION_RANGES) == {key for _, key, _ in SOURCE_NUMBERS}
+    assert (
+        numbers == set(SOURCE_OPTION_RANGES) == {key for _, key, _ in SOURCE_NUMBERS} | {"refresh"}
+    )
 
 
 def test_every_source_option_has_a_type_to_check() -> None:

@@ -318,6 +318,11 @@ async def test_a_message_the_method_refuses_is_refused_as_grpc_refuses_it(
         ({"sourcePaths": ["a/"] * 40_000}, "sourcePaths has 40000 entries"),
         ({"filters": [{"field": "f", "anyOf": ["a"] * 50_000}]}, "filters.anyOf has 50000"),
         ({"filters": [{}] * 20_000}, "filters has 20000 entries"),
+        # each list within its entries, together 61,000 values: the engine's limit of filters
+        (
+            {"filters": [{"field": "f", "any_of": ["a"] * 256}] * 240},
+            "240 filters; the limit is 16",
+        ),
     ],
 )
 async def test_a_list_over_its_entries_is_refused_before_protobufs_parser_walks_it(

@@ -683,3 +683,20 @@ def _publish_into(store: LocalStore, staging: Path, outcome: list[BaseException 
         outcome.append(store.publish(KB, staging, version_id(2)))
     except SnapshotError as exc:
         outcome.append(exc)
+
+
+def test_a_lock_that_cannot_be_taken_is_refused_in_one_line_and_nothing_moves(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "published"
+    write_version(root, version_id(1), EMBEDDER)
+    store = LocalStore(root)
+    (root / KB / index.store.PUBLISH_LOCK).mkdir()  # not a file anyone can lock
+    staging = store.staging_dir(KB)
+    (staging / MANIFEST).write_bytes(b"{}")
+    with pytest.raises(SnapshotError) as refused:
+        store.publish(KB, staging, version_id(2))
+    assert "cannot lock it to publish" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert store.latest(KB) == version_id(1)
+    assert staging.is_dir()  # the build's folder is left for its caller to clean

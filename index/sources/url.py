@@ -20,8 +20,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Generator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,16 +294,22 @@ class CrawlStats:
 def _fetch_all(
     due: Sequence[str], state: Mapping[str, Mapping[str, Any]], fetcher: Fetcher
 ) -> Generator[FetchResult, None, None]:
-    """Each due URL's answer, in order, fetched MAX_WORKERS at a time side by side: the bodies
-    held at once are one window's (each at most MAX_BODY_BYTES), whatever the list's length."""
+    """Each due URL's answer, in order, at most MAX_WORKERS fetched or held at a time: the next
+    URL starts as the oldest answer is taken, so a slow one holds up no window of others, and
+    the bodies held at once are MAX_WORKERS' (each at most MAX_BODY_BYTES) whatever the list's
+    length."""
     if not due:
         return
     with ThreadPoolExecutor(
         max_workers=min(MAX_WORKERS, len(due)), thread_name_prefix="voxrecall-crawl"
     ) as pool:
-        for start in range(0, len(due), MAX_WORKERS):
-            window = due[start : start + MAX_WORKERS]
-            yield from pool.map(lambda u: fetcher(u, state.get(u)), window)
+        pending: deque[Future[FetchResult]] = deque()
+        for url in due:
+            if len(pending) == MAX_WORKERS:
+                yield pending.popleft().result()
+            pending.append(pool.submit(fetcher, url, state.get(url)))
+        while pending:
+            yield pending.popleft().result()
 
 
 def crawl_urls(

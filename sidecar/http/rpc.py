@@ -41,12 +41,13 @@ from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import MAX_REPEATED
 from sidecar.edge.service import policy_for, search_input, turn_input
 from sidecar.edge.wire import EncodedResponse, search_response, turn_response
-from sidecar.errors import InvalidArgument
+from sidecar.errors import FilterRefused, InvalidArgument
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.http.webhooks import Reply
 from sidecar.turn.engine import BasePolicy, Engine, SearchResult, Timings, TurnResult
 from sidecar.turn.hits import Hit
 from sidecar.turn.rerank import Status as RerankStatus
+from sidecar.turn.scope import MAX_FILTERS
 from sidecar.turn.skip import Skip
 
 if TYPE_CHECKING:
@@ -69,9 +70,9 @@ def read_request(body: bytes, kind: type[_Req]) -> _Req:
     """``body`` read as ``kind`` in proto3's JSON mapping, or ``InvalidArgument`` (400) saying
     what is wrong and what to send. The JSON is read by orjson (C, nested at most 1,024 deep; a
     key sent twice, the last), each list the message can hold is held to ``MAX_REPEATED``
-    entries, as the hooks hold a repeated field (``FieldLimits``), and only then does protobuf's
-    parser (``ParseDict``, Python, a few microseconds an entry) walk it: a body of 65,000
-    one-letter ``sources`` (254 KB) held the event loop 101 ms there."""
+    entries (``filters`` to ``MAX_FILTERS``), as the hooks and the engine hold them, and only
+    then does protobuf's parser (``ParseDict``, Python, a few microseconds an entry) walk it: a
+    body of 65,000 one-letter ``sources`` (254 KB) held the event loop 101 ms there."""
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -90,11 +91,15 @@ def read_request(body: bytes, kind: type[_Req]) -> _Req:
 
 def _check_lists(value: dict[str, Any]) -> None:
     """Every list where a request can hold one (a repeated field; a filter's ``any_of``) within
-    ``MAX_REPEATED`` entries: refused as ``FieldLimits`` refuses it, before the parser walks it."""
+    ``MAX_REPEATED`` entries, and ``filters`` within ``MAX_FILTERS``: refused as ``FieldLimits``
+    and the engine refuse them, before the parser walks them (256 filters of 256 values each,
+    in 250 KB, held the loop ~100 ms in protobuf's parser)."""
     for key, field in value.items():
         if not isinstance(field, list):
             continue
         _check_entries(key, field)
+        if key == "filters" and len(field) > MAX_FILTERS:
+            raise FilterRefused(f"{len(field)} filters; the limit is {MAX_FILTERS}")
         for entry in field:
             if isinstance(entry, dict):
                 for inner_key, inner in entry.items():
