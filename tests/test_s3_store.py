@@ -460,16 +460,6 @@ def test_index_publish_to_s3_uploads_what_an_s3_store_reads(
     assert store.latest(KB) == version_id(2)
 
 
-def test_index_publish_to_a_missing_bucket_says_so(
-    moto_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = _config_file(tmp_path, moto_server.url)
-    write_version(tmp_path / "built", version_id(1), EMBEDDER)
-    to = "s3://no-such-bucket-here/x"
-    assert main(["index", "publish", "--config", str(config), "--to", to]) == 2
-    assert "no-such-bucket-here" in capsys.readouterr().err
-
-
 async def test_a_sidecar_serves_the_bases_of_an_s3_store(
     moto_server: Any, bucket: tuple[Any, str], tmp_path: Path
 ) -> None:

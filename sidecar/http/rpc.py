@@ -193,43 +193,38 @@ def _chunk(hit: Hit) -> dict[str, Any]:
     """A ``Chunk`` field's value: its fields in the proto's order, those at their defaults left
     out."""
     chunk = hit.chunk
-    out: dict[str, Any] = {}
-    if chunk.chunk_id:
-        out["chunk_id"] = chunk.chunk_id
-    if hit.knowledge_base:
-        out["knowledge_base"] = hit.knowledge_base
-    if chunk.source:
-        out["source"] = chunk.source
-    if chunk.source_path:
-        out["source_path"] = chunk.source_path
-    if chunk.title:
-        out["title"] = chunk.title
-    if chunk.breadcrumbs:
-        out["breadcrumbs"] = chunk.breadcrumbs
-    if chunk.text:
-        out["text"] = chunk.text
-    score = json_float(hit.score)
-    if score is not None:
-        out["score"] = score
-    if chunk.url:
-        out["url"] = chunk.url
-    if chunk.metadata:
-        out["metadata"] = {key: meta_text(value) for key, value in chunk.metadata.items()}
-    return out
+    metadata = chunk.metadata
+    return _set(
+        (
+            ("chunk_id", chunk.chunk_id),
+            ("knowledge_base", hit.knowledge_base),
+            ("source", chunk.source),
+            ("source_path", chunk.source_path),
+            ("title", chunk.title),
+            ("breadcrumbs", chunk.breadcrumbs),
+            ("text", chunk.text),
+            ("score", json_float(hit.score)),
+            ("url", chunk.url),
+            ("metadata", {key: meta_text(value) for key, value in metadata.items()}),
+        )
+    )
+
+
+def _set(fields: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """The fields not at their defaults (an empty text, list or map; a float ``json_float``
+    leaves out), as protobuf's JSON mapping writes them; -0.0, a float, is kept."""
+    return {name: value for name, value in fields if value or type(value) is float}
 
 
 def _timings(timings: Timings) -> dict[str, Any]:
     """The ``timings`` field (always sent: ``{}`` when all three are zero)."""
-    out: dict[str, Any] = {}
-    for name, value in (
-        ("embed_ms", timings.embed_ms),
-        ("search_ms", timings.search_ms),
-        ("total_ms", timings.total_ms),
-    ):
-        written = json_float(value)
-        if written is not None:
-            out[name] = written
-    return out
+    return _set(
+        (
+            ("embed_ms", json_float(timings.embed_ms)),
+            ("search_ms", json_float(timings.search_ms)),
+            ("total_ms", json_float(timings.total_ms)),
+        )
+    )
 
 
 def _put_hits(out: dict[str, Any], name: str, hits: Sequence[Hit]) -> None:
@@ -273,15 +268,13 @@ def turn_json(result: TurnResult, policy: BasePolicy) -> bytes:
 def _followup(result: TurnResult) -> dict[str, Any]:
     """The ``followup`` field (always sent, as protobuf's was)."""
     followup = result.followup
-    out: dict[str, Any] = {}
-    if followup.used:
-        out["used"] = followup.used
-    if followup.source:
-        out["source"] = followup.source
-    confidence = json_float(followup.confidence)
-    if confidence is not None:
-        out["confidence"] = confidence
-    return out
+    return _set(
+        (
+            ("used", followup.used),
+            ("source", followup.source),
+            ("confidence", json_float(followup.confidence)),
+        )
+    )
 
 
 def search_json(result: SearchResult, policy: BasePolicy) -> bytes:
