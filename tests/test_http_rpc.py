@@ -260,6 +260,9 @@ BAD_BODIES = [
     (b'{"budget_ms": 1.5}', "Failed to parse budget_ms field"),
     (b'{"filters": [{"field": "tags", "any_of": "a"}]}', "Failed to parse filters field"),
     (orjson.dumps({"speaker": "X" * 10_000}), "..."),  # the complaint is cut
+    # a value 1,000 deep where a list goes: protobuf's complaint recursed (a 500 and a traceback)
+    (b'{"text": "x", "sources": ' + b'{"a":' * 1000 + b"1" + b"}" * 1001, "nested too deep"),
+    (b'{"text": "x", "filters": ' + b"[" * 1000 + b"]" * 1000 + b"}", "nested too deep"),
 ]
 
 

@@ -82,6 +82,8 @@ def read_request(body: bytes, kind: type[_Req]) -> _Req:
     _check_lists(value)
     try:
         return json_format.ParseDict(value, kind())
+    except RecursionError:  # a value ~1,000 deep where a text or list goes: its repr recursed
+        raise _not_a(kind, "a value nested too deep for its field") from None
     except json_format.ParseError as exc:
         complaint = str(exc)
         if len(complaint) > MAX_COMPLAINT:
