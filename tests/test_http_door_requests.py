@@ -313,3 +313,63 @@ async def test_an_https_client_at_the_plain_door_is_logged_as_one_once_per_many(
     # a request that is merely bad is still logged as one
     await test_http_door.exchange(sidecar, BAD_REQUESTS[0])
     assert "not valid HTTP/1.1" in door_lines(caplog, logging.WARNING)[0]
+
+
+CHUNK_BOUND = 1024  # max_chunks at this door's 16 KiB max_body_bytes (MIN_MAX_CHUNKS)
+
+
+def in_chunks(body: bytes, size: int) -> bytes:
+    pieces = (body[i : i + size] for i in range(0, len(body), size))
+    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces)
+
+
+@pytest.mark.parametrize(
+    ("request_head", "answered"),
+    [
+        (chunked("/mcp", "content-type: application/json"), b"HTTP/1.1 401 "),  # dropped
+        (chunked("/vapi/knowledge-base", "content-type: application/json"), b""),  # read
+    ],
+    ids=["refused", "read"],
+)
+async def test_a_body_in_more_chunks_than_the_bound_is_cut_there(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, request_head: bytes, answered: bytes
+) -> None:
+    """A body of 1-byte chunks, one more than the bound, to a path that refuses it unread
+    (401) and one that reads it: the connection is cut at its last chunk, unanswered (or after
+    the 401), where the door read it all (the parser calls Python once per chunk, and no limit
+    in bytes counted its framing, 6 wire bytes for each body byte: a client with no token held
+    the event loop over a second with 100 MB of them)."""
+    assert sidecar.http is not None
+    monkeypatch.setattr(http_door, "REQUEST_TIMEOUT_S", 600)  # only the bound closes it
+    reader, writer = await connect(sidecar)
+    writer.write(request_head)
+    got = await answer(reader) if answered else b""  # the 401 goes out after the head
+    writer.write(in_chunks(b"{" + b" " * CHUNK_BOUND, 1) + b"0\r\n\r\n")
+    with contextlib.suppress(ConnectionResetError):
+        async with asyncio.timeout(LIVENESS_S):
+            got += await reader.read()
+    assert got.startswith(answered) if answered else got == b"", got
+    assert sidecar.http.admission.cut_total == 1
+    writer.close()
+
+
+@pytest.mark.parametrize(("size", "count"), [(1, CHUNK_BOUND), (1024, 16)], ids=["1B", "1KiB"])
+async def test_a_body_within_the_chunk_bound_is_served_and_kept(
+    sidecar: Sidecar, size: int, count: int
+) -> None:
+    """A body of exactly the bound's 1-byte chunks, and one of max_body_bytes in 1 KiB chunks:
+    each is answered and its connection kept."""
+    assert sidecar.http is not None
+    messages = [{"role": "user", "content": "How do I export my data?"}]
+    body = orjson.dumps(test_http_door.vapi_request(messages)).ljust(size * count)  # JSON's spaces
+    reader, writer = await connect(sidecar)
+    token = f"authorization: Bearer {TOKEN_A}"
+    head = chunked("/vapi/knowledge-base", "content-type: application/json", token)
+    writer.write(head + in_chunks(body, size) + b"0\r\n\r\n")
+    got = await answer(reader)
+    assert got.startswith(b"HTTP/1.1 200 "), got
+    assert b"connection: close" not in got.lower()
+    writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
+    assert sidecar.http.admission.cut_total == 0
+    writer.close()

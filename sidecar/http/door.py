@@ -27,9 +27,10 @@ arrays than one per ``BYTES_PER_CONTAINER`` of it (400) before it is parsed
 ``BODY_TIMEOUT_S`` gets 408; a request's head over ``MAX_HEAD_BYTES`` gets 431, and one not
 whole within ``HEAD_TIMEOUT_S`` is closed (``_BoundedHead``). The rest of a request, read by the
 app or not (a body, a chunked body's trailer), must be whole within ``REQUEST_TIMEOUT_S`` of its
-call's start, its trailer within ``MAX_TRAILER_BYTES`` (read and dropped: no path sees one), or
-the connection is closed; an answer sent before its request is whole (health, 404, a refused
-token, 413) says ``connection: close``, and the connection closes once the rest has been read
+call's start, its trailer within ``MAX_TRAILER_BYTES`` (read and dropped: no path sees one), a
+chunked body in at most ``max_chunks`` chunks (``BYTES_PER_CHUNK``, ``MIN_MAX_CHUNKS``: the
+parser calls Python once per chunk, whatever its size), or the connection is closed; an answer
+sent before its request is whole (health, 404, a refused token, 413) says ``connection: close``, and the connection closes once the rest has been read
 and dropped (at most ``MAX_DROPPED_BYTES`` of it). Requests pipelined ahead of
 their answers wait in a queue of at most ``MAX_PIPELINED`` (one more closes the connection),
 and no more is read while one waits or while the client leaves its answers unread. At most
@@ -136,6 +137,15 @@ MAX_DROPPED_BYTES = 16 * 1024 * 1024
 # them to the request's headers without bound): more than this many bytes of them closes the
 # connection.
 MAX_TRAILER_BYTES = 8 * 1024
+# A chunked body's chunks: at most max_body_bytes // BYTES_PER_CHUNK of them, and never fewer
+# than MIN_MAX_CHUNKS (1,024 at the default 256 KiB), besides the last, empty one; one more
+# closes the connection (``max_chunks``). The parser calls Python once for each chunk, and the
+# limits in body bytes do not count its framing: 1-byte chunks (six wire bytes each) held the
+# event loop over a second for a client with no token, whose 16 MiB of body read and dropped
+# after its 401 were 100 MB on the wire. A body of max_body_bytes in chunks of 256 bytes (or
+# of any size, up to 1,024 of them) still fits; HTTP clients send 1 to 64 KiB at a time.
+BYTES_PER_CHUNK = 256
+MIN_MAX_CHUNKS = 1024
 # An idle keep-alive connection is closed after this long (uvicorn's default, named here): a
 # platform sends its next call on it within seconds, and an idle one must give its slot back.
 KEEP_ALIVE_S = 5
@@ -269,6 +279,12 @@ def _too_large(size: int, limit: int) -> str:
         f"the request body is {size} bytes or more; the limit is {limit} "
         "([sidecar.http] max_body_bytes)"
     )
+
+
+def max_chunks(max_body: int) -> int:
+    """How many chunks (besides the last) a chunked body may have, for a door of
+    ``max_body_bytes``."""
+    return max(MIN_MAX_CHUNKS, max_body // BYTES_PER_CHUNK)
 
 
 def max_json_containers(max_body: int) -> int:
@@ -555,7 +571,12 @@ class HttpDoor:
             timeout_keep_alive=KEEP_ALIVE_S,
             http=cast(
                 Any,
-                functools.partial(_BoundedHead, admission=self.admission, tls=context),
+                functools.partial(
+                    _BoundedHead,
+                    admission=self.admission,
+                    tls=context,
+                    max_chunks=max_chunks(self.max_body),
+                ),
             ),
         )
         self._mcp_task = asyncio.create_task(self._run_mcp())
@@ -780,8 +801,8 @@ def _refusal(key: str, limit: int) -> bytes:
 class _BoundedHead(HttpToolsProtocol):
     """uvicorn's httptools protocol with each request bounded: its head by ``MAX_HEAD_BYTES``
     (431, then closed) and ``HEAD_TIMEOUT_S`` (closed); the rest of it (body, a chunked body's
-    trailer) by ``REQUEST_TIMEOUT_S`` from its call's start and ``MAX_TRAILER_BYTES`` (closed),
-    counted as it is parsed, whether or not the app reads it. An answer sent before its request
+    trailer) by ``REQUEST_TIMEOUT_S`` from its call's start, ``MAX_TRAILER_BYTES`` and
+    ``max_chunks`` (closed), counted as it is parsed, whether or not the app reads it. An answer sent before its request
     is whole says ``connection: close``; the rest of the request is then read and dropped (at
     most ``MAX_DROPPED_BYTES`` of it, within the same deadline) and the connection closed at its
     end, so the client reads the answer rather than a reset (``_close_at_end``). Connections
@@ -794,6 +815,7 @@ class _BoundedHead(HttpToolsProtocol):
     _in_body = False  # a request's head is in, and the rest of it (body, trailer) is not
     _head_bytes = 0  # read while a head was not whole
     _trailer_bytes = 0  # of the request's trailer fields, dropped
+    _chunks = 0  # of the request's chunked body, its last one included
     _late_bytes = 0  # of the request's body, read and dropped after its answer
     _keep_alive = True  # whether the request asked to keep its connection
     _closing = False  # answered before the request was whole: closed once it is
@@ -801,7 +823,7 @@ class _BoundedHead(HttpToolsProtocol):
     _address = ""  # the client's address
     _admitted = False  # counted by the admission, until the connection is lost
     _served = False  # uvicorn's protocol has its transport (with TLS: the handshake is done)
-    _dropped = False  # being closed: the rest of a read is dropped (its callbacks do nothing)
+    _dropped = False  # being closed: the parser stops at its next callback (``_go_on``)
     _fed = False  # the connection's first bytes have reached the parser
 
     def __init__(
@@ -809,11 +831,13 @@ class _BoundedHead(HttpToolsProtocol):
         *args: Any,
         admission: _Admission,
         tls: ssl.SSLContext | None,
+        max_chunks: int = MIN_MAX_CHUNKS,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.admission = admission
         self.tls = tls
+        self.max_chunks = max_chunks
         # with TLS, what the handshake's last read decrypted before ``_serve`` ran: one read's
         # worth, handed to the parser then (and counted in the head's bytes)
         self._early: list[bytes] = []
@@ -901,31 +925,34 @@ class _BoundedHead(HttpToolsProtocol):
         self._keep_alive = False  # the server stops: no request keeps its connection
         super().shutdown()
 
-    # -- the parser's callbacks: each does nothing once the connection is being dropped ------
+    # -- the parser's callbacks: each stops the parser once the connection is being dropped --
+
+    def _go_on(self) -> None:
+        """Stop the parser (``_feed`` ends its read there) if the connection is being
+        dropped: the rest of the read is neither parsed nor seen."""
+        if self._dropped:
+            raise _Stopped
 
     def on_message_begin(self) -> None:
-        if self._dropped:
-            return
+        self._go_on()
         super().on_message_begin()
         self._in_head = True
-        self._trailer_bytes = self._late_bytes = 0
+        self._trailer_bytes = self._late_bytes = self._chunks = 0
         self._arm(HEAD_TIMEOUT_S)
 
     def on_url(self, url: bytes) -> None:
-        if not self._dropped:
-            super().on_url(url)
+        self._go_on()
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._dropped:
-            return
+        self._go_on()
         if self._in_head:
             super().on_header(name, value)
         else:  # a field of a chunked body's trailer
             self._trailer(len(name) + len(value))
 
     def on_headers_complete(self) -> None:
-        if self._dropped:
-            return
+        self._go_on()
         self._disarm()
         self._in_head = False
         self._head_bytes = 0
@@ -940,9 +967,16 @@ class _BoundedHead(HttpToolsProtocol):
             return
         self._arm_rest()
 
+    def on_chunk_header(self) -> None:
+        """A chunk of a chunked body: counted against ``max_chunks``."""
+        self._go_on()
+        self._chunks += 1
+        if self._chunks > self.max_chunks + 1:  # + 1: the last, empty chunk is not one of them
+            self._cut(f"its chunked body came in more than {self.max_chunks} chunks")
+            self._go_on()
+
     def on_body(self, body: bytes) -> None:
-        if self._dropped:
-            return
+        self._go_on()
         if not self._closing:
             super().on_body(body)
             return
@@ -951,8 +985,7 @@ class _BoundedHead(HttpToolsProtocol):
             self._cut(f"it sent more than {MAX_DROPPED_BYTES} bytes of a body after its answer")
 
     def on_message_complete(self) -> None:
-        if self._dropped:
-            return
+        self._go_on()
         self._disarm()
         self._in_body = False
         if self._closing:  # its answer is out and said close: nothing more is read
@@ -1004,8 +1037,8 @@ class _BoundedHead(HttpToolsProtocol):
         self._drop()
 
     def _drop(self) -> None:
-        """Drop the queued requests and what is unsent, and close. The parser still walks the
-        rest of the read it is in (the callbacks above do nothing), but nothing more is read."""
+        """Drop the queued requests and what is unsent, and close. The parser stops at its next
+        callback (``_go_on``), and nothing more is read."""
         self._disarm()
         self._dropped = True
         self.pipeline.clear()
@@ -1061,6 +1094,8 @@ class _BoundedHead(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
+            if self._dropped:
+                return  # a callback stopped it (``_go_on``): the connection is being dropped
             if first and self.tls is None and data.startswith(TLS_RECORD):
                 self.admission.tls_client(self._address)
             else:
@@ -1098,6 +1133,10 @@ class _BoundedHead(HttpToolsProtocol):
         self._deadline = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class _Stopped(Exception):
+    """Raised by a parser callback to stop the parser: the connection is being dropped."""
 
 
 class _ClosedAtEnd:
