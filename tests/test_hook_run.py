@@ -181,6 +181,65 @@ def test_a_limit_counts_callers_apart_only_where_they_have_a_share() -> None:
     assert (limit.unary.in_flight, limit.unary.by_caller) == (0, {})
 
 
+class _Answering:
+    """A gRPC call's context whose answer is held until ``send`` (what gRPC calls back then)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def done(self) -> bool:
+        return False
+
+    def add_done_callback(self, callback: Any) -> None:
+        self.sent.append(callback)
+
+    def send(self) -> None:
+        self.sent.pop()(self)
+
+
+class _HeldCall(Call):
+    """A call whose answer its door leaves for gRPC to send (as a gRPC call's is)."""
+
+    __slots__ = ()
+
+    def answer_held(self) -> bool:
+        return not self.context.done()
+
+
+async def test_a_callers_answer_not_yet_sent_does_not_refuse_its_next_call() -> None:
+    """Its client has the answer before gRPC is done with the call: a caller with one call at a
+    time is never refused, while one that leaves its answers unread holds at most its share of
+    them besides its share of running calls, and the other callers keep their room."""
+    limit = ConcurrencyLimit(2, shares={"agent": (1, 1), "other": (1, 1)})
+    calls = [
+        _HeldCall("Search", "voxrecall.v1.Retrieval", {}, _Answering(), task=None) for _ in "abc"
+    ]  # type: ignore[arg-type]
+    for call in calls:
+        call.caller = SimpleNamespace(name="agent")
+    first, second, third = calls
+    limit.start(first)
+    limit.end(first)  # its handler is over, its answer not yet sent
+    limit.start(second)  # the next call, once the client has the first answer
+    assert (limit.unary.by_caller, limit.unary.held_by) == ({"agent": 1}, {"agent": 1})
+    with pytest.raises(ResourceExhausted, match="has 1 calls in flight"):
+        limit.start(third)
+    limit.end(second)
+    with pytest.raises(ResourceExhausted, match="has 2 answers unread"):
+        limit.start(third)  # two answers held unread: past its share of them
+    other = new_call()
+    other.caller = SimpleNamespace(name="other")
+    limit.start(other)  # its share, whatever the agent's held answers
+    limit.end(other)
+    first.context.send()
+    limit.start(third)
+    limit.end(third)
+    second.context.send()
+    third.context.send()
+    assert (limit.unary.in_flight, limit.unary.held, limit.lingering) == (0, 0, 0)
+    assert limit.unary.by_caller == limit.unary.held_by == {}
+    limit._sweeping.cancel()  # type: ignore[union-attr]
+
+
 def test_a_methods_calls_count_in_one_tally_folded_in_at_scrape() -> None:
     """An OK call's end and its answer's stages count in its door's method's one record; a
     failed call by its code too; a scrape reads the families as the labelled children said."""

@@ -8,8 +8,11 @@ other; with authentication each caller may hold only its share of each
 (``[sidecar.auth.caller]``), so no caller can lock the others out. A call holds its slot until
 gRPC is done with it, not only its handler (``end``): an answer its client leaves unread stays in
 gRPC's memory, so the slots bound those answers too, in calls and so in bytes, and for at most
-``stream_idle_s`` (then the call is ended, its answer dropped). The HTTP door writes its own
-answers: its slot is given back before it does, and its unread answers are bounded by its
+``stream_idle_s`` (then the call is ended, its answer dropped). A caller's calls whose answers
+are held are counted apart from those whose handlers run (``Pool.hold``): its client may have
+its answer before gRPC is done with the call, and its next call, on either door, is not refused
+for it; so a caller holds at most its share of each, twice its share in all. The HTTP door
+writes its own answers: its slot is given back before it does, and its unread answers are bounded by its
 connections (``[sidecar.http] max_connections``). Server reflection streams
 (grpcurl's) are a third kind, with a small fixed limit (``REFLECTION_STREAMS``), so that idle
 reflection streams cannot take Converse's slots; a refusal names the method refused and the kind
@@ -51,11 +54,16 @@ class Pool:
         self.what = what  # "calls in flight", as a refusal names them
         self.limit = limit
         self.shares = dict(shares)
-        self.in_flight = 0
-        # the calls in flight of each caller with a share (the others are not counted apart:
-        # without authentication, none); a plain dict: a Counter's misses and deletes are
+        self.in_flight = 0  # every call holding a slot, its answer held or its handler running
+        # the calls whose handlers run, of each caller with a share (the others are not counted
+        # apart: without authentication, none); a plain dict: a Counter's misses and deletes are
         # Python calls, on every call
         self.by_caller: dict[str, int] = {}
+        # the calls of each caller with a share whose handlers are over, their answers held
+        # (``hold``), and how many in all: the limit counts the others, as each caller's share
+        # bounds these
+        self.held_by: dict[str, int] = {}
+        self.held = 0
 
     def take(self, caller: str, method: str) -> None:
         """A slot for ``caller``'s call of ``method``, or ResourceExhausted naming both the
@@ -63,10 +71,11 @@ class Pool:
         share = self.shares.get(caller)
         if share is not None:
             self._within_share(caller, share, method)
-        if self.in_flight >= self.limit:
+        counted = self.in_flight - self.held
+        if counted >= self.limit:
             where = f" ([sidecar] {self.key})" if self.key else ""
             raise ResourceExhausted(
-                f"{method} refused: {self.in_flight} {self.what}, the limit is {self.limit}"
+                f"{method} refused: {counted} {self.what}, the limit is {self.limit}"
                 f"{where}: retry with backoff"
             )
         self.in_flight += 1
@@ -74,23 +83,52 @@ class Pool:
             self.by_caller[caller] = self.by_caller.get(caller, 0) + 1
 
     def _within_share(self, caller: str, share: int, method: str) -> None:
-        held = self.by_caller.get(caller, 0)
-        if held >= share:
-            where = f"[sidecar.auth.caller] {self.key} = " if self.key else ""
+        """Under ``share`` calls running, and at most ``share`` answers held: a caller whose last
+        answer gRPC has not yet finished sending (its client may have read it) is not refused."""
+        running = self.by_caller.get(caller, 0)
+        if running >= share:
             raise ResourceExhausted(
-                f"{method} refused: caller {caller!r} has {held} {self.what}, its share "
-                f"({where}{share}): finish one, or retry with backoff"
+                f"{method} refused: caller {caller!r} has {running} {self.what}, its share "
+                f"({self._share(share)}): finish one, or retry with backoff"
+            )
+        held = self.held_by.get(caller, 0)
+        if held > share:
+            raise ResourceExhausted(
+                f"{method} refused: caller {caller!r} has {held} answers unread, held until its "
+                f"client reads them, over its share ({self._share(share)}): read them, or retry "
+                "with backoff"
             )
 
-    def give(self, caller: str) -> None:
+    def _share(self, share: int) -> str:
+        return f"[sidecar.auth.caller] {self.key} = {share}" if self.key else str(share)
+
+    def hold(self, caller: str) -> None:
+        """``caller``'s call's handler is over, its answer held: counted apart until ``give``."""
+        if caller not in self.shares:
+            return
+        _less(self.by_caller, caller)
+        self.held_by[caller] = self.held_by.get(caller, 0) + 1
+        self.held += 1
+
+    def give(self, caller: str, held: bool = False) -> None:
+        """The slot of ``caller``'s call, its handler running, or its answer ``held``."""
         self.in_flight -= 1
         if caller not in self.shares:
             return
-        held = self.by_caller[caller] - 1
         if held:
-            self.by_caller[caller] = held
+            self.held -= 1
+            _less(self.held_by, caller)
         else:
-            del self.by_caller[caller]
+            _less(self.by_caller, caller)
+
+
+def _less(counts: dict[str, int], caller: str) -> None:
+    """One call fewer of ``caller`` in ``counts``; none: its entry gone."""
+    left = counts[caller] - 1
+    if left:
+        counts[caller] = left
+    else:
+        del counts[caller]
 
 
 # How long a call's answer may wait unread once its handler is over ([sidecar] stream_idle_s, the
@@ -191,7 +229,8 @@ class ConcurrencyLimit(Hook):
         too, its answer read (a unary answer, or a stream's ended unread, ``written_within``,
         is held until its client reads it or goes, or ``unread_s`` passes and the call is ended):
         so the answers a client leaves unread are bounded by the slots, in calls and bytes, and
-        in time."""
+        in time. A caller's held answers are counted apart from its running calls
+        (``Pool.hold``)."""
         slot: Pool | None = call.slot
         if slot is None:
             return
@@ -201,6 +240,7 @@ class ConcurrencyLimit(Hook):
             return
         # a dict entry a call, and one timer for them all: a timer a call cost ~2 us of every one
         loop = asyncio.get_running_loop()
+        slot.hold("" if call.caller is None else call.caller.name)
         self._held[call] = (loop.time(), slot)
         if self._sweeping is None:
             self._sweeping = loop.call_later(self.unread_s, self._sweep)
@@ -209,7 +249,7 @@ class ConcurrencyLimit(Hook):
 
     def _lingered(self, call: Call) -> None:
         _, slot = self._held.pop(call)
-        self._give(call, slot)
+        self._give(call, slot, held=True)
 
     def _sweep(self) -> None:
         """End the calls whose answers have been held unread for ``unread_s``, their answers
@@ -224,8 +264,8 @@ class ConcurrencyLimit(Hook):
                 return
             call.cut_off(UNREAD)  # its slot comes back as gRPC ends the call (``_lingered``)
 
-    def _give(self, call: Call, pool: Pool) -> None:
-        pool.give("" if call.caller is None else call.caller.name)  # the one it was taken for
+    def _give(self, call: Call, pool: Pool, held: bool = False) -> None:
+        pool.give("" if call.caller is None else call.caller.name, held)  # as it was taken
         self._calls.discard(call)
         if self._idle is not None and self.in_flight == 0:  # a drain waits (seldom): then count
             self._idle.set()
