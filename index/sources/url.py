@@ -337,13 +337,19 @@ def crawl_urls(
     ]  # fmt: skip
     stats.not_due = len(options.urls) - len(due)
     stats.requested = len(due)
+    pages_of: dict[str, list[Page]] = {}  # each URL's pages, made and counted once
+
+    def counted(url: str) -> None:
+        pages_of[url] = _pages_from(source, state[url])
+        budget.take(*pages_of[url])
+
     fresh = frozenset(due)
-    for url in (u for u in state if u not in fresh):  # each URL's pages counted once
-        budget.take(*_pages_from(source, state[url]))
+    for url in (u for u in state if u not in fresh):
+        counted(url)
     with closing(_fetch_all(due, state, fetcher)) as results:  # a refusal ends the fetching
         for url, result in zip(due, results, strict=True):
             _take(url, result, state, stats, now, source)
-            budget.take(*_pages_from(source, state[url]))
+            counted(url)
     pages: list[Page] = []
     skipped: list[SkippedPage] = []
     for url in options.urls:
@@ -351,7 +357,7 @@ def crawl_urls(
         if entry.get("skipped"):
             skipped.append(SkippedPage(url, str(entry["skipped"])))
         skipped.extend(SkippedPage(s["path"], s["reason"]) for s in entry.get("left_out", []))
-        pages.extend(_pages_from(source, entry))
+        pages.extend(pages_of[url])
     state_file.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(state_file, orjson.dumps({"version": _STATE_VERSION, "urls": state}))
     log.info(
