@@ -60,7 +60,7 @@ CASES = [
     (TOKEN_B, "base", "help", False),
 ]
 # the kinds each door has a way to
-DOORS = {"grpc": {"function", "page", "base"}, "plain": {"base"}, "mcp": {"function", "page"}, "webhooks": {"function", "base"}}  # fmt: skip
+DOORS = {"grpc": {"function", "page", "base"}, "plain": {"base"}, "plain-search": {"base"}, "mcp": {"function", "page"}, "webhooks": {"function", "base"}}  # fmt: skip
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -147,7 +147,15 @@ async def through_webhooks(sc: Sidecar, token: str, kind: str, target: str) -> b
 
 async def through_plain(sc: Sidecar, token: str, kind: str, target: str) -> bool:
     turn = {"session_id": "s", "text": "reset", "knowledge_base": target, "is_final": True}
-    reply = await post(sc, token, "/v1/turn", orjson.dumps(turn))
+    return _reached(await post(sc, token, "/v1/turn", orjson.dumps(turn)))
+
+
+async def through_plain_search(sc: Sidecar, token: str, kind: str, target: str) -> bool:
+    search = {"query": "reset", "knowledge_base": target}
+    return _reached(await post(sc, token, "/v1/search", orjson.dumps(search)))
+
+
+def _reached(reply: httpx2.Response) -> bool:
     assert reply.status_code in (200, 404), reply.text
     return reply.status_code == 200
 
@@ -169,6 +177,7 @@ async def post(sc: Sidecar, token: str, path: str, body: bytes) -> httpx2.Respon
 THROUGH = {
     "grpc": through_grpc,
     "plain": through_plain,
+    "plain-search": through_plain_search,
     "mcp": through_mcp,
     "webhooks": through_webhooks,
 }
