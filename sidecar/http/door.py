@@ -30,10 +30,10 @@ app or not (a body, a chunked body's trailer), must be whole within ``REQUEST_TI
 call's start, its trailer within ``MAX_TRAILER_BYTES`` (read and dropped: no path sees one), a
 chunked body in at most ``max_chunks`` chunks (``BYTES_PER_CHUNK``, ``MIN_MAX_CHUNKS``: the
 parser calls Python once per chunk, whatever its size), or the connection is closed; an answer
-sent before its request is whole (health, 404, a refused token, 413) says ``connection: close``, and the connection closes once the rest has been read
-and dropped (at most ``MAX_DROPPED_BYTES`` of it). Requests pipelined ahead of
-their answers wait in a queue of at most ``MAX_PIPELINED`` (one more closes the connection),
-and no more is read while one waits or while the client leaves its answers unread. At most
+sent before its request is whole (health, 404, a refused token, 413) says ``connection:
+close``, and the connection closes once the rest has been read and dropped (at most
+``MAX_DROPPED_BYTES`` of it). Requests pipelined ahead of their answers wait in a queue of at
+most ``MAX_PIPELINED`` (one more closes the connection), and no more is read while one waits or while the client leaves its answers unread. At most
 ``[sidecar.http] max_connections`` connections are served at once: one more gets a 503 as soon
 as it is accepted, before it is read and without a task, and is closed (``_Admission``); so does one
 past ``max_connections_per_ip`` from one client address (with TLS, where nothing can be said
@@ -802,9 +802,9 @@ class _BoundedHead(HttpToolsProtocol):
     """uvicorn's httptools protocol with each request bounded: its head by ``MAX_HEAD_BYTES``
     (431, then closed) and ``HEAD_TIMEOUT_S`` (closed); the rest of it (body, a chunked body's
     trailer) by ``REQUEST_TIMEOUT_S`` from its call's start, ``MAX_TRAILER_BYTES`` and
-    ``max_chunks`` (closed), counted as it is parsed, whether or not the app reads it. An answer sent before its request
-    is whole says ``connection: close``; the rest of the request is then read and dropped (at
-    most ``MAX_DROPPED_BYTES`` of it, within the same deadline) and the connection closed at its
+    ``max_chunks`` (closed), counted as it is parsed, whether or not the app reads it. An answer
+    sent before its request is whole says ``connection: close``; the rest of the request is then
+    read and dropped (at most ``MAX_DROPPED_BYTES`` of it, within the same deadline) and the connection closed at its
     end, so the client reads the answer rather than a reset (``_close_at_end``). Connections
     past the door's ``_Admission`` are refused as they are accepted (``_refuse``). With TLS it
     makes the handshake itself (``_handshake``), so a connection counts from its accept and its
