@@ -6,6 +6,7 @@ a caller apart only where it has a share; a method's calls count in one ``Tally`
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from sidecar.edge import logs
-from sidecar.edge.interceptor import NO_HOOKS, Call, Hook, Phases
+from sidecar.edge.interceptor import NO_HOOKS, Call, Hook, Phases, _HookedCall
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import TEXT_BYTES, ConcurrencyLimit, FieldLimits
 from sidecar.edge.logs import CallLog
@@ -237,6 +238,62 @@ async def test_a_callers_answer_not_yet_sent_does_not_refuse_its_next_call() -> 
     third.context.send()
     assert (limit.unary.in_flight, limit.unary.held, limit.lingering) == (0, 0, 0)
     assert limit.unary.by_caller == limit.unary.held_by == {}
+    limit._sweeping.cancel()  # type: ignore[union-attr]
+
+
+class _Aborting(_Answering):
+    """A gRPC call's context whose status goes out at ``abort``: it notes what ``limit`` counted
+    of the caller's calls then, running and held, and is done (as gRPC's is once aborted)."""
+
+    def __init__(self, limit: ConcurrencyLimit) -> None:
+        super().__init__()
+        self.limit = limit
+        self.seen: Any = None
+
+    def done(self) -> bool:
+        return self.seen is not None
+
+    def time_remaining(self) -> None:
+        return None
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: Any) -> None:
+        self.seen = (code, dict(self.limit.unary.by_caller), dict(self.limit.unary.held_by))
+        raise grpc.aio.AbortError(details)
+
+
+async def _ended(call: _HookedCall, ending: str) -> None:
+    """``call`` refused for its request's session_id (2,000 bytes), or cut off as it runs."""
+    if ending == "refused":
+        try:
+            call.prepare(pb.EndSessionRequest(session_id="s" * 2000), stream_in=False)
+        except RequestError as exc:
+            await call.refuse(exc)
+    call.prepare(pb.EndSessionRequest(session_id="s"), stream_in=False)
+    call.cut = "the sidecar is draining"
+    await call.close(asyncio.CancelledError())
+
+
+@pytest.mark.parametrize("ending", ["refused", "cut"])
+async def test_a_failed_calls_slot_is_held_apart_before_its_status_goes_out(ending: str) -> None:
+    """A call refused by a hook after the limit gave it a slot (a field over its limit), or cut
+    off by the drain: every hook has ended, its slot held apart as an answer's is, when its
+    status goes out, so its client's next call is not refused for it; given back once gRPC is
+    done with the call."""
+    limit = ConcurrencyLimit(2, shares={"agent": (1, 1)})
+    context = _Aborting(limit)
+    phases = Phases.of([limit, FieldLimits()])
+    call = _HookedCall("EndSession", "voxrecall.v1.Retrieval", (), context, phases)  # type: ignore[arg-type]
+    call.caller = SimpleNamespace(name="agent")
+    with pytest.raises(grpc.aio.AbortError):
+        await _ended(call, ending)
+    code = grpc.StatusCode.INVALID_ARGUMENT if ending == "refused" else grpc.StatusCode.UNAVAILABLE
+    assert context.seen == (code, {}, {"agent": 1})
+    assert call.code is code
+    context.send()
+    assert (limit.unary.in_flight, limit.unary.held, limit.lingering) == (0, 0, 0)
     limit._sweeping.cancel()  # type: ignore[union-attr]
 
 

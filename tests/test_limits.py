@@ -10,8 +10,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
+import httpx2
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -20,11 +22,13 @@ from index.errors import ConfigError
 from sidecar.config import parse_config
 from sidecar.edge import logs
 from sidecar.edge.server import Sidecar
+from sidecar.edge.service import RetrievalService
 from sidecar.errors import InvalidArgument
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.turn.engine import MAX_TEXT_BYTES, SearchInput
-from tests.hardening_kit import build_store, running, sidecar_config
+from tests.conftest import eventually
+from tests.hardening_kit import TOKEN_A, bearer, build_store, running, sidecar_config
 
 WAIT_S = 30.0  # a bound on waiting for the server to notice a closed stream, not a timing
 QUESTION = "how do I reset my password"
@@ -222,3 +226,90 @@ def test_the_config_refuses_bad_operations_keys(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config({"sidecar": {key: value}}, tmp_path)
+
+
+# -- a failed call's slot ----------------------------------------------------------------------
+
+SHARE_OF_ONE = {
+    "caller": [{"name": "agent", "token_env": "VOX_TEST_AGENT", "max_concurrent_rpcs": 1}]
+}
+# a failing call: the method whose handler fails, its request, and the status its client gets
+FAILURES = {
+    "invalid-argument": ("EndSession", pb.EndSessionRequest(), grpc.StatusCode.INVALID_ARGUMENT),
+    "not-found": (
+        "Search",
+        pb.SearchRequest(knowledge_base="nope", query=QUESTION),
+        grpc.StatusCode.NOT_FOUND,
+    ),
+}
+
+
+class _StatusOut:
+    """A handler's servicer context whose ``abort`` returns (raises) only once ``go`` is set:
+    the failed call's status is out and its client has it while its handler has not ended, the
+    window in which an agent's next call arrives (a few in 100 alternating doors, unforced)."""
+
+    def __init__(self, context: Any, go: asyncio.Event) -> None:
+        self._context, self.go = context, go
+
+    async def abort(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await self._context.abort(*args, **kwargs)
+        finally:
+            await asyncio.wait_for(self.go.wait(), WAIT_S)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+@pytest.mark.parametrize("door", ["grpc", "http"])
+@pytest.mark.parametrize("failure", list(FAILURES))
+async def test_a_callers_failed_call_does_not_refuse_its_next_one(
+    store: Path,
+    local_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: str,
+    door: str,
+) -> None:
+    """A caller with a share of 1 whose call failed and who calls again as soon as it has the
+    status, on either door, is served: the failed call's slot is held apart (as an answer's is)
+    before its status goes out, so its handler, not yet over, takes no room from the next one."""
+    method, request, code = FAILURES[failure]
+    go = asyncio.Event()
+    handler = getattr(RetrievalService, method)
+
+    async def held_past_its_status(self: RetrievalService, request: Any, context: Any) -> Any:
+        return await handler(self, request, _StatusOut(context, go))
+
+    monkeypatch.setattr(RetrievalService, method, held_past_its_status)
+    monkeypatch.setenv("VOX_TEST_AGENT", TOKEN_A)
+    config = sidecar_config(store, auth=SHARE_OF_ONE, http={"listen": "127.0.0.1:0"})
+    async with (
+        running(config, local_embedder) as sc,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel,
+        httpx2.AsyncClient() as http,
+    ):
+        assert sc.guards is not None
+        limit = sc.guards.limit
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await getattr(stub, method)(request, metadata=bearer(TOKEN_A))
+            assert failed.value.code() is code
+            search = {"knowledge_base": "help", "query": QUESTION}
+            if door == "grpc":
+                answer = await stub.Search(pb.SearchRequest(**search), metadata=bearer(TOKEN_A))
+                assert answer.chunks
+            else:
+                reply = await http.post(
+                    f"http://127.0.0.1:{sc.http_port}/v1/search",
+                    json=search,
+                    headers={"authorization": f"Bearer {TOKEN_A}"},
+                )
+                assert reply.status_code == 200, reply.text
+                assert reply.json()["chunks"]
+            assert limit.unary.by_caller == {}  # the failed call's handler waits: not running
+        finally:
+            go.set()
+        await eventually(lambda: limit.unary.in_flight == 0, "the failed call's slot")
+        assert limit.unary.held_by == {}

@@ -5,7 +5,9 @@
 A hook sees a call start (its metadata), each request message, each response message, and the
 end with the final status code. ``start`` and ``request`` may raise a ``RequestError``: the call
 is then refused with the status ``sidecar.edge.status.status_for`` maps it to. Hooks run in list
-order; ``end`` runs for every hook whose ``start`` returned, in reverse order, exactly once.
+order; ``end`` runs for every hook whose ``start`` returned, in reverse order, exactly once, and
+before the call's answer or its status goes out: a refusal, and a handler's error (``abort``),
+end the hooks before they abort the call, as a handler's return does before gRPC sends it.
 
 Wrapping the method handler (rather than only reading ``handler_call_details``) is what lets a
 hook read request fields (a knowledge base, a session id) and responses (timings, skips). The
@@ -28,6 +30,7 @@ import grpc
 from sidecar.edge.status import abort_trailers, caller_message, status_for
 from sidecar.edge.wire import EncodedResponse
 from sidecar.errors import Draining, InvalidArgument, RequestError
+from sidecar.turn.sessions import at_hand
 
 # Health stays callable without a token and under any load: a kubelet probing a busy sidecar
 # must see SERVING, not RESOURCE_EXHAUSTED. Its Watch streams are bounded by the servicer itself
@@ -38,6 +41,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 # Read once: a member looked up through its enum class (``grpc.StatusCode.OK``) costs ~0.2 us on
 # Python 3.11, and every call's end compares its code with it.
 OK = grpc.StatusCode.OK
+Trailers = tuple[tuple[str, str], ...]  # an abort's trailing metadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,10 +293,20 @@ class _HookedCall(Call):
 
     async def refuse(self, exc: RequestError) -> NoReturn:
         context = self.context
-        await context.abort(
-            self.code, caller_message(exc), trailing_metadata=abort_trailers(context, exc)
-        )
-        raise AssertionError("unreachable: abort raises") from exc
+        await self.abort(self.code, caller_message(exc), abort_trailers(context, exc), context)
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str, trailers: Trailers, context: Any = None
+    ) -> NoReturn:
+        """End the call with status ``code``: every started hook's ``end`` first, as before a
+        handler's answer goes out (so the limit holds the call's slot apart until gRPC is done
+        with it, ``ConcurrencyLimit.end``: its client, told of the failure, may call again at
+        once), then the status goes out through ``context`` (the handler's; the call's own by
+        default)."""
+        self.code = code
+        self.end()
+        await (context or self.context).abort(code, details, trailing_metadata=trailers)
+        raise AssertionError("unreachable: abort raises")
 
     async def __aenter__(self) -> _HookedCall:
         return self
@@ -305,11 +319,11 @@ class _HookedCall(Call):
         aborts UNAVAILABLE here (AbortError); then every started hook's ``end``, whatever
         happened."""
         try:
-            if isinstance(exc, asyncio.CancelledError) and self.cut:
-                self.code = grpc.StatusCode.UNAVAILABLE
+            # (a call whose status is out already, an abort's, has nothing left to end)
+            if isinstance(exc, asyncio.CancelledError) and self.cut and not self.context.done():
                 context = self.context  # a pushback of -1: not retried on this sidecar
                 trailers = abort_trailers(context, Draining(self.cut))
-                await context.abort(grpc.StatusCode.UNAVAILABLE, self.cut, trailers)
+                await self.abort(grpc.StatusCode.UNAVAILABLE, self.cut, trailers)
         finally:
             self.finish(exc)
 
@@ -319,6 +333,19 @@ class _HookedCall(Call):
         elif self.code is OK:
             self.code = _code_of(self.context) or _code_for(exc, self.context)
         self.end()
+
+
+async def abort(
+    context: Context, code: grpc.StatusCode, details: str, trailers: Trailers = ()
+) -> NoReturn:
+    """``context.abort`` for a handler: the call at hand (``sessions.at_hand``, which ``CallLog``
+    sets as the call starts), if it is a hooked gRPC call, ends first (``_HookedCall.abort``),
+    so its status goes out only once its slot is held apart, as an answer does."""
+    call = at_hand.get()
+    if isinstance(call, _HookedCall):
+        await call.abort(code, details, trailers, context)
+    await context.abort(code, details, trailing_metadata=trailers)
+    raise AssertionError("unreachable: abort raises")
 
 
 def _code_of(context: Context) -> grpc.StatusCode | None:

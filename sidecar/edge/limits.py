@@ -10,8 +10,9 @@ gRPC is done with it, not only its handler (``end``): an answer its client leave
 gRPC's memory, so the slots bound those answers too, in calls and so in bytes, and for at most
 ``stream_idle_s`` (then the call is ended, its answer dropped). A caller's calls whose answers
 are held are counted apart from those whose handlers run (``Pool.hold``): its client may have
-its answer before gRPC is done with the call, and its next call, on either door, is not refused
-for it; so a caller holds at most its share of each, twice its share in all. The HTTP door
+its answer (or a failed call's status: the call's hooks end before it is aborted,
+``_HookedCall.abort``) before gRPC is done with the call, and its next call, on either door, is
+not refused for it; so a caller holds at most its share of each, twice its share in all. The HTTP door
 writes its own answers: its slot is given back before it does, and its unread answers are
 bounded by its connections (``[sidecar.http] max_connections``). Server reflection streams
 (grpcurl's) are a third kind, with a small fixed limit (``REFLECTION_STREAMS``), so that idle

@@ -20,7 +20,7 @@ from index.errors import VoxrecallError
 from index.types import MetadataFilter
 from sidecar import __version__
 from sidecar.edge.addresses import load_requester
-from sidecar.edge.interceptor import Call
+from sidecar.edge.interceptor import Call, abort
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.edge.limits import idle_limited, utf8_size, written_within
 from sidecar.edge.messages import MESSAGES
@@ -69,16 +69,12 @@ def _errors(handler: Handler[_Req, _Resp]) -> Handler[_Req, _Resp]:
             code = status_for(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed: %s", handler.__name__, exc)
-            await context.abort(
-                code, caller_message(exc), trailing_metadata=abort_trailers(context, exc)
-            )
-            raise AssertionError("unreachable: abort raises") from exc
+            await abort(context, code, caller_message(exc), abort_trailers(context, exc))
         except grpc.aio.AbortError:
             raise  # a status already set (a hook's refusal, the abort above)
         except Exception as exc:  # a bug: INTERNAL with the traceback logged, never UNKNOWN
             log.exception("%s failed", handler.__name__)
-            await context.abort(status_for(exc), internal_message(exc))
-            raise AssertionError("unreachable: abort raises") from exc
+            await abort(context, status_for(exc), internal_message(exc))
 
     return wrapper
 

@@ -48,7 +48,8 @@ class Peered(Protocol):
 
 
 # The call at hand (sidecar.edge.interceptor.Call), set once a call by sidecar.edge.logs, whose
-# log lines read their ids from it (``logs.current`` is this variable). Lazy loads queue per
+# log lines read their ids from it (``logs.current`` is this variable), and where a handler's
+# abort finds the call to end first (``sidecar.edge.interceptor.abort``). Lazy loads queue per
 # connection (sidecar.snapshots.refresh.LoadQueue), so one client asking for many bases cannot
 # hold back another's: its ``peer`` is read only when a load is queued (most calls never need it).
 at_hand: ContextVar[Peered | None] = ContextVar("call", default=None)
