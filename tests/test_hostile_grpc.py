@@ -651,7 +651,7 @@ async def test_one_connection_opens_at_most_the_streams_one_caller_may_hold(
 ) -> None:
     """Attack s18: one connection could open streams without bound (20,000 calls sent at once
     held ~54 MiB of the server while they waited to be refused). The server now says how many
-    it takes (SETTINGS_MAX_CONCURRENT_STREAMS: every slot one caller may hold), and a stream a
+    it takes (SETTINGS_MAX_CONCURRENT_STREAMS: every slot one caller may run in), and a stream a
     client opens past it anyway is refused (REFUSED_STREAM) before anything is held for it."""
     config = sidecar_config(store, max_concurrent_rpcs=2, max_streams=3)
     async with running(config, local_embedder) as sidecar:

@@ -15,9 +15,10 @@ cut without a FIN) gives its streams' slots back then rather than never. A conne
 call open for ``[sidecar] max_connection_idle_s`` is closed (GOAWAY): connections opened and
 left idle, each holding a file descriptor, cannot pile up until the process has none left. One
 connection may have at most ``streams_per_connection`` streams open (HTTP/2's
-SETTINGS_MAX_CONCURRENT_STREAMS): all one caller may hold at once; a gRPC client queues its
-further calls until one ends, and a stream a client opens past it anyway is refused
-(REFUSED_STREAM) before the server holds anything for it.
+SETTINGS_MAX_CONCURRENT_STREAMS): all one caller may run at once (answers it leaves unread keep
+their streams open besides); a gRPC client queues its further calls until one ends, and a stream
+a client opens past it anyway is refused (REFUSED_STREAM) before the server holds anything for
+it.
 """
 
 from __future__ import annotations
@@ -47,11 +48,16 @@ CLIENT_PING_MIN_S = 10
 
 
 def streams_per_connection(settings: SidecarConfig) -> int:
-    """The streams one connection may have open at once: every slot one caller may hold (the
+    """The streams one connection may have open at once: every slot one caller may run in (the
     unary calls and Converse streams of the whole sidecar, reflection's, and the health checks
-    and watches of one address), so an agent holding them all on one channel is never held
-    back by it. Without it, 20,000 calls sent at once on one connection held ~54 MiB of the
-    server while they waited in it."""
+    and watches of one address), so an agent running them all on one channel is never held
+    back by it. A caller's calls whose answers gRPC still holds are counted apart, up to its
+    share again (``Pool.hold``), and not here: a call's stream is closed for its client once
+    the status is in, before gRPC is done with the call, so only answers left unread keep
+    theirs open, and a client past the cap with those waits on its connection until it reads
+    them (more streams would only let one connection hold more unread answers). Without it,
+    20,000 calls sent at once on one connection held ~54 MiB of the server while they waited in
+    it."""
     held = settings.max_concurrent_rpcs + settings.max_streams + REFLECTION_STREAMS
     return held + MAX_CHECKS_PER_PEER + MAX_WATCHES_PER_PEER
 
