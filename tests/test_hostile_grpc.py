@@ -264,7 +264,7 @@ def test_max_connection_idle_s_is_checked(store: Path, value: object) -> None:
 # -- answers left unread -----------------------------------------------------------------------
 
 # HTTP/2 frame types and SETTINGS ids the unread client uses (RFC 9113)
-DATA, HEADERS, SETTINGS, PING, WINDOW_UPDATE = 0, 1, 4, 6, 8
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE = 0, 1, 3, 4, 6, 8
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 INITIAL_WINDOW_SIZE = 4
 OPEN_WINDOW = 2**31 - 1
@@ -297,6 +297,8 @@ class UnreadClient:
         self.reader, self.writer = reader, writer
         self.data_bytes = 0  # DATA received: the answers' bytes let through
         self.ended: set[int] = set()  # the streams ended (END_STREAM) by the server
+        self.reset: set[int] = set()  # the streams the server reset (RST_STREAM)
+        self.hung_up = False  # the server closed the connection
         self.next_stream = 1
         self.task = asyncio.create_task(self._read_frames())
 
@@ -357,6 +359,9 @@ class UnreadClient:
                     self.data_bytes += len(payload)
                 if kind in (DATA, HEADERS) and flags & END_STREAM:
                     self.ended.add(stream)
+                elif kind == RST_STREAM:
+                    self.reset.add(stream)
+        self.hung_up = not self.writer.is_closing()  # not our own close
 
 
 async def let_go(hog: UnreadClient, then: str, streams: list[int]) -> None:
@@ -433,7 +438,9 @@ async def test_unread_answers_hold_every_slot_without_auth_only_until_stream_idl
             await eventually(lambda: limit.lingering == 4, "the hog's four answers, held")
             await eventually(lambda: limit.unary.in_flight == 0, "the slots, after stream_idle_s")
             assert limit.lingering == 0
-            assert hog.data_bytes == 0  # the answers were dropped (RST_STREAM), never sent
+            # its connection closed: gRPC holds its answers no more (they were never sent)
+            await eventually(lambda: hog.hung_up, "the hog's connection closed")
+            assert hog.data_bytes == 0
             async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
                 stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
                 assert (await stub.Search(request)).chunks
@@ -501,6 +508,43 @@ async def test_health_checks_left_unread_are_capped_per_address_and_a_probe_is_s
             assert (await health.Check(request)).status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await hog.close()
+
+
+async def test_a_full_table_of_unread_checks_ends_the_biggest_holders_oldest_for_a_probe(
+    sidecar: Sidecar,
+) -> None:
+    """The attack: addresses enough holding their share of Checks unread took every slot in
+    total (16 addresses of 64 each), and a probe from any other address was refused
+    RESOURCE_EXHAUSTED: a kubelet would restart a healthy sidecar. Now a full table makes room
+    for an address holding fewer than another: the oldest Check of the address holding the
+    most is ended, its connection closed (which alone frees the answers gRPC holds for it),
+    and the probe is answered."""
+    checks = sidecar.health.checks
+    checks.per_peer, checks.limit = CHECKS_PER_PEER, CHECKS_PER_PEER + 1
+    request = health_pb2.HealthCheckRequest()
+    big = await UnreadClient.connect(sidecar.port, HOG_ADDRESS)
+    small = await UnreadClient.connect(sidecar.port, "127.0.0.3")
+    try:
+        for _ in range(3):
+            big.call("Check", request, service=HEALTH)
+        await eventually(lambda: checks.by_peer == {HOG_ADDRESS: 3}, "the big hog's checks")
+        small.call("Check", request, service=HEALTH)
+        await eventually(lambda: checks.total == checks.limit, "a full table")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(3):  # a probe holding none is answered (the first ends a held one)
+                reply = await health.Check(request)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        await eventually(lambda: big.hung_up, "the big hog's connection closed")
+        await eventually(lambda: checks.by_peer == {"127.0.0.3": 1}, "the big hog's checks")
+        assert checks.ended == 1
+        assert not small.hung_up
+        assert big.data_bytes == small.data_bytes == 0  # no held answer was sent
+    finally:
+        for hog in (big, small):
+            await hog.close()
+    await eventually(lambda: checks.total == 0, "every check given")
+    assert checks.by_peer == {}
 
 
 # -- a store read without descriptors ----------------------------------------------------------
@@ -595,7 +639,7 @@ def test_serve_raises_the_open_file_limit_to_the_hard_one() -> None:
 
 # -- streams on one connection -----------------------------------------------------------------
 
-RST_STREAM, REFUSED_STREAM, MAX_CONCURRENT_STREAMS = 3, 7, 3
+REFUSED_STREAM, MAX_CONCURRENT_STREAMS = 7, 3
 CONVERSE_FIELDS = {
     ":method": "POST",
     ":scheme": "http",

@@ -13,6 +13,11 @@ whatever the port; an IPv6 client's /64), one more RESOURCE_EXHAUSTED saying whi
   from any other address is still answered; a Check that is read is counted for a moment only;
 - ``Watch`` holds a stream for as long as the client likes: at most ``MAX_WATCHES`` are open
   (~25 MB) and ``MAX_WATCHES_PER_PEER`` from one address;
+- a full table of either is shared out: an address holding fewer than another is never refused
+  for the total, the oldest call of the address holding the most is ended (CANCELLED) to make
+  room (``Held``), so however many addresses hold the rest, a probe from another is answered
+  (16 addresses holding their 64 unread Checks each took every slot, and a kubelet's probe
+  was refused);
 - only the names the sidecar reports on (``""`` and ``voxrecall.v1.Retrieval``) can be asked
   for; any other is NOT_FOUND at once (grpcio's servicer kept a stream, and the name, for each
   watch: 20,000 watches took 490 MB, 300 naming a 3 MB service 2.9 GB);
@@ -26,12 +31,15 @@ one of its watchers left, and the others then never heard of a change).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.edge.addresses import peer_key
+from sidecar.edge.hangup import hang_up_soon
 
 Status = int  # a HealthCheckResponse.ServingStatus value
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -52,9 +60,24 @@ MAX_CHECKS = 1024
 MAX_CHECKS_PER_PEER = 64
 
 
+class Refused(Exception):
+    """A call one more of which would pass a limit: why, in words a caller can act on."""
+
+
+@dataclass(eq=False, slots=True)
+class Hold:
+    """One call held: its client address (``peer_key``), and what ends it."""
+
+    peer: str
+    end: Callable[[], object]
+
+
 class Held:
     """The calls of one kind held at once, capped in total and per client address
-    (``peer_key``)."""
+    (``peer_key``). A full table is shared out rather than first come, first served: an
+    address holding fewer than another is never refused for the total, the oldest call of the
+    address holding the most is ended for it (a probe from a new address is always answered,
+    however many addresses hold the rest)."""
 
     def __init__(self, what: str, limit: int, per_peer: int, advice: str) -> None:
         self.what = what  # "health watches are open": how a refusal counts them
@@ -62,29 +85,49 @@ class Held:
         self.per_peer = per_peer
         self.advice = advice  # what a refused caller can do
         self.total = 0
-        self.by_peer: dict[str, int] = {}
+        self.calls: dict[str, dict[Hold, None]] = {}  # by address, oldest first
+        self.ended = 0  # calls ended for another address's (``_end_oldest``)
 
-    def take(self, peer: str) -> str | None:
-        """One more held for ``peer``; or, over a limit, why not (and nothing is taken)."""
-        held = self.by_peer.get(peer, 0)
+    @property
+    def by_peer(self) -> dict[str, int]:
+        return {peer: len(calls) for peer, calls in self.calls.items()}
+
+    def take(self, peer: str, end: Callable[[], object]) -> Hold:
+        """One more held for ``peer`` (given back by ``give``), or ``Refused`` saying which
+        limit it is over (and nothing is taken)."""
+        held = len(self.calls.get(peer, ()))
         if held >= self.per_peer:
-            return (
+            raise Refused(
                 f"{held} {self.what} from {peer}, the limit for one address is "
                 f"{self.per_peer}: {self.advice}"
             )
         if self.total >= self.limit:
-            return f"{self.total} {self.what}, the limit is {self.limit}: {self.advice}"
+            self._end_oldest(held)
+        hold = Hold(peer, end)
+        self.calls.setdefault(peer, {})[hold] = None
         self.total += 1
-        self.by_peer[peer] = held + 1
-        return None
+        return hold
 
-    def give(self, peer: str) -> None:
+    def give(self, hold: Hold) -> None:
+        """``hold`` given back; nothing for one already ended for another (``_end_oldest``)."""
+        calls = self.calls.get(hold.peer)
+        if calls is None or calls.pop(hold, False) is False:
+            return
+        if not calls:
+            del self.calls[hold.peer]
         self.total -= 1
-        held = self.by_peer[peer] - 1
-        if held:
-            self.by_peer[peer] = held
-        else:
-            del self.by_peer[peer]
+
+    def _end_oldest(self, held: int) -> None:
+        """Make room for an address holding ``held``: end the oldest call of the address that
+        holds the most, if that is more than ``held``; else ``Refused``. Counted given at once,
+        as it is ended (``_ended``)."""
+        most = max(self.calls.values(), key=len)
+        if len(most) <= held:
+            raise Refused(f"{self.total} {self.what}, the limit is {self.limit}: {self.advice}")
+        oldest = next(iter(most))
+        self.give(oldest)
+        self.ended += 1
+        oldest.end()
 
 
 class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
@@ -129,15 +172,15 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         answer read or its client gone."""
         status = await self._status(request, context)
         checks = self.checks
-        peer = await self._take(checks, context)
+        hold = await self._take(checks, context)
         # (grpc-stubs type the callback as a class of its own, not a callable)
-        context.add_done_callback(lambda _: checks.give(peer))  # type: ignore[arg-type]
+        context.add_done_callback(lambda _: checks.give(hold))  # type: ignore[arg-type]
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Context) -> None:
         """The name's status now, then each time it changes, until the client goes."""
         status = await self._status(request, context)
-        peer = await self._take(self.watches, context)
+        hold = await self._take(self.watches, context)
         try:
             await context.write(health_pb2.HealthCheckResponse(status=status))
             while True:
@@ -148,7 +191,7 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
                 status = self.statuses[request.service]
                 await context.write(health_pb2.HealthCheckResponse(status=status))
         finally:
-            self.watches.give(peer)
+            self.watches.give(hold)
 
     async def _status(self, request: health_pb2.HealthCheckRequest, context: Context) -> Status:
         """The status of the name asked for, or the call aborted saying why it has none."""
@@ -170,11 +213,26 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         assert status is not None  # abort raises
         return status
 
-    async def _take(self, held: Held, context: Context) -> str:
-        """One more of ``held`` for the call's client address (returned), or the call aborted
+    async def _take(self, held: Held, context: Context) -> Hold:
+        """One more of ``held`` for the call's client address, or the call aborted
         RESOURCE_EXHAUSTED saying which limit it is over."""
-        peer = peer_key(context.peer() or "")
-        refusal = held.take(peer)
-        if refusal is not None:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-        return peer
+        try:
+            return held.take(peer_key(context.peer() or ""), _ender(context))
+        except Refused as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise AssertionError("unreachable: abort raises") from exc
+
+
+def _ender(context: Context) -> Callable[[], None]:
+    """What ends the call of ``context`` (a Check or Watch held) for another address's: its task
+    cancelled and its connection closed, which alone frees what gRPC holds for a client that
+    does not read (``sidecar.edge.hangup``)."""
+    task = asyncio.current_task()
+    peer = context.peer() or ""
+
+    def end() -> None:
+        if task is not None:
+            task.cancel()
+        hang_up_soon({peer}, "held the most health calls while every slot was taken")
+
+    return end

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
+from sidecar.edge.hangup import hang_up_soon
 from sidecar.edge.interceptor import Call, Hook
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
@@ -253,17 +254,21 @@ class ConcurrencyLimit(Hook):
         self._give(call, slot, held=True)
 
     def _sweep(self) -> None:
-        """End the calls whose answers have been held unread for ``unread_s``, their answers
-        dropped (a client that stays connected and never reads would hold their slots for good:
-        with no [sidecar.auth], every slot); then sweep again when the oldest left is due."""
+        """End the calls whose answers have been held unread for ``unread_s`` (a client that
+        stays connected and never reads would hold their slots for good: with no
+        [sidecar.auth], every slot), and close their connections: only that frees the answers
+        gRPC holds (``sidecar.edge.hangup``). Then sweep again when the oldest left is due."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._sweeping = None
+        unread: set[str] = set()
         for call, (since, _) in list(self._held.items()):
             if now - since < self.unread_s:
                 self._sweeping = loop.call_later(since + self.unread_s - now, self._sweep)
-                return
+                break
             call.cut_off(UNREAD)  # its slot comes back as gRPC ends the call (``_lingered``)
+            unread.add(call.peer())
+        hang_up_soon(unread, f"left answers unread for {self.unread_s:g} s")
 
     def _give(self, call: Call, pool: Pool, held: bool = False) -> None:
         pool.give("" if call.caller is None else call.caller.name, held)  # as it was taken
