@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import snowballstemmer  # type: ignore[import-untyped,unused-ignore]
 
-from index.mapped import ArraysFile, StringTable, dump_arrays, let_go
+from index.mapped import ArraysFile, Parts, StringTable, arrays_parts, let_go
 
 __all__ = [
     "ANALYZER",
@@ -325,7 +325,11 @@ class LexicalIndex:
         return best(cand, scores[cand], k)
 
     def to_bytes(self) -> bytes:
-        """Serialize as an arrays file (``index/mapped.py``): the sorted vocabulary as a string
+        """Serialize as an arrays file (``to_parts`` joined)."""
+        return b"".join(self.to_parts())
+
+    def to_parts(self) -> Parts:
+        """Serialize as an arrays file, in pieces (``arrays_parts``) (``index/mapped.py``): the sorted vocabulary as a string
         table, the postings, the document lengths; the analyzer and parameters in the header."""
         terms = self._terms if isinstance(self._terms, StringTable) else StringTable.of(self._terms)
         arrays = {
@@ -335,7 +339,9 @@ class LexicalIndex:
             "tfs": self._tfs,
             "doc_len": self._doc_len,
         }
-        return dump_arrays(_KIND, arrays, version=_VERSION, analyzer=ANALYZER, k1=self.k1, b=self.b)
+        return arrays_parts(
+            _KIND, arrays, version=_VERSION, analyzer=ANALYZER, k1=self.k1, b=self.b
+        )
 
     @classmethod
     def open(cls, path: Path, *, k1: float | None = None, b: float | None = None) -> LexicalIndex:

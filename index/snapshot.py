@@ -56,7 +56,7 @@ from index.filters import build_partitions as build_value_partitions
 from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, knn, vector_rows
 from index.key_tables import GAZETTEER_KIND, TABLES, KeyTables, tables_rules
 from index.lexical import LexicalIndex
-from index.mapped import ArraysFile
+from index.mapped import ArraysFile, Parts
 from index.summaries import SUMMARY_VECTORS, SummaryIndex, has_summaries, load_summary_index
 from index.tables import ChunkTable, PageTable
 from index.types import Chunk, Page
@@ -251,12 +251,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+def write_atomic(path: Path, data: bytes | Parts, mode: int | None = None) -> None:
     """Write a file so that a reader sees the old content or the new, never a part: temp, fsync, rename.
+    ``data`` is the bytes, or the pieces ``arrays_parts`` gives, written one after the other.
     ``mode`` (e.g. 0o644) is set before the rename, whatever the umask."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with tmp.open("wb") as f:
-        f.write(data)
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            f.writelines(data)
         f.flush()
         os.fsync(f.fileno())
     if mode is not None:
@@ -378,10 +382,10 @@ def write_snapshot(
     index = build_hnsw(vectors, hnsw_m, hnsw_ef_construction)
     ef, recall = choose_ef(index, vectors, target_recall)
     index.save_index(str(folder / VECTORS))
-    write_atomic(folder / CHUNKS, ChunkTable.dump(chunks))
-    write_atomic(folder / PAGES, PageTable.dump(pages))
-    lexical = LexicalIndex.build([c.embed_text for c in chunks])
-    write_atomic(folder / LEXICAL, lexical.to_bytes())
+    write_atomic(folder / CHUNKS, ChunkTable.parts(chunks))
+    write_atomic(folder / PAGES, PageTable.parts(pages))
+    lexical = LexicalIndex.build(c.embed_text for c in chunks)
+    write_atomic(folder / LEXICAL, lexical.to_parts())
     entities = EntityTable.dump(lexical, chunks)
     write_atomic(folder / ENTITIES, entities)
     write_atomic(folder / GAZETTEER, gazetteer_tables(entities, len(chunks)))
