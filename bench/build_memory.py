@@ -14,8 +14,11 @@ end of each stage of the build (loading, chunking, embedding, each snapshot file
 stage's result is still held; the largest of those snapshots is reported beside tracemalloc's
 own peak. Reports the pages' bytes as ``PageBytes`` counts them (what ``max_text_bytes``
 bounds), the peak growth, and their ratio: the factor docs/config.md quotes. Writes
-``bench/results/build_memory.json`` (``--out``); ``--keep DIR`` keeps the built store, so two
-branches' snapshots of the same pages can be compared file by file.
+``bench/results/build_memory.json`` (``--out``); ``--keep DIR`` keeps the built store, and
+``--compare A B`` says of two kept stores, file by file, whether they hold the same snapshot: the
+same bytes, or for ``vectors.hnsw`` the same vector under every label (hnswlib inserts on every
+core, so its links differ between any two builds) and for ``gazetteer.bin`` the same bytes under
+the same hash seeds (a build draws them at random).
 """
 
 from __future__ import annotations
