@@ -7,8 +7,9 @@ abstracts and the two Markdown doc sets of the evaluation data when present, els
 repository's own docs (README.md, ARCHITECTURE.md, docs/, examples/), each page a title, a few
 ``##`` sections and paragraphs of sentences drawn at random, so no two chunks are the same.
 
-Each build runs in a child process of its own, twice: once for its peak RSS growth (VmHWM, or
-``ru_maxrss``, less the RSS after the imports, the pages already on disk), once under tracemalloc
+Each build runs in a child process of its own, twice: once for its peak RSS growth (VmHWM less
+the RSS after the imports, the pages already on disk; VmHWM is read and reset at each stage's
+start and end, which gives each stage's own RSS peak), once under tracemalloc
 (which slows the build several times over) for the biggest holders by file:line, taken at the
 end of each stage of the build (loading, chunking, embedding, each snapshot file) while the
 stage's result is still held; the largest of those snapshots is reported beside tracemalloc's
@@ -166,20 +167,39 @@ _STAGES = (
 )
 
 
-class _Peak:
-    """Each stage's own peak (tracemalloc's, nested stages folded into the stages around them),
-    and the largest snapshot taken at the end of a stage, with its stage."""
+def _traced_peak() -> int:
+    return tracemalloc.get_traced_memory()[1]
 
-    def __init__(self) -> None:
+
+def _rss_peak() -> int:
+    return _status_kib("VmHWM") * 1024
+
+
+def _reset_rss_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: VmHWM back to VmRSS
+
+
+class _Peak:
+    """Each stage's own peak (tracemalloc's, or the RSS's when ``rss``; nested stages folded
+    into the stages around them), and under tracemalloc the largest snapshot taken at the end
+    of a stage, with its stage."""
+
+    def __init__(self, rss: bool = False) -> None:
+        self.rss = rss
+        self.read, self.reset = (
+            (_rss_peak, _reset_rss_peak) if rss else (_traced_peak, tracemalloc.reset_peak)
+        )
         self.size = 0
         self.stage = ""
         self.snapshot: tracemalloc.Snapshot | None = None
         self.sizes: dict[str, int] = {}
         self.peaks: dict[str, int] = {}
         self._open: list[int] = []  # the peak so far of each stage under way, outermost first
+        self.overall = 0  # the peak of all, the resets notwithstanding
 
     def _fold(self) -> None:
-        _, peak = tracemalloc.get_traced_memory()
+        peak = self.read()
+        self.overall = max(self.overall, peak)
         self._open = [max(p, peak) for p in self._open]
 
     def wrap(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,19 +207,20 @@ class _Peak:
         def measured(*args: Any, **kwargs: Any) -> Any:
             self._fold()
             self._open.append(0)
-            tracemalloc.reset_peak()
+            self.reset()
             try:
                 result = function(*args, **kwargs)
             finally:
                 self._fold()
                 own = self._open.pop()
-                tracemalloc.reset_peak()
+                self.reset()
                 self.peaks[name] = max(self.peaks.get(name, 0), own)
-            size, _ = tracemalloc.get_traced_memory()
-            self.sizes[name] = max(self.sizes.get(name, 0), size)
-            if size > self.size:
-                self.size, self.stage = size, name
-                self.snapshot = tracemalloc.take_snapshot()
+            if not self.rss:
+                size, _ = tracemalloc.get_traced_memory()
+                self.sizes[name] = max(self.sizes.get(name, 0), size)
+                if size > self.size:
+                    self.size, self.stage = size, name
+                    self.snapshot = tracemalloc.take_snapshot()
             return result
 
         return measured
@@ -275,9 +296,9 @@ def child(work: Path, mode: str) -> dict[str, Any]:
     kb = config.knowledge_bases[0]
     embedder = HashEmbedder()
     out: dict[str, Any] = {}
-    peak = _Peak()
+    peak = _Peak(rss=mode == "rss")
+    _patch(peak)
     if mode == "tracemalloc":
-        _patch(peak)
         tracemalloc.start(1)
     before_kib = _status_kib("VmRSS")
     start = time.perf_counter()
@@ -285,14 +306,16 @@ def child(work: Path, mode: str) -> dict[str, Any]:
     out["seconds"] = round(time.perf_counter() - start, 2)
     if mode == "rss":
         out["rss_before_mb"] = round(before_kib / 1024, 1)
-        out["peak_rss_mb"] = round(_status_kib("VmHWM") / 1024, 1)
-        out["peak_growth_bytes"] = (_status_kib("VmHWM") - before_kib) * 1024
+        peak._fold()  # each stage resets VmHWM: the build's peak is the largest of them all
+        out["peak_rss_mb"] = round(peak.overall / 2**20, 1)
+        out["peak_growth_bytes"] = peak.overall - before_kib * 1024
+        out["rss_peak_mb_within"] = {k: round(v / 2**20, 1) for k, v in peak.peaks.items()}
         out["phases"] = {k: round(v, 2) for k, v in summary.seconds.items()}
     else:
         _, traced_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         # each stage resets tracemalloc's peak: the build's is the largest of the stages' own
-        out["tracemalloc_peak_mb"] = round(max([traced_peak, *peak.peaks.values()]) / 1e6, 1)
+        out["tracemalloc_peak_mb"] = round(max(traced_peak, peak.overall) / 1e6, 1)
         out["largest_stage_snapshot"] = {"stage": peak.stage, "mb": round(peak.size / 1e6, 1)}
         out["traced_mb_at_the_end_of"] = {k: round(v / 1e6, 1) for k, v in peak.sizes.items()}
         out["traced_peak_mb_within"] = {k: round(v / 1e6, 1) for k, v in peak.peaks.items()}
