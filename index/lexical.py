@@ -14,6 +14,7 @@ import bisect
 import math
 import re
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -24,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import snowballstemmer  # type: ignore[import-untyped,unused-ignore]
 
-from index.mapped import ArraysFile, StringTable, dump_arrays, let_go
+from index.mapped import ArraysFile, Parts, StringTable, arrays_parts, let_go
 
 __all__ = [
     "ANALYZER",
@@ -204,13 +205,15 @@ class LexicalIndex:
     def build(
         cls, texts: Iterable[str], *, k1: float = DEFAULT_K1, b: float = DEFAULT_B
     ) -> LexicalIndex:
-        """Index ``texts``; the i-th text becomes doc id ``i``."""
+        """Index ``texts``; the i-th text becomes doc id ``i``. The postings are gathered in
+        typed arrays (4 bytes an entry, not a list's 8-byte pointer): at 1M chunks they hold
+        about 100M entries until they are sorted."""
         vocab: dict[str, int] = {}
-        term_ids: list[int] = []
-        term_tfs: list[int] = []
-        doc_of: list[int] = []
-        doc_len: list[int] = []
-        for doc, text in enumerate(texts):
+        term_ids = array("i")
+        term_tfs = array("I")
+        doc_terms = array("i")  # each document's number of distinct terms
+        doc_len = array("i")
+        for text in texts:
             tokens = analyze(text)
             doc_len.append(len(tokens))
             counts = Counter(tokens)
@@ -220,18 +223,25 @@ class LexicalIndex:
                     tid = vocab[term] = len(vocab)
                 term_ids.append(tid)
                 term_tfs.append(tf)
-            doc_of.extend([doc] * len(counts))
+            doc_terms.append(len(counts))
         terms = sorted(vocab)
         rank = np.empty(len(vocab), dtype=np.int64)  # first-seen id -> id in sorted order
         rank[[vocab[t] for t in terms]] = np.arange(len(terms))
-        tids = rank[np.asarray(term_ids, dtype=np.int64)]
+        del vocab
+        tids = rank[np.frombuffer(term_ids, dtype=np.int32)]
+        del term_ids
         # Stable sort by term keeps each term's doc ids ascending.
         order = np.argsort(tids, kind="stable")
-        indptr = np.zeros(len(vocab) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(tids, minlength=len(vocab)), out=indptr[1:])
-        doc_ids = np.asarray(doc_of, dtype=np.int32)[order]
-        tfs = np.minimum(np.asarray(term_tfs, dtype=np.int64), _TF_MAX).astype(np.uint16)[order]
-        return cls(terms, indptr, doc_ids, tfs, np.asarray(doc_len, dtype=np.int32), k1=k1, b=b)
+        indptr = np.zeros(len(terms) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(tids, minlength=len(terms)), out=indptr[1:])
+        del tids
+        n_docs = len(doc_len)
+        doc_of = np.repeat(np.arange(n_docs, dtype=np.int32), np.frombuffer(doc_terms, np.int32))
+        doc_ids = doc_of[order]
+        del doc_of
+        tfs = np.minimum(np.frombuffer(term_tfs, dtype=np.uint32), _TF_MAX).astype(np.uint16)[order]
+        lengths = np.frombuffer(doc_len, dtype=np.int32).copy()
+        return cls(terms, indptr, doc_ids, tfs, lengths, k1=k1, b=b)
 
     def let_go(self) -> None:
         """Drop this process's pages of the mapped postings (``mapped.let_go``): opening the
@@ -325,7 +335,11 @@ class LexicalIndex:
         return best(cand, scores[cand], k)
 
     def to_bytes(self) -> bytes:
-        """Serialize as an arrays file (``index/mapped.py``): the sorted vocabulary as a string
+        """Serialize as an arrays file (``to_parts`` joined)."""
+        return b"".join(self.to_parts())
+
+    def to_parts(self) -> Parts:
+        """Serialize as an arrays file, in pieces (``arrays_parts``) (``index/mapped.py``): the sorted vocabulary as a string
         table, the postings, the document lengths; the analyzer and parameters in the header."""
         terms = self._terms if isinstance(self._terms, StringTable) else StringTable.of(self._terms)
         arrays = {
@@ -335,7 +349,9 @@ class LexicalIndex:
             "tfs": self._tfs,
             "doc_len": self._doc_len,
         }
-        return dump_arrays(_KIND, arrays, version=_VERSION, analyzer=ANALYZER, k1=self.k1, b=self.b)
+        return arrays_parts(
+            _KIND, arrays, version=_VERSION, analyzer=ANALYZER, k1=self.k1, b=self.b
+        )
 
     @classmethod
     def open(cls, path: Path, *, k1: float | None = None, b: float | None = None) -> LexicalIndex:

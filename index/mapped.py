@@ -23,7 +23,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from array import array as typed_array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, overload
 
@@ -45,22 +46,35 @@ def _padding(size: int) -> int:
     return -size % _ALIGN
 
 
-def dump_arrays(kind: str, arrays: Mapping[str, npt.NDArray[Any]], **fields: Any) -> bytes:
-    """The bytes of one arrays file; ``fields`` are JSON values the kind keeps in its header."""
+Parts = list[bytes | memoryview]  # a file's bytes in pieces, as ``arrays_parts`` gives them
+
+
+def arrays_parts(kind: str, arrays: Mapping[str, npt.NDArray[Any]], **fields: Any) -> Parts:
+    """The bytes of one arrays file in pieces: the header, then each array's own memory (no
+    copy of an array that is already little-endian and contiguous) and its padding. A writer
+    writes them one after the other (``index.snapshot.write_atomic``), and a file of many
+    megabytes is never held twice; ``fields`` are JSON values the kind keeps in its header."""
     specs: dict[str, dict[str, Any]] = {}
-    parts: list[bytes] = []
+    views: list[memoryview] = []
     offset = 0
     for name, array in arrays.items():
         data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         if data.ndim != 1 or data.dtype.str not in DTYPES:
             raise ValueError(f"array {name!r}: one dimension of {sorted(DTYPES)}, not {data.dtype}")
         specs[name] = {"dtype": data.dtype.str, "length": int(data.size), "offset": offset}
-        raw = data.tobytes()
-        parts.append(raw + b"\0" * _padding(len(raw)))
-        offset += len(raw) + _padding(len(raw))
+        views.append(data.view(np.uint8).data)
+        offset += data.nbytes + _padding(data.nbytes)
     head = orjson.dumps({"kind": kind, "arrays": specs, **fields})
     prefix = MAGIC + _HEADER_LEN.pack(len(head)) + head
-    return prefix + b"\0" * _padding(len(prefix)) + b"".join(parts)
+    parts: Parts = [prefix + b"\0" * _padding(len(prefix))]
+    for view in views:
+        parts += [view, b"\0" * _padding(len(view))]
+    return parts
+
+
+def dump_arrays(kind: str, arrays: Mapping[str, npt.NDArray[Any]], **fields: Any) -> bytes:
+    """The bytes of one arrays file (``arrays_parts`` joined)."""
+    return b"".join(arrays_parts(kind, arrays, **fields))
 
 
 # madvise's "drop these pages" where the platform has it (not on Windows)
@@ -172,12 +186,15 @@ class StringTable(Sequence[str]):
         self._ends = offsets.data  # Python ints on indexing, unlike numpy scalars
 
     @classmethod
-    def of(cls, strings: Sequence[str]) -> StringTable:
-        """A table in memory (what a build writes, or what a test reads)."""
-        encoded = [s.encode("utf-8") for s in strings]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
-        np.cumsum([len(b) for b in encoded], out=offsets[1:])
-        return cls(memoryview(b"".join(encoded)), offsets)
+    def of(cls, strings: Iterable[str]) -> StringTable:
+        """A table in memory (what a build writes, or what a test reads): the strings encoded
+        one at a time into one blob, no list of their encodings beside it."""
+        blob = bytearray()
+        ends = typed_array("Q", [0])
+        for s in strings:
+            blob += s.encode("utf-8")
+            ends.append(len(blob))
+        return cls(memoryview(blob).toreadonly(), np.frombuffer(ends, dtype=np.uint64))
 
     def arrays(self, prefix: str) -> dict[str, npt.NDArray[Any]]:
         """``{prefix}blob`` and ``{prefix}offsets``, for ``dump_arrays``."""

@@ -56,7 +56,7 @@ from index.filters import build_partitions as build_value_partitions
 from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, knn, vector_rows
 from index.key_tables import GAZETTEER_KIND, TABLES, KeyTables, tables_rules
 from index.lexical import LexicalIndex
-from index.mapped import ArraysFile
+from index.mapped import ArraysFile, Parts
 from index.summaries import SUMMARY_VECTORS, SummaryIndex, has_summaries, load_summary_index
 from index.tables import ChunkTable, PageTable
 from index.types import Chunk, Page
@@ -251,12 +251,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+def write_atomic(path: Path, data: bytes | Parts, mode: int | None = None) -> None:
     """Write a file so that a reader sees the old content or the new, never a part: temp, fsync, rename.
+    ``data`` is the bytes, or the pieces ``arrays_parts`` gives, written one after the other.
     ``mode`` (e.g. 0o644) is set before the rename, whatever the umask."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with tmp.open("wb") as f:
-        f.write(data)
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            f.writelines(data)
         f.flush()
         os.fsync(f.fileno())
     if mode is not None:
@@ -333,7 +337,7 @@ def choose_ef(
     noise = rng.normal(0, 1.0 / np.sqrt(dim), size=(len(rows), dim)).astype(np.float32)
     queries = vectors[rows] + noise
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :k]
+    exact = _exact_top(queries, vectors, k)
     recall = 0.0
     for ef in (MIN_EF, 48, 64, 96, 128, 192, 256, 384, 512):
         index.set_ef(max(ef, k))
@@ -344,6 +348,21 @@ def choose_ef(
         if recall >= target_recall:
             return max(ef, k), recall
     return max(ef, k), recall
+
+
+EXACT_BLOCK_BYTES = 64 << 20  # what ``_exact_top`` holds of scores and their order at once
+
+
+def _exact_top(queries: Vectors, vectors: Vectors, k: int) -> npt.NDArray[np.int64]:
+    """Each query's ``k`` nearest rows of ``vectors`` by exact inner product, a block of queries
+    at a time: 200 queries' scores and sort order over 1M chunks at once were 2.4 GB."""
+    per_query = max(1, vectors.shape[0]) * 12  # a float32 score and an int64 position a row
+    step = max(1, EXACT_BLOCK_BYTES // per_query)
+    blocks = [  # a copy of each block's first k: a view would keep the block's whole order
+        np.argsort(-(queries[i : i + step] @ vectors.T), axis=1)[:, :k].copy()
+        for i in range(0, len(queries), step)
+    ]
+    return np.concatenate(blocks) if blocks else np.zeros((0, k), dtype=np.int64)
 
 
 def write_snapshot(
@@ -378,10 +397,10 @@ def write_snapshot(
     index = build_hnsw(vectors, hnsw_m, hnsw_ef_construction)
     ef, recall = choose_ef(index, vectors, target_recall)
     index.save_index(str(folder / VECTORS))
-    write_atomic(folder / CHUNKS, ChunkTable.dump(chunks))
-    write_atomic(folder / PAGES, PageTable.dump(pages))
-    lexical = LexicalIndex.build([c.embed_text for c in chunks])
-    write_atomic(folder / LEXICAL, lexical.to_bytes())
+    write_atomic(folder / CHUNKS, ChunkTable.parts(chunks))
+    write_atomic(folder / PAGES, PageTable.parts(pages))
+    lexical = LexicalIndex.build(c.embed_text for c in chunks)
+    write_atomic(folder / LEXICAL, lexical.to_parts())
     entities = EntityTable.dump(lexical, chunks)
     write_atomic(folder / ENTITIES, entities)
     write_atomic(folder / GAZETTEER, gazetteer_tables(entities, len(chunks)))

@@ -35,7 +35,7 @@ from index.chunker import (
     MAX_META_STRINGS,
     bounded,
 )
-from index.mapped import ArraysFile, StringTable, dump_arrays, let_go
+from index.mapped import ArraysFile, Parts, StringTable, arrays_parts, let_go
 from index.types import Chunk, MetaValue
 
 CHUNKS_KIND: Final = "voxrecall.chunks"
@@ -124,6 +124,11 @@ class ChunkTable(Sequence[Chunk]):
     @staticmethod
     def dump(chunks: Sequence[Chunk]) -> bytes:
         """The bytes of ``chunks.bin`` for these chunks."""
+        return b"".join(ChunkTable.parts(chunks))
+
+    @staticmethod
+    def parts(chunks: Sequence[Chunk]) -> Parts:
+        """The bytes of ``chunks.bin`` for these chunks, in pieces (``arrays_parts``)."""
         names = sorted({c.source for c in chunks})
         position = {name: i for i, name in enumerate(names)}
         strings: list[str] = []
@@ -147,7 +152,7 @@ class ChunkTable(Sequence[Chunk]):
             "meta_n": np.asarray(meta_n, dtype=np.int32),
             "source_of": np.asarray([position[c.source] for c in chunks], dtype=np.int32),
         }
-        return dump_arrays(CHUNKS_KIND, arrays, count=len(chunks), sources=names)
+        return arrays_parts(CHUNKS_KIND, arrays, count=len(chunks), sources=names)
 
     @classmethod
     def open(cls, path: Path) -> ChunkTable:
@@ -555,12 +560,17 @@ class PageTable(Mapping[str, str]):
 
     @staticmethod
     def dump(pages: Mapping[str, str]) -> bytes:
+        return b"".join(PageTable.parts(pages))
+
+    @staticmethod
+    def parts(pages: Mapping[str, str]) -> Parts:
+        """The bytes of ``pages.bin`` for these pages, in pieces (``arrays_parts``)."""
         keys = sorted(pages)
         arrays = {
             **StringTable.of(keys).arrays("k_"),
-            **StringTable.of([pages[k] for k in keys]).arrays("t_"),
+            **StringTable.of(pages[k] for k in keys).arrays("t_"),
         }
-        return dump_arrays(PAGES_KIND, arrays, count=len(keys))
+        return arrays_parts(PAGES_KIND, arrays, count=len(keys))
 
     @classmethod
     def open(cls, path: Path) -> PageTable:

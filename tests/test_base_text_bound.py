@@ -25,7 +25,7 @@ PAGE = "a" * 2000
 REFUSAL = re.compile(
     r"knowledge base 'kb': its pages hold ([\d,]+) bytes by source '(\w+)' page '([^']+)', "
     r"over max_text_bytes \(20,000\): raise the base's max_text_bytes if the indexer has the "
-    r"memory \(a build holds about 15 times it at its peak\), or split its sources into several "
+    r"memory \(a build holds about 5 times it at its peak\), or split its sources into several "
     r"bases; nothing was published"
 )
 

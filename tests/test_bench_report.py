@@ -164,8 +164,9 @@ def test_help_has_no_markup_and_no_description_ends_mid_sentence(
 # the bench modules with a command line of their own; still to do: turn_cost, handler_cost,
 # profile_turn, search_parts, doc2dial_halves, quality_conversations, spoken_misses
 MODULES = (
-    "embed_pair", "embedder_latency", "eval_lexical_scifact", "fair_share", "fuzz_snapshot",
-    "grpc_floor", "guards_overhead", "hits_written", "hook_pressure", "hnsw_check", "hostile_grpc",
+    "build_memory", "embed_pair", "embedder_latency", "eval_lexical_scifact", "fair_share",
+    "fuzz_snapshot", "grpc_floor", "guards_overhead", "hits_written", "hook_pressure", "hnsw_check",
+    "hostile_grpc",
     "hostile_pages", "hostile_pdfs", "index_build", "many_bases", "metadata_filter", "page_limits",
     "policy_agreement", "profile_search", "quality_scifact", "quality_turns", "session_memory",
     "sidecar_proc", "soak", "source_filter", "summaries", "swap", "turn_breakdown",

@@ -82,7 +82,7 @@ class PageBytes:
                     f"knowledge base {quoted(self.knowledge_base)}: its pages hold {self.held:,} "
                     f"bytes by source {quoted(page.source)} page {quoted(page.source_path)}, over "
                     f"max_text_bytes ({self.limit:,}): raise the base's max_text_bytes if the "
-                    "indexer has the memory (a build holds about 15 times it at its peak), or "
+                    "indexer has the memory (a build holds about 5 times it at its peak), or "
                     "split its sources into several bases; nothing was published"
                 )
 
