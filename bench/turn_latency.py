@@ -16,6 +16,14 @@ uniform 80-200 ms under a budget wide enough never to fall back, to show how muc
 prefetch removes. Per scenario: the server-side turn latency (``timings.total_ms``) p50/p95/p99
 over every final user turn and over the searched ones, the share within the budget, degraded,
 skipped and prefetched, and the client's round trip. Writes ``bench/results/turn_latency.json``.
+
+The client's time of a turn is always from sending its final transcript to reading its answer:
+a ``Turn`` from the call's start to its response; a ``Converse`` final from writing it on the
+stream to reading the stream's next answer (its interims get none, so that is the final's), not
+from the first interim; the DIY system (``--diy``, ``bench.diy_turn``) from handing the final
+transcript to its embedder to the database's rows. Each waits the same pace before its final:
+the words at WORD_S each, then the endpointing silence (``pause_s``; a ``Converse`` caller sends
+an interim per word meanwhile).
 """
 
 from __future__ import annotations
@@ -309,8 +317,9 @@ async def call_with_converse(
                     )
                 )
             )
-            resp = await stream.read()
-            record(run, resp.turn, (time.perf_counter() - start) * 1000.0, resp.prefetched)
+            resp = await stream.read()  # an interim gets no answer: this is the final's
+            client_ms = (time.perf_counter() - start) * 1000.0
+            record(run, resp.turn, client_ms, resp.prefetched, text=text)
         await stream.done_writing()
     finally:
         stream.cancel()
@@ -466,6 +475,11 @@ def share(flags: list[bool]) -> float:
     return round(sum(flags) / len(flags), 4) if flags else 0.0
 
 
+def ratio(mine: float, theirs: float) -> float:
+    """``mine`` over ``theirs`` (two p50s), or 0.0 where there is no ``theirs``."""
+    return round(mine / theirs, 3) if theirs else 0.0
+
+
 def summarise(scenario: Scenario, run: Run) -> dict[str, Any]:
     s = run.samples
     searched = [x for x in s if not x.skipped]
@@ -533,10 +547,8 @@ def against_diy(
         "turn_rpc": percentiles(
             [x.client_ms - x.server_ms for x in turn_run.samples if not x.skipped]
         ),
-        "turn_over_diy_p50": round(mine["p50_ms"] / every["p50_ms"], 3) if diy else 0.0,
-        "searched_turn_over_diy_p50": (
-            round(mine_searched["p50_ms"] / only["p50_ms"], 3) if only["p50_ms"] else 0.0
-        ),
+        "turn_over_diy_p50": ratio(mine["p50_ms"], every["p50_ms"]),
+        "searched_turn_over_diy_p50": ratio(mine_searched["p50_ms"], only["p50_ms"]),
         "goal_met": bool(diy) and mine["p50_ms"] <= every["p50_ms"],
     }
 
@@ -671,36 +683,81 @@ DIY_ROUNDS = 3
 
 async def diy_rounds(quick: bool) -> dict[str, Any]:
     """``--diy``: ``local_default``, the same as ``Turn`` over HTTP (``/v1/turn``, aiohttp),
-    gRPC's floor (``grpc_floor``), HTTP's floor (``http_floor``) and the DIY system over the same
-    calls, in that order, DIY_ROUNDS times."""
+    ``local_default_prefetch`` (``Converse``: interims ahead of each final), gRPC's floor
+    (``grpc_floor``), HTTP's floor (``http_floor``) and the DIY system over the same calls, in
+    that order, DIY_ROUNDS times."""
     calls = workload(quick)
     config = write_config(WORK / "local", "local", 0)
     await asyncio.to_thread(build, config, "local")
-    scenario = SCENARIOS[0]
+    scenario, converse = SCENARIOS[0], SCENARIOS[1]  # local_default, local_default_prefetch
     rounds = []
     loads = [os.getloadavg()]
     for _ in range(DIY_ROUNDS):
         turn_run = await run_scenario(scenario, config, calls)
         summary = summarise(scenario, turn_run)
         http_run = await run_http_turns(scenario, config, calls)
+        converse_run = await run_scenario(converse, config, calls)
         floor = await grpc_floor(turn_run.answer or pb.TurnResponse(), calls)
         floor_http = await http_floor(http_run.answer_json or b"{}", calls)
-        rounds.append(against_diy(summary, turn_run, await run_diy(config, calls), calls))
+        diy = await run_diy(config, calls)
+        rounds.append(against_diy(summary, turn_run, diy, calls))
         rounds[-1].update(floor_beside(rounds[-1], floor))
         rounds[-1].update(http_beside(rounds[-1], http_run, floor_http))
+        rounds[-1].update(converse_beside(converse_run, diy))
         loads.append(os.getloadavg())
         print(json.dumps(rounds[-1]), flush=True)
-    ratios = sorted(r["turn_over_diy_p50"] for r in rounds)
-    http_ratios = sorted(r["turn_http_over_diy_p50"] for r in rounds)
     return {
         "concurrency": CONCURRENCY,
         "turns": sum(len(c) for c in calls),
+        # the callers' pace and the sidecar's prefetch setting the Converse round ran at
+        "word_s": WORD_S,
+        "endpoint_s": list(ENDPOINT_S),
+        "prefetch_stable_ms": config.sidecar.prefetch_stable_ms,
         "rounds": rounds,
-        "median_turn_over_diy_p50": ratios[len(ratios) // 2],
-        "median_turn_http_over_diy_p50": http_ratios[len(http_ratios) // 2],
+        **medians(rounds),
         "load_average": os.getloadavg(),
         # at the start and after each round: (1, 5, 15 minutes)
         "load_averages": loads,
+    }
+
+
+RATIOS = ("turn_over_diy_p50", "turn_http_over_diy_p50", "converse_over_diy_p50")
+
+
+def medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Each of RATIOS's median over the rounds, as ``median_`` + its name."""
+    out = {}
+    for name in RATIOS:
+        ratios = sorted(r[name] for r in rounds)
+        out[f"median_{name}"] = ratios[len(ratios) // 2]
+    return out
+
+
+def converse_beside(converse: Run, diy: list[tuple[str, float]]) -> dict[str, Any]:
+    """``Converse`` (``local_default_prefetch``) in the same round as the DIY system, both by
+    the client's clock from the final transcript: over every final user turn and over the ones
+    the sidecar searched (against the DIY system's time for the same texts), the share answered
+    from a prefetch, and the client's time of those and of the searched ones that were not."""
+    samples = converse.samples
+    searched = [x for x in samples if not x.skipped]
+    texts = {x.text for x in searched}
+    mine = percentiles([x.client_ms for x in samples])
+    mine_searched = percentiles([x.client_ms for x in searched])
+    every = percentiles([ms for _, ms in diy])
+    only = percentiles([ms for text, ms in diy if text in texts])
+    return {
+        "converse_client": mine,
+        "converse_client_searched": mine_searched,
+        "converse_client_prefetched": percentiles([x.client_ms for x in searched if x.prefetched]),
+        "converse_client_not_prefetched": percentiles(
+            [x.client_ms for x in searched if not x.prefetched]
+        ),
+        "converse_server": percentiles([x.server_ms for x in samples]),
+        "converse_prefetched": share([x.prefetched for x in samples]),
+        "converse_prefetched_searched": share([x.prefetched for x in searched]),
+        "converse_over_diy_p50": ratio(mine["p50_ms"], every["p50_ms"]),
+        "searched_converse_over_diy_p50": ratio(mine_searched["p50_ms"], only["p50_ms"]),
+        "converse_goal_met": bool(diy and samples) and mine["p50_ms"] <= every["p50_ms"],
     }
 
 
@@ -733,7 +790,7 @@ def http_beside(round_: dict[str, Any], http_run: Run, floor: Run) -> dict[str, 
         "turn_http_rpc": rpc,
         "http_floor": measured,
         "turn_http_rpc_above_floor_p50_ms": round(rpc["p50_ms"] - measured["p50_ms"], 2),
-        "turn_http_over_diy_p50": round(mine["p50_ms"] / diy, 3) if diy else 0.0,
+        "turn_http_over_diy_p50": ratio(mine["p50_ms"], diy),
         "turn_http_goal_met": bool(diy) and mine["p50_ms"] <= diy,
     }
 
