@@ -34,7 +34,8 @@ def test_a_calls_peer_is_read_as_its_address_and_port(
 @pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
 async def test_the_socket_connected_to_a_peer_is_shut_down_and_no_other(family: int) -> None:
     """A real listener with two clients: the one named loses its connection (it reads the end
-    of the stream), the other keeps it; the listener is untouched."""
+    of the stream), the other keeps it; the listener, and the clients' own ends (their peer is
+    the listener), are untouched."""
     host = "127.0.0.1" if family == socket.AF_INET else "::1"
     accepted: list[asyncio.StreamWriter] = []
 
@@ -51,14 +52,16 @@ async def test_the_socket_connected_to_a_peer_is_shut_down_and_no_other(family: 
         peer = (
             f"{kind}:{local[0]}:{local[1]}" if kind == "ipv4" else f"ipv6:[{local[0]}]:{local[1]}"
         )
-        # only the server's end has the client for its peer: one socket
-        assert await asyncio.to_thread(hang_up, [peer]) == 1
+        # on another port (another door's, or a server of ours) it is not looked for
+        assert await asyncio.to_thread(hang_up, [peer], {port + 1}) == 0
+        # only the server's end, on its port, has the client for its peer: one socket
+        assert await asyncio.to_thread(hang_up, [peer], {port}) == 1
         async with asyncio.timeout(LIVENESS_S):
             assert await named[0].read() == b""  # the server's end shut down: end of stream
         other[1].write(b"still here")
         await other[1].drain()
         assert not other[0].at_eof()
-        assert hang_up(["unix:/run/x.sock", "ipv4:192.0.2.1:1"]) == 0
+        assert hang_up(["unix:/run/x.sock", "ipv4:192.0.2.1:1"], {port}) == 0
         for _, writer in (named, other):
             writer.close()
     finally:

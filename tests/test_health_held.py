@@ -37,7 +37,7 @@ def test_a_full_table_ends_the_oldest_call_of_the_address_holding_the_most() -> 
     tasks = [Task() for _ in range(3)]
     holds = [held.take("a", task) for task in tasks]
     held.take("b", Task())
-    held.take("c", Task())  # full: a's oldest ends for it
+    held.take("c", Task())  # full, and c holds none: a's oldest ends for it
     assert [t.cancelled for t in tasks] == [True, False, False]
     assert held.by_peer == {"a": 2, "b": 1, "c": 1}
     assert held.total == 4
@@ -50,11 +50,14 @@ def test_a_full_table_ends_the_oldest_call_of_the_address_holding_the_most() -> 
     assert held.by_peer["a"] == 1
 
 
-def test_a_full_table_refuses_an_address_holding_as_many_as_any_other() -> None:
-    held = _held(limit=2, per_peer=2)
-    held.take("a", Task())
-    held.take("b", Task())
-    with pytest.raises(Refused, match="2 checks are held, the limit is 2: read them"):
+def test_a_full_table_refuses_an_address_that_holds_some() -> None:
+    """Only an address holding none takes another's place: one that holds a call already is
+    refused, however many another holds (an address cannot end calls one after another)."""
+    held = _held(limit=4, per_peer=3)
+    for _ in range(3):
         held.take("a", Task())
-    assert held.by_peer == {"a": 1, "b": 1}
+    held.take("b", Task())
+    with pytest.raises(Refused, match="4 checks are held, the limit is 4: read them"):
+        held.take("b", Task())
+    assert held.by_peer == {"a": 3, "b": 1}
     assert held.ended == 0

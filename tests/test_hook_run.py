@@ -191,6 +191,9 @@ class _Answering:
     def done(self) -> bool:
         return False
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
     def add_done_callback(self, callback: Any) -> None:
         self.sent.append(callback)
 

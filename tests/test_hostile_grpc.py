@@ -338,6 +338,13 @@ class UnreadClient:
         update = (OPEN_WINDOW - 65535).to_bytes(4, "big")
         self.writer.write(_frame(SETTINGS, 0, 0, window) + _frame(WINDOW_UPDATE, 0, 0, update))
 
+    def read_one(self, stream: int) -> None:
+        """Let one stream's answer through (its window, and the connection's)."""
+        update = OPEN_WINDOW.to_bytes(4, "big")
+        self.writer.write(
+            _frame(WINDOW_UPDATE, 0, 0, update) + _frame(WINDOW_UPDATE, 0, stream, update)
+        )
+
     async def close(self) -> None:
         self.writer.close()
         self.task.cancel()
@@ -446,6 +453,38 @@ async def test_unread_answers_hold_every_slot_without_auth_only_until_stream_idl
                 assert (await stub.Search(request)).chunks
         finally:
             await hog.close()
+
+
+async def test_a_client_reading_its_other_answers_keeps_its_connection_and_a_slow_ones_slot(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """A client slow to read one answer while it reads the others on the same connection (an
+    agent's one channel, one session's reader stalled) keeps its connection: only that call's
+    slot stays held. Once it reads nothing, its connection is closed after stream_idle_s."""
+    idle_s = 1.5
+    config = sidecar_config(store, max_concurrent_rpcs=4, stream_idle_s=idle_s)
+    async with running(config, local_embedder) as sidecar:
+        assert sidecar.guards is not None
+        limit = sidecar.guards.limit
+        client = await UnreadClient.connect(sidecar.port)
+        request = pb.SearchRequest(knowledge_base="help", query=QUESTION)
+        loop = asyncio.get_running_loop()
+        try:
+            slow = client.call("Search", request)
+            await eventually(lambda: limit.lingering == 1, "the slow answer, held")
+            reading_until = loop.time() + 2.5 * idle_s
+            while loop.time() < reading_until:  # an answer read every 0.1 s beside it
+                stream = client.call("Search", request)
+                client.read_one(stream)
+                await eventually(lambda s=stream: s in client.ended, "an answer read")
+                await asyncio.sleep(0.1)
+            assert not client.hung_up
+            assert limit.lingering == 1  # the slow one's slot, still held
+            assert slow not in client.ended
+            await eventually(lambda: client.hung_up, "its connection, once it reads nothing")
+            await eventually(lambda: limit.unary.in_flight == 0, "the slow one's slot")
+        finally:
+            await client.close()
 
 
 HEALTH = "grpc.health.v1.Health"

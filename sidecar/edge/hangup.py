@@ -6,10 +6,12 @@ or a stream's last writes, wait in gRPC's core until the client's flow-control w
 out, whatever becomes of the handler's task (cancelling it ends the Python side only: the stream
 stayed open, and its answer was still sent once the client opened its window). So a client that
 never read kept every answer it had asked for in memory, while the call limits gave its slots
-back after ``stream_idle_s`` and it asked again. ``hang_up`` finds the sockets connected to the
-calls' peers among this process's descriptors (Linux's ``/proc/self/fd``) and shuts them down:
-gRPC's core sees each connection closed and frees every call on it, as when a client goes. Run
-it off the event loop (it reads every descriptor's link): ``hang_up_soon``.
+back after ``stream_idle_s`` and it asked again. ``Hangups`` finds the sockets of such clients'
+connections among this process's descriptors (Linux's ``/proc/self/fd``: the socket accepted on
+one of the gRPC server's ports whose peer is the call's) and shuts them down: gRPC's core sees
+each connection closed and frees every call on it, as when a client goes. Elsewhere (not Linux,
+a unix-socket listener, whose peers cannot be told apart) nothing is closed, and such answers
+stay until their clients read them or go.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote
 
 log = logging.getLogger("voxrecall.hangup")
@@ -48,22 +51,23 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return mapped or address
 
 
-def hang_up(peers: Collection[str]) -> int:
-    """Shut down this process's sockets connected to ``peers`` (calls' ``context.peer()``);
-    how many (0 where ``/proc/self/fd`` cannot be read: not Linux)."""
+def hang_up(peers: Collection[str], ports: Collection[int]) -> int:
+    """Shut down this process's TCP sockets accepted on one of ``ports`` whose peers are
+    ``peers`` (calls' ``context.peer()``); how many (0 where ``/proc/self/fd`` cannot be read).
+    It reads every descriptor's link: run it off the event loop."""
     wanted = {e for e in map(endpoint, peers) if e is not None}
-    if not wanted:
+    if not wanted or not ports:
         return 0
     try:
         names = os.listdir(FDS)
     except OSError:
         return 0
-    return sum(_shut_down_if(int(name), wanted) for name in names)
+    return sum(_shut_down_if(int(name), wanted, ports) for name in names)
 
 
-def _shut_down_if(fd: int, wanted: set[Endpoint]) -> bool:
-    """Shut down socket ``fd`` if its peer is one of ``wanted`` (through a duplicate: the
-    descriptor stays gRPC's, which closes it as the connection ends)."""
+def _shut_down_if(fd: int, wanted: set[Endpoint], ports: Collection[int]) -> bool:
+    """Shut down socket ``fd`` if it is one of ``wanted``'s connections to ``ports`` (through a
+    duplicate: the descriptor stays gRPC's, which closes it as the connection ends)."""
     try:
         if not os.readlink(f"{FDS}/{fd}").startswith("socket:"):
             return False
@@ -71,10 +75,12 @@ def _shut_down_if(fd: int, wanted: set[Endpoint]) -> bool:
     except OSError:  # closed meanwhile, or not ours to read
         return False
     with sock:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
             return False
         try:
             host, port = sock.getpeername()[:2]
+            if sock.getsockname()[1] not in ports:  # one of ours to a server, or another door's
+                return False
         except OSError:  # a listening socket, or one not connected
             return False
         if (_address(host), port) not in wanted:
@@ -83,18 +89,39 @@ def _shut_down_if(fd: int, wanted: set[Endpoint]) -> bool:
         return True
 
 
-def hang_up_soon(peers: Collection[str], why: str) -> None:
-    """``hang_up`` on a worker thread, logged once done (``why``: what the clients did)."""
-    if not peers:
-        return
-    future = asyncio.get_running_loop().run_in_executor(None, hang_up, tuple(peers))
-    future.add_done_callback(lambda done: _logged(done, len(peers), why))
+class Hangups:
+    """The connections to close, closed by one scan at a time on a thread of its own (a scan
+    reads every descriptor: ~90 ms at 5,000 sockets), the peers asked for meanwhile joining the
+    next one; a line a scan. ``ports``: the gRPC server's, set once it is bound."""
 
+    def __init__(self) -> None:
+        self.ports: frozenset[int] = frozenset()
+        self.closed = 0  # connections closed so far
+        self._pending: set[str] = set()
+        self._scanning = False
+        self._thread: ThreadPoolExecutor | None = None
 
-def _logged(done: asyncio.Future[int], asked: int, why: str) -> None:
-    if done.cancelled():
-        return
-    if (exc := done.exception()) is not None:
-        log.warning("could not close the connections of clients that %s: %s", why, exc)
-        return
-    log.info("closed %d of %d connections: their clients %s", done.result(), asked, why)
+    def soon(self, peers: Iterable[str]) -> None:
+        """Close the connections of ``peers`` (calls' ``context.peer()``) soon."""
+        self._pending.update(peers)
+        if self._pending and not self._scanning:
+            self._scan()
+
+    def _scan(self) -> None:
+        peers, self._pending = self._pending, set()
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="voxrecall-hangup")
+        self._scanning = True
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._thread, hang_up, peers, self.ports)
+        future.add_done_callback(lambda done: self._scanned(done, len(peers)))
+
+    def _scanned(self, done: asyncio.Future[int], asked: int) -> None:
+        self._scanning = False
+        if not done.cancelled() and (exc := done.exception()) is not None:
+            log.warning("could not close the connections of clients that do not read: %s", exc)
+        elif not done.cancelled():
+            self.closed += done.result()
+            log.info("closed %d of %d connections: their clients do not read", done.result(), asked)
+        if self._pending:
+            self._scan()

@@ -13,11 +13,13 @@ whatever the port; an IPv6 client's /64), one more RESOURCE_EXHAUSTED saying whi
   from any other address is still answered; a Check that is read is counted for a moment only;
 - ``Watch`` holds a stream for as long as the client likes: at most ``MAX_WATCHES`` are open
   (~25 MB) and ``MAX_WATCHES_PER_PEER`` from one address;
-- a full table of either is shared out: an address holding fewer than another is never refused
-  for the total, the oldest call of the address holding the most is ended (CANCELLED) to make
-  room (``Held``), so however many addresses hold the rest, a probe from another is answered
-  (16 addresses holding their 64 unread Checks each took every slot, and a kubelet's probe
-  was refused);
+- a full table of either still takes an address that holds none: the oldest call of the
+  address holding the most is ended (CANCELLED) to make room (``Held``), so however many
+  addresses hold the rest, a probe from another is answered (16 addresses holding their 64
+  unread Checks each took every slot, and a kubelet's probe was refused). A Check ended so
+  has its connection closed too, which alone frees the answer gRPC holds for a client that
+  does not read (``sidecar.edge.hangup``: every call on that connection ends); a watch is
+  only ended;
 - only the names the sidecar reports on (``""`` and ``voxrecall.v1.Retrieval``) can be asked
   for; any other is NOT_FOUND at once (grpcio's servicer kept a stream, and the name, for each
   watch: 20,000 watches took 490 MB, 300 naming a 3 MB service 2.9 GB);
@@ -39,7 +41,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.edge.addresses import peer_key
-from sidecar.edge.hangup import hang_up_soon
+from sidecar.edge.hangup import Hangups
 
 Status = int  # a HealthCheckResponse.ServingStatus value
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -74,10 +76,9 @@ class Hold:
 
 class Held:
     """The calls of one kind held at once, capped in total and per client address
-    (``peer_key``). A full table is shared out rather than first come, first served: an
-    address holding fewer than another is never refused for the total, the oldest call of the
-    address holding the most is ended for it (a probe from a new address is always answered,
-    however many addresses hold the rest)."""
+    (``peer_key``). A full table still takes an address that holds none: the oldest call of
+    the address holding the most is ended for it, so a probe from a new address is answered
+    however many addresses hold the rest; an address that holds some is refused."""
 
     def __init__(self, what: str, limit: int, per_peer: int, advice: str) -> None:
         self.what = what  # "health watches are open": how a refusal counts them
@@ -86,7 +87,7 @@ class Held:
         self.advice = advice  # what a refused caller can do
         self.total = 0
         self.calls: dict[str, dict[Hold, None]] = {}  # by address, oldest first
-        self.ended = 0  # calls ended for another address's (``_end_oldest``)
+        self.ended = 0  # calls ended to make room (``_end_oldest``)
 
     @property
     def by_peer(self) -> dict[str, int]:
@@ -102,28 +103,27 @@ class Held:
                 f"{self.per_peer}: {self.advice}"
             )
         if self.total >= self.limit:
-            self._end_oldest(held)
+            if held:
+                raise Refused(f"{self.total} {self.what}, the limit is {self.limit}: {self.advice}")
+            self._end_oldest()
         hold = Hold(peer, end)
         self.calls.setdefault(peer, {})[hold] = None
         self.total += 1
         return hold
 
     def give(self, hold: Hold) -> None:
-        """``hold`` given back; nothing for one already ended for another (``_end_oldest``)."""
+        """``hold`` given back; nothing for one already ended to make room (``_end_oldest``)."""
         calls = self.calls.get(hold.peer)
-        if calls is None or calls.pop(hold, False) is False:
+        if calls is None or hold not in calls:
             return
+        del calls[hold]
         if not calls:
             del self.calls[hold.peer]
         self.total -= 1
 
-    def _end_oldest(self, held: int) -> None:
-        """Make room for an address holding ``held``: end the oldest call of the address that
-        holds the most, if that is more than ``held``; else ``Refused``. Counted given at once,
-        as it is ended (``_ended``)."""
+    def _end_oldest(self) -> None:
+        """End the oldest call of the address that holds the most, counted given at once."""
         most = max(self.calls.values(), key=len)
-        if len(most) <= held:
-            raise Refused(f"{self.total} {self.what}, the limit is {self.limit}: {self.advice}")
         oldest = next(iter(most))
         self.give(oldest)
         self.ended += 1
@@ -134,7 +134,9 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     """The sidecar's health service: ``set`` a name's status, ``enter_graceful_shutdown`` on a
     drain (every name NOT_SERVING from then on), ``Check`` and a bounded ``Watch``."""
 
-    def __init__(self) -> None:
+    def __init__(self, hangups: Hangups | None = None) -> None:
+        # the connections of clients that read nothing closed (the server's ports set once bound)
+        self.hangups = Hangups() if hangups is None else hangups
         self.statuses: dict[str, Status] = {"": health_pb2.HealthCheckResponse.SERVING}
         self.checks = Held(
             "health check answers are unread",
@@ -216,23 +218,27 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def _take(self, held: Held, context: Context) -> Hold:
         """One more of ``held`` for the call's client address, or the call aborted
         RESOURCE_EXHAUSTED saying which limit it is over."""
+        peer = context.peer() or ""
+        hangups = self.hangups if held is self.checks else None
         try:
-            return held.take(peer_key(context.peer() or ""), _ender(context))
+            return held.take(peer_key(peer), _ender(peer, hangups))
         except Refused as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             raise AssertionError("unreachable: abort raises") from exc
 
 
-def _ender(context: Context) -> Callable[[], None]:
-    """What ends the call of ``context`` (a Check or Watch held) for another address's: its task
-    cancelled and its connection closed, which alone frees what gRPC holds for a client that
-    does not read (``sidecar.edge.hangup``)."""
+def _ender(peer: str, hangups: Hangups | None) -> Callable[[], None]:
+    """What ends the call at hand (a Check or Watch held, from ``peer``) to make room: its
+    task cancelled; a Check's connection closed too (``hangups``), as a held Check is one whose
+    answer its client has not read (a read one is done within a moment), and only a closed
+    connection frees it (``sidecar.edge.hangup``). A Watch is held open, read or not: it is only
+    ended, and a client that reads keeps its connection."""
     task = asyncio.current_task()
-    peer = context.peer() or ""
 
     def end() -> None:
         if task is not None:
             task.cancel()
-        hang_up_soon({peer}, "held the most health calls while every slot was taken")
+        if hangups is not None:
+            hangups.soon((peer,))
 
     return end

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from sidecar.edge.hangup import hang_up_soon
+from sidecar.edge.hangup import Hangups
 from sidecar.edge.interceptor import Call, Hook
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
@@ -136,7 +137,18 @@ def _less(counts: dict[str, int], caller: str) -> None:
 # How long a call's answer may wait unread once its handler is over ([sidecar] stream_idle_s, the
 # same bound a stream's unread answers get), and what the ended call is told.
 UNREAD_S = 60.0
+NEVER = float("-inf")  # a connection on which no held answer has gone out
 UNREAD = "its answer was not read in time ([sidecar] stream_idle_s): call again and read it"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldAnswer:
+    """A call whose handler has ended while gRPC still holds its answer: since when, the slot
+    it keeps, and its peer (its connection)."""
+
+    since: float
+    slot: Pool
+    peer: str
 
 
 class ConcurrencyLimit(Hook):
@@ -149,9 +161,12 @@ class ConcurrencyLimit(Hook):
         max_streams: int | None = None,
         shares: Mapping[str, tuple[int, int]] | None = None,
         unread_s: float = UNREAD_S,
+        hangups: Hangups | None = None,
     ) -> None:
         shares = shares or {}
         self.unread_s = unread_s  # how long an answer may be held unread before the call ends
+        # the connections of clients that read none of their answers, closed (``_sweep``)
+        self.hangups = Hangups() if hangups is None else hangups
         self.unary = Pool(
             "max_concurrent_rpcs",
             "calls in flight",
@@ -174,7 +189,9 @@ class ConcurrencyLimit(Hook):
         # calls whose handler has ended while gRPC still holds their answers, oldest first, with
         # when it ended and the slot it keeps (so their bytes stay bounded) until its client
         # reads them or goes, or ``unread_s`` passes (``_sweep``)
-        self._held: dict[Call, tuple[float, Pool]] = {}
+        self._held: dict[Call, HeldAnswer] = {}
+        # when a held answer last went out on each connection (a call's peer): its client reads
+        self._read_at: dict[str, float] = {}
         self._sweeping: asyncio.TimerHandle | None = None  # the one sweep due, if any
         self._calls: set[Call] = set()  # the calls holding a slot
         self._idle: asyncio.Event | None = None  # made on the loop, when a drain waits
@@ -243,32 +260,42 @@ class ConcurrencyLimit(Hook):
         # a dict entry a call, and one timer for them all: a timer a call cost ~2 us of every one
         loop = asyncio.get_running_loop()
         slot.hold("" if call.caller is None else call.caller.name)
-        self._held[call] = (loop.time(), slot)
+        # its peer read now: gRPC's call may be gone by the time it is done (``_lingered``)
+        self._held[call] = HeldAnswer(loop.time(), slot, call.peer())
         if self._sweeping is None:
             self._sweeping = loop.call_later(self.unread_s, self._sweep)
         # (grpc-stubs type the callback as a class of its own, not a callable)
         call.context.add_done_callback(lambda _: self._lingered(call))  # type: ignore[arg-type]
 
     def _lingered(self, call: Call) -> None:
-        _, slot = self._held.pop(call)
-        self._give(call, slot, held=True)
+        held = self._held.pop(call)
+        self._give(call, held.slot, held=True)
+        self._read_at[held.peer] = asyncio.get_running_loop().time()
 
     def _sweep(self) -> None:
         """End the calls whose answers have been held unread for ``unread_s`` (a client that
         stays connected and never reads would hold their slots for good: with no
-        [sidecar.auth], every slot), and close their connections: only that frees the answers
-        gRPC holds (``sidecar.edge.hangup``). Then sweep again when the oldest left is due."""
+        [sidecar.auth], every slot) and close their connections, which alone frees the answers
+        gRPC holds (``sidecar.edge.hangup``); but where a held answer went out on the same
+        connection within ``unread_s``, the client reads its other calls, so its connection and
+        the call's slot are kept. Then sweep again when the next is due."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._sweeping = None
-        unread: set[str] = set()
-        for call, (since, _) in list(self._held.items()):
-            if now - since < self.unread_s:
-                self._sweeping = loop.call_later(since + self.unread_s - now, self._sweep)
+        gone: set[str] = set()
+        wait = self.unread_s
+        for call, held in list(self._held.items()):
+            if now - held.since < self.unread_s:
+                wait = held.since + self.unread_s - now
                 break
+            if now - self._read_at.get(held.peer, NEVER) < self.unread_s:
+                continue  # its client reads: only this answer is slow (the slot bounds it)
             call.cut_off(UNREAD)  # its slot comes back as gRPC ends the call (``_lingered``)
-            unread.add(call.peer())
-        hang_up_soon(unread, f"left answers unread for {self.unread_s:g} s")
+            gone.add(held.peer)
+        self._read_at = {p: t for p, t in self._read_at.items() if now - t < self.unread_s}
+        self.hangups.soon(gone)
+        if self._held:
+            self._sweeping = loop.call_later(wait, self._sweep)
 
     def _give(self, call: Call, pool: Pool, held: bool = False) -> None:
         pool.give("" if call.caller is None else call.caller.name, held)  # as it was taken

@@ -403,7 +403,8 @@ async def create_server(
     guards = Guards.build(config, engine, holder, lifecycle)
     toolbox = Toolbox.from_config(config, policies)
     server = _grpc_server(config, guards, RetrievalService(engine, holder, lifecycle, toolbox))
-    health = Health()
+    hangups = guards.limit.hangups  # the limits' and health's: one scan at a time
+    health = Health(hangups)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     refresher = _refresher(config, store, holder, embedder, names)
     if refresher.budget_bytes:  # bases load on their first call, under the budget
@@ -411,6 +412,7 @@ async def create_server(
     if not listen_while_loading:
         await refresher.refresh()
     port = tls.add_port(server, listen or config.sidecar.listen, config.sidecar.tls)
+    hangups.ports = frozenset({port})
     sidecar = Sidecar(
         server,
         port,
