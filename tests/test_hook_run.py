@@ -300,6 +300,45 @@ async def test_a_failed_calls_slot_is_held_apart_before_its_status_goes_out(endi
     limit._sweeping.cancel()  # type: ignore[union-attr]
 
 
+class _Stuck(_Aborting):
+    """A context whose abort waits (behind answers its client leaves unread), and refuses a
+    second one, as gRPC does."""
+
+    def __init__(self, limit: ConcurrencyLimit) -> None:
+        super().__init__(limit)
+        self.aborts = 0
+
+    def done(self) -> bool:
+        return False  # the status is not out: it waits behind the unread answers
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: Any) -> None:
+        self.aborts += 1
+        if self.aborts > 1:
+            raise grpc.aio.UsageError("Abort already called!")
+        await asyncio.Event().wait()  # until cancelled
+
+
+async def test_a_call_cut_off_while_its_abort_waits_is_not_aborted_again() -> None:
+    """A failed call's hooks end before its abort, so the limit holds it among the answers; the
+    sweep (or the drain) may cut it off while its abort still waits: it ends there, with no
+    second abort (gRPC refuses one, UsageError, and logs its traceback)."""
+    limit = ConcurrencyLimit(2)
+    context = _Stuck(limit)
+    call = _HookedCall("Turn", "voxrecall.v1.Retrieval", (), context, Phases.of([limit]))  # type: ignore[arg-type]
+    call.start()
+    aborting = asyncio.ensure_future(call.abort(grpc.StatusCode.NOT_FOUND, "no such base", ()))
+    call.task = aborting  # the call's own task, as a handler's is
+    await asyncio.sleep(0)
+    assert limit.lingering == 1  # its hooks ended: held apart
+    call.cut_off("its answer was not read in time")
+    with pytest.raises(asyncio.CancelledError):
+        await aborting
+    await call.close(asyncio.CancelledError())
+    assert context.aborts == 1
+    assert call.code is grpc.StatusCode.NOT_FOUND
+    limit._sweeping.cancel()  # type: ignore[union-attr]
+
+
 def test_a_methods_calls_count_in_one_tally_folded_in_at_scrape() -> None:
     """An OK call's end and its answer's stages count in its door's method's one record; a
     failed call by its code too; a scrape reads the families as the labelled children said."""

@@ -319,8 +319,10 @@ class _HookedCall(Call):
         aborts UNAVAILABLE here (AbortError); then every started hook's ``end``, whatever
         happened."""
         try:
-            # (a call whose status is out already, an abort's, has nothing left to end)
-            if isinstance(exc, asyncio.CancelledError) and self.cut and not self.context.done():
+            # (a call aborted already, its code set, has nothing left to end: gRPC refuses a
+            # second abort, and the sweep may cut a call whose abort waits behind its answers)
+            cut = isinstance(exc, asyncio.CancelledError) and self.cut
+            if cut and self.code is OK and not self.context.done():
                 context = self.context  # a pushback of -1: not retried on this sidecar
                 trailers = abort_trailers(context, Draining(self.cut))
                 await self.abort(grpc.StatusCode.UNAVAILABLE, self.cut, trailers)
@@ -342,9 +344,10 @@ async def abort(
     sets as the call starts), if it is a hooked gRPC call, ends first (``_HookedCall.abort``),
     so its status goes out only once its slot is held apart, as an answer does."""
     call = at_hand.get()
-    if isinstance(call, _HookedCall):
-        await call.abort(code, details, trailers, context)
-    await context.abort(code, details, trailing_metadata=trailers)
+    if isinstance(call, _HookedCall) and call.context is context:
+        await call.abort(code, details, trailers)
+    else:  # no hooks around it (a test's servicer), or a context of its own
+        await context.abort(code, details, trailing_metadata=trailers)
     raise AssertionError("unreachable: abort raises")
 
 
