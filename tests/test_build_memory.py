@@ -185,8 +185,9 @@ def test_the_ef_calibration_scores_a_block_of_queries_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Before, 200 queries' scores and sort order over every chunk were held at once (48 MB
-    here, 2.4 GB at 1M chunks); a block at a time, the exact neighbours, and so the ef chosen,
-    are as they were."""
+    here, 2.4 GB at 1M chunks); a block at a time, the ef chosen here is the same (a block's
+    product may differ from the whole one's in the last bits, so it is not so for every
+    near-tie)."""
     rng = np.random.default_rng(3)
     vectors = rng.normal(size=(20_000, 16)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
