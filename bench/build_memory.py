@@ -19,7 +19,9 @@ bounds), the peak growth, and their ratio: the factor docs/config.md quotes. Wri
 ``--compare A B`` says of two kept stores, file by file, whether they hold the same snapshot: the
 same bytes, or for ``vectors.hnsw`` the same vector under every label (hnswlib inserts on every
 core, so its links differ between any two builds) and for ``gazetteer.bin`` the same bytes under
-the same hash seeds (a build draws them at random).
+the same hash seeds (a build draws them at random); and of the manifests, whether their counts,
+embedder, sources, extra fields and file names are the same, and their ``hnsw`` (the ef chosen
+and the recall measured, which depend on the graph's links, may differ between any two builds).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +407,15 @@ def _same_gazetteer(a: Path, b: Path) -> bool:
     return tables.dump(hashlib.sha256(entities).hexdigest()) == (a / GAZETTEER).read_bytes()
 
 
+def _hnsw_found(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The manifests' ``hnsw``: m, ef_construction, the ef the calibration chose and the recall
+    it measured, "same" or each that differs as A -> B. The ef and recall are measured on the
+    graph, whose links differ between any two builds: they may differ with the same code."""
+    if a == b:
+        return "same " + ", ".join(f"{name} {value}" for name, value in a.items())
+    return "differs: " + ", ".join(f"{k} {a[k]} -> {b[k]}" for k in a if a[k] != b[k])
+
+
 def compare(a_store: Path, b_store: Path) -> dict[str, str]:
     """Each file of two kept builds: "same bytes", or how it was found the same, or "differs"."""
     from index.snapshot import GAZETTEER, MANIFEST, VECTORS, read_manifest, sha256_file
@@ -435,7 +447,8 @@ def compare(a_store: Path, b_store: Path) -> dict[str, str]:
         mb.sources,
         mb.extra,
     ) and set(ma.files) == set(mb.files)
-    found[MANIFEST] = "same counts, files and content hash" if same else "differs"
+    found[MANIFEST] = "same counts, embedder, sources, extra and file names" if same else "differs"
+    found[f"{MANIFEST} hnsw"] = _hnsw_found(asdict(ma.hnsw), asdict(mb.hnsw))
     return found
 
 

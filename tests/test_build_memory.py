@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import index.snapshot
+from bench.build_memory import _hnsw_found
 from index.lexical import LexicalIndex
 from index.mapped import Parts
 from index.snapshot import choose_ef, write_atomic
@@ -198,3 +199,14 @@ def test_the_ef_calibration_scores_a_block_of_queries_at_a_time(
         blocked = choose_ef(graph, vectors, 0.95)
     assert blocked == whole
     assert grown["peak"] < 8 << 20, grown["peak"]
+
+
+def test_two_builds_compared_say_whether_their_manifests_hnsw_is_the_same() -> None:
+    """``--compare`` read the manifests' counts and file names but never the ef the calibration
+    chose nor the recall it measured."""
+    a = {"m": 16, "ef_construction": 200, "ef": 64, "measured_recall_at_10": 0.955}
+    assert _hnsw_found(a, dict(a)) == (
+        "same m 16, ef_construction 200, ef 64, measured_recall_at_10 0.955"
+    )
+    b = {**a, "ef": 96, "measured_recall_at_10": 0.97}
+    assert _hnsw_found(a, b) == "differs: ef 64 -> 96, measured_recall_at_10 0.955 -> 0.97"
