@@ -1,11 +1,12 @@
-"""What a build holds at its peak against what ``max_text_bytes`` counts: ``python -m bench.build_memory``.
+"""What a build holds at its peak against what ``max_text_bytes`` counts: ``python -m
+bench.build_memory``.
 
-Builds one base of about 30,000 chunks of English Markdown (``--chunks``) with the hash
-embedder (no model runs), as ``voxrecall index build`` does: sources, chunker, embedding, every
-snapshot file. The pages are written once, seeded, from sentences of real English: SciFact's
-abstracts and the two Markdown doc sets of the evaluation data when present, else the
-repository's own docs (README.md, ARCHITECTURE.md, docs/, examples/), each page a title, a few
-``##`` sections and paragraphs of sentences drawn at random, so no two chunks are the same.
+Builds one base of about 30,000 chunks of English Markdown (``--chunks``) with the hash embedder (no
+model runs), as ``voxrecall index build`` does: sources, chunker, embedding, every snapshot file.
+The pages are written once, seeded, from sentences of real English: SciFact's abstracts and the two
+Markdown doc sets of the evaluation data when present, else the repository's own docs (README.md,
+ARCHITECTURE.md, docs/, examples/), each page a title, a few ``##`` sections and paragraphs of
+sentences drawn at random, so no two chunks are the same.
 
 Each build runs in a child process of its own, twice: once for its peak RSS growth (VmHWM less
 the RSS after the imports, the pages already on disk; VmHWM is read and reset at each stage's
