@@ -1,11 +1,12 @@
-"""What a build holds at its peak against what ``max_text_bytes`` counts: ``python -m bench.build_memory``.
+"""What a build holds at its peak against what ``max_text_bytes`` counts: ``python -m
+bench.build_memory``.
 
-Builds one base of about 30,000 chunks of English Markdown (``--chunks``) with the hash
-embedder (no model runs), as ``voxrecall index build`` does: sources, chunker, embedding, every
-snapshot file. The pages are written once, seeded, from sentences of real English: SciFact's
-abstracts and the two Markdown doc sets of the evaluation data when present, else the
-repository's own docs (README.md, ARCHITECTURE.md, docs/, examples/), each page a title, a few
-``##`` sections and paragraphs of sentences drawn at random, so no two chunks are the same.
+Builds one base of about 30,000 chunks of English Markdown (``--chunks``) with the hash embedder (no
+model runs), as ``voxrecall index build`` does: sources, chunker, embedding, every snapshot file.
+The pages are written once, seeded, from sentences of real English: SciFact's abstracts and the two
+Markdown doc sets of the evaluation data when present, else the repository's own docs (README.md,
+ARCHITECTURE.md, docs/, examples/), each page a title, a few ``##`` sections and paragraphs of
+sentences drawn at random, so no two chunks are the same.
 
 Each build runs in a child process of its own, twice: once for its peak RSS growth (VmHWM less
 the RSS after the imports, the pages already on disk; VmHWM is read and reset at each stage's
@@ -19,7 +20,9 @@ bounds), the peak growth, and their ratio: the factor docs/config.md quotes. Wri
 ``--compare A B`` says of two kept stores, file by file, whether they hold the same snapshot: the
 same bytes, or for ``vectors.hnsw`` the same vector under every label (hnswlib inserts on every
 core, so its links differ between any two builds) and for ``gazetteer.bin`` the same bytes under
-the same hash seeds (a build draws them at random).
+the same hash seeds (a build draws them at random); and of the manifests, whether their counts,
+embedder, sources, extra fields and file names are the same, and their ``hnsw`` (the ef chosen
+and the recall measured, which depend on the graph's links, may differ between any two builds).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +408,15 @@ def _same_gazetteer(a: Path, b: Path) -> bool:
     return tables.dump(hashlib.sha256(entities).hexdigest()) == (a / GAZETTEER).read_bytes()
 
 
+def _hnsw_found(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The manifests' ``hnsw``: m, ef_construction, the ef the calibration chose and the recall
+    it measured, "same" or each that differs as A -> B. The ef and recall are measured on the
+    graph, whose links differ between any two builds: they may differ with the same code."""
+    if a == b:
+        return "same " + ", ".join(f"{name} {value}" for name, value in a.items())
+    return "differs: " + ", ".join(f"{k} {a[k]} -> {b[k]}" for k in a if a[k] != b[k])
+
+
 def compare(a_store: Path, b_store: Path) -> dict[str, str]:
     """Each file of two kept builds: "same bytes", or how it was found the same, or "differs"."""
     from index.snapshot import GAZETTEER, MANIFEST, VECTORS, read_manifest, sha256_file
@@ -435,7 +448,8 @@ def compare(a_store: Path, b_store: Path) -> dict[str, str]:
         mb.sources,
         mb.extra,
     ) and set(ma.files) == set(mb.files)
-    found[MANIFEST] = "same counts, files and content hash" if same else "differs"
+    found[MANIFEST] = "same counts, embedder, sources, extra and file names" if same else "differs"
+    found[f"{MANIFEST} hnsw"] = _hnsw_found(asdict(ma.hnsw), asdict(mb.hnsw))
     return found
 
 

@@ -339,8 +339,9 @@ class LexicalIndex:
         return b"".join(self.to_parts())
 
     def to_parts(self) -> Parts:
-        """Serialize as an arrays file, in pieces (``arrays_parts``) (``index/mapped.py``): the sorted vocabulary as a string
-        table, the postings, the document lengths; the analyzer and parameters in the header."""
+        """Serialize as an arrays file (``index/mapped.py``) in pieces, as ``arrays_parts`` gives
+        them: the sorted vocabulary as a string table, the postings, the document lengths; the
+        analyzer and parameters in the header."""
         terms = self._terms if isinstance(self._terms, StringTable) else StringTable.of(self._terms)
         arrays = {
             **terms.arrays("vocab_"),
