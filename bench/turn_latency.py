@@ -124,6 +124,8 @@ class Run:
     reranked: list[bool] = field(default_factory=list)  # per turn: the reranker's order
     answer: pb.TurnResponse | None = None  # the last searched turn's answer (bench.grpc_floor's)
     answer_json: bytes = b""  # the same over HTTP, as sent (bench.http_floor's)
+    # the sidecar's query embeddings by outcome (hit, miss, joined, ...), warm-up turn included
+    embeddings: dict[str, float] = field(default_factory=dict)
 
 
 # -- the workload ----------------------------------------------------------------------------
@@ -203,10 +205,10 @@ def start_rerank_server(latency_s: float) -> tuple[subprocess.Popen[str], int]:
 
 
 async def start_sidecar(
-    config: Config, budget_ms: int, rerank_port: int = 0, http_port: int = 0
+    config: Config, budget_ms: int, rerank_port: int = 0, http_port: int = 0, metrics_port: int = 0
 ) -> tuple[asyncio.subprocess.Process, int]:
-    """A sidecar process over ``config`` (with its HTTP door on ``http_port`` when given) and
-    its gRPC port, once it serves."""
+    """A sidecar process over ``config`` (with its HTTP door on ``http_port``, its metrics on
+    ``metrics_port``, when given) and its gRPC port, once it serves."""
     assert config.path is not None
     text = config.path.read_text(encoding="utf-8")
     if rerank_port:
@@ -214,6 +216,8 @@ async def start_sidecar(
         text = text.replace("[index]", table + "[index]")
     scenario = config.path.with_name("scenario.toml")
     text += f"budget_ms = {budget_ms}\n"
+    if metrics_port:
+        text += f'metrics_listen = "127.0.0.1:{metrics_port}"\n'
     if http_port:
         text += f'\n[sidecar.http]\nlisten = "127.0.0.1:{http_port}"\n'
     scenario.write_text(text, encoding="utf-8")
@@ -397,12 +401,31 @@ async def run_scenario(scenario: Scenario, config: Config, calls: list[list[str]
 async def _run_scenario(
     scenario: Scenario, config: Config, calls: list[list[str]], rerank_port: int
 ) -> Run:
-    proc, port = await start_sidecar(config, scenario.budget_ms, rerank_port)
+    metrics_port = free_port()
+    proc, port = await start_sidecar(config, scenario.budget_ms, rerank_port, 0, metrics_port)
     try:
-        return await drive(port, scenario, calls)
+        run = await drive(port, scenario, calls)
+        run.embeddings = await asyncio.to_thread(query_embeddings, metrics_port)
+        return run
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), timeout=30)
+
+
+EMBEDDINGS = "voxrecall_query_embeddings_total{outcome="
+
+
+def query_embeddings(metrics_port: int) -> dict[str, float]:
+    """The sidecar's ``voxrecall_query_embeddings_total`` by outcome, from its /metrics."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode("utf-8")
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(EMBEDDINGS):
+            labels, value = line[len(EMBEDDINGS) :].rsplit(" ", 1)
+            out[labels.split('"')[1]] = float(value)
+    return out
 
 
 async def drive(port: int, scenario: Scenario, calls: list[list[str]]) -> Run:
@@ -758,6 +781,13 @@ def converse_beside(converse: Run, diy: list[tuple[str, float]]) -> dict[str, An
         "converse_over_diy_p50": ratio(mine["p50_ms"], every["p50_ms"]),
         "searched_converse_over_diy_p50": ratio(mine_searched["p50_ms"], only["p50_ms"]),
         "converse_goal_met": bool(diy and samples) and mine["p50_ms"] <= every["p50_ms"],
+        # the sidecar's query cache over the round (the warm-up turn included): hits among
+        # the lookups (a final reading its prefetch's vectors counts hits: Engine._said_ahead)
+        "converse_query_embeddings": converse.embeddings,
+        "converse_query_cache_hit_share": ratio(
+            converse.embeddings.get("hit", 0.0),
+            converse.embeddings.get("hit", 0.0) + converse.embeddings.get("miss", 0.0),
+        ),
     }
 
 

@@ -88,12 +88,14 @@ def test_close_enough(ahead: str, final_text: str, match: bool) -> None:
 # -- over the wire ---------------------------------------------------------------------------
 
 
-async def plain_turn(sidecar: Sidecar, text: str, **fields: Any) -> pb.TurnResponse:
-    """What the Turn RPC answers for these words in a fresh session."""
+async def plain_turn(
+    sidecar: Sidecar, text: str, session: str = "plain", **fields: Any
+) -> pb.TurnResponse:
+    """What the Turn RPC answers for these words in a fresh session (or ``session``)."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
         resp: pb.TurnResponse = await pb_grpc.RetrievalStub(channel).Turn(
             pb.TurnRequest(
-                session_id="plain", text=text, is_final=True, budget_ms=BUDGET_MS, **fields
+                session_id=session, text=text, is_final=True, budget_ms=BUDGET_MS, **fields
             ),
             timeout=30,
         )
@@ -209,6 +211,59 @@ async def test_words_unchanged_for_a_while_are_prefetched(
     plain = await plain_turn(example_sidecar, "how much does roaming cost in europe on my plan")
     assert resp.turn.chunks
     assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in plain.chunks]
+
+
+ROAMING = "How much does roaming cost in Europe?"
+FOLLOW_UP = "and what about calls to my home country"  # folded with ROAMING, searched alone too
+
+
+async def test_a_folded_final_reads_the_vectors_its_unpunctuated_interim_embedded(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    """A follow-up's final searches both its folded query and its words alone, so it is never
+    answered from its prefetch; its interim said the same words without the "?" a recogniser
+    adds to the final, and the final ranks both from the vectors the prefetch embedded for
+    them, embedding nothing itself: answered as its interim's words would be."""
+    engine = example_sidecar.engine
+    await stream.write(final(ROAMING, session="call"))
+    await stream.read()
+    planned = engine.plan(TurnInput(session_id="call", text=FOLLOW_UP, is_final=False))
+    assert planned is not None
+    assert planned.alone == FOLLOW_UP  # folded, and searched alone too
+    await stream.write(interim(FOLLOW_UP))
+    await eventually(lambda: all(engine.vectors.cached(q) is not None for q in planned.queries))
+    stats = replace(engine.vectors.stats)
+    await stream.write(final(FOLLOW_UP + "?", session="call"))
+    resp = await stream.read()
+    assert not resp.prefetched  # a plan of two searches: the final ranks both itself
+    assert resp.turn.query == planned.query + "?"  # its own words, as said
+    assert not resp.turn.degraded
+    assert engine.vectors.stats.misses == stats.misses  # neither query embedded again
+    assert engine.vectors.stats.hits == stats.hits + 2
+    assert engine.vectors.cached(FOLLOW_UP + "?") is None  # nothing cached under its words
+    await plain_turn(example_sidecar, ROAMING, session="interim")
+    as_interim = await plain_turn(example_sidecar, FOLLOW_UP, session="interim")
+    assert resp.turn.chunks
+    assert [c.chunk_id for c in resp.turn.chunks] == [c.chunk_id for c in as_interim.chunks]
+    assert [c.score for c in resp.turn.chunks] == [c.score for c in as_interim.chunks]
+
+
+async def test_a_turn_embeds_its_own_words_whatever_was_embedded_for_them_unpunctuated(
+    example_sidecar: Sidecar,
+) -> None:
+    """A Turn's vectors are its own words' whatever other texts were embedded before: "x?"
+    after "x" (another call's interim, or turn) is embedded itself, and cached apart."""
+    vectors = example_sidecar.engine.vectors
+    unpunctuated = ROAMING.rstrip("?")
+    await plain_turn(example_sidecar, unpunctuated, session="first")
+    said = vectors.cached(unpunctuated)
+    assert said is not None
+    misses = vectors.stats.misses
+    await plain_turn(example_sidecar, ROAMING, session="second")
+    assert vectors.stats.misses == misses + 1
+    own = vectors.cached(ROAMING)
+    assert own is not None
+    assert not (own == said).all()  # the "?" is read: another vector, slightly
 
 
 async def test_a_different_final_is_searched_normally(

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from sidecar.turn import followups, prefetch, skip
-from sidecar.turn.text import MAX_RUN_BYTES, Utterance, read, tokens, words
+from sidecar.turn.text import MAX_RUN_BYTES, Utterance, read, tokens, unended, words
 
 
 def test_one_utterance_serves_every_stage() -> None:
@@ -90,3 +90,13 @@ def test_a_long_run_with_a_lone_surrogate_is_read_as_any_other() -> None:
     utterance = Utterance.of(said)
     assert utterance.words[-2:] == ("the", "rest")
     assert len(utterance.words[0]) == MAX_RUN_BYTES
+
+
+def test_a_final_reads_as_its_interim_but_for_the_punctuation_it_ends_in() -> None:
+    """What a recogniser adds to its final (a clause's end, space) is dropped; the rest,
+    case and a word's own dot or sign among it, is the text as said."""
+    assert unended("is this location quiet? ") == "is this location quiet"
+    assert unended("What is conhost.exe?!") == "What is conhost.exe"
+    assert unended("Is it quiet…") == unended("Is it quiet.") == "Is it quiet"
+    assert unended("is it 50%?") == "is it 50%"
+    assert unended("Tell me about Apple.") != unended("tell me about apple")

@@ -41,7 +41,7 @@ from sidecar.turn.rerank import Status as RerankStatus
 from sidecar.turn.sessions import Mention, Session, SessionStore, connection
 from sidecar.turn.sessions import Speaker as Speaker  # re-exported: TurnInput.speaker's values
 from sidecar.turn.skip import Skip, SkipPolicy
-from sidecar.turn.text import Utterance
+from sidecar.turn.text import Utterance, unended
 
 log = logging.getLogger("voxrecall.engine")
 
@@ -262,6 +262,7 @@ class PrefetchMatch:
     query: str
     result: Ranking | None
     followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the prefetched query folded in
+    embedded: tuple[str, ...] = ()  # what the prefetch embedded (``PlannedSearch.queries``)
 
 
 class Prefetch(Protocol):
@@ -355,6 +356,7 @@ class Engine:
         self._record(session, Speaker.USER, utterance, mentions)
         followups.track_pick(session, plan)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
+        ahead: Mapping[str, Vectors] = {}
         if taken is not None and (
             taken.followup != plan.followup or _searches_both(plan, req.text) or plan.each
         ):
@@ -363,7 +365,9 @@ class Engine:
             # or a plan of two searches, folded and alone, of which the prefetch ranked the
             # first only: the final ranks both (their vectors embedded ahead, or joined in
             # flight), so its answer is the one decided by both (``_combined``, ``_backed``);
-            # or a question over the agent's listed options, ranked per option (``_each_listed``)
+            # or a question over the agent's listed options, ranked per option (``_each_listed``);
+            # the words it embeds that its interim said alike are read from the prefetch's
+            ahead = self._said_ahead(taken.embedded, _embeds(plan, req.text))
             taken = None
         prefetched = taken is not None and taken.result is not None
         if taken is not None and taken.result is not None:
@@ -376,7 +380,7 @@ class Engine:
                 await self._read(session, searcher, kb, budget)
             embed = taken is None
             query, result = await self._retrieve(
-                searcher, kb, req, utterance, session, plan, budget, embed, allowed
+                searcher, kb, req, utterance, session, plan, budget, embed, allowed, ahead
             )
         ranked = await self._reranked(kb, query, result, self.config.max_results, budget)
         _moved_on(session, mentions, query == req.text, ranked, gazetteer.entity_of)
@@ -423,25 +427,29 @@ class Engine:
         budget: Budget,
         embed: bool,
         allowed: Allowed | None = None,
+        ahead: Mapping[str, Vectors] | None = None,
     ) -> tuple[str, Ranking]:
         """Search the plan's query; when the plan says so, the turn alone too (both embedded at
         once), and rank the candidates of both by both (``_combined``): a new question keeps
-        its own answer where its words clearly prefer it, a follow-up gets the conversation's."""
+        its own answer where its words clearly prefer it, a follow-up gets the conversation's.
+        A query ``ahead`` holds is not embedded: its vector is there (``_said_ahead``)."""
+        ahead = ahead or {}
         entity_of = searcher.gazetteer.entity_of
         keep = self._depth(kb, self.config.max_results)  # the rerank stage's candidates
         if plan.each:
             target = self._turn_scope(searcher, kb, req, keep, allowed)
-            result = await self._each_listed(target, plan, budget, embed)
+            result = await self._each_listed(target, plan, budget, embed, ahead.get(plan.asked))
             _count_pages(session, result.found, entity_of)
             return plan.query, result
         prior = session.pages if plan.prior and session.pages else None
         if not _searches_both(plan, req.text):
+            vector = ahead.get(plan.query)
             return await self._retrieve_one(
-                searcher, kb, req, session, plan, budget, embed, allowed, prior
+                searcher, kb, req, session, plan, budget, embed, allowed, prior, vector
             )
         depth = max(keep, FUSION_DEPTH)
         target = self._turn_scope(searcher, kb, req, depth, allowed)
-        both = await self._searched_both(target, (plan.query, req.text), budget, embed)
+        both = await self._searched_both(target, (plan.query, req.text), budget, embed, ahead)
         # the turn's own words' result is what the conversation's pages count
         _count_pages(session, both.own.found, entity_of)
         return self._folded_or_own(searcher, kb, req, utterance, session, plan, both, prior)
@@ -457,14 +465,17 @@ class Engine:
         embed: bool,
         allowed: Allowed | None,
         prior: Mapping[str, float] | None,
+        vector: Vectors | None = None,
     ) -> tuple[str, Ranking]:
         """A turn searched once, the plan's query (its entity and the conversation's pages
-        lifted)."""
+        lifted); ``vector``: its vector, embedded ahead."""
         entity_of = searcher.gazetteer.entity_of
         keep = self._depth(kb, self.config.max_results)
         tracked = _pointed_at(plan)
         depth = PRIOR_DEPTH if prior or tracked else 0
-        search = self._turn_search(searcher, kb, plan.query, req, budget, embed, depth, allowed)
+        search = self._turn_search(
+            searcher, kb, plan.query, req, budget, embed, depth, allowed, vector
+        )
         found = _entity_lifted(await search, tracked, entity_of)
         result = _prior_lifted(found, prior, entity_of, keep)
         _count_pages(session, result.found, entity_of)
@@ -536,14 +547,20 @@ class Engine:
         return _agreement(kept, every)
 
     async def _each_listed(
-        self, target: SearchScope, plan: followups.Plan, budget: Budget, embed: bool
+        self,
+        target: SearchScope,
+        plan: followups.Plan,
+        budget: Budget,
+        embed: bool,
+        vector: Vectors | None = None,
     ) -> Ranking:
         """A question over the agent's listed options (``plan.each``): the turn's words
         (``plan.asked``) embedded once, each option's chunks ranked by them exactly, the best of
         each first (``relevance.each_best``); without a vector, BM25 of the names and the words
-        (``degraded``), as any turn's fallback."""
+        (``degraded``), as any turn's fallback. ``vector``: the words' vector, embedded ahead."""
         start = time.perf_counter()
-        vector = await self.vectors.get(plan.asked, budget.embed_deadline()) if embed else None
+        if vector is None and embed:
+            vector = await self.vectors.get(plan.asked, budget.embed_deadline())
         embed_ms = (time.perf_counter() - start) * 1000.0
         searcher = target.searcher
         groups = [searcher.gazetteer.labels_of(name) for name in plan.each]
@@ -576,14 +593,21 @@ class Engine:
         embed: bool,
         limit: int = 0,
         allowed: Allowed | None = None,
+        vector: Vectors | None = None,
     ) -> Ranking:
         """One of a turn's searches, ``limit`` deep (at least ``max_results``), within what
-        the call may reach (``allowed``)."""
+        the call may reach (``allowed``); ``vector``: the query's, embedded ahead."""
         target = self._turn_scope(searcher, kb, req, limit, allowed)
-        return await self._search(target, query, budget.embed_deadline(), embed=embed)
+        deadline = budget.embed_deadline()
+        return await self._search(target, query, deadline, vector=vector, embed=embed)
 
     async def _searched_both(
-        self, target: SearchScope, queries: tuple[str, str], budget: Budget, embed: bool
+        self,
+        target: SearchScope,
+        queries: tuple[str, str],
+        budget: Budget,
+        embed: bool,
+        ahead: Mapping[str, Vectors] | None = None,
     ) -> Searched:
         """A turn's two searches (the folded query, the turn alone), both rankings before
         ``min_score`` (``_floors`` sees where it cut them, ``_agreement`` reads the turn
@@ -591,11 +615,13 @@ class Engine:
         the turn's own vector (None when not embedded), both queries embedded in one embedder
         call: on the embedded model's one
         worker, two calls would run one after the other, each with its own hand-off to the
-        worker thread and back."""
+        worker thread and back. A query ``ahead`` holds is not embedded: its vector is there."""
         start = time.perf_counter()
-        vectors: Sequence[Vectors | None] = (None, None)
-        if embed:
-            vectors = await self.vectors.get_many(queries, budget.embed_deadline())
+        vectors = [(ahead or {}).get(query) for query in queries]
+        missing = [query for query, vector in zip(queries, vectors, strict=True) if vector is None]
+        if embed and missing:
+            got = iter(await self.vectors.get_many(missing, budget.embed_deadline()))
+            vectors = [next(got) if vector is None else vector for vector in vectors]
         embed_ms = (time.perf_counter() - start) * 1000.0
         first, first_all = self._ranked_before(target, queries[0], vectors[0], embed_ms)
         own, own_all = self._ranked_before(target, queries[1], vectors[1], embed_ms)
@@ -665,6 +691,22 @@ class Engine:
             chunks = searcher.chunks
             scored = [(chunks[label], score) for label, score in found]
             _count_pages(session, scored, searcher.gazetteer.entity_of)
+
+    def _said_ahead(self, embedded: Sequence[str], wanted: Sequence[str]) -> dict[str, Vectors]:
+        """The vectors a prefetch ``embedded`` (still cached) for the queries a final turn
+        ``wanted`` that its interim said alike: the same text but for the punctuation and space
+        it ends in (``text.unended``: "... is it quiet" for "... is it quiet?"), which a
+        recogniser adds to its final. Only this final reads them, as it would be answered from
+        a prefetch of words that close (``prefetch.words_match``); nothing else finds them
+        under its words, so no other turn's answer hangs on what was embedded before it."""
+        said = {unended(query): query for query in embedded}
+        found: dict[str, Vectors] = {}
+        for query in wanted:
+            alike = said.get(unended(query))
+            vector = self.vectors.reused(alike) if alike is not None else None
+            if vector is not None:
+                found[query] = vector
+        return found
 
     def plan(self, req: TurnInput) -> PlannedSearch | None:
         """What a final user turn with ``req.text`` would search now, or None when it would not
@@ -1294,6 +1336,14 @@ def _taken_ahead(
     _count_pages(session, ahead.found, entity_of)
     if plan.query == text:
         _confirm(session, plan, ahead, entity_of)
+
+
+def _embeds(plan: followups.Plan, text: str) -> tuple[str, ...]:
+    """What ``Engine._retrieve`` embeds for a turn of ``text`` planned so: the words of a
+    question over listed options, the folded query and the turn alone, or the plan's query."""
+    if plan.each:
+        return (plan.asked,)
+    return (plan.query, text) if _searches_both(plan, text) else (plan.query,)
 
 
 def _searches_both(plan: followups.Plan, text: str) -> bool:

@@ -56,6 +56,12 @@ answered from a prefetch leaves the session as one searched at the final would: 
 are counted, and a weak name said alone ("Tell me about pCloud.") is tracked
 (``sidecar.turn.engine``).
 
+A final searched itself (a plan of two searches, or planned otherwise than its interim) still
+takes from a matching prefetch the vectors of the queries its interim said alike, the same text
+but for the punctuation and space it ends in (``Engine.turn``, ``text.unended``): a recogniser
+adds "?" to its final and seldom to its interims, and the final would take the prefetch's whole
+answer for words that close. They are read by that final only, never cached under its words.
+
 One prefetch runs at a time: a stable transcript with other words cancels the one before (its
 embedding may finish in the background and fill the query cache). ``aclose`` cancels everything
 the prefetcher started; the servicer calls it when the stream ends, however it ends.
@@ -212,7 +218,9 @@ class Prefetcher:
                     await asyncio.shield(ahead.task)
             except TimeoutError:
                 self._cancel(ahead.task)  # its embedding goes on in the background
-                return PrefetchMatch(ahead.planned.query, None, ahead.planned.followup)
+                return PrefetchMatch(
+                    ahead.planned.query, None, ahead.planned.followup, ahead.planned.queries
+                )
         if ahead.task.cancelled() or ahead.task.exception() is not None:
             return None
         result = ahead.task.result()
@@ -223,6 +231,7 @@ class Prefetcher:
             query=ahead.planned.query,
             result=replace(result, timings=Timings(embed_ms=waited_ms)),
             followup=ahead.planned.followup,
+            embedded=ahead.planned.queries,
         )
 
     def discard(self) -> None:

@@ -154,6 +154,14 @@ class QueryEmbedder:
     def cached(self, query: str) -> Vectors | None:
         return self._cache.get(query)
 
+    def reused(self, query: str) -> Vectors | None:
+        """The query's vector where it is cached (counted a hit), for another text to stand
+        in for (``Engine.turn``: a final's words as its interim said them); never embeds."""
+        vector = self._cache.get(query)
+        if vector is not None:
+            self.stats.hits += 1
+        return vector
+
     def started(self, query: str) -> bool:
         """Whether the query's vector is cached or being embedded (an ahead query still waiting
         for its turn is neither)."""

@@ -64,6 +64,17 @@ def words(text: str) -> list[str]:
     return _words(read(text))
 
 
+# What a transcript may end in that a recogniser adds once the speaker stops (its final) and
+# seldom to the same words heard mid-sentence (its interims): a clause's end, and space.
+_ENDING = ".?!,;:…。？！ \t\r\n"
+
+
+def unended(text: str) -> str:
+    """``text`` without the punctuation and space it ends in ("is it quiet?" -> "is it quiet"):
+    a final transcript's words as its stable interim said them (``Engine.turn``)."""
+    return text.rstrip(_ENDING)
+
+
 def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower().replace("’", "'"))
 
