@@ -10,6 +10,7 @@ import contextlib
 import errno
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -266,6 +267,7 @@ def test_max_connection_idle_s_is_checked(store: Path, value: object) -> None:
 # HTTP/2 frame types and SETTINGS ids the unread client uses (RFC 9113)
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE = 0, 1, 3, 4, 6, 8
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
+CANCEL = 0x8  # RST_STREAM's error code for a call its client gave up on
 INITIAL_WINDOW_SIZE = 4
 OPEN_WINDOW = 2**31 - 1
 TWO_CALLERS = {
@@ -337,6 +339,10 @@ class UnreadClient:
         window = INITIAL_WINDOW_SIZE.to_bytes(2, "big") + OPEN_WINDOW.to_bytes(4, "big")
         update = (OPEN_WINDOW - 65535).to_bytes(4, "big")
         self.writer.write(_frame(SETTINGS, 0, 0, window) + _frame(WINDOW_UPDATE, 0, 0, update))
+
+    def cancel(self, stream: int) -> None:
+        """Cancel one call (RST_STREAM, CANCEL), as a client giving up on it does."""
+        self.writer.write(_frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big")))
 
     def read_one(self, stream: int) -> None:
         """Let one stream's answer through (its window, and the connection's)."""
@@ -459,8 +465,9 @@ async def test_a_client_reading_its_other_answers_keeps_its_connection_and_a_slo
     store: Path, local_embedder: Embedder
 ) -> None:
     """A client slow to read one answer while it reads the others on the same connection (an
-    agent's one channel, one session's reader stalled) keeps its connection: only that call's
-    slot stays held. Once it reads nothing, its connection is closed after stream_idle_s."""
+    agent's one channel, one session's reader stalled) keeps its connection past stream_idle_s:
+    only that call's slot stays held, for at most twice stream_idle_s (a client cancelling its
+    calls looks like one that reads): then its connection is closed all the same."""
     idle_s = 1.5
     config = sidecar_config(store, max_concurrent_rpcs=4, stream_idle_s=idle_s)
     async with running(config, local_embedder) as sidecar:
@@ -472,19 +479,67 @@ async def test_a_client_reading_its_other_answers_keeps_its_connection_and_a_slo
         try:
             slow = client.call("Search", request)
             await eventually(lambda: limit.lingering == 1, "the slow answer, held")
-            reading_until = loop.time() + 2.5 * idle_s
-            while loop.time() < reading_until:  # an answer read every 0.1 s beside it
+            held_at = loop.time()
+            reads = 0
+            while not client.hung_up:  # an answer read every 0.1 s beside it
                 stream = client.call("Search", request)
                 client.read_one(stream)
-                await eventually(lambda s=stream: s in client.ended, "an answer read")
+                await eventually(lambda s=stream: s in client.ended or client.hung_up, "a read")
+                if loop.time() - held_at < 1.5 * idle_s:  # past the first sweep, not the bound
+                    reads += 1
+                    assert limit.lingering == 1  # the slow one's slot, still held
                 await asyncio.sleep(0.1)
-            assert not client.hung_up
-            assert limit.lingering == 1  # the slow one's slot, still held
+                assert loop.time() - held_at < 4 * idle_s, "kept past twice stream_idle_s"
+            assert reads > 0
+            assert loop.time() - held_at >= 1.5 * idle_s  # kept past the first sweep
             assert slow not in client.ended
-            await eventually(lambda: client.hung_up, "its connection, once it reads nothing")
             await eventually(lambda: limit.unary.in_flight == 0, "the slow one's slot")
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("then", ["fails", "cancels"])
+async def test_a_client_reading_nothing_loses_its_connection_whatever_else_it_calls(
+    store: Path, local_embedder: Embedder, then: str
+) -> None:
+    """The review's finding: any call of a connection that gRPC was done with counted as its
+    client reading, so a client that read nothing kept its held answers and slots for good by
+    sending a failing call now and then (its bare status goes out unread), or calls it
+    cancelled. A failed call is no sign of reading; a cancelled one cannot be told from a read
+    one, so a slow answer keeps its slot on a reading connection for at most twice
+    stream_idle_s: either way the connection is closed."""
+    idle_s = 1.0
+    config = sidecar_config(store, max_concurrent_rpcs=4, stream_idle_s=idle_s)
+    async with running(config, local_embedder) as sidecar:
+        assert sidecar.guards is not None
+        limit = sidecar.guards.limit
+        client = await UnreadClient.connect(sidecar.port)
+        good = pb.SearchRequest(knowledge_base="help", query=QUESTION)
+        bad = pb.SearchRequest(knowledge_base="no-such-base", query=QUESTION)
+        loop = asyncio.get_running_loop()
+        try:
+            for _ in range(2):
+                client.call("Search", good)
+            await eventually(lambda: limit.lingering == 2, "two answers, held unread")
+            until = loop.time() + 6 * idle_s
+            while loop.time() < until and not client.hung_up:
+                if then == "fails":
+                    client.call("Search", bad)
+                else:
+                    client.cancel(client.call("Search", good))
+                await asyncio.sleep(0.1)
+            assert client.hung_up
+            assert client.data_bytes == 0
+            await eventually(lambda: limit.unary.in_flight == 0, "the held answers' slots")
+        finally:
+            await client.close()
+    # the sidecar stopped: no sweep is due, and the hang-ups' thread is gone
+    assert limit._sweeping is None
+    await eventually(lambda: not _hangup_threads(), "the hang-ups' thread")
+
+
+def _hangup_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("voxrecall-hangup")]
 
 
 HEALTH = "grpc.health.v1.Health"

@@ -100,9 +100,19 @@ class Hangups:
         self._pending: set[str] = set()
         self._scanning = False
         self._thread: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        """No more scans (the server has stopped): the thread goes once its scan, if any, ends."""
+        self._closed = True
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
 
     def soon(self, peers: Iterable[str]) -> None:
         """Close the connections of ``peers`` (calls' ``context.peer()``) soon."""
+        if self._closed:
+            return
         self._pending.update(peers)
         if self._pending and not self._scanning:
             self._scan()
@@ -123,5 +133,5 @@ class Hangups:
         elif not done.cancelled():
             self.closed += done.result()
             log.info("closed %d of %d connections: their clients do not read", done.result(), asked)
-        if self._pending:
+        if self._pending and not self._closed:
             self._scan()

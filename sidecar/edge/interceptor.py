@@ -344,9 +344,9 @@ async def abort(
     sets as the call starts), if it is a hooked gRPC call, ends first (``_HookedCall.abort``),
     so its status goes out only once its slot is held apart, as an answer does."""
     call = at_hand.get()
-    if isinstance(call, _HookedCall) and call.context is context:
-        await call.abort(code, details, trailers)
-    else:  # no hooks around it (a test's servicer), or a context of its own
+    if isinstance(call, _HookedCall):
+        await call.abort(code, details, trailers, context)
+    else:  # no hooks around it (a servicer served without them)
         await context.abort(code, details, trailing_metadata=trailers)
     raise AssertionError("unreachable: abort raises")
 

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from sidecar.edge.hangup import Hangups
-from sidecar.edge.interceptor import Call, Hook
+from sidecar.edge.interceptor import OK, Call, Hook
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.turn.engine import MAX_TEXT_BYTES
@@ -138,6 +138,9 @@ def _less(counts: dict[str, int], caller: str) -> None:
 # same bound a stream's unread answers get), and what the ended call is told.
 UNREAD_S = 60.0
 NEVER = float("-inf")  # a connection on which no held answer has gone out
+# How many times ``unread_s`` a slow answer may keep its slot on a connection whose client reads
+# its other answers: then it is ended, and its connection closed, all the same.
+KEEP_READING = 2
 UNREAD = "its answer was not read in time ([sidecar] stream_idle_s): call again and read it"
 
 
@@ -149,6 +152,7 @@ class HeldAnswer:
     since: float
     slot: Pool
     peer: str
+    answered: bool  # its handler answered (not an error's bare status)
 
 
 class ConcurrencyLimit(Hook):
@@ -190,7 +194,10 @@ class ConcurrencyLimit(Hook):
         # when it ended and the slot it keeps (so their bytes stay bounded) until its client
         # reads them or goes, or ``unread_s`` passes (``_sweep``)
         self._held: dict[Call, HeldAnswer] = {}
-        # when a held answer last went out on each connection (a call's peer): its client reads
+        # each connection's (a call's peer's) calls held, and when an answer of one last went out
+        # while others were held: its client reads (bounded by the slots: a peer's entries go
+        # with its last held call)
+        self._held_on: dict[str, int] = {}
         self._read_at: dict[str, float] = {}
         self._sweeping: asyncio.TimerHandle | None = None  # the one sweep due, if any
         self._calls: set[Call] = set()  # the calls holding a slot
@@ -261,7 +268,9 @@ class ConcurrencyLimit(Hook):
         loop = asyncio.get_running_loop()
         slot.hold("" if call.caller is None else call.caller.name)
         # its peer read now: gRPC's call may be gone by the time it is done (``_lingered``)
-        self._held[call] = HeldAnswer(loop.time(), slot, call.peer())
+        held = HeldAnswer(loop.time(), slot, call.peer(), call.code is OK)
+        self._held[call] = held
+        self._held_on[held.peer] = self._held_on.get(held.peer, 0) + 1
         if self._sweeping is None:
             self._sweeping = loop.call_later(self.unread_s, self._sweep)
         # (grpc-stubs type the callback as a class of its own, not a callable)
@@ -270,15 +279,24 @@ class ConcurrencyLimit(Hook):
     def _lingered(self, call: Call) -> None:
         held = self._held.pop(call)
         self._give(call, held.slot, held=True)
-        self._read_at[held.peer] = asyncio.get_running_loop().time()
+        peer = held.peer
+        left = self._held_on[peer] - 1
+        if not left:
+            del self._held_on[peer]
+            self._read_at.pop(peer, None)
+            return
+        self._held_on[peer] = left
+        if held.answered:  # (gone with the status alone, or cancelled, is no sign of reading)
+            self._read_at[peer] = asyncio.get_running_loop().time()
 
     def _sweep(self) -> None:
         """End the calls whose answers have been held unread for ``unread_s`` (a client that
         stays connected and never reads would hold their slots for good: with no
         [sidecar.auth], every slot) and close their connections, which alone frees the answers
-        gRPC holds (``sidecar.edge.hangup``); but where a held answer went out on the same
+        gRPC holds (``sidecar.edge.hangup``); but where an answer went out on the same
         connection within ``unread_s``, the client reads its other calls, so its connection and
-        the call's slot are kept. Then sweep again when the next is due."""
+        the call's slot are kept, until ``KEEP_READING`` times ``unread_s`` (a client that
+        cancels its calls looks like one that reads). Then sweep again when the next is due."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._sweeping = None
@@ -288,14 +306,21 @@ class ConcurrencyLimit(Hook):
             if now - held.since < self.unread_s:
                 wait = held.since + self.unread_s - now
                 break
-            if now - self._read_at.get(held.peer, NEVER) < self.unread_s:
+            reading = now - self._read_at.get(held.peer, NEVER) < self.unread_s
+            if reading and now - held.since < KEEP_READING * self.unread_s:
                 continue  # its client reads: only this answer is slow (the slot bounds it)
             call.cut_off(UNREAD)  # its slot comes back as gRPC ends the call (``_lingered``)
             gone.add(held.peer)
-        self._read_at = {p: t for p, t in self._read_at.items() if now - t < self.unread_s}
         self.hangups.soon(gone)
         if self._held:
             self._sweeping = loop.call_later(wait, self._sweep)
+
+    def close(self) -> None:
+        """The sidecar has stopped: no sweep is due, and the hang-ups' thread goes."""
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            self._sweeping = None
+        self.hangups.close()
 
     def _give(self, call: Call, pool: Pool, held: bool = False) -> None:
         pool.give("" if call.caller is None else call.caller.name, held)  # as it was taken

@@ -205,6 +205,8 @@ class Sidecar:
         if self.http is not None:
             await self.http.stop()
         await self.server.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
+        if self.guards is not None:
+            self.guards.limit.close()
         await self.engine.aclose()  # query embeddings still running in the background
         self.holder.clear()
         if self.owns_embedder:
