@@ -28,7 +28,7 @@ from index.store import LocalStore
 from sidecar.edge import reflection
 from sidecar.edge.guards import streams_per_connection
 from sidecar.edge.health import MAX_CHECKS_PER_PEER, MAX_WATCHES_PER_PEER
-from sidecar.edge.limits import REFLECTION_STREAMS
+from sidecar.edge.limits import REFLECTION_STREAMS, ConcurrencyLimit
 from sidecar.edge.server import SERVICE_NAME, Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -461,6 +461,22 @@ async def test_unread_answers_hold_every_slot_without_auth_only_until_stream_idl
             await hog.close()
 
 
+@contextlib.asynccontextmanager
+async def _unread_on(
+    store: Path, embedder: Embedder, idle_s: float
+) -> AsyncIterator[tuple[ConcurrencyLimit, UnreadClient]]:
+    """A sidecar of 4 unary slots whose ``stream_idle_s`` is ``idle_s``, its limit, and a client
+    that reads nothing unless told to; the sidecar stopped after."""
+    config = sidecar_config(store, max_concurrent_rpcs=4, stream_idle_s=idle_s)
+    async with running(config, embedder) as sidecar:
+        assert sidecar.guards is not None
+        client = await UnreadClient.connect(sidecar.port)
+        try:
+            yield sidecar.guards.limit, client
+        finally:
+            await client.close()
+
+
 async def test_a_client_reading_its_other_answers_keeps_its_connection_and_a_slow_ones_slot(
     store: Path, local_embedder: Embedder
 ) -> None:
@@ -469,33 +485,26 @@ async def test_a_client_reading_its_other_answers_keeps_its_connection_and_a_slo
     only that call's slot stays held, for at most twice stream_idle_s (a client cancelling its
     calls looks like one that reads): then its connection is closed all the same."""
     idle_s = 1.5
-    config = sidecar_config(store, max_concurrent_rpcs=4, stream_idle_s=idle_s)
-    async with running(config, local_embedder) as sidecar:
-        assert sidecar.guards is not None
-        limit = sidecar.guards.limit
-        client = await UnreadClient.connect(sidecar.port)
-        request = pb.SearchRequest(knowledge_base="help", query=QUESTION)
-        loop = asyncio.get_running_loop()
-        try:
-            slow = client.call("Search", request)
-            await eventually(lambda: limit.lingering == 1, "the slow answer, held")
-            held_at = loop.time()
-            reads = 0
-            while not client.hung_up:  # an answer read every 0.1 s beside it
-                stream = client.call("Search", request)
-                client.read_one(stream)
-                await eventually(lambda s=stream: s in client.ended or client.hung_up, "a read")
-                if loop.time() - held_at < 1.5 * idle_s:  # past the first sweep, not the bound
-                    reads += 1
-                    assert limit.lingering == 1  # the slow one's slot, still held
-                await asyncio.sleep(0.1)
-                assert loop.time() - held_at < 4 * idle_s, "kept past twice stream_idle_s"
-            assert reads > 0
-            assert loop.time() - held_at >= 1.5 * idle_s  # kept past the first sweep
-            assert slow not in client.ended
-            await eventually(lambda: limit.unary.in_flight == 0, "the slow one's slot")
-        finally:
-            await client.close()
+    request = pb.SearchRequest(knowledge_base="help", query=QUESTION)
+    loop = asyncio.get_running_loop()
+    async with _unread_on(store, local_embedder, idle_s) as (limit, client):
+        slow = client.call("Search", request)
+        await eventually(lambda: limit.lingering == 1, "the slow answer, held")
+        held_at = loop.time()
+        reads = 0
+        while not client.hung_up:  # an answer read every 0.1 s beside it
+            stream = client.call("Search", request)
+            client.read_one(stream)
+            await eventually(lambda s=stream: s in client.ended or client.hung_up, "a read")
+            if loop.time() - held_at < 1.5 * idle_s:  # past the first sweep, not the bound
+                reads += 1
+                assert limit.lingering == 1  # the slow one's slot, still held
+            await asyncio.sleep(0.1)
+            assert loop.time() - held_at < 4 * idle_s, "kept past twice stream_idle_s"
+        assert reads > 0
+        assert loop.time() - held_at >= 1.5 * idle_s  # kept past the first sweep
+        assert slow not in client.ended
+        await eventually(lambda: limit.unary.in_flight == 0, "the slow one's slot")
 
 
 @pytest.mark.parametrize("then", ["fails", "cancels"])
@@ -509,30 +518,23 @@ async def test_a_client_reading_nothing_loses_its_connection_whatever_else_it_ca
     one, so a slow answer keeps its slot on a reading connection for at most twice
     stream_idle_s: either way the connection is closed."""
     idle_s = 1.0
-    config = sidecar_config(store, max_concurrent_rpcs=4, stream_idle_s=idle_s)
-    async with running(config, local_embedder) as sidecar:
-        assert sidecar.guards is not None
-        limit = sidecar.guards.limit
-        client = await UnreadClient.connect(sidecar.port)
-        good = pb.SearchRequest(knowledge_base="help", query=QUESTION)
-        bad = pb.SearchRequest(knowledge_base="no-such-base", query=QUESTION)
-        loop = asyncio.get_running_loop()
-        try:
-            for _ in range(2):
-                client.call("Search", good)
-            await eventually(lambda: limit.lingering == 2, "two answers, held unread")
-            until = loop.time() + 6 * idle_s
-            while loop.time() < until and not client.hung_up:
-                if then == "fails":
-                    client.call("Search", bad)
-                else:
-                    client.cancel(client.call("Search", good))
-                await asyncio.sleep(0.1)
-            assert client.hung_up
-            assert client.data_bytes == 0
-            await eventually(lambda: limit.unary.in_flight == 0, "the held answers' slots")
-        finally:
-            await client.close()
+    good = pb.SearchRequest(knowledge_base="help", query=QUESTION)
+    bad = pb.SearchRequest(knowledge_base="no-such-base", query=QUESTION)
+    loop = asyncio.get_running_loop()
+    async with _unread_on(store, local_embedder, idle_s) as (limit, client):
+        for _ in range(2):
+            client.call("Search", good)
+        await eventually(lambda: limit.lingering == 2, "two answers, held unread")
+        until = loop.time() + 6 * idle_s
+        while loop.time() < until and not client.hung_up:
+            if then == "fails":
+                client.call("Search", bad)
+            else:
+                client.cancel(client.call("Search", good))
+            await asyncio.sleep(0.1)
+        assert client.hung_up
+        assert client.data_bytes == 0
+        await eventually(lambda: limit.unary.in_flight == 0, "the held answers' slots")
     # the sidecar stopped: no sweep is due, and the hang-ups' thread is gone
     assert limit._sweeping is None
     await eventually(lambda: not _hangup_threads(), "the hang-ups' thread")
