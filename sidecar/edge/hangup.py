@@ -96,7 +96,7 @@ class Hangups:
 
     def __init__(self) -> None:
         self.ports: frozenset[int] = frozenset()
-        self.closed = 0  # connections closed so far
+        self.hung_up = 0  # connections closed so far
         self._pending: set[str] = set()
         self._scanning = False
         self._thread: ThreadPoolExecutor | None = None
@@ -131,7 +131,7 @@ class Hangups:
         if not done.cancelled() and (exc := done.exception()) is not None:
             log.warning("could not close the connections of clients that do not read: %s", exc)
         elif not done.cancelled():
-            self.closed += done.result()
+            self.hung_up += done.result()
             log.info("closed %d of %d connections: their clients do not read", done.result(), asked)
         if self._pending and not self._closed:
             self._scan()
