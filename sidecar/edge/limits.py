@@ -8,12 +8,12 @@ other; with authentication each caller may hold only its share of each
 (``[sidecar.auth.caller]``), so no caller can lock the others out. A call holds its slot until
 gRPC is done with it, not only its handler (``end``): an answer its client leaves unread stays in
 gRPC's memory, so the slots bound those answers too, in calls and so in bytes, and for at most
-``stream_idle_s`` (then the call is ended, its answer dropped). A caller's calls whose answers
-are held are counted apart from those whose handlers run (``Pool.hold``): its client may have
-its answer (or a failed call's status: the call's hooks end before it is aborted,
-``_HookedCall.abort``) before gRPC is done with the call, and its next call, on either door, is
-not refused for it; so a caller holds at most its share of each, twice its share in all. The HTTP door
-writes its own answers: its slot is given back before it does, and its unread answers are
+``stream_idle_s`` (then the call is ended and its connection closed, which alone frees the
+answer: ``_sweep``). A caller's calls whose answers are held are counted apart from those whose
+handlers run (``Pool.hold``): its client may have its answer (or a failed call's status: the
+call's hooks end before it is aborted, ``_HookedCall.abort``) before gRPC is done with the call,
+and its next call, on either door, is not refused for it; so a caller holds at most its share of
+each, twice its share in all. The HTTP door writes its own answers: its slot is given back before it does, and its unread answers are
 bounded by its connections (``[sidecar.http] max_connections``). Server reflection streams
 (grpcurl's) are a third kind, with a small fixed limit (``REFLECTION_STREAMS``), so that idle
 reflection streams cannot take Converse's slots; a refusal names the method refused and the kind
