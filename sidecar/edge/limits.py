@@ -13,8 +13,9 @@ answer: ``_sweep``). A caller's calls whose answers are held are counted apart f
 handlers run (``Pool.hold``): its client may have its answer (or a failed call's status: the
 call's hooks end before it is aborted, ``_HookedCall.abort``) before gRPC is done with the call,
 and its next call, on either door, is not refused for it; so a caller holds at most its share of
-each, twice its share in all. The HTTP door writes its own answers: its slot is given back before it does, and its unread answers are
-bounded by its connections (``[sidecar.http] max_connections``). Server reflection streams
+each, twice its share in all. The HTTP door writes its own answers: its slot is given back
+before it does, and its unread answers are bounded by its connections (``[sidecar.http]
+max_connections``). Server reflection streams
 (grpcurl's) are a third kind, with a small fixed limit (``REFLECTION_STREAMS``), so that idle
 reflection streams cannot take Converse's slots; a refusal names the method refused and the kind
 that is full. ``idle_limited`` ends a request stream that sends nothing for ``stream_idle_s``.
