@@ -535,6 +535,8 @@ async def test_a_client_reading_nothing_loses_its_connection_whatever_else_it_ca
         assert client.hung_up
         assert client.data_bytes == 0
         await eventually(lambda: limit.unary.in_flight == 0, "the held answers' slots")
+        # counted (voxrecall_connections_closed_unread_total) once the scan is back
+        await eventually(lambda: limit.hangups.hung_up == 1, "the hang-up counted")
     # the sidecar stopped: no sweep is due, and the hang-ups' thread is gone
     assert limit._sweeping is None
     await eventually(lambda: not _hangup_threads(), "the hang-ups' thread")

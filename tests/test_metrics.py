@@ -116,6 +116,7 @@ async def test_calls_stages_skips_sessions_and_snapshots_are_counted(
         assert value(m, "voxrecall_snapshot_age_seconds", knowledge_base=kb) > 0
         assert value(m, "voxrecall_snapshot_chunks", knowledge_base=kb) > 0
     assert value(m, "voxrecall_rpcs_in_flight") == 0
+    assert value(m, "voxrecall_connections_closed_unread_total") == 0
     assert not any(QUESTION in str(key) for key in m)  # no query text in a label
 
 

@@ -447,6 +447,12 @@ class _CountersAtScrape(Collector):
                 "Calls in flight (health excepted).",
                 self.limit.in_flight,
             )
+            yield CounterMetricFamily(
+                "voxrecall_connections_closed_unread",
+                "gRPC connections closed because their clients read none of their answers "
+                "(held past stream_idle_s) or held unread health checks a new address needed.",
+                self.limit.hangups.hung_up,
+            )
         state = GaugeMetricFamily(
             "voxrecall_state", "The lifecycle state: 1 for the current one.", labels=["state"]
         )
