@@ -157,7 +157,7 @@ class QueryEmbedder:
     def reused(self, query: str) -> Vectors | None:
         """The query's vector where it is cached (counted a hit), for another text to stand
         in for (``Engine.turn``: a final's words as its interim said them); never embeds."""
-        vector = self._cache.get(query)
+        vector = self.cached(query)
         if vector is not None:
             self.stats.hits += 1
         return vector
