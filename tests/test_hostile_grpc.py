@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ import index.store
 from index.embedders.base import Embedder
 from index.errors import ConfigError, CorruptSnapshot, StoreUnavailable
 from index.store import LocalStore
-from sidecar.edge import reflection
+from sidecar.edge import logs, reflection
 from sidecar.edge.guards import streams_per_connection
 from sidecar.edge.health import MAX_CHECKS_PER_PEER, MAX_WATCHES_PER_PEER
 from sidecar.edge.limits import REFLECTION_STREAMS, ConcurrencyLimit
@@ -540,6 +541,41 @@ async def test_a_client_reading_nothing_loses_its_connection_whatever_else_it_ca
     # the sidecar stopped: no sweep is due, and the hang-ups' thread is gone
     assert limit._sweeping is None
     await eventually(lambda: not _hangup_threads(), "the hang-ups' thread")
+
+
+async def test_a_client_cancelling_its_held_calls_cannot_flood_the_log(
+    store: Path,
+    local_embedder: Embedder,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gRPC writes an ERROR line with a ~1 KB traceback of its own for each call whose answer
+    it could not send: a client cancelling 100 calls whose answers it held unread wrote 100 of
+    them. Now they are failure lines: INFO, no traceback, the first FAILURE_LINES a window."""
+    monkeypatch.setattr(logs, "FAILURE_WINDOW_S", 3600.0)  # one window, however slow the test
+    core = logging.getLogger(logs.GRPC_CORE_LOGGER)
+    config = sidecar_config(store, max_concurrent_rpcs=64, stream_idle_s=30.0)
+    async with running(config, local_embedder) as sidecar:
+        (quiet,) = [f for f in core.filters if isinstance(f, logs.CoreBatchErrors)]
+        monkeypatch.setattr(quiet, "failures", logs.FailureLines())  # none from earlier tests
+        assert sidecar.guards is not None
+        limit = sidecar.guards.limit
+        caplog.set_level(logging.INFO, logger=logs.GRPC_CORE_LOGGER)
+        request = pb.SearchRequest(knowledge_base="help", query=QUESTION)
+        for _ in range(5):
+            client = await UnreadClient.connect(sidecar.port)
+            try:
+                streams = [client.call("Search", request) for _ in range(20)]
+                await eventually(lambda: limit.lingering == 20, "20 answers, held unread")
+                for stream in streams:
+                    client.cancel(stream)
+                await eventually(lambda: limit.lingering == 0, "the cancelled calls' slots")
+            finally:
+                await client.close()
+    lines = [r for r in caplog.records if r.name == logs.GRPC_CORE_LOGGER]
+    assert 1 <= len(lines) <= logs.FAILURE_LINES  # 100 ERROR lines before
+    assert {(r.levelno, r.exc_info) for r in lines} == {(logging.INFO, None)}
+    assert lines[0].getMessage().startswith("Search ANSWER_NOT_SENT")
 
 
 def _hangup_threads() -> list[threading.Thread]:

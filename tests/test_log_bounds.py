@@ -295,3 +295,36 @@ def test_failures_from_many_addresses_are_lines_for_a_bounded_few(
     )
     assert admitted == logs.FAILURE_KINDS + logs.FAILURE_LINES
     assert lines.admit("10.0.0.1", "Search", "NOT_FOUND")  # another method's first line: kept
+
+
+def _core_line(message: str) -> logging.LogRecord:
+    """A line as gRPC's aio server writes it: ERROR, its traceback attached."""
+    try:
+        raise RuntimeError('Failed "execute_batch"')
+    except RuntimeError:
+        exc_info = sys.exc_info()
+    return logging.LogRecord(logs.GRPC_CORE_LOGGER, logging.ERROR, "", 0, message, (), exc_info)
+
+
+def test_grpc_lines_for_answers_not_sent_are_failure_lines_and_others_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gRPC's ERROR line with a traceback for each answer it could not send becomes an INFO
+    line naming the method, without the traceback, the first FAILURE_LINES of a window; its
+    other lines pass untouched."""
+    monkeypatch.setattr(logs, "FAILURE_WINDOW_S", 3600.0)  # one window, however slow the loop
+    core = logs.CoreBatchErrors()
+    batch = "ExecuteBatchError raised in core by servicer method [/voxrecall.v1.Retrieval/Search]"
+    kept = [r for r in (_core_line(batch) for _ in range(3 * logs.FAILURE_LINES)) if core.filter(r)]
+    assert len(kept) == logs.FAILURE_LINES
+    assert {(r.levelno, r.levelname, r.exc_info, r.exc_text) for r in kept} == {
+        (logging.INFO, "INFO", None, None)
+    }
+    assert kept[0].getMessage().startswith("Search ANSWER_NOT_SENT: the client cancelled")
+    other = _core_line("Unexpected [ValueError] raised by servicer method [/x/Y]")
+    assert core.filter(other)
+    assert other.levelno == logging.ERROR
+    assert other.exc_info
+    long = _core_line(batch.replace("Search", "S" * 10_000))
+    assert core.filter(long)
+    assert len(long.getMessage()) < 2 * logs.MAX_ID_BYTES + 200

@@ -18,7 +18,10 @@ A call's end is logged at DEBUG, a failed call's at INFO; at most ``FAILURE_LINE
 ``FAILURE_WINDOW_S`` per client address, method and code, the first ones, and one line saying how
 many more there were (``FailureLines``): a client sending refused calls in a loop cannot make the
 log grow with its call rate. The HTTP client libraries' own line per request (``httpx``'s "HTTP
-Request: POST ...", one per embedding) is left out below WARNING (``QUIET_LOGGERS``).
+Request: POST ...", one per embedding) is left out below WARNING (``QUIET_LOGGERS``). gRPC's own
+ERROR line, with a traceback of its internals, for each call whose answer it could not send (its
+client cancelled the call or closed its connection while the answer was held) is one failed call's
+line like the others: at INFO, without the traceback, as many a window (``CoreBatchErrors``).
 """
 
 from __future__ import annotations
@@ -75,6 +78,11 @@ QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 # A record's own attributes, and what a library attaches for its terminal alone (uvicorn's
 # ``color_message``: the message again, in ANSI colour codes): neither is an extra of the line.
 _RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"color_message"}
+# gRPC's logger, and the start of its line for an answer it could not send (grpcio's aio server:
+# "ExecuteBatchError raised in core by servicer method [/voxrecall.v1.Retrieval/Search]").
+GRPC_CORE_LOGGER = "grpc._cython.cygrpc"
+_BATCH_ERROR = "ExecuteBatchError raised in core by servicer method ["
+NOT_SENT = "ANSWER_NOT_SENT"  # the code such a line is counted under
 
 log = logging.getLogger("voxrecall.calls")
 
@@ -201,6 +209,41 @@ def quiet_http_clients() -> None:
     the sidecar's and every other command's logs (an index build's embeddings too)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class CoreBatchErrors(logging.Filter):
+    """gRPC's line for a call whose answer it could not send, rewritten as a failed call's line:
+    INFO (the client went; nothing is wrong with the sidecar), no traceback (gRPC's internals,
+    the same each time), the first ``FAILURE_LINES`` a window per method and then a count, as
+    ``FailureLines`` keeps any failed call's. Before, a client cancelling the calls whose answers
+    it left unread wrote an ERROR line of about 1 KB a call. gRPC's other lines pass as they are.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = FailureLines()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg
+        if not (isinstance(message, str) and message.startswith(_BATCH_ERROR)):
+            return True
+        method = message[len(_BATCH_ERROR) :].rstrip("]").rpartition("/")[2]
+        if not self.failures.admit("", method, NOT_SENT):
+            return False
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        record.msg = (
+            f"{bounded(method, MAX_ID_BYTES)} {NOT_SENT}: the client cancelled the call or "
+            "closed its connection before its answer went out (gRPC's ExecuteBatchError)"
+        )
+        record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+def quiet_grpc_core() -> None:
+    """``CoreBatchErrors`` on gRPC's logger, once a process (every server of it shares one)."""
+    core = logging.getLogger(GRPC_CORE_LOGGER)
+    if not any(isinstance(f, CoreBatchErrors) for f in core.filters):
+        core.addFilter(CoreBatchErrors())
 
 
 def _fresh_call_id() -> str:

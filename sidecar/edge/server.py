@@ -18,7 +18,7 @@ from index.embedders.factory import make_embedder
 from index.errors import SnapshotError
 from index.store import SnapshotStore, is_url, open_store
 from sidecar.config import Config
-from sidecar.edge import reflection, tls
+from sidecar.edge import logs, reflection, tls
 from sidecar.edge.guards import Guards
 from sidecar.edge.health import Health
 from sidecar.edge.lifecycle import Lifecycle, State
@@ -510,6 +510,7 @@ def _grpc_server(config: Config, guards: Guards, service: RetrievalService) -> g
     # Port sharing only between the workers of one sidecar: otherwise a second sidecar started
     # on the same port fails to bind, rather than silently taking half the calls.
     reuse_port = 1 if config.sidecar.workers > 1 else 0
+    logs.quiet_grpc_core()  # gRPC's ERROR line a call whose client went first, as a failure's
     server = grpc.aio.server(
         interceptors=guards.interceptors,
         options=[*guards.options, ("grpc.so_reuseport", reuse_port)],
