@@ -25,6 +25,7 @@ from sidecar.turn.sessions import (
     SessionStore,
     Usage,
     owner,
+    text_bytes,
 )
 
 
@@ -224,14 +225,32 @@ async def test_agent_turns_waiting_to_be_read_go_with_their_turns(example_sideca
 
 
 def test_a_session_keeps_at_most_its_bytes_dropping_the_oldest_turns() -> None:
-    long_turn = "\U0001f4de" * 4000  # 16 kB of str
-    session = Session("s", context_turns=3, max_bytes=40_000)
+    long_turn = "\U0001f4de" * 4000  # 16 kB of str, and its UTF-8 16 kB more once read as such
+    session = Session("s", context_turns=3, max_bytes=72_000)
     for i in range(RECENT_TURNS):
         session.record_turn("agent", long_turn + str(i))
         session.retain([hit(f"c{i}")])
-    assert session.size == session.measure() <= 40_000
+    assert session.size == session.measure() <= 72_000
     assert [said.text[-1] for said in session.turns] == ["6", "7"]  # the newest kept
     assert session.turn_count == RECENT_TURNS
+
+
+def test_a_non_ascii_turn_counts_the_utf8_copy_that_reading_it_adds() -> None:
+    """CPython keeps a non-ASCII str's UTF-8 in it once C code reads it so (protobuf writing a
+    Turn's answer, orjson writing a log line), and ``sys.getsizeof`` grows by it: a turn is
+    counted with that copy from the start, so what the session holds stays within its count."""
+    session = Session("s", context_turns=3, max_bytes=1 << 20)
+    for text in ("réponse " * 500, "\U0001f4de" * 2000 + " appel", "plain ascii " * 100):
+        session.record_turn("user", (text + " ")[:-1])  # a fresh str: no UTF-8 copy yet
+    counted = session.size
+    held = [said.text for said in session.turns]
+    before = sum(map(sys.getsizeof, held))
+    for text in held:
+        pb.TurnRequest(text=text)  # protobuf reads the str as UTF-8
+    after = sum(map(sys.getsizeof, held))
+    assert after > before  # the copies were made, and kept
+    assert sum(map(text_bytes, held)) == after  # counted from the start
+    assert session.measure() == counted  # the same count, whenever it is taken
 
 
 def test_a_mention_s_name_counts_in_the_session_s_bytes() -> None:

@@ -7,7 +7,8 @@ then its oldest turns, are dropped, the newest of each kept (a turn is what a fo
 a newest search over the whole bound on its own costs no turn, and leaves the session over its
 bound until the next search replaces it). What it keeps is accounted as the bytes the session itself
 allocates: its turns' text, its mentions' names and its retained chunks' strings
-(``sys.getsizeof``, so 1 to 4 bytes a character), what a door keeps of the call (``door_state``), and a fixed cost per turn, per entity
+(``text_bytes``: 1 to 4 bytes a character, and a non-ASCII string's UTF-8 copy, which CPython
+keeps in it once C code reads it so), what a door keeps of the call (``door_state``), and a fixed cost per turn, per entity
 mention, per page the follow-ups count, per retained hit and chunk, and per session
 (``TURN_BYTES``, ``MENTION_BYTES``, ``PAGE_BYTES``, ``HIT_BYTES``, ``CHUNK_BYTES``,
 ``SESSION_BYTES``, measured with tracemalloc in tests/test_sessions.py). A retained chunk is
@@ -157,7 +158,7 @@ class Session:
         for page, score in found:
             if page not in pages:
                 pages[page] = 0.0
-                self._page_bytes += PAGE_BYTES + sys.getsizeof(page)
+                self._page_bytes += PAGE_BYTES + text_bytes(page)
             pages[page] += score
         if len(pages) > keep:
             self.pages = dict(sorted(pages.items(), key=lambda kv: -kv[1])[:keep])
@@ -271,8 +272,8 @@ class Session:
 def _said_bytes(said: Said) -> int:
     """One recorded turn's share of a session's bytes: its text, its slot, its mentions with
     their names (each a string of its own: a snapshot's owner names may be 36 KiB long)."""
-    mentions = sum(MENTION_BYTES + sys.getsizeof(m.name) for m in said.mentions)
-    return TURN_BYTES + sys.getsizeof(said.text) + mentions
+    mentions = sum(MENTION_BYTES + text_bytes(m.name) for m in said.mentions)
+    return TURN_BYTES + text_bytes(said.text) + mentions
 
 
 def _hits_bytes(hits: tuple[Hit, ...]) -> int:
@@ -282,7 +283,7 @@ def _hits_bytes(hits: tuple[Hit, ...]) -> int:
 
 def _chunk_bytes(chunk: Chunk) -> int:
     """A decoded chunk's strings and metadata (its source name is the table's, shared)."""
-    size = sys.getsizeof
+    size = text_bytes
     held = (
         size(chunk.chunk_id) + size(chunk.source_path) + size(chunk.title) + size(chunk.text)
         + size(chunk.embed_text) + size(chunk.url) + CHUNK_BYTES
@@ -297,12 +298,31 @@ def _chunk_bytes(chunk: Chunk) -> int:
 def _value_bytes(value: MetaValue) -> int:
     """A metadata value's bytes: a string, or a tuple of them."""
     if isinstance(value, tuple):
-        return sys.getsizeof(value) + sum(map(sys.getsizeof, value))
-    return sys.getsizeof(value)
+        return sys.getsizeof(value) + sum(map(text_bytes, value))
+    return text_bytes(value)
 
 
 def _bytes_of_pages(pages: Mapping[str, float]) -> int:
-    return PAGE_BYTES * len(pages) + sum(map(sys.getsizeof, pages))
+    return PAGE_BYTES * len(pages) + sum(map(text_bytes, pages))
+
+
+# A non-ASCII str's header (CPython's compact form), read off a fresh one of two characters and
+# no UTF-8 copy: its size is this plus (length + 1) x its kind (1, 2 or 4 bytes a character).
+_COMPACT_HEADER = sys.getsizeof("\u00e9" * 2) - 3
+
+
+def text_bytes(text: str) -> int:
+    """What ``text`` holds, with the UTF-8 copy CPython keeps in a non-ASCII str once C code
+    reads it so (protobuf writing a response, orjson, the tokenizer), made or not yet:
+    ``sys.getsizeof`` counts that copy only once it is there, and a session counting a turn
+    before it was made grew past its count (a 16 KB turn of 4-byte characters, by 15,971
+    bytes). An ASCII str's UTF-8 is its own bytes."""
+    if text.isascii():
+        return sys.getsizeof(text)
+    widest = ord(max(text))
+    kind = 1 if widest < 0x100 else 2 if widest < 0x10000 else 4
+    utf8 = len(text.encode("utf-8", "surrogatepass")) + 1
+    return max(sys.getsizeof(text), _COMPACT_HEADER + (len(text) + 1) * kind + utf8)
 
 
 @dataclass(frozen=True, slots=True)
