@@ -311,20 +311,33 @@ def test_grpc_lines_for_answers_not_sent_are_failure_lines_and_others_pass(
 ) -> None:
     """gRPC's ERROR line with a traceback for each answer it could not send becomes an INFO
     line naming the method, without the traceback, the first FAILURE_LINES of a window; its
-    other lines pass untouched."""
+    other lines pass untouched; where INFO is left out, so is the line."""
     monkeypatch.setattr(logs, "FAILURE_WINDOW_S", 3600.0)  # one window, however slow the loop
-    core = logs.CoreBatchErrors()
-    batch = "ExecuteBatchError raised in core by servicer method [/voxrecall.v1.Retrieval/Search]"
-    kept = [r for r in (_core_line(batch) for _ in range(3 * logs.FAILURE_LINES)) if core.filter(r)]
-    assert len(kept) == logs.FAILURE_LINES
-    assert {(r.levelno, r.levelname, r.exc_info, r.exc_text) for r in kept} == {
-        (logging.INFO, "INFO", None, None)
-    }
-    assert kept[0].getMessage().startswith("Search ANSWER_NOT_SENT: the client cancelled")
-    other = _core_line("Unexpected [ValueError] raised by servicer method [/x/Y]")
-    assert core.filter(other)
-    assert other.levelno == logging.ERROR
-    assert other.exc_info
-    long = _core_line(batch.replace("Search", "S" * 10_000))
-    assert core.filter(long)
-    assert len(long.getMessage()) < 2 * logs.MAX_ID_BYTES + 200
+    grpc_logger = logging.getLogger(logs.GRPC_CORE_LOGGER)
+    level = grpc_logger.level
+    try:
+        grpc_logger.setLevel(logging.INFO)
+        core = logs.CoreBatchErrors()
+        batch = (
+            "ExecuteBatchError raised in core by servicer method [/voxrecall.v1.Retrieval/Search]"
+        )
+        lines = (_core_line(batch) for _ in range(3 * logs.FAILURE_LINES))
+        kept = [r for r in lines if core.filter(r)]
+        assert len(kept) == logs.FAILURE_LINES
+        assert {(r.levelno, r.levelname, r.exc_info, r.exc_text) for r in kept} == {
+            (logging.INFO, "INFO", None, None)
+        }
+        assert kept[0].getMessage().startswith("Search ANSWER_NOT_SENT: the client cancelled")
+        other = _core_line("Unexpected [ValueError] raised by servicer method [/x/Y]")
+        assert core.filter(other)
+        assert other.levelno == logging.ERROR
+        assert other.exc_info
+        long = _core_line(batch.replace("Search", "S" * 10_000))
+        assert core.filter(long)
+        assert len(long.getMessage()) < 2 * logs.MAX_ID_BYTES + 200
+        grpc_logger.setLevel(logging.WARNING)  # logging at WARNING: left out, and not counted
+        fresh = logs.CoreBatchErrors()
+        assert not fresh.filter(_core_line(batch))
+        assert not fresh.failures.kinds
+    finally:
+        grpc_logger.setLevel(level)

@@ -228,7 +228,9 @@ class CoreBatchErrors(logging.Filter):
         if not (isinstance(message, str) and message.startswith(_BATCH_ERROR)):
             return True
         method = message[len(_BATCH_ERROR) :].rstrip("]").rpartition("/")[2]
-        if not self.failures.admit("", method, NOT_SENT):
+        # at INFO now: left out where INFO is (gRPC's logger let it through as an ERROR)
+        enabled = logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        if not (enabled and self.failures.admit("", method, NOT_SENT)):
             return False
         record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
         record.msg = (
