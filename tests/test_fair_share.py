@@ -159,11 +159,12 @@ async def test_a_caller_opening_many_sessions_evicts_only_its_own(
 async def test_session_memory_is_bounded_in_bytes_and_shown(
     store: Path, local_embedder: Embedder
 ) -> None:
-    """Long agent turns (4000 characters of 4 bytes each) into many sessions: what a session
-    keeps stays under max_session_bytes, all of them under session_memory_bytes."""
+    """Long agent turns (2000 characters of 4 bytes each, and their UTF-8 copies) into many
+    sessions: what a session keeps stays under max_session_bytes, all of them under
+    session_memory_bytes."""
     per_session, total = 40 * 1024, 300 * 1024
     config = sidecar_config(store, max_session_bytes=per_session, session_memory_bytes=total)
-    long_turn = "\U0001f4de" * 4000
+    long_turn = "\U0001f4de" * 2000
     async with serving(config, local_embedder) as (sidecar, stub):
         for i in range(30):
             for _ in range(4):
