@@ -136,13 +136,12 @@ class Session:
     on_resize: Callable[[Session, int], None] | None = field(default=None, repr=False)
 
     _page_bytes: int = field(default=0, init=False, repr=False)  # ``pages``' share of ``size``
-    # ``turns``' share, counted when they change (a str's size grows when its UTF-8 form is
-    # made, so a turn is counted as it is now, as ``measure`` does), and ``retained``'s
+    # ``turns``' share, counted when they change (as ``measure`` counts them), and ``retained``'s
     _turn_bytes: int = field(default=0, init=False, repr=False)
     _hit_bytes: int = field(default=0, init=False, repr=False)
     _door_bytes: int = field(default=0, init=False, repr=False)  # ``door_state``'s share
-    # each retained search's bytes as counted when it was retained (a chunk's strings grow once
-    # a response encodes them: what a search added is what its drop takes off)
+    # each retained search's bytes as counted when it was retained: what a search added is what
+    # its drop takes off, whatever its strings hold by then
     _counted: deque[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
