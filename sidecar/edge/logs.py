@@ -211,43 +211,6 @@ def quiet_http_clients() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-class CoreBatchErrors(logging.Filter):
-    """gRPC's line for a call whose answer it could not send, rewritten as a failed call's line:
-    INFO (the client went; nothing is wrong with the sidecar), no traceback (gRPC's internals,
-    the same each time), the first ``FAILURE_LINES`` a window per method and then a count, as
-    ``FailureLines`` keeps any failed call's. Before, a client cancelling the calls whose answers
-    it left unread wrote an ERROR line of about 1 KB a call. gRPC's other lines pass as they are.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failures = FailureLines()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.msg
-        if not (isinstance(message, str) and message.startswith(_BATCH_ERROR)):
-            return True
-        method = message[len(_BATCH_ERROR) :].rstrip("]").rpartition("/")[2]
-        # at INFO now: left out where INFO is (gRPC's logger let it through as an ERROR)
-        enabled = logging.getLogger(record.name).isEnabledFor(logging.INFO)
-        if not (enabled and self.failures.admit("", method, NOT_SENT)):
-            return False
-        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-        record.msg = (
-            f"{bounded(method, MAX_ID_BYTES)} {NOT_SENT}: the client cancelled the call or "
-            "closed its connection before its answer went out (gRPC's ExecuteBatchError)"
-        )
-        record.args, record.exc_info, record.exc_text = (), None, None
-        return True
-
-
-def quiet_grpc_core() -> None:
-    """``CoreBatchErrors`` on gRPC's logger, once a process (every server of it shares one)."""
-    core = logging.getLogger(GRPC_CORE_LOGGER)
-    if not any(isinstance(f, CoreBatchErrors) for f in core.filters):
-        core.addFilter(CoreBatchErrors())
-
-
 def _fresh_call_id() -> str:
     """16 hex digits. Not a secret (it is sent back and logged), only unlikely to repeat: the
     ``random`` generator, seeded from the OS and again in a forked worker, at half the
@@ -326,6 +289,48 @@ def _suppressed(key: tuple[str, str, str], count: int, seconds: float) -> None:
     )
 
 
+class CoreBatchErrors(logging.Filter):
+    """gRPC's line for a call whose answer it could not send, rewritten as a failed call's line:
+    INFO (the client went; nothing is wrong with the sidecar), no traceback (gRPC's internals,
+    the same each time), the first ``FAILURE_LINES`` a window per method and then a count, as
+    ``FailureLines`` keeps any failed call's. Before, a client cancelling the calls whose answers
+    it left unread wrote an ERROR line of about 1 KB a call. gRPC's other lines pass as they are.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = FailureLines()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg
+        if not (isinstance(message, str) and message.startswith(_BATCH_ERROR)):
+            return True
+        method = message[len(_BATCH_ERROR) :].rstrip("]").rpartition("/")[2]
+        # at INFO now: left out where INFO is (gRPC's logger let it through as an ERROR)
+        enabled = logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        if not (enabled and self.failures.admit("", method, NOT_SENT)):
+            return False
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        record.msg = (
+            f"{bounded(method, MAX_ID_BYTES)} {NOT_SENT}: the client cancelled the call or "
+            "closed its connection before its answer went out (gRPC's ExecuteBatchError)"
+        )
+        record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+# The one on gRPC's logger (a process's servers share it); the counts of the lines it left out
+# are written as a failed call's are, with the next such line or any call's end (``CallLog``).
+CORE_LINES = CoreBatchErrors()
+
+
+def quiet_grpc_core() -> None:
+    """``CORE_LINES`` on gRPC's logger, once a process."""
+    core = logging.getLogger(GRPC_CORE_LOGGER)
+    if CORE_LINES not in core.filters:
+        core.addFilter(CORE_LINES)
+
+
 class CallLog(Hook):
     """Sets the log context of each call, and logs its end at DEBUG (failures at INFO, the
     first few of a kind: ``FailureLines``)."""
@@ -348,6 +353,8 @@ class CallLog(Hook):
         if call.code is OK:
             if self.failures.kinds:  # a window's count is written once its failures stop too
                 self.failures.sweep()
+            if CORE_LINES.failures.kinds:  # and so is the count of gRPC's lines left out
+                CORE_LINES.failures.sweep()
             level = logging.DEBUG
         elif log.isEnabledFor(logging.INFO) and self.failures.admit(
             peer_key(call.context.peer()), call.method, call.code.name
