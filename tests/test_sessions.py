@@ -240,7 +240,14 @@ def test_a_non_ascii_turn_counts_the_utf8_copy_that_reading_it_adds() -> None:
     Turn's answer, orjson writing a log line), and ``sys.getsizeof`` grows by it: a turn is
     counted with that copy from the start, so what the session holds stays within its count."""
     session = Session("s", context_turns=3, max_bytes=1 << 20)
-    for text in ("réponse " * 500, "\U0001f4de" * 2000 + " appel", "plain ascii " * 100):
+    texts = (
+        "réponse " * 500,  # 1 byte a character as CPython holds it
+        "电话号码 " * 300,  # 2
+        "\U0001f4de" * 2000 + " appel",  # 4
+        "plain " * 100 + "é 中 \U0001f4de",  # 4, its widest character last
+        "plain ascii " * 100,
+    )
+    for text in texts:
         session.record_turn("user", (text + " ")[:-1])  # a fresh str: no UTF-8 copy yet
     counted = session.size
     held = [said.text for said in session.turns]

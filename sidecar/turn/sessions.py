@@ -27,6 +27,7 @@ holds outside its sessions for its calls (its MCP sessions, ``reserve``) counts 
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections import OrderedDict, deque
@@ -138,6 +139,7 @@ class Session:
     _page_bytes: int = field(default=0, init=False, repr=False)  # ``pages``' share of ``size``
     # ``turns``' share, counted when they change (as ``measure`` counts them), and ``retained``'s
     _turn_bytes: int = field(default=0, init=False, repr=False)
+    _turn_sizes: deque[int] = field(init=False, repr=False)  # each turn's, in ``turns``' order
     _hit_bytes: int = field(default=0, init=False, repr=False)
     _door_bytes: int = field(default=0, init=False, repr=False)  # ``door_state``'s share
     # each retained search's bytes as counted when it was retained: what a search added is what
@@ -147,7 +149,8 @@ class Session:
     def __post_init__(self) -> None:
         self.retained = deque(maxlen=max(1, self.context_turns))
         self._counted = deque(maxlen=self.retained.maxlen)
-        self._count_turns()
+        self._turn_sizes = deque(map(_said_bytes, self.turns), maxlen=self.turns.maxlen)
+        self._turn_bytes = sum(self._turn_sizes)
         self.size = self.measure()
 
     def count_pages(self, found: Iterable[tuple[str, float]], keep: int) -> None:
@@ -173,8 +176,12 @@ class Session:
         skipped: bool = False,
     ) -> Said:
         said = Said(speaker, text, mentions, question, skipped)
+        size, sizes = _said_bytes(said), self._turn_sizes
+        if len(sizes) == sizes.maxlen:  # the appends drop the oldest
+            self._turn_bytes -= sizes[0]
         self.turns.append(said)
-        self._count_turns()
+        sizes.append(size)
+        self._turn_bytes += size
         self.turn_count += 1
         self.fit()
         return said
@@ -228,9 +235,6 @@ class Session:
         if change and self.on_resize is not None:
             self.on_resize(self, change)
 
-    def _count_turns(self) -> None:
-        self._turn_bytes = sum(map(_said_bytes, self.turns))
-
     def _shrunk(self) -> int:
         """Drop the oldest searches (the newest stays: it is the turn's context), then the
         oldest turns (the newest stays), until within ``max_bytes``; the bytes then held. A
@@ -245,7 +249,7 @@ class Session:
         spared = alone if alone > self.max_bytes else 0
         while len(turns) > 1 and self._held() - spared > self.max_bytes:
             turns.popleft()
-            self._count_turns()
+            self._turn_bytes -= self._turn_sizes.popleft()
         return self._held()
 
     def _unread_only_of_turns(self) -> None:
@@ -308,20 +312,23 @@ def _bytes_of_pages(pages: Mapping[str, float]) -> int:
 # A non-ASCII str's header (CPython's compact form), read off a fresh one of two characters and
 # no UTF-8 copy: its size is this plus (length + 1) x its kind (1, 2 or 4 bytes a character).
 _COMPACT_HEADER = sys.getsizeof("\u00e9" * 2) - 3
+_WIDE = re.compile("[\u0100-\U0010ffff]")  # a character of 2 bytes or more as CPython holds it
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # one of 4
 
 
 def text_bytes(text: str) -> int:
     """What ``text`` holds, with the UTF-8 copy CPython keeps in a non-ASCII str once C code
-    reads it so (protobuf writing a response, orjson, the tokenizer), made or not yet:
-    ``sys.getsizeof`` counts that copy only once it is there, and a session counting a turn
-    before it was made grew past its count (a 16 KB turn of 4-byte characters, by 15,971
-    bytes). An ASCII str's UTF-8 is its own bytes."""
+    reads it so (protobuf writing a response, orjson, the tokenizer), made or not yet: the
+    same count before and after. ``sys.getsizeof`` counts that copy only once it is there, and
+    a session counting a turn before it was made grew past its count (a 16 KB turn of 4-byte
+    characters, by 15,971 bytes). An ASCII str's UTF-8 is its own bytes. Its kind is read by a
+    scan in C (``max(text)`` made a str a character: 0.7 ms for a 16 KB turn)."""
     if text.isascii():
         return sys.getsizeof(text)
-    widest = ord(max(text))
-    kind = 1 if widest < 0x100 else 2 if widest < 0x10000 else 4
+    wide = _WIDE.search(text)
+    kind = 1 if wide is None else 4 if _ASTRAL.search(text, wide.start()) else 2
     utf8 = len(text.encode("utf-8", "surrogatepass")) + 1
-    return max(sys.getsizeof(text), _COMPACT_HEADER + (len(text) + 1) * kind + utf8)
+    return _COMPACT_HEADER + (len(text) + 1) * kind + utf8
 
 
 @dataclass(frozen=True, slots=True)
