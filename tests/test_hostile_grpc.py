@@ -558,6 +558,9 @@ async def test_a_client_cancelling_its_held_calls_cannot_flood_the_log(
     async with running(config, local_embedder) as sidecar:
         assert core.filters.count(logs.CORE_LINES) == 1  # one, however many servers
         monkeypatch.setattr(logs.CORE_LINES, "failures", logs.FailureLines())  # none from before
+        raw: list[logging.LogRecord] = []  # gRPC's lines as it wrote them
+        rewrite = logs.CORE_LINES.filter
+        monkeypatch.setattr(logs.CORE_LINES, "filter", lambda r: raw.append(r) or rewrite(r))
         assert sidecar.guards is not None
         limit = sidecar.guards.limit
         caplog.set_level(logging.INFO, logger=logs.GRPC_CORE_LOGGER)
@@ -572,8 +575,10 @@ async def test_a_client_cancelling_its_held_calls_cannot_flood_the_log(
                 await eventually(lambda: limit.lingering == 0, "the cancelled calls' slots")
             finally:
                 await client.close()
+        if not raw:
+            pytest.skip("this grpcio writes no line for an answer it could not send")
         lines = [r for r in caplog.records if r.name == logs.GRPC_CORE_LOGGER]
-        assert 1 <= len(lines) <= logs.FAILURE_LINES  # 100 ERROR lines before
+        assert len(lines) == min(len(raw), logs.FAILURE_LINES)  # an ERROR line each before
         assert {(r.levelno, r.exc_info) for r in lines} == {(logging.INFO, None)}
         assert lines[0].getMessage().startswith("Search ANSWER_NOT_SENT")
         # the window over, the next call's end writes how many more there were

@@ -83,6 +83,8 @@ _RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"color_message"}
 GRPC_CORE_LOGGER = "grpc._cython.cygrpc"
 _BATCH_ERROR = "ExecuteBatchError raised in core by servicer method ["
 NOT_SENT = "ANSWER_NOT_SENT"  # the code such a line is counted under
+_BATCH_FAILED = 'Failed "execute_batch"'  # the error of a batch that ran and failed
+ALL_CLIENTS = "all clients"  # gRPC's line names no client: its lines are counted as one's
 
 log = logging.getLogger("voxrecall.calls")
 
@@ -290,33 +292,45 @@ def _suppressed(key: tuple[str, str, str], count: int, seconds: float) -> None:
 
 
 class CoreBatchErrors(logging.Filter):
-    """gRPC's line for a call whose answer it could not send, rewritten as a failed call's line:
-    INFO (the client went; nothing is wrong with the sidecar), no traceback (gRPC's internals,
-    the same each time), the first ``FAILURE_LINES`` a window per method and then a count, as
+    """gRPC's line for a call whose answer it could not send because the call was over (its
+    client cancelled it or closed its connection, or the sidecar cut it), rewritten as a failed
+    call's line: INFO (nothing is wrong with the sidecar), no traceback (gRPC's internals, the
+    same each time), the first ``FAILURE_LINES`` a window per method and then a count, as
     ``FailureLines`` keeps any failed call's. Before, a client cancelling the calls whose answers
-    it left unread wrote an ERROR line of about 1 KB a call. gRPC's other lines pass as they are.
-    """
+    it left unread wrote an ERROR line of about 1 KB a call. gRPC's other lines pass as they are,
+    among them the same words for a batch gRPC's core refused to start ("Failed
+    grpc_call_start_batch": a fault of the server's, with its traceback)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.failures = FailureLines()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.msg
-        if not (isinstance(message, str) and message.startswith(_BATCH_ERROR)):
+        if not _answer_not_sent(record):
             return True
-        method = message[len(_BATCH_ERROR) :].rstrip("]").rpartition("/")[2]
+        method = record.msg[len(_BATCH_ERROR) :].rstrip("]").rpartition("/")[2]
         # at INFO now: left out where INFO is (gRPC's logger let it through as an ERROR)
         enabled = logging.getLogger(record.name).isEnabledFor(logging.INFO)
-        if not (enabled and self.failures.admit("", method, NOT_SENT)):
+        if not (enabled and self.failures.admit(ALL_CLIENTS, method, NOT_SENT)):
             return False
         record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
         record.msg = (
-            f"{bounded(method, MAX_ID_BYTES)} {NOT_SENT}: the client cancelled the call or "
-            "closed its connection before its answer went out (gRPC's ExecuteBatchError)"
+            f"{bounded(method, MAX_ID_BYTES)} {NOT_SENT}: the call was over before its answer "
+            "went out (its client cancelled it or closed its connection, or the sidecar cut it)"
         )
         record.args, record.exc_info, record.exc_text = (), None, None
         return True
+
+
+def _answer_not_sent(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is gRPC's line for a batch of a call's answer that ran and failed (the
+    call was over), as against one its core refused to start."""
+    message, exc = record.msg, record.exc_info[1] if record.exc_info else None
+    return (
+        isinstance(message, str)
+        and message.startswith(_BATCH_ERROR)
+        and str(exc).startswith(_BATCH_FAILED)
+    )
 
 
 # The one on gRPC's logger (a process's servers share it); the counts of the lines it left out
