@@ -269,7 +269,8 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
     """Follows a redirect only to the same scheme, host and port: urllib's own handler passes
     every header on (an S3 store's SigV4 ``Authorization`` and session token included) to any
     host, and from https to http. A static server or S3 needs no redirect elsewhere; one is an
-    HTTPError of its code, naming where it led (a StoreUnavailable for the caller)."""
+    HTTPError of its code, naming where it led (a StoreUnavailable for the caller). A redirect's
+    body is not read: one of any size costs no memory."""
 
     def redirect_request(
         self,
@@ -285,6 +286,11 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
             raise urllib.error.HTTPError(
                 req.full_url, code, f"redirect to another origin refused: {where}", headers, fp
             )
+        # urllib reads a redirect's body whole (``fp.read()``) before it follows it: a 302 of
+        # gigabytes, or chunked without end, was read into memory until the deadline. Its body
+        # is never used: closed here, that read finds nothing (the next request opens its own
+        # connection).
+        fp.close()
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
