@@ -190,8 +190,9 @@ class _HostileListing(BaseHTTPRequestHandler):
     are paths out of the cache (``escape``), is one page of ``HUGE_BYTES`` (``huge``), or
     sends its headers and then a byte every ``TRICKLE_S`` (``trickle``), or is pages of
     ``PAGE_NAMES`` short prefixes each (``stuffed``: S3 sends at most 1,000 a page), or of
-    ``PAGE_NAMES`` prefixes of ``LONG`` ``TILDE`` characters, not base names (``long``);
-    ``pages`` counts the pages asked for."""
+    ``PAGE_NAMES`` prefixes of ``LONG`` ``TILDE`` characters, not base names (``long``), or
+    names its base through an entity its document type declares (``entities``); ``pages``
+    counts the pages asked for."""
 
     ENDLESS_PAGES = 40
     PAGE_NAMES = 1000
@@ -225,6 +226,14 @@ class _HostileListing(BaseHTTPRequestHandler):
             ).encode()
         elif self.mode in ("stuffed", "long"):
             body = self._stuffed(page)
+        elif self.mode == "entities":
+            body = (
+                b'<?xml version="1.0"?><!DOCTYPE ListBucketResult [<!ENTITY kb "support">]>'
+                b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                b"<IsTruncated>false</IsTruncated>"
+                b"<CommonPrefixes><Prefix>prod/&kb;/</Prefix></CommonPrefixes>"
+                b"</ListBucketResult>"
+            )
         elif self.mode == "endless":
             more = page + 1 < self.ENDLESS_PAGES
             body = (
@@ -308,6 +317,18 @@ def test_a_listing_that_is_not_xml_is_unavailable(
     monkeypatch.setattr(_HostileListing, "mode", "broken")
     store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
     with pytest.raises(StoreUnavailable, match="cannot list the bases"):
+        store.knowledge_bases()
+
+
+def test_a_listing_that_declares_entities_is_refused(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Attack s20: expat's guard against entity bombs lets an entity expand to 100 times the
+    input (a 1.9 MB page held a name of 160 MB, ~360 MB to parse). S3 declares no document
+    type: a listing that does is refused before its entities are read."""
+    monkeypatch.setattr(_HostileListing, "mode", "entities")
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with pytest.raises(StoreUnavailable, match=r"cannot list the bases: .*document type"):
         store.knowledge_bases()
 
 
