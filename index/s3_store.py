@@ -83,6 +83,10 @@ MAX_LIST_PAGE_BYTES = 2 * 1024 * 1024
 # One page's names at most: S3 sends at most 1,000 keys and common prefixes a page (MaxKeys); a
 # page of 33,000 short prefixes fits in its bytes, and 100 of them were 3.3 M names to keep.
 MAX_LIST_PAGE_NAMES = 1000
+# A continuation token's bytes at most: S3's are opaque, tens to hundreds of bytes (MinIO's
+# hold the last key, of 1,024 bytes at most, in base64); the next page's URL carries it, and so
+# does every retry's log line and refusal that names that URL.
+MAX_CONTINUATION_TOKEN_BYTES = 4096
 # What to do, said after botocore's words (one line, cut: ``http_store._why``), which may quote a
 # credential_process's stderr or a server's message over several lines.
 CREDENTIALS_HINT = (
@@ -209,7 +213,8 @@ class S3Store(HttpStore):
         """The bases under the prefix (ListObjectsV2 by "/", needs s3:ListBucket), read with
         the downloads' own guards: each page at most ``MAX_LIST_PAGE_BYTES`` and
         ``MAX_LIST_PAGE_NAMES``, the whole listing within ``download_timeout_s``, at most
-        ``MAX_LIST_PAGES`` pages, and only names that are one safe path component (a listing is
+        ``MAX_LIST_PAGES`` pages, each named by a token of at most
+        ``MAX_CONTINUATION_TOKEN_BYTES``, no page declaring a document type, and only names that are one safe path component (a listing is
         not trusted to name folders of the cache). It stops at ``S3Options.max_names`` names,
         the first by name (as S3 lists), said once in the log."""
         deadline = time.monotonic() + self.options.download_timeout_s
@@ -354,6 +359,11 @@ def _parse_listing(data: bytes) -> tuple[list[str], str | None]:
     token = (root.findtext("{*}NextContinuationToken") or "").strip()
     if truncated and not token:
         raise StoreUnavailable("the listing is truncated but names no continuation token")
+    if truncated and len(token.encode("utf-8", "replace")) > MAX_CONTINUATION_TOKEN_BYTES:
+        raise StoreUnavailable(
+            f"the listing's continuation token is over {MAX_CONTINUATION_TOKEN_BYTES} bytes; "
+            "S3's are a few hundred: not an S3 listing"
+        )
     return found, token if truncated else None
 
 

@@ -191,8 +191,8 @@ class _HostileListing(BaseHTTPRequestHandler):
     sends its headers and then a byte every ``TRICKLE_S`` (``trickle``), or is pages of
     ``PAGE_NAMES`` short prefixes each (``stuffed``: S3 sends at most 1,000 a page), or of
     ``PAGE_NAMES`` prefixes of ``LONG`` ``TILDE`` characters, not base names (``long``), or
-    names its base through an entity its document type declares (``entities``); ``pages``
-    counts the pages asked for."""
+    names its base through an entity its document type declares (``entities``), or names the
+    next page by a token of 5,001 bytes (``long_token``); ``pages`` counts the pages asked for."""
 
     ENDLESS_PAGES = 40
     PAGE_NAMES = 1000
@@ -226,6 +226,16 @@ class _HostileListing(BaseHTTPRequestHandler):
             ).encode()
         elif self.mode in ("stuffed", "long"):
             body = self._stuffed(page)
+        elif self.mode == "long_token":  # page 1's token, padded with zeros past S3's
+            more = page == 0
+            token = "0" * 5000 + "1"
+            body = (
+                '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                f"<IsTruncated>{str(more).lower()}</IsTruncated>"
+                f"<CommonPrefixes><Prefix>prod/kb{page}/</Prefix></CommonPrefixes>"
+                + (f"<NextContinuationToken>{token}</NextContinuationToken>" if more else "")
+                + "</ListBucketResult>"
+            ).encode()
         elif self.mode == "entities":
             body = (
                 b'<?xml version="1.0"?><!DOCTYPE ListBucketResult [<!ENTITY kb "support">]>'
@@ -330,6 +340,21 @@ def test_a_listing_that_declares_entities_is_refused(
     store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
     with pytest.raises(StoreUnavailable, match=r"cannot list the bases: .*document type"):
         store.knowledge_bases()
+
+
+def test_a_listing_with_a_huge_continuation_token_is_refused(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Attack s20: a token of 1.5 MB went into the next page's URL, so into each retry's log
+    line and the refusal that named it (a 1.5 MB message). S3's tokens are a few hundred
+    bytes: one over ``MAX_CONTINUATION_TOKEN_BYTES`` is refused before the next page."""
+    monkeypatch.setattr(_HostileListing, "mode", "long_token")
+    monkeypatch.setattr(_HostileListing, "pages", [])
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with pytest.raises(StoreUnavailable, match="continuation token is over 4096 bytes") as refused:
+        store.knowledge_bases()
+    assert len(str(refused.value)) < 300
+    assert _HostileListing.pages == [0]
 
 
 def test_a_listing_names_only_bases_never_paths_out_of_the_cache(
