@@ -56,6 +56,7 @@ class Behaviour:
     shift_index: bool = False  # answer index i + 1 for text i
     drop_mid_body: bool = False  # send the headers and half the body, then close
     gzip_error: bool = False  # with fail_status: the error's body gzipped, unasked
+    retry_after: str = ""  # with fail_status: the error's Retry-After header, as sent
 
 
 def sample_latency_ms(spec: str, rng: random.Random) -> float:
@@ -226,7 +227,8 @@ class _Handler(BaseHTTPRequestHandler):
             if behaviour.gzip_error:
                 self._send_gzipped(status, orjson.dumps(error))
                 return
-            self._send(status, orjson.dumps(error))
+            retry = {"Retry-After": behaviour.retry_after} if behaviour.retry_after else {}
+            send_json(self, status, orjson.dumps(error), self.api.stopping, headers=retry)
             return
         answer = self.api._embeddings(body)
         if behaviour.drop_mid_body:

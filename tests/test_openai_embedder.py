@@ -135,6 +135,19 @@ async def test_bulk_retries_429_then_succeeds(
     assert server.requests == 3
 
 
+@pytest.mark.parametrize("retry_after", ["-1", "nan", "-inf"])
+async def test_bulk_retries_past_a_retry_after_no_sleep_takes(
+    server: OpenAIServer, embedder: OpenAIEmbedder, retry_after: str
+) -> None:
+    """Attack s20: a 429's "Retry-After: -1" (or "nan") went to ``time.sleep`` as it was, which
+    raised ValueError out of the build, no EmbedderError. Such a value is not a wait: the
+    retry waits its own backoff."""
+    server.set(fail_status=429, fail_times=1, retry_after=retry_after)
+    vectors = embedder.embed_batch(["a", "b"])
+    np.testing.assert_allclose(vectors, expected(["a", "b"]), atol=1e-6)
+    assert server.requests == 2
+
+
 @pytest.mark.parametrize(
     "behaviour", [Behaviour(fail_status=500, fail_times=-1), Behaviour(close=True)]
 )

@@ -20,6 +20,7 @@ nothing), never a silent nothing.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -313,11 +314,13 @@ def request_batches(texts: list[str], max_inputs: int, max_bytes: int) -> list[l
 
 
 def retry_after(exc: BaseException) -> float | None:
-    """The server's ``Retry-After`` in seconds, when it sent one as a number."""
+    """The server's ``Retry-After`` in seconds, when it sent one as a number of them: a finite
+    one, not below zero (``time.sleep`` raises ValueError for "-1" and "nan")."""
     if not isinstance(exc, openai.APIStatusError):
         return None
     value = exc.response.headers.get("retry-after")
     try:
-        return float(value) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None
+    return seconds if seconds is not None and 0 <= seconds < math.inf else None
