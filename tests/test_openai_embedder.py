@@ -148,6 +148,19 @@ async def test_bulk_retries_past_a_retry_after_no_sleep_takes(
     assert server.requests == 2
 
 
+async def test_bulk_gives_up_on_a_trickled_answer(
+    server: OpenAIServer, embedder: OpenAIEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack s20: the client's timeout bounds each read, so an answer trickled 16 bytes at a
+    time (~16 s here, as long as the server liked) held a build's request for all of it; the
+    request is now bounded whole (BUILD_REQUEST_S) and retried as a timeout is."""
+    monkeypatch.setattr(remote, "BUILD_REQUEST_S", 0.5, raising=False)
+    server.set(trickle_s=0.2)
+    with pytest.raises(EmbedderError, match="gave up after 3 tries: BuildRequestTimeout"):
+        embedder.embed_batch(["a"])
+    assert server.requests == 3
+
+
 @pytest.mark.parametrize(
     "behaviour", [Behaviour(fail_status=500, fail_times=-1), Behaviour(close=True)]
 )

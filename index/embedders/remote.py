@@ -3,7 +3,8 @@
 On the hot path (``embed``) the client makes no retries (they multiply waits) and the caller
 bounds the call with its own deadline: the client's ``timeout`` applies per read, so it does not
 bound a body that trickles in. Index builds (``embed_batch``) use a separate client, retry 429,
-5xx and connection errors with exponential backoff, and send up to ``max_concurrency`` requests
+5xx, connection errors and a request not answered whole within ``BUILD_REQUEST_S`` (a body
+trickled) with exponential backoff, and send up to ``max_concurrency`` requests
 side by side when given more than ``batch_size`` texts.
 
 Responses are read raw, every body (an error's too) at most ``response_cap`` bytes of
@@ -45,6 +46,11 @@ BUILD_BACKOFF_S = 0.5  # the first wait; each retry doubles it, up to MAX_BACKOF
 MAX_BACKOFF_S = 16.0  # also caps a server's Retry-After, so one answer cannot stall a build
 BUILD_TIMEOUT_S = 60.0  # a 16-text batch normally answers in well under a second
 HOT_TIMEOUT_S = 10.0  # an outer bound only: the turn's budget cuts far earlier
+# A build's request whole, its body's last byte included (BUILD_TIMEOUT_S bounds each read only,
+# so a body trickled a byte at a time held a build for as long as the server liked): 2,048
+# vectors of 1,536 values are ~60 MB of JSON, a minute at 1 MB/s. Past it, the request is
+# retried as a timeout is.
+BUILD_REQUEST_S = 300.0
 # A build request holds at most batch_size texts (<= OPENAI_MAX_INPUTS, 2048) and this many
 # bytes of text: the API takes at most 300k tokens per request, and English text runs ~4 bytes
 # a token (code ~3), so 600 kB stays under it with room to spare.
@@ -60,7 +66,14 @@ RESPONSE_BYTES_PER_VALUE = 64  # an indented answer takes ~34 (a review found 32
 HOT_MAX_TEXTS = 16
 IDENTITY = {"Accept-Encoding": "identity"}  # a body's cap counts its bytes as sent: uncompressed
 RESPONSE_BYTES_FLOOR = 64 * 1024
+
+
+class BuildRequestTimeout(Exception):
+    """A build's request was not answered whole within BUILD_REQUEST_S."""
+
+
 _RETRYABLE = (
+    BuildRequestTimeout,
     openai.RateLimitError,
     openai.InternalServerError,
     openai.APIConnectionError,
@@ -203,6 +216,7 @@ class OpenAIEmbedder:
     def _with_retries(self, texts: list[str]) -> Vectors:
         delay = self._backoff_s
         for attempt in range(self._retries + 1):
+            deadline = time.monotonic() + BUILD_REQUEST_S
             try:
                 with self._bulk.embeddings.with_streaming_response.create(
                     model=self._config.model,
@@ -210,7 +224,8 @@ class OpenAIEmbedder:
                     encoding_format="float",
                     dimensions=self._dimensions(),
                 ) as response:
-                    body = b"".join(response.iter_bytes())  # capped by the client's hook
+                    # capped by the client's hook; a trickle ends at the deadline
+                    body = b"".join(_until(response.iter_bytes(), deadline))
                 return self._vectors(body, len(texts))
             except _RETRYABLE as exc:
                 if attempt == self._retries:
@@ -223,6 +238,15 @@ class OpenAIEmbedder:
             except (openai.OpenAIError, httpx2.HTTPError) as exc:
                 raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")
+
+
+def _until(parts: Iterator[bytes], deadline: float) -> Iterator[bytes]:
+    """``parts`` until ``deadline`` (``time.monotonic``), looked at between reads (each bounded
+    by the client's timeout); BuildRequestTimeout past it."""
+    for part in parts:
+        if time.monotonic() > deadline:
+            raise BuildRequestTimeout(f"no whole answer within {BUILD_REQUEST_S:g} s")
+        yield part
 
 
 def response_cap(texts: int, dimension: int) -> int:
