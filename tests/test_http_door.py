@@ -1030,6 +1030,19 @@ async def test_a_deeply_nested_vapi_message_is_skipped_not_a_500(
     assert "Reset your password" in reply.json()["documents"][0]["content"]
 
 
+@pytest.mark.parametrize("role", [[], {"a": 1}, ["user"]], ids=["list", "object", "in-a-list"])
+async def test_a_vapi_message_whose_role_is_not_a_string_is_skipped_not_a_500(
+    sidecar: Sidecar, role: Any
+) -> None:
+    """Attack s20: a role that is a list or an object was looked up in the set of roles
+    (unhashable: TypeError), and the request answered 500 INTERNAL. Such a message is no
+    turn; the others are answered."""
+    question = {"role": "user", "content": "How do I reset my password?"}
+    reply = await vapi(sidecar, [{"role": role, "content": "x"}, question])
+    assert reply.status_code == 200
+    assert "Reset your password" in reply.json()["documents"][0]["content"]
+
+
 # -- the tool webhook -------------------------------------------------------------------------
 
 
