@@ -700,7 +700,7 @@ class HttpStore:
             if not resumed:
                 self._room.rewrites(offset)  # its bytes so far are written again
             announced = resp.headers.get("Content-Length", "")
-            if announced.isdigit() and start + int(announced) > size:
+            if _is_count(announced) and start + int(announced) > size:
                 raise CorruptSnapshot(f"{url}: announces {announced} bytes from {start}, "
                                       f"the manifest says the file is {size}")  # fmt: skip
             try:
@@ -844,8 +844,15 @@ def _range_start(resp: http.client.HTTPResponse) -> int:
 def _check_length(resp: http.client.HTTPResponse, received: int) -> None:
     # http.client's read(n) returns b"" on a closed connection: count the bytes ourselves
     expected = resp.headers.get("Content-Length")
-    if expected is not None and expected.isdigit() and received < int(expected):
+    if expected is not None and _is_count(expected) and received < int(expected):
         raise _Retry(f"body cut off after {received} of {expected} bytes")
+
+
+def _is_count(value: str) -> bool:
+    """Whether a header's value is a count ``int`` reads: ASCII digits (http.client reads
+    headers as ISO-8859-1, where "\xb2", a superscript two, is a digit to ``str.isdigit`` that
+    ``int`` refuses: a ValueError out of ``latest`` and ``fetch``)."""
+    return value.isascii() and value.isdigit()
 
 
 def _cache_error(path: Path, exc: OSError) -> CacheWriteError:

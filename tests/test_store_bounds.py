@@ -89,6 +89,21 @@ def test_a_manifest_listing_too_many_files_is_refused_before_any_download(
     assert requested_files(server) == []
 
 
+def test_a_content_length_of_a_digit_int_refuses_is_no_count(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Attack s20: http.client reads headers as ISO-8859-1, and "\xb2" (a superscript two) is a
+    digit to ``str.isdigit`` that ``int`` refuses: a Content-Length of it made ``latest`` and
+    ``fetch`` raise a bare ValueError. It is no count (as http.client itself reads it): the
+    body is read to the close, and checked against the manifest as any."""
+    version = version_id(1)
+    write_version(server.root, version, EMBEDDER)
+    server.length_header = "\xb2"
+    store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
+    assert store.latest(KB) == version
+    assert (store.fetch(KB, version) / MANIFEST).is_file()
+
+
 def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_any_download(
     server: StaticServer, tmp_path: Path
 ) -> None:
