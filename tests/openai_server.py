@@ -57,6 +57,7 @@ class Behaviour:
     drop_mid_body: bool = False  # send the headers and half the body, then close
     gzip_error: bool = False  # with fail_status: the error's body gzipped, unasked
     retry_after: str = ""  # with fail_status: the error's Retry-After header, as sent
+    containers: int = 0  # > 0: a valid answer padded with a list of this many empty lists
 
 
 def sample_latency_ms(spec: str, rng: random.Random) -> float:
@@ -153,6 +154,8 @@ class OpenAIServer(LocalHttpServer):
         }
         if b.pad_bytes:
             answer["padding"] = "x" * b.pad_bytes
+        if b.containers:
+            answer["nested"] = [[] for _ in range(b.containers)]
         return orjson.dumps(answer)
 
 

@@ -7,12 +7,13 @@ bound a body that trickles in. Index builds (``embed_batch``) use a separate cli
 trickled) with exponential backoff, and send up to ``max_concurrency`` requests
 side by side when given more than ``batch_size`` texts.
 
-Responses are read raw, every body (an error's too) at most ``response_cap`` bytes of
-``HOT_MAX_TEXTS`` texts, or a build's ``batch_size`` (an honest answer's size with room to spare:
-a server answering more is refused before it fills the heap; a response hook on each client),
-and parsed with orjson into
-one numpy array: the client's own parsing builds a pydantic object per float (~5-10 ms of
-event-loop time for one 384-d vector), which on the hot path delays every other turn's deadline.
+Responses are read raw, every body at most ``response_cap`` bytes of ``HOT_MAX_TEXTS`` texts,
+or a build's ``batch_size`` (an honest answer's size with room to spare: a server answering more
+is refused before it fills the heap; a response hook on each client), an error's at most
+``ERROR_BODY_BYTES``. An answer is parsed with orjson into one numpy array (the client's own
+parsing builds a pydantic object per float: ~5-10 ms of event-loop time for one 384-d vector,
+which on the hot path delays every other turn's deadline), once it is seen to hold no more JSON
+objects and arrays than its vectors need (``CONTAINERS_PER_VECTOR``).
 The vectors are checked as a caller's are (``unit_rows``: finite, with a direction), so a
 server's overflow or zeros are an ``EmbedderError`` (a turn falls back, a build publishes
 nothing), never a silent nothing.
@@ -66,6 +67,15 @@ RESPONSE_BYTES_PER_VALUE = 64  # an indented answer takes ~34 (a review found 32
 HOT_MAX_TEXTS = 16
 IDENTITY = {"Accept-Encoding": "identity"}  # a body's cap counts its bytes as sent: uncompressed
 RESPONSE_BYTES_FLOOR = 64 * 1024
+# An error's body is a message, under a kilobyte: this many bytes at most (the client parses it
+# with json.loads on the event loop: 1.6 MB of "[]," held it ~55 ms).
+ERROR_BODY_BYTES = 16 * 1024
+# An answer's JSON objects and arrays: two a vector (its entry and its values) and this many
+# besides (the envelope, usage and what a server adds), counted as the bytes "[" and "{"
+# before the parse: each is a Python object orjson builds on the event loop, and an answer of
+# 1.6 MB (16 texts at 1,536 dimensions) held 546,000 empty arrays, ~55 ms to parse.
+CONTAINERS_PER_VECTOR = 2
+CONTAINERS_BESIDES = 64
 
 
 class BuildRequestTimeout(Exception):
@@ -191,6 +201,12 @@ class OpenAIEmbedder:
         return self._config.dimensions or openai.omit
 
     def _vectors(self, body: bytes, count: int) -> Vectors:
+        containers = body.count(b"[") + body.count(b"{")
+        if containers > (most := CONTAINERS_PER_VECTOR * count + CONTAINERS_BESIDES):
+            raise EmbedderError(
+                f"{self._info.name}: the embeddings answer holds {containers} JSON objects and "
+                f"arrays; one of {count} vectors holds at most {most}: not an embeddings answer"
+            )
         try:
             rows = sorted(orjson.loads(body)["data"], key=lambda e: int(e["index"]))
             indexes = [int(r["index"]) for r in rows]
@@ -267,12 +283,18 @@ def _async_capped(cap: int) -> Callable[[httpx2.Response], Awaitable[None]]:
 
 
 def _limit(response: httpx2.Response, cap: int) -> tuple[int, str]:
-    """The bytes of ``response``'s body that may be read, and the error past them. The cap
-    counts the bytes as sent: a compressed body (asked for identity, answered gzip anyway: 1.5 MB
+    """The bytes of ``response``'s body that may be read, and the error past them: ``cap``,
+    an error's ``ERROR_BODY_BYTES``. The cap counts the bytes as sent: a compressed body (asked for identity, answered gzip anyway: 1.5 MB
     inflating to GBs) is refused at its first byte, before anything is inflated."""
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity"):
         return -1, f"the embeddings server answered with Content-Encoding {encoding[:32]!r}"
+    if not response.is_success:
+        status = response.status_code
+        return (
+            ERROR_BODY_BYTES,
+            f"the embeddings server's HTTP {status} is over {ERROR_BODY_BYTES} bytes",
+        )
     return cap, f"the embeddings server's answer is over {cap} bytes"
 
 
