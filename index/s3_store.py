@@ -83,6 +83,12 @@ MAX_LIST_PAGE_BYTES = 2 * 1024 * 1024
 # One page's names at most: S3 sends at most 1,000 keys and common prefixes a page (MaxKeys); a
 # page of 33,000 short prefixes fits in its bytes, and 100 of them were 3.3 M names to keep.
 MAX_LIST_PAGE_NAMES = 1000
+# A page's markup at most, counted as its "<" bytes before the parse (text holds none: it is
+# "&lt;"): each tag is an element the tree builder makes holding the GIL, in a worker thread
+# but the event loop's too (a 2 MiB page of 524,000 empty elements held the loop ~0.3 s). S3's
+# page of 1,000 keys, each an object's <Contents> of a dozen elements, opened and closed, is
+# within 28 a key.
+MAX_LIST_PAGE_TAGS = 64 * MAX_LIST_PAGE_NAMES
 # A continuation token's bytes at most: S3's are opaque, tens to hundreds of bytes (MinIO's
 # hold the last key, of 1,024 bytes at most, in base64); the next page's URL carries it, and so
 # does every retry's log line and refusal that names that URL.
@@ -337,8 +343,15 @@ class _NoDoctype(ElementTree.TreeBuilder):
 
 def _parse_listing(data: bytes) -> tuple[list[str], str | None]:
     """A ListObjectsV2 answer's common prefixes and next continuation token (None: the last
-    page). One that declares a document type is refused before its entities are read
-    (``_NoDoctype``); ElementTree resolves no external entity."""
+    page). One of more than ``MAX_LIST_PAGE_TAGS`` tags is refused unparsed, and one that
+    declares a document type before its entities are read (``_NoDoctype``); ElementTree
+    resolves no external entity."""
+    tags = data.count(b"<")
+    if tags > MAX_LIST_PAGE_TAGS:
+        raise StoreUnavailable(
+            f"a page of the listing holds {tags} tags; S3's holds at most {MAX_LIST_PAGE_TAGS}: "
+            "not an S3 listing"
+        )
     parser = ElementTree.XMLParser(target=_NoDoctype())
     try:
         parser.feed(data)
