@@ -51,7 +51,7 @@ class Behaviour:
     close: bool = False  # close the connection without answering
     hang: bool = False  # never answer (until the server stops)
     hold_until: int = 0  # hold every answer until this many requests are in flight at once
-    values: str = ""  # "huge" (1e39 and more: past float32's range), "zero": every vector's values
+    values: str = ""  # "huge" (1e39 and more: past float32's range), "zero", "long" (4x): values
     pad_bytes: int = 0  # > 0: a valid answer padded with a string of this many bytes
     shift_index: bool = False  # answer index i + 1 for text i
     drop_mid_body: bool = False  # send the headers and half the body, then close
@@ -165,6 +165,8 @@ def _values(row: list[float], kind: str) -> list[float]:
         return [v * 1e39 for v in row]  # float32 cannot hold them: infinities, NaN once scaled
     if kind == "zero":
         return [0.0] * len(row)
+    if kind == "long":
+        return row * 4  # four times the dimension asked for
     return row
 
 

@@ -247,6 +247,8 @@ async def test_values_too_large_for_float32_keep_their_direction(
         # event loop (an answer's cap at 1,536 dimensions held 546,000: ~55 ms)
         (Behaviour(containers=20_000), "arrays; one of 2 vectors holds at most 68"),
         (Behaviour(fail_status=500, fail_times=-1, pad_bytes=60_000), "HTTP 500 is over"),
+        # and values: 1.6 MB of "0," in one vector were 819,000 numbers to parse (~20 ms)
+        (Behaviour(values="long"), "commas; one of 2 vectors of 64 values holds at most 208"),
     ],
     ids=[
         "zero",
@@ -257,6 +259,7 @@ async def test_values_too_large_for_float32_keep_their_direction(
         "index",
         "arrays",
         "60kB-error",
+        "values",
     ],
 )
 async def test_an_answer_that_is_no_vectors_is_refused_by_name(

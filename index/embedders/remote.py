@@ -13,7 +13,8 @@ is refused before it fills the heap; a response hook on each client), an error's
 ``ERROR_BODY_BYTES``. An answer is parsed with orjson into one numpy array (the client's own
 parsing builds a pydantic object per float: ~5-10 ms of event-loop time for one 384-d vector,
 which on the hot path delays every other turn's deadline), once it is seen to hold no more JSON
-objects and arrays than its vectors need (``CONTAINERS_PER_VECTOR``).
+objects and arrays than its vectors need (``CONTAINERS_PER_VECTOR``), nor more values
+(commas: ``COMMAS_PER_VECTOR_BESIDES``).
 The vectors are checked as a caller's are (``unit_rows``: finite, with a direction), so a
 server's overflow or zeros are an ``EmbedderError`` (a turn falls back, a build publishes
 nothing), never a silent nothing.
@@ -76,6 +77,12 @@ ERROR_BODY_BYTES = 16 * 1024
 # 1.6 MB (16 texts at 1,536 dimensions) held 546,000 empty arrays, ~55 ms to parse.
 CONTAINERS_PER_VECTOR = 2
 CONTAINERS_BESIDES = 64
+# An answer's JSON values at most, counted as its commas before the parse: a vector's values and
+# a few keys beside them (object, index), and this many besides; within the byte cap 1.6 MB of
+# "0," in one vector were 819,000 numbers, ~20 ms of the event loop to parse and convert before
+# its length was seen to be wrong.
+COMMAS_PER_VECTOR_BESIDES = 8
+COMMAS_BESIDES = 64
 
 
 class BuildRequestTimeout(Exception):
@@ -206,6 +213,14 @@ class OpenAIEmbedder:
             raise EmbedderError(
                 f"{self._info.name}: the embeddings answer holds {containers} JSON objects and "
                 f"arrays; one of {count} vectors holds at most {most}: not an embeddings answer"
+            )
+        commas = body.count(b",")
+        per_vector = self._info.dimension + COMMAS_PER_VECTOR_BESIDES
+        if commas > (most := per_vector * count + COMMAS_BESIDES):
+            raise EmbedderError(
+                f"{self._info.name}: the embeddings answer holds {commas} commas; one of {count} "
+                f"vectors of {self._info.dimension} values holds at most {most}: not an "
+                "embeddings answer"
             )
         try:
             rows = sorted(orjson.loads(body)["data"], key=lambda e: int(e["index"]))
