@@ -269,7 +269,8 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
     """Follows a redirect only to the same scheme, host and port: urllib's own handler passes
     every header on (an S3 store's SigV4 ``Authorization`` and session token included) to any
     host, and from https to http. A static server or S3 needs no redirect elsewhere; one is an
-    HTTPError of its code, naming where it led (a StoreUnavailable for the caller)."""
+    HTTPError of its code, naming where it led (a StoreUnavailable for the caller). A redirect's
+    body is not read: one of any size costs no memory."""
 
     def redirect_request(
         self,
@@ -285,6 +286,11 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
             raise urllib.error.HTTPError(
                 req.full_url, code, f"redirect to another origin refused: {where}", headers, fp
             )
+        # urllib reads a redirect's body whole (``fp.read()``) before it follows it: a 302 of
+        # gigabytes, or chunked without end, was read into memory until the deadline. Its body
+        # is never used: closed here, that read finds nothing (the next request opens its own
+        # connection).
+        fp.close()
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
@@ -694,7 +700,7 @@ class HttpStore:
             if not resumed:
                 self._room.rewrites(offset)  # its bytes so far are written again
             announced = resp.headers.get("Content-Length", "")
-            if announced.isdigit() and start + int(announced) > size:
+            if _is_count(announced) and start + int(announced) > size:
                 raise CorruptSnapshot(f"{url}: announces {announced} bytes from {start}, "
                                       f"the manifest says the file is {size}")  # fmt: skip
             try:
@@ -838,8 +844,15 @@ def _range_start(resp: http.client.HTTPResponse) -> int:
 def _check_length(resp: http.client.HTTPResponse, received: int) -> None:
     # http.client's read(n) returns b"" on a closed connection: count the bytes ourselves
     expected = resp.headers.get("Content-Length")
-    if expected is not None and expected.isdigit() and received < int(expected):
+    if expected is not None and _is_count(expected) and received < int(expected):
         raise _Retry(f"body cut off after {received} of {expected} bytes")
+
+
+def _is_count(value: str) -> bool:
+    """Whether a header's value is a count ``int`` reads: ASCII digits (http.client reads
+    headers as ISO-8859-1, where "\xb2", a superscript two, is a digit to ``str.isdigit`` that
+    ``int`` refuses: a ValueError out of ``latest`` and ``fetch``)."""
+    return value.isascii() and value.isdigit()
 
 
 def _cache_error(path: Path, exc: OSError) -> CacheWriteError:

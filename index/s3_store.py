@@ -83,6 +83,16 @@ MAX_LIST_PAGE_BYTES = 2 * 1024 * 1024
 # One page's names at most: S3 sends at most 1,000 keys and common prefixes a page (MaxKeys); a
 # page of 33,000 short prefixes fits in its bytes, and 100 of them were 3.3 M names to keep.
 MAX_LIST_PAGE_NAMES = 1000
+# A page's markup at most, counted as its "<" bytes before the parse (text holds none: it is
+# "&lt;"): each tag is an element the tree builder makes holding the GIL, in a worker thread
+# but the event loop's too (a 2 MiB page of 524,000 empty elements held the loop ~0.3 s). S3's
+# page of 1,000 keys, each an object's <Contents> of a dozen elements, opened and closed, is
+# within 28 a key.
+MAX_LIST_PAGE_TAGS = 64 * MAX_LIST_PAGE_NAMES
+# A continuation token's bytes at most: S3's are opaque, tens to hundreds of bytes (MinIO's
+# hold the last key, of 1,024 bytes at most, in base64); the next page's URL carries it, and so
+# does every retry's log line and refusal that names that URL.
+MAX_CONTINUATION_TOKEN_BYTES = 4096
 # What to do, said after botocore's words (one line, cut: ``http_store._why``), which may quote a
 # credential_process's stderr or a server's message over several lines.
 CREDENTIALS_HINT = (
@@ -209,7 +219,8 @@ class S3Store(HttpStore):
         """The bases under the prefix (ListObjectsV2 by "/", needs s3:ListBucket), read with
         the downloads' own guards: each page at most ``MAX_LIST_PAGE_BYTES`` and
         ``MAX_LIST_PAGE_NAMES``, the whole listing within ``download_timeout_s``, at most
-        ``MAX_LIST_PAGES`` pages, and only names that are one safe path component (a listing is
+        ``MAX_LIST_PAGES`` pages, each named by a token of at most
+        ``MAX_CONTINUATION_TOKEN_BYTES``, no page declaring a document type, and only names that are one safe path component (a listing is
         not trusted to name folders of the cache). It stops at ``S3Options.max_names`` names,
         the first by name (as S3 lists), said once in the log."""
         deadline = time.monotonic() + self.options.download_timeout_s
@@ -317,11 +328,38 @@ class S3Store(HttpStore):
         return None if credentials is None else credentials.get_frozen_credentials()
 
 
+class _HasDoctype(Exception):
+    """A listing declared a document type (``_NoDoctype``)."""
+
+
+class _NoDoctype(ElementTree.TreeBuilder):
+    """A tree builder that stops the parse at a document type declaration, before any entity
+    it declares: S3 sends none, and expat's guard against entity bombs still lets one expand
+    to 100 times its input (a page of 2 MiB held a name of 160 MB)."""
+
+    def doctype(self, name: str, pubid: str | None, system: str | None) -> None:
+        raise _HasDoctype(name)
+
+
 def _parse_listing(data: bytes) -> tuple[list[str], str | None]:
     """A ListObjectsV2 answer's common prefixes and next continuation token (None: the last
-    page). expat refuses entity expansion bombs; ElementTree resolves no external entity."""
+    page). One of more than ``MAX_LIST_PAGE_TAGS`` tags is refused unparsed, and one that
+    declares a document type before its entities are read (``_NoDoctype``); ElementTree
+    resolves no external entity."""
+    tags = data.count(b"<")
+    if tags > MAX_LIST_PAGE_TAGS:
+        raise StoreUnavailable(
+            f"a page of the listing holds {tags} tags; S3's holds at most {MAX_LIST_PAGE_TAGS}: "
+            "not an S3 listing"
+        )
+    parser = ElementTree.XMLParser(target=_NoDoctype())
     try:
-        root = ElementTree.fromstring(data)
+        parser.feed(data)
+        root = parser.close()
+    except _HasDoctype as exc:
+        raise StoreUnavailable(
+            "the listing declares a document type (<!DOCTYPE>); S3 sends none: not an S3 listing"
+        ) from exc
     except ElementTree.ParseError as exc:
         raise StoreUnavailable(f"the listing is not XML ({exc})") from exc
     found = [p.text or "" for p in root.iterfind("{*}CommonPrefixes/{*}Prefix")]
@@ -334,6 +372,11 @@ def _parse_listing(data: bytes) -> tuple[list[str], str | None]:
     token = (root.findtext("{*}NextContinuationToken") or "").strip()
     if truncated and not token:
         raise StoreUnavailable("the listing is truncated but names no continuation token")
+    if truncated and len(token.encode("utf-8", "replace")) > MAX_CONTINUATION_TOKEN_BYTES:
+        raise StoreUnavailable(
+            f"the listing's continuation token is over {MAX_CONTINUATION_TOKEN_BYTES} bytes; "
+            "S3's are a few hundred: not an S3 listing"
+        )
     return found, token if truncated else None
 
 

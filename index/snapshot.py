@@ -84,6 +84,11 @@ DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL, ENTITIES, GAZETTEER)  # what a bu
 OPTIONAL_FILES = (GAZETTEER,)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
 MAX_MANIFEST_BYTES = 4 << 20  # a manifest is a few KiB; a bigger file is not one
+# A manifest's JSON objects and arrays at most, counted as the bytes "[" and "{" (brackets in
+# strings too) before the parse: a build's holds about ten. Each is a Python object orjson
+# builds holding the GIL, in a worker thread but the event loop's too: a store's manifest of
+# 4 MiB of "[]," held the loop ~0.5 s.
+MAX_MANIFEST_CONTAINERS = 16_384
 # A file a build adds beside DATA_FILES (summaries, originals): listed in the manifest and checked
 # like the others; one plain name inside the folder.
 _EXTRA_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -143,7 +148,14 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Manifest:
-        """Parse and type-check a manifest: every field the sidecar reads, CorruptSnapshot if not."""
+        """Parse and type-check a manifest: every field the sidecar reads, CorruptSnapshot if not
+        (one of more than ``MAX_MANIFEST_CONTAINERS`` objects and arrays is not parsed)."""
+        containers = data.count(b"[") + data.count(b"{")
+        if containers > MAX_MANIFEST_CONTAINERS:
+            raise CorruptSnapshot(
+                f"{where}: the manifest holds {containers} JSON objects and arrays; a snapshot's "
+                f"holds a few, at most {MAX_MANIFEST_CONTAINERS}"
+            )
         try:
             raw = orjson.loads(data)
         except orjson.JSONDecodeError as exc:

@@ -57,10 +57,14 @@ def send_json(
     body: bytes,
     stopping: threading.Event,
     trickle_s: float = 0.0,
+    headers: dict[str, str] | None = None,
 ) -> None:
-    """Answer ``body`` as JSON; with ``trickle_s``, 16 bytes at a time with that pause between
-    (cut short when the server stops). A client that gave up ends the connection quietly."""
+    """Answer ``body`` as JSON, with ``headers`` besides; with ``trickle_s``, 16 bytes at a time
+    with that pause between (cut short when the server stops). A client that gave up ends the
+    connection quietly."""
     handler.send_response(status)
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()

@@ -51,11 +51,13 @@ class Behaviour:
     close: bool = False  # close the connection without answering
     hang: bool = False  # never answer (until the server stops)
     hold_until: int = 0  # hold every answer until this many requests are in flight at once
-    values: str = ""  # "huge" (1e39 and more: past float32's range), "zero": every vector's values
+    values: str = ""  # "huge" (1e39 and more: past float32's range), "zero", "long" (4x): values
     pad_bytes: int = 0  # > 0: a valid answer padded with a string of this many bytes
     shift_index: bool = False  # answer index i + 1 for text i
     drop_mid_body: bool = False  # send the headers and half the body, then close
     gzip_error: bool = False  # with fail_status: the error's body gzipped, unasked
+    retry_after: str = ""  # with fail_status: the error's Retry-After header, as sent
+    containers: int = 0  # > 0: a valid answer padded with a list of this many empty lists
 
 
 def sample_latency_ms(spec: str, rng: random.Random) -> float:
@@ -152,6 +154,8 @@ class OpenAIServer(LocalHttpServer):
         }
         if b.pad_bytes:
             answer["padding"] = "x" * b.pad_bytes
+        if b.containers:
+            answer["nested"] = [[] for _ in range(b.containers)]
         return orjson.dumps(answer)
 
 
@@ -161,6 +165,8 @@ def _values(row: list[float], kind: str) -> list[float]:
         return [v * 1e39 for v in row]  # float32 cannot hold them: infinities, NaN once scaled
     if kind == "zero":
         return [0.0] * len(row)
+    if kind == "long":
+        return row * 4  # four times the dimension asked for
     return row
 
 
@@ -226,7 +232,8 @@ class _Handler(BaseHTTPRequestHandler):
             if behaviour.gzip_error:
                 self._send_gzipped(status, orjson.dumps(error))
                 return
-            self._send(status, orjson.dumps(error))
+            retry = {"Retry-After": behaviour.retry_after} if behaviour.retry_after else {}
+            send_json(self, status, orjson.dumps(error), self.api.stopping, headers=retry)
             return
         answer = self.api._embeddings(body)
         if behaviour.drop_mid_body:

@@ -37,6 +37,7 @@ class Behaviour:
     fail_status: int = 0  # answer every request with this status (429, 500, ...)
     close: bool = False  # close the connection without answering
     body: bytes = b""  # answer 200 with exactly this body
+    echo: bool = False  # each result holds its document, {"document": {"text": ...}}, as Jina's
 
 
 def scores(query: str, documents: list[str], order: str) -> list[float]:
@@ -80,7 +81,7 @@ def _handler_for(server: RerankServer) -> type[BaseHTTPRequestHandler]:
             if b.fail_status:
                 self._send(b.fail_status, b'{"message": "try again later"}')
                 return
-            self._send(200, b.body or _answer(request, b.order), trickle_s=b.trickle_s)
+            self._send(200, b.body or _answer(request, b.order, b.echo), trickle_s=b.trickle_s)
 
         def _send(self, status: int, body: bytes, trickle_s: float = 0.0) -> None:
             self.send_response(status)
@@ -103,12 +104,15 @@ def _handler_for(server: RerankServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _answer(request: dict[str, Any], order: str) -> bytes:
+def _answer(request: dict[str, Any], order: str, echo: bool = False) -> bytes:
     documents = request["documents"]
     scored = scores(request["query"], documents, order)
     ranked = sorted(range(len(documents)), key=lambda i: (-scored[i], i))
     top = ranked[: int(request.get("top_n") or len(documents))]
-    results = [{"index": i, "relevance_score": scored[i]} for i in top]
+    results: list[dict[str, Any]] = [{"index": i, "relevance_score": scored[i]} for i in top]
+    if echo:
+        for result in results:
+            result["document"] = {"text": documents[result["index"]]}
     return orjson.dumps({"id": "r1", "results": results, "meta": {"billed_units": {}}})
 
 

@@ -15,7 +15,7 @@ never finish an answer's head or trailer: ``"continue"`` sends ``100 Continue`` 
 end, ``"trailer"`` a chunked body whose trailer never ends, ``"headers"`` one header line every
 ``trickle_s`` seconds. ``ignore_range`` answers every ``Range`` request with the whole file
 (200), as a server without range support does. ``etag_pad`` makes every ETag that many bytes
-longer.
+longer. ``length_header`` is sent as every file's Content-Length (the body ended by the close).
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class StaticServer:
         self.hostile_sent = 0
         self.ignore_range = False
         self.etag_pad = 0  # bytes added inside every ETag (a server whose ETags are huge)
+        # set: every answer's Content-Length as sent (ISO-8859-1), its body ended by the close
+        self.length_header = ""
         self.stopped = threading.Event()
         self.log: list[Logged] = []
         self._lock = threading.Lock()
@@ -164,7 +166,8 @@ class _Handler(BaseHTTPRequestHandler):
         owner._record(Logged("GET", path, status, wanted))
         self.send_response(status)
         self.send_header("ETag", etag)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", owner.length_header or str(len(body)))
+        self.close_connection = self.close_connection or bool(owner.length_header)
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.end_headers()

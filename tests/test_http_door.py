@@ -407,6 +407,23 @@ INITIALIZE = {
 MCP_ACCEPT = {"accept": "application/json, text/event-stream"}
 
 
+@pytest.mark.parametrize("method", [[], {"a": 1}], ids=["list", "object"])
+async def test_an_mcp_method_that_is_not_a_string_is_the_sdks_error_not_a_500(
+    sidecar: Sidecar, method: Any
+) -> None:
+    """Attack s20: the door names each MCP call by its method, looked up in the set of known
+    ones: a list or an object there raised TypeError (unhashable), a 500 INTERNAL. It is now
+    "MCP other", and the SDK answers the request as it answers any malformed one."""
+    async with httpx2.AsyncClient() as http:
+        reply = await http.post(
+            url(sidecar, "/mcp"),
+            json={"jsonrpc": "2.0", "id": 1, "method": method, "params": {}},
+            headers=auth(**MCP_ACCEPT),
+        )
+    assert reply.status_code < 500
+    assert "INTERNAL" not in reply.text
+
+
 async def test_one_callers_mcp_sessions_cannot_lock_another_out(
     store: Path, local_embedder: Embedder, secrets: None, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1026,6 +1043,19 @@ async def test_a_deeply_nested_vapi_message_is_skipped_not_a_500(
         b'"messages": [' + junk + b", " + question + b"]}}"
     )
     reply = await post_vapi_kb(sidecar, body)
+    assert reply.status_code == 200
+    assert "Reset your password" in reply.json()["documents"][0]["content"]
+
+
+@pytest.mark.parametrize("role", [[], {"a": 1}, ["user"]], ids=["list", "object", "in-a-list"])
+async def test_a_vapi_message_whose_role_is_not_a_string_is_skipped_not_a_500(
+    sidecar: Sidecar, role: Any
+) -> None:
+    """Attack s20: a role that is a list or an object was looked up in the set of roles
+    (unhashable: TypeError), and the request answered 500 INTERNAL. Such a message is no
+    turn; the others are answered."""
+    question = {"role": "user", "content": "How do I reset my password?"}
+    reply = await vapi(sidecar, [{"role": role, "content": "x"}, question])
     assert reply.status_code == 200
     assert "Reset your password" in reply.json()["documents"][0]["content"]
 

@@ -135,6 +135,32 @@ async def test_bulk_retries_429_then_succeeds(
     assert server.requests == 3
 
 
+@pytest.mark.parametrize("retry_after", ["-1", "nan", "-inf"])
+async def test_bulk_retries_past_a_retry_after_no_sleep_takes(
+    server: OpenAIServer, embedder: OpenAIEmbedder, retry_after: str
+) -> None:
+    """Attack s20: a 429's "Retry-After: -1" (or "nan") went to ``time.sleep`` as it was, which
+    raised ValueError out of the build, no EmbedderError. Such a value is not a wait: the
+    retry waits its own backoff."""
+    server.set(fail_status=429, fail_times=1, retry_after=retry_after)
+    vectors = embedder.embed_batch(["a", "b"])
+    np.testing.assert_allclose(vectors, expected(["a", "b"]), atol=1e-6)
+    assert server.requests == 2
+
+
+async def test_bulk_gives_up_on_a_trickled_answer(
+    server: OpenAIServer, embedder: OpenAIEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack s20: the client's timeout bounds each read, so an answer trickled 16 bytes at a
+    time (~16 s here, as long as the server liked) held a build's request for all of it; the
+    request is now bounded whole (BUILD_REQUEST_S) and retried as a timeout is."""
+    monkeypatch.setattr(remote, "BUILD_REQUEST_S", 0.5, raising=False)
+    server.set(trickle_s=0.2)
+    with pytest.raises(EmbedderError, match="gave up after 3 tries: BuildRequestTimeout"):
+        embedder.embed_batch(["a"])
+    assert server.requests == 3
+
+
 @pytest.mark.parametrize(
     "behaviour", [Behaviour(fail_status=500, fail_times=-1), Behaviour(close=True)]
 )
@@ -217,8 +243,24 @@ async def test_values_too_large_for_float32_keep_their_direction(
             "Content-Encoding 'gzip'",
         ),
         (Behaviour(shift_index=True), "indexes [1, 2]"),
+        # Attack s20: within the byte caps, but each a Python object the parse builds on the
+        # event loop (an answer's cap at 1,536 dimensions held 546,000: ~55 ms)
+        (Behaviour(containers=20_000), "arrays; one of 2 vectors holds at most 68"),
+        (Behaviour(fail_status=500, fail_times=-1, pad_bytes=60_000), "HTTP 500 is over"),
+        # and values: 1.6 MB of "0," in one vector were 819,000 numbers to parse (~20 ms)
+        (Behaviour(values="long"), "commas; one of 2 vectors of 64 values holds at most 208"),
     ],
-    ids=["zero", "2MB", "20MB-error", "dropped", "gzip-bomb-error", "index"],
+    ids=[
+        "zero",
+        "2MB",
+        "20MB-error",
+        "dropped",
+        "gzip-bomb-error",
+        "index",
+        "arrays",
+        "60kB-error",
+        "values",
+    ],
 )
 async def test_an_answer_that_is_no_vectors_is_refused_by_name(
     server: OpenAIServer, embedder: OpenAIEmbedder, behaviour: Behaviour, says: str

@@ -15,7 +15,7 @@ from index.config import RerankConfig
 from index.embedders.base import Embedder
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.turn.rerank import Reranker, Status, parse_order
+from sidecar.turn.rerank import Reranker, RerankError, Status, parse_order
 from tests.hardening_kit import build_store, running, sidecar_config
 from tests.rerank_server import RerankServer
 
@@ -110,6 +110,29 @@ async def test_no_time_left_makes_no_call(server: RerankServer, reranker: Rerank
 
 def test_documents_the_answer_leaves_out_follow_in_vector_order() -> None:
     assert parse_order(b'{"results": [{"index": 2, "relevance_score": 0.5}]}', 4) == (2, 0, 1, 3)
+
+
+def test_an_answer_of_more_containers_than_its_documents_need_is_refused_unparsed() -> None:
+    """Attack s20: within max_response_bytes (256 KiB by default, up to 64 MiB) an answer held
+    87,000 empty arrays, each a Python object orjson builds on the event loop. One holding
+    more objects and arrays than one a document and ``CONTAINERS_BESIDES`` is refused."""
+    results = b'{"results": [{"index": 1, "relevance_score": 0.9}], "meta": {"billed_units": {}}}'
+    assert parse_order(results, 3) == (1, 0, 2)
+    padded = results[:-1] + b', "padding": [' + b"[]," * 200 + b"[]]}"
+    with pytest.raises(RerankError, match="objects and arrays; one for 3 documents holds at most"):
+        parse_order(padded, 3)
+
+
+async def test_an_answer_echoing_documents_of_code_is_read(
+    server: RerankServer, reranker: Reranker
+) -> None:
+    """Jina echoes each document ({"document": {"text": ...}}) by default: brackets in the texts
+    sent (code) are allowed for, as the answer may hold them again."""
+    code = [f"config = {{'a': [{i}], 'b': {{}}}}" * 20 for i in range(3)]
+    server.set(echo=True)
+    order, status = await reranker.order("q", code, _deadline(FAR))
+    assert status == Status.RERANKED
+    assert sorted(order or ()) == [0, 1, 2]
 
 
 # -- through a sidecar ----------------------------------------------------------------------

@@ -190,7 +190,9 @@ class _HostileListing(BaseHTTPRequestHandler):
     are paths out of the cache (``escape``), is one page of ``HUGE_BYTES`` (``huge``), or
     sends its headers and then a byte every ``TRICKLE_S`` (``trickle``), or is pages of
     ``PAGE_NAMES`` short prefixes each (``stuffed``: S3 sends at most 1,000 a page), or of
-    ``PAGE_NAMES`` prefixes of ``LONG`` ``TILDE`` characters, not base names (``long``);
+    ``PAGE_NAMES`` prefixes of ``LONG`` ``TILDE`` characters, not base names (``long``), or
+    names its base through an entity its document type declares (``entities``), or names the
+    next page by a token of 5,001 bytes (``long_token``), or holds 80,000 tags (``tags``);
     ``pages`` counts the pages asked for."""
 
     ENDLESS_PAGES = 40
@@ -225,6 +227,32 @@ class _HostileListing(BaseHTTPRequestHandler):
             ).encode()
         elif self.mode in ("stuffed", "long"):
             body = self._stuffed(page)
+        elif self.mode == "long_token":  # page 1's token, padded with zeros past S3's
+            more = page == 0
+            token = "0" * 5000 + "1"
+            body = (
+                '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                f"<IsTruncated>{str(more).lower()}</IsTruncated>"
+                f"<CommonPrefixes><Prefix>prod/kb{page}/</Prefix></CommonPrefixes>"
+                + (f"<NextContinuationToken>{token}</NextContinuationToken>" if more else "")
+                + "</ListBucketResult>"
+            ).encode()
+        elif self.mode == "tags":  # 20,000 objects' entries: 80,000 tags in 760 kB
+            body = (
+                b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                b"<IsTruncated>false</IsTruncated>"
+                b"<CommonPrefixes><Prefix>prod/support/</Prefix></CommonPrefixes>"
+                + b"<Contents><Key>prod/x</Key></Contents>" * 20_000
+                + b"</ListBucketResult>"
+            )
+        elif self.mode == "entities":
+            body = (
+                b'<?xml version="1.0"?><!DOCTYPE ListBucketResult [<!ENTITY kb "support">]>'
+                b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                b"<IsTruncated>false</IsTruncated>"
+                b"<CommonPrefixes><Prefix>prod/&kb;/</Prefix></CommonPrefixes>"
+                b"</ListBucketResult>"
+            )
         elif self.mode == "endless":
             more = page + 1 < self.ENDLESS_PAGES
             body = (
@@ -311,6 +339,45 @@ def test_a_listing_that_is_not_xml_is_unavailable(
         store.knowledge_bases()
 
 
+def test_a_listing_page_of_more_tags_than_s3_sends_is_refused_unparsed(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Attack s20: a page within its 2 MiB of "<a/>" is 524,000 elements, which the tree
+    builder makes holding the GIL: the worker thread listing the store held the event loop
+    ~0.3 s. A page of more than ``MAX_LIST_PAGE_TAGS`` tags is refused before the parse."""
+    monkeypatch.setattr(_HostileListing, "mode", "tags")
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with pytest.raises(StoreUnavailable, match="holds 80008 tags; S3's holds at most 64000"):
+        store.knowledge_bases()
+
+
+def test_a_listing_that_declares_entities_is_refused(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Attack s20: expat's guard against entity bombs lets an entity expand to 100 times the
+    input (a 1.9 MB page held a name of 160 MB, ~360 MB to parse). S3 declares no document
+    type: a listing that does is refused before its entities are read."""
+    monkeypatch.setattr(_HostileListing, "mode", "entities")
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with pytest.raises(StoreUnavailable, match=r"cannot list the bases: .*document type"):
+        store.knowledge_bases()
+
+
+def test_a_listing_with_a_huge_continuation_token_is_refused(
+    hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Attack s20: a token of 1.5 MB went into the next page's URL, so into each retry's log
+    line and the refusal that named it (a 1.5 MB message). S3's tokens are a few hundred
+    bytes: one over ``MAX_CONTINUATION_TOKEN_BYTES`` is refused before the next page."""
+    monkeypatch.setattr(_HostileListing, "mode", "long_token")
+    monkeypatch.setattr(_HostileListing, "pages", [])
+    store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
+    with pytest.raises(StoreUnavailable, match="continuation token is over 4096 bytes") as refused:
+        store.knowledge_bases()
+    assert len(str(refused.value)) < 300
+    assert _HostileListing.pages == [0]
+
+
 def test_a_listing_names_only_bases_never_paths_out_of_the_cache(
     hostile_s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -326,13 +393,14 @@ def test_a_listing_page_of_more_names_than_s3_sends_is_refused_naming_the_store(
 ) -> None:
     """100 pages of 33,000 short prefixes each fit the pages' bytes: 3.3 M names were kept."""
     monkeypatch.setattr(_HostileListing, "mode", "stuffed")
-    monkeypatch.setattr(_HostileListing, "PAGE_NAMES", 32_000)  # within MAX_LIST_PAGE_BYTES
+    # within MAX_LIST_PAGE_BYTES and MAX_LIST_PAGE_TAGS (four tags a name)
+    monkeypatch.setattr(_HostileListing, "PAGE_NAMES", 15_000)
     monkeypatch.setattr(_HostileListing, "pages", [])
     store = S3Store("s3://snaps/prod", tmp_path / "cache", FAST, S3Options(endpoint_url=hostile_s3))
     with pytest.raises(StoreUnavailable) as info:
         store.knowledge_bases()
     assert str(info.value).startswith("s3://snaps/prod: cannot list the bases: ")
-    assert "names 32000 prefixes; S3 sends at most 1000 a page" in str(info.value)
+    assert "names 15000 prefixes; S3 sends at most 1000 a page" in str(info.value)
     assert _HostileListing.pages == [0]  # not one page more
 
 

@@ -33,7 +33,7 @@ from index.http_store import (
     _Promise,
     _Room,
 )
-from index.snapshot import MANIFEST
+from index.snapshot import MANIFEST, MAX_MANIFEST_CONTAINERS
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -87,6 +87,42 @@ def test_a_manifest_listing_too_many_files_is_refused_before_any_download(
     with pytest.raises(CorruptSnapshot, match=f"a snapshot has at most {MAX_VERSION_FILES}"):
         store.fetch(KB, version)
     assert requested_files(server) == []
+
+
+def with_nested_padding(folder: Path, count: int) -> None:
+    """Add ``count`` empty JSON arrays to the manifest's ``extra`` (every file still matches)."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["extra"]["padding"] = [[] for _ in range(count)]
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_manifest_of_more_containers_than_a_snapshots_is_refused_unparsed(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Attack s20: a manifest within its 4 MiB of "[]," is 1.4 million Python objects, which
+    orjson builds holding the GIL: the refresher's worker thread held the event loop ~0.5 s.
+    One of more than ``MAX_MANIFEST_CONTAINERS`` objects and arrays is refused unparsed."""
+    version = version_id(1)
+    count = MAX_MANIFEST_CONTAINERS
+    write_version(server.root, version, EMBEDDER, damage=lambda f: with_nested_padding(f, count))
+    store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
+    with pytest.raises(CorruptSnapshot, match="JSON objects and arrays; a snapshot's holds a few"):
+        store.fetch(KB, version)
+
+
+def test_a_content_length_of_a_digit_int_refuses_is_no_count(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Attack s20: http.client reads headers as ISO-8859-1, and "\xb2" (a superscript two) is a
+    digit to ``str.isdigit`` that ``int`` refuses: a Content-Length of it made ``latest`` and
+    ``fetch`` raise a bare ValueError. It is no count (as http.client itself reads it): the
+    body is read to the close, and checked against the manifest as any."""
+    version = version_id(1)
+    write_version(server.root, version, EMBEDDER)
+    server.length_header = "\xb2"
+    store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
+    assert store.latest(KB) == version
+    assert (store.fetch(KB, version) / MANIFEST).is_file()
 
 
 def test_a_manifest_claiming_more_than_the_disk_holds_is_refused_before_any_download(

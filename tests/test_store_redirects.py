@@ -8,6 +8,7 @@ with SigV4 from test credentials in the environment, as it would with real ones.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -47,6 +48,18 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Location", self.path)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if server.redirect_to == "huge" and not self.path.startswith("/moved"):
+                # a gigabyte announced, a mebibyte sent, the rest held back until the test ends
+                self.send_response(302)
+                self.send_header("Location", f"/moved{self.path}")
+                self.send_header("Content-Length", str(1 << 30))
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    self.wfile.write(b"x" * (1 << 20))
+                    self.wfile.flush()
+                    server.stopping.wait(30)
+                self.close_connection = True
                 return
             if server.redirect_to and not self.path.startswith("/moved"):
                 self.send_response(302)
@@ -120,6 +133,18 @@ def test_a_redirect_within_the_store_is_followed(
     assert (
         HttpStore(store.url, tmp_path / "cache", FAST).latest("support") == POINTER.decode().strip()
     )
+
+
+def test_a_redirect_s_body_is_not_read(servers: tuple[Server, Server], tmp_path: Path) -> None:
+    """Attack s20: urllib reads a redirect's body whole before it follows it, so a 302 announcing
+    a gigabyte (or chunked without end) was read into memory until the download's deadline, and
+    the request failed at it. The body is never read: the redirect is followed at once."""
+    store, _ = servers
+    store.redirect_to = "huge"
+    options = HttpOptions(timeout_s=5.0, download_timeout_s=3.0, attempts=1)
+    http = HttpStore(store.url, tmp_path / "cache", options)
+    assert http.latest("support") == POINTER.decode().strip()
+    assert len(store.seen) == 2  # the redirect, then where it led
 
 
 def test_a_redirect_loop_is_refused_in_one_line(

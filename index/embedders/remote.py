@@ -3,15 +3,18 @@
 On the hot path (``embed``) the client makes no retries (they multiply waits) and the caller
 bounds the call with its own deadline: the client's ``timeout`` applies per read, so it does not
 bound a body that trickles in. Index builds (``embed_batch``) use a separate client, retry 429,
-5xx and connection errors with exponential backoff, and send up to ``max_concurrency`` requests
+5xx, connection errors and a request not answered whole within ``BUILD_REQUEST_S`` (a body
+trickled) with exponential backoff, and send up to ``max_concurrency`` requests
 side by side when given more than ``batch_size`` texts.
 
-Responses are read raw, every body (an error's too) at most ``response_cap`` bytes of
-``HOT_MAX_TEXTS`` texts, or a build's ``batch_size`` (an honest answer's size with room to spare:
-a server answering more is refused before it fills the heap; a response hook on each client),
-and parsed with orjson into
-one numpy array: the client's own parsing builds a pydantic object per float (~5-10 ms of
-event-loop time for one 384-d vector), which on the hot path delays every other turn's deadline.
+Responses are read raw, every body at most ``response_cap`` bytes of ``HOT_MAX_TEXTS`` texts,
+or a build's ``batch_size`` (an honest answer's size with room to spare: a server answering more
+is refused before it fills the heap; a response hook on each client), an error's at most
+``ERROR_BODY_BYTES``. An answer is parsed with orjson into one numpy array (the client's own
+parsing builds a pydantic object per float: ~5-10 ms of event-loop time for one 384-d vector,
+which on the hot path delays every other turn's deadline), once it is seen to hold no more JSON
+objects and arrays than its vectors need (``CONTAINERS_PER_VECTOR``), nor more values
+(commas: ``COMMAS_PER_VECTOR_BESIDES``).
 The vectors are checked as a caller's are (``unit_rows``: finite, with a direction), so a
 server's overflow or zeros are an ``EmbedderError`` (a turn falls back, a build publishes
 nothing), never a silent nothing.
@@ -20,6 +23,7 @@ nothing), never a silent nothing.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +48,11 @@ BUILD_BACKOFF_S = 0.5  # the first wait; each retry doubles it, up to MAX_BACKOF
 MAX_BACKOFF_S = 16.0  # also caps a server's Retry-After, so one answer cannot stall a build
 BUILD_TIMEOUT_S = 60.0  # a 16-text batch normally answers in well under a second
 HOT_TIMEOUT_S = 10.0  # an outer bound only: the turn's budget cuts far earlier
+# A build's request whole, its body's last byte included (BUILD_TIMEOUT_S bounds each read only,
+# so a body trickled a byte at a time held a build for as long as the server liked): 2,048
+# vectors of 1,536 values are ~60 MB of JSON, a minute at 1 MB/s. Past it, the request is
+# retried as a timeout is.
+BUILD_REQUEST_S = 300.0
 # A build request holds at most batch_size texts (<= OPENAI_MAX_INPUTS, 2048) and this many
 # bytes of text: the API takes at most 300k tokens per request, and English text runs ~4 bytes
 # a token (code ~3), so 600 kB stays under it with room to spare.
@@ -59,7 +68,29 @@ RESPONSE_BYTES_PER_VALUE = 64  # an indented answer takes ~34 (a review found 32
 HOT_MAX_TEXTS = 16
 IDENTITY = {"Accept-Encoding": "identity"}  # a body's cap counts its bytes as sent: uncompressed
 RESPONSE_BYTES_FLOOR = 64 * 1024
+# An error's body is a message, under a kilobyte: this many bytes at most (the client parses it
+# with json.loads on the event loop: 1.6 MB of "[]," held it ~55 ms).
+ERROR_BODY_BYTES = 16 * 1024
+# An answer's JSON objects and arrays: two a vector (its entry and its values) and this many
+# besides (the envelope, usage and what a server adds), counted as the bytes "[" and "{"
+# before the parse: each is a Python object orjson builds on the event loop, and an answer of
+# 1.6 MB (16 texts at 1,536 dimensions) held 546,000 empty arrays, ~55 ms to parse.
+CONTAINERS_PER_VECTOR = 2
+CONTAINERS_BESIDES = 64
+# An answer's JSON values at most, counted as its commas before the parse: a vector's values and
+# a few keys beside them (object, index), and this many besides; within the byte cap 1.6 MB of
+# "0," in one vector were 819,000 numbers, ~20 ms of the event loop to parse and convert before
+# its length was seen to be wrong.
+COMMAS_PER_VECTOR_BESIDES = 8
+COMMAS_BESIDES = 64
+
+
+class BuildRequestTimeout(Exception):
+    """A build's request was not answered whole within BUILD_REQUEST_S."""
+
+
 _RETRYABLE = (
+    BuildRequestTimeout,
     openai.RateLimitError,
     openai.InternalServerError,
     openai.APIConnectionError,
@@ -177,6 +208,20 @@ class OpenAIEmbedder:
         return self._config.dimensions or openai.omit
 
     def _vectors(self, body: bytes, count: int) -> Vectors:
+        containers = body.count(b"[") + body.count(b"{")
+        if containers > (most := CONTAINERS_PER_VECTOR * count + CONTAINERS_BESIDES):
+            raise EmbedderError(
+                f"{self._info.name}: the embeddings answer holds {containers} JSON objects and "
+                f"arrays; one of {count} vectors holds at most {most}: not an embeddings answer"
+            )
+        commas = body.count(b",")
+        per_vector = self._info.dimension + COMMAS_PER_VECTOR_BESIDES
+        if commas > (most := per_vector * count + COMMAS_BESIDES):
+            raise EmbedderError(
+                f"{self._info.name}: the embeddings answer holds {commas} commas; one of {count} "
+                f"vectors of {self._info.dimension} values holds at most {most}: not an "
+                "embeddings answer"
+            )
         try:
             rows = sorted(orjson.loads(body)["data"], key=lambda e: int(e["index"]))
             indexes = [int(r["index"]) for r in rows]
@@ -202,6 +247,7 @@ class OpenAIEmbedder:
     def _with_retries(self, texts: list[str]) -> Vectors:
         delay = self._backoff_s
         for attempt in range(self._retries + 1):
+            deadline = time.monotonic() + BUILD_REQUEST_S
             try:
                 with self._bulk.embeddings.with_streaming_response.create(
                     model=self._config.model,
@@ -209,7 +255,8 @@ class OpenAIEmbedder:
                     encoding_format="float",
                     dimensions=self._dimensions(),
                 ) as response:
-                    body = b"".join(response.iter_bytes())  # capped by the client's hook
+                    # capped by the client's hook; a trickle ends at the deadline
+                    body = b"".join(_until(response.iter_bytes(), deadline))
                 return self._vectors(body, len(texts))
             except _RETRYABLE as exc:
                 if attempt == self._retries:
@@ -222,6 +269,15 @@ class OpenAIEmbedder:
             except (openai.OpenAIError, httpx2.HTTPError) as exc:
                 raise EmbedderError(f"{self._info.name}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")
+
+
+def _until(parts: Iterator[bytes], deadline: float) -> Iterator[bytes]:
+    """``parts`` until ``deadline`` (``time.monotonic``), looked at between reads (each bounded
+    by the client's timeout); BuildRequestTimeout past it."""
+    for part in parts:
+        if time.monotonic() > deadline:
+            raise BuildRequestTimeout(f"no whole answer within {BUILD_REQUEST_S:g} s")
+        yield part
 
 
 def response_cap(texts: int, dimension: int) -> int:
@@ -242,12 +298,18 @@ def _async_capped(cap: int) -> Callable[[httpx2.Response], Awaitable[None]]:
 
 
 def _limit(response: httpx2.Response, cap: int) -> tuple[int, str]:
-    """The bytes of ``response``'s body that may be read, and the error past them. The cap
-    counts the bytes as sent: a compressed body (asked for identity, answered gzip anyway: 1.5 MB
+    """The bytes of ``response``'s body that may be read, and the error past them: ``cap``,
+    an error's ``ERROR_BODY_BYTES``. The cap counts the bytes as sent: a compressed body (asked for identity, answered gzip anyway: 1.5 MB
     inflating to GBs) is refused at its first byte, before anything is inflated."""
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity"):
         return -1, f"the embeddings server answered with Content-Encoding {encoding[:32]!r}"
+    if not response.is_success:
+        status = response.status_code
+        return (
+            ERROR_BODY_BYTES,
+            f"the embeddings server's HTTP {status} is over {ERROR_BODY_BYTES} bytes",
+        )
     return cap, f"the embeddings server's answer is over {cap} bytes"
 
 
@@ -313,11 +375,13 @@ def request_batches(texts: list[str], max_inputs: int, max_bytes: int) -> list[l
 
 
 def retry_after(exc: BaseException) -> float | None:
-    """The server's ``Retry-After`` in seconds, when it sent one as a number."""
+    """The server's ``Retry-After`` in seconds, when it sent one as a number of them: a finite
+    one, not below zero (``time.sleep`` raises ValueError for "-1" and "nan")."""
     if not isinstance(exc, openai.APIStatusError):
         return None
     value = exc.response.headers.get("retry-after")
     try:
-        return float(value) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None
+    return seconds if seconds is not None and 0 <= seconds < math.inf else None

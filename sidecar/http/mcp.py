@@ -411,7 +411,9 @@ class McpDoor:
         except orjson.JSONDecodeError:
             return "MCP other"
         method = message.get("method") if isinstance(message, dict) else None
-        return f"MCP {method}" if method in KNOWN_METHODS else "MCP other"
+        # a list or an object there cannot be looked up in the set (TypeError: a 500)
+        known = isinstance(method, str) and method in KNOWN_METHODS
+        return f"MCP {method}" if known else "MCP other"
 
     @staticmethod
     def scope_for(scope: Scope, call: HttpCall) -> Scope:

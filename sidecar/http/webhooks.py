@@ -181,6 +181,8 @@ def _said(message: Any) -> Said | None:
     if not isinstance(message, dict):
         return None
     role = message.get("role")
+    if not isinstance(role, str):  # a list or an object is no role (and cannot be looked up)
+        return None
     text = _text(message)
     if text is None or not text.strip():
         return None

@@ -37,6 +37,13 @@ LATE_CUTOFF_S = 2.0
 MAX_LATE = 4  # late calls left running at once; beyond it a new call is not made
 CACHE_SIZE = 1024  # (query, documents) orders kept: a few hundred bytes each
 MAX_CONNECTIONS = 16  # a sidecar's turns in flight share these keep-alive connections
+# An answer's JSON objects and arrays: two a document (its result, and the document a server
+# may echo in it: Jina does by default), the brackets of the query and documents' texts (an
+# echo holds them) and this many besides (the envelope, its list, Cohere's meta), counted as
+# the bytes "[" and "{" before the parse: each is a Python object orjson builds on the event
+# loop (256 KiB of "[]," are 87,000 of them; at max_response_bytes of 64 MiB, 22 million).
+CONTAINERS_PER_DOCUMENT = 2
+CONTAINERS_BESIDES = 64
 
 
 class Status(enum.Enum):
@@ -145,7 +152,8 @@ class Reranker:
                 data = await self._read(resp)
         except httpx2.HTTPError as exc:
             raise RerankError(f"{url}: {type(exc).__name__}: {exc}") from exc
-        return parse_order(data, len(documents))
+        echoed = sum(_brackets(text) for text in (query, *documents))
+        return parse_order(data, len(documents), echoed)
 
     async def _read(self, resp: httpx2.Response) -> bytes:
         limit = self.config.max_response_bytes
@@ -159,9 +167,21 @@ class Reranker:
         return b"".join(parts)
 
 
-def parse_order(data: bytes, count: int) -> tuple[int, ...]:
+def _brackets(text: str) -> int:
+    return text.count("[") + text.count("{")
+
+
+def parse_order(data: bytes, count: int, echoed: int = 0) -> tuple[int, ...]:
     """The order of ``{results: [{index, relevance_score}]}``, best first; the documents it
-    leaves out follow in vector order. RerankError when it is not that shape."""
+    leaves out follow in vector order. RerankError when it is not that shape, or holds more
+    JSON objects and arrays (brackets) than ``CONTAINERS_PER_DOCUMENT`` a document, the
+    ``echoed`` brackets of the texts sent and ``CONTAINERS_BESIDES`` (not parsed)."""
+    containers = data.count(b"[") + data.count(b"{")
+    if containers > (most := CONTAINERS_PER_DOCUMENT * count + echoed + CONTAINERS_BESIDES):
+        raise RerankError(
+            f"the answer holds {containers} JSON objects and arrays; one for {count} documents "
+            f"holds at most {most}"
+        )
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
