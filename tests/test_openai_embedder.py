@@ -148,15 +148,37 @@ async def test_bulk_retries_past_a_retry_after_no_sleep_takes(
     assert server.requests == 2
 
 
+def test_a_build_request_may_take_as_long_as_its_answer_cap_needs_at_a_slow_rate() -> None:
+    """A review: 300 s for every request failed an honest build of 2,048 texts at 3,072
+    dimensions (up to 200 MB of JSON) on a 10 Mbit/s link shared by max_concurrency requests."""
+    assert remote.build_request_s(16, 384) == remote.BUILD_REQUEST_S
+    cap = remote.response_cap(2048, 3072)
+    assert remote.build_request_s(2048, 3072) == cap / remote.BUILD_MIN_BYTES_PER_S > 1500
+
+
+@pytest.mark.parametrize("status", [429, 502, 503])
+async def test_bulk_retries_an_error_whose_page_is_big(
+    server: OpenAIServer, embedder: OpenAIEmbedder, status: int
+) -> None:
+    """A review: with an error's body capped at 16 KiB, a 429 or 5xx whose page was bigger (a
+    gateway's HTML page runs to tens of KB) was refused by the cap and ended the build, where it
+    was retried before. Its head is read and the status retried as any."""
+    server.set(fail_status=status, fail_times=1, pad_bytes=40_000)
+    vectors = embedder.embed_batch(["a", "b"])
+    np.testing.assert_allclose(vectors, expected(["a", "b"]), atol=1e-6)
+    assert server.requests == 2
+
+
 async def test_bulk_gives_up_on_a_trickled_answer(
     server: OpenAIServer, embedder: OpenAIEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Attack s20: the client's timeout bounds each read, so an answer trickled 16 bytes at a
     time (~16 s here, as long as the server liked) held a build's request for all of it; the
     request is now bounded whole (BUILD_REQUEST_S) and retried as a timeout is."""
-    monkeypatch.setattr(remote, "BUILD_REQUEST_S", 0.5, raising=False)
+    monkeypatch.setattr(remote, "BUILD_REQUEST_S", 0.5)
+    monkeypatch.setattr(remote, "BUILD_MIN_BYTES_PER_S", 1 << 40)  # the floor, 0.5 s, rules
     server.set(trickle_s=0.2)
-    with pytest.raises(EmbedderError, match="gave up after 3 tries: BuildRequestTimeout"):
+    with pytest.raises(EmbedderError, match="gave up after 3 tries: BuildRequestTimeout: no w"):
         embedder.embed_batch(["a"])
     assert server.requests == 3
 
@@ -236,7 +258,7 @@ async def test_values_too_large_for_float32_keep_their_direction(
     [
         (Behaviour(values="zero"), "every value zero"),
         (Behaviour(pad_bytes=2_000_000), "bytes"),
-        (Behaviour(fail_status=400, fail_times=-1, pad_bytes=20_000_000), "bytes"),
+        (Behaviour(fail_status=400, fail_times=-1, pad_bytes=20_000_000), "Error code: 400"),
         (Behaviour(drop_mid_body=True), "RemoteProtocolError"),
         (
             Behaviour(fail_status=400, fail_times=-1, pad_bytes=50_000_000, gzip_error=True),
@@ -246,9 +268,10 @@ async def test_values_too_large_for_float32_keep_their_direction(
         # Attack s20: within the byte caps, but each a Python object the parse builds on the
         # event loop (an answer's cap at 1,536 dimensions held 546,000: ~55 ms)
         (Behaviour(containers=20_000), "arrays; one of 2 vectors holds at most 68"),
-        (Behaviour(fail_status=500, fail_times=-1, pad_bytes=60_000), "HTTP 500 is over"),
+        # an error's body: its first 16 KiB read, the rest left (the status says what failed)
+        (Behaviour(fail_status=500, fail_times=-1, pad_bytes=60_000), "Error code: 500"),
         # and values: 1.6 MB of "0," in one vector were 819,000 numbers to parse (~20 ms)
-        (Behaviour(values="long"), "commas; one of 2 vectors of 64 values holds at most 208"),
+        (Behaviour(values="long"), "more values than 2 vectors of 64 hold (at most 208)"),
     ],
     ids=[
         "zero",

@@ -49,10 +49,12 @@ MAX_BACKOFF_S = 16.0  # also caps a server's Retry-After, so one answer cannot s
 BUILD_TIMEOUT_S = 60.0  # a 16-text batch normally answers in well under a second
 HOT_TIMEOUT_S = 10.0  # an outer bound only: the turn's budget cuts far earlier
 # A build's request whole, its body's last byte included (BUILD_TIMEOUT_S bounds each read only,
-# so a body trickled a byte at a time held a build for as long as the server liked): 2,048
-# vectors of 1,536 values are ~60 MB of JSON, a minute at 1 MB/s. Past it, the request is
-# retried as a timeout is.
+# so a body trickled a byte at a time held a build for as long as the server liked): at least
+# this long, and as long as its answer's cap takes at BUILD_MIN_BYTES_PER_S (2,048 vectors of
+# 3,072 values may be 200 MB of indented JSON, and max_concurrency requests share the link).
+# Past it, the request is retried as a timeout is.
 BUILD_REQUEST_S = 300.0
+BUILD_MIN_BYTES_PER_S = 256 * 1024
 # A build request holds at most batch_size texts (<= OPENAI_MAX_INPUTS, 2048) and this many
 # bytes of text: the API takes at most 300k tokens per request, and English text runs ~4 bytes
 # a token (code ~3), so 600 kB stays under it with room to spare.
@@ -218,9 +220,9 @@ class OpenAIEmbedder:
         per_vector = self._info.dimension + COMMAS_PER_VECTOR_BESIDES
         if commas > (most := per_vector * count + COMMAS_BESIDES):
             raise EmbedderError(
-                f"{self._info.name}: the embeddings answer holds {commas} commas; one of {count} "
-                f"vectors of {self._info.dimension} values holds at most {most}: not an "
-                "embeddings answer"
+                f"{self._info.name}: the embeddings answer holds {commas} commas, more values "
+                f"than {count} vectors of {self._info.dimension} hold (at most {most}): is "
+                "[embedder] dimensions the model's, and does the server honour it?"
             )
         try:
             rows = sorted(orjson.loads(body)["data"], key=lambda e: int(e["index"]))
@@ -247,7 +249,8 @@ class OpenAIEmbedder:
     def _with_retries(self, texts: list[str]) -> Vectors:
         delay = self._backoff_s
         for attempt in range(self._retries + 1):
-            deadline = time.monotonic() + BUILD_REQUEST_S
+            seconds = build_request_s(len(texts), self._info.dimension)
+            deadline = time.monotonic() + seconds
             try:
                 with self._bulk.embeddings.with_streaming_response.create(
                     model=self._config.model,
@@ -256,7 +259,7 @@ class OpenAIEmbedder:
                     dimensions=self._dimensions(),
                 ) as response:
                     # capped by the client's hook; a trickle ends at the deadline
-                    body = b"".join(_until(response.iter_bytes(), deadline))
+                    body = b"".join(_until(response.iter_bytes(), deadline, seconds))
                 return self._vectors(body, len(texts))
             except _RETRYABLE as exc:
                 if attempt == self._retries:
@@ -271,12 +274,20 @@ class OpenAIEmbedder:
         raise AssertionError("unreachable")
 
 
-def _until(parts: Iterator[bytes], deadline: float) -> Iterator[bytes]:
+def build_request_s(texts: int, dimension: int) -> float:
+    """How long a build's request of ``texts`` texts may take, its answer's body whole."""
+    return max(BUILD_REQUEST_S, response_cap(texts, dimension) / BUILD_MIN_BYTES_PER_S)
+
+
+def _until(parts: Iterator[bytes], deadline: float, seconds: float) -> Iterator[bytes]:
     """``parts`` until ``deadline`` (``time.monotonic``), looked at between reads (each bounded
-    by the client's timeout); BuildRequestTimeout past it."""
+    by the client's timeout); BuildRequestTimeout past it (``seconds`` after the request)."""
     for part in parts:
         if time.monotonic() > deadline:
-            raise BuildRequestTimeout(f"no whole answer within {BUILD_REQUEST_S:g} s")
+            raise BuildRequestTimeout(
+                f"no whole answer within {seconds:.0f} s: a slow link or server; a smaller "
+                "[embedder] batch_size or max_concurrency asks less of it"
+            )
         yield part
 
 
@@ -297,24 +308,22 @@ def _async_capped(cap: int) -> Callable[[httpx2.Response], Awaitable[None]]:
     return cap_body
 
 
-def _limit(response: httpx2.Response, cap: int) -> tuple[int, str]:
-    """The bytes of ``response``'s body that may be read, and the error past them: ``cap``,
-    an error's ``ERROR_BODY_BYTES``. The cap counts the bytes as sent: a compressed body (asked for identity, answered gzip anyway: 1.5 MB
-    inflating to GBs) is refused at its first byte, before anything is inflated."""
+def _limit(response: httpx2.Response, cap: int) -> tuple[int, str | None]:
+    """The bytes of ``response``'s body that may be read, and the error past them: ``cap``; an
+    error status's first ``ERROR_BODY_BYTES``, the rest left unread (None: no error of its own,
+    so a 429 or 5xx with a big page is retried as any is). The cap counts the bytes as sent: a
+    compressed body (asked for identity, answered gzip anyway: 1.5 MB inflating to GBs) is
+    refused at its first byte, before anything is inflated."""
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity"):
         return -1, f"the embeddings server answered with Content-Encoding {encoding[:32]!r}"
-    if not response.is_success:
-        status = response.status_code
-        return (
-            ERROR_BODY_BYTES,
-            f"the embeddings server's HTTP {status} is over {ERROR_BODY_BYTES} bytes",
-        )
+    if not response.is_success:  # its head is read, and the client raises its status error
+        return ERROR_BODY_BYTES, None
     return cap, f"the embeddings server's answer is over {cap} bytes"
 
 
 class _AsyncCappedStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: Any, cap: int, refusal: str) -> None:
+    def __init__(self, inner: Any, cap: int, refusal: str | None) -> None:
         self._inner, self._cap, self._refusal = inner, cap, refusal
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -323,6 +332,9 @@ class _AsyncCappedStream(httpx2.AsyncByteStream):
             size += len(part)
             if size > self._cap:
                 await self.aclose()  # the connection is not reused half read
+                if self._refusal is None:  # the body's head is all it needs
+                    yield part[: len(part) - (size - self._cap)]
+                    return
                 raise EmbedderError(self._refusal)
             yield part
 
@@ -340,7 +352,7 @@ def _capped_hook(cap: int) -> Callable[[httpx2.Response], None]:
 
 
 class _CappedStream(httpx2.SyncByteStream):
-    def __init__(self, inner: Any, cap: int, refusal: str) -> None:
+    def __init__(self, inner: Any, cap: int, refusal: str | None) -> None:
         self._inner, self._cap, self._refusal = inner, cap, refusal
 
     def __iter__(self) -> Iterator[bytes]:
@@ -349,6 +361,9 @@ class _CappedStream(httpx2.SyncByteStream):
             size += len(part)
             if size > self._cap:
                 self.close()
+                if self._refusal is None:  # the body's head is all it needs
+                    yield part[: len(part) - (size - self._cap)]
+                    return
                 raise EmbedderError(self._refusal)
             yield part
 
