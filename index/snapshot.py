@@ -54,6 +54,7 @@ from index.errors import CorruptSnapshot, IncompatibleSnapshot, SnapshotError, u
 from index.filters import FILTERS, FilterIndex, build_filters, max_filters_bytes, read_filters
 from index.filters import build_partitions as build_value_partitions
 from index.hnsw_file import MAX_M, check_hnsw_file, check_hnsw_head, knn, vector_rows
+from index.json_count import json_containers
 from index.key_tables import GAZETTEER_KIND, TABLES, KeyTables, tables_rules
 from index.lexical import LexicalIndex
 from index.mapped import ArraysFile, Parts
@@ -150,7 +151,7 @@ class Manifest:
     def from_json(cls, data: bytes, where: str) -> Manifest:
         """Parse and type-check a manifest: every field the sidecar reads, CorruptSnapshot if not
         (one of more than ``MAX_MANIFEST_CONTAINERS`` objects and arrays is not parsed)."""
-        containers = data.count(b"[") + data.count(b"{")
+        containers = json_containers(data)
         if containers > MAX_MANIFEST_CONTAINERS:
             raise CorruptSnapshot(
                 f"{where}: the manifest holds {containers} JSON objects and arrays; a snapshot's "

@@ -37,6 +37,7 @@ import orjson
 from index.config import OPENAI_MAX_INPUTS, EmbedderConfig
 from index.embedders.base import EmbedderInfo, Vectors, unit_rows
 from index.errors import ConfigError, EmbedderError
+from index.json_count import json_containers
 
 NATIVE_DIMENSIONS = {
     "text-embedding-3-small": 1536,
@@ -210,7 +211,7 @@ class OpenAIEmbedder:
         return self._config.dimensions or openai.omit
 
     def _vectors(self, body: bytes, count: int) -> Vectors:
-        containers = body.count(b"[") + body.count(b"{")
+        containers = json_containers(body)
         if containers > (most := CONTAINERS_PER_VECTOR * count + CONTAINERS_BESIDES):
             raise EmbedderError(
                 f"{self._info.name}: the embeddings answer holds {containers} JSON objects and "
@@ -332,14 +333,20 @@ class _AsyncCappedStream(httpx2.AsyncByteStream):
             size += len(part)
             if size > self._cap:
                 await self.aclose()  # the connection is not reused half read
-                if self._refusal is None:  # the body's head is all it needs
-                    yield part[: len(part) - (size - self._cap)]
-                    return
-                raise EmbedderError(self._refusal)
+                yield _head(part, size, self._cap, self._refusal)
+                return
             yield part
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _head(part: bytes, size: int, cap: int, refusal: str | None) -> bytes:
+    """The last ``part`` of a body read to ``size`` bytes, over its ``cap``: cut to the cap
+    (``refusal`` None: an error's head is all it needs), else EmbedderError ``refusal``."""
+    if refusal is not None:
+        raise EmbedderError(refusal)
+    return part[: len(part) - (size - cap)]
 
 
 def _capped_hook(cap: int) -> Callable[[httpx2.Response], None]:
@@ -361,10 +368,8 @@ class _CappedStream(httpx2.SyncByteStream):
             size += len(part)
             if size > self._cap:
                 self.close()
-                if self._refusal is None:  # the body's head is all it needs
-                    yield part[: len(part) - (size - self._cap)]
-                    return
-                raise EmbedderError(self._refusal)
+                yield _head(part, size, self._cap, self._refusal)
+                return
             yield part
 
     def close(self) -> None:

@@ -63,6 +63,7 @@ from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from index.errors import CannotListen, VoxrecallError
+from index.json_count import json_containers
 from sidecar.config import Config
 from sidecar.edge import tls
 from sidecar.edge.addresses import share_key
@@ -301,7 +302,7 @@ def check_json_containers(body: bytes, limit: int) -> None:
     scanned (nearly every platform's post)."""
     if len(body) <= limit:
         return
-    count = body.count(b"[") + body.count(b"{")
+    count = json_containers(body)
     if count > limit:
         raise InvalidArgument(
             f"the request body holds {count} JSON objects and arrays (counting brackets inside "

@@ -28,6 +28,7 @@ import orjson
 from cachetools import LRUCache
 
 from index.config import RerankConfig
+from index.json_count import json_containers
 
 log = logging.getLogger("voxrecall.rerank")
 
@@ -152,7 +153,7 @@ class Reranker:
                 data = await self._read(resp)
         except httpx2.HTTPError as exc:
             raise RerankError(f"{url}: {type(exc).__name__}: {exc}") from exc
-        echoed = sum(_brackets(text) for text in (query, *documents))
+        echoed = sum(json_containers(text) for text in (query, *documents))
         return parse_order(data, len(documents), echoed)
 
     async def _read(self, resp: httpx2.Response) -> bytes:
@@ -167,16 +168,12 @@ class Reranker:
         return b"".join(parts)
 
 
-def _brackets(text: str) -> int:
-    return text.count("[") + text.count("{")
-
-
 def parse_order(data: bytes, count: int, echoed: int = 0) -> tuple[int, ...]:
     """The order of ``{results: [{index, relevance_score}]}``, best first; the documents it
     leaves out follow in vector order. RerankError when it is not that shape, or holds more
     JSON objects and arrays (brackets) than ``CONTAINERS_PER_DOCUMENT`` a document, the
     ``echoed`` brackets of the texts sent and ``CONTAINERS_BESIDES`` (not parsed)."""
-    containers = data.count(b"[") + data.count(b"{")
+    containers = json_containers(data)
     if containers > (most := CONTAINERS_PER_DOCUMENT * count + echoed + CONTAINERS_BESIDES):
         raise RerankError(
             f"the answer holds {containers} JSON objects and arrays; one for {count} documents "
