@@ -420,8 +420,9 @@ async def test_an_mcp_method_that_is_not_a_string_is_the_sdks_error_not_a_500(
             json={"jsonrpc": "2.0", "id": 1, "method": method, "params": {}},
             headers=auth(**MCP_ACCEPT),
         )
-    assert reply.status_code < 500
+    assert 400 <= reply.status_code < 500
     assert "INTERNAL" not in reply.text
+    assert reply.json()["error"]["code"] < 0  # JSON-RPC's error for a request malformed
 
 
 async def test_one_callers_mcp_sessions_cannot_lock_another_out(
