@@ -3,7 +3,7 @@
 On the hot path (``embed``) the client makes no retries (they multiply waits) and the caller
 bounds the call with its own deadline: the client's ``timeout`` applies per read, so it does not
 bound a body that trickles in. Index builds (``embed_batch``) use a separate client, retry 429,
-5xx, connection errors and a request not answered whole within ``BUILD_REQUEST_S`` (a body
+5xx, connection errors and a request not answered whole within ``build_request_s`` (a body
 trickled) with exponential backoff, and send up to ``max_concurrency`` requests
 side by side when given more than ``batch_size`` texts.
 
@@ -89,7 +89,7 @@ COMMAS_BESIDES = 64
 
 
 class BuildRequestTimeout(Exception):
-    """A build's request was not answered whole within BUILD_REQUEST_S."""
+    """A build's request was not answered whole within ``build_request_s``."""
 
 
 _RETRYABLE = (
