@@ -99,7 +99,7 @@ def _pieces(servicer: Any, request: Any, number: int) -> dict[str, float]:
         "search_input": lambda: service.search_input(request),
         "vector_read": lambda: engine._vector_from_bytes(request.vector, searcher.snapshot),
         "graph_answer_into_hits": lambda: _nearest_hits(
-            searcher.snapshot, "bench", vector, 10, 0.0
+            searcher, "bench", vector, 10, 0.0
         ),
         "response_written": lambda: wire.search_response(found, policy),
         "engine_search": lambda: _run(engine.search(given)),

@@ -16,6 +16,7 @@ import threading
 import tracemalloc
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> Builds:
     monkeypatch.setattr(searcher, "Bm25", spies.spy("bm25", searcher.Bm25))
     monkeypatch.setattr(searcher, "vector_rows", spies.spy("vectors", searcher.vector_rows))
     monkeypatch.setattr(searcher.Sources, "of", spies.spy("sources", searcher.Sources.of))
+    monkeypatch.setattr(searcher, "_answers", spies.spy("answers", searcher._answers))
     return spies
 
 
@@ -126,7 +128,7 @@ async def test_turns_over_20_bases_build_nothing_on_the_event_loop(
     if lazy:
         assert sidecar.holder.evictions > 0
         assert built["searcher"] > BASES
-    for what in ("gazetteer", "page index", "bm25", "vectors", "sources"):
+    for what in ("gazetteer", "page index", "bm25", "vectors", "sources", "answers"):
         assert built[what] == built["searcher"], what
     assert builds.on(loop_thread) == []
 
@@ -262,6 +264,15 @@ def test_what_a_load_and_a_searcher_build_keep_counts_in_their_bytes(tmp_path: P
     assert snapshot.memory_bytes - files >= loaded // 2  # the filter index, the chunks kept
     assert searcher.held_bytes == searcher.gazetteer.built_bytes > 0
     assert searcher.memory_bytes - snapshot.memory_bytes >= built // 2
+
+
+def test_a_searcher_writes_its_bases_answers_and_counts_them(tmp_path: Path) -> None:
+    snapshot = load_snapshot(write_two_sources(tmp_path / "store"))
+    found = Searcher.build(snapshot)
+    assert found.answers is not None  # a small base's: every chunk's, written once here
+    assert found.answers.knowledge_base == snapshot.manifest.knowledge_base
+    without = replace(found, answers=None)
+    assert found.memory_bytes - without.memory_bytes == found.answers.nbytes > 0
 
 
 def without_tables(folder: Path) -> Path:

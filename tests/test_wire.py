@@ -17,7 +17,7 @@ import pytest
 from index.tables import MAX_FIELD_BYTES, ChunkTable
 from index.types import Chunk
 from sidecar.edge.interceptor import Call, Hook, Phases
-from sidecar.edge.messages import ChunkMessages, chunk_message
+from sidecar.edge.messages import Answers, ChunkMessages, chunk_message
 from sidecar.edge.wire import passing_through, search_response
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.engine import BasePolicy, SearchResult, Timings
@@ -287,3 +287,46 @@ def test_a_tables_kept_encodings_stay_within_the_bound(tmp_path: Path) -> None:
         assert len(messages._tables[table]["billing"]) <= 2
     messages.table_pieces([], b"\x0a", TableHits("billing", table, [(2, 0.5)] * 2))
     assert len(messages._tables[table]["billing"]) <= 2  # 1,700 bytes: never kept
+
+
+# -- a base's answers, written once when its snapshot loads ------------------------------------
+
+
+def test_answers_written_at_load_are_the_bytes_a_hit_from_the_table_gets(tmp_path: Path) -> None:
+    table = crafted(tmp_path)  # chunks over a cap and not UTF-8 among them: decoded, then written
+    answers = Answers.of("wissen-ü", table)
+    assert answers is not None
+    for label in range(len(TABLE)):
+        found = [(label, 0.75), (0, -0.5)]
+        written = search_response(
+            result(TableHits("wissen-ü", table, found, answers)), BasePolicy()
+        )
+        assert (
+            written.data
+            == search_response(result(TableHits("wissen-ü", table, found)), BasePolicy()).data
+        )
+    every = [(label, 1.0 - label / 10) for label in range(len(TABLE))]
+    written = search_response(result(TableHits("wissen-ü", table, every, answers)), BasePolicy())
+    expected = built(result([Hit("wissen-ü", table[i], s) for i, s in every]), BasePolicy())
+    assert pb.SearchResponse.FromString(written.data) == expected
+    assert answers.nbytes >= sum(len(answers.piece(i)) for i in range(len(TABLE)))
+
+
+def test_answers_for_another_base_are_not_read(tmp_path: Path) -> None:
+    table = crafted(tmp_path)
+    answers = Answers.of("billing", table)
+    hits = TableHits("support", table, [(2, 0.5)], answers)
+    got = pb.SearchResponse.FromString(search_response(result(hits), BasePolicy()).data)
+    assert got.chunks[0].knowledge_base == "support"
+
+
+def test_a_base_whose_answers_pass_the_cap_gets_none_and_is_written_per_hit(
+    tmp_path: Path,
+) -> None:
+    table = crafted(tmp_path)
+    whole = Answers.of("billing", table)
+    assert whole is not None
+    size = sum(len(whole.piece(i)) for i in range(len(TABLE)))
+    assert Answers.of("billing", table, cap=size) is not None  # just fits
+    assert Answers.of("billing", table, cap=size - 1) is None  # stopped as it passed the cap
+    assert Answers.of("billing", table, cap=table.blob.nbytes // 2 - 1) is None  # not tried

@@ -36,6 +36,7 @@ from index.mapped import let_go
 from index.snapshot import VECTORS, LoadedSnapshot
 from index.tables import ChunkTable
 from index.types import Chunk
+from sidecar.edge.messages import Answers
 from sidecar.turn import followups
 
 Labels = npt.NDArray[np.int64]
@@ -112,6 +113,8 @@ class Searcher:
     gazetteer: followups.Gazetteer
     pages: Pages  # (source, source_path) -> the page's first chunk
     held_bytes: int  # the gazetteer's tables built at load (the pages are the filter index's)
+    # every chunk's answer, written at load for a base that fits (sidecar/edge/messages.py)
+    answers: Answers | None = None
 
     @classmethod
     def build(cls, snapshot: LoadedSnapshot) -> Searcher:
@@ -126,6 +129,7 @@ class Searcher:
             gazetteer=gazetteer,
             pages=pages,
             held_bytes=gazetteer.built_bytes,
+            answers=_answers(snapshot),
         )
         _let_go(snapshot)
         return searcher
@@ -144,6 +148,8 @@ class Searcher:
         arrays, and the Python objects (what ``memory_budget_mb`` evicts by)."""
         rows = 0 if self.vectors is self.snapshot.filters.vectors else self.vectors[1].nbytes
         built = rows + self.bm25.nbytes + self.sources.nbytes + self.held_bytes
+        if self.answers is not None:
+            built += self.answers.nbytes
         return self.snapshot.memory_bytes + built
 
     def vectors_of(
@@ -152,6 +158,15 @@ class Searcher:
         """The stored (unit) vectors of ``labels``, read from the mapped graph file."""
         table, rows = self.vectors
         return np.asarray(table[rows[np.asarray(labels, dtype=np.int64)]], dtype=np.float32)
+
+
+def _answers(snapshot: LoadedSnapshot) -> Answers | None:
+    """Every chunk's answer, written before ``_let_go`` lets the pages read go (a table's
+    chunks only: a snapshot of Chunk objects is a test's)."""
+    chunks = snapshot.chunks
+    if not isinstance(chunks, ChunkTable):
+        return None
+    return Answers.of(snapshot.manifest.knowledge_base, chunks)
 
 
 def _let_go(snapshot: LoadedSnapshot) -> None:

@@ -916,7 +916,7 @@ class Engine:
         fails it counted and answered as any search's (``_unsearched``)."""
         start = time.perf_counter()
         try:
-            hits = _nearest_hits(searcher.snapshot, kb, vector, limit, min_score)
+            hits = _nearest_hits(searcher, kb, vector, limit, min_score)
         except GraphSearchFailed as exc:
             target = SearchScope(searcher, kb, limit=limit, min_score=min_score)
             return self._unsearched(target, query, exc, embed_ms).result()
@@ -1223,15 +1223,17 @@ class Engine:
 
 
 def _nearest_hits(
-    snapshot: LoadedSnapshot, kb: str, vector: Vectors, limit: int, min_score: float
+    searcher: Searcher, kb: str, vector: Vectors, limit: int, min_score: float
 ) -> Sequence[Hit]:
     """The graph's nearest ``limit`` chunks with cosine >= ``min_score``, best first, as hits
     (``relevance.dense`` without a lift or sources): labels and scores (``TableHits``), which
-    the servicer writes from the table without decoding a chunk."""
+    the servicer writes from the answers written at load, or from the table, without decoding
+    a chunk."""
+    snapshot = searcher.snapshot
     chunks = snapshot.chunks
     found = snapshot.nearest(vector, limit, min_score)
     if type(chunks) is ChunkTable:
-        return TableHits(kb, chunks, found)
+        return TableHits(kb, chunks, found, searcher.answers)
     return [Hit(kb, chunks[label], score) for label, score in found]
 
 

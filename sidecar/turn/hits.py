@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
 from index.tables import ChunkTable
 from index.types import Chunk
@@ -36,12 +36,19 @@ class TableHits(Sequence[Hit]):
     so nothing is decoded for it; a ``Hit`` (its chunk decoded) is made for the first reader
     that asks for one (a session retaining them, the webhooks), then kept."""
 
-    __slots__ = ("_hits", "found", "knowledge_base", "table")
+    __slots__ = ("_hits", "answers", "found", "knowledge_base", "table")
 
-    def __init__(self, knowledge_base: str, table: ChunkTable, found: list[tuple[int, float]]):
+    def __init__(
+        self,
+        knowledge_base: str,
+        table: ChunkTable,
+        found: list[tuple[int, float]],
+        answers: Any = None,
+    ):
         self.knowledge_base = knowledge_base
         self.table = table
         self.found = found
+        self.answers = answers  # the table's answers written at load (sidecar/edge/messages.py)
         self._hits: list[Hit] | None = None
 
     def __len__(self) -> int:
