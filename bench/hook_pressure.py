@@ -98,9 +98,7 @@ def _pieces(servicer: Any, request: Any, number: int) -> dict[str, float]:
     timed = {
         "search_input": lambda: service.search_input(request),
         "vector_read": lambda: engine._vector_from_bytes(request.vector, searcher.snapshot),
-        "graph_answer_into_hits": lambda: _nearest_hits(
-            searcher, "bench", vector, 10, 0.0
-        ),
+        "graph_answer_into_hits": lambda: _nearest_hits(searcher, "bench", vector, 10, 0.0),
         "response_written": lambda: wire.search_response(found, policy),
         "engine_search": lambda: _run(engine.search(given)),
         "whole_search": lambda: _run(servicer.Search(request, Context())),

@@ -370,6 +370,20 @@ async def test_a_starter_token_never_sees_an_enterprise_only_chunk(
     assert "SAML" in page.text
 
 
+async def test_a_starter_tokens_search_by_a_vector_alone_is_filtered_too(
+    stub: pb_grpc.RetrievalStub, local_embedder: Embedder
+) -> None:
+    """A Search given only its vector takes the one-step path (``Engine.nearest_to``), except
+    for a caller with filters of its own: theirs still apply."""
+    (vector,) = await local_embedder.embed([SSO])
+    request = pb.SearchRequest(vector=np.asarray(vector, dtype="<f4").tobytes(), min_score=-1)
+    full = await stub.Search(request, metadata=FULL)
+    assert full.chunks[0].source_path == "features/sso.md"
+    starter = await stub.Search(request, metadata=STARTER_MD)
+    assert starter.chunks
+    assert not _paths(starter.chunks) & ENTERPRISE_ONLY
+
+
 async def test_path_filters_on_search_turn_and_the_tool(stub: pb_grpc.RetrievalStub) -> None:
     billing = await stub.Search(
         pb.SearchRequest(query=SSO, min_score=-1, limit=10, source_paths=["billing/"]),

@@ -208,6 +208,28 @@ def test_a_search_request_reads_into_the_engines_input_field_by_field() -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             "vector is all zeros",
         ),
+        # a vector alone (``Engine.nearest_to``'s call) is refused as any search is
+        (pb.SearchRequest(vector=b"abc"), grpc.StatusCode.INVALID_ARGUMENT, "float32"),
+        (
+            pb.SearchRequest(vector=unit_vector_bytes(1, 0.5), limit=-1),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "limit must be between 1 and",
+        ),
+        (
+            pb.SearchRequest(vector=unit_vector_bytes(1, 0.5), limit=100_000),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "limit must be between 1 and",
+        ),
+        (
+            pb.SearchRequest(vector=unit_vector_bytes(1, 0.5), min_score=1.5),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "min_score must be between -1 and 1",
+        ),
+        (
+            pb.SearchRequest(knowledge_base="nope", vector=unit_vector_bytes(1, 0.5)),
+            grpc.StatusCode.NOT_FOUND,
+            "unknown knowledge base",
+        ),
     ],
 )
 async def test_bad_search_input_gets_a_clear_status(
@@ -219,6 +241,29 @@ async def test_bad_search_input_gets_a_clear_status(
             await client.Search(request_, timeout=10)
     assert err.value.code() == code
     assert words in (err.value.details() or "")
+
+
+async def test_a_search_by_a_vector_alone_answers_as_the_general_path_does(
+    example_sidecar: Any, local_embedder: Embedder
+) -> None:
+    """The one-step path (a vector alone, ``Engine.nearest_to``) and the general one (the same
+    call with a session, which ``search`` answers) find the same chunks with the same scores."""
+    (vector,) = await local_embedder.embed(["How much does roaming cost in Europe?"])
+    data = np.asarray(vector, dtype="<f4").tobytes()
+    channel, client = stub(example_sidecar.port)
+    async with channel:
+        alone = await client.Search(
+            pb.SearchRequest(vector=data, limit=5, min_score=-1), timeout=10
+        )
+        general = await client.Search(
+            pb.SearchRequest(vector=data, limit=5, min_score=-1, session_id="vector-general"),
+            timeout=10,
+        )
+    assert len(alone.chunks) == 5
+    assert [c.chunk_id for c in alone.chunks] == [c.chunk_id for c in general.chunks]
+    assert [c.score for c in alone.chunks] == pytest.approx([c.score for c in general.chunks])
+    assert alone.snapshot_version == general.snapshot_version
+    assert alone.timings.total_ms >= alone.timings.search_ms > 0
 
 
 async def _search_scaled(sidecar: Any, embedder: Embedder, scales: tuple[float, ...]) -> list[Any]:

@@ -259,8 +259,20 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         """Answers a ``SearchResponse``'s bytes, written from kept pieces (sidecar/edge/wire.py),
         which the method's serializer sends as they are."""
         self.lifecycle.check_accepting()
+        kb = request.knowledge_base
+        if request.vector and not (
+            request.query
+            or request.session_id
+            or request.sources
+            or request.filters
+            or request.source_paths
+            or request.context_url
+        ):  # the common call, in one step (``Engine.nearest_to``)
+            found = self.engine.nearest_to(kb, request.vector, request.limit, request.min_score)
+            if found is not None:
+                return search_response(found, self._policy(kb))
         result = await self.engine.search(search_input(request))
-        return search_response(result, self._policy(request.knowledge_base))
+        return search_response(result, self._policy(kb))
 
     def _policy(self, kb: str) -> BasePolicy:
         return policy_for(self.engine, kb)
