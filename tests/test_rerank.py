@@ -7,12 +7,15 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from index.config import RerankConfig
 from index.embedders.base import Embedder
+from sidecar.config import Config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.turn.rerank import Reranker, RerankError, Status, parse_order
@@ -143,17 +146,22 @@ def store(tmp_path_factory: pytest.TempPathFactory, local_embedder: Embedder) ->
     return build_store(tmp_path_factory.mktemp("rerank"), local_embedder)
 
 
-@pytest.fixture
-async def stub(
-    store: Path, local_embedder: Embedder, server: RerankServer
-) -> AsyncIterator[pb_grpc.RetrievalStub]:
+def reranked_help(store: Path, server: RerankServer) -> Config:
+    """The store's sidecar, base "help" reranked by ``server``."""
     config = sidecar_config(store, budget_ms=5000, min_score=-1.0)
     rerank = RerankConfig(base_url=server.base_url, candidates=10)
     bases = tuple(
         replace(kb, rerank=rerank) if kb.name == "help" else kb for kb in config.knowledge_bases
     )
+    return replace(config, knowledge_bases=bases)
+
+
+@pytest.fixture
+async def stub(
+    store: Path, local_embedder: Embedder, server: RerankServer
+) -> AsyncIterator[pb_grpc.RetrievalStub]:
     async with (
-        running(replace(config, knowledge_bases=bases), local_embedder) as sidecar,
+        running(reranked_help(store, server), local_embedder) as sidecar,
         grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
     ):
         yield pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
@@ -190,3 +198,31 @@ async def test_search_and_turn_answer_in_the_rerankers_order(
 async def test_a_base_without_rerank_says_none(stub: pb_grpc.RetrievalStub) -> None:
     resp = await stub.Search(pb.SearchRequest(query="refund", knowledge_base="billing"))
     assert resp.rerank == pb.RERANK_NONE
+
+
+async def test_a_search_by_a_vector_alone_uses_a_reranked_base_once(
+    store: Path, local_embedder: Embedder, server: RerankServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vector alone on a base with a rerank stage goes the general way (``nearest_to`` gives
+    it up before using the base): used once, as a call is, not three times in microseconds,
+    which would mark it as a caller's working set that another's loads may not evict."""
+    (vector,) = await local_embedder.embed(["how do I reset my password"])
+    request = pb.SearchRequest(
+        knowledge_base="help", vector=np.asarray(vector, dtype="<f4").tobytes(), limit=3
+    )
+    async with (
+        running(reranked_help(store, server), local_embedder) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
+        used: list[str] = []
+        use = sidecar.holder.use
+
+        def counted(kb: str, peer: str = "") -> Any:
+            used.append(kb)
+            return use(kb, peer)
+
+        monkeypatch.setattr(sidecar.holder, "use", counted)
+        stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+        answer = await stub.Search(request, timeout=10)
+    assert used == ["help"]
+    assert answer.chunks[0].title == "Reset your password"

@@ -329,4 +329,17 @@ def test_a_base_whose_answers_pass_the_cap_gets_none_and_is_written_per_hit(
     size = sum(len(whole.piece(i)) for i in range(len(TABLE)))
     assert Answers.of("billing", table, cap=size) is not None  # just fits
     assert Answers.of("billing", table, cap=size - 1) is None  # stopped as it passed the cap
-    assert Answers.of("billing", table, cap=table.blob.nbytes // 2 - 1) is None  # not tried
+
+
+def test_a_table_of_over_twice_the_cap_is_not_even_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = crafted(tmp_path)
+
+    def unread(self: ChunkTable, label: int) -> None:
+        raise AssertionError(f"chunk {label} read")
+
+    monkeypatch.setattr(ChunkTable, "utf8", unread)
+    assert Answers.of("billing", table, cap=table.blob.nbytes // 2 - 1) is None
+    with pytest.raises(AssertionError, match="chunk 0 read"):
+        Answers.of("billing", table, cap=-(-table.blob.nbytes // 2))  # tried: within twice it

@@ -25,7 +25,8 @@ reference: a snapshot let go takes its encodings along), within the same bound.
 
 A base whose answers fit in ``ANSWERS_MAX_BYTES`` has every chunk's encoding written once, when
 its snapshot is loaded (``Answers``, on the loader's thread, counted in the base's memory): a
-plain Search over it then encodes nothing, whether its hits are new or not. Over a base of
+plain Search over it then encodes nothing, whether its hits are new or not (none under a
+memory budget, whose bytes are the bases'). Over a base of
 20,000 chunks and varied questions, writing ten hits from the table cost ~40 us a call against
 ~4 us read from the answers (``python -m bench.search_parts``).
 """
@@ -50,9 +51,11 @@ from sidecar.turn.hits import Hit, TableHits
 
 # A few thousand chunks' messages: the hits of the calls of a busy minute. Per process.
 CACHE_BYTES = 8 << 20
-# A base's answers written at load at most (``Answers``); a larger base's hits are written as
-# they come. Per base, counted in its memory (``[sidecar] memory_budget_mb``).
-ANSWERS_MAX_BYTES = 64 << 20
+# A base's answers written at load at most (``Answers``): ~100,000 chunks of a few sentences; a
+# larger base's hits are written as they come. Per base and per worker process (the mapped
+# files' pages are shared between workers, these are each worker's own), counted in the base's
+# memory; none under [sidecar] memory_budget_mb, whose bytes are the bases'.
+ANSWERS_MAX_BYTES = 32 << 20
 # Chunks whose message was encoded once, remembered so that the second encoding keeps it: ~70
 # bytes each in a set, so ~5 MiB at most. Per process.
 MAX_SEEN = 1 << 16
@@ -156,7 +159,7 @@ class Answers:
         self.knowledge_base = knowledge_base
         self.data = memoryview(data)  # chunk i's answer: data[starts[i] : starts[i + 1]]
         self.starts = starts
-        self.nbytes = len(data) + starts.itemsize * len(starts)
+        self.nbytes = sys.getsizeof(data) + sys.getsizeof(starts)  # as allocated
 
     @classmethod
     def of(

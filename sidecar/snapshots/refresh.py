@@ -133,11 +133,12 @@ def refusal_kind(exc: SnapshotError) -> tuple[str, bool]:
     return "invalid", False
 
 
-def warm_up(snapshot: LoadedSnapshot) -> Searcher:
-    """Warm searches, then the snapshot's searcher: blocking, run off the event loop."""
+def warm_up(snapshot: LoadedSnapshot, answers: bool = True) -> Searcher:
+    """Warm searches, then the snapshot's searcher (with its answers, ``Searcher.build``):
+    blocking, run off the event loop."""
     if snapshot.chunks:
         warm_searches(snapshot)
-    searcher = Searcher.build(snapshot)
+    searcher = Searcher.build(snapshot, answers=answers)
     release_free_heap()
     return searcher
 
@@ -852,7 +853,8 @@ class Refresher:
                 f"{folder}: the pointer names {kb} {version} but the manifest says "
                 f"{manifest.knowledge_base} {manifest.version}"
             )
-        return await asyncio.to_thread(warm_up, snapshot)
+        # under a memory budget the bytes are the bases': no answers, a cache, to take theirs
+        return await asyncio.to_thread(warm_up, snapshot, not self.budget_bytes)
 
     def _refuse(self, kb: str, version: str, exc: SnapshotError) -> None:
         kind, retry = refusal_kind(exc)

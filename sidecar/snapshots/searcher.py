@@ -117,8 +117,10 @@ class Searcher:
     answers: Answers | None = None
 
     @classmethod
-    def build(cls, snapshot: LoadedSnapshot) -> Searcher:
-        """Build everything; blocking (it reads every chunk once): call it off the event loop."""
+    def build(cls, snapshot: LoadedSnapshot, *, answers: bool = True) -> Searcher:
+        """Build everything; blocking (it reads every chunk once): call it off the event loop.
+        ``answers``: write the base's answers too (``_answers``); a sidecar with a memory budget
+        does not, so that its budget holds bases rather than a cache of their answers."""
         gazetteer = followups.gazetteer(snapshot)
         pages = page_index(snapshot.chunks, snapshot.filters)
         searcher = cls(
@@ -129,7 +131,7 @@ class Searcher:
             gazetteer=gazetteer,
             pages=pages,
             held_bytes=gazetteer.built_bytes,
-            answers=_answers(snapshot),
+            answers=_answers(snapshot) if answers else None,
         )
         _let_go(snapshot)
         return searcher

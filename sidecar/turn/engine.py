@@ -801,26 +801,17 @@ class Engine:
                 await policy.reranker.aclose()
 
     async def search(self, req: SearchInput) -> SearchResult:
-        if req.vector and not (
-            req.query
-            or req.session_id
-            or req.sources
-            or req.filters
-            or req.source_paths
-            or req.context_url
-            or req.budget_ms
-        ):
-            found = self.nearest_to(req.knowledge_base, req.vector, req.limit, req.min_score)
-            if found is not None:
-                return found
         started = time.monotonic()
         total_ms = self._budget_ms(req.budget_ms)
         self._check_search(req)
         kb = req.knowledge_base or self.default_knowledge_base
         searcher = self.searcher(kb)
         allowed = scope.resolve(searcher, kb, req.filters, req.source_paths, req.sources)
-        budget = Budget.start(total_ms, started=started)
-        result = await self._searched(req, kb, searcher, allowed, budget)
+        if req.vector and allowed is None and self._plain(req, kb, searcher, ""):
+            result = self._nearest_to(searcher, kb, req.limit, req.min_score, req.vector)
+        else:
+            budget = Budget.start(total_ms, started=started)
+            result = await self._searched(req, kb, searcher, allowed, budget)
         if req.session_id:
             self._remember(self.sessions.get(req.session_id), result.hits)
         result.timings.total_ms = (time.monotonic() - started) * 1000.0  # this call's alone
@@ -882,30 +873,44 @@ class Engine:
     def nearest_to(
         self, kb: str, vector: bytes, limit: int, min_score: float
     ) -> SearchResult | None:
-        """The common Search in one step, nothing to wait for: given its vector and no words,
-        session, sources, filter, page paths, lift or budget (the caller has seen to those), a
-        base searched by its graph alone (``_plain``), no filter of the caller's; the vector
-        checked and scaled (its ``embed_ms``), then the graph's answer straight into hits, a
-        graph that fails it counted and its error raised (``_unsearched``). None for a call
-        ``search`` must answer: any other base, or a limit or score it refuses. The servicer
-        calls it before making a ``SearchInput`` (the fewer steps on this call, the less of its
-        time goes to the caches its steps miss)."""
+        """The commonest Search in one step, for the servicer to call before it makes a
+        ``SearchInput``: a vector and nothing else (no words, session, sources, filter, page
+        paths or lift: the caller has seen to those), over a base its graph alone answers
+        (``_plain``), for a caller with no filters of its own (``scope.caller_filters``). Checked
+        and answered as ``search`` answers it (``_nearest_to``); None, before the base is used,
+        for a call ``search`` must answer instead: any other base, or a limit or score it
+        refuses. (The fewer steps on this call the better: its time is mostly its steps run
+        from the caches the transport emptied between calls.)"""
         started = time.monotonic()
         if not (0 <= limit <= MAX_LIMIT and -1.0 <= min_score <= 1.0) or scope.caller_filters.get():
             return None
         kb = kb or self.default_knowledge_base
-        searcher = self.searcher(kb)
-        if searcher.snapshot.summaries is not None or self.policy(kb).reranker is not None:
+        served = self.holder.get(kb)  # read, not used: ``search`` uses it once, if it must
+        if self.policy(kb).reranker is not None or (
+            served is not None and served.summaries is not None
+        ):
             return None
+        result = self._nearest_to(self.searcher(kb), kb, limit, min_score, vector)
+        result.timings.total_ms = (time.monotonic() - started) * 1000.0
+        return result
+
+    def _nearest_to(
+        self,
+        searcher: Searcher,
+        kb: str,
+        limit: int,
+        min_score: float,
+        vector: bytes,
+    ) -> SearchResult:
+        """A plain Search (``_plain``) given its vector: the vector checked and scaled (its
+        ``embed_ms``), then the graph's answer straight into hits; a graph that fails it counted
+        and answered as any search's (``_unsearched``)."""
         start = time.perf_counter()
         unit = self._vector_from_bytes(vector, searcher.snapshot)
         embed_ms = (time.perf_counter() - start) * 1000.0
         limit = limit or self.config.max_results
-        result = self._from_graph(
-            searcher, kb, "", unit, limit, min_score or self.config.min_score, embed_ms
-        )
-        result.timings.total_ms = (time.monotonic() - started) * 1000.0
-        return result
+        min_score = min_score or self.config.min_score
+        return self._from_graph(searcher, kb, "", unit, limit, min_score, embed_ms)
 
     async def _nearest(
         self,
