@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import orjson
 import pytest
@@ -25,6 +26,9 @@ from index.snapshot import load_snapshot, page_key, write_snapshot
 from index.store import LocalStore
 from index.summaries import SUMMARY_TEXTS, heading_summary
 from sidecar.config import Config, parse_config
+from sidecar.edge.server import create_server
+from sidecar.gen import retrieval_pb2 as pb
+from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import relevance
 from tests.chat_server import ChatServer, image_urls, user_text
@@ -263,6 +267,43 @@ def test_the_heading_view_needs_no_model(tmp_path: Path, embedder: HashEmbedder)
     texts = orjson.loads((snap.folder / SUMMARY_TEXTS).read_bytes())
     assert texts == [heading_summary(c) for c in snap.chunks]
     assert "Billing\nInvoices are sent on the first of each month." in texts
+
+
+async def test_a_search_by_a_vector_alone_uses_a_base_with_summaries_once(
+    tmp_path: Path, embedder: HashEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vector alone on a base with a summary prong goes the general way (``nearest_to`` gives
+    it up before using the base), which searches the summaries too: the base used once."""
+    raw = {
+        "knowledge_base": [
+            {"name": "kb", "summaries": True, "summary_text": "heading",
+             "source": [{"type": "markdown", "path": str(docs(tmp_path))}]}
+        ],
+        "index": {"store": str(tmp_path / "store")},
+        "sidecar": {"store": str(tmp_path / "store"), "listen": "127.0.0.1:0", "min_score": -1.0},
+    }  # fmt: skip
+    config = parse_config(raw, base=tmp_path)
+    build_knowledge_base(config, config.knowledge_bases[0], embedder)
+    (vector,) = embedder.embed_batch(["Invoices are sent on the first of each month."])
+    sidecar = await create_server(config, embedder=embedder, poll=False)
+    try:
+        assert sidecar.holder.get("kb").summaries is not None  # type: ignore[union-attr]
+        used: list[str] = []
+        use = sidecar.holder.use
+
+        def counted(kb: str, peer: str = "") -> Any:
+            used.append(kb)
+            return use(kb, peer)
+
+        monkeypatch.setattr(sidecar.holder, "use", counted)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
+            request = pb.SearchRequest(vector=np.asarray(vector, dtype="<f4").tobytes())
+            answer = await stub.Search(request, timeout=10)
+    finally:
+        await sidecar.stop(0.5)
+    assert used == ["kb"]
+    assert "Invoices" in answer.chunks[0].text
 
 
 def test_model_work_without_an_llm_table_is_refused(tmp_path: Path) -> None:

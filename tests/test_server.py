@@ -253,17 +253,19 @@ async def test_a_search_by_a_vector_alone_answers_as_the_general_path_does(
     example_sidecar: Any, local_embedder: Embedder
 ) -> None:
     """The one-step path (a vector alone, ``Engine.nearest_to``) and the general one (the same
-    call with a session, which ``search`` answers) find the same chunks with the same scores."""
+    call naming every source of the base, which ``relevance.rank`` answers) find the same
+    chunks with the same scores."""
     (vector,) = await local_embedder.embed(["How much does roaming cost in Europe?"])
     data = np.asarray(vector, dtype="<f4").tobytes()
+    snapshot = example_sidecar.holder.get(example_sidecar.engine.default_knowledge_base)
+    every = list(snapshot.source_names)
     channel, client = stub(example_sidecar.port)
     async with channel:
         alone = await client.Search(
             pb.SearchRequest(vector=data, limit=5, min_score=-1), timeout=10
         )
         general = await client.Search(
-            pb.SearchRequest(vector=data, limit=5, min_score=-1, session_id="vector-general"),
-            timeout=10,
+            pb.SearchRequest(vector=data, limit=5, min_score=-1, sources=every), timeout=10
         )
     assert len(alone.chunks) == 5
     assert [c.chunk_id for c in alone.chunks] == [c.chunk_id for c in general.chunks]
