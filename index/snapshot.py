@@ -666,9 +666,7 @@ class LoadedSnapshot:
         k = min(k, len(self.chunks))
         if k <= 0:
             return []
-        labels, distances = knn(self.index, vector.reshape(1, -1), k, self.graph)  # as ``_knn``
-        pairs = zip(labels[0].tolist(), distances[0].tolist(), strict=True)
-        return [(label, 1.0 - d) for label, d in pairs if 1.0 - d >= min_score]
+        return [(label, score) for label, score in self._knn(vector, k) if score >= min_score]
 
     def search_sources(
         self,

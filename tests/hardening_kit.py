@@ -20,6 +20,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from index.build import build_knowledge_base
 from index.embedders.base import Embedder
 from sidecar.config import Config, parse_config
@@ -159,6 +161,20 @@ async def running(config: Config, embedder: Embedder) -> AsyncIterator[Sidecar]:
         yield sidecar
     finally:
         await sidecar.stop(0.5)
+
+
+def uses_of(sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The bases the sidecar's calls use from now on (``SnapshotHolder.use``), in order: a base
+    used twice by one call looks like a caller's working set under a memory budget."""
+    used: list[str] = []
+    use = sidecar.holder.use
+
+    def counted(kb: str, peer: str = "") -> Any:
+        used.append(kb)
+        return use(kb, peer)
+
+    monkeypatch.setattr(sidecar.holder, "use", counted)
+    return used
 
 
 def bearer(token: str) -> tuple[tuple[str, str]]:

@@ -32,6 +32,7 @@ from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.searcher import Searcher
 from sidecar.turn import relevance
 from tests.chat_server import ChatServer, image_urls, user_text
+from tests.hardening_kit import uses_of
 
 BROKEN = (
     "# Router manual\n\nACME Router Manual - page 1\n\nThe router con-\nnects to the wall socket. "
@@ -288,14 +289,7 @@ async def test_a_search_by_a_vector_alone_uses_a_base_with_summaries_once(
     sidecar = await create_server(config, embedder=embedder, poll=False)
     try:
         assert sidecar.holder.get("kb").summaries is not None  # type: ignore[union-attr]
-        used: list[str] = []
-        use = sidecar.holder.use
-
-        def counted(kb: str, peer: str = "") -> Any:
-            used.append(kb)
-            return use(kb, peer)
-
-        monkeypatch.setattr(sidecar.holder, "use", counted)
+        used = uses_of(sidecar, monkeypatch)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
             stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
             request = pb.SearchRequest(vector=np.asarray(vector, dtype="<f4").tobytes())

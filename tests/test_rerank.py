@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import grpc
 import numpy as np
@@ -19,7 +18,7 @@ from sidecar.config import Config
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.turn.rerank import Reranker, RerankError, Status, parse_order
-from tests.hardening_kit import build_store, running, sidecar_config
+from tests.hardening_kit import build_store, running, sidecar_config, uses_of
 from tests.rerank_server import RerankServer
 
 DOCUMENTS = ["roaming prices in Europe", "reset your password", "turn roaming on in the app"]
@@ -214,14 +213,7 @@ async def test_a_search_by_a_vector_alone_uses_a_reranked_base_once(
         running(reranked_help(store, server), local_embedder) as sidecar,
         grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
     ):
-        used: list[str] = []
-        use = sidecar.holder.use
-
-        def counted(kb: str, peer: str = "") -> Any:
-            used.append(kb)
-            return use(kb, peer)
-
-        monkeypatch.setattr(sidecar.holder, "use", counted)
+        used = uses_of(sidecar, monkeypatch)
         stub = pb_grpc.RetrievalStub(channel)  # type: ignore[no-untyped-call]
         answer = await stub.Search(request, timeout=10)
     assert used == ["help"]

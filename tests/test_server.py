@@ -275,6 +275,29 @@ async def test_a_search_by_a_vector_alone_answers_as_the_general_path_does(
     assert alone.timings.total_ms > 0
 
 
+async def test_a_search_by_a_vector_alone_is_answered_without_the_general_path(
+    example_sidecar: Any, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The servicer answers a vector alone by ``Engine.nearest_to``, never making a
+    ``SearchInput`` for ``Engine.search``, from the answers written at load."""
+    (vector,) = await local_embedder.embed(["How much does roaming cost in Europe?"])
+    request = pb.SearchRequest(vector=np.asarray(vector, dtype="<f4").tobytes(), min_score=-1)
+
+    async def general(*args: Any) -> Any:
+        raise AssertionError("the general path answered a vector alone")
+
+    monkeypatch.setattr(example_sidecar.engine, "search", general)
+    searcher = example_sidecar.holder.use(example_sidecar.engine.default_knowledge_base)
+    assert searcher.answers is not None
+    channel, client = stub(example_sidecar.port)
+    async with channel:
+        alone = await client.Search(request, timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as general_path:  # a session: the general path
+            await client.Search(pb.SearchRequest(vector=request.vector, session_id="s"), timeout=10)
+    assert alone.chunks
+    assert general_path.value.code() is grpc.StatusCode.INTERNAL
+
+
 async def test_a_search_by_a_vector_beside_words_for_the_log_or_a_session_stays_plain(
     example_sidecar: Any, local_embedder: Embedder
 ) -> None:

@@ -153,12 +153,12 @@ class Answers:
     length, its fields, the score's key), end to end in one buffer: a hit's piece is one slice.
     Written once, off the event loop, when its snapshot loads (``of``)."""
 
-    __slots__ = ("data", "knowledge_base", "nbytes", "starts")
+    __slots__ = ("_data", "_starts", "knowledge_base", "nbytes")
 
     def __init__(self, knowledge_base: str, data: bytearray, starts: array[int]) -> None:
         self.knowledge_base = knowledge_base
-        self.data = memoryview(data)  # chunk i's answer: data[starts[i] : starts[i + 1]]
-        self.starts = starts
+        self._data = memoryview(data)
+        self._starts = starts
         self.nbytes = sys.getsizeof(data) + sys.getsizeof(starts)  # as allocated
 
     @classmethod
@@ -188,8 +188,8 @@ class Answers:
 
     def piece(self, label: int) -> memoryview:
         """Chunk ``label``'s answer, as ``table_encoded`` writes it."""
-        starts = self.starts
-        return self.data[starts[label] : starts[label + 1]]
+        starts = self._starts
+        return self._data[starts[label] : starts[label + 1]]
 
 
 def _put_metadata(
@@ -319,9 +319,9 @@ class ChunkMessages:
         kb, table = hits.knowledge_base, hits.table
         answers = hits.answers
         if answers is not None and answers.knowledge_base == kb:  # written at load
-            data, starts = answers.data, answers.starts  # ``piece``, with no call a hit
+            piece = answers.piece
             for label, score in hits.found:
-                parts += (key, data[starts[label] : starts[label + 1]], _float32(score))
+                parts += (key, piece(label), _float32(score))
             return
         kept = self._kept(table, kb)
         get = kept.get

@@ -98,10 +98,7 @@ def search_response(result: SearchResult, policy: BasePolicy) -> EncodedResponse
     fallback only when nothing was found)."""
     hits = result.hits
     parts: list[bytes] = []
-    if type(hits) is TableHits:  # a plain search's (``_put_hits``, one call fewer)
-        MESSAGES.table_pieces(parts, _CHUNKS, hits)
-    elif hits:
-        MESSAGES.pieces(parts, _CHUNKS, hits)
+    _put_hits(parts, _CHUNKS, hits)
     timings = result.timings
     parts += (_timings(_TIMINGS, timings), string_field(_VERSION, result.snapshot_version))
     if result.degraded:

@@ -879,8 +879,7 @@ class Engine:
         (``_plain``), for a caller with no filters of its own (``scope.caller_filters``). Checked
         and answered as ``search`` answers it (``_nearest_to``); None, before the base is used,
         for a call ``search`` must answer instead: any other base, or a limit or score it
-        refuses. (The fewer steps on this call the better: its time is mostly its steps run
-        from the caches the transport emptied between calls.)"""
+        refuses."""
         started = time.monotonic()
         if not (0 <= limit <= MAX_LIMIT and -1.0 <= min_score <= 1.0) or scope.caller_filters.get():
             return None
