@@ -10,6 +10,7 @@ same queries in turns of 20 so that load elsewhere falls on all alike:
                       no engine and no search
     canned-knn        the handler searches the graph as grpc-knn does and answers a stored
                       response: the sidecar's server and hooks around a bare search
+    drop:H1+H2        without the hooks of those classes (``drop:CallLog``, ``drop:Metrics``)
     grpc-echo         raw bytes in and out of a bare method: the transport floor
     grpc-knn          a bare method searching the sidecar's own graph, answering the echo's bytes:
                       the floor of a Python server's Search (no code of the sidecar's on the call)
@@ -20,7 +21,9 @@ channel, as ``search`` measures), and the server process's CPU per call over the
 turns (``/proc/PID/stat``, summed over every turn: a tick is 10 ms, a turn ~20 ms; the echo runs
 in the ``sidecar`` variant's process; hnswlib's is this thread's CPU). ``share`` is the issue's
 sidecar share of a Search: the sidecar's p50 less the echo's and hnswlib's, and the same of the
-CPU per call. Writes ``bench/results/search_parts.json`` (``--out``).
+CPU per call. Writes ``bench/results/search_parts.json`` (``--out``). ``--variants`` picks
+them (``sidecar,sidecar#2,drop:ConcurrencyLimit``: ``#2`` a second process of the same variant,
+as each server process runs some tens of microseconds apart from another of the same code).
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ def _stored(search: Any, searched: bool) -> Any:
 def _patch(variant: str) -> None:
     """Swap the variant's part out of this (child) process."""
     from sidecar.edge import guards, service
+    from sidecar.edge.interceptor import HookInterceptor
+
+    variant = variant.partition("#")[0]  # "sidecar#2": a second process of the same variant
 
     if variant == "no-hooks":
         build = guards.Guards.build.__func__  # type: ignore[attr-defined]
@@ -77,6 +83,17 @@ def _patch(variant: str) -> None:
             return cls(built.limit, built.metrics, built.auth, (), built.options)
 
         guards.Guards.build = classmethod(without_hooks)  # type: ignore[assignment]
+    elif variant.startswith("drop:"):
+        names = set(variant.removeprefix("drop:").split("+"))
+        build = guards.Guards.build.__func__  # type: ignore[attr-defined]
+
+        def dropped(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            built = build(cls, *args, **kwargs)
+            hooks = [h for h in built.hooks if type(h).__name__ not in names]
+            interceptors = (HookInterceptor(hooks),)
+            return cls(built.limit, built.metrics, built.auth, interceptors, built.options)
+
+        guards.Guards.build = classmethod(dropped)  # type: ignore[assignment]
     elif variant in ("canned", "canned-knn"):
         service.RetrievalService.Search = _stored(  # type: ignore[method-assign]
             service.RetrievalService.Search, searched=variant == "canned-knn"
@@ -179,6 +196,18 @@ def _share(rows: dict[str, dict[str, Any]], served: str = "sidecar") -> dict[str
     }
 
 
+def _variants(text: str) -> tuple[str, ...]:
+    """``--variants``: known ones (``VARIANTS``, ``drop:...``), ``sidecar`` among them."""
+    variants = tuple(text.split(","))
+    for variant in variants:
+        base = variant.partition("#")[0]
+        if base not in VARIANTS and not base.startswith("drop:"):
+            raise argparse.ArgumentTypeError(f"unknown variant {variant!r}: one of {VARIANTS}")
+    if "sidecar" not in variants:
+        raise argparse.ArgumentTypeError("the variants must include sidecar (the share's base)")
+    return variants
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
@@ -186,6 +215,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--queries", type=int, default=1000, help="as the corpus was cached with")
     parser.add_argument("--blocks", type=int, default=150, help="turns of 20 sequential calls")
     parser.add_argument("--rounds", type=int, default=4, help="throughput rounds per variant")
+    parser.add_argument(
+        "--variants",
+        type=_variants,
+        default=VARIANTS,
+        help="comma-separated, sidecar among them; drop:Hook[+Hook] drops hooks by class name; "
+        "name#2 starts a second process of a variant (each server has an offset of its own)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON file to write")
     args = parser.parse_args(argv)
     corpus = load_or_generate(CorpusSpec(n=args.n, dim=args.dim, queries=args.queries), CACHE)
@@ -193,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     info = embedder_info(corpus)
     started: dict[str, tuple[Any, dict[str, Any]]] = {}
     try:
-        for variant in VARIANTS:
+        for variant in args.variants:
             patch = f"from bench.search_parts import _patch\n_patch({variant!r})\n"
             store = snapshot.parent.parent
             started[variant] = _start(store, info.dimension, info.name, None, prelude=patch)

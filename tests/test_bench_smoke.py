@@ -6,6 +6,7 @@ is judged on the same ground truth, and that the goals are read the way issue 7 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from pathlib import Path
@@ -167,6 +168,41 @@ def test_search_parts_swaps_each_part_in_its_own_process(tmp_path: Path) -> None
     assert rows["canned-knn"]["distinct_top_chunks"] == 1
     assert rows["grpc-echo"]["distinct_top_chunks"] == 1
     assert rows["grpc-knn"]["distinct_top_chunks"] == 1  # the echo's bytes, after a search
+
+
+async def test_search_parts_drops_the_named_hooks_and_only_those(
+    monkeypatch: pytest.MonkeyPatch, example_config: Any, local_embedder: Any
+) -> None:
+    from sidecar.edge import guards
+    from sidecar.edge.server import create_server
+    from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+
+    monkeypatch.setattr(guards.Guards, "build", guards.Guards.build)  # put back after the test
+    search_parts._patch("drop:CallLog+Metrics#2")
+    sidecar = await create_server(example_config, embedder=local_embedder, poll=False)
+    try:
+        kinds = [type(hook).__name__ for hook in sidecar.guards.interceptors[0].hooks]
+        assert kinds == ["DrainGate", "ConcurrencyLimit", "FieldLimits"]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            call = pb_grpc.RetrievalStub(channel).Search(  # type: ignore[no-untyped-call]
+                pb.SearchRequest(query="How do I reset my password?"), timeout=30
+            )
+            assert (await call).chunks
+            assert "x-call-id" not in dict(await call.trailing_metadata())  # no call log
+    finally:
+        await sidecar.stop(0.5)
+
+
+def test_search_parts_names_only_the_variants_it_has() -> None:
+    assert search_parts._variants("sidecar,sidecar#2,drop:CallLog") == (
+        "sidecar",
+        "sidecar#2",
+        "drop:CallLog",
+    )
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown variant 'no-such'"):
+        search_parts._variants("sidecar,no-such")
+    with pytest.raises(argparse.ArgumentTypeError, match="must include sidecar"):
+        search_parts._variants("no-hooks")
 
 
 class SeenIndex:
