@@ -106,6 +106,48 @@ async def test_trailer_fields_past_their_cap_close_the_connection_unkept(
     assert sidecar.http.admission.cut_total == 1
 
 
+@pytest.mark.parametrize("unended", [b"x-t: ", b"x-"], ids=["value", "name"])
+async def test_a_trailer_field_that_never_ends_closes_the_connection(
+    sidecar: Sidecar, unended: bytes
+) -> None:
+    """One trailer field sent without its line's end (a value, or a name with no colon): the
+    parser holds it until the line ends, so it was never a field to count, and the door read on
+    (106 MiB in 13 s, the event loop held for seconds by the parser's copies of it, every other
+    caller stalled): now the connection is closed soon after MAX_TRAILER_BYTES of it."""
+    assert sidecar.http is not None
+    _, writer = await connect(sidecar)
+    writer.write(chunked("/healthz") + b"2\r\n{}\r\n0\r\n" + unended)
+    await writer.drain()
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        async with asyncio.timeout(LIVENESS_S):
+            while sent < SENT_CAP:
+                writer.write(b"a" * 4096)
+                await writer.drain()
+                sent += 4096
+    writer.close()
+    assert sent < SENT_CAP, "the door read an endless trailer field without closing"
+    assert sidecar.http.admission.cut_total == 1
+
+
+async def test_a_chunk_whose_data_comes_in_many_reads_is_no_trailer(sidecar: Sidecar) -> None:
+    """A chunk larger than MAX_TRAILER_BYTES whose header comes in a read of its own and its
+    data in many after it: each read after the header holds the chunk's data, so none counts as
+    a trailer's, and the body is read whole."""
+    assert sidecar.http is not None
+    reader, writer = await connect(sidecar)
+    writer.write(chunked("/healthz") + b"3000\r\n")  # a chunk of 12 KiB
+    await writer.drain()
+    for _ in range(12):
+        await asyncio.sleep(0.01)  # reads of their own, as far as the loop goes
+        writer.write(b"a" * 1024)
+        await writer.drain()
+    writer.write(b"\r\n0\r\n\r\n")
+    assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
+    writer.close()
+    assert sidecar.http.admission.cut_total == 0
+
+
 INITIALIZE = orjson.dumps(test_http_door.INITIALIZE)
 
 

@@ -165,7 +165,7 @@ MAX_PIPELINED = 8
 # plain door, a request the parser refuses (400) and an upgrade request are logged so too
 # (``_Admission``).
 OVERRUN_LOG_EVERY = 1000
-# uvicorn's answer to a request its parser refuses (a Content-Length of ``z`` or of 20 digits),
+# uvicorn's answer to a request its parser refuses (a Content-Length of ``z`` or of 2**64 or more),
 # kept as uvicorn sends it: 400, this text, and the connection closed.
 INVALID_REQUEST = "Invalid HTTP request received."
 # The reason OpenSSL gives a handshake whose first bytes are a plain HTTP request.
@@ -817,6 +817,11 @@ class _BoundedHead(HttpToolsProtocol):
     _head_bytes = 0  # read while a head was not whole
     _trailer_bytes = 0  # of the request's trailer fields, dropped
     _chunks = 0  # of the request's chunked body, its last one included
+    # the connection's chunks (never reset), and the one whose header is in and none of its data
+    # nor its end yet (0: none): after the last, empty chunk's header, a trailer arrives
+    _chunk_serial = 0
+    _open_chunk = 0
+    _trailer_read = 0  # bytes read whole after a chunk's header with none of its data: a trailer's
     _late_bytes = 0  # of the request's body, read and dropped after its answer
     _keep_alive = True  # whether the request asked to keep its connection
     _closing = False  # answered before the request was whole: closed once it is
@@ -938,7 +943,8 @@ class _BoundedHead(HttpToolsProtocol):
         self._go_on()
         super().on_message_begin()
         self._in_head = True
-        self._trailer_bytes = self._late_bytes = self._chunks = 0
+        self._trailer_bytes = self._late_bytes = self._chunks = self._trailer_read = 0
+        self._open_chunk = 0
         self._arm(HEAD_TIMEOUT_S)
 
     def on_url(self, url: bytes) -> None:
@@ -972,12 +978,19 @@ class _BoundedHead(HttpToolsProtocol):
         """A chunk of a chunked body: counted against ``max_chunks``."""
         self._go_on()
         self._chunks += 1
+        self._chunk_serial += 1
+        self._open_chunk = self._chunk_serial
         if self._chunks > self.max_chunks + 1:  # + 1: the last, empty chunk is not one of them
             self._cut(f"its chunked body came in more than {self.max_chunks} chunks")
             self._go_on()
 
+    def on_chunk_complete(self) -> None:
+        self._go_on()
+        self._open_chunk = 0
+
     def on_body(self, body: bytes) -> None:
         self._go_on()
+        self._open_chunk = 0
         if not self._closing:
             super().on_body(body)
             return
@@ -1078,9 +1091,21 @@ class _BoundedHead(HttpToolsProtocol):
             return
         if self._in_head:
             self._head_bytes += len(data)
+        open_chunk = self._open_chunk
         self._feed(data)
         if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
             self._refuse_head()  # a head still arriving, over the limit across reads
+        elif open_chunk and open_chunk == self._open_chunk:
+            self._trailing(len(data))
+
+    def _trailing(self, size: int) -> None:
+        """A read whole after a chunk's header with none of the chunk's data nor its end: the
+        last chunk's trailer, whose field the parser holds until its line ends (and copies on
+        every read: a field that never ends held the event loop for seconds and grew without
+        bound), counted against MAX_TRAILER_BYTES as it arrives."""
+        self._trailer_read += size
+        if self._trailer_read > MAX_TRAILER_BYTES and not self._dropped:
+            self._cut(f"its chunked body's trailer was over {MAX_TRAILER_BYTES} bytes")
 
     def _feed(self, data: bytes) -> None:
         """uvicorn's ``data_received`` (as of uvicorn 0.55; the door's request tests catch a
