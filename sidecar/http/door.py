@@ -817,11 +817,8 @@ class _BoundedHead(HttpToolsProtocol):
     _head_bytes = 0  # read while a head was not whole
     _trailer_bytes = 0  # of the request's trailer fields, dropped
     _chunks = 0  # of the request's chunked body, its last one included
-    # the connection's chunks (never reset), and the one whose header is in and none of its data
-    # nor its end yet (0: none): after the last, empty chunk's header, a trailer arrives
-    _chunk_serial = 0
-    _open_chunk = 0
-    _trailer_read = 0  # bytes read whole after a chunk's header with none of its data: a trailer's
+    _parsed = False  # the parser called back during the read being fed
+    _unparsed = 0  # of the request's body, bytes read in reads the parser made nothing of
     _late_bytes = 0  # of the request's body, read and dropped after its answer
     _keep_alive = True  # whether the request asked to keep its connection
     _closing = False  # answered before the request was whole: closed once it is
@@ -935,7 +932,9 @@ class _BoundedHead(HttpToolsProtocol):
 
     def _go_on(self) -> None:
         """Stop the parser (``_feed`` ends its read there) if the connection is being
-        dropped: the rest of the read is neither parsed nor seen."""
+        dropped: the rest of the read is neither parsed nor seen. Every callback's first step:
+        the read made something (``_unparsed_read``)."""
+        self._parsed = True
         if self._dropped:
             raise _Stopped
 
@@ -943,8 +942,7 @@ class _BoundedHead(HttpToolsProtocol):
         self._go_on()
         super().on_message_begin()
         self._in_head = True
-        self._trailer_bytes = self._late_bytes = self._chunks = self._trailer_read = 0
-        self._open_chunk = 0
+        self._trailer_bytes = self._late_bytes = self._chunks = self._unparsed = 0
         self._arm(HEAD_TIMEOUT_S)
 
     def on_url(self, url: bytes) -> None:
@@ -978,19 +976,16 @@ class _BoundedHead(HttpToolsProtocol):
         """A chunk of a chunked body: counted against ``max_chunks``."""
         self._go_on()
         self._chunks += 1
-        self._chunk_serial += 1
-        self._open_chunk = self._chunk_serial
         if self._chunks > self.max_chunks + 1:  # + 1: the last, empty chunk is not one of them
             self._cut(f"its chunked body came in more than {self.max_chunks} chunks")
             self._go_on()
 
     def on_chunk_complete(self) -> None:
+        """A chunk's end: nothing to do but see it (``_go_on``)."""
         self._go_on()
-        self._open_chunk = 0
 
     def on_body(self, body: bytes) -> None:
         self._go_on()
-        self._open_chunk = 0
         if not self._closing:
             super().on_body(body)
             return
@@ -1091,21 +1086,30 @@ class _BoundedHead(HttpToolsProtocol):
             return
         if self._in_head:
             self._head_bytes += len(data)
-        open_chunk = self._open_chunk
+        in_body, self._parsed = self._in_body, False
         self._feed(data)
         if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
             self._refuse_head()  # a head still arriving, over the limit across reads
-        elif open_chunk and open_chunk == self._open_chunk:
-            self._trailing(len(data))
+        elif in_body:
+            self._unparsed_read(len(data))
 
-    def _trailing(self, size: int) -> None:
-        """A read whole after a chunk's header with none of the chunk's data nor its end: the
-        last chunk's trailer, whose field the parser holds until its line ends (and copies on
-        every read: a field that never ends held the event loop for seconds and grew without
-        bound), counted against MAX_TRAILER_BYTES as it arrives."""
-        self._trailer_read += size
-        if self._trailer_read > MAX_TRAILER_BYTES and not self._dropped:
-            self._cut(f"its chunked body's trailer was over {MAX_TRAILER_BYTES} bytes")
+    def _unparsed_read(self, size: int) -> None:
+        """A read of a request's body: none of the body's bytes, chunks or trailer fields
+        reached the door if the parser called nothing back, which honest framing (a chunk's
+        size line, a line's end) never asks of more than a few bytes. It is then a trailer field
+        or a chunk extension that never ends: the parser holds the one whole until its line ends
+        (copying it on every read: one held the event loop for seconds and grew without bound)
+        and reads the other on for as long as it comes. More than MAX_TRAILER_BYTES of such
+        reads in a row closes the connection."""
+        if self._parsed:
+            self._unparsed = 0
+            return
+        self._unparsed += size
+        if self._unparsed > MAX_TRAILER_BYTES and not self._dropped:
+            self._cut(
+                f"it sent over {MAX_TRAILER_BYTES} bytes of a chunked body's framing or trailer "
+                "with no end to a line"
+            )
 
     def _feed(self, data: bytes) -> None:
         """uvicorn's ``data_received`` (as of uvicorn 0.55; the door's request tests catch a
