@@ -178,6 +178,28 @@ async def test_health_watches_from_one_address_are_capped(
     assert await _first(health.Watch(health_pb2.HealthCheckRequest())) is not None
 
 
+async def test_a_watch_ended_to_make_room_is_told_why(
+    sidecar: Sidecar, channel: grpc.aio.Channel
+) -> None:
+    """A full table of watches takes an address that holds none by ending the oldest watch of
+    the address holding the most (``Held._end_oldest``). That watch's client was told only
+    CANCELLED, as if it had cancelled itself; now RESOURCE_EXHAUSTED, saying why and what to do,
+    and its slot is the new address's."""
+    watches = sidecar.health.watches
+    watches.limit = 1
+    health = health_pb2_grpc.HealthStub(channel)
+    watch = health.Watch(health_pb2.HealthCheckRequest())
+    assert await _first(watch) == health_pb2.HealthCheckResponse.SERVING
+    other = watches.take("10.0.0.9", lambda: None)  # another address's watch, taken as its own
+    assert await _code(watch) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = await watch.details() or ""
+    assert "ended to make room for one from another address: at most 1 are open" in details
+    assert "watch again, or use Check" in details
+    assert watches.by_peer == {"10.0.0.9": 1}
+    watches.give(other)
+    assert watches.total == 0
+
+
 # -- reflection --------------------------------------------------------------------------------
 
 

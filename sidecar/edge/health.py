@@ -14,7 +14,8 @@ whatever the port; an IPv6 client's /64), one more RESOURCE_EXHAUSTED saying whi
 - ``Watch`` holds a stream for as long as the client likes: at most ``MAX_WATCHES`` are open
   (~25 MB) and ``MAX_WATCHES_PER_PEER`` from one address;
 - a full table of either still takes an address that holds none: the oldest call of the
-  address holding the most is ended (CANCELLED) to make room (``Held``), so however many
+  address holding the most is ended to make room (``Held``; a watch RESOURCE_EXHAUSTED,
+  saying so), so however many
   addresses hold the rest, a probe from another is answered (16 addresses holding their 64
   unread Checks each took every slot, and a kubelet's probe was refused). A Check ended so
   has its connection closed too, which alone frees the answer gRPC holds for a client that
@@ -72,6 +73,7 @@ class Hold:
 
     peer: str
     end: Callable[[], object]
+    ended: bool = False  # ended to make room for another address's (``Held._end_oldest``)
 
 
 class Held:
@@ -127,6 +129,7 @@ class Held:
         oldest = next(iter(most))
         self.give(oldest)
         self.ended += 1
+        oldest.ended = True
         oldest.end()
 
 
@@ -192,8 +195,19 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
                     continue
                 status = self.statuses[request.service]
                 await context.write(health_pb2.HealthCheckResponse(status=status))
+        except asyncio.CancelledError:
+            if hold.ended:  # said, where a bare cancel would answer CANCELLED, as a client's own
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._made_room())
+            raise
         finally:
             self.watches.give(hold)
+
+    def _made_room(self) -> str:
+        watches = self.watches
+        return (
+            f"this health watch was ended to make room for one from another address: at most "
+            f"{watches.limit} are open, and this address held the most; watch again, or use Check"
+        )
 
     async def _status(self, request: health_pb2.HealthCheckRequest, context: Context) -> Status:
         """The status of the name asked for, or the call aborted saying why it has none."""
