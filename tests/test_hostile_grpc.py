@@ -28,9 +28,16 @@ from index.errors import ConfigError, CorruptSnapshot, StoreUnavailable
 from index.store import LocalStore
 from sidecar.edge import logs, reflection
 from sidecar.edge.guards import streams_per_connection
-from sidecar.edge.health import MAX_CHECKS_PER_PEER, MAX_WATCHES_PER_PEER
-from sidecar.edge.limits import REFLECTION_STREAMS, ConcurrencyLimit
+from sidecar.edge.health import MAX_CHECKS_PER_PEER, MAX_WATCHES_PER_PEER, Health
+from sidecar.edge.interceptor import Call
+from sidecar.edge.limits import (
+    MAX_METADATA_BYTES,
+    REFLECTION_STREAMS,
+    ConcurrencyLimit,
+    FieldLimits,
+)
 from sidecar.edge.server import SERVICE_NAME, Sidecar
+from sidecar.errors import InvalidArgument
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from sidecar.snapshots.refresh import refusal_kind
@@ -176,6 +183,57 @@ async def test_health_watches_from_one_address_are_capped(
     held[1].cancel()
     await eventually(lambda: sidecar.health.watches.total == 1, "the watch's slot")
     assert await _first(health.Watch(health_pb2.HealthCheckRequest())) is not None
+
+
+# entries each within gRPC's own limit on a value, over the cap together
+BIG_METADATA = tuple((f"x-pad-{i}", "a" * 1000) for i in range(MAX_METADATA_BYTES // 1000 + 1))
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """A servicer context with the given metadata, whose abort records its status."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.metadata = metadata
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    def peer(self) -> str:
+        return "ipv4:10.0.0.9:5000"
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise _Aborted
+
+
+async def test_metadata_over_its_cap_is_refused_by_health_and_the_hooks() -> None:
+    """gRPC's core holds a connection's later streams to 16 KiB of metadata, not its first (a
+    raw HTTP/2 client sent 1 MiB on each: 1,024 health watches, each the first stream of its
+    connection, held 1.35 GB; gRPC's own clients are held to it before they send). So health
+    (unhooked) and the hooks count it too: over MAX_METADATA_BYTES is INVALID_ARGUMENT saying
+    the limit, before a watch is held; a gRPC call within it, and the HTTP door's headers
+    (bounded by the door), pass."""
+    health = Health()
+    for method in (health.Watch, health.Check):
+        context = _Context(BIG_METADATA)
+        with pytest.raises(_Aborted):
+            await method(health_pb2.HealthCheckRequest(), context)  # type: ignore[arg-type]
+        assert context.aborted is not None
+        code, details = context.aborted
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+        assert f"the limit is {MAX_METADATA_BYTES}: send fewer or smaller headers" in details
+    assert health.watches.total == health.checks.total == 0
+    hook = FieldLimits()
+    with pytest.raises(InvalidArgument, match=f"the limit is {MAX_METADATA_BYTES}"):
+        hook.start(Call("Search", SERVICE_NAME, BIG_METADATA, None))  # type: ignore[arg-type]
+    hook.start(Call("Search", SERVICE_NAME, BIG_METADATA[:10], None))  # type: ignore[arg-type]
+    headers = dict(BIG_METADATA)
+    hook.start(Call("Search", SERVICE_NAME, headers, None, door="http"))  # type: ignore[arg-type]
 
 
 async def test_a_watch_ended_to_make_room_is_told_why(

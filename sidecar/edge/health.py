@@ -43,6 +43,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.edge.addresses import peer_key
 from sidecar.edge.hangup import Hangups
+from sidecar.edge.limits import check_metadata
+from sidecar.errors import InvalidArgument
 
 Status = int  # a HealthCheckResponse.ServingStatus value
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -211,6 +213,10 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
 
     async def _status(self, request: health_pb2.HealthCheckRequest, context: Context) -> Status:
         """The status of the name asked for, or the call aborted saying why it has none."""
+        try:  # (health is not hooked: its metadata is counted here)
+            check_metadata(context.invocation_metadata() or ())
+        except InvalidArgument as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         service = request.service
         size = len(service.encode())  # a limit in bytes: a character may be four
         if size > MAX_SERVICE_BYTES:

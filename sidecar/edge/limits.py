@@ -27,7 +27,7 @@ grace period is over, with UNAVAILABLE (clients retry it; CANCELLED they do not)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,6 +40,12 @@ from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.turn.engine import MAX_TEXT_BYTES
 
 _T = TypeVar("_T")
+
+# gRPC's own hard limit on a call's metadata (``grpc.absolute_max_metadata_size``'s default). Its
+# core holds a connection's later streams to it but not the first, whose metadata came in at 4 to
+# 8 MiB: 1,024 health watches of 1 MiB each, each the first stream of its connection, held
+# 1.35 GB. So every call's is counted here too (``check_metadata``).
+MAX_METADATA_BYTES = 16 * 1024
 
 REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
 # grpcurl opens one reflection stream per command and closes it within a second; a few at once
@@ -420,8 +426,25 @@ def arguments_too_large(size: int) -> str:
     )
 
 
+def check_metadata(metadata: Iterable[tuple[str, Any]]) -> None:
+    """InvalidArgument for a gRPC call's metadata over ``MAX_METADATA_BYTES`` (keys and values;
+    a value is ASCII, or bytes for a ``-bin`` key)."""
+    size = sum(len(key) + len(value) for key, value in metadata)
+    if size > MAX_METADATA_BYTES:
+        raise InvalidArgument(
+            f"the call's metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}: send "
+            "fewer or smaller headers"
+        )
+
+
 class FieldLimits(Hook):
-    """Refuses a request with a text field over its byte limit (INVALID_ARGUMENT, naming it)."""
+    """Refuses a gRPC call whose metadata is over ``MAX_METADATA_BYTES``, and a request with a
+    text field over its byte limit (INVALID_ARGUMENT, naming it). (The HTTP door bounds its
+    requests' heads itself.)"""
+
+    def start(self, call: Call) -> None:
+        if call.door == "grpc":
+            check_metadata(call.metadata)  # type: ignore[arg-type]  # a gRPC call's are pairs
 
     def request(self, call: Call, message: Any) -> None:
         if _text_bytes(message) > SMALL_MESSAGE_BYTES:
