@@ -26,6 +26,7 @@ from sidecar.errors import InvalidArgument, RequestError, ResourceExhausted
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn import sessions
 from sidecar.turn.engine import Timings
+from tests.conftest import eventually
 
 
 class Recorded(Hook):
@@ -242,6 +243,21 @@ async def test_a_callers_answer_not_yet_sent_does_not_refuse_its_next_call() -> 
     assert (limit.unary.in_flight, limit.unary.held, limit.lingering) == (0, 0, 0)
     assert limit.unary.by_caller == limit.unary.held_by == {}
     limit._sweeping.cancel()  # type: ignore[union-attr]
+
+
+async def test_the_limits_sweep_runs_in_no_calls_context() -> None:
+    """The sweep is scheduled from a call's end, and ran in that call's context: its line about
+    every connection it closed carried one call's ids (three clients' streams, one session id)."""
+    limit = ConcurrencyLimit(2, unread_s=0.01)
+    seen: list[object] = []
+    limit._sweep = lambda: seen.append(logs.current.get())  # type: ignore[method-assign]
+    call = _HeldCall("Search", "voxrecall.v1.Retrieval", {}, _Answering(), task=None)  # type: ignore[arg-type]
+    logs.current.set(call)
+    limit.start(call)
+    limit.end(call)  # its answer held: the sweep is due
+    await eventually(lambda: bool(seen), "the sweep")
+    assert seen == [None]
+    call.context.send()
 
 
 class _Aborting(_Answering):

@@ -27,6 +27,7 @@ grace period is over, with UNAVAILABLE (clients retry it; CANCELLED they do not)
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -48,6 +49,9 @@ _T = TypeVar("_T")
 MAX_METADATA_BYTES = 16 * 1024
 
 REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
+# The context the limit's sweep runs in, made before any call's: scheduled from a call's end, it
+# would carry that call's (its log ids: a line about three clients' connections named one's call).
+NO_CALL = contextvars.copy_context()
 # grpcurl opens one reflection stream per command and closes it within a second; a few at once
 # are plenty, and with authentication each caller may hold REFLECTION_SHARE of them.
 REFLECTION_STREAMS = 4
@@ -278,8 +282,8 @@ class ConcurrencyLimit(Hook):
         held = HeldAnswer(loop.time(), slot, call.peer(), call.code is OK)
         self._held[call] = held
         self._held_on[held.peer] = self._held_on.get(held.peer, 0) + 1
-        if self._sweeping is None:
-            self._sweeping = loop.call_later(self.unread_s, self._sweep)
+        if self._sweeping is None:  # run in no call's context: its lines are no call's
+            self._sweeping = loop.call_later(self.unread_s, self._sweep, context=NO_CALL)
         # (grpc-stubs type the callback as a class of its own, not a callable)
         call.context.add_done_callback(lambda _: self._lingered(call))  # type: ignore[arg-type]
 
