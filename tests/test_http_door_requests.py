@@ -135,10 +135,11 @@ async def test_a_line_that_never_ends_in_a_chunked_body_closes_the_connection(
     assert sidecar.http.admission.cut_total == 1
 
 
-async def test_a_chunk_whose_data_comes_in_many_reads_is_no_trailer(sidecar: Sidecar) -> None:
+async def test_a_chunk_whose_data_comes_in_many_reads_is_read_whole(sidecar: Sidecar) -> None:
     """A chunk larger than MAX_TRAILER_BYTES whose header comes in a read of its own and its
-    data in many after it: each read after the header holds the chunk's data, so none counts as
-    a trailer's, and the body is read whole."""
+    data in many after it: each read after the header holds some of the chunk's data, which
+    the parser hands on, so none counts as a read it made nothing of, and the body is read
+    whole."""
     assert sidecar.http is not None
     reader, writer = await connect(sidecar)
     writer.write(chunked("/healthz") + b"3000\r\n")  # a chunk of 12 KiB

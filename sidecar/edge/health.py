@@ -14,13 +14,14 @@ whatever the port; an IPv6 client's /64), one more RESOURCE_EXHAUSTED saying whi
 - ``Watch`` holds a stream for as long as the client likes: at most ``MAX_WATCHES`` are open
   (~25 MB) and ``MAX_WATCHES_PER_PEER`` from one address;
 - a full table of either still takes an address that holds none: the oldest call of the
-  address holding the most is ended to make room (``Held``; a watch RESOURCE_EXHAUSTED,
-  saying so), so however many
-  addresses hold the rest, a probe from another is answered (16 addresses holding their 64
-  unread Checks each took every slot, and a kubelet's probe was refused). A Check ended so
-  has its connection closed too, which alone frees the answer gRPC holds for a client that
-  does not read (``sidecar.edge.hangup``: every call on that connection ends); a watch is
-  only ended;
+  address holding the most is ended to make room (``Held``; a watch RESOURCE_EXHAUSTED, saying
+  so), so however many addresses hold the rest, a probe from another is answered (16 addresses
+  holding their 64 unread Checks each took every slot, and a kubelet's probe was refused). A
+  Check ended so has its connection closed too, which alone frees the answer gRPC holds for a
+  client that does not read (``sidecar.edge.hangup``: every call on that connection ends); a
+  watch is only ended;
+- a call's metadata is held to ``MAX_METADATA_BYTES`` (``sidecar.edge.limits``), as the hooks
+  hold every other call's: gRPC's core does not hold a connection's first stream to it;
 - only the names the sidecar reports on (``""`` and ``voxrecall.v1.Retrieval``) can be asked
   for; any other is NOT_FOUND at once (grpcio's servicer kept a stream, and the name, for each
   watch: 20,000 watches took 490 MB, 300 naming a 3 MB service 2.9 GB);

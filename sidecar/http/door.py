@@ -980,10 +980,6 @@ class _BoundedHead(HttpToolsProtocol):
             self._cut(f"its chunked body came in more than {self.max_chunks} chunks")
             self._go_on()
 
-    def on_chunk_complete(self) -> None:
-        """A chunk's end: nothing to do but see it (``_go_on``)."""
-        self._go_on()
-
     def on_body(self, body: bytes) -> None:
         self._go_on()
         if not self._closing:
