@@ -195,5 +195,5 @@ async def test_a_call_the_sidecar_refuses_gets_its_code_and_message_not_unavaila
     error = orjson.loads(item["output"])["error"]
     assert error == {
         "type": "invalid_arguments",
-        "message": "call_id is longer than 256 characters",
+        "message": "call_id is at least 300 bytes; the limit is 256",
     }

@@ -19,6 +19,7 @@ import pytest
 from index.embedders.base import Embedder
 from index.lexical import LexicalIndex
 from sidecar.edge import logs
+from sidecar.edge.limits import MAX_CALL_ID, MAX_PAGE_PATH
 from sidecar.edge.server import Sidecar
 from sidecar.functions.tools import error_output
 from sidecar.gen import retrieval_pb2 as pb
@@ -158,7 +159,7 @@ async def test_a_query_beside_a_vector_gets_no_lexical_work(
         ("Search", pb.SearchRequest(query="hi", context_url="u" * 9000), "context_url"),
         ("ReadPage", pb.ReadPageRequest(source_path="p", source="s" * 2000), "source"),
         ("EndSession", pb.EndSessionRequest(session_id="\U0001f4de" * 300), "session_id"),
-        ("InvokeTool", pb.InvokeToolRequest(name="n" * 2000), "name"),
+        ("InvokeTool", pb.InvokeToolRequest(name="n", call_id="c" * 2000), "call_id"),
     ],
 )
 async def test_every_text_field_is_checked_in_bytes_on_every_rpc(
@@ -167,6 +168,45 @@ async def test_every_text_field_is_checked_in_bytes_on_every_rpc(
     refused = await _error(getattr(stub, rpc)(message))
     assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert f"{field} " in (refused.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("rpc", "message", "named"),
+    [
+        (
+            "InvokeTool",
+            pb.InvokeToolRequest(name="n", call_id="c" * 2000),
+            "call_id is at least 2000",
+        ),
+        ("ReadPage", pb.ReadPageRequest(source_path="p" * 20_000), "source_path is at least 20000"),
+    ],
+)
+async def test_a_field_the_handler_bounds_is_refused_naming_that_limit(
+    stub: pb_grpc.RetrievalStub, rpc: str, message: Any, named: str
+) -> None:
+    """The limit a refusal names is the one that holds (256 bytes of call id, 4096 of page
+    path), not the looser bound of any name or of a text."""
+    refused = await _error(getattr(stub, rpc)(message))
+    assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT
+    limit = {"InvokeTool": MAX_CALL_ID, "ReadPage": MAX_PAGE_PATH}[rpc]
+    assert refused.details() == f"{named} bytes; the limit is {limit}"
+
+
+async def test_a_tool_name_of_any_length_is_an_error_output_the_model_reads(
+    stub: pb_grpc.RetrievalStub,
+) -> None:
+    """The tool name is the model's, as its arguments are: a runaway one is an unknown function
+    the model can correct, quoted in part, never a failed call."""
+    name = "search_help" + "x" * 5000
+    answer = await stub.InvokeTool(
+        pb.InvokeToolRequest(name=name, arguments_json='{"query": "roaming"}', call_id="c1")
+    )
+    assert answer.is_error
+    assert answer.call_id == "c1"
+    error = orjson.loads(answer.output)["error"]
+    assert error["type"] == "unknown_function"
+    assert "search_help" in error["message"]
+    assert len(answer.output) < 1000
 
 
 async def test_a_converse_turn_field_is_checked_too(stub: pb_grpc.RetrievalStub) -> None:

@@ -1593,7 +1593,8 @@ async def test_one_bad_call_of_a_vapi_envelope_is_its_own_error_and_the_others_r
 ) -> None:
     """A 5,000-character function name, or arguments nested 1,000 deep, refused the whole
     envelope (400, naming no call) after the calls before them had searched: each is now that
-    call's error, naming it, and the calls around it are answered."""
+    call's error (the name an unknown function, quoted in part), and the calls around it are
+    answered."""
     good = tool_call("call_a", "search_help", {"query": "how do I reset my password"})
     long_name = tool_call("call_b", "s" * 5000, {"query": "x"})
     deep = orjson.dumps(tool_call("call_c", "search_help", {})).replace(b"{}", DEEPER)
@@ -1605,12 +1606,15 @@ async def test_one_bad_call_of_a_vapi_envelope_is_its_own_error_and_the_others_r
     assert [r["toolCallId"] for r in results] == ["call_a", "call_b", "call_c", "call_d"]
     assert orjson.loads(results[0]["result"])["results"][0]["title"] == "Reset your password"
     assert orjson.loads(results[3]["result"])["results"]
-    for result, says in ((results[1], "name is"), (results[2], "flat object")):
-        error = orjson.loads(result["error"])["error"]
-        assert error["type"] == "invalid_arguments"
-        assert result["toolCallId"] in error["message"]
-        assert says in error["message"]
+    unknown = orjson.loads(results[1]["error"])["error"]  # the model's name: one to correct
+    assert unknown["type"] == "unknown_function"
+    assert "search_help" in unknown["message"]
+    deep_error = orjson.loads(results[2]["error"])["error"]
+    assert deep_error["type"] == "invalid_arguments"
+    assert "call_c" in deep_error["message"]
+    assert "flat object" in deep_error["message"]
     assert len(results[1]["name"]) <= 256  # not echoed whole
+    assert len(results[1]["error"]) < 1000
     assert reply.headers["x-voxrecall-tool-error"] == "true"
 
 

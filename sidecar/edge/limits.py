@@ -392,12 +392,18 @@ async def written_within(
 # names, ids and URLs are short. ``arguments_json`` is the model's, bounded by sidecar.functions.tools so
 # that a model's mistake comes back to it as an error output.
 TEXT_BYTES = MAX_TEXT_BYTES  # the engine's, so both say the same limit
+MAX_PAGE_PATH = 4096  # a page's path or URL, as ReadPage and read_page take it
+MAX_CALL_ID = 256  # InvokeTool's call_id: an API's call ids are a few dozen characters
 FIELD_BYTES: dict[str, int | None] = {
     "text": TEXT_BYTES,
     "query": TEXT_BYTES,
-    "source_path": 16 * 1024,
+    "source_path": MAX_PAGE_PATH,
     "context_url": 8 * 1024,
+    "call_id": MAX_CALL_ID,
     "arguments_json": None,
+    # InvokeTool's tool name: the model's, as its arguments are; one the toolbox does not know,
+    # however long, comes back as an error output quoting its start (sidecar.functions.tools)
+    "name": None,
 }
 NAME_BYTES = 1024  # any other string field: a name, an id
 # A query is 4000 characters at most; a model's arguments larger than this are a runaway

@@ -90,7 +90,6 @@ def set_timings(message: pb.Timings, timings: Timings) -> None:
 # default limit to receive is 4 MiB, and the rest are counted (``knowledge_bases_left_out``).
 MAX_STATUS_BYTES = 1024 * 1024
 STATUS_ENTRY_OVERHEAD = 4  # an entry's tag and length prefix in the repeated field
-MAX_CALL_ID = 256  # a model's call ids are a few dozen characters
 # ListToolsRequest.format -> the formats its answer fills in.
 _TOOL_FORMATS = {
     pb.TOOL_FORMAT_UNSPECIFIED: frozenset({pb.REALTIME, pb.RESPONSES, pb.CHAT_COMPLETIONS}),
@@ -368,8 +367,6 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         self, request: pb.InvokeToolRequest, context: Context
     ) -> pb.InvokeToolResponse:
         self.lifecycle.check_accepting()
-        if len(request.call_id) > MAX_CALL_ID:
-            raise InvalidArgument(f"call_id is longer than {MAX_CALL_ID} characters")
         result = await self.toolbox.invoke(
             self.engine, request.name, request.arguments_json, request.session_id
         )

@@ -77,7 +77,6 @@ QUOTE_CHARS = 80  # how much of a model's bad input an error message repeats
 QUOTED_ITEMS = 5  # how many of a model's bad keys or sources an error message repeats
 # The functions the current call's caller may see; None: all (no auth, or an unscoped caller).
 visible: ContextVar[frozenset[str] | None] = ContextVar("visible_functions", default=None)
-MAX_PAGE_PATH = 4096
 NOTHING_FOUND = (
     "Nothing in the knowledge base matched. Say you could not find it, or ask the caller to "
     "rephrase; do not guess."
@@ -692,8 +691,6 @@ class PageReader:
         snapshot = searcher.snapshot
         if not source_path:
             raise InvalidArgument("source_path is empty: give the page's path, as chunks carry it")
-        if len(source_path) > MAX_PAGE_PATH:
-            raise InvalidArgument(f"source_path is longer than {MAX_PAGE_PATH} characters")
         if source and source not in snapshot.source_names:
             raise NotFound(
                 f"no source {named([source])} in snapshot {snapshot.version}; its "

@@ -725,8 +725,9 @@ class Webhooks:
     ) -> dict[str, str]:
         """One of Vapi's tool calls run: its result, or its error for the model to read."""
         call_id, name, arguments = tool_call.call_id, tool_call.name, tool_call.arguments
+        echoed = {"toolCallId": call_id, "name": name[:MAX_TOOL_CALL_ID]}  # a model's runaway name
         if tool_call.error:
-            return {"toolCallId": call_id, "name": name, "error": tool_call.error}
+            return {**echoed, "error": tool_call.error}
         try:
             call.check(
                 pb.InvokeToolRequest(name=name, arguments_json=arguments, session_id=session_id)
@@ -734,9 +735,8 @@ class Webhooks:
             result = await self.toolbox.invoke(self.engine, name, arguments, session_id)
         except RequestError as exc:  # this call's (a base loading, a scope): the others stand
             error = error_output(tool_error_type(status_for(exc)), caller_message(exc))
-            return {"toolCallId": call_id, "name": name, "error": error}
-        answer = "error" if result.is_error else "result"
-        return {"toolCallId": call_id, "name": name, answer: result.output}
+            return {**echoed, "error": error}
+        return {**echoed, "error" if result.is_error else "result": result.output}
 
 
 @dataclass(slots=True)
@@ -830,8 +830,7 @@ def _vapi_call_id(message: dict[str, Any], headers: Mapping[str, str]) -> str:
 def _tool_call_of(index: int, tool_call: Any, session_id: str) -> VapiCall:
     """Entry ``index`` of Vapi's ``toolCallList``: its id, the function's name ("" when missing:
     the toolbox answers that no function has that name) and its arguments as JSON text, or the
-    error its call answers (arguments nested too deep to write, a name or arguments over their
-    byte limits). An entry without an id, or with one over ``MAX_TOOL_CALL_ID`` characters,
+    error its call answers (arguments nested too deep to write or over their byte limit). An entry without an id, or with one over ``MAX_TOOL_CALL_ID`` characters,
     cannot be answered (its id is echoed), so it refuses the request (400)."""
     where = f"message.toolCallList[{index}].id"
     call_id = tool_call.get("id") if isinstance(tool_call, dict) else None
