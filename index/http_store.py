@@ -95,7 +95,7 @@ VERIFIED = ".verified"
 _MISSING = frozenset({404, 410})  # the file is not there (yet): a half-uploaded version
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 # Files one version may list: a build writes DATA_FILES and a few beside them (summaries,
-# originals); a manifest listing thousands (a 4 MiB manifest holds ~40,000) is not a snapshot,
+# originals); a manifest listing thousands (its 256 KiB hold ~2,500) is not a snapshot,
 # and each would be one more download (and deadline) before the version could be refused.
 MAX_VERSION_FILES = 64
 # What a store's own words (an HTTP reason phrase, a connection error's text) keep in a message:

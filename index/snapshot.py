@@ -84,7 +84,10 @@ DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL, ENTITIES, GAZETTEER)  # what a bu
 # gazetteer's tables built at load from entities.bin's keys.
 OPTIONAL_FILES = (GAZETTEER,)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
-MAX_MANIFEST_BYTES = 4 << 20  # a manifest is a few KiB; a bigger file is not one
+# A build's manifest is about 1.2 KiB (a base of a thousand sources, ~40 KiB). orjson parses it
+# holding the GIL, in a worker thread but the event loop's too: 4 MiB of numbers under the
+# container count held it 20-40 ms, this much holds it 1-3 ms.
+MAX_MANIFEST_BYTES = 256 << 10
 # A manifest's JSON objects and arrays at most, counted as the bytes "[" and "{" (brackets in
 # strings too) before the parse: a build's holds about ten. Each is a Python object orjson
 # builds holding the GIL, in a worker thread but the event loop's too: a store's manifest of

@@ -33,7 +33,7 @@ from index.http_store import (
     _Promise,
     _Room,
 )
-from index.snapshot import MANIFEST, MAX_MANIFEST_CONTAINERS
+from index.snapshot import MANIFEST, MAX_MANIFEST_BYTES, MAX_MANIFEST_CONTAINERS
 from sidecar.config import Config, parse_config
 from sidecar.edge.server import create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -99,7 +99,7 @@ def with_nested_padding(folder: Path, count: int) -> None:
 def test_a_manifest_of_more_containers_than_a_snapshots_is_refused_unparsed(
     server: StaticServer, tmp_path: Path
 ) -> None:
-    """Attack s20: a manifest within its 4 MiB of "[]," is 1.4 million Python objects, which
+    """Attack s20: a manifest within its (then) 4 MiB of "[]," is 1.4 million Python objects, which
     orjson builds holding the GIL: the refresher's worker thread held the event loop ~0.5 s.
     One of more than ``MAX_MANIFEST_CONTAINERS`` objects and arrays is refused unparsed."""
     version = version_id(1)
@@ -107,6 +107,25 @@ def test_a_manifest_of_more_containers_than_a_snapshots_is_refused_unparsed(
     write_version(server.root, version, EMBEDDER, damage=lambda f: with_nested_padding(f, count))
     store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
     with pytest.raises(CorruptSnapshot, match="JSON objects and arrays; a snapshot's holds a few"):
+        store.fetch(KB, version)
+
+
+def test_a_manifest_of_numbers_past_its_bytes_is_refused_unparsed(
+    server: StaticServer, tmp_path: Path
+) -> None:
+    """Attack s20's leftover: a manifest of half a million numbers in one array is one
+    container, under their count, and orjson parsed its 4 MiB holding the GIL 20-40 ms. A
+    manifest is about 1.2 KiB: one over ``MAX_MANIFEST_BYTES`` (256 KiB) is refused unread."""
+
+    def with_numbers(folder: Path) -> None:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest["extra"]["padding"] = [1] * (MAX_MANIFEST_BYTES // 2)
+        (folder / MANIFEST).write_text(json.dumps(manifest, separators=(",", ":")))
+
+    version = version_id(1)
+    write_version(server.root, version, EMBEDDER, damage=with_numbers)
+    store = HttpStore(server.url, tmp_path / "cache", HttpOptions(attempts=1))
+    with pytest.raises(CorruptSnapshot, match=f"manifest over {MAX_MANIFEST_BYTES} bytes"):
         store.fetch(KB, version)
 
 
