@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import os
+import reprlib
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -113,13 +114,24 @@ NAMED = 5
 NAME_CHARS = 64
 
 
+# What ``quoted`` writes of a value that is not a string: a few levels and items of a list or
+# an object, never the whole (JSON a request sends may be nested 1,024 deep, past what ``repr``
+# recurses through, or hold 100,000 items).
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, NAME_CHARS, NAME_CHARS
+
+
 def quoted(value: object) -> str:
     """``value`` as an error message quotes it: its repr, a string cut to ``NAME_CHARS``
-    characters and anything else's repr to as many, so a 5,000-character value in a file or a
-    request costs its refusal a bounded line."""
+    characters and anything else's repr to as many (a list or an object to a few levels and
+    items first), so a 5,000-character value in a file or a request costs its refusal a bounded
+    line."""
     if isinstance(value, str):
         return repr(value if len(value) <= NAME_CHARS else value[:NAME_CHARS] + "...")
-    text = repr(value)
+    try:
+        text = _SHORT.repr(value)
+    except ValueError:  # an int of more digits than Python writes (4,300)
+        return f"({type(value).__name__}: a number too long to write)"
     return text if len(text) <= NAME_CHARS else text[:NAME_CHARS] + "..."
 
 

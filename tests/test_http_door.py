@@ -180,6 +180,11 @@ async def test_a_models_mistake_is_a_tool_error_not_a_failed_request(
     assert output(result)["error"]["type"] == error_type
 
 
+# JSON orjson reads (1024 levels) but does not write back (255)
+DEEP_300 = "[" * 300 + "]" * 300
+DEEPER = b"[" * 1000 + b"]" * 1000
+
+
 @dataclass(frozen=True)
 class RawParams:
     """A tools/call's params as JSON text, sent as written."""
@@ -206,6 +211,30 @@ async def raw_mcp_calls(sc: Sidecar, params: list[Any]) -> list[dict[str, Any]]:
             assert reply.status_code == 200, reply.text
             answers.append(reply.json())
     return answers
+
+
+async def test_an_mcp_session_header_over_the_limit_is_a_400_not_the_models_error(
+    sidecar: Sidecar,
+) -> None:
+    """Attack s23: MCP answered an ``x-voxrecall-session`` of 300 characters with a tool error
+    naming ``session_id``, which the model never sent and cannot change; ``/tools/`` refused it
+    400 naming the header, as the docs say. MCP now does the same, unsearched."""
+    async with httpx2.AsyncClient(headers={**auth(), **MCP_ACCEPT}) as http:
+        opened = await http.post(url(sidecar, "/mcp"), json=INITIALIZE)
+        headers = {
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-06-18",
+            SESSION_HEADER: "s" * 300,
+        }
+        params = {"name": "search_help", "arguments": {"query": "reset my password"}}
+        call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+        reply = await http.post(url(sidecar, "/mcp"), json=call, headers=headers)
+    assert reply.status_code == 400
+    error = reply.json()
+    assert error["id"] == 7
+    assert error["error"]["message"] == (
+        f"{SESSION_HEADER} is 300 characters; the limit is 256: send the platform's call id"
+    )
 
 
 @pytest.mark.parametrize("number", ["1e99999", "-1e99999"])
@@ -254,6 +283,14 @@ async def test_arguments_sent_as_a_json_string_are_taken_as_the_tool_webhook_tak
         ({"arguments": {"query": "x"}}, "invalid_arguments", "no name was sent"),
         ({"name": 5, "arguments": {"query": "x"}}, "invalid_arguments", "name 5 was sent"),
         (["search_help"], "invalid_arguments", "tools/call takes an object"),
+        # attack s23: a name nested past what repr recurses through, and arguments (a model's
+        # JSON text) nested past what orjson writes again, answered 500 with a traceback
+        (RawParams(f'{{"name": {DEEPER.decode()}}}'), "invalid_arguments", "name [[[[...]]]]"),
+        (
+            {"name": "search_help", "arguments": f'{{"query": {DEEP_300}}}'},
+            "invalid_arguments",
+            "the arguments cannot be read",
+        ),
     ],
 )
 async def test_malformed_tool_call_params_are_a_tool_error_saying_what_to_send(
@@ -1105,6 +1142,25 @@ async def post_tool(
         )
 
 
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        (DEEPER, "the body's name is [[[[...]]]], not a string: send 'search_help' or none"),
+        (b'"search_billing"', "the body names function 'search_billing' but the URL"),
+    ],
+)
+async def test_a_tool_body_naming_another_function_is_a_400_naming_it(
+    sidecar: Sidecar, name: bytes, says: str
+) -> None:
+    """Attack s23: a Retell body whose name was a list nested 1,000 deep answered 500 with a
+    traceback (its repr, in the refusal, recursed past Python's limit)."""
+    body = RETELL_BODY.replace(b'"search_help"', name, 1)
+    reply = await post_tool(sidecar, body, retell_signed(body))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
+    assert says in reply.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("sign", [signed, retell_signed])
 async def test_a_signed_tool_call_returns_the_functions_output(sidecar: Sidecar, sign: Any) -> None:
     reply = await post_tool(sidecar, RETELL_BODY, sign(RETELL_BODY))
@@ -1585,7 +1641,6 @@ async def test_a_bad_vapi_tool_calls_envelope_is_a_400_saying_what_to_send(
     assert says in reply.json()["error"]["message"]
 
 
-DEEPER = b"[" * 1000 + b"]" * 1000  # read by orjson (1024 levels), not written back (255)
 
 
 async def test_one_bad_call_of_a_vapi_envelope_is_its_own_error_and_the_others_run(

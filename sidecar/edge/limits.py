@@ -38,7 +38,7 @@ from sidecar.edge.hangup import Hangups
 from sidecar.edge.interceptor import OK, Call, Hook
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
-from sidecar.turn.engine import MAX_TEXT_BYTES
+from sidecar.turn.engine import MAX_SESSION_ID, MAX_TEXT_BYTES
 
 _T = TypeVar("_T")
 
@@ -444,6 +444,20 @@ def check_metadata(metadata: Iterable[tuple[str, Any]]) -> None:
         raise InvalidArgument(
             f"the call's metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}: send "
             "fewer or smaller headers"
+        )
+
+
+def check_session_header(call_id: str, field: str) -> None:
+    """Refuse a call id an HTTP caller sent for its session (a header, a webhook's field) longer
+    than a session id may be (``MAX_SESSION_ID`` characters, within the hooks' byte limit on any
+    id) before it is kept, naming ``field``, the one the caller sent it in: a request that feeds
+    no turn (no messages, or none with words) is otherwise never checked, a session's entry
+    would hold as much as a whole body, and the engine's refusal would name ``session_id``,
+    which no platform sends (over MCP, as a tool error to the model, which sent no id)."""
+    if len(call_id) > MAX_SESSION_ID:
+        raise InvalidArgument(
+            f"{field} is {len(call_id)} characters; the limit is {MAX_SESSION_ID}: send the "
+            "platform's call id"
         )
 
 

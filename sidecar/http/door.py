@@ -86,7 +86,12 @@ from sidecar.errors import (
     Unauthenticated,
 )
 from sidecar.functions.tools import Toolbox
-from sidecar.http.mcp import McpDoor, initialize_refusal, session_refusal
+from sidecar.http.mcp import (
+    McpDoor,
+    initialize_refusal,
+    session_header_refusal,
+    session_refusal,
+)
 from sidecar.http.rpc import SEARCH_PATH, TURN_PATH, PlainCalls
 from sidecar.http.webhooks import Reply, Webhooks
 from sidecar.turn.engine import Engine
@@ -470,9 +475,12 @@ class HttpDoor:
             body = await self._admit(call, receive, headers, read=posted)
             if posted:
                 call.rename(self.mcp.method_name(body))
-                if (too_large := initialize_refusal(call.method, body)) is not None:
+                unsent = initialize_refusal(call.method, body) or session_header_refusal(
+                    headers, body
+                )
+                if unsent is not None:  # refused before the SDK sees it
                     call.code = grpc.StatusCode.INVALID_ARGUMENT
-                    await respond(send, 400, too_large, call.reply.headers)
+                    await respond(send, 400, unsent, call.reply.headers)
                     return
             scoped = self.mcp.scope_for(scope, call)
             try:

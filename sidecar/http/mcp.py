@@ -49,17 +49,18 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Message, Receive, Scope, Send
 
+from index.config import quoted
 from index.errors import SnapshotError, VoxrecallError
 from sidecar import __version__
 from sidecar.config import Config, HttpConfig
 from sidecar.edge import tls
 from sidecar.edge.addresses import share_key
 from sidecar.edge.auth import Authenticator
+from sidecar.edge.limits import check_session_header
 from sidecar.edge.status import status_for, tool_error_type
-from sidecar.errors import ResourceExhausted, ToolCallError
+from sidecar.errors import InvalidArgument, ResourceExhausted, ToolCallError
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
-    QUOTE_CHARS,
     UNAVAILABLE,
     PageReader,
     Toolbox,
@@ -292,6 +293,17 @@ def initialize_refusal(method_name: str, body: bytes) -> bytes | None:
     return _refusal(body, types.INVALID_PARAMS, message)
 
 
+def session_header_refusal(headers: Mapping[str, str], body: bytes) -> bytes | None:
+    """The JSON-RPC error answering a request whose ``x-voxrecall-session`` is longer than a
+    session id may be (the door answers it 400, as ``/tools/`` does): the platform set it, and
+    a tool error would tell the model, which sent no id. None when it is within the limit."""
+    try:
+        check_session_header(headers.get(SESSION_HEADER, ""), SESSION_HEADER)
+    except InvalidArgument as exc:
+        return _refusal(body, types.INVALID_PARAMS, str(exc))
+    return None
+
+
 def session_refusal(body: bytes, message: str) -> bytes:
     """The JSON-RPC error answering a request that would open a session past its owner's share
     (the door answers it 429): a client's SDK shows ``message`` only from a JSON-RPC error."""
@@ -478,11 +490,7 @@ class McpDoor:
         except ToolCallError as exc:
             return self._error(exc.type, exc.message)
         except orjson.JSONEncodeError as exc:  # an integer past 64 bits: a JSON-RPC error before
-            return self._error(
-                INVALID_ARGUMENTS,
-                f"the arguments cannot be read ({exc}): send an object like "
-                '{"query": "how do I reset my password"}',
-            )
+            return self._error(INVALID_ARGUMENTS, unreadable_arguments(exc))
         request = pb.InvokeToolRequest(
             name=name, arguments_json=arguments_json, session_id=session_id
         )
@@ -580,7 +588,29 @@ def call_params(body: bytes) -> tuple[bytes, Mistake | None]:
     fixed, mistake = _call_params(params)
     if fixed is params:
         return body, None
-    return orjson.dumps({**message, "params": fixed}), mistake
+    try:
+        return orjson.dumps({**message, "params": fixed}), mistake
+    except orjson.JSONEncodeError as exc:  # read to 1,024 levels, written to 255
+        return _without_arguments(body, message, fixed, exc)
+
+
+def _without_arguments(
+    body: bytes, message: dict[str, Any], fixed: dict[str, Any], exc: orjson.JSONEncodeError
+) -> tuple[bytes, Mistake | None]:
+    """A tools/call whose fixed params orjson cannot write (arguments nested deeper than 255)
+    made one without arguments, and the mistake saying so; ``body`` as it came when the rest of
+    the message is the deep part (the SDK answers it as any body of no request's shape)."""
+    try:
+        unread = orjson.dumps({**message, "params": {**fixed, "arguments": {}}})
+    except orjson.JSONEncodeError:
+        return body, None
+    return unread, (INVALID_ARGUMENTS, unreadable_arguments(exc))
+
+
+def unreadable_arguments(exc: orjson.JSONEncodeError) -> str:
+    """What arguments orjson cannot write again (nested past 255, an integer past 64 bits) are
+    told."""
+    return f"the arguments cannot be read ({exc}): send an object like {CALL_SHAPE}"
 
 
 def _call_params(params: Any) -> tuple[Any, Mistake | None]:
@@ -673,7 +703,7 @@ def _page_base(arguments: Mapping[str, Any], bases: list[str]) -> str:
 
 
 def _shown(value: Any) -> str:
-    return "nothing" if value is None else repr(value)[:QUOTE_CHARS]
+    return "nothing" if value is None else quoted(value)
 
 
 # read_page's arguments but the base, whose names (an enum) are the caller's: built once.

@@ -55,9 +55,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from cachetools import TTLCache
 
+from index.config import NAME_CHARS, quoted
 from index.errors import ConfigError
 from sidecar.config import Config, HttpConfig
-from sidecar.edge.limits import check_fields
+from sidecar.edge.limits import check_fields, check_session_header
 from sidecar.edge.logs import MIN_SECRET_CHARS
 from sidecar.edge.service import set_timings
 from sidecar.edge.status import caller_message, status_for, tool_error_type
@@ -703,12 +704,9 @@ class Webhooks:
             return _vapi_envelope(message, headers)
         name = payload.get("name")
         if name is not None and name != function:
-            raise InvalidArgument(
-                f"the body names function {name!r} but the URL {function!r}: point the "
-                f"platform's {name!r} at /tools/{name}"
-            )
+            raise InvalidArgument(_other_function(name, function))
         arguments, session_id, field = _tool_call(payload, headers)
-        _check_call_id(session_id, field)
+        check_session_header(session_id, field)
         return arguments, session_id
 
     async def _vapi_tools(self, call: HttpCall, asked: VapiTools) -> Reply:
@@ -802,17 +800,15 @@ def _seen(result: TurnResult) -> pb.TurnResponse:
     return seen
 
 
-def _check_call_id(call_id: str, field: str) -> None:
-    """Refuse a call id longer than a session id may be (``MAX_SESSION_ID`` characters, within
-    the hooks' byte limit on any id) before it is kept, naming ``field``, the one the caller
-    sent it in: a request that feeds no turn (no messages, or none with words) is otherwise
-    never checked, a session's ``Conversations`` entry would hold as much as a whole body, and the
-    engine's refusal would name ``session_id``, which no platform sends."""
-    if len(call_id) > MAX_SESSION_ID:
-        raise InvalidArgument(
-            f"{field} is {len(call_id)} characters; the limit is {MAX_SESSION_ID}: send the "
-            "platform's call id"
-        )
+def _other_function(name: Any, function: str) -> str:
+    """What a ``/tools/{function}`` body naming another function (or naming none as a string:
+    any JSON, quoted in part) is told."""
+    if not isinstance(name, str):
+        return f"the body's name is {quoted(name)}, not a string: send {function!r} or none"
+    return (
+        f"the body names function {quoted(name)} but the URL {quoted(function)}: point the "
+        f"platform's {quoted(name)} at /tools/{name[:NAME_CHARS]}"
+    )
 
 
 def _vapi_call_id(message: dict[str, Any], headers: Mapping[str, str]) -> str:
@@ -823,7 +819,7 @@ def _vapi_call_id(message: dict[str, Any], headers: Mapping[str, str]) -> str:
         field = "message.call.id"
         call_info = message.get("call")
         call_id = _string(call_info.get("id") if isinstance(call_info, dict) else None, field)
-    _check_call_id(call_id, field)
+    check_session_header(call_id, field)
     return call_id
 
 
