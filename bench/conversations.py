@@ -70,6 +70,8 @@ class Said:
 class Dialogue:
     dialogue_id: str
     turns: tuple[Said, ...]
+    # where its own conversation begins in ``turns``: after the one ``switched`` put before it
+    opens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,13 @@ class ConversationSet:
     @property
     def judged(self) -> int:
         return sum(1 for d in self.dialogues for t in d.turns if t.qid)
+
+
+def first_after_switch(d: Dialogue, i: int) -> bool:
+    """Whether turn ``i`` is the caller's first of ``d``'s own conversation, after another
+    (``switched``): the turn a session must not read as a follow-up of what came before."""
+    own = d.turns[d.opens : i]
+    return d.opens > 0 and i >= d.opens and all(t.speaker != Speaker.USER for t in own)
 
 
 def after_agent_question(turns: tuple[Said, ...], i: int) -> bool:
@@ -148,7 +157,7 @@ def switched(cs: ConversationSet, name: str) -> ConversationSet:
     for i, dialogue in enumerate(cs.dialogues):
         j = _before(cs, i)
         before = () if j is None else tuple(Said(t.speaker, t.text) for t in cs.dialogues[j].turns)
-        dialogues.append(Dialogue(dialogue.dialogue_id, (*before, *dialogue.turns)))
+        dialogues.append(Dialogue(dialogue.dialogue_id, (*before, *dialogue.turns), len(before)))
     return replace(
         cs, name=name, dialogues=dialogues, notes=f"{cs.notes}; each after another's dialogue"
     )

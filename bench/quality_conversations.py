@@ -19,7 +19,10 @@ engine's Search and so measured the same way:
 * ``best_naive = max(last_turn, joined3)`` and ``session - best_naive``.
 
 Each figure is also given for the judged turns right after an agent question (the agent's
-previous turn ends with "?"), where the content is often in that question. ``gold_top1``: how
+previous turn ends with "?"), where the content is often in that question, and on a set that
+switches (``-switch``) for the caller's first judged turn of each conversation after the other
+(``first_after_switch``; ``switch_*`` in the table): the turn that must not be read as a
+follow-up. ``gold_top1``: how
 often the session's top-1 chunk is about the gold entity or page (its contextual prefix), and
 the session's hit@3 then. The sets are in ``bench.conversations`` (``dstc11``, ``doc2dial``, and
 each after another dialogue of its own set, ``dstc11-switch`` and ``doc2dial-switch``),
@@ -153,6 +156,7 @@ class Runner:
         self.per_turn: list[dict[str, Any]] | None = [] if per_turn else None
         self.all = Scores(cs.ceiling)
         self.after_question = Scores(cs.ceiling)
+        self.after_switch = Scores(cs.ceiling)
         self.examples: list[dict[str, Any]] = []
 
     async def search(self, query: str) -> list[str]:
@@ -185,6 +189,8 @@ class Runner:
         buckets = [self.all]
         if conversations.after_agent_question(d.turns, i):
             buckets.append(self.after_question)
+        if conversations.first_after_switch(d, i):
+            buckets.append(self.after_switch)
         relevant = set(self.cs.qrels[said.qid])
         on_gold = about(result.hits) == self.cs.gold[said.qid]
         for bucket in buckets:
@@ -216,11 +222,19 @@ class Runner:
         return {
             **self.all.as_dict(),
             "after_agent_question": self.after_question.as_dict(),
+            **self._switch(),
             "dialogues": len(self.cs.dialogues),
             "base": self.cs.notes,
             "examples": self.examples,
             **({"per_turn": self.per_turn} if self.per_turn is not None else {}),
         }
+
+    def _switch(self) -> dict[str, Any]:
+        """The caller's first judged turn of each conversation after another, on a set that
+        switches (``conversations.switched``)."""
+        if not any(d.opens for d in self.cs.dialogues):
+            return {}
+        return {"first_after_switch": self.after_switch.as_dict()}
 
 
 async def score_set(cs: ConversationSet, engine: Engine, per_turn: bool = False) -> dict[str, Any]:
@@ -362,8 +376,22 @@ def summary_row(result: dict[str, Any]) -> dict[str, Any]:
         "afterq_session": after["session"]["hit_at_3"],
         "afterq_best": after.get("best_naive", {}).get("hit_at_3"),
         "afterq_turns": after["session"]["turns"],
+        **_switch_columns(result),
         "degraded": result["session"].get("degraded", 0),
         "empty": result["session"].get("empty", 0),
+    }
+
+
+def _switch_columns(result: dict[str, Any]) -> dict[str, Any]:
+    """A switching set's first turns after the switch: the session's hit@3, the best naive
+    baseline's, how many."""
+    switch = result.get("first_after_switch")
+    if switch is None:
+        return {}
+    return {
+        "switch_session": switch["session"]["hit_at_3"],
+        "switch_best": switch.get("best_naive", {}).get("hit_at_3"),
+        "switch_turns": switch["session"]["turns"],
     }
 
 

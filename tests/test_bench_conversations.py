@@ -26,7 +26,13 @@ from bench import (
     spoken,
     topics,
 )
-from bench.conversations import ConversationSet, Dialogue, Said, after_agent_question
+from bench.conversations import (
+    ConversationSet,
+    Dialogue,
+    Said,
+    after_agent_question,
+    first_after_switch,
+)
 from bench.quality_conversations import eval_config, measure, served
 from index.embedders.base import Embedder
 from index.types import Chunk
@@ -190,6 +196,12 @@ def test_a_switched_set_asks_each_dialogue_after_another_conversation_about_some
     assert third.turns == (*[Said(t.speaker, t.text) for t in a.turns], *b2.turns)
     assert fourth.turns == (*[Said(t.speaker, t.text) for t in b2.turns], *c.turns)
     assert [d.dialogue_id for d in out.dialogues] == ["a", "b", "b2", "c"]
+    assert [d.opens for d in out.dialogues] == [len(b2.turns), len(a.turns), len(a.turns), 3]
+    # the caller's first turn of its own conversation, and no other, follows the switch
+    opens = first.opens
+    firsts = [i for i in range(len(first.turns)) if first_after_switch(first, i)]
+    assert firsts == [opens]
+    assert not any(first_after_switch(d, i) for d in cs.dialogues for i in range(len(d.turns)))
 
 
 # -- the harness on the real sets (skipped without ../shared/data) --------------------------------
@@ -230,12 +242,18 @@ async def test_harness_scores_every_judged_turn_of_each_set(
     shared("dstc11-faq-reviews")
     result = await measure(
         SHARED_DATA,
-        sets=("dstc11", "dstc11-spoken", "doc2dial"),
+        sets=("dstc11", "dstc11-spoken", "doc2dial", "doc2dial-switch"),
         tiny=True,
         embedder=local_embedder,
         per_turn=True,
     )
     sets = result["sets"]
+    _check_modes(sets["doc2dial-switch"], "gold_title")
+    switch = sets["doc2dial-switch"]["first_after_switch"]
+    assert 0 < switch["session"]["turns"] <= 4  # at most one a dialogue, when it is judged
+    assert result["table"]["doc2dial-switch"]["switch_turns"] == switch["session"]["turns"]
+    assert "first_after_switch" not in sets["doc2dial"]
+    del result["table"]["doc2dial-switch"]
     _check_modes(sets["dstc11"], "gold_entity")
     _check_modes(sets["dstc11-spoken"], "gold_entity")
     _check_modes(sets["doc2dial"], "gold_title")
