@@ -535,6 +535,12 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
     return kb
 
 
+# A base's sources' names, written as the JSON list its snapshot's manifest holds: a quarter of
+# the manifest's cap (index.snapshot.MAX_MANIFEST_BYTES), so that no base can build a snapshot
+# its own sidecar refuses (~1,500 sources of 40-character names).
+MAX_SOURCE_NAMES_BYTES = 64 << 10
+
+
 def _ranged(
     cls: type[_T], values: Mapping[str, Any], ranges: Mapping[str, Range], where: str
 ) -> _T:
@@ -552,6 +558,13 @@ def _sources(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> tuple[Sour
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ConfigError(f"{kb_where}: source names must be unique, got {named(names)}")
+    listed = len(json.dumps(names, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if listed > MAX_SOURCE_NAMES_BYTES:
+        raise ConfigError(
+            f"{kb_where}: its {len(names)} sources' names come to {listed} bytes; the limit is "
+            f"{MAX_SOURCE_NAMES_BYTES} (a snapshot's manifest lists them): merge sources (a "
+            "folder source reads a whole tree) or give them shorter names"
+        )
     return tuple(sources)
 
 

@@ -84,9 +84,10 @@ DATA_FILES = (VECTORS, CHUNKS, PAGES, LEXICAL, ENTITIES, GAZETTEER)  # what a bu
 # gazetteer's tables built at load from entities.bin's keys.
 OPTIONAL_FILES = (GAZETTEER,)
 MAX_DIM = 65_536  # the widest embedding models give a few thousand dimensions
-# A build's manifest is about 1.2 KiB (a base of a thousand sources, ~40 KiB). orjson parses it
-# holding the GIL, in a worker thread but the event loop's too: 4 MiB of numbers under the
-# container count held it 20-40 ms, this much holds it 1-3 ms.
+# A build's manifest is about 1.2 KiB, its sources' names at most a quarter of this
+# (index.config.MAX_SOURCE_NAMES_BYTES: a thousand sources of 40-character names are ~45 KiB).
+# orjson parses it holding the GIL, in a worker thread but the event loop's too: 4 MiB of
+# numbers under the container count held it 20-40 ms, this much holds it 1-3 ms.
 MAX_MANIFEST_BYTES = 256 << 10
 # A manifest's JSON objects and arrays at most, counted as the bytes "[" and "{" (brackets in
 # strings too) before the parse: a build's holds about ten. Each is a Python object orjson

@@ -9,6 +9,7 @@ from typing import Any, get_type_hints
 import pytest
 
 from index.config import (
+    MAX_SOURCE_NAMES_BYTES,
     ChunkingConfig,
     EmbedderConfig,
     HnswConfig,
@@ -531,3 +532,29 @@ def test_every_source_option_has_a_type_to_check() -> None:
     from index.config import OPTION_TYPES, SOURCE_OPTIONS
 
     assert set().union(*SOURCE_OPTIONS.values()) <= set(OPTION_TYPES)
+
+
+def test_a_base_whose_sources_names_would_overrun_its_manifest_is_refused(tmp_path: Path) -> None:
+    """A snapshot's manifest lists its base's source names and is at most 256 KiB: 6,000
+    sources of 40-character names built a snapshot every sidecar refused as corrupt."""
+    sources = [dict(SOURCE, name=f"{i:05d}-" + "s" * 34) for i in range(1600)]
+    with pytest.raises(ConfigError) as info:
+        parse_config({"knowledge_base": [{"name": "docs", "source": sources}]}, base=tmp_path)
+    assert "its 1600 sources' names come to" in str(info.value)
+    assert f"the limit is {MAX_SOURCE_NAMES_BYTES}" in str(info.value)
+    config = parse_config(
+        {"knowledge_base": [{"name": "docs", "source": sources[:1000]}]}, base=tmp_path
+    )
+    assert len(config.knowledge_bases[0].sources) == 1000
+
+
+def test_quoted_writes_a_few_levels_of_any_value() -> None:
+    """A refusal quoting JSON a caller sent: nested 1,000 deep, ``repr`` raised RecursionError
+    (a 500 with a traceback)."""
+    deep: Any = []
+    for _ in range(1000):
+        deep = [deep]
+    assert quoted(deep) == "[[[[...]]]]"
+    assert quoted(list(range(100_000))).startswith("[0, 1, 2")
+    assert len(quoted(list(range(100_000)))) <= 70
+    assert quoted("x" * 100) == repr("x" * 64 + "...")

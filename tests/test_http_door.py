@@ -182,6 +182,7 @@ async def test_a_models_mistake_is_a_tool_error_not_a_failed_request(
 
 # JSON orjson reads (1024 levels) but does not write back (255)
 DEEP_300 = "[" * 300 + "]" * 300
+DEEP_220 = "[" * 220 + "]" * 220  # past what MCP's SDK parses (~200), short of orjson's 255
 DEEPER = b"[" * 1000 + b"]" * 1000
 
 
@@ -284,12 +285,23 @@ async def test_arguments_sent_as_a_json_string_are_taken_as_the_tool_webhook_tak
         ({"name": 5, "arguments": {"query": "x"}}, "invalid_arguments", "name 5 was sent"),
         (["search_help"], "invalid_arguments", "tools/call takes an object"),
         # attack s23: a name nested past what repr recurses through, and arguments (a model's
-        # JSON text) nested past what orjson writes again, answered 500 with a traceback
+        # JSON text) nested past what orjson writes again, answered 500 with a traceback;
+        # arguments nested past what the SDK parses (~200), a JSON-RPC error
         (RawParams(f'{{"name": {DEEPER.decode()}}}'), "invalid_arguments", "name [[[[...]]]]"),
         (
             {"name": "search_help", "arguments": f'{{"query": {DEEP_300}}}'},
             "invalid_arguments",
-            "the arguments cannot be read",
+            "more than 32 levels deep",
+        ),
+        (
+            {"name": "search_help", "arguments": f'{{"query": {DEEP_220}}}'},
+            "invalid_arguments",
+            "more than 32 levels deep",
+        ),
+        (
+            RawParams(f'{{"name": "search_help", "arguments": {{"query": {DEEP_220}}}}}'),
+            "invalid_arguments",
+            "more than 32 levels deep",
         ),
     ],
 )
@@ -1639,8 +1651,6 @@ async def test_a_bad_vapi_tool_calls_envelope_is_a_400_saying_what_to_send(
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == "INVALID_ARGUMENT"
     assert says in reply.json()["error"]["message"]
-
-
 
 
 async def test_one_bad_call_of_a_vapi_envelope_is_its_own_error_and_the_others_run(

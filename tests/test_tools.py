@@ -35,6 +35,7 @@ from sidecar.functions.tools import (
     MAX_ENUM_VALUES,
     KnowledgeFunction,
     format_results,
+    nested_past,
 )
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
@@ -605,3 +606,18 @@ async def test_a_base_without_a_snapshot_is_an_error_output_not_a_failed_call(
         await sidecar.stop(0.5)
     assert resp.is_error
     assert body["error"]["type"] == "unavailable"
+
+
+def test_nested_past_counts_lists_and_objects_not_values() -> None:
+    def lists(depth: int) -> Any:
+        value: Any = []
+        for _ in range(depth - 1):
+            value = [value]
+        return value
+
+    assert not nested_past(lists(32), 32)
+    assert nested_past(lists(33), 32)
+    assert not nested_past({"query": "x", "filters": {"plan": ["a", "b"]}}, 3)
+    assert nested_past({"query": "x", "filters": {"plan": ["a", "b"]}}, 2)
+    assert not nested_past("a string", 0)
+    assert nested_past({}, 0)

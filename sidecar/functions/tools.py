@@ -183,6 +183,31 @@ def _not_json(why: str, like: str) -> ToolCallError:
     )
 
 
+# How deep a tool call's arguments may nest: a function's are an object of strings and lists of
+# them (filters: three levels). MCP's SDK parses no deeper than about 200 levels.
+MAX_ARGUMENTS_DEPTH = 32
+
+
+def nested_past(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists and objects more than ``limit`` deep."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):  # each pass: the containers one level further in
+        level = [
+            inner
+            for v in level
+            for inner in (v.values() if isinstance(v, dict) else v)
+            if isinstance(inner, dict | list)
+        ]
+        if not level:
+            return False
+    return bool(level)
+
+
+def too_deep(limit: int, like: str) -> str:
+    """What arguments nested past ``limit`` are told."""
+    return f"the arguments nest lists and objects more than {limit} levels deep: send a flat object like {like}"
+
+
 def not_an_object(like: str) -> str:
     """What arguments that are no JSON object are told."""
     return f"arguments must be a JSON object like {like}"

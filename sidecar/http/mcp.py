@@ -61,13 +61,16 @@ from sidecar.edge.status import status_for, tool_error_type
 from sidecar.errors import InvalidArgument, ResourceExhausted, ToolCallError
 from sidecar.functions.tools import (
     INVALID_ARGUMENTS,
+    MAX_ARGUMENTS_DEPTH,
     UNAVAILABLE,
     PageReader,
     Toolbox,
     arguments_object,
     error_output,
     finite_arguments,
+    nested_past,
     not_an_object,
+    too_deep,
 )
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.turn.engine import Engine
@@ -490,7 +493,10 @@ class McpDoor:
         except ToolCallError as exc:
             return self._error(exc.type, exc.message)
         except orjson.JSONEncodeError as exc:  # an integer past 64 bits: a JSON-RPC error before
-            return self._error(INVALID_ARGUMENTS, unreadable_arguments(exc))
+            return self._error(
+                INVALID_ARGUMENTS,
+                f"the arguments cannot be read ({exc}): send an object like {CALL_SHAPE}",
+            )
         request = pb.InvokeToolRequest(
             name=name, arguments_json=arguments_json, session_id=session_id
         )
@@ -590,27 +596,8 @@ def call_params(body: bytes) -> tuple[bytes, Mistake | None]:
         return body, None
     try:
         return orjson.dumps({**message, "params": fixed}), mistake
-    except orjson.JSONEncodeError as exc:  # read to 1,024 levels, written to 255
-        return _without_arguments(body, message, fixed, exc)
-
-
-def _without_arguments(
-    body: bytes, message: dict[str, Any], fixed: dict[str, Any], exc: orjson.JSONEncodeError
-) -> tuple[bytes, Mistake | None]:
-    """A tools/call whose fixed params orjson cannot write (arguments nested deeper than 255)
-    made one without arguments, and the mistake saying so; ``body`` as it came when the rest of
-    the message is the deep part (the SDK answers it as any body of no request's shape)."""
-    try:
-        unread = orjson.dumps({**message, "params": {**fixed, "arguments": {}}})
-    except orjson.JSONEncodeError:
+    except orjson.JSONEncodeError:  # deep elsewhere than the arguments: the SDK answers it
         return body, None
-    return unread, (INVALID_ARGUMENTS, unreadable_arguments(exc))
-
-
-def unreadable_arguments(exc: orjson.JSONEncodeError) -> str:
-    """What arguments orjson cannot write again (nested past 255, an integer past 64 bits) are
-    told."""
-    return f"the arguments cannot be read ({exc}): send an object like {CALL_SHAPE}"
 
 
 def _call_params(params: Any) -> tuple[Any, Mistake | None]:
@@ -630,15 +617,21 @@ def _call_params(params: Any) -> tuple[Any, Mistake | None]:
 
 def _arguments(arguments: Any) -> tuple[dict[str, Any] | None, Mistake | None]:
     """Arguments as the SDK takes them (an object, or none), and what was wrong with them:
-    JSON text (a model's) read as ``/tools/`` reads it (``arguments_object``)."""
-    if arguments is None or isinstance(arguments, dict):
-        return arguments, None
-    if not isinstance(arguments, str):
+    JSON text (a model's) read as ``/tools/`` reads it (``arguments_object``); arguments nested
+    past ``MAX_ARGUMENTS_DEPTH`` are dropped for the mistake saying so (the SDK's parser stops
+    at about 200 levels, orjson writes 255: either was a JSON-RPC error the model never reads)."""
+    if arguments is None:
+        return None, None
+    if isinstance(arguments, str):
+        try:
+            arguments = arguments_object(arguments, CALL_SHAPE)
+        except ToolCallError as exc:
+            return {}, (exc.type, exc.message)
+    elif not isinstance(arguments, dict):
         return {}, (INVALID_ARGUMENTS, not_an_object(CALL_SHAPE))
-    try:
-        return arguments_object(arguments, CALL_SHAPE), None
-    except ToolCallError as exc:
-        return {}, (exc.type, exc.message)
+    if nested_past(arguments, MAX_ARGUMENTS_DEPTH):
+        return {}, (INVALID_ARGUMENTS, too_deep(MAX_ARGUMENTS_DEPTH, CALL_SHAPE))
+    return arguments, None
 
 
 # The page's path by the name a search result gives it, and by ReadPage's (the schema's first).
