@@ -266,6 +266,47 @@ async def test_a_turn_embeds_its_own_words_whatever_was_embedded_for_them_unpunc
     assert not (own == said).all()  # the "?" is read: another vector, slightly
 
 
+EXPORT_OFFER = "You can also export your data from Settings. Do you want to know how?"
+
+
+async def test_a_final_answered_from_its_prefetch_gets_the_answer_it_would_searched(
+    example_sidecar: Sidecar, stream: Any
+) -> None:
+    """Attack s23: "Yes, please tell me." after the agent's question is folded with the
+    exchange and lifted by the conversation's pages; answered from its prefetch, it skipped
+    that lift and the deeper search it needs (export.md 0.4865 where the same turn searched
+    at its final got 0.5365). Now a prefetch searches as deep, and its final is lifted alike."""
+    engine = example_sidecar.engine
+    yes = "Yes, please tell me."
+    agent = pb.TurnRequest(session_id="call", text=EXPORT_OFFER, speaker=pb.AGENT, is_final=True)
+    await stream.write(final(PASSWORD, session="call"))
+    await stream.read()
+    await stream.write(pb.ConverseRequest(turn=agent))
+    await stream.read()
+    await eventually(lambda: engine.vectors.cached(EXPORT_OFFER) is not None)
+    await stream.write(interim(yes))
+    await eventually(lambda: engine.counters.prefetch_started == 1)
+    await stream.write(final(yes, session="call"))
+    resp = await stream.read()
+    assert resp.prefetched
+    await plain_turn(example_sidecar, PASSWORD, session="searched")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
+        await pb_grpc.RetrievalStub(channel).Turn(replace_session(agent, "searched"), timeout=30)
+    searched = await plain_turn(example_sidecar, yes, session="searched")
+    assert resp.turn.followup.source == searched.followup.source
+    assert resp.turn.chunks
+    assert [(c.chunk_id, c.score) for c in resp.turn.chunks] == [
+        (c.chunk_id, c.score) for c in searched.chunks
+    ]
+
+
+def replace_session(request: pb.TurnRequest, session: str) -> pb.TurnRequest:
+    copy = pb.TurnRequest()
+    copy.CopyFrom(request)
+    copy.session_id = session
+    return copy
+
+
 async def test_a_different_final_is_searched_normally(
     example_sidecar: Sidecar, stream: Any
 ) -> None:

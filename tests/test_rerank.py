@@ -218,3 +218,25 @@ async def test_a_search_by_a_vector_alone_uses_a_reranked_base_once(
         answer = await stub.Search(request, timeout=10)
     assert used == ["help"]
     assert answer.chunks[0].title == "Reset your password"
+
+
+async def test_a_turn_searched_once_hands_the_reranker_its_candidates(
+    example_config: Config, local_embedder: Embedder, server: RerankServer
+) -> None:
+    """A first turn, searched once (no page prior, no entity), searched only ``max_results``
+    deep: the rerank stage reordered 3 chunks where it asks for ``candidates`` (8 here, of the
+    example help centre's 13)."""
+    rerank = RerankConfig(base_url=server.base_url, candidates=8)
+    bases = tuple(replace(kb, rerank=rerank) for kb in example_config.knowledge_bases)
+    config = replace(example_config, knowledge_bases=bases)
+    config = replace(config, sidecar=replace(config.sidecar, max_results=3, min_score=-1.0))
+    async with (
+        running(config, local_embedder) as sidecar,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel,
+    ):
+        turn = await pb_grpc.RetrievalStub(channel).Turn(
+            pb.TurnRequest(session_id="r", text="How do I reset my password?", is_final=True)
+        )
+    assert turn.rerank == pb.RERANKED
+    assert len(turn.chunks) == 3
+    assert len(server.requests[-1]["documents"]) == 8

@@ -222,6 +222,9 @@ class PlannedSearch:
     # a question over the agent's listed options (``query``: its words alone): embedded ahead
     # only, the final ranking each option's chunks itself (``Engine._each_listed``)
     each: bool = False
+    # how deep its one search looks (``Engine._one_depth``): a final planned as deep is answered
+    # from it, one planned deeper (a page prior found since) searches itself
+    depth: int = 0
 
     @property
     def queries(self) -> tuple[str, ...]:
@@ -263,6 +266,7 @@ class PrefetchMatch:
     result: Ranking | None
     followup: followups.FollowUp = followups.NO_FOLLOWUP  # what the prefetched query folded in
     embedded: tuple[str, ...] = ()  # what the prefetch embedded (``PlannedSearch.queries``)
+    depth: int = 0  # how deep it searched (``PlannedSearch.depth``)
 
 
 class Prefetch(Protocol):
@@ -356,28 +360,19 @@ class Engine:
         self._record(session, Speaker.USER, utterance, mentions)
         followups.track_pick(session, plan)
         taken = await prefetch.take(req, searcher, budget) if prefetch is not None else None
+        if plan.prior:
+            await self._read(session, searcher, kb, budget)
         ahead: Mapping[str, Vectors] = {}
-        if taken is not None and (
-            taken.followup != plan.followup or _searches_both(plan, req.text) or plan.each
-        ):
-            # planned otherwise on its interim words ("conhost exe" folded, "conhost.exe?" said
-            # as a name of its own): the final's own plan is searched, and its pages counted;
-            # or a plan of two searches, folded and alone, of which the prefetch ranked the
-            # first only: the final ranks both (their vectors embedded ahead, or joined in
-            # flight), so its answer is the one decided by both (``_combined``, ``_backed``);
-            # or a question over the agent's listed options, ranked per option (``_each_listed``);
+        if taken is not None and not self._answers(taken, plan, req.text, kb, session):
             # the words it embeds that its interim said alike are read from the prefetch's
             ahead = self._said_ahead(taken.embedded, _embeds(plan, req.text))
             taken = None
         prefetched = taken is not None and taken.result is not None
         if taken is not None and taken.result is not None:
             query = taken.query
-            result = _entity_lifted(taken.result, _pointed_at(plan), gazetteer.entity_of)
+            result = self._one_answered(searcher, kb, req, session, plan, taken.result)
             self.counters.prefetched += 1
-            _taken_ahead(session, plan, req.text, result, gazetteer.entity_of)
         else:
-            if plan.prior:
-                await self._read(session, searcher, kb, budget)
             embed = taken is None
             query, result = await self._retrieve(
                 searcher, kb, req, utterance, session, plan, budget, embed, allowed, ahead
@@ -441,12 +436,12 @@ class Engine:
             result = await self._each_listed(target, plan, budget, embed, ahead.get(plan.asked))
             _count_pages(session, result.found, entity_of)
             return plan.query, result
-        prior = session.pages if plan.prior and session.pages else None
         if not _searches_both(plan, req.text):
             vector = ahead.get(plan.query)
             return await self._retrieve_one(
-                searcher, kb, req, session, plan, budget, embed, allowed, prior, vector
+                searcher, kb, req, session, plan, budget, embed, allowed, vector
             )
+        prior = _prior(session, plan)
         depth = max(keep, FUSION_DEPTH)
         target = self._turn_scope(searcher, kb, req, depth, allowed)
         both = await self._searched_both(target, (plan.query, req.text), budget, embed, ahead)
@@ -464,24 +459,65 @@ class Engine:
         budget: Budget,
         embed: bool,
         allowed: Allowed | None,
-        prior: Mapping[str, float] | None,
         vector: Vectors | None = None,
     ) -> tuple[str, Ranking]:
         """A turn searched once, the plan's query (its entity and the conversation's pages
         lifted); ``vector``: its vector, embedded ahead."""
-        entity_of = searcher.gazetteer.entity_of
-        keep = self._depth(kb, self.config.max_results)
-        tracked = _pointed_at(plan)
-        depth = PRIOR_DEPTH if prior or tracked else 0
+        depth = self._one_depth(kb, plan, _prior(session, plan))
         search = self._turn_search(
             searcher, kb, plan.query, req, budget, embed, depth, allowed, vector
         )
-        found = _entity_lifted(await search, tracked, entity_of)
-        result = _prior_lifted(found, prior, entity_of, keep)
+        return plan.query, self._one_answered(searcher, kb, req, session, plan, await search)
+
+    def _one_answered(
+        self,
+        searcher: Searcher,
+        kb: str,
+        req: TurnInput,
+        session: Session,
+        plan: followups.Plan,
+        found: Ranking,
+    ) -> Ranking:
+        """A turn's one search (``found``: searched at its final, or ahead on its interim, as
+        deep, ``_answers``) made its answer: the entity it points at and the conversation's
+        pages lifted, cut to the rerank stage's candidates; its pages counted, and a weak name
+        it says alone ("Tell me about pCloud."), or that its own result confirms, tracked."""
+        entity_of = searcher.gazetteer.entity_of
+        keep = self._depth(kb, self.config.max_results)
+        lifted = _entity_lifted(found, _pointed_at(plan), entity_of)
+        result = _prior_lifted(lifted, _prior(session, plan), entity_of, keep)
         _count_pages(session, result.found, entity_of)
         if plan.query == req.text:
             _confirm(session, plan, result, entity_of)
-        return plan.query, result
+        return result
+
+    def _one_depth(self, kb: str, plan: followups.Plan, prior: Mapping[str, float] | None) -> int:
+        """How deep a turn's one search looks: the rerank stage's candidates, and PRIOR_DEPTH
+        where the conversation's pages or the entity it points at lift chunks from below."""
+        keep = self._depth(kb, self.config.max_results)
+        return max(keep, PRIOR_DEPTH) if prior or _pointed_at(plan) else keep
+
+    def _answers(
+        self,
+        taken: PrefetchMatch,
+        plan: followups.Plan,
+        text: str,
+        kb: str,
+        session: Session,
+    ) -> bool:
+        """Whether a prefetch's search is the one a final's plan makes, so its answer is the
+        one the final searched would get. Not when the final was planned otherwise on its
+        interim words ("conhost exe" folded, "conhost.exe?" said as a name of its own); nor for
+        a plan of two searches, folded and alone, of which the prefetch ranked the first only
+        (the final ranks both, ``_combined``, ``_backed``); nor a question over the agent's
+        listed options, ranked per option (``_each_listed``); nor one searched less deep than
+        the final's (a page prior the agent's turns gave since: ``_one_depth``)."""
+        return (
+            taken.followup == plan.followup
+            and not _searches_both(plan, text)
+            and not plan.each
+            and taken.depth == self._one_depth(kb, plan, _prior(session, plan))
+        )
 
     def _folded_or_own(
         self,
@@ -734,6 +770,7 @@ class Engine:
             plan.followup,
             alone,
             each=bool(plan.each),
+            depth=self._one_depth(kb, plan, _prior(session, plan)),
         )
 
     def _plan(
@@ -776,7 +813,7 @@ class Engine:
         target = SearchScope(
             planned.searcher,
             planned.knowledge_base,
-            limit=self._depth(planned.knowledge_base, self.config.max_results),
+            limit=max(planned.depth, self._depth(planned.knowledge_base, self.config.max_results)),
             min_score=self.config.min_score,
             sources=planned.sources,
             context_url=planned.context_url,
@@ -1285,6 +1322,11 @@ def _prior_lifted(
     return _cut(result, limit)
 
 
+def _prior(session: Session, plan: followups.Plan) -> Mapping[str, float] | None:
+    """The pages the conversation has been on, where the plan lifts them (``Plan.prior``)."""
+    return session.pages if plan.prior and session.pages else None
+
+
 def _pointed_at(plan: followups.Plan) -> str:
     """The tracked entity a turn points back at and is folded with alone ("what about tab
     color for it"), whose chunks its search lifts (``_entity_lifted``); "" for any other plan."""
@@ -1354,19 +1396,6 @@ def _confirm(session: Session, plan: followups.Plan, own: Ranking, entity_of: En
     if named is not None:
         followups.confirm(session, named)
     return named is not None
-
-
-def _taken_ahead(
-    session: Session, plan: followups.Plan, text: str, ahead: Ranking, entity_of: EntityOf
-) -> None:
-    """What ``Engine._retrieve`` does with a turn's one search, done with the result searched
-    ahead on its interim transcript (the same plan's query): the pages it found counted, and a
-    weak name the turn says alone ("Tell me about pCloud."), or that its own result confirms,
-    tracked, so a turn answered from a prefetch tracks what one searched at its final would.
-    A plan of two searches (``_searches_both``) is never answered from a prefetch."""
-    _count_pages(session, ahead.found, entity_of)
-    if plan.query == text:
-        _confirm(session, plan, ahead, entity_of)
 
 
 def _embeds(plan: followups.Plan, text: str) -> tuple[str, ...]:

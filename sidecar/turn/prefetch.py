@@ -218,8 +218,9 @@ class Prefetcher:
                     await asyncio.shield(ahead.task)
             except TimeoutError:
                 self._cancel(ahead.task)  # its embedding goes on in the background
+                planned = ahead.planned
                 return PrefetchMatch(
-                    ahead.planned.query, None, ahead.planned.followup, ahead.planned.queries
+                    planned.query, None, planned.followup, planned.queries, planned.depth
                 )
         if ahead.task.cancelled() or ahead.task.exception() is not None:
             return None
@@ -232,6 +233,7 @@ class Prefetcher:
             result=replace(result, timings=Timings(embed_ms=waited_ms)),
             followup=ahead.planned.followup,
             embedded=ahead.planned.queries,
+            depth=ahead.planned.depth,
         )
 
     def discard(self) -> None:
