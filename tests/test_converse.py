@@ -433,13 +433,19 @@ async def test_a_bad_request_ends_the_stream_with_a_status(stream: Any) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_one_stream_is_one_session(stream: Any) -> None:
-    await stream.write(final("How do I reset my password?", session="a"))
+@pytest.mark.parametrize(
+    ("first", "says"), [("a", "this stream is session 'a'"), ("", "this stream is no session")]
+)
+async def test_one_stream_is_one_session(stream: Any, first: str, says: str) -> None:
+    """The first request names the stream's session, none too (attack s23: a stream opened with
+    no session took one named later)."""
+    await stream.write(final("How do I reset my password?", session=first))
     await stream.read()
     await stream.write(final("How do I set up voicemail?", session="b"))
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stream.read()
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in (err.value.details() or "")
     assert "one Converse stream per session" in (err.value.details() or "")
 
 

@@ -146,6 +146,12 @@ def turn_input(request: pb.TurnRequest, session_id: str = "") -> TurnInput:
     )
 
 
+def _other_session(stream: str, got: str) -> str:
+    """What a Converse request naming another session than its stream's is told."""
+    this = f"session {stream!r}" if stream else "no session (its first request named none)"
+    return f"this stream is {this}; got {got!r}: open one Converse stream per session"
+
+
 def policy_for(engine: Engine, kb: str) -> BasePolicy:
     """The policy of base ``kb`` (empty: the default base), whose words an answer carries."""
     return engine.policy(kb or engine.default_knowledge_base)
@@ -220,7 +226,7 @@ class RetrievalService(pb_grpc.RetrievalServicer):
         as bytes (``converse_response``) as a Turn's is."""
         stable_ms = self.engine.config.prefetch_stable_ms
         prefetcher = Prefetcher(self.engine, stable_ms, load_requester(context.peer() or ""))
-        session_id = ""
+        session_id: str | None = None  # the first request's names the stream's (even "")
         try:
             # checked once: a call whose stream opened before a drain may finish within the grace
             self.lifecycle.check_accepting()
@@ -228,12 +234,9 @@ class RetrievalService(pb_grpc.RetrievalServicer):
             async for request in idle_limited(request_iterator, idle_s):
                 if not request.HasField("turn"):  # a client bug: it would get no answer
                     raise InvalidArgument("a ConverseRequest carries its turn: set turn")
-                turn = turn_input(request.turn, session_id)
-                if session_id and turn.session_id != session_id:
-                    raise InvalidArgument(
-                        f"this stream is session {session_id!r}; got {turn.session_id!r}: "
-                        "open one Converse stream per session"
-                    )
+                turn = turn_input(request.turn, session_id or "")
+                if session_id is not None and turn.session_id != session_id:
+                    raise InvalidArgument(_other_session(session_id, turn.session_id))
                 session_id = turn.session_id
                 if turn.speaker == Speaker.USER and not turn.is_final:
                     prefetcher.interim(turn)

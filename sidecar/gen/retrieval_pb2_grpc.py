@@ -108,7 +108,8 @@ class RetrievalServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Converse(self, request_iterator, context):
-        """One stream per call: interim and final transcripts in, an answer per final transcript out.
+        """One stream per call: interim and final transcripts in, an answer per final transcript (and
+        per agent turn) out.
         A stable interim transcript is searched ahead (prefetch); a final one that matches it closely
         is answered from the prefetched result at once.
         """
@@ -124,8 +125,9 @@ class RetrievalServicer:
         raise NotImplementedError('Method not implemented!')
 
     def InvokeTool(self, request, context):
-        """Run a model's tool call with its arguments exactly as emitted; errors come back as an output
-        the model can read, never as a failed RPC.
+        """Run a model's tool call with its arguments exactly as emitted; the model's errors (its tool
+        name, its arguments) come back as an output it can read, never as a failed RPC. A request
+        the client made wrong (a call_id over 256 bytes) is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -48,8 +48,8 @@ base, sources, context_url, filters, source_paths and snapshot are the same (a f
 otherwise than its interim, by its filters or paths, searches itself: the prefetch's pages may be
 ones the final may not reach, or miss ones it may) and the final's normalised words equal the
 prefetched ones or overlap them with a Jaccard index of at least MATCH_JACCARD (0.8: one word
-added to or changed in a turn of four or more words still matches; "split the pane" against
-"split the pane in two" does not). A matching prefetch still embedding when the final arrives is
+added to a turn of four or more distinct words still matches, one changed in a turn of nine or
+more; "split the pane" against "split the pane in two" does not). A matching prefetch still embedding when the final arrives is
 waited for until the final's embedding deadline; past it the turn falls back to the lexical index
 rather than embed the same words a second time. Otherwise the final is searched as usual. A final
 answered from a prefetch leaves the session as one searched at the final would: the pages found
