@@ -17,7 +17,7 @@ import pytest
 from openai.types.realtime import RealtimeClientEvent, RealtimeServerEvent
 
 from sidecar.adapters.client import Voxrecall
-from sidecar.adapters.openai_realtime import RealtimeToolBridge
+from sidecar.adapters.openai_realtime import RESPONSES_AWAITED, RealtimeToolBridge
 from sidecar.edge.limits import MAX_ARGUMENTS_BYTES
 from sidecar.gen import retrieval_pb2 as pb
 from tests.adapters import ROAMING, knowledge_sidecar_fixture  # noqa: F401
@@ -130,6 +130,46 @@ async def test_bad_arguments_get_an_error_output_the_model_can_read(vr: Voxrecal
     item = next(e for out in sent for e in out if e["type"] == "conversation.item.create")["item"]
     assert orjson.loads(item["output"])["error"]["type"] == "invalid_json"
     assert sent[-1] == [{"type": "response.create"}]  # the model gets to recover
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"type": "response.done", "response": "resp_1"},
+        {"type": "response.done", "response": {"id": ["resp_1"]}},
+        {"type": "response.output_item.done", "item": ["function_call"]},
+        {"type": "response.function_call_arguments.done", "name": "knowledge_search",
+         "call_id": ["c"], "arguments": '{"query": "roaming"}', "response_id": "r"},
+        {"type": "response.function_call_arguments.done", "name": {"n": 1}, "call_id": "c"},
+        ["not", "an", "event"],
+    ],
+)  # fmt: skip
+async def test_a_malformed_server_event_is_passed_over(vr: Voxrecall, event: Any) -> None:
+    """Attack s23: a field of another type than the API's raised AttributeError or TypeError
+    out of ``handle`` (the app's websocket loop ended), or a call id ["c"] was answered as
+    "['c']", an id the server never sent. Each is an event of no interest now."""
+    bridge = await RealtimeToolBridge.create(vr)
+    assert await bridge.handle(event) == []
+
+
+async def test_responses_awaiting_their_done_are_bounded(vr: Voxrecall) -> None:
+    """Attack s23: a server that never sent response.done grew the responses awaited by one a
+    call; and a call event naming no response made an unrelated response.done ask for one."""
+    bridge = await RealtimeToolBridge.create(vr)
+    arguments = '{"query": "roaming"}'
+    for i in range(RESPONSES_AWAITED + 40):
+        done = {"type": "response.function_call_arguments.done", "name": "knowledge_search",
+                "call_id": f"c{i}", "arguments": arguments, "response_id": f"r{i}"}  # fmt: skip
+        assert len(await bridge.handle(done)) == 1
+    assert await bridge.handle({"type": "response.done", "response": {"id": "r0"}}) == []
+    last = f"r{RESPONSES_AWAITED + 39}"
+    assert await bridge.handle({"type": "response.done", "response": {"id": last}}) == [
+        {"type": "response.create"}
+    ]
+    unnamed = {"type": "response.function_call_arguments.done", "name": "knowledge_search",
+               "call_id": "c-none", "arguments": arguments}  # fmt: skip
+    assert len(await bridge.handle(unnamed)) == 1
+    assert await bridge.handle({"type": "response.done", "response": {}}) == []
 
 
 async def test_other_functions_are_left_to_the_app(

@@ -35,6 +35,9 @@ from sidecar.gen import retrieval_pb2 as pb
 log = logging.getLogger("voxrecall.adapters.openai_realtime")
 
 CALLS_REMEMBERED = 256  # call ids answered, so the second event of the same call is ignored
+# Responses with an answered call awaiting their response.done (one a turn): the oldest are
+# forgotten past this many, so a server that never sends response.done cannot grow them.
+RESPONSES_AWAITED = 256
 # Names of other tools already logged (once each): an app has a few tools, but a model can call
 # any name, so past this many the rest go unlogged rather than growing the set.
 OTHER_NAMES_LOGGED = 64
@@ -51,7 +54,7 @@ class RealtimeToolBridge:
         self.session_id = session_id
         self._names = {t.name for t in tools}
         self._answered: OrderedDict[str, None] = OrderedDict()
-        self._responses: set[str] = set()  # responses with an answered call, awaiting response.done
+        self._responses: OrderedDict[str, None] = OrderedDict()  # awaiting their response.done
         self._others: set[str] = set()  # other tools' names already logged
 
     @classmethod
@@ -68,14 +71,17 @@ class RealtimeToolBridge:
         }
 
     async def handle(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The client events to send back for one server event (usually none)."""
+        """The client events to send back for one server event (usually none; a malformed one,
+        a field of another type than the API's, is passed over as one of no interest)."""
+        if not isinstance(event, Mapping):
+            return []
         kind = event.get("type")
         if kind == "response.done":
-            response_id = (event.get("response") or {}).get("id", "")
-            if response_id in self._responses:
-                self._responses.discard(response_id)
-                return [{"type": "response.create"}]
-            return []
+            response_id = _text(_object(event.get("response")), "id")
+            if response_id not in self._responses:
+                return []
+            del self._responses[response_id]
+            return [{"type": "response.create"}]
         call = _function_call(event)
         if call is None:
             return []
@@ -85,11 +91,11 @@ class RealtimeToolBridge:
             return []
         if not call_id or call_id in self._answered:
             return []
-        self._answered[call_id] = None
-        while len(self._answered) > CALLS_REMEMBERED:
-            self._answered.popitem(last=False)
+        _remember(self._answered, call_id, CALLS_REMEMBERED)
         output = await self._invoke(name, arguments, call_id)
-        self._responses.add(str(event.get("response_id", "")))
+        response_id = _text(event, "response_id")
+        if response_id:  # (an output item's done event names none: its response.done is seen)
+            _remember(self._responses, response_id, RESPONSES_AWAITED)
         return [
             {
                 "type": "conversation.item.create",
@@ -116,18 +122,39 @@ class RealtimeToolBridge:
 
 
 def _function_call(event: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(name, call_id, arguments) of a finished function call event, else None."""
+    """(name, call_id, arguments) of a finished function call event, else None. A name or call
+    id that is not a string is none (the call is not answered: its id could not be echoed);
+    arguments that are not a string are sent as written, for the sidecar to refuse as JSON."""
     kind = event.get("type")
+    item = _object(event.get("item"))
     if kind == "response.function_call_arguments.done":
         source: Mapping[str, Any] = event
-    elif kind == "response.output_item.done" and (event.get("item") or {}).get("type") == (
-        "function_call"
-    ):
-        source = event["item"]
+    elif kind == "response.output_item.done" and item.get("type") == "function_call":
+        source = item
     else:
         return None
+    arguments = source.get("arguments", "")
     return (
-        str(source.get("name", "")),
-        str(source.get("call_id", "")),
-        str(source.get("arguments", "")),
+        _text(source, "name"),
+        _text(source, "call_id"),
+        arguments if isinstance(arguments, str) else str(arguments),
     )
+
+
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a JSON object, else an empty one."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(source: Mapping[str, Any], key: str) -> str:
+    """``source[key]`` when it is a string, else ""."""
+    value = source.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _remember(seen: OrderedDict[str, None], key: str, limit: int) -> None:
+    """``key`` kept among the newest ``limit`` of ``seen``."""
+    seen[key] = None
+    seen.move_to_end(key)
+    while len(seen) > limit:
+        seen.popitem(last=False)
