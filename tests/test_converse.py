@@ -19,7 +19,7 @@ from sidecar.edge.lifecycle import State
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from sidecar.turn.engine import PlannedSearch, TurnInput
+from sidecar.turn.engine import MAX_READ_LATER, PlannedSearch, TurnInput
 from sidecar.turn.prefetch import (
     PREFETCH_BURST,
     REFUSAL_LOG_BYTES,
@@ -290,6 +290,49 @@ async def test_a_final_answered_from_its_prefetch_gets_the_answer_it_would_searc
     resp = await stream.read()
     assert resp.prefetched
     await plain_turn(example_sidecar, PASSWORD, session="searched")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
+        await pb_grpc.RetrievalStub(channel).Turn(replace_session(agent, "searched"), timeout=30)
+    searched = await plain_turn(example_sidecar, yes, session="searched")
+    assert resp.turn.followup.source == searched.followup.source
+    assert resp.turn.chunks
+    assert [(c.chunk_id, c.score) for c in resp.turn.chunks] == [
+        (c.chunk_id, c.score) for c in searched.chunks
+    ]
+
+
+VOICEMAIL_OFFER = "I can also help you set up your voicemail. Would you like to hear how?"
+
+
+@pytest.mark.parametrize("background_full", [False, True])
+async def test_an_answer_to_the_agents_opening_question_takes_its_prefetch(
+    example_sidecar: Sidecar, stream: Any, background_full: bool
+) -> None:
+    """Review s23: the agent's turn, unread when the interim was planned, gave the final a page
+    prior its prefetch had not searched for (not taken); and a final taking its prefetch read
+    the agent's turn itself, a whole embedding on its path, where the background reads were
+    full. The prefetch now searches as deep and embeds the agent's turn with its query."""
+    engine = example_sidecar.engine
+    if background_full:  # every background read taken: the agent's turn is left unembedded
+        busy = [asyncio.create_task(asyncio.sleep(60)) for _ in range(MAX_READ_LATER)]
+        engine._reading.update(busy)
+    yes = "Yes, please tell me."
+    agent = pb.TurnRequest(session_id="call", text=VOICEMAIL_OFFER, speaker=pb.AGENT, is_final=True)
+    await stream.write(pb.ConverseRequest(turn=agent))
+    await stream.read()
+    planned = engine.plan(TurnInput(session_id="call", text=yes, is_final=False))
+    assert planned is not None
+    assert planned.reads == (VOICEMAIL_OFFER,)
+    await stream.write(interim(yes))
+    wanted = (*planned.queries, VOICEMAIL_OFFER)
+    await eventually(lambda: all(engine.vectors.cached(q) is not None for q in wanted))
+    misses = engine.vectors.stats.misses
+    await stream.write(final(yes, session="call"))
+    resp = await stream.read()
+    assert resp.prefetched
+    assert engine.vectors.stats.misses == misses  # nothing embedded on the final's path
+    if background_full:
+        for task in busy:
+            task.cancel()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
         await pb_grpc.RetrievalStub(channel).Turn(replace_session(agent, "searched"), timeout=30)
     searched = await plain_turn(example_sidecar, yes, session="searched")

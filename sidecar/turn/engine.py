@@ -225,6 +225,8 @@ class PlannedSearch:
     # how deep its one search looks (``Engine._one_depth``): a final planned as deep is answered
     # from it, one planned deeper (a page prior found since) searches itself
     depth: int = 0
+    # the agent's turns since the caller's last, which its final reads for the page prior
+    reads: tuple[str, ...] = ()
 
     @property
     def queries(self) -> tuple[str, ...]:
@@ -463,7 +465,7 @@ class Engine:
     ) -> tuple[str, Ranking]:
         """A turn searched once, the plan's query (its entity and the conversation's pages
         lifted); ``vector``: its vector, embedded ahead."""
-        depth = self._one_depth(kb, plan, _prior(session, plan))
+        depth = self._one_depth(kb, plan, _prior(session, plan) is not None)
         search = self._turn_search(
             searcher, kb, plan.query, req, budget, embed, depth, allowed, vector
         )
@@ -491,9 +493,10 @@ class Engine:
             _confirm(session, plan, result, entity_of)
         return result
 
-    def _one_depth(self, kb: str, plan: followups.Plan, prior: Mapping[str, float] | None) -> int:
+    def _one_depth(self, kb: str, plan: followups.Plan, prior: bool) -> int:
         """How deep a turn's one search looks: the rerank stage's candidates, and PRIOR_DEPTH
-        where the conversation's pages or the entity it points at lift chunks from below."""
+        where the conversation's pages (``prior``) or the entity it points at lift chunks from
+        below."""
         keep = self._depth(kb, self.config.max_results)
         return max(keep, PRIOR_DEPTH) if prior or _pointed_at(plan) else keep
 
@@ -516,7 +519,7 @@ class Engine:
             taken.followup == plan.followup
             and not _searches_both(plan, text)
             and not plan.each
-            and taken.depth == self._one_depth(kb, plan, _prior(session, plan))
+            and taken.depth == self._one_depth(kb, plan, _prior(session, plan) is not None)
         )
 
     def _folded_or_own(
@@ -770,7 +773,9 @@ class Engine:
             plan.followup,
             alone,
             each=bool(plan.each),
-            depth=self._one_depth(kb, plan, _prior(session, plan)),
+            # the pages its final will count: those counted, and the agent's turns it reads
+            depth=self._one_depth(kb, plan, plan.prior and bool(session.pages or session.unread)),
+            reads=tuple(session.unread) if plan.prior else (),
         )
 
     def _plan(
@@ -821,7 +826,10 @@ class Engine:
         )
         start = time.perf_counter()
         # the final searches both when it has ``alone``: both embedded now, in one call
-        vector = (await self.vectors.ahead(planned.queries, deadline, caller))[0]
+        # the agent's turns its final reads (``_read``), embedded now too when not yet: the
+        # final then finds them cached, as it finds the query's vector
+        wanted = (*planned.queries, *planned.reads)
+        vector = (await self.vectors.ahead(wanted, deadline, caller))[0]
         if vector is None or planned.each:  # no lexical search ahead: the turn falls back
             return None
         embed_ms = (time.perf_counter() - start) * 1000.0
