@@ -290,14 +290,7 @@ async def test_a_final_answered_from_its_prefetch_gets_the_answer_it_would_searc
     resp = await stream.read()
     assert resp.prefetched
     await plain_turn(example_sidecar, PASSWORD, session="searched")
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
-        await pb_grpc.RetrievalStub(channel).Turn(replace_session(agent, "searched"), timeout=30)
-    searched = await plain_turn(example_sidecar, yes, session="searched")
-    assert resp.turn.followup.source == searched.followup.source
-    assert resp.turn.chunks
-    assert [(c.chunk_id, c.score) for c in resp.turn.chunks] == [
-        (c.chunk_id, c.score) for c in searched.chunks
-    ]
+    await answered_as_searched(example_sidecar, resp, agent, yes)
 
 
 VOICEMAIL_OFFER = "I can also help you set up your voicemail. Would you like to hear how?"
@@ -333,21 +326,25 @@ async def test_an_answer_to_the_agents_opening_question_takes_its_prefetch(
     if background_full:
         for task in busy:
             task.cancel()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{example_sidecar.port}") as channel:
-        await pb_grpc.RetrievalStub(channel).Turn(replace_session(agent, "searched"), timeout=30)
-    searched = await plain_turn(example_sidecar, yes, session="searched")
+    await answered_as_searched(example_sidecar, resp, agent, yes)
+
+
+async def answered_as_searched(
+    sidecar: Sidecar, resp: Any, agent: pb.TurnRequest, said: str
+) -> None:
+    """``resp`` (a final's answer on a stream) is what session "searched" is answered over
+    Turn when the agent's turn, then ``said``, come next: the same chunks, scores, follow-up."""
+    as_agent = pb.TurnRequest()
+    as_agent.CopyFrom(agent)
+    as_agent.session_id = "searched"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+        await pb_grpc.RetrievalStub(channel).Turn(as_agent, timeout=30)
+    searched = await plain_turn(sidecar, said, session="searched")
     assert resp.turn.followup.source == searched.followup.source
     assert resp.turn.chunks
     assert [(c.chunk_id, c.score) for c in resp.turn.chunks] == [
         (c.chunk_id, c.score) for c in searched.chunks
     ]
-
-
-def replace_session(request: pb.TurnRequest, session: str) -> pb.TurnRequest:
-    copy = pb.TurnRequest()
-    copy.CopyFrom(request)
-    copy.session_id = session
-    return copy
 
 
 async def test_a_different_final_is_searched_normally(

@@ -372,7 +372,7 @@ class Engine:
         prefetched = taken is not None and taken.result is not None
         if taken is not None and taken.result is not None:
             query = taken.query
-            result = self._one_answered(searcher, kb, req, session, plan, taken.result)
+            result = self._one_answered(searcher, kb, req.text, session, plan, taken.result)
             self.counters.prefetched += 1
         else:
             embed = taken is None
@@ -469,17 +469,12 @@ class Engine:
         search = self._turn_search(
             searcher, kb, plan.query, req, budget, embed, depth, allowed, vector
         )
-        return plan.query, self._one_answered(searcher, kb, req, session, plan, await search)
+        return plan.query, self._one_answered(searcher, kb, req.text, session, plan, await search)
 
     def _one_answered(
-        self,
-        searcher: Searcher,
-        kb: str,
-        req: TurnInput,
-        session: Session,
-        plan: followups.Plan,
+        self, searcher: Searcher, kb: str, text: str, session: Session, plan: followups.Plan,
         found: Ranking,
-    ) -> Ranking:
+    ) -> Ranking:  # fmt: skip
         """A turn's one search (``found``: searched at its final, or ahead on its interim, as
         deep, ``_answers``) made its answer: the entity it points at and the conversation's
         pages lifted, cut to the rerank stage's candidates; its pages counted, and a weak name
@@ -489,7 +484,7 @@ class Engine:
         lifted = _entity_lifted(found, _pointed_at(plan), entity_of)
         result = _prior_lifted(lifted, _prior(session, plan), entity_of, keep)
         _count_pages(session, result.found, entity_of)
-        if plan.query == req.text:
+        if plan.query == text:
             _confirm(session, plan, result, entity_of)
         return result
 
