@@ -22,6 +22,7 @@ from index.config import ConfigError
 from index.embedders.base import Embedder
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from sidecar.snapshots import refresh
 from tests.bases_kit import LOAD_WAIT_S, answered, config, kb_name, search
 from tests.snapshot_kit import TOPICS, version_id, write_version
 
@@ -121,11 +122,18 @@ async def test_a_base_the_store_does_not_have_is_not_found_without_a_load(
 
 
 async def test_a_base_over_the_budget_on_its_own_is_refused_once_naming_why(
-    store: Path, tmp_path: Path, local_embedder: Embedder
+    store: Path, tmp_path: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Attack F8: under a budget smaller than any one base, a base is loaded once and refused,
-    the caller told its size and the budget; nothing is evicted, and calls to it (and to
-    another such base) do not load it again and again."""
+    """Attack F8: under a budget smaller than any one base, a base is refused once, the caller
+    told its size and the budget; nothing is evicted, and calls to it (and to another such
+    base) do not fetch it again and again. Attack s23: one whose files alone pass the budget
+    is refused before it is loaded (a 174 MiB base under a 16 MiB budget took the process
+    250 MB past its peak to load, then was refused)."""
+
+    def unloadable(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a base over the budget by its files was loaded")
+
+    monkeypatch.setattr(refresh, "load_snapshot", unloadable)
     sidecar = await create_server(
         config(store, tmp_path, memory_budget_mb=2), embedder=local_embedder, poll=False
     )

@@ -503,6 +503,24 @@ async def test_a_pointer_going_backwards_is_refused(
         assert sidecar.holder.refusals == {"backwards": 1}
 
 
+async def test_a_pointer_flipping_among_refused_versions_fetches_each_once(
+    store: Store, tmp_path: Path, local_embedder: Embedder
+) -> None:
+    """Attack s23: a pointer moving between a bad version and an older one (a stale CDN edge)
+    had the bad one fetched and refused at every other poll, an ERROR line each time: only the
+    last version refused was remembered. Each is refused once now."""
+    v1 = await publish(store.root, 1, local_embedder, "password")
+    v2 = await publish(store.root, 2, local_embedder, "roaming")
+    async with running(sidecar_config(store, tmp_path), local_embedder) as sidecar:
+        assert await serving(sidecar.port, v2)
+        v3 = await publish(store.root, 3, HashEmbedder(dimension=384, name="test/hash"), "roaming")
+        for pointed in (v3, v1) * 3:
+            point_at(store.root, pointed)
+            await sidecar.refresher.refresh()
+        await assert_still_serving(sidecar, v2)
+        assert sidecar.holder.refusals == {"incompatible": 1, "backwards": 1}
+
+
 @pytest.mark.parametrize("fault", ["answers-500", "port-closed"])
 async def test_an_unavailable_store_keeps_the_last_good_until_it_recovers(
     http_store: Store, tmp_path: Path, local_embedder: Embedder, fault: str

@@ -64,8 +64,9 @@ import random
 import sys
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -78,7 +79,7 @@ from index.errors import (
     SnapshotError,
     StoreUnavailable,
 )
-from index.snapshot import LoadedSnapshot, load_snapshot
+from index.snapshot import HNSW_INDEX_BYTES, LoadedSnapshot, load_snapshot, read_manifest
 from index.store import SnapshotStore
 from sidecar.edge.addresses import load_requester
 from sidecar.snapshots.fair_pool import FairPool
@@ -88,6 +89,9 @@ from sidecar.snapshots.searcher import Searcher
 log = logging.getLogger("voxrecall.refresh")
 
 WARMUP_QUERIES = 8  # enough to touch the upper graph layers once
+# Versions of a base refused for good that are remembered (the newest), so that none is fetched
+# again however its store's pointer moves among them; a few ids a base.
+REJECTED_KEPT = 16
 # Lexical warm-up queries (chunk titles): two touch the postings' and lengths' arrays; each more
 # scored every chunk again at 1M chunks whose titles share a word (34 ms a query), at every load.
 WARMUP_LEXICAL = 2
@@ -111,8 +115,22 @@ POLL_DOWNLOADS = 16
 # Bases a poll's one line of failed pointer reads names (``refused_line``); the rest counted.
 SHOWN_BASES = 5
 
+
 # (error class, refusal kind, retried on the next poll); the first match wins
+class OverBudget(SnapshotError):
+    """A version whose bytes pass ``[sidecar] memory_budget_mb`` on their own: served, it would
+    evict every other base and be evicted by the next load, a reload per call for every caller."""
+
+    def __init__(self, need_bytes: int, budget_bytes: int) -> None:
+        super().__init__(
+            f"it needs {need_bytes / 2**20:.1f} MiB loaded, more than [sidecar] "
+            f"memory_budget_mb = {budget_bytes / 2**20:g} on its own: raise the budget or split "
+            "the base"
+        )
+
+
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
+    (OverBudget, "over_budget", False),
     (StoreUnavailable, "unavailable", True),
     (IncompleteSnapshot, "incomplete", True),
     (CacheWriteError, "cache_write", True),
@@ -307,7 +325,11 @@ class Downloading(Exception):
 
 
 def newest(
-    store: SnapshotStore, kb: str, served: str | None, rejected: str | None, keep: Sequence[str]
+    store: SnapshotStore,
+    kb: str,
+    served: str | None,
+    rejected: Collection[str],
+    keep: Sequence[str],
 ) -> str | None:
     """The version ``kb``'s pointer names, downloaded (``download``) when it is one to load:
     newer than ``served`` and not ``rejected``. Blocking: on a download thread."""
@@ -318,9 +340,9 @@ def newest(
     return download(store, kb, version, keep)
 
 
-def to_load(version: str | None, served: str | None, rejected: str | None) -> bool:
+def to_load(version: str | None, served: str | None, rejected: Collection[str]) -> bool:
     """Whether a pointer naming ``version`` names one to download and load."""
-    return version is not None and version != rejected and (served is None or version > served)
+    return version is not None and version not in rejected and (served is None or version > served)
 
 
 def download(store: SnapshotStore, kb: str, version: str, keep: Sequence[str]) -> str:
@@ -427,7 +449,9 @@ class Refresher:
         self.embedder = embedder
         self.on_change = on_change
         self._lock = asyncio.Lock()
-        self._rejected: dict[str, str] = {}  # kb -> the newest version refused for good
+        # kb -> the last REJECTED_KEPT versions refused for good: a pointer flipping between
+        # two bad versions (a stale CDN edge) fetched and refused one at every poll
+        self._rejected: dict[str, deque[str]] = {}
         self.keep_downloaded = max(1, keep_downloaded)
         self._served: dict[str, deque[str]] = {
             kb: deque(maxlen=self.keep_downloaded) for kb in self.knowledge_bases
@@ -479,7 +503,7 @@ class Refresher:
         it is one to load (returned), a pointer gone back refused (``_serve``), else nothing."""
         current = self.holder.get(kb)
         served = current.version if current is not None else None
-        if to_load(version, served, self._rejected.get(kb)):
+        if to_load(version, served, self._rejected.get(kb, ())):
             assert version is not None
             keep = tuple(self._served.get(kb, ()))
             loop = asyncio.get_running_loop()
@@ -536,7 +560,7 @@ class Refresher:
             self.store,
             kb,
             served,
-            self._rejected.get(kb),
+            self._rejected.get(kb, ()),
             keep,
         )
 
@@ -715,13 +739,13 @@ class Refresher:
         while the poll read its pointer is not loaded again (that would evict another caller's
         working set for a base nobody asked for)."""
         current = self.holder.get(kb)
-        if version is None or self._rejected.get(kb) == version:
+        if version is None or version in self._rejected.get(kb, ()):
             return False
         if current is None and requester is None and self.budget_bytes:
             return False
         if current is not None and version <= current.version:
             if version < current.version:
-                self._rejected[kb] = version
+                self._reject(kb, version)
                 self._record(
                     kb,
                     version,
@@ -794,21 +818,24 @@ class Refresher:
         )
 
     def _over_budget_alone(self, kb: str, version: str, searcher: Searcher) -> bool:
-        """Refuse (once, for good) a version whose bytes pass the memory budget on their own:
-        served, it would evict every other base and be evicted by the next load, a reload per
-        call for every caller, and nothing would say why."""
+        """Refuse (once, for good) a version whose bytes, loaded, pass the memory budget on
+        their own (``OverBudget``; one whose files alone do is refused before it loads,
+        ``_check_fits``)."""
         if not self.budget_bytes or searcher.memory_bytes <= self.budget_bytes:
             return False
-        self._rejected[kb] = version
-        self._record(
-            kb,
-            version,
-            "over_budget",
-            f"it needs {searcher.memory_bytes / 2**20:.1f} MiB loaded, more than [sidecar] "
-            f"memory_budget_mb = {self.budget_bytes / 2**20:g} on its own: raise the budget "
-            "or split the base",
-        )
+        self._refuse(kb, version, OverBudget(searcher.memory_bytes, self.budget_bytes))
         return True
+
+    def _check_fits(self, folder: Path) -> None:
+        """``OverBudget`` for a version fetched into ``folder`` whose files and hnswlib's fixed
+        cost alone (what its loaded bytes are at least, ``LoadedSnapshot.memory_bytes``) pass
+        the memory budget: refused before it is loaded, which would take those bytes and more
+        (a 174 MiB base under a 16 MiB budget took the process 250 MB past its peak)."""
+        if not self.budget_bytes:
+            return
+        least = sum(read_manifest(folder).sizes.values()) + HNSW_INDEX_BYTES
+        if least > self.budget_bytes:
+            raise OverBudget(least, self.budget_bytes)
 
     async def _load_or_refuse(self, kb: str, version: str) -> Searcher | None:
         """``version``'s searcher, or None once it is refused (every failure is a refusal)."""
@@ -836,6 +863,7 @@ class Refresher:
         """Fetch, load and verify, check it is the version asked for, warm and build its
         searcher: all off the loop."""
         folder = await asyncio.to_thread(self.store.fetch, kb, version)
+        await asyncio.to_thread(self._check_fits, folder)
         # fetch checked every file's sha256 (the SnapshotStore contract; hashing them again
         # took 8 of the 52 s a 1M-chunk snapshot took to load) and, where the store says so,
         # the graphs' layout (checking it again: a third of what hnswlib's own load takes)
@@ -859,8 +887,14 @@ class Refresher:
     def _refuse(self, kb: str, version: str, exc: SnapshotError) -> None:
         kind, retry = refusal_kind(exc)
         if not retry:
-            self._rejected[kb] = version
+            self._reject(kb, version)
         self._record(kb, version, kind, str(exc), retried=retry)
+
+    def _reject(self, kb: str, version: str) -> None:
+        """``version`` of ``kb`` is refused for good: never fetched or loaded again."""
+        rejected = self._rejected.setdefault(kb, deque(maxlen=REJECTED_KEPT))
+        if version not in rejected:
+            rejected.append(version)
 
     def _record(
         self, kb: str, version: str, kind: str, reason: str, *, retried: bool = False
