@@ -116,7 +116,6 @@ POLL_DOWNLOADS = 16
 SHOWN_BASES = 5
 
 
-# (error class, refusal kind, retried on the next poll); the first match wins
 class OverBudget(SnapshotError):
     """A version whose bytes pass ``[sidecar] memory_budget_mb`` on their own: served, it would
     evict every other base and be evicted by the next load, a reload per call for every caller."""
@@ -129,6 +128,7 @@ class OverBudget(SnapshotError):
         )
 
 
+# (error class, refusal kind, retried on the next poll); the first match wins
 _KINDS: tuple[tuple[type[SnapshotError], str, bool], ...] = (
     (OverBudget, "over_budget", False),
     (StoreUnavailable, "unavailable", True),
