@@ -44,19 +44,16 @@ import io
 import logging
 import os
 import shutil
-import socket
-import ssl
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import weakref
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar
 from urllib.parse import quote
 
 from index.errors import (
@@ -67,6 +64,7 @@ from index.errors import (
     one_line,
     shortened,
 )
+from index.http_bounds import Connections, SameOrigin, opener
 from index.snapshot import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -150,148 +148,6 @@ class _Retry(Exception):
 
 class _TooLong(Exception):
     """An answer went past its cap; the caller names what was capped."""
-
-
-class _Deadline:
-    """The sockets one request opened, shut down when its deadline passes (``expire``, from a
-    timer's thread); ``passed`` says it did."""
-
-    def __init__(self) -> None:
-        self.passed = False
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-
-    def add(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._sockets.append(sock)
-            passed = self.passed
-        if passed:
-            _shutdown(sock)
-
-    def expire(self) -> None:
-        with self._lock:
-            self.passed = True
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shutdown(sock)
-
-
-class _Connections:
-    """The sockets of this store's requests, so ``close`` can cut a read blocked in another
-    thread (a socket shut down wakes its reader with end-of-file), and so can a request's
-    deadline (``bounded``)."""
-
-    def __init__(self) -> None:
-        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._local = threading.local()  # the request this thread makes now: its _Deadline
-
-    def track(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._sockets.add(sock)
-            closed = self._closed
-        request: _Deadline | None = getattr(self._local, "request", None)
-        if request is not None:
-            request.add(sock)
-        if closed:
-            _shutdown(sock)
-
-    @contextlib.contextmanager
-    def bounded(self, deadline: float) -> Iterator[_Deadline]:
-        """The sockets this thread connects inside are shut down at ``deadline`` (a timer
-        thread, cancelled on the way out): http.client's own loops cannot outlast it."""
-        request = _Deadline()
-        timer = threading.Timer(max(0.0, deadline - time.monotonic()), request.expire)
-        timer.daemon = True
-        self._local.request = request
-        timer.start()
-        try:
-            yield request
-        finally:
-            timer.cancel()
-            self._local.request = None
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shutdown(sock)
-
-
-def _shutdown(sock: socket.socket) -> None:
-    # the plain socket's shutdown, also under TLS, where the reader is inside SSL_read; an
-    # OSError: already closed
-    with contextlib.suppress(OSError):
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-
-def _tracked(cls: type[http.client.HTTPConnection], connections: _Connections) -> type[Any]:
-    class Tracked(cls):  # type: ignore[valid-type,misc]
-        def connect(self) -> None:
-            super().connect()
-            connections.track(self.sock)
-
-    return Tracked
-
-
-class _HttpHandler(urllib.request.HTTPHandler):
-    def __init__(self, connections: _Connections) -> None:
-        super().__init__()
-        self._connection: Any = _tracked(http.client.HTTPConnection, connections)
-
-    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(self._connection, req)
-
-
-class _HttpsHandler(urllib.request.HTTPSHandler):
-    def __init__(self, connections: _Connections) -> None:
-        self._tls = ssl.create_default_context()
-        super().__init__(context=self._tls)
-        self._connection: Any = _tracked(http.client.HTTPSConnection, connections)
-
-    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(self._connection, req, context=self._tls)
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    """A URL's scheme, host and port, the scheme's default port spelt out or not."""
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
-
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-class _SameOrigin(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect only to the same scheme, host and port: urllib's own handler passes
-    every header on (an S3 store's SigV4 ``Authorization`` and session token included) to any
-    host, and from https to http. A static server or S3 needs no redirect elsewhere; one is an
-    HTTPError of its code, naming where it led (a StoreUnavailable for the caller). A redirect's
-    body is not read: one of any size costs no memory."""
-
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: Any,
-        code: int,
-        msg: str,
-        headers: Any,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        if _origin(newurl) != _origin(req.full_url):
-            where = newurl if len(newurl) <= 200 else f"{newurl[:200]}..."
-            raise urllib.error.HTTPError(
-                req.full_url, code, f"redirect to another origin refused: {where}", headers, fp
-            )
-        # urllib reads a redirect's body whole (``fp.read()``) before it follows it: a 302 of
-        # gigabytes, or chunked without end, was read into memory until the deadline. Its body
-        # is never used: closed here, that read finds nothing (the next request opens its own
-        # connection).
-        fp.close()
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 # A download's promise of the cache's free space must be kept at the pace its version's
@@ -447,14 +303,9 @@ class HttpStore:
         self._closed = threading.Event()
         self._fetch_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
-        self._connections = _Connections()
+        self._connections = Connections()
         self._room = _Room()
-        self._opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}),
-            _SameOrigin(),
-            _HttpHandler(self._connections),
-            _HttpsHandler(self._connections),
-        )
+        self._opener = opener(self._connections, SameOrigin())
 
     def __repr__(self) -> str:
         return f"HttpStore({self.base_url!r}, cache={str(self.cache_dir)!r})"

@@ -23,12 +23,15 @@ from index.snapshot import LoadedSnapshot, load_snapshot, page_key
 from index.sources import pdf
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
 from index.sources.registry import LoadContext, load_source
-from index.sources.url import Failed, fetch
+from index.sources.url import Failed, Fetched, fetch
 from index.store import LocalStore
 from index.validate import ValidateOptions, validate_docs
 from sidecar.config import parse_config
+from tests.conftest import LIVENESS_S
 from tests.local_http import LocalHttpServer, send_json
+from tests.static_http import LIARS, StaticServer
 from tests.test_sources import make_pdf
+from tests.test_store_redirects import Server as RedirectingServer
 
 
 def build(tmp_path: Path, sources: list[dict[str, Any]]) -> tuple[BuildSummary, LoadedSnapshot]:
@@ -543,9 +546,56 @@ def test_a_url_that_trickles_is_given_up_at_the_download_deadline() -> None:
         got = fetch(f"http://127.0.0.1:{server.port}/slow.html", None, deadline_s=0.5)
     finally:
         server.stop()
-    assert isinstance(got, Failed)
-    assert got.reason.startswith("not downloaded within 0.5 s (")
-    assert not got.gone  # kept as a failure: the copy fetched before, if any, is kept
+    assert got == Failed("not downloaded within 0.5 s")  # not gone: a copy fetched before is kept
+
+
+@pytest.mark.parametrize("lie", LIARS)
+def test_a_url_whose_head_or_trailer_never_ends_is_given_up_at_the_deadline(
+    tmp_path: Path, lie: str
+) -> None:
+    # the deadline bounded the body's reads only: headers trickled, ``100 Continue`` answers or
+    # a chunked trailer without end (loops inside http.client) held the crawl, and the build
+    # behind it, for as long as the server liked
+    (tmp_path / "page.html").write_text("<h1>Page</h1><p>words</p>")
+    server = StaticServer(tmp_path).start()
+    server.hostile, server.hostile_suffix, server.trickle_s = lie, "/page.html", 0.05
+    got: list[object] = []
+    try:
+        fetching = threading.Thread(
+            target=lambda: got.append(fetch(f"{server.url}/page.html", None, deadline_s=1.0)),
+            daemon=True,
+        )
+        fetching.start()
+        fetching.join(LIVENESS_S)
+        assert not fetching.is_alive(), f"{lie} held the fetch past its deadline"
+        server.hostile = ""
+        again = fetch(f"{server.url}/page.html", None, deadline_s=1.0)
+    finally:
+        server.stop()
+    assert got == [Failed("not downloaded within 1 s")]
+    assert isinstance(again, Fetched)
+    assert b"words" in again.body
+
+
+def test_a_url_redirected_off_the_web_is_not_followed_and_its_reason_is_one_line() -> None:
+    # a redirect to ftp:// was followed (a connect to whatever host and port it named); urllib's
+    # redirect-loop error is three lines, which a build's report printed as three
+    server = RedirectingServer().start()
+    try:
+        server.redirect_to = "ftp://127.0.0.1:9"
+        off_the_web = fetch(f"{server.url}/page.html", None, deadline_s=5.0)
+        server.redirect_to = "loop"
+        looping = fetch(f"{server.url}/page.html", None, deadline_s=5.0)
+    finally:
+        server.stop()
+    assert off_the_web == Failed(
+        "HTTP 302 redirect to a ftp URL refused (only http and https are fetched): "
+        "ftp://127.0.0.1:9/moved/page.html"
+    )
+    assert isinstance(looping, Failed)
+    assert looping.reason.startswith("HTTP 302 ")
+    assert "\n" not in looping.reason
+    assert "infinite loop" in looping.reason
 
 
 # --- frontmatter that YAML parses slowly --------------------------------------------------------

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from index.errors import StoreUnavailable
-from index.http_store import HttpOptions, HttpStore, _origin
+from index.http_bounds import _origin
+from index.http_store import HttpOptions, HttpStore
 from index.s3_store import S3Options, S3Store
 from tests.local_http import LocalHttpServer
 

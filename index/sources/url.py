@@ -33,6 +33,7 @@ import orjson
 
 from index.chunker import first_h1
 from index.errors import ConfigError
+from index.http_bounds import Connections, WebOnly, opener
 from index.snapshot import write_atomic
 from index.sources import PageBytes, SkippedPage, sound_pages
 from index.sources.charsets import CharsetError, decode_web
@@ -48,9 +49,10 @@ log = logging.getLogger("voxrecall.index.url")
 DEFAULT_REFRESH_S = 3600.0  # public docs change daily at most; conditional requests keep it cheap
 FETCH_TIMEOUT_S = 15.0  # one slow page must not hold a build; a healthy docs site answers in <1 s
 # FETCH_TIMEOUT_S bounds each wait on the socket, not a download: a server that trickles a byte
-# every few seconds would hold the build for days within it. A whole body gets this long (20 MiB
-# at a slow 1 MB/s is 20 s).
+# every few seconds would hold the build for days within it. A whole request gets this long, its
+# status line and headers too (20 MiB at a slow 1 MB/s is 20 s).
 FETCH_DEADLINE_S = 60.0
+MAX_REASON_CHARS = 200  # of a server's words in a skipped page's reason
 _READ_BYTES = 64 << 10
 MAX_WORKERS = 8  # concurrent fetches: enough to hide latency, few enough to be polite to one host
 MAX_BODY_BYTES = 20 << 20  # a knowledge page over 20 MiB is a mistake (a video, an archive)
@@ -59,6 +61,8 @@ _STATE_VERSION = 1
 _GONE = frozenset({404, 410})
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _MARKDOWN_TYPES = frozenset({"text/markdown", "text/x-markdown"})
+_CONNECTIONS = Connections()  # every fetch's sockets: each request's deadline shuts its own
+_OPENER = opener(_CONNECTIONS, WebOnly(), env_proxies=True)  # as urlopen did
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,18 +162,31 @@ def fetch(
     deadline_s: float = FETCH_DEADLINE_S,
 ) -> FetchResult:
     """GET one URL, conditionally when ``previous`` holds an ETag or Last-Modified; blocking.
-    ``timeout`` bounds each wait on the socket, ``deadline_s`` the download of the body."""
-    deadline = time.monotonic() + deadline_s
+    ``timeout`` bounds each wait on the socket, ``deadline_s`` the whole request, from its
+    connect to the body's last byte: its socket is shut down then (``index.http_bounds``), so
+    headers trickled or a ``100 Continue`` or a trailer sent without end cannot hold a build."""
+    request = urllib.request.Request(url, headers=_headers(previous))
+    with _CONNECTIONS.bounded(time.monotonic() + deadline_s) as bound:
+        got = _get(request, timeout)
+    if bound.passed:
+        return Failed(f"not downloaded within {deadline_s:g} s")
+    return got
+
+
+def _headers(previous: Mapping[str, Any] | None) -> dict[str, str]:
     headers = {"User-Agent": USER_AGENT, "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}
     if previous:
         if previous.get("etag"):
             headers["If-None-Match"] = str(previous["etag"])
         if previous.get("last_modified"):
             headers["If-Modified-Since"] = str(previous["last_modified"])
-    request = urllib.request.Request(url, headers=headers)
+    return headers
+
+
+def _get(request: urllib.request.Request, timeout: float) -> FetchResult:
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = _read_body(response, deadline, deadline_s)
+        with _OPENER.open(request, timeout=timeout) as response:
+            body = _read_body(response)
             if isinstance(body, Failed):
                 return body
             return Fetched(
@@ -184,25 +201,28 @@ def fetch(
         exc.close()
         if exc.code == 304:
             return NotModified()
-        return Failed(f"HTTP {exc.code} {exc.reason}", gone=exc.code in _GONE)
+        return Failed(_one_line(f"HTTP {exc.code} {exc.reason}"), gone=exc.code in _GONE)
     except urllib.error.URLError as exc:
-        return Failed(f"cannot fetch: {exc.reason}")
+        return Failed(_one_line(f"cannot fetch: {exc.reason}"))
     except (TimeoutError, OSError, http.client.HTTPException, ValueError) as exc:
-        return Failed(f"cannot fetch: {type(exc).__name__}: {exc}")
+        return Failed(_one_line(f"cannot fetch: {type(exc).__name__}: {exc}"))
 
 
-def _read_body(
-    response: http.client.HTTPResponse, deadline: float, deadline_s: float
-) -> bytes | Failed:
-    """The body, read in pieces until it ends, passes MAX_BODY_BYTES or the deadline."""
+def _one_line(reason: str) -> str:
+    """A server's words (a reason phrase, urllib's redirect-loop text) as one line of a report,
+    at most MAX_REASON_CHARS."""
+    line = " ".join(reason.split())
+    return line if len(line) <= MAX_REASON_CHARS else f"{line[:MAX_REASON_CHARS]}..."
+
+
+def _read_body(response: http.client.HTTPResponse) -> bytes | Failed:
+    """The body, read in pieces until it ends or passes MAX_BODY_BYTES."""
     pieces: list[bytes] = []
     size = 0
     while piece := response.read1(_READ_BYTES):
         size += len(piece)
         if size > MAX_BODY_BYTES:
             return Failed(f"larger than {MAX_BODY_BYTES >> 20} MiB")
-        if time.monotonic() > deadline:
-            return Failed(f"not downloaded within {deadline_s:g} s ({size:,} bytes came)")
         pieces.append(piece)
     return b"".join(pieces)
 
