@@ -305,6 +305,23 @@ def test_an_html_page_of_unclosed_comments_is_read_in_linear_time(tmp_path: Path
     assert snap.pages[page_key("html", "hostile.html")].startswith("# Hostile\n\nStart<!--<!--")
 
 
+def test_an_html_page_of_unknown_marked_sections_is_read_as_html5_reads_them(
+    tmp_path: Path,
+) -> None:
+    # "<![bogus[" or "<![ " raised the parser's AssertionError out of the build: every page lost
+    docs = tmp_path / "site"
+    docs.mkdir()
+    (docs / "good.html").write_text("<h1>Good</h1><p>Good page.</p>")
+    (docs / "marked.html").write_text(
+        "<h1>Marked</h1><p>One <![bogus[ x ]]>two <![ y>three <![CDATA[z]]>four.</p>"
+    )
+    summary, snap = build(tmp_path, [{"type": "html", "path": str(docs)}])
+    assert summary.skipped_pages == []
+    # each a bogus comment to the next ">", as HTML5 reads one
+    assert snap.pages[page_key("html", "marked.html")] == "# Marked\n\nOne two three four.\n"
+    assert snap.pages[page_key("html", "good.html")] == "# Good\n\nGood page.\n"
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

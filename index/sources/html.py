@@ -179,6 +179,16 @@ class _Reader(HTMLParser):
         else:
             self._inline.append(data)
 
+    def parse_marked_section(self, i: int, report: int = 1) -> int:
+        """A marked section the parser knows (``<![CDATA[``, an MS Office ``<![if``) read as it
+        reads them; any other ``<![`` is, as HTML5 reads it, a bogus comment to the next ``>``,
+        where the parser's own raised AssertionError out of the build."""
+        try:
+            return super().parse_marked_section(i, report)
+        except AssertionError:
+            end = self.rawdata.find(">", i + 3)
+            return -1 if end < 0 else end + 1
+
     def close(self) -> None:
         super().close()
         if self._pre is not None:
