@@ -188,6 +188,22 @@ def test_missing_root_is_an_error(tmp_path: Path) -> None:
         load_markdown("kb", tmp_path / "nope")
 
 
+def test_frontmatter_mappings_keyed_by_dates_numbers_or_bytes_are_metadata(tmp_path: Path) -> None:
+    # json.dumps refused a date or bytes key inside a mapping: a TypeError out of the build
+    # and of `index validate`, every page lost
+    write(
+        tmp_path,
+        "dated.md",
+        "---\nextra:\n  2024-01-01: launch\n  7: [{!!binary aGk=: 10:30}]\n---\n# Dated\n",
+    )
+    write(tmp_path, "plain.md", "# Plain\n\nText.\n")
+    pages, skipped = load_markdown("kb", tmp_path)
+    assert skipped == []
+    dated = next(p for p in pages if p.source_path == "dated.md")
+    assert json.loads(dated.metadata["extra"]) == {"2024-01-01": "launch", "7": [{"hi": 630}]}
+    assert {p.source_path for p in pages} == {"dated.md", "plain.md"}
+
+
 def test_split_frontmatter() -> None:
     assert split_frontmatter("# No frontmatter\n") == (None, "# No frontmatter\n", 0)
     assert split_frontmatter("---\n---\nbody") == ({}, "body", 2)

@@ -191,6 +191,16 @@ def _json_default(value: object) -> str:
     return str(value)
 
 
+def _str_keys(value: object) -> object:
+    """``value`` with every mapping's keys written as ``metadata_value`` writes a value: YAML
+    keys may be dates, numbers or bytes (``2024-01-01: launch``), which json.dumps refuses."""
+    if isinstance(value, Mapping):
+        return {metadata_value(k): _str_keys(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_str_keys(v) for v in value]
+    return value
+
+
 def metadata_value(value: object) -> str:
     """One frontmatter value as a metadata string: lists joined with ", ", dates in ISO format,
     mappings as compact JSON, booleans as YAML writes them, None as ""."""
@@ -205,7 +215,8 @@ def metadata_value(value: object) -> str:
     if isinstance(value, list | tuple | set | frozenset):
         return ", ".join(metadata_value(v) for v in value)
     if isinstance(value, Mapping):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+        keyed = _str_keys(value)
+        return json.dumps(keyed, ensure_ascii=False, separators=(",", ":"), default=_json_default)
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return str(value)
