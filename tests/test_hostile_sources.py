@@ -22,6 +22,7 @@ from index.errors import ConfigError
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key
 from index.sources import pdf
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
+from index.sources.records import MAX_SKIPS_NAMED
 from index.sources.registry import LoadContext, load_source
 from index.sources.url import Failed, Fetched, fetch
 from index.store import LocalStore
@@ -116,6 +117,19 @@ def test_a_jsonl_line_with_a_number_of_thousands_of_digits_is_skipped(tmp_path: 
     assert reasons(summary) == {
         "faq.jsonl:1": "malformed JSON: a number of more digits than can be read (4,300)"
     }
+    assert [c.source_path for c in snap.chunks] == ["ok"]
+
+
+def test_a_jsonl_of_many_bad_lines_names_the_first_and_counts_the_rest(tmp_path: Path) -> None:
+    # every bad line was held as a report entry until the build ended: 4M lines of "x" (8 MB)
+    # took 1.85 GB
+    faq = tmp_path / "faq.jsonl"
+    faq.write_text("x\n" * (MAX_SKIPS_NAMED + 500) + '{"id": "ok", "text": "Fine."}\n' + "x\n")
+    summary, snap = build(tmp_path, [{"type": "jsonl", "path": str(faq)}])
+    got = reasons(summary)
+    assert len(got) == MAX_SKIPS_NAMED + 1
+    assert got[f"faq.jsonl:{MAX_SKIPS_NAMED}"].startswith("malformed JSON")
+    assert got["faq.jsonl"] == "501 more records skipped, to line 1,502 (the first 1,000 are named)"
     assert [c.source_path for c in snap.chunks] == ["ok"]
 
 
@@ -503,7 +517,9 @@ def test_a_csv_of_lines_that_each_leave_a_quote_open_is_read_once(tmp_path: Path
         "2": "Closed\nover two lines.",
     }
     never = "malformed CSV: a quote opened in this record is never closed"
-    assert reasons(summary) == {f"faq.csv:{line}": never for line in range(5, 5 + n)}
+    named = {f"faq.csv:{line}": never for line in range(5, 5 + MAX_SKIPS_NAMED)}
+    more = f"{n - MAX_SKIPS_NAMED:,} more records skipped, to line {n + 4:,}"
+    assert reasons(summary) == named | {"faq.csv": f"{more} (the first 1,000 are named)"}
 
 
 def test_a_csv_line_over_max_page_bytes_is_read_past_not_held(tmp_path: Path) -> None:
