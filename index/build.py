@@ -29,6 +29,7 @@ from index.embedders.base import Embedder, EmbedderInfo, Vectors
 from index.errors import (
     ConfigError,
     CorruptSnapshot,
+    EmptyBuild,
     SnapshotError,
     SnapshotNotFound,
     VoxrecallError,
@@ -36,7 +37,7 @@ from index.errors import (
 from index.llm import LlmUsage, ModelCaller
 from index.progress import EmbedProgress
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key, read_manifest, write_snapshot
-from index.sources import PageBytes, SkippedPage, sound_pages
+from index.sources import PageBytes, SkippedPage, one_line, sound_pages
 from index.sources.image import image_limit, load_images
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore, new_version_id
@@ -343,14 +344,13 @@ def build_knowledge_base(
 
     content_hash = prepared.content_hash(embedder.info, kb.filterable)
     published = store.latest(kb.name)
-    if (
-        published is not None
-        and _content_hash(store, kb.name) == content_hash
-        and not summary.embedded
-    ):
-        summary.version = published
-        log.info("%s unchanged: still %s", kb.name, published)
-        return summary
+    if published is not None and _content_hash(store, kb.name) == content_hash:
+        if not summary.embedded:
+            summary.version = published
+            log.info("%s unchanged: still %s", kb.name, published)
+            return summary
+    elif published is not None and not prepared.chunks:
+        raise EmptyBuild(_emptied(kb.name, published, summary.skipped_pages))
 
     version = new_version_id(content_hash)
     if published is not None and version <= published:
@@ -382,6 +382,20 @@ def build_knowledge_base(
     summary.version = version
     summary.published = True
     return summary
+
+
+def _emptied(name: str, published: str, skipped: list[dict[str, str]]) -> str:
+    """Why a build of no chunks is not published over ``published`` (``EmptyBuild``)."""
+    if skipped:
+        shown = "; ".join(f"{one_line(s['path'])}: {one_line(s['reason'])}" for s in skipped[:3])
+        more = "; ..." if len(skipped) > 3 else ""
+        found = f"every page was skipped ({len(skipped):,}: {shown}{more})"
+    else:
+        found = "its sources hold no page (an empty folder or export, a volume not mounted?)"
+    return (
+        f"{name}: {found}, so nothing is published over {published}, which keeps serving; "
+        "fix the sources, or delete the base's folder in the store to empty it"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ def _config(args: argparse.Namespace) -> BuildConfig:
 def cmd_index_build(args: argparse.Namespace) -> int:
     from index.build import build_knowledge_base
     from index.embedders.factory import make_embedder
+    from index.sources import one_line
 
     config = _config(args)
     bases = (
@@ -60,7 +61,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
                 f"{sum(s.seconds.values()):.1f} s"
             )
             for skipped in s.skipped_pages:
-                print(f"  skipped {skipped['path']}: {skipped['reason']}")
+                print(f"  skipped {one_line(skipped['path'])}: {one_line(skipped['reason'])}")
             _print_llm(s.as_dict())
     skipped_count = sum(len(s.skipped_pages) for s in summaries)
     if config.index.strict and skipped_count:

@@ -57,6 +57,10 @@ class SourceError(VoxrecallError):
     """A source or one of its pages could not be read."""
 
 
+class EmptyBuild(SourceError):
+    """A build found no chunk where a snapshot is published: it is not published over it."""
+
+
 class EmbedderError(VoxrecallError):
     """The embedder could not be loaded, failed, or returned something unusable."""
 

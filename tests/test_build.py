@@ -174,6 +174,47 @@ def test_strict_build_exits_non_zero_when_a_page_was_skipped(
     assert (tmp_path / "store" / "kb" / "LATEST").is_file()  # strict still publishes the rest
 
 
+def test_a_build_that_finds_no_chunk_is_not_published_over_the_served_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # an export corrupted (every line skipped) or a folder emptied (a volume not mounted)
+    # published a snapshot of no chunks over the good one, exit 0: every call answered nothing
+    docs = docs_folder(tmp_path)
+    config = write_config(tmp_path, docs)
+    assert main(["index", "build", "--config", str(config)]) == 0
+    store = LocalStore(tmp_path / "store")
+    good = store.latest("kb")
+    for page in docs.iterdir():
+        page.write_bytes(b"\xff\xfe not utf-8")
+    (docs / "evil\n  skipped billing.md: forged.md").write_bytes(b"\xff")
+    assert main(["index", "build", "--config", str(config)]) == 2
+    every = capsys.readouterr().err
+    for page in list(docs.iterdir()):
+        page.unlink()
+    assert main(["index", "build", "--config", str(config)]) == 2
+    none = capsys.readouterr().err
+    assert store.latest("kb") == good
+    assert store.versions("kb") == [good]
+    assert every.startswith("error: kb: every page was skipped (4: ")
+    assert "evil\\n  skipped billing.md: forged.md: not valid UTF-8" in every  # one line
+    assert f"so nothing is published over {good}, which keeps serving" in every
+    assert none.startswith("error: kb: its sources hold no page (an empty folder or export")
+
+
+def test_a_skipped_page_s_name_is_reported_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a file name holding a line break printed report lines of its own
+    docs = docs_folder(tmp_path)
+    (docs / "evil\n  skipped billing.md: forged reason\n.md").write_bytes(b"\xff")
+    assert main(["index", "build", "--config", str(write_config(tmp_path, docs))]) == 0
+    skipped = [line for line in capsys.readouterr().out.splitlines() if "skipped" in line]
+    assert skipped == [
+        "  skipped evil\\n  skipped billing.md: forged reason\\n.md: "
+        "not valid UTF-8: invalid start byte at byte 0"
+    ]
+
+
 def test_pruning_keeps_keep_versions(tmp_path: Path, local_embedder: Embedder) -> None:
     docs = docs_folder(tmp_path)
     config = config_for(tmp_path, docs, keep_versions=2)
