@@ -179,7 +179,7 @@ class _Reader(HTMLParser):
         else:
             self._inline.append(data)
 
-    def parse_marked_section(self, i: int, report: int = 1) -> int:
+    def parse_marked_section(self, i: int, report: bool = True) -> int:
         """A marked section the parser knows (``<![CDATA[``, an MS Office ``<![if``) read as it
         reads them; any other ``<![`` is, as HTML5 reads it, a bogus comment to the next ``>``,
         where the parser's own raised AssertionError out of the build."""
