@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import os
+import re
 import reprlib
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -503,8 +504,9 @@ def _knowledge_bases(raw: Mapping[str, Any], base: Path, where: str) -> list[Kno
     if not isinstance(kb_list, list):
         raise ConfigError(f"{where}: knowledge_base must be an array of tables [[knowledge_base]]")
     kbs = [
-        _knowledge_base(kb_raw, base, f"{where} [[knowledge_base]] #{i + 1}")
+        _knowledge_base(_table(kb_raw, kb_where, "[[knowledge_base]]"), base, kb_where)
         for i, kb_raw in enumerate(kb_list)
+        for kb_where in [f"{where} [[knowledge_base]] #{i + 1}"]
     ]
     if len({kb.name for kb in kbs}) != len(kbs):
         raise ConfigError(f"{where}: knowledge base names must be unique")
@@ -515,6 +517,11 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
     name = kb_raw.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{kb_where}: a name is required")
+    if not SAFE_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{kb_where}: name {quoted(name)} must be a letter or digit, then letters, digits, "
+            "'.', '_' or '-', 128 characters at most: it names the base's folder in the store"
+        )
     sources = _sources(kb_raw, base, kb_where)
     apart = ("name", "source", "chunking", "hnsw", "rerank")
     rest = {k: v for k, v in kb_raw.items() if k not in apart}
@@ -535,6 +542,8 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
     return kb
 
 
+# One safe path component, no "..": a base's name (its folder in a store) and a version's.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A base's sources' names, written as the JSON list its snapshot's manifest holds: a quarter of
 # the manifest's cap (index.snapshot.MAX_MANIFEST_BYTES), so that no base can build a snapshot
 # its own sidecar refuses (~1,500 sources of 40-character names).
@@ -551,9 +560,15 @@ def _ranged(
 
 
 def _sources(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> tuple[SourceConfig, ...]:
+    listed = kb_raw.get("source", [])
+    if not isinstance(listed, list):
+        raise ConfigError(
+            f"{kb_where}: source must be an array of tables [[knowledge_base.source]]"
+        )
     sources = [
-        _source(src, base, kb_where, f"{kb_where} source #{j + 1}")
-        for j, src in enumerate(kb_raw.get("source", []))
+        _source(_table(src, s_where, "[[knowledge_base.source]]"), base, kb_where, s_where)
+        for j, src in enumerate(listed)
+        for s_where in [f"{kb_where} source #{j + 1}"]
     ]
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
@@ -568,11 +583,20 @@ def _sources(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> tuple[Sour
     return tuple(sources)
 
 
+def _table(value: object, where: str, written: str) -> Mapping[str, Any]:
+    """``value`` when it is a TOML table, else ConfigError saying how one is written."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a table {written}, got {quoted(value)}")
+    return value
+
+
 def _source(src: Mapping[str, Any], base: Path, kb_where: str, s_where: str) -> SourceConfig:
     s_type = src.get("type")
     if s_type not in SOURCE_TYPES:
         raise ConfigError(f"{s_where}: {_source_type_problem(src)}")
     s_name = src.get("name", s_type)
+    if not isinstance(s_name, str) or not s_name:
+        raise ConfigError(f"{s_where}: name must be a string, got {quoted(s_name)}")
     s_path = resolve_path(base, src["path"], s_where) if "path" in src else None
     options = {k: v for k, v in src.items() if k not in ("name", "type", "path")}
     source = SourceConfig(name=s_name, type=s_type, path=s_path, options=options)
@@ -706,6 +730,10 @@ def read_toml(path: Path) -> dict[str, Any]:
     """A config file's TOML, or ConfigError naming the file."""
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
+    except RecursionError as exc:  # tomllib reads nested arrays and tables recursively
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (TOML is): byte {exc.start}") from exc
     except FileNotFoundError as exc:
         raise ConfigError(
             f"config file not found: {path}: pass --config with your file's path (without it, "
@@ -713,3 +741,5 @@ def read_toml(path: Path) -> dict[str, Any]:
         ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except OSError as exc:  # a folder, no permission
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from exc

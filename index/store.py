@@ -21,7 +21,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -32,7 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import orjson
 
-from index.config import named
+from index.config import SAFE_NAME, named
 from index.errors import (
     CorruptSnapshot,
     IncompleteSnapshot,
@@ -68,7 +67,6 @@ MAX_LISTED_ENTRIES = 100_000
 # no listing of versions or bases reads.
 PUBLISH_LOCK = ".publish.lock"
 MAX_POINTER_BYTES = 256  # a version id is ~33 characters; anything longer is not a pointer
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # one safe path component, no ".."
 
 
 def new_version_id(content_hash: str, now: float | None = None) -> str:
@@ -80,7 +78,7 @@ def new_version_id(content_hash: str, now: float | None = None) -> str:
 
 def check_name(name: str, what: str, where: str) -> str:
     """``name`` when it is one safe path component; else CorruptSnapshot (never a path escape)."""
-    if not _NAME.fullmatch(name):
+    if not SAFE_NAME.fullmatch(name):
         raise CorruptSnapshot(f"{where}: {what} {name[:80]!r} is not a valid name")
     return name
 
@@ -623,4 +621,4 @@ class SkippedNames:
 
 def is_version(name: str) -> bool:
     """Whether a folder name can be a version id (not a dot-folder, not LATEST)."""
-    return bool(_NAME.fullmatch(name)) and name != LATEST
+    return bool(SAFE_NAME.fullmatch(name)) and name != LATEST

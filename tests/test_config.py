@@ -141,6 +141,68 @@ def test_the_cli_prints_the_guess_without_a_traceback(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (DOCS_BASE.replace("[[knowledge_base.source]]", "[knowledge_base.source]")
+         + 'type = "markdown"\npath = "kb"\n',
+         "source must be an array of tables [[knowledge_base.source]]"),
+        ('[[knowledge_base]]\nname = "docs"\nsource = "kb"\n',
+         "source must be an array of tables [[knowledge_base.source]]"),
+        ("knowledge_base = [1]\n", "#1: must be a table [[knowledge_base]], got 1"),
+        ('[[knowledge_base]]\nname = "docs"\nsource = [1]\n',
+         "source #1: must be a table [[knowledge_base.source]], got 1"),
+        (DOCS_BASE + 'name = ["x"]\ntype = "markdown"\npath = "kb"\n',
+         "source #1: name must be a string, got ['x']"),
+        (DOCS_BASE + 'name = 5\ntype = "url"\nurls = ["http://127.0.0.1:9/x"]\n',
+         "source #1: name must be a string, got 5"),
+        (DOCS_BASE.replace('"docs"', '"../escaped"') + 'type = "markdown"\npath = "kb"\n',
+         "name '../escaped' must be a letter or digit, then letters, digits, '.', '_' or '-', "
+         "128 characters at most: it names the base's folder in the store"),
+        ("a = " + "[" * 5_000 + "]" * 5_000 + "\n",
+         "not valid TOML: arrays or tables nested too deeply"),
+        ("a = " + "{b=" * 5_000 + "1" + "}" * 5_000 + "\n",
+         "not valid TOML: arrays or tables nested too deeply"),
+    ],
+)  # fmt: skip
+def test_a_config_of_the_wrong_shape_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    # each was a traceback (AttributeError, TypeError, ValueError, RecursionError), and a base
+    # named "../escaped" published its snapshot outside the store
+    err = _build_refused(tmp_path / "voxrecall.toml", text, capsys)
+    assert err.startswith("error: ")
+    assert err.count("\n") == 1
+    assert message in err
+    assert not (tmp_path / "escaped").exists()
+
+
+@pytest.mark.parametrize("url", ["http://[::1/x", "http://h:99999/x", "http://h:port/x"])
+def test_a_url_source_s_url_that_cannot_be_parsed_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    # urlsplit's ValueError was a traceback
+    path = tmp_path / "voxrecall.toml"
+    path.write_text(DOCS_BASE + f'type = "url"\nurls = ["{url}"]\n')
+    assert main(["index", "build", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == f"error: source 'url': {url!r} is not an http(s) URL\n"
+
+
+def test_a_config_file_that_is_a_folder_or_not_utf8_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "folder.toml"
+    folder.mkdir()
+    assert main(["index", "build", "--config", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: config file {folder} cannot be read: Is a directory\n"
+    )
+    (tmp_path / "latin.toml").write_bytes(b'a = "\xff"\n')
+    assert main(["index", "build", "--config", str(tmp_path / "latin.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path / 'latin.toml'}: not UTF-8 (TOML is): byte 5\n"
+
+
 def _numeric_keys(cls: type) -> list[str]:
     return [k for k, t in get_type_hints(cls).items() if t in (int, float)]
 

@@ -80,13 +80,25 @@ class UrlOptions:
         if not urls:
             raise ConfigError(f'source {source!r}: type url needs urls = ["https://...", ...]')
         for url in urls:
-            parts = urllib.parse.urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
+            if not _web_url(url):
                 raise ConfigError(f"source {source!r}: {url!r} is not an http(s) URL")
         if len(set(urls)) != len(urls):
             raise ConfigError(f"source {source!r}: urls lists a URL twice")
         refresh = options.get("refresh", DEFAULT_REFRESH_S)  # in range (check_options)
         return cls(urls=tuple(urls), refresh_s=float(refresh))
+
+
+def _web_url(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and _port_read(parts)
+    except ValueError:  # "http://[::1/x": an address left open
+        return False
+
+
+def _port_read(parts: urllib.parse.SplitResult) -> bool:
+    parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    return True
 
 
 def _slug(name: str) -> str:
