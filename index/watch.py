@@ -33,6 +33,7 @@ from index.build import BuildSummary, build_knowledge_base
 from index.config import BuildConfig, KnowledgeBaseConfig
 from index.embedders.base import Embedder
 from index.errors import VoxrecallError
+from index.sources.folder import Listing, list_files
 from index.sources.url import UrlOptions, next_due
 
 __all__ = ["BuildEvent", "WatchOptions", "Watcher", "run_watch", "stop_on_signals"]
@@ -70,28 +71,34 @@ class Stopped(Exception):
 
 
 def local_fingerprint(kb: KnowledgeBaseConfig) -> str:
-    """A hash of the path, size and modification time of every file of the base's local sources."""
+    """A hash of the path, size and modification time of every file of the base's local
+    sources, and of the names their walk skipped (a name not UTF-8, a link loop: a rebuild
+    reports them)."""
     h = hashlib.sha256()
     for source in kb.sources:
         if source.path is None:
             continue
         h.update(f"\x00{source.name}\x00".encode(errors="surrogatepass"))
-        for rel, path in _files(source.path):
+        listing = _listing(source.path, bool(source.options.get("follow_symlinks")))
+        for rel, path in listing.files:
             try:
                 st = path.stat()
             except OSError:
                 continue  # removed while walking: the next poll sees it gone
-            # a name that is not UTF-8 comes as surrogate escapes: hashed as they are
             h.update(f"{rel}\x00{st.st_size}\x00{st.st_mtime_ns}\n".encode(errors="surrogatepass"))
+        for skipped in listing.skipped:
+            h.update(f"{skipped.path}\x00skipped\n".encode(errors="surrogatepass"))
     return h.hexdigest()
 
 
-def _files(root: Path) -> list[tuple[str, Path]]:
+def _listing(root: Path, follow_symlinks: bool) -> Listing:
+    """Every file of a source's path, walked as a build walks it (``list_files``: a tree of
+    any depth, each real folder once, links as the source's ``follow_symlinks`` says)."""
     if root.is_file():
-        return [(root.name, root)]
+        return Listing(files=[(root.name, root)])
     if not root.is_dir():
-        return []
-    return sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file())
+        return Listing()
+    return list_files(root, None, follow_symlinks=follow_symlinks)
 
 
 @dataclass(slots=True)

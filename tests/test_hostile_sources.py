@@ -27,6 +27,7 @@ from index.sources.registry import LoadContext, load_source
 from index.sources.url import Failed, Fetched, fetch
 from index.store import LocalStore
 from index.validate import ValidateOptions, validate_docs
+from index.watch import local_fingerprint
 from sidecar.config import parse_config
 from tests.conftest import LIVENESS_S
 from tests.local_http import LocalHttpServer, send_json
@@ -218,6 +219,24 @@ def test_follow_symlinks_reads_links_out_of_the_folder(tmp_path: Path) -> None:
         "leakdir/passwd.md",
         "sub/alias.md",  # "sub/up" links back to the folder itself: a cycle, not walked
     }
+
+
+def test_links_that_reach_one_folder_many_ways_walk_it_once(tmp_path: Path) -> None:
+    # folders each linking twice to the next (no cycle): the bottom one was walked 2^(n-1)
+    # times with follow_symlinks (18 levels: 110 s, 262,144 copies of one page)
+    docs = docs_folder(tmp_path)
+    chain = docs / "chain"
+    for i in range(40):
+        (chain / f"d{i}").mkdir(parents=True)
+    for i in range(39):
+        for name in ("a", "b"):
+            (chain / f"d{i}" / name).symlink_to(f"../d{i + 1}")
+    (chain / "d39" / "bottom.md").write_text("# Bottom\n\nThe bottom page.\n")
+    summary, snap = build(
+        tmp_path, [{"type": "markdown", "path": str(docs), "follow_symlinks": True}]
+    )
+    assert summary.skipped_pages == []
+    assert {c.source_path for c in snap.chunks} == {"billing.md", "chain/d39/bottom.md"}
 
 
 @pytest.mark.parametrize(
@@ -434,6 +453,19 @@ def test_a_folder_tree_nested_past_the_recursion_limit_is_walked(tmp_path: Path)
         summary, snap = build(tmp_path, [{"type": "markdown", "path": str(docs)}])
         assert summary.skipped_pages == []
         assert {c.source_path for c in snap.chunks} == {"billing.md", "d/" * 1_200 + "bottom.md"}
+        # and so does `index watch`'s change check (Path.rglob recursed: RecursionError, and
+        # the watcher stopped rebuilding every base)
+        kb = parse_config(
+            {
+                "knowledge_base": [
+                    {"name": "kb", "source": [{"type": "markdown", "path": str(docs)}]}
+                ]
+            },
+            base=tmp_path,
+        ).knowledge_bases[0]
+        before = local_fingerprint(kb)
+        bottom.write_text("# Bottom\n\nThe deepest page, edited.\n")
+        assert local_fingerprint(kb) != before
     finally:  # pytest's own clean-up (shutil.rmtree) recurses, and this tree is too deep for it
         bottom.unlink()
         for depth in range(1_200, 0, -1):

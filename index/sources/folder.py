@@ -100,18 +100,26 @@ class Listing:
 @dataclass(frozen=True, slots=True)
 class _Walk:
     real_root: Path
-    suffixes: tuple[str, ...]
+    suffixes: tuple[str, ...] | None
     follow_symlinks: bool
     listing: Listing
-    # folders still to read: (folder, its relative path + "/", the real paths above it). A
-    # stack, not recursion: a tree nested thousands of folders deep is still walked.
-    todo: list[tuple[Path, str, tuple[Path, ...]]] = field(default_factory=list)
+    # folders still to read: (folder, its relative path + "/", its real path). A stack, not
+    # recursion: a tree nested thousands of folders deep is still walked.
+    todo: list[tuple[Path, str, Path]] = field(default_factory=list)
+    # the real folders walked or queued: each is walked once, however many links lead to it
+    # (a chain of folders each linking twice to the next was walked 2^depth times), and a
+    # link back up to one is never followed
+    seen: set[Path] = field(default_factory=set)
 
 
-def list_files(root: Path, suffixes: tuple[str, ...], *, follow_symlinks: bool = False) -> Listing:
-    """The files under ``root`` (recursively) with one of ``suffixes``, and the names skipped."""
+def list_files(
+    root: Path, suffixes: tuple[str, ...] | None, *, follow_symlinks: bool = False
+) -> Listing:
+    """The files under ``root`` (recursively) with one of ``suffixes`` (None: every file), and
+    the names skipped."""
     real_root = Path(os.path.realpath(root))
-    walk = _Walk(real_root, suffixes, follow_symlinks, Listing(), [(root, "", (real_root,))])
+    walk = _Walk(real_root, suffixes, follow_symlinks, Listing(), [(root, "", real_root)])
+    walk.seen.add(real_root)
     while walk.todo:
         _walk_folder(walk, *walk.todo.pop())
     walk.listing.files.sort()
@@ -119,7 +127,7 @@ def list_files(root: Path, suffixes: tuple[str, ...], *, follow_symlinks: bool =
     return walk.listing
 
 
-def _walk_folder(walk: _Walk, folder: Path, prefix: str, ancestors: tuple[Path, ...]) -> None:
+def _walk_folder(walk: _Walk, folder: Path, prefix: str, real: Path) -> None:
     try:
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -129,16 +137,16 @@ def _walk_folder(walk: _Walk, folder: Path, prefix: str, ancestors: tuple[Path, 
         )
         return
     for entry in entries:
-        _visit(walk, entry, prefix + entry.name, ancestors)
+        _visit(walk, entry, prefix + entry.name, real)
 
 
-def _visit(walk: _Walk, entry: os.DirEntry[str], rel: str, ancestors: tuple[Path, ...]) -> None:
+def _visit(walk: _Walk, entry: os.DirEntry[str], rel: str, parent: Path) -> None:
     try:
         is_dir = entry.is_dir()  # follows a link
     except OSError as exc:  # a link loop (what it names is unknown: named whatever its suffix)
         walk.listing.skipped.append(SkippedPage(printable(rel), _unreadable(exc)))
         return
-    if not is_dir and Path(entry.name).suffix.lower() not in walk.suffixes:
+    if not is_dir and not _wanted(entry.name, walk.suffixes):
         return
     if not _utf8(entry.name):
         walk.listing.skipped.append(
@@ -148,15 +156,28 @@ def _visit(walk: _Walk, entry: os.DirEntry[str], rel: str, ancestors: tuple[Path
     if entry.is_symlink() and not walk.follow_symlinks:
         _visit_link(walk, entry, rel, is_dir)
     elif is_dir:
-        # ancestors[-1] is this folder's real path: only a link needs resolving (realpath
-        # costs a call per component of the path, quadratic down a deep tree)
-        real = (
-            Path(os.path.realpath(entry.path)) if entry.is_symlink() else ancestors[-1] / entry.name
-        )
-        if real not in ancestors:  # a link back up would walk forever
-            walk.todo.append((Path(entry.path), rel + "/", (*ancestors, real)))
+        _visit_folder(walk, entry, rel, parent)
     else:
         _add_file(walk, entry, rel)
+
+
+def _visit_folder(walk: _Walk, entry: os.DirEntry[str], rel: str, parent: Path) -> None:
+    """A folder, or a link to one being followed: queued once per real folder. A link to a
+    folder inside the root is not walked (its files are read where they are, as when links are
+    not followed); one outside it is, the first in name order of the links to it."""
+    if not entry.is_symlink():
+        real = parent / entry.name  # ``parent`` is real: no realpath, a call per component
+    else:
+        real = Path(os.path.realpath(entry.path))
+        if real.is_relative_to(walk.real_root):
+            return
+    if real not in walk.seen:
+        walk.seen.add(real)
+        walk.todo.append((Path(entry.path), rel + "/", real))
+
+
+def _wanted(name: str, suffixes: tuple[str, ...] | None) -> bool:
+    return suffixes is None or Path(name).suffix.lower() in suffixes
 
 
 def _visit_link(walk: _Walk, entry: os.DirEntry[str], rel: str, is_dir: bool) -> None:
