@@ -159,6 +159,9 @@ def test_the_cli_prints_the_guess_without_a_traceback(
         (DOCS_BASE.replace('"docs"', '"../escaped"') + 'type = "markdown"\npath = "kb"\n',
          "name '../escaped' must be a letter or digit, then letters, digits, '.', '_' or '-', "
          "128 characters at most: it names the base's folder in the store"),
+        (DOCS_BASE + 'type = "markdown"\npath = "kb"\n'
+         + "[knowledge_base.chunking]\ntarget_tokens = 8192\noverlap_tokens = 8191\n",
+         "[chunking]: overlap_tokens (8191) must be at most half of target_tokens (8192)"),
         ("a = " + "[" * 5_000 + "]" * 5_000 + "\n",
          "not valid TOML: arrays or tables nested too deeply"),
         ("a = " + "{b=" * 5_000 + "1" + "}" * 5_000 + "\n",
