@@ -24,7 +24,7 @@ from index.sources import pdf
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
 from index.sources.records import MAX_SKIPS_NAMED
 from index.sources.registry import LoadContext, load_source
-from index.sources.url import Failed, Fetched, fetch
+from index.sources.url import Failed, Fetched, UrlOptions, crawl_urls, fetch, state_path
 from index.store import LocalStore
 from index.validate import ValidateOptions, validate_docs
 from index.watch import local_fingerprint
@@ -661,6 +661,31 @@ def test_a_url_redirected_off_the_web_is_not_followed_and_its_reason_is_one_line
     assert looping.reason.startswith("HTTP 302 ")
     assert "\n" not in looping.reason
     assert "infinite loop" in looping.reason
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"fetched_at": "yesterday"},
+        [],
+        {"fetched_at": 1e18, "pages": [{"path": "p"}]},
+        {"fetched_at": 1.0, "pages": [{"path": "p", "title": "", "text": "", "kind": "html",
+                                       "url": "u", "metadata": {"k": 1}}]},
+    ],
+)  # fmt: skip
+def test_a_crawl_state_entry_of_another_shape_is_crawled_afresh(
+    tmp_path: Path, entry: object
+) -> None:
+    # valid JSON of another shape (a hand edit, a disk fault) stopped every later build with a
+    # ValueError or KeyError
+    url = "http://docs.example/page"
+    state = state_path(tmp_path, "kb", "web")
+    state.parent.mkdir(parents=True)
+    state.write_bytes(json.dumps({"version": 1, "urls": {url: entry}}).encode())
+    page = Fetched(b"<h1>Page</h1><p>Fresh.</p>", "text/html", "utf-8", "", "", url)
+    pages, skipped, stats = crawl_urls("web", UrlOptions((url,)), state, 1e9, lambda u, p: page)
+    assert (stats.requested, stats.downloaded, skipped) == (1, 1, [])
+    assert [p.text for p in pages] == ["# Page\n\nFresh.\n"]
 
 
 # --- frontmatter that YAML parses slowly --------------------------------------------------------

@@ -122,7 +122,40 @@ def _read_state(path: Path) -> dict[str, dict[str, Any]]:
     if not isinstance(raw, dict) or raw.get("version") != _STATE_VERSION:
         return {}
     entries = raw.get("urls", {})
-    return entries if isinstance(entries, dict) else {}
+    if not isinstance(entries, dict):
+        return {}
+    sound = {url: entry for url, entry in entries.items() if _sound(entry)}
+    if len(sound) < len(entries):
+        log.warning(
+            "crawl state %s: %d URL(s) of another shape (edited by hand? a disk fault?): "
+            "crawled afresh", path, len(entries) - len(sound),
+        )  # fmt: skip
+    return sound
+
+
+_PAGE_TEXTS = ("path", "title", "text", "kind", "url")
+
+
+def _sound(entry: object) -> bool:
+    """Whether a crawl state's entry has the shape ``_entry`` writes: a URL's fetch time and
+    its pages (a page's texts, and metadata of strings and lists of strings)."""
+    if not isinstance(entry, dict):
+        return False
+    fetched = entry.get("fetched_at", 0.0)
+    pages = entry.get("pages", [])
+    if isinstance(fetched, bool) or not isinstance(fetched, int | float):
+        return False
+    return isinstance(pages, list) and all(_sound_page(p) for p in pages)
+
+
+def _sound_page(page: object) -> bool:
+    if not isinstance(page, dict) or not all(isinstance(page.get(k), str) for k in _PAGE_TEXTS):
+        return False
+    metadata = page.get("metadata")
+    return isinstance(metadata, dict) and all(
+        isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+        for v in metadata.values()
+    )
 
 
 def next_due(cache_dir: Path, knowledge_base: str, source: str, options: UrlOptions) -> float:
