@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import math
 import random
 import struct
@@ -26,6 +27,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from index.embedders.base import Embedder, FakeEmbedder
+from index.errors import SnapshotNotFound
 from sidecar.config import Config
 from sidecar.edge.lifecycle import State
 from sidecar.edge.server import Sidecar
@@ -302,9 +304,12 @@ async def test_a_body_that_is_not_the_message_is_a_400_saying_what_is_wrong(
     ],
 )
 async def test_a_message_the_method_refuses_is_refused_as_grpc_refuses_it(
-    sidecar: Sidecar, fields: dict[str, Any]
+    sidecar: Sidecar, fields: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The same hooks and engine: the same code (as its HTTP status) and the same message."""
+    """The same hooks and engine: the same code (as its HTTP status) and the same message,
+    and the same log: the call log's line, never an ERROR of its own (the door logged each
+    refused base at ERROR, a line a call however many came)."""
+    caplog.set_level(logging.INFO, logger="voxrecall")
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await grpc_turn(sidecar, **fields)
     reply = await post(sidecar, "/v1/turn", fields)
@@ -312,6 +317,25 @@ async def test_a_message_the_method_refuses_is_refused_as_grpc_refuses_it(
     assert error["code"] == refused.value.code().name
     assert error["message"] == refused.value.details()
     assert reply.status_code == {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404}[error["code"]]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_a_base_that_cannot_answer_now_is_logged_as_grpc_logs_it(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A base not published yet over the door: its 503 and the call log's INFO line, as on
+    gRPC; the door added an ERROR line of its own for each such call."""
+    caplog.set_level(logging.INFO, logger="voxrecall")
+
+    async def loading(*args: Any, **kwargs: Any) -> Any:
+        raise SnapshotNotFound("knowledge base 'help' has no snapshot loaded yet")
+
+    monkeypatch.setattr(sidecar.engine, "search", loading)
+    reply = await post(sidecar, "/v1/search", {"query": "reset my password"})
+    assert reply.status_code == 503
+    assert reply.json()["error"]["code"] == "UNAVAILABLE"
+    assert [r.levelname for r in caplog.records if r.getMessage().startswith("Search ")] == ["INFO"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.parametrize(

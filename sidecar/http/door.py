@@ -531,7 +531,8 @@ class HttpDoor:
             failed = 503, orjson.dumps(body), call.reply.headers
         except VoxrecallError as exc:
             code = status_for(exc)
-            log.error("%s failed: %s", call.method, exc)
+            if code is grpc.StatusCode.INTERNAL:  # the rest: the call log's line, as gRPC's
+                log.error("%s failed: %s", call.method, exc)
             failed = http_status_for(exc), error_body(exc), call.reply.headers
         except Exception:
             code = grpc.StatusCode.INTERNAL
