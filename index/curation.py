@@ -181,21 +181,38 @@ def approved_sources(registry: Path, kb: KnowledgeBaseConfig) -> tuple[SourceCon
 def load_approved_files(
     source: SourceConfig, budget: PageBytes | None = None
 ) -> tuple[list[Page], list[SkippedPage]]:
-    """Each approved file as one page (Markdown or text), its path as its source path; raises
+    """Each approved file as one page (Markdown or text), its name as its source path (a name
+    two files share: the second with a hash of its path; ``_served_name``); raises
     BaseTooLarge when the pages pass ``budget`` (default: this source's own)."""
     budget = budget or PageBytes(source.name)
     pages: list[Page] = []
     skipped: list[SkippedPage] = []
+    taken: set[str] = set()
     for location in source.options["files"]:
         path = Path(location)
         data = read_file(location, path, DEFAULT_MAX_PAGE_BYTES)
-        got = data if isinstance(data, SkippedPage) else _page(source.name, location, path, data)
+        if isinstance(data, SkippedPage):
+            skipped.append(data)
+            continue
+        got = _page(source.name, _served_name(path, taken), path, data)
         if isinstance(got, SkippedPage):
             skipped.append(got)
         else:
             budget.take(got)
             pages.append(got)
     return pages, skipped
+
+
+def _served_name(path: Path, taken: set[str]) -> str:
+    """An approved file's source path, as callers and models see it: its name, not the
+    indexer's folders (``/home/ops/drafts/refunds.md`` answered every call with the path); a
+    name already taken gets the first 8 hex digits of its path's sha256 ("refunds-1a2b3c4d.md")."""
+    name = path.name
+    if name in taken:
+        digest = hashlib.sha256(str(path).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        name = f"{path.stem}-{digest}{path.suffix}"
+    taken.add(name)
+    return name
 
 
 def _page(source: str, location: str, path: Path, data: bytes) -> Page | SkippedPage:

@@ -3,6 +3,7 @@ registry file, real builds), and ``index watch`` rebuilds a base on an authentic
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import logging
@@ -69,7 +70,8 @@ def test_a_pending_source_is_indexed_only_once_approved(
     [file_entry, url_entry] = Registry(config.index.registry).entries()
     assert main(["source", "reject", url_entry.id, "--by", "bo", *cfg]) == 0
     assert main(["source", "approve", file_entry.id, "--by", "bo", *cfg]) == 0
-    assert paths(config, embedder) == {"billing.md", str(proposed.resolve())}
+    # its name, never the indexer's folders, which callers and models would see
+    assert paths(config, embedder) == {"billing.md", "warranty.md"}
     capsys.readouterr()
     assert main(["source", "list", "--json", *cfg]) == 0
     listed = {e["location"]: e for e in json.loads(capsys.readouterr().out)}
@@ -80,6 +82,25 @@ def test_a_pending_source_is_indexed_only_once_approved(
     assert all(e["proposed_at"].endswith("Z") for e in listed.values())
     assert main(["source", "list", "--status", "pending", *cfg]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_approved_files_of_one_name_are_served_apart_without_their_folders(
+    tmp_path: Path,
+) -> None:
+    path, proposed = setup(tmp_path)
+    other = tmp_path / "drafts" / "warranty.md"
+    other.parent.mkdir()
+    other.write_text("# Warranty draft\n\nThe router's warranty may grow to three years.\n")
+    cfg = ["--config", str(path)]
+    for file in (proposed, other):
+        assert main(["source", "add", str(file), "--kb", "kb", "--by", "ana", *cfg]) == 0
+    config = load_config(path)
+    for entry in Registry(config.index.registry).entries():
+        assert main(["source", "approve", entry.id, "--by", "bo", *cfg]) == 0
+    digest = hashlib.sha256(str(other.resolve()).encode()).hexdigest()[:8]
+    served = paths(config, HashEmbedder(dimension=32))
+    assert served == {"billing.md", "warranty.md", f"warranty-{digest}.md"}
+    assert not any(str(tmp_path) in p for p in served)
 
 
 def test_registry_mistakes_are_refused_with_a_reason(
