@@ -90,15 +90,11 @@ class UrlOptions:
 
 def _web_url(url: str) -> bool:
     try:
-        parts = urllib.parse.urlsplit(url)
-        return parts.scheme in ("http", "https") and bool(parts.hostname) and _port_read(parts)
-    except ValueError:  # "http://[::1/x": an address left open
+        parts = urllib.parse.urlsplit(url)  # ValueError: "http://[::1/x", an address left open
+        _ = parts.port  # ValueError: a port out of range or not a number
+    except ValueError:
         return False
-
-
-def _port_read(parts: urllib.parse.SplitResult) -> bool:
-    parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-    return True
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _slug(name: str) -> str:
