@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 
-from sidecar.adapters.client import KNOWLEDGE_HEADER, Voxrecall, is_knowledge, knowledge_text
+from sidecar.adapters.client import (
+    KNOWLEDGE_HEADER,
+    MAX_KNOWLEDGE_CHARS,
+    MAX_KNOWLEDGE_CHUNKS,
+    Voxrecall,
+    is_knowledge,
+    knowledge_text,
+)
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.adapters import ROAMING, VOICEMAIL, knowledge_sidecar_fixture  # noqa: F401
+from tests.conftest import LIVENESS_S
 
 
 @pytest.fixture
@@ -99,3 +108,137 @@ def test_knowledge_text_names_where_each_chunk_comes_from() -> None:
     assert is_knowledge(text)
     assert knowledge_text([]) == ""
     assert not is_knowledge("You are a helpful agent.")
+
+
+def test_knowledge_text_is_bounded_whatever_the_answer_holds() -> None:
+    # an answer of 400,000 chunks held the event loop 0.5 s and made 6.7 MB of context
+    many = knowledge_text([chunk(i) for i in range(1000)])
+    assert many.count("(help:p") == MAX_KNOWLEDGE_CHUNKS
+    huge = pb.Chunk(source="help", source_path="big.md", title="Big", text="x" * 100_000)
+    assert knowledge_text([chunk(1), huge, chunk(2)]).count("(help:") == 1  # left out whole
+    assert knowledge_text([huge]) == ""
+    assert len(many) <= MAX_KNOWLEDGE_CHARS
+
+
+SERVICE = "voxrecall.v1.Retrieval"
+
+
+class Hostile:
+    """A sidecar that answers what no sidecar should: a Turn that is not a TurnResponse, a
+    Converse that answers finals never sent (or breaks late), and counts what it was sent."""
+
+    def __init__(self, converse: str) -> None:
+        self.converse = converse
+        self.turn_time_left: list[float] = []
+
+    async def turn(self, request: pb.TurnRequest, context: Any) -> bytes:
+        self.turn_time_left.append(context.time_remaining())
+        return b"not a protobuf"
+
+    async def stream(self, requests: AsyncIterator[pb.ConverseRequest], context: Any) -> Any:
+        if self.converse == "unasked":
+            for i in range(100_000):  # answers for nothing, as fast as they go
+                yield pb.ConverseResponse(transcript=f"never said {i}")
+        elif self.converse == "breaks-late":
+            async for _ in requests:
+                await asyncio.sleep(0.5)
+                await context.abort(grpc.StatusCode.INTERNAL, "broke late")
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "Turn": grpc.unary_unary_rpc_method_handler(
+                self.turn, request_deserializer=pb.TurnRequest.FromString,
+                response_serializer=lambda raw: raw),
+            "Converse": grpc.stream_stream_rpc_method_handler(
+                self.stream, request_deserializer=pb.ConverseRequest.FromString,
+                response_serializer=pb.ConverseResponse.SerializeToString),
+        })  # fmt: skip
+
+
+@pytest.fixture
+async def hostile() -> AsyncIterator[tuple[Hostile, int]]:
+    sidecar = Hostile("unasked")
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((sidecar.handlers(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield sidecar, port
+    finally:
+        await server.stop(0.5)
+
+
+async def test_an_answer_that_cannot_be_read_is_a_failed_call(
+    hostile: tuple[Hostile, int],
+) -> None:
+    # grpc.aio logs a response it cannot parse and hands over None: every adapter then failed
+    # on an attribute of None (a Pipecat transcription dropped, a Realtime call never answered)
+    sidecar, port = hostile
+    sidecar.converse = "none"
+    async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=5) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await client.turn("s", "how do I reset my password")
+        out = await call_tool_through_turn(client)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert "answer could not be read" in str(failed.value.details())
+    assert out == ["INTERNAL"]
+
+
+async def call_tool_through_turn(client: Voxrecall) -> list[str]:
+    try:
+        await client.turn("s", "and my PIN")
+    except grpc.aio.AioRpcError as exc:
+        return [exc.code().name]
+    return []
+
+
+async def test_answers_a_sidecar_sends_for_no_final_end_the_stream(
+    hostile: tuple[Hostile, int],
+) -> None:
+    # they were queued without end: 89,000 in 10 s, 900 MB, while the caller paused
+    _, port = hostile
+    async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=5) as client:
+        stream = client.turn_stream("s")
+        await stream.interim("how do I")
+        assert stream._interim is not None
+        await stream._interim  # the stream is open, and answering for nothing
+        converse = stream._converse
+        assert converse is not None
+        with pytest.raises(asyncio.InvalidStateError, match="answered a final never sent"):
+            async with asyncio.timeout(LIVENESS_S):
+                await converse.answer()
+        assert converse.answers.qsize() <= 1  # the error alone: no answer was kept
+        await stream.aclose()
+
+
+async def test_a_final_whose_stream_breaks_late_falls_back_within_its_own_deadline(
+    hostile: tuple[Hostile, int],
+) -> None:
+    # the plain Turn sent instead got a whole turn_timeout_s of its own: twice the budget
+    sidecar, port = hostile
+    sidecar.converse = "breaks-late"
+    async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=3) as client:
+        stream = client.turn_stream("s")
+        with pytest.raises(grpc.aio.AioRpcError):  # the Turn's answer cannot be read either
+            await stream.final("how do I reset my password")
+    (left,) = sidecar.turn_time_left
+    assert left < 2.6  # at least the 0.5 s the stream took is gone from the Turn's 3 s
+
+
+async def test_an_interim_never_waits_to_go_out() -> None:
+    # a pipeline's frame waited on each interim's write (350 ms to 1 s a sidecar down): a
+    # port that accepts and never speaks HTTP/2 holds the write, not the caller
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = listener.getsockname()[1]
+        async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=30) as client:
+            stream = client.turn_stream("s")
+            await stream.interim("how do I")
+            await stream.interim("how do I reset")
+            await stream.interim("how do I reset my")
+            assert stream._interim is not None
+            assert not stream._interim.done()  # still going out, and the caller went on
+            assert stream._next_interim == "how do I reset my"  # the newest waits to follow
+            await stream.aclose()
+    finally:
+        listener.close()

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import orjson
@@ -33,6 +33,10 @@ log = logging.getLogger("voxrecall.adapters")
 TURN_TIMEOUT_S = 1.0
 # A model waits for its tool call anyway, but a call must still end.
 TOOL_TIMEOUT_S = 3.0
+# The most of an answer that goes into the context: a turn answers up to [sidecar] max_results
+# (3 by default, 50 at most) chunks of a few hundred words; an answer past these is not one.
+MAX_KNOWLEDGE_CHUNKS = 50
+MAX_KNOWLEDGE_CHARS = 64_000
 KNOWLEDGE_HEADER = (
     "Knowledge base excerpts for the caller's last turn. Answer from them when they are "
     "relevant; when they do not answer the question, say you do not know rather than guess."
@@ -40,14 +44,21 @@ KNOWLEDGE_HEADER = (
 
 
 def knowledge_text(chunks: Sequence[pb.Chunk]) -> str:
-    """The chunks as one message for an LLM context; empty when there are none."""
+    """The chunks as one message for an LLM context; empty when there are none. At most
+    MAX_KNOWLEDGE_CHUNKS of them and MAX_KNOWLEDGE_CHARS in all (a chunk past them is left out
+    whole): an answer of 400,000 chunks held the event loop 0.5 s and made 6.7 MB of context."""
     if not chunks:
         return ""
     parts = [KNOWLEDGE_HEADER]
-    for i, chunk in enumerate(chunks, 1):
+    size = len(KNOWLEDGE_HEADER)
+    for i, chunk in enumerate(chunks[:MAX_KNOWLEDGE_CHUNKS], 1):
         where = " > ".join(chunk.breadcrumbs) or chunk.title
-        parts.append(f"[{i}] {where} ({chunk.source}:{chunk.source_path})\n{chunk.text.strip()}")
-    return "\n\n".join(parts)
+        part = f"[{i}] {where} ({chunk.source}:{chunk.source_path})\n{chunk.text.strip()}"
+        size += len(part) + 2
+        if size > MAX_KNOWLEDGE_CHARS:
+            break
+        parts.append(part)
+    return "\n\n".join(parts) if len(parts) > 1 else ""
 
 
 INVALID_ARGUMENTS = "invalid_arguments"  # the type the sidecar gives arguments it refuses
@@ -91,6 +102,24 @@ async def call_tool(
         log.warning("%s failed: no answer in time", name)
         return ToolOutput(error_output(UNAVAILABLE_TYPE, DID_NOT_ANSWER), True)
     return ToolOutput(resp.output, resp.is_error)
+
+
+_T = TypeVar("_T")
+
+
+def readable(resp: _T | None, method: str) -> _T:
+    """``resp``, or an INTERNAL ``AioRpcError`` when grpc.aio could not parse the answer (it
+    logs the error and hands over None: every adapter then failed on an attribute of None,
+    where it goes on without knowledge from a failed call)."""
+    if resp is None:
+        raise unreadable(method)
+    return resp
+
+
+def unreadable(method: str) -> grpc.aio.AioRpcError:
+    empty = grpc.aio.Metadata()
+    details = f"the sidecar's {method} answer could not be read as the proto's message"
+    return grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, empty, empty, details, None)
 
 
 def is_knowledge(text: object) -> bool:
@@ -149,14 +178,21 @@ class Voxrecall:
         return self._stub
 
     async def turn(
-        self, session_id: str, text: str, *, sources: Sequence[str] = (), is_final: bool = True
+        self,
+        session_id: str,
+        text: str,
+        *,
+        sources: Sequence[str] = (),
+        is_final: bool = True,
+        timeout_s: float | None = None,
     ) -> pb.TurnResponse:
+        """One turn's answer within ``timeout_s`` (default ``turn_timeout_s``)."""
         resp: pb.TurnResponse = await self.stub.Turn(
             self.turn_request(session_id, text, sources=sources, is_final=is_final),
             metadata=self.metadata,
-            timeout=self.turn_timeout_s,
+            timeout=self.turn_timeout_s if timeout_s is None else timeout_s,
         )
-        return resp
+        return readable(resp, "Turn")
 
     async def search(
         self, query: str, *, sources: Sequence[str] = (), limit: int = 0, session_id: str = ""
@@ -172,13 +208,13 @@ class Voxrecall:
             metadata=self.metadata,
             timeout=self.turn_timeout_s,
         )
-        return resp
+        return readable(resp, "Search")
 
     async def list_tools(self) -> list[pb.Tool]:
         resp: pb.ListToolsResponse = await self.stub.ListTools(
             pb.ListToolsRequest(), metadata=self.metadata, timeout=self.tool_timeout_s
         )
-        return list(resp.tools)
+        return list(readable(resp, "ListTools").tools)
 
     async def invoke_tool(
         self, name: str, arguments_json: str, *, session_id: str = "", call_id: str = ""
@@ -190,7 +226,7 @@ class Voxrecall:
             metadata=self.metadata,
             timeout=self.tool_timeout_s,
         )
-        return resp
+        return readable(resp, "InvokeTool")
 
     async def end_session(self, session_id: str) -> bool:
         resp: pb.EndSessionResponse = await self.stub.EndSession(
@@ -198,14 +234,14 @@ class Voxrecall:
             metadata=self.metadata,
             timeout=self.turn_timeout_s,
         )
-        return resp.existed
+        return readable(resp, "EndSession").existed
 
     async def status(self) -> pb.StatusResponse:
         """Each base's snapshot, the embedder, uptime, and this caller's sessions."""
         resp: pb.StatusResponse = await self.stub.Status(
             pb.StatusRequest(), metadata=self.metadata, timeout=self.tool_timeout_s
         )
-        return resp
+        return readable(resp, "Status")
 
     async def read_page(
         self, source_path: str, *, source: str = "", offset: int | None = None
@@ -220,7 +256,7 @@ class Voxrecall:
         resp: pb.ReadPageResponse = await self.stub.ReadPage(
             request, metadata=self.metadata, timeout=self.tool_timeout_s
         )
-        return resp
+        return readable(resp, "ReadPage")
 
     def turn_stream(self, session_id: str, *, sources: Sequence[str] = ()) -> TurnStream:
         """A ``Converse`` stream for one call (opened on first use)."""
@@ -265,9 +301,11 @@ class _Converse:
         self.answers: asyncio.Queue[pb.ConverseResponse | Exception] = asyncio.Queue()
         self._writing = asyncio.Lock()  # one write at a time, in the order they were asked
         self._tasks: set[asyncio.Task[None]] = set()
+        self._owed = 0  # answers the finals written are owed: the queue holds at most these
         self._spawn(self._read())
 
     async def write(self, request: pb.ConverseRequest) -> None:
+        self._owed += request.turn.is_final
         await asyncio.shield(self._spawn(self._write(request)))
 
     async def answer(self) -> pb.ConverseResponse:
@@ -303,12 +341,23 @@ class _Converse:
     async def _read(self) -> None:
         try:
             while (resp := await self.call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
-                self.answers.put_nowait(resp)
+                self._take(resp)
             self.answers.put_nowait(asyncio.InvalidStateError("the sidecar ended the stream"))
         except asyncio.CancelledError:  # closed (grpc.aio says a cancelled RPC's read so too)
             self.answers.put_nowait(asyncio.InvalidStateError("the stream was closed"))
         except Exception as exc:  # handed to the final waiting, which raises it
             self.answers.put_nowait(exc)
+
+    def _take(self, resp: pb.ConverseResponse | None) -> None:
+        """Queue an answer; one that cannot be read (grpc.aio's None), or that no final is owed
+        (answers sent unasked, 89,000 of them queued in 10 s: 900 MB), ends the stream."""
+        if resp is None:
+            raise unreadable("Converse")
+        if self._owed <= 0:
+            self.call.cancel()
+            raise asyncio.InvalidStateError("the sidecar answered a final never sent")
+        self._owed -= 1
+        self.answers.put_nowait(resp)
 
 
 class TurnStream:
@@ -326,41 +375,69 @@ class TurnStream:
         self.sources = tuple(sources)
         self.streaming = True  # False once the sidecar said it has no Converse
         self._converse: _Converse | None = None
+        self._interim: asyncio.Task[None] | None = None  # sending interims, if any
+        self._next_interim: str | None = None  # the newest interim not sent yet
 
     async def interim(self, text: str) -> None:
-        """Send an interim transcript ahead; nothing comes back for it."""
+        """Send an interim transcript ahead, without waiting for it to go out (nothing comes
+        back for it): a pipeline's frames never wait on a prefetch (a sidecar down held each
+        interim 350 ms to 1 s, and a final behind them seconds). While one goes out, the
+        newest after it waits to follow (the ones between are never sent: the newest is the
+        one worth a prefetch)."""
         if not self.streaming or not text.strip():
             return
-        try:
-            async with asyncio.timeout(self.client.turn_timeout_s):
-                await self._open().write(self._request(text, is_final=False))
-        except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as exc:
-            self._broken(exc)
+        self._next_interim = text
+        if self._interim is None or self._interim.done():
+            self._interim = asyncio.create_task(self._send_interims())
+
+    async def _send_interims(self) -> None:
+        while (text := self._next_interim) is not None:
+            self._next_interim = None
+            try:
+                async with asyncio.timeout(self.client.turn_timeout_s):
+                    await self._open().write(self._request(text, is_final=False))
+            except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as exc:
+                self._broken(exc)
+                return
 
     async def final(self, text: str) -> tuple[pb.TurnResponse, bool]:
         """This final transcript's answer, and whether it was answered from a prefetch.
 
         Raises TimeoutError past ``turn_timeout_s`` and ``grpc.aio.AioRpcError`` when the
-        sidecar refuses the turn: the caller goes on without knowledge for this turn.
+        sidecar refuses the turn: the caller goes on without knowledge for this turn. Where the
+        stream breaks, the plain ``Turn`` sent instead has what is left of that time.
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.client.turn_timeout_s
         if self.streaming:
             try:
-                async with asyncio.timeout(self.client.turn_timeout_s):
-                    converse = self._open()
-                    await converse.write(self._request(text, is_final=True))
-                    while True:
-                        resp = await converse.answer()
-                        # An answer to an earlier final that missed its deadline is skipped.
-                        if not resp.transcript or resp.transcript.strip() == text.strip():
-                            return resp.turn, resp.prefetched
+                async with asyncio.timeout_at(deadline):
+                    return await self._streamed(text)
             except TimeoutError as exc:
                 self._broken(exc)
                 raise
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 self._broken(exc)
-        return await self.client.turn(self.session_id, text, sources=self.sources), False
+        left = deadline - loop.time()
+        if left <= 0:
+            raise TimeoutError("no answer within turn_timeout_s")
+        resp = await self.client.turn(self.session_id, text, sources=self.sources, timeout_s=left)
+        return resp, False
+
+    async def _streamed(self, text: str) -> tuple[pb.TurnResponse, bool]:
+        if self._interim is not None and not self._interim.done():
+            await asyncio.shield(self._interim)  # its interims go out first, within this deadline
+        converse = self._open()
+        await converse.write(self._request(text, is_final=True))
+        while True:
+            resp = await converse.answer()
+            # An answer to an earlier final that missed its deadline is skipped.
+            if not resp.transcript or resp.transcript.strip() == text.strip():
+                return resp.turn, resp.prefetched
 
     async def aclose(self) -> None:
+        if self._interim is not None:
+            self._interim.cancel()
         self._close()
 
     def _open(self) -> _Converse:
