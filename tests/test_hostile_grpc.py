@@ -32,6 +32,7 @@ from sidecar.edge.health import MAX_CHECKS_PER_PEER, MAX_WATCHES_PER_PEER, Healt
 from sidecar.edge.interceptor import Call
 from sidecar.edge.limits import (
     MAX_METADATA_BYTES,
+    MAX_METADATA_ENTRIES,
     REFLECTION_STREAMS,
     ConcurrencyLimit,
     FieldLimits,
@@ -234,6 +235,27 @@ async def test_metadata_over_its_cap_is_refused_by_health_and_the_hooks() -> Non
     hook.start(Call("Search", SERVICE_NAME, BIG_METADATA[:10], None))  # type: ignore[arg-type]
     headers = dict(BIG_METADATA)
     hook.start(Call("Search", SERVICE_NAME, headers, None, door="http"))  # type: ignore[arg-type]
+
+
+async def test_metadata_of_too_many_entries_is_refused_and_never_walked_whole() -> None:
+    """100,000 empty entries fit in a first stream's metadata: every lookup of an entry (the
+    call id, the token) walked them all. Past MAX_METADATA_ENTRIES a call is refused naming the
+    limit, and a lookup reads no further than it (the token sent last is not found)."""
+    many = (*(("x-a", "") for _ in range(100_000)), ("authorization", "Bearer late"))
+    hook = FieldLimits()
+    with pytest.raises(
+        InvalidArgument, match=f"100001 entries; the limit is {MAX_METADATA_ENTRIES}"
+    ):
+        hook.start(Call("Search", SERVICE_NAME, many, None))  # type: ignore[arg-type]
+    assert Call("Search", SERVICE_NAME, many, None).header("authorization") == ""  # type: ignore[arg-type]
+    context = _Context(many)
+    with pytest.raises(_Aborted):
+        await Health().Check(health_pb2.HealthCheckRequest(), context)  # type: ignore[arg-type]
+    assert context.aborted is not None
+    assert context.aborted[0] is grpc.StatusCode.INVALID_ARGUMENT
+    few = (("x-a", ""),) * (MAX_METADATA_ENTRIES - 1) + (("authorization", "Bearer ok"),)
+    hook.start(Call("Search", SERVICE_NAME, few, None))  # type: ignore[arg-type]
+    assert Call("Search", SERVICE_NAME, few, None).header("authorization") == "Bearer ok"  # type: ignore[arg-type]
 
 
 async def test_a_watch_ended_to_make_room_is_told_why(

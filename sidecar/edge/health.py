@@ -44,6 +44,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.edge.addresses import peer_key
 from sidecar.edge.hangup import Hangups
+from sidecar.edge.interceptor import metadata_of
 from sidecar.edge.limits import check_metadata
 from sidecar.errors import InvalidArgument
 
@@ -215,7 +216,7 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def _status(self, request: health_pb2.HealthCheckRequest, context: Context) -> Status:
         """The status of the name asked for, or the call aborted saying why it has none."""
         try:  # (health is not hooked: its metadata is counted here)
-            check_metadata(context.invocation_metadata() or ())
+            check_metadata(metadata_of(context))
         except InvalidArgument as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         service = request.service

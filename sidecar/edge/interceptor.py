@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn
 
@@ -42,6 +42,11 @@ Context = grpc.aio.ServicerContext[Any, Any]
 # Python 3.11, and every call's end compares its code with it.
 OK = grpc.StatusCode.OK
 Trailers = tuple[tuple[str, str], ...]  # an abort's trailing metadata
+# A call's metadata entries read and allowed (``sidecar.edge.limits.check_metadata``): 100,000
+# empty ones fit in a connection's first stream (gRPC holds later ones to 16 KiB), and each
+# lookup of an entry (the call id, the token) walked them all, 150 ms a call. A client sends
+# about ten.
+MAX_METADATA_ENTRIES = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,12 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
             return Malformed(len(data))
 
     return deserialize
+
+
+def metadata_of(context: Context) -> Sequence[tuple[str, Any]]:
+    """A call's invocation metadata: a tuple of (key, value) pairs, as grpc.aio gives it on a
+    server (its stub says ``Metadata``)."""
+    return context.invocation_metadata() or ()  # type: ignore[return-value]
 
 
 class Hook:
@@ -168,7 +179,7 @@ class Call:
     service: str  # "voxrecall.v1.Retrieval"
     # a gRPC call's invocation metadata, (key, value) pairs as grpc gives them (keys in lower
     # case: gRPC allows no other), or the HTTP door's headers
-    metadata: dict[str, str] | Iterable[tuple[str, Any]]
+    metadata: dict[str, str] | Sequence[tuple[str, Any]]
     context: Context
     phases: Phases = NO_HOOKS
     # a request stream (Converse, reflection), counted apart from unary calls
@@ -212,7 +223,7 @@ class Call:
         if isinstance(metadata, dict):
             return metadata.get(name, "")
         found = ""
-        for key, value in metadata:
+        for key, value in metadata[:MAX_METADATA_ENTRIES]:  # past them, refused (FieldLimits)
             if key == name and type(value) is str:  # a "-bin" entry's value is bytes
                 found = value
         return found
@@ -392,8 +403,7 @@ class HookInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         phases = self._phases
 
         def new_hooked_call(context: Context, streaming: bool) -> _HookedCall:
-            metadata = context.invocation_metadata() or ()
-            return _HookedCall(name, service, metadata, context, phases, streaming)
+            return _HookedCall(name, service, metadata_of(context), context, phases, streaming)
 
         wrapped = _wrap(handler, new_hooked_call)
         self._wrapped[method] = (handler, wrapped)

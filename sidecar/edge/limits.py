@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
 from sidecar.edge.hangup import Hangups
-from sidecar.edge.interceptor import OK, Call, Hook
+from sidecar.edge.interceptor import MAX_METADATA_ENTRIES, OK, Call, Hook
 from sidecar.edge.lifecycle import Lifecycle
 from sidecar.errors import IdleTimeout, InvalidArgument, ResourceExhausted
 from sidecar.turn.engine import MAX_SESSION_ID, MAX_TEXT_BYTES
@@ -47,6 +47,7 @@ _T = TypeVar("_T")
 # 8 MiB: 1,024 health watches of 1 MiB each, each the first stream of its connection, held
 # 1.35 GB. So every call's is counted here too (``check_metadata``).
 MAX_METADATA_BYTES = 16 * 1024
+# ... and at most ``MAX_METADATA_ENTRIES`` entries (``sidecar.edge.interceptor``).
 
 REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
 # The context the limit's sweep runs in, made before any call's: scheduled from a call's end, it
@@ -436,9 +437,14 @@ def arguments_too_large(size: int) -> str:
     )
 
 
-def check_metadata(metadata: Iterable[tuple[str, Any]]) -> None:
-    """InvalidArgument for a gRPC call's metadata over ``MAX_METADATA_BYTES`` (keys and values;
-    a value is ASCII, or bytes for a ``-bin`` key)."""
+def check_metadata(metadata: Sequence[tuple[str, Any]]) -> None:
+    """InvalidArgument for a gRPC call's metadata of over ``MAX_METADATA_ENTRIES`` entries or
+    ``MAX_METADATA_BYTES`` (keys and values; a value is ASCII, or bytes for a ``-bin`` key)."""
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise InvalidArgument(
+            f"the call's metadata has {len(metadata)} entries; the limit is "
+            f"{MAX_METADATA_ENTRIES}: send fewer headers"
+        )
     size = sum(len(key) + len(value) for key, value in metadata)
     if size > MAX_METADATA_BYTES:
         raise InvalidArgument(
