@@ -206,6 +206,10 @@ class SidecarConfig:
     # Well past a call's pauses: a reconnect costs the next turn ~1.5-2 ms on loopback, and with
     # ``workers`` > 1 it may reach another worker, which holds none of the call's session.
     max_connection_idle_s: float = 300.0
+    # gRPC connections served at once (each worker); one more is refused at its accept. Each
+    # holds a file descriptor and its calls' state: without a cap, connections whose calls never
+    # sent their request took every descriptor (and ~20 KB a call) until none was left.
+    max_grpc_connections: int = 1024
     max_message_bytes: int = 4 * 1024 * 1024
     metrics_listen: str = ""  # host:port for Prometheus; empty: no metrics endpoint
     workers: int = 1  # processes serving `listen` together (sidecar/edge/workers.py)
@@ -343,6 +347,7 @@ SIDECAR_RANGES = {
     ),
     "stream_idle_s": Range(0, DAY_S, above=True, note="seconds"),
     "max_connection_idle_s": Range(0, DAY_S, above=True, note="seconds"),
+    "max_grpc_connections": Range(1, MAX_COUNT),
 }
 
 

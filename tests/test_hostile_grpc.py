@@ -1006,3 +1006,35 @@ async def test_an_agent_holds_its_converse_streams_on_one_channel_and_calls_past
     )
     assert set(ended) <= {"OK", busy}, ended
     assert ended["OK"] > 0
+
+
+async def test_connections_past_max_grpc_connections_are_refused_and_the_rest_served(
+    store: Path, local_embedder: Embedder
+) -> None:
+    """gRPC connections were not capped: connections whose calls never sent their request took
+    every file descriptor (and ~20 KB a call). Past ``max_grpc_connections`` one is closed at its
+    accept (its client sees UNAVAILABLE); the connections within it are served, and a new one is
+    once one of them goes."""
+    config = sidecar_config(store, max_grpc_connections=2)
+    request = pb.SearchRequest(knowledge_base="help", query="reset my password")
+    async with running(config, local_embedder) as sc:
+        # each channel its own connection (a subchannel pool of its own)
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}", options=options)
+                    for _ in range(3)]  # fmt: skip
+        try:
+            for channel in channels[:2]:
+                await pb_grpc.RetrievalStub(channel).Search(request, timeout=LIVENESS_S)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await pb_grpc.RetrievalStub(channels[2]).Search(request, timeout=LIVENESS_S)
+            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+            await channels[0].close()
+            again = grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}", options=options)
+            channels.append(again)
+            answer = await pb_grpc.RetrievalStub(again).Search(
+                request, timeout=LIVENESS_S, wait_for_ready=True
+            )
+            assert answer.chunks
+        finally:
+            for channel in channels:
+                await channel.close()

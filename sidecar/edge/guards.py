@@ -103,6 +103,7 @@ class Guards:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MIN_S * 1000),
             ("grpc.max_connection_idle_ms", round(settings.max_connection_idle_s * 1000)),
+            ("grpc.max_allowed_incoming_connections", settings.max_grpc_connections),
             ("grpc.max_concurrent_streams", streams_per_connection(settings)),
             # count a stream open until HTTP/2 closes it, as its client does: gRPC's default
             # also counts a stream the server has answered until the handler's objects are
