@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -26,7 +27,7 @@ from sidecar.edge.interceptor import Call
 from sidecar.edge.server import Sidecar
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
-from tests.conftest import EXAMPLE_KB, eventually
+from tests.conftest import EXAMPLE_KB, LIVENESS_S, REPO, eventually
 from tests.hardening_kit import TOKEN_A
 from tests.openai_server import OpenAIServer
 
@@ -346,3 +347,51 @@ def test_grpc_lines_for_answers_not_sent_are_failure_lines_and_others_pass(
         assert not fresh.failures.kinds
     finally:
         grpc_logger.setLevel(level)
+
+
+CHILD = """
+import asyncio, logging, resource, sys
+from sidecar.edge import logs
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+async def main():
+    logs.quiet_loop_errors()
+    held = []
+    async def keep(reader, writer):
+        held.append(writer)  # every connection held: the descriptors run out
+    server = await asyncio.start_server(keep, "127.0.0.1", 0, backlog=2048)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(float(sys.argv[1]))
+
+asyncio.run(main())
+"""
+
+
+def test_accepts_past_the_open_file_limit_are_a_few_lines_not_a_flood() -> None:
+    """The event loop wrote its line and traceback for every accept that failed for want of
+    file descriptors: 173,573 of them (217 MB) in 20 s of a flood of connections. Now the
+    first few a window, without the traceback."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    port = int(child.stdout.readline())
+    clients = []
+    try:
+        for _ in range(300):  # past the child's 64 descriptors, each left open
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=LIVENESS_S))
+        _, err = child.communicate(timeout=LIVENESS_S + 3)
+    finally:
+        for client in clients:
+            client.close()
+        child.kill()
+    lines = [line for line in err.splitlines() if "out of system resource" in line]
+    assert lines, err[-2000:]  # the descriptors did run out
+    # the first FAILURE_LINES a FAILURE_WINDOW_S, and a count of the rest: 4 s at most here
+    assert len(lines) <= logs.FAILURE_LINES * 4 / logs.FAILURE_WINDOW_S
+    assert all(line.startswith("WARNING ") for line in lines)
+    assert "Too many open files: connections are refused until some close" in lines[0]
+    assert "more like this suppressed" in err
+    assert "Traceback" not in err

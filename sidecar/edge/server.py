@@ -391,6 +391,7 @@ async def create_server(
     later worker of ``workers`` > 1 binds only once loaded, as the kernel would otherwise hand
     it connections whose calls it can only refuse while the first worker answers health.
     """
+    logs.quiet_loop_errors()
     owns_embedder = embedder is None
     if embedder is None:
         embedder = await asyncio.to_thread(make_embedder, config.embedder)
