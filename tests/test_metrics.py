@@ -4,8 +4,11 @@ an embedder failing or hanging, the store unreachable, a snapshot refused."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,9 +23,11 @@ from index.embedders.base import Embedder
 from index.embedders.remote import OpenAIEmbedder
 from index.http_store import HttpOptions, HttpStore
 from index.store import LocalStore, new_version_id
+from sidecar.edge import metrics
 from sidecar.edge.server import Sidecar, create_server
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
+from tests.conftest import LIVENESS_S
 from tests.hardening_kit import build_store, running, sidecar_config
 from tests.openai_server import Behaviour, OpenAIServer
 from tests.snapshot_kit import flip_a_byte, point_at
@@ -154,6 +159,32 @@ async def test_the_endpoint_stops_with_the_sidecar(store: Path, local_embedder: 
         assert value(await asyncio.to_thread(scrape, port), "voxrecall_sessions") == 0
     with pytest.raises(urllib.error.URLError):
         await asyncio.to_thread(scrape, port)
+
+
+async def test_silent_connections_to_the_endpoint_are_bounded_and_let_go(
+    store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prometheus_client's server held a thread and a descriptor for every connection opened and
+    left silent, for ever (741 in a minute): at most METRICS_CONNECTIONS are served at once (one
+    more is closed unread) and each waits METRICS_TIMEOUT_S for its request."""
+    monkeypatch.setattr(metrics, "METRICS_TIMEOUT_S", 0.5)
+    async with running(sidecar_config(store, metrics_listen="127.0.0.1:0"), local_embedder) as sc:
+        port = sc.metrics_port
+        threads = threading.active_count()
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        try:
+            for conn in silent[metrics.METRICS_CONNECTIONS :]:  # closed unread: end of file
+                conn.settimeout(LIVENESS_S)
+                assert conn.recv(1) == b""
+            assert threading.active_count() <= threads + metrics.METRICS_CONNECTIONS
+            for conn in silent[: metrics.METRICS_CONNECTIONS]:  # their reads timed out
+                conn.settimeout(LIVENESS_S)
+                with contextlib.suppress(ConnectionResetError):
+                    assert conn.recv(1) in (b"", b"H")  # closed, or a 408 of wsgiref's
+        finally:
+            for conn in silent:
+                conn.close()
+        assert value(await scraped(sc), "voxrecall_sessions") == 0  # served again
 
 
 # -- faults ------------------------------------------------------------------------------------

@@ -20,15 +20,17 @@ method and code, never by base, so a call naming a base that does not exist make
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -50,6 +52,10 @@ from sidecar.turn.prefetch import PREFETCH_MAX_BYTES
 
 # Seconds. A turn's default budget is 150 ms and an embedding ~2-10 ms: the buckets are dense
 # there, with a tail to show calls that waited on a slow remote embedder or a full queue.
+# The metrics endpoint's connections at once, and how long it waits on each read and write
+# (``_BoundedServer``): a scraper opens one every 15-60 s and is answered in milliseconds.
+METRICS_CONNECTIONS = 16
+METRICS_TIMEOUT_S = 10.0
 LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -233,7 +239,7 @@ class Metrics(Hook):
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the bound port."""
         host, _, port = listen.rpartition(":")
         try:
-            server, thread = start_http_server(int(port), host.strip("[]"), registry=self.registry)
+            server, thread = _serve(host.strip("[]"), int(port), make_wsgi_app(self.registry))
         except OSError as exc:
             raise CannotListen(
                 listen, "[sidecar] metrics_listen", exc.strerror or str(exc)
@@ -249,6 +255,54 @@ class Metrics(Hook):
         if self._thread is not None:
             self._thread.join()
         self._server = self._thread = None
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """prometheus_client's threaded WSGI server (a thread a connection), with at most
+    ``METRICS_CONNECTIONS`` connections served at once (one more is closed unread: a scraper
+    tries again at its next interval) and ``METRICS_TIMEOUT_S`` for each read and write. Its own
+    had neither: connections opened and left silent held a thread and a descriptor each for
+    ever (741 in a minute), until the process had none for its calls."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(METRICS_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(METRICS_TIMEOUT_S)
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a line a scrape on stderr, as prometheus_client's own handler does not write
+
+
+def _serve(host: str, port: int, app: Any) -> tuple[WSGIServer, threading.Thread]:
+    """``app`` served on ``host:port`` from a daemon thread (``_BoundedServer``)."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    server_class = type("MetricsServer", (_BoundedServer,), {"address_family": family})
+    server: WSGIServer = make_server(str(address[0]), port, app, server_class, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="voxrecall-metrics", daemon=True)
+    thread.start()
+    return server, thread
 
 
 class _Count:
