@@ -296,6 +296,35 @@ async def test_a_head_of_too_many_fields_is_431_and_the_next_request_answered(
     assert line.startswith(b"HTTP/1.1 200 "), line
 
 
+async def test_a_request_with_a_body_asking_for_h2c_is_told_to_send_http_1_1(
+    sidecar: Sidecar,
+) -> None:
+    """``curl --http2`` on http:// asks to upgrade to h2c: the parser handed the body to the
+    upgrade, and the request was answered as if empty ("a zero-length document"). It is refused
+    400 saying what to send; the same request without Upgrade is answered."""
+    body = b'{"query": "reset my password"}'
+    head = (
+        b"POST /v1/search HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + TOKEN_A.encode() + b"\r\n"
+        b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+        b"http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\ncontent-length: %d\r\n\r\n" % len(body)
+    )
+    reader, writer = await connect(sidecar)
+    writer.write(head + body)
+    async with asyncio.timeout(LIVENESS_S):
+        got = await reader.read()
+    writer.close()
+    assert got.startswith(b"HTTP/1.1 400 "), got[:60]
+    assert b"send it without Upgrade (curl --http1.1)" in got
+    plain = head.replace(b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n", b"")
+    reader, writer = await connect(sidecar)
+    writer.write(plain + body)
+    async with asyncio.timeout(LIVENESS_S):
+        line = await reader.readline()
+    writer.close()
+    assert line.startswith(b"HTTP/1.1 200 "), line
+
+
 BAD_REQUESTS = [  # each refused by the parser: a Content-Length it cannot read
     b"GET /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: z\r\n\r\n",
     b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999999999999999\r\n\r\n{}",

@@ -133,6 +133,13 @@ MAX_HEAD_BYTES = 64 * 1024
 # A platform's webhook sends about 20.
 MAX_HEAD_FIELDS = 128
 HEAD_TIMEOUT_S = 10.0
+# A request with a body that asks to upgrade its connection (``curl --http2`` on http:// asks
+# for h2c): the parser hands the body to the upgrade, so the request looked empty (a 400 saying
+# "a zero-length document" to a client that sent one). The door speaks HTTP/1.1 only.
+UPGRADE_WITH_BODY = (
+    "the request asks to upgrade its connection (Upgrade: h2c from curl --http2?), and its body "
+    "would be lost: the door speaks HTTP/1.1 only; send it without Upgrade (curl --http1.1)"
+)
 # The rest of a request (its body, a chunked body's trailer) must be whole within this long of
 # its call's start, or the connection is closed: BODY_TIMEOUT_S's 408 comes first where the
 # body is read, and this bounds the paths that answer without reading it (health, 404, 405, a
@@ -983,6 +990,9 @@ class _BoundedHead(HttpToolsProtocol):
         if _head_size(self.url, self.headers) > MAX_HEAD_BYTES:  # whole within one read
             self._refuse_head()
             return
+        if self.parser.should_upgrade() and _has_body(self.headers):
+            self._refuse_head(UPGRADE_WITH_BODY, b"400 Bad Request")
+            return
         self._in_body = True
         super().on_headers_complete()
         self._answer_first(self.cycle)
@@ -1150,14 +1160,16 @@ class _BoundedHead(HttpToolsProtocol):
             self.admission.upgrade(self._address)
 
     def _refuse_head(
-        self, message: str = f"the request's headers are over {MAX_HEAD_BYTES} bytes"
+        self,
+        message: str = f"the request's headers are over {MAX_HEAD_BYTES} bytes",
+        status: bytes = b"431 Request Header Fields Too Large",
     ) -> None:
-        """431, and close: nothing more of the connection is read."""
+        """431 (or ``status``), and close: nothing more of the connection is read."""
         self._disarm()
         self._dropped = True
         body = orjson.dumps({"error": {"code": "INVALID_ARGUMENT", "message": message}})
         self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
+            b"HTTP/1.1 " + status + b"\r\ncontent-type: "
             b"application/json\r\nconnection: close\r\ncontent-length: "
             + str(len(body)).encode()
             + b"\r\n\r\n"
@@ -1195,6 +1207,14 @@ class _ClosedAtEnd:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _has_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether a head announces a body (a Content-Length above 0, or chunked)."""
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ")):
+            return True
+    return False
 
 
 def _head_size(url: bytes, headers: Sequence[tuple[bytes, bytes]]) -> int:
