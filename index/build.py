@@ -33,11 +33,19 @@ from index.errors import (
     SnapshotError,
     SnapshotNotFound,
     VoxrecallError,
+    one_line,
 )
 from index.llm import LlmUsage, ModelCaller
 from index.progress import EmbedProgress
-from index.snapshot import LoadedSnapshot, load_snapshot, page_key, read_manifest, write_snapshot
-from index.sources import PageBytes, SkippedPage, one_line, sound_pages
+from index.snapshot import (
+    LoadedSnapshot,
+    Manifest,
+    load_snapshot,
+    page_key,
+    read_manifest,
+    write_snapshot,
+)
+from index.sources import PageBytes, SkippedPage, sound_pages
 from index.sources.image import image_limit, load_images
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore, new_version_id
@@ -344,13 +352,14 @@ def build_knowledge_base(
 
     content_hash = prepared.content_hash(embedder.info, kb.filterable)
     published = store.latest(kb.name)
-    if published is not None and _content_hash(store, kb.name) == content_hash:
+    manifest = _published_manifest(store, kb.name) if published is not None else None
+    if manifest is not None and manifest.extra.get("content_hash") == content_hash:
         if not summary.embedded:
-            summary.version = published
+            summary.version = published or ""
             log.info("%s unchanged: still %s", kb.name, published)
             return summary
-    elif published is not None and not prepared.chunks:
-        raise EmptyBuild(_emptied(kb.name, published, summary.skipped_pages))
+    elif manifest is not None and manifest.chunks and not prepared.chunks:
+        raise EmptyBuild(_emptied(kb.name, manifest.version, summary.skipped_pages))
 
     version = new_version_id(content_hash)
     if published is not None and version <= published:
@@ -391,7 +400,7 @@ def _emptied(name: str, published: str, skipped: list[dict[str, str]]) -> str:
         more = "; ..." if len(skipped) > 3 else ""
         found = f"every page was skipped ({len(skipped):,}: {shown}{more})"
     else:
-        found = "its sources hold no page (an empty folder or export, a volume not mounted?)"
+        found = "its sources gave no chunk (an empty folder or export, a volume not mounted?)"
     return (
         f"{name}: {found}, so nothing is published over {published}, which keeps serving; "
         "fix the sources, or delete the base's folder in the store to empty it"
@@ -495,10 +504,9 @@ def _filtered(chunk: Chunk, filterable: tuple[str, ...]) -> list[object]:
     return [chunk.metadata.get(name) for name in filterable]
 
 
-def _content_hash(store: LocalStore, kb: str) -> str | None:
+def _published_manifest(store: LocalStore, kb: str) -> Manifest | None:
+    """The published version's manifest, None when it cannot be read (a build then publishes)."""
     try:
-        manifest = read_manifest(store.latest_dir(kb))
+        return read_manifest(store.latest_dir(kb))
     except VoxrecallError:
         return None
-    value = manifest.extra.get("content_hash")
-    return str(value) if value is not None else None

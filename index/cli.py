@@ -35,7 +35,7 @@ def _config(args: argparse.Namespace) -> BuildConfig:
 def cmd_index_build(args: argparse.Namespace) -> int:
     from index.build import build_knowledge_base
     from index.embedders.factory import make_embedder
-    from index.sources import one_line
+    from index.errors import one_line
 
     config = _config(args)
     bases = (

@@ -517,10 +517,10 @@ def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> Kno
     name = kb_raw.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{kb_where}: a name is required")
-    if not SAFE_NAME.fullmatch(name):
+    if not _one_component(name):
         raise ConfigError(
-            f"{kb_where}: name {quoted(name)} must be a letter or digit, then letters, digits, "
-            "'.', '_' or '-', 128 characters at most: it names the base's folder in the store"
+            f"{kb_where}: name {quoted(name)} must be one folder's name (no '/' or NUL, not "
+            "starting with '.', 255 bytes at most): it names the base's folder in the store"
         )
     sources = _sources(kb_raw, base, kb_where)
     apart = ("name", "source", "chunking", "hnsw", "rerank")
@@ -555,8 +555,19 @@ def _chunking(values: Mapping[str, Any], where: str) -> ChunkingConfig:
     return chunking
 
 
-# One safe path component, no "..": a base's name (its folder in a store) and a version's.
+# One safe path component, no "..": the name of a base or a version an HTTP or S3 store holds
+# (a URL's segment, a key's), and what a folder store lists.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_NAME_BYTES = 255  # a file name's most on Linux
+
+
+def _one_component(name: str) -> bool:
+    """Whether a base's name is one folder's name in a folder store, and no name of its own
+    (``.embedding-cache``, ``.publish.lock``): "../escaped" published outside the store."""
+    size = len(name.encode("utf-8", "surrogatepass"))
+    return not ("/" in name or "\0" in name or name.startswith(".") or size > MAX_NAME_BYTES)
+
+
 # A base's sources' names, written as the JSON list its snapshot's manifest holds: a quarter of
 # the manifest's cap (index.snapshot.MAX_MANIFEST_BYTES), so that no base can build a snapshot
 # its own sidecar refuses (~1,500 sources of 40-character names).

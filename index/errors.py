@@ -137,10 +137,13 @@ class CacheWriteError(SnapshotError):
 
 
 def one_line(text: str) -> str:
-    """``text`` with its line breaks written as ``\\n`` (``\\r``): what another party wrote
-    (urllib's redirect-loop text, a server's reason phrase) stays one line in a log, a refusal
-    and Status."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """``text`` with its line breaks and other control characters written as their escapes
+    (``\\n``, ``\\r``, ``\\t``, ``\\x1b``, ``\\u202e``): what another party wrote
+    (urllib's redirect-loop text, a server's reason phrase, a file's name) stays one line in a
+    log, a report, a refusal and Status, and cannot print lines of its own."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def shortened(text: str, limit: int) -> str:

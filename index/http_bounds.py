@@ -30,6 +30,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from index.errors import one_line, shortened
+
 __all__ = ["Connections", "Deadline", "SameOrigin", "WebOnly", "opener"]
 
 WEB_SCHEMES = frozenset({"http", "https"})
@@ -170,8 +172,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     ) -> urllib.request.Request | None:
         why = self.refused(req.full_url, newurl)
         if why is not None:
-            where = newurl if len(newurl) <= MAX_SHOWN_URL else f"{newurl[:MAX_SHOWN_URL]}..."
-            where = where.encode("unicode_escape").decode("ascii")  # one line, whatever it holds
+            where = shortened(one_line(newurl), MAX_SHOWN_URL)
             raise urllib.error.HTTPError(req.full_url, code, f"{why}: {where}", headers, fp)
         fp.close()
         return super().redirect_request(req, fp, code, msg, headers, newurl)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from index.errors import ConfigError, SourceError
+from index.errors import ConfigError, SourceError, shortened
 from index.snapshot import write_atomic
 from index.sources import sound_pages
 from index.sources.folder import DEFAULT_OPTIONS, FolderOptions, list_files
@@ -388,7 +388,10 @@ def _check_links(
                 )
             else:
                 problem = Problem(
-                    rel, number, "broken-link", f"broken link: {_shown(target)} ({why})"
+                    rel,
+                    number,
+                    "broken-link",
+                    f"broken link: {shortened(target, MAX_SHOWN_TARGET)} ({why})",
                 )
             report.problems.append(problem)
 
@@ -476,11 +479,6 @@ def write_manifest(root: Path, pages: Sequence[PageEntry]) -> Path:
     except OSError as exc:
         raise SourceError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return path
-
-
-def _shown(target: str) -> str:
-    """A link's target as a report shows it: at most MAX_SHOWN_TARGET characters."""
-    return target if len(target) <= MAX_SHOWN_TARGET else f"{target[:MAX_SHOWN_TARGET]}..."
 
 
 def _path_lines(text: str) -> dict[str, int]:

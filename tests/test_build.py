@@ -198,7 +198,19 @@ def test_a_build_that_finds_no_chunk_is_not_published_over_the_served_one(
     assert every.startswith("error: kb: every page was skipped (4: ")
     assert "evil\\n  skipped billing.md: forged.md: not valid UTF-8" in every  # one line
     assert f"so nothing is published over {good}, which keeps serving" in every
-    assert none.startswith("error: kb: its sources hold no page (an empty folder or export")
+    assert none.startswith("error: kb: its sources gave no chunk (an empty folder or export")
+
+
+def test_a_base_empty_on_purpose_builds_again_under_another_embedder(tmp_path: Path) -> None:
+    # only a build that would empty a base of chunks is refused: an empty one published before
+    # is not, whatever changed (its content hash is its embedder's name alone)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    config = config_for(tmp_path, docs)
+    assert build(config, HashEmbedder(dimension=8)).published
+    again = build(config, HashEmbedder(dimension=16, name="other/model"))
+    assert again.published
+    assert again.chunks == 0
 
 
 def test_a_skipped_page_s_name_is_reported_on_one_line(

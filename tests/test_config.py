@@ -157,8 +157,8 @@ def test_the_cli_prints_the_guess_without_a_traceback(
         (DOCS_BASE + 'name = 5\ntype = "url"\nurls = ["http://127.0.0.1:9/x"]\n',
          "source #1: name must be a string, got 5"),
         (DOCS_BASE.replace('"docs"', '"../escaped"') + 'type = "markdown"\npath = "kb"\n',
-         "name '../escaped' must be a letter or digit, then letters, digits, '.', '_' or '-', "
-         "128 characters at most: it names the base's folder in the store"),
+         "name '../escaped' must be one folder's name (no '/' or NUL, not starting with '.', "
+         "255 bytes at most): it names the base's folder in the store"),
         (DOCS_BASE + 'type = "markdown"\npath = "kb"\n'
          + "[knowledge_base.chunking]\ntarget_tokens = 8192\noverlap_tokens = 8191\n",
          "[chunking]: overlap_tokens (8191) must be at most half of target_tokens (8192)"),
@@ -189,6 +189,19 @@ def test_a_url_source_s_url_that_cannot_be_parsed_is_refused_in_one_line(
     path.write_text(DOCS_BASE + f'type = "url"\nurls = ["{url}"]\n')
     assert main(["index", "build", "--config", str(path)]) == 2
     assert capsys.readouterr().err == f"error: source 'url': {url!r} is not an http(s) URL\n"
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", "..", ".embedding-cache", "é" * 128, "a\0b"])
+def test_a_base_name_that_is_not_one_folder_s_name_is_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match="must be one folder's name"):
+        parse_config(kb_with(name=name), base=tmp_path)
+
+
+def test_base_names_of_spaces_and_letters_of_any_script_stay_valid(tmp_path: Path) -> None:
+    # bases named so built and published before the name was checked: still read
+    names = ["support kb", "FAQ (en)", "café", "_internal"]
+    raw = {"knowledge_base": [{"name": n, "source": [dict(SOURCE)]} for n in names]}
+    assert [kb.name for kb in parse_config(raw, base=tmp_path).knowledge_bases] == names
 
 
 def test_a_config_file_that_is_a_folder_or_not_utf8_is_refused_in_one_line(

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from index.validate import MANIFEST_NAME, ValidateOptions, validate_docs, write_manifest
+from index.errors import shortened
+from index.validate import (
+    MANIFEST_NAME,
+    MAX_SHOWN_TARGET,
+    ValidateOptions,
+    validate_docs,
+    write_manifest,
+)
 from sidecar.cli import main
 from tests.conftest import shared
 
@@ -231,8 +238,10 @@ def test_a_link_target_too_long_for_a_file_name_is_a_broken_link_shown_short(
     # the validation with a traceback; the problem line carried the 5,000 characters
     target = "a" * 5_000 + ".md"
     root = write(tmp_path / "docs", {"two.md": f"# Two\n\n[x]({target})\n"})
+    shown = shortened(target, MAX_SHOWN_TARGET)
+    assert shown.endswith(" [... cut from 5003 bytes]")
     assert lines(validate_docs(root).problems) == [
-        f"two.md:3: broken link: {'a' * 200}... (no such page (File name too long))"
+        f"two.md:3: broken link: {shown} (no such page (File name too long))"
     ]
 
 

@@ -51,15 +51,6 @@ def printable(name: str) -> str:
         return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def one_line(name: str) -> str:
-    """``name`` as one line of a report: a line break or other control character in a file
-    name (``evil\\n  skipped billing.md: ...``) written as its escape, so a name cannot print
-    lines of its own."""
-    if name.isprintable():
-        return name
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name)
-
-
 def _fields(page: Page) -> Iterable[tuple[str, str]]:
     yield "source_path", page.source_path
     yield "title", page.title

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from index.chunker import first_h1
-from index.errors import ConfigError
+from index.errors import ConfigError, one_line, shortened
 from index.http_bounds import Connections, WebOnly, opener
 from index.snapshot import write_atomic
 from index.sources import PageBytes, SkippedPage, sound_pages
@@ -52,7 +52,7 @@ FETCH_TIMEOUT_S = 15.0  # one slow page must not hold a build; a healthy docs si
 # every few seconds would hold the build for days within it. A whole request gets this long, its
 # status line and headers too (20 MiB at a slow 1 MB/s is 20 s).
 FETCH_DEADLINE_S = 60.0
-MAX_REASON_CHARS = 200  # of a server's words in a skipped page's reason
+MAX_REASON_BYTES = 200  # of a server's words in a skipped page's reason
 _READ_BYTES = 64 << 10
 MAX_WORKERS = 8  # concurrent fetches: enough to hide latency, few enough to be polite to one host
 MAX_BODY_BYTES = 20 << 20  # a knowledge page over 20 MiB is a mistake (a video, an archive)
@@ -251,9 +251,8 @@ def _get(request: urllib.request.Request, timeout: float) -> FetchResult:
 
 def _one_line(reason: str) -> str:
     """A server's words (a reason phrase, urllib's redirect-loop text) as one line of a report,
-    at most MAX_REASON_CHARS."""
-    line = " ".join(reason.split())
-    return line if len(line) <= MAX_REASON_CHARS else f"{line[:MAX_REASON_CHARS]}..."
+    at most MAX_REASON_BYTES."""
+    return shortened(one_line(reason), MAX_REASON_BYTES)
 
 
 def _read_body(response: http.client.HTTPResponse) -> bytes | Failed:
