@@ -222,21 +222,39 @@ def test_follow_symlinks_reads_links_out_of_the_folder(tmp_path: Path) -> None:
 
 
 def test_links_that_reach_one_folder_many_ways_walk_it_once(tmp_path: Path) -> None:
-    # folders each linking twice to the next (no cycle): the bottom one was walked 2^(n-1)
-    # times with follow_symlinks (18 levels: 110 s, 262,144 copies of one page)
+    # folders outside the source, each linking twice to the next (no cycle): the bottom one
+    # was walked 2^(n-1) times with follow_symlinks (18 levels: 110 s, 262,144 copies of one
+    # page); here 2,048 copies. A link to a folder inside the source reads its files where they
+    # are, but for a folder the walk cannot reach (its name not UTF-8): read through the link.
     docs = docs_folder(tmp_path)
-    chain = docs / "chain"
-    for i in range(40):
+    chain = tmp_path / "outside"
+    for i in range(12):
         (chain / f"d{i}").mkdir(parents=True)
-    for i in range(39):
+    for i in range(11):
         for name in ("a", "b"):
             (chain / f"d{i}" / name).symlink_to(f"../d{i + 1}")
-    (chain / "d39" / "bottom.md").write_text("# Bottom\n\nThe bottom page.\n")
+    (chain / "d11" / "bottom.md").write_text("# Bottom\n\nThe bottom page.\n")
+    (docs / "ext").symlink_to(chain / "d0")
+    (docs / "v2").mkdir()
+    (docs / "v2" / "guide.md").write_text("# Guide\n\nVersion two.\n")
+    (docs / "latest").symlink_to("v2")
+    latin = os.path.join(os.fsencode(docs), b"caf\xe9")
+    os.mkdir(latin)
+    with open(os.path.join(latin, b"menu.md"), "wb") as f:
+        f.write(b"# Menu\n\nCoffee.\n")
+    (docs / "cafe").symlink_to(os.fsdecode(latin))
     summary, snap = build(
         tmp_path, [{"type": "markdown", "path": str(docs), "follow_symlinks": True}]
     )
-    assert summary.skipped_pages == []
-    assert {c.source_path for c in snap.chunks} == {"billing.md", "chain/d39/bottom.md"}
+    assert [s["reason"] for s in summary.skipped_pages] == [
+        "the name is not UTF-8 (rename it to index it)"
+    ]
+    assert {c.source_path for c in snap.chunks} == {
+        "billing.md",
+        "ext/" + "a/" * 11 + "bottom.md",  # the first link in name order, once
+        "v2/guide.md",  # where it is, not again through "latest"
+        "cafe/menu.md",  # the folder's own name is not UTF-8: read through its link
+    }
 
 
 @pytest.mark.parametrize(

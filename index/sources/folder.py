@@ -110,6 +110,9 @@ class _Walk:
     # (a chain of folders each linking twice to the next was walked 2^depth times), and a
     # link back up to one is never followed
     seen: set[Path] = field(default_factory=set)
+    # links to folders inside the root, walked once the walk is done, each whose folder it did
+    # not reach (one whose own name is not UTF-8, say), by the first link to it
+    links_in: list[tuple[Path, str, Path]] = field(default_factory=list)
 
 
 def list_files(
@@ -121,7 +124,9 @@ def list_files(
     walk = _Walk(real_root, suffixes, follow_symlinks, Listing(), [(root, "", real_root)])
     walk.seen.add(real_root)
     while walk.todo:
-        _walk_folder(walk, *walk.todo.pop())
+        while walk.todo:
+            _walk_folder(walk, *walk.todo.pop())
+        _links_not_reached(walk)
     walk.listing.files.sort()
     walk.listing.skipped.sort(key=lambda s: s.path)
     return walk.listing
@@ -163,17 +168,31 @@ def _visit(walk: _Walk, entry: os.DirEntry[str], rel: str, parent: Path) -> None
 
 def _visit_folder(walk: _Walk, entry: os.DirEntry[str], rel: str, parent: Path) -> None:
     """A folder, or a link to one being followed: queued once per real folder. A link to a
-    folder inside the root is not walked (its files are read where they are, as when links are
-    not followed); one outside it is, the first in name order of the links to it."""
+    folder inside the root waits for the walk's end (its files are read where they are, as
+    when links are not followed, unless the walk never reached them); one outside it is
+    walked by the first link to it."""
     if not entry.is_symlink():
         real = parent / entry.name  # ``parent`` is real: no realpath, a call per component
     else:
         real = Path(os.path.realpath(entry.path))
         if real.is_relative_to(walk.real_root):
+            walk.links_in.append((Path(entry.path), rel + "/", real))
             return
+    _queue(walk, Path(entry.path), rel + "/", real)
+
+
+def _queue(walk: _Walk, folder: Path, prefix: str, real: Path) -> None:
     if real not in walk.seen:
         walk.seen.add(real)
-        walk.todo.append((Path(entry.path), rel + "/", real))
+        walk.todo.append((folder, prefix, real))
+
+
+def _links_not_reached(walk: _Walk) -> None:
+    """Queue the links to folders inside the root whose folders the walk did not reach."""
+    links = list(walk.links_in)
+    walk.links_in.clear()
+    for folder, prefix, real in links:
+        _queue(walk, folder, prefix, real)
 
 
 def _wanted(name: str, suffixes: tuple[str, ...] | None) -> bool:
