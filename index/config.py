@@ -503,17 +503,15 @@ def _knowledge_bases(raw: Mapping[str, Any], base: Path, where: str) -> list[Kno
     kb_list = raw.get("knowledge_base", [])
     if not isinstance(kb_list, list):
         raise ConfigError(f"{where}: knowledge_base must be an array of tables [[knowledge_base]]")
-    kbs = [
-        _knowledge_base(_table(kb_raw, kb_where, "[[knowledge_base]]"), base, kb_where)
-        for i, kb_raw in enumerate(kb_list)
-        for kb_where in [f"{where} [[knowledge_base]] #{i + 1}"]
-    ]
+    kbs = [_knowledge_base(kb_raw, base, f"{where} [[knowledge_base]] #{i + 1}")
+           for i, kb_raw in enumerate(kb_list)]  # fmt: skip
     if len({kb.name for kb in kbs}) != len(kbs):
         raise ConfigError(f"{where}: knowledge base names must be unique")
     return kbs
 
 
-def _knowledge_base(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> KnowledgeBaseConfig:
+def _knowledge_base(raw: object, base: Path, kb_where: str) -> KnowledgeBaseConfig:
+    kb_raw = _table(raw, kb_where, "[[knowledge_base]]")
     name = kb_raw.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{kb_where}: a name is required")
@@ -589,11 +587,8 @@ def _sources(kb_raw: Mapping[str, Any], base: Path, kb_where: str) -> tuple[Sour
         raise ConfigError(
             f"{kb_where}: source must be an array of tables [[knowledge_base.source]]"
         )
-    sources = [
-        _source(_table(src, s_where, "[[knowledge_base.source]]"), base, kb_where, s_where)
-        for j, src in enumerate(listed)
-        for s_where in [f"{kb_where} source #{j + 1}"]
-    ]
+    sources = [_source(src, base, kb_where, f"{kb_where} source #{j + 1}")
+               for j, src in enumerate(listed)]  # fmt: skip
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ConfigError(f"{kb_where}: source names must be unique, got {named(names)}")
@@ -614,7 +609,8 @@ def _table(value: object, where: str, written: str) -> Mapping[str, Any]:
     return value
 
 
-def _source(src: Mapping[str, Any], base: Path, kb_where: str, s_where: str) -> SourceConfig:
+def _source(raw: object, base: Path, kb_where: str, s_where: str) -> SourceConfig:
+    src = _table(raw, s_where, "[[knowledge_base.source]]")
     s_type = src.get("type")
     if s_type not in SOURCE_TYPES:
         raise ConfigError(f"{s_where}: {_source_type_problem(src)}")

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import orjson
 import pytest
 
 from sidecar.adapters.client import (
@@ -15,6 +16,7 @@ from sidecar.adapters.client import (
     MAX_KNOWLEDGE_CHARS,
     MAX_KNOWLEDGE_CHUNKS,
     Voxrecall,
+    call_tool,
     is_knowledge,
     knowledge_text,
 )
@@ -124,8 +126,9 @@ SERVICE = "voxrecall.v1.Retrieval"
 
 
 class Hostile:
-    """A sidecar that answers what no sidecar should: a Turn that is not a TurnResponse, a
-    Converse that answers finals never sent (or breaks late), and counts what it was sent."""
+    """A sidecar that answers what no sidecar should: a Turn and an InvokeTool that are not
+    their messages, a Converse that answers finals never sent (or breaks late); it notes the
+    time each Turn had left."""
 
     def __init__(self, converse: str) -> None:
         self.converse = converse
@@ -133,6 +136,9 @@ class Hostile:
 
     async def turn(self, request: pb.TurnRequest, context: Any) -> bytes:
         self.turn_time_left.append(context.time_remaining())
+        return b"not a protobuf"
+
+    async def invoke(self, request: pb.InvokeToolRequest, context: Any) -> bytes:
         return b"not a protobuf"
 
     async def stream(self, requests: AsyncIterator[pb.ConverseRequest], context: Any) -> Any:
@@ -148,6 +154,9 @@ class Hostile:
         return grpc.method_handlers_generic_handler(SERVICE, {
             "Turn": grpc.unary_unary_rpc_method_handler(
                 self.turn, request_deserializer=pb.TurnRequest.FromString,
+                response_serializer=lambda raw: raw),
+            "InvokeTool": grpc.unary_unary_rpc_method_handler(
+                self.invoke, request_deserializer=pb.InvokeToolRequest.FromString,
                 response_serializer=lambda raw: raw),
             "Converse": grpc.stream_stream_rpc_method_handler(
                 self.stream, request_deserializer=pb.ConverseRequest.FromString,
@@ -173,23 +182,15 @@ async def test_an_answer_that_cannot_be_read_is_a_failed_call(
 ) -> None:
     # grpc.aio logs a response it cannot parse and hands over None: every adapter then failed
     # on an attribute of None (a Pipecat transcription dropped, a Realtime call never answered)
-    sidecar, port = hostile
-    sidecar.converse = "none"
-    async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=5) as client:
+    _, port = hostile
+    async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=5, tool_timeout_s=5) as client:
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await client.turn("s", "how do I reset my password")
-        out = await call_tool_through_turn(client)
+        tool = await call_tool(client, "knowledge_search", '{"query": "password"}')
     assert failed.value.code() == grpc.StatusCode.INTERNAL
-    assert "answer could not be read" in str(failed.value.details())
-    assert out == ["INTERNAL"]
-
-
-async def call_tool_through_turn(client: Voxrecall) -> list[str]:
-    try:
-        await client.turn("s", "and my PIN")
-    except grpc.aio.AioRpcError as exc:
-        return [exc.code().name]
-    return []
+    assert "the sidecar's Turn answer could not be read" in str(failed.value.details())
+    assert tool.is_error  # the model reads an error output, as for any failed call
+    assert orjson.loads(tool.output)["error"]["type"] == "unavailable"
 
 
 async def test_answers_a_sidecar_sends_for_no_final_end_the_stream(
@@ -234,11 +235,16 @@ async def test_an_interim_never_waits_to_go_out() -> None:
         async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=30) as client:
             stream = client.turn_stream("s")
             await stream.interim("how do I")
+            sending = stream._interim
+            assert sending is not None
+            await asyncio.sleep(0.2)  # its write has begun, and waits on the silent port
             await stream.interim("how do I reset")
             await stream.interim("how do I reset my")
-            assert stream._interim is not None
-            assert not stream._interim.done()  # still going out, and the caller went on
+            assert not sending.done()  # still going out, and the caller went on
+            assert stream._interim is sending  # one at a time
             assert stream._next_interim == "how do I reset my"  # the newest waits to follow
             await stream.aclose()
+            with pytest.raises(TimeoutError):  # closed: the final's plain Turn has the rest
+                await asyncio.wait_for(stream.final("how do I reset my password"), 0.5)
     finally:
         listener.close()

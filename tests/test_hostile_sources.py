@@ -689,6 +689,8 @@ def test_a_url_redirected_off_the_web_is_not_followed_and_its_reason_is_one_line
         {"fetched_at": 1e18, "pages": [{"path": "p"}]},
         {"fetched_at": 1.0, "pages": [{"path": "p", "title": "", "text": "", "kind": "html",
                                        "url": "u", "metadata": {"k": 1}}]},
+        {"fetched_at": 1.0, "pages": [], "left_out": [1]},
+        {"fetched_at": 1.0, "pages": [], "left_out": [{}]},
     ],
 )  # fmt: skip
 def test_a_crawl_state_entry_of_another_shape_is_crawled_afresh(

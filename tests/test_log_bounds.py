@@ -395,3 +395,22 @@ def test_accepts_past_the_open_file_limit_are_a_few_lines_not_a_flood() -> None:
     assert "Too many open files: connections are refused until some close" in lines[0]
     assert "more like this suppressed" in err
     assert "Traceback" not in err
+
+
+def test_only_a_refused_accept_is_quieted_by_the_loop_s_handler() -> None:
+    """A task failing with ENOMEM (an mmap of a snapshot, say) was written as a refused accept,
+    without its traceback: only the listening socket's accepts are counted."""
+
+    class Loop:
+        def __init__(self) -> None:
+            self.defaults: list[dict[str, Any]] = []
+
+        def default_exception_handler(self, context: dict[str, Any]) -> None:
+            self.defaults.append(context)
+
+    loop, handler = Loop(), logs.LoopErrors()
+    task = {"message": "Task exception was never retrieved", "exception": OSError(12, "ENOMEM")}
+    handler(loop, task)  # type: ignore[arg-type]
+    other = {"message": "boom", "exception": ValueError("x")}
+    handler(loop, other)  # type: ignore[arg-type]
+    assert loop.defaults == [task, other]

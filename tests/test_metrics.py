@@ -8,7 +8,6 @@ import contextlib
 import logging
 import shutil
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -161,30 +160,46 @@ async def test_the_endpoint_stops_with_the_sidecar(store: Path, local_embedder: 
         await asyncio.to_thread(scrape, port)
 
 
-async def test_silent_connections_to_the_endpoint_are_bounded_and_let_go(
-    store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+async def test_connections_to_the_endpoint_past_its_cap_are_closed_unread(
+    store: Path, local_embedder: Embedder
 ) -> None:
     """prometheus_client's server held a thread and a descriptor for every connection opened and
-    left silent, for ever (741 in a minute): at most METRICS_CONNECTIONS are served at once (one
-    more is closed unread) and each waits METRICS_TIMEOUT_S for its request."""
-    monkeypatch.setattr(metrics, "METRICS_TIMEOUT_S", 0.5)
+    left silent, for ever (741 in a minute): past METRICS_CONNECTIONS one is closed unread,
+    while those within it wait for their requests; a scrape is served once one goes."""
     async with running(sidecar_config(store, metrics_listen="127.0.0.1:0"), local_embedder) as sc:
         port = sc.metrics_port
-        threads = threading.active_count()
-        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        within = [
+            socket.create_connection(("127.0.0.1", port))
+            for _ in range(metrics.METRICS_CONNECTIONS)
+        ]
+        past = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
         try:
-            for conn in silent[metrics.METRICS_CONNECTIONS :]:  # closed unread: end of file
+            for conn in past:  # closed unread: end of file
                 conn.settimeout(LIVENESS_S)
                 assert conn.recv(1) == b""
-            assert threading.active_count() <= threads + metrics.METRICS_CONNECTIONS
-            for conn in silent[: metrics.METRICS_CONNECTIONS]:  # their reads timed out
-                conn.settimeout(LIVENESS_S)
-                with contextlib.suppress(ConnectionResetError):
-                    assert conn.recv(1) in (b"", b"H")  # closed, or a 408 of wsgiref's
+            for conn in within:  # open, their requests awaited
+                conn.settimeout(0.2)
+                with pytest.raises(TimeoutError):
+                    conn.recv(1)
         finally:
-            for conn in silent:
+            for conn in (*within, *past):
                 conn.close()
         assert value(await scraped(sc), "voxrecall_sessions") == 0  # served again
+
+
+async def test_a_silent_connection_to_the_endpoint_is_closed_at_its_timeout(
+    store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """... and one that sends nothing is let go after METRICS_TIMEOUT_S."""
+    monkeypatch.setattr(metrics, "METRICS_TIMEOUT_S", 0.5)
+    async with running(sidecar_config(store, metrics_listen="127.0.0.1:0"), local_embedder) as sc:
+        conn = socket.create_connection(("127.0.0.1", sc.metrics_port))
+        try:
+            conn.settimeout(LIVENESS_S)
+            with contextlib.suppress(ConnectionResetError):
+                assert conn.recv(1) in (b"", b"H")  # closed (or wsgiref's 408 first)
+        finally:
+            conn.close()
 
 
 # -- faults ------------------------------------------------------------------------------------

@@ -133,19 +133,30 @@ _PAGE_TEXTS = ("path", "title", "text", "kind", "url")
 
 
 def _sound(entry: object) -> bool:
-    """Whether a crawl state's entry has the shape ``_entry`` writes: a URL's fetch time and
-    its pages (a page's texts, and metadata of strings and lists of strings)."""
+    """Whether a crawl state's entry has the shape ``_entry`` writes: a URL's fetch time, its
+    pages (a page's texts, and metadata of strings and lists of strings) and the parts of it
+    left out (a path and a reason each)."""
     if not isinstance(entry, dict):
         return False
     fetched = entry.get("fetched_at", 0.0)
     pages = entry.get("pages", [])
+    left_out = entry.get("left_out", [])
     if isinstance(fetched, bool) or not isinstance(fetched, int | float):
         return False
-    return isinstance(pages, list) and all(_sound_page(p) for p in pages)
+    return (
+        isinstance(pages, list)
+        and all(_sound_page(p) for p in pages)
+        and isinstance(left_out, list)
+        and all(_texts(s, ("path", "reason")) for s in left_out)
+    )
+
+
+def _texts(value: object, keys: tuple[str, ...]) -> bool:
+    return isinstance(value, dict) and all(isinstance(value.get(k), str) for k in keys)
 
 
 def _sound_page(page: object) -> bool:
-    if not isinstance(page, dict) or not all(isinstance(page.get(k), str) for k in _PAGE_TEXTS):
+    if not isinstance(page, dict) or not _texts(page, _PAGE_TEXTS):
         return False
     metadata = page.get("metadata")
     return isinstance(metadata, dict) and all(

@@ -301,7 +301,9 @@ class _Converse:
         self.answers: asyncio.Queue[pb.ConverseResponse | Exception] = asyncio.Queue()
         self._writing = asyncio.Lock()  # one write at a time, in the order they were asked
         self._tasks: set[asyncio.Task[None]] = set()
-        self._owed = 0  # answers the finals written are owed: the queue holds at most these
+        # answers the finals written are owed: the queue holds at most these (the sidecar
+        # answers a final user turn; an agent's turn sent here would be owed one too)
+        self._owed = 0
         self._spawn(self._read())
 
     async def write(self, request: pb.ConverseRequest) -> None:
@@ -377,6 +379,7 @@ class TurnStream:
         self._converse: _Converse | None = None
         self._interim: asyncio.Task[None] | None = None  # sending interims, if any
         self._next_interim: str | None = None  # the newest interim not sent yet
+        self._closed = False  # ``aclose``: no stream is opened again
 
     async def interim(self, text: str) -> None:
         """Send an interim transcript ahead, without waiting for it to go out (nothing comes
@@ -426,7 +429,9 @@ class TurnStream:
 
     async def _streamed(self, text: str) -> tuple[pb.TurnResponse, bool]:
         if self._interim is not None and not self._interim.done():
-            await asyncio.shield(self._interim)  # its interims go out first, within this deadline
+            # its interims go out first, within this deadline; how they end is theirs (a
+            # cancelled one is not this final's cancellation)
+            await asyncio.wait({self._interim})
         converse = self._open()
         await converse.write(self._request(text, is_final=True))
         while True:
@@ -436,11 +441,14 @@ class TurnStream:
                 return resp.turn, resp.prefetched
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._interim is not None:
             self._interim.cancel()
         self._close()
 
     def _open(self) -> _Converse:
+        if self._closed:  # a final or an interim still under way when the call ended
+            raise asyncio.InvalidStateError("the stream was closed")
         if self._converse is None:
             self._converse = _Converse(self.client.stub.Converse(metadata=self.client.metadata))
         return self._converse

@@ -349,20 +349,38 @@ class LoopErrors:
 
     def __init__(self) -> None:
         self.failures = FailureLines()
+        self._sweep: asyncio.TimerHandle | None = None
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if not isinstance(exc, OSError) or exc.errno not in _OUT_OF_RESOURCES:
+        if not _refused_accept(context):
             loop.default_exception_handler(context)
             return
+        exc = context["exception"]
         code = errno.errorcode.get(exc.errno or 0, "OSError")
-        if self.failures.admit(ALL_CLIENTS, "accept", code):
+        if not self.failures.admit(ALL_CLIENTS, "accept", code):
+            self._count_later(loop)  # written when the window is over, if no line comes then
+        else:
             log.warning(
                 "%s: %s: connections are refused until some close (raise the open-file limit, "
                 "or lower max_connections and max_grpc_connections)",
                 context.get("message", "the event loop"),
                 exc.strerror or exc,
             )
+
+    def _count_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._sweep is None or self._sweep.cancelled() or self._sweep.when() < loop.time():
+            self._sweep = loop.call_later(FAILURE_WINDOW_S * 1.1, self.failures.sweep)
+
+
+def _refused_accept(context: dict[str, Any]) -> bool:
+    """Whether a loop's error is an accept it could not make for want of resources (asyncio
+    names the listening socket; anything else, a task's ENOMEM too, is the default's)."""
+    exc = context.get("exception")
+    return (
+        isinstance(exc, OSError)
+        and exc.errno in _OUT_OF_RESOURCES
+        and ("socket" in context or "accept" in str(context.get("message", "")))
+    )
 
 
 def quiet_loop_errors() -> None:

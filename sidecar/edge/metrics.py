@@ -21,6 +21,7 @@ method and code, never by base, so a call naming a base that does not exist make
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from bisect import bisect_left
@@ -50,12 +51,12 @@ from sidecar.snapshots.holder import SnapshotHolder
 from sidecar.turn.engine import Engine, Timings
 from sidecar.turn.prefetch import PREFETCH_MAX_BYTES
 
-# Seconds. A turn's default budget is 150 ms and an embedding ~2-10 ms: the buckets are dense
-# there, with a tail to show calls that waited on a slow remote embedder or a full queue.
 # The metrics endpoint's connections at once, and how long it waits on each read and write
 # (``_BoundedServer``): a scraper opens one every 15-60 s and is answered in milliseconds.
 METRICS_CONNECTIONS = 16
 METRICS_TIMEOUT_S = 10.0
+# Seconds. A turn's default budget is 150 ms and an embedding ~2-10 ms: the buckets are dense
+# there, with a tail to show calls that waited on a slow remote embedder or a full queue.
 LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -286,6 +287,11 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client gone, or silent past the timeout: socketserver printed a traceback
+        super().handle_error(request, client_address)
 
 
 class _Quiet(WSGIRequestHandler):
