@@ -248,3 +248,30 @@ async def test_an_interim_never_waits_to_go_out() -> None:
                 await asyncio.wait_for(stream.final("how do I reset my password"), 0.5)
     finally:
         listener.close()
+
+
+async def test_a_final_whose_stream_is_closed_under_it_is_not_cancelled() -> None:
+    # aclose() while a final's write waited cancelled the write, and its cancellation reached
+    # the final's caller, which nothing had cancelled: the stream's end is a broken stream
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = listener.getsockname()[1]
+        async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=1) as client:
+            stream = client.turn_stream("s")
+            waiting = asyncio.create_task(stream.final("how do I reset my password"))
+            await asyncio.sleep(0.2)  # its write waits on the silent port
+            await stream.aclose()
+            with pytest.raises((grpc.aio.AioRpcError, TimeoutError)):  # its Turn's deadline
+                await waiting
+            assert not waiting.cancelled()
+    finally:
+        listener.close()
+
+
+async def test_a_transcript_holding_a_lone_surrogate_is_answered(vr: Voxrecall) -> None:
+    # protobuf raised UnicodeEncodeError into the pipeline (a Pipecat transcription dropped)
+    stream = vr.turn_stream("client-surrogate")
+    await stream.interim("how much does roaming \udce9")
+    resp, _ = await stream.final("How much does roaming cost \udce9")
+    await stream.aclose()
+    assert resp.query.startswith("How much does roaming cost")

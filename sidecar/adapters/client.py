@@ -268,7 +268,7 @@ class Voxrecall:
         return pb.TurnRequest(
             session_id=session_id,
             knowledge_base=self.knowledge_base,
-            text=text,
+            text=_sound(text),
             speaker=pb.USER,
             is_final=is_final,
             sources=list(sources),
@@ -284,6 +284,17 @@ class Voxrecall:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _sound(text: str) -> str:
+    """``text`` as protobuf takes it: a lone surrogate (``json.loads`` writes one for
+    ``"\\ud800"``, a recogniser's or a platform's JSON may hold one) as U+FFFD, where protobuf
+    raised UnicodeEncodeError into the pipeline and its transcription was dropped."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 class _Converse:
@@ -307,8 +318,15 @@ class _Converse:
         self._spawn(self._read())
 
     async def write(self, request: pb.ConverseRequest) -> None:
+        """Write ``request`` in a task of its own: the caller's cancellation is not the write's
+        (nor the call's), and the call's close (``close``) is not the caller's cancellation
+        but the stream's end (InvalidStateError)."""
         self._owed += request.turn.is_final
-        await asyncio.shield(self._spawn(self._write(request)))
+        writing = self._spawn(self._write(request))
+        await asyncio.wait({writing})
+        if writing.cancelled():
+            raise asyncio.InvalidStateError("the stream was closed")
+        writing.result()
 
     async def answer(self) -> pb.ConverseResponse:
         item = await self.answers.get()
@@ -399,7 +417,7 @@ class TurnStream:
             try:
                 async with asyncio.timeout(self.client.turn_timeout_s):
                     await self._open().write(self._request(text, is_final=False))
-            except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as exc:
+            except Exception as exc:  # awaited by nobody: a prefetch missed is all it costs
                 self._broken(exc)
                 return
 
@@ -434,10 +452,11 @@ class TurnStream:
             await asyncio.wait({self._interim})
         converse = self._open()
         await converse.write(self._request(text, is_final=True))
+        said = _sound(text).strip()  # as sent, and so as echoed
         while True:
             resp = await converse.answer()
             # An answer to an earlier final that missed its deadline is skipped.
-            if not resp.transcript or resp.transcript.strip() == text.strip():
+            if not resp.transcript or resp.transcript.strip() == said:
                 return resp.turn, resp.prefetched
 
     async def aclose(self) -> None:
@@ -465,6 +484,8 @@ class TurnStream:
         return pb.ConverseRequest(turn=turn)
 
     def _broken(self, exc: BaseException) -> None:
+        if self._closed:
+            return  # closed on purpose: nothing broke, and nothing is reopened
         if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
             log.info("the sidecar has no Converse: finals go through Turn, without prefetch")
             self.streaming = False
