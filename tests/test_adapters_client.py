@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -226,46 +226,46 @@ async def test_a_final_whose_stream_breaks_late_falls_back_within_its_own_deadli
     assert left < 2.6  # at least the 0.5 s the stream took is gone from the Turn's 3 s
 
 
-async def test_an_interim_never_waits_to_go_out() -> None:
-    # a pipeline's frame waited on each interim's write (350 ms to 1 s a sidecar down): a
-    # port that accepts and never speaks HTTP/2 holds the write, not the caller
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never speaks HTTP/2: a write to it waits."""
     listener = socket.create_server(("127.0.0.1", 0))
     try:
-        port = listener.getsockname()[1]
-        async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=30) as client:
-            stream = client.turn_stream("s")
-            await stream.interim("how do I")
-            sending = stream._interim
-            assert sending is not None
-            await asyncio.sleep(0.2)  # its write has begun, and waits on the silent port
-            await stream.interim("how do I reset")
-            await stream.interim("how do I reset my")
-            assert not sending.done()  # still going out, and the caller went on
-            assert stream._interim is sending  # one at a time
-            assert stream._next_interim == "how do I reset my"  # the newest waits to follow
-            await stream.aclose()
-            with pytest.raises(TimeoutError):  # closed: the final's plain Turn has the rest
-                await asyncio.wait_for(stream.final("how do I reset my password"), 0.5)
+        yield listener.getsockname()[1]
     finally:
         listener.close()
 
 
-async def test_a_final_whose_stream_is_closed_under_it_is_not_cancelled() -> None:
+async def test_an_interim_never_waits_to_go_out(silent_port: int) -> None:
+    # a pipeline's frame waited on each interim's write (350 ms to 1 s a sidecar down): the
+    # silent port holds the write, not the caller
+    async with Voxrecall(f"127.0.0.1:{silent_port}", turn_timeout_s=30) as client:
+        stream = client.turn_stream("s")
+        await stream.interim("how do I")
+        sending = stream._interim
+        assert sending is not None
+        await asyncio.sleep(0.2)  # its write has begun, and waits on the silent port
+        await stream.interim("how do I reset")
+        await stream.interim("how do I reset my")
+        assert not sending.done()  # still going out, and the caller went on
+        assert stream._interim is sending  # one at a time
+        assert stream._next_interim == "how do I reset my"  # the newest waits to follow
+        await stream.aclose()
+        await asyncio.wait({sending}, timeout=LIVENESS_S)
+        assert sending.done()  # the closed stream's interims go with it
+
+
+async def test_a_final_whose_stream_is_closed_under_it_is_not_cancelled(silent_port: int) -> None:
     # aclose() while a final's write waited cancelled the write, and its cancellation reached
     # the final's caller, which nothing had cancelled: the stream's end is a broken stream
-    listener = socket.create_server(("127.0.0.1", 0))
-    try:
-        port = listener.getsockname()[1]
-        async with Voxrecall(f"127.0.0.1:{port}", turn_timeout_s=1) as client:
-            stream = client.turn_stream("s")
-            waiting = asyncio.create_task(stream.final("how do I reset my password"))
-            await asyncio.sleep(0.2)  # its write waits on the silent port
-            await stream.aclose()
-            with pytest.raises((grpc.aio.AioRpcError, TimeoutError)):  # its Turn's deadline
-                await waiting
-            assert not waiting.cancelled()
-    finally:
-        listener.close()
+    async with Voxrecall(f"127.0.0.1:{silent_port}", turn_timeout_s=1) as client:
+        stream = client.turn_stream("s")
+        waiting = asyncio.create_task(stream.final("how do I reset my password"))
+        await asyncio.sleep(0.2)  # its write waits on the silent port
+        await stream.aclose()
+        with pytest.raises((grpc.aio.AioRpcError, TimeoutError)):  # its Turn's deadline
+            await waiting
+        assert not waiting.cancelled()
 
 
 async def test_a_transcript_holding_a_lone_surrogate_is_answered(vr: Voxrecall) -> None:
