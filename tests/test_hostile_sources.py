@@ -18,9 +18,10 @@ import pytest
 from bench.hostile_pdfs import shared_stream_pdf
 from index.build import BuildSummary, build_knowledge_base
 from index.embedders.base import HashEmbedder
+from index.chunker import MAX_FIELD_BYTES
 from index.errors import ConfigError
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key
-from index.sources import pdf
+from index.sources import PageBytes, pdf
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
 from index.sources.records import MAX_SKIPS_NAMED
 from index.sources.registry import LoadContext, load_source
@@ -800,6 +801,22 @@ def test_a_pdf_page_past_its_text_limit_is_left_out_and_the_others_kept(tmp_path
     assert set(texts) == {"manual.pdf#page=1", "manual.pdf#page=3"}
     assert "Billing is monthly." in texts["manual.pdf#page=1"]
     assert "Refunds take a week." in texts["manual.pdf#page=3"]
+
+
+def test_a_pdf_title_of_megabytes_is_held_once_cut_not_counted_per_page(tmp_path: Path) -> None:
+    """A 0.8 MB /Title over 5,500 pages was counted once a page against max_text_bytes (4.3 GB
+    of a 1.7 MB file) and refused the whole base; the title is cut as the chunker cuts it."""
+    docs = tmp_path / "pdfs"
+    docs.mkdir()
+    title = "Manual " * 30_000  # 210 kB
+    (docs / "manual.pdf").write_bytes(make_pdf([[f"Step {n}."] for n in range(40)], title=title))
+    budget = PageBytes("kb", limit=4_000_000)  # 40 pages x 210 kB passed it
+    pages, skipped = pdf.load_pdf("docs", docs, budget=budget)
+    assert (len(pages), skipped) == (40, [])
+    assert len({id(p.title) for p in pages}) == 1
+    assert len(pages[0].title.encode()) <= MAX_FIELD_BYTES
+    assert pages[0].title.startswith("Manual Manual")
+    assert budget.held < 1_000_000
 
 
 def test_a_pdf_whose_extraction_runs_past_its_deadline_is_skipped_named(

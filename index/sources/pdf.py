@@ -33,6 +33,7 @@ from types import MappingProxyType
 from pypdf import PageObject, PdfReader, apply_configuration
 from pypdf.errors import LimitReachedError
 
+from index.chunker import MAX_FIELD_BYTES, bounded
 from index.errors import SourceError
 from index.sources import PageBytes, SkippedPage
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, FolderOptions, list_files, read_file
@@ -337,7 +338,9 @@ def pdf_pages(
         if left_out:  # its one page of text was left out
             return SkippedPage(rel, f"too much text to extract: {left_out[0][1]}")
         return SkippedPage(rel, f"no text layer in {len(texts)} page(s) (a scanned PDF?)")
-    pages = _pages(source, rel, title or fallback_title, texts, url)
+    # every page holds the one title (cut as the chunker cuts it), not a copy each: a title of
+    # megabytes counted per page refused a whole base
+    pages = _pages(source, rel, bounded(title or fallback_title, MAX_FIELD_BYTES), texts, url)
     kept = "; the page is left out, the document's other pages kept"
     return pages, [
         SkippedPage(f"{rel}#page={n}", f"too much text to extract: {why}{kept}")
