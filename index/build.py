@@ -46,7 +46,7 @@ from index.snapshot import (
     write_snapshot,
 )
 from index.sources import PageBytes, SkippedPage, sound_pages
-from index.sources.image import image_limit, load_images
+from index.sources.image import image_batches, image_limit, load_images
 from index.sources.registry import LoadContext, load_source
 from index.store import LocalStore, new_version_id
 from index.summaries import SUMMARY_TEXTS, read_summary_texts
@@ -245,9 +245,14 @@ def _image_pages(
 ) -> tuple[list[Page], list[SkippedPage]]:
     if caller is None:  # parse_config refuses an image source without [index.llm]
         raise SnapshotError(f"source {source.name!r}: type image needs [index.llm]")
-    images, skipped = load_images(source, image_limit(source, caller.config.max_image_bytes))
-    pages, failed = enrich.describe_images(source, images, caller)
-    return pages, skipped + failed
+    pages: list[Page] = []
+    skipped: list[SkippedPage] = []
+    limit = image_limit(source, caller.config.max_image_bytes)
+    for images, missed in image_batches(load_images(source, limit)):
+        got, failed = enrich.describe_images(source, images, caller)
+        pages.extend(got)
+        skipped.extend((*missed, *failed))
+    return pages, skipped
 
 
 def chunk_pages(

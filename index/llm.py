@@ -154,21 +154,25 @@ class ModelCaller:
 
     def ask_all(self, asks: Sequence[Ask]) -> list[str | None]:
         """Each ask's answer, in order; None where it failed (counted and named in ``usage``).
+        Asks of the same input (one image under many names, a page copied) are asked once.
 
         Raises SpendCapReached when the build's token budget runs out (no request after it)."""
+        keys = [answer_key(self.config.model, ask) for ask in asks]
         answers: list[str | None] = [None] * len(asks)
-        todo: list[int] = []
-        for i, ask in enumerate(asks):
-            cached = self._cache.get(answer_key(self.config.model, ask))
+        todo: dict[str, int] = {}  # an input's key -> the first ask of it
+        for i, key in enumerate(keys):
+            cached = self._cache.get(key)
             if cached is None:
-                todo.append(i)
+                todo.setdefault(key, i)
             else:
                 answers[i] = cached
                 self.usage.cache_hits += 1
         if todo:
-            got = asyncio.run(self._run([asks[i] for i in todo]))
-            for i, answer in zip(todo, got, strict=True):
-                answers[i] = answer
+            got = asyncio.run(self._run([asks[i] for i in todo.values()]))
+            by_key = dict(zip(todo, got, strict=True))
+            for i, key in enumerate(keys):
+                if answers[i] is None:
+                    answers[i] = by_key[key]
         return answers
 
     async def _run(self, asks: list[Ask]) -> list[str | None]:

@@ -6,6 +6,7 @@ approved sources."""
 from __future__ import annotations
 
 import base64
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import orjson
 import pytest
 
 from index import build as index_build
+from index import enrich
 from index.build import build_knowledge_base
 from index.chunker import MAX_PAGE_HEADINGS
 from index.embedders.base import HashEmbedder, Vectors
@@ -23,6 +25,7 @@ from index.enrich import ORIGINALS, summary_writer
 from index.errors import ConfigError, SpendCapReached
 from index.llm import ModelCaller, answer_limit
 from index.snapshot import load_snapshot, page_key, write_snapshot
+from index.sources import image
 from index.store import LocalStore
 from index.summaries import SUMMARY_TEXTS, heading_summary
 from sidecar.config import Config, parse_config
@@ -345,6 +348,34 @@ def test_an_approved_image_becomes_a_page(
     snap = latest(config, embedder)
     assert {c.source_path for c in snap.chunks} == {"router-lights.png"}
     assert "WAN LAN" in " ".join(c.text for c in snap.chunks)
+
+
+def test_images_are_read_a_batch_at_a_time_and_one_image_is_asked_once(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """800 links to one 4 MiB image were read at once (3.6 GB) and sent 800 times: a source's
+    images are read IMAGES_HELD_BYTES at a time, and one input is asked once."""
+    server.answer = lambda body: "A router with three lights."
+    folder = images(tmp_path)
+    for n in range(6):
+        os.link(folder / "router-lights.png", folder / f"copy-{n}.png")
+        (folder / f"other-{n}.png").write_bytes(PNG + bytes([n]) * 64)
+    batches: list[int] = []
+    describe = enrich.describe_images
+
+    def watched(source: Any, got: list[Any], caller: Any) -> Any:
+        batches.append(sum(len(image.data) for image in got))
+        return describe(source, got, caller)
+
+    monkeypatch.setattr(enrich, "describe_images", watched)
+    monkeypatch.setattr(image, "IMAGES_HELD_BYTES", 3 * (len(PNG) + 64))
+    sources = [{"type": "image", "path": str(folder), "approved": True}]
+    summary = build(configure(tmp_path, server, sources), embedder).as_dict()
+    assert len(batches) >= 4
+    assert max(batches) <= 3 * (len(PNG) + 64)
+    assert server.requests == 7  # the one image of seven names, and the six others
+    assert summary["skipped_pages"] == []
+    assert summary["pages"] == 13
 
 
 class Counting(HashEmbedder):

@@ -17,11 +17,11 @@ import pytest
 
 from bench.hostile_pdfs import shared_stream_pdf
 from index.build import BuildSummary, build_knowledge_base
-from index.embedders.base import HashEmbedder
 from index.chunker import MAX_FIELD_BYTES
+from index.embedders.base import HashEmbedder
 from index.errors import ConfigError
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key
-from index.sources import PageBytes, pdf
+from index.sources import PageBytes, SkippedPage, image, pdf
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
 from index.sources.records import MAX_SKIPS_NAMED
 from index.sources.registry import LoadContext, load_source
@@ -659,6 +659,28 @@ def test_a_url_whose_head_or_trailer_never_ends_is_given_up_at_the_deadline(
     assert got == [Failed("not downloaded within 1 s")]
     assert isinstance(again, Fetched)
     assert b"words" in again.body
+
+
+def test_an_image_url_is_fetched_within_a_deadline_and_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an image URL was read with urllib's per-read timeout alone: a head without end held the
+    # build for as long as the server liked
+    (tmp_path / "shot.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 2000)
+    server = StaticServer(tmp_path).start()
+    monkeypatch.setattr(image, "FETCH_DEADLINE_S", 1.0)
+    try:
+        server.hostile, server.hostile_suffix, server.trickle_s = "headers", "/shot.png", 0.05
+        held = image._fetch(f"{server.url}/shot.png", 10_000)
+        server.hostile = ""
+        over = image._fetch(f"{server.url}/shot.png", 1_000)
+        fetched = image._fetch(f"{server.url}/shot.png", 10_000)
+    finally:
+        server.stop()
+    assert held == SkippedPage(f"{server.url}/shot.png", "not downloaded within 1 s")
+    assert over == SkippedPage(f"{server.url}/shot.png", "larger than 1,000 bytes")
+    assert isinstance(fetched, image.ImageFile)
+    assert (len(fetched.data), fetched.media_type) == (2008, "image/png")
 
 
 def test_a_url_redirected_off_the_web_is_not_followed_and_its_reason_is_one_line() -> None:

@@ -212,14 +212,16 @@ def fetch(
     previous: Mapping[str, Any] | None,
     timeout: float = FETCH_TIMEOUT_S,
     deadline_s: float = FETCH_DEADLINE_S,
+    max_bytes: int = MAX_BODY_BYTES,
 ) -> FetchResult:
     """GET one URL, conditionally when ``previous`` holds an ETag or Last-Modified; blocking.
     ``timeout`` bounds each wait on the socket, ``deadline_s`` the whole request, from its
     connect to the body's last byte: its socket is shut down then (``index.http_bounds``), so
-    headers trickled or a ``100 Continue`` or a trailer sent without end cannot hold a build."""
+    headers trickled or a ``100 Continue`` or a trailer sent without end cannot hold a build.
+    A body past ``max_bytes`` is not read on."""
     request = urllib.request.Request(url, headers=_headers(previous))
     with _CONNECTIONS.bounded(time.monotonic() + deadline_s) as bound:
-        got = _get(request, timeout)
+        got = _get(request, timeout, max_bytes)
     if bound.passed:
         return Failed(f"not downloaded within {deadline_s:g} s")
     return got
@@ -235,10 +237,10 @@ def _headers(previous: Mapping[str, Any] | None) -> dict[str, str]:
     return headers
 
 
-def _get(request: urllib.request.Request, timeout: float) -> FetchResult:
+def _get(request: urllib.request.Request, timeout: float, max_bytes: int) -> FetchResult:
     try:
         with _OPENER.open(request, timeout=timeout) as response:
-            body = _read_body(response)
+            body = _read_body(response, max_bytes)
             if isinstance(body, Failed):
                 return body
             return Fetched(
@@ -266,14 +268,14 @@ def _one_line(reason: str) -> str:
     return shortened(one_line(reason), MAX_REASON_BYTES)
 
 
-def _read_body(response: http.client.HTTPResponse) -> bytes | Failed:
-    """The body, read in pieces until it ends or passes MAX_BODY_BYTES."""
+def _read_body(response: http.client.HTTPResponse, max_bytes: int) -> bytes | Failed:
+    """The body, read in pieces until it ends or passes ``max_bytes``."""
     pieces: list[bytes] = []
     size = 0
     while piece := response.read1(_READ_BYTES):
         size += len(piece)
-        if size > MAX_BODY_BYTES:
-            return Failed(f"larger than {MAX_BODY_BYTES >> 20} MiB")
+        if size > max_bytes:
+            return Failed(f"larger than {max_bytes:,} bytes")
         pieces.append(piece)
     return b"".join(pieces)
 
