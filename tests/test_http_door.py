@@ -30,6 +30,7 @@ import httpx2
 import mcp_types as types
 import orjson
 import pytest
+import uvloop
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -2286,6 +2287,33 @@ async def test_a_tls_door_says_https_and_logs_a_plain_http_request_once_per_many
     plain = sidecar_config(store, http={"listen": "127.0.0.1:0"})
     async with running(plain, local_embedder) as sc:
         assert f", HTTP on port {sc.http_port}" in start_line(sc)
+
+
+def test_a_tls_door_under_uvloop_takes_the_hello_sent_with_the_connect(
+    tmp_path: Path, store: Path, local_embedder: Embedder
+) -> None:
+    """uvloop reads once after a ``pause_reading`` made in ``connection_made``: the hello of
+    about every other client was read by the door's own protocol, never by TLS, and its
+    handshake ran out its 5 s (``SSLEOFError``). Served under uvloop, as ``voxrecall serve``
+    runs, every client that sends its hello with the connect is answered."""
+    certs = make_certs(tmp_path / "certs")
+    tls = {"cert_file": str(certs / "server.pem"), "key_file": str(certs / "server.key")}
+    config = sidecar_config(store, tls=tls, http={"listen": "127.0.0.1:0"})
+    trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+
+    def ready(port: int) -> bytes:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=LIVENESS_S) as raw,
+            trusted.wrap_socket(raw, server_hostname="localhost") as tls_socket,
+        ):
+            tls_socket.sendall(b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            return tls_socket.recv(12)
+
+    async def clients() -> list[bytes]:
+        async with running(config, local_embedder) as sc:
+            return [await asyncio.to_thread(ready, sc.http_port) for _ in range(16)]
+
+    assert uvloop.run(clients()) == [b"HTTP/1.1 200"] * 16
 
 
 @pytest.mark.usefixtures("long_keep_alive")

@@ -883,14 +883,21 @@ class _BoundedHead(HttpToolsProtocol):
 
     async def _handshake(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
         """The TLS handshake, within ``TLS_HANDSHAKE_TIMEOUT_S``; then serve over it."""
-        try:
-            secure = await self.loop.start_tls(
+        starting = asyncio.ensure_future(
+            self.loop.start_tls(
                 transport,
                 self,
                 context,
                 server_side=True,
                 ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
             )
+        )
+        # start_tls's first step hands the transport to its TLS protocol and queues that
+        # protocol's connection_made: one step after it, what this protocol read before is
+        # handed over, before the transport reads anything more
+        self.loop.call_soon(self.loop.call_soon, self._hand_over, transport)
+        try:
+            secure = await starting
         except OSError as exc:  # a bad handshake, one out of time, or a client gone
             if getattr(exc, "reason", None) == PLAIN_HTTP:
                 self.admission.plain_http(self._address)
@@ -906,6 +913,23 @@ class _BoundedHead(HttpToolsProtocol):
             self._release()
             return
         self._serve(secure)
+
+    def _hand_over(self, transport: asyncio.Transport) -> None:
+        """The bytes read before the handshake began (uvloop reads once after a
+        ``pause_reading`` made in ``connection_made``: the client's hello, half the time),
+        given to the TLS protocol now holding ``transport``, which never saw them."""
+        raw, self._early = self._early, []
+        tls: Any = transport.get_protocol()
+        if tls is self or transport.is_closing():  # (uvloop's is no asyncio.BufferedProtocol)
+            return
+        for data in raw:
+            view = memoryview(data)
+            while view:
+                buffer = tls.get_buffer(len(view))
+                size = min(len(buffer), len(view))
+                buffer[:size] = view[:size]
+                tls.buffer_updated(size)
+                view = view[size:]
 
     def _serve(self, transport: asyncio.Transport) -> None:
         self._served = True
