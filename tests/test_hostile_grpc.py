@@ -26,7 +26,7 @@ import index.store
 from index.embedders.base import Embedder
 from index.errors import ConfigError, CorruptSnapshot, StoreUnavailable
 from index.store import LocalStore
-from sidecar.edge import logs, reflection
+from sidecar.edge import guards, logs, reflection
 from sidecar.edge.guards import streams_per_connection
 from sidecar.edge.health import MAX_CHECKS_PER_PEER, MAX_WATCHES_PER_PEER, Health
 from sidecar.edge.interceptor import Call
@@ -1038,3 +1038,28 @@ async def test_connections_past_max_grpc_connections_are_refused_and_the_rest_se
         finally:
             for channel in channels:
                 await channel.close()
+
+
+async def test_connections_that_never_finish_their_handshake_are_closed_and_free_their_slots(
+    store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that said nothing (or half an HTTP/2 preface) held its slot of
+    ``max_grpc_connections`` for gRPC's default handshake timeout, 120 s: 1,024 of them locked
+    every caller out for two minutes at a time. Each is closed at ``HANDSHAKE_TIMEOUT_S``, and a
+    caller is served again."""
+    monkeypatch.setattr(guards, "HANDSHAKE_TIMEOUT_S", 0.5)
+    config = sidecar_config(store, max_grpc_connections=2)
+    request = pb.SearchRequest(knowledge_base="help", query="reset my password")
+    async with running(config, local_embedder) as sc:
+        silent = [await asyncio.open_connection("127.0.0.1", sc.port) for _ in range(2)]
+        silent[1][1].write(b"PRI * HTTP/2.0\r\n")  # half a preface
+        for reader, writer in silent:
+            async with asyncio.timeout(LIVENESS_S):  # gRPC's own SETTINGS, then the close
+                while await reader.read(4096):
+                    pass
+            writer.close()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sc.port}") as channel:
+            answer = await pb_grpc.RetrievalStub(channel).Search(
+                request, timeout=LIVENESS_S, wait_for_ready=True
+            )
+        assert answer.chunks

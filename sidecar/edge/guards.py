@@ -13,8 +13,10 @@ The server pings a connection that has been quiet for ``KEEPALIVE_S`` and closes
 answer comes within ``KEEPALIVE_TIMEOUT_S``: a caller that vanished (a pod killed, a network
 cut without a FIN) gives its streams' slots back then rather than never. A connection with no
 call open for ``[sidecar] max_connection_idle_s`` is closed (GOAWAY): connections opened and
-left idle, each holding a file descriptor, cannot pile up until the process has none left. One
-connection may have at most ``streams_per_connection`` streams open (HTTP/2's
+left idle, each holding a file descriptor, cannot pile up until the process has none left. A
+connection that has not finished its handshake within ``HANDSHAKE_TIMEOUT_S`` of its accept is
+closed (its slot of ``max_grpc_connections`` with it). One connection may have at most
+``streams_per_connection`` streams open (HTTP/2's
 SETTINGS_MAX_CONCURRENT_STREAMS): all one caller may run at once (answers it leaves unread keep
 their streams open besides); a gRPC client queues its further calls until one ends, and a stream
 a client opens past it anyway is refused (REFUSED_STREAM) before the server holds anything for
@@ -42,6 +44,11 @@ from sidecar.turn.engine import Engine
 # A dead peer is found within KEEPALIVE_S + KEEPALIVE_TIMEOUT_S; pings that often cost nothing.
 KEEPALIVE_S = 30
 KEEPALIVE_TIMEOUT_S = 10
+# A connection must finish its handshake (TLS, then HTTP/2's preface and SETTINGS) this soon
+# after its accept, or it is closed: gRPC's default, 120 s, let 1,024 silent connections hold
+# every slot of max_grpc_connections for two minutes at a time. The HTTP door's is the same
+# (sidecar.http.door.TLS_HANDSHAKE_TIMEOUT_S).
+HANDSHAKE_TIMEOUT_S = 5.0
 # Clients may ping this often (grpc's default refuses pings more often than every 5 minutes
 # without data, closing the connection of a client that keeps its channel warm).
 CLIENT_PING_MIN_S = 10
@@ -104,6 +111,7 @@ class Guards:
             ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MIN_S * 1000),
             ("grpc.max_connection_idle_ms", round(settings.max_connection_idle_s * 1000)),
             ("grpc.max_allowed_incoming_connections", settings.max_grpc_connections),
+            ("grpc.server_handshake_timeout_ms", round(HANDSHAKE_TIMEOUT_S * 1000)),
             ("grpc.max_concurrent_streams", streams_per_connection(settings)),
             # count a stream open until HTTP/2 closes it, as its client does: gRPC's default
             # also counts a stream the server has answered until the handler's objects are
