@@ -111,6 +111,32 @@ async def test_a_missing_or_bad_certificate_file_stops_the_start(
         await create_server(sidecar_config(store, tls=junk), embedder=local_embedder)
 
 
+async def test_a_certificate_or_key_that_does_not_load_is_named_not_taken_for_a_bound_port(
+    store: Path, certs: Path, local_embedder: Embedder, tmp_path: Path
+) -> None:
+    """gRPC says only that it could not add the port: a PEM of junk, or a key of another
+    certificate, stopped the start with "the address is in use or cannot be bound"."""
+    armored = tmp_path / "armored.pem"
+    armored.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
+    cases = {
+        "holds no certificate": {"cert_file": armored, "key_file": certs / "server.key"},
+        "is not the private key": {
+            "cert_file": certs / "server.pem",
+            "key_file": certs / "client.key",
+        },
+        "client_ca_file .* holds no CA certificate": {
+            "cert_file": certs / "server.pem",
+            "key_file": certs / "server.key",
+            "client_ca_file": armored,
+        },
+    }
+    for said, files in cases.items():
+        tls = {key: str(path) for key, path in files.items()}
+        with pytest.raises(ConfigError, match=said) as refused:
+            await create_server(sidecar_config(store, tls=tls), embedder=local_embedder)
+        assert "[sidecar.tls]" in str(refused.value)
+
+
 def test_the_config_wants_cert_and_key_together(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="go together"):
         parse_config({"sidecar": {"tls": {"cert_file": "a.pem"}}}, tmp_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -33,7 +34,10 @@ def read_pem(path: Path, what: str) -> bytes:
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
-    """The server's credentials; files are read now, so a bad one stops the start."""
+    """The server's credentials; files are read and checked now (as the HTTP door's context
+    loads them: gRPC says only that it could not add the port), so a bad one stops the start
+    with the key that named it."""
+    server_context(tls)
     cert, key, ca = _pems(tls)
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
@@ -47,14 +51,32 @@ def server_context(tls: TlsConfig) -> ssl.SSLContext:
     _pems(tls)  # each file a PEM, or the key that named it
     (cert, key), ca = _pair(tls), tls.client_ca_file
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(cert, key)
-        if ca is not None:
-            context.load_verify_locations(cafile=ca)
-            context.verify_mode = ssl.CERT_REQUIRED
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(f"[sidecar.tls] cert_file, key_file or client_ca_file: {exc}") from exc
+    _loading(f"cert_file {cert} holds no certificate", _certificates, cert)
+    _loading(
+        f"key_file {key} is not the private key of cert_file {cert}",
+        context.load_cert_chain,
+        cert,
+        key,
+    )
+    if ca is not None:
+        _loading(f"client_ca_file {ca} holds no CA certificate", _certificates, ca)
+        context.load_verify_locations(cafile=ca)
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _certificates(path: Path) -> None:
+    """Parse the certificates of ``path`` (ssl's error for a file of none)."""
+    ssl.create_default_context().load_verify_locations(cafile=path)
+
+
+def _loading(what: str, load: Callable[..., None], *paths: Path) -> None:
+    """``load(*paths)``; its error (ssl's words, which name no file) as a ConfigError that says
+    ``what`` was wrong."""
+    try:
+        load(*paths)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"[sidecar.tls] {what}: {exc}") from exc
 
 
 def _pems(tls: TlsConfig) -> tuple[bytes, bytes, bytes | None]:
