@@ -22,7 +22,7 @@ from index.embedders.base import HashEmbedder
 from index.errors import ConfigError
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key
 from index.sources import PageBytes, SkippedPage, image, pdf
-from index.sources.folder import DEFAULT_MAX_PAGE_BYTES
+from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, list_files
 from index.sources.records import MAX_SKIPS_NAMED
 from index.sources.registry import LoadContext, load_source
 from index.sources.url import Failed, Fetched, UrlOptions, crawl_urls, fetch, state_path
@@ -823,6 +823,31 @@ def test_a_pdf_page_past_its_text_limit_is_left_out_and_the_others_kept(tmp_path
     assert set(texts) == {"manual.pdf#page=1", "manual.pdf#page=3"}
     assert "Billing is monthly." in texts["manual.pdf#page=1"]
     assert "Refunds take a week." in texts["manual.pdf#page=3"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc")
+def test_a_link_into_the_machines_own_trees_is_never_read_even_followed(tmp_path: Path) -> None:
+    """With follow_symlinks, ``env.md -> /proc/self/environ`` (a regular file) was indexed and
+    served, and an image so linked sent to a model: the indexer's environment, its API keys."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text("# Guide\n\nWords.\n")
+    (docs / "env.md").symlink_to("/proc/self/environ")
+    (docs / "kernel").symlink_to("/sys/kernel")
+    (docs / "null.md").symlink_to("/dev/null")
+    for follow in (True, False):
+        listing = list_files(docs, (".md",), follow_symlinks=follow)
+        assert [rel for rel, _ in listing.files] == ["guide.md"]
+        reasons = {s.path: s.reason for s in listing.skipped}
+        assert set(reasons) == {"env.md", "kernel/", "null.md"}
+    assert reasons["env.md"].startswith("a symbolic link to outside")  # not followed
+    listing = list_files(docs, (".md",), follow_symlinks=True)
+    reasons = {s.path: s.reason for s in listing.skipped}
+    assert reasons == {
+        "env.md": "a symbolic link into /proc: the machine's own files are never read as documents",
+        "kernel/": "a symbolic link into /sys: the machine's own files are never read as documents",
+        "null.md": "a symbolic link into /dev: the machine's own files are never read as documents",
+    }
 
 
 def test_a_pdf_title_of_megabytes_is_held_once_cut_not_counted_per_page(tmp_path: Path) -> None:

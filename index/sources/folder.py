@@ -52,6 +52,10 @@ DEFAULT_MAX_PAGE_BYTES = 8 << 20
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOT_UTF8 = "the name is not UTF-8 (rename it to index it)"
 _OUTSIDE = "a symbolic link to outside the source folder (set follow_symlinks = true to read it)"
+# The kernel's own trees: a link into one is never read, followed or not (``/proc/self/environ``
+# is a regular file holding the indexer's environment, its API keys among it).
+MACHINE_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
+_MACHINE_LINK = "a symbolic link into {}: the machine's own files are never read as documents"
 
 
 def max_page_bytes_option(options: Mapping[str, Any], default: int) -> int:
@@ -158,8 +162,8 @@ def _visit(walk: _Walk, entry: os.DirEntry[str], rel: str, parent: Path) -> None
             SkippedPage(printable(rel) + ("/" if is_dir else ""), _NOT_UTF8)
         )
         return
-    if entry.is_symlink() and not walk.follow_symlinks:
-        _visit_link(walk, entry, rel, is_dir)
+    if entry.is_symlink():
+        _visit_link(walk, entry, rel, is_dir, parent)
     elif is_dir:
         _visit_folder(walk, entry, rel, parent)
     else:
@@ -199,11 +203,20 @@ def _wanted(name: str, suffixes: tuple[str, ...] | None) -> bool:
     return suffixes is None or Path(name).suffix.lower() in suffixes
 
 
-def _visit_link(walk: _Walk, entry: os.DirEntry[str], rel: str, is_dir: bool) -> None:
-    """A link, when links are not followed: only one to a file inside the folder is read."""
-    if not Path(os.path.realpath(entry.path)).is_relative_to(walk.real_root):
-        walk.listing.skipped.append(SkippedPage(rel + "/" if is_dir else rel, _OUTSIDE))
-    elif not is_dir:
+def _visit_link(walk: _Walk, entry: os.DirEntry[str], rel: str, is_dir: bool, parent: Path) -> None:
+    """A link: when links are not followed, only one to a file inside the folder is read;
+    when they are, any but one into the machine's own trees (``MACHINE_TREES``)."""
+    real = Path(os.path.realpath(entry.path))
+    shown = rel + "/" if is_dir else rel
+    machine = next((tree for tree in MACHINE_TREES if real.is_relative_to(tree)), None)
+    if not walk.follow_symlinks and not real.is_relative_to(walk.real_root):
+        walk.listing.skipped.append(SkippedPage(shown, _OUTSIDE))
+    elif machine is not None:
+        walk.listing.skipped.append(SkippedPage(shown, _MACHINE_LINK.format(machine)))
+    elif is_dir:
+        if walk.follow_symlinks:
+            _visit_folder(walk, entry, rel, parent)
+    else:
         _add_file(walk, entry, rel)
 
 
