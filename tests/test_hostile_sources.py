@@ -850,6 +850,32 @@ def test_a_link_into_the_machines_own_trees_is_never_read_even_followed(tmp_path
     }
 
 
+def test_a_pdf_under_many_names_is_extracted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each name of one document (hard links, symbolic links, copies) ran its own extraction:
+    a 12 kB PDF that runs out its 20 s deadline, linked 1,000 times, held a build 5.5 hours."""
+    docs = tmp_path / "pdfs"
+    docs.mkdir()
+    (docs / "manual.pdf").write_bytes(make_pdf([["Billing is monthly."]]))
+    os.link(docs / "manual.pdf", docs / "hard.pdf")
+    (docs / "soft.pdf").symlink_to("manual.pdf")
+    (docs / "copy.pdf").write_bytes((docs / "manual.pdf").read_bytes())
+    (docs / "other.pdf").write_bytes(make_pdf([["Refunds take a week."]]))
+    extracted: list[int] = []
+    extract = pdf._extract_apart
+    monkeypatch.setattr(
+        pdf,
+        "_extract_apart",
+        lambda data, limit: extracted.append(len(data)) or extract(data, limit),
+    )
+    pages, skipped = pdf.load_pdf("docs", docs)
+    assert (len(extracted), skipped) == (2, [])
+    by_path = {p.source_path: p.text for p in pages}
+    assert set(by_path) == {f"{n}.pdf#page=1" for n in ("copy", "hard", "manual", "other", "soft")}
+    assert by_path["soft.pdf#page=1"] == "Billing is monthly."
+
+
 def test_a_pdf_title_of_megabytes_is_held_once_cut_not_counted_per_page(tmp_path: Path) -> None:
     """A 0.8 MB /Title over 5,500 pages was counted once a page against max_text_bytes (4.3 GB
     of a 1.7 MB file) and refused the whole base; the title is cut as the chunker cuts it."""

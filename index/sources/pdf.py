@@ -18,6 +18,7 @@ lower ``max_page_bytes``).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -326,11 +327,13 @@ def pdf_pages(
     fallback_title: str,
     url: str = "",
     max_text_bytes: int = PDF_MAX_TEXT_BYTES,
+    done: dict[bytes, _Extracted | str] | None = None,
 ) -> tuple[list[Page], list[SkippedPage]] | SkippedPage:
     """The pages of one PDF document with text and the pages left out (``<rel>#page=<n>``, past
     ``PDF_MAX_PAGE_TEXT_BYTES``), or why the document cannot be used (among the reasons, text
-    past ``max_text_bytes`` all told, or past a limit of this module)."""
-    got = _extract_apart(data, max_text_bytes)
+    past ``max_text_bytes`` all told, or past a limit of this module). ``done``: the
+    extractions made before, by the document's digest (``_extract_once``)."""
+    got = _extract_once(data, max_text_bytes, done)
     if isinstance(got, str):
         return SkippedPage(rel, got)
     title, texts, left_out = got
@@ -346,6 +349,20 @@ def pdf_pages(
         SkippedPage(f"{rel}#page={n}", f"too much text to extract: {why}{kept}")
         for n, why in left_out
     ]
+
+
+def _extract_once(
+    data: bytes, max_text_bytes: int, done: dict[bytes, _Extracted | str] | None
+) -> _Extracted | str:
+    """``_extract_apart(data)``, or what it answered for the same bytes before (``done``, one
+    source's): a document under many names (links, copies) is extracted once, where each name
+    could cost the whole deadline."""
+    if done is None:
+        return _extract_apart(data, max_text_bytes)
+    key = hashlib.sha256(data).digest()
+    if key not in done:
+        done[key] = _extract_apart(data, max_text_bytes)
+    return done[key]
 
 
 def _pages(source: str, rel: str, title: str, texts: list[str], url: str) -> list[Page]:
@@ -384,13 +401,14 @@ def load_pdf(
     listing = list_files(root, PDF_SUFFIXES, follow_symlinks=options.follow_symlinks)
     pages: list[Page] = []
     skipped = listing.skipped
+    done: dict[bytes, _Extracted | str] = {}
     for rel, path in listing.files:
         data = read_file(rel, path, options.max_page_bytes)
         if isinstance(data, SkippedPage):
             got: tuple[list[Page], list[SkippedPage]] | SkippedPage = data
         else:
             max_text_bytes = min(options.max_page_bytes, PDF_MAX_TEXT_BYTES)
-            got = pdf_pages(source, rel, data, path.stem, max_text_bytes=max_text_bytes)
+            got = pdf_pages(source, rel, data, path.stem, max_text_bytes=max_text_bytes, done=done)
         if isinstance(got, SkippedPage):
             skipped.append(got)
         else:
