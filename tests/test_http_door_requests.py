@@ -315,6 +315,41 @@ async def test_a_request_with_a_body_asking_for_h2c_is_told_to_send_http_1_1(
     assert got.startswith(b"HTTP/1.1 200 "), got[:60]
 
 
+@pytest.mark.parametrize(
+    ("fields", "status", "said"),
+    [
+        (b"transfer-encoding: gzip, chunked\r\n", b"501", b"is not chunked alone"),
+        (b"transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n", b"501", b"chunked alone"),
+        (
+            b"authorization: Bearer wrong\r\nauthorization: Bearer %s\r\n" % TOKEN_A.encode(),
+            b"400",
+            b"more than one Authorization header",
+        ),
+    ],
+)
+async def test_a_head_the_door_cannot_read_as_meant_is_refused_saying_why(
+    sidecar: Sidecar, fields: bytes, status: bytes, said: bytes
+) -> None:
+    """A body sent ``Transfer-Encoding: gzip, chunked`` was dechunked and read as JSON still
+    gzipped (a 400 on its bytes); with two Authorization fields the last was taken, whichever a
+    proxy before the door had checked. Each is refused saying why; one chunked body is read."""
+    body = b'{"query": "reset my password"}'
+    head = b"POST /v1/search HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    token = b"authorization: Bearer %s\r\n" % TOKEN_A.encode()
+    if b"authorization" not in fields:
+        fields += token
+    if b"transfer-encoding" not in fields:
+        fields += b"transfer-encoding: chunked\r\n"
+    got = await whole_answer(sidecar, head + fields + b"connection: close\r\n\r\n" + chunked)
+    assert got.startswith(b"HTTP/1.1 " + status + b" "), got[:60]
+    assert said in got
+    assert (b'"UNIMPLEMENTED"' in got) is (status == b"501")
+    plain = head + token + b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    got = await whole_answer(sidecar, plain + chunked)
+    assert got.startswith(b"HTTP/1.1 200 "), got[:60]
+
+
 BAD_REQUESTS = [  # each refused by the parser: a Content-Length it cannot read
     b"GET /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: z\r\n\r\n",
     b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999999999999999\r\n\r\n{}",

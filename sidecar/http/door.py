@@ -140,6 +140,11 @@ UPGRADE_WITH_BODY = (
     "the request asks to upgrade its connection (Upgrade: h2c from curl --http2?), and its body "
     "would be lost: the door speaks HTTP/1.1 only; send it without Upgrade (curl --http1.1)"
 )
+UNKNOWN_CODING = (
+    "the request's Transfer-Encoding is not chunked alone: the door decodes no other transfer "
+    "coding (gzip, deflate); send the body as it is, chunked or with a Content-Length"
+)
+TWO_AUTHORIZATIONS = "the request has more than one Authorization header: send one"
 # The rest of a request (its body, a chunked body's trailer) must be whole within this long of
 # its call's start, or the connection is closed: BODY_TIMEOUT_S's 408 comes first where the
 # body is read, and this bounds the paths that answer without reading it (health, 404, 405, a
@@ -1014,8 +1019,9 @@ class _BoundedHead(HttpToolsProtocol):
         if _head_size(self.url, self.headers) > MAX_HEAD_BYTES:  # whole within one read
             self._refuse_head()
             return
-        if self.parser.should_upgrade() and _has_body(self.headers):
-            self._refuse_head(UPGRADE_WITH_BODY, b"400 Bad Request")
+        refusal = _head_refusal(self.headers, self.parser.should_upgrade())
+        if refusal is not None:
+            self._refuse_head(*refusal)
             return
         self._in_body = True
         super().on_headers_complete()
@@ -1187,11 +1193,13 @@ class _BoundedHead(HttpToolsProtocol):
         self,
         message: str = f"the request's headers are over {MAX_HEAD_BYTES} bytes",
         status: bytes = b"431 Request Header Fields Too Large",
+        code: str = "INVALID_ARGUMENT",
     ) -> None:
-        """431 (or ``status``), and close: nothing more of the connection is read."""
+        """431 (or ``status``, its error ``code``), and close: nothing more of the connection is
+        read."""
         self._disarm()
         self._dropped = True
-        body = orjson.dumps({"error": {"code": "INVALID_ARGUMENT", "message": message}})
+        body = orjson.dumps({"error": {"code": code, "message": message}})
         self.transport.write(
             b"HTTP/1.1 " + status + b"\r\ncontent-type: "
             b"application/json\r\nconnection: close\r\ncontent-length: "
@@ -1231,6 +1239,23 @@ class _ClosedAtEnd:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _head_refusal(
+    headers: Sequence[tuple[bytes, bytes]], upgrade: bool
+) -> tuple[str, bytes, str] | None:
+    """Why a whole head is refused (its message, status and error code), or None: an upgrade with a body,
+    a transfer coding but chunked (its body was read as chunked and handed on still coded),
+    more than one Authorization field (which one a proxy before the door checked is unknown)."""
+    if upgrade and _has_body(headers):
+        return UPGRADE_WITH_BODY, b"400 Bad Request", "INVALID_ARGUMENT"
+    fields = [value for name, value in headers if name == b"transfer-encoding"]
+    codings = [coding.strip() for value in fields for coding in value.lower().split(b",")]
+    if codings and codings != [b"chunked"]:
+        return UNKNOWN_CODING, b"501 Not Implemented", "UNIMPLEMENTED"
+    if sum(name == b"authorization" for name, _ in headers) > 1:
+        return TWO_AUTHORIZATIONS, b"400 Bad Request", "INVALID_ARGUMENT"
+    return None
 
 
 def _has_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:
