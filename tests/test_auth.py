@@ -88,6 +88,18 @@ async def test_a_wrong_token_is_unauthenticated_and_never_echoed(
     assert TOKEN_B[:8] not in details
 
 
+async def test_two_authorization_entries_are_unauthenticated_whichever_is_right(
+    stub: pb_grpc.RetrievalStub,
+) -> None:
+    """The last entry was taken, whichever a proxy before the sidecar had checked."""
+    for first, last in ((TOKEN_B, TOKEN_A), (TOKEN_A, TOKEN_A)):
+        metadata = (("authorization", f"Bearer {first}"), ("authorization", f"Bearer {last}"))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Turn(TURN, metadata=metadata)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert "more than one authorization header" in (info.value.details() or "")
+
+
 async def test_the_right_token_answers(stub: pb_grpc.RetrievalStub) -> None:
     resp = await stub.Turn(TURN, metadata=bearer(TOKEN_A))
     assert resp.chunks

@@ -72,6 +72,8 @@ class Authenticator(Hook):
                 "HTTP header; `voxrecall ask` and `Connection.from_env` read it from "
                 "VOXRECALL_TOKEN)"
             )
+        if call.header_count("authorization") > 1:  # which one a proxy checked is unknown
+            raise Unauthenticated("the call sent more than one authorization header: send one")
         token = _bearer(header)
         if token is None:
             raise Unauthenticated("authorization must be `Bearer <token>`")

@@ -228,6 +228,14 @@ class Call:
                 found = value
         return found
 
+    def header_count(self, name: str) -> int:
+        """How many entries ``name`` the call sent (an HTTP call's headers, one at most: the
+        door refuses a second Authorization)."""
+        metadata = self.metadata
+        if isinstance(metadata, dict):
+            return int(name in metadata)
+        return sum(key == name for key, _ in metadata[:MAX_METADATA_ENTRIES])
+
     # -- the hooks around it --------------------------------------------------------------------
 
     def start(self, until: int | None = None) -> None:
