@@ -2316,6 +2316,32 @@ def test_a_tls_door_under_uvloop_takes_the_hello_sent_with_the_connect(
     assert uvloop.run(clients()) == [b"HTTP/1.1 200"] * 16
 
 
+async def test_a_tls_handshake_cancelled_before_it_began_closes_its_socket(
+    tmp_path: Path, store: Path, local_embedder: Embedder
+) -> None:
+    """The door's stop cancels every handshake: one cancelled before start_tls had run left its
+    socket open (paused, served by no one) until the process ended."""
+    certs = make_certs(tmp_path / "certs")
+    tls = {"cert_file": str(certs / "server.pem"), "key_file": str(certs / "server.key")}
+    config = sidecar_config(store, tls=tls, http={"listen": "127.0.0.1:0"})
+    loop = asyncio.get_running_loop()
+
+    class CancelledAtOnce(set[asyncio.Task[None]]):
+        def add(self, task: asyncio.Task[None]) -> None:  # as the door's stop would, then
+            super().add(task)
+            loop.call_soon(task.cancel)
+
+    async with running(config, local_embedder) as sc:
+        assert sc.http is not None
+        sc.http.admission.handshakes = CancelledAtOnce()
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
+        try:
+            async with asyncio.timeout(LIVENESS_S):
+                assert await reader.read() == b""  # closed by the door
+        finally:
+            writer.close()
+
+
 @pytest.mark.usefixtures("long_keep_alive")
 async def test_a_tls_handshake_counts_toward_the_cap_and_is_bounded(
     tmp_path: Path,

@@ -909,7 +909,9 @@ class _BoundedHead(HttpToolsProtocol):
             else:
                 log.debug("a TLS handshake from %s failed: %s", self._address, exc)
             secure = None
-        except asyncio.CancelledError:  # the door stops: start_tls has closed the socket
+        except asyncio.CancelledError:  # the door stops: start_tls closed the socket if it ran
+            if transport.get_protocol() is self:  # cancelled before start_tls took the socket
+                transport.abort()
             self._release()
             raise
         if secure is None or secure.is_closing() or self.admission.closing:
@@ -1250,7 +1252,7 @@ def _head_refusal(
     if upgrade and _has_body(headers):
         return UPGRADE_WITH_BODY, b"400 Bad Request", "INVALID_ARGUMENT"
     fields = [value for name, value in headers if name == b"transfer-encoding"]
-    codings = [coding.strip() for value in fields for coding in value.lower().split(b",")]
+    codings = [c.strip() for value in fields for c in value.lower().split(b",") if c.strip()]
     if codings and codings != [b"chunked"]:
         return UNKNOWN_CODING, b"501 Not Implemented", "UNIMPLEMENTED"
     if sum(name == b"authorization" for name, _ in headers) > 1:
