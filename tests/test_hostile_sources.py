@@ -21,7 +21,7 @@ from index.chunker import MAX_FIELD_BYTES
 from index.embedders.base import HashEmbedder
 from index.errors import ConfigError
 from index.snapshot import LoadedSnapshot, load_snapshot, page_key
-from index.sources import PageBytes, SkippedPage, image, pdf
+from index.sources import PageBytes, SkippedPage, folder, image, pdf
 from index.sources.folder import DEFAULT_MAX_PAGE_BYTES, list_files
 from index.sources.records import MAX_SKIPS_NAMED
 from index.sources.registry import LoadContext, load_source
@@ -843,11 +843,45 @@ def test_a_link_into_the_machines_own_trees_is_never_read_even_followed(tmp_path
     assert reasons["env.md"].startswith("a symbolic link to outside")  # not followed
     listing = list_files(docs, (".md",), follow_symlinks=True)
     reasons = {s.path: s.reason for s in listing.skipped}
+    said = "is the machine's own, reached through a symbolic link: never read as documents"
     assert reasons == {
-        "env.md": "a symbolic link into /proc: the machine's own files are never read as documents",
-        "kernel/": "a symbolic link into /sys: the machine's own files are never read as documents",
-        "null.md": "a symbolic link into /dev: the machine's own files are never read as documents",
+        "env.md": f"/proc {said}",
+        "kernel/": f"/sys {said}",
+        "null.md": f"/dev {said}",
     }
+
+
+def test_a_machine_tree_reached_inside_a_followed_folder_is_not_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link to "/" walked /proc, /sys and /dev as folders of its own: the trees are refused
+    wherever a followed walk meets them (here a tree of the test's own stands for them)."""
+    machine = tmp_path / "root" / "proc"
+    machine.mkdir(parents=True)
+    (machine / "environ.md").write_text("SECRET=1\n")
+    (tmp_path / "root" / "notes.md").write_text("# Notes\n")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "everything").symlink_to(tmp_path / "root")
+    monkeypatch.setattr(folder, "MACHINE_TREES", (machine,))
+    listing = list_files(docs, (".md",), follow_symlinks=True)
+    assert [rel for rel, _ in listing.files] == ["everything/notes.md"]
+    assert [s.path for s in listing.skipped] == ["everything/proc/"]
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+def test_a_source_folder_under_dev_shm_reads_its_own_links() -> None:
+    """The machine's trees are refused only outside the source's folder: one kept in /dev/shm
+    (a RAM disk) read a link to its own file, and the first version of the rule skipped it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:
+        docs = Path(folder)
+        (docs / "a.md").write_text("# A\n\nWords.\n")
+        (docs / "b.md").symlink_to("a.md")
+        for follow in (True, False):
+            listing = list_files(docs, (".md",), follow_symlinks=follow)
+            assert ([rel for rel, _ in listing.files], listing.skipped) == (["a.md", "b.md"], [])
 
 
 def test_a_pdf_under_many_names_is_extracted_once(

@@ -55,7 +55,7 @@ _OUTSIDE = "a symbolic link to outside the source folder (set follow_symlinks = 
 # The kernel's own trees: a link into one is never read, followed or not (``/proc/self/environ``
 # is a regular file holding the indexer's environment, its API keys among it).
 MACHINE_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
-_MACHINE_LINK = "a symbolic link into {}: the machine's own files are never read as documents"
+_MACHINE_LINK = "{} is the machine's own, reached through a symbolic link: never read as documents"
 
 
 def max_page_bytes_option(options: Mapping[str, Any], default: int) -> int:
@@ -177,12 +177,25 @@ def _visit_folder(walk: _Walk, entry: os.DirEntry[str], rel: str, parent: Path) 
     walked by the first link to it."""
     if not entry.is_symlink():
         real = parent / entry.name  # ``parent`` is real: no realpath, a call per component
+        if _in_machine_tree(walk, real, rel + "/"):  # reached through a followed link to "/"
+            return
     else:
         real = Path(os.path.realpath(entry.path))
         if real.is_relative_to(walk.real_root):
             walk.links_in.append((Path(entry.path), rel + "/", real))
             return
     _queue(walk, Path(entry.path), rel + "/", real)
+
+
+def _in_machine_tree(walk: _Walk, real: Path, shown: str) -> bool:
+    """Whether ``real``, outside the source's folder, is in one of the machine's own trees
+    (``MACHINE_TREES``): then skipped as ``shown``, named."""
+    if real.is_relative_to(walk.real_root):  # a source folder under /dev/shm reads its own
+        return False
+    machine = next((tree for tree in MACHINE_TREES if real.is_relative_to(tree)), None)
+    if machine is not None:
+        walk.listing.skipped.append(SkippedPage(shown, _MACHINE_LINK.format(machine)))
+    return machine is not None
 
 
 def _queue(walk: _Walk, folder: Path, prefix: str, real: Path) -> None:
@@ -208,11 +221,10 @@ def _visit_link(walk: _Walk, entry: os.DirEntry[str], rel: str, is_dir: bool, pa
     when they are, any but one into the machine's own trees (``MACHINE_TREES``)."""
     real = Path(os.path.realpath(entry.path))
     shown = rel + "/" if is_dir else rel
-    machine = next((tree for tree in MACHINE_TREES if real.is_relative_to(tree)), None)
     if not walk.follow_symlinks and not real.is_relative_to(walk.real_root):
         walk.listing.skipped.append(SkippedPage(shown, _OUTSIDE))
-    elif machine is not None:
-        walk.listing.skipped.append(SkippedPage(shown, _MACHINE_LINK.format(machine)))
+    elif _in_machine_tree(walk, real, shown):
+        return
     elif is_dir:
         if walk.follow_symlinks:
             _visit_folder(walk, entry, rel, parent)
