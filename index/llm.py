@@ -151,16 +151,20 @@ class ModelCaller:
         self.usage = LlmUsage()
         self._cache = AnswerCache(config.cache_dir)
         self._backoff_s = backoff_s
+        self._failed: set[str] = set()  # the keys of inputs this build asked and could not
 
     def ask_all(self, asks: Sequence[Ask]) -> list[str | None]:
         """Each ask's answer, in order; None where it failed (counted and named in ``usage``).
-        Asks of the same input (one image under many names, a page copied) are asked once.
+        Asks of the same input (one image under many names, a page copied) are asked once a
+        build: one that failed is not asked again in a later call (an image source's next batch).
 
         Raises SpendCapReached when the build's token budget runs out (no request after it)."""
         keys = [answer_key(self.config.model, ask) for ask in asks]
         answers: list[str | None] = [None] * len(asks)
         todo: dict[str, int] = {}  # an input's key -> the first ask of it
         for i, key in enumerate(keys):
+            if key in self._failed:
+                continue  # None: asked before in this build, and it failed
             cached = self._cache.get(key)
             if cached is None:
                 todo.setdefault(key, i)
@@ -170,9 +174,10 @@ class ModelCaller:
         if todo:
             got = asyncio.run(self._run([asks[i] for i in todo.values()]))
             by_key = dict(zip(todo, got, strict=True))
+            self._failed.update(key for key, answer in by_key.items() if answer is None)
             for i, key in enumerate(keys):
                 if answers[i] is None:
-                    answers[i] = by_key[key]
+                    answers[i] = by_key.get(key)
         return answers
 
     async def _run(self, asks: list[Ask]) -> list[str | None]:

@@ -6,6 +6,7 @@ approved sources."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from index.build import build_knowledge_base
 from index.chunker import MAX_PAGE_HEADINGS
 from index.embedders.base import HashEmbedder, Vectors
 from index.enrich import ORIGINALS, summary_writer
-from index.errors import ConfigError, SpendCapReached
+from index.errors import ConfigError, SnapshotError, SpendCapReached
 from index.llm import ModelCaller, answer_limit
 from index.snapshot import load_snapshot, page_key, write_snapshot
 from index.sources import image
@@ -376,6 +377,22 @@ def test_images_are_read_a_batch_at_a_time_and_one_image_is_asked_once(
     assert server.requests == 7  # the one image of seven names, and the six others
     assert summary["skipped_pages"] == []
     assert summary["pages"] == 13
+
+
+def test_an_image_the_model_fails_on_is_not_asked_again_in_a_later_batch(
+    tmp_path: Path, server: ChatServer, embedder: HashEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One input is asked once a build: a failure was asked again in each batch of its names
+    (the answer cache keeps successes only), 50 x (1 + retries) requests for 800 names."""
+    server.set(fail_status=500, fail_times=-1)
+    folder = images(tmp_path)
+    for n in range(8):
+        os.link(folder / "router-lights.png", folder / f"copy-{n}.png")
+    monkeypatch.setattr(image, "IMAGES_HELD_BYTES", 3 * len(PNG))  # batches of three
+    sources = [{"type": "image", "path": str(folder), "approved": True}]
+    with contextlib.suppress(SnapshotError):  # no page: nothing to publish
+        build(configure(tmp_path, server, sources), embedder)
+    assert server.requests == 3  # once, with its two retries
 
 
 class Counting(HashEmbedder):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -120,7 +121,7 @@ async def test_a_certificate_or_key_that_does_not_load_is_named_not_taken_for_a_
     armored.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
     cases = {
         "holds no certificate": {"cert_file": armored, "key_file": certs / "server.key"},
-        "is not the private key": {
+        "is not an unencrypted private key": {
             "cert_file": certs / "server.pem",
             "key_file": certs / "client.key",
         },
@@ -129,6 +130,14 @@ async def test_a_certificate_or_key_that_does_not_load_is_named_not_taken_for_a_
             "key_file": certs / "server.key",
             "client_ca_file": armored,
         },
+    }
+    encrypted = tmp_path / "encrypted.key"  # OpenSSL asked for its passphrase on the terminal
+    command = ["openssl", "pkey", "-in", str(certs / "server.key"), "-aes256", "-passout",
+               "pass:x", "-out", str(encrypted)]  # fmt: skip
+    await asyncio.to_thread(subprocess.run, command, check=True, capture_output=True)
+    cases["is not an unencrypted private key of cert_file"] = {
+        "cert_file": certs / "server.pem",
+        "key_file": encrypted,
     }
     for said, files in cases.items():
         tls = {key: str(path) for key, path in files.items()}

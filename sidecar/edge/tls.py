@@ -53,8 +53,8 @@ def server_context(tls: TlsConfig) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     _loading(f"cert_file {cert} holds no certificate", _certificates, cert)
     _loading(
-        f"key_file {key} is not the private key of cert_file {cert}",
-        context.load_cert_chain,
+        f"key_file {key} is not an unencrypted private key of cert_file {cert}",
+        _key_pair(context),
         cert,
         key,
     )
@@ -68,6 +68,16 @@ def server_context(tls: TlsConfig) -> ssl.SSLContext:
 def _certificates(path: Path) -> None:
     """Parse the certificates of ``path`` (ssl's error for a file of none)."""
     ssl.create_default_context().load_verify_locations(cafile=path)
+
+
+def _key_pair(context: ssl.SSLContext) -> Callable[[Path, Path], None]:
+    """``context.load_cert_chain`` of a certificate and its key, with no passphrase: OpenSSL
+    would otherwise ask for one of an encrypted key on the terminal, and gRPC reads none."""
+
+    def load(cert: Path, key: Path) -> None:
+        context.load_cert_chain(cert, key, password=lambda: b"")
+
+    return load
 
 
 def _loading(what: str, load: Callable[..., None], *paths: Path) -> None:
