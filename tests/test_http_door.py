@@ -59,6 +59,7 @@ from sidecar.http.webhooks import (
 )
 from sidecar.turn import sessions
 from sidecar.turn.engine import MAX_TEXT_CHARS
+from tests.conftest import eventually
 from tests.hardening_kit import (
     TOKEN_A,
     TOKEN_B,
@@ -2068,6 +2069,84 @@ async def test_a_client_pipelining_without_reading_is_closed_with_its_queue_boun
     writer.close()
     async with httpx2.AsyncClient() as http:  # the door serves on
         assert (await http.get(url(sidecar, "/healthz"))).status_code == 200
+
+
+async def test_a_connection_whose_answers_go_unread_is_dropped_and_one_read_again_is_not(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer being written holds its call's slot until it is: 64 connections pipelining
+    MCP tool calls they never read held every slot (every caller refused) for as long as they
+    stayed open. A connection the door cannot write to (its flow control paused, as when the
+    client reads nothing and the socket is full) for UNREAD_ANSWER_S is dropped; one whose
+    client reads again in time is kept."""
+    monkeypatch.setattr(http_door, "UNREAD_ANSWER_S", 0.2)
+    made: list[http_door._BoundedHead] = []
+    real = http_door._BoundedHead.connection_made
+
+    def kept(self: http_door._BoundedHead, transport: asyncio.Transport) -> None:
+        made.append(self)
+        real(self, transport)
+
+    monkeypatch.setattr(http_door._BoundedHead, "connection_made", kept)
+    assert sidecar.http is not None
+    unread = await asyncio.open_connection("127.0.0.1", sidecar.http_port)
+    read_again = await asyncio.open_connection("127.0.0.1", sidecar.http_port)
+    await eventually(lambda: len(made) == 2)
+    for protocol in made:
+        protocol.pause_writing()  # what the transport does when the client reads nothing
+    made[1].resume_writing()  # this client read its answers
+    async with asyncio.timeout(LIVENESS_S):
+        assert await unread[0].read() == b""  # dropped
+    assert sidecar.http.admission.cut_total == 1
+    await asyncio.sleep(0.4)  # past the deadline: the other stays open and is served
+    read_again[1].write(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    async with asyncio.timeout(LIVENESS_S):
+        assert (await read_again[0].read()).startswith(b"HTTP/1.1 200 ")
+    for _, writer in (unread, read_again):
+        writer.close()
+
+
+def test_an_answer_written_after_its_pipelined_connection_is_lost_is_dropped_quietly(
+    store: Path, local_embedder: Embedder, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """uvicorn tells only a connection's newest call that it is lost: an earlier one, its
+    request pipelined, wrote on to the closed transport, which uvloop refuses (RuntimeError),
+    and each such call logged errors with tracebacks (three for an MCP call: 218 lines for 90
+    connections an attacker left). Served under uvloop, as ``voxrecall serve`` runs."""
+    caplog.set_level(logging.WARNING)
+    made: list[http_door._BoundedHead] = []
+    connection_made = http_door._BoundedHead.connection_made
+
+    def kept(self: http_door._BoundedHead, transport: asyncio.Transport) -> None:
+        made.append(self)
+        connection_made(self, transport)
+
+    monkeypatch.setattr(http_door._BoundedHead, "connection_made", kept)
+    real_respond = http_door.respond
+
+    async def scenario() -> None:
+        gate, waiting = asyncio.Event(), asyncio.Event()
+
+        async def held(*args: Any, **kwargs: Any) -> None:
+            if not waiting.is_set():  # the first answer waits until its client is gone
+                waiting.set()
+                await gate.wait()
+            await real_respond(*args, **kwargs)
+
+        monkeypatch.setattr(http_door, "respond", held)
+        config = sidecar_config(store, http={"listen": "127.0.0.1:0"})
+        async with running(config, local_embedder) as sc:
+            _, writer = await asyncio.open_connection("127.0.0.1", sc.http_port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" * 2)  # pipelined
+            await eventually(lambda: waiting.is_set() and len(made[0]._cycles) == 2)
+            made[0]._drop()  # as the door drops it (answers unread, too many pipelined)
+            gate.set()
+            await asyncio.sleep(0.2)  # the first answer is written (or dropped) now
+            writer.close()
+
+    uvloop.run(scenario())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 # -- the connection cap ------------------------------------------------------------------------

@@ -145,6 +145,12 @@ UNKNOWN_CODING = (
     "coding (gzip, deflate); send the body as it is, chunked or with a Content-Length"
 )
 TWO_AUTHORIZATIONS = "the request has more than one Authorization header: send one"
+# A client that reads none of its answers for this long, while the door has more to write than
+# the socket takes, has its connection dropped: an answer being written (an MCP tool's, a
+# page's) holds its call's ``max_concurrent_rpcs`` slot until it is, and 64 connections
+# pipelining tool calls they never read held every slot, every caller refused, for as long as
+# they stayed open.
+UNREAD_ANSWER_S = 10.0
 # The rest of a request (its body, a chunked body's trailer) must be whole within this long of
 # its call's start, or the connection is closed: BODY_TIMEOUT_S's 408 comes first where the
 # body is read, and this bounds the paths that answer without reading it (health, 404, 405, a
@@ -837,6 +843,7 @@ class _BoundedHead(HttpToolsProtocol):
     handshake is bounded (``TLS_HANDSHAKE_TIMEOUT_S``). The body is ``read_body``'s."""
 
     _deadline: asyncio.TimerHandle | None = None  # the head's, then the rest of the request's
+    _unread: asyncio.TimerHandle | None = None  # while the client reads none of its answers
     _in_head = False  # a request's head is awaited (a new connection) or arriving
     _in_body = False  # a request's head is in, and the rest of it (body, trailer) is not
     _head_bytes = 0  # read while a head was not whole
@@ -870,6 +877,9 @@ class _BoundedHead(HttpToolsProtocol):
         # with TLS, what the handshake's last read decrypted before ``_serve`` ran: one read's
         # worth, handed to the parser then (and counted in the head's bytes)
         self._early: list[bytes] = []
+        # the connection's calls not answered whole yet (its requests pipelined: uvicorn's
+        # ``self.cycle`` is only the newest)
+        self._cycles: list[RequestResponseCycle] = []
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._address = _address_of(transport)
@@ -971,10 +981,16 @@ class _BoundedHead(HttpToolsProtocol):
             self._refused.cancel()
             return
         self._release()
+        self._read_again()
         if not self._served:
             return  # a TLS handshake that never finished
         self._disarm()
         super().connection_lost(exc)
+        for cycle in self._cycles:  # uvicorn tells only the newest: each earlier one wrote on
+            if not cycle.response_complete:  # to the closed transport (uvloop raises), its
+                cycle.disconnected = True  # handler failed, and the log had three errors
+                cycle.message_event.set()
+        self._cycles = []
 
     def shutdown(self) -> None:
         self._keep_alive = False  # the server stops: no request keeps its connection
@@ -1027,6 +1043,7 @@ class _BoundedHead(HttpToolsProtocol):
             return
         self._in_body = True
         super().on_headers_complete()
+        self._cycles = [c for c in self._cycles if not c.response_complete] + [self.cycle]
         self._answer_first(self.cycle)
         if len(self.pipeline) > MAX_PIPELINED:
             self._overran()
@@ -1129,8 +1146,11 @@ class _BoundedHead(HttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         self.flow.pause_reading()  # answers the client leaves unread: read no more requests
+        if self._unread is None:
+            self._unread = self.loop.call_later(UNREAD_ANSWER_S, self._left_unread)
 
     def resume_writing(self) -> None:
+        self._read_again()
         super().resume_writing()
         if not self.pipeline and (self.cycle is None or self.cycle.response_complete):
             self.flow.resume_reading()  # what on_response_complete held back
@@ -1219,6 +1239,17 @@ class _BoundedHead(HttpToolsProtocol):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+
+    def _left_unread(self) -> None:
+        """The client read nothing of its answers for UNREAD_ANSWER_S: an answer being written
+        holds its call's slot until it is, so the connection is dropped (the call ends)."""
+        self._unread = None
+        self._cut(f"its answers were left unread for {UNREAD_ANSWER_S:g} s")
+
+    def _read_again(self) -> None:
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
 
     def _late(self) -> None:
         """A head, or the rest of a request, not whole within its deadline: closed."""
