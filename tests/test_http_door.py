@@ -2071,6 +2071,19 @@ async def test_a_client_pipelining_without_reading_is_closed_with_its_queue_boun
         assert (await http.get(url(sidecar, "/healthz"))).status_code == 200
 
 
+def door_protocols(monkeypatch: pytest.MonkeyPatch) -> list[http_door._BoundedHead]:
+    """The door's connections' protocols, each as its connection is made."""
+    made: list[http_door._BoundedHead] = []
+    connection_made = http_door._BoundedHead.connection_made
+
+    def kept(self: http_door._BoundedHead, transport: asyncio.Transport) -> None:
+        made.append(self)
+        connection_made(self, transport)
+
+    monkeypatch.setattr(http_door._BoundedHead, "connection_made", kept)
+    return made
+
+
 async def test_a_connection_whose_answers_go_unread_is_dropped_and_one_read_again_is_not(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -2080,14 +2093,7 @@ async def test_a_connection_whose_answers_go_unread_is_dropped_and_one_read_agai
     client reads nothing and the socket is full) for UNREAD_ANSWER_S is dropped; one whose
     client reads again in time is kept."""
     monkeypatch.setattr(http_door, "UNREAD_ANSWER_S", 0.2)
-    made: list[http_door._BoundedHead] = []
-    real = http_door._BoundedHead.connection_made
-
-    def kept(self: http_door._BoundedHead, transport: asyncio.Transport) -> None:
-        made.append(self)
-        real(self, transport)
-
-    monkeypatch.setattr(http_door._BoundedHead, "connection_made", kept)
+    made = door_protocols(monkeypatch)
     assert sidecar.http is not None
     unread = await asyncio.open_connection("127.0.0.1", sidecar.http_port)
     read_again = await asyncio.open_connection("127.0.0.1", sidecar.http_port)
@@ -2114,14 +2120,7 @@ def test_an_answer_written_after_its_pipelined_connection_is_lost_is_dropped_qui
     and each such call logged errors with tracebacks (three for an MCP call: 218 lines for 90
     connections an attacker left). Served under uvloop, as ``voxrecall serve`` runs."""
     caplog.set_level(logging.WARNING)
-    made: list[http_door._BoundedHead] = []
-    connection_made = http_door._BoundedHead.connection_made
-
-    def kept(self: http_door._BoundedHead, transport: asyncio.Transport) -> None:
-        made.append(self)
-        connection_made(self, transport)
-
-    monkeypatch.setattr(http_door._BoundedHead, "connection_made", kept)
+    made = door_protocols(monkeypatch)
     real_respond = http_door.respond
 
     async def scenario() -> None:
