@@ -17,6 +17,7 @@ import re
 import socket
 import ssl
 import sys
+import termios as termios_module
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -2084,32 +2085,86 @@ def door_protocols(monkeypatch: pytest.MonkeyPatch) -> list[http_door._BoundedHe
     return made
 
 
-async def test_a_connection_whose_answers_go_unread_is_dropped_and_one_read_again_is_not(
+class Unsent:
+    """A connection's unsent bytes at each of the door's checks, as a client reading at a pace
+    leaves them (the last figure from then on)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.checks = 0
+
+    def __call__(self) -> int:
+        self.checks += 1
+        return self.sizes[min(self.checks, len(self.sizes)) - 1]
+
+
+async def test_a_connection_whose_answers_go_unread_is_dropped_and_one_read_on_is_not(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An answer being written holds its call's slot until it is: 64 connections pipelining
     MCP tool calls they never read held every slot (every caller refused) for as long as they
-    stayed open. A connection the door cannot write to (its flow control paused, as when the
-    client reads nothing and the socket is full) for UNREAD_ANSWER_S is dropped; one whose
-    client reads again in time is kept."""
+    stayed open. While the door cannot write all it has (its flow control paused, as when the
+    socket is full), a client must read MIN_READ_BYTES every UNREAD_ANSWER_S: one that reads
+    nothing, or a byte at a time, is dropped; one that reads on at a slow link's pace is kept
+    until it stops; one that reads all (writing resumes) is kept. The first version dropped a
+    client reading steadily at 40 KB/s: it counted only the reads that emptied the buffer."""
     monkeypatch.setattr(http_door, "UNREAD_ANSWER_S", 0.2)
     made = door_protocols(monkeypatch)
     assert sidecar.http is not None
-    unread = await asyncio.open_connection("127.0.0.1", sidecar.http_port)
-    read_again = await asyncio.open_connection("127.0.0.1", sidecar.http_port)
-    await eventually(lambda: len(made) == 2)
+    clients = [await asyncio.open_connection("127.0.0.1", sidecar.http_port) for _ in range(4)]
+    await eventually(lambda: len(made) == 4)
+    _, read_all, trickling, reading_on = made
+    step = http_door.MIN_READ_BYTES
+    trickled = Unsent([10 * step - n for n in range(50)])  # a byte a check
+    slow = Unsent([5 * step, 4 * step, 3 * step, 2 * step, 2 * step])  # reads on, then stops
+    trickling._unsent = trickled  # type: ignore[method-assign]
+    reading_on._unsent = slow  # type: ignore[method-assign]
     for protocol in made:
-        protocol.pause_writing()  # what the transport does when the client reads nothing
-    made[1].resume_writing()  # this client read its answers
+        protocol.pause_writing()  # what the transport does when the socket is full
+    read_all.resume_writing()
+    for index in (0, 2):  # nothing read, a byte a check: dropped at the first check
+        async with asyncio.timeout(LIVENESS_S):
+            assert await clients[index][0].read() == b""
+    assert slow.checks < 5  # the slow reader is still served meanwhile
     async with asyncio.timeout(LIVENESS_S):
-        assert await unread[0].read() == b""  # dropped
-    assert sidecar.http.admission.cut_total == 1
-    await asyncio.sleep(0.4)  # past the deadline: the other stays open and is served
-    read_again[1].write(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert await clients[3][0].read() == b""  # dropped once it stopped reading
+    assert slow.checks == 5
+    assert sidecar.http.admission.cut_total == 3
+    clients[1][1].write(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
     async with asyncio.timeout(LIVENESS_S):
-        assert (await read_again[0].read()).startswith(b"HTTP/1.1 200 ")
-    for _, writer in (unread, read_again):
+        assert (await clients[1][0].read()).startswith(b"HTTP/1.1 200 ")
+    for _, writer in clients:
         writer.close()
+
+
+async def test_the_bytes_a_client_has_not_read_count_the_sockets_send_queue() -> None:
+    """On loopback the kernel holds megabytes of a connection's answers: a client reading
+    steadily from them left the transport's own buffer untouched, and the door took it for one
+    that read nothing (the first version dropped a client reading 40 KB/s). What the socket
+    still holds counts, and falls as the client reads."""
+    if not hasattr(termios_module, "TIOCOUTQ"):
+        pytest.skip("needs TIOCOUTQ (Linux)")
+    accepted: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+
+    async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accepted.put((reader, writer))
+
+    server = await asyncio.start_server(keep, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client_reader, client_writer = await asyncio.open_connection("127.0.0.1", port)
+    _, writer = await accepted.get()
+    writer.write(
+        b"x" * (4 << 20)
+    )  # the client reads none of it yet (the socket takes its share now)
+    held = http_door._socket_unsent(writer.transport)
+    assert held > 0
+    async with asyncio.timeout(LIVENESS_S):
+        await client_reader.readexactly(4 << 20)
+        await writer.drain()
+    assert http_door._socket_unsent(writer.transport) < held
+    for w in (writer, client_writer):
+        w.close()
+    server.close()
 
 
 def test_an_answer_written_after_its_pipelined_connection_is_lost_is_dropped_quietly(

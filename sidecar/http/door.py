@@ -47,10 +47,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import logging
 import socket
 import ssl
+import sys
+import termios
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -145,12 +148,14 @@ UNKNOWN_CODING = (
     "coding (gzip, deflate); send the body as it is, chunked or with a Content-Length"
 )
 TWO_AUTHORIZATIONS = "the request has more than one Authorization header: send one"
-# A client that reads none of its answers for this long, while the door has more to write than
-# the socket takes, has its connection dropped: an answer being written (an MCP tool's, a
-# page's) holds its call's ``max_concurrent_rpcs`` slot until it is, and 64 connections
-# pipelining tool calls they never read held every slot, every caller refused, for as long as
-# they stayed open.
+# While the door has more to write than the socket takes, a client must read MIN_READ_BYTES of
+# its answers every UNREAD_ANSWER_S, or its connection is dropped: an answer being written (an
+# MCP tool's, a page's) holds its call's ``max_concurrent_rpcs`` slot until it is, and 64
+# connections pipelining tool calls they never read held every slot, every caller refused, for
+# as long as they stayed open. A slow mobile link reads hundreds of times as much; one byte
+# every 9 s would otherwise hold a slot as long as it liked.
 UNREAD_ANSWER_S = 10.0
+MIN_READ_BYTES = 16 * 1024
 # The rest of a request (its body, a chunked body's trailer) must be whole within this long of
 # its call's start, or the connection is closed: BODY_TIMEOUT_S's 408 comes first where the
 # body is read, and this bounds the paths that answer without reading it (health, 404, 405, a
@@ -843,7 +848,7 @@ class _BoundedHead(HttpToolsProtocol):
     handshake is bounded (``TLS_HANDSHAKE_TIMEOUT_S``). The body is ``read_body``'s."""
 
     _deadline: asyncio.TimerHandle | None = None  # the head's, then the rest of the request's
-    _unread: asyncio.TimerHandle | None = None  # while the client reads none of its answers
+    _unread: asyncio.TimerHandle | None = None  # the check of its reads, while writing is paused
     _in_head = False  # a request's head is awaited (a new connection) or arriving
     _in_body = False  # a request's head is in, and the rest of it (body, trailer) is not
     _head_bytes = 0  # read while a head was not whole
@@ -1147,7 +1152,7 @@ class _BoundedHead(HttpToolsProtocol):
         super().pause_writing()
         self.flow.pause_reading()  # answers the client leaves unread: read no more requests
         if self._unread is None:
-            self._unread = self.loop.call_later(UNREAD_ANSWER_S, self._left_unread)
+            self._watch_reads(self._unsent())
 
     def resume_writing(self) -> None:
         self._read_again()
@@ -1240,11 +1245,30 @@ class _BoundedHead(HttpToolsProtocol):
             self._deadline.cancel()
             self._deadline = None
 
-    def _left_unread(self) -> None:
-        """The client read nothing of its answers for UNREAD_ANSWER_S: an answer being written
-        holds its call's slot until it is, so the connection is dropped (the call ends)."""
+    def _watch_reads(self, unsent: int) -> None:
+        """While writing is paused: in UNREAD_ANSWER_S, check the client read at least
+        MIN_READ_BYTES of the ``unsent`` bytes since."""
+        self._unread = self.loop.call_later(UNREAD_ANSWER_S, self._read_since, unsent)
+
+    def _read_since(self, unsent: int) -> None:
+        """A client that reads on (a slow link) is watched again; one that read less than
+        MIN_READ_BYTES in UNREAD_ANSWER_S is dropped: an answer being written holds its call's
+        slot until it is (the call ends with the connection)."""
+        now = self._unsent()
+        if unsent - now >= MIN_READ_BYTES:
+            self._watch_reads(now)
+            return
         self._unread = None
-        self._cut(f"its answers were left unread for {UNREAD_ANSWER_S:g} s")
+        self._cut(
+            f"it read {max(unsent - now, 0):,} bytes of its answers in {UNREAD_ANSWER_S:g} s "
+            f"(at least {MIN_READ_BYTES:,} are asked)"
+        )
+
+    def _unsent(self) -> int:
+        """The bytes written and not yet read by the client: the transport's, and the socket's
+        send queue (on loopback the kernel holds megabytes: a client reading steadily from it
+        leaves the transport's own untouched)."""
+        return self.transport.get_write_buffer_size() + _socket_unsent(self.transport)
 
     def _read_again(self) -> None:
         if self._unread is not None:
@@ -1297,6 +1321,20 @@ def _has_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ")):
             return True
     return False
+
+
+def _socket_unsent(transport: asyncio.BaseTransport) -> int:
+    """The bytes in the transport's socket's send queue, not yet taken by the client (Linux's
+    SIOCOUTQ, TIOCOUTQ's number); 0 where that cannot be read."""
+    sock = transport.get_extra_info("socket")
+    request = getattr(termios, "TIOCOUTQ", None)
+    if sock is None or request is None:
+        return 0
+    try:
+        got = fcntl.ioctl(sock.fileno(), request, bytes(4))
+    except (OSError, ValueError):  # not a TCP socket, or closed
+        return 0
+    return max(int.from_bytes(got, sys.byteorder, signed=True), 0)
 
 
 def _head_size(url: bytes, headers: Sequence[tuple[bytes, bytes]]) -> int:
