@@ -217,6 +217,50 @@ async def raw_mcp_calls(sc: Sidecar, params: list[Any]) -> list[dict[str, Any]]:
     return answers
 
 
+async def test_an_mcp_request_of_an_id_in_flight_is_refused_and_the_first_answered(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK keys a request's answer by its JSON-RPC id: a second request of an id in flight
+    took the first one's answer stream, and the first waited for ever, its slot held (pipelined
+    tools/call calls all of id 2 leaked two slots a round until every caller was refused). The
+    second is refused 400 with a JSON-RPC error; the first is answered; the id is free again."""
+    gate, waiting = asyncio.Event(), asyncio.Event()
+    invoke = mcp.McpDoor._invoke
+
+    async def held(self: Any, *args: Any) -> Any:
+        if not waiting.is_set():  # the first call waits, in flight, until the test lets it go
+            waiting.set()
+            await gate.wait()
+        return await invoke(self, *args)
+
+    monkeypatch.setattr(mcp.McpDoor, "_invoke", held)
+    params = {"name": "search_help", "arguments": {"query": "reset my password"}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+    async with httpx2.AsyncClient(headers={**auth(), **MCP_ACCEPT}) as http:
+        opened = await http.post(url(sidecar, "/mcp"), json=INITIALIZE)
+        headers = {
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-06-18",
+        }
+        first = asyncio.create_task(http.post(url(sidecar, "/mcp"), json=call, headers=headers))
+        async with asyncio.timeout(LIVENESS_S):
+            await waiting.wait()
+        second = await http.post(url(sidecar, "/mcp"), json=call, headers=headers)
+        gate.set()
+        async with asyncio.timeout(LIVENESS_S):
+            answered = await first
+        again = await http.post(url(sidecar, "/mcp"), json=call, headers=headers)
+    assert second.status_code == 400
+    assert second.json()["id"] == 2
+    assert second.json()["error"]["code"] == types.INVALID_REQUEST
+    assert "a request of id 2 is in flight in this session" in second.json()["error"]["message"]
+    assert answered.status_code == 200
+    assert answered.json()["id"] == 2
+    assert again.status_code == 200
+    assert sidecar.guards is not None
+    await eventually(lambda: sidecar.guards.limit.in_flight == 0)
+
+
 async def test_an_mcp_session_header_over_the_limit_is_a_400_not_the_models_error(
     sidecar: Sidecar,
 ) -> None:

@@ -506,20 +506,28 @@ class HttpDoor:
                     headers, body
                 )
                 if unsent is not None:  # refused before the SDK sees it
-                    call.code = grpc.StatusCode.INVALID_ARGUMENT
-                    await respond(send, 400, unsent, call.reply.headers)
+                    await self._refuse_mcp(call, send, unsent)
                     return
-            scoped = self.mcp.scope_for(scope, call)
-            try:
-                await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
-            except ResourceExhausted as exc:  # its owner's sessions are full: a JSON-RPC 429
-                call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                await respond(
-                    send, 429, session_refusal(body, caller_message(exc)), call.reply.headers
-                )
-                return
+            with self.mcp.in_flight.claimed(headers, body) as duplicate:
+                if duplicate is not None:
+                    await self._refuse_mcp(call, send, duplicate)
+                    return
+                scoped = self.mcp.scope_for(scope, call)
+                try:
+                    await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
+                except ResourceExhausted as exc:  # its owner's sessions are full: a JSON-RPC 429
+                    call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                    answer = session_refusal(body, caller_message(exc))
+                    await respond(send, 429, answer, call.reply.headers)
+                    return
             if status and status[0] >= 400:
                 call.code = code_of_http_status(status[0])
+
+    @staticmethod
+    async def _refuse_mcp(call: HttpCall, send: Send, refusal: bytes) -> None:
+        """A JSON-RPC error the door answers 400 before the SDK sees the request."""
+        call.code = grpc.StatusCode.INVALID_ARGUMENT
+        await respond(send, 400, refusal, call.reply.headers)
 
     async def _admit(
         self, call: HttpCall, receive: Receive, headers: dict[str, str], *, read: bool = True

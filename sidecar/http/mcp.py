@@ -31,11 +31,12 @@ the drain logs once how many it closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -313,6 +314,48 @@ def session_refusal(body: bytes, message: str) -> bytes:
     return _refusal(body, SESSIONS_FULL, message)
 
 
+class RequestsInFlight:
+    """The JSON-RPC ids of each session's requests in flight. The SDK keys a request's answer
+    by its id alone: a second request of an id still in flight took the first one's answer, and
+    the first waited for ever, its ``max_concurrent_rpcs`` slot held (an attacker's pipelined
+    ``tools/call`` calls, every one ``id: 2``, leaked two slots a round). JSON-RPC asks ids to
+    be unique; one in flight already is refused. Bounded: an entry lives while its call does."""
+
+    def __init__(self) -> None:
+        self._ids: set[tuple[str, str]] = set()
+
+    @contextlib.contextmanager
+    def claimed(self, headers: Mapping[str, str], body: bytes) -> Iterator[bytes | None]:
+        """While the request runs, its id is its session's; the JSON-RPC error to answer
+        instead (400) when the session has a request of that id in flight."""
+        key = _request_key(headers, body)
+        if key is None:
+            yield None
+        elif key in self._ids:
+            message = f"a request of id {key[1]} is in flight in this session: give each its own"
+            yield _refusal(body, types.INVALID_REQUEST, message)
+        else:
+            self._ids.add(key)
+            try:
+                yield None
+            finally:
+                self._ids.discard(key)
+
+
+def _request_key(headers: Mapping[str, str], body: bytes) -> tuple[str, str] | None:
+    """(session, id as the SDK keys it: ``str``) of a request in a session; None for a
+    notification, a batch, a body that is not JSON, or one without a session."""
+    session = headers.get(MCP_SESSION_HEADER, "")
+    try:
+        message = orjson.loads(body) if session else None
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(message, dict) or "method" not in message:
+        return None
+    found = message.get("id")
+    return None if found is None else (session, str(found))
+
+
 def _refusal(body: bytes, code: int, message: str) -> bytes:
     """A JSON-RPC error whose id is the request's, when its body (read whole already, within
     ``max_body_bytes``) names one, else null: a client matches an answer to its request by it."""
@@ -360,6 +403,7 @@ class McpDoor:
         )
         for name in SDK_SESSION_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
+        self.in_flight = RequestsInFlight()
         self.manager = _SharedSessionManager(
             self.sessions,
             app=self.server,
