@@ -23,7 +23,7 @@ from sidecar.adapters.client import (
 from sidecar.gen import retrieval_pb2 as pb
 from sidecar.gen import retrieval_pb2_grpc as pb_grpc
 from tests.adapters import ROAMING, VOICEMAIL, knowledge_sidecar_fixture  # noqa: F401
-from tests.conftest import LIVENESS_S
+from tests.conftest import LIVENESS_S, eventually
 
 
 @pytest.fixture
@@ -244,7 +244,9 @@ async def test_an_interim_never_waits_to_go_out(silent_port: int) -> None:
         await stream.interim("how do I")
         sending = stream._interim
         assert sending is not None
-        await asyncio.sleep(0.2)  # its write has begun, and waits on the silent port
+        await eventually(  # its write has begun (the stream's reader and it), on the silent port
+            lambda: stream._converse is not None and len(stream._converse._tasks) == 2
+        )
         await stream.interim("how do I reset")
         await stream.interim("how do I reset my")
         assert not sending.done()  # still going out, and the caller went on
@@ -261,7 +263,9 @@ async def test_a_final_whose_stream_is_closed_under_it_is_not_cancelled(silent_p
     async with Voxrecall(f"127.0.0.1:{silent_port}", turn_timeout_s=1) as client:
         stream = client.turn_stream("s")
         waiting = asyncio.create_task(stream.final("how do I reset my password"))
-        await asyncio.sleep(0.2)  # its write waits on the silent port
+        await eventually(  # its write is under way, on the silent port
+            lambda: stream._converse is not None and stream._converse._owed == 1
+        )
         await stream.aclose()
         with pytest.raises((grpc.aio.AioRpcError, TimeoutError)):  # its Turn's deadline
             await waiting

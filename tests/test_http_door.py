@@ -2223,13 +2223,18 @@ def test_an_answer_written_after_its_pipelined_connection_is_lost_is_dropped_qui
     real_respond = http_door.respond
 
     async def scenario() -> None:
-        gate, waiting = asyncio.Event(), asyncio.Event()
+        gate, waiting, written = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
         async def held(*args: Any, **kwargs: Any) -> None:
-            if not waiting.is_set():  # the first answer waits until its client is gone
-                waiting.set()
-                await gate.wait()
-            await real_respond(*args, **kwargs)
+            if waiting.is_set():
+                await real_respond(*args, **kwargs)
+                return
+            waiting.set()  # the first answer waits until its client is gone
+            await gate.wait()
+            try:
+                await real_respond(*args, **kwargs)
+            finally:  # (an error it raises is logged in this same step, before the test reads)
+                written.set()
 
         monkeypatch.setattr(http_door, "respond", held)
         config = sidecar_config(store, http={"listen": "127.0.0.1:0"})
@@ -2239,7 +2244,8 @@ def test_an_answer_written_after_its_pipelined_connection_is_lost_is_dropped_qui
             await eventually(lambda: waiting.is_set() and len(made[0]._cycles) == 2)
             made[0]._drop()  # as the door drops it (answers unread, too many pipelined)
             gate.set()
-            await asyncio.sleep(0.2)  # the first answer is written (or dropped) now
+            async with asyncio.timeout(LIVENESS_S):
+                await written.wait()  # the first answer is written (or dropped) now
             writer.close()
 
     uvloop.run(scenario())
