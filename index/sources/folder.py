@@ -225,11 +225,10 @@ def _visit_link(walk: _Walk, entry: os.DirEntry[str], rel: str, is_dir: bool, pa
         walk.listing.skipped.append(SkippedPage(shown, _OUTSIDE))
     elif _in_machine_tree(walk, real, shown):
         return
-    elif is_dir:
-        if walk.follow_symlinks:
-            _visit_folder(walk, entry, rel, parent)
-    else:
+    elif not is_dir:
         _add_file(walk, entry, rel)
+    elif walk.follow_symlinks:  # a link to a folder inside, not followed: its files are read there
+        _visit_folder(walk, entry, rel, parent)
 
 
 def _add_file(walk: _Walk, entry: os.DirEntry[str], rel: str) -> None:

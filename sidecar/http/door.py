@@ -1309,9 +1309,10 @@ class _ClosedAtEnd:
 def _head_refusal(
     headers: Sequence[tuple[bytes, bytes]], upgrade: bool
 ) -> tuple[str, bytes, str] | None:
-    """Why a whole head is refused (its message, status and error code), or None: an upgrade with a body,
-    a transfer coding but chunked (its body was read as chunked and handed on still coded),
-    more than one Authorization field (which one a proxy before the door checked is unknown)."""
+    """Why a whole head is refused (its message, status and error code), or None: an upgrade
+    with a body, a transfer coding but chunked (its body was read as chunked and handed on still
+    coded), more than one Authorization field (which one a proxy before the door checked is
+    unknown)."""
     if upgrade and _has_body(headers):
         return UPGRADE_WITH_BODY, b"400 Bad Request", "INVALID_ARGUMENT"
     fields = [value for name, value in headers if name == b"transfer-encoding"]
