@@ -261,6 +261,35 @@ async def test_an_mcp_request_of_an_id_in_flight_is_refused_and_the_first_answer
     await eventually(lambda: sidecar.guards.limit.in_flight == 0)
 
 
+async def test_an_mcp_request_without_an_answer_ends_at_its_deadline_and_frees_its_slot(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK waits for a request's answer with no deadline of its own: one that never came
+    held its slot for ever. Its answer must start within MCP_ANSWER_S: then a 503 says to send
+    it again, and the slot is free."""
+    monkeypatch.setattr(http_door, "MCP_ANSWER_S", 0.3)
+
+    async def never(self: Any, *args: Any) -> Any:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(mcp.McpDoor, "_invoke", never)
+    params = {"name": "search_help", "arguments": {"query": "reset my password"}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+    async with httpx2.AsyncClient(headers={**auth(), **MCP_ACCEPT}) as http:
+        opened = await http.post(url(sidecar, "/mcp"), json=INITIALIZE)
+        headers = {
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-06-18",
+        }
+        reply = await http.post(url(sidecar, "/mcp"), json=call, headers=headers)
+    assert reply.status_code == 503
+    assert reply.json()["error"]["message"] == (
+        "the MCP request had no answer within 0.3 s: send it again"
+    )
+    assert sidecar.guards is not None
+    await eventually(lambda: sidecar.guards.limit.in_flight == 0)
+
+
 async def test_an_mcp_session_header_over_the_limit_is_a_400_not_the_models_error(
     sidecar: Sidecar,
 ) -> None:

@@ -87,6 +87,7 @@ from sidecar.errors import (
     RequestError,
     ResourceExhausted,
     Unauthenticated,
+    Unavailable,
 )
 from sidecar.functions.tools import Toolbox
 from sidecar.http.mcp import (
@@ -156,6 +157,10 @@ TWO_AUTHORIZATIONS = "the request has more than one Authorization header: send o
 # every 9 s would otherwise hold a slot as long as it liked.
 UNREAD_ANSWER_S = 10.0
 MIN_READ_BYTES = 16 * 1024
+# An MCP request's answer must start within this: the SDK waits on its own streams with no
+# deadline, and a request whose answer never came (two of one id in flight) held its slot for
+# ever. Its tools answer within the turn's budget; reading a page, within milliseconds.
+MCP_ANSWER_S = 30.0
 # The rest of a request (its body, a chunked body's trailer) must be whole within this long of
 # its call's start, or the connection is closed: BODY_TIMEOUT_S's 408 comes first where the
 # body is read, and this bounds the paths that answer without reading it (health, 404, 405, a
@@ -489,9 +494,11 @@ class HttpDoor:
         headers = headers_of(scope)
         call = HttpCall(self.phases, "MCP", headers, peer_of(scope))
         status: list[int] = []
+        answering = asyncio.timeout(MCP_ANSWER_S)
 
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start":
+                answering.reschedule(None)  # its write is bounded by the client's reads
                 call.answered = True
                 status.append(message["status"])
                 message = {**message, "headers": [*message["headers"], *call.reply.headers]}
@@ -514,7 +521,14 @@ class HttpDoor:
                     return
                 scoped = self.mcp.scope_for(scope, call)
                 try:
-                    await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
+                    async with answering:
+                        await self.mcp.handle(scoped, replay(body, receive), watched, len(body))
+                except TimeoutError as exc:
+                    if not answering.expired():
+                        raise
+                    raise Unavailable(
+                        f"the MCP request had no answer within {MCP_ANSWER_S:g} s: send it again"
+                    ) from exc
                 except ResourceExhausted as exc:  # its owner's sessions are full: a JSON-RPC 429
                     call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
                     answer = session_refusal(body, caller_message(exc))
