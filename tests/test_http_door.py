@@ -217,6 +217,23 @@ async def raw_mcp_calls(sc: Sidecar, params: list[Any]) -> list[dict[str, Any]]:
     return answers
 
 
+SEARCH_CALL = {
+    "jsonrpc": "2.0",
+    "id": 2,
+    "method": "tools/call",
+    "params": {"name": "search_help", "arguments": {"query": "reset my password"}},
+}
+
+
+async def open_session(http: httpx2.AsyncClient, sc: Sidecar) -> dict[str, str]:
+    """An MCP session opened by ``http`` (its token and Accept): the headers its calls send."""
+    opened = await http.post(url(sc, "/mcp"), json=INITIALIZE)
+    return {
+        "mcp-session-id": opened.headers["mcp-session-id"],
+        "mcp-protocol-version": "2025-06-18",
+    }
+
+
 async def test_an_mcp_request_of_an_id_in_flight_is_refused_and_the_first_answered(
     sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,14 +251,9 @@ async def test_an_mcp_request_of_an_id_in_flight_is_refused_and_the_first_answer
         return await invoke(self, *args)
 
     monkeypatch.setattr(mcp.McpDoor, "_invoke", held)
-    params = {"name": "search_help", "arguments": {"query": "reset my password"}}
-    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+    call = SEARCH_CALL
     async with httpx2.AsyncClient(headers={**auth(), **MCP_ACCEPT}) as http:
-        opened = await http.post(url(sidecar, "/mcp"), json=INITIALIZE)
-        headers = {
-            "mcp-session-id": opened.headers["mcp-session-id"],
-            "mcp-protocol-version": "2025-06-18",
-        }
+        headers = await open_session(http, sidecar)
         first = asyncio.create_task(http.post(url(sidecar, "/mcp"), json=call, headers=headers))
         async with asyncio.timeout(LIVENESS_S):
             await waiting.wait()
@@ -273,14 +285,9 @@ async def test_an_mcp_request_without_an_answer_ends_at_its_deadline_and_frees_i
         await asyncio.Event().wait()
 
     monkeypatch.setattr(mcp.McpDoor, "_invoke", never)
-    params = {"name": "search_help", "arguments": {"query": "reset my password"}}
-    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+    call = SEARCH_CALL
     async with httpx2.AsyncClient(headers={**auth(), **MCP_ACCEPT}) as http:
-        opened = await http.post(url(sidecar, "/mcp"), json=INITIALIZE)
-        headers = {
-            "mcp-session-id": opened.headers["mcp-session-id"],
-            "mcp-protocol-version": "2025-06-18",
-        }
+        headers = await open_session(http, sidecar)
         reply = await http.post(url(sidecar, "/mcp"), json=call, headers=headers)
     assert reply.status_code == 503
     assert reply.json()["error"]["message"] == (
